@@ -1,0 +1,54 @@
+// Automatic mixed precision: the thread-local autocast state, its RAII guard, and user-registered op policies.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "castor/op_kind.h"
+#include "castor/tensor.h"
+
+namespace castor::amp {
+
+struct AutocastState {
+  bool enabled = false;
+  DType dtype = DType::BFloat16;  // the lower-precision dtype: Float16 or BFloat16
+  bool cache_enabled = true;
+};
+
+AutocastState autocast_state();
+bool is_autocast_enabled();
+
+// torch.autocast as a scope: casting follows the op policy table while alive. Nestable; a disabled guard
+// inside an enabled one turns casting off and restores the outer state on exit. The cast cache is cleared
+// when the outermost enabled region exits.
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(DType dtype = DType::BFloat16, bool enabled = true, bool cache_enabled = true);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  AutocastState prev_;
+};
+
+// The function form: runs fn inside an autocast region and returns its result.
+template <class F>
+auto autocast(DType dtype, F&& fn, bool enabled = true) {
+  AutocastGuard guard(dtype, enabled);
+  return fn();
+}
+
+// The inputs an op of `policy` sees under the current autocast state (used by ops; also for custom ops).
+std::vector<Tensor> cast_inputs(CastPolicy policy, const std::vector<Tensor>& inputs);
+// Applies op's policy from the table (called by every op on entry while autocast is on).
+std::vector<Tensor> apply_autocast(OpKind op, const std::vector<Tensor>& inputs);
+
+// Number of float32 -> 16-bit casts the cache has served and made (for tests and the overhead benchmark).
+struct CastCacheStats {
+  int64_t hits = 0, misses = 0, entries = 0;
+};
+CastCacheStats cast_cache_stats();
+void clear_cast_cache();
+
+}  // namespace castor::amp

@@ -1,0 +1,42 @@
+// A seedable random generator whose state can be saved and restored, and the random factories built on it.
+#pragma once
+#include <array>
+#include <cstdint>
+
+#include "castor/tensor.h"
+
+namespace castor {
+
+// Philox-free and simple: xoshiro256** seeded through splitmix64. The state is four 64-bit words.
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0) { manual_seed(seed); }
+  void manual_seed(uint64_t seed);
+  uint64_t next_u64();
+  double next_double();  // uniform in [0, 1) with 53 random bits
+  float next_float();    // uniform in [0, 1) with 24 random bits
+  double next_normal();  // standard normal (Box-Muller, both values used)
+
+  using State = std::array<uint64_t, 6>;  // xoshiro words, a cached-normal flag and the cached normal's bits
+  State state() const;
+  void set_state(const State& s);
+
+ private:
+  std::array<uint64_t, 4> s_{};
+  bool has_cached_normal_ = false;
+  double cached_normal_ = 0.0;
+};
+
+// The process-wide default generator (torch.manual_seed).
+Generator& default_generator();
+void manual_seed(uint64_t seed);
+
+Tensor rand(const Shape& shape, DType dtype = DType::Float32, Generator* gen = nullptr);   // U[0, 1)
+Tensor randn(const Shape& shape, DType dtype = DType::Float32, Generator* gen = nullptr);  // N(0, 1)
+Tensor uniform(const Shape& shape, double low, double high, DType dtype = DType::Float32, Generator* gen = nullptr);
+Tensor normal(const Shape& shape, double mean, double std, DType dtype = DType::Float32, Generator* gen = nullptr);
+Tensor bernoulli(const Shape& shape, double p, DType dtype = DType::Float32, Generator* gen = nullptr);
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator* gen = nullptr);  // int64 in [low, high)
+Tensor randperm(int64_t n, Generator* gen = nullptr);                                     // int64
+
+}  // namespace castor

@@ -1,0 +1,104 @@
+// Autocast: the thread-local state, the per-policy input casting, and the cast cache for float32 weights.
+#include "castor/autocast.h"
+
+#include <optional>
+#include <unordered_map>
+
+#include "castor/autograd.h"
+
+namespace castor::amp {
+
+namespace {
+
+struct CacheEntry {
+  std::weak_ptr<TensorImpl> source;
+  uint32_t version;
+  Tensor cast;
+};
+
+thread_local AutocastState g_state;
+thread_local int g_depth = 0;  // nesting of enabled regions; the cache lives while > 0
+thread_local std::unordered_map<const TensorImpl*, CacheEntry> g_cache;
+thread_local CastCacheStats g_cache_stats;
+
+// A float32 leaf weight cast to 16-bit once per outermost region (refreshed if the weight changed in place).
+Tensor cached_cast(const Tensor& t, DType dtype) {
+  const bool cacheable = g_state.cache_enabled && GradMode::is_enabled() && t.is_leaf() && t.requires_grad();
+  if (!cacheable) return t.to(dtype);
+  auto it = g_cache.find(t.impl());
+  if (it != g_cache.end() && !it->second.source.expired() && it->second.version == t.version() &&
+      it->second.cast.dtype() == dtype) {
+    ++g_cache_stats.hits;
+    return it->second.cast;
+  }
+  ++g_cache_stats.misses;
+  Tensor c = t.to(dtype);
+  g_cache[t.impl()] = {t.impl_ptr(), t.version(), c};
+  return c;
+}
+
+bool castable(const Tensor& t) {
+  return t.defined() && (t.dtype() == DType::Float32 || is_16bit_float(t.dtype()));
+}
+
+}  // namespace
+
+AutocastState autocast_state() { return g_state; }
+bool is_autocast_enabled() { return g_state.enabled; }
+
+AutocastGuard::AutocastGuard(DType dtype, bool enabled, bool cache_enabled) : prev_(g_state) {
+  CASTOR_CHECK(!enabled || is_16bit_float(dtype), "autocast: dtype must be float16 or bfloat16, got ",
+               dtype_name(dtype));
+  g_state = {enabled, enabled ? dtype : prev_.dtype, cache_enabled};
+  if (enabled) ++g_depth;
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (g_state.enabled && --g_depth == 0) g_cache.clear();
+  g_state = prev_;
+}
+
+std::vector<Tensor> cast_inputs(CastPolicy policy, const std::vector<Tensor>& inputs) {
+  if (!g_state.enabled) return inputs;
+  std::vector<Tensor> out = inputs;
+  switch (policy) {
+    case CastPolicy::LowerPrecision:
+      for (Tensor& t : out)
+        if (castable(t) && t.dtype() != g_state.dtype) t = t.dtype() == DType::Float32 ? cached_cast(t, g_state.dtype)
+                                                                                       : t.to(g_state.dtype);
+      break;
+    case CastPolicy::Float32:
+      for (Tensor& t : out)
+        if (castable(t)) t = t.to(DType::Float32);
+      break;
+    case CastPolicy::Promote: {
+      std::optional<DType> widest;
+      for (const Tensor& t : out)
+        if (castable(t)) widest = widest ? promote_types(*widest, t.dtype()) : t.dtype();
+      for (Tensor& t : out)
+        if (castable(t)) t = t.to(*widest);
+      break;
+    }
+    case CastPolicy::PassThrough: break;
+    case CastPolicy::Banned: break;
+  }
+  return out;
+}
+
+std::vector<Tensor> apply_autocast(OpKind op, const std::vector<Tensor>& inputs) {
+  CASTOR_CHECK(op_policy(op) != CastPolicy::Banned, op_name(op),
+               " is unsafe to autocast (its float16 gradients lose precision and it saturates on probabilities "
+               "near 0 or 1); use binary_cross_entropy_with_logits, which combines sigmoid and the loss and is "
+               "safe under autocast, or run it outside autocast on float32 inputs");
+  return cast_inputs(op_policy(op), inputs);
+}
+
+CastCacheStats cast_cache_stats() {
+  CastCacheStats s = g_cache_stats;
+  s.entries = static_cast<int64_t>(g_cache.size());
+  return s;
+}
+
+void clear_cast_cache() { g_cache.clear(); }
+
+}  // namespace castor::amp

@@ -1,0 +1,206 @@
+// Every backward rule, in one switch keyed by op kind. Rules are written with differentiable ops, so that
+// with create_graph the gradient itself has history (double backward); fused kernels serve the common case.
+#include "autograd/node.h"
+#include "castor/autograd.h"
+#include "castor/ops.h"
+#include "kernels/kernels.h"
+#include "nn/rules.h"
+
+namespace castor {
+
+namespace {
+
+using kernels::Binary;
+
+// g op x with a fused kernel (no history), for rules whose composite form is only needed for double backward.
+Tensor fused(Binary op, const Tensor& g, const Tensor& x) {
+  Tensor gc = g.contiguous(), xc = x.contiguous();
+  if (gc.dtype() != xc.dtype()) gc = gc.to(xc.dtype());
+  Tensor out = empty(x.shape(), x.dtype());
+  kernels::binary(op, gc, xc, out);
+  return out;
+}
+
+Tensor mask(const Tensor& cond, DType dtype) { return cond.to(dtype); }
+
+// Places `g` (shaped like the reduced output) back into a zero tensor of `shape` at `indices` along `dim`.
+Tensor scatter_into(const Shape& shape, int64_t dim, const Tensor& indices, const Tensor& g) {
+  Tensor out = zeros(shape, g.dtype());
+  const Tensor gc = g.contiguous(), ic = indices.contiguous();
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= shape[d];
+  for (size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
+  const int64_t n = shape[dim], m = ic.numel() / (outer * inner);
+  const int64_t* ip = ic.data<int64_t>();
+  Tensor gf = gc.to(DType::Float64), of = out.to(DType::Float64);
+  const double* gp = gf.data<double>();
+  double* op = of.data<double>();
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t j = 0; j < m; ++j)
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t k = (o * m + j) * inner + i;
+        op[(o * n + ip[k]) * inner + i] += gp[k];
+      }
+  return of.to(g.dtype());
+}
+
+// The gradient of a reduction (shaped like its output) brought back to the keepdim shape.
+Tensor unreduce(const Node& node, const Tensor& g) {
+  const bool keepdim = node.ints[0];
+  if (keepdim) return g;
+  Shape keep = node.input_shapes[0];
+  for (size_t i = 1; i < node.ints.size(); ++i) keep[node.ints[i]] = 1;
+  return g.reshape(keep);
+}
+
+}  // namespace
+
+std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
+  const bool create_graph = GradMode::is_enabled();
+  const Shape& s0 = node.input_shapes[0];
+  switch (node.op) {
+    case OpKind::Add:
+      if (node.next.size() == 1) return {g};
+      return {sum_to(g, s0), sum_to(node.floats[0] == 1.0 ? g : g * node.floats[0], node.input_shapes[1])};
+    case OpKind::Sub:
+      return {sum_to(g, s0), sum_to(g * -node.floats[0], node.input_shapes[1])};
+    case OpKind::Mul: {
+      if (node.next.size() == 1) return {g * node.floats[0]};
+      const Tensor &a = node.saved_tensor(0), &b = node.saved_tensor(1);
+      return {node.next[0].valid() ? sum_to(g * b, s0) : Tensor(),
+              node.next[1].valid() ? sum_to(g * a, node.input_shapes[1]) : Tensor()};
+    }
+    case OpKind::Div: {
+      const Tensor &a = node.saved_tensor(0), &b = node.saved_tensor(1);
+      return {node.next[0].valid() ? sum_to(g / b, s0) : Tensor(),
+              node.next[1].valid() ? sum_to(-g * a / (b * b), node.input_shapes[1]) : Tensor()};
+    }
+    case OpKind::Neg: return {-g};
+    case OpKind::Pow: {
+      const double e = node.floats[0];
+      const Tensor& x = node.saved_tensor(0);
+      return {e == 2.0 ? g * x * 2.0 : g * pow(x, e - 1.0) * e};
+    }
+    case OpKind::Exp: return {g * node.saved_tensor(0)};
+    case OpKind::Log: return {g / node.saved_tensor(0)};
+    case OpKind::Sqrt: return {g / (node.saved_tensor(0) * 2.0)};
+    case OpKind::Abs: {
+      const Tensor& x = node.saved_tensor(0);
+      Tensor zero = zeros({}, x.dtype());
+      return {g * (mask(gt(x, zero), g.dtype()) - mask(lt(x, zero), g.dtype()))};
+    }
+    case OpKind::Relu: {
+      const Tensor& x = node.saved_tensor(0);
+      if (create_graph) return {g * mask(gt(x, zeros({}, x.dtype())), g.dtype())};
+      return {fused(Binary::ReluGrad, g, x)};
+    }
+    case OpKind::Sigmoid: {
+      const Tensor& y = node.saved_tensor(0);
+      if (create_graph) return {g * y * (1.0 - y)};
+      return {fused(Binary::SigmoidGrad, g, y)};
+    }
+    case OpKind::Tanh: {
+      const Tensor& y = node.saved_tensor(0);
+      if (create_graph) return {g * (1.0 - y * y)};
+      return {fused(Binary::TanhGrad, g, y)};
+    }
+    case OpKind::Gelu: {
+      CASTOR_CHECK(!create_graph, "gelu: double backward is not supported");
+      return {fused(node.ints[0] ? Binary::GeluTanhGrad : Binary::GeluGrad, g, node.saved_tensor(0))};
+    }
+    case OpKind::Clamp: {
+      const Tensor& x = node.saved_tensor(0);
+      Tensor inside = mask(ge(x, scalar_tensor(node.floats[0], DType::Float64)), g.dtype()) *
+                      mask(le(x, scalar_tensor(node.floats[1], DType::Float64)), g.dtype());
+      return {g * inside};
+    }
+    case OpKind::Where: {
+      const Tensor& c = node.saved_tensor(0);
+      Tensor zero = zeros({}, g.dtype());
+      return {node.next[0].valid() ? sum_to(where(c, g, zero), s0) : Tensor(),
+              node.next[1].valid() ? sum_to(where(c, zero, g), node.input_shapes[1]) : Tensor()};
+    }
+    case OpKind::Cast: return {g};  // the engine casts it back to the source dtype
+    case OpKind::Sum: return {unreduce(node, g).expand(s0)};
+    case OpKind::Mean: return {unreduce(node, g).expand(s0) / node.floats[0]};
+    case OpKind::MaxDim:
+    case OpKind::MinDim: {
+      const int64_t dim = node.ints[0];
+      const bool keepdim = node.ints[1];
+      Tensor idx = node.saved_tensor(0), gk = g;
+      if (!keepdim) {
+        idx = idx.unsqueeze(dim);
+        gk = g.unsqueeze(dim);
+      }
+      return {scatter_into(s0, dim, idx, gk)};
+    }
+    case OpKind::Softmax:
+    case OpKind::LogSoftmax: {
+      const bool log = node.op == OpKind::LogSoftmax;
+      const Tensor& y = node.saved_tensor(0);
+      if (create_graph) {
+        Tensor p = log ? exp(y) : y;
+        return {log ? g - p * sum(g, {node.ints[0]}, true) : y * (g - sum(g * y, {node.ints[0]}, true))};
+      }
+      const int64_t dim = node.ints[0];
+      int64_t outer = 1, inner = 1;
+      for (int64_t d = 0; d < dim; ++d) outer *= s0[d];
+      for (size_t d = dim + 1; d < s0.size(); ++d) inner *= s0[d];
+      Tensor out = empty(s0, node.input_dtypes[0]);
+      kernels::softmax_backward_dim(g.contiguous(), y.contiguous(), outer, s0.empty() ? 1 : s0[dim], inner, log, out);
+      return {out};
+    }
+    case OpKind::Mm: {
+      const Tensor &a = node.saved_tensor(0), &b = node.saved_tensor(1);
+      return {node.next[0].valid() ? mm(g, b.t()) : Tensor(), node.next[1].valid() ? mm(a.t(), g) : Tensor()};
+    }
+    case OpKind::Bmm: {
+      const Tensor &a = node.saved_tensor(0), &b = node.saved_tensor(1);
+      return {node.next[0].valid() ? bmm(g, b.transpose(1, 2)) : Tensor(),
+              node.next[1].valid() ? bmm(a.transpose(1, 2), g) : Tensor()};
+    }
+    case OpKind::View: return {g.reshape(s0)};
+    case OpKind::Permute: {
+      Shape inverse(node.ints.size());
+      for (size_t i = 0; i < node.ints.size(); ++i) inverse[node.ints[i]] = static_cast<int64_t>(i);
+      return {g.permute(inverse)};
+    }
+    case OpKind::Expand: return {sum_to(g, s0)};
+    case OpKind::Slice: {
+      Tensor out = zeros(s0, g.dtype());
+      const int64_t dim = node.ints[0], start = node.ints[1], step = node.ints[2];
+      NoGradGuard no_grad;
+      out.slice(dim, start, start + (g.size(dim) - 1) * step + 1, step).copy_(g);
+      return {out};
+    }
+    case OpKind::Clone: return {g};
+    case OpKind::Cat: {
+      std::vector<Tensor> grads;
+      int64_t at = 0;
+      for (size_t i = 1; i < node.ints.size(); ++i) {
+        grads.push_back(g.narrow(node.ints[0], at, node.ints[i]));
+        at += node.ints[i];
+      }
+      return grads;
+    }
+    case OpKind::Gather: return {scatter_into(s0, node.ints[0], node.saved_tensor(0), g)};
+    case OpKind::Conv2d: return nn_rules::conv2d(node, g);
+    case OpKind::BatchNorm: return nn_rules::batch_norm(node, g);
+    case OpKind::MaxPool2d: return nn_rules::max_pool2d(node, g);
+    case OpKind::AvgPool2d: return nn_rules::avg_pool2d(node, g);
+    // Composite ops: recorded as the ops they are made of, never as themselves.
+    case OpKind::Matmul:
+    case OpKind::Stack:
+    case OpKind::Linear:
+    case OpKind::Dropout:
+    case OpKind::CrossEntropy:
+    case OpKind::NllLoss:
+    case OpKind::MseLoss:
+    case OpKind::BinaryCrossEntropyWithLogits:
+    case OpKind::BinaryCrossEntropy:
+      break;
+  }
+  CASTOR_ASSERT(false, "no backward rule recorded for ", op_name(node.op));
+}
+
+}  // namespace castor

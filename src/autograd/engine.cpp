@@ -1,0 +1,230 @@
+// The backward engine: grad mode, recording nodes, and running the graph in reverse creation order.
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/node.h"
+#include "castor/autograd.h"
+#include "castor/ops.h"
+#include "core/dispatch.h"
+
+namespace castor {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+std::atomic<uint64_t> g_sequence{0};
+}  // namespace
+
+bool GradMode::is_enabled() { return g_grad_enabled; }
+void GradMode::set_enabled(bool enabled) { g_grad_enabled = enabled; }
+
+bool any_requires_grad(const std::vector<Tensor>& inputs) {
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+const Tensor& Node::saved_tensor(size_t i) const {
+  CASTOR_CHECK(!released, "backward through the graph a second time (", op_name(op),
+               "): its saved tensors were freed; pass retain_graph=true to the first backward");
+  const SavedTensor& s = saved[i];
+  CASTOR_CHECK(s.tensor.version() == s.version, "one of the tensors needed for gradient computation has been "
+               "modified by an in-place operation: the ", s.tensor.describe(), " saved by ", op_name(op),
+               " is at version ", s.tensor.version(), "; expected version ", s.version);
+  return s.tensor;
+}
+
+void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out, std::vector<Tensor> saved,
+            std::vector<int64_t> ints, std::vector<double> floats) {
+  if (!GradMode::is_enabled() || !any_requires_grad(inputs)) return;
+  auto node = std::make_shared<Node>();
+  node->op = op;
+  node->sequence = g_sequence++;
+  for (const Tensor& t : inputs) {
+    Edge e;
+    if (t.requires_grad()) {
+      if (t.is_leaf())
+        e.leaf = t.impl_ptr();
+      else
+        e.fn = t.grad_fn();
+    }
+    node->next.push_back(std::move(e));
+    node->input_dtypes.push_back(t.dtype());
+    node->input_shapes.push_back(t.shape());
+  }
+  node->out_dtype = out.dtype();
+  node->out_shape = out.shape();
+  for (Tensor& t : saved) {
+    uint32_t v = t.defined() ? t.version() : 0;
+    node->saved.push_back({std::move(t), v});
+  }
+  node->ints = std::move(ints);
+  node->floats = std::move(floats);
+  out.impl()->grad_fn = std::move(node);
+}
+
+namespace {
+
+Tensor accumulate(const Tensor& acc, const Tensor& g) { return acc.defined() ? add(acc, g) : g; }
+
+// Runs the hooks registered on a tensor's gradient; each may replace it.
+Tensor run_hooks(const std::vector<GradHook>& hooks, Tensor g) {
+  for (const GradHook& h : hooks) {
+    Tensor r = h(g);
+    if (r.defined()) g = r;
+  }
+  return g;
+}
+
+void accumulate_leaf(const std::shared_ptr<TensorImpl>& leaf, const Tensor& g_in, bool create_graph) {
+  Tensor g = run_hooks(leaf->hooks, g_in);
+  Tensor self(leaf);
+  if (!leaf->grad) {
+    if (create_graph) {
+      self.set_grad(g);
+    } else {
+      // Steal a fresh contiguous gradient nobody else holds; copy anything shared.
+      const bool owned = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1 && g.is_contiguous();
+      self.set_grad(owned ? g.detach() : g.detach().clone());
+    }
+  } else if (create_graph) {
+    self.set_grad(add(self.grad(), g));
+  } else {
+    NoGradGuard no_grad;
+    Tensor acc = self.grad();
+    acc.add_(g);
+  }
+}
+
+struct ByLatest {
+  bool operator()(const Node* a, const Node* b) const { return a->sequence < b->sequence; }
+};
+
+// Runs backward from the roots. With `captures`, gradients reaching those nodes/leaves are returned instead of
+// being accumulated into .grad (autograd::grad).
+void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph,
+                  bool create_graph, const std::vector<Tensor>* captures, std::vector<Tensor>* captured) {
+  CASTOR_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), "backward: ", outputs.size(),
+               " outputs but ", grad_outputs.size(), " gradients");
+  struct Restore {
+    bool prev;
+    ~Restore() { GradMode::set_enabled(prev); }
+  } restore{GradMode::is_enabled()};
+  GradMode::set_enabled(create_graph);
+
+  std::unordered_map<const void*, size_t> capture_index;
+  if (captures) {
+    for (size_t i = 0; i < captures->size(); ++i) {
+      const Tensor& t = (*captures)[i];
+      CASTOR_CHECK(t.requires_grad(), "grad: input ", i, " (", t.describe(), ") does not require grad");
+      capture_index[t.is_leaf() ? static_cast<const void*>(t.impl()) : t.grad_fn().get()] = i;
+    }
+    captured->assign(captures->size(), Tensor());
+  }
+  auto deliver_leaf = [&](const std::shared_ptr<TensorImpl>& leaf, const Tensor& g) {
+    if (!captures) return accumulate_leaf(leaf, g, create_graph);
+    auto it = capture_index.find(leaf.get());
+    if (it != capture_index.end()) (*captured)[it->second] = accumulate((*captured)[it->second], g);
+  };
+
+  std::unordered_map<Node*, Tensor> buffers;
+  std::vector<Node*> roots;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& out = outputs[i];
+    CASTOR_CHECK(out.requires_grad(), "backward: output ", i, " (", out.describe(),
+                 ") does not require grad and has no grad_fn");
+    Tensor g;
+    if (grad_outputs.empty() || !grad_outputs[i].defined()) {
+      CASTOR_CHECK(out.numel() == 1, "backward: grad can be implicitly created only for scalar outputs, got ",
+                   out.describe());
+      g = ones(out.shape(), out.dtype());
+    } else {
+      g = grad_outputs[i];
+      CASTOR_CHECK(g.shape() == out.shape(), "backward: gradient ", g.describe(), " does not match output ",
+                   out.describe());
+    }
+    if (out.is_leaf()) {
+      deliver_leaf(out.impl_ptr(), g.to(out.dtype()));
+    } else {
+      Node* n = out.grad_fn().get();
+      if (!buffers.count(n)) roots.push_back(n);
+      buffers[n] = accumulate(buffers[n], g.to(out.dtype()));
+    }
+  }
+
+  // Count, for each node, the edges that will deliver into it.
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack = roots;
+  std::unordered_set<Node*> seen(roots.begin(), roots.end());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next) {
+      if (!e.fn) continue;
+      ++deps[e.fn.get()];
+      if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+    }
+  }
+
+  std::priority_queue<Node*, std::vector<Node*>, ByLatest> ready;
+  for (Node* r : roots)
+    if (!deps.count(r)) ready.push(r);
+  OpObserver* observer = op_observer();
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    Tensor g = run_hooks(node->pre_hooks, std::move(buffers[node]));
+    buffers.erase(node);
+    if (captures) {
+      auto it = capture_index.find(node);
+      if (it != capture_index.end()) (*captured)[it->second] = accumulate((*captured)[it->second], g);
+    }
+    CASTOR_CHECK(!node->released, "backward through the graph a second time (", op_name(node->op),
+                 "): its saved tensors were freed; pass retain_graph=true to the first backward");
+    auto start = std::chrono::steady_clock::now();
+    std::vector<Tensor> grads = apply_backward_rule(*node, g);
+    if (observer) {
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::vector<Tensor> in = {g};
+      Tensor out = grads.empty() ? Tensor() : grads[0];
+      observer->on_op({node->op, &in, &in, &out, s, true});
+    }
+    CASTOR_ASSERT(grads.size() == node->next.size(), op_name(node->op), " backward returned ", grads.size(),
+                  " gradients for ", node->next.size(), " inputs");
+    if (!retain_graph) {
+      node->saved.clear();
+      node->released = true;
+    }
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const Edge& e = node->next[i];
+      if (!e.valid() || !grads[i].defined()) continue;
+      Tensor gi = grads[i].dtype() == node->input_dtypes[i] ? grads[i] : grads[i].to(node->input_dtypes[i]);
+      CASTOR_ASSERT(gi.shape() == node->input_shapes[i], op_name(node->op), " backward gave ", gi.describe(),
+                    " for input ", i, " of shape ", shape_str(node->input_shapes[i]));
+      if (e.fn) {
+        Node* next = e.fn.get();
+        buffers[next] = accumulate(buffers[next], gi);
+        if (--deps[next] == 0) ready.push(next);
+      } else {
+        deliver_leaf(e.leaf, gi);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph,
+              bool create_graph) {
+  run_backward(outputs, grad_outputs, retain_graph || create_graph, create_graph, nullptr, nullptr);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool retain_graph, bool create_graph) {
+  std::vector<Tensor> result;
+  run_backward(outputs, grad_outputs, retain_graph || create_graph, create_graph, &inputs, &result);
+  return result;
+}
+
+}  // namespace castor

@@ -1,0 +1,50 @@
+// The autograd graph node: one per recorded op, with its inputs' edges and what its backward rule needs.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "castor/op_kind.h"
+#include "castor/tensor.h"
+
+namespace castor {
+
+// Where an input's gradient goes: the node that made it, or the leaf it is.
+struct Edge {
+  std::shared_ptr<Node> fn;
+  std::shared_ptr<TensorImpl> leaf;
+  bool valid() const { return fn || leaf; }
+};
+
+struct SavedTensor {
+  Tensor tensor;
+  uint32_t version = 0;
+};
+
+struct Node {
+  OpKind op;
+  uint64_t sequence = 0;               // creation order: later nodes run first in backward
+  std::vector<Edge> next;              // one per input, invalid where the input needs no gradient
+  std::vector<DType> input_dtypes;     // gradients flow back in these dtypes
+  std::vector<Shape> input_shapes;
+  DType out_dtype = DType::Float32;
+  Shape out_shape;
+  std::vector<SavedTensor> saved;
+  std::vector<int64_t> ints;           // op parameters: dims, strides, padding, ...
+  std::vector<double> floats;          // op parameters: alpha, exponent, eps, ...
+  std::vector<GradHook> pre_hooks;     // hooks on the output tensor (non-leaf register_hook / retain_grad)
+  bool released = false;               // saved tensors freed after a backward without retain_graph
+
+  // A saved tensor, checked against in-place changes since it was saved.
+  const Tensor& saved_tensor(size_t i) const;
+};
+
+// Records `op` as the maker of `out` when grad mode is on and some input requires grad.
+// `saved` are kept for the backward rule (an output saved here is kept without its history).
+void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out, std::vector<Tensor> saved = {},
+            std::vector<int64_t> ints = {}, std::vector<double> floats = {});
+bool any_requires_grad(const std::vector<Tensor>& inputs);
+
+// The backward rule of `node.op`: one gradient per input (undefined where none is needed).
+std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& grad);
+
+}  // namespace castor

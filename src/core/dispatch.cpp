@@ -1,0 +1,31 @@
+// OpScope: autocast on entry, observers on exit.
+#include "core/dispatch.h"
+
+#include "castor/autocast.h"
+
+namespace castor {
+
+namespace {
+thread_local OpObserver* g_observer = nullptr;
+}
+
+OpObserver* op_observer() { return g_observer; }
+void set_op_observer(OpObserver* o) { g_observer = o; }
+
+OpScope::OpScope(OpKind op, std::vector<Tensor> inputs) : op_(op), inputs_(std::move(inputs)) {
+  if (amp::is_autocast_enabled()) {
+    if (g_observer) given_ = inputs_;
+    inputs_ = amp::apply_autocast(op, inputs_);
+  }
+  if (g_observer) start_ = std::chrono::steady_clock::now();
+}
+
+Tensor OpScope::done(Tensor out) {
+  if (g_observer) {
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    g_observer->on_op({op_, given_.empty() ? &inputs_ : &given_, &inputs_, &out, s, false});
+  }
+  return out;
+}
+
+}  // namespace castor

@@ -1,0 +1,44 @@
+// The one seam every public op passes through: autocast rewrites its inputs, observers (explain, profiler) see it.
+#pragma once
+#include <chrono>
+#include <vector>
+
+#include "castor/op_kind.h"
+#include "castor/tensor.h"
+
+namespace castor {
+
+// What an observer sees of one op: the inputs before and after autocast and the output.
+struct OpEvent {
+  OpKind op;
+  const std::vector<Tensor>* given;  // as the caller passed them
+  const std::vector<Tensor>* inputs;  // as the op ran on them
+  const Tensor* out;
+  double seconds;
+  bool backward;  // a backward rule rather than a forward op
+};
+
+// Receives every op on this thread while installed (see ObserverGuard).
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  virtual void on_op(const OpEvent& e) = 0;
+};
+OpObserver* op_observer();
+void set_op_observer(OpObserver* o);
+
+// Applies autocast to an op's inputs on entry and reports the op to the observer on exit.
+class OpScope {
+ public:
+  OpScope(OpKind op, std::vector<Tensor> inputs);
+  const Tensor& operator[](size_t i) const { return inputs_[i]; }
+  const std::vector<Tensor>& inputs() const { return inputs_; }
+  Tensor done(Tensor out);
+
+ private:
+  OpKind op_;
+  std::vector<Tensor> given_, inputs_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace castor

@@ -1,0 +1,124 @@
+// The xoshiro256** generator and the random tensor factories.
+#include "castor/random.h"
+
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "castor/convert.h"
+
+namespace castor {
+
+namespace {
+uint64_t splitmix64(uint64_t& x) {
+  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+}  // namespace
+
+void Generator::manual_seed(uint64_t seed) {
+  uint64_t x = seed;
+  for (auto& w : s_) w = splitmix64(x);
+  has_cached_normal_ = false;
+}
+
+uint64_t Generator::next_u64() {
+  const uint64_t result = rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return result;
+}
+
+double Generator::next_double() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+float Generator::next_float() { return static_cast<float>(next_u64() >> 40) * 0x1.0p-24f; }
+
+double Generator::next_normal() {
+  if (has_cached_normal_) {
+    has_cached_normal_ = false;
+    return cached_normal_;
+  }
+  double u1 = 1.0 - next_double(), u2 = next_double();  // u1 in (0, 1]
+  double r = std::sqrt(-2.0 * std::log(u1));
+  cached_normal_ = r * std::sin(2.0 * M_PI * u2);
+  has_cached_normal_ = true;
+  return r * std::cos(2.0 * M_PI * u2);
+}
+
+Generator::State Generator::state() const {
+  uint64_t bits;
+  std::memcpy(&bits, &cached_normal_, 8);
+  return {s_[0], s_[1], s_[2], s_[3], has_cached_normal_, bits};
+}
+
+void Generator::set_state(const State& s) {
+  for (int i = 0; i < 4; ++i) s_[i] = s[i];
+  has_cached_normal_ = s[4] != 0;
+  std::memcpy(&cached_normal_, &s[5], 8);
+}
+
+Generator& default_generator() {
+  static Generator g(0);
+  return g;
+}
+void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+
+namespace {
+template <class F>
+Tensor generate(const Shape& shape, DType dtype, Generator* gen, F draw) {
+  Generator& g = gen ? *gen : default_generator();
+  const int64_t n = shape_numel(shape);
+  std::vector<double> v(n);
+  for (auto& x : v) x = draw(g);
+  Tensor t = empty(shape, dtype);
+  convert(v.data(), DType::Float64, t.data_ptr(), dtype, n);
+  return t;
+}
+}  // namespace
+
+Tensor rand(const Shape& shape, DType dtype, Generator* gen) { return uniform(shape, 0.0, 1.0, dtype, gen); }
+Tensor randn(const Shape& shape, DType dtype, Generator* gen) { return normal(shape, 0.0, 1.0, dtype, gen); }
+
+Tensor uniform(const Shape& shape, double low, double high, DType dtype, Generator* gen) {
+  CASTOR_CHECK(low <= high, "uniform: low ", low, " > high ", high);
+  return generate(shape, dtype, gen, [&](Generator& g) { return low + (high - low) * g.next_double(); });
+}
+
+Tensor normal(const Shape& shape, double mean, double std, DType dtype, Generator* gen) {
+  CASTOR_CHECK(std >= 0, "normal: std must be non-negative, got ", std);
+  return generate(shape, dtype, gen, [&](Generator& g) { return mean + std * g.next_normal(); });
+}
+
+Tensor bernoulli(const Shape& shape, double p, DType dtype, Generator* gen) {
+  CASTOR_CHECK(p >= 0 && p <= 1, "bernoulli: p must be in [0, 1], got ", p);
+  return generate(shape, dtype, gen, [&](Generator& g) { return g.next_double() < p ? 1.0 : 0.0; });
+}
+
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator* gen) {
+  CASTOR_CHECK(low < high, "randint: low ", low, " must be below high ", high);
+  const uint64_t range = static_cast<uint64_t>(high - low);
+  Generator& g = gen ? *gen : default_generator();
+  Tensor t = empty(shape, DType::Int64);
+  int64_t* p = t.data<int64_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = low + static_cast<int64_t>(g.next_u64() % range);
+  return t;
+}
+
+Tensor randperm(int64_t n, Generator* gen) {
+  CASTOR_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
+  Generator& g = gen ? *gen : default_generator();
+  Tensor t = empty({n}, DType::Int64);
+  int64_t* p = t.data<int64_t>();
+  std::iota(p, p + n, 0);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(p[i], p[g.next_u64() % static_cast<uint64_t>(i + 1)]);
+  return t;
+}
+
+}  // namespace castor

@@ -1,0 +1,61 @@
+// The kernel interface used by ops: plain-loop reference kernels (kernels/ref) and oneDNN kernels (kernels/onednn).
+#pragma once
+#include <cstdint>
+
+#include "castor/tensor.h"
+
+namespace castor::kernels {
+
+// dst = src for the same shape; src may have any strides (0 for broadcast dims) and another dtype.
+// dst may be strided. Float-to-int truncates toward zero; to bool is != 0.
+void copy(const Tensor& src, const Tensor& dst);
+void fill(const Tensor& dst, double value);
+
+// Element-wise maps over contiguous tensors of one floating dtype; 16-bit values are computed in float32 and
+// rounded once, float64 in double. p0/p1 are the op's scalars (exponent, clamp bounds, alpha).
+enum class Unary : uint8_t {
+  Neg, Exp, Log, Sqrt, Abs, Relu, Sigmoid, Tanh, Gelu, GeluTanh, Pow, Clamp, AddScalar, MulScalar
+};
+void unary(Unary op, const Tensor& src, const Tensor& dst, double p0 = 0, double p1 = 0);
+
+// dst = op(a, b): contiguous tensors of dst's dtype; a and b have dst's numel or are single elements.
+// The *Grad ops are the fused backward maps: a is the incoming gradient, b the saved input (or output).
+enum class Binary : uint8_t {
+  Add, Sub, Mul, Div, Max, Min,
+  ReluGrad,     // a * (b > 0), b = input
+  SigmoidGrad,  // a * b * (1 - b), b = output
+  TanhGrad,     // a * (1 - b * b), b = output
+  GeluGrad,     // a * gelu'(b), b = input
+  GeluTanhGrad, // a * gelu_tanh'(b), b = input
+};
+void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& dst, double alpha = 1.0);
+
+// Comparisons: a and b contiguous of one dtype (numel of dst, or 1); dst bool.
+enum class Compare : uint8_t { Eq, Ne, Lt, Le, Gt, Ge };
+void compare(Compare op, const Tensor& a, const Tensor& b, const Tensor& dst);
+
+// dst = cond ? a : b, all contiguous with dst's numel; cond bool; a, b of dst's dtype.
+void where(const Tensor& cond, const Tensor& a, const Tensor& b, const Tensor& dst);
+
+// Reductions over the middle dim of a contiguous (outer, n, inner) view of src.
+// sum: dst (outer, inner) of any float dtype, accumulated in double and rounded once.
+void sum_dim(const Tensor& src, int64_t outer, int64_t n, int64_t inner, const Tensor& dst);
+// max/min: values in src's dtype and int64 indices (the first extreme; NaN wins like PyTorch).
+void extreme_dim(const Tensor& src, int64_t outer, int64_t n, int64_t inner, bool is_max, const Tensor& values,
+                 const Tensor& indices);
+// softmax / log_softmax along the middle dim; src and dst contiguous of any float dtypes.
+void softmax_dim(const Tensor& src, int64_t outer, int64_t n, int64_t inner, bool log, const Tensor& dst);
+// The softmax backward maps: dst = y * (g - sum(g * y)) or g - exp(y) * sum(g).
+void softmax_backward_dim(const Tensor& grad, const Tensor& out, int64_t outer, int64_t n, int64_t inner, bool log,
+                          const Tensor& dst);
+
+// True if every element is finite.
+bool all_finite(const Tensor& src);
+
+// Matrix products on tensors of one float dtype, any strides in the last two dims:
+// dst (B, M, N) = a (B, M, K) x b (B, K, N); dst contiguous. B dims are 1 for mm.
+void matmul(const Tensor& a, const Tensor& b, const Tensor& dst);
+// The plain-loop reference: the same contract, float32 (double for float64) accumulation, one rounding.
+void matmul_ref(const Tensor& a, const Tensor& b, const Tensor& dst);
+
+}  // namespace castor::kernels

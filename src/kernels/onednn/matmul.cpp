@@ -1,0 +1,111 @@
+// Matrix products on oneDNN (float32, bfloat16) with cached primitives; float16 emulated on the float32 kernel.
+#include <dnnl.hpp>
+
+#include <mutex>
+#include <unordered_map>
+
+#include "kernels/kernels.h"
+#include "kernels/onednn/onednn.h"
+
+namespace castor::kernels {
+
+namespace {
+
+using dnnl::memory;
+
+struct MatmulKey {
+  memory::data_type dt;
+  int64_t dims[4];        // B, M, N, K
+  int64_t a_strides[3], b_strides[3];
+  bool operator==(const MatmulKey& o) const { return std::memcmp(this, &o, sizeof(*this)) == 0; }
+};
+struct MatmulKeyHash {
+  size_t operator()(const MatmulKey& k) const { return hash_bytes(&k, sizeof(k)); }
+};
+
+// nullptr when oneDNN has no implementation for this dtype on this CPU (e.g. bf16 without AVX-512).
+const dnnl::matmul* cached_matmul(const MatmulKey& k) {
+  static std::mutex mu;
+  static std::unordered_map<MatmulKey, std::unique_ptr<dnnl::matmul>, MatmulKeyHash> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(k);
+  if (it != cache.end()) return it->second.get();
+  const int64_t B = k.dims[0], M = k.dims[1], N = k.dims[2], K = k.dims[3];
+  memory::desc a({B, M, K}, k.dt, {k.a_strides[0], k.a_strides[1], k.a_strides[2]});
+  memory::desc b({B, K, N}, k.dt, {k.b_strides[0], k.b_strides[1], k.b_strides[2]});
+  memory::desc c({B, M, N}, k.dt, memory::format_tag::abc);
+  std::unique_ptr<dnnl::matmul> prim;
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), engine());
+    prim = std::make_unique<dnnl::matmul>(pd);
+  } catch (const dnnl::error& e) {
+    if (e.status != dnnl_unimplemented) throw;
+  }
+  return cache.emplace(k, std::move(prim)).first->second.get();
+}
+
+// (B, M, K) view metadata of a 2-D or 3-D tensor.
+void batch_strides(const Tensor& t, int64_t out[3]) {
+  if (t.dim() == 2) {
+    out[0] = t.size(0) * t.size(1);
+    out[1] = t.stride(0);
+    out[2] = t.stride(1);
+  } else {
+    out[0] = t.stride(0);
+    out[1] = t.stride(1);
+    out[2] = t.stride(2);
+  }
+}
+
+bool run_onednn(const Tensor& a, const Tensor& b, const Tensor& dst) {
+  MatmulKey k{};
+  k.dt = to_dnnl(a.dtype());
+  const int64_t B = a.dim() == 3 ? a.size(0) : 1;
+  k.dims[0] = B;
+  k.dims[1] = a.size(-2);
+  k.dims[2] = b.size(-1);
+  k.dims[3] = a.size(-1);
+  batch_strides(a, k.a_strides);
+  batch_strides(b, k.b_strides);
+  const dnnl::matmul* prim = cached_matmul(k);
+  if (!prim) return false;
+  memory::desc ad({B, k.dims[1], k.dims[3]}, k.dt, {k.a_strides[0], k.a_strides[1], k.a_strides[2]});
+  memory::desc bd({B, k.dims[3], k.dims[2]}, k.dt, {k.b_strides[0], k.b_strides[1], k.b_strides[2]});
+  memory::desc cd({B, k.dims[1], k.dims[2]}, k.dt, memory::format_tag::abc);
+  memory am(ad, engine(), a.data_ptr()), bm(bd, engine(), b.data_ptr()), cm(cd, engine(), dst.data_ptr());
+  prim->execute(stream(), {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  stream().wait();
+  return true;
+}
+
+}  // namespace
+
+void matmul(const Tensor& a, const Tensor& b, const Tensor& dst) {
+  CASTOR_ASSERT(a.dtype() == b.dtype() && a.dtype() == dst.dtype() && dst.is_contiguous(), "matmul kernel on ",
+                a.describe(), ", ", b.describe(), " -> ", dst.describe());
+  if (dst.numel() == 0) return;
+  if (a.size(-1) == 0) {
+    fill(dst, 0.0);
+    return;
+  }
+  if (a.dtype() == DType::Float64) return matmul_ref(a, b, dst);
+  // oneDNN reads inner-most strides of 1 in one of the last two dims; anything else is copied first.
+  auto usable = [](const Tensor& t) { return t.stride(-1) == 1 || t.stride(-2) == 1; };
+  const Tensor x = usable(a) ? a : a.contiguous(), y = usable(b) ? b : b.contiguous();
+  try {
+    if (a.dtype() != DType::Float16 && run_onednn(x, y, dst)) return;
+    // Emulation for dtypes without a oneDNN kernel here: exact widening to float32, float32 accumulation,
+    // and one rounding of the result (the numerics of 16-bit tensor cores).
+    CASTOR_ASSERT(is_16bit_float(a.dtype()), "no matmul kernel for ", dtype_name(a.dtype()));
+    Tensor xf = empty(x.shape(), DType::Float32), yf = empty(y.shape(), DType::Float32);
+    Tensor df = empty(dst.shape(), DType::Float32);
+    copy(x, xf);
+    copy(y, yf);
+    CASTOR_ASSERT(run_onednn(xf, yf, df), "oneDNN has no float32 matmul");
+    copy(df, dst);
+  } catch (const dnnl::error& e) {
+    throw Error(detail::cat("matmul: oneDNN could not run ", a.describe(), " x ", b.describe(), ": ", e.what()));
+  }
+}
+
+}  // namespace castor::kernels

@@ -1,0 +1,158 @@
+// Reduction kernels over the middle dim of an (outer, n, inner) view: sum, max/min, softmax and its backward.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "kernels/ref/loops.h"
+
+namespace castor::kernels {
+
+namespace {
+
+// src as float32 or float64 (16-bit and integer inputs are widened once, exactly).
+Tensor widened(const Tensor& src) {
+  if (src.dtype() == DType::Float32 || src.dtype() == DType::Float64) return src;
+  Tensor w = empty(src.shape(), src.dtype() == DType::Int64 ? DType::Float64 : DType::Float32);
+  copy(src, w);
+  return w;
+}
+
+template <class Fn>
+void with_float_type(DType d, Fn fn) {
+  if (d == DType::Float64)
+    fn(double{});
+  else
+    fn(float{});
+}
+
+}  // namespace
+
+void sum_dim(const Tensor& src_in, int64_t outer, int64_t n, int64_t inner, const Tensor& dst) {
+  Tensor src = widened(src_in);
+  Tensor acc = empty({outer * inner}, DType::Float64);
+  double* a = acc.data<double>();
+  with_float_type(src.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* s = static_cast<const T*>(src.data_ptr());
+    if (inner == 1) {
+#pragma omp parallel for if (outer * n > kParallelGrain)
+      for (int64_t o = 0; o < outer; ++o) {
+        const T* row = s + o * n;
+        double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        int64_t j = 0;
+        for (; j + 4 <= n; j += 4) {
+          s0 += row[j];
+          s1 += row[j + 1];
+          s2 += row[j + 2];
+          s3 += row[j + 3];
+        }
+        for (; j < n; ++j) s0 += row[j];
+        a[o] = (s0 + s1) + (s2 + s3);
+      }
+    } else {
+#pragma omp parallel for if (outer * n * inner > kParallelGrain)
+      for (int64_t o = 0; o < outer; ++o) {
+        double* ao = a + o * inner;
+        std::fill(ao, ao + inner, 0.0);
+        for (int64_t j = 0; j < n; ++j) {
+          const T* row = s + (o * n + j) * inner;
+          for (int64_t i = 0; i < inner; ++i) ao[i] += row[i];
+        }
+      }
+    }
+  });
+  copy(acc.view(dst.shape()), dst);
+}
+
+void extreme_dim(const Tensor& src_in, int64_t outer, int64_t n, int64_t inner, bool is_max, const Tensor& values,
+                 const Tensor& indices) {
+  CASTOR_CHECK(n > 0, (is_max ? "max" : "min"), ": cannot reduce an empty dim");
+  Tensor src = widened(src_in);
+  Tensor best = empty({outer * inner}, src.dtype());
+  int64_t* idx = indices.data<int64_t>();
+  with_float_type(src.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* s = static_cast<const T*>(src.data_ptr());
+    T* b = static_cast<T*>(best.data_ptr());
+#pragma omp parallel for if (outer * n * inner > kParallelGrain)
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t i = 0; i < inner; ++i) {
+        const T* p = s + o * n * inner + i;
+        T v = p[0];
+        int64_t k = 0;
+        for (int64_t j = 1; j < n && v == v; ++j) {
+          T x = p[j * inner];
+          if (x != x || (is_max ? x > v : x < v)) {
+            v = x;
+            k = j;
+          }
+        }
+        b[o * inner + i] = v;
+        idx[o * inner + i] = k;
+      }
+    }
+  });
+  copy(best.view(values.shape()), values);
+}
+
+void softmax_dim(const Tensor& src_in, int64_t outer, int64_t n, int64_t inner, bool log, const Tensor& dst) {
+  Tensor src = widened(src_in);
+  const bool direct = dst.dtype() == src.dtype();
+  Tensor out = direct ? dst : empty(dst.shape(), src.dtype());
+  with_float_type(src.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* s = static_cast<const T*>(src.data_ptr());
+    T* d = static_cast<T*>(out.data_ptr());
+#pragma omp parallel for collapse(2) if (outer * n * inner > kParallelGrain)
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t i = 0; i < inner; ++i) {
+        const T* p = s + o * n * inner + i;
+        T* q = d + o * n * inner + i;
+        T m = -std::numeric_limits<T>::infinity();
+        for (int64_t j = 0; j < n; ++j) m = std::max(m, p[j * inner]);
+        T z = 0;
+        for (int64_t j = 0; j < n; ++j) z += std::exp(p[j * inner] - m);
+        if (log) {
+          T lz = std::log(z);
+          for (int64_t j = 0; j < n; ++j) q[j * inner] = p[j * inner] - m - lz;
+        } else {
+          for (int64_t j = 0; j < n; ++j) q[j * inner] = std::exp(p[j * inner] - m) / z;
+        }
+      }
+    }
+  });
+  if (!direct) copy(out, dst);
+}
+
+void softmax_backward_dim(const Tensor& grad_in, const Tensor& out_in, int64_t outer, int64_t n, int64_t inner,
+                          bool log, const Tensor& dst) {
+  Tensor g = widened(grad_in), y = widened(out_in);
+  if (g.dtype() != y.dtype()) {
+    Tensor c = empty(g.shape(), y.dtype());
+    copy(g, c);
+    g = c;
+  }
+  Tensor res = dst.dtype() == y.dtype() ? dst : empty(dst.shape(), y.dtype());
+  with_float_type(y.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    const T* gp = static_cast<const T*>(g.data_ptr());
+    const T* yp = static_cast<const T*>(y.data_ptr());
+    T* d = static_cast<T*>(res.data_ptr());
+#pragma omp parallel for collapse(2) if (outer * n * inner > kParallelGrain)
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t i = 0; i < inner; ++i) {
+        const int64_t base = o * n * inner + i;
+        T acc = 0;
+        for (int64_t j = 0; j < n; ++j) acc += log ? gp[base + j * inner] : gp[base + j * inner] * yp[base + j * inner];
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t k = base + j * inner;
+          d[k] = log ? gp[k] - std::exp(yp[k]) * acc : yp[k] * (gp[k] - acc);
+        }
+      }
+    }
+  });
+  if (!res.is_same(dst)) copy(res, dst);
+}
+
+}  // namespace castor::kernels

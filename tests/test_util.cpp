@@ -1,0 +1,108 @@
+// Test helpers: the PyTorch oracle runner, tensor comparisons, and float64 finite differences.
+#include "test_util.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "castor/autograd.h"
+#include "castor/ops.h"
+#include "castor/random.h"
+
+namespace castor::test {
+
+std::string scratch_dir() {
+  static std::string dir = [] {
+    std::string d = std::string(CASTOR_BINARY_DIR) + "/test_scratch/" + std::to_string(getpid());
+    std::string cmd = "mkdir -p '" + d + "'";
+    if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << "cannot create " << d;
+    return d;
+  }();
+  return dir;
+}
+
+bool run_oracle(const std::string& script, const std::vector<std::string>& args) {
+  std::string cmd = "/usr/bin/python3 '" + std::string(CASTOR_SOURCE_DIR) + "/tests/oracle/" + script + "'";
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  cmd += " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) {
+    ADD_FAILURE() << "cannot run " << cmd;
+    return false;
+  }
+  std::string output;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) output.append(buf, n);
+  int rc = pclose(p);
+  if (rc != 0) {
+    ADD_FAILURE() << "the PyTorch oracle failed (" << cmd << "), exit " << rc << ":\n" << output;
+    return false;
+  }
+  return true;
+}
+
+::testing::AssertionResult close(const Tensor& a, const Tensor& b, double rtol, double atol) {
+  if (a.shape() != b.shape())
+    return ::testing::AssertionFailure() << "shapes differ: " << a.describe() << " vs " << b.describe();
+  auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i]) && std::isnan(y[i])) continue;
+    if (std::isinf(y[i]) && x[i] == y[i]) continue;
+    if (!(std::abs(x[i] - y[i]) <= atol + rtol * std::abs(y[i])))
+      return ::testing::AssertionFailure() << "element " << i << ": " << x[i] << " vs expected " << y[i]
+                                           << " (rtol " << rtol << ", atol " << atol << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult bit_equal(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || a.dtype() != b.dtype())
+    return ::testing::AssertionFailure() << a.describe() << " vs " << b.describe();
+  Tensor x = a.contiguous(), y = b.contiguous();
+  const size_t es = a.element_size();
+  const char* p = static_cast<const char*>(x.data_ptr());
+  const char* q = static_cast<const char*>(y.data_ptr());
+  auto v = x.to_vector<double>(), w = y.to_vector<double>();
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    if (std::isnan(v[i]) && std::isnan(w[i])) continue;
+    if (std::memcmp(p + i * es, q + i * es, es) != 0)
+      return ::testing::AssertionFailure() << "element " << i << ": " << v[i] << " vs expected " << w[i] << " ("
+                                           << a.describe() << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                                     std::vector<Tensor> inputs, double eps, double tol) {
+  Generator gen(1234);
+  for (Tensor& t : inputs) t = t.to(DType::Float64).detach().clone().requires_grad_(t.requires_grad());
+  Tensor out = f(inputs);
+  Tensor w = randn(out.shape(), DType::Float64, &gen);
+  sum(out * w).backward();
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    Tensor& x = inputs[k];
+    if (!x.requires_grad()) continue;
+    if (!x.grad().defined()) return ::testing::AssertionFailure() << "input " << k << " got no gradient";
+    auto analytic = x.grad().to_vector<double>();
+    double* p = x.detach().data<double>();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const double orig = p[i];
+      NoGradGuard no_grad;
+      p[i] = orig + eps;
+      const double plus = sum(f(inputs) * w).item();
+      p[i] = orig - eps;
+      const double minus = sum(f(inputs) * w).item();
+      p[i] = orig;
+      const double numeric = (plus - minus) / (2 * eps);
+      if (std::abs(numeric - analytic[i]) > tol * (1 + std::abs(numeric)))
+        return ::testing::AssertionFailure() << "input " << k << " element " << i << ": autograd " << analytic[i]
+                                             << " vs finite difference " << numeric;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace castor::test

@@ -1,0 +1,28 @@
+// Test helpers: running the PyTorch oracle, comparing tensors, float64 finite differences.
+#pragma once
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "castor/tensor.h"
+
+namespace castor::test {
+
+// The directory of this test run's scratch files (created on first use).
+std::string scratch_dir();
+// Runs `/usr/bin/python3 tests/oracle/<script> args...`; fails the test (returns false) with its output otherwise.
+bool run_oracle(const std::string& script, const std::vector<std::string>& args);
+
+// max |a - b| / (atol + rtol |b|) <= 1, with a message naming the first offending element.
+::testing::AssertionResult close(const Tensor& a, const Tensor& b, double rtol, double atol);
+// Bit-for-bit equality (NaN payloads aside), with the first differing element in the message.
+::testing::AssertionResult bit_equal(const Tensor& a, const Tensor& b);
+
+// Checks the gradients autograd gives f's float64 inputs against central finite differences of sum(f * w)
+// for a fixed random weight w.
+::testing::AssertionResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                                     std::vector<Tensor> inputs, double eps = 1e-6, double tol = 1e-6);
+
+}  // namespace castor::test
