@@ -1,0 +1,46 @@
+// Neural-network functions (torch.nn.functional): layers and losses, autocast-aware and differentiable.
+#pragma once
+#include <array>
+#include <optional>
+
+#include "castor/tensor.h"
+
+namespace castor::F {
+
+// input (N, in), weight (out, in), bias (out) -> (N, out). Lower precision under autocast.
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {});
+
+// input (N, C, H, W), weight (O, C/groups, kh, kw), bias (O). oneDNN forward and backward in float32 and
+// bfloat16; float16 emulated exactly (fp16 inputs, fp32 accumulation, one rounding).
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}, std::array<int64_t, 2> stride = {1, 1},
+              std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
+
+// Batch norm over (N, C, H, W) or (N, C). Statistics always in float32, also for 16-bit inputs; the output
+// has the input's dtype. In training, running_mean/var (float32) are updated in place with `momentum`
+// (PyTorch's convention, unbiased variance for the running estimate).
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5);
+
+Tensor max_pool2d(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {0, 0},
+                  std::array<int64_t, 2> padding = {0, 0});  // stride {0, 0} means stride = kernel
+Tensor avg_pool2d(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {0, 0},
+                  std::array<int64_t, 2> padding = {0, 0}, bool count_include_pad = true);
+Tensor adaptive_avg_pool2d(const Tensor& input, std::array<int64_t, 2> output_size);
+Tensor relu(const Tensor& input);
+Tensor gelu(const Tensor& input, bool tanh_approximate = false);
+Tensor dropout(const Tensor& input, double p, bool training);  // uses castor::default_generator()
+Tensor flatten(const Tensor& input, int64_t start_dim = 1);     // channel-major, as PyTorch's view on NCHW
+
+enum class Reduction { None, Mean, Sum };
+// logits (N, C), target (N) int64 class indices. Float32 under autocast.
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction = Reduction::Mean,
+                     double label_smoothing = 0.0, int64_t ignore_index = -100, const Tensor& weight = {});
+Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction = Reduction::Mean,
+                int64_t ignore_index = -100, const Tensor& weight = {});
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);
+Tensor binary_cross_entropy_with_logits(const Tensor& logits, const Tensor& target,
+                                        Reduction reduction = Reduction::Mean);
+// Banned under autocast (raises there, naming binary_cross_entropy_with_logits).
+Tensor binary_cross_entropy(const Tensor& probs, const Tensor& target, Reduction reduction = Reduction::Mean);
+
+}  // namespace castor::F
