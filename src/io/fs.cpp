@@ -83,8 +83,12 @@ void atomic_write_file(const std::string& path, std::span<const uint8_t> bytes) 
   if (::fsync(f.fd) != 0) fail("fsync failed");
   if (!f.close()) fail("close failed");
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename failed");
-  Fd dir(::open(parent_dir(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  CASTOR_CHECK(dir.fd >= 0 && ::fsync(dir.fd) == 0, path, ": fsync of the directory failed: ", errno_text());
+  fsync_directory(parent_dir(path));
+}
+
+void fsync_directory(const std::string& dir) {
+  Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  CASTOR_CHECK(d.fd >= 0 && ::fsync(d.fd) == 0, dir, ": fsync of the directory failed: ", errno_text());
 }
 
 }  // namespace castor
