@@ -1,6 +1,7 @@
 // IDX (MNIST-format) image and label files, plain or gzip-compressed, and the Fashion-MNIST loader.
 #include <zlib.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 
