@@ -413,7 +413,7 @@ std::vector<uint16_t> read_u16_file(const std::string& path) {
 }
 
 // PyTorch's .to(torch.float16) / .to(torch.bfloat16) on the sweep, bit for bit (any NaN for a NaN).
-TEST(TorchParity, SweepMatchesTorchBitForBit) {
+TEST(ConvertTorchParity, SweepMatchesTorchBitForBit) {
   const std::string python = "/usr/bin/python3";
   ASSERT_EQ(std::system((python + " -c 'import torch' >/dev/null 2>&1").c_str()), 0)
       << python << " cannot import torch: this test needs PyTorch as its oracle (install torch for " << python
