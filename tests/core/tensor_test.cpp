@@ -244,6 +244,16 @@ TEST(TensorReductions, SixteenBitAccumulatesInFloat32) {
   EXPECT_EQ(values(sum(ones({700, 2}, DType::BFloat16), {0})), (std::vector<float>{700, 700}));
 }
 
+// Values PyTorch 1.13 gives: torch.relu(tensor([-0., nan, -1., 2.])) == [-0., nan, 0., 2.], in every float dtype.
+TEST(TensorOps, ReluKeepsNegativeZeroAndNaN) {
+  for (DType d : {DType::Float32, DType::BFloat16, DType::Float16}) {
+    Tensor r = relu(tensor({-0.0, NAN, -1.0, 2.0}, d));
+    EXPECT_TRUE(test::bit_equal(r, tensor({-0.0, NAN, 0.0, 2.0}, d))) << dtype_name(d);
+    EXPECT_TRUE(std::signbit(r.to_vector<float>()[0])) << dtype_name(d);
+    EXPECT_TRUE(std::isnan(r.to_vector<float>()[1])) << dtype_name(d);
+  }
+}
+
 // ---- random numbers ----
 
 TEST(TensorRandom, SameSeedSameDraws) {

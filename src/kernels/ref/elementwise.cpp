@@ -153,7 +153,8 @@ void unary(Unary op, const Tensor& src, const Tensor& dst, double p0, double p1)
     case Unary::Log: return run([](auto x) { return std::log(x); });
     case Unary::Sqrt: return run([](auto x) { return std::sqrt(x); });
     case Unary::Abs: return run([](auto x) { return std::abs(x); });
-    case Unary::Relu: return run([](auto x) { return x > 0 ? x : (x == x ? decltype(x)(0) : x); });
+    // PyTorch's relu: NaN and -0 pass through. Branch-free, so it vectorises.
+    case Unary::Relu: return run([](auto x) { return std::max(x, decltype(x)(0)); });
     case Unary::Sigmoid: return run([](auto x) { return decltype(x)(1) / (decltype(x)(1) + std::exp(-x)); });
     case Unary::Tanh: return run([](auto x) { return std::tanh(x); });
     case Unary::Gelu: return run([](auto x) { return gelu(x); });
