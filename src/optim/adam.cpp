@@ -3,12 +3,9 @@
 
 #include "castor/optim.h"
 #include "kernels/ref/loops.h"
+#include "optim/rounded_mul.h"
 
 namespace castor::optim {
-
-// a * b rounded to float32 on its own: PyTorch rounds the product (a separate op) before adding to it, and a
-// plain a * b + c may be contracted into one fused multiply-add; fma(a, b, -0) is exactly round(a * b).
-static float rounded_mul(float a, float b) { return std::fma(a, b, -0.0f); }
 
 void AdamOptions::validate() const {
   CASTOR_CHECK(lr >= 0, "Adam: invalid lr ", lr, " (must be >= 0)");

@@ -1,9 +1,11 @@
-// Learning-rate schedulers: PyTorch 1.13's chainable get_lr formulas, the call-order warning, state dicts.
+// Learning-rate schedulers: PyTorch 1.13's chainable get_lr formulas (bit for bit), the call-order warning, state dicts.
 #include "castor/lr_scheduler.h"
 
 #include <cmath>
 #include <iostream>
 #include <string>
+
+#include "optim/rounded_mul.h"
 
 namespace castor::optim {
 
@@ -110,8 +112,8 @@ std::vector<double> CosineAnnealingLR::get_lr() const {
     if (phase == 0)
       lrs[g] = lrs[g] + (base_lrs_[g] - eta_min_) * (1 - std::cos(M_PI / t_max_)) / 2;
     else
-      lrs[g] = (1 + std::cos(M_PI * last_epoch_ / t_max_)) / (1 + std::cos(M_PI * (last_epoch_ - 1) / t_max_)) *
-                   (lrs[g] - eta_min_) +
+      lrs[g] = rounded_mul((1 + std::cos(M_PI * last_epoch_ / t_max_)) / (1 + std::cos(M_PI * (last_epoch_ - 1) / t_max_)),
+                           lrs[g] - eta_min_) +
                eta_min_;
   }
   return lrs;
@@ -165,8 +167,9 @@ std::vector<double> OneCycleLR::get_lr() const {
                      options_.pct_start, ", total_steps ", options_.total_steps, ")");
         const double pct = (last_epoch_ - start_step) / (phase.end_step - start_step);
         const double start = level(g, phase.start), end = level(g, phase.end);
-        lrs[g] = options_.anneal == OneCycleLROptions::Anneal::Cos ? end + (start - end) / 2.0 * (std::cos(M_PI * pct) + 1)
-                                                                   : (end - start) * pct + start;
+        lrs[g] = options_.anneal == OneCycleLROptions::Anneal::Cos
+                     ? end + rounded_mul((start - end) / 2.0, std::cos(M_PI * pct) + 1)
+                     : rounded_mul(end - start, pct) + start;
         break;
       }
       start_step = phase.end_step;
@@ -192,7 +195,8 @@ std::vector<double> LinearWarmup::get_lr() const {
   } else if (last_epoch_ <= warmup_steps_) {
     const double delta = 1.0 - start_factor_;
     for (double& lr : lrs)
-      lr *= 1.0 + delta / (warmup_steps_ * start_factor_ + (last_epoch_ - 1) * delta);
+      lr *= 1.0 + delta / (rounded_mul(static_cast<double>(warmup_steps_), start_factor_) +
+                           rounded_mul(static_cast<double>(last_epoch_ - 1), delta));
   }
   return lrs;
 }

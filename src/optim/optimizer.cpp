@@ -68,6 +68,8 @@ void write_back(const float* src, const Tensor& param, Rounding rounding, Genera
 
 // The float32 gradient of a slot: the staged grad32, or param.grad() widened; undefined when there is none.
 Tensor float32_grad(const ParamSlot& slot) {
+  CASTOR_CHECK(!slot.grad_staged || slot.grad32.defined(), "optimizer step: grad_staged is set but grad32 is undefined for ",
+               slot.param.describe());
   Tensor g = slot.grad_staged ? slot.grad32 : slot.param.grad();
   if (!g.defined()) return g;
   CASTOR_CHECK(g.shape() == slot.param.shape(), "optimizer step: ", slot.grad_staged ? "staged grad32 " : "gradient ",
