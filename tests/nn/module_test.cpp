@@ -165,6 +165,20 @@ TEST(Module, TrainEvalApplyAndZeroGrad) {
   for (const Tensor& p : toy.parameters()) EXPECT_FALSE(p.grad().defined());
 }
 
+TEST(Module, DropoutFollowsTheMode) {
+  Dropout dropout(/*p=*/0.25);
+  const Tensor x = full({100000}, 2.0);
+  const std::vector<float> y = dropout(x).to_vector<float>();
+  int64_t zeros = 0;
+  for (float v : y) {
+    zeros += v == 0.0f;
+    if (v != 0.0f) ASSERT_EQ(v, 2.0f / 0.75f);  // survivors scaled by 1/(1-p)
+  }
+  EXPECT_NEAR(static_cast<double>(zeros) / y.size(), 0.25, 0.01);
+  dropout.eval();
+  EXPECT_TRUE(test::bit_equal(dropout(x), x));
+}
+
 TEST(Module, ModelFactory) {
   EXPECT_EQ(models::make_model("simplecnn", 1, 28, 28, 10)->type_name(), "SimpleCNN");
   EXPECT_EQ(models::make_model("resnet18", 3, 32, 32, 10)->type_name(), "ResNet");
