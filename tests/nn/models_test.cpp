@@ -269,14 +269,21 @@ TEST(ModelFit, SimpleCnnBFloat16) {
   EXPECT_LT(last, 0.05);
 }
 
-TEST(SlowModelFit, ResNet18Float32) {
+TEST(ModelFit, ResNet18Float32) {
   manual_seed(2);
   auto [first, last] = fit_one_batch(*resnet18(3, 10), DType::Float32, false, /*max_steps=*/40, 1e-3);
   EXPECT_GT(first, 1.0);
   EXPECT_LT(last, 0.05);
 }
 
-TEST(SlowModelFit, ResNet18BFloat16BatchNormFp32) {
+TEST(ModelFit, ResNet9BFloat16Throughout) {  // BatchNorm parameters and running statistics in bfloat16 too
+  manual_seed(2);
+  auto [first, last] = fit_one_batch(*resnet9(3, 10), DType::BFloat16, false, /*max_steps=*/40, 1e-3);
+  EXPECT_GT(first, 1.0);
+  EXPECT_LT(last, 0.05);
+}
+
+TEST(ModelFit, ResNet18BFloat16BatchNormFp32) {
   manual_seed(2);
   auto [first, last] = fit_one_batch(*resnet18(3, 10), DType::BFloat16, /*keep_batchnorm_fp32=*/true,
                                      /*max_steps=*/40, 1e-3);
