@@ -59,17 +59,17 @@ void map_float(const Tensor& src, const Tensor& dst, F f) {
   });
 }
 
-// Reads elements [b, e) of x (or its single element, broadcast) into buf as T.
+// Elements [b, e) of x as T: a pointer into x when it already holds T, else converted into buf. A single
+// (broadcast) element is replicated into buf, so callers index every operand the same way.
 template <class T>
 const T* load_block(const Tensor& x, int64_t b, int64_t e, T* buf) {
-  const bool scalar = x.numel() == 1;
-  if (x.dtype() == dtype_of<T>()) return static_cast<const T*>(x.data_ptr()) + (scalar ? 0 : b);
-  if (scalar) {
+  if (x.numel() == 1) {
     convert(x.data_ptr(), x.dtype(), buf, dtype_of<T>(), 1);
     std::fill(buf + 1, buf + (e - b), buf[0]);
-  } else {
-    convert(static_cast<const char*>(x.data_ptr()) + b * x.element_size(), x.dtype(), buf, dtype_of<T>(), e - b);
+    return buf;
   }
+  if (x.dtype() == dtype_of<T>()) return static_cast<const T*>(x.data_ptr()) + b;
+  convert(static_cast<const char*>(x.data_ptr()) + b * x.element_size(), x.dtype(), buf, dtype_of<T>(), e - b);
   return buf;
 }
 
@@ -108,7 +108,7 @@ void zip(const Tensor& a, const Tensor& b, const Tensor& dst, F f) {
       T xb[kBlock], yb[kBlock];
       const T* x = load_block(a, lo, hi, xb);
       const T* y = load_block(b, lo, hi, yb);
-      for (int64_t i = 0; i < hi - lo; ++i) xb[i] = f(x[sa ? 0 : i], y[sb ? 0 : i]);
+      for (int64_t i = 0; i < hi - lo; ++i) xb[i] = f(x[i], y[i]);
       convert(xb, dtype_of<T>(), o + lo * es, d, hi - lo);
     });
   });
@@ -118,7 +118,6 @@ void zip(const Tensor& a, const Tensor& b, const Tensor& dst, F f) {
 template <class F>
 void zip_to_bool(const Tensor& a, const Tensor& b, const Tensor& dst, F f) {
   const int64_t n = dst.numel();
-  const bool sa = a.numel() == 1 && n != 1, sb = b.numel() == 1 && n != 1;
   bool* o = dst.data<bool>();
   with_compute_type(a.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -126,7 +125,7 @@ void zip_to_bool(const Tensor& a, const Tensor& b, const Tensor& dst, F f) {
       T xb[kBlock], yb[kBlock];
       const T* x = load_block(a, lo, hi, xb);
       const T* y = load_block(b, lo, hi, yb);
-      for (int64_t i = 0; i < hi - lo; ++i) o[lo + i] = f(x[sa ? 0 : i], y[sb ? 0 : i]);
+      for (int64_t i = 0; i < hi - lo; ++i) o[lo + i] = f(x[i], y[i]);
     });
   });
 }
