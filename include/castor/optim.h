@@ -56,6 +56,9 @@ class Optimizer {
 
   // Number of step() calls that updated parameters (not counting skipped ones), for schedulers' warning.
   int64_t step_count() const { return step_count_; }
+  // Steps a GradScaler skipped (inf/NaN gradients), reported through note_skipped_step().
+  int64_t skipped_steps() const { return skipped_steps_; }
+  void note_skipped_step() { ++skipped_steps_; }
 
   // Every slot's state and master weight, and each group's hyper-parameters, as named tensors:
   // "state.<g>.<i>.<name>", "master.<g>.<i>", "group.<g>.lr", ...
@@ -70,6 +73,7 @@ class Optimizer {
   Rounding rounding_ = Rounding::Nearest;
   Generator rounding_gen_;
   int64_t step_count_ = 0;
+  int64_t skipped_steps_ = 0;
 };
 
 struct SGDOptions {
