@@ -1,5 +1,6 @@
-// Optimizers with float32 master state (SGD, Adam, AdamW) and learning-rate schedulers.
+// Optimizers with float32 master state (SGD, Adam, AdamW) following PyTorch 1.13's update formulas.
 #pragma once
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -12,11 +13,13 @@
 namespace castor::optim {
 
 // One parameter as the optimizer sees it. The math is float32 whatever the parameter's dtype:
-//  - `master` is the float32 master weight: the parameter itself when it is float32, a float32 copy when
-//    it is 16-bit and master weights are on (Apex O2), undefined when off (pure 16-bit, O3).
-//  - `grad32` is a float32 gradient staged for the next step (by GradScaler::unscale_); when not staged,
-//    step() reads param.grad() and widens it.
-//  - `state` holds the moments (exp_avg, exp_avg_sq, momentum_buffer, ...), all float32.
+//  - `master` is the float32 master weight of a 16-bit parameter when master weights are on (Apex O2),
+//    undefined otherwise (a float32 parameter is updated in place; a 16-bit one without a master through a
+//    float32 temporary, then rounded back).
+//  - `grad32` is a float32 gradient staged for the next step (by GradScaler::unscale_, which sets
+//    grad_staged); when not staged, step() reads param.grad() and widens it. step() clears grad_staged.
+//  - `state` holds the per-parameter state, all float32 like PyTorch's: "step" (0-dim), "exp_avg",
+//    "exp_avg_sq", "max_exp_avg_sq" (Adam), "momentum_buffer" (SGD with momentum).
 struct ParamSlot {
   Tensor param;
   Tensor master;
@@ -32,42 +35,60 @@ struct ParamGroup {
   std::string name;  // optional, for reports
 };
 
-// How the updated float32 value is written back into a 16-bit parameter.
+// How an updated float32 value is written back into a 16-bit parameter: round to nearest even, or
+// stochastic rounding (rounds up with probability equal to the distance from the value below, so the
+// expected result is exact; the random bits come from rounding_generator(), so runs are reproducible).
 enum class Rounding { Nearest, Stochastic };
 
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
 
-  // Applies one update to every parameter that has a gradient (staged or in .grad).
+  // Applies one update to every parameter that has a gradient (staged in grad32, or in .grad) and counts
+  // the step.
   void step();
+  // Drops (set_to_none) or zeroes every .grad, and un-stages every grad32.
   void zero_grad(bool set_to_none = true);
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  // Parameters must be float32/float16/bfloat16 contiguous leaves, each in one group only; lr and
+  // weight_decay must be non-negative.
   void add_param_group(const std::vector<Tensor>& params, double lr, double weight_decay);
 
-  // Keeps float32 master copies of 16-bit parameters (Apex O2); off, 16-bit parameters are updated in
-  // float32 and rounded back (nearest, or stochastic with `rounding`).
+  // On: every 16-bit parameter (also ones added later) gets a float32 master copy, made from its current
+  // value; the update goes to the master and the parameter is the master rounded. Off: masters are dropped.
   void set_master_weights(bool on);
   bool master_weights() const { return master_weights_; }
+  // The rounding applies to every write-back into a 16-bit parameter (with or without masters).
   void set_rounding(Rounding r, uint64_t seed = 0);
+  Rounding rounding() const { return rounding_; }
   Generator& rounding_generator() { return rounding_gen_; }
 
-  // Number of step() calls that updated parameters (not counting skipped ones), for schedulers' warning.
+  // step() calls so far, and steps a GradScaler skipped (found inf/NaN gradients) and reported through
+  // note_skipped_step(); LR schedulers use their sum for PyTorch's call-order warning.
   int64_t step_count() const { return step_count_; }
-  // Steps a GradScaler skipped (inf/NaN gradients), reported through note_skipped_step().
   int64_t skipped_steps() const { return skipped_steps_; }
   void note_skipped_step() { ++skipped_steps_; }
 
-  // Every slot's state and master weight, and each group's hyper-parameters, as named tensors:
-  // "state.<g>.<i>.<name>", "master.<g>.<i>", "group.<g>.lr", ...
+  // Named tensors (copies), with groups g and slots i numbered in order:
+  //   "state.<g>.<i>.<name>"  each slot state tensor (see ParamSlot)
+  //   "master.<g>.<i>"        the float32 master weight, when there is one
+  //   "group.<g>.lr", "group.<g>.weight_decay" (float64 0-dim), "group.<g>.size" (int64 0-dim, #params)
+  //   "step_count", "skipped_steps" (int64 0-dim), "rounding_generator" (int64[6], the generator's state)
+  // load_state_dict() takes such a dict for an optimizer with the same groups of the same shapes and
+  // master-weight setting; it validates everything before changing anything and throws castor::Error
+  // naming the offending key (unknown, missing, wrong shape or dtype, wrong parameter count).
   virtual StateDict state_dict() const;
   virtual void load_state_dict(const StateDict& sd);
 
  protected:
-  // The float32 update of one slot: `w` is the float32 weight to update in place, `g` its float32 gradient.
+  // The float32 update of one slot, in one fused pass: `w` is the contiguous float32 weight to update in
+  // place, `g` its contiguous float32 gradient (same shape). State tensors are created on first use.
   virtual void update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) = 0;
+  // The names of the slot state this optimizer keeps (what load_state_dict accepts).
+  virtual std::vector<std::string> state_names() const = 0;
+
   std::vector<ParamGroup> groups_;
   bool master_weights_ = false;
   Rounding rounding_ = Rounding::Nearest;
@@ -76,6 +97,7 @@ class Optimizer {
   int64_t skipped_steps_ = 0;
 };
 
+// torch.optim.SGD. lr and weight_decay here seed the first group (add_param_group sets its own).
 struct SGDOptions {
   double lr = 0.01, momentum = 0.0, dampening = 0.0, weight_decay = 0.0;
   bool nesterov = false;
@@ -88,16 +110,19 @@ class SGD : public Optimizer {
 
  protected:
   void update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) override;
+  std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
 
  private:
   SGDOptions options_;
 };
 
+// torch.optim.Adam, or torch.optim.AdamW with decoupled_weight_decay.
 struct AdamOptions {
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
   bool amsgrad = false;
   bool decoupled_weight_decay = false;  // true: AdamW
-  void validate() const;
+  void validate() const;                // throws castor::Error naming the bad option
+  static AdamOptions adamw();           // PyTorch's AdamW defaults: decoupled, weight_decay 1e-2
 };
 class Adam : public Optimizer {
  public:
@@ -106,11 +131,13 @@ class Adam : public Optimizer {
 
  protected:
   void update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) override;
+  std::vector<std::string> state_names() const override { return {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; }
 
  private:
   AdamOptions options_;
 };
-// AdamW: Adam with decoupled weight decay (default weight_decay 1e-2, as PyTorch).
+// AdamW: Adam with `options` and decoupled weight decay turned on (start from AdamOptions::adamw() for
+// PyTorch's defaults).
 std::unique_ptr<Adam> make_adamw(const std::vector<Tensor>& params, AdamOptions options);
 
 }  // namespace castor::optim

@@ -44,6 +44,30 @@ Tensor scatter_into(const Shape& shape, int64_t dim, const Tensor& indices, cons
   return of.to(g.dtype());
 }
 
+// The adjoint of x.slice(dim, start, ..., step) for x of `shape`, written with differentiable ops (double backward):
+// g's rows spaced `step` apart by zero rows, then zeros before and after.
+Tensor unslice(const Tensor& g, const Shape& shape, int64_t dim, int64_t start, int64_t step) {
+  Tensor spread = g;
+  const int64_t n = g.size(dim);
+  if (step > 1 && n > 0) {
+    Shape zs = g.shape();
+    zs.insert(zs.begin() + dim + 1, step - 1);
+    Shape flat = g.shape();
+    flat[dim] = n * step;
+    spread = cat({g.unsqueeze(dim + 1), zeros(zs, g.dtype())}, dim + 1).reshape(flat).narrow(dim, 0, (n - 1) * step + 1);
+  }
+  std::vector<Tensor> parts;
+  auto zero_rows = [&](int64_t rows) {
+    Shape zs = shape;
+    zs[dim] = rows;
+    if (rows > 0) parts.push_back(zeros(zs, g.dtype()));
+  };
+  zero_rows(start);
+  parts.push_back(spread);
+  zero_rows(shape[dim] - start - spread.size(dim));
+  return cat(parts, dim);
+}
+
 // The gradient of a reduction (shaped like its output) brought back to the keepdim shape.
 Tensor unreduce(const Node& node, const Tensor& g) {
   const bool keepdim = node.ints[0];
@@ -66,14 +90,15 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
       return {sum_to(g, s0), sum_to(g * -node.floats[0], node.input_shapes[1])};
     case OpKind::Mul: {
       if (node.next.size() == 1) return {g * node.floats[0]};
-      const Tensor &a = node.saved_tensor(0), &b = node.saved_tensor(1);
-      return {node.next[0].valid() ? sum_to(g * b, s0) : Tensor(),
-              node.next[1].valid() ? sum_to(g * a, node.input_shapes[1]) : Tensor()};
+      // Fetch only the saved tensor a gradient needs: the other may since have been changed in place (x.mul_(c)).
+      return {node.next[0].valid() ? sum_to(g * node.saved_tensor(1), s0) : Tensor(),
+              node.next[1].valid() ? sum_to(g * node.saved_tensor(0), node.input_shapes[1]) : Tensor()};
     }
     case OpKind::Div: {
-      const Tensor &a = node.saved_tensor(0), &b = node.saved_tensor(1);
+      // PyTorch's formulas and rounding order: grad / b and -grad * ((a / b) / b) (no b * b to overflow).
+      const Tensor& b = node.saved_tensor(1);
       return {node.next[0].valid() ? sum_to(g / b, s0) : Tensor(),
-              node.next[1].valid() ? sum_to(-g * a / (b * b), node.input_shapes[1]) : Tensor()};
+              node.next[1].valid() ? sum_to(-g * ((node.saved_tensor(0) / b) / b), node.input_shapes[1]) : Tensor()};
     }
     case OpKind::Neg: return {-g};
     case OpKind::Pow: {
@@ -81,9 +106,9 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
       const Tensor& x = node.saved_tensor(0);
       return {e == 2.0 ? g * x * 2.0 : g * pow(x, e - 1.0) * e};
     }
-    case OpKind::Exp: return {g * node.saved_tensor(0)};
+    case OpKind::Exp: return {g * node.saved_output(0)};
     case OpKind::Log: return {g / node.saved_tensor(0)};
-    case OpKind::Sqrt: return {g / (node.saved_tensor(0) * 2.0)};
+    case OpKind::Sqrt: return {g / (node.saved_output(0) * 2.0)};
     case OpKind::Abs: {
       const Tensor& x = node.saved_tensor(0);
       Tensor zero = zeros({}, x.dtype());
@@ -95,12 +120,12 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
       return {fused(Binary::ReluGrad, g, x)};
     }
     case OpKind::Sigmoid: {
-      const Tensor& y = node.saved_tensor(0);
+      const Tensor y = node.saved_output(0);
       if (create_graph) return {g * y * (1.0 - y)};
       return {fused(Binary::SigmoidGrad, g, y)};
     }
     case OpKind::Tanh: {
-      const Tensor& y = node.saved_tensor(0);
+      const Tensor y = node.saved_output(0);
       if (create_graph) return {g * (1.0 - y * y)};
       return {fused(Binary::TanhGrad, g, y)};
     }
@@ -109,10 +134,11 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
       return {fused(node.ints[0] ? Binary::GeluTanhGrad : Binary::GeluGrad, g, node.saved_tensor(0))};
     }
     case OpKind::Clamp: {
+      // PyTorch's where(min <= x <= max, g, 0): +0 outside, whatever g's sign.
       const Tensor& x = node.saved_tensor(0);
-      Tensor inside = mask(ge(x, scalar_tensor(node.floats[0], DType::Float64)), g.dtype()) *
-                      mask(le(x, scalar_tensor(node.floats[1], DType::Float64)), g.dtype());
-      return {g * inside};
+      Tensor zero = zeros({}, g.dtype());
+      return {where(ge(x, scalar_tensor(node.floats[0], DType::Float64)),
+                    where(le(x, scalar_tensor(node.floats[1], DType::Float64)), g, zero), zero)};
     }
     case OpKind::Where: {
       const Tensor& c = node.saved_tensor(0);
@@ -127,6 +153,7 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
     case OpKind::MinDim: {
       const int64_t dim = node.ints[0];
       const bool keepdim = node.ints[1];
+      CASTOR_CHECK(!g.requires_grad(), op_name(node.op), ": double backward is not supported");
       Tensor idx = node.saved_tensor(0), gk = g;
       if (!keepdim) {
         idx = idx.unsqueeze(dim);
@@ -137,7 +164,7 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
     case OpKind::Softmax:
     case OpKind::LogSoftmax: {
       const bool log = node.op == OpKind::LogSoftmax;
-      const Tensor& y = node.saved_tensor(0);
+      const Tensor y = node.saved_output(0);
       if (create_graph) {
         Tensor p = log ? exp(y) : y;
         return {log ? g - p * sum(g, {node.ints[0]}, true) : y * (g - sum(g * y, {node.ints[0]}, true))};
@@ -167,8 +194,9 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
     }
     case OpKind::Expand: return {sum_to(g, s0)};
     case OpKind::Slice: {
-      Tensor out = zeros(s0, g.dtype());
       const int64_t dim = node.ints[0], start = node.ints[1], step = node.ints[2];
+      if (create_graph) return {unslice(g, s0, dim, start, step)};
+      Tensor out = zeros(s0, g.dtype());
       NoGradGuard no_grad;
       out.slice(dim, start, start + (g.size(dim) - 1) * step + 1, step).copy_(g);
       return {out};
@@ -183,7 +211,9 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
       }
       return grads;
     }
-    case OpKind::Gather: return {scatter_into(s0, node.ints[0], node.saved_tensor(0), g)};
+    case OpKind::Gather:
+      CASTOR_CHECK(!g.requires_grad(), "gather: double backward is not supported");
+      return {scatter_into(s0, node.ints[0], node.saved_tensor(0), g)};
     case OpKind::Conv2d: return nn_rules::conv2d(node, g);
     case OpKind::BatchNorm: return nn_rules::batch_norm(node, g);
     case OpKind::MaxPool2d: return nn_rules::max_pool2d(node, g);

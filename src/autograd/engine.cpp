@@ -35,6 +35,14 @@ const Tensor& Node::saved_tensor(size_t i) const {
   return s.tensor;
 }
 
+Tensor Node::saved_output(size_t i) const {
+  const Tensor& y = saved_tensor(i);
+  if (!GradMode::is_enabled()) return y;
+  auto impl = std::make_shared<TensorImpl>(*y.impl());
+  impl->grad_fn = std::const_pointer_cast<Node>(shared_from_this());
+  return Tensor(std::move(impl));
+}
+
 void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out, std::vector<Tensor> saved,
             std::vector<int64_t> ints, std::vector<double> floats) {
   if (!GradMode::is_enabled() || !any_requires_grad(inputs)) return;

@@ -20,7 +20,7 @@ struct SavedTensor {
   uint32_t version = 0;
 };
 
-struct Node {
+struct Node : std::enable_shared_from_this<Node> {
   OpKind op;
   uint64_t sequence = 0;               // creation order: later nodes run first in backward
   std::vector<Edge> next;              // one per input, invalid where the input needs no gradient
@@ -36,6 +36,9 @@ struct Node {
 
   // A saved tensor, checked against in-place changes since it was saved.
   const Tensor& saved_tensor(size_t i) const;
+  // A saved output of this node; while grad mode is on (create_graph) it has this node as grad_fn, so a rule
+  // written with it is differentiable through the output too (PyTorch's unpacked saved outputs).
+  Tensor saved_output(size_t i) const;
 };
 
 // Records `op` as the maker of `out` when grad mode is on and some input requires grad.

@@ -1,42 +1,335 @@
-// Bulk dtype conversion (placeholder: portable loops).
+// Bulk dtype conversion: F16C/AVX2/AVX-512/AVX512-BF16 kernels picked at run time, and the any-to-any convert().
 #include "castor/convert.h"
 
-#include <cmath>
+#include <cpuid.h>
+#include <immintrin.h>
+
+#include <algorithm>
 #include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "castor/check.h"
+#include "core/convert_kernels.h"
 
 namespace castor {
+namespace detail {
+namespace {
 
-void convert_f32_to_f16(const float* s, uint16_t* d, size_t n) { for (size_t i = 0; i < n; ++i) d[i] = float_to_half_bits(s[i]); }
-void convert_f16_to_f32(const uint16_t* s, float* d, size_t n) { for (size_t i = 0; i < n; ++i) d[i] = half_bits_to_float(s[i]); }
-void convert_f32_to_bf16(const float* s, uint16_t* d, size_t n) { for (size_t i = 0; i < n; ++i) d[i] = float_to_bf16_bits(s[i]); }
-void convert_bf16_to_f32(const uint16_t* s, float* d, size_t n) { for (size_t i = 0; i < n; ++i) d[i] = bf16_bits_to_float(s[i]); }
-const char* conversion_isa() { return "portable"; }
+// ---- portable: the scalar conversions of half.h, element by element (also the tails of the SIMD kernels)
+
+void f32_to_f16_portable(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = float_to_half_bits(src[i]);
+}
+void f16_to_f32_portable(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = half_bits_to_float(src[i]);
+}
+void f32_to_bf16_portable(const float* src, uint16_t* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = float_to_bf16_bits(src[i]);
+}
+void bf16_to_f32_portable(const uint16_t* src, float* dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = bf16_bits_to_float(src[i]);
+}
+bool portable_supported() { return true; }
+
+// ---- AVX2 + F16C. vcvtps2ph/vcvtph2ps round to nearest even, keep subnormals, ignore MXCSR.DAZ/FTZ for
+// half values, and quiet NaNs keeping the top payload bits: exactly the portable results.
+
+constexpr int kRoundNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+__attribute__((target("avx2,f16c"))) void f32_to_f16_avx2(const float* src, uint16_t* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kRoundNearest);
+    __m128i b = _mm256_cvtps_ph(_mm256_loadu_ps(src + i + 8), kRoundNearest);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_set_m128i(b, a));
+  }
+  f32_to_f16_portable(src + i, dst + i, n - i);
+}
+
+__attribute__((target("avx2,f16c"))) void f16_to_f32_avx2(const uint16_t* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm256_castsi256_si128(h)));
+    _mm256_storeu_ps(dst + i + 8, _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
+  }
+  f16_to_f32_portable(src + i, dst + i, n - i);
+}
+
+// float_to_bf16_bits on 8 lanes, results in the low 16 bits of each 32-bit lane.
+__attribute__((target("avx2"))) __m256i f32_to_bf16_lanes_avx2(__m256i u) {
+  const __m256i one = _mm256_set1_epi32(1);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
+  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
+  __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));  // both sides non-negative
+  return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
+}
+
+__attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* src, uint16_t* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i a = f32_to_bf16_lanes_avx2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    __m256i b = f32_to_bf16_lanes_avx2(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 8)));
+    // packus works per 128-bit half: [a0-3 b0-3 a4-7 b4-7]; the permute restores element order.
+    __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), packed);
+  }
+  f32_to_bf16_portable(src + i, dst + i, n - i);
+}
+
+__attribute__((target("avx2"))) void bf16_to_f32_avx2(const uint16_t* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 8));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_slli_epi32(_mm256_cvtepu16_epi32(lo), 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 8), _mm256_slli_epi32(_mm256_cvtepu16_epi32(hi), 16));
+  }
+  bf16_to_f32_portable(src + i, dst + i, n - i);
+}
+
+bool avx2_supported() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+  return f16c && __builtin_cpu_supports("avx2");
+}
+
+// ---- AVX-512F: the same instructions on 16 lanes; bfloat16 by integer rounding.
+// (GCC 12 wrongly warns about _mm512_undefined_* inside its own intrinsics: PR105593.)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+__attribute__((target("avx512f"))) void f32_to_f16_avx512(const float* src, uint16_t* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), kRoundNearest));
+  }
+  f32_to_f16_portable(src + i, dst + i, n - i);
+}
+
+__attribute__((target("avx512f"))) void f16_to_f32_avx512(const uint16_t* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  }
+  f16_to_f32_portable(src + i, dst + i, n - i);
+}
+
+// float_to_bf16_bits on 16 lanes, narrowed to 16 bits.
+__attribute__((target("avx512f"))) __m256i f32_to_bf16_lanes_avx512(__m512i u) {
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+  __mmask16 is_nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+  __m512i quiet_nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, is_nan, quiet_nan));
+}
+
+__attribute__((target("avx512f"))) void f32_to_bf16_avx512(const float* src, uint16_t* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), f32_to_bf16_lanes_avx512(_mm512_loadu_si512(src + i)));
+  }
+  f32_to_bf16_portable(src + i, dst + i, n - i);
+}
+
+__attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* src, float* dst, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    _mm512_storeu_si512(dst + i, _mm512_slli_epi32(w, 16));
+  }
+  bf16_to_f32_portable(src + i, dst + i, n - i);
+}
+
+bool avx512_supported() { return __builtin_cpu_supports("avx512f") && avx2_supported(); }
+
+// ---- AVX512-BF16: vcvtneps2bf16 rounds to nearest even but treats subnormal inputs as zero and may not
+// keep NaN payloads, so any block holding a subnormal or NaN lane is redone by integer rounding.
+
+__attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512bf16(const float* src, uint16_t* dst,
+                                                                          size_t n) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512i u = _mm512_loadu_si512(src + i);
+    __m512i abs = _mm512_and_si512(u, abs_mask);
+    // subnormal: 1 <= abs <= 0x7fffff, i.e. abs - 1 < 0x7fffff unsigned; NaN: abs > 0x7f800000.
+    __mmask16 special =
+        _mm512_cmplt_epu32_mask(_mm512_sub_epi32(abs, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fffff)) |
+        _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+    __m256i r = special ? f32_to_bf16_lanes_avx512(u) : (__m256i)_mm512_cvtneps_pbh(_mm512_castsi512_ps(u));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), r);
+  }
+  f32_to_bf16_portable(src + i, dst + i, n - i);
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+bool avx512bf16_supported() { return __builtin_cpu_supports("avx512bf16") && avx512_supported(); }
+
+}  // namespace
+
+const ConvertKernels kConvertKernels[] = {
+    {"avx512bf16", avx512bf16_supported, f32_to_f16_avx512, f16_to_f32_avx512, f32_to_bf16_avx512bf16,
+     bf16_to_f32_avx512},
+    {"avx512f", avx512_supported, f32_to_f16_avx512, f16_to_f32_avx512, f32_to_bf16_avx512, bf16_to_f32_avx512},
+    {"avx2+f16c", avx2_supported, f32_to_f16_avx2, f16_to_f32_avx2, f32_to_bf16_avx2, bf16_to_f32_avx2},
+    {"portable", portable_supported, f32_to_f16_portable, f16_to_f32_portable, f32_to_bf16_portable,
+     bf16_to_f32_portable},
+};
+const size_t kNumConvertKernels = sizeof(kConvertKernels) / sizeof(kConvertKernels[0]);
+
+}  // namespace detail
+
+namespace {
+
+const detail::ConvertKernels& active_kernels() {
+  static const detail::ConvertKernels& k = *std::find_if(
+      detail::kConvertKernels, detail::kConvertKernels + detail::kNumConvertKernels,
+      [](const detail::ConvertKernels& c) { return c.supported(); });
+  return k;
+}
+
+// Calls f(begin, end) over [0, n): inline when small, else in 16K-element chunks spread over OpenMP threads.
+template <class F>
+void parallel_chunks(size_t n, const F& f) {
+  constexpr size_t kParallelMin = size_t{1} << 16;
+  constexpr size_t kChunk = size_t{1} << 14;
+  if (n <= kParallelMin) {
+    f(0, n);
+    return;
+  }
+  const auto chunks = static_cast<ptrdiff_t>((n + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static)
+  for (ptrdiff_t c = 0; c < chunks; ++c) {
+    size_t begin = static_cast<size_t>(c) * kChunk;
+    f(begin, std::min(n, begin + kChunk));
+  }
+}
 
 template <class S, class D>
-static void cast_loop(const S* s, D* d, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<D, bool>) d[i] = static_cast<double>(s[i]) != 0.0 || std::isnan(static_cast<double>(s[i]));
-    else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) d[i] = D(static_cast<float>(s[i]));
-    else d[i] = static_cast<D>(static_cast<std::conditional_t<std::is_integral_v<D>, double, D>>(static_cast<double>(s[i])));
+void run_bulk(void (*kernel)(const S*, D*, size_t), const S* src, D* dst, size_t n) {
+  parallel_chunks(n, [&](size_t b, size_t e) { kernel(src + b, dst + b, e - b); });
+}
+
+// Floating -> integer as x86 PyTorch does it: truncate; NaN or out of range gives the minimum of the
+// conversion's integer type (int32 for Int32, else int64); UInt8 keeps the low bits of the int64.
+template <class D, class S>
+D float_to_int(S v) {
+  using I = std::conditional_t<std::is_same_v<D, int32_t>, int32_t, int64_t>;
+  constexpr double limit = -static_cast<double>(std::numeric_limits<I>::min());  // 2^31 or 2^63, exact
+  if (!(v >= -limit && v < limit)) return static_cast<D>(std::numeric_limits<I>::min());
+  return static_cast<D>(static_cast<I>(v));
+}
+
+template <class D, class S>
+D cast_value(S v) {
+  if constexpr (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>) {
+    return cast_value<D>(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<D, bool>) {
+    return v != 0;
+  } else if constexpr (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>) {
+    return D(static_cast<float>(v));
+  } else if constexpr (std::is_integral_v<D> && std::is_floating_point_v<S>) {
+    return float_to_int<D>(v);
+  } else {
+    return static_cast<D>(v);
+  }
+}
+
+template <class S, class D>
+void cast_loop(const void* src, void* dst, size_t n) {
+  auto* out = static_cast<D*>(dst);
+  if constexpr (std::is_same_v<S, bool>) {  // read bytes: a bool buffer may hold values other than 0 and 1
+    const auto* in = static_cast<const uint8_t*>(src);
+    for (size_t i = 0; i < n; ++i) out[i] = cast_value<D>(in[i] != 0);
+  } else {
+    const auto* in = static_cast<const S*>(src);
+    for (size_t i = 0; i < n; ++i) out[i] = cast_value<D>(in[i]);
   }
 }
 
 template <class S>
-static void convert_from(const S* s, void* d, DType dd, size_t n) {
-  switch (dd) {
-#define CASE(e, t, nm, st, c) case DType::e: cast_loop(s, static_cast<t*>(d), n); break;
-    CASTOR_FORALL_DTYPES(CASE)
-#undef CASE
+void cast_from(const void* src, void* dst, DType dst_dtype, size_t n) {
+  switch (dst_dtype) {
+#define CASTOR_CAST_TO(E, T, N, SN, C) \
+  case DType::E:                       \
+    return cast_loop<S, T>(src, dst, n);
+    CASTOR_FORALL_DTYPES(CASTOR_CAST_TO)
+#undef CASTOR_CAST_TO
   }
 }
 
-void convert(const void* s, DType sd, void* d, DType dd, size_t n) {
-  if (sd == dd) { std::memcpy(d, s, n * dtype_size(sd)); return; }
-  switch (sd) {
-#define CASE(e, t, nm, st, c) case DType::e: convert_from(static_cast<const t*>(s), d, dd, n); break;
-    CASTOR_FORALL_DTYPES(CASE)
-#undef CASE
+void cast_any(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
+  switch (src_dtype) {
+#define CASTOR_CAST_FROM(E, T, N, SN, C) \
+  case DType::E:                         \
+    return cast_from<T>(src, dst, dst_dtype, n);
+    CASTOR_FORALL_DTYPES(CASTOR_CAST_FROM)
+#undef CASTOR_CAST_FROM
   }
 }
+
+// One chunk of convert(), on the calling thread.
+void convert_serial(const char* src, DType sd, char* dst, DType dd, size_t n) {
+  const auto& k = active_kernels();
+  auto* s16 = reinterpret_cast<const uint16_t*>(src);
+  auto* d16 = reinterpret_cast<uint16_t*>(dst);
+  auto* sf = reinterpret_cast<const float*>(src);
+  auto* df = reinterpret_cast<float*>(dst);
+  if (sd == DType::Float32 && dd == DType::Float16) return k.f32_to_f16(sf, d16, n);
+  if (sd == DType::Float16 && dd == DType::Float32) return k.f16_to_f32(s16, df, n);
+  if (sd == DType::Float32 && dd == DType::BFloat16) return k.f32_to_bf16(sf, d16, n);
+  if (sd == DType::BFloat16 && dd == DType::Float32) return k.bf16_to_f32(s16, df, n);
+  if (is_16bit_float(sd) || is_16bit_float(dd)) {  // through a float32 buffer, with the fast kernels
+    constexpr size_t kBlock = 1024;
+    float buf[kBlock];
+    for (size_t i = 0; i < n; i += kBlock) {
+      size_t m = std::min(kBlock, n - i);
+      convert_serial(src + i * dtype_size(sd), sd, reinterpret_cast<char*>(buf), DType::Float32, m);
+      convert_serial(reinterpret_cast<const char*>(buf), DType::Float32, dst + i * dtype_size(dd), dd, m);
+    }
+    return;
+  }
+  cast_any(src, sd, dst, dd, n);
+}
+
+}  // namespace
+
+void convert_f32_to_f16(const float* src, uint16_t* dst, size_t n) {
+  run_bulk(active_kernels().f32_to_f16, src, dst, n);
+}
+void convert_f16_to_f32(const uint16_t* src, float* dst, size_t n) {
+  run_bulk(active_kernels().f16_to_f32, src, dst, n);
+}
+void convert_f32_to_bf16(const float* src, uint16_t* dst, size_t n) {
+  run_bulk(active_kernels().f32_to_bf16, src, dst, n);
+}
+void convert_bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
+  run_bulk(active_kernels().bf16_to_f32, src, dst, n);
+}
+
+void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
+  CASTOR_CHECK(static_cast<int>(src_dtype) < kNumDTypes && static_cast<int>(dst_dtype) < kNumDTypes,
+               "convert: unknown dtype ", static_cast<int>(src_dtype), " -> ", static_cast<int>(dst_dtype));
+  const size_t ss = dtype_size(src_dtype), ds = dtype_size(dst_dtype);
+  if (src_dtype == dst_dtype) {
+    if (n != 0 && src != dst) std::memmove(dst, src, n * ss);
+    return;
+  }
+  const auto* s = static_cast<const char*>(src);
+  auto* d = static_cast<char*>(dst);
+  parallel_chunks(n, [&](size_t b, size_t e) { convert_serial(s + b * ss, src_dtype, d + b * ds, dst_dtype, e - b); });
+}
+
+const char* conversion_isa() { return active_kernels().isa; }
 
 }  // namespace castor

@@ -449,8 +449,24 @@ Tensor& inplace(Tensor& self, const char* op, bool other_requires_grad, F f) {
   }
   CASTOR_CHECK(!(self.is_leaf() && self.requires_grad()), op, ": a leaf tensor that requires grad (", self.describe(),
                ") cannot be changed in place outside no_grad");
+  // Views do not know their base, so the base's history could not be rebased: refuse rather than give its
+  // users wrong gradients.
+  if (self.grad_fn()) {
+    const OpKind k = self.grad_fn()->op;
+    CASTOR_CHECK(k != OpKind::View && k != OpKind::Permute && k != OpKind::Expand && k != OpKind::Slice, op,
+                 ": in-place change of a view (made by ", op_name(k), ") of a tensor that requires grad (",
+                 self.describe(), ") is not supported; clone() the view or use the out-of-place op");
+  }
   auto alias = std::make_shared<TensorImpl>(*self.impl());
   alias->hooks.clear();
+  if (other_requires_grad) {
+    // The op may save self's old value for the other operand's gradient (mul_, div_): like PyTorch, it gets a
+    // copy that the write below does not change.
+    const Tensor old = self.detach().clone();
+    alias->storage = old.impl()->storage;
+    alias->strides = old.strides();
+    alias->offset = 0;
+  }
   Tensor r = f(Tensor(alias));
   CASTOR_CHECK(r.shape() == self.shape(), op, ": the result of shape ", shape_str(r.shape()),
                " does not fit the in-place output ", self.describe());

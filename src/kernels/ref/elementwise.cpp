@@ -111,24 +111,32 @@ namespace {
 constexpr double kSqrt1_2 = 0.70710678118654752440;
 constexpr double kSqrt2OverPi = 0.79788456080286535588;
 
+// The forms below avoid the cancellation in 1 + erf(x / sqrt 2) and 1 + tanh(u) for x << 0, where the textbook
+// forms lose every digit: 1 + erf(-z) = erfc(z) and 1 + tanh(u) = 2 sigmoid(2u).
+template <class T>
+T gelu(T x) {
+  return T(0.5) * x * std::erfc(-x * T(kSqrt1_2));
+}
+
 template <class T>
 T gelu_tanh(T x) {
   T inner = T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x);
-  return T(0.5) * x * (T(1) + std::tanh(inner));
+  return x / (T(1) + std::exp(T(-2) * inner));
 }
 
 template <class T>
 T gelu_tanh_grad(T x) {
   T x2 = x * x;
   T inner = T(kSqrt2OverPi) * (x + T(0.044715) * x2 * x);
-  T th = std::tanh(inner);
+  T e = std::exp(T(-2) * inner);
+  T s = T(1) / (T(1) + e), one_minus_s = T(1) / (T(1) + T(1) / e);  // sigmoid(2u), sigmoid(-2u); no inf/inf
   T dinner = T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x2);
-  return T(0.5) * (T(1) + th) + T(0.5) * x * (T(1) - th * th) * dinner;
+  return s + T(2) * x * s * one_minus_s * dinner;
 }
 
 template <class T>
 T gelu_grad(T x) {
-  T cdf = T(0.5) * (T(1) + std::erf(x * T(kSqrt1_2)));
+  T cdf = T(0.5) * std::erfc(-x * T(kSqrt1_2));
   T pdf = std::exp(T(-0.5) * x * x) * T(0.39894228040143267794);
   return cdf + x * pdf;
 }
@@ -145,11 +153,11 @@ void unary(Unary op, const Tensor& src, const Tensor& dst, double p0, double p1)
     case Unary::Log: return run([](auto x) { return std::log(x); });
     case Unary::Sqrt: return run([](auto x) { return std::sqrt(x); });
     case Unary::Abs: return run([](auto x) { return std::abs(x); });
-    case Unary::Relu: return run([](auto x) { return x > 0 ? x : (x == x ? decltype(x)(0) : x); });
+    // PyTorch's relu: NaN and -0 pass through. Branch-free, so it vectorises.
+    case Unary::Relu: return run([](auto x) { return std::max(x, decltype(x)(0)); });
     case Unary::Sigmoid: return run([](auto x) { return decltype(x)(1) / (decltype(x)(1) + std::exp(-x)); });
     case Unary::Tanh: return run([](auto x) { return std::tanh(x); });
-    case Unary::Gelu:
-      return run([](auto x) { return x * decltype(x)(0.5) * (decltype(x)(1) + std::erf(x * decltype(x)(kSqrt1_2))); });
+    case Unary::Gelu: return run([](auto x) { return gelu(x); });
     case Unary::GeluTanh: return run([](auto x) { return gelu_tanh(x); });
     case Unary::Pow: {
       if (p0 == 2.0) return run([](auto x) { return x * x; });

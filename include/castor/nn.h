@@ -1,0 +1,233 @@
+// torch.nn for Castor: Module (named parameters, buffers, children, state dicts) and the standard layers.
+#pragma once
+#include <array>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "castor/state_dict.h"
+#include "castor/tensor.h"
+
+namespace castor::nn {
+
+// A (height, width) pair that a single int also converts to, as PyTorch's `kernel_size=3`.
+struct Size2 {
+  int64_t h, w;
+  Size2(int64_t v) : h(v), w(v) {}  // NOLINT: implicit, like PyTorch's int-or-tuple arguments
+  Size2(int64_t h, int64_t w) : h(h), w(w) {}
+  std::array<int64_t, 2> array() const { return {h, w}; }
+};
+
+// What load_state_dict(strict=false) skipped: keys the module has but the dict lacks, and the reverse.
+struct LoadResult {
+  std::vector<std::string> missing_keys;
+  std::vector<std::string> unexpected_keys;
+};
+
+class Module;
+using ModulePtr = std::shared_ptr<Module>;
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// The base of every layer and model. Parameters, buffers and children are kept in registration order, and
+// their hierarchical names ("layer1.0.conv1.weight") are PyTorch's. Modules are held by std::shared_ptr.
+class Module {
+ public:
+  Module() = default;
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  virtual Tensor forward(const Tensor& input) = 0;
+  Tensor operator()(const Tensor& input) { return forward(input); }
+  virtual std::string type_name() const = 0;  // PyTorch's class name: "Conv2d", "ResNet"
+  // BatchNorm layers stay float32 under to(dtype, /*keep_batchnorm_fp32=*/true) (Apex O2).
+  virtual bool is_batchnorm() const { return false; }
+
+  // Registration. Names must be non-empty, free of '.', and unique within this module. The returned tensor
+  // shares its TensorImpl with the registry, so a layer may keep it as a member: to() and load_state_dict()
+  // change that TensorImpl in place, as PyTorch changes `param.data`.
+  Tensor register_parameter(const std::string& name, const Tensor& value);  // made a leaf requiring grad
+  Tensor register_buffer(const std::string& name, const Tensor& value);
+  template <class M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    add_child(name, module);
+    return module;
+  }
+
+  // Queries; `recurse` walks children depth-first after this module's own entries, as PyTorch does.
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  NamedTensors named_parameters(bool recurse = true) const;
+  NamedTensors named_buffers(bool recurse = true) const;
+  const std::vector<std::pair<std::string, ModulePtr>>& named_children() const { return children_; }
+  std::vector<ModulePtr> children() const;
+
+  // Modes and conversions; each applies to all descendants and returns *this.
+  Module& train(bool mode = true);
+  Module& eval() { return train(false); }
+  bool is_training() const { return training_; }
+  // Casts floating parameters (and their gradients) and floating buffers; with keep_batchnorm_fp32,
+  // modules whose is_batchnorm() is true are left as they are.
+  Module& to(DType dtype, bool keep_batchnorm_fp32 = false);
+  Module& apply(const std::function<void(Module&)>& fn);  // children first, then this module
+  // Zeroes every parameter's gradient, or drops it (set_to_none; PyTorch 1.13's default is false).
+  void zero_grad(bool set_to_none = false);
+
+  // Parameters then buffers of each module, children after their parent. Values are detached tensors that
+  // share storage with the module's.
+  StateDict state_dict() const;
+  // Copies the dict's values into this module's tensors, converting dtype. Mis-shaped entries (and floating
+  // values for non-floating tensors or the reverse) are always errors; missing and unexpected keys are errors
+  // when `strict`. One castor::Error names every problem, and nothing is copied then.
+  LoadResult load_state_dict(const StateDict& state_dict, bool strict = true);
+
+ protected:
+  bool training_ = true;
+
+ private:
+  void add_child(const std::string& name, ModulePtr module);
+  void check_new_name(const std::string& name, const char* what) const;
+  void collect(const std::string& prefix, bool params, bool buffers, bool recurse, NamedTensors& out) const;
+
+  NamedTensors parameters_;
+  NamedTensors buffers_;
+  std::vector<std::pair<std::string, ModulePtr>> children_;
+};
+
+// input (N, in, H, W) -> (N, out, H', W'). weight (out, in/groups, kh, kw), bias (out).
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1, Size2 padding = 0,
+         Size2 dilation = 1, int64_t groups = 1, bool bias = true);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Conv2d"; }
+  Tensor weight, bias;  // bias undefined without one
+
+ private:
+  Size2 stride_, padding_, dilation_;
+  int64_t groups_;
+};
+
+// input (N, in) -> (N, out). weight (out, in), bias (out).
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, bool bias = true);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Linear"; }
+  Tensor weight, bias;
+};
+
+// input (N, C, H, W). weight/bias (C) when affine; running_mean/var (C) and num_batches_tracked (int64 scalar)
+// when tracking running stats. Batch statistics are used in training or when no running stats are tracked.
+class BatchNorm2d : public Module {
+ public:
+  explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1, bool affine = true,
+                       bool track_running_stats = true);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "BatchNorm2d"; }
+  bool is_batchnorm() const override { return true; }
+  Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ private:
+  double eps_, momentum_;
+};
+
+class ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "ReLU"; }
+};
+
+class GELU : public Module {
+ public:
+  explicit GELU(bool tanh_approximate = false) : tanh_approximate_(tanh_approximate) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "GELU"; }
+
+ private:
+  bool tanh_approximate_;
+};
+
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(Size2 kernel_size, Size2 stride = 0, Size2 padding = 0)  // stride 0: the kernel size
+      : kernel_(kernel_size), stride_(stride), padding_(padding) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "MaxPool2d"; }
+
+ private:
+  Size2 kernel_, stride_, padding_;
+};
+
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Size2 kernel_size, Size2 stride = 0, Size2 padding = 0, bool count_include_pad = true)
+      : kernel_(kernel_size), stride_(stride), padding_(padding), count_include_pad_(count_include_pad) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "AvgPool2d"; }
+
+ private:
+  Size2 kernel_, stride_, padding_;
+  bool count_include_pad_;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(Size2 output_size) : output_size_(output_size) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "AdaptiveAvgPool2d"; }
+
+ private:
+  Size2 output_size_;
+};
+
+// Zeroes elements with probability p in training (scaling the rest by 1/(1-p)); the identity in eval.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Dropout"; }
+
+ private:
+  double p_;
+};
+
+// (N, C, H, W) -> (N, C*H*W), channel-major.
+class Flatten : public Module {
+ public:
+  explicit Flatten(int64_t start_dim = 1) : start_dim_(start_dim) {}
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Flatten"; }
+
+ private:
+  int64_t start_dim_;
+};
+
+// Runs its children in order; they are named "0", "1", ...
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  Sequential(std::initializer_list<ModulePtr> modules);
+  void push_back(ModulePtr module);
+  size_t size() const { return named_children().size(); }
+  const ModulePtr& operator[](size_t i) const { return named_children().at(i).second; }
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Sequential"; }
+};
+
+// torchvision's ResNet BasicBlock: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)), 3x3 convs without
+// bias, conv1 strided; the shortcut is `downsample` (1x1 strided conv + BatchNorm) when the stride is not 1
+// or the channel count changes, else the identity.
+class BasicBlock : public Module {
+ public:
+  BasicBlock(int64_t in_planes, int64_t planes, int64_t stride = 1);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "BasicBlock"; }
+  std::shared_ptr<Conv2d> conv1, conv2;
+  std::shared_ptr<BatchNorm2d> bn1, bn2;
+  std::shared_ptr<Sequential> downsample;  // null for the identity shortcut
+};
+
+}  // namespace castor::nn

@@ -1,0 +1,154 @@
+// The data loader: seeded epoch order, crop/flip augmentation, normalisation, background prefetching.
+#include "castor/data.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "castor/random.h"
+
+namespace castor::data {
+
+Normalization compute_normalization(const ImageDataset& ds) {
+  Normalization n;
+  const int64_t plane = ds.height * ds.width;
+  for (int64_t c = 0; c < ds.channels; ++c) {
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < ds.n; ++i) {
+      const uint8_t* p = ds.images.data() + (i * ds.channels + c) * plane;
+      for (int64_t k = 0; k < plane; ++k) {
+        const double v = p[k] / 255.0;
+        s += v;
+        s2 += v * v;
+      }
+    }
+    const double count = static_cast<double>(ds.n * plane);
+    const double m = s / count;
+    n.mean.push_back(m);
+    n.std.push_back(std::sqrt(std::max(s2 / count - m * m, 1e-12)));
+  }
+  return n;
+}
+
+ImageDataset make_synthetic(int64_t n, int64_t channels, int64_t height, int64_t width, int num_classes,
+                            uint64_t seed) {
+  CASTOR_CHECK(n > 0 && channels > 0 && height > 0 && width > 0 && num_classes > 1,
+               "synthetic data: invalid size ", n, "x", channels, "x", height, "x", width, " with ", num_classes,
+               " classes");
+  Generator gen(seed);
+  ImageDataset ds{n, channels, height, width, {}, {}, num_classes};
+  const int64_t sz = channels * height * width;
+  std::vector<double> patterns(num_classes * sz);
+  for (auto& v : patterns) v = gen.next_double();
+  ds.images.resize(n * sz);
+  ds.labels.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int label = static_cast<int>(gen.next_u64() % num_classes);
+    ds.labels[i] = static_cast<uint8_t>(label);
+    for (int64_t k = 0; k < sz; ++k) {
+      const double v = 0.7 * patterns[label * sz + k] + 0.3 * gen.next_double();
+      ds.images[i * sz + k] = static_cast<uint8_t>(std::lround(255.0 * v));
+    }
+  }
+  return ds;
+}
+
+DataLoader::DataLoader(const ImageDataset& dataset, LoaderOptions options) : ds_(dataset), opt_(std::move(options)) {
+  CASTOR_CHECK(opt_.batch_size > 0, "--batch-size must be positive, got ", opt_.batch_size);
+  CASTOR_CHECK(ds_.n > 0, "the dataset is empty");
+  if (opt_.norm.mean.empty()) opt_.norm = {std::vector<double>(ds_.channels, 0.0), std::vector<double>(ds_.channels, 1.0)};
+  CASTOR_CHECK(static_cast<int64_t>(opt_.norm.mean.size()) == ds_.channels, "normalisation has ",
+               opt_.norm.mean.size(), " channels, the dataset ", ds_.channels);
+}
+
+DataLoader::~DataLoader() { stop(); }
+
+int64_t DataLoader::batches_per_epoch() const {
+  return opt_.drop_last ? ds_.n / opt_.batch_size : (ds_.n + opt_.batch_size - 1) / opt_.batch_size;
+}
+
+Batch DataLoader::make_batch(int64_t epoch, int64_t index) const {
+  // The epoch's permutation, recomputed from the seed (cheap next to a training step).
+  Generator order_gen(opt_.seed * 1000003ull + static_cast<uint64_t>(epoch));
+  std::vector<int64_t> order(ds_.n);
+  std::iota(order.begin(), order.end(), 0);
+  if (opt_.shuffle)
+    for (int64_t i = ds_.n - 1; i > 0; --i) std::swap(order[i], order[order_gen.next_u64() % (i + 1)]);
+  const int64_t begin = index * opt_.batch_size, end = std::min(ds_.n, begin + opt_.batch_size);
+  const int64_t bs = end - begin, C = ds_.channels, H = ds_.height, W = ds_.width;
+  Batch b;
+  b.index = index;
+  b.images = empty({bs, C, H, W}, DType::Float32);
+  b.labels = empty({bs}, DType::Int64);
+  float* img = b.images.data<float>();
+  int64_t* lab = b.labels.data<int64_t>();
+  Generator aug_gen((opt_.seed + 1) * 0x9e3779b97f4a7c15ull ^ (static_cast<uint64_t>(epoch) << 32) ^
+                    static_cast<uint64_t>(index));
+  for (int64_t i = 0; i < bs; ++i) {
+    const int64_t src = order[begin + i];
+    lab[i] = ds_.labels[src];
+    int64_t dy = 0, dx = 0;
+    bool flip = false;
+    if (opt_.augment) {
+      dy = static_cast<int64_t>(aug_gen.next_u64() % 9) - 4;
+      dx = static_cast<int64_t>(aug_gen.next_u64() % 9) - 4;
+      flip = aug_gen.next_u64() & 1;
+    }
+    for (int64_t c = 0; c < C; ++c) {
+      const uint8_t* p = ds_.images.data() + (src * C + c) * H * W;
+      float* q = img + (i * C + c) * H * W;
+      const float scale = static_cast<float>(1.0 / (255.0 * opt_.norm.std[c]));
+      const float shift = static_cast<float>(-opt_.norm.mean[c] / opt_.norm.std[c]);
+      for (int64_t y = 0; y < H; ++y)
+        for (int64_t x = 0; x < W; ++x) {
+          const int64_t sy = y + dy, sx0 = x + dx, sx = flip ? W - 1 - sx0 : sx0;
+          const bool inside = sy >= 0 && sy < H && sx0 >= 0 && sx0 < W;
+          q[y * W + x] = (inside ? p[sy * W + sx] : 0) * scale + shift;
+        }
+    }
+  }
+  return b;
+}
+
+void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
+  stop();
+  ready_.clear();
+  stopping_ = false;
+  next_index_ = first_batch;
+  end_index_ = batches_per_epoch();
+  worker_ = std::thread([this, epoch, first_batch] {
+    for (int64_t i = first_batch; i < end_index_; ++i) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || ready_.size() < 2; });
+        if (stopping_) return;
+      }
+      Batch b = make_batch(epoch, i);
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_.push_back(std::move(b));
+      cv_.notify_all();
+    }
+  });
+}
+
+std::optional<Batch> DataLoader::next() {
+  if (next_index_ >= end_index_) return std::nullopt;
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !ready_.empty(); });
+  Batch b = std::move(ready_.front());
+  ready_.pop_front();
+  ++next_index_;
+  cv_.notify_all();
+  return b;
+}
+
+void DataLoader::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+}  // namespace castor::data

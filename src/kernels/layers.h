@@ -1,0 +1,65 @@
+// The layer kernel interface: convolution, batch norm and pooling on oneDNN (float32, bfloat16, emulated float16)
+// and as plain reference loops (float64, and the oracle the oneDNN path is tested against).
+#pragma once
+#include <cstdint>
+
+#include "castor/tensor.h"
+
+namespace castor::kernels {
+
+// All tensors are contiguous, in PyTorch's layouts: activations (N, C, H, W), weights (O, C/groups, kh, kw).
+// Floating tensors of one call share a dtype unless said otherwise.
+
+struct Conv2dParams {
+  int64_t stride[2], padding[2], dilation[2], groups;
+};
+
+// dst (N, O, OH, OW) = conv(src (N, C, H, W), weights (O, C/groups, kh, kw)) + bias (O) (bias may be undefined).
+void conv2d_forward(const Tensor& src, const Tensor& weights, const Tensor& bias, const Tensor& dst,
+                    const Conv2dParams& p);
+// Any of diff_src, diff_weights, diff_bias may be undefined and is then not computed (src is only read when
+// diff_weights is wanted, weights only when diff_src is).
+void conv2d_backward(const Tensor& src, const Tensor& weights, const Tensor& diff_dst, const Tensor& diff_src,
+                     const Tensor& diff_weights, const Tensor& diff_bias, const Conv2dParams& p);
+
+// Batch norm of src (N, C, H, W); scale/shift (C) may be undefined (no affine). mean and var (C) are float32
+// (float64 for a float64 src): written with the batch statistics (biased variance) when training, read as the
+// running statistics otherwise. scale, shift and their gradients are float32 (float64 for float64).
+void batch_norm_forward(const Tensor& src, const Tensor& scale, const Tensor& shift, const Tensor& mean,
+                        const Tensor& var, const Tensor& dst, double eps, bool training);
+// scale/shift are the forward's (oneDNN reads shift's presence); diff_scale/diff_shift may be undefined.
+// `training` says whether mean/var were batch statistics (whose dependence on src is then differentiated) or
+// constants.
+void batch_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor& scale, const Tensor& shift,
+                         const Tensor& mean, const Tensor& var, const Tensor& diff_src, const Tensor& diff_scale, const Tensor& diff_shift,
+                         double eps, bool training);
+
+struct Pool2dParams {
+  int64_t kernel[2], stride[2], padding[2];
+  bool is_max;
+  bool count_include_pad;  // average pooling only
+};
+
+// dst (N, C, OH, OW). Returns what max pooling's backward needs (oneDNN's workspace as uint8 bytes, or int64
+// argmax offsets for float64); undefined for average pooling.
+Tensor pool2d_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p);
+void pool2d_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src, const Pool2dParams& p);
+
+// The reference loops behind the float64 path, for float64 tensors (the same contracts as above).
+void conv2d_forward_ref(const Tensor& src, const Tensor& weights, const Tensor& bias, const Tensor& dst,
+                        const Conv2dParams& p);
+void conv2d_backward_ref(const Tensor& src, const Tensor& weights, const Tensor& diff_dst, const Tensor& diff_src,
+                         const Tensor& diff_weights, const Tensor& diff_bias, const Conv2dParams& p);
+void batch_norm_forward_ref(const Tensor& src, const Tensor& scale, const Tensor& shift, const Tensor& mean,
+                            const Tensor& var, const Tensor& dst, double eps, bool training);
+void batch_norm_backward_ref(const Tensor& src, const Tensor& diff_dst, const Tensor& scale, const Tensor& shift,
+                             const Tensor& mean, const Tensor& var, const Tensor& diff_src, const Tensor& diff_scale,
+                             const Tensor& diff_shift, double eps, bool training);
+Tensor pool2d_forward_ref(const Tensor& src, const Tensor& dst, const Pool2dParams& p);
+void pool2d_backward_ref(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src,
+                         const Pool2dParams& p);
+
+// How many layout reorders the oneDNN convolution kernels have executed (for tests and the benchmark).
+int64_t conv_reorder_count();
+
+}  // namespace castor::kernels

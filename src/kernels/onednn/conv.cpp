@@ -1,0 +1,286 @@
+// Convolution forward, backward-data and backward-weights on oneDNN: primitives in the layouts they prefer, cached
+// with their reorders by pass, shape, dtype and parameters; float16 (and bfloat16 where oneDNN lacks it) runs on
+// exact float32 copies with one rounding of the result.
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+
+#include "kernels/layers.h"
+#include "kernels/onednn/fallback.h"
+
+namespace castor::kernels {
+
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+
+std::atomic<int64_t> g_reorders{0};
+
+// Where a plain (PyTorch-layout) tensor meets a primitive: the layout oneDNN chose for it, the reorder between the
+// two (absent when oneDNN chose the plain layout itself), and the scratch slot a reordered copy lives in.
+struct Port {
+  memory::desc plain, want;
+  std::optional<dnnl::reorder> reorder;  // plain -> want for inputs, want -> plain for outputs
+  int slot;
+};
+
+Port input_port(const memory::desc& plain, const memory::desc& want, int slot) {
+  Port p{plain, want, {}, slot};
+  if (want != plain) p.reorder = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), plain, engine(), want));
+  return p;
+}
+Port output_port(const memory::desc& want, const memory::desc& plain, int slot) {
+  Port p{plain, want, {}, slot};
+  if (want != plain) p.reorder = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), want, engine(), plain));
+  return p;
+}
+
+// Scratch slots for reordered copies: src, weights (or diff_weights), dst (or diff_src), diff_dst. One per role, so
+// that every copy live at once has its own. They are kept per thread and only grow: reusing the pages saves a
+// page-faulting allocation of up to tens of MB per reorder at batch 256.
+enum Slot { kSrcSlot, kWeightsSlot, kDstSlot, kDiffDstSlot, kNumSlots };
+
+struct Staged {
+  memory mem;
+};
+
+Staged scratch_for(const Port& port) {
+  struct Buffer {
+    void* data = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(data); }
+  };
+  static thread_local Buffer slots[kNumSlots];
+  Buffer& b = slots[port.slot];
+  const size_t need = port.want.get_size();
+  if (b.size < need) {
+    std::free(b.data);
+    b.data = std::aligned_alloc(64, (need + 63) / 64 * 64);
+    CASTOR_CHECK(b.data, "conv2d: cannot allocate ", need, " bytes of scratch");
+    b.size = need;
+  }
+  return {memory(port.want, engine(), b.data)};
+}
+
+// An input in the port's layout (reordered into scratch when needed).
+Staged stage_in(const Port& port, const Tensor& t) {
+  memory user(port.plain, engine(), t.data_ptr());
+  if (!port.reorder) return {user};
+  Staged s = scratch_for(port);
+  port.reorder->execute(stream(), user, s.mem);
+  ++g_reorders;
+  return s;
+}
+
+enum Pass : int64_t { kForward, kBackwardData, kBackwardWeights };
+
+// Everything that picks a convolution primitive; all int64 so that memcmp sees no padding bytes.
+struct ConvKey {
+  int64_t pass, dt;
+  int64_t n, c, h, w, o, kh, kw, oh, ow;
+  int64_t stride[2], padding[2], dilation[2], groups, bias;
+  bool operator==(const ConvKey& k) const { return std::memcmp(this, &k, sizeof(k)) == 0; }
+};
+struct ConvKeyHash {
+  size_t operator()(const ConvKey& k) const { return hash_bytes(&k, sizeof(k)); }
+};
+
+// A cached convolution: the primitive and its three tensor ports, in the order
+//   forward:          src (in), weights (in), dst (out)
+//   backward data:    diff_dst (in), weights (in), diff_src (out)
+//   backward weights: src (in), diff_dst (in), diff_weights (out)
+// plus the plain bias (or diff_bias) descriptor.
+struct ConvPrim {
+  dnnl::primitive prim;
+  std::array<Port, 3> ports;
+  std::array<int, 3> args;
+  memory::desc bias;
+};
+
+ConvKey make_key(Pass pass, DType dt, const Shape& src, const Shape& weights, const Shape& dst, bool bias,
+                 const Conv2dParams& p) {
+  ConvKey k{};
+  k.pass = pass;
+  k.dt = static_cast<int64_t>(to_dnnl(dt));
+  k.n = src[0], k.c = src[1], k.h = src[2], k.w = src[3];
+  k.o = dst[1], k.oh = dst[2], k.ow = dst[3];
+  k.kh = weights[2], k.kw = weights[3];
+  for (int i = 0; i < 2; ++i) k.stride[i] = p.stride[i], k.padding[i] = p.padding[i], k.dilation[i] = p.dilation[i];
+  k.groups = p.groups;
+  k.bias = bias;
+  return k;
+}
+
+// Builds the primitive for `k`; nullptr when oneDNN has no implementation for its dtype on this CPU.
+std::unique_ptr<ConvPrim> build(const ConvKey& k) {
+  const auto dt = static_cast<memory::data_type>(k.dt);
+  const memory::dims strides = {k.stride[0], k.stride[1]}, dilates = {k.dilation[0] - 1, k.dilation[1] - 1},
+                     pad = {k.padding[0], k.padding[1]};
+  const memory::dims src_dims = {k.n, k.c, k.h, k.w}, dst_dims = {k.n, k.o, k.oh, k.ow};
+  const memory::dims w_dims = k.groups == 1 ? memory::dims{k.o, k.c, k.kh, k.kw}
+                                            : memory::dims{k.groups, k.o / k.groups, k.c / k.groups, k.kh, k.kw};
+  const memory::desc src_plain(src_dims, dt, tag::nchw), dst_plain(dst_dims, dt, tag::nchw);
+  const memory::desc w_plain(w_dims, dt, k.groups == 1 ? tag::oihw : tag::goihw);
+  const memory::desc src_any(src_dims, dt, tag::any), dst_any(dst_dims, dt, tag::any), w_any(w_dims, dt, tag::any);
+  const memory::desc bias = k.bias ? memory::desc({k.o}, dt, tag::x) : memory::desc();
+  const auto algo = dnnl::algorithm::convolution_direct;
+  try {
+    const dnnl::convolution_forward::primitive_desc fwd(
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src_any, w_any, bias, dst_any,
+                                        strides, dilates, pad, pad),
+        engine());
+    auto out = std::make_unique<ConvPrim>();
+    out->bias = bias;
+    if (k.pass == kForward) {
+      out->prim = dnnl::convolution_forward(fwd);
+      out->ports = {input_port(src_plain, fwd.src_desc(), kSrcSlot),
+                    input_port(w_plain, fwd.weights_desc(), kWeightsSlot),
+                    output_port(fwd.dst_desc(), dst_plain, kDstSlot)};
+      out->args = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+    } else if (k.pass == kBackwardData) {
+      const dnnl::convolution_backward_data::primitive_desc pd(
+          dnnl::convolution_backward_data::desc(algo, src_any, w_any, dst_any, strides, dilates, pad, pad), engine(),
+          fwd);
+      out->prim = dnnl::convolution_backward_data(pd);
+      out->ports = {input_port(dst_plain, pd.diff_dst_desc(), kDiffDstSlot),
+                    input_port(w_plain, pd.weights_desc(), kWeightsSlot),
+                    output_port(pd.diff_src_desc(), src_plain, kDstSlot)};
+      out->args = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
+    } else {
+      const dnnl::convolution_backward_weights::primitive_desc pd(
+          dnnl::convolution_backward_weights::desc(algo, src_any, w_any, bias, dst_any, strides, dilates, pad, pad),
+          engine(), fwd);
+      out->prim = dnnl::convolution_backward_weights(pd);
+      out->ports = {input_port(src_plain, pd.src_desc(), kSrcSlot),
+                    input_port(dst_plain, pd.diff_dst_desc(), kDiffDstSlot),
+                    output_port(pd.diff_weights_desc(), w_plain, kWeightsSlot)};
+      out->args = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
+    }
+    return out;
+  } catch (const dnnl::error& e) {
+    if (e.status != dnnl_unimplemented) throw;
+    return nullptr;
+  }
+}
+
+const ConvPrim* cached(const ConvKey& k) {
+  static std::mutex mu;
+  static std::unordered_map<ConvKey, std::unique_ptr<ConvPrim>, ConvKeyHash> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(k);
+  if (it == cache.end()) it = cache.emplace(k, build(k)).first;
+  return it->second.get();
+}
+
+// Runs one cached convolution on staged inputs, writing its output into the plain tensor `out` (through a scratch
+// buffer and a reorder when the primitive's layout is not plain).
+void run(const ConvPrim& c, const Staged& in0, const Staged& in1, const Tensor& out, const Tensor& bias) {
+  const Port& port = c.ports[2];
+  memory user(port.plain, engine(), out.data_ptr());
+  Staged dst = port.reorder ? scratch_for(port) : Staged{user};
+  std::unordered_map<int, memory> args = {{c.args[0], in0.mem}, {c.args[1], in1.mem}, {c.args[2], dst.mem}};
+  if (bias.defined()) args[c.args[2] == DNNL_ARG_DST ? DNNL_ARG_BIAS : DNNL_ARG_DIFF_BIAS] =
+      memory(c.bias, engine(), bias.data_ptr());
+  c.prim.execute(stream(), args);
+  if (port.reorder) {
+    port.reorder->execute(stream(), dst.mem, user);
+    ++g_reorders;
+  }
+  stream().wait();
+}
+
+void run_forward(const ConvPrim& c, const Tensor& src, const Tensor& weights, const Tensor& bias, const Tensor& dst) {
+  run(c, stage_in(c.ports[0], src), stage_in(c.ports[1], weights), dst, bias);
+}
+
+// Both backward passes; diff_dst is reordered once when the two primitives want the same layout for it.
+void run_backward(const ConvPrim* data, const ConvPrim* wts, const Tensor& src, const Tensor& weights,
+                  const Tensor& diff_dst, const Tensor& diff_src, const Tensor& diff_weights, const Tensor& diff_bias) {
+  Staged dy;
+  if (data) {
+    dy = stage_in(data->ports[0], diff_dst);
+    run(*data, dy, stage_in(data->ports[1], weights), diff_src, Tensor());
+  }
+  if (wts) {
+    const bool reuse = data && dy.mem.get_desc() == wts->ports[1].want;
+    run(*wts, stage_in(wts->ports[0], src), reuse ? dy : stage_in(wts->ports[1], diff_dst), diff_weights, diff_bias);
+  }
+}
+
+// The primitive for `pass` in dtype `dt`, or nullptr where it must run on float32 copies.
+const ConvPrim* native(Pass pass, DType dt, const Shape& src, const Shape& weights, const Shape& dst, bool bias,
+                       const Conv2dParams& p) {
+  if (dt == DType::Float16) return nullptr;
+  return cached(make_key(pass, dt, src, weights, dst, bias, p));
+}
+const ConvPrim& in_float32(Pass pass, const Shape& src, const Shape& weights, const Shape& dst, bool bias,
+                           const Conv2dParams& p) {
+  const ConvPrim* c = cached(make_key(pass, DType::Float32, src, weights, dst, bias, p));
+  CASTOR_ASSERT(c, "oneDNN has no float32 convolution");
+  return *c;
+}
+
+std::string describe(const Tensor& src, const Tensor& weights, const Conv2dParams& p) {
+  return detail::cat(src.describe(), " with weights ", weights.describe(), ", stride (", p.stride[0], ", ",
+                     p.stride[1], "), padding (", p.padding[0], ", ", p.padding[1], "), dilation (", p.dilation[0],
+                     ", ", p.dilation[1], "), groups ", p.groups);
+}
+
+}  // namespace
+
+int64_t conv_reorder_count() { return g_reorders.load(); }
+
+void conv2d_forward(const Tensor& src, const Tensor& weights, const Tensor& bias, const Tensor& dst,
+                    const Conv2dParams& p) {
+  if (src.dtype() == DType::Float64) return conv2d_forward_ref(src, weights, bias, dst, p);
+  try {
+    const bool has_bias = bias.defined();
+    if (const ConvPrim* c = native(kForward, src.dtype(), src.shape(), weights.shape(), dst.shape(), has_bias, p))
+      return run_forward(*c, src, weights, bias, dst);
+    Tensor dst_f = empty(dst.shape(), DType::Float32);
+    run_forward(in_float32(kForward, src.shape(), weights.shape(), dst.shape(), has_bias, p), widen(src),
+                widen(weights), widen(bias), dst_f);
+    copy(dst_f, dst);
+  } catch (const dnnl::error& e) {
+    throw Error(detail::cat("conv2d: oneDNN could not run ", describe(src, weights, p), ": ", e.what()));
+  }
+}
+
+void conv2d_backward(const Tensor& src, const Tensor& weights, const Tensor& diff_dst, const Tensor& diff_src,
+                     const Tensor& diff_weights_in, const Tensor& diff_bias, const Conv2dParams& p) {
+  // oneDNN computes the bias gradient with the weights gradient; a scratch diff_weights serves a lone diff_bias.
+  const Tensor diff_weights =
+      diff_bias.defined() && !diff_weights_in.defined() ? empty(weights.shape(), weights.dtype()) : diff_weights_in;
+  if (diff_dst.dtype() == DType::Float64)
+    return conv2d_backward_ref(src, weights, diff_dst, diff_src, diff_weights, diff_bias, p);
+  const Shape& src_shape = diff_src.defined() ? diff_src.shape() : src.shape();
+  const Shape& w_shape = diff_weights.defined() ? diff_weights.shape() : weights.shape();
+  const bool has_bias = diff_bias.defined();
+  try {
+    const DType dt = diff_dst.dtype();
+    // Whether to run natively is decided per dtype and shape, so both passes make the same choice.
+    const ConvPrim* data = diff_src.defined() ? native(kBackwardData, dt, src_shape, w_shape, diff_dst.shape(),
+                                                       false, p) : nullptr;
+    const ConvPrim* wts = diff_weights.defined() ? native(kBackwardWeights, dt, src_shape, w_shape,
+                                                          diff_dst.shape(), has_bias, p) : nullptr;
+    const bool need_data = diff_src.defined(), need_wts = diff_weights.defined();
+    if ((!need_data || data) && (!need_wts || wts))
+      return run_backward(data, wts, src, weights, diff_dst, diff_src, diff_weights, diff_bias);
+    Tensor dx = float_like(diff_src), dw = float_like(diff_weights), db = float_like(diff_bias);
+    run_backward(need_data ? &in_float32(kBackwardData, src_shape, w_shape, diff_dst.shape(), false, p) : nullptr,
+                 need_wts ? &in_float32(kBackwardWeights, src_shape, w_shape, diff_dst.shape(), has_bias, p) : nullptr,
+                 need_wts ? widen(src) : Tensor(), need_data ? widen(weights) : Tensor(), widen(diff_dst), dx, dw, db);
+    round_into(dx, diff_src);
+    round_into(dw, diff_weights);
+    round_into(db, diff_bias);
+  } catch (const dnnl::error& e) {
+    throw Error(detail::cat("conv2d backward: oneDNN could not run ", describe(diff_dst, weights, p), ": ", e.what()));
+  }
+}
+
+}  // namespace castor::kernels

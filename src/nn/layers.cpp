@@ -1,0 +1,145 @@
+// The standard layers: PyTorch's parameter layouts and default initialisation, forwards through castor::F.
+#include <cmath>
+
+#include "castor/autograd.h"
+#include "castor/functional.h"
+#include "castor/nn.h"
+#include "castor/ops.h"
+#include "castor/random.h"
+
+namespace castor::nn {
+
+namespace {
+
+// torch.nn.init.kaiming_uniform_(w, a=sqrt(5)) on a weight with this fan-in, from the default generator.
+Tensor kaiming_uniform(const Shape& shape, int64_t fan_in) {
+  const double a = std::sqrt(5.0);
+  const double gain = std::sqrt(2.0 / (1.0 + a * a));  // calculate_gain("leaky_relu", a)
+  const double std = gain / std::sqrt(static_cast<double>(fan_in));
+  const double bound = std::sqrt(3.0) * std;
+  return uniform(shape, -bound, bound);
+}
+
+// PyTorch's default bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+Tensor fan_in_uniform(const Shape& shape, int64_t fan_in) {
+  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  return uniform(shape, -bound, bound);
+}
+
+}  // namespace
+
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride, Size2 padding,
+               Size2 dilation, int64_t groups, bool bias)
+    : stride_(stride), padding_(padding), dilation_(dilation), groups_(groups) {
+  CASTOR_CHECK(in_channels > 0 && out_channels > 0 && groups > 0 && in_channels % groups == 0 &&
+                   out_channels % groups == 0,
+               "Conv2d: in_channels ", in_channels, " and out_channels ", out_channels,
+               " must be positive and divisible by groups ", groups);
+  CASTOR_CHECK(kernel_size.h > 0 && kernel_size.w > 0, "Conv2d: kernel size must be positive, got (", kernel_size.h,
+               ", ", kernel_size.w, ")");
+  const int64_t fan_in = in_channels / groups * kernel_size.h * kernel_size.w;
+  weight = register_parameter(
+      "weight", kaiming_uniform({out_channels, in_channels / groups, kernel_size.h, kernel_size.w}, fan_in));
+  if (bias) this->bias = register_parameter("bias", fan_in_uniform({out_channels}, fan_in));
+}
+
+Tensor Conv2d::forward(const Tensor& input) {
+  return F::conv2d(input, weight, bias, stride_.array(), padding_.array(), dilation_.array(), groups_);
+}
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool bias) {
+  CASTOR_CHECK(in_features > 0 && out_features > 0, "Linear: in_features ", in_features, " and out_features ",
+               out_features, " must be positive");
+  weight = register_parameter("weight", kaiming_uniform({out_features, in_features}, in_features));
+  if (bias) this->bias = register_parameter("bias", fan_in_uniform({out_features}, in_features));
+}
+
+Tensor Linear::forward(const Tensor& input) { return F::linear(input, weight, bias); }
+
+BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum, bool affine, bool track_running_stats)
+    : eps_(eps), momentum_(momentum) {
+  CASTOR_CHECK(num_features > 0, "BatchNorm2d: num_features must be positive, got ", num_features);
+  if (affine) {
+    weight = register_parameter("weight", ones({num_features}));
+    bias = register_parameter("bias", zeros({num_features}));
+  }
+  if (track_running_stats) {
+    running_mean = register_buffer("running_mean", zeros({num_features}));
+    running_var = register_buffer("running_var", ones({num_features}));
+    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, DType::Int64));
+  }
+}
+
+Tensor BatchNorm2d::forward(const Tensor& input) {
+  CASTOR_CHECK(input.dim() == 4, "BatchNorm2d: expected a 4-d (N, C, H, W) input, got ", input.describe());
+  const bool tracking = running_mean.defined();
+  if (training_ && tracking) {
+    NoGradGuard no_grad;
+    num_batches_tracked.add_(1.0);
+  }
+  return F::batch_norm(input, running_mean, running_var, weight, bias, /*training=*/training_ || !tracking,
+                       momentum_, eps_);
+}
+
+Tensor ReLU::forward(const Tensor& input) { return F::relu(input); }
+
+Tensor GELU::forward(const Tensor& input) { return F::gelu(input, tanh_approximate_); }
+
+Tensor MaxPool2d::forward(const Tensor& input) {
+  return F::max_pool2d(input, kernel_.array(), stride_.array(), padding_.array());
+}
+
+Tensor AvgPool2d::forward(const Tensor& input) {
+  return F::avg_pool2d(input, kernel_.array(), stride_.array(), padding_.array(), count_include_pad_);
+}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return F::adaptive_avg_pool2d(input, output_size_.array()); }
+
+Dropout::Dropout(double p) : p_(p) {
+  CASTOR_CHECK(p >= 0 && p <= 1, "Dropout: p must be in [0, 1], got ", p);
+}
+
+Tensor Dropout::forward(const Tensor& input) { return F::dropout(input, p_, training_); }
+
+Tensor Flatten::forward(const Tensor& input) { return F::flatten(input, start_dim_); }
+
+Sequential::Sequential(std::initializer_list<ModulePtr> modules) {
+  for (const ModulePtr& m : modules) push_back(m);
+}
+
+void Sequential::push_back(ModulePtr module) { register_module(std::to_string(size()), std::move(module)); }
+
+Tensor Sequential::forward(const Tensor& input) {
+  Tensor x = input;
+  for (const auto& [name, child] : named_children()) x = child->forward(x);
+  return x;
+}
+
+BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride) {
+  conv1 = register_module("conv1", std::make_shared<Conv2d>(in_planes, planes, /*kernel_size=*/3, stride,
+                                                            /*padding=*/1, /*dilation=*/1, /*groups=*/1,
+                                                            /*bias=*/false));
+  bn1 = register_module("bn1", std::make_shared<BatchNorm2d>(planes));
+  conv2 = register_module("conv2", std::make_shared<Conv2d>(planes, planes, /*kernel_size=*/3, /*stride=*/1,
+                                                            /*padding=*/1, /*dilation=*/1, /*groups=*/1,
+                                                            /*bias=*/false));
+  bn2 = register_module("bn2", std::make_shared<BatchNorm2d>(planes));
+  if (stride != 1 || in_planes != planes) {
+    downsample = register_module(
+        "downsample",
+        std::make_shared<Sequential>(std::initializer_list<ModulePtr>{
+            std::make_shared<Conv2d>(in_planes, planes, /*kernel_size=*/1, stride, /*padding=*/0, /*dilation=*/1,
+                                     /*groups=*/1, /*bias=*/false),
+            std::make_shared<BatchNorm2d>(planes)}));
+  }
+}
+
+// (N, in_planes, H, W) -> (N, planes, H/stride, W/stride)
+Tensor BasicBlock::forward(const Tensor& input) {
+  Tensor out = F::relu(bn1->forward(conv1->forward(input)));
+  out = bn2->forward(conv2->forward(out));
+  Tensor shortcut = downsample ? downsample->forward(input) : input;
+  return F::relu(out + shortcut);
+}
+
+}  // namespace castor::nn

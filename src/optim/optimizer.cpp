@@ -1,0 +1,267 @@
+// The optimizer base: gradient staging, float32 master weights, rounding back into 16-bit parameters, state dicts.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "castor/autograd.h"
+#include "castor/convert.h"
+#include "castor/optim.h"
+#include "kernels/ref/loops.h"
+
+namespace castor::optim {
+
+using kernels::kBlock;
+using kernels::parallel_blocks;
+
+namespace {
+
+// Stochastic rounding to bfloat16: add 16 uniform random bits below the 16 kept ones, then truncate.
+// inf and NaN round as usual; a finite value above the largest bfloat16 saturates instead of becoming inf.
+uint16_t stochastic_bf16(float x, uint32_t random16) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) >= 0x7f800000u) return float_to_bf16_bits(x);
+  const uint32_t r = (u + random16) >> 16;
+  if ((r & 0x7f80u) == 0x7f80u) return static_cast<uint16_t>((r & 0x8000u) | 0x7f7fu);
+  return static_cast<uint16_t>(r);
+}
+
+// Stochastic rounding to float16: scale |x| by its float16 ulp (exact, a power of two), keep the integer
+// part and add one with probability equal to the fraction. Values between 65504 and 2^16 saturate to
+// 65504; beyond, and for inf/NaN, the usual rounding applies (inf).
+uint16_t stochastic_f16(float x, uint32_t random24) {
+  const float a = std::fabs(x);
+  if (!(a < 65536.0f)) return float_to_half_bits(x);
+  uint32_t u;
+  std::memcpy(&u, &a, 4);
+  const int binade = std::max(static_cast<int>(u >> 23) - 127, -14);  // float16 subnormals share 2^-24
+  const uint32_t ulp_bits = static_cast<uint32_t>(binade - 10 + 127) << 23;
+  float ulp;
+  std::memcpy(&ulp, &ulp_bits, 4);
+  const float q = a / ulp;
+  float kept = std::floor(q);
+  if (static_cast<float>(random24) * 0x1.0p-24f < q - kept) kept += 1.0f;
+  return float_to_half_bits(std::copysign(std::min(kept * ulp, 65504.0f), x));
+}
+
+// Writes float32 `src` into the 16-bit parameter. Stochastic rounding draws one key from `gen` per call and
+// seeds a generator per block from it, so the result does not depend on the thread count.
+void write_back(const float* src, const Tensor& param, Rounding rounding, Generator& gen) {
+  const DType d = param.dtype();
+  uint16_t* dst = static_cast<uint16_t*>(param.data_ptr());
+  if (rounding == Rounding::Nearest) {
+    parallel_blocks(param.numel(), [&](int64_t b, int64_t e) { convert(src + b, DType::Float32, dst + b, d, e - b); });
+  } else {
+    const uint64_t key = gen.next_u64();
+    parallel_blocks(param.numel(), [&](int64_t b, int64_t e) {
+      Generator bits(key + static_cast<uint64_t>(b / kBlock));
+      if (d == DType::BFloat16)
+        for (int64_t i = b; i < e; ++i) dst[i] = stochastic_bf16(src[i], static_cast<uint32_t>(bits.next_u64() >> 48));
+      else
+        for (int64_t i = b; i < e; ++i) dst[i] = stochastic_f16(src[i], static_cast<uint32_t>(bits.next_u64() >> 40));
+    });
+  }
+  param.bump_version();
+}
+
+// The float32 gradient of a slot: the staged grad32, or param.grad() widened; undefined when there is none.
+Tensor float32_grad(const ParamSlot& slot) {
+  CASTOR_CHECK(!slot.grad_staged || slot.grad32.defined(), "optimizer step: grad_staged is set but grad32 is undefined for ",
+               slot.param.describe());
+  Tensor g = slot.grad_staged ? slot.grad32 : slot.param.grad();
+  if (!g.defined()) return g;
+  CASTOR_CHECK(g.shape() == slot.param.shape(), "optimizer step: ", slot.grad_staged ? "staged grad32 " : "gradient ",
+               g.describe(), " does not match parameter ", slot.param.describe());
+  return g.detach().to(DType::Float32).contiguous();
+}
+
+std::string slot_key(const char* kind, size_t g, size_t i) {
+  return std::string(kind) + "." + std::to_string(g) + "." + std::to_string(i);
+}
+
+// Splits "<g>.<i>.<name>" (name may be absent) into numbers and name; false if malformed.
+bool parse_slot_key(const std::string& rest, size_t& g, size_t& i, std::string& name) {
+  std::istringstream in(rest);
+  std::string gs, is;
+  if (!std::getline(in, gs, '.') || !std::getline(in, is, '.')) return false;
+  std::getline(in, name);
+  auto all_digits = [](const std::string& s) {
+    return !s.empty() && s.size() < 10 && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (!all_digits(gs) || !all_digits(is)) return false;
+  g = std::stoul(gs);
+  i = std::stoul(is);
+  return true;
+}
+
+}  // namespace
+
+void Optimizer::add_param_group(const std::vector<Tensor>& params, double lr, double weight_decay) {
+  CASTOR_CHECK(!params.empty(), "add_param_group: empty parameter list");
+  CASTOR_CHECK(lr >= 0, "add_param_group: invalid lr ", lr, " (must be >= 0)");
+  CASTOR_CHECK(weight_decay >= 0, "add_param_group: invalid weight_decay ", weight_decay, " (must be >= 0)");
+  ParamGroup group;
+  group.lr = lr;
+  group.weight_decay = weight_decay;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const Tensor& p = params[k];
+    CASTOR_CHECK(p.defined(), "add_param_group: parameter ", k, " is undefined");
+    CASTOR_CHECK(p.dtype() == DType::Float32 || is_16bit_float(p.dtype()), "add_param_group: parameter ", k, " is ",
+                 p.describe(), "; only float32, float16 and bfloat16 parameters can be optimized");
+    CASTOR_CHECK(p.is_leaf(), "add_param_group: parameter ", k, " is not a leaf tensor");
+    CASTOR_CHECK(p.is_contiguous(), "add_param_group: parameter ", k, " (", p.describe(), ") is not contiguous");
+    auto same = [&](const ParamSlot& s) { return s.param.is_same(p); };
+    bool dup = std::any_of(group.slots.begin(), group.slots.end(), same);
+    for (const ParamGroup& other : groups_) dup = dup || std::any_of(other.slots.begin(), other.slots.end(), same);
+    CASTOR_CHECK(!dup, "add_param_group: parameter ", k, " appears in more than one parameter group");
+    ParamSlot slot;
+    slot.param = p;
+    if (master_weights_ && is_16bit_float(p.dtype())) slot.master = p.detach().to(DType::Float32);
+    group.slots.push_back(std::move(slot));
+  }
+  groups_.push_back(std::move(group));
+}
+
+void Optimizer::set_master_weights(bool on) {
+  master_weights_ = on;
+  for (ParamGroup& group : groups_)
+    for (ParamSlot& slot : group.slots) {
+      if (!is_16bit_float(slot.param.dtype())) continue;
+      slot.master = on ? slot.param.detach().to(DType::Float32) : Tensor();
+    }
+}
+
+void Optimizer::set_rounding(Rounding r, uint64_t seed) {
+  rounding_ = r;
+  rounding_gen_.manual_seed(seed);
+}
+
+void Optimizer::step() {
+  NoGradGuard no_grad;
+  for (ParamGroup& group : groups_) {
+    for (ParamSlot& slot : group.slots) {
+      Tensor g = float32_grad(slot);
+      if (!g.defined()) continue;
+      const bool narrow = is_16bit_float(slot.param.dtype());
+      Tensor w = !narrow ? slot.param.detach() : slot.master.defined() ? slot.master : slot.param.detach().to(DType::Float32);
+      update(group, slot, w, g);
+      if (narrow)
+        write_back(w.data<float>(), slot.param, rounding_, rounding_gen_);
+      else
+        slot.param.bump_version();
+      slot.grad_staged = false;
+    }
+  }
+  ++step_count_;
+}
+
+void Optimizer::zero_grad(bool set_to_none) {
+  for (ParamGroup& group : groups_)
+    for (ParamSlot& slot : group.slots) {
+      slot.grad_staged = false;
+      Tensor g = slot.param.grad();
+      if (!g.defined()) continue;
+      if (set_to_none)
+        slot.param.set_grad(Tensor());
+      else
+        g.detach().zero_();
+    }
+}
+
+StateDict Optimizer::state_dict() const {
+  StateDict sd;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const ParamGroup& group = groups_[g];
+    const std::string prefix = "group." + std::to_string(g) + ".";
+    sd[prefix + "lr"] = scalar_tensor(group.lr, DType::Float64);
+    sd[prefix + "weight_decay"] = scalar_tensor(group.weight_decay, DType::Float64);
+    sd[prefix + "size"] = scalar_tensor(static_cast<double>(group.slots.size()), DType::Int64);
+    for (size_t i = 0; i < group.slots.size(); ++i) {
+      const ParamSlot& slot = group.slots[i];
+      for (const auto& [name, t] : slot.state) sd[slot_key("state", g, i) + "." + name] = t.clone();
+      if (slot.master.defined()) sd[slot_key("master", g, i)] = slot.master.clone();
+    }
+  }
+  sd["step_count"] = scalar_tensor(static_cast<double>(step_count_), DType::Int64);
+  sd["skipped_steps"] = scalar_tensor(static_cast<double>(skipped_steps_), DType::Int64);
+  const Generator::State gs = rounding_gen_.state();
+  sd["rounding_generator"] = from_blob(gs.data(), {static_cast<int64_t>(gs.size())}, DType::Int64);
+  return sd;
+}
+
+void Optimizer::load_state_dict(const StateDict& sd) {
+  auto expect = [&](const std::string& key, const Tensor& t, DType dtype, const Shape& shape) {
+    CASTOR_CHECK(t.defined() && t.dtype() == dtype && t.shape() == shape, "load_state_dict: \"", key, "\" is ",
+                 t.defined() ? t.describe() : "undefined", ", expected ", dtype_name(dtype), shape_str(shape));
+  };
+  auto get = [&](const std::string& key, DType dtype, const Shape& shape) -> const Tensor& {
+    auto it = sd.find(key);
+    CASTOR_CHECK(it != sd.end(), "load_state_dict: missing key \"", key, "\"");
+    expect(key, it->second, dtype, shape);
+    return it->second;
+  };
+  // Validate everything first, so a bad dict leaves the optimizer untouched.
+  std::set<std::string> known = {"step_count", "skipped_steps", "rounding_generator"};
+  get("step_count", DType::Int64, {});
+  get("skipped_steps", DType::Int64, {});
+  const Tensor& gen_state = get("rounding_generator", DType::Int64, {static_cast<int64_t>(Generator::State().size())});
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const std::string prefix = "group." + std::to_string(g) + ".";
+    const int64_t n = static_cast<int64_t>(get(prefix + "size", DType::Int64, {}).item());
+    CASTOR_CHECK(n == static_cast<int64_t>(groups_[g].slots.size()), "load_state_dict: \"", prefix, "size\" says ", n,
+                 " parameters but the optimizer's group ", g, " has ", groups_[g].slots.size());
+    get(prefix + "lr", DType::Float64, {});
+    get(prefix + "weight_decay", DType::Float64, {});
+    for (const char* k : {"size", "lr", "weight_decay"}) known.insert(prefix + k);
+    for (size_t i = 0; i < groups_[g].slots.size(); ++i) {
+      const ParamSlot& slot = groups_[g].slots[i];
+      const std::string mkey = slot_key("master", g, i);
+      if (!master_weights_ || !is_16bit_float(slot.param.dtype())) continue;
+      get(mkey, DType::Float32, slot.param.shape());
+      known.insert(mkey);
+    }
+  }
+  const std::vector<std::string> names = state_names();
+  for (const auto& [key, t] : sd) {
+    if (key.rfind("state.", 0) != 0) {
+      CASTOR_CHECK(known.count(key), "load_state_dict: unexpected key \"", key, "\"",
+                   key.rfind("master.", 0) == 0 ? " (this optimizer keeps no master weight for that parameter)" : "");
+      continue;
+    }
+    size_t g = 0, i = 0;
+    std::string name;
+    CASTOR_CHECK(parse_slot_key(key.substr(6), g, i, name), "load_state_dict: malformed key \"", key, "\"");
+    CASTOR_CHECK(g < groups_.size() && i < groups_[g].slots.size(), "load_state_dict: \"", key,
+                 "\" refers to a parameter this optimizer does not have");
+    CASTOR_CHECK(std::find(names.begin(), names.end(), name) != names.end(), "load_state_dict: \"", key,
+                 "\" is not a state this optimizer keeps");
+    expect(key, t, DType::Float32, name == "step" ? Shape{} : groups_[g].slots[i].param.shape());
+  }
+  // Apply.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    ParamGroup& group = groups_[g];
+    const std::string prefix = "group." + std::to_string(g) + ".";
+    group.lr = sd.at(prefix + "lr").item();
+    group.weight_decay = sd.at(prefix + "weight_decay").item();
+    for (size_t i = 0; i < group.slots.size(); ++i) {
+      ParamSlot& slot = group.slots[i];
+      slot.state.clear();
+      if (slot.master.defined()) slot.master.copy_(sd.at(slot_key("master", g, i)));
+    }
+  }
+  for (const auto& [key, t] : sd) {
+    size_t g = 0, i = 0;
+    std::string name;
+    if (key.rfind("state.", 0) == 0 && parse_slot_key(key.substr(6), g, i, name))
+      groups_[g].slots[i].state[name] = t.clone();
+  }
+  step_count_ = static_cast<int64_t>(sd.at("step_count").item());
+  skipped_steps_ = static_cast<int64_t>(sd.at("skipped_steps").item());
+  Generator::State gs;
+  std::memcpy(gs.data(), gen_state.contiguous().data_ptr(), sizeof(gs));
+  rounding_gen_.set_state(gs);
+}
+
+}  // namespace castor::optim

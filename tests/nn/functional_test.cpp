@@ -1,0 +1,358 @@
+// castor::F layers and losses against PyTorch (forward and backward from identical inputs), float64 gradchecks of the
+// reference path, the oneDNN kernels against the reference loops, and dropout's statistics.
+//
+// The oracle (tests/oracle/functional_oracle.py) rounds inputs to each case's dtype and computes the reference in
+// float64 from them, so a 16-bit result may differ by its one rounding of a float32-accumulated value:
+//   dtype      rtol    atol    why
+//   float64    1e-10   1e-12   reference loops; only summation order differs
+//   float32    1e-5    1e-5    oneDNN float32 accumulation over <= a few hundred terms of O(1) values
+//   bfloat16   1e-2    1e-3    one rounding (half an ulp = 2^-9 relative) of a float32 result, plus cancellation
+//   float16    2e-3    1e-3    one rounding (2^-12 relative) of a float32 result, plus cancellation
+// Batch-norm statistics and running stats are float32 for every 16-bit input: checked at float32 tolerance.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+
+#include "castor/autocast.h"
+#include "castor/autograd.h"
+#include "castor/functional.h"
+#include "castor/ops.h"
+#include "castor/random.h"
+#include "kernels/layers.h"
+#include "test_util.h"
+
+namespace castor {
+
+namespace {
+
+using Case = std::map<std::string, Tensor>;
+
+const char* kDTypes[] = {"float32", "bfloat16", "float16", "float64"};
+
+struct Tol {
+  double rtol, atol;
+};
+Tol tolerance(DType d) {
+  switch (d) {
+    case DType::Float64: return {1e-10, 1e-12};
+    case DType::BFloat16: return {1e-2, 1e-3};
+    case DType::Float16: return {2e-3, 1e-3};
+    default: return {1e-5, 1e-5};
+  }
+}
+
+class Functional : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = test::scratch_dir() + "/functional_oracle";
+    std::string cmd = "mkdir -p '" + dir_ + "'";
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    oracle_ok_ = test::run_oracle("functional_oracle.py", {dir_});
+  }
+
+  // Reads a case the oracle wrote: float tensors as float64, integer ones as int64.
+  static Case load(const std::string& name) {
+    Case c;
+    EXPECT_TRUE(oracle_ok_) << "the PyTorch oracle did not run";
+    FILE* f = std::fopen((dir_ + "/" + name + ".bin").c_str(), "rb");
+    EXPECT_NE(f, nullptr) << "the oracle wrote no case " << name;
+    if (!f) return c;
+    uint32_t len;
+    while (std::fread(&len, 4, 1, f) == 1) {
+      std::string key(len, '\0');
+      uint32_t kind, ndim;
+      EXPECT_EQ(std::fread(key.data(), 1, len, f), len);
+      EXPECT_EQ(std::fread(&kind, 4, 1, f), 1u);
+      EXPECT_EQ(std::fread(&ndim, 4, 1, f), 1u);
+      Shape shape(ndim);
+      EXPECT_EQ(std::fread(shape.data(), 8, ndim, f), ndim);
+      Tensor t = empty(shape, kind == 1 ? DType::Int64 : DType::Float64);
+      EXPECT_EQ(std::fread(t.data_ptr(), 8, t.numel(), f), static_cast<size_t>(t.numel()));
+      c[key] = t;
+    }
+    std::fclose(f);
+    return c;
+  }
+
+  static std::string dir_;
+  static bool oracle_ok_;
+};
+std::string Functional::dir_;
+bool Functional::oracle_ok_ = false;
+
+// Compares a result computed in `dt` against the float64 reference.
+::testing::AssertionResult matches(const Tensor& got, const Tensor& expected, DType dt) {
+  if (!got.defined()) return ::testing::AssertionFailure() << "no result";
+  if (got.dtype() != dt) return ::testing::AssertionFailure() << got.describe() << " should be " << dtype_name(dt);
+  const Tol t = tolerance(dt);
+  return test::close(got, expected, t.rtol, t.atol);
+}
+
+Tensor input(const Case& c, const std::string& key, DType dt, bool grad = true) {
+  Tensor t = c.at(key).to(dt);
+  return grad ? t.requires_grad_() : t;
+}
+
+std::vector<int64_t> ints(const Case& c, const std::string& key) { return c.at(key).to_vector<int64_t>(); }
+
+}  // namespace
+
+TEST_F(Functional, Conv2dMatchesTorch) {
+  for (const char* name : {"conv_basic", "conv_stride_pad", "conv_dilation_nobias", "conv_groups", "conv_depthwise",
+                           "conv_simplecnn"})
+    for (const char* dts : kDTypes) {
+      SCOPED_TRACE(std::string(name) + " " + dts);
+      const Case c = load(std::string(name) + "_" + dts);
+      ASSERT_FALSE(c.empty());
+      const DType dt = parse_dtype(dts);
+      const auto p = ints(c, "params");
+      Tensor x = input(c, "x", dt), w = input(c, "w", dt);
+      Tensor b = c.count("b") ? input(c, "b", dt) : Tensor();
+      Tensor y = F::conv2d(x, w, b, {p[0], p[1]}, {p[2], p[3]}, {p[4], p[5]}, p[6]);
+      EXPECT_TRUE(matches(y, c.at("y"), dt));
+      backward({y}, {c.at("gy").to(dt)});
+      EXPECT_TRUE(matches(x.grad(), c.at("dx"), dt));
+      EXPECT_TRUE(matches(w.grad(), c.at("dw"), dt));
+      if (b.defined()) EXPECT_TRUE(matches(b.grad(), c.at("db"), dt));
+    }
+}
+
+TEST_F(Functional, Conv2dSkipsInputGradientOfFirstLayer) {
+  const Case c = load("conv_simplecnn_float32");
+  ASSERT_FALSE(c.empty());
+  Tensor x = input(c, "x", DType::Float32, /*grad=*/false), w = input(c, "w", DType::Float32);
+  Tensor b = input(c, "b", DType::Float32);
+  Tensor y = F::conv2d(x, w, b, {1, 1}, {1, 1});
+  backward({y}, {c.at("gy").to(DType::Float32)});
+  EXPECT_FALSE(x.grad().defined());
+  EXPECT_TRUE(matches(w.grad(), c.at("dw"), DType::Float32));
+  EXPECT_TRUE(matches(b.grad(), c.at("db"), DType::Float32));
+}
+
+TEST_F(Functional, BatchNormMatchesTorch) {
+  for (const char* name : {"bn_train_4d", "bn_train_2d", "bn_train_noaffine", "bn_eval_4d"})
+    for (const char* dts : kDTypes) {
+      SCOPED_TRACE(std::string(name) + " " + dts);
+      const Case c = load(std::string(name) + "_" + dts);
+      ASSERT_FALSE(c.empty());
+      const DType dt = parse_dtype(dts), stat = dt == DType::Float64 ? DType::Float64 : DType::Float32;
+      const auto p = ints(c, "params");
+      const bool training = p[0], affine = p[1];
+      Tensor x = input(c, "x", dt);
+      Tensor w = affine ? input(c, "w", stat) : Tensor(), b = affine ? input(c, "b", stat) : Tensor();
+      Tensor rm = c.at("running_mean").to(stat).clone(), rv = c.at("running_var").to(stat).clone();
+      Tensor y = F::batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5);
+      EXPECT_TRUE(matches(y, c.at("y"), dt));
+      EXPECT_TRUE(matches(rm, c.at("running_mean_after"), stat));
+      EXPECT_TRUE(matches(rv, c.at("running_var_after"), stat));
+      backward({y}, {c.at("gy").to(dt)});
+      EXPECT_TRUE(matches(x.grad(), c.at("dx"), dt));
+      if (affine) {
+        // Parameter gradients are float32 sums over the batch of 16-bit products: float32 tolerance relative to
+        // the rounding of the 16-bit inputs is already in the reference, so only accumulation order differs.
+        EXPECT_TRUE(matches(w.grad(), c.at("dw"), stat));
+        EXPECT_TRUE(matches(b.grad(), c.at("db"), stat));
+      }
+    }
+}
+
+TEST_F(Functional, PoolingMatchesTorch) {
+  for (const char* name : {"maxpool_k3s2p1", "maxpool_k2", "avgpool_k3s2p1_incl", "avgpool_k3s2p1_excl",
+                           "avgpool_k2x3s1", "adaptive_5x7_to_3x4", "adaptive_8x8_to_2x2", "adaptive_to_1x1"})
+    for (const char* dts : kDTypes) {
+      SCOPED_TRACE(std::string(name) + " " + dts);
+      const Case c = load(std::string(name) + "_" + dts);
+      ASSERT_FALSE(c.empty());
+      const DType dt = parse_dtype(dts);
+      const auto p = ints(c, "params");  // kind, kernel (or output size) h, w, stride h, w, padding h, w, incl
+      Tensor x = input(c, "x", dt);
+      Tensor y = p[0] == 0   ? F::max_pool2d(x, {p[1], p[2]}, {p[3], p[4]}, {p[5], p[6]})
+                 : p[0] == 1 ? F::avg_pool2d(x, {p[1], p[2]}, {p[3], p[4]}, {p[5], p[6]}, p[7] != 0)
+                             : F::adaptive_avg_pool2d(x, {p[1], p[2]});
+      EXPECT_TRUE(matches(y, c.at("y"), dt));
+      backward({y}, {c.at("gy").to(dt)});
+      EXPECT_TRUE(matches(x.grad(), c.at("dx"), dt));
+    }
+}
+
+TEST_F(Functional, LossesMatchTorch) {
+  const std::map<std::string, std::vector<std::string>> variants = {
+      {"ce", {"plain", "smooth", "ignore", "weight", "all"}},
+      {"nll", {"plain", "ignore", "weight"}},
+      {"mse", {"plain"}},
+      {"bcel", {"plain"}},
+      {"bce", {"plain"}}};
+  const std::map<std::string, F::Reduction> reductions = {
+      {"none", F::Reduction::None}, {"mean", F::Reduction::Mean}, {"sum", F::Reduction::Sum}};
+  int cases = 0;
+  for (const auto& [fn, vs] : variants)
+    for (const std::string& v : vs)
+      for (const auto& [red_name, red] : reductions)
+        for (const char* dts : {"float32", "float64"}) {
+          const std::string name = fn + "_" + v + "_" + red_name + "_" + dts;
+          SCOPED_TRACE(name);
+          const Case c = load(name);
+          ASSERT_FALSE(c.empty());
+          const DType dt = parse_dtype(dts);
+          const int64_t ignore = ints(c, "params")[0];
+          const double smoothing = c.at("smoothing").item();
+          Tensor x = input(c, "x", dt);
+          Tensor weight = c.count("weight") ? c.at("weight").to(dt) : Tensor();
+          Tensor y;
+          if (fn == "ce")
+            y = F::cross_entropy(x, c.at("target"), red, smoothing, ignore, weight);
+          else if (fn == "nll")
+            y = F::nll_loss(log_softmax(x, 1), c.at("target"), red, ignore, weight);
+          else if (fn == "mse")
+            y = F::mse_loss(x, c.at("target").to(dt), red);
+          else if (fn == "bcel")
+            y = F::binary_cross_entropy_with_logits(x, c.at("target").to(dt), red);
+          else
+            y = F::binary_cross_entropy(x, c.at("target").to(dt), red);
+          EXPECT_TRUE(matches(y, c.at("y"), dt));
+          backward({y}, {c.at("gy").to(dt)});
+          EXPECT_TRUE(matches(x.grad(), c.at("dx"), dt));
+          ++cases;
+        }
+  EXPECT_EQ(cases, 66);
+}
+
+TEST(FunctionalGradcheck, Float64LayersMatchFiniteDifferences) {
+  Generator gen(11);
+  Tensor x = randn({2, 4, 6, 5}, DType::Float64, &gen).requires_grad_();
+  Tensor w = randn({6, 2, 3, 2}, DType::Float64, &gen).requires_grad_();
+  Tensor b = randn({6}, DType::Float64, &gen).requires_grad_();
+  EXPECT_TRUE(test::gradcheck(
+      [](const std::vector<Tensor>& in) { return F::conv2d(in[0], in[1], in[2], {2, 1}, {1, 1}, {1, 2}, 2); },
+      {x, w, b}));
+  Tensor gamma = uniform({4}, 0.5, 1.5, DType::Float64, &gen).requires_grad_();
+  Tensor beta = randn({4}, DType::Float64, &gen).requires_grad_();
+  for (bool training : {true, false}) {
+    Tensor rm = randn({4}, DType::Float64, &gen), rv = uniform({4}, 0.5, 1.5, DType::Float64, &gen);
+    EXPECT_TRUE(test::gradcheck(
+        [&](const std::vector<Tensor>& in) {
+          return F::batch_norm(in[0], rm.clone(), rv.clone(), in[1], in[2], training, 0.1, 1e-5);
+        },
+        {x, gamma, beta}))
+        << "training " << training;
+  }
+  EXPECT_TRUE(test::gradcheck([](const std::vector<Tensor>& in) { return F::max_pool2d(in[0], {3, 2}, {2, 2}, {1, 1}); },
+                              {x}));
+  EXPECT_TRUE(test::gradcheck(
+      [](const std::vector<Tensor>& in) { return F::avg_pool2d(in[0], {3, 3}, {2, 1}, {1, 1}, false); }, {x}));
+  EXPECT_TRUE(test::gradcheck([](const std::vector<Tensor>& in) { return F::adaptive_avg_pool2d(in[0], {4, 3}); },
+                              {x}));
+}
+
+// The oneDNN float32 kernels against the reference loops over many parameter combinations (no PyTorch needed).
+TEST(FunctionalKernels, OnednnConvMatchesReferenceLoops) {
+  Generator gen(5);
+  int combos = 0;
+  for (int64_t groups : {1, 3})
+    for (int64_t stride : {1, 2})
+      for (int64_t padding : {0, 1, 2})
+        for (int64_t dilation : {1, 2}) {
+          SCOPED_TRACE(detail::cat("groups ", groups, " stride ", stride, " padding ", padding, " dilation ", dilation));
+          Tensor x = randn({2, 6, 9, 8}, DType::Float32, &gen).requires_grad_();
+          Tensor w = randn({9, 6 / groups, 3, 3}, DType::Float32, &gen).requires_grad_();
+          Tensor b = randn({9}, DType::Float32, &gen).requires_grad_();
+          Tensor x64 = x.detach().double_().requires_grad_(), w64 = w.detach().double_().requires_grad_();
+          Tensor b64 = b.detach().double_().requires_grad_();
+          auto run = [&](const Tensor& xi, const Tensor& wi, const Tensor& bi) {
+            return F::conv2d(xi, wi, bi, {stride, stride}, {padding, padding}, {dilation, dilation}, groups);
+          };
+          Tensor y = run(x, w, b), y64 = run(x64, w64, b64);
+          EXPECT_TRUE(test::close(y, y64, 1e-5, 1e-5));
+          Tensor gy = randn(y.shape(), DType::Float32, &gen);
+          backward({y}, {gy});
+          backward({y64}, {gy.double_()});
+          EXPECT_TRUE(test::close(x.grad(), x64.grad(), 1e-5, 1e-5));
+          EXPECT_TRUE(test::close(w.grad(), w64.grad(), 1e-5, 1e-5));
+          EXPECT_TRUE(test::close(b.grad(), b64.grad(), 1e-5, 1e-5));
+          ++combos;
+        }
+  EXPECT_EQ(combos, 24);
+}
+
+TEST(FunctionalKernels, ConvReordersPerCallAreFew) {
+  // SimpleCNN's second conv: the primitive may want blocked layouts; at most src, weights and dst are reordered
+  // forward, and backward reorders diff_dst once for both passes.
+  Generator gen(3);
+  Tensor x = randn({8, 32, 16, 16}, DType::Float32, &gen).requires_grad_();
+  Tensor w = randn({64, 32, 3, 3}, DType::Float32, &gen).requires_grad_();
+  Tensor y = F::conv2d(x, w, {}, {1, 1}, {1, 1});  // warm the caches
+  const int64_t before_fwd = kernels::conv_reorder_count();
+  y = F::conv2d(x, w, {}, {1, 1}, {1, 1});
+  const int64_t fwd = kernels::conv_reorder_count() - before_fwd;
+  backward({y}, {ones_like(y)});
+  const int64_t bwd = kernels::conv_reorder_count() - before_fwd - fwd;
+  EXPECT_LE(fwd, 3);
+  EXPECT_LE(bwd, 5);  // diff_dst, weights, diff_src, src, diff_weights
+  std::printf("conv reorders per call: forward %lld, backward %lld\n", static_cast<long long>(fwd),
+              static_cast<long long>(bwd));
+}
+
+TEST(FunctionalDropout, StatisticsAndBackwardMask) {
+  manual_seed(42);
+  Tensor x = full({200, 500}, 2.0).requires_grad_();
+  const double p = 0.3;
+  Tensor y = F::dropout(x, p, /*training=*/true);
+  backward({sum(y)});
+  const auto out = y.to_vector<double>(), g = x.grad().to_vector<double>();
+  int64_t zeros = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == 0) {
+      ++zeros;
+      ASSERT_EQ(g[i], 0.0) << "element " << i << " was dropped but got a gradient";
+    } else {
+      ASSERT_NEAR(out[i], 2.0 / (1 - p), 1e-6) << "element " << i;
+      ASSERT_NEAR(g[i], 1.0 / (1 - p), 1e-6) << "element " << i;
+    }
+  }
+  // 100000 Bernoulli(0.3) draws: the fraction dropped is within 5 standard deviations (0.0072) of p.
+  EXPECT_NEAR(static_cast<double>(zeros) / out.size(), p, 0.0072);
+  EXPECT_TRUE(F::dropout(x, p, /*training=*/false).is_same(x));
+  EXPECT_EQ(sum(F::dropout(x, 1.0, true)).item(), 0.0);
+  EXPECT_THROW(F::dropout(x, 1.5, true), Error);
+  Tensor h = F::dropout(x.detach().bfloat16(), 0.5, true);
+  EXPECT_EQ(h.dtype(), DType::BFloat16);
+}
+
+TEST(FunctionalErrors, NameTheOpAndShapes) {
+  Tensor x = zeros({2, 3, 8, 8});
+  try {
+    F::conv2d(x, zeros({4, 2, 3, 3}));
+    FAIL() << "conv2d accepted mismatched channels";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("conv2d"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[4, 2, 3, 3]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(F::max_pool2d(x, {2, 2}, {2, 2}, {2, 2}), Error);
+  EXPECT_THROW(F::cross_entropy(zeros({2, 3}), tensor({0, 3}, DType::Int64)), Error);
+  EXPECT_THROW(F::batch_norm(zeros({1, 3}), {}, {}, {}, {}, /*training=*/true), Error);
+  amp::AutocastGuard autocast(DType::BFloat16);
+  EXPECT_THROW(F::binary_cross_entropy(full({2}, 0.5), full({2}, 1.0)), Error);
+}
+
+TEST(FunctionalAutocast, LayersFollowTheirPolicies) {
+  Generator gen(9);
+  Tensor x = randn({4, 3, 8, 8}, DType::Float32, &gen);
+  Tensor w = randn({5, 3, 3, 3}, DType::Float32, &gen).requires_grad_();
+  Tensor lw = randn({7, 5}, DType::Float32, &gen).requires_grad_(), lb = randn({7}, DType::Float32, &gen);
+  amp::AutocastGuard autocast(DType::BFloat16);
+  Tensor y = F::conv2d(x, w, {}, {1, 1}, {1, 1});
+  EXPECT_EQ(y.dtype(), DType::BFloat16);
+  Tensor n = F::batch_norm(y, zeros({5}), ones({5}), {}, {}, /*training=*/true);
+  EXPECT_EQ(n.dtype(), DType::Float32);
+  Tensor l = F::linear(F::adaptive_avg_pool2d(n, {1, 1}).flatten(1), lw, lb);
+  EXPECT_EQ(l.dtype(), DType::BFloat16);
+  Tensor loss = F::cross_entropy(l, tensor({0, 1, 2, 3}, DType::Int64));
+  EXPECT_EQ(loss.dtype(), DType::Float32);
+  loss.backward();
+  EXPECT_EQ(w.grad().dtype(), DType::Float32);
+  EXPECT_EQ(lw.grad().dtype(), DType::Float32);
+}
+
+}  // namespace castor

@@ -1,0 +1,84 @@
+// Checkpoint directories: commit marker, newest complete one wins, pruning, and failures keep old ones.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "castor/checkpoint.h"
+#include "castor/ops.h"
+#include "test_util.h"
+
+namespace castor::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+Checkpoint make(double v) {
+  Checkpoint c;
+  c.model["w"] = full({2, 2}, v);
+  c.model_meta["k"] = "v";
+  c.state["step"] = scalar_tensor(v, DType::Int64);
+  return c;
+}
+std::string fresh_dir(const std::string& name) {
+  std::string d = test::scratch_dir() + "/" + name;
+  fs::remove_all(d);
+  return d;
+}
+}  // namespace
+
+TEST(Checkpoint, RoundTripAndKeepNewest) {
+  const std::string run = fresh_dir("ckpt_keep");
+  for (int s = 1; s <= 4; ++s) write_checkpoint(run, s * 10, make(s), /*keep=*/2);
+  auto latest = latest_checkpoint(run);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_NE(latest->find("step-0000000040"), std::string::npos);
+  int complete = 0;
+  for (const auto& e : fs::directory_iterator(run + "/checkpoints")) complete += fs::exists(e.path() / "COMMIT");
+  EXPECT_EQ(complete, 2);
+  Checkpoint c = read_checkpoint(run);
+  EXPECT_EQ(c.model.at("w").to_vector<float>(), std::vector<float>(4, 4.0f));
+  EXPECT_EQ(c.model_meta.at("k"), "v");
+  EXPECT_EQ(c.state.at("step").item(), 4);
+}
+
+TEST(Checkpoint, IncompleteDirectoryIsIgnored) {
+  const std::string run = fresh_dir("ckpt_partial");
+  write_checkpoint(run, 5, make(5), 3);
+  // A crash mid-write leaves a directory without its marker (or a temp directory): never chosen.
+  fs::create_directories(run + "/checkpoints/step-0000000009");
+  fs::create_directories(run + "/checkpoints/step-0000000010.tmp123");
+  EXPECT_NE(latest_checkpoint(run)->find("step-0000000005"), std::string::npos);
+}
+
+TEST(Checkpoint, FailedWriteKeepsTheGoodOne) {
+  const std::string run = fresh_dir("ckpt_fail");
+  write_checkpoint(run, 1, make(1), 3);
+  Checkpoint bad = make(2);
+  bad.state["broken"] = Tensor();  // undefined tensor: the write fails
+  EXPECT_THROW(write_checkpoint(run, 2, bad, 3), Error);
+  EXPECT_NE(latest_checkpoint(run)->find("step-0000000001"), std::string::npos);
+  EXPECT_EQ(read_checkpoint(run).model.at("w").to_vector<float>()[0], 1.0f);
+  for (const auto& e : fs::directory_iterator(run + "/checkpoints"))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << "temp directory left behind";
+}
+
+TEST(Checkpoint, MissingOrCorruptIsAClearError) {
+  const std::string run = fresh_dir("ckpt_missing");
+  try {
+    read_checkpoint(run);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(run), std::string::npos);
+  }
+  write_checkpoint(run, 3, make(3), 1);
+  const std::string model = *latest_checkpoint(run) + "/model.safetensors";
+  fs::resize_file(model, 20);
+  try {
+    read_checkpoint(run);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace castor::train
