@@ -33,11 +33,11 @@ struct Properties {
 };
 
 struct Overrides {
-  std::optional<DType> cast_model_type;
-  std::optional<bool> keep_batchnorm_fp32, master_weights;
-  std::optional<std::string> loss_scale;
-  std::optional<double> min_loss_scale, max_loss_scale;
-  std::optional<optim::Rounding> rounding;
+  std::optional<DType> cast_model_type = {};
+  std::optional<bool> keep_batchnorm_fp32 = {}, master_weights = {};
+  std::optional<std::string> loss_scale = {};
+  std::optional<double> min_loss_scale = {}, max_loss_scale = {};
+  std::optional<optim::Rounding> rounding = {};
   uint64_t rounding_seed = 0;
 };
 
@@ -64,6 +64,8 @@ struct PrecisionState {
 // per loss. The Apex loop translates as
 //   auto amp = amp::initialize(model, {&opt}, amp::OptLevel::O1);
 //   { auto fw = amp->forward(); loss = loss_fn(model(x), y); }
+// (at O2/O3 the input goes in as properties().cast_model_type and the output is widened to float32 for the
+// loss, as Apex's patched forward does)
 //   amp->scale_loss(loss, opt).backward();
 //   amp->step(opt); opt.zero_grad();
 class Amp {

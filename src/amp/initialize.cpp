@@ -1,6 +1,7 @@
 // amp::initialize: the opt-level table, model casting, optimizer setup, per-loss scalers and the precision state.
 #include "castor/amp.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -25,6 +26,7 @@ GradScalerOptions scaler_options(const Properties& p) {
   o.dtype = p.dtype;
   o.min_scale = p.min_loss_scale;
   o.max_scale = p.max_loss_scale;
+  o.init_scale = std::min(o.init_scale, o.max_scale);  // as Apex: the scale starts at min(2^16, max_loss_scale)
   if (p.level == OptLevel::O0) {
     o.enabled = false;
   } else if (auto s = static_scale(p.loss_scale)) {
