@@ -44,6 +44,34 @@ std::vector<Tensor> cast_inputs(CastPolicy policy, const std::vector<Tensor>& in
 // Applies op's policy from the table (called by every op on entry while autocast is on).
 std::vector<Tensor> apply_autocast(OpKind op, const std::vector<Tensor>& inputs);
 
+// A user op's autocast policy, registered by name (torch.library's autocast kernels; custom_fwd(cast_inputs=...)).
+// Copyable handle to a registry entry that lives for the process.
+class CustomOp {
+ public:
+  struct Entry;  // the registry's record (opaque)
+  const std::string& name() const;
+  CastPolicy policy() const;
+  // The inputs as autocast hands them to this op under the current state (a Banned op raises, naming the
+  // alternative given at registration); inputs pass unchanged when autocast is off.
+  std::vector<Tensor> cast_inputs(const std::vector<Tensor>& inputs) const;
+  // Casts the inputs, runs fn on them and reports the op to an active ExplainGuard (explain.h). Except for
+  // PassThrough ops, fn runs with autocast off (as custom_fwd does), so its inner ops keep the chosen dtype.
+  Tensor operator()(const std::vector<Tensor>& inputs,
+                    const std::function<Tensor(const std::vector<Tensor>&)>& fn) const;
+
+ private:
+  friend CustomOp register_op(const std::string&, CastPolicy, const std::string&);
+  explicit CustomOp(const Entry* e) : entry_(e) {}
+  const Entry* entry_;
+};
+
+// Registers `name` with `policy`; registering it again with the same policy returns the same op, with another
+// policy (or a built-in op's name) raises. `banned_alternative` is named in the error of a Banned op.
+CustomOp register_op(const std::string& name, CastPolicy policy, const std::string& banned_alternative = "");
+
+// True if `t` is a cast the cache currently holds (for the explain report).
+bool is_cached_cast(const Tensor& t);
+
 // Number of float32 -> 16-bit casts the cache has served and made (for tests and the overhead benchmark).
 struct CastCacheStats {
   int64_t hits = 0, misses = 0, entries = 0;

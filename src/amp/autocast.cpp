@@ -1,10 +1,14 @@
 // Autocast: the thread-local state, the per-policy input casting, and the cast cache for float32 weights.
 #include "castor/autocast.h"
 
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 
 #include "castor/autograd.h"
+#include "castor/explain.h"
 
 namespace castor::amp {
 
@@ -91,6 +95,65 @@ std::vector<Tensor> apply_autocast(OpKind op, const std::vector<Tensor>& inputs)
                "near 0 or 1); use binary_cross_entropy_with_logits, which combines sigmoid and the loss and is "
                "safe under autocast, or run it outside autocast on float32 inputs");
   return cast_inputs(op_policy(op), inputs);
+}
+
+struct CustomOp::Entry {
+  std::string name;
+  CastPolicy policy;
+  std::string banned_alternative;
+};
+
+namespace {
+std::mutex g_registry_mutex;
+std::map<std::string, std::unique_ptr<CustomOp::Entry>> g_registry;
+}  // namespace
+
+CustomOp register_op(const std::string& name, CastPolicy policy, const std::string& banned_alternative) {
+  CASTOR_CHECK(!name.empty(), "amp::register_op: the op needs a name");
+  for (int k = 0; k < kNumOps; ++k)
+    CASTOR_CHECK(name != kOpInfo[k].name, "amp::register_op: \"", name, "\" is a built-in op (policy ",
+                 policy_name(kOpInfo[k].policy), ")");
+  std::lock_guard<std::mutex> lock(g_registry_mutex);
+  auto it = g_registry.find(name);
+  if (it != g_registry.end()) {
+    CASTOR_CHECK(it->second->policy == policy, "amp::register_op: \"", name, "\" is already registered with policy ",
+                 policy_name(it->second->policy), ", not ", policy_name(policy));
+    return CustomOp(it->second.get());
+  }
+  auto entry = std::make_unique<CustomOp::Entry>(CustomOp::Entry{name, policy, banned_alternative});
+  const CustomOp::Entry* e = entry.get();
+  g_registry.emplace(name, std::move(entry));
+  return CustomOp(e);
+}
+
+const std::string& CustomOp::name() const { return entry_->name; }
+CastPolicy CustomOp::policy() const { return entry_->policy; }
+
+std::vector<Tensor> CustomOp::cast_inputs(const std::vector<Tensor>& inputs) const {
+  CASTOR_CHECK(!g_state.enabled || entry_->policy != CastPolicy::Banned, entry_->name,
+               " is registered as unsafe to autocast",
+               entry_->banned_alternative.empty() ? "" : "; use " + entry_->banned_alternative + " instead");
+  return amp::cast_inputs(entry_->policy, inputs);
+}
+
+Tensor CustomOp::operator()(const std::vector<Tensor>& inputs,
+                            const std::function<Tensor(const std::vector<Tensor>&)>& fn) const {
+  const std::vector<Tensor> cast = cast_inputs(inputs);
+  Tensor out;
+  if (entry_->policy == CastPolicy::PassThrough || !g_state.enabled) {
+    out = fn(cast);
+  } else {
+    AutocastGuard off(g_state.dtype, /*enabled=*/false);
+    out = fn(cast);
+  }
+  if (ExplainGuard* e = ExplainGuard::active()) e->record(entry_->name, entry_->policy, inputs, cast, out);
+  return out;
+}
+
+bool is_cached_cast(const Tensor& t) {
+  for (const auto& [key, entry] : g_cache)
+    if (entry.cast.is_same(t)) return true;
+  return false;
 }
 
 CastCacheStats cast_cache_stats() {

@@ -1,0 +1,128 @@
+// Dynamic loss scaling (torch.cuda.amp.GradScaler) with hysteresis, scale bounds, skip counters and a scale history.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "castor/optim.h"
+#include "castor/state_dict.h"
+#include "castor/tensor.h"
+
+namespace castor::amp {
+
+struct GradScalerOptions {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  // Unset: on for float16, off for bfloat16 (its float32 exponent range needs no scaling; said once on stderr).
+  std::optional<bool> enabled;
+  DType dtype = DType::Float16;  // the 16-bit type being trained
+  bool dynamic = true;           // false: a static scale (Apex loss_scale=<number>); update() changes nothing
+  // Beyond PyTorch. hysteresis (DeepSpeed): the scale holds for hysteresis-1 consecutive overflows and backs
+  // off at the next one; a clean step restores the allowance. The scale stays in [min_scale, max_scale] and is
+  // never inf, NaN or 0 (the default floor is the smallest normal float32).
+  int64_t hysteresis = 1;
+  double min_scale = 1.1754943508222875e-38;
+  double max_scale = 3.4028234663852886e+38;
+  void validate() const;  // throws castor::Error naming the bad option
+};
+
+// The loss scale and its bookkeeping; the scale is a float32 value as in PyTorch.
+struct ScaleState {
+  float scale = 65536.0f;
+  int64_t growth_tracker = 0;   // clean steps since the last growth or overflow
+  int64_t hysteresis_left = 1;  // overflows still tolerated before backing off
+};
+
+// torch._amp_update_scale_ extended with hysteresis and bounds: on overflow back off (unless hysteresis holds
+// it), after growth_interval clean steps grow (only if the result stays finite), clamp to [min, max].
+void update_scale(ScaleState& s, bool found_inf, const GradScalerOptions& o);
+
+// torch._amp_foreach_non_finite_check_and_unscale_: multiplies each gradient in place by inv_scale (computed
+// in float32, stored in the gradient's dtype) in one pass that also checks every element; true if any
+// element of any gradient was inf or NaN. Gradients may have any strides and float dtypes.
+bool non_finite_check_and_unscale_(const std::vector<Tensor>& grads, float inv_scale);
+
+// PyTorch's 1/scale: the reciprocal in float64, rounded to float32.
+float inverse_scale(float scale);
+
+// One scale change in the history: after `update` calls to update(), the scale became `scale`.
+struct ScaleChange {
+  int64_t update;
+  double scale;
+};
+
+class GradScaler {
+ public:
+  // `named_params` optionally names parameters for nonfinite_params(); unnamed ones are "group g param i".
+  explicit GradScaler(GradScalerOptions options = {},
+                      std::vector<std::pair<std::string, Tensor>> named_params = {});
+
+  bool is_enabled() const { return enabled_; }
+  const GradScalerOptions& options() const { return options_; }
+
+  // loss * scale (16-bit losses are widened to float32 first so the product cannot overflow); the loss
+  // itself when disabled.
+  Tensor scale(const Tensor& loss) const;
+  std::vector<Tensor> scale(const std::vector<Tensor>& losses) const;
+
+  // Unscales the optimizer's gradients into its float32 ParamSlot::grad32 (in place for float32 gradients,
+  // into a float32 buffer for 16-bit ones) and stages them, deciding found_inf for this optimizer.
+  // Raises if called twice before update() or after step().
+  void unscale_(optim::Optimizer& optimizer);
+  // Unscales if not yet done, then steps unless a gradient was inf/NaN (then tells the optimizer the step was
+  // skipped). Returns whether the optimizer stepped. Disabled: a plain optimizer.step().
+  bool step(optim::Optimizer& optimizer);
+  // Updates the scale from every optimizer's found_inf since the last update (or sets new_scale) and starts
+  // a new iteration.
+  void update(std::optional<double> new_scale = std::nullopt);
+
+  double get_scale() const { return enabled_ ? state_.scale : 1.0; }
+  int64_t growth_tracker() const { return state_.growth_tracker; }
+  // found_inf of this optimizer since the last update (false if it has not been unscaled).
+  bool found_inf(const optim::Optimizer& optimizer) const;
+
+  int64_t steps_taken() const { return steps_taken_; }
+  int64_t steps_skipped() const { return steps_skipped_; }
+  const std::vector<ScaleChange>& scale_history() const { return history_; }
+  // The parameters whose gradients were not finite in the latest skipped step (of every optimizer skipped
+  // in that iteration).
+  const std::vector<std::string>& nonfinite_params() const { return nonfinite_; }
+
+  // "scale", "growth_factor", "backoff_factor", "growth_interval", "growth_tracker", "hysteresis",
+  // "hysteresis_left", "min_scale", "max_scale", "steps_taken", "steps_skipped"; empty when disabled.
+  StateDict state_dict() const;
+  // Overwrites every entry; raises on an empty dict (saved from a disabled scaler) or a missing key.
+  void load_state_dict(const StateDict& sd);
+
+ private:
+  enum class Stage { Ready, Unscaled, Stepped };
+  struct PerOptimizer {
+    Stage stage = Stage::Ready;
+    bool found_inf = false;
+    bool any_grad = false;
+    std::vector<std::pair<int, int>> nonfinite;  // (group, slot) of each non-finite gradient
+  };
+  std::string param_name(const optim::Optimizer& opt, int group, int slot) const;
+
+  GradScalerOptions options_;
+  bool enabled_;
+  ScaleState state_;
+  std::map<const optim::Optimizer*, PerOptimizer> per_opt_;
+  std::map<const TensorImpl*, std::string> names_;
+  int64_t updates_ = 0, steps_taken_ = 0, steps_skipped_ = 0;
+  bool skipped_this_iteration_ = false;
+  std::vector<ScaleChange> history_;
+  std::vector<std::string> nonfinite_;
+};
+
+// Clips the gradients the optimizer will use (the staged float32 ones after unscale_, else .grad) to a total
+// 2-norm of max_norm, as torch.nn.utils.clip_grad_norm_; returns the total norm before clipping.
+double clip_grad_norm_(optim::Optimizer& optimizer, double max_norm);
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
+
+}  // namespace castor::amp

@@ -1,0 +1,230 @@
+// GradScaler: scale, fused unscale into float32 staged gradients, skip on inf/NaN, dynamic scale updates.
+#include "castor/grad_scaler.h"
+
+#include <atomic>
+#include <cmath>
+#include <iostream>
+
+#include "amp/unscale.h"
+#include "castor/autograd.h"
+#include "castor/ops.h"
+
+namespace castor::amp {
+
+namespace {
+
+// A float32 gradient may be unscaled in place unless some of its elements share memory (expanded dims).
+bool in_place_ok(const Tensor& g) {
+  if (g.dtype() != DType::Float32) return false;
+  for (int64_t d = 0; d < g.dim(); ++d)
+    if (g.stride(d) == 0 && g.size(d) > 1) return false;
+  return true;
+}
+
+double get_f64(const StateDict& sd, const std::string& key) {
+  auto it = sd.find(key);
+  CASTOR_CHECK(it != sd.end(), "GradScaler::load_state_dict: missing entry \"", key, "\"");
+  CASTOR_CHECK(it->second.numel() == 1, "GradScaler::load_state_dict: entry \"", key, "\" is ",
+               it->second.describe(), ", expected one element");
+  return it->second.item();
+}
+
+}  // namespace
+
+GradScaler::GradScaler(GradScalerOptions options, std::vector<std::pair<std::string, Tensor>> named_params)
+    : options_(options) {
+  options_.validate();
+  if (options_.enabled) {
+    enabled_ = *options_.enabled;
+  } else {
+    enabled_ = options_.dtype == DType::Float16;
+    static std::atomic<bool> said{false};
+    if (options_.dtype == DType::BFloat16 && !said.exchange(true))
+      std::cerr << "castor: GradScaler disabled for bfloat16 (its exponent range matches float32, so gradients do "
+                   "not underflow); the scale is 1. Pass enabled=true to scale anyway.\n";
+  }
+  state_.scale = static_cast<float>(options_.init_scale);
+  state_.hysteresis_left = options_.hysteresis;
+  history_.push_back({0, state_.scale});
+  for (auto& [name, t] : named_params) names_[t.impl()] = name;
+}
+
+Tensor GradScaler::scale(const Tensor& loss) const {
+  if (!enabled_) return loss;
+  const Tensor wide = is_16bit_float(loss.dtype()) ? loss.to(DType::Float32) : loss;
+  return mul(wide, static_cast<double>(state_.scale));
+}
+
+std::vector<Tensor> GradScaler::scale(const std::vector<Tensor>& losses) const {
+  std::vector<Tensor> out;
+  out.reserve(losses.size());
+  for (const Tensor& l : losses) out.push_back(scale(l));
+  return out;
+}
+
+void GradScaler::unscale_(optim::Optimizer& optimizer) {
+  if (!enabled_) return;
+  PerOptimizer& st = per_opt_[&optimizer];
+  CASTOR_CHECK(st.stage != Stage::Unscaled,
+               "GradScaler::unscale_: already called on this optimizer since the last update()");
+  CASTOR_CHECK(st.stage != Stage::Stepped, "GradScaler::unscale_: called after step(); call update() first");
+  const float inv = inverse_scale(state_.scale);
+  st.nonfinite.clear();
+  auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].slots.size(); ++i) {
+      optim::ParamSlot& slot = groups[g].slots[i];
+      const Tensor grad = slot.param.grad();
+      if (!grad.defined()) continue;
+      st.any_grad = true;
+      if (in_place_ok(grad)) {
+        slot.grad32 = grad;
+      } else if (!slot.grad32.defined() || slot.grad32.shape() != grad.shape() ||
+                 slot.grad32.dtype() != DType::Float32 || !slot.grad32.is_contiguous() ||
+                 slot.grad32.impl()->storage == grad.impl()->storage) {
+        slot.grad32 = empty(grad.shape(), DType::Float32);
+      }
+      if (unscale_into(grad, slot.grad32, inv)) st.nonfinite.emplace_back(static_cast<int>(g), static_cast<int>(i));
+      slot.grad_staged = true;
+    }
+  }
+  st.found_inf = !st.nonfinite.empty();
+  st.stage = Stage::Unscaled;
+}
+
+std::string GradScaler::param_name(const optim::Optimizer& opt, int group, int slot) const {
+  auto it = names_.find(opt.param_groups()[group].slots[slot].param.impl());
+  if (it != names_.end()) return it->second;
+  return "group " + std::to_string(group) + " param " + std::to_string(slot);
+}
+
+bool GradScaler::step(optim::Optimizer& optimizer) {
+  if (!enabled_) {
+    optimizer.step();
+    ++steps_taken_;
+    return true;
+  }
+  PerOptimizer& st = per_opt_[&optimizer];
+  CASTOR_CHECK(st.stage != Stage::Stepped, "GradScaler::step: already called on this optimizer since the last "
+                                           "update()");
+  if (st.stage == Stage::Ready) unscale_(optimizer);
+  CASTOR_CHECK(st.any_grad, "GradScaler::step: no inf checks were recorded for this optimizer (no parameter has a "
+                            "gradient)");
+  st.stage = Stage::Stepped;
+  const bool skip = st.found_inf;
+  if (skip) {
+    if (!skipped_this_iteration_) nonfinite_.clear();
+    skipped_this_iteration_ = true;
+    for (auto [g, i] : st.nonfinite) nonfinite_.push_back(param_name(optimizer, g, i));
+    optimizer.note_skipped_step();
+    ++steps_skipped_;
+  } else {
+    optimizer.step();
+    ++steps_taken_;
+  }
+  for (auto& group : optimizer.param_groups())
+    for (auto& slot : group.slots) slot.grad_staged = false;
+  return !skip;
+}
+
+void GradScaler::update(std::optional<double> new_scale) {
+  if (!enabled_) return;
+  if (new_scale) {
+    CASTOR_CHECK(std::isfinite(*new_scale) && *new_scale > 0, "GradScaler::update: new_scale must be finite and > 0, "
+                                                              "got ", *new_scale);
+    state_.scale = static_cast<float>(*new_scale);
+  } else if (options_.dynamic) {
+    bool recorded = false, found = false;
+    for (auto& [opt, st] : per_opt_) {
+      recorded |= st.stage != Stage::Ready;
+      found |= st.found_inf;
+    }
+    CASTOR_CHECK(recorded, "GradScaler::update: no inf checks were recorded prior to update() (call step() or "
+                           "unscale_() first)");
+    update_scale(state_, found, options_);
+  }
+  ++updates_;
+  if (state_.scale != history_.back().scale) history_.push_back({updates_, state_.scale});
+  per_opt_.clear();
+  skipped_this_iteration_ = false;
+}
+
+bool GradScaler::found_inf(const optim::Optimizer& optimizer) const {
+  auto it = per_opt_.find(&optimizer);
+  return it != per_opt_.end() && it->second.found_inf;
+}
+
+StateDict GradScaler::state_dict() const {
+  if (!enabled_) return {};
+  return {{"scale", scalar_tensor(state_.scale, DType::Float32)},
+          {"growth_factor", scalar_tensor(options_.growth_factor, DType::Float64)},
+          {"backoff_factor", scalar_tensor(options_.backoff_factor, DType::Float64)},
+          {"growth_interval", scalar_tensor(static_cast<double>(options_.growth_interval), DType::Int64)},
+          {"growth_tracker", scalar_tensor(static_cast<double>(state_.growth_tracker), DType::Int64)},
+          {"hysteresis", scalar_tensor(static_cast<double>(options_.hysteresis), DType::Int64)},
+          {"hysteresis_left", scalar_tensor(static_cast<double>(state_.hysteresis_left), DType::Int64)},
+          {"min_scale", scalar_tensor(options_.min_scale, DType::Float64)},
+          {"max_scale", scalar_tensor(options_.max_scale, DType::Float64)},
+          {"steps_taken", scalar_tensor(static_cast<double>(steps_taken_), DType::Int64)},
+          {"steps_skipped", scalar_tensor(static_cast<double>(steps_skipped_), DType::Int64)}};
+}
+
+void GradScaler::load_state_dict(const StateDict& sd) {
+  if (!enabled_) return;
+  CASTOR_CHECK(!sd.empty(), "GradScaler::load_state_dict: the state dict is empty, possibly because it was saved "
+                            "from a disabled GradScaler");
+  GradScalerOptions o = options_;
+  o.growth_factor = get_f64(sd, "growth_factor");
+  o.backoff_factor = get_f64(sd, "backoff_factor");
+  o.growth_interval = static_cast<int64_t>(get_f64(sd, "growth_interval"));
+  o.hysteresis = static_cast<int64_t>(get_f64(sd, "hysteresis"));
+  o.min_scale = get_f64(sd, "min_scale");
+  o.max_scale = get_f64(sd, "max_scale");
+  o.init_scale = get_f64(sd, "scale");
+  o.validate();
+  options_ = o;
+  state_.scale = static_cast<float>(o.init_scale);
+  state_.growth_tracker = static_cast<int64_t>(get_f64(sd, "growth_tracker"));
+  state_.hysteresis_left = static_cast<int64_t>(get_f64(sd, "hysteresis_left"));
+  steps_taken_ = static_cast<int64_t>(get_f64(sd, "steps_taken"));
+  steps_skipped_ = static_cast<int64_t>(get_f64(sd, "steps_skipped"));
+  history_.push_back({updates_, state_.scale});
+}
+
+namespace {
+
+// The total 2-norm of `grads` in float64; scales each by max_norm / (norm + 1e-6) when that is below 1.
+double clip_tensors(const std::vector<Tensor>& grads, double max_norm) {
+  CASTOR_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be > 0, got ", max_norm);
+  double total = 0;
+  for (const Tensor& g : grads)
+    for (double v : g.to_vector<double>()) total += v * v;
+  total = std::sqrt(total);
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1) {
+    NoGradGuard no_grad;
+    for (const Tensor& g : grads) Tensor(g).mul_(coef);
+  }
+  return total;
+}
+
+}  // namespace
+
+double clip_grad_norm_(optim::Optimizer& optimizer, double max_norm) {
+  std::vector<Tensor> grads;
+  for (auto& group : optimizer.param_groups())
+    for (auto& slot : group.slots) {
+      if (slot.grad_staged) grads.push_back(slot.grad32);
+      else if (slot.param.grad().defined()) grads.push_back(slot.param.grad());
+    }
+  return clip_tensors(grads, max_norm);
+}
+
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return clip_tensors(grads, max_norm);
+}
+
+}  // namespace castor::amp
