@@ -1,0 +1,56 @@
+// The `castor` command: train, eval and info subcommands (the work lives in src/train).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "castor/check.h"
+#include "castor/trainer.h"
+
+namespace {
+
+const char* kUsage = R"(usage: castor <command> [flags]
+  train   train an image classifier with mixed precision (castor train --help)
+  eval    test-set accuracy and loss of a checkpoint: castor eval --checkpoint DIR|FILE [--data-dir DIR]
+          [--batch-size N]
+  info    tensors, dtypes, shapes and metadata of a checkpoint: castor info FILE|DIR
+)";
+
+bool wants_help(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a == "--help" || a == "-h") return true;
+  return false;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> all(argv + 1, argv + argc);
+  if (all.empty() || all[0] == "--help" || all[0] == "-h") {
+    std::fputs(kUsage, all.empty() ? stderr : stdout);
+    return all.empty() ? 2 : 0;
+  }
+  const std::string cmd = all[0];
+  const std::vector<std::string> args(all.begin() + 1, all.end());
+  try {
+    if (cmd == "train") {
+      if (wants_help(args)) return std::fputs(castor::train::train_help().c_str(), stdout), 0;
+      std::printf("%s\n", castor::train::run_train(castor::train::parse_train_flags(args)).dump().c_str());
+    } else if (cmd == "eval") {
+      if (wants_help(args)) return std::fputs(kUsage, stdout), 0;
+      std::printf("%s\n", castor::train::run_eval(args).dump().c_str());
+    } else if (cmd == "info") {
+      if (wants_help(args)) return std::fputs(kUsage, stdout), 0;
+      std::fputs(castor::train::run_info(args).c_str(), stdout);
+    } else {
+      std::fprintf(stderr, "castor: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+      return 2;
+    }
+  } catch (const castor::Error& e) {
+    std::fprintf(stderr, "castor %s: error: %s\n", cmd.c_str(), e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "castor %s: error: out of memory\n", cmd.c_str());
+    return 1;
+  }
+  return 0;
+}
