@@ -201,6 +201,9 @@ Json run_train(TrainConfig c) {
   const bool resuming = !c.resume.empty();
   if (resuming && c.out == TrainConfig{}.out) c.out = c.resume;
 
+  std::error_code ec;
+  fs::create_directories(c.out, ec);
+  CASTOR_CHECK(!ec && fs::is_directory(c.out), "--out ", c.out, ": cannot create the directory: ", ec.message());
   Datasets d = load_data(c);
   data::LoaderOptions lo{.batch_size = c.batch_size, .shuffle = true, .augment = c.augment == "standard",
                          .drop_last = true, .seed = c.seed, .norm = d.norm};
@@ -221,7 +224,6 @@ Json run_train(TrainConfig c) {
       CASTOR_CHECK(saved.at(key) == config.at(key), c.resume, ": the checkpoint was made with ", key, " ",
                    saved.at(key).dump(), ", this run has ", config.at(key).dump());
     run.model->load_state_dict(ck.model, /*strict=*/true);
-    run.opt->load_state_dict(take(ck.state, "optimizer."));
     amp::PrecisionState ps{take(ck.state, "amp."), {}};
     for (const auto& [k, v] : ck.state_meta)
       if (k.rfind("amp.", 0) == 0) ps.metadata[k.substr(4)] = v;
@@ -237,9 +239,6 @@ Json run_train(TrainConfig c) {
     batch_in_epoch = static_cast<int64_t>(ck.state.at("progress.batch").item());
   }
 
-  std::error_code ec;
-  fs::create_directories(c.out, ec);
-  CASTOR_CHECK(!ec && fs::is_directory(c.out), "--out ", c.out, ": cannot create the directory: ", ec.message());
   write_text(c.out + "/config.json", config.dump(2) + "\n");
   std::ofstream metrics(c.out + "/metrics.jsonl", resuming ? std::ios::app : std::ios::trunc);
   CASTOR_CHECK(metrics.good(), "--out ", c.out, ": cannot write metrics.jsonl");
@@ -248,19 +247,18 @@ Json run_train(TrainConfig c) {
     Checkpoint ck;
     ck.model = run.amp->model_state_dict();
     ck.model_meta = {{"format", "pt"}, {"castor.model", c.model}, {"castor.config", config.dump()}};
-    put(ck.state, "optimizer.", run.opt->state_dict());
     amp::PrecisionState ps = run.amp->precision_state();
     put(ck.state, "amp.", ps.tensors);
     for (const auto& [k, v] : ps.metadata) ck.state_meta["amp." + k] = v;
     if (run.sched) put(ck.state, "scheduler.", run.sched->state_dict());
-    Tensor rng = empty({static_cast<int64_t>(words.size())}, DType::Int64);
-    auto st = default_generator().state();
+    const Generator::State st = default_generator().state();
+    Tensor rng = empty({static_cast<int64_t>(st.size())}, DType::Int64);
     for (size_t i = 0; i < st.size(); ++i) rng.data<int64_t>()[i] = static_cast<int64_t>(st[i]);
     ck.state["rng.default"] = rng;
     ck.state["progress.step"] = i64(step);
     ck.state["progress.epoch"] = i64(epoch);
     ck.state["progress.batch"] = i64(batch_in_epoch);
-    ck.state_meta["config"] = config.dump();
+    ck.state_meta["config"] = config.dump();  // the precision state holds the optimizer's state too
     ck.state_meta["castor.train_state_version"] = std::to_string(kStateVersion);
     write_checkpoint(c.out, step, ck, c.keep);
   };

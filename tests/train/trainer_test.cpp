@@ -1,0 +1,166 @@
+// The training job end to end: exact resume (in process and after SIGKILL), eval/info, and bad input.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "castor/checkpoint.h"
+#include "castor/trainer.h"
+#include "test_util.h"
+
+namespace castor::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::string> base_flags(const std::string& out, const std::string& amp, int64_t steps) {
+  return {"--data", "synthetic", "--synthetic-size", "192", "--batch-size", "16", "--amp", amp, "--dtype",
+          amp == "O2" ? "bf16" : "fp16", "--steps", std::to_string(steps), "--log-every", "4", "--deterministic",
+          "--threads", "2", "--out", out};
+}
+
+std::string fresh(const std::string& name) {
+  const std::string d = test::scratch_dir() + "/" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+// Every tensor of both checkpoint files, bit for bit (step counters and all).
+void expect_same_checkpoint(const std::string& a, const std::string& b) {
+  Checkpoint x = read_checkpoint(a), y = read_checkpoint(b);
+  for (auto [p, q] : {std::pair{&x.model, &y.model}, std::pair{&x.state, &y.state}}) {
+    ASSERT_EQ(p->size(), q->size());
+    for (const auto& [k, t] : *p) {
+      ASSERT_TRUE(q->count(k)) << k;
+      EXPECT_TRUE(test::bit_equal(t, q->at(k))) << k;
+    }
+  }
+}
+
+// Runs the castor binary; returns its exit status and stderr.
+std::pair<int, std::string> run_cli(const std::vector<std::string>& args) {
+  std::string cmd = std::string(CASTOR_BINARY_DIR) + "/castor";
+  for (const std::string& a : args) cmd += " '" + a + "'";
+  cmd += " 2>&1 >/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string err;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) err.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, err};
+}
+
+}  // namespace
+
+class ResumeTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ResumeTest, ResumedRunEqualsUninterruptedBitForBit) {
+  const std::string amp = GetParam();
+  const std::string full = fresh("resume_full_" + amp), part = fresh("resume_part_" + amp);
+  run_train(parse_train_flags(base_flags(full, amp, 12)));
+  run_train(parse_train_flags(base_flags(part, amp, 5)));  // stops mid-epoch, mid growth interval
+  auto flags = base_flags(part, amp, 12);
+  flags.insert(flags.end(), {"--resume", part});
+  Json resumed = run_train(parse_train_flags(flags));
+  EXPECT_EQ(resumed.at("steps").as_int(), 12);
+  expect_same_checkpoint(full, part);
+}
+
+INSTANTIATE_TEST_SUITE_P(Levels, ResumeTest, ::testing::Values("O1", "O2"));
+
+TEST(Trainer, Fp16RunSkipsOverflowingStepsAndStillLearns) {
+  const std::string out = fresh("fp16_skips");
+  auto flags = base_flags(out, "O1", 24);
+  Json r = run_train(parse_train_flags(flags));
+  EXPECT_GT(r.at("skipped_steps").as_int(), 0);  // the initial scale 65536 overflows at first
+  EXPECT_LT(r.at("final_loss_scale").as_double(), 65536.0);
+  EXPECT_GT(r.at("test_accuracy").as_double(), 0.3);  // 10 classes: chance is 0.1
+  for (const char* f : {"config.json", "metrics.jsonl", "report.html"}) EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
+}
+
+TEST(Trainer, KilledRunResumesToTheSameWeights) {
+  const std::string full = fresh("kill_full"), killed = fresh("kill_part");
+  auto flags = base_flags(full, "O1", 36);
+  flags.insert(flags.end(), {"--checkpoint-every", "1"});
+  ASSERT_EQ(run_cli([&] {
+              std::vector<std::string> a = {"train"};
+              a.insert(a.end(), flags.begin(), flags.end());
+              return a;
+            }()).first,
+            0);
+  flags = base_flags(killed, "O1", 36);
+  flags.insert(flags.end(), {"--checkpoint-every", "1"});
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<std::string> a = {std::string(CASTOR_BINARY_DIR) + "/castor", "train"};
+    a.insert(a.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (auto& s : a) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    freopen("/dev/null", "w", stdout);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  // Kill it once a few checkpoints exist, at whatever point of a write it is in.
+  for (int i = 0; i < 600 && !latest_checkpoint(killed); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(latest_checkpoint(killed).has_value());
+  std::vector<std::string> resume = {"train"};
+  resume.insert(resume.end(), flags.begin(), flags.end());
+  resume.insert(resume.end(), {"--resume", killed});
+  auto [rc, err] = run_cli(resume);
+  ASSERT_EQ(rc, 0) << err;
+  expect_same_checkpoint(full, killed);
+}
+
+TEST(Trainer, EvalAndInfoReadACheckpoint) {
+  const std::string out = fresh("eval_info");
+  Json r = run_train(parse_train_flags(base_flags(out, "O1", 8)));
+  const std::string ckpt = *latest_checkpoint(out);
+  Json e = run_eval({"--checkpoint", ckpt});
+  EXPECT_DOUBLE_EQ(e.at("test_accuracy").as_double(), r.at("test_accuracy").as_double());
+  Json from_file = run_eval({"--checkpoint", ckpt + "/model.safetensors"});
+  EXPECT_DOUBLE_EQ(from_file.at("test_accuracy").as_double(), r.at("test_accuracy").as_double());
+  const std::string info = run_info({ckpt});
+  EXPECT_NE(info.find("conv1.weight  float32[32, 3, 3, 3]"), std::string::npos) << info;
+  EXPECT_NE(info.find("opt_level = O1"), std::string::npos) << info;
+}
+
+TEST(Trainer, BadInputIsOneLineAndNonZero) {
+  const std::string out = fresh("bad_input");
+  auto expect_error = [](std::vector<std::string> args, const std::string& needle) {
+    auto [rc, err] = run_cli(args);
+    EXPECT_EQ(rc, 1) << err;
+    EXPECT_NE(err.find(needle), std::string::npos) << err;
+    size_t error_lines = 0;
+    for (size_t at = err.find("error:"); at != std::string::npos; at = err.find("error:", at + 1)) ++error_lines;
+    EXPECT_EQ(error_lines, 1u) << err;
+    EXPECT_EQ(err.back(), '\n');
+    EXPECT_EQ(err.find('\n', err.find("error:")), err.size() - 1) << "the error is not one line: " << err;
+  };
+  expect_error({"train", "--data-dir", "/nonexistent", "--steps", "1"}, "/nonexistent");
+  expect_error({"train", "--amp", "O9"}, "--amp");
+  expect_error({"train", "--frobnicate"}, "--frobnicate");
+  expect_error({"info", out + "/missing.safetensors"}, "missing.safetensors");
+  expect_error({"eval", "--checkpoint", out}, out);
+  // A checkpoint from another model or precision setting.
+  auto flags = base_flags(out, "O1", 2);
+  run_train(parse_train_flags(flags));
+  std::vector<std::string> other = {"train"};
+  auto f2 = base_flags(out, "O2", 4);
+  other.insert(other.end(), f2.begin(), f2.end());
+  other.insert(other.end(), {"--resume", out});
+  expect_error(other, "amp");
+  // An unwritable output location.
+  expect_error({"train", "--data", "synthetic", "--steps", "1", "--out", "/proc/castor"}, "--out");
+}
+
+}  // namespace castor::train
