@@ -9,6 +9,9 @@
 #include <thread>
 
 #include "castor/checkpoint.h"
+#include "castor/fs.h"
+#include "castor/random.h"
+#include "castor/ops.h"
 #include "castor/trainer.h"
 #include "test_util.h"
 
@@ -161,6 +164,62 @@ TEST(Trainer, BadInputIsOneLineAndNonZero) {
   expect_error(other, "amp");
   // An unwritable output location.
   expect_error({"train", "--data", "synthetic", "--steps", "1", "--out", "/proc/castor"}, "--out");
+}
+
+}  // namespace castor::train
+
+namespace castor::train {
+
+TEST(Trainer, TrainsOnCifar10BinaryFiles) {
+  // CIFAR-10 cannot be downloaded here: write a tiny dataset in its binary format (label byte + 3x32x32).
+  const std::string dir = fresh("cifar_bin"), out = fresh("cifar_run");
+  fs::create_directories(dir);
+  Generator gen(5);
+  auto write_batch = [&](const std::string& name, int records) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(records) * 3073);
+    for (int r = 0; r < records; ++r) {
+      const uint8_t label = static_cast<uint8_t>(r % 10);
+      bytes[r * 3073] = label;
+      for (int k = 1; k < 3073; ++k) bytes[r * 3073 + k] = static_cast<uint8_t>((label * 25 + gen.next_u64() % 40) & 255);
+    }
+    FILE* f = std::fopen((dir + "/" + name).c_str(), "wb");
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  };
+  for (int i = 1; i <= 5; ++i) write_batch("data_batch_" + std::to_string(i) + ".bin", 20);
+  write_batch("test_batch.bin", 30);
+  Json r = run_train(parse_train_flags({"--data", "cifar10", "--data-dir", dir, "--batch-size", "10", "--epochs", "2",
+                                        "--augment", "standard", "--out", out, "--log-every", "5"}));
+  EXPECT_EQ(r.at("steps").as_int(), 20);
+  EXPECT_GT(r.at("test_accuracy").as_double(), 0.2);
+  Json cfg = Json::parse(std::string(reinterpret_cast<const char*>(read_file(out + "/config.json").data()),
+                                     read_file(out + "/config.json").size()));
+  EXPECT_EQ(cfg.at("normalization").at("mean").as_array().size(), 3u);
+}
+
+TEST(Trainer, InitLoadsPyTorchNamedWeights) {
+  const std::string first = fresh("init_src"), second = fresh("init_dst");
+  run_train(parse_train_flags(base_flags(first, "O1", 4)));
+  const std::string weights = *latest_checkpoint(first) + "/model.safetensors";
+  // With a negligible learning rate, one step from --init leaves the weights where the file put them.
+  auto flags = base_flags(second, "O0", 1);
+  flags.insert(flags.end(), {"--init", weights, "--optimizer", "sgd", "--momentum", "0", "--lr", "1e-30"});
+  run_train(parse_train_flags(flags));
+  StateDict a = load_safetensors(weights).tensors, b = read_checkpoint(second).model;
+  for (const auto& [k, t] : a) EXPECT_TRUE(test::close(b.at(k), t, 0, 1e-20)) << k;
+  // A file whose tensors do not fit the model is an error naming the file.
+  StateDict bad = a;
+  bad["fc2.weight"] = zeros({3, 3});
+  save_safetensors(second + "/bad.safetensors", bad);
+  flags.back() = "1e-3";
+  flags[flags.size() - 7] = second + "/bad.safetensors";
+  try {
+    run_train(parse_train_flags(flags));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.safetensors"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fc2.weight"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace castor::train
