@@ -13,17 +13,22 @@ OpObserver* op_observer() { return g_observer; }
 void set_op_observer(OpObserver* o) { g_observer = o; }
 
 OpScope::OpScope(OpKind op, std::vector<Tensor> inputs) : op_(op), inputs_(std::move(inputs)) {
+  if (g_observer) start_ = std::chrono::steady_clock::now();
   if (amp::is_autocast_enabled()) {
     if (g_observer) given_ = inputs_;
     inputs_ = amp::apply_autocast(op, inputs_);
+    if (g_observer) {
+      const auto now = std::chrono::steady_clock::now();
+      autocast_seconds_ = std::chrono::duration<double>(now - start_).count();
+      start_ = now;
+    }
   }
-  if (g_observer) start_ = std::chrono::steady_clock::now();
 }
 
 Tensor OpScope::done(Tensor out) {
   if (g_observer) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    g_observer->on_op({op_, given_.empty() ? &inputs_ : &given_, &inputs_, &out, s, false});
+    g_observer->on_op({op_, given_.empty() ? &inputs_ : &given_, &inputs_, &out, s, false, autocast_seconds_});
   }
   return out;
 }

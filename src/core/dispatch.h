@@ -16,6 +16,7 @@ struct OpEvent {
   const Tensor* out;
   double seconds;
   bool backward;  // a backward rule rather than a forward op
+  double autocast_seconds = 0;  // spent casting the inputs (cache lookups included) before the op ran
 };
 
 // Receives every op on this thread while installed (see ObserverGuard).
@@ -39,6 +40,7 @@ class OpScope {
   OpKind op_;
   std::vector<Tensor> given_, inputs_;
   std::chrono::steady_clock::time_point start_;
+  double autocast_seconds_ = 0;
 };
 
 }  // namespace castor

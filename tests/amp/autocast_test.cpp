@@ -9,6 +9,7 @@
 #include "castor/explain.h"
 #include "castor/ops.h"
 #include "castor/random.h"
+#include "core/dispatch.h"
 #include "test_util.h"
 
 namespace castor {
@@ -279,6 +280,28 @@ TEST(Autocast, ExplainSeesCustomOpsAndCacheHits) {
   EXPECT_NE(rows[2].why.find("float32 weight cast to float16 (lower_precision; from cache)"), std::string::npos)
       << rows[2].why;
   EXPECT_EQ(explain.summary().cache_hits, 1);
+}
+
+TEST(Autocast, ObserversSeeTheTimeSpentCastingInputs) {
+  struct Recorder : OpObserver {
+    std::vector<std::pair<OpKind, double>> seen;
+    void on_op(const OpEvent& e) override {
+      if (!e.backward) seen.emplace_back(e.op, e.autocast_seconds);
+    }
+  } rec;
+  Generator gen(3);
+  const Tensor a = randn({256, 256}, DType::Float32, &gen), b = randn({256, 256}, DType::Float32, &gen);
+  set_op_observer(&rec);
+  mm(a, b);  // autocast off: no casting time
+  {
+    amp::AutocastGuard guard(DType::BFloat16);
+    mm(a, b);  // both inputs cast to bfloat16 first
+  }
+  set_op_observer(nullptr);
+  ASSERT_EQ(rec.seen.size(), 2u);
+  EXPECT_EQ(rec.seen[0], std::make_pair(OpKind::Mm, 0.0));
+  EXPECT_EQ(rec.seen[1].first, OpKind::Mm);
+  EXPECT_GT(rec.seen[1].second, 0.0);
 }
 
 }  // namespace
