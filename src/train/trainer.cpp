@@ -287,8 +287,9 @@ Json run_train(TrainConfig c) {
       Tensor loss;
       {
         auto fw = run.amp->forward();
+        // O2/O3 models take 16-bit input; their logits are widened before the loss, as Apex does.
         Tensor logits = (*run.model)(batch->images.to(input_dtype(*run.amp)));
-        loss = F::cross_entropy(logits, batch->labels);
+        loss = F::cross_entropy(logits.float_(), batch->labels);
       }
       run.amp->scale_loss(loss, *run.opt).backward();
       const bool stepped = run.amp->step(*run.opt);
