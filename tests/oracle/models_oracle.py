@@ -4,6 +4,9 @@
 #       one line per state-dict entry, in named_parameters then named_buffers order:
 #       KIND NAME DTYPE SHAPE(comma-separated, "-" for 0-dim) MIN MAX MEAN STD BOUND
 #       (statistics of PyTorch's own initialisation; BOUND is the uniform-init bound or "inf")
+#   models_oracle.py safetensors MODEL IN H W CLASSES WEIGHTS INPUT OUT
+#       loads a Castor checkpoint's model.safetensors (WEIGHTS) strictly into the twin and writes its eval-mode
+#       logits on INPUT's tensor "input" to OUT (safetensors, tensor "logits")
 #   models_oracle.py forward MODEL IN H W CLASSES DIR
 #       reads DIR/manifest.txt (the state dict plus "input"), loads it strictly, and writes to DIR/out/:
 #       "eval_logits", then "train_logits" (one training-mode forward) and the state dict after it.
@@ -209,6 +212,14 @@ def main():
         describe(model, sys.argv[7])
     elif mode == "forward":
         forward(model, sys.argv[7])
+    elif mode == "safetensors":
+        import safetensors_io
+        weights, _, _, _ = safetensors_io.read(sys.argv[7])
+        model.load_state_dict(weights, strict=True)
+        model.eval()
+        with torch.no_grad():
+            logits = model(safetensors_io.read(sys.argv[8])[0]["input"])
+        safetensors_io.write(sys.argv[9], {"logits": logits}, {})
     else:
         raise SystemExit("unknown mode " + mode)
 

@@ -9,7 +9,9 @@
 #include <thread>
 
 #include "castor/checkpoint.h"
+#include "castor/autograd.h"
 #include "castor/fs.h"
+#include "castor/models.h"
 #include "castor/random.h"
 #include "castor/ops.h"
 #include "castor/trainer.h"
@@ -220,6 +222,30 @@ TEST(Trainer, InitLoadsPyTorchNamedWeights) {
     EXPECT_NE(std::string(e.what()).find("bad.safetensors"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("fc2.weight"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace castor::train
+
+namespace castor::train {
+
+TEST(Trainer, CheckpointLoadsIntoThePyTorchTwin) {
+  const std::string out = fresh("torch_twin");
+  run_train(parse_train_flags(base_flags(out, "O2", 6)));  // O2: the file holds the float32 master weights
+  const std::string weights = *latest_checkpoint(out) + "/model.safetensors";
+  auto model = models::make_model("simplecnn", 3, 32, 32, 10);
+  model->load_state_dict(load_safetensors(weights).tensors, /*strict=*/true);
+  model->eval();
+  Generator gen(11);
+  Tensor input = randn({4, 3, 32, 32}, DType::Float32, &gen);
+  Tensor logits;
+  {
+    NoGradGuard no_grad;
+    logits = (*model)(input);
+  }
+  save_safetensors(out + "/input.safetensors", {{"input", input}});
+  ASSERT_TRUE(test::run_oracle("models_oracle.py", {"safetensors", "simplecnn", "3", "32", "32", "10", weights,
+                                                    out + "/input.safetensors", out + "/torch_logits.safetensors"}));
+  EXPECT_TRUE(test::close(logits, load_safetensors(out + "/torch_logits.safetensors").tensors.at("logits"), 1e-4, 1e-5));
 }
 
 }  // namespace castor::train
