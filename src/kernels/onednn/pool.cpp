@@ -33,12 +33,15 @@ struct PoolPrims {
   dnnl::pooling_backward bwd;
   memory::desc src, dst, src_run, dst_run, workspace;  // workspace is empty for average pooling
   std::optional<dnnl::reorder> src_in, dst_out, dst_in, src_out;  // plain -> run (in), run -> plain (out)
-  bool generic;                                                  // oneDNN's generic NCHW loop (simple_nchw)
+  bool generic;                                                  // a layout-generic loop (see is_generic)
 };
 
 dnnl::reorder make_reorder(const memory::desc& from, const memory::desc& to) {
   return dnnl::reorder(dnnl::reorder::primitive_desc(engine(), from, engine(), to));
 }
+
+// oneDNN's layout-generic loops (simple_nchw, ref), as opposed to its JIT kernels.
+bool is_generic(const std::string& impl) { return impl.rfind("simple", 0) == 0 || impl.rfind("ref", 0) == 0; }
 
 // The primitive pair on src/dst layouts `src`, `dst`.
 std::unique_ptr<PoolPrims> build(const memory::desc& src, const memory::desc& dst, dnnl::algorithm alg,
@@ -50,7 +53,7 @@ std::unique_ptr<PoolPrims> build(const memory::desc& src, const memory::desc& ds
                                                    engine(), fwd);
   return std::make_unique<PoolPrims>(PoolPrims{dnnl::pooling_forward(fwd), dnnl::pooling_backward(bwd), src, dst, src,
                                                dst, fwd.workspace_desc(), {}, {}, {}, {},
-                                               std::string(fwd.impl_info_str()).rfind("simple", 0) == 0});
+                                               is_generic(fwd.impl_info_str())});
 }
 
 // t in the primitives' layout: t itself, or a copy reordered by `in` (NHWC has NCHW's size, so t's shape fits it).
@@ -87,13 +90,16 @@ const PoolPrims* cached(const PoolKey& k) {
                      pad = {k.padding[0], k.padding[1]};
   try {
     p = build(src, dst, alg, kernel, strides, pad);
-    if (p->generic) {
+    if (p->generic) {  // where oneDNN lacks an NHWC pair, the throw below leaves p the plain pair
       const memory::desc src_cl({k.n, k.c, k.h, k.w}, dt, memory::format_tag::nhwc);
       const memory::desc dst_cl({k.n, k.c, k.oh, k.ow}, dt, memory::format_tag::nhwc);
-      p = build(src_cl, dst_cl, alg, kernel, strides, pad);
-      p->src = src, p->dst = dst;
-      p->src_in = make_reorder(src, src_cl), p->src_out = make_reorder(src_cl, src);
-      p->dst_in = make_reorder(dst, dst_cl), p->dst_out = make_reorder(dst_cl, dst);
+      std::unique_ptr<PoolPrims> cl = build(src_cl, dst_cl, alg, kernel, strides, pad);
+      if (!cl->generic) {
+        cl->src = src, cl->dst = dst;
+        cl->src_in = make_reorder(src, src_cl), cl->src_out = make_reorder(src_cl, src);
+        cl->dst_in = make_reorder(dst, dst_cl), cl->dst_out = make_reorder(dst_cl, dst);
+        p = std::move(cl);
+      }
     }
   } catch (const dnnl::error& e) {
     if (e.status != dnnl_unimplemented) throw;
