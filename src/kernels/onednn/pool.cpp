@@ -1,7 +1,11 @@
-// Max and average pooling forward and backward on oneDNN in the plain NCHW layout (max keeps oneDNN's workspace for
-// its backward); float16 (and bfloat16 where oneDNN lacks it) runs on exact float32 copies with one rounding.
+// Max and average pooling forward and backward on oneDNN (max keeps oneDNN's workspace for its backward). Tensors
+// are plain NCHW; where oneDNN has only its generic loop for that layout (simple_nchw, several times slower than its
+// JIT kernels), the primitives run channels-last (NHWC) with a reorder on the way in and out. float16 (and bfloat16
+// where oneDNN lacks it) runs on exact float32 copies with one rounding.
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <unordered_map>
 
 #include "kernels/layers.h"
@@ -22,11 +26,53 @@ struct PoolKeyHash {
   size_t operator()(const PoolKey& k) const { return hash_bytes(&k, sizeof(k)); }
 };
 
+// The primitive pair, its layouts (src, dst: plain NCHW; src_run, dst_run: what the primitives read and write, plain
+// or NHWC), and the reorders between them when they differ.
 struct PoolPrims {
   dnnl::pooling_forward fwd;
   dnnl::pooling_backward bwd;
-  memory::desc src, dst, workspace;  // workspace is empty for average pooling
+  memory::desc src, dst, src_run, dst_run, workspace;  // workspace is empty for average pooling
+  std::optional<dnnl::reorder> src_in, dst_out, dst_in, src_out;  // plain -> run (in), run -> plain (out)
+  bool generic;                                                  // a layout-generic loop (see is_generic)
 };
+
+dnnl::reorder make_reorder(const memory::desc& from, const memory::desc& to) {
+  return dnnl::reorder(dnnl::reorder::primitive_desc(engine(), from, engine(), to));
+}
+
+// oneDNN's layout-generic loops (simple_nchw, ref), as opposed to its JIT kernels.
+bool is_generic(const std::string& impl) { return impl.rfind("simple", 0) == 0 || impl.rfind("ref", 0) == 0; }
+
+// The primitive pair on src/dst layouts `src`, `dst`.
+std::unique_ptr<PoolPrims> build(const memory::desc& src, const memory::desc& dst, dnnl::algorithm alg,
+                                 const memory::dims& kernel, const memory::dims& strides, const memory::dims& pad) {
+  const dnnl::pooling_forward::primitive_desc fwd(
+      dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, alg, src, dst, strides, kernel, pad, pad),
+      engine());
+  const dnnl::pooling_backward::primitive_desc bwd(dnnl::pooling_backward::desc(alg, src, dst, strides, kernel, pad, pad),
+                                                   engine(), fwd);
+  return std::make_unique<PoolPrims>(PoolPrims{dnnl::pooling_forward(fwd), dnnl::pooling_backward(bwd), src, dst, src,
+                                               dst, fwd.workspace_desc(), {}, {}, {}, {},
+                                               is_generic(fwd.impl_info_str())});
+}
+
+// t in the primitives' layout: t itself, or a copy reordered by `in` (NHWC has NCHW's size, so t's shape fits it).
+Tensor to_run(const std::optional<dnnl::reorder>& in, const memory::desc& plain, const memory::desc& run,
+              const Tensor& t) {
+  if (!in) return t;
+  Tensor out = empty(t.shape(), t.dtype());
+  in->execute(stream(), {{DNNL_ARG_FROM, as_memory(plain, t)}, {DNNL_ARG_TO, as_memory(run, out)}});
+  return out;
+}
+
+// Where the primitive writes a result meant for `t`: t itself, or scratch that from_run() reorders into t.
+Tensor run_target(const std::optional<dnnl::reorder>& out, const Tensor& t) {
+  return out ? empty(t.shape(), t.dtype()) : t;
+}
+void from_run(const std::optional<dnnl::reorder>& out, const memory::desc& run, const Tensor& scratch,
+              const memory::desc& plain, const Tensor& t) {
+  if (out) out->execute(stream(), {{DNNL_ARG_FROM, as_memory(run, scratch)}, {DNNL_ARG_TO, as_memory(plain, t)}});
+}
 
 // nullptr when oneDNN has no pooling for the key's dtype on this CPU.
 const PoolPrims* cached(const PoolKey& k) {
@@ -43,13 +89,18 @@ const PoolPrims* cached(const PoolKey& k) {
   const memory::dims kernel = {k.kernel[0], k.kernel[1]}, strides = {k.stride[0], k.stride[1]},
                      pad = {k.padding[0], k.padding[1]};
   try {
-    const dnnl::pooling_forward::primitive_desc fwd(
-        dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, alg, src, dst, strides, kernel, pad, pad),
-        engine());
-    const dnnl::pooling_backward::primitive_desc bwd(
-        dnnl::pooling_backward::desc(alg, src, dst, strides, kernel, pad, pad), engine(), fwd);
-    p = std::make_unique<PoolPrims>(
-        PoolPrims{dnnl::pooling_forward(fwd), dnnl::pooling_backward(bwd), src, dst, fwd.workspace_desc()});
+    p = build(src, dst, alg, kernel, strides, pad);
+    if (p->generic) {  // where oneDNN lacks an NHWC pair, the throw below leaves p the plain pair
+      const memory::desc src_cl({k.n, k.c, k.h, k.w}, dt, memory::format_tag::nhwc);
+      const memory::desc dst_cl({k.n, k.c, k.oh, k.ow}, dt, memory::format_tag::nhwc);
+      std::unique_ptr<PoolPrims> cl = build(src_cl, dst_cl, alg, kernel, strides, pad);
+      if (!cl->generic) {
+        cl->src = src, cl->dst = dst;
+        cl->src_in = make_reorder(src, src_cl), cl->src_out = make_reorder(src_cl, src);
+        cl->dst_in = make_reorder(dst, dst_cl), cl->dst_out = make_reorder(dst_cl, dst);
+        p = std::move(cl);
+      }
+    }
   } catch (const dnnl::error& e) {
     if (e.status != dnnl_unimplemented) throw;
   }
@@ -85,13 +136,17 @@ Tensor pool2d_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& 
     bool widened = false;
     const PoolPrims& prims = select(src.dtype(), src.shape(), dst.shape(), p, widened);
     const Tensor s = widened ? widen(src) : src, d = widened ? empty(dst.shape(), DType::Float32) : dst;
-    std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, as_memory(prims.src, s)}, {DNNL_ARG_DST, as_memory(prims.dst, d)}};
+    const Tensor d_run = run_target(prims.dst_out, d);
+    std::unordered_map<int, memory> args = {
+        {DNNL_ARG_SRC, as_memory(prims.src_run, to_run(prims.src_in, prims.src, prims.src_run, s))},
+        {DNNL_ARG_DST, as_memory(prims.dst_run, d_run)}};
     Tensor workspace;
     if (p.is_max) {
       workspace = empty({static_cast<int64_t>(prims.workspace.get_size())}, DType::UInt8);
       args[DNNL_ARG_WORKSPACE] = as_memory(prims.workspace, workspace);
     }
     prims.fwd.execute(stream(), args);
+    from_run(prims.dst_out, prims.dst_run, d_run, prims.dst, d);
     stream().wait();
     if (widened) copy(d, dst);
     return workspace;
@@ -108,10 +163,13 @@ void pool2d_backward(const Tensor& diff_dst, const Tensor& workspace, const Tens
     const PoolPrims& prims = select(diff_dst.dtype(), diff_src.shape(), diff_dst.shape(), p, widened);
     const Tensor dy = widened ? widen(diff_dst) : diff_dst;
     const Tensor dx = widened ? empty(diff_src.shape(), DType::Float32) : diff_src;
-    std::unordered_map<int, memory> args = {{DNNL_ARG_DIFF_DST, as_memory(prims.dst, dy)},
-                                            {DNNL_ARG_DIFF_SRC, as_memory(prims.src, dx)}};
+    const Tensor dx_run = run_target(prims.src_out, dx);
+    std::unordered_map<int, memory> args = {
+        {DNNL_ARG_DIFF_DST, as_memory(prims.dst_run, to_run(prims.dst_in, prims.dst, prims.dst_run, dy))},
+        {DNNL_ARG_DIFF_SRC, as_memory(prims.src_run, dx_run)}};
     if (p.is_max) args[DNNL_ARG_WORKSPACE] = as_memory(prims.workspace, workspace);
     prims.bwd.execute(stream(), args);
+    from_run(prims.src_out, prims.src_run, dx_run, prims.src, dx);
     stream().wait();
     if (widened) copy(dx, diff_src);
   } catch (const dnnl::error& e) {

@@ -58,6 +58,10 @@ void copy(const Tensor& src, const Tensor& dst) {
   const char* sp = static_cast<const char*>(src.data_ptr());
   char* dp = static_cast<char*>(dst.data_ptr());
   const DType sd = src.dtype(), dd = dst.dtype();
+  if (nd == 1 && s_in == 1 && d_in == 1) {  // one dense run: split it across threads (rows alone would not)
+    parallel_blocks(inner, [&](int64_t b, int64_t e) { convert(sp + b * ss, sd, dp + b * ds, dd, e - b); });
+    return;
+  }
 #pragma omp parallel for if (dst.numel() > (1 << 16)) schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     int64_t so = 0, dof = 0, rem = r;
