@@ -13,9 +13,16 @@ namespace {
 
 constexpr size_t kMaxCached = size_t{2} << 30;  // beyond this, freed blocks go back to the system
 
-std::mutex g_mu;
-MemoryStats g_stats;
-std::unordered_map<size_t, std::vector<void*>> g_free;  // size class -> cached blocks
+struct State {
+  std::mutex mu;
+  MemoryStats stats;
+  std::unordered_map<size_t, std::vector<void*>> free;  // size class -> cached blocks
+};
+// Never destroyed: tensors held by other static objects may be freed after static destructors have run.
+State& state() {
+  static State* s = new State;
+  return *s;
+}
 
 // Size classes: multiples of 64 B up to 64 KiB, of 4 KiB up to 1 MiB, then of 64 KiB (waste under 7%).
 size_t size_class(size_t n) {
@@ -29,62 +36,67 @@ size_t size_class(size_t n) {
 void* allocate(size_t nbytes, DType dtype) {
   const size_t cls = size_class(nbytes);
   void* p = nullptr;
-  std::lock_guard<std::mutex> lock(g_mu);
-  auto it = g_free.find(cls);
-  if (it != g_free.end() && !it->second.empty()) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  auto it = st.free.find(cls);
+  if (it != st.free.end() && !it->second.empty()) {
     p = it->second.back();
     it->second.pop_back();
-    g_stats.cached_bytes -= static_cast<int64_t>(cls);
+    st.stats.cached_bytes -= static_cast<int64_t>(cls);
   } else {
     p = std::aligned_alloc(64, cls);
     if (!p) {
       // Give the cache back and try once more before failing.
-      for (auto& [c, blocks] : g_free)
+      for (auto& [c, blocks] : st.free)
         for (void* b : blocks) std::free(b);
-      g_free.clear();
-      g_stats.cached_bytes = 0;
+      st.free.clear();
+      st.stats.cached_bytes = 0;
       p = std::aligned_alloc(64, cls);
       if (!p) throw std::bad_alloc();
     }
   }
   const int d = static_cast<int>(dtype);
-  g_stats.current_bytes += nbytes;
-  g_stats.current_by_dtype[d] += nbytes;
-  g_stats.peak_bytes = std::max(g_stats.peak_bytes, g_stats.current_bytes);
-  g_stats.peak_by_dtype[d] = std::max(g_stats.peak_by_dtype[d], g_stats.current_by_dtype[d]);
+  st.stats.current_bytes += nbytes;
+  st.stats.current_by_dtype[d] += nbytes;
+  st.stats.peak_bytes = std::max(st.stats.peak_bytes, st.stats.current_bytes);
+  st.stats.peak_by_dtype[d] = std::max(st.stats.peak_by_dtype[d], st.stats.current_by_dtype[d]);
   return p;
 }
 
 void deallocate(void* ptr, size_t nbytes, DType dtype) {
   const size_t cls = size_class(nbytes);
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_stats.current_bytes -= nbytes;
-  g_stats.current_by_dtype[static_cast<int>(dtype)] -= nbytes;
-  if (g_stats.cached_bytes + static_cast<int64_t>(cls) > static_cast<int64_t>(kMaxCached)) {
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.stats.current_bytes -= nbytes;
+  st.stats.current_by_dtype[static_cast<int>(dtype)] -= nbytes;
+  if (st.stats.cached_bytes + static_cast<int64_t>(cls) > static_cast<int64_t>(kMaxCached)) {
     std::free(ptr);
     return;
   }
-  g_free[cls].push_back(ptr);
-  g_stats.cached_bytes += static_cast<int64_t>(cls);
+  st.free[cls].push_back(ptr);
+  st.stats.cached_bytes += static_cast<int64_t>(cls);
 }
 
 void empty_cache() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  for (auto& [c, blocks] : g_free)
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  for (auto& [c, blocks] : st.free)
     for (void* b : blocks) std::free(b);
-  g_free.clear();
-  g_stats.cached_bytes = 0;
+  st.free.clear();
+  st.stats.cached_bytes = 0;
 }
 
 MemoryStats memory_stats() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  return g_stats;
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.stats;
 }
 
 void reset_peak_memory_stats() {
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_stats.peak_bytes = g_stats.current_bytes;
-  g_stats.peak_by_dtype = g_stats.current_by_dtype;
+  State& st = state();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.stats.peak_bytes = st.stats.current_bytes;
+  st.stats.peak_by_dtype = st.stats.current_by_dtype;
 }
 
 }  // namespace castor
