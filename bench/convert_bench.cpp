@@ -8,6 +8,7 @@
 #include <cstring>
 #include <memory>
 
+#include "bench_util.h"
 #include "castor/convert.h"
 
 namespace {
@@ -15,19 +16,6 @@ namespace {
 constexpr size_t kBytes = size_t{256} << 20;
 constexpr size_t kFloats = kBytes / sizeof(float);
 constexpr int kReps = 5;
-
-// Best of kReps timed runs after one warm-up, in seconds.
-template <class F>
-double best_seconds(const F& f) {
-  f();
-  double best = 1e30;
-  for (int r = 0; r < kReps; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    f();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
 
 // memcpy split into 1 MiB pieces over the OpenMP threads, like the conversions' chunking.
 void parallel_memcpy(char* dst, const char* src, size_t bytes) {
@@ -62,7 +50,7 @@ int main() {
     auto* out_bytes = reinterpret_cast<char*>(f32_out.get());
     auto* in_bytes = reinterpret_cast<const char*>(f32.get());
     const double copy_bytes = 2.0 * kBytes;
-    const double copy_gbs = copy_bytes / best_seconds([&] { parallel_memcpy(out_bytes, in_bytes, kBytes); }) / 1e9;
+    const double copy_gbs = copy_bytes / castor::bench::best_seconds([&] { parallel_memcpy(out_bytes, in_bytes, kBytes); }, kReps) / 1e9;
     std::printf("%-8d %-10s %10.0f %10.2f %7.0f%%\n", threads, "memcpy", copy_bytes / mib, copy_gbs, 100.0);
     struct Op {
       const char* name;
@@ -76,7 +64,7 @@ int main() {
     };
     const double conv_bytes = kBytes + kBytes / 2.0;  // 4 bytes read/written + 2 written/read per element
     for (const Op& op : ops) {
-      double gbs = conv_bytes / best_seconds([&] { op.run(f32.get(), b16.get(), f32_out.get()); }) / 1e9;
+      double gbs = conv_bytes / castor::bench::best_seconds([&] { op.run(f32.get(), b16.get(), f32_out.get()); }, kReps) / 1e9;
       std::printf("%-8d %-10s %10.0f %10.2f %7.0f%%\n", threads, op.name, conv_bytes / mib, gbs, 100.0 * gbs / copy_gbs);
     }
   }

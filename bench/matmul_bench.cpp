@@ -6,6 +6,7 @@
 #include <dnnl.hpp>
 #include <functional>
 
+#include "bench_util.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "kernels/onednn/onednn.h"
@@ -13,17 +14,6 @@
 using namespace castor;
 
 namespace {
-
-double best_seconds(const std::function<void()>& fn, int reps = 5) {
-  fn();
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
 
 // The raw primitive for (M, K) x (K, N) row-major of `dt`, or nullptr when oneDNN has no kernel on this CPU.
 std::unique_ptr<dnnl::matmul> raw_primitive(int64_t M, int64_t K, int64_t N, dnnl::memory::data_type dt) {
@@ -45,7 +35,7 @@ double raw_seconds(const dnnl::matmul& prim, const Tensor& a, const Tensor& b, c
   dnnl::memory am({{M, K}, dt, tag::ab}, kernels::engine(), a.data_ptr());
   dnnl::memory bm({{K, N}, dt, tag::ab}, kernels::engine(), b.data_ptr());
   dnnl::memory cm({{M, N}, dt, tag::ab}, kernels::engine(), c.data_ptr());
-  return best_seconds([&] {
+  return bench::best_seconds([&] {
     prim.execute(kernels::stream(), {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
     kernels::stream().wait();
   });
@@ -62,7 +52,7 @@ int main() {
   std::printf("%-9s %-34s %10s %10s %12s %8s\n", "dtype", "baseline", "castor ms", "raw ms", "castor GF/s", "ratio");
   for (DType d : {DType::Float32, DType::BFloat16}) {
     Tensor a = randn({M, K}, d), b = randn({K, N}, d);
-    const double t_castor = best_seconds([&] { matmul(a, b); });
+    const double t_castor = bench::best_seconds([&] { matmul(a, b); });
     auto dt = kernels::to_dnnl(d);
     auto prim = raw_primitive(M, K, N, dt);
     const char* baseline = "raw oneDNN primitive, same dtype";

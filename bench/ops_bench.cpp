@@ -6,24 +6,13 @@
 #include <cstring>
 #include <functional>
 
+#include "bench_util.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 
 using namespace castor;
 
 namespace {
-
-// Best of `reps` timings of fn, in seconds.
-double best_seconds(const std::function<void()>& fn, int reps = 7) {
-  fn();  // warm up: page faults, thread pool
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return best;
-}
 
 }  // namespace
 
@@ -36,11 +25,11 @@ int main() {
     const double es = static_cast<double>(dtype_size(d));
     // memcpy of one operand's bytes: read + write of n elements, the floor for a unary map.
     Tensor dst = empty({n}, d);
-    const double t_copy = best_seconds([&] { std::memcpy(dst.data_ptr(), a.data_ptr(), a.nbytes()); });
+    const double t_copy = bench::best_seconds([&] { std::memcpy(dst.data_ptr(), a.data_ptr(), a.nbytes()); });
     const double copy_gbs = 2 * n * es / t_copy / 1e9;
     std::printf("%-10s %-9s %10.2f %12.1f %14s\n", "memcpy", dtype_name(d), t_copy * 1e3, copy_gbs, "1.00");
     // The same memcpy into a freshly allocated tensor, as every out-of-place op writes: first-touch page faults.
-    const double t_fresh = best_seconds([&] {
+    const double t_fresh = bench::best_seconds([&] {
       Tensor out = empty({n}, d);
       std::memcpy(out.data_ptr(), a.data_ptr(), a.nbytes());
     });
@@ -57,7 +46,7 @@ int main() {
         {"relu", 1, [&] { return relu(a); }},
     };
     for (const Case& c : cases) {
-      const double t = best_seconds([&] { c.run(); });
+      const double t = bench::best_seconds([&] { c.run(); });
       const double bytes = (c.operands + 1) * n * es;  // reads + the write
       const double gbs = bytes / t / 1e9;
       // Ratio of time against a memcpy moving the same number of bytes.
