@@ -191,12 +191,18 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     CASTOR_CHECK(!node->released, "backward through the graph a second time (", op_name(node->op),
                  "): its saved tensors were freed; pass retain_graph=true to the first backward");
     auto start = std::chrono::steady_clock::now();
-    std::vector<Tensor> grads = apply_backward_rule(*node, g);
+    std::vector<Tensor> grads;
+    int depth;
+    {
+      OpNesting nesting;  // ops a rule runs are nested inside it
+      depth = nesting.depth();
+      grads = apply_backward_rule(*node, g);
+    }
     if (observer) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::vector<Tensor> in = {g};
       Tensor out = grads.empty() ? Tensor() : grads[0];
-      observer->on_op({node->op, &in, &in, &out, s, true});
+      observer->on_op({node->op, &in, &in, &out, s, true, 0.0, depth});
     }
     CASTOR_ASSERT(grads.size() == node->next.size(), op_name(node->op), " backward returned ", grads.size(),
                   " gradients for ", node->next.size(), " inputs");

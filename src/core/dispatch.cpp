@@ -7,7 +7,11 @@ namespace castor {
 
 namespace {
 thread_local OpObserver* g_observer = nullptr;
-}
+thread_local int g_depth = 0;
+}  // namespace
+
+OpNesting::OpNesting() : depth_(g_depth++) {}
+OpNesting::~OpNesting() { --g_depth; }
 
 OpObserver* op_observer() { return g_observer; }
 void set_op_observer(OpObserver* o) { g_observer = o; }
@@ -28,7 +32,7 @@ OpScope::OpScope(OpKind op, std::vector<Tensor> inputs) : op_(op), inputs_(std::
 Tensor OpScope::done(Tensor out) {
   if (g_observer) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    g_observer->on_op({op_, given_.empty() ? &inputs_ : &given_, &inputs_, &out, s, false, autocast_seconds_});
+    g_observer->on_op({op_, given_.empty() ? &inputs_ : &given_, &inputs_, &out, s, false, autocast_seconds_, nesting_.depth()});
   }
   return out;
 }

@@ -17,6 +17,20 @@ struct OpEvent {
   double seconds;
   bool backward;  // a backward rule rather than a forward op
   double autocast_seconds = 0;  // spent casting the inputs (cache lookups included) before the op ran
+  int depth = 0;  // 0: called by the user; > 0: run inside another op or inside a backward rule
+};
+
+// Marks the ops run while it lives as nested one level deeper (OpScope and the backward engine use it).
+class OpNesting {
+ public:
+  OpNesting();
+  ~OpNesting();
+  OpNesting(const OpNesting&) = delete;
+  OpNesting& operator=(const OpNesting&) = delete;
+  int depth() const { return depth_; }  // the depth at entry
+
+ private:
+  int depth_;
 };
 
 // Receives every op on this thread while installed (see ObserverGuard).
@@ -37,6 +51,7 @@ class OpScope {
   Tensor done(Tensor out);
 
  private:
+  OpNesting nesting_;
   OpKind op_;
   std::vector<Tensor> given_, inputs_;
   std::chrono::steady_clock::time_point start_;

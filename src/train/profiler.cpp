@@ -8,6 +8,7 @@
 namespace castor::train {
 
 void Profiler::on_op(const OpEvent& e) {
+  if (e.depth > 0) return;  // counted in the op or backward rule that ran it
   std::string dtypes;
   for (const Tensor& t : *e.inputs)
     if (t.defined()) dtypes += std::string(dtypes.empty() ? "" : ",") + dtype_name(t.dtype());
@@ -22,7 +23,7 @@ std::string Profiler::table(size_t top) const {
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
   double all = 0;
   for (const auto& r : rows) all += r.second.seconds;
-  std::string out = "profile: top ops by time (forward ops include the autograd recording)\n";
+  std::string out = "profile: top ops by time (each op includes the ops it is made of and its autograd recording)\n";
   char line[256];
   std::snprintf(line, sizeof(line), "%-20s %-9s %-40s %8s %10s %6s\n", "op", "pass", "dtypes", "calls", "total ms",
                 "share");
