@@ -18,10 +18,6 @@ using flags = dnnl::normalization_flags;
 struct BnKey {
   int64_t dt, n, c, h, w, flags;
   double eps;
-  bool operator==(const BnKey& k) const { return std::memcmp(this, &k, sizeof(k)) == 0; }
-};
-struct BnKeyHash {
-  size_t operator()(const BnKey& k) const { return hash_bytes(&k, sizeof(k)); }
 };
 
 struct BnPrims {
@@ -31,12 +27,7 @@ struct BnPrims {
 };
 
 // nullptr when oneDNN has no batch norm for the key's dtype on this CPU.
-const BnPrims* cached(const BnKey& k) {
-  static std::mutex mu;
-  static std::unordered_map<BnKey, std::unique_ptr<BnPrims>, BnKeyHash> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(k);
-  if (it != cache.end()) return it->second.get();
+std::unique_ptr<BnPrims> build(const BnKey& k) {
   std::unique_ptr<BnPrims> p;
   const auto f = static_cast<flags>(k.flags);
   const memory::desc data({k.n, k.c, k.h, k.w}, static_cast<memory::data_type>(k.dt), memory::format_tag::nchw);
@@ -56,7 +47,12 @@ const BnPrims* cached(const BnKey& k) {
   } catch (const dnnl::error& e) {
     if (e.status != dnnl_unimplemented) throw;
   }
-  return cache.emplace(k, std::move(p)).first->second.get();
+  return p;
+}
+
+const BnPrims* cached(const BnKey& k) {
+  static PrimitiveCache<BnKey, BnPrims> cache;
+  return cache.get(k, build);
 }
 
 BnKey make_key(DType dt, const Tensor& src, bool scale, bool shift, double eps, bool training) {

@@ -84,10 +84,6 @@ struct ConvKey {
   int64_t pass, dt;
   int64_t n, c, h, w, o, kh, kw, oh, ow;
   int64_t stride[2], padding[2], dilation[2], groups, bias;
-  bool operator==(const ConvKey& k) const { return std::memcmp(this, &k, sizeof(k)) == 0; }
-};
-struct ConvKeyHash {
-  size_t operator()(const ConvKey& k) const { return hash_bytes(&k, sizeof(k)); }
 };
 
 // A cached convolution: the primitive and its three tensor ports, in the order
@@ -169,12 +165,8 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
 }
 
 const ConvPrim* cached(const ConvKey& k) {
-  static std::mutex mu;
-  static std::unordered_map<ConvKey, std::unique_ptr<ConvPrim>, ConvKeyHash> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(k);
-  if (it == cache.end()) it = cache.emplace(k, build(k)).first;
-  return it->second.get();
+  static PrimitiveCache<ConvKey, ConvPrim> cache;
+  return cache.get(k, build);
 }
 
 // Runs one cached convolution on staged inputs, writing its output into the plain tensor `out` (through a scratch

@@ -14,26 +14,17 @@ namespace {
 using dnnl::memory;
 
 struct MatmulKey {
-  memory::data_type dt;
+  int64_t dt;  // a memory::data_type; int64 so that the key has no padding bytes
   int64_t dims[4];        // B, M, N, K
   int64_t a_strides[3], b_strides[3];
-  bool operator==(const MatmulKey& o) const { return std::memcmp(this, &o, sizeof(*this)) == 0; }
-};
-struct MatmulKeyHash {
-  size_t operator()(const MatmulKey& k) const { return hash_bytes(&k, sizeof(k)); }
 };
 
 // nullptr when oneDNN has no implementation for this dtype on this CPU (e.g. bf16 without AVX-512).
-const dnnl::matmul* cached_matmul(const MatmulKey& k) {
-  static std::mutex mu;
-  static std::unordered_map<MatmulKey, std::unique_ptr<dnnl::matmul>, MatmulKeyHash> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(k);
-  if (it != cache.end()) return it->second.get();
+std::unique_ptr<dnnl::matmul> build(const MatmulKey& k) {
   const int64_t B = k.dims[0], M = k.dims[1], N = k.dims[2], K = k.dims[3];
-  memory::desc a({B, M, K}, k.dt, {k.a_strides[0], k.a_strides[1], k.a_strides[2]});
-  memory::desc b({B, K, N}, k.dt, {k.b_strides[0], k.b_strides[1], k.b_strides[2]});
-  memory::desc c({B, M, N}, k.dt, memory::format_tag::abc);
+  memory::desc a({B, M, K}, static_cast<memory::data_type>(k.dt), {k.a_strides[0], k.a_strides[1], k.a_strides[2]});
+  memory::desc b({B, K, N}, static_cast<memory::data_type>(k.dt), {k.b_strides[0], k.b_strides[1], k.b_strides[2]});
+  memory::desc c({B, M, N}, static_cast<memory::data_type>(k.dt), memory::format_tag::abc);
   std::unique_ptr<dnnl::matmul> prim;
   try {
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), engine());
@@ -41,7 +32,12 @@ const dnnl::matmul* cached_matmul(const MatmulKey& k) {
   } catch (const dnnl::error& e) {
     if (e.status != dnnl_unimplemented) throw;
   }
-  return cache.emplace(k, std::move(prim)).first->second.get();
+  return prim;
+}
+
+const dnnl::matmul* cached_matmul(const MatmulKey& k) {
+  static PrimitiveCache<MatmulKey, dnnl::matmul> cache;
+  return cache.get(k, build);
 }
 
 // (B, M, K) view metadata of a 2-D or 3-D tensor.
@@ -59,7 +55,7 @@ void batch_strides(const Tensor& t, int64_t out[3]) {
 
 bool run_onednn(const Tensor& a, const Tensor& b, const Tensor& dst) {
   MatmulKey k{};
-  k.dt = to_dnnl(a.dtype());
+  k.dt = static_cast<int64_t>(to_dnnl(a.dtype()));
   const int64_t B = a.dim() == 3 ? a.size(0) : 1;
   k.dims[0] = B;
   k.dims[1] = a.size(-2);
@@ -69,9 +65,9 @@ bool run_onednn(const Tensor& a, const Tensor& b, const Tensor& dst) {
   batch_strides(b, k.b_strides);
   const dnnl::matmul* prim = cached_matmul(k);
   if (!prim) return false;
-  memory::desc ad({B, k.dims[1], k.dims[3]}, k.dt, {k.a_strides[0], k.a_strides[1], k.a_strides[2]});
-  memory::desc bd({B, k.dims[3], k.dims[2]}, k.dt, {k.b_strides[0], k.b_strides[1], k.b_strides[2]});
-  memory::desc cd({B, k.dims[1], k.dims[2]}, k.dt, memory::format_tag::abc);
+  memory::desc ad({B, k.dims[1], k.dims[3]}, static_cast<memory::data_type>(k.dt), {k.a_strides[0], k.a_strides[1], k.a_strides[2]});
+  memory::desc bd({B, k.dims[3], k.dims[2]}, static_cast<memory::data_type>(k.dt), {k.b_strides[0], k.b_strides[1], k.b_strides[2]});
+  memory::desc cd({B, k.dims[1], k.dims[2]}, static_cast<memory::data_type>(k.dt), memory::format_tag::abc);
   memory am(ad, engine(), a.data_ptr()), bm(bd, engine(), b.data_ptr()), cm(cd, engine(), dst.data_ptr());
   prim->execute(stream(), {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
   stream().wait();

@@ -20,10 +20,6 @@ using dnnl::memory;
 // Everything that picks a pooling primitive pair; all int64 so that memcmp sees no padding bytes.
 struct PoolKey {
   int64_t dt, alg, n, c, h, w, oh, ow, kernel[2], stride[2], padding[2];
-  bool operator==(const PoolKey& k) const { return std::memcmp(this, &k, sizeof(k)) == 0; }
-};
-struct PoolKeyHash {
-  size_t operator()(const PoolKey& k) const { return hash_bytes(&k, sizeof(k)); }
 };
 
 // The primitive pair, its layouts (src, dst: plain NCHW; src_run, dst_run: what the primitives read and write, plain
@@ -75,12 +71,7 @@ void from_run(const std::optional<dnnl::reorder>& out, const memory::desc& run, 
 }
 
 // nullptr when oneDNN has no pooling for the key's dtype on this CPU.
-const PoolPrims* cached(const PoolKey& k) {
-  static std::mutex mu;
-  static std::unordered_map<PoolKey, std::unique_ptr<PoolPrims>, PoolKeyHash> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(k);
-  if (it != cache.end()) return it->second.get();
+std::unique_ptr<PoolPrims> build_pool(const PoolKey& k) {
   std::unique_ptr<PoolPrims> p;
   const auto dt = static_cast<memory::data_type>(k.dt);
   const auto alg = static_cast<dnnl::algorithm>(k.alg);
@@ -104,7 +95,12 @@ const PoolPrims* cached(const PoolKey& k) {
   } catch (const dnnl::error& e) {
     if (e.status != dnnl_unimplemented) throw;
   }
-  return cache.emplace(k, std::move(p)).first->second.get();
+  return p;
+}
+
+const PoolPrims* cached(const PoolKey& k) {
+  static PrimitiveCache<PoolKey, PoolPrims> cache;
+  return cache.get(k, build_pool);
 }
 
 PoolKey make_key(DType dt, const Shape& src, const Shape& dst, const Pool2dParams& p) {
