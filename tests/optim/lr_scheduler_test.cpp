@@ -30,6 +30,8 @@ struct SchedulerCase {
   int steps;
   std::function<std::unique_ptr<LRScheduler>(Optimizer&)> make;
 };
+// gtest prints a parameter by name in test listings instead of dumping its bytes.
+void PrintTo(const SchedulerCase& c, std::ostream* os) { *os << c.name; }
 
 std::string oracle_json(const SchedulerCase& c) {
   std::ostringstream o;

@@ -32,6 +32,8 @@ struct Config {
   std::string values_dtype;  // initial weights and gradients made representable in this dtype
   std::string round_to;      // the oracle rounds weights to this dtype after each step
 };
+// gtest prints a parameter by name in test listings instead of dumping its bytes.
+void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
 
 std::string to_json(const Config& c) {
   std::ostringstream o;
