@@ -186,12 +186,6 @@ Evaluation evaluate(nn::Module& model, const amp::Amp& amp, const ImageDataset& 
   return {loss_sum / static_cast<double>(ds.n), static_cast<double>(correct) / static_cast<double>(ds.n)};
 }
 
-std::string fmt(const char* f, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), f, v);
-  return buf;
-}
-
 }  // namespace
 
 Json run_train(TrainConfig c) {

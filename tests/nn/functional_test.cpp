@@ -115,7 +115,9 @@ TEST_F(Functional, Conv2dMatchesTorch) {
       backward({y}, {c.at("gy").to(dt)});
       EXPECT_TRUE(matches(x.grad(), c.at("dx"), dt));
       EXPECT_TRUE(matches(w.grad(), c.at("dw"), dt));
-      if (b.defined()) EXPECT_TRUE(matches(b.grad(), c.at("db"), dt));
+      if (b.defined()) {
+        EXPECT_TRUE(matches(b.grad(), c.at("db"), dt));
+      }
     }
 }
 

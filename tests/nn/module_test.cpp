@@ -172,7 +172,9 @@ TEST(Module, DropoutFollowsTheMode) {
   int64_t zeros = 0;
   for (float v : y) {
     zeros += v == 0.0f;
-    if (v != 0.0f) ASSERT_EQ(v, 2.0f / 0.75f);  // survivors scaled by 1/(1-p)
+    if (v != 0.0f) {
+      ASSERT_EQ(v, 2.0f / 0.75f);  // survivors scaled by 1/(1-p)
+    }
   }
   EXPECT_NEAR(static_cast<double>(zeros) / y.size(), 0.25, 0.01);
   dropout.eval();
