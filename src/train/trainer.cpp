@@ -211,6 +211,11 @@ Json run_train(TrainConfig c) {
   int64_t step = 0, epoch = 0, batch_in_epoch = 0;
   if (resuming) {
     Checkpoint ck = read_checkpoint(c.resume);
+    auto version = ck.state_meta.find("castor.train_state_version");
+    CASTOR_CHECK(version != ck.state_meta.end() && version->second == std::to_string(kStateVersion), c.resume,
+                 ": the training state has version ",
+                 version == ck.state_meta.end() ? std::string("none") : version->second, "; this build reads version ",
+                 kStateVersion);
     auto it = ck.state_meta.find("config");
     CASTOR_CHECK(it != ck.state_meta.end(), c.resume, ": the checkpoint has no recorded config");
     const Json saved = Json::parse(it->second);
