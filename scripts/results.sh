@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Trains SimpleCNN on Fashion-MNIST at each opt level and prints the docs/results.md table (mean over seeds).
 # usage: scripts/results.sh [EPOCHS=5] [SEEDS="0 1 2"] [DATA=fashion-mnist] [DATA_DIR=]
+# Runs already finished under runs/results are reused; delete that directory to start over.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 epochs=${EPOCHS:-5}
@@ -15,6 +16,8 @@ for cfg in "${configs[@]}"; do
   read -r level dtype rest <<<"$cfg"
   for seed in $seeds; do
     name="$level-$dtype${rest:+-sr}-seed$seed"
+    # A finished run (its summary line saved) is kept: rerunning adds seeds without repeating the ones done.
+    grep -q test_accuracy "$out/$name.json" 2>/dev/null && continue
     ./build/castor train --data "$data" "${extra[@]}" --amp "$level" --dtype "$dtype" $rest --epochs "$epochs" \
       --seed "$seed" --out "$out/$name" | tail -n 1 >"$out/$name.json"
   done
