@@ -15,6 +15,11 @@ namespace castor {
 
 using Shape = std::vector<int64_t>;
 class Tensor;
+
+// How a 4-D (N, C, H, W) tensor lies in memory, as PyTorch's torch.memory_format: row-major in that order, or
+// channels-last (N, H, W, C order in memory, strides (HWC, 1, WC, C)), the layout the layer kernels run fastest on.
+// The shape is (N, C, H, W) either way; only the strides differ.
+enum class MemoryFormat : uint8_t { Contiguous, ChannelsLast };
 struct Node;
 
 // A reference-counted buffer. The version counter is shared by every view and bumped by each in-place write.
@@ -70,6 +75,13 @@ class Tensor {
   size_t element_size() const { return dtype_size(impl_->dtype); }
   size_t nbytes() const { return numel() * element_size(); }
   bool is_contiguous() const;
+  bool is_contiguous(MemoryFormat format) const;
+  // ChannelsLast for a channels-last tensor that is not also contiguous (C == 1 or H == W == 1 makes it both),
+  // else Contiguous: the layout that results derived from this tensor take (PyTorch's suggest_memory_format).
+  MemoryFormat suggest_memory_format() const;
+  // Non-overlapping and dense: the elements fill numel consecutive slots in some order of the dims, so a kernel may
+  // treat two tensors of one shape and the same strides as flat arrays.
+  bool is_dense() const;
   uint32_t version() const { return impl_->storage->version; }
   void bump_version() const { ++impl_->storage->version; }
   std::string describe() const;  // "float32[2, 3]"
@@ -112,9 +124,9 @@ class Tensor {
   Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
 
   // Copies.
-  Tensor contiguous() const;  // this tensor if already contiguous
-  Tensor clone() const;
-  Tensor to(DType dtype) const;  // differentiable cast; this tensor if already of that dtype
+  Tensor contiguous(MemoryFormat format = MemoryFormat::Contiguous) const;  // this tensor if already so laid out
+  Tensor clone() const;          // keeps a dense tensor's layout (PyTorch's preserve_format)
+  Tensor to(DType dtype) const;  // differentiable cast, keeping a dense layout; this tensor if already that dtype
   Tensor float_() const { return to(DType::Float32); }
   Tensor half() const { return to(DType::Float16); }
   Tensor bfloat16() const { return to(DType::BFloat16); }
@@ -139,13 +151,17 @@ class Tensor {
 };
 
 // Factories. Shapes follow PyTorch: {} is a scalar (0-dim) tensor.
-Tensor empty(const Shape& shape, DType dtype = DType::Float32);
+Tensor empty(const Shape& shape, DType dtype = DType::Float32, MemoryFormat format = MemoryFormat::Contiguous);
+// A tensor with the given dense strides (as a dense tensor's, see Tensor::is_dense).
+Tensor empty_strided(const Shape& shape, const Shape& strides, DType dtype);
 Tensor zeros(const Shape& shape, DType dtype = DType::Float32);
 Tensor ones(const Shape& shape, DType dtype = DType::Float32);
 Tensor full(const Shape& shape, double value, DType dtype = DType::Float32);
 Tensor scalar_tensor(double value, DType dtype = DType::Float32);
 Tensor arange(int64_t n, DType dtype = DType::Int64);
+// The *_like factories keep a dense tensor's strides (PyTorch's preserve_format); others get contiguous ones.
 Tensor empty_like(const Tensor& t);
+Tensor empty_like(const Tensor& t, DType dtype);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
 // A tensor of `shape` and `dtype` holding `values` (converted from double; exact for every value 16-bit can hold).
@@ -157,6 +173,10 @@ Tensor from_blob(const void* data, const Shape& shape, DType dtype);
 std::string shape_str(const Shape& shape);
 int64_t shape_numel(const Shape& shape);
 Shape contiguous_strides(const Shape& shape);
+Shape channels_last_strides(const Shape& shape);  // of a 4-D (N, C, H, W) shape
+// Both dense, of one shape, with the same strides wherever a dim has more than one element: element i of one lies
+// where element i of the other does, so kernels may pair them up as flat arrays.
+bool same_layout(const Tensor& a, const Tensor& b);
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);  // negative dims count from the end
 
 }  // namespace castor

@@ -13,10 +13,14 @@ namespace {
 using kernels::Binary;
 
 // g op x with a fused kernel (no history), for rules whose composite form is only needed for double backward.
+// The result takes x's layout when x is dense (channels-last stays channels-last).
 Tensor fused(Binary op, const Tensor& g, const Tensor& x) {
-  Tensor gc = g.contiguous(), xc = x.contiguous();
-  if (gc.dtype() != xc.dtype()) gc = gc.to(xc.dtype());
-  Tensor out = empty(x.shape(), x.dtype());
+  const Tensor xc = x.is_dense() ? x : x.contiguous();
+  Tensor out = empty_like(xc), gc = g;
+  if (g.dtype() != xc.dtype() || !same_layout(g, xc)) {
+    gc = empty_like(xc);
+    kernels::copy(g, gc);
+  }
   kernels::binary(op, gc, xc, out);
   return out;
 }

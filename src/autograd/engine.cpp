@@ -92,9 +92,9 @@ void accumulate_leaf(const std::shared_ptr<TensorImpl>& leaf, const Tensor& g_in
     if (create_graph) {
       self.set_grad(g);
     } else {
-      // Steal a fresh contiguous gradient nobody else holds; copy anything shared.
-      const bool owned = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1 && g.is_contiguous();
-      self.set_grad(owned ? g.detach() : g.detach().clone());
+      // Steal a fresh gradient laid out like the leaf that nobody else holds; copy anything else into that layout.
+      const bool owned = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1 && same_layout(g, self);
+      self.set_grad(owned ? g.detach() : empty_like(self, g.dtype()).copy_(g));
     }
   } else if (create_graph) {
     self.set_grad(add(self.grad(), g));

@@ -42,12 +42,21 @@ static Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   return out;
 }
 
-// x as a contiguous tensor of `shape` and `dtype` (a single element may stay single: kernels broadcast it).
-static Tensor operand(const Tensor& x, const Shape& shape, DType dtype) {
-  if (x.dtype() == dtype && x.is_contiguous() && (x.shape() == shape || x.numel() == 1)) return x.detach();
-  Tensor out = empty(x.numel() == 1 ? Shape{} : shape, dtype);
-  kernels::copy(x.numel() == 1 ? x.detach().view({}) : x.detach().expand(shape), out);
-  return out;
+// The strides of an element-wise result: those of the first operand of its shape that is dense, so that a
+// channels-last input gives a channels-last result (as in PyTorch); contiguous ones otherwise.
+static Shape result_strides(const std::vector<Tensor>& operands, const Shape& shape) {
+  for (const Tensor& t : operands)
+    if (t.shape() == shape && t.is_dense()) return t.strides();
+  return contiguous_strides(shape);
+}
+
+// x as a tensor of `dtype` laid out like `out` (same_layout), so that kernels run on flat arrays; a single element
+// may stay single: kernels broadcast it.
+static Tensor operand(const Tensor& x, const Tensor& out, DType dtype) {
+  if (x.dtype() == dtype && (x.numel() == 1 || same_layout(x, out))) return x.detach();
+  Tensor o = x.numel() == 1 ? empty({}, dtype) : empty_like(out, dtype);
+  kernels::copy(x.numel() == 1 ? x.detach().view({}) : x.detach().expand(out.shape()), o);
+  return o;
 }
 
 static DType float_type(DType d) { return is_floating(d) ? d : DType::Float32; }
@@ -60,8 +69,8 @@ static Tensor binary_op(OpKind kind, Binary kop, const Tensor& a, const Tensor& 
   DType dt = result_type({x, y});
   if (kind == OpKind::Div) dt = float_type(dt);
   const Shape shape = broadcast_shapes(x.shape(), y.shape(), op_name(kind));
-  Tensor out = empty(shape, dt);
-  kernels::binary(kop, operand(x, shape, dt), operand(y, shape, dt), out, alpha);
+  Tensor out = empty_strided(shape, result_strides({x, y}, shape), dt);
+  kernels::binary(kop, operand(x, out, dt), operand(y, out, dt), out, alpha);
   std::vector<Tensor> saved;
   if (kind == OpKind::Mul || kind == OpKind::Div) saved = {x, y};
   record(kind, {x, y}, out, saved, {}, {alpha});
@@ -79,8 +88,8 @@ static Tensor unary_op(OpKind kind, Unary kop, const Tensor& a, bool to_float, s
   OpScope s(kind, {a});
   const Tensor& x = s[0];
   const DType dt = to_float ? float_type(x.dtype()) : x.dtype();
-  Tensor out = empty(x.shape(), dt);
-  kernels::unary(kop, operand(x, x.shape(), dt), out, floats.size() > 0 ? floats[0] : 0.0,
+  Tensor out = empty_like(x, dt);
+  kernels::unary(kop, operand(x, out, dt), out, floats.size() > 0 ? floats[0] : 0.0,
                  floats.size() > 1 ? floats[1] : 0.0);
   record(kind, {x}, out, {save_out ? out.detach() : x}, std::move(ints), std::move(floats));
   return s.done(out);
@@ -125,8 +134,8 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
       broadcast_shapes(cond.shape(), broadcast_shapes(x.shape(), y.shape(), "where"), "where");
   Tensor out = empty(shape, dt);
   auto full_operand = [&](const Tensor& t, DType d) {
-    Tensor o = operand(t, shape, d);
-    return o.numel() == out.numel() ? o : operand(o.expand(shape), shape, d);
+    Tensor o = operand(t, out, d);
+    return o.numel() == out.numel() ? o : operand(o.expand(shape), out, d);
   };
   Tensor c = full_operand(cond, DType::Bool);
   kernels::where(c, full_operand(x, dt), full_operand(y, dt), out);
@@ -138,7 +147,7 @@ static Tensor compare(kernels::Compare op, const Tensor& a, const Tensor& b) {
   const DType dt = result_type({a, b});
   const Shape shape = broadcast_shapes(a.shape(), b.shape(), "comparison");
   Tensor out = empty(shape, DType::Bool);
-  kernels::compare(op, operand(a, shape, dt), operand(b, shape, dt), out);
+  kernels::compare(op, operand(a, out, dt), operand(b, out, dt), out);
   return out;
 }
 Tensor eq(const Tensor& a, const Tensor& b) { return compare(kernels::Compare::Eq, a, b); }

@@ -1,6 +1,7 @@
 // Tensor metadata, views (recorded for autograd), factories and element access.
 #include "castor/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <optional>
@@ -42,6 +43,13 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
+Shape channels_last_strides(const Shape& shape) {
+  CASTOR_CHECK(shape.size() == 4, "channels-last needs a 4-D (N, C, H, W) shape, got ", shape_str(shape));
+  auto at_least_1 = [](int64_t n) { return std::max<int64_t>(n, 1); };
+  const int64_t c = at_least_1(shape[1]), wc = at_least_1(shape[3]) * c;
+  return {at_least_1(shape[2]) * wc, 1, wc, c};
+}
+
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   int64_t n = std::max<int64_t>(ndim, 1);
   CASTOR_CHECK(dim >= -n && dim < n, op, ": dim ", dim, " out of range for a tensor of ", ndim, " dims");
@@ -59,6 +67,43 @@ bool Tensor::is_contiguous() const {
     if (impl_->strides[i] != expected) return false;
     expected *= impl_->shape[i];
   }
+  return true;
+}
+
+bool Tensor::is_contiguous(MemoryFormat format) const {
+  if (format == MemoryFormat::Contiguous) return is_contiguous();
+  if (dim() != 4) return false;
+  const Shape expected = channels_last_strides(shape());
+  for (size_t i = 0; i < 4; ++i)
+    if (impl_->shape[i] != 1 && impl_->strides[i] != expected[i]) return false;
+  return true;
+}
+
+MemoryFormat Tensor::suggest_memory_format() const {
+  return !is_contiguous() && is_contiguous(MemoryFormat::ChannelsLast) ? MemoryFormat::ChannelsLast
+                                                                       : MemoryFormat::Contiguous;
+}
+
+bool Tensor::is_dense() const {
+  // Dims of size > 1 by increasing stride: each stride must be the product of the sizes before it.
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (size_t i = 0; i < impl_->shape.size(); ++i) {
+    if (impl_->shape[i] == 0) return true;
+    if (impl_->shape[i] != 1) dims.emplace_back(impl_->strides[i], impl_->shape[i]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t expected = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expected) return false;
+    expected *= size;
+  }
+  return true;
+}
+
+bool same_layout(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape() || !a.is_dense() || !b.is_dense()) return false;
+  for (int64_t d = 0; d < a.dim(); ++d)
+    if (a.size(d) != 1 && a.stride(d) != b.stride(d)) return false;
   return true;
 }
 
@@ -332,18 +377,22 @@ Tensor Tensor::flatten(int64_t start, int64_t end) const {
 
 // ---- copies ----
 
-Tensor Tensor::contiguous() const { return is_contiguous() ? *this : clone(); }
-
-Tensor Tensor::clone() const {
-  Tensor out = empty(shape(), dtype());
-  kernels::copy(*this, out);
-  record(OpKind::Clone, {*this}, out);
+// A copy into `out`, recorded as a clone.
+static Tensor clone_into(const Tensor& src, Tensor out) {
+  kernels::copy(src, out);
+  record(OpKind::Clone, {src}, out);
   return out;
 }
 
+Tensor Tensor::contiguous(MemoryFormat format) const {
+  return is_contiguous(format) ? *this : clone_into(*this, empty(shape(), dtype(), format));
+}
+
+Tensor Tensor::clone() const { return clone_into(*this, empty_like(*this)); }
+
 Tensor Tensor::to(DType d) const {
   if (d == dtype()) return *this;
-  Tensor out = empty(shape(), d);
+  Tensor out = empty_like(*this, d);
   kernels::copy(*this, out);
   if (is_floating(d)) record(OpKind::Cast, {*this}, out);
   return out;
@@ -351,14 +400,22 @@ Tensor Tensor::to(DType d) const {
 
 // ---- factories ----
 
-Tensor empty(const Shape& shape, DType dtype) {
+Tensor empty_strided(const Shape& shape, const Shape& strides, DType dtype) {
   for (int64_t s : shape) CASTOR_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), dtype);
   impl->shape = shape;
-  impl->strides = contiguous_strides(shape);
+  impl->strides = strides;
   impl->dtype = dtype;
-  return Tensor(std::move(impl));
+  Tensor t(std::move(impl));
+  CASTOR_ASSERT(strides.size() == shape.size() && t.is_dense(), "empty_strided: strides ", shape_str(strides),
+                " are not dense for shape ", shape_str(shape));
+  return t;
+}
+
+Tensor empty(const Shape& shape, DType dtype, MemoryFormat format) {
+  return empty_strided(shape, format == MemoryFormat::ChannelsLast ? channels_last_strides(shape)
+                                                                   : contiguous_strides(shape), dtype);
 }
 
 Tensor full(const Shape& shape, double value, DType dtype) {
@@ -369,9 +426,20 @@ Tensor full(const Shape& shape, double value, DType dtype) {
 Tensor zeros(const Shape& shape, DType dtype) { return full(shape, 0.0, dtype); }
 Tensor ones(const Shape& shape, DType dtype) { return full(shape, 1.0, dtype); }
 Tensor scalar_tensor(double value, DType dtype) { return full({}, value, dtype); }
-Tensor empty_like(const Tensor& t) { return empty(t.shape(), t.dtype()); }
-Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), t.dtype()); }
-Tensor ones_like(const Tensor& t) { return ones(t.shape(), t.dtype()); }
+Tensor empty_like(const Tensor& t) { return empty_like(t, t.dtype()); }
+Tensor empty_like(const Tensor& t, DType dtype) {
+  return t.is_dense() ? empty_strided(t.shape(), t.strides(), dtype) : empty(t.shape(), dtype);
+}
+Tensor zeros_like(const Tensor& t) {
+  Tensor out = empty_like(t);
+  kernels::fill(out, 0.0);
+  return out;
+}
+Tensor ones_like(const Tensor& t) {
+  Tensor out = empty_like(t);
+  kernels::fill(out, 1.0);
+  return out;
+}
 
 Tensor arange(int64_t n, DType dtype) {
   std::vector<double> v(n);

@@ -7,8 +7,16 @@
 
 namespace castor::kernels {
 
-// All tensors are contiguous, in PyTorch's layouts: activations (N, C, H, W), weights (O, C/groups, kh, kw).
-// Floating tensors of one call share a dtype unless said otherwise.
+// Shapes are PyTorch's: activations (N, C, H, W), weights (O, C/groups, kh, kw). Weights and per-channel tensors
+// are contiguous; activations are contiguous or channels-last (MemoryFormat), the reference loops' contiguous.
+// Convolution takes each activation in either layout; batch norm and pooling want dst, diff_src and diff_dst laid
+// out like src. Floating tensors of one call share a dtype unless said otherwise.
+
+// The layout a layer's results take: channels-last when its input is (PyTorch's rule); contiguous for float64,
+// which runs on the reference loops.
+inline MemoryFormat layer_format(const Tensor& x) {
+  return x.dtype() == DType::Float64 ? MemoryFormat::Contiguous : x.suggest_memory_format();
+}
 
 struct Conv2dParams {
   int64_t stride[2], padding[2], dilation[2], groups;

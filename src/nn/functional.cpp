@@ -22,7 +22,10 @@ int64_t out_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding, in
   return (in + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1;
 }
 
-Tensor detached(const Tensor& t) { return t.defined() ? t.detach().contiguous() : t; }
+// t without history, laid out as `format` (an undefined t stays undefined).
+Tensor detached(const Tensor& t, MemoryFormat format = MemoryFormat::Contiguous) {
+  return t.defined() ? t.detach().contiguous(format) : t;
+}
 
 void check_floating(const char* op, const Tensor& t) {
   CASTOR_CHECK(is_floating(t.dtype()), op, ": expected a floating-point input, got ", t.describe());
@@ -50,11 +53,13 @@ Tensor pool2d(OpKind kind, const Tensor& input, std::array<int64_t, 2> kernel, s
                  ", stride ", pair_str(stride), " and padding ", pair_str(padding), " would be empty");
     p.kernel[i] = kernel[i], p.stride[i] = stride[i], p.padding[i] = padding[i];
   }
-  Tensor out = empty(out_shape, x.dtype());
-  Tensor workspace = kernels::pool2d_forward(detached(x), out, p);
-  // ints: kernel h, w, stride h, w, padding h, w, count_include_pad; saved: max pooling's workspace.
+  const MemoryFormat format = kernels::layer_format(x);
+  Tensor out = empty(out_shape, x.dtype(), format);
+  Tensor workspace = kernels::pool2d_forward(detached(x, format), out, p);
+  // ints: kernel h, w, stride h, w, padding h, w, count_include_pad, memory format; saved: max pooling's workspace.
   record(kind, {x}, out, p.is_max ? std::vector<Tensor>{workspace} : std::vector<Tensor>{},
-         {p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.padding[0], p.padding[1], count_include_pad});
+         {p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.padding[0], p.padding[1], count_include_pad,
+          static_cast<int64_t>(format)});
   return s.done(out);
 }
 
@@ -152,12 +157,13 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std
                  ")");
     p.stride[i] = stride[i], p.padding[i] = padding[i], p.dilation[i] = dilation[i];
   }
-  Tensor out = empty(out_shape, x.dtype());
-  const Tensor xc = detached(x), wc = detached(w);
+  const MemoryFormat format = kernels::layer_format(x);
+  Tensor out = empty(out_shape, x.dtype(), format);
+  const Tensor xc = detached(x, format), wc = detached(w);
   kernels::conv2d_forward(xc, wc, detached(b), out, p);
   std::vector<Tensor> inputs = {x, w};
   if (b.defined()) inputs.push_back(b);
-  // saved: src, weights (contiguous); ints: stride h, w, padding h, w, dilation h, w, groups.
+  // saved: src (laid out as the output), weights (contiguous); ints: stride h, w, padding h, w, dilation h, w, groups.
   record(OpKind::Conv2d, inputs, out, {xc, wc},
          {p.stride[0], p.stride[1], p.padding[0], p.padding[1], p.dilation[0], p.dilation[1], groups});
   return s.done(out);
@@ -182,12 +188,13 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   const DType stat_dtype = x.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
   auto stat = [&](const Tensor& t) { return t.defined() ? t.detach().to(stat_dtype).contiguous() : t; };
   const Shape shape4 = x.dim() == 4 ? x.shape() : Shape{x.size(0), c, 1, 1};
-  const Tensor src = detached(x).view(shape4), scale = stat(w), shift = stat(b);
+  const MemoryFormat format = kernels::layer_format(x);
+  const Tensor src = detached(x, format).view(shape4), scale = stat(w), shift = stat(b);
   // The kernel writes the batch statistics when training; in evaluation it reads copies of the running ones, so
   // that later updates of the running statistics leave the saved values intact.
   Tensor mean = training ? empty({c}, stat_dtype) : stat(running_mean).clone();
   Tensor var = training ? empty({c}, stat_dtype) : stat(running_var).clone();
-  Tensor out = empty(x.shape(), x.dtype());
+  Tensor out = empty(x.shape(), x.dtype(), format);
   kernels::batch_norm_forward(src, scale, shift, mean, var, out.view(shape4), eps, training);
   if (training && running_mean.defined()) {
     NoGradGuard no_grad;

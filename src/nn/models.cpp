@@ -10,6 +10,16 @@
 
 namespace castor::models {
 
+namespace {
+
+// The models run their activations channels-last, the layout the layer kernels take without reorders; the copy is
+// differentiable, and the logits and state dict are the same either way.
+Tensor channels_last(const Tensor& input) {
+  return input.dim() == 4 ? input.contiguous(MemoryFormat::ChannelsLast) : input;
+}
+
+}  // namespace
+
 using nn::BatchNorm2d;
 using nn::BasicBlock;
 using nn::Conv2d;
@@ -28,7 +38,7 @@ SimpleCNN::SimpleCNN(int64_t in_channels, int64_t height, int64_t width, int64_t
 
 // (N, C, H, W) -> (N, num_classes)
 Tensor SimpleCNN::forward(const Tensor& input) {
-  Tensor x = F::relu(F::max_pool2d(conv1->forward(input), /*kernel=*/{2, 2}));  // (N, 32, H/2, W/2)
+  Tensor x = F::relu(F::max_pool2d(conv1->forward(channels_last(input)), /*kernel=*/{2, 2}));  // (N, 32, H/2, W/2)
   x = F::relu(F::max_pool2d(conv2->forward(x), /*kernel=*/{2, 2}));             // (N, 64, H/4, W/4)
   x = F::relu(fc1->forward(F::flatten(x)));                                     // (N, 128)
   return fc2->forward(x);
@@ -70,7 +80,7 @@ ResNet18::ResNet18(int64_t in_channels, int64_t num_classes) {
 
 // (N, C, H, W) -> (N, num_classes)
 Tensor ResNet18::forward(const Tensor& input) {
-  Tensor x = F::relu(bn1->forward(conv1->forward(input)));  // (N, 64, H, W)
+  Tensor x = F::relu(bn1->forward(conv1->forward(channels_last(input))));  // (N, 64, H, W)
   x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));  // (N, 512, H/8, W/8)
   x = F::flatten(F::adaptive_avg_pool2d(x, /*output_size=*/{1, 1}));         // (N, 512)
   return fc->forward(x);
@@ -105,7 +115,7 @@ ResNet9::ResNet9(int64_t in_channels, int64_t num_classes) {
 
 // (N, C, H, W) -> (N, num_classes)
 Tensor ResNet9::forward(const Tensor& input) {
-  Tensor x = layer1->forward(prep->forward(input));  // (N, 128, H/2, W/2)
+  Tensor x = layer1->forward(prep->forward(channels_last(input)));  // (N, 128, H/2, W/2)
   x = x + res1->forward(x);
   x = layer3->forward(layer2->forward(x));  // (N, 512, H/8, W/8)
   x = x + res3->forward(x);

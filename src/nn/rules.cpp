@@ -10,35 +10,38 @@ namespace castor::nn_rules {
 
 namespace {
 
-// The incoming gradient, contiguous, in the dtype the forward ran in.
-Tensor grad_in(const Tensor& grad, DType dtype) { return (grad.dtype() == dtype ? grad : grad.to(dtype)).contiguous(); }
+// The incoming gradient in the dtype the forward ran in, laid out as its output was.
+Tensor grad_in(const Tensor& grad, DType dtype, MemoryFormat format) {
+  return (grad.dtype() == dtype ? grad : grad.to(dtype)).contiguous(format);
+}
 
 void check_first_order(const Node& node) {
   CASTOR_CHECK(!GradMode::is_enabled(), op_name(node.op), ": double backward is not supported");
 }
 
-Tensor wanted(const Node& node, size_t input, DType dtype) {
-  return node.next[input].valid() ? empty(node.input_shapes[input], dtype) : Tensor();
+Tensor wanted(const Node& node, size_t input, DType dtype, MemoryFormat format = MemoryFormat::Contiguous) {
+  return node.next[input].valid() ? empty(node.input_shapes[input], dtype, format) : Tensor();
 }
 
 }  // namespace
 
-// Conv2d: inputs {x, w[, b]}; saved {src, weights} (contiguous); ints {stride h, w, padding h, w, dilation h, w,
+// Conv2d: inputs {x, w[, b]}; saved {src (laid out as the output), weights (contiguous)}; ints {stride h, w, padding h, w, dilation h, w,
 // groups}. Backward-data is skipped when x needs no gradient (a network's first layer).
 std::vector<Tensor> conv2d(const Node& node, const Tensor& grad) {
   check_first_order(node);
   const DType dt = node.out_dtype;
   const auto& i = node.ints;
   const kernels::Conv2dParams p{{i[0], i[1]}, {i[2], i[3]}, {i[4], i[5]}, i[6]};
-  std::vector<Tensor> grads = {wanted(node, 0, dt), wanted(node, 1, dt)};
+  const Tensor& src = node.saved_tensor(0);
+  const MemoryFormat format = kernels::layer_format(src);
+  std::vector<Tensor> grads = {wanted(node, 0, dt, format), wanted(node, 1, dt)};
   if (node.next.size() == 3) grads.push_back(wanted(node, 2, dt));
   const Tensor diff_bias = grads.size() == 3 ? grads[2] : Tensor();
-  kernels::conv2d_backward(node.saved_tensor(0), node.saved_tensor(1), grad_in(grad, dt), grads[0], grads[1],
-                           diff_bias, p);
+  kernels::conv2d_backward(src, node.saved_tensor(1), grad_in(grad, dt, format), grads[0], grads[1], diff_bias, p);
   return grads;
 }
 
-// BatchNorm: inputs {x[, weight][, bias]}; saved {src (N, C, H, W), mean, var[, scale][, shift]}, all but src float;
+// BatchNorm: inputs {x[, weight][, bias]}; saved {src (N, C, H, W, laid out as the output), mean, var[, scale][, shift]}, all but src float;
 // ints {training, has weight, has bias}; floats {eps}. The weight and bias gradients are float32 (float64 for a
 // float64 input); the engine casts them to the parameters' dtypes.
 std::vector<Tensor> batch_norm(const Node& node, const Tensor& grad) {
@@ -51,11 +54,12 @@ std::vector<Tensor> batch_norm(const Node& node, const Tensor& grad) {
   const Tensor shift = has_bias ? node.saved_tensor(3 + has_weight) : Tensor();
   const DType stat_dtype = mean.dtype();
   const int64_t c = src.size(1);
-  Tensor diff_src = empty(src.shape(), node.out_dtype);
+  const MemoryFormat format = kernels::layer_format(src);
+  Tensor diff_src = empty(src.shape(), node.out_dtype, format);
   Tensor diff_scale = has_weight && node.next[1].valid() ? empty({c}, stat_dtype) : Tensor();
   Tensor diff_shift = has_bias && node.next.back().valid() ? empty({c}, stat_dtype) : Tensor();
-  kernels::batch_norm_backward(src, grad_in(grad, node.out_dtype).view(src.shape()), scale, shift, mean, var, diff_src,
-                               diff_scale, diff_shift, node.floats[0], training);
+  kernels::batch_norm_backward(src, grad_in(grad, node.out_dtype, format).view(src.shape()), scale, shift, mean, var,
+                               diff_src, diff_scale, diff_shift, node.floats[0], training);
   std::vector<Tensor> grads = {diff_src.view(node.input_shapes[0])};
   if (has_weight) grads.push_back(diff_scale);
   if (has_bias) grads.push_back(diff_shift);
@@ -65,13 +69,14 @@ std::vector<Tensor> batch_norm(const Node& node, const Tensor& grad) {
 namespace {
 
 // MaxPool2d / AvgPool2d: input {x}; saved {workspace} for max pooling; ints {kernel h, w, stride h, w, padding h, w,
-// count_include_pad}.
+// count_include_pad, memory format of the output}.
 std::vector<Tensor> pool2d(const Node& node, const Tensor& grad, bool is_max) {
   check_first_order(node);
   const auto& i = node.ints;
   const kernels::Pool2dParams p{{i[0], i[1]}, {i[2], i[3]}, {i[4], i[5]}, is_max, i[6] != 0};
-  Tensor diff_src = empty(node.input_shapes[0], node.out_dtype);
-  kernels::pool2d_backward(grad_in(grad, node.out_dtype), is_max ? node.saved_tensor(0) : Tensor(), diff_src, p);
+  const auto format = static_cast<MemoryFormat>(i[7]);
+  Tensor diff_src = empty(node.input_shapes[0], node.out_dtype, format);
+  kernels::pool2d_backward(grad_in(grad, node.out_dtype, format), is_max ? node.saved_tensor(0) : Tensor(), diff_src, p);
   return {diff_src};
 }
 

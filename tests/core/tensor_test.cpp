@@ -86,6 +86,63 @@ TEST(TensorViews, ReshapeCopiesOnlyWhenNeeded) {
   expect_error([&] { x.view({5, -1}); }, {"view", "[5, -1]", "24"});
 }
 
+// ---- memory formats ----
+
+TEST(TensorLayout, ChannelsLastStridesAndPredicates) {
+  Tensor x = arange(2 * 3 * 4 * 5, DType::Float32).view({2, 3, 4, 5});
+  Tensor cl = x.contiguous(MemoryFormat::ChannelsLast);
+  EXPECT_EQ(cl.shape(), x.shape());
+  EXPECT_EQ(cl.strides(), (Shape{60, 1, 15, 3}));  // (HWC, 1, WC, C)
+  EXPECT_TRUE(cl.is_contiguous(MemoryFormat::ChannelsLast));
+  EXPECT_FALSE(cl.is_contiguous());
+  EXPECT_TRUE(cl.is_dense());
+  EXPECT_EQ(cl.suggest_memory_format(), MemoryFormat::ChannelsLast);
+  EXPECT_EQ(x.suggest_memory_format(), MemoryFormat::Contiguous);
+  EXPECT_EQ(values(cl), values(x));  // same values in logical order
+  // Element (n, c, h, w) lies at n*60 + h*15 + w*3 + c in memory.
+  const float* p = cl.data<float>();
+  EXPECT_EQ(p[1 * 60 + 2 * 15 + 3 * 3 + 1], x.select(0, 1).select(0, 1).select(0, 2).select(0, 3).item());
+  EXPECT_TRUE(cl.contiguous(MemoryFormat::ChannelsLast).is_same(cl));
+  EXPECT_EQ(values(cl.contiguous()), values(x));
+  EXPECT_TRUE(cl.contiguous().is_contiguous());
+  // One channel or a 1x1 image: both layouts at once, and contiguous is what it suggests.
+  Tensor one = zeros({2, 1, 3, 3});
+  EXPECT_TRUE(one.is_contiguous(MemoryFormat::ChannelsLast));
+  EXPECT_EQ(one.suggest_memory_format(), MemoryFormat::Contiguous);
+  // Dense but neither; not dense; and only 4-D tensors can be channels-last.
+  EXPECT_TRUE(x.permute({3, 1, 0, 2}).is_dense());
+  EXPECT_FALSE(x.slice(3, 0, 5, 2).is_dense());
+  EXPECT_FALSE(x.expand({2, 2, 3, 4, 5}).is_dense());
+  EXPECT_FALSE(zeros({4, 5}).is_contiguous(MemoryFormat::ChannelsLast));
+  expect_error([&] { zeros({4, 5}).contiguous(MemoryFormat::ChannelsLast); }, {"channels-last", "4-D", "[4, 5]"});
+}
+
+TEST(TensorLayout, ElementwiseOpsKeepChannelsLast) {
+  Generator gen(11);
+  Tensor a = randn({2, 3, 4, 5}, DType::Float32, &gen), b = randn({2, 3, 4, 5}, DType::Float32, &gen);
+  Tensor bias = randn({3, 1, 1}, DType::Float32, &gen);
+  Tensor acl = a.contiguous(MemoryFormat::ChannelsLast), bcl = b.contiguous(MemoryFormat::ChannelsLast);
+  auto expect_cl_equal = [](const Tensor& got, const Tensor& want) {
+    EXPECT_EQ(got.suggest_memory_format(), MemoryFormat::ChannelsLast) << got.describe();
+    EXPECT_EQ(got.to_vector<float>(), want.to_vector<float>());
+  };
+  expect_cl_equal(acl + bcl, a + b);
+  expect_cl_equal(acl * b, a * b);  // mixed layouts: the first dense operand of the full shape decides
+  expect_cl_equal(acl + bias, a + bias);
+  expect_cl_equal(relu(acl), relu(a));
+  expect_cl_equal(mul(acl, 0.5), mul(a, 0.5));
+  expect_cl_equal(acl.clone(), a);
+  expect_cl_equal(empty_like(acl).copy_(a), a);
+  expect_cl_equal(acl.to(DType::BFloat16).to(DType::Float32), a.to(DType::BFloat16).to(DType::Float32));
+  EXPECT_EQ((a * bcl).suggest_memory_format(), MemoryFormat::Contiguous);
+  // Gradients flow back through the layout change into the contiguous leaf, in its layout.
+  Tensor leaf = a.detach().requires_grad_();
+  Tensor y = relu(leaf.contiguous(MemoryFormat::ChannelsLast) * bcl);
+  backward({sum(y)});
+  EXPECT_TRUE(leaf.grad().is_contiguous());
+  EXPECT_EQ(values(leaf.grad()), values(where(gt(a * b, zeros_like(a)), b, zeros_like(b))));
+}
+
 // ---- version counter and autograd engine ----
 
 TEST(TensorAutograd, InPlaceBumpsVersion) {

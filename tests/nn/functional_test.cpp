@@ -278,22 +278,71 @@ TEST(FunctionalKernels, OnednnConvMatchesReferenceLoops) {
   EXPECT_EQ(combos, 24);
 }
 
+// Channels-last inputs run the layers on channels-last primitives and give channels-last results: each layer,
+// forward and backward, against the float64 reference loops on the same (rounded) values in NCHW, to the tolerance
+// of the dtype (the table at the top).
+TEST(FunctionalKernels, ChannelsLastLayersMatchReferenceLoops) {
+  struct Layer {
+    const char* name;
+    Shape w, b;  // empty: no such parameter
+    std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)> f;
+  };
+  const std::vector<Layer> layers = {
+      {"conv", {9, 6, 3, 3}, {9}, [](auto& x, auto& w, auto& b) { return F::conv2d(x, w, b, {1, 1}, {1, 1}); }},
+      {"grouped strided conv", {9, 2, 3, 3}, {}, [](auto& x, auto& w, auto& b) {
+         return F::conv2d(x, w, b, {2, 2}, {1, 0}, {1, 1}, /*groups=*/3);
+       }},
+      {"batch norm", {6}, {6}, [](auto& x, auto& w, auto& b) {
+         return F::batch_norm(x, {}, {}, w, b, /*training=*/true);
+       }},
+      {"max pool", {}, {}, [](auto& x, auto&, auto&) { return F::max_pool2d(x, {3, 2}, {2, 2}, {1, 1}); }},
+      {"avg pool", {}, {}, [](auto& x, auto&, auto&) { return F::avg_pool2d(x, {2, 2}); }},
+  };
+  Generator gen(7);
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16})
+    for (const Layer& layer : layers) {
+      SCOPED_TRACE(detail::cat(layer.name, " in ", dtype_name(dt)));
+      const Tol tol = tolerance(dt);
+      auto param = [&](const Shape& shape) {
+        return shape.empty() ? Tensor() : randn(shape, DType::Float32, &gen).to(dt).requires_grad_();
+      };
+      Tensor x = randn({2, 6, 9, 8}, DType::Float32, &gen).to(dt);
+      Tensor x_cl = x.contiguous(MemoryFormat::ChannelsLast).requires_grad_(), w = param(layer.w), b = param(layer.b);
+      Tensor x64 = x.double_().requires_grad_();
+      Tensor w64 = w.defined() ? w.detach().double_().requires_grad_() : w;
+      Tensor b64 = b.defined() ? b.detach().double_().requires_grad_() : b;
+      Tensor y = layer.f(x_cl, w, b), y64 = layer.f(x64, w64, b64);
+      EXPECT_EQ(y.suggest_memory_format(), MemoryFormat::ChannelsLast);
+      EXPECT_TRUE(test::close(y, y64, tol.rtol, tol.atol));
+      Tensor gy = randn(y.shape(), DType::Float32, &gen).to(dt);
+      backward({y}, {gy.contiguous(MemoryFormat::ChannelsLast)});
+      backward({y64}, {gy.double_()});
+      EXPECT_TRUE(test::close(x_cl.grad(), x64.grad(), tol.rtol, tol.atol));
+      if (w.defined()) EXPECT_TRUE(test::close(w.grad(), w64.grad(), tol.rtol, tol.atol));
+      if (b.defined()) EXPECT_TRUE(test::close(b.grad(), b64.grad(), tol.rtol, tol.atol));
+    }
+}
+
 TEST(FunctionalKernels, ConvReordersPerCallAreFew) {
-  // SimpleCNN's second conv: the primitive may want blocked layouts; at most src, weights and dst are reordered
-  // forward, and backward reorders diff_dst once for both passes.
+  // SimpleCNN's second conv. NCHW activations: the primitive may want blocked layouts, so at most src, weights and
+  // dst are reordered forward, and backward reorders diff_dst once for both passes. Channels-last activations run
+  // on channels-last primitives: only the weights are reordered (forward, backward-data, diff_weights).
   Generator gen(3);
-  Tensor x = randn({8, 32, 16, 16}, DType::Float32, &gen).requires_grad_();
-  Tensor w = randn({64, 32, 3, 3}, DType::Float32, &gen).requires_grad_();
-  Tensor y = F::conv2d(x, w, {}, {1, 1}, {1, 1});  // warm the caches
-  const int64_t before_fwd = kernels::conv_reorder_count();
-  y = F::conv2d(x, w, {}, {1, 1}, {1, 1});
-  const int64_t fwd = kernels::conv_reorder_count() - before_fwd;
-  backward({y}, {ones_like(y)});
-  const int64_t bwd = kernels::conv_reorder_count() - before_fwd - fwd;
-  EXPECT_LE(fwd, 3);
-  EXPECT_LE(bwd, 5);  // diff_dst, weights, diff_src, src, diff_weights
-  std::printf("conv reorders per call: forward %lld, backward %lld\n", static_cast<long long>(fwd),
-              static_cast<long long>(bwd));
+  for (MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+    const bool cl = format == MemoryFormat::ChannelsLast;
+    Tensor x = randn({8, 32, 16, 16}, DType::Float32, &gen).contiguous(format).requires_grad_();
+    Tensor w = randn({64, 32, 3, 3}, DType::Float32, &gen).requires_grad_();
+    Tensor y = F::conv2d(x, w, {}, {1, 1}, {1, 1});  // warm the caches
+    const int64_t before_fwd = kernels::conv_reorder_count();
+    y = F::conv2d(x, w, {}, {1, 1}, {1, 1});
+    const int64_t fwd = kernels::conv_reorder_count() - before_fwd;
+    backward({y}, {ones_like(y)});
+    const int64_t bwd = kernels::conv_reorder_count() - before_fwd - fwd;
+    EXPECT_LE(fwd, cl ? 1 : 3);
+    EXPECT_LE(bwd, cl ? 2 : 5);  // diff_dst, weights, diff_src, src, diff_weights
+    std::printf("conv reorders per call, %s: forward %lld, backward %lld\n", cl ? "channels-last" : "NCHW",
+                static_cast<long long>(fwd), static_cast<long long>(bwd));
+  }
 }
 
 TEST(FunctionalDropout, StatisticsAndBackwardMask) {

@@ -1,5 +1,6 @@
-// Batch norm forward and backward on oneDNN in the plain NCHW layout with float32 statistics; float16 (and bfloat16
-// where oneDNN lacks it) runs on exact float32 copies of src/diff_dst with one rounding of the result.
+// Batch norm forward and backward on oneDNN with float32 statistics, on src's layout (oneDNN's JIT kernel for
+// channels-last, a generic loop for NCHW); float16 (and bfloat16 where oneDNN lacks it) runs on exact float32
+// copies of src/diff_dst with one rounding of the result.
 #include <memory>
 #include <mutex>
 #include <unordered_map>
@@ -16,21 +17,22 @@ using flags = dnnl::normalization_flags;
 
 // Everything that picks a batch norm primitive pair; no padding bytes, so memcmp is equality.
 struct BnKey {
-  int64_t dt, n, c, h, w, flags;
+  int64_t dt, n, c, h, w, flags, channels_last;
   double eps;
 };
 
 struct BnPrims {
   dnnl::batch_normalization_forward fwd;
   dnnl::batch_normalization_backward bwd;
-  memory::desc data, stats;  // src/dst/diff layouts (nchw) and the (C) float32 statistics
+  memory::desc data, stats;  // src/dst/diff layouts (nchw or nhwc) and the (C) float32 statistics
 };
 
 // nullptr when oneDNN has no batch norm for the key's dtype on this CPU.
 std::unique_ptr<BnPrims> build(const BnKey& k) {
   std::unique_ptr<BnPrims> p;
   const auto f = static_cast<flags>(k.flags);
-  const memory::desc data({k.n, k.c, k.h, k.w}, static_cast<memory::data_type>(k.dt), memory::format_tag::nchw);
+  const memory::desc data({k.n, k.c, k.h, k.w}, static_cast<memory::data_type>(k.dt),
+                          k.channels_last ? memory::format_tag::nhwc : memory::format_tag::nchw);
   try {
     const dnnl::batch_normalization_forward::primitive_desc fwd(
         dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, data, static_cast<float>(k.eps),
@@ -61,7 +63,7 @@ BnKey make_key(DType dt, const Tensor& src, bool scale, bool shift, double eps, 
   if (shift) f |= flags::use_shift;
   if (!training) f |= flags::use_global_stats;
   return {static_cast<int64_t>(to_dnnl(dt)), src.size(0), src.size(1), src.size(2), src.size(3),
-          static_cast<int64_t>(f), eps};
+          static_cast<int64_t>(f), src.suggest_memory_format() == MemoryFormat::ChannelsLast, eps};
 }
 
 // The primitives in src's own dtype, or nullptr where they must run on float32 copies.
@@ -112,11 +114,12 @@ void run_backward(const BnPrims& p, const Tensor& src, const Tensor& diff_dst, c
 void batch_norm_forward(const Tensor& src, const Tensor& scale, const Tensor& shift, const Tensor& mean,
                         const Tensor& var, const Tensor& dst, double eps, bool training) {
   if (src.dtype() == DType::Float64) return batch_norm_forward_ref(src, scale, shift, mean, var, dst, eps, training);
+  assert_laid_out_like(dst, src);
   const bool has_scale = scale.defined(), has_shift = shift.defined();
   try {
     if (const BnPrims* p = native(src, has_scale, has_shift, eps, training))
       return run_forward(*p, src, scale, shift, mean, var, dst);
-    Tensor dst_f = empty(dst.shape(), DType::Float32);
+    Tensor dst_f = float_like(dst);
     run_forward(in_float32(src, has_scale, has_shift, eps, training), widen(src), scale, shift, mean, var, dst_f);
     copy(dst_f, dst);
   } catch (const dnnl::error& e) {
@@ -130,6 +133,8 @@ void batch_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor
   if (src.dtype() == DType::Float64)
     return batch_norm_backward_ref(src, diff_dst, scale, shift, mean, var, diff_src, diff_scale_in, diff_shift_in,
                                    eps, training);
+  assert_laid_out_like(diff_dst, src);
+  assert_laid_out_like(diff_src, src);
   // The primitive's flags follow the forward's; gradients nobody wants land in scratch.
   const bool has_scale = scale.defined(), has_shift = shift.defined();
   const Tensor diff_scale = has_scale && !diff_scale_in.defined() ? empty(scale.shape(), scale.dtype()) : diff_scale_in;
@@ -137,7 +142,7 @@ void batch_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor
   try {
     if (const BnPrims* p = native(src, has_scale, has_shift, eps, training))
       return run_backward(*p, src, diff_dst, scale, shift, mean, var, diff_src, diff_scale, diff_shift);
-    Tensor diff_src_f = empty(diff_src.shape(), DType::Float32);
+    Tensor diff_src_f = float_like(diff_src);
     run_backward(in_float32(src, has_scale, has_shift, eps, training), widen(src), widen(diff_dst), scale, shift,
                  mean, var, diff_src_f, diff_scale, diff_shift);
     copy(diff_src_f, diff_src);

@@ -1,6 +1,7 @@
-// Convolution forward, backward-data and backward-weights on oneDNN: primitives in the layouts they prefer, cached
-// with their reorders by pass, shape, dtype and parameters; float16 (and bfloat16 where oneDNN lacks it) runs on
-// exact float32 copies with one rounding of the result.
+// Convolution forward, backward-data and backward-weights on oneDNN, cached with their reorders by pass, shape,
+// dtype, layouts and parameters. Channels-last activations run on channels-last (nhwc) primitives without any
+// reorder; contiguous (NCHW) ones on the layout oneDNN prefers (blocked), reordered on the way in and out. float16
+// (and bfloat16 where oneDNN lacks it) runs on exact float32 copies with one rounding of the result.
 #include <array>
 #include <atomic>
 #include <cstdlib>
@@ -21,8 +22,9 @@ using tag = memory::format_tag;
 
 std::atomic<int64_t> g_reorders{0};
 
-// Where a plain (PyTorch-layout) tensor meets a primitive: the layout oneDNN chose for it, the reorder between the
-// two (absent when oneDNN chose the plain layout itself), and the scratch slot a reordered copy lives in.
+// Where a tensor in Castor's layout ("plain": nchw or nhwc activations, oihw weights) meets a primitive: the layout
+// the primitive takes, the reorder between the two (absent when they agree), and the scratch slot a reordered copy
+// lives in.
 struct Port {
   memory::desc plain, want;
   std::optional<dnnl::reorder> reorder;  // plain -> want for inputs, want -> plain for outputs
@@ -79,11 +81,13 @@ Staged stage_in(const Port& port, const Tensor& t) {
 
 enum Pass : int64_t { kForward, kBackwardData, kBackwardWeights };
 
-// Everything that picks a convolution primitive; all int64 so that memcmp sees no padding bytes.
+// Everything that picks a convolution primitive; all int64 so that memcmp sees no padding bytes. src_cl and dst_cl
+// say whether the tensors on the src side (src, diff_src) and dst side (dst, diff_dst) are channels-last; the
+// primitive runs channels-last when the src side is.
 struct ConvKey {
   int64_t pass, dt;
   int64_t n, c, h, w, o, kh, kw, oh, ow;
-  int64_t stride[2], padding[2], dilation[2], groups, bias;
+  int64_t stride[2], padding[2], dilation[2], groups, bias, src_cl, dst_cl;
 };
 
 // A cached convolution: the primitive and its three tensor ports, in the order
@@ -98,14 +102,18 @@ struct ConvPrim {
   memory::desc bias;
 };
 
-ConvKey make_key(Pass pass, DType dt, const Shape& src, const Shape& weights, const Shape& dst, bool bias,
+bool channels_last(const Tensor& t) { return t.suggest_memory_format() == MemoryFormat::ChannelsLast; }
+
+// The key for tensors `src` (or diff_src), `weights` (or diff_weights) and `dst` (or diff_dst), computing in `dt`.
+ConvKey make_key(Pass pass, DType dt, const Tensor& src, const Tensor& weights, const Tensor& dst, bool bias,
                  const Conv2dParams& p) {
   ConvKey k{};
   k.pass = pass;
   k.dt = static_cast<int64_t>(to_dnnl(dt));
-  k.n = src[0], k.c = src[1], k.h = src[2], k.w = src[3];
-  k.o = dst[1], k.oh = dst[2], k.ow = dst[3];
-  k.kh = weights[2], k.kw = weights[3];
+  k.n = src.size(0), k.c = src.size(1), k.h = src.size(2), k.w = src.size(3);
+  k.o = dst.size(1), k.oh = dst.size(2), k.ow = dst.size(3);
+  k.kh = weights.size(2), k.kw = weights.size(3);
+  k.src_cl = channels_last(src), k.dst_cl = channels_last(dst);
   for (int i = 0; i < 2; ++i) k.stride[i] = p.stride[i], k.padding[i] = p.padding[i], k.dilation[i] = p.dilation[i];
   k.groups = p.groups;
   k.bias = bias;
@@ -120,9 +128,11 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
   const memory::dims src_dims = {k.n, k.c, k.h, k.w}, dst_dims = {k.n, k.o, k.oh, k.ow};
   const memory::dims w_dims = k.groups == 1 ? memory::dims{k.o, k.c, k.kh, k.kw}
                                             : memory::dims{k.groups, k.o / k.groups, k.c / k.groups, k.kh, k.kw};
-  const memory::desc src_plain(src_dims, dt, tag::nchw), dst_plain(dst_dims, dt, tag::nchw);
+  const memory::desc src_plain(src_dims, dt, k.src_cl ? tag::nhwc : tag::nchw);
+  const memory::desc dst_plain(dst_dims, dt, k.dst_cl ? tag::nhwc : tag::nchw);
   const memory::desc w_plain(w_dims, dt, k.groups == 1 ? tag::oihw : tag::goihw);
-  const memory::desc src_any(src_dims, dt, tag::any), dst_any(dst_dims, dt, tag::any), w_any(w_dims, dt, tag::any);
+  const tag act = k.src_cl ? tag::nhwc : tag::any;  // the primitive's activation layout
+  const memory::desc src_any(src_dims, dt, act), dst_any(dst_dims, dt, act), w_any(w_dims, dt, tag::any);
   const memory::desc bias = k.bias ? memory::desc({k.o}, dt, tag::x) : memory::desc();
   const auto algo = dnnl::algorithm::convolution_direct;
   try {
@@ -169,8 +179,8 @@ const ConvPrim* cached(const ConvKey& k) {
   return cache.get(k, build);
 }
 
-// Runs one cached convolution on staged inputs, writing its output into the plain tensor `out` (through a scratch
-// buffer and a reorder when the primitive's layout is not plain).
+// Runs one cached convolution on staged inputs, writing its output into the tensor `out` (through a scratch buffer
+// and a reorder when the primitive's layout is not out's).
 void run(const ConvPrim& c, const Staged& in0, const Staged& in1, const Tensor& out, const Tensor& bias) {
   const Port& port = c.ports[2];
   memory user(port.plain, engine(), out.data_ptr());
@@ -205,12 +215,12 @@ void run_backward(const ConvPrim* data, const ConvPrim* wts, const Tensor& src, 
 }
 
 // The primitive for `pass` in dtype `dt`, or nullptr where it must run on float32 copies.
-const ConvPrim* native(Pass pass, DType dt, const Shape& src, const Shape& weights, const Shape& dst, bool bias,
+const ConvPrim* native(Pass pass, DType dt, const Tensor& src, const Tensor& weights, const Tensor& dst, bool bias,
                        const Conv2dParams& p) {
   if (dt == DType::Float16) return nullptr;
   return cached(make_key(pass, dt, src, weights, dst, bias, p));
 }
-const ConvPrim& in_float32(Pass pass, const Shape& src, const Shape& weights, const Shape& dst, bool bias,
+const ConvPrim& in_float32(Pass pass, const Tensor& src, const Tensor& weights, const Tensor& dst, bool bias,
                            const Conv2dParams& p) {
   const ConvPrim* c = cached(make_key(pass, DType::Float32, src, weights, dst, bias, p));
   CASTOR_ASSERT(c, "oneDNN has no float32 convolution");
@@ -232,11 +242,10 @@ void conv2d_forward(const Tensor& src, const Tensor& weights, const Tensor& bias
   if (src.dtype() == DType::Float64) return conv2d_forward_ref(src, weights, bias, dst, p);
   try {
     const bool has_bias = bias.defined();
-    if (const ConvPrim* c = native(kForward, src.dtype(), src.shape(), weights.shape(), dst.shape(), has_bias, p))
+    if (const ConvPrim* c = native(kForward, src.dtype(), src, weights, dst, has_bias, p))
       return run_forward(*c, src, weights, bias, dst);
-    Tensor dst_f = empty(dst.shape(), DType::Float32);
-    run_forward(in_float32(kForward, src.shape(), weights.shape(), dst.shape(), has_bias, p), widen(src),
-                widen(weights), widen(bias), dst_f);
+    Tensor dst_f = float_like(dst);
+    run_forward(in_float32(kForward, src, weights, dst, has_bias, p), widen(src), widen(weights), widen(bias), dst_f);
     copy(dst_f, dst);
   } catch (const dnnl::error& e) {
     throw Error(detail::cat("conv2d: oneDNN could not run ", describe(src, weights, p), ": ", e.what()));
@@ -250,22 +259,22 @@ void conv2d_backward(const Tensor& src, const Tensor& weights, const Tensor& dif
       diff_bias.defined() && !diff_weights_in.defined() ? empty(weights.shape(), weights.dtype()) : diff_weights_in;
   if (diff_dst.dtype() == DType::Float64)
     return conv2d_backward_ref(src, weights, diff_dst, diff_src, diff_weights, diff_bias, p);
-  const Shape& src_shape = diff_src.defined() ? diff_src.shape() : src.shape();
-  const Shape& w_shape = diff_weights.defined() ? diff_weights.shape() : weights.shape();
+  const Tensor& src_side = diff_src.defined() ? diff_src : src;
+  const Tensor& w_side = diff_weights.defined() ? diff_weights : weights;
   const bool has_bias = diff_bias.defined();
   try {
     const DType dt = diff_dst.dtype();
     // Whether to run natively is decided per dtype and shape, so both passes make the same choice.
-    const ConvPrim* data = diff_src.defined() ? native(kBackwardData, dt, src_shape, w_shape, diff_dst.shape(),
-                                                       false, p) : nullptr;
-    const ConvPrim* wts = diff_weights.defined() ? native(kBackwardWeights, dt, src_shape, w_shape,
-                                                          diff_dst.shape(), has_bias, p) : nullptr;
+    const ConvPrim* data =
+        diff_src.defined() ? native(kBackwardData, dt, src_side, w_side, diff_dst, false, p) : nullptr;
+    const ConvPrim* wts =
+        diff_weights.defined() ? native(kBackwardWeights, dt, src_side, w_side, diff_dst, has_bias, p) : nullptr;
     const bool need_data = diff_src.defined(), need_wts = diff_weights.defined();
     if ((!need_data || data) && (!need_wts || wts))
       return run_backward(data, wts, src, weights, diff_dst, diff_src, diff_weights, diff_bias);
     Tensor dx = float_like(diff_src), dw = float_like(diff_weights), db = float_like(diff_bias);
-    run_backward(need_data ? &in_float32(kBackwardData, src_shape, w_shape, diff_dst.shape(), false, p) : nullptr,
-                 need_wts ? &in_float32(kBackwardWeights, src_shape, w_shape, diff_dst.shape(), has_bias, p) : nullptr,
+    run_backward(need_data ? &in_float32(kBackwardData, src_side, w_side, diff_dst, false, p) : nullptr,
+                 need_wts ? &in_float32(kBackwardWeights, src_side, w_side, diff_dst, has_bias, p) : nullptr,
                  need_wts ? widen(src) : Tensor(), need_data ? widen(weights) : Tensor(), widen(diff_dst), dx, dw, db);
     round_into(dx, diff_src);
     round_into(dw, diff_weights);

@@ -8,21 +8,36 @@
 
 namespace castor::kernels {
 
-// A oneDNN view of a contiguous tensor's buffer.
+// A oneDNN view of a tensor's buffer, laid out as `desc` says.
 inline dnnl::memory as_memory(const dnnl::memory::desc& desc, const Tensor& t) {
   return dnnl::memory(desc, engine(), t.data_ptr());
 }
 
-// The exact float32 copy of a tensor (an undefined tensor stays undefined).
+// The descriptor of a 4-D tensor that is contiguous (nchw) or channels-last (nhwc), in dtype `dt`.
+inline dnnl::memory::desc desc_4d(const Tensor& t, dnnl::memory::data_type dt) {
+  using tag = dnnl::memory::format_tag;
+  CASTOR_ASSERT(t.is_contiguous() || t.is_contiguous(MemoryFormat::ChannelsLast), "desc_4d of a ", t.describe(),
+                " neither contiguous nor channels-last");
+  return dnnl::memory::desc(t.shape(), dt, t.suggest_memory_format() == MemoryFormat::ChannelsLast ? tag::nhwc
+                                                                                                  : tag::nchw);
+}
+
+// Asserts that activation `t` is laid out like `src` (the batch norm and pooling contract in kernels/layers.h).
+inline void assert_laid_out_like(const Tensor& t, const Tensor& src) {
+  CASTOR_ASSERT(!t.defined() || t.is_contiguous(src.suggest_memory_format()), t.describe(),
+                " is not laid out like ", src.describe());
+}
+
+// A float32 tensor laid out like `t`, to compute what `t` will hold (undefined stays undefined).
+inline Tensor float_like(const Tensor& t) { return t.defined() ? empty_like(t, DType::Float32) : t; }
+
+// The exact float32 copy of a tensor, laid out alike (an undefined tensor stays undefined).
 inline Tensor widen(const Tensor& t) {
   if (!t.defined()) return t;
-  Tensor f = empty(t.shape(), DType::Float32);
+  Tensor f = float_like(t);
   copy(t, f);
   return f;
 }
-
-// A float32 tensor to compute what `t` will hold (undefined stays undefined).
-inline Tensor float_like(const Tensor& t) { return t.defined() ? empty(t.shape(), DType::Float32) : t; }
 
 // Rounds a float32 result once into its destination (nothing for an undefined destination).
 inline void round_into(const Tensor& f, const Tensor& dst) {

@@ -1,7 +1,7 @@
-// Max and average pooling forward and backward on oneDNN (max keeps oneDNN's workspace for its backward). Tensors
-// are plain NCHW; where oneDNN has only its generic loop for that layout (simple_nchw, several times slower than its
-// JIT kernels), the primitives run channels-last (NHWC) with a reorder on the way in and out. float16 (and bfloat16
-// where oneDNN lacks it) runs on exact float32 copies with one rounding.
+// Max and average pooling forward and backward on oneDNN (max keeps oneDNN's workspace for its backward), on src's
+// layout. Channels-last tensors run as they are; for NCHW ones, where oneDNN has only its generic loop (simple_nchw,
+// several times slower than its JIT kernels), the primitives run channels-last with a reorder on the way in and
+// out. float16 (and bfloat16 where oneDNN lacks it) runs on exact float32 copies with one rounding.
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -19,11 +19,11 @@ using dnnl::memory;
 
 // Everything that picks a pooling primitive pair; all int64 so that memcmp sees no padding bytes.
 struct PoolKey {
-  int64_t dt, alg, n, c, h, w, oh, ow, kernel[2], stride[2], padding[2];
+  int64_t dt, alg, n, c, h, w, oh, ow, kernel[2], stride[2], padding[2], channels_last;
 };
 
-// The primitive pair, its layouts (src, dst: plain NCHW; src_run, dst_run: what the primitives read and write, plain
-// or NHWC), and the reorders between them when they differ.
+// The primitive pair, its layouts (src, dst: the tensors'; src_run, dst_run: what the primitives read and write),
+// and the reorders between them when they differ.
 struct PoolPrims {
   dnnl::pooling_forward fwd;
   dnnl::pooling_backward bwd;
@@ -75,13 +75,13 @@ std::unique_ptr<PoolPrims> build_pool(const PoolKey& k) {
   std::unique_ptr<PoolPrims> p;
   const auto dt = static_cast<memory::data_type>(k.dt);
   const auto alg = static_cast<dnnl::algorithm>(k.alg);
-  const memory::desc src({k.n, k.c, k.h, k.w}, dt, memory::format_tag::nchw);
-  const memory::desc dst({k.n, k.c, k.oh, k.ow}, dt, memory::format_tag::nchw);
+  const auto layout = k.channels_last ? memory::format_tag::nhwc : memory::format_tag::nchw;
+  const memory::desc src({k.n, k.c, k.h, k.w}, dt, layout), dst({k.n, k.c, k.oh, k.ow}, dt, layout);
   const memory::dims kernel = {k.kernel[0], k.kernel[1]}, strides = {k.stride[0], k.stride[1]},
                      pad = {k.padding[0], k.padding[1]};
   try {
     p = build(src, dst, alg, kernel, strides, pad);
-    if (p->generic) {  // where oneDNN lacks an NHWC pair, the throw below leaves p the plain pair
+    if (p->generic && !k.channels_last) {  // where oneDNN lacks an NHWC pair, the throw below leaves p the plain pair
       const memory::desc src_cl({k.n, k.c, k.h, k.w}, dt, memory::format_tag::nhwc);
       const memory::desc dst_cl({k.n, k.c, k.oh, k.ow}, dt, memory::format_tag::nhwc);
       std::unique_ptr<PoolPrims> cl = build(src_cl, dst_cl, alg, kernel, strides, pad);
@@ -103,20 +103,21 @@ const PoolPrims* cached(const PoolKey& k) {
   return cache.get(k, build_pool);
 }
 
-PoolKey make_key(DType dt, const Shape& src, const Shape& dst, const Pool2dParams& p) {
+PoolKey make_key(DType dt, const Tensor& src, const Tensor& dst, const Pool2dParams& p) {
   const dnnl::algorithm alg = p.is_max              ? dnnl::algorithm::pooling_max
                               : p.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
                                                     : dnnl::algorithm::pooling_avg_exclude_padding;
   PoolKey k{};
   k.dt = static_cast<int64_t>(to_dnnl(dt));
   k.alg = static_cast<int64_t>(alg);
-  k.n = src[0], k.c = src[1], k.h = src[2], k.w = src[3], k.oh = dst[2], k.ow = dst[3];
+  k.n = src.size(0), k.c = src.size(1), k.h = src.size(2), k.w = src.size(3), k.oh = dst.size(2), k.ow = dst.size(3);
+  k.channels_last = src.suggest_memory_format() == MemoryFormat::ChannelsLast;
   for (int i = 0; i < 2; ++i) k.kernel[i] = p.kernel[i], k.stride[i] = p.stride[i], k.padding[i] = p.padding[i];
   return k;
 }
 
 // The primitives in the tensors' own dtype, or the float32 ones (then `widened` is set) where oneDNN lacks it.
-const PoolPrims& select(DType dt, const Shape& src, const Shape& dst, const Pool2dParams& p, bool& widened) {
+const PoolPrims& select(DType dt, const Tensor& src, const Tensor& dst, const Pool2dParams& p, bool& widened) {
   const PoolPrims* prims = dt == DType::Float16 ? nullptr : cached(make_key(dt, src, dst, p));
   widened = prims == nullptr;
   if (widened) prims = cached(make_key(DType::Float32, src, dst, p));
@@ -128,10 +129,11 @@ const PoolPrims& select(DType dt, const Shape& src, const Shape& dst, const Pool
 
 Tensor pool2d_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p) {
   if (src.dtype() == DType::Float64) return pool2d_forward_ref(src, dst, p);
+  assert_laid_out_like(dst, src);
   try {
     bool widened = false;
-    const PoolPrims& prims = select(src.dtype(), src.shape(), dst.shape(), p, widened);
-    const Tensor s = widened ? widen(src) : src, d = widened ? empty(dst.shape(), DType::Float32) : dst;
+    const PoolPrims& prims = select(src.dtype(), src, dst, p, widened);
+    const Tensor s = widened ? widen(src) : src, d = widened ? float_like(dst) : dst;
     const Tensor d_run = run_target(prims.dst_out, d);
     std::unordered_map<int, memory> args = {
         {DNNL_ARG_SRC, as_memory(prims.src_run, to_run(prims.src_in, prims.src, prims.src_run, s))},
@@ -154,11 +156,12 @@ Tensor pool2d_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& 
 
 void pool2d_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src, const Pool2dParams& p) {
   if (diff_dst.dtype() == DType::Float64) return pool2d_backward_ref(diff_dst, workspace, diff_src, p);
+  assert_laid_out_like(diff_dst, diff_src);
   try {
     bool widened = false;
-    const PoolPrims& prims = select(diff_dst.dtype(), diff_src.shape(), diff_dst.shape(), p, widened);
+    const PoolPrims& prims = select(diff_dst.dtype(), diff_src, diff_dst, p, widened);
     const Tensor dy = widened ? widen(diff_dst) : diff_dst;
-    const Tensor dx = widened ? empty(diff_src.shape(), DType::Float32) : diff_src;
+    const Tensor dx = widened ? float_like(diff_src) : diff_src;
     const Tensor dx_run = run_target(prims.src_out, dx);
     std::unordered_map<int, memory> args = {
         {DNNL_ARG_DIFF_DST, as_memory(prims.dst_run, to_run(prims.dst_in, prims.dst, prims.dst_run, dy))},

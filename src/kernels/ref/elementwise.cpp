@@ -58,8 +58,9 @@ void copy(const Tensor& src, const Tensor& dst) {
   const char* sp = static_cast<const char*>(src.data_ptr());
   char* dp = static_cast<char*>(dst.data_ptr());
   const DType sd = src.dtype(), dd = dst.dtype();
-  if (nd == 1 && s_in == 1 && d_in == 1) {  // one dense run: split it across threads (rows alone would not)
-    parallel_blocks(inner, [&](int64_t b, int64_t e) { convert(sp + b * ss, sd, dp + b * ds, dd, e - b); });
+  // One dense run (or two dense tensors laid out alike, channels-last ones say): split it across threads.
+  if ((nd == 1 && s_in == 1 && d_in == 1) || same_layout(src, dst)) {
+    parallel_blocks(dst.numel(), [&](int64_t b, int64_t e) { convert(sp + b * ss, sd, dp + b * ds, dd, e - b); });
     return;
   }
 #pragma omp parallel for if (dst.numel() > (1 << 16)) schedule(static)
@@ -92,7 +93,7 @@ void fill(const Tensor& dst, double value) {
   char elem[8];
   convert(&value, DType::Float64, elem, dst.dtype(), 1);
   const size_t es = dst.element_size();
-  if (dst.is_contiguous()) {
+  if (dst.is_dense()) {
     char* p = static_cast<char*>(dst.data_ptr());
     const int64_t n = dst.numel();
     if (es == 4) {
@@ -148,7 +149,8 @@ T gelu_grad(T x) {
 }  // namespace
 
 void unary(Unary op, const Tensor& src, const Tensor& dst, double p0, double p1) {
-  CASTOR_ASSERT(src.is_contiguous() && dst.is_contiguous() && src.dtype() == dst.dtype() && src.numel() == dst.numel(),
+  CASTOR_ASSERT(src.dtype() == dst.dtype() && (same_layout(src, dst) || (src.is_contiguous() && dst.is_contiguous() &&
+                                                                         src.numel() == dst.numel())),
                 "unary on ", src.describe(), " -> ", dst.describe());
   auto run = [&](auto f) { map_float(src, dst, f); };
   switch (op) {
