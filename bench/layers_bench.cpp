@@ -1,5 +1,6 @@
-// SimpleCNN's conv layers at batch 256: forward, backward-data and backward-weights through Castor's kernels vs
-// the raw oneDNN primitives on buffers already in their preferred layouts (no reorders), in float32 and bfloat16.
+// SimpleCNN's conv layers at batch 256: forward, backward-data and backward-weights through Castor's kernels, on NCHW
+// and on channels-last activations (the models' layout), vs the raw oneDNN primitives on buffers already in their
+// preferred layouts (no reorders), in float32 and bfloat16.
 //
 // Usage: layers_bench [reps]. Where oneDNN has no bfloat16 kernel (CPUs without AVX-512), Castor runs bfloat16 on
 // float32 copies and the raw row times the float32 primitive that fallback calls, so the ratio shows the cost of the
@@ -106,15 +107,18 @@ int main(int argc, char** argv) {
   const bool bf16_native = has_bf16_conv();
   std::printf("batch 256, 3x3 pad 1, median of %d; oneDNN bf16 conv %s\n", reps,
               bf16_native ? "available" : "unavailable (castor bf16 runs on float32 copies)");
-  std::printf("%-20s %-9s %-12s %10s %10s %7s\n", "layer", "dtype", "pass", "castor ms", "oneDNN ms", "ratio");
+  std::printf("%-20s %-9s %-13s %-12s %10s %10s %7s\n", "layer", "dtype", "activations", "pass", "castor ms",
+              "oneDNN ms", "ratio");
   Generator gen(0);
   for (const Layer& l : layers) {
-    for (DType dt : {DType::Float32, DType::BFloat16}) {
+    for (DType dt : {DType::Float32, DType::BFloat16})
+    for (MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
       const bool raw_native = dt == DType::Float32 || bf16_native;
       RawConv raw(l, raw_native ? kernels::to_dnnl(dt) : memory::data_type::f32);
-      const Tensor x = randn({l.n, l.c, l.hw, l.hw}, dt, &gen), w = randn({l.o, l.c, 3, 3}, dt, &gen);
-      const Tensor b = randn({l.o}, dt, &gen), dy = randn({l.n, l.o, l.hw, l.hw}, dt, &gen);
-      const Tensor dx = empty(x.shape(), dt), dw = empty(w.shape(), dt);
+      const Tensor x = randn({l.n, l.c, l.hw, l.hw}, dt, &gen).contiguous(format);
+      const Tensor w = randn({l.o, l.c, 3, 3}, dt, &gen), b = randn({l.o}, dt, &gen);
+      const Tensor dy = randn({l.n, l.o, l.hw, l.hw}, dt, &gen).contiguous(format);
+      const Tensor dx = empty(x.shape(), dt, format), dw = empty(w.shape(), dt);
       const Tensor db = empty(b.shape(), dt);
       const kernels::Conv2dParams p{{1, 1}, {1, 1}, {1, 1}, 1};
       struct Row {
@@ -134,8 +138,8 @@ int main(int argc, char** argv) {
         const double c = time_ms(reps, r.castor_fn);
         const double reorders = static_cast<double>(kernels::conv_reorder_count() - reorders0) / (reps + 2);
         const double o = time_ms(reps, r.raw_fn);
-        std::printf("%-20s %-9s %-12s %10.2f %10.2f %7.2f   (%.0f reorders/call)\n", l.name, dtype_name(dt), r.pass, c,
-                    o, c / o, reorders);
+        std::printf("%-20s %-9s %-13s %-12s %10.2f %10.2f %7.2f   (%.0f reorders/call)\n", l.name, dtype_name(dt),
+                    format == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW", r.pass, c, o, c / o, reorders);
       }
     }
   }

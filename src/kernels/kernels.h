@@ -11,15 +11,15 @@ namespace castor::kernels {
 void copy(const Tensor& src, const Tensor& dst);
 void fill(const Tensor& dst, double value);
 
-// Element-wise maps over dense tensors (Tensor::is_dense) of one floating dtype and the same strides, run as flat
-// arrays; 16-bit values are computed in float32 and
-// rounded once, float64 in double. p0/p1 are the op's scalars (exponent, clamp bounds, alpha).
+// Element-wise maps over tensors of one floating dtype laid out alike (same_layout: run as flat arrays, channels-last
+// ones too); 16-bit values are computed in float32 and rounded once, float64 in double. p0/p1 are the op's scalars
+// (exponent, clamp bounds, alpha).
 enum class Unary : uint8_t {
   Neg, Exp, Log, Sqrt, Abs, Relu, Sigmoid, Tanh, Gelu, GeluTanh, Pow, Clamp, AddScalar, MulScalar
 };
 void unary(Unary op, const Tensor& src, const Tensor& dst, double p0 = 0, double p1 = 0);
 
-// dst = op(a, b): dense tensors of dst's dtype and strides; a and b have dst's numel or are single elements.
+// dst = op(a, b): tensors of dst's dtype; a and b are laid out like dst (same_layout) or are single elements.
 // The *Grad ops are the fused backward maps: a is the incoming gradient, b the saved input (or output).
 enum class Binary : uint8_t {
   Add, Sub, Mul, Div, Max, Min,

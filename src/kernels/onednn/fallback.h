@@ -13,15 +13,6 @@ inline dnnl::memory as_memory(const dnnl::memory::desc& desc, const Tensor& t) {
   return dnnl::memory(desc, engine(), t.data_ptr());
 }
 
-// The descriptor of a 4-D tensor that is contiguous (nchw) or channels-last (nhwc), in dtype `dt`.
-inline dnnl::memory::desc desc_4d(const Tensor& t, dnnl::memory::data_type dt) {
-  using tag = dnnl::memory::format_tag;
-  CASTOR_ASSERT(t.is_contiguous() || t.is_contiguous(MemoryFormat::ChannelsLast), "desc_4d of a ", t.describe(),
-                " neither contiguous nor channels-last");
-  return dnnl::memory::desc(t.shape(), dt, t.suggest_memory_format() == MemoryFormat::ChannelsLast ? tag::nhwc
-                                                                                                  : tag::nchw);
-}
-
 // Asserts that activation `t` is laid out like `src` (the batch norm and pooling contract in kernels/layers.h).
 inline void assert_laid_out_like(const Tensor& t, const Tensor& src) {
   CASTOR_ASSERT(!t.defined() || t.is_contiguous(src.suggest_memory_format()), t.describe(),
