@@ -53,6 +53,11 @@ struct Pool2dParams {
 Tensor pool2d_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p);
 void pool2d_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src, const Pool2dParams& p);
 
+// Max pooling of channels-last src / dst (float32 and 16-bit) as plain loops, which pool2d_forward/backward pick for
+// those; the workspace is the int32 argmax (iy * W + ix) per (N, OH, OW, C) output.
+Tensor max_pool2d_nhwc_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p);
+void max_pool2d_nhwc_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src);
+
 // The reference loops behind the float64 path, for float64 tensors (the same contracts as above).
 void conv2d_forward_ref(const Tensor& src, const Tensor& weights, const Tensor& bias, const Tensor& dst,
                         const Conv2dParams& p);

@@ -11,6 +11,7 @@
 // Batch-norm statistics and running stats are float32 for every 16-bit input: checked at float32 tolerance.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -318,9 +319,28 @@ TEST(FunctionalKernels, ChannelsLastLayersMatchReferenceLoops) {
       backward({y}, {gy.contiguous(MemoryFormat::ChannelsLast)});
       backward({y64}, {gy.double_()});
       EXPECT_TRUE(test::close(x_cl.grad(), x64.grad(), tol.rtol, tol.atol));
-      if (w.defined()) EXPECT_TRUE(test::close(w.grad(), w64.grad(), tol.rtol, tol.atol));
-      if (b.defined()) EXPECT_TRUE(test::close(b.grad(), b64.grad(), tol.rtol, tol.atol));
+      if (w.defined()) {
+        EXPECT_TRUE(test::close(w.grad(), w64.grad(), tol.rtol, tol.atol));
+      }
+      if (b.defined()) {
+        EXPECT_TRUE(test::close(b.grad(), b64.grad(), tol.rtol, tol.atol));
+      }
     }
+  // Max pooling propagates a NaN in its window, as the reference loops (and PyTorch) do.
+  Tensor x = randn({1, 3, 4, 4}, DType::Float32, &gen);
+  x.select(0, 0).select(0, 1).select(0, 2).select(0, 1).fill_(std::nan(""));
+  const auto pooled = F::max_pool2d(x.contiguous(MemoryFormat::ChannelsLast), {2, 2}).to_vector<double>();
+  const auto want = F::max_pool2d(x.double_(), {2, 2}).to_vector<double>();
+  ASSERT_EQ(pooled.size(), want.size());
+  int nans = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(std::isnan(pooled[i]), std::isnan(want[i])) << "output " << i;
+    if (!std::isnan(want[i])) {
+      EXPECT_EQ(pooled[i], want[i]) << "output " << i;
+    }
+    nans += std::isnan(want[i]);
+  }
+  EXPECT_EQ(nans, 1);
 }
 
 TEST(FunctionalKernels, ConvReordersPerCallAreFew) {

@@ -1,6 +1,7 @@
 // Convolution forward, backward-data and backward-weights on oneDNN, cached with their reorders by pass, shape,
-// dtype, layouts and parameters. Channels-last activations run on channels-last (nhwc) primitives without any
-// reorder; contiguous (NCHW) ones on the layout oneDNN prefers (blocked), reordered on the way in and out. float16
+// dtype, layouts and parameters. Channels-last activations with few input channels run on channels-last (nhwc)
+// primitives without any reorder; others on the layout oneDNN prefers (blocked), reordered on the way in and out.
+// float16
 // (and bfloat16 where oneDNN lacks it) runs on exact float32 copies with one rounding of the result.
 #include <array>
 #include <atomic>
@@ -79,11 +80,12 @@ Staged stage_in(const Port& port, const Tensor& t) {
   return s;
 }
 
+constexpr int64_t kBlockedFromChannels = 64;
+
 enum Pass : int64_t { kForward, kBackwardData, kBackwardWeights };
 
 // Everything that picks a convolution primitive; all int64 so that memcmp sees no padding bytes. src_cl and dst_cl
-// say whether the tensors on the src side (src, diff_src) and dst side (dst, diff_dst) are channels-last; the
-// primitive runs channels-last when the src side is.
+// say whether the tensors on the src side (src, diff_src) and dst side (dst, diff_dst) are channels-last.
 struct ConvKey {
   int64_t pass, dt;
   int64_t n, c, h, w, o, kh, kw, oh, ow;
@@ -131,7 +133,10 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
   const memory::desc src_plain(src_dims, dt, k.src_cl ? tag::nhwc : tag::nchw);
   const memory::desc dst_plain(dst_dims, dt, k.dst_cl ? tag::nhwc : tag::nchw);
   const memory::desc w_plain(w_dims, dt, k.groups == 1 ? tag::oihw : tag::goihw);
-  const tag act = k.src_cl ? tag::nhwc : tag::any;  // the primitive's activation layout
+  // The primitive's activation layout: channels-last tensors with few input channels run on oneDNN's nhwc kernels,
+  // which here match its blocked ones below 64 channels but are 10-30% slower from 64 up (ResNet-18's layers),
+  // more than the reorders to and from the blocked layout cost (docs/benchmarks.md).
+  const tag act = k.src_cl && k.c < kBlockedFromChannels ? tag::nhwc : tag::any;
   const memory::desc src_any(src_dims, dt, act), dst_any(dst_dims, dt, act), w_any(w_dims, dt, tag::any);
   const memory::desc bias = k.bias ? memory::desc({k.o}, dt, tag::x) : memory::desc();
   const auto algo = dnnl::algorithm::convolution_direct;
