@@ -63,7 +63,7 @@ BnKey make_key(DType dt, const Tensor& src, bool scale, bool shift, double eps, 
   if (shift) f |= flags::use_shift;
   if (!training) f |= flags::use_global_stats;
   return {static_cast<int64_t>(to_dnnl(dt)), src.size(0), src.size(1), src.size(2), src.size(3),
-          static_cast<int64_t>(f), src.suggest_memory_format() == MemoryFormat::ChannelsLast, eps};
+          static_cast<int64_t>(f), channels_last(src), eps};
 }
 
 // The primitives in src's own dtype, or nullptr where they must run on float32 copies.

@@ -104,8 +104,6 @@ struct ConvPrim {
   memory::desc bias;
 };
 
-bool channels_last(const Tensor& t) { return t.suggest_memory_format() == MemoryFormat::ChannelsLast; }
-
 // The key for tensors `src` (or diff_src), `weights` (or diff_weights) and `dst` (or diff_dst), computing in `dt`.
 ConvKey make_key(Pass pass, DType dt, const Tensor& src, const Tensor& weights, const Tensor& dst, bool bias,
                  const Conv2dParams& p) {

@@ -13,6 +13,9 @@ inline dnnl::memory as_memory(const dnnl::memory::desc& desc, const Tensor& t) {
   return dnnl::memory(desc, engine(), t.data_ptr());
 }
 
+// Whether activation `t` is strictly channels-last (see Tensor::suggest_memory_format).
+inline bool channels_last(const Tensor& t) { return t.suggest_memory_format() == MemoryFormat::ChannelsLast; }
+
 // Asserts that activation `t` is laid out like `src` (the batch norm and pooling contract in kernels/layers.h).
 inline void assert_laid_out_like(const Tensor& t, const Tensor& src) {
   CASTOR_ASSERT(!t.defined() || t.is_contiguous(src.suggest_memory_format()), t.describe(),

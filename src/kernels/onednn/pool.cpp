@@ -112,7 +112,7 @@ PoolKey make_key(DType dt, const Tensor& src, const Tensor& dst, const Pool2dPar
   k.dt = static_cast<int64_t>(to_dnnl(dt));
   k.alg = static_cast<int64_t>(alg);
   k.n = src.size(0), k.c = src.size(1), k.h = src.size(2), k.w = src.size(3), k.oh = dst.size(2), k.ow = dst.size(3);
-  k.channels_last = src.suggest_memory_format() == MemoryFormat::ChannelsLast;
+  k.channels_last = channels_last(src);
   for (int i = 0; i < 2; ++i) k.kernel[i] = p.kernel[i], k.stride[i] = p.stride[i], k.padding[i] = p.padding[i];
   return k;
 }
@@ -131,7 +131,7 @@ const PoolPrims& select(DType dt, const Tensor& src, const Tensor& dst, const Po
 Tensor pool2d_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p) {
   if (src.dtype() == DType::Float64) return pool2d_forward_ref(src, dst, p);
   assert_laid_out_like(dst, src);
-  if (p.is_max && src.suggest_memory_format() == MemoryFormat::ChannelsLast) return max_pool2d_nhwc_forward(src, dst, p);
+  if (p.is_max && channels_last(src)) return max_pool2d_nhwc_forward(src, dst, p);
   try {
     bool widened = false;
     const PoolPrims& prims = select(src.dtype(), src, dst, p, widened);
@@ -159,8 +159,7 @@ Tensor pool2d_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& 
 void pool2d_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src, const Pool2dParams& p) {
   if (diff_dst.dtype() == DType::Float64) return pool2d_backward_ref(diff_dst, workspace, diff_src, p);
   assert_laid_out_like(diff_dst, diff_src);
-  if (p.is_max && diff_src.suggest_memory_format() == MemoryFormat::ChannelsLast)
-    return max_pool2d_nhwc_backward(diff_dst, workspace, diff_src);
+  if (p.is_max && channels_last(diff_src)) return max_pool2d_nhwc_backward(diff_dst, workspace, diff_src);
   try {
     bool widened = false;
     const PoolPrims& prims = select(diff_dst.dtype(), diff_src, diff_dst, p, widened);
