@@ -5,10 +5,11 @@
 
 #include "castor/check.h"
 #include "castor/trainer.h"
+#include "castor/version.h"
 
 namespace {
 
-const char* kUsage = R"(usage: castor <command> [flags]
+const char* kUsage = R"(usage: castor <command> [flags]   (castor --version prints the version)
   train   train an image classifier with mixed precision (castor train --help)
   eval    test-set accuracy and loss of a checkpoint: castor eval --checkpoint DIR|FILE [--data-dir DIR]
           [--batch-size N]
@@ -29,6 +30,7 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, all.empty() ? stderr : stdout);
     return all.empty() ? 2 : 0;
   }
+  if (all[0] == "--version") return std::printf("castor %s\n", CASTOR_VERSION), 0;
   const std::string cmd = all[0];
   const std::vector<std::string> args(all.begin() + 1, all.end());
   try {
