@@ -78,6 +78,10 @@ Json config_json(const TrainConfig& c, const Datasets& d) {
   o["momentum"] = c.momentum;
   o["weight_decay"] = c.weight_decay;
   o["schedule"] = c.schedule;
+  o["loss_scale"] = c.loss_scale ? Json(*c.loss_scale) : Json("dynamic");
+  o["clip_grad_norm"] = c.clip_grad_norm;
+  o["grad_accum"] = c.grad_accum;
+  o["label_smoothing"] = c.label_smoothing;
   o["batch_size"] = c.batch_size;
   o["epochs"] = c.epochs;
   o["steps"] = c.steps;
@@ -131,6 +135,7 @@ Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps) {
     r.opt = c.optimizer == "adam" ? std::make_unique<optim::Adam>(params, o) : optim::make_adamw(params, o);
   }
   amp::Overrides ov;
+  if (c.loss_scale) ov.loss_scale = Json(*c.loss_scale).dump();
   if (c.stochastic_rounding) {
     ov.rounding = optim::Rounding::Stochastic;
     ov.rounding_seed = c.seed;
@@ -204,7 +209,8 @@ Json run_train(TrainConfig c) {
   data::DataLoader loader(d.train, lo);
   CASTOR_CHECK(loader.batches_per_epoch() > 0, "--batch-size ", c.batch_size, " is larger than the ", d.train.n,
                " training images");
-  const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * loader.batches_per_epoch();
+  const int64_t steps_per_epoch = (loader.batches_per_epoch() + c.grad_accum - 1) / c.grad_accum;
+  const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * steps_per_epoch;
   Run run = build_run(c, d, total_steps);
   const Json config = config_json(c, d);
 
@@ -280,25 +286,39 @@ Json run_train(TrainConfig c) {
     int64_t epoch_batches = 0;
     const auto epoch_start = Clock::now();
     double epoch_images = 0;
+    int64_t micro = 0;  // micro-batches whose gradients are summed so far
+    double step_loss = 0, step_seconds = 0;
     while (auto batch = loader.next()) {
       const auto t0 = Clock::now();
-      run.opt->zero_grad();
+      if (micro == 0) run.opt->zero_grad();
       Tensor loss;
       {
         auto fw = run.amp->forward();
         // O2/O3 models take 16-bit input; their logits are widened before the loss, as Apex does.
         Tensor logits = (*run.model)(batch->images.to(input_dtype(*run.amp)));
-        loss = F::cross_entropy(logits.float_(), batch->labels);
+        loss = F::cross_entropy(logits.float_(), batch->labels, F::Reduction::Mean, c.label_smoothing);
       }
-      run.amp->scale_loss(loss, *run.opt).backward();
-      const bool stepped = run.amp->step(*run.opt);
-      if (run.sched) run.sched->step();
-      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-      const double lv = loss.item();
-      ++step;
+      // Summed over grad_accum micro-batches, the gradients are those of the mean loss of one big batch.
+      run.amp->scale_loss(c.grad_accum > 1 ? loss / static_cast<double>(c.grad_accum) : loss, *run.opt).backward();
       batch_in_epoch = batch->index + 1;
       images += static_cast<double>(batch->labels.numel());
       epoch_images += static_cast<double>(batch->labels.numel());
+      step_loss += loss.item();
+      step_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      // A step takes grad_accum micro-batches, or what is left of the epoch.
+      if (++micro < c.grad_accum && batch_in_epoch < loader.batches_per_epoch()) continue;
+      const auto t1 = Clock::now();
+      if (c.clip_grad_norm > 0) {
+        run.amp->unscale_(*run.opt);
+        amp::clip_grad_norm_(*run.opt, c.clip_grad_norm);
+      }
+      const bool stepped = run.amp->step(*run.opt);
+      if (run.sched) run.sched->step();
+      const double seconds = step_seconds + std::chrono::duration<double>(Clock::now() - t1).count();
+      const double lv = step_loss / static_cast<double>(micro);
+      micro = 0;
+      step_loss = step_seconds = 0;
+      ++step;
       train_seconds += seconds;
       epoch_loss += lv;
       ++epoch_batches;
@@ -315,7 +335,8 @@ Json run_train(TrainConfig c) {
         metrics << Json(m).dump() << "\n" << std::flush;
       }
       if (tty) {
-        const double ips = images / train_seconds, eta = (total_steps - step) * c.batch_size / ips;
+        const double ips = images / train_seconds;
+        const double eta = static_cast<double>((total_steps - step) * c.batch_size * c.grad_accum) / ips;
         std::printf("\r[%-30s] %lld/%lld  loss %.4f  scale %g  %.0f img/s  ETA %.0fs ",
                     std::string(static_cast<size_t>(30.0 * step / total_steps), '#').c_str(),
                     static_cast<long long>(step), static_cast<long long>(total_steps), loss_sum / loss_count, scale,
@@ -371,39 +392,44 @@ Json run_train(TrainConfig c) {
   return summary;
 }
 
-Json run_eval(const std::vector<std::string>& args) {
-  std::string path, data_dir;
-  int64_t batch_size = 256;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    CASTOR_CHECK(a == "--checkpoint" || a == "--data-dir" || a == "--batch-size", "unknown flag '", a,
-                 "' (see castor eval --help)");
-    CASTOR_CHECK(i + 1 < args.size(), a, ": missing value");
-    const std::string& v = args[++i];
-    if (a == "--checkpoint") path = v;
-    if (a == "--data-dir") data_dir = v;
-    if (a == "--batch-size") batch_size = parse_train_flags({"--batch-size", v}).batch_size;
+Json run_eval(const EvalConfig& e) {
+  const bool dir = fs::is_directory(e.path);
+  LoadedTensors model_file = dir ? LoadedTensors{} : load_safetensors(e.path);
+  if (dir) {
+    Checkpoint ck = read_checkpoint(e.path);
+    model_file = {ck.model, ck.model_meta};
   }
-  CASTOR_CHECK(!path.empty(), "--checkpoint: missing (a checkpoint directory, run directory or model.safetensors)");
-  LoadedTensors model_file = fs::is_directory(path) ? LoadedTensors{read_checkpoint(path).model, {}}
-                                                    : load_safetensors(path);
-  Metadata meta = model_file.metadata;
-  if (fs::is_directory(path)) meta = read_checkpoint(path).model_meta;
-  auto it = meta.find("castor.config");
-  CASTOR_CHECK(it != meta.end(), path, ": not a castor checkpoint (no castor.config metadata)");
-  const Json cfg = Json::parse(it->second);
-  TrainConfig c = parse_train_flags({"--data", cfg.at("data").as_string(), "--model", cfg.at("model").as_string(),
-                                     "--amp", cfg.at("amp").as_string(), "--seed",
-                                     std::to_string(cfg.at("seed").as_int()), "--synthetic-size",
-                                     std::to_string(cfg.at("synthetic_size").as_int())});
-  c.dtype = parse_dtype(cfg.at("dtype").as_string());
-  c.data_dir = data_dir.empty() ? cfg.at("data_dir").as_string() : data_dir;
+  TrainConfig c;
+  c.amp = "O0";  // weights without castor metadata are evaluated in float32
+  auto it = model_file.metadata.find("castor.config");
+  if (it != model_file.metadata.end()) {
+    const Json cfg = Json::parse(it->second);
+    c.data = cfg.at("data").as_string();
+    c.model = cfg.at("model").as_string();
+    c.amp = cfg.at("amp").as_string();
+    c.dtype = parse_dtype(cfg.at("dtype").as_string());
+    c.seed = static_cast<uint64_t>(cfg.at("seed").as_int());
+    c.synthetic_size = cfg.at("synthetic_size").as_int();
+    c.data_dir = cfg.at("data_dir").as_string();
+    CASTOR_CHECK(e.model.empty() || e.model == c.model, "--model ", e.model, ": ", e.path, " holds a ", c.model);
+    CASTOR_CHECK(e.data.empty() || e.data == c.data, "--data ", e.data, ": ", e.path, " was trained on ", c.data);
+  } else {
+    CASTOR_CHECK(!e.model.empty() && !e.data.empty(), e.path,
+                 ": no castor metadata (castor.config); say what it holds with --model and --data");
+    c.model = e.model;
+    c.data = e.data;
+  }
+  if (!e.data_dir.empty()) c.data_dir = e.data_dir;
   Datasets d = load_data(c);
   Run run = build_run(c, d, 1);
-  run.model->load_state_dict(model_file.tensors, /*strict=*/true);
-  const Evaluation e = evaluate(*run.model, *run.amp, d.test, d.norm, batch_size);
-  return Json::Object{{"test_accuracy", e.accuracy}, {"test_loss", e.loss}, {"images", d.test.n},
-                      {"checkpoint", path}};
+  try {
+    run.model->load_state_dict(model_file.tensors, /*strict=*/true);
+  } catch (const Error& err) {
+    throw Error(detail::cat(e.path, ": ", err.what()));
+  }
+  const Evaluation ev = evaluate(*run.model, *run.amp, d.test, d.norm, e.batch_size);
+  return Json::Object{{"test_accuracy", ev.accuracy}, {"test_loss", ev.loss}, {"images", d.test.n},
+                      {"checkpoint", e.path}};
 }
 
 std::string run_info(const std::vector<std::string>& args) {
