@@ -38,6 +38,7 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;        // steps; 0: at each epoch end
   int64_t keep = 2;                    // checkpoints kept
   int64_t log_every = 50;              // steps between metric lines
+  int64_t eval_every = 0;              // > 0: test accuracy every N steps too (always at each epoch end)
   int64_t synthetic_size = 2048;       // training images of --data synthetic
   bool profile = false;
 };

@@ -153,6 +153,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
       ->check(integer_at_least(0));
   app.add_option("--keep", c.keep, "checkpoints kept")->check(integer_at_least(1));
   app.add_option("--log-every", c.log_every, "steps between metric lines")->check(integer_at_least(1));
+  app.add_option("--eval-every", c.eval_every, "test accuracy every N steps as well as at each epoch end (0: off)")
+      ->check(integer_at_least(0));
   app.add_option("--synthetic-size", c.synthetic_size, "training images of --data synthetic")
       ->check(integer_at_least(1));
   app.add_flag("--profile", c.profile, "print the top ops by time, with their dtypes");
