@@ -10,6 +10,7 @@
 #include "castor/device.h"
 #include "castor/dtype.h"
 #include "castor/half.h"
+#include "castor/log.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "castor/tensor.h"

@@ -18,7 +18,7 @@ struct GradScalerOptions {
   double growth_factor = 2.0;
   double backoff_factor = 0.5;
   int64_t growth_interval = 2000;
-  // Unset: on for float16, off for bfloat16 (its float32 exponent range needs no scaling; said once on stderr).
+  // Unset: on for float16, off for bfloat16 (its float32 exponent range needs no scaling; said once through castor::warn).
   std::optional<bool> enabled;
   DType dtype = DType::Float16;  // the 16-bit type being trained
   bool dynamic = true;           // false: a static scale (Apex loss_scale=<number>); update() changes nothing

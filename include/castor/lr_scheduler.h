@@ -17,8 +17,8 @@ class LRScheduler {
   LRScheduler& operator=(const LRScheduler&) = delete;
 
   // Advances one step and sets every group's lr. If this is the first call and the optimizer has neither
-  // stepped nor had a step skipped by a GradScaler since the scheduler was made, prints PyTorch's
-  // "Detected call of `lr_scheduler.step()` before `optimizer.step()`" warning to stderr (once).
+  // stepped nor had a step skipped by a GradScaler since the scheduler was made, gives the
+  // call-order warning through castor::warn (once).
   void step();
   const std::vector<double>& get_last_lr() const { return last_lr_; }
   int64_t last_epoch() const { return last_epoch_; }

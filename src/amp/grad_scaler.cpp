@@ -3,7 +3,7 @@
 
 #include <atomic>
 #include <cmath>
-#include <iostream>
+#include "castor/log.h"
 
 #include "amp/unscale.h"
 #include "castor/autograd.h"
@@ -40,8 +40,8 @@ GradScaler::GradScaler(GradScalerOptions options, std::vector<std::pair<std::str
     enabled_ = options_.dtype == DType::Float16;
     static std::atomic<bool> said{false};
     if (options_.dtype == DType::BFloat16 && !said.exchange(true))
-      std::cerr << "castor: GradScaler disabled for bfloat16 (its exponent range matches float32, so gradients do "
-                   "not underflow); the scale is 1. Pass enabled=true to scale anyway.\n";
+      warn("GradScaler is off for bfloat16: its exponent range is float32's, so gradients do not underflow and "
+           "the scale stays 1 (GradScalerOptions::enabled = true scales anyway)");
   }
   state_.scale = static_cast<float>(options_.init_scale);
   state_.hysteresis_left = options_.hysteresis;

@@ -2,7 +2,7 @@
 #include "castor/lr_scheduler.h"
 
 #include <cmath>
-#include <iostream>
+#include "castor/log.h"
 #include <string>
 
 #include "optim/rounded_mul.h"
@@ -34,11 +34,8 @@ void LRScheduler::step() {
   }
   // step 0 is taken by the constructor, so step_count_ == 1 here means the user's first call.
   if (step_count_ == 1 && optimizer_.step_count() + optimizer_.skipped_steps() - optimizer_steps_at_start_ < 1)
-    std::cerr << "UserWarning: Detected call of `lr_scheduler.step()` before `optimizer.step()`. In PyTorch 1.1.0 "
-                 "and later, you should call them in the opposite order: `optimizer.step()` before "
-                 "`lr_scheduler.step()`.  Failure to do this will result in PyTorch skipping the first value of the "
-                 "learning rate schedule. See more details at "
-                 "https://pytorch.org/docs/stable/optim.html#how-to-adjust-learning-rate\n";
+    warn("lr_scheduler.step() was called before optimizer.step(), so the schedule's first learning rate is "
+         "skipped; step the optimizer first, then the scheduler (as PyTorch 1.1+ expects)");
   ++step_count_;
   std::vector<ParamGroup>& groups = optimizer_.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) groups[g].lr = lrs[g];
