@@ -25,6 +25,12 @@ std::string scratch_dir() {
   return dir;
 }
 
+std::string fresh_dir(const std::string& name) {
+  const std::string d = scratch_dir() + "/" + name;
+  std::filesystem::remove_all(d);
+  return d;
+}
+
 void write_tiny_cifar10(const std::string& dir, int per_batch) {
   std::filesystem::create_directories(dir);
   Generator gen(5);

@@ -19,15 +19,10 @@ Checkpoint make(double v) {
   c.state["step"] = scalar_tensor(v, DType::Int64);
   return c;
 }
-std::string fresh_dir(const std::string& name) {
-  std::string d = test::scratch_dir() + "/" + name;
-  fs::remove_all(d);
-  return d;
-}
 }  // namespace
 
 TEST(Checkpoint, RoundTripAndKeepNewest) {
-  const std::string run = fresh_dir("ckpt_keep");
+  const std::string run = test::fresh_dir("ckpt_keep");
   for (int s = 1; s <= 4; ++s) write_checkpoint(run, s * 10, make(s), /*keep=*/2);
   auto latest = latest_checkpoint(run);
   ASSERT_TRUE(latest.has_value());
@@ -42,7 +37,7 @@ TEST(Checkpoint, RoundTripAndKeepNewest) {
 }
 
 TEST(Checkpoint, IncompleteDirectoryIsIgnored) {
-  const std::string run = fresh_dir("ckpt_partial");
+  const std::string run = test::fresh_dir("ckpt_partial");
   write_checkpoint(run, 5, make(5), 3);
   // A crash mid-write leaves a directory without its marker (or a temp directory): never chosen.
   fs::create_directories(run + "/checkpoints/step-0000000009");
@@ -51,7 +46,7 @@ TEST(Checkpoint, IncompleteDirectoryIsIgnored) {
 }
 
 TEST(Checkpoint, FailedWriteKeepsTheGoodOne) {
-  const std::string run = fresh_dir("ckpt_fail");
+  const std::string run = test::fresh_dir("ckpt_fail");
   write_checkpoint(run, 1, make(1), 3);
   Checkpoint bad = make(2);
   bad.state["broken"] = Tensor();  // undefined tensor: the write fails
@@ -63,7 +58,7 @@ TEST(Checkpoint, FailedWriteKeepsTheGoodOne) {
 }
 
 TEST(Checkpoint, MissingOrCorruptIsAClearError) {
-  const std::string run = fresh_dir("ckpt_missing");
+  const std::string run = test::fresh_dir("ckpt_missing");
   try {
     read_checkpoint(run);
     FAIL() << "no error";

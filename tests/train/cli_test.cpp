@@ -22,12 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh(const std::string& name) {
-  const std::string d = test::scratch_dir() + "/" + name;
-  fs::remove_all(d);
-  return d;
-}
-
 std::string error_of(const std::vector<std::string>& args) {
   try {
     parse_train_flags(args);
@@ -97,7 +91,7 @@ TEST(TrainFlags, LoopFlagsAreRangeChecked) {
 }
 
 TEST(TrainFlags, ConfigFileKeysAreTheFlagNames) {
-  const std::string dir = fresh("config_file");
+  const std::string dir = test::fresh_dir("config_file");
   fs::create_directories(dir);
   std::ofstream(dir + "/run.toml") << "lr = 0.25\nbatch-size = 7\ndeterministic = true\n"
                                       "precision = \"bf16-true\"\n";
@@ -125,7 +119,7 @@ TEST(TrainFlags, EachSubcommandHasItsOwnHelpAndThereIsAVersion) {
 // Two micro-batches of 16 are one batch of 32: the summed gradients of the halves' mean losses over 2 equal
 // the gradient of the whole batch's mean loss, so SGD ends at the same weights up to float32 rounding.
 TEST(TrainerFlags, GradientAccumulationEqualsOneBigBatch) {
-  const std::string accum = fresh("grad_accum"), big = fresh("grad_big");
+  const std::string accum = test::fresh_dir("grad_accum"), big = test::fresh_dir("grad_big");
   auto a = synthetic_flags(accum, 4);
   a.insert(a.end(), {"--batch-size", "16", "--grad-accum", "2"});
   auto b = synthetic_flags(big, 4);
@@ -135,7 +129,7 @@ TEST(TrainerFlags, GradientAccumulationEqualsOneBigBatch) {
   const StateDict wa = final_weights(accum), wb = final_weights(big);
   for (const auto& [name, t] : wb) EXPECT_TRUE(test::close(wa.at(name), t, 1e-4, 1e-6)) << name;
   // Without accumulation the runs differ, so the comparison above can fail.
-  const std::string plain = fresh("grad_plain");
+  const std::string plain = test::fresh_dir("grad_plain");
   auto p = synthetic_flags(plain, 4);
   p.insert(p.end(), {"--batch-size", "16"});
   run_train(parse_train_flags(p));
@@ -145,7 +139,7 @@ TEST(TrainerFlags, GradientAccumulationEqualsOneBigBatch) {
 // One plain SGD step on gradients clipped to norm c moves the weights by lr * c in total (when the gradient's
 // norm exceeds c): worked out by hand from torch.nn.utils.clip_grad_norm_'s definition.
 TEST(TrainerFlags, ClipGradNormBoundsTheStep) {
-  const std::string dir = fresh("clip");
+  const std::string dir = test::fresh_dir("clip");
   fs::create_directories(dir);
   manual_seed(3);
   auto model = models::make_model("simplecnn", 3, 32, 32, 10);
@@ -168,7 +162,7 @@ TEST(TrainerFlags, ClipGradNormBoundsTheStep) {
 }
 
 TEST(TrainerFlags, StaticLossScaleAndLabelSmoothingReachTheLoop) {
-  const std::string scaled = fresh("static_scale");
+  const std::string scaled = test::fresh_dir("static_scale");
   auto f = synthetic_flags(scaled, 6);
   f.insert(f.end(), {"--batch-size", "16", "--amp", "O1", "--dtype", "fp16", "--loss-scale", "256"});
   Json r = run_train(parse_train_flags(f));
@@ -176,7 +170,7 @@ TEST(TrainerFlags, StaticLossScaleAndLabelSmoothingReachTheLoop) {
   // The first step's loss with smoothing s is (1 - s) CE + s U (U: the mean of -log p over classes), linear in
   // s: so L(0.4) - L(0) = 2 (L(0.2) - L(0)), and L(0.2) != L(0) unless smoothing is ignored.
   auto first_loss = [](double smoothing) {
-    const std::string out = fresh("smoothing_" + std::to_string(smoothing));
+    const std::string out = test::fresh_dir("smoothing_" + std::to_string(smoothing));
     auto f = synthetic_flags(out, 1);
     f.insert(f.end(), {"--label-smoothing", std::to_string(smoothing)});
     run_train(parse_train_flags(f));
@@ -193,7 +187,7 @@ TEST(TrainerFlags, StaticLossScaleAndLabelSmoothingReachTheLoop) {
 // Weights saved by PyTorch (the twin's state_dict, no castor metadata) evaluate with --model and --data, and
 // score exactly what the castor checkpoint they came from scores.
 TEST(TrainerFlags, EvalOfPyTorchWrittenWeights) {
-  const std::string data = fresh("eval_torch_data"), out = fresh("eval_torch_run");
+  const std::string data = test::fresh_dir("eval_torch_data"), out = test::fresh_dir("eval_torch_run");
   test::write_tiny_cifar10(data);
   run_train(parse_train_flags({"--data", "cifar10", "--data-dir", data, "--batch-size", "10", "--steps", "6",
                                "--amp", "O0", "--out", out}));

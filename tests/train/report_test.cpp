@@ -19,8 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string fresh(const std::string& name) {
-  const std::string d = test::scratch_dir() + "/" + name;
-  fs::remove_all(d);
+  const std::string d = test::fresh_dir(name);
   fs::create_directories(d);
   return d;
 }

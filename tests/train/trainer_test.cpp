@@ -29,12 +29,6 @@ std::vector<std::string> base_flags(const std::string& out, const std::string& a
           "--threads", "2", "--out", out};
 }
 
-std::string fresh(const std::string& name) {
-  const std::string d = test::scratch_dir() + "/" + name;
-  fs::remove_all(d);
-  return d;
-}
-
 // Every tensor of both checkpoint files, bit for bit (step counters and all).
 void expect_same_checkpoint(const std::string& a, const std::string& b) {
   Checkpoint x = read_checkpoint(a), y = read_checkpoint(b);
@@ -66,7 +60,7 @@ class ResumeTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ResumeTest, ResumedRunEqualsUninterruptedBitForBit) {
   const std::string amp = GetParam();
-  const std::string full = fresh("resume_full_" + amp), part = fresh("resume_part_" + amp);
+  const std::string full = test::fresh_dir("resume_full_" + amp), part = test::fresh_dir("resume_part_" + amp);
   run_train(parse_train_flags(base_flags(full, amp, 12)));
   run_train(parse_train_flags(base_flags(part, amp, 5)));  // stops mid-epoch, mid growth interval
   auto flags = base_flags(part, amp, 12);
@@ -79,7 +73,7 @@ TEST_P(ResumeTest, ResumedRunEqualsUninterruptedBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Levels, ResumeTest, ::testing::Values("O1", "O2"));
 
 TEST(Trainer, Fp16RunSkipsOverflowingStepsAndStillLearns) {
-  const std::string out = fresh("fp16_skips");
+  const std::string out = test::fresh_dir("fp16_skips");
   auto flags = base_flags(out, "O1", 24);
   Json r = run_train(parse_train_flags(flags));
   EXPECT_GT(r.at("skipped_steps").as_int(), 0);  // the initial scale 65536 overflows at first
@@ -89,7 +83,7 @@ TEST(Trainer, Fp16RunSkipsOverflowingStepsAndStillLearns) {
 }
 
 TEST(Trainer, KilledRunResumesToTheSameWeights) {
-  const std::string full = fresh("kill_full"), killed = fresh("kill_part");
+  const std::string full = test::fresh_dir("kill_full"), killed = test::fresh_dir("kill_part");
   auto flags = base_flags(full, "O1", 36);
   flags.insert(flags.end(), {"--checkpoint-every", "1"});
   ASSERT_EQ(run_cli([&] {
@@ -127,7 +121,7 @@ TEST(Trainer, KilledRunResumesToTheSameWeights) {
 }
 
 TEST(Trainer, EvalAndInfoReadACheckpoint) {
-  const std::string out = fresh("eval_info");
+  const std::string out = test::fresh_dir("eval_info");
   Json r = run_train(parse_train_flags(base_flags(out, "O1", 8)));
   const std::string ckpt = *latest_checkpoint(out);
   Json e = run_eval(parse_eval_flags({"--checkpoint", ckpt}));
@@ -140,7 +134,7 @@ TEST(Trainer, EvalAndInfoReadACheckpoint) {
 }
 
 TEST(Trainer, BadInputIsOneLineAndNonZero) {
-  const std::string out = fresh("bad_input");
+  const std::string out = test::fresh_dir("bad_input");
   auto expect_error = [](std::vector<std::string> args, const std::string& needle) {
     auto [rc, err] = run_cli(args);
     EXPECT_EQ(rc, 1) << err;
@@ -174,7 +168,7 @@ namespace castor::train {
 
 TEST(Trainer, TrainsOnCifar10BinaryFiles) {
   // CIFAR-10 cannot be downloaded here: write a tiny dataset in its binary format (label byte + 3x32x32).
-  const std::string dir = fresh("cifar_bin"), out = fresh("cifar_run");
+  const std::string dir = test::fresh_dir("cifar_bin"), out = test::fresh_dir("cifar_run");
   test::write_tiny_cifar10(dir);
   Json r = run_train(parse_train_flags({"--data", "cifar10", "--data-dir", dir, "--batch-size", "10", "--epochs", "2",
                                         "--augment", "standard", "--out", out, "--log-every", "5"}));
@@ -186,7 +180,7 @@ TEST(Trainer, TrainsOnCifar10BinaryFiles) {
 }
 
 TEST(Trainer, InitLoadsPyTorchNamedWeights) {
-  const std::string first = fresh("init_src"), second = fresh("init_dst");
+  const std::string first = test::fresh_dir("init_src"), second = test::fresh_dir("init_dst");
   run_train(parse_train_flags(base_flags(first, "O1", 4)));
   const std::string weights = *latest_checkpoint(first) + "/model.safetensors";
   // With a negligible learning rate, one step from --init leaves the weights where the file put them.
@@ -215,7 +209,7 @@ TEST(Trainer, InitLoadsPyTorchNamedWeights) {
 namespace castor::train {
 
 TEST(Trainer, CheckpointLoadsIntoThePyTorchTwin) {
-  const std::string out = fresh("torch_twin");
+  const std::string out = test::fresh_dir("torch_twin");
   run_train(parse_train_flags(base_flags(out, "O2", 6)));  // O2: the file holds the float32 master weights
   const std::string weights = *latest_checkpoint(out) + "/model.safetensors";
   auto model = models::make_model("simplecnn", 3, 32, 32, 10);
