@@ -13,6 +13,7 @@ const char* kUsage = R"(usage: castor <command> [flags]   (castor --version prin
   train   train an image classifier with mixed precision (castor train --help)
   eval    test-set accuracy and loss of a checkpoint or of PyTorch weights (castor eval --help)
   info    tensors, dtypes, shapes, parameter counts and metadata of a checkpoint (castor info --help)
+  completion bash   a bash completion script (source it, or save it under /etc/bash_completion.d/)
 )";
 
 bool wants_help(const std::vector<std::string>& args) {
@@ -30,6 +31,8 @@ int main(int argc, char** argv) {
     return all.empty() ? 2 : 0;
   }
   if (all[0] == "--version") return std::printf("castor %s\n", CASTOR_VERSION), 0;
+  if (all[0] == "completion" && all.size() == 2 && all[1] == "bash")
+    return std::fputs(castor::train::bash_completion().c_str(), stdout), 0;
   const std::string cmd = all[0];
   const std::vector<std::string> args(all.begin() + 1, all.end());
   try {

@@ -58,5 +58,7 @@ struct EvalConfig {
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);
 std::string eval_help();
 std::string info_help();
+// A bash completion script for `castor`, generated from the same flag tables.
+std::string bash_completion();
 
 }  // namespace castor::train

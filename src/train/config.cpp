@@ -228,6 +228,30 @@ std::string eval_help() {
   return eval_app(f)->help();
 }
 
+std::string bash_completion() {
+  TrainConfig c;
+  RawTrainFlags raw;
+  EvalFlags f;
+  auto words = [](const CLI::App& app) {
+    std::string w;
+    for (const CLI::Option* o : app.get_options())
+      for (const std::string& name : o->get_lnames()) w += (w.empty() ? "--" : " --") + name;
+    return w;
+  };
+  return "# bash completion for castor (castor completion bash > /etc/bash_completion.d/castor)\n"
+         "_castor() {\n"
+         "  local cur=${COMP_WORDS[COMP_CWORD]} words\n"
+         "  case ${COMP_WORDS[1]} in\n"
+         "    train) words=\"" + words(*train_app(c, raw)) + "\" ;;\n"
+         "    eval) words=\"" + words(*eval_app(f)) + "\" ;;\n"
+         "    *) words=\"train eval info completion --help --version\" ;;\n"
+         "  esac\n"
+         "  if [ \"$COMP_CWORD\" -gt 1 ] && [[ $cur != -* ]]; then COMPREPLY=($(compgen -f -- \"$cur\")); return; fi\n"
+         "  COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n"
+         "}\n"
+         "complete -o filenames -F _castor castor\n";
+}
+
 std::string info_help() {
   return "castor info: tensors, dtypes, shapes, parameter counts and metadata of a checkpoint\n"
          "usage: castor info FILE|DIR   (a safetensors file, a checkpoint directory or a run directory)\n";

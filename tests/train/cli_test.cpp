@@ -116,6 +116,23 @@ TEST(TrainFlags, EachSubcommandHasItsOwnHelpAndThereIsAVersion) {
   EXPECT_EQ(cli_stdout("--version"), std::string("castor ") + CASTOR_VERSION + "\n");
 }
 
+// The completion script offers each subcommand's own flags, and bash accepts it: completing
+// `castor train --grad` in a bash that sourced it gives --grad-accum.
+TEST(TrainFlags, BashCompletionComesFromTheFlagTable) {
+  const std::string dir = test::fresh_dir("completion");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/castor.bash") << bash_completion();
+  std::ofstream(dir + "/probe.sh") << "source '" << dir << "/castor.bash'\n"
+                                   << "COMP_WORDS=(castor train --grad); COMP_CWORD=2; _castor; echo ${COMPREPLY[@]}\n"
+                                   << "COMP_WORDS=(castor eval --mo); _castor; echo ${COMPREPLY[@]}\n";
+  FILE* p = popen(("bash '" + dir + "/probe.sh'").c_str(), "r");
+  std::string out;
+  char buf[256];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << out;
+  EXPECT_EQ(out, "--grad-accum\n--model\n");
+}
+
 // Two micro-batches of 16 are one batch of 32: the summed gradients of the halves' mean losses over 2 equal
 // the gradient of the whole batch's mean loss, so SGD ends at the same weights up to float32 rounding.
 TEST(TrainerFlags, GradientAccumulationEqualsOneBigBatch) {
