@@ -74,10 +74,10 @@ Tensor unslice(const Tensor& g, const Shape& shape, int64_t dim, int64_t start, 
 
 // The gradient of a reduction (shaped like its output) brought back to the keepdim shape.
 Tensor unreduce(const Node& node, const Tensor& g) {
-  const bool keepdim = node.ints[0];
-  if (keepdim) return g;
+  const auto& r = node.param<op_params::Reduce>();
+  if (r.keepdim) return g;
   Shape keep = node.input_shapes[0];
-  for (size_t i = 1; i < node.ints.size(); ++i) keep[node.ints[i]] = 1;
+  for (int64_t d : r.dims) keep[d] = 1;
   return g.reshape(keep);
 }
 
@@ -86,14 +86,15 @@ Tensor unreduce(const Node& node, const Tensor& g) {
 std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
   const bool create_graph = GradMode::is_enabled();
   const Shape& s0 = node.input_shapes[0];
+  auto scalar = [&] { return node.param<op_params::Scalar>().value; };
   switch (node.op) {
     case OpKind::Add:
       if (node.next.size() == 1) return {g};
-      return {sum_to(g, s0), sum_to(node.floats[0] == 1.0 ? g : g * node.floats[0], node.input_shapes[1])};
+      return {sum_to(g, s0), sum_to(scalar() == 1.0 ? g : g * scalar(), node.input_shapes[1])};
     case OpKind::Sub:
-      return {sum_to(g, s0), sum_to(g * -node.floats[0], node.input_shapes[1])};
+      return {sum_to(g, s0), sum_to(g * -scalar(), node.input_shapes[1])};
     case OpKind::Mul: {
-      if (node.next.size() == 1) return {g * node.floats[0]};
+      if (node.next.size() == 1) return {g * scalar()};
       // Fetch only the saved tensor a gradient needs: the other may since have been changed in place (x.mul_(c)).
       return {node.next[0].valid() ? sum_to(g * node.saved_tensor(1), s0) : Tensor(),
               node.next[1].valid() ? sum_to(g * node.saved_tensor(0), node.input_shapes[1]) : Tensor()};
@@ -106,7 +107,7 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
     }
     case OpKind::Neg: return {-g};
     case OpKind::Pow: {
-      const double e = node.floats[0];
+      const double e = scalar();
       const Tensor& x = node.saved_tensor(0);
       return {e == 2.0 ? g * x * 2.0 : g * pow(x, e - 1.0) * e};
     }
@@ -135,14 +136,16 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
     }
     case OpKind::Gelu: {
       CASTOR_CHECK(!create_graph, "gelu: double backward is not supported");
-      return {fused(node.ints[0] ? Binary::GeluTanhGrad : Binary::GeluGrad, g, node.saved_tensor(0))};
+      const bool tanh_approximate = node.param<op_params::Gelu>().tanh_approximate;
+      return {fused(tanh_approximate ? Binary::GeluTanhGrad : Binary::GeluGrad, g, node.saved_tensor(0))};
     }
     case OpKind::Clamp: {
       // PyTorch's where(min <= x <= max, g, 0): +0 outside, whatever g's sign.
       const Tensor& x = node.saved_tensor(0);
+      const auto& c = node.param<op_params::Clamp>();
       Tensor zero = zeros({}, g.dtype());
-      return {where(ge(x, scalar_tensor(node.floats[0], DType::Float64)),
-                    where(le(x, scalar_tensor(node.floats[1], DType::Float64)), g, zero), zero)};
+      return {where(ge(x, scalar_tensor(c.min, DType::Float64)),
+                    where(le(x, scalar_tensor(c.max, DType::Float64)), g, zero), zero)};
     }
     case OpKind::Where: {
       const Tensor& c = node.saved_tensor(0);
@@ -152,11 +155,10 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
     }
     case OpKind::Cast: return {g};  // the engine casts it back to the source dtype
     case OpKind::Sum: return {unreduce(node, g).expand(s0)};
-    case OpKind::Mean: return {unreduce(node, g).expand(s0) / node.floats[0]};
+    case OpKind::Mean: return {unreduce(node, g).expand(s0) / node.param<op_params::Reduce>().count};
     case OpKind::MaxDim:
     case OpKind::MinDim: {
-      const int64_t dim = node.ints[0];
-      const bool keepdim = node.ints[1];
+      const auto [dim, keepdim] = node.param<op_params::Dim>();
       CASTOR_CHECK(!g.requires_grad(), op_name(node.op), ": double backward is not supported");
       Tensor idx = node.saved_tensor(0), gk = g;
       if (!keepdim) {
@@ -169,11 +171,11 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
     case OpKind::LogSoftmax: {
       const bool log = node.op == OpKind::LogSoftmax;
       const Tensor y = node.saved_output(0);
+      const int64_t dim = node.param<op_params::Dim>().dim;
       if (create_graph) {
         Tensor p = log ? exp(y) : y;
-        return {log ? g - p * sum(g, {node.ints[0]}, true) : y * (g - sum(g * y, {node.ints[0]}, true))};
+        return {log ? g - p * sum(g, {dim}, true) : y * (g - sum(g * y, {dim}, true))};
       }
-      const int64_t dim = node.ints[0];
       int64_t outer = 1, inner = 1;
       for (int64_t d = 0; d < dim; ++d) outer *= s0[d];
       for (size_t d = dim + 1; d < s0.size(); ++d) inner *= s0[d];
@@ -192,13 +194,14 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
     }
     case OpKind::View: return {g.reshape(s0)};
     case OpKind::Permute: {
-      Shape inverse(node.ints.size());
-      for (size_t i = 0; i < node.ints.size(); ++i) inverse[node.ints[i]] = static_cast<int64_t>(i);
+      const Shape& order = node.param<op_params::Permute>().order;
+      Shape inverse(order.size());
+      for (size_t i = 0; i < order.size(); ++i) inverse[order[i]] = static_cast<int64_t>(i);
       return {g.permute(inverse)};
     }
     case OpKind::Expand: return {sum_to(g, s0)};
     case OpKind::Slice: {
-      const int64_t dim = node.ints[0], start = node.ints[1], step = node.ints[2];
+      const auto [dim, start, step] = node.param<op_params::Slice>();
       if (create_graph) return {unslice(g, s0, dim, start, step)};
       Tensor out = zeros(s0, g.dtype());
       NoGradGuard no_grad;
@@ -207,17 +210,18 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
     }
     case OpKind::Clone: return {g};
     case OpKind::Cat: {
+      const auto& [dim, sizes] = node.param<op_params::Cat>();
       std::vector<Tensor> grads;
       int64_t at = 0;
-      for (size_t i = 1; i < node.ints.size(); ++i) {
-        grads.push_back(g.narrow(node.ints[0], at, node.ints[i]));
-        at += node.ints[i];
+      for (int64_t size : sizes) {
+        grads.push_back(g.narrow(dim, at, size));
+        at += size;
       }
       return grads;
     }
     case OpKind::Gather:
       CASTOR_CHECK(!g.requires_grad(), "gather: double backward is not supported");
-      return {scatter_into(s0, node.ints[0], node.saved_tensor(0), g)};
+      return {scatter_into(s0, node.param<op_params::Dim>().dim, node.saved_tensor(0), g)};
     case OpKind::Conv2d: return nn_rules::conv2d(node, g);
     case OpKind::BatchNorm: return nn_rules::batch_norm(node, g);
     case OpKind::MaxPool2d: return nn_rules::max_pool2d(node, g);

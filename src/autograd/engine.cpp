@@ -44,7 +44,7 @@ Tensor Node::saved_output(size_t i) const {
 }
 
 void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out, std::vector<Tensor> saved,
-            std::vector<int64_t> ints, std::vector<double> floats) {
+            OpParams params) {
   if (!GradMode::is_enabled() || !any_requires_grad(inputs)) return;
   auto node = std::make_shared<Node>();
   node->op = op;
@@ -67,8 +67,7 @@ void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out, std
     uint32_t v = t.defined() ? t.version() : 0;
     node->saved.push_back({std::move(t), v});
   }
-  node->ints = std::move(ints);
-  node->floats = std::move(floats);
+  node->params = std::move(params);
   out.impl()->grad_fn = std::move(node);
 }
 

@@ -1,12 +1,59 @@
 // The autograd graph node: one per recorded op, with its inputs' edges and what its backward rule needs.
 #pragma once
 #include <memory>
+#include <variant>
 #include <vector>
 
 #include "castor/op_kind.h"
 #include "castor/tensor.h"
+#include "kernels/layers.h"
 
 namespace castor {
+
+// What a backward rule needs besides tensors: one small struct per op family, recorded by the op and read by
+// its rule through Node::params<P>() (a mismatch is a broken invariant and aborts).
+namespace op_params {
+struct Scalar {  // Add/Sub: alpha; scalar Add/Mul: the scalar; Pow: the exponent
+  double value;
+};
+struct Clamp {
+  double min, max;
+};
+struct Gelu {
+  bool tanh_approximate;
+};
+struct Reduce {  // Sum/Mean over `dims` (wrapped), `count` elements per output
+  bool keepdim;
+  Shape dims;
+  double count;
+};
+struct Dim {  // MaxDim/MinDim (keepdim), Softmax/LogSoftmax, Gather
+  int64_t dim;
+  bool keepdim = false;
+};
+struct Permute {
+  Shape order;
+};
+struct Slice {
+  int64_t dim, start, step;
+};
+struct Cat {
+  int64_t dim;
+  Shape sizes;  // of each input along dim
+};
+struct Pool {
+  kernels::Pool2dParams pool;
+  MemoryFormat format;  // of the output
+};
+struct BatchNorm {
+  bool training, has_weight, has_bias;
+  double eps;
+};
+}  // namespace op_params
+
+using OpParams = std::variant<std::monostate, op_params::Scalar, op_params::Clamp, op_params::Gelu,
+                              op_params::Reduce, op_params::Dim, op_params::Permute, op_params::Slice,
+                              op_params::Cat, kernels::Conv2dParams, op_params::Pool, op_params::BatchNorm>;
 
 // Where an input's gradient goes: the node that made it, or the leaf it is.
 struct Edge {
@@ -29,8 +76,7 @@ struct Node : std::enable_shared_from_this<Node> {
   DType out_dtype = DType::Float32;
   Shape out_shape;
   std::vector<SavedTensor> saved;
-  std::vector<int64_t> ints;           // op parameters: dims, strides, padding, ...
-  std::vector<double> floats;          // op parameters: alpha, exponent, eps, ...
+  OpParams params;                     // the op's parameters (std::monostate when it has none)
   std::vector<GradHook> pre_hooks;     // hooks on the output tensor (non-leaf register_hook / retain_grad)
   bool released = false;               // saved tensors freed after a backward without retain_graph
 
@@ -39,12 +85,19 @@ struct Node : std::enable_shared_from_this<Node> {
   // A saved output of this node; while grad mode is on (create_graph) it has this node as grad_fn, so a rule
   // written with it is differentiable through the output too (PyTorch's unpacked saved outputs).
   Tensor saved_output(size_t i) const;
+  // The recorded parameters, of the type the op records.
+  template <class P>
+  const P& param() const {
+    const P* p = std::get_if<P>(&params);
+    CASTOR_ASSERT(p != nullptr, op_name(op), ": its backward rule reads parameters the op did not record");
+    return *p;
+  }
 };
 
 // Records `op` as the maker of `out` when grad mode is on and some input requires grad.
 // `saved` are kept for the backward rule (an output saved here is kept without its history).
 void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out, std::vector<Tensor> saved = {},
-            std::vector<int64_t> ints = {}, std::vector<double> floats = {});
+            OpParams params = {});
 bool any_requires_grad(const std::vector<Tensor>& inputs);
 
 // The backward rule of `node.op`: one gradient per input (undefined where none is needed).

@@ -73,7 +73,7 @@ static Tensor binary_op(OpKind kind, Binary kop, const Tensor& a, const Tensor& 
   kernels::binary(kop, operand(x, out, dt), operand(y, out, dt), out, alpha);
   std::vector<Tensor> saved;
   if (kind == OpKind::Mul || kind == OpKind::Div) saved = {x, y};
-  record(kind, {x, y}, out, saved, {}, {alpha});
+  record(kind, {x, y}, out, saved, op_params::Scalar{alpha});
   return s.done(out);
 }
 
@@ -82,16 +82,16 @@ Tensor sub(const Tensor& a, const Tensor& b, double alpha) { return binary_op(Op
 Tensor mul(const Tensor& a, const Tensor& b) { return binary_op(OpKind::Mul, Binary::Mul, a, b); }
 Tensor div(const Tensor& a, const Tensor& b) { return binary_op(OpKind::Div, Binary::Div, a, b); }
 
-// An op with one tensor input computed by a unary kernel. `to_float` promotes integer inputs to float32.
-static Tensor unary_op(OpKind kind, Unary kop, const Tensor& a, bool to_float, std::vector<int64_t> ints = {},
-                       std::vector<double> floats = {}, bool save_out = false) {
+// An op with one tensor input computed by a unary kernel with up to two scalars. `to_float` promotes integer
+// inputs to float32.
+static Tensor unary_op(OpKind kind, Unary kop, const Tensor& a, bool to_float, OpParams params = {},
+                       bool save_out = false, double s0 = 0.0, double s1 = 0.0) {
   OpScope s(kind, {a});
   const Tensor& x = s[0];
   const DType dt = to_float ? float_type(x.dtype()) : x.dtype();
   Tensor out = empty_like(x, dt);
-  kernels::unary(kop, operand(x, out, dt), out, floats.size() > 0 ? floats[0] : 0.0,
-                 floats.size() > 1 ? floats[1] : 0.0);
-  record(kind, {x}, out, {save_out ? out.detach() : x}, std::move(ints), std::move(floats));
+  kernels::unary(kop, operand(x, out, dt), out, s0, s1);
+  record(kind, {x}, out, {save_out ? out.detach() : x}, std::move(params));
   return s.done(out);
 }
 
@@ -99,30 +99,33 @@ static Tensor unary_op(OpKind kind, Unary kop, const Tensor& a, bool to_float, s
 // scalar stays in the compute type, like PyTorch's wrapped numbers.
 Tensor add(const Tensor& a, double b) {
   const bool integral = b == std::floor(b);
-  return unary_op(OpKind::Add, Unary::AddScalar, a, !integral, {}, {b});
+  return unary_op(OpKind::Add, Unary::AddScalar, a, !integral, op_params::Scalar{b}, false, b);
 }
 Tensor mul(const Tensor& a, double b) {
   const bool integral = b == std::floor(b);
-  return unary_op(OpKind::Mul, Unary::MulScalar, a, !integral, {}, {b});
+  return unary_op(OpKind::Mul, Unary::MulScalar, a, !integral, op_params::Scalar{b}, false, b);
 }
 Tensor neg(const Tensor& a) { return unary_op(OpKind::Neg, Unary::Neg, a, false); }
-Tensor pow(const Tensor& a, double e) { return unary_op(OpKind::Pow, Unary::Pow, a, true, {}, {e}); }
-Tensor exp(const Tensor& a) { return unary_op(OpKind::Exp, Unary::Exp, a, true, {}, {}, /*save_out=*/true); }
+Tensor pow(const Tensor& a, double e) {
+  return unary_op(OpKind::Pow, Unary::Pow, a, true, op_params::Scalar{e}, false, e);
+}
+Tensor exp(const Tensor& a) { return unary_op(OpKind::Exp, Unary::Exp, a, true, {}, /*save_out=*/true); }
 Tensor log(const Tensor& a) { return unary_op(OpKind::Log, Unary::Log, a, true); }
-Tensor sqrt(const Tensor& a) { return unary_op(OpKind::Sqrt, Unary::Sqrt, a, true, {}, {}, /*save_out=*/true); }
+Tensor sqrt(const Tensor& a) { return unary_op(OpKind::Sqrt, Unary::Sqrt, a, true, {}, /*save_out=*/true); }
 Tensor abs(const Tensor& a) { return unary_op(OpKind::Abs, Unary::Abs, a, false); }
 Tensor relu(const Tensor& a) { return unary_op(OpKind::Relu, Unary::Relu, a, false); }
 Tensor sigmoid(const Tensor& a) {
-  return unary_op(OpKind::Sigmoid, Unary::Sigmoid, a, true, {}, {}, /*save_out=*/true);
+  return unary_op(OpKind::Sigmoid, Unary::Sigmoid, a, true, {}, /*save_out=*/true);
 }
-Tensor tanh(const Tensor& a) { return unary_op(OpKind::Tanh, Unary::Tanh, a, true, {}, {}, /*save_out=*/true); }
+Tensor tanh(const Tensor& a) { return unary_op(OpKind::Tanh, Unary::Tanh, a, true, {}, /*save_out=*/true); }
 Tensor gelu(const Tensor& a, bool tanh_approximate) {
-  return unary_op(OpKind::Gelu, tanh_approximate ? Unary::GeluTanh : Unary::Gelu, a, true, {tanh_approximate});
+  return unary_op(OpKind::Gelu, tanh_approximate ? Unary::GeluTanh : Unary::Gelu, a, true,
+                  op_params::Gelu{tanh_approximate});
 }
 Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
-  return unary_op(OpKind::Clamp, Unary::Clamp, a, false, {},
-                  {lo.value_or(-std::numeric_limits<double>::infinity()),
-                   hi.value_or(std::numeric_limits<double>::infinity())});
+  const op_params::Clamp c{lo.value_or(-std::numeric_limits<double>::infinity()),
+                           hi.value_or(std::numeric_limits<double>::infinity())};
+  return unary_op(OpKind::Clamp, Unary::Clamp, a, false, c, false, c.min, c.max);
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
@@ -234,9 +237,7 @@ Tensor sum_like(OpKind kind, const Tensor& a, const Shape& dims, bool keepdim, s
       kernels::unary(Unary::MulScalar, out, out, 1.0 / static_cast<double>(r.n));
     }
   }
-  std::vector<int64_t> ints = {keepdim};
-  ints.insert(ints.end(), r.dims.begin(), r.dims.end());
-  record(kind, {x}, out, {}, ints, {static_cast<double>(r.n)});
+  record(kind, {x}, out, {}, op_params::Reduce{keepdim, r.dims, static_cast<double>(r.n)});
   return s.done(out);
 }
 
@@ -256,7 +257,7 @@ static std::pair<Tensor, Tensor> extreme(const Tensor& a, int64_t dim, bool keep
   const Reduction r = plan_reduction(x, {dim}, keepdim, op_name(kind));
   Tensor values = empty(r.out_shape, x.dtype()), indices = empty(r.out_shape, DType::Int64);
   kernels::extreme_dim(reduction_input(x, r), r.outer, r.n, r.inner, is_max, values, indices);
-  record(kind, {x}, values, {indices}, {r.dims[0], keepdim});
+  record(kind, {x}, values, {indices}, op_params::Dim{r.dims[0], keepdim});
   return {s.done(values), indices};
 }
 std::pair<Tensor, Tensor> max(const Tensor& a, int64_t dim, bool keepdim) { return extreme(a, dim, keepdim, true); }
@@ -272,7 +273,7 @@ static Tensor softmax_like(OpKind kind, const Tensor& a, int64_t dim, std::optio
   const Reduction r = plan_reduction(x, {dim}, true, op_name(kind));
   Tensor out = empty(x.shape(), dtype.value_or(x.dtype()));
   kernels::softmax_dim(x.detach().contiguous(), r.outer, r.n, r.inner, kind == OpKind::LogSoftmax, out);
-  record(kind, {x}, out, {out.detach()}, {r.dims[0]});
+  record(kind, {x}, out, {out.detach()}, op_params::Dim{r.dims[0]});
   return s.done(out);
 }
 Tensor softmax(const Tensor& a, int64_t dim, std::optional<DType> dtype) {
@@ -361,7 +362,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   dim = wrap_dim(dim, first.dim(), "cat");
   Shape shape = first.shape();
   shape[dim] = 0;
-  std::vector<int64_t> ints = {dim};
+  op_params::Cat params{dim, {}};
   for (const Tensor& t : in) {
     CASTOR_CHECK(t.dim() == first.dim(), "cat: tensors must have the same number of dims, got ", first.describe(),
                  " and ", t.describe());
@@ -369,7 +370,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
       CASTOR_CHECK(d == dim || t.size(d) == first.size(d), "cat: sizes must match except in dim ", dim, ", got ",
                    first.describe(), " and ", t.describe());
     shape[dim] += t.size(dim);
-    ints.push_back(t.size(dim));
+    params.sizes.push_back(t.size(dim));
   }
   Tensor out = empty(shape, result_type(in));
   int64_t at = 0;
@@ -377,7 +378,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     kernels::copy(t.detach(), out.detach().narrow(dim, at, t.size(dim)));
     at += t.size(dim);
   }
-  record(OpKind::Cat, in, out, {}, ints);
+  record(OpKind::Cat, in, out, {}, std::move(params));
   return s.done(out);
 }
 
@@ -421,7 +422,7 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
         CASTOR_CHECK(v >= 0 && v < n, "gather: index ", v, " out of range for dim ", dim, " of size ", n);
         std::memcpy(dst + k * es, src + ((o * n + v) * inner + i) * es, es);
       }
-  record(OpKind::Gather, {x}, out, {ic}, {dim});
+  record(OpKind::Gather, {x}, out, {ic}, op_params::Dim{dim});
   return s.done(out);
 }
 

@@ -271,7 +271,7 @@ Tensor Tensor::permute(const Shape& dims) const {
     strides[i] = this->strides()[d];
   }
   Tensor out = make_view(*this, shape, strides, storage_offset());
-  record(OpKind::Permute, {*this}, out, {}, wrapped);
+  record(OpKind::Permute, {*this}, out, {}, op_params::Permute{wrapped});
   return out;
 }
 
@@ -295,7 +295,7 @@ Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const 
   shape[d] = (end - start + step - 1) / step;
   strides[d] *= step;
   Tensor out = make_view(*this, shape, strides, storage_offset() + start * this->strides()[d]);
-  record(OpKind::Slice, {*this}, out, {}, {d, start, step});
+  record(OpKind::Slice, {*this}, out, {}, op_params::Slice{d, start, step});
   return out;
 }
 

@@ -56,10 +56,9 @@ Tensor pool2d(OpKind kind, const Tensor& input, std::array<int64_t, 2> kernel, s
   const MemoryFormat format = kernels::layer_format(x);
   Tensor out = empty(out_shape, x.dtype(), format);
   Tensor workspace = kernels::pool2d_forward(detached(x, format), out, p);
-  // ints: kernel h, w, stride h, w, padding h, w, count_include_pad, memory format; saved: max pooling's workspace.
+  // saved: max pooling's workspace.
   record(kind, {x}, out, p.is_max ? std::vector<Tensor>{workspace} : std::vector<Tensor>{},
-         {p.kernel[0], p.kernel[1], p.stride[0], p.stride[1], p.padding[0], p.padding[1], count_include_pad,
-          static_cast<int64_t>(format)});
+         op_params::Pool{p, format});
   return s.done(out);
 }
 
@@ -163,9 +162,8 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std
   kernels::conv2d_forward(xc, wc, detached(b), out, p);
   std::vector<Tensor> inputs = {x, w};
   if (b.defined()) inputs.push_back(b);
-  // saved: src (laid out as the output), weights (contiguous); ints: stride h, w, padding h, w, dilation h, w, groups.
-  record(OpKind::Conv2d, inputs, out, {xc, wc},
-         {p.stride[0], p.stride[1], p.padding[0], p.padding[1], p.dilation[0], p.dilation[1], groups});
+  // saved: src (laid out as the output), weights (contiguous).
+  record(OpKind::Conv2d, inputs, out, {xc, wc}, p);
   return s.done(out);
 }
 
@@ -206,11 +204,11 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
   if (w.defined()) inputs.push_back(w);
   if (b.defined()) inputs.push_back(b);
   // saved: src (N, C, H, W), mean, var (batch or running statistics), then the float scale and shift of those
-  // given; ints: training, has weight, has bias; floats: eps.
+  // given.
   std::vector<Tensor> saved = {src, mean, var};
   if (scale.defined()) saved.push_back(scale);
   if (shift.defined()) saved.push_back(shift);
-  record(OpKind::BatchNorm, inputs, out, saved, {training, w.defined(), b.defined()}, {eps});
+  record(OpKind::BatchNorm, inputs, out, saved, op_params::BatchNorm{training, w.defined(), b.defined(), eps});
   return s.done(out);
 }
 

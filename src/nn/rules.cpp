@@ -1,6 +1,6 @@
 // Backward rules of the layer ops (conv2d, batch_norm, pooling) on the layer kernels; gradients come back in the
-// dtype the forward ran in. The packing of each node's saved tensors and ints is documented where it is recorded,
-// in src/nn/functional.cpp, and repeated here.
+// dtype the forward ran in. Each node's saved tensors are listed where they are recorded (src/nn/functional.cpp)
+// and repeated here; its parameters are typed (autograd/node.h).
 #include "nn/rules.h"
 
 #include "castor/autograd.h"
@@ -25,13 +25,12 @@ Tensor wanted(const Node& node, size_t input, DType dtype, MemoryFormat format =
 
 }  // namespace
 
-// Conv2d: inputs {x, w[, b]}; saved {src (laid out as the output), weights (contiguous)}; ints {stride h, w, padding h, w, dilation h, w,
-// groups}. Backward-data is skipped when x needs no gradient (a network's first layer).
+// Conv2d: inputs {x, w[, b]}; saved {src (laid out as the output), weights (contiguous)}. Backward-data is
+// skipped when x needs no gradient (a network's first layer).
 std::vector<Tensor> conv2d(const Node& node, const Tensor& grad) {
   check_first_order(node);
   const DType dt = node.out_dtype;
-  const auto& i = node.ints;
-  const kernels::Conv2dParams p{{i[0], i[1]}, {i[2], i[3]}, {i[4], i[5]}, i[6]};
+  const auto& p = node.param<kernels::Conv2dParams>();
   const Tensor& src = node.saved_tensor(0);
   const MemoryFormat format = kernels::layer_format(src);
   std::vector<Tensor> grads = {wanted(node, 0, dt, format), wanted(node, 1, dt)};
@@ -42,11 +41,11 @@ std::vector<Tensor> conv2d(const Node& node, const Tensor& grad) {
 }
 
 // BatchNorm: inputs {x[, weight][, bias]}; saved {src (N, C, H, W, laid out as the output), mean, var[, scale][, shift]}, all but src float;
-// ints {training, has weight, has bias}; floats {eps}. The weight and bias gradients are float32 (float64 for a
+// the weight and bias gradients are float32 (float64 for a
 // float64 input); the engine casts them to the parameters' dtypes.
 std::vector<Tensor> batch_norm(const Node& node, const Tensor& grad) {
   check_first_order(node);
-  const bool training = node.ints[0], has_weight = node.ints[1], has_bias = node.ints[2];
+  const auto& [training, has_weight, has_bias, eps] = node.param<op_params::BatchNorm>();
   const Tensor& src = node.saved_tensor(0);
   const Tensor& mean = node.saved_tensor(1);
   const Tensor& var = node.saved_tensor(2);
@@ -59,7 +58,7 @@ std::vector<Tensor> batch_norm(const Node& node, const Tensor& grad) {
   Tensor diff_scale = has_weight && node.next[1].valid() ? empty({c}, stat_dtype) : Tensor();
   Tensor diff_shift = has_bias && node.next.back().valid() ? empty({c}, stat_dtype) : Tensor();
   kernels::batch_norm_backward(src, grad_in(grad, node.out_dtype, format).view(src.shape()), scale, shift, mean, var,
-                               diff_src, diff_scale, diff_shift, node.floats[0], training);
+                               diff_src, diff_scale, diff_shift, eps, training);
   std::vector<Tensor> grads = {diff_src.view(node.input_shapes[0])};
   if (has_weight) grads.push_back(diff_scale);
   if (has_bias) grads.push_back(diff_shift);
@@ -68,21 +67,18 @@ std::vector<Tensor> batch_norm(const Node& node, const Tensor& grad) {
 
 namespace {
 
-// MaxPool2d / AvgPool2d: input {x}; saved {workspace} for max pooling; ints {kernel h, w, stride h, w, padding h, w,
-// count_include_pad, memory format of the output}.
-std::vector<Tensor> pool2d(const Node& node, const Tensor& grad, bool is_max) {
+// MaxPool2d / AvgPool2d: input {x}; saved {workspace} for max pooling.
+std::vector<Tensor> pool2d(const Node& node, const Tensor& grad) {
   check_first_order(node);
-  const auto& i = node.ints;
-  const kernels::Pool2dParams p{{i[0], i[1]}, {i[2], i[3]}, {i[4], i[5]}, is_max, i[6] != 0};
-  const auto format = static_cast<MemoryFormat>(i[7]);
+  const auto& [p, format] = node.param<op_params::Pool>();
   Tensor diff_src = empty(node.input_shapes[0], node.out_dtype, format);
-  kernels::pool2d_backward(grad_in(grad, node.out_dtype, format), is_max ? node.saved_tensor(0) : Tensor(), diff_src, p);
+  kernels::pool2d_backward(grad_in(grad, node.out_dtype, format), p.is_max ? node.saved_tensor(0) : Tensor(), diff_src, p);
   return {diff_src};
 }
 
 }  // namespace
 
-std::vector<Tensor> max_pool2d(const Node& node, const Tensor& grad) { return pool2d(node, grad, true); }
-std::vector<Tensor> avg_pool2d(const Node& node, const Tensor& grad) { return pool2d(node, grad, false); }
+std::vector<Tensor> max_pool2d(const Node& node, const Tensor& grad) { return pool2d(node, grad); }
+std::vector<Tensor> avg_pool2d(const Node& node, const Tensor& grad) { return pool2d(node, grad); }
 
 }  // namespace castor::nn_rules
