@@ -4,7 +4,7 @@
 #include "castor/autograd.h"
 #include "castor/ops.h"
 #include "kernels/kernels.h"
-#include "nn/rules.h"
+#include "autograd/layer_rules.h"
 
 namespace castor {
 
@@ -222,10 +222,10 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
     case OpKind::Gather:
       CASTOR_CHECK(!g.requires_grad(), "gather: double backward is not supported");
       return {scatter_into(s0, node.param<op_params::Dim>().dim, node.saved_tensor(0), g)};
-    case OpKind::Conv2d: return nn_rules::conv2d(node, g);
-    case OpKind::BatchNorm: return nn_rules::batch_norm(node, g);
-    case OpKind::MaxPool2d: return nn_rules::max_pool2d(node, g);
-    case OpKind::AvgPool2d: return nn_rules::avg_pool2d(node, g);
+    case OpKind::Conv2d: return layer_rules::conv2d(node, g);
+    case OpKind::BatchNorm: return layer_rules::batch_norm(node, g);
+    case OpKind::MaxPool2d: return layer_rules::max_pool2d(node, g);
+    case OpKind::AvgPool2d: return layer_rules::avg_pool2d(node, g);
     // Composite ops: recorded as the ops they are made of, never as themselves.
     case OpKind::Matmul:
     case OpKind::Stack:

@@ -1,14 +1,14 @@
-// Backward rules of the layer kernels that live in src/nn (called from the one switch in autograd/backward.cpp).
+// Backward rules of the layer ops (conv2d, batch_norm, pooling), beside the others: called from the one switch in backward.cpp.
 #pragma once
 #include <vector>
 
 #include "autograd/node.h"
 
-namespace castor::nn_rules {
+namespace castor::layer_rules {
 
 std::vector<Tensor> conv2d(const Node& node, const Tensor& grad);
 std::vector<Tensor> batch_norm(const Node& node, const Tensor& grad);
 std::vector<Tensor> max_pool2d(const Node& node, const Tensor& grad);
 std::vector<Tensor> avg_pool2d(const Node& node, const Tensor& grad);
 
-}  // namespace castor::nn_rules
+}  // namespace castor::layer_rules

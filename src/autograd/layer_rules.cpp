@@ -1,12 +1,12 @@
 // Backward rules of the layer ops (conv2d, batch_norm, pooling) on the layer kernels; gradients come back in the
 // dtype the forward ran in. Each node's saved tensors are listed where they are recorded (src/nn/functional.cpp)
 // and repeated here; its parameters are typed (autograd/node.h).
-#include "nn/rules.h"
+#include "autograd/layer_rules.h"
 
 #include "castor/autograd.h"
 #include "kernels/layers.h"
 
-namespace castor::nn_rules {
+namespace castor::layer_rules {
 
 namespace {
 
@@ -81,4 +81,4 @@ std::vector<Tensor> pool2d(const Node& node, const Tensor& grad) {
 std::vector<Tensor> max_pool2d(const Node& node, const Tensor& grad) { return pool2d(node, grad); }
 std::vector<Tensor> avg_pool2d(const Node& node, const Tensor& grad) { return pool2d(node, grad); }
 
-}  // namespace castor::nn_rules
+}  // namespace castor::layer_rules
