@@ -29,23 +29,13 @@ Tensor mask(const Tensor& cond, DType dtype) { return cond.to(dtype); }
 
 // Places `g` (shaped like the reduced output) back into a zero tensor of `shape` at `indices` along `dim`.
 Tensor scatter_into(const Shape& shape, int64_t dim, const Tensor& indices, const Tensor& g) {
-  Tensor out = zeros(shape, g.dtype());
-  const Tensor gc = g.contiguous(), ic = indices.contiguous();
+  Tensor out = empty(shape, g.dtype());
+  const Tensor ic = indices.contiguous();
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < dim; ++d) outer *= shape[d];
   for (size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
-  const int64_t n = shape[dim], m = ic.numel() / (outer * inner);
-  const int64_t* ip = ic.data<int64_t>();
-  Tensor gf = gc.to(DType::Float64), of = out.to(DType::Float64);
-  const double* gp = gf.data<double>();
-  double* op = of.data<double>();
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t j = 0; j < m; ++j)
-      for (int64_t i = 0; i < inner; ++i) {
-        const int64_t k = (o * m + j) * inner + i;
-        op[(o * n + ip[k]) * inner + i] += gp[k];
-      }
-  return of.to(g.dtype());
+  kernels::scatter_add_dim(g.contiguous(), ic, outer, shape[dim], ic.numel() / (outer * inner), inner, out);
+  return out;
 }
 
 // The adjoint of x.slice(dim, start, ..., step) for x of `shape`, written with differentiable ops (double backward):

@@ -410,18 +410,7 @@ Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < dim; ++d) outer *= x.size(d);
   for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.size(d);
-  const int64_t n = x.size(dim), m = index.size(dim);
-  const int64_t* ip = ic.data<int64_t>();
-  const size_t es = x.element_size();
-  const char* src = static_cast<const char*>(xc.data_ptr());
-  char* dst = static_cast<char*>(out.data_ptr());
-  for (int64_t o = 0; o < outer; ++o)
-    for (int64_t j = 0; j < m; ++j)
-      for (int64_t i = 0; i < inner; ++i) {
-        const int64_t k = (o * m + j) * inner + i, v = ip[k];
-        CASTOR_CHECK(v >= 0 && v < n, "gather: index ", v, " out of range for dim ", dim, " of size ", n);
-        std::memcpy(dst + k * es, src + ((o * n + v) * inner + i) * es, es);
-      }
+  kernels::gather_dim(xc, ic, outer, x.size(dim), index.size(dim), inner, out);
   record(OpKind::Gather, {x}, out, {ic}, op_params::Dim{dim});
   return s.done(out);
 }

@@ -50,6 +50,15 @@ void softmax_dim(const Tensor& src, int64_t outer, int64_t n, int64_t inner, boo
 void softmax_backward_dim(const Tensor& grad, const Tensor& out, int64_t outer, int64_t n, int64_t inner, bool log,
                           const Tensor& dst);
 
+// Along the middle dim of contiguous views: src (outer, n, inner), index int64 (outer, m, inner), the other
+// (outer, m, inner). gather: dst[o, j, i] = src[o, index[o, j, i], i], any dtype, an index out of [0, n) is a
+// castor::Error. scatter_add: dst (outer, n, inner, a float dtype) = zeros + src[o, j, i] at [o, index[o, j, i], i],
+// summed in double and rounded once.
+void gather_dim(const Tensor& src, const Tensor& index, int64_t outer, int64_t n, int64_t m, int64_t inner,
+                const Tensor& dst);
+void scatter_add_dim(const Tensor& src, const Tensor& index, int64_t outer, int64_t n, int64_t m, int64_t inner,
+                     const Tensor& dst);
+
 // True if every element is finite.
 bool all_finite(const Tensor& src);
 
