@@ -63,7 +63,9 @@ enum class CastPolicy : uint8_t { LowerPrecision, Float32, Promote, PassThrough,
   _(NllLoss, "nll_loss", Float32)                        \
   _(MseLoss, "mse_loss", Float32)                        \
   _(BinaryCrossEntropyWithLogits, "binary_cross_entropy_with_logits", Float32) \
-  _(BinaryCrossEntropy, "binary_cross_entropy", Banned)
+  _(BinaryCrossEntropy, "binary_cross_entropy", Banned) \
+  /* user-defined (autograd::Function): cast by its own registered policy, if any */ \
+  _(Function, "function", PassThrough)
 
 enum class OpKind : uint16_t {
 #define CASTOR_OP_ENUM(e, n, p) e,
