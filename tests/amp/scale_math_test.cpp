@@ -162,12 +162,8 @@ TEST(ScaleMath, NonConsecutiveHysteresisAsDeepSpeed) {
   // DeepSpeed's DynamicLossScaler with consecutive_hysteresis=False (its default), worked by hand from its
   // update_scale: a clean step does not refill the hysteresis, only a growth of the scale does, so the
   // scattered overflows of iterations 0 and 2 add up and 2 already backs off.
-  amp::GradScalerOptions o;
-  o.init_scale = 256;
-  o.growth_interval = 2;
-  o.hysteresis = 2;
-  o.min_scale = 64;
-  o.consecutive_hysteresis = false;
+  amp::GradScalerOptions o{
+      .init_scale = 256, .growth_interval = 2, .hysteresis = 2, .consecutive_hysteresis = false, .min_scale = 64};
   EXPECT_EQ(run_schedule(o, {true, false, true, true, false, false}),
             (std::vector<float>{256, 256, 128, 64, 64, 128}));
   // A growth refills it: the overflow after the growth is tolerated again.
@@ -179,11 +175,7 @@ TEST(ScaleMath, NonConsecutiveHysteresisAsDeepSpeed) {
 
 TEST(ScaleMath, RaiseAtMinScaleInsteadOfSkippingForever) {
   // DeepSpeed's raise_error_at_min_scale: an overflow that would back off a scale already at min_scale raises.
-  amp::GradScalerOptions o;
-  o.init_scale = 256;
-  o.hysteresis = 2;
-  o.min_scale = 64;
-  o.raise_at_min_scale = true;
+  amp::GradScalerOptions o{.init_scale = 256, .hysteresis = 2, .min_scale = 64, .raise_at_min_scale = true};
   amp::ScaleState s{256.0f, 0, 2};
   for (float want : {256.0f, 128.0f, 64.0f}) {  // hysteresis holds once, then 128, then the floor 64
     amp::update_scale(s, /*found_inf=*/true, o);
