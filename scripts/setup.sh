@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(build-essential cmake ninja-build libdnnl-dev zlib1g-dev libgtest-dev googletest
+packages=(build-essential cmake ninja-build pkg-config libdnnl-dev zlib1g-dev libcli11-dev libgtest-dev googletest
           python3-torch libopenblas0-pthread dataset-fashion-mnist clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do

@@ -9,6 +9,8 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 ctest --test-dir build --output-on-failure -j"$(nproc)" | tee "$log"
 release=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$log")
+# The installed package as a user consumes it (CMake package, pkg-config, subproject, doc snippets).
+./scripts/check_package.sh build
 
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCASTOR_SANITIZE=ON
 cmake --build build-asan -j"$(nproc)" --target castor_tests
@@ -22,5 +24,5 @@ sanitized=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$log")
 ./scripts/fuzz.sh "${CASTOR_FUZZ_SECONDS:-30}"
 
 # Every failure above stops the script (set -e, pipefail), so reaching here means all passed.
-echo "tests: $release in Release, $sanitized under ASan+UBSan, 3 fuzz targets"
-echo "$((release + sanitized + 3)) passed, 0 failed"
+echo "tests: $release in Release, $sanitized under ASan+UBSan, 3 fuzz targets, 1 package check"
+echo "$((release + sanitized + 4)) passed, 0 failed"

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "castor/autograd.h"
 #include "castor/ops.h"
@@ -22,6 +23,25 @@ std::string scratch_dir() {
     return d;
   }();
   return dir;
+}
+
+void write_tiny_cifar10(const std::string& dir, int per_batch) {
+  std::filesystem::create_directories(dir);
+  Generator gen(5);
+  auto write_batch = [&](const std::string& name, int records) {
+    std::vector<uint8_t> bytes(static_cast<size_t>(records) * 3073);
+    for (int r = 0; r < records; ++r) {
+      const uint8_t label = static_cast<uint8_t>(r % 10);
+      bytes[r * 3073] = label;
+      for (int k = 1; k < 3073; ++k) bytes[r * 3073 + k] = static_cast<uint8_t>((label * 25 + gen.next_u64() % 40) & 255);
+    }
+    FILE* f = std::fopen((dir + "/" + name).c_str(), "wb");
+    ASSERT_NE(f, nullptr) << dir << "/" << name;
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+  };
+  for (int i = 1; i <= 5; ++i) write_batch("data_batch_" + std::to_string(i) + ".bin", per_batch);
+  write_batch("test_batch.bin", 30);
 }
 
 bool run_oracle(const std::string& script, const std::vector<std::string>& args) {

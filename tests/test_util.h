@@ -15,6 +15,10 @@ std::string scratch_dir();
 // Runs `/usr/bin/python3 tests/oracle/<script> args...`; fails the test (returns false) with its output otherwise.
 bool run_oracle(const std::string& script, const std::vector<std::string>& args);
 
+// A tiny learnable CIFAR-10 set in its binary format (label byte + 3x32x32 bytes): data_batch_1..5.bin with
+// `per_batch` records each and test_batch.bin with 30; pixels depend on the label, so a model can learn it.
+void write_tiny_cifar10(const std::string& dir, int per_batch = 20);
+
 // max |a - b| / (atol + rtol |b|) <= 1, with a message naming the first offending element.
 ::testing::AssertionResult close(const Tensor& a, const Tensor& b, double rtol, double atol);
 // Bit-for-bit equality (NaN payloads aside), with the first differing element in the message.

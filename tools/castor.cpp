@@ -5,14 +5,14 @@
 
 #include "castor/check.h"
 #include "castor/trainer.h"
+#include "castor/version.h"
 
 namespace {
 
-const char* kUsage = R"(usage: castor <command> [flags]
+const char* kUsage = R"(usage: castor <command> [flags]   (castor --version prints the version)
   train   train an image classifier with mixed precision (castor train --help)
-  eval    test-set accuracy and loss of a checkpoint: castor eval --checkpoint DIR|FILE [--data-dir DIR]
-          [--batch-size N]
-  info    tensors, dtypes, shapes and metadata of a checkpoint: castor info FILE|DIR
+  eval    test-set accuracy and loss of a checkpoint or of PyTorch weights (castor eval --help)
+  info    tensors, dtypes, shapes, parameter counts and metadata of a checkpoint (castor info --help)
 )";
 
 bool wants_help(const std::vector<std::string>& args) {
@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, all.empty() ? stderr : stdout);
     return all.empty() ? 2 : 0;
   }
+  if (all[0] == "--version") return std::printf("castor %s\n", CASTOR_VERSION), 0;
   const std::string cmd = all[0];
   const std::vector<std::string> args(all.begin() + 1, all.end());
   try {
@@ -36,10 +37,10 @@ int main(int argc, char** argv) {
       if (wants_help(args)) return std::fputs(castor::train::train_help().c_str(), stdout), 0;
       std::printf("%s\n", castor::train::run_train(castor::train::parse_train_flags(args)).dump().c_str());
     } else if (cmd == "eval") {
-      if (wants_help(args)) return std::fputs(kUsage, stdout), 0;
-      std::printf("%s\n", castor::train::run_eval(args).dump().c_str());
+      if (wants_help(args)) return std::fputs(castor::train::eval_help().c_str(), stdout), 0;
+      std::printf("%s\n", castor::train::run_eval(castor::train::parse_eval_flags(args)).dump().c_str());
     } else if (cmd == "info") {
-      if (wants_help(args)) return std::fputs(kUsage, stdout), 0;
+      if (wants_help(args)) return std::fputs(castor::train::info_help().c_str(), stdout), 0;
       std::fputs(castor::train::run_info(args).c_str(), stdout);
     } else {
       std::fprintf(stderr, "castor: unknown command '%s'\n%s", cmd.c_str(), kUsage);

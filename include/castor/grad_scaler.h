@@ -139,3 +139,9 @@ double clip_grad_norm_(optim::Optimizer& optimizer, double max_norm);
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 
 }  // namespace castor::amp
+
+// Where PyTorch users look for it (torch.nn.utils.clip_grad_norm_). It lives with the scaler because after
+// unscale_ it clips the float32 gradients the optimizer stages, which the nn layer does not know about.
+namespace castor::nn::utils {
+using amp::clip_grad_norm_;
+}  // namespace castor::nn::utils

@@ -1,24 +1,17 @@
-// A self-contained HTML report of a training run: loss, accuracy and loss scale over steps, skipped steps marked.
+// A self-contained HTML report of a training run, rebuilt from its whole metrics.jsonl (resumed parts included).
 #pragma once
-#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "castor/explain.h"
+#include "castor/json.h"
+
 namespace castor::train {
 
-struct StepRecord {
-  int64_t step = 0;
-  double loss = 0, loss_scale = 1, lr = 0;
-  bool skipped = false;
-};
-
-struct EpochRecord {
-  int64_t epoch = 0, step = 0;
-  double train_loss = 0, test_loss = 0, test_accuracy = 0, images_per_sec = 0;
-};
-
-// An HTML page with inline SVG charts (no scripts, no external files).
-std::string render_report(const std::string& title, const std::vector<StepRecord>& steps,
-                          const std::vector<EpochRecord>& epochs);
+// An HTML page with inline SVG charts (no scripts, no external files): the run's settings (config.json), loss
+// (window means and single steps), test accuracy at each evaluation, loss scale with skipped steps marked, peak
+// memory, the per-epoch table and the per-op dtype table of one forward pass (`op_dtypes`, may be empty).
+std::string render_report(const std::string& title, const Json& config, const std::vector<Json>& records,
+                          const std::vector<amp::ExplainRow>& op_dtypes);
 
 }  // namespace castor::train

@@ -1,6 +1,7 @@
 // The resolved settings of a `castor train` run, parsed from command-line flags and validated.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,14 +16,18 @@ struct TrainConfig {
   std::string amp = "O1";              // O0 | O1 | O2 | O3
   DType dtype = DType::BFloat16;       // the 16-bit type of O1-O3
   bool stochastic_rounding = false;    // O3: round optimizer updates stochastically
+  std::optional<double> loss_scale;    // a static loss scale; nullopt: the level's default (dynamic at O1/O2)
   std::string optimizer = "adam";      // sgd | adam | adamw
   double lr = 1e-3;
   double momentum = 0.9;
   double weight_decay = 0.0;
   std::string schedule = "none";       // none | step | cosine | onecycle
-  int64_t batch_size = 64;
+  double clip_grad_norm = 0.0;         // > 0: clip the unscaled gradients to this total 2-norm
+  int64_t grad_accum = 1;              // micro-batches per optimizer step
+  double label_smoothing = 0.0;
+  int64_t batch_size = 64;             // images per micro-batch
   int64_t epochs = 1;
-  int64_t steps = 0;                   // > 0: stop after this many steps (overrides epochs)
+  int64_t steps = 0;                   // > 0: stop after this many optimizer steps (overrides epochs)
   std::string augment = "none";        // none | standard
   uint64_t seed = 0;
   int threads = 0;                     // 0: all cores
@@ -33,12 +38,25 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;        // steps; 0: at each epoch end
   int64_t keep = 2;                    // checkpoints kept
   int64_t log_every = 50;              // steps between metric lines
+  int64_t eval_every = 0;              // > 0: test accuracy every N steps too (always at each epoch end)
   int64_t synthetic_size = 2048;       // training images of --data synthetic
   bool profile = false;
 };
 
-// Parses `castor train` flags (argv after the subcommand). Throws castor::Error naming the flag and problem.
+// Parses `castor train` flags (argv after the subcommand; `--config FILE` reads more from a TOML/INI file).
+// Throws castor::Error naming the flag and the problem, in one line.
 TrainConfig parse_train_flags(const std::vector<std::string>& args);
 std::string train_help();
+
+// `castor eval`: a castor checkpoint, or weights without castor metadata given model and data.
+struct EvalConfig {
+  std::string path;        // run directory, checkpoint directory or safetensors file
+  std::string model, data;  // for files without castor metadata (e.g. written by PyTorch)
+  std::string data_dir;
+  int64_t batch_size = 256;
+};
+EvalConfig parse_eval_flags(const std::vector<std::string>& args);
+std::string eval_help();
+std::string info_help();
 
 }  // namespace castor::train

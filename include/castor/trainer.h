@@ -12,10 +12,11 @@ namespace castor::train {
 // and report.html under cfg.out, and returns the summary (also printed as the last stdout line).
 Json run_train(TrainConfig cfg);
 
-// `castor eval --checkpoint DIR|FILE [--data-dir DIR] [--batch-size N]`: test-set accuracy and loss.
-Json run_eval(const std::vector<std::string>& args);
+// `castor eval`: test-set accuracy and loss of a castor checkpoint, or of weights without castor metadata
+// (e.g. written by PyTorch) given their model and dataset.
+Json run_eval(const EvalConfig& cfg);
 
-// `castor info FILE|DIR`: tensors, dtypes, shapes, metadata and precision state of a checkpoint.
+// `castor info FILE|DIR`: tensors, dtypes, shapes, parameter counts, metadata and precision state of a checkpoint.
 std::string run_info(const std::vector<std::string>& args);
 
 }  // namespace castor::train

@@ -1,7 +1,8 @@
-// Parsing and validating `castor train` flags.
-#include <functional>
-#include <map>
-#include <sstream>
+// The flags of `castor train` and `castor eval`: one CLI11 table gives parsing, range checks, help and config files.
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <memory>
 
 #include "castor/check.h"
 #include "castor/train_config.h"
@@ -10,7 +11,8 @@ namespace castor::train {
 
 namespace {
 
-double parse_number(const std::string& flag, const std::string& v) {
+// Value checks run on the flag's text before conversion; CLI11 prefixes the flag name to the message.
+double parse_number(const std::string& v, std::string& err) {
   size_t used = 0;
   double d = 0;
   try {
@@ -18,123 +20,217 @@ double parse_number(const std::string& flag, const std::string& v) {
   } catch (const std::exception&) {
     used = 0;
   }
-  CASTOR_CHECK(used == v.size() && !v.empty(), flag, ": expected a number, got '", v, "'");
+  if (used != v.size() || v.empty()) err = "expected a number, got '" + v + "'";
+  else if (!std::isfinite(d)) err = "must be finite, got " + v;
   return d;
 }
 
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t min) {
-  const double d = parse_number(flag, v);
-  CASTOR_CHECK(d == static_cast<double>(static_cast<int64_t>(d)), flag, ": expected an integer, got '", v, "'");
-  CASTOR_CHECK(d >= static_cast<double>(min), flag, ": must be at least ", min, ", got ", v);
-  return static_cast<int64_t>(d);
+CLI::Validator number_in(double lo, double hi, bool lo_open, bool hi_open, const std::string& range) {
+  return CLI::Validator(
+      [=](std::string& v) {
+        std::string err;
+        const double d = parse_number(v, err);
+        if (err.empty() && ((lo_open ? d <= lo : d < lo) || (hi_open ? d >= hi : d > hi)))
+          err = "must be " + range + ", got " + v;
+        return err;
+      },
+      "");
+}
+const CLI::Validator kPositive = number_in(0, HUGE_VAL, true, false, "positive");
+const CLI::Validator kNonNegative = number_in(0, HUGE_VAL, false, false, "non-negative");
+const CLI::Validator kUnit = number_in(0, 1, false, true, "in [0, 1)");
+
+CLI::Validator integer_at_least(int64_t min) {
+  return CLI::Validator(
+      [=](std::string& v) {
+        std::string err;
+        const double d = parse_number(v, err);
+        if (!err.empty()) return err;
+        // Integers up to 2^53 are exact in a double; larger counts are no real run's.
+        if (d != std::floor(d) || std::fabs(d) > 9007199254740992.0) return "expected an integer, got '" + v + "'";
+        if (d < static_cast<double>(min)) return "must be at least " + std::to_string(min) + ", got " + v;
+        return std::string();
+      },
+      "");
 }
 
-std::string one_of(const std::string& flag, const std::string& v, std::initializer_list<const char*> choices) {
+CLI::Validator one_of(std::vector<std::string> choices) {
   std::string list;
-  for (const char* c : choices) {
-    if (v == c) return v;
-    list += (list.empty() ? "" : "|") + std::string(c);
+  for (const std::string& c : choices) list += (list.empty() ? "" : "|") + c;
+  return CLI::Validator(
+      [=](std::string& v) {
+        for (const std::string& c : choices)
+          if (v == c) return std::string();
+        return "expected " + list + ", got '" + v + "'";
+      },
+      list);
+}
+
+// CLI11's parse errors, in the one-line form the rest of Castor uses: "--flag: problem".
+[[noreturn]] void rethrow(const CLI::ParseError& e, const std::string& command) {
+  std::string msg = e.what();
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+    msg = "unknown flag '" + msg.substr(msg.find(": ") + 2) + "' (see castor " + command + " --help)";
+  } else if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr) {
+    msg = msg.substr(0, msg.find(':')) + ": missing value";
   }
-  throw Error(detail::cat(flag, ": expected ", list, ", got '", v, "'"));
+  for (char& ch : msg)
+    if (ch == '\n') ch = ' ';
+  throw Error(msg);
+}
+
+void parse(CLI::App& app, std::vector<std::string> args, const std::string& command) {
+  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last-first
+  try {
+    app.parse(args);
+  } catch (const CLI::ParseError& e) {
+    rethrow(e, command);
+  }
+}
+
+DType parse_16bit(const std::string& name) {
+  return name == "bf16" || name == "bfloat16" ? DType::BFloat16 : DType::Float16;
+}
+
+// The flags of `castor train`, bound to `c` (whose initial values are the defaults the help shows); the
+// string-valued ones that need resolving land in `raw`.
+struct RawTrainFlags {
+  std::string dtype, precision, loss_scale = "dynamic";
+};
+
+void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
+  app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.get_formatter()->column_width(34);
+  app.set_config("--config", "", "read flags from a TOML or INI file whose keys are the flag names");
+  app.allow_config_extras(CLI::config_extras_mode::error);
+
+  app.add_option("--data", c.data, "dataset")->check(one_of({"fashion-mnist", "cifar10", "synthetic"}));
+  app.add_option("--data-dir", c.data_dir,
+                 "dataset directory (default /usr/share/datasets/fashion-mnist or ./cifar-10-batches-bin)");
+  app.add_option("--model", c.model, "model")->check(one_of({"simplecnn", "resnet18", "resnet9"}));
+  auto* amp = app.add_option("--amp", c.amp,
+                             "opt level: O0 float32, O1 autocast + dynamic loss scaling, O2 16-bit model with "
+                             "float32 master weights (BatchNorm float32), O3 pure 16-bit")
+                  ->check(one_of({"O0", "O1", "O2", "O3"}));
+  raw.dtype = "bf16";
+  auto* dtype = app.add_option("--dtype", raw.dtype, "the 16-bit type of O1-O3")
+                    ->check(one_of({"bf16", "fp16", "bfloat16", "float16"}));
+  app.add_option("--precision", raw.precision,
+                 "Lightning-style alias of --amp/--dtype: 32 (O0), bf16-mixed / 16-mixed (O1), "
+                 "bf16-true / 16-true (O3)")
+      ->check(one_of({"32", "bf16-mixed", "16-mixed", "bf16-true", "16-true"}))
+      ->excludes(amp)
+      ->excludes(dtype);
+  app.add_flag("--stochastic-rounding", c.stochastic_rounding,
+               "O3 only: round optimizer updates stochastically (pure-bf16 training)");
+  app.add_option("--loss-scale", raw.loss_scale, "dynamic, or a static loss scale (a positive number)")
+      ->check(one_of({"dynamic"}) | kPositive);
+  app.add_option("--optimizer", c.optimizer, "optimizer")->check(one_of({"sgd", "adam", "adamw"}));
+  app.add_option("--lr", c.lr, "learning rate")->check(kPositive);
+  app.add_option("--momentum", c.momentum, "SGD momentum")->check(kUnit);
+  app.add_option("--weight-decay", c.weight_decay, "weight decay")->check(kNonNegative);
+  app.add_option("--schedule", c.schedule, "learning-rate schedule")
+      ->check(one_of({"none", "step", "cosine", "onecycle"}));
+  app.add_option("--clip-grad-norm", c.clip_grad_norm, "clip the unscaled gradients to this total 2-norm (0: off)")
+      ->check(kNonNegative);
+  app.add_option("--grad-accum", c.grad_accum, "micro-batches whose gradients are summed per optimizer step")
+      ->check(integer_at_least(1));
+  app.add_option("--label-smoothing", c.label_smoothing, "cross-entropy label smoothing")->check(kUnit);
+  app.add_option("--batch-size", c.batch_size, "images per micro-batch")->check(integer_at_least(1));
+  app.add_option("--epochs", c.epochs, "epochs")->check(integer_at_least(1));
+  app.add_option("--steps", c.steps, "stop after this many optimizer steps (0: run the epochs)")
+      ->check(integer_at_least(0));
+  app.add_option("--augment", c.augment, "random crop (pad 4) and horizontal flip")
+      ->check(one_of({"none", "standard"}));
+  app.add_option("--seed", c.seed, "seed of the weights, the data order and augmentation")
+      ->check(integer_at_least(0));
+  app.add_option("--threads", c.threads, "threads (0: all cores)")->check(integer_at_least(0));
+  app.add_flag("--deterministic", c.deterministic, "fixed threading, for bit-exact resume");
+  app.add_option("--out", c.out, "run directory");
+  app.add_option("--resume", c.resume, "continue the run in this directory");
+  app.add_option("--init", c.init, "initial weights: a safetensors file with PyTorch names and layouts");
+  app.add_option("--checkpoint-every", c.checkpoint_every, "steps between checkpoints (0: at each epoch end)")
+      ->check(integer_at_least(0));
+  app.add_option("--keep", c.keep, "checkpoints kept")->check(integer_at_least(1));
+  app.add_option("--log-every", c.log_every, "steps between metric lines")->check(integer_at_least(1));
+  app.add_option("--eval-every", c.eval_every, "test accuracy every N steps as well as at each epoch end (0: off)")
+      ->check(integer_at_least(0));
+  app.add_option("--synthetic-size", c.synthetic_size, "training images of --data synthetic")
+      ->check(integer_at_least(1));
+  app.add_flag("--profile", c.profile, "print the top ops by time, with their dtypes");
+}
+
+std::unique_ptr<CLI::App> train_app(TrainConfig& c, RawTrainFlags& raw) {
+  auto app = std::make_unique<CLI::App>("Trains an image classifier with mixed precision. `castor train` alone trains SimpleCNN on "
+               "Fashion-MNIST (Debian's dataset-fashion-mnist) for one epoch with O1 bfloat16 autocast and Adam.",
+               "castor train");
+  add_train_flags(*app, c, raw);
+  return app;
+}
+
+struct EvalFlags {
+  std::string checkpoint, file, model, data, data_dir;
+  int64_t batch_size = 256;
+};
+
+std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
+  auto owner = std::make_unique<CLI::App>("Test-set accuracy and loss of a checkpoint (a run or checkpoint directory, or a castor "
+               "model.safetensors), or of PyTorch-written weights given --model and --data.",
+               "castor eval");
+  CLI::App& app = *owner;
+  app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.get_formatter()->column_width(34);
+  app.add_option("--checkpoint", f.checkpoint, "a run directory, checkpoint directory or model.safetensors");
+  app.add_option("file", f.file, "the same as --checkpoint (e.g. weights.safetensors from PyTorch)");
+  app.add_option("--model", f.model, "the model of weights without castor metadata")
+      ->check(one_of({"simplecnn", "resnet18", "resnet9"}));
+  app.add_option("--data", f.data, "the dataset of weights without castor metadata")
+      ->check(one_of({"fashion-mnist", "cifar10", "synthetic"}));
+  app.add_option("--data-dir", f.data_dir, "dataset directory (default: the one the run used)");
+  app.add_option("--batch-size", f.batch_size, "images per batch")->check(integer_at_least(1));
+  return owner;
 }
 
 }  // namespace
 
 TrainConfig parse_train_flags(const std::vector<std::string>& args) {
   TrainConfig c;
-  using Setter = std::function<void(const std::string&)>;
-  const std::map<std::string, Setter> valued = {
-      {"--data", [&](const std::string& v) { c.data = one_of("--data", v, {"fashion-mnist", "cifar10", "synthetic"}); }},
-      {"--data-dir", [&](const std::string& v) { c.data_dir = v; }},
-      {"--model", [&](const std::string& v) { c.model = one_of("--model", v, {"simplecnn", "resnet18", "resnet9"}); }},
-      {"--amp", [&](const std::string& v) { c.amp = one_of("--amp", v, {"O0", "O1", "O2", "O3"}); }},
-      {"--dtype",
-       [&](const std::string& v) {
-         c.dtype = one_of("--dtype", v, {"bf16", "fp16"}) == "bf16" ? DType::BFloat16 : DType::Float16;
-       }},
-      {"--optimizer", [&](const std::string& v) { c.optimizer = one_of("--optimizer", v, {"sgd", "adam", "adamw"}); }},
-      {"--lr",
-       [&](const std::string& v) {
-         c.lr = parse_number("--lr", v);
-         CASTOR_CHECK(c.lr > 0, "--lr: must be positive, got ", v);
-       }},
-      {"--momentum",
-       [&](const std::string& v) {
-         c.momentum = parse_number("--momentum", v);
-         CASTOR_CHECK(c.momentum >= 0 && c.momentum < 1, "--momentum: must be in [0, 1), got ", v);
-       }},
-      {"--weight-decay",
-       [&](const std::string& v) {
-         c.weight_decay = parse_number("--weight-decay", v);
-         CASTOR_CHECK(c.weight_decay >= 0, "--weight-decay: must be non-negative, got ", v);
-       }},
-      {"--schedule",
-       [&](const std::string& v) { c.schedule = one_of("--schedule", v, {"none", "step", "cosine", "onecycle"}); }},
-      {"--batch-size", [&](const std::string& v) { c.batch_size = parse_int("--batch-size", v, 1); }},
-      {"--epochs", [&](const std::string& v) { c.epochs = parse_int("--epochs", v, 1); }},
-      {"--steps", [&](const std::string& v) { c.steps = parse_int("--steps", v, 1); }},
-      {"--augment", [&](const std::string& v) { c.augment = one_of("--augment", v, {"none", "standard"}); }},
-      {"--seed", [&](const std::string& v) { c.seed = static_cast<uint64_t>(parse_int("--seed", v, 0)); }},
-      {"--threads", [&](const std::string& v) { c.threads = static_cast<int>(parse_int("--threads", v, 0)); }},
-      {"--out", [&](const std::string& v) { c.out = v; }},
-      {"--resume", [&](const std::string& v) { c.resume = v; }},
-      {"--init", [&](const std::string& v) { c.init = v; }},
-      {"--checkpoint-every", [&](const std::string& v) { c.checkpoint_every = parse_int("--checkpoint-every", v, 0); }},
-      {"--keep", [&](const std::string& v) { c.keep = parse_int("--keep", v, 1); }},
-      {"--log-every", [&](const std::string& v) { c.log_every = parse_int("--log-every", v, 1); }},
-      {"--synthetic-size", [&](const std::string& v) { c.synthetic_size = parse_int("--synthetic-size", v, 1); }},
-  };
-  const std::map<std::string, std::function<void()>> switches = {
-      {"--deterministic", [&] { c.deterministic = true; }},
-      {"--profile", [&] { c.profile = true; }},
-      {"--stochastic-rounding", [&] { c.stochastic_rounding = true; }},
-  };
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string flag = args[i], value;
-    const size_t eq = flag.find('=');
-    const bool inline_value = eq != std::string::npos;
-    if (inline_value) {
-      value = flag.substr(eq + 1);
-      flag = flag.substr(0, eq);
-    }
-    if (auto s = switches.find(flag); s != switches.end()) {
-      CASTOR_CHECK(!inline_value, flag, ": takes no value");
-      s->second();
-      continue;
-    }
-    auto v = valued.find(flag);
-    CASTOR_CHECK(v != valued.end(), "unknown flag '", flag, "' (see castor train --help)");
-    if (!inline_value) {
-      CASTOR_CHECK(i + 1 < args.size(), flag, ": missing value");
-      value = args[++i];
-    }
-    v->second(value);
+  RawTrainFlags raw;
+  parse(*train_app(c, raw), args, "train");
+  c.dtype = parse_16bit(raw.dtype);
+  if (!raw.precision.empty()) {
+    c.amp = raw.precision == "32" ? "O0" : raw.precision.ends_with("-mixed") ? "O1" : "O3";
+    c.dtype = raw.precision.starts_with("bf16") ? DType::BFloat16 : DType::Float16;
   }
+  if (raw.loss_scale != "dynamic") c.loss_scale = std::stod(raw.loss_scale);
   CASTOR_CHECK(!c.stochastic_rounding || c.amp == "O3", "--stochastic-rounding: needs --amp O3 (pure 16-bit)");
+  CASTOR_CHECK(!c.loss_scale || c.amp != "O0", "--loss-scale: O0 trains in float32 without loss scaling");
   return c;
 }
 
 std::string train_help() {
-  return R"(usage: castor train [flags]
-Trains an image classifier with mixed precision. `castor train` alone trains SimpleCNN on Fashion-MNIST
-(Debian's dataset-fashion-mnist) for one epoch with O1 bfloat16 autocast and Adam.
+  TrainConfig c;
+  RawTrainFlags raw;
+  return train_app(c, raw)->help();
+}
 
-  --data fashion-mnist|cifar10|synthetic   dataset (default fashion-mnist)
-  --data-dir DIR          dataset directory (default /usr/share/datasets/fashion-mnist, or ./cifar-10-batches-bin)
-  --model simplecnn|resnet18|resnet9       model (default simplecnn)
-  --amp O0|O1|O2|O3       opt level: O0 float32, O1 autocast + dynamic loss scaling, O2 16-bit model with
-                          float32 master weights (BatchNorm float32), O3 pure 16-bit (default O1)
-  --dtype bf16|fp16       the 16-bit type (default bf16)
-  --stochastic-rounding   O3 only: round optimizer updates stochastically (pure-bf16 training)
-  --optimizer sgd|adam|adamw  (default adam)   --lr X (1e-3)   --momentum X (0.9, sgd)   --weight-decay X (0)
-  --schedule none|step|cosine|onecycle     learning-rate schedule (default none)
-  --batch-size N (64)     --epochs N (1)      --steps N (stop after N steps)
-  --augment none|standard random crop (pad 4) and horizontal flip (default none)
-  --seed N (0)            --threads N (all cores)    --deterministic (bit-exact resume)
-  --out DIR (runs/latest) --resume DIR        --init FILE.safetensors (PyTorch names and layouts)
-  --checkpoint-every N    steps between checkpoints (default: each epoch end)   --keep K (2)
-  --log-every N (50)      --synthetic-size N (2048)   --profile (top ops by time, with dtypes)
-)";
+EvalConfig parse_eval_flags(const std::vector<std::string>& args) {
+  EvalFlags f;
+  parse(*eval_app(f), args, "eval");
+  CASTOR_CHECK(f.checkpoint.empty() || f.file.empty(), "castor eval: give the checkpoint once (--checkpoint or FILE)");
+  EvalConfig e{f.checkpoint.empty() ? f.file : f.checkpoint, f.model, f.data, f.data_dir, f.batch_size};
+  CASTOR_CHECK(!e.path.empty(), "--checkpoint: missing (a checkpoint directory, run directory or model.safetensors)");
+  return e;
+}
+
+std::string eval_help() {
+  EvalFlags f;
+  return eval_app(f)->help();
+}
+
+std::string info_help() {
+  return "castor info: tensors, dtypes, shapes, parameter counts and metadata of a checkpoint\n"
+         "usage: castor info FILE|DIR   (a safetensors file, a checkpoint directory or a run directory)\n";
 }
 
 }  // namespace castor::train

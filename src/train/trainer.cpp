@@ -2,12 +2,11 @@
 #include "castor/trainer.h"
 
 #include <omp.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
+#include <optional>
 #include <iostream>
 #include <memory>
 
@@ -23,7 +22,9 @@
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "castor/report.h"
+#include "castor/explain.h"
 #include "train/profiler.h"
+#include "train/run_log.h"
 
 namespace castor::train {
 
@@ -78,6 +79,11 @@ Json config_json(const TrainConfig& c, const Datasets& d) {
   o["momentum"] = c.momentum;
   o["weight_decay"] = c.weight_decay;
   o["schedule"] = c.schedule;
+  o["loss_scale"] = c.loss_scale ? Json(*c.loss_scale) : Json("dynamic");
+  o["clip_grad_norm"] = c.clip_grad_norm;
+  o["grad_accum"] = c.grad_accum;
+  o["label_smoothing"] = c.label_smoothing;
+  o["eval_every"] = c.eval_every;
   o["batch_size"] = c.batch_size;
   o["epochs"] = c.epochs;
   o["steps"] = c.steps;
@@ -131,6 +137,7 @@ Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps) {
     r.opt = c.optimizer == "adam" ? std::make_unique<optim::Adam>(params, o) : optim::make_adamw(params, o);
   }
   amp::Overrides ov;
+  if (c.loss_scale) ov.loss_scale = Json(*c.loss_scale).dump();
   if (c.stochastic_rounding) {
     ov.rounding = optim::Rounding::Stochastic;
     ov.rounding_seed = c.seed;
@@ -204,7 +211,8 @@ Json run_train(TrainConfig c) {
   data::DataLoader loader(d.train, lo);
   CASTOR_CHECK(loader.batches_per_epoch() > 0, "--batch-size ", c.batch_size, " is larger than the ", d.train.n,
                " training images");
-  const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * loader.batches_per_epoch();
+  const int64_t steps_per_epoch = (loader.batches_per_epoch() + c.grad_accum - 1) / c.grad_accum;
+  const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * steps_per_epoch;
   Run run = build_run(c, d, total_steps);
   const Json config = config_json(c, d);
 
@@ -239,8 +247,6 @@ Json run_train(TrainConfig c) {
   }
 
   write_text(c.out + "/config.json", config.dump(2) + "\n");
-  std::ofstream metrics(c.out + "/metrics.jsonl", resuming ? std::ios::app : std::ios::trunc);
-  CASTOR_CHECK(metrics.good(), "--out ", c.out, ": cannot write metrics.jsonl");
 
   auto save = [&]() {
     Checkpoint ck;
@@ -263,102 +269,98 @@ Json run_train(TrainConfig c) {
   };
 
   std::unique_ptr<Profiler> profiler = c.profile ? std::make_unique<Profiler>() : nullptr;
-  const bool tty = isatty(STDOUT_FILENO);
-  std::vector<StepRecord> step_log;
-  std::vector<EpochRecord> epoch_log;
+  RunLog log(c, total_steps, c.steps > 0 ? (total_steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs,
+             /*append=*/resuming);
+  std::vector<amp::ExplainRow> op_dtypes;  // of this process's first forward pass, for the report
   reset_peak_memory_stats();
-  double images = 0, train_seconds = 0, loss_sum = 0;
-  int64_t loss_count = 0;
+  double images = 0, train_seconds = 0;
   Evaluation last_eval;
   bool done = step >= total_steps;
-  std::printf("castor train: %s on %s, %s %s, %s lr %g, batch %lld, %lld steps, %d threads\n", c.model.c_str(),
-              c.data.c_str(), c.amp.c_str(), c.amp == "O0" ? "float32" : dtype_name(c.dtype), c.optimizer.c_str(),
-              c.lr, static_cast<long long>(c.batch_size), static_cast<long long>(total_steps), omp_get_max_threads());
+  std::fprintf(stderr, "castor train: %s on %s, %s %s, %s lr %g, batch %lld, %lld steps, %d threads\n",
+               c.model.c_str(), c.data.c_str(), c.amp.c_str(), c.amp == "O0" ? "float32" : dtype_name(c.dtype),
+               c.optimizer.c_str(), c.lr, static_cast<long long>(c.batch_size * c.grad_accum),
+               static_cast<long long>(total_steps), omp_get_max_threads());
   while (!done) {
     loader.start_epoch(epoch, batch_in_epoch);
     double epoch_loss = 0;
     int64_t epoch_batches = 0;
     const auto epoch_start = Clock::now();
     double epoch_images = 0;
+    int64_t micro = 0;  // micro-batches whose gradients are summed so far
+    double step_loss = 0, step_seconds = 0;
     while (auto batch = loader.next()) {
       const auto t0 = Clock::now();
-      run.opt->zero_grad();
+      if (micro == 0) run.opt->zero_grad();
       Tensor loss;
       {
+        std::optional<amp::ExplainGuard> explain;
+        if (op_dtypes.empty()) explain.emplace();
         auto fw = run.amp->forward();
         // O2/O3 models take 16-bit input; their logits are widened before the loss, as Apex does.
         Tensor logits = (*run.model)(batch->images.to(input_dtype(*run.amp)));
-        loss = F::cross_entropy(logits.float_(), batch->labels);
+        loss = F::cross_entropy(logits.float_(), batch->labels, F::Reduction::Mean, c.label_smoothing);
+        if (explain) op_dtypes = explain->rows();
       }
-      run.amp->scale_loss(loss, *run.opt).backward();
-      const bool stepped = run.amp->step(*run.opt);
-      if (run.sched) run.sched->step();
-      const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-      const double lv = loss.item();
-      ++step;
+      // Summed over grad_accum micro-batches, the gradients are those of the mean loss of one big batch.
+      run.amp->scale_loss(c.grad_accum > 1 ? loss / static_cast<double>(c.grad_accum) : loss, *run.opt).backward();
       batch_in_epoch = batch->index + 1;
       images += static_cast<double>(batch->labels.numel());
       epoch_images += static_cast<double>(batch->labels.numel());
-      train_seconds += seconds;
+      step_loss += loss.item();
+      step_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      // A step takes grad_accum micro-batches, or what is left of the epoch.
+      if (++micro < c.grad_accum && batch_in_epoch < loader.batches_per_epoch()) continue;
+      const auto t1 = Clock::now();
+      if (c.clip_grad_norm > 0) {
+        run.amp->unscale_(*run.opt);
+        amp::clip_grad_norm_(*run.opt, c.clip_grad_norm);
+      }
+      const bool stepped = run.amp->step(*run.opt);
+      if (run.sched) run.sched->step();
+      train_seconds += step_seconds + std::chrono::duration<double>(Clock::now() - t1).count();
+      const double lv = step_loss / static_cast<double>(micro);
+      micro = 0;
+      step_loss = step_seconds = 0;
+      ++step;
       epoch_loss += lv;
       ++epoch_batches;
-      loss_sum += lv;
-      ++loss_count;
-      const double scale = run.amp->scaler().get_scale();
-      const double lr = run.opt->param_groups()[0].lr;
-      if (!stepped || step % c.log_every == 0 || step == total_steps) {
-        StepRecord rec{step, lv, scale, lr, !stepped};
-        step_log.push_back(rec);
-        Json::Object m{{"step", step}, {"epoch", epoch}, {"loss", lv}, {"lr", lr}, {"loss_scale", scale},
-                       {"skipped", !stepped}, {"images_per_sec", images / train_seconds},
-                       {"peak_memory_bytes", memory_stats().peak_bytes}};
-        metrics << Json(m).dump() << "\n" << std::flush;
-      }
-      if (tty) {
-        const double ips = images / train_seconds, eta = (total_steps - step) * c.batch_size / ips;
-        std::printf("\r[%-30s] %lld/%lld  loss %.4f  scale %g  %.0f img/s  ETA %.0fs ",
-                    std::string(static_cast<size_t>(30.0 * step / total_steps), '#').c_str(),
-                    static_cast<long long>(step), static_cast<long long>(total_steps), loss_sum / loss_count, scale,
-                    ips, eta);
-        std::fflush(stdout);
-      } else if (step % c.log_every == 0) {
-        std::printf("step %lld/%lld  loss %.4f  scale %g  lr %.3g  %.0f img/s\n", static_cast<long long>(step),
-                    static_cast<long long>(total_steps), loss_sum / loss_count, scale, lr, images / train_seconds);
-        std::fflush(stdout);
-        loss_sum = 0;
-        loss_count = 0;
-      }
+      log.step({step, epoch, lv, run.opt->param_groups()[0].lr, run.amp->scaler().get_scale(), !stepped, images,
+                train_seconds});
       done = step >= total_steps;
+      // (an epoch's end evaluates anyway)
+      if (c.eval_every > 0 && step % c.eval_every == 0 && !done && batch_in_epoch < loader.batches_per_epoch()) {
+        const Evaluation e = evaluate(*run.model, *run.amp, d.test, d.norm, 256);
+        log.evaluation(step, epoch, e.loss, e.accuracy);
+      }
       if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save();
       if (done) break;
     }
     const bool epoch_end = batch_in_epoch >= loader.batches_per_epoch();
-    if (tty) std::printf("\n");
     last_eval = evaluate(*run.model, *run.amp, d.test, d.norm, 256);
     const double ips = epoch_images / std::max(std::chrono::duration<double>(Clock::now() - epoch_start).count(), 1e-9);
-    EpochRecord er{epoch, step, epoch_batches ? epoch_loss / epoch_batches : 0.0, last_eval.loss, last_eval.accuracy,
-                   ips};
-    epoch_log.push_back(er);
-    std::printf("epoch %lld  train loss %.4f  test loss %.4f  test acc %.2f%%  %.0f img/s  scale %g  skipped %lld  "
-                "peak mem %.1f MiB\n",
-                static_cast<long long>(epoch), er.train_loss, er.test_loss, 100 * er.test_accuracy, ips,
-                run.amp->scaler().get_scale(), static_cast<long long>(run.amp->scaler().steps_skipped()),
-                memory_stats().peak_bytes / 1048576.0);
-    Json::Object m{{"epoch", epoch}, {"step", step}, {"train_loss", er.train_loss}, {"test_loss", er.test_loss},
-                   {"test_accuracy", er.test_accuracy}, {"images_per_sec", ips},
-                   {"loss_scale", run.amp->scaler().get_scale()},
-                   {"skipped_steps", run.amp->scaler().steps_skipped()},
-                   {"peak_memory_bytes", memory_stats().peak_bytes}};
-    metrics << Json(m).dump() << "\n" << std::flush;
+    const double train_loss = epoch_batches ? epoch_loss / static_cast<double>(epoch_batches) : 0.0;
+    const amp::GradScaler& scaler = run.amp->scaler();
+    char line[256];
+    std::snprintf(line, sizeof(line),
+                  "epoch %lld  train loss %.4f  test loss %.4f  test acc %.2f%%  %.0f img/s  scale %g  skipped %lld  "
+                  "peak mem %.1f MiB",
+                  static_cast<long long>(epoch), train_loss, last_eval.loss, 100 * last_eval.accuracy, ips,
+                  scaler.get_scale(), static_cast<long long>(scaler.steps_skipped()),
+                  memory_stats().peak_bytes / 1048576.0);
+    log.epoch({{"epoch", epoch}, {"step", step}, {"train_loss", train_loss}, {"test_loss", last_eval.loss},
+               {"test_accuracy", last_eval.accuracy}, {"images_per_sec", ips}, {"loss_scale", scaler.get_scale()},
+               {"skipped_steps", scaler.steps_skipped()}, {"peak_memory_bytes", memory_stats().peak_bytes}},
+              line);
     if (epoch_end) {
       ++epoch;
       batch_in_epoch = 0;
     }
     if (c.checkpoint_every == 0 || done) save();
   }
-  write_text(c.out + "/report.html", render_report("castor: " + c.model + " on " + c.data + ", " + c.amp, step_log,
-                                                   epoch_log));
-  if (profiler) std::printf("%s", profiler->table(15).c_str());
+  // The report covers the whole run, resumed parts included, from metrics.jsonl.
+  write_text(c.out + "/report.html", render_report("castor: " + c.model + " on " + c.data + ", " + c.amp, config,
+                                                   read_metrics(c.out), op_dtypes));
+  if (profiler) std::fprintf(stderr, "%s", profiler->table(15).c_str());
   Json::Object summary{{"test_accuracy", last_eval.accuracy},
                        {"test_loss", last_eval.loss},
                        {"train_images_per_sec", train_seconds > 0 ? images / train_seconds : 0.0},
@@ -368,42 +370,48 @@ Json run_train(TrainConfig c) {
                        {"peak_memory_bytes", memory_stats().peak_bytes},
                        {"wall_seconds", std::chrono::duration<double>(Clock::now() - wall_start).count()},
                        {"out", c.out}};
+  write_text(c.out + "/summary.json", Json(summary).dump(2) + "\n");
   return summary;
 }
 
-Json run_eval(const std::vector<std::string>& args) {
-  std::string path, data_dir;
-  int64_t batch_size = 256;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    CASTOR_CHECK(a == "--checkpoint" || a == "--data-dir" || a == "--batch-size", "unknown flag '", a,
-                 "' (see castor eval --help)");
-    CASTOR_CHECK(i + 1 < args.size(), a, ": missing value");
-    const std::string& v = args[++i];
-    if (a == "--checkpoint") path = v;
-    if (a == "--data-dir") data_dir = v;
-    if (a == "--batch-size") batch_size = parse_train_flags({"--batch-size", v}).batch_size;
+Json run_eval(const EvalConfig& e) {
+  const bool dir = fs::is_directory(e.path);
+  LoadedTensors model_file = dir ? LoadedTensors{} : load_safetensors(e.path);
+  if (dir) {
+    Checkpoint ck = read_checkpoint(e.path);
+    model_file = {ck.model, ck.model_meta};
   }
-  CASTOR_CHECK(!path.empty(), "--checkpoint: missing (a checkpoint directory, run directory or model.safetensors)");
-  LoadedTensors model_file = fs::is_directory(path) ? LoadedTensors{read_checkpoint(path).model, {}}
-                                                    : load_safetensors(path);
-  Metadata meta = model_file.metadata;
-  if (fs::is_directory(path)) meta = read_checkpoint(path).model_meta;
-  auto it = meta.find("castor.config");
-  CASTOR_CHECK(it != meta.end(), path, ": not a castor checkpoint (no castor.config metadata)");
-  const Json cfg = Json::parse(it->second);
-  TrainConfig c = parse_train_flags({"--data", cfg.at("data").as_string(), "--model", cfg.at("model").as_string(),
-                                     "--amp", cfg.at("amp").as_string(), "--seed",
-                                     std::to_string(cfg.at("seed").as_int()), "--synthetic-size",
-                                     std::to_string(cfg.at("synthetic_size").as_int())});
-  c.dtype = parse_dtype(cfg.at("dtype").as_string());
-  c.data_dir = data_dir.empty() ? cfg.at("data_dir").as_string() : data_dir;
+  TrainConfig c;
+  c.amp = "O0";  // weights without castor metadata are evaluated in float32
+  auto it = model_file.metadata.find("castor.config");
+  if (it != model_file.metadata.end()) {
+    const Json cfg = Json::parse(it->second);
+    c.data = cfg.at("data").as_string();
+    c.model = cfg.at("model").as_string();
+    c.amp = cfg.at("amp").as_string();
+    c.dtype = parse_dtype(cfg.at("dtype").as_string());
+    c.seed = static_cast<uint64_t>(cfg.at("seed").as_int());
+    c.synthetic_size = cfg.at("synthetic_size").as_int();
+    c.data_dir = cfg.at("data_dir").as_string();
+    CASTOR_CHECK(e.model.empty() || e.model == c.model, "--model ", e.model, ": ", e.path, " holds a ", c.model);
+    CASTOR_CHECK(e.data.empty() || e.data == c.data, "--data ", e.data, ": ", e.path, " was trained on ", c.data);
+  } else {
+    CASTOR_CHECK(!e.model.empty() && !e.data.empty(), e.path,
+                 ": no castor metadata (castor.config); say what it holds with --model and --data");
+    c.model = e.model;
+    c.data = e.data;
+  }
+  if (!e.data_dir.empty()) c.data_dir = e.data_dir;
   Datasets d = load_data(c);
   Run run = build_run(c, d, 1);
-  run.model->load_state_dict(model_file.tensors, /*strict=*/true);
-  const Evaluation e = evaluate(*run.model, *run.amp, d.test, d.norm, batch_size);
-  return Json::Object{{"test_accuracy", e.accuracy}, {"test_loss", e.loss}, {"images", d.test.n},
-                      {"checkpoint", path}};
+  try {
+    run.model->load_state_dict(model_file.tensors, /*strict=*/true);
+  } catch (const Error& err) {
+    throw Error(detail::cat(e.path, ": ", err.what()));
+  }
+  const Evaluation ev = evaluate(*run.model, *run.amp, d.test, d.norm, e.batch_size);
+  return Json::Object{{"test_accuracy", ev.accuracy}, {"test_loss", ev.loss}, {"images", d.test.n},
+                      {"checkpoint", e.path}};
 }
 
 std::string run_info(const std::vector<std::string>& args) {
@@ -419,13 +427,15 @@ std::string run_info(const std::vector<std::string>& args) {
   }
   std::string out;
   for (const auto& [name, f] : files) {
-    int64_t bytes = 0;
+    int64_t bytes = 0, values = 0;
     out += name + ": " + std::to_string(f.tensors.size()) + " tensors\n";
     for (const auto& [k, t] : f.tensors) {
-      out += "  " + k + "  " + dtype_name(t.dtype()) + shape_str(t.shape()) + "\n";
+      out += "  " + k + "  " + dtype_name(t.dtype()) + shape_str(t.shape()) + "  " + std::to_string(t.numel()) + "\n";
       bytes += static_cast<int64_t>(t.nbytes());
+      values += t.numel();
     }
-    out += "  total " + std::to_string(bytes) + " bytes\n";
+    out += "  total " + std::to_string(values) + " values (parameters and buffers), " + std::to_string(bytes) +
+           " bytes\n";
     for (const auto& [k, v] : f.metadata) out += "  metadata " + k + " = " + v + "\n";
   }
   return out;

@@ -4,9 +4,10 @@
 #       one line per state-dict entry, in named_parameters then named_buffers order:
 #       KIND NAME DTYPE SHAPE(comma-separated, "-" for 0-dim) MIN MAX MEAN STD BOUND
 #       (statistics of PyTorch's own initialisation; BOUND is the uniform-init bound or "inf")
-#   models_oracle.py safetensors MODEL IN H W CLASSES WEIGHTS INPUT OUT
+#   models_oracle.py safetensors MODEL IN H W CLASSES WEIGHTS INPUT OUT [STATE_OUT]
 #       loads a Castor checkpoint's model.safetensors (WEIGHTS) strictly into the twin and writes its eval-mode
-#       logits on INPUT's tensor "input" to OUT (safetensors, tensor "logits")
+#       logits on INPUT's tensor "input" to OUT (safetensors, tensor "logits"); with STATE_OUT, also the twin's
+#       own state_dict() there, as a PyTorch user would save it (no Castor metadata)
 #   models_oracle.py forward MODEL IN H W CLASSES DIR
 #       reads DIR/manifest.txt (the state dict plus "input"), loads it strictly, and writes to DIR/out/:
 #       "eval_logits", then "train_logits" (one training-mode forward) and the state dict after it.
@@ -220,6 +221,8 @@ def main():
         with torch.no_grad():
             logits = model(safetensors_io.read(sys.argv[8])[0]["input"])
         safetensors_io.write(sys.argv[9], {"logits": logits}, {})
+        if len(sys.argv) > 10:
+            safetensors_io.write(sys.argv[10], dict(model.state_dict()), {})
     else:
         raise SystemExit("unknown mode " + mode)
 

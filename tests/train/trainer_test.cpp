@@ -130,9 +130,9 @@ TEST(Trainer, EvalAndInfoReadACheckpoint) {
   const std::string out = fresh("eval_info");
   Json r = run_train(parse_train_flags(base_flags(out, "O1", 8)));
   const std::string ckpt = *latest_checkpoint(out);
-  Json e = run_eval({"--checkpoint", ckpt});
+  Json e = run_eval(parse_eval_flags({"--checkpoint", ckpt}));
   EXPECT_DOUBLE_EQ(e.at("test_accuracy").as_double(), r.at("test_accuracy").as_double());
-  Json from_file = run_eval({"--checkpoint", ckpt + "/model.safetensors"});
+  Json from_file = run_eval(parse_eval_flags({ckpt + "/model.safetensors"}));
   EXPECT_DOUBLE_EQ(from_file.at("test_accuracy").as_double(), r.at("test_accuracy").as_double());
   const std::string info = run_info({ckpt});
   EXPECT_NE(info.find("conv1.weight  float32[32, 3, 3, 3]"), std::string::npos) << info;
@@ -175,21 +175,7 @@ namespace castor::train {
 TEST(Trainer, TrainsOnCifar10BinaryFiles) {
   // CIFAR-10 cannot be downloaded here: write a tiny dataset in its binary format (label byte + 3x32x32).
   const std::string dir = fresh("cifar_bin"), out = fresh("cifar_run");
-  fs::create_directories(dir);
-  Generator gen(5);
-  auto write_batch = [&](const std::string& name, int records) {
-    std::vector<uint8_t> bytes(static_cast<size_t>(records) * 3073);
-    for (int r = 0; r < records; ++r) {
-      const uint8_t label = static_cast<uint8_t>(r % 10);
-      bytes[r * 3073] = label;
-      for (int k = 1; k < 3073; ++k) bytes[r * 3073 + k] = static_cast<uint8_t>((label * 25 + gen.next_u64() % 40) & 255);
-    }
-    FILE* f = std::fopen((dir + "/" + name).c_str(), "wb");
-    std::fwrite(bytes.data(), 1, bytes.size(), f);
-    std::fclose(f);
-  };
-  for (int i = 1; i <= 5; ++i) write_batch("data_batch_" + std::to_string(i) + ".bin", 20);
-  write_batch("test_batch.bin", 30);
+  test::write_tiny_cifar10(dir);
   Json r = run_train(parse_train_flags({"--data", "cifar10", "--data-dir", dir, "--batch-size", "10", "--epochs", "2",
                                         "--augment", "standard", "--out", out, "--log-every", "5"}));
   EXPECT_EQ(r.at("steps").as_int(), 20);

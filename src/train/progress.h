@@ -1,0 +1,26 @@
+// The terminal progress line of `castor train`: fits the terminal's width, rewritten in place.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace castor::train {
+
+struct ProgressState {
+  int64_t epoch = 0, epochs = 1;  // epoch counts from 0
+  int64_t step = 0, total_steps = 0;
+  double loss = 0;                 // the mean over the current logging window, as metrics.jsonl's loss_avg
+  double lr = 0, loss_scale = 1, images_per_sec = 0;
+  double elapsed_seconds = 0;
+};
+
+// "h:mm:ss".
+std::string clock_text(double seconds);
+
+// One progress line of at most `width` characters (fields are dropped from the right, then the bar shrinks,
+// so it never wraps): "[####    ] epoch 1/3 step 120/938 loss 0.4521 lr 1e-03 scale 65536 1234 img/s 0:01:23<0:04:10".
+std::string progress_line(const ProgressState& s, int width);
+
+// The width of the terminal on file descriptor `fd` ($COLUMNS, else 80, when it is not a terminal).
+int terminal_width(int fd);
+
+}  // namespace castor::train

@@ -1,0 +1,67 @@
+// The run's progress output (stderr: a width-fitted line on a terminal, plain lines otherwise) and metrics records.
+#include "train/run_log.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "castor/allocator.h"
+#include "train/progress.h"
+
+namespace castor::train {
+
+RunLog::RunLog(const TrainConfig& c, int64_t total_steps, int64_t epochs, bool append)
+    : metrics_(c.out, append),
+      log_every_(c.log_every),
+      total_steps_(total_steps),
+      epochs_(epochs),
+      tty_(isatty(STDERR_FILENO) != 0),
+      width_(terminal_width(STDERR_FILENO) - 1) {}
+
+void RunLog::step(const StepInfo& s) {
+  window_sum_ += s.loss;
+  ++window_count_;
+  const double ips = s.train_seconds > 0 ? s.images / s.train_seconds : 0;
+  const bool window_end = s.step % log_every_ == 0 || s.step == total_steps_;
+  if (window_end || s.skipped) {
+    Json::Object m{{"step", s.step}, {"epoch", s.epoch}, {"loss", s.loss}, {"lr", s.lr}, {"loss_scale", s.loss_scale},
+                   {"skipped", s.skipped}, {"images_per_sec", ips}, {"peak_memory_bytes", memory_stats().peak_bytes}};
+    if (window_end) m["loss_avg"] = window_sum_ / static_cast<double>(window_count_);
+    metrics_.write(m);
+  }
+  const double window_mean = window_sum_ / static_cast<double>(window_count_);
+  if (tty_) {
+    const ProgressState p{s.epoch, epochs_, s.step, total_steps_, window_mean, s.lr, s.loss_scale, ips,
+                          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count()};
+    std::fprintf(stderr, "\r%s\x1b[K", progress_line(p, width_).c_str());
+    std::fflush(stderr);
+    progress_drawn_ = true;
+  } else if (window_end) {
+    std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3g  scale %g  %.0f img/s\n", static_cast<long long>(s.step),
+                 static_cast<long long>(total_steps_), window_mean, s.lr, s.loss_scale, ips);
+  }
+  if (window_end) {
+    window_sum_ = 0;
+    window_count_ = 0;
+  }
+}
+
+void RunLog::evaluation(int64_t step, int64_t epoch, double test_loss, double test_accuracy) {
+  metrics_.write({{"step", step}, {"epoch", epoch}, {"test_loss", test_loss}, {"test_accuracy", test_accuracy}});
+  finish_progress_line();
+  std::fprintf(stderr, "step %lld  test loss %.4f  test acc %.2f%%\n", static_cast<long long>(step), test_loss,
+               100 * test_accuracy);
+}
+
+void RunLog::epoch(const Json::Object& record, const std::string& line) {
+  metrics_.write(record);
+  finish_progress_line();
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+void RunLog::finish_progress_line() {
+  if (progress_drawn_) std::fputc('\n', stderr);
+  progress_drawn_ = false;
+}
+
+}  // namespace castor::train

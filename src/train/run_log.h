@@ -1,0 +1,45 @@
+// What a training run tells its user and records: the progress line or plain lines on stderr, and the metrics log.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+#include "castor/train_config.h"
+#include "train/metrics.h"
+
+namespace castor::train {
+
+// One optimizer step as the log sees it.
+struct StepInfo {
+  int64_t step = 0, epoch = 0;
+  double loss = 0, lr = 0, loss_scale = 1;
+  bool skipped = false;
+  double images = 0, train_seconds = 0;  // totals of this process, for images/s
+};
+
+class RunLog {
+ public:
+  // `append`: a resumed run adds to its metrics files.
+  RunLog(const TrainConfig& c, int64_t total_steps, int64_t epochs, bool append);
+
+  // Logs a metrics line every log_every steps (with the window's mean loss), at the last step and at every
+  // skipped step; redraws the progress line (a terminal) or prints a plain line every log_every steps.
+  void step(const StepInfo& s);
+  void evaluation(int64_t step, int64_t epoch, double test_loss, double test_accuracy);
+  // The end-of-epoch record and line.
+  void epoch(const Json::Object& record, const std::string& line);
+
+ private:
+  void finish_progress_line();
+
+  MetricsLog metrics_;
+  int64_t log_every_, total_steps_, epochs_;
+  bool tty_;
+  int width_;
+  bool progress_drawn_ = false;
+  double window_sum_ = 0;
+  int64_t window_count_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace castor::train

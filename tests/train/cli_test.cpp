@@ -1,0 +1,218 @@
+// The `castor` command's flag table end to end: config files, aliases, the training-loop flags, eval of PyTorch
+// weights, per-subcommand help and --version.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "castor/checkpoint.h"
+#include "castor/models.h"
+#include "castor/ops.h"
+#include "castor/random.h"
+#include "castor/serialize.h"
+#include "castor/trainer.h"
+#include "castor/version.h"
+#include "test_util.h"
+
+namespace castor::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fresh(const std::string& name) {
+  const std::string d = test::scratch_dir() + "/" + name;
+  fs::remove_all(d);
+  return d;
+}
+
+std::string error_of(const std::vector<std::string>& args) {
+  try {
+    parse_train_flags(args);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+// stdout of `castor ARGS`.
+std::string cli_stdout(const std::string& args) {
+  FILE* p = popen((std::string(CASTOR_BINARY_DIR) + "/castor " + args + " 2>/dev/null").c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  pclose(p);
+  return out;
+}
+
+std::vector<std::string> synthetic_flags(const std::string& out, int64_t steps) {
+  return {"--data", "synthetic", "--synthetic-size", "128", "--amp", "O0", "--optimizer", "sgd", "--momentum", "0",
+          "--lr", "0.05", "--steps", std::to_string(steps), "--deterministic", "--threads", "2", "--out", out};
+}
+
+StateDict final_weights(const std::string& out) { return read_checkpoint(*latest_checkpoint(out)).model; }
+
+}  // namespace
+
+TEST(TrainFlags, BothDtypeSpellingsAndThePrecisionAlias) {
+  EXPECT_EQ(parse_train_flags({"--dtype", "bfloat16"}).dtype, DType::BFloat16);
+  EXPECT_EQ(parse_train_flags({"--dtype", "float16"}).dtype, DType::Float16);
+  struct Case {
+    const char* precision;
+    const char* amp;
+    DType dtype;
+  };
+  for (const Case& k : {Case{"32", "O0", DType::BFloat16}, Case{"bf16-mixed", "O1", DType::BFloat16},
+                        Case{"16-mixed", "O1", DType::Float16}, Case{"bf16-true", "O3", DType::BFloat16},
+                        Case{"16-true", "O3", DType::Float16}}) {
+    const TrainConfig c = parse_train_flags({"--precision", k.precision});
+    EXPECT_EQ(c.amp, k.amp) << k.precision;
+    if (std::string(k.precision) != "32") {
+      EXPECT_EQ(c.dtype, k.dtype) << k.precision;
+    }
+  }
+  EXPECT_NE(error_of({"--precision", "bf16-mixed", "--amp", "O2"}).find("--precision"), std::string::npos);
+  EXPECT_NE(error_of({"--precision", "64"}).find("--precision"), std::string::npos);
+}
+
+TEST(TrainFlags, LoopFlagsAreRangeChecked) {
+  const TrainConfig c = parse_train_flags(
+      {"--clip-grad-norm", "1.5", "--grad-accum", "4", "--label-smoothing", "0.1", "--loss-scale", "128"});
+  EXPECT_DOUBLE_EQ(c.clip_grad_norm, 1.5);
+  EXPECT_EQ(c.grad_accum, 4);
+  EXPECT_DOUBLE_EQ(c.label_smoothing, 0.1);
+  ASSERT_TRUE(c.loss_scale.has_value());
+  EXPECT_DOUBLE_EQ(*c.loss_scale, 128.0);
+  EXPECT_FALSE(parse_train_flags({"--loss-scale", "dynamic"}).loss_scale.has_value());
+  for (auto [flag, value] : {std::pair{"--grad-accum", "0"}, std::pair{"--label-smoothing", "1"},
+                             std::pair{"--loss-scale", "-2"}, std::pair{"--clip-grad-norm", "nan"},
+                             std::pair{"--weight-decay", "inf"}, std::pair{"--lr", "inf"}}) {
+    const std::string msg = error_of({flag, value});
+    EXPECT_NE(msg.find(flag), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+  EXPECT_NE(error_of({"--loss-scale", "8", "--amp", "O0"}).find("--loss-scale"), std::string::npos);
+}
+
+TEST(TrainFlags, ConfigFileKeysAreTheFlagNames) {
+  const std::string dir = fresh("config_file");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/run.toml") << "lr = 0.25\nbatch-size = 7\ndeterministic = true\n"
+                                      "precision = \"bf16-true\"\n";
+  const TrainConfig c = parse_train_flags({"--config", dir + "/run.toml", "--batch-size", "9"});
+  EXPECT_DOUBLE_EQ(c.lr, 0.25);
+  EXPECT_EQ(c.batch_size, 9);  // the command line wins over the file
+  EXPECT_TRUE(c.deterministic);
+  EXPECT_EQ(c.amp, "O3");
+  std::ofstream(dir + "/bad.toml") << "learning-rate = 0.1\n";
+  EXPECT_NE(error_of({"--config", dir + "/bad.toml"}).find("learning-rate"), std::string::npos);
+  std::ofstream(dir + "/range.toml") << "lr = -3\n";
+  EXPECT_NE(error_of({"--config", dir + "/range.toml"}).find("--lr"), std::string::npos);
+  EXPECT_NE(error_of({"--config", dir + "/missing.toml"}).find("missing.toml"), std::string::npos);
+}
+
+TEST(TrainFlags, EachSubcommandHasItsOwnHelpAndThereIsAVersion) {
+  EXPECT_NE(cli_stdout("train --help").find("--grad-accum"), std::string::npos);
+  const std::string eval = cli_stdout("eval --help");
+  EXPECT_NE(eval.find("--model"), std::string::npos) << eval;
+  EXPECT_EQ(eval.find("--grad-accum"), std::string::npos) << eval;
+  EXPECT_NE(cli_stdout("info --help").find("castor info"), std::string::npos);
+  EXPECT_EQ(cli_stdout("--version"), std::string("castor ") + CASTOR_VERSION + "\n");
+}
+
+// Two micro-batches of 16 are one batch of 32: the summed gradients of the halves' mean losses over 2 equal
+// the gradient of the whole batch's mean loss, so SGD ends at the same weights up to float32 rounding.
+TEST(TrainerFlags, GradientAccumulationEqualsOneBigBatch) {
+  const std::string accum = fresh("grad_accum"), big = fresh("grad_big");
+  auto a = synthetic_flags(accum, 4);
+  a.insert(a.end(), {"--batch-size", "16", "--grad-accum", "2"});
+  auto b = synthetic_flags(big, 4);
+  b.insert(b.end(), {"--batch-size", "32"});
+  Json ra = run_train(parse_train_flags(a)), rb = run_train(parse_train_flags(b));
+  EXPECT_EQ(ra.at("steps").as_int(), 4);
+  const StateDict wa = final_weights(accum), wb = final_weights(big);
+  for (const auto& [name, t] : wb) EXPECT_TRUE(test::close(wa.at(name), t, 1e-4, 1e-6)) << name;
+  // Without accumulation the runs differ, so the comparison above can fail.
+  const std::string plain = fresh("grad_plain");
+  auto p = synthetic_flags(plain, 4);
+  p.insert(p.end(), {"--batch-size", "16"});
+  run_train(parse_train_flags(p));
+  EXPECT_FALSE(test::close(final_weights(plain).at("fc2.weight"), wb.at("fc2.weight"), 1e-4, 1e-6));
+}
+
+// One plain SGD step on gradients clipped to norm c moves the weights by lr * c in total (when the gradient's
+// norm exceeds c): worked out by hand from torch.nn.utils.clip_grad_norm_'s definition.
+TEST(TrainerFlags, ClipGradNormBoundsTheStep) {
+  const std::string dir = fresh("clip");
+  fs::create_directories(dir);
+  manual_seed(3);
+  auto model = models::make_model("simplecnn", 3, 32, 32, 10);
+  const StateDict init = model->state_dict();
+  save_safetensors(dir + "/init.safetensors", init);
+  for (const char* amp : {"O0", "O1"}) {
+    const std::string out = dir + "/" + amp;
+    auto f = synthetic_flags(out, 1);
+    f.insert(f.end(), {"--batch-size", "16", "--init", dir + "/init.safetensors", "--clip-grad-norm", "0.001",
+                       "--amp", amp, "--loss-scale", "1024"});
+    if (std::string(amp) == "O0") f.erase(f.end() - 2, f.end());  // O0 has no loss scale
+    run_train(parse_train_flags(f));
+    double moved = 0;
+    for (const auto& [name, t] : final_weights(out)) {
+      const std::vector<double> x = t.to_vector<double>(), x0 = init.at(name).to_vector<double>();
+      for (size_t i = 0; i < x.size(); ++i) moved += (x[i] - x0[i]) * (x[i] - x0[i]);
+    }
+    EXPECT_NEAR(std::sqrt(moved), 0.05 * 0.001, 0.05 * 0.001 * 1e-3) << amp;
+  }
+}
+
+TEST(TrainerFlags, StaticLossScaleAndLabelSmoothingReachTheLoop) {
+  const std::string scaled = fresh("static_scale");
+  auto f = synthetic_flags(scaled, 6);
+  f.insert(f.end(), {"--batch-size", "16", "--amp", "O1", "--dtype", "fp16", "--loss-scale", "256"});
+  Json r = run_train(parse_train_flags(f));
+  EXPECT_EQ(r.at("final_loss_scale").as_double(), 256.0);
+  // The first step's loss with smoothing s is (1 - s) CE + s U (U: the mean of -log p over classes), linear in
+  // s: so L(0.4) - L(0) = 2 (L(0.2) - L(0)), and L(0.2) != L(0) unless smoothing is ignored.
+  auto first_loss = [](double smoothing) {
+    const std::string out = fresh("smoothing_" + std::to_string(smoothing));
+    auto f = synthetic_flags(out, 1);
+    f.insert(f.end(), {"--label-smoothing", std::to_string(smoothing)});
+    run_train(parse_train_flags(f));
+    std::ifstream in(out + "/metrics.jsonl");
+    std::string line;
+    std::getline(in, line);
+    return Json::parse(line).at("loss").as_double();
+  };
+  const double l0 = first_loss(0), l2 = first_loss(0.2), l4 = first_loss(0.4);
+  EXPECT_GT(std::fabs(l2 - l0), 1e-4);
+  EXPECT_NEAR(l4 - l0, 2 * (l2 - l0), 1e-5);
+}
+
+// Weights saved by PyTorch (the twin's state_dict, no castor metadata) evaluate with --model and --data, and
+// score exactly what the castor checkpoint they came from scores.
+TEST(TrainerFlags, EvalOfPyTorchWrittenWeights) {
+  const std::string data = fresh("eval_torch_data"), out = fresh("eval_torch_run");
+  test::write_tiny_cifar10(data);
+  run_train(parse_train_flags({"--data", "cifar10", "--data-dir", data, "--batch-size", "10", "--steps", "6",
+                               "--amp", "O0", "--out", out}));
+  const std::string ckpt = *latest_checkpoint(out), torch_file = out + "/from_torch.safetensors";
+  save_safetensors(out + "/input.safetensors", {{"input", zeros({1, 3, 32, 32})}});
+  ASSERT_TRUE(test::run_oracle("models_oracle.py", {"safetensors", "simplecnn", "3", "32", "32", "10",
+                                                    ckpt + "/model.safetensors", out + "/input.safetensors",
+                                                    out + "/logits.safetensors", torch_file}));
+  const Json own = run_eval(parse_eval_flags({"--checkpoint", ckpt}));
+  const Json torch = run_eval(parse_eval_flags({torch_file, "--model", "simplecnn", "--data", "cifar10",
+                                                "--data-dir", data}));
+  EXPECT_EQ(torch.at("test_accuracy").as_double(), own.at("test_accuracy").as_double());
+  EXPECT_EQ(torch.at("test_loss").as_double(), own.at("test_loss").as_double());
+  try {
+    run_eval(parse_eval_flags({torch_file, "--data-dir", data}));
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--model"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace castor::train
