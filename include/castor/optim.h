@@ -66,7 +66,7 @@ class Optimizer {
   // Applies one update to every parameter that has a gradient (staged in grad32, or in .grad) and counts
   // the step, bypassing any interceptor (GradScaler calls it once the gradients are unscaled and finite).
   void apply_step();
-  // Not owned; nullptr removes it. The interceptor must outlive its installation.
+  // Not owned; nullptr removes it. An interceptor calls release_step_interceptor() when it goes away.
   void set_step_interceptor(StepInterceptor* interceptor) { interceptor_ = interceptor; }
   StepInterceptor* step_interceptor() const { return interceptor_; }
   // Drops (set_to_none) or zeroes every .grad, and un-stages every grad32.
@@ -119,6 +119,9 @@ class Optimizer {
   int64_t skipped_steps_ = 0;
   StepInterceptor* interceptor_ = nullptr;
 };
+
+// Removes `interceptor` from every live optimizer that has it (safe whichever of them is destroyed first).
+void release_step_interceptor(const StepInterceptor* interceptor);
 
 // The gradients the next step of the live optimizers holding `params` will use, one per parameter (undefined
 // where there is none): each such optimizer's step interceptor first prepares them (unscales them), then the

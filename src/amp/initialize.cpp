@@ -145,10 +145,7 @@ Amp::Amp(std::vector<nn::Module*> models, std::vector<optim::Optimizer*> optimiz
   for (optim::Optimizer* o : optimizers_) o->set_step_interceptor(this);
 }
 
-Amp::~Amp() {
-  for (optim::Optimizer* o : optimizers_)
-    if (o->step_interceptor() == this) o->set_step_interceptor(nullptr);
-}
+Amp::~Amp() { optim::release_step_interceptor(this); }
 
 AutocastGuard disable_casts() { return AutocastGuard(DType::BFloat16, /*enabled=*/false); }
 

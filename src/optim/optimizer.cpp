@@ -113,6 +113,12 @@ Optimizer::~Optimizer() {
   g_live.erase(this);
 }
 
+void release_step_interceptor(const StepInterceptor* interceptor) {
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  for (Optimizer* o : g_live)
+    if (o->step_interceptor() == interceptor) o->set_step_interceptor(nullptr);
+}
+
 std::vector<Tensor> step_grads(const std::vector<Tensor>& params) {
   // The slot of each live optimizer that holds a parameter, keyed by the parameter and by its master weight.
   std::map<const TensorImpl*, std::pair<Optimizer*, const ParamSlot*>> owner;

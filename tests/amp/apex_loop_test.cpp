@@ -135,6 +135,17 @@ TEST(ApexLoop, StepWithoutScaleLossIsAPlainStep) {
   EXPECT_EQ(r.amp->scaler().steps_taken(), 0);
 }
 
+TEST(ApexLoop, OptimizerAndAmpMayGoInEitherOrder) {
+  auto model = conv_bn_net(/*seed=*/1);
+  auto opt = make_opt(Opt::SGD, model->parameters());
+  auto a = amp::initialize(*model, {opt.get()}, OptLevel::O1, DType::Float16);
+  a.reset();  // the optimizer steps plainly again
+  EXPECT_EQ(opt->step_interceptor(), nullptr);
+  a = amp::initialize(*model, {opt.get()}, OptLevel::O1, DType::Float16);
+  opt.reset();  // the Amp outlives its optimizer (it must not be used then, but may be destroyed)
+  a.reset();
+}
+
 // The float32 gradients the step will use, worked out by hand from the scaled ones: each widened to float32
 // and multiplied by 1/scale in float32 (Apex/PyTorch's unscale). Returns their float64 2-norm.
 double unscaled_norm(const std::vector<Tensor>& params, double scale) {
