@@ -80,9 +80,10 @@ class GradScaler {
   // into a float32 buffer for 16-bit ones) and stages them, deciding found_inf for this optimizer.
   // Raises if called twice before update() or after step().
   void unscale_(optim::Optimizer& optimizer);
-  // Unscales if not yet done, then steps unless a gradient was inf/NaN (then tells the optimizer the step was
-  // skipped). Returns whether the optimizer stepped. Disabled: a plain optimizer.step().
-  bool step(optim::Optimizer& optimizer);
+  // Unscales if not yet done, then steps unless a gradient was inf/NaN or `skip_with_others` (another
+  // optimizer of the same loss overflowed, as Apex decides) - then tells the optimizer the step was skipped.
+  // Returns whether the optimizer stepped. Disabled: a plain step.
+  bool step(optim::Optimizer& optimizer, bool skip_with_others = false);
   // Updates the scale from every optimizer's found_inf since the last update (or sets new_scale) and starts
   // a new iteration.
   void update(std::optional<double> new_scale = std::nullopt);

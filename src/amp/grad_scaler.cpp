@@ -105,7 +105,7 @@ std::string GradScaler::param_name(const optim::Optimizer& opt, int group, int s
   return "group " + std::to_string(group) + " param " + std::to_string(slot);
 }
 
-bool GradScaler::step(optim::Optimizer& optimizer) {
+bool GradScaler::step(optim::Optimizer& optimizer, bool skip_with_others) {
   if (!enabled_) {
     optimizer.apply_step();
     ++steps_taken_;
@@ -118,7 +118,7 @@ bool GradScaler::step(optim::Optimizer& optimizer) {
   CASTOR_CHECK(st.any_grad, "GradScaler::step: no inf checks were recorded for this optimizer (no parameter has a "
                             "gradient)");
   st.stage = Stage::Stepped;
-  const bool skip = st.found_inf;
+  const bool skip = st.found_inf || skip_with_others;
   if (skip) {
     if (!skipped_this_iteration_) nonfinite_.clear();
     skipped_this_iteration_ = true;

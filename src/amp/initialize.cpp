@@ -206,11 +206,20 @@ bool Amp::step(optim::Optimizer& optimizer) {
   auto it = loss_of_.find(&bound_check(optimizer, "step"));
   CASTOR_CHECK(it != loss_of_.end(), "amp::step: no scale_loss() for this optimizer since its last step");
   const int loss_id = it->second;
-  const bool stepped = scaler(loss_id).step(optimizer);
+  // As Apex, the optimizers of one loss step or skip together: an overflow in any of their gradients (those still
+  // to step are unscaled now; those stepped this iteration are remembered by the scaler) skips each.
+  GradScaler& s = scaler(loss_id);
+  bool overflow = false;
+  for (optim::Optimizer* o : optimizers_) {
+    auto pending = loss_of_.find(o);
+    if (pending != loss_of_.end() && pending->second == loss_id) prepare_gradients(*o);
+    overflow |= s.found_inf(*o);
+  }
+  const bool stepped = s.step(optimizer, /*skip_with_others=*/overflow);
   loss_of_.erase(it);
   bool others = false;  // optimizers still to step on this loss's scale this iteration
   for (auto& [opt, id] : loss_of_) others |= id == loss_id;
-  if (!others) scaler(loss_id).update();
+  if (!others) s.update();
   return stepped;
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <memory>
 
 #include "castor/amp.h"
@@ -16,6 +17,8 @@ namespace castor {
 namespace {
 
 using amp::OptLevel;
+
+const double kInf = std::numeric_limits<double>::infinity();
 
 const std::vector<OptLevel> kLevels = {OptLevel::O0, OptLevel::O1, OptLevel::O2, OptLevel::O3};
 enum class Opt { SGD, Adam, AdamW };
@@ -305,6 +308,33 @@ TEST(ApexLoop, TwoModelsTwoOptimizersOneLoss) {
   EXPECT_TRUE(test::bit_equal(m2->weight, n2->weight));
   // The names of the second model's parameters are prefixed in the signature and in overflow reports.
   EXPECT_NE(a->precision_state().metadata.at("parameters").find("1.weight:float16"), std::string::npos);
+}
+
+TEST(ApexLoop, OptimizersOfOneLossSkipTogether) {
+  // Apex: one overflow flag per loss, so an inf in the second model's gradients skips the first's step too.
+  for (bool inf_in_first : {false, true}) {
+    SCOPED_TRACE(inf_in_first ? "inf in model 1" : "inf in model 2");
+    auto m1 = conv_bn_net(/*seed=*/1);
+    manual_seed(5);
+    auto m2 = std::make_shared<nn::Linear>(3, 3);
+    auto o1 = make_opt(Opt::SGD, m1->parameters()), o2 = make_opt(Opt::SGD, m2->parameters());
+    auto a = amp::initialize({m1.get(), m2.get()}, {o1.get(), o2.get()}, OptLevel::O1, DType::Float16);
+    Tensor loss;
+    {
+      auto fw = a->forward();
+      loss = F::cross_entropy((*m2)((*m1)(images(0))), labels(0));
+    }
+    a->scale_loss(loss, {o1.get(), o2.get()}).backward();
+    Tensor(inf_in_first ? m1->parameters().back().grad() : m2->weight.grad()).fill_(kInf);
+    const StateDict s1 = m1->state_dict();
+    const Tensor w2 = m2->weight.detach().clone();
+    o1->step();
+    o2->step();
+    for (const auto& [k, v] : m1->state_dict()) EXPECT_TRUE(test::bit_equal(v, s1.at(k))) << k;
+    EXPECT_TRUE(test::bit_equal(m2->weight, w2));
+    EXPECT_EQ(a->scaler().steps_skipped(), 2);
+    EXPECT_EQ(a->scaler().get_scale(), 32768.0);
+  }
 }
 
 TEST(ApexLoop, StateDictHasApexKeysAndRoundTrips) {
