@@ -70,8 +70,8 @@ struct PrecisionState {
 // Apex's `with amp.disable_casts():` - autocast off while the returned guard lives.
 AutocastGuard disable_casts();
 
-// The result of initialize(): holds the properties, the models and optimizers (not owned; they must outlive
-// it), and one GradScaler per loss. It patches each optimizer's step() as Apex does, so the Apex loop
+// The result of initialize(): holds the properties, the models and optimizers (not owned; they must stay alive
+// while it is used), and one GradScaler per loss. It patches each optimizer's step() as Apex does, so the Apex loop
 // translates line by line:
 //   auto amp = amp::initialize(model, {&opt}, amp::OptLevel::O1);
 //   { auto fw = amp->forward(); loss = loss_fn(model(x), y); }   // O2/O3: model(x) casts x and the output
@@ -96,8 +96,9 @@ class Amp : public optim::StepInterceptor {
   // Unscales the optimizer's gradients into float32 now (before clipping), once: step() and later calls do
   // not again.
   void unscale_(optim::Optimizer& optimizer);
-  // Steps the optimizer unless its gradients overflowed, then updates that loss's scale once every optimizer
-  // of the loss has stepped. Returns whether it stepped. optimizer.step() does the same after scale_loss.
+  // Steps the optimizer unless a gradient of this loss's optimizers overflowed (Apex: they skip together), then
+  // updates that loss's scale once every optimizer of the loss has stepped. Returns whether it stepped.
+  // optimizer.step() does the same after scale_loss.
   bool step(optim::Optimizer& optimizer);
 
   GradScaler& scaler(int loss_id = 0);
