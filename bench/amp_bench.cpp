@@ -62,9 +62,7 @@ struct Config {
     Tensor loss;
     {
       auto fw = amp->forward();
-      const auto& cast = amp->properties().cast_model_type;
-      Tensor out = (*model)(cast ? x.to(*cast) : x);
-      loss = F::cross_entropy(cast ? out.float_() : out, y);
+      loss = F::cross_entropy((*model)(x), y);  // O2/O3: the model casts x in and its logits out (Apex)
     }
     amp->scale_loss(loss, *opt).backward();
     if (unscale_seconds) *unscale_seconds += seconds_of([&] { amp->unscale_(*opt); });

@@ -24,21 +24,28 @@ struct Properties {
   bool autocast = false;                 // forward() applies autocast (O1)
   std::optional<DType> cast_model_type;  // the model is cast to this (O2, O3), or stays as it is
   bool keep_batchnorm_fp32 = false;      // with cast_model_type: BatchNorm layers stay float32
+  // With cast_model_type, the models' forward casts floating inputs to it and floating outputs to this (as
+  // Apex's patched forward: float32 unless overridden); integer inputs pass untouched.
+  std::optional<DType> cast_model_outputs;
   bool master_weights = false;           // the optimizers keep float32 masters of 16-bit parameters
   std::string loss_scale = "dynamic";    // "dynamic" or a number (a static scale)
   double min_loss_scale = 1.1754943508222875e-38;
   double max_loss_scale = 16777216.0;    // Apex's 2^24
   optim::Rounding rounding = optim::Rounding::Nearest;  // write-back into 16-bit parameters
   uint64_t rounding_seed = 0;
+  // 16-bit parameters sum their micro-batch gradients in float32 .grad buffers, never in 16-bit (DeepSpeed's
+  // fp32 gradient accumulation for bfloat16).
+  bool fp32_grad_accumulation = false;
 };
 
 struct Overrides {
-  std::optional<DType> cast_model_type = {};
+  std::optional<DType> cast_model_type = {}, cast_model_outputs = {};
   std::optional<bool> keep_batchnorm_fp32 = {}, master_weights = {};
   std::optional<std::string> loss_scale = {};
   std::optional<double> min_loss_scale = {}, max_loss_scale = {};
   std::optional<optim::Rounding> rounding = {};
   uint64_t rounding_seed = 0;
+  std::optional<bool> fp32_grad_accumulation = {};
 };
 
 // The level's defaults (Apex's table) with the overrides applied; raises on an inconsistent combination.
@@ -60,17 +67,23 @@ struct PrecisionState {
   std::map<std::string, std::string> metadata;
 };
 
-// The result of initialize(): holds the properties, the model and optimizers (not owned), and one GradScaler
-// per loss. The Apex loop translates as
+// Apex's `with amp.disable_casts():` - autocast off while the returned guard lives.
+AutocastGuard disable_casts();
+
+// The result of initialize(): holds the properties, the models and optimizers (not owned; they must stay alive
+// while it is used), and one GradScaler per loss. It patches each optimizer's step() as Apex does, so the Apex loop
+// translates line by line:
 //   auto amp = amp::initialize(model, {&opt}, amp::OptLevel::O1);
-//   { auto fw = amp->forward(); loss = loss_fn(model(x), y); }
-// (at O2/O3 the input goes in as properties().cast_model_type and the output is widened to float32 for the
-// loss, as Apex's patched forward does)
+//   { auto fw = amp->forward(); loss = loss_fn(model(x), y); }   // O2/O3: model(x) casts x and the output
 //   amp->scale_loss(loss, opt).backward();
-//   amp->step(opt); opt.zero_grad();
-class Amp {
+//   opt.step(); opt.zero_grad();                                 // = amp->step(opt): unscale, skip on inf/NaN
+class Amp : public optim::StepInterceptor {
  public:
-  Amp(nn::Module& model, std::vector<optim::Optimizer*> optimizers, Properties properties, int num_losses);
+  Amp(std::vector<nn::Module*> models, std::vector<optim::Optimizer*> optimizers, Properties properties,
+      int num_losses);
+  ~Amp() override;
+  Amp(const Amp&) = delete;
+  Amp& operator=(const Amp&) = delete;
 
   const Properties& properties() const { return props_; }
   ForwardScope forward() const { return ForwardScope(props_.autocast, props_.dtype); }
@@ -78,17 +91,26 @@ class Amp {
   // The loss multiplied by loss `loss_id`'s scale; `optimizer` will be unscaled and stepped with that scaler.
   // An optimizer collects gradients for one loss_id between steps.
   Tensor scale_loss(const Tensor& loss, optim::Optimizer& optimizer, int loss_id = 0);
-  // Unscales the optimizer's gradients into float32 now (before clipping); step() then does not again.
+  // Apex's scale_loss(loss, [opt1, opt2]): each optimizer is stepped with this loss's scaler.
+  Tensor scale_loss(const Tensor& loss, const std::vector<optim::Optimizer*>& optimizers, int loss_id = 0);
+  // Unscales the optimizer's gradients into float32 now (before clipping), once: step() and later calls do
+  // not again.
   void unscale_(optim::Optimizer& optimizer);
-  // Steps the optimizer unless its gradients overflowed, then updates that loss's scale. Returns whether it
-  // stepped.
+  // Steps the optimizer unless a gradient of this loss's optimizers overflowed (Apex: they skip together), then
+  // updates that loss's scale once every optimizer of the loss has stepped. Returns whether it stepped.
+  // optimizer.step() does the same after scale_loss.
   bool step(optim::Optimizer& optimizer);
 
   GradScaler& scaler(int loss_id = 0);
   int num_losses() const { return static_cast<int>(scalers_.size()); }
 
-  // The model's state with every 16-bit parameter replaced by its float32 master weight where there is one.
-  StateDict model_state_dict() const;
+  // Model `index`'s state with every 16-bit parameter replaced by its float32 master weight where there is one.
+  StateDict model_state_dict(size_t index = 0) const;
+
+  // Apex's amp.state_dict(): "loss_scaler<k>.loss_scale" (float32) and "loss_scaler<k>.unskipped" (int64, the
+  // clean steps since the last overflow or growth) for each loss k. load_state_dict checks every key first.
+  StateDict state_dict() const;
+  void load_state_dict(const StateDict& sd);
 
   // Level, properties, each scaler's state, each optimizer's state (master weights, moments, rounding RNG),
   // and a signature of the parameter set. load_precision_state checks version, level, dtype and parameters
@@ -97,20 +119,35 @@ class Amp {
   void load_precision_state(const PrecisionState& state);
 
  private:
+  // StepInterceptor: opt.step() after scale_loss goes through step(); gradients are unscaled before they are
+  // read (master_params, clip_grad_norm_).
+  void intercept_step(optim::Optimizer& optimizer) override;
+  void prepare_gradients(optim::Optimizer& optimizer) override;
+
   optim::Optimizer& bound_check(optim::Optimizer& optimizer, const char* what);
   std::string param_signature() const;
 
-  nn::Module& model_;
+  std::vector<nn::Module*> models_;
   std::vector<optim::Optimizer*> optimizers_;
   Properties props_;
   std::vector<std::unique_ptr<GradScaler>> scalers_;
   std::map<const optim::Optimizer*, int> loss_of_;  // the loss_id each optimizer collects gradients for
 };
 
-// Casts the model and configures the optimizers for the level (model first: optimizers made on its float32
-// parameters see the cast, as they share the parameter tensors), and returns the loop helper.
+// Casts the models and configures the optimizers for the level (models first: optimizers made on their
+// float32 parameters see the cast, as they share the parameter tensors), patches the models' forward with the
+// O2/O3 input and output casts and the optimizers' step, and returns the loop helper.
+std::unique_ptr<Amp> initialize(const std::vector<nn::Module*>& models,
+                                const std::vector<optim::Optimizer*>& optimizers, OptLevel level,
+                                DType dtype = DType::Float16, const Overrides& overrides = {}, int num_losses = 1);
 std::unique_ptr<Amp> initialize(nn::Module& model, const std::vector<optim::Optimizer*>& optimizers,
                                 OptLevel level, DType dtype = DType::Float16, const Overrides& overrides = {},
                                 int num_losses = 1);
+
+// Apex's amp.master_params(optimizer): the tensors the optimizer updates in float32 - each 16-bit parameter's
+// float32 master weight where it has one, else the parameter. Their gradients are unscaled first (once) when
+// scale_loss was called, and a master's .grad() is the float32 gradient the step will use, so
+// clip_grad_norm_(master_params(opt), max) clips what the step uses.
+std::vector<Tensor> master_params(optim::Optimizer& optimizer);
 
 }  // namespace castor::amp

@@ -1,7 +1,9 @@
-// Reverse-mode autograd: grad mode, the backward engine's entry points.
+// Reverse-mode autograd: grad mode, the backward engine's entry points, user-defined differentiable functions.
 #pragma once
+#include <string>
 #include <vector>
 
+#include "castor/autocast.h"
 #include "castor/tensor.h"
 
 namespace castor {
@@ -32,5 +34,61 @@ void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gra
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
                          bool create_graph = false);
+
+namespace autograd {
+
+// What a Function's forward hands its backward (PyTorch's ctx).
+class FunctionCtx {
+ public:
+  // Tensors for backward; an in-place change to one before backward is an error there, as in PyTorch.
+  void save_for_backward(std::vector<Tensor> tensors) { to_save_ = std::move(tensors); }
+  // In backward: the saved tensors.
+  const std::vector<Tensor>& saved_tensors() const { return saved_; }
+  // In forward and backward: whether each input needs a gradient.
+  const std::vector<bool>& needs_input_grad() const { return needs_input_grad_; }
+
+ private:
+  friend struct FunctionAccess;
+  std::vector<Tensor> to_save_, saved_;
+  std::vector<bool> needs_input_grad_;
+  amp::AutocastState forward_autocast_;  // the autocast state forward ran under (custom_bwd restores it)
+};
+
+using ForwardFn = Tensor (*)(FunctionCtx&, const std::vector<Tensor>&);
+using BackwardFn = std::vector<Tensor> (*)(FunctionCtx&, const Tensor&);
+
+// Runs a Function (see below); `cast` is its registered autocast policy or nullptr.
+Tensor apply_function(ForwardFn forward, BackwardFn backward, const std::vector<Tensor>& inputs,
+                      const amp::CustomOp* cast);
+
+// A user-defined differentiable op, torch.autograd.Function with torch.cuda.amp's custom_fwd/custom_bwd:
+//   struct Cube : autograd::Function<Cube> {
+//     static inline const amp::CustomOp autocast_op = amp::register_op("cube", CastPolicy::Float32);  // optional
+//     static Tensor forward(autograd::FunctionCtx& ctx, const std::vector<Tensor>& in) {
+//       ctx.save_for_backward({in[0]});
+//       return mul(mul(in[0], in[0]), in[0]);
+//     }
+//     static std::vector<Tensor> backward(autograd::FunctionCtx& ctx, const Tensor& grad) {
+//       const Tensor& x = ctx.saved_tensors()[0];
+//       return {mul(grad, mul(mul(x, x), 3.0))};
+//     }
+//   };
+//   Tensor y = Cube::apply({x});
+// forward runs without recording history; backward returns one gradient per input (undefined where none is
+// needed), which the engine casts to that input's dtype. With an `autocast_op` member, autocast casts the inputs
+// by its policy and forward runs with autocast off (custom_fwd(cast_inputs=...)); without one, forward runs
+// under the caller's autocast state (custom_fwd). backward runs under the autocast state forward ran under
+// (custom_bwd).
+template <class F>
+struct Function {
+  static Tensor apply(const std::vector<Tensor>& inputs) {
+    if constexpr (requires { F::autocast_op; })
+      return apply_function(&F::forward, &F::backward, inputs, &F::autocast_op);
+    else
+      return apply_function(&F::forward, &F::backward, inputs, nullptr);
+  }
+};
+
+}  // namespace autograd
 
 }  // namespace castor

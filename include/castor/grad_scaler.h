@@ -22,12 +22,17 @@ struct GradScalerOptions {
   std::optional<bool> enabled;
   DType dtype = DType::Float16;  // the 16-bit type being trained
   bool dynamic = true;           // false: a static scale (Apex loss_scale=<number>); update() changes nothing
-  // Beyond PyTorch. hysteresis (DeepSpeed): the scale holds for hysteresis-1 consecutive overflows and backs
-  // off at the next one; a clean step restores the allowance. The scale stays in [min_scale, max_scale] and is
-  // never inf, NaN or 0 (the default floor is the smallest normal float32).
+  // Beyond PyTorch. hysteresis (DeepSpeed): the scale holds for hysteresis-1 overflows and backs off at the
+  // next one. With consecutive_hysteresis a clean step restores the allowance (the overflows must come in a
+  // row); without it (DeepSpeed's default) only a growth of the scale does, so scattered overflows add up.
+  // The scale stays in [min_scale, max_scale] and is never inf, NaN or 0 (the default floor is the smallest
+  // normal float32); raise_at_min_scale (DeepSpeed's raise_error_at_min_scale) makes update() raise when an
+  // overflow would back off a scale already at min_scale, instead of skipping steps forever.
   int64_t hysteresis = 1;
+  bool consecutive_hysteresis = true;
   double min_scale = 1.1754943508222875e-38;
   double max_scale = 3.4028234663852886e+38;
+  bool raise_at_min_scale = false;
   void validate() const;  // throws castor::Error naming the bad option
 };
 
@@ -39,7 +44,8 @@ struct ScaleState {
 };
 
 // torch._amp_update_scale_ extended with hysteresis and bounds: on overflow back off (unless hysteresis holds
-// it), after growth_interval clean steps grow (only if the result stays finite), clamp to [min, max].
+// it), after growth_interval clean steps grow (only if the result stays finite) and restore the hysteresis,
+// clamp to [min, max]. Raises (changing nothing) on an overflow at min_scale with raise_at_min_scale.
 void update_scale(ScaleState& s, bool found_inf, const GradScalerOptions& o);
 
 // torch._amp_foreach_non_finite_check_and_unscale_: multiplies each gradient in place by inv_scale (computed
@@ -74,9 +80,10 @@ class GradScaler {
   // into a float32 buffer for 16-bit ones) and stages them, deciding found_inf for this optimizer.
   // Raises if called twice before update() or after step().
   void unscale_(optim::Optimizer& optimizer);
-  // Unscales if not yet done, then steps unless a gradient was inf/NaN (then tells the optimizer the step was
-  // skipped). Returns whether the optimizer stepped. Disabled: a plain optimizer.step().
-  bool step(optim::Optimizer& optimizer);
+  // Unscales if not yet done, then steps unless a gradient was inf/NaN or `skip_with_others` (another
+  // optimizer of the same loss overflowed, as Apex decides) - then tells the optimizer the step was skipped.
+  // Returns whether the optimizer stepped. Disabled: a plain step.
+  bool step(optim::Optimizer& optimizer, bool skip_with_others = false);
   // Updates the scale from every optimizer's found_inf since the last update (or sets new_scale) and starts
   // a new iteration.
   void update(std::optional<double> new_scale = std::nullopt);
@@ -85,6 +92,8 @@ class GradScaler {
   int64_t growth_tracker() const { return state_.growth_tracker; }
   // found_inf of this optimizer since the last update (false if it has not been unscaled).
   bool found_inf(const optim::Optimizer& optimizer) const;
+  // Whether unscale_ ran on this optimizer and its step has not yet been taken.
+  bool unscaled(const optim::Optimizer& optimizer) const;
 
   int64_t steps_taken() const { return steps_taken_; }
   int64_t steps_skipped() const { return steps_skipped_; }
@@ -108,6 +117,9 @@ class GradScaler {
     std::vector<std::pair<int, int>> nonfinite;  // (group, slot) of each non-finite gradient
   };
   std::string param_name(const optim::Optimizer& opt, int group, int slot) const;
+  // The one place the step decision is made from this process's inf/NaN check (where a data-parallel run
+  // combines the flag across replicas, so that every replica skips together).
+  bool decide_found_inf(bool local_found_inf) const;
 
   GradScalerOptions options_;
   bool enabled_;
@@ -120,8 +132,10 @@ class GradScaler {
   std::vector<std::string> nonfinite_;
 };
 
-// Clips the gradients the optimizer will use (the staged float32 ones after unscale_, else .grad) to a total
-// 2-norm of max_norm, as torch.nn.utils.clip_grad_norm_; returns the total norm before clipping.
+// torch.nn.utils.clip_grad_norm_ on the gradients the next step will use (optim::step_grads: unscaled first
+// when amp::initialize set the optimizer up, the staged float32 ones after unscale_, else .grad): scales them
+// to a total 2-norm of at most max_norm and returns the total norm before clipping. `params` may be model
+// parameters, at any opt level, or amp::master_params(optimizer).
 double clip_grad_norm_(optim::Optimizer& optimizer, double max_norm);
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 

@@ -41,7 +41,12 @@ class Module {
   Module& operator=(const Module&) = delete;
 
   virtual Tensor forward(const Tensor& input) = 0;
-  Tensor operator()(const Tensor& input) { return forward(input); }
+  // forward() between the hooks, as PyTorch's __call__: each forward pre-hook may replace the input and each
+  // forward hook the output (an undefined result keeps it). amp::initialize patches O2/O3 casts in this way.
+  Tensor operator()(const Tensor& input);
+  using ForwardHook = std::function<Tensor(const Tensor&)>;
+  void register_forward_pre_hook(ForwardHook hook) { forward_pre_hooks_.push_back(std::move(hook)); }
+  void register_forward_hook(ForwardHook hook) { forward_hooks_.push_back(std::move(hook)); }
   virtual std::string type_name() const = 0;  // PyTorch's class name: "Conv2d", "ResNet"
   // BatchNorm layers stay float32 under to(dtype, /*keep_batchnorm_fp32=*/true) (Apex O2).
   virtual bool is_batchnorm() const { return false; }
@@ -94,6 +99,7 @@ class Module {
   NamedTensors parameters_;
   NamedTensors buffers_;
   std::vector<std::pair<std::string, ModulePtr>> children_;
+  std::vector<ForwardHook> forward_pre_hooks_, forward_hooks_;
 };
 
 // input (N, in, H, W) -> (N, out, H', W'). weight (out, in/groups, kh, kw), bias (out).

@@ -55,7 +55,7 @@ enum class CastPolicy : uint8_t { LowerPrecision, Float32, Promote, PassThrough,
   /* neural-network layers and losses */                 \
   _(Linear, "linear", LowerPrecision)                    \
   _(Conv2d, "conv2d", LowerPrecision)                    \
-  _(BatchNorm, "batch_norm", Float32)                    \
+  _(BatchNorm, "batch_norm", PassThrough)  /* statistics in float32, output in the input's dtype, as PyTorch */ \
   _(MaxPool2d, "max_pool2d", PassThrough)                \
   _(AvgPool2d, "avg_pool2d", PassThrough)                \
   _(Dropout, "dropout", PassThrough)                     \
@@ -63,7 +63,9 @@ enum class CastPolicy : uint8_t { LowerPrecision, Float32, Promote, PassThrough,
   _(NllLoss, "nll_loss", Float32)                        \
   _(MseLoss, "mse_loss", Float32)                        \
   _(BinaryCrossEntropyWithLogits, "binary_cross_entropy_with_logits", Float32) \
-  _(BinaryCrossEntropy, "binary_cross_entropy", Banned)
+  _(BinaryCrossEntropy, "binary_cross_entropy", Banned) \
+  /* user-defined (autograd::Function): cast by its own registered policy, if any */ \
+  _(Function, "function", PassThrough)
 
 enum class OpKind : uint16_t {
 #define CASTOR_OP_ENUM(e, n, p) e,

@@ -40,13 +40,35 @@ struct ParamGroup {
 // expected result is exact; the random bits come from rounding_generator(), so runs are reproducible).
 enum class Rounding { Nearest, Stochastic };
 
+class Optimizer;
+
+// Stands in for a plain Optimizer::step() (Apex's patched optimizer.step): amp::initialize installs one so that
+// `opt.step()` after `scale_loss` unscales once, skips on inf/NaN and updates the scale.
+class StepInterceptor {
+ public:
+  virtual ~StepInterceptor() = default;
+  // Called by step() instead of the update; takes the step through its own path (which ends in apply_step()).
+  virtual void intercept_step(Optimizer& optimizer) = 0;
+  // Called before the optimizer's gradients are read outside a step (master_params, clip_grad_norm_): makes
+  // them the ones the step will use (unscales them once).
+  virtual void prepare_gradients(Optimizer& optimizer) = 0;
+};
+
 class Optimizer {
  public:
-  virtual ~Optimizer() = default;
+  Optimizer();
+  virtual ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
 
-  // Applies one update to every parameter that has a gradient (staged in grad32, or in .grad) and counts
-  // the step.
+  // With a step interceptor installed, hands the step to it; otherwise apply_step().
   void step();
+  // Applies one update to every parameter that has a gradient (staged in grad32, or in .grad) and counts
+  // the step, bypassing any interceptor (GradScaler calls it once the gradients are unscaled and finite).
+  void apply_step();
+  // Not owned; nullptr removes it. An interceptor calls release_step_interceptor() when it goes away.
+  void set_step_interceptor(StepInterceptor* interceptor) { interceptor_ = interceptor; }
+  StepInterceptor* step_interceptor() const { return interceptor_; }
   // Drops (set_to_none) or zeroes every .grad, and un-stages every grad32.
   void zero_grad(bool set_to_none = true);
 
@@ -95,7 +117,16 @@ class Optimizer {
   Generator rounding_gen_;
   int64_t step_count_ = 0;
   int64_t skipped_steps_ = 0;
+  StepInterceptor* interceptor_ = nullptr;
 };
+
+// Removes `interceptor` from every live optimizer that has it (safe whichever of them is destroyed first).
+void release_step_interceptor(const StepInterceptor* interceptor);
+
+// The gradients the next step of the live optimizers holding `params` will use, one per parameter (undefined
+// where there is none): each such optimizer's step interceptor first prepares them (unscales them), then the
+// staged float32 gradient is taken, else .grad. A float32 master weight stands for its 16-bit parameter.
+std::vector<Tensor> step_grads(const std::vector<Tensor>& params);
 
 // torch.optim.SGD. lr and weight_decay here seed the first group (add_param_group sets its own).
 struct SGDOptions {

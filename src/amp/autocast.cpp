@@ -104,8 +104,15 @@ struct CustomOp::Entry {
 };
 
 namespace {
-std::mutex g_registry_mutex;
-std::map<std::string, std::unique_ptr<CustomOp::Entry>> g_registry;
+// Built on first use, so that ops may be registered during static initialization (a Function's autocast_op).
+struct Registry {
+  std::mutex mutex;
+  std::map<std::string, std::unique_ptr<CustomOp::Entry>> ops;
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
 }  // namespace
 
 CustomOp register_op(const std::string& name, CastPolicy policy, const std::string& banned_alternative) {
@@ -113,16 +120,17 @@ CustomOp register_op(const std::string& name, CastPolicy policy, const std::stri
   for (int k = 0; k < kNumOps; ++k)
     CASTOR_CHECK(name != kOpInfo[k].name, "amp::register_op: \"", name, "\" is a built-in op (policy ",
                  policy_name(kOpInfo[k].policy), ")");
-  std::lock_guard<std::mutex> lock(g_registry_mutex);
-  auto it = g_registry.find(name);
-  if (it != g_registry.end()) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  auto it = r.ops.find(name);
+  if (it != r.ops.end()) {
     CASTOR_CHECK(it->second->policy == policy, "amp::register_op: \"", name, "\" is already registered with policy ",
                  policy_name(it->second->policy), ", not ", policy_name(policy));
     return CustomOp(it->second.get());
   }
   auto entry = std::make_unique<CustomOp::Entry>(CustomOp::Entry{name, policy, banned_alternative});
   const CustomOp::Entry* e = entry.get();
-  g_registry.emplace(name, std::move(entry));
+  r.ops.emplace(name, std::move(entry));
   return CustomOp(e);
 }
 

@@ -88,8 +88,15 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
       slot.grad_staged = true;
     }
   }
-  st.found_inf = !st.nonfinite.empty();
+  st.found_inf = decide_found_inf(!st.nonfinite.empty());
   st.stage = Stage::Unscaled;
+}
+
+bool GradScaler::decide_found_inf(bool local_found_inf) const { return local_found_inf; }
+
+bool GradScaler::unscaled(const optim::Optimizer& optimizer) const {
+  auto it = per_opt_.find(&optimizer);
+  return it != per_opt_.end() && it->second.stage == Stage::Unscaled;
 }
 
 std::string GradScaler::param_name(const optim::Optimizer& opt, int group, int slot) const {
@@ -98,9 +105,9 @@ std::string GradScaler::param_name(const optim::Optimizer& opt, int group, int s
   return "group " + std::to_string(group) + " param " + std::to_string(slot);
 }
 
-bool GradScaler::step(optim::Optimizer& optimizer) {
+bool GradScaler::step(optim::Optimizer& optimizer, bool skip_with_others) {
   if (!enabled_) {
-    optimizer.step();
+    optimizer.apply_step();
     ++steps_taken_;
     return true;
   }
@@ -111,7 +118,7 @@ bool GradScaler::step(optim::Optimizer& optimizer) {
   CASTOR_CHECK(st.any_grad, "GradScaler::step: no inf checks were recorded for this optimizer (no parameter has a "
                             "gradient)");
   st.stage = Stage::Stepped;
-  const bool skip = st.found_inf;
+  const bool skip = st.found_inf || skip_with_others;
   if (skip) {
     if (!skipped_this_iteration_) nonfinite_.clear();
     skipped_this_iteration_ = true;
@@ -119,7 +126,7 @@ bool GradScaler::step(optim::Optimizer& optimizer) {
     optimizer.note_skipped_step();
     ++steps_skipped_;
   } else {
-    optimizer.step();
+    optimizer.apply_step();
     ++steps_taken_;
   }
   for (auto& group : optimizer.param_groups())
@@ -211,19 +218,16 @@ double clip_tensors(const std::vector<Tensor>& grads, double max_norm) {
 }  // namespace
 
 double clip_grad_norm_(optim::Optimizer& optimizer, double max_norm) {
-  std::vector<Tensor> grads;
-  for (auto& group : optimizer.param_groups())
-    for (auto& slot : group.slots) {
-      if (slot.grad_staged) grads.push_back(slot.grad32);
-      else if (slot.param.grad().defined()) grads.push_back(slot.param.grad());
-    }
-  return clip_tensors(grads, max_norm);
+  std::vector<Tensor> params;
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& slot : group.slots) params.push_back(slot.param);
+  return clip_grad_norm_(params, max_norm);
 }
 
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
   std::vector<Tensor> grads;
-  for (const Tensor& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
+  for (const Tensor& g : optim::step_grads(params))
+    if (g.defined()) grads.push_back(g);
   return clip_tensors(grads, max_norm);
 }
 

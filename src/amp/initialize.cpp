@@ -43,6 +43,29 @@ const std::string& meta(const PrecisionState& s, const std::string& key) {
   return it->second;
 }
 
+// Names the parameters of model m as "<m>.<name>" when there are several models.
+std::string model_prefix(size_t m, size_t count) { return count == 1 ? "" : std::to_string(m) + "."; }
+
+// Apex's patched-forward cast: floating tensors to `dtype`; others (integer labels, indices) untouched.
+Tensor cast_floating(const Tensor& t, DType dtype) {
+  return t.defined() && is_floating(t.dtype()) && t.dtype() != dtype ? t.to(dtype) : Tensor();
+}
+
+// Makes the 16-bit parameter's micro-batch gradients add up in a float32 .grad: before each gradient reaches
+// it, a missing or 16-bit .grad is replaced by a float32 one, so the engine accumulates in float32.
+void accumulate_grad_in_fp32(const Tensor& param) {
+  std::weak_ptr<TensorImpl> weak = param.impl_ptr();
+  param.register_hook([weak](const Tensor&) {
+    if (auto impl = weak.lock()) {
+      const Tensor p(impl);
+      const Tensor g = p.grad();
+      if (!g.defined()) p.set_grad(zeros(p.shape(), DType::Float32));
+      else if (g.dtype() != DType::Float32) p.set_grad(g.to(DType::Float32));
+    }
+    return Tensor();
+  });
+}
+
 // Entries of `sd` under "<prefix>", with the prefix removed.
 StateDict sub_dict(const StateDict& sd, const std::string& prefix) {
   StateDict out;
@@ -96,6 +119,9 @@ Properties properties_for(OptLevel level, DType dtype, const Overrides& ov) {
   if (ov.max_loss_scale) p.max_loss_scale = *ov.max_loss_scale;
   if (ov.rounding) p.rounding = *ov.rounding;
   p.rounding_seed = ov.rounding_seed;
+  if (ov.fp32_grad_accumulation) p.fp32_grad_accumulation = *ov.fp32_grad_accumulation;
+  if (p.cast_model_type) p.cast_model_outputs = ov.cast_model_outputs.value_or(DType::Float32);
+  CASTOR_CHECK(!ov.cast_model_outputs || p.cast_model_type, "amp: cast_model_outputs needs cast_model_type");
   CASTOR_CHECK(!p.cast_model_type || *p.cast_model_type == DType::Float32 || *p.cast_model_type == dtype,
                "amp: cast_model_type must be float32 or ", dtype_name(dtype), ", got ",
                dtype_name(*p.cast_model_type));
@@ -105,13 +131,23 @@ Properties properties_for(OptLevel level, DType dtype, const Overrides& ov) {
   return p;
 }
 
-Amp::Amp(nn::Module& model, std::vector<optim::Optimizer*> optimizers, Properties properties, int num_losses)
-    : model_(model), optimizers_(std::move(optimizers)), props_(std::move(properties)) {
+Amp::Amp(std::vector<nn::Module*> models, std::vector<optim::Optimizer*> optimizers, Properties properties,
+         int num_losses)
+    : models_(std::move(models)), optimizers_(std::move(optimizers)), props_(std::move(properties)) {
   CASTOR_CHECK(num_losses >= 1, "amp: num_losses must be >= 1, got ", num_losses);
+  CASTOR_CHECK(!models_.empty(), "amp: no model");
+  for (nn::Module* m : models_) CASTOR_CHECK(m != nullptr, "amp: a null model");
   for (optim::Optimizer* o : optimizers_) CASTOR_CHECK(o != nullptr, "amp: a null optimizer");
-  for (int k = 0; k < num_losses; ++k)
-    scalers_.push_back(std::make_unique<GradScaler>(scaler_options(props_), model_.named_parameters()));
+  std::vector<std::pair<std::string, Tensor>> named;
+  for (size_t m = 0; m < models_.size(); ++m)
+    for (auto& [name, p] : models_[m]->named_parameters()) named.emplace_back(model_prefix(m, models_.size()) + name, p);
+  for (int k = 0; k < num_losses; ++k) scalers_.push_back(std::make_unique<GradScaler>(scaler_options(props_), named));
+  for (optim::Optimizer* o : optimizers_) o->set_step_interceptor(this);
 }
+
+Amp::~Amp() { optim::release_step_interceptor(this); }
+
+AutocastGuard disable_casts() { return AutocastGuard(DType::BFloat16, /*enabled=*/false); }
 
 GradScaler& Amp::scaler(int loss_id) {
   CASTOR_CHECK(loss_id >= 0 && loss_id < num_losses(), "amp: loss_id ", loss_id, " out of range (", num_losses(),
@@ -127,50 +163,130 @@ optim::Optimizer& Amp::bound_check(optim::Optimizer& optimizer, const char* what
 }
 
 Tensor Amp::scale_loss(const Tensor& loss, optim::Optimizer& optimizer, int loss_id) {
+  return scale_loss(loss, std::vector<optim::Optimizer*>{&optimizer}, loss_id);
+}
+
+Tensor Amp::scale_loss(const Tensor& loss, const std::vector<optim::Optimizer*>& optimizers, int loss_id) {
   GradScaler& s = scaler(loss_id);
-  bound_check(optimizer, "scale_loss");
-  auto [it, fresh] = loss_of_.emplace(&optimizer, loss_id);
-  CASTOR_CHECK(fresh || it->second == loss_id, "amp::scale_loss: this optimizer holds gradients of loss ",
-               it->second, "; step it before backpropagating loss ", loss_id, " into it");
+  CASTOR_CHECK(!optimizers.empty(), "amp::scale_loss: no optimizer");
+  for (optim::Optimizer* o : optimizers) {
+    CASTOR_CHECK(o != nullptr, "amp::scale_loss: a null optimizer");
+    bound_check(*o, "scale_loss");
+    auto it = loss_of_.find(o);
+    CASTOR_CHECK(it == loss_of_.end() || it->second == loss_id, "amp::scale_loss: this optimizer holds gradients of loss ",
+                 it->second, "; step it before backpropagating loss ", loss_id, " into it");
+    CASTOR_CHECK(it == loss_of_.end() || !s.unscaled(*o), "amp::scale_loss: the optimizer's gradients were already "
+                 "unscaled (by unscale_, master_params or clip_grad_norm_); step it before another scaled backward");
+  }
+  for (optim::Optimizer* o : optimizers) loss_of_.emplace(o, loss_id);
   return s.scale(loss);
 }
 
 void Amp::unscale_(optim::Optimizer& optimizer) {
-  auto it = loss_of_.find(&bound_check(optimizer, "unscale_"));
-  CASTOR_CHECK(it != loss_of_.end(), "amp::unscale_: no scale_loss() for this optimizer since its last step");
-  scaler(it->second).unscale_(optimizer);
+  CASTOR_CHECK(loss_of_.count(&bound_check(optimizer, "unscale_")),
+               "amp::unscale_: no scale_loss() for this optimizer since its last step");
+  prepare_gradients(optimizer);
+}
+
+void Amp::prepare_gradients(optim::Optimizer& optimizer) {
+  auto it = loss_of_.find(&optimizer);
+  if (it == loss_of_.end()) return;  // no scaled backward since its last step: the gradients are as they are
+  GradScaler& s = scaler(it->second);
+  if (s.is_enabled() && !s.unscaled(optimizer)) s.unscale_(optimizer);
+}
+
+void Amp::intercept_step(optim::Optimizer& optimizer) {
+  if (loss_of_.count(&optimizer))
+    step(optimizer);
+  else
+    optimizer.apply_step();  // no scale_loss since the last step: the gradients are not scaled
 }
 
 bool Amp::step(optim::Optimizer& optimizer) {
   auto it = loss_of_.find(&bound_check(optimizer, "step"));
   CASTOR_CHECK(it != loss_of_.end(), "amp::step: no scale_loss() for this optimizer since its last step");
   const int loss_id = it->second;
-  const bool stepped = scaler(loss_id).step(optimizer);
+  // As Apex, the optimizers of one loss step or skip together: an overflow in any of their gradients (those still
+  // to step are unscaled now; those stepped this iteration are remembered by the scaler) skips each.
+  GradScaler& s = scaler(loss_id);
+  bool overflow = false;
+  for (optim::Optimizer* o : optimizers_) {
+    auto pending = loss_of_.find(o);
+    if (pending != loss_of_.end() && pending->second == loss_id) prepare_gradients(*o);
+    overflow |= s.found_inf(*o);
+  }
+  const bool stepped = s.step(optimizer, /*skip_with_others=*/overflow);
   loss_of_.erase(it);
   bool others = false;  // optimizers still to step on this loss's scale this iteration
   for (auto& [opt, id] : loss_of_) others |= id == loss_id;
-  if (!others) scaler(loss_id).update();
+  if (!others) s.update();
   return stepped;
 }
 
-StateDict Amp::model_state_dict() const {
-  StateDict sd = model_.state_dict();
+StateDict Amp::model_state_dict(size_t index) const {
+  CASTOR_CHECK(index < models_.size(), "amp: model ", index, " out of range (", models_.size(), " models)");
+  const nn::Module& model = *models_[index];
+  StateDict sd = model.state_dict();
   std::map<const TensorImpl*, Tensor> masters;
   for (const optim::Optimizer* o : optimizers_)
     for (const auto& g : o->param_groups())
       for (const auto& slot : g.slots)
         if (slot.master.defined()) masters[slot.param.impl()] = slot.master;
-  for (const auto& [name, p] : model_.named_parameters()) {
+  for (const auto& [name, p] : model.named_parameters()) {
     auto it = masters.find(p.impl());
     if (it != masters.end()) sd[name] = it->second.detach();
   }
   return sd;
 }
 
+StateDict Amp::state_dict() const {
+  StateDict sd;
+  for (size_t k = 0; k < scalers_.size(); ++k) {
+    const std::string prefix = "loss_scaler" + std::to_string(k) + ".";
+    sd[prefix + "loss_scale"] = scalar_tensor(scalers_[k]->get_scale(), DType::Float32);
+    sd[prefix + "unskipped"] = scalar_tensor(static_cast<double>(scalers_[k]->growth_tracker()), DType::Int64);
+  }
+  return sd;
+}
+
+void Amp::load_state_dict(const StateDict& sd) {
+  for (const auto& [key, t] : sd) {
+    const size_t dot = key.find('.');
+    const std::string head = key.substr(0, dot), field = dot == std::string::npos ? "" : key.substr(dot + 1);
+    bool known = false;
+    for (size_t k = 0; k < scalers_.size(); ++k) known |= head == "loss_scaler" + std::to_string(k);
+    CASTOR_CHECK(known && (field == "loss_scale" || field == "unskipped"), "amp::load_state_dict: unexpected key \"",
+                 key, "\" (this run has ", scalers_.size(), " loss scalers)");
+    CASTOR_CHECK(t.numel() == 1, "amp::load_state_dict: \"", key, "\" is ", t.describe(), ", expected one value");
+  }
+  std::vector<StateDict> updated;
+  for (size_t k = 0; k < scalers_.size(); ++k) {
+    const std::string prefix = "loss_scaler" + std::to_string(k) + ".";
+    for (const char* f : {"loss_scale", "unskipped"})
+      CASTOR_CHECK(sd.count(prefix + f), "amp::load_state_dict: missing key \"", prefix, f, "\"");
+    const double scale = sd.at(prefix + "loss_scale").item(), unskipped = sd.at(prefix + "unskipped").item();
+    CASTOR_CHECK(std::isfinite(scale) && scale > 0, "amp::load_state_dict: \"", prefix, "loss_scale\" must be finite "
+                 "and > 0, got ", scale);
+    CASTOR_CHECK(unskipped >= 0, "amp::load_state_dict: \"", prefix, "unskipped\" must be >= 0, got ", unskipped);
+    StateDict full = scalers_[k]->state_dict();
+    if (full.empty()) {  // a disabled scaler (O0) scales by 1
+      CASTOR_CHECK(scale == 1.0, "amp::load_state_dict: \"", prefix, "loss_scale\" is ", scale,
+                   " but this run does not scale its losses (", opt_level_name(props_.level), ")");
+    } else {
+      full["scale"] = scalar_tensor(scale, DType::Float32);
+      full["growth_tracker"] = scalar_tensor(unskipped, DType::Int64);
+    }
+    updated.push_back(std::move(full));
+  }
+  for (size_t k = 0; k < scalers_.size(); ++k)
+    if (!updated[k].empty()) scalers_[k]->load_state_dict(updated[k]);
+}
+
 std::string Amp::param_signature() const {
   std::string sig;
-  for (const auto& [name, p] : model_.named_parameters())
-    sig += name + ":" + dtype_name(p.dtype()) + shape_str(p.shape()) + ";";
+  for (size_t m = 0; m < models_.size(); ++m)
+    for (const auto& [name, p] : models_[m]->named_parameters())
+      sig += model_prefix(m, models_.size()) + name + ":" + dtype_name(p.dtype()) + shape_str(p.shape()) + ";";
   return sig;
 }
 
@@ -227,16 +343,51 @@ void Amp::load_precision_state(const PrecisionState& st) {
   loss_of_.clear();
 }
 
-std::unique_ptr<Amp> initialize(nn::Module& model, const std::vector<optim::Optimizer*>& optimizers,
-                                OptLevel level, DType dtype, const Overrides& overrides, int num_losses) {
+std::unique_ptr<Amp> initialize(const std::vector<nn::Module*>& models,
+                                const std::vector<optim::Optimizer*>& optimizers, OptLevel level, DType dtype,
+                                const Overrides& overrides, int num_losses) {
   Properties p = properties_for(level, dtype, overrides);
-  if (p.cast_model_type) model.to(*p.cast_model_type, p.keep_batchnorm_fp32);
+  for (nn::Module* model : models) {
+    CASTOR_CHECK(model != nullptr, "amp::initialize: a null model");
+    if (p.cast_model_type) {
+      model->to(*p.cast_model_type, p.keep_batchnorm_fp32);
+      model->register_forward_pre_hook([to = *p.cast_model_type](const Tensor& x) { return cast_floating(x, to); });
+      model->register_forward_hook([to = *p.cast_model_outputs](const Tensor& y) { return cast_floating(y, to); });
+    }
+    if (p.fp32_grad_accumulation)
+      for (const Tensor& param : model->parameters())
+        if (is_16bit_float(param.dtype())) accumulate_grad_in_fp32(param);
+  }
   for (optim::Optimizer* o : optimizers) {
     CASTOR_CHECK(o != nullptr, "amp::initialize: a null optimizer");
     o->set_master_weights(p.master_weights);
     o->set_rounding(p.rounding, p.rounding_seed);
   }
-  return std::make_unique<Amp>(model, optimizers, std::move(p), num_losses);
+  return std::make_unique<Amp>(models, optimizers, std::move(p), num_losses);
+}
+
+std::unique_ptr<Amp> initialize(nn::Module& model, const std::vector<optim::Optimizer*>& optimizers,
+                                OptLevel level, DType dtype, const Overrides& overrides, int num_losses) {
+  return initialize(std::vector<nn::Module*>{&model}, optimizers, level, dtype, overrides, num_losses);
+}
+
+std::vector<Tensor> master_params(optim::Optimizer& optimizer) {
+  if (optim::StepInterceptor* i = optimizer.step_interceptor()) i->prepare_gradients(optimizer);
+  std::vector<Tensor> out;
+  for (auto& group : optimizer.param_groups())
+    for (auto& slot : group.slots) {
+      if (!slot.master.defined()) {
+        out.push_back(slot.param);
+        continue;
+      }
+      if (!slot.grad_staged && slot.param.grad().defined()) {  // stage a float32 copy, so edits reach the step
+        slot.grad32 = slot.param.grad().detach().to(DType::Float32).contiguous();
+        slot.grad_staged = true;
+      }
+      slot.master.set_grad(slot.grad_staged ? slot.grad32 : Tensor());
+      out.push_back(slot.master);
+    }
+  return out;
 }
 
 }  // namespace castor::amp

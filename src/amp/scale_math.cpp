@@ -128,6 +128,9 @@ void GradScalerOptions::validate() const {
 
 void update_scale(ScaleState& s, bool found_inf, const GradScalerOptions& o) {
   if (found_inf) {
+    CASTOR_CHECK(!o.raise_at_min_scale || s.hysteresis_left > 1 || static_cast<double>(s.scale) > o.min_scale,
+                 "GradScaler: gradients overflowed with the loss scale already at min_scale ", o.min_scale,
+                 " (raise_at_min_scale); the run cannot recover by scaling");
     s.growth_tracker = 0;
     if (s.hysteresis_left > 1) {
       --s.hysteresis_left;
@@ -137,8 +140,9 @@ void update_scale(ScaleState& s, bool found_inf, const GradScalerOptions& o) {
                                           o.min_scale));
     return;
   }
-  s.hysteresis_left = o.hysteresis;
+  if (o.consecutive_hysteresis) s.hysteresis_left = o.hysteresis;
   if (++s.growth_tracker < o.growth_interval) return;
+  s.hysteresis_left = o.hysteresis;
   const float grown = s.scale * static_cast<float>(o.growth_factor);
   if (std::isfinite(grown)) s.scale = static_cast<float>(std::min(static_cast<double>(grown), o.max_scale));
   s.growth_tracker = 0;

@@ -216,6 +216,7 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
     case OpKind::BatchNorm: return layer_rules::batch_norm(node, g);
     case OpKind::MaxPool2d: return layer_rules::max_pool2d(node, g);
     case OpKind::AvgPool2d: return layer_rules::avg_pool2d(node, g);
+    case OpKind::Function: return node.function->backward(node, g);
     // Composite ops: recorded as the ops they are made of, never as themselves.
     case OpKind::Matmul:
     case OpKind::Stack:

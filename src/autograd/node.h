@@ -67,6 +67,12 @@ struct SavedTensor {
   uint32_t version = 0;
 };
 
+// The backward of a user-defined autograd::Function (a node of OpKind::Function).
+struct FunctionBackward {
+  virtual ~FunctionBackward() = default;
+  virtual std::vector<Tensor> backward(const Node& node, const Tensor& grad) = 0;
+};
+
 struct Node : std::enable_shared_from_this<Node> {
   OpKind op;
   uint64_t sequence = 0;               // creation order: later nodes run first in backward
@@ -79,6 +85,7 @@ struct Node : std::enable_shared_from_this<Node> {
   OpParams params;                     // the op's parameters (std::monostate when it has none)
   std::vector<GradHook> pre_hooks;     // hooks on the output tensor (non-leaf register_hook / retain_grad)
   bool released = false;               // saved tensors freed after a backward without retain_graph
+  std::shared_ptr<FunctionBackward> function;  // OpKind::Function only
 
   // A saved tensor, checked against in-place changes since it was saved.
   const Tensor& saved_tensor(size_t i) const;

@@ -113,6 +113,16 @@ Module& Module::train(bool mode) {
   return apply([mode](Module& m) { m.training_ = mode; });
 }
 
+Tensor Module::operator()(const Tensor& input) {
+  Tensor x = input;
+  for (const ForwardHook& h : forward_pre_hooks_)
+    if (Tensor r = h(x); r.defined()) x = r;
+  Tensor y = forward(x);
+  for (const ForwardHook& h : forward_hooks_)
+    if (Tensor r = h(y); r.defined()) y = r;
+  return y;
+}
+
 Module& Module::to(DType dtype, bool keep_batchnorm_fp32) {
   NoGradGuard no_grad;
   return apply([&](Module& m) {

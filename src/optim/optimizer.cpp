@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -96,7 +97,55 @@ bool parse_slot_key(const std::string& rest, size_t& g, size_t& i, std::string& 
   return true;
 }
 
+// Every live optimizer, for staged_grad().
+std::mutex g_live_mutex;
+std::set<Optimizer*> g_live;
+
 }  // namespace
+
+Optimizer::Optimizer() {
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  g_live.insert(this);
+}
+
+Optimizer::~Optimizer() {
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  g_live.erase(this);
+}
+
+void release_step_interceptor(const StepInterceptor* interceptor) {
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  for (Optimizer* o : g_live)
+    if (o->step_interceptor() == interceptor) o->set_step_interceptor(nullptr);
+}
+
+std::vector<Tensor> step_grads(const std::vector<Tensor>& params) {
+  // The slot of each live optimizer that holds a parameter, keyed by the parameter and by its master weight.
+  std::map<const TensorImpl*, std::pair<Optimizer*, const ParamSlot*>> owner;
+  {
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    for (Optimizer* o : g_live)
+      for (const ParamGroup& group : o->param_groups())
+        for (const ParamSlot& slot : group.slots) {
+          owner[slot.param.impl()] = {o, &slot};
+          if (slot.master.defined()) owner[slot.master.impl()] = {o, &slot};
+        }
+  }
+  std::set<Optimizer*> prepared;
+  for (const Tensor& p : params) {
+    auto it = owner.find(p.impl());
+    if (it == owner.end()) continue;
+    Optimizer* o = it->second.first;
+    if (o->step_interceptor() && prepared.insert(o).second) o->step_interceptor()->prepare_gradients(*o);
+  }
+  std::vector<Tensor> grads;
+  for (const Tensor& p : params) {
+    auto it = owner.find(p.impl());
+    const ParamSlot* slot = it == owner.end() ? nullptr : it->second.second;
+    grads.push_back(slot && slot->grad_staged ? slot->grad32 : slot ? slot->param.grad() : p.grad());
+  }
+  return grads;
+}
 
 void Optimizer::add_param_group(const std::vector<Tensor>& params, double lr, double weight_decay) {
   CASTOR_CHECK(!params.empty(), "add_param_group: empty parameter list");
@@ -139,6 +188,13 @@ void Optimizer::set_rounding(Rounding r, uint64_t seed) {
 }
 
 void Optimizer::step() {
+  if (interceptor_)
+    interceptor_->intercept_step(*this);
+  else
+    apply_step();
+}
+
+void Optimizer::apply_step() {
   NoGradGuard no_grad;
   for (ParamGroup& group : groups_) {
     for (ParamSlot& slot : group.slots) {

@@ -1,12 +1,16 @@
 // Autocast: per-op output dtypes bit-identical to casting by hand, nesting, custom ops, the cast cache, explain.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <sstream>
 
 #include "castor/autocast.h"
 #include "castor/autograd.h"
 #include "castor/explain.h"
+#include "castor/functional.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "core/dispatch.h"
@@ -136,6 +140,30 @@ TEST(Autocast, NestedDisabledRegionTurnsCastingOffAndRestores) {
   }
   EXPECT_FALSE(amp::is_autocast_enabled());
   EXPECT_EQ(mm(a, b).dtype(), DType::Float32);
+}
+
+TEST(Autocast, BatchNormKeepsTheInputDtypeAsTorch) {
+  // PyTorch 1.13's CPU autocast leaves batch_norm out of its lists: a bfloat16 input gives a bfloat16 output
+  // (statistics in float32), in training and in eval mode. Compared element by element with the oracle's.
+  const std::string out = test::scratch_dir() + "/batch_norm_autocast.txt";
+  ASSERT_TRUE(test::run_oracle("amp_oracle.py", {"batch_norm", out}));
+  std::vector<float> v(96);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.7f * static_cast<float>(i)) * 3.0f + 0.5f;
+  const Tensor x = from_blob(v.data(), {2, 3, 4, 4}, DType::Float32).to(DType::BFloat16);
+  std::ifstream in(out);
+  for (bool training : {true, false}) {
+    SCOPED_TRACE(training ? "training" : "eval");
+    std::string line, dtype;
+    ASSERT_TRUE(std::getline(in, line));
+    std::istringstream fields(line);
+    fields >> dtype;
+    std::vector<double> want;
+    for (double d; fields >> d;) want.push_back(d);
+    amp::AutocastGuard autocast(DType::BFloat16);
+    const Tensor y = F::batch_norm(x, zeros({3}), ones({3}), full({3}, 1.5), full({3}, -0.25), training);
+    EXPECT_EQ(dtype_name(y.dtype()), dtype);
+    EXPECT_TRUE(test::close(y.to(DType::Float64), tensor(want, {2, 3, 4, 4}, DType::Float64), 1e-2, 1e-3));
+  }
 }
 
 TEST(Autocast, BannedOpRaisesNamingTheSafeAlternative) {

@@ -158,6 +158,50 @@ TEST(ScaleMath, HysteresisSchedules) {
             (std::vector<float>{128, 128, 64, 64, 64, 128}));
 }
 
+TEST(ScaleMath, NonConsecutiveHysteresisAsDeepSpeed) {
+  // DeepSpeed's DynamicLossScaler with consecutive_hysteresis=False (its default), worked by hand from its
+  // update_scale: a clean step does not refill the hysteresis, only a growth of the scale does, so the
+  // scattered overflows of iterations 0 and 2 add up and 2 already backs off.
+  amp::GradScalerOptions o{
+      .init_scale = 256, .growth_interval = 2, .hysteresis = 2, .consecutive_hysteresis = false, .min_scale = 64};
+  EXPECT_EQ(run_schedule(o, {true, false, true, true, false, false}),
+            (std::vector<float>{256, 256, 128, 64, 64, 128}));
+  // A growth refills it: the overflow after the growth is tolerated again.
+  EXPECT_EQ(run_schedule(o, {true, false, false, true, true}), (std::vector<float>{256, 256, 512, 512, 256}));
+  o.consecutive_hysteresis = true;  // the same schedule when only overflows in a row count
+  EXPECT_EQ(run_schedule(o, {true, false, true, true, false, false}),
+            (std::vector<float>{256, 256, 256, 128, 128, 256}));
+}
+
+TEST(ScaleMath, RaiseAtMinScaleInsteadOfSkippingForever) {
+  // DeepSpeed's raise_error_at_min_scale: an overflow that would back off a scale already at min_scale raises.
+  amp::GradScalerOptions o{.init_scale = 256, .hysteresis = 2, .min_scale = 64, .raise_at_min_scale = true};
+  amp::ScaleState s{256.0f, 0, 2};
+  for (float want : {256.0f, 128.0f, 64.0f}) {  // hysteresis holds once, then 128, then the floor 64
+    amp::update_scale(s, /*found_inf=*/true, o);
+    EXPECT_EQ(s.scale, want);
+  }
+  try {
+    amp::update_scale(s, /*found_inf=*/true, o);
+    ADD_FAILURE() << "no error at min_scale";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("already at min_scale 64"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(s.scale, 64.0f);
+  amp::update_scale(s, /*found_inf=*/false, o);  // a clean step is fine
+  o.raise_at_min_scale = false;
+  amp::update_scale(s, /*found_inf=*/true, o);  // without the option the scale stays at the floor
+  amp::update_scale(s, /*found_inf=*/true, o);
+  EXPECT_EQ(s.scale, 64.0f);
+  // Through GradScaler::update: the error reaches the training loop.
+  amp::GradScaler scaler({.init_scale = 1.0, .enabled = true, .min_scale = 1.0, .raise_at_min_scale = true});
+  Tensor w = full({2}, 1.0).requires_grad_();
+  optim::SGD opt({w}, {.lr = 0.1});
+  w.set_grad(full({2}, kInf));
+  scaler.step(opt);
+  EXPECT_THROW(scaler.update(), Error);
+}
+
 TEST(ScaleMath, OptionsAreValidated) {
   auto bad = [](auto mutate) {
     amp::GradScalerOptions o;
