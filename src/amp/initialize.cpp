@@ -33,6 +33,10 @@ GradScalerOptions scaler_options(const Properties& p) {
     o.enabled = true;
     o.dynamic = false;
     o.init_scale = *s;
+  } else {
+    // Dynamic scaling for float16 only (bfloat16 gradients do not underflow): the scaler's own default, chosen
+    // here so that no notice is given for a choice the level made.
+    o.enabled = p.dtype == DType::Float16;
   }
   return o;
 }
