@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "castor/check.h"
+#include "castor/fs.h"
 #include "castor/trainer.h"
 #include "castor/version.h"
 
@@ -38,7 +39,11 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "train") {
       if (wants_help(args)) return std::fputs(castor::train::train_help().c_str(), stdout), 0;
-      std::printf("%s\n", castor::train::run_train(castor::train::parse_train_flags(args)).dump().c_str());
+      castor::train::install_interrupt_handlers();
+      const castor::Json summary = castor::train::run_train(castor::train::parse_train_flags(args));
+      std::printf("%s\n", summary.dump().c_str());
+      // Interrupted: checkpointed and stopped; the status says by what, as if the signal had ended it.
+      if (const castor::Json* sig = summary.find("interrupted_by_signal")) return 128 + static_cast<int>(sig->as_int());
     } else if (cmd == "eval") {
       if (wants_help(args)) return std::fputs(castor::train::eval_help().c_str(), stdout), 0;
       std::printf("%s\n", castor::train::run_eval(castor::train::parse_eval_flags(args)).dump().c_str());
@@ -50,10 +55,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   } catch (const castor::Error& e) {
-    std::fprintf(stderr, "castor %s: error: %s\n", cmd.c_str(), e.what());
+    std::fprintf(stderr, "castor %s: error: %s\n", cmd.c_str(), castor::printable(e.what()).c_str());
     return 1;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "castor %s: error: out of memory\n", cmd.c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    // Not expected (every user error is a castor::Error), but still one line and a non-zero exit.
+    std::fprintf(stderr, "castor %s: error: internal: %s\n", cmd.c_str(), castor::printable(e.what()).c_str());
     return 1;
   }
   return 0;

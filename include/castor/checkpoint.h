@@ -1,4 +1,4 @@
-// Crash-safe checkpoint directories: write into a temp dir, fsync, commit marker, rename; keep the newest K.
+// Crash-safe checkpoint directories: temp dir, fsync, checksummed commit marker, rename; keep the newest K.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -18,15 +18,23 @@ struct Checkpoint {
 };
 
 // Writes `run_dir`/checkpoints/step-<step> atomically: files into a temp directory, each fsynced, the COMMIT
-// marker last, the directory renamed into place and its parent fsynced. Then deletes all but the newest
-// `keep` complete checkpoints. Returns the checkpoint's path. A failure leaves older checkpoints intact.
+// marker (holding each file's checksum) last, the directory renamed into place and its parent fsynced. Then
+// deletes all but the newest `keep` complete checkpoints. Returns the checkpoint's path. A failure leaves
+// older checkpoints intact.
 std::string write_checkpoint(const std::string& run_dir, int64_t step, const Checkpoint& ckpt, int64_t keep);
 
-// The newest complete checkpoint (one with a COMMIT marker) under `run_dir`/checkpoints, if any.
+// The newest complete checkpoint (one with a COMMIT marker) under `run_dir`/checkpoints, if any; not verified.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 
-// Reads a checkpoint directory (or a run directory: its latest checkpoint). castor::Error naming the file
-// on anything missing or corrupt.
-Checkpoint read_checkpoint(const std::string& path);
+// True when `path` is a checkpoint folder (holds a COMMIT marker).
+bool is_checkpoint_dir(const std::string& path);
+
+// Reads a checkpoint directory, verifying the checksums its COMMIT marker records; castor::Error naming the file
+// on anything missing, damaged or corrupt. Given a run directory, reads its newest intact checkpoint, warning on
+// stderr about each newer damaged one it passes over. `used`, when given, receives the checkpoint's path.
+Checkpoint read_checkpoint(const std::string& path, std::string* used = nullptr);
+
+// Removes the temp folders killed runs left under `run_dir`/checkpoints (call only while owning the run).
+void remove_stale_temps(const std::string& run_dir);
 
 }  // namespace castor::train

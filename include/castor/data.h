@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -41,7 +42,8 @@ struct Batch {
 
 // Yields the batches of one epoch. The order and the augmentation of every batch are pure functions of
 // (seed, epoch, batch index), so a run resumed at batch k of epoch e sees exactly the batches it would have.
-// Batches are prepared on a background thread, two ahead of the consumer.
+// Batches are prepared on a background thread, two ahead of the consumer; an exception there (out of memory,
+// say) is rethrown by next().
 class DataLoader {
  public:
   DataLoader(const ImageDataset& dataset, LoaderOptions options);
@@ -66,6 +68,7 @@ class DataLoader {
   std::deque<Batch> ready_;
   int64_t next_index_ = 0, end_index_ = 0;
   bool stopping_ = false;
+  std::exception_ptr error_;  // what the background thread threw; next() rethrows it on the caller's thread
 };
 
 }  // namespace castor::data

@@ -1,24 +1,67 @@
-// Whole-file reads and crash-safe whole-file writes (safetensors, checkpoints).
+// File-layer safety: regular-file reads, whole writes (atomic replace, whole-line appends), locks, checksums.
 #pragma once
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace castor {
 
-// Reads a regular file into memory; castor::Error naming the path when it cannot be opened or read.
+// Reads a regular file into memory; castor::Error naming the path when it cannot be opened or read, or is not a
+// regular file (a FIFO, device or directory is refused without blocking on it).
 std::vector<uint8_t> read_file(const std::string& path);
 
 // True when `path` names an existing file (of any kind).
 bool file_exists(const std::string& path);
 
-// Replaces `path` atomically: writes a temp file in the same directory, fsyncs it, renames it over `path` and
-// fsyncs the directory. On failure (unwritable directory, full disk, ...) throws castor::Error naming the path,
-// removes the temp file and leaves any old file at `path` untouched.
 // Flushes a directory's entries (after a rename or create inside it) to disk.
 void fsync_directory(const std::string& dir);
 
+// Test hook: with CASTOR_FAIL_WRITES=SUBSTRING:FIRST:COUNT in the environment, writes number FIRST to
+// FIRST+COUNT-1 (counted from 1) to files whose path contains SUBSTRING fail with ENOSPC, as on a full disk.
+// Read once, at the first write; both writers below go through it.
+
+// Replaces `path` atomically: writes a temp file in the same directory, fsyncs it, renames it over `path` and
+// fsyncs the directory. On failure (unwritable directory, full disk, ...) throws castor::Error naming the path,
+// removes the temp file and leaves any old file at `path` untouched.
 void atomic_write_file(const std::string& path, std::span<const uint8_t> bytes);
+void atomic_write_file(const std::string& path, std::string_view text);
+
+// A file that lines are appended to whole or not at all: a failed or short write is cut back off the file.
+class AppendFile {
+ public:
+  // Opens (creating it; emptying it when `truncate`) or throws castor::Error naming the path.
+  AppendFile(const std::string& path, bool truncate);
+  ~AppendFile();
+  AppendFile(const AppendFile&) = delete;
+  AppendFile& operator=(const AppendFile&) = delete;
+  // Appends `line` whole; on failure leaves the file as it was and returns the reason (empty on success).
+  std::string append(std::string_view line);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// An exclusive advisory lock (flock) on `path` held for this object's lifetime; the file records the owner's pid.
+class FileLock {
+ public:
+  // Takes the lock at once or throws castor::Error "<path> is in use by pid N".
+  explicit FileLock(const std::string& path);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// A 64-bit checksum of `bytes` (FNV-1a), for detecting damaged files.
+uint64_t checksum64(std::span<const uint8_t> bytes);
+
+// Text with control characters and bytes that are not UTF-8 shown as \xNN, for printing names from files.
+std::string printable(std::string_view text);
 
 }  // namespace castor

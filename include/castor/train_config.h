@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "castor/dtype.h"
+#include "castor/json.h"
 
 namespace castor::train {
 
@@ -33,20 +34,32 @@ struct TrainConfig {
   int threads = 0;                     // 0: all cores
   bool deterministic = false;
   std::string out = "runs/latest";
-  std::string resume;                  // a run directory to continue from
+  std::string resume;                  // a run directory (or one of its checkpoints) to continue from
+  bool overwrite = false;              // a new run may replace another run's files in --out
   std::string init;                    // a safetensors file of initial weights (PyTorch names)
   int64_t checkpoint_every = 0;        // steps; 0: at each epoch end
+  double checkpoint_minutes = 10;      // also checkpoint when this long has passed since the last one; 0: never
   int64_t keep = 2;                    // checkpoints kept
   int64_t log_every = 50;              // steps between metric lines
   int64_t eval_every = 0;              // > 0: test accuracy every N steps too (always at each epoch end)
   int64_t synthetic_size = 2048;       // training images of --data synthetic
   bool profile = false;
+  std::vector<std::string> given;      // the flags set on the command line or in --config, as "--lr"
 };
 
 // Parses `castor train` flags (argv after the subcommand; `--config FILE` reads more from a TOML/INI file).
 // Throws castor::Error naming the flag and the problem, in one line.
 TrainConfig parse_train_flags(const std::vector<std::string>& args);
 std::string train_help();
+
+// The settings a run records in config.json and its checkpoints (keys are the flags' names with '_' for '-').
+Json settings_json(const TrainConfig& c);
+
+// The config of `castor train --resume DIR ...`: the settings `recorded` in DIR, with the flags given now that
+// do not change the computation (--steps/--epochs, --log-every, --checkpoint-every, --checkpoint-minutes, --keep,
+// --eval-every, --profile, --out, and --threads unless deterministic). Any other given flag that differs from the recording is
+// refused with one castor::Error naming each differing setting; `what` names the recording in errors.
+TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const std::string& what);
 
 // `castor eval`: a castor checkpoint, or weights without castor metadata given model and data.
 struct EvalConfig {

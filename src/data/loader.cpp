@@ -2,7 +2,9 @@
 #include "castor/data.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <exception>
 #include <numeric>
 
 #include "castor/random.h"
@@ -38,6 +40,8 @@ ImageDataset make_synthetic(int64_t n, int64_t channels, int64_t height, int64_t
   Generator gen(seed);
   ImageDataset ds{n, channels, height, width, {}, {}, num_classes};
   const int64_t sz = channels * height * width;
+  CASTOR_CHECK(sz <= INT64_MAX / n && sz <= INT64_MAX / num_classes, "synthetic data: ", n, " images of ", channels,
+               "x", height, "x", width, " overflow the size arithmetic");
   std::vector<double> patterns(num_classes * sz);
   for (auto& v : patterns) v = gen.next_double();
   ds.images.resize(n * sz);
@@ -113,6 +117,7 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t index) const {
 void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
   stop();
   ready_.clear();
+  error_ = nullptr;
   stopping_ = false;
   next_index_ = first_batch;
   end_index_ = batches_per_epoch();
@@ -123,9 +128,20 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
         cv_.wait(lock, [&] { return stopping_ || ready_.size() < 2; });
         if (stopping_) return;
       }
-      Batch b = make_batch(epoch, i);
+      std::optional<Batch> b;
+      std::exception_ptr error;
+      try {
+        b = make_batch(epoch, i);
+      } catch (...) {  // out of memory, say: handed to the consumer, which rethrows it
+        error = std::current_exception();
+      }
       std::lock_guard<std::mutex> lock(mu_);
-      ready_.push_back(std::move(b));
+      if (error) {
+        error_ = error;
+        cv_.notify_all();
+        return;
+      }
+      ready_.push_back(std::move(*b));
       cv_.notify_all();
     }
   });
@@ -134,7 +150,8 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
 std::optional<Batch> DataLoader::next() {
   if (next_index_ >= end_index_) return std::nullopt;
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !ready_.empty(); });
+  cv_.wait(lock, [&] { return !ready_.empty() || error_; });
+  if (ready_.empty()) std::rethrow_exception(error_);
   Batch b = std::move(ready_.front());
   ready_.pop_front();
   ++next_index_;

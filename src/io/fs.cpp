@@ -1,12 +1,15 @@
-// POSIX implementation of whole-file reads and atomic writes.
+// POSIX implementation of regular-file reads, whole writes, run-directory locks and checksums.
 #include "castor/fs.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 #include "castor/check.h"
 
@@ -38,14 +41,55 @@ std::string parent_dir(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+// The CASTOR_FAIL_WRITES test hook (see fs.h): true when this write to `path` is to fail.
+bool injected_write_failure(const std::string& path) {
+  static std::once_flag once;
+  static std::string match;
+  static long first = 0, count = 0, seen = 0;
+  static std::mutex mu;
+  std::call_once(once, [] {
+    const char* env = std::getenv("CASTOR_FAIL_WRITES");
+    if (!env) return;
+    const std::string spec = env;
+    const size_t a = spec.find(':'), b = spec.find(':', a == std::string::npos ? a : a + 1);
+    if (a == std::string::npos || b == std::string::npos) return;
+    match = spec.substr(0, a);
+    first = std::atol(spec.c_str() + a + 1);
+    count = std::atol(spec.c_str() + b + 1);
+  });
+  if (count <= 0 || path.find(match) == std::string::npos) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  ++seen;
+  return seen >= first && seen < first + count;
+}
+
+// Writes all of `bytes`; false with errno set on failure.
+bool write_all(int fd, std::span<const uint8_t> bytes, const std::string& path) {
+  if (injected_write_failure(path)) {
+    errno = ENOSPC;
+    return false;
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) errno = ENOSPC;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 }  // namespace
 
 std::vector<uint8_t> read_file(const std::string& path) {
-  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below as not a regular file.
+  Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   CASTOR_CHECK(f.fd >= 0, path, ": cannot open: ", errno_text());
   struct stat st;
   CASTOR_CHECK(::fstat(f.fd, &st) == 0, path, ": cannot stat: ", errno_text());
   CASTOR_CHECK(S_ISREG(st.st_mode), path, ": not a regular file");
+  CASTOR_CHECK(::fcntl(f.fd, F_SETFL, 0) == 0, path, ": cannot read: ", errno_text());
   std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
   size_t done = 0;
   while (done < bytes.size()) {
@@ -72,13 +116,7 @@ void atomic_write_file(const std::string& path, std::span<const uint8_t> bytes) 
     ::unlink(tmp.c_str());
     throw Error(msg);
   };
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(f.fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail("write failed");
-    done += static_cast<size_t>(n);
-  }
+  if (!write_all(f.fd, bytes, path)) fail("write failed");
   if (::fchmod(f.fd, 0644) != 0) fail("chmod failed");
   if (::fsync(f.fd) != 0) fail("fsync failed");
   if (!f.close()) fail("close failed");
@@ -86,9 +124,87 @@ void atomic_write_file(const std::string& path, std::span<const uint8_t> bytes) 
   fsync_directory(parent_dir(path));
 }
 
+void atomic_write_file(const std::string& path, std::string_view text) {
+  atomic_write_file(path, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+}
+
 void fsync_directory(const std::string& dir) {
   Fd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   CASTOR_CHECK(d.fd >= 0 && ::fsync(d.fd) == 0, dir, ": fsync of the directory failed: ", errno_text());
+}
+
+AppendFile::AppendFile(const std::string& path, bool truncate) : path_(path) {
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | (truncate ? O_TRUNC : 0), 0644);
+  CASTOR_CHECK(fd_ >= 0, path, ": cannot open for writing: ", errno_text());
+  struct stat st;
+  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd_);
+    throw Error(detail::cat(path, ": not a regular file"));
+  }
+}
+
+AppendFile::~AppendFile() { ::close(fd_); }
+
+std::string AppendFile::append(std::string_view line) {
+  const off_t before = ::lseek(fd_, 0, SEEK_END);
+  if (before >= 0 && write_all(fd_, {reinterpret_cast<const uint8_t*>(line.data()), line.size()}, path_)) return {};
+  const std::string why = errno_text();
+  // Cut off whatever part of the line reached the file, so the next line starts on a line of its own.
+  if (before >= 0 && ::ftruncate(fd_, before) != 0) return why + " (and the partial line could not be removed)";
+  return why;
+}
+
+FileLock::FileLock(const std::string& path) {
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
+  CASTOR_CHECK(fd_ >= 0, path, ": cannot create the lock file: ", errno_text());
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd_, buf, sizeof(buf) - 1, 0);
+    ::close(fd_);
+    CASTOR_CHECK(err == EWOULDBLOCK, path, ": cannot lock: ", std::strerror(err));
+    throw Error(detail::cat(parent_dir(path), " is in use by pid ", n > 0 ? std::atol(buf) : 0L, " (lock file ",
+                            path, ")"));
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {
+    ::close(fd_);
+    throw Error(detail::cat(path, ": cannot write the lock file: ", errno_text()));
+  }
+}
+
+FileLock::~FileLock() { ::close(fd_); }
+
+uint64_t checksum64(std::span<const uint8_t> bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
+  return h;
+}
+
+std::string printable(std::string_view text) {
+  std::string out;
+  auto hex = [&](uint8_t b) {
+    static const char* digits = "0123456789abcdef";
+    out += "\\x";
+    out += digits[b >> 4];
+    out += digits[b & 15];
+  };
+  for (size_t i = 0; i < text.size();) {
+    const auto b = static_cast<uint8_t>(text[i]);
+    // A valid UTF-8 sequence's length, or 0 when `b` cannot start one (or the sequence is cut short/broken).
+    size_t len = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    if (len == 0 || i + len > text.size()) len = 0;
+    for (size_t k = 1; k < len; ++k)
+      if ((static_cast<uint8_t>(text[i + k]) >> 6) != 2) len = 0;
+    if (len == 0 || b < 0x20 || b == 0x7f) {
+      hex(b);
+      ++i;
+    } else {
+      out.append(text.substr(i, len));
+      i += len;
+    }
+  }
+  return out;
 }
 
 }  // namespace castor

@@ -1,10 +1,13 @@
-// Checkpoint directories: atomic commit, discovery of the newest complete one, pruning.
+// Checkpoint directories: atomic commit with checksums, discovery of the newest intact one, pruning.
 #include "castor/checkpoint.h"
 
 #include <unistd.h>
 
 #include <algorithm>
+#include <cinttypes>
+#include <cstdio>
 #include <filesystem>
+#include <sstream>
 #include <vector>
 
 #include "castor/fs.h"
@@ -17,6 +20,7 @@ namespace {
 
 constexpr const char* kCommit = "COMMIT";
 constexpr const char* kPrefix = "step-";
+constexpr const char* kFiles[] = {"model.safetensors", "train_state.safetensors"};
 
 std::string step_name(int64_t step) {
   char buf[32];
@@ -44,6 +48,50 @@ void ensure_dir(const fs::path& p) {
   CASTOR_CHECK(!ec && fs::is_directory(p), p.string(), ": cannot create the directory: ", ec.message());
 }
 
+std::string hex64(uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+  return buf;
+}
+
+// The COMMIT marker: "complete", then "<file> <checksum>" per file (markers of older builds hold only "complete").
+std::string commit_marker(const fs::path& dir) {
+  std::string marker = "complete\n";
+  for (const char* f : kFiles) marker += std::string(f) + " " + hex64(checksum64(read_file((dir / f).string()))) + "\n";
+  return marker;
+}
+
+// Checks each file's checksum against the marker; castor::Error naming the damaged file.
+void verify(const fs::path& dir) {
+  const std::vector<uint8_t> bytes = read_file((dir / kCommit).string());
+  std::istringstream marker(std::string(bytes.begin(), bytes.end()));
+  std::string word, name, sum;
+  CASTOR_CHECK(marker >> word && word == "complete", (dir / kCommit).string(), ": not a commit marker");
+  while (marker >> name >> sum) {
+    CASTOR_CHECK(std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles),
+                 (dir / kCommit).string(), ": unknown file '", printable(name), "'");
+    const std::string actual = hex64(checksum64(read_file((dir / name).string())));
+    CASTOR_CHECK(actual == sum, (dir / name).string(), ": damaged (checksum ", actual, ", the commit marker records ",
+                 printable(sum), ")");
+  }
+}
+
+Checkpoint read_verified(const fs::path& dir) {
+  verify(dir);
+  Checkpoint c;
+  LoadedTensors m = load_safetensors((dir / kFiles[0]).string());
+  LoadedTensors s = load_safetensors((dir / kFiles[1]).string());
+  c.model = std::move(m.tensors);
+  c.model_meta = std::move(m.metadata);
+  c.state = std::move(s.tensors);
+  c.state_meta = std::move(s.metadata);
+  return c;
+}
+
+bool is_temp_name(const std::string& name) {
+  return name.rfind(kPrefix, 0) == 0 && (name.find(".tmp") != std::string::npos || name.find(".old") != std::string::npos);
+}
+
 }  // namespace
 
 std::string write_checkpoint(const std::string& run_dir, int64_t step, const Checkpoint& ckpt, int64_t keep) {
@@ -55,11 +103,9 @@ std::string write_checkpoint(const std::string& run_dir, int64_t step, const Che
   fs::remove_all(tmp, ec);
   ensure_dir(tmp);
   try {
-    save_safetensors((tmp / "model.safetensors").string(), ckpt.model, ckpt.model_meta);
-    save_safetensors((tmp / "train_state.safetensors").string(), ckpt.state, ckpt.state_meta);
-    const std::string marker = "complete\n";
-    atomic_write_file((tmp / kCommit).string(),
-                      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(marker.data()), marker.size()));
+    save_safetensors((tmp / kFiles[0]).string(), ckpt.model, ckpt.model_meta);
+    save_safetensors((tmp / kFiles[1]).string(), ckpt.state, ckpt.state_meta);
+    atomic_write_file((tmp / kCommit).string(), commit_marker(tmp));
     // Replace an older checkpoint of the same step (a resumed run) only once the new one is complete.
     const fs::path old = root / (step_name(step) + ".old" + std::to_string(getpid()));
     if (fs::exists(final_dir)) fs::rename(final_dir, old);
@@ -84,22 +130,49 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   return all.back().string();
 }
 
-Checkpoint read_checkpoint(const std::string& path) {
-  fs::path dir = path;
-  if (!fs::exists(dir / kCommit)) {
-    auto latest = latest_checkpoint(path);
-    CASTOR_CHECK(latest.has_value(), path, ": no complete checkpoint here (expected a directory with a ", kCommit,
-                 " marker, or a run directory with checkpoints/step-*)");
-    dir = *latest;
+bool is_checkpoint_dir(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / kCommit, ec);
+}
+
+Checkpoint read_checkpoint(const std::string& path, std::string* used) {
+  if (is_checkpoint_dir(path)) {
+    if (used) *used = path;
+    return read_verified(path);
   }
-  Checkpoint c;
-  LoadedTensors m = load_safetensors((dir / "model.safetensors").string());
-  LoadedTensors s = load_safetensors((dir / "train_state.safetensors").string());
-  c.model = std::move(m.tensors);
-  c.model_meta = std::move(m.metadata);
-  c.state = std::move(s.tensors);
-  c.state_meta = std::move(s.metadata);
-  return c;
+  std::vector<fs::path> all = complete_checkpoints(fs::path(path) / "checkpoints");
+  CASTOR_CHECK(!all.empty(), path, ": no complete checkpoint here (expected a directory with a ", kCommit,
+               " marker, or a run directory with checkpoints/step-*)");
+  // Newest first; each damaged one is reported and passed over, and the oldest one's error is the last word.
+  for (size_t i = all.size() - 1; i > 0; --i) {
+    try {
+      Checkpoint c = read_verified(all[i]);
+      if (used) *used = all[i].string();
+      return c;
+    } catch (const Error& e) {
+      std::fprintf(stderr, "warning: %s; using the older checkpoint %s\n", e.what(), all[i - 1].c_str());
+    }
+  }
+  if (used) *used = all[0].string();
+  return read_verified(all[0]);
+}
+
+void remove_stale_temps(const std::string& run_dir) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return;
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (is_temp_name(e.path().filename().string())) stale.push_back(e.path());
+  for (const fs::path& p : stale) {
+    // A kill between write_checkpoint's two renames leaves a step's only copy as step-N.oldPID: put it back.
+    const std::string name = p.filename().string();
+    const fs::path final_dir = root / name.substr(0, name.find('.'));
+    if (name.find(".old") != std::string::npos && !fs::exists(final_dir, ec) && fs::exists(p / kCommit, ec))
+      fs::rename(p, final_dir, ec);
+    else
+      fs::remove_all(p, ec);
+  }
 }
 
 }  // namespace castor::train

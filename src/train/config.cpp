@@ -1,6 +1,7 @@
 // The flags of `castor train` and `castor eval`: one CLI11 table gives parsing, range checks, help and config files.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 
@@ -40,15 +41,16 @@ const CLI::Validator kPositive = number_in(0, HUGE_VAL, true, false, "positive")
 const CLI::Validator kNonNegative = number_in(0, HUGE_VAL, false, false, "non-negative");
 const CLI::Validator kUnit = number_in(0, 1, false, true, "in [0, 1)");
 
-CLI::Validator integer_at_least(int64_t min) {
+// Integers up to 2^53 are exact in a double; larger counts are no real run's.
+CLI::Validator integer_in(int64_t min, int64_t max = int64_t{1} << 53) {
   return CLI::Validator(
       [=](std::string& v) {
         std::string err;
         const double d = parse_number(v, err);
         if (!err.empty()) return err;
-        // Integers up to 2^53 are exact in a double; larger counts are no real run's.
         if (d != std::floor(d) || std::fabs(d) > 9007199254740992.0) return "expected an integer, got '" + v + "'";
         if (d < static_cast<double>(min)) return "must be at least " + std::to_string(min) + ", got " + v;
+        if (d > static_cast<double>(max)) return "must be at most " + std::to_string(max) + ", got " + v;
         return std::string();
       },
       "");
@@ -134,29 +136,37 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   app.add_option("--clip-grad-norm", c.clip_grad_norm, "clip the unscaled gradients to this total 2-norm (0: off)")
       ->check(kNonNegative);
   app.add_option("--grad-accum", c.grad_accum, "micro-batches whose gradients are summed per optimizer step")
-      ->check(integer_at_least(1));
+      ->check(integer_in(1));
   app.add_option("--label-smoothing", c.label_smoothing, "cross-entropy label smoothing")->check(kUnit);
-  app.add_option("--batch-size", c.batch_size, "images per micro-batch")->check(integer_at_least(1));
-  app.add_option("--epochs", c.epochs, "epochs")->check(integer_at_least(1));
+  app.add_option("--batch-size", c.batch_size, "images per micro-batch")->check(integer_in(1));
+  app.add_option("--epochs", c.epochs, "epochs")->check(integer_in(1));
   app.add_option("--steps", c.steps, "stop after this many optimizer steps (0: run the epochs)")
-      ->check(integer_at_least(0));
+      ->check(integer_in(0));
   app.add_option("--augment", c.augment, "random crop (pad 4) and horizontal flip")
       ->check(one_of({"none", "standard"}));
   app.add_option("--seed", c.seed, "seed of the weights, the data order and augmentation")
-      ->check(integer_at_least(0));
-  app.add_option("--threads", c.threads, "threads (0: all cores)")->check(integer_at_least(0));
+      ->check(integer_in(0));
+  app.add_option("--threads", c.threads, "threads (0: all cores)")->check(integer_in(0));
   app.add_flag("--deterministic", c.deterministic, "fixed threading, for bit-exact resume");
   app.add_option("--out", c.out, "run directory");
-  app.add_option("--resume", c.resume, "continue the run in this directory");
+  app.add_option("--resume", c.resume,
+                 "continue the run in this directory (or from one of its checkpoints) with its recorded settings; "
+                 "only --steps/--epochs (to extend), --log-every, --eval-every, --checkpoint-every/-minutes, --keep, "
+                 "--profile and --threads (without --deterministic) may change. Ctrl-C/SIGTERM checkpoint and stop");
   app.add_option("--init", c.init, "initial weights: a safetensors file with PyTorch names and layouts");
   app.add_option("--checkpoint-every", c.checkpoint_every, "steps between checkpoints (0: at each epoch end)")
-      ->check(integer_at_least(0));
-  app.add_option("--keep", c.keep, "checkpoints kept")->check(integer_at_least(1));
-  app.add_option("--log-every", c.log_every, "steps between metric lines")->check(integer_at_least(1));
+      ->check(integer_in(0));
+  app.add_option("--checkpoint-minutes", c.checkpoint_minutes,
+                 "also checkpoint when this many minutes passed since the last one (0: never)")
+      ->check(kNonNegative);
+  app.add_flag("--overwrite", c.overwrite, "let a new run replace another run's checkpoints and metrics in --out");
+  app.add_option("--keep", c.keep, "checkpoints kept")->check(integer_in(1));
+  app.add_option("--log-every", c.log_every, "steps between metric lines")->check(integer_in(1));
   app.add_option("--eval-every", c.eval_every, "test accuracy every N steps as well as at each epoch end (0: off)")
-      ->check(integer_at_least(0));
+      ->check(integer_in(0));
+  // Train plus test images stay far inside int64 byte arithmetic (make_synthetic checks its products too).
   app.add_option("--synthetic-size", c.synthetic_size, "training images of --data synthetic")
-      ->check(integer_at_least(1));
+      ->check(integer_in(1, int64_t{1} << 40));
   app.add_flag("--profile", c.profile, "print the top ops by time, with their dtypes");
 }
 
@@ -187,7 +197,7 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
   app.add_option("--data", f.data, "the dataset of weights without castor metadata")
       ->check(one_of({"fashion-mnist", "cifar10", "synthetic"}));
   app.add_option("--data-dir", f.data_dir, "dataset directory (default: the one the run used)");
-  app.add_option("--batch-size", f.batch_size, "images per batch")->check(integer_at_least(1));
+  app.add_option("--batch-size", f.batch_size, "images per batch")->check(integer_in(1));
   return owner;
 }
 
@@ -196,7 +206,17 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
 TrainConfig parse_train_flags(const std::vector<std::string>& args) {
   TrainConfig c;
   RawTrainFlags raw;
-  parse(*train_app(c, raw), args, "train");
+  const std::unique_ptr<CLI::App> app = train_app(c, raw);
+  parse(*app, args, "train");
+  for (const CLI::Option* o : app->get_options()) {
+    if (o->count() == 0 || o->get_lnames().empty()) continue;
+    const std::string flag = "--" + o->get_lnames()[0];
+    if (flag == "--precision") {
+      c.given.insert(c.given.end(), {"--amp", "--dtype"});
+    } else {
+      c.given.push_back(flag);
+    }
+  }
   c.dtype = parse_16bit(raw.dtype);
   if (!raw.precision.empty()) {
     c.amp = raw.precision == "32" ? "O0" : raw.precision.ends_with("-mixed") ? "O1" : "O3";
@@ -255,6 +275,117 @@ std::string bash_completion() {
 std::string info_help() {
   return "castor info: tensors, dtypes, shapes, parameter counts and metadata of a checkpoint\n"
          "usage: castor info FILE|DIR   (a safetensors file, a checkpoint directory or a run directory)\n";
+}
+
+Json settings_json(const TrainConfig& c) {
+  Json::Object o;
+  o["data"] = c.data;
+  o["data_dir"] = c.data_dir;
+  o["model"] = c.model;
+  o["amp"] = c.amp;
+  o["dtype"] = dtype_name(c.dtype);
+  o["stochastic_rounding"] = c.stochastic_rounding;
+  o["optimizer"] = c.optimizer;
+  o["lr"] = c.lr;
+  o["momentum"] = c.momentum;
+  o["weight_decay"] = c.weight_decay;
+  o["schedule"] = c.schedule;
+  o["loss_scale"] = c.loss_scale ? Json(*c.loss_scale) : Json("dynamic");
+  o["clip_grad_norm"] = c.clip_grad_norm;
+  o["grad_accum"] = c.grad_accum;
+  o["label_smoothing"] = c.label_smoothing;
+  o["batch_size"] = c.batch_size;
+  o["epochs"] = c.epochs;
+  o["steps"] = c.steps;
+  o["augment"] = c.augment;
+  o["seed"] = c.seed;
+  o["threads"] = c.threads;
+  o["deterministic"] = c.deterministic;
+  o["checkpoint_every"] = c.checkpoint_every;
+  o["checkpoint_minutes"] = c.checkpoint_minutes;
+  o["keep"] = c.keep;
+  o["log_every"] = c.log_every;
+  o["eval_every"] = c.eval_every;
+  o["init"] = c.init;
+  o["synthetic_size"] = c.synthetic_size;
+  return o;
+}
+
+namespace {
+
+// The config key of a flag: "--weight-decay" -> "weight_decay".
+std::string key_of(const std::string& flag) {
+  std::string k = flag.substr(2);
+  for (char& ch : k)
+    if (ch == '-') ch = '_';
+  return k;
+}
+
+// The recorded settings as flags, parsed (and so validated) like a command line.
+TrainConfig recorded_config(const Json& recorded, const std::string& what) {
+  std::vector<std::string> args;
+  const Json defaults = settings_json(TrainConfig{});
+  try {
+    for (const auto& [key, def] : defaults.as_object()) {
+      const Json* v = recorded.find(key);
+      // (an empty string is the flag's default: not given)
+      if (!v || key == "threads" || key == "dtype" || (v->is_string() && v->as_string().empty())) continue;
+      std::string flag = "--" + key;
+      for (char& ch : flag)
+        if (ch == '_') ch = '-';
+      if (v->is_bool()) {
+        if (v->as_bool()) args.push_back(flag);
+      } else {
+        args.push_back(flag + "=" + (v->is_string() ? v->as_string() : v->dump()));
+      }
+    }
+    TrainConfig c = parse_train_flags(args);
+    c.dtype = parse_dtype(recorded.at("dtype").as_string());
+    c.threads = static_cast<int>(recorded.at("threads").as_int());
+    c.given.clear();
+    return c;
+  } catch (const Error& e) {
+    throw Error(detail::cat(what, ": the recorded settings are invalid: ", e.what()));
+  }
+}
+
+}  // namespace
+
+TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const std::string& what) {
+  TrainConfig c = recorded_config(recorded, what);
+  const Json before = settings_json(c), now = settings_json(given);
+  std::string differences;
+  bool length_given = false;
+  for (const std::string& flag : given.given) {
+    const std::string key = key_of(flag);
+    if (key == "steps" || key == "epochs") length_given = true;
+    const bool free = key == "steps" || key == "epochs" || key == "log_every" || key == "eval_every" || key == "checkpoint_every" ||
+                      key == "checkpoint_minutes" || key == "keep" || key == "profile" || key == "out" ||
+                      key == "resume" || key == "overwrite" || (key == "threads" && !c.deterministic);
+    if (free || !before.find(key) || before.at(key) == now.at(key)) continue;
+    differences += detail::cat(differences.empty() ? "" : "; ", flag, " ", now.at(key).dump(), " (recorded ",
+                               before.at(key).dump(), ")");
+  }
+  CASTOR_CHECK(differences.empty(), "--resume ", what, ": these settings differ from the run's: ", differences,
+               "; a resumed run keeps them (start a new run with another --out to change them)");
+  auto was_given = [&](const char* flag) {
+    return std::find(given.given.begin(), given.given.end(), flag) != given.given.end();
+  };
+  if (length_given) {
+    c.steps = given.steps;
+    c.epochs = given.epochs;
+  }
+  if (was_given("--log-every")) c.log_every = given.log_every;
+  if (was_given("--eval-every")) c.eval_every = given.eval_every;
+  if (was_given("--checkpoint-every")) c.checkpoint_every = given.checkpoint_every;
+  if (was_given("--checkpoint-minutes")) c.checkpoint_minutes = given.checkpoint_minutes;
+  if (was_given("--keep")) c.keep = given.keep;
+  if (was_given("--threads") && !c.deterministic) c.threads = given.threads;
+  c.profile = given.profile;
+  c.out = given.out;
+  c.resume = given.resume;
+  c.given = given.given;
+  return c;
 }
 
 }  // namespace castor::train

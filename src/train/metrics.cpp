@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 
 #include "castor/check.h"
+#include "castor/log.h"
 
 namespace castor::train {
 
@@ -12,29 +14,43 @@ const std::vector<std::string> MetricsLog::kColumns = {
     "step", "epoch", "loss", "loss_avg", "lr", "loss_scale", "skipped", "images_per_sec", "peak_memory_bytes",
     "train_loss", "test_loss", "test_accuracy", "skipped_steps"};
 
-MetricsLog::MetricsLog(const std::string& dir, bool append) : dir_(dir) {
-  const auto mode = append ? std::ios::app : std::ios::trunc;
-  const bool csv_is_new = !append || !std::filesystem::exists(dir + "/metrics.csv");
-  jsonl_.open(dir + "/metrics.jsonl", mode);
-  csv_.open(dir + "/metrics.csv", mode);
-  CASTOR_CHECK(jsonl_.good() && csv_.good(), "--out ", dir, ": cannot write metrics.jsonl and metrics.csv");
-  if (csv_is_new) {
-    for (size_t i = 0; i < kColumns.size(); ++i) csv_ << (i ? "," : "") << kColumns[i];
-    csv_ << "\n" << std::flush;
+namespace {
+bool empty_file(const std::string& path) {
+  std::error_code ec;
+  return !std::filesystem::exists(path, ec) || std::filesystem::file_size(path, ec) == 0;
+}
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& dir, bool append)
+    : jsonl_(dir + "/metrics.jsonl", /*truncate=*/!append), csv_(dir + "/metrics.csv", /*truncate=*/!append) {
+  if (empty_file(csv_.path())) {
+    std::string header;
+    for (const std::string& c : kColumns) header += (header.empty() ? "" : ",") + c;
+    this->append(csv_, header + "\n", {});
   }
 }
 
 void MetricsLog::write(const Json::Object& record) {
+  std::string row;
+  for (size_t i = 0; i < kColumns.size(); ++i) {
+    if (i) row += ",";
+    auto it = record.find(kColumns[i]);
+    if (it != record.end()) row += it->second.is_bool() ? (it->second.as_bool() ? "1" : "0") : it->second.dump();
+  }
   for (const auto& [key, value] : record)
     CASTOR_ASSERT(std::find(kColumns.begin(), kColumns.end(), key) != kColumns.end(), "metrics key ", key,
                   " has no CSV column");
-  jsonl_ << Json(record).dump() << "\n" << std::flush;
-  for (size_t i = 0; i < kColumns.size(); ++i) {
-    if (i) csv_ << ",";
-    auto it = record.find(kColumns[i]);
-    if (it != record.end()) csv_ << (it->second.is_bool() ? (it->second.as_bool() ? "1" : "0") : it->second.dump());
-  }
-  csv_ << "\n" << std::flush;
+  if (!append(jsonl_, Json(record).dump() + "\n", record)) ++lost_;
+  append(csv_, row + "\n", record);
+}
+
+bool MetricsLog::append(AppendFile& file, const std::string& line, const Json::Object& record) {
+  const std::string why = file.append(line);
+  if (why.empty()) return true;
+  auto step = record.find("step");
+  warn(detail::cat(file.path(), ": a metrics line was lost at step ",
+                   step == record.end() ? std::string("-") : step->second.dump(), ": ", why));
+  return false;
 }
 
 std::vector<Json> read_metrics(const std::string& dir) {
@@ -45,7 +61,7 @@ std::vector<Json> read_metrics(const std::string& dir) {
     try {
       records.push_back(Json::parse(line));
     } catch (const Error&) {
-      // A line cut short by a crash: the records around it still count.
+      // Not expected (lines are appended whole), but one bad line must not cost the report the others.
     }
   }
   return records;

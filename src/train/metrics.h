@@ -1,9 +1,9 @@
-// A run's metrics log: each record appended as a JSON line to metrics.jsonl and a row of metrics.csv.
+// A run's metrics log: each record appended whole as a JSON line of metrics.jsonl and a row of metrics.csv.
 #pragma once
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "castor/fs.h"
 #include "castor/json.h"
 
 namespace castor::train {
@@ -13,18 +13,23 @@ class MetricsLog {
   // Opens DIR/metrics.jsonl and DIR/metrics.csv, appending to a resumed run's files (the CSV header is written
   // once, when the file is new).
   MetricsLog(const std::string& dir, bool append);
-  // Keys must be among kColumns (a step, evaluation or epoch record).
+  // Appends the record to both files; keys must be among kColumns (a step, evaluation or epoch record). A line
+  // the disk refuses is left out whole and said through castor::warn; the run goes on. lost_lines() counts
+  // metrics.jsonl's.
   void write(const Json::Object& record);
+  int64_t lost_lines() const { return lost_; }
 
   // The CSV columns, in order: the union of the step, evaluation and epoch records' keys.
   static const std::vector<std::string> kColumns;
 
  private:
-  std::string dir_;
-  std::ofstream jsonl_, csv_;
+  bool append(AppendFile& file, const std::string& line, const Json::Object& record);
+
+  AppendFile jsonl_, csv_;
+  int64_t lost_ = 0;
 };
 
-// The records of DIR/metrics.jsonl (all of a resumed run's history), in order; a torn last line is skipped.
+// The records of DIR/metrics.jsonl (all of a resumed run's history), in order; an unreadable line is skipped.
 std::vector<Json> read_metrics(const std::string& dir);
 
 }  // namespace castor::train

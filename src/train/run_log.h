@@ -28,10 +28,11 @@ class RunLog {
   void evaluation(int64_t step, int64_t epoch, double test_loss, double test_accuracy);
   // The end-of-epoch record and line.
   void epoch(const Json::Object& record, const std::string& line);
+  // Ends a progress line in place (before other output).
+  void finish_progress_line();
+  int64_t lost_lines() const { return metrics_.lost_lines(); }
 
  private:
-  void finish_progress_line();
-
   MetricsLog metrics_;
   int64_t log_every_, total_steps_, epochs_;
   bool tty_;

@@ -2,19 +2,25 @@
 #include "castor/trainer.h"
 
 #include <omp.h>
+#include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <optional>
-#include <iostream>
 #include <memory>
+#include <optional>
+#include <tuple>
 
 #include "castor/allocator.h"
 #include "castor/amp.h"
 #include "castor/autograd.h"
 #include "castor/checkpoint.h"
 #include "castor/data.h"
+#include "castor/explain.h"
 #include "castor/fs.h"
 #include "castor/functional.h"
 #include "castor/lr_scheduler.h"
@@ -22,7 +28,7 @@
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "castor/report.h"
-#include "castor/explain.h"
+#include "train/metrics.h"
 #include "train/profiler.h"
 #include "train/run_log.h"
 
@@ -40,14 +46,19 @@ struct Datasets {
   data::Normalization norm;
 };
 
+// The dataset directory: --data-dir, or the dataset's default location.
+std::string data_dir(const TrainConfig& c) {
+  if (!c.data_dir.empty()) return c.data_dir;
+  return c.data == "cifar10" ? "cifar-10-batches-bin" : "/usr/share/datasets/fashion-mnist";
+}
+
 Datasets load_data(const TrainConfig& c) {
   Datasets d;
+  const std::string dir = data_dir(c);
   if (c.data == "fashion-mnist") {
-    const std::string dir = c.data_dir.empty() ? "/usr/share/datasets/fashion-mnist" : c.data_dir;
     d.train = load_fashion_mnist(dir, /*train=*/true);
     d.test = load_fashion_mnist(dir, /*train=*/false);
   } else if (c.data == "cifar10") {
-    const std::string dir = c.data_dir.empty() ? "cifar-10-batches-bin" : c.data_dir;
     d.train = load_cifar10(dir, /*train=*/true);
     d.test = load_cifar10(dir, /*train=*/false);
   } else {
@@ -62,39 +73,19 @@ Datasets load_data(const TrainConfig& c) {
     d.test.images.assign(all.images.begin() + c.synthetic_size * sz, all.images.end());
     d.test.labels.assign(all.labels.begin() + c.synthetic_size, all.labels.end());
   }
+  const std::string source = c.data == "synthetic" ? std::string("--synthetic-size") : "--data-dir " + dir;
+  CASTOR_CHECK(d.train.n > 0, source, ": the training set is empty");
+  CASTOR_CHECK(d.test.n > 0, source, ": the test set is empty");
   d.norm = data::compute_normalization(d.train);
   return d;
 }
 
-Json config_json(const TrainConfig& c, const Datasets& d) {
-  Json::Object o;
-  o["data"] = c.data;
-  o["data_dir"] = c.data_dir;
-  o["model"] = c.model;
-  o["amp"] = c.amp;
-  o["dtype"] = dtype_name(c.dtype);
-  o["stochastic_rounding"] = c.stochastic_rounding;
-  o["optimizer"] = c.optimizer;
-  o["lr"] = c.lr;
-  o["momentum"] = c.momentum;
-  o["weight_decay"] = c.weight_decay;
-  o["schedule"] = c.schedule;
-  o["loss_scale"] = c.loss_scale ? Json(*c.loss_scale) : Json("dynamic");
-  o["clip_grad_norm"] = c.clip_grad_norm;
-  o["grad_accum"] = c.grad_accum;
-  o["label_smoothing"] = c.label_smoothing;
-  o["eval_every"] = c.eval_every;
-  o["batch_size"] = c.batch_size;
-  o["epochs"] = c.epochs;
-  o["steps"] = c.steps;
-  o["augment"] = c.augment;
-  o["seed"] = c.seed;
+// What config.json and every checkpoint record: the settings, the thread count used, the schedule's length
+// and the data's shape and statistics.
+Json config_json(const TrainConfig& c, const Datasets& d, int64_t schedule_steps) {
+  Json o = settings_json(c);
   o["threads"] = omp_get_max_threads();
-  o["deterministic"] = c.deterministic;
-  o["checkpoint_every"] = c.checkpoint_every;
-  o["keep"] = c.keep;
-  o["init"] = c.init;
-  o["synthetic_size"] = c.synthetic_size;
+  o["schedule_steps"] = schedule_steps;
   Json::Array mean, std;
   for (double v : d.norm.mean) mean.push_back(v);
   for (double v : d.norm.std) std.push_back(v);
@@ -102,10 +93,6 @@ Json config_json(const TrainConfig& c, const Datasets& d) {
   o["input_shape"] = Json::Array{d.train.channels, d.train.height, d.train.width};
   o["num_classes"] = d.train.num_classes;
   return o;
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  atomic_write_file(path, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
 }
 
 // The run's model, optimizer, opt level and scheduler, built from a config.
@@ -121,11 +108,11 @@ Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps) {
   manual_seed(c.seed);
   r.model = models::make_model(c.model, d.train.channels, d.train.height, d.train.width, d.train.num_classes);
   if (!c.init.empty()) {
-    LoadedTensors init = load_safetensors(c.init);
     try {
-      r.model->load_state_dict(init.tensors, /*strict=*/true);
+      r.model->load_state_dict(load_safetensors(c.init).tensors, /*strict=*/true);
     } catch (const Error& e) {
-      throw Error(detail::cat("--init ", c.init, ": ", e.what()));
+      const std::string msg = e.what();  // names the file when reading it failed; name the flag too
+      throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
     }
   }
   const std::vector<Tensor> params = r.model->parameters();
@@ -165,9 +152,6 @@ StateDict take(const StateDict& in, const std::string& prefix) {
 
 Tensor i64(int64_t v) { return scalar_tensor(static_cast<double>(v), DType::Int64); }
 
-// The dtype batches are fed in: the model's dtype under O2/O3, float32 otherwise.
-DType input_dtype(const amp::Amp& amp) { return amp.properties().cast_model_type.value_or(DType::Float32); }
-
 struct Evaluation {
   double loss = 0, accuracy = 0;
 };
@@ -184,7 +168,7 @@ Evaluation evaluate(nn::Module& model, const amp::Amp& amp, const ImageDataset& 
     Tensor logits;
     {
       auto fw = amp.forward();
-      logits = model(b.images.to(input_dtype(amp)));
+      logits = model(b.images);  // at O2/O3 the patched forward casts the input
     }
     loss_sum += F::cross_entropy(logits.float_(), b.labels, F::Reduction::Sum).item();
     correct += static_cast<int64_t>(sum(eq(argmax(logits, 1), b.labels)).item());
@@ -193,66 +177,27 @@ Evaluation evaluate(nn::Module& model, const amp::Amp& amp, const ImageDataset& 
   return {loss_sum / static_cast<double>(ds.n), static_cast<double>(correct) / static_cast<double>(ds.n)};
 }
 
-}  // namespace
+// The first interrupting signal (0: none yet); set by the handler install_interrupt_handlers() puts in place.
+std::atomic<int> g_interrupt{0};
 
-Json run_train(TrainConfig c) {
-  const auto wall_start = Clock::now();
-  if (c.threads > 0) omp_set_num_threads(c.threads);
-  if (c.deterministic) omp_set_dynamic(0);
-  const bool resuming = !c.resume.empty();
-  if (resuming && c.out == TrainConfig{}.out) c.out = c.resume;
+void on_interrupt(int sig) {
+  int none = 0;
+  if (!g_interrupt.compare_exchange_strong(none, sig)) _exit(128 + sig);  // the second one: stop at once
+  static const char msg[] = "\ncastor: finishing this step to write a checkpoint (interrupt again to stop at once)\n";
+  [[maybe_unused]] ssize_t n = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+}
 
-  std::error_code ec;
-  fs::create_directories(c.out, ec);
-  CASTOR_CHECK(!ec && fs::is_directory(c.out), "--out ", c.out, ": cannot create the directory: ", ec.message());
-  Datasets d = load_data(c);
-  data::LoaderOptions lo{.batch_size = c.batch_size, .shuffle = true, .augment = c.augment == "standard",
-                         .drop_last = true, .seed = c.seed, .norm = d.norm};
-  data::DataLoader loader(d.train, lo);
-  CASTOR_CHECK(loader.batches_per_epoch() > 0, "--batch-size ", c.batch_size, " is larger than the ", d.train.n,
-               " training images");
-  const int64_t steps_per_epoch = (loader.batches_per_epoch() + c.grad_accum - 1) / c.grad_accum;
-  const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * steps_per_epoch;
-  Run run = build_run(c, d, total_steps);
-  const Json config = config_json(c, d);
+// Everything a checkpoint holds besides the model: precision and optimizer state, schedule, RNG and position.
+struct TrainState {
+  int64_t step = 0, epoch = 0, batch = 0;  // steps done; the epoch and batch within it that come next
 
-  int64_t step = 0, epoch = 0, batch_in_epoch = 0;
-  if (resuming) {
-    Checkpoint ck = read_checkpoint(c.resume);
-    auto version = ck.state_meta.find("castor.train_state_version");
-    CASTOR_CHECK(version != ck.state_meta.end() && version->second == std::to_string(kStateVersion), c.resume,
-                 ": the training state has version ",
-                 version == ck.state_meta.end() ? std::string("none") : version->second, "; this build reads version ",
-                 kStateVersion);
-    auto it = ck.state_meta.find("config");
-    CASTOR_CHECK(it != ck.state_meta.end(), c.resume, ": the checkpoint has no recorded config");
-    const Json saved = Json::parse(it->second);
-    for (const char* key : {"model", "amp", "dtype", "optimizer", "data", "batch_size", "seed"})
-      CASTOR_CHECK(saved.at(key) == config.at(key), c.resume, ": the checkpoint was made with ", key, " ",
-                   saved.at(key).dump(), ", this run has ", config.at(key).dump());
-    run.model->load_state_dict(ck.model, /*strict=*/true);
-    amp::PrecisionState ps{take(ck.state, "amp."), {}};
-    for (const auto& [k, v] : ck.state_meta)
-      if (k.rfind("amp.", 0) == 0) ps.metadata[k.substr(4)] = v;
-    run.amp->load_precision_state(ps);
-    if (run.sched) run.sched->load_state_dict(take(ck.state, "scheduler."));
-    Tensor rng = ck.state.at("rng.default");
-    auto words = rng.to_vector<int64_t>();
-    Generator::State st;
-    for (size_t i = 0; i < st.size(); ++i) st[i] = static_cast<uint64_t>(words.at(i));
-    default_generator().set_state(st);
-    step = static_cast<int64_t>(ck.state.at("progress.step").item());
-    epoch = static_cast<int64_t>(ck.state.at("progress.epoch").item());
-    batch_in_epoch = static_cast<int64_t>(ck.state.at("progress.batch").item());
-  }
-
-  write_text(c.out + "/config.json", config.dump(2) + "\n");
-
-  auto save = [&]() {
+  // The checkpoint of `run` at this position; `config` is the run's recorded settings.
+  Checkpoint save(const Run& run, const Json& config) const {
     Checkpoint ck;
     ck.model = run.amp->model_state_dict();
-    ck.model_meta = {{"format", "pt"}, {"castor.model", c.model}, {"castor.config", config.dump()}};
-    amp::PrecisionState ps = run.amp->precision_state();
+    ck.model_meta = {{"format", "pt"}, {"castor.model", config.at("model").as_string()},
+                     {"castor.config", config.dump()}};
+    amp::PrecisionState ps = run.amp->precision_state();  // holds the optimizer's state too
     put(ck.state, "amp.", ps.tensors);
     for (const auto& [k, v] : ps.metadata) ck.state_meta["amp." + k] = v;
     if (run.sched) put(ck.state, "scheduler.", run.sched->state_dict());
@@ -262,137 +207,414 @@ Json run_train(TrainConfig c) {
     ck.state["rng.default"] = rng;
     ck.state["progress.step"] = i64(step);
     ck.state["progress.epoch"] = i64(epoch);
-    ck.state["progress.batch"] = i64(batch_in_epoch);
-    ck.state_meta["config"] = config.dump();  // the precision state holds the optimizer's state too
+    ck.state["progress.batch"] = i64(batch);
+    ck.state_meta["config"] = config.dump();
     ck.state_meta["castor.train_state_version"] = std::to_string(kStateVersion);
-    write_checkpoint(c.out, step, ck, c.keep);
+    return ck;
+  }
+
+  // Validates `ck` (`what` names it) and restores it into `run`: every counter a finite integer consistent with
+  // the others, `batches_per_epoch` and `grad_accum` batches per step, the RNG state whole; the model and
+  // precision state check their shapes.
+  static TrainState load(const Checkpoint& ck, Run& run, int64_t batches_per_epoch, int64_t grad_accum,
+                         const std::string& what) {
+    auto version = ck.state_meta.find("castor.train_state_version");
+    CASTOR_CHECK(version != ck.state_meta.end() && version->second == std::to_string(kStateVersion), what,
+                 ": the training state has version ",
+                 version == ck.state_meta.end() ? std::string("none") : printable(version->second),
+                 "; this build reads version ", kStateVersion);
+    TrainState s;
+    s.step = counter(ck, "progress.step", what);
+    s.epoch = counter(ck, "progress.epoch", what);
+    s.batch = counter(ck, "progress.batch", what);
+    const int64_t steps_per_epoch = (batches_per_epoch + grad_accum - 1) / grad_accum;
+    CASTOR_CHECK(s.batch <= batches_per_epoch && s.epoch <= s.step &&
+                     s.step == s.epoch * steps_per_epoch + (s.batch + grad_accum - 1) / grad_accum,
+                 what, ": the training state's position (step ", s.step, ", epoch ", s.epoch, ", batch ", s.batch,
+                 ") is not one this run reaches with ", batches_per_epoch, " batches per epoch");
+    auto rng = ck.state.find("rng.default");
+    Generator::State st;
+    CASTOR_CHECK(rng != ck.state.end() && rng->second.dtype() == DType::Int64 &&
+                     rng->second.numel() == static_cast<int64_t>(st.size()),
+                 what, ": the training state's rng.default is missing or not ", st.size(), " int64 words");
+    try {
+      run.model->load_state_dict(ck.model, /*strict=*/true);
+      amp::PrecisionState ps{take(ck.state, "amp."), {}};
+      for (const auto& [k, v] : ck.state_meta)
+        if (k.rfind("amp.", 0) == 0) ps.metadata[k.substr(4)] = v;
+      run.amp->load_precision_state(ps);
+      if (run.sched) run.sched->load_state_dict(take(ck.state, "scheduler."));
+    } catch (const std::out_of_range& e) {
+      throw Error(detail::cat(what, ": the training state is incomplete (", e.what(), ")"));
+    } catch (const Error& e) {
+      throw Error(detail::cat(what, ": ", e.what()));
+    }
+    const std::vector<int64_t> words = rng->second.to_vector<int64_t>();
+    for (size_t i = 0; i < st.size(); ++i) st[i] = static_cast<uint64_t>(words[i]);
+    default_generator().set_state(st);
+    return s;
+  }
+
+ private:
+  // A non-negative integer counter of the state; NaN, fractions, negatives and wrong shapes are errors.
+  static int64_t counter(const Checkpoint& ck, const std::string& key, const std::string& what) {
+    auto it = ck.state.find(key);
+    CASTOR_CHECK(it != ck.state.end() && it->second.numel() == 1, what, ": the training state has no ", key);
+    const double v = it->second.to(DType::Float64).item();
+    CASTOR_CHECK(std::isfinite(v) && v >= 0 && v == std::floor(v) && v < 9e15, what, ": the training state's ", key,
+                 " is ", v, ", not a non-negative integer");
+    return static_cast<int64_t>(v);
+  }
+};
+
+// The run directory of `--resume PATH` (a run directory, or a checkpoint folder inside one) and the checkpoint
+// to start from (a folder, or the run directory: its newest intact checkpoint).
+std::pair<std::string, std::string> resolve_resume(const std::string& path) {
+  if (!is_checkpoint_dir(path)) {
+    std::error_code ec;
+    CASTOR_CHECK(fs::is_directory(path, ec), "--resume ", path, ": not a run directory");
+    return {path, path};
+  }
+  const fs::path parent = fs::absolute(path).lexically_normal().parent_path();
+  const fs::path folder = parent.filename().empty() ? parent.parent_path() : parent;
+  CASTOR_CHECK(folder.filename() == "checkpoints", "--resume ", path,
+               ": a checkpoint folder outside a run directory (expected RUN/checkpoints/step-N); start a new run "
+               "from its weights with --init ",
+               path, "/model.safetensors");
+  return {folder.parent_path().string(), path};
+}
+
+// Takes ownership of the run directory `c.out` for the run's lifetime: creates it, locks it, refuses (or with
+// --overwrite clears) another run's files in a new run, removes stale temp folders, checks `checkpoints`.
+std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
+  std::error_code ec;
+  fs::create_directories(c.out, ec);
+  CASTOR_CHECK(!ec && fs::is_directory(c.out), "--out ", c.out, ": cannot create the directory: ",
+               ec ? ec.message() : "not a directory");
+  auto lock = std::make_unique<FileLock>(c.out + "/.castor.lock");
+  const std::string checkpoints = c.out + "/checkpoints";
+  const bool has_metrics = fs::is_regular_file(c.out + "/metrics.jsonl", ec) && fs::file_size(c.out + "/metrics.jsonl", ec) > 0;
+  if (!continuing && (latest_checkpoint(c.out) || has_metrics)) {
+    CASTOR_CHECK(c.overwrite, "--out ", c.out,
+                 " holds another run (checkpoints or metrics.jsonl); continue it with --resume ", c.out,
+                 ", choose another --out, or pass --overwrite to replace it");
+    for (const char* f : {"checkpoints", "metrics.jsonl", "report.html", "config.json"}) fs::remove_all(c.out + "/" + f, ec);
+  }
+  remove_stale_temps(c.out);
+  fs::create_directories(checkpoints, ec);
+  CASTOR_CHECK(fs::is_directory(checkpoints) && access(checkpoints.c_str(), W_OK) == 0, "--out ", c.out, ": ",
+               checkpoints, " is not a writable directory");
+  return lock;
+}
+
+// What the schedule does past the step it was set up for, printed when a resumed run extends it.
+void check_extension(const TrainConfig& c, int64_t schedule_steps, int64_t total_steps) {
+  if (c.schedule == "none" || total_steps <= schedule_steps) return;
+  CASTOR_CHECK(c.schedule != "onecycle", "--steps/--epochs: the onecycle schedule ends at step ", schedule_steps,
+               " and cannot run past it; start a new run (--init from the last checkpoint) to train longer");
+  std::fprintf(stderr, "note: the %s schedule was set for %lld steps and keeps it; past step %lld %s\n", c.schedule.c_str(),
+              static_cast<long long>(schedule_steps), static_cast<long long>(schedule_steps),
+              c.schedule == "cosine" ? "its cosine continues, so the learning rate rises again from its minimum"
+                                     : "the learning rate keeps dropping 10x every third of that length");
+}
+
+// The training loop with its logging, checkpoints, divergence and interrupt checks.
+class Trainer {
+ public:
+  Trainer(const TrainConfig& c, const Datasets& d, data::DataLoader& loader, Run& run, Json config,
+          TrainState state, int64_t total_steps, int64_t epochs)
+      : c_(c), d_(d), loader_(loader), run_(run), config_(std::move(config)), state_(state), total_(total_steps),
+        log_(c, total_steps, epochs, /*append=*/!c.resume.empty()),
+        dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic") {}
+
+  // Runs to the end (or an interrupt); returns the summary line, also written to summary.json.
+  Json run() {
+    const auto wall_start = Clock::now();
+    reset_peak_memory_stats();
+    std::unique_ptr<Profiler> profiler = c_.profile ? std::make_unique<Profiler>() : nullptr;
+    last_save_ = Clock::now();
+    while (state_.step < total_ && !interrupted()) {
+      loader_.start_epoch(state_.epoch, state_.batch);
+      EpochTotals e;
+      const auto epoch_start = Clock::now();
+      while (state_.step < total_ && !interrupted()) {
+        auto batch = loader_.next();
+        if (!batch) break;
+        if (!micro_batch(*batch, e)) continue;  // the step needs more micro-batches
+        if (due_for_checkpoint()) checkpoint();
+      }
+      if (interrupted()) break;
+      end_epoch(e, std::chrono::duration<double>(Clock::now() - epoch_start).count());
+    }
+    if (interrupted()) return stop_interrupted();
+    // The report covers the whole run, resumed parts included, from metrics.jsonl.
+    atomic_write_file(c_.out + "/report.html", render_report("castor: " + c_.model + " on " + c_.data + ", " + c_.amp,
+                                                      config_, read_metrics(c_.out), op_dtypes_));
+    if (profiler) std::fprintf(stderr, "%s", profiler->table(15).c_str());
+    Json summary = summary_json();
+    summary["wall_seconds"] = std::chrono::duration<double>(Clock::now() - wall_start).count();
+    atomic_write_file(c_.out + "/summary.json", summary.dump(2) + "\n");
+    return summary;
+  }
+
+ private:
+  struct EpochTotals {
+    double loss = 0, images = 0;
+    int64_t batches = 0;
   };
 
-  std::unique_ptr<Profiler> profiler = c.profile ? std::make_unique<Profiler>() : nullptr;
-  RunLog log(c, total_steps, c.steps > 0 ? (total_steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs,
-             /*append=*/resuming);
-  std::vector<amp::ExplainRow> op_dtypes;  // of this process's first forward pass, for the report
-  reset_peak_memory_stats();
-  double images = 0, train_seconds = 0;
-  Evaluation last_eval;
-  bool done = step >= total_steps;
-  std::fprintf(stderr, "castor train: %s on %s, %s %s, %s lr %g, batch %lld, %lld steps, %d threads\n",
-               c.model.c_str(), c.data.c_str(), c.amp.c_str(), c.amp == "O0" ? "float32" : dtype_name(c.dtype),
-               c.optimizer.c_str(), c.lr, static_cast<long long>(c.batch_size * c.grad_accum),
-               static_cast<long long>(total_steps), omp_get_max_threads());
-  while (!done) {
-    loader.start_epoch(epoch, batch_in_epoch);
-    double epoch_loss = 0;
-    int64_t epoch_batches = 0;
-    const auto epoch_start = Clock::now();
-    double epoch_images = 0;
-    int64_t micro = 0;  // micro-batches whose gradients are summed so far
-    double step_loss = 0, step_seconds = 0;
-    while (auto batch = loader.next()) {
-      const auto t0 = Clock::now();
-      if (micro == 0) run.opt->zero_grad();
-      Tensor loss;
-      {
-        std::optional<amp::ExplainGuard> explain;
-        if (op_dtypes.empty()) explain.emplace();
-        auto fw = run.amp->forward();
-        // O2/O3 models take 16-bit input; their logits are widened before the loss, as Apex does.
-        Tensor logits = (*run.model)(batch->images.to(input_dtype(*run.amp)));
-        loss = F::cross_entropy(logits.float_(), batch->labels, F::Reduction::Mean, c.label_smoothing);
-        if (explain) op_dtypes = explain->rows();
-      }
-      // Summed over grad_accum micro-batches, the gradients are those of the mean loss of one big batch.
-      run.amp->scale_loss(c.grad_accum > 1 ? loss / static_cast<double>(c.grad_accum) : loss, *run.opt).backward();
-      batch_in_epoch = batch->index + 1;
-      images += static_cast<double>(batch->labels.numel());
-      epoch_images += static_cast<double>(batch->labels.numel());
-      step_loss += loss.item();
-      step_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-      // A step takes grad_accum micro-batches, or what is left of the epoch.
-      if (++micro < c.grad_accum && batch_in_epoch < loader.batches_per_epoch()) continue;
-      const auto t1 = Clock::now();
-      if (c.clip_grad_norm > 0) {
-        run.amp->unscale_(*run.opt);
-        amp::clip_grad_norm_(*run.opt, c.clip_grad_norm);
-      }
-      const bool stepped = run.amp->step(*run.opt);
-      if (run.sched) run.sched->step();
-      train_seconds += step_seconds + std::chrono::duration<double>(Clock::now() - t1).count();
-      const double lv = step_loss / static_cast<double>(micro);
-      micro = 0;
-      step_loss = step_seconds = 0;
-      ++step;
-      epoch_loss += lv;
-      ++epoch_batches;
-      log.step({step, epoch, lv, run.opt->param_groups()[0].lr, run.amp->scaler().get_scale(), !stepped, images,
-                train_seconds});
-      done = step >= total_steps;
-      // (an epoch's end evaluates anyway)
-      if (c.eval_every > 0 && step % c.eval_every == 0 && !done && batch_in_epoch < loader.batches_per_epoch()) {
-        const Evaluation e = evaluate(*run.model, *run.amp, d.test, d.norm, 256);
-        log.evaluation(step, epoch, e.loss, e.accuracy);
-      }
-      if (c.checkpoint_every > 0 && step % c.checkpoint_every == 0) save();
-      if (done) break;
+  static bool interrupted() { return g_interrupt.load() != 0; }
+
+  // Forward and backward of one micro-batch; an optimizer step once grad_accum of them (or the rest of the
+  // epoch) have summed their gradients. Returns whether it stepped.
+  bool micro_batch(const data::Batch& batch, EpochTotals& e) {
+    const auto t0 = Clock::now();
+    if (micro_ == 0) run_.opt->zero_grad();
+    Tensor loss;
+    {
+      std::optional<amp::ExplainGuard> explain;  // the report's op dtype table, from the first forward
+      if (op_dtypes_.empty()) explain.emplace();
+      auto fw = run_.amp->forward();
+      // At O2/O3 the patched forward casts the batch to the model's dtype and the logits back to float32.
+      Tensor logits = (*run_.model)(batch.images);
+      loss = F::cross_entropy(logits.float_(), batch.labels, F::Reduction::Mean, c_.label_smoothing);
+      if (explain) op_dtypes_ = explain->rows();
     }
-    const bool epoch_end = batch_in_epoch >= loader.batches_per_epoch();
-    last_eval = evaluate(*run.model, *run.amp, d.test, d.norm, 256);
-    const double ips = epoch_images / std::max(std::chrono::duration<double>(Clock::now() - epoch_start).count(), 1e-9);
-    const double train_loss = epoch_batches ? epoch_loss / static_cast<double>(epoch_batches) : 0.0;
-    const amp::GradScaler& scaler = run.amp->scaler();
+    // Summed over grad_accum micro-batches, the gradients are those of the mean loss of one big batch.
+    run_.amp->scale_loss(c_.grad_accum > 1 ? loss / static_cast<double>(c_.grad_accum) : loss, *run_.opt).backward();
+    const double n = static_cast<double>(batch.labels.numel());
+    images_ += n;
+    e.images += n;
+    micro_loss_ += loss.item();
+    const int64_t next_batch = batch.index + 1;
+    if (++micro_ < c_.grad_accum && next_batch < loader_.batches_per_epoch()) {
+      train_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+      return false;
+    }
+    if (c_.clip_grad_norm > 0) {
+      run_.amp->unscale_(*run_.opt);
+      amp::clip_grad_norm_(*run_.opt, c_.clip_grad_norm);
+    }
+    const bool stepped = run_.amp->step(*run_.opt);
+    if (run_.sched) run_.sched->step();
+    const double lv = micro_loss_ / static_cast<double>(micro_);
+    micro_ = 0;
+    micro_loss_ = 0;
+    ++state_.step;
+    state_.batch = next_batch;
+    train_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    e.loss += lv;
+    ++e.batches;
+    check_divergence(lv, stepped);
+    log_.step({state_.step, state_.epoch, lv, run_.opt->param_groups()[0].lr, run_.amp->scaler().get_scale(),
+               !stepped, images_, train_seconds_});
+    // (an epoch's end evaluates anyway)
+    if (c_.eval_every > 0 && state_.step % c_.eval_every == 0 && state_.step < total_ &&
+        next_batch < loader_.batches_per_epoch()) {
+      const Evaluation ev = evaluate(*run_.model, *run_.amp, d_.test, d_.norm, 256);
+      log_.evaluation(state_.step, state_.epoch, ev.loss, ev.accuracy);
+    }
+    return true;
+  }
+
+  // Stops the run with "diverged at step N" on a non-finite loss without dynamic loss scaling (O0, O3 bf16),
+  // or when dynamic scaling skips step after step or drives the scale below a floor.
+  void check_divergence(double loss, bool stepped) {
+    skipped_in_a_row_ = stepped ? 0 : skipped_in_a_row_ + 1;
+    const double scale = run_.amp->scaler().get_scale();
+    if (!dynamic_scale_)
+      CASTOR_CHECK(std::isfinite(loss), "diverged at step ", state_.step, ": the loss is ", loss,
+                   " (try a lower --lr); the newest checkpoint holds the last finite state");
+    else
+      CASTOR_CHECK(skipped_in_a_row_ < kMaxSkippedInARow && scale >= kMinLossScale, "diverged at step ", state_.step,
+                   ": ", skipped_in_a_row_, " skipped steps in a row, loss scale ", scale,
+                   " (try a lower --lr); the newest checkpoint holds the last finite state");
+  }
+
+  void end_epoch(const EpochTotals& e, double seconds) {
+    const bool epoch_end = state_.batch >= loader_.batches_per_epoch();
+    last_eval_ = evaluate(*run_.model, *run_.amp, d_.test, d_.norm, 256);
+    const double ips = e.images / std::max(seconds, 1e-9);
+    const double train_loss = e.batches ? e.loss / static_cast<double>(e.batches) : 0.0;
+    const auto& scaler = run_.amp->scaler();
     char line[256];
     std::snprintf(line, sizeof(line),
                   "epoch %lld  train loss %.4f  test loss %.4f  test acc %.2f%%  %.0f img/s  scale %g  skipped %lld  "
                   "peak mem %.1f MiB",
-                  static_cast<long long>(epoch), train_loss, last_eval.loss, 100 * last_eval.accuracy, ips,
+                  static_cast<long long>(state_.epoch), train_loss, last_eval_.loss, 100 * last_eval_.accuracy, ips,
                   scaler.get_scale(), static_cast<long long>(scaler.steps_skipped()),
                   memory_stats().peak_bytes / 1048576.0);
-    log.epoch({{"epoch", epoch}, {"step", step}, {"train_loss", train_loss}, {"test_loss", last_eval.loss},
-               {"test_accuracy", last_eval.accuracy}, {"images_per_sec", ips}, {"loss_scale", scaler.get_scale()},
-               {"skipped_steps", scaler.steps_skipped()}, {"peak_memory_bytes", memory_stats().peak_bytes}},
-              line);
+    log_.epoch({{"epoch", state_.epoch}, {"step", state_.step}, {"train_loss", train_loss},
+                {"test_loss", last_eval_.loss}, {"test_accuracy", last_eval_.accuracy}, {"images_per_sec", ips},
+                {"loss_scale", scaler.get_scale()}, {"skipped_steps", scaler.steps_skipped()},
+                {"peak_memory_bytes", memory_stats().peak_bytes}},
+               line);
     if (epoch_end) {
-      ++epoch;
-      batch_in_epoch = 0;
+      ++state_.epoch;
+      state_.batch = 0;
     }
-    if (c.checkpoint_every == 0 || done) save();
+    if ((c_.checkpoint_every == 0 || state_.step >= total_) && !saved_now()) checkpoint();
   }
-  // The report covers the whole run, resumed parts included, from metrics.jsonl.
-  write_text(c.out + "/report.html", render_report("castor: " + c.model + " on " + c.data + ", " + c.amp, config,
-                                                   read_metrics(c.out), op_dtypes));
-  if (profiler) std::fprintf(stderr, "%s", profiler->table(15).c_str());
-  Json::Object summary{{"test_accuracy", last_eval.accuracy},
-                       {"test_loss", last_eval.loss},
-                       {"train_images_per_sec", train_seconds > 0 ? images / train_seconds : 0.0},
-                       {"steps", step},
-                       {"skipped_steps", run.amp->scaler().steps_skipped()},
-                       {"final_loss_scale", run.amp->scaler().get_scale()},
-                       {"peak_memory_bytes", memory_stats().peak_bytes},
-                       {"wall_seconds", std::chrono::duration<double>(Clock::now() - wall_start).count()},
-                       {"out", c.out}};
-  write_text(c.out + "/summary.json", Json(summary).dump(2) + "\n");
-  return summary;
+
+  // Whether the newest checkpoint holds the current position already.
+  bool saved_now() const { return saved_ == std::tuple{state_.step, state_.epoch, state_.batch}; }
+
+  bool due_for_checkpoint() const {
+    if (c_.checkpoint_every > 0 && state_.step % c_.checkpoint_every == 0) return true;
+    const double minutes = std::chrono::duration<double>(Clock::now() - last_save_).count() / 60;
+    return c_.checkpoint_minutes > 0 && minutes >= c_.checkpoint_minutes;
+  }
+
+  // Writes a checkpoint of the current state, refusing to replace good ones with non-finite weights.
+  void checkpoint() {
+    const Checkpoint ck = state_.save(run_, config_);
+    for (const auto& [name, t] : ck.model)
+      CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), "diverged at step ", state_.step, ": ", name,
+                   " is not finite (try a lower --lr); the newest checkpoint holds the last finite state");
+    write_checkpoint(c_.out, state_.step, ck, c_.keep);
+    saved_ = {state_.step, state_.epoch, state_.batch};
+    last_save_ = Clock::now();
+  }
+
+  // Checkpoints the finished step and says how to go on; the summary carries the signal for the exit status.
+  Json stop_interrupted() {
+    log_.finish_progress_line();
+    if (!saved_now()) checkpoint();
+    std::fprintf(stderr, "interrupted at step %lld; continue with: castor train --resume %s\n",
+                 static_cast<long long>(state_.step), c_.out.c_str());
+    Json summary = summary_json();
+    summary["interrupted_by_signal"] = g_interrupt.load();
+    return summary;
+  }
+
+  Json summary_json() const {
+    const auto& scaler = run_.amp->scaler();
+    return Json::Object{{"test_accuracy", last_eval_.accuracy},
+                        {"test_loss", last_eval_.loss},
+                        {"train_images_per_sec", train_seconds_ > 0 ? images_ / train_seconds_ : 0.0},
+                        {"steps", state_.step},
+                        {"skipped_steps", scaler.steps_skipped()},
+                        {"final_loss_scale", scaler.get_scale()},
+                        {"peak_memory_bytes", memory_stats().peak_bytes},
+                        {"lost_metric_lines", log_.lost_lines()},
+                        {"out", c_.out}};
+  }
+
+  static constexpr int64_t kMaxSkippedInARow = 64;
+  static constexpr double kMinLossScale = 0x1p-24;
+
+  const TrainConfig& c_;
+  const Datasets& d_;
+  data::DataLoader& loader_;
+  Run& run_;
+  const Json config_;
+  TrainState state_;
+  const int64_t total_;
+  RunLog log_;
+  const bool dynamic_scale_;
+  std::vector<amp::ExplainRow> op_dtypes_;  // of this process's first forward pass, for the report
+  Evaluation last_eval_;
+  double images_ = 0, train_seconds_ = 0, micro_loss_ = 0;
+  int64_t micro_ = 0;  // micro-batches whose gradients are summed so far
+  int64_t skipped_in_a_row_ = 0;
+  std::tuple<int64_t, int64_t, int64_t> saved_{-1, -1, -1};  // (step, epoch, batch) of the newest checkpoint
+  Clock::time_point last_save_;
+};
+
+// The settings a checkpoint recorded (an object with the schedule's length, or its steps/epochs in older ones).
+Json recorded_config(const Checkpoint& ck, const std::string& what) {
+  auto it = ck.state_meta.find("config");
+  CASTOR_CHECK(it != ck.state_meta.end(), what, ": the checkpoint has no recorded config");
+  try {
+    Json recorded = Json::parse(it->second);
+    for (const char* key : {"schedule_steps", "steps", "epochs"})
+      CASTOR_CHECK(!recorded.find(key) || recorded.at(key).is_int(), "\"", key, "\" is not an integer");
+    return recorded;
+  } catch (const Error& e) {
+    throw Error(detail::cat(what, ": the recorded config is invalid: ", e.what()));
+  }
+}
+
+// The schedule length a resumed run keeps: what its first run recorded (older records: its own steps/epochs).
+int64_t recorded_schedule_steps(const Json& recorded, int64_t steps_per_epoch) {
+  if (const Json* s = recorded.find("schedule_steps")) return s->as_int();
+  const int64_t steps = recorded.at("steps").as_int(), epochs = recorded.at("epochs").as_int();
+  CASTOR_CHECK(steps > 0 || epochs <= INT64_MAX / steps_per_epoch, "the recorded --epochs ", epochs, " is too many");
+  return steps > 0 ? steps : epochs * steps_per_epoch;
+}
+
+}  // namespace
+
+void install_interrupt_handlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = on_interrupt;
+  sa.sa_flags = SA_RESTART;  // reads and writes in flight go on; the loop checks the flag after each step
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+}
+
+Json run_train(TrainConfig c) {
+  const bool resuming = !c.resume.empty();
+  std::string run_dir, resume_from;
+  if (resuming) {
+    std::tie(run_dir, resume_from) = resolve_resume(c.resume);
+    if (std::find(c.given.begin(), c.given.end(), "--out") == c.given.end()) c.out = run_dir;
+  }
+  std::error_code ec;
+  const bool continuing = resuming && fs::equivalent(run_dir, c.out, ec);
+  const std::unique_ptr<FileLock> lock = own_run_dir(c, continuing);
+  std::optional<Checkpoint> ck;
+  Json recorded;
+  if (resuming) {
+    ck = read_checkpoint(resume_from, &resume_from);
+    recorded = recorded_config(*ck, resume_from);
+    c = resume_config(c, recorded, resume_from);
+  }
+  if (c.threads > 0) omp_set_num_threads(c.threads);
+  if (c.deterministic) omp_set_dynamic(0);
+
+  const Datasets d = load_data(c);
+  data::LoaderOptions lo{.batch_size = c.batch_size, .shuffle = true, .augment = c.augment == "standard",
+                         .drop_last = true, .seed = c.seed, .norm = d.norm};
+  data::DataLoader loader(d.train, lo);
+  const int64_t per_epoch = loader.batches_per_epoch();
+  CASTOR_CHECK(per_epoch > 0, "--batch-size ", c.batch_size, " is larger than the ", d.train.n, " training images");
+  const int64_t steps_per_epoch = (per_epoch + c.grad_accum - 1) / c.grad_accum;
+  CASTOR_CHECK(c.steps > 0 || c.epochs <= INT64_MAX / steps_per_epoch, "--epochs ", c.epochs, ": too many steps");
+  const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * steps_per_epoch;
+  const int64_t schedule_steps = resuming ? recorded_schedule_steps(recorded, steps_per_epoch) : total_steps;
+  CASTOR_CHECK(schedule_steps > 0, resume_from, ": the recorded schedule length ", schedule_steps, " is not positive");
+  Run run = build_run(c, d, schedule_steps);
+  TrainState state;
+  if (ck) state = TrainState::load(*ck, run, per_epoch, c.grad_accum, resume_from);
+  if (state.step >= total_steps) {
+    std::fprintf(stderr, "castor train: %s is already complete at step %lld (extend it with --steps or --epochs)\n",
+                 c.out.c_str(), static_cast<long long>(state.step));
+    return Json::Object{{"already_complete", true}, {"steps", state.step}, {"out", c.out}};
+  }
+  check_extension(c, schedule_steps, total_steps);
+  const Json config = config_json(c, d, schedule_steps);
+  atomic_write_file(c.out + "/config.json", config.dump(2) + "\n");
+  std::fprintf(stderr, "castor train: %s on %s, %s %s, %s lr %g, batch %lld, %lld steps, %d threads\n",
+               c.model.c_str(), c.data.c_str(), c.amp.c_str(), c.amp == "O0" ? "float32" : dtype_name(c.dtype),
+               c.optimizer.c_str(), c.lr, static_cast<long long>(c.batch_size * c.grad_accum),
+               static_cast<long long>(total_steps), omp_get_max_threads());
+  const int64_t epochs = c.steps > 0 ? (total_steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;
+  return Trainer(c, d, loader, run, config, state, total_steps, epochs).run();
 }
 
 Json run_eval(const EvalConfig& e) {
-  const bool dir = fs::is_directory(e.path);
-  LoadedTensors model_file = dir ? LoadedTensors{} : load_safetensors(e.path);
-  if (dir) {
+  LoadedTensors model_file;
+  if (fs::is_directory(e.path)) {
     Checkpoint ck = read_checkpoint(e.path);
-    model_file = {ck.model, ck.model_meta};
+    model_file = {std::move(ck.model), std::move(ck.model_meta)};
+  } else {
+    model_file = load_safetensors(e.path);
   }
   TrainConfig c;
-  c.amp = "O0";  // weights without castor metadata are evaluated in float32
   auto it = model_file.metadata.find("castor.config");
   if (it != model_file.metadata.end()) {
-    const Json cfg = Json::parse(it->second);
-    c.data = cfg.at("data").as_string();
-    c.model = cfg.at("model").as_string();
-    c.amp = cfg.at("amp").as_string();
-    c.dtype = parse_dtype(cfg.at("dtype").as_string());
-    c.seed = static_cast<uint64_t>(cfg.at("seed").as_int());
-    c.synthetic_size = cfg.at("synthetic_size").as_int();
-    c.data_dir = cfg.at("data_dir").as_string();
+    c = resume_config(TrainConfig{}, Json::parse(it->second), e.path);
     CASTOR_CHECK(e.model.empty() || e.model == c.model, "--model ", e.model, ": ", e.path, " holds a ", c.model);
     CASTOR_CHECK(e.data.empty() || e.data == c.data, "--data ", e.data, ": ", e.path, " was trained on ", c.data);
   } else {
@@ -400,6 +622,7 @@ Json run_eval(const EvalConfig& e) {
                  ": no castor metadata (castor.config); say what it holds with --model and --data");
     c.model = e.model;
     c.data = e.data;
+    c.amp = "O0";  // weights without castor metadata are evaluated in float32
   }
   if (!e.data_dir.empty()) c.data_dir = e.data_dir;
   Datasets d = load_data(c);
@@ -428,15 +651,16 @@ std::string run_info(const std::vector<std::string>& args) {
   std::string out;
   for (const auto& [name, f] : files) {
     int64_t bytes = 0, values = 0;
-    out += name + ": " + std::to_string(f.tensors.size()) + " tensors\n";
+    out += printable(name) + ": " + std::to_string(f.tensors.size()) + " tensors\n";
     for (const auto& [k, t] : f.tensors) {
-      out += "  " + k + "  " + dtype_name(t.dtype()) + shape_str(t.shape()) + "  " + std::to_string(t.numel()) + "\n";
+      out += "  " + printable(k) + "  " + dtype_name(t.dtype()) + shape_str(t.shape()) + "  " +
+             std::to_string(t.numel()) + "\n";
       bytes += static_cast<int64_t>(t.nbytes());
       values += t.numel();
     }
     out += "  total " + std::to_string(values) + " values (parameters and buffers), " + std::to_string(bytes) +
            " bytes\n";
-    for (const auto& [k, v] : f.metadata) out += "  metadata " + k + " = " + v + "\n";
+    for (const auto& [k, v] : f.metadata) out += "  metadata " + printable(k) + " = " + printable(v) + "\n";
   }
   return out;
 }

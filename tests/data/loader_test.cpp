@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <set>
+#include <stdexcept>
 
 #include "castor/data.h"
 #include "castor/ops.h"
@@ -74,6 +75,16 @@ TEST(DataLoader, FlipAndCropMoveImagePixels) {
     if (px[40] != 41) saw_change = true;
   }
   EXPECT_TRUE(saw_change);
+}
+
+TEST(DataLoader, ErrorOnTheLoaderThreadReachesTheCaller) {
+  // A dataset whose epoch order cannot even be allocated: make_batch throws on the background thread.
+  const ImageDataset ds{INT64_MAX / 2, 1, 1, 1, {}, {}, 2};
+  DataLoader loader(ds, {.batch_size = 1, .shuffle = false});
+  loader.start_epoch(0);
+  EXPECT_THROW(loader.next(), std::length_error);
+  loader.start_epoch(1);  // and the loader stays usable
+  EXPECT_THROW(loader.next(), std::length_error);
 }
 
 TEST(DataLoader, BadOptionsAreErrors) {

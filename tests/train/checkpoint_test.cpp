@@ -1,9 +1,10 @@
-// Checkpoint directories: commit marker, newest complete one wins, pruning, and failures keep old ones.
+// Checkpoint directories: checksummed commit marker, newest intact one wins, pruning, failures keep old ones.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 
 #include "castor/checkpoint.h"
+#include "castor/fs.h"
 #include "castor/ops.h"
 #include "test_util.h"
 
@@ -74,6 +75,36 @@ TEST(Checkpoint, MissingOrCorruptIsAClearError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
   }
+}
+
+TEST(Checkpoint, FlippedBitIsDetectedAndTheRunFallsBackToAnIntactOne) {
+  const std::string run = test::fresh_dir("ckpt_flip");
+  write_checkpoint(run, 1, make(1), /*keep=*/2);
+  const std::string newest = write_checkpoint(run, 2, make(2), /*keep=*/2);
+  std::vector<uint8_t> bytes = read_file(newest + "/train_state.safetensors");
+  bytes.back() ^= 0x01;  // inside the data: the file still parses
+  atomic_write_file(newest + "/train_state.safetensors", bytes);
+  try {
+    read_checkpoint(newest);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(newest + "/train_state.safetensors: damaged"), std::string::npos) << e.what();
+  }
+  std::string used;
+  Checkpoint c = read_checkpoint(run, &used);  // the run: its newest intact checkpoint
+  EXPECT_NE(used.find("step-0000000001"), std::string::npos) << used;
+  EXPECT_EQ(c.model.at("w").to_vector<float>()[0], 1.0f);
+}
+
+TEST(Checkpoint, StaleTempFoldersAreRemovedAndAnOrphanedOldOneRestored) {
+  const std::string run = test::fresh_dir("ckpt_stale");
+  write_checkpoint(run, 5, make(5), /*keep=*/2);
+  fs::create_directories(run + "/checkpoints/step-0000000006.tmp77");
+  fs::rename(run + "/checkpoints/step-0000000005", run + "/checkpoints/step-0000000005.old77");
+  remove_stale_temps(run);
+  EXPECT_FALSE(fs::exists(run + "/checkpoints/step-0000000006.tmp77"));
+  EXPECT_FALSE(fs::exists(run + "/checkpoints/step-0000000005.old77"));
+  EXPECT_EQ(read_checkpoint(run).model.at("w").to_vector<float>()[0], 5.0f);
 }
 
 }  // namespace castor::train

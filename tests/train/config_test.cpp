@@ -44,4 +44,45 @@ TEST(TrainFlags, ErrorsNameTheFlag) {
   EXPECT_EQ(message({"--lr", "fast"}).find('\n'), std::string::npos);
 }
 
+TEST(TrainFlags, NonFiniteNumbersAreRefused) {
+  for (const char* flag : {"--lr", "--weight-decay", "--momentum", "--checkpoint-minutes"})
+    for (const char* v : {"inf", "nan", "-inf"}) {
+      try {
+        parse_train_flags({flag, v});
+        ADD_FAILURE() << flag << " " << v << " accepted";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+      }
+    }
+}
+
+TEST(TrainFlags, ResumeKeepsTheRecordingAndTakesOnlyHarmlessFlags) {
+  TrainConfig first = parse_train_flags({"--data", "synthetic", "--lr", "0.01", "--schedule", "cosine", "--steps",
+                                         "10", "--deterministic", "--log-every", "3"});
+  Json recorded = settings_json(first);
+  recorded["threads"] = 4;  // what the run used
+  TrainConfig c = resume_config(parse_train_flags({"--resume", "run", "--steps", "20", "--keep", "5"}), recorded, "run");
+  EXPECT_EQ(c.data, "synthetic");
+  EXPECT_EQ(c.lr, 0.01);
+  EXPECT_EQ(c.schedule, "cosine");
+  EXPECT_EQ(c.steps, 20);
+  EXPECT_EQ(c.keep, 5);
+  EXPECT_EQ(c.log_every, 3);  // not given now: the recorded value
+  EXPECT_EQ(c.threads, 4);    // deterministic: the recorded thread count
+  EXPECT_EQ(c.resume, "run");
+  try {
+    resume_config(parse_train_flags({"--lr", "0.02", "--model", "resnet9", "--threads", "2", "--steps", "30"}),
+                  recorded, "run");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    for (const char* part : {"--lr 0.02 (recorded 0.01)", "--model \"resnet9\" (recorded \"simplecnn\")",
+                             "--threads 2 (recorded 4)"})
+      EXPECT_NE(m.find(part), std::string::npos) << part << " not in " << m;
+    EXPECT_EQ(m.find("--steps"), std::string::npos) << m;
+  }
+  recorded["deterministic"] = false;
+  EXPECT_EQ(resume_config(parse_train_flags({"--threads", "2"}), recorded, "run").threads, 2);
+}
+
 }  // namespace castor::train

@@ -1,12 +1,6 @@
-// The training job end to end: exact resume (in process and after SIGKILL), eval/info, and bad input.
+// The training job end to end: exact resume in process, time-based checkpoints, eval/info, and bad input.
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <chrono>
 #include <filesystem>
-#include <thread>
 
 #include "castor/checkpoint.h"
 #include "castor/autograd.h"
@@ -16,10 +10,12 @@
 #include "castor/ops.h"
 #include "castor/trainer.h"
 #include "test_util.h"
+#include "train/run_test_util.h"
 
 namespace castor::train {
 
 namespace fs = std::filesystem;
+using test::expect_same_checkpoint;
 
 namespace {
 
@@ -29,29 +25,10 @@ std::vector<std::string> base_flags(const std::string& out, const std::string& a
           "--threads", "2", "--out", out};
 }
 
-// Every tensor of both checkpoint files, bit for bit (step counters and all).
-void expect_same_checkpoint(const std::string& a, const std::string& b) {
-  Checkpoint x = read_checkpoint(a), y = read_checkpoint(b);
-  for (auto [p, q] : {std::pair{&x.model, &y.model}, std::pair{&x.state, &y.state}}) {
-    ASSERT_EQ(p->size(), q->size());
-    for (const auto& [k, t] : *p) {
-      ASSERT_TRUE(q->count(k)) << k;
-      EXPECT_TRUE(test::bit_equal(t, q->at(k))) << k;
-    }
-  }
-}
-
 // Runs the castor binary; returns its exit status and stderr.
 std::pair<int, std::string> run_cli(const std::vector<std::string>& args) {
-  std::string cmd = std::string(CASTOR_BINARY_DIR) + "/castor";
-  for (const std::string& a : args) cmd += " '" + a + "'";
-  cmd += " 2>&1 >/dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string err;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) err.append(buf, n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, err};
+  test::CastorProcess p = test::run_castor(args, {test::scratch_dir()});
+  return {p.exit_code, p.err};
 }
 
 }  // namespace
@@ -82,42 +59,14 @@ TEST(Trainer, Fp16RunSkipsOverflowingStepsAndStillLearns) {
   for (const char* f : {"config.json", "metrics.jsonl", "report.html"}) EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
 }
 
-TEST(Trainer, KilledRunResumesToTheSameWeights) {
-  const std::string full = test::fresh_dir("kill_full"), killed = test::fresh_dir("kill_part");
-  auto flags = base_flags(full, "O1", 36);
-  flags.insert(flags.end(), {"--checkpoint-every", "1"});
-  ASSERT_EQ(run_cli([&] {
-              std::vector<std::string> a = {"train"};
-              a.insert(a.end(), flags.begin(), flags.end());
-              return a;
-            }()).first,
-            0);
-  flags = base_flags(killed, "O1", 36);
-  flags.insert(flags.end(), {"--checkpoint-every", "1"});
-  const pid_t pid = fork();
-  if (pid == 0) {
-    std::vector<std::string> a = {std::string(CASTOR_BINARY_DIR) + "/castor", "train"};
-    a.insert(a.end(), flags.begin(), flags.end());
-    std::vector<char*> argv;
-    for (auto& s : a) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    freopen("/dev/null", "w", stdout);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  // Kill it once a few checkpoints exist, at whatever point of a write it is in.
-  for (int i = 0; i < 600 && !latest_checkpoint(killed); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  ASSERT_TRUE(latest_checkpoint(killed).has_value());
-  std::vector<std::string> resume = {"train"};
-  resume.insert(resume.end(), flags.begin(), flags.end());
-  resume.insert(resume.end(), {"--resume", killed});
-  auto [rc, err] = run_cli(resume);
-  ASSERT_EQ(rc, 0) << err;
-  expect_same_checkpoint(full, killed);
+TEST(Trainer, CheckpointsByTimeWithinAnEpoch) {
+  const std::string out = test::fresh_dir("by_time");
+  auto flags = base_flags(out, "O1", 10);  // 12 batches per epoch: no epoch end before step 10
+  flags.insert(flags.end(), {"--checkpoint-minutes", "1e-6", "--keep", "100"});
+  run_train(parse_train_flags(flags));
+  int64_t count = 0;
+  for (const auto& e : fs::directory_iterator(out + "/checkpoints")) count += fs::exists(e.path() / "COMMIT");
+  EXPECT_EQ(count, 10);  // every step is past the (tiny) interval
 }
 
 TEST(Trainer, EvalAndInfoReadACheckpoint) {
@@ -195,6 +144,7 @@ TEST(Trainer, InitLoadsPyTorchNamedWeights) {
   save_safetensors(second + "/bad.safetensors", bad);
   flags.back() = "1e-3";
   flags[flags.size() - 7] = second + "/bad.safetensors";
+  flags.insert(flags.begin(), "--overwrite");  // the same --out again
   try {
     run_train(parse_train_flags(flags));
     FAIL() << "no error";

@@ -1,0 +1,62 @@
+// The file layer: FIFOs refused without blocking, locks, whole-line appends, checksums, printable names.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include "castor/fs.h"
+#include "io/file_test_util.h"
+
+namespace castor {
+
+TEST(Fs, ReadFileRefusesAFifoWithoutBlocking) {
+  test::ScratchDir dir;
+  ASSERT_EQ(::mkfifo(dir.file("pipe").c_str(), 0644), 0);
+  test::expect_error([&] { read_file(dir.file("pipe")); }, {dir.file("pipe"), "not a regular file"});
+  test::expect_error([&] { read_file(dir.path().string()); }, {"not a regular file"});
+}
+
+TEST(Fs, SecondLockNamesTheOwner) {
+  test::ScratchDir dir;
+  FileLock first(dir.file(".lock"));
+  test::expect_error([&] { FileLock second(dir.file(".lock")); },
+                     {dir.path().string() + " is in use by pid " + std::to_string(::getpid())});
+}
+
+TEST(Fs, LockIsReleasedWithItsOwner) {
+  test::ScratchDir dir;
+  { FileLock first(dir.file(".lock")); }
+  EXPECT_NO_THROW(FileLock again(dir.file(".lock")));
+}
+
+TEST(Fs, AppendFileAddsWholeLines) {
+  test::ScratchDir dir;
+  {
+    AppendFile f(dir.file("log"), /*truncate=*/true);
+    EXPECT_EQ(f.append("one\n"), "");
+    EXPECT_EQ(f.append("two\n"), "");
+  }
+  AppendFile again(dir.file("log"), /*truncate=*/false);
+  EXPECT_EQ(again.append("three\n"), "");
+  const std::vector<uint8_t> b = read_file(dir.file("log"));
+  EXPECT_EQ(std::string(b.begin(), b.end()), "one\ntwo\nthree\n");
+  test::expect_error([&] { AppendFile(dir.path().string(), false); }, {dir.path().string()});
+}
+
+TEST(Fs, Checksum64IsFnv1a) {
+  // FNV-1a 64 worked by hand: offset basis 0xcbf29ce484222325, prime 0x100000001b3.
+  EXPECT_EQ(checksum64({}), 0xcbf29ce484222325ull);
+  const uint8_t a[] = {'a'};
+  EXPECT_EQ(checksum64(a), (0xcbf29ce484222325ull ^ 'a') * 0x100000001b3ull);
+  const uint8_t ab[] = {'a', 'b'}, ac[] = {'a', 'c'};
+  EXPECT_NE(checksum64(ab), checksum64(ac));
+}
+
+TEST(Fs, PrintableEscapesControlsAndBadUtf8) {
+  EXPECT_EQ(printable("plain/path.txt"), "plain/path.txt");
+  EXPECT_EQ(printable("caf\xc3\xa9"), "caf\xc3\xa9");  // é stays
+  EXPECT_EQ(printable("\x1b[31mred\x07"), "\\x1b[31mred\\x07");
+  EXPECT_EQ(printable("a\xff" "b"), "a\\xffb");
+  EXPECT_EQ(printable("\xc3"), "\\xc3");  // cut-short sequence
+  EXPECT_EQ(printable("tab\there\x7f"), "tab\\x09here\\x7f");
+}
+
+}  // namespace castor

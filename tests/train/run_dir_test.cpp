@@ -1,0 +1,378 @@
+// The run directory under faults and misuse, driving the real `castor` binary: every error one line and
+// non-zero, FIFOs, locks, interrupts, damaged checkpoints, resume validation, full disks, divergence.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <random>
+
+#include "castor/checkpoint.h"
+#include "castor/fs.h"
+#include "castor/json.h"
+#include "castor/ops.h"
+#include "castor/trainer.h"
+#include "io/file_test_util.h"
+#include "test_util.h"
+#include "train/run_test_util.h"
+
+namespace castor::train {
+
+namespace fs = std::filesystem;
+using test::CastorProcess;
+using test::expect_same_checkpoint;
+using test::run_castor;
+
+namespace {
+
+// A small deterministic synthetic run: 12 batches per epoch of a few milliseconds each, on one thread (so a
+// loaded CI machine does not stall it in OpenMP barriers).
+std::vector<std::string> train_args(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {"train", "--data", "synthetic", "--synthetic-size", "192", "--batch-size", "16",
+                                "--amp", "O1", "--dtype", "fp16", "--steps", std::to_string(steps), "--log-every",
+                                "1", "--deterministic", "--threads", "1", "--out", out};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+std::string text_of(const std::string& path) {
+  const std::vector<uint8_t> b = read_file(path);
+  return std::string(b.begin(), b.end());
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::vector<std::string> out;
+  std::istringstream in(text_of(path));
+  for (std::string line; std::getline(in, line);) out.push_back(line);
+  return out;
+}
+
+// The error of a failed run: exit 1, exactly one line on stderr naming every part.
+void expect_one_line_error(const CastorProcess& p, const std::vector<std::string>& parts) {
+  EXPECT_FALSE(p.timed_out) << "hung";
+  EXPECT_EQ(p.exit_code, 1) << p.err;
+  ASSERT_FALSE(p.err.empty());
+  const size_t at = p.err.find("error: ");
+  ASSERT_NE(at, std::string::npos) << p.err;
+  EXPECT_EQ(p.err.find('\n', at), p.err.size() - 1) << "not one line: " << p.err;
+  EXPECT_EQ(p.err.find("terminate called"), std::string::npos) << p.err;
+  for (const std::string& s : parts) EXPECT_NE(p.err.find(s), std::string::npos) << "'" << s << "' not in: " << p.err;
+}
+
+// Rewrites the newest checkpoint of `run` after `edit` changes its training state (with valid checksums).
+template <class F>
+void edit_state(const std::string& run, F&& edit) {
+  std::string used;
+  Checkpoint ck = read_checkpoint(run, &used);
+  edit(ck);
+  const int64_t step = std::stoll(fs::path(used).filename().string().substr(5));
+  write_checkpoint(run, step, ck, /*keep=*/10);
+}
+
+// Waits until `path` holds at least `n` lines.
+void wait_for_lines(const std::string& path, size_t n) {
+  for (int i = 0; i < 2000; ++i) {
+    if (fs::exists(path) && lines_of(path).size() >= n) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  FAIL() << path << " never reached " << n << " lines";
+}
+
+class RunDir : public ::testing::Test {
+ public:
+  test::ScratchDir scratch;
+  test::CastorRun in_dir{scratch.path().string()};
+  std::string path(const std::string& name) const { return scratch.file(name); }
+  CastorProcess castor(const std::vector<std::string>& args, double seconds = 60) {
+    return run_castor(args, in_dir, seconds);
+  }
+};
+
+}  // namespace
+
+TEST_F(RunDir, OverflowingSizesAreOneLineErrors) {
+  expect_one_line_error(castor({"train", "--data", "synthetic", "--synthetic-size", "4000000000000000"}),
+                        {"--synthetic-size"});
+  // A checkpoint whose recorded config holds such a size.
+  ASSERT_EQ(castor(train_args("run", 2)).exit_code, 0);
+  LoadedTensors model = load_safetensors(*latest_checkpoint(path("run")) + "/model.safetensors");
+  Json cfg = Json::parse(model.metadata.at("castor.config"));
+  cfg["synthetic_size"] = int64_t{4000000000000000};
+  model.metadata["castor.config"] = cfg.dump();
+  save_safetensors(path("huge.safetensors"), model.tensors, model.metadata);
+  expect_one_line_error(castor({"eval", "--checkpoint", "huge.safetensors"}), {"huge.safetensors", "synthetic"});
+}
+
+TEST_F(RunDir, IncompleteOrOutOfRangeTrainingStateIsRefusedBeforeTraining) {
+  ASSERT_EQ(castor(train_args("run", 3, {"--checkpoint-every", "1", "--keep", "10"})).exit_code, 0);
+  const auto resume = [&](const std::function<void(Checkpoint&)>& edit, const std::vector<std::string>& parts) {
+    fs::remove_all(path("copy"));
+    fs::copy(path("run"), path("copy"), fs::copy_options::recursive);
+    edit_state(path("copy"), edit);
+    expect_one_line_error(castor({"train", "--resume", "copy", "--steps", "6"}, /*seconds=*/30), parts);
+  };
+  resume([](Checkpoint& c) { c.state.erase("progress.step"); }, {"progress.step", "copy"});
+  resume([](Checkpoint& c) { c.state["rng.default"] = zeros({3}, DType::Int64); }, {"rng.default"});
+  resume([](Checkpoint& c) { c.state["progress.step"] = full({}, std::nan(""), DType::Float64); }, {"progress.step", "nan"});
+  resume([](Checkpoint& c) { c.state["progress.step"] = scalar_tensor(-4, DType::Int64); }, {"progress.step", "-4"});
+  resume([](Checkpoint& c) { c.state["progress.step"] = scalar_tensor(1, DType::Int64); }, {"position"});
+}
+
+TEST_F(RunDir, LoaderThreadOutOfMemoryIsOneLine) {
+  // Large enough for the data, too small for the loader thread's 98 MB batch.
+  test::CastorRun limited = in_dir;
+  limited.address_space_kib = 130000;
+  CastorProcess p = run_castor({"train", "--data", "synthetic", "--synthetic-size", "8000", "--batch-size", "8000",
+                                "--steps", "1", "--threads", "2", "--out", "run"},
+                               limited);
+  expect_one_line_error(p, {"out of memory"});
+}
+
+TEST_F(RunDir, FifosAreRefusedWithoutBlocking) {
+  ASSERT_EQ(::mkfifo(path("pipe").c_str(), 0644), 0);
+  expect_one_line_error(castor({"info", "pipe"}, 20), {"pipe", "not a regular file"});
+  expect_one_line_error(castor(train_args("run", 1, {"--init", "pipe"}), 20), {"--init", "pipe"});
+  fs::create_directories(path("fmnist"));
+  for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte"})
+    ASSERT_EQ(::mkfifo(path("fmnist/" + std::string(f)).c_str(), 0644), 0);
+  expect_one_line_error(castor({"train", "--data-dir", "fmnist", "--out", "run2"}, 20),
+                        {"train-images-idx3-ubyte", "not a regular file"});
+}
+
+TEST_F(RunDir, SecondRunOnTheSameOutIsRefusedAtOnce) {
+  CastorProcess first(train_args("run", 100000), in_dir);
+  wait_for_lines(path("run/metrics.jsonl"), 1);
+  CastorProcess second = castor(train_args("run", 5), 30);
+  expect_one_line_error(second, {"run is in use by pid " + std::to_string(first.pid())});
+  CastorProcess resumer = castor({"train", "--resume", "run"}, 30);
+  first.signal(SIGKILL);
+  first.wait();
+  EXPECT_EQ(resumer.exit_code, 1) << resumer.err;
+  EXPECT_NE(resumer.err.find("in use by pid"), std::string::npos) << resumer.err;
+}
+
+TEST_F(RunDir, NewRunIntoAnotherRunsOutRefusesUnlessOverwrite) {
+  ASSERT_EQ(castor(train_args("run", 4)).exit_code, 0);
+  const std::string metrics = text_of(path("run/metrics.jsonl"));
+  expect_one_line_error(castor(train_args("run", 2, {"--lr", "0.01"})), {"--resume run", "--overwrite"});
+  EXPECT_EQ(text_of(path("run/metrics.jsonl")), metrics);  // nothing touched
+  ASSERT_EQ(castor(train_args("run", 2, {"--lr", "0.01", "--overwrite"})).exit_code, 0);
+  // Only the new run's checkpoint is left, so eval reports the new model.
+  EXPECT_EQ(fs::path(*latest_checkpoint(path("run"))).filename(), "step-0000000002");
+  EXPECT_EQ(std::distance(fs::directory_iterator(path("run/checkpoints")), fs::directory_iterator{}), 1);
+  EXPECT_EQ(lines_of(path("run/metrics.jsonl")).size(), 3u);  // 2 steps + 1 epoch line
+}
+
+TEST_F(RunDir, ResumeOfACheckpointFolderContinuesItsRun) {
+  ASSERT_EQ(castor(train_args("run", 4, {"--checkpoint-every", "2"})).exit_code, 0);
+  CastorProcess p = castor({"train", "--resume", "run/checkpoints/step-0000000002", "--steps", "6"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_FALSE(fs::exists(path("run/checkpoints/step-0000000002/checkpoints")));
+  EXPECT_EQ(fs::path(*latest_checkpoint(path("run"))).filename(), "step-0000000006");
+  fs::create_directories(path("loose"));
+  fs::copy(path("run/checkpoints/step-0000000006"), path("loose/step-0000000006"), fs::copy_options::recursive);
+  expect_one_line_error(castor({"train", "--resume", "loose/step-0000000006"}), {"outside a run directory", "--init"});
+}
+
+TEST_F(RunDir, ResumingAFinishedRunChangesNothing) {
+  ASSERT_EQ(castor(train_args("run", 4)).exit_code, 0);
+  const std::string report = text_of(path("run/report.html")), metrics = text_of(path("run/metrics.jsonl"));
+  CastorProcess p = castor({"train", "--resume", "run"});
+  EXPECT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.err.find("already complete at step 4"), std::string::npos) << p.err;  // stdout: the JSON only
+  EXPECT_EQ(p.out.find("test_accuracy"), std::string::npos) << p.out;
+  EXPECT_EQ(text_of(path("run/report.html")), report);
+  EXPECT_EQ(text_of(path("run/metrics.jsonl")), metrics);
+}
+
+// The first signal finishes the step, checkpoints it and exits 128 + signal; resuming then ends bit-identical
+// to a run never interrupted. Runs one signal of the three per call.
+void interrupt_and_resume(RunDir* t, int sig, const std::string& name) {
+  const std::string run = name, full = name + "_full";
+  const std::vector<std::string> extra = {"--synthetic-size", "1024"};  // 64 batches per epoch: no epoch end
+  CastorProcess p(train_args(run, 60, extra), t->in_dir);
+  wait_for_lines(t->in_dir.dir + "/" + run + "/metrics.jsonl", 3);
+  p.signal(sig);
+  p.wait();
+  EXPECT_EQ(p.exit_code, 128 + sig) << p.err;
+  const size_t at = p.err.find("interrupted at step ");
+  ASSERT_NE(at, std::string::npos) << p.err;
+  const int64_t step = std::stoll(p.err.substr(at + 20));
+  EXPECT_NE(p.err.find("; continue with: castor train --resume " + run + "\n"), std::string::npos) << p.err;
+  auto latest = latest_checkpoint(t->in_dir.dir + "/" + run);
+  ASSERT_TRUE(latest.has_value());
+  EXPECT_EQ(fs::path(*latest).filename(), "step-" + std::string(10 - std::to_string(step).size(), '0') +
+                                              std::to_string(step));
+  ASSERT_LT(step, 60) << "finished before the signal came";
+  CastorProcess r = run_castor({"train", "--resume", run}, t->in_dir);  // its recorded settings alone
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(run_castor(train_args(full, 60, extra), t->in_dir).exit_code, 0);
+  expect_same_checkpoint(t->in_dir.dir + "/" + full, t->in_dir.dir + "/" + run);
+}
+
+TEST_F(RunDir, SigintCheckpointsAndResumesBitExact) { interrupt_and_resume(this, SIGINT, "int"); }
+TEST_F(RunDir, SigtermCheckpointsAndResumesBitExact) { interrupt_and_resume(this, SIGTERM, "term"); }
+TEST_F(RunDir, SighupCheckpointsAndResumesBitExact) { interrupt_and_resume(this, SIGHUP, "hup"); }
+
+TEST_F(RunDir, SecondSignalExitsAtOnce) {
+  CastorProcess p({"train", "--data", "synthetic", "--synthetic-size", "4096", "--batch-size", "1024", "--steps",
+                   "1000", "--log-every", "1", "--out", "run"},
+                  in_dir);
+  wait_for_lines(path("run/metrics.jsonl"), 1);
+  p.signal(SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  p.signal(SIGTERM);
+  p.wait();
+  // Two threads may take the two signals at once; whichever comes second ends the process, with its status.
+  EXPECT_TRUE(p.exit_code == 128 + SIGTERM || p.exit_code == 128 + SIGINT) << p.exit_code << " " << p.err;
+  EXPECT_EQ(p.err.find("interrupted at step"), std::string::npos) << p.err;
+}
+
+TEST_F(RunDir, FullDiskLosesWholeMetricsLinesAndReportsThem) {
+  test::CastorRun full_disk = in_dir;
+  full_disk.env = {"CASTOR_FAIL_WRITES=metrics.jsonl:3:2"};  // the 3rd and 4th metrics lines hit a full disk
+  CastorProcess p = run_castor(train_args("run", 6), full_disk);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.err.find("metrics.jsonl: a metrics line was lost at step 3"), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("metrics.jsonl: a metrics line was lost at step 4"), std::string::npos) << p.err;
+  const std::vector<std::string> lines = lines_of(path("run/metrics.jsonl"));
+  ASSERT_EQ(lines.size(), 5u);  // 6 step lines + 1 epoch line, 2 lost
+  for (const std::string& l : lines) EXPECT_NO_THROW(Json::parse(l)) << l;
+  EXPECT_EQ(Json::parse(lines[2]).at("step").as_int(), 5);
+  EXPECT_NE(p.out.find("\"lost_metric_lines\":2"), std::string::npos) << p.out;
+}
+
+TEST_F(RunDir, BadDataAndPathsAreFoundBeforeTheFirstStep) {
+  // Fashion-MNIST files with 16 training images and an empty test set.
+  fs::create_directories(path("fmnist"));
+  auto idx = [&](const std::string& name, uint32_t magic, std::vector<uint32_t> dims, size_t payload) {
+    std::vector<uint8_t> b;
+    for (uint32_t v : std::vector<uint32_t>{magic}) dims.insert(dims.begin(), v);
+    for (uint32_t v : dims)
+      for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(v >> s));
+    b.resize(b.size() + payload, 1);
+    test::write_bytes(path("fmnist/" + name), b);
+  };
+  idx("train-images-idx3-ubyte", 0x803, {16, 28, 28}, 16 * 784);
+  idx("train-labels-idx1-ubyte", 0x801, {16}, 16);
+  idx("t10k-images-idx3-ubyte", 0x803, {0, 28, 28}, 0);
+  idx("t10k-labels-idx1-ubyte", 0x801, {0}, 0);
+  expect_one_line_error(castor({"train", "--data-dir", "fmnist", "--batch-size", "4", "--out", "run"}),
+                        {"--data-dir fmnist", "test set is empty"});
+  EXPECT_FALSE(fs::exists(path("run/metrics.jsonl")));
+  // A `checkpoints` path that is a file.
+  fs::create_directories(path("run2"));
+  test::write_bytes(path("run2/checkpoints"), {1, 2, 3});
+  expect_one_line_error(castor(train_args("run2", 4)), {"run2/checkpoints", "not a writable directory"});
+  EXPECT_FALSE(fs::exists(path("run2/metrics.jsonl")));
+}
+
+TEST_F(RunDir, ResumeRefusesSettingsThatChangeTheComputation) {
+  ASSERT_EQ(castor(train_args("run", 3)).exit_code, 0);
+  expect_one_line_error(castor({"train", "--resume", "run", "--lr", "0.5", "--weight-decay", "0.1", "--data-dir",
+                                "elsewhere", "--augment", "standard", "--init", "w.safetensors", "--threads", "3",
+                                "--steps", "8"}),
+                        {"--lr 0.5 (recorded 0.001)", "--weight-decay", "--data-dir", "--augment", "--init",
+                         "--threads 3 (recorded 1)"});
+  // What does not change the computation may change; the rest comes from the recording.
+  CastorProcess p = castor({"train", "--resume", "run", "--steps", "5", "--log-every", "2", "--keep", "3",
+                            "--checkpoint-every", "1"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.out.find("\"steps\":5"), std::string::npos) << p.out;
+  EXPECT_NE(p.err.find("on synthetic"), std::string::npos) << p.err;
+}
+
+TEST_F(RunDir, ExtendingAScheduleSaysWhatHappensPastItsEnd) {
+  ASSERT_EQ(castor(train_args("cos", 4, {"--schedule", "cosine"})).exit_code, 0);
+  CastorProcess p = castor({"train", "--resume", "cos", "--steps", "6"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.err.find("the cosine schedule was set for 4 steps"), std::string::npos) << p.err;
+  ASSERT_EQ(castor(train_args("one", 4, {"--schedule", "onecycle"})).exit_code, 0);
+  expect_one_line_error(castor({"train", "--resume", "one", "--steps", "6"}), {"onecycle", "step 4"});
+}
+
+TEST_F(RunDir, DamagedCheckpointsAreDetectedAndResumeFallsBack) {
+  ASSERT_EQ(castor(train_args("full", 8)).exit_code, 0);
+  ASSERT_EQ(castor(train_args("run", 6, {"--checkpoint-every", "3"})).exit_code, 0);
+  const std::string newest = path("run/checkpoints/step-0000000006");
+  // A flipped bit: eval and info of that checkpoint refuse it, naming the file.
+  std::vector<uint8_t> bytes = read_file(newest + "/model.safetensors");
+  bytes[bytes.size() - 5] ^= 0x10;
+  test::write_bytes(newest + "/model.safetensors", bytes);
+  expect_one_line_error(castor({"eval", "--checkpoint", "run/checkpoints/step-0000000006"}),
+                        {"model.safetensors", "damaged"});
+  expect_one_line_error(castor({"info", "run/checkpoints/step-0000000006"}), {"model.safetensors", "damaged"});
+  // Truncated instead: resume falls back to step 3 with a warning, and ends as if nothing had happened.
+  bytes.resize(bytes.size() / 2);
+  test::write_bytes(newest + "/model.safetensors", bytes);
+  CastorProcess p = castor({"train", "--resume", "run", "--steps", "8"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.err.find("warning: "), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("step-0000000003"), std::string::npos) << p.err;
+  expect_same_checkpoint(path("full"), path("run"));
+}
+
+TEST_F(RunDir, StaleTempFoldersAreRemovedOnStart) {
+  ASSERT_EQ(castor(train_args("run", 2)).exit_code, 0);
+  fs::create_directories(path("run/checkpoints/step-0000000009.tmp4242"));
+  test::write_bytes(path("run/checkpoints/step-0000000009.tmp4242/model.safetensors"), {1, 2});
+  // Killed between its two renames: the step's only copy is the .old folder, which is put back.
+  fs::rename(path("run/checkpoints/step-0000000002"), path("run/checkpoints/step-0000000002.old4242"));
+  ASSERT_EQ(castor({"train", "--resume", "run", "--steps", "3"}).exit_code, 0);
+  EXPECT_FALSE(fs::exists(path("run/checkpoints/step-0000000009.tmp4242")));
+  EXPECT_FALSE(fs::exists(path("run/checkpoints/step-0000000002.old4242")));
+  EXPECT_TRUE(fs::exists(path("run/checkpoints/step-0000000003/COMMIT")));
+}
+
+TEST_F(RunDir, DivergenceStopsTheRunAndKeepsTheLastFiniteCheckpoint) {
+  CastorProcess p = castor({"train", "--data", "synthetic", "--synthetic-size", "192", "--batch-size", "16", "--amp",
+                            "O0", "--optimizer", "sgd", "--lr", "1e30", "--steps", "30", "--checkpoint-every", "1",
+                            "--keep", "1", "--out", "run"});
+  expect_one_line_error(p, {"diverged at step"});
+  auto latest = latest_checkpoint(path("run"));
+  ASSERT_TRUE(latest.has_value()) << "the first step's checkpoint is finite";
+  for (const auto& [k, t] : read_checkpoint(*latest).model)
+    if (is_floating(t.dtype())) {
+      EXPECT_TRUE(isfinite_all(t)) << k;
+    }
+  expect_one_line_error(castor({"train", "--lr", "inf"}), {"--lr", "finite"});
+  expect_one_line_error(castor({"train", "--weight-decay", "inf"}), {"--weight-decay", "finite"});
+}
+
+TEST_F(RunDir, InfoEscapesControlCharactersAndErrorsEscapePaths) {
+  save_safetensors(path("evil.safetensors"), {{"w", zeros({2})}}, {{"note", "\x1b[2J\x1b[31mred\x07"}});
+  CastorProcess p = castor({"info", "evil.safetensors"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(p.out.find('\x1b'), std::string::npos) << p.out;
+  EXPECT_NE(p.out.find("\\x1b[2J\\x1b[31mred\\x07"), std::string::npos) << p.out;
+  CastorProcess bad = castor({"info", "caf\xff.safetensors"});
+  expect_one_line_error(bad, {"caf\\xff.safetensors"});
+  EXPECT_EQ(bad.err.find('\xff'), std::string::npos);
+}
+
+// Kills a checkpointing run at random moments, resumes it each time, and compares the end with an uninterrupted
+// run byte for byte. CASTOR_SOAK_ROUNDS sets the number of kills (default 3 in CI).
+TEST_F(RunDir, SigkillSoakResumesByteIdentical) {
+  const char* env = std::getenv("CASTOR_SOAK_ROUNDS");
+  const int rounds = env ? std::atoi(env) : 3;
+  const std::vector<std::string> extra = {"--checkpoint-every", "1"};
+  ASSERT_EQ(castor(train_args("full", 36, extra)).exit_code, 0);
+  std::mt19937 rng(static_cast<unsigned>(::getpid()));
+  // Killed before its first checkpoint, the run starts over (its metrics lines make --overwrite necessary).
+  auto start_or_resume = [&] {
+    if (latest_checkpoint(path("run"))) return std::vector<std::string>{"train", "--resume", "run"};
+    std::vector<std::string> a = train_args("run", 36, extra);
+    a.push_back("--overwrite");
+    return a;
+  };
+  for (int r = 0; r < rounds; ++r) {
+    CastorProcess p(start_or_resume(), in_dir);
+    std::this_thread::sleep_for(std::chrono::milliseconds(150 + rng() % 400));
+    p.signal(SIGKILL);
+    p.wait();
+  }
+  CastorProcess last = castor(start_or_resume());
+  ASSERT_EQ(last.exit_code, 0) << last.err;
+  expect_same_checkpoint(path("full"), path("run"));
+}
+
+}  // namespace castor::train

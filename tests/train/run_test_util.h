@@ -1,0 +1,119 @@
+// Test helpers for whole runs: the real `castor` binary run in a directory (time limit, environment, memory
+// limit, signals), and bit-for-bit comparison of checkpoints.
+#pragma once
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "castor/checkpoint.h"
+#include "test_util.h"
+
+namespace castor::test {
+
+struct CastorRun {
+  std::string dir;                   // the working directory (relative paths in args resolve there)
+  std::vector<std::string> env;      // extra NAME=VALUE entries
+  long address_space_kib = 0;        // > 0: `ulimit -v` for the child
+};
+
+// A started `castor` process; its stdout and stderr go to files in the run's directory.
+class CastorProcess {
+ public:
+  CastorProcess(const std::vector<std::string>& args, const CastorRun& run) : dir_(run.dir) {
+    static int serial = 0;
+    const std::string tag = std::to_string(::getpid()) + "." + std::to_string(serial++);
+    out_path_ = dir_ + "/.stdout." + tag;
+    err_path_ = dir_ + "/.stderr." + tag;
+    std::vector<std::string> argv_s = {std::string(CASTOR_BINARY_DIR) + "/castor"};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      if (::chdir(dir_.c_str()) != 0) ::_exit(126);
+      const int out = ::open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int err = ::open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(out, STDOUT_FILENO);
+      ::dup2(err, STDERR_FILENO);
+      for (const std::string& e : run.env) ::putenv(const_cast<char*>(e.c_str()));
+      if (run.address_space_kib > 0) {
+        const rlimit lim{static_cast<rlim_t>(run.address_space_kib) * 1024, static_cast<rlim_t>(run.address_space_kib) * 1024};
+        ::setrlimit(RLIMIT_AS, &lim);
+      }
+      std::vector<char*> argv;
+      for (std::string& s : argv_s) argv.push_back(s.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+  }
+
+  pid_t pid() const { return pid_; }
+  void signal(int sig) const { ::kill(pid_, sig); }
+
+  // Waits up to `seconds`; a process still running then is killed and reported as timed out.
+  void wait(double seconds = 60) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    int status = 0;
+    while (::waitpid(pid_, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &status, 0);
+        timed_out = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    killed_by = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    out = slurp(out_path_);
+    err = slurp(err_path_);
+    std::remove(out_path_.c_str());
+    std::remove(err_path_.c_str());
+  }
+
+  int exit_code = -1, killed_by = 0;
+  bool timed_out = false;
+  std::string out, err;
+
+ private:
+  static std::string slurp(const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+  std::string dir_, out_path_, err_path_;
+  pid_t pid_ = -1;
+};
+
+// Runs `castor args...` to the end (at most `seconds`).
+inline CastorProcess run_castor(const std::vector<std::string>& args, const CastorRun& run, double seconds = 60) {
+  CastorProcess p(args, run);
+  p.wait(seconds);
+  return p;
+}
+
+// Every tensor of both checkpoints (or run directories: their newest), bit for bit, step counters and all.
+inline void expect_same_checkpoint(const std::string& a, const std::string& b) {
+  train::Checkpoint x = train::read_checkpoint(a), y = train::read_checkpoint(b);
+  for (auto [p, q] : {std::pair{&x.model, &y.model}, std::pair{&x.state, &y.state}}) {
+    ASSERT_EQ(p->size(), q->size());
+    for (const auto& [k, t] : *p) {
+      ASSERT_TRUE(q->count(k)) << k;
+      EXPECT_TRUE(bit_equal(t, q->at(k))) << k;
+    }
+  }
+}
+
+}  // namespace castor::test
