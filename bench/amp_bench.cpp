@@ -22,7 +22,7 @@
 #include "castor/functional.h"
 #include "castor/models.h"
 #include "castor/random.h"
-#include "core/dispatch.h"
+#include "runtime/dispatch.h"
 
 namespace {
 

@@ -35,7 +35,7 @@ class ExplainGuard {
   ExplainGuard(const ExplainGuard&) = delete;
   ExplainGuard& operator=(const ExplainGuard&) = delete;
 
-  // Records one op by name (CustomOp uses this).
+  // Records one op by name (its observer does, for built-in ops and CustomOp calls).
   void record(const std::string& op, CastPolicy policy, const std::vector<Tensor>& given,
               const std::vector<Tensor>& ran, const Tensor& out);
 

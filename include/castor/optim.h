@@ -16,16 +16,21 @@ namespace castor::optim {
 //  - `master` is the float32 master weight of a 16-bit parameter when master weights are on (Apex O2),
 //    undefined otherwise (a float32 parameter is updated in place; a 16-bit one without a master through a
 //    float32 temporary, then rounded back).
-//  - `grad32` is a float32 gradient staged for the next step (by GradScaler::unscale_, which sets
-//    grad_staged); when not staged, step() reads param.grad() and widens it. step() clears grad_staged.
+//  - a float32 gradient may be staged for the next step (Optimizer::stage_float32_grad: GradScaler::unscale_
+//    stages the unscaled gradients); when none is, step() reads param.grad() and widens it. A step clears it.
 //  - `state` holds the per-parameter state, all float32 like PyTorch's: "step" (0-dim), "exp_avg",
 //    "exp_avg_sq", "max_exp_avg_sq" (Adam), "momentum_buffer" (SGD with momentum).
 struct ParamSlot {
   Tensor param;
   Tensor master;
-  Tensor grad32;
-  bool grad_staged = false;
   std::map<std::string, Tensor> state;
+  // The float32 gradient staged for the next step, undefined when none is.
+  const Tensor& staged_grad() const { return staged_grad_; }
+
+ private:
+  friend class Optimizer;
+  Tensor staged_grad_;
+  Tensor grad_buffer_;  // float32, contiguous, kept between steps (Optimizer::float32_grad_buffer)
 };
 
 struct ParamGroup {
@@ -63,14 +68,24 @@ class Optimizer {
 
   // With a step interceptor installed, hands the step to it; otherwise apply_step().
   void step();
-  // Applies one update to every parameter that has a gradient (staged in grad32, or in .grad) and counts
+  // Applies one update to every parameter that has a gradient (staged, or in .grad) and counts
   // the step, bypassing any interceptor (GradScaler calls it once the gradients are unscaled and finite).
   void apply_step();
   // Not owned; nullptr removes it. An interceptor calls release_step_interceptor() when it goes away.
   void set_step_interceptor(StepInterceptor* interceptor) { interceptor_ = interceptor; }
   StepInterceptor* step_interceptor() const { return interceptor_; }
-  // Drops (set_to_none) or zeroes every .grad, and un-stages every grad32.
+  // Drops (set_to_none) or zeroes every .grad, and clears every staged gradient.
   void zero_grad(bool set_to_none = true);
+
+  // Staged float32 gradients: the next step uses the slot's staged gradient instead of widening .grad, then
+  // clears it. `grad32` is float32 with the parameter's shape (any strides).
+  void stage_float32_grad(size_t group, size_t index, Tensor grad32);
+  // A contiguous float32 tensor of the slot's shape to compute a staged gradient into, reused between steps and
+  // never sharing storage with .grad.
+  Tensor float32_grad_buffer(size_t group, size_t index);
+  // Every slot's staged gradient in group order (undefined where none), and clearing them all.
+  std::vector<Tensor> staged_grads() const;
+  void clear_staged_grads();
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }

@@ -7,7 +7,7 @@
 #include <unordered_set>
 
 #include "castor/autocast.h"
-#include "core/dispatch.h"
+#include "runtime/dispatch.h"
 
 namespace castor::amp {
 
@@ -30,6 +30,11 @@ struct ExplainGuard::Recorder : OpObserver {
   void on_op(const OpEvent& e) override {
     if (!e.backward && g_active == owner) owner->record(op_name(e.op), op_policy(e.op), *e.given, *e.inputs, *e.out);
     if (prev) prev->on_op(e);
+  }
+  void on_custom_op(const std::string& name, CastPolicy policy, const std::vector<Tensor>& given,
+                    const std::vector<Tensor>& ran, const Tensor& out) override {
+    if (g_active == owner) owner->record(name, policy, given, ran, out);
+    if (prev) prev->on_custom_op(name, policy, given, ran, out);
   }
 };
 

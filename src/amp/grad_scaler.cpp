@@ -5,7 +5,7 @@
 #include <cmath>
 #include "castor/log.h"
 
-#include "amp/unscale.h"
+#include "kernels/kernels.h"
 #include "castor/autograd.h"
 #include "castor/ops.h"
 
@@ -77,15 +77,9 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
       const Tensor grad = slot.param.grad();
       if (!grad.defined()) continue;
       st.any_grad = true;
-      if (in_place_ok(grad)) {
-        slot.grad32 = grad;
-      } else if (!slot.grad32.defined() || slot.grad32.shape() != grad.shape() ||
-                 slot.grad32.dtype() != DType::Float32 || !slot.grad32.is_contiguous() ||
-                 slot.grad32.impl()->storage == grad.impl()->storage) {
-        slot.grad32 = empty(grad.shape(), DType::Float32);
-      }
-      if (unscale_into(grad, slot.grad32, inv)) st.nonfinite.emplace_back(static_cast<int>(g), static_cast<int>(i));
-      slot.grad_staged = true;
+      const Tensor dst = in_place_ok(grad) ? grad : optimizer.float32_grad_buffer(g, i);
+      if (kernels::unscale(grad, dst, inv)) st.nonfinite.emplace_back(static_cast<int>(g), static_cast<int>(i));
+      optimizer.stage_float32_grad(g, i, dst);
     }
   }
   st.found_inf = decide_found_inf(!st.nonfinite.empty());
@@ -129,8 +123,7 @@ bool GradScaler::step(optim::Optimizer& optimizer, bool skip_with_others) {
     optimizer.apply_step();
     ++steps_taken_;
   }
-  for (auto& group : optimizer.param_groups())
-    for (auto& slot : group.slots) slot.grad_staged = false;
+  optimizer.clear_staged_grads();
   return !skip;
 }
 

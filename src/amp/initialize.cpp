@@ -378,17 +378,17 @@ std::unique_ptr<Amp> initialize(nn::Module& model, const std::vector<optim::Opti
 std::vector<Tensor> master_params(optim::Optimizer& optimizer) {
   if (optim::StepInterceptor* i = optimizer.step_interceptor()) i->prepare_gradients(optimizer);
   std::vector<Tensor> out;
-  for (auto& group : optimizer.param_groups())
-    for (auto& slot : group.slots) {
+  auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t i = 0; i < groups[g].slots.size(); ++i) {
+      optim::ParamSlot& slot = groups[g].slots[i];
       if (!slot.master.defined()) {
         out.push_back(slot.param);
         continue;
       }
-      if (!slot.grad_staged && slot.param.grad().defined()) {  // stage a float32 copy, so edits reach the step
-        slot.grad32 = slot.param.grad().detach().to(DType::Float32).contiguous();
-        slot.grad_staged = true;
-      }
-      slot.master.set_grad(slot.grad_staged ? slot.grad32 : Tensor());
+      if (!slot.staged_grad().defined() && slot.param.grad().defined())  // a float32 copy, so edits reach the step
+        optimizer.stage_float32_grad(g, i, slot.param.grad().detach().to(DType::Float32).contiguous());
+      slot.master.set_grad(slot.staged_grad());
       out.push_back(slot.master);
     }
   return out;

@@ -7,7 +7,7 @@
 #include "autograd/node.h"
 #include "castor/autograd.h"
 #include "castor/ops.h"
-#include "core/dispatch.h"
+#include "runtime/dispatch.h"
 
 namespace castor {
 

@@ -62,6 +62,16 @@ void scatter_add_dim(const Tensor& src, const Tensor& index, int64_t outer, int6
 // True if every element is finite.
 bool all_finite(const Tensor& src);
 
+// dst = src * inv_scale elementwise (the product in float32, or float64 for float64 tensors) in one pass that
+// also tests every src element; true if any was inf or NaN. dst has src's shape and is either src itself (in
+// place, any strides) or a contiguous float32 tensor (GradScaler's unscale).
+bool unscale(const Tensor& src, const Tensor& dst, float inv_scale);
+
+// Rounds n = dst.numel() contiguous float32 values into the contiguous 16-bit dst: to nearest even, or
+// stochastically (up with probability equal to the distance from the value below), the random bits drawn from
+// generators seeded per block from `key`, so the result does not depend on the thread count.
+void round_into_16bit(const float* src, const Tensor& dst, bool stochastic, uint64_t key);
+
 // Matrix products on tensors of one float dtype, any strides in the last two dims:
 // dst (B, M, N) = a (B, M, K) x b (B, K, N); dst contiguous. B dims are 1 for mm.
 void matmul(const Tensor& a, const Tensor& b, const Tensor& dst);

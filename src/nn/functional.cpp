@@ -8,7 +8,7 @@
 #include "castor/autograd.h"
 #include "castor/ops.h"
 #include "castor/random.h"
-#include "core/dispatch.h"
+#include "runtime/dispatch.h"
 #include "kernels/layers.h"
 
 namespace castor::F {

@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "castor/optim.h"
-#include "kernels/ref/loops.h"
+#include "core/parallel.h"
 #include "optim/rounded_mul.h"
 
 namespace castor::optim {
@@ -61,7 +61,7 @@ void Adam::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g
   float* exp_avg = state("exp_avg", w.shape());
   float* exp_avg_sq = state("exp_avg_sq", w.shape());
   float* max_exp_avg_sq = amsgrad ? state("max_exp_avg_sq", w.shape()) : nullptr;
-  kernels::parallel_blocks(w.numel(), [&](int64_t b, int64_t e) {
+  parallel_blocks(w.numel(), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const float gi = coupled ? std::fma(p[i], wd, grad[i]) : grad[i];
       const float wi = decoupled ? rounded_mul(p[i], decay_factor) : p[i];

@@ -1,79 +1,32 @@
 // The optimizer base: gradient staging, float32 master weights, rounding back into 16-bit parameters, state dicts.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <set>
 #include <sstream>
 
 #include "castor/autograd.h"
-#include "castor/convert.h"
 #include "castor/optim.h"
-#include "kernels/ref/loops.h"
+#include "kernels/kernels.h"
 
 namespace castor::optim {
 
-using kernels::kBlock;
-using kernels::parallel_blocks;
-
 namespace {
 
-// Stochastic rounding to bfloat16: add 16 uniform random bits below the 16 kept ones, then truncate.
-// inf and NaN round as usual; a finite value above the largest bfloat16 saturates instead of becoming inf.
-uint16_t stochastic_bf16(float x, uint32_t random16) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) >= 0x7f800000u) return float_to_bf16_bits(x);
-  const uint32_t r = (u + random16) >> 16;
-  if ((r & 0x7f80u) == 0x7f80u) return static_cast<uint16_t>((r & 0x8000u) | 0x7f7fu);
-  return static_cast<uint16_t>(r);
-}
-
-// Stochastic rounding to float16: scale |x| by its float16 ulp (exact, a power of two), keep the integer
-// part and add one with probability equal to the fraction. Values between 65504 and 2^16 saturate to
-// 65504; beyond, and for inf/NaN, the usual rounding applies (inf).
-uint16_t stochastic_f16(float x, uint32_t random24) {
-  const float a = std::fabs(x);
-  if (!(a < 65536.0f)) return float_to_half_bits(x);
-  uint32_t u;
-  std::memcpy(&u, &a, 4);
-  const int binade = std::max(static_cast<int>(u >> 23) - 127, -14);  // float16 subnormals share 2^-24
-  const uint32_t ulp_bits = static_cast<uint32_t>(binade - 10 + 127) << 23;
-  float ulp;
-  std::memcpy(&ulp, &ulp_bits, 4);
-  const float q = a / ulp;
-  float kept = std::floor(q);
-  if (static_cast<float>(random24) * 0x1.0p-24f < q - kept) kept += 1.0f;
-  return float_to_half_bits(std::copysign(std::min(kept * ulp, 65504.0f), x));
-}
-
-// Writes float32 `src` into the 16-bit parameter. Stochastic rounding draws one key from `gen` per call and
-// seeds a generator per block from it, so the result does not depend on the thread count.
+// Writes float32 `src` into the 16-bit parameter. Stochastic rounding draws one key from `gen` per call; the
+// kernel seeds a generator per block from it, so the result does not depend on the thread count.
 void write_back(const float* src, const Tensor& param, Rounding rounding, Generator& gen) {
-  const DType d = param.dtype();
-  uint16_t* dst = static_cast<uint16_t*>(param.data_ptr());
-  if (rounding == Rounding::Nearest) {
-    parallel_blocks(param.numel(), [&](int64_t b, int64_t e) { convert(src + b, DType::Float32, dst + b, d, e - b); });
-  } else {
-    const uint64_t key = gen.next_u64();
-    parallel_blocks(param.numel(), [&](int64_t b, int64_t e) {
-      Generator bits(key + static_cast<uint64_t>(b / kBlock));
-      if (d == DType::BFloat16)
-        for (int64_t i = b; i < e; ++i) dst[i] = stochastic_bf16(src[i], static_cast<uint32_t>(bits.next_u64() >> 48));
-      else
-        for (int64_t i = b; i < e; ++i) dst[i] = stochastic_f16(src[i], static_cast<uint32_t>(bits.next_u64() >> 40));
-    });
-  }
+  const bool stochastic = rounding == Rounding::Stochastic;
+  kernels::round_into_16bit(src, param, stochastic, stochastic ? gen.next_u64() : 0);
   param.bump_version();
 }
 
-// The float32 gradient of a slot: the staged grad32, or param.grad() widened; undefined when there is none.
+// The float32 gradient of a slot: the staged one, or param.grad() widened; undefined when there is none.
 Tensor float32_grad(const ParamSlot& slot) {
-  CASTOR_CHECK(!slot.grad_staged || slot.grad32.defined(), "optimizer step: grad_staged is set but grad32 is undefined for ",
-               slot.param.describe());
-  Tensor g = slot.grad_staged ? slot.grad32 : slot.param.grad();
+  const bool staged = slot.staged_grad().defined();
+  Tensor g = staged ? slot.staged_grad() : slot.param.grad();
   if (!g.defined()) return g;
-  CASTOR_CHECK(g.shape() == slot.param.shape(), "optimizer step: ", slot.grad_staged ? "staged grad32 " : "gradient ",
+  CASTOR_CHECK(g.shape() == slot.param.shape(), "optimizer step: ", staged ? "staged gradient " : "gradient ",
                g.describe(), " does not match parameter ", slot.param.describe());
   return g.detach().to(DType::Float32).contiguous();
 }
@@ -142,7 +95,7 @@ std::vector<Tensor> step_grads(const std::vector<Tensor>& params) {
   for (const Tensor& p : params) {
     auto it = owner.find(p.impl());
     const ParamSlot* slot = it == owner.end() ? nullptr : it->second.second;
-    grads.push_back(slot && slot->grad_staged ? slot->grad32 : slot ? slot->param.grad() : p.grad());
+    grads.push_back(slot && slot->staged_grad().defined() ? slot->staged_grad() : slot ? slot->param.grad() : p.grad());
   }
   return grads;
 }
@@ -207,16 +160,16 @@ void Optimizer::apply_step() {
         write_back(w.data<float>(), slot.param, rounding_, rounding_gen_);
       else
         slot.param.bump_version();
-      slot.grad_staged = false;
+      slot.staged_grad_ = Tensor();
     }
   }
   ++step_count_;
 }
 
 void Optimizer::zero_grad(bool set_to_none) {
+  clear_staged_grads();
   for (ParamGroup& group : groups_)
     for (ParamSlot& slot : group.slots) {
-      slot.grad_staged = false;
       Tensor g = slot.param.grad();
       if (!g.defined()) continue;
       if (set_to_none)
@@ -224,6 +177,36 @@ void Optimizer::zero_grad(bool set_to_none) {
       else
         g.detach().zero_();
     }
+}
+
+void Optimizer::stage_float32_grad(size_t group, size_t index, Tensor grad32) {
+  CASTOR_CHECK(group < groups_.size() && index < groups_[group].slots.size(), "stage_float32_grad: no parameter ",
+               index, " in group ", group);
+  ParamSlot& slot = groups_[group].slots[index];
+  CASTOR_CHECK(grad32.dtype() == DType::Float32 && grad32.shape() == slot.param.shape(), "stage_float32_grad: ",
+               grad32.describe(), " is not a float32 gradient for parameter ", slot.param.describe());
+  slot.staged_grad_ = std::move(grad32);
+}
+
+Tensor Optimizer::float32_grad_buffer(size_t group, size_t index) {
+  CASTOR_CHECK(group < groups_.size() && index < groups_[group].slots.size(), "float32_grad_buffer: no parameter ",
+               index, " in group ", group);
+  ParamSlot& slot = groups_[group].slots[index];
+  if (!slot.grad_buffer_.defined() || slot.grad_buffer_.shape() != slot.param.shape())
+    slot.grad_buffer_ = empty(slot.param.shape(), DType::Float32);
+  return slot.grad_buffer_;
+}
+
+std::vector<Tensor> Optimizer::staged_grads() const {
+  std::vector<Tensor> out;
+  for (const ParamGroup& group : groups_)
+    for (const ParamSlot& slot : group.slots) out.push_back(slot.staged_grad_);
+  return out;
+}
+
+void Optimizer::clear_staged_grads() {
+  for (ParamGroup& group : groups_)
+    for (ParamSlot& slot : group.slots) slot.staged_grad_ = Tensor();
 }
 
 StateDict Optimizer::state_dict() const {

@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "castor/optim.h"
-#include "kernels/ref/loops.h"
+#include "core/parallel.h"
 
 namespace castor::optim {
 
@@ -27,7 +27,7 @@ void SGD::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g)
   const bool decay = group.weight_decay != 0;
   const float wd = static_cast<float>(group.weight_decay), neg_lr = static_cast<float>(-group.lr);
   if (options_.momentum == 0) {
-    kernels::parallel_blocks(w.numel(), [&](int64_t b, int64_t e) {
+    parallel_blocks(w.numel(), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         const float d = decay ? std::fma(p[i], wd, grad[i]) : grad[i];
         p[i] = std::fma(d, neg_lr, p[i]);
@@ -41,7 +41,7 @@ void SGD::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g)
   float* buf = it->second.data<float>();
   const float momentum = static_cast<float>(options_.momentum), keep = static_cast<float>(1.0 - options_.dampening);
   const bool nesterov = options_.nesterov;
-  kernels::parallel_blocks(w.numel(), [&](int64_t b, int64_t e) {
+  parallel_blocks(w.numel(), [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       const float d = decay ? std::fma(p[i], wd, grad[i]) : grad[i];
       const float m = first ? d : std::fma(d, keep, buf[i] * momentum);

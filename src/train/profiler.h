@@ -4,7 +4,7 @@
 #include <string>
 #include <tuple>
 
-#include "core/dispatch.h"
+#include "runtime/dispatch.h"
 
 namespace castor::train {
 

@@ -13,7 +13,7 @@
 #include "castor/functional.h"
 #include "castor/ops.h"
 #include "castor/random.h"
-#include "core/dispatch.h"
+#include "runtime/dispatch.h"
 #include "test_util.h"
 
 namespace castor {

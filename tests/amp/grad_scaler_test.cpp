@@ -283,9 +283,10 @@ TEST(GradScaler, SixteenBitGradientsAreUnscaledIntoFloat32MasterGradients) {
   scaler.scale(sum(w.float_() * x)).backward();
   scaler.unscale_(opt);
   const optim::ParamSlot& slot = opt.param_groups()[0].slots[0];
-  EXPECT_TRUE(slot.grad_staged);
-  EXPECT_EQ(slot.grad32.dtype(), DType::Float32);
-  EXPECT_TRUE(test::close(slot.grad32, full({4}, 1e-8), 1e-3, 0));
+  ASSERT_TRUE(slot.staged_grad().defined());
+  EXPECT_EQ(slot.staged_grad().dtype(), DType::Float32);
+  EXPECT_TRUE(test::close(slot.staged_grad(), full({4}, 1e-8), 1e-3, 0));
+  EXPECT_TRUE(opt.staged_grads()[0].is_same(slot.staged_grad()));
   EXPECT_TRUE(scaler.step(opt));
   EXPECT_TRUE(test::close(slot.master, full({4}, 1.0 - 1e-5), 0, 1e-7));  // the float32 master moved ...
   EXPECT_TRUE(test::bit_equal(w, full({4}, 1.0, DType::Float16)));       // ... by less than float16 resolves

@@ -317,28 +317,6 @@ TEST(Optim, StochasticRoundingEdges) {
   }
 }
 
-TEST(Optim, StagedGrad32IsUsedAndCleared) {
-  Tensor w = tensor({1.0, 2.0}, DType::BFloat16).requires_grad_();
-  SGDOptions opts;
-  opts.lr = 0.5;
-  SGD opt({w}, opts);
-  ParamSlot& slot = opt.param_groups()[0].slots[0];
-  w.set_grad(tensor({100.0, 100.0}, DType::BFloat16));  // ignored while a float32 gradient is staged
-  slot.grad32 = tensor({0.25, -1.0});
-  slot.grad_staged = true;
-  opt.step();
-  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{0.875f, 2.5f}));
-  EXPECT_FALSE(slot.grad_staged);
-  EXPECT_EQ(opt.step_count(), 1);
-  opt.zero_grad(/*set_to_none=*/false);
-  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{0.0f, 0.0f}));
-  opt.zero_grad();
-  EXPECT_FALSE(w.grad().defined());
-  opt.step();  // no gradient: nothing changes, the call still counts
-  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{0.875f, 2.5f}));
-  EXPECT_EQ(opt.step_count(), 2);
-}
-
 // Expects `f` to throw castor::Error whose message contains `needle`.
 template <class F>
 void expect_error_naming(F f, const std::string& needle) {
@@ -348,6 +326,30 @@ void expect_error_naming(F f, const std::string& needle) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
+}
+
+TEST(Optim, StagedFloat32GradIsUsedAndCleared) {
+  Tensor w = tensor({1.0, 2.0}, DType::BFloat16).requires_grad_();
+  SGDOptions opts;
+  opts.lr = 0.5;
+  SGD opt({w}, opts);
+  const ParamSlot& slot = opt.param_groups()[0].slots[0];
+  w.set_grad(tensor({100.0, 100.0}, DType::BFloat16));  // ignored while a float32 gradient is staged
+  opt.stage_float32_grad(0, 0, tensor({0.25, -1.0}));
+  expect_error_naming([&] { opt.stage_float32_grad(0, 0, tensor({0.25, -1.0}, DType::BFloat16)); },
+                      "not a float32 gradient");
+  expect_error_naming([&] { opt.stage_float32_grad(0, 1, tensor({0.25, -1.0})); }, "no parameter 1 in group 0");
+  opt.step();
+  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{0.875f, 2.5f}));
+  EXPECT_FALSE(slot.staged_grad().defined());
+  EXPECT_EQ(opt.step_count(), 1);
+  opt.zero_grad(/*set_to_none=*/false);
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{0.0f, 0.0f}));
+  opt.zero_grad();
+  EXPECT_FALSE(w.grad().defined());
+  opt.step();  // no gradient: nothing changes, the call still counts
+  EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{0.875f, 2.5f}));
+  EXPECT_EQ(opt.step_count(), 2);
 }
 
 TEST(Optim, OptionsAreValidated) {

@@ -8,7 +8,7 @@
 
 #include "autograd/node.h"
 #include "castor/autograd.h"
-#include "core/dispatch.h"
+#include "runtime/dispatch.h"
 #include "kernels/kernels.h"
 
 namespace castor {

@@ -8,7 +8,7 @@
 #include <unordered_map>
 
 #include "castor/autograd.h"
-#include "castor/explain.h"
+#include "runtime/dispatch.h"
 
 namespace castor::amp {
 
@@ -154,7 +154,7 @@ Tensor CustomOp::operator()(const std::vector<Tensor>& inputs,
     AutocastGuard off(g_state.dtype, /*enabled=*/false);
     out = fn(cast);
   }
-  if (ExplainGuard* e = ExplainGuard::active()) e->record(entry_->name, entry_->policy, inputs, cast, out);
+  if (OpObserver* o = op_observer()) o->on_custom_op(entry_->name, entry_->policy, inputs, cast, out);
   return out;
 }
 

@@ -1,5 +1,5 @@
 // OpScope: autocast on entry, observers on exit.
-#include "core/dispatch.h"
+#include "runtime/dispatch.h"
 
 #include "castor/autocast.h"
 

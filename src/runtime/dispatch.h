@@ -1,6 +1,7 @@
 // The one seam every public op passes through: autocast rewrites its inputs, observers (explain, profiler) see it.
 #pragma once
 #include <chrono>
+#include <string>
 #include <vector>
 
 #include "castor/op_kind.h"
@@ -38,6 +39,9 @@ class OpObserver {
  public:
   virtual ~OpObserver() = default;
   virtual void on_op(const OpEvent& e) = 0;
+  // A user-registered op (amp::CustomOp) by name: its inputs as given and as autocast cast them, and its output.
+  virtual void on_custom_op(const std::string& name, CastPolicy policy, const std::vector<Tensor>& given,
+                            const std::vector<Tensor>& ran, const Tensor& out) {}
 };
 OpObserver* op_observer();
 void set_op_observer(OpObserver* o);
