@@ -69,7 +69,7 @@ castor_layer(kernels DIRS kernels USES core)
 castor_layer(runtime DIRS runtime autograd HEADERS ops autocast autograd USES core kernels)
 castor_layer(nn DIRS nn HEADERS functional nn models USES core kernels runtime)
 castor_layer(optim DIRS optim HEADERS optim lr_scheduler USES core kernels runtime)
-castor_layer(amp DIRS amp HEADERS grad_scaler amp explain USES core kernels runtime nn optim)
+castor_layer(amp DIRS amp HEADERS grad_scaler amp explain opt_level USES core kernels runtime nn optim)
 castor_layer(io DIRS io HEADERS json fs safetensors serialize USES core)
 castor_layer(data DIRS data HEADERS data datasets USES core io)
 castor_layer(train DIRS train HEADERS checkpoint train_config trainer report castor

@@ -9,13 +9,10 @@
 #include "castor/autocast.h"
 #include "castor/grad_scaler.h"
 #include "castor/nn.h"
+#include "castor/opt_level.h"
 #include "castor/optim.h"
 
 namespace castor::amp {
-
-enum class OptLevel { O0, O1, O2, O3 };
-OptLevel parse_opt_level(const std::string& s);  // "O0".."O3"; raises naming the text otherwise
-const char* opt_level_name(OptLevel level);
 
 // What an opt level does; each field can be overridden.
 struct Properties {

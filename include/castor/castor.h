@@ -20,6 +20,7 @@
 #include "castor/autocast.h"
 #include "castor/autograd.h"
 #include "castor/explain.h"
+#include "castor/opt_level.h"
 #include "castor/grad_scaler.h"
 #include "castor/op_kind.h"
 

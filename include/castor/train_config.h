@@ -7,29 +7,42 @@
 
 #include "castor/dtype.h"
 #include "castor/json.h"
+#include "castor/opt_level.h"
 
 namespace castor::train {
 
+// The choices of the enumerated flags; name() gives each one's spelling on the command line and in config.json.
+enum class Dataset { FashionMnist, Cifar10, Synthetic };
+enum class ModelKind { SimpleCnn, ResNet18, ResNet9 };
+enum class OptimizerKind { Sgd, Adam, AdamW };
+enum class Schedule { None, Step, Cosine, OneCycle };
+enum class Augment { None, Standard };
+const char* name(Dataset v);
+const char* name(ModelKind v);
+const char* name(OptimizerKind v);
+const char* name(Schedule v);
+const char* name(Augment v);
+
 struct TrainConfig {
-  std::string data = "fashion-mnist";  // fashion-mnist | cifar10 | synthetic
+  Dataset data = Dataset::FashionMnist;
   std::string data_dir;                // default: the dataset's Debian location
-  std::string model = "simplecnn";     // simplecnn | resnet18 | resnet9
-  std::string amp = "O1";              // O0 | O1 | O2 | O3
+  ModelKind model = ModelKind::SimpleCnn;
+  amp::OptLevel amp = amp::OptLevel::O1;
   DType dtype = DType::BFloat16;       // the 16-bit type of O1-O3
   bool stochastic_rounding = false;    // O3: round optimizer updates stochastically
   std::optional<double> loss_scale;    // a static loss scale; nullopt: the level's default (dynamic at O1/O2)
-  std::string optimizer = "adam";      // sgd | adam | adamw
+  OptimizerKind optimizer = OptimizerKind::Adam;
   double lr = 1e-3;
   double momentum = 0.9;
   double weight_decay = 0.0;
-  std::string schedule = "none";       // none | step | cosine | onecycle
+  Schedule schedule = Schedule::None;
   double clip_grad_norm = 0.0;         // > 0: clip the unscaled gradients to this total 2-norm
   int64_t grad_accum = 1;              // micro-batches per optimizer step
   double label_smoothing = 0.0;
   int64_t batch_size = 64;             // images per micro-batch
   int64_t epochs = 1;
   int64_t steps = 0;                   // > 0: stop after this many optimizer steps (overrides epochs)
-  std::string augment = "none";        // none | standard
+  Augment augment = Augment::None;     // standard: random crop (pad 4) and horizontal flip
   uint64_t seed = 0;
   int threads = 0;                     // 0: all cores
   bool deterministic = false;
@@ -64,7 +77,8 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
 // `castor eval`: a castor checkpoint, or weights without castor metadata given model and data.
 struct EvalConfig {
   std::string path;        // run directory, checkpoint directory or safetensors file
-  std::string model, data;  // for files without castor metadata (e.g. written by PyTorch)
+  std::optional<ModelKind> model;  // for files without castor metadata (e.g. written by PyTorch)
+  std::optional<Dataset> data;
   std::string data_dir;
   int64_t batch_size = 256;
 };

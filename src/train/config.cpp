@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
+#include <type_traits>
 
 #include "castor/check.h"
 #include "castor/train_config.h"
@@ -68,6 +70,49 @@ CLI::Validator one_of(std::vector<std::string> choices) {
       list);
 }
 
+// One table per enumerated flag: its values' spellings (the flag's choices, its help, config.json and name()).
+template <class E>
+struct Spelling {
+  E value;
+  const char* name;
+};
+constexpr Spelling<Dataset> kDatasets[] = {
+    {Dataset::FashionMnist, "fashion-mnist"}, {Dataset::Cifar10, "cifar10"}, {Dataset::Synthetic, "synthetic"}};
+constexpr Spelling<ModelKind> kModels[] = {
+    {ModelKind::SimpleCnn, "simplecnn"}, {ModelKind::ResNet18, "resnet18"}, {ModelKind::ResNet9, "resnet9"}};
+const Spelling<amp::OptLevel> kOptLevels[] = {{amp::OptLevel::O0, amp::opt_level_name(amp::OptLevel::O0)},
+                                              {amp::OptLevel::O1, amp::opt_level_name(amp::OptLevel::O1)},
+                                              {amp::OptLevel::O2, amp::opt_level_name(amp::OptLevel::O2)},
+                                              {amp::OptLevel::O3, amp::opt_level_name(amp::OptLevel::O3)}};
+constexpr Spelling<OptimizerKind> kOptimizers[] = {
+    {OptimizerKind::Sgd, "sgd"}, {OptimizerKind::Adam, "adam"}, {OptimizerKind::AdamW, "adamw"}};
+constexpr Spelling<Schedule> kSchedules[] = {{Schedule::None, "none"}, {Schedule::Step, "step"},
+                                             {Schedule::Cosine, "cosine"}, {Schedule::OneCycle, "onecycle"}};
+constexpr Spelling<Augment> kAugments[] = {{Augment::None, "none"}, {Augment::Standard, "standard"}};
+
+template <class E, size_t N>
+const char* spelling(const Spelling<E> (&table)[N], E v) {
+  for (const Spelling<E>& s : table)
+    if (s.value == v) return s.name;
+  CASTOR_ASSERT(false, "an enum value without a spelling: ", static_cast<int>(v));
+}
+
+// An option whose text must be one of the table's spellings and sets `target` (E, or std::optional<E> where
+// absent means not given) to its value.
+template <class E, size_t N, class Target>
+CLI::Option* add_choice(CLI::App& app, const std::string& flag, Target& target, const Spelling<E> (&table)[N],
+                        const std::string& help) {
+  std::vector<std::string> names;
+  for (const Spelling<E>& s : table) names.push_back(s.name);
+  auto set = [&target, &table](const std::string& text) {
+    for (const Spelling<E>& s : table)
+      if (text == s.name) target = s.value;
+  };
+  CLI::Option* o = app.add_option_function<std::string>(flag, set, help)->check(one_of(names));
+  if constexpr (std::is_same_v<Target, E>) o->default_str(spelling(table, target));
+  return o;
+}
+
 // CLI11's parse errors, in the one-line form the rest of Castor uses: "--flag: problem".
 [[noreturn]] void rethrow(const CLI::ParseError& e, const std::string& command) {
   std::string msg = e.what();
@@ -106,14 +151,13 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   app.set_config("--config", "", "read flags from a TOML or INI file whose keys are the flag names");
   app.allow_config_extras(CLI::config_extras_mode::error);
 
-  app.add_option("--data", c.data, "dataset")->check(one_of({"fashion-mnist", "cifar10", "synthetic"}));
+  add_choice(app, "--data", c.data, kDatasets, "dataset");
   app.add_option("--data-dir", c.data_dir,
                  "dataset directory (default /usr/share/datasets/fashion-mnist or ./cifar-10-batches-bin)");
-  app.add_option("--model", c.model, "model")->check(one_of({"simplecnn", "resnet18", "resnet9"}));
-  auto* amp = app.add_option("--amp", c.amp,
-                             "opt level: O0 float32, O1 autocast + dynamic loss scaling, O2 16-bit model with "
-                             "float32 master weights (BatchNorm float32), O3 pure 16-bit")
-                  ->check(one_of({"O0", "O1", "O2", "O3"}));
+  add_choice(app, "--model", c.model, kModels, "model");
+  auto* amp = add_choice(app, "--amp", c.amp, kOptLevels,
+                         "opt level: O0 float32, O1 autocast + dynamic loss scaling, O2 16-bit model with "
+                         "float32 master weights (BatchNorm float32), O3 pure 16-bit");
   raw.dtype = "bf16";
   auto* dtype = app.add_option("--dtype", raw.dtype, "the 16-bit type of O1-O3")
                     ->check(one_of({"bf16", "fp16", "bfloat16", "float16"}));
@@ -127,12 +171,11 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
                "O3 only: round optimizer updates stochastically (pure-bf16 training)");
   app.add_option("--loss-scale", raw.loss_scale, "dynamic, or a static loss scale (a positive number)")
       ->check(one_of({"dynamic"}) | kPositive);
-  app.add_option("--optimizer", c.optimizer, "optimizer")->check(one_of({"sgd", "adam", "adamw"}));
+  add_choice(app, "--optimizer", c.optimizer, kOptimizers, "optimizer");
   app.add_option("--lr", c.lr, "learning rate")->check(kPositive);
   app.add_option("--momentum", c.momentum, "SGD momentum")->check(kUnit);
   app.add_option("--weight-decay", c.weight_decay, "weight decay")->check(kNonNegative);
-  app.add_option("--schedule", c.schedule, "learning-rate schedule")
-      ->check(one_of({"none", "step", "cosine", "onecycle"}));
+  add_choice(app, "--schedule", c.schedule, kSchedules, "learning-rate schedule");
   app.add_option("--clip-grad-norm", c.clip_grad_norm, "clip the unscaled gradients to this total 2-norm (0: off)")
       ->check(kNonNegative);
   app.add_option("--grad-accum", c.grad_accum, "micro-batches whose gradients are summed per optimizer step")
@@ -142,8 +185,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   app.add_option("--epochs", c.epochs, "epochs")->check(integer_in(1));
   app.add_option("--steps", c.steps, "stop after this many optimizer steps (0: run the epochs)")
       ->check(integer_in(0));
-  app.add_option("--augment", c.augment, "random crop (pad 4) and horizontal flip")
-      ->check(one_of({"none", "standard"}));
+  add_choice(app, "--augment", c.augment, kAugments, "random crop (pad 4) and horizontal flip");
   app.add_option("--seed", c.seed, "seed of the weights, the data order and augmentation")
       ->check(integer_in(0));
   app.add_option("--threads", c.threads, "threads (0: all cores)")->check(integer_in(0));
@@ -179,7 +221,9 @@ std::unique_ptr<CLI::App> train_app(TrainConfig& c, RawTrainFlags& raw) {
 }
 
 struct EvalFlags {
-  std::string checkpoint, file, model, data, data_dir;
+  std::string checkpoint, file, data_dir;
+  std::optional<ModelKind> model;
+  std::optional<Dataset> data;
   int64_t batch_size = 256;
 };
 
@@ -192,16 +236,20 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
   app.get_formatter()->column_width(34);
   app.add_option("--checkpoint", f.checkpoint, "a run directory, checkpoint directory or model.safetensors");
   app.add_option("file", f.file, "the same as --checkpoint (e.g. weights.safetensors from PyTorch)");
-  app.add_option("--model", f.model, "the model of weights without castor metadata")
-      ->check(one_of({"simplecnn", "resnet18", "resnet9"}));
-  app.add_option("--data", f.data, "the dataset of weights without castor metadata")
-      ->check(one_of({"fashion-mnist", "cifar10", "synthetic"}));
+  add_choice(app, "--model", f.model, kModels, "the model of weights without castor metadata");
+  add_choice(app, "--data", f.data, kDatasets, "the dataset of weights without castor metadata");
   app.add_option("--data-dir", f.data_dir, "dataset directory (default: the one the run used)");
   app.add_option("--batch-size", f.batch_size, "images per batch")->check(integer_in(1));
   return owner;
 }
 
 }  // namespace
+
+const char* name(Dataset v) { return spelling(kDatasets, v); }
+const char* name(ModelKind v) { return spelling(kModels, v); }
+const char* name(OptimizerKind v) { return spelling(kOptimizers, v); }
+const char* name(Schedule v) { return spelling(kSchedules, v); }
+const char* name(Augment v) { return spelling(kAugments, v); }
 
 TrainConfig parse_train_flags(const std::vector<std::string>& args) {
   TrainConfig c;
@@ -219,12 +267,14 @@ TrainConfig parse_train_flags(const std::vector<std::string>& args) {
   }
   c.dtype = parse_16bit(raw.dtype);
   if (!raw.precision.empty()) {
-    c.amp = raw.precision == "32" ? "O0" : raw.precision.ends_with("-mixed") ? "O1" : "O3";
+    c.amp = raw.precision == "32"                ? amp::OptLevel::O0
+            : raw.precision.ends_with("-mixed") ? amp::OptLevel::O1
+                                                : amp::OptLevel::O3;
     c.dtype = raw.precision.starts_with("bf16") ? DType::BFloat16 : DType::Float16;
   }
   if (raw.loss_scale != "dynamic") c.loss_scale = std::stod(raw.loss_scale);
-  CASTOR_CHECK(!c.stochastic_rounding || c.amp == "O3", "--stochastic-rounding: needs --amp O3 (pure 16-bit)");
-  CASTOR_CHECK(!c.loss_scale || c.amp != "O0", "--loss-scale: O0 trains in float32 without loss scaling");
+  CASTOR_CHECK(!c.stochastic_rounding || c.amp == amp::OptLevel::O3, "--stochastic-rounding: needs --amp O3 (pure 16-bit)");
+  CASTOR_CHECK(!c.loss_scale || c.amp != amp::OptLevel::O0, "--loss-scale: O0 trains in float32 without loss scaling");
   return c;
 }
 
@@ -279,17 +329,17 @@ std::string info_help() {
 
 Json settings_json(const TrainConfig& c) {
   Json::Object o;
-  o["data"] = c.data;
+  o["data"] = name(c.data);
   o["data_dir"] = c.data_dir;
-  o["model"] = c.model;
-  o["amp"] = c.amp;
+  o["model"] = name(c.model);
+  o["amp"] = amp::opt_level_name(c.amp);
   o["dtype"] = dtype_name(c.dtype);
   o["stochastic_rounding"] = c.stochastic_rounding;
-  o["optimizer"] = c.optimizer;
+  o["optimizer"] = name(c.optimizer);
   o["lr"] = c.lr;
   o["momentum"] = c.momentum;
   o["weight_decay"] = c.weight_decay;
-  o["schedule"] = c.schedule;
+  o["schedule"] = name(c.schedule);
   o["loss_scale"] = c.loss_scale ? Json(*c.loss_scale) : Json("dynamic");
   o["clip_grad_norm"] = c.clip_grad_norm;
   o["grad_accum"] = c.grad_accum;
@@ -297,7 +347,7 @@ Json settings_json(const TrainConfig& c) {
   o["batch_size"] = c.batch_size;
   o["epochs"] = c.epochs;
   o["steps"] = c.steps;
-  o["augment"] = c.augment;
+  o["augment"] = name(c.augment);
   o["seed"] = c.seed;
   o["threads"] = c.threads;
   o["deterministic"] = c.deterministic;

@@ -49,16 +49,16 @@ struct Datasets {
 // The dataset directory: --data-dir, or the dataset's default location.
 std::string data_dir(const TrainConfig& c) {
   if (!c.data_dir.empty()) return c.data_dir;
-  return c.data == "cifar10" ? "cifar-10-batches-bin" : "/usr/share/datasets/fashion-mnist";
+  return c.data == Dataset::Cifar10 ? "cifar-10-batches-bin" : "/usr/share/datasets/fashion-mnist";
 }
 
 Datasets load_data(const TrainConfig& c) {
   Datasets d;
   const std::string dir = data_dir(c);
-  if (c.data == "fashion-mnist") {
+  if (c.data == Dataset::FashionMnist) {
     d.train = load_fashion_mnist(dir, /*train=*/true);
     d.test = load_fashion_mnist(dir, /*train=*/false);
-  } else if (c.data == "cifar10") {
+  } else if (c.data == Dataset::Cifar10) {
     d.train = load_cifar10(dir, /*train=*/true);
     d.test = load_cifar10(dir, /*train=*/false);
   } else {
@@ -73,7 +73,7 @@ Datasets load_data(const TrainConfig& c) {
     d.test.images.assign(all.images.begin() + c.synthetic_size * sz, all.images.end());
     d.test.labels.assign(all.labels.begin() + c.synthetic_size, all.labels.end());
   }
-  const std::string source = c.data == "synthetic" ? std::string("--synthetic-size") : "--data-dir " + dir;
+  const std::string source = c.data == Dataset::Synthetic ? std::string("--synthetic-size") : "--data-dir " + dir;
   CASTOR_CHECK(d.train.n > 0, source, ": the training set is empty");
   CASTOR_CHECK(d.test.n > 0, source, ": the test set is empty");
   d.norm = data::compute_normalization(d.train);
@@ -106,7 +106,7 @@ struct Run {
 Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps) {
   Run r;
   manual_seed(c.seed);
-  r.model = models::make_model(c.model, d.train.channels, d.train.height, d.train.width, d.train.num_classes);
+  r.model = models::make_model(name(c.model), d.train.channels, d.train.height, d.train.width, d.train.num_classes);
   if (!c.init.empty()) {
     try {
       r.model->load_state_dict(load_safetensors(c.init).tensors, /*strict=*/true);
@@ -116,12 +116,12 @@ Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps) {
     }
   }
   const std::vector<Tensor> params = r.model->parameters();
-  if (c.optimizer == "sgd") {
+  if (c.optimizer == OptimizerKind::Sgd) {
     r.opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = c.lr, .momentum = c.momentum,
                                                                    .weight_decay = c.weight_decay});
   } else {
     optim::AdamOptions o{.lr = c.lr, .weight_decay = c.weight_decay};
-    r.opt = c.optimizer == "adam" ? std::make_unique<optim::Adam>(params, o) : optim::make_adamw(params, o);
+    r.opt = c.optimizer == OptimizerKind::Adam ? std::make_unique<optim::Adam>(params, o) : optim::make_adamw(params, o);
   }
   amp::Overrides ov;
   if (c.loss_scale) ov.loss_scale = Json(*c.loss_scale).dump();
@@ -129,12 +129,12 @@ Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps) {
     ov.rounding = optim::Rounding::Stochastic;
     ov.rounding_seed = c.seed;
   }
-  r.amp = amp::initialize(*r.model, {r.opt.get()}, amp::parse_opt_level(c.amp), c.dtype, ov);
-  if (c.schedule == "step")
+  r.amp = amp::initialize(*r.model, {r.opt.get()}, c.amp, c.dtype, ov);
+  if (c.schedule == Schedule::Step)
     r.sched = std::make_unique<optim::StepLR>(*r.opt, std::max<int64_t>(total_steps / 3, 1), 0.1);
-  else if (c.schedule == "cosine")
+  else if (c.schedule == Schedule::Cosine)
     r.sched = std::make_unique<optim::CosineAnnealingLR>(*r.opt, total_steps);
-  else if (c.schedule == "onecycle")
+  else if (c.schedule == Schedule::OneCycle)
     r.sched = std::make_unique<optim::OneCycleLR>(*r.opt, optim::OneCycleLROptions{{c.lr}, total_steps});
   return r;
 }
@@ -309,12 +309,12 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
 
 // What the schedule does past the step it was set up for, printed when a resumed run extends it.
 void check_extension(const TrainConfig& c, int64_t schedule_steps, int64_t total_steps) {
-  if (c.schedule == "none" || total_steps <= schedule_steps) return;
-  CASTOR_CHECK(c.schedule != "onecycle", "--steps/--epochs: the onecycle schedule ends at step ", schedule_steps,
+  if (c.schedule == Schedule::None || total_steps <= schedule_steps) return;
+  CASTOR_CHECK(c.schedule != Schedule::OneCycle, "--steps/--epochs: the onecycle schedule ends at step ", schedule_steps,
                " and cannot run past it; start a new run (--init from the last checkpoint) to train longer");
-  std::fprintf(stderr, "note: the %s schedule was set for %lld steps and keeps it; past step %lld %s\n", c.schedule.c_str(),
+  std::fprintf(stderr, "note: the %s schedule was set for %lld steps and keeps it; past step %lld %s\n", name(c.schedule),
               static_cast<long long>(schedule_steps), static_cast<long long>(schedule_steps),
-              c.schedule == "cosine" ? "its cosine continues, so the learning rate rises again from its minimum"
+              c.schedule == Schedule::Cosine ? "its cosine continues, so the learning rate rises again from its minimum"
                                      : "the learning rate keeps dropping 10x every third of that length");
 }
 
@@ -348,7 +348,7 @@ class Trainer {
     }
     if (interrupted()) return stop_interrupted();
     // The report covers the whole run, resumed parts included, from metrics.jsonl.
-    atomic_write_file(c_.out + "/report.html", render_report("castor: " + c_.model + " on " + c_.data + ", " + c_.amp,
+    atomic_write_file(c_.out + "/report.html", render_report(detail::cat("castor: ", name(c_.model), " on ", name(c_.data), ", ", amp::opt_level_name(c_.amp)),
                                                       config_, read_metrics(c_.out), op_dtypes_));
     if (profiler) std::fprintf(stderr, "%s", profiler->table(15).c_str());
     Json summary = summary_json();
@@ -574,7 +574,7 @@ Json run_train(TrainConfig c) {
   if (c.deterministic) omp_set_dynamic(0);
 
   const Datasets d = load_data(c);
-  data::LoaderOptions lo{.batch_size = c.batch_size, .shuffle = true, .augment = c.augment == "standard",
+  data::LoaderOptions lo{.batch_size = c.batch_size, .shuffle = true, .augment = c.augment == Augment::Standard,
                          .drop_last = true, .seed = c.seed, .norm = d.norm};
   data::DataLoader loader(d.train, lo);
   const int64_t per_epoch = loader.batches_per_epoch();
@@ -596,8 +596,8 @@ Json run_train(TrainConfig c) {
   const Json config = config_json(c, d, schedule_steps);
   atomic_write_file(c.out + "/config.json", config.dump(2) + "\n");
   std::fprintf(stderr, "castor train: %s on %s, %s %s, %s lr %g, batch %lld, %lld steps, %d threads\n",
-               c.model.c_str(), c.data.c_str(), c.amp.c_str(), c.amp == "O0" ? "float32" : dtype_name(c.dtype),
-               c.optimizer.c_str(), c.lr, static_cast<long long>(c.batch_size * c.grad_accum),
+               name(c.model), name(c.data), amp::opt_level_name(c.amp),
+               c.amp == amp::OptLevel::O0 ? "float32" : dtype_name(c.dtype), name(c.optimizer), c.lr, static_cast<long long>(c.batch_size * c.grad_accum),
                static_cast<long long>(total_steps), omp_get_max_threads());
   const int64_t epochs = c.steps > 0 ? (total_steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;
   return Trainer(c, d, loader, run, config, state, total_steps, epochs).run();
@@ -615,14 +615,15 @@ Json run_eval(const EvalConfig& e) {
   auto it = model_file.metadata.find("castor.config");
   if (it != model_file.metadata.end()) {
     c = resume_config(TrainConfig{}, Json::parse(it->second), e.path);
-    CASTOR_CHECK(e.model.empty() || e.model == c.model, "--model ", e.model, ": ", e.path, " holds a ", c.model);
-    CASTOR_CHECK(e.data.empty() || e.data == c.data, "--data ", e.data, ": ", e.path, " was trained on ", c.data);
+    CASTOR_CHECK(!e.model || *e.model == c.model, "--model ", name(*e.model), ": ", e.path, " holds a ", name(c.model));
+    CASTOR_CHECK(!e.data || *e.data == c.data, "--data ", name(*e.data), ": ", e.path, " was trained on ",
+                 name(c.data));
   } else {
-    CASTOR_CHECK(!e.model.empty() && !e.data.empty(), e.path,
+    CASTOR_CHECK(e.model && e.data, e.path,
                  ": no castor metadata (castor.config); say what it holds with --model and --data");
-    c.model = e.model;
-    c.data = e.data;
-    c.amp = "O0";  // weights without castor metadata are evaluated in float32
+    c.model = *e.model;
+    c.data = *e.data;
+    c.amp = amp::OptLevel::O0;  // weights without castor metadata are evaluated in float32
   }
   if (!e.data_dir.empty()) c.data_dir = e.data_dir;
   Datasets d = load_data(c);

@@ -62,7 +62,7 @@ TEST(TrainFlags, BothDtypeSpellingsAndThePrecisionAlias) {
                         Case{"16-mixed", "O1", DType::Float16}, Case{"bf16-true", "O3", DType::BFloat16},
                         Case{"16-true", "O3", DType::Float16}}) {
     const TrainConfig c = parse_train_flags({"--precision", k.precision});
-    EXPECT_EQ(c.amp, k.amp) << k.precision;
+    EXPECT_STREQ(amp::opt_level_name(c.amp), k.amp) << k.precision;
     if (std::string(k.precision) != "32") {
       EXPECT_EQ(c.dtype, k.dtype) << k.precision;
     }
@@ -99,7 +99,7 @@ TEST(TrainFlags, ConfigFileKeysAreTheFlagNames) {
   EXPECT_DOUBLE_EQ(c.lr, 0.25);
   EXPECT_EQ(c.batch_size, 9);  // the command line wins over the file
   EXPECT_TRUE(c.deterministic);
-  EXPECT_EQ(c.amp, "O3");
+  EXPECT_EQ(c.amp, amp::OptLevel::O3);
   std::ofstream(dir + "/bad.toml") << "learning-rate = 0.1\n";
   EXPECT_NE(error_of({"--config", dir + "/bad.toml"}).find("learning-rate"), std::string::npos);
   std::ofstream(dir + "/range.toml") << "lr = -3\n";

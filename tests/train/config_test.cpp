@@ -8,17 +8,17 @@ namespace castor::train {
 
 TEST(TrainFlags, DefaultsAreAGoodRun) {
   TrainConfig c = parse_train_flags({});
-  EXPECT_EQ(c.data, "fashion-mnist");
-  EXPECT_EQ(c.model, "simplecnn");
-  EXPECT_EQ(c.amp, "O1");
+  EXPECT_EQ(c.data, Dataset::FashionMnist);
+  EXPECT_EQ(c.model, ModelKind::SimpleCnn);
+  EXPECT_EQ(c.amp, amp::OptLevel::O1);
   EXPECT_EQ(c.dtype, DType::BFloat16);
-  EXPECT_EQ(c.optimizer, "adam");
+  EXPECT_EQ(c.optimizer, OptimizerKind::Adam);
   EXPECT_EQ(c.epochs, 1);
 }
 
 TEST(TrainFlags, ValuesBothSpellings) {
   TrainConfig c = parse_train_flags({"--amp", "O2", "--dtype=fp16", "--lr", "0.05", "--batch-size=32", "--deterministic"});
-  EXPECT_EQ(c.amp, "O2");
+  EXPECT_EQ(c.amp, amp::OptLevel::O2);
   EXPECT_EQ(c.dtype, DType::Float16);
   EXPECT_DOUBLE_EQ(c.lr, 0.05);
   EXPECT_EQ(c.batch_size, 32);
@@ -62,9 +62,9 @@ TEST(TrainFlags, ResumeKeepsTheRecordingAndTakesOnlyHarmlessFlags) {
   Json recorded = settings_json(first);
   recorded["threads"] = 4;  // what the run used
   TrainConfig c = resume_config(parse_train_flags({"--resume", "run", "--steps", "20", "--keep", "5"}), recorded, "run");
-  EXPECT_EQ(c.data, "synthetic");
+  EXPECT_EQ(c.data, Dataset::Synthetic);
   EXPECT_EQ(c.lr, 0.01);
-  EXPECT_EQ(c.schedule, "cosine");
+  EXPECT_EQ(c.schedule, Schedule::Cosine);
   EXPECT_EQ(c.steps, 20);
   EXPECT_EQ(c.keep, 5);
   EXPECT_EQ(c.log_every, 3);  // not given now: the recorded value
