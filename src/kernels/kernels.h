@@ -72,6 +72,26 @@ bool unscale(const Tensor& src, const Tensor& dst, float inv_scale);
 // generators seeded per block from `key`, so the result does not depend on the thread count.
 void round_into_16bit(const float* src, const Tensor& dst, bool stochastic, uint64_t key);
 
+// The optimizers' updates over n contiguous float32 elements, one fused pass each, with PyTorch 1.13's
+// single-tensor formulas (src/optim computes the scalars, each rounded to float32 as PyTorch does).
+// Adam: g += wd * w (coupled); AdamW: w *= decay_factor (decoupled); m = beta1 m + (1 - beta1) g;
+// v = beta2 v + (1 - beta2) g^2 (AMSGrad: v_max = max(v_max, v), used for v); w += neg_step_size m / (sqrt(v) /
+// bias_correction2_sqrt + eps). max_exp_avg_sq is null without AMSGrad.
+struct AdamUpdate {
+  float neg_step_size, bias_correction2_sqrt, beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
+  float weight_decay, decay_factor;
+  bool coupled, decoupled;
+};
+void adam_update(const AdamUpdate& u, int64_t n, float* w, const float* g, float* exp_avg, float* exp_avg_sq,
+                 float* max_exp_avg_sq);
+// SGD: d = g + wd w; with a momentum buffer: buf = d on the first step, else momentum buf + keep d (keep = 1 -
+// dampening), d = nesterov ? d + momentum buf : buf; w += neg_lr d. momentum_buffer is null without momentum.
+struct SgdUpdate {
+  float neg_lr, weight_decay, momentum, keep;
+  bool decay, first, nesterov;
+};
+void sgd_update(const SgdUpdate& u, int64_t n, float* w, const float* g, float* momentum_buffer);
+
 // Matrix products on tensors of one float dtype, any strides in the last two dims:
 // dst (B, M, N) = a (B, M, K) x b (B, K, N); dst contiguous. B dims are 1 for mm.
 void matmul(const Tensor& a, const Tensor& b, const Tensor& dst);

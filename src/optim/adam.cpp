@@ -1,9 +1,8 @@
-// Adam and AdamW (optionally AMSGrad): PyTorch 1.13's single-tensor formulas as one fused float32 loop.
+// Adam and AdamW (optionally AMSGrad): PyTorch 1.13's single-tensor formulas, scalars here, the fused loop in kernels.
 #include <cmath>
 
 #include "castor/optim.h"
-#include "core/parallel.h"
-#include "optim/rounded_mul.h"
+#include "kernels/kernels.h"
 
 namespace castor::optim {
 
@@ -47,37 +46,20 @@ void Adam::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g
   *step += 1.0f;
   const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(*step));
   const double bias_correction2 = 1 - std::pow(options_.beta2, static_cast<double>(*step));
-  const float neg_step_size = static_cast<float>(-(group.lr / bias_correction1));
-  const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-  const float beta1 = static_cast<float>(options_.beta1), one_minus_beta1 = static_cast<float>(1.0 - options_.beta1);
-  const float beta2 = static_cast<float>(options_.beta2), one_minus_beta2 = static_cast<float>(1.0 - options_.beta2);
-  const float eps = static_cast<float>(options_.eps);
-  const bool decoupled = options_.decoupled_weight_decay, coupled = !decoupled && group.weight_decay != 0;
-  const float wd = static_cast<float>(group.weight_decay);
-  const float decay_factor = static_cast<float>(1.0 - group.lr * group.weight_decay);
-  const bool amsgrad = options_.amsgrad;
-  float* p = w.data<float>();
-  const float* grad = g.data<float>();
-  float* exp_avg = state("exp_avg", w.shape());
-  float* exp_avg_sq = state("exp_avg_sq", w.shape());
-  float* max_exp_avg_sq = amsgrad ? state("max_exp_avg_sq", w.shape()) : nullptr;
-  parallel_blocks(w.numel(), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float gi = coupled ? std::fma(p[i], wd, grad[i]) : grad[i];
-      const float wi = decoupled ? rounded_mul(p[i], decay_factor) : p[i];
-      const float m = std::fma(gi, one_minus_beta1, exp_avg[i] * beta1);
-      const float v = std::fma(one_minus_beta2 * gi, gi, exp_avg_sq[i] * beta2);
-      exp_avg[i] = m;
-      exp_avg_sq[i] = v;
-      float second = v;
-      if (amsgrad) {
-        const float old = max_exp_avg_sq[i];
-        second = max_exp_avg_sq[i] = (old > v || old != old) ? old : v;  // torch.maximum: NaN wins
-      }
-      const float denom = std::sqrt(second) / bias_correction2_sqrt + eps;
-      p[i] = wi + neg_step_size * m / denom;
-    }
-  });
+  const kernels::AdamUpdate u{
+      .neg_step_size = static_cast<float>(-(group.lr / bias_correction1)),
+      .bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2)),
+      .beta1 = static_cast<float>(options_.beta1),
+      .one_minus_beta1 = static_cast<float>(1.0 - options_.beta1),
+      .beta2 = static_cast<float>(options_.beta2),
+      .one_minus_beta2 = static_cast<float>(1.0 - options_.beta2),
+      .eps = static_cast<float>(options_.eps),
+      .weight_decay = static_cast<float>(group.weight_decay),
+      .decay_factor = static_cast<float>(1.0 - group.lr * group.weight_decay),
+      .coupled = !options_.decoupled_weight_decay && group.weight_decay != 0,
+      .decoupled = options_.decoupled_weight_decay};
+  kernels::adam_update(u, w.numel(), w.data<float>(), g.data<float>(), state("exp_avg", w.shape()),
+                       state("exp_avg_sq", w.shape()), options_.amsgrad ? state("max_exp_avg_sq", w.shape()) : nullptr);
 }
 
 }  // namespace castor::optim

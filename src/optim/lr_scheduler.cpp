@@ -5,7 +5,7 @@
 #include "castor/log.h"
 #include <string>
 
-#include "optim/rounded_mul.h"
+#include "core/rounded_mul.h"
 
 namespace castor::optim {
 

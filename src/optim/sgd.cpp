@@ -1,8 +1,8 @@
-// SGD with momentum, dampening, Nesterov and weight decay: PyTorch 1.13's single-tensor formulas as one fused float32 loop.
+// SGD with momentum, dampening, Nesterov and weight decay: PyTorch 1.13's single-tensor formulas scalars here, the fused loop in kernels.
 #include <cmath>
 
 #include "castor/optim.h"
-#include "core/parallel.h"
+#include "kernels/kernels.h"
 
 namespace castor::optim {
 
@@ -22,33 +22,21 @@ SGD::SGD(const std::vector<Tensor>& params, SGDOptions options) : options_(optio
 // d = g + wd * w; buf = d on the first step, else momentum * buf + (1 - dampening) * d;
 // d = nesterov ? d + momentum * buf : buf; w -= lr * d. Scalars are rounded to float32 like PyTorch's.
 void SGD::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) {
-  float* p = w.data<float>();
-  const float* grad = g.data<float>();
-  const bool decay = group.weight_decay != 0;
-  const float wd = static_cast<float>(group.weight_decay), neg_lr = static_cast<float>(-group.lr);
-  if (options_.momentum == 0) {
-    parallel_blocks(w.numel(), [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) {
-        const float d = decay ? std::fma(p[i], wd, grad[i]) : grad[i];
-        p[i] = std::fma(d, neg_lr, p[i]);
-      }
-    });
-    return;
+  kernels::SgdUpdate u{.neg_lr = static_cast<float>(-group.lr),
+                       .weight_decay = static_cast<float>(group.weight_decay),
+                       .momentum = static_cast<float>(options_.momentum),
+                       .keep = static_cast<float>(1.0 - options_.dampening),
+                       .decay = group.weight_decay != 0,
+                       .first = false,
+                       .nesterov = options_.nesterov};
+  float* buf = nullptr;
+  if (options_.momentum != 0) {
+    auto it = slot.state.find("momentum_buffer");
+    u.first = it == slot.state.end();
+    if (u.first) it = slot.state.emplace("momentum_buffer", empty(w.shape())).first;
+    buf = it->second.data<float>();
   }
-  auto it = slot.state.find("momentum_buffer");
-  const bool first = it == slot.state.end();
-  if (first) it = slot.state.emplace("momentum_buffer", empty(w.shape())).first;
-  float* buf = it->second.data<float>();
-  const float momentum = static_cast<float>(options_.momentum), keep = static_cast<float>(1.0 - options_.dampening);
-  const bool nesterov = options_.nesterov;
-  parallel_blocks(w.numel(), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const float d = decay ? std::fma(p[i], wd, grad[i]) : grad[i];
-      const float m = first ? d : std::fma(d, keep, buf[i] * momentum);
-      buf[i] = m;
-      p[i] = std::fma(nesterov ? std::fma(m, momentum, d) : m, neg_lr, p[i]);
-    }
-  });
+  kernels::sgd_update(u, w.numel(), w.data<float>(), g.data<float>(), buf);
 }
 
 }  // namespace castor::optim
