@@ -80,5 +80,7 @@ void pool2d_backward_ref(const Tensor& diff_dst, const Tensor& workspace, const 
 
 // How many layout reorders the oneDNN convolution kernels have executed (for tests and the benchmark).
 int64_t conv_reorder_count();
+// How many convolution backward-data passes (diff_src) the oneDNN kernels have run (for tests).
+int64_t conv_backward_data_count();
 
 }  // namespace castor::kernels

@@ -22,6 +22,7 @@ using dnnl::memory;
 using tag = memory::format_tag;
 
 std::atomic<int64_t> g_reorders{0};
+std::atomic<int64_t> g_backward_data{0};  // backward-data passes run
 
 // Where a tensor in Castor's layout ("plain": nchw or nhwc activations, oihw weights) meets a primitive: the layout
 // the primitive takes, the reorder between the two (absent when they agree), and the scratch slot a reordered copy
@@ -208,6 +209,7 @@ void run_backward(const ConvPrim* data, const ConvPrim* wts, const Tensor& src, 
                   const Tensor& diff_dst, const Tensor& diff_src, const Tensor& diff_weights, const Tensor& diff_bias) {
   Staged dy;
   if (data) {
+    ++g_backward_data;
     dy = stage_in(data->ports[0], diff_dst);
     run(*data, dy, stage_in(data->ports[1], weights), diff_src, Tensor());
   }
@@ -239,6 +241,7 @@ std::string describe(const Tensor& src, const Tensor& weights, const Conv2dParam
 }  // namespace
 
 int64_t conv_reorder_count() { return g_reorders.load(); }
+int64_t conv_backward_data_count() { return g_backward_data.load(); }
 
 void conv2d_forward(const Tensor& src, const Tensor& weights, const Tensor& bias, const Tensor& dst,
                     const Conv2dParams& p) {
