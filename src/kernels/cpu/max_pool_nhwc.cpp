@@ -102,6 +102,9 @@ Window window(int64_t oy, int64_t ox, int64_t h, int64_t w, const Pool2dParams& 
           std::min(cx + p.kernel[1], w), cy, cx};
 }
 
+// The workspace position of an output whose folded ReLU passes no gradient: no window position matches it.
+constexpr int kNoGradient = 255;
+
 // The window's in-bounds pixels of one output: their offsets into src and their positions ky * kw + kx.
 struct Taps {
   int64_t offset[256];
@@ -113,8 +116,10 @@ struct Taps {
 // Max of `R` registers of channels from `ch` over the taps, into y and arg (at `out`), the registers kept across taps.
 // float32 compares as floats: take = !(v <= best) && best is not NaN, which is v > best, or v a NaN where best is
 // not. 16-bit compares B::key.
+// With `relu`: relu(max), -0 and NaN passing as relu's std::max(x, 0) does, and the position kNoGradient where
+// relu's gradient (x > 0) is zero.
 template <int R, class B, class U>
-void max_registers(const U* x, const Taps& t, int64_t ch, U* y, uint8_t* arg, const Keys<B>& key) {
+void max_registers(const U* x, const Taps& t, int64_t ch, U* y, uint8_t* arg, const Keys<B>& key, bool relu) {
   using S = Simd<U>;
   constexpr bool kFloat = std::is_same_v<U, uint32_t>;
   __m256i best[R], best_key[R], a[R];
@@ -142,6 +147,23 @@ void max_registers(const U* x, const Taps& t, int64_t ch, U* y, uint8_t* arg, co
       }
       best[r] = _mm256_blendv_epi8(best[r], value, take);
       a[r] = _mm256_blendv_epi8(a[r], pos, take);
+    }
+  }
+  if (relu) {
+    const __m256i none = S::set1(kNoGradient), zero = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      __m256i negative, positive;
+      if constexpr (kFloat) {
+        const __m256 b = _mm256_castsi256_ps(best[r]), z = _mm256_setzero_ps();
+        negative = _mm256_castps_si256(_mm256_cmp_ps(b, z, _CMP_LT_OQ));
+        positive = _mm256_castps_si256(_mm256_cmp_ps(b, z, _CMP_GT_OQ));
+      } else {
+        negative = S::gt(zero, best_key[r]);
+        positive = _mm256_and_si256(S::gt(best_key[r], zero), S::gt(key.top, best_key[r]));  // NaN: not > 0
+      }
+      best[r] = _mm256_andnot_si256(negative, best[r]);
+      a[r] = _mm256_blendv_epi8(none, a[r], positive);
     }
   }
 #pragma GCC unroll 8
@@ -177,10 +199,10 @@ void forward(const U* x, U* y, uint8_t* arg, int64_t n, int64_t c, int64_t h, in
         for (; ch + S::kLanes <= c;) {
           const int64_t regs = std::min(kMaxRegisters, (c - ch) / S::kLanes);
           switch (regs) {
-            case 4: max_registers<4>(x, t, ch, y + out, arg + out, key); break;
-            case 3: max_registers<3>(x, t, ch, y + out, arg + out, key); break;
-            case 2: max_registers<2>(x, t, ch, y + out, arg + out, key); break;
-            default: max_registers<1>(x, t, ch, y + out, arg + out, key); break;
+            case 4: max_registers<4>(x, t, ch, y + out, arg + out, key, p.relu); break;
+            case 3: max_registers<3>(x, t, ch, y + out, arg + out, key, p.relu); break;
+            case 2: max_registers<2>(x, t, ch, y + out, arg + out, key, p.relu); break;
+            default: max_registers<1>(x, t, ch, y + out, arg + out, key, p.relu); break;
           }
           ch += regs * S::kLanes;
         }
@@ -190,6 +212,10 @@ void forward(const U* x, U* y, uint8_t* arg, int64_t n, int64_t c, int64_t h, in
           for (int i = 1; i < t.count; ++i) {
             const typename B::K k = B::key(x[t.offset[i] + ch]);
             if (k > best_key) y[out + ch] = x[t.offset[i] + ch], arg[out + ch] = t.pos[i], best_key = k;
+          }
+          if (p.relu) {
+            if (best_key < 0) y[out + ch] = U{0};
+            if (!(best_key > 0 && best_key < std::numeric_limits<typename B::K>::max())) arg[out + ch] = kNoGradient;
           }
         }
       }
@@ -278,7 +304,9 @@ void with_bits(DType dt, F f) {
 
 }  // namespace
 
-bool max_pool2d_nhwc_fits(const Pool2dParams& p) { return p.is_max && p.kernel[0] * p.kernel[1] <= 256; }
+bool max_pool2d_nhwc_fits(const Pool2dParams& p) {
+  return p.is_max && p.kernel[0] * p.kernel[1] <= (p.relu ? kNoGradient : 256);
+}
 
 Tensor max_pool2d_nhwc_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p) {
   CASTOR_ASSERT(max_pool2d_nhwc_fits(p), "max_pool2d_nhwc_forward: a window of more than 256 positions");

@@ -132,6 +132,8 @@ const PoolPrims& select(DType dt, const Tensor& src, const Tensor& dst, const Po
 Tensor pool2d_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p) {
   if (src.dtype() == DType::Float64) return pool2d_forward_ref(src, dst, p);
   assert_laid_out_like(dst, src);
+  CASTOR_ASSERT(!p.relu || (p.is_max && channels_last(src) && max_pool2d_nhwc_fits(p)),
+                "max_pool2d: a folded ReLU runs on the fast channels-last kernel only");
   if (p.is_max && channels_last(src))
     return max_pool2d_nhwc_fits(p) ? max_pool2d_nhwc_forward(src, dst, p) : max_pool2d_nhwc_forward_ref(src, dst, p);
   try {
