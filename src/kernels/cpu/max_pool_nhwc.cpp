@@ -96,7 +96,8 @@ void store(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v
 struct Window {
   int64_t y0, y1, x0, x1, corner_y, corner_x;
 };
-Window window(int64_t oy, int64_t ox, int64_t h, int64_t w, const Pool2dParams& p) {
+inline __attribute__((always_inline)) Window window(int64_t oy, int64_t ox, int64_t h, int64_t w,
+                                                     const Pool2dParams& p) {
   const int64_t cy = oy * p.stride[0] - p.padding[0], cx = ox * p.stride[1] - p.padding[1];
   return {std::max<int64_t>(cy, 0), std::min(cy + p.kernel[0], h), std::max<int64_t>(cx, 0),
           std::min(cx + p.kernel[1], w), cy, cx};
