@@ -106,8 +106,12 @@ class Optimizer {
 
  protected:
   // The float32 update of one slot, in one fused pass: `w` is the contiguous float32 weight to update in
-  // place, `g` its contiguous float32 gradient (same shape). State tensors are created on first use.
+  // place, `g` its contiguous float32 gradient (same shape). State tensors are created on first use. An update
+  // that runs kernels::parallel_blocks over w calls block_updated(w, b, e) at the end of each block, which writes
+  // that block into the 16-bit parameter in the same pass (Apex O2's master -> model copy); one that does not
+  // gets the whole write-back after it.
   virtual void update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) = 0;
+  void block_updated(const float* w, int64_t begin, int64_t end);
   // The names of the slot state this optimizer keeps (what load_state_dict accepts).
   virtual std::vector<std::string> state_names() const = 0;
 
@@ -118,6 +122,10 @@ class Optimizer {
   int64_t step_count_ = 0;
   int64_t skipped_steps_ = 0;
   StepInterceptor* interceptor_ = nullptr;
+
+ private:
+  struct WriteBack;
+  WriteBack* write_back_ = nullptr;  // the 16-bit parameter the running update() writes into, if any
 };
 
 // Removes `interceptor` from every live optimizer that has it (safe whichever of them is destroyed first).

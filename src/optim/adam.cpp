@@ -77,6 +77,7 @@ void Adam::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g
       const float denom = std::sqrt(second) / bias_correction2_sqrt + eps;
       p[i] = wi + neg_step_size * m / denom;
     }
+    block_updated(p, b, e);
   });
 }
 

@@ -1,5 +1,6 @@
 // The optimizer base: gradient staging, float32 master weights, rounding back into 16-bit parameters, state dicts.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -47,24 +48,21 @@ uint16_t stochastic_f16(float x, uint32_t random24) {
   return float_to_half_bits(std::copysign(std::min(kept * ulp, 65504.0f), x));
 }
 
-// Writes float32 `src` into the 16-bit parameter. Stochastic rounding draws one key from `gen` per call and
-// seeds a generator per block from it, so the result does not depend on the thread count.
-void write_back(const float* src, const Tensor& param, Rounding rounding, Generator& gen) {
+// Writes elements [b, e) of float32 `src` (one parallel_blocks block) into the 16-bit `param`. Stochastic rounding
+// seeds a generator per block from `key` (one key per parameter and step), so the result does not depend on the
+// thread count or on which pass writes the block.
+void write_back_block(const float* src, const Tensor& param, Rounding rounding, uint64_t key, int64_t b, int64_t e) {
   const DType d = param.dtype();
   uint16_t* dst = static_cast<uint16_t*>(param.data_ptr());
   if (rounding == Rounding::Nearest) {
-    parallel_blocks(param.numel(), [&](int64_t b, int64_t e) { convert(src + b, DType::Float32, dst + b, d, e - b); });
-  } else {
-    const uint64_t key = gen.next_u64();
-    parallel_blocks(param.numel(), [&](int64_t b, int64_t e) {
-      Generator bits(key + static_cast<uint64_t>(b / kBlock));
-      if (d == DType::BFloat16)
-        for (int64_t i = b; i < e; ++i) dst[i] = stochastic_bf16(src[i], static_cast<uint32_t>(bits.next_u64() >> 48));
-      else
-        for (int64_t i = b; i < e; ++i) dst[i] = stochastic_f16(src[i], static_cast<uint32_t>(bits.next_u64() >> 40));
-    });
+    convert(src + b, DType::Float32, dst + b, d, e - b);
+    return;
   }
-  param.bump_version();
+  Generator bits(key + static_cast<uint64_t>(b / kBlock));
+  if (d == DType::BFloat16)
+    for (int64_t i = b; i < e; ++i) dst[i] = stochastic_bf16(src[i], static_cast<uint32_t>(bits.next_u64() >> 48));
+  else
+    for (int64_t i = b; i < e; ++i) dst[i] = stochastic_f16(src[i], static_cast<uint32_t>(bits.next_u64() >> 40));
 }
 
 // The float32 gradient of a slot: the staged grad32, or param.grad() widened; undefined when there is none.
@@ -194,6 +192,19 @@ void Optimizer::step() {
     apply_step();
 }
 
+struct Optimizer::WriteBack {
+  const Tensor& param;
+  Rounding rounding;
+  uint64_t key;                       // the stochastic rounding's key for this parameter and step
+  std::atomic<int64_t> written = 0;  // elements written so far
+};
+
+void Optimizer::block_updated(const float* w, int64_t begin, int64_t end) {
+  if (!write_back_) return;
+  write_back_block(w, write_back_->param, write_back_->rounding, write_back_->key, begin, end);
+  write_back_->written += end - begin;
+}
+
 void Optimizer::apply_step() {
   NoGradGuard no_grad;
   for (ParamGroup& group : groups_) {
@@ -202,11 +213,16 @@ void Optimizer::apply_step() {
       if (!g.defined()) continue;
       const bool narrow = is_16bit_float(slot.param.dtype());
       Tensor w = !narrow ? slot.param.detach() : slot.master.defined() ? slot.master : slot.param.detach().to(DType::Float32);
+      // A 16-bit parameter is written block by block as update() finishes each (block_updated).
+      WriteBack wb{slot.param, rounding_, narrow && rounding_ != Rounding::Nearest ? rounding_gen_.next_u64() : 0};
+      write_back_ = narrow ? &wb : nullptr;
       update(group, slot, w, g);
-      if (narrow)
-        write_back(w.data<float>(), slot.param, rounding_, rounding_gen_);
-      else
-        slot.param.bump_version();
+      write_back_ = nullptr;
+      if (narrow && wb.written.load() != w.numel())  // an update without block_updated(): the whole write-back now
+        parallel_blocks(w.numel(), [&](int64_t b, int64_t e) {
+          write_back_block(w.data<float>(), slot.param, wb.rounding, wb.key, b, e);
+        });
+      slot.param.bump_version();
       slot.grad_staged = false;
     }
   }

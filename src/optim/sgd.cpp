@@ -32,6 +32,7 @@ void SGD::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g)
         const float d = decay ? std::fma(p[i], wd, grad[i]) : grad[i];
         p[i] = std::fma(d, neg_lr, p[i]);
       }
+      block_updated(p, b, e);
     });
     return;
   }
@@ -48,6 +49,7 @@ void SGD::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g)
       buf[i] = m;
       p[i] = std::fma(nesterov ? std::fma(m, momentum, d) : m, neg_lr, p[i]);
     }
+    block_updated(p, b, e);
   });
 }
 
