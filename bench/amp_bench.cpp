@@ -1,6 +1,7 @@
 // AMP training steps of SimpleCNN (3x32x32, batch 256, SGD momentum): Castor O0 float32 and O1/O2/O3 bfloat16
 // side by side, the AMP overhead inside the O1 step, peak step memory, and PyTorch 1.13 CPU (float32 and
-// torch.autocast bfloat16) on the same model and batch, run from here as /usr/bin/python3 bench/amp_torch_bench.py.
+// torch.autocast bfloat16, each in NCHW and channels_last) on the same model and batch, run from here as
+// /usr/bin/python3 bench/amp_torch_bench.py; prints the CPU and its ISA.
 //
 // Usage: amp_bench [reps] [torch_reps]. Configurations alternate step by step after two warm-up steps each; each
 // figure is the median of `reps` steps. Where oneDNN has no bfloat16 kernels (CPUs without AVX-512), Castor's
@@ -23,6 +24,7 @@
 #include "castor/models.h"
 #include "castor/random.h"
 #include "runtime/dispatch.h"
+#include "bench_util.h"
 
 namespace {
 
@@ -124,6 +126,7 @@ int main(int argc, char** argv) {
     for (auto& c : configs) c->seconds.push_back(seconds_of([&] { c->step(x, y); }));
 
   const int threads = omp_get_max_threads();
+  std::printf("CPU: %s\n", bench::cpu_isa().c_str());
   std::printf("SimpleCNN training step, batch %lld, %d OpenMP threads, median of %d alternating steps\n",
               static_cast<long long>(kBatch), threads, reps);
   const double base = median(configs[0]->seconds);
@@ -169,10 +172,16 @@ int main(int argc, char** argv) {
   std::printf("PyTorch 1.13 CPU, same model and batch, %s threads, median of %d alternating steps\n",
               torch.threads.c_str(), torch_reps);
   for (const auto& [mode, ips] : torch.images_per_s) std::printf("  torch  %-26s %8.1f images/s\n", mode.c_str(), ips);
-  if (torch.images_per_s.count("float32") && torch.images_per_s.count("autocast_bf16")) {
-    std::printf("castor / torch: float32 (O0) %.2fx, autocast bf16 (O1) %.2fx\n",
-                castor_ips["O0 float32"] / torch.images_per_s.at("float32"),
-                castor_ips["O1 bf16"] / torch.images_per_s.at("autocast_bf16"));
-  }
+  // Against each PyTorch configuration, and its best layout (channels_last here, NCHW on some CPUs).
+  auto versus = [&](const char* label, const std::string& castor_name, const std::string& mode) {
+    const auto& t = torch.images_per_s;
+    if (!t.count(mode) || !t.count(mode + "_cl")) return;
+    const double best = std::max(t.at(mode), t.at(mode + "_cl"));
+    std::printf("castor / torch %-15s NCHW %.2fx, channels_last %.2fx, best layout %.2fx\n", label,
+                castor_ips[castor_name] / t.at(mode), castor_ips[castor_name] / t.at(mode + "_cl"),
+                castor_ips[castor_name] / best);
+  };
+  versus("float32 (O0)", "O0 float32", "float32");
+  versus("bf16 (O1)", "O1 bf16", "autocast_bf16");
   return 0;
 }

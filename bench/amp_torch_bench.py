@@ -1,4 +1,5 @@
-# PyTorch 1.13 CPU twin of amp_bench: SimpleCNN training steps at batch 256, float32 and autocast bfloat16.
+# PyTorch 1.13 CPU twin of amp_bench: SimpleCNN training steps at batch 256, float32 and autocast bfloat16, each in
+# NCHW and channels_last.
 import statistics
 import sys
 import time
@@ -25,27 +26,37 @@ class SimpleCNN(nn.Module):
 def main():
     reps, batch, threads = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     torch.set_num_threads(threads)
-    torch.manual_seed(0)
-    model = SimpleCNN()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
 
-    def step(bf16):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+    # Each mode has its own model and optimizer from the same seed; "_cl" runs model and input channels_last, the
+    # faster layout for PyTorch's CPU convolutions and pooling.
+    def make_step(bf16, channels_last):
+        torch.manual_seed(0)
+        model = SimpleCNN()
+        xm = x
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+            xm = x.contiguous(memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
-    modes = {"float32": False, "autocast_bf16": True}
-    for bf16 in modes.values():  # warm-up
-        step(bf16)
-        step(bf16)
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = F.cross_entropy(model(xm), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return step
+
+    modes = {"float32": make_step(False, False), "autocast_bf16": make_step(True, False),
+             "float32_cl": make_step(False, True), "autocast_bf16_cl": make_step(True, True)}
+    for step in modes.values():  # warm-up
+        step()
+        step()
     times = {name: [] for name in modes}
     for _ in range(reps):  # alternating, as amp_bench does
-        for name, bf16 in modes.items():
+        for name, step in modes.items():
             t0 = time.perf_counter()
-            step(bf16)
+            step()
             times[name].append(time.perf_counter() - t0)
     print(f"threads {torch.get_num_threads()}")
     for name in modes:

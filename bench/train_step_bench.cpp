@@ -5,7 +5,8 @@
 //
 // Configurations: Castor float32; Castor all-bfloat16 (model->to(BFloat16), bfloat16 input, Adam with float32 master
 // weights); PyTorch float32 and PyTorch CPU autocast bfloat16 (bench/train_step_torch.py, run with /usr/bin/python3),
-// in NCHW and for SimpleCNN also channels_last (ResNet-18: PyTorch float32 only, its autocast bfloat16 convolutions
+// in NCHW and for SimpleCNN also channels_last, PyTorch's faster layout here; "castor/best" is against the faster of
+// the two. Prints the CPU's and oneDNN's ISA. (ResNet-18: PyTorch float32 only, its autocast bfloat16 convolutions
 // take minutes a step at batch 64 without AVX-512). Rounds alternate Castor and PyTorch; each figure is the median
 // over rounds of images/s, each measurement timing up to `iters` steps after `warmup`, stopping early (after at
 // least 2) once `seconds` have passed (PyTorch's autocast bfloat16 takes seconds a step without AVX-512).
@@ -28,6 +29,7 @@
 #include "castor/models.h"
 #include "castor/optim.h"
 #include "castor/random.h"
+#include "bench_util.h"
 #include "kernels/onednn/onednn.h"
 
 namespace {
@@ -220,6 +222,19 @@ Floor resnet18_floor(memory::data_type dt, int64_t n) {
   return f;
 }
 
+// The instruction set oneDNN dispatches its kernels for on this CPU.
+const char* onednn_isa() {
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    default: return "older than avx2";
+  }
+}
+
 bool has_bf16_kernels() {
   try {
     Floor f(memory::data_type::bf16);
@@ -311,8 +326,8 @@ void run(const Bench& b, int rounds, bool bf16_native) {
   }
   auto torch_median = [&](const std::string& mode) { return torch_ips.count(mode) ? median(torch_ips[mode]) : 0.0; };
   const char* floor_dt[] = {"f32", bf16_native ? "bf16" : "f32 (no bf16 here)"};
-  std::printf("%-9s %10s %9s %8s %10s %10s %10s %9s %10s %9s\n", "castor", "images/s", "step ms", "GFLOP/s",
-              "kernels ms", "overhead", "torch", "images/s", "castor/pt", "torch_cl");
+  std::printf("%-9s %10s %9s %8s %10s %10s %9s %9s %9s %11s %11s\n", "castor", "images/s", "step ms", "GFLOP/s",
+              "kernels ms", "overhead", "torch", "NCHW", "ch_last", "castor/NCHW", "castor/best");
   for (size_t i = 0; i < castor.size(); ++i) {
     const bool bf16 = dtypes[i] == DType::BFloat16;
     Floor floor = b.model == "simplecnn"
@@ -321,17 +336,19 @@ void run(const Bench& b, int rounds, bool bf16_native) {
     const double kernel_ms = floor.time_ms(std::max(3, b.iters / 2));
     const double ips = median(castor_ips[i]), step_ms = b.batch * 1e3 / ips;
     const std::string mode = bf16 ? "bf16" : "fp32", cl = mode + "_cl";
-    const double pt = torch_median(mode), pt_cl = torch_median(cl);
-    std::printf("%-9s %10.1f %9.1f %8.1f %10.1f %9.2fx %10s ", bf16 ? "bfloat16" : "float32", ips, step_ms,
+    const double pt = torch_median(mode), pt_cl = torch_median(cl), best = std::max(pt, pt_cl);
+    std::printf("%-9s %10.1f %9.1f %8.1f %10.1f %9.2fx %9s ", bf16 ? "bfloat16" : "float32", ips, step_ms,
                 floor.flops() / (step_ms * 1e6), kernel_ms, step_ms / kernel_ms, bf16 ? "autocast" : "float32");
-    if (pt > 0)
-      std::printf("%9.1f %9.2fx ", pt, ips / pt);
-    else
-      std::printf("%9s %10s ", "-", "-");
-    if (pt_cl > 0)
-      std::printf("%9.1f (castor/pt_cl %.2fx)\n", pt_cl, ips / pt_cl);
-    else
-      std::printf("%9s\n", "-");
+    auto column = [](double v, int width) {
+      if (v > 0) std::printf("%*.1f ", width, v);
+      else std::printf("%*s ", width, "-");
+    };
+    column(pt, 9);
+    column(pt_cl, 9);
+    if (pt > 0) std::printf("%10.2fx ", ips / pt);
+    else std::printf("%11s ", "-");
+    if (best > 0) std::printf("%10.2fx\n", ips / best);
+    else std::printf("%11s\n", "-");
     std::printf("          kernels: %s primitives, %.2f GFLOP of conv/matmul per step\n", floor_dt[i],
                 floor.flops() / 1e9);
   }
@@ -343,9 +360,10 @@ int main(int argc, char** argv) {
   const std::string which = argc > 1 ? argv[1] : "simplecnn";
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
   const bool bf16_native = has_bf16_kernels();
+  std::printf("CPU: %s; oneDNN ISA %s\n", bench::cpu_isa().c_str(), onednn_isa());
   std::printf("oneDNN bfloat16 kernels: %s\n",
               bf16_native ? "available" : "unavailable (castor bfloat16 runs on exact float32 copies)");
-  const Bench benches[] = {{"simplecnn", 256, 1, 10, 3.0, {"fp32", "fp32_cl", "bf16"}},
+  const Bench benches[] = {{"simplecnn", 256, 1, 10, 3.0, {"fp32", "fp32_cl", "bf16", "bf16_cl"}},
                            {"resnet18", 64, 1, 3, 5.0, {"fp32"}}};
   for (const Bench& b : benches)
     if (which == "all" || which == b.model) run(b, rounds, bf16_native);

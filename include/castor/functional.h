@@ -26,6 +26,11 @@ Tensor max_pool2d(const Tensor& input, std::array<int64_t, 2> kernel, std::array
 Tensor avg_pool2d(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {0, 0},
                   std::array<int64_t, 2> padding = {0, 0}, bool count_include_pad = true);
 Tensor adaptive_avg_pool2d(const Tensor& input, std::array<int64_t, 2> output_size);
+// relu(max_pool2d(input, ...)) with the same values and gradients, bit for bit. On channels-last float32 and 16-bit
+// inputs with windows of at most 255 positions it is one pass, the ReLU folded into the pooling forward and backward
+// (recorded and profiled as max_pool2d); elsewhere it is the two ops.
+Tensor max_pool2d_relu(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {0, 0},
+                       std::array<int64_t, 2> padding = {0, 0});
 Tensor relu(const Tensor& input);
 Tensor gelu(const Tensor& input, bool tanh_approximate = false);
 Tensor dropout(const Tensor& input, double p, bool training);  // uses castor::default_generator()

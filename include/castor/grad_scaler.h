@@ -76,8 +76,8 @@ class GradScaler {
   Tensor scale(const Tensor& loss) const;
   std::vector<Tensor> scale(const std::vector<Tensor>& losses) const;
 
-  // Unscales the optimizer's gradients into its float32 ParamSlot::grad32 (in place for float32 gradients,
-  // into a float32 buffer for 16-bit ones) and stages them, deciding found_inf for this optimizer.
+  // Unscales the optimizer's gradients to float32 (in place for float32 gradients,
+  // into the optimizer's float32 buffer for 16-bit ones) and stages them for its step, deciding found_inf.
   // Raises if called twice before update() or after step().
   void unscale_(optim::Optimizer& optimizer);
   // Unscales if not yet done, then steps unless a gradient was inf/NaN or `skip_with_others` (another

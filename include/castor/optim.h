@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,14 @@ struct ParamGroup {
 // stochastic rounding (rounds up with probability equal to the distance from the value below, so the
 // expected result is exact; the random bits come from rounding_generator(), so runs are reproducible).
 enum class Rounding { Nearest, Stochastic };
+
+// Where an update's float32 result goes besides the master: a 16-bit parameter, rounded to nearest or
+// stochastically with random bits seeded per block from `key` (one key per parameter and step).
+struct WriteBack {
+  Tensor param;
+  bool stochastic = false;
+  uint64_t key = 0;
+};
 
 class Optimizer;
 
@@ -121,8 +130,14 @@ class Optimizer {
 
  protected:
   // The float32 update of one slot, in one fused pass: `w` is the contiguous float32 weight to update in
-  // place, `g` its contiguous float32 gradient (same shape). State tensors are created on first use.
+  // place, `g` its contiguous float32 gradient (same shape). State tensors are created on first use. An update
+  // may take the slot's write-back (take_write_back()) and round each block of w into the 16-bit parameter as
+  // soon as it is updated (Apex O2's master -> model copy in the same pass); one that does not gets the whole
+  // write-back after it.
   virtual void update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) = 0;
+  // The 16-bit parameter the running update() should round w into, with this step's rounding (param undefined:
+  // none, the parameter is float32). Taking it makes the update responsible for the write.
+  WriteBack take_write_back();
   // The names of the slot state this optimizer keeps (what load_state_dict accepts).
   virtual std::vector<std::string> state_names() const = 0;
 
@@ -133,6 +148,9 @@ class Optimizer {
   int64_t step_count_ = 0;
   int64_t skipped_steps_ = 0;
   StepInterceptor* interceptor_ = nullptr;
+
+ private:
+  std::optional<WriteBack> pending_write_back_;  // set while update() runs on a 16-bit parameter, until taken
 };
 
 // Removes `interceptor` from every live optimizer that has it (safe whichever of them is destroyed first).

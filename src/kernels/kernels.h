@@ -67,10 +67,19 @@ bool all_finite(const Tensor& src);
 // place, any strides) or a contiguous float32 tensor (GradScaler's unscale).
 bool unscale(const Tensor& src, const Tensor& dst, float inv_scale);
 
-// Rounds n = dst.numel() contiguous float32 values into the contiguous 16-bit dst: to nearest even, or
-// stochastically (up with probability equal to the distance from the value below), the random bits drawn from
-// generators seeded per block from `key`, so the result does not depend on the thread count.
-void round_into_16bit(const float* src, const Tensor& dst, bool stochastic, uint64_t key);
+// Rounding float32 values into a contiguous 16-bit tensor: to nearest even, or stochastically (up with
+// probability equal to the distance from the value below) with random bits from a generator seeded per
+// parallel_blocks block from `key`, so the result depends neither on the thread count nor on which pass writes
+// the block. dst null: nothing is written.
+struct RoundInto {
+  const Tensor* dst = nullptr;
+  bool stochastic = false;
+  uint64_t key = 0;
+};
+// All dst.numel() values of src.
+void round_into_16bit(const float* src, const RoundInto& into);
+// Elements [begin, end) of one parallel_blocks block, for kernels that round what they have just computed.
+void round_block_into_16bit(const float* src, const RoundInto& into, int64_t begin, int64_t end);
 
 // The optimizers' updates over n contiguous float32 elements, one fused pass each, with PyTorch 1.13's
 // single-tensor formulas (src/optim computes the scalars, each rounded to float32 as PyTorch does).
@@ -82,15 +91,17 @@ struct AdamUpdate {
   float weight_decay, decay_factor;
   bool coupled, decoupled;
 };
+// Both round each block of w into `into` as soon as it is updated (the master -> 16-bit copy in the same pass).
 void adam_update(const AdamUpdate& u, int64_t n, float* w, const float* g, float* exp_avg, float* exp_avg_sq,
-                 float* max_exp_avg_sq);
+                 float* max_exp_avg_sq, const RoundInto& into);
 // SGD: d = g + wd w; with a momentum buffer: buf = d on the first step, else momentum buf + keep d (keep = 1 -
 // dampening), d = nesterov ? d + momentum buf : buf; w += neg_lr d. momentum_buffer is null without momentum.
 struct SgdUpdate {
   float neg_lr, weight_decay, momentum, keep;
   bool decay, first, nesterov;
 };
-void sgd_update(const SgdUpdate& u, int64_t n, float* w, const float* g, float* momentum_buffer);
+void sgd_update(const SgdUpdate& u, int64_t n, float* w, const float* g, float* momentum_buffer,
+                const RoundInto& into);
 
 // Matrix products on tensors of one float dtype, any strides in the last two dims:
 // dst (B, M, N) = a (B, M, K) x b (B, K, N); dst contiguous. B dims are 1 for mm.

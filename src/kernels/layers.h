@@ -46,6 +46,7 @@ struct Pool2dParams {
   int64_t kernel[2], stride[2], padding[2];
   bool is_max;
   bool count_include_pad;  // average pooling only
+  bool relu;               // max pooling on the fast channels-last kernel only: dst = relu(max), see below
 };
 
 // dst (N, C, OH, OW). Returns what max pooling's backward needs (oneDNN's workspace as uint8 bytes, or int64
@@ -53,10 +54,17 @@ struct Pool2dParams {
 Tensor pool2d_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p);
 void pool2d_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src, const Pool2dParams& p);
 
-// Max pooling of channels-last src / dst (float32 and 16-bit) as plain loops, which pool2d_forward/backward pick for
-// those; the workspace is the int32 argmax (iy * W + ix) per (N, OH, OW, C) output.
+// Max pooling of channels-last src / dst (float32 and 16-bit), which pool2d_forward/backward pick for those. The fast
+// kernel, for windows of at most 256 positions (255 with relu; max_pool2d_nhwc_fits), keeps a uint8 workspace: the
+// argmax's position ky * kw + kx in its window per (N, OH, OW, C) output. With p.relu it writes relu(max) and the
+// position 255 (no gradient) where the ReLU's gradient is zero, so that its backward is that of relu then pooling. The reference loops, which it matches bit for bit
+// and which take the larger windows, keep the int32 argmax iy * W + ix. Each backward takes its forward's workspace.
+bool max_pool2d_nhwc_fits(const Pool2dParams& p);
 Tensor max_pool2d_nhwc_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p);
-void max_pool2d_nhwc_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src);
+void max_pool2d_nhwc_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src,
+                              const Pool2dParams& p);
+Tensor max_pool2d_nhwc_forward_ref(const Tensor& src, const Tensor& dst, const Pool2dParams& p);
+void max_pool2d_nhwc_backward_ref(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src);
 
 // The reference loops behind the float64 path, for float64 tensors (the same contracts as above).
 void conv2d_forward_ref(const Tensor& src, const Tensor& weights, const Tensor& bias, const Tensor& dst,
@@ -74,5 +82,7 @@ void pool2d_backward_ref(const Tensor& diff_dst, const Tensor& workspace, const 
 
 // How many layout reorders the oneDNN convolution kernels have executed (for tests and the benchmark).
 int64_t conv_reorder_count();
+// How many convolution backward-data passes (diff_src) the oneDNN kernels have run (for tests).
+int64_t conv_backward_data_count();
 
 }  // namespace castor::kernels

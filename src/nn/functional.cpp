@@ -31,8 +31,9 @@ void check_floating(const char* op, const Tensor& t) {
   CASTOR_CHECK(is_floating(t.dtype()), op, ": expected a floating-point input, got ", t.describe());
 }
 
+// `relu` (max pooling only): relu of the result, folded into the kernel where it can be (max_pool2d_relu).
 Tensor pool2d(OpKind kind, const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
-              std::array<int64_t, 2> padding, bool count_include_pad) {
+              std::array<int64_t, 2> padding, bool count_include_pad, bool relu = false) {
   const char* op = op_name(kind);
   OpScope s(kind, {input});
   const Tensor& x = s[0];
@@ -54,12 +55,14 @@ Tensor pool2d(OpKind kind, const Tensor& input, std::array<int64_t, 2> kernel, s
     p.kernel[i] = kernel[i], p.stride[i] = stride[i], p.padding[i] = padding[i];
   }
   const MemoryFormat format = kernels::layer_format(x);
+  p.relu = relu && format == MemoryFormat::ChannelsLast && kernels::max_pool2d_nhwc_fits(p);
   Tensor out = empty(out_shape, x.dtype(), format);
   Tensor workspace = kernels::pool2d_forward(detached(x, format), out, p);
-  // saved: max pooling's workspace.
+  // saved: max pooling's workspace (which, with the ReLU folded in, routes no gradient where the ReLU gives none).
   record(kind, {x}, out, p.is_max ? std::vector<Tensor>{workspace} : std::vector<Tensor>{},
          op_params::Pool{p, format});
-  return s.done(out);
+  out = s.done(out);
+  return relu && !p.relu ? F::relu(out) : out;
 }
 
 Tensor reduce(const Tensor& loss, Reduction reduction) {
@@ -215,6 +218,11 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
 Tensor max_pool2d(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                   std::array<int64_t, 2> padding) {
   return pool2d(OpKind::MaxPool2d, input, kernel, stride, padding, false);
+}
+
+Tensor max_pool2d_relu(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+                       std::array<int64_t, 2> padding) {
+  return pool2d(OpKind::MaxPool2d, input, kernel, stride, padding, false, /*relu=*/true);
 }
 
 Tensor avg_pool2d(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,

@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "castor/optim.h"
-#include "kernels/kernels.h"
+#include "optim/write_back.h"
 
 namespace castor::optim {
 
@@ -58,8 +58,10 @@ void Adam::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g
       .decay_factor = static_cast<float>(1.0 - group.lr * group.weight_decay),
       .coupled = !options_.decoupled_weight_decay && group.weight_decay != 0,
       .decoupled = options_.decoupled_weight_decay};
+  const WriteBack wb = take_write_back();
   kernels::adam_update(u, w.numel(), w.data<float>(), g.data<float>(), state("exp_avg", w.shape()),
-                       state("exp_avg_sq", w.shape()), options_.amsgrad ? state("max_exp_avg_sq", w.shape()) : nullptr);
+                       state("exp_avg_sq", w.shape()), options_.amsgrad ? state("max_exp_avg_sq", w.shape()) : nullptr,
+                       round_into(wb));
 }
 
 }  // namespace castor::optim

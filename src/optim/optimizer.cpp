@@ -7,19 +7,11 @@
 
 #include "castor/autograd.h"
 #include "castor/optim.h"
-#include "kernels/kernels.h"
+#include "optim/write_back.h"
 
 namespace castor::optim {
 
 namespace {
-
-// Writes float32 `src` into the 16-bit parameter. Stochastic rounding draws one key from `gen` per call; the
-// kernel seeds a generator per block from it, so the result does not depend on the thread count.
-void write_back(const float* src, const Tensor& param, Rounding rounding, Generator& gen) {
-  const bool stochastic = rounding == Rounding::Stochastic;
-  kernels::round_into_16bit(src, param, stochastic, stochastic ? gen.next_u64() : 0);
-  param.bump_version();
-}
 
 // The float32 gradient of a slot: the staged one, or param.grad() widened; undefined when there is none.
 Tensor float32_grad(const ParamSlot& slot) {
@@ -155,11 +147,12 @@ void Optimizer::apply_step() {
       if (!g.defined()) continue;
       const bool narrow = is_16bit_float(slot.param.dtype());
       Tensor w = !narrow ? slot.param.detach() : slot.master.defined() ? slot.master : slot.param.detach().to(DType::Float32);
+      // A 16-bit parameter is rounded from w inside the update's pass if it takes the write-back, else here.
+      const bool stochastic = narrow && rounding_ == Rounding::Stochastic;
+      if (narrow) pending_write_back_ = WriteBack{slot.param, stochastic, stochastic ? rounding_gen_.next_u64() : 0};
       update(group, slot, w, g);
-      if (narrow)
-        write_back(w.data<float>(), slot.param, rounding_, rounding_gen_);
-      else
-        slot.param.bump_version();
+      if (pending_write_back_) kernels::round_into_16bit(w.data<float>(), round_into(take_write_back()));
+      slot.param.bump_version();
       slot.staged_grad_ = Tensor();
     }
   }
@@ -177,6 +170,12 @@ void Optimizer::zero_grad(bool set_to_none) {
       else
         g.detach().zero_();
     }
+}
+
+WriteBack Optimizer::take_write_back() {
+  WriteBack wb = pending_write_back_.value_or(WriteBack{});
+  pending_write_back_.reset();
+  return wb;
 }
 
 void Optimizer::stage_float32_grad(size_t group, size_t index, Tensor grad32) {

@@ -2,7 +2,7 @@
 #include <cmath>
 
 #include "castor/optim.h"
-#include "kernels/kernels.h"
+#include "optim/write_back.h"
 
 namespace castor::optim {
 
@@ -36,7 +36,8 @@ void SGD::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g)
     if (u.first) it = slot.state.emplace("momentum_buffer", empty(w.shape())).first;
     buf = it->second.data<float>();
   }
-  kernels::sgd_update(u, w.numel(), w.data<float>(), g.data<float>(), buf);
+  const WriteBack wb = take_write_back();
+  kernels::sgd_update(u, w.numel(), w.data<float>(), g.data<float>(), buf, round_into(wb));
 }
 
 }  // namespace castor::optim

@@ -7,12 +7,14 @@
 
 #include <gtest/gtest.h>
 
+#include "castor/autocast.h"
 #include "castor/autograd.h"
 #include "castor/functional.h"
 #include "castor/models.h"
 #include "castor/nn.h"
 #include "castor/ops.h"
 #include "castor/random.h"
+#include "kernels/layers.h"
 #include "test_util.h"
 
 namespace castor::models {
@@ -293,3 +295,38 @@ TEST(ModelFit, ResNet18BFloat16BatchNormFp32) {
 
 }  // namespace
 }  // namespace castor::models
+
+namespace castor {
+namespace {
+
+// PyTorch's rule: a first layer whose input needs no gradient computes none; the weights' gradients are the same.
+TEST(ModelsBackward, FirstConvSkipsTheDataGradientOfAnInputWithoutGrad) {
+  for (bool autocast : {false, true}) {
+    SCOPED_TRACE(autocast ? "autocast bfloat16" : "float32");
+    manual_seed(0);
+    auto model = models::simple_cnn(3, 8, 8);
+    Generator gen(1);
+    const Tensor x = randn({4, 3, 8, 8}, DType::Float32, &gen);
+    const Tensor y = randint(0, 10, {4}, &gen);
+    auto data_passes = [&](const Tensor& input) {
+      model->zero_grad();
+      const int64_t before = kernels::conv_backward_data_count();
+      Tensor loss;
+      {
+        amp::AutocastGuard guard(DType::BFloat16, autocast);  // forward and loss only, as torch.autocast
+        loss = F::cross_entropy((*model)(input), y);
+      }
+      loss.backward();
+      return kernels::conv_backward_data_count() - before;
+    };
+    EXPECT_EQ(data_passes(x), 1);  // conv2's only
+    const Tensor w_grad = model->conv1->weight.grad().clone();
+    const Tensor xg = x.clone().requires_grad_();
+    EXPECT_EQ(data_passes(xg), 2);
+    EXPECT_TRUE(xg.grad().defined());
+    EXPECT_TRUE(test::bit_equal(model->conv1->weight.grad(), w_grad));
+  }
+}
+
+}  // namespace
+}  // namespace castor

@@ -7,6 +7,7 @@
 
 #include "castor/ops.h"
 #include "castor/optim.h"
+#include "castor/random.h"
 #include "oracle_files.h"
 
 namespace castor::optim {
@@ -400,6 +401,56 @@ TEST(Optim, LoadStateDictValidates) {
   ASSERT_TRUE(sd.count("master.0.0"));
   sd.erase("master.0.0");
   expect_error_naming([&] { with_master.load_state_dict(sd); }, "master.0.0");
+}
+
+}  // namespace
+}  // namespace castor::optim
+
+namespace castor::optim {
+namespace {
+
+// Plain SGD (momentum 0, no weight decay) whose update does not report its blocks: its 16-bit parameters get the
+// whole write-back after the update instead of the fused one.
+class UnfusedSgd : public Optimizer {
+ public:
+  UnfusedSgd(const std::vector<Tensor>& params, double lr) { add_param_group(params, lr, 0.0); }
+
+ protected:
+  void update(ParamGroup& group, ParamSlot&, Tensor& w, const Tensor& g) override {
+    float* p = w.data<float>();
+    const float* grad = g.data<float>();
+    const float neg_lr = static_cast<float>(-group.lr);
+    for (int64_t i = 0; i < w.numel(); ++i) p[i] = std::fma(grad[i], neg_lr, p[i]);
+  }
+  std::vector<std::string> state_names() const override { return {}; }
+};
+
+// The master -> 16-bit copy written block by block inside SGD's update equals the whole pass after it, bit for
+// bit, with nearest and with stochastic rounding (same keys per block), on a parameter big enough for threads.
+TEST(OptimizerWriteBack, FusedPassEqualsTheWholeWriteBack) {
+  for (Rounding rounding : {Rounding::Nearest, Rounding::Stochastic}) {
+    Generator gen(3);
+    const Tensor init = randn({300, 333}, DType::Float32, &gen).to(DType::BFloat16);
+    const Tensor grad = randn({300, 333}, DType::Float32, &gen).to(DType::BFloat16);
+    Tensor a = init.clone().requires_grad_(), b = init.clone().requires_grad_();
+    SGD fused({a}, SGDOptions{.lr = 0.01});
+    UnfusedSgd whole({b}, 0.01);
+    for (Optimizer* o : {static_cast<Optimizer*>(&fused), static_cast<Optimizer*>(&whole)}) {
+      o->set_master_weights(true);
+      o->set_rounding(rounding, /*seed=*/7);
+    }
+    for (int step = 0; step < 3; ++step) {
+      a.set_grad(grad.clone());
+      b.set_grad(grad.clone());
+      fused.step();
+      whole.step();
+    }
+    EXPECT_TRUE(bit_equal(a, b));
+    EXPECT_TRUE(bit_equal(fused.param_groups()[0].slots[0].master, whole.param_groups()[0].slots[0].master));
+    if (rounding == Rounding::Nearest) {
+      EXPECT_TRUE(bit_equal(a, fused.param_groups()[0].slots[0].master.to(DType::BFloat16)));
+    }
+  }
 }
 
 }  // namespace

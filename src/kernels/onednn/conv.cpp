@@ -22,6 +22,7 @@ using dnnl::memory;
 using tag = memory::format_tag;
 
 std::atomic<int64_t> g_reorders{0};
+std::atomic<int64_t> g_backward_data{0};  // backward-data passes run
 
 // Where a tensor in Castor's layout ("plain": nchw or nhwc activations, oihw weights) meets a primitive: the layout
 // the primitive takes, the reorder between the two (absent when they agree), and the scratch slot a reordered copy
@@ -81,6 +82,7 @@ Staged stage_in(const Port& port, const Tensor& t) {
 }
 
 constexpr int64_t kBlockedFromChannels = 64;
+constexpr int64_t kNhwcWeightsFromChannels = 16;
 
 enum Pass : int64_t { kForward, kBackwardData, kBackwardWeights };
 
@@ -134,7 +136,11 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
   // The primitive's activation layout: channels-last tensors with few input channels run on oneDNN's nhwc kernels,
   // which here match its blocked ones below 64 channels but are 10-30% slower from 64 up (ResNet-18's layers),
   // more than the reorders to and from the blocked layout cost (docs/benchmarks.md).
-  const tag act = k.src_cl && k.c < kBlockedFromChannels ? tag::nhwc : tag::any;
+  // Backward-weights of a layer with few input channels (a network's first) is the exception: oneDNN 2.6's nhwc
+  // kernel for it runs 4-1000x slower than its blocked one here (about 3 s against 3 ms for SimpleCNN's first layer in
+  // bfloat16 on 2 busy cores), far more than reordering src and diff_dst costs.
+  const bool nhwc_ok = k.pass != kBackwardWeights || k.c >= kNhwcWeightsFromChannels;
+  const tag act = k.src_cl && k.c < kBlockedFromChannels && nhwc_ok ? tag::nhwc : tag::any;
   const memory::desc src_any(src_dims, dt, act), dst_any(dst_dims, dt, act), w_any(w_dims, dt, tag::any);
   const memory::desc bias = k.bias ? memory::desc({k.o}, dt, tag::x) : memory::desc();
   const auto algo = dnnl::algorithm::convolution_direct;
@@ -208,6 +214,7 @@ void run_backward(const ConvPrim* data, const ConvPrim* wts, const Tensor& src, 
                   const Tensor& diff_dst, const Tensor& diff_src, const Tensor& diff_weights, const Tensor& diff_bias) {
   Staged dy;
   if (data) {
+    ++g_backward_data;
     dy = stage_in(data->ports[0], diff_dst);
     run(*data, dy, stage_in(data->ports[1], weights), diff_src, Tensor());
   }
@@ -239,6 +246,7 @@ std::string describe(const Tensor& src, const Tensor& weights, const Conv2dParam
 }  // namespace
 
 int64_t conv_reorder_count() { return g_reorders.load(); }
+int64_t conv_backward_data_count() { return g_backward_data.load(); }
 
 void conv2d_forward(const Tensor& src, const Tensor& weights, const Tensor& bias, const Tensor& dst,
                     const Conv2dParams& p) {

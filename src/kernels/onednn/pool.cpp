@@ -1,5 +1,6 @@
 // Max and average pooling forward and backward on oneDNN (max keeps oneDNN's workspace for its backward), on src's
-// layout, except channels-last max pooling, which runs on Castor's own loops (max_pool_nhwc.cpp). For NCHW tensors,
+// layout, except channels-last max pooling, which runs on Castor's own kernels (kernels/cpu/max_pool_nhwc.cpp, or the
+// reference loops kernels/ref/max_pool_nhwc.cpp for windows over 256 positions). For NCHW tensors,
 // where oneDNN has only its generic loop (simple_nchw, several times slower than its JIT kernels), the primitives
 // run channels-last with a reorder on the way in and out. float16 (and bfloat16 where oneDNN lacks it) runs on
 // exact float32 copies with one rounding.
@@ -131,7 +132,10 @@ const PoolPrims& select(DType dt, const Tensor& src, const Tensor& dst, const Po
 Tensor pool2d_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p) {
   if (src.dtype() == DType::Float64) return pool2d_forward_ref(src, dst, p);
   assert_laid_out_like(dst, src);
-  if (p.is_max && channels_last(src)) return max_pool2d_nhwc_forward(src, dst, p);
+  CASTOR_ASSERT(!p.relu || (p.is_max && channels_last(src) && max_pool2d_nhwc_fits(p)),
+                "max_pool2d: a folded ReLU runs on the fast channels-last kernel only");
+  if (p.is_max && channels_last(src))
+    return max_pool2d_nhwc_fits(p) ? max_pool2d_nhwc_forward(src, dst, p) : max_pool2d_nhwc_forward_ref(src, dst, p);
   try {
     bool widened = false;
     const PoolPrims& prims = select(src.dtype(), src, dst, p, widened);
@@ -159,7 +163,9 @@ Tensor pool2d_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& 
 void pool2d_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src, const Pool2dParams& p) {
   if (diff_dst.dtype() == DType::Float64) return pool2d_backward_ref(diff_dst, workspace, diff_src, p);
   assert_laid_out_like(diff_dst, diff_src);
-  if (p.is_max && channels_last(diff_src)) return max_pool2d_nhwc_backward(diff_dst, workspace, diff_src);
+  if (p.is_max && channels_last(diff_src))
+    return workspace.dtype() == DType::UInt8 ? max_pool2d_nhwc_backward(diff_dst, workspace, diff_src, p)
+                                             : max_pool2d_nhwc_backward_ref(diff_dst, workspace, diff_src);
   try {
     bool widened = false;
     const PoolPrims& prims = select(diff_dst.dtype(), diff_src, diff_dst, p, widened);

@@ -1,5 +1,6 @@
-// Max pooling of channels-last tensors as plain loops over each pixel's contiguous channels: several times faster here
-// than oneDNN 2.6's nhwc pooling, exact in every dtype (the result is one of the inputs), no widening for 16-bit.
+// Max pooling of channels-last tensors as plain loops over each pixel's contiguous channels, in float: the reference
+// the fast kernel (src/kernels/cpu/max_pool_nhwc.cpp) is tested against, and the kernel for windows too large for its
+// one-byte argmax. Exact in every dtype (the result is one of the inputs).
 #include <omp.h>
 
 #include <algorithm>
@@ -21,7 +22,7 @@ const float* as_float(const char* at, DType dt, int64_t c, float* buf) {
 
 }  // namespace
 
-Tensor max_pool2d_nhwc_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p) {
+Tensor max_pool2d_nhwc_forward_ref(const Tensor& src, const Tensor& dst, const Pool2dParams& p) {
   const int64_t n = src.size(0), c = src.size(1), h = src.size(2), w = src.size(3), oh = dst.size(2), ow = dst.size(3);
   const DType dt = src.dtype();
   const int64_t es = static_cast<int64_t>(src.element_size());
@@ -63,7 +64,7 @@ Tensor max_pool2d_nhwc_forward(const Tensor& src, const Tensor& dst, const Pool2
   return workspace;
 }
 
-void max_pool2d_nhwc_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src) {
+void max_pool2d_nhwc_backward_ref(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src) {
   const int64_t n = diff_src.size(0), c = diff_src.size(1), h = diff_src.size(2), w = diff_src.size(3);
   const int64_t outputs = diff_dst.size(2) * diff_dst.size(3);  // per image
   const DType dt = diff_dst.dtype();

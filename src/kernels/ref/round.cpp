@@ -43,21 +43,26 @@ uint16_t stochastic_f16(float x, uint32_t random24) {
 
 }  // namespace
 
-void round_into_16bit(const float* src, const Tensor& dst, bool stochastic, uint64_t key) {
-  const DType d = dst.dtype();
-  CASTOR_ASSERT(is_16bit_float(d) && dst.is_contiguous(), "round_into_16bit: bad destination ", dst.describe());
-  uint16_t* out = static_cast<uint16_t*>(dst.data_ptr());
-  if (!stochastic) {
-    parallel_blocks(dst.numel(), [&](int64_t b, int64_t e) { convert(src + b, DType::Float32, out + b, d, e - b); });
+void round_block_into_16bit(const float* src, const RoundInto& into, int64_t begin, int64_t end) {
+  if (!into.dst) return;
+  const DType d = into.dst->dtype();
+  uint16_t* out = static_cast<uint16_t*>(into.dst->data_ptr());
+  if (!into.stochastic) {
+    convert(src + begin, DType::Float32, out + begin, d, end - begin);
     return;
   }
-  parallel_blocks(dst.numel(), [&](int64_t b, int64_t e) {
-    Generator bits(key + static_cast<uint64_t>(b / kBlock));
-    if (d == DType::BFloat16)
-      for (int64_t i = b; i < e; ++i) out[i] = stochastic_bf16(src[i], static_cast<uint32_t>(bits.next_u64() >> 48));
-    else
-      for (int64_t i = b; i < e; ++i) out[i] = stochastic_f16(src[i], static_cast<uint32_t>(bits.next_u64() >> 40));
-  });
+  Generator bits(into.key + static_cast<uint64_t>(begin / kBlock));
+  if (d == DType::BFloat16)
+    for (int64_t i = begin; i < end; ++i) out[i] = stochastic_bf16(src[i], static_cast<uint32_t>(bits.next_u64() >> 48));
+  else
+    for (int64_t i = begin; i < end; ++i) out[i] = stochastic_f16(src[i], static_cast<uint32_t>(bits.next_u64() >> 40));
+}
+
+void round_into_16bit(const float* src, const RoundInto& into) {
+  if (!into.dst) return;
+  CASTOR_ASSERT(is_16bit_float(into.dst->dtype()) && into.dst->is_contiguous(), "round_into_16bit: bad destination ",
+                into.dst->describe());
+  parallel_blocks(into.dst->numel(), [&](int64_t b, int64_t e) { round_block_into_16bit(src, into, b, e); });
 }
 
 }  // namespace castor::kernels
