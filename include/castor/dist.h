@@ -36,7 +36,8 @@ class ProcessGroup {
   virtual std::unique_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) = 0;
   virtual void broadcast(const Tensor& t, int root) = 0;
   virtual Tensor all_gather(const Tensor& t) = 0;
-  void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }
+  // Blocking all_reduce: all_reduce_async and wait, unless the backend has a faster blocking collective.
+  virtual void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }
 };
 
 // Sets up the default group once (later calls do nothing): under mpirun (OMPI_COMM_WORLD_SIZE set) it initialises

@@ -155,6 +155,11 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   app.add_option("--nproc", c.nproc,
                  "data-parallel ranks on this machine: runs itself under mpirun -np N (under mpirun, its -np)")
       ->check(integer_in(1, 1024));
+  app.add_flag("--sync-batchnorm", c.sync_batchnorm,
+               "with several ranks: BatchNorm statistics of the global batch (default: each rank's own, as in DDP)");
+  app.add_option("--grad-compression", c.grad_compression,
+                 "with several ranks: send gradients as bf16 or fp16 (each addition in float32)")
+      ->check(one_of({"none", "bf16", "fp16"}));
   app.add_flag("--deterministic", c.deterministic, "fixed threading, for bit-exact resume");
   app.add_option("--out", c.out, "run directory");
   app.add_option("--resume", c.resume,
@@ -319,6 +324,8 @@ Json settings_json(const TrainConfig& c) {
   o["seed"] = c.seed;
   o["threads"] = c.threads;
   o["nproc"] = c.nproc;
+  o["sync_batchnorm"] = c.sync_batchnorm;
+  o["grad_compression"] = c.grad_compression;
   o["deterministic"] = c.deterministic;
   o["checkpoint_every"] = c.checkpoint_every;
   o["checkpoint_minutes"] = c.checkpoint_minutes;

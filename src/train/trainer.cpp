@@ -121,7 +121,12 @@ Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps) {
   }
   // Every rank starts from rank 0's weights; the wrapper is made before amp::initialize (which changes the
   // parameters in place), so O2/O3 masters copy the broadcast values.
-  if (dist::world_size() > 1) r.ddp = std::make_shared<nn::DistributedDataParallel>(r.model);
+  if (dist::world_size() > 1) {
+    if (c.sync_batchnorm) nn::convert_sync_batchnorm(*r.model);
+    nn::DDPOptions o;
+    if (c.grad_compression != "none") o.compression = parse_dtype(c.grad_compression);
+    r.ddp = std::make_shared<nn::DistributedDataParallel>(r.model, o);
+  }
   const std::vector<Tensor> params = r.model->parameters();
   if (c.optimizer == "sgd") {
     r.opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = c.lr, .momentum = c.momentum,
