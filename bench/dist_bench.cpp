@@ -1,8 +1,9 @@
 // Data-parallel throughput on one machine: 2 ranks x 1 thread (mpirun) against 1 process x 2 threads, the share of a
 // step spent waiting for gradients with and without overlap, and Open MPI's all-reduce time from 4 KB to 64 MB.
 //
-// Usage: dist_bench [simplecnn|resnet18|all] [steps]   (default: all, 4 timed steps after 1 warm-up; ~2 minutes here)
-// It measures 1 x 2 threads itself, then runs itself as `mpirun -np 2 dist_bench --worker ...` for the rest and prints
+// Usage: dist_bench [simplecnn|resnet18|all] [steps]   (default: all, 4 timed steps after 1 warm-up; ~3 minutes here)
+// It measures 1 x 2 threads and 1 x 1 thread (on one rank's half of the batch: the baseline of scaling efficiency)
+// itself, then runs itself as `mpirun -np 2 dist_bench --worker ...` for the rest and prints
 // both side by side. Steps are O0 float32 (forward, cross_entropy, backward, Adam) on CIFAR-shaped random batches of
 // a fixed global size (SimpleCNN 256, ResNet-18 64), split evenly between the ranks; images/s counts both ranks.
 // "wait" is the time backward's end spends waiting for all-reduces still in flight (DDPStats::wait_seconds), as a share
@@ -41,10 +42,9 @@ struct StepResult {
 
 int64_t global_batch(const std::string& model) { return model == "resnet18" ? 64 : 256; }
 
-// Median over `steps` timed training steps (after one warm-up) of this rank's share of the global batch.
-StepResult train_steps(const std::string& name, int steps, bool overlap) {
+// Median over `steps` timed training steps (after one warm-up) of `batch` images per rank; images/s counts every rank.
+StepResult train_steps(const std::string& name, int64_t batch, int steps, bool overlap) {
   const int world = dist::world_size();
-  const int64_t batch = global_batch(name) / world;
   manual_seed(1);
   nn::ModulePtr model = models::make_model(name, 3, 32, 32, 10);
   std::shared_ptr<nn::DistributedDataParallel> ddp;
@@ -69,7 +69,7 @@ StepResult train_steps(const std::string& name, int steps, bool overlap) {
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return times[a] < times[b]; });
   const size_t mid = order[order.size() / 2];
-  return {static_cast<double>(global_batch(name)) / times[mid], waits[mid] / times[mid], 1e3 * times[mid]};
+  return {static_cast<double>(batch * world) / times[mid], waits[mid] / times[mid], 1e3 * times[mid]};
 }
 
 // The best time of an all-reduce of `elements` gradients (float32, or bfloat16 with float32 additions) over repeats.
@@ -99,7 +99,7 @@ void worker(const std::vector<std::string>& models, int steps) {
   }
   for (const std::string& m : models)
     for (bool overlap : {true, false}) {
-      const StepResult r = train_steps(m, steps, overlap);
+      const StepResult r = train_steps(m, global_batch(m) / 2, steps, overlap);
       if (rank0) std::printf("step %s %d %.3f %.4f %.2f\n", m.c_str(), overlap ? 1 : 0, r.images_per_sec, r.wait_share,
                              r.step_ms);
     }
@@ -121,10 +121,14 @@ int main(int argc, char** argv) {
     return 0;
   }
 
-  // 1 process x 2 threads.
-  omp_set_num_threads(2);
-  std::map<std::string, StepResult> single;
-  for (const std::string& m : models) single[m] = train_steps(m, steps, /*overlap=*/true);
+  // 1 process x 2 threads on the global batch, and 1 process x 1 thread on one rank's half (the scaling baseline).
+  std::map<std::string, StepResult> single, one_thread;
+  for (const std::string& m : models) {
+    omp_set_num_threads(2);
+    single[m] = train_steps(m, global_batch(m), steps, /*overlap=*/true);
+    omp_set_num_threads(1);
+    one_thread[m] = train_steps(m, global_batch(m) / 2, steps, /*overlap=*/true);
+  }
 
   // 2 ranks x 1 thread: this same binary under mpirun.
   char exe[4096];
@@ -163,14 +167,17 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("\n(bf16 wire: the same number of gradients as the f32 row's bytes/4, sent as bfloat16)\n\n");
-  std::printf("%-10s %6s %12s %12s %8s %10s %14s %12s\n", "model", "batch", "1x2 img/s", "2x1 img/s", "2x1/1x2",
-              "wait", "no-overlap", "wait");
+  std::printf("images/s of the global batch; 1x1: one thread on one rank's half, efficiency = 2x1 / (2 x 1x1);\n"
+              "wait: share of the 2x1 step waiting for gradients at the end of backward (with / without overlap)\n");
+  std::printf("%-10s %6s %10s %10s %10s %8s %10s %8s %12s %8s\n", "model", "batch", "1x2", "2x1", "2x1/1x2", "1x1",
+              "efficiency", "wait", "2x1 no-ovl", "wait");
   for (const std::string& m : models) {
     const auto& r = steps_2x1[m];
     if (!r.count(1) || !r.count(0)) continue;
-    std::printf("%-10s %6lld %12.1f %12.1f %7.2fx %9.1f%% %14.1f %11.1f%%\n", m.c_str(),
+    std::printf("%-10s %6lld %10.1f %10.1f %9.2fx %8.1f %9.0f%% %7.1f%% %12.1f %7.1f%%\n", m.c_str(),
                 static_cast<long long>(global_batch(m)), single[m].images_per_sec, r.at(1)[0],
-                r.at(1)[0] / single[m].images_per_sec, 100 * r.at(1)[1], r.at(0)[0], 100 * r.at(0)[1]);
+                r.at(1)[0] / single[m].images_per_sec, one_thread[m].images_per_sec,
+                100 * r.at(1)[0] / (2 * one_thread[m].images_per_sec), 100 * r.at(1)[1], r.at(0)[0], 100 * r.at(0)[1]);
   }
   return 0;
 }

@@ -34,7 +34,7 @@ struct TrainConfig {
   int threads = 0;                     // per rank; 0: the machine's cores divided among its ranks
   int nproc = 0;                       // data-parallel ranks (0: not given; one, or mpirun's -np)
   bool sync_batchnorm = false;         // with several ranks: BatchNorm statistics over the global batch
-  std::string grad_compression = "none";  // none | bf16 | fp16: the gradients' type on the wire between ranks
+  std::string compress_grads = "none";  // none | bf16 | fp16: the gradients' type on the wire between ranks
   bool deterministic = false;
   std::string out = "runs/latest";
   std::string resume;                  // a run directory (or one of its checkpoints) to continue from

@@ -157,7 +157,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
       ->check(integer_in(1, 1024));
   app.add_flag("--sync-batchnorm", c.sync_batchnorm,
                "with several ranks: BatchNorm statistics of the global batch (default: each rank's own, as in DDP)");
-  app.add_option("--grad-compression", c.grad_compression,
+  app.add_option("--compress-grads", c.compress_grads,
                  "with several ranks: send gradients as bf16 or fp16 (each addition in float32)")
       ->check(one_of({"none", "bf16", "fp16"}));
   app.add_flag("--deterministic", c.deterministic, "fixed threading, for bit-exact resume");
@@ -325,7 +325,7 @@ Json settings_json(const TrainConfig& c) {
   o["threads"] = c.threads;
   o["nproc"] = c.nproc;
   o["sync_batchnorm"] = c.sync_batchnorm;
-  o["grad_compression"] = c.grad_compression;
+  o["compress_grads"] = c.compress_grads;
   o["deterministic"] = c.deterministic;
   o["checkpoint_every"] = c.checkpoint_every;
   o["checkpoint_minutes"] = c.checkpoint_minutes;
