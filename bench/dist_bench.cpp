@@ -1,7 +1,9 @@
 // Data-parallel throughput on one machine: 2 ranks x 1 thread (mpirun) against 1 process x 2 threads, the share of a
 // step spent waiting for gradients with and without overlap, and Open MPI's all-reduce time from 4 KB to 64 MB.
 //
-// Usage: dist_bench [simplecnn|resnet18|all] [steps]   (default: all, 4 timed steps after 1 warm-up; ~3 minutes here)
+// Usage: dist_bench [simplecnn|resnet18|all] [steps] [rounds]   (default: all, 4 timed steps after 1 warm-up, 3 rounds;
+// about 8 minutes here). Each round measures every configuration once; step figures are medians over rounds and
+// all-reduce times the best over rounds (the machine is shared: a rank that loses its core stalls both).
 // It measures 1 x 2 threads and 1 x 1 thread (on one rank's half of the batch: the baseline of scaling efficiency)
 // itself, then runs itself as `mpirun -np 2 dist_bench --worker ...` for the rest and prints
 // both side by side. Steps are O0 float32 (forward, cross_entropy, backward, Adam) on CIFAR-shaped random batches of
@@ -76,13 +78,14 @@ StepResult train_steps(const std::string& name, int64_t batch, int steps, bool o
 double all_reduce_seconds(int64_t elements, DType dtype) {
   const Tensor t = ones({elements}, dtype);
   double best = 1e30;
-  // The same count on both ranks (a count decided by each rank's own clock would leave one waiting forever).
-  const int reps = elements >= (int64_t{1} << 20) ? 5 : 20;
-  for (int rep = 0; rep < reps; ++rep) {
+  // Counts fixed in advance, the same on both ranks (a count decided by each rank's own clock would leave one
+  // waiting forever): 10 batches of back-to-back calls, each batch moving at least ~4 MB.
+  const int per_batch = static_cast<int>(std::clamp<int64_t>((int64_t{1} << 20) / elements, 1, 50));
+  for (int rep = 0; rep < 10; ++rep) {
     dist::barrier();
     const auto t0 = Clock::now();
-    dist::all_reduce(t);
-    best = std::min(best, seconds_since(t0));
+    for (int k = 0; k < per_batch; ++k) dist::all_reduce(t);
+    best = std::min(best, seconds_since(t0) / per_batch);
   }
   // Both ranks' times: the collective ends when the slower one is done.
   Tensor worst = scalar_tensor(best, DType::Float64);
@@ -113,6 +116,7 @@ int main(int argc, char** argv) {
   if (is_worker) args.erase(args.begin());
   const std::string which = !args.empty() ? args[0] : "all";
   const int steps = args.size() > 1 ? std::max(2, std::atoi(args[1].c_str())) : 4;
+  const int rounds = args.size() > 2 ? std::max(1, std::atoi(args[2].c_str())) : 3;
   const std::vector<std::string> models =
       which == "all" ? std::vector<std::string>{"simplecnn", "resnet18"} : std::vector<std::string>{which};
   if (is_worker) {
@@ -120,17 +124,6 @@ int main(int argc, char** argv) {
     worker(models, steps);
     return 0;
   }
-
-  // 1 process x 2 threads on the global batch, and 1 process x 1 thread on one rank's half (the scaling baseline).
-  std::map<std::string, StepResult> single, one_thread;
-  for (const std::string& m : models) {
-    omp_set_num_threads(2);
-    single[m] = train_steps(m, global_batch(m), steps, /*overlap=*/true);
-    omp_set_num_threads(1);
-    one_thread[m] = train_steps(m, global_batch(m) / 2, steps, /*overlap=*/true);
-  }
-
-  // 2 ranks x 1 thread: this same binary under mpirun.
   char exe[4096];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (n <= 0) return std::fprintf(stderr, "dist_bench: cannot find its own path\n"), 1;
@@ -138,46 +131,67 @@ int main(int argc, char** argv) {
   std::ostringstream cmd;
   cmd << "OMP_NUM_THREADS=1 mpirun -np 2 --oversubscribe --bind-to none" << (geteuid() == 0 ? " --allow-run-as-root" : "")
       << " " << exe << " --worker " << which << " " << steps;
-  FILE* p = popen(cmd.str().c_str(), "r");
-  if (!p) return std::fprintf(stderr, "dist_bench: cannot run mpirun\n"), 1;
-  std::vector<std::string> lines;
-  char buf[512];
-  while (std::fgets(buf, sizeof(buf), p)) lines.push_back(buf);
-  if (pclose(p) != 0) return std::fprintf(stderr, "dist_bench: the mpirun worker failed\n"), 1;
 
-  std::printf("all-reduce, 2 ranks, Open MPI over shared memory (best of repeats; bus bandwidth = bytes / time, as\n"
-              "a ring sends 2(N-1)/N = 1x the buffer per rank at N = 2)\n");
-  std::printf("%10s %12s %10s %14s %10s\n", "bytes", "f32 us", "f32 GB/s", "bf16 wire us", "bf16/f32");
-  std::map<std::string, std::map<int, std::vector<double>>> steps_2x1;
-  for (const std::string& line : lines) {
-    std::istringstream in(line);
-    std::string kind;
-    in >> kind;
-    if (kind == "allreduce") {
-      long long bytes;
-      double f32, bf16;
-      in >> bytes >> f32 >> bf16;
-      std::printf("%10lld %12.1f %10.2f %14.1f %10.2f\n", bytes, 1e6 * f32, bytes / f32 / 1e9, 1e6 * bf16, bf16 / f32);
-    } else if (kind == "step") {
-      std::string m;
-      int overlap;
-      double ips, wait, ms;
-      in >> m >> overlap >> ips >> wait >> ms;
-      steps_2x1[m][overlap] = {ips, wait, ms};
+  // Per model: images/s of 1x2, 1x1, 2x1 and 2x1 without overlap, and the two wait shares, one entry per round.
+  std::map<std::string, std::map<std::string, std::vector<double>>> runs;
+  std::map<long long, std::pair<double, double>> curve;  // bytes -> best (f32, bf16) seconds
+  for (int round = 0; round < rounds; ++round) {
+    // 1 process x 2 threads on the global batch, and 1 process x 1 thread on one rank's half (the scaling baseline).
+    for (const std::string& m : models) {
+      omp_set_num_threads(2);
+      runs[m]["1x2"].push_back(train_steps(m, global_batch(m), steps, /*overlap=*/true).images_per_sec);
+      omp_set_num_threads(1);
+      runs[m]["1x1"].push_back(train_steps(m, global_batch(m) / 2, steps, /*overlap=*/true).images_per_sec);
+    }
+    // 2 ranks x 1 thread: this same binary under mpirun.
+    FILE* p = popen(cmd.str().c_str(), "r");
+    if (!p) return std::fprintf(stderr, "dist_bench: cannot run mpirun\n"), 1;
+    char buf[512];
+    std::vector<std::string> lines;
+    while (std::fgets(buf, sizeof(buf), p)) lines.push_back(buf);
+    if (pclose(p) != 0) return std::fprintf(stderr, "dist_bench: the mpirun worker failed\n"), 1;
+    for (const std::string& line : lines) {
+      std::istringstream in(line);
+      std::string kind;
+      in >> kind;
+      if (kind == "allreduce") {
+        long long bytes;
+        double f32, bf16;
+        in >> bytes >> f32 >> bf16;
+        auto it = curve.find(bytes);
+        if (it == curve.end()) curve[bytes] = {f32, bf16};
+        else it->second = {std::min(it->second.first, f32), std::min(it->second.second, bf16)};
+      } else if (kind == "step") {
+        std::string m;
+        int overlap;
+        double ips, wait, ms;
+        in >> m >> overlap >> ips >> wait >> ms;
+        runs[m][overlap ? "2x1" : "2x1 no-overlap"].push_back(ips);
+        runs[m][overlap ? "wait" : "wait no-overlap"].push_back(wait);
+      }
     }
   }
-  std::printf("\n(bf16 wire: the same number of gradients as the f32 row's bytes/4, sent as bfloat16)\n\n");
-  std::printf("images/s of the global batch; 1x1: one thread on one rank's half, efficiency = 2x1 / (2 x 1x1);\n"
-              "wait: share of the 2x1 step waiting for gradients at the end of backward (with / without overlap)\n");
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+
+  std::printf("all-reduce, 2 ranks, Open MPI over shared memory (best over rounds; GB/s = bytes / time, as a ring\n"
+              "sends 2(N-1)/N = 1x the buffer per rank at N = 2); bf16 wire: the same gradients sent as bfloat16\n");
+  std::printf("%10s %12s %10s %14s %10s\n", "bytes", "f32 us", "f32 GB/s", "bf16 wire us", "bf16/f32");
+  for (const auto& [bytes, t] : curve)
+    std::printf("%10lld %12.1f %10.2f %14.1f %10.2f\n", bytes, 1e6 * t.first, bytes / t.first / 1e9, 1e6 * t.second,
+                t.second / t.first);
+  std::printf("\nimages/s of the global batch, median of %d rounds; 1x1: one thread on one rank's half, efficiency =\n"
+              "2x1 / (2 x 1x1); wait: share of the 2x1 step waiting for gradients at the end of backward\n", rounds);
   std::printf("%-10s %6s %10s %10s %10s %8s %10s %8s %12s %8s\n", "model", "batch", "1x2", "2x1", "2x1/1x2", "1x1",
               "efficiency", "wait", "2x1 no-ovl", "wait");
   for (const std::string& m : models) {
-    const auto& r = steps_2x1[m];
-    if (!r.count(1) || !r.count(0)) continue;
+    auto& r = runs[m];
+    const double x12 = median(r["1x2"]), x11 = median(r["1x1"]), x21 = median(r["2x1"]);
     std::printf("%-10s %6lld %10.1f %10.1f %9.2fx %8.1f %9.0f%% %7.1f%% %12.1f %7.1f%%\n", m.c_str(),
-                static_cast<long long>(global_batch(m)), single[m].images_per_sec, r.at(1)[0],
-                r.at(1)[0] / single[m].images_per_sec, one_thread[m].images_per_sec,
-                100 * r.at(1)[0] / (2 * one_thread[m].images_per_sec), 100 * r.at(1)[1], r.at(0)[0], 100 * r.at(0)[1]);
+                static_cast<long long>(global_batch(m)), x12, x21, x21 / x12, x11, 100 * x21 / (2 * x11),
+                100 * median(r["wait"]), median(r["2x1 no-overlap"]), 100 * median(r["wait no-overlap"]));
   }
   return 0;
 }
