@@ -11,13 +11,10 @@ install(DIRECTORY include/castor ${CMAKE_CURRENT_BINARY_DIR}/include/castor
 install(EXPORT castorTargets NAMESPACE castor:: DESTINATION ${CASTOR_CMAKE_DIR})
 
 # castorConfig.cmake finds the same dependencies the library was built with, so they arrive transitively.
-set(CASTOR_PACKAGE_DEPENDENCIES "find_dependency(dnnl CONFIG)\nfind_dependency(ZLIB)\nfind_dependency(OpenMP)\nfind_dependency(Threads)")
+# The library links Open MPI (castor::dist), so consumers find it too (its headers stay out of Castor's).
+set(CASTOR_PACKAGE_DEPENDENCIES "find_dependency(dnnl CONFIG)\nfind_dependency(ZLIB)\nfind_dependency(OpenMP)\nfind_dependency(Threads)\nset(MPI_CXX_SKIP_MPICXX ON)\nfind_dependency(MPI COMPONENTS CXX)")
 set(CASTOR_PC_LIBS "-ldnnl -lz -fopenmp -pthread")
-set(CASTOR_PC_REQUIRES "")
-if(CASTOR_WITH_MPI)
-  string(APPEND CASTOR_PACKAGE_DEPENDENCIES "\nfind_dependency(MPI COMPONENTS C)")
-  set(CASTOR_PC_REQUIRES "ompi-c")
-endif()
+set(CASTOR_PC_REQUIRES "ompi-c")
 configure_package_config_file(cmake/castorConfig.cmake.in ${CMAKE_CURRENT_BINARY_DIR}/castorConfig.cmake
                               INSTALL_DESTINATION ${CASTOR_CMAKE_DIR})
 write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/castorConfigVersion.cmake

@@ -67,13 +67,15 @@ castor_layer(core DIRS core
   HEADERS version half dtype check log device allocator convert tensor random state_dict op_kind)
 castor_layer(kernels DIRS kernels USES core)
 castor_layer(runtime DIRS runtime autograd HEADERS ops autocast autograd USES core kernels)
-castor_layer(nn DIRS nn HEADERS functional nn models USES core kernels runtime)
+castor_layer(dist DIRS dist HEADERS dist USES core kernels runtime)
+target_link_libraries(castor_dist PRIVATE MPI::MPI_CXX)  # only src/dist includes mpi.h
+castor_layer(nn DIRS nn HEADERS functional nn models ddp USES core kernels runtime dist)
 castor_layer(optim DIRS optim HEADERS optim lr_scheduler USES core kernels runtime)
-castor_layer(amp DIRS amp HEADERS grad_scaler amp explain opt_level USES core kernels runtime nn optim)
+castor_layer(amp DIRS amp HEADERS grad_scaler amp explain opt_level USES core kernels runtime dist nn optim)
 castor_layer(io DIRS io HEADERS json fs safetensors serialize USES core)
 castor_layer(data DIRS data HEADERS data datasets USES core io)
 castor_layer(train DIRS train HEADERS checkpoint train_config trainer report castor
-  USES core kernels runtime nn optim amp io data)
+  USES core kernels runtime dist nn optim amp io data)
 
 # Every source and every public header belongs to a layer: a new directory or header must be placed in the table.
 file(GLOB_RECURSE all_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/src/*.cpp)
@@ -84,7 +86,7 @@ foreach(s ${all_sources})
 endforeach()
 file(GLOB public_headers CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/include/castor/*.h)
 set(owned_headers "")
-foreach(layer core kernels runtime nn optim amp io data train)
+foreach(layer core kernels runtime dist nn optim amp io data train)
   list(APPEND owned_headers ${CASTOR_LAYER_${layer}_HEADERS})
 endforeach()
 foreach(h ${public_headers})

@@ -4,7 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(build-essential cmake ninja-build pkg-config libdnnl-dev zlib1g-dev libcli11-dev libgtest-dev googletest
-          python3-torch libopenblas0-pthread dataset-fashion-mnist clang libclang-rt-14-dev)
+          python3-torch libopenblas0-pthread dataset-fashion-mnist clang libclang-rt-14-dev
+          libopenmpi-dev openmpi-bin)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -16,5 +17,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
+# Open MPI runs the data-parallel jobs: `mpirun -np N castor train ...` (as root, mpirun also needs --allow-run-as-root;
+# on a machine with fewer cores than ranks, --oversubscribe). The MPI tests (Mpirun*) launch it that way.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j"$(nproc)"

@@ -1,9 +1,14 @@
 // The `castor` command: train, eval and info subcommands (the work lives in src/train).
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "castor/check.h"
+#include "castor/dist.h"
 #include "castor/fs.h"
 #include "castor/trainer.h"
 #include "castor/version.h"
@@ -23,6 +28,30 @@ bool wants_help(const std::vector<std::string>& args) {
   return false;
 }
 
+// `castor train --nproc N` from a shell: replaces this process with `mpirun -np N castor train ...` (its exit status
+// becomes the job's). Returns only when no re-launch is needed.
+void relaunch_under_mpirun(const castor::train::TrainConfig& c, const std::vector<std::string>& args) {
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  CASTOR_CHECK(n > 0, "--nproc: cannot find this program's path: ", std::strerror(errno));
+  exe[n] = '\0';
+  const std::vector<std::string> cmd = castor::train::mpirun_command(c, exe, args);
+  if (cmd.empty()) return;
+  std::vector<char*> argv;
+  for (const std::string& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::fflush(nullptr);
+  execvp(argv[0], argv.data());
+  throw castor::Error(castor::detail::cat("--nproc ", c.nproc, ": cannot run mpirun (", std::strerror(errno),
+                                          "); install openmpi-bin (scripts/setup.sh)"));
+}
+
+// After an error in a data-parallel job, the other ranks would wait for this one: end them all.
+int fail(int code) {
+  if (castor::dist::is_launched_by_mpirun() && castor::dist::world_size() > 1) castor::dist::abort(code);
+  return code;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -39,9 +68,11 @@ int main(int argc, char** argv) {
   try {
     if (cmd == "train") {
       if (wants_help(args)) return std::fputs(castor::train::train_help().c_str(), stdout), 0;
+      const castor::train::TrainConfig config = castor::train::parse_train_flags(args);
+      relaunch_under_mpirun(config, args);
       castor::train::install_interrupt_handlers();
-      const castor::Json summary = castor::train::run_train(castor::train::parse_train_flags(args));
-      std::printf("%s\n", summary.dump().c_str());
+      const castor::Json summary = castor::train::run_train(config);
+      if (castor::dist::rank() == 0) std::printf("%s\n", summary.dump().c_str());
       // Interrupted: checkpointed and stopped; the status says by what, as if the signal had ended it.
       if (const castor::Json* sig = summary.find("interrupted_by_signal")) return 128 + static_cast<int>(sig->as_int());
     } else if (cmd == "eval") {
@@ -56,14 +87,14 @@ int main(int argc, char** argv) {
     }
   } catch (const castor::Error& e) {
     std::fprintf(stderr, "castor %s: error: %s\n", cmd.c_str(), castor::printable(e.what()).c_str());
-    return 1;
+    return fail(1);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "castor %s: error: out of memory\n", cmd.c_str());
-    return 1;
+    return fail(1);
   } catch (const std::exception& e) {
     // Not expected (every user error is a castor::Error), but still one line and a non-zero exit.
     std::fprintf(stderr, "castor %s: error: internal: %s\n", cmd.c_str(), castor::printable(e.what()).c_str());
-    return 1;
+    return fail(1);
   }
   return 0;
 }

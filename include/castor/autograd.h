@@ -1,5 +1,6 @@
 // Reverse-mode autograd: grad mode, the backward engine's entry points, user-defined differentiable functions.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,10 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                          bool create_graph = false);
 
 namespace autograd {
+
+// Runs `callback` once the backward in progress has finished (PyTorch's Variable._execution_engine.queue_callback),
+// after every gradient has been accumulated; callbacks run in the order queued. Raises outside a backward.
+void queue_callback(std::function<void()> callback);
 
 // What a Function's forward hands its backward (PyTorch's ctx).
 class FunctionCtx {

@@ -19,6 +19,8 @@
 #include "castor/amp.h"
 #include "castor/autocast.h"
 #include "castor/autograd.h"
+#include "castor/ddp.h"
+#include "castor/dist.h"
 #include "castor/explain.h"
 #include "castor/opt_level.h"
 #include "castor/grad_scaler.h"

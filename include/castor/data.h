@@ -32,6 +32,10 @@ struct LoaderOptions {
   bool drop_last = false;
   uint64_t seed = 0;
   Normalization norm;
+  // Data parallelism: batch_size is the global batch, and this loader yields its rows
+  // [shard * batch_size / num_shards, (shard + 1) * batch_size / num_shards) with the augmentation those rows get
+  // in the whole batch. num_shards must divide batch_size, and drop_last is needed with more than one shard.
+  int64_t shard = 0, num_shards = 1;
 };
 
 struct Batch {

@@ -20,6 +20,11 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 // (PyTorch's convention, unbiased variance for the running estimate).
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum = 0.1, double eps = 1e-5);
+// Training-mode batch norm over (N, C, H, W) with the statistics of every rank's batch together (torch.nn.SyncBatchNorm):
+// per-channel float32 sums all-reduced in forward, their gradients all-reduced in backward; every rank must call it.
+// With one rank it equals batch_norm(training=true) up to float32 rounding.
+Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, double momentum = 0.1, double eps = 1e-5);
 
 Tensor max_pool2d(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {0, 0},
                   std::array<int64_t, 2> padding = {0, 0});  // stride {0, 0} means stride = kernel

@@ -127,6 +127,8 @@ class Linear : public Module {
 
 // input (N, C, H, W). weight/bias (C) when affine; running_mean/var (C) and num_batches_tracked (int64 scalar)
 // when tracking running stats. Batch statistics are used in training or when no running stats are tracked.
+// With sync_statistics (torch.nn.SyncBatchNorm) the training statistics are those of the global batch: per-channel
+// float32 sums over every rank's (N, H, W), all-reduced in forward and again (their gradients) in backward.
 class BatchNorm2d : public Module {
  public:
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1, bool affine = true,
@@ -135,10 +137,14 @@ class BatchNorm2d : public Module {
   std::string type_name() const override { return "BatchNorm2d"; }
   bool is_batchnorm() const override { return true; }
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+  bool sync_statistics = false;
 
  private:
   double eps_, momentum_;
 };
+
+// Sets sync_statistics on every BatchNorm2d in `module` (PyTorch's SyncBatchNorm.convert_sync_batchnorm).
+void convert_sync_batchnorm(Module& module, bool sync = true);
 
 class ReLU : public Module {
  public:

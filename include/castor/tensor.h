@@ -37,6 +37,8 @@ struct Storage {
 
 // A gradient hook: gets the gradient, returns a replacement or an undefined Tensor to keep it.
 using GradHook = std::function<Tensor(const Tensor&)>;
+// A post-accumulate hook: gets the leaf after backward has accumulated a gradient into its .grad.
+using PostAccumulateGradHook = std::function<void(const Tensor&)>;
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
@@ -48,6 +50,7 @@ struct TensorImpl {
   std::shared_ptr<TensorImpl> grad;    // accumulated gradient of a leaf (or of a non-leaf with retain_grad)
   std::shared_ptr<Node> grad_fn;       // the op that made this tensor, null for leaves
   std::vector<GradHook> hooks;         // leaf hooks (non-leaf hooks live on grad_fn)
+  std::vector<PostAccumulateGradHook> post_accumulate_hooks;  // leaves only
   bool retains_grad = false;
 };
 
@@ -106,6 +109,9 @@ class Tensor {
   void backward(const Tensor& gradient = {}, bool retain_graph = false, bool create_graph = false) const;
   Tensor detach() const;  // shares storage, no history
   void register_hook(GradHook hook) const;
+  // Runs `hook(leaf)` each time backward has accumulated into this leaf's .grad
+  // (torch.Tensor.register_post_accumulate_grad_hook); DistributedDataParallel launches its buckets from these.
+  void register_post_accumulate_grad_hook(PostAccumulateGradHook hook) const;
   void retain_grad() const;
 
   // Views: share storage with this tensor.

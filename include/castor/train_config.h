@@ -39,12 +39,15 @@ struct TrainConfig {
   double clip_grad_norm = 0.0;         // > 0: clip the unscaled gradients to this total 2-norm
   int64_t grad_accum = 1;              // micro-batches per optimizer step
   double label_smoothing = 0.0;
-  int64_t batch_size = 64;             // images per micro-batch
+  int64_t batch_size = 64;             // images per micro-batch and rank (the global batch is batch_size x nproc)
   int64_t epochs = 1;
   int64_t steps = 0;                   // > 0: stop after this many optimizer steps (overrides epochs)
   Augment augment = Augment::None;     // standard: random crop (pad 4) and horizontal flip
   uint64_t seed = 0;
-  int threads = 0;                     // 0: all cores
+  int threads = 0;                     // per rank; 0: the machine's cores divided among its ranks
+  int nproc = 0;                       // data-parallel ranks (0: not given; one, or mpirun's -np)
+  bool sync_batchnorm = false;         // with several ranks: BatchNorm statistics over the global batch
+  std::string compress_grads = "none";  // none | bf16 | fp16: the gradients' type on the wire between ranks
   bool deterministic = false;
   std::string out = "runs/latest";
   std::string resume;                  // a run directory (or one of its checkpoints) to continue from
@@ -60,6 +63,10 @@ struct TrainConfig {
   std::vector<std::string> given;      // the flags set on the command line or in --config, as "--lr"
 };
 
+// `castor train --nproc N` outside mpirun: the mpirun command line that runs `exe` with `args` on N local ranks
+// (--oversubscribe --bind-to none, and --allow-run-as-root for root). Empty when no re-launch is needed.
+std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string& exe, const std::vector<std::string>& args);
+
 // Parses `castor train` flags (argv after the subcommand; `--config FILE` reads more from a TOML/INI file).
 // Throws castor::Error naming the flag and the problem, in one line.
 TrainConfig parse_train_flags(const std::vector<std::string>& args);
@@ -70,7 +77,8 @@ Json settings_json(const TrainConfig& c);
 
 // The config of `castor train --resume DIR ...`: the settings `recorded` in DIR, with the flags given now that
 // do not change the computation (--steps/--epochs, --log-every, --checkpoint-every, --checkpoint-minutes, --keep,
-// --eval-every, --profile, --out, and --threads unless deterministic). Any other given flag that differs from the recording is
+// --eval-every, --profile, --out, and --threads unless deterministic; --nproc and --batch-size are checked against the
+// recorded global batch by run_train). Any other given flag that differs from the recording is
 // refused with one castor::Error naming each differing setting; `what` names the recording in errors.
 TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const std::string& what);
 

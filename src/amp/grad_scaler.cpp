@@ -7,6 +7,7 @@
 
 #include "kernels/kernels.h"
 #include "castor/autograd.h"
+#include "castor/dist.h"
 #include "castor/ops.h"
 
 namespace castor::amp {
@@ -86,7 +87,13 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
   st.stage = Stage::Unscaled;
 }
 
-bool GradScaler::decide_found_inf(bool local_found_inf) const { return local_found_inf; }
+bool GradScaler::decide_found_inf(bool local_found_inf) const {
+  if (dist::world_size() == 1) return local_found_inf;
+  // Every rank skips the step (and backs off the scale) when any rank saw inf/NaN (DeepSpeed's overflow all-reduce).
+  Tensor flag = scalar_tensor(local_found_inf ? 1.0 : 0.0, DType::Float32);
+  dist::all_reduce(flag, dist::ReduceOp::Max);
+  return flag.item() != 0.0;
+}
 
 bool GradScaler::unscaled(const optim::Optimizer& optimizer) const {
   auto it = per_opt_.find(&optimizer);

@@ -13,6 +13,8 @@ namespace castor {
 
 namespace {
 thread_local bool g_grad_enabled = true;
+thread_local int g_backward_depth = 0;                        // backward calls in progress on this thread
+thread_local std::vector<std::function<void()>> g_callbacks;  // queued for the end of the outermost one
 std::atomic<uint64_t> g_sequence{0};
 }  // namespace
 
@@ -102,6 +104,7 @@ void accumulate_leaf(const std::shared_ptr<TensorImpl>& leaf, const Tensor& g_in
     Tensor acc = self.grad();
     acc.add_(g);
   }
+  for (const PostAccumulateGradHook& h : leaf->post_accumulate_hooks) h(self);
 }
 
 struct ByLatest {
@@ -230,8 +233,29 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
 
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph,
               bool create_graph) {
+  struct Depth {
+    Depth() { ++g_backward_depth; }
+    ~Depth() {
+      if (--g_backward_depth == 0) g_callbacks.clear();  // (after an error: dropped, not run)
+    }
+  } depth;
   run_backward(outputs, grad_outputs, retain_graph || create_graph, create_graph, nullptr, nullptr);
+  if (g_backward_depth > 1) return;
+  // A callback may queue another; each runs once.
+  for (size_t i = 0; i < g_callbacks.size(); ++i) {
+    std::function<void()> callback = std::move(g_callbacks[i]);
+    callback();
+  }
 }
+
+namespace autograd {
+
+void queue_callback(std::function<void()> callback) {
+  CASTOR_CHECK(g_backward_depth > 0, "autograd::queue_callback: called outside a backward pass");
+  g_callbacks.push_back(std::move(callback));
+}
+
+}  // namespace autograd
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs, bool retain_graph, bool create_graph) {

@@ -60,6 +60,11 @@ ImageDataset make_synthetic(int64_t n, int64_t channels, int64_t height, int64_t
 DataLoader::DataLoader(const ImageDataset& dataset, LoaderOptions options) : ds_(dataset), opt_(std::move(options)) {
   CASTOR_CHECK(opt_.batch_size > 0, "--batch-size must be positive, got ", opt_.batch_size);
   CASTOR_CHECK(ds_.n > 0, "the dataset is empty");
+  CASTOR_CHECK(opt_.num_shards >= 1 && opt_.shard >= 0 && opt_.shard < opt_.num_shards, "data loader: shard ",
+               opt_.shard, " of ", opt_.num_shards, " does not exist");
+  CASTOR_CHECK(opt_.num_shards == 1 || (opt_.drop_last && opt_.batch_size % opt_.num_shards == 0),
+               "data loader: a batch of ", opt_.batch_size, " cannot be split evenly into ", opt_.num_shards,
+               " shards (drop_last is needed too)");
   if (opt_.norm.mean.empty()) opt_.norm = {std::vector<double>(ds_.channels, 0.0), std::vector<double>(ds_.channels, 1.0)};
   CASTOR_CHECK(static_cast<int64_t>(opt_.norm.mean.size()) == ds_.channels, "normalisation has ",
                opt_.norm.mean.size(), " channels, the dataset ", ds_.channels);
@@ -78,7 +83,11 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t index) const {
   std::iota(order.begin(), order.end(), 0);
   if (opt_.shuffle)
     for (int64_t i = ds_.n - 1; i > 0; --i) std::swap(order[i], order[order_gen.next_u64() % (i + 1)]);
-  const int64_t begin = index * opt_.batch_size, end = std::min(ds_.n, begin + opt_.batch_size);
+  const int64_t batch_begin = index * opt_.batch_size, batch_end = std::min(ds_.n, batch_begin + opt_.batch_size);
+  // This shard's rows of the batch (all of them with one shard).
+  const int64_t per_shard = (batch_end - batch_begin) / opt_.num_shards;
+  const int64_t skipped = opt_.num_shards == 1 ? 0 : opt_.shard * per_shard;
+  const int64_t begin = batch_begin + skipped, end = opt_.num_shards == 1 ? batch_end : begin + per_shard;
   const int64_t bs = end - begin, C = ds_.channels, H = ds_.height, W = ds_.width;
   Batch b;
   b.index = index;
@@ -88,6 +97,8 @@ Batch DataLoader::make_batch(int64_t epoch, int64_t index) const {
   int64_t* lab = b.labels.data<int64_t>();
   Generator aug_gen((opt_.seed + 1) * 0x9e3779b97f4a7c15ull ^ (static_cast<uint64_t>(epoch) << 32) ^
                     static_cast<uint64_t>(index));
+  if (opt_.augment)  // the draws of the rows before this shard's
+    for (int64_t i = 0; i < 3 * skipped; ++i) aug_gen.next_u64();
   for (int64_t i = 0; i < bs; ++i) {
     const int64_t src = order[begin + i];
     lab[i] = ds_.labels[src];

@@ -77,8 +77,16 @@ Tensor BatchNorm2d::forward(const Tensor& input) {
     NoGradGuard no_grad;
     num_batches_tracked.add_(1.0);
   }
+  if (sync_statistics && training_)
+    return F::sync_batch_norm(input, running_mean, running_var, weight, bias, momentum_, eps_);
   return F::batch_norm(input, running_mean, running_var, weight, bias, /*training=*/training_ || !tracking,
                        momentum_, eps_);
+}
+
+void convert_sync_batchnorm(Module& module, bool sync) {
+  module.apply([sync](Module& m) {
+    if (auto* bn = dynamic_cast<BatchNorm2d*>(&m)) bn->sync_statistics = sync;
+  });
 }
 
 Tensor ReLU::forward(const Tensor& input) { return F::relu(input); }

@@ -36,6 +36,12 @@ void Tensor::register_hook(GradHook hook) const {
     impl_->grad_fn->pre_hooks.push_back(std::move(hook));
 }
 
+void Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) const {
+  CASTOR_CHECK(is_leaf() && requires_grad(), "register_post_accumulate_grad_hook: only a leaf that requires grad "
+               "accumulates a gradient, got ", describe());
+  impl_->post_accumulate_hooks.push_back(std::move(hook));
+}
+
 void Tensor::retain_grad() const {
   if (is_leaf() || impl_->retains_grad) return;
   impl_->retains_grad = true;

@@ -1,7 +1,10 @@
 // The flags of `castor train` and `castor eval`: one CLI11 table gives parsing, range checks, help and config files.
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -181,14 +184,24 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   app.add_option("--grad-accum", c.grad_accum, "micro-batches whose gradients are summed per optimizer step")
       ->check(integer_in(1));
   app.add_option("--label-smoothing", c.label_smoothing, "cross-entropy label smoothing")->check(kUnit);
-  app.add_option("--batch-size", c.batch_size, "images per micro-batch")->check(integer_in(1));
+  app.add_option("--batch-size", c.batch_size, "images per micro-batch and rank (global batch: x --nproc)")
+      ->check(integer_in(1));
   app.add_option("--epochs", c.epochs, "epochs")->check(integer_in(1));
   app.add_option("--steps", c.steps, "stop after this many optimizer steps (0: run the epochs)")
       ->check(integer_in(0));
   add_choice(app, "--augment", c.augment, kAugments, "random crop (pad 4) and horizontal flip");
   app.add_option("--seed", c.seed, "seed of the weights, the data order and augmentation")
       ->check(integer_in(0));
-  app.add_option("--threads", c.threads, "threads (0: all cores)")->check(integer_in(0));
+  app.add_option("--threads", c.threads, "threads per rank (0: the cores divided among the ranks)")
+      ->check(integer_in(0));
+  app.add_option("--nproc", c.nproc,
+                 "data-parallel ranks on this machine: runs itself under mpirun -np N (under mpirun, its -np)")
+      ->check(integer_in(1, 1024));
+  app.add_flag("--sync-batchnorm", c.sync_batchnorm,
+               "with several ranks: BatchNorm statistics of the global batch (default: each rank's own, as in DDP)");
+  app.add_option("--compress-grads", c.compress_grads,
+                 "with several ranks: send gradients as bf16 or fp16 (each addition in float32)")
+      ->check(one_of({"none", "bf16", "fp16"}));
   app.add_flag("--deterministic", c.deterministic, "fixed threading, for bit-exact resume");
   app.add_option("--out", c.out, "run directory");
   app.add_option("--resume", c.resume,
@@ -250,6 +263,16 @@ const char* name(ModelKind v) { return spelling(kModels, v); }
 const char* name(OptimizerKind v) { return spelling(kOptimizers, v); }
 const char* name(Schedule v) { return spelling(kSchedules, v); }
 const char* name(Augment v) { return spelling(kAugments, v); }
+
+std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string& exe, const std::vector<std::string>& args) {
+  if (c.nproc <= 1 || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return {};
+  std::vector<std::string> cmd = {"mpirun", "-np", std::to_string(c.nproc), "--oversubscribe", "--bind-to", "none"};
+  if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
+  cmd.push_back(exe);
+  cmd.push_back("train");
+  cmd.insert(cmd.end(), args.begin(), args.end());
+  return cmd;
+}
 
 TrainConfig parse_train_flags(const std::vector<std::string>& args) {
   TrainConfig c;
@@ -350,6 +373,9 @@ Json settings_json(const TrainConfig& c) {
   o["augment"] = name(c.augment);
   o["seed"] = c.seed;
   o["threads"] = c.threads;
+  o["nproc"] = c.nproc;
+  o["sync_batchnorm"] = c.sync_batchnorm;
+  o["compress_grads"] = c.compress_grads;
   o["deterministic"] = c.deterministic;
   o["checkpoint_every"] = c.checkpoint_every;
   o["checkpoint_minutes"] = c.checkpoint_minutes;
@@ -379,7 +405,7 @@ TrainConfig recorded_config(const Json& recorded, const std::string& what) {
     for (const auto& [key, def] : defaults.as_object()) {
       const Json* v = recorded.find(key);
       // (an empty string is the flag's default: not given)
-      if (!v || key == "threads" || key == "dtype" || (v->is_string() && v->as_string().empty())) continue;
+      if (!v || key == "threads" || key == "dtype" || (key == "nproc" && v->is_int() && v->as_int() == 0) || (v->is_string() && v->as_string().empty())) continue;
       std::string flag = "--" + key;
       for (char& ch : flag)
         if (ch == '_') ch = '-';
@@ -411,7 +437,8 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
     if (key == "steps" || key == "epochs") length_given = true;
     const bool free = key == "steps" || key == "epochs" || key == "log_every" || key == "eval_every" || key == "checkpoint_every" ||
                       key == "checkpoint_minutes" || key == "keep" || key == "profile" || key == "out" ||
-                      key == "resume" || key == "overwrite" || (key == "threads" && !c.deterministic);
+                      key == "resume" || key == "overwrite" || key == "nproc" || key == "batch_size" ||
+                      (key == "threads" && !c.deterministic);
     if (free || !before.find(key) || before.at(key) == now.at(key)) continue;
     differences += detail::cat(differences.empty() ? "" : "; ", flag, " ", now.at(key).dump(), " (recorded ",
                                before.at(key).dump(), ")");
@@ -431,6 +458,8 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
   if (was_given("--checkpoint-minutes")) c.checkpoint_minutes = given.checkpoint_minutes;
   if (was_given("--keep")) c.keep = given.keep;
   if (was_given("--threads") && !c.deterministic) c.threads = given.threads;
+  if (was_given("--batch-size")) c.batch_size = given.batch_size;
+  c.nproc = given.nproc;
   c.profile = given.profile;
   c.out = given.out;
   c.resume = given.resume;

@@ -20,6 +20,8 @@
 #include "castor/autograd.h"
 #include "castor/checkpoint.h"
 #include "castor/data.h"
+#include "castor/ddp.h"
+#include "castor/dist.h"
 #include "castor/explain.h"
 #include "castor/fs.h"
 #include "castor/functional.h"
@@ -85,6 +87,7 @@ Datasets load_data(const TrainConfig& c) {
 Json config_json(const TrainConfig& c, const Datasets& d, int64_t schedule_steps) {
   Json o = settings_json(c);
   o["threads"] = omp_get_max_threads();
+  o["nproc"] = dist::world_size();
   o["schedule_steps"] = schedule_steps;
   Json::Array mean, std;
   for (double v : d.norm.mean) mean.push_back(v);
@@ -98,6 +101,7 @@ Json config_json(const TrainConfig& c, const Datasets& d, int64_t schedule_steps
 // The run's model, optimizer, opt level and scheduler, built from a config.
 struct Run {
   nn::ModulePtr model;
+  std::shared_ptr<nn::DistributedDataParallel> ddp;  // with more than one rank: wraps model
   std::unique_ptr<optim::Optimizer> opt;
   std::unique_ptr<amp::Amp> amp;
   std::unique_ptr<optim::LRScheduler> sched;
@@ -114,6 +118,14 @@ Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps) {
       const std::string msg = e.what();  // names the file when reading it failed; name the flag too
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
     }
+  }
+  // Every rank starts from rank 0's weights; the wrapper is made before amp::initialize (which changes the
+  // parameters in place), so O2/O3 masters copy the broadcast values.
+  if (dist::world_size() > 1) {
+    if (c.sync_batchnorm) nn::convert_sync_batchnorm(*r.model);
+    nn::DDPOptions o;
+    if (c.compress_grads != "none") o.compression = parse_dtype(c.compress_grads);
+    r.ddp = std::make_shared<nn::DistributedDataParallel>(r.model, o);
   }
   const std::vector<Tensor> params = r.model->parameters();
   if (c.optimizer == OptimizerKind::Sgd) {
@@ -156,6 +168,7 @@ struct Evaluation {
   double loss = 0, accuracy = 0;
 };
 
+// Test loss and accuracy; with several ranks each evaluates every world_size-th batch and the sums are all-reduced.
 Evaluation evaluate(nn::Module& model, const amp::Amp& amp, const ImageDataset& ds, const data::Normalization& norm,
                     int64_t batch_size) {
   model.eval();
@@ -163,7 +176,8 @@ Evaluation evaluate(nn::Module& model, const amp::Amp& amp, const ImageDataset& 
   data::DataLoader loader(ds, {.batch_size = batch_size, .shuffle = false, .norm = norm});
   double loss_sum = 0;
   int64_t correct = 0;
-  for (int64_t i = 0; i < loader.batches_per_epoch(); ++i) {
+  const int world = dist::world_size();
+  for (int64_t i = dist::rank(); i < loader.batches_per_epoch(); i += world) {
     data::Batch b = loader.make_batch(0, i);
     Tensor logits;
     {
@@ -174,6 +188,12 @@ Evaluation evaluate(nn::Module& model, const amp::Amp& amp, const ImageDataset& 
     correct += static_cast<int64_t>(sum(eq(argmax(logits, 1), b.labels)).item());
   }
   model.train();
+  if (world > 1) {
+    Tensor sums = tensor({loss_sum, static_cast<double>(correct)}, {2}, DType::Float64);
+    dist::all_reduce(sums);
+    loss_sum = sums.to_vector<double>()[0];
+    correct = static_cast<int64_t>(sums.to_vector<double>()[1]);
+  }
   return {loss_sum / static_cast<double>(ds.n), static_cast<double>(correct) / static_cast<double>(ds.n)};
 }
 
@@ -286,6 +306,7 @@ std::pair<std::string, std::string> resolve_resume(const std::string& path) {
 
 // Takes ownership of the run directory `c.out` for the run's lifetime: creates it, locks it, refuses (or with
 // --overwrite clears) another run's files in a new run, removes stale temp folders, checks `checkpoints`.
+// In a data-parallel job only rank 0 calls it (the other ranks write nothing).
 std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
   std::error_code ec;
   fs::create_directories(c.out, ec);
@@ -324,8 +345,10 @@ class Trainer {
   Trainer(const TrainConfig& c, const Datasets& d, data::DataLoader& loader, Run& run, Json config,
           TrainState state, int64_t total_steps, int64_t epochs)
       : c_(c), d_(d), loader_(loader), run_(run), config_(std::move(config)), state_(state), total_(total_steps),
-        log_(c, total_steps, epochs, /*append=*/!c.resume.empty()),
-        dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic") {}
+        rank0_(dist::rank() == 0), world_(dist::world_size()),
+        dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic") {
+    if (rank0_) log_.emplace(c, total_steps, epochs, /*append=*/!c.resume.empty());
+  }
 
   // Runs to the end (or an interrupt); returns the summary line, also written to summary.json.
   Json run() {
@@ -347,12 +370,14 @@ class Trainer {
       end_epoch(e, std::chrono::duration<double>(Clock::now() - epoch_start).count());
     }
     if (interrupted()) return stop_interrupted();
-    // The report covers the whole run, resumed parts included, from metrics.jsonl.
-    atomic_write_file(c_.out + "/report.html", render_report(detail::cat("castor: ", name(c_.model), " on ", name(c_.data), ", ", amp::opt_level_name(c_.amp)),
-                                                      config_, read_metrics(c_.out), op_dtypes_));
-    if (profiler) std::fprintf(stderr, "%s", profiler->table(15).c_str());
     Json summary = summary_json();
     summary["wall_seconds"] = std::chrono::duration<double>(Clock::now() - wall_start).count();
+    if (!rank0_) return summary;
+    // The report covers the whole run, resumed parts included, from metrics.jsonl.
+    const std::string title = detail::cat("castor: ", name(c_.model), " on ", name(c_.data), ", ",
+                                          amp::opt_level_name(c_.amp));
+    atomic_write_file(c_.out + "/report.html", render_report(title, config_, read_metrics(c_.out), op_dtypes_));
+    if (profiler) std::fprintf(stderr, "%s", profiler->table(15).c_str());
     atomic_write_file(c_.out + "/summary.json", summary.dump(2) + "\n");
     return summary;
   }
@@ -363,7 +388,9 @@ class Trainer {
     int64_t batches = 0;
   };
 
-  static bool interrupted() { return g_interrupt.load() != 0; }
+  // A signal asked to stop: this process's flag, or with several ranks the flag of any rank as of the last step
+  // (all-reduced with the loss, so every rank stops after the same step).
+  bool interrupted() const { return world_ == 1 ? g_interrupt.load() != 0 : stop_all_; }
 
   // Forward and backward of one micro-batch; an optimizer step once grad_accum of them (or the rest of the
   // epoch) have summed their gradients. Returns whether it stepped.
@@ -380,14 +407,20 @@ class Trainer {
       loss = F::cross_entropy(logits.float_(), batch.labels, F::Reduction::Mean, c_.label_smoothing);
       if (explain) op_dtypes_ = explain->rows();
     }
-    // Summed over grad_accum micro-batches, the gradients are those of the mean loss of one big batch.
-    run_.amp->scale_loss(c_.grad_accum > 1 ? loss / static_cast<double>(c_.grad_accum) : loss, *run_.opt).backward();
-    const double n = static_cast<double>(batch.labels.numel());
+    // Summed over grad_accum micro-batches, the gradients are those of the mean loss of one big batch. With
+    // several ranks, backward averages them across ranks, once per step (the other micro-batches run in no_sync).
+    const int64_t next_batch = batch.index + 1;
+    const bool last_micro = micro_ + 1 >= c_.grad_accum || next_batch >= loader_.batches_per_epoch();
+    {
+      std::optional<nn::DistributedDataParallel::NoSync> no_sync;
+      if (run_.ddp && !last_micro) no_sync.emplace(*run_.ddp);
+      run_.amp->scale_loss(c_.grad_accum > 1 ? loss / static_cast<double>(c_.grad_accum) : loss, *run_.opt).backward();
+    }
+    const double n = static_cast<double>(batch.labels.numel()) * world_;  // the whole job's images
     images_ += n;
     e.images += n;
     micro_loss_ += loss.item();
-    const int64_t next_batch = batch.index + 1;
-    if (++micro_ < c_.grad_accum && next_batch < loader_.batches_per_epoch()) {
+    if (++micro_ < c_.grad_accum && !last_micro) {
       train_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
       return false;
     }
@@ -397,7 +430,13 @@ class Trainer {
     }
     const bool stepped = run_.amp->step(*run_.opt);
     if (run_.sched) run_.sched->step();
-    const double lv = micro_loss_ / static_cast<double>(micro_);
+    double lv = micro_loss_ / static_cast<double>(micro_);
+    if (world_ > 1) {  // the mean loss over ranks, and whether any rank was asked to stop
+      Tensor t = tensor({lv, g_interrupt.load() != 0 ? 1.0 : 0.0}, {2}, DType::Float64);
+      dist::all_reduce(t);
+      lv = t.to_vector<double>()[0] / world_;
+      stop_all_ = t.to_vector<double>()[1] > 0;
+    }
     micro_ = 0;
     micro_loss_ = 0;
     ++state_.step;
@@ -406,13 +445,13 @@ class Trainer {
     e.loss += lv;
     ++e.batches;
     check_divergence(lv, stepped);
-    log_.step({state_.step, state_.epoch, lv, run_.opt->param_groups()[0].lr, run_.amp->scaler().get_scale(),
+    if (log_) log_->step({state_.step, state_.epoch, lv, run_.opt->param_groups()[0].lr, run_.amp->scaler().get_scale(),
                !stepped, images_, train_seconds_});
     // (an epoch's end evaluates anyway)
     if (c_.eval_every > 0 && state_.step % c_.eval_every == 0 && state_.step < total_ &&
         next_batch < loader_.batches_per_epoch()) {
       const Evaluation ev = evaluate(*run_.model, *run_.amp, d_.test, d_.norm, 256);
-      log_.evaluation(state_.step, state_.epoch, ev.loss, ev.accuracy);
+      if (log_) log_->evaluation(state_.step, state_.epoch, ev.loss, ev.accuracy);
     }
     return true;
   }
@@ -444,7 +483,7 @@ class Trainer {
                   static_cast<long long>(state_.epoch), train_loss, last_eval_.loss, 100 * last_eval_.accuracy, ips,
                   scaler.get_scale(), static_cast<long long>(scaler.steps_skipped()),
                   memory_stats().peak_bytes / 1048576.0);
-    log_.epoch({{"epoch", state_.epoch}, {"step", state_.step}, {"train_loss", train_loss},
+    if (log_) log_->epoch({{"epoch", state_.epoch}, {"step", state_.step}, {"train_loss", train_loss},
                 {"test_loss", last_eval_.loss}, {"test_accuracy", last_eval_.accuracy}, {"images_per_sec", ips},
                 {"loss_scale", scaler.get_scale()}, {"skipped_steps", scaler.steps_skipped()},
                 {"peak_memory_bytes", memory_stats().peak_bytes}},
@@ -466,21 +505,26 @@ class Trainer {
   }
 
   // Writes a checkpoint of the current state, refusing to replace good ones with non-finite weights.
+  // With several ranks (whose weights are equal) rank 0 writes it, and the others wait until it is on disk.
   void checkpoint() {
-    const Checkpoint ck = state_.save(run_, config_);
-    for (const auto& [name, t] : ck.model)
-      CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), "diverged at step ", state_.step, ": ", name,
-                   " is not finite (try a lower --lr); the newest checkpoint holds the last finite state");
-    write_checkpoint(c_.out, state_.step, ck, c_.keep);
+    if (rank0_) {
+      const Checkpoint ck = state_.save(run_, config_);
+      for (const auto& [name, t] : ck.model)
+        CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), "diverged at step ", state_.step, ": ", name,
+                     " is not finite (try a lower --lr); the newest checkpoint holds the last finite state");
+      write_checkpoint(c_.out, state_.step, ck, c_.keep);
+    }
+    if (world_ > 1) dist::barrier();
     saved_ = {state_.step, state_.epoch, state_.batch};
     last_save_ = Clock::now();
   }
 
   // Checkpoints the finished step and says how to go on; the summary carries the signal for the exit status.
   Json stop_interrupted() {
-    log_.finish_progress_line();
+    if (log_) log_->finish_progress_line();
     if (!saved_now()) checkpoint();
-    std::fprintf(stderr, "interrupted at step %lld; continue with: castor train --resume %s\n",
+    if (rank0_)
+      std::fprintf(stderr, "interrupted at step %lld; continue with: castor train --resume %s\n",
                  static_cast<long long>(state_.step), c_.out.c_str());
     Json summary = summary_json();
     summary["interrupted_by_signal"] = g_interrupt.load();
@@ -496,7 +540,8 @@ class Trainer {
                         {"skipped_steps", scaler.steps_skipped()},
                         {"final_loss_scale", scaler.get_scale()},
                         {"peak_memory_bytes", memory_stats().peak_bytes},
-                        {"lost_metric_lines", log_.lost_lines()},
+                        {"lost_metric_lines", log_ ? log_->lost_lines() : 0},
+                        {"nproc", world_},
                         {"out", c_.out}};
   }
 
@@ -510,13 +555,16 @@ class Trainer {
   const Json config_;
   TrainState state_;
   const int64_t total_;
-  RunLog log_;
+  const bool rank0_;  // prints, and writes metrics, report and checkpoints
+  const int world_;
+  std::optional<RunLog> log_;  // rank 0's
   const bool dynamic_scale_;
   std::vector<amp::ExplainRow> op_dtypes_;  // of this process's first forward pass, for the report
   Evaluation last_eval_;
   double images_ = 0, train_seconds_ = 0, micro_loss_ = 0;
   int64_t micro_ = 0;  // micro-batches whose gradients are summed so far
   int64_t skipped_in_a_row_ = 0;
+  bool stop_all_ = false;
   std::tuple<int64_t, int64_t, int64_t> saved_{-1, -1, -1};  // (step, epoch, batch) of the newest checkpoint
   Clock::time_point last_save_;
 };
@@ -553,7 +601,30 @@ void install_interrupt_handlers() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
 }
 
+// --batch-size of a resumed run: the recorded global batch (batch x ranks) split among this job's ranks, with a note
+// when the number of ranks changed.
+void resume_batch_size(TrainConfig& c, const Json& recorded, int world) {
+  const Json* n = recorded.find("nproc");
+  const int64_t recorded_world = n && n->is_int() && n->as_int() > 0 ? n->as_int() : 1;
+  const int64_t global = recorded.at("batch_size").as_int() * recorded_world;
+  if (std::find(c.given.begin(), c.given.end(), "--batch-size") != c.given.end())
+    CASTOR_CHECK(c.batch_size * world == global, "--batch-size ", c.batch_size, ": with ", world,
+                 " ranks the global batch would be ", c.batch_size * world, ", the run's is ", global,
+                 " (keep it: --batch-size ", global / world, ")");
+  CASTOR_CHECK(global % world == 0, "--resume: the run's global batch of ", global, " does not split evenly among ",
+               world, " ranks");
+  c.batch_size = global / world;
+  if (recorded_world != world && dist::rank() == 0)
+    std::fprintf(stderr, "note: the run was recorded with %lld ranks and continues on %d with the same global batch "
+                 "of %lld; the gradients are summed in another order, so it is no longer bit-exact\n",
+                 static_cast<long long>(recorded_world), world, static_cast<long long>(global));
+}
+
 Json run_train(TrainConfig c) {
+  dist::init();
+  const int world = dist::world_size(), rank = dist::rank();
+  CASTOR_CHECK(c.nproc == 0 || c.nproc == world, "--nproc ", c.nproc, ": this process is one of ", world,
+               " ranks (run `castor train --nproc N` from a shell, or `mpirun -np N castor train`)");
   const bool resuming = !c.resume.empty();
   std::string run_dir, resume_from;
   if (resuming) {
@@ -562,23 +633,33 @@ Json run_train(TrainConfig c) {
   }
   std::error_code ec;
   const bool continuing = resuming && fs::equivalent(run_dir, c.out, ec);
-  const std::unique_ptr<FileLock> lock = own_run_dir(c, continuing);
+  // Rank 0 owns the run directory; the others wait until it has been set up, then read the same checkpoint.
+  const std::unique_ptr<FileLock> lock = rank == 0 ? own_run_dir(c, continuing) : nullptr;
+  if (world > 1) dist::barrier();
   std::optional<Checkpoint> ck;
   Json recorded;
   if (resuming) {
     ck = read_checkpoint(resume_from, &resume_from);
     recorded = recorded_config(*ck, resume_from);
     c = resume_config(c, recorded, resume_from);
+    resume_batch_size(c, recorded, world);
   }
-  if (c.threads > 0) omp_set_num_threads(c.threads);
+  c.nproc = world;
+  if (c.threads > 0)
+    omp_set_num_threads(c.threads);
+  else if (dist::local_size() > 1)  // the machine's cores shared among its ranks
+    omp_set_num_threads(std::max(1, omp_get_num_procs() / dist::local_size()));
   if (c.deterministic) omp_set_dynamic(0);
 
   const Datasets d = load_data(c);
-  data::LoaderOptions lo{.batch_size = c.batch_size, .shuffle = true, .augment = c.augment == Augment::Standard,
-                         .drop_last = true, .seed = c.seed, .norm = d.norm};
+  // Each rank takes its contiguous shard of the global batch a single process with batch x ranks would see.
+  data::LoaderOptions lo{.batch_size = c.batch_size * world, .shuffle = true, .augment = c.augment == Augment::Standard,
+                         .drop_last = true, .seed = c.seed, .norm = d.norm, .shard = rank, .num_shards = world};
+  CASTOR_CHECK(d.train.n >= c.batch_size * world, "--batch-size ", c.batch_size, (world > 1 ? " x " : ""),
+               (world > 1 ? std::to_string(world) + " ranks" : std::string()), " is larger than the ", d.train.n,
+               " training images");
   data::DataLoader loader(d.train, lo);
   const int64_t per_epoch = loader.batches_per_epoch();
-  CASTOR_CHECK(per_epoch > 0, "--batch-size ", c.batch_size, " is larger than the ", d.train.n, " training images");
   const int64_t steps_per_epoch = (per_epoch + c.grad_accum - 1) / c.grad_accum;
   CASTOR_CHECK(c.steps > 0 || c.epochs <= INT64_MAX / steps_per_epoch, "--epochs ", c.epochs, ": too many steps");
   const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * steps_per_epoch;
@@ -588,17 +669,21 @@ Json run_train(TrainConfig c) {
   TrainState state;
   if (ck) state = TrainState::load(*ck, run, per_epoch, c.grad_accum, resume_from);
   if (state.step >= total_steps) {
-    std::fprintf(stderr, "castor train: %s is already complete at step %lld (extend it with --steps or --epochs)\n",
+    if (rank == 0)
+      std::fprintf(stderr, "castor train: %s is already complete at step %lld (extend it with --steps or --epochs)\n",
                  c.out.c_str(), static_cast<long long>(state.step));
     return Json::Object{{"already_complete", true}, {"steps", state.step}, {"out", c.out}};
   }
-  check_extension(c, schedule_steps, total_steps);
+  if (rank == 0) check_extension(c, schedule_steps, total_steps);
   const Json config = config_json(c, d, schedule_steps);
-  atomic_write_file(c.out + "/config.json", config.dump(2) + "\n");
-  std::fprintf(stderr, "castor train: %s on %s, %s %s, %s lr %g, batch %lld, %lld steps, %d threads\n",
-               name(c.model), name(c.data), amp::opt_level_name(c.amp),
-               c.amp == amp::OptLevel::O0 ? "float32" : dtype_name(c.dtype), name(c.optimizer), c.lr, static_cast<long long>(c.batch_size * c.grad_accum),
-               static_cast<long long>(total_steps), omp_get_max_threads());
+  if (rank == 0) {
+    atomic_write_file(c.out + "/config.json", config.dump(2) + "\n");
+    std::fprintf(stderr, "castor train: %s on %s, %s %s, %s lr %g, batch %lld, %lld steps, %d threads%s\n",
+                 name(c.model), name(c.data), amp::opt_level_name(c.amp),
+                 c.amp == amp::OptLevel::O0 ? "float32" : dtype_name(c.dtype), name(c.optimizer), c.lr, static_cast<long long>(c.batch_size * c.grad_accum * world),
+                 static_cast<long long>(total_steps), omp_get_max_threads(),
+                 world > 1 ? (" per rank, " + std::to_string(world) + " ranks").c_str() : "");
+  }
   const int64_t epochs = c.steps > 0 ? (total_steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;
   return Trainer(c, d, loader, run, config, state, total_steps, epochs).run();
 }

@@ -26,6 +26,7 @@ struct CastorRun {
   std::string dir;                   // the working directory (relative paths in args resolve there)
   std::vector<std::string> env;      // extra NAME=VALUE entries
   long address_space_kib = 0;        // > 0: `ulimit -v` for the child
+  std::string program;               // another program to run (found on PATH); empty: the castor binary
 };
 
 // A started `castor` process; its stdout and stderr go to files in the run's directory.
@@ -36,7 +37,7 @@ class CastorProcess {
     const std::string tag = std::to_string(::getpid()) + "." + std::to_string(serial++);
     out_path_ = dir_ + "/.stdout." + tag;
     err_path_ = dir_ + "/.stderr." + tag;
-    std::vector<std::string> argv_s = {std::string(CASTOR_BINARY_DIR) + "/castor"};
+    std::vector<std::string> argv_s = {run.program.empty() ? std::string(CASTOR_BINARY_DIR) + "/castor" : run.program};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     pid_ = ::fork();
     if (pid_ == 0) {
@@ -53,7 +54,7 @@ class CastorProcess {
       std::vector<char*> argv;
       for (std::string& s : argv_s) argv.push_back(s.data());
       argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
+      ::execvp(argv[0], argv.data());
       ::_exit(127);
     }
   }

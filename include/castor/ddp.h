@@ -1,0 +1,77 @@
+// nn::DistributedDataParallel: PyTorch DDP for Castor - gradients averaged across ranks in buckets that overlap backward.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "castor/dist.h"
+#include "castor/nn.h"
+
+namespace castor::nn {
+
+struct DDPOptions {
+  double bucket_cap_mb = 25;  // gradients are sent in buckets of about this size (PyTorch's bucket_cap_mb)
+  // Float16 or BFloat16: each bucket travels in that type, pre-divided by the world size, with each addition done
+  // in float32 (DDP's fp16_compress_hook / bf16_compress_hook); unset: float32 on the wire.
+  std::optional<DType> compression;
+  // false: every bucket is sent when backward has finished (for measuring what the overlap saves).
+  bool overlap = true;
+};
+
+// Where the time of the latest synchronised backward went (for benchmarks).
+struct DDPStats {
+  double wait_seconds = 0;  // at the end of backward, waiting for all-reduces still in flight
+  int64_t buckets_launched_in_backward = 0;  // before the last gradient arrived
+};
+
+// Wraps `module` for data-parallel training, as torch.nn.parallel.DistributedDataParallel:
+// - at construction every parameter and buffer takes rank 0's values;
+// - parameters are grouped into buckets of about bucket_cap_mb in reverse registration order (the order backward
+//   produces their gradients); when the last gradient of a bucket has been accumulated (a post-accumulate hook),
+//   the bucket is copied into one buffer, divided by the world size and all-reduced without blocking, so the
+//   communication overlaps the rest of backward; buckets are sent in the same order on every rank;
+// - when backward ends, the remaining buckets are sent, all are waited for, and each parameter's .grad becomes the
+//   average over ranks (a parameter without a gradient gets the average of the others', zeros if none had one);
+// - inside no_sync(), backward only accumulates locally; the next backward outside it averages the sum.
+// Parameter names gain the prefix "module." as in PyTorch; module() is the wrapped model (save its state dict).
+// BatchNorm layers keep per-rank batch and running statistics, as in DDP (see SyncBatchNorm2d for the alternative).
+// Use with amp::initialize(*ddp_or_model, ...) either way round; GradScaler decides skips across ranks.
+class DistributedDataParallel : public Module {
+ public:
+  explicit DistributedDataParallel(ModulePtr module, DDPOptions options = {}, dist::ProcessGroup* group = nullptr);
+  ~DistributedDataParallel() override;
+  Tensor forward(const Tensor& input) override { return (*module_)(input); }
+  std::string type_name() const override { return "DistributedDataParallel"; }
+  const ModulePtr& module() const { return module_; }
+
+  // While the returned guard lives, backward does not synchronise gradients (gradient accumulation).
+  class NoSync {
+   public:
+    explicit NoSync(DistributedDataParallel& ddp);
+    ~NoSync();
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+
+   private:
+    DistributedDataParallel& ddp_;
+    bool prev_;
+  };
+  NoSync no_sync() { return NoSync(*this); }
+
+  // The buckets as indices into module()->parameters(), in the order they are sent.
+  std::vector<std::vector<size_t>> buckets() const;
+  DDPStats stats() const;
+
+  struct Reducer;
+
+ private:
+  ModulePtr module_;
+  std::shared_ptr<Reducer> reducer_;  // the hooks hold it weakly
+};
+
+// The buckets of parameters of `bytes` (in registration order): reverse order, each holding parameters until
+// adding the next would pass cap_bytes (a parameter larger than the cap gets its own bucket).
+std::vector<std::vector<size_t>> plan_buckets(const std::vector<int64_t>& bytes, int64_t cap_bytes);
+
+}  // namespace castor::nn

@@ -1,0 +1,178 @@
+// DistributedDataParallel: rank 0's initial state, gradient buckets launched from post-accumulate hooks, no_sync.
+#include "castor/ddp.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "castor/autograd.h"
+#include "castor/ops.h"
+
+namespace castor::nn {
+
+std::vector<std::vector<size_t>> plan_buckets(const std::vector<int64_t>& bytes, int64_t cap_bytes) {
+  std::vector<std::vector<size_t>> buckets;
+  int64_t filled = 0;
+  for (size_t k = bytes.size(); k-- > 0;) {
+    if (buckets.empty() || (filled > 0 && filled + bytes[k] > cap_bytes)) {
+      buckets.emplace_back();
+      filled = 0;
+    }
+    buckets.back().push_back(k);
+    filled += bytes[k];
+  }
+  return buckets;
+}
+
+struct DistributedDataParallel::Reducer {
+  struct Bucket {
+    std::vector<size_t> params;
+    std::vector<int64_t> offsets;  // of each parameter in `flat`
+    int64_t numel = 0;
+    size_t pending = 0;  // gradients not yet accumulated in this backward
+    Tensor flat;         // (numel) float32: the gradients, divided by the world size
+    Tensor wire;         // flat, or its 16-bit copy with compression
+    std::unique_ptr<dist::Work> work;
+  };
+
+  dist::ProcessGroup& group;
+  DDPOptions options;
+  std::vector<Tensor> params;
+  std::vector<size_t> bucket_of;
+  std::vector<bool> ready;
+  std::vector<Bucket> buckets;
+  size_t next_launch = 0;  // buckets launch in index order on every rank
+  bool syncing = false;    // a synchronised backward is in progress
+  bool no_sync = false;
+  DDPStats stats;
+
+  Reducer(dist::ProcessGroup& g, DDPOptions o, std::vector<Tensor> p) : group(g), options(o), params(std::move(p)) {
+    std::vector<int64_t> bytes;
+    for (const Tensor& t : params) bytes.push_back(t.numel() * 4);
+    const auto plan = plan_buckets(bytes, static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024));
+    bucket_of.resize(params.size());
+    for (size_t b = 0; b < plan.size(); ++b) {
+      Bucket bucket;
+      bucket.params = plan[b];
+      for (size_t k : plan[b]) {
+        bucket_of[k] = b;
+        bucket.offsets.push_back(bucket.numel);
+        bucket.numel += params[k].numel();
+      }
+      buckets.push_back(std::move(bucket));
+    }
+  }
+
+  // A gradient has been accumulated into parameter k.
+  void on_grad(size_t k) {
+    if (no_sync) return;
+    if (!syncing) start_backward();
+    Bucket& b = buckets[bucket_of[k]];
+    CASTOR_CHECK(!ready[k], "DistributedDataParallel: parameter ", k, " received a second gradient in one backward "
+                 "(a parameter used twice in one forward is not supported)");
+    ready[k] = true;
+    --b.pending;
+    if (options.overlap)
+      while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(next_launch++);
+    // Open MPI moves non-blocking collectives forward only inside MPI calls: test the ones in flight.
+    for (size_t i = 0; i < next_launch; ++i)
+      if (buckets[i].work) buckets[i].work->test();
+  }
+
+  void start_backward() {
+    syncing = true;
+    next_launch = 0;
+    ready.assign(params.size(), false);
+    for (Bucket& b : buckets) b.pending = b.params.size();
+    stats = {};
+    autograd::queue_callback([weak = weak_self] {
+      if (auto self = weak.lock()) self->finalize();
+    });
+  }
+
+  void launch(size_t index) {
+    Bucket& b = buckets[index];
+    NoGradGuard no_grad;
+    if (!b.flat.defined()) b.flat = empty({b.numel}, DType::Float32);
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      const Tensor& p = params[b.params[j]];
+      Tensor dst = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.shape());
+      if (p.grad().defined())
+        dst.copy_(p.grad());
+      else
+        dst.zero_();
+    }
+    b.flat.mul_(1.0 / group.size());
+    b.wire = options.compression ? b.flat.to(*options.compression) : b.flat;
+    b.work = group.all_reduce_async(b.wire, dist::ReduceOp::Sum);
+    if (syncing && std::any_of(ready.begin(), ready.end(), [](bool r) { return !r; }))
+      ++stats.buckets_launched_in_backward;
+  }
+
+  void finalize() {
+    const auto t0 = std::chrono::steady_clock::now();
+    ready.assign(params.size(), true);  // (launches from here on are not counted as overlapped)
+    while (next_launch < buckets.size()) launch(next_launch++);
+    NoGradGuard no_grad;
+    for (Bucket& b : buckets) {
+      b.work->wait();
+      b.work.reset();
+      if (b.wire.dtype() != DType::Float32) b.flat.copy_(b.wire);
+      for (size_t j = 0; j < b.params.size(); ++j) {
+        const Tensor& p = params[b.params[j]];
+        Tensor src = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.shape());
+        if (p.grad().defined())
+          p.grad().copy_(src);
+        else
+          p.set_grad(src.to(p.dtype()).clone());
+      }
+    }
+    syncing = false;
+    stats.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  std::weak_ptr<Reducer> weak_self;
+};
+
+DistributedDataParallel::DistributedDataParallel(ModulePtr module, DDPOptions options, dist::ProcessGroup* group)
+    : module_(register_module("module", std::move(module))) {
+  CASTOR_CHECK(options.bucket_cap_mb > 0, "DistributedDataParallel: bucket_cap_mb must be positive, got ",
+               options.bucket_cap_mb);
+  CASTOR_CHECK(!options.compression || is_16bit_float(*options.compression),
+               "DistributedDataParallel: compression must be float16 or bfloat16, got ",
+               dtype_name(*options.compression));
+  dist::ProcessGroup& g = group ? *group : dist::default_group();
+  // Every rank starts from rank 0's parameters and buffers.
+  {
+    NoGradGuard no_grad;
+    for (const NamedTensors& list : {module_->named_parameters(), module_->named_buffers()})
+      for (const auto& [name, t] : list) {
+        Tensor buf = t.is_contiguous() ? t.detach() : t.contiguous();
+        g.broadcast(buf, /*root=*/0);
+        if (!t.is_contiguous()) t.detach().copy_(buf);
+      }
+  }
+  reducer_ = std::make_shared<Reducer>(g, options, module_->parameters());
+  reducer_->weak_self = reducer_;
+  for (size_t k = 0; k < reducer_->params.size(); ++k) {
+    reducer_->params[k].register_post_accumulate_grad_hook([weak = std::weak_ptr<Reducer>(reducer_), k](const Tensor&) {
+      if (auto r = weak.lock()) r->on_grad(k);
+    });
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp) : ddp_(ddp), prev_(ddp.reducer_->no_sync) {
+  ddp_.reducer_->no_sync = true;
+}
+DistributedDataParallel::NoSync::~NoSync() { ddp_.reducer_->no_sync = prev_; }
+
+std::vector<std::vector<size_t>> DistributedDataParallel::buckets() const {
+  std::vector<std::vector<size_t>> out;
+  for (const auto& b : reducer_->buckets) out.push_back(b.params);
+  return out;
+}
+
+DDPStats DistributedDataParallel::stats() const { return reducer_->stats; }
+
+}  // namespace castor::nn

@@ -1,0 +1,192 @@
+// Data parallelism under a real `mpirun -np 2` (suites Mpirun*: the Release pass runs them, the ASan pass skips them):
+// collectives, inf on one rank, sync batch norm, 2 ranks against 1 process on the same global batch, resume, and a
+// rank that dies.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "castor/checkpoint.h"
+#include "castor/json.h"
+#include "castor/ops.h"
+#include "test_util.h"
+#include "train/run_test_util.h"
+
+namespace castor {
+namespace {
+
+using test::CastorProcess;
+using test::CastorRun;
+
+// `mpirun -np 2` with the flags a root user on a two-core machine needs, then `args`.
+std::vector<std::string> mpirun_args(const std::vector<std::string>& args) {
+  std::vector<std::string> a = {"-np", "2", "--oversubscribe", "--bind-to", "none"};
+  if (geteuid() == 0) a.push_back("--allow-run-as-root");
+  a.insert(a.end(), args.begin(), args.end());
+  return a;
+}
+
+CastorProcess run_helper(const std::string& mode, const std::string& dir, double seconds = 60) {
+  CastorRun run{.dir = dir, .env = {"OMP_NUM_THREADS=1"}, .program = "mpirun"};
+  return test::run_castor(mpirun_args({std::string(CASTOR_BINARY_DIR) + "/castor_dist_helper", mode}), run, seconds);
+}
+
+void expect_helper_ok(const std::string& mode) {
+  const std::string dir = test::fresh_dir("mpirun_" + mode);
+  std::filesystem::create_directories(dir);
+  CastorProcess p = run_helper(mode, dir);
+  EXPECT_FALSE(p.timed_out);
+  EXPECT_EQ(p.exit_code, 0) << p.out << p.err;
+  EXPECT_NE(p.out.find(mode + ": ok"), std::string::npos) << p.out << p.err;
+}
+
+TEST(MpirunDist, CollectivesGiveHandWorkedValues) { expect_helper_ok("collectives"); }
+TEST(MpirunDist, InfOnOneRankSkipsTheStepOnBoth) { expect_helper_ok("inf"); }
+TEST(MpirunDist, SyncBatchNormNormalisesTheWholeBatch) { expect_helper_ok("syncbn"); }
+
+TEST(MpirunDist, DeadRankEndsTheJob) {
+  const std::string dir = test::fresh_dir("mpirun_kill");
+  std::filesystem::create_directories(dir);
+  CastorProcess p = run_helper("kill", dir, /*seconds=*/60);
+  EXPECT_FALSE(p.timed_out) << "the job hung after a rank died";
+  EXPECT_NE(p.exit_code, 0) << p.err;
+}
+
+// A small synthetic run: `batch` images per rank for `steps` steps.
+std::vector<std::string> train_args(const std::string& out, int64_t batch, int64_t steps, const std::string& amp) {
+  std::vector<std::string> a = {"train", "--data", "synthetic", "--synthetic-size", "512", "--batch-size",
+                                std::to_string(batch), "--steps", std::to_string(steps), "--out", out,
+                                "--checkpoint-minutes", "0", "--log-every", "1", "--eval-every", "0"};
+  if (amp == "fp16")  // Adam at lr 0.01 overflows float16 in steps 2-5 (the loss jumps to 10)
+    a.insert(a.end(), {"--amp", "O1", "--dtype", "fp16", "--lr", "0.01"});
+  else  // SGD: the weights move linearly with the gradients, so their difference is the gradients' rounding
+    a.insert(a.end(), {"--amp", "O0", "--optimizer", "sgd", "--lr", "0.05"});
+  return a;
+}
+
+CastorProcess castor(std::vector<std::string> args, const std::string& dir, std::vector<std::string> extra) {
+  args.insert(args.end(), extra.begin(), extra.end());
+  return test::run_castor(args, CastorRun{.dir = dir}, 120);
+}
+
+// For every tensor of two checkpoints' models: max |a - b| <= rel * max |b| or, with `l2`, ||a - b|| <= rel * ||b||.
+void expect_models_close(const std::string& a, const std::string& b, double rel, bool l2 = false) {
+  const train::Checkpoint x = train::read_checkpoint(a), y = train::read_checkpoint(b);
+  ASSERT_EQ(x.model.size(), y.model.size());
+  for (const auto& [k, t] : x.model) {
+    const Tensor u = t.to(DType::Float64), v = y.model.at(k).to(DType::Float64);
+    const Tensor d = sub(u, v);
+    const double diff = l2 ? std::sqrt(sum(mul(d, d)).item()) : max(abs(d)).item();
+    const double scale = l2 ? std::sqrt(sum(mul(v, v)).item()) : max(abs(v)).item();
+    EXPECT_LE(diff, rel * scale) << k << ": max difference " << diff << " of values up to " << scale;
+  }
+}
+
+Json summary_of(const CastorProcess& p) {
+  const size_t at = p.out.rfind('{');
+  return at == std::string::npos ? Json() : Json::parse(p.out.substr(at));
+}
+
+class MpirunTrain : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = test::fresh_dir("mpirun_train");
+    std::filesystem::create_directories(dir_);
+  }
+  std::string dir_;
+};
+
+// 2 ranks x 32 and 1 process x 64 see the same global batches: O0 weights agree to float32 summation order.
+// Then the 2-rank run continues bit-exactly from its step-3 checkpoint, and from 1 process with the same global batch.
+TEST_F(MpirunTrain, TwoRanksMatchOneProcessAndResume) {
+  CastorProcess one = castor(train_args("one", 64, 6, "O0"), dir_, {"--threads", "2"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  CastorProcess two = castor(train_args("two", 32, 6, "O0"), dir_, {"--nproc", "2", "--threads", "1"});
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  expect_models_close(dir_ + "/one", dir_ + "/two", 1e-5);
+  // Rank 0 alone prints the summary (one line) and records the world size.
+  EXPECT_EQ(std::count(two.out.begin(), two.out.end(), '\n'), 1) << two.out;
+  EXPECT_EQ(summary_of(two).at("nproc").as_int(), 2);
+  std::ifstream config(dir_ + "/two/config.json");
+  EXPECT_EQ(Json::parse(std::string(std::istreambuf_iterator<char>(config), {})).at("nproc").as_int(), 2);
+
+  CastorProcess half = castor(train_args("resumed", 32, 3, "O0"), dir_, {"--nproc", "2", "--threads", "1"});
+  ASSERT_EQ(half.exit_code, 0) << half.err;
+  CastorProcess rest = castor({"train", "--resume", "resumed", "--steps", "6", "--nproc", "2"}, dir_, {});
+  ASSERT_EQ(rest.exit_code, 0) << rest.err;
+  test::expect_same_checkpoint(dir_ + "/two", dir_ + "/resumed");
+
+  // On one process: the global batch of 64 is kept (--batch-size 64 is the only one accepted), with a note.
+  CastorProcess wrong = castor({"train", "--resume", "resumed", "--out", "single", "--steps", "8", "--batch-size", "32"},
+                               dir_, {});
+  EXPECT_EQ(wrong.exit_code, 1);
+  EXPECT_NE(wrong.err.find("--batch-size 32"), std::string::npos) << wrong.err;
+  CastorProcess single = castor({"train", "--resume", "resumed", "--out", "single", "--steps", "8"}, dir_, {});
+  ASSERT_EQ(single.exit_code, 0) << single.err;
+  EXPECT_NE(single.err.find("no longer bit-exact"), std::string::npos) << single.err;
+  EXPECT_EQ(summary_of(single).at("steps").as_int(), 8);
+}
+
+// O1 float16, Adam at lr 0.01, overflows in steps 2-5: both runs skip the same steps and end at the same scale, and
+// the weights agree to float16 tolerance. (The relative L2 norm: Adam turns the float16 rounding of a near-zero
+// gradient into a whole lr-sized step of that one weight, so single elements differ more.)
+TEST_F(MpirunTrain, Float16SkipsTheSameStepsAsOneProcess) {
+  CastorProcess one = castor(train_args("one", 64, 6, "fp16"), dir_, {"--threads", "2"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  CastorProcess two = castor(train_args("two", 32, 6, "fp16"), dir_, {"--nproc", "2", "--threads", "1"});
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  const Json a = summary_of(one), b = summary_of(two);
+  EXPECT_EQ(a.at("skipped_steps").as_int(), 4);
+  EXPECT_EQ(a.at("skipped_steps").as_int(), b.at("skipped_steps").as_int());
+  EXPECT_EQ(a.at("final_loss_scale").as_double(), b.at("final_loss_scale").as_double());
+  expect_models_close(dir_ + "/one", dir_ + "/two", 1e-2, /*l2=*/true);
+}
+
+// The pids of `parent`'s children (the ranks mpirun started).
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  DIR* proc = opendir("/proc");
+  while (dirent* e = proc ? readdir(proc) : nullptr) {
+    std::ifstream stat(std::string("/proc/") + e->d_name + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: comm may hold spaces, so read after the last ')'.
+    std::istringstream rest(line.substr(line.rfind(')') + 1));
+    char state;
+    pid_t ppid;
+    if (rest >> state >> ppid && ppid == parent) out.push_back(std::atoi(e->d_name));
+  }
+  if (proc) closedir(proc);
+  return out;
+}
+
+// A rank killed in the middle of training: the job ends with a non-zero status within a minute, and the newest
+// checkpoint (rank 0 writes them) stays readable.
+TEST_F(MpirunTrain, KilledRankEndsTheJob) {
+  std::vector<std::string> args = train_args("run", 32, 100000, "O0");
+  args.insert(args.end(), {"--nproc", "2", "--threads", "1", "--checkpoint-every", "2"});
+  CastorProcess p(args, CastorRun{.dir = dir_});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!train::latest_checkpoint(dir_ + "/run") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(train::latest_checkpoint(dir_ + "/run")) << "no checkpoint within a minute";
+  const std::vector<pid_t> ranks = children_of(p.pid());  // castor became mpirun (same pid)
+  ASSERT_EQ(ranks.size(), 2u);
+  ::kill(ranks[1], SIGKILL);
+  p.wait(60);
+  EXPECT_FALSE(p.timed_out) << "the job hung after a rank died";
+  EXPECT_NE(p.exit_code, 0) << p.err;
+  EXPECT_NO_THROW(train::read_checkpoint(dir_ + "/run"));
+}
+
+}  // namespace
+}  // namespace castor
