@@ -199,11 +199,14 @@ Evaluation evaluate(nn::Module& model, const amp::Amp& amp, const ImageDataset& 
 
 // The first interrupting signal (0: none yet); set by the handler install_interrupt_handlers() puts in place.
 std::atomic<int> g_interrupt{0};
+// Whether the handler says what it does (rank 0 only: every rank of a job gets the signal).
+std::atomic<bool> g_say_interrupt{true};
 
 void on_interrupt(int sig) {
   int none = 0;
   if (!g_interrupt.compare_exchange_strong(none, sig)) _exit(128 + sig);  // the second one: stop at once
   static const char msg[] = "\ncastor: finishing this step to write a checkpoint (interrupt again to stop at once)\n";
+  if (!g_say_interrupt.load()) return;
   [[maybe_unused]] ssize_t n = write(STDERR_FILENO, msg, sizeof(msg) - 1);
 }
 
@@ -622,6 +625,7 @@ void resume_batch_size(TrainConfig& c, const Json& recorded, int world) {
 Json run_train(TrainConfig c) {
   dist::init();
   const int world = dist::world_size(), rank = dist::rank();
+  g_say_interrupt = rank == 0;
   CASTOR_CHECK(c.nproc == 0 || c.nproc == world, "--nproc ", c.nproc, ": this process is one of ", world,
                " ranks (run `castor train --nproc N` from a shell, or `mpirun -np N castor train`)");
   const bool resuming = !c.resume.empty();
