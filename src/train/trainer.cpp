@@ -433,11 +433,15 @@ class Trainer {
     const bool stepped = run_.amp->step(*run_.opt);
     if (run_.sched) run_.sched->step();
     double lv = micro_loss_ / static_cast<double>(micro_);
-    if (world_ > 1) {  // the mean loss over ranks, and whether any rank was asked to stop
-      Tensor t = tensor({lv, g_interrupt.load() != 0 ? 1.0 : 0.0}, {2}, DType::Float64);
+    if (world_ > 1) {
+      // The mean loss over ranks; whether any rank was asked to stop or (by its own clock) is due a timed
+      // checkpoint: decisions every rank must take at the same step.
+      Tensor t = tensor({lv, g_interrupt.load() != 0 ? 1.0 : 0.0, minutes_due() ? 1.0 : 0.0}, {3}, DType::Float64);
       dist::all_reduce(t);
-      lv = t.to_vector<double>()[0] / world_;
-      stop_all_ = t.to_vector<double>()[1] > 0;
+      const std::vector<double> v = t.to_vector<double>();
+      lv = v[0] / world_;
+      stop_all_ = v[1] > 0;
+      minutes_due_all_ = v[2] > 0;
     }
     micro_ = 0;
     micro_loss_ = 0;
@@ -502,6 +506,9 @@ class Trainer {
 
   bool due_for_checkpoint() const {
     if (c_.checkpoint_every > 0 && state_.step % c_.checkpoint_every == 0) return true;
+    return world_ == 1 ? minutes_due() : minutes_due_all_;
+  }
+  bool minutes_due() const {
     const double minutes = std::chrono::duration<double>(Clock::now() - last_save_).count() / 60;
     return c_.checkpoint_minutes > 0 && minutes >= c_.checkpoint_minutes;
   }
@@ -566,7 +573,7 @@ class Trainer {
   double images_ = 0, train_seconds_ = 0, micro_loss_ = 0;
   int64_t micro_ = 0;  // micro-batches whose gradients are summed so far
   int64_t skipped_in_a_row_ = 0;
-  bool stop_all_ = false;
+  bool stop_all_ = false, minutes_due_all_ = false;  // as of the last step, over all ranks
   std::tuple<int64_t, int64_t, int64_t> saved_{-1, -1, -1};  // (step, epoch, batch) of the newest checkpoint
   Clock::time_point last_save_;
 };
