@@ -52,6 +52,7 @@ void expect_helper_ok(const std::string& mode) {
 TEST(MpirunDist, CollectivesGiveHandWorkedValues) { expect_helper_ok("collectives"); }
 TEST(MpirunDist, InfOnOneRankSkipsTheStepOnBoth) { expect_helper_ok("inf"); }
 TEST(MpirunDist, SyncBatchNormNormalisesTheWholeBatch) { expect_helper_ok("syncbn"); }
+TEST(MpirunDist, DifferentModelsOnTheRanksAreRefused) { expect_helper_ok("mismatch"); }
 
 TEST(MpirunDist, DeadRankEndsTheJob) {
   const std::string dir = test::fresh_dir("mpirun_kill");
