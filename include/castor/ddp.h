@@ -26,7 +26,8 @@ struct DDPStats {
 };
 
 // Wraps `module` for data-parallel training, as torch.nn.parallel.DistributedDataParallel:
-// - at construction every parameter and buffer takes rank 0's values;
+// - at construction the ranks check that they wrap models of the same tensor and element counts (a castor::Error on
+//   every rank otherwise), then every parameter and buffer takes rank 0's values;
 // - parameters are grouped into buckets of about bucket_cap_mb in reverse registration order (the order backward
 //   produces their gradients); when the last gradient of a bucket has been accumulated (a post-accumulate hook),
 //   the bucket is copied into one buffer, divided by the world size and all-reduced without blocking, so the

@@ -117,8 +117,8 @@ class GradScaler {
     std::vector<std::pair<int, int>> nonfinite;  // (group, slot) of each non-finite gradient
   };
   std::string param_name(const optim::Optimizer& opt, int group, int slot) const;
-  // The one place the step decision is made from this process's inf/NaN check (where a data-parallel run
-  // combines the flag across replicas, so that every replica skips together).
+  // The one place the step decision is made from this process's inf/NaN check; with more than one rank
+  // (castor::dist) the flag is all-reduced (max), so that every rank skips together and keeps the same scale.
   bool decide_found_inf(bool local_found_inf) const;
 
   GradScalerOptions options_;

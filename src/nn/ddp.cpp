@@ -23,6 +23,28 @@ std::vector<std::vector<size_t>> plan_buckets(const std::vector<int64_t>& bytes,
   return buckets;
 }
 
+namespace {
+
+// Every rank must wrap the same architecture: collectives over buffers of different sizes are undefined behaviour in
+// MPI (Open MPI corrupts memory), so the wrapper compares tensor and element counts first and raises on every rank.
+void check_same_model(const Module& module, dist::ProcessGroup& group) {
+  int64_t tensors = 0, elements = 0;
+  for (const NamedTensors& list : {module.named_parameters(), module.named_buffers()})
+    for (const auto& [name, t] : list) {
+      ++tensors;
+      elements += t.numel();
+    }
+  const Tensor all = group.all_gather(tensor({static_cast<double>(tensors), static_cast<double>(elements)}, {2},
+                                             DType::Int64));  // (world, 2)
+  const std::vector<int64_t> v = all.to_vector<int64_t>();
+  for (int r = 1; r < group.size(); ++r)
+    CASTOR_CHECK(v[2 * r] == v[0] && v[2 * r + 1] == v[1], "DistributedDataParallel: rank ", r, "'s model has ",
+                 v[2 * r], " parameter and buffer tensors with ", v[2 * r + 1], " elements, rank 0's ", v[0], " with ",
+                 v[1], "; every rank must wrap the same model");
+}
+
+}  // namespace
+
 struct DistributedDataParallel::Reducer {
   struct Bucket {
     std::vector<size_t> params;
@@ -141,6 +163,7 @@ DistributedDataParallel::DistributedDataParallel(ModulePtr module, DDPOptions op
                "DistributedDataParallel: compression must be float16 or bfloat16, got ",
                dtype_name(*options.compression));
   dist::ProcessGroup& g = group ? *group : dist::default_group();
+  check_same_model(*module_, g);
   // Every rank starts from rank 0's parameters and buffers.
   {
     NoGradGuard no_grad;

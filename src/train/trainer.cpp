@@ -199,11 +199,14 @@ Evaluation evaluate(nn::Module& model, const amp::Amp& amp, const ImageDataset& 
 
 // The first interrupting signal (0: none yet); set by the handler install_interrupt_handlers() puts in place.
 std::atomic<int> g_interrupt{0};
+// Whether the handler says what it does (rank 0 only: every rank of a job gets the signal).
+std::atomic<bool> g_say_interrupt{true};
 
 void on_interrupt(int sig) {
   int none = 0;
   if (!g_interrupt.compare_exchange_strong(none, sig)) _exit(128 + sig);  // the second one: stop at once
   static const char msg[] = "\ncastor: finishing this step to write a checkpoint (interrupt again to stop at once)\n";
+  if (!g_say_interrupt.load()) return;
   [[maybe_unused]] ssize_t n = write(STDERR_FILENO, msg, sizeof(msg) - 1);
 }
 
@@ -431,11 +434,15 @@ class Trainer {
     const bool stepped = run_.amp->step(*run_.opt);
     if (run_.sched) run_.sched->step();
     double lv = micro_loss_ / static_cast<double>(micro_);
-    if (world_ > 1) {  // the mean loss over ranks, and whether any rank was asked to stop
-      Tensor t = tensor({lv, g_interrupt.load() != 0 ? 1.0 : 0.0}, {2}, DType::Float64);
+    if (world_ > 1) {
+      // The mean loss over ranks; whether any rank was asked to stop or (by its own clock) is due a timed
+      // checkpoint: decisions every rank must take at the same step.
+      Tensor t = tensor({lv, g_interrupt.load() != 0 ? 1.0 : 0.0, minutes_due() ? 1.0 : 0.0}, {3}, DType::Float64);
       dist::all_reduce(t);
-      lv = t.to_vector<double>()[0] / world_;
-      stop_all_ = t.to_vector<double>()[1] > 0;
+      const std::vector<double> v = t.to_vector<double>();
+      lv = v[0] / world_;
+      stop_all_ = v[1] > 0;
+      minutes_due_all_ = v[2] > 0;
     }
     micro_ = 0;
     micro_loss_ = 0;
@@ -500,6 +507,9 @@ class Trainer {
 
   bool due_for_checkpoint() const {
     if (c_.checkpoint_every > 0 && state_.step % c_.checkpoint_every == 0) return true;
+    return world_ == 1 ? minutes_due() : minutes_due_all_;
+  }
+  bool minutes_due() const {
     const double minutes = std::chrono::duration<double>(Clock::now() - last_save_).count() / 60;
     return c_.checkpoint_minutes > 0 && minutes >= c_.checkpoint_minutes;
   }
@@ -564,7 +574,7 @@ class Trainer {
   double images_ = 0, train_seconds_ = 0, micro_loss_ = 0;
   int64_t micro_ = 0;  // micro-batches whose gradients are summed so far
   int64_t skipped_in_a_row_ = 0;
-  bool stop_all_ = false;
+  bool stop_all_ = false, minutes_due_all_ = false;  // as of the last step, over all ranks
   std::tuple<int64_t, int64_t, int64_t> saved_{-1, -1, -1};  // (step, epoch, batch) of the newest checkpoint
   Clock::time_point last_save_;
 };
@@ -623,6 +633,7 @@ void resume_batch_size(TrainConfig& c, const Json& recorded, int world) {
 Json run_train(TrainConfig c) {
   dist::init();
   const int world = dist::world_size(), rank = dist::rank();
+  g_say_interrupt = rank == 0;
   CASTOR_CHECK(c.nproc == 0 || c.nproc == world, "--nproc ", c.nproc, ": this process is one of ", world,
                " ranks (run `castor train --nproc N` from a shell, or `mpirun -np N castor train`)");
   const bool resuming = !c.resume.empty();

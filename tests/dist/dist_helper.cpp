@@ -3,9 +3,11 @@
 //   inf          amp::initialize O1 fp16 + DistributedDataParallel; inf injected into rank 1's gradient only
 //   syncbn       sync batch norm on 2 ranks against batch norm of the whole batch
 //   kill         rank 1 kills itself mid-job while rank 0 waits in an all-reduce
+//   mismatch     the ranks wrap models of different shapes: both raise a castor::Error
 #include <signal.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <string>
 
@@ -138,6 +140,22 @@ void sync_batch_norm() {
   expect(close(wg, whole->weight.grad()) && close(bg, whole->bias.grad()), "weight and bias gradients");
 }
 
+// Rank 1 wraps a model of another shape (11 classes): rather than all-reducing buffers of different sizes (undefined
+// behaviour in MPI; Open MPI corrupts memory), both ranks' wrappers raise a castor::Error saying what differs.
+void mismatched_models() {
+  auto model = models::simple_cnn(1, 8, 8, dist::rank() == 0 ? 10 : 11);
+  std::string message;
+  try {
+    nn::DistributedDataParallel ddp(model);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  // SimpleCNN(1, 8, 8, k): conv1 320 + conv2 18496 + fc1 32896 + fc2 129k + k elements: 53002 and 53131.
+  expect(message.find("rank 1's model has 8 parameter and buffer tensors with 53131 elements, rank 0's 8 with 53002") !=
+             std::string::npos,
+         "the wrapper names the rank and the parameter counts: '" + message + "'");
+}
+
 void kill_one_rank() {
   Tensor t = ones({1024});
   for (int i = 0;; ++i) {
@@ -161,6 +179,7 @@ int main(int argc, char** argv) {
     else if (mode == "inf") inf_on_one_rank();
     else if (mode == "syncbn") sync_batch_norm();
     else if (mode == "kill") kill_one_rank();
+    else if (mode == "mismatch") mismatched_models();
     else return std::fprintf(stderr, "dist_helper: unknown mode '%s'\n", mode.c_str()), 2;
     // Every rank's verdict: the job succeeds only if no rank failed.
     Tensor failures = scalar_tensor(g_failures, DType::Float64);

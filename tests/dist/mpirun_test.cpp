@@ -52,6 +52,7 @@ void expect_helper_ok(const std::string& mode) {
 TEST(MpirunDist, CollectivesGiveHandWorkedValues) { expect_helper_ok("collectives"); }
 TEST(MpirunDist, InfOnOneRankSkipsTheStepOnBoth) { expect_helper_ok("inf"); }
 TEST(MpirunDist, SyncBatchNormNormalisesTheWholeBatch) { expect_helper_ok("syncbn"); }
+TEST(MpirunDist, DifferentModelsOnTheRanksAreRefused) { expect_helper_ok("mismatch"); }
 
 TEST(MpirunDist, DeadRankEndsTheJob) {
   const std::string dir = test::fresh_dir("mpirun_kill");
@@ -149,6 +150,18 @@ TEST_F(MpirunTrain, Float16SkipsTheSameStepsAsOneProcess) {
   EXPECT_EQ(a.at("skipped_steps").as_int(), b.at("skipped_steps").as_int());
   EXPECT_EQ(a.at("final_loss_scale").as_double(), b.at("final_loss_scale").as_double());
   expect_models_close(dir_ + "/one", dir_ + "/two", 1e-2, /*l2=*/true);
+}
+
+// Checkpoints due by the clock (every ~0.1 s here) are taken at the same step on both ranks, whose clocks differ:
+// the job finishes instead of leaving one rank at the checkpoint barrier and the other in the next all-reduce. (The
+// window of that race is the ranks' skew within a step, so without the shared decision this run hangs only sometimes.)
+TEST_F(MpirunTrain, TimedCheckpointsAreTakenTogether) {
+  std::vector<std::string> args = train_args("run", 16, 30, "O0");
+  args.insert(args.end(), {"--nproc", "2", "--threads", "1", "--checkpoint-minutes", "0.002"});
+  CastorProcess p = test::run_castor(args, CastorRun{.dir = dir_}, 60);
+  EXPECT_FALSE(p.timed_out) << "the ranks disagreed about a timed checkpoint";
+  EXPECT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(train::read_checkpoint(dir_ + "/run").state.at("progress.step").item(), 30);
 }
 
 // The pids of `parent`'s children (the ranks mpirun started).
