@@ -1,6 +1,7 @@
-// Fast max pooling of channels-last tensors at memory bandwidth: vectorised loops over each pixel's contiguous channels
-// that compare the raw bits as ordered integers (no conversion in any dtype) and keep a one-byte argmax (the window
-// position) per output; they match the reference loops (src/kernels/ref/max_pool_nhwc.cpp) bit for bit.
+// Fast max pooling of channels-last tensors: AVX2 loops over each pixel's contiguous channels that compare float32 as
+// floats and 16-bit values as ordered integers on their raw bits (no conversion), and keep a one-byte argmax (the
+// window position) per output; they match the reference loops (src/kernels/ref/max_pool_nhwc.cpp) bit for bit. The
+// backward writes each diff_src element once where windows do not overlap (near memory bandwidth here).
 #include <immintrin.h>
 #include <omp.h>
 
