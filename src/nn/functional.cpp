@@ -55,7 +55,8 @@ Tensor pool2d(OpKind kind, const Tensor& input, std::array<int64_t, 2> kernel, s
     p.kernel[i] = kernel[i], p.stride[i] = stride[i], p.padding[i] = padding[i];
   }
   const MemoryFormat format = kernels::layer_format(x);
-  p.relu = relu && format == MemoryFormat::ChannelsLast && kernels::max_pool2d_nhwc_fits(p);
+  p.relu = relu && format == MemoryFormat::ChannelsLast;
+  p.relu = p.relu && kernels::max_pool2d_nhwc_fits(p);  // asked with relu set: its window limit is one lower
   Tensor out = empty(out_shape, x.dtype(), format);
   Tensor workspace = kernels::pool2d_forward(detached(x, format), out, p);
   // saved: max pooling's workspace (which, with the ReLU folded in, routes no gradient where the ReLU gives none).

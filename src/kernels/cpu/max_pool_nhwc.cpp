@@ -1,6 +1,7 @@
-// Fast max pooling of channels-last tensors at memory bandwidth: vectorised loops over each pixel's contiguous channels
-// that compare the raw bits as ordered integers (no conversion in any dtype) and keep a one-byte argmax (the window
-// position) per output; they match the reference loops (src/kernels/ref/max_pool_nhwc.cpp) bit for bit.
+// Fast max pooling of channels-last tensors: AVX2 loops over each pixel's contiguous channels that compare float32 as
+// floats and 16-bit values as ordered integers on their raw bits (no conversion), and keep a one-byte argmax (the
+// window position) per output; they match the reference loops (src/kernels/ref/max_pool_nhwc.cpp) bit for bit. The
+// backward writes each diff_src element once where windows do not overlap (near memory bandwidth here).
 #include <immintrin.h>
 #include <omp.h>
 
@@ -45,8 +46,8 @@ template <>
 struct Simd<uint16_t> {
   static constexpr int64_t kLanes = 16;
   static __m256i set1(uint16_t v) { return _mm256_set1_epi16(static_cast<int16_t>(v)); }
-  static __m256i sign(__m256i v) { return _mm256_srai_epi16(v, 15); }
-  static __m256i neg(__m256i m, __m256i s) { return _mm256_sub_epi16(_mm256_xor_si256(m, s), s); }
+  // m negated where v is negative (v == 0 only where m is 0 too): one instruction.
+  static __m256i signed_by(__m256i m, __m256i v) { return _mm256_sign_epi16(m, v); }
   static __m256i gt(__m256i a, __m256i b) { return _mm256_cmpgt_epi16(a, b); }
   static __m256i eq(__m256i a, __m256i b) { return _mm256_cmpeq_epi16(a, b); }
   static __m256i max(__m256i a, __m256i b) { return _mm256_max_epi16(a, b); }
@@ -62,8 +63,7 @@ template <>
 struct Simd<uint32_t> {
   static constexpr int64_t kLanes = 8;
   static __m256i set1(uint32_t v) { return _mm256_set1_epi32(static_cast<int32_t>(v)); }
-  static __m256i sign(__m256i v) { return _mm256_srai_epi32(v, 31); }
-  static __m256i neg(__m256i m, __m256i s) { return _mm256_sub_epi32(_mm256_xor_si256(m, s), s); }
+  static __m256i signed_by(__m256i m, __m256i v) { return _mm256_sign_epi32(m, v); }
   static __m256i gt(__m256i a, __m256i b) { return _mm256_cmpgt_epi32(a, b); }
   static __m256i eq(__m256i a, __m256i b) { return _mm256_cmpeq_epi32(a, b); }
   static __m256i max(__m256i a, __m256i b) { return _mm256_max_epi32(a, b); }
@@ -84,7 +84,7 @@ struct Keys {
                 top = S::set1(static_cast<U>(std::numeric_limits<typename B::K>::max()));
   __m256i operator()(__m256i v) const {
     const __m256i mag = _mm256_and_si256(v, magnitude);
-    return _mm256_blendv_epi8(S::neg(mag, S::sign(v)), top, S::gt(mag, inf));
+    return _mm256_blendv_epi8(S::signed_by(mag, v), top, S::gt(mag, inf));
   }
 };
 

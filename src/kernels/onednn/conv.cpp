@@ -243,6 +243,26 @@ std::string describe(const Tensor& src, const Tensor& weights, const Conv2dParam
                      ", ", p.dilation[1], "), groups ", p.groups);
 }
 
+// Images per slice of the batch on the float32 emulation (float16, and bfloat16 without oneDNN bf16 kernels): the
+// float32 copies of a slice's activations stay near kSliceBytes instead of whole-batch size, which would cost more
+// memory than the 16-bit activations save.
+constexpr int64_t kSliceBytes = 4 << 20;
+int64_t slice_images(const Tensor& src, const Tensor& dst) {
+  const int64_t per_image = 4 * std::max(src.numel(), dst.numel()) / std::max<int64_t>(src.size(0), 1);
+  return std::max<int64_t>(1, kSliceBytes / std::max<int64_t>(per_image, 1));
+}
+
+// Images [n0, n0 + len) of an activation (undefined stays undefined).
+Tensor images(const Tensor& t, int64_t n0, int64_t len) { return t.defined() ? t.narrow(0, n0, len) : t; }
+
+// sum += part, float32 (undefined: nothing).
+void accumulate(const Tensor& sum, const Tensor& part) {
+  if (!sum.defined()) return;
+  float* s = sum.data<float>();
+  const float* q = part.data<float>();
+  for (int64_t i = 0; i < sum.numel(); ++i) s[i] += q[i];
+}
+
 }  // namespace
 
 int64_t conv_reorder_count() { return g_reorders.load(); }
@@ -255,9 +275,14 @@ void conv2d_forward(const Tensor& src, const Tensor& weights, const Tensor& bias
     const bool has_bias = bias.defined();
     if (const ConvPrim* c = native(kForward, src.dtype(), src, weights, dst, has_bias, p))
       return run_forward(*c, src, weights, bias, dst);
-    Tensor dst_f = float_like(dst);
-    run_forward(in_float32(kForward, src, weights, dst, has_bias, p), widen(src), widen(weights), widen(bias), dst_f);
-    copy(dst_f, dst);
+    const Tensor w_f = widen(weights), b_f = widen(bias);
+    const int64_t n = src.size(0), step = slice_images(src, dst);
+    for (int64_t n0 = 0; n0 < n; n0 += step) {
+      const int64_t len = std::min(step, n - n0);
+      const Tensor s = images(src, n0, len), d = images(dst, n0, len), d_f = float_like(d);
+      run_forward(in_float32(kForward, s, weights, d, has_bias, p), widen(s), w_f, b_f, d_f);
+      copy(d_f, d);
+    }
   } catch (const dnnl::error& e) {
     throw Error(detail::cat("conv2d: oneDNN could not run ", describe(src, weights, p), ": ", e.what()));
   }
@@ -283,11 +308,23 @@ void conv2d_backward(const Tensor& src, const Tensor& weights, const Tensor& dif
     const bool need_data = diff_src.defined(), need_wts = diff_weights.defined();
     if ((!need_data || data) && (!need_wts || wts))
       return run_backward(data, wts, src, weights, diff_dst, diff_src, diff_weights, diff_bias);
-    Tensor dx = float_like(diff_src), dw = float_like(diff_weights), db = float_like(diff_bias);
-    run_backward(need_data ? &in_float32(kBackwardData, src_side, w_side, diff_dst, false, p) : nullptr,
-                 need_wts ? &in_float32(kBackwardWeights, src_side, w_side, diff_dst, has_bias, p) : nullptr,
-                 need_wts ? widen(src) : Tensor(), need_data ? widen(weights) : Tensor(), widen(diff_dst), dx, dw, db);
-    round_into(dx, diff_src);
+    // Slice by slice; the weights' and bias' gradients are summed over the slices in float32 and rounded once.
+    const Tensor w_f = need_data ? widen(weights) : Tensor();
+    const Tensor dw = float_like(diff_weights), db = float_like(diff_bias);
+    const Tensor dw_part = float_like(diff_weights), db_part = float_like(diff_bias);
+    const int64_t n = diff_dst.size(0), step = slice_images(src_side, diff_dst);
+    for (int64_t n0 = 0; n0 < n; n0 += step) {
+      const int64_t len = std::min(step, n - n0);
+      const Tensor side = images(src_side, n0, len), dd = images(diff_dst, n0, len);
+      const Tensor dsrc = images(diff_src, n0, len), dx = float_like(dsrc);
+      const bool first = n0 == 0;
+      run_backward(need_data ? &in_float32(kBackwardData, side, w_side, dd, false, p) : nullptr,
+                   need_wts ? &in_float32(kBackwardWeights, side, w_side, dd, has_bias, p) : nullptr,
+                   need_wts ? widen(images(src, n0, len)) : Tensor(), w_f, widen(dd), dx, first ? dw : dw_part,
+                   first ? db : db_part);
+      if (!first) accumulate(dw, dw_part), accumulate(db, db_part);
+      round_into(dx, dsrc);
+    }
     round_into(dw, diff_weights);
     round_into(db, diff_bias);
   } catch (const dnnl::error& e) {
