@@ -30,6 +30,7 @@
 #include "castor/optim.h"
 #include "castor/random.h"
 #include "omp.h"
+#include "bench_util.h"
 
 namespace {
 
@@ -124,6 +125,7 @@ int main(int argc, char** argv) {
     worker(models, steps);
     return 0;
   }
+  std::printf("cpu: %s\n", castor::bench::cpu_isa().c_str());
   char exe[4096];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
   if (n <= 0) return std::fprintf(stderr, "dist_bench: cannot find its own path\n"), 1;
