@@ -17,11 +17,13 @@ enum class ModelKind { SimpleCnn, ResNet18, ResNet9 };
 enum class OptimizerKind { Sgd, Adam, AdamW };
 enum class Schedule { None, Step, Cosine, OneCycle };
 enum class Augment { None, Standard };
+enum class Compression { None, BFloat16, Float16 };  // the gradients' type on the wire between ranks
 const char* name(Dataset v);
 const char* name(ModelKind v);
 const char* name(OptimizerKind v);
 const char* name(Schedule v);
 const char* name(Augment v);
+const char* name(Compression v);
 
 struct TrainConfig {
   Dataset data = Dataset::FashionMnist;
@@ -47,7 +49,7 @@ struct TrainConfig {
   int threads = 0;                     // per rank; 0: the machine's cores divided among its ranks
   int nproc = 0;                       // data-parallel ranks (0: not given; one, or mpirun's -np)
   bool sync_batchnorm = false;         // with several ranks: BatchNorm statistics over the global batch
-  std::string compress_grads = "none";  // none | bf16 | fp16: the gradients' type on the wire between ranks
+  Compression compress_grads = Compression::None;
   bool deterministic = false;
   std::string out = "runs/latest";
   std::string resume;                  // a run directory (or one of its checkpoints) to continue from

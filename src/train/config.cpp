@@ -92,6 +92,8 @@ constexpr Spelling<OptimizerKind> kOptimizers[] = {
 constexpr Spelling<Schedule> kSchedules[] = {{Schedule::None, "none"}, {Schedule::Step, "step"},
                                              {Schedule::Cosine, "cosine"}, {Schedule::OneCycle, "onecycle"}};
 constexpr Spelling<Augment> kAugments[] = {{Augment::None, "none"}, {Augment::Standard, "standard"}};
+constexpr Spelling<Compression> kCompressions[] = {
+    {Compression::None, "none"}, {Compression::BFloat16, "bf16"}, {Compression::Float16, "fp16"}};
 
 template <class E, size_t N>
 const char* spelling(const Spelling<E> (&table)[N], E v) {
@@ -199,9 +201,8 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
       ->check(integer_in(1, 1024));
   app.add_flag("--sync-batchnorm", c.sync_batchnorm,
                "with several ranks: BatchNorm statistics of the global batch (default: each rank's own, as in DDP)");
-  app.add_option("--compress-grads", c.compress_grads,
-                 "with several ranks: send gradients as bf16 or fp16 (each addition in float32)")
-      ->check(one_of({"none", "bf16", "fp16"}));
+  add_choice(app, "--compress-grads", c.compress_grads, kCompressions,
+             "with several ranks: send gradients as bf16 or fp16 (each addition in float32)");
   app.add_flag("--deterministic", c.deterministic, "fixed threading, for bit-exact resume");
   app.add_option("--out", c.out, "run directory");
   app.add_option("--resume", c.resume,
@@ -263,6 +264,7 @@ const char* name(ModelKind v) { return spelling(kModels, v); }
 const char* name(OptimizerKind v) { return spelling(kOptimizers, v); }
 const char* name(Schedule v) { return spelling(kSchedules, v); }
 const char* name(Augment v) { return spelling(kAugments, v); }
+const char* name(Compression v) { return spelling(kCompressions, v); }
 
 std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string& exe, const std::vector<std::string>& args) {
   if (c.nproc <= 1 || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return {};
@@ -375,7 +377,7 @@ Json settings_json(const TrainConfig& c) {
   o["threads"] = c.threads;
   o["nproc"] = c.nproc;
   o["sync_batchnorm"] = c.sync_batchnorm;
-  o["compress_grads"] = c.compress_grads;
+  o["compress_grads"] = name(c.compress_grads);
   o["deterministic"] = c.deterministic;
   o["checkpoint_every"] = c.checkpoint_every;
   o["checkpoint_minutes"] = c.checkpoint_minutes;

@@ -124,7 +124,8 @@ Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps) {
   if (dist::world_size() > 1) {
     if (c.sync_batchnorm) nn::convert_sync_batchnorm(*r.model);
     nn::DDPOptions o;
-    if (c.compress_grads != "none") o.compression = parse_dtype(c.compress_grads);
+    if (c.compress_grads != Compression::None)
+      o.compression = c.compress_grads == Compression::BFloat16 ? DType::BFloat16 : DType::Float16;
     r.ddp = std::make_shared<nn::DistributedDataParallel>(r.model, o);
   }
   const std::vector<Tensor> params = r.model->parameters();
