@@ -1,7 +1,8 @@
 // AMP training steps of SimpleCNN (3x32x32, batch 256, SGD momentum): Castor O0 float32 and O1/O2/O3 bfloat16
 // side by side, the AMP overhead inside the O1 step, peak step memory, and PyTorch 1.13 CPU (float32 and
 // torch.autocast bfloat16, each in NCHW and channels_last) on the same model and batch, run from here as
-// /usr/bin/python3 bench/amp_torch_bench.py; prints the CPU and its ISA.
+// /usr/bin/python3 bench/amp_torch_bench.py in PyTorch's best configuration (bench::torch_command: tcmalloc);
+// prints the CPU and its ISA.
 //
 // Usage: amp_bench [reps] [torch_reps]. Configurations alternate step by step after two warm-up steps each; each
 // figure is the median of `reps` steps. Where oneDNN has no bfloat16 kernels (CPUs without AVX-512), Castor's
@@ -86,8 +87,8 @@ struct TorchResult {
 };
 
 TorchResult run_torch(int reps, int threads) {
-  const std::string cmd = std::string("/usr/bin/python3 ") + CASTOR_SOURCE_DIR + "/bench/amp_torch_bench.py " +
-                          std::to_string(reps) + " " + std::to_string(kBatch) + " " + std::to_string(threads);
+  const std::string cmd = bench::torch_command("amp_torch_bench.py " + std::to_string(reps) + " " +
+                                               std::to_string(kBatch) + " " + std::to_string(threads));
   TorchResult r;
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return r;
@@ -169,8 +170,8 @@ int main(int argc, char** argv) {
   }
 
   const TorchResult torch = run_torch(torch_reps, threads);
-  std::printf("PyTorch 1.13 CPU, same model and batch, %s threads, median of %d alternating steps\n",
-              torch.threads.c_str(), torch_reps);
+  std::printf("PyTorch 1.13 CPU, same model and batch, %s threads, %s, median of %d alternating steps\n",
+              torch.threads.c_str(), bench::torch_allocator(), torch_reps);
   for (const auto& [mode, ips] : torch.images_per_s) std::printf("  torch  %-26s %8.1f images/s\n", mode.c_str(), ips);
   // Against each PyTorch configuration, and its best layout (channels_last here, NCHW on some CPUs).
   auto versus = [&](const char* label, const std::string& castor_name, const std::string& mode) {

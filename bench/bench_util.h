@@ -5,6 +5,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <unistd.h>
 
 namespace castor::bench {
 
@@ -37,6 +38,24 @@ inline std::string cpu_isa() {
   for (const char* f : {"amx_bf16", "avx512_fp16", "avx512_bf16", "avx512f", "avx2", "f16c"})
     if (flags.find(std::string(" ") + f + " ") != std::string::npos) isa += std::string(" ") + f;
   return model + "; ISA" + (isa.empty() ? " baseline x86-64" : isa);
+}
+
+// tcmalloc, where installed (Debian's libtcmalloc-minimal4): PyTorch's best allocator on these VMs. Under glibc's
+// malloc its activations of 16 MiB and more are mmapped and returned to the kernel every step, and the page faults
+// made its CPU training steps 2-5x slower and erratic here (SimpleCNN bf16 channels_last: 190 ms a step with a rare
+// 44 ms one, against a steady 40 ms with tcmalloc); Intel's CPU tuning guide for PyTorch recommends the same.
+inline const char* kTcmalloc = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4";
+
+// What PyTorch runs with in a benchmark's side-by-side run, for the report: "tcmalloc" or "glibc malloc".
+inline const char* torch_allocator() { return access(kTcmalloc, R_OK) == 0 ? "tcmalloc" : "glibc malloc"; }
+
+// The shell command that runs one of bench/'s PyTorch twins in PyTorch's best configuration here: Debian's
+// /usr/bin/python3 (its torch, with OpenBLAS), tcmalloc preloaded, and the OpenMP wait policy left at its default
+// (a passive policy set for Castor slows PyTorch's own thread pool).
+inline std::string torch_command(const std::string& script_and_args) {
+  std::string cmd = "env -u OMP_WAIT_POLICY ";
+  if (access(kTcmalloc, R_OK) == 0) cmd += std::string("LD_PRELOAD=") + kTcmalloc + " ";
+  return cmd + "/usr/bin/python3 " + CASTOR_SOURCE_DIR + "/bench/" + script_and_args;
 }
 
 }  // namespace castor::bench

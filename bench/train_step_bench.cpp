@@ -5,9 +5,9 @@
 //
 // Configurations: Castor float32; Castor all-bfloat16 (model->to(BFloat16), bfloat16 input, Adam with float32 master
 // weights); PyTorch float32 and PyTorch CPU autocast bfloat16 (bench/train_step_torch.py, run with /usr/bin/python3),
-// in NCHW and for SimpleCNN also channels_last, PyTorch's faster layout here; "castor/best" is against the faster of
-// the two. Prints the CPU's and oneDNN's ISA. (ResNet-18: PyTorch float32 only, its autocast bfloat16 convolutions
-// take minutes a step at batch 64 without AVX-512). Rounds alternate Castor and PyTorch; each figure is the median
+// in NCHW and channels_last, in PyTorch's best configuration here (bench::torch_command: tcmalloc); "castor/best" is
+// against the faster layout. Prints the CPU's and oneDNN's ISA. (ResNet-18 without AVX-512: PyTorch float32 only,
+// its autocast bfloat16 convolutions take minutes a step at batch 64 there). Rounds alternate Castor and PyTorch; each figure is the median
 // over rounds of images/s, each measurement timing up to `iters` steps after `warmup`, stopping early (after at
 // least 2) once `seconds` have passed (PyTorch's autocast bfloat16 takes seconds a step without AVX-512).
 //
@@ -284,9 +284,9 @@ class CastorStep {
 // images/s per mode from one run of bench/train_step_torch.py.
 std::map<std::string, double> torch_images_per_second(const std::string& model, int64_t batch, int warmup, int iters,
                                                       double seconds, const std::vector<std::string>& modes) {
-  std::string cmd = std::string("/usr/bin/python3 ") + CASTOR_SOURCE_DIR + "/bench/train_step_torch.py " + model + " " +
-                    std::to_string(batch) + " " + std::to_string(warmup) + " " + std::to_string(iters) + " " +
-                    std::to_string(seconds) + " " + std::to_string(kThreads);
+  std::string cmd = bench::torch_command("train_step_torch.py " + model + " " + std::to_string(batch) + " " +
+                                         std::to_string(warmup) + " " + std::to_string(iters) + " " +
+                                         std::to_string(seconds) + " " + std::to_string(kThreads));
   for (const std::string& m : modes) cmd += " " + m;
   std::map<std::string, double> out;
   FILE* p = popen(cmd.c_str(), "r");
@@ -310,8 +310,8 @@ struct Bench {
 
 void run(const Bench& b, int rounds, bool bf16_native) {
   std::printf("\n== %s, batch %lld, %d threads: %d warm-up + up to %d timed steps (or %.0f s) per measurement, "
-              "median of %d rounds\n", b.model.c_str(), static_cast<long long>(b.batch), kThreads, b.warmup, b.iters,
-              b.seconds, rounds);
+              "median of %d rounds; PyTorch with %s\n", b.model.c_str(), static_cast<long long>(b.batch), kThreads,
+              b.warmup, b.iters, b.seconds, rounds, bench::torch_allocator());
   const DType dtypes[] = {DType::Float32, DType::BFloat16};
   std::vector<CastorStep> castor;
   for (DType dt : dtypes) castor.emplace_back(b.model, dt, b.batch);
@@ -363,8 +363,12 @@ int main(int argc, char** argv) {
   std::printf("CPU: %s; oneDNN ISA %s\n", bench::cpu_isa().c_str(), onednn_isa());
   std::printf("oneDNN bfloat16 kernels: %s\n",
               bf16_native ? "available" : "unavailable (castor bfloat16 runs on exact float32 copies)");
-  const Bench benches[] = {{"simplecnn", 256, 1, 10, 3.0, {"fp32", "fp32_cl", "bf16", "bf16_cl"}},
-                           {"resnet18", 64, 1, 3, 5.0, {"fp32"}}};
+  // ResNet-18's PyTorch autocast bfloat16 takes minutes a step without AVX-512: measured only where oneDNN has
+  // bfloat16 kernels.
+  const std::vector<std::string> resnet_modes =
+      bf16_native ? std::vector<std::string>{"fp32", "fp32_cl", "bf16", "bf16_cl"} : std::vector<std::string>{"fp32"};
+  const Bench benches[] = {{"simplecnn", 256, 3, 10, 3.0, {"fp32", "fp32_cl", "bf16", "bf16_cl"}},
+                           {"resnet18", 64, 1, 3, 5.0, resnet_modes}};
   for (const Bench& b : benches)
     if (which == "all" || which == b.model) run(b, rounds, bf16_native);
   return 0;
