@@ -59,10 +59,12 @@ class DataLoader {
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
   std::optional<Batch> next();  // nullopt at the end of the epoch
 
-  // Builds one batch synchronously (what the background thread runs).
+  // Builds one batch synchronously (what the background thread runs, with the epoch's order computed once).
   Batch make_batch(int64_t epoch, int64_t index) const;
 
  private:
+  std::vector<int64_t> epoch_order(int64_t epoch) const;
+  Batch make_batch(const std::vector<int64_t>& order, int64_t epoch, int64_t index) const;
   void stop();
   const ImageDataset& ds_;
   LoaderOptions opt_;

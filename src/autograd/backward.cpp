@@ -175,7 +175,11 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
     }
     case OpKind::Mm: {
       const Tensor &a = node.saved_tensor(0), &b = node.saved_tensor(1);
-      return {node.next[0].valid() ? mm(g, b.t()) : Tensor(), node.next[1].valid() ? mm(a.t(), g) : Tensor()};
+      // A transposed b (linear's weight.t()) gets its gradient in its own layout, (g^T a)^T, as PyTorch does: the
+      // weight's .grad is then the product itself, not a transposed copy of it.
+      const bool b_transposed = !b.is_contiguous() && b.t().is_contiguous();
+      return {node.next[0].valid() ? mm(g, b.t()) : Tensor(),
+              !node.next[1].valid() ? Tensor() : b_transposed ? mm(g.t(), a).t() : mm(a.t(), g)};
     }
     case OpKind::Bmm: {
       const Tensor &a = node.saved_tensor(0), &b = node.saved_tensor(1);

@@ -86,8 +86,9 @@ Tensor run_hooks(const std::vector<GradHook>& hooks, Tensor g) {
   return g;
 }
 
-void accumulate_leaf(const std::shared_ptr<TensorImpl>& leaf, const Tensor& g_in, bool create_graph) {
-  Tensor g = run_hooks(leaf->hooks, g_in);
+// g_in is taken by value: a gradient nobody else holds becomes the leaf's .grad without a copy.
+void accumulate_leaf(const std::shared_ptr<TensorImpl>& leaf, Tensor g_in, bool create_graph) {
+  Tensor g = run_hooks(leaf->hooks, std::move(g_in));
   Tensor self(leaf);
   if (!leaf->grad) {
     if (create_graph) {
@@ -132,8 +133,8 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     }
     captured->assign(captures->size(), Tensor());
   }
-  auto deliver_leaf = [&](const std::shared_ptr<TensorImpl>& leaf, const Tensor& g) {
-    if (!captures) return accumulate_leaf(leaf, g, create_graph);
+  auto deliver_leaf = [&](const std::shared_ptr<TensorImpl>& leaf, Tensor g) {
+    if (!captures) return accumulate_leaf(leaf, std::move(g), create_graph);
     auto it = capture_index.find(leaf.get());
     if (it != capture_index.end()) (*captured)[it->second] = accumulate((*captured)[it->second], g);
   };
@@ -215,7 +216,7 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     for (size_t i = 0; i < grads.size(); ++i) {
       const Edge& e = node->next[i];
       if (!e.valid() || !grads[i].defined()) continue;
-      Tensor gi = grads[i].dtype() == node->input_dtypes[i] ? grads[i] : grads[i].to(node->input_dtypes[i]);
+      Tensor gi = grads[i].dtype() == node->input_dtypes[i] ? std::move(grads[i]) : grads[i].to(node->input_dtypes[i]);
       CASTOR_ASSERT(gi.shape() == node->input_shapes[i], op_name(node->op), " backward gave ", gi.describe(),
                     " for input ", i, " of shape ", shape_str(node->input_shapes[i]));
       if (e.fn) {
@@ -223,7 +224,7 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
         buffers[next] = accumulate(buffers[next], gi);
         if (--deps[next] == 0) ready.push(next);
       } else {
-        deliver_leaf(e.leaf, gi);
+        deliver_leaf(e.leaf, std::move(gi));
       }
     }
   }
