@@ -2,6 +2,7 @@
 #pragma once
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -37,7 +38,10 @@ inline std::string cpu_isa() {
   std::string isa;
   for (const char* f : {"amx_bf16", "avx512_fp16", "avx512_bf16", "avx512f", "avx2", "f16c"})
     if (flags.find(std::string(" ") + f + " ") != std::string::npos) isa += std::string(" ") + f;
-  return model + "; ISA" + (isa.empty() ? " baseline x86-64" : isa);
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (!cap) cap = std::getenv("DNNL_MAX_CPU_ISA");
+  return model + "; ISA" + (isa.empty() ? " baseline x86-64" : isa) +
+         (cap ? std::string(" (capped at ") + cap + " by ONEDNN_MAX_CPU_ISA)" : "");
 }
 
 // tcmalloc, where installed (Debian's libtcmalloc-minimal4): PyTorch's best allocator on these VMs. Under glibc's

@@ -5,8 +5,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 
 #include "castor/check.h"
@@ -147,7 +150,26 @@ __attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* src, 
   bf16_to_f32_portable(src + i, dst + i, n - i);
 }
 
-bool avx512_supported() { return __builtin_cpu_supports("avx512f") && avx2_supported(); }
+// The cap oneDNN reads from ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA): "AVX2", "AVX512_CORE", "AVX512_CORE_BF16",
+// "ALL", ... Castor's own kernels honour it too, so that one variable makes a CPU with AVX-512 run end to end as an
+// AVX2-only (or AVX-512 without BF16) one: the benchmarks' and tests' way to reach the other dispatch paths.
+std::string isa_cap() {
+  const char* v = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (!v) v = std::getenv("DNNL_MAX_CPU_ISA");
+  std::string cap = v ? v : "";
+  for (char& ch : cap) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return cap;
+}
+bool cap_allows_avx512() {
+  const std::string cap = isa_cap();
+  return cap.empty() || cap == "ALL" || cap.rfind("AVX512", 0) == 0;
+}
+bool cap_allows_avx512bf16() {
+  const std::string cap = isa_cap();
+  return cap.empty() || cap == "ALL" || cap.find("BF16") != std::string::npos || cap.find("AMX") != std::string::npos;
+}
+
+bool avx512_supported() { return __builtin_cpu_supports("avx512f") && avx2_supported() && cap_allows_avx512(); }
 
 // ---- AVX512-BF16: vcvtneps2bf16 rounds to nearest even but treats subnormal inputs as zero and may not
 // keep NaN payloads, so any block holding a subnormal or NaN lane is redone by integer rounding.
@@ -173,7 +195,9 @@ __attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512bf16(const 
 #pragma GCC diagnostic pop
 #endif
 
-bool avx512bf16_supported() { return __builtin_cpu_supports("avx512bf16") && avx512_supported(); }
+bool avx512bf16_supported() {
+  return __builtin_cpu_supports("avx512bf16") && avx512_supported() && cap_allows_avx512bf16();
+}
 
 }  // namespace
 
