@@ -4,7 +4,7 @@
 // /usr/bin/python3 bench/amp_torch_bench.py in PyTorch's best configuration (bench::torch_command: tcmalloc);
 // prints the CPU and its ISA.
 //
-// Usage: amp_bench [reps] [torch_reps]. Configurations alternate step by step after two warm-up steps each; each
+// Usage: amp_bench [reps] [torch_reps]   (torch_reps 0: Castor alone). Configurations alternate step by step after two warm-up steps each; each
 // figure is the median of `reps` steps. Where oneDNN has no bfloat16 kernels (CPUs without AVX-512), Castor's
 // bfloat16 convolutions and matmuls run on float32 copies, and so do PyTorch's.
 #include <omp.h>
@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
                 configs[k]->name.c_str(), peak / 1048576.0, (peak - resident) / 1048576.0, resident / 1048576.0);
   }
 
+  if (torch_reps <= 0) return 0;  // Castor alone (under ONEDNN_MAX_CPU_ISA=AVX2 PyTorch's bf16 convolutions fail)
   const TorchResult torch = run_torch(torch_reps, threads);
   std::printf("PyTorch 1.13 CPU, same model and batch, %s threads, %s, median of %d alternating steps\n",
               torch.threads.c_str(), bench::torch_allocator(), torch_reps);

@@ -25,57 +25,42 @@ std::atomic<int64_t> g_reorders{0};
 std::atomic<int64_t> g_backward_data{0};  // backward-data passes run
 
 // Where a tensor in Castor's layout ("plain": nchw or nhwc activations, oihw weights) meets a primitive: the layout
-// the primitive takes, the reorder between the two (absent when they agree), and the scratch slot a reordered copy
-// lives in.
+// the primitive takes and the reorder between the two (absent when they agree).
 struct Port {
   memory::desc plain, want;
   std::optional<dnnl::reorder> reorder;  // plain -> want for inputs, want -> plain for outputs
-  int slot;
 };
 
-Port input_port(const memory::desc& plain, const memory::desc& want, int slot) {
-  Port p{plain, want, {}, slot};
+Port input_port(const memory::desc& plain, const memory::desc& want) {
+  Port p{plain, want, {}};
   if (want != plain) p.reorder = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), plain, engine(), want));
   return p;
 }
-Port output_port(const memory::desc& want, const memory::desc& plain, int slot) {
-  Port p{plain, want, {}, slot};
+Port output_port(const memory::desc& want, const memory::desc& plain) {
+  Port p{plain, want, {}};
   if (want != plain) p.reorder = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), want, engine(), plain));
   return p;
 }
 
-// Scratch slots for reordered copies: src, weights (or diff_weights), dst (or diff_src), diff_dst. One per role, so
-// that every copy live at once has its own. They are kept per thread and only grow: reusing the pages saves a
-// page-faulting allocation of up to tens of MB per reorder at batch 256.
-enum Slot { kSrcSlot, kWeightsSlot, kDstSlot, kDiffDstSlot, kNumSlots };
-
+// A tensor's data as a primitive takes it: the tensor's own buffer, or a reordered copy in `buffer`, which comes
+// from Castor's caching allocator (no page faults after the first step; counted in memory_stats(), since at batch
+// 256 a copy is as large as the activation it holds) and is given back when the call is done.
 struct Staged {
   memory mem;
+  Tensor buffer;
 };
 
-Staged scratch_for(const Port& port) {
-  struct Buffer {
-    void* data = nullptr;
-    size_t size = 0;
-    ~Buffer() { std::free(data); }
-  };
-  static thread_local Buffer slots[kNumSlots];
-  Buffer& b = slots[port.slot];
-  const size_t need = port.want.get_size();
-  if (b.size < need) {
-    std::free(b.data);
-    b.data = std::aligned_alloc(64, (need + 63) / 64 * 64);
-    CASTOR_CHECK(b.data, "conv2d: cannot allocate ", need, " bytes of scratch");
-    b.size = need;
-  }
-  return {memory(port.want, engine(), b.data)};
+Staged scratch_for(const Port& port, DType dtype) {
+  const int64_t bytes = static_cast<int64_t>(port.want.get_size()), size = dtype_size(dtype);
+  Tensor buffer = empty({(bytes + size - 1) / size}, dtype);
+  return {memory(port.want, engine(), buffer.data_ptr()), buffer};
 }
 
 // An input in the port's layout (reordered into scratch when needed).
 Staged stage_in(const Port& port, const Tensor& t) {
   memory user(port.plain, engine(), t.data_ptr());
   if (!port.reorder) return {user};
-  Staged s = scratch_for(port);
+  Staged s = scratch_for(port, t.dtype());
   port.reorder->execute(stream(), user, s.mem);
   ++g_reorders;
   return s;
@@ -153,27 +138,27 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
     out->bias = bias;
     if (k.pass == kForward) {
       out->prim = dnnl::convolution_forward(fwd);
-      out->ports = {input_port(src_plain, fwd.src_desc(), kSrcSlot),
-                    input_port(w_plain, fwd.weights_desc(), kWeightsSlot),
-                    output_port(fwd.dst_desc(), dst_plain, kDstSlot)};
+      out->ports = {input_port(src_plain, fwd.src_desc()),
+                    input_port(w_plain, fwd.weights_desc()),
+                    output_port(fwd.dst_desc(), dst_plain)};
       out->args = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
     } else if (k.pass == kBackwardData) {
       const dnnl::convolution_backward_data::primitive_desc pd(
           dnnl::convolution_backward_data::desc(algo, src_any, w_any, dst_any, strides, dilates, pad, pad), engine(),
           fwd);
       out->prim = dnnl::convolution_backward_data(pd);
-      out->ports = {input_port(dst_plain, pd.diff_dst_desc(), kDiffDstSlot),
-                    input_port(w_plain, pd.weights_desc(), kWeightsSlot),
-                    output_port(pd.diff_src_desc(), src_plain, kDstSlot)};
+      out->ports = {input_port(dst_plain, pd.diff_dst_desc()),
+                    input_port(w_plain, pd.weights_desc()),
+                    output_port(pd.diff_src_desc(), src_plain)};
       out->args = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
     } else {
       const dnnl::convolution_backward_weights::primitive_desc pd(
           dnnl::convolution_backward_weights::desc(algo, src_any, w_any, bias, dst_any, strides, dilates, pad, pad),
           engine(), fwd);
       out->prim = dnnl::convolution_backward_weights(pd);
-      out->ports = {input_port(src_plain, pd.src_desc(), kSrcSlot),
-                    input_port(dst_plain, pd.diff_dst_desc(), kDiffDstSlot),
-                    output_port(pd.diff_weights_desc(), w_plain, kWeightsSlot)};
+      out->ports = {input_port(src_plain, pd.src_desc()),
+                    input_port(dst_plain, pd.diff_dst_desc()),
+                    output_port(pd.diff_weights_desc(), w_plain)};
       out->args = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
     }
     return out;
@@ -193,7 +178,7 @@ const ConvPrim* cached(const ConvKey& k) {
 void run(const ConvPrim& c, const Staged& in0, const Staged& in1, const Tensor& out, const Tensor& bias) {
   const Port& port = c.ports[2];
   memory user(port.plain, engine(), out.data_ptr());
-  Staged dst = port.reorder ? scratch_for(port) : Staged{user};
+  Staged dst = port.reorder ? scratch_for(port, out.dtype()) : Staged{user, Tensor()};
   std::unordered_map<int, memory> args = {{c.args[0], in0.mem}, {c.args[1], in1.mem}, {c.args[2], dst.mem}};
   if (bias.defined()) args[c.args[2] == DNNL_ARG_DST ? DNNL_ARG_BIAS : DNNL_ARG_DIFF_BIAS] =
       memory(c.bias, engine(), bias.data_ptr());
