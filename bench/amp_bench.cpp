@@ -4,9 +4,10 @@
 // /usr/bin/python3 bench/amp_torch_bench.py in PyTorch's best configuration (bench::torch_command: tcmalloc);
 // prints the CPU and its ISA.
 //
-// Usage: amp_bench [reps] [torch_reps]   (torch_reps 0: Castor alone). Configurations alternate step by step after two warm-up steps each; each
-// figure is the median of `reps` steps. Where oneDNN has no bfloat16 kernels (CPUs without AVX-512), Castor's
-// bfloat16 convolutions and matmuls run on float32 copies, and so do PyTorch's.
+// Usage: amp_bench [reps] [torch_reps]   (torch_reps 0: Castor alone). Configurations alternate step by step after
+// two warm-up steps each; each figure is the median of `reps` steps. Where oneDNN has no bfloat16 kernels (CPUs
+// without AVX-512, or ONEDNN_MAX_CPU_ISA=AVX2), Castor's bfloat16 convolutions and matmuls run on float32 copies, and
+// so do PyTorch's.
 #include <omp.h>
 
 #include <algorithm>

@@ -7,9 +7,9 @@
 // weights); PyTorch float32 and PyTorch CPU autocast bfloat16 (bench/train_step_torch.py, run with /usr/bin/python3),
 // in NCHW and channels_last, in PyTorch's best configuration here (bench::torch_command: tcmalloc); "castor/best" is
 // against the faster layout. Prints the CPU's and oneDNN's ISA. (ResNet-18 without AVX-512: PyTorch float32 only,
-// its autocast bfloat16 convolutions take minutes a step at batch 64 there). Rounds alternate Castor and PyTorch; each figure is the median
-// over rounds of images/s, each measurement timing up to `iters` steps after `warmup`, stopping early (after at
-// least 2) once `seconds` have passed (PyTorch's autocast bfloat16 takes seconds a step without AVX-512).
+// its autocast bfloat16 convolutions take minutes a step at batch 64 there). Rounds alternate Castor and PyTorch;
+// each figure is the median over rounds of images/s, each measurement timing up to `iters` steps after `warmup`,
+// stopping early (after at least 2) once `seconds` have passed (PyTorch's autocast bfloat16 takes seconds a step without AVX-512).
 //
 // The kernel floor: every oneDNN primitive of the step (convolutions, pooling, batch norm, ReLU, residual adds,
 // matmuls of the linears; forward and backward) at the same shapes, on buffers in the layouts oneDNN prefers, run

@@ -197,7 +197,8 @@ void forward(const U* x, U* y, uint8_t* arg, int64_t n, int64_t c, int64_t h, in
         const int64_t out = ((b * oh + oy) * ow + ox) * c;  // (N, OH, OW, C) offset
         if (two_by_two) {
           const int64_t corner = ((b * h + 2 * oy) * w + 2 * ox) * c;
-          t.offset[0] = corner, t.offset[1] = corner + c, t.offset[2] = corner + w * c, t.offset[3] = corner + w * c + c;
+          t.offset[0] = corner, t.offset[1] = corner + c;
+          t.offset[2] = corner + w * c, t.offset[3] = corner + w * c + c;
         } else {
           const Window win = window(oy, ox, h, w, p);
           t.count = 0;
