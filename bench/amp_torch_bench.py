@@ -37,7 +37,7 @@ def main():
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
             xm = x.contiguous(memory_format=torch.channels_last)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
         def step():
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):

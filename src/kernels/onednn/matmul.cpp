@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "kernels/kernels.h"
+#include "kernels/onednn/fallback.h"
 #include "kernels/onednn/onednn.h"
 
 namespace castor::kernels {
@@ -93,12 +94,11 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& dst) {
     // Emulation for dtypes without a oneDNN kernel here: exact widening to float32, float32 accumulation,
     // and one rounding of the result (the numerics of 16-bit tensor cores).
     CASTOR_ASSERT(is_16bit_float(a.dtype()), "no matmul kernel for ", dtype_name(a.dtype()));
-    Tensor xf = empty(x.shape(), DType::Float32), yf = empty(y.shape(), DType::Float32);
-    Tensor df = empty(dst.shape(), DType::Float32);
-    copy(x, xf);
-    copy(y, yf);
-    CASTOR_ASSERT(run_onednn(xf, yf, df), "oneDNN has no float32 matmul");
-    copy(df, dst);
+    // The float32 copies keep the operands' layouts (a linear's transposed weight stays transposed), so widening
+    // is a flat conversion rather than a transposing copy.
+    const Tensor df = float_like(dst);
+    CASTOR_ASSERT(run_onednn(widen(x), widen(y), df), "oneDNN has no float32 matmul");
+    round_into(df, dst);
   } catch (const dnnl::error& e) {
     throw Error(detail::cat("matmul: oneDNN could not run ", a.describe(), " x ", b.describe(), ": ", e.what()));
   }
