@@ -17,9 +17,10 @@ cmake --build build-asan -j"$(nproc)" --target castor_tests castor_cli castor_di
 # The unit tests again under the sanitizers; the end-to-end training runs (RunDir: the binary under faults, some
 # under memory limits ASan cannot run in) and the 2^32-pattern sweep, which only repeat unit-tested code for
 # minutes at sanitizer speed, run in the Release pass above; so do the Mpirun* tests (whole jobs under `mpirun -np 2`:
-# Open MPI under ASan is slow and reports its own allocations).
+# Open MPI under ASan is slow and reports its own allocations) and the IsaCap.* reruns of unit tests on other ISA paths
+# (over 3 minutes each under ASan; on an AVX2-only machine this pass runs those paths anyway).
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-  ctest --test-dir build-asan --output-on-failure -j"$(nproc)" -E "AllFloat32Patterns|Trainer\.|ResumeTest|ModelFit|RunDir\.|Mpirun" \
+  ctest --test-dir build-asan --output-on-failure -j"$(nproc)" -E "AllFloat32Patterns|Trainer\.|ResumeTest|ModelFit|RunDir\.|Mpirun|IsaCap" \
   | tee "$log"
 sanitized=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$log")
 
