@@ -36,6 +36,13 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::array<int64_t, 2> output_si
 // (recorded and profiled as max_pool2d); elsewhere it is the two ops.
 Tensor max_pool2d_relu(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride = {0, 0},
                        std::array<int64_t, 2> padding = {0, 0});
+// relu(max_pool2d(conv2d(input, weight, bias, stride, padding), pool_kernel)) as one op: on channels-last float32
+// and 16-bit inputs its forward runs the convolution and the pooling a slice of the batch at a time, so that the
+// convolution's output stays in the cache (and is never allocated whole); values and gradients are those of the
+// three ops. Elsewhere it is the three ops.
+Tensor conv2d_max_pool2d_relu(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                              std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
+                              std::array<int64_t, 2> pool_kernel);
 Tensor relu(const Tensor& input);
 Tensor gelu(const Tensor& input, bool tanh_approximate = false);
 Tensor dropout(const Tensor& input, double p, bool training);  // uses castor::default_generator()

@@ -55,6 +55,7 @@ enum class CastPolicy : uint8_t { LowerPrecision, Float32, Promote, PassThrough,
   /* neural-network layers and losses */                 \
   _(Linear, "linear", LowerPrecision)                    \
   _(Conv2d, "conv2d", LowerPrecision)                    \
+  _(Conv2dMaxPool2dRelu, "conv2d_max_pool2d_relu", LowerPrecision) /* F::conv2d_max_pool2d_relu, one node */ \
   _(BatchNorm, "batch_norm", PassThrough)  /* statistics in float32, output in the input's dtype, as PyTorch */ \
   _(MaxPool2d, "max_pool2d", PassThrough)                \
   _(AvgPool2d, "avg_pool2d", PassThrough)                \

@@ -73,7 +73,7 @@ Tensor unreduce(const Node& node, const Tensor& g) {
 
 }  // namespace
 
-std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
+std::vector<Tensor> apply_backward_rule(const Node& node, Tensor g) {
   const bool create_graph = GradMode::is_enabled();
   const Shape& s0 = node.input_shapes[0];
   auto scalar = [&] { return node.param<op_params::Scalar>().value; };
@@ -217,6 +217,7 @@ std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& g) {
       CASTOR_CHECK(!g.requires_grad(), "gather: double backward is not supported");
       return {scatter_into(s0, node.param<op_params::Dim>().dim, node.saved_tensor(0), g)};
     case OpKind::Conv2d: return layer_rules::conv2d(node, g);
+    case OpKind::Conv2dMaxPool2dRelu: return layer_rules::conv2d_max_pool2d_relu(node, std::move(g));
     case OpKind::BatchNorm: return layer_rules::batch_norm(node, g);
     case OpKind::MaxPool2d: return layer_rules::max_pool2d(node, g);
     case OpKind::AvgPool2d: return layer_rules::avg_pool2d(node, g);

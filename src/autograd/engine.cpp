@@ -199,7 +199,8 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     {
       OpNesting nesting;  // ops a rule runs are nested inside it
       depth = nesting.depth();
-      grads = apply_backward_rule(*node, g);
+      // The rule owns the incoming gradient (a fused rule frees it midway), unless the observer still reports it.
+      grads = apply_backward_rule(*node, observer ? Tensor(g) : std::move(g));
     }
     if (observer) {
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -1,5 +1,5 @@
-// Backward rules of the layer ops (conv2d, batch_norm, pooling) on the layer kernels; gradients come back in the
-// dtype the forward ran in. Each node's saved tensors are listed where they are recorded (src/nn/functional.cpp)
+// Backward rules of the layer ops (conv2d, its fusion with pooling, batch_norm, pooling) on the layer kernels;
+// gradients come back in the dtype the forward ran in. Each node's saved tensors are listed where they are recorded (src/nn/functional.cpp)
 // and repeated here; its parameters are typed (autograd/node.h).
 #include "autograd/layer_rules.h"
 
@@ -23,21 +23,40 @@ Tensor wanted(const Node& node, size_t input, DType dtype, MemoryFormat format =
   return node.next[input].valid() ? empty(node.input_shapes[input], dtype, format) : Tensor();
 }
 
+// The gradients of a convolution's inputs {x, w[, b]} (those wanted) from diff_dst.
+std::vector<Tensor> conv2d_grads(const Node& node, const Tensor& src, const Tensor& weights, const Tensor& diff_dst,
+                                 const kernels::Conv2dParams& p) {
+  const DType dt = node.out_dtype;
+  const MemoryFormat format = kernels::layer_format(src);
+  std::vector<Tensor> grads = {wanted(node, 0, dt, format), wanted(node, 1, dt)};
+  if (node.next.size() == 3) grads.push_back(wanted(node, 2, dt));
+  const Tensor diff_bias = grads.size() == 3 ? grads[2] : Tensor();
+  kernels::conv2d_backward(src, weights, diff_dst, grads[0], grads[1], diff_bias, p);
+  return grads;
+}
+
 }  // namespace
 
 // Conv2d: inputs {x, w[, b]}; saved {src (laid out as the output), weights (contiguous)}. Backward-data is
 // skipped when x needs no gradient (a network's first layer).
 std::vector<Tensor> conv2d(const Node& node, const Tensor& grad) {
   check_first_order(node);
-  const DType dt = node.out_dtype;
-  const auto& p = node.param<kernels::Conv2dParams>();
   const Tensor& src = node.saved_tensor(0);
-  const MemoryFormat format = kernels::layer_format(src);
-  std::vector<Tensor> grads = {wanted(node, 0, dt, format), wanted(node, 1, dt)};
-  if (node.next.size() == 3) grads.push_back(wanted(node, 2, dt));
-  const Tensor diff_bias = grads.size() == 3 ? grads[2] : Tensor();
-  kernels::conv2d_backward(src, node.saved_tensor(1), grad_in(grad, dt, format), grads[0], grads[1], diff_bias, p);
-  return grads;
+  return conv2d_grads(node, src, node.saved_tensor(1),
+                      grad_in(grad, node.out_dtype, kernels::layer_format(src)), node.param<kernels::Conv2dParams>());
+}
+
+// Conv2dMaxPool2dRelu: inputs {x, w[, b]}; saved {src (channels-last), weights, pooling's workspace}. The backward of
+// the three ops on the whole batch: the pooling's (with the ReLU's folded in), then the convolution's.
+std::vector<Tensor> conv2d_max_pool2d_relu(const Node& node, Tensor grad) {
+  check_first_order(node);
+  const auto& [conv, conv_shape, pool] = node.param<op_params::ConvPool>();
+  const Tensor& src = node.saved_tensor(0);
+  const Tensor diff_conv = empty(conv_shape, node.out_dtype, MemoryFormat::ChannelsLast);
+  kernels::pool2d_backward(grad_in(grad, node.out_dtype, MemoryFormat::ChannelsLast), node.saved_tensor(2), diff_conv,
+                           pool);
+  grad = Tensor();  // not needed by the convolution's backward, which holds the step's peak: freed first
+  return conv2d_grads(node, src, node.saved_tensor(1), diff_conv, conv);
 }
 
 // BatchNorm: inputs {x[, weight][, bias]}; saved {src (N, C, H, W, laid out as the output), mean, var[, scale][, shift]}, all but src float;

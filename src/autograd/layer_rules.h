@@ -7,6 +7,7 @@
 namespace castor::layer_rules {
 
 std::vector<Tensor> conv2d(const Node& node, const Tensor& grad);
+std::vector<Tensor> conv2d_max_pool2d_relu(const Node& node, Tensor grad);  // frees grad once pooling is through
 std::vector<Tensor> batch_norm(const Node& node, const Tensor& grad);
 std::vector<Tensor> max_pool2d(const Node& node, const Tensor& grad);
 std::vector<Tensor> avg_pool2d(const Node& node, const Tensor& grad);

@@ -45,6 +45,11 @@ struct Pool {
   kernels::Pool2dParams pool;
   MemoryFormat format;  // of the output
 };
+struct ConvPool {  // Conv2dMaxPool2dRelu: the convolution, its output's (N, O, OH, OW), and the pooling
+  kernels::Conv2dParams conv;
+  Shape conv_shape;
+  kernels::Pool2dParams pool;
+};
 struct BatchNorm {
   bool training, has_weight, has_bias;
   double eps;
@@ -53,7 +58,8 @@ struct BatchNorm {
 
 using OpParams = std::variant<std::monostate, op_params::Scalar, op_params::Clamp, op_params::Gelu,
                               op_params::Reduce, op_params::Dim, op_params::Permute, op_params::Slice,
-                              op_params::Cat, kernels::Conv2dParams, op_params::Pool, op_params::BatchNorm>;
+                              op_params::Cat, kernels::Conv2dParams, op_params::Pool, op_params::ConvPool,
+                              op_params::BatchNorm>;
 
 // Where an input's gradient goes: the node that made it, or the leaf it is.
 struct Edge {
@@ -107,7 +113,7 @@ void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out, std
             OpParams params = {});
 bool any_requires_grad(const std::vector<Tensor>& inputs);
 
-// The backward rule of `node.op`: one gradient per input (undefined where none is needed).
-std::vector<Tensor> apply_backward_rule(const Node& node, const Tensor& grad);
+// The backward rule of `node.op`: one gradient per input (undefined where none is needed). It owns `grad`.
+std::vector<Tensor> apply_backward_rule(const Node& node, Tensor grad);
 
 }  // namespace castor

@@ -147,7 +147,7 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
     for (int64_t i = first_batch; i < end_index_; ++i) {
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stopping_ || ready_.size() < 2; });
+        cv_.wait(lock, [&] { return stopping_ || ready_.empty(); });  // one batch ahead
         if (stopping_) return;
       }
       std::optional<Batch> b;

@@ -54,6 +54,15 @@ struct Pool2dParams {
 Tensor pool2d_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p);
 void pool2d_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src, const Pool2dParams& p);
 
+// dst (N, O, PH, PW) = relu(max_pool2d(conv2d(src, weights, bias))) on channels-last tensors, with pooling's workspace
+// (N, PH, PW, O) as max_pool2d_nhwc_forward keeps it (`pool` has relu set and fits that kernel), a slice of the batch
+// at a time: the convolution's output (N, O, OH, OW) never exists whole, so it stays in the cache between the two
+// instead of going to memory and back (16 MiB of bf16 for SimpleCNN's first layer at batch 256). Each slice computes
+// exactly what the whole batch would.
+void conv2d_max_pool_relu_forward(const Tensor& src, const Tensor& weights, const Tensor& bias, const Tensor& dst,
+                                  const Tensor& workspace, const Shape& conv_shape, const Conv2dParams& conv,
+                                  const Pool2dParams& pool);
+
 // Max pooling of channels-last src / dst (float32 and 16-bit), which pool2d_forward/backward pick for those. The fast
 // kernel, for windows of at most 256 positions (255 with relu; max_pool2d_nhwc_fits), keeps a uint8 workspace: the
 // argmax's position ky * kw + kx in its window per (N, OH, OW, C) output. With p.relu it writes relu(max) and the
@@ -61,6 +70,8 @@ void pool2d_backward(const Tensor& diff_dst, const Tensor& workspace, const Tens
 // and which take the larger windows, keep the int32 argmax iy * W + ix. Each backward takes its forward's workspace.
 bool max_pool2d_nhwc_fits(const Pool2dParams& p);
 Tensor max_pool2d_nhwc_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p);
+void max_pool2d_nhwc_forward_into(const Tensor& src, const Tensor& dst, const Tensor& workspace,
+                                  const Pool2dParams& p);
 void max_pool2d_nhwc_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src,
                               const Pool2dParams& p);
 Tensor max_pool2d_nhwc_forward_ref(const Tensor& src, const Tensor& dst, const Pool2dParams& p);

@@ -38,13 +38,12 @@ SimpleCNN::SimpleCNN(int64_t in_channels, int64_t height, int64_t width, int64_t
 
 // (N, C, H, W) -> (N, num_classes)
 Tensor SimpleCNN::forward(const Tensor& input) {
-  // One op a statement: a convolution's output, which no backward needs (max pooling saves only its argmax), is
-  // freed as soon as it is pooled rather than at the end of a nested expression, a third of the forward's peak.
-  // relu(max_pool2d(x)) runs as one pass (F::max_pool2d_relu).
-  Tensor x = conv1->forward(channels_last(input));  // (N, 32, H, W)
-  x = F::max_pool2d_relu(x, /*kernel=*/{2, 2});     // (N, 32, H/2, W/2)
-  x = conv2->forward(x);
-  x = F::max_pool2d_relu(x, /*kernel=*/{2, 2});     // (N, 64, H/4, W/4)
+  // relu(max_pool2d(conv(x))) as one op (F::conv2d_max_pool2d_relu): the convolution's output, which no backward
+  // needs (max pooling saves only its argmax), is pooled a slice of the batch at a time while it is in the cache.
+  Tensor x = F::conv2d_max_pool2d_relu(channels_last(input), conv1->weight, conv1->bias, /*stride=*/{1, 1},
+                                       /*padding=*/{1, 1}, /*pool_kernel=*/{2, 2});  // (N, 32, H/2, W/2)
+  x = F::conv2d_max_pool2d_relu(x, conv2->weight, conv2->bias, /*stride=*/{1, 1}, /*padding=*/{1, 1},
+                                /*pool_kernel=*/{2, 2});  // (N, 64, H/4, W/4)
   x = F::relu(fc1->forward(F::flatten(x)));                                     // (N, 128)
   return fc2->forward(x);
 }

@@ -325,16 +325,24 @@ bool max_pool2d_nhwc_fits(const Pool2dParams& p) {
 }
 
 Tensor max_pool2d_nhwc_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p) {
+  // the argmax's position in its window, ky * kw + kx
+  Tensor workspace = empty({dst.size(0), dst.size(2), dst.size(3), dst.size(1)}, DType::UInt8);
+  max_pool2d_nhwc_forward_into(src, dst, workspace, p);
+  return workspace;
+}
+
+void max_pool2d_nhwc_forward_into(const Tensor& src, const Tensor& dst, const Tensor& workspace,
+                                  const Pool2dParams& p) {
   CASTOR_ASSERT(max_pool2d_nhwc_fits(p), "max_pool2d_nhwc_forward: a window of more than 256 positions");
   const int64_t n = src.size(0), c = src.size(1), h = src.size(2), w = src.size(3), oh = dst.size(2), ow = dst.size(3);
-  Tensor workspace = empty({n, oh, ow, c}, DType::UInt8);  // the argmax's position in its window, ky * kw + kx
+  CASTOR_ASSERT(workspace.dtype() == DType::UInt8 && workspace.numel() == n * oh * ow * c &&
+                    workspace.is_contiguous(), "max_pool2d_nhwc_forward: workspace ", workspace.describe());
   with_bits(src.dtype(), [&](auto bits) {
     using B = decltype(bits);
     using U = std::remove_const_t<decltype(B::kInf)>;
     forward<B>(static_cast<const U*>(src.data_ptr()), static_cast<U*>(dst.data_ptr()), workspace.data<uint8_t>(), n,
                c, h, w, oh, ow, p);
   });
-  return workspace;
 }
 
 void max_pool2d_nhwc_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src,
