@@ -1,0 +1,82 @@
+// The transformer kernel interface: layer/RMS norm, flash attention, fused cross-entropy and embedding backward.
+#pragma once
+#include <cstdint>
+
+#include "castor/tensor.h"
+
+namespace castor::kernels {
+
+// Conventions. Floating dtypes float32, bfloat16, float16 and float64. 16-bit tensors are computed in float32 and
+// each output is rounded once; float64 computes in double. Statistics (mean, rstd, lse) are float32, float64 for
+// float64 inputs. Tensors are contiguous unless said otherwise; an undefined optional tensor means "none" (no
+// affine parameters, a gradient not wanted).
+
+// Layer norm over the last dim: src (..., C) is viewed as (rows, C) with C = src.size(-1) (flatten several
+// normalized dims into one first). weight, bias (C) may be undefined, and may be float32 while src is 16-bit (norms
+// keeping float32 parameters). dst like src; mean, rstd (rows) with rstd = 1 / sqrt(biased var + eps).
+void layer_norm_forward(const Tensor& src, const Tensor& weight, const Tensor& bias, const Tensor& dst,
+                        const Tensor& mean, const Tensor& rstd, double eps);
+// diff_src like src; diff_weight, diff_bias (C) in weight's dtype, summed over rows in float32 (double for float64)
+// and rounded once. Any diff may be undefined; weight undefined = no affine.
+void layer_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor& weight, const Tensor& mean,
+                         const Tensor& rstd, const Tensor& diff_src, const Tensor& diff_weight,
+                         const Tensor& diff_bias);
+
+// RMS norm over the last dim: dst = src * rstd * weight, rstd (rows) = 1 / sqrt(mean(src^2) + eps); weight (C) may
+// be undefined or float32 under a 16-bit src, as for layer norm.
+void rms_norm_forward(const Tensor& src, const Tensor& weight, const Tensor& dst, const Tensor& rstd, double eps);
+void rms_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor& weight, const Tensor& rstd,
+                       const Tensor& diff_src, const Tensor& diff_weight);
+
+// Scaled dot-product attention (F.scaled_dot_product_attention of PyTorch 2, no dropout):
+// dst (B, H, Tq, D) = softmax(q k^T * scale + mask) v with q (B, H, Tq, D), k and v (B, H, Tk, D) of one dtype. q, k, v
+// may be strided views with a contiguous last dim (e.g. split from a (B, T, 3C) projection and permuted): they are
+// read in place. mask: undefined, bool (true = keep) or floating (added to the scaled scores), broadcastable to
+// (B, H, Tq, Tk). is_causal keeps key j <= query i (top-left aligned, as PyTorch). dst contiguous in q's dtype; lse
+// (B, H, Tq) the log-sum-exp of each row of the scaled, masked scores. A fully masked row (every key masked out)
+// gives dst 0, lse -inf and zero gradients (PyTorch gives NaN).
+// float32/bfloat16/float16 run flash-style (src/kernels/cpu/attention.cpp): a block of query rows against the keys
+// up to its causal limit, scratch O(block * Tk) per thread, never the (Tq, Tk) matrix of a head; the products in
+// the input dtype with float32 accumulation (bfloat16 on oneDNN, float16 emulated on float32 oneDNN products of
+// float16 values), the probabilities rounded to the input dtype before P v. float64 runs the reference loops.
+void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
+                       double scale, const Tensor& dst, const Tensor& lse);
+// Recomputes the probabilities per query block from q, k and lse. diff_dst (B, H, Tq, D) may be strided (contiguous
+// last dim); diff_q (B, H, Tq, D), diff_k, diff_v (B, H, Tk, D) in q's dtype may be strided views with a contiguous
+// last dim (e.g. of one (B, T, 3C) gradient); any of them may be undefined.
+void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
+                        double scale, const Tensor& dst, const Tensor& lse, const Tensor& diff_dst,
+                        const Tensor& diff_q, const Tensor& diff_k, const Tensor& diff_v);
+// The reference loops behind them (one head's full (Tq, Tk) matrix at a time, in float32 or double): the float64
+// path and the oracle the flash kernels are tested against. Same contracts.
+void attention_forward_ref(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
+                           double scale, const Tensor& dst, const Tensor& lse);
+void attention_backward_ref(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
+                            double scale, const Tensor& dst, const Tensor& lse, const Tensor& diff_dst,
+                            const Tensor& diff_q, const Tensor& diff_k, const Tensor& diff_v);
+
+// Cross-entropy of logits (N, V) (any float dtype) against target int64 (N), F.cross_entropy(reduction='none')
+// with ignore_index and label_smoothing: losses (N) float32 (float64 for float64 logits; 0 where target ==
+// ignore_index), lse (N) of the same dtype, the log-sum-exp of each row. Each row is computed in float32 straight
+// from the logits (no float32 copy of them). A target outside [0, V) other than ignore_index is a castor::Error.
+void cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                           const Tensor& losses, const Tensor& lse);
+// diff_logits (N, V) in logits' dtype = diff_losses[i] * (softmax - (1 - label_smoothing) onehot(target) -
+// label_smoothing / V), rounded once; rows with target == ignore_index get 0.
+void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& diff_losses,
+                            int64_t ignore_index, double label_smoothing, const Tensor& diff_logits);
+// The plain reference loops behind them (std::exp, two passes), the float64 path and the fast kernels' oracle.
+void cross_entropy_forward_ref(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                               double label_smoothing, const Tensor& losses, const Tensor& lse);
+void cross_entropy_backward_ref(const Tensor& logits, const Tensor& target, const Tensor& lse,
+                                const Tensor& diff_losses, int64_t ignore_index, double label_smoothing,
+                                const Tensor& diff_logits);
+
+// The embedding's weight gradient: diff_weight (V, C) = sum over n of diff_dst[n] (N, C) into row indices[n]
+// (int64 (N)), rows == padding_idx skipped (padding_idx -1: none), accumulated in float32 (double for float64) in
+// the order of n and rounded once: the same bits on any thread count. An index outside [0, V) is a castor::Error.
+// The forward is a gather (gather_dim).
+void embedding_backward(const Tensor& diff_dst, const Tensor& indices, int64_t padding_idx,
+                        const Tensor& diff_weight);
+
+}  // namespace castor::kernels
