@@ -50,6 +50,28 @@ void write_tiny_cifar10(const std::string& dir, int per_batch) {
   write_batch("test_batch.bin", 30);
 }
 
+std::map<std::string, Tensor> read_oracle_case(const std::string& path) {
+  std::map<std::string, Tensor> c;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  EXPECT_NE(f, nullptr) << "the oracle wrote no " << path;
+  if (!f) return c;
+  uint32_t len;
+  while (std::fread(&len, 4, 1, f) == 1) {
+    std::string key(len, '\0');
+    uint32_t kind, ndim;
+    EXPECT_EQ(std::fread(key.data(), 1, len, f), len);
+    EXPECT_EQ(std::fread(&kind, 4, 1, f), 1u);
+    EXPECT_EQ(std::fread(&ndim, 4, 1, f), 1u);
+    Shape shape(ndim);
+    EXPECT_EQ(std::fread(shape.data(), 8, ndim, f), ndim);
+    Tensor t = empty(shape, kind == 1 ? DType::Int64 : DType::Float64);
+    EXPECT_EQ(std::fread(t.data_ptr(), 8, t.numel(), f), static_cast<size_t>(t.numel()));
+    c[key] = t;
+  }
+  std::fclose(f);
+  return c;
+}
+
 bool run_oracle(const std::string& script, const std::vector<std::string>& args) {
   std::string cmd = "/usr/bin/python3 '" + std::string(CASTOR_SOURCE_DIR) + "/tests/oracle/" + script + "'";
   for (const std::string& a : args) cmd += " '" + a + "'";

@@ -1,6 +1,7 @@
 // Test helpers: running the PyTorch oracle, comparing tensors, float64 finite differences.
 #pragma once
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,10 @@ std::string scratch_dir();
 std::string fresh_dir(const std::string& name);
 // Runs `/usr/bin/python3 tests/oracle/<script> args...`; fails the test (returns false) with its output otherwise.
 bool run_oracle(const std::string& script, const std::vector<std::string>& args);
+
+// Reads a case an oracle script wrote (per tensor: u32 name length, name, u32 kind (0 float64, 1 int64), u32 ndim,
+// i64 dims, data): float tensors as float64, integer ones as int64. Empty (with a test failure) if it is missing.
+std::map<std::string, Tensor> read_oracle_case(const std::string& path);
 
 // A tiny learnable CIFAR-10 set in its binary format (label byte + 3x32x32 bytes): data_batch_1..5.bin with
 // `per_batch` records each and test_batch.bin with 30; pixels depend on the label, so a model can learn it.

@@ -35,7 +35,7 @@ void rms_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor& 
 // (B, H, Tq, Tk). is_causal keeps key j <= query i (top-left aligned, as PyTorch). dst contiguous in q's dtype; lse
 // (B, H, Tq) the log-sum-exp of each row of the scaled, masked scores. A fully masked row (every key masked out)
 // gives dst 0, lse -inf and zero gradients (PyTorch gives NaN).
-// float32/bfloat16/float16 run flash-style (src/kernels/cpu/attention.cpp): a block of query rows against the keys
+// float32/bfloat16/float16 run flash-style (src/kernels/onednn/attention.cpp): a block of query rows against the keys
 // up to its causal limit, scratch O(block * Tk) per thread, never the (Tq, Tk) matrix of a head; the products in
 // the input dtype with float32 accumulation (bfloat16 on oneDNN, float16 emulated on float32 oneDNN products of
 // float16 values), the probabilities rounded to the input dtype before P v. float64 runs the reference loops.

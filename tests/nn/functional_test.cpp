@@ -55,26 +55,8 @@ class Functional : public ::testing::Test {
 
   // Reads a case the oracle wrote: float tensors as float64, integer ones as int64.
   static Case load(const std::string& name) {
-    Case c;
     EXPECT_TRUE(oracle_ok_) << "the PyTorch oracle did not run";
-    FILE* f = std::fopen((dir_ + "/" + name + ".bin").c_str(), "rb");
-    EXPECT_NE(f, nullptr) << "the oracle wrote no case " << name;
-    if (!f) return c;
-    uint32_t len;
-    while (std::fread(&len, 4, 1, f) == 1) {
-      std::string key(len, '\0');
-      uint32_t kind, ndim;
-      EXPECT_EQ(std::fread(key.data(), 1, len, f), len);
-      EXPECT_EQ(std::fread(&kind, 4, 1, f), 1u);
-      EXPECT_EQ(std::fread(&ndim, 4, 1, f), 1u);
-      Shape shape(ndim);
-      EXPECT_EQ(std::fread(shape.data(), 8, ndim, f), ndim);
-      Tensor t = empty(shape, kind == 1 ? DType::Int64 : DType::Float64);
-      EXPECT_EQ(std::fread(t.data_ptr(), 8, t.numel(), f), static_cast<size_t>(t.numel()));
-      c[key] = t;
-    }
-    std::fclose(f);
-    return c;
+    return test::read_oracle_case(dir_ + "/" + name + ".bin");
   }
 
   static std::string dir_;

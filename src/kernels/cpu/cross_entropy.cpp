@@ -1,7 +1,10 @@
-// Fused cross-entropy over large vocabularies: each row read once per pass in L1-sized float32 chunks (an online
-// log-sum-exp forward, a one-pass backward that writes the rounded gradient), AVX2 exp, rows over the threads.
+// Fused cross-entropy over large vocabularies: each row read once per pass, 16-bit logits in L1-sized float32 chunks
+// (an online log-sum-exp forward, a one-pass backward that writes the rounded gradient), AVX2 or AVX-512 exp chosen
+// at run time, rows over the threads.
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "castor/convert.h"
 #include "core/parallel.h"
@@ -15,8 +18,36 @@ namespace {
 
 constexpr int64_t kChunk = kBlock;  // float32 values of a row held at once (8 KiB)
 
-const char* row_ptr(const Tensor& t, int64_t i, int64_t j) {
-  return static_cast<const char*>(t.data_ptr()) + (i * t.size(1) + j) * t.element_size();
+// The row kernels of one instruction set.
+struct RowOps {
+  float (*max)(const float* x, int64_t n);
+  float (*sum_exp)(const float* x, int64_t n, float shift);
+  void (*softmax_grad)(const float* x, int64_t n, float lse, float g, float off, float* out);
+};
+
+const RowOps& row_ops() {
+  static const RowOps avx2{vec::max, vec::sum_exp_avx2, vec::softmax_grad_avx2};
+  static const RowOps avx512{vec::max_avx512, vec::sum_exp_avx512, vec::softmax_grad_avx512};
+  // The conversion kernels' choice honours ONEDNN_MAX_CPU_ISA, as every Castor kernel does.
+  static const bool use_avx512 = std::string(conversion_isa()).rfind("avx512", 0) == 0;
+  return use_avx512 ? avx512 : avx2;
+}
+
+char* elem(const Tensor& t, int64_t i, int64_t j) {
+  return static_cast<char*>(t.data_ptr()) + (i * t.size(1) + j) * t.element_size();
+}
+
+// Calls f(x, j0, n) over chunks of row i of logits as float32: pointers into a float32 tensor, else converted.
+template <class F>
+void for_chunks(const Tensor& logits, int64_t i, float* buf, F f) {
+  const int64_t V = logits.size(1);
+  const bool direct = logits.dtype() == DType::Float32;
+  for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
+    const int64_t n = std::min(kChunk, V - j0);
+    const float* x = direct ? reinterpret_cast<const float*>(elem(logits, i, j0)) : buf;
+    if (!direct) convert(elem(logits, i, j0), logits.dtype(), buf, DType::Float32, n);
+    f(x, j0, n);
+  }
 }
 
 }  // namespace
@@ -30,30 +61,26 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t i
   const int64_t* t = target.data<int64_t>();
   float *loss = losses.data<float>(), *lz = lse.data<float>();
   const float eps = static_cast<float>(label_smoothing);
-  const DType dt = logits.dtype();
+  const RowOps& ops = row_ops();
 #pragma omp parallel for schedule(static) if (N * V > kParallelGrain)
   for (int64_t i = 0; i < N; ++i) {
-    alignas(32) float x[kChunk];
+    alignas(64) float buf[kChunk];
     float m = -std::numeric_limits<float>::infinity(), z = 0, sum = 0, xt = 0;
-    for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
-      const int64_t n = std::min(kChunk, V - j0);
-      convert(row_ptr(logits, i, j0), dt, x, DType::Float32, n);
+    for_chunks(logits, i, buf, [&](const float* x, int64_t j0, int64_t n) {
       if (t[i] >= j0 && t[i] < j0 + n) xt = x[t[i] - j0];
       if (eps != 0) {
-        __m256 acc = _mm256_setzero_ps();
-        int64_t j = 0;
-        for (; j + 8 <= n; j += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + j));
-        float s = vec::hsum(acc);
-        for (; j < n; ++j) s += x[j];
+        float s = 0;
+#pragma omp simd reduction(+ : s)
+        for (int64_t j = 0; j < n; ++j) s += x[j];
         sum += s;
       }
-      const float cm = vec::max(x, n);
+      const float cm = ops.max(x, n);
       if (cm > m) {
-        z *= std::exp(m - cm);  // rescale the running sum to the new maximum
+        z *= std::exp(m - cm);  // the running sum rescaled to the new maximum
         m = cm;
       }
-      if (m != -std::numeric_limits<float>::infinity()) z += vec::exp_shifted(x, n, m);
-    }
+      if (m != -std::numeric_limits<float>::infinity()) z += ops.sum_exp(x, n, m);
+    });
     const float l = m + std::log(z);
     lz[i] = l;
     loss[i] = t[i] == ignore_index ? 0.0f : (1 - eps) * (l - xt) + eps * (l - sum / static_cast<float>(V));
@@ -70,28 +97,22 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Te
   const float *lz = lse.data<float>(), *g = diff_losses.data<float>();
   const float eps = static_cast<float>(label_smoothing), off = eps / static_cast<float>(V);
   const DType dt = logits.dtype();
+  const bool direct = dt == DType::Float32;
+  const RowOps& ops = row_ops();
 #pragma omp parallel for schedule(static) if (N * V > kParallelGrain)
   for (int64_t i = 0; i < N; ++i) {
-    alignas(32) float x[kChunk];
-    const bool ignored = t[i] == ignore_index;
-    const __m256 gi = _mm256_set1_ps(ignored ? 0.0f : g[i]), l = _mm256_set1_ps(lz[i]), o = _mm256_set1_ps(off);
-    for (int64_t j0 = 0; j0 < V; j0 += kChunk) {
-      const int64_t n = std::min(kChunk, V - j0);
-      char* out = const_cast<char*>(row_ptr(diff_logits, i, j0));
-      if (ignored) {
-        std::fill(x, x + n, 0.0f);
-      } else {
-        convert(row_ptr(logits, i, j0), dt, x, DType::Float32, n);
-        int64_t j = 0;
-        for (; j + 8 <= n; j += 8) {
-          const __m256 p = vec::exp(_mm256_sub_ps(_mm256_loadu_ps(x + j), l));
-          _mm256_storeu_ps(x + j, _mm256_mul_ps(gi, _mm256_sub_ps(p, o)));
-        }
-        for (; j < n; ++j) x[j] = g[i] * (std::exp(x[j] - lz[i]) - off);
-        if (t[i] >= j0 && t[i] < j0 + n) x[t[i] - j0] -= g[i] * (1 - eps);
-      }
-      convert(x, DType::Float32, out, dt, n);
+    alignas(64) float buf[kChunk], out[kChunk];
+    if (t[i] == ignore_index) {
+      std::fill(out, out + std::min(kChunk, V), 0.0f);
+      for (int64_t j0 = 0; j0 < V; j0 += kChunk) convert(out, DType::Float32, elem(diff_logits, i, j0), dt, std::min(kChunk, V - j0));
+      continue;
     }
+    for_chunks(logits, i, buf, [&](const float* x, int64_t j0, int64_t n) {
+      float* o = direct ? reinterpret_cast<float*>(elem(diff_logits, i, j0)) : out;
+      ops.softmax_grad(x, n, lz[i], g[i], off, o);
+      if (t[i] >= j0 && t[i] < j0 + n) o[t[i] - j0] -= g[i] * (1 - eps);
+      if (!direct) convert(out, DType::Float32, elem(diff_logits, i, j0), dt, n);
+    });
   }
 }
 
