@@ -38,7 +38,7 @@ struct LmBatchState {
 // to the start.
 class LmBatchSource {
  public:
-  // castor::Error naming the file when it holds too few tokens for one window (T + 1) or, sequential, one global
+  // Reads `tokens`, which must outlive the source. castor::Error naming the file when it holds too few tokens for one window (T + 1) or, sequential, one global
   // batch (B * T * R + 1); and on invalid options.
   LmBatchSource(const TokenFile& tokens, LmBatchOptions options);
 
