@@ -14,8 +14,12 @@ constexpr size_t kTokenFileHeaderBytes = 256 * sizeof(int32_t);
 // castor::Error naming the path (more than INT32_MAX tokens, unwritable directory, full disk).
 void write_token_file(const std::string& path, std::span<const uint16_t> tokens);
 
-// A token file memory-mapped read-only. Opening checks the magic number, the version and that the file holds
-// exactly header + 2 * n_tokens bytes; each failure is one castor::Error line naming the file.
+// Checks a whole token file's bytes: the magic number, the version and a size of exactly header + 2 * n_tokens
+// bytes. Returns n_tokens; castor::Error naming `what` otherwise.
+int64_t check_token_file(std::span<const uint8_t> bytes, const std::string& what);
+
+// A token file memory-mapped read-only. Opening checks it (check_token_file); each failure is one castor::Error
+// line naming the file.
 class TokenFile {
  public:
   explicit TokenFile(const std::string& path);

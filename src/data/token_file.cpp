@@ -29,6 +29,20 @@ void write_token_file(const std::string& path, std::span<const uint16_t> tokens)
   atomic_write_file(path, bytes);
 }
 
+int64_t check_token_file(std::span<const uint8_t> bytes, const std::string& what) {
+  CASTOR_CHECK(bytes.size() >= kTokenFileHeaderBytes, what, ": ", bytes.size(), " bytes, too short for the ",
+               kTokenFileHeaderBytes, "-byte token-file header");
+  int32_t head[3];
+  std::memcpy(head, bytes.data(), sizeof(head));
+  CASTOR_CHECK(head[0] == kTokenFileMagic, what, ": not a token file (magic ", head[0], ", expected ", kTokenFileMagic,
+               ")");
+  CASTOR_CHECK(head[1] == kTokenFileVersion, what, ": token-file version ", head[1], ", expected ", kTokenFileVersion);
+  CASTOR_CHECK(head[2] >= 0 && bytes.size() == kTokenFileHeaderBytes + 2 * static_cast<size_t>(head[2]), what,
+               ": the header says ", head[2], " tokens but the file has ", bytes.size() - kTokenFileHeaderBytes,
+               " bytes after it (truncated or damaged)");
+  return head[2];
+}
+
 TokenFile::TokenFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   CASTOR_CHECK(fd >= 0, path, ": cannot open token file: ", std::strerror(errno));
@@ -41,10 +55,9 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     throw Error(detail::cat(path, ": not a regular file"));
   }
   const size_t bytes = static_cast<size_t>(st.st_size);
-  if (bytes < kTokenFileHeaderBytes) {
+  if (bytes < kTokenFileHeaderBytes) {  // too short to map usefully (or at all, when empty): refused from a copy
     ::close(fd);
-    throw Error(detail::cat(path, ": ", bytes, " bytes, too short for the ", kTokenFileHeaderBytes,
-                            "-byte token-file header"));
+    check_token_file(read_file(path), path);
   }
   void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
   const int map_errno = errno;
@@ -52,21 +65,13 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   CASTOR_CHECK(map != MAP_FAILED, path, ": cannot map token file: ", std::strerror(map_errno));
   map_ = map;
   map_bytes_ = bytes;
-  int32_t head[3];
-  std::memcpy(head, map, sizeof(head));
-  auto fail = [&](const std::string& msg) {
+  try {
+    size_ = check_token_file({static_cast<const uint8_t*>(map), bytes}, path);
+  } catch (const Error&) {
     ::munmap(map_, map_bytes_);
     map_ = nullptr;
-    throw Error(path + ": " + msg);
-  };
-  if (head[0] != kTokenFileMagic)
-    fail(detail::cat("not a token file (magic ", head[0], ", expected ", kTokenFileMagic, ")"));
-  if (head[1] != kTokenFileVersion)
-    fail(detail::cat("token-file version ", head[1], ", expected ", kTokenFileVersion));
-  if (head[2] < 0 || bytes != kTokenFileHeaderBytes + 2 * static_cast<size_t>(head[2]))
-    fail(detail::cat("the header says ", head[2], " tokens but the file has ", bytes - kTokenFileHeaderBytes,
-                     " bytes after it (truncated or damaged)"));
-  size_ = head[2];
+    throw;
+  }
   tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(map) + kTokenFileHeaderBytes);
   ::madvise(map_, map_bytes_, MADV_WILLNEED);
 }
