@@ -1,4 +1,4 @@
-// The `castor` command: train, eval and info subcommands (the work lives in src/train).
+// The `castor` command: train, eval, tokenize and info subcommands (the work lives in src/train).
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "castor/check.h"
+#include "castor/corpus.h"
 #include "castor/dist.h"
 #include "castor/fs.h"
 #include "castor/trainer.h"
@@ -18,6 +19,7 @@ namespace {
 const char* kUsage = R"(usage: castor <command> [flags]   (castor --version prints the version)
   train   train an image classifier with mixed precision (castor train --help)
   eval    test-set accuracy and loss of a checkpoint or of PyTorch weights (castor eval --help)
+  tokenize  text files or the Brown corpus to llm.c token files, GPT-2 BPE or characters (castor tokenize --help)
   info    tensors, dtypes, shapes, parameter counts and metadata of a checkpoint (castor info --help)
   completion bash   a bash completion script (source it, or save it under /etc/bash_completion.d/)
 )";
@@ -78,6 +80,9 @@ int main(int argc, char** argv) {
     } else if (cmd == "eval") {
       if (wants_help(args)) return std::fputs(castor::train::eval_help().c_str(), stdout), 0;
       std::printf("%s\n", castor::train::run_eval(castor::train::parse_eval_flags(args)).dump().c_str());
+    } else if (cmd == "tokenize") {
+      if (wants_help(args)) return std::fputs(castor::train::tokenize_help().c_str(), stdout), 0;
+      std::printf("%s\n", castor::data::run_tokenize(castor::train::parse_tokenize_flags(args)).dump().c_str());
     } else if (cmd == "info") {
       if (wants_help(args)) return std::fputs(castor::train::info_help().c_str(), stdout), 0;
       std::fputs(castor::train::run_info(args).c_str(), stdout);

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "castor/corpus.h"
 #include "castor/dtype.h"
 #include "castor/json.h"
 #include "castor/opt_level.h"
@@ -95,6 +96,11 @@ struct EvalConfig {
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);
 std::string eval_help();
 std::string info_help();
+
+// `castor tokenize` flags (--tokenizer, --input FILE..., --brown DIR, --bpe-dir, --out, --val-every | --val-fraction);
+// --brown without a split flag means --val-every 10.
+data::TokenizeOptions parse_tokenize_flags(const std::vector<std::string>& args);
+std::string tokenize_help();
 // A bash completion script for `castor`, generated from the same flag tables.
 std::string bash_completion();
 

