@@ -77,6 +77,26 @@ void wait_for_lines(const std::string& path, size_t n) {
   FAIL() << path << " never reached " << n << " lines";
 }
 
+// Fashion-MNIST files (IDX, uncompressed) in `dir`: `n_train` and `n_test` images of varied bytes, labels 0-9.
+void write_fashion_mnist(const std::string& dir, uint32_t n_train, uint32_t n_test) {
+  fs::create_directories(dir);
+  auto idx = [&](const std::string& name, uint32_t magic, std::vector<uint32_t> dims, size_t payload) {
+    std::vector<uint8_t> b;
+    dims.insert(dims.begin(), magic);
+    for (uint32_t v : dims)
+      for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(v >> s));
+    for (size_t i = 0; i < payload; ++i) b.push_back(static_cast<uint8_t>(magic == 0x801 ? i % 10 : (i * 37 + 11) % 251));
+    test::write_bytes(dir + "/" + name, b);
+  };
+  idx("train-images-idx3-ubyte", 0x803, {n_train, 28, 28}, n_train * 784);
+  idx("train-labels-idx1-ubyte", 0x801, {n_train}, n_train);
+  idx("t10k-images-idx3-ubyte", 0x803, {n_test, 28, 28}, n_test * 784);
+  idx("t10k-labels-idx1-ubyte", 0x801, {n_test}, n_test);
+}
+
+// The step of a checkpoint folder's name (step-0000000015 -> 15).
+int64_t step_of(const std::string& checkpoint) { return std::stoll(fs::path(checkpoint).filename().string().substr(5)); }
+
 class RunDir : public ::testing::Test {
  public:
   test::ScratchDir scratch;
@@ -158,7 +178,9 @@ TEST_F(RunDir, NewRunIntoAnotherRunsOutRefusesUnlessOverwrite) {
   ASSERT_EQ(castor(train_args("run", 2, {"--lr", "0.01", "--overwrite"})).exit_code, 0);
   // Only the new run's checkpoint is left, so eval reports the new model.
   EXPECT_EQ(fs::path(*latest_checkpoint(path("run"))).filename(), "step-0000000002");
-  EXPECT_EQ(std::distance(fs::directory_iterator(path("run/checkpoints")), fs::directory_iterator{}), 1);
+  int folders = 0;  // (besides the HEAD file)
+  for (const auto& e : fs::directory_iterator(path("run/checkpoints"))) folders += e.is_directory();
+  EXPECT_EQ(folders, 1);
   EXPECT_EQ(lines_of(path("run/metrics.jsonl")).size(), 3u);  // 2 steps + 1 epoch line
 }
 
@@ -243,19 +265,7 @@ TEST_F(RunDir, FullDiskLosesWholeMetricsLinesAndReportsThem) {
 
 TEST_F(RunDir, BadDataAndPathsAreFoundBeforeTheFirstStep) {
   // Fashion-MNIST files with 16 training images and an empty test set.
-  fs::create_directories(path("fmnist"));
-  auto idx = [&](const std::string& name, uint32_t magic, std::vector<uint32_t> dims, size_t payload) {
-    std::vector<uint8_t> b;
-    for (uint32_t v : std::vector<uint32_t>{magic}) dims.insert(dims.begin(), v);
-    for (uint32_t v : dims)
-      for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(v >> s));
-    b.resize(b.size() + payload, 1);
-    test::write_bytes(path("fmnist/" + name), b);
-  };
-  idx("train-images-idx3-ubyte", 0x803, {16, 28, 28}, 16 * 784);
-  idx("train-labels-idx1-ubyte", 0x801, {16}, 16);
-  idx("t10k-images-idx3-ubyte", 0x803, {0, 28, 28}, 0);
-  idx("t10k-labels-idx1-ubyte", 0x801, {0}, 0);
+  write_fashion_mnist(path("fmnist"), 16, 0);
   expect_one_line_error(castor({"train", "--data-dir", "fmnist", "--batch-size", "4", "--out", "run"}),
                         {"--data-dir fmnist", "test set is empty"});
   EXPECT_FALSE(fs::exists(path("run/metrics.jsonl")));
@@ -347,6 +357,63 @@ TEST_F(RunDir, InfoEscapesControlCharactersAndErrorsEscapePaths) {
   CastorProcess bad = castor({"info", "caf\xff.safetensors"});
   expect_one_line_error(bad, {"caf\\xff.safetensors"});
   EXPECT_EQ(bad.err.find('\xff'), std::string::npos);
+}
+
+TEST_F(RunDir, PruningKeepsTheHeadAndResumeWritesANewOne) {
+  ASSERT_EQ(castor(train_args("run", 30, {"--checkpoint-every", "10", "--keep", "10"})).exit_code, 0);
+  // The newest checkpoint damaged: the resume falls back to step 20 and its step 27 becomes the head, which
+  // --keep 1 keeps (the damaged step 30 is no longer in the run's lineage).
+  const std::string newest = path("run/checkpoints/step-0000000030/model.safetensors");
+  std::vector<uint8_t> bytes = read_file(newest);
+  bytes.resize(bytes.size() / 2);
+  test::write_bytes(newest, bytes);
+  CastorProcess p = castor({"train", "--resume", "run", "--keep", "1", "--steps", "27"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.err.find("step-0000000020"), std::string::npos) << p.err;
+  ASSERT_TRUE(fs::exists(path("run/checkpoints/step-0000000027/COMMIT")));
+  EXPECT_NO_THROW(read_checkpoint(path("run/checkpoints/step-0000000027")));
+  EXPECT_EQ(step_of(*latest_checkpoint(path("run"))), 27);
+  EXPECT_FALSE(fs::exists(path("run/checkpoints/step-0000000020")));
+  CastorProcess e = castor({"eval", "run"});
+  EXPECT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(e.err.find("warning"), std::string::npos) << e.err;  // the head is intact: nothing passed over
+}
+
+TEST_F(RunDir, ReadersUseTheHeadNotTheHighestStep) {
+  ASSERT_EQ(castor(train_args("full", 20)).exit_code, 0);
+  ASSERT_EQ(castor(train_args("run", 30, {"--checkpoint-every", "10", "--keep", "10"})).exit_code, 0);
+  ASSERT_EQ(castor({"train", "--resume", "run/checkpoints/step-0000000010", "--steps", "15"}).exit_code, 0);
+  // eval and info of the run read step 15, the head, not the abandoned step 30.
+  CastorProcess of_run = castor({"eval", "run"}), of_head = castor({"eval", "run/checkpoints/step-0000000015"});
+  ASSERT_EQ(of_run.exit_code, 0) << of_run.err;
+  ASSERT_EQ(of_head.exit_code, 0) << of_head.err;
+  const auto loss = [](const std::string& out) { return Json::parse(out).at("test_loss").as_double(); };
+  EXPECT_EQ(loss(of_run.out), loss(of_head.out));
+  EXPECT_NE(loss(of_run.out), loss(castor({"eval", "run/checkpoints/step-0000000030"}).out));
+  std::string used;
+  read_checkpoint(path("run"), &used);
+  EXPECT_EQ(step_of(used), 15);
+  // A later resume continues from step 15 too, and ends as a run of 20 steps never interrupted.
+  CastorProcess r = castor({"train", "--resume", "run", "--steps", "20"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("already complete"), std::string::npos) << r.err;
+  expect_same_checkpoint(path("full"), path("run"));
+}
+
+TEST_F(RunDir, InfoRacingPruningSeesWholeCheckpoints) {
+  CastorProcess run(train_args("run", 100000, {"--checkpoint-every", "1", "--keep", "1"}), in_dir);
+  for (int i = 0; i < 3000 && !latest_checkpoint(path("run")); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_TRUE(latest_checkpoint(path("run"))) << "no checkpoint in 30 s";
+  int failures = 0;
+  std::string first;
+  for (int i = 0; i < 40; ++i) {
+    CastorProcess info = castor({"info", "run"}, 30);
+    if (info.exit_code != 0 && failures++ == 0) first = info.err;
+  }
+  run.signal(SIGKILL);
+  run.wait();
+  EXPECT_EQ(failures, 0) << first;
 }
 
 // Kills a checkpointing run at random moments, resumes it each time, and compares the end with an uninterrupted
