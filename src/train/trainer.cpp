@@ -308,6 +308,9 @@ std::pair<std::string, std::string> resolve_resume(const std::string& path) {
   return {folder.parent_path().string(), path};
 }
 
+// The files a run writes in its directory (besides its lock file and checkpoints).
+constexpr const char* kRunFiles[] = {"config.json", "metrics.jsonl", "metrics.csv", "report.html", "summary.json"};
+
 // Takes ownership of the run directory `c.out` for the run's lifetime: creates it, locks it, refuses (or with
 // --overwrite clears) another run's files in a new run, removes stale temp folders, checks `checkpoints`.
 // In a data-parallel job only rank 0 calls it (the other ranks write nothing).
@@ -316,6 +319,15 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
   fs::create_directories(c.out, ec);
   CASTOR_CHECK(!ec && fs::is_directory(c.out), "--out ", c.out, ": cannot create the directory: ",
                ec ? ec.message() : "not a directory");
+  // A run's own files are never symbolic links: writing through one would replace whatever it points to.
+  std::string links;
+  for (const std::string f : {".castor.lock", "checkpoints", "checkpoints/HEAD"})
+    if (fs::is_symlink(c.out + "/" + f, ec)) links += (links.empty() ? "" : ", ") + f;
+  for (const std::string f : kRunFiles)
+    if (fs::is_symlink(c.out + "/" + f, ec)) links += (links.empty() ? "" : ", ") + f;
+  CASTOR_CHECK(links.empty(), "--out ", c.out, ": symbolic links where a run writes its files (", links,
+               "); a run directory's own files must not be links (remove them)");
+  const bool castor_dir = fs::exists(c.out + "/.castor.lock", ec);
   auto lock = std::make_unique<FileLock>(c.out + "/.castor.lock");
   const std::string checkpoints = c.out + "/checkpoints";
   const bool has_metrics = fs::is_regular_file(c.out + "/metrics.jsonl", ec) && fs::file_size(c.out + "/metrics.jsonl", ec) > 0;
@@ -323,7 +335,17 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
     CASTOR_CHECK(c.overwrite, "--out ", c.out,
                  " holds another run (checkpoints or metrics.jsonl); continue it with --resume ", c.out,
                  ", choose another --out, or pass --overwrite to replace it");
-    for (const char* f : {"checkpoints", "metrics.jsonl", "report.html", "config.json"}) fs::remove_all(c.out + "/" + f, ec);
+    for (const char* f : {"checkpoints", "config.json", "metrics.jsonl", "metrics.csv", "report.html", "summary.json"})
+      fs::remove_all(c.out + "/" + f, ec);
+  } else if (!continuing && !castor_dir) {
+    // Not a Castor run directory (no lock file ever made there): files a run writes belong to someone else.
+    std::string foreign;
+    for (const std::string f : kRunFiles)
+      if (fs::exists(c.out + "/" + f, ec)) foreign += (foreign.empty() ? "" : ", ") + f;
+    CASTOR_CHECK(foreign.empty() || c.overwrite, "--out ", c.out, " is not a Castor run directory but holds ", foreign,
+                 ", which a run would replace; choose another --out, or pass --overwrite to replace them");
+    if (c.overwrite)
+      for (const char* f : kRunFiles) fs::remove(c.out + "/" + f, ec);
   }
   remove_stale_temps(c.out);
   fs::create_directories(checkpoints, ec);

@@ -400,6 +400,40 @@ TEST_F(RunDir, ReadersUseTheHeadNotTheHighestStep) {
   expect_same_checkpoint(path("full"), path("run"));
 }
 
+TEST_F(RunDir, SymlinksInARunDirectoryAreRefusedAndNeverFollowed) {
+  test::write_bytes(path("victim"), {'k', 'e', 'e', 'p'});
+  const std::vector<std::string> names = {".castor.lock", "metrics.jsonl", "metrics.csv", "config.json", "summary.json"};
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    const std::string run = "run" + std::to_string(i);
+    fs::create_directories(path(run));
+    fs::create_symlink("../victim", path(run + "/" + name));
+    expect_one_line_error(castor(train_args(run, 2)), {name, "symbolic link"});
+    EXPECT_EQ(text_of(path("victim")), "keep") << name;
+  }
+  // Not followed even when planted after the check (the lock and metrics files are opened with O_NOFOLLOW).
+  EXPECT_THROW(AppendFile(path("run2/metrics.csv"), /*truncate=*/true), Error);
+  EXPECT_THROW(FileLock(path("run0/.castor.lock")), Error);
+  EXPECT_EQ(text_of(path("victim")), "keep");
+}
+
+TEST_F(RunDir, ForeignFilesAreRefusedUnlessOverwrite) {
+  fs::create_directories(path("mine"));
+  for (const char* f : {"config.json", "report.html", "metrics.csv", "summary.json"})
+    test::write_bytes(path("mine/") + f, {'m', 'i', 'n', 'e'});
+  expect_one_line_error(castor(train_args("mine", 2)),
+                        {"not a Castor run", "config.json", "report.html", "metrics.csv", "summary.json", "--overwrite"});
+  for (const char* f : {"config.json", "report.html", "metrics.csv", "summary.json"})
+    EXPECT_EQ(text_of(path("mine/") + f), "mine") << f;
+  EXPECT_FALSE(fs::exists(path("mine/checkpoints")));
+  ASSERT_EQ(castor(train_args("mine", 2, {"--overwrite"})).exit_code, 0);
+  EXPECT_NO_THROW(Json::parse(text_of(path("mine/config.json"))));
+  // A Castor run directory (it has a lock file) stopped before its first metrics line is simply started again.
+  fs::remove_all(path("mine/checkpoints"));
+  fs::remove(path("mine/metrics.jsonl"));
+  EXPECT_EQ(castor(train_args("mine", 2)).exit_code, 0);
+}
+
 TEST_F(RunDir, InfoRacingPruningSeesWholeCheckpoints) {
   CastorProcess run(train_args("run", 100000, {"--checkpoint-every", "1", "--keep", "1"}), in_dir);
   for (int i = 0; i < 3000 && !latest_checkpoint(path("run")); ++i)
