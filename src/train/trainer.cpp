@@ -487,17 +487,22 @@ class Trainer {
   }
 
   // Stops the run with "diverged at step N" on a non-finite loss without dynamic loss scaling (O0, O3 bf16),
-  // or when dynamic scaling skips step after step or drives the scale below a floor.
+  // or when dynamic scaling skips step after step or drives the scale below a floor; and when a static loss
+  // scale overflows the gradients kMaxSkippedStatic steps in a row (nothing would be trained).
   void check_divergence(double loss, bool stepped) {
     skipped_in_a_row_ = stepped ? 0 : skipped_in_a_row_ + 1;
     const double scale = run_.amp->scaler().get_scale();
-    if (!dynamic_scale_)
+    if (!dynamic_scale_) {
       CASTOR_CHECK(std::isfinite(loss), "diverged at step ", state_.step, ": the loss is ", loss,
                    " (try a lower --lr); the newest checkpoint holds the last finite state");
-    else
+      CASTOR_CHECK(skipped_in_a_row_ < kMaxSkippedStatic, "stopped at step ", state_.step, ": ", skipped_in_a_row_,
+                   " steps in a row were skipped because the gradients overflow at the static loss scale ", scale,
+                   "; use a lower --loss-scale, or --loss-scale dynamic");
+    } else {
       CASTOR_CHECK(skipped_in_a_row_ < kMaxSkippedInARow && scale >= kMinLossScale, "diverged at step ", state_.step,
                    ": ", skipped_in_a_row_, " skipped steps in a row, loss scale ", scale,
                    " (try a lower --lr); the newest checkpoint holds the last finite state");
+    }
   }
 
   void end_epoch(const EpochTotals& e, double seconds) {
@@ -579,6 +584,7 @@ class Trainer {
   }
 
   static constexpr int64_t kMaxSkippedInARow = 64;
+  static constexpr int64_t kMaxSkippedStatic = 20;
   static constexpr double kMinLossScale = 0x1p-24;
 
   const TrainConfig& c_;

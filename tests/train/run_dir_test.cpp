@@ -434,6 +434,14 @@ TEST_F(RunDir, ForeignFilesAreRefusedUnlessOverwrite) {
   EXPECT_EQ(castor(train_args("mine", 2)).exit_code, 0);
 }
 
+TEST_F(RunDir, StaticLossScaleThatOverflowsEveryStepStops) {
+  for (const char* scale : {"1e10", "1e300"}) {
+    CastorProcess p = castor(train_args(std::string("run") + scale, 100, {"--loss-scale", scale}));
+    expect_one_line_error(p, {"20 steps in a row", "static loss scale", "--loss-scale dynamic"});
+    EXPECT_NE(p.err.find("stopped at step 20"), std::string::npos) << p.err;
+  }
+}
+
 TEST_F(RunDir, InfoRacingPruningSeesWholeCheckpoints) {
   CastorProcess run(train_args("run", 100000, {"--checkpoint-every", "1", "--keep", "1"}), in_dir);
   for (int i = 0; i < 3000 && !latest_checkpoint(path("run")); ++i)
