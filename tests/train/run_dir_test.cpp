@@ -442,6 +442,25 @@ TEST_F(RunDir, StaticLossScaleThatOverflowsEveryStepStops) {
   }
 }
 
+TEST_F(RunDir, ThreadCountsAreBoundedAlsoWhenRestored) {
+  expect_one_line_error(castor(train_args("big", 2, {"--threads", "100000"})), {"--threads", "at most 1024"});
+  ASSERT_EQ(castor(train_args("run", 2)).exit_code, 0);
+  edit_state(path("run"), [](Checkpoint& c) {
+    Json cfg = Json::parse(c.state_meta.at("config"));
+    cfg["threads"] = int64_t{100000};
+    c.state_meta["config"] = cfg.dump();
+  });
+  expect_one_line_error(castor({"train", "--resume", "run", "--steps", "4"}), {"threads 100000", "recorded"});
+}
+
+TEST_F(RunDir, ConfigFilesAreReadOnlyIfRegularAndSmall) {
+  ASSERT_EQ(::mkfifo(path("pipe").c_str(), 0644), 0);
+  expect_one_line_error(castor({"train", "--config", "pipe"}, 20), {"--config", "pipe", "not a regular file"});
+  expect_one_line_error(castor({"train", "--config", "/dev/zero"}, 20), {"--config", "/dev/zero", "not a regular file"});
+  test::write_bytes(path("huge.toml"), std::vector<uint8_t>((1 << 20) + 1, '#'));
+  expect_one_line_error(castor({"train", "--config", "huge.toml"}, 20), {"--config", "huge.toml", "limit"});
+}
+
 TEST_F(RunDir, InfoRacingPruningSeesWholeCheckpoints) {
   CastorProcess run(train_args("run", 100000, {"--checkpoint-every", "1", "--keep", "1"}), in_dir);
   for (int i = 0; i < 3000 && !latest_checkpoint(path("run")); ++i)
