@@ -30,6 +30,7 @@
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "castor/report.h"
+#include "castor/safetensors.h"
 #include "train/metrics.h"
 #include "train/profiler.h"
 #include "train/run_log.h"
@@ -766,23 +767,32 @@ Json run_eval(const EvalConfig& e) {
 std::string run_info(const std::vector<std::string>& args) {
   CASTOR_CHECK(args.size() == 1, "castor info: expected one FILE or DIR, got ", args.size(), " arguments");
   const std::string& path = args[0];
-  std::vector<std::pair<std::string, LoadedTensors>> files;
+  // Names, dtypes and shapes only: of a file, its header is read, not its data (of any size).
+  std::vector<std::pair<std::string, SafetensorsFile>> files;
   if (fs::is_directory(path)) {
-    Checkpoint ck = read_checkpoint(path);
-    files.push_back({"model.safetensors", {ck.model, ck.model_meta}});
-    files.push_back({"train_state.safetensors", {ck.state, ck.state_meta}});
+    // A checkpoint is read whole, to verify its checksums.
+    const Checkpoint ck = read_checkpoint(path);
+    auto listing = [](const StateDict& tensors, const Metadata& metadata) {
+      SafetensorsFile f;
+      for (const auto& [k, t] : tensors) f.entries.push_back({k, t.dtype(), t.shape(), 0, t.nbytes()});
+      f.metadata = metadata;
+      return f;
+    };
+    files.push_back({"model.safetensors", listing(ck.model, ck.model_meta)});
+    files.push_back({"train_state.safetensors", listing(ck.state, ck.state_meta)});
   } else {
-    files.push_back({path, load_safetensors(path)});
+    files.push_back({path, read_safetensors_header(path)});
   }
   std::string out;
-  for (const auto& [name, f] : files) {
+  for (auto& [name, f] : files) {
     int64_t bytes = 0, values = 0;
-    out += printable(name) + ": " + std::to_string(f.tensors.size()) + " tensors\n";
-    for (const auto& [k, t] : f.tensors) {
-      out += "  " + printable(k) + "  " + dtype_name(t.dtype()) + shape_str(t.shape()) + "  " +
-             std::to_string(t.numel()) + "\n";
-      bytes += static_cast<int64_t>(t.nbytes());
-      values += t.numel();
+    std::sort(f.entries.begin(), f.entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    out += printable(name) + ": " + std::to_string(f.entries.size()) + " tensors\n";
+    for (const SafetensorsEntry& e : f.entries) {
+      out += "  " + printable(e.name) + "  " + dtype_name(e.dtype) + shape_str(e.shape) + "  " +
+             std::to_string(e.numel()) + "\n";
+      bytes += static_cast<int64_t>(e.end - e.begin);
+      values += e.numel();
     }
     out += "  total " + std::to_string(values) + " values (parameters and buffers), " + std::to_string(bytes) +
            " bytes\n";

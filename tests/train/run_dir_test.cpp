@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -459,6 +460,22 @@ TEST_F(RunDir, ConfigFilesAreReadOnlyIfRegularAndSmall) {
   expect_one_line_error(castor({"train", "--config", "/dev/zero"}, 20), {"--config", "/dev/zero", "not a regular file"});
   test::write_bytes(path("huge.toml"), std::vector<uint8_t>((1 << 20) + 1, '#'));
   expect_one_line_error(castor({"train", "--config", "huge.toml"}, 20), {"--config", "huge.toml", "limit"});
+}
+
+TEST_F(RunDir, InfoReadsAFilesHeaderNotItsData) {
+  // A 4 GiB tensor in a sparse file, listed under a 512 MiB address-space limit.
+  const std::string header = R"({"w":{"dtype":"F32","shape":[1073741824],"data_offsets":[0,4294967296]}})";
+  std::vector<uint8_t> bytes(8);
+  const uint64_t n = header.size();
+  std::memcpy(bytes.data(), &n, 8);
+  bytes.insert(bytes.end(), header.begin(), header.end());
+  test::write_bytes(path("big.safetensors"), bytes);
+  fs::resize_file(path("big.safetensors"), bytes.size() + (uint64_t{1} << 32));
+  test::CastorRun limited = in_dir;
+  limited.address_space_kib = 512 * 1024;
+  CastorProcess p = run_castor({"info", "big.safetensors"}, limited);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.out.find("w  float32[1073741824]  1073741824"), std::string::npos) << p.out;
 }
 
 TEST_F(RunDir, InfoRacingPruningSeesWholeCheckpoints) {
