@@ -532,6 +532,10 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
                       key == "resume" || key == "overwrite" || key == "nproc" || key == "batch_size" ||
                       (key == "threads" && !c.deterministic);
     if (free || !before.find(key) || before.at(key) == now.at(key)) continue;
+    // Paths are recorded absolute; the same file spelled differently is the same setting.
+    if ((key == "data_dir" || key == "init") && !now.at(key).as_string().empty() &&
+        !before.at(key).as_string().empty() && absolute_path(before.at(key).as_string()) == absolute_path(now.at(key).as_string()))
+      continue;
     differences += detail::cat(differences.empty() ? "" : "; ", flag, " ", now.at(key).dump(), " (recorded ",
                                before.at(key).dump(), ")");
   }

@@ -108,11 +108,13 @@ struct Run {
   std::unique_ptr<optim::LRScheduler> sched;
 };
 
-Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps) {
+// `load_init`: load --init's weights (a new run; a checkpoint's weights replace them, so resume and eval do not read
+// the file, which may be gone by then).
+Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps, bool load_init) {
   Run r;
   manual_seed(c.seed);
   r.model = models::make_model(name(c.model), d.train.channels, d.train.height, d.train.width, d.train.num_classes);
-  if (!c.init.empty()) {
+  if (!c.init.empty() && load_init) {
     try {
       r.model->load_state_dict(load_safetensors(c.init).tensors, /*strict=*/true);
     } catch (const Error& e) {
@@ -706,7 +708,7 @@ Json run_train(TrainConfig c) {
   const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * steps_per_epoch;
   const int64_t schedule_steps = resuming ? recorded_schedule_steps(recorded, steps_per_epoch) : total_steps;
   CASTOR_CHECK(schedule_steps > 0, resume_from, ": the recorded schedule length ", schedule_steps, " is not positive");
-  Run run = build_run(c, d, schedule_steps);
+  Run run = build_run(c, d, schedule_steps, /*load_init=*/!ck);
   TrainState state;
   if (ck) state = TrainState::load(*ck, run, per_epoch, c.grad_accum, resume_from);
   if (state.step >= total_steps) {
@@ -716,7 +718,17 @@ Json run_train(TrainConfig c) {
     return Json::Object{{"already_complete", true}, {"steps", state.step}, {"out", c.out}};
   }
   if (rank == 0) check_extension(c, schedule_steps, total_steps);
-  const Json config = config_json(c, d, schedule_steps);
+  Json config = config_json(c, d, schedule_steps);
+  // Provenance only: what --init and --data-dir were (absolute, so the run resumes from any directory) and the init
+  // file's checksum; once the first checkpoint exists, the run needs nothing outside its directory but the data.
+  if (!c.data_dir.empty()) config["data_dir"] = absolute_path(c.data_dir);
+  if (!c.init.empty()) {
+    config["init"] = absolute_path(c.init);
+    if (!resuming)
+      config["init_checksum"] = checksum64_hex(read_file(c.init));
+    else if (const Json* sum = recorded.find("init_checksum"))
+      config["init_checksum"] = *sum;
+  }
   if (rank == 0) {
     atomic_write_file(c.out + "/config.json", config.dump(2) + "\n");
     std::fprintf(stderr, "castor train: %s on %s, %s %s, %s lr %g, batch %lld, %lld steps, %d threads%s\n",
@@ -753,7 +765,7 @@ Json run_eval(const EvalConfig& e) {
   }
   if (!e.data_dir.empty()) c.data_dir = e.data_dir;
   Datasets d = load_data(c);
-  Run run = build_run(c, d, 1);
+  Run run = build_run(c, d, 1, /*load_init=*/false);
   try {
     run.model->load_state_dict(model_file.tensors, /*strict=*/true);
   } catch (const Error& err) {

@@ -435,6 +435,38 @@ TEST_F(RunDir, ForeignFilesAreRefusedUnlessOverwrite) {
   EXPECT_EQ(castor(train_args("mine", 2)).exit_code, 0);
 }
 
+TEST_F(RunDir, RunsNeedNothingOutsideThemButTheData) {
+  // --init from a file that is gone afterwards: eval and resume read the checkpoints only.
+  ASSERT_EQ(castor(train_args("src", 1)).exit_code, 0);
+  fs::copy_file(*latest_checkpoint(path("src")) + "/model.safetensors", path("w.safetensors"));
+  const std::string checksum = checksum64_hex(read_file(path("w.safetensors")));
+  ASSERT_EQ(castor(train_args("run", 2, {"--init", "w.safetensors", "--checkpoint-every", "1"})).exit_code, 0);
+  const Json config = Json::parse(text_of(path("run/config.json")));
+  EXPECT_EQ(config.at("init").as_string(), absolute_path(path("w.safetensors")));
+  EXPECT_EQ(config.at("init_checksum").as_string(), checksum);
+  fs::remove(path("w.safetensors"));
+  CastorProcess e = castor({"eval", "run"});
+  EXPECT_EQ(e.exit_code, 0) << e.err;
+  CastorProcess r = castor({"train", "--resume", "run", "--steps", "3"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // A relative --data-dir is recorded absolute: the run resumes from another working directory, and the same
+  // directory spelled differently is not a different setting.
+  write_fashion_mnist(path("data/fmnist"), 16, 8);
+  const std::vector<std::string> fm = {"--data-dir", "data/fmnist", "--batch-size", "4", "--threads", "1",
+                                       "--deterministic", "--log-every", "1"};
+  std::vector<std::string> args = {"train", "--steps", "2", "--out", "fm"};
+  args.insert(args.end(), fm.begin(), fm.end());
+  ASSERT_EQ(castor(args).exit_code, 0);
+  EXPECT_EQ(Json::parse(text_of(path("fm/config.json"))).at("data_dir").as_string(), absolute_path(path("data/fmnist")));
+  fs::create_directories(path("elsewhere"));
+  test::CastorRun elsewhere = in_dir;
+  elsewhere.dir = path("elsewhere");
+  CastorProcess moved = run_castor({"train", "--resume", "../fm", "--steps", "3"}, elsewhere);
+  EXPECT_EQ(moved.exit_code, 0) << moved.err;
+  CastorProcess respelled = castor({"train", "--resume", "fm", "--data-dir", "./data//fmnist/", "--steps", "4"});
+  EXPECT_EQ(respelled.exit_code, 0) << respelled.err;
+}
+
 TEST_F(RunDir, StaticLossScaleThatOverflowsEveryStepStops) {
   for (const char* scale : {"1e10", "1e300"}) {
     CastorProcess p = castor(train_args(std::string("run") + scale, 100, {"--loss-scale", scale}));
