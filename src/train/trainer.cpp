@@ -278,6 +278,8 @@ struct TrainState {
     }
     const std::vector<int64_t> words = rng->second.to_vector<int64_t>();
     for (size_t i = 0; i < st.size(); ++i) st[i] = static_cast<uint64_t>(words[i]);
+    CASTOR_CHECK(st[0] | st[1] | st[2] | st[3], what, ": the training state's rng.default is all zero (no generator "
+                 "reaches that state)");
     default_generator().set_state(st);
     return s;
   }
@@ -302,8 +304,8 @@ std::pair<std::string, std::string> resolve_resume(const std::string& path) {
     CASTOR_CHECK(fs::is_directory(path, ec), "--resume ", path, ": not a run directory");
     return {path, path};
   }
-  const fs::path parent = fs::absolute(path).lexically_normal().parent_path();
-  const fs::path folder = parent.filename().empty() ? parent.parent_path() : parent;
+  // (a trailing slash, as tab completion writes it, names the same folder)
+  const fs::path folder = fs::path(absolute_path(path)).parent_path();
   CASTOR_CHECK(folder.filename() == "checkpoints", "--resume ", path,
                ": a checkpoint folder outside a run directory (expected RUN/checkpoints/step-N); start a new run "
                "from its weights with --init ",
@@ -385,6 +387,7 @@ class Trainer {
     reset_peak_memory_stats();
     std::unique_ptr<Profiler> profiler = c_.profile ? std::make_unique<Profiler>() : nullptr;
     last_save_ = Clock::now();
+    const bool was_done = state_.step >= total_;
     while (state_.step < total_ && !interrupted()) {
       loader_.start_epoch(state_.epoch, state_.batch);
       EpochTotals e;
@@ -398,7 +401,13 @@ class Trainer {
       if (interrupted()) break;
       end_epoch(e, std::chrono::duration<double>(Clock::now() - epoch_start).count());
     }
-    if (interrupted()) return stop_interrupted();
+    // A signal during the final evaluation comes after the last step: the report below finishes the run.
+    if (interrupted() && state_.step < total_) return stop_interrupted();
+    if (was_done) {  // resumed after its last step, without a report: evaluate again for it
+      if (rank0_) std::fprintf(stderr, "castor train: %s finished at step %lld without its report; writing it\n",
+                               c_.out.c_str(), static_cast<long long>(state_.step));
+      last_eval_ = evaluate(*run_.model, *run_.amp, d_.test, d_.norm, 256);
+    }
     Json summary = summary_json();
     summary["wall_seconds"] = std::chrono::duration<double>(Clock::now() - wall_start).count();
     if (!rank0_) return summary;
@@ -711,7 +720,9 @@ Json run_train(TrainConfig c) {
   Run run = build_run(c, d, schedule_steps, /*load_init=*/!ck);
   TrainState state;
   if (ck) state = TrainState::load(*ck, run, per_epoch, c.grad_accum, resume_from);
-  if (state.step >= total_steps) {
+  // A run stopped after its last step but before its report (killed during the final evaluation) finishes it.
+  const bool reported = fs::exists(c.out + "/summary.json") && fs::exists(c.out + "/report.html");
+  if (state.step >= total_steps && reported) {
     if (rank == 0)
       std::fprintf(stderr, "castor train: %s is already complete at step %lld (extend it with --steps or --epochs)\n",
                  c.out.c_str(), static_cast<long long>(state.step));

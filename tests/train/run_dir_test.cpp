@@ -136,6 +136,10 @@ TEST_F(RunDir, IncompleteOrOutOfRangeTrainingStateIsRefusedBeforeTraining) {
   resume([](Checkpoint& c) { c.state["progress.step"] = full({}, std::nan(""), DType::Float64); }, {"progress.step", "nan"});
   resume([](Checkpoint& c) { c.state["progress.step"] = scalar_tensor(-4, DType::Int64); }, {"progress.step", "-4"});
   resume([](Checkpoint& c) { c.state["progress.step"] = scalar_tensor(1, DType::Int64); }, {"position"});
+  // Restored values as strictly as flags: a negative learning rate, an RNG state no generator reaches.
+  resume([](Checkpoint& c) { c.state["amp.optimizer.0.group.0.lr"] = scalar_tensor(-5, DType::Float64); },
+         {"group.0.lr", "-5"});
+  resume([](Checkpoint& c) { c.state["rng.default"] = zeros({6}, DType::Int64); }, {"rng.default", "all zero"});
 }
 
 TEST_F(RunDir, LoaderThreadOutOfMemoryIsOneLine) {
@@ -401,6 +405,13 @@ TEST_F(RunDir, ReadersUseTheHeadNotTheHighestStep) {
   expect_same_checkpoint(path("full"), path("run"));
 }
 
+TEST_F(RunDir, ResumeOfACheckpointFolderWithATrailingSlash) {
+  ASSERT_EQ(castor(train_args("run", 4, {"--checkpoint-every", "2"})).exit_code, 0);
+  CastorProcess p = castor({"train", "--resume", "run/checkpoints/step-0000000002/", "--steps", "6"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(step_of(*latest_checkpoint(path("run"))), 6);
+}
+
 TEST_F(RunDir, SymlinksInARunDirectoryAreRefusedAndNeverFollowed) {
   test::write_bytes(path("victim"), {'k', 'e', 'e', 'p'});
   const std::vector<std::string> names = {".castor.lock", "metrics.jsonl", "metrics.csv", "config.json", "summary.json"};
@@ -510,6 +521,34 @@ TEST_F(RunDir, InfoReadsAFilesHeaderNotItsData) {
   EXPECT_NE(p.out.find("w  float32[1073741824]  1073741824"), std::string::npos) << p.out;
 }
 
+TEST_F(RunDir, ResumeAfterTheLastStepWithoutAReportFinishesIt) {
+  // As a kill during the final evaluation leaves it: the last step's checkpoint, no report or summary.
+  ASSERT_EQ(castor(train_args("run", 4, {"--checkpoint-every", "1"})).exit_code, 0);
+  const std::string summary = text_of(path("run/summary.json"));
+  fs::remove(path("run/report.html"));
+  fs::remove(path("run/summary.json"));
+  CastorProcess p = castor({"train", "--resume", "run"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(p.err.find("already complete"), std::string::npos) << p.err;
+  EXPECT_TRUE(fs::exists(path("run/report.html")));
+  const Json before = Json::parse(summary), after = Json::parse(text_of(path("run/summary.json")));
+  EXPECT_EQ(after.at("steps").as_int(), 4);
+  EXPECT_EQ(after.at("test_accuracy").as_double(), before.at("test_accuracy").as_double());
+  EXPECT_EQ(after.at("test_loss").as_double(), before.at("test_loss").as_double());
+}
+
+TEST_F(RunDir, SigintDuringTheFinalEvaluationStillWritesTheReport) {
+  // 2 steps, then an evaluation of 5000 test images (seconds): the signal comes during it.
+  CastorProcess p(train_args("run", 2, {"--synthetic-size", "20000"}), in_dir);
+  wait_for_lines(path("run/metrics.jsonl"), 2);
+  p.signal(SIGINT);
+  p.wait();
+  EXPECT_EQ(p.exit_code, 0) << p.err;  // the run was complete: report and summary written
+  EXPECT_TRUE(fs::exists(path("run/report.html")));
+  EXPECT_TRUE(fs::exists(path("run/summary.json")));
+  EXPECT_NE(castor({"train", "--resume", "run"}).err.find("already complete at step 2"), std::string::npos);
+}
+
 TEST_F(RunDir, InfoRacingPruningSeesWholeCheckpoints) {
   CastorProcess run(train_args("run", 100000, {"--checkpoint-every", "1", "--keep", "1"}), in_dir);
   for (int i = 0; i < 3000 && !latest_checkpoint(path("run")); ++i)
@@ -550,6 +589,32 @@ TEST_F(RunDir, SigkillSoakResumesByteIdentical) {
   CastorProcess last = castor(start_or_resume());
   ASSERT_EQ(last.exit_code, 0) << last.err;
   expect_same_checkpoint(path("full"), path("run"));
+}
+
+// Kills runs resumed from an older checkpoint (so their first checkpoint moves the head back and prunes many at once)
+// at random moments, then resumes the head to the end: byte-identical to an uninterrupted run each time.
+TEST_F(RunDir, SigkillSoakDuringResumeFromAnOlderCheckpointAndPruning) {
+  const char* env = std::getenv("CASTOR_SOAK_ROUNDS");
+  const int rounds = env ? std::atoi(env) : 3;
+  ASSERT_EQ(castor(train_args("full", 36, {"--checkpoint-every", "1"})).exit_code, 0);
+  ASSERT_EQ(castor(train_args("run", 36, {"--checkpoint-every", "1", "--keep", "40"})).exit_code, 0);
+  std::mt19937 rng(static_cast<unsigned>(::getpid()));
+  for (int r = 0; r < rounds; ++r) {
+    std::vector<std::string> older;  // the complete checkpoints below the head
+    const std::string head = fs::path(*latest_checkpoint(path("run"))).filename().string();
+    for (const auto& e : fs::directory_iterator(path("run/checkpoints"))) {
+      const std::string name = e.path().filename().string();
+      if (name.find('.') == std::string::npos && name < head && fs::exists(e.path() / "COMMIT")) older.push_back(name);
+    }
+    const std::string from = older.empty() ? head : older[rng() % older.size()];
+    CastorProcess p({"train", "--resume", "run/checkpoints/" + from, "--keep", "2"}, in_dir);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 + rng() % 400));
+    p.signal(SIGKILL);
+    p.wait();
+    CastorProcess last = castor({"train", "--resume", "run", "--keep", "40"});
+    ASSERT_EQ(last.exit_code, 0) << last.err;
+    expect_same_checkpoint(path("full"), path("run"));
+  }
 }
 
 }  // namespace castor::train
