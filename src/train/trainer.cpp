@@ -325,10 +325,10 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
   CASTOR_CHECK(!ec && fs::is_directory(c.out), "--out ", c.out, ": cannot create the directory: ",
                ec ? ec.message() : "not a directory");
   // A run's own files are never symbolic links: writing through one would replace whatever it points to.
+  std::vector<std::string> own = {".castor.lock", "checkpoints", "checkpoints/HEAD"};
+  own.insert(own.end(), std::begin(kRunFiles), std::end(kRunFiles));
   std::string links;
-  for (const std::string f : {".castor.lock", "checkpoints", "checkpoints/HEAD"})
-    if (fs::is_symlink(c.out + "/" + f, ec)) links += (links.empty() ? "" : ", ") + f;
-  for (const std::string f : kRunFiles)
+  for (const std::string& f : own)
     if (fs::is_symlink(c.out + "/" + f, ec)) links += (links.empty() ? "" : ", ") + f;
   CASTOR_CHECK(links.empty(), "--out ", c.out, ": symbolic links where a run writes its files (", links,
                "); a run directory's own files must not be links (remove them)");
@@ -340,8 +340,8 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
     CASTOR_CHECK(c.overwrite, "--out ", c.out,
                  " holds another run (checkpoints or metrics.jsonl); continue it with --resume ", c.out,
                  ", choose another --out, or pass --overwrite to replace it");
-    for (const char* f : {"checkpoints", "config.json", "metrics.jsonl", "metrics.csv", "report.html", "summary.json"})
-      fs::remove_all(c.out + "/" + f, ec);
+    fs::remove_all(c.out + "/checkpoints", ec);
+    for (const char* f : kRunFiles) fs::remove_all(c.out + "/" + f, ec);
   } else if (!continuing && !castor_dir) {
     // Not a Castor run directory (no lock file ever made there): files a run writes belong to someone else.
     std::string foreign;
