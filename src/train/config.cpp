@@ -8,9 +8,11 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <type_traits>
 
 #include "castor/check.h"
+#include "castor/fs.h"
 #include "castor/train_config.h"
 
 namespace castor::train {
@@ -60,6 +62,9 @@ CLI::Validator integer_in(int64_t min, int64_t max = int64_t{1} << 53) {
       },
       "");
 }
+
+// More OpenMP threads than this is no machine's (tens of thousands crash the OpenMP runtime).
+constexpr int64_t kMaxThreads = 1024;
 
 CLI::Validator one_of(std::vector<std::string> choices) {
   std::string list;
@@ -147,14 +152,15 @@ DType parse_16bit(const std::string& name) {
 // The flags of `castor train`, bound to `c` (whose initial values are the defaults the help shows); the
 // string-valued ones that need resolving land in `raw`.
 struct RawTrainFlags {
-  std::string dtype, precision, loss_scale = "dynamic";
+  std::string dtype, precision, loss_scale = "dynamic", config;
 };
 
 void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.get_formatter()->column_width(34);
-  app.set_config("--config", "", "read flags from a TOML or INI file whose keys are the flag names");
-  app.allow_config_extras(CLI::config_extras_mode::error);
+  app.add_option("--config", raw.config,
+                 "read flags from a TOML file whose keys are the flag names (batch-size, or batch_size as in a run's "
+                 "config.json); flags on the command line take precedence");
 
   add_choice(app, "--data", c.data, kDatasets, "dataset");
   app.add_option("--data-dir", c.data_dir,
@@ -195,7 +201,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   app.add_option("--seed", c.seed, "seed of the weights, the data order and augmentation")
       ->check(integer_in(0));
   app.add_option("--threads", c.threads, "threads per rank (0: the cores divided among the ranks)")
-      ->check(integer_in(0));
+      ->check(integer_in(0, kMaxThreads));
   app.add_option("--nproc", c.nproc,
                  "data-parallel ranks on this machine: runs itself under mpirun -np N (under mpirun, its -np)")
       ->check(integer_in(1, 1024));
@@ -321,7 +327,89 @@ std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string&
   return cmd;
 }
 
-TrainConfig parse_train_flags(const std::vector<std::string>& args) {
+// The flags a --config file sets, as command-line arguments ("--batch-size=64"); castor::Error naming the file on
+// anything but a regular file of at most 1 MiB of `key = value` lines whose keys are flags, each given once.
+std::vector<std::string> config_file_args(const std::string& path) {
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = read_file(path, /*max_bytes=*/1 << 20);
+  } catch (const Error& e) {
+    throw Error(detail::cat("--config ", e.what()));
+  }
+  const std::string text(bytes.begin(), bytes.end());
+  // Sections and a key given twice (in either spelling), which CLI11's reader would nest or merge: refused.
+  std::istringstream lines(text);
+  std::vector<std::string> seen;
+  int line_no = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++line_no;
+    const size_t start = line.find_first_not_of(" \t"), eq = line.find('=');
+    if (start == std::string::npos || line[start] == '#' || line[start] == ';') continue;
+    CASTOR_CHECK(line[start] != '[', "--config ", path, ":", line_no, ": sections (", line.substr(start),
+                 ") are not supported; the keys are flag names at the top level");
+    if (eq == std::string::npos || eq < start) continue;  // CLI11's reader judges the rest
+    std::string key = line.substr(start, line.find_last_not_of(" \t", eq - 1) + 1 - start);
+    if (key.size() >= 2 && (key.front() == '"' || key.front() == '\'')) key = key.substr(1, key.size() - 2);
+    std::string flag = key;
+    for (char& ch : flag)
+      if (ch == '_') ch = '-';
+    CASTOR_CHECK(std::find(seen.begin(), seen.end(), flag) == seen.end(), "--config ", path, ":", line_no, ": key '",
+                 key, "' is given twice");
+    seen.push_back(flag);
+  }
+  std::istringstream stream(text);
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigTOML().from_config(stream);
+  } catch (const CLI::Error& e) {
+    throw Error(detail::cat("--config ", path, ": ", e.what()));
+  }
+  TrainConfig c;
+  RawTrainFlags raw;
+  const std::unique_ptr<CLI::App> app = train_app(c, raw);
+  std::vector<std::string> args;
+  for (const CLI::ConfigItem& item : items) {
+    std::string flag = "--" + item.name;
+    for (char& ch : flag)
+      if (ch == '_') ch = '-';
+    const CLI::Option* o = item.parents.empty() ? app->get_option_no_throw(flag) : nullptr;
+    CASTOR_CHECK(o != nullptr && flag != "--config" && flag != "--help", "--config ", path, ": unknown key '",
+                 item.fullname(), "' (the keys are the flag names of castor train --help)");
+    const bool is_flag = o->get_expected_min() == 0;
+    CASTOR_CHECK(item.inputs.size() == 1 || (is_flag && item.inputs.empty()), "--config ", path, ": key '",
+                 item.name, "' needs one value");
+    const std::string v = item.inputs.empty() ? "true" : item.inputs[0];
+    if (is_flag) {  // true or false
+      CASTOR_CHECK(v == "true" || v == "false", "--config ", path, ": ", flag, ": expected true or false, got '", v,
+                   "'");
+      if (v == "true") args.push_back(flag);
+    } else {
+      args.push_back(flag + "=" + v);
+    }
+  }
+  // Each value checked as on the command line, the error naming the file.
+  try {
+    TrainConfig check;
+    RawTrainFlags check_raw;
+    parse(*train_app(check, check_raw), args, "train");
+  } catch (const Error& e) {
+    throw Error(detail::cat("--config ", path, ": ", e.what()));
+  }
+  return args;
+}
+
+TrainConfig parse_train_flags(const std::vector<std::string>& given_args) {
+  std::vector<std::string> args = given_args;
+  {
+    TrainConfig probe;
+    RawTrainFlags raw;
+    parse(*train_app(probe, raw), args, "train");
+    // The file's flags first: the command line's, parsed after them, take precedence.
+    if (!raw.config.empty()) {
+      std::vector<std::string> from_file = config_file_args(raw.config);
+      args.insert(args.begin(), from_file.begin(), from_file.end());
+    }
+  }
   TrainConfig c;
   RawTrainFlags raw;
   const std::unique_ptr<CLI::App> app = train_app(c, raw);
@@ -466,7 +554,9 @@ TrainConfig recorded_config(const Json& recorded, const std::string& what) {
     }
     TrainConfig c = parse_train_flags(args);
     c.dtype = parse_dtype(recorded.at("dtype").as_string());
-    c.threads = static_cast<int>(recorded.at("threads").as_int());
+    const int64_t threads = recorded.at("threads").as_int();
+    CASTOR_CHECK(threads >= 0 && threads <= kMaxThreads, "threads ", threads, " is not in [0, ", kMaxThreads, "]");
+    c.threads = static_cast<int>(threads);
     c.given.clear();
     return c;
   } catch (const Error& e) {
@@ -489,6 +579,10 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
                       key == "resume" || key == "overwrite" || key == "nproc" || key == "batch_size" ||
                       (key == "threads" && !c.deterministic);
     if (free || !before.find(key) || before.at(key) == now.at(key)) continue;
+    // Paths are recorded absolute; the same file spelled differently is the same setting.
+    if ((key == "data_dir" || key == "init") && !now.at(key).as_string().empty() &&
+        !before.at(key).as_string().empty() && absolute_path(before.at(key).as_string()) == absolute_path(now.at(key).as_string()))
+      continue;
     differences += detail::cat(differences.empty() ? "" : "; ", flag, " ", now.at(key).dump(), " (recorded ",
                                before.at(key).dump(), ")");
   }

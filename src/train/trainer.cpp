@@ -30,6 +30,7 @@
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "castor/report.h"
+#include "castor/safetensors.h"
 #include "train/metrics.h"
 #include "train/profiler.h"
 #include "train/run_log.h"
@@ -107,11 +108,13 @@ struct Run {
   std::unique_ptr<optim::LRScheduler> sched;
 };
 
-Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps) {
+// `load_init`: load --init's weights (a new run; a checkpoint's weights replace them, so resume and eval do not read
+// the file, which may be gone by then).
+Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps, bool load_init) {
   Run r;
   manual_seed(c.seed);
   r.model = models::make_model(name(c.model), d.train.channels, d.train.height, d.train.width, d.train.num_classes);
-  if (!c.init.empty()) {
+  if (!c.init.empty() && load_init) {
     try {
       r.model->load_state_dict(load_safetensors(c.init).tensors, /*strict=*/true);
     } catch (const Error& e) {
@@ -275,6 +278,8 @@ struct TrainState {
     }
     const std::vector<int64_t> words = rng->second.to_vector<int64_t>();
     for (size_t i = 0; i < st.size(); ++i) st[i] = static_cast<uint64_t>(words[i]);
+    CASTOR_CHECK(st[0] | st[1] | st[2] | st[3], what, ": the training state's rng.default is all zero (no generator "
+                 "reaches that state)");
     default_generator().set_state(st);
     return s;
   }
@@ -299,14 +304,17 @@ std::pair<std::string, std::string> resolve_resume(const std::string& path) {
     CASTOR_CHECK(fs::is_directory(path, ec), "--resume ", path, ": not a run directory");
     return {path, path};
   }
-  const fs::path parent = fs::absolute(path).lexically_normal().parent_path();
-  const fs::path folder = parent.filename().empty() ? parent.parent_path() : parent;
+  // (a trailing slash, as tab completion writes it, names the same folder)
+  const fs::path folder = fs::path(absolute_path(path)).parent_path();
   CASTOR_CHECK(folder.filename() == "checkpoints", "--resume ", path,
                ": a checkpoint folder outside a run directory (expected RUN/checkpoints/step-N); start a new run "
                "from its weights with --init ",
                path, "/model.safetensors");
   return {folder.parent_path().string(), path};
 }
+
+// The files a run writes in its directory (besides its lock file and checkpoints).
+constexpr const char* kRunFiles[] = {"config.json", "metrics.jsonl", "metrics.csv", "report.html", "summary.json"};
 
 // Takes ownership of the run directory `c.out` for the run's lifetime: creates it, locks it, refuses (or with
 // --overwrite clears) another run's files in a new run, removes stale temp folders, checks `checkpoints`.
@@ -316,6 +324,15 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
   fs::create_directories(c.out, ec);
   CASTOR_CHECK(!ec && fs::is_directory(c.out), "--out ", c.out, ": cannot create the directory: ",
                ec ? ec.message() : "not a directory");
+  // A run's own files are never symbolic links: writing through one would replace whatever it points to.
+  std::vector<std::string> own = {".castor.lock", "checkpoints", "checkpoints/HEAD"};
+  own.insert(own.end(), std::begin(kRunFiles), std::end(kRunFiles));
+  std::string links;
+  for (const std::string& f : own)
+    if (fs::is_symlink(c.out + "/" + f, ec)) links += (links.empty() ? "" : ", ") + f;
+  CASTOR_CHECK(links.empty(), "--out ", c.out, ": symbolic links where a run writes its files (", links,
+               "); a run directory's own files must not be links (remove them)");
+  const bool castor_dir = fs::exists(c.out + "/.castor.lock", ec);
   auto lock = std::make_unique<FileLock>(c.out + "/.castor.lock");
   const std::string checkpoints = c.out + "/checkpoints";
   const bool has_metrics = fs::is_regular_file(c.out + "/metrics.jsonl", ec) && fs::file_size(c.out + "/metrics.jsonl", ec) > 0;
@@ -323,7 +340,17 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
     CASTOR_CHECK(c.overwrite, "--out ", c.out,
                  " holds another run (checkpoints or metrics.jsonl); continue it with --resume ", c.out,
                  ", choose another --out, or pass --overwrite to replace it");
-    for (const char* f : {"checkpoints", "metrics.jsonl", "report.html", "config.json"}) fs::remove_all(c.out + "/" + f, ec);
+    fs::remove_all(c.out + "/checkpoints", ec);
+    for (const char* f : kRunFiles) fs::remove_all(c.out + "/" + f, ec);
+  } else if (!continuing && !castor_dir) {
+    // Not a Castor run directory (no lock file ever made there): files a run writes belong to someone else.
+    std::string foreign;
+    for (const std::string f : kRunFiles)
+      if (fs::exists(c.out + "/" + f, ec)) foreign += (foreign.empty() ? "" : ", ") + f;
+    CASTOR_CHECK(foreign.empty() || c.overwrite, "--out ", c.out, " is not a Castor run directory but holds ", foreign,
+                 ", which a run would replace; choose another --out, or pass --overwrite to replace them");
+    if (c.overwrite)
+      for (const char* f : kRunFiles) fs::remove(c.out + "/" + f, ec);
   }
   remove_stale_temps(c.out);
   fs::create_directories(checkpoints, ec);
@@ -360,6 +387,7 @@ class Trainer {
     reset_peak_memory_stats();
     std::unique_ptr<Profiler> profiler = c_.profile ? std::make_unique<Profiler>() : nullptr;
     last_save_ = Clock::now();
+    const bool was_done = state_.step >= total_;
     while (state_.step < total_ && !interrupted()) {
       loader_.start_epoch(state_.epoch, state_.batch);
       EpochTotals e;
@@ -373,7 +401,13 @@ class Trainer {
       if (interrupted()) break;
       end_epoch(e, std::chrono::duration<double>(Clock::now() - epoch_start).count());
     }
-    if (interrupted()) return stop_interrupted();
+    // A signal during the final evaluation comes after the last step: the report below finishes the run.
+    if (interrupted() && state_.step < total_) return stop_interrupted();
+    if (was_done) {  // resumed after its last step, without a report: evaluate again for it
+      if (rank0_) std::fprintf(stderr, "castor train: %s finished at step %lld without its report; writing it\n",
+                               c_.out.c_str(), static_cast<long long>(state_.step));
+      last_eval_ = evaluate(*run_.model, *run_.amp, d_.test, d_.norm, 256);
+    }
     Json summary = summary_json();
     summary["wall_seconds"] = std::chrono::duration<double>(Clock::now() - wall_start).count();
     if (!rank0_) return summary;
@@ -465,17 +499,22 @@ class Trainer {
   }
 
   // Stops the run with "diverged at step N" on a non-finite loss without dynamic loss scaling (O0, O3 bf16),
-  // or when dynamic scaling skips step after step or drives the scale below a floor.
+  // or when dynamic scaling skips step after step or drives the scale below a floor; and when a static loss
+  // scale overflows the gradients kMaxSkippedStatic steps in a row (nothing would be trained).
   void check_divergence(double loss, bool stepped) {
     skipped_in_a_row_ = stepped ? 0 : skipped_in_a_row_ + 1;
     const double scale = run_.amp->scaler().get_scale();
-    if (!dynamic_scale_)
+    if (!dynamic_scale_) {
       CASTOR_CHECK(std::isfinite(loss), "diverged at step ", state_.step, ": the loss is ", loss,
                    " (try a lower --lr); the newest checkpoint holds the last finite state");
-    else
+      CASTOR_CHECK(skipped_in_a_row_ < kMaxSkippedStatic, "stopped at step ", state_.step, ": ", skipped_in_a_row_,
+                   " steps in a row were skipped because the gradients overflow at the static loss scale ", scale,
+                   "; use a lower --loss-scale, or --loss-scale dynamic");
+    } else {
       CASTOR_CHECK(skipped_in_a_row_ < kMaxSkippedInARow && scale >= kMinLossScale, "diverged at step ", state_.step,
                    ": ", skipped_in_a_row_, " skipped steps in a row, loss scale ", scale,
                    " (try a lower --lr); the newest checkpoint holds the last finite state");
+    }
   }
 
   void end_epoch(const EpochTotals& e, double seconds) {
@@ -557,6 +596,7 @@ class Trainer {
   }
 
   static constexpr int64_t kMaxSkippedInARow = 64;
+  static constexpr int64_t kMaxSkippedStatic = 20;
   static constexpr double kMinLossScale = 0x1p-24;
 
   const TrainConfig& c_;
@@ -677,17 +717,29 @@ Json run_train(TrainConfig c) {
   const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * steps_per_epoch;
   const int64_t schedule_steps = resuming ? recorded_schedule_steps(recorded, steps_per_epoch) : total_steps;
   CASTOR_CHECK(schedule_steps > 0, resume_from, ": the recorded schedule length ", schedule_steps, " is not positive");
-  Run run = build_run(c, d, schedule_steps);
+  Run run = build_run(c, d, schedule_steps, /*load_init=*/!ck);
   TrainState state;
   if (ck) state = TrainState::load(*ck, run, per_epoch, c.grad_accum, resume_from);
-  if (state.step >= total_steps) {
+  // A run stopped after its last step but before its report (killed during the final evaluation) finishes it.
+  const bool reported = fs::exists(c.out + "/summary.json") && fs::exists(c.out + "/report.html");
+  if (state.step >= total_steps && reported) {
     if (rank == 0)
       std::fprintf(stderr, "castor train: %s is already complete at step %lld (extend it with --steps or --epochs)\n",
                  c.out.c_str(), static_cast<long long>(state.step));
     return Json::Object{{"already_complete", true}, {"steps", state.step}, {"out", c.out}};
   }
   if (rank == 0) check_extension(c, schedule_steps, total_steps);
-  const Json config = config_json(c, d, schedule_steps);
+  Json config = config_json(c, d, schedule_steps);
+  // Provenance only: what --init and --data-dir were (absolute, so the run resumes from any directory) and the init
+  // file's checksum; once the first checkpoint exists, the run needs nothing outside its directory but the data.
+  if (!c.data_dir.empty()) config["data_dir"] = absolute_path(c.data_dir);
+  if (!c.init.empty()) {
+    config["init"] = absolute_path(c.init);
+    if (!resuming)
+      config["init_checksum"] = checksum64_hex(read_file(c.init));
+    else if (const Json* sum = recorded.find("init_checksum"))
+      config["init_checksum"] = *sum;
+  }
   if (rank == 0) {
     atomic_write_file(c.out + "/config.json", config.dump(2) + "\n");
     std::fprintf(stderr, "castor train: %s on %s, %s %s, %s lr %g, batch %lld, %lld steps, %d threads%s\n",
@@ -724,7 +776,7 @@ Json run_eval(const EvalConfig& e) {
   }
   if (!e.data_dir.empty()) c.data_dir = e.data_dir;
   Datasets d = load_data(c);
-  Run run = build_run(c, d, 1);
+  Run run = build_run(c, d, 1, /*load_init=*/false);
   try {
     run.model->load_state_dict(model_file.tensors, /*strict=*/true);
   } catch (const Error& err) {
@@ -738,23 +790,32 @@ Json run_eval(const EvalConfig& e) {
 std::string run_info(const std::vector<std::string>& args) {
   CASTOR_CHECK(args.size() == 1, "castor info: expected one FILE or DIR, got ", args.size(), " arguments");
   const std::string& path = args[0];
-  std::vector<std::pair<std::string, LoadedTensors>> files;
+  // Names, dtypes and shapes only: of a file, its header is read, not its data (of any size).
+  std::vector<std::pair<std::string, SafetensorsFile>> files;
   if (fs::is_directory(path)) {
-    Checkpoint ck = read_checkpoint(path);
-    files.push_back({"model.safetensors", {ck.model, ck.model_meta}});
-    files.push_back({"train_state.safetensors", {ck.state, ck.state_meta}});
+    // A checkpoint is read whole, to verify its checksums.
+    const Checkpoint ck = read_checkpoint(path);
+    auto listing = [](const StateDict& tensors, const Metadata& metadata) {
+      SafetensorsFile f;
+      for (const auto& [k, t] : tensors) f.entries.push_back({k, t.dtype(), t.shape(), 0, t.nbytes()});
+      f.metadata = metadata;
+      return f;
+    };
+    files.push_back({"model.safetensors", listing(ck.model, ck.model_meta)});
+    files.push_back({"train_state.safetensors", listing(ck.state, ck.state_meta)});
   } else {
-    files.push_back({path, load_safetensors(path)});
+    files.push_back({path, read_safetensors_header(path)});
   }
   std::string out;
-  for (const auto& [name, f] : files) {
+  for (auto& [name, f] : files) {
     int64_t bytes = 0, values = 0;
-    out += printable(name) + ": " + std::to_string(f.tensors.size()) + " tensors\n";
-    for (const auto& [k, t] : f.tensors) {
-      out += "  " + printable(k) + "  " + dtype_name(t.dtype()) + shape_str(t.shape()) + "  " +
-             std::to_string(t.numel()) + "\n";
-      bytes += static_cast<int64_t>(t.nbytes());
-      values += t.numel();
+    std::sort(f.entries.begin(), f.entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    out += printable(name) + ": " + std::to_string(f.entries.size()) + " tensors\n";
+    for (const SafetensorsEntry& e : f.entries) {
+      out += "  " + printable(e.name) + "  " + dtype_name(e.dtype) + shape_str(e.shape) + "  " +
+             std::to_string(e.numel()) + "\n";
+      bytes += static_cast<int64_t>(e.end - e.begin);
+      values += e.numel();
     }
     out += "  total " + std::to_string(values) + " values (parameters and buffers), " + std::to_string(bytes) +
            " bytes\n";

@@ -107,6 +107,35 @@ TEST(TrainFlags, ConfigFileKeysAreTheFlagNames) {
   EXPECT_NE(error_of({"--config", dir + "/missing.toml"}).find("missing.toml"), std::string::npos);
 }
 
+TEST(TrainFlags, ConfigFilesRefuseDuplicateKeysNameThemselvesAndTakeConfigJsonSpellings) {
+  const std::string dir = test::fresh_dir("config_file_keys");
+  fs::create_directories(dir);
+  // The keys of config.json (batch_size) as well as the flags' (batch-size).
+  std::ofstream(dir + "/json_keys.toml") << "batch_size = 7\nweight_decay = 0.5\nsync_batchnorm = false\n";
+  const TrainConfig c = parse_train_flags({"--config", dir + "/json_keys.toml"});
+  EXPECT_EQ(c.batch_size, 7);
+  EXPECT_DOUBLE_EQ(c.weight_decay, 0.5);
+  EXPECT_FALSE(c.sync_batchnorm);
+  // A key given twice, in either spelling, is refused (as TOML does), naming the file and the key.
+  std::ofstream(dir + "/twice.toml") << "lr = 0.1\nlr = 0.2\n";
+  std::string msg = error_of({"--config", dir + "/twice.toml"});
+  EXPECT_NE(msg.find(dir + "/twice.toml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(":2: key 'lr' is given twice"), std::string::npos) << msg;
+  std::ofstream(dir + "/both.toml") << "batch-size = 1\nbatch_size = 2\n";
+  EXPECT_NE(error_of({"--config", dir + "/both.toml"}).find("given twice"), std::string::npos);
+  // Every error in a file names it: bad values, unknown keys, sections.
+  std::ofstream(dir + "/value.toml") << "steps = many\n";
+  msg = error_of({"--config", dir + "/value.toml"});
+  EXPECT_NE(msg.find("--config " + dir + "/value.toml: --steps"), std::string::npos) << msg;
+  std::ofstream(dir + "/section.toml") << "[train]\nlr = 0.1\n";
+  msg = error_of({"--config", dir + "/section.toml"});
+  EXPECT_NE(msg.find(dir + "/section.toml"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("sections ([train])"), std::string::npos) << msg;
+  std::ofstream(dir + "/unknown.toml") << "learning_rate = 0.1\n";
+  msg = error_of({"--config", dir + "/unknown.toml"});
+  EXPECT_NE(msg.find(dir + "/unknown.toml: unknown key 'learning_rate'"), std::string::npos) << msg;
+}
+
 TEST(TrainFlags, EachSubcommandHasItsOwnHelpAndThereIsAVersion) {
   EXPECT_NE(cli_stdout("train --help").find("--grad-accum"), std::string::npos);
   const std::string eval = cli_stdout("eval --help");
