@@ -36,7 +36,7 @@ std::vector<std::string> lines_of(const std::string& path) {
 TEST(Progress, LineFitsEveryWidthAndShowsTheFields) {
   EXPECT_EQ(clock_text(3725), "1:02:05");
   EXPECT_EQ(clock_text(59.6), "0:01:00");
-  const ProgressState s{1, 3, 120, 938, 0.45214, 1e-3, 65536, 1234.4, 83};
+  const ProgressState s{2, 3, 120, 938, 0.45214, 1e-3, 65536, 1234.4, 83};  // the second of 3 epochs
   for (int width = 0; width <= 200; ++width) {
     const std::string line = progress_line(s, width);
     ASSERT_LE(line.size(), static_cast<size_t>(width)) << line;
@@ -48,6 +48,9 @@ TEST(Progress, LineFitsEveryWidthAndShowsTheFields) {
   // At 80 columns the most important fields stay (ETA: 83 s for 120 steps, 818 to go).
   const std::string narrow = progress_line(s, 79);
   EXPECT_NE(narrow.find("loss 0.4521"), std::string::npos) << narrow;
+  ProgressState bf16 = s;  // no loss scaling: no scale field
+  bf16.loss_scaling = false;
+  EXPECT_EQ(progress_line(bf16, 200).find("scale"), std::string::npos);
 }
 
 // The logged loss_avg is the mean of the window's step losses (worked by hand), skipped steps get a line of
