@@ -4,9 +4,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # libtcmalloc-minimal4: the benchmarks run their PyTorch twins with it, PyTorch's fastest allocator here (docs/benchmarks.md).
+# libpng-dev, libjpeg62-turbo-dev: --data folder decodes images; chromium: scripts/report_screenshot.sh.
 packages=(build-essential cmake ninja-build pkg-config libdnnl-dev zlib1g-dev libcli11-dev libgtest-dev googletest
           python3-torch libopenblas0-pthread dataset-fashion-mnist clang libclang-rt-14-dev
-          libopenmpi-dev openmpi-bin libtcmalloc-minimal4 libpng-dev libjpeg62-turbo-dev)
+          libopenmpi-dev openmpi-bin libtcmalloc-minimal4 libpng-dev libjpeg62-turbo-dev chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -32,6 +32,7 @@
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "castor/report.h"
+#include "castor/version.h"
 #include "train/metrics.h"
 #include "train/profiler.h"
 #include "train/progress.h"
@@ -139,6 +140,21 @@ Datasets load_data(const TrainConfig& c) {
   return d;
 }
 
+// "2026-11-25T14:05:09Z".
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+// What ran: Castor's version and commit, the host CPU and its ISA (config.json, summary.json, the report's header).
+Json build_json() {
+  return Json::Object{{"castor_version", CASTOR_VERSION}, {"git_commit", git_commit()}, {"host_cpu", host_cpu()}};
+}
+
 // What config.json and every checkpoint record: the settings, the thread count used, the schedule's length
 // and the data's shape and statistics.
 Json config_json(const TrainConfig& c, const Datasets& d, int64_t schedule_steps) {
@@ -155,6 +171,9 @@ Json config_json(const TrainConfig& c, const Datasets& d, int64_t schedule_steps
   Json::Array classes;
   for (const std::string& name : d.classes) classes.push_back(name);
   o["class_names"] = classes;
+  const Json build = build_json();
+  for (const auto& [k, v] : build.as_object()) o[k] = v;
+  o["started"] = utc_now();
   return o;
 }
 
@@ -468,6 +487,9 @@ class Trainer {
     if (interrupted()) return stop_interrupted();
     Json summary = summary_json();
     summary["wall_seconds"] = std::chrono::duration<double>(Clock::now() - wall_start).count();
+    const Json build = build_json();
+    for (const auto& [k, v] : build.as_object()) summary[k] = v;
+    summary["finished"] = utc_now();
     if (!rank0_) return summary;
     // The report covers the whole run, resumed parts included, from metrics.jsonl.
     const std::string title = detail::cat("castor: ", name(c_.model), " on ", name(c_.data), ", ",
@@ -924,8 +946,9 @@ std::string info_summary(const std::string& path, const std::string& used, const
     if (dtypes.find(dtype_name(t.dtype())) == std::string::npos) dtypes += (dtypes.empty() ? "" : ", ") + std::string(dtype_name(t.dtype()));
   }
   line("file", printable(used));
-  Json config;
+  Json config = Json::Object{};
   if (auto it = model.metadata.find("castor.config"); it != model.metadata.end()) config = Json::parse(it->second);
+  if (!config.is_object()) config = Json::Object{};
   const std::string model_name = config.find("model") ? config.at("model").as_string() : "unknown (no castor metadata)";
   line("model", detail::cat(model_name, ", ", model.tensors.size(), " tensors, ", values, " values (", dtypes, ")"));
   if (config.find("amp") && config.find("dtype")) {
@@ -971,6 +994,8 @@ std::string info_summary(const std::string& path, const std::string& used, const
     for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
     line("checkpoints", list.empty() ? "none" : list);
   }
+  for (const auto& [k, v] : model.metadata)  // the recorded config is summarised above
+    if (k != "castor.config" && k != "format") line("metadata", printable(k) + " = " + printable(v));
   out += "(castor info --tensors " + printable(path) + ": every tensor)\n";
   return out;
 }
