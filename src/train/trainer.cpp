@@ -961,6 +961,7 @@ std::string info_summary(const std::string& path, const std::string& used, const
   if (config.find("data")) {
     std::string data = config.at("data").as_string();
     if (const Json* k = config.find("num_classes")) data += detail::cat(", ", k->dump(), " classes");
+    if (const Json* shape = config.find("input_shape")) data += ", input (C, H, W) " + shape->dump();
     line("data", data);
   }
   if (state) {
