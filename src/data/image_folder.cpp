@@ -25,7 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // Larger images are refused before their pixels are allocated (a corrupt header can claim any size).
-constexpr int64_t kMaxSide = 1 << 15, kMaxPixels = int64_t{1} << 28;
+constexpr int64_t kMaxSide = 1 << 15, kMaxPixels = int64_t{1} << 26;  // 8192 x 8192
 
 bool size_ok(int64_t height, int64_t width) {
   return height > 0 && width > 0 && height <= kMaxSide && width <= kMaxSide && height * width <= kMaxPixels;
