@@ -208,7 +208,7 @@ std::string settings_tables(const Json& config) {
 }  // namespace
 
 std::string render_report(const std::string& title, const Json& config, const std::vector<Json>& records,
-                          const std::vector<amp::ExplainRow>& op_dtypes) {
+                          const std::vector<amp::ExplainRow>& op_dtypes, const Json& by_class) {
   Series raw{"logged step", "#9ecae1", true}, smooth{"window mean", "#1f77b4"};
   Series scale{"loss scale", "#ff7f0e"}, lr{"learning rate", "#9467bd"}, speed{"images/s", "#8c564b"};
   Series train_loss{"train (window mean)", "#1f77b4"}, test_loss{"test", "#d62728"};
@@ -279,6 +279,28 @@ std::string render_report(const std::string& title, const Json& config, const st
       << number(100 * field(*e, "test_accuracy")) << "%</td><td>" << number(field(*e, "images_per_sec"), 5)
       << "</td><td>" << field(*e, "skipped_steps", 0) << "</td></tr>";
   o << "</table>";
+
+  if (by_class.is_object() && by_class.find("classes") && by_class.find("confusion_matrix")) {
+    const Json::Array& classes = by_class.at("classes").as_array();
+    o << "<h3>Test set by class (last evaluation)</h3><div class='grid'><table><tr><th>#</th><th>class</th>"
+      << "<th>accuracy</th><th>images</th></tr>";
+    for (size_t i = 0; i < classes.size(); ++i)
+      o << "<tr><td>" << i << "</td><td>" << escape(classes[i].at("name").as_string()) << "</td><td>"
+        << number(100 * classes[i].at("accuracy").as_double()) << "%</td><td>" << classes[i].at("images").dump()
+        << "</td></tr>";
+    o << "</table><table class='confusion'><tr><th>true \\ predicted</th>";
+    for (size_t i = 0; i < classes.size(); ++i) o << "<th>" << i << "</th>";
+    o << "</tr>";
+    const Json::Array& rows = by_class.at("confusion_matrix").as_array();
+    for (size_t t = 0; t < rows.size(); ++t) {
+      o << "<tr><th>" << t << " " << escape(classes[t].at("name").as_string()) << "</th>";
+      const Json::Array& row = rows[t].as_array();
+      for (size_t p = 0; p < row.size(); ++p)  // the diagonal (right) in bold
+        o << "<td" << (p == t ? " style='font-weight:bold'" : "") << ">" << row[p].dump() << "</td>";
+      o << "</tr>";
+    }
+    o << "</table></div>";
+  }
 
   o << "<h3>Settings</h3>" << settings_tables(config);
 

@@ -287,6 +287,22 @@ Evaluation evaluate(nn::Module& model, const amp::Amp& amp, const ImageDataset& 
   return ev;
 }
 
+// {"classes": [{"name", "accuracy", "images"}...], "confusion_matrix": rows of true classes} of an evaluation, as
+// castor eval prints it and the report shows it.
+Json by_class(const std::vector<std::string>& names, const std::vector<int64_t>& confusion) {
+  Json::Array classes, matrix;
+  const size_t K = names.size();
+  for (size_t t = 0; t < K; ++t) {
+    Json::Array row;
+    int64_t images = 0;
+    for (size_t p = 0; p < K; ++p) row.push_back(confusion[t * K + p]), images += confusion[t * K + p];
+    matrix.push_back(row);
+    classes.push_back(Json::Object{{"name", names[t]}, {"images", images},
+                                   {"accuracy", images ? static_cast<double>(confusion[t * K + t]) / images : 0.0}});
+  }
+  return Json::Object{{"classes", classes}, {"confusion_matrix", matrix}};
+}
+
 // The first interrupting signal (0: none yet); set by the handler install_interrupt_handlers() puts in place.
 std::atomic<int> g_interrupt{0};
 // Whether the handler says what it does (rank 0 only: every rank of a job gets the signal).
@@ -494,7 +510,9 @@ class Trainer {
     // The report covers the whole run, resumed parts included, from metrics.jsonl.
     const std::string title = detail::cat("castor: ", name(c_.model), " on ", name(c_.data), ", ",
                                           amp::opt_level_name(c_.amp));
-    atomic_write_file(c_.out + "/report.html", render_report(title, config_, read_metrics(c_.out), op_dtypes_));
+    const Json classes = last_eval_ ? by_class(d_.classes, last_eval_->confusion) : Json();
+    atomic_write_file(c_.out + "/report.html",
+                      render_report(title, config_, read_metrics(c_.out), op_dtypes_, classes));
     if (profiler) std::fprintf(stderr, "%s", profiler->table(15).c_str());
     atomic_write_file(c_.out + "/summary.json", summary.dump(2) + "\n");
     return summary;
@@ -918,18 +936,12 @@ Json run_eval(const EvalConfig& e) {
                  " found, or in another order)");
   const Evaluation ev = evaluate(*run.model, *run.amp, d.test, d.norm, e.batch_size);
   std::fputs(class_report(d.classes, ev.confusion).c_str(), stderr);
-  Json::Array classes, matrix;
-  const size_t K = d.classes.size();
-  for (size_t t = 0; t < K; ++t) {
-    Json::Array row;
-    int64_t images = 0;
-    for (size_t p = 0; p < K; ++p) row.push_back(ev.confusion[t * K + p]), images += ev.confusion[t * K + p];
-    matrix.push_back(row);
-    classes.push_back(Json::Object{{"name", d.classes[t]}, {"images", images},
-                                   {"accuracy", images ? static_cast<double>(ev.confusion[t * K + t]) / images : 0.0}});
-  }
-  return Json::Object{{"test_accuracy", ev.accuracy}, {"test_loss", ev.loss}, {"images", d.test.n},
-                      {"checkpoint", e.path}, {"classes", classes}, {"confusion_matrix", matrix}};
+  Json out = by_class(d.classes, ev.confusion);
+  out["test_accuracy"] = ev.accuracy;
+  out["test_loss"] = ev.loss;
+  out["images"] = d.test.n;
+  out["checkpoint"] = e.path;
+  return out;
 }
 
 namespace {

@@ -173,6 +173,8 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   const Json config = Json::parse(std::string(cj.begin(), cj.end()));
   EXPECT_EQ(config.at("class_names").dump(), R"(["blue","red"])");
   EXPECT_EQ(config.at("input_shape").dump(), "[3,8,8]");
+  const std::vector<uint8_t> report = read_file(dir + "/run/report.html");  // the classes of the last evaluation
+  EXPECT_NE(std::string(report.begin(), report.end()).find("<th>1 red</th>"), std::string::npos);
   auto eval = test::run_castor({"eval", "--checkpoint", "run"}, run, 120);
   ASSERT_EQ(eval.exit_code, 0) << eval.err;
   const Json result = Json::parse(eval.out);

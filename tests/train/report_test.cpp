@@ -167,6 +167,17 @@ TEST(Report, HasTheChartsItMustWithRoundTicks) {
   EXPECT_EQ(html.find("<th>momentum</th>"), std::string::npos);  // Adam has none
   EXPECT_EQ(html.find("<th>synthetic_size</th>"), std::string::npos);  // real data
 
+  // The last evaluation by class, as castor eval gives it: per-class accuracy and the confusion matrix.
+  const Json by_class = Json::Object{
+      {"classes", Json::Array{Json::Object{{"name", "cat"}, {"accuracy", 0.75}, {"images", 4}},
+                              Json::Object{{"name", "dog"}, {"accuracy", 0.5}, {"images", 2}}}},
+      {"confusion_matrix", Json::Array{Json::Array{3, 1}, Json::Array{1, 1}}}};
+  const std::string with_classes = render_report("run", config, records, {}, by_class);
+  EXPECT_NE(with_classes.find("<td>cat</td><td>75%</td><td>4</td>"), std::string::npos);
+  EXPECT_NE(with_classes.find("<tr><th>0 cat</th><td style='font-weight:bold'>3</td><td>1</td></tr>"),
+            std::string::npos);
+  EXPECT_EQ(html.find("confusion"), std::string::npos);  // none without an evaluation by class
+
   // bf16 (no loss scaling: the scale stays 1): no loss-scale chart.
   for (Json& r : records)
     if (r.find("loss_scale")) r.as_object()["loss_scale"] = 1.0;
