@@ -248,7 +248,7 @@ std::string render_report(const std::string& title, const Json& config, const st
   o << "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" << escape(title) << "</title>"
     << "<style>body{font-family:sans-serif;margin:24px;max-width:1140px}table{border-collapse:collapse;"
     << "font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.grid{display:flex;"
-    << "flex-wrap:wrap;gap:10px;align-items:flex-start}.meta{color:#555;font-size:13px}.stat{font-size:15px;"
+    << "flex-wrap:wrap;gap:10px;align-items:flex-start}th.module{background:#eef}.meta{color:#555;font-size:13px}.stat{font-size:15px;"
     << "border:1px solid #ccc;padding:14px 20px;width:500px}.stat b{font-size:34px;display:block}</style></head><body><h2>"
     << escape(title) << "</h2>";
   auto meta = [&](const char* key) {
@@ -305,17 +305,23 @@ std::string render_report(const std::string& title, const Json& config, const st
   o << "<h3>Settings</h3>" << settings_tables(config);
 
   if (!op_dtypes.empty()) {
-    o << "<h3>Op dtypes (one forward pass)</h3><table><tr><th>op</th><th>policy</th><th>inputs</th><th>ran in</th>"
-      << "<th>output</th><th>why</th></tr>";
+    o << "<h3>Op dtypes (one forward pass, by module)</h3><table><tr><th>op</th><th>policy</th><th>inputs</th>"
+      << "<th>ran in</th><th>output</th><th>why</th></tr>";
     auto dtypes = [](const std::vector<DType>& v) {
       std::string s;
       for (DType d : v) s += (s.empty() ? "" : ", ") + std::string(dtype_name(d));
       return s;
     };
-    for (const amp::ExplainRow& r : op_dtypes)
+    std::string module;
+    for (size_t i = 0; i < op_dtypes.size(); ++i) {
+      const amp::ExplainRow& r = op_dtypes[i];
+      if (!r.module.empty() && (i == 0 || r.module != module))  // a heading row where the module changes
+        o << "<tr><th colspan='6' class='module'>" << escape(r.module) << "</th></tr>";
+      module = r.module;
       o << "<tr><td>" << escape(r.op) << "</td><td>" << policy_name(r.policy) << "</td><td>" << dtypes(r.given)
         << "</td><td>" << dtypes(r.ran) << "</td><td>" << (r.out ? dtype_name(*r.out) : "-") << "</td><td>"
         << escape(r.why) << "</td></tr>";
+    }
     o << "</table>";
   }
   o << "</body></html>\n";

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <tuple>
@@ -303,6 +304,23 @@ Json by_class(const std::vector<std::string>& names, const std::vector<int64_t>&
   return Json::Object{{"classes", classes}, {"confusion_matrix", matrix}};
 }
 
+// The explain rows with the module each op belongs to: the module whose parameters it used (conv1 for conv1.weight),
+// and for an op without parameters (relu, pooling) the module of the op before it; "(input)" before the first.
+std::vector<amp::ExplainRow> with_modules(std::vector<amp::ExplainRow> rows, const nn::Module& model) {
+  std::map<const TensorImpl*, std::string> owner;
+  for (const auto& [name, t] : model.named_parameters()) {
+    const size_t dot = name.rfind('.');
+    owner[t.impl()] = dot == std::string::npos ? std::string("(model)") : name.substr(0, dot);
+  }
+  std::string current = "(input)";
+  for (amp::ExplainRow& r : rows) {
+    for (const TensorImpl* in : r.inputs)
+      if (auto it = owner.find(in); it != owner.end()) current = it->second;
+    r.module = current;
+  }
+  return rows;
+}
+
 // The first interrupting signal (0: none yet); set by the handler install_interrupt_handlers() puts in place.
 std::atomic<int> g_interrupt{0};
 // Whether the handler says what it does (rank 0 only: every rank of a job gets the signal).
@@ -541,7 +559,7 @@ class Trainer {
       // At O2/O3 the patched forward casts the batch to the model's dtype and the logits back to float32.
       Tensor logits = (*run_.model)(batch.images);
       loss = F::cross_entropy(logits.float_(), batch.labels, F::Reduction::Mean, c_.label_smoothing);
-      if (explain) op_dtypes_ = explain->rows();
+      if (explain) op_dtypes_ = with_modules(explain->rows(), *run_.model);
     }
     // Summed over grad_accum micro-batches, the gradients are those of the mean loss of one big batch. With
     // several ranks, backward averages them across ranks, once per step (the other micro-batches run in no_sync).

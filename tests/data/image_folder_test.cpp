@@ -174,7 +174,11 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   EXPECT_EQ(config.at("class_names").dump(), R"(["blue","red"])");
   EXPECT_EQ(config.at("input_shape").dump(), "[3,8,8]");
   const std::vector<uint8_t> report = read_file(dir + "/run/report.html");  // the classes of the last evaluation
-  EXPECT_NE(std::string(report.begin(), report.end()).find("<th>1 red</th>"), std::string::npos);
+  const std::string html(report.begin(), report.end());
+  EXPECT_NE(html.find("<th>1 red</th>"), std::string::npos);
+  // The op dtype table groups SimpleCNN's ops by the module whose parameters they use.
+  for (const char* module : {"conv1", "conv2", "fc1", "fc2"})
+    EXPECT_NE(html.find(std::string("class='module'>") + module + "<"), std::string::npos) << module;
   auto eval = test::run_castor({"eval", "--checkpoint", "run"}, run, 120);
   ASSERT_EQ(eval.exit_code, 0) << eval.err;
   const Json result = Json::parse(eval.out);

@@ -95,7 +95,16 @@ TEST(Report, ShowsSettingsOpDtypesAndASinglePointHonestly) {
                                             {"test_accuracy", 0.625}, {"images_per_sec", 900.0}}};
   amp::ExplainRow row{"conv2d", CastPolicy::LowerPrecision, true, {DType::Float32}, {DType::BFloat16},
                       DType::BFloat16, "float32 weight cast"};
-  const std::string html = render_report("run", config, records, {row});
+  amp::ExplainRow relu{"relu", CastPolicy::PassThrough, true, {DType::BFloat16}, {DType::BFloat16}, DType::BFloat16,
+                       "runs in its input dtype"};
+  row.module = relu.module = "layer1.conv";
+  amp::ExplainRow head = row;
+  head.module = "fc";
+  const std::string html = render_report("run", config, records, {row, relu, head});
+  // Grouped by module: a heading row where the module changes, none between ops of one module.
+  EXPECT_NE(html.find("class='module'>layer1.conv</th></tr><tr><td>conv2d</td>"), std::string::npos) << html;
+  EXPECT_NE(html.find("</td></tr><tr><td>relu</td>"), std::string::npos);
+  EXPECT_NE(html.find("class='module'>fc</th></tr><tr><td>conv2d</td>"), std::string::npos);
   EXPECT_NE(html.find("<th>lr</th><td>0.001</td>"), std::string::npos);
   EXPECT_NE(html.find("&lt;dir&gt;"), std::string::npos);  // escaped
   EXPECT_NE(html.find("<td>conv2d</td>"), std::string::npos);
