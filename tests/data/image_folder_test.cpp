@@ -190,6 +190,18 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   EXPECT_EQ(result.at("classes").as_array()[1].at("name").as_string(), "red");
   EXPECT_NE(eval.err.find("red"), std::string::npos) << eval.err;
   EXPECT_NE(eval.err.find("accuracy"), std::string::npos) << eval.err;
+  // The held-out images are a function of --seed: the same seed holds out the same ones (the training set's
+  // normalisation is the same), another seed others.
+  auto normalization = [&](const std::string& seed, const std::string& out) {
+    auto r = test::run_castor({"train", "--data", "folder", "--data-dir", "data", "--image-size", "8", "--batch-size",
+                               "8", "--steps", "1", "--amp", "O0", "--threads", "2", "--seed", seed, "--out", out},
+                              run, 120);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const std::vector<uint8_t> b = read_file(dir + "/" + out + "/config.json");
+    return Json::parse(std::string(b.begin(), b.end())).at("normalization").dump();
+  };
+  EXPECT_EQ(normalization("0", "seed0"), config.at("normalization").dump());
+  EXPECT_NE(normalization("1", "seed1"), config.at("normalization").dump());
   // A missing --data-dir is one line naming the flag.
   auto bare = test::run_castor({"train", "--data", "folder", "--out", "run2"}, run, 60);
   EXPECT_EQ(bare.exit_code, 1);
