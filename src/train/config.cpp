@@ -78,6 +78,10 @@ CLI::Validator one_of(std::vector<std::string> choices) {
       list);
 }
 
+// --precision as Lightning 2 spells it ("32", "16" and "bf16" are its short forms of 32-true, 16-mixed, bf16-mixed).
+const std::vector<std::string> kPrecisions = {"32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16", "bf16-true",
+                                              "16-true"};
+
 // One table per enumerated flag: its values' spellings (the flag's choices, its help, config.json and name()).
 template <class E>
 struct Spelling {
@@ -85,7 +89,8 @@ struct Spelling {
   const char* name;
 };
 constexpr Spelling<Dataset> kDatasets[] = {
-    {Dataset::FashionMnist, "fashion-mnist"}, {Dataset::Cifar10, "cifar10"}, {Dataset::Synthetic, "synthetic"}};
+    {Dataset::FashionMnist, "fashion-mnist"}, {Dataset::Cifar10, "cifar10"}, {Dataset::Synthetic, "synthetic"},
+    {Dataset::Folder, "folder"}};
 constexpr Spelling<ModelKind> kModels[] = {
     {ModelKind::SimpleCnn, "simplecnn"}, {ModelKind::ResNet18, "resnet18"}, {ModelKind::ResNet9, "resnet9"}};
 const Spelling<amp::OptLevel> kOptLevels[] = {{amp::OptLevel::O0, amp::opt_level_name(amp::OptLevel::O0)},
@@ -162,9 +167,17 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
                  "read flags from a TOML file whose keys are the flag names (batch-size, or batch_size as in a run's "
                  "config.json); flags on the command line take precedence");
 
-  add_choice(app, "--data", c.data, kDatasets, "dataset");
+  add_choice(app, "--data", c.data, kDatasets, "dataset (folder: your images in DIR/train/<class>/*.png|jpg)");
   app.add_option("--data-dir", c.data_dir,
                  "dataset directory (default /usr/share/datasets/fashion-mnist or ./cifar-10-batches-bin)");
+  app.add_option("--image-size", c.image_size,
+                 "--data folder: images are resized (shorter side) and centre-cropped to this square")
+      ->check(integer_in(1, 4096));
+  app.add_option("--val-split", c.val_split,
+                 "--data folder without DIR/val: the share of DIR/train held out for testing (by --seed)")
+      ->check(kUnit);
+  app.add_flag("--skip-bad-images", c.skip_bad_images,
+               "--data folder: leave unreadable images out (and count them) instead of stopping at the first");
   add_choice(app, "--model", c.model, kModels, "model");
   auto* amp = add_choice(app, "--amp", c.amp, kOptLevels,
                          "opt level: O0 float32, O1 autocast + dynamic loss scaling, O2 16-bit model with "
@@ -173,9 +186,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   auto* dtype = app.add_option("--dtype", raw.dtype, "the 16-bit type of O1-O3")
                     ->check(one_of({"bf16", "fp16", "bfloat16", "float16"}));
   app.add_option("--precision", raw.precision,
-                 "Lightning-style alias of --amp/--dtype: 32 (O0), bf16-mixed / 16-mixed (O1), "
-                 "bf16-true / 16-true (O3)")
-      ->check(one_of({"32", "bf16-mixed", "16-mixed", "bf16-true", "16-true"}))
+                 "Lightning 2's spellings of --amp/--dtype: 32-true or 32 (O0), bf16-mixed or bf16 / 16-mixed or 16 "
+                 "(O1), bf16-true / 16-true (O3)")
+      ->check(one_of(kPrecisions))
       ->excludes(amp)
       ->excludes(dtype);
   app.add_flag("--stochastic-rounding", c.stochastic_rounding,
@@ -210,7 +223,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   add_choice(app, "--compress-grads", c.compress_grads, kCompressions,
              "with several ranks: send gradients as bf16 or fp16 (each addition in float32)");
   app.add_flag("--deterministic", c.deterministic, "fixed threading, for bit-exact resume");
-  app.add_option("--out", c.out, "run directory");
+  app.add_option("--out", c.out, "run directory (default: a new runs/<date>-<time>-<model>-<precision>)");
   app.add_option("--resume", c.resume,
                  "continue the run in this directory (or from one of its checkpoints) with its recorded settings; "
                  "only --steps/--epochs (to extend), --log-every, --eval-every, --checkpoint-every/-minutes, --keep, "
@@ -316,6 +329,17 @@ const char* name(OptimizerKind v) { return spelling(kOptimizers, v); }
 const char* name(Schedule v) { return spelling(kSchedules, v); }
 const char* name(Augment v) { return spelling(kAugments, v); }
 const char* name(Compression v) { return spelling(kCompressions, v); }
+
+std::string precision_name(const TrainConfig& c) {
+  const bool bf16 = c.dtype == DType::BFloat16;
+  switch (c.amp) {
+    case amp::OptLevel::O0: return "32-true";
+    case amp::OptLevel::O1: return bf16 ? "bf16-mixed" : "16-mixed";
+    case amp::OptLevel::O2: return bf16 ? "O2-bf16" : "O2-fp16";
+    case amp::OptLevel::O3: return bf16 ? "bf16-true" : "16-true";
+  }
+  CASTOR_ASSERT(false, "an opt level without a name");
+}
 
 std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string& exe, const std::vector<std::string>& args) {
   if (c.nproc <= 1 || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return {};
@@ -425,9 +449,9 @@ TrainConfig parse_train_flags(const std::vector<std::string>& given_args) {
   }
   c.dtype = parse_16bit(raw.dtype);
   if (!raw.precision.empty()) {
-    c.amp = raw.precision == "32"                ? amp::OptLevel::O0
-            : raw.precision.ends_with("-mixed") ? amp::OptLevel::O1
-                                                : amp::OptLevel::O3;
+    c.amp = raw.precision.starts_with("32")    ? amp::OptLevel::O0
+            : raw.precision.ends_with("-true") ? amp::OptLevel::O3
+                                               : amp::OptLevel::O1;
     c.dtype = raw.precision.starts_with("bf16") ? DType::BFloat16 : DType::Float16;
   }
   if (raw.loss_scale != "dynamic") c.loss_scale = std::stod(raw.loss_scale);
@@ -456,7 +480,7 @@ std::string eval_help() {
   return eval_app(f)->help();
 }
 
-std::string bash_completion() {
+std::string shell_completion(const std::string& shell) {
   TrainConfig c;
   RawTrainFlags raw;
   EvalFlags f;
@@ -467,30 +491,61 @@ std::string bash_completion() {
       for (const std::string& name : o->get_lnames()) w += (w.empty() ? "--" : " --") + name;
     return w;
   };
-  return "# bash completion for castor (castor completion bash > /etc/bash_completion.d/castor)\n"
-         "_castor() {\n"
-         "  local cur=${COMP_WORDS[COMP_CWORD]} words\n"
-         "  case ${COMP_WORDS[1]} in\n"
-         "    train) words=\"" + words(*train_app(c, raw)) + "\" ;;\n"
-         "    eval) words=\"" + words(*eval_app(f)) + "\" ;;\n"
-         "    tokenize) words=\"" + words(*tokenize_app(t)) + "\" ;;\n"
-         "    *) words=\"train eval tokenize info completion --help --version\" ;;\n"
-         "  esac\n"
-         "  if [ \"$COMP_CWORD\" -gt 1 ] && [[ $cur != -* ]]; then COMPREPLY=($(compgen -f -- \"$cur\")); return; fi\n"
-         "  COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n"
-         "}\n"
-         "complete -o filenames -F _castor castor\n";
+  auto values = [](const auto& table) {
+    std::string w;
+    for (const auto& s : table) w += (w.empty() ? "" : " ") + std::string(s.name);
+    return w;
+  };
+  std::string precisions;
+  for (const std::string& p : kPrecisions) precisions += (precisions.empty() ? "" : " ") + p;
+  // The values of the enumerated flags, from the same tables that parse them.
+  const std::vector<std::pair<std::string, std::string>> choices = {
+      {"--precision", precisions}, {"--model", values(kModels)}, {"--data", values(kDatasets)},
+      {"--amp", values(kOptLevels)}, {"--dtype", "bf16 fp16"}, {"--optimizer", values(kOptimizers)},
+      {"--schedule", values(kSchedules)}, {"--augment", values(kAugments)},
+      {"--compress-grads", values(kCompressions)}};
+  std::string value_cases;
+  for (const auto& [flag, list] : choices)
+    value_cases += "    " + flag + ") COMPREPLY=($(compgen -W \"" + list + "\" -- \"$cur\")); return ;;\n";
+  const std::string script =
+      "_castor() {\n"
+      "  local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} words\n"
+      "  case $prev in\n" + value_cases +
+      "  esac\n"
+      "  case ${COMP_WORDS[1]} in\n"
+      "    train) words=\"" + words(*train_app(c, raw)) + "\" ;;\n"
+      "    eval) words=\"" + words(*eval_app(f)) + "\" ;;\n"
+      "    tokenize) words=\"" + words(*tokenize_app(t)) + "\" ;;\n"
+      "    info) words=\"--tensors --help\" ;;\n"
+      "    help) words=\"train eval tokenize info env completion\" ;;\n"
+      "    completion) words=\"bash zsh\" ;;\n"
+      "    *) words=\"train eval tokenize info env help completion --help --version\" ;;\n"
+      "  esac\n"
+      "  if [ \"$COMP_CWORD\" -gt 1 ] && [[ $cur != -* ]] && [[ ${COMP_WORDS[1]} != help && ${COMP_WORDS[1]} != completion ]]; then\n"
+      "    COMPREPLY=($(compgen -f -- \"$cur\")); return\n"
+      "  fi\n"
+      "  COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n"
+      "}\n"
+      "complete -o filenames -F _castor castor\n";
+  if (shell == "zsh")  // zsh runs the bash function through its bash-completion emulation
+    return "#compdef castor\n# zsh completion for castor (castor completion zsh > ~/.zfunc/_castor, or source it)\n"
+           "autoload -U +X compinit && compinit\nautoload -U +X bashcompinit && bashcompinit\n" + script;
+  return "# bash completion for castor (castor completion bash > /etc/bash_completion.d/castor)\n" + script;
 }
 
 std::string info_help() {
-  return "castor info: tensors, dtypes, shapes, parameter counts and metadata of a checkpoint\n"
-         "usage: castor info FILE|DIR   (a safetensors file, a checkpoint directory or a run directory)\n";
+  return "castor info: a checkpoint's model, step, precision, parameter count, the run's last metrics and its\n"
+         "checkpoints; --tensors lists every tensor's dtype and shape, and the metadata\n"
+         "usage: castor info [--tensors] FILE|DIR   (a safetensors file, a checkpoint directory or a run directory)\n";
 }
 
 Json settings_json(const TrainConfig& c) {
   Json::Object o;
   o["data"] = name(c.data);
   o["data_dir"] = c.data_dir;
+  o["image_size"] = c.image_size;
+  o["val_split"] = c.val_split;
+  o["skip_bad_images"] = c.skip_bad_images;
   o["model"] = name(c.model);
   o["amp"] = amp::opt_level_name(c.amp);
   o["dtype"] = dtype_name(c.dtype);
