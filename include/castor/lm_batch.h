@@ -55,4 +55,10 @@ class LmBatchSource {
   LmBatchState state_;
 };
 
+// Evaluation over a whole split: the file as consecutive non-overlapping rows of T inputs (row k: x = tokens
+// [k T, k T + T), y = tokens [k T + 1, k T + T + 1); the last (n - 1) % T tokens are in no row), B rows a batch and
+// the last batch holding the rest. castor::Error naming the file when it holds fewer than T + 1 tokens.
+int64_t eval_batch_count(const TokenFile& tokens, int64_t batch_size, int64_t block_size);
+LmBatch eval_batch(const TokenFile& tokens, int64_t batch_size, int64_t block_size, int64_t i);
+
 }  // namespace castor::data

@@ -104,7 +104,7 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   int64_t text_bytes = 0;
   for (const Document& d : docs) text_bytes += static_cast<int64_t>(d.text.size());
   const auto start = std::chrono::steady_clock::now();
-  // Per split: the document indices; the documents' tokens in order.
+  // --val-every splits by document here; otherwise the whole stream is cut by --val-fraction below.
   const bool by_document = opt.val_every > 0;
   auto is_val = [&](size_t i) { return by_document && static_cast<int64_t>(i % opt.val_every) == opt.val_every - 1; };
   std::vector<uint16_t> train, val;

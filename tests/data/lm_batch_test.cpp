@@ -101,4 +101,19 @@ TEST(LmBatches, TooShortAFileIsAClearError) {
   EXPECT_EQ(values(ok.next().y), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
 }
 
+TEST(LmBatches, EvalCoversTheSplitInConsecutiveRows) {
+  test::ScratchDir dir;
+  TokenFile f(counting_file(dir, 20));
+  // T = 3: rows start at 0, 3, ..., 15 ((20 - 1) / 3 = 6 rows; token 19 is only a target); B = 4: 4 rows, then 2.
+  EXPECT_EQ(eval_batch_count(f, 4, 3), 2);
+  const LmBatch last = eval_batch(f, 4, 3, 1);
+  EXPECT_EQ(last.x.shape(), (Shape{2, 3}));
+  EXPECT_EQ(values(last.x), (std::vector<int64_t>{12, 13, 14, 15, 16, 17}));
+  EXPECT_EQ(values(last.y), (std::vector<int64_t>{13, 14, 15, 16, 17, 18}));
+  EXPECT_EQ(values(eval_batch(f, 4, 3, 0).y), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
+  EXPECT_EQ(eval_batch_count(f, 1, 19), 1);
+  test::expect_error([&] { eval_batch_count(f, 1, 20); }, {f.path(), "needs 21"});
+  test::expect_error([&] { eval_batch(f, 4, 3, 2); }, {"eval batch 2 of 2"});
+}
+
 }  // namespace castor::data
