@@ -505,6 +505,15 @@ TEST_F(RunDir, ConfigFilesAreReadOnlyIfRegularAndSmall) {
   expect_one_line_error(castor({"train", "--config", "huge.toml"}, 20), {"--config", "huge.toml", "limit"});
 }
 
+TEST_F(RunDir, ARunsConfigJsonIsAConfigFile) {
+  ASSERT_EQ(castor(train_args("run", 3, {"--lr", "0.01", "--weight-decay", "0.001", "--schedule", "cosine"})).exit_code,
+            0);
+  CastorProcess p = castor({"train", "--config", "run/config.json", "--out", "again"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(text_of(path("again/config.json")), text_of(path("run/config.json")));
+  expect_same_checkpoint(path("run"), path("again"));
+}
+
 TEST_F(RunDir, InfoReadsAFilesHeaderNotItsData) {
   // A 4 GiB tensor in a sparse file, listed under a 512 MiB address-space limit.
   const std::string header = R"({"w":{"dtype":"F32","shape":[1073741824],"data_offsets":[0,4294967296]}})";
