@@ -345,8 +345,8 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
   } else if (!continuing && !castor_dir) {
     // Not a Castor run directory (no lock file ever made there): files a run writes belong to someone else.
     std::string foreign;
-    for (const std::string f : kRunFiles)
-      if (fs::exists(c.out + "/" + f, ec)) foreign += (foreign.empty() ? "" : ", ") + f;
+    for (const char* f : kRunFiles)
+      if (fs::exists(c.out + "/" + f, ec)) foreign += (foreign.empty() ? "" : ", ") + std::string(f);
     CASTOR_CHECK(foreign.empty() || c.overwrite, "--out ", c.out, " is not a Castor run directory but holds ", foreign,
                  ", which a run would replace; choose another --out, or pass --overwrite to replace them");
     if (c.overwrite)

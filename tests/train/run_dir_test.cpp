@@ -562,7 +562,11 @@ TEST_F(RunDir, InfoRacingPruningSeesWholeCheckpoints) {
   CastorProcess run(train_args("run", 100000, {"--checkpoint-every", "1", "--keep", "1"}), in_dir);
   for (int i = 0; i < 3000 && !latest_checkpoint(path("run")); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_TRUE(latest_checkpoint(path("run"))) << "no checkpoint in 30 s";
+  if (!latest_checkpoint(path("run"))) {
+    run.signal(SIGKILL);
+    run.wait();
+    FAIL() << "no checkpoint in 30 s: " << run.err;
+  }
   int failures = 0;
   std::string first;
   for (int i = 0; i < 40; ++i) {
