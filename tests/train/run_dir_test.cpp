@@ -544,6 +544,18 @@ TEST_F(RunDir, ResumeAfterTheLastStepWithoutAReportFinishesIt) {
   EXPECT_EQ(after.at("steps").as_int(), 4);
   EXPECT_EQ(after.at("test_accuracy").as_double(), before.at("test_accuracy").as_double());
   EXPECT_EQ(after.at("test_loss").as_double(), before.at("test_loss").as_double());
+  // Killed after the last step's checkpoint but before the epoch end's (epoch 0, batch 12 of 12), with the report of
+  // an earlier completion still there: the resume takes the epoch end and checkpoints as the uninterrupted run did.
+  ASSERT_EQ(castor(train_args("epoch", 12, {"--checkpoint-every", "1", "--keep", "10"})).exit_code, 0);
+  fs::copy(path("epoch"), path("epoch_whole"), fs::copy_options::recursive);
+  edit_state(path("epoch"), [](Checkpoint& c) {
+    c.state["progress.epoch"] = scalar_tensor(0, DType::Int64);
+    c.state["progress.batch"] = scalar_tensor(12, DType::Int64);
+  });
+  CastorProcess e = castor({"train", "--resume", "epoch"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(e.err.find("already complete"), std::string::npos) << e.err;
+  expect_same_checkpoint(path("epoch_whole"), path("epoch"));
 }
 
 TEST_F(RunDir, SigintDuringTheFinalEvaluationStillWritesTheReport) {
