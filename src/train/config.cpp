@@ -165,7 +165,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   app.get_formatter()->column_width(34);
   app.add_option("--config", raw.config,
                  "read flags from a TOML file whose keys are the flag names (batch-size, or batch_size as in a run's "
-                 "config.json); flags on the command line take precedence");
+                 "config.json), or from a run's config.json; flags on the command line take precedence");
 
   add_choice(app, "--data", c.data, kDatasets, "dataset (folder: your images in DIR/train/<class>/*.png|jpg)");
   app.add_option("--data-dir", c.data_dir,
@@ -351,17 +351,13 @@ std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string&
   return cmd;
 }
 
-// The flags a --config file sets, as command-line arguments ("--batch-size=64"); castor::Error naming the file on
-// anything but a regular file of at most 1 MiB of `key = value` lines whose keys are flags, each given once.
-std::vector<std::string> config_file_args(const std::string& path) {
-  std::vector<uint8_t> bytes;
-  try {
-    bytes = read_file(path, /*max_bytes=*/1 << 20);
-  } catch (const Error& e) {
-    throw Error(detail::cat("--config ", e.what()));
-  }
-  const std::string text(bytes.begin(), bytes.end());
-  // Sections and a key given twice (in either spelling), which CLI11's reader would nest or merge: refused.
+// Keys of a run's config.json that record facts of the run rather than settings: skipped when it is read back.
+constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization", "input_shape", "num_classes",
+                                         "init_checksum"};
+
+// The key = value items of a TOML --config file; sections and a key given twice (in either spelling), which
+// CLI11's reader would nest or merge, are refused.
+std::vector<CLI::ConfigItem> toml_items(const std::string& text, const std::string& path) {
   std::istringstream lines(text);
   std::vector<std::string> seen;
   int line_no = 0;
@@ -382,12 +378,51 @@ std::vector<std::string> config_file_args(const std::string& path) {
     seen.push_back(flag);
   }
   std::istringstream stream(text);
-  std::vector<CLI::ConfigItem> items;
   try {
-    items = CLI::ConfigTOML().from_config(stream);
+    return CLI::ConfigTOML().from_config(stream);
   } catch (const CLI::Error& e) {
     throw Error(detail::cat("--config ", path, ": ", e.what()));
   }
+}
+
+// The items of a JSON --config file: a run's config.json read back (its recorded facts and empty strings, the
+// flags' defaults, skipped).
+std::vector<CLI::ConfigItem> json_items(const std::string& text, const std::string& path) {
+  Json object;
+  try {
+    object = Json::parse(text);
+  } catch (const Error& e) {
+    throw Error(detail::cat("--config ", path, ": ", e.what()));
+  }
+  CASTOR_CHECK(object.is_object(), "--config ", path, ": not a JSON object");
+  std::vector<CLI::ConfigItem> items;
+  for (const auto& [key, v] : object.as_object()) {
+    if (std::find(std::begin(kRecordedOnly), std::end(kRecordedOnly), key) != std::end(kRecordedOnly)) continue;
+    if (v.is_string() && v.as_string().empty()) continue;
+    CLI::ConfigItem item;
+    item.name = key;
+    CASTOR_CHECK(!v.is_null() && !v.is_array() && !v.is_object(), "--config ", path, ": key '", key,
+                 "' needs one value");
+    item.inputs = {v.is_string() ? v.as_string() : v.is_bool() ? (v.as_bool() ? "true" : "false") : v.dump()};
+    items.push_back(std::move(item));
+  }
+  return items;
+}
+
+// The flags a --config file sets, as command-line arguments ("--batch-size=64"); castor::Error naming the file on
+// anything but a regular file of at most 1 MiB holding `key = value` lines (TOML) or a JSON object (a run's
+// config.json) whose keys are flags (either spelling), each given once.
+std::vector<std::string> config_file_args(const std::string& path) {
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = read_file(path, /*max_bytes=*/1 << 20);
+  } catch (const Error& e) {
+    throw Error(detail::cat("--config ", e.what()));
+  }
+  const std::string text(bytes.begin(), bytes.end());
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  const std::vector<CLI::ConfigItem> items =
+      first != std::string::npos && text[first] == '{' ? json_items(text, path) : toml_items(text, path);
   TrainConfig c;
   RawTrainFlags raw;
   const std::unique_ptr<CLI::App> app = train_app(c, raw);

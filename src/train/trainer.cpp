@@ -489,8 +489,8 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
   } else if (!continuing && !castor_dir) {
     // Not a Castor run directory (no lock file ever made there): files a run writes belong to someone else.
     std::string foreign;
-    for (const std::string f : kRunFiles)
-      if (fs::exists(c.out + "/" + f, ec)) foreign += (foreign.empty() ? "" : ", ") + f;
+    for (const char* f : kRunFiles)
+      if (fs::exists(c.out + "/" + f, ec)) foreign += (foreign.empty() ? "" : ", ") + std::string(f);
     CASTOR_CHECK(foreign.empty() || c.overwrite, "--out ", c.out, " is not a Castor run directory but holds ", foreign,
                  ", which a run would replace; choose another --out, or pass --overwrite to replace them");
     if (c.overwrite)
@@ -548,10 +548,13 @@ class Trainer {
     }
     // A signal during the final evaluation comes after the last step: the report below finishes the run.
     if (interrupted() && state_.step < total_) return stop_interrupted();
-    if (was_done) {  // resumed after its last step, without a report: evaluate again for it
+    if (was_done) {  // resumed after its last step without its report (or its epoch end): evaluate again for it
       if (rank0_) std::fprintf(stderr, "castor train: %s finished at step %lld without its report; writing it\n",
                                c_.out.c_str(), static_cast<long long>(state_.step));
-      last_eval_ = evaluate(*run_.model, *run_.amp, d_.test, d_.norm, 256);
+      if (state_.batch >= loader_.batches_per_epoch())
+        end_epoch(EpochTotals{}, 0);  // as a resume mid-run does at an epoch end cut off by a kill
+      else
+        last_eval_ = evaluate(*run_.model, *run_.amp, d_.test, d_.norm, 256);
     }
     Json summary = summary_json();
     summary["wall_seconds"] = std::chrono::duration<double>(Clock::now() - wall_start).count();
@@ -900,9 +903,16 @@ Json run_train(TrainConfig c) {
       std::fprintf(stderr, "castor train: resuming from step %lld (checkpoint %s)\n", static_cast<long long>(state.step),
                    resume_from.c_str());
   }
-  // A run stopped after its last step but before its report (killed during the final evaluation) finishes it.
-  const bool reported = fs::exists(c.out + "/summary.json") && fs::exists(c.out + "/report.html");
-  if (state.step >= total_steps && reported) {
+  // A run stopped after its last step but before its epoch end or report (killed during the final evaluation)
+  // finishes them; a summary older than the checkpoint is an earlier run's (one resumed from an older checkpoint).
+  const auto written = [&](const std::string& f) {
+    std::error_code ec;
+    const auto t = fs::last_write_time(f, ec);
+    return ec ? fs::file_time_type::min() : t;
+  };
+  const bool reported = ck && fs::exists(c.out + "/report.html") &&
+                        written(c.out + "/summary.json") >= written(resume_from + "/COMMIT");
+  if (state.step >= total_steps && reported && state.batch < per_epoch) {
     if (rank == 0)
       std::fprintf(stderr, "castor train: %s is already complete at step %lld (extend it with --steps or --epochs)\n",
                  c.out.c_str(), static_cast<long long>(state.step));

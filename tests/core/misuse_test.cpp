@@ -64,6 +64,17 @@ TEST(Misuse, UndefinedTensorIsAnError) {
   expect_error_in_child([] { (void)Tensor().data_ptr(); }, "undefined tensor");
   expect_error_in_child([] { Tensor().requires_grad_(); }, "undefined tensor");
   expect_error_in_child([] { sum(Tensor()); }, "undefined tensor");
+  expect_error_in_child([] { matmul(ones({2, 2}), Tensor()); }, "undefined tensor");
+  expect_error_in_child([] { Tensor().to(DType::Float16); }, "undefined tensor");
+  expect_error_in_child([] { Tensor().view({1}); }, "undefined tensor");
+  expect_error_in_child([] { Tensor().clone(); }, "undefined tensor");
+  expect_error_in_child([] { Tensor().select(0, 0); }, "undefined tensor");
+  expect_error_in_child([] { Tensor().detach(); }, "undefined tensor");
+  expect_error_in_child([] { Tensor().grad(); }, "undefined tensor");
+  expect_error_in_child([] { ones({2}).copy_(Tensor()); }, "undefined tensor");
+  expect_error_in_child([] { Tensor().fill_(1); }, "undefined tensor");
+  expect_error_in_child([] { relu(Tensor()); }, "undefined tensor");
+  expect_error_in_child([] { add(Tensor(), 1.0); }, "undefined tensor");
 }
 
 TEST(Misuse, FactoryShapesThatOverflowAreErrors) {

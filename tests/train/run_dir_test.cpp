@@ -505,6 +505,15 @@ TEST_F(RunDir, ConfigFilesAreReadOnlyIfRegularAndSmall) {
   expect_one_line_error(castor({"train", "--config", "huge.toml"}, 20), {"--config", "huge.toml", "limit"});
 }
 
+TEST_F(RunDir, ARunsConfigJsonIsAConfigFile) {
+  ASSERT_EQ(castor(train_args("run", 3, {"--lr", "0.01", "--weight-decay", "0.001", "--schedule", "cosine"})).exit_code,
+            0);
+  CastorProcess p = castor({"train", "--config", "run/config.json", "--out", "again"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(text_of(path("again/config.json")), text_of(path("run/config.json")));
+  expect_same_checkpoint(path("run"), path("again"));
+}
+
 TEST_F(RunDir, InfoReadsAFilesHeaderNotItsData) {
   // A 4 GiB tensor in a sparse file, listed under a 512 MiB address-space limit.
   const std::string header = R"({"w":{"dtype":"F32","shape":[1073741824],"data_offsets":[0,4294967296]}})";
@@ -535,6 +544,18 @@ TEST_F(RunDir, ResumeAfterTheLastStepWithoutAReportFinishesIt) {
   EXPECT_EQ(after.at("steps").as_int(), 4);
   EXPECT_EQ(after.at("test_accuracy").as_double(), before.at("test_accuracy").as_double());
   EXPECT_EQ(after.at("test_loss").as_double(), before.at("test_loss").as_double());
+  // Killed after the last step's checkpoint but before the epoch end's (epoch 0, batch 12 of 12), with the report of
+  // an earlier completion still there: the resume takes the epoch end and checkpoints as the uninterrupted run did.
+  ASSERT_EQ(castor(train_args("epoch", 12, {"--checkpoint-every", "1", "--keep", "10"})).exit_code, 0);
+  fs::copy(path("epoch"), path("epoch_whole"), fs::copy_options::recursive);
+  edit_state(path("epoch"), [](Checkpoint& c) {
+    c.state["progress.epoch"] = scalar_tensor(0, DType::Int64);
+    c.state["progress.batch"] = scalar_tensor(12, DType::Int64);
+  });
+  CastorProcess e = castor({"train", "--resume", "epoch"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(e.err.find("already complete"), std::string::npos) << e.err;
+  expect_same_checkpoint(path("epoch_whole"), path("epoch"));
 }
 
 TEST_F(RunDir, SigintDuringTheFinalEvaluationStillWritesTheReport) {
@@ -553,7 +574,11 @@ TEST_F(RunDir, InfoRacingPruningSeesWholeCheckpoints) {
   CastorProcess run(train_args("run", 100000, {"--checkpoint-every", "1", "--keep", "1"}), in_dir);
   for (int i = 0; i < 3000 && !latest_checkpoint(path("run")); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  ASSERT_TRUE(latest_checkpoint(path("run"))) << "no checkpoint in 30 s";
+  if (!latest_checkpoint(path("run"))) {
+    run.signal(SIGKILL);
+    run.wait();
+    FAIL() << "no checkpoint in 30 s: " << run.err;
+  }
   int failures = 0;
   std::string first;
   for (int i = 0; i < 40; ++i) {
