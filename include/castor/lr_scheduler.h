@@ -1,4 +1,5 @@
-// Learning-rate schedulers (StepLR, CosineAnnealingLR, OneCycleLR, LinearWarmup) with PyTorch 1.13's formulas.
+// Learning-rate schedulers (StepLR, CosineAnnealingLR, OneCycleLR, LinearWarmup) with PyTorch 1.13's formulas, and
+// nanoGPT's warmup-cosine with PyTorch 1.13's formulas.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -113,6 +114,20 @@ class LinearWarmup : public LRScheduler {
  private:
   int64_t warmup_steps_;
   double start_factor_;
+};
+
+// nanoGPT's get_lr: lr * (step + 1) / (warmup_steps + 1) during warmup, then a cosine from lr down to min_lr at
+// decay_steps, min_lr after (min_lr scales with each group's base lr: min_lr / lr of the first group).
+class WarmupCosineLR : public LRScheduler {
+ public:
+  WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64_t decay_steps, double min_lr);
+
+ protected:
+  std::vector<double> get_lr() const override;
+
+ private:
+  int64_t warmup_steps_, decay_steps_;
+  double min_lr_;
 };
 
 }  // namespace castor::optim

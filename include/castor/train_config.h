@@ -13,10 +13,11 @@
 namespace castor::train {
 
 // The choices of the enumerated flags; name() gives each one's spelling on the command line and in config.json.
-enum class Dataset { FashionMnist, Cifar10, Synthetic, Folder };
-enum class ModelKind { SimpleCnn, ResNet18, ResNet9 };
+enum class Dataset { FashionMnist, Cifar10, Synthetic, Folder, Brown, BrownChar, Tokens };
+enum class ModelKind { SimpleCnn, ResNet18, ResNet9, Gpt, GptMini, Gpt2 };
 enum class OptimizerKind { Sgd, Adam, AdamW };
-enum class Schedule { None, Step, Cosine, OneCycle };
+enum class Schedule { None, Step, Cosine, OneCycle, WarmupCosine };
+enum class DataOrder { Random, Sequential };  // language-model batches: nanoGPT's random windows or llm.c's order
 enum class Augment { None, Standard };
 enum class Compression { None, BFloat16, Float16 };  // the gradients' type on the wire between ranks
 const char* name(Dataset v);
@@ -25,6 +26,9 @@ const char* name(OptimizerKind v);
 const char* name(Schedule v);
 const char* name(Augment v);
 const char* name(Compression v);
+const char* name(DataOrder v);
+bool is_language_model(ModelKind m);
+bool is_text(Dataset d);
 
 struct TrainConfig {
   Dataset data = Dataset::FashionMnist;
@@ -33,6 +37,11 @@ struct TrainConfig {
   double val_split = 0.1;              // --data folder without DIR/val: this share of DIR/train is held out
   bool skip_bad_images = false;        // --data folder: leave unreadable images out (counted) instead of failing
   ModelKind model = ModelKind::SimpleCnn;
+  // --model gpt / gpt-mini / gpt2 (nanoGPT's flags); 0: the preset's value (vocab_size: the tokenizer's).
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
+  double dropout = 0.0;
+  bool bias = true;
+  DataOrder data_order = DataOrder::Random;
   amp::OptLevel amp = amp::OptLevel::O1;
   DType dtype = DType::BFloat16;       // the 16-bit type of O1-O3
   bool stochastic_rounding = false;    // O3: round optimizer updates stochastically
@@ -42,6 +51,9 @@ struct TrainConfig {
   double momentum = 0.9;
   double weight_decay = 0.0;
   Schedule schedule = Schedule::None;
+  int64_t warmup_steps = 0;            // warmup-cosine: linear warmup steps
+  double min_lr = 0.0;                 // warmup-cosine: the learning rate the cosine ends at
+  double beta2 = 0.999;                // Adam/AdamW
   double clip_grad_norm = 0.0;         // > 0: clip the unscaled gradients to this total 2-norm
   int64_t grad_accum = 1;              // micro-batches per optimizer step
   double label_smoothing = 0.0;

@@ -116,6 +116,33 @@ std::vector<double> CosineAnnealingLR::get_lr() const {
   return lrs;
 }
 
+// ---- WarmupCosineLR ----
+
+WarmupCosineLR::WarmupCosineLR(Optimizer& optimizer, int64_t warmup_steps, int64_t decay_steps, double min_lr)
+    : LRScheduler(optimizer), warmup_steps_(warmup_steps), decay_steps_(decay_steps), min_lr_(min_lr) {
+  CASTOR_CHECK(warmup_steps >= 0 && decay_steps >= 1, "WarmupCosineLR: warmup_steps ", warmup_steps,
+               " must be >= 0 and decay_steps ", decay_steps, " >= 1");
+  CASTOR_CHECK(min_lr >= 0, "WarmupCosineLR: min_lr must be >= 0, got ", min_lr);
+  initial_step();
+}
+
+std::vector<double> WarmupCosineLR::get_lr() const {
+  std::vector<double> lrs(base_lrs_.size());
+  const double it = static_cast<double>(last_epoch_);
+  for (size_t g = 0; g < lrs.size(); ++g) {
+    const double lr = base_lrs_[g], min_lr = base_lrs_[0] > 0 ? min_lr_ * lr / base_lrs_[0] : 0.0;
+    if (last_epoch_ < warmup_steps_) {
+      lrs[g] = lr * (it + 1) / static_cast<double>(warmup_steps_ + 1);
+    } else if (last_epoch_ > decay_steps_ || decay_steps_ <= warmup_steps_) {
+      lrs[g] = min_lr;
+    } else {
+      const double ratio = (it - warmup_steps_) / static_cast<double>(decay_steps_ - warmup_steps_);
+      lrs[g] = min_lr + 0.5 * (1.0 + std::cos(M_PI * ratio)) * (lr - min_lr);
+    }
+  }
+  return lrs;
+}
+
 // ---- OneCycleLR ----
 
 OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options) : LRScheduler(optimizer), options_(options) {

@@ -90,9 +90,12 @@ struct Spelling {
 };
 constexpr Spelling<Dataset> kDatasets[] = {
     {Dataset::FashionMnist, "fashion-mnist"}, {Dataset::Cifar10, "cifar10"}, {Dataset::Synthetic, "synthetic"},
-    {Dataset::Folder, "folder"}};
+    {Dataset::Folder, "folder"}, {Dataset::Brown, "brown"}, {Dataset::BrownChar, "brown-char"},
+    {Dataset::Tokens, "tokens"}};
 constexpr Spelling<ModelKind> kModels[] = {
-    {ModelKind::SimpleCnn, "simplecnn"}, {ModelKind::ResNet18, "resnet18"}, {ModelKind::ResNet9, "resnet9"}};
+    {ModelKind::SimpleCnn, "simplecnn"}, {ModelKind::ResNet18, "resnet18"}, {ModelKind::ResNet9, "resnet9"},
+    {ModelKind::Gpt, "gpt"}, {ModelKind::GptMini, "gpt-mini"}, {ModelKind::Gpt2, "gpt2"}};
+constexpr Spelling<DataOrder> kDataOrders[] = {{DataOrder::Random, "random"}, {DataOrder::Sequential, "sequential"}};
 const Spelling<amp::OptLevel> kOptLevels[] = {{amp::OptLevel::O0, amp::opt_level_name(amp::OptLevel::O0)},
                                               {amp::OptLevel::O1, amp::opt_level_name(amp::OptLevel::O1)},
                                               {amp::OptLevel::O2, amp::opt_level_name(amp::OptLevel::O2)},
@@ -100,7 +103,8 @@ const Spelling<amp::OptLevel> kOptLevels[] = {{amp::OptLevel::O0, amp::opt_level
 constexpr Spelling<OptimizerKind> kOptimizers[] = {
     {OptimizerKind::Sgd, "sgd"}, {OptimizerKind::Adam, "adam"}, {OptimizerKind::AdamW, "adamw"}};
 constexpr Spelling<Schedule> kSchedules[] = {{Schedule::None, "none"}, {Schedule::Step, "step"},
-                                             {Schedule::Cosine, "cosine"}, {Schedule::OneCycle, "onecycle"}};
+                                             {Schedule::Cosine, "cosine"}, {Schedule::OneCycle, "onecycle"},
+                                             {Schedule::WarmupCosine, "warmup-cosine"}};
 constexpr Spelling<Augment> kAugments[] = {{Augment::None, "none"}, {Augment::Standard, "standard"}};
 constexpr Spelling<Compression> kCompressions[] = {
     {Compression::None, "none"}, {Compression::BFloat16, "bf16"}, {Compression::Float16, "fp16"}};
@@ -167,9 +171,14 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
                  "read flags from a TOML file whose keys are the flag names (batch-size, or batch_size as in a run's "
                  "config.json), or from a run's config.json; flags on the command line take precedence");
 
-  add_choice(app, "--data", c.data, kDatasets, "dataset (folder: your images in DIR/train/<class>/*.png|jpg)");
+  add_choice(app, "--data", c.data, kDatasets,
+             "dataset (folder: your images in DIR/train/<class>/*.png|jpg; brown, brown-char: the Brown corpus as "
+             "GPT-2 tokens or characters, prepared by scripts/setup.sh; tokens: DIR/train.bin and DIR/val.bin)");
   app.add_option("--data-dir", c.data_dir,
-                 "dataset directory (default /usr/share/datasets/fashion-mnist or ./cifar-10-batches-bin)");
+                 "dataset directory (default /usr/share/datasets/fashion-mnist, ./cifar-10-batches-bin, ./data/brown "
+                 "or ./data/brown-char)");
+  add_choice(app, "--data-order", c.data_order, kDataOrders,
+             "language models: random windows (nanoGPT) or sequential batches (llm.c's loader)");
   app.add_option("--image-size", c.image_size,
                  "--data folder: images are resized (shorter side) and centre-cropped to this square")
       ->check(integer_in(1, 4096));
@@ -178,7 +187,16 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
       ->check(kUnit);
   app.add_flag("--skip-bad-images", c.skip_bad_images,
                "--data folder: leave unreadable images out (and count them) instead of stopping at the first");
-  add_choice(app, "--model", c.model, kModels, "model");
+  add_choice(app, "--model", c.model, kModels,
+             "model (gpt: nanoGPT's GPT, 4 layers x 128 by default; gpt-mini: 6 x 384, block 256; gpt2: 124M)");
+  app.add_option("--n-layer", c.n_layer, "GPT: transformer blocks (0: the preset's)")->check(integer_in(0, 1024));
+  app.add_option("--n-head", c.n_head, "GPT: attention heads (0: the preset's)")->check(integer_in(0, 1024));
+  app.add_option("--n-embd", c.n_embd, "GPT: embedding width (0: the preset's)")->check(integer_in(0, 65536));
+  app.add_option("--block-size", c.block_size, "GPT: context length (0: the preset's)")->check(integer_in(0, 65536));
+  app.add_option("--vocab-size", c.vocab_size, "GPT: vocabulary size (0: the tokenizer's, padded to 64 above 1024)")
+      ->check(integer_in(0, 65536));
+  app.add_option("--dropout", c.dropout, "GPT: dropout probability")->check(kUnit);
+  app.add_flag("--bias,!--no-bias", c.bias, "GPT: biases in Linear and LayerNorm layers (--no-bias: none)");
   auto* amp = add_choice(app, "--amp", c.amp, kOptLevels,
                          "opt level: O0 float32, O1 autocast + dynamic loss scaling, O2 16-bit model with "
                          "float32 master weights (BatchNorm float32), O3 pure 16-bit");
@@ -199,7 +217,11 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   app.add_option("--lr", c.lr, "learning rate")->check(kPositive);
   app.add_option("--momentum", c.momentum, "SGD momentum")->check(kUnit);
   app.add_option("--weight-decay", c.weight_decay, "weight decay")->check(kNonNegative);
-  add_choice(app, "--schedule", c.schedule, kSchedules, "learning-rate schedule");
+  add_choice(app, "--schedule", c.schedule, kSchedules,
+             "learning-rate schedule (warmup-cosine: nanoGPT's linear warmup then cosine down to --min-lr)");
+  app.add_option("--warmup-steps", c.warmup_steps, "warmup-cosine: linear warmup steps")->check(integer_in(0));
+  app.add_option("--min-lr", c.min_lr, "warmup-cosine: the final learning rate")->check(kNonNegative);
+  app.add_option("--beta2", c.beta2, "Adam/AdamW beta2")->check(kUnit);
   app.add_option("--clip-grad-norm", c.clip_grad_norm, "clip the unscaled gradients to this total 2-norm (0: off)")
       ->check(kNonNegative);
   app.add_option("--grad-accum", c.grad_accum, "micro-batches whose gradients are summed per optimizer step")
@@ -329,6 +351,9 @@ const char* name(OptimizerKind v) { return spelling(kOptimizers, v); }
 const char* name(Schedule v) { return spelling(kSchedules, v); }
 const char* name(Augment v) { return spelling(kAugments, v); }
 const char* name(Compression v) { return spelling(kCompressions, v); }
+const char* name(DataOrder v) { return spelling(kDataOrders, v); }
+bool is_language_model(ModelKind m) { return m == ModelKind::Gpt || m == ModelKind::GptMini || m == ModelKind::Gpt2; }
+bool is_text(Dataset d) { return d == Dataset::Brown || d == Dataset::BrownChar || d == Dataset::Tokens; }
 
 std::string precision_name(const TrainConfig& c) {
   const bool bf16 = c.dtype == DType::BFloat16;
@@ -442,6 +467,7 @@ std::vector<std::string> config_file_args(const std::string& path) {
       CASTOR_CHECK(v == "true" || v == "false", "--config ", path, ": ", flag, ": expected true or false, got '", v,
                    "'");
       if (v == "true") args.push_back(flag);
+      else if (app->get_option_no_throw("--no-" + flag.substr(2))) args.push_back("--no-" + flag.substr(2));
     } else {
       args.push_back(flag + "=" + v);
     }
@@ -456,6 +482,43 @@ std::vector<std::string> config_file_args(const std::string& path) {
   }
   return args;
 }
+
+namespace {
+
+// --model gpt*: the preset's sizes where not given, nanoGPT's CPU recipe for the flags not given (AdamW lr 1e-3 with
+// 100 warmup steps and a cosine to 1e-4, weight decay 0.1 on 2-D tensors, beta2 0.99, clip 1.0, batch 12, 2000 steps,
+// Brown characters); text data only with a language model and the reverse.
+void apply_language_model_defaults(TrainConfig& c) {
+  auto given = [&](const char* flag) { return std::find(c.given.begin(), c.given.end(), flag) != c.given.end(); };
+  if (is_language_model(c.model) && !given("--data")) c.data = Dataset::BrownChar;
+  CASTOR_CHECK(is_language_model(c.model) == is_text(c.data), "--data ", name(c.data), ": ",
+               is_text(c.data) ? "text data trains a language model (--model gpt, gpt-mini or gpt2)"
+                               : "--model " + std::string(name(c.model)) + " needs text data (--data brown-char, "
+                                 "brown or tokens)");
+  if (!is_language_model(c.model)) return;
+  struct Preset {
+    int64_t n_layer, n_head, n_embd, block_size;
+  };
+  const Preset p = c.model == ModelKind::Gpt2      ? Preset{12, 12, 768, 1024}
+                   : c.model == ModelKind::GptMini ? Preset{6, 6, 384, 256}
+                                                   : Preset{4, 4, 128, 64};
+  if (c.n_layer == 0) c.n_layer = p.n_layer;
+  if (c.n_head == 0) c.n_head = p.n_head;
+  if (c.n_embd == 0) c.n_embd = p.n_embd;
+  if (c.block_size == 0) c.block_size = p.block_size;
+  CASTOR_CHECK(c.n_embd % c.n_head == 0, "--n-embd ", c.n_embd, ": not a multiple of --n-head ", c.n_head);
+  if (!given("--batch-size")) c.batch_size = 12;
+  if (!given("--optimizer")) c.optimizer = OptimizerKind::AdamW;
+  if (!given("--weight-decay")) c.weight_decay = 0.1;
+  if (!given("--beta2")) c.beta2 = 0.99;
+  if (!given("--clip-grad-norm")) c.clip_grad_norm = 1.0;
+  if (!given("--schedule")) c.schedule = Schedule::WarmupCosine;
+  if (!given("--warmup-steps")) c.warmup_steps = 100;
+  if (!given("--min-lr")) c.min_lr = c.lr / 10;
+  if (!given("--steps") && !given("--epochs")) c.steps = 2000;
+}
+
+}  // namespace
 
 TrainConfig parse_train_flags(const std::vector<std::string>& given_args) {
   std::vector<std::string> args = given_args;
@@ -491,6 +554,7 @@ TrainConfig parse_train_flags(const std::vector<std::string>& given_args) {
   }
   if (raw.loss_scale != "dynamic") c.loss_scale = std::stod(raw.loss_scale);
   CASTOR_CHECK(!c.stochastic_rounding || c.amp == amp::OptLevel::O3, "--stochastic-rounding: needs --amp O3 (pure 16-bit)");
+  apply_language_model_defaults(c);
   CASTOR_CHECK(!c.loss_scale || c.amp != amp::OptLevel::O0, "--loss-scale: O0 trains in float32 without loss scaling");
   return c;
 }
@@ -538,7 +602,7 @@ std::string shell_completion(const std::string& shell) {
       {"--precision", precisions}, {"--model", values(kModels)}, {"--data", values(kDatasets)},
       {"--amp", values(kOptLevels)}, {"--dtype", "bf16 fp16"}, {"--optimizer", values(kOptimizers)},
       {"--schedule", values(kSchedules)}, {"--augment", values(kAugments)},
-      {"--compress-grads", values(kCompressions)}};
+      {"--compress-grads", values(kCompressions)}, {"--data-order", values(kDataOrders)}};
   std::string value_cases;
   for (const auto& [flag, list] : choices)
     value_cases += "    " + flag + ") COMPREPLY=($(compgen -W \"" + list + "\" -- \"$cur\")); return ;;\n";
@@ -582,6 +646,14 @@ Json settings_json(const TrainConfig& c) {
   o["val_split"] = c.val_split;
   o["skip_bad_images"] = c.skip_bad_images;
   o["model"] = name(c.model);
+  o["n_layer"] = c.n_layer;
+  o["n_head"] = c.n_head;
+  o["n_embd"] = c.n_embd;
+  o["block_size"] = c.block_size;
+  o["vocab_size"] = c.vocab_size;
+  o["dropout"] = c.dropout;
+  o["bias"] = c.bias;
+  o["data_order"] = name(c.data_order);
   o["amp"] = amp::opt_level_name(c.amp);
   o["dtype"] = dtype_name(c.dtype);
   o["stochastic_rounding"] = c.stochastic_rounding;
@@ -590,6 +662,9 @@ Json settings_json(const TrainConfig& c) {
   o["momentum"] = c.momentum;
   o["weight_decay"] = c.weight_decay;
   o["schedule"] = name(c.schedule);
+  o["warmup_steps"] = c.warmup_steps;
+  o["min_lr"] = c.min_lr;
+  o["beta2"] = c.beta2;
   o["loss_scale"] = c.loss_scale ? Json(*c.loss_scale) : Json("dynamic");
   o["clip_grad_norm"] = c.clip_grad_norm;
   o["grad_accum"] = c.grad_accum;
@@ -637,7 +712,7 @@ TrainConfig recorded_config(const Json& recorded, const std::string& what) {
       for (char& ch : flag)
         if (ch == '_') ch = '-';
       if (v->is_bool()) {
-        if (v->as_bool()) args.push_back(flag);
+        if (v->as_bool() != def.as_bool()) args.push_back(v->as_bool() ? flag : "--no-" + flag.substr(2));
       } else {
         args.push_back(flag + "=" + (v->is_string() ? v->as_string() : v->dump()));
       }

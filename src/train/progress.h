@@ -13,6 +13,8 @@ struct ProgressState {
   double lr = 0, loss_scale = 1, images_per_sec = 0;
   double elapsed_seconds = 0;
   bool loss_scaling = true;        // false (bf16, O0): no scale field
+  const char* unit = "img";        // of the throughput: images or tokens ("tok")
+  double mfu = 0;                  // > 0: model FLOP utilization against the measured GEMM peak, shown as a percentage
 };
 
 // "h:mm:ss".

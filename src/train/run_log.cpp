@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 
 #include "castor/allocator.h"
@@ -10,13 +11,16 @@
 
 namespace castor::train {
 
-RunLog::RunLog(const TrainConfig& c, int64_t total_steps, int64_t epochs, bool append)
+RunLog::RunLog(const TrainConfig& c, int64_t total_steps, int64_t epochs, bool append, FlopRate flops)
     : metrics_(c.out, append),
       log_every_(c.log_every),
       total_steps_(total_steps),
       epochs_(epochs),
       tty_(isatty(STDERR_FILENO) != 0),
-      width_(terminal_width(STDERR_FILENO) - 1) {}
+      width_(terminal_width(STDERR_FILENO) - 1),
+      unit_(is_language_model(c.model) ? "tok" : "img"),
+      language_model_(is_language_model(c.model)),
+      flops_(flops) {}
 
 void RunLog::step(const StepInfo& s) {
   window_sum_ += s.loss;
@@ -33,15 +37,17 @@ void RunLog::step(const StepInfo& s) {
   if (tty_) {
     const ProgressState p{s.epoch, epochs_, s.step, total_steps_, window_mean, s.lr, s.loss_scale, ips,
                           std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
-                          s.loss_scaling};
+                          s.loss_scaling, unit_, mfu(ips)};
     std::fprintf(stderr, "\r%s\x1b[K", progress_line(p, width_).c_str());
     std::fflush(stderr);
     progress_drawn_ = true;
   } else if (window_end) {
     char scale[48] = "";
     if (s.loss_scaling) std::snprintf(scale, sizeof(scale), "  scale %g", s.loss_scale);
-    std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3g%s  %.0f img/s\n", static_cast<long long>(s.step),
-                 static_cast<long long>(total_steps_), window_mean, s.lr, scale, ips);
+    char rate[48] = "";
+    if (mfu(ips) > 0) std::snprintf(rate, sizeof(rate), "  MFU %.1f%%", 100 * mfu(ips));
+    std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3g%s  %.0f %s/s%s\n", static_cast<long long>(s.step),
+                 static_cast<long long>(total_steps_), window_mean, s.lr, scale, ips, unit_, rate);
   }
   if (window_end) {
     window_sum_ = 0;
@@ -52,8 +58,12 @@ void RunLog::step(const StepInfo& s) {
 void RunLog::evaluation(int64_t step, int64_t epoch, double test_loss, double test_accuracy) {
   metrics_.write({{"step", step}, {"epoch", epoch}, {"test_loss", test_loss}, {"test_accuracy", test_accuracy}});
   finish_progress_line();
-  std::fprintf(stderr, "step %lld  test loss %.4f  test acc %.2f%%\n", static_cast<long long>(step), test_loss,
-               100 * test_accuracy);
+  if (language_model_)
+    std::fprintf(stderr, "step %lld  val loss %.4f  perplexity %.2f\n", static_cast<long long>(step), test_loss,
+                 std::exp(test_loss));
+  else
+    std::fprintf(stderr, "step %lld  test loss %.4f  test acc %.2f%%\n", static_cast<long long>(step), test_loss,
+                 100 * test_accuracy);
 }
 
 void RunLog::epoch(const Json::Object& record, const std::vector<std::string>& fields) {

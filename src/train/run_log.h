@@ -18,15 +18,25 @@ struct StepInfo {
   bool loss_scaling = true;              // false: the scale is not shown (no loss scaling: bf16, O0)
 };
 
+// What a throughput in examples/s means for MFU: model FLOPs per example (training: forward and backward) and the
+// measured GEMM peak in FLOP/s; MFU is shown when both are positive.
+struct FlopRate {
+  double flops_per_example = 0, peak = 0;
+};
+
 class RunLog {
  public:
   // `append`: a resumed run adds to its metrics files.
-  RunLog(const TrainConfig& c, int64_t total_steps, int64_t epochs, bool append);
+  RunLog(const TrainConfig& c, int64_t total_steps, int64_t epochs, bool append, FlopRate flops = {});
 
   // Logs a metrics line every log_every steps (with the window's mean loss), at the last step and at every
   // skipped step; redraws the progress line (a terminal) or prints a plain line every log_every steps.
   void step(const StepInfo& s);
   void evaluation(int64_t step, int64_t epoch, double test_loss, double test_accuracy);
+  const char* unit() const { return unit_; }
+  double mfu(double examples_per_sec) const {
+    return flops_.peak > 0 ? examples_per_sec * flops_.flops_per_example / flops_.peak : 0;
+  }
   // The end-of-epoch record, and its line: on a terminal as many of `fields` (most important first) as fit its width.
   void epoch(const Json::Object& record, const std::vector<std::string>& fields);
   // Ends a progress line in place (before other output).
@@ -39,6 +49,9 @@ class RunLog {
   bool tty_;
   int width_;
   bool progress_drawn_ = false;
+  const char* unit_;        // "img" or "tok"
+  bool language_model_;     // evaluations are validation loss and perplexity
+  FlopRate flops_;
   double window_sum_ = 0;
   int64_t window_count_ = 0;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();

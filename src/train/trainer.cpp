@@ -28,12 +28,15 @@
 #include "castor/explain.h"
 #include "castor/fs.h"
 #include "castor/functional.h"
+#include "castor/lm_batch.h"
 #include "castor/lr_scheduler.h"
 #include "castor/models.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "castor/report.h"
 #include "castor/safetensors.h"
+#include "castor/token_file.h"
+#include "castor/tokenizer.h"
 #include "castor/version.h"
 #include "train/metrics.h"
 #include "train/profiler.h"
@@ -106,6 +109,8 @@ void load_folder(const TrainConfig& c, const std::string& dir, Datasets& d) {
 // The dataset directory: --data-dir, or the dataset's default location.
 std::string data_dir(const TrainConfig& c) {
   if (!c.data_dir.empty()) return c.data_dir;
+  if (c.data == Dataset::Brown) return "data/brown";
+  if (c.data == Dataset::BrownChar) return "data/brown-char";
   return c.data == Dataset::Cifar10 ? "cifar-10-batches-bin" : "/usr/share/datasets/fashion-mnist";
 }
 
@@ -142,6 +147,229 @@ Datasets load_data(const TrainConfig& c) {
   return d;
 }
 
+struct Evaluation {
+  double loss = 0, accuracy = 0;   // mean loss per image or token; top-1 accuracy
+  std::vector<int64_t> confusion;  // images: (K, K), row = true class, column = predicted class
+};
+
+Evaluation evaluate(nn::Module& model, const amp::Amp& amp, const ImageDataset& ds, const data::Normalization& norm,
+                    int64_t batch_size);
+
+// One micro-batch: the model's input, the targets, its number in the epoch and how many examples (images or
+// tokens, of this rank) it holds.
+struct Batch {
+  Tensor input, target;
+  int64_t index = 0;
+  double examples = 0;
+};
+
+// What a run learns from: its batches, its model, its evaluation and what config.json records of its data. An image
+// classification task (ImageTask) or a language-model task (LmTask).
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual int64_t batches_per_epoch() const = 0;
+  virtual void start_epoch(int64_t epoch, int64_t batch) = 0;
+  virtual std::optional<Batch> next() = 0;  // none at the end of the epoch
+  virtual nn::ModulePtr make_model(const TrainConfig& c) const = 0;
+  virtual Evaluation evaluate(nn::Module& model, const amp::Amp& amp, int64_t batch_size) const = 0;
+  virtual void record(Json& config) const = 0;
+  // Per-class results for the report and castor eval (null when the task has no classes).
+  virtual Json by_class(const Evaluation& ev) const = 0;
+  virtual const char* unit() const = 0;  // of examples/s: "img" or "tok"
+};
+
+Json by_class(const std::vector<std::string>& names, const std::vector<int64_t>& confusion);
+
+class ImageTask : public Task {
+ public:
+  ImageTask(const TrainConfig& c, int rank, int world) : d_(load_data(c)) {
+    CASTOR_CHECK(d_.train.n >= c.batch_size * world, "--batch-size ", c.batch_size, (world > 1 ? " x " : ""),
+                 (world > 1 ? std::to_string(world) + " ranks" : std::string()), " is larger than the ", d_.train.n,
+                 " training images");
+    // Each rank takes its contiguous shard of the global batch a single process with batch x ranks would see.
+    data::LoaderOptions lo{.batch_size = c.batch_size * world, .shuffle = true,
+                           .augment = c.augment == Augment::Standard, .drop_last = true, .seed = c.seed,
+                           .norm = d_.norm, .shard = rank, .num_shards = world};
+    loader_.emplace(d_.train, lo);
+  }
+  int64_t batches_per_epoch() const override { return loader_->batches_per_epoch(); }
+  void start_epoch(int64_t epoch, int64_t batch) override { loader_->start_epoch(epoch, batch); }
+  std::optional<Batch> next() override {
+    auto b = loader_->next();
+    if (!b) return std::nullopt;
+    return Batch{b->images, b->labels, b->index, static_cast<double>(b->labels.numel())};
+  }
+  nn::ModulePtr make_model(const TrainConfig& c) const override {
+    return models::make_model(name(c.model), d_.train.channels, d_.train.height, d_.train.width, d_.train.num_classes);
+  }
+  Evaluation evaluate(nn::Module& model, const amp::Amp& amp, int64_t batch_size) const override {
+    return train::evaluate(model, amp, d_.test, d_.norm, batch_size);
+  }
+  void record(Json& o) const override {
+    Json::Array mean, std;
+    for (double v : d_.norm.mean) mean.push_back(v);
+    for (double v : d_.norm.std) std.push_back(v);
+    o["normalization"] = Json::Object{{"mean", mean}, {"std", std}};
+    o["input_shape"] = Json::Array{d_.train.channels, d_.train.height, d_.train.width};
+    o["num_classes"] = d_.train.num_classes;
+    Json::Array classes;
+    for (const std::string& n : d_.classes) classes.push_back(n);
+    o["class_names"] = classes;
+  }
+  Json by_class(const Evaluation& ev) const override { return train::by_class(d_.classes, ev.confusion); }
+  const char* unit() const override { return "img"; }
+  const Datasets& datasets() const { return d_; }
+
+ private:
+  Datasets d_;
+  std::optional<data::DataLoader> loader_;
+};
+
+// The vocabulary a GPT needs for the tokens in `dir`: --vocab-size, else the tokenizer's recorded beside them, padded to
+// a multiple of 64 above 1024 (GPT-2's 50,257 -> 50,304, as nanoGPT and llm.c). Returns (padded, real).
+std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& dir) {
+  const std::string record = dir + "/tokenizer.json";
+  int64_t real = 0;
+  if (fs::exists(record)) {
+    const std::vector<uint8_t> bytes = read_file(record, /*max_bytes=*/1 << 20);
+    const Json* v = Json::parse(std::string(bytes.begin(), bytes.end())).find("vocab_size");
+    CASTOR_CHECK(v && v->is_int() && v->as_int() > 0, record, ": no positive vocab_size");
+    real = v->as_int();
+  }
+  CASTOR_CHECK(real > 0 || c.vocab_size > 0, "--vocab-size: not given, and ", record,
+               " (written by castor tokenize) is missing");
+  const int64_t padded = c.vocab_size > 0 ? c.vocab_size : real > 1024 ? (real + 63) / 64 * 64 : real;
+  CASTOR_CHECK(real <= padded, "--vocab-size ", padded, ": smaller than the tokenizer's ", real, " (", record, ")");
+  return {padded, real > 0 ? real : padded};
+}
+
+// --data brown | brown-char | tokens: DIR/train.bin and DIR/val.bin (llm.c's token files), batches of (B, T) windows.
+class LmTask : public Task {
+ public:
+  // Resolves c.vocab_size (recorded, so a resumed run builds the same model).
+  LmTask(TrainConfig& c, int rank, int world) : dir_(data_dir(c)) {
+    CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(), "--data tokens: needs --data-dir DIR holding "
+                 "train.bin and val.bin (castor tokenize writes them)");
+    CASTOR_CHECK(fs::exists(dir_ + "/train.bin") || c.data == Dataset::Tokens, "--data ", name(c.data), ": ", dir_,
+                 "/train.bin is missing; ./scripts/setup.sh prepares the Brown corpus there (or give --data-dir)");
+    train_.emplace(dir_ + "/train.bin");
+    val_.emplace(dir_ + "/val.bin");
+    std::tie(c.vocab_size, real_vocab_) = vocabulary(c, dir_);
+    config_ = gpt_config(c, real_vocab_);
+    for (const data::TokenFile* f : {&*train_, &*val_})
+      for (uint16_t t : f->tokens().subspan(0, std::min<size_t>(f->tokens().size(), 1 << 20)))
+        CASTOR_CHECK(t < config_.vocab_size, f->path(), ": token ", t, " is outside the vocabulary of ",
+                     config_.vocab_size, " (--vocab-size)");
+    source_.emplace(*train_, data::LmBatchOptions{.batch_size = c.batch_size, .block_size = c.block_size,
+                                                   .sequential = c.data_order == DataOrder::Sequential,
+                                                   .seed = c.seed, .rank = rank, .num_ranks = world});
+    per_epoch_ = source_->batches_per_epoch();
+  }
+  static models::GPTConfig gpt_config(const TrainConfig& c, int64_t real_vocab) {
+    models::GPTConfig g;
+    g.n_layer = c.n_layer, g.n_head = c.n_head, g.n_embd = c.n_embd, g.block_size = c.block_size;
+    g.vocab_size = c.vocab_size, g.real_vocab_size = real_vocab, g.dropout = c.dropout, g.bias = c.bias;
+    return g;
+  }
+  int64_t batches_per_epoch() const override { return per_epoch_; }
+  void start_epoch(int64_t epoch, int64_t batch) override {
+    epoch_ = epoch;
+    source_->set_state({epoch * per_epoch_ + batch});
+  }
+  std::optional<Batch> next() override {
+    const int64_t i = source_->state().next_batch - epoch_ * per_epoch_;
+    if (i >= per_epoch_) return std::nullopt;
+    data::LmBatch b = source_->next();
+    return Batch{b.x, b.y, i, static_cast<double>(b.x.numel())};
+  }
+  nn::ModulePtr make_model(const TrainConfig& c) const override { return models::gpt(config_, c.seed + 1337); }
+  // Mean loss and next-token accuracy over the whole validation split (rows of T tokens, each once).
+  Evaluation evaluate(nn::Module& model, const amp::Amp& amp, int64_t batch_size) const override {
+    model.eval();
+    NoGradGuard no_grad;
+    const int64_t T = config_.block_size, n = data::eval_batch_count(*val_, batch_size, T);
+    const int world = dist::world_size();
+    std::vector<double> sums(3, 0.0);  // loss sum, correct, tokens
+    for (int64_t i = dist::rank(); i < n; i += world) {
+      const data::LmBatch b = data::eval_batch(*val_, batch_size, T, i);
+      Tensor logits;
+      {
+        auto fw = amp.forward();
+        logits = model(b.x);
+      }
+      const Tensor flat = logits.reshape({-1, logits.size(-1)}), target = b.y.reshape({-1});
+      sums[0] += F::cross_entropy(flat, target, F::Reduction::Sum).item();
+      const auto predicted = argmax(flat, 1).to_vector<int64_t>(), truth = target.to_vector<int64_t>();
+      for (size_t k = 0; k < truth.size(); ++k) sums[1] += predicted[k] == truth[k];
+      sums[2] += static_cast<double>(truth.size());
+    }
+    model.train();
+    if (world > 1) {
+      Tensor t = tensor(sums, {3}, DType::Float64);
+      dist::all_reduce(t);
+      sums = t.to_vector<double>();
+    }
+    CASTOR_CHECK(sums[2] > 0, val_->path(), ": no whole window of ", T + 1, " tokens to evaluate on");
+    return {sums[0] / sums[2], sums[1] / sums[2], {}};
+  }
+  void record(Json& o) const override {
+    o["vocab_size"] = config_.vocab_size;
+    o["real_vocab_size"] = config_.real_vocab_size;
+    o["train_tokens"] = train_->size();
+    o["val_tokens"] = val_->size();
+  }
+  Json by_class(const Evaluation&) const override { return Json(); }
+  const char* unit() const override { return "tok"; }
+
+ private:
+  std::string dir_;
+  std::optional<data::TokenFile> train_, val_;
+  std::optional<data::LmBatchSource> source_;
+  models::GPTConfig config_;
+  int64_t real_vocab_ = 0, per_epoch_ = 0, epoch_ = 0;
+};
+
+// This CPU's GEMM rate in FLOP/s for `dtype` (float32 for float16, which is emulated on float32 GEMMs): a 1024^3
+// product repeated for about 0.2 s after a warm-up, the peak MFU is measured against.
+double gemm_peak(DType dtype) {
+  NoGradGuard no_grad;
+  const int64_t n = 1024;
+  if (dtype == DType::Float16) dtype = DType::Float32;
+  const Tensor a = randn({n, n}).to(dtype), b = randn({n, n}).to(dtype);
+  mm(a, b);
+  int64_t reps = 0;
+  const auto start = Clock::now();
+  double seconds = 0;
+  while (seconds < 0.2) {
+    mm(a, b);
+    ++reps;
+    seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  return 2.0 * n * n * n * static_cast<double>(reps) / seconds;
+}
+
+// MFU's two terms for a language model: model FLOPs per trained token (nanoGPT's estimate_mfu: 6 N + 12 L C T, N
+// without the position embeddings) and the GEMM peak in the dtype the GEMMs run in; none for image models.
+FlopRate flop_rate(const TrainConfig& c, const nn::Module& model) {
+  if (!is_language_model(c.model)) return {};
+  double n = 0;
+  for (const auto& [name, p] : model.named_parameters())
+    if (name != "transformer.wpe.weight") n += static_cast<double>(p.numel());
+  const double per_token = 6 * n + 12.0 * static_cast<double>(c.n_layer * c.n_embd * c.block_size);
+  const DType dtype = c.amp == amp::OptLevel::O0 ? DType::Float32 : c.dtype;
+  const FlopRate r{per_token, gemm_peak(dtype)};
+  if (dist::rank() == 0)
+    std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU against a measured %s GEMM peak of %.0f "
+                 "GFLOP/s\n", n / 1e6, per_token, dtype_name(dtype), r.peak / 1e9);
+  return r;
+}
+
+std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world) {
+  if (is_language_model(c.model)) return std::make_unique<LmTask>(c, rank, world);
+  return std::make_unique<ImageTask>(c, rank, world);
+}
+
 // "2026-11-25T14:05:09Z".
 std::string utc_now() {
   const std::time_t now = std::time(nullptr);
@@ -159,20 +387,12 @@ Json build_json() {
 
 // What config.json and every checkpoint record: the settings, the thread count used, the schedule's length
 // and the data's shape and statistics.
-Json config_json(const TrainConfig& c, const Datasets& d, int64_t schedule_steps) {
+Json config_json(const TrainConfig& c, const Task& task, int64_t schedule_steps) {
   Json o = settings_json(c);
   o["threads"] = omp_get_max_threads();
   o["nproc"] = dist::world_size();
   o["schedule_steps"] = schedule_steps;
-  Json::Array mean, std;
-  for (double v : d.norm.mean) mean.push_back(v);
-  for (double v : d.norm.std) std.push_back(v);
-  o["normalization"] = Json::Object{{"mean", mean}, {"std", std}};
-  o["input_shape"] = Json::Array{d.train.channels, d.train.height, d.train.width};
-  o["num_classes"] = d.train.num_classes;
-  Json::Array classes;
-  for (const std::string& name : d.classes) classes.push_back(name);
-  o["class_names"] = classes;
+  task.record(o);
   const Json build = build_json();
   for (const auto& [k, v] : build.as_object()) o[k] = v;
   o["started"] = utc_now();
@@ -190,10 +410,10 @@ struct Run {
 
 // `load_init`: load --init's weights (a new run; a checkpoint's weights replace them, so resume and eval do not read
 // the file, which may be gone by then).
-Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps, bool load_init) {
+Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool load_init) {
   Run r;
   manual_seed(c.seed);
-  r.model = models::make_model(name(c.model), d.train.channels, d.train.height, d.train.width, d.train.num_classes);
+  r.model = task.make_model(c);
   if (!c.init.empty() && load_init) {
     try {
       r.model->load_state_dict(load_safetensors(c.init).tensors, /*strict=*/true);
@@ -215,8 +435,15 @@ Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps, bool
   if (c.optimizer == OptimizerKind::Sgd) {
     r.opt = std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = c.lr, .momentum = c.momentum,
                                                                    .weight_decay = c.weight_decay});
+  } else if (is_language_model(c.model)) {
+    // nanoGPT's configure_optimizers: weight decay on the 2-D tensors (matrices, embeddings) only.
+    std::vector<Tensor> decay, no_decay;
+    for (const Tensor& p : params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+    optim::AdamOptions o{.lr = c.lr, .beta2 = c.beta2, .weight_decay = c.weight_decay};
+    r.opt = c.optimizer == OptimizerKind::Adam ? std::make_unique<optim::Adam>(decay, o) : optim::make_adamw(decay, o);
+    if (!no_decay.empty()) r.opt->add_param_group(no_decay, c.lr, /*weight_decay=*/0.0);
   } else {
-    optim::AdamOptions o{.lr = c.lr, .weight_decay = c.weight_decay};
+    optim::AdamOptions o{.lr = c.lr, .beta2 = c.beta2, .weight_decay = c.weight_decay};
     r.opt = c.optimizer == OptimizerKind::Adam ? std::make_unique<optim::Adam>(params, o) : optim::make_adamw(params, o);
   }
   amp::Overrides ov;
@@ -230,6 +457,8 @@ Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps, bool
     r.sched = std::make_unique<optim::StepLR>(*r.opt, std::max<int64_t>(total_steps / 3, 1), 0.1);
   else if (c.schedule == Schedule::Cosine)
     r.sched = std::make_unique<optim::CosineAnnealingLR>(*r.opt, total_steps);
+  else if (c.schedule == Schedule::WarmupCosine)
+    r.sched = std::make_unique<optim::WarmupCosineLR>(*r.opt, c.warmup_steps, total_steps, c.min_lr);
   else if (c.schedule == Schedule::OneCycle)
     r.sched = std::make_unique<optim::OneCycleLR>(*r.opt, optim::OneCycleLROptions{{c.lr}, total_steps});
   return r;
@@ -247,11 +476,6 @@ StateDict take(const StateDict& in, const std::string& prefix) {
 }
 
 Tensor i64(int64_t v) { return scalar_tensor(static_cast<double>(v), DType::Int64); }
-
-struct Evaluation {
-  double loss = 0, accuracy = 0;
-  std::vector<int64_t> confusion;  // (K, K): row = true class, column = predicted class
-};
 
 // Test loss, accuracy and confusion matrix; with several ranks each evaluates every world_size-th batch and the sums
 // are all-reduced.
@@ -517,13 +741,13 @@ void check_extension(const TrainConfig& c, int64_t schedule_steps, int64_t total
 // The training loop with its logging, checkpoints, divergence and interrupt checks.
 class Trainer {
  public:
-  Trainer(const TrainConfig& c, const Datasets& d, data::DataLoader& loader, Run& run, Json config,
-          TrainState state, int64_t total_steps, int64_t epochs)
-      : c_(c), d_(d), loader_(loader), run_(run), config_(std::move(config)), state_(state), total_(total_steps),
+  Trainer(const TrainConfig& c, Task& task, Run& run, Json config, TrainState state, int64_t total_steps,
+          int64_t epochs, FlopRate flops)
+      : c_(c), task_(task), run_(run), config_(std::move(config)), state_(state), total_(total_steps),
         rank0_(dist::rank() == 0), world_(dist::world_size()),
         dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic"),
         epochs_(epochs) {
-    if (rank0_) log_.emplace(c, total_steps, epochs, /*append=*/!c.resume.empty());
+    if (rank0_) log_.emplace(c, total_steps, epochs, /*append=*/!c.resume.empty(), flops);
   }
 
   // Runs to the end (or an interrupt); returns the summary line, also written to summary.json.
@@ -534,11 +758,11 @@ class Trainer {
     last_save_ = Clock::now();
     const bool was_done = state_.step >= total_;
     while (state_.step < total_ && !interrupted()) {
-      loader_.start_epoch(state_.epoch, state_.batch);
+      task_.start_epoch(state_.epoch, state_.batch);
       EpochTotals e;
       const auto epoch_start = Clock::now();
       while (state_.step < total_ && !interrupted()) {
-        auto batch = loader_.next();
+        auto batch = task_.next();
         if (!batch) break;
         if (!micro_batch(*batch, e)) continue;  // the step needs more micro-batches
         if (due_for_checkpoint()) checkpoint();
@@ -551,10 +775,10 @@ class Trainer {
     if (was_done) {  // resumed after its last step without its report (or its epoch end): evaluate again for it
       if (rank0_) std::fprintf(stderr, "castor train: %s finished at step %lld without its report; writing it\n",
                                c_.out.c_str(), static_cast<long long>(state_.step));
-      if (state_.batch >= loader_.batches_per_epoch())
+      if (state_.batch >= task_.batches_per_epoch())
         end_epoch(EpochTotals{}, 0);  // as a resume mid-run does at an epoch end cut off by a kill
       else
-        last_eval_ = evaluate(*run_.model, *run_.amp, d_.test, d_.norm, 256);
+        last_eval_ = task_.evaluate(*run_.model, *run_.amp, eval_batch_size());
     }
     Json summary = summary_json();
     summary["wall_seconds"] = std::chrono::duration<double>(Clock::now() - wall_start).count();
@@ -565,7 +789,7 @@ class Trainer {
     // The report covers the whole run, resumed parts included, from metrics.jsonl.
     const std::string title = detail::cat("castor: ", name(c_.model), " on ", name(c_.data), ", ",
                                           amp::opt_level_name(c_.amp));
-    const Json classes = last_eval_ ? by_class(d_.classes, last_eval_->confusion) : Json();
+    const Json classes = last_eval_ ? task_.by_class(*last_eval_) : Json();
     atomic_write_file(c_.out + "/report.html",
                       render_report(title, config_, read_metrics(c_.out), op_dtypes_, classes));
     if (profiler) std::fprintf(stderr, "%s", profiler->table(15).c_str());
@@ -585,7 +809,7 @@ class Trainer {
 
   // Forward and backward of one micro-batch; an optimizer step once grad_accum of them (or the rest of the
   // epoch) have summed their gradients. Returns whether it stepped.
-  bool micro_batch(const data::Batch& batch, EpochTotals& e) {
+  bool micro_batch(const Batch& batch, EpochTotals& e) {
     const auto t0 = Clock::now();
     if (micro_ == 0) run_.opt->zero_grad();
     Tensor loss;
@@ -594,20 +818,22 @@ class Trainer {
       if (op_dtypes_.empty()) explain.emplace();
       auto fw = run_.amp->forward();
       // At O2/O3 the patched forward casts the batch to the model's dtype and the logits back to float32.
-      Tensor logits = (*run_.model)(batch.images);
-      loss = F::cross_entropy(logits.float_(), batch.labels, F::Reduction::Mean, c_.label_smoothing);
+      // The loss is computed in float32 from 16-bit logits as they are (no float32 copy of a GPT's vocabulary).
+      Tensor logits = (*run_.model)(batch.input);
+      loss = F::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.target.reshape({-1}), F::Reduction::Mean,
+                              c_.label_smoothing);
       if (explain) op_dtypes_ = with_modules(explain->rows(), *run_.model);
     }
     // Summed over grad_accum micro-batches, the gradients are those of the mean loss of one big batch. With
     // several ranks, backward averages them across ranks, once per step (the other micro-batches run in no_sync).
     const int64_t next_batch = batch.index + 1;
-    const bool last_micro = micro_ + 1 >= c_.grad_accum || next_batch >= loader_.batches_per_epoch();
+    const bool last_micro = micro_ + 1 >= c_.grad_accum || next_batch >= task_.batches_per_epoch();
     {
       std::optional<nn::DistributedDataParallel::NoSync> no_sync;
       if (run_.ddp && !last_micro) no_sync.emplace(*run_.ddp);
       run_.amp->scale_loss(c_.grad_accum > 1 ? loss / static_cast<double>(c_.grad_accum) : loss, *run_.opt).backward();
     }
-    const double n = static_cast<double>(batch.labels.numel()) * world_;  // the whole job's images
+    const double n = batch.examples * world_;  // the whole job's images or tokens
     images_ += n;
     e.images += n;
     micro_loss_ += loss.item();
@@ -644,7 +870,7 @@ class Trainer {
                run_.amp->scaler().get_scale(), !stepped, images_, train_seconds_, run_.amp->scaler().is_enabled()});
     // (an epoch's end evaluates anyway)
     if (c_.eval_every > 0 && state_.step % c_.eval_every == 0 && state_.step < total_ &&
-        next_batch < loader_.batches_per_epoch()) {
+        next_batch < task_.batches_per_epoch()) {
       const Evaluation ev = evaluate_now();
       if (log_) log_->evaluation(state_.step, state_.epoch + 1, ev.loss, ev.accuracy);
     }
@@ -671,7 +897,7 @@ class Trainer {
   }
 
   void end_epoch(const EpochTotals& e, double seconds) {
-    const bool epoch_end = state_.batch >= loader_.batches_per_epoch();
+    const bool epoch_end = state_.batch >= task_.batches_per_epoch();
     last_eval_ = evaluate_now();
     const double ips = e.images / std::max(seconds, 1e-9);
     const double train_loss = e.batches ? e.loss / static_cast<double>(e.batches) : 0.0;
@@ -684,10 +910,18 @@ class Trainer {
       fields.push_back(buf);
     };
     add("epoch %lld/%lld", static_cast<long long>(epoch), static_cast<long long>(epochs_));
-    add("test acc %.2f%%", 100 * last_eval_->accuracy);
-    add("train loss %.4f", train_loss);
-    add("test loss %.4f", last_eval_->loss);
-    add("%.0f img/s", ips);
+    const bool lm = is_language_model(c_.model);
+    if (lm) {
+      add("val loss %.4f", last_eval_->loss);
+      add("perplexity %.2f", std::exp(last_eval_->loss));
+      add("train loss %.4f", train_loss);
+    } else {
+      add("test acc %.2f%%", 100 * last_eval_->accuracy);
+      add("train loss %.4f", train_loss);
+      add("test loss %.4f", last_eval_->loss);
+    }
+    add("%.0f %s/s", ips, task_.unit());
+    if (log_ && log_->mfu(ips) > 0) add("MFU %.1f%%", 100 * log_->mfu(ips));
     if (scaler.is_enabled()) {
       add("scale %g", scaler.get_scale());
       add("skipped %lld", static_cast<long long>(scaler.steps_skipped()));
@@ -709,7 +943,7 @@ class Trainer {
   Evaluation evaluate_now() {
     OpObserver* profiler = op_observer();
     set_op_observer(nullptr);
-    Evaluation ev = evaluate(*run_.model, *run_.amp, d_.test, d_.norm, 256);
+    Evaluation ev = task_.evaluate(*run_.model, *run_.amp, eval_batch_size());
     set_op_observer(profiler);
     return ev;
   }
@@ -756,7 +990,7 @@ class Trainer {
   Json summary_json() const {
     const auto& scaler = run_.amp->scaler();
     // (an interrupted run may stop before its first evaluation: null, not a made-up 0)
-    return Json::Object{{"test_accuracy", last_eval_ ? Json(last_eval_->accuracy) : Json()},
+    Json summary = Json::Object{{"test_accuracy", last_eval_ ? Json(last_eval_->accuracy) : Json()},
                         {"test_loss", last_eval_ ? Json(last_eval_->loss) : Json()},
                         {"train_images_per_sec", train_seconds_ > 0 ? images_ / train_seconds_ : 0.0},
                         {"steps", state_.step},
@@ -766,15 +1000,27 @@ class Trainer {
                         {"lost_metric_lines", log_ ? log_->lost_lines() : 0},
                         {"nproc", world_},
                         {"out", c_.out}};
+    if (is_language_model(c_.model)) {
+      const double tps = train_seconds_ > 0 ? images_ / train_seconds_ : 0.0;
+      summary["val_loss"] = last_eval_ ? Json(last_eval_->loss) : Json();
+      summary["val_perplexity"] = last_eval_ ? Json(std::exp(last_eval_->loss)) : Json();
+      summary["train_tokens_per_sec"] = tps;
+      if (log_ && log_->mfu(tps) > 0) summary["mfu"] = log_->mfu(tps);
+    }
+    return summary;
   }
 
   static constexpr int64_t kMaxSkippedInARow = 64;
   static constexpr int64_t kMaxSkippedStatic = 20;
   static constexpr double kMinLossScale = 0x1p-24;
 
+  // Images: 256 a batch; tokens: rows of the block size, about 4096 tokens a batch.
+  int64_t eval_batch_size() const {
+    return is_language_model(c_.model) ? std::max<int64_t>(1, 4096 / c_.block_size) : 256;
+  }
+
   const TrainConfig& c_;
-  const Datasets& d_;
-  data::DataLoader& loader_;
+  Task& task_;
   Run& run_;
   const Json config_;
   TrainState state_;
@@ -881,21 +1127,14 @@ Json run_train(TrainConfig c) {
     omp_set_num_threads(std::max(1, omp_get_num_procs() / dist::local_size()));
   if (c.deterministic) omp_set_dynamic(0);
 
-  const Datasets d = load_data(c);
-  // Each rank takes its contiguous shard of the global batch a single process with batch x ranks would see.
-  data::LoaderOptions lo{.batch_size = c.batch_size * world, .shuffle = true, .augment = c.augment == Augment::Standard,
-                         .drop_last = true, .seed = c.seed, .norm = d.norm, .shard = rank, .num_shards = world};
-  CASTOR_CHECK(d.train.n >= c.batch_size * world, "--batch-size ", c.batch_size, (world > 1 ? " x " : ""),
-               (world > 1 ? std::to_string(world) + " ranks" : std::string()), " is larger than the ", d.train.n,
-               " training images");
-  data::DataLoader loader(d.train, lo);
-  const int64_t per_epoch = loader.batches_per_epoch();
+  const std::unique_ptr<Task> task = make_task(c, rank, world);
+  const int64_t per_epoch = task->batches_per_epoch();
   const int64_t steps_per_epoch = (per_epoch + c.grad_accum - 1) / c.grad_accum;
   CASTOR_CHECK(c.steps > 0 || c.epochs <= INT64_MAX / steps_per_epoch, "--epochs ", c.epochs, ": too many steps");
   const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * steps_per_epoch;
   const int64_t schedule_steps = resuming ? recorded_schedule_steps(recorded, steps_per_epoch) : total_steps;
   CASTOR_CHECK(schedule_steps > 0, resume_from, ": the recorded schedule length ", schedule_steps, " is not positive");
-  Run run = build_run(c, d, schedule_steps, /*load_init=*/!ck);
+  Run run = build_run(c, *task, schedule_steps, /*load_init=*/!ck);
   TrainState state;
   if (ck) {
     state = TrainState::load(*ck, run, per_epoch, c.grad_accum, resume_from);
@@ -919,7 +1158,7 @@ Json run_train(TrainConfig c) {
     return Json::Object{{"already_complete", true}, {"steps", state.step}, {"out", c.out}};
   }
   if (rank == 0) check_extension(c, schedule_steps, total_steps);
-  Json config = config_json(c, d, schedule_steps);
+  Json config = config_json(c, *task, schedule_steps);
   // Provenance only: what --init and --data-dir were (absolute, so the run resumes from any directory) and the init
   // file's checksum; once the first checkpoint exists, the run needs nothing outside its directory but the data.
   if (!c.data_dir.empty()) config["data_dir"] = absolute_path(c.data_dir);
@@ -944,7 +1183,7 @@ Json run_train(TrainConfig c) {
                  fit_fields(fields, isatty(STDERR_FILENO) ? terminal_width(STDERR_FILENO) - 1 : INT32_MAX).c_str());
   }
   const int64_t epochs = c.steps > 0 ? (total_steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;
-  return Trainer(c, d, loader, run, config, state, total_steps, epochs).run();
+  return Trainer(c, *task, run, config, state, total_steps, epochs, flop_rate(c, *run.model)).run();
 }
 
 namespace {
@@ -1003,23 +1242,31 @@ Json run_eval(const EvalConfig& e) {
     c.amp = amp::OptLevel::O0;  // weights without castor metadata are evaluated in float32
   }
   if (!e.data_dir.empty()) c.data_dir = e.data_dir;
-  Datasets d = load_data(c);
-  Run run = build_run(c, d, 1, /*load_init=*/false);
+  const std::unique_ptr<Task> task = make_task(c, /*rank=*/0, /*world=*/1);
+  Run run = build_run(c, *task, 1, /*load_init=*/false);
   try {
     run.model->load_state_dict(model_file.tensors, /*strict=*/true);
   } catch (const Error& err) {
     throw Error(detail::cat(e.path, ": ", err.what()));
   }
-  if (!recorded_classes.empty())
-    CASTOR_CHECK(recorded_classes == d.classes, e.path, ": the model was trained on other classes than ",
-                 "--data-dir ", data_dir(c), " holds (", recorded_classes.size(), " recorded, ", d.classes.size(),
-                 " found, or in another order)");
-  const Evaluation ev = evaluate(*run.model, *run.amp, d.test, d.norm, e.batch_size);
-  std::fputs(class_report(d.classes, ev.confusion).c_str(), stderr);
-  Json out = by_class(d.classes, ev.confusion);
-  out["test_accuracy"] = ev.accuracy;
-  out["test_loss"] = ev.loss;
-  out["images"] = d.test.n;
+  Json out;
+  if (const auto* images = dynamic_cast<const ImageTask*>(task.get())) {
+    const Datasets& d = images->datasets();
+    if (!recorded_classes.empty())
+      CASTOR_CHECK(recorded_classes == d.classes, e.path, ": the model was trained on other classes than ",
+                   "--data-dir ", data_dir(c), " holds (", recorded_classes.size(), " recorded, ", d.classes.size(),
+                   " found, or in another order)");
+    const Evaluation ev = task->evaluate(*run.model, *run.amp, e.batch_size);
+    std::fputs(class_report(d.classes, ev.confusion).c_str(), stderr);
+    out = by_class(d.classes, ev.confusion);
+    out["test_accuracy"] = ev.accuracy;
+    out["test_loss"] = ev.loss;
+    out["images"] = d.test.n;
+  } else {
+    // The whole validation split, in windows of the block size.
+    const Evaluation ev = task->evaluate(*run.model, *run.amp, c.batch_size);
+    out = Json::Object{{"val_loss", ev.loss}, {"val_perplexity", std::exp(ev.loss)}, {"val_accuracy", ev.accuracy}};
+  }
   out["checkpoint"] = e.path;
   return out;
 }
