@@ -3,7 +3,7 @@
 // bfloat16, side by side with bench/attention_torch_bench.py (nanoGPT's manual attention; PyTorch 1.13 has no
 // F.scaled_dot_product_attention) at its best: tcmalloc, torch.set_num_threads, OMP_WAIT_POLICY=passive for
 // float32, autocast bfloat16 without it. Times are the best of `reps` calls.
-//   ./build/attention_bench [reps=10]
+//   ./build/attention_bench [reps=10] [--no-torch]     (--no-torch: Castor alone, e.g. under perf)
 #include <omp.h>
 
 #include <cmath>
@@ -50,13 +50,14 @@ void row(const char* what, DType dt, double castor_ms, const std::map<std::strin
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 10;
+  const bool with_torch = !(argc > 2 && std::string(argv[2]) == "--no-torch");
   std::printf("castor attention_bench: %s, %d OpenMP threads, OMP_WAIT_POLICY=%s; PyTorch: %s, fp32 passive, bf16 "
               "autocast default policy\n",
               bench::cpu_isa().c_str(), omp_get_max_threads(),
               std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)", bench::torch_allocator());
   std::printf("%-34s %-9s %10s %10s %8s\n", "kernel", "dtype", "castor ms", "torch ms", "speedup");
   for (DType dt : {DType::Float32, DType::BFloat16}) {
-    const auto torch = run_torch(dt == DType::BFloat16, reps);
+    const auto torch = with_torch ? run_torch(dt == DType::BFloat16, reps) : std::map<std::string, double>();
     for (const auto& [B, H, T, D] : {std::array<int64_t, 4>{8, 6, 256, 64}, std::array<int64_t, 4>{4, 12, 64, 64}}) {
       const Tensor qkv = randn({B, T, 3, H, D}).to(dt);
       auto part = [&](const Tensor& t, int i) { return t.select(2, i).permute({0, 2, 1, 3}); };

@@ -253,7 +253,7 @@ void check_attention(const AttnCase& c, DType dt, MaskKind kind, uint64_t seed) 
 
 const AttnCase kAttnCases[] = {
     {2, 3, 7, 7, 16}, {1, 2, 65, 65, 32}, {1, 1, 130, 130, 64}, {1, 2, 1, 1, 16},  {2, 1, 1, 7, 32},
-    {1, 2, 7, 65, 64}, {1, 1, 130, 65, 16}, {1, 1, 65, 130, 32},
+    {1, 2, 7, 65, 64}, {1, 1, 130, 65, 16}, {1, 1, 65, 130, 32}, {4, 4, 33, 33, 16},  // the last: 4 heads a product
 };
 
 TEST(TransformerKernels, AttentionMatchesNaiveFloat64) {
