@@ -3,7 +3,7 @@
 // bfloat16, side by side with bench/attention_torch_bench.py (nanoGPT's manual attention; PyTorch 1.13 has no
 // F.scaled_dot_product_attention) at its best: tcmalloc, torch.set_num_threads, OMP_WAIT_POLICY=passive for
 // float32, autocast bfloat16 without it. Times are the best of `reps` calls.
-//   ./build/attention_bench [reps=10] [--no-torch]     (--no-torch: Castor alone, e.g. under perf)
+//   ./build/attention_bench [reps=10] [--no-torch] [--attention-only]   (Castor alone / attention alone, e.g. to profile)
 #include <omp.h>
 
 #include <cmath>
@@ -50,7 +50,11 @@ void row(const char* what, DType dt, double castor_ms, const std::map<std::strin
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 10;
-  const bool with_torch = !(argc > 2 && std::string(argv[2]) == "--no-torch");
+  bool with_torch = true, with_ce = true;
+  for (int i = 2; i < argc; ++i) {
+    with_torch &= std::string(argv[i]) != "--no-torch";
+    with_ce &= std::string(argv[i]) != "--attention-only";
+  }
   std::printf("castor attention_bench: %s, %d OpenMP threads, OMP_WAIT_POLICY=%s; PyTorch: %s, fp32 passive, bf16 "
               "autocast default policy\n",
               bench::cpu_isa().c_str(), omp_get_max_threads(),
@@ -82,6 +86,7 @@ int main(int argc, char** argv) {
       row(("attention fwd " + label).c_str(), dt, f, torch, "attn_fwd_" + shape);
       row(("attention fwd+bwd " + label).c_str(), dt, fb, torch, "attn_fwdbwd_" + shape);
     }
+    if (!with_ce) continue;
     const int64_t N = 256, V = 50257;
     Tensor logits = randn({N, V}).mul_(3.0).to(dt), target = randint(0, V, {N});
     Tensor losses = empty({N}), lse = empty({N}), g = full({N}, 1.0 / N), dlogits = empty({N, V}, dt);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -140,11 +141,18 @@ struct Rows {
         D(x.defined() ? x.size(3) : 0), dt(x.defined() ? x.dtype() : DType::Float32),
         es(x.defined() ? x.element_size() : 0) {}
   char* at(int64_t b, int64_t h, int64_t r) const { return base + (b * sb + h * sh + r * st) * es; }
-  // Rows [r0, r0 + n) of heads [h0, h0 + G) as a product operand: in place, or widened into buf (G, n, D).
+  // Rows [r0, r0 + n) of heads [h0, h0 + G) as a dense product operand (G, n, D) in buf: copied, or widened to
+  // float32. Dense operands get oneDNN's brgemm kernels; strided ones (rows of a (B, T, 3C) projection) its slower
+  // packing gemm, and the copy costs O(n D) against the product's O(block n D).
   Mat block(const Plan& pl, int64_t b, int64_t h0, int64_t G, int64_t r0, int64_t n, float* buf) const {
-    if (!pl.widen) return {at(b, h0, r0), st, 1, sh};
-    for (int64_t g = 0; g < G; ++g)
-      for (int64_t r = 0; r < n; ++r) convert(at(b, h0 + g, r0 + r), dt, buf + (g * n + r) * D, DType::Float32, D);
+    if (pl.widen) {
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t r = 0; r < n; ++r) convert(at(b, h0 + g, r0 + r), dt, buf + (g * n + r) * D, DType::Float32, D);
+    } else {
+      char* out = reinterpret_cast<char*>(buf);
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t r = 0; r < n; ++r) std::memcpy(out + (g * n + r) * D * es, at(b, h0 + g, r0 + r), D * es);
+    }
     return {buf, D, 1, n * D};
   }
 };
@@ -208,10 +216,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   std::string err;  // the first oneDNN error of any thread (exceptions must not leave the parallel region)
 #pragma omp parallel if (tasks > 1 && B * H * Tq * Tk * D > kParallelGrain)
   {
-    // Per group of G heads: S (block, Tk) float32, P (block, Tk) rounded, O (block, D); widened Q (block, D), K and
+    // Per group of G heads: S (block, Tk) float32, P (block, Tk) rounded, O (block, D); dense Q (block, D), K and
     // V (Tk, D).
-    const int64_t s_sz = G * kBlockRows * Tk, o_sz = G * kBlockRows * D,
-                  w_sz = pl.widen ? G * (kBlockRows + 2 * Tk) * D : 0;
+    const int64_t s_sz = G * kBlockRows * Tk, o_sz = G * kBlockRows * D, w_sz = G * (kBlockRows + 2 * Tk) * D;
     const Scratch scratch(2 * s_sz + o_sz + w_sz);
     float *S = scratch.at(0), *P = scratch.at(s_sz), *O = scratch.at(2 * s_sz);
     float *Qw = scratch.at(2 * s_sz + o_sz), *Kw = Qw + G * kBlockRows * D, *Vw = Kw + G * Tk * D;
@@ -271,9 +278,9 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
 #pragma omp parallel if (B * groups > 1 && B * H * Tq * Tk * D > kParallelGrain)
   {
     // Per group of G heads: S/P and dP/dS (block, Tk) float32, the rounded P and dS (block, Tk), dQ (block, D), dK
-    // and dV (Tk, D) float32; widened Q, dO (block, D), K and V (Tk, D).
+    // and dV (Tk, D) float32; dense Q, dO (block, D), K and V (Tk, D).
     const int64_t s_sz = G * kBlockRows * Tk, o_sz = G * kBlockRows * D, kv_sz = G * Tk * D;
-    const int64_t w_sz = pl.widen ? 2 * o_sz + 2 * kv_sz : 0;
+    const int64_t w_sz = 2 * o_sz + 2 * kv_sz;
     const Scratch scratch(4 * s_sz + o_sz + 2 * kv_sz + w_sz);
     float *S = scratch.at(0), *dP = scratch.at(s_sz), *P16 = scratch.at(2 * s_sz), *dS16 = scratch.at(3 * s_sz);
     float *dQ = scratch.at(4 * s_sz), *dK = dQ + o_sz, *dV = dK + kv_sz;
@@ -284,11 +291,11 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
       const int64_t b = bg / groups, h0 = (bg % groups) * G;
       std::fill(dK, dK + kv_sz, 0.0f);
       std::fill(dV, dV + kv_sz, 0.0f);
-      const Mat Km = kr.block(pl, b, h0, G, 0, Tk, Kw), Vm = vr.block(pl, b, h0, G, 0, Tk, Vw);
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t i0 = blk * kBlockRows, m = std::min(kBlockRows, Tq - i0);
         const int64_t n = key_limit(is_causal, i0 + m, Tk);
         const Mat Qm = qr.block(pl, b, h0, G, i0, m, Qw), dOm = dyr.block(pl, b, h0, G, i0, m, dOw);
+        const Mat Km = kr.block(pl, b, h0, G, 0, n, Kw), Vm = vr.block(pl, b, h0, G, 0, n, Vw);
         gemm(pl.mdt, G, m, n, D, Qm, Km.t(), S, n, m * n, false);    // S = Q K^T
         gemm(pl.mdt, G, m, n, D, dOm, Vm.t(), dP, n, m * n, false);  // dP = dO V^T
         for (int64_t g = 0; g < G; ++g)
@@ -316,8 +323,15 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
         round_for_product(pl, S, Pp, G * m * n);
         round_for_product(pl, dP, dSp, G * m * n);
         const Mat Pm{Pp, n, 1, m * n}, dSm{dSp, n, 1, m * n};
-        if (diff_v.defined()) gemm(pl.mdt, G, n, D, m, Pm.t(), dOm, dV, D, Tk * D, true);  // dV += P^T dO
-        if (diff_k.defined()) gemm(pl.mdt, G, n, D, m, dSm.t(), Qm, dK, D, Tk * D, true);  // dK += dS^T Q
+        // dV += P^T dO, dK += dS^T Q, a head at a time: the accumulators' first n rows are dense per head only.
+        const size_t pes = pl.pdt == DType::BFloat16 ? 2 : 4, oes = pl.widen ? 4 : q.element_size();
+        for (int64_t g = 0; g < G; ++g) {
+          auto head = [&](const Mat& x, size_t es) {
+            return Mat{static_cast<const char*>(x.p) + g * x.bs * es, x.rs, x.cs, x.bs};
+          };
+          if (diff_v.defined()) gemm(pl.mdt, 1, n, D, m, head(Pm, pes).t(), head(dOm, oes), dV + g * Tk * D, D, n * D, true);
+          if (diff_k.defined()) gemm(pl.mdt, 1, n, D, m, head(dSm, pes).t(), head(Qm, oes), dK + g * Tk * D, D, n * D, true);
+        }
         if (diff_q.defined()) {
           gemm(pl.mdt, G, m, D, n, dSm, Km, dQ, D, m * D, false);  // dQ = dS K
           for (int64_t g = 0; g < G; ++g)
