@@ -3,7 +3,7 @@
 // bfloat16, side by side with bench/attention_torch_bench.py (nanoGPT's manual attention; PyTorch 1.13 has no
 // F.scaled_dot_product_attention) at its best: tcmalloc, torch.set_num_threads, OMP_WAIT_POLICY=passive for
 // float32, autocast bfloat16 without it. Times are the best of `reps` calls.
-//   ./build/attention_bench [reps=10] [--no-torch] [--attention-only]   (Castor alone / attention alone, e.g. to profile)
+//   ./build/attention_bench [reps=10] [--no-torch] [--attention-only]   (Castor alone / attention only: to profile)
 #include <omp.h>
 
 #include <cmath>

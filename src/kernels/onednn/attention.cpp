@@ -41,7 +41,8 @@ struct Gemm {
 
 std::unique_ptr<Gemm> build_gemm(const GemmKey& g) {
   const auto dt = static_cast<memory::data_type>(g.dt);
-  memory::desc a({g.batch, g.m, g.k}, dt, {g.a_bs, g.a_rs, g.a_cs}), b({g.batch, g.k, g.n}, dt, {g.b_bs, g.b_rs, g.b_cs});
+  memory::desc a({g.batch, g.m, g.k}, dt, {g.a_bs, g.a_rs, g.a_cs});
+  memory::desc b({g.batch, g.k, g.n}, dt, {g.b_bs, g.b_rs, g.b_cs});
   memory::desc c({g.batch, g.m, g.n}, memory::data_type::f32, {g.c_bs, g.ldc, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -329,8 +330,10 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
           auto head = [&](const Mat& x, size_t es) {
             return Mat{static_cast<const char*>(x.p) + g * x.bs * es, x.rs, x.cs, x.bs};
           };
-          if (diff_v.defined()) gemm(pl.mdt, 1, n, D, m, head(Pm, pes).t(), head(dOm, oes), dV + g * Tk * D, D, n * D, true);
-          if (diff_k.defined()) gemm(pl.mdt, 1, n, D, m, head(dSm, pes).t(), head(Qm, oes), dK + g * Tk * D, D, n * D, true);
+          if (diff_v.defined())
+            gemm(pl.mdt, 1, n, D, m, head(Pm, pes).t(), head(dOm, oes), dV + g * Tk * D, D, n * D, true);
+          if (diff_k.defined())
+            gemm(pl.mdt, 1, n, D, m, head(dSm, pes).t(), head(Qm, oes), dK + g * Tk * D, D, n * D, true);
         }
         if (diff_q.defined()) {
           gemm(pl.mdt, G, m, D, n, dSm, Km, dQ, D, m * D, false);  // dQ = dS K

@@ -114,8 +114,9 @@ void norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor& weig
     }
   }
   if (!want_params) return;
+  // A team smaller than asked for (inside another parallel region) leaves some partials empty.
   for (int t = 1; t < threads; ++t)
-    for (int64_t j = 0; j < C; ++j) dw[0][j] += dw[t][j], db[0][j] += db[t][j];
+    for (int64_t j = 0; j < static_cast<int64_t>(dw[t].size()); ++j) dw[0][j] += dw[t][j], db[0][j] += db[t][j];
   if (diff_weight.defined()) store(dw[0].data(), diff_weight, 0, C);
   if (diff_bias.defined()) store(db[0].data(), diff_bias, 0, C);
 }
