@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "castor/convert.h"
@@ -37,6 +38,7 @@ struct GemmKey {
 struct Gemm {
   dnnl::matmul prim;
   size_t scratch_bytes;
+  memory::desc a, b, c;
 };
 
 std::unique_ptr<Gemm> build_gemm(const GemmKey& g) {
@@ -53,7 +55,7 @@ std::unique_ptr<Gemm> build_gemm(const GemmKey& g) {
   }
   try {
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine());
-    return std::make_unique<Gemm>(Gemm{dnnl::matmul(pd), pd.scratchpad_desc().get_size()});
+    return std::make_unique<Gemm>(Gemm{dnnl::matmul(pd), pd.scratchpad_desc().get_size(), a, b, c});
   } catch (const dnnl::error& e) {
     if (e.status != dnnl_unimplemented) throw;
   }
@@ -80,14 +82,28 @@ void gemm(memory::data_type dt, int64_t batch, int64_t m, int64_t n, int64_t k, 
                     accumulate};
   const Gemm* g = cached_gemm(key);
   CASTOR_ASSERT(g, "attention: oneDNN has no matmul for this shape");
+  // This thread's scratchpad and memory objects for the primitive's arguments, made once and re-pointed each call
+  // (making them costs more than a small product's arithmetic).
+  struct Args {
+    memory a, b, c, scratch;
+  };
   thread_local std::vector<char> scratchpad;
+  thread_local std::unordered_map<const Gemm*, Args> args;
   if (scratchpad.size() < g->scratch_bytes) scratchpad.resize(g->scratch_bytes);
-  memory am({{batch, m, k}, dt, {a.bs, a.rs, a.cs}}, engine(), const_cast<void*>(a.p));
-  memory bm({{batch, k, n}, dt, {b.bs, b.rs, b.cs}}, engine(), const_cast<void*>(b.p));
-  memory cm({{batch, m, n}, memory::data_type::f32, {c_bs, ldc, 1}}, engine(), c);
-  memory sm({{static_cast<int64_t>(g->scratch_bytes)}, memory::data_type::u8, {1}}, engine(), scratchpad.data());
-  g->prim.execute(stream(),
-                  {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
+  auto it = args.find(g);
+  if (it == args.end()) {
+    const memory::desc sd({static_cast<int64_t>(g->scratch_bytes)}, memory::data_type::u8, {1});
+    it = args.emplace(g, Args{memory(g->a, engine(), nullptr), memory(g->b, engine(), nullptr),
+                              memory(g->c, engine(), nullptr), memory(sd, engine(), nullptr)})
+             .first;
+  }
+  Args& x = it->second;
+  x.a.set_data_handle(const_cast<void*>(a.p));
+  x.b.set_data_handle(const_cast<void*>(b.p));
+  x.c.set_data_handle(c);
+  x.scratch.set_data_handle(scratchpad.data());
+  g->prim.execute(stream(), {{DNNL_ARG_SRC, x.a}, {DNNL_ARG_WEIGHTS, x.b}, {DNNL_ARG_DST, x.c},
+                             {DNNL_ARG_SCRATCHPAD, x.scratch}});
 }
 
 // How one call runs its products: on the storage dtype in place (float32; bfloat16 where oneDNN has a native
