@@ -106,11 +106,11 @@ void gemm(memory::data_type dt, int64_t batch, int64_t m, int64_t n, int64_t k, 
                              {DNNL_ARG_SCRATCHPAD, x.scratch}});
 }
 
-// How one call runs its products: on the storage dtype in place (float32; bfloat16 where oneDNN has a native
-// kernel), or on float32 copies of the 16-bit values (float16; bfloat16 otherwise).
+// How one call runs its products: on the storage dtype (float32; bfloat16 where oneDNN has a native kernel), or on
+// float32 widenings of the 16-bit values (float16; bfloat16 otherwise).
 struct Plan {
   DType dt;         // storage dtype of q, k, v, dst, diff_dst
-  bool widen;       // products on float32 copies
+  bool widen;       // products on float32 widenings
   memory::data_type mdt;  // the products' input type
   DType pdt;        // the dtype of the rounded probability / dS buffers the products read
 };
