@@ -98,6 +98,19 @@ int main(int argc, char** argv) {
                           reps) *
                       1e3;
     row("cross-entropy fwd+bwd N256 V50257", dt, ce, torch, "ce_fwdbwd_256_50257");
+    // Layer norm of nanoGPT's B=8, T=256 activations, C=768, float32 parameters under bfloat16 (the O2 case).
+    const int64_t rows = 2048, C = 768;
+    const Tensor x = randn({rows, C}).to(dt), dy = randn({rows, C}).to(dt), w = randn({C}), b = randn({C});
+    Tensor y = empty({rows, C}, dt), mean = empty({rows}), rstd = empty({rows}), dx = empty({rows, C}, dt),
+           dw = empty({C}), db = empty({C});
+    const double ln = bench::best_seconds(
+                          [&] {
+                            kernels::layer_norm_forward(x, w, b, y, mean, rstd, 1e-5);
+                            kernels::layer_norm_backward(x, dy, w, mean, rstd, dx, dw, db);
+                          },
+                          reps) *
+                      1e3;
+    row("layer norm fwd+bwd 2048x768", dt, ln, torch, "ln_fwdbwd_2048_768");
   }
   return 0;
 }
