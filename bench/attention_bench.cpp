@@ -1,7 +1,7 @@
 // The transformer kernels against PyTorch in one run: causal attention forward and forward+backward (q, k, v strided
-// views of a (B, T, 3C) projection, as nanoGPT makes them) and cross-entropy over GPT-2's vocabulary, float32 and
-// bfloat16, side by side with bench/attention_torch_bench.py (nanoGPT's manual attention; PyTorch 1.13 has no
-// F.scaled_dot_product_attention) at its best: tcmalloc, torch.set_num_threads, OMP_WAIT_POLICY=passive for
+// views of a (B, T, 3C) projection, as nanoGPT makes them), cross-entropy over GPT-2's vocabulary and layer norm,
+// float32 and bfloat16, side by side with bench/attention_torch_bench.py (nanoGPT's manual attention; PyTorch 1.13
+// has no F.scaled_dot_product_attention) at its best: tcmalloc, torch.set_num_threads, OMP_WAIT_POLICY=passive for
 // float32, autocast bfloat16 without it. Times are the best of `reps` calls.
 //   ./build/attention_bench [reps=10] [--no-torch] [--attention-only]   (Castor alone / attention only: to profile)
 #include <omp.h>
