@@ -8,6 +8,8 @@
 #include <string>
 #include <unistd.h>
 
+#include "castor/trainer.h"
+
 namespace castor::bench {
 
 // The best of `reps` timed calls of fn after one warm-up call (page faults, thread pool), in seconds.
@@ -25,24 +27,7 @@ double best_seconds(const F& fn, int reps = 5) {
 
 // The CPU and the instruction sets the kernels can use, from /proc/cpuinfo: "AMD EPYC; ISA avx512_bf16 avx512f
 // avx2 f16c" (the bfloat16 results of a benchmark mean little without it).
-inline std::string cpu_isa() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line, model = "unknown CPU", flags;
-  while (std::getline(in, line)) {
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    const std::string key = line.substr(0, line.find_first_of(" \t"));
-    if (key == "model" && line.rfind("model name", 0) == 0 && model == "unknown CPU") model = line.substr(colon + 2);
-    if (key == "flags" && flags.empty()) flags = " " + line.substr(colon + 1) + " ";
-  }
-  std::string isa;
-  for (const char* f : {"amx_bf16", "avx512_fp16", "avx512_bf16", "avx512f", "avx2", "f16c"})
-    if (flags.find(std::string(" ") + f + " ") != std::string::npos) isa += std::string(" ") + f;
-  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
-  if (!cap) cap = std::getenv("DNNL_MAX_CPU_ISA");
-  return model + "; ISA" + (isa.empty() ? " baseline x86-64" : isa) +
-         (cap ? std::string(" (capped at ") + cap + " by ONEDNN_MAX_CPU_ISA)" : "");
-}
+inline std::string cpu_isa() { return castor::train::host_cpu(); }
 
 // tcmalloc, where installed (Debian's libtcmalloc-minimal4): PyTorch's best allocator on these VMs. Under glibc's
 // malloc its activations of 16 MiB and more are mmapped and returned to the kernel every step, and the page faults

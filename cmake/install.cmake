@@ -11,9 +11,10 @@ install(DIRECTORY include/castor ${CMAKE_CURRENT_BINARY_DIR}/include/castor
 install(EXPORT castorTargets NAMESPACE castor:: DESTINATION ${CASTOR_CMAKE_DIR})
 
 # castorConfig.cmake finds the same dependencies the library was built with, so they arrive transitively.
-# The library links Open MPI (castor::dist), so consumers find it too (its headers stay out of Castor's).
-set(CASTOR_PACKAGE_DEPENDENCIES "find_dependency(dnnl CONFIG)\nfind_dependency(ZLIB)\nfind_dependency(OpenMP)\nfind_dependency(Threads)\nset(MPI_CXX_SKIP_MPICXX ON)\nfind_dependency(MPI COMPONENTS CXX)")
-set(CASTOR_PC_LIBS "-ldnnl -lz -fopenmp -pthread")
+# The library links Open MPI (castor::dist), libpng and libjpeg (the image folders), so consumers find them too (their
+# headers stay out of Castor's).
+set(CASTOR_PACKAGE_DEPENDENCIES "find_dependency(dnnl CONFIG)\nfind_dependency(ZLIB)\nfind_dependency(OpenMP)\nfind_dependency(Threads)\nfind_dependency(PNG)\nfind_dependency(JPEG)\nset(MPI_CXX_SKIP_MPICXX ON)\nfind_dependency(MPI COMPONENTS CXX)")
+set(CASTOR_PC_LIBS "-ldnnl -lz -lpng16 -ljpeg -fopenmp -pthread")
 set(CASTOR_PC_REQUIRES "ompi-c")
 configure_package_config_file(cmake/castorConfig.cmake.in ${CMAKE_CURRENT_BINARY_DIR}/castorConfig.cmake
                               INSTALL_DESTINATION ${CASTOR_CMAKE_DIR})

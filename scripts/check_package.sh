@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Tests Castor as a user consumes it: installs the build into a temp prefix, builds examples/ against it with
 # CMake (find_package) and with pkg-config, trains the example on small CIFAR-10 files, checks that a subproject
-# build needs no GoogleTest, and compiles every C++ snippet of README.md and docs/*.md against the installed headers.
+# build needs no GoogleTest, builds a consumer that sets no C++ standard (the target carries C++20), installs a shared
+# build (-DBUILD_SHARED_LIBS=ON) whose bin/castor runs from the prefix, and compiles every C++ snippet of README.md and
+# docs/*.md against the installed headers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -41,6 +43,45 @@ if cmake --build "$work/sub" --target help | grep -q castor_tests; then
   echo "error: the subproject build defines castor_tests" >&2
   exit 1
 fi
+
+# A consumer as most projects write it: no CMAKE_CXX_STANDARD, only the target (castor.h needs C++20: std::span).
+mkdir -p "$work/plain"
+cat > "$work/plain/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.21)
+project(plain CXX)
+find_package(castor REQUIRED)
+add_executable(plain main.cpp)
+target_link_libraries(plain PRIVATE castor::castor)
+CMAKE
+cat > "$work/plain/main.cpp" <<'CPP'
+#include <castor/castor.h>
+#include <cstdio>
+int main() {
+  const castor::Tensor t = castor::ones({2, 3});
+  std::printf("sum %g\n", castor::sum(t).item());
+}
+CPP
+check_plain_consumer() {  # $1: the prefix, $2: a build folder
+  cmake -S "$work/plain" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$1" >/dev/null
+  cmake --build "$2" >/dev/null
+  "$2/plain" | grep -qx "sum 6"
+}
+echo "package: a consumer that sets no C++ standard gets C++20 from castor::castor"
+check_plain_consumer "$prefix" "$work/plain-static"
+
+# The shared library: bin/castor finds lib/libcastor.so through its $ORIGIN/../lib RPATH, without LD_LIBRARY_PATH.
+# Built in $build/package-shared (kept between runs; only the library and the command, through ccache when it is here).
+echo "package: a shared build installs a bin/castor that runs"
+launcher=()
+command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+cmake -S . -B "$build/package-shared" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+  -DCASTOR_BUILD_TESTS=OFF -DCASTOR_BUILD_BENCHMARKS=OFF "${launcher[@]}" >/dev/null
+cmake --build "$build/package-shared" --target castor castor_cli >/dev/null
+cmake --install "$build/package-shared" --prefix "$work/shared" >/dev/null
+test -f "$work/shared/lib/libcastor.so.0"
+(cd "$work" && env -u LD_LIBRARY_PATH "$work/shared/bin/castor" train --data synthetic --synthetic-size 64 \
+  --batch-size 16 --steps 2 --amp O0 --threads 1 --out "$work/shared-run" 2>/dev/null) | grep -q '"steps":2'
+check_plain_consumer "$work/shared" "$work/plain-shared"
 
 echo "package: every C++ snippet of README.md and docs/*.md compiles"
 n=0

@@ -1,4 +1,4 @@
-// The `castor` command: train, eval and info subcommands (the work lives in src/train).
+// The `castor` command: train, eval, tokenize, info, env, help and completion subcommands (the work lives in src/train).
 #include <unistd.h>
 
 #include <cerrno>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "castor/check.h"
+#include "castor/corpus.h"
 #include "castor/dist.h"
 #include "castor/fs.h"
 #include "castor/trainer.h"
@@ -15,11 +16,14 @@
 
 namespace {
 
-const char* kUsage = R"(usage: castor <command> [flags]   (castor --version prints the version)
-  train   train an image classifier with mixed precision (castor train --help)
-  eval    test-set accuracy and loss of a checkpoint or of PyTorch weights (castor eval --help)
-  info    tensors, dtypes, shapes, parameter counts and metadata of a checkpoint (castor info --help)
-  completion bash   a bash completion script (source it, or save it under /etc/bash_completion.d/)
+const char* kUsage = R"(usage: castor <command> [flags]   (castor --version or -V prints the version)
+  train       train an image classifier with mixed precision (castor help train)
+  eval        test accuracy, loss, per-class accuracy and confusion matrix of a checkpoint or PyTorch weights
+  tokenize    text files or the Brown corpus to llm.c token files, GPT-2 BPE or characters
+  info        a checkpoint's model, step, precision and metrics (--tensors: every tensor)
+  env         Castor's version and commit, the CPU and ISA, oneDNN and the ISA it uses, threads, MPI
+  help [cmd]  this list, or a command's flags
+  completion bash|zsh   a shell completion script (bash: save it under /etc/bash_completion.d/; zsh: source it)
 )";
 
 bool wants_help(const std::vector<std::string>& args) {
@@ -60,11 +64,16 @@ int main(int argc, char** argv) {
     std::fputs(kUsage, all.empty() ? stderr : stdout);
     return all.empty() ? 2 : 0;
   }
-  if (all[0] == "--version") return std::printf("castor %s\n", CASTOR_VERSION), 0;
-  if (all[0] == "completion" && all.size() == 2 && all[1] == "bash")
-    return std::fputs(castor::train::bash_completion().c_str(), stdout), 0;
-  const std::string cmd = all[0];
-  const std::vector<std::string> args(all.begin() + 1, all.end());
+  if (all[0] == "--version" || all[0] == "-V") return std::printf("castor %s\n", CASTOR_VERSION), 0;
+  if (all[0] == "completion" && all.size() == 2 && (all[1] == "bash" || all[1] == "zsh"))
+    return std::fputs(castor::train::shell_completion(all[1]).c_str(), stdout), 0;
+  // `castor help CMD` is `castor CMD --help`.
+  const std::string cmd = all[0] == "help" && all.size() == 2 ? all[1] : all[0];
+  std::vector<std::string> args(all.begin() + 1, all.end());
+  if (all[0] == "help") {
+    if (all.size() == 1) return std::fputs(kUsage, stdout), 0;
+    args = {"--help"};
+  }
   try {
     if (cmd == "train") {
       if (wants_help(args)) return std::fputs(castor::train::train_help().c_str(), stdout), 0;
@@ -78,9 +87,17 @@ int main(int argc, char** argv) {
     } else if (cmd == "eval") {
       if (wants_help(args)) return std::fputs(castor::train::eval_help().c_str(), stdout), 0;
       std::printf("%s\n", castor::train::run_eval(castor::train::parse_eval_flags(args)).dump().c_str());
+    } else if (cmd == "tokenize") {
+      if (wants_help(args)) return std::fputs(castor::train::tokenize_help().c_str(), stdout), 0;
+      std::printf("%s\n", castor::data::run_tokenize(castor::train::parse_tokenize_flags(args)).dump().c_str());
     } else if (cmd == "info") {
       if (wants_help(args)) return std::fputs(castor::train::info_help().c_str(), stdout), 0;
       std::fputs(castor::train::run_info(args).c_str(), stdout);
+    } else if (cmd == "env") {
+      std::fputs(castor::train::run_env().c_str(), stdout);
+    } else if (cmd == "completion") {
+      std::fprintf(stderr, "castor completion: expected bash or zsh\n");
+      return 2;
     } else {
       std::fprintf(stderr, "castor: unknown command '%s'\n%s", cmd.c_str(), kUsage);
       return 2;

@@ -6,7 +6,9 @@
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: cifar10_amp CIFAR_DIR [EPOCHS] [BATCH_SIZE]\n");
+    std::fprintf(stderr, "usage: cifar10_amp CIFAR_DIR [EPOCHS] [BATCH_SIZE]\n"
+                 "  CIFAR_DIR holds data_batch_1.bin .. data_batch_5.bin and test_batch.bin: the folder\n"
+                 "  cifar-10-batches-bin of %s\n", castor::kCifar10Url);
     return 2;
   }
   const int64_t epochs = argc > 2 ? std::atoll(argv[2]) : 10;

@@ -35,10 +35,14 @@
 
 // Data and files.
 #include "castor/checkpoint.h"
+#include "castor/corpus.h"
 #include "castor/data.h"
 #include "castor/datasets.h"
 #include "castor/fs.h"
 #include "castor/json.h"
+#include "castor/lm_batch.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
 #include "castor/state_dict.h"
+#include "castor/token_file.h"
+#include "castor/tokenizer.h"

@@ -1,4 +1,5 @@
-// Image-classification datasets as plain byte arrays: Fashion-MNIST (IDX, optionally gzipped) and CIFAR-10.
+// Image-classification datasets as plain byte arrays: Fashion-MNIST (IDX, optionally gzipped), CIFAR-10 and folders
+// of PNG/JPEG files (torchvision's ImageFolder).
 #pragma once
 #include <cstdint>
 #include <span>
@@ -25,7 +26,40 @@ ImageDataset load_fashion_mnist(const std::string& dir, bool train);
 
 // CIFAR-10 binary batch: records of 1 label byte + 3x32x32 channel-major pixels.
 ImageDataset parse_cifar10_batch(std::span<const uint8_t> bytes, const std::string& what);
-// Reads data_batch_1.bin .. data_batch_5.bin (train) or test_batch.bin from `dir`.
+// Reads data_batch_1.bin .. data_batch_5.bin (train) or test_batch.bin from `dir`; a missing file is an error that
+// names the download (kCifar10Url) and the files expected.
 ImageDataset load_cifar10(const std::string& dir, bool train);
+inline constexpr const char* kCifar10Url = "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz";
+
+// One decoded image: (H, W, 3) RGB bytes. PNG (any bit depth and colour type, converted to 8-bit RGB) or JPEG
+// (baseline or progressive, greyscale or colour), told apart by their signatures; `what` names the file in errors.
+// A truncated or corrupt file is a castor::Error naming it (a JPEG that libjpeg would finish with grey is one too).
+struct RgbImage {
+  int64_t height = 0, width = 0;
+  std::vector<uint8_t> pixels;  // (H, W, 3)
+};
+RgbImage decode_image(std::span<const uint8_t> bytes, const std::string& what);
+
+// `src` resized so that its shorter side is `size` (a triangle filter, widened when shrinking: PIL's
+// antialiased bilinear), then the centre
+// size x size square (torchvision's Resize(size) + CenterCrop(size)), written as (3, size, size) into `dst`.
+void resize_center_crop(const RgbImage& src, int64_t size, uint8_t* dst);
+
+// A folder of images as torchvision's ImageFolder: ROOT/<class>/*.{png,jpg,jpeg} (any case), classes in sorted
+// order of their folder names, files sorted within each. Every image is decoded (on `threads` threads; 0: the
+// machine's cores) and kept in memory at size x size.
+struct ImageFolderOptions {
+  int64_t image_size = 32;
+  bool skip_bad_images = false;  // false: the first unreadable image is an error naming it
+  int threads = 0;
+  // When not empty: the classes expected (e.g. the training set's, for its val/ folder), in label order.
+  std::vector<std::string> classes;
+};
+struct ImageFolder {
+  ImageDataset data;
+  std::vector<std::string> classes;  // label i is classes[i]
+  int64_t skipped = 0;               // unreadable images left out (with skip_bad_images)
+};
+ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions& options);
 
 }  // namespace castor

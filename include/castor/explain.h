@@ -18,6 +18,8 @@ struct ExplainRow {
   std::vector<DType> given, ran;     // input dtypes as passed and as the op ran on them (undefined inputs skipped)
   std::optional<DType> out;          // output dtype (none for an op without output)
   std::string why;                   // "float32 weight cast to bfloat16 (lower_precision; cached)", ...
+  std::vector<const TensorImpl*> inputs;  // the given tensors' identities (to tell which module's parameters ran)
+  std::string module;                // left empty here; a caller that knows the model may name the op's module
 };
 
 struct ExplainSummary {

@@ -9,8 +9,16 @@
 namespace castor {
 
 // Reads a regular file into memory; castor::Error naming the path when it cannot be opened or read, or is not a
-// regular file (a FIFO, device or directory is refused without blocking on it).
-std::vector<uint8_t> read_file(const std::string& path);
+// regular file (a FIFO, device or directory is refused without blocking on it), or larger than `max_bytes`.
+std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes = UINT64_MAX);
+
+// Reads `count` bytes at `offset` of a regular file (read_file's checks) and sets `file_size` to the file's size;
+// castor::Error naming the path when the file ends before them. For reading a header without the whole file.
+std::vector<uint8_t> read_file_range(const std::string& path, uint64_t offset, uint64_t count, uint64_t& file_size);
+
+// The absolute, normal spelling of `path`: symbolic links resolved as far as it exists, no trailing slash. One
+// spelling per file, for recording paths and comparing them.
+std::string absolute_path(const std::string& path);
 
 // True when `path` names an existing file (of any kind).
 bool file_exists(const std::string& path);
@@ -60,6 +68,8 @@ class FileLock {
 
 // A 64-bit checksum of `bytes` (FNV-1a), for detecting damaged files.
 uint64_t checksum64(std::span<const uint8_t> bytes);
+// checksum64 as 16 lowercase hex digits, as checkpoints and config.json record it.
+std::string checksum64_hex(std::span<const uint8_t> bytes);
 
 // Text with control characters and bytes that are not UTF-8 shown as \xNN, for printing names from files.
 std::string printable(std::string_view text);

@@ -45,11 +45,29 @@ Tensor conv2d_max_pool2d_relu(const Tensor& input, const Tensor& weight, const T
                               std::array<int64_t, 2> pool_kernel);
 Tensor relu(const Tensor& input);
 Tensor gelu(const Tensor& input, bool tanh_approximate = false);
+Tensor silu(const Tensor& input);
 Tensor dropout(const Tensor& input, double p, bool training);  // uses castor::default_generator()
+
+// input (*) int64 indices, weight (V, C) -> (*, C). The weight's gradient is dense; padding_idx's row gets none.
+Tensor embedding(const Tensor& input, const Tensor& weight, int64_t padding_idx = -1);
+// Layer norm over the trailing normalized_shape of input; statistics in float32 whatever the input dtype, output in
+// the input's dtype. weight/bias (normalized_shape) optional; they may be float32 under a 16-bit input (O2).
+Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+// input * rsqrt(mean(input^2) + eps) * weight over the trailing normalized_shape (torch.nn.RMSNorm).
+Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = {}, double eps = 1e-6);
+// PyTorch 2's F.scaled_dot_product_attention: q (B, H, Tq, D), k, v (B, H, Tk, D); attn_mask bool (true = attend)
+// or floating (added), broadcastable to (B, H, Tq, Tk); is_causal masks key j > query i. Fused (flash-style): the
+// softmax statistics in float32, the products in the inputs' dtype, memory linear in T (docs/transformers.md).
+// dropout_p > 0 runs PyTorch's math path instead (the probabilities materialised). Lower precision under autocast.
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask = {}, double dropout_p = 0.0, bool is_causal = false,
+                                    std::optional<double> scale = std::nullopt);
 Tensor flatten(const Tensor& input, int64_t start_dim = 1);     // channel-major, as PyTorch's view on NCHW
 
 enum class Reduction { None, Mean, Sum };
-// logits (N, C), target (N) int64 class indices. Float32 under autocast.
+// logits (N, C), target (N) int64 class indices. Computed in float32 (16-bit logits are read as they are, without a
+// float32 copy: a vocabulary of 50,257 stays one tensor); without class weights one fused pass per row.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction = Reduction::Mean,
                      double label_smoothing = 0.0, int64_t ignore_index = -100, const Tensor& weight = {});
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction = Reduction::Mean,

@@ -54,3 +54,79 @@ nn::ModulePtr make_model(const std::string& name, int64_t in_channels, int64_t h
                          int64_t num_classes);
 
 }  // namespace castor::models
+
+namespace castor::models {
+
+// nanoGPT's GPTConfig. vocab_size is the padded size the embedding and lm_head have (llm.c's Vp); real_vocab_size,
+// when smaller, is the tokenizer's (50,257 for GPT-2): rows past it are never trained toward nor sampled.
+struct GPTConfig {
+  int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 64, vocab_size = 50304;
+  double dropout = 0.0;
+  bool bias = true;
+  int64_t real_vocab_size = 0;  // 0: vocab_size
+  void validate() const;        // a castor::Error naming the field otherwise
+};
+
+// nanoGPT's CausalSelfAttention: c_attn (C -> 3C), heads of C / n_head, causal fused attention, c_proj (C -> C).
+class CausalSelfAttention : public nn::Module {
+ public:
+  explicit CausalSelfAttention(const GPTConfig& config);
+  Tensor forward(const Tensor& input) override;  // (B, T, C) -> (B, T, C)
+  std::string type_name() const override { return "CausalSelfAttention"; }
+  std::shared_ptr<nn::Linear> c_attn, c_proj;
+  std::shared_ptr<nn::Dropout> resid_dropout;
+
+ private:
+  int64_t n_head_;
+  double dropout_;
+};
+
+// c_fc (C -> 4C), GELU (tanh form, as GPT-2), c_proj (4C -> C), dropout.
+class MLP : public nn::Module {
+ public:
+  explicit MLP(const GPTConfig& config);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "MLP"; }
+  std::shared_ptr<nn::Linear> c_fc, c_proj;
+  std::shared_ptr<nn::Dropout> dropout;
+};
+
+// Pre-norm block: x + attn(ln_1(x)), then x + mlp(ln_2(x)).
+class Block : public nn::Module {
+ public:
+  explicit Block(const GPTConfig& config);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Block"; }
+  std::shared_ptr<nn::LayerNorm> ln_1, ln_2;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<MLP> mlp;
+};
+
+// nanoGPT's GPT with its parameter names: transformer.{wte, wpe, h.N, ln_f}, lm_head (tied to wte). GPT-2 init:
+// N(0, 0.02) for embeddings and Linear weights, N(0, 0.02 / sqrt(2 n_layer)) for attn.c_proj and mlp.c_proj,
+// zero biases. forward: idx (B, T) int64 -> logits (B, T, vocab_size).
+class GPT : public nn::Module {
+ public:
+  explicit GPT(const GPTConfig& config, uint64_t seed = 1337);
+  Tensor forward(const Tensor& idx) override;
+  std::string type_name() const override { return "GPT"; }
+  const GPTConfig& config() const { return config_; }
+  // Parameters without the tied lm_head (nanoGPT's get_num_params(non_embedding=False) counts wte once).
+  int64_t num_params() const;
+  std::shared_ptr<nn::Module> transformer;  // holds wte, wpe, drop, h, ln_f
+  std::shared_ptr<nn::Embedding> wte, wpe;
+  std::shared_ptr<nn::Dropout> drop;
+  std::shared_ptr<nn::Sequential> h;
+  std::shared_ptr<nn::LayerNorm> ln_f;
+  std::shared_ptr<nn::Linear> lm_head;
+
+ private:
+  GPTConfig config_;
+};
+
+std::shared_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed = 1337);
+// Presets: "gpt-mini" (6 layers, 6 heads, 384 wide, block 256) and "gpt2" (124M: 12/12/768, block 1024, vocab
+// 50,257 padded to 50,304).
+GPTConfig gpt_preset(const std::string& name, int64_t vocab_size);
+
+}  // namespace castor::models

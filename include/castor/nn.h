@@ -41,20 +41,29 @@ class Module {
   Module& operator=(const Module&) = delete;
 
   virtual Tensor forward(const Tensor& input) = 0;
-  // forward() between the hooks, as PyTorch's __call__: each forward pre-hook may replace the input and each
-  // forward hook the output (an undefined result keeps it). amp::initialize patches O2/O3 casts in this way.
+  // Modules of several inputs (attention: q, k, v, mask) override this; the default takes exactly one input.
+  virtual Tensor forward(const std::vector<Tensor>& inputs);
+  // forward() between the hooks, as PyTorch's __call__: each forward pre-hook may replace the input (each input of
+  // a multi-input module) and each forward hook the output (an undefined result keeps it). amp::initialize
+  // patches O2/O3 casts in this way.
   Tensor operator()(const Tensor& input);
+  Tensor operator()(const std::vector<Tensor>& inputs);
   using ForwardHook = std::function<Tensor(const Tensor&)>;
   void register_forward_pre_hook(ForwardHook hook) { forward_pre_hooks_.push_back(std::move(hook)); }
   void register_forward_hook(ForwardHook hook) { forward_hooks_.push_back(std::move(hook)); }
   virtual std::string type_name() const = 0;  // PyTorch's class name: "Conv2d", "ResNet"
-  // BatchNorm layers stay float32 under to(dtype, /*keep_batchnorm_fp32=*/true) (Apex O2).
-  virtual bool is_batchnorm() const { return false; }
+  // Norm layers (BatchNorm, LayerNorm, RMSNorm) keep float32 parameters under to(dtype, /*keep_norms_fp32=*/true)
+  // (Apex O2's keep_batchnorm_fp32, Megatron's practice for LayerNorm).
+  virtual bool keeps_fp32_params() const { return false; }
 
   // Registration. Names must be non-empty, free of '.', and unique within this module. The returned tensor
   // shares its TensorImpl with the registry, so a layer may keep it as a member: to() and load_state_dict()
   // change that TensorImpl in place, as PyTorch changes `param.data`.
   Tensor register_parameter(const std::string& name, const Tensor& value);  // made a leaf requiring grad
+  // Replaces this module's parameter `name` with another module's parameter itself (weight tying, as nanoGPT's
+  // `wte.weight = lm_head.weight`): one tensor, one gradient summed over both uses, listed once by parameters()
+  // (under its first name), under both names by state_dict(); a state dict may leave either name out.
+  Tensor tie_parameter(const std::string& name, const Tensor& parameter);
   Tensor register_buffer(const std::string& name, const Tensor& value);
   template <class M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
@@ -73,9 +82,9 @@ class Module {
   Module& train(bool mode = true);
   Module& eval() { return train(false); }
   bool is_training() const { return training_; }
-  // Casts floating parameters (and their gradients) and floating buffers; with keep_batchnorm_fp32,
-  // modules whose is_batchnorm() is true are left as they are.
-  Module& to(DType dtype, bool keep_batchnorm_fp32 = false);
+  // Casts floating parameters (and their gradients) and floating buffers; with keep_norms_fp32, modules whose
+  // keeps_fp32_params() is true are left as they are.
+  Module& to(DType dtype, bool keep_norms_fp32 = false);
   Module& apply(const std::function<void(Module&)>& fn);  // children first, then this module
   // Zeroes every parameter's gradient, or drops it (set_to_none; PyTorch 1.13's default is false).
   void zero_grad(bool set_to_none = false);
@@ -135,7 +144,7 @@ class BatchNorm2d : public Module {
                        bool track_running_stats = true);
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "BatchNorm2d"; }
-  bool is_batchnorm() const override { return true; }
+  bool keeps_fp32_params() const override { return true; }
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
   bool sync_statistics = false;
 
@@ -160,6 +169,66 @@ class GELU : public Module {
 
  private:
   bool tanh_approximate_;
+};
+
+class SiLU : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "SiLU"; }
+};
+
+// indices (*) int64 -> (*, embedding_dim). weight (num_embeddings, embedding_dim) ~ N(0, 1), padding_idx's row 0.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padding_idx = -1);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "Embedding"; }
+  Tensor weight;
+
+ private:
+  int64_t padding_idx_;
+};
+
+// Over the trailing normalized_shape: weight 1, bias 0 (elementwise_affine), statistics in float32.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, double eps = 1e-5, bool elementwise_affine = true, bool bias = true);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "LayerNorm"; }
+  bool keeps_fp32_params() const override { return true; }
+  Tensor weight, bias;  // undefined without affine / bias
+
+ private:
+  Shape normalized_shape_;
+  double eps_;
+};
+
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(Shape normalized_shape, double eps = 1e-6, bool elementwise_affine = true);
+  Tensor forward(const Tensor& input) override;
+  std::string type_name() const override { return "RMSNorm"; }
+  bool keeps_fp32_params() const override { return true; }
+  Tensor weight;
+
+ private:
+  Shape normalized_shape_;
+  double eps_;
+};
+
+// F::scaled_dot_product_attention as a module of inputs {q, k, v[, attn_mask]}: causal, with dropout in training.
+class ScaledDotProductAttention : public Module {
+ public:
+  explicit ScaledDotProductAttention(bool is_causal = false, double dropout = 0.0)
+      : is_causal_(is_causal), dropout_(dropout) {}
+  using Module::forward;
+  Tensor forward(const Tensor& input) override;  // refuses: it takes q, k, v
+  Tensor forward(const std::vector<Tensor>& inputs) override;
+  std::string type_name() const override { return "ScaledDotProductAttention"; }
+
+ private:
+  bool is_causal_;
+  double dropout_;
 };
 
 class MaxPool2d : public Module {
@@ -227,6 +296,13 @@ class Sequential : public Module {
   const ModulePtr& operator[](size_t i) const { return named_children().at(i).second; }
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Sequential"; }
+};
+
+// Named children without a forward of its own (torch.nn.ModuleDict): gives its children their names' prefix.
+class ModuleDict : public Module {
+ public:
+  Tensor forward(const Tensor& input) override;  // refuses: a ModuleDict is not called
+  std::string type_name() const override { return "ModuleDict"; }
 };
 
 // torchvision's ResNet BasicBlock: relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x)), 3x3 convs without

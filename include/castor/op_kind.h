@@ -10,9 +10,13 @@ namespace castor {
 //   Promote: cast all inputs to the widest floating type among them.
 //   PassThrough: run in the input dtype (element-wise, pooling, views).
 //   Banned: raise, naming the safe alternative (binary cross entropy on probabilities).
-enum class CastPolicy : uint8_t { LowerPrecision, Float32, Promote, PassThrough, Banned };
+//   Float32InKernel: Float32's numbers without its copies: the kernel reads 16-bit inputs as they are and computes
+//     in float32 (a widening is exact, so the values are those of casting first); gradients come back in the
+//     inputs' dtypes as through a cast. For ops over large inputs (cross-entropy over a 50,257-word vocabulary).
+enum class CastPolicy : uint8_t { LowerPrecision, Float32, Promote, PassThrough, Banned, Float32InKernel };
 
-// _(Enum, name, CastPolicy)
+// _(Enum, name, CastPolicy). Each row has its definition OpDef<OpKind::Enum> (src/autograd/defs/): forward,
+// params, named saved tensors and backward together; docs/transformers.md compares the policies with PyTorch's.
 #define CASTOR_FORALL_OPS(_)                             \
   /* element-wise */                                     \
   _(Add, "add", Promote)                                 \
@@ -29,6 +33,7 @@ enum class CastPolicy : uint8_t { LowerPrecision, Float32, Promote, PassThrough,
   _(Sigmoid, "sigmoid", PassThrough)                     \
   _(Tanh, "tanh", PassThrough)                           \
   _(Gelu, "gelu", PassThrough)                           \
+  _(Silu, "silu", PassThrough)                           \
   _(Clamp, "clamp", PassThrough)                         \
   _(Where, "where", Promote)                             \
   _(Cast, "to", PassThrough)                             \
@@ -60,7 +65,13 @@ enum class CastPolicy : uint8_t { LowerPrecision, Float32, Promote, PassThrough,
   _(MaxPool2d, "max_pool2d", PassThrough)                \
   _(AvgPool2d, "avg_pool2d", PassThrough)                \
   _(Dropout, "dropout", PassThrough)                     \
-  _(CrossEntropy, "cross_entropy", Float32)              \
+  /* transformers */                                     \
+  _(Embedding, "embedding", PassThrough)                 \
+  _(LayerNorm, "layer_norm", PassThrough)  /* statistics in float32, output in the input's dtype */ \
+  _(RmsNorm, "rms_norm", PassThrough)      /* likewise */ \
+  _(ScaledDotProductAttention, "scaled_dot_product_attention", LowerPrecision) /* fused; softmax statistics float32 */ \
+  _(MaskedFill, "masked_fill", PassThrough)              \
+  _(CrossEntropy, "cross_entropy", Float32InKernel)      \
   _(NllLoss, "nll_loss", Float32)                        \
   _(MseLoss, "mse_loss", Float32)                        \
   _(BinaryCrossEntropyWithLogits, "binary_cross_entropy_with_logits", Float32) \

@@ -26,8 +26,11 @@ Tensor relu(const Tensor& a);
 Tensor sigmoid(const Tensor& a);
 Tensor tanh(const Tensor& a);
 Tensor gelu(const Tensor& a, bool tanh_approximate = false);
+Tensor silu(const Tensor& a);  // a * sigmoid(a)
 Tensor clamp(const Tensor& a, std::optional<double> min, std::optional<double> max);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// a with `value` where mask (bool, broadcastable to a) is true; no gradient flows there.
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value);
 
 // Comparisons give bool tensors and are not differentiable.
 Tensor eq(const Tensor& a, const Tensor& b);

@@ -29,6 +29,9 @@ struct SafetensorsFile {
 // Validates and parses a whole safetensors file held in memory; `what` names it in errors (castor::Error).
 SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::string& what);
 SafetensorsFile read_safetensors(const std::string& path);
+// The entries and metadata of a safetensors file, validated against its size, reading only its header (bytes is
+// left empty): for listing a file of any size.
+SafetensorsFile read_safetensors_header(const std::string& path);
 
 // One tensor to write; `data` holds `nbytes` = numel * dtype_size bytes, little-endian, row-major.
 struct SafetensorsTensor {

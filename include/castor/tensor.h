@@ -65,17 +65,17 @@ class Tensor {
   bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
 
   // Metadata.
-  const Shape& shape() const { return impl_->shape; }
-  const Shape& sizes() const { return impl_->shape; }
-  const Shape& strides() const { return impl_->strides; }
-  int64_t dim() const { return static_cast<int64_t>(impl_->shape.size()); }
+  const Shape& shape() const { return d().shape; }
+  const Shape& sizes() const { return d().shape; }
+  const Shape& strides() const { return d().strides; }
+  int64_t dim() const { return static_cast<int64_t>(d().shape.size()); }
   int64_t size(int64_t d) const;
   int64_t stride(int64_t d) const;
   int64_t numel() const;
-  DType dtype() const { return impl_->dtype; }
-  Device device() const { return impl_->storage->device; }
-  int64_t storage_offset() const { return impl_->offset; }
-  size_t element_size() const { return dtype_size(impl_->dtype); }
+  DType dtype() const { return d().dtype; }
+  Device device() const { return d().storage->device; }
+  int64_t storage_offset() const { return d().offset; }
+  size_t element_size() const { return dtype_size(d().dtype); }
   size_t nbytes() const { return numel() * element_size(); }
   bool is_contiguous() const;
   bool is_contiguous(MemoryFormat format) const;
@@ -85,8 +85,8 @@ class Tensor {
   // Non-overlapping and dense: the elements fill numel consecutive slots in some order of the dims, so a kernel may
   // treat two tensors of one shape and the same strides as flat arrays.
   bool is_dense() const;
-  uint32_t version() const { return impl_->storage->version; }
-  void bump_version() const { ++impl_->storage->version; }
+  uint32_t version() const { return d().storage->version; }
+  void bump_version() const { ++d().storage->version; }
   std::string describe() const;  // "float32[2, 3]"
 
   void* data_ptr() const;
@@ -102,10 +102,10 @@ class Tensor {
   // Autograd.
   bool requires_grad() const;
   Tensor& requires_grad_(bool requires_grad = true);
-  bool is_leaf() const { return impl_->grad_fn == nullptr; }
-  const std::shared_ptr<Node>& grad_fn() const { return impl_->grad_fn; }
-  Tensor grad() const { return Tensor(impl_->grad); }
-  void set_grad(const Tensor& g) const { impl_->grad = g.impl_; }
+  bool is_leaf() const { return d().grad_fn == nullptr; }
+  const std::shared_ptr<Node>& grad_fn() const { return d().grad_fn; }
+  Tensor grad() const { return Tensor(d().grad); }
+  void set_grad(const Tensor& g) const { d().grad = g.impl_; }
   void backward(const Tensor& gradient = {}, bool retain_graph = false, bool create_graph = false) const;
   Tensor detach() const;  // shares storage, no history
   void register_hook(GradHook hook) const;
@@ -153,6 +153,12 @@ class Tensor {
   Tensor& clamp_(double min, double max);
 
  private:
+  // The implementation of a defined tensor; castor::Error on an undefined one (`Tensor t;`).
+  TensorImpl& d() const {
+    if (!impl_) [[unlikely]] throw_undefined();
+    return *impl_;
+  }
+  [[noreturn]] static void throw_undefined();
   std::shared_ptr<TensorImpl> impl_;
 };
 

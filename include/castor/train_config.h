@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "castor/corpus.h"
 #include "castor/dtype.h"
 #include "castor/json.h"
 #include "castor/opt_level.h"
@@ -12,7 +13,7 @@
 namespace castor::train {
 
 // The choices of the enumerated flags; name() gives each one's spelling on the command line and in config.json.
-enum class Dataset { FashionMnist, Cifar10, Synthetic };
+enum class Dataset { FashionMnist, Cifar10, Synthetic, Folder };
 enum class ModelKind { SimpleCnn, ResNet18, ResNet9 };
 enum class OptimizerKind { Sgd, Adam, AdamW };
 enum class Schedule { None, Step, Cosine, OneCycle };
@@ -27,7 +28,10 @@ const char* name(Compression v);
 
 struct TrainConfig {
   Dataset data = Dataset::FashionMnist;
-  std::string data_dir;                // default: the dataset's Debian location
+  std::string data_dir;                // default: the dataset's Debian location (--data folder: required)
+  int64_t image_size = 32;             // --data folder: images are resized and centre-cropped to this square
+  double val_split = 0.1;              // --data folder without DIR/val: this share of DIR/train is held out
+  bool skip_bad_images = false;        // --data folder: leave unreadable images out (counted) instead of failing
   ModelKind model = ModelKind::SimpleCnn;
   amp::OptLevel amp = amp::OptLevel::O1;
   DType dtype = DType::BFloat16;       // the 16-bit type of O1-O3
@@ -51,7 +55,7 @@ struct TrainConfig {
   bool sync_batchnorm = false;         // with several ranks: BatchNorm statistics over the global batch
   Compression compress_grads = Compression::None;
   bool deterministic = false;
-  std::string out = "runs/latest";
+  std::string out;                     // empty: a new runs/<date>-<time>-<model>-<precision> for each run
   std::string resume;                  // a run directory (or one of its checkpoints) to continue from
   bool overwrite = false;              // a new run may replace another run's files in --out
   std::string init;                    // a safetensors file of initial weights (PyTorch names)
@@ -64,6 +68,9 @@ struct TrainConfig {
   bool profile = false;
   std::vector<std::string> given;      // the flags set on the command line or in --config, as "--lr"
 };
+
+// The --precision spelling (Lightning 2's) of the config's opt level and dtype; O2 as "O2-bf16" / "O2-fp16".
+std::string precision_name(const TrainConfig& c);
 
 // `castor train --nproc N` outside mpirun: the mpirun command line that runs `exe` with `args` on N local ranks
 // (--oversubscribe --bind-to none, and --allow-run-as-root for root). Empty when no re-launch is needed.
@@ -95,7 +102,13 @@ struct EvalConfig {
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);
 std::string eval_help();
 std::string info_help();
-// A bash completion script for `castor`, generated from the same flag tables.
-std::string bash_completion();
+
+// `castor tokenize` flags (--tokenizer, --input FILE..., --brown DIR, --bpe-dir, --out, --val-every | --val-fraction);
+// --brown without a split flag means --val-every 10.
+data::TokenizeOptions parse_tokenize_flags(const std::vector<std::string>& args);
+std::string tokenize_help();
+// A bash or zsh ("bash", "zsh") completion script for `castor`, generated from the same flag tables: subcommands, each
+// one's flags, and the values of the enumerated flags (--precision, --model, --data, ...).
+std::string shell_completion(const std::string& shell);
 
 }  // namespace castor::train

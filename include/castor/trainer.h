@@ -23,7 +23,16 @@ void install_interrupt_handlers();
 // (e.g. written by PyTorch) given their model and dataset.
 Json run_eval(const EvalConfig& cfg);
 
-// `castor info FILE|DIR`: tensors, dtypes, shapes, parameter counts, metadata and precision state of a checkpoint.
+// `castor info [--tensors] FILE|DIR`: a short summary of a checkpoint (model, step, precision, parameters, the run's
+// last metrics, the checkpoints beside it); with --tensors every tensor's dtype and shape, and the metadata.
 std::string run_info(const std::vector<std::string>& args);
+
+// `castor env`: Castor's version and commit, the host CPU and ISA, oneDNN's version and the ISA it dispatches to,
+// threads, and the MPI library.
+std::string run_env();
+// "AMD EPYC 9R14; ISA avx512_bf16 avx512f avx2 f16c" (from /proc/cpuinfo, with an ONEDNN_MAX_CPU_ISA cap noted).
+std::string host_cpu();
+// The git commit this build was configured from ("unknown" outside git).
+const char* git_commit();
 
 }  // namespace castor::train

@@ -61,6 +61,7 @@ void ExplainGuard::record(const std::string& op, CastPolicy policy, const std::v
   std::vector<std::string> reasons;
   for (size_t i = 0; i < given.size() && i < ran.size(); ++i) {
     if (!given[i].defined()) continue;
+    row.inputs.push_back(given[i].impl());
     row.given.push_back(given[i].dtype());
     row.ran.push_back(ran[i].dtype());
     if (given[i].dtype() == ran[i].dtype()) continue;

@@ -4,10 +4,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <mutex>
+#include <set>
 
 namespace castor::amp {
 
 namespace {
+
+// The models of the Amp objects alive now (amp::initialize refuses them a second time).
+std::mutex g_live_mutex;
+std::set<const nn::Module*> g_live_models;
 
 const char* bool_str(bool b) { return b ? "true" : "false"; }
 
@@ -147,9 +153,15 @@ Amp::Amp(std::vector<nn::Module*> models, std::vector<optim::Optimizer*> optimiz
     for (auto& [name, p] : models_[m]->named_parameters()) named.emplace_back(model_prefix(m, models_.size()) + name, p);
   for (int k = 0; k < num_losses; ++k) scalers_.push_back(std::make_unique<GradScaler>(scaler_options(props_), named));
   for (optim::Optimizer* o : optimizers_) o->set_step_interceptor(this);
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  for (nn::Module* m : models_) g_live_models.insert(m);
 }
 
-Amp::~Amp() { optim::release_step_interceptor(this); }
+Amp::~Amp() {
+  optim::release_step_interceptor(this);
+  std::lock_guard<std::mutex> lock(g_live_mutex);
+  for (nn::Module* m : models_) g_live_models.erase(m);
+}
 
 AutocastGuard disable_casts() { return AutocastGuard(DType::BFloat16, /*enabled=*/false); }
 
@@ -350,6 +362,16 @@ void Amp::load_precision_state(const PrecisionState& st) {
 std::unique_ptr<Amp> initialize(const std::vector<nn::Module*>& models,
                                 const std::vector<optim::Optimizer*>& optimizers, OptLevel level, DType dtype,
                                 const Overrides& overrides, int num_losses) {
+  // As Apex, once per model and optimizer: a second call would cast, hook and wrap them again.
+  {
+    std::lock_guard<std::mutex> lock(g_live_mutex);
+    for (nn::Module* model : models)
+      CASTOR_CHECK(!g_live_models.count(model), "amp::initialize: the model was already initialized (call it once "
+                   "per model and optimizer, and use the Amp it returned)");
+  }
+  for (optim::Optimizer* o : optimizers)
+    CASTOR_CHECK(o == nullptr || o->step_interceptor() == nullptr, "amp::initialize: the optimizer was already "
+                 "initialized (call it once per model and optimizer, and use the Amp it returned)");
   Properties p = properties_for(level, dtype, overrides);
   for (nn::Module* model : models) {
     CASTOR_CHECK(model != nullptr, "amp::initialize: a null model");

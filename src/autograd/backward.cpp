@@ -1,6 +1,7 @@
-// Every backward rule, in one switch keyed by op kind. Rules are written with differentiable ops, so that
-// with create_graph the gradient itself has history (double backward); fused kernels serve the common case.
-#include "autograd/node.h"
+// The backward rules of the ops not yet migrated to typed definitions (autograd/defs/legacy.h), in one switch keyed
+// by op kind. Rules are written with differentiable ops, so that with create_graph the gradient itself has history
+// (double backward); fused kernels serve the common case.
+#include "autograd/op_def.h"
 #include "castor/autograd.h"
 #include "castor/ops.h"
 #include "kernels/kernels.h"
@@ -8,12 +9,8 @@
 
 namespace castor {
 
-namespace {
-
 using kernels::Binary;
 
-// g op x with a fused kernel (no history), for rules whose composite form is only needed for double backward.
-// The result takes x's layout when x is dense (channels-last stays channels-last).
 Tensor fused(Binary op, const Tensor& g, const Tensor& x) {
   const Tensor xc = x.is_dense() ? x : x.contiguous();
   Tensor out = empty_like(xc), gc = g;
@@ -24,6 +21,8 @@ Tensor fused(Binary op, const Tensor& g, const Tensor& x) {
   kernels::binary(op, gc, xc, out);
   return out;
 }
+
+namespace {
 
 Tensor mask(const Tensor& cond, DType dtype) { return cond.to(dtype); }
 
@@ -73,7 +72,7 @@ Tensor unreduce(const Node& node, const Tensor& g) {
 
 }  // namespace
 
-std::vector<Tensor> apply_backward_rule(const Node& node, Tensor g) {
+std::vector<Tensor> apply_legacy_rule(const Node& node, Tensor g) {
   const bool create_graph = GradMode::is_enabled();
   const Shape& s0 = node.input_shapes[0];
   auto scalar = [&] { return node.param<op_params::Scalar>().value; };
@@ -123,11 +122,6 @@ std::vector<Tensor> apply_backward_rule(const Node& node, Tensor g) {
       const Tensor y = node.saved_output(0);
       if (create_graph) return {g * (1.0 - y * y)};
       return {fused(Binary::TanhGrad, g, y)};
-    }
-    case OpKind::Gelu: {
-      CASTOR_CHECK(!create_graph, "gelu: double backward is not supported");
-      const bool tanh_approximate = node.param<op_params::Gelu>().tanh_approximate;
-      return {fused(tanh_approximate ? Binary::GeluTanhGrad : Binary::GeluGrad, g, node.saved_tensor(0))};
     }
     case OpKind::Clamp: {
       // PyTorch's where(min <= x <= max, g, 0): +0 outside, whatever g's sign.
@@ -222,16 +216,7 @@ std::vector<Tensor> apply_backward_rule(const Node& node, Tensor g) {
     case OpKind::MaxPool2d: return layer_rules::max_pool2d(node, g);
     case OpKind::AvgPool2d: return layer_rules::avg_pool2d(node, g);
     case OpKind::Function: return node.function->backward(node, g);
-    // Composite ops: recorded as the ops they are made of, never as themselves.
-    case OpKind::Matmul:
-    case OpKind::Stack:
-    case OpKind::Linear:
-    case OpKind::Dropout:
-    case OpKind::CrossEntropy:
-    case OpKind::NllLoss:
-    case OpKind::MseLoss:
-    case OpKind::BinaryCrossEntropyWithLogits:
-    case OpKind::BinaryCrossEntropy:
+    default:
       break;
   }
   CASTOR_ASSERT(false, "no backward rule recorded for ", op_name(node.op));

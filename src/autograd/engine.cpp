@@ -27,19 +27,24 @@ bool any_requires_grad(const std::vector<Tensor>& inputs) {
   return false;
 }
 
-const Tensor& Node::saved_tensor(size_t i) const {
-  CASTOR_CHECK(!released, "backward through the graph a second time (", op_name(op),
+namespace {
+const Tensor& checked(const Node& node, const SavedTensor& s) {
+  CASTOR_CHECK(!node.released, "backward through the graph a second time (", op_name(node.op),
                "): its saved tensors were freed; pass retain_graph=true to the first backward");
-  const SavedTensor& s = saved[i];
-  CASTOR_CHECK(s.tensor.version() == s.version, "one of the tensors needed for gradient computation has been "
-               "modified by an in-place operation: the ", s.tensor.describe(), " saved by ", op_name(op),
-               " is at version ", s.tensor.version(), "; expected version ", s.version);
+  CASTOR_CHECK(!s.tensor.defined() || s.tensor.version() == s.version, "one of the tensors needed for gradient "
+               "computation has been modified by an in-place operation: the ", s.tensor.describe(), " saved by ",
+               op_name(node.op), " is at version ", s.tensor.version(), "; expected version ", s.version);
   return s.tensor;
 }
+}  // namespace
 
-Tensor Node::saved_output(size_t i) const {
-  const Tensor& y = saved_tensor(i);
-  if (!GradMode::is_enabled()) return y;
+const Tensor& Node::saved_tensor(size_t i) const { return checked(*this, saved[i]); }
+
+Tensor Node::saved_output(size_t i) const { return unpack({saved[i].tensor, saved[i].version, true}); }
+
+Tensor Node::unpack(const SavedTensor& s) const {
+  const Tensor& y = checked(*this, s);
+  if (!s.output || !y.defined() || !GradMode::is_enabled()) return y;
   auto impl = std::make_shared<TensorImpl>(*y.impl());
   impl->grad_fn = std::const_pointer_cast<Node>(shared_from_this());
   return Tensor(std::move(impl));
@@ -67,7 +72,7 @@ void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out, std
   node->out_shape = out.shape();
   for (Tensor& t : saved) {
     uint32_t v = t.defined() ? t.version() : 0;
-    node->saved.push_back({std::move(t), v});
+    node->saved.push_back({std::move(t), v, false});
   }
   node->params = std::move(params);
   out.impl()->grad_fn = std::move(node);
@@ -212,6 +217,7 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
                   " gradients for ", node->next.size(), " inputs");
     if (!retain_graph) {
       node->saved.clear();
+      if (node->state) node->state->release();
       node->released = true;
     }
     for (size_t i = 0; i < grads.size(); ++i) {

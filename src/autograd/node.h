@@ -71,6 +71,13 @@ struct Edge {
 struct SavedTensor {
   Tensor tensor;
   uint32_t version = 0;
+  bool output = false;  // the node's own output, kept without its history (autograd/op_def.h: save_output)
+};
+
+// The typed parameters and saved tensors of a node recorded by an op definition (autograd/op_def.h).
+struct NodeState {
+  virtual ~NodeState() = default;
+  virtual void release() = 0;  // frees the saved tensors (after a backward without retain_graph)
 };
 
 // The backward of a user-defined autograd::Function (a node of OpKind::Function).
@@ -92,12 +99,16 @@ struct Node : std::enable_shared_from_this<Node> {
   std::vector<GradHook> pre_hooks;     // hooks on the output tensor (non-leaf register_hook / retain_grad)
   bool released = false;               // saved tensors freed after a backward without retain_graph
   std::shared_ptr<FunctionBackward> function;  // OpKind::Function only
+  std::shared_ptr<NodeState> state;    // ops with a typed definition (autograd/op_def.h)
 
   // A saved tensor, checked against in-place changes since it was saved.
   const Tensor& saved_tensor(size_t i) const;
   // A saved output of this node; while grad mode is on (create_graph) it has this node as grad_fn, so a rule
   // written with it is differentiable through the output too (PyTorch's unpacked saved outputs).
   Tensor saved_output(size_t i) const;
+  // A saved tensor of a typed definition, checked against in-place changes; an output is given this node as
+  // grad_fn while grad mode is on (as saved_output).
+  Tensor unpack(const SavedTensor& s) const;
   // The recorded parameters, of the type the op records.
   template <class P>
   const P& param() const {
@@ -114,6 +125,9 @@ void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out, std
 bool any_requires_grad(const std::vector<Tensor>& inputs);
 
 // The backward rule of `node.op`: one gradient per input (undefined where none is needed). It owns `grad`.
+// Dispatched by the op table (autograd/op_table.cpp) to the op's definition.
 std::vector<Tensor> apply_backward_rule(const Node& node, Tensor grad);
+// The rules of ops not yet migrated to typed definitions (backward.cpp's switch).
+std::vector<Tensor> apply_legacy_rule(const Node& node, Tensor grad);
 
 }  // namespace castor

@@ -38,6 +38,7 @@ const char* policy_name(CastPolicy p) {
     case CastPolicy::Promote: return "promote";
     case CastPolicy::PassThrough: return "pass_through";
     case CastPolicy::Banned: return "banned";
+    case CastPolicy::Float32InKernel: return "fp32_in_kernel";
   }
   return "?";
 }

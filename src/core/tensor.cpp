@@ -26,8 +26,21 @@ std::string shape_str(const Shape& shape) {
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape)
+    CASTOR_CHECK(!__builtin_mul_overflow(n, s, &n), "shape ", shape_str(shape), " has more elements than int64 holds");
   return n;
+}
+
+// The element count of a new tensor's shape; castor::Error naming `op` on a negative size, or when the elements'
+// bytes or the strides (sizes of 0 counted as 1) overflow int64.
+static int64_t checked_numel(const Shape& shape, size_t element_size, const char* op) {
+  int64_t extent = static_cast<int64_t>(element_size);
+  for (int64_t s : shape) {
+    CASTOR_CHECK(s >= 0, op, ": negative size in shape ", shape_str(shape));
+    CASTOR_CHECK(!__builtin_mul_overflow(extent, std::max<int64_t>(s, 1), &extent), op, ": shape ", shape_str(shape),
+                 " is too large (its bytes overflow int64)");
+  }
+  return shape_numel(shape);
 }
 
 Shape contiguous_strides(const Shape& shape) {
@@ -53,9 +66,13 @@ int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   return dim < 0 ? dim + n : dim;
 }
 
-int64_t Tensor::size(int64_t d) const { return impl_->shape[wrap_dim(d, dim(), "size")]; }
-int64_t Tensor::stride(int64_t d) const { return impl_->strides[wrap_dim(d, dim(), "stride")]; }
-int64_t Tensor::numel() const { return shape_numel(impl_->shape); }
+void Tensor::throw_undefined() {
+  throw Error("undefined tensor (a default-constructed Tensor holds no data; create it with a factory such as zeros)");
+}
+
+int64_t Tensor::size(int64_t d) const { return shape()[wrap_dim(d, dim(), "size")]; }
+int64_t Tensor::stride(int64_t d) const { return strides()[wrap_dim(d, dim(), "stride")]; }
+int64_t Tensor::numel() const { return shape_numel(shape()); }
 
 bool Tensor::is_contiguous() const {
   int64_t expected = 1;
@@ -110,7 +127,7 @@ std::string Tensor::describe() const {
 }
 
 void* Tensor::data_ptr() const {
-  return static_cast<char*>(impl_->storage->data) + impl_->offset * static_cast<int64_t>(element_size());
+  return static_cast<char*>(d().storage->data) + impl_->offset * static_cast<int64_t>(element_size());
 }
 
 double Tensor::item() const {
@@ -150,9 +167,9 @@ Tensor Tensor::detach() const { return make_view(*this, shape(), strides(), stor
 // ---- factories ----
 
 Tensor empty_strided(const Shape& shape, const Shape& strides, DType dtype) {
-  for (int64_t s : shape) CASTOR_CHECK(s >= 0, "empty: negative size in shape ", shape_str(shape));
+  const int64_t n = checked_numel(shape, dtype_size(dtype), "empty");
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), dtype);
+  impl->storage = std::make_shared<Storage>(static_cast<size_t>(n) * dtype_size(dtype), dtype);
   impl->shape = shape;
   impl->strides = strides;
   impl->dtype = dtype;
@@ -163,6 +180,7 @@ Tensor empty_strided(const Shape& shape, const Shape& strides, DType dtype) {
 }
 
 Tensor empty(const Shape& shape, DType dtype, MemoryFormat format) {
+  checked_numel(shape, dtype_size(dtype), "empty");  // before the strides are computed from it
   return empty_strided(shape, format == MemoryFormat::ChannelsLast ? channels_last_strides(shape)
                                                                    : contiguous_strides(shape), dtype);
 }

@@ -60,6 +60,21 @@ ImageDataset make_synthetic(int64_t n, int64_t channels, int64_t height, int64_t
 DataLoader::DataLoader(const ImageDataset& dataset, LoaderOptions options) : ds_(dataset), opt_(std::move(options)) {
   CASTOR_CHECK(opt_.batch_size > 0, "--batch-size must be positive, got ", opt_.batch_size);
   CASTOR_CHECK(ds_.n > 0, "the dataset is empty");
+  // The buffers must hold what the dataset declares: batches index them without further checks.
+  int64_t image_bytes = 1;
+  bool sized = true;
+  for (int64_t d : {ds_.n, ds_.channels, ds_.height, ds_.width})
+    sized = sized && d > 0 && !__builtin_mul_overflow(image_bytes, d, &image_bytes);
+  CASTOR_CHECK(sized, "data loader: the dataset's size ", ds_.n, " x ", ds_.channels, " x ", ds_.height, " x ", ds_.width,
+               " is not positive or overflows int64");
+  CASTOR_CHECK(static_cast<int64_t>(ds_.images.size()) == image_bytes && static_cast<int64_t>(ds_.labels.size()) == ds_.n,
+               "data loader: the dataset declares ", ds_.n, " images of ", ds_.channels, " x ", ds_.height, " x ",
+               ds_.width, " (", image_bytes, " bytes) with labels, but holds ", ds_.images.size(), " image bytes and ",
+               ds_.labels.size(), " labels");
+  CASTOR_CHECK(ds_.num_classes > 0, "data loader: the dataset has ", ds_.num_classes, " classes");
+  for (uint8_t label : ds_.labels)
+    CASTOR_CHECK(label < ds_.num_classes, "data loader: label ", int{label}, " is not below the dataset's ",
+                 ds_.num_classes, " classes");
   CASTOR_CHECK(opt_.num_shards >= 1 && opt_.shard >= 0 && opt_.shard < opt_.num_shards, "data loader: shard ",
                opt_.shard, " of ", opt_.num_shards, " does not exist");
   CASTOR_CHECK(opt_.num_shards == 1 || (opt_.drop_last && opt_.batch_size % opt_.num_shards == 0),

@@ -179,6 +179,15 @@ std::unique_ptr<ProcessGroup> g_group;
 
 bool is_launched_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
 
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int n = 0;
+  MPI_Get_library_version(text, &n);
+  std::string v(text, static_cast<size_t>(n));
+  v = v.substr(0, v.find_first_of("\n,"));  // "Open MPI v4.1.4, package: ..." -> "Open MPI v4.1.4"
+  return v;
+}
+
 void init() {
   std::call_once(g_once, [] {
     if (is_launched_by_mpirun())

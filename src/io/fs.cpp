@@ -7,8 +7,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cinttypes>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 
 #include "castor/check.h"
@@ -80,9 +83,8 @@ bool write_all(int fd, std::span<const uint8_t> bytes, const std::string& path) 
   return true;
 }
 
-}  // namespace
-
-std::vector<uint8_t> read_file(const std::string& path) {
+// Opens a regular file for reading; castor::Error naming the path otherwise. Sets `size` to its size.
+int open_regular(const std::string& path, uint64_t& size) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer; it is refused below as not a regular file.
   Fd f(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   CASTOR_CHECK(f.fd >= 0, path, ": cannot open: ", errno_text());
@@ -90,16 +92,51 @@ std::vector<uint8_t> read_file(const std::string& path) {
   CASTOR_CHECK(::fstat(f.fd, &st) == 0, path, ": cannot stat: ", errno_text());
   CASTOR_CHECK(S_ISREG(st.st_mode), path, ": not a regular file");
   CASTOR_CHECK(::fcntl(f.fd, F_SETFL, 0) == 0, path, ": cannot read: ", errno_text());
-  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  size = static_cast<uint64_t>(st.st_size);
+  const int fd = f.fd;
+  f.fd = -1;
+  return fd;
+}
+
+// Reads bytes.size() bytes at `offset`.
+void read_at(int fd, std::vector<uint8_t>& bytes, uint64_t offset, const std::string& path) {
   size_t done = 0;
   while (done < bytes.size()) {
-    ssize_t n = ::read(f.fd, bytes.data() + done, bytes.size() - done);
+    ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     CASTOR_CHECK(n >= 0, path, ": read failed: ", errno_text());
     CASTOR_CHECK(n > 0, path, ": file shrank while being read");
     done += static_cast<size_t>(n);
   }
+}
+
+}  // namespace
+
+std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes) {
+  uint64_t size = 0;
+  Fd f(open_regular(path, size));
+  CASTOR_CHECK(size <= max_bytes, path, ": ", size, " bytes, more than the limit of ", max_bytes);
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  read_at(f.fd, bytes, 0, path);
   return bytes;
+}
+
+std::vector<uint8_t> read_file_range(const std::string& path, uint64_t offset, uint64_t count, uint64_t& file_size) {
+  Fd f(open_regular(path, file_size));
+  CASTOR_CHECK(offset <= file_size && count <= file_size - offset, path, ": file is ", file_size,
+               " bytes, too short for bytes ", offset, " to ", offset + count);
+  std::vector<uint8_t> bytes(static_cast<size_t>(count));
+  read_at(f.fd, bytes, offset, path);
+  return bytes;
+}
+
+std::string absolute_path(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(std::filesystem::absolute(path, ec), ec);
+  if (ec) p = std::filesystem::absolute(path, ec).lexically_normal();
+  std::string s = p.string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
 }
 
 bool file_exists(const std::string& path) {
@@ -134,8 +171,10 @@ void fsync_directory(const std::string& dir) {
 }
 
 AppendFile::AppendFile(const std::string& path, bool truncate) : path_(path) {
-  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | (truncate ? O_TRUNC : 0), 0644);
-  CASTOR_CHECK(fd_ >= 0, path, ": cannot open for writing: ", errno_text());
+  // O_NOFOLLOW: a symbolic link planted in a run directory must not redirect (or truncate) another file.
+  fd_ = ::open(path.c_str(),
+               O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW | (truncate ? O_TRUNC : 0), 0644);
+  CASTOR_CHECK(fd_ >= 0, path, ": cannot open for writing: ", errno == ELOOP ? "a symbolic link" : errno_text());
   struct stat st;
   if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd_);
@@ -155,8 +194,8 @@ std::string AppendFile::append(std::string_view line) {
 }
 
 FileLock::FileLock(const std::string& path) {
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK, 0644);
-  CASTOR_CHECK(fd_ >= 0, path, ": cannot create the lock file: ", errno_text());
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW, 0644);
+  CASTOR_CHECK(fd_ >= 0, path, ": cannot create the lock file: ", errno == ELOOP ? "a symbolic link" : errno_text());
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     char buf[32] = {};
@@ -179,6 +218,12 @@ uint64_t checksum64(std::span<const uint8_t> bytes) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
   return h;
+}
+
+std::string checksum64_hex(std::span<const uint8_t> bytes) {
+  char buf[20];
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, checksum64(bytes));
+  return buf;
 }
 
 std::string printable(std::string_view text) {

@@ -79,12 +79,14 @@ struct Layout {
   size_t data_start;
 };
 
-Layout parse_layout(const uint8_t* data, size_t size, const std::string& what) {
+// `data` holds the file's first `avail` bytes (all of it, or at least the header) of its `size`.
+Layout parse_layout(const uint8_t* data, size_t avail, uint64_t size, const std::string& what) {
   CASTOR_CHECK(size >= 8, what, ": file is ", size, " bytes, too short for the 8-byte header length");
   uint64_t n;
   std::memcpy(&n, data, 8);
   CASTOR_CHECK(n <= kMaxHeaderBytes, what, ": header length ", n, " exceeds the limit of ", kMaxHeaderBytes);
   CASTOR_CHECK(n <= size - 8, what, ": header length ", n, " runs past the end of the file (", size, " bytes)");
+  CASTOR_ASSERT(8 + n <= avail, what, ": the header was not read");
   std::string_view text(reinterpret_cast<const char*>(data) + 8, n);
   CASTOR_CHECK(is_valid_utf8(text), what, ": header is not valid UTF-8");
   Json header;
@@ -147,7 +149,7 @@ const SafetensorsEntry* SafetensorsFile::find(const std::string& name) const {
 }
 
 SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::string& what) {
-  Layout layout = parse_layout(data, size, what);
+  Layout layout = parse_layout(data, size, size, what);
   size_t start = layout.data_start;
   SafetensorsFile f = from_layout(std::move(layout));
   f.bytes.assign(data + start, data + size);
@@ -156,11 +158,22 @@ SafetensorsFile parse_safetensors(const uint8_t* data, size_t size, const std::s
 
 SafetensorsFile read_safetensors(const std::string& path) {
   std::vector<uint8_t> bytes = read_file(path);
-  Layout layout = parse_layout(bytes.data(), bytes.size(), path);
+  Layout layout = parse_layout(bytes.data(), bytes.size(), bytes.size(), path);
   bytes.erase(bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(layout.data_start));
   SafetensorsFile f = from_layout(std::move(layout));
   f.bytes = std::move(bytes);
   return f;
+}
+
+SafetensorsFile read_safetensors_header(const std::string& path) {
+  uint64_t size = 0;
+  std::vector<uint8_t> head = read_file_range(path, 0, 8, size);  // the header's length
+  uint64_t n;
+  std::memcpy(&n, head.data(), 8);
+  CASTOR_CHECK(n <= kMaxHeaderBytes, path, ": header length ", n, " exceeds the limit of ", kMaxHeaderBytes);
+  CASTOR_CHECK(n <= size - 8, path, ": header length ", n, " runs past the end of the file (", size, " bytes)");
+  head = read_file_range(path, 0, 8 + n, size);
+  return from_layout(parse_layout(head.data(), head.size(), size, path));
 }
 
 std::vector<uint8_t> serialize_safetensors(const std::vector<SafetensorsTensor>& tensors,

@@ -15,7 +15,7 @@ void fill(const Tensor& dst, double value);
 // ones too); 16-bit values are computed in float32 and rounded once, float64 in double. p0/p1 are the op's scalars
 // (exponent, clamp bounds, alpha).
 enum class Unary : uint8_t {
-  Neg, Exp, Log, Sqrt, Abs, Relu, Sigmoid, Tanh, Gelu, GeluTanh, Pow, Clamp, AddScalar, MulScalar
+  Neg, Exp, Log, Sqrt, Abs, Relu, Sigmoid, Tanh, Gelu, GeluTanh, Silu, Pow, Clamp, AddScalar, MulScalar
 };
 void unary(Unary op, const Tensor& src, const Tensor& dst, double p0 = 0, double p1 = 0);
 
@@ -28,6 +28,7 @@ enum class Binary : uint8_t {
   TanhGrad,     // a * (1 - b * b), b = output
   GeluGrad,     // a * gelu'(b), b = input
   GeluTanhGrad, // a * gelu_tanh'(b), b = input
+  SiluGrad,     // a * silu'(b), b = input
 };
 void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& dst, double alpha = 1.0);
 

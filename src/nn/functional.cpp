@@ -2,9 +2,10 @@
 // composites (linear, dropout, adaptive pooling, losses) built from differentiable ops.
 #include "castor/functional.h"
 
+#include <algorithm>
 #include <cmath>
 
-#include "autograd/node.h"
+#include "autograd/defs/transformer.h"
 #include "castor/autograd.h"
 #include "castor/ops.h"
 #include "castor/random.h"
@@ -137,6 +138,12 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
                w.describe(), " (", x.dim() >= 1 ? x.size(-1) : 0, " != ", w.size(1), " features)");
   CASTOR_CHECK(!b.defined() || b.shape() == Shape{w.size(0)}, "linear: expected a bias of shape (", w.size(0),
                "), got ", b.describe());
+  if (x.dim() > 2) {  // (*, in) as rows: one GEMM against the weight, not a batch of copies of it
+    Shape shape = x.shape();
+    shape.back() = w.size(0);
+    Tensor out = mm(x.reshape({-1, x.size(-1)}), w.t());
+    return s.done((b.defined() ? add(out, b) : out).view(shape));
+  }
   Tensor out = matmul(x, w.t());
   return s.done(b.defined() ? add(out, b) : out);
 }
@@ -303,6 +310,26 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::array<int64_t, 2> output_si
 Tensor relu(const Tensor& input) { return castor::relu(input); }
 
 Tensor gelu(const Tensor& input, bool tanh_approximate) { return castor::gelu(input, tanh_approximate); }
+Tensor silu(const Tensor& input) { return castor::silu(input); }
+
+Tensor embedding(const Tensor& input, const Tensor& weight, int64_t padding_idx) {
+  return OpDef<OpKind::Embedding>::forward(weight, input, padding_idx);
+}
+
+Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  return OpDef<OpKind::LayerNorm>::forward(input, normalized_shape, weight, bias, eps);
+}
+
+Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, double eps) {
+  return OpDef<OpKind::RmsNorm>::forward(input, normalized_shape, weight, eps);
+}
+
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                    std::optional<double> scale) {
+  return OpDef<OpKind::ScaledDotProductAttention>::forward(query, key, value, attn_mask, dropout_p, is_causal, scale);
+}
 
 Tensor dropout(const Tensor& input, double p, bool training) {
   CASTOR_CHECK(p >= 0 && p <= 1, "dropout: probability has to be between 0 and 1, but got ", p);
@@ -325,6 +352,18 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
                      int64_t ignore_index, const Tensor& weight) {
   CASTOR_CHECK(label_smoothing >= 0 && label_smoothing <= 1, "cross_entropy: label_smoothing must be in [0, 1], got ",
                label_smoothing);
+  if (!weight.defined() && logits.dim() == 2 && target.dtype() == DType::Int64 && target.dim() == 1) {
+    // Fused over the rows (no float32 copy of 16-bit logits), except where PyTorch's mean mixes two denominators:
+    // label smoothing with ignored targets (see below).
+    const auto t = target.to_vector<int64_t>();
+    const int64_t counted = std::count_if(t.begin(), t.end(), [&](int64_t c) { return c != ignore_index; });
+    if (!(label_smoothing > 0 && reduction == Reduction::Mean && counted != target.numel())) {
+      const Tensor losses = OpDef<OpKind::CrossEntropy>::forward(logits, target, label_smoothing, ignore_index);
+      if (reduction == Reduction::None) return losses;
+      const Tensor total = sum(losses);
+      return reduction == Reduction::Sum ? total : total / static_cast<double>(counted);
+    }
+  }
   OpScope s(OpKind::CrossEntropy, {logits, weight});
   const Tensor &x = s[0], &w = s[1];
   CASTOR_CHECK(x.dim() == 2, "cross_entropy: expected (N, C) logits, got ", x.describe());

@@ -93,6 +93,57 @@ Tensor ReLU::forward(const Tensor& input) { return F::relu(input); }
 
 Tensor GELU::forward(const Tensor& input) { return F::gelu(input, tanh_approximate_); }
 
+Tensor SiLU::forward(const Tensor& input) { return F::silu(input); }
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padding_idx) : padding_idx_(padding_idx) {
+  CASTOR_CHECK(num_embeddings > 0 && embedding_dim > 0, "Embedding: sizes ", num_embeddings, " and ", embedding_dim,
+               " must be positive");
+  CASTOR_CHECK(padding_idx >= -1 && padding_idx < num_embeddings, "Embedding: padding_idx ", padding_idx,
+               " outside [0, ", num_embeddings, ")");
+  Tensor w = normal({num_embeddings, embedding_dim}, 0.0, 1.0);
+  if (padding_idx >= 0) w.narrow(0, padding_idx, 1).fill_(0.0);
+  weight = register_parameter("weight", w);
+}
+
+Tensor Embedding::forward(const Tensor& input) { return F::embedding(input, weight, padding_idx_); }
+
+LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine, bool bias)
+    : normalized_shape_(std::move(normalized_shape)), eps_(eps) {
+  CASTOR_CHECK(!normalized_shape_.empty() && shape_numel(normalized_shape_) > 0, "LayerNorm: normalized_shape ",
+               shape_str(normalized_shape_), " must be non-empty");
+  if (!elementwise_affine) return;
+  weight = register_parameter("weight", ones(normalized_shape_));
+  if (bias) this->bias = register_parameter("bias", zeros(normalized_shape_));
+}
+
+Tensor LayerNorm::forward(const Tensor& input) { return F::layer_norm(input, normalized_shape_, weight, bias, eps_); }
+
+RMSNorm::RMSNorm(Shape normalized_shape, double eps, bool elementwise_affine)
+    : normalized_shape_(std::move(normalized_shape)), eps_(eps) {
+  CASTOR_CHECK(!normalized_shape_.empty() && shape_numel(normalized_shape_) > 0, "RMSNorm: normalized_shape ",
+               shape_str(normalized_shape_), " must be non-empty");
+  if (elementwise_affine) weight = register_parameter("weight", ones(normalized_shape_));
+}
+
+Tensor RMSNorm::forward(const Tensor& input) { return F::rms_norm(input, normalized_shape_, weight, eps_); }
+
+Tensor ModuleDict::forward(const Tensor&) {
+  CASTOR_CHECK(false, "ModuleDict: a ModuleDict has no forward; call its children");
+  return {};
+}
+
+Tensor ScaledDotProductAttention::forward(const Tensor&) {
+  CASTOR_CHECK(false, "ScaledDotProductAttention: forward takes {q, k, v[, attn_mask]}, not one tensor");
+  return {};
+}
+
+Tensor ScaledDotProductAttention::forward(const std::vector<Tensor>& inputs) {
+  CASTOR_CHECK(inputs.size() == 3 || inputs.size() == 4, "ScaledDotProductAttention: forward takes {q, k, v[, "
+               "attn_mask]}, got ", inputs.size(), " tensors");
+  return F::scaled_dot_product_attention(inputs[0], inputs[1], inputs[2], inputs.size() == 4 ? inputs[3] : Tensor(),
+                                         training_ ? dropout_ : 0.0, is_causal_);
+}
+
 Tensor MaxPool2d::forward(const Tensor& input) {
   return F::max_pool2d(input, kernel_.array(), stride_.array(), padding_.array());
 }

@@ -56,6 +56,17 @@ Tensor Module::register_parameter(const std::string& name, const Tensor& value) 
   return p;
 }
 
+Tensor Module::tie_parameter(const std::string& name, const Tensor& parameter) {
+  auto it = std::find_if(parameters_.begin(), parameters_.end(), [&](const auto& e) { return e.first == name; });
+  CASTOR_CHECK(it != parameters_.end(), type_name(), ": no parameter \"", name, "\" to tie");
+  CASTOR_CHECK(parameter.defined() && parameter.is_leaf() && parameter.requires_grad() &&
+                   parameter.shape() == it->second.shape(),
+               type_name(), ": parameter \"", name, "\" ", it->second.describe(),
+               " can only be tied to a registered parameter of its shape");
+  it->second = parameter;
+  return parameter;
+}
+
 Tensor Module::register_buffer(const std::string& name, const Tensor& value) {
   check_new_name(name, "buffer");
   CASTOR_CHECK(value.defined(), type_name(), ": buffer \"", name, "\" must be a defined tensor");
@@ -80,8 +91,11 @@ void Module::collect(const std::string& prefix, bool params, bool buffers, bool 
 }
 
 NamedTensors Module::named_parameters(bool recurse) const {
-  NamedTensors out;
-  collect("", /*params=*/true, /*buffers=*/false, recurse, out);
+  NamedTensors all, out;
+  collect("", /*params=*/true, /*buffers=*/false, recurse, all);
+  std::set<const TensorImpl*> seen;  // a tied parameter once, under its first name (PyTorch's remove_duplicate)
+  for (auto& entry : all)
+    if (seen.insert(entry.second.impl()).second) out.push_back(std::move(entry));
   return out;
 }
 
@@ -113,6 +127,22 @@ Module& Module::train(bool mode) {
   return apply([mode](Module& m) { m.training_ = mode; });
 }
 
+Tensor Module::forward(const std::vector<Tensor>& inputs) {
+  CASTOR_CHECK(inputs.size() == 1, type_name(), ": forward takes one input, got ", inputs.size());
+  return forward(inputs[0]);
+}
+
+Tensor Module::operator()(const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> xs = inputs;
+  for (const ForwardHook& h : forward_pre_hooks_)
+    for (Tensor& x : xs)
+      if (Tensor r = x.defined() ? h(x) : Tensor(); r.defined()) x = r;
+  Tensor y = forward(xs);
+  for (const ForwardHook& h : forward_hooks_)
+    if (Tensor r = h(y); r.defined()) y = r;
+  return y;
+}
+
 Tensor Module::operator()(const Tensor& input) {
   Tensor x = input;
   for (const ForwardHook& h : forward_pre_hooks_)
@@ -123,10 +153,10 @@ Tensor Module::operator()(const Tensor& input) {
   return y;
 }
 
-Module& Module::to(DType dtype, bool keep_batchnorm_fp32) {
+Module& Module::to(DType dtype, bool keep_norms_fp32) {
   NoGradGuard no_grad;
   return apply([&](Module& m) {
-    if (keep_batchnorm_fp32 && m.is_batchnorm()) return;
+    if (keep_norms_fp32 && m.keeps_fp32_params()) return;
     for (const auto& [name, p] : m.parameters_) cast_floating(p, dtype);
     for (const auto& [name, b] : m.buffers_) cast_floating(b, dtype);
   });
@@ -157,11 +187,14 @@ LoadResult Module::load_state_dict(const StateDict& state_dict, bool strict) {
   LoadResult result;
   std::vector<std::string> mismatches;
   std::set<std::string> own_names;
+  std::set<const TensorImpl*> loaded;  // a tied parameter is loaded by any of its names
+  for (const auto& [name, t] : own)
+    if (state_dict.count(name)) loaded.insert(t.impl());
   for (const auto& [name, t] : own) {
     own_names.insert(name);
     auto it = state_dict.find(name);
     if (it == state_dict.end()) {
-      result.missing_keys.push_back(name);
+      if (!loaded.count(t.impl())) result.missing_keys.push_back(name);
       continue;
     }
     const Tensor& v = it->second;

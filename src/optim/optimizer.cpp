@@ -1,5 +1,6 @@
 // The optimizer base: gradient staging, float32 master weights, rounding back into 16-bit parameters, state dicts.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -250,8 +251,11 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     const int64_t n = static_cast<int64_t>(get(prefix + "size", DType::Int64, {}).item());
     CASTOR_CHECK(n == static_cast<int64_t>(groups_[g].slots.size()), "load_state_dict: \"", prefix, "size\" says ", n,
                  " parameters but the optimizer's group ", g, " has ", groups_[g].slots.size());
-    get(prefix + "lr", DType::Float64, {});
-    get(prefix + "weight_decay", DType::Float64, {});
+    for (const char* k : {"lr", "weight_decay"}) {
+      const double v = get(prefix + k, DType::Float64, {}).item();
+      CASTOR_CHECK(std::isfinite(v) && v >= 0, "load_state_dict: \"", prefix, k, "\" is ", v,
+                   ", not a finite non-negative number");
+    }
     for (const char* k : {"size", "lr", "weight_decay"}) known.insert(prefix + k);
     for (size_t i = 0; i < groups_[g].slots.size(); ++i) {
       const ParamSlot& slot = groups_[g].slots[i];

@@ -6,7 +6,8 @@
 #include <limits>
 #include <numeric>
 
-#include "autograd/node.h"
+#include "autograd/defs/activation.h"
+#include "autograd/defs/legacy.h"
 #include "castor/autograd.h"
 #include "runtime/dispatch.h"
 #include "kernels/kernels.h"
@@ -118,10 +119,8 @@ Tensor sigmoid(const Tensor& a) {
   return unary_op(OpKind::Sigmoid, Unary::Sigmoid, a, true, {}, /*save_out=*/true);
 }
 Tensor tanh(const Tensor& a) { return unary_op(OpKind::Tanh, Unary::Tanh, a, true, {}, /*save_out=*/true); }
-Tensor gelu(const Tensor& a, bool tanh_approximate) {
-  return unary_op(OpKind::Gelu, tanh_approximate ? Unary::GeluTanh : Unary::Gelu, a, true,
-                  op_params::Gelu{tanh_approximate});
-}
+Tensor gelu(const Tensor& a, bool tanh_approximate) { return OpDef<OpKind::Gelu>::forward(a, tanh_approximate); }
+Tensor silu(const Tensor& a) { return OpDef<OpKind::Silu>::forward(a); }
 Tensor clamp(const Tensor& a, std::optional<double> lo, std::optional<double> hi) {
   const op_params::Clamp c{lo.value_or(-std::numeric_limits<double>::infinity()),
                            hi.value_or(std::numeric_limits<double>::infinity())};
@@ -143,6 +142,16 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   Tensor c = full_operand(cond, DType::Bool);
   kernels::where(c, full_operand(x, dt), full_operand(y, dt), out);
   record(OpKind::Where, {x, y}, out, {c});
+  return s.done(out);
+}
+
+Tensor masked_fill(const Tensor& a, const Tensor& mask, double value) {
+  CASTOR_CHECK(mask.dtype() == DType::Bool, "masked_fill: the mask must be bool, got ", mask.describe());
+  OpScope s(OpKind::MaskedFill, {a});
+  const Tensor& x = s[0];
+  Tensor out = where(mask, scalar_tensor(value, x.dtype()), x);
+  CASTOR_CHECK(out.shape() == x.shape(), "masked_fill: mask ", mask.describe(), " does not broadcast to ",
+               x.describe());
   return s.done(out);
 }
 

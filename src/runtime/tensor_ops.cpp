@@ -12,7 +12,7 @@ namespace castor {
 
 // ---- autograd metadata ----
 
-bool Tensor::requires_grad() const { return impl_->requires_grad || impl_->grad_fn != nullptr; }
+bool Tensor::requires_grad() const { return d().requires_grad || impl_->grad_fn != nullptr; }
 
 Tensor& Tensor::requires_grad_(bool requires_grad) {
   CASTOR_CHECK(is_leaf() || requires_grad, "requires_grad_(false) on a non-leaf tensor ", describe(),

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cinttypes>
 #include <cstdio>
 #include <filesystem>
 #include <sstream>
@@ -19,6 +18,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kCommit = "COMMIT";
+constexpr const char* kHead = "HEAD";  // checkpoints/HEAD names the checkpoint the run continues from
 constexpr const char* kPrefix = "step-";
 constexpr const char* kFiles[] = {"model.safetensors", "train_state.safetensors"};
 
@@ -42,22 +42,47 @@ std::vector<fs::path> complete_checkpoints(const fs::path& dir) {
   return out;
 }
 
+// The checkpoint checkpoints/HEAD names, when it is a complete one (HEAD is written after each checkpoint; run
+// directories of older builds have none).
+std::optional<fs::path> head_checkpoint(const fs::path& root) {
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::symlink_status(root / kHead, ec))) return std::nullopt;
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = read_file((root / kHead).string(), /*max_bytes=*/64);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  std::string name(bytes.begin(), bytes.end());
+  while (!name.empty() && name.back() == '\n') name.pop_back();
+  if (name.rfind(kPrefix, 0) != 0 || name.find_first_of("./") != std::string::npos) return std::nullopt;
+  if (!fs::exists(root / name / kCommit, ec)) return std::nullopt;
+  return root / name;
+}
+
+// The head's lineage, newest first: the head, then the complete checkpoints of lower steps. Without a head, every
+// complete checkpoint. Checkpoints above the head (abandoned when a run resumed from an older one) are not in it.
+std::vector<fs::path> lineage(const fs::path& root) {
+  std::vector<fs::path> all = complete_checkpoints(root);
+  std::reverse(all.begin(), all.end());
+  const std::optional<fs::path> head = head_checkpoint(root);
+  if (!head) return all;
+  std::vector<fs::path> out;
+  for (const fs::path& p : all)
+    if (p.filename() <= head->filename()) out.push_back(p);
+  return out;
+}
+
 void ensure_dir(const fs::path& p) {
   std::error_code ec;
   fs::create_directories(p, ec);
   CASTOR_CHECK(!ec && fs::is_directory(p), p.string(), ": cannot create the directory: ", ec.message());
 }
 
-std::string hex64(uint64_t v) {
-  char buf[20];
-  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
-  return buf;
-}
-
 // The COMMIT marker: "complete", then "<file> <checksum>" per file (markers of older builds hold only "complete").
 std::string commit_marker(const fs::path& dir) {
   std::string marker = "complete\n";
-  for (const char* f : kFiles) marker += std::string(f) + " " + hex64(checksum64(read_file((dir / f).string()))) + "\n";
+  for (const char* f : kFiles) marker += std::string(f) + " " + checksum64_hex(read_file((dir / f).string())) + "\n";
   return marker;
 }
 
@@ -70,7 +95,7 @@ void verify(const fs::path& dir) {
   while (marker >> name >> sum) {
     CASTOR_CHECK(std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles),
                  (dir / kCommit).string(), ": unknown file '", printable(name), "'");
-    const std::string actual = hex64(checksum64(read_file((dir / name).string())));
+    const std::string actual = checksum64_hex(read_file((dir / name).string()));
     CASTOR_CHECK(actual == sum, (dir / name).string(), ": damaged (checksum ", actual, ", the commit marker records ",
                  printable(sum), ")");
   }
@@ -112,6 +137,7 @@ std::string write_checkpoint(const std::string& run_dir, int64_t step, const Che
     fs::rename(tmp, final_dir);
     fsync_directory(root.string());
     fs::remove_all(old, ec);
+    atomic_write_file((root / kHead).string(), step_name(step) + "\n");
   } catch (const fs::filesystem_error& e) {
     fs::remove_all(tmp, ec);
     throw Error(detail::cat(final_dir.string(), ": cannot write the checkpoint: ", e.code().message()));
@@ -119,15 +145,21 @@ std::string write_checkpoint(const std::string& run_dir, int64_t step, const Che
     fs::remove_all(tmp, ec);
     throw;
   }
-  std::vector<fs::path> all = complete_checkpoints(root);
-  for (size_t i = 0; i + keep < all.size(); ++i) fs::remove_all(all[i], ec);
+  // Pruning follows the lineage of this new head: it and the newest keep - 1 before it stay.
+  // Each is renamed away first, so a reader sees a checkpoint whole or not at all (then looks again).
+  std::vector<fs::path> line = lineage(root);
+  for (size_t i = static_cast<size_t>(std::max<int64_t>(keep, 1)); i < line.size(); ++i) {
+    const fs::path doomed = root / (line[i].filename().string() + ".tmp" + std::to_string(getpid()) + "-pruned");
+    fs::rename(line[i], doomed, ec);
+    fs::remove_all(ec ? line[i] : doomed, ec);
+  }
   return final_dir.string();
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
-  std::vector<fs::path> all = complete_checkpoints(fs::path(run_dir) / "checkpoints");
-  if (all.empty()) return std::nullopt;
-  return all.back().string();
+  std::vector<fs::path> line = lineage(fs::path(run_dir) / "checkpoints");
+  if (line.empty()) return std::nullopt;
+  return line.front().string();
 }
 
 bool is_checkpoint_dir(const std::string& path) {
@@ -140,21 +172,25 @@ Checkpoint read_checkpoint(const std::string& path, std::string* used) {
     if (used) *used = path;
     return read_verified(path);
   }
-  std::vector<fs::path> all = complete_checkpoints(fs::path(path) / "checkpoints");
-  CASTOR_CHECK(!all.empty(), path, ": no complete checkpoint here (expected a directory with a ", kCommit,
-               " marker, or a run directory with checkpoints/step-*)");
-  // Newest first; each damaged one is reported and passed over, and the oldest one's error is the last word.
-  for (size_t i = all.size() - 1; i > 0; --i) {
-    try {
-      Checkpoint c = read_verified(all[i]);
-      if (used) *used = all[i].string();
-      return c;
-    } catch (const Error& e) {
-      std::fprintf(stderr, "warning: %s; using the older checkpoint %s\n", e.what(), all[i - 1].c_str());
+  // A live run may prune the checkpoint being read (its files vanish): then look again, a few times.
+  for (int attempt = 0;; ++attempt) {
+    std::vector<fs::path> line = lineage(fs::path(path) / "checkpoints");
+    CASTOR_CHECK(!line.empty(), path, ": no complete checkpoint here (expected a directory with a ", kCommit,
+                 " marker, or a run directory with checkpoints/step-*)");
+    // Newest first; each damaged one is reported and passed over, and the oldest one's error is the last word.
+    for (size_t i = 0; i < line.size(); ++i) {
+      try {
+        Checkpoint c = read_verified(line[i]);
+        if (used) *used = line[i].string();
+        return c;
+      } catch (const Error& e) {
+        std::error_code ec;
+        if (!fs::exists(line[i] / kCommit, ec) && attempt < 20) break;  // pruned meanwhile
+        if (i + 1 == line.size()) throw;
+        std::fprintf(stderr, "warning: %s; using the older checkpoint %s\n", e.what(), line[i + 1].c_str());
+      }
     }
   }
-  if (used) *used = all[0].string();
-  return read_verified(all[0]);
 }
 
 void remove_stale_temps(const std::string& run_dir) {

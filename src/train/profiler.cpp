@@ -23,17 +23,27 @@ std::string Profiler::table(size_t top) const {
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
   double all = 0;
   for (const auto& r : rows) all += r.second.seconds;
-  std::string out = "profile: top ops by time (each op includes the ops it is made of and its autograd recording)\n";
-  char line[256];
-  std::snprintf(line, sizeof(line), "%-20s %-9s %-40s %8s %10s %6s\n", "op", "pass", "dtypes", "calls", "total ms",
-                "share");
-  out += line;
-  for (size_t i = 0; i < std::min(top, rows.size()); ++i) {
+  std::string out = "profile: top ops by time in training steps (each op includes the ops it is made of and its "
+                    "autograd recording; evaluation passes are left out)\n";
+  const size_t shown = std::min(top, rows.size());
+  int op_width = 2, dtype_width = 6;  // the columns fit the longest entry shown
+  for (size_t i = 0; i < shown; ++i) {
+    op_width = std::max(op_width, static_cast<int>(std::get<0>(rows[i].first).size()));
+    dtype_width = std::max(dtype_width, static_cast<int>(std::get<2>(rows[i].first).size()));
+  }
+  auto row = [&](const std::string& op, const char* pass, const std::string& dtypes, const std::string& rest) {
+    char head[512];
+    std::snprintf(head, sizeof(head), "%-*s  %-8s  %-*s", op_width, op.c_str(), pass, dtype_width, dtypes.c_str());
+    out += head + rest + "\n";
+  };
+  char rest[64];
+  std::snprintf(rest, sizeof(rest), " %8s %10s %6s", "calls", "total ms", "share");
+  row("op", "pass", "dtypes", rest);
+  for (size_t i = 0; i < shown; ++i) {
     const auto& [key, t] = rows[i];
-    std::snprintf(line, sizeof(line), "%-20s %-9s %-40s %8lld %10.1f %5.1f%%\n", std::get<0>(key).c_str(),
-                  std::get<1>(key) ? "backward" : "forward", std::get<2>(key).c_str(),
-                  static_cast<long long>(t.calls), 1e3 * t.seconds, all > 0 ? 100 * t.seconds / all : 0.0);
-    out += line;
+    std::snprintf(rest, sizeof(rest), " %8lld %10.1f %5.1f%%", static_cast<long long>(t.calls), 1e3 * t.seconds,
+                  all > 0 ? 100 * t.seconds / all : 0.0);
+    row(std::get<0>(key), std::get<1>(key) ? "backward" : "forward", std::get<2>(key), rest);
   }
   return out;
 }

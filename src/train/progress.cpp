@@ -3,6 +3,7 @@
 
 #include <sys/ioctl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +18,16 @@ std::string clock_text(double seconds) {
   return buf;
 }
 
+std::string fit_fields(const std::vector<std::string>& fields, int width) {
+  std::string text;
+  for (const std::string& f : fields) {
+    const size_t extra = (text.empty() ? 0 : 2) + f.size();
+    if (text.size() + extra > static_cast<size_t>(std::max(width, 0))) break;
+    text += (text.empty() ? "" : "  ") + f;
+  }
+  return text;
+}
+
 std::string progress_line(const ProgressState& s, int width) {
   char buf[64];
   const double remaining = s.step > 0 ? s.elapsed_seconds / static_cast<double>(s.step) *
@@ -27,21 +38,15 @@ std::string progress_line(const ProgressState& s, int width) {
     std::snprintf(buf, sizeof(buf), fmt, args...);
     fields.push_back(buf);
   };
-  add("epoch %lld/%lld", static_cast<long long>(s.epoch + 1), static_cast<long long>(s.epochs));
+  add("epoch %lld/%lld", static_cast<long long>(s.epoch), static_cast<long long>(s.epochs));
   add("step %lld/%lld", static_cast<long long>(s.step), static_cast<long long>(s.total_steps));
   add("loss %.4f", s.loss);
   add("%s<%s", clock_text(s.elapsed_seconds).c_str(), clock_text(remaining).c_str());
   add("%.0f img/s", s.images_per_sec);
   add("lr %.2g", s.lr);
-  add("scale %g", s.loss_scale);
+  if (s.loss_scaling) add("scale %g", s.loss_scale);
 
-  std::string text;
-  for (const std::string& f : fields) {
-    const size_t extra = (text.empty() ? 0 : 2) + f.size();
-    if (text.size() + extra > static_cast<size_t>(width)) break;
-    text += (text.empty() ? "" : "  ") + f;
-  }
-  if (text.size() > static_cast<size_t>(width)) text.resize(static_cast<size_t>(std::max(width, 0)));
+  std::string text = fit_fields(fields, width);
   // The bar takes what is left, between 10 and 30 columns, or is left out.
   const int room = width - static_cast<int>(text.size()) - 3;
   if (room >= 10) {

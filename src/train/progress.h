@@ -2,19 +2,24 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace castor::train {
 
 struct ProgressState {
-  int64_t epoch = 0, epochs = 1;  // epoch counts from 0
+  int64_t epoch = 1, epochs = 1;  // epochs are numbered from 1 in everything a run shows and records
   int64_t step = 0, total_steps = 0;
   double loss = 0;                 // the mean over the current logging window, as metrics.jsonl's loss_avg
   double lr = 0, loss_scale = 1, images_per_sec = 0;
   double elapsed_seconds = 0;
+  bool loss_scaling = true;        // false (bf16, O0): no scale field
 };
 
 // "h:mm:ss".
 std::string clock_text(double seconds);
+
+// `fields` (most important first) joined by two spaces, as many as fit in `width` columns (the rest left out).
+std::string fit_fields(const std::vector<std::string>& fields, int width);
 
 // One progress line of at most `width` characters (fields are dropped from the right, then the bar shrinks,
 // so it never wraps): "[####    ] epoch 1/3 step 120/938 loss 0.4521 lr 1e-03 scale 65536 1234 img/s 0:01:23<0:04:10".

@@ -32,13 +32,16 @@ void RunLog::step(const StepInfo& s) {
   const double window_mean = window_sum_ / static_cast<double>(window_count_);
   if (tty_) {
     const ProgressState p{s.epoch, epochs_, s.step, total_steps_, window_mean, s.lr, s.loss_scale, ips,
-                          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count()};
+                          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
+                          s.loss_scaling};
     std::fprintf(stderr, "\r%s\x1b[K", progress_line(p, width_).c_str());
     std::fflush(stderr);
     progress_drawn_ = true;
   } else if (window_end) {
-    std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3g  scale %g  %.0f img/s\n", static_cast<long long>(s.step),
-                 static_cast<long long>(total_steps_), window_mean, s.lr, s.loss_scale, ips);
+    char scale[48] = "";
+    if (s.loss_scaling) std::snprintf(scale, sizeof(scale), "  scale %g", s.loss_scale);
+    std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3g%s  %.0f img/s\n", static_cast<long long>(s.step),
+                 static_cast<long long>(total_steps_), window_mean, s.lr, scale, ips);
   }
   if (window_end) {
     window_sum_ = 0;
@@ -53,10 +56,10 @@ void RunLog::evaluation(int64_t step, int64_t epoch, double test_loss, double te
                100 * test_accuracy);
 }
 
-void RunLog::epoch(const Json::Object& record, const std::string& line) {
+void RunLog::epoch(const Json::Object& record, const std::vector<std::string>& fields) {
   metrics_.write(record);
   finish_progress_line();
-  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fprintf(stderr, "%s\n", fit_fields(fields, tty_ ? width_ : INT32_MAX).c_str());
 }
 
 void RunLog::finish_progress_line() {

@@ -15,6 +15,7 @@ struct StepInfo {
   double loss = 0, lr = 0, loss_scale = 1;
   bool skipped = false;
   double images = 0, train_seconds = 0;  // totals of this process, for images/s
+  bool loss_scaling = true;              // false: the scale is not shown (no loss scaling: bf16, O0)
 };
 
 class RunLog {
@@ -26,8 +27,8 @@ class RunLog {
   // skipped step; redraws the progress line (a terminal) or prints a plain line every log_every steps.
   void step(const StepInfo& s);
   void evaluation(int64_t step, int64_t epoch, double test_loss, double test_accuracy);
-  // The end-of-epoch record and line.
-  void epoch(const Json::Object& record, const std::string& line);
+  // The end-of-epoch record, and its line: on a terminal as many of `fields` (most important first) as fit its width.
+  void epoch(const Json::Object& record, const std::vector<std::string>& fields);
   // Ends a progress line in place (before other output).
   void finish_progress_line();
   int64_t lost_lines() const { return metrics_.lost_lines(); }

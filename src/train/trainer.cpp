@@ -10,7 +10,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <ctime>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <tuple>
@@ -30,8 +33,11 @@
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "castor/report.h"
+#include "castor/safetensors.h"
+#include "castor/version.h"
 #include "train/metrics.h"
 #include "train/profiler.h"
+#include "train/progress.h"
 #include "train/run_log.h"
 
 namespace castor::train {
@@ -46,7 +52,56 @@ constexpr int kStateVersion = 1;
 struct Datasets {
   ImageDataset train, test;
   data::Normalization norm;
+  std::vector<std::string> classes;  // label i's name
 };
+
+// The class names of the built-in datasets (their documentation's order).
+std::vector<std::string> builtin_classes(Dataset data) {
+  if (data == Dataset::FashionMnist)
+    return {"T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"};
+  if (data == Dataset::Cifar10)
+    return {"airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"};
+  std::vector<std::string> names;
+  for (int i = 0; i < 10; ++i) names.push_back("class " + std::to_string(i));
+  return names;
+}
+
+// --data folder: DIR/train, and DIR/val or a --val-split share of DIR/train held out (the same one for a seed).
+void load_folder(const TrainConfig& c, const std::string& dir, Datasets& d) {
+  ImageFolderOptions o{.image_size = c.image_size, .skip_bad_images = c.skip_bad_images};
+  ImageFolder train = load_image_folder(dir + "/train", o);
+  d.classes = train.classes;
+  int64_t skipped = train.skipped;
+  std::error_code ec;
+  if (fs::is_directory(dir + "/val", ec)) {
+    o.classes = train.classes;
+    ImageFolder val = load_image_folder(dir + "/val", o);
+    skipped += val.skipped;
+    d.train = std::move(train.data);
+    d.test = std::move(val.data);
+  } else {
+    const ImageDataset& all = train.data;
+    const int64_t n_val = std::llround(static_cast<double>(all.n) * c.val_split);
+    CASTOR_CHECK(n_val > 0 && n_val < all.n, "--data-dir ", dir, ": no val/ folder, and --val-split ", c.val_split,
+                 " of ", all.n, " training images leaves no test or no training images");
+    Generator gen(c.seed * 0x9e3779b97f4a7c15ull + 11);
+    std::vector<int64_t> order(all.n);
+    for (int64_t i = 0; i < all.n; ++i) order[i] = i;
+    for (int64_t i = all.n - 1; i > 0; --i) std::swap(order[i], order[gen.next_u64() % (i + 1)]);
+    std::vector<bool> held(all.n, false);
+    for (int64_t i = 0; i < n_val; ++i) held[order[i]] = true;
+    const int64_t sz = all.channels * all.height * all.width;
+    for (ImageDataset* part : {&d.train, &d.test}) *part = {0, all.channels, all.height, all.width, {}, {}, all.num_classes};
+    for (int64_t i = 0; i < all.n; ++i) {  // in file order within each part
+      ImageDataset& part = held[i] ? d.test : d.train;
+      part.images.insert(part.images.end(), all.images.begin() + i * sz, all.images.begin() + (i + 1) * sz);
+      part.labels.push_back(all.labels[i]);
+      ++part.n;
+    }
+  }
+  if (skipped > 0 && dist::rank() == 0)
+    std::fprintf(stderr, "note: %lld unreadable images left out (--skip-bad-images)\n", static_cast<long long>(skipped));
+}
 
 // The dataset directory: --data-dir, or the dataset's default location.
 std::string data_dir(const TrainConfig& c) {
@@ -63,6 +118,10 @@ Datasets load_data(const TrainConfig& c) {
   } else if (c.data == Dataset::Cifar10) {
     d.train = load_cifar10(dir, /*train=*/true);
     d.test = load_cifar10(dir, /*train=*/false);
+  } else if (c.data == Dataset::Folder) {
+    CASTOR_CHECK(!c.data_dir.empty(), "--data folder: needs --data-dir DIR holding DIR/train/<class>/*.png|jpg (and "
+                 "optionally DIR/val/<class>/...)");
+    load_folder(c, dir, d);
   } else {
     // One draw split in two, so train and test share the class patterns.
     const int64_t n_test = std::max<int64_t>(c.synthetic_size / 4, 1);
@@ -79,7 +138,23 @@ Datasets load_data(const TrainConfig& c) {
   CASTOR_CHECK(d.train.n > 0, source, ": the training set is empty");
   CASTOR_CHECK(d.test.n > 0, source, ": the test set is empty");
   d.norm = data::compute_normalization(d.train);
+  if (d.classes.empty()) d.classes = builtin_classes(c.data);
   return d;
+}
+
+// "2026-11-25T14:05:09Z".
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+// What ran: Castor's version and commit, the host CPU and its ISA (config.json, summary.json, the report's header).
+Json build_json() {
+  return Json::Object{{"castor_version", CASTOR_VERSION}, {"git_commit", git_commit()}, {"host_cpu", host_cpu()}};
 }
 
 // What config.json and every checkpoint record: the settings, the thread count used, the schedule's length
@@ -95,6 +170,12 @@ Json config_json(const TrainConfig& c, const Datasets& d, int64_t schedule_steps
   o["normalization"] = Json::Object{{"mean", mean}, {"std", std}};
   o["input_shape"] = Json::Array{d.train.channels, d.train.height, d.train.width};
   o["num_classes"] = d.train.num_classes;
+  Json::Array classes;
+  for (const std::string& name : d.classes) classes.push_back(name);
+  o["class_names"] = classes;
+  const Json build = build_json();
+  for (const auto& [k, v] : build.as_object()) o[k] = v;
+  o["started"] = utc_now();
   return o;
 }
 
@@ -107,11 +188,13 @@ struct Run {
   std::unique_ptr<optim::LRScheduler> sched;
 };
 
-Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps) {
+// `load_init`: load --init's weights (a new run; a checkpoint's weights replace them, so resume and eval do not read
+// the file, which may be gone by then).
+Run build_run(const TrainConfig& c, const Datasets& d, int64_t total_steps, bool load_init) {
   Run r;
   manual_seed(c.seed);
   r.model = models::make_model(name(c.model), d.train.channels, d.train.height, d.train.width, d.train.num_classes);
-  if (!c.init.empty()) {
+  if (!c.init.empty() && load_init) {
     try {
       r.model->load_state_dict(load_safetensors(c.init).tensors, /*strict=*/true);
     } catch (const Error& e) {
@@ -167,16 +250,18 @@ Tensor i64(int64_t v) { return scalar_tensor(static_cast<double>(v), DType::Int6
 
 struct Evaluation {
   double loss = 0, accuracy = 0;
+  std::vector<int64_t> confusion;  // (K, K): row = true class, column = predicted class
 };
 
-// Test loss and accuracy; with several ranks each evaluates every world_size-th batch and the sums are all-reduced.
+// Test loss, accuracy and confusion matrix; with several ranks each evaluates every world_size-th batch and the sums
+// are all-reduced.
 Evaluation evaluate(nn::Module& model, const amp::Amp& amp, const ImageDataset& ds, const data::Normalization& norm,
                     int64_t batch_size) {
   model.eval();
   NoGradGuard no_grad;
   data::DataLoader loader(ds, {.batch_size = batch_size, .shuffle = false, .norm = norm});
-  double loss_sum = 0;
-  int64_t correct = 0;
+  const int64_t K = ds.num_classes;
+  std::vector<double> sums(static_cast<size_t>(1 + K * K), 0.0);  // loss sum, then the confusion counts
   const int world = dist::world_size();
   for (int64_t i = dist::rank(); i < loader.batches_per_epoch(); i += world) {
     data::Batch b = loader.make_batch(0, i);
@@ -185,17 +270,58 @@ Evaluation evaluate(nn::Module& model, const amp::Amp& amp, const ImageDataset& 
       auto fw = amp.forward();
       logits = model(b.images);  // at O2/O3 the patched forward casts the input
     }
-    loss_sum += F::cross_entropy(logits.float_(), b.labels, F::Reduction::Sum).item();
-    correct += static_cast<int64_t>(sum(eq(argmax(logits, 1), b.labels)).item());
+    sums[0] += F::cross_entropy(logits.float_(), b.labels, F::Reduction::Sum).item();
+    const std::vector<int64_t> predicted = argmax(logits, 1).to_vector<int64_t>(), truth = b.labels.to_vector<int64_t>();
+    for (size_t k = 0; k < truth.size(); ++k) sums[static_cast<size_t>(1 + truth[k] * K + predicted[k])] += 1;
   }
   model.train();
   if (world > 1) {
-    Tensor sums = tensor({loss_sum, static_cast<double>(correct)}, {2}, DType::Float64);
-    dist::all_reduce(sums);
-    loss_sum = sums.to_vector<double>()[0];
-    correct = static_cast<int64_t>(sums.to_vector<double>()[1]);
+    Tensor t = tensor(sums, {static_cast<int64_t>(sums.size())}, DType::Float64);
+    dist::all_reduce(t);
+    sums = t.to_vector<double>();
   }
-  return {loss_sum / static_cast<double>(ds.n), static_cast<double>(correct) / static_cast<double>(ds.n)};
+  Evaluation ev;
+  int64_t correct = 0;
+  for (int64_t k = 0; k < K * K; ++k) {
+    ev.confusion.push_back(static_cast<int64_t>(sums[static_cast<size_t>(1 + k)]));
+    if (k / K == k % K) correct += ev.confusion.back();
+  }
+  ev.loss = sums[0] / static_cast<double>(ds.n);
+  ev.accuracy = static_cast<double>(correct) / static_cast<double>(ds.n);
+  return ev;
+}
+
+// {"classes": [{"name", "accuracy", "images"}...], "confusion_matrix": rows of true classes} of an evaluation, as
+// castor eval prints it and the report shows it.
+Json by_class(const std::vector<std::string>& names, const std::vector<int64_t>& confusion) {
+  Json::Array classes, matrix;
+  const size_t K = names.size();
+  for (size_t t = 0; t < K; ++t) {
+    Json::Array row;
+    int64_t images = 0;
+    for (size_t p = 0; p < K; ++p) row.push_back(confusion[t * K + p]), images += confusion[t * K + p];
+    matrix.push_back(row);
+    classes.push_back(Json::Object{{"name", names[t]}, {"images", images},
+                                   {"accuracy", images ? static_cast<double>(confusion[t * K + t]) / images : 0.0}});
+  }
+  return Json::Object{{"classes", classes}, {"confusion_matrix", matrix}};
+}
+
+// The explain rows with the module each op belongs to: the module whose parameters it used (conv1 for conv1.weight),
+// and for an op without parameters (relu, pooling) the module of the op before it; "(input)" before the first.
+std::vector<amp::ExplainRow> with_modules(std::vector<amp::ExplainRow> rows, const nn::Module& model) {
+  std::map<const TensorImpl*, std::string> owner;
+  for (const auto& [name, t] : model.named_parameters()) {
+    const size_t dot = name.rfind('.');
+    owner[t.impl()] = dot == std::string::npos ? std::string("(model)") : name.substr(0, dot);
+  }
+  std::string current = "(input)";
+  for (amp::ExplainRow& r : rows) {
+    for (const TensorImpl* in : r.inputs)
+      if (auto it = owner.find(in); it != owner.end()) current = it->second;
+    r.module = current;
+  }
+  return rows;
 }
 
 // The first interrupting signal (0: none yet); set by the handler install_interrupt_handlers() puts in place.
@@ -275,6 +401,8 @@ struct TrainState {
     }
     const std::vector<int64_t> words = rng->second.to_vector<int64_t>();
     for (size_t i = 0; i < st.size(); ++i) st[i] = static_cast<uint64_t>(words[i]);
+    CASTOR_CHECK(st[0] | st[1] | st[2] | st[3], what, ": the training state's rng.default is all zero (no generator "
+                 "reaches that state)");
     default_generator().set_state(st);
     return s;
   }
@@ -299,13 +427,37 @@ std::pair<std::string, std::string> resolve_resume(const std::string& path) {
     CASTOR_CHECK(fs::is_directory(path, ec), "--resume ", path, ": not a run directory");
     return {path, path};
   }
-  const fs::path parent = fs::absolute(path).lexically_normal().parent_path();
-  const fs::path folder = parent.filename().empty() ? parent.parent_path() : parent;
+  // (a trailing slash, as tab completion writes it, names the same folder)
+  const fs::path folder = fs::path(absolute_path(path)).parent_path();
   CASTOR_CHECK(folder.filename() == "checkpoints", "--resume ", path,
                ": a checkpoint folder outside a run directory (expected RUN/checkpoints/step-N); start a new run "
                "from its weights with --init ",
                path, "/model.safetensors");
   return {folder.parent_path().string(), path};
+}
+
+// The files a run writes in its directory (besides its lock file and checkpoints).
+constexpr const char* kRunFiles[] = {"config.json", "metrics.jsonl", "metrics.csv", "report.html", "summary.json"};
+
+// The run directory of a new run without --out: runs/<date>-<time>-<model>-<precision>, a new one each time (as timm and
+// Lightning do); every rank of a job takes rank 0's clock.
+std::string default_out(const TrainConfig& c) {
+  double now = static_cast<double>(std::time(nullptr));
+  if (dist::world_size() > 1) {
+    Tensor t = tensor({dist::rank() == 0 ? now : 0.0}, {1}, DType::Float64);
+    dist::all_reduce(t);
+    now = t.to_vector<double>()[0];
+  }
+  const std::time_t when = static_cast<std::time_t>(now);
+  std::tm local{};
+  localtime_r(&when, &local);
+  char date[32];
+  std::strftime(date, sizeof(date), "%Y%m%d-%H%M%S", &local);
+  const std::string base = detail::cat("runs/", date, "-", name(c.model), "-", precision_name(c));
+  std::string out = base;
+  std::error_code ec;
+  for (int k = 2; dist::world_size() == 1 && fs::exists(out, ec); ++k) out = base + "-" + std::to_string(k);
+  return out;
 }
 
 // Takes ownership of the run directory `c.out` for the run's lifetime: creates it, locks it, refuses (or with
@@ -316,6 +468,15 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
   fs::create_directories(c.out, ec);
   CASTOR_CHECK(!ec && fs::is_directory(c.out), "--out ", c.out, ": cannot create the directory: ",
                ec ? ec.message() : "not a directory");
+  // A run's own files are never symbolic links: writing through one would replace whatever it points to.
+  std::vector<std::string> own = {".castor.lock", "checkpoints", "checkpoints/HEAD"};
+  own.insert(own.end(), std::begin(kRunFiles), std::end(kRunFiles));
+  std::string links;
+  for (const std::string& f : own)
+    if (fs::is_symlink(c.out + "/" + f, ec)) links += (links.empty() ? "" : ", ") + f;
+  CASTOR_CHECK(links.empty(), "--out ", c.out, ": symbolic links where a run writes its files (", links,
+               "); a run directory's own files must not be links (remove them)");
+  const bool castor_dir = fs::exists(c.out + "/.castor.lock", ec);
   auto lock = std::make_unique<FileLock>(c.out + "/.castor.lock");
   const std::string checkpoints = c.out + "/checkpoints";
   const bool has_metrics = fs::is_regular_file(c.out + "/metrics.jsonl", ec) && fs::file_size(c.out + "/metrics.jsonl", ec) > 0;
@@ -323,7 +484,17 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
     CASTOR_CHECK(c.overwrite, "--out ", c.out,
                  " holds another run (checkpoints or metrics.jsonl); continue it with --resume ", c.out,
                  ", choose another --out, or pass --overwrite to replace it");
-    for (const char* f : {"checkpoints", "metrics.jsonl", "report.html", "config.json"}) fs::remove_all(c.out + "/" + f, ec);
+    fs::remove_all(c.out + "/checkpoints", ec);
+    for (const char* f : kRunFiles) fs::remove_all(c.out + "/" + f, ec);
+  } else if (!continuing && !castor_dir) {
+    // Not a Castor run directory (no lock file ever made there): files a run writes belong to someone else.
+    std::string foreign;
+    for (const char* f : kRunFiles)
+      if (fs::exists(c.out + "/" + f, ec)) foreign += (foreign.empty() ? "" : ", ") + std::string(f);
+    CASTOR_CHECK(foreign.empty() || c.overwrite, "--out ", c.out, " is not a Castor run directory but holds ", foreign,
+                 ", which a run would replace; choose another --out, or pass --overwrite to replace them");
+    if (c.overwrite)
+      for (const char* f : kRunFiles) fs::remove(c.out + "/" + f, ec);
   }
   remove_stale_temps(c.out);
   fs::create_directories(checkpoints, ec);
@@ -350,7 +521,8 @@ class Trainer {
           TrainState state, int64_t total_steps, int64_t epochs)
       : c_(c), d_(d), loader_(loader), run_(run), config_(std::move(config)), state_(state), total_(total_steps),
         rank0_(dist::rank() == 0), world_(dist::world_size()),
-        dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic") {
+        dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic"),
+        epochs_(epochs) {
     if (rank0_) log_.emplace(c, total_steps, epochs, /*append=*/!c.resume.empty());
   }
 
@@ -360,6 +532,7 @@ class Trainer {
     reset_peak_memory_stats();
     std::unique_ptr<Profiler> profiler = c_.profile ? std::make_unique<Profiler>() : nullptr;
     last_save_ = Clock::now();
+    const bool was_done = state_.step >= total_;
     while (state_.step < total_ && !interrupted()) {
       loader_.start_epoch(state_.epoch, state_.batch);
       EpochTotals e;
@@ -373,14 +546,28 @@ class Trainer {
       if (interrupted()) break;
       end_epoch(e, std::chrono::duration<double>(Clock::now() - epoch_start).count());
     }
-    if (interrupted()) return stop_interrupted();
+    // A signal during the final evaluation comes after the last step: the report below finishes the run.
+    if (interrupted() && state_.step < total_) return stop_interrupted();
+    if (was_done) {  // resumed after its last step without its report (or its epoch end): evaluate again for it
+      if (rank0_) std::fprintf(stderr, "castor train: %s finished at step %lld without its report; writing it\n",
+                               c_.out.c_str(), static_cast<long long>(state_.step));
+      if (state_.batch >= loader_.batches_per_epoch())
+        end_epoch(EpochTotals{}, 0);  // as a resume mid-run does at an epoch end cut off by a kill
+      else
+        last_eval_ = evaluate(*run_.model, *run_.amp, d_.test, d_.norm, 256);
+    }
     Json summary = summary_json();
     summary["wall_seconds"] = std::chrono::duration<double>(Clock::now() - wall_start).count();
+    const Json build = build_json();
+    for (const auto& [k, v] : build.as_object()) summary[k] = v;
+    summary["finished"] = utc_now();
     if (!rank0_) return summary;
     // The report covers the whole run, resumed parts included, from metrics.jsonl.
     const std::string title = detail::cat("castor: ", name(c_.model), " on ", name(c_.data), ", ",
                                           amp::opt_level_name(c_.amp));
-    atomic_write_file(c_.out + "/report.html", render_report(title, config_, read_metrics(c_.out), op_dtypes_));
+    const Json classes = last_eval_ ? by_class(d_.classes, last_eval_->confusion) : Json();
+    atomic_write_file(c_.out + "/report.html",
+                      render_report(title, config_, read_metrics(c_.out), op_dtypes_, classes));
     if (profiler) std::fprintf(stderr, "%s", profiler->table(15).c_str());
     atomic_write_file(c_.out + "/summary.json", summary.dump(2) + "\n");
     return summary;
@@ -409,7 +596,7 @@ class Trainer {
       // At O2/O3 the patched forward casts the batch to the model's dtype and the logits back to float32.
       Tensor logits = (*run_.model)(batch.images);
       loss = F::cross_entropy(logits.float_(), batch.labels, F::Reduction::Mean, c_.label_smoothing);
-      if (explain) op_dtypes_ = explain->rows();
+      if (explain) op_dtypes_ = with_modules(explain->rows(), *run_.model);
     }
     // Summed over grad_accum micro-batches, the gradients are those of the mean loss of one big batch. With
     // several ranks, backward averages them across ranks, once per step (the other micro-batches run in no_sync).
@@ -453,54 +640,78 @@ class Trainer {
     e.loss += lv;
     ++e.batches;
     check_divergence(lv, stepped);
-    if (log_) log_->step({state_.step, state_.epoch, lv, run_.opt->param_groups()[0].lr, run_.amp->scaler().get_scale(),
-               !stepped, images_, train_seconds_});
+    if (log_) log_->step({state_.step, state_.epoch + 1, lv, run_.opt->param_groups()[0].lr,
+               run_.amp->scaler().get_scale(), !stepped, images_, train_seconds_, run_.amp->scaler().is_enabled()});
     // (an epoch's end evaluates anyway)
     if (c_.eval_every > 0 && state_.step % c_.eval_every == 0 && state_.step < total_ &&
         next_batch < loader_.batches_per_epoch()) {
-      const Evaluation ev = evaluate(*run_.model, *run_.amp, d_.test, d_.norm, 256);
-      if (log_) log_->evaluation(state_.step, state_.epoch, ev.loss, ev.accuracy);
+      const Evaluation ev = evaluate_now();
+      if (log_) log_->evaluation(state_.step, state_.epoch + 1, ev.loss, ev.accuracy);
     }
     return true;
   }
 
   // Stops the run with "diverged at step N" on a non-finite loss without dynamic loss scaling (O0, O3 bf16),
-  // or when dynamic scaling skips step after step or drives the scale below a floor.
+  // or when dynamic scaling skips step after step or drives the scale below a floor; and when a static loss
+  // scale overflows the gradients kMaxSkippedStatic steps in a row (nothing would be trained).
   void check_divergence(double loss, bool stepped) {
     skipped_in_a_row_ = stepped ? 0 : skipped_in_a_row_ + 1;
     const double scale = run_.amp->scaler().get_scale();
-    if (!dynamic_scale_)
+    if (!dynamic_scale_) {
       CASTOR_CHECK(std::isfinite(loss), "diverged at step ", state_.step, ": the loss is ", loss,
                    " (try a lower --lr); the newest checkpoint holds the last finite state");
-    else
+      CASTOR_CHECK(skipped_in_a_row_ < kMaxSkippedStatic, "stopped at step ", state_.step, ": ", skipped_in_a_row_,
+                   " steps in a row were skipped because the gradients overflow at the static loss scale ", scale,
+                   "; use a lower --loss-scale, or --loss-scale dynamic");
+    } else {
       CASTOR_CHECK(skipped_in_a_row_ < kMaxSkippedInARow && scale >= kMinLossScale, "diverged at step ", state_.step,
                    ": ", skipped_in_a_row_, " skipped steps in a row, loss scale ", scale,
                    " (try a lower --lr); the newest checkpoint holds the last finite state");
+    }
   }
 
   void end_epoch(const EpochTotals& e, double seconds) {
     const bool epoch_end = state_.batch >= loader_.batches_per_epoch();
-    last_eval_ = evaluate(*run_.model, *run_.amp, d_.test, d_.norm, 256);
+    last_eval_ = evaluate_now();
     const double ips = e.images / std::max(seconds, 1e-9);
     const double train_loss = e.batches ? e.loss / static_cast<double>(e.batches) : 0.0;
     const auto& scaler = run_.amp->scaler();
-    char line[256];
-    std::snprintf(line, sizeof(line),
-                  "epoch %lld  train loss %.4f  test loss %.4f  test acc %.2f%%  %.0f img/s  scale %g  skipped %lld  "
-                  "peak mem %.1f MiB",
-                  static_cast<long long>(state_.epoch), train_loss, last_eval_.loss, 100 * last_eval_.accuracy, ips,
-                  scaler.get_scale(), static_cast<long long>(scaler.steps_skipped()),
-                  memory_stats().peak_bytes / 1048576.0);
-    if (log_) log_->epoch({{"epoch", state_.epoch}, {"step", state_.step}, {"train_loss", train_loss},
-                {"test_loss", last_eval_.loss}, {"test_accuracy", last_eval_.accuracy}, {"images_per_sec", ips},
+    const int64_t epoch = state_.epoch + 1;  // numbered from 1, as the progress line does
+    char buf[64];
+    std::vector<std::string> fields;  // most important first: the terminal shows those that fit
+    auto add = [&](const char* fmt, auto... args) {
+      std::snprintf(buf, sizeof(buf), fmt, args...);
+      fields.push_back(buf);
+    };
+    add("epoch %lld/%lld", static_cast<long long>(epoch), static_cast<long long>(epochs_));
+    add("test acc %.2f%%", 100 * last_eval_->accuracy);
+    add("train loss %.4f", train_loss);
+    add("test loss %.4f", last_eval_->loss);
+    add("%.0f img/s", ips);
+    if (scaler.is_enabled()) {
+      add("scale %g", scaler.get_scale());
+      add("skipped %lld", static_cast<long long>(scaler.steps_skipped()));
+    }
+    add("peak mem %.1f MiB", memory_stats().peak_bytes / 1048576.0);
+    if (log_) log_->epoch({{"epoch", epoch}, {"step", state_.step}, {"train_loss", train_loss},
+                {"test_loss", last_eval_->loss}, {"test_accuracy", last_eval_->accuracy}, {"images_per_sec", ips},
                 {"loss_scale", scaler.get_scale()}, {"skipped_steps", scaler.steps_skipped()},
                 {"peak_memory_bytes", memory_stats().peak_bytes}},
-               line);
+               fields);
     if (epoch_end) {
       ++state_.epoch;
       state_.batch = 0;
     }
     if ((c_.checkpoint_every == 0 || state_.step >= total_) && !saved_now()) checkpoint();
+  }
+
+  // The test set's loss and accuracy; its ops are left out of --profile's table (which is about training).
+  Evaluation evaluate_now() {
+    OpObserver* profiler = op_observer();
+    set_op_observer(nullptr);
+    Evaluation ev = evaluate(*run_.model, *run_.amp, d_.test, d_.norm, 256);
+    set_op_observer(profiler);
+    return ev;
   }
 
   // Whether the newest checkpoint holds the current position already.
@@ -544,8 +755,9 @@ class Trainer {
 
   Json summary_json() const {
     const auto& scaler = run_.amp->scaler();
-    return Json::Object{{"test_accuracy", last_eval_.accuracy},
-                        {"test_loss", last_eval_.loss},
+    // (an interrupted run may stop before its first evaluation: null, not a made-up 0)
+    return Json::Object{{"test_accuracy", last_eval_ ? Json(last_eval_->accuracy) : Json()},
+                        {"test_loss", last_eval_ ? Json(last_eval_->loss) : Json()},
                         {"train_images_per_sec", train_seconds_ > 0 ? images_ / train_seconds_ : 0.0},
                         {"steps", state_.step},
                         {"skipped_steps", scaler.steps_skipped()},
@@ -557,6 +769,7 @@ class Trainer {
   }
 
   static constexpr int64_t kMaxSkippedInARow = 64;
+  static constexpr int64_t kMaxSkippedStatic = 20;
   static constexpr double kMinLossScale = 0x1p-24;
 
   const TrainConfig& c_;
@@ -571,7 +784,8 @@ class Trainer {
   std::optional<RunLog> log_;  // rank 0's
   const bool dynamic_scale_;
   std::vector<amp::ExplainRow> op_dtypes_;  // of this process's first forward pass, for the report
-  Evaluation last_eval_;
+  std::optional<Evaluation> last_eval_;  // the newest epoch-end evaluation
+  const int64_t epochs_;
   double images_ = 0, train_seconds_ = 0, micro_loss_ = 0;
   int64_t micro_ = 0;  // micro-batches whose gradients are summed so far
   int64_t skipped_in_a_row_ = 0;
@@ -643,6 +857,10 @@ Json run_train(TrainConfig c) {
     std::tie(run_dir, resume_from) = resolve_resume(c.resume);
     if (std::find(c.given.begin(), c.given.end(), "--out") == c.given.end()) c.out = run_dir;
   }
+  if (c.out.empty()) {
+    c.out = default_out(c);
+    if (rank == 0) std::fprintf(stderr, "castor train: run directory %s\n", c.out.c_str());
+  }
   std::error_code ec;
   const bool continuing = resuming && fs::equivalent(run_dir, c.out, ec);
   // Rank 0 owns the run directory; the others wait until it has been set up, then read the same checkpoint.
@@ -677,28 +895,86 @@ Json run_train(TrainConfig c) {
   const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * steps_per_epoch;
   const int64_t schedule_steps = resuming ? recorded_schedule_steps(recorded, steps_per_epoch) : total_steps;
   CASTOR_CHECK(schedule_steps > 0, resume_from, ": the recorded schedule length ", schedule_steps, " is not positive");
-  Run run = build_run(c, d, schedule_steps);
+  Run run = build_run(c, d, schedule_steps, /*load_init=*/!ck);
   TrainState state;
-  if (ck) state = TrainState::load(*ck, run, per_epoch, c.grad_accum, resume_from);
-  if (state.step >= total_steps) {
+  if (ck) {
+    state = TrainState::load(*ck, run, per_epoch, c.grad_accum, resume_from);
+    if (rank == 0)
+      std::fprintf(stderr, "castor train: resuming from step %lld (checkpoint %s)\n", static_cast<long long>(state.step),
+                   resume_from.c_str());
+  }
+  // A run stopped after its last step but before its epoch end or report (killed during the final evaluation)
+  // finishes them; a summary older than the checkpoint is an earlier run's (one resumed from an older checkpoint).
+  const auto written = [&](const std::string& f) {
+    std::error_code ec;
+    const auto t = fs::last_write_time(f, ec);
+    return ec ? fs::file_time_type::min() : t;
+  };
+  const bool reported = ck && fs::exists(c.out + "/report.html") &&
+                        written(c.out + "/summary.json") >= written(resume_from + "/COMMIT");
+  if (state.step >= total_steps && reported && state.batch < per_epoch) {
     if (rank == 0)
       std::fprintf(stderr, "castor train: %s is already complete at step %lld (extend it with --steps or --epochs)\n",
                  c.out.c_str(), static_cast<long long>(state.step));
     return Json::Object{{"already_complete", true}, {"steps", state.step}, {"out", c.out}};
   }
   if (rank == 0) check_extension(c, schedule_steps, total_steps);
-  const Json config = config_json(c, d, schedule_steps);
+  Json config = config_json(c, d, schedule_steps);
+  // Provenance only: what --init and --data-dir were (absolute, so the run resumes from any directory) and the init
+  // file's checksum; once the first checkpoint exists, the run needs nothing outside its directory but the data.
+  if (!c.data_dir.empty()) config["data_dir"] = absolute_path(c.data_dir);
+  if (!c.init.empty()) {
+    config["init"] = absolute_path(c.init);
+    if (!resuming)
+      config["init_checksum"] = checksum64_hex(read_file(c.init));
+    else if (const Json* sum = recorded.find("init_checksum"))
+      config["init_checksum"] = *sum;
+  }
   if (rank == 0) {
     atomic_write_file(c.out + "/config.json", config.dump(2) + "\n");
-    std::fprintf(stderr, "castor train: %s on %s, %s %s, %s lr %g, batch %lld, %lld steps, %d threads%s\n",
-                 name(c.model), name(c.data), amp::opt_level_name(c.amp),
-                 c.amp == amp::OptLevel::O0 ? "float32" : dtype_name(c.dtype), name(c.optimizer), c.lr, static_cast<long long>(c.batch_size * c.grad_accum * world),
-                 static_cast<long long>(total_steps), omp_get_max_threads(),
-                 world > 1 ? (" per rank, " + std::to_string(world) + " ranks").c_str() : "");
+    // As many of the settings as fit a terminal's width (all of them in a log).
+    const std::vector<std::string> fields = {
+        detail::cat("castor train: ", name(c.model), " on ", name(c.data)),
+        detail::cat(precision_name(c), " (", amp::opt_level_name(c.amp), ")"),
+        detail::cat(name(c.optimizer), " lr ", c.lr),
+        detail::cat("batch ", c.batch_size * c.grad_accum * world),
+        detail::cat(total_steps, " steps"),
+        detail::cat(omp_get_max_threads(), " threads", world > 1 ? detail::cat(" per rank, ", world, " ranks") : "")};
+    std::fprintf(stderr, "%s\n",
+                 fit_fields(fields, isatty(STDERR_FILENO) ? terminal_width(STDERR_FILENO) - 1 : INT32_MAX).c_str());
   }
   const int64_t epochs = c.steps > 0 ? (total_steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;
   return Trainer(c, d, loader, run, config, state, total_steps, epochs).run();
 }
+
+namespace {
+
+// Per-class accuracy and the confusion matrix as text (rows: true class, columns: predicted, by index).
+std::string class_report(const std::vector<std::string>& classes, const std::vector<int64_t>& confusion) {
+  const size_t K = classes.size();
+  size_t name_width = 5;
+  for (const std::string& n : classes) name_width = std::max(name_width, std::min<size_t>(n.size(), 24));
+  std::string out = detail::cat("per class (rows: true class, columns: predicted class ", "0.." , K - 1, ")\n");
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%3s %-*s %8s %7s ", "", static_cast<int>(name_width), "class", "accuracy", "images");
+  out += buf;
+  for (size_t p = 0; p < K; ++p) std::snprintf(buf, sizeof(buf), " %5zu", p), out += buf;
+  out += "\n";
+  for (size_t t = 0; t < K; ++t) {
+    int64_t images = 0;
+    for (size_t p = 0; p < K; ++p) images += confusion[t * K + p];
+    std::snprintf(buf, sizeof(buf), "%3zu %-*s %7.2f%% %7lld ", t, static_cast<int>(name_width),
+                  printable(classes[t]).substr(0, 24).c_str(),
+                  images ? 100.0 * static_cast<double>(confusion[t * K + t]) / static_cast<double>(images) : 0.0,
+                  static_cast<long long>(images));
+    out += buf;
+    for (size_t p = 0; p < K; ++p) std::snprintf(buf, sizeof(buf), " %5lld", static_cast<long long>(confusion[t * K + p])), out += buf;
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace
 
 Json run_eval(const EvalConfig& e) {
   LoadedTensors model_file;
@@ -710,8 +986,12 @@ Json run_eval(const EvalConfig& e) {
   }
   TrainConfig c;
   auto it = model_file.metadata.find("castor.config");
+  std::vector<std::string> recorded_classes;
   if (it != model_file.metadata.end()) {
-    c = resume_config(TrainConfig{}, Json::parse(it->second), e.path);
+    const Json recorded = Json::parse(it->second);
+    c = resume_config(TrainConfig{}, recorded, e.path);
+    if (const Json* names = recorded.find("class_names"); names && names->is_array())
+      for (const Json& n : names->as_array()) recorded_classes.push_back(n.is_string() ? n.as_string() : n.dump());
     CASTOR_CHECK(!e.model || *e.model == c.model, "--model ", name(*e.model), ": ", e.path, " holds a ", name(c.model));
     CASTOR_CHECK(!e.data || *e.data == c.data, "--data ", name(*e.data), ": ", e.path, " was trained on ",
                  name(c.data));
@@ -724,37 +1004,136 @@ Json run_eval(const EvalConfig& e) {
   }
   if (!e.data_dir.empty()) c.data_dir = e.data_dir;
   Datasets d = load_data(c);
-  Run run = build_run(c, d, 1);
+  Run run = build_run(c, d, 1, /*load_init=*/false);
   try {
     run.model->load_state_dict(model_file.tensors, /*strict=*/true);
   } catch (const Error& err) {
     throw Error(detail::cat(e.path, ": ", err.what()));
   }
+  if (!recorded_classes.empty())
+    CASTOR_CHECK(recorded_classes == d.classes, e.path, ": the model was trained on other classes than ",
+                 "--data-dir ", data_dir(c), " holds (", recorded_classes.size(), " recorded, ", d.classes.size(),
+                 " found, or in another order)");
   const Evaluation ev = evaluate(*run.model, *run.amp, d.test, d.norm, e.batch_size);
-  return Json::Object{{"test_accuracy", ev.accuracy}, {"test_loss", ev.loss}, {"images", d.test.n},
-                      {"checkpoint", e.path}};
+  std::fputs(class_report(d.classes, ev.confusion).c_str(), stderr);
+  Json out = by_class(d.classes, ev.confusion);
+  out["test_accuracy"] = ev.accuracy;
+  out["test_loss"] = ev.loss;
+  out["images"] = d.test.n;
+  out["checkpoint"] = e.path;
+  return out;
 }
 
-std::string run_info(const std::vector<std::string>& args) {
-  CASTOR_CHECK(args.size() == 1, "castor info: expected one FILE or DIR, got ", args.size(), " arguments");
-  const std::string& path = args[0];
-  std::vector<std::pair<std::string, LoadedTensors>> files;
-  if (fs::is_directory(path)) {
-    Checkpoint ck = read_checkpoint(path);
-    files.push_back({"model.safetensors", {ck.model, ck.model_meta}});
-    files.push_back({"train_state.safetensors", {ck.state, ck.state_meta}});
-  } else {
-    files.push_back({path, load_safetensors(path)});
-  }
+namespace {
+
+// `castor info`'s default: what a person asks of a checkpoint first.
+std::string info_summary(const std::string& path, const std::string& used, const SafetensorsFile& model,
+                         const StateDict* state) {
   std::string out;
-  for (const auto& [name, f] : files) {
+  auto line = [&](const char* key, const std::string& value) { out += detail::cat(key, std::string(12 - std::strlen(key), ' '), value, "\n"); };
+  int64_t values = 0;
+  std::string dtypes;
+  for (const SafetensorsEntry& e : model.entries) {
+    values += e.numel();
+    if (dtypes.find(dtype_name(e.dtype)) == std::string::npos) dtypes += (dtypes.empty() ? "" : ", ") + std::string(dtype_name(e.dtype));
+  }
+  line("file", printable(used));
+  Json config = Json::Object{};
+  if (auto it = model.metadata.find("castor.config"); it != model.metadata.end()) config = Json::parse(it->second);
+  if (!config.is_object()) config = Json::Object{};
+  const std::string model_name = config.find("model") ? config.at("model").as_string() : "unknown (no castor metadata)";
+  line("model", detail::cat(model_name, ", ", model.entries.size(), " tensors, ", values, " values (", dtypes, ")"));
+  if (config.find("amp") && config.find("dtype")) {
+    TrainConfig c;
+    c.amp = amp::parse_opt_level(config.at("amp").as_string());
+    c.dtype = parse_dtype(config.at("dtype").as_string());
+    line("precision", detail::cat(precision_name(c), " (", amp::opt_level_name(c.amp), ", ",
+                                  c.amp == amp::OptLevel::O0 ? "float32" : dtype_name(c.dtype), ")"));
+  }
+  if (config.find("data")) {
+    std::string data = config.at("data").as_string();
+    if (const Json* k = config.find("num_classes")) data += detail::cat(", ", k->dump(), " classes");
+    if (const Json* shape = config.find("input_shape")) data += ", input (C, H, W) " + shape->dump();
+    line("data", data);
+  }
+  if (state) {
+    auto counter = [&](const char* key) {
+      auto it = state->find(key);
+      return it == state->end() ? int64_t{-1} : static_cast<int64_t>(it->second.to(DType::Float64).item());
+    };
+    const int64_t step = counter("progress.step"), epoch = counter("progress.epoch"), batch = counter("progress.batch");
+    if (step >= 0)  // (epochs numbered from 1, as training shows them)
+      line("step", batch == 0 && epoch > 0 ? detail::cat(step, " (the end of epoch ", epoch, ")")
+                                           : detail::cat(step, " (in epoch ", epoch + 1, ")"));
+  }
+  // In a run directory: its last evaluation and its checkpoints.
+  std::error_code ec;
+  fs::path run = fs::is_directory(path + "/checkpoints", ec) ? fs::path(path) : fs::path(used).parent_path().parent_path();
+  if (fs::is_directory(run / "checkpoints", ec)) {
+    const std::vector<Json> records = read_metrics(run.string());
+    for (auto r = records.rbegin(); r != records.rend(); ++r)
+      if (const Json* acc = r->find("test_accuracy"); acc && acc->is_number()) {
+        char text[128];
+        std::snprintf(text, sizeof(text), "test accuracy %.2f%%, test loss %.4f at step %lld", 100 * acc->as_double(),
+                      r->at("test_loss").as_double(), static_cast<long long>(r->at("step").as_int()));
+        line("metrics", text);
+        break;
+      }
+    std::vector<std::string> names;
+    for (const fs::directory_entry& e : fs::directory_iterator(run / "checkpoints", ec))
+      if (is_checkpoint_dir(e.path().string())) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    std::string list;
+    for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+    line("checkpoints", list.empty() ? "none" : list);
+  }
+  for (const auto& [k, v] : model.metadata)  // the recorded config is summarised above
+    if (k != "castor.config" && k != "format") line("metadata", printable(k) + " = " + printable(v));
+  out += "(castor info --tensors " + printable(path) + ": every tensor)\n";
+  return out;
+}
+
+}  // namespace
+
+std::string run_info(const std::vector<std::string>& args) {
+  std::vector<std::string> paths;
+  bool tensors = false;
+  for (const std::string& a : args) {
+    if (a == "--tensors") tensors = true;
+    else paths.push_back(a);
+  }
+  CASTOR_CHECK(paths.size() == 1, "castor info: expected one FILE or DIR, got ", paths.size(), " arguments");
+  const std::string& path = paths[0];
+  // Names, dtypes and shapes only: of a file, its header is read, not its data (of any size).
+  std::vector<std::pair<std::string, SafetensorsFile>> files;
+  std::string used = path;
+  std::optional<StateDict> state;
+  if (fs::is_directory(path)) {
+    // A checkpoint is read whole, to verify its checksums.
+    const Checkpoint ck = read_checkpoint(path, &used);
+    auto listing = [](const StateDict& tensors, const Metadata& metadata) {
+      SafetensorsFile f;
+      for (const auto& [k, t] : tensors) f.entries.push_back({k, t.dtype(), t.shape(), 0, t.nbytes()});
+      f.metadata = metadata;
+      return f;
+    };
+    files.push_back({"model.safetensors", listing(ck.model, ck.model_meta)});
+    files.push_back({"train_state.safetensors", listing(ck.state, ck.state_meta)});
+    state = ck.state;
+  } else {
+    files.push_back({path, read_safetensors_header(path)});
+  }
+  if (!tensors) return info_summary(path, used, files[0].second, state ? &*state : nullptr);
+  std::string out;
+  for (auto& [name, f] : files) {
     int64_t bytes = 0, values = 0;
-    out += printable(name) + ": " + std::to_string(f.tensors.size()) + " tensors\n";
-    for (const auto& [k, t] : f.tensors) {
-      out += "  " + printable(k) + "  " + dtype_name(t.dtype()) + shape_str(t.shape()) + "  " +
-             std::to_string(t.numel()) + "\n";
-      bytes += static_cast<int64_t>(t.nbytes());
-      values += t.numel();
+    std::sort(f.entries.begin(), f.entries.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    out += printable(name) + ": " + std::to_string(f.entries.size()) + " tensors\n";
+    for (const SafetensorsEntry& e : f.entries) {
+      out += "  " + printable(e.name) + "  " + dtype_name(e.dtype) + shape_str(e.shape) + "  " +
+             std::to_string(e.numel()) + "\n";
+      bytes += static_cast<int64_t>(e.end - e.begin);
+      values += e.numel();
     }
     out += "  total " + std::to_string(values) + " values (parameters and buffers), " + std::to_string(bytes) +
            " bytes\n";

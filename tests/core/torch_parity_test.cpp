@@ -52,6 +52,26 @@ const std::map<std::string, OpFn>& ops() {
       {"add_broadcast", [](const Inputs& x, DType) { return x[0] + x[1]; }},
       {"mm", [](const Inputs& x, DType) { return mm(x[0], x[1]); }},
       {"matmul_batched", [](const Inputs& x, DType) { return matmul(x[0], x[1]); }},
+      {"bmm", [](const Inputs& x, DType) { return bmm(x[0], x[1]); }},
+      {"pow3", [](const Inputs& x, DType) { return pow(x[0], /*exponent=*/3.0); }},
+      {"silu", [](const Inputs& x, DType) { return silu(x[0]); }},
+      {"max_dim", [](const Inputs& x, DType) { return max(x[0], /*dim=*/1).first; }},
+      {"min_dim", [](const Inputs& x, DType) { return min(x[0], /*dim=*/0).first; }},
+      {"cat", [](const Inputs& x, DType) { return cat({x[0], x[1]}, /*dim=*/1); }},
+      {"stack", [](const Inputs& x, DType) { return stack({x[0], x[1]}, /*dim=*/0); }},
+      {"gather",
+       [](const Inputs& x, DType) {
+         std::vector<double> idx;
+         for (int i = 0; i < 6; ++i)
+           for (int j = 0; j < 4; ++j) idx.push_back((i * 3 + j * 2) % 7);
+         return gather(x[0], /*dim=*/1, tensor(idx, Shape{6, 4}, DType::Int64));
+       }},
+      {"masked_fill", [](const Inputs& x, DType) { return masked_fill(x[0], x[1], /*value=*/2.5); }},
+      {"permute", [](const Inputs& x, DType) { return x[0].permute({1, 0, 2}); }},
+      {"expand", [](const Inputs& x, DType) { return x[0].expand({3, 6, 7}); }},
+      {"slice", [](const Inputs& x, DType) { return x[0].slice(1, 1, 6, 2); }},
+      {"clone", [](const Inputs& x, DType) { return x[0].clone(); }},
+      {"view", [](const Inputs& x, DType) { return x[0].view({7, 6}); }},
   };
   return table;
 }

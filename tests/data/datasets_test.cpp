@@ -195,8 +195,9 @@ TEST(Cifar10, RejectsBadFilesNamingThem) {
   std::string d = dir.path().string();
   for (int b = 1; b <= 5; ++b) test::write_bytes(dir.file("data_batch_" + std::to_string(b) + ".bin"), cifar_records(1, b));
   std::filesystem::remove(dir.file("data_batch_3.bin"));
-  expect_error([&] { load_cifar10(d, true); }, {dir.file("data_batch_3.bin"), "cannot open"});
-  expect_error([&] { load_cifar10(d, false); }, {dir.file("test_batch.bin"), "cannot open"});
+  expect_error([&] { load_cifar10(d, true); }, {dir.file("data_batch_3.bin"), "missing", kCifar10Url,
+                                                       "data_batch_1.bin .. data_batch_5.bin, test_batch.bin"});
+  expect_error([&] { load_cifar10(d, false); }, {dir.file("test_batch.bin"), "missing", kCifar10Url});
   std::string path = dir.file("test_batch.bin");
   auto check = [&](const std::vector<uint8_t>& bytes, const std::string& problem) {
     SCOPED_TRACE(problem);

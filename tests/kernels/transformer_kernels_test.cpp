@@ -1,6 +1,6 @@
 // The transformer kernels (src/kernels/transformer.h) against float64 references: the reference loops run in
 // float64 on the same (exactly widened) inputs, a naive full-matrix float64 attention for the flash kernels, and
-// PyTorch (tests/oracle/transformer_oracle.py) for layer norm and cross-entropy.
+// PyTorch (tests/oracle/transformer_kernels_oracle.py) for layer norm and cross-entropy.
 //
 // Tolerances per dtype (16-bit computed in float32, each output rounded once):
 //  - norms, cross-entropy, embedding: 16-bit outputs are one rounding of an accurate float32 value: within half an
@@ -417,9 +417,9 @@ TEST(TransformerKernels, EmbeddingBackwardMatchesFloat64AndIsDeterministic) {
 class TransformerTorch : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = test::fresh_dir("transformer_oracle");
+    dir_ = test::fresh_dir("transformer_kernels_oracle");
     ASSERT_EQ(std::system(("mkdir -p '" + dir_ + "'").c_str()), 0);
-    oracle_ok_ = test::run_oracle("transformer_oracle.py", {dir_});
+    oracle_ok_ = test::run_oracle("transformer_kernels_oracle.py", {dir_});
   }
   static std::map<std::string, Tensor> load(const std::string& name) {
     EXPECT_TRUE(oracle_ok_) << "the PyTorch oracle did not run";

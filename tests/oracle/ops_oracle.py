@@ -66,6 +66,10 @@ def special_f32():
     return lambda d: torch.cat([v, torch.randn(48) * 100]).view(4, 16)
 
 
+# gather's index (6, 4) into a (6, 7) input, as tests/core/torch_parity_test.cpp builds it.
+GATHER_INDEX = torch.tensor([[(i * 3 + j * 2) % 7 for j in range(4)] for i in range(6)])
+
+
 def sixteen(d):
     return torch.bfloat16 if d == torch.float32 else torch.float32
 
@@ -98,6 +102,20 @@ OPS = {
     "add_broadcast": (lambda x: x[0] + x[1], "reduce:reduce", [normal(64, 7), normal(7)]),
     "mm": (lambda x: x[0] @ x[1], "reduce:reduce", [normal(16, 64), normal(64, 8)]),
     "matmul_batched": (lambda x: torch.matmul(x[0], x[1]), "reduce:reduce", [normal(2, 1, 5, 32), normal(3, 32, 4)]),
+    "bmm": (lambda x: torch.bmm(x[0], x[1]), "reduce:reduce", [normal(3, 5, 32), normal(3, 32, 4)]),
+    "pow3": (lambda x: x[0] ** 3, "ulp:ulp", [normal(6, 7)]),
+    "silu": (lambda x: F.silu(x[0]), "ulp:ulp", [normal(6, 7)]),
+    "max_dim": (lambda x: x[0].max(1).values, "exact:exact", [normal(6, 7)]),
+    "min_dim": (lambda x: x[0].min(0).values, "exact:exact", [normal(6, 7)]),
+    "cat": (lambda x: torch.cat([x[0], x[1]], 1), "exact:exact", [normal(6, 7), normal(6, 3)]),
+    "stack": (lambda x: torch.stack([x[0], x[1]], 0), "exact:exact", [normal(6, 7), normal(6, 7)]),
+    "gather": (lambda x: torch.gather(x[0], 1, GATHER_INDEX), "exact:reduce", [normal(6, 7)]),
+    "masked_fill": (lambda x: x[0].masked_fill(x[1], 2.5), "exact:exact", [normal(6, 7), boolean(6, 7)]),
+    "permute": (lambda x: x[0].permute(1, 0, 2), "exact:exact", [normal(3, 4, 5)]),
+    "expand": (lambda x: x[0].expand(3, 6, 7), "exact:reduce", [normal(1, 6, 7)]),
+    "slice": (lambda x: x[0][:, 1:6:2], "exact:exact", [normal(6, 7)]),
+    "clone": (lambda x: x[0].clone(), "exact:exact", [normal(6, 7)]),
+    "view": (lambda x: x[0].view(7, 6), "exact:exact", [normal(6, 7)]),
 }
 
 
@@ -127,6 +145,16 @@ def f32_backward(op, x, y, g):
         ga = torch.matmul(g, x[1].transpose(-1, -2)).sum(1, keepdim=True)
         gb = torch.matmul(x[0].transpose(-1, -2), g).sum(0)
         return [ga, gb]
+    if op == "bmm":
+        return [torch.bmm(g, x[1].transpose(1, 2)), torch.bmm(x[0].transpose(1, 2), g)]
+    if op == "expand":
+        return [g.sum(0, keepdim=True)]
+    if op == "gather":
+        return [torch.zeros_like(x[0]).scatter_add(1, GATHER_INDEX, g)]
+    if op == "pow3":
+        return [g * 3 * x[0] * x[0]]
+    if op == "silu":
+        return [torch.ops.aten.silu_backward(g, x[0])]
     if op == "sum_dim":
         return [g.unsqueeze(1).expand_as(x[0])]
     if op == "mean_dim":
@@ -159,7 +187,7 @@ def run_case(op, dname):
     elif sixteen_bit and klass != "exact:exact":
         up = [t.float() if t.dtype == d else t for t in inputs]
         try:
-            if op in ("mm", "matmul_batched"):
+            if op in ("mm", "matmul_batched", "bmm"):
                 raise RuntimeError("not implemented for 'Half'")  # see the policy above
             out = fwd(inputs)
         except RuntimeError as e:

@@ -1,59 +1,89 @@
-# PyTorch oracle for tests/kernels/transformer_kernels_test.cpp: layer norm and cross-entropy results as PyTorch
-# computes them, written to <dir>/<case>.bin (the format of functional_oracle.py: per tensor u32 name length, name,
-# u32 kind (0 float64, 1 int64), u32 ndim, i64 dims, data).
-#
-# Inputs are values of the case's dtype; results are PyTorch's in that dtype, widened exactly to float64.
-# Cross-entropy on bfloat16 logits is what CPU autocast runs: F.cross_entropy on the float32 widening, its logits
-# gradient rounded once to bfloat16 by the cast's backward.
-import struct
+# PyTorch oracle for tests/nn/transformer_ops_test.cpp: the transformer ops forward and backward in float32, float16
+# and bfloat16, written to one safetensors file (argv[1]): "<case>.in<i>", "<case>.out", "<case>.gout",
+# "<case>.grad<i>" (floating inputs), and metadata "cases": "name op dtype;...".
+# Reference policy: float32 cases are PyTorch's own ops and autograd. 16-bit cases are computed in float32 from the
+# 16-bit inputs (and 16-bit parameters) and each result rounded once to the 16-bit type, the contract Castor's
+# kernels follow (PyTorch 1.13 has no float16 CPU kernels for most of these, and no rms_norm or
+# scaled_dot_product_attention at all: those are written out as nanoGPT / torch.nn.RMSNorm define them).
+import math
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
-OUT = sys.argv[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from safetensors_io import write  # noqa: E402
+
+torch.manual_seed(0)
+IGNORE = -100
 
 
-def write(case, tensors):
-    with open(f"{OUT}/{case}.bin", "wb") as f:
-        for name, t in tensors.items():
-            t = torch.as_tensor(t).detach()
-            is_int = t.dtype == torch.int64
-            data = t.to(torch.int64 if is_int else torch.float64).contiguous()
-            f.write(struct.pack("<I", len(name)) + name.encode())
-            f.write(struct.pack("<II", 1 if is_int else 0, data.dim()))
-            f.write(struct.pack(f"<{data.dim()}q", *data.shape))
-            f.write(data.numpy().tobytes())
+def rms_norm(x, w, eps=1e-6):
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y * w if w is not None else y
 
 
-def layer_norm_cases():
-    for dt_name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        g = torch.Generator().manual_seed(1)
-        C = 768
-        x = (torch.randn(2, 33, C, generator=g) * 2 + torch.randn(2, 33, 1, generator=g)).to(dt).requires_grad_()
-        w = (1 + 0.3 * torch.randn(C, generator=g)).to(dt).requires_grad_()
-        b = (0.3 * torch.randn(C, generator=g)).to(dt).requires_grad_()
-        y = F.layer_norm(x, (C,), w, b, 1e-5)
-        gy = torch.randn(y.shape, generator=g).to(dt)
-        dx, dw, db = torch.autograd.grad(y, [x, w, b], gy)
-        write(f"layer_norm_{dt_name}", {"x": x, "w": w, "b": b, "gy": gy, "y": y, "dx": dx, "dw": dw, "db": db})
+def attention(q, k, v, mask, causal):
+    s = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    if causal:
+        t, u = q.size(-2), k.size(-2)
+        s = s.masked_fill(torch.ones(t, u, dtype=torch.bool).triu(1), float("-inf"))
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+    return torch.softmax(s, -1) @ v
 
 
-def cross_entropy_cases():
-    for dt_name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        for smoothing in (0.0, 0.1):
-            g = torch.Generator().manual_seed(2)
-            N, V = 6, 50257
-            logits = (3 * torch.randn(N, V, generator=g)).to(dt)
-            target = torch.randint(0, V, (N,), generator=g)
-            target[2] = -100
-            x = logits.float().requires_grad_()
-            losses = F.cross_entropy(x, target, reduction="none", ignore_index=-100, label_smoothing=smoothing)
-            gl = torch.randn(N, generator=g)
-            (dx,) = torch.autograd.grad(losses, [x], gl)
-            write(f"cross_entropy_{dt_name}_{smoothing}",
-                  {"logits": logits, "target": target, "gl": gl, "losses": losses, "dx": dx.to(dt)})
+def targets(n, v):
+    t = torch.randint(0, v, (n,))
+    t[1] = IGNORE
+    return t
 
 
-layer_norm_cases()
-cross_entropy_cases()
+# name: (function of the inputs, input makers); floating inputs get gradients.
+CASES = {
+    "layer_norm": (lambda x: F.layer_norm(x[0], (24,), x[1], x[2]),
+                   [lambda: torch.randn(3, 5, 24) * 2 + 1, lambda: torch.randn(24), lambda: torch.randn(24)]),
+    "layer_norm_plain": (lambda x: F.layer_norm(x[0], (4, 6)), [lambda: torch.randn(7, 4, 6)]),
+    "rms_norm": (lambda x: rms_norm(x[0], x[1]), [lambda: torch.randn(6, 40), lambda: torch.randn(40)]),
+    "embedding": (lambda x: F.embedding(x[0], x[1], padding_idx=2),
+                  [lambda: torch.tensor([[0, 2, 5], [5, 1, 2]]), lambda: torch.randn(9, 16)]),
+    "attention_causal": (lambda x: attention(x[0], x[1], x[2], None, True),
+                         [lambda: torch.randn(2, 3, 20, 16), lambda: torch.randn(2, 3, 20, 16),
+                          lambda: torch.randn(2, 3, 20, 16)]),
+    "attention_mask": (lambda x: attention(x[0], x[1], x[2], x[3], False),
+                       [lambda: torch.randn(1, 2, 9, 32), lambda: torch.randn(1, 2, 13, 32),
+                        lambda: torch.randn(1, 2, 13, 32), lambda: torch.rand(1, 1, 9, 13) > 0.3]),
+    "cross_entropy": (lambda x: F.cross_entropy(x[0], x[1], ignore_index=IGNORE, reduction="none"),
+                      [lambda: torch.randn(8, 300) * 3, lambda: targets(8, 300)]),
+    "cross_entropy_smooth": (lambda x: F.cross_entropy(x[0], x[1], label_smoothing=0.1, reduction="sum"),
+                             [lambda: torch.randn(8, 300) * 3, lambda: torch.randint(0, 300, (8,))]),
+}
+
+
+def main():
+    out, names = {}, []
+    for dname, d in (("float32", torch.float32), ("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+        for op, (fn, makers) in CASES.items():
+            inputs = [m() for m in makers]
+            inputs = [t.to(d) if t.is_floating_point() else t for t in inputs]
+            leaves = [t.float().requires_grad_() if t.is_floating_point() else t for t in inputs]
+            y = fn(leaves)
+            gout = torch.randn(y.shape).to(d if op != "cross_entropy" and op != "cross_entropy_smooth"
+                                            else torch.float32)
+            grads = torch.autograd.grad(y, [t for t in leaves if t.is_floating_point()], gout.float())
+            name = f"{op}.{dname}"
+            names.append(f"{name} {op} {dname}")
+            for i, t in enumerate(inputs):
+                out[f"{name}.in{i}"] = t
+            out_dtype = torch.float32 if op.startswith("cross_entropy") else d
+            out[f"{name}.out"] = y.detach().to(out_dtype)
+            out[f"{name}.gout"] = gout
+            floating = [t for t in inputs if t.is_floating_point()]
+            for i, (g, t) in enumerate(zip(grads, floating)):
+                out[f"{name}.grad{i}"] = g.to(t.dtype)
+    write(sys.argv[1], out, {"cases": ";".join(names)})
+
+
+if __name__ == "__main__":
+    main()

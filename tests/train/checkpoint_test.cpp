@@ -96,6 +96,32 @@ TEST(Checkpoint, FlippedBitIsDetectedAndTheRunFallsBackToAnIntactOne) {
   EXPECT_EQ(c.model.at("w").to_vector<float>()[0], 1.0f);
 }
 
+// The last checkpoint written is the head: readers use it, and pruning keeps it and the newest before it, whatever
+// higher steps a run abandoned (by resuming from an older checkpoint) are left.
+TEST(Checkpoint, PruningAndReadersFollowTheHead) {
+  const std::string run = test::fresh_dir("ckpt_head");
+  for (int s : {10, 20, 30}) write_checkpoint(run, s, make(s), /*keep=*/10);
+  write_checkpoint(run, 15, make(15), /*keep=*/2);  // a run resumed from step 10
+  EXPECT_NE(latest_checkpoint(run)->find("step-0000000015"), std::string::npos);
+  EXPECT_EQ(read_checkpoint(run).model.at("w").to_vector<float>()[0], 15.0f);
+  EXPECT_TRUE(fs::exists(run + "/checkpoints/step-0000000010/COMMIT"));
+  write_checkpoint(run, 16, make(16), /*keep=*/1);
+  EXPECT_FALSE(fs::exists(run + "/checkpoints/step-0000000015"));
+  EXPECT_FALSE(fs::exists(run + "/checkpoints/step-0000000010"));
+  EXPECT_EQ(read_checkpoint(run).model.at("w").to_vector<float>()[0], 16.0f);
+  // A damaged head: readers fall back along its lineage, never to the abandoned higher steps.
+  write_checkpoint(run, 17, make(17), /*keep=*/2);
+  fs::resize_file(run + "/checkpoints/step-0000000017/model.safetensors", 20);
+  std::string used;
+  EXPECT_EQ(read_checkpoint(run, &used).model.at("w").to_vector<float>()[0], 16.0f);
+  EXPECT_NE(used.find("step-0000000016"), std::string::npos) << used;
+  for (const auto& e : fs::directory_iterator(run + "/checkpoints"))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << "temp directory left behind";
+  // A run directory of an older build (no HEAD): its highest complete step.
+  fs::remove(run + "/checkpoints/HEAD");
+  EXPECT_NE(latest_checkpoint(run)->find("step-0000000030"), std::string::npos);
+}
+
 TEST(Checkpoint, StaleTempFoldersAreRemovedAndAnOrphanedOldOneRestored) {
   const std::string run = test::fresh_dir("ckpt_stale");
   write_checkpoint(run, 5, make(5), /*keep=*/2);

@@ -36,7 +36,7 @@ std::vector<std::string> lines_of(const std::string& path) {
 TEST(Progress, LineFitsEveryWidthAndShowsTheFields) {
   EXPECT_EQ(clock_text(3725), "1:02:05");
   EXPECT_EQ(clock_text(59.6), "0:01:00");
-  const ProgressState s{1, 3, 120, 938, 0.45214, 1e-3, 65536, 1234.4, 83};
+  const ProgressState s{2, 3, 120, 938, 0.45214, 1e-3, 65536, 1234.4, 83};  // the second of 3 epochs
   for (int width = 0; width <= 200; ++width) {
     const std::string line = progress_line(s, width);
     ASSERT_LE(line.size(), static_cast<size_t>(width)) << line;
@@ -48,6 +48,9 @@ TEST(Progress, LineFitsEveryWidthAndShowsTheFields) {
   // At 80 columns the most important fields stay (ETA: 83 s for 120 steps, 818 to go).
   const std::string narrow = progress_line(s, 79);
   EXPECT_NE(narrow.find("loss 0.4521"), std::string::npos) << narrow;
+  ProgressState bf16 = s;  // no loss scaling: no scale field
+  bf16.loss_scaling = false;
+  EXPECT_EQ(progress_line(bf16, 200).find("scale"), std::string::npos);
 }
 
 // The logged loss_avg is the mean of the window's step losses (worked by hand), skipped steps get a line of
@@ -92,13 +95,102 @@ TEST(Report, ShowsSettingsOpDtypesAndASinglePointHonestly) {
                                             {"test_accuracy", 0.625}, {"images_per_sec", 900.0}}};
   amp::ExplainRow row{"conv2d", CastPolicy::LowerPrecision, true, {DType::Float32}, {DType::BFloat16},
                       DType::BFloat16, "float32 weight cast"};
-  const std::string html = render_report("run", config, records, {row});
+  amp::ExplainRow relu{"relu", CastPolicy::PassThrough, true, {DType::BFloat16}, {DType::BFloat16}, DType::BFloat16,
+                       "runs in its input dtype"};
+  row.module = relu.module = "layer1.conv";
+  amp::ExplainRow head = row;
+  head.module = "fc";
+  const std::string html = render_report("run", config, records, {row, relu, head});
+  // Grouped by module: a heading row where the module changes, none between ops of one module.
+  EXPECT_NE(html.find("class='module'>layer1.conv</th></tr><tr><td>conv2d</td>"), std::string::npos) << html;
+  EXPECT_NE(html.find("</td></tr><tr><td>relu</td>"), std::string::npos);
+  EXPECT_NE(html.find("class='module'>fc</th></tr><tr><td>conv2d</td>"), std::string::npos);
   EXPECT_NE(html.find("<th>lr</th><td>0.001</td>"), std::string::npos);
   EXPECT_NE(html.find("&lt;dir&gt;"), std::string::npos);  // escaped
   EXPECT_NE(html.find("<td>conv2d</td>"), std::string::npos);
-  EXPECT_NE(html.find("62.5 at step 8"), std::string::npos);  // the one accuracy point, labelled
+  EXPECT_NE(html.find("Test accuracy<b>62.5%</b>after step 8"), std::string::npos);  // one evaluation: a number
   EXPECT_NE(html.find("1 skipped"), std::string::npos);
   EXPECT_EQ(render_report("empty", config, {}, {}).find("62.5"), std::string::npos);
+}
+
+namespace {
+
+// The <svg> chart titled `title`, or "" when the report has none.
+std::string chart_of(const std::string& html, const std::string& title) {
+  const size_t at = html.find("font-weight='bold'>" + title + "</text>");
+  if (at == std::string::npos) return "";
+  const size_t begin = html.rfind("<svg", at), end = html.find("</svg>", at);
+  return html.substr(begin, end - begin);
+}
+
+// The text of every element of class `cls` in `svg`.
+std::vector<std::string> texts(const std::string& svg, const std::string& cls) {
+  std::vector<std::string> out;
+  for (size_t at = svg.find("class='" + cls + "'"); at != std::string::npos; at = svg.find("class='" + cls + "'", at + 1)) {
+    const size_t begin = svg.find('>', at) + 1;
+    out.push_back(svg.substr(begin, svg.find('<', begin) - begin));
+  }
+  return out;
+}
+
+}  // namespace
+
+// The charts a run's report must have, with axis titles and round ticks: loss, test accuracy on 0-100, train vs test
+// loss, learning rate, throughput and (only with loss scaling) the loss scale; settings grouped, the ones that do not
+// apply left out; the header names the version, commit, date and CPU.
+TEST(Report, HasTheChartsItMustWithRoundTicks) {
+  Json config = Json::Object{{"model", "simplecnn"}, {"optimizer", "adam"}, {"momentum", 0.9}, {"lr", 0.001},
+                             {"data", "fashion-mnist"}, {"synthetic_size", 2048}, {"amp", "O1"},
+                             {"dtype", "float16"}, {"seed", 3}, {"castor_version", "9.8.7"},
+                             {"git_commit", "abc123def456"}, {"started", "2026-11-25T14:05:09Z"},
+                             {"host_cpu", "Test CPU; ISA avx2"}};
+  std::vector<Json> records;
+  for (int step = 1; step <= 40; ++step) {
+    records.push_back(Json::Object{{"step", step}, {"epoch", 1}, {"loss", 2.0 - step / 40.0},
+                                   {"loss_avg", 2.0 - step / 40.0}, {"lr", 0.001 * (1 - step / 80.0)},
+                                   {"loss_scale", step < 20 ? 65536.0 : 32768.0}, {"skipped", step == 20},
+                                   {"images_per_sec", 1000.0 + step}});
+    if (step % 10 == 0)
+      records.push_back(Json::Object{{"step", step}, {"epoch", 1}, {"test_loss", 1.5}, {"test_accuracy", step / 50.0}});
+  }
+  const std::string html = render_report("run", config, records, {});
+  for (const char* title : {"Training loss", "Test accuracy", "Train vs test loss", "Learning rate", "Throughput",
+                            "Loss scale"}) {
+    const std::string svg = chart_of(html, title);
+    ASSERT_FALSE(svg.empty()) << title;
+    EXPECT_NE(svg.find(">step</text>"), std::string::npos) << title;  // the x axis title
+    EXPECT_GE(texts(svg, "xtick").size(), 3u) << title;
+    for (const std::string& t : texts(svg, "ytick")) EXPECT_EQ(t.find('e'), std::string::npos) << title << ": " << t;
+  }
+  EXPECT_EQ(texts(chart_of(html, "Test accuracy"), "ytick").front(), "0");
+  EXPECT_EQ(texts(chart_of(html, "Test accuracy"), "ytick").back(), "100");
+  // Steps 1-40 in about 6 ticks: 39 / 6 = 6.5 rounds up to a step of 10, from 0.
+  EXPECT_EQ(texts(chart_of(html, "Training loss"), "xtick"), (std::vector<std::string>{"0", "10", "20", "30", "40"}));
+  const std::vector<std::string> scale_ticks = texts(chart_of(html, "Loss scale"), "ytick");
+  EXPECT_NE(std::find(scale_ticks.begin(), scale_ticks.end(), "65536"), scale_ticks.end());
+  for (const char* header : {"Castor 9.8.7", "abc123def456", "2026-11-25T14:05:09Z", "Test CPU; ISA avx2"})
+    EXPECT_NE(html.find(header), std::string::npos) << header;
+  for (const char* group : {">model<", ">data<", ">precision<", ">optimizer<", ">schedule<", ">run<"})
+    EXPECT_NE(html.find(group), std::string::npos) << group;
+  EXPECT_NE(html.find("<th>seed</th>"), std::string::npos);  // in no group: under "run"
+  EXPECT_EQ(html.find("<th>momentum</th>"), std::string::npos);  // Adam has none
+  EXPECT_EQ(html.find("<th>synthetic_size</th>"), std::string::npos);  // real data
+
+  // The last evaluation by class, as castor eval gives it: per-class accuracy and the confusion matrix.
+  const Json by_class = Json::Object{
+      {"classes", Json::Array{Json::Object{{"name", "cat"}, {"accuracy", 0.75}, {"images", 4}},
+                              Json::Object{{"name", "dog"}, {"accuracy", 0.5}, {"images", 2}}}},
+      {"confusion_matrix", Json::Array{Json::Array{3, 1}, Json::Array{1, 1}}}};
+  const std::string with_classes = render_report("run", config, records, {}, by_class);
+  EXPECT_NE(with_classes.find("<td>cat</td><td>75%</td><td>4</td>"), std::string::npos);
+  EXPECT_NE(with_classes.find("<tr><th>0 cat</th><td style='font-weight:bold'>3</td><td>1</td></tr>"),
+            std::string::npos);
+  EXPECT_EQ(html.find("confusion"), std::string::npos);  // none without an evaluation by class
+
+  // bf16 (no loss scaling: the scale stays 1): no loss-scale chart.
+  for (Json& r : records)
+    if (r.find("loss_scale")) r.as_object()["loss_scale"] = 1.0;
+  EXPECT_TRUE(chart_of(render_report("bf16", config, records, {}), "Loss scale").empty());
 }
 
 // The report of a resumed run covers the first part too; summary.json holds what stdout's only line holds.

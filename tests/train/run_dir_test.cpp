@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -77,6 +78,26 @@ void wait_for_lines(const std::string& path, size_t n) {
   FAIL() << path << " never reached " << n << " lines";
 }
 
+// Fashion-MNIST files (IDX, uncompressed) in `dir`: `n_train` and `n_test` images of varied bytes, labels 0-9.
+void write_fashion_mnist(const std::string& dir, uint32_t n_train, uint32_t n_test) {
+  fs::create_directories(dir);
+  auto idx = [&](const std::string& name, uint32_t magic, std::vector<uint32_t> dims, size_t payload) {
+    std::vector<uint8_t> b;
+    dims.insert(dims.begin(), magic);
+    for (uint32_t v : dims)
+      for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(v >> s));
+    for (size_t i = 0; i < payload; ++i) b.push_back(static_cast<uint8_t>(magic == 0x801 ? i % 10 : (i * 37 + 11) % 251));
+    test::write_bytes(dir + "/" + name, b);
+  };
+  idx("train-images-idx3-ubyte", 0x803, {n_train, 28, 28}, n_train * 784);
+  idx("train-labels-idx1-ubyte", 0x801, {n_train}, n_train);
+  idx("t10k-images-idx3-ubyte", 0x803, {n_test, 28, 28}, n_test * 784);
+  idx("t10k-labels-idx1-ubyte", 0x801, {n_test}, n_test);
+}
+
+// The step of a checkpoint folder's name (step-0000000015 -> 15).
+int64_t step_of(const std::string& checkpoint) { return std::stoll(fs::path(checkpoint).filename().string().substr(5)); }
+
 class RunDir : public ::testing::Test {
  public:
   test::ScratchDir scratch;
@@ -115,6 +136,10 @@ TEST_F(RunDir, IncompleteOrOutOfRangeTrainingStateIsRefusedBeforeTraining) {
   resume([](Checkpoint& c) { c.state["progress.step"] = full({}, std::nan(""), DType::Float64); }, {"progress.step", "nan"});
   resume([](Checkpoint& c) { c.state["progress.step"] = scalar_tensor(-4, DType::Int64); }, {"progress.step", "-4"});
   resume([](Checkpoint& c) { c.state["progress.step"] = scalar_tensor(1, DType::Int64); }, {"position"});
+  // Restored values as strictly as flags: a negative learning rate, an RNG state no generator reaches.
+  resume([](Checkpoint& c) { c.state["amp.optimizer.0.group.0.lr"] = scalar_tensor(-5, DType::Float64); },
+         {"group.0.lr", "-5"});
+  resume([](Checkpoint& c) { c.state["rng.default"] = zeros({6}, DType::Int64); }, {"rng.default", "all zero"});
 }
 
 TEST_F(RunDir, LoaderThreadOutOfMemoryIsOneLine) {
@@ -158,7 +183,9 @@ TEST_F(RunDir, NewRunIntoAnotherRunsOutRefusesUnlessOverwrite) {
   ASSERT_EQ(castor(train_args("run", 2, {"--lr", "0.01", "--overwrite"})).exit_code, 0);
   // Only the new run's checkpoint is left, so eval reports the new model.
   EXPECT_EQ(fs::path(*latest_checkpoint(path("run"))).filename(), "step-0000000002");
-  EXPECT_EQ(std::distance(fs::directory_iterator(path("run/checkpoints")), fs::directory_iterator{}), 1);
+  int folders = 0;  // (besides the HEAD file)
+  for (const auto& e : fs::directory_iterator(path("run/checkpoints"))) folders += e.is_directory();
+  EXPECT_EQ(folders, 1);
   EXPECT_EQ(lines_of(path("run/metrics.jsonl")).size(), 3u);  // 2 steps + 1 epoch line
 }
 
@@ -243,19 +270,7 @@ TEST_F(RunDir, FullDiskLosesWholeMetricsLinesAndReportsThem) {
 
 TEST_F(RunDir, BadDataAndPathsAreFoundBeforeTheFirstStep) {
   // Fashion-MNIST files with 16 training images and an empty test set.
-  fs::create_directories(path("fmnist"));
-  auto idx = [&](const std::string& name, uint32_t magic, std::vector<uint32_t> dims, size_t payload) {
-    std::vector<uint8_t> b;
-    for (uint32_t v : std::vector<uint32_t>{magic}) dims.insert(dims.begin(), v);
-    for (uint32_t v : dims)
-      for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(v >> s));
-    b.resize(b.size() + payload, 1);
-    test::write_bytes(path("fmnist/" + name), b);
-  };
-  idx("train-images-idx3-ubyte", 0x803, {16, 28, 28}, 16 * 784);
-  idx("train-labels-idx1-ubyte", 0x801, {16}, 16);
-  idx("t10k-images-idx3-ubyte", 0x803, {0, 28, 28}, 0);
-  idx("t10k-labels-idx1-ubyte", 0x801, {0}, 0);
+  write_fashion_mnist(path("fmnist"), 16, 0);
   expect_one_line_error(castor({"train", "--data-dir", "fmnist", "--batch-size", "4", "--out", "run"}),
                         {"--data-dir fmnist", "test set is empty"});
   EXPECT_FALSE(fs::exists(path("run/metrics.jsonl")));
@@ -349,6 +364,232 @@ TEST_F(RunDir, InfoEscapesControlCharactersAndErrorsEscapePaths) {
   EXPECT_EQ(bad.err.find('\xff'), std::string::npos);
 }
 
+TEST_F(RunDir, PruningKeepsTheHeadAndResumeWritesANewOne) {
+  ASSERT_EQ(castor(train_args("run", 30, {"--checkpoint-every", "10", "--keep", "10"})).exit_code, 0);
+  // The newest checkpoint damaged: the resume falls back to step 20 and its step 27 becomes the head, which
+  // --keep 1 keeps (the damaged step 30 is no longer in the run's lineage).
+  const std::string newest = path("run/checkpoints/step-0000000030/model.safetensors");
+  std::vector<uint8_t> bytes = read_file(newest);
+  bytes.resize(bytes.size() / 2);
+  test::write_bytes(newest, bytes);
+  CastorProcess p = castor({"train", "--resume", "run", "--keep", "1", "--steps", "27"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.err.find("step-0000000020"), std::string::npos) << p.err;
+  ASSERT_TRUE(fs::exists(path("run/checkpoints/step-0000000027/COMMIT")));
+  EXPECT_NO_THROW(read_checkpoint(path("run/checkpoints/step-0000000027")));
+  EXPECT_EQ(step_of(*latest_checkpoint(path("run"))), 27);
+  EXPECT_FALSE(fs::exists(path("run/checkpoints/step-0000000020")));
+  CastorProcess e = castor({"eval", "run"});
+  EXPECT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(e.err.find("warning"), std::string::npos) << e.err;  // the head is intact: nothing passed over
+}
+
+TEST_F(RunDir, ReadersUseTheHeadNotTheHighestStep) {
+  ASSERT_EQ(castor(train_args("full", 20)).exit_code, 0);
+  ASSERT_EQ(castor(train_args("run", 30, {"--checkpoint-every", "10", "--keep", "10"})).exit_code, 0);
+  ASSERT_EQ(castor({"train", "--resume", "run/checkpoints/step-0000000010", "--steps", "15"}).exit_code, 0);
+  // eval and info of the run read step 15, the head, not the abandoned step 30.
+  CastorProcess of_run = castor({"eval", "run"}), of_head = castor({"eval", "run/checkpoints/step-0000000015"});
+  ASSERT_EQ(of_run.exit_code, 0) << of_run.err;
+  ASSERT_EQ(of_head.exit_code, 0) << of_head.err;
+  const auto loss = [](const std::string& out) { return Json::parse(out).at("test_loss").as_double(); };
+  EXPECT_EQ(loss(of_run.out), loss(of_head.out));
+  EXPECT_NE(loss(of_run.out), loss(castor({"eval", "run/checkpoints/step-0000000030"}).out));
+  std::string used;
+  read_checkpoint(path("run"), &used);
+  EXPECT_EQ(step_of(used), 15);
+  // A later resume continues from step 15 too, and ends as a run of 20 steps never interrupted.
+  CastorProcess r = castor({"train", "--resume", "run", "--steps", "20"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("already complete"), std::string::npos) << r.err;
+  expect_same_checkpoint(path("full"), path("run"));
+}
+
+TEST_F(RunDir, ResumeOfACheckpointFolderWithATrailingSlash) {
+  ASSERT_EQ(castor(train_args("run", 4, {"--checkpoint-every", "2"})).exit_code, 0);
+  CastorProcess p = castor({"train", "--resume", "run/checkpoints/step-0000000002/", "--steps", "6"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(step_of(*latest_checkpoint(path("run"))), 6);
+}
+
+TEST_F(RunDir, SymlinksInARunDirectoryAreRefusedAndNeverFollowed) {
+  test::write_bytes(path("victim"), {'k', 'e', 'e', 'p'});
+  const std::vector<std::string> names = {".castor.lock", "metrics.jsonl", "metrics.csv", "config.json", "summary.json"};
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    const std::string run = "run" + std::to_string(i);
+    fs::create_directories(path(run));
+    fs::create_symlink("../victim", path(run + "/" + name));
+    expect_one_line_error(castor(train_args(run, 2)), {name, "symbolic link"});
+    EXPECT_EQ(text_of(path("victim")), "keep") << name;
+  }
+  // Not followed even when planted after the check (the lock and metrics files are opened with O_NOFOLLOW).
+  EXPECT_THROW(AppendFile(path("run2/metrics.csv"), /*truncate=*/true), Error);
+  EXPECT_THROW(FileLock(path("run0/.castor.lock")), Error);
+  EXPECT_EQ(text_of(path("victim")), "keep");
+}
+
+TEST_F(RunDir, ForeignFilesAreRefusedUnlessOverwrite) {
+  fs::create_directories(path("mine"));
+  for (const char* f : {"config.json", "report.html", "metrics.csv", "summary.json"})
+    test::write_bytes(path("mine/") + f, {'m', 'i', 'n', 'e'});
+  expect_one_line_error(castor(train_args("mine", 2)),
+                        {"not a Castor run", "config.json", "report.html", "metrics.csv", "summary.json", "--overwrite"});
+  for (const char* f : {"config.json", "report.html", "metrics.csv", "summary.json"})
+    EXPECT_EQ(text_of(path("mine/") + f), "mine") << f;
+  EXPECT_FALSE(fs::exists(path("mine/checkpoints")));
+  ASSERT_EQ(castor(train_args("mine", 2, {"--overwrite"})).exit_code, 0);
+  EXPECT_NO_THROW(Json::parse(text_of(path("mine/config.json"))));
+  // A Castor run directory (it has a lock file) stopped before its first metrics line is simply started again.
+  fs::remove_all(path("mine/checkpoints"));
+  fs::remove(path("mine/metrics.jsonl"));
+  EXPECT_EQ(castor(train_args("mine", 2)).exit_code, 0);
+}
+
+TEST_F(RunDir, RunsNeedNothingOutsideThemButTheData) {
+  // --init from a file that is gone afterwards: eval and resume read the checkpoints only.
+  ASSERT_EQ(castor(train_args("src", 1)).exit_code, 0);
+  fs::copy_file(*latest_checkpoint(path("src")) + "/model.safetensors", path("w.safetensors"));
+  const std::string checksum = checksum64_hex(read_file(path("w.safetensors")));
+  ASSERT_EQ(castor(train_args("run", 2, {"--init", "w.safetensors", "--checkpoint-every", "1"})).exit_code, 0);
+  const Json config = Json::parse(text_of(path("run/config.json")));
+  EXPECT_EQ(config.at("init").as_string(), absolute_path(path("w.safetensors")));
+  EXPECT_EQ(config.at("init_checksum").as_string(), checksum);
+  fs::remove(path("w.safetensors"));
+  CastorProcess e = castor({"eval", "run"});
+  EXPECT_EQ(e.exit_code, 0) << e.err;
+  CastorProcess r = castor({"train", "--resume", "run", "--steps", "3"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // A relative --data-dir is recorded absolute: the run resumes from another working directory, and the same
+  // directory spelled differently is not a different setting.
+  write_fashion_mnist(path("data/fmnist"), 16, 8);
+  const std::vector<std::string> fm = {"--data-dir", "data/fmnist", "--batch-size", "4", "--threads", "1",
+                                       "--deterministic", "--log-every", "1"};
+  std::vector<std::string> args = {"train", "--steps", "2", "--out", "fm"};
+  args.insert(args.end(), fm.begin(), fm.end());
+  ASSERT_EQ(castor(args).exit_code, 0);
+  EXPECT_EQ(Json::parse(text_of(path("fm/config.json"))).at("data_dir").as_string(), absolute_path(path("data/fmnist")));
+  fs::create_directories(path("elsewhere"));
+  test::CastorRun elsewhere = in_dir;
+  elsewhere.dir = path("elsewhere");
+  CastorProcess moved = run_castor({"train", "--resume", "../fm", "--steps", "3"}, elsewhere);
+  EXPECT_EQ(moved.exit_code, 0) << moved.err;
+  CastorProcess respelled = castor({"train", "--resume", "fm", "--data-dir", "./data//fmnist/", "--steps", "4"});
+  EXPECT_EQ(respelled.exit_code, 0) << respelled.err;
+}
+
+TEST_F(RunDir, StaticLossScaleThatOverflowsEveryStepStops) {
+  for (const char* scale : {"1e10", "1e300"}) {
+    CastorProcess p = castor(train_args(std::string("run") + scale, 100, {"--loss-scale", scale}));
+    expect_one_line_error(p, {"20 steps in a row", "static loss scale", "--loss-scale dynamic"});
+    EXPECT_NE(p.err.find("stopped at step 20"), std::string::npos) << p.err;
+  }
+}
+
+TEST_F(RunDir, ThreadCountsAreBoundedAlsoWhenRestored) {
+  expect_one_line_error(castor(train_args("big", 2, {"--threads", "100000"})), {"--threads", "at most 1024"});
+  ASSERT_EQ(castor(train_args("run", 2)).exit_code, 0);
+  edit_state(path("run"), [](Checkpoint& c) {
+    Json cfg = Json::parse(c.state_meta.at("config"));
+    cfg["threads"] = int64_t{100000};
+    c.state_meta["config"] = cfg.dump();
+  });
+  expect_one_line_error(castor({"train", "--resume", "run", "--steps", "4"}), {"threads 100000", "recorded"});
+}
+
+TEST_F(RunDir, ConfigFilesAreReadOnlyIfRegularAndSmall) {
+  ASSERT_EQ(::mkfifo(path("pipe").c_str(), 0644), 0);
+  expect_one_line_error(castor({"train", "--config", "pipe"}, 20), {"--config", "pipe", "not a regular file"});
+  expect_one_line_error(castor({"train", "--config", "/dev/zero"}, 20), {"--config", "/dev/zero", "not a regular file"});
+  test::write_bytes(path("huge.toml"), std::vector<uint8_t>((1 << 20) + 1, '#'));
+  expect_one_line_error(castor({"train", "--config", "huge.toml"}, 20), {"--config", "huge.toml", "limit"});
+}
+
+TEST_F(RunDir, ARunsConfigJsonIsAConfigFile) {
+  ASSERT_EQ(castor(train_args("run", 3, {"--lr", "0.01", "--weight-decay", "0.001", "--schedule", "cosine"})).exit_code,
+            0);
+  CastorProcess p = castor({"train", "--config", "run/config.json", "--out", "again"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(text_of(path("again/config.json")), text_of(path("run/config.json")));
+  expect_same_checkpoint(path("run"), path("again"));
+}
+
+TEST_F(RunDir, InfoReadsAFilesHeaderNotItsData) {
+  // A 4 GiB tensor in a sparse file, listed under a 512 MiB address-space limit.
+  const std::string header = R"({"w":{"dtype":"F32","shape":[1073741824],"data_offsets":[0,4294967296]}})";
+  std::vector<uint8_t> bytes(8);
+  const uint64_t n = header.size();
+  std::memcpy(bytes.data(), &n, 8);
+  bytes.insert(bytes.end(), header.begin(), header.end());
+  test::write_bytes(path("big.safetensors"), bytes);
+  fs::resize_file(path("big.safetensors"), bytes.size() + (uint64_t{1} << 32));
+  test::CastorRun limited = in_dir;
+  limited.address_space_kib = 512 * 1024;
+  CastorProcess p = run_castor({"info", "big.safetensors"}, limited);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.out.find("w  float32[1073741824]  1073741824"), std::string::npos) << p.out;
+}
+
+TEST_F(RunDir, ResumeAfterTheLastStepWithoutAReportFinishesIt) {
+  // As a kill during the final evaluation leaves it: the last step's checkpoint, no report or summary.
+  ASSERT_EQ(castor(train_args("run", 4, {"--checkpoint-every", "1"})).exit_code, 0);
+  const std::string summary = text_of(path("run/summary.json"));
+  fs::remove(path("run/report.html"));
+  fs::remove(path("run/summary.json"));
+  CastorProcess p = castor({"train", "--resume", "run"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(p.err.find("already complete"), std::string::npos) << p.err;
+  EXPECT_TRUE(fs::exists(path("run/report.html")));
+  const Json before = Json::parse(summary), after = Json::parse(text_of(path("run/summary.json")));
+  EXPECT_EQ(after.at("steps").as_int(), 4);
+  EXPECT_EQ(after.at("test_accuracy").as_double(), before.at("test_accuracy").as_double());
+  EXPECT_EQ(after.at("test_loss").as_double(), before.at("test_loss").as_double());
+  // Killed after the last step's checkpoint but before the epoch end's (epoch 0, batch 12 of 12), with the report of
+  // an earlier completion still there: the resume takes the epoch end and checkpoints as the uninterrupted run did.
+  ASSERT_EQ(castor(train_args("epoch", 12, {"--checkpoint-every", "1", "--keep", "10"})).exit_code, 0);
+  fs::copy(path("epoch"), path("epoch_whole"), fs::copy_options::recursive);
+  edit_state(path("epoch"), [](Checkpoint& c) {
+    c.state["progress.epoch"] = scalar_tensor(0, DType::Int64);
+    c.state["progress.batch"] = scalar_tensor(12, DType::Int64);
+  });
+  CastorProcess e = castor({"train", "--resume", "epoch"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(e.err.find("already complete"), std::string::npos) << e.err;
+  expect_same_checkpoint(path("epoch_whole"), path("epoch"));
+}
+
+TEST_F(RunDir, SigintDuringTheFinalEvaluationStillWritesTheReport) {
+  // 2 steps, then an evaluation of 5000 test images (seconds): the signal comes during it.
+  CastorProcess p(train_args("run", 2, {"--synthetic-size", "20000"}), in_dir);
+  wait_for_lines(path("run/metrics.jsonl"), 2);
+  p.signal(SIGINT);
+  p.wait();
+  EXPECT_EQ(p.exit_code, 0) << p.err;  // the run was complete: report and summary written
+  EXPECT_TRUE(fs::exists(path("run/report.html")));
+  EXPECT_TRUE(fs::exists(path("run/summary.json")));
+  EXPECT_NE(castor({"train", "--resume", "run"}).err.find("already complete at step 2"), std::string::npos);
+}
+
+TEST_F(RunDir, InfoRacingPruningSeesWholeCheckpoints) {
+  CastorProcess run(train_args("run", 100000, {"--checkpoint-every", "1", "--keep", "1"}), in_dir);
+  for (int i = 0; i < 3000 && !latest_checkpoint(path("run")); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!latest_checkpoint(path("run"))) {
+    run.signal(SIGKILL);
+    run.wait();
+    FAIL() << "no checkpoint in 30 s: " << run.err;
+  }
+  int failures = 0;
+  std::string first;
+  for (int i = 0; i < 40; ++i) {
+    CastorProcess info = castor({"info", "run"}, 30);
+    if (info.exit_code != 0 && failures++ == 0) first = info.err;
+  }
+  run.signal(SIGKILL);
+  run.wait();
+  EXPECT_EQ(failures, 0) << first;
+}
+
 // Kills a checkpointing run at random moments, resumes it each time, and compares the end with an uninterrupted
 // run byte for byte. CASTOR_SOAK_ROUNDS sets the number of kills (default 3 in CI).
 TEST_F(RunDir, SigkillSoakResumesByteIdentical) {
@@ -373,6 +614,32 @@ TEST_F(RunDir, SigkillSoakResumesByteIdentical) {
   CastorProcess last = castor(start_or_resume());
   ASSERT_EQ(last.exit_code, 0) << last.err;
   expect_same_checkpoint(path("full"), path("run"));
+}
+
+// Kills runs resumed from an older checkpoint (so their first checkpoint moves the head back and prunes many at once)
+// at random moments, then resumes the head to the end: byte-identical to an uninterrupted run each time.
+TEST_F(RunDir, SigkillSoakDuringResumeFromAnOlderCheckpointAndPruning) {
+  const char* env = std::getenv("CASTOR_SOAK_ROUNDS");
+  const int rounds = env ? std::atoi(env) : 3;
+  ASSERT_EQ(castor(train_args("full", 36, {"--checkpoint-every", "1"})).exit_code, 0);
+  ASSERT_EQ(castor(train_args("run", 36, {"--checkpoint-every", "1", "--keep", "40"})).exit_code, 0);
+  std::mt19937 rng(static_cast<unsigned>(::getpid()));
+  for (int r = 0; r < rounds; ++r) {
+    std::vector<std::string> older;  // the complete checkpoints below the head
+    const std::string head = fs::path(*latest_checkpoint(path("run"))).filename().string();
+    for (const auto& e : fs::directory_iterator(path("run/checkpoints"))) {
+      const std::string name = e.path().filename().string();
+      if (name.find('.') == std::string::npos && name < head && fs::exists(e.path() / "COMMIT")) older.push_back(name);
+    }
+    const std::string from = older.empty() ? head : older[rng() % older.size()];
+    CastorProcess p({"train", "--resume", "run/checkpoints/" + from, "--keep", "2"}, in_dir);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100 + rng() % 400));
+    p.signal(SIGKILL);
+    p.wait();
+    CastorProcess last = castor({"train", "--resume", "run", "--keep", "40"});
+    ASSERT_EQ(last.exit_code, 0) << last.err;
+    expect_same_checkpoint(path("full"), path("run"));
+  }
 }
 
 }  // namespace castor::train

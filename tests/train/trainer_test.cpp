@@ -77,7 +77,7 @@ TEST(Trainer, EvalAndInfoReadACheckpoint) {
   EXPECT_DOUBLE_EQ(e.at("test_accuracy").as_double(), r.at("test_accuracy").as_double());
   Json from_file = run_eval(parse_eval_flags({ckpt + "/model.safetensors"}));
   EXPECT_DOUBLE_EQ(from_file.at("test_accuracy").as_double(), r.at("test_accuracy").as_double());
-  const std::string info = run_info({ckpt});
+  const std::string info = run_info({"--tensors", ckpt});
   EXPECT_NE(info.find("conv1.weight  float32[32, 3, 3, 3]"), std::string::npos) << info;
   EXPECT_NE(info.find("opt_level = O1"), std::string::npos) << info;
 }

@@ -139,6 +139,13 @@ T gelu_tanh_grad(T x) {
   return s + T(2) * x * s * one_minus_s * dinner;
 }
 
+// silu(x) = x sigmoid(x); silu'(x) = s (1 + x (1 - s)), PyTorch's formula.
+template <class T>
+T silu_grad(T x) {
+  T s = T(1) / (T(1) + std::exp(-x));
+  return s * (T(1) + x * (T(1) - s));
+}
+
 template <class T>
 T gelu_grad(T x) {
   T cdf = T(0.5) * std::erfc(-x * T(kSqrt1_2));
@@ -165,6 +172,7 @@ void unary(Unary op, const Tensor& src, const Tensor& dst, double p0, double p1)
     case Unary::Tanh: return run([](auto x) { return std::tanh(x); });
     case Unary::Gelu: return run([](auto x) { return gelu(x); });
     case Unary::GeluTanh: return run([](auto x) { return gelu_tanh(x); });
+    case Unary::Silu: return run([](auto x) { return x / (decltype(x)(1) + std::exp(-x)); });
     case Unary::Pow: {
       if (p0 == 2.0) return run([](auto x) { return x * x; });
       return run([p0](auto x) { return std::pow(x, decltype(x)(p0)); });
@@ -200,6 +208,7 @@ void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& dst, doub
     case Binary::TanhGrad: return run([](auto g, auto y) { return g * (decltype(y)(1) - y * y); });
     case Binary::GeluGrad: return run([](auto g, auto x) { return g * gelu_grad(x); });
     case Binary::GeluTanhGrad: return run([](auto g, auto x) { return g * gelu_tanh_grad(x); });
+    case Binary::SiluGrad: return run([](auto g, auto x) { return g * silu_grad(x); });
   }
   CASTOR_ASSERT(false, "unknown binary op");
 }

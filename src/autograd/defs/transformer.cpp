@@ -1,0 +1,274 @@
+// Embedding, layer/RMS norm, fused attention and fused cross-entropy: each op's forward and backward side by side on
+// the transformer kernels (kernels/transformer.h).
+#include "autograd/defs/transformer.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "castor/ops.h"
+#include "castor/random.h"
+#include "kernels/transformer.h"
+#include "runtime/dispatch.h"
+
+namespace castor {
+
+namespace {
+
+void check_first_order(const Node& node) {
+  CASTOR_CHECK(!GradMode::is_enabled(), op_name(node.op), ": double backward is not supported");
+}
+
+// Statistics are float32, float64 for float64 data.
+DType stat_dtype(DType dt) { return dt == DType::Float64 ? DType::Float64 : DType::Float32; }
+
+// The incoming gradient in the dtype the forward ran in, contiguous.
+Tensor grad_in(const Tensor& g, DType dtype) { return (g.dtype() == dtype ? g : g.to(dtype)).contiguous(); }
+
+Tensor wanted(const Node& node, size_t input, const Shape& shape, DType dtype) {
+  return node.next.size() > input && node.next[input].valid() ? empty(shape, dtype) : Tensor();
+}
+
+// The rows (R, C) of a norm's input over its trailing `normalized_shape`, and its affine tensors checked.
+int64_t norm_rows(const char* op, const Tensor& x, const Shape& normalized_shape, const Tensor& weight,
+                  const Tensor& bias) {
+  CASTOR_CHECK(is_floating(x.dtype()), op, ": needs a floating-point input, got ", x.describe());
+  const int64_t nd = static_cast<int64_t>(normalized_shape.size());
+  CASTOR_CHECK(nd >= 1 && nd <= x.dim(), op, ": normalized_shape ", shape_str(normalized_shape),
+               " does not fit input ", x.describe());
+  for (int64_t d = 0; d < nd; ++d)
+    CASTOR_CHECK(x.size(x.dim() - nd + d) == normalized_shape[d], op, ": input ", x.describe(),
+                 " does not end in normalized_shape ", shape_str(normalized_shape));
+  for (const Tensor* t : {&weight, &bias}) {
+    if (!t->defined()) continue;
+    CASTOR_CHECK(t->shape() == normalized_shape, op, ": weight/bias ", t->describe(), " must have shape ",
+                 shape_str(normalized_shape));
+    CASTOR_CHECK(t->dtype() == x.dtype() || t->dtype() == DType::Float32, op, ": weight/bias ", t->describe(),
+                 " must be ", dtype_name(x.dtype()), " or float32 for input ", x.describe());
+  }
+  return shape_numel(normalized_shape);
+}
+
+Tensor flat(const Tensor& t) { return t.defined() ? t.detach().contiguous().view({t.numel()}) : Tensor(); }
+
+}  // namespace
+
+// ---- embedding ----
+
+Tensor OpDef<OpKind::Embedding>::forward(const Tensor& weight, const Tensor& indices, int64_t padding_idx) {
+  CASTOR_CHECK(indices.dtype() == DType::Int64, "embedding: indices must be int64, got ", indices.describe());
+  OpScope s(OpKind::Embedding, {weight});
+  const Tensor& w = s[0];
+  CASTOR_CHECK(w.dim() == 2, "embedding: weight must be (num_embeddings, embedding_dim), got ", w.describe());
+  const int64_t V = w.size(0), C = w.size(1);
+  CASTOR_CHECK(padding_idx >= -1 && padding_idx < V, "embedding: padding_idx ", padding_idx, " outside [0, ", V, ")");
+  const Tensor wc = w.detach().contiguous(), ic = indices.contiguous();
+  Shape shape = indices.shape();
+  shape.push_back(C);
+  Tensor out = empty(shape, w.dtype());  // (*, C)
+  const int64_t* idx = ic.data<int64_t>();
+  const size_t row = static_cast<size_t>(C) * dtype_size(w.dtype());
+  const auto* src = static_cast<const char*>(wc.data_ptr());
+  auto* dst = static_cast<char*>(out.data_ptr());
+  for (int64_t n = 0; n < ic.numel(); ++n) {
+    CASTOR_CHECK(idx[n] >= 0 && idx[n] < V, "embedding: index ", idx[n], " is out of range [0, ", V, ")");
+    std::memcpy(dst + n * row, src + idx[n] * row, row);
+  }
+  record_op<OpKind::Embedding>({w}, out, {padding_idx}, {save(ic)});
+  return s.done(out);
+}
+
+std::vector<Tensor> OpDef<OpKind::Embedding>::backward(const Node& node, const Params& p, const Saved& s,
+                                                       Tensor diff_dst) {
+  check_first_order(node);
+  const Tensor indices = node.unpack(s.indices);
+  const Shape& ws = node.input_shapes[0];
+  Tensor diff_weight = empty(ws, node.input_dtypes[0]);
+  kernels::embedding_backward(grad_in(diff_dst, node.out_dtype).view({indices.numel(), ws[1]}),
+                              indices.view({indices.numel()}), p.padding_idx, diff_weight);
+  return {diff_weight};
+}
+
+// ---- layer norm and RMS norm ----
+
+Tensor OpDef<OpKind::LayerNorm>::forward(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,
+                                         const Tensor& bias, double eps) {
+  OpScope s(OpKind::LayerNorm, {input, weight, bias});
+  const Tensor &x = s[0], &w = s[1], &b = s[2];
+  const int64_t C = norm_rows("layer_norm", x, normalized_shape, w, b), R = x.numel() / std::max<int64_t>(C, 1);
+  const Tensor src = x.detach().contiguous().view({R, C});  // (R, C)
+  const Tensor wf = flat(w), bf = flat(b);
+  Tensor dst = empty({R, C}, x.dtype());
+  Tensor mean = empty({R}, stat_dtype(x.dtype())), rstd = empty({R}, stat_dtype(x.dtype()));
+  kernels::layer_norm_forward(src, wf, bf, dst, mean, rstd, eps);
+  Tensor out = dst.view(x.shape());
+  std::vector<Tensor> inputs = {x};
+  if (w.defined()) inputs.push_back(w);
+  if (b.defined()) inputs.push_back(b);
+  record_op<OpKind::LayerNorm>(inputs, out, {C, b.defined()}, {save(src), save(wf), save(mean), save(rstd)});
+  return s.done(out);
+}
+
+std::vector<Tensor> OpDef<OpKind::LayerNorm>::backward(const Node& node, const Params& p, const Saved& s,
+                                                       Tensor diff_dst) {
+  check_first_order(node);
+  const Tensor src = node.unpack(s.src), weight = node.unpack(s.weight);
+  const int64_t R = src.size(0), C = p.normalized;
+  const size_t wi = 1, bi = weight.defined() ? 2 : 1;
+  Tensor diff_src = wanted(node, 0, {R, C}, src.dtype());
+  Tensor diff_weight = weight.defined() ? wanted(node, wi, {C}, weight.dtype()) : Tensor();
+  Tensor diff_bias = p.has_bias ? wanted(node, bi, {C}, node.input_dtypes[bi]) : Tensor();
+  kernels::layer_norm_backward(src, grad_in(diff_dst, node.out_dtype).view({R, C}), weight, node.unpack(s.mean),
+                               node.unpack(s.rstd), diff_src, diff_weight, diff_bias);
+  std::vector<Tensor> grads = {diff_src.defined() ? diff_src.view(node.input_shapes[0]) : Tensor()};
+  if (weight.defined()) grads.push_back(diff_weight.defined() ? diff_weight.view(node.input_shapes[wi]) : Tensor());
+  if (p.has_bias) grads.push_back(diff_bias.defined() ? diff_bias.view(node.input_shapes[bi]) : Tensor());
+  return grads;
+}
+
+Tensor OpDef<OpKind::RmsNorm>::forward(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,
+                                       double eps) {
+  OpScope s(OpKind::RmsNorm, {input, weight});
+  const Tensor &x = s[0], &w = s[1];
+  const int64_t C = norm_rows("rms_norm", x, normalized_shape, w, Tensor()), R = x.numel() / std::max<int64_t>(C, 1);
+  const Tensor src = x.detach().contiguous().view({R, C});  // (R, C)
+  const Tensor wf = flat(w);
+  Tensor dst = empty({R, C}, x.dtype()), rstd = empty({R}, stat_dtype(x.dtype()));
+  kernels::rms_norm_forward(src, wf, dst, rstd, eps);
+  Tensor out = dst.view(x.shape());
+  std::vector<Tensor> inputs = {x};
+  if (w.defined()) inputs.push_back(w);
+  record_op<OpKind::RmsNorm>(inputs, out, {C}, {save(src), save(wf), save(rstd)});
+  return s.done(out);
+}
+
+std::vector<Tensor> OpDef<OpKind::RmsNorm>::backward(const Node& node, const Params& p, const Saved& s,
+                                                     Tensor diff_dst) {
+  check_first_order(node);
+  const Tensor src = node.unpack(s.src), weight = node.unpack(s.weight);
+  const int64_t R = src.size(0), C = p.normalized;
+  Tensor diff_src = wanted(node, 0, {R, C}, src.dtype());
+  Tensor diff_weight = weight.defined() ? wanted(node, 1, {C}, weight.dtype()) : Tensor();
+  kernels::rms_norm_backward(src, grad_in(diff_dst, node.out_dtype).view({R, C}), weight, node.unpack(s.rstd),
+                             diff_src, diff_weight);
+  std::vector<Tensor> grads = {diff_src.defined() ? diff_src.view(node.input_shapes[0]) : Tensor()};
+  if (weight.defined()) grads.push_back(diff_weight.defined() ? diff_weight.view(node.input_shapes[1]) : Tensor());
+  return grads;
+}
+
+// ---- attention ----
+
+namespace {
+
+// q/k/v as the kernels read them: strided views are fine while the last dim is contiguous.
+Tensor rows_contiguous(const Tensor& t) { return t.stride(-1) == 1 ? t.detach() : t.detach().contiguous(); }
+
+// PyTorch's math path, for dropout: the (Tq, Tk) probabilities are materialised.
+Tensor attention_math(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double dropout_p,
+                      bool is_causal, double scale);
+
+}  // namespace
+
+Tensor OpDef<OpKind::ScaledDotProductAttention>::forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                                         const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                                         std::optional<double> scale_in) {
+  const char* op = "scaled_dot_product_attention";
+  CASTOR_CHECK(dropout_p >= 0 && dropout_p < 1, op, ": dropout_p must be in [0, 1), got ", dropout_p);
+  CASTOR_CHECK(!(is_causal && attn_mask.defined()), op, ": pass either attn_mask or is_causal, not both");
+  OpScope s(OpKind::ScaledDotProductAttention, {q_in, k_in, v_in});
+  const Tensor &q = s[0], &k = s[1], &v = s[2];
+  CASTOR_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, ": expected (B, H, T, D) q, k, v, got ",
+               q.describe(), ", ", k.describe(), ", ", v.describe());
+  CASTOR_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && is_floating(q.dtype()), op,
+               ": q, k, v must share one floating dtype, got ", q.describe(), ", ", k.describe(), ", ", v.describe());
+  CASTOR_CHECK(k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3),
+               op, ": shapes do not match: q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
+               shape_str(v.shape()));
+  if (attn_mask.defined()) {
+    CASTOR_CHECK(attn_mask.dim() <= 4, op, ": attn_mask ", attn_mask.describe(), " has more than 4 dims");
+    const Shape want = {q.size(0), q.size(1), q.size(2), k.size(2)};
+    for (int64_t d = 0; d < attn_mask.dim(); ++d) {
+      const int64_t m = attn_mask.size(attn_mask.dim() - 1 - d), w = want[3 - d];
+      CASTOR_CHECK(m == w || m == 1, op, ": attn_mask ", attn_mask.describe(), " does not broadcast to ",
+                   shape_str(want));
+    }
+  }
+  const double scale = scale_in.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
+  if (dropout_p > 0) return s.done(attention_math(q, k, v, attn_mask, dropout_p, is_causal, scale));
+  Tensor mask = attn_mask;
+  if (mask.defined() && mask.dtype() != DType::Bool && mask.dtype() != q.dtype()) mask = mask.to(q.dtype());
+  Tensor dst = empty({q.size(0), q.size(1), q.size(2), q.size(3)}, q.dtype());
+  Tensor lse = empty({q.size(0), q.size(1), q.size(2)}, stat_dtype(q.dtype()));
+  const Tensor qd = rows_contiguous(q), kd = rows_contiguous(k), vd = rows_contiguous(v);
+  kernels::attention_forward(qd, kd, vd, mask, is_causal, scale, dst, lse);
+  record_op<OpKind::ScaledDotProductAttention>({q, k, v}, dst, {is_causal, scale},
+                                               {save(qd), save(kd), save(vd), save(mask), save_output(dst), save(lse)});
+  return s.done(dst);
+}
+
+std::vector<Tensor> OpDef<OpKind::ScaledDotProductAttention>::backward(const Node& node, const Params& p,
+                                                                       const Saved& s, Tensor diff_dst) {
+  check_first_order(node);
+  const Tensor q = node.unpack(s.q), k = node.unpack(s.k), v = node.unpack(s.v);
+  Tensor diff_q = wanted(node, 0, q.shape(), q.dtype());
+  Tensor diff_k = wanted(node, 1, k.shape(), k.dtype());
+  Tensor diff_v = wanted(node, 2, v.shape(), v.dtype());
+  Tensor g = diff_dst.dtype() == q.dtype() ? diff_dst : diff_dst.to(q.dtype());
+  kernels::attention_backward(q, k, v, node.unpack(s.mask), p.is_causal, p.scale, node.unpack(s.dst),
+                              node.unpack(s.lse), rows_contiguous(g), diff_q, diff_k, diff_v);
+  return {diff_q, diff_k, diff_v};
+}
+
+namespace {
+
+Tensor attention_math(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double dropout_p,
+                      bool is_causal, double scale) {
+  Tensor scores = matmul(q, k.transpose(-2, -1)) * scale;  // (B, H, Tq, Tk)
+  const int64_t tq = q.size(2), tk = k.size(2);
+  if (is_causal) {
+    Tensor upper = empty({tq, tk}, DType::Bool);
+    bool* u = upper.data<bool>();
+    for (int64_t i = 0; i < tq; ++i)
+      for (int64_t j = 0; j < tk; ++j) u[i * tk + j] = j > i;
+    scores = masked_fill(scores, upper, -INFINITY);
+  } else if (mask.defined()) {
+    scores = mask.dtype() == DType::Bool ? masked_fill(scores, eq(mask, scalar_tensor(0, DType::Bool)), -INFINITY) : scores + mask;
+  }
+  Tensor probs = softmax(scores, -1);
+  Tensor keep;
+  {
+    NoGradGuard no_grad;
+    keep = bernoulli(probs.shape(), 1.0 - dropout_p, probs.dtype());
+  }
+  return matmul(probs * keep * (1.0 / (1.0 - dropout_p)), v);
+}
+
+}  // namespace
+
+// ---- cross-entropy ----
+
+Tensor OpDef<OpKind::CrossEntropy>::forward(const Tensor& logits, const Tensor& target, double label_smoothing,
+                                            int64_t ignore_index) {
+  OpScope s(OpKind::CrossEntropy, {logits});
+  const Tensor& x = s[0];
+  CASTOR_CHECK(x.dim() == 2 && is_floating(x.dtype()), "cross_entropy: expected floating (N, C) logits, got ",
+               x.describe());
+  CASTOR_CHECK(target.dtype() == DType::Int64 && target.dim() == 1 && target.size(0) == x.size(0),
+               "cross_entropy: expected int64 targets (", x.size(0), "), got ", target.describe());
+  const Tensor xc = x.detach().contiguous(), tc = target.contiguous();
+  Tensor losses = empty({x.size(0)}, stat_dtype(x.dtype())), lse = empty({x.size(0)}, stat_dtype(x.dtype()));
+  kernels::cross_entropy_forward(xc, tc, ignore_index, label_smoothing, losses, lse);
+  record_op<OpKind::CrossEntropy>({x}, losses, {ignore_index, label_smoothing}, {save(xc), save(tc), save(lse)});
+  return s.done(losses);
+}
+
+std::vector<Tensor> OpDef<OpKind::CrossEntropy>::backward(const Node& node, const Params& p, const Saved& s,
+                                                          Tensor diff_dst) {
+  check_first_order(node);
+  const Tensor logits = node.unpack(s.logits);
+  Tensor diff_logits = empty(logits.shape(), logits.dtype());
+  kernels::cross_entropy_backward(logits, node.unpack(s.target), node.unpack(s.lse), grad_in(diff_dst, node.out_dtype),
+                                  p.ignore_index, p.label_smoothing, diff_logits);
+  return {diff_logits};
+}
+
+}  // namespace castor

@@ -1,0 +1,82 @@
+// Transformer ops as typed definitions: embedding, layer/RMS norm, fused attention and fused cross-entropy.
+#pragma once
+#include <optional>
+
+#include "autograd/op_def.h"
+
+namespace castor {
+
+// dst (*, C) = weight (V, C) rows at indices (*) int64; the gradient is dense (V, C), none into padding_idx's row.
+template <>
+struct OpDef<OpKind::Embedding> {
+  struct Params {
+    int64_t padding_idx;  // -1: none
+  };
+  struct Saved {
+    SavedTensor indices;
+  };
+  static Tensor forward(const Tensor& weight, const Tensor& indices, int64_t padding_idx);
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
+
+// Layer norm over the trailing `normalized` elements of src; statistics float32, dst in src's dtype; weight and
+// bias (normalized shape) may be undefined, or float32 under a 16-bit src (norms keeping float32 parameters).
+template <>
+struct OpDef<OpKind::LayerNorm> {
+  struct Params {
+    int64_t normalized;  // elements per row
+    bool has_bias;
+  };
+  struct Saved {
+    SavedTensor src, weight, mean, rstd;  // src as rows (R, C); mean, rstd (R) float32
+  };
+  static Tensor forward(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,
+                        const Tensor& bias, double eps);
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
+
+// RMS norm: src * rsqrt(mean(src^2) + eps) * weight over the trailing `normalized` elements.
+template <>
+struct OpDef<OpKind::RmsNorm> {
+  struct Params {
+    int64_t normalized;
+  };
+  struct Saved {
+    SavedTensor src, weight, rstd;
+  };
+  static Tensor forward(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, double eps);
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
+
+// softmax(q k^T * scale + mask) v, flash-style: saves q, k, v, the output and the per-row log-sum-exp (float32),
+// never the (Tq, Tk) probabilities; backward recomputes them a block of rows at a time.
+template <>
+struct OpDef<OpKind::ScaledDotProductAttention> {
+  struct Params {
+    bool is_causal;
+    double scale;
+  };
+  struct Saved {
+    SavedTensor q, k, v, mask, dst, lse;
+  };
+  static Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double dropout_p,
+                        bool is_causal, std::optional<double> scale);
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
+
+// Per-row cross-entropy losses (N) float32 of logits (N, V) read in their own dtype (no float32 copy of them).
+template <>
+struct OpDef<OpKind::CrossEntropy> {
+  struct Params {
+    int64_t ignore_index;
+    double label_smoothing;
+  };
+  struct Saved {
+    SavedTensor logits, target, lse;
+  };
+  // F.cross_entropy(reduction='none'): 0 where target == ignore_index.
+  static Tensor forward(const Tensor& logits, const Tensor& target, double label_smoothing, int64_t ignore_index);
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
+
+}  // namespace castor

@@ -1,0 +1,242 @@
+// GPT-2 byte-level BPE, output identical to the npm package gpt-3-encoder's `encode` (its quirks included).
+#include <algorithm>
+#include <array>
+
+#include "castor/check.h"
+#include "castor/fs.h"
+#include "castor/tokenizer.h"
+
+namespace castor::data {
+namespace {
+
+struct CodeRange {
+  char32_t lo, hi;
+};
+#include "unicode_classes.inc"
+
+template <size_t N>
+bool in_ranges(const CodeRange (&table)[N], char32_t cp) {
+  const CodeRange* r = std::upper_bound(table, table + N, cp, [](char32_t c, const CodeRange& x) { return c < x.lo; });
+  return r != table && cp <= (r - 1)->hi;
+}
+
+enum class Cls : uint8_t { Letter, Number, Space, Other };
+
+Cls classify(char32_t cp) {
+  if (cp < 128) {
+    if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') return Cls::Letter;
+    if (cp >= '0' && cp <= '9') return Cls::Number;
+    if (cp == ' ' || (cp >= 9 && cp <= 13)) return Cls::Space;
+    return Cls::Other;
+  }
+  if (in_ranges(kLetters, cp)) return Cls::Letter;
+  if (in_ranges(kNumbers, cp)) return Cls::Number;
+  if (in_ranges(kSpaces, cp)) return Cls::Space;
+  return Cls::Other;
+}
+
+// The code point at text[pos] of valid UTF-8, and its length in bytes.
+char32_t cp_at(std::string_view s, size_t pos, size_t& len) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[pos + i]); };
+  const unsigned char c = b(0);
+  if (c < 0x80) return len = 1, c;
+  if (c < 0xE0) return len = 2, char32_t(c & 0x1F) << 6 | (b(1) & 0x3F);
+  if (c < 0xF0) return len = 3, char32_t(c & 0x0F) << 12 | char32_t(b(1) & 0x3F) << 6 | (b(2) & 0x3F);
+  return len = 4, char32_t(c & 0x07) << 18 | char32_t(b(1) & 0x3F) << 12 | char32_t(b(2) & 0x3F) << 6 | (b(3) & 0x3F);
+}
+
+// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to U+0100 onwards in byte order.
+std::array<char32_t, 256> byte_to_unicode() {
+  std::array<char32_t, 256> m{};
+  char32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    m[b] = printable ? char32_t(b) : next++;
+  }
+  return m;
+}
+
+// A token or merge half as written in encoder.json / vocab.bpe (mapped characters) back to its bytes.
+std::string unmap(std::string_view mapped, const std::string& what) {
+  static const std::array<int, 324> from = [] {
+    std::array<int, 324> f{};
+    f.fill(-1);
+    const std::array<char32_t, 256> to = byte_to_unicode();
+    for (int b = 0; b < 256; ++b) f[to[b]] = b;
+    return f;
+  }();
+  std::string bytes;
+  for (char32_t cp : decode_utf8(mapped, what)) {
+    CASTOR_CHECK(cp < from.size() && from[cp] >= 0, what, ": '", printable(mapped),
+                 "' holds a character outside GPT-2's byte alphabet");
+    bytes.push_back(static_cast<char>(from[cp]));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+Gpt2Tokenizer Gpt2Tokenizer::from_dir(const std::string& dir) {
+  const std::string enc = dir + "/encoder.json", merges = dir + "/vocab.bpe";
+  const std::vector<uint8_t> e = read_file(enc), m = read_file(merges);
+  return Gpt2Tokenizer({reinterpret_cast<const char*>(e.data()), e.size()},
+                       {reinterpret_cast<const char*>(m.data()), m.size()}, enc, merges);
+}
+
+Gpt2Tokenizer::Gpt2Tokenizer(std::string_view encoder_json, std::string_view vocab_bpe,
+                             const std::string& encoder_what, const std::string& vocab_what) {
+  Json enc;
+  try {
+    enc = Json::parse(encoder_json);
+  } catch (const Error& e) {
+    throw Error(encoder_what + ": " + e.what());
+  }
+  CASTOR_CHECK(enc.is_object(), encoder_what, ": expected a JSON object of token -> id");
+  decoder_.resize(enc.as_object().size());
+  for (const auto& [token, id] : enc.as_object()) {
+    CASTOR_CHECK(id.is_int() && id.as_int() >= 0 && id.as_int() < static_cast<int64_t>(decoder_.size()) &&
+                     id.as_int() <= 0xFFFF,
+                 encoder_what, ": the id of '", printable(token), "' is not an integer in [0, ", decoder_.size(), ")");
+    std::string bytes = unmap(token, encoder_what);
+    CASTOR_CHECK(decoder_[id.as_int()].empty(), encoder_what, ": id ", id.as_int(), " is given twice");
+    decoder_[id.as_int()] = bytes;
+    encoder_.emplace(std::move(bytes), static_cast<uint16_t>(id.as_int()));
+  }
+  CASTOR_CHECK(is_valid_utf8(vocab_bpe), vocab_what, ": not valid UTF-8");
+  // As gpt-3-encoder: the lines between the first (a version comment) and the last (empty after the final
+  // newline), each split at whitespace runs; the halves joined with ',' key the rank, and a later line wins.
+  std::vector<std::string_view> lines;
+  for (size_t pos = 0;;) {
+    const size_t nl = vocab_bpe.find('\n', pos);
+    lines.push_back(vocab_bpe.substr(pos, nl == std::string_view::npos ? std::string_view::npos : nl - pos));
+    if (nl == std::string_view::npos) break;
+    pos = nl + 1;
+  }
+  for (size_t i = 1; i + 1 < lines.size(); ++i) {
+    std::string key;
+    bool first = true;
+    for (size_t pos = 0; pos < lines[i].size();) {
+      size_t len = 0;
+      if (classify(cp_at(lines[i], pos, len)) == Cls::Space) {
+        pos += len;
+        continue;
+      }
+      size_t end = pos;
+      while (end < lines[i].size() && classify(cp_at(lines[i], end, len)) != Cls::Space) end += len;
+      key += (first ? "" : ",") + unmap(lines[i].substr(pos, end - pos), vocab_what);
+      first = false;
+      pos = end;
+    }
+    ranks_[key] = static_cast<int32_t>(i - 1);
+  }
+}
+
+std::vector<std::string_view> Gpt2Tokenizer::split(std::string_view s) {
+  CASTOR_CHECK(is_valid_utf8(s), "text is not valid UTF-8");
+  std::vector<std::string_view> pieces;
+  const size_t n = s.size();
+  size_t i = 0;
+  // The end of the run of class `c` that starts at `pos`.
+  auto run_end = [&](size_t pos, Cls c) {
+    size_t len = 0;
+    while (pos < n && classify(cp_at(s, pos, len)) == c) pos += len;
+    return pos;
+  };
+  while (i < n) {
+    size_t len = 0;
+    const char32_t cp = cp_at(s, i, len);
+    size_t end = i;
+    if (cp == '\'' && i + 1 < n) {
+      const std::string_view rest = s.substr(i + 1, 2);
+      if (rest[0] == 's' || rest[0] == 't' || rest[0] == 'm' || rest[0] == 'd') end = i + 2;
+      else if (rest == "re" || rest == "ve" || rest == "ll") end = i + 3;
+    }
+    if (end == i) {
+      Cls c = classify(cp);
+      size_t start = i;
+      if (cp == ' ' && i + 1 < n) {
+        size_t next_len = 0;
+        const Cls next = classify(cp_at(s, i + 1, next_len));
+        if (next != Cls::Space) c = next, start = i + 1;
+      }
+      if (c != Cls::Space) {
+        end = run_end(start, c);
+      } else {
+        const size_t ws = run_end(i, Cls::Space);
+        // \s+(?!\S): the whole run at the end of the text, else all but its last character (when that leaves
+        // one); \s+: a single whitespace character before a non-space.
+        end = ws;
+        if (ws < n) {
+          size_t last = i, l = 0;
+          for (size_t p = i; p < ws; p += l) cp_at(s, p, l), last = p;
+          if (last > i) end = last;
+        }
+      }
+    }
+    pieces.push_back(s.substr(i, end - i));
+    i = end;
+  }
+  return pieces;
+}
+
+void Gpt2Tokenizer::bpe(std::string_view piece, std::vector<uint16_t>& out) {
+  if (auto it = cache_.find(std::string(piece)); it != cache_.end()) {
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return;
+  }
+  std::vector<std::string> word;
+  for (char c : piece) word.emplace_back(1, c);
+  std::string key;
+  while (word.size() > 1) {
+    // gpt-3-encoder keeps, per rank, the last pair with it; pairs without a rank end the merging.
+    int32_t best = INT32_MAX;
+    size_t at = 0;
+    for (size_t k = 0; k + 1 < word.size(); ++k) {
+      key.assign(word[k]).append(1, ',').append(word[k + 1]);
+      const auto r = ranks_.find(key);
+      if (r != ranks_.end() && r->second <= best) best = r->second, at = k;
+    }
+    if (best == INT32_MAX) break;
+    const std::string first = word[at], second = word[at + 1];
+    std::vector<std::string> merged;
+    for (size_t k = 0; k < word.size();) {
+      if (word[k] == first && k + 1 < word.size() && word[k + 1] == second) {
+        merged.push_back(first + second);
+        k += 2;
+      } else {
+        merged.push_back(std::move(word[k]));
+        k += 1;
+      }
+    }
+    word = std::move(merged);
+  }
+  std::vector<uint16_t> ids;
+  for (const std::string& w : word) {
+    const auto e = encoder_.find(w);
+    CASTOR_CHECK(e != encoder_.end(), "GPT-2 BPE: the merged token '", printable(w), "' is not in encoder.json");
+    ids.push_back(e->second);
+  }
+  out.insert(out.end(), ids.begin(), ids.end());
+  cache_.emplace(std::string(piece), std::move(ids));
+}
+
+void Gpt2Tokenizer::encode(std::string_view text, std::vector<uint16_t>& out) {
+  for (std::string_view piece : split(text)) bpe(piece, out);
+}
+
+std::vector<uint16_t> Gpt2Tokenizer::encode(std::string_view text) {
+  std::vector<uint16_t> out;
+  encode(text, out);
+  return out;
+}
+
+std::string Gpt2Tokenizer::decode(std::span<const uint16_t> tokens) const {
+  std::string text;
+  for (uint16_t t : tokens) {
+    CASTOR_CHECK(t < decoder_.size(), "GPT-2 decode: token ", t, " is outside the vocabulary of ", decoder_.size());
+    text += decoder_[t];
+  }
+  return text;
+}
+
+}  // namespace castor::data

@@ -1,0 +1,136 @@
+// The character tokenizer, UTF-8 helpers and the tokenizer record of a token directory (DIR/tokenizer.json).
+#include "castor/tokenizer.h"
+
+#include <algorithm>
+
+#include "castor/check.h"
+#include "castor/fs.h"
+
+namespace castor::data {
+
+std::u32string decode_utf8(std::string_view s, const std::string& what) {
+  std::u32string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    CASTOR_CHECK(len != 0 && i + len <= s.size() && is_valid_utf8(s.substr(i, len)), what,
+                 ": not valid UTF-8 at byte ", i);
+    char32_t cp = len == 1 ? c : c & (0x7F >> len);
+    for (size_t k = 1; k < len; ++k) cp = cp << 6 | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    out.push_back(cp);
+    i += len;
+  }
+  return out;
+}
+
+void append_utf8(char32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | cp >> 6));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | cp >> 12));
+    out.push_back(static_cast<char>(0x80 | (cp >> 6 & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | cp >> 18));
+    out.push_back(static_cast<char>(0x80 | (cp >> 12 & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp >> 6 & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
+CharTokenizer CharTokenizer::from_text(std::string_view text, const std::string& what) {
+  std::u32string cps = decode_utf8(text, what);
+  std::sort(cps.begin(), cps.end());
+  cps.erase(std::unique(cps.begin(), cps.end()), cps.end());
+  CASTOR_CHECK(cps.size() <= 65536, what, ": ", cps.size(),
+               " distinct characters, more than 16-bit token ids can number");
+  return CharTokenizer(std::vector<char32_t>(cps.begin(), cps.end()));
+}
+
+CharTokenizer::CharTokenizer(std::vector<char32_t> chars) : chars_(std::move(chars)) {
+  CASTOR_CHECK(chars_.size() <= 65536, "char tokenizer: ", chars_.size(), " characters, more than 65,536");
+  for (size_t i = 0; i < chars_.size(); ++i) {
+    CASTOR_CHECK(i == 0 || chars_[i - 1] < chars_[i], "char tokenizer: the characters are not sorted and distinct");
+    ids_.emplace(chars_[i], static_cast<uint16_t>(i));
+  }
+}
+
+void CharTokenizer::encode(std::string_view text, std::vector<uint16_t>& out, const std::string& what) const {
+  for (char32_t cp : decode_utf8(text, what)) {
+    const auto it = ids_.find(cp);
+    CASTOR_CHECK(it != ids_.end(), what, ": character U+", std::hex, static_cast<uint32_t>(cp),
+                 " is not in the vocabulary");
+    out.push_back(it->second);
+  }
+}
+
+std::string CharTokenizer::decode(std::span<const uint16_t> tokens) const {
+  std::string text;
+  for (uint16_t t : tokens) {
+    CASTOR_CHECK(t < chars_.size(), "char decode: token ", t, " is outside the vocabulary of ", chars_.size());
+    append_utf8(chars_[t], text);
+  }
+  return text;
+}
+
+std::string CharTokenizer::chars_utf8() const {
+  std::string s;
+  for (char32_t cp : chars_) append_utf8(cp, s);
+  return s;
+}
+
+Tokenizer::Tokenizer(Gpt2Tokenizer gpt2) : kind_("gpt2"), gpt2_(std::make_shared<Gpt2Tokenizer>(std::move(gpt2))) {}
+Tokenizer::Tokenizer(CharTokenizer chars) : kind_("char"), chars_(std::make_shared<CharTokenizer>(std::move(chars))) {}
+
+Tokenizer Tokenizer::load(const std::string& dir) {
+  const std::string path = dir + "/tokenizer.json";
+  const std::vector<uint8_t> bytes = read_file(path);
+  try {
+    const Json rec = Json::parse({reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+    const std::string& kind = rec.at("tokenizer").as_string();
+    const int64_t vocab = rec.at("vocab_size").as_int();
+    if (kind == "gpt2") {
+      Tokenizer t(Gpt2Tokenizer::from_dir(dir));
+      CASTOR_CHECK(t.vocab_size() == vocab, "vocab_size ", vocab, " but encoder.json has ", t.vocab_size());
+      return t;
+    }
+    CASTOR_CHECK(kind == "char", "unknown tokenizer '", kind, "' (expected gpt2 or char)");
+    const std::string& chars = rec.at("chars").as_string();
+    const std::u32string cps = decode_utf8(chars, "chars");
+    Tokenizer t(CharTokenizer(std::vector<char32_t>(cps.begin(), cps.end())));
+    CASTOR_CHECK(t.vocab_size() == vocab, "vocab_size ", vocab, " but chars holds ", t.vocab_size());
+    return t;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    throw Error(msg.starts_with(dir) ? msg : path + ": " + msg);
+  }
+}
+
+int64_t Tokenizer::vocab_size() const { return gpt2_ ? gpt2_->vocab_size() : chars_->vocab_size(); }
+
+std::vector<uint16_t> Tokenizer::encode(std::string_view text) {
+  if (gpt2_) return gpt2_->encode(text);
+  std::vector<uint16_t> out;
+  chars_->encode(text, out);
+  return out;
+}
+
+std::string Tokenizer::decode(std::span<const uint16_t> tokens) const {
+  return gpt2_ ? gpt2_->decode(tokens) : chars_->decode(tokens);
+}
+
+Json Tokenizer::record() const {
+  Json::Object o;
+  o["tokenizer"] = kind_;
+  o["vocab_size"] = vocab_size();
+  if (gpt2_) o["eot_token"] = static_cast<int64_t>(Gpt2Tokenizer::kEot);
+  if (chars_) o["chars"] = chars_->chars_utf8();
+  return o;
+}
+
+}  // namespace castor::data

@@ -1,0 +1,152 @@
+// The GPT model against its PyTorch twin (tests/oracle/gpt_oracle.py, nanoGPT's architecture) from the same
+// safetensors weights on the same token batches: loss, logits and every gradient; AdamW training curves.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "castor/amp.h"
+#include "castor/autocast.h"
+#include "castor/autograd.h"
+#include "castor/functional.h"
+#include "castor/models.h"
+#include "castor/ops.h"
+#include "castor/optim.h"
+#include "castor/random.h"
+#include "castor/serialize.h"
+#include "test_util.h"
+
+namespace castor {
+namespace {
+
+models::GPTConfig small_config() {
+  models::GPTConfig c;
+  c.n_layer = 2, c.n_head = 2, c.n_embd = 32, c.block_size = 16, c.vocab_size = 67;
+  return c;
+}
+
+std::string config_json(const models::GPTConfig& c, const std::string& extra = "") {
+  return detail::cat("{\"n_layer\": ", c.n_layer, ", \"n_head\": ", c.n_head, ", \"n_embd\": ", c.n_embd,
+                     ", \"block_size\": ", c.block_size, ", \"vocab_size\": ", c.vocab_size,
+                     ", \"bias\": ", c.bias ? "true" : "false", extra, "}");
+}
+
+Tensor tokens(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
+  Generator gen(seed);
+  std::vector<double> v(b * t);
+  for (double& x : v) x = std::floor(gen.next_double() * vocab);
+  return tensor(v, Shape{b, t}, DType::Int64);
+}
+
+// ||a - b|| / ||b||.
+double rel_l2(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) num += (x[i] - y[i]) * (x[i] - y[i]), den += y[i] * y[i];
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+Tensor loss_of(models::GPT& model, const Tensor& x, const Tensor& y) {
+  const Tensor logits = model(x);
+  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
+}
+
+// Writes the weights and batch, runs the twin, reads what it wrote.
+StateDict run_twin(const std::string& mode, const std::string& name, const std::string& config, models::GPT& model,
+                   const StateDict& batch) {
+  const std::string dir = test::fresh_dir(name);
+  std::filesystem::create_directories(dir);
+  save_safetensors(dir + "/weights.safetensors", model.state_dict());
+  save_safetensors(dir + "/batch.safetensors", batch);
+  if (!test::run_oracle("gpt_oracle.py", {mode, config, dir + "/weights.safetensors", dir + "/batch.safetensors",
+                                          dir + "/out.safetensors"}))
+    return {};
+  return load_safetensors(dir + "/out.safetensors").tensors;
+}
+
+void expect_grads_match(models::GPT& model, const StateDict& want, double tol) {
+  for (const auto& [name, p] : model.named_parameters()) {
+    ASSERT_TRUE(want.count("grad." + name)) << name;
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_LE(rel_l2(p.grad(), want.at("grad." + name)), tol) << name;
+  }
+}
+
+TEST(Gpt, NamesAreNanoGptsAndTheHeadIsTied) {
+  auto model = models::gpt(small_config());
+  const StateDict sd = model->state_dict();
+  for (const char* key : {"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
+                          "transformer.h.1.attn.c_attn.weight", "transformer.h.1.attn.c_proj.bias",
+                          "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight",
+                          "transformer.ln_f.bias", "lm_head.weight"})
+    EXPECT_TRUE(sd.count(key)) << key;
+  EXPECT_TRUE(model->lm_head->weight.is_same(model->wte->weight));
+  // Listed once by parameters(), under wte's name (nanoGPT's named_parameters).
+  int64_t tied = 0;
+  for (const auto& [name, p] : model->named_parameters()) tied += p.is_same(model->wte->weight);
+  EXPECT_EQ(tied, 1);
+  EXPECT_EQ(model->named_parameters()[0].first, "transformer.wte.weight");
+  // A state dict without lm_head.weight loads strictly (the tie fills it).
+  StateDict without = sd;
+  without.erase("lm_head.weight");
+  EXPECT_NO_THROW(model->load_state_dict(without));
+}
+
+TEST(Gpt, Gpt2InitStatistics) {
+  models::GPTConfig c = small_config();
+  c.n_layer = 4, c.n_embd = 64, c.vocab_size = 512;
+  auto model = models::gpt(c);
+  auto stdev = [](const Tensor& t) {
+    const auto v = t.to_vector<double>();
+    double s = 0;
+    for (double x : v) s += x * x;
+    return std::sqrt(s / v.size());
+  };
+  EXPECT_NEAR(stdev(model->wte->weight), 0.02, 0.002);
+  const auto& block = dynamic_cast<models::Block&>(*(*model->h)[3]);
+  EXPECT_NEAR(stdev(block.attn->c_proj->weight), 0.02 / std::sqrt(8.0), 0.003);
+  EXPECT_NEAR(stdev(block.mlp->c_fc->weight), 0.02, 0.002);
+  EXPECT_EQ(stdev(block.mlp->c_fc->bias), 0.0);
+  EXPECT_EQ(block.ln_1->weight.to_vector<double>(), std::vector<double>(64, 1.0));
+}
+
+// O0: loss within 1e-5 relative, logits within 1e-4, every gradient within 1e-4 relative L2 of PyTorch.
+TEST(Gpt, Float32MatchesPyTorch) {
+  for (bool bias : {true, false}) {
+    models::GPTConfig c = small_config();
+    c.bias = bias;
+    auto model = models::gpt(c, 3);
+    const Tensor x = tokens(3, 16, c.vocab_size, 1), y = tokens(3, 16, c.vocab_size, 2);
+    const StateDict want = run_twin("grads", "gpt_f32", config_json(c), *model, {{"x", x}, {"y", y}});
+    ASSERT_FALSE(want.empty());
+    const Tensor logits = (*model)(x);
+    const Tensor loss = F::cross_entropy(logits.reshape({-1, c.vocab_size}), y.reshape({-1}));
+    loss.backward();
+    EXPECT_NEAR(loss.item(), want.at("loss").item(), 1e-5 * want.at("loss").item());
+    EXPECT_TRUE(test::close(logits, want.at("logits"), 1e-4, 1e-5));
+    expect_grads_match(*model, want, 1e-4);
+  }
+}
+
+// O1 bf16: autocast on both sides. PyTorch's CPU autocast runs the attention softmax in bfloat16 and Castor's fused
+// attention keeps its statistics in float32, so they agree to bf16 tolerance, not bit for bit.
+TEST(Gpt, AutocastBFloat16MatchesPyTorchAutocast) {
+  models::GPTConfig c = small_config();
+  auto model = models::gpt(c, 4);
+  const Tensor x = tokens(3, 16, c.vocab_size, 5), y = tokens(3, 16, c.vocab_size, 6);
+  const StateDict want =
+      run_twin("grads", "gpt_bf16", config_json(c, ", \"autocast\": \"bf16\""), *model, {{"x", x}, {"y", y}});
+  ASSERT_FALSE(want.empty());
+  Tensor loss;
+  {
+    castor::amp::AutocastGuard autocast(DType::BFloat16);
+    loss = loss_of(*model, x, y);
+  }
+  loss.backward();
+  EXPECT_EQ(loss.dtype(), DType::Float32);
+  EXPECT_NEAR(loss.item(), want.at("loss").item(), 1e-2 * want.at("loss").item());
+  expect_grads_match(*model, want, 5e-2);
+}
+
+}  // namespace
+}  // namespace castor

@@ -1,0 +1,153 @@
+// The transformer ops (embedding, layer/RMS norm, fused attention, fused cross-entropy) against PyTorch
+// (tests/oracle/transformer_oracle.py) forward and backward in float32, float16 and bfloat16, and against float64
+// finite differences.
+//
+// Tolerances (docs/transformers.md): float32 within 1e-5 relative (sums in another order); 16-bit results are one
+// rounding of the float32 result, so within one unit of the 16-bit type's precision (2^-7 bf16, 2^-10 fp16) of the
+// oracle's, except attention: its probabilities are rounded to the 16-bit type before the product with v (as flash
+// attention does), so it is held to four units.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <sstream>
+
+#include "castor/autograd.h"
+#include "castor/functional.h"
+#include "castor/allocator.h"
+#include "castor/ops.h"
+#include "castor/random.h"
+#include "castor/serialize.h"
+#include "test_util.h"
+
+namespace castor {
+namespace {
+
+using Inputs = std::vector<Tensor>;
+using Op = std::function<Tensor(const Inputs&)>;
+
+const std::map<std::string, Op>& ops() {
+  static const std::map<std::string, Op> table = {
+      {"layer_norm", [](const Inputs& x) { return F::layer_norm(x[0], {24}, x[1], x[2]); }},
+      {"layer_norm_plain", [](const Inputs& x) { return F::layer_norm(x[0], {4, 6}); }},
+      {"rms_norm", [](const Inputs& x) { return F::rms_norm(x[0], {40}, x[1]); }},
+      {"embedding", [](const Inputs& x) { return F::embedding(x[0], x[1], /*padding_idx=*/2); }},
+      {"attention_causal",
+       [](const Inputs& x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, /*is_causal=*/true); }},
+      {"attention_mask", [](const Inputs& x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], x[3]); }},
+      {"cross_entropy",
+       [](const Inputs& x) { return F::cross_entropy(x[0], x[1], F::Reduction::None, 0.0, /*ignore_index=*/-100); }},
+      {"cross_entropy_smooth",
+       [](const Inputs& x) { return F::cross_entropy(x[0], x[1], F::Reduction::Sum, /*label_smoothing=*/0.1); }},
+  };
+  return table;
+}
+
+double unit(DType d) { return d == DType::BFloat16 ? 0x1p-7 : d == DType::Float16 ? 0x1p-10 : 1e-5; }
+
+::testing::AssertionResult near(const Tensor& got, const Tensor& want, double units) {
+  if (got.dtype() != want.dtype() || got.shape() != want.shape())
+    return ::testing::AssertionFailure() << got.describe() << " vs " << want.describe();
+  double scale = 0;
+  for (double v : want.to_vector<double>()) scale = std::max(scale, std::abs(v));
+  const double eps = units * unit(got.dtype());
+  return test::close(got, want, eps, eps * scale);
+}
+
+TEST(TransformerOps, MatchPyTorch) {
+  const std::string file = test::scratch_dir() + "/transformer_oracle.safetensors";
+  ASSERT_TRUE(test::run_oracle("transformer_oracle.py", {file}));
+  const LoadedTensors oracle = load_safetensors(file);
+  std::istringstream cases(oracle.metadata.at("cases"));
+  std::string entry;
+  int run = 0;
+  while (std::getline(cases, entry, ';')) {
+    std::istringstream is(entry);
+    std::string name, op, dtype;
+    is >> name >> op >> dtype;
+    SCOPED_TRACE(name);
+    ++run;
+    Inputs in;
+    for (int i = 0; oracle.tensors.count(name + ".in" + std::to_string(i)); ++i) {
+      Tensor t = oracle.tensors.at(name + ".in" + std::to_string(i)).clone();
+      if (is_floating(t.dtype())) t.requires_grad_();
+      in.push_back(t);
+    }
+    const double units = op.rfind("attention", 0) == 0 ? 4 : 1;
+    const Tensor out = ops().at(op)(in);
+    EXPECT_TRUE(near(out, oracle.tensors.at(name + ".out"), units)) << "forward";
+    out.backward(oracle.tensors.at(name + ".gout"));
+    int g = 0;
+    for (const Tensor& t : in) {
+      if (!is_floating(t.dtype())) continue;
+      EXPECT_TRUE(near(t.grad(), oracle.tensors.at(name + ".grad" + std::to_string(g)), units)) << "grad " << g;
+      ++g;
+    }
+  }
+  EXPECT_EQ(run, 3 * static_cast<int>(ops().size()));
+}
+
+Tensor rnd(const Shape& shape, uint64_t seed) {
+  Generator gen(seed);
+  return randn(shape, DType::Float64, &gen).requires_grad_();
+}
+
+TEST(TransformerOps, Float64MatchesFiniteDifferences) {
+  using V = const Inputs&;
+  EXPECT_TRUE(test::gradcheck([](V x) { return F::layer_norm(x[0], {5}, x[1], x[2]); },
+                              {rnd({3, 5}, 1), rnd({5}, 2), rnd({5}, 3)}));
+  EXPECT_TRUE(test::gradcheck([](V x) { return F::layer_norm(x[0], {2, 3}); }, {rnd({4, 2, 3}, 4)}));
+  EXPECT_TRUE(test::gradcheck([](V x) { return F::rms_norm(x[0], {6}, x[1]); }, {rnd({3, 6}, 5), rnd({6}, 6)}));
+  const Tensor idx = tensor({1, 0, 3, 1, 2, 3}, Shape{2, 3}, DType::Int64);
+  EXPECT_TRUE(test::gradcheck([&](V x) { return F::embedding(idx, x[0]); }, {rnd({4, 5}, 7)}));
+  // padding_idx's row takes no gradient (PyTorch's definition, not the derivative).
+  const Tensor w = rnd({4, 5}, 7);
+  sum(F::embedding(idx, w, /*padding_idx=*/3)).backward();
+  EXPECT_EQ(w.grad().narrow(0, 3, 1).to_vector<double>(), std::vector<double>(5, 0.0));
+  EXPECT_EQ(w.grad().narrow(0, 1, 1).to_vector<double>(), std::vector<double>(5, 2.0));
+  EXPECT_TRUE(test::gradcheck(
+      [](V x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, /*is_causal=*/true); },
+      {rnd({1, 2, 5, 4}, 8), rnd({1, 2, 5, 4}, 9), rnd({1, 2, 5, 4}, 10)}));
+  const Tensor mask = tensor({1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 0, 1}, Shape{3, 4}, DType::Bool);
+  EXPECT_TRUE(test::gradcheck([&](V x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], mask); },
+                              {rnd({2, 1, 3, 4}, 11), rnd({2, 1, 4, 4}, 12), rnd({2, 1, 4, 4}, 13)}));
+  const Tensor target = tensor({2, 0, -100, 4}, DType::Int64);
+  EXPECT_TRUE(test::gradcheck(
+      [&](V x) { return F::cross_entropy(x[0], target, F::Reduction::Mean, 0.0, /*ignore_index=*/-100); },
+      {rnd({4, 5}, 14)}));
+  EXPECT_TRUE(test::gradcheck([](V x) { return silu(x[0]); }, {rnd({3, 4}, 15)}));
+  EXPECT_TRUE(test::gradcheck([](V x) { return masked_fill(x[0], gt(x[0].detach(), zeros({})), 1.0); },
+                              {rnd({3, 4}, 16)}));
+}
+
+// The attention's saved state and scratch grow linearly in T: one layer's forward + backward at T = 1024 peaks
+// under 5x its peak at T = 256 (a (T, T) probability matrix per head would make it 16x).
+TEST(TransformerOps, AttentionMemoryIsLinearInT) {
+  auto peak = [](int64_t t) {
+    Generator gen(1);
+    const Tensor q = randn({1, 4, t, 64}, DType::BFloat16, &gen).requires_grad_();
+    const Tensor k = randn({1, 4, t, 64}, DType::BFloat16, &gen).requires_grad_();
+    const Tensor v = randn({1, 4, t, 64}, DType::BFloat16, &gen).requires_grad_();
+    reset_peak_memory_stats();
+    const int64_t base = memory_stats().current_bytes;
+    Tensor y = F::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
+    sum(y.float_()).backward();
+    return memory_stats().peak_bytes - base;
+  };
+  const int64_t small = peak(256), large = peak(1024);
+  EXPECT_LT(large, 5 * small) << small << " bytes at T=256, " << large << " at T=1024";
+}
+
+TEST(TransformerOps, ErrorsNameTheOpAndTheProblem) {
+  const Tensor x = randn({2, 3, 4, 8});
+  EXPECT_THROW(F::scaled_dot_product_attention(x, x, randn({2, 3, 5, 8})), Error);
+  EXPECT_THROW(F::scaled_dot_product_attention(x, x, x, ones({4, 4}, DType::Bool), 0.0, /*is_causal=*/true), Error);
+  EXPECT_THROW(F::layer_norm(x, {7}), Error);
+  EXPECT_THROW(F::layer_norm(x, {8}, ones({8}, DType::Float64)), Error);
+  EXPECT_THROW(F::embedding(tensor({0, 9}, DType::Int64), randn({5, 3})), Error);
+  EXPECT_THROW(F::embedding(tensor({0.0, 1.0}), randn({5, 3})), Error);
+  EXPECT_THROW(F::cross_entropy(randn({2, 5}), tensor({0, 7}, DType::Int64)), Error);
+}
+
+}  // namespace
+}  // namespace castor
