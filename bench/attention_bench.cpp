@@ -1,9 +1,9 @@
 // The transformer kernels against PyTorch in one run: causal attention forward and forward+backward (q, k, v strided
-// views of a (B, T, 3C) projection, as nanoGPT makes them) and cross-entropy over GPT-2's vocabulary, float32 and
-// bfloat16, side by side with bench/attention_torch_bench.py (nanoGPT's manual attention; PyTorch 1.13 has no
-// F.scaled_dot_product_attention) at its best: tcmalloc, torch.set_num_threads, OMP_WAIT_POLICY=passive for
+// views of a (B, T, 3C) projection, as nanoGPT makes them), cross-entropy over GPT-2's vocabulary and layer norm,
+// float32 and bfloat16, side by side with bench/attention_torch_bench.py (nanoGPT's manual attention; PyTorch 1.13
+// has no F.scaled_dot_product_attention) at its best: tcmalloc, torch.set_num_threads, OMP_WAIT_POLICY=passive for
 // float32, autocast bfloat16 without it. Times are the best of `reps` calls.
-//   ./build/attention_bench [reps=10]
+//   ./build/attention_bench [reps=10] [--no-torch] [--attention-only]   (Castor alone / attention only: to profile)
 #include <omp.h>
 
 #include <cmath>
@@ -50,13 +50,18 @@ void row(const char* what, DType dt, double castor_ms, const std::map<std::strin
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 10;
+  bool with_torch = true, with_ce = true;
+  for (int i = 2; i < argc; ++i) {
+    with_torch &= std::string(argv[i]) != "--no-torch";
+    with_ce &= std::string(argv[i]) != "--attention-only";
+  }
   std::printf("castor attention_bench: %s, %d OpenMP threads, OMP_WAIT_POLICY=%s; PyTorch: %s, fp32 passive, bf16 "
               "autocast default policy\n",
               bench::cpu_isa().c_str(), omp_get_max_threads(),
               std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)", bench::torch_allocator());
   std::printf("%-34s %-9s %10s %10s %8s\n", "kernel", "dtype", "castor ms", "torch ms", "speedup");
   for (DType dt : {DType::Float32, DType::BFloat16}) {
-    const auto torch = run_torch(dt == DType::BFloat16, reps);
+    const auto torch = with_torch ? run_torch(dt == DType::BFloat16, reps) : std::map<std::string, double>();
     for (const auto& [B, H, T, D] : {std::array<int64_t, 4>{8, 6, 256, 64}, std::array<int64_t, 4>{4, 12, 64, 64}}) {
       const Tensor qkv = randn({B, T, 3, H, D}).to(dt);
       auto part = [&](const Tensor& t, int i) { return t.select(2, i).permute({0, 2, 1, 3}); };
@@ -81,6 +86,7 @@ int main(int argc, char** argv) {
       row(("attention fwd " + label).c_str(), dt, f, torch, "attn_fwd_" + shape);
       row(("attention fwd+bwd " + label).c_str(), dt, fb, torch, "attn_fwdbwd_" + shape);
     }
+    if (!with_ce) continue;
     const int64_t N = 256, V = 50257;
     Tensor logits = randn({N, V}).mul_(3.0).to(dt), target = randint(0, V, {N});
     Tensor losses = empty({N}), lse = empty({N}), g = full({N}, 1.0 / N), dlogits = empty({N, V}, dt);
@@ -92,6 +98,19 @@ int main(int argc, char** argv) {
                           reps) *
                       1e3;
     row("cross-entropy fwd+bwd N256 V50257", dt, ce, torch, "ce_fwdbwd_256_50257");
+    // Layer norm of nanoGPT's B=8, T=256 activations, C=768, float32 parameters under bfloat16 (the O2 case).
+    const int64_t rows = 2048, C = 768;
+    const Tensor x = randn({rows, C}).to(dt), dy = randn({rows, C}).to(dt), w = randn({C}), b = randn({C});
+    Tensor y = empty({rows, C}, dt), mean = empty({rows}), rstd = empty({rows}), dx = empty({rows, C}, dt),
+           dw = empty({C}), db = empty({C});
+    const double ln = bench::best_seconds(
+                          [&] {
+                            kernels::layer_norm_forward(x, w, b, y, mean, rstd, 1e-5);
+                            kernels::layer_norm_backward(x, dy, w, mean, rstd, dx, dw, db);
+                          },
+                          reps) *
+                      1e3;
+    row("layer norm fwd+bwd 2048x768", dt, ln, torch, "ln_fwdbwd_2048_768");
   }
   return 0;
 }

@@ -1,6 +1,6 @@
 # PyTorch 1.13 CPU twin of attention_bench: nanoGPT's manual causal attention (PyTorch 1.13 has no
-# F.scaled_dot_product_attention) forward and forward+backward, and cross-entropy over GPT-2's vocabulary, in float32
-# or under torch.autocast("cpu", torch.bfloat16). Prints "<name> <best ms>" lines.
+# F.scaled_dot_product_attention) forward and forward+backward, cross-entropy over GPT-2's vocabulary and layer norm,
+# in float32 or under torch.autocast("cpu", torch.bfloat16). Prints "<name> <best ms>" lines.
 import math
 import sys
 import time
@@ -68,6 +68,22 @@ def main():
         logits.grad = None
 
     print(f"ce_fwdbwd_{N}_{V} {best_ms(ce, reps):.3f}")
+
+    # Layer norm of (2048, 768) activations; bfloat16 activations and parameters for bf16 (autocast leaves layer_norm
+    # in the dtype it gets, and PyTorch 1.13 takes no float32 parameters with bfloat16 input).
+    R, C = 2048, 768
+    dt = torch.bfloat16 if bf16 else torch.float32
+    x = torch.randn(R, C).to(dt).requires_grad_()
+    ln = torch.nn.LayerNorm(C).to(dt)
+    gy = torch.randn(R, C).to(dt)
+
+    def layer_norm():
+        y = ln(x)
+        y.backward(gy)
+        x.grad = None
+        ln.zero_grad()
+
+    print(f"ln_fwdbwd_{R}_{C} {best_ms(layer_norm, reps):.3f}")
 
 
 main()

@@ -30,15 +30,17 @@ void rms_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor& 
 
 // Scaled dot-product attention (F.scaled_dot_product_attention of PyTorch 2, no dropout):
 // dst (B, H, Tq, D) = softmax(q k^T * scale + mask) v with q (B, H, Tq, D), k and v (B, H, Tk, D) of one dtype. q, k, v
-// may be strided views with a contiguous last dim (e.g. split from a (B, T, 3C) projection and permuted): they are
-// read in place. mask: undefined, bool (true = keep) or floating (added to the scaled scores), broadcastable to
-// (B, H, Tq, Tk). is_causal keeps key j <= query i (top-left aligned, as PyTorch). dst contiguous in q's dtype; lse
-// (B, H, Tq) the log-sum-exp of each row of the scaled, masked scores. A fully masked row (every key masked out)
-// gives dst 0, lse -inf and zero gradients (PyTorch gives NaN).
+// may be strided views with a contiguous last dim (e.g. split from a (B, T, 3C) projection and permuted): never
+// copied whole (the rows a product reads are copied into dense per-thread scratch). mask: undefined, bool (true =
+// keep) or floating (added to the scaled scores), broadcastable to (B, H, Tq, Tk). is_causal keeps key j <= query i
+// (top-left aligned, as PyTorch). dst contiguous in q's dtype; lse (B, H, Tq) the log-sum-exp of each row of the
+// scaled, masked scores. A fully masked row (every key masked out) gives dst 0, lse -inf and zero gradients (PyTorch
+// gives NaN).
 // float32/bfloat16/float16 run flash-style (src/kernels/onednn/attention.cpp): a block of query rows against the keys
-// up to its causal limit, scratch O(block * Tk) per thread, never the (Tq, Tk) matrix of a head; the products in
-// the input dtype with float32 accumulation (bfloat16 on oneDNN, float16 emulated on float32 oneDNN products of
-// float16 values), the probabilities rounded to the input dtype before P v. float64 runs the reference loops.
+// up to its causal limit, scratch O(block * Tk + Tk * D) per thread, never the (Tq, Tk) matrix of a head; the
+// forward parallel over (batch, heads, query blocks), the backward over (batch, heads); the products in the input
+// dtype with float32 accumulation (bfloat16 on oneDNN, float16 emulated on float32 oneDNN products of float16
+// values), the probabilities rounded to the input dtype before P v. float64 runs the reference loops.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
                        double scale, const Tensor& dst, const Tensor& lse);
 // Recomputes the probabilities per query block from q, k and lse. diff_dst (B, H, Tq, D) may be strided (contiguous

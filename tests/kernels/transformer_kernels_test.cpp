@@ -126,10 +126,14 @@ void check_norm(bool rms, DType dt, const NormCase& c, DType param_dt, uint64_t 
     // Summed over rows in float32, rounded once into the parameters' dtype.
     if (param_dt == DType::Float32) {
       EXPECT_TRUE(close_scaled(dw, dw64, 1e-5)) << "diff_weight";
-      if (!rms) EXPECT_TRUE(close_scaled(db, db64, 1e-5)) << "diff_bias";
+      if (!rms) {
+        EXPECT_TRUE(close_scaled(db, db64, 1e-5)) << "diff_bias";
+      }
     } else {
       EXPECT_TRUE(one_rounding(dw, dw64, 1e-5, 1e-5 * max_abs(dw64))) << "diff_weight";
-      if (!rms) EXPECT_TRUE(one_rounding(db, db64, 1e-5, 1e-5 * max_abs(db64))) << "diff_bias";
+      if (!rms) {
+        EXPECT_TRUE(one_rounding(db, db64, 1e-5, 1e-5 * max_abs(db64))) << "diff_bias";
+      }
     }
   }
 }
@@ -253,7 +257,7 @@ void check_attention(const AttnCase& c, DType dt, MaskKind kind, uint64_t seed) 
 
 const AttnCase kAttnCases[] = {
     {2, 3, 7, 7, 16}, {1, 2, 65, 65, 32}, {1, 1, 130, 130, 64}, {1, 2, 1, 1, 16},  {2, 1, 1, 7, 32},
-    {1, 2, 7, 65, 64}, {1, 1, 130, 65, 16}, {1, 1, 65, 130, 32},
+    {1, 2, 7, 65, 64}, {1, 1, 130, 65, 16}, {1, 1, 65, 130, 32}, {4, 4, 33, 33, 16},  // the last: 4 heads a product
 };
 
 TEST(TransformerKernels, AttentionMatchesNaiveFloat64) {
@@ -303,12 +307,13 @@ TEST(TransformerKernels, AttentionFlashMatchesReferenceLoops) {
 }
 
 TEST(TransformerKernels, AttentionScratchIsLinearInT) {
-  // One head of T = 4096 would need 64 MiB of float32 scores; the flash kernels keep a block of rows per thread.
+  // One head of T = 4096 would need 64 MiB of float32 scores (B * H = 2 heads, 128 MiB); the flash kernels keep a
+  // block of rows (and the backward a head's dK, dV and dense K, V) per thread.
   const int64_t B = 1, H = 2, T = 4096, D = 64;
   const Tensor q = rnd({B, H, T, D}, DType::Float32, 1), k = rnd({B, H, T, D}, DType::Float32, 2),
                v = rnd({B, H, T, D}, DType::Float32, 3), dy = rnd({B, H, T, D}, DType::Float32, 4);
   Tensor dst = empty({B, H, T, D}), lse = empty({B, H, T}), dq = empty_like(q), dk = empty_like(k), dv = empty_like(v);
-  const int64_t bound = 2 * (4 * 64 * T + 8 * T * D) * 4;  // two threads' scratch, generously
+  const int64_t bound = 2 * (4 * 64 * T + 6 * T * D + 4 * 64 * D) * 4;  // two threads' scratch
   const int64_t square = T * T * 4;
   for (int pass = 0; pass < 2; ++pass) {
     reset_peak_memory_stats();
@@ -320,7 +325,7 @@ TEST(TransformerKernels, AttentionScratchIsLinearInT) {
     const int64_t used = memory_stats().peak_bytes - before;
     EXPECT_GT(used, 0) << "the scratch should come from the caching allocator";
     EXPECT_LE(used, bound) << (pass ? "backward" : "forward");
-    EXPECT_LT(used, square / 4) << (pass ? "backward" : "forward");
+    EXPECT_LT(used, square / 2) << (pass ? "backward" : "forward");
   }
 }
 
@@ -343,7 +348,9 @@ void check_cross_entropy(DType dt, int64_t N, int64_t V, int64_t ignore_index, d
   const double rtol = dt == DType::Float64 ? 1e-12 : 1e-5;
   EXPECT_TRUE(test::close(losses, losses64, rtol, rtol)) << "losses";
   EXPECT_TRUE(test::close(lse, lse64, rtol, rtol)) << "lse";
-  if (N > 2) EXPECT_EQ(losses.select(0, 1).item(), 0.0);
+  if (N > 2) {
+    EXPECT_EQ(losses.select(0, 1).item(), 0.0);
+  }
   if (dt == DType::Float64)
     EXPECT_TRUE(test::close(dlogits, d64, 1e-12, 1e-15));
   else  // one rounding of float32 (the softmax within 1e-5 relative, or 1e-6 of the row's scale)

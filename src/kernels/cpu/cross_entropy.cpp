@@ -104,7 +104,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Te
     alignas(64) float buf[kChunk], out[kChunk];
     if (t[i] == ignore_index) {
       std::fill(out, out + std::min(kChunk, V), 0.0f);
-      for (int64_t j0 = 0; j0 < V; j0 += kChunk) convert(out, DType::Float32, elem(diff_logits, i, j0), dt, std::min(kChunk, V - j0));
+      for (int64_t j0 = 0; j0 < V; j0 += kChunk)
+        convert(out, DType::Float32, elem(diff_logits, i, j0), dt, std::min(kChunk, V - j0));
       continue;
     }
     for_chunks(logits, i, buf, [&](const float* x, int64_t j0, int64_t n) {

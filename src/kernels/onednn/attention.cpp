@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "castor/convert.h"
@@ -25,10 +27,10 @@ using dnnl::memory;
 constexpr int64_t kBlockRows = 64;  // query rows per block
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// C (M, N) float32 (row stride ldc) = A (M, K) x B (K, N) (+ C when accumulating), A and B of type dt with any
-// strides (one of each pair 1).
+// C (batch, M, N) float32 = A (batch, M, K) x B (batch, K, N) (+ C when accumulating), A and B of type dt with
+// any strides (one of rs/cs 1), C rows ldc apart and batches c_bs apart.
 struct GemmKey {
-  int64_t dt, m, n, k, a_rs, a_cs, b_rs, b_cs, ldc, accumulate;
+  int64_t dt, batch, m, n, k, a_bs, a_rs, a_cs, b_bs, b_rs, b_cs, c_bs, ldc, accumulate;
 };
 
 // A cached product with a user-managed scratchpad: threads run the same primitive at once, each with its own
@@ -36,12 +38,14 @@ struct GemmKey {
 struct Gemm {
   dnnl::matmul prim;
   size_t scratch_bytes;
+  memory::desc a, b, c;
 };
 
 std::unique_ptr<Gemm> build_gemm(const GemmKey& g) {
   const auto dt = static_cast<memory::data_type>(g.dt);
-  memory::desc a({g.m, g.k}, dt, {g.a_rs, g.a_cs}), b({g.k, g.n}, dt, {g.b_rs, g.b_cs});
-  memory::desc c({g.m, g.n}, memory::data_type::f32, {g.ldc, 1});
+  memory::desc a({g.batch, g.m, g.k}, dt, {g.a_bs, g.a_rs, g.a_cs});
+  memory::desc b({g.batch, g.k, g.n}, dt, {g.b_bs, g.b_rs, g.b_cs});
+  memory::desc c({g.batch, g.m, g.n}, memory::data_type::f32, {g.c_bs, g.ldc, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (g.accumulate) {
@@ -51,7 +55,7 @@ std::unique_ptr<Gemm> build_gemm(const GemmKey& g) {
   }
   try {
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine());
-    return std::make_unique<Gemm>(Gemm{dnnl::matmul(pd), pd.scratchpad_desc().get_size()});
+    return std::make_unique<Gemm>(Gemm{dnnl::matmul(pd), pd.scratchpad_desc().get_size(), a, b, c});
   } catch (const dnnl::error& e) {
     if (e.status != dnnl_unimplemented) throw;
   }
@@ -63,34 +67,50 @@ const Gemm* cached_gemm(const GemmKey& k) {
   return cache.get(k, build_gemm);
 }
 
-// A matrix operand: element (r, c) at p + (r * rs + c * cs) * element size.
+// A batch of matrix operands: element (g, r, c) at p + (g * bs + r * rs + c * cs) * element size.
 struct Mat {
   const void* p;
-  int64_t rs, cs;
-  Mat t() const { return {p, cs, rs}; }
+  int64_t rs, cs, bs;
+  Mat t() const { return {p, cs, rs, bs}; }
 };
 
-void gemm(memory::data_type dt, int64_t m, int64_t n, int64_t k, Mat a, Mat b, float* c, int64_t ldc,
-          bool accumulate) {
+// `batch` products C = A B (see GemmKey).
+void gemm(memory::data_type dt, int64_t batch, int64_t m, int64_t n, int64_t k, Mat a, Mat b, float* c, int64_t ldc,
+          int64_t c_bs, bool accumulate) {
   if (m == 0 || n == 0) return;
-  const GemmKey key{static_cast<int64_t>(dt), m, n, k, a.rs, a.cs, b.rs, b.cs, ldc, accumulate};
+  const GemmKey key{static_cast<int64_t>(dt), batch, m, n, k, a.bs, a.rs, a.cs, b.bs, b.rs, b.cs, c_bs, ldc,
+                    accumulate};
   const Gemm* g = cached_gemm(key);
   CASTOR_ASSERT(g, "attention: oneDNN has no matmul for this shape");
+  // This thread's scratchpad and memory objects for the primitive's arguments, made once and re-pointed each call
+  // (making them costs more than a small product's arithmetic).
+  struct Args {
+    memory a, b, c, scratch;
+  };
   thread_local std::vector<char> scratchpad;
+  thread_local std::unordered_map<const Gemm*, Args> args;
   if (scratchpad.size() < g->scratch_bytes) scratchpad.resize(g->scratch_bytes);
-  memory am({{m, k}, dt, {a.rs, a.cs}}, engine(), const_cast<void*>(a.p));
-  memory bm({{k, n}, dt, {b.rs, b.cs}}, engine(), const_cast<void*>(b.p));
-  memory cm({{m, n}, memory::data_type::f32, {ldc, 1}}, engine(), c);
-  memory sm({{static_cast<int64_t>(g->scratch_bytes)}, memory::data_type::u8, {1}}, engine(), scratchpad.data());
-  g->prim.execute(stream(),
-                  {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
+  auto it = args.find(g);
+  if (it == args.end()) {
+    const memory::desc sd({static_cast<int64_t>(g->scratch_bytes)}, memory::data_type::u8, {1});
+    it = args.emplace(g, Args{memory(g->a, engine(), nullptr), memory(g->b, engine(), nullptr),
+                              memory(g->c, engine(), nullptr), memory(sd, engine(), nullptr)})
+             .first;
+  }
+  Args& x = it->second;
+  x.a.set_data_handle(const_cast<void*>(a.p));
+  x.b.set_data_handle(const_cast<void*>(b.p));
+  x.c.set_data_handle(c);
+  x.scratch.set_data_handle(scratchpad.data());
+  g->prim.execute(stream(), {{DNNL_ARG_SRC, x.a}, {DNNL_ARG_WEIGHTS, x.b}, {DNNL_ARG_DST, x.c},
+                             {DNNL_ARG_SCRATCHPAD, x.scratch}});
 }
 
-// How one call runs its products: on the storage dtype in place (float32; bfloat16 where oneDNN has a native
-// kernel), or on float32 copies of the 16-bit values (float16; bfloat16 otherwise).
+// How one call runs its products: on the storage dtype (float32; bfloat16 where oneDNN has a native kernel), or on
+// float32 widenings of the 16-bit values (float16; bfloat16 otherwise).
 struct Plan {
   DType dt;         // storage dtype of q, k, v, dst, diff_dst
-  bool widen;       // products on float32 copies
+  bool widen;       // products on float32 widenings
   memory::data_type mdt;  // the products' input type
   DType pdt;        // the dtype of the rounded probability / dS buffers the products read
 };
@@ -126,20 +146,33 @@ Plan plan(DType dt) {
   return p;
 }
 
-// Rows [r0, r0 + n) of head (b, h) of a (B, H, T, D) tensor as a product operand: in place, or widened into `buf`.
-Mat rows(const Tensor& x, const Plan& pl, int64_t b, int64_t h, int64_t r0, int64_t n, float* buf) {
-  const int64_t D = x.size(3);
-  const char* base = static_cast<const char*>(x.data_ptr()) +
-                     (b * x.stride(0) + h * x.stride(1) + r0 * x.stride(2)) * x.element_size();
-  if (!pl.widen) return {base, x.stride(2), 1};
-  for (int64_t r = 0; r < n; ++r) convert(base + r * x.stride(2) * x.element_size(), x.dtype(), buf + r * D, DType::Float32, D);
-  return {buf, D, 1};
-}
-
-// Row r of head (b, h) of a (B, H, T, D) tensor, for writing.
-char* row_out(const Tensor& x, int64_t b, int64_t h, int64_t r) {
-  return static_cast<char*>(x.data_ptr()) + (b * x.stride(0) + h * x.stride(1) + r * x.stride(2)) * x.element_size();
-}
+// The rows of a (B, H, T, D) tensor (contiguous last dim): row r of head (b, h).
+struct Rows {
+  char* base;
+  int64_t sb, sh, st, D;
+  DType dt;
+  size_t es;
+  explicit Rows(const Tensor& x)
+      : base(x.defined() ? static_cast<char*>(x.data_ptr()) : nullptr),
+        sb(x.defined() ? x.stride(0) : 0), sh(x.defined() ? x.stride(1) : 0), st(x.defined() ? x.stride(2) : 0),
+        D(x.defined() ? x.size(3) : 0), dt(x.defined() ? x.dtype() : DType::Float32),
+        es(x.defined() ? x.element_size() : 0) {}
+  char* at(int64_t b, int64_t h, int64_t r) const { return base + (b * sb + h * sh + r * st) * es; }
+  // Rows [r0, r0 + n) of heads [h0, h0 + G) as a dense product operand (G, n, D) in buf: copied, or widened to
+  // float32. Dense operands get oneDNN's brgemm kernels; strided ones (rows of a (B, T, 3C) projection) its slower
+  // packing gemm, and the copy costs O(n D) against the product's O(block n D).
+  Mat block(const Plan& pl, int64_t b, int64_t h0, int64_t G, int64_t r0, int64_t n, float* buf) const {
+    if (pl.widen) {
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t r = 0; r < n; ++r) convert(at(b, h0 + g, r0 + r), dt, buf + (g * n + r) * D, DType::Float32, D);
+    } else {
+      char* out = reinterpret_cast<char*>(buf);
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t r = 0; r < n; ++r) std::memcpy(out + (g * n + r) * D * es, at(b, h0 + g, r0 + r), D * es);
+    }
+    return {buf, D, 1, n * D};
+  }
+};
 
 // n float32 values rounded to the dtype the products read: into `dst` (2 bytes each) for bfloat16; for the widened
 // float16 path rounded to float16 and back in place (src == dst as float32). Float32 stays as is.
@@ -158,6 +191,16 @@ void round_for_product(const Plan& pl, float* src, void* dst, int64_t n) {
 
 // The keys query row i may see: [0, limit).
 int64_t key_limit(bool causal, int64_t i_end, int64_t Tk) { return causal ? std::min(Tk, i_end) : Tk; }
+
+// Heads per product: as many as keep a group's (block, Tk) scores near 256 KiB (fewer, larger products for short
+// sequences), a divisor of H, while leaving each thread two tasks or more.
+int64_t head_group(int64_t B, int64_t H, int64_t tasks_per_head, int64_t Tk) {
+  const int64_t threads = omp_get_max_threads();
+  int64_t G = std::clamp<int64_t>((64 * 1024) / (kBlockRows * std::max<int64_t>(Tk, 1)), 1, H);
+  auto fits = [&](int64_t g) { return H % g == 0 && (g == 1 || B * (H / g) * tasks_per_head >= 2 * threads); };
+  while (!fits(G)) --G;
+  return G;
+}
 
 // Per-thread scratch as caching-allocator tensors (counted by memory_stats()).
 struct Scratch {
@@ -179,57 +222,59 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   check_dtypes(q, k, v, lse);
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), D = q.size(3), Tk = k.size(2);
   if (dst.numel() == 0) return;
+  CASTOR_ASSERT(dst.is_contiguous(), "attention_forward: dst ", dst.describe(), " is not contiguous");
   const AttentionMask am = attention_mask(mask, is_causal, B, H, Tq, Tk, DType::Float32);
   const Plan pl = plan(q.dtype());
-  const int64_t blocks = (Tq + kBlockRows - 1) / kBlockRows, tasks = B * H * blocks;
+  const int64_t blocks = (Tq + kBlockRows - 1) / kBlockRows, G = head_group(B, H, blocks, Tk);
+  const int64_t groups = H / G, tasks = B * groups * blocks;
+  const Rows qr(q), kr(k), vr(v), out(dst);
   float* lz = lse.data<float>();
   const float sc = static_cast<float>(scale);
   std::string err;  // the first oneDNN error of any thread (exceptions must not leave the parallel region)
 #pragma omp parallel if (tasks > 1 && B * H * Tq * Tk * D > kParallelGrain)
-    {
-      // S (block, Tk) float32, P (block, Tk) rounded, O (block, D); widened Q (block, D), K and V (Tk, D).
-      const int64_t s_sz = kBlockRows * Tk, o_sz = kBlockRows * D, w_sz = pl.widen ? (kBlockRows + 2 * Tk) * D : 0;
-      const Scratch scratch(2 * s_sz + o_sz + w_sz);
-      float *S = scratch.at(0), *P = scratch.at(s_sz), *O = scratch.at(2 * s_sz);
-      float *Qw = scratch.at(2 * s_sz + o_sz), *Kw = Qw + kBlockRows * D, *Vw = Kw + Tk * D;
-      const size_t es = q.element_size();
+  {
+    // Per group of G heads: S (block, Tk) float32, P (block, Tk) rounded, O (block, D); dense Q (block, D), K and
+    // V (Tk, D).
+    const int64_t s_sz = G * kBlockRows * Tk, o_sz = G * kBlockRows * D, w_sz = G * (kBlockRows + 2 * Tk) * D;
+    const Scratch scratch(2 * s_sz + o_sz + w_sz);
+    float *S = scratch.at(0), *P = scratch.at(s_sz), *O = scratch.at(2 * s_sz);
+    float *Qw = scratch.at(2 * s_sz + o_sz), *Kw = Qw + G * kBlockRows * D, *Vw = Kw + G * Tk * D;
+    std::vector<float> inv_l(G * kBlockRows);
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t task = 0; task < tasks; ++task) try {
-        // Heavy (late, causal) blocks first.
-        const int64_t bh = task / blocks, blk = blocks - 1 - task % blocks, b = bh / H, h = bh % H;
-        const int64_t i0 = blk * kBlockRows, m = std::min(kBlockRows, Tq - i0), n = key_limit(is_causal, i0 + m, Tk);
-        const Mat Qm = rows(q, pl, b, h, i0, m, Qw), Km = rows(k, pl, b, h, 0, n, Kw), Vm = rows(v, pl, b, h, 0, n, Vw);
-        gemm(pl.mdt, m, n, D, Qm, Km.t(), S, n, false);
-        float inv_l[kBlockRows];
+    for (int64_t task = 0; task < tasks; ++task) try {
+      // Heavy (late, causal) blocks first.
+      const int64_t bg = task / blocks, blk = blocks - 1 - task % blocks, b = bg / groups, h0 = (bg % groups) * G;
+      const int64_t i0 = blk * kBlockRows, m = std::min(kBlockRows, Tq - i0), n = key_limit(is_causal, i0 + m, Tk);
+      const Mat Qm = qr.block(pl, b, h0, G, i0, m, Qw), Km = kr.block(pl, b, h0, G, 0, n, Kw),
+                Vm = vr.block(pl, b, h0, G, 0, n, Vw);
+      gemm(pl.mdt, G, m, n, D, Qm, Km.t(), S, n, m * n, false);  // S = Q K^T
+      for (int64_t g = 0; g < G; ++g)
         for (int64_t r = 0; r < m; ++r) {
-          float* s = S + r * n;
+          float* s = S + (g * m + r) * n;
           for (int64_t j = 0; j < n; ++j) s[j] *= sc;
-          am.apply(b, h, i0 + r, 0, n, s);
+          am.apply(b, h0 + g, i0 + r, 0, n, s);
           const float mx = vec::max(s, n);
-          float l = 0;
-          if (mx == kNegInf) {
-            std::fill(s, s + n, 0.0f);
-          } else {
-            l = vec::exp_shifted(s, n, mx);
-          }
-          lz[bh * Tq + i0 + r] = mx == kNegInf ? kNegInf : mx + std::log(l);
-          inv_l[r] = mx == kNegInf ? 0.0f : 1.0f / l;
+          const float l = mx == kNegInf ? 0.0f : vec::exp_shifted(s, n, mx);
+          if (mx == kNegInf) std::fill(s, s + n, 0.0f);  // fully masked: output 0
+          lz[((b * H + h0 + g) * Tq) + i0 + r] = mx == kNegInf ? kNegInf : mx + std::log(l);
+          inv_l[g * m + r] = mx == kNegInf ? 0.0f : 1.0f / l;
         }
-        // P rounded to the products' type (bfloat16 into P's buffer, float16 in place in S).
-        void* Pp = pl.pdt == DType::BFloat16 ? static_cast<void*>(P) : static_cast<void*>(S);
-        round_for_product(pl, S, Pp, m * n);
-        gemm(pl.mdt, m, D, n, Mat{Pp, n, 1}, Vm, O, D, false);
+      // P rounded to the products' type (bfloat16 into P's buffer, float16 in place in S).
+      void* Pp = pl.pdt == DType::BFloat16 ? static_cast<void*>(P) : static_cast<void*>(S);
+      round_for_product(pl, S, Pp, G * m * n);
+      gemm(pl.mdt, G, m, D, n, Mat{Pp, n, 1, m * n}, Vm, O, D, m * D, false);  // O = P V
+      for (int64_t g = 0; g < G; ++g)
         for (int64_t r = 0; r < m; ++r) {
-          float* o = O + r * D;
-          for (int64_t d = 0; d < D; ++d) o[d] *= inv_l[r];
-          convert(o, DType::Float32, static_cast<char*>(dst.data_ptr()) + ((bh * Tq) + i0 + r) * D * es, q.dtype(),
-                  D);
+          float* o = O + (g * m + r) * D;
+          const float il = inv_l[g * m + r];
+          for (int64_t d = 0; d < D; ++d) o[d] *= il;
+          convert(o, DType::Float32, out.at(b, h0 + g, i0 + r), out.dt, D);
         }
-      } catch (const dnnl::error& e) {
+    } catch (const dnnl::error& e) {
 #pragma omp critical
-        if (err.empty()) err = e.what();
-      }
+      if (err.empty()) err = e.what();
     }
+  }
   CASTOR_CHECK(err.empty(), "attention_forward: oneDNN failed on ", q.describe(), ": ", err);
 }
 
@@ -242,73 +287,87 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), D = q.size(3), Tk = k.size(2);
   const AttentionMask am = attention_mask(mask, is_causal, B, H, Tq, Tk, DType::Float32);
   const Plan pl = plan(q.dtype());
-  const int64_t blocks = (Tq + kBlockRows - 1) / kBlockRows;
+  const int64_t blocks = (Tq + kBlockRows - 1) / kBlockRows, G = head_group(B, H, 1, Tk), groups = H / G;
+  const Rows qr(q), kr(k), vr(v), yr(dst), dyr(diff_dst), dqr(diff_q), dkr(diff_k), dvr(diff_v);
   const float* lz = lse.data<float>();
   const float sc = static_cast<float>(scale);
-  const DType dt = q.dtype();
   std::string err;  // the first oneDNN error of any thread
-#pragma omp parallel if (B * H > 1 && B * H * Tq * Tk * D > kParallelGrain)
-    {
-      // S/P and dP/dS (block, Tk) float32, the rounded P and dS (block, Tk), dQ (block, D), dK and dV (Tk, D)
-      // float32; widened Q, dO (block, D), K and V (Tk, D).
-      const int64_t s_sz = kBlockRows * Tk, o_sz = kBlockRows * D, w_sz = pl.widen ? (2 * kBlockRows + 2 * Tk) * D : 0;
-      const Scratch scratch(4 * s_sz + o_sz + 2 * Tk * D + w_sz);
-      float *S = scratch.at(0), *dP = scratch.at(s_sz), *P16 = scratch.at(2 * s_sz), *dS16 = scratch.at(3 * s_sz);
-      float *dQ = scratch.at(4 * s_sz), *dK = dQ + o_sz, *dV = dK + Tk * D;
-      float *Qw = dV + Tk * D, *dOw = Qw + kBlockRows * D, *Kw = dOw + kBlockRows * D, *Vw = Kw + Tk * D;
-      alignas(32) float o_row[kBlock], g_row[kBlock];
+#pragma omp parallel if (B * groups > 1 && B * H * Tq * Tk * D > kParallelGrain)
+  {
+    // Per group of G heads: S/P and dP/dS (block, Tk) float32, the rounded P and dS (block, Tk), dQ (block, D), dK
+    // and dV (Tk, D) float32; dense Q, dO (block, D), K and V (Tk, D).
+    const int64_t s_sz = G * kBlockRows * Tk, o_sz = G * kBlockRows * D, kv_sz = G * Tk * D;
+    const int64_t w_sz = 2 * o_sz + 2 * kv_sz;
+    const Scratch scratch(4 * s_sz + o_sz + 2 * kv_sz + w_sz);
+    float *S = scratch.at(0), *dP = scratch.at(s_sz), *P16 = scratch.at(2 * s_sz), *dS16 = scratch.at(3 * s_sz);
+    float *dQ = scratch.at(4 * s_sz), *dK = dQ + o_sz, *dV = dK + kv_sz;
+    float *Qw = dV + kv_sz, *dOw = Qw + o_sz, *Kw = dOw + o_sz, *Vw = Kw + kv_sz;
+    std::vector<float> o_row(D), g_row(D);
 #pragma omp for schedule(dynamic, 1)
-      for (int64_t bh = 0; bh < B * H; ++bh) try {
-        const int64_t b = bh / H, h = bh % H;
-        std::fill(dK, dK + Tk * D, 0.0f);
-        std::fill(dV, dV + Tk * D, 0.0f);
-        const Mat Km = rows(k, pl, b, h, 0, Tk, Kw), Vm = rows(v, pl, b, h, 0, Tk, Vw);
-        for (int64_t blk = 0; blk < blocks; ++blk) {
-          const int64_t i0 = blk * kBlockRows, m = std::min(kBlockRows, Tq - i0);
-          const int64_t n = key_limit(is_causal, i0 + m, Tk);
-          const Mat Qm = rows(q, pl, b, h, i0, m, Qw), dOm = rows(diff_dst, pl, b, h, i0, m, dOw);
-          gemm(pl.mdt, m, n, D, Qm, Km.t(), S, n, false);   // S = Q K^T
-          gemm(pl.mdt, m, n, D, dOm, Vm.t(), dP, n, false);  // dP = dO V^T
+    for (int64_t bg = 0; bg < B * groups; ++bg) try {
+      const int64_t b = bg / groups, h0 = (bg % groups) * G;
+      std::fill(dK, dK + kv_sz, 0.0f);
+      std::fill(dV, dV + kv_sz, 0.0f);
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t i0 = blk * kBlockRows, m = std::min(kBlockRows, Tq - i0);
+        const int64_t n = key_limit(is_causal, i0 + m, Tk);
+        const Mat Qm = qr.block(pl, b, h0, G, i0, m, Qw), dOm = dyr.block(pl, b, h0, G, i0, m, dOw);
+        const Mat Km = kr.block(pl, b, h0, G, 0, n, Kw), Vm = vr.block(pl, b, h0, G, 0, n, Vw);
+        gemm(pl.mdt, G, m, n, D, Qm, Km.t(), S, n, m * n, false);    // S = Q K^T
+        gemm(pl.mdt, G, m, n, D, dOm, Vm.t(), dP, n, m * n, false);  // dP = dO V^T
+        for (int64_t g = 0; g < G; ++g)
           for (int64_t r = 0; r < m; ++r) {
-            float *s = S + r * n, *dp = dP + r * n;
-            const float l = lz[bh * Tq + i0 + r];
+            float *s = S + (g * m + r) * n, *dp = dP + (g * m + r) * n;
+            const float l = lz[((b * H + h0 + g) * Tq) + i0 + r];
             if (l == kNegInf) {  // fully masked row: no gradient
               std::fill(s, s + n, 0.0f);
               std::fill(dp, dp + n, 0.0f);
               continue;
             }
             for (int64_t j = 0; j < n; ++j) s[j] *= sc;
-            am.apply(b, h, i0 + r, 0, n, s);
+            am.apply(b, h0 + g, i0 + r, 0, n, s);
             vec::exp_shifted(s, n, l);
             // D_i = rowsum(dO_i * O_i) in float32.
-            convert(row_out(dst, b, h, i0 + r), dt, o_row, DType::Float32, D);
-            convert(row_out(diff_dst, b, h, i0 + r), dt, g_row, DType::Float32, D);
+            convert(yr.at(b, h0 + g, i0 + r), yr.dt, o_row.data(), DType::Float32, D);
+            convert(dyr.at(b, h0 + g, i0 + r), dyr.dt, g_row.data(), DType::Float32, D);
             float di = 0;
             for (int64_t d = 0; d < D; ++d) di += o_row[d] * g_row[d];
             for (int64_t j = 0; j < n; ++j) dp[j] = s[j] * (dp[j] - di) * sc;  // dS, scaled
           }
-          // Rounded P and dS: bfloat16 into their buffers, float16 in place.
-          void* Pp = pl.pdt == DType::BFloat16 ? static_cast<void*>(P16) : static_cast<void*>(S);
-          void* dSp = pl.pdt == DType::BFloat16 ? static_cast<void*>(dS16) : static_cast<void*>(dP);
-          round_for_product(pl, S, Pp, m * n);
-          round_for_product(pl, dP, dSp, m * n);
-          if (diff_v.defined()) gemm(pl.mdt, n, D, m, Mat{Pp, n, 1}.t(), dOm, dV, D, true);  // dV += P^T dO
-          if (diff_k.defined()) gemm(pl.mdt, n, D, m, Mat{dSp, n, 1}.t(), Qm, dK, D, true);  // dK += dS^T Q
-          if (diff_q.defined()) {
-            gemm(pl.mdt, m, D, n, Mat{dSp, n, 1}, Km, dQ, D, false);  // dQ = dS K
+        // Rounded P and dS: bfloat16 into their buffers, float16 in place.
+        void* Pp = pl.pdt == DType::BFloat16 ? static_cast<void*>(P16) : static_cast<void*>(S);
+        void* dSp = pl.pdt == DType::BFloat16 ? static_cast<void*>(dS16) : static_cast<void*>(dP);
+        round_for_product(pl, S, Pp, G * m * n);
+        round_for_product(pl, dP, dSp, G * m * n);
+        const Mat Pm{Pp, n, 1, m * n}, dSm{dSp, n, 1, m * n};
+        // dV += P^T dO, dK += dS^T Q, a head at a time: the accumulators' first n rows are dense per head only.
+        const size_t pes = pl.pdt == DType::BFloat16 ? 2 : 4, oes = pl.widen ? 4 : q.element_size();
+        for (int64_t g = 0; g < G; ++g) {
+          auto head = [&](const Mat& x, size_t es) {
+            return Mat{static_cast<const char*>(x.p) + g * x.bs * es, x.rs, x.cs, x.bs};
+          };
+          if (diff_v.defined())
+            gemm(pl.mdt, 1, n, D, m, head(Pm, pes).t(), head(dOm, oes), dV + g * Tk * D, D, n * D, true);
+          if (diff_k.defined())
+            gemm(pl.mdt, 1, n, D, m, head(dSm, pes).t(), head(Qm, oes), dK + g * Tk * D, D, n * D, true);
+        }
+        if (diff_q.defined()) {
+          gemm(pl.mdt, G, m, D, n, dSm, Km, dQ, D, m * D, false);  // dQ = dS K
+          for (int64_t g = 0; g < G; ++g)
             for (int64_t r = 0; r < m; ++r)
-              convert(dQ + r * D, DType::Float32, row_out(diff_q, b, h, i0 + r), dt, D);
-          }
+              convert(dQ + (g * m + r) * D, DType::Float32, dqr.at(b, h0 + g, i0 + r), dqr.dt, D);
         }
-        for (int64_t j = 0; j < Tk; ++j) {
-          if (diff_k.defined()) convert(dK + j * D, DType::Float32, row_out(diff_k, b, h, j), dt, D);
-          if (diff_v.defined()) convert(dV + j * D, DType::Float32, row_out(diff_v, b, h, j), dt, D);
-        }
-      } catch (const dnnl::error& e) {
-#pragma omp critical
-        if (err.empty()) err = e.what();
       }
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t j = 0; j < Tk; ++j) {
+          if (diff_k.defined()) convert(dK + (g * Tk + j) * D, DType::Float32, dkr.at(b, h0 + g, j), dkr.dt, D);
+          if (diff_v.defined()) convert(dV + (g * Tk + j) * D, DType::Float32, dvr.at(b, h0 + g, j), dvr.dt, D);
+        }
+    } catch (const dnnl::error& e) {
+#pragma omp critical
+      if (err.empty()) err = e.what();
     }
+  }
   CASTOR_CHECK(err.empty(), "attention_backward: oneDNN failed on ", q.describe(), ": ", err);
 }
 

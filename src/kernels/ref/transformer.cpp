@@ -42,28 +42,51 @@ T* stat_ptr(const Tensor& t) {
   return static_cast<T*>(t.data_ptr());
 }
 
-// Layer norm (rms = false) or RMS norm forward over rows of C.
+// Row r (of C) of a contiguous tensor as T: a pointer into it when it holds T, else converted into buf.
+template <class T>
+const T* row_in(const Tensor& t, int64_t r, int64_t C, T* buf) {
+  if (t.dtype() == dtype_of<T>()) return static_cast<const T*>(t.data_ptr()) + r * C;
+  load(t, r * C, buf, C);
+  return buf;
+}
+// Where to compute row r of t: in place when it holds T, else in buf, rounded into t by row_done.
+template <class T>
+T* row_out(const Tensor& t, int64_t r, int64_t C, T* buf) {
+  return t.dtype() == dtype_of<T>() ? static_cast<T*>(t.data_ptr()) + r * C : buf;
+}
+template <class T>
+void row_done(const T* row, const Tensor& t, int64_t r, int64_t C) {
+  if (t.dtype() != dtype_of<T>()) store(row, t, r * C, C);
+}
+
+// Layer norm (rms = false) or RMS norm forward over rows of C. The loops vectorise (omp simd; the sums reassociated
+// into lane-wise partial sums).
 template <class T>
 void norm_forward(const Tensor& src, const Tensor& weight, const Tensor& bias, const Tensor& dst, const Tensor& mean,
                   const Tensor& rstd, double eps, bool rms) {
   const int64_t C = src.size(-1), rows = C ? src.numel() / C : 0;
   const std::vector<T> w = params<T>(weight, C, 1), b = params<T>(bias, C, 0);
+  const T *wp = w.data(), *bp = b.data();
   T *mu = stat_ptr<T>(mean), *rs = stat_ptr<T>(rstd);
 #pragma omp parallel if (rows * C > kParallelGrain)
   {
-    std::vector<T> x(C);
+    std::vector<T> xbuf(C), ybuf(C);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      load(src, r * C, x.data(), C);
+      const T* x = row_in(src, r, C, xbuf.data());
       T m = 0, ss = 0;
       if (!rms) {
+#pragma omp simd reduction(+ : m)
         for (int64_t j = 0; j < C; ++j) m += x[j];
         m /= static_cast<T>(C);
       }
+#pragma omp simd reduction(+ : ss)
       for (int64_t j = 0; j < C; ++j) ss += (x[j] - m) * (x[j] - m);
       const T inv = T(1) / std::sqrt(ss / static_cast<T>(C) + static_cast<T>(eps));
-      for (int64_t j = 0; j < C; ++j) x[j] = (x[j] - m) * inv * w[j] + b[j];
-      store(x.data(), dst, r * C, C);
+      T* y = row_out(dst, r, C, ybuf.data());
+#pragma omp simd
+      for (int64_t j = 0; j < C; ++j) y[j] = (x[j] - m) * inv * wp[j] + bp[j];
+      row_done(y, dst, r, C);
       if (mu) mu[r] = m;
       if (rs) rs[r] = inv;
     }
@@ -76,6 +99,7 @@ void norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor& weig
                    bool rms) {
   const int64_t C = src.size(-1), rows = C ? src.numel() / C : 0;
   const std::vector<T> w = params<T>(weight, C, 1);
+  const T* wp = w.data();
   const T *mu = stat_ptr<T>(mean), *rs = stat_ptr<T>(rstd);
   const bool want_params = diff_weight.defined() || diff_bias.defined();
   // Per-thread partial sums of dy * xhat and dy, added in thread order afterwards.
@@ -85,37 +109,43 @@ void norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor& weig
 #pragma omp parallel if (par)
   {
     const int tid = omp_get_thread_num();
-    std::vector<T> x(C), dy(C), g(C);
-    std::vector<T>& pw = dw[tid];
-    std::vector<T>& pb = db[tid];
-    if (want_params) pw.assign(C, 0), pb.assign(C, 0);
+    std::vector<T> xbuf(C), dybuf(C), xhat(C), g(C), dxbuf(C);
+    T *xh = xhat.data(), *gp = g.data();
+    if (want_params) dw[tid].assign(C, 0), db[tid].assign(C, 0);
+    T *pw = dw[tid].data(), *pb = db[tid].data();
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
-      load(src, r * C, x.data(), C);
-      load(diff_dst, r * C, dy.data(), C);
+      const T* x = row_in(src, r, C, xbuf.data());
+      const T* dy = row_in(diff_dst, r, C, dybuf.data());
       const T m = rms ? T(0) : mu[r], inv = rs[r];
       T sum_g = 0, sum_gx = 0;
+#pragma omp simd reduction(+ : sum_g, sum_gx)
       for (int64_t j = 0; j < C; ++j) {
-        x[j] = (x[j] - m) * inv;  // xhat
-        g[j] = dy[j] * w[j];
-        sum_g += g[j];
-        sum_gx += g[j] * x[j];
+        xh[j] = (x[j] - m) * inv;
+        gp[j] = dy[j] * wp[j];
+        sum_g += gp[j];
+        sum_gx += gp[j] * xh[j];
       }
-      if (want_params)
+      if (want_params) {
+#pragma omp simd
         for (int64_t j = 0; j < C; ++j) {
-          pw[j] += dy[j] * x[j];
+          pw[j] += dy[j] * xh[j];
           pb[j] += dy[j];
         }
+      }
       if (diff_src.defined()) {
         const T a = rms ? T(0) : sum_g / static_cast<T>(C), c = sum_gx / static_cast<T>(C);
-        for (int64_t j = 0; j < C; ++j) g[j] = inv * (g[j] - a - x[j] * c);
-        store(g.data(), diff_src, r * C, C);
+        T* dx = row_out(diff_src, r, C, dxbuf.data());
+#pragma omp simd
+        for (int64_t j = 0; j < C; ++j) dx[j] = inv * (gp[j] - a - xh[j] * c);
+        row_done(dx, diff_src, r, C);
       }
     }
   }
   if (!want_params) return;
+  // A team smaller than asked for (inside another parallel region) leaves some partials empty.
   for (int t = 1; t < threads; ++t)
-    for (int64_t j = 0; j < C; ++j) dw[0][j] += dw[t][j], db[0][j] += db[t][j];
+    for (int64_t j = 0; j < static_cast<int64_t>(dw[t].size()); ++j) dw[0][j] += dw[t][j], db[0][j] += db[t][j];
   if (diff_weight.defined()) store(dw[0].data(), diff_weight, 0, C);
   if (diff_bias.defined()) store(db[0].data(), diff_bias, 0, C);
 }
