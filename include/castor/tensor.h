@@ -121,6 +121,10 @@ class Tensor {
   Tensor transpose(int64_t d0, int64_t d1) const;
   Tensor t() const { return transpose(0, 1); }
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  // Views of consecutive pieces along `dim` (torch.split / torch.chunk): pieces of split_size (the last may be
+  // smaller), or `chunks` pieces of ceil(size / chunks) (fewer when they run out).
+  std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1) const;
   Tensor select(int64_t dim, int64_t index) const;
   Tensor expand(const Shape& shape) const;

@@ -172,6 +172,21 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   return slice(d, start, start + length);
 }
 
+std::vector<Tensor> Tensor::split(int64_t split_size, int64_t d) const {
+  d = wrap_dim(d, dim(), "split");
+  const int64_t n = shape()[d];
+  CASTOR_CHECK(split_size > 0 || n == 0, "split: split_size must be positive, got ", split_size);
+  std::vector<Tensor> parts;
+  for (int64_t at = 0; at < n; at += split_size) parts.push_back(narrow(d, at, std::min(split_size, n - at)));
+  return parts;
+}
+
+std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t d) const {
+  CASTOR_CHECK(chunks > 0, "chunk: chunks must be positive, got ", chunks);
+  d = wrap_dim(d, dim(), "chunk");
+  return split(std::max<int64_t>(1, (shape()[d] + chunks - 1) / chunks), d);
+}
+
 Tensor Tensor::select(int64_t d, int64_t index) const {
   d = wrap_dim(d, dim(), "select");
   int64_t n = shape()[d];

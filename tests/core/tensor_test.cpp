@@ -49,6 +49,22 @@ TEST(TensorViews, ShareStorage) {
   EXPECT_EQ(values(n), (std::vector<float>{1, 2, -1, -1, 9, 10}));
 }
 
+// torch.split / torch.chunk's pieces (worked by hand: 7 along dim 1 in 3s is 3, 3, 1; chunk(3) of 7 is 3, 3, 1;
+// chunk(4) of 6 is 2, 2, 2), views whose gradients land in their own columns.
+TEST(TensorViews, SplitAndChunk) {
+  const Tensor x = arange(14).to(DType::Float32).view({2, 7}).requires_grad_();
+  const std::vector<Tensor> parts = x.split(3, 1);
+  ASSERT_EQ(parts.size(), 3u);
+  EXPECT_EQ(parts[2].shape(), (Shape{2, 1}));
+  EXPECT_EQ(parts[1].to_vector<double>(), (std::vector<double>{3, 4, 5, 10, 11, 12}));
+  EXPECT_EQ(x.chunk(3, -1).size(), 3u);
+  EXPECT_EQ(zeros({6}).chunk(4).size(), 3u);
+  sum(parts[1] * 2.0).backward();
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{0, 0, 0, 2, 2, 2, 0, 0, 0, 0, 2, 2, 2, 0}));
+  EXPECT_THROW(x.split(0, 1), Error);
+  EXPECT_THROW(x.chunk(0), Error);
+}
+
 TEST(TensorViews, Strides) {
   Tensor x = zeros({2, 3, 4});
   EXPECT_EQ(x.strides(), (Shape{12, 4, 1}));
