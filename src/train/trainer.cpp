@@ -887,26 +887,30 @@ Json run_train(TrainConfig c) {
 
 namespace {
 
-// Per-class accuracy and the confusion matrix as text (rows: true class, columns: predicted, by index).
-std::string class_report(const std::vector<std::string>& classes, const std::vector<int64_t>& confusion) {
+// Per-class accuracy and the confusion matrix as text (rows: true class, columns: predicted, by index); the matrix
+// only where its rows fit in `width` columns.
+std::string class_report(const std::vector<std::string>& classes, const std::vector<int64_t>& confusion, int width) {
   const size_t K = classes.size();
   size_t name_width = 5;
   for (const std::string& n : classes) name_width = std::max(name_width, std::min<size_t>(n.size(), 24));
-  std::string out = detail::cat("per class (rows: true class, columns: predicted class ", "0.." , K - 1, ")\n");
+  const bool matrix = 3 + 1 + name_width + 1 + 8 + 1 + 7 + 7 * K <= static_cast<size_t>(std::max(width, 0));
+  std::string out = matrix ? detail::cat("per class (columns 0..", K - 1, ": the predicted class)\n")
+                           : std::string("per class (matrix in the JSON)\n");
   char buf[64];
-  std::snprintf(buf, sizeof(buf), "%3s %-*s %8s %7s ", "", static_cast<int>(name_width), "class", "accuracy", "images");
+  std::snprintf(buf, sizeof(buf), "%3s %-*s %8s %7s", "", static_cast<int>(name_width), "class", "accuracy", "images");
   out += buf;
-  for (size_t p = 0; p < K; ++p) std::snprintf(buf, sizeof(buf), " %5zu", p), out += buf;
+  for (size_t p = 0; matrix && p < K; ++p) std::snprintf(buf, sizeof(buf), "  %5zu", p), out += buf;
   out += "\n";
   for (size_t t = 0; t < K; ++t) {
     int64_t images = 0;
     for (size_t p = 0; p < K; ++p) images += confusion[t * K + p];
-    std::snprintf(buf, sizeof(buf), "%3zu %-*s %7.2f%% %7lld ", t, static_cast<int>(name_width),
+    std::snprintf(buf, sizeof(buf), "%3zu %-*s %7.2f%% %7lld", t, static_cast<int>(name_width),
                   printable(classes[t]).substr(0, 24).c_str(),
                   images ? 100.0 * static_cast<double>(confusion[t * K + t]) / static_cast<double>(images) : 0.0,
                   static_cast<long long>(images));
     out += buf;
-    for (size_t p = 0; p < K; ++p) std::snprintf(buf, sizeof(buf), " %5lld", static_cast<long long>(confusion[t * K + p])), out += buf;
+    for (size_t p = 0; matrix && p < K; ++p)
+      std::snprintf(buf, sizeof(buf), "  %5lld", static_cast<long long>(confusion[t * K + p])), out += buf;
     out += "\n";
   }
   return out;
@@ -953,7 +957,9 @@ Json run_eval(const EvalConfig& e) {
                  "--data-dir ", data_dir(c), " holds (", recorded_classes.size(), " recorded, ", d.classes.size(),
                  " found, or in another order)");
   const Evaluation ev = evaluate(*run.model, *run.amp, d.test, d.norm, e.batch_size);
-  std::fputs(class_report(d.classes, ev.confusion).c_str(), stderr);
+  // On a terminal too narrow for the confusion matrix, the per-class columns alone (the JSON has the matrix).
+  const int width = isatty(STDERR_FILENO) ? terminal_width(STDERR_FILENO) - 1 : INT32_MAX;
+  std::fputs(class_report(d.classes, ev.confusion, width).c_str(), stderr);
   Json out = by_class(d.classes, ev.confusion);
   out["test_accuracy"] = ev.accuracy;
   out["test_loss"] = ev.loss;

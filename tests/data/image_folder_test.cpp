@@ -190,6 +190,21 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   EXPECT_EQ(result.at("classes").as_array()[1].at("name").as_string(), "red");
   EXPECT_NE(eval.err.find("red"), std::string::npos) << eval.err;
   EXPECT_NE(eval.err.find("accuracy"), std::string::npos) << eval.err;
+  // On a terminal 30 columns wide (a pty, through script(1)) the per-class lines fit and the matrix is left out.
+  FILE* p = popen(("cd '" + dir + "' && script -qec \"stty cols 30; '" + CASTOR_BINARY_DIR +
+                   "/castor' eval --checkpoint run >/dev/null\" /dev/null").c_str(), "r");
+  std::string narrow;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) narrow.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << narrow;
+  EXPECT_NE(narrow.find("matrix in the JSON"), std::string::npos) << narrow;
+  for (size_t begin = 0, end; begin < narrow.size(); begin = end + 1) {
+    end = narrow.find('\n', begin);
+    if (end == std::string::npos) end = narrow.size();
+    std::string line = narrow.substr(begin, end - begin);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    EXPECT_LE(line.size(), 30u) << line;
+  }
   // The held-out images are a function of --seed: the same seed holds out the same ones (the training set's
   // normalisation is the same), another seed others.
   auto normalization = [&](const std::string& seed, const std::string& out) {
