@@ -45,8 +45,8 @@ RgbImage decode_image(std::span<const uint8_t> bytes, const std::string& what);
 // size x size square (torchvision's Resize(size) + CenterCrop(size)), written as (3, size, size) into `dst`.
 void resize_center_crop(const RgbImage& src, int64_t size, uint8_t* dst);
 
-// A folder of images as torchvision's ImageFolder: ROOT/<class>/*.{png,jpg,jpeg} (any case), classes in sorted
-// order of their folder names, files sorted within each. Every image is decoded (on `threads` threads; 0: the
+// A folder of images as torchvision's ImageFolder: ROOT/<class>/**/*.{png,jpg,jpeg} (any case, subfolders included),
+// classes in sorted order of their folder names, files sorted by path within each. Every image is decoded (on `threads` threads; 0: the
 // machine's cores) and kept in memory at size x size.
 struct ImageFolderOptions {
   int64_t image_size = 32;

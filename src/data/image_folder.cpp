@@ -198,7 +198,8 @@ ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions&
     auto label = label_of.find(cls);
     CASTOR_CHECK(label != label_of.end(), root, "/", cls, ": a class the training set does not have");
     std::vector<std::string> paths;
-    for (const fs::directory_entry& e : fs::directory_iterator(fs::path(root) / cls, ec))
+    // (as torchvision, the files of a class's subfolders too)
+    for (const fs::directory_entry& e : fs::recursive_directory_iterator(fs::path(root) / cls, ec))
       if (e.is_regular_file() && has_image_extension(e.path())) paths.push_back(e.path().string());
     CASTOR_CHECK(!paths.empty(), root, "/", cls, ": no .png, .jpg or .jpeg files");
     std::sort(paths.begin(), paths.end());

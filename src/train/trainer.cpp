@@ -838,6 +838,13 @@ Json run_train(TrainConfig c) {
     omp_set_num_threads(std::max(1, omp_get_num_procs() / dist::local_size()));
   if (c.deterministic) omp_set_dynamic(0);
 
+  for (const std::string& flag : c.given) {  // flags of one dataset given with another
+    const bool folder_flag = flag == "--image-size" || flag == "--val-split" || flag == "--skip-bad-images";
+    CASTOR_CHECK(!folder_flag || c.data == Dataset::Folder, flag, ": applies to --data folder only, not --data ",
+                 name(c.data));
+    CASTOR_CHECK(flag != "--synthetic-size" || c.data == Dataset::Synthetic, flag,
+                 ": applies to --data synthetic only, not --data ", name(c.data));
+  }
   const Datasets d = load_data(c);
   // Each rank takes its contiguous shard of the global batch a single process with batch x ranks would see.
   data::LoaderOptions lo{.batch_size = c.batch_size * world, .shuffle = true, .augment = c.augment == Augment::Standard,

@@ -123,7 +123,8 @@ TEST(ImageFolder, ClassesSortedFilesDecodedBadOnesNamedOrSkipped) {
   test::write_png(root + "/zebra/b.png", pattern(4, 4, 3, 1), 4, 4, 3);
   test::write_png(root + "/zebra/a.PNG", pattern(4, 4, 3, 2), 4, 4, 3);
   test::write_jpeg(root + "/ant/x.jpeg", pattern(4, 4, 3, 3), 4, 4, 3);
-  test::write_jpeg(root + "/moth/y.jpg", pattern(4, 4, 1, 4), 4, 4, 1);
+  fs::create_directories(root + "/moth/deeper");  // subfolders of a class count, as in torchvision
+  test::write_jpeg(root + "/moth/deeper/y.jpg", pattern(4, 4, 1, 4), 4, 4, 1);
   std::ofstream(root + "/moth/notes.txt") << "ignored: not an image extension";
   ImageFolder f = load_image_folder(root, {.image_size = 4, .threads = 2});
   EXPECT_EQ(f.classes, (std::vector<std::string>{"ant", "moth", "zebra"}));
@@ -221,6 +222,10 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   auto bare = test::run_castor({"train", "--data", "folder", "--out", "run2"}, run, 60);
   EXPECT_EQ(bare.exit_code, 1);
   EXPECT_NE(bare.err.find("--data-dir"), std::string::npos) << bare.err;
+  // A folder flag with another dataset is refused by name, not ignored.
+  auto other = test::run_castor({"train", "--data", "synthetic", "--image-size", "64", "--out", "run3"}, run, 60);
+  EXPECT_EQ(other.exit_code, 1);
+  EXPECT_NE(other.err.find("--image-size: applies to --data folder only"), std::string::npos) << other.err;
 }
 
 }  // namespace castor
