@@ -14,20 +14,24 @@ namespace castor::data {
 Normalization compute_normalization(const ImageDataset& ds) {
   Normalization n;
   const int64_t plane = ds.height * ds.width;
-  for (int64_t c = 0; c < ds.channels; ++c) {
-    double s = 0, s2 = 0;
-    for (int64_t i = 0; i < ds.n; ++i) {
-      const uint8_t* p = ds.images.data() + (i * ds.channels + c) * plane;
+  std::vector<double> s(ds.channels, 0.0), s2(ds.channels, 0.0);
+  std::vector<uint8_t> scratch;
+  for (int64_t i = 0; i < ds.n; ++i) {  // image by image: a streamed dataset decodes each once
+    const uint8_t* image = ds.image(i, scratch);
+    for (int64_t c = 0; c < ds.channels; ++c) {
+      const uint8_t* p = image + c * plane;
       for (int64_t k = 0; k < plane; ++k) {
         const double v = p[k] / 255.0;
-        s += v;
-        s2 += v * v;
+        s[c] += v;
+        s2[c] += v * v;
       }
     }
+  }
+  for (int64_t c = 0; c < ds.channels; ++c) {
     const double count = static_cast<double>(ds.n * plane);
-    const double m = s / count;
+    const double m = s[c] / count;
     n.mean.push_back(m);
-    n.std.push_back(std::sqrt(std::max(s2 / count - m * m, 1e-12)));
+    n.std.push_back(std::sqrt(std::max(s2[c] / count - m * m, 1e-12)));
   }
   return n;
 }
@@ -105,8 +109,10 @@ Batch DataLoader::make_batch(const std::vector<int64_t>& order, int64_t epoch, i
                     static_cast<uint64_t>(index));
   if (opt_.augment)  // the draws of the rows before this shard's
     for (int64_t i = 0; i < 3 * skipped; ++i) aug_gen.next_u64();
+  std::vector<uint8_t> scratch;  // a streamed dataset's image, decoded here on the loader's thread
   for (int64_t i = 0; i < bs; ++i) {
     const int64_t src = order[begin + i];
+    const uint8_t* image = ds_.image(src, scratch);
     lab[i] = ds_.labels[src];
     int64_t dy = 0, dx = 0;
     bool flip = false;
@@ -116,7 +122,7 @@ Batch DataLoader::make_batch(const std::vector<int64_t>& order, int64_t epoch, i
       flip = aug_gen.next_u64() & 1;
     }
     for (int64_t c = 0; c < C; ++c) {
-      const uint8_t* p = ds_.images.data() + (src * C + c) * H * W;
+      const uint8_t* p = image + c * H * W;
       float* q = img + (i * C + c) * H * W;
       const float scale = static_cast<float>(1.0 / (255.0 * opt_.norm.std[c]));
       const float shift = static_cast<float>(-opt_.norm.mean[c] / opt_.norm.std[c]);

@@ -67,7 +67,8 @@ std::vector<std::string> builtin_classes(Dataset data) {
 
 // --data folder: DIR/train, and DIR/val or a --val-split share of DIR/train held out (the same one for a seed).
 void load_folder(const TrainConfig& c, const std::string& dir, Datasets& d) {
-  ImageFolderOptions o{.image_size = c.image_size, .skip_bad_images = c.skip_bad_images};
+  ImageFolderOptions o{.image_size = c.image_size, .skip_bad_images = c.skip_bad_images,
+                       .cache_bytes = c.image_cache_mb < 0 ? -1 : c.image_cache_mb << 20};
   ImageFolder train = load_image_folder(dir + "/train", o);
   d.classes = train.classes;
   int64_t skipped = train.skipped;
@@ -91,11 +92,17 @@ void load_folder(const TrainConfig& c, const std::string& dir, Datasets& d) {
     for (int64_t i = 0; i < n_val; ++i) held[order[i]] = true;
     const int64_t sz = all.channels * all.height * all.width;
     for (ImageDataset* part : {&d.train, &d.test}) *part = {0, all.channels, all.height, all.width, {}, {}, all.num_classes};
+    auto train_index = std::make_shared<std::vector<int64_t>>(), test_index = std::make_shared<std::vector<int64_t>>();
     for (int64_t i = 0; i < all.n; ++i) {  // in file order within each part
       ImageDataset& part = held[i] ? d.test : d.train;
-      part.images.insert(part.images.end(), all.images.begin() + i * sz, all.images.begin() + (i + 1) * sz);
+      if (all.load) (held[i] ? test_index : train_index)->push_back(i);
+      else part.images.insert(part.images.end(), all.images.begin() + i * sz, all.images.begin() + (i + 1) * sz);
       part.labels.push_back(all.labels[i]);
       ++part.n;
+    }
+    if (all.load) {  // streamed (too large to cache): each part loads through the folder's indices
+      d.train.load = [load = all.load, train_index](int64_t i, uint8_t* dst) { load((*train_index)[i], dst); };
+      d.test.load = [load = all.load, test_index](int64_t i, uint8_t* dst) { load((*test_index)[i], dst); };
     }
   }
   if (skipped > 0 && dist::rank() == 0)
@@ -839,7 +846,8 @@ Json run_train(TrainConfig c) {
   if (c.deterministic) omp_set_dynamic(0);
 
   for (const std::string& flag : c.given) {  // flags of one dataset given with another
-    const bool folder_flag = flag == "--image-size" || flag == "--val-split" || flag == "--skip-bad-images";
+    const bool folder_flag = flag == "--image-size" || flag == "--val-split" || flag == "--skip-bad-images" ||
+                             flag == "--image-cache-mb";
     CASTOR_CHECK(!folder_flag || c.data == Dataset::Folder, flag, ": applies to --data folder only, not --data ",
                  name(c.data));
     CASTOR_CHECK(flag != "--synthetic-size" || c.data == Dataset::Synthetic, flag,

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "castor/check.h"
+#include "castor/data.h"
 #include "castor/datasets.h"
 #include "castor/fs.h"
 #include "castor/json.h"
@@ -148,6 +149,36 @@ TEST(ImageFolder, ClassesSortedFilesDecodedBadOnesNamedOrSkipped) {
             std::string::npos);
 }
 
+// A folder larger than its cache budget is streamed: the same images, decoded again on demand, give the same
+// normalisation and the same batches as the cached folder.
+TEST(ImageFolder, StreamedFolderGivesTheSameBatchesAsCached) {
+  const std::string root = test::fresh_dir("image_folder_stream");
+  for (int k = 0; k < 3; ++k) {
+    fs::create_directories(root + "/c" + std::to_string(k));
+    for (int i = 0; i < 5; ++i) {
+      const std::string stem = root + "/c" + std::to_string(k) + "/" + std::to_string(i);
+      if (i % 2) test::write_png(stem + ".png", pattern(9 + i, 7 + k, 3, i + k), 9 + i, 7 + k, 3);
+      else test::write_jpeg(stem + ".jpg", pattern(12, 10 + i, 3, i * k), 12, 10 + i, 3);
+    }
+  }
+  const ImageFolder cached = load_image_folder(root, {.image_size = 6});
+  const ImageFolder streamed = load_image_folder(root, {.image_size = 6, .cache_bytes = 0});
+  ASSERT_FALSE(cached.data.images.empty());
+  ASSERT_TRUE(streamed.data.images.empty() && streamed.data.load);
+  EXPECT_EQ(streamed.data.n, cached.data.n);
+  EXPECT_EQ(streamed.data.labels, cached.data.labels);
+  const data::Normalization a = data::compute_normalization(cached.data), b = data::compute_normalization(streamed.data);
+  EXPECT_EQ(a.mean, b.mean);
+  EXPECT_EQ(a.std, b.std);
+  data::DataLoader la(cached.data, {.batch_size = 4, .augment = true, .seed = 5, .norm = a});
+  data::DataLoader lb(streamed.data, {.batch_size = 4, .augment = true, .seed = 5, .norm = a});
+  for (int64_t batch = 0; batch < la.batches_per_epoch(); ++batch) {
+    const data::Batch x = la.make_batch(1, batch), y = lb.make_batch(1, batch);
+    EXPECT_EQ(x.images.to_vector<float>(), y.images.to_vector<float>()) << batch;
+    EXPECT_EQ(x.labels.to_vector<int64_t>(), y.labels.to_vector<int64_t>()) << batch;
+  }
+}
+
 // `castor train --data folder` on two classes told apart by colour, held out by --val-split, then `castor eval`
 // shows the recorded class names with per-class accuracy and a confusion matrix over the held-out images.
 TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
@@ -206,6 +237,15 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     EXPECT_LE(line.size(), 30u) << line;
   }
+  // Streamed (--image-cache-mb 0: decoded again for each batch) the run ends at the same weights, bit for bit.
+  for (const char* cache : {"-1", "0"}) {
+    auto r = test::run_castor({"train", "--data", "folder", "--data-dir", "data", "--image-size", "8", "--batch-size",
+                               "8", "--steps", "6", "--amp", "O0", "--deterministic", "--threads", "2", "--augment",
+                               "standard", "--image-cache-mb", cache, "--out", std::string("cache") + cache},
+                              run, 120);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  test::expect_same_checkpoint(dir + "/cache-1", dir + "/cache0");
   // The held-out images are a function of --seed: the same seed holds out the same ones (the training set's
   // normalisation is the same), another seed others.
   auto normalization = [&](const std::string& seed, const std::string& out) {
