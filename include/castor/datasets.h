@@ -15,7 +15,7 @@ struct ImageDataset {
   std::vector<uint8_t> labels;  // N values in [0, num_classes)
   int num_classes = 0;
   // Set where the images are not held in memory (an image folder too large to cache decoded): writes image i as
-  // (C, H, W) bytes to dst; called from the loader's thread. May be called from several threads at once.
+  // (C, H, W) bytes to dst; the loader calls it from several threads at once.
   std::function<void(int64_t i, uint8_t* dst)> load;
 
   // Image i's (C, H, W) bytes: in `images`, or loaded into `scratch`.
@@ -61,8 +61,8 @@ void resize_center_crop(const RgbImage& src, int64_t size, uint8_t* dst);
 // A folder of images as torchvision's ImageFolder: ROOT/<class>/**/*.{png,jpg,jpeg} (any case, subfolders included),
 // classes in sorted order of their folder names, files sorted by path within each. Every image is decoded (on
 // `threads` threads; 0: the machine's cores) and checked; when the images at size x size fit in `cache_bytes` they
-// are kept in memory, otherwise the dataset's `load` decodes each again when a batch needs it (on the loader's
-// thread).
+// are kept in memory, otherwise the dataset's `load` decodes each again when a batch needs it (the loader's thread
+// and helper threads).
 struct ImageFolderOptions {
   int64_t image_size = 32;
   bool skip_bad_images = false;  // false: the first unreadable image is an error naming it

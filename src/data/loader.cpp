@@ -1,11 +1,15 @@
-// The data loader: seeded epoch order, crop/flip augmentation, normalisation, background prefetching.
+// The data loader: seeded epoch order, crop/flip augmentation, normalisation, background prefetching (and the
+// decoding of a streamed dataset's images).
 #include "castor/data.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <exception>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "castor/random.h"
 
@@ -109,10 +113,32 @@ Batch DataLoader::make_batch(const std::vector<int64_t>& order, int64_t epoch, i
                     static_cast<uint64_t>(index));
   if (opt_.augment)  // the draws of the rows before this shard's
     for (int64_t i = 0; i < 3 * skipped; ++i) aug_gen.next_u64();
-  std::vector<uint8_t> scratch;  // a streamed dataset's image, decoded here on the loader's thread
+  // A streamed dataset's images of this batch, decoded here (on the loader's thread and helpers, one per core).
+  std::vector<uint8_t> streamed;
+  if (ds_.images.empty() && ds_.load) {
+    streamed.resize(static_cast<size_t>(bs * C * H * W));
+    std::atomic<int64_t> next{0};
+    std::exception_ptr error;
+    std::mutex error_mu;
+    auto work = [&] {
+      try {
+        for (int64_t i; (i = next.fetch_add(1)) < bs;) ds_.load(order[begin + i], streamed.data() + i * C * H * W);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+        next = bs;
+      }
+    };
+    std::vector<std::thread> helpers;
+    const int64_t threads = std::min<int64_t>(bs, std::max(1u, std::thread::hardware_concurrency()));
+    for (int64_t t = 1; t < threads; ++t) helpers.emplace_back(work);
+    work();
+    for (std::thread& t : helpers) t.join();
+    if (error) std::rethrow_exception(error);
+  }
   for (int64_t i = 0; i < bs; ++i) {
     const int64_t src = order[begin + i];
-    const uint8_t* image = ds_.image(src, scratch);
+    const uint8_t* image = streamed.empty() ? ds_.images.data() + src * C * H * W : streamed.data() + i * C * H * W;
     lab[i] = ds_.labels[src];
     int64_t dy = 0, dx = 0;
     bool flip = false;

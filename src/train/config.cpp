@@ -172,7 +172,7 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
       ->check(kUnit);
   app.add_option("--image-cache-mb", c.image_cache_mb,
                  "--data folder: decoded images are kept in memory up to this many MiB (-1: half the machine's "
-                 "memory); a larger set is decoded again for each batch, on the loader's thread")
+                 "memory); a larger set is decoded again for each batch by the loader")
       ->check(integer_in(-1));
   app.add_flag("--skip-bad-images", c.skip_bad_images,
                "--data folder: leave unreadable images out (and count them) instead of stopping at the first");

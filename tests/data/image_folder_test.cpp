@@ -177,6 +177,17 @@ TEST(ImageFolder, StreamedFolderGivesTheSameBatchesAsCached) {
     EXPECT_EQ(x.images.to_vector<float>(), y.images.to_vector<float>()) << batch;
     EXPECT_EQ(x.labels.to_vector<int64_t>(), y.labels.to_vector<int64_t>()) << batch;
   }
+  // A file gone after the load is an error naming it when a batch needs it, from the loader's threads.
+  fs::remove(root + "/c1/2.jpg");
+  lb.start_epoch(0);
+  std::string msg = "no error";
+  try {
+    while (lb.next()) {
+    }
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find(root + "/c1/2.jpg"), std::string::npos) << msg;
 }
 
 // `castor train --data folder` on two classes told apart by colour, held out by --val-split, then `castor eval`
