@@ -86,6 +86,7 @@ struct ChartSpec {
   std::string title, y_title;
   bool log2_y = false;                       // the loss scale: powers of two
   std::optional<std::pair<double, double>> y_range;  // fixed (accuracy: 0-100)
+  std::optional<std::pair<double, double>> x_range;  // the steps shown (all charts: the whole run's)
 };
 
 // One chart of several series over steps, with red lines at `marks`: axis titles, round ticks on both axes.
@@ -106,6 +107,7 @@ std::string chart(const ChartSpec& spec, const std::vector<Series>& series, cons
     << "<text x='" << L << "' y='17' font-size='14' font-weight='bold'>" << escape(spec.title) << "</text>";
   if (points == 0) return o.str() + "<text x='" + number(L) + "' y='110' font-size='13'>no data yet</text></svg>";
   if (spec.y_range) y0 = spec.y_range->first, y1 = spec.y_range->second;
+  if (spec.x_range) x0 = std::min(x0, spec.x_range->first), x1 = std::max(x1, spec.x_range->second);
   const Axis xa = nice_axis(x0, x1, 6, /*min_step=*/1);
   const Axis ya = spec.log2_y ? pow2_axis(y0, y1) : nice_axis(y0, y1, 4);
   auto px = [&](double x) { return L + (x - xa.lo) / (xa.hi - xa.lo) * (W - L - R); };
@@ -243,6 +245,11 @@ std::string render_report(const std::string& title, const Json& config, const st
   for (auto [x, y] : acc_points) acc.x.push_back(x), acc.y.push_back(y);
   for (auto [x, y] : test_loss_points) test_loss.x.push_back(x), test_loss.y.push_back(y);
   train_loss.x = smooth.x, train_loss.y = smooth.y;
+  // Every chart spans the run's steps, so they line up.
+  std::optional<std::pair<double, double>> steps;
+  for (const Json& r : records)
+    if (const double step = field(r, "step"); std::isfinite(step))
+      steps = steps ? std::pair{std::min(steps->first, step), std::max(steps->second, step)} : std::pair{step, step};
 
   std::ostringstream o;
   o << "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" << escape(title) << "</title>"
@@ -260,15 +267,18 @@ std::string render_report(const std::string& title, const Json& config, const st
   o << "<p>" << raw.x.size() << " logged steps; " << skipped.size()
     << " skipped (overflow) steps, marked in red; peak tensor memory " << number(peak / 1048576.0) << " MiB";
   if (!acc.y.empty()) o << "; last test accuracy " << number(acc.y.back()) << "%";
-  o << ".</p><div class='grid'>" << chart({"Training loss", "cross-entropy loss"}, {smooth, raw}, skipped);
+  o << ".</p><div class='grid'>"
+    << chart({"Training loss", "cross-entropy loss", false, {}, steps}, {smooth, raw}, skipped);
   if (acc.x.size() == 1)  // one evaluation: a number, not a chart of one point
     o << "<div class='stat'>Test accuracy<b>" << number(acc.y[0]) << "%</b>after step " << tick_text(acc.x[0])
       << " (test loss " << number(test_loss.y[0]) << ")</div>";
   else
-    o << chart({"Test accuracy", "accuracy (%)", false, std::pair{0.0, 100.0}}, {acc});
-  if (test_loss.x.size() > 1) o << chart({"Train vs test loss", "cross-entropy loss"}, {train_loss, test_loss});
-  o << chart({"Learning rate", "learning rate"}, {lr}) << chart({"Throughput", "images/s"}, {speed});
-  if (scaling) o << chart({"Loss scale", "loss scale (log scale)", /*log2_y=*/true}, {scale}, skipped);
+    o << chart({"Test accuracy", "accuracy (%)", false, std::pair{0.0, 100.0}, steps}, {acc});
+  if (test_loss.x.size() > 1)
+    o << chart({"Train vs test loss", "cross-entropy loss", false, {}, steps}, {train_loss, test_loss});
+  o << chart({"Learning rate", "learning rate", false, {}, steps}, {lr})
+    << chart({"Throughput", "images/s", false, {}, steps}, {speed});
+  if (scaling) o << chart({"Loss scale", "loss scale (log scale)", /*log2_y=*/true, {}, steps}, {scale}, skipped);
   o << "</div>";
 
   o << "<h3>Epochs</h3><table><tr><th>epoch</th><th>step</th><th>train loss</th><th>test loss</th>"
