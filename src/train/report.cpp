@@ -172,7 +172,8 @@ std::string settings_tables(const Json& config) {
   auto applies = [&](const std::string& k) {
     if (k == "momentum") return optimizer == "sgd";
     if (k == "synthetic_size") return data == "synthetic";
-    if (k == "image_size" || k == "val_split" || k == "skip_bad_images") return data == "folder";
+    if (k == "image_size" || k == "val_split" || k == "skip_bad_images" || k == "image_cache_mb")
+      return data == "folder";
     if (k == "dtype" || k == "loss_scale") return amp != "O0";
     if (k == "stochastic_rounding") return amp == "O3";
     if (k == "sync_batchnorm" || k == "compress_grads") return ranks;
@@ -183,8 +184,8 @@ std::string settings_tables(const Json& config) {
   };
   const std::vector<std::pair<const char*, std::vector<std::string>>> groups = {
       {"model", {"model", "init", "input_shape", "num_classes", "class_names"}},
-      {"data", {"data", "data_dir", "image_size", "val_split", "skip_bad_images", "synthetic_size", "augment",
-                "normalization", "batch_size"}},
+      {"data", {"data", "data_dir", "image_size", "val_split", "skip_bad_images", "image_cache_mb", "synthetic_size",
+                "augment", "normalization", "batch_size"}},
       {"precision", {"amp", "dtype", "loss_scale", "stochastic_rounding"}},
       {"optimizer", {"optimizer", "lr", "momentum", "weight_decay", "clip_grad_norm", "grad_accum", "label_smoothing"}},
       {"schedule", {"schedule", "schedule_steps", "epochs", "steps"}},

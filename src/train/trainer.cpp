@@ -312,7 +312,8 @@ Json by_class(const std::vector<std::string>& names, const std::vector<int64_t>&
 }
 
 // The explain rows with the module each op belongs to: the module whose parameters it used (conv1 for conv1.weight),
-// and for an op without parameters (relu, pooling) the module of the op before it; "(input)" before the first.
+// for an op without parameters (relu, pooling) the module of the op before it ("(input)" before the first), and for
+// an op run inside another (listed before it) the module of that op.
 std::vector<amp::ExplainRow> with_modules(std::vector<amp::ExplainRow> rows, const nn::Module& model) {
   std::map<const TensorImpl*, std::string> owner;
   for (const auto& [name, t] : model.named_parameters()) {
@@ -321,9 +322,15 @@ std::vector<amp::ExplainRow> with_modules(std::vector<amp::ExplainRow> rows, con
   }
   std::string current = "(input)";
   for (amp::ExplainRow& r : rows) {
+    if (r.depth > 0) continue;
     for (const TensorImpl* in : r.inputs)
       if (auto it = owner.find(in); it != owner.end()) current = it->second;
     r.module = current;
+  }
+  std::string enclosing = current;
+  for (size_t i = rows.size(); i-- > 0;) {
+    if (rows[i].depth == 0) enclosing = rows[i].module;
+    else rows[i].module = enclosing;
   }
   return rows;
 }
