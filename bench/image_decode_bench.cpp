@@ -40,7 +40,8 @@ int main(int argc, char** argv) {
   for (const char* fmt : {"png", "jpeg"}) {
     std::vector<std::vector<uint8_t>> files;
     for (int i = 0; i < n; ++i)
-      files.push_back(castor::read_file(root + "/" + fmt + "/" + std::to_string(i) + (fmt[0] == 'p' ? ".png" : ".jpg")));
+      files.push_back(
+          castor::read_file(root + "/" + fmt + "/" + std::to_string(i) + (fmt[0] == 'p' ? ".png" : ".jpg")));
     const double decode = castor::bench::best_seconds([&] {
       for (const auto& f : files) castor::decode_image(f, fmt);
     }, 3);

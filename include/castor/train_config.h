@@ -86,8 +86,8 @@ Json settings_json(const TrainConfig& c);
 
 // The config of `castor train --resume DIR ...`: the settings `recorded` in DIR, with the flags given now that
 // do not change the computation (--steps/--epochs, --log-every, --checkpoint-every, --checkpoint-minutes, --keep,
-// --eval-every, --profile, --out, --image-cache-mb, and --threads unless deterministic; --nproc and --batch-size are checked against the
-// recorded global batch by run_train). Any other given flag that differs from the recording is
+// --eval-every, --profile, --out, --image-cache-mb, and --threads unless deterministic; --nproc and --batch-size are
+// checked against the recorded global batch by run_train). Any other given flag that differs from the recording is
 // refused with one castor::Error naming each differing setting; `what` names the recording in errors.
 TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const std::string& what);
 

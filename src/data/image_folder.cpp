@@ -165,8 +165,8 @@ void resize_center_crop(const RgbImage& src, int64_t size, uint8_t* dst) {
       for (int64_t c = 0; c < 3; ++c) {
         float acc = 0;
         const std::vector<float>& w = tx.weights[x];
-        for (size_t k = 0; k < w.size(); ++k)
-          acc += w[k] * src.pixels[static_cast<size_t>((y * src.width + tx.first[x] + static_cast<int64_t>(k)) * 3 + c)];
+        const uint8_t* row = src.pixels.data() + (y * src.width + tx.first[x]) * 3 + c;
+        for (size_t k = 0; k < w.size(); ++k) acc += w[k] * row[k * 3];
         rows[static_cast<size_t>((y * size + x) * 3 + c)] = acc;
       }
   for (int64_t c = 0; c < 3; ++c)  // vertical pass, into (3, size, size)

@@ -201,7 +201,8 @@ std::string settings_tables(const Json& config) {
         if (std::find(placed.begin(), placed.end(), k) == placed.end()) shown.push_back(k);
     o << "<table class='settings'><tr><th colspan='2'>" << group << "</th></tr>";
     for (const std::string& k : shown)
-      if (c.count(k) && applies(k)) o << "<tr><th>" << escape(k) << "</th><td>" << escape(text(k.c_str())) << "</td></tr>";
+      if (c.count(k) && applies(k))
+        o << "<tr><th>" << escape(k) << "</th><td>" << escape(text(k.c_str())) << "</td></tr>";
     o << "</table>";
   }
   o << "</div>";
@@ -240,8 +241,9 @@ std::string render_report(const std::string& title, const Json& config, const st
     }
   }
   // Evaluations and epoch ends interleave by step; an epoch end at a step already evaluated is the same evaluation.
-  std::stable_sort(acc_points.begin(), acc_points.end(), [](auto& a, auto& b) { return a.first < b.first; });
-  std::stable_sort(test_loss_points.begin(), test_loss_points.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  auto by_step = [](const auto& a, const auto& b) { return a.first < b.first; };
+  std::stable_sort(acc_points.begin(), acc_points.end(), by_step);
+  std::stable_sort(test_loss_points.begin(), test_loss_points.end(), by_step);
   Series acc{"test accuracy", "#2ca02c"};
   for (auto [x, y] : acc_points) acc.x.push_back(x), acc.y.push_back(y);
   for (auto [x, y] : test_loss_points) test_loss.x.push_back(x), test_loss.y.push_back(y);
@@ -256,8 +258,9 @@ std::string render_report(const std::string& title, const Json& config, const st
   o << "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" << escape(title) << "</title>"
     << "<style>body{font-family:sans-serif;margin:24px;max-width:1140px}table{border-collapse:collapse;"
     << "font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.grid{display:flex;"
-    << "flex-wrap:wrap;gap:10px;align-items:flex-start}th.module{background:#eef}.meta{color:#555;font-size:13px}.stat{font-size:15px;"
-    << "border:1px solid #ccc;padding:14px 20px;width:500px}.stat b{font-size:34px;display:block}</style></head><body><h2>"
+    << "flex-wrap:wrap;gap:10px;align-items:flex-start}th.module{background:#eef}.meta{color:#555;font-size:13px}"
+    << ".stat{font-size:15px;border:1px solid #ccc;padding:14px 20px;width:500px}.stat b{font-size:34px;display:block}"
+    << "</style></head><body><h2>"
     << escape(title) << "</h2>";
   auto meta = [&](const char* key) {
     const Json* v = config.is_object() ? config.find(key) : nullptr;
