@@ -9,6 +9,7 @@
 
 #include "../tests/data/image_files.h"
 #include "bench_util.h"
+#include "castor/data.h"
 #include "castor/datasets.h"
 #include "castor/fs.h"
 
@@ -39,7 +40,8 @@ int main(int argc, char** argv) {
   for (const char* fmt : {"png", "jpeg"}) {
     std::vector<std::vector<uint8_t>> files;
     for (int i = 0; i < n; ++i)
-      files.push_back(castor::read_file(root + "/" + fmt + "/" + std::to_string(i) + (fmt[0] == 'p' ? ".png" : ".jpg")));
+      files.push_back(
+          castor::read_file(root + "/" + fmt + "/" + std::to_string(i) + (fmt[0] == 'p' ? ".png" : ".jpg")));
     const double decode = castor::bench::best_seconds([&] {
       for (const auto& f : files) castor::decode_image(f, fmt);
     }, 3);
@@ -56,6 +58,19 @@ int main(int argc, char** argv) {
       castor::load_image_folder(root, {.image_size = size, .threads = threads});
     }, 3);
     std::printf("%-34s %12.0f\n", ("folder load (files, " + std::to_string(threads) + " threads)").c_str(), 2 * n / s);
+  }
+  // What training sees: the loader's batches (64 images, one epoch) from the cached folder and from the same folder
+  // streamed (decoded again on the loader's thread for every batch).
+  for (const int64_t cache : {int64_t{-1}, int64_t{0}}) {
+    const castor::ImageFolder f = castor::load_image_folder(root, {.image_size = size, .cache_bytes = cache});
+    castor::data::DataLoader loader(f.data, {.batch_size = 64, .drop_last = true});
+    const double s = castor::bench::best_seconds([&] {
+      loader.start_epoch(0);
+      while (loader.next()) {
+      }
+    }, 3);
+    std::printf("%-34s %12.0f\n", cache == 0 ? "loader batches, streamed" : "loader batches, cached",
+                static_cast<double>(loader.batches_per_epoch() * 64) / s);
   }
   fs::remove_all(root);
 }

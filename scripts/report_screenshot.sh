@@ -19,5 +19,5 @@ else
 fi
 chromium --headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking \
   --disable-component-update --disable-sync --user-data-dir="$tmp/profile" --hide-scrollbars \
-  --window-size=1180,1900 --screenshot="$(realpath -m "$png")" "file://$(realpath "$run")/report.html" 2>/dev/null
+  --window-size=1180,2400 --screenshot="$(realpath -m "$png")" "file://$(realpath "$run")/report.html" 2>/dev/null
 echo "$png"

@@ -16,14 +16,16 @@
 
 namespace {
 
-const char* kUsage = R"(usage: castor <command> [flags]   (castor --version or -V prints the version)
-  train       train an image classifier with mixed precision (castor help train)
-  eval        test accuracy, loss, per-class accuracy and confusion matrix of a checkpoint or PyTorch weights
-  tokenize    text files or the Brown corpus to llm.c token files, GPT-2 BPE or characters
-  info        a checkpoint's model, step, precision and metrics (--tensors: every tensor)
-  env         Castor's version and commit, the CPU and ISA, oneDNN and the ISA it uses, threads, MPI
+const char* kUsage = R"(usage: castor <command> [flags]   (castor -V: the version)
+  train       train an image classifier or a GPT (castor help train)
+  eval        accuracy, loss, per class and confusion matrix
+              of a checkpoint or of PyTorch weights
+  tokenize    text or the Brown corpus to llm.c token files
+  info        a checkpoint's model, step, precision, metrics
+              (--tensors: every tensor)
+  env         version, commit, CPU/ISA, oneDNN, threads, MPI
   help [cmd]  this list, or a command's flags
-  completion bash|zsh   a shell completion script (bash: save it under /etc/bash_completion.d/; zsh: source it)
+  completion bash|zsh   a shell completion script
 )";
 
 bool wants_help(const std::vector<std::string>& args) {

@@ -2,6 +2,7 @@
 // of PNG/JPEG files (torchvision's ImageFolder).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -10,9 +11,21 @@ namespace castor {
 
 struct ImageDataset {
   int64_t n = 0, channels = 0, height = 0, width = 0;
-  std::vector<uint8_t> images;  // (N, C, H, W)
+  std::vector<uint8_t> images;  // (N, C, H, W); empty when `load` gives the images
   std::vector<uint8_t> labels;  // N values in [0, num_classes)
   int num_classes = 0;
+  // Set where the images are not held in memory (an image folder too large to cache decoded): writes image i as
+  // (C, H, W) bytes to dst; the loader calls it from several threads at once.
+  std::function<void(int64_t i, uint8_t* dst)> load;
+
+  // Image i's (C, H, W) bytes: in `images`, or loaded into `scratch`.
+  const uint8_t* image(int64_t i, std::vector<uint8_t>& scratch) const {
+    const int64_t size = channels * height * width;
+    if (!images.empty() || !load) return images.data() + i * size;
+    scratch.resize(static_cast<size_t>(size));
+    load(i, scratch.data());
+    return scratch.data();
+  }
 };
 
 // IDX files (gzip-compressed or not, detected by magic bytes); `what` names the source in errors.
@@ -45,13 +58,16 @@ RgbImage decode_image(std::span<const uint8_t> bytes, const std::string& what);
 // size x size square (torchvision's Resize(size) + CenterCrop(size)), written as (3, size, size) into `dst`.
 void resize_center_crop(const RgbImage& src, int64_t size, uint8_t* dst);
 
-// A folder of images as torchvision's ImageFolder: ROOT/<class>/*.{png,jpg,jpeg} (any case), classes in sorted
-// order of their folder names, files sorted within each. Every image is decoded (on `threads` threads; 0: the
-// machine's cores) and kept in memory at size x size.
+// A folder of images as torchvision's ImageFolder: ROOT/<class>/**/*.{png,jpg,jpeg} (any case, subfolders included),
+// classes in sorted order of their folder names, files sorted by path within each. Every image is decoded (on
+// `threads` threads; 0: the machine's cores) and checked; when the images at size x size fit in `cache_bytes` they
+// are kept in memory, otherwise the dataset's `load` decodes each again when a batch needs it (the loader's thread
+// and helper threads).
 struct ImageFolderOptions {
   int64_t image_size = 32;
   bool skip_bad_images = false;  // false: the first unreadable image is an error naming it
   int threads = 0;
+  int64_t cache_bytes = -1;      // the most decoded bytes kept in memory; -1: half of this machine's memory
   // When not empty: the classes expected (e.g. the training set's, for its val/ folder), in label order.
   std::vector<std::string> classes;
 };

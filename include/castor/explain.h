@@ -20,6 +20,7 @@ struct ExplainRow {
   std::string why;                   // "float32 weight cast to bfloat16 (lower_precision; cached)", ...
   std::vector<const TensorImpl*> inputs;  // the given tensors' identities (to tell which module's parameters ran)
   std::string module;                // left empty here; a caller that knows the model may name the op's module
+  int depth = 0;                     // 0: called by the user; > 0: run inside another op (listed before it)
 };
 
 struct ExplainSummary {
@@ -39,7 +40,7 @@ class ExplainGuard {
 
   // Records one op by name (its observer does, for built-in ops and CustomOp calls).
   void record(const std::string& op, CastPolicy policy, const std::vector<Tensor>& given,
-              const std::vector<Tensor>& ran, const Tensor& out);
+              const std::vector<Tensor>& ran, const Tensor& out, int depth = 0);
 
   const std::vector<ExplainRow>& rows() const;
   ExplainSummary summary() const;

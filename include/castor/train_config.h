@@ -36,6 +36,7 @@ struct TrainConfig {
   int64_t image_size = 32;             // --data folder: images are resized and centre-cropped to this square
   double val_split = 0.1;              // --data folder without DIR/val: this share of DIR/train is held out
   bool skip_bad_images = false;        // --data folder: leave unreadable images out (counted) instead of failing
+  int64_t image_cache_mb = -1;         // --data folder: decoded images kept in memory up to this; -1: half the RAM
   ModelKind model = ModelKind::SimpleCnn;
   // --model gpt / gpt-mini / gpt2 (nanoGPT's flags); 0: the preset's value (vocab_size: the tokenizer's).
   int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
@@ -98,8 +99,8 @@ Json settings_json(const TrainConfig& c);
 
 // The config of `castor train --resume DIR ...`: the settings `recorded` in DIR, with the flags given now that
 // do not change the computation (--steps/--epochs, --log-every, --checkpoint-every, --checkpoint-minutes, --keep,
-// --eval-every, --profile, --out, and --threads unless deterministic; --nproc and --batch-size are checked against the
-// recorded global batch by run_train). Any other given flag that differs from the recording is
+// --eval-every, --profile, --out, --image-cache-mb, and --threads unless deterministic; --nproc and --batch-size are
+// checked against the recorded global batch by run_train). Any other given flag that differs from the recording is
 // refused with one castor::Error naming each differing setting; `what` names the recording in errors.
 TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const std::string& what);
 

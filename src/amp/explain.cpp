@@ -28,7 +28,8 @@ struct ExplainGuard::Recorder : OpObserver {
   std::unordered_set<const TensorImpl*> seen_casts;  // cached casts already reported once
 
   void on_op(const OpEvent& e) override {
-    if (!e.backward && g_active == owner) owner->record(op_name(e.op), op_policy(e.op), *e.given, *e.inputs, *e.out);
+    if (!e.backward && g_active == owner)
+      owner->record(op_name(e.op), op_policy(e.op), *e.given, *e.inputs, *e.out, e.depth);
     if (prev) prev->on_op(e);
   }
   void on_custom_op(const std::string& name, CastPolicy policy, const std::vector<Tensor>& given,
@@ -55,9 +56,10 @@ ExplainGuard* ExplainGuard::active() { return g_active; }
 const std::vector<ExplainRow>& ExplainGuard::rows() const { return recorder_->rows; }
 
 void ExplainGuard::record(const std::string& op, CastPolicy policy, const std::vector<Tensor>& given,
-                          const std::vector<Tensor>& ran, const Tensor& out) {
+                          const std::vector<Tensor>& ran, const Tensor& out, int depth) {
   const AutocastState st = autocast_state();
   ExplainRow row{op, policy, st.enabled, {}, {}, {}, {}};
+  row.depth = depth;
   std::vector<std::string> reasons;
   for (size_t i = 0; i < given.size() && i < ran.size(); ++i) {
     if (!given[i].defined()) continue;

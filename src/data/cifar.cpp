@@ -37,8 +37,9 @@ ImageDataset load_cifar10(const std::string& dir, bool train) {
   ImageDataset all{0, kChannels, kSide, kSide, {}, {}, kClasses};
   for (const std::string& name : names) {
     std::string path = dir + "/" + name;
-    CASTOR_CHECK(file_exists(path), path, ": missing; CIFAR-10's binary version (data_batch_1.bin .. data_batch_5.bin, ",
-                 "test_batch.bin) comes from ", kCifar10Url, " (extract it and pass its cifar-10-batches-bin folder)");
+    CASTOR_CHECK(file_exists(path), path, ": missing; CIFAR-10's binary version (data_batch_1.bin .. ",
+                 "data_batch_5.bin, test_batch.bin) comes from ", kCifar10Url,
+                 " (extract it and pass its cifar-10-batches-bin folder)");
     ImageDataset part = parse_cifar10_batch(read_file(path), path);
     all.n += part.n;
     all.images.insert(all.images.end(), part.images.begin(), part.images.end());

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <thread>
 
 #include "castor/check.h"
@@ -164,8 +165,8 @@ void resize_center_crop(const RgbImage& src, int64_t size, uint8_t* dst) {
       for (int64_t c = 0; c < 3; ++c) {
         float acc = 0;
         const std::vector<float>& w = tx.weights[x];
-        for (size_t k = 0; k < w.size(); ++k)
-          acc += w[k] * src.pixels[static_cast<size_t>((y * src.width + tx.first[x] + static_cast<int64_t>(k)) * 3 + c)];
+        const uint8_t* row = src.pixels.data() + (y * src.width + tx.first[x]) * 3 + c;
+        for (size_t k = 0; k < w.size(); ++k) acc += w[k] * row[k * 3];
         rows[static_cast<size_t>((y * size + x) * 3 + c)] = acc;
       }
   for (int64_t c = 0; c < 3; ++c)  // vertical pass, into (3, size, size)
@@ -198,7 +199,8 @@ ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions&
     auto label = label_of.find(cls);
     CASTOR_CHECK(label != label_of.end(), root, "/", cls, ": a class the training set does not have");
     std::vector<std::string> paths;
-    for (const fs::directory_entry& e : fs::directory_iterator(fs::path(root) / cls, ec))
+    // (as torchvision, the files of a class's subfolders too)
+    for (const fs::directory_entry& e : fs::recursive_directory_iterator(fs::path(root) / cls, ec))
       if (e.is_regular_file() && has_image_extension(e.path())) paths.push_back(e.path().string());
     CASTOR_CHECK(!paths.empty(), root, "/", cls, ": no .png, .jpg or .jpeg files");
     std::sort(paths.begin(), paths.end());
@@ -206,18 +208,19 @@ ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions&
   }
   const int64_t n = static_cast<int64_t>(files.size()), S = o.image_size, sz = 3 * S * S;
   const int64_t memory = sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE);
-  CASTOR_CHECK(n * sz <= memory / 2, root, ": ", n, " images at ", S, "x", S, " take ", n * sz >> 20,
-               " MiB decoded, more than half of this machine's memory; choose a smaller --image-size");
+  const bool cache = n * sz <= (o.cache_bytes < 0 ? memory / 2 : o.cache_bytes);
 
-  // Decoded on a pool of threads straight into the dataset's (N, 3, S, S) bytes, which stay in memory.
-  std::vector<uint8_t> pixels(static_cast<size_t>(n * sz));
+  // Every image is decoded once here, on a pool of threads: into the dataset's (N, 3, S, S) bytes when they are
+  // cached, else only to find the unreadable ones before training starts.
+  std::vector<uint8_t> pixels(cache ? static_cast<size_t>(n * sz) : 0);
   std::vector<std::string> errors(files.size());
   std::atomic<int64_t> next{0};
   auto work = [&] {
+    std::vector<uint8_t> scratch(static_cast<size_t>(sz));
     for (int64_t i; (i = next.fetch_add(1)) < n;) {
       try {
         const std::vector<uint8_t> bytes = read_file(files[i].first);
-        resize_center_crop(decode_image(bytes, files[i].first), S, pixels.data() + i * sz);
+        resize_center_crop(decode_image(bytes, files[i].first), S, cache ? pixels.data() + i * sz : scratch.data());
       } catch (const std::exception& e) {
         errors[i] = e.what();
       }
@@ -230,20 +233,27 @@ ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions&
   work();
   for (std::thread& t : pool) t.join();
 
-  f.data = {0, 3, S, S, {}, {}, static_cast<int>(f.classes.size())};
+  f.data = {0, 3, S, S, {}, {}, static_cast<int>(f.classes.size()), {}};
+  auto kept = std::make_shared<std::vector<std::string>>();  // the streamed dataset's files, by index
   for (int64_t i = 0; i < n; ++i) {
     if (!errors[i].empty()) {
       CASTOR_CHECK(o.skip_bad_images, errors[i], " (--skip-bad-images leaves such files out)");
       ++f.skipped;
       continue;
     }
-    if (f.data.n != i)
+    if (cache && f.data.n != i)
       std::memmove(pixels.data() + f.data.n * sz, pixels.data() + i * sz, static_cast<size_t>(sz));
+    if (!cache) kept->push_back(files[i].first);
     f.data.labels.push_back(static_cast<uint8_t>(files[i].second));
     ++f.data.n;
   }
-  pixels.resize(static_cast<size_t>(f.data.n * sz));
+  pixels.resize(cache ? static_cast<size_t>(f.data.n * sz) : 0);
   f.data.images = std::move(pixels);
+  if (!cache)
+    f.data.load = [kept, S](int64_t i, uint8_t* dst) {
+      const std::string& path = (*kept)[static_cast<size_t>(i)];
+      resize_center_crop(decode_image(read_file(path), path), S, dst);
+    };
   return f;
 }
 

@@ -1,11 +1,15 @@
-// The data loader: seeded epoch order, crop/flip augmentation, normalisation, background prefetching.
+// The data loader: seeded epoch order, crop/flip augmentation, normalisation, background prefetching (and the
+// decoding of a streamed dataset's images).
 #include "castor/data.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cmath>
 #include <exception>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "castor/random.h"
 
@@ -14,20 +18,24 @@ namespace castor::data {
 Normalization compute_normalization(const ImageDataset& ds) {
   Normalization n;
   const int64_t plane = ds.height * ds.width;
-  for (int64_t c = 0; c < ds.channels; ++c) {
-    double s = 0, s2 = 0;
-    for (int64_t i = 0; i < ds.n; ++i) {
-      const uint8_t* p = ds.images.data() + (i * ds.channels + c) * plane;
+  std::vector<double> s(ds.channels, 0.0), s2(ds.channels, 0.0);
+  std::vector<uint8_t> scratch;
+  for (int64_t i = 0; i < ds.n; ++i) {  // image by image: a streamed dataset decodes each once
+    const uint8_t* image = ds.image(i, scratch);
+    for (int64_t c = 0; c < ds.channels; ++c) {
+      const uint8_t* p = image + c * plane;
       for (int64_t k = 0; k < plane; ++k) {
         const double v = p[k] / 255.0;
-        s += v;
-        s2 += v * v;
+        s[c] += v;
+        s2[c] += v * v;
       }
     }
+  }
+  for (int64_t c = 0; c < ds.channels; ++c) {
     const double count = static_cast<double>(ds.n * plane);
-    const double m = s / count;
+    const double m = s[c] / count;
     n.mean.push_back(m);
-    n.std.push_back(std::sqrt(std::max(s2 / count - m * m, 1e-12)));
+    n.std.push_back(std::sqrt(std::max(s2[c] / count - m * m, 1e-12)));
   }
   return n;
 }
@@ -120,8 +128,32 @@ Batch DataLoader::make_batch(const std::vector<int64_t>& order, int64_t epoch, i
                     static_cast<uint64_t>(index));
   if (opt_.augment)  // the draws of the rows before this shard's
     for (int64_t i = 0; i < 3 * skipped; ++i) aug_gen.next_u64();
+  // A streamed dataset's images of this batch, decoded here (on the loader's thread and helpers, one per core).
+  std::vector<uint8_t> streamed;
+  if (ds_.images.empty() && ds_.load) {
+    streamed.resize(static_cast<size_t>(bs * C * H * W));
+    std::atomic<int64_t> next{0};
+    std::exception_ptr error;
+    std::mutex error_mu;
+    auto work = [&] {
+      try {
+        for (int64_t i; (i = next.fetch_add(1)) < bs;) ds_.load(order[begin + i], streamed.data() + i * C * H * W);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mu);
+        if (!error) error = std::current_exception();
+        next = bs;
+      }
+    };
+    std::vector<std::thread> helpers;
+    const int64_t threads = std::min<int64_t>(bs, std::max(1u, std::thread::hardware_concurrency()));
+    for (int64_t t = 1; t < threads; ++t) helpers.emplace_back(work);
+    work();
+    for (std::thread& t : helpers) t.join();
+    if (error) std::rethrow_exception(error);
+  }
   for (int64_t i = 0; i < bs; ++i) {
     const int64_t src = order[begin + i];
+    const uint8_t* image = streamed.empty() ? ds_.images.data() + src * C * H * W : streamed.data() + i * C * H * W;
     lab[i] = ds_.labels[src];
     int64_t dy = 0, dx = 0;
     bool flip = false;
@@ -131,7 +163,7 @@ Batch DataLoader::make_batch(const std::vector<int64_t>& order, int64_t epoch, i
       flip = aug_gen.next_u64() & 1;
     }
     for (int64_t c = 0; c < C; ++c) {
-      const uint8_t* p = ds_.images.data() + (src * C + c) * H * W;
+      const uint8_t* p = image + c * H * W;
       float* q = img + (i * C + c) * H * W;
       const float scale = static_cast<float>(1.0 / (255.0 * opt_.norm.std[c]));
       const float shift = static_cast<float>(-opt_.norm.mean[c] / opt_.norm.std[c]);

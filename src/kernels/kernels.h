@@ -1,10 +1,15 @@
 // The kernel interface used by ops: plain-loop reference kernels (kernels/ref) and oneDNN kernels (kernels/onednn).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "castor/tensor.h"
 
 namespace castor::kernels {
+
+// oneDNN's version and the ISA it dispatches to on this CPU (after any ONEDNN_MAX_CPU_ISA cap): "2.6.3, dispatching
+// to AVX512_CORE_BF16" (`castor env`).
+std::string onednn_description();
 
 // dst = src for the same shape; src may have any strides (0 for broadcast dims) and another dtype.
 // dst may be strided. Float-to-int truncates toward zero; to bool is != 0.

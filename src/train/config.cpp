@@ -185,6 +185,10 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
   app.add_option("--val-split", c.val_split,
                  "--data folder without DIR/val: the share of DIR/train held out for testing (by --seed)")
       ->check(kUnit);
+  app.add_option("--image-cache-mb", c.image_cache_mb,
+                 "--data folder: decoded images are kept in memory up to this many MiB (-1: half the machine's "
+                 "memory); a larger set is decoded again for each batch by the loader")
+      ->check(integer_in(-1));
   app.add_flag("--skip-bad-images", c.skip_bad_images,
                "--data folder: leave unreadable images out (and count them) instead of stopping at the first");
   add_choice(app, "--model", c.model, kModels,
@@ -620,7 +624,8 @@ std::string shell_completion(const std::string& shell) {
       "    completion) words=\"bash zsh\" ;;\n"
       "    *) words=\"train eval tokenize info env help completion --help --version\" ;;\n"
       "  esac\n"
-      "  if [ \"$COMP_CWORD\" -gt 1 ] && [[ $cur != -* ]] && [[ ${COMP_WORDS[1]} != help && ${COMP_WORDS[1]} != completion ]]; then\n"
+      "  if [ \"$COMP_CWORD\" -gt 1 ] && [[ $cur != -* ]] &&\n"
+      "     [[ ${COMP_WORDS[1]} != help && ${COMP_WORDS[1]} != completion ]]; then\n"
       "    COMPREPLY=($(compgen -f -- \"$cur\")); return\n"
       "  fi\n"
       "  COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n"
@@ -645,6 +650,7 @@ Json settings_json(const TrainConfig& c) {
   o["image_size"] = c.image_size;
   o["val_split"] = c.val_split;
   o["skip_bad_images"] = c.skip_bad_images;
+  o["image_cache_mb"] = c.image_cache_mb;
   o["model"] = name(c.model);
   o["n_layer"] = c.n_layer;
   o["n_head"] = c.n_head;
@@ -742,6 +748,7 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
     const bool free = key == "steps" || key == "epochs" || key == "log_every" || key == "eval_every" || key == "checkpoint_every" ||
                       key == "checkpoint_minutes" || key == "keep" || key == "profile" || key == "out" ||
                       key == "resume" || key == "overwrite" || key == "nproc" || key == "batch_size" ||
+                      key == "image_cache_mb" ||
                       (key == "threads" && !c.deterministic);
     if (free || !before.find(key) || before.at(key) == now.at(key)) continue;
     // Paths are recorded absolute; the same file spelled differently is the same setting.
@@ -765,6 +772,7 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
   if (was_given("--checkpoint-every")) c.checkpoint_every = given.checkpoint_every;
   if (was_given("--checkpoint-minutes")) c.checkpoint_minutes = given.checkpoint_minutes;
   if (was_given("--keep")) c.keep = given.keep;
+  if (was_given("--image-cache-mb")) c.image_cache_mb = given.image_cache_mb;
   if (was_given("--threads") && !c.deterministic) c.threads = given.threads;
   if (was_given("--batch-size")) c.batch_size = given.batch_size;
   c.nproc = given.nproc;

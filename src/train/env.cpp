@@ -1,8 +1,6 @@
 // What Castor runs on: the host CPU and its ISA, oneDNN's version and dispatch, threads, MPI (`castor env`, reports).
 #include <omp.h>
 
-#include <oneapi/dnnl/dnnl.h>
-
 #include <cstdlib>
 #include <fstream>
 #include <thread>
@@ -10,28 +8,9 @@
 #include "castor/dist.h"
 #include "castor/trainer.h"
 #include "castor/version.h"
+#include "kernels/kernels.h"
 
 namespace castor::train {
-
-namespace {
-
-std::string onednn_isa_name(dnnl_cpu_isa_t isa) {
-  switch (isa) {
-    case dnnl_cpu_isa_sse41: return "SSE4.1";
-    case dnnl_cpu_isa_avx: return "AVX";
-    case dnnl_cpu_isa_avx2: return "AVX2";
-    case dnnl_cpu_isa_avx2_vnni: return "AVX2_VNNI";
-    case dnnl_cpu_isa_avx512_mic: return "AVX512_MIC";
-    case dnnl_cpu_isa_avx512_mic_4ops: return "AVX512_MIC_4OPS";
-    case dnnl_cpu_isa_avx512_core: return "AVX512_CORE";
-    case dnnl_cpu_isa_avx512_core_vnni: return "AVX512_CORE_VNNI";
-    case dnnl_cpu_isa_avx512_core_bf16: return "AVX512_CORE_BF16";
-    case dnnl_cpu_isa_avx512_core_amx: return "AVX512_CORE_AMX";
-    default: return "ISA " + std::to_string(static_cast<int>(isa));
-  }
-}
-
-}  // namespace
 
 const char* git_commit() { return CASTOR_GIT_COMMIT; }
 
@@ -54,12 +33,10 @@ std::string host_cpu() {
 }
 
 std::string run_env() {
-  const dnnl_version_t* v = dnnl_version();
   std::string out;
   out += std::string("castor   ") + CASTOR_VERSION + " (commit " + git_commit() + ")\n";
   out += "cpu      " + host_cpu() + "\n";
-  out += "oneDNN   " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
-         ", dispatching to " + onednn_isa_name(dnnl_get_effective_cpu_isa()) + "\n";
+  out += "oneDNN   " + kernels::onednn_description() + "\n";
   const char* omp = std::getenv("OMP_NUM_THREADS");
   out += "threads  " + std::to_string(omp_get_max_threads()) + " OpenMP threads (" +
          std::to_string(std::thread::hardware_concurrency()) + " cores online" +

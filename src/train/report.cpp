@@ -86,6 +86,7 @@ struct ChartSpec {
   std::string title, y_title;
   bool log2_y = false;                       // the loss scale: powers of two
   std::optional<std::pair<double, double>> y_range;  // fixed (accuracy: 0-100)
+  std::optional<std::pair<double, double>> x_range;  // the steps shown (all charts: the whole run's)
 };
 
 // One chart of several series over steps, with red lines at `marks`: axis titles, round ticks on both axes.
@@ -106,6 +107,7 @@ std::string chart(const ChartSpec& spec, const std::vector<Series>& series, cons
     << "<text x='" << L << "' y='17' font-size='14' font-weight='bold'>" << escape(spec.title) << "</text>";
   if (points == 0) return o.str() + "<text x='" + number(L) + "' y='110' font-size='13'>no data yet</text></svg>";
   if (spec.y_range) y0 = spec.y_range->first, y1 = spec.y_range->second;
+  if (spec.x_range) x0 = std::min(x0, spec.x_range->first), x1 = std::max(x1, spec.x_range->second);
   const Axis xa = nice_axis(x0, x1, 6, /*min_step=*/1);
   const Axis ya = spec.log2_y ? pow2_axis(y0, y1) : nice_axis(y0, y1, 4);
   auto px = [&](double x) { return L + (x - xa.lo) / (xa.hi - xa.lo) * (W - L - R); };
@@ -170,7 +172,8 @@ std::string settings_tables(const Json& config) {
   auto applies = [&](const std::string& k) {
     if (k == "momentum") return optimizer == "sgd";
     if (k == "synthetic_size") return data == "synthetic";
-    if (k == "image_size" || k == "val_split" || k == "skip_bad_images") return data == "folder";
+    if (k == "image_size" || k == "val_split" || k == "skip_bad_images" || k == "image_cache_mb")
+      return data == "folder";
     if (k == "dtype" || k == "loss_scale") return amp != "O0";
     if (k == "stochastic_rounding") return amp == "O3";
     if (k == "sync_batchnorm" || k == "compress_grads") return ranks;
@@ -181,8 +184,8 @@ std::string settings_tables(const Json& config) {
   };
   const std::vector<std::pair<const char*, std::vector<std::string>>> groups = {
       {"model", {"model", "init", "input_shape", "num_classes", "class_names"}},
-      {"data", {"data", "data_dir", "image_size", "val_split", "skip_bad_images", "synthetic_size", "augment",
-                "normalization", "batch_size"}},
+      {"data", {"data", "data_dir", "image_size", "val_split", "skip_bad_images", "image_cache_mb", "synthetic_size",
+                "augment", "normalization", "batch_size"}},
       {"precision", {"amp", "dtype", "loss_scale", "stochastic_rounding"}},
       {"optimizer", {"optimizer", "lr", "momentum", "weight_decay", "clip_grad_norm", "grad_accum", "label_smoothing"}},
       {"schedule", {"schedule", "schedule_steps", "epochs", "steps"}},
@@ -198,7 +201,8 @@ std::string settings_tables(const Json& config) {
         if (std::find(placed.begin(), placed.end(), k) == placed.end()) shown.push_back(k);
     o << "<table class='settings'><tr><th colspan='2'>" << group << "</th></tr>";
     for (const std::string& k : shown)
-      if (c.count(k) && applies(k)) o << "<tr><th>" << escape(k) << "</th><td>" << escape(text(k.c_str())) << "</td></tr>";
+      if (c.count(k) && applies(k))
+        o << "<tr><th>" << escape(k) << "</th><td>" << escape(text(k.c_str())) << "</td></tr>";
     o << "</table>";
   }
   o << "</div>";
@@ -237,19 +241,26 @@ std::string render_report(const std::string& title, const Json& config, const st
     }
   }
   // Evaluations and epoch ends interleave by step; an epoch end at a step already evaluated is the same evaluation.
-  std::stable_sort(acc_points.begin(), acc_points.end(), [](auto& a, auto& b) { return a.first < b.first; });
-  std::stable_sort(test_loss_points.begin(), test_loss_points.end(), [](auto& a, auto& b) { return a.first < b.first; });
+  auto by_step = [](const auto& a, const auto& b) { return a.first < b.first; };
+  std::stable_sort(acc_points.begin(), acc_points.end(), by_step);
+  std::stable_sort(test_loss_points.begin(), test_loss_points.end(), by_step);
   Series acc{"test accuracy", "#2ca02c"};
   for (auto [x, y] : acc_points) acc.x.push_back(x), acc.y.push_back(y);
   for (auto [x, y] : test_loss_points) test_loss.x.push_back(x), test_loss.y.push_back(y);
   train_loss.x = smooth.x, train_loss.y = smooth.y;
+  // Every chart spans the run's steps, so they line up.
+  std::optional<std::pair<double, double>> steps;
+  for (const Json& r : records)
+    if (const double step = field(r, "step"); std::isfinite(step))
+      steps = steps ? std::pair{std::min(steps->first, step), std::max(steps->second, step)} : std::pair{step, step};
 
   std::ostringstream o;
   o << "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" << escape(title) << "</title>"
     << "<style>body{font-family:sans-serif;margin:24px;max-width:1140px}table{border-collapse:collapse;"
     << "font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.grid{display:flex;"
-    << "flex-wrap:wrap;gap:10px;align-items:flex-start}th.module{background:#eef}.meta{color:#555;font-size:13px}.stat{font-size:15px;"
-    << "border:1px solid #ccc;padding:14px 20px;width:500px}.stat b{font-size:34px;display:block}</style></head><body><h2>"
+    << "flex-wrap:wrap;gap:10px;align-items:flex-start}th.module{background:#eef}.meta{color:#555;font-size:13px}"
+    << ".stat{font-size:15px;border:1px solid #ccc;padding:14px 20px;width:500px}.stat b{font-size:34px;display:block}"
+    << "</style></head><body><h2>"
     << escape(title) << "</h2>";
   auto meta = [&](const char* key) {
     const Json* v = config.is_object() ? config.find(key) : nullptr;
@@ -260,15 +271,18 @@ std::string render_report(const std::string& title, const Json& config, const st
   o << "<p>" << raw.x.size() << " logged steps; " << skipped.size()
     << " skipped (overflow) steps, marked in red; peak tensor memory " << number(peak / 1048576.0) << " MiB";
   if (!acc.y.empty()) o << "; last test accuracy " << number(acc.y.back()) << "%";
-  o << ".</p><div class='grid'>" << chart({"Training loss", "cross-entropy loss"}, {smooth, raw}, skipped);
+  o << ".</p><div class='grid'>"
+    << chart({"Training loss", "cross-entropy loss", false, {}, steps}, {smooth, raw}, skipped);
   if (acc.x.size() == 1)  // one evaluation: a number, not a chart of one point
     o << "<div class='stat'>Test accuracy<b>" << number(acc.y[0]) << "%</b>after step " << tick_text(acc.x[0])
       << " (test loss " << number(test_loss.y[0]) << ")</div>";
   else
-    o << chart({"Test accuracy", "accuracy (%)", false, std::pair{0.0, 100.0}}, {acc});
-  if (test_loss.x.size() > 1) o << chart({"Train vs test loss", "cross-entropy loss"}, {train_loss, test_loss});
-  o << chart({"Learning rate", "learning rate"}, {lr}) << chart({"Throughput", "images/s"}, {speed});
-  if (scaling) o << chart({"Loss scale", "loss scale (log scale)", /*log2_y=*/true}, {scale}, skipped);
+    o << chart({"Test accuracy", "accuracy (%)", false, std::pair{0.0, 100.0}, steps}, {acc});
+  if (test_loss.x.size() > 1)
+    o << chart({"Train vs test loss", "cross-entropy loss", false, {}, steps}, {train_loss, test_loss});
+  o << chart({"Learning rate", "learning rate", false, {}, steps}, {lr})
+    << chart({"Throughput", "images/s", false, {}, steps}, {speed});
+  if (scaling) o << chart({"Loss scale", "loss scale (log scale)", /*log2_y=*/true, {}, steps}, {scale}, skipped);
   o << "</div>";
 
   o << "<h3>Epochs</h3><table><tr><th>epoch</th><th>step</th><th>train loss</th><th>test loss</th>"

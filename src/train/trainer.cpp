@@ -71,7 +71,8 @@ std::vector<std::string> builtin_classes(Dataset data) {
 
 // --data folder: DIR/train, and DIR/val or a --val-split share of DIR/train held out (the same one for a seed).
 void load_folder(const TrainConfig& c, const std::string& dir, Datasets& d) {
-  ImageFolderOptions o{.image_size = c.image_size, .skip_bad_images = c.skip_bad_images};
+  ImageFolderOptions o{.image_size = c.image_size, .skip_bad_images = c.skip_bad_images,
+                       .cache_bytes = c.image_cache_mb < 0 ? -1 : c.image_cache_mb << 20};
   ImageFolder train = load_image_folder(dir + "/train", o);
   d.classes = train.classes;
   int64_t skipped = train.skipped;
@@ -95,11 +96,17 @@ void load_folder(const TrainConfig& c, const std::string& dir, Datasets& d) {
     for (int64_t i = 0; i < n_val; ++i) held[order[i]] = true;
     const int64_t sz = all.channels * all.height * all.width;
     for (ImageDataset* part : {&d.train, &d.test}) *part = {0, all.channels, all.height, all.width, {}, {}, all.num_classes};
+    auto train_index = std::make_shared<std::vector<int64_t>>(), test_index = std::make_shared<std::vector<int64_t>>();
     for (int64_t i = 0; i < all.n; ++i) {  // in file order within each part
       ImageDataset& part = held[i] ? d.test : d.train;
-      part.images.insert(part.images.end(), all.images.begin() + i * sz, all.images.begin() + (i + 1) * sz);
+      if (all.load) (held[i] ? test_index : train_index)->push_back(i);
+      else part.images.insert(part.images.end(), all.images.begin() + i * sz, all.images.begin() + (i + 1) * sz);
       part.labels.push_back(all.labels[i]);
       ++part.n;
+    }
+    if (all.load) {  // streamed (too large to cache): each part loads through the folder's indices
+      d.train.load = [load = all.load, train_index](int64_t i, uint8_t* dst) { load((*train_index)[i], dst); };
+      d.test.load = [load = all.load, test_index](int64_t i, uint8_t* dst) { load((*test_index)[i], dst); };
     }
   }
   if (skipped > 0 && dist::rank() == 0)
@@ -533,7 +540,8 @@ Json by_class(const std::vector<std::string>& names, const std::vector<int64_t>&
 }
 
 // The explain rows with the module each op belongs to: the module whose parameters it used (conv1 for conv1.weight),
-// and for an op without parameters (relu, pooling) the module of the op before it; "(input)" before the first.
+// for an op without parameters (relu, pooling) the module of the op before it ("(input)" before the first), and for
+// an op run inside another (listed before it) the module of that op.
 std::vector<amp::ExplainRow> with_modules(std::vector<amp::ExplainRow> rows, const nn::Module& model) {
   std::map<const TensorImpl*, std::string> owner;
   for (const auto& [name, t] : model.named_parameters()) {
@@ -542,9 +550,15 @@ std::vector<amp::ExplainRow> with_modules(std::vector<amp::ExplainRow> rows, con
   }
   std::string current = "(input)";
   for (amp::ExplainRow& r : rows) {
+    if (r.depth > 0) continue;
     for (const TensorImpl* in : r.inputs)
       if (auto it = owner.find(in); it != owner.end()) current = it->second;
     r.module = current;
+  }
+  std::string enclosing = current;
+  for (size_t i = rows.size(); i-- > 0;) {
+    if (rows[i].depth == 0) enclosing = rows[i].module;
+    else rows[i].module = enclosing;
   }
   return rows;
 }
@@ -1128,6 +1142,14 @@ Json run_train(TrainConfig c) {
     omp_set_num_threads(std::max(1, omp_get_num_procs() / dist::local_size()));
   if (c.deterministic) omp_set_dynamic(0);
 
+  for (const std::string& flag : c.given) {  // flags of one dataset given with another
+    const bool folder_flag = flag == "--image-size" || flag == "--val-split" || flag == "--skip-bad-images" ||
+                             flag == "--image-cache-mb";
+    CASTOR_CHECK(!folder_flag || c.data == Dataset::Folder, flag, ": applies to --data folder only, not --data ",
+                 name(c.data));
+    CASTOR_CHECK(flag != "--synthetic-size" || c.data == Dataset::Synthetic, flag,
+                 ": applies to --data synthetic only, not --data ", name(c.data));
+  }
   const std::unique_ptr<Task> task = make_task(c, rank, world);
   const int64_t per_epoch = task->batches_per_epoch();
   const int64_t steps_per_epoch = (per_epoch + c.grad_accum - 1) / c.grad_accum;
@@ -1189,26 +1211,30 @@ Json run_train(TrainConfig c) {
 
 namespace {
 
-// Per-class accuracy and the confusion matrix as text (rows: true class, columns: predicted, by index).
-std::string class_report(const std::vector<std::string>& classes, const std::vector<int64_t>& confusion) {
+// Per-class accuracy and the confusion matrix as text (rows: true class, columns: predicted, by index); the matrix
+// only where its rows fit in `width` columns.
+std::string class_report(const std::vector<std::string>& classes, const std::vector<int64_t>& confusion, int width) {
   const size_t K = classes.size();
   size_t name_width = 5;
   for (const std::string& n : classes) name_width = std::max(name_width, std::min<size_t>(n.size(), 24));
-  std::string out = detail::cat("per class (rows: true class, columns: predicted class ", "0.." , K - 1, ")\n");
+  const bool matrix = 3 + 1 + name_width + 1 + 8 + 1 + 7 + 7 * K <= static_cast<size_t>(std::max(width, 0));
+  std::string out = matrix ? detail::cat("per class (columns 0..", K - 1, ": the predicted class)\n")
+                           : std::string("per class (matrix in the JSON)\n");
   char buf[64];
-  std::snprintf(buf, sizeof(buf), "%3s %-*s %8s %7s ", "", static_cast<int>(name_width), "class", "accuracy", "images");
+  std::snprintf(buf, sizeof(buf), "%3s %-*s %8s %7s", "", static_cast<int>(name_width), "class", "accuracy", "images");
   out += buf;
-  for (size_t p = 0; p < K; ++p) std::snprintf(buf, sizeof(buf), " %5zu", p), out += buf;
+  for (size_t p = 0; matrix && p < K; ++p) std::snprintf(buf, sizeof(buf), "  %5zu", p), out += buf;
   out += "\n";
   for (size_t t = 0; t < K; ++t) {
     int64_t images = 0;
     for (size_t p = 0; p < K; ++p) images += confusion[t * K + p];
-    std::snprintf(buf, sizeof(buf), "%3zu %-*s %7.2f%% %7lld ", t, static_cast<int>(name_width),
+    std::snprintf(buf, sizeof(buf), "%3zu %-*s %7.2f%% %7lld", t, static_cast<int>(name_width),
                   printable(classes[t]).substr(0, 24).c_str(),
                   images ? 100.0 * static_cast<double>(confusion[t * K + t]) / static_cast<double>(images) : 0.0,
                   static_cast<long long>(images));
     out += buf;
-    for (size_t p = 0; p < K; ++p) std::snprintf(buf, sizeof(buf), " %5lld", static_cast<long long>(confusion[t * K + p])), out += buf;
+    for (size_t p = 0; matrix && p < K; ++p)
+      std::snprintf(buf, sizeof(buf), "  %5lld", static_cast<long long>(confusion[t * K + p])), out += buf;
     out += "\n";
   }
   return out;
@@ -1258,7 +1284,9 @@ Json run_eval(const EvalConfig& e) {
                    "--data-dir ", data_dir(c), " holds (", recorded_classes.size(), " recorded, ", d.classes.size(),
                    " found, or in another order)");
     const Evaluation ev = task->evaluate(*run.model, *run.amp, e.batch_size);
-    std::fputs(class_report(d.classes, ev.confusion).c_str(), stderr);
+    // On a terminal too narrow for the confusion matrix, the per-class columns alone (the JSON has the matrix).
+    const int width = isatty(STDERR_FILENO) ? terminal_width(STDERR_FILENO) - 1 : INT32_MAX;
+    std::fputs(class_report(d.classes, ev.confusion, width).c_str(), stderr);
     out = by_class(d.classes, ev.confusion);
     out["test_accuracy"] = ev.accuracy;
     out["test_loss"] = ev.loss;

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "castor/check.h"
+#include "castor/data.h"
 #include "castor/datasets.h"
 #include "castor/fs.h"
 #include "castor/json.h"
@@ -123,7 +124,8 @@ TEST(ImageFolder, ClassesSortedFilesDecodedBadOnesNamedOrSkipped) {
   test::write_png(root + "/zebra/b.png", pattern(4, 4, 3, 1), 4, 4, 3);
   test::write_png(root + "/zebra/a.PNG", pattern(4, 4, 3, 2), 4, 4, 3);
   test::write_jpeg(root + "/ant/x.jpeg", pattern(4, 4, 3, 3), 4, 4, 3);
-  test::write_jpeg(root + "/moth/y.jpg", pattern(4, 4, 1, 4), 4, 4, 1);
+  fs::create_directories(root + "/moth/deeper");  // subfolders of a class count, as in torchvision
+  test::write_jpeg(root + "/moth/deeper/y.jpg", pattern(4, 4, 1, 4), 4, 4, 1);
   std::ofstream(root + "/moth/notes.txt") << "ignored: not an image extension";
   ImageFolder f = load_image_folder(root, {.image_size = 4, .threads = 2});
   EXPECT_EQ(f.classes, (std::vector<std::string>{"ant", "moth", "zebra"}));
@@ -145,6 +147,47 @@ TEST(ImageFolder, ClassesSortedFilesDecodedBadOnesNamedOrSkipped) {
   // The val/ folder of a training set with other classes is refused by name.
   EXPECT_NE(error_of([&] { load_image_folder(root, {.image_size = 4, .classes = {"ant", "moth"}}); }).find("zebra"),
             std::string::npos);
+}
+
+// A folder larger than its cache budget is streamed: the same images, decoded again on demand, give the same
+// normalisation and the same batches as the cached folder.
+TEST(ImageFolder, StreamedFolderGivesTheSameBatchesAsCached) {
+  const std::string root = test::fresh_dir("image_folder_stream");
+  for (int k = 0; k < 3; ++k) {
+    fs::create_directories(root + "/c" + std::to_string(k));
+    for (int i = 0; i < 5; ++i) {
+      const std::string stem = root + "/c" + std::to_string(k) + "/" + std::to_string(i);
+      if (i % 2) test::write_png(stem + ".png", pattern(9 + i, 7 + k, 3, i + k), 9 + i, 7 + k, 3);
+      else test::write_jpeg(stem + ".jpg", pattern(12, 10 + i, 3, i * k), 12, 10 + i, 3);
+    }
+  }
+  const ImageFolder cached = load_image_folder(root, {.image_size = 6});
+  const ImageFolder streamed = load_image_folder(root, {.image_size = 6, .cache_bytes = 0});
+  ASSERT_FALSE(cached.data.images.empty());
+  ASSERT_TRUE(streamed.data.images.empty() && streamed.data.load);
+  EXPECT_EQ(streamed.data.n, cached.data.n);
+  EXPECT_EQ(streamed.data.labels, cached.data.labels);
+  const data::Normalization a = data::compute_normalization(cached.data), b = data::compute_normalization(streamed.data);
+  EXPECT_EQ(a.mean, b.mean);
+  EXPECT_EQ(a.std, b.std);
+  data::DataLoader la(cached.data, {.batch_size = 4, .augment = true, .seed = 5, .norm = a});
+  data::DataLoader lb(streamed.data, {.batch_size = 4, .augment = true, .seed = 5, .norm = a});
+  for (int64_t batch = 0; batch < la.batches_per_epoch(); ++batch) {
+    const data::Batch x = la.make_batch(1, batch), y = lb.make_batch(1, batch);
+    EXPECT_EQ(x.images.to_vector<float>(), y.images.to_vector<float>()) << batch;
+    EXPECT_EQ(x.labels.to_vector<int64_t>(), y.labels.to_vector<int64_t>()) << batch;
+  }
+  // A file gone after the load is an error naming it when a batch needs it, from the loader's threads.
+  fs::remove(root + "/c1/2.jpg");
+  lb.start_epoch(0);
+  std::string msg = "no error";
+  try {
+    while (lb.next()) {
+    }
+  } catch (const Error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find(root + "/c1/2.jpg"), std::string::npos) << msg;
 }
 
 // `castor train --data folder` on two classes told apart by colour, held out by --val-split, then `castor eval`
@@ -179,6 +222,8 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   // The op dtype table groups SimpleCNN's ops by the module whose parameters they use.
   for (const char* module : {"conv1", "conv2", "fc1", "fc2"})
     EXPECT_NE(html.find(std::string("class='module'>") + module + "<"), std::string::npos) << module;
+  // (the ops run inside the fused convolution are listed with it, under conv1, not before the first module)
+  EXPECT_EQ(html.find("class='module'>(input)<"), std::string::npos);
   auto eval = test::run_castor({"eval", "--checkpoint", "run"}, run, 120);
   ASSERT_EQ(eval.exit_code, 0) << eval.err;
   const Json result = Json::parse(eval.out);
@@ -190,6 +235,30 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   EXPECT_EQ(result.at("classes").as_array()[1].at("name").as_string(), "red");
   EXPECT_NE(eval.err.find("red"), std::string::npos) << eval.err;
   EXPECT_NE(eval.err.find("accuracy"), std::string::npos) << eval.err;
+  // On a terminal 30 columns wide (a pty, through script(1)) the per-class lines fit and the matrix is left out.
+  FILE* p = popen(("cd '" + dir + "' && script -qec \"stty cols 30; '" + CASTOR_BINARY_DIR +
+                   "/castor' eval --checkpoint run >/dev/null\" /dev/null").c_str(), "r");
+  std::string narrow;
+  char buf[4096];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) narrow.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << narrow;
+  EXPECT_NE(narrow.find("matrix in the JSON"), std::string::npos) << narrow;
+  for (size_t begin = 0, end; begin < narrow.size(); begin = end + 1) {
+    end = narrow.find('\n', begin);
+    if (end == std::string::npos) end = narrow.size();
+    std::string line = narrow.substr(begin, end - begin);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    EXPECT_LE(line.size(), 30u) << line;
+  }
+  // Streamed (--image-cache-mb 0: decoded again for each batch) the run ends at the same weights, bit for bit.
+  for (const char* cache : {"-1", "0"}) {
+    auto r = test::run_castor({"train", "--data", "folder", "--data-dir", "data", "--image-size", "8", "--batch-size",
+                               "8", "--steps", "6", "--amp", "O0", "--deterministic", "--threads", "2", "--augment",
+                               "standard", "--image-cache-mb", cache, "--out", std::string("cache") + cache},
+                              run, 120);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  test::expect_same_checkpoint(dir + "/cache-1", dir + "/cache0");
   // The held-out images are a function of --seed: the same seed holds out the same ones (the training set's
   // normalisation is the same), another seed others.
   auto normalization = [&](const std::string& seed, const std::string& out) {
@@ -206,6 +275,10 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   auto bare = test::run_castor({"train", "--data", "folder", "--out", "run2"}, run, 60);
   EXPECT_EQ(bare.exit_code, 1);
   EXPECT_NE(bare.err.find("--data-dir"), std::string::npos) << bare.err;
+  // A folder flag with another dataset is refused by name, not ignored.
+  auto other = test::run_castor({"train", "--data", "synthetic", "--image-size", "64", "--out", "run3"}, run, 60);
+  EXPECT_EQ(other.exit_code, 1);
+  EXPECT_NE(other.err.find("--image-size: applies to --data folder only"), std::string::npos) << other.err;
 }
 
 }  // namespace castor

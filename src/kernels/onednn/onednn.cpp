@@ -1,6 +1,10 @@
 // The process-wide oneDNN CPU engine and stream, and the dtype mapping.
 #include "kernels/onednn/onednn.h"
 
+#include <string>
+
+#include "kernels/kernels.h"
+
 namespace castor::kernels {
 
 dnnl::engine& engine() {
@@ -23,6 +27,32 @@ dnnl::memory::data_type to_dnnl(DType d) {
     default: break;
   }
   throw Error(detail::cat("oneDNN has no ", dtype_name(d), " data type"));
+}
+
+namespace {
+
+std::string onednn_isa_name(dnnl_cpu_isa_t isa) {
+  switch (isa) {
+    case dnnl_cpu_isa_sse41: return "SSE4.1";
+    case dnnl_cpu_isa_avx: return "AVX";
+    case dnnl_cpu_isa_avx2: return "AVX2";
+    case dnnl_cpu_isa_avx2_vnni: return "AVX2_VNNI";
+    case dnnl_cpu_isa_avx512_mic: return "AVX512_MIC";
+    case dnnl_cpu_isa_avx512_mic_4ops: return "AVX512_MIC_4OPS";
+    case dnnl_cpu_isa_avx512_core: return "AVX512_CORE";
+    case dnnl_cpu_isa_avx512_core_vnni: return "AVX512_CORE_VNNI";
+    case dnnl_cpu_isa_avx512_core_bf16: return "AVX512_CORE_BF16";
+    case dnnl_cpu_isa_avx512_core_amx: return "AVX512_CORE_AMX";
+    default: return "ISA " + std::to_string(static_cast<int>(isa));
+  }
+}
+
+}  // namespace
+
+std::string onednn_description() {
+  const dnnl_version_t* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) +
+         ", dispatching to " + onednn_isa_name(dnnl_get_effective_cpu_isa());
 }
 
 }  // namespace castor::kernels
