@@ -75,7 +75,9 @@ DataLoader::DataLoader(const ImageDataset& dataset, LoaderOptions options) : ds_
     sized = sized && d > 0 && !__builtin_mul_overflow(image_bytes, d, &image_bytes);
   CASTOR_CHECK(sized, "data loader: the dataset's size ", ds_.n, " x ", ds_.channels, " x ", ds_.height, " x ", ds_.width,
                " is not positive or overflows int64");
-  CASTOR_CHECK(static_cast<int64_t>(ds_.images.size()) == image_bytes && static_cast<int64_t>(ds_.labels.size()) == ds_.n,
+  // (a streamed dataset holds no image bytes: its `load` gives each image)
+  const int64_t held = ds_.images.empty() && ds_.load ? image_bytes : static_cast<int64_t>(ds_.images.size());
+  CASTOR_CHECK(held == image_bytes && static_cast<int64_t>(ds_.labels.size()) == ds_.n,
                "data loader: the dataset declares ", ds_.n, " images of ", ds_.channels, " x ", ds_.height, " x ",
                ds_.width, " (", image_bytes, " bytes) with labels, but holds ", ds_.images.size(), " image bytes and ",
                ds_.labels.size(), " labels");

@@ -382,7 +382,8 @@ std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string&
 
 // Keys of a run's config.json that record facts of the run rather than settings: skipped when it is read back.
 constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization", "input_shape", "num_classes",
-                                         "init_checksum"};
+                                         "init_checksum", "class_names", "castor_version", "git_commit",
+                                         "host_cpu", "started", "real_vocab_size", "train_tokens", "val_tokens"};
 
 // The key = value items of a TOML --config file; sections and a key given twice (in either spelling), which
 // CLI11's reader would nest or merge, are refused.
@@ -425,9 +426,11 @@ std::vector<CLI::ConfigItem> json_items(const std::string& text, const std::stri
   }
   CASTOR_CHECK(object.is_object(), "--config ", path, ": not a JSON object");
   std::vector<CLI::ConfigItem> items;
+  const Json defaults = settings_json(TrainConfig{});
   for (const auto& [key, v] : object.as_object()) {
     if (std::find(std::begin(kRecordedOnly), std::end(kRecordedOnly), key) != std::end(kRecordedOnly)) continue;
     if (v.is_string() && v.as_string().empty()) continue;
+    if (const Json* d = defaults.find(key); d && *d == v) continue;  // not set by the run
     CLI::ConfigItem item;
     item.name = key;
     CASTOR_CHECK(!v.is_null() && !v.is_array() && !v.is_object(), "--config ", path, ": key '", key,

@@ -525,7 +525,7 @@ TEST_F(RunDir, InfoReadsAFilesHeaderNotItsData) {
   fs::resize_file(path("big.safetensors"), bytes.size() + (uint64_t{1} << 32));
   test::CastorRun limited = in_dir;
   limited.address_space_kib = 512 * 1024;
-  CastorProcess p = run_castor({"info", "big.safetensors"}, limited);
+  CastorProcess p = run_castor({"info", "--tensors", "big.safetensors"}, limited);
   ASSERT_EQ(p.exit_code, 0) << p.err;
   EXPECT_NE(p.out.find("w  float32[1073741824]  1073741824"), std::string::npos) << p.out;
 }
