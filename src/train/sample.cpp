@@ -23,6 +23,12 @@ void parse(CLI::App& app, std::vector<std::string> args, const std::string& comm
     app.parse(args);
   } catch (const CLI::ExtrasError& e) {
     throw Error(detail::cat("unknown argument (see castor ", command, " --help): ", e.what()));
+  } catch (const CLI::ConversionError& e) {  // CLI11: "Could not convert: --flag = value"
+    std::string msg = e.what();
+    const size_t at = msg.find("--"), eq = msg.find(" = ");
+    if (at == std::string::npos || eq == std::string::npos) throw Error(msg);
+    throw Error(detail::cat(msg.substr(at, eq - at), ": invalid value '", msg.substr(eq + 3), "' (see castor ", command,
+                            " --help)"));
   } catch (const CLI::ParseError& e) {
     std::string msg = e.what();
     std::replace(msg.begin(), msg.end(), '\n', ' ');
@@ -73,7 +79,8 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   app.add_option("--init", c.init, "or weights: llm.c .bin or safetensors with nanoGPT names")->excludes(ckpt);
   app.add_option("--tokenizer-dir", c.tokenizer_dir, "token directory whose tokenizer.json decodes (default: the run's)");
   app.add_option("--n-head", c.n_head, "attention heads, for safetensors that do not record them");
-  app.add_option("--prompt", c.prompt, "the text to continue (empty: <|endoftext|> for GPT-2)");
+  app.add_option("--prompt", c.prompt, "the text to continue (default a newline; empty: GPT-2's <|endoftext|>)")
+      ->default_str("\"\\n\"");
   app.add_option("--tokens", c.tokens, "tokens to generate");
   app.add_option("--temperature", c.temperature, "divides the logits; 0: the most likely token");
   app.add_option("--top-k", c.top_k, "draw from the k most likely tokens only; 0: all");
