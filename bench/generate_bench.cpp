@@ -1,6 +1,6 @@
 // Text generation with the KV cache against nanoGPT's way (a full forward over the whole context for every new
 // token), on the same model, greedy, side by side in one run: ms per generated token and the ratio, alternating.
-//   ./build/generate_bench [preset=gpt-mini] [new_tokens=255] [rounds=3]
+//   ./build/generate_bench [preset=gpt-mini] [new_tokens=255] [rounds=3] [cached]   (cached: that path alone, to profile)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   const std::string preset = argc > 1 ? argv[1] : "gpt-mini";
   const int64_t new_tokens = argc > 2 ? std::atoll(argv[2]) : 255;
   const int rounds = argc > 3 ? std::atoi(argv[3]) : 3;
+  const bool cached_only = argc > 4 && std::string(argv[4]) == "cached";
   const models::GPTConfig c = models::gpt_preset(preset, 85);
   auto model = models::gpt(c, 1);
   model->eval();
@@ -53,12 +54,14 @@ int main(int argc, char** argv) {
     auto t0 = std::chrono::steady_clock::now();
     const auto a = models::generate(*model, {0}, new_tokens, /*temperature=*/0.0);
     cached.push_back(seconds_since(t0));
+    if (cached_only) continue;
     t0 = std::chrono::steady_clock::now();
     const auto b = generate_uncached(*model, {0}, new_tokens);
     full.push_back(seconds_since(t0));
     if (a != b && new_tokens < c.block_size) std::printf("# note: the two paths chose different tokens\n");
   }
   std::sort(cached.begin(), cached.end());
+  if (cached_only) return std::printf("ms/token (median of %d): KV cache %.2f\n", rounds, 1e3 * cached[rounds / 2] / new_tokens), 0;
   std::sort(full.begin(), full.end());
   const double mc = cached[rounds / 2], mf = full[rounds / 2];
   std::printf("ms/token (median of %d): KV cache %.2f, full forward per token %.2f, ratio %.1fx\n", rounds,
