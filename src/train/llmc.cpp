@@ -211,8 +211,13 @@ GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metad
                                         const std::string& what) {
   int64_t recorded = 0;
   if (auto it = metadata.find("castor.config"); it != metadata.end()) {
-    const Json config = Json::parse(it->second);
-    if (const Json* v = config.find("n_head"); v && v->is_int()) recorded = v->as_int();
+    Json config;
+    try {
+      config = Json::parse(it->second);
+    } catch (const Error& e) {
+      throw Error(detail::cat(what, ": metadata castor.config: ", e.what()));
+    }
+    if (const Json* v = config.is_object() ? config.find("n_head") : nullptr; v && v->is_int()) recorded = v->as_int();
   }
   CASTOR_CHECK(n_head == 0 || recorded == 0 || n_head == recorded, what, ": records n_head ", recorded, ", but ",
                n_head, " was given");

@@ -50,12 +50,14 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   std::string used;
   Checkpoint ck = read_checkpoint(path, &used);
   const std::string what = (fs::path(used) / "model.safetensors").string();
-  Json config;
-  if (auto it = ck.model_meta.find("castor.config"); it != ck.model_meta.end()) config = Json::parse(it->second);
   if (auto it = ck.model_meta.find("castor.model"); it != ck.model_meta.end())
     CASTOR_CHECK(it->second.rfind("gpt", 0) == 0, path, ": a ", printable(it->second),
                  " checkpoint, not a GPT's");
-  return {models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what), config, what};
+  // Reads castor.config's n_head, and names the file if that metadata is not JSON; so it parses below.
+  models::GPTWeights weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
+  Json config;
+  if (auto it = ck.model_meta.find("castor.config"); it != ck.model_meta.end()) config = Json::parse(it->second);
+  return {std::move(weights), config, what};
 }
 
 // The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data brown|brown-char.
