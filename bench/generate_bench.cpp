@@ -1,6 +1,7 @@
 // Text generation with the KV cache against nanoGPT's way (a full forward over the whole context for every new
 // token), on the same model, greedy, side by side in one run: ms per generated token and the ratio, alternating.
-//   ./build/generate_bench [preset=gpt-mini] [new_tokens=255] [rounds=3] [cached]   (cached: that path alone, to profile)
+//   ./build/generate_bench [preset=gpt-mini] [new_tokens=255] [rounds=3] [cached]
+// (cached: that path alone, to profile)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -61,7 +62,8 @@ int main(int argc, char** argv) {
     if (a != b && new_tokens < c.block_size) std::printf("# note: the two paths chose different tokens\n");
   }
   std::sort(cached.begin(), cached.end());
-  if (cached_only) return std::printf("ms/token (median of %d): KV cache %.2f\n", rounds, 1e3 * cached[rounds / 2] / new_tokens), 0;
+  if (cached_only)
+    return std::printf("ms/token (median of %d): KV cache %.2f\n", rounds, 1e3 * cached[rounds / 2] / new_tokens), 0;
   std::sort(full.begin(), full.end());
   const double mc = cached[rounds / 2], mf = full[rounds / 2];
   std::printf("ms/token (median of %d): KV cache %.2f, full forward per token %.2f, ratio %.1fx\n", rounds,

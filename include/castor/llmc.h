@@ -10,7 +10,8 @@
 namespace castor::models {
 
 constexpr int32_t kLlmcModelMagic = 20240326;
-constexpr int32_t kLlmcModelVersion = 3;  // float32 tensors
+constexpr int32_t kLlmcModelVersion = 3;      // float32 tensors
+constexpr int32_t kLlmcModelVersionBf16 = 5;  // bfloat16 tensors (llm.c's CUDA trainer), read only
 
 // A GPT's settings and weights, as files hold them: nanoGPT names, float32, lm_head.weight left out (tied to wte).
 struct GPTWeights {
@@ -21,8 +22,9 @@ struct GPTWeights {
 // Reads llm.c's checkpoint: int32 header[256] = {20240326, 3, maxT, V, L, NH, C, Vp, ...}, then float32 wte (Vp, C),
 // wpe (maxT, C), ln1w, ln1b (L, C), qkvw (L, 3C, C), qkvb (L, 3C), attprojw (L, C, C), attprojb (L, C), ln2w, ln2b
 // (L, C), fcw (L, 4C, C), fcb (L, 4C), fcprojw (L, C, 4C), fcprojb (L, C), lnfw, lnfb (C). config: vocab_size = Vp,
-// real_vocab_size = V, block_size = maxT, bias true. castor::Error (one line naming the file) on a wrong magic or
-// version, header values out of range, or a size other than exactly 1024 + 4 * (number of floats) bytes.
+// real_vocab_size = V, block_size = maxT, bias true. Version 5 files (the same layout in bfloat16, as llm.c's CUDA
+// trainer writes them) are read too, widened to float32. castor::Error (one line naming the file) on a wrong magic or
+// version, header values out of range, or a size other than exactly 1024 + 4 (version 5: 2) x (number of floats) bytes.
 GPTWeights read_llmc_checkpoint(const std::string& path);
 
 // Writes `model` in llm.c's format, whole (temp file, fsync, rename: a failure leaves any old file intact). V is

@@ -74,8 +74,10 @@ GPTWeights read_llmc_checkpoint(const std::string& path) {
   std::memcpy(h, header_bytes.data(), kHeaderBytes);
   CASTOR_CHECK(h[0] == kLlmcModelMagic, path, ": not an llm.c checkpoint: magic number ", h[0], ", expected ",
                kLlmcModelMagic);
-  CASTOR_CHECK(h[1] == kLlmcModelVersion, path, ": llm.c checkpoint version ", h[1], " is not supported (only ",
-               kLlmcModelVersion, ", float32)");
+  CASTOR_CHECK(h[1] == kLlmcModelVersion || h[1] == kLlmcModelVersionBf16, path, ": llm.c checkpoint version ", h[1],
+               " is not supported (", kLlmcModelVersion, ": float32, ", kLlmcModelVersionBf16, ": bfloat16)");
+  const DType dtype = h[1] == kLlmcModelVersion ? DType::Float32 : DType::BFloat16;
+  const uint64_t elem = dtype_size(dtype);
   const char* names[] = {"maxT", "V", "L", "NH", "C", "Vp"};
   for (int i = 0; i < 6; ++i)
     CASTOR_CHECK(h[2 + i] > 0, path, ": llm.c header field ", names[i], " must be positive, got ", h[2 + i]);
@@ -92,21 +94,24 @@ GPTWeights read_llmc_checkpoint(const std::string& path) {
     for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
     floats += n;
   }
-  const unsigned __int128 want = kHeaderBytes + 4 * floats;
+  const unsigned __int128 want = kHeaderBytes + elem * floats;
   CASTOR_CHECK(want == file_size, path, ": llm.c checkpoint is ", file_size, " bytes, its header (maxT ", c.block_size,
                ", V ", c.real_vocab_size, ", L ", c.n_layer, ", NH ", c.n_head, ", C ", c.n_embd, ", Vp ", c.vocab_size,
-               ") needs ", want > UINT64_MAX ? std::string("more than 2^64") : std::to_string(static_cast<uint64_t>(want)));
+               ") needs ",
+               want > UINT64_MAX ? std::string("more than 2^64") : std::to_string(static_cast<uint64_t>(want)));
   GPTWeights w{c, {}};
   uint64_t offset = kHeaderBytes;
   for (const LlmcTensor& t : llmc_layout(c)) {
     const int64_t layers = t.block_suffix.empty() ? 1 : c.n_layer, per = shape_numel(t.shape);
-    const std::vector<uint8_t> bytes = read_file_range(path, offset, 4 * layers * per, file_size);
+    const std::vector<uint8_t> bytes = read_file_range(path, offset, elem * layers * per, file_size);
     offset += bytes.size();
+    auto tensor_at = [&](int64_t i) {
+      return from_blob(bytes.data() + elem * i * per, t.shape, dtype).to(DType::Float32);
+    };
     if (t.block_suffix.empty()) {
-      w.state[t.name] = from_blob(bytes.data(), t.shape, DType::Float32);
+      w.state[t.name] = tensor_at(0);
     } else {
-      for (int64_t i = 0; i < layers; ++i)
-        w.state[block_name(i, t.block_suffix)] = from_blob(bytes.data() + 4 * i * per, t.shape, DType::Float32);
+      for (int64_t i = 0; i < layers; ++i) w.state[block_name(i, t.block_suffix)] = tensor_at(i);
     }
   }
   return w;

@@ -64,8 +64,8 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
 std::string recorded_data_dir(const Json& config) {
   if (!config.is_object()) return "";
   if (const Json* d = config.find("data_dir"); d && d->is_string() && !d->as_string().empty()) return d->as_string();
-  if (const Json* d = config.find("data"); d && d->is_string() && (d->as_string() == "brown" || d->as_string() == "brown-char"))
-    return "data/" + d->as_string();
+  const Json* d = config.find("data");
+  if (d && d->is_string() && (d->as_string() == "brown" || d->as_string() == "brown-char")) return "data/" + d->as_string();
   return "";
 }
 
@@ -79,7 +79,8 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   app.get_formatter()->column_width(34);
   auto* ckpt = app.add_option("--checkpoint", c.checkpoint, "a run or checkpoint directory of a GPT");
   app.add_option("--init", c.init, "or weights: llm.c .bin or safetensors with nanoGPT names")->excludes(ckpt);
-  app.add_option("--tokenizer-dir", c.tokenizer_dir, "token directory whose tokenizer.json decodes (default: the run's)");
+  app.add_option("--tokenizer-dir", c.tokenizer_dir,
+                 "token directory whose tokenizer.json decodes (default: the run's)");
   app.add_option("--n-head", c.n_head, "attention heads, for safetensors that do not record them");
   app.add_option("--prompt", c.prompt, "the text to continue (default a newline; empty: GPT-2's <|endoftext|>)")
       ->default_str("\"\\n\"");

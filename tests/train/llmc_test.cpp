@@ -76,6 +76,24 @@ TEST(Llmc, RoundTripIsBitExact) {
   // Written again from what was read: the same bytes.
   models::write_llmc_checkpoint(dir + "/b.bin", w);
   EXPECT_TRUE(slurp(dir + "/a.bin") == slurp(dir + "/b.bin"));
+  // Version 5 (llm.c's bfloat16 files): the same layout in 2-byte floats, read widened to float32.
+  std::string v5 = slurp(dir + "/a.bin").substr(0, 1024);
+  const int32_t five = 5;
+  std::memcpy(v5.data() + 4, &five, 4);
+  const std::string floats = slurp(dir + "/a.bin").substr(1024);
+  for (size_t i = 0; i < floats.size(); i += 4) v5 += floats.substr(i + 2, 2);  // the upper half: bf16 by truncation
+  write_bytes(dir + "/v5.bin", v5);
+  const models::GPTWeights w5 = models::read_llmc_checkpoint(dir + "/v5.bin");
+  for (const auto& [name, t] : want) {
+    std::vector<float> truncated = t.contiguous().to_vector<float>();
+    for (float& f : truncated) {
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      bits &= 0xFFFF0000u;
+      std::memcpy(&f, &bits, 4);
+    }
+    EXPECT_TRUE(test::bit_equal(w5.state.at(name), from_blob(truncated.data(), t.shape(), DType::Float32))) << name;
+  }
   // A GPT without biases is written with zero biases, which compute the same function.
   models::GPTConfig nb = small_config();
   nb.bias = false;
@@ -102,7 +120,8 @@ TEST(Llmc, BadFilesAreOneLineErrorsNamingTheFile) {
       {"", "shorter than its 1024-byte header"},
       {good.substr(0, 1000), "shorter than its 1024-byte header"},
       {with_header(0, 20240520), "magic number 20240520"},
-      {with_header(1, 5), "version 5 is not supported"},
+      {with_header(1, 4), "version 4 is not supported"},
+      {with_header(1, 5), "bytes, its header"},  // bfloat16: half the size
       {with_header(4, 0), "L must be positive"},
       {with_header(5, 3), "not a multiple of NH 3"},
       {with_header(3, 129), "V 129 larger than padded Vp 128"},
@@ -208,7 +227,8 @@ TEST(LlmcInterop, TenAdamWStepsMatchPyTorch) {
   const models::GPTWeights w = models::read_llmc_checkpoint(dir + "/model.bin");
   EXPECT_EQ(w.config.real_vocab_size, 101);
   EXPECT_EQ(w.config.vocab_size, 128);
-  EXPECT_EQ(w.state.at("transformer.wte.weight").narrow(0, 101, 27).contiguous().to_vector<double>(), std::vector<double>(27 * 64, 0.0));
+  EXPECT_EQ(w.state.at("transformer.wte.weight").narrow(0, 101, 27).contiguous().to_vector<double>(),
+            std::vector<double>(27 * 64, 0.0));
 
   const test::LlmcSteps o0 = test::llmc_train_steps(dir + "/model.bin", dir + "/train.bin", B, T, steps, lr, wd, false);
   const test::LlmcSteps o1 = test::llmc_train_steps(dir + "/model.bin", dir + "/train.bin", B, T, steps, lr, wd, true);
