@@ -5,9 +5,11 @@
 #include <filesystem>
 #include <fstream>
 
+#include "castor/autograd.h"
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
 #include "castor/llmc.h"
+#include "castor/ops.h"
 #include "castor/serialize.h"
 #include "castor/tokenizer.h"
 #include "run_test_util.h"
@@ -76,6 +78,42 @@ TEST(SampleCli, PrintsThePromptAndItsContinuation) {
   auto other = args;
   other.back() = "2";
   EXPECT_NE(castor(f, other).out, p.out);
+}
+
+// GPT-2's tokenizer (data/brown, made by scripts/setup.sh) and llm.c's padded vocabulary: an empty prompt starts from
+// <|endoftext|>, and the padding rows, made to dominate every position, never come out (decoding one would fail).
+TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
+  const std::string dir = test::fresh_dir("sample_cli_gpt2"), brown = std::string(CASTOR_SOURCE_DIR) + "/data/brown";
+  ASSERT_TRUE(file_exists(brown + "/tokenizer.json")) << brown << ": run scripts/setup.sh";
+  fs::create_directories(dir);
+  models::GPTConfig c;
+  c.n_layer = 1, c.n_head = 2, c.n_embd = 32, c.block_size = 16, c.vocab_size = 50304, c.real_vocab_size = 50257;
+  auto model = models::gpt(c, 4);
+  {
+    NoGradGuard no_grad;
+    model->ln_f->bias.narrow(0, 0, 1).fill_(5.0);
+    model->wte->weight.narrow(0, 50257, 47).narrow(1, 0, 1).fill_(10.0);
+  }
+  {
+    NoGradGuard no_grad;
+    const Tensor logits = (*model)(tensor({50256, 464}, DType::Int64).reshape({1, 2}));
+    ASSERT_GE(argmax(logits.select(1, 1), 1).to_vector<int64_t>()[0], 50257);  // an unmasked argmax would pick padding
+  }
+  models::write_llmc_checkpoint(dir + "/gpt2.bin", *model);
+  data::Tokenizer tok = data::Tokenizer::load(brown);
+  for (const std::string prompt : {"", "The jury"}) {
+    auto p = test::run_castor({"sample", "--init", "gpt2.bin", "--tokenizer-dir", brown, "--prompt", prompt, "--tokens",
+                               "20", "--temperature", "1.0", "--top-k", "0", "--seed", "7"},
+                              {.dir = dir});
+    ASSERT_EQ(p.exit_code, 0) << p.err;
+    std::vector<int64_t> ids;
+    for (uint16_t t : tok.encode(prompt)) ids.push_back(t);
+    if (ids.empty()) ids.push_back(data::Gpt2Tokenizer::kEot);
+    const std::vector<int64_t> seq = models::generate(*model, ids, 20, 1.0, 0, 7);
+    for (int64_t t : seq) EXPECT_LT(t, 50257);
+    std::vector<uint16_t> text(seq.begin() + (prompt.empty() ? 1 : 0), seq.end());
+    EXPECT_EQ(p.out, tok.decode(text) + "\n") << "prompt '" << prompt << "'";
+  }
 }
 
 TEST(SampleCli, ExportWritesTheCheckpointInLlmcFormat) {
