@@ -1,4 +1,4 @@
-// The `castor` command: train, eval, tokenize, info, env, help and completion subcommands (the work lives in src/train).
+// The `castor` command: train, eval, tokenize, sample, export, info, env, help and completion subcommands (the work lives in src/train).
 #include <unistd.h>
 
 #include <cerrno>
@@ -11,6 +11,7 @@
 #include "castor/corpus.h"
 #include "castor/dist.h"
 #include "castor/fs.h"
+#include "castor/sample.h"
 #include "castor/trainer.h"
 #include "castor/version.h"
 
@@ -21,6 +22,8 @@ const char* kUsage = R"(usage: castor <command> [flags]   (castor -V: the versio
   eval        accuracy, loss, per class and confusion matrix
               of a checkpoint or of PyTorch weights
   tokenize    text or the Brown corpus to llm.c token files
+  sample      text from a GPT checkpoint or llm.c weights
+  export      a GPT checkpoint in llm.c's format (--llmc)
   info        a checkpoint's model, step, precision, metrics
               (--tensors: every tensor)
   env         version, commit, CPU/ISA, oneDNN, threads, MPI
@@ -92,6 +95,12 @@ int main(int argc, char** argv) {
     } else if (cmd == "tokenize") {
       if (wants_help(args)) return std::fputs(castor::train::tokenize_help().c_str(), stdout), 0;
       std::printf("%s\n", castor::data::run_tokenize(castor::train::parse_tokenize_flags(args)).dump().c_str());
+    } else if (cmd == "sample") {
+      if (wants_help(args)) return std::fputs(castor::train::sample_help().c_str(), stdout), 0;
+      std::printf("%s\n", castor::train::run_sample(castor::train::parse_sample_flags(args)).c_str());
+    } else if (cmd == "export") {
+      if (wants_help(args)) return std::fputs(castor::train::export_help().c_str(), stdout), 0;
+      std::printf("%s\n", castor::train::run_export(castor::train::parse_export_flags(args)).dump().c_str());
     } else if (cmd == "info") {
       if (wants_help(args)) return std::fputs(castor::train::info_help().c_str(), stdout), 0;
       std::fputs(castor::train::run_info(args).c_str(), stdout);

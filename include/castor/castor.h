@@ -40,6 +40,7 @@
 #include "castor/datasets.h"
 #include "castor/fs.h"
 #include "castor/json.h"
+#include "castor/llmc.h"
 #include "castor/lm_batch.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"

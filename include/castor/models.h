@@ -2,6 +2,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "castor/nn.h"
 
@@ -128,5 +129,40 @@ std::shared_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed = 1337);
 // Presets: "gpt-mini" (6 layers, 6 heads, 384 wide, block 256) and "gpt2" (124M: 12/12/768, block 1024, vocab
 // 50,257 padded to 50,304).
 GPTConfig gpt_preset(const std::string& name, int64_t vocab_size);
+
+}  // namespace castor::models
+
+namespace castor::models {
+
+// The keys and values every layer of a GPT computed for the positions it has seen (batch, heads, block_size, head
+// dim per layer, float32), so that a further token costs attention over them, O(T), instead of a forward over the
+// whole prefix.
+class KVCache {
+ public:
+  explicit KVCache(const GPT& model, int64_t batch_size = 1);
+  int64_t size() const { return size_; }  // positions held
+  int64_t capacity() const { return capacity_; }  // block_size
+  void clear() { size_ = 0; }
+
+ private:
+  friend Tensor forward_cached(GPT& model, const Tensor& idx, KVCache& cache);
+  std::vector<Tensor> keys_, values_;  // per layer: (B, H, block_size, D)
+  int64_t size_ = 0, capacity_ = 0;
+};
+
+// Runs the tokens `idx` (B, n) int64 at positions cache.size() .. cache.size() + n - 1 through `model`, reading the
+// earlier positions' keys and values from `cache` and appending theirs: the logits (B, n, vocab_size), those
+// model.forward gives for these positions over the whole sequence. Without autograd and without dropout; castor::Error
+// when the cache would pass block_size.
+Tensor forward_cached(GPT& model, const Tensor& idx, KVCache& cache);
+
+// nanoGPT's generate with a KV cache: returns `prompt` followed by `max_new_tokens` tokens, each drawn from the last
+// position's logits over the real vocabulary (ids >= real_vocab_size, the padding, are never drawn) divided by
+// `temperature`, restricted to the `top_k` largest (0: all; ties with the k-th kept), from a generator seeded with
+// `seed`; temperature 0 takes the argmax (the lowest id among equal maxima). A prompt longer than block_size is cut
+// to its last block_size tokens, as nanoGPT does; when the cache fills, it is rebuilt from the last block_size / 2
+// tokens (nanoGPT would slide a full block_size window, recomputing it for every token).
+std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens,
+                              double temperature = 1.0, int64_t top_k = 0, uint64_t seed = 0);
 
 }  // namespace castor::models

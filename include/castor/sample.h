@@ -1,0 +1,39 @@
+// The `castor sample` and `castor export` commands: text from a GPT checkpoint, and a GPT checkpoint in llm.c's format.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "castor/json.h"
+
+namespace castor::train {
+
+struct SampleConfig {
+  std::string checkpoint;     // a run directory or checkpoint directory (its newest intact checkpoint)
+  std::string init;           // or weights: an llm.c .bin or safetensors with nanoGPT names
+  std::string tokenizer_dir;  // a token directory's tokenizer; default: the run's recorded data directory
+  int64_t n_head = 0;         // for safetensors that do not record it
+  std::string prompt = "\n";  // empty: GPT-2's <|endoftext|> (a char tokenizer needs a prompt)
+  int64_t tokens = 200;       // new tokens
+  double temperature = 0.8;   // 0: greedy
+  int64_t top_k = 200;        // 0: the whole vocabulary
+  uint64_t seed = 1337;
+};
+SampleConfig parse_sample_flags(const std::vector<std::string>& args);
+std::string sample_help();
+// The prompt followed by the generated text, decoded.
+std::string run_sample(const SampleConfig& c);
+
+struct ExportConfig {
+  bool llmc = false;       // the only format so far: llm.c's gpt2_124M.bin layout
+  std::string checkpoint;  // a run or checkpoint directory, or a weights file (llm.c .bin or safetensors)
+  std::string out;
+  int64_t n_head = 0;      // for safetensors that do not record it
+};
+ExportConfig parse_export_flags(const std::vector<std::string>& args);
+std::string export_help();
+// Writes the file; returns a summary: {"out", "format", "n_layer", "n_head", "n_embd", "block_size", "vocab_size",
+// "padded_vocab_size", "bytes"}.
+Json run_export(const ExportConfig& c);
+
+}  // namespace castor::train

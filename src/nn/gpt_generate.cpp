@@ -1,0 +1,125 @@
+// GPT inference with a KV cache: forward_cached (one position's work per new token) and nanoGPT's generate.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "castor/autograd.h"
+#include "castor/functional.h"
+#include "castor/models.h"
+#include "castor/ops.h"
+#include "castor/random.h"
+
+namespace castor::models {
+
+KVCache::KVCache(const GPT& model, int64_t batch_size) : capacity_(model.config().block_size) {
+  const GPTConfig& c = model.config();
+  CASTOR_CHECK(batch_size > 0, "KVCache: batch_size must be positive, got ", batch_size);
+  const DType dtype = model.wte->weight.dtype();
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    keys_.push_back(empty({batch_size, c.n_head, c.block_size, c.n_embd / c.n_head}, dtype));
+    values_.push_back(empty({batch_size, c.n_head, c.block_size, c.n_embd / c.n_head}, dtype));
+  }
+}
+
+Tensor forward_cached(GPT& model, const Tensor& idx, KVCache& cache) {
+  const GPTConfig& c = model.config();
+  CASTOR_CHECK(idx.dim() == 2 && idx.dtype() == DType::Int64, "forward_cached: expected (B, n) int64 token ids, got ",
+               idx.describe());
+  const int64_t B = idx.size(0), n = idx.size(1), p = cache.size_, C = c.n_embd, H = c.n_head, D = C / H;
+  CASTOR_CHECK(B == cache.keys_[0].size(0), "forward_cached: batch of ", B, " rows, the cache holds ",
+               cache.keys_[0].size(0));
+  CASTOR_CHECK(n > 0 && p + n <= cache.capacity_, "forward_cached: ", n, " tokens after ", p,
+               " cached positions pass the block size ", cache.capacity_);
+  NoGradGuard no_grad;
+  // Query i (position p + i) attends keys 0 .. p + i: one query needs no mask, a block from position 0 is causal
+  // (top-left aligned), a block after cached keys needs the mask spelled out.
+  Tensor mask;
+  if (n > 1 && p > 0) {
+    std::vector<double> m(n * (p + n));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < p + n; ++j) m[i * (p + n) + j] = j <= p + i;
+    mask = tensor(m, Shape{n, p + n}, DType::Bool);
+  }
+  Tensor x = (*model.wte)(idx) + model.wpe->weight.narrow(0, p, n);  // (B, n, C) + (n, C)
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    auto& block = dynamic_cast<Block&>(*(*model.h)[l]);
+    const Tensor qkv = (*block.attn->c_attn)((*block.ln_1)(x));  // (B, n, 3C)
+    auto head = [&](int64_t i) { return qkv.narrow(2, i * C, C).view({B, n, H, D}).transpose(1, 2); };
+    cache.keys_[l].narrow(2, p, n).copy_(head(1));
+    cache.values_[l].narrow(2, p, n).copy_(head(2));
+    const Tensor y = F::scaled_dot_product_attention(head(0), cache.keys_[l].narrow(2, 0, p + n),
+                                                     cache.values_[l].narrow(2, 0, p + n), mask, /*dropout_p=*/0.0,
+                                                     /*is_causal=*/n > 1 && p == 0);  // (B, H, n, D)
+    x = x + (*block.attn->c_proj)(y.transpose(1, 2).reshape({B, n, C}));
+    const Tensor hidden = F::gelu((*block.mlp->c_fc)((*block.ln_2)(x)), /*tanh_approximate=*/true);
+    x = x + (*block.mlp->c_proj)(hidden);
+  }
+  cache.size_ = p + n;
+  return (*model.lm_head)((*model.ln_f)(x));  // (B, n, vocab_size)
+}
+
+namespace {
+
+int64_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, Generator& gen) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  if (temperature == 0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
+  for (double& l : logits) l /= temperature;
+  if (top_k > 0 && top_k < V) {
+    std::vector<double> sorted = logits;
+    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<double>());
+    const double kth = sorted[top_k - 1];
+    for (double& l : logits)
+      if (l < kth) l = -std::numeric_limits<double>::infinity();
+  }
+  const double top = *std::max_element(logits.begin(), logits.end());
+  double total = 0;
+  for (double& l : logits) total += (l = std::exp(l - top));
+  double u = gen.next_double() * total;
+  for (int64_t i = 0; i < V; ++i) {
+    if (logits[i] == 0) continue;
+    if ((u -= logits[i]) < 0) return i;
+  }
+  // Rounding left u at or above zero: the last token with any probability.
+  for (int64_t i = V - 1;; --i)
+    if (logits[i] > 0) return i;
+}
+
+}  // namespace
+
+std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature,
+                              int64_t top_k, uint64_t seed) {
+  const GPTConfig& c = model.config();
+  const int64_t real_vocab = c.real_vocab_size > 0 ? c.real_vocab_size : c.vocab_size, T = c.block_size;
+  CASTOR_CHECK(!prompt.empty(), "generate: the prompt is empty (it needs at least one token)");
+  CASTOR_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ", max_new_tokens);
+  CASTOR_CHECK(temperature >= 0 && std::isfinite(temperature), "generate: temperature must be >= 0, got ",
+               temperature);
+  CASTOR_CHECK(top_k >= 0, "generate: top_k must be >= 0, got ", top_k);
+  for (int64_t t : prompt)
+    CASTOR_CHECK(t >= 0 && t < real_vocab, "generate: prompt token ", t, " is outside the vocabulary [0, ", real_vocab,
+                 ")");
+  Generator gen(seed);
+  KVCache cache(model);
+  std::vector<int64_t> seq = std::move(prompt);
+  // Feeds seq[from, end) after what the cache holds; returns the last position's logits over the real vocabulary.
+  auto feed = [&](size_t from) {
+    std::vector<double> ids(seq.begin() + from, seq.end());
+    const Tensor logits = forward_cached(model, tensor(ids, Shape{1, static_cast<int64_t>(ids.size())}, DType::Int64),
+                                         cache);
+    return logits.select(1, logits.size(1) - 1).narrow(1, 0, real_vocab).to_vector<double>();
+  };
+  std::vector<double> logits = feed(seq.size() > static_cast<size_t>(T) ? seq.size() - T : 0);
+  for (int64_t i = 0; i < max_new_tokens; ++i) {
+    seq.push_back(sample_token(logits, temperature, top_k, gen));
+    if (i + 1 == max_new_tokens) break;
+    if (cache.size() < T) {
+      logits = feed(seq.size() - 1);
+    } else {
+      cache.clear();
+      logits = feed(seq.size() - std::max<int64_t>(1, T / 2));
+    }
+  }
+  return seq;
+}
+
+}  // namespace castor::models

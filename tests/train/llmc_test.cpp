@@ -1,0 +1,250 @@
+// llm.c's checkpoint format and nanoGPT-named safetensors: bit-exact round trips, one-line errors on bad files,
+// load_gpt_init, and ten AdamW steps from a PyTorch-written llm.c file against PyTorch's losses
+// (tests/oracle/llmc_oracle.py).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "castor/fs.h"
+#include "castor/llmc.h"
+#include "castor/ops.h"
+#include "castor/serialize.h"
+#include "llmc_interop.h"
+#include "test_util.h"
+
+namespace castor {
+namespace {
+
+// The interop config: 2 layers, 2 heads, 64 wide, V = 101 padded to 128, block 32.
+models::GPTConfig small_config() {
+  models::GPTConfig c;
+  c.n_layer = 2, c.n_head = 2, c.n_embd = 64, c.block_size = 32, c.vocab_size = 128, c.real_vocab_size = 101;
+  return c;
+}
+
+std::string slurp(const std::string& path) {
+  const std::vector<uint8_t> b = read_file(path);
+  return std::string(b.begin(), b.end());
+}
+
+void write_bytes(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// The error `fn` throws; "no error" when none.
+template <class F>
+std::string error_of(const F& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Llmc, RoundTripIsBitExact) {
+  const std::string dir = test::fresh_dir("llmc_round_trip");
+  std::filesystem::create_directories(dir);
+  auto model = models::gpt(small_config(), 5);
+  models::write_llmc_checkpoint(dir + "/a.bin", *model);
+  // The size llm.c's reader expects: header + every float, wte with its padded rows.
+  EXPECT_EQ(read_file(dir + "/a.bin").size(), 1024u + 4u * model->num_params());
+  const models::GPTWeights w = models::read_llmc_checkpoint(dir + "/a.bin");
+  EXPECT_EQ(w.config.n_layer, 2);
+  EXPECT_EQ(w.config.n_head, 2);
+  EXPECT_EQ(w.config.n_embd, 64);
+  EXPECT_EQ(w.config.block_size, 32);
+  EXPECT_EQ(w.config.vocab_size, 128);
+  EXPECT_EQ(w.config.real_vocab_size, 101);
+  EXPECT_TRUE(w.config.bias);
+  StateDict want = model->state_dict();
+  want.erase("lm_head.weight");
+  ASSERT_EQ(w.state.size(), want.size());
+  for (const auto& [name, t] : want) {
+    ASSERT_TRUE(w.state.count(name)) << name;
+    EXPECT_TRUE(test::bit_equal(w.state.at(name), t)) << name;
+  }
+  // Header fields as llm.c reads them.
+  int32_t h[8];
+  std::memcpy(h, slurp(dir + "/a.bin").data(), sizeof(h));
+  EXPECT_EQ(std::vector<int32_t>(h, h + 8), (std::vector<int32_t>{20240326, 3, 32, 101, 2, 2, 64, 128}));
+  // Written again from what was read: the same bytes.
+  models::write_llmc_checkpoint(dir + "/b.bin", w);
+  EXPECT_TRUE(slurp(dir + "/a.bin") == slurp(dir + "/b.bin"));
+  // Version 5 (llm.c's bfloat16 files): the same layout in 2-byte floats, read widened to float32.
+  std::string v5 = slurp(dir + "/a.bin").substr(0, 1024);
+  const int32_t five = 5;
+  std::memcpy(v5.data() + 4, &five, 4);
+  const std::string floats = slurp(dir + "/a.bin").substr(1024);
+  for (size_t i = 0; i < floats.size(); i += 4) v5 += floats.substr(i + 2, 2);  // the upper half: bf16 by truncation
+  write_bytes(dir + "/v5.bin", v5);
+  const models::GPTWeights w5 = models::read_llmc_checkpoint(dir + "/v5.bin");
+  for (const auto& [name, t] : want) {
+    std::vector<float> truncated = t.contiguous().to_vector<float>();
+    for (float& f : truncated) {
+      uint32_t bits;
+      std::memcpy(&bits, &f, 4);
+      bits &= 0xFFFF0000u;
+      std::memcpy(&f, &bits, 4);
+    }
+    EXPECT_TRUE(test::bit_equal(w5.state.at(name), from_blob(truncated.data(), t.shape(), DType::Float32))) << name;
+  }
+  // A GPT without biases is written with zero biases, which compute the same function.
+  models::GPTConfig nb = small_config();
+  nb.bias = false;
+  auto no_bias = models::gpt(nb, 6);
+  models::write_llmc_checkpoint(dir + "/c.bin", *no_bias);
+  const models::GPTWeights z = models::read_llmc_checkpoint(dir + "/c.bin");
+  EXPECT_EQ(z.state.at("transformer.h.1.mlp.c_fc.bias").to_vector<double>(), std::vector<double>(256, 0.0));
+  EXPECT_TRUE(test::bit_equal(z.state.at("transformer.h.1.mlp.c_fc.weight"),
+                              no_bias->state_dict().at("transformer.h.1.mlp.c_fc.weight")));
+}
+
+TEST(Llmc, BadFilesAreOneLineErrorsNamingTheFile) {
+  const std::string dir = test::fresh_dir("llmc_bad");
+  std::filesystem::create_directories(dir);
+  auto model = models::gpt(small_config(), 5);
+  models::write_llmc_checkpoint(dir + "/good.bin", *model);
+  const std::string good = slurp(dir + "/good.bin");
+  auto with_header = [&](int index, int32_t value) {
+    std::string b = good;
+    std::memcpy(b.data() + 4 * index, &value, 4);
+    return b;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "shorter than its 1024-byte header"},
+      {good.substr(0, 1000), "shorter than its 1024-byte header"},
+      {with_header(0, 20240520), "magic number 20240520"},
+      {with_header(1, 4), "version 4 is not supported"},
+      {with_header(1, 5), "bytes, its header"},  // bfloat16: half the size
+      {with_header(4, 0), "L must be positive"},
+      {with_header(5, 3), "not a multiple of NH 3"},
+      {with_header(3, 129), "V 129 larger than padded Vp 128"},
+      {with_header(6, 2000000000), "needs more than 2^64"},
+      {good.substr(0, good.size() - 4), "bytes, its header"},
+      {good + "x", "bytes, its header"},
+  };
+  for (const auto& [bytes, want] : cases) {
+    const std::string path = dir + "/bad.bin";
+    write_bytes(path, bytes);
+    const std::string err = error_of([&] { models::read_llmc_checkpoint(path); });
+    EXPECT_NE(err.find(path), std::string::npos) << err;
+    EXPECT_NE(err.find(want), std::string::npos) << err;
+    EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+  }
+  EXPECT_NE(error_of([&] { models::read_llmc_checkpoint(dir + "/missing.bin"); }).find("missing.bin"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { models::read_llmc_checkpoint(dir); }).find(dir), std::string::npos);
+  // A failed write leaves the old file whole.
+  write_bytes(dir + "/keep.bin", good);
+  auto other = models::gpt(small_config(), 6);
+  StateDict broken = other->state_dict();
+  broken.erase("transformer.h.1.ln_2.weight");
+  EXPECT_NE(error_of([&] { models::write_llmc_checkpoint(dir + "/keep.bin", {small_config(), broken}); })
+                .find("no tensor transformer.h.1.ln_2.weight"),
+            std::string::npos);
+  EXPECT_TRUE(slurp(dir + "/keep.bin") == good);
+}
+
+TEST(Llmc, LoadGptInitTakesBothFormats) {
+  const std::string dir = test::fresh_dir("llmc_init");
+  std::filesystem::create_directories(dir);
+  models::GPTConfig c = small_config();
+  auto model = models::gpt(c, 7);
+  const StateDict sd = model->state_dict();  // with lm_head.weight, as nanoGPT's state_dict()
+  models::write_llmc_checkpoint(dir + "/m.bin", *model);
+  save_safetensors(dir + "/with_heads.safetensors", sd, {{"castor.config", "{\"n_head\": 2}"}});
+  // torch.compile's prefix and nanoGPT's mask buffers, as a nanoGPT checkpoint would hold them.
+  StateDict compiled;
+  for (const auto& [k, t] : sd) compiled["_orig_mod." + k] = t;
+  compiled["_orig_mod.transformer.h.0.attn.bias"] = zeros({1, 1, 32, 32});
+  save_safetensors(dir + "/plain.safetensors", compiled);
+  for (const auto& [file, n_head] : std::vector<std::pair<std::string, int64_t>>{
+           {"m.bin", 0}, {"with_heads.safetensors", 0}, {"plain.safetensors", 2}, {"m.bin", 2}}) {
+    const models::GPTWeights w = models::load_gpt_init(dir + "/" + file, n_head);
+    EXPECT_EQ(w.config.n_head, 2) << file;
+    EXPECT_EQ(w.config.n_layer, 2) << file;
+    EXPECT_EQ(w.config.vocab_size, 128) << file;
+    EXPECT_EQ(w.config.block_size, 32) << file;
+    EXPECT_FALSE(w.state.count("lm_head.weight")) << file;
+    EXPECT_EQ(w.state.size(), sd.size() - 1) << file;
+    for (const auto& [name, t] : w.state) EXPECT_TRUE(test::bit_equal(t, sd.at(name))) << file << " " << name;
+    auto loaded = models::gpt(w.config);
+    EXPECT_NO_THROW(loaded->load_state_dict(w.state)) << file;
+  }
+  // What cannot be loaded, each one line naming the file.
+  const std::string plain = dir + "/plain.safetensors";
+  EXPECT_NE(error_of([&] { models::load_gpt_init(plain); }).find(plain + ": the number of heads is not recorded"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { models::load_gpt_init(dir + "/m.bin", 4); }).find("NH 2, but 4 was given"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { models::load_gpt_init(plain, 3); }).find("not a multiple of n_head 3"), std::string::npos);
+  StateDict bad = sd;
+  bad["lm_head.weight"] = mul(sd.at("lm_head.weight"), 2.0);
+  save_safetensors(dir + "/untied.safetensors", bad);
+  EXPECT_NE(error_of([&] { models::load_gpt_init(dir + "/untied.safetensors", 2); }).find("lm_head.weight differs"),
+            std::string::npos);
+  bad = sd;
+  bad["transformer.h.1.mlp.c_fc.weight"] = zeros({256, 63});
+  save_safetensors(dir + "/shape.safetensors", bad);
+  EXPECT_NE(error_of([&] { models::load_gpt_init(dir + "/shape.safetensors", 2); })
+                .find("transformer.h.1.mlp.c_fc.weight is [256, 63], expected [256, 64]"),
+            std::string::npos);
+  bad = sd;
+  bad["transformer.h.0.extra"] = zeros({2});
+  save_safetensors(dir + "/extra.safetensors", bad);
+  EXPECT_NE(error_of([&] { models::load_gpt_init(dir + "/extra.safetensors", 2); })
+                .find("unexpected tensor transformer.h.0.extra"),
+            std::string::npos);
+  save_safetensors(dir + "/image.safetensors", models::simple_cnn(1, 28, 28)->state_dict());
+  EXPECT_NE(error_of([&] { models::load_gpt_init(dir + "/image.safetensors", 2); })
+                .find("no tensor transformer.wte.weight"),
+            std::string::npos);
+}
+
+// llm.c's test on a small config: PyTorch writes a random nanoGPT twin as an llm.c file and trains it 10 AdamW steps
+// (lr 1e-4, weight decay 0.01) on llm.c-order batches; Castor loads the file and does the same. O0: every step's
+// loss within 1e-4 relative of PyTorch's; O1 bf16 autocast: within 0.02 of PyTorch's float32 losses.
+TEST(LlmcInterop, TenAdamWStepsMatchPyTorch) {
+  const std::string dir = test::fresh_dir("llmc_interop");
+  std::filesystem::create_directories(dir);
+  const int64_t B = 4, T = 32, steps = 10;
+  const double lr = 1e-4, wd = 0.01;
+  const std::string config = detail::cat(
+      "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 64, \"block_size\": 32, \"vocab_size\": 101, "
+      "\"padded_vocab_size\": 128, \"batch_size\": ", B, ", \"seq_len\": ", T, ", \"steps\": ", steps,
+      ", \"lr\": ", lr, ", \"weight_decay\": ", wd, ", \"seed\": 1}");
+  ASSERT_TRUE(test::run_oracle("llmc_oracle.py", {config, dir}));
+  const StateDict want = load_safetensors(dir + "/losses.safetensors").tensors;
+  const std::vector<double> torch_loss = want.at("loss").to_vector<double>(),
+                            untrained = want.at("loss_untrained").to_vector<double>();
+  // The file is what the PyTorch side wrote: V and Vp from its header, padded rows zero.
+  const models::GPTWeights w = models::read_llmc_checkpoint(dir + "/model.bin");
+  EXPECT_EQ(w.config.real_vocab_size, 101);
+  EXPECT_EQ(w.config.vocab_size, 128);
+  EXPECT_EQ(w.state.at("transformer.wte.weight").narrow(0, 101, 27).contiguous().to_vector<double>(),
+            std::vector<double>(27 * 64, 0.0));
+
+  const test::LlmcSteps o0 = test::llmc_train_steps(dir + "/model.bin", dir + "/train.bin", B, T, steps, lr, wd, false);
+  const test::LlmcSteps o1 = test::llmc_train_steps(dir + "/model.bin", dir + "/train.bin", B, T, steps, lr, wd, true);
+  ASSERT_EQ(o0.losses.size(), static_cast<size_t>(steps));
+  double rel0 = 0, abs1 = 0;
+  for (int64_t i = 0; i < steps; ++i) {
+    EXPECT_NEAR(o0.losses[i], torch_loss[i], 1e-4 * torch_loss[i]) << "O0 step " << i;
+    EXPECT_NEAR(o1.losses[i], torch_loss[i], 0.02) << "O1 bf16 step " << i;
+    rel0 = std::max(rel0, std::fabs(o0.losses[i] - torch_loss[i]) / torch_loss[i]);
+    abs1 = std::max(abs1, std::fabs(o1.losses[i] - torch_loss[i]));
+  }
+  std::printf("losses %.6f -> %.6f; O0 max relative difference %.2e, O1 bf16 max difference %.4f\n", torch_loss[0],
+              torch_loss[steps - 1], rel0, abs1);
+  // Training moved the loss by far more than the tolerance: a Castor run that skipped its updates would fail above.
+  EXPECT_GT(untrained[steps - 1] - torch_loss[steps - 1], 20 * 1e-4 * torch_loss[steps - 1]);
+}
+
+}  // namespace
+}  // namespace castor

@@ -1,0 +1,166 @@
+// `castor sample` and `castor export` through the real binary: text from llm.c/safetensors weights and from a run's
+// checkpoint (tokenizer from the recorded data directory), llm.c export, and one-line errors on bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "castor/autograd.h"
+#include "castor/checkpoint.h"
+#include "castor/fs.h"
+#include "castor/llmc.h"
+#include "castor/ops.h"
+#include "castor/serialize.h"
+#include "castor/tokenizer.h"
+#include "run_test_util.h"
+#include "test_util.h"
+
+namespace castor {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kText = "The jury said that the city had been run well. The jury also said, \"It is well.\"\n";
+
+// A token directory with a char tokenizer of kText, a random GPT for it as llm.c .bin, and a run directory holding
+// the same GPT as a checkpoint whose castor.config records n_head and the token directory (as the trainer's do).
+struct Fixture {
+  std::string dir, tok, bin, run;
+  std::shared_ptr<models::GPT> model;
+  data::Tokenizer tokenizer{data::CharTokenizer::from_text(kText, "text")};
+
+  explicit Fixture(const std::string& name) : dir(test::fresh_dir(name)) {
+    tok = dir + "/tok", bin = dir + "/m.bin", run = dir + "/run";
+    fs::create_directories(tok);
+    atomic_write_file(tok + "/tokenizer.json", tokenizer.record().dump());
+    models::GPTConfig c;
+    c.n_layer = 2, c.n_head = 2, c.n_embd = 32, c.block_size = 32, c.vocab_size = 64;
+    c.real_vocab_size = tokenizer.vocab_size();
+    model = models::gpt(c, 3);
+    models::write_llmc_checkpoint(bin, *model);
+    Json config = Json::Object{{"model", "gpt"}, {"n_head", 2}, {"data_dir", tok}};
+    train::Checkpoint ck{model->state_dict(),
+                         {{"format", "pt"}, {"castor.model", "gpt"}, {"castor.config", config.dump()}},
+                         {},
+                         {}};
+    train::write_checkpoint(run, 10, ck, 2);
+  }
+
+  // What `castor sample` should print: the prompt and its continuation by the library's generate.
+  std::string expected(const std::string& prompt, int64_t tokens, double temperature, int64_t top_k, uint64_t seed) {
+    std::vector<int64_t> ids;
+    for (uint16_t t : tokenizer.encode(prompt)) ids.push_back(t);
+    std::vector<uint16_t> out;
+    for (int64_t t : models::generate(*model, ids, tokens, temperature, top_k, seed)) out.push_back(t);
+    return tokenizer.decode(out) + "\n";
+  }
+};
+
+test::CastorProcess castor(const Fixture& f, const std::vector<std::string>& args) {
+  return test::run_castor(args, {.dir = f.dir});
+}
+
+TEST(SampleCli, PrintsThePromptAndItsContinuation) {
+  Fixture f("sample_cli");
+  // Greedy from the llm.c file with an explicit tokenizer.
+  auto p = castor(f, {"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--prompt", "The jury", "--tokens", "40",
+                      "--temperature", "0"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(p.out, f.expected("The jury", 40, 0.0, 0, 0));
+  EXPECT_EQ(p.out.rfind("The jury", 0), 0u);
+  // Sampled from the run directory (tokenizer from its recorded data_dir), seeded: the same text twice.
+  const std::vector<std::string> args = {"sample", "--checkpoint", f.run, "--prompt", "The jury", "--tokens", "60",
+                                         "--temperature", "0.8", "--top-k", "5", "--seed", "1"};
+  p = castor(f, args);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(p.out, f.expected("The jury", 60, 0.8, 5, 1));
+  EXPECT_EQ(castor(f, args).out, p.out);
+  auto other = args;
+  other.back() = "2";
+  EXPECT_NE(castor(f, other).out, p.out);
+}
+
+// GPT-2's tokenizer (data/brown, made by scripts/setup.sh) and llm.c's padded vocabulary: an empty prompt starts from
+// <|endoftext|>, and the padding rows, made to dominate every position, never come out (decoding one would fail).
+TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
+  const std::string dir = test::fresh_dir("sample_cli_gpt2"), brown = std::string(CASTOR_SOURCE_DIR) + "/data/brown";
+  ASSERT_TRUE(file_exists(brown + "/tokenizer.json")) << brown << ": run scripts/setup.sh";
+  fs::create_directories(dir);
+  models::GPTConfig c;
+  c.n_layer = 1, c.n_head = 2, c.n_embd = 32, c.block_size = 16, c.vocab_size = 50304, c.real_vocab_size = 50257;
+  auto model = models::gpt(c, 4);
+  {
+    NoGradGuard no_grad;
+    model->ln_f->bias.narrow(0, 0, 1).fill_(5.0);
+    model->wte->weight.narrow(0, 50257, 47).narrow(1, 0, 1).fill_(10.0);
+  }
+  {
+    NoGradGuard no_grad;
+    const Tensor logits = (*model)(tensor({50256, 464}, DType::Int64).reshape({1, 2}));
+    ASSERT_GE(argmax(logits.select(1, 1), 1).to_vector<int64_t>()[0], 50257);  // an unmasked argmax would pick padding
+  }
+  models::write_llmc_checkpoint(dir + "/gpt2.bin", *model);
+  data::Tokenizer tok = data::Tokenizer::load(brown);
+  for (const std::string prompt : {"", "The jury"}) {
+    auto p = test::run_castor({"sample", "--init", "gpt2.bin", "--tokenizer-dir", brown, "--prompt", prompt, "--tokens",
+                               "20", "--temperature", "1.0", "--top-k", "0", "--seed", "7"},
+                              {.dir = dir});
+    ASSERT_EQ(p.exit_code, 0) << p.err;
+    std::vector<int64_t> ids;
+    for (uint16_t t : tok.encode(prompt)) ids.push_back(t);
+    if (ids.empty()) ids.push_back(data::Gpt2Tokenizer::kEot);
+    const std::vector<int64_t> seq = models::generate(*model, ids, 20, 1.0, 0, 7);
+    for (int64_t t : seq) EXPECT_LT(t, 50257);
+    std::vector<uint16_t> text(seq.begin() + (prompt.empty() ? 1 : 0), seq.end());
+    EXPECT_EQ(p.out, tok.decode(text) + "\n") << "prompt '" << prompt << "'";
+  }
+}
+
+TEST(SampleCli, ExportWritesTheCheckpointInLlmcFormat) {
+  Fixture f("export_cli");
+  auto p = castor(f, {"export", "--llmc", "--checkpoint", f.run, "--out", "out.bin"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.out.find("\"format\":\"llmc\""), std::string::npos) << p.out;
+  // V from the run's tokenizer; the same bytes as the library writes from the model.
+  const models::GPTWeights w = models::read_llmc_checkpoint(f.dir + "/out.bin");
+  EXPECT_EQ(w.config.real_vocab_size, f.tokenizer.vocab_size());
+  EXPECT_TRUE(read_file(f.dir + "/out.bin") == read_file(f.bin));
+}
+
+TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {
+  Fixture f("sample_cli_bad");
+  save_safetensors(f.dir + "/plain.safetensors", f.model->state_dict());
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"sample", "--prompt", "x"}, "--checkpoint: missing"},
+      {{"sample", "--init", f.bin}, "--tokenizer-dir: missing"},
+      {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--prompt", "The judge"}, "--prompt: "},
+      {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--prompt", ""}, "--prompt: empty"},
+      {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--temperature", "-1"}, "--temperature: must be"},
+      {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--tokens", "many"}, "--tokens: invalid value 'many'"},
+      {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--bogus"}, "unknown argument"},
+      {{"sample", "--init", f.dir + "/plain.safetensors", "--tokenizer-dir", f.tok}, "number of heads is not recorded"},
+      {{"sample", "--init", f.dir + "/missing.bin", "--tokenizer-dir", f.tok}, "missing.bin"},
+      {{"sample", "--init", f.bin, "--tokenizer-dir", f.dir}, "tokenizer.json"},
+      {{"export", "--checkpoint", f.run, "--out", "x.bin"}, "--llmc: missing"},
+      {{"export", "--llmc", "--checkpoint", f.run, "--out", "no/such/dir/x.bin"}, "no/such/dir/x.bin"},
+      {{"export", "--llmc", "--checkpoint", f.tok, "--out", "x.bin"}, f.tok},
+  };
+  for (const auto& [args, want] : cases) {
+    auto p = castor(f, args);
+    EXPECT_EQ(p.exit_code, 1) << args[1] << " " << p.err;
+    EXPECT_NE(p.err.find(want), std::string::npos) << p.err;
+    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+    EXPECT_EQ(p.out, "");
+  }
+  EXPECT_FALSE(fs::exists(f.dir + "/x.bin"));
+  // An image classifier's run is not a GPT's.
+  const std::string image_run = f.dir + "/image_run";
+  train::write_checkpoint(image_run, 1,
+                          {models::simple_cnn(1, 28, 28)->state_dict(), {{"castor.model", "simplecnn"}}, {}, {}}, 2);
+  auto p = castor(f, {"sample", "--checkpoint", image_run, "--tokenizer-dir", f.tok});
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_NE(p.err.find("a simplecnn checkpoint, not a GPT's"), std::string::npos) << p.err;
+}
+
+}  // namespace
+}  // namespace castor
