@@ -28,6 +28,7 @@
 #include "castor/explain.h"
 #include "castor/fs.h"
 #include "castor/functional.h"
+#include "castor/llmc.h"
 #include "castor/lm_batch.h"
 #include "castor/lr_scheduler.h"
 #include "castor/models.h"
@@ -184,6 +185,8 @@ class Task {
   // Per-class results for the report and castor eval (null when the task has no classes).
   virtual Json by_class(const Evaluation& ev) const = 0;
   virtual const char* unit() const = 0;  // of examples/s: "img" or "tok"
+  // --init's weights for the model (a safetensors file with PyTorch's names; a GPT also llm.c's format).
+  virtual StateDict init_weights(const std::string& path) const { return load_safetensors(path).tensors; }
 };
 
 Json by_class(const std::vector<std::string>& names, const std::vector<int64_t>& confusion);
@@ -254,8 +257,10 @@ std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& 
 // --data brown | brown-char | tokens: DIR/train.bin and DIR/val.bin (llm.c's token files), batches of (B, T) windows.
 class LmTask : public Task {
  public:
-  // Resolves c.vocab_size (recorded, so a resumed run builds the same model).
-  LmTask(TrainConfig& c, int rank, int world) : dir_(data_dir(c)) {
+  // Resolves c.vocab_size (recorded, so a resumed run builds the same model); a new run with --init takes the
+  // model's sizes from that file (llm.c's gpt2_124M.bin or nanoGPT-named safetensors).
+  LmTask(TrainConfig& c, int rank, int world, bool new_run) : dir_(data_dir(c)) {
+    if (new_run && !c.init.empty()) take_init_sizes(c);
     CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(), "--data tokens: needs --data-dir DIR holding "
                  "train.bin and val.bin (castor tokenize writes them)");
     CASTOR_CHECK(fs::exists(dir_ + "/train.bin") || c.data == Dataset::Tokens, "--data ", name(c.data), ": ", dir_,
@@ -328,8 +333,38 @@ class LmTask : public Task {
   }
   Json by_class(const Evaluation&) const override { return Json(); }
   const char* unit() const override { return "tok"; }
+  StateDict init_weights(const std::string& path) const override {
+    return init_ ? init_->state : models::load_gpt_init(path).state;
+  }
 
  private:
+  // The sizes of --init's model; a size flag given with another value is an error naming both.
+  void take_init_sizes(TrainConfig& c) {
+    try {
+      init_ = models::load_gpt_init(c.init, given(c, "--n-head") ? c.n_head : 0);
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
+    }
+    const models::GPTConfig& g = init_->config;
+    auto take = [&](const char* flag, int64_t& field, int64_t value) {
+      CASTOR_CHECK(!given(c, flag) || field == value, flag, " ", field, ": --init ", c.init, " holds ", value);
+      field = value;
+    };
+    take("--n-layer", c.n_layer, g.n_layer);
+    take("--n-head", c.n_head, g.n_head);
+    take("--n-embd", c.n_embd, g.n_embd);
+    take("--block-size", c.block_size, g.block_size);
+    take("--vocab-size", c.vocab_size, g.vocab_size);
+    CASTOR_CHECK(!given(c, "--bias") || c.bias == g.bias, "--bias: --init ", c.init, g.bias ? " has" : " has no",
+                 " biases");
+    c.bias = g.bias;
+  }
+  static bool given(const TrainConfig& c, const char* flag) {
+    return std::find(c.given.begin(), c.given.end(), flag) != c.given.end();
+  }
+
+  std::optional<models::GPTWeights> init_;
   std::string dir_;
   std::optional<data::TokenFile> train_, val_;
   std::optional<data::LmBatchSource> source_;
@@ -373,8 +408,9 @@ FlopRate flop_rate(const TrainConfig& c, const nn::Module& model) {
   return r;
 }
 
-std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world) {
-  if (is_language_model(c.model)) return std::make_unique<LmTask>(c, rank, world);
+// `new_run`: a run that starts now (not a resume or an evaluation), which reads --init.
+std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run) {
+  if (is_language_model(c.model)) return std::make_unique<LmTask>(c, rank, world, new_run);
   return std::make_unique<ImageTask>(c, rank, world);
 }
 
@@ -424,7 +460,7 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   r.model = task.make_model(c);
   if (!c.init.empty() && load_init) {
     try {
-      r.model->load_state_dict(load_safetensors(c.init).tensors, /*strict=*/true);
+      r.model->load_state_dict(task.init_weights(c.init), /*strict=*/true);
     } catch (const Error& e) {
       const std::string msg = e.what();  // names the file when reading it failed; name the flag too
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
@@ -1150,7 +1186,7 @@ Json run_train(TrainConfig c) {
     CASTOR_CHECK(flag != "--synthetic-size" || c.data == Dataset::Synthetic, flag,
                  ": applies to --data synthetic only, not --data ", name(c.data));
   }
-  const std::unique_ptr<Task> task = make_task(c, rank, world);
+  const std::unique_ptr<Task> task = make_task(c, rank, world, /*new_run=*/!resuming);
   const int64_t per_epoch = task->batches_per_epoch();
   const int64_t steps_per_epoch = (per_epoch + c.grad_accum - 1) / c.grad_accum;
   CASTOR_CHECK(c.steps > 0 || c.epochs <= INT64_MAX / steps_per_epoch, "--epochs ", c.epochs, ": too many steps");
@@ -1269,7 +1305,7 @@ Json run_eval(const EvalConfig& e) {
     c.amp = amp::OptLevel::O0;  // weights without castor metadata are evaluated in float32
   }
   if (!e.data_dir.empty()) c.data_dir = e.data_dir;
-  const std::unique_ptr<Task> task = make_task(c, /*rank=*/0, /*world=*/1);
+  const std::unique_ptr<Task> task = make_task(c, /*rank=*/0, /*world=*/1, /*new_run=*/false);
   Run run = build_run(c, *task, 1, /*load_init=*/false);
   try {
     run.model->load_state_dict(model_file.tensors, /*strict=*/true);

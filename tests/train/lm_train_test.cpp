@@ -10,6 +10,8 @@
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
 #include "castor/json.h"
+#include "castor/llmc.h"
+#include "castor/models.h"
 #include "castor/random.h"
 #include "castor/serialize.h"
 #include "io/file_test_util.h"
@@ -116,6 +118,27 @@ TEST_F(LmTrain, CheckpointsLoadStrictlyIntoNanoGpt) {
   ASSERT_TRUE(test::run_oracle("gpt_oracle.py", {"grads", cfg, path("weights.safetensors"), path("batch.safetensors"),
                                                  path("out.safetensors")}));
   EXPECT_TRUE(std::isfinite(load_safetensors(path("out.safetensors")).tensors.at("loss").item()));
+}
+
+// --init FILE in llm.c's format: the run takes the file's sizes and starts from its weights; a size flag that
+// disagrees with the file is one line.
+TEST_F(LmTrain, InitFromAnLlmcCheckpoint) {
+  const std::vector<uint8_t> record = read_file(path("tok/tokenizer.json"));
+  models::GPTConfig g;
+  g.n_layer = 2, g.n_head = 2, g.n_embd = 16, g.block_size = 16;
+  g.vocab_size = Json::parse(std::string(record.begin(), record.end())).at("vocab_size").as_int();
+  const auto model = models::gpt(g, 21);
+  models::write_llmc_checkpoint(path("init.bin"), *model);
+  CastorProcess p = castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--init", "init.bin",
+                            "--steps", "1", "--lr", "1e-9", "--amp", "O0", "--threads", "1", "--out", "run"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const Checkpoint ck = read_checkpoint(path("run"));
+  EXPECT_EQ(ck.model.at("transformer.h.1.ln_2.weight").numel(), 16);
+  EXPECT_TRUE(test::close(ck.model.at("transformer.wpe.weight"), model->wpe->weight, 0, 1e-6));
+  CastorProcess bad = castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--init", "init.bin",
+                              "--n-layer", "3", "--out", "bad"});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--n-layer 3: --init init.bin holds 2"), std::string::npos) << bad.err;
 }
 
 TEST_F(LmTrain, MismatchedModelAndDataAreOneLineErrors) {
