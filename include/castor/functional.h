@@ -63,6 +63,12 @@ Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor
 Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                                     const Tensor& attn_mask = {}, double dropout_p = 0.0, bool is_causal = false,
                                     std::optional<double> scale = std::nullopt);
+// nanoGPT's attention on the packed projection: qkv (B, T, 3C) = [q | k | v], n_head heads of D = C / n_head;
+// returns the heads merged back, (B, T, C) = scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, C)
+// (no mask, no dropout), but one node: the heads are read in place and the backward writes the q, k and v
+// gradients into one (B, T, 3C) buffer (no slice gradients to zero and add). Lower precision under autocast.
+Tensor qkv_attention(const Tensor& qkv, int64_t n_head, bool is_causal = true,
+                     std::optional<double> scale = std::nullopt);
 Tensor flatten(const Tensor& input, int64_t start_dim = 1);     // channel-major, as PyTorch's view on NCHW
 
 enum class Reduction { None, Mean, Sum };

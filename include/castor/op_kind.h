@@ -70,6 +70,7 @@ enum class CastPolicy : uint8_t { LowerPrecision, Float32, Promote, PassThrough,
   _(LayerNorm, "layer_norm", PassThrough)  /* statistics in float32, output in the input's dtype */ \
   _(RmsNorm, "rms_norm", PassThrough)      /* likewise */ \
   _(ScaledDotProductAttention, "scaled_dot_product_attention", LowerPrecision) /* fused; softmax statistics float32 */ \
+  _(QkvAttention, "qkv_attention", LowerPrecision) /* fused; q, k, v split from one (B, T, 3C) input */ \
   _(MaskedFill, "masked_fill", PassThrough)              \
   _(CrossEntropy, "cross_entropy", Float32InKernel)      \
   _(NllLoss, "nll_loss", Float32)                        \

@@ -331,6 +331,10 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   return OpDef<OpKind::ScaledDotProductAttention>::forward(query, key, value, attn_mask, dropout_p, is_causal, scale);
 }
 
+Tensor qkv_attention(const Tensor& qkv, int64_t n_head, bool is_causal, std::optional<double> scale) {
+  return OpDef<OpKind::QkvAttention>::forward(qkv, n_head, is_causal, scale);
+}
+
 Tensor dropout(const Tensor& input, double p, bool training) {
   CASTOR_CHECK(p >= 0 && p <= 1, "dropout: probability has to be between 0 and 1, but got ", p);
   OpScope s(OpKind::Dropout, {input});

@@ -34,10 +34,13 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   CASTOR_CHECK(x.dim() == 3, "CausalSelfAttention: expected (B, T, C) input, got ", x.describe());
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head_, D = C / H;
   const Tensor qkv = (*c_attn)(x);  // (B, T, 3C)
+  const double p = training_ ? dropout_ : 0.0;
+  // Without attention dropout one fused node: heads read in place, their gradients written into one (B, T, 3C).
+  if (p == 0) return (*resid_dropout)((*c_proj)(F::qkv_attention(qkv, H, /*is_causal=*/true)));
   // q, k, v as (B, H, T, D) views of qkv: the attention kernels read the strided heads in place.
   auto head = [&](int64_t i) { return qkv.narrow(2, i * C, C).view({B, T, H, D}).transpose(1, 2); };
-  const Tensor y = F::scaled_dot_product_attention(head(0), head(1), head(2), /*attn_mask=*/{},
-                                                   training_ ? dropout_ : 0.0, /*is_causal=*/true);  // (B, H, T, D)
+  const Tensor y = F::scaled_dot_product_attention(head(0), head(1), head(2), /*attn_mask=*/{}, p,
+                                                   /*is_causal=*/true);  // (B, H, T, D)
   return (*resid_dropout)((*c_proj)(y.transpose(1, 2).reshape({B, T, C})));
 }
 

@@ -35,6 +35,7 @@ const std::map<std::string, Op>& ops() {
       {"attention_causal",
        [](const Inputs& x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, /*is_causal=*/true); }},
       {"attention_mask", [](const Inputs& x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], x[3]); }},
+      {"attention_qkv", [](const Inputs& x) { return F::qkv_attention(x[0], /*n_head=*/3); }},
       {"cross_entropy",
        [](const Inputs& x) { return F::cross_entropy(x[0], x[1], F::Reduction::None, 0.0, /*ignore_index=*/-100); }},
       {"cross_entropy_smooth",
@@ -111,6 +112,7 @@ TEST(TransformerOps, Float64MatchesFiniteDifferences) {
   const Tensor mask = tensor({1, 0, 1, 1, 1, 1, 0, 1, 1, 1, 0, 1}, Shape{3, 4}, DType::Bool);
   EXPECT_TRUE(test::gradcheck([&](V x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], mask); },
                               {rnd({2, 1, 3, 4}, 11), rnd({2, 1, 4, 4}, 12), rnd({2, 1, 4, 4}, 13)}));
+  EXPECT_TRUE(test::gradcheck([](V x) { return F::qkv_attention(x[0], /*n_head=*/2); }, {rnd({2, 5, 3 * 6}, 17)}));
   const Tensor target = tensor({2, 0, -100, 4}, DType::Int64);
   EXPECT_TRUE(test::gradcheck(
       [&](V x) { return F::cross_entropy(x[0], target, F::Reduction::Mean, 0.0, /*ignore_index=*/-100); },
@@ -142,6 +144,8 @@ TEST(TransformerOps, ErrorsNameTheOpAndTheProblem) {
   const Tensor x = randn({2, 3, 4, 8});
   EXPECT_THROW(F::scaled_dot_product_attention(x, x, randn({2, 3, 5, 8})), Error);
   EXPECT_THROW(F::scaled_dot_product_attention(x, x, x, ones({4, 4}, DType::Bool), 0.0, /*is_causal=*/true), Error);
+  EXPECT_THROW(F::qkv_attention(randn({2, 3, 10}), /*n_head=*/2), Error);  // 10 is not 3 * 2 * D
+  EXPECT_THROW(F::qkv_attention(x, /*n_head=*/1), Error);                  // not (B, T, 3C)
   EXPECT_THROW(F::layer_norm(x, {7}), Error);
   EXPECT_THROW(F::layer_norm(x, {8}, ones({8}, DType::Float64)), Error);
   EXPECT_THROW(F::embedding(tensor({0, 9}, DType::Int64), randn({5, 3})), Error);

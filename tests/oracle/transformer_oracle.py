@@ -34,6 +34,14 @@ def attention(q, k, v, mask, causal):
     return torch.softmax(s, -1) @ v
 
 
+def qkv_attention(x, n_head):
+    # nanoGPT's CausalSelfAttention between c_attn and c_proj.
+    b, t, c = x.size(0), x.size(1), x.size(2) // 3
+    heads = lambda z: z.reshape(b, t, n_head, c // n_head).transpose(1, 2)
+    q, k, v = (heads(z) for z in x.split(c, dim=2))
+    return attention(q, k, v, None, True).transpose(1, 2).reshape(b, t, c)
+
+
 def targets(n, v):
     t = torch.randint(0, v, (n,))
     t[1] = IGNORE
@@ -54,6 +62,7 @@ CASES = {
     "attention_mask": (lambda x: attention(x[0], x[1], x[2], x[3], False),
                        [lambda: torch.randn(1, 2, 9, 32), lambda: torch.randn(1, 2, 13, 32),
                         lambda: torch.randn(1, 2, 13, 32), lambda: torch.rand(1, 1, 9, 13) > 0.3]),
+    "attention_qkv": (lambda x: qkv_attention(x[0], 3), [lambda: torch.randn(2, 20, 3 * 48)]),
     "cross_entropy": (lambda x: F.cross_entropy(x[0], x[1], ignore_index=IGNORE, reduction="none"),
                       [lambda: torch.randn(8, 300) * 3, lambda: targets(8, 300)]),
     "cross_entropy_smooth": (lambda x: F.cross_entropy(x[0], x[1], label_smoothing=0.1, reduction="sum"),

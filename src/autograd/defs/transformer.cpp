@@ -2,6 +2,7 @@
 // the transformer kernels (kernels/transformer.h).
 #include "autograd/defs/transformer.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -216,6 +217,52 @@ std::vector<Tensor> OpDef<OpKind::ScaledDotProductAttention>::backward(const Nod
   kernels::attention_backward(q, k, v, node.unpack(s.mask), p.is_causal, p.scale, node.unpack(s.dst),
                               node.unpack(s.lse), rows_contiguous(g), diff_q, diff_k, diff_v);
   return {diff_q, diff_k, diff_v};
+}
+
+namespace {
+
+// q, k, v as (B, H, T, D) strided views of a contiguous (B, T, 3C) projection.
+std::array<Tensor, 3> split_heads(const Tensor& qkv, int64_t n_head) {
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
+  const Tensor parts = qkv.view({B, T, 3, n_head, C / n_head});
+  return {parts.select(2, 0).permute({0, 2, 1, 3}), parts.select(2, 1).permute({0, 2, 1, 3}),
+          parts.select(2, 2).permute({0, 2, 1, 3})};
+}
+
+}  // namespace
+
+Tensor OpDef<OpKind::QkvAttention>::forward(const Tensor& qkv_in, int64_t n_head, bool is_causal,
+                                            std::optional<double> scale_in) {
+  OpScope s(OpKind::QkvAttention, {qkv_in});
+  const Tensor& x = s[0];
+  CASTOR_CHECK(x.dim() == 3 && is_floating(x.dtype()), "qkv_attention: expected a floating (B, T, 3C) input, got ",
+               x.describe());
+  CASTOR_CHECK(n_head > 0 && x.size(2) % (3 * n_head) == 0, "qkv_attention: last dim of ", x.describe(),
+               " is not 3 * n_head (", n_head, ") * head size");
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2) / 3, D = C / n_head;
+  const double scale = scale_in.value_or(1.0 / std::sqrt(static_cast<double>(D)));
+  const Tensor qkv = x.detach().contiguous();
+  const auto [q, k, v] = split_heads(qkv, n_head);
+  Tensor dst = empty({B, n_head, T, D}, x.dtype()), lse = empty({B, n_head, T}, stat_dtype(x.dtype()));
+  kernels::attention_forward(q, k, v, Tensor(), is_causal, scale, dst, lse);
+  Tensor out = empty({B, T, C}, x.dtype());  // the heads merged: (B, T, H, D)
+  kernels::copy(dst.permute({0, 2, 1, 3}), out.view({B, T, n_head, D}));
+  record_op<OpKind::QkvAttention>({x}, out, {n_head, is_causal, scale}, {save(qkv), save(dst), save(lse)});
+  return s.done(out);
+}
+
+std::vector<Tensor> OpDef<OpKind::QkvAttention>::backward(const Node& node, const Params& p, const Saved& s,
+                                                          Tensor diff_dst) {
+  check_first_order(node);
+  const Tensor qkv = node.unpack(s.qkv);
+  const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3, D = C / p.n_head;
+  const auto [q, k, v] = split_heads(qkv, p.n_head);
+  Tensor diff_qkv = empty(qkv.shape(), qkv.dtype());  // (B, T, 3C)
+  const auto [diff_q, diff_k, diff_v] = split_heads(diff_qkv, p.n_head);
+  const Tensor g = grad_in(diff_dst, qkv.dtype()).view({B, T, p.n_head, D}).permute({0, 2, 1, 3});  // (B, H, T, D)
+  kernels::attention_backward(q, k, v, Tensor(), p.is_causal, p.scale, node.unpack(s.dst), node.unpack(s.lse), g,
+                              diff_q, diff_k, diff_v);
+  return {diff_qkv};
 }
 
 namespace {

@@ -64,6 +64,23 @@ struct OpDef<OpKind::ScaledDotProductAttention> {
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
+// F::qkv_attention: the causal attention of q, k, v split from one (B, T, 3C) projection, output (B, T, C) with the
+// heads merged; saves the projection, the (B, H, T, D) attention output and lse; the backward's q, k, v gradients
+// are strided views of one (B, T, 3C) buffer.
+template <>
+struct OpDef<OpKind::QkvAttention> {
+  struct Params {
+    int64_t n_head;
+    bool is_causal;
+    double scale;
+  };
+  struct Saved {
+    SavedTensor qkv, dst, lse;
+  };
+  static Tensor forward(const Tensor& qkv, int64_t n_head, bool is_causal, std::optional<double> scale);
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
+
 // Per-row cross-entropy losses (N) float32 of logits (N, V) read in their own dtype (no float32 copy of them).
 template <>
 struct OpDef<OpKind::CrossEntropy> {

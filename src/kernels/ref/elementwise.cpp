@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "castor/convert.h"
+#include "kernels/cpu/gelu.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/loops.h"
 
@@ -171,7 +172,9 @@ void unary(Unary op, const Tensor& src, const Tensor& dst, double p0, double p1)
     case Unary::Sigmoid: return run([](auto x) { return decltype(x)(1) / (decltype(x)(1) + std::exp(-x)); });
     case Unary::Tanh: return run([](auto x) { return std::tanh(x); });
     case Unary::Gelu: return run([](auto x) { return gelu(x); });
-    case Unary::GeluTanh: return run([](auto x) { return gelu_tanh(x); });
+    case Unary::GeluTanh:
+      if (gelu_tanh_fast(src, dst)) return;
+      return run([](auto x) { return gelu_tanh(x); });
     case Unary::Silu: return run([](auto x) { return x / (decltype(x)(1) + std::exp(-x)); });
     case Unary::Pow: {
       if (p0 == 2.0) return run([](auto x) { return x * x; });
@@ -207,7 +210,9 @@ void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& dst, doub
     case Binary::SigmoidGrad: return run([](auto g, auto y) { return g * y * (decltype(y)(1) - y); });
     case Binary::TanhGrad: return run([](auto g, auto y) { return g * (decltype(y)(1) - y * y); });
     case Binary::GeluGrad: return run([](auto g, auto x) { return g * gelu_grad(x); });
-    case Binary::GeluTanhGrad: return run([](auto g, auto x) { return g * gelu_tanh_grad(x); });
+    case Binary::GeluTanhGrad:
+      if (gelu_tanh_grad_fast(a, b, dst)) return;
+      return run([](auto g, auto x) { return g * gelu_tanh_grad(x); });
     case Binary::SiluGrad: return run([](auto g, auto x) { return g * silu_grad(x); });
   }
   CASTOR_ASSERT(false, "unknown binary op");

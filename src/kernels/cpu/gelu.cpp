@@ -1,0 +1,189 @@
+// GELU (tanh form) forward and its fused backward map on AVX-512, 16 lanes with vec_math's exp: float32 and 16-bit
+// tensors (converted in L1-sized blocks, computed in float32, rounded once), chosen at run time by the element-wise
+// kernels (kernels/ref/elementwise.cpp) for dense operands. 16-bit tensors compute on float32 lanes (a few float32
+// ulps, far below a 16-bit ulp); float32 tensors on float64 lanes (float32 arithmetic loses tens of ulps in the
+// tails and near the derivative's zero), rounded once.
+#include <cmath>
+#include <initializer_list>
+#include <string>
+
+#include "castor/convert.h"
+#include "core/parallel.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/vec_math.h"
+
+namespace castor::kernels {
+
+namespace {
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#define CASTOR_AVX512 __attribute__((target("avx512f")))
+
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+
+// -2u, u = sqrt(2/pi) (x + 0.044715 x^3); x2 = x * x.
+CASTOR_AVX512 inline __m512 minus_2u(__m512 x, __m512 x2) {
+  return _mm512_mul_ps(_mm512_set1_ps(-2.0f * kSqrt2OverPi),
+                       _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(0.044715f), x2), x, x));
+}
+
+// Lanes whose -2u exceeds this (x below about -8.3) are recomputed in float64 scalars: there e^(-2u) nears float32's
+// overflow and the results its underflow (exp16 saturates and flushes to 0 early); they are rare.
+constexpr float kTail = 80.0f;
+
+double gelu_tanh_f64(double x) {
+  return x / (1 + std::exp(-2 * 0.79788456080286535588 * (x + 0.044715 * x * x * x)));
+}
+double gelu_tanh_grad_f64(double x) {
+  const double e = std::exp(-2 * 0.79788456080286535588 * (x + 0.044715 * x * x * x)), s = 1 / (1 + e);
+  return s + 2 * x * s * (e * s) * 0.79788456080286535588 * (1 + 3 * 0.044715 * x * x);
+}
+
+// gelu_tanh(x) = x / (1 + e^(-2u)) (= x sigmoid(2u), no cancellation for x << 0).
+CASTOR_AVX512 void gelu_tanh_block(const float* x, float* out, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + j), a = minus_2u(v, _mm512_mul_ps(v, v));
+    _mm512_mask_storeu_ps(out + j, m, _mm512_div_ps(v, _mm512_add_ps(one, vec::exp16(a))));
+    for (unsigned tail = _mm512_mask_cmp_ps_mask(m, a, _mm512_set1_ps(kTail), _CMP_GT_OQ); tail; tail &= tail - 1)
+      out[j + __builtin_ctz(tail)] = static_cast<float>(gelu_tanh_f64(x[j + __builtin_ctz(tail)]));
+  }
+}
+
+// g * gelu_tanh'(x) = g (s + 2 x s (1 - s) u'), s = sigmoid(2u) = 1 / (1 + e), 1 - s = e s, u' = sqrt(2/pi)
+// (1 + 3 * 0.044715 x^2).
+CASTOR_AVX512 void gelu_tanh_grad_block(const float* g, const float* x, float* out, int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + j), x2 = _mm512_mul_ps(v, v), a = minus_2u(v, x2);
+    const __m512 e = vec::exp16(a);
+    const __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, e)), one_minus_s = _mm512_mul_ps(e, s);
+    const __m512 du = _mm512_mul_ps(_mm512_set1_ps(kSqrt2OverPi),
+                                    _mm512_fmadd_ps(_mm512_set1_ps(3 * 0.044715f), x2, one));
+    const __m512 two_x = _mm512_add_ps(v, v);
+    const __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(two_x, s), one_minus_s), du, s);
+    _mm512_mask_storeu_ps(out + j, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, g + j), d));
+    for (unsigned tail = _mm512_mask_cmp_ps_mask(m, a, _mm512_set1_ps(kTail), _CMP_GT_OQ); tail; tail &= tail - 1) {
+      const int64_t i = j + __builtin_ctz(tail);
+      out[i] = static_cast<float>(g[i] * gelu_tanh_grad_f64(x[i]));
+    }
+  }
+}
+
+// e^x on 8 float64 lanes, x in [-700, 700]: 2^n e^r, |r| <= ln2/2, Taylor to degree 10 (relative error below 1e-13,
+// far below the float32 result's half ulp).
+CASTOR_AVX512 inline __m512d exp8d(__m512d x) {
+  x = _mm512_min_pd(_mm512_max_pd(x, _mm512_set1_pd(-700.0)), _mm512_set1_pd(700.0));
+  const __m512d n = _mm512_roundscale_pd(_mm512_mul_pd(x, _mm512_set1_pd(1.4426950408889634074)),
+                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(1.9082149292705877000e-10),
+                                     _mm512_fnmadd_pd(n, _mm512_set1_pd(6.9314718036912381649e-1), x));
+  __m512d y = _mm512_set1_pd(1.0 / 3628800);
+  for (double c : {1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0})
+    y = _mm512_fmadd_pd(y, r, _mm512_set1_pd(c));
+  const __m512i e = _mm512_slli_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_cvtpd_epi32(n)),
+                                                       _mm512_set1_epi64(1023)), 52);
+  return _mm512_mul_pd(y, _mm512_castsi512_pd(e));
+}
+
+// The float32 forward on float64 lanes, rounded once (in the tails float32 arithmetic would lose tens of ulps: the
+// result's relative condition number grows like 2u).
+CASTOR_AVX512 void gelu_tanh_block_f64(const float* x, float* out, int64_t n) {
+  const __m512d one = _mm512_set1_pd(1.0), k = _mm512_set1_pd(-2 * 0.79788456080286535588);
+  for (int64_t j = 0; j < n; j += 8) {
+    const __mmask16 m = static_cast<__mmask16>(n - j >= 8 ? 0xffu : (1u << (n - j)) - 1);  // the low 8 lanes
+    const __m512d v = _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(m, x + j)));
+    const __m512d a = _mm512_mul_pd(k, _mm512_fmadd_pd(_mm512_mul_pd(_mm512_set1_pd(0.044715), _mm512_mul_pd(v, v)),
+                                                       v, v));
+    const __m512d y = _mm512_div_pd(v, _mm512_add_pd(one, exp8d(a)));
+    _mm512_mask_storeu_ps(out + j, m, _mm512_castps256_ps512(_mm512_cvtpd_ps(y)));
+  }
+}
+
+// The float32 backward: the same formula on float64 lanes, rounded once (the derivative's zero near x = -0.75
+// turns float32 rounding errors into tens of ulps of the result; the contract is 8 ulps of the float64 value).
+CASTOR_AVX512 void gelu_tanh_grad_block_f64(const float* g, const float* x, float* out, int64_t n) {
+  const __m512d one = _mm512_set1_pd(1.0), k = _mm512_set1_pd(0.79788456080286535588);
+  for (int64_t j = 0; j < n; j += 8) {
+    const __mmask16 m = static_cast<__mmask16>(n - j >= 8 ? 0xffu : (1u << (n - j)) - 1);  // the low 8 lanes
+    const __m512d v = _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(m, x + j))), x2 = _mm512_mul_pd(v, v);
+    const __m512d u = _mm512_mul_pd(k, _mm512_fmadd_pd(_mm512_mul_pd(_mm512_set1_pd(0.044715), x2), v, v));
+    const __m512d e = exp8d(_mm512_mul_pd(_mm512_set1_pd(-2.0), u));
+    const __m512d s = _mm512_div_pd(one, _mm512_add_pd(one, e)), one_minus_s = _mm512_mul_pd(e, s);
+    const __m512d du = _mm512_mul_pd(k, _mm512_fmadd_pd(_mm512_set1_pd(3 * 0.044715), x2, one));
+    const __m512d d = _mm512_fmadd_pd(_mm512_mul_pd(_mm512_mul_pd(_mm512_add_pd(v, v), s), one_minus_s), du, s);
+    const __m512d gd = _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(m, g + j)));
+    _mm512_mask_storeu_ps(out + j, m, _mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_mul_pd(gd, d))));
+  }
+}
+
+#undef CASTOR_AVX512
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+bool applies(std::initializer_list<const Tensor*> ts) {
+  static const bool avx512 = std::string(conversion_isa()).rfind("avx512", 0) == 0;
+  if (!avx512) return false;
+  const Tensor& first = **ts.begin();
+  for (const Tensor* t : ts)
+    if (t->dtype() != first.dtype() || !t->is_contiguous() || t->numel() != first.numel() ||
+        (t->dtype() != DType::Float32 && t->dtype() != DType::BFloat16 && t->dtype() != DType::Float16))
+      return false;
+  return true;
+}
+
+// Elements [b, e) of t as float32: a pointer into t, or converted into buf.
+const float* as_float(const Tensor& t, int64_t b, int64_t e, float* buf) {
+  const char* p = static_cast<const char*>(t.data_ptr()) + b * static_cast<int64_t>(t.element_size());
+  if (t.dtype() == DType::Float32) return reinterpret_cast<const float*>(p);
+  convert(p, t.dtype(), buf, DType::Float32, e - b);
+  return buf;
+}
+
+// Writes [b, e) of dst from float32 out (which is dst's own memory when dst is float32).
+void store(const Tensor& dst, int64_t b, int64_t e, const float* out) {
+  if (dst.dtype() == DType::Float32) return;
+  convert(out, DType::Float32, static_cast<char*>(dst.data_ptr()) + b * static_cast<int64_t>(dst.element_size()),
+          dst.dtype(), e - b);
+}
+
+float* out_ptr(const Tensor& dst, int64_t b, float* buf) {
+  return dst.dtype() == DType::Float32 ? static_cast<float*>(dst.data_ptr()) + b : buf;
+}
+
+}  // namespace
+
+bool gelu_tanh_fast(const Tensor& src, const Tensor& dst) {
+  if (!applies({&src, &dst})) return false;
+  const auto block = dst.dtype() == DType::Float32 ? gelu_tanh_block_f64 : gelu_tanh_block;
+  parallel_blocks(dst.numel(), [&](int64_t b, int64_t e) {
+    float xb[kBlock], ob[kBlock];
+    float* o = out_ptr(dst, b, ob);
+    block(as_float(src, b, e, xb), o, e - b);
+    store(dst, b, e, o);
+  });
+  return true;
+}
+
+bool gelu_tanh_grad_fast(const Tensor& diff_dst, const Tensor& src, const Tensor& diff_src) {
+  if (!applies({&diff_dst, &src, &diff_src})) return false;
+  // 16-bit results on float32 lanes; float32 ones on float64 lanes (exp16's 2 ulps near the derivative's zero
+  // would be tens of float32 ulps of the result; rounded to 16 bits they vanish).
+  const auto block = diff_src.dtype() == DType::Float32 ? gelu_tanh_grad_block_f64 : gelu_tanh_grad_block;
+  parallel_blocks(diff_src.numel(), [&](int64_t b, int64_t e) {
+    float gb[kBlock], xb[kBlock], ob[kBlock];
+    float* o = out_ptr(diff_src, b, ob);
+    block(as_float(diff_dst, b, e, gb), as_float(src, b, e, xb), o, e - b);
+    store(diff_src, b, e, o);
+  });
+  return true;
+}
+
+}  // namespace castor::kernels
