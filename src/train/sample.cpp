@@ -2,6 +2,7 @@
 #include "castor/sample.h"
 
 #include <CLI/CLI.hpp>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -88,6 +89,7 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   app.add_option("--temperature", c.temperature, "divides the logits; 0: the most likely token");
   app.add_option("--top-k", c.top_k, "draw from the k most likely tokens only; 0: all");
   app.add_option("--seed", c.seed, "the sampling generator's seed");
+  app.add_option("--threads", c.threads, "OpenMP threads (one suits small models best)");
   return owner;
 }
 
@@ -118,6 +120,7 @@ SampleConfig parse_sample_flags(const std::vector<std::string>& args) {
                c.temperature);
   CASTOR_CHECK(c.top_k >= 0, "--top-k: must be non-negative, got ", c.top_k);
   CASTOR_CHECK(c.n_head >= 0, "--n-head: must be positive, got ", c.n_head);
+  CASTOR_CHECK(c.threads >= 1 && c.threads <= 1024, "--threads: must be in [1, 1024], got ", c.threads);
   return c;
 }
 
@@ -127,6 +130,7 @@ std::string sample_help() {
 }
 
 std::string run_sample(const SampleConfig& c) {
+  omp_set_num_threads(c.threads);
   LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head);
   std::string dir = c.tokenizer_dir.empty() ? recorded_data_dir(g.config) : c.tokenizer_dir;
   CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what, " records no data directory to decode with");

@@ -177,6 +177,15 @@ TEST(Llmc, LoadGptInitTakesBothFormats) {
     auto loaded = models::gpt(w.config);
     EXPECT_NO_THROW(loaded->load_state_dict(w.state)) << file;
   }
+  // 16-bit weights (an O3 run's) are widened to float32.
+  StateDict half;
+  for (const auto& [k, t] : sd) half[k] = t.to(DType::BFloat16);
+  save_safetensors(dir + "/bf16.safetensors", half, {{"castor.config", "{\"n_head\": 2}"}});
+  const models::GPTWeights hw = models::load_gpt_init(dir + "/bf16.safetensors");
+  for (const auto& [name, t] : hw.state) {
+    EXPECT_EQ(t.dtype(), DType::Float32) << name;
+    EXPECT_TRUE(test::bit_equal(t, half.at(name).to(DType::Float32))) << name;
+  }
   // What cannot be loaded, each one line naming the file.
   const std::string plain = dir + "/plain.safetensors";
   EXPECT_NE(error_of([&] { models::load_gpt_init(plain); }).find(plain + ": the number of heads is not recorded"),

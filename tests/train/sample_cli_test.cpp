@@ -116,6 +116,47 @@ TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
   }
 }
 
+// The trainer's own GPT checkpoints: `castor train --model gpt` on a small character corpus, then `castor sample
+// --checkpoint RUN` (n_head and the token directory from the run's castor.config) and `castor export --llmc`.
+TEST(SampleCli, SamplesAndExportsWhatCastorTrainWrote) {
+  const std::string dir = test::fresh_dir("sample_cli_trained");
+  fs::create_directories(dir);
+  {
+    std::ofstream text(dir + "/text.txt");
+    for (int i = 0; i < 400; ++i) text << kText;
+  }
+  const test::CastorRun in_dir{dir};
+  auto p = test::run_castor({"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok"}, in_dir);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  p = test::run_castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--n-layer", "1",
+                        "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "8", "--steps", "40",
+                        "--threads", "1", "--out", "run"},
+                       in_dir, 120);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const std::vector<std::string> args = {"sample", "--checkpoint", "run", "--prompt", "The jury", "--tokens", "30",
+                                         "--seed", "5"};
+  p = test::run_castor(args, in_dir);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  // The same text as the library's generate on the checkpoint's weights with the run's tokenizer.
+  const train::Checkpoint ck = train::read_checkpoint(dir + "/run");
+  models::GPTWeights w = models::gpt_weights_from_safetensors(ck.model, ck.model_meta, 0, "run");
+  EXPECT_EQ(w.config.n_head, 2);
+  data::Tokenizer tok = data::Tokenizer::load(dir + "/tok");
+  w.config.real_vocab_size = tok.vocab_size();
+  auto model = models::gpt(w.config);
+  model->load_state_dict(w.state);
+  std::vector<int64_t> ids;
+  for (uint16_t t : tok.encode("The jury")) ids.push_back(t);
+  std::vector<uint16_t> out;
+  for (int64_t t : models::generate(*model, ids, 30, 0.8, 200, 5)) out.push_back(t);
+  EXPECT_EQ(p.out, tok.decode(out) + "\n");
+  p = test::run_castor({"export", "--llmc", "--checkpoint", "run", "--out", "run.bin"}, in_dir);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const models::GPTWeights e = models::read_llmc_checkpoint(dir + "/run.bin");
+  EXPECT_EQ(e.config.real_vocab_size, tok.vocab_size());
+  for (const auto& [name, t] : w.state) EXPECT_TRUE(test::bit_equal(e.state.at(name), t)) << name;
+}
+
 TEST(SampleCli, ExportWritesTheCheckpointInLlmcFormat) {
   Fixture f("export_cli");
   auto p = castor(f, {"export", "--llmc", "--checkpoint", f.run, "--out", "out.bin"});
@@ -138,6 +179,7 @@ TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {
       {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--temperature", "-1"}, "--temperature: must be"},
       {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--tokens", "many"}, "--tokens: invalid value 'many'"},
       {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--bogus"}, "unknown argument"},
+      {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--threads", "0"}, "--threads: must be in [1, 1024]"},
       {{"sample", "--init", f.dir + "/plain.safetensors", "--tokenizer-dir", f.tok}, "number of heads is not recorded"},
       {{"sample", "--init", f.dir + "/missing.bin", "--tokenizer-dir", f.tok}, "missing.bin"},
       {{"sample", "--init", f.bin, "--tokenizer-dir", f.dir}, "tokenizer.json"},
