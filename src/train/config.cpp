@@ -1,5 +1,5 @@
 // The flags of `castor train` and `castor eval`: one CLI11 table gives parsing, range checks, help and config files.
-#include <CLI/CLI.hpp>
+#include "train/cli.h"
 
 #include <unistd.h>
 
@@ -130,28 +130,6 @@ CLI::Option* add_choice(CLI::App& app, const std::string& flag, Target& target, 
   CLI::Option* o = app.add_option_function<std::string>(flag, set, help)->check(one_of(names));
   if constexpr (std::is_same_v<Target, E>) o->default_str(spelling(table, target));
   return o;
-}
-
-// CLI11's parse errors, in the one-line form the rest of Castor uses: "--flag: problem".
-[[noreturn]] void rethrow(const CLI::ParseError& e, const std::string& command) {
-  std::string msg = e.what();
-  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
-    msg = "unknown flag '" + msg.substr(msg.find(": ") + 2) + "' (see castor " + command + " --help)";
-  } else if (dynamic_cast<const CLI::ArgumentMismatch*>(&e) != nullptr) {
-    msg = msg.substr(0, msg.find(':')) + ": missing value";
-  }
-  for (char& ch : msg)
-    if (ch == '\n') ch = ' ';
-  throw Error(msg);
-}
-
-void parse(CLI::App& app, std::vector<std::string> args, const std::string& command) {
-  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last-first
-  try {
-    app.parse(args);
-  } catch (const CLI::ParseError& e) {
-    rethrow(e, command);
-  }
 }
 
 DType parse_16bit(const std::string& name) {
@@ -336,7 +314,7 @@ std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
 
 data::TokenizeOptions parse_tokenize_flags(const std::vector<std::string>& args) {
   TokenizeFlags f;
-  parse(*tokenize_app(f), args, "tokenize");
+  parse_flags(*tokenize_app(f), args, "tokenize");
   if (f.val_every) f.opt.val_every = *f.val_every;
   if (f.val_fraction) f.opt.val_fraction = *f.val_fraction;
   if (!f.opt.brown_dir.empty() && !f.val_every && !f.val_fraction) f.opt.val_every = 10;
@@ -483,7 +461,7 @@ std::vector<std::string> config_file_args(const std::string& path) {
   try {
     TrainConfig check;
     RawTrainFlags check_raw;
-    parse(*train_app(check, check_raw), args, "train");
+    parse_flags(*train_app(check, check_raw), args, "train");
   } catch (const Error& e) {
     throw Error(detail::cat("--config ", path, ": ", e.what()));
   }
@@ -532,7 +510,7 @@ TrainConfig parse_train_flags(const std::vector<std::string>& given_args) {
   {
     TrainConfig probe;
     RawTrainFlags raw;
-    parse(*train_app(probe, raw), args, "train");
+    parse_flags(*train_app(probe, raw), args, "train");
     // The file's flags first: the command line's, parsed after them, take precedence.
     if (!raw.config.empty()) {
       std::vector<std::string> from_file = config_file_args(raw.config);
@@ -542,7 +520,7 @@ TrainConfig parse_train_flags(const std::vector<std::string>& given_args) {
   TrainConfig c;
   RawTrainFlags raw;
   const std::unique_ptr<CLI::App> app = train_app(c, raw);
-  parse(*app, args, "train");
+  parse_flags(*app, args, "train");
   for (const CLI::Option* o : app->get_options()) {
     if (o->count() == 0 || o->get_lnames().empty()) continue;
     const std::string flag = "--" + o->get_lnames()[0];
@@ -574,7 +552,7 @@ std::string train_help() {
 
 EvalConfig parse_eval_flags(const std::vector<std::string>& args) {
   EvalFlags f;
-  parse(*eval_app(f), args, "eval");
+  parse_flags(*eval_app(f), args, "eval");
   CASTOR_CHECK(f.checkpoint.empty() || f.file.empty(), "castor eval: give the checkpoint once (--checkpoint or FILE)");
   EvalConfig e{f.checkpoint.empty() ? f.file : f.checkpoint, f.model, f.data, f.data_dir, f.batch_size};
   CASTOR_CHECK(!e.path.empty(), "--checkpoint: missing (a checkpoint directory, run directory or model.safetensors)");
@@ -591,12 +569,9 @@ std::string shell_completion(const std::string& shell) {
   RawTrainFlags raw;
   EvalFlags f;
   TokenizeFlags t;
-  auto words = [](const CLI::App& app) {
-    std::string w;
-    for (const CLI::Option* o : app.get_options())
-      for (const std::string& name : o->get_lnames()) w += (w.empty() ? "--" : " --") + name;
-    return w;
-  };
+  SampleConfig sc;
+  ExportConfig ec;
+  const auto& words = flag_words;
   auto values = [](const auto& table) {
     std::string w;
     for (const auto& s : table) w += (w.empty() ? "" : " ") + std::string(s.name);
@@ -622,10 +597,12 @@ std::string shell_completion(const std::string& shell) {
       "    train) words=\"" + words(*train_app(c, raw)) + "\" ;;\n"
       "    eval) words=\"" + words(*eval_app(f)) + "\" ;;\n"
       "    tokenize) words=\"" + words(*tokenize_app(t)) + "\" ;;\n"
+      "    sample) words=\"" + words(*sample_app(sc)) + "\" ;;\n"
+      "    export) words=\"" + words(*export_app(ec)) + "\" ;;\n"
       "    info) words=\"--tensors --help\" ;;\n"
-      "    help) words=\"train eval tokenize info env completion\" ;;\n"
+      "    help) words=\"train eval tokenize sample export info env completion\" ;;\n"
       "    completion) words=\"bash zsh\" ;;\n"
-      "    *) words=\"train eval tokenize info env help completion --help --version\" ;;\n"
+      "    *) words=\"train eval tokenize sample export info env help completion --help --version\" ;;\n"
       "  esac\n"
       "  if [ \"$COMP_CWORD\" -gt 1 ] && [[ $cur != -* ]] &&\n"
       "     [[ ${COMP_WORDS[1]} != help && ${COMP_WORDS[1]} != completion ]]; then\n"

@@ -1,7 +1,6 @@
 // `castor sample` (text from a GPT with a KV cache) and `castor export --llmc` (a GPT in llm.c's checkpoint format).
 #include "castor/sample.h"
 
-#include <CLI/CLI.hpp>
 #include <omp.h>
 
 #include <algorithm>
@@ -13,29 +12,10 @@
 #include "castor/fs.h"
 #include "castor/llmc.h"
 #include "castor/tokenizer.h"
+#include "train/cli.h"
 
 namespace castor::train {
 namespace {
-
-// Parses with CLI11; its errors as one line, "--flag: problem".
-void parse(CLI::App& app, std::vector<std::string> args, const std::string& command) {
-  std::reverse(args.begin(), args.end());  // CLI11 takes the arguments last-first
-  try {
-    app.parse(args);
-  } catch (const CLI::ExtrasError& e) {
-    throw Error(detail::cat("unknown argument (see castor ", command, " --help): ", e.what()));
-  } catch (const CLI::ConversionError& e) {  // CLI11: "Could not convert: --flag = value"
-    std::string msg = e.what();
-    const size_t at = msg.find("--"), eq = msg.find(" = ");
-    if (at == std::string::npos || eq == std::string::npos) throw Error(msg);
-    throw Error(detail::cat(msg.substr(at, eq - at), ": invalid value '", msg.substr(eq + 3), "' (see castor ", command,
-                            " --help)"));
-  } catch (const CLI::ParseError& e) {
-    std::string msg = e.what();
-    std::replace(msg.begin(), msg.end(), '\n', ' ');
-    throw Error(msg);
-  }
-}
 
 // A GPT's weights from a run or checkpoint directory or a weights file, with the run's settings (null when none).
 struct LoadedGpt {
@@ -69,6 +49,8 @@ std::string recorded_data_dir(const Json& config) {
   if (d && d->is_string() && (d->as_string() == "brown" || d->as_string() == "brown-char")) return "data/" + d->as_string();
   return "";
 }
+
+}  // namespace
 
 std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   auto owner = std::make_unique<CLI::App>(
@@ -108,11 +90,9 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
   return owner;
 }
 
-}  // namespace
-
 SampleConfig parse_sample_flags(const std::vector<std::string>& args) {
   SampleConfig c;
-  parse(*sample_app(c), args, "sample");
+  parse_flags(*sample_app(c), args, "sample");
   CASTOR_CHECK(!c.checkpoint.empty() || !c.init.empty(), "--checkpoint: missing (a GPT run or checkpoint directory, "
                "or --init FILE with --tokenizer-dir DIR)");
   CASTOR_CHECK(c.tokens >= 0, "--tokens: must be non-negative, got ", c.tokens);
@@ -163,7 +143,7 @@ std::string run_sample(const SampleConfig& c) {
 
 ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   ExportConfig c;
-  parse(*export_app(c), args, "export");
+  parse_flags(*export_app(c), args, "export");
   CASTOR_CHECK(c.llmc, "--llmc: missing (the format to write; llm.c's is the only one so far)");
   CASTOR_CHECK(c.n_head >= 0, "--n-head: must be positive, got ", c.n_head);
   return c;
