@@ -2,27 +2,22 @@
 #
 # Inputs are rounded to the case's dtype (so they are exact there) and every reference is computed in float64 from
 # them. File format, per tensor: u32 name length, name, u32 kind (0 float64, 1 int64), u32 ndim, i64 dims, data.
-import struct
 import zlib
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_io import write_case  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 OUT = sys.argv[1]
 
 
 def write(case, tensors):
-    with open(f"{OUT}/{case}.bin", "wb") as f:
-        for name, t in tensors.items():
-            t = torch.as_tensor(t).detach()
-            is_int = t.dtype == torch.int64
-            data = t.to(torch.int64 if is_int else torch.float64).contiguous()
-            f.write(struct.pack("<I", len(name)) + name.encode())
-            f.write(struct.pack("<II", 1 if is_int else 0, data.dim()))
-            f.write(struct.pack(f"<{data.dim()}q", *data.shape))
-            f.write(data.numpy().tobytes())
+    write_case(OUT, case, tensors)
 
 
 def rounded(t, dtype):

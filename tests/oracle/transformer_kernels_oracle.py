@@ -5,25 +5,20 @@
 # Inputs are values of the case's dtype; results are PyTorch's in that dtype, widened exactly to float64.
 # Cross-entropy on bfloat16 logits is what CPU autocast runs: F.cross_entropy on the float32 widening, its logits
 # gradient rounded once to bfloat16 by the cast's backward.
-import struct
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from oracle_io import write_case  # noqa: E402
+
 OUT = sys.argv[1]
 
 
 def write(case, tensors):
-    with open(f"{OUT}/{case}.bin", "wb") as f:
-        for name, t in tensors.items():
-            t = torch.as_tensor(t).detach()
-            is_int = t.dtype == torch.int64
-            data = t.to(torch.int64 if is_int else torch.float64).contiguous()
-            f.write(struct.pack("<I", len(name)) + name.encode())
-            f.write(struct.pack("<II", 1 if is_int else 0, data.dim()))
-            f.write(struct.pack(f"<{data.dim()}q", *data.shape))
-            f.write(data.numpy().tobytes())
+    write_case(OUT, case, tensors)
 
 
 def layer_norm_cases():
