@@ -2,14 +2,14 @@
 # The default language-model job (castor train --model gpt: nanoGPT's CPU recipe on Brown characters, 2000 steps)
 # against its PyTorch twin (bench/nanogpt_job_torch.py) at O1 bf16 and O0, alternating: training seconds, their
 # ratio (issue #20's target: Castor <= 0.6x PyTorch's wall time at O1) and both validation losses.
-#   bench/default_job_vs_torch.sh [ROUNDS] [STEPS]
+#   [LEVELS="O1 O0"] bench/default_job_vs_torch.sh [ROUNDS] [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-1}
 steps=${2:-2000}
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); ISA $(grep -o -m1 avx512_bf16 /proc/cpuinfo || echo avx2)"
 tc=$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
-for level in O1 O0; do
+for level in ${LEVELS:-O1 O0}; do
   for r in $(seq "$rounds"); do
     out=$(mktemp -d)
     json=$(OMP_WAIT_POLICY=passive ./build/castor train --model gpt --amp "$level" --steps "$steps" --out "$out/run" 2>/dev/null)
