@@ -32,6 +32,13 @@ def main():
     cfg = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, vocab_size=vocab, bias=True)
     b, t, lr, min_lr, warmup = 12, 64, 1e-3, 1e-4, 100
     model = gpt_oracle.GPT(cfg).train()
+    with torch.no_grad():  # nanoGPT's _init_weights: N(0, 0.02), residual projections 0.02/sqrt(2L), zero biases
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * cfg["n_layer"]) if name.endswith("c_proj.weight") else 0.02
+                p.normal_(0.0, std)
     params = list(model.parameters())
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
                              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
