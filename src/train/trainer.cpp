@@ -243,7 +243,8 @@ std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& 
   int64_t real = 0;
   if (fs::exists(record)) {
     const std::vector<uint8_t> bytes = read_file(record, /*max_bytes=*/1 << 20);
-    const Json* v = Json::parse(std::string(bytes.begin(), bytes.end())).find("vocab_size");
+    const Json parsed = Json::parse(std::string(bytes.begin(), bytes.end()));
+    const Json* v = parsed.find("vocab_size");
     CASTOR_CHECK(v && v->is_int() && v->as_int() > 0, record, ": no positive vocab_size");
     real = v->as_int();
   }

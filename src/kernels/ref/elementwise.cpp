@@ -213,7 +213,9 @@ void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& dst, doub
     case Binary::GeluTanhGrad:
       if (gelu_tanh_grad_fast(a, b, dst)) return;
       return run([](auto g, auto x) { return g * gelu_tanh_grad(x); });
-    case Binary::SiluGrad: return run([](auto g, auto x) { return g * silu_grad(x); });
+    // (the derivative in double: s (1 + x (1 - s)) cancels in float32 for x < 0)
+    case Binary::SiluGrad:
+      return run([](auto g, auto x) { return g * static_cast<decltype(x)>(silu_grad(static_cast<double>(x))); });
   }
   CASTOR_ASSERT(false, "unknown binary op");
 }
