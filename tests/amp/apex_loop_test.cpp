@@ -339,7 +339,9 @@ TEST(ApexLoop, OptimizersOfOneLossSkipTogether) {
 
 TEST(ApexLoop, StateDictHasApexKeysAndRoundTrips) {
   Training r(OptLevel::O1, Opt::SGD);
-  auto second = amp::initialize(*conv_bn_net(1), {}, OptLevel::O1, DType::Float16, {}, /*num_losses=*/2);
+  // (the model outlives its Amp, as initialize requires: a freed model's address could be a later model's)
+  const auto second_net = conv_bn_net(1);
+  auto second = amp::initialize(*second_net, {}, OptLevel::O1, DType::Float16, {}, /*num_losses=*/2);
   // Apex's LossScaler: 3 clean steps -> unskipped 3; an overflow -> scale / 2 and unskipped 0.
   for (int it = 0; it < 4; ++it) {
     r.amp->scale_loss(r.loss(it, it == 3 ? 1e38 : 1.0), *r.opt).backward();
