@@ -60,6 +60,9 @@ struct DistributedDataParallel::Reducer {
   DDPOptions options;
   std::vector<Tensor> params;
   std::vector<size_t> bucket_of;
+  // Tied parameters (one tensor under several names, as a GPT's wte and lm_head): a backward accumulates into them
+  // once per use, so no hook can tell their last gradient; they go in a bucket of their own, launched at the end.
+  std::vector<bool> tied;
   std::vector<bool> ready;
   std::vector<Bucket> buckets;
   size_t next_launch = 0;  // buckets launch in index order on every rank
@@ -67,10 +70,22 @@ struct DistributedDataParallel::Reducer {
   bool no_sync = false;
   DDPStats stats;
 
-  Reducer(dist::ProcessGroup& g, DDPOptions o, std::vector<Tensor> p) : group(g), options(o), params(std::move(p)) {
+  Reducer(dist::ProcessGroup& g, DDPOptions o, std::vector<Tensor> p, std::vector<bool> t)
+      : group(g), options(o), params(std::move(p)), tied(std::move(t)) {
     std::vector<int64_t> bytes;
-    for (const Tensor& t : params) bytes.push_back(t.numel() * 4);
-    const auto plan = plan_buckets(bytes, static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024));
+    std::vector<size_t> index, tied_params;  // plan_buckets' k -> parameter
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (tied[k]) {
+        tied_params.push_back(k);
+        continue;
+      }
+      index.push_back(k);
+      bytes.push_back(params[k].numel() * 4);
+    }
+    auto plan = plan_buckets(bytes, static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024));
+    for (auto& bucket : plan)
+      for (size_t& k : bucket) k = index[k];
+    if (!tied_params.empty()) plan.push_back(tied_params);
     bucket_of.resize(params.size());
     for (size_t b = 0; b < plan.size(); ++b) {
       Bucket bucket;
@@ -88,6 +103,7 @@ struct DistributedDataParallel::Reducer {
   void on_grad(size_t k) {
     if (no_sync) return;
     if (!syncing) start_backward();
+    if (tied[k]) return;  // launched with its own bucket at the end
     Bucket& b = buckets[bucket_of[k]];
     CASTOR_CHECK(!ready[k], "DistributedDataParallel: parameter ", k, " received a second gradient in one backward "
                  "(a parameter used twice in one forward is not supported)");
@@ -174,7 +190,15 @@ DistributedDataParallel::DistributedDataParallel(ModulePtr module, DDPOptions op
         if (!t.is_contiguous()) t.detach().copy_(buf);
       }
   }
-  reducer_ = std::make_shared<Reducer>(g, options, module_->parameters());
+  // Tied parameters: listed once by parameters(), under each of their names by state_dict().
+  std::vector<Tensor> params = module_->parameters();
+  std::vector<bool> tied;
+  const StateDict named = module_->state_dict();
+  for (const Tensor& p : params)
+    tied.push_back(std::count_if(named.begin(), named.end(), [&](const auto& e) {
+                     return e.second.data_ptr() == p.data_ptr() && e.second.shape() == p.shape();
+                   }) > 1);
+  reducer_ = std::make_shared<Reducer>(g, options, std::move(params), std::move(tied));
   reducer_->weak_self = reducer_;
   for (size_t k = 0; k < reducer_->params.size(); ++k) {
     reducer_->params[k].register_post_accumulate_grad_hook([weak = std::weak_ptr<Reducer>(reducer_), k](const Tensor&) {

@@ -157,6 +157,30 @@ TEST(Ddp, NoSyncAccumulatesThenAveragesTheSum) {
   for (size_t k = 0; k < params.size(); ++k) EXPECT_TRUE(test::close(params[k].grad(), want[k], 1e-6, 1e-7)) << k;
 }
 
+// A tied parameter (a GPT's wte = lm_head) takes a gradient from each use; it is reduced once, after both, in a
+// bucket launched at the end of backward: the gradients equal the plain model's.
+TEST(Ddp, TiedParametersAreReducedAfterAllTheirUses) {
+  models::GPTConfig c;
+  c.n_layer = 1, c.n_head = 2, c.n_embd = 16, c.block_size = 8, c.vocab_size = 11;
+  auto model = models::gpt(c, 3);
+  const Tensor x = tensor({1, 2, 3, 4, 5, 6, 7, 8}, Shape{1, 8}, DType::Int64);
+  auto loss_of = [&](nn::Module& m) {
+    const Tensor logits = m(x);
+    return F::cross_entropy(logits.reshape({-1, c.vocab_size}), x.reshape({-1}));
+  };
+  loss_of(*model).backward();
+  std::vector<Tensor> want;
+  for (const Tensor& p : model->parameters()) want.push_back(p.grad().clone());
+  std::vector<std::string> events;
+  MirrorGroup group(&events);
+  nn::DistributedDataParallel ddp(model, {}, &group);
+  model->zero_grad(/*set_to_none=*/true);
+  loss_of(ddp).backward();
+  EXPECT_EQ(group.launches.size(), 2u);  // the untied parameters, then the tied one
+  const std::vector<Tensor> params = model->parameters();
+  for (size_t k = 0; k < params.size(); ++k) EXPECT_TRUE(test::close(params[k].grad(), want[k], 1e-6, 1e-7)) << k;
+}
+
 TEST(Ddp, CompressionSendsBFloat16) {
   manual_seed(5);
   auto model = models::simple_cnn(1, 8, 8);
