@@ -31,6 +31,12 @@ std::string fresh_dir(const std::string& name) {
   return d;
 }
 
+std::string new_dir(const std::string& name) {
+  const std::string d = fresh_dir(name);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
 void write_tiny_cifar10(const std::string& dir, int per_batch) {
   std::filesystem::create_directories(dir);
   Generator gen(5);

@@ -15,6 +15,8 @@ namespace castor::test {
 std::string scratch_dir();
 // scratch_dir()/name, emptied (removed if it exists; not created).
 std::string fresh_dir(const std::string& name);
+// fresh_dir(name), created empty.
+std::string new_dir(const std::string& name);
 // Runs `/usr/bin/python3 tests/oracle/<script> args...`; fails the test (returns false) with its output otherwise.
 bool run_oracle(const std::string& script, const std::vector<std::string>& args);
 

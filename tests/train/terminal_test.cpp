@@ -19,11 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string fresh(const std::string& name) {
-  const std::string d = test::fresh_dir(name);
-  fs::create_directories(d);
-  return d;
-}
 
 // Runs `castor ARGS` (each already shell-quoted as needed) in `dir` on a pseudo-terminal `columns` wide; returns
 // what the terminal received, each carriage return and newline a line break, the clear-to-end escape removed.
@@ -65,7 +60,7 @@ const std::string kSmallRun = "train --data synthetic --synthetic-size 128 --bat
 // Every line fits a 60-column terminal (progress, start and epoch lines alike); the bar and the epoch line agree on
 // "epoch 1/1", as metrics.jsonl does; a bf16 run (no loss scaling) shows no scale, an fp16 run does.
 TEST(Terminal, SixtyColumnsEpochsFromOneAndNoScaleWithoutScaling) {
-  const std::string dir = fresh("terminal_60");
+  const std::string dir = test::new_dir("terminal_60");
   const std::vector<std::string> lines = terminal_lines(dir, kSmallRun + " --precision bf16-mixed --out bf", 60);
   ASSERT_GE(lines.size(), 3u);
   bool bar = false, summary = false;
@@ -85,7 +80,7 @@ TEST(Terminal, SixtyColumnsEpochsFromOneAndNoScaleWithoutScaling) {
 }
 
 TEST(Terminal, ResumeSaysWhereAndAnInterruptedRunHasNoMadeUpAccuracy) {
-  const std::string dir = fresh("terminal_resume");
+  const std::string dir = test::new_dir("terminal_resume");
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
   const std::vector<std::string> flags = {"train", "--data", "synthetic", "--synthetic-size", "128", "--batch-size",
                                           "16", "--threads", "2", "--out", "r"};
@@ -115,7 +110,7 @@ TEST(Terminal, ResumeSaysWhereAndAnInterruptedRunHasNoMadeUpAccuracy) {
 
 // Without --out each run gets its own runs/<date>-<time>-<model>-<precision>, named on stderr and in the JSON.
 TEST(Terminal, EachRunWithoutOutGetsANewDirectory) {
-  const std::string dir = fresh("terminal_default_out");
+  const std::string dir = test::new_dir("terminal_default_out");
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
   const std::vector<std::string> args = {"train", "--data", "synthetic", "--synthetic-size", "64", "--batch-size", "16",
                                          "--steps", "1", "--threads", "2", "--precision", "32"};
@@ -132,7 +127,7 @@ TEST(Terminal, EachRunWithoutOutGetsANewDirectory) {
 }
 
 TEST(Terminal, HelpVersionEnvCompletionInfoAndProfile) {
-  const std::string dir = fresh("terminal_cli");
+  const std::string dir = test::new_dir("terminal_cli");
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
   auto help = test::run_castor({"help"}, run);
   EXPECT_EQ(help.exit_code, 0);
