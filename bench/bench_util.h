@@ -8,6 +8,8 @@
 #include <string>
 #include <unistd.h>
 
+#include "castor/ops.h"
+#include "castor/random.h"
 #include "castor/trainer.h"
 
 namespace castor::bench {
@@ -23,6 +25,13 @@ double best_seconds(const F& fn, int reps = 5) {
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
+}
+
+// The GEMM ceiling model FLOP rates are put beside: the best of a 2048^3 oneDNN matmul in `dtype`, in FLOP/s.
+inline double gemm_peak(DType dtype) {
+  const int64_t n = 2048;
+  const Tensor a = randn({n, n}).to(dtype), b = randn({n, n}).to(dtype);
+  return 2.0 * n * n * n / best_seconds([&] { (void)mm(a, b); }, 5);
 }
 
 // The CPU and the instruction sets the kernels can use, from /proc/cpuinfo: "AMD EPYC; ISA avx512_bf16 avx512f

@@ -137,12 +137,8 @@ int run_block(const std::string& name, const std::string& level, int iters) {
 }
 
 int run_peak() {
-  for (DType dt : {DType::Float32, DType::BFloat16}) {
-    const int64_t n = 2048;
-    const Tensor a = randn({n, n}).to(dt), b = randn({n, n}).to(dt);
-    const double sec = bench::best_seconds([&] { (void)mm(a, b); }, 5);
-    std::printf("castor peak %s %.4g\n", dt == DType::Float32 ? "fp32" : "bf16", 2.0 * n * n * n / sec);
-  }
+  for (DType dt : {DType::Float32, DType::BFloat16})
+    std::printf("castor peak %s %.4g\n", dt == DType::Float32 ? "fp32" : "bf16", bench::gemm_peak(dt));
   return 0;
 }
 

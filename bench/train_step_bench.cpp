@@ -1,7 +1,9 @@
 // Training-step throughput (forward, cross_entropy, backward, Adam) of SimpleCNN and ResNet-18 against PyTorch 1.13
 // measured in the same run, and against the sum of the raw oneDNN primitives such a step needs.
 //
-// Usage: train_step_bench [simplecnn|resnet18|all] [rounds]   (default: simplecnn, 3 rounds; about 2 minutes here)
+// Usage: train_step_bench [simplecnn|resnet18|all] [rounds] [auto|direct]
+//        (default: simplecnn, 3 rounds, auto: float32 3x3 convolutions as Winograd where oneDNN has it, as
+//        castor/backends.h; direct: every convolution direct, in Castor and in the floor)
 //
 // Configurations: Castor float32; Castor all-bfloat16 (model->to(BFloat16), bfloat16 input, Adam with float32 master
 // weights); PyTorch float32 and PyTorch CPU autocast bfloat16 (bench/train_step_torch.py, run with /usr/bin/python3),
@@ -13,7 +15,8 @@
 //
 // The kernel floor: every oneDNN primitive of the step (convolutions, pooling, batch norm, ReLU, residual adds,
 // matmuls of the linears; forward and backward) at the same shapes, on buffers in the layouts oneDNN prefers, run
-// back to back; "overhead" is the step time over their sum. Where oneDNN has no bfloat16 kernels (CPUs without
+// back to back (float32 3x3 stride-1 convolutions by the algorithm Castor picks); "overhead" is the step time over
+// their sum. GFLOP/s count the convolutions' direct multiply-adds (Winograd does fewer), beside the GEMM peak. Where oneDNN has no bfloat16 kernels (CPUs without
 // AVX-512) the bfloat16 floor is the float32 primitives, which is what Castor's bfloat16 runs on there.
 #include <algorithm>
 #include <chrono>
@@ -25,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "castor/backends.h"
 #include "castor/functional.h"
 #include "castor/models.h"
 #include "castor/optim.h"
@@ -83,9 +87,22 @@ class Floor {
     const memory::desc src(d, dt_, tag::any), w({o, d[1], k, k}, dt_, tag::any), dst({d[0], o, oh, ow}, dt_, tag::any);
     const memory::desc b = bias ? memory::desc({o}, dt_, tag::x) : memory::desc();
     const memory::dims s = {stride, stride}, dil = {0, 0}, p = {pad, pad};
-    const auto algo = dnnl::algorithm::convolution_direct;
-    const dnnl::convolution_forward::primitive_desc fwd(
-        {dnnl::prop_kind::forward_training, algo, src, w, b, dst, s, dil, p, p}, kernels::engine());
+    // Castor's choice (castor/backends.h): float32 3x3 stride-1 convolutions as Winograd where oneDNN has it.
+    auto algo = dnnl::algorithm::convolution_direct;
+    const auto forward = [&] {
+      return dnnl::convolution_forward::primitive_desc(
+          {dnnl::prop_kind::forward_training, algo, src, w, b, dst, s, dil, p, p}, kernels::engine());
+    };
+    dnnl::convolution_forward::primitive_desc fwd;
+    try {
+      if (dt_ == memory::data_type::f32 && k == 3 && stride == 1 && d[1] >= 64 &&
+          backends::conv_algorithm() == backends::ConvAlgorithm::Auto)
+        algo = dnnl::algorithm::convolution_winograd;
+      fwd = forward();
+    } catch (const dnnl::error&) {
+      algo = dnnl::algorithm::convolution_direct;
+      fwd = forward();
+    }
     add(dnnl::convolution_forward(fwd), {{DNNL_ARG_SRC, fwd.src_desc()}, {DNNL_ARG_WEIGHTS, fwd.weights_desc()},
                                          {DNNL_ARG_BIAS, b}, {DNNL_ARG_DST, fwd.dst_desc()}});
     if (need_dx) {
@@ -313,6 +330,7 @@ void run(const Bench& b, int rounds, bool bf16_native) {
               "median of %d rounds; PyTorch with %s\n", b.model.c_str(), static_cast<long long>(b.batch), kThreads,
               b.warmup, b.iters, b.seconds, rounds, bench::torch_allocator());
   const DType dtypes[] = {DType::Float32, DType::BFloat16};
+  const double peak[] = {bench::gemm_peak(DType::Float32), bench::gemm_peak(bf16_native ? DType::BFloat16 : DType::Float32)};
   std::vector<CastorStep> castor;
   for (DType dt : dtypes) castor.emplace_back(b.model, dt, b.batch);
   std::vector<std::vector<double>> castor_ips(2);
@@ -349,8 +367,8 @@ void run(const Bench& b, int rounds, bool bf16_native) {
     else std::printf("%11s ", "-");
     if (best > 0) std::printf("%10.2fx\n", ips / best);
     else std::printf("%11s\n", "-");
-    std::printf("          kernels: %s primitives, %.2f GFLOP of conv/matmul per step\n", floor_dt[i],
-                floor.flops() / 1e9);
+    std::printf("          kernels: %s primitives, %.2f GFLOP of conv/matmul per step (as direct convolution); "
+                "GEMM peak %.0f GFLOP/s\n", floor_dt[i], floor.flops() / 1e9, peak[i] / 1e9);
   }
 }
 
@@ -359,8 +377,15 @@ void run(const Bench& b, int rounds, bool bf16_native) {
 int main(int argc, char** argv) {
   const std::string which = argc > 1 ? argv[1] : "simplecnn";
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
+  const std::string algorithm = argc > 3 ? argv[3] : "auto";
+  if (algorithm != "auto" && algorithm != "direct") {
+    std::fprintf(stderr, "train_step_bench: convolution algorithm \"%s\" is not auto or direct\n", algorithm.c_str());
+    return 2;
+  }
+  backends::set_conv_algorithm(algorithm == "auto" ? backends::ConvAlgorithm::Auto : backends::ConvAlgorithm::Direct);
   const bool bf16_native = has_bf16_kernels();
-  std::printf("CPU: %s; oneDNN ISA %s\n", bench::cpu_isa().c_str(), onednn_isa());
+  std::printf("CPU: %s; oneDNN ISA %s; float32 convolutions: %s\n", bench::cpu_isa().c_str(), onednn_isa(),
+              algorithm == "auto" ? "Winograd where oneDNN has it (auto)" : "direct");
   std::printf("oneDNN bfloat16 kernels: %s\n",
               bf16_native ? "available" : "unavailable (castor bfloat16 runs on exact float32 copies)");
   // ResNet-18's PyTorch autocast bfloat16 takes minutes a step without AVX-512: measured only where oneDNN has

@@ -5,6 +5,7 @@
 
 // Tensors and ops.
 #include "castor/allocator.h"
+#include "castor/backends.h"
 #include "castor/check.h"
 #include "castor/convert.h"
 #include "castor/device.h"

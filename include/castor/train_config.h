@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "castor/backends.h"
 #include "castor/corpus.h"
 #include "castor/dtype.h"
 #include "castor/json.h"
@@ -27,6 +28,7 @@ const char* name(Schedule v);
 const char* name(Augment v);
 const char* name(Compression v);
 const char* name(DataOrder v);
+const char* name(backends::ConvAlgorithm v);
 bool is_language_model(ModelKind m);
 bool is_text(Dataset d);
 
@@ -68,6 +70,7 @@ struct TrainConfig {
   bool sync_batchnorm = false;         // with several ranks: BatchNorm statistics over the global batch
   Compression compress_grads = Compression::None;
   bool deterministic = false;
+  backends::ConvAlgorithm conv_algorithm = backends::ConvAlgorithm::Auto;  // float32 convolutions (castor/backends.h)
   std::string out;                     // empty: a new runs/<date>-<time>-<model>-<precision> for each run
   std::string resume;                  // a run directory (or one of its checkpoints) to continue from
   bool overwrite = false;              // a new run may replace another run's files in --out

@@ -95,5 +95,7 @@ void pool2d_backward_ref(const Tensor& diff_dst, const Tensor& workspace, const 
 int64_t conv_reorder_count();
 // How many convolution backward-data passes (diff_src) the oneDNN kernels have run (for tests).
 int64_t conv_backward_data_count();
+// How many convolution passes have run as Winograd (castor/backends.h; for tests).
+int64_t conv_winograd_count();
 
 }  // namespace castor::kernels

@@ -1178,6 +1178,7 @@ Json run_train(TrainConfig c) {
   else if (dist::local_size() > 1)  // the machine's cores shared among its ranks
     omp_set_num_threads(std::max(1, omp_get_num_procs() / dist::local_size()));
   if (c.deterministic) omp_set_dynamic(0);
+  backends::set_conv_algorithm(c.conv_algorithm);
 
   for (const std::string& flag : c.given) {  // flags of one dataset given with another
     const bool folder_flag = flag == "--image-size" || flag == "--val-split" || flag == "--skip-bad-images" ||

@@ -11,12 +11,15 @@
 // Batch-norm statistics and running stats are float32 for every 16-bit input: checked at float32 tolerance.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <string>
 
 #include "castor/autocast.h"
+#include "castor/backends.h"
 #include "castor/autograd.h"
 #include "castor/functional.h"
 #include "castor/ops.h"
@@ -323,6 +326,66 @@ TEST(FunctionalKernels, ChannelsLastLayersMatchReferenceLoops) {
     nans += std::isnan(want[i]);
   }
   EXPECT_EQ(nans, 1);
+}
+
+// Whether this CPU has AVX-512 as oneDNN's Winograd convolutions need it (avx512_core: F, BW, VL, DQ).
+bool has_avx512_core() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0)
+      return line.find(" avx512f") != std::string::npos && line.find(" avx512bw") != std::string::npos &&
+             line.find(" avx512vl") != std::string::npos && line.find(" avx512dq") != std::string::npos;
+  return false;
+}
+
+// Largest |a - b| over the largest |b|: Winograd's error scales with the sums an output is made of, not with the
+// output itself, so it is measured against the tensor's scale (docs/numerics.md).
+double scaled_error(const Tensor& a, const Tensor& b) {
+  const Tensor a64 = a.double_().contiguous(), b64 = b.double_().contiguous();
+  double err = 0, scale = 0;
+  for (int64_t i = 0; i < b64.numel(); ++i) {
+    err = std::max(err, std::abs(a64.data<double>()[i] - b64.data<double>()[i]));
+    scale = std::max(scale, std::abs(b64.data<double>()[i]));
+  }
+  return err / scale;
+}
+
+// castor/backends.h: under Auto, float32 3x3 stride-1 convolutions with 64 or more input channels run as Winograd
+// where the CPU has AVX-512 (all three passes), within 1e-5 of float64 relative to the tensor's scale (measured
+// 1-2e-6); under Direct (and without AVX-512) the same convolutions run direct, within 1e-6 (measured 2-6e-7).
+TEST(FunctionalKernels, WinogradConvolutionsAreFloat32WithinTheirTolerance) {
+  Generator gen(11);
+  const auto restore = backends::conv_algorithm();
+  for (MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast})
+    for (int64_t padding : {0, 1})
+      for (auto algorithm : {backends::ConvAlgorithm::Auto, backends::ConvAlgorithm::Direct}) {
+        const bool auto_algo = algorithm == backends::ConvAlgorithm::Auto;
+        SCOPED_TRACE(detail::cat(format == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW", " padding ",
+                                 padding, auto_algo ? " auto" : " direct"));
+        backends::set_conv_algorithm(algorithm);
+        Tensor x = randn({3, 64, 11, 9}, DType::Float32, &gen).contiguous(format).requires_grad_();
+        Tensor w = (randn({80, 64, 3, 3}, DType::Float32, &gen) * 0.05).requires_grad_();
+        Tensor b = randn({80}, DType::Float32, &gen).requires_grad_();
+        Tensor x64 = x.detach().double_().requires_grad_(), w64 = w.detach().double_().requires_grad_();
+        Tensor b64 = b.detach().double_().requires_grad_();
+        const int64_t before = kernels::conv_winograd_count();
+        Tensor y = F::conv2d(x, w, b, {1, 1}, {padding, padding});
+        Tensor y64 = F::conv2d(x64, w64, b64, {1, 1}, {padding, padding});
+        Tensor gy = randn(y.shape(), DType::Float32, &gen);
+        backward({y}, {gy});
+        backward({y64}, {gy.double_()});
+        const bool winograd = auto_algo && has_avx512_core();
+        EXPECT_EQ(kernels::conv_winograd_count() - before, winograd ? 3 : 0);
+        const double tol = winograd ? 1e-5 : 1e-6;
+        EXPECT_LT(scaled_error(y, y64), tol);
+        EXPECT_LT(scaled_error(x.grad(), x64.grad()), tol);
+        EXPECT_LT(scaled_error(w.grad(), w64.grad()), tol);
+        EXPECT_TRUE(test::close(b.grad(), b64.grad(), 1e-5, 1e-5));
+        std::printf("%s scaled errors: y %.2g, dx %.2g, dw %.2g\n", winograd ? "Winograd" : "direct",
+                    scaled_error(y, y64), scaled_error(x.grad(), x64.grad()), scaled_error(w.grad(), w64.grad()));
+      }
+  backends::set_conv_algorithm(restore);
 }
 
 TEST(FunctionalKernels, ConvReordersPerCallAreFew) {

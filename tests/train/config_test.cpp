@@ -85,4 +85,20 @@ TEST(TrainFlags, ResumeKeepsTheRecordingAndTakesOnlyHarmlessFlags) {
   EXPECT_EQ(resume_config(parse_train_flags({"--threads", "2"}), recorded, "run").threads, 2);
 }
 
+// --conv-algorithm is recorded; a run recorded before it existed ran its float32 convolutions direct and resumes so,
+// and changing it on resume is refused like any other numerics setting.
+TEST(TrainFlags, ConvAlgorithmIsRecordedAndOlderRunsResumeDirect) {
+  EXPECT_EQ(parse_train_flags({}).conv_algorithm, backends::ConvAlgorithm::Auto);
+  Json recorded = settings_json(parse_train_flags({"--conv-algorithm", "direct"}));
+  EXPECT_EQ(recorded.at("conv_algorithm").as_string(), "direct");
+  EXPECT_EQ(resume_config(parse_train_flags({}), recorded, "run").conv_algorithm, backends::ConvAlgorithm::Direct);
+  Json older = settings_json(parse_train_flags({}));
+  older.as_object().erase("conv_algorithm");
+  EXPECT_EQ(resume_config(parse_train_flags({}), older, "run").conv_algorithm, backends::ConvAlgorithm::Direct);
+  recorded["conv_algorithm"] = "auto";
+  EXPECT_EQ(resume_config(parse_train_flags({}), recorded, "run").conv_algorithm, backends::ConvAlgorithm::Auto);
+  EXPECT_THROW(resume_config(parse_train_flags({"--conv-algorithm", "direct"}), recorded, "run"), Error);
+  EXPECT_THROW(parse_train_flags({"--conv-algorithm", "winograd"}), Error);
+}
+
 }  // namespace castor::train

@@ -12,6 +12,7 @@
 #include <optional>
 #include <unordered_map>
 
+#include "castor/backends.h"
 #include "kernels/layers.h"
 #include "kernels/onednn/fallback.h"
 
@@ -24,6 +25,7 @@ using tag = memory::format_tag;
 
 std::atomic<int64_t> g_reorders{0};
 std::atomic<int64_t> g_backward_data{0};  // backward-data passes run
+std::atomic<int64_t> g_winograd{0};       // passes run as Winograd
 
 // Where a tensor in Castor's layout ("plain": nchw or nhwc activations, oihw weights) meets a primitive: the layout
 // the primitive takes and the reorder between the two (absent when they agree).
@@ -78,6 +80,7 @@ struct ConvKey {
   int64_t pass, dt;
   int64_t n, c, h, w, o, kh, kw, oh, ow;
   int64_t stride[2], padding[2], dilation[2], groups, bias, src_cl, dst_cl;
+  int64_t winograd;  // try Winograd F(4x4, 3x3) first (build() falls back to direct where oneDNN has none)
 };
 
 // A cached convolution: the primitive and its three tensor ports, in the order
@@ -90,9 +93,13 @@ struct ConvPrim {
   std::array<Port, 3> ports;
   std::array<int, 3> args;
   memory::desc bias;
+  bool winograd = false;
 };
 
+std::atomic<backends::ConvAlgorithm> g_algorithm{backends::ConvAlgorithm::Auto};
+
 // The key for tensors `src` (or diff_src), `weights` (or diff_weights) and `dst` (or diff_dst), computing in `dt`.
+// Float32 tensors (not the float32 copies that emulate 16-bit types) may run as Winograd: see castor/backends.h.
 ConvKey make_key(Pass pass, DType dt, const Tensor& src, const Tensor& weights, const Tensor& dst, bool bias,
                  const Conv2dParams& p) {
   ConvKey k{};
@@ -105,6 +112,11 @@ ConvKey make_key(Pass pass, DType dt, const Tensor& src, const Tensor& weights, 
   for (int i = 0; i < 2; ++i) k.stride[i] = p.stride[i], k.padding[i] = p.padding[i], k.dilation[i] = p.dilation[i];
   k.groups = p.groups;
   k.bias = bias;
+  // (Below kBlockedFromChannels input channels Winograd's reorders to blocked layouts and its batch-slice
+  // inefficiency cost more than it saves: SimpleCNN's second layer runs 10% slower a step.)
+  k.winograd = dt == DType::Float32 && src.dtype() == DType::Float32 && k.c >= kBlockedFromChannels &&
+               g_algorithm.load() == backends::ConvAlgorithm::Auto && k.kh == 3 && k.kw == 3 &&
+               p.stride[0] == 1 && p.stride[1] == 1 && p.dilation[0] == 1 && p.dilation[1] == 1 && p.groups == 1;
   return k;
 }
 
@@ -125,11 +137,11 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
   // Backward-weights of a layer with few input channels (a network's first) is the exception: oneDNN 2.6's nhwc
   // kernel for it runs 4-1000x slower than its blocked one here (about 3 s against 3 ms for SimpleCNN's first layer in
   // bfloat16 on 2 busy cores), far more than reordering src and diff_dst costs.
-  const bool nhwc_ok = k.pass != kBackwardWeights || k.c >= kNhwcWeightsFromChannels;
+  const bool nhwc_ok = (k.pass != kBackwardWeights || k.c >= kNhwcWeightsFromChannels) && !k.winograd;
   const tag act = k.src_cl && k.c < kBlockedFromChannels && nhwc_ok ? tag::nhwc : tag::any;
   const memory::desc src_any(src_dims, dt, act), dst_any(dst_dims, dt, act), w_any(w_dims, dt, tag::any);
   const memory::desc bias = k.bias ? memory::desc({k.o}, dt, tag::x) : memory::desc();
-  const auto algo = dnnl::algorithm::convolution_direct;
+  const auto algo = k.winograd ? dnnl::algorithm::convolution_winograd : dnnl::algorithm::convolution_direct;
   try {
     const dnnl::convolution_forward::primitive_desc fwd(
         dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src_any, w_any, bias, dst_any,
@@ -137,6 +149,7 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
         engine());
     auto out = std::make_unique<ConvPrim>();
     out->bias = bias;
+    out->winograd = k.winograd;
     if (k.pass == kForward) {
       out->prim = dnnl::convolution_forward(fwd);
       out->ports = {input_port(src_plain, fwd.src_desc()),
@@ -165,7 +178,10 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
     return out;
   } catch (const dnnl::error& e) {
     if (e.status != dnnl_unimplemented) throw;
-    return nullptr;
+    if (!k.winograd) return nullptr;
+    ConvKey direct = k;
+    direct.winograd = 0;
+    return build(direct);
   }
 }
 
@@ -184,6 +200,7 @@ void run(const ConvPrim& c, const Staged& in0, const Staged& in1, const Tensor& 
   if (bias.defined()) args[c.args[2] == DNNL_ARG_DST ? DNNL_ARG_BIAS : DNNL_ARG_DIFF_BIAS] =
       memory(c.bias, engine(), bias.data_ptr());
   c.prim.execute(stream(), args);
+  g_winograd += c.winograd;
   if (port.reorder) {
     port.reorder->execute(stream(), dst.mem, user);
     ++g_reorders;
@@ -253,6 +270,7 @@ void accumulate(const Tensor& sum, const Tensor& part) {
 
 int64_t conv_reorder_count() { return g_reorders.load(); }
 int64_t conv_backward_data_count() { return g_backward_data.load(); }
+int64_t conv_winograd_count() { return g_winograd.load(); }
 
 void conv2d_forward(const Tensor& src, const Tensor& weights, const Tensor& bias, const Tensor& dst,
                     const Conv2dParams& p) {
@@ -340,3 +358,10 @@ void conv2d_max_pool_relu_forward(const Tensor& src, const Tensor& weights, cons
 }
 
 }  // namespace castor::kernels
+
+namespace castor::backends {
+
+void set_conv_algorithm(ConvAlgorithm algorithm) { kernels::g_algorithm.store(algorithm); }
+ConvAlgorithm conv_algorithm() { return kernels::g_algorithm.load(); }
+
+}  // namespace castor::backends
