@@ -7,6 +7,8 @@
 //   gpt_bench block char|124m O0|O1 ITERS
 //   gpt_bench step char|124m O0|O1 WARMUP ITERS [profile]
 //   gpt_bench peak
+//   gpt_bench llmc char|124m FILE    (writes the configuration's initial weights in llm.c's checkpoint format, for
+//                                     bench/llmc_vs_castor.sh)
 //
 // Configurations: char = 6 layers, 6 heads, 384 wide, V=85, B=8, T=256; 124m = GPT-2 (12/12/768, V=50,304), B=4,
 // T=64. Model FLOPs per token: nanoGPT's estimate_mfu, 6 N + 12 L H D T (N without wpe: it does no arithmetic).
@@ -22,6 +24,7 @@
 #include "bench_util.h"
 #include "castor/amp.h"
 #include "castor/functional.h"
+#include "castor/llmc.h"
 #include "castor/models.h"
 #include "castor/ops.h"
 #include "castor/optim.h"
@@ -152,12 +155,16 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (kind == "peak") return run_peak();
+  if (kind == "llmc" && argc == 4) {
+    models::write_llmc_checkpoint(argv[3], *models::gpt(setup(argv[2]).config, 1));
+    return 0;
+  }
   if (kind == "block" && argc == 5) return run_block(argv[2], argv[3], std::atoi(argv[4]));
   if (kind == "step" && (argc == 6 || argc == 7))
     return run_step(argv[2], argv[3], std::atoi(argv[4]), std::atoi(argv[5]),
                     argc == 7 && std::strcmp(argv[6], "profile") == 0);
   std::fprintf(stderr,
                "usage: gpt_bench block char|124m O0|O1 ITERS | step char|124m O0|O1 WARMUP ITERS [profile] | peak | "
-               "isa\n");
+               "llmc char|124m FILE | isa\n");
   return 2;
 }
