@@ -2,7 +2,7 @@
 # The default language-model job (castor train --model gpt: nanoGPT's CPU recipe on Brown characters, 2000 steps)
 # against its PyTorch twin (bench/nanogpt_job_torch.py) at O1 bf16 and O0, alternating: training seconds, their
 # ratio (issue #20's target: Castor <= 0.6x PyTorch's wall time at O1) and both validation losses. Castor runs
-# with and without OMP_WAIT_POLICY=passive and its faster run counts.
+# as it starts (bounded spin) and with OMP_WAIT_POLICY=passive; its faster run counts.
 #   [LEVELS="O1 O0"] bench/default_job_vs_torch.sh [ROUNDS] [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,10 +12,10 @@ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); ISA $(g
 tc=$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)
 for level in ${LEVELS:-O1 O0}; do
   for r in $(seq "$rounds"); do
-    # Castor under both OpenMP wait policies (spinning threads: faster on a quiet machine; passive: when other work
-    # shares the cores), the faster counting, as the twin's policy is PyTorch's faster one.
+    # Castor as it starts (its bounded spin, tools/castor.cpp) and under OMP_WAIT_POLICY=passive, the faster
+    # counting, as the twin's policy is PyTorch's faster one.
     castor=""
-    for policy in "env -u OMP_WAIT_POLICY" "env OMP_WAIT_POLICY=passive"; do
+    for policy in "env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT" "env OMP_WAIT_POLICY=passive"; do
       out=$(mktemp -d)
       json=$($policy ./build/castor train --model gpt --amp "$level" --steps "$steps" --out "$out/run" 2>/dev/null)
       rm -rf "$out"

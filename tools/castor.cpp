@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -61,9 +62,22 @@ int fail(int code) {
   return code;
 }
 
+// GNU OpenMP's default wait policy spins each idle thread for up to 300,000 iterations between parallel regions:
+// fastest on cores of its own, but 6-10x slower on the default GPT job when other work shares the cores, where
+// OMP_WAIT_POLICY=passive (threads sleep at once) is the remedy but costs small models 1.8x on idle cores
+// (docs/benchmarks.md). Unless the user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT set), castor runs itself again with
+// a bounded spin, GOMP_SPINCOUNT=10000: the speed of spinning on idle cores, of passive under load. libgomp reads
+// these once, as it loads, hence the exec; if it fails, castor goes on under the default.
+void bound_openmp_spin(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  if (setenv("GOMP_SPINCOUNT", "10000", /*overwrite=*/0) != 0) return;
+  execv("/proc/self/exe", argv);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  bound_openmp_spin(argv);
   const std::vector<std::string> all(argv + 1, argv + argc);
   if (all.empty() || all[0] == "--help" || all[0] == "-h") {
     std::fputs(kUsage, all.empty() ? stderr : stdout);

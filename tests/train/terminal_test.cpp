@@ -136,8 +136,17 @@ TEST(Terminal, HelpVersionEnvCompletionInfoAndProfile) {
   EXPECT_NE(test::run_castor({"help", "train"}, run).out.find("--grad-accum"), std::string::npos);
   EXPECT_EQ(test::run_castor({"-V"}, run).out, test::run_castor({"--version"}, run).out);
   const std::string env = test::run_castor({"env"}, run).out;
-  for (const char* key : {"castor   ", "cpu      ", "ISA", "oneDNN   2.", "dispatching to ", "threads  ", "mpi      Open MPI"})
+  for (const char* key : {"castor   ", "cpu      ", "ISA", "oneDNN   2.", "dispatching to ", "threads  ", "mpi      Open MPI",
+                          "openmp   idle threads: OMP_WAIT_POLICY=passive\n"})
     EXPECT_NE(env.find(key), std::string::npos) << key << " in " << env;
+  // Without a wait policy of the user's, castor runs itself with a bounded spin (tools/castor.cpp).
+  const test::CastorRun unset{dir, {}, 0, "env"};
+  const std::string bounded = test::run_castor({"-u", "OMP_WAIT_POLICY", "-u", "GOMP_SPINCOUNT",
+                                                std::string(CASTOR_BINARY_DIR) + "/castor", "env"}, unset).out;
+  EXPECT_NE(bounded.find("openmp   idle threads: GOMP_SPINCOUNT=10000\n"), std::string::npos) << bounded;
+  const std::string chosen = test::run_castor({"-u", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT=7",
+                                               std::string(CASTOR_BINARY_DIR) + "/castor", "env"}, unset).out;
+  EXPECT_NE(chosen.find("openmp   idle threads: GOMP_SPINCOUNT=7\n"), std::string::npos) << chosen;
 
   // Values of the enumerated flags complete in bash; the zsh script is the same function under bashcompinit.
   std::ofstream(dir + "/castor.bash") << test::run_castor({"completion", "bash"}, run).out;
