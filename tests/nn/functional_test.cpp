@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <string>
@@ -328,8 +329,12 @@ TEST(FunctionalKernels, ChannelsLastLayersMatchReferenceLoops) {
   EXPECT_EQ(nans, 1);
 }
 
-// Whether this CPU has AVX-512 as oneDNN's Winograd convolutions need it (avx512_core: F, BW, VL, DQ).
+// Whether this CPU has AVX-512 as oneDNN's Winograd convolutions need it (avx512_core: F, BW, VL, DQ), and
+// ONEDNN_MAX_CPU_ISA (the IsaCap tests) does not cap oneDNN below it.
 bool has_avx512_core() {
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  if (!cap) cap = std::getenv("DNNL_MAX_CPU_ISA");
+  if (cap && std::string(cap).rfind("AVX512_CORE", 0) != 0 && std::string(cap) != "ALL") return false;
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line))
@@ -353,7 +358,8 @@ double scaled_error(const Tensor& a, const Tensor& b) {
 
 // castor/backends.h: under Auto, float32 3x3 stride-1 convolutions with 64 or more input channels run as Winograd
 // where the CPU has AVX-512 (all three passes), within 1e-5 of float64 relative to the tensor's scale (measured
-// 1-2e-6); under Direct (and without AVX-512) the same convolutions run direct, within 1e-6 (measured 2-6e-7).
+// 1-2e-6); under Direct (and without AVX-512) the same convolutions run direct, within 5e-6 (measured 2-6e-7 on
+// AVX-512 kernels, up to 1.5e-6 on AVX2 ones).
 TEST(FunctionalKernels, WinogradConvolutionsAreFloat32WithinTheirTolerance) {
   Generator gen(11);
   const auto restore = backends::conv_algorithm();
@@ -377,7 +383,7 @@ TEST(FunctionalKernels, WinogradConvolutionsAreFloat32WithinTheirTolerance) {
         backward({y64}, {gy.double_()});
         const bool winograd = auto_algo && has_avx512_core();
         EXPECT_EQ(kernels::conv_winograd_count() - before, winograd ? 3 : 0);
-        const double tol = winograd ? 1e-5 : 1e-6;
+        const double tol = winograd ? 1e-5 : 5e-6;
         EXPECT_LT(scaled_error(y, y64), tol);
         EXPECT_LT(scaled_error(x.grad(), x64.grad()), tol);
         EXPECT_LT(scaled_error(w.grad(), w64.grad()), tol);
