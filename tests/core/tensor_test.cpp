@@ -317,20 +317,6 @@ TEST(TensorReductions, SixteenBitAccumulatesInFloat32) {
   EXPECT_EQ(values(sum(ones({700, 2}, DType::BFloat16), {0})), (std::vector<float>{700, 700}));
 }
 
-// Column sums large enough for the threads to split the columns (a bias gradient's shape) equal a serial float64
-// sum of each column rounded once, in every float dtype, also for a column count that does not divide evenly.
-TEST(TensorReductions, ColumnSumsSplitAcrossThreadsMatchASerialSum) {
-  Generator gen(4);
-  for (DType d : {DType::Float32, DType::BFloat16, DType::Float16, DType::Float64}) {
-    const Tensor x = randn({300, 257}, DType::Float32, &gen).to(d);  // 77,100 elements: above the parallel grain
-    const std::vector<double> v = x.to(DType::Float64).to_vector<double>();
-    std::vector<double> want(257, 0.0);
-    for (int64_t j = 0; j < 300; ++j)
-      for (int64_t i = 0; i < 257; ++i) want[i] += v[j * 257 + i];
-    EXPECT_TRUE(test::bit_equal(sum(x, {0}), tensor(want, {257}, DType::Float64).to(d))) << dtype_name(d);
-  }
-}
-
 // Values PyTorch 1.13 gives: torch.relu(tensor([-0., nan, -1., 2.])) == [-0., nan, 0., 2.], in every float dtype.
 TEST(TensorOps, ReluKeepsNegativeZeroAndNaN) {
   for (DType d : {DType::Float32, DType::BFloat16, DType::Float16}) {

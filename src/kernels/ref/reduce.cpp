@@ -1,6 +1,4 @@
 // Reduction kernels over the middle dim of an (outer, n, inner) view: sum, max/min, softmax and its backward.
-#include <omp.h>
-
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -51,19 +49,6 @@ void sum_dim(const Tensor& src_in, int64_t outer, int64_t n, int64_t inner, cons
         }
         for (; j < n; ++j) s0 += row[j];
         a[o] = (s0 + s1) + (s2 + s3);
-      }
-    } else if (outer == 1) {
-      // Column sums (a bias gradient: dy summed over its rows): the threads split the columns, each summing its
-      // columns row by row, in the same order as below.
-      std::fill(a, a + inner, 0.0);
-#pragma omp parallel if (n * inner > kParallelGrain)
-      {
-        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int64_t i0 = inner * t / threads, i1 = inner * (t + 1) / threads;
-        for (int64_t j = 0; j < n; ++j) {
-          const T* row = s + j * inner;
-          for (int64_t i = i0; i < i1; ++i) a[i] += row[i];
-        }
       }
     } else {
 #pragma omp parallel for if (outer * n * inner > kParallelGrain)
