@@ -15,6 +15,7 @@ namespace {
 thread_local bool g_grad_enabled = true;
 thread_local int g_backward_depth = 0;                        // backward calls in progress on this thread
 thread_local std::vector<std::function<void()>> g_callbacks;  // queued for the end of the outermost one
+thread_local bool g_plain_accumulation = false;  // the running backward adds leaf gradients into .grad in place
 std::atomic<uint64_t> g_sequence{0};
 }  // namespace
 
@@ -113,6 +114,20 @@ void accumulate_leaf(const std::shared_ptr<TensorImpl>& leaf, Tensor g_in, bool 
   for (const PostAccumulateGradHook& h : leaf->post_accumulate_hooks) h(self);
 }
 
+}  // namespace
+
+Tensor leaf_grad_to_accumulate_into(const Node& node, size_t i) {
+  const Edge& e = node.next[i];
+  if (!g_plain_accumulation || !e.leaf || !e.leaf->grad || !e.leaf->hooks.empty() ||
+      !e.leaf->post_accumulate_hooks.empty())
+    return Tensor();
+  Tensor g = Tensor(e.leaf).grad();
+  const bool fits = g.dtype() == node.input_dtypes[i] && g.shape() == node.input_shapes[i] && g.is_contiguous();
+  return fits ? g : Tensor();
+}
+
+namespace {
+
 struct ByLatest {
   bool operator()(const Node* a, const Node* b) const { return a->sequence < b->sequence; }
 };
@@ -128,6 +143,11 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     ~Restore() { GradMode::set_enabled(prev); }
   } restore{GradMode::is_enabled()};
   GradMode::set_enabled(create_graph);
+  struct RestorePlain {  // a backward run from a hook has its own
+    bool prev;
+    ~RestorePlain() { g_plain_accumulation = prev; }
+  } restore_plain{g_plain_accumulation};
+  g_plain_accumulation = !captures && !create_graph;
 
   std::unordered_map<const void*, size_t> capture_index;
   if (captures) {
