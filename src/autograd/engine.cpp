@@ -6,6 +6,7 @@
 
 #include "autograd/node.h"
 #include "castor/autograd.h"
+#include "castor/convert.h"
 #include "castor/ops.h"
 #include "runtime/dispatch.h"
 
@@ -128,6 +129,15 @@ Tensor leaf_grad_to_accumulate_into(const Node& node, size_t i) {
 
 namespace {
 
+// A gradient on its way to a leaf (an autocast weight's bfloat16 gradient to its float32 .grad), converted with
+// streaming stores: the optimizer reads .grad only after the whole backward, long after it would have left the cache.
+Tensor to_leaf_dtype(const Tensor& g, DType dtype) {
+  if (!g.is_contiguous()) return g.to(dtype);
+  Tensor out = empty(g.shape(), dtype);
+  convert_streaming(g.data_ptr(), g.dtype(), out.data_ptr(), dtype, static_cast<size_t>(g.numel()));
+  return out;
+}
+
 struct ByLatest {
   bool operator()(const Node* a, const Node* b) const { return a->sequence < b->sequence; }
 };
@@ -243,7 +253,9 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     for (size_t i = 0; i < grads.size(); ++i) {
       const Edge& e = node->next[i];
       if (!e.valid() || !grads[i].defined()) continue;
-      Tensor gi = grads[i].dtype() == node->input_dtypes[i] ? std::move(grads[i]) : grads[i].to(node->input_dtypes[i]);
+      Tensor gi = grads[i].dtype() == node->input_dtypes[i] ? std::move(grads[i])
+                  : e.leaf && !create_graph                   ? to_leaf_dtype(grads[i], node->input_dtypes[i])
+                                                              : grads[i].to(node->input_dtypes[i]);
       CASTOR_ASSERT(gi.shape() == node->input_shapes[i], op_name(node->op), " backward gave ", gi.describe(),
                     " for input ", i, " of shape ", shape_str(node->input_shapes[i]));
       if (e.fn) {
