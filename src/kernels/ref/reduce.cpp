@@ -1,4 +1,5 @@
 // Reduction kernels over the middle dim of an (outer, n, inner) view: sum, max/min, softmax and its backward.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -51,13 +52,18 @@ void sum_dim(const Tensor& src_in, int64_t outer, int64_t n, int64_t inner, cons
         a[o] = (s0 + s1) + (s2 + s3);
       }
     } else {
+      // Tasks of up to 512 columns of one outer index, so that a single outer index (a bias gradient: (R, C) summed
+      // over R) spreads over the threads too; each column still sums in the order of j.
+      constexpr int64_t kColumns = 512;
+      const int64_t per_outer = (inner + kColumns - 1) / kColumns;
 #pragma omp parallel for if (outer * n * inner > kParallelGrain)
-      for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t task = 0; task < outer * per_outer; ++task) {
+        const int64_t o = task / per_outer, i0 = task % per_outer * kColumns, i1 = std::min(inner, i0 + kColumns);
         double* ao = a + o * inner;
-        std::fill(ao, ao + inner, 0.0);
+        std::fill(ao + i0, ao + i1, 0.0);
         for (int64_t j = 0; j < n; ++j) {
           const T* row = s + (o * n + j) * inner;
-          for (int64_t i = 0; i < inner; ++i) ao[i] += row[i];
+          for (int64_t i = i0; i < i1; ++i) ao[i] += row[i];
         }
       }
     }
