@@ -27,7 +27,7 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_
 
 // convert() with the same results, writing float32 <-> bfloat16 with non-temporal stores where the active kernels
 // have them: for a destination read again only after much else has gone through the cache (gradients delivered to
-// leaves), where it saves reading the destination's lines before writing them.
+// leaves, optimizers' 16-bit write-backs), where it saves reading the destination's lines before writing them.
 void convert_streaming(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n);
 
 // The instruction set of the active bulk kernels: "avx512bf16", "avx512f", "avx2+f16c" or "portable".
