@@ -1,6 +1,7 @@
 // Automatic mixed precision: the thread-local autocast state, its RAII guard, and user-registered op policies.
 #pragma once
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -72,11 +73,22 @@ CustomOp register_op(const std::string& name, CastPolicy policy, const std::stri
 // True if `t` is a cast the cache currently holds (for the explain report).
 bool is_cached_cast(const Tensor& t);
 
-// Number of float32 -> 16-bit casts the cache has served and made (for tests and the overhead benchmark).
+// Number of float32 -> 16-bit casts the cache has served, made, and taken from an optimizer's kept copy (for tests
+// and the overhead benchmark).
 struct CastCacheStats {
-  int64_t hits = 0, misses = 0, entries = 0;
+  int64_t hits = 0, misses = 0, kept = 0, entries = 0;
 };
 CastCacheStats cast_cache_stats();
 void clear_cast_cache();
+
+// Casts kept across steps. A float32 leaf that autocast cast in a forward is updated by the optimizer step after
+// it; the step rounds the updated value to 16 bits in its own pass (round to nearest even: the bits of
+// param.to(dtype)) and keeps it, and the next forward takes that copy instead of casting the weight again, if the
+// weight has not changed since (its version).
+// The dtype param was cast to since the last keep_cast, if it was (the optimizer asks before its update).
+std::optional<DType> cast_to_keep(const Tensor& param);
+// copy (contiguous, 16-bit, owned by the caller, which must not write it while a forward may use it) holds param
+// rounded to nearest even at param's current version.
+void keep_cast(const Tensor& param, const Tensor& copy);
 
 }  // namespace castor::amp

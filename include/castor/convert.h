@@ -25,6 +25,11 @@ void convert_bf16_to_f32(const uint16_t* src, float* dst, size_t n);
 // src and dst must not overlap unless src_dtype == dst_dtype (then it is a memmove).
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n);
 
+// convert() with the same results, writing float32 <-> bfloat16 with non-temporal stores where the active kernels
+// have them: for a destination read again only after much else has gone through the cache (gradients delivered to
+// leaves, optimizers' 16-bit write-backs), where it saves reading the destination's lines before writing them.
+void convert_streaming(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n);
+
 // The instruction set of the active bulk kernels: "avx512bf16", "avx512f", "avx2+f16c" or "portable".
 const char* conversion_isa();
 

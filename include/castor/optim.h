@@ -32,6 +32,7 @@ struct ParamSlot {
   friend class Optimizer;
   Tensor staged_grad_;
   Tensor grad_buffer_;  // float32, contiguous, kept between steps (Optimizer::float32_grad_buffer)
+  Tensor cast_copy_;    // a float32 parameter rounded to 16 bits by the step for autocast (amp::keep_cast)
 };
 
 struct ParamGroup {

@@ -6,6 +6,7 @@
 
 #include "autograd/node.h"
 #include "castor/autograd.h"
+#include "castor/convert.h"
 #include "castor/ops.h"
 #include "runtime/dispatch.h"
 
@@ -15,6 +16,7 @@ namespace {
 thread_local bool g_grad_enabled = true;
 thread_local int g_backward_depth = 0;                        // backward calls in progress on this thread
 thread_local std::vector<std::function<void()>> g_callbacks;  // queued for the end of the outermost one
+thread_local bool g_plain_accumulation = false;  // the running backward adds leaf gradients into .grad in place
 std::atomic<uint64_t> g_sequence{0};
 }  // namespace
 
@@ -113,6 +115,29 @@ void accumulate_leaf(const std::shared_ptr<TensorImpl>& leaf, Tensor g_in, bool 
   for (const PostAccumulateGradHook& h : leaf->post_accumulate_hooks) h(self);
 }
 
+}  // namespace
+
+Tensor leaf_grad_to_accumulate_into(const Node& node, size_t i) {
+  const Edge& e = node.next[i];
+  if (!g_plain_accumulation || !e.leaf || !e.leaf->grad || !e.leaf->hooks.empty() ||
+      !e.leaf->post_accumulate_hooks.empty())
+    return Tensor();
+  Tensor g = Tensor(e.leaf).grad();
+  const bool fits = g.dtype() == node.input_dtypes[i] && g.shape() == node.input_shapes[i] && g.is_contiguous();
+  return fits ? g : Tensor();
+}
+
+namespace {
+
+// A gradient on its way to a leaf (an autocast weight's bfloat16 gradient to its float32 .grad), converted with
+// streaming stores: the optimizer reads .grad only after the whole backward, long after it would have left the cache.
+Tensor to_leaf_dtype(const Tensor& g, DType dtype) {
+  if (!g.is_contiguous()) return g.to(dtype);
+  Tensor out = empty(g.shape(), dtype);
+  convert_streaming(g.data_ptr(), g.dtype(), out.data_ptr(), dtype, static_cast<size_t>(g.numel()));
+  return out;
+}
+
 struct ByLatest {
   bool operator()(const Node* a, const Node* b) const { return a->sequence < b->sequence; }
 };
@@ -128,6 +153,11 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     ~Restore() { GradMode::set_enabled(prev); }
   } restore{GradMode::is_enabled()};
   GradMode::set_enabled(create_graph);
+  struct RestorePlain {  // a backward run from a hook has its own
+    bool prev;
+    ~RestorePlain() { g_plain_accumulation = prev; }
+  } restore_plain{g_plain_accumulation};
+  g_plain_accumulation = !captures && !create_graph;
 
   std::unordered_map<const void*, size_t> capture_index;
   if (captures) {
@@ -223,7 +253,9 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     for (size_t i = 0; i < grads.size(); ++i) {
       const Edge& e = node->next[i];
       if (!e.valid() || !grads[i].defined()) continue;
-      Tensor gi = grads[i].dtype() == node->input_dtypes[i] ? std::move(grads[i]) : grads[i].to(node->input_dtypes[i]);
+      Tensor gi = grads[i].dtype() == node->input_dtypes[i] ? std::move(grads[i])
+                  : e.leaf && !create_graph                   ? to_leaf_dtype(grads[i], node->input_dtypes[i])
+                                                              : grads[i].to(node->input_dtypes[i]);
       CASTOR_ASSERT(gi.shape() == node->input_shapes[i], op_name(node->op), " backward gave ", gi.describe(),
                     " for input ", i, " of shape ", shape_str(node->input_shapes[i]));
       if (e.fn) {

@@ -124,6 +124,12 @@ void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out, std
             OpParams params = {});
 bool any_requires_grad(const std::vector<Tensor>& inputs);
 
+// The .grad of input `i` of `node` when the engine would add that input's gradient into it in place: a leaf with a
+// .grad of the input's dtype, shape and a dense layout, no hooks, in a backward that neither captures gradients
+// (autograd::grad) nor builds a graph (create_graph); else undefined. A rule may add its gradient for that input into
+// it itself (bumping its version) and return an undefined gradient there, sparing a dense temporary (embedding).
+Tensor leaf_grad_to_accumulate_into(const Node& node, size_t i);
+
 // The backward rule of `node.op`: one gradient per input (undefined where none is needed). It owns `grad`.
 // Dispatched by the op table (autograd/op_table.cpp) to the op's definition.
 std::vector<Tensor> apply_backward_rule(const Node& node, Tensor grad);

@@ -133,21 +133,55 @@ __attribute__((target("avx512f"))) __m256i f32_to_bf16_lanes_avx512(__m512i u) {
   return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, is_nan, quiet_nan));
 }
 
-__attribute__((target("avx512f"))) void f32_to_bf16_avx512(const float* src, uint16_t* dst, size_t n) {
-  size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), f32_to_bf16_lanes_avx512(_mm512_loadu_si512(src + i)));
-  }
-  f32_to_bf16_portable(src + i, dst + i, n - i);
+// Streaming variants (Stream = true) write with non-temporal stores, which skip reading the destination's cache
+// lines first and do not evict what the cache holds: for outputs read again only much later. The elements before
+// the first aligned store go through the portable loop; the stores are fenced before returning.
+template <class T>
+size_t unaligned_head(const T* dst, size_t align, size_t n) {
+  const size_t mis = reinterpret_cast<uintptr_t>(dst) % align;
+  if (mis == 0) return 0;
+  return mis % sizeof(T) != 0 ? n : std::min(n, (align - mis) / sizeof(T));  // (an element never aligns: all)
 }
 
-__attribute__((target("avx512f"))) void bf16_to_f32_avx512(const uint16_t* src, float* dst, size_t n) {
-  size_t i = 0;
+__attribute__((target("avx512f"))) void store_bf16x16(uint16_t* dst, __m256i v, std::false_type) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), v);
+}
+__attribute__((target("avx512f"))) void store_bf16x16(uint16_t* dst, __m256i v, std::true_type) {
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), v);
+}
+
+template <bool Stream>
+__attribute__((target("avx512f"))) void f32_to_bf16_avx512_impl(const float* src, uint16_t* dst, size_t n) {
+  size_t i = Stream ? unaligned_head(dst, 32, n) : 0;
+  f32_to_bf16_portable(src, dst, i);
+  for (; i + 16 <= n; i += 16)
+    store_bf16x16(dst + i, f32_to_bf16_lanes_avx512(_mm512_loadu_si512(src + i)), std::bool_constant<Stream>());
+  f32_to_bf16_portable(src + i, dst + i, n - i);
+  if (Stream) _mm_sfence();
+}
+void f32_to_bf16_avx512(const float* src, uint16_t* dst, size_t n) { f32_to_bf16_avx512_impl<false>(src, dst, n); }
+void f32_to_bf16_avx512_stream(const float* src, uint16_t* dst, size_t n) {
+  f32_to_bf16_avx512_impl<true>(src, dst, n);
+}
+
+template <bool Stream>
+__attribute__((target("avx512f"))) void bf16_to_f32_avx512_impl(const uint16_t* src, float* dst, size_t n) {
+  size_t i = Stream ? unaligned_head(dst, 64, n) : 0;
+  bf16_to_f32_portable(src, dst, i);
   for (; i + 16 <= n; i += 16) {
-    __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
-    _mm512_storeu_si512(dst + i, _mm512_slli_epi32(w, 16));
+    const __m512i w = _mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))), 16);
+    if (Stream)
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), w);
+    else
+      _mm512_storeu_si512(dst + i, w);
   }
   bf16_to_f32_portable(src + i, dst + i, n - i);
+  if (Stream) _mm_sfence();
+}
+void bf16_to_f32_avx512(const uint16_t* src, float* dst, size_t n) { bf16_to_f32_avx512_impl<false>(src, dst, n); }
+void bf16_to_f32_avx512_stream(const uint16_t* src, float* dst, size_t n) {
+  bf16_to_f32_avx512_impl<true>(src, dst, n);
 }
 
 // The cap oneDNN reads from ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA): "AVX2", "AVX512_CORE", "AVX512_CORE_BF16",
@@ -174,10 +208,12 @@ bool avx512_supported() { return __builtin_cpu_supports("avx512f") && avx2_suppo
 // ---- AVX512-BF16: vcvtneps2bf16 rounds to nearest even but treats subnormal inputs as zero and may not
 // keep NaN payloads, so any block holding a subnormal or NaN lane is redone by integer rounding.
 
-__attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512bf16(const float* src, uint16_t* dst,
-                                                                          size_t n) {
+template <bool Stream>
+__attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512bf16_impl(const float* src, uint16_t* dst,
+                                                                               size_t n) {
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
-  size_t i = 0;
+  size_t i = Stream ? unaligned_head(dst, 32, n) : 0;
+  f32_to_bf16_portable(src, dst, i);
   for (; i + 16 <= n; i += 16) {
     __m512i u = _mm512_loadu_si512(src + i);
     __m512i abs = _mm512_and_si512(u, abs_mask);
@@ -186,9 +222,16 @@ __attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512bf16(const 
         _mm512_cmplt_epu32_mask(_mm512_sub_epi32(abs, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fffff)) |
         _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
     __m256i r = special ? f32_to_bf16_lanes_avx512(u) : (__m256i)_mm512_cvtneps_pbh(_mm512_castsi512_ps(u));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), r);
+    store_bf16x16(dst + i, r, std::bool_constant<Stream>());
   }
   f32_to_bf16_portable(src + i, dst + i, n - i);
+  if (Stream) _mm_sfence();
+}
+void f32_to_bf16_avx512bf16(const float* src, uint16_t* dst, size_t n) {
+  f32_to_bf16_avx512bf16_impl<false>(src, dst, n);
+}
+void f32_to_bf16_avx512bf16_stream(const float* src, uint16_t* dst, size_t n) {
+  f32_to_bf16_avx512bf16_impl<true>(src, dst, n);
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -203,11 +246,13 @@ bool avx512bf16_supported() {
 
 const ConvertKernels kConvertKernels[] = {
     {"avx512bf16", avx512bf16_supported, f32_to_f16_avx512, f16_to_f32_avx512, f32_to_bf16_avx512bf16,
-     bf16_to_f32_avx512},
-    {"avx512f", avx512_supported, f32_to_f16_avx512, f16_to_f32_avx512, f32_to_bf16_avx512, bf16_to_f32_avx512},
-    {"avx2+f16c", avx2_supported, f32_to_f16_avx2, f16_to_f32_avx2, f32_to_bf16_avx2, bf16_to_f32_avx2},
+     bf16_to_f32_avx512, f32_to_bf16_avx512bf16_stream, bf16_to_f32_avx512_stream},
+    {"avx512f", avx512_supported, f32_to_f16_avx512, f16_to_f32_avx512, f32_to_bf16_avx512, bf16_to_f32_avx512,
+     f32_to_bf16_avx512_stream, bf16_to_f32_avx512_stream},
+    {"avx2+f16c", avx2_supported, f32_to_f16_avx2, f16_to_f32_avx2, f32_to_bf16_avx2, bf16_to_f32_avx2,
+     f32_to_bf16_avx2, bf16_to_f32_avx2},
     {"portable", portable_supported, f32_to_f16_portable, f16_to_f32_portable, f32_to_bf16_portable,
-     bf16_to_f32_portable},
+     bf16_to_f32_portable, f32_to_bf16_portable, bf16_to_f32_portable},
 };
 const size_t kNumConvertKernels = sizeof(kConvertKernels) / sizeof(kConvertKernels[0]);
 
@@ -352,6 +397,15 @@ void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_
   const auto* s = static_cast<const char*>(src);
   auto* d = static_cast<char*>(dst);
   parallel_chunks(n, [&](size_t b, size_t e) { convert_serial(s + b * ss, src_dtype, d + b * ds, dst_dtype, e - b); });
+}
+
+void convert_streaming(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
+  const auto& k = active_kernels();
+  if (src_dtype == DType::Float32 && dst_dtype == DType::BFloat16)
+    return run_bulk(k.f32_to_bf16_stream, static_cast<const float*>(src), static_cast<uint16_t*>(dst), n);
+  if (src_dtype == DType::BFloat16 && dst_dtype == DType::Float32)
+    return run_bulk(k.bf16_to_f32_stream, static_cast<const uint16_t*>(src), static_cast<float*>(dst), n);
+  convert(src, src_dtype, dst, dst_dtype, n);
 }
 
 const char* conversion_isa() { return active_kernels().isa; }

@@ -12,6 +12,9 @@ struct ConvertKernels {
   void (*f16_to_f32)(const uint16_t* src, float* dst, size_t n);
   void (*f32_to_bf16)(const float* src, uint16_t* dst, size_t n);
   void (*bf16_to_f32)(const uint16_t* src, float* dst, size_t n);
+  // The same results written with non-temporal stores where the set has them (convert_streaming).
+  void (*f32_to_bf16_stream)(const float* src, uint16_t* dst, size_t n);
+  void (*bf16_to_f32_stream)(const uint16_t* src, float* dst, size_t n);
 };
 
 // Every kernel set, best first; the last one is the portable scalar set and is always supported.

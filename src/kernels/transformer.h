@@ -77,8 +77,10 @@ void cross_entropy_backward_ref(const Tensor& logits, const Tensor& target, cons
 // The embedding's weight gradient: diff_weight (V, C) = sum over n of diff_dst[n] (N, C) into row indices[n]
 // (int64 (N)), rows == padding_idx skipped (padding_idx -1: none), accumulated in float32 (double for float64) in
 // the order of n and rounded once: the same bits on any thread count. An index outside [0, V) is a castor::Error.
-// The forward is a gather (gather_dim).
-void embedding_backward(const Tensor& diff_dst, const Tensor& indices, int64_t padding_idx,
-                        const Tensor& diff_weight);
+// The forward is a gather (gather_dim). With `accumulate` (float32 or float64 diff_weight) each indexed row's sum
+// is added into diff_weight instead, once, and the other rows are left as they are: the bits of adding the dense
+// gradient, without building it (except that a -0 in a row no index reaches stays -0).
+void embedding_backward(const Tensor& diff_dst, const Tensor& indices, int64_t padding_idx, const Tensor& diff_weight,
+                        bool accumulate = false);
 
 }  // namespace castor::kernels

@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "castor/autocast.h"
 #include "castor/autograd.h"
 #include "castor/optim.h"
 #include "optim/write_back.h"
@@ -151,9 +152,20 @@ void Optimizer::apply_step() {
       // A 16-bit parameter is rounded from w inside the update's pass if it takes the write-back, else here.
       const bool stochastic = narrow && rounding_ == Rounding::Stochastic;
       if (narrow) pending_write_back_ = WriteBack{slot.param, stochastic, stochastic ? rounding_gen_.next_u64() : 0};
+      // A float32 parameter the last forward cast under autocast: its 16-bit copy for the next forward, rounded to
+      // nearest even in the same pass (into a new buffer while an earlier forward's graph still holds the old one).
+      const std::optional<DType> keep = narrow ? std::nullopt : amp::cast_to_keep(slot.param);
+      if (keep) {
+        Tensor& copy = slot.cast_copy_;
+        if (!copy.defined() || copy.dtype() != *keep || copy.shape() != slot.param.shape() ||
+            copy.impl()->storage.use_count() > 1)
+          copy = empty(slot.param.shape(), *keep);
+        pending_write_back_ = WriteBack{copy};
+      }
       update(group, slot, w, g);
       if (pending_write_back_) kernels::round_into_16bit(w.data<float>(), round_into(take_write_back()));
       slot.param.bump_version();
+      if (keep) amp::keep_cast(slot.param, slot.cast_copy_);
       slot.staged_grad_ = Tensor();
     }
   }

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "castor/autograd.h"
+#include "autograd/node.h"
 #include "runtime/dispatch.h"
 
 namespace castor::amp {
@@ -25,6 +26,42 @@ thread_local int g_depth = 0;  // nesting of enabled regions; the cache lives wh
 thread_local std::unordered_map<const TensorImpl*, CacheEntry> g_cache;
 thread_local CastCacheStats g_cache_stats;
 
+// The float32 leaves autocast has cast, and the 16-bit copies optimizers keep of them (keep_cast). Process-wide:
+// an optimizer may step on another thread than the one running the forward.
+struct Kept {
+  std::weak_ptr<TensorImpl> source;
+  DType dtype;
+  bool used = false;                // cast since the last keep_cast (the next step should keep a copy)
+  uint32_t version = 0;             // of the source when the copy was written
+  std::weak_ptr<TensorImpl> copy;   // owned by the optimizer
+};
+std::mutex g_kept_mutex;
+std::unordered_map<const TensorImpl*, Kept> g_kept;
+
+// The entry of leaf t (a fresh one if t is new at this address), under g_kept_mutex.
+Kept& kept_entry(const Tensor& t, DType dtype) {
+  auto it = g_kept.find(t.impl());
+  if (it != g_kept.end() && it->second.source.lock() == t.impl_ptr()) return it->second;
+  for (auto e = g_kept.begin(); e != g_kept.end();) e = e->second.source.expired() ? g_kept.erase(e) : std::next(e);
+  return g_kept[t.impl()] = Kept{t.impl_ptr(), dtype};
+}
+
+// t cast to dtype from the copy an optimizer kept when it last updated t, if t has not changed since: an alias of
+// that copy recorded as the cast; undefined otherwise. Marks t as cast, so that the next step keeps a copy.
+Tensor kept_cast(const Tensor& t, DType dtype) {
+  std::lock_guard<std::mutex> lock(g_kept_mutex);
+  Kept& k = kept_entry(t, dtype);
+  k.used = true;
+  const std::shared_ptr<TensorImpl> copy = k.copy.lock();
+  if (k.dtype != dtype || !copy || k.version != t.version()) {
+    k.dtype = dtype;
+    return Tensor();
+  }
+  Tensor out = Tensor(copy).detach();
+  record(OpKind::Cast, {t}, out);
+  return out;
+}
+
 // A float32 leaf weight cast to 16-bit once per outermost region (refreshed if the weight changed in place).
 Tensor cached_cast(const Tensor& t, DType dtype) {
   const bool cacheable = g_state.cache_enabled && GradMode::is_enabled() && t.is_leaf() && t.requires_grad();
@@ -35,8 +72,13 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
     ++g_cache_stats.hits;
     return it->second.cast;
   }
-  ++g_cache_stats.misses;
-  Tensor c = t.to(dtype);
+  Tensor c = kept_cast(t, dtype);
+  if (c.defined()) {
+    ++g_cache_stats.kept;
+  } else {
+    ++g_cache_stats.misses;
+    c = t.to(dtype);
+  }
   g_cache[t.impl()] = {t.impl_ptr(), t.version(), c};
   return c;
 }
@@ -172,5 +214,21 @@ CastCacheStats cast_cache_stats() {
 }
 
 void clear_cast_cache() { g_cache.clear(); }
+
+std::optional<DType> cast_to_keep(const Tensor& param) {
+  std::lock_guard<std::mutex> lock(g_kept_mutex);
+  auto it = g_kept.find(param.impl());
+  if (it == g_kept.end() || it->second.source.lock() != param.impl_ptr() || !it->second.used) return std::nullopt;
+  return it->second.dtype;
+}
+
+void keep_cast(const Tensor& param, const Tensor& copy) {
+  CASTOR_ASSERT(param.dtype() == DType::Float32 && is_16bit_float(copy.dtype()) && copy.is_contiguous() &&
+                    copy.shape() == param.shape(), "keep_cast: ", copy.describe(), " cannot be a cast of ",
+                param.describe());
+  std::lock_guard<std::mutex> lock(g_kept_mutex);
+  Kept& k = kept_entry(param, copy.dtype());
+  k = Kept{param.impl_ptr(), copy.dtype(), /*used=*/false, param.version(), copy.impl_ptr()};
+}
 
 }  // namespace castor::amp

@@ -12,6 +12,7 @@
 #include "castor/explain.h"
 #include "castor/functional.h"
 #include "castor/ops.h"
+#include "castor/optim.h"
 #include "castor/random.h"
 #include "runtime/dispatch.h"
 #include "test_util.h"
@@ -235,6 +236,56 @@ TEST(Autocast, WeightIsCastOnceAcrossForwardAndBackward) {
     EXPECT_EQ(explain.summary().casts, 3);  // x once, w twice
     EXPECT_EQ(explain.summary().cache_hits, 0);
   }
+}
+
+// An optimizer step after an autocast forward rounds the updated float32 weight to 16 bits in its own pass and the
+// next forward takes that copy instead of casting: the bits of casting the weight (oracle: w.to(bfloat16) with
+// autocast off), never written while an earlier forward's graph holds it, and not taken once the weight changed.
+TEST(Autocast, OptimizerStepKeepsTheNextForwardsCast) {
+  Generator gen(7);
+  Tensor w = randn({8, 8}, DType::Float32, &gen).requires_grad_();
+  const Tensor x = randn({3, 8}, DType::Float32, &gen);
+  optim::Adam opt({w}, optim::AdamOptions::adamw());
+  auto forward = [&] {
+    amp::AutocastGuard guard(DType::BFloat16);
+    return mm(mm(x, w), w);  // w's cast is saved for backward, and its gradient depends on it
+  };
+  auto by_hand = [&] { return mm(mm(x.bfloat16(), w.detach().bfloat16()), w.detach().bfloat16()); };
+  auto step = [&](const Tensor& y, bool retain) {
+    opt.zero_grad();
+    sum(y.float_()).backward({}, /*retain_graph=*/retain);
+    opt.step();
+  };
+  amp::CastCacheStats s0 = amp::cast_cache_stats();
+  step(forward(), false);  // cast by autocast, then kept by the step
+  EXPECT_EQ(amp::cast_cache_stats().misses - s0.misses, 1);
+  EXPECT_EQ(amp::cast_cache_stats().kept - s0.kept, 0);
+
+  s0 = amp::cast_cache_stats();
+  const Tensor y2 = forward();
+  EXPECT_EQ(amp::cast_cache_stats().misses - s0.misses, 0);
+  EXPECT_EQ(amp::cast_cache_stats().kept - s0.kept, 1);
+  EXPECT_TRUE(test::bit_equal(y2, by_hand()));
+  // y2's graph (its saved cast) outlives the next step: the step keeps its copy in another buffer.
+  step(y2, /*retain=*/true);
+  const Tensor grad_before = w.grad().clone();
+  opt.zero_grad();
+  sum(y2.float_()).backward();
+  EXPECT_TRUE(test::bit_equal(w.grad(), grad_before));
+  s0 = amp::cast_cache_stats();
+  EXPECT_TRUE(test::bit_equal(forward(), by_hand()));
+  EXPECT_EQ(amp::cast_cache_stats().kept - s0.kept, 1);
+
+  // The weight changed after the step: cast again.
+  step(forward(), false);
+  {
+    NoGradGuard no_grad;
+    w.mul_(0.5);
+  }
+  s0 = amp::cast_cache_stats();
+  EXPECT_TRUE(test::bit_equal(forward(), by_hand()));
+  EXPECT_EQ(amp::cast_cache_stats().misses - s0.misses, 1);
+  EXPECT_EQ(amp::cast_cache_stats().kept - s0.kept, 0);
 }
 
 TEST(Autocast, CacheDoesNotGrowUnderNoGradAndRefreshesAfterTheWeightChanges) {

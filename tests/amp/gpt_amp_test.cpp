@@ -149,6 +149,43 @@ TEST(GptAmp, EveryOptLevelTrains) {
   }
 }
 
+// O1 bfloat16 AdamW steps take the weights' 16-bit casts from the copies the previous step kept (amp::keep_cast):
+// the same losses and weights, bit for bit, as casting every forward (the copies refused by bumping each weight's
+// version after the step, as an in-place change would).
+TEST(GptAmp, KeptCastsTrainBitForBitAsCastingEveryForward) {
+  auto train = [](bool refuse_kept, int64_t* kept) {
+    auto model = models::gpt(config(), 9);
+    auto opt = adamw(*model, 1e-3, 0.1);
+    auto a = amp::initialize(*model, {opt.get()}, amp::OptLevel::O1, DType::BFloat16);
+    std::vector<double> losses;
+    const int64_t kept_before = amp::cast_cache_stats().kept;
+    for (int step = 0; step < 5; ++step) {
+      const Tensor s = tokens(4, 17, config().vocab_size, step);
+      Tensor loss;
+      {
+        auto fw = a->forward();
+        loss = loss_of(*model, s.narrow(1, 0, 16).contiguous(), s.narrow(1, 1, 16).contiguous());
+      }
+      a->scale_loss(loss, *opt).backward();
+      opt->step();
+      opt->zero_grad();
+      if (refuse_kept)
+        for (const Tensor& p : model->parameters()) p.bump_version();
+      losses.push_back(loss.item());
+    }
+    *kept = amp::cast_cache_stats().kept - kept_before;
+    return std::make_pair(losses, model->state_dict());
+  };
+  int64_t kept = 0, kept_refused = 0;
+  const auto [losses, weights] = train(/*refuse_kept=*/false, &kept);
+  const auto [want_losses, want_weights] = train(/*refuse_kept=*/true, &kept_refused);
+  // Each step after the first: the weight and bias of every block's 4 linears, and lm_head's weight.
+  EXPECT_EQ(kept, 4 * (8 * config().n_layer + 1));
+  EXPECT_EQ(kept_refused, 0);
+  EXPECT_EQ(losses, want_losses);
+  for (const auto& [name, w] : want_weights) EXPECT_TRUE(test::bit_equal(weights.at(name), w)) << name;
+}
+
 // O1 bfloat16 on gpt-mini (batch 8, block 256): one step's peak at most 0.65x O0's.
 TEST(GptAmp, AutocastPeakMemoryIsAtMostTwoThirdsOfFloat32) {
   auto peak = [](bool autocast) {

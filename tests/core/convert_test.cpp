@@ -201,6 +201,8 @@ TEST(BulkKernels, EverySixteenBitPatternMatchesScalar) {
     EXPECT_TRUE(same_bits(got, want_h));
     k->bf16_to_f32(patterns.data(), got.data(), got.size());
     EXPECT_TRUE(same_bits(got, want_b));
+    k->bf16_to_f32_stream(patterns.data(), got.data(), got.size());
+    EXPECT_TRUE(same_bits(got, want_b));
   }
   convert_f16_to_f32(patterns.data(), got.data(), got.size());
   EXPECT_TRUE(same_bits(got, want_h));
@@ -240,6 +242,11 @@ TEST(FloatToHalf, SweepMatchesOracle) {
 TEST(FloatToBFloat16, SweepMatchesOracle) {
   check_sweep_against_oracle(kBf16, float_to_bf16_bits, convert_f32_to_bf16, &ConvertKernels::f32_to_bf16,
                              "f32->bf16");
+  auto streaming = [](const float* src, uint16_t* dst, size_t n) {
+    convert_streaming(src, DType::Float32, dst, DType::BFloat16, n);
+  };
+  check_sweep_against_oracle(kBf16, float_to_bf16_bits, streaming, &ConvertKernels::f32_to_bf16_stream,
+                             "f32->bf16 streaming");
 }
 
 TEST(FloatToHalf, NamedBoundaries) {
@@ -327,6 +334,8 @@ TEST(BulkKernels, AllLengthsAndOffsetsMatchScalar) {
     check_lengths<float, uint16_t>("f32->bf16", k->f32_to_bf16, f2b, floats);
     check_lengths<uint16_t, float>("f16->f32", k->f16_to_f32, h2f, halves);
     check_lengths<uint16_t, float>("bf16->f32", k->bf16_to_f32, b2f, halves);
+    check_lengths<float, uint16_t>("f32->bf16 streaming", k->f32_to_bf16_stream, f2b, floats);
+    check_lengths<uint16_t, float>("bf16->f32 streaming", k->bf16_to_f32_stream, b2f, halves);
   }
   check_lengths<float, uint16_t>("convert_f32_to_f16", convert_f32_to_f16, f2h, floats);
   check_lengths<float, uint16_t>("convert_f32_to_bf16", convert_f32_to_bf16, f2b, floats);
@@ -337,6 +346,14 @@ TEST(BulkKernels, AllLengthsAndOffsetsMatchScalar) {
   };
   check_lengths<float, uint16_t>("convert F32->F16", generic(DType::Float32, DType::Float16), f2h, floats);
   check_lengths<uint16_t, float>("convert BF16->F32", generic(DType::BFloat16, DType::Float32), b2f, halves);
+  auto streaming = [](DType s, DType d) {
+    return [s, d](const void* src, void* dst, size_t n) { convert_streaming(src, s, dst, d, n); };
+  };
+  check_lengths<float, uint16_t>("convert_streaming F32->BF16", streaming(DType::Float32, DType::BFloat16), f2b,
+                                 floats);
+  check_lengths<uint16_t, float>("convert_streaming BF16->F32", streaming(DType::BFloat16, DType::Float32), b2f,
+                                 halves);
+  check_lengths<float, uint16_t>("convert_streaming F32->F16", streaming(DType::Float32, DType::Float16), f2h, floats);
 }
 
 TEST(BulkKernels, LargeArraysMatchScalar) {
@@ -354,12 +371,19 @@ TEST(BulkKernels, LargeArraysMatchScalar) {
   EXPECT_EQ(count_mismatches(b, want_b, in, "f32->bf16 large"), 0u);
   convert(in.data(), DType::Float32, h.data(), DType::Float16, n);
   EXPECT_EQ(count_mismatches(h, want_h, in, "convert F32->F16 large"), 0u);
+  std::fill(b.begin(), b.end(), uint16_t{0});
+  convert_streaming(in.data() + 1, DType::Float32, b.data() + 1, DType::BFloat16, n - 1);  // (unaligned)
+  b[0] = want_b[0];
+  EXPECT_EQ(count_mismatches(b, want_b, in, "convert_streaming F32->BF16 large"), 0u);
 
   for (size_t i = 0; i < n; ++i) want_back[i] = half_bits_to_float(want_h[i]);
   convert_f16_to_f32(want_h.data(), back.data(), n);
   EXPECT_EQ(std::memcmp(back.data(), want_back.data(), n * 4), 0);
   for (size_t i = 0; i < n; ++i) want_back[i] = bf16_bits_to_float(want_b[i]);
   convert_bf16_to_f32(want_b.data(), back.data(), n);
+  EXPECT_EQ(std::memcmp(back.data(), want_back.data(), n * 4), 0);
+  std::fill(back.begin(), back.end(), 0.0f);
+  convert_streaming(want_b.data(), DType::BFloat16, back.data(), DType::Float32, n);
   EXPECT_EQ(std::memcmp(back.data(), want_back.data(), n * 4), 0);
 }
 

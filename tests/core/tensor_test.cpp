@@ -317,6 +317,27 @@ TEST(TensorReductions, SixteenBitAccumulatesInFloat32) {
   EXPECT_EQ(values(sum(ones({700, 2}, DType::BFloat16), {0})), (std::vector<float>{700, 700}));
 }
 
+// A sum over the outer dim with many columns (a bias gradient: (R, C) over R) is split into column tasks across
+// threads; each column must still be its values summed in row order (hand-worked: the same double sum, rounded
+// once), across the ragged last task and with more than one outer index.
+TEST(TensorReductions, ColumnSumsOverManyColumnsKeepTheRowOrder) {
+  const int64_t O = 2, R = 37, C = 1300;
+  const Tensor x = randn({O, R, C});
+  for (DType d : {DType::Float32, DType::BFloat16}) {
+    const Tensor xd = x.to(d);
+    const std::vector<float> in = xd.to_vector<float>();
+    std::vector<float> want(O * C);
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t c = 0; c < C; ++c) {
+        double acc = 0;
+        for (int64_t r = 0; r < R; ++r) acc += in[(o * R + r) * C + c];
+        want[o * C + c] = static_cast<float>(acc);
+      }
+    const Tensor oracle = tensor(std::vector<double>(want.begin(), want.end()), Shape{O, C}, DType::Float32).to(d);
+    EXPECT_TRUE(test::bit_equal(sum(xd, {1}), oracle)) << dtype_name(d);
+  }
+}
+
 // Values PyTorch 1.13 gives: torch.relu(tensor([-0., nan, -1., 2.])) == [-0., nan, 0., 2.], in every float dtype.
 TEST(TensorOps, ReluKeepsNegativeZeroAndNaN) {
   for (DType d : {DType::Float32, DType::BFloat16, DType::Float16}) {

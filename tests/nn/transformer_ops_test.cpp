@@ -122,6 +122,61 @@ TEST(TransformerOps, Float64MatchesFiniteDifferences) {
                               {rnd({3, 4}, 16)}));
 }
 
+// A weight used by the embedding and by a later op (GPT's tied wte = lm_head): the later op's gradient reaches .grad
+// first and the embedding adds its indexed rows into it in place. Hand-worked oracle: each row's float32 sum in the
+// order of the positions, then one float32 addition; rows no index reaches (and padding_idx) keep the other
+// gradient. The same bits through the dense path (a hook on the weight, castor::grad) and across two backwards.
+TEST(TransformerOps, EmbeddingAddsItsRowsIntoAnExistingGradient) {
+  const int64_t V = 7, C = 5, pad = 0;
+  const std::vector<int64_t> ids = {3, 1, 3, 0, 6, 3, 1};
+  const int64_t N = static_cast<int64_t>(ids.size());
+  const Tensor idx = tensor(std::vector<double>(ids.begin(), ids.end()), Shape{N}, DType::Int64);
+  const Tensor a = randn({V, C}), d = randn({N, C});
+  const std::vector<float> av = a.to_vector<float>(), dv = d.to_vector<float>();
+  // The gradient after one more backward from `before`: (before + a) + the row's sum (just a + sum the first time).
+  auto expected = [&](const std::vector<float>* before) {
+    std::vector<float> want(V * C);
+    for (int64_t r = 0; r < V; ++r)
+      for (int64_t j = 0; j < C; ++j) {
+        float acc = 0;
+        for (int64_t n = 0; n < N; ++n)
+          if (ids[n] == r && r != pad) acc += dv[n * C + j];
+        const float first = before ? (*before)[r * C + j] + av[r * C + j] : av[r * C + j];
+        want[r * C + j] = first + acc;
+      }
+    return want;
+  };
+  // loss = sum(embedding(idx, w) * d) + sum(w * a); the product is recorded last, so its gradient a comes first.
+  auto loss_of = [&](const Tensor& w) {
+    const Tensor rows = sum(mul(F::embedding(idx, w, pad), d));
+    return rows + sum(mul(w, a));
+  };
+  auto expect_bits = [&](const Tensor& g, const std::vector<float>& want) {
+    ASSERT_TRUE(g.defined());
+    const std::vector<float> got = g.to_vector<float>();
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "element " << i;
+  };
+  const Tensor w = randn({V, C}).requires_grad_();
+  const std::vector<float> once = expected(nullptr);
+  loss_of(w).backward();
+  expect_bits(w.grad(), once);
+  // A second backward adds both uses once more, in the same order.
+  loss_of(w).backward();
+  expect_bits(w.grad(), expected(&once));
+  // With a hook on the weight every gradient goes through it whole: the dense path, the same bits.
+  const Tensor h = randn({V, C}).requires_grad_();
+  int hook_calls = 0;
+  h.register_hook([&](const Tensor& g) {
+    ++hook_calls;
+    return g;
+  });
+  loss_of(h).backward();
+  EXPECT_EQ(hook_calls, 2);
+  expect_bits(h.grad(), once);
+  const Tensor u = randn({V, C}).requires_grad_();
+  expect_bits(grad({loss_of(u)}, {u})[0], once);
+}
+
 // The attention's saved state and scratch grow linearly in T: one layer's forward + backward at T = 1024 peaks
 // under 5x its peak at T = 256 (a (T, T) probability matrix per head would make it 16x).
 TEST(TransformerOps, AttentionMemoryIsLinearInT) {

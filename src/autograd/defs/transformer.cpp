@@ -83,9 +83,17 @@ std::vector<Tensor> OpDef<OpKind::Embedding>::backward(const Node& node, const P
   check_first_order(node);
   const Tensor indices = node.unpack(s.indices);
   const Shape& ws = node.input_shapes[0];
+  const Tensor src = grad_in(diff_dst, node.out_dtype).view({indices.numel(), ws[1]});
+  // A weight that already has a float32 (float64) .grad, like GPT's wte tied to lm_head whose gradient came first:
+  // only the indexed rows are added into it, not a dense (V, C) gradient built and added.
+  Tensor acc = leaf_grad_to_accumulate_into(node, 0);
+  if (acc.defined() && (acc.dtype() == DType::Float32 || acc.dtype() == DType::Float64)) {
+    kernels::embedding_backward(src, indices.view({indices.numel()}), p.padding_idx, acc, /*accumulate=*/true);
+    acc.bump_version();
+    return {Tensor()};
+  }
   Tensor diff_weight = empty(ws, node.input_dtypes[0]);
-  kernels::embedding_backward(grad_in(diff_dst, node.out_dtype).view({indices.numel(), ws[1]}),
-                              indices.view({indices.numel()}), p.padding_idx, diff_weight);
+  kernels::embedding_backward(src, indices.view({indices.numel()}), p.padding_idx, diff_weight);
   return {diff_weight};
 }
 

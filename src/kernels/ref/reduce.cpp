@@ -1,4 +1,5 @@
 // Reduction kernels over the middle dim of an (outer, n, inner) view: sum, max/min, softmax and its backward.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -29,13 +30,16 @@ void with_float_type(DType d, Fn fn) {
 }  // namespace
 
 void sum_dim(const Tensor& src_in, int64_t outer, int64_t n, int64_t inner, const Tensor& dst) {
-  Tensor src = widened(src_in);
+  // Over an outer dim a 16-bit src is read as it is, each task widening its slice of a row (a bias gradient: no
+  // float32 copy of the whole gradient, and no parallel region for one).
+  const bool narrow_columns = inner > 1 && is_16bit_float(src_in.dtype()) && src_in.is_contiguous();
+  Tensor src = narrow_columns ? src_in : widened(src_in);
   Tensor acc = empty({outer * inner}, DType::Float64);
   double* a = acc.data<double>();
   with_float_type(src.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    const T* s = static_cast<const T*>(src.data_ptr());
     if (inner == 1) {
+      const T* s = static_cast<const T*>(src.data_ptr());
 #pragma omp parallel for if (outer * n > kParallelGrain)
       for (int64_t o = 0; o < outer; ++o) {
         const T* row = s + o * n;
@@ -51,13 +55,27 @@ void sum_dim(const Tensor& src_in, int64_t outer, int64_t n, int64_t inner, cons
         a[o] = (s0 + s1) + (s2 + s3);
       }
     } else {
-#pragma omp parallel for if (outer * n * inner > kParallelGrain)
-      for (int64_t o = 0; o < outer; ++o) {
-        double* ao = a + o * inner;
-        std::fill(ao, ao + inner, 0.0);
-        for (int64_t j = 0; j < n; ++j) {
-          const T* row = s + (o * n + j) * inner;
-          for (int64_t i = 0; i < inner; ++i) ao[i] += row[i];
+      // Tasks of up to 512 columns of one outer index, so that a single outer index (a bias gradient: (R, C) summed
+      // over R) spreads over the threads too; each column still sums in the order of j.
+      constexpr int64_t kColumns = 512;
+      const int64_t per_outer = (inner + kColumns - 1) / kColumns;
+      const char* bytes = static_cast<const char*>(src.data_ptr());
+      const size_t esize = src.element_size();
+#pragma omp parallel if (outer * n * inner > kParallelGrain)
+      {
+        std::vector<T> buf(narrow_columns ? kColumns : 0);
+#pragma omp for
+        for (int64_t task = 0; task < outer * per_outer; ++task) {
+          const int64_t o = task / per_outer, i0 = task % per_outer * kColumns, i1 = std::min(inner, i0 + kColumns);
+          double* ao = a + o * inner;
+          std::fill(ao + i0, ao + i1, 0.0);
+          double* aw = ao + i0;
+          for (int64_t j = 0; j < n; ++j) {
+            const char* at = bytes + ((o * n + j) * inner + i0) * esize;  // columns [i0, i1) of row j
+            const T* row = narrow_columns ? buf.data() : reinterpret_cast<const T*>(at);
+            if (narrow_columns) convert(at, src.dtype(), buf.data(), dtype_of<T>(), static_cast<size_t>(i1 - i0));
+            for (int64_t i = 0; i < i1 - i0; ++i) aw[i] += row[i];
+          }
         }
       }
     }

@@ -47,8 +47,8 @@ void round_block_into_16bit(const float* src, const RoundInto& into, int64_t beg
   if (!into.dst) return;
   const DType d = into.dst->dtype();
   uint16_t* out = static_cast<uint16_t*>(into.dst->data_ptr());
-  if (!into.stochastic) {
-    convert(src + begin, DType::Float32, out + begin, d, end - begin);
+  if (!into.stochastic) {  // streamed: the next forward reads it only after the whole step
+    convert_streaming(src + begin, DType::Float32, out + begin, d, end - begin);
     return;
   }
   Generator bits(into.key + static_cast<uint64_t>(begin / kBlock));

@@ -248,9 +248,11 @@ void cross_entropy_backward_ref(const Tensor& logits, const Tensor& target, cons
 
 // ---- Embedding backward ----
 
-void embedding_backward(const Tensor& diff_dst, const Tensor& indices, int64_t padding_idx,
-                        const Tensor& diff_weight) {
+void embedding_backward(const Tensor& diff_dst, const Tensor& indices, int64_t padding_idx, const Tensor& diff_weight,
+                        bool accumulate) {
   const int64_t N = indices.numel(), V = diff_weight.size(0), C = diff_weight.size(1);
+  CASTOR_ASSERT(!accumulate || diff_weight.dtype() == DType::Float32 || diff_weight.dtype() == DType::Float64,
+                "embedding_backward: accumulates into float32 or float64, not ", diff_weight.describe());
   const int64_t* idx = indices.data<int64_t>();
   // Positions grouped by row, each group in increasing n (a counting sort), so each row sums in the order of n.
   std::vector<int64_t> start(V + 1, 0), order(N);
@@ -263,20 +265,33 @@ void embedding_backward(const Tensor& diff_dst, const Tensor& indices, int64_t p
     std::vector<int64_t> next(start.begin(), start.end() - 1);
     for (int64_t n = 0; n < N; ++n) order[next[idx[n]]++] = n;
   }
+  // The rows written: all of them, or (accumulating) only those indexed, outside padding_idx.
+  std::vector<int64_t> rows;
+  if (accumulate) {
+    for (int64_t r = 0; r < V; ++r)
+      if (start[r + 1] > start[r] && r != padding_idx) rows.push_back(r);
+  }
+  const int64_t R = accumulate ? static_cast<int64_t>(rows.size()) : V;
   with_compute_type(diff_weight.dtype(), [&](auto tag) {
     using T = decltype(tag);
-#pragma omp parallel if (V * C > kParallelGrain)
+#pragma omp parallel if (R * C > kParallelGrain)
     {
       std::vector<T> acc(C), row(C);
 #pragma omp for schedule(static)
-      for (int64_t r = 0; r < V; ++r) {
+      for (int64_t i = 0; i < R; ++i) {
+        const int64_t r = accumulate ? rows[i] : i;
         std::fill(acc.begin(), acc.end(), T(0));
         if (r != padding_idx)
           for (int64_t p = start[r]; p < start[r + 1]; ++p) {
             load(diff_dst, order[p] * C, row.data(), C);
             for (int64_t j = 0; j < C; ++j) acc[j] += row[j];
           }
-        store(acc.data(), diff_weight, r * C, C);
+        if (accumulate) {  // T is the storage type: the row's sum, then one addition, as summing the dense gradient
+          T* dst = static_cast<T*>(diff_weight.data_ptr()) + r * C;
+          for (int64_t j = 0; j < C; ++j) dst[j] += acc[j];
+        } else {
+          store(acc.data(), diff_weight, r * C, C);
+        }
       }
     }
   });
