@@ -4,7 +4,7 @@
 # autocast without it), alternating Castor and PyTorch run by run for ROUNDS rounds. Prints the CPU ISA, the GEMM
 # peaks, then per measurement the medians over rounds and the ratio (>1: Castor faster): one block's forward+backward
 # (ms) and training steps (tokens/s, model FLOP/s, MFU against the measured GEMM peak of the same dtype). Castor
-# runs with the castor command's bounded spin (GOMP_SPINCOUNT=10000) and with OMP_WAIT_POLICY=passive, PyTorch bf16
+# runs with the castor command's bounded spin (GOMP_SPINCOUNT=3000) and with OMP_WAIT_POLICY=passive, PyTorch bf16
 # autocast with its default policy and with passive; each side's faster counts.
 #
 #   bench/gpt_vs_torch.sh [ROUNDS] [GPT_BENCH]      (defaults: 3, ./build/gpt_bench; run from the repository root)
@@ -34,8 +34,8 @@ for r in $(seq "$rounds"); do
   for item in "${items[@]}"; do
     set -- $item
     # Castor, like PyTorch, under two OpenMP wait policies: the bounded spin the castor command sets by default
-    # (tools/castor.cpp: GOMP_SPINCOUNT=10000) and passive.
-    env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=10000 "$bin" "$@" | grep '^castor' | tee -a "$out" >&2
+    # (tools/castor.cpp: GOMP_SPINCOUNT=3000) and passive.
+    env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=3000 "$bin" "$@" | grep '^castor' | tee -a "$out" >&2
     OMP_WAIT_POLICY=passive "$bin" "$@" | grep '^castor' | sed 's/^castor/castorp/' | tee -a "$out" >&2
     [ -z "${BEFORE:-}" ] || OMP_WAIT_POLICY=passive "$BEFORE" "$@" | grep '^castor' | sed 's/^castor/before/' |
       tee -a "$out" >&2
@@ -84,7 +84,7 @@ awk '
       if (has_before) { b = median(v["before", k]); printf " %8.0f t/s %7.2fx", b, c / b }
       printf "%s\n", policy
     }
-    print "Castor: the faster of its runs with GOMP_SPINCOUNT=10000 and with OMP_WAIT_POLICY=passive (\"castor passive\": the latter)."
+    print "Castor: the faster of its runs with GOMP_SPINCOUNT=3000 and with OMP_WAIT_POLICY=passive (\"castor passive\": the latter)."
     print "O1 rows: torch is PyTorch bf16 autocast under its default OpenMP policy; \"(torch passive ...)\" is the same"
     print "under OMP_WAIT_POLICY=passive, and \"*\" marks that the ratio is taken against that faster figure."
   }' "$out"

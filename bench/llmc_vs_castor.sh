@@ -10,7 +10,7 @@
 # Configurations (those of bench/gpt_vs_torch.sh): 124m = GPT-2 124M, B=4, T=64 (train_gpt2.c's own); char = 6
 # layers, 6 heads, 384 wide, V=85, B=8, T=256. train_gpt2.c is copied and only its B, T and step count are changed
 # (sed); its step time is its own "took X ms" (forward, backward, AdamW update), the first step left out. llm.c runs
-# under the OpenMP wait policy of the environment, Castor with the castor command's bounded spin (GOMP_SPINCOUNT=10000).
+# under the OpenMP wait policy of the environment, Castor with the castor command's bounded spin (GOMP_SPINCOUNT=3000).
 set -euo pipefail
 llmc=${1:?usage: bench/llmc_vs_castor.sh LLMC_DIR [ROUNDS] [STEPS]}
 rounds=${2:-2}
@@ -45,7 +45,7 @@ declare -A castor llm
 for r in $(seq "$rounds"); do
   for config in "${configs[@]}"; do
     set -- $config
-    c=$(env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=10000 "$bin" step "$1" O0 1 3 | awk '/^castor step/ {print $5}')
+    c=$(env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=3000 "$bin" step "$1" O0 1 3 | awk '/^castor step/ {print $5}')
     # llm.c's steps after the first: "step N: train loss L (took MS ms)"
     ms=$(cd "$dir/$1" && OMP_NUM_THREADS=2 ./train_gpt2 |
            awk '/^step [0-9]+: train loss/ && $2 != "0:" {print $(NF - 1)}' | sed 's/(took //' | median)

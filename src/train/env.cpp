@@ -41,7 +41,7 @@ std::string run_env() {
   out += "threads  " + std::to_string(omp_get_max_threads()) + " OpenMP threads (" +
          std::to_string(std::thread::hardware_concurrency()) + " cores online" +
          (omp ? std::string(", OMP_NUM_THREADS=") + omp : std::string()) + ")\n";
-  // How idle OpenMP threads wait (the castor command sets GOMP_SPINCOUNT=10000 when neither is given).
+  // How idle OpenMP threads wait (the castor command sets GOMP_SPINCOUNT=3000 when neither is given).
   std::string wait;
   for (const char* name : {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"})
     if (const char* v = std::getenv(name)) wait += std::string(wait.empty() ? "" : ", ") + name + "=" + v;
