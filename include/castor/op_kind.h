@@ -48,6 +48,7 @@ enum class CastPolicy : uint8_t { LowerPrecision, Float32, Promote, PassThrough,
   _(Matmul, "matmul", LowerPrecision)                    \
   _(Mm, "mm", LowerPrecision)                            \
   _(Bmm, "bmm", LowerPrecision)                          \
+  _(Addmm, "addmm", LowerPrecision) /* bias + (M, K) x (K, N), one rounding: linear's fused path */ \
   /* shape and data movement */                          \
   _(View, "view", PassThrough)                           \
   _(Permute, "permute", PassThrough)                     \

@@ -59,6 +59,9 @@ Tensor log_softmax(const Tensor& a, int64_t dim, std::optional<DType> dtype = {}
 Tensor mm(const Tensor& a, const Tensor& b);   // (M, K) x (K, N)
 Tensor bmm(const Tensor& a, const Tensor& b);  // (B, M, K) x (B, K, N)
 Tensor matmul(const Tensor& a, const Tensor& b);
+// input (N) + mat1 (M, K) x mat2 (K, N), rounded once (torch.addmm with beta = alpha = 1 and a 1-D input, the
+// fused path of F::linear).
+Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2);
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);

@@ -1,6 +1,7 @@
 // The backward rules of the ops not yet migrated to typed definitions (autograd/defs/legacy.h), in one switch keyed
 // by op kind. Rules are written with differentiable ops, so that with create_graph the gradient itself has history
 // (double backward); fused kernels serve the common case.
+#include "autograd/defs/linalg.h"
 #include "autograd/op_def.h"
 #include "castor/autograd.h"
 #include "castor/ops.h"
@@ -167,18 +168,12 @@ std::vector<Tensor> apply_legacy_rule(const Node& node, Tensor g) {
       kernels::softmax_backward_dim(g.contiguous(), y.contiguous(), outer, s0.empty() ? 1 : s0[dim], inner, log, out);
       return {out};
     }
-    case OpKind::Mm: {
-      const Tensor &a = node.saved_tensor(0), &b = node.saved_tensor(1);
-      // A transposed b (linear's weight.t()) gets its gradient in its own layout, (g^T a)^T, as PyTorch does: the
-      // weight's .grad is then the product itself, not a transposed copy of it.
-      const bool b_transposed = !b.is_contiguous() && b.t().is_contiguous();
-      return {node.next[0].valid() ? mm(g, b.t()) : Tensor(),
-              !node.next[1].valid() ? Tensor() : b_transposed ? mm(g.t(), a).t() : mm(a.t(), g)};
-    }
+    case OpKind::Mm:
     case OpKind::Bmm: {
-      const Tensor &a = node.saved_tensor(0), &b = node.saved_tensor(1);
-      return {node.next[0].valid() ? bmm(g, b.transpose(1, 2)) : Tensor(),
-              node.next[1].valid() ? bmm(a.transpose(1, 2), g) : Tensor()};
+      const bool need_a = node.next[0].valid(), need_b = node.next[1].valid();
+      auto [diff_a, diff_b] = product_grads(need_b ? node.saved_tensor(0) : Tensor(), node.saved_tensor(1), g, need_a,
+                                            need_b);
+      return {diff_a, diff_b};
     }
     case OpKind::View: return {g.reshape(s0)};
     case OpKind::Permute: {

@@ -4,6 +4,7 @@
 
 #include "autograd/defs/activation.h"
 #include "autograd/defs/legacy.h"
+#include "autograd/defs/linalg.h"
 #include "autograd/defs/transformer.h"
 
 namespace castor {

@@ -110,9 +110,10 @@ void sgd_update(const SgdUpdate& u, int64_t n, float* w, const float* g, float* 
                 const RoundInto& into);
 
 // Matrix products on tensors of one float dtype, any strides in the last two dims:
-// dst (B, M, N) = a (B, M, K) x b (B, K, N); dst contiguous. B dims are 1 for mm.
-void matmul(const Tensor& a, const Tensor& b, const Tensor& dst);
+// dst (B, M, N) = a (B, M, K) x b (B, K, N) [+ bias (N), added to every row before the one rounding, as PyTorch's
+// addmm]; dst and bias contiguous, bias of dst's dtype or undefined. B dims are 1 for mm.
+void matmul(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias = Tensor());
 // The plain-loop reference: the same contract, float32 (double for float64) accumulation, one rounding.
-void matmul_ref(const Tensor& a, const Tensor& b, const Tensor& dst);
+void matmul_ref(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias = Tensor());
 
 }  // namespace castor::kernels

@@ -138,9 +138,13 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
                w.describe(), " (", x.dim() >= 1 ? x.size(-1) : 0, " != ", w.size(1), " features)");
   CASTOR_CHECK(!b.defined() || b.shape() == Shape{w.size(0)}, "linear: expected a bias of shape (", w.size(0),
                "), got ", b.describe());
+  Shape shape = x.shape();
+  shape.back() = w.size(0);
+  // PyTorch 1.13's linear: a 2-D input, or a contiguous 3-D one as rows, with a bias is one addmm (the bias added
+  // before the one rounding: 16-bit outputs match it bit for bit); other inputs take a product and an add.
+  if (b.defined() && (x.dim() == 2 || (x.dim() == 3 && x.is_contiguous())))
+    return s.done(addmm(b, x.reshape({-1, x.size(-1)}), w.t()).view(shape));
   if (x.dim() > 2) {  // (*, in) as rows: one GEMM against the weight, not a batch of copies of it
-    Shape shape = x.shape();
-    shape.back() = w.size(0);
     Tensor out = mm(x.reshape({-1, x.size(-1)}), w.t());
     return s.done((b.defined() ? add(out, b) : out).view(shape));
   }

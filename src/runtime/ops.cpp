@@ -8,6 +8,7 @@
 
 #include "autograd/defs/activation.h"
 #include "autograd/defs/legacy.h"
+#include "autograd/defs/linalg.h"
 #include "castor/autograd.h"
 #include "runtime/dispatch.h"
 #include "kernels/kernels.h"
@@ -330,6 +331,10 @@ Tensor mm(const Tensor& a, const Tensor& b) {
 Tensor bmm(const Tensor& a, const Tensor& b) {
   OpScope s(OpKind::Bmm, {a, b});
   return s.done(bmm_impl(s[0], s[1]));
+}
+
+Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2) {
+  return OpDef<OpKind::Addmm>::forward(input, mat1, mat2);
 }
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {

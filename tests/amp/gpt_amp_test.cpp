@@ -15,16 +15,11 @@
 #include "castor/optim.h"
 #include "castor/random.h"
 #include "castor/serialize.h"
+#include "nn/tiny_gpt.h"
 #include "test_util.h"
 
 namespace castor {
 namespace {
-
-models::GPTConfig config() {
-  models::GPTConfig c;
-  c.n_layer = 2, c.n_head = 2, c.n_embd = 32, c.block_size = 16, c.vocab_size = 29;
-  return c;
-}
 
 Tensor tokens(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
   Generator gen(seed);
@@ -54,7 +49,7 @@ Tensor loss_of(models::GPT& model, const Tensor& x, const Tensor& y) {
 // 200 AdamW steps (lr 1e-3, weight decay 0.1, beta2 0.99, clip 1.0) over 4 cycled batches, Castor and PyTorch from
 // the same weights; returns both loss curves.
 std::pair<std::vector<double>, std::vector<double>> curves(bool autocast, int steps) {
-  const models::GPTConfig c = config();
+  const models::GPTConfig c = test::tiny_gpt_config(29);
   auto model = models::gpt(c, 11);
   StateDict batch;
   std::vector<std::pair<Tensor, Tensor>> batches;
@@ -121,7 +116,7 @@ TEST(GptAmp, EveryOptLevelTrains) {
   for (DType dtype : {DType::BFloat16, DType::Float16}) {
     for (OptLevel level : {OptLevel::O0, OptLevel::O1, OptLevel::O2, OptLevel::O3}) {
       SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + amp::opt_level_name(level));
-      auto model = models::gpt(config(), 5);
+      auto model = models::gpt(test::tiny_gpt_config(29), 5);
       auto opt = adamw(*model, 3e-3, 0.1);
       auto a = amp::initialize(*model, {opt.get()}, level, dtype);
       if (level == OptLevel::O2) {
@@ -131,7 +126,7 @@ TEST(GptAmp, EveryOptLevelTrains) {
       }
       double first = 0, last = 0;
       for (int step = 0; step < 60; ++step) {
-        const Tensor s = tokens(4, 17, config().vocab_size, step % 4);
+        const Tensor s = tokens(4, 17, test::tiny_gpt_config(29).vocab_size, step % 4);
         const Tensor x = s.narrow(1, 0, 16).contiguous(), y = s.narrow(1, 1, 16).contiguous();
         Tensor loss;
         {
@@ -154,13 +149,13 @@ TEST(GptAmp, EveryOptLevelTrains) {
 // version after the step, as an in-place change would).
 TEST(GptAmp, KeptCastsTrainBitForBitAsCastingEveryForward) {
   auto train = [](bool refuse_kept, int64_t* kept) {
-    auto model = models::gpt(config(), 9);
+    auto model = models::gpt(test::tiny_gpt_config(29), 9);
     auto opt = adamw(*model, 1e-3, 0.1);
     auto a = amp::initialize(*model, {opt.get()}, amp::OptLevel::O1, DType::BFloat16);
     std::vector<double> losses;
     const int64_t kept_before = amp::cast_cache_stats().kept;
     for (int step = 0; step < 5; ++step) {
-      const Tensor s = tokens(4, 17, config().vocab_size, step);
+      const Tensor s = tokens(4, 17, test::tiny_gpt_config(29).vocab_size, step);
       Tensor loss;
       {
         auto fw = a->forward();
@@ -180,7 +175,7 @@ TEST(GptAmp, KeptCastsTrainBitForBitAsCastingEveryForward) {
   const auto [losses, weights] = train(/*refuse_kept=*/false, &kept);
   const auto [want_losses, want_weights] = train(/*refuse_kept=*/true, &kept_refused);
   // Each step after the first: the weight and bias of every block's 4 linears, and lm_head's weight.
-  EXPECT_EQ(kept, 4 * (8 * config().n_layer + 1));
+  EXPECT_EQ(kept, 4 * (8 * test::tiny_gpt_config(29).n_layer + 1));
   EXPECT_EQ(kept_refused, 0);
   EXPECT_EQ(losses, want_losses);
   for (const auto& [name, w] : want_weights) EXPECT_TRUE(test::bit_equal(weights.at(name), w)) << name;

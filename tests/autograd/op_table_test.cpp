@@ -83,6 +83,8 @@ const std::map<OpKind, OpCase>& op_cases() {
       {OpKind::Mm, {P::LowerPrecision, "TorchParity.Float32", [](V x) { return mm(x[0], x[1]); }, {m, {4, 2}}}},
       {OpKind::Bmm,
        {P::LowerPrecision, "TorchParity.Float32", [](V x) { return bmm(x[0], x[1]); }, {{2, 3, 4}, {2, 4, 5}}}},
+      {OpKind::Addmm,
+       {P::LowerPrecision, "TorchParity.Float32", [](V x) { return addmm(x[0], x[1], x[2]); }, {{2}, m, {4, 2}}}},
       // Views and copies keep their input's dtype and pass no OpScope.
       {OpKind::View, {P::PassThrough, "TorchParity.Float32", [](V x) { return x[0].view({4, 3}); }, {m}, false, 1e-6,
                       1e-6, false}},

@@ -51,6 +51,7 @@ const std::map<std::string, OpFn>& ops() {
       {"sum_all", [](const Inputs& x, DType) { return sum(x[0]); }},
       {"add_broadcast", [](const Inputs& x, DType) { return x[0] + x[1]; }},
       {"mm", [](const Inputs& x, DType) { return mm(x[0], x[1]); }},
+      {"addmm", [](const Inputs& x, DType) { return addmm(x[0], x[1], x[2]); }},
       {"matmul_batched", [](const Inputs& x, DType) { return matmul(x[0], x[1]); }},
       {"bmm", [](const Inputs& x, DType) { return bmm(x[0], x[1]); }},
       {"pow3", [](const Inputs& x, DType) { return pow(x[0], /*exponent=*/3.0); }},

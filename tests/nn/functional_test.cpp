@@ -416,6 +416,36 @@ TEST(FunctionalKernels, ConvReordersPerCallAreFew) {
   }
 }
 
+// PyTorch 1.13's linear with a bias on a 2-D or contiguous 3-D input is one addmm: the bias is added to the float32
+// product before the one rounding to 16 bits. Dyadic operands make every float32 sum exact, so the oracle is the
+// exact float64 result rounded once. A product then an add rounds twice (PyTorch's path for other inputs, e.g. a
+// transposed 3-D one) and differs from it here, which shows that the check tells the two apart.
+TEST(FunctionalLinear, BiasIsAddedBeforeTheOneRoundingAsInPyTorchsAddmm) {
+  Generator gen(11);
+  auto dyadic = [&](const Shape& shape, int64_t range, double scale) {
+    return randint(-range, range + 1, shape, &gen).to(DType::Float64) * scale;
+  };
+  // Operands of 5 and 7 significant bits (exact in both 16-bit types); sums of up to 16 bits (exact in float32).
+  const Tensor x = dyadic({3, 5, 64}, 31, 1.0 / 16), w = dyadic({24, 64}, 31, 1.0 / 16);
+  const Tensor b = dyadic({24}, 127, 1.0 / 256);
+  const Tensor exact = matmul(x, w.t()) + b;
+  for (DType dt : {DType::BFloat16, DType::Float16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor xd = x.to(dt), wd = w.to(dt), bd = b.to(dt), want = exact.to(dt);
+    EXPECT_TRUE(test::bit_equal(F::linear(xd, wd, bd), want));
+    EXPECT_TRUE(test::bit_equal(F::linear(xd.reshape({15, 64}), wd, bd), want.reshape({15, 24})));
+    EXPECT_TRUE(test::bit_equal(addmm(bd, xd.reshape({15, 64}), wd.t()), want.reshape({15, 24})));
+    {
+      amp::AutocastGuard autocast(dt);
+      EXPECT_TRUE(test::bit_equal(F::linear(x.to(DType::Float32), w.to(DType::Float32), b.to(DType::Float32)), want));
+    }
+    const Tensor twice = matmul(xd, wd.t()) + bd;
+    EXPECT_FALSE(test::bit_equal(twice, want));
+    const Tensor transposed = xd.transpose(0, 1).contiguous().transpose(0, 1);  // (3, 5, 64), not contiguous
+    EXPECT_TRUE(test::bit_equal(F::linear(transposed, wd, bd), twice));
+  }
+}
+
 TEST(FunctionalDropout, StatisticsAndBackwardMask) {
   manual_seed(42);
   Tensor x = full({200, 500}, 2.0).requires_grad_();

@@ -10,16 +10,11 @@
 #include "castor/models.h"
 #include "castor/ops.h"
 #include "castor/random.h"
+#include "nn/tiny_gpt.h"
 #include "test_util.h"
 
 namespace castor {
 namespace {
-
-models::GPTConfig small_config() {
-  models::GPTConfig c;
-  c.n_layer = 2, c.n_head = 2, c.n_embd = 32, c.block_size = 16, c.vocab_size = 67;
-  return c;
-}
 
 std::vector<int64_t> random_tokens(int64_t n, int64_t vocab, uint64_t seed) {
   Generator gen(seed);
@@ -46,7 +41,7 @@ size_t next_start(const std::vector<int64_t>& seq, size_t start, int64_t T) {
 }
 
 TEST(GptGenerate, CachedLogitsEqualTheFullForward) {
-  auto model = models::gpt(small_config(), 7);
+  auto model = models::gpt(test::tiny_gpt_config(67), 7);
   const int64_t B = 2, T = 16;
   const std::vector<int64_t> seq = random_tokens(B * T, 67, 3);
   const Tensor all = ids(seq, B);  // (2, 16)
@@ -69,7 +64,7 @@ TEST(GptGenerate, CachedLogitsEqualTheFullForward) {
 }
 
 TEST(GptGenerate, GreedyIsTheArgmaxOfFullForwardsAlsoPastTheBlockSize) {
-  auto model = models::gpt(small_config(), 8);
+  auto model = models::gpt(test::tiny_gpt_config(67), 8);
   {
     // Weights 5x GPT-2's init: a model whose greedy choice depends on the context instead of settling into a loop.
     NoGradGuard no_grad;
@@ -92,7 +87,7 @@ TEST(GptGenerate, GreedyIsTheArgmaxOfFullForwardsAlsoPastTheBlockSize) {
 }
 
 TEST(GptGenerate, SeededSamplingIsReproducibleAndTopKHolds) {
-  auto model = models::gpt(small_config(), 9);
+  auto model = models::gpt(test::tiny_gpt_config(67), 9);
   const std::vector<int64_t> prompt = random_tokens(2, 67, 5);
   const auto a = models::generate(*model, prompt, 14, 1.0, 0, /*seed=*/1);
   EXPECT_EQ(a, models::generate(*model, prompt, 14, 1.0, 0, 1));
@@ -113,7 +108,7 @@ TEST(GptGenerate, SeededSamplingIsReproducibleAndTopKHolds) {
 }
 
 TEST(GptGenerate, PaddingTokensAreNeverDrawn) {
-  models::GPTConfig c = small_config();
+  models::GPTConfig c = test::tiny_gpt_config(67);
   c.vocab_size = 128, c.real_vocab_size = 101;
   auto model = models::gpt(c, 10);
   {
@@ -130,7 +125,7 @@ TEST(GptGenerate, PaddingTokensAreNeverDrawn) {
 }
 
 TEST(GptGenerate, BadArgumentsAreErrors) {
-  auto model = models::gpt(small_config(), 11);
+  auto model = models::gpt(test::tiny_gpt_config(67), 11);
   EXPECT_THROW(models::generate(*model, {}, 5), Error);
   EXPECT_THROW(models::generate(*model, {67}, 5), Error);
   EXPECT_THROW(models::generate(*model, {1}, 5, -1.0), Error);

@@ -14,16 +14,11 @@
 #include "castor/optim.h"
 #include "castor/random.h"
 #include "castor/serialize.h"
+#include "nn/tiny_gpt.h"
 #include "test_util.h"
 
 namespace castor {
 namespace {
-
-models::GPTConfig small_config() {
-  models::GPTConfig c;
-  c.n_layer = 2, c.n_head = 2, c.n_embd = 32, c.block_size = 16, c.vocab_size = 67;
-  return c;
-}
 
 std::string config_json(const models::GPTConfig& c, const std::string& extra = "") {
   return detail::cat("{\"n_layer\": ", c.n_layer, ", \"n_head\": ", c.n_head, ", \"n_embd\": ", c.n_embd,
@@ -72,7 +67,7 @@ void expect_grads_match(models::GPT& model, const StateDict& want, double tol) {
 }
 
 TEST(Gpt, NamesAreNanoGptsAndTheHeadIsTied) {
-  auto model = models::gpt(small_config());
+  auto model = models::gpt(test::tiny_gpt_config(67));
   const StateDict sd = model->state_dict();
   for (const char* key : {"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
                           "transformer.h.1.attn.c_attn.weight", "transformer.h.1.attn.c_proj.bias",
@@ -92,7 +87,7 @@ TEST(Gpt, NamesAreNanoGptsAndTheHeadIsTied) {
 }
 
 TEST(Gpt, Gpt2InitStatistics) {
-  models::GPTConfig c = small_config();
+  models::GPTConfig c = test::tiny_gpt_config(67);
   c.n_layer = 4, c.n_embd = 64, c.vocab_size = 512;
   auto model = models::gpt(c);
   auto stdev = [](const Tensor& t) {
@@ -112,7 +107,7 @@ TEST(Gpt, Gpt2InitStatistics) {
 // O0: loss within 1e-5 relative, logits within 1e-4, every gradient within 1e-4 relative L2 of PyTorch.
 TEST(Gpt, Float32MatchesPyTorch) {
   for (bool bias : {true, false}) {
-    models::GPTConfig c = small_config();
+    models::GPTConfig c = test::tiny_gpt_config(67);
     c.bias = bias;
     auto model = models::gpt(c, 3);
     const Tensor x = tokens(3, 16, c.vocab_size, 1), y = tokens(3, 16, c.vocab_size, 2);
@@ -130,7 +125,7 @@ TEST(Gpt, Float32MatchesPyTorch) {
 // O1 bf16: autocast on both sides. PyTorch's CPU autocast runs the attention softmax in bfloat16 and Castor's fused
 // attention keeps its statistics in float32, so they agree to bf16 tolerance, not bit for bit.
 TEST(Gpt, AutocastBFloat16MatchesPyTorchAutocast) {
-  models::GPTConfig c = small_config();
+  models::GPTConfig c = test::tiny_gpt_config(67);
   auto model = models::gpt(c, 4);
   const Tensor x = tokens(3, 16, c.vocab_size, 5), y = tokens(3, 16, c.vocab_size, 6);
   const StateDict want =

@@ -1,5 +1,6 @@
 // The op rows still on backward.cpp's switch (LegacyOp) and those recorded only as their parts (CompositeOp).
-// Migrating a family moves its rows out of here into its own defs/<family>.h.
+// Migrating a family moves its rows out of here into its own defs/<family>.h (defs/linalg.h holds addmm; mm and bmm
+// still use its shared gradient rule from the switch).
 #pragma once
 #include "autograd/op_def.h"
 

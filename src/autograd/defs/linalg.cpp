@@ -1,0 +1,45 @@
+// addmm's forward on the matmul kernel with its bias, and the product gradient rule it shares with mm and bmm.
+#include "autograd/defs/linalg.h"
+
+#include "castor/ops.h"
+#include "runtime/dispatch.h"
+
+namespace castor {
+
+Tensor OpDef<OpKind::Addmm>::forward(const Tensor& bias_in, const Tensor& mat1, const Tensor& mat2) {
+  OpScope s(OpKind::Addmm, {bias_in, mat1, mat2});
+  const Tensor &bias = s[0], &a = s[1], &b = s[2];
+  CASTOR_CHECK(a.dim() == 2 && b.dim() == 2, "addmm: expected 2-D matrices, got ", a.describe(), " and ",
+               b.describe());
+  CASTOR_CHECK(a.size(1) == b.size(0), "addmm: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+               " cannot be multiplied (", a.size(1), " != ", b.size(0), ")");
+  CASTOR_CHECK(bias.dim() == 1 && bias.size(0) == b.size(1), "addmm: expected a 1-D input of ", b.size(1),
+               " elements (added to every row of the product), got ", bias.describe());
+  CASTOR_CHECK(is_floating(a.dtype()) && b.dtype() == a.dtype() && bias.dtype() == a.dtype(),
+               "addmm: expected floating-point operands of one dtype, got ", bias.describe(), ", ", a.describe(),
+               " and ", b.describe());
+  Tensor out = empty({a.size(0), b.size(1)}, a.dtype());
+  kernels::matmul(a.detach(), b.detach(), out, bias.detach().contiguous());
+  record_op<OpKind::Addmm>({bias, a, b}, out, {}, {save(a), save(b)});
+  return s.done(out);
+}
+
+std::vector<Tensor> OpDef<OpKind::Addmm>::backward(const Node& node, const Params&, const Saved& s, Tensor diff_dst) {
+  const bool need_a = node.next[1].valid(), need_b = node.next[2].valid();
+  auto [diff_a, diff_b] = product_grads(need_b ? node.unpack(s.mat1) : Tensor(),
+                                        need_a || need_b ? node.unpack(s.mat2) : Tensor(), diff_dst, need_a, need_b);
+  return {node.next[0].valid() ? sum_to(diff_dst, node.input_shapes[0]) : Tensor(), diff_a, diff_b};
+}
+
+std::pair<Tensor, Tensor> product_grads(const Tensor& a, const Tensor& b, const Tensor& diff_dst, bool need_a,
+                                        bool need_b) {
+  const auto product = [](const Tensor& x, const Tensor& y) { return x.dim() == 2 ? mm(x, y) : bmm(x, y); };
+  const bool b_transposed = b.dim() == 2 && !b.is_contiguous() && b.t().is_contiguous();  // b may be all we have
+  const Tensor diff_a = need_a ? product(diff_dst, b.transpose(-2, -1)) : Tensor();
+  const Tensor diff_b = !need_b      ? Tensor()
+                        : b_transposed ? mm(diff_dst.t(), a).t()
+                                       : product(a.transpose(-2, -1), diff_dst);
+  return {diff_a, diff_b};
+}
+
+}  // namespace castor

@@ -1,0 +1,26 @@
+// Matrix-product ops as typed definitions: addmm (a bias plus a product, rounded once), and the gradient rule of a
+// product that mm's and bmm's rows share.
+#pragma once
+#include "autograd/op_def.h"
+
+namespace castor {
+
+// dst (M, N) = bias (N) + mat1 (M, K) x mat2 (K, N), the sum rounded once to the operands' dtype (PyTorch's addmm
+// with a 1-D input, beta = alpha = 1: linear's fused path); the bias gradient is diff_dst summed over rows.
+template <>
+struct OpDef<OpKind::Addmm> {
+  struct Params {};
+  struct Saved {
+    SavedTensor mat1, mat2;
+  };
+  static Tensor forward(const Tensor& bias, const Tensor& mat1, const Tensor& mat2);
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
+
+// The gradients of a (.., M, K) x b (.., K, N) given diff_dst (.., M, N), each only where `need` says: diff_a =
+// diff_dst b^T, diff_b = a^T diff_dst. A transposed b (linear's weight.t()) gets its gradient in its own layout,
+// (diff_dst^T a)^T, as PyTorch does: the weight's .grad is then the product itself, not a transposed copy.
+std::pair<Tensor, Tensor> product_grads(const Tensor& a, const Tensor& b, const Tensor& diff_dst, bool need_a,
+                                        bool need_b);
+
+}  // namespace castor
