@@ -27,12 +27,8 @@ double best_seconds(const F& fn, int reps = 5) {
   return best;
 }
 
-// The GEMM ceiling model FLOP rates are put beside: the best of a 2048^3 oneDNN matmul in `dtype`, in FLOP/s.
-inline double gemm_peak(DType dtype) {
-  const int64_t n = 2048;
-  const Tensor a = randn({n, n}).to(dtype), b = randn({n, n}).to(dtype);
-  return 2.0 * n * n * n / best_seconds([&] { (void)mm(a, b); }, 5);
-}
+// The GEMM ceiling model FLOP rates are put beside: the best of five 2048^3 oneDNN matmuls in `dtype`, in FLOP/s.
+inline double gemm_peak(DType dtype) { return castor::train::gemm_peak(dtype, 2048, 5); }
 
 // The CPU and the instruction sets the kernels can use, from /proc/cpuinfo: "AMD EPYC; ISA avx512_bf16 avx512f
 // avx2 f16c" (the bfloat16 results of a benchmark mean little without it).

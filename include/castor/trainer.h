@@ -32,6 +32,9 @@ std::string run_info(const std::vector<std::string>& args);
 std::string run_env();
 // "AMD EPYC 9R14; ISA avx512_bf16 avx512f avx2 f16c" (from /proc/cpuinfo, with an ONEDNN_MAX_CPU_ISA cap noted).
 std::string host_cpu();
+// This CPU's GEMM ceiling in FLOP/s for `dtype` (float16 runs on float32 GEMMs, as Castor emulates it): the best of
+// `reps` n^3 oneDNN matmuls after a warm-up one; MFU figures (castor train, the benchmarks) are taken against it.
+double gemm_peak(DType dtype, int64_t n = 1024, int reps = 20);
 // The git commit this build was configured from ("unknown" outside git).
 const char* git_commit();
 

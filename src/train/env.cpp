@@ -1,11 +1,16 @@
 // What Castor runs on: the host CPU and its ISA, oneDNN's version and dispatch, threads, MPI (`castor env`, reports).
 #include <omp.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
 
+#include "castor/autograd.h"
 #include "castor/dist.h"
+#include "castor/ops.h"
+#include "castor/random.h"
 #include "castor/trainer.h"
 #include "castor/version.h"
 #include "kernels/kernels.h"
@@ -13,6 +18,21 @@
 namespace castor::train {
 
 const char* git_commit() { return CASTOR_GIT_COMMIT; }
+
+double gemm_peak(DType dtype, int64_t n, int reps) {
+  NoGradGuard no_grad;
+  if (dtype == DType::Float16) dtype = DType::Float32;
+  Generator gen(1);  // its own: a run's generator state is part of its checkpoints
+  const Tensor a = randn({n, n}, DType::Float32, &gen).to(dtype), b = randn({n, n}, DType::Float32, &gen).to(dtype);
+  mm(a, b);
+  double best = 1e300;
+  for (int r = 0; r < reps; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    mm(a, b);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return 2.0 * static_cast<double>(n * n * n) / best;
+}
 
 std::string host_cpu() {
   std::ifstream in("/proc/cpuinfo");

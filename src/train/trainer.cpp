@@ -373,26 +373,6 @@ class LmTask : public Task {
   int64_t real_vocab_ = 0, per_epoch_ = 0, epoch_ = 0;
 };
 
-// This CPU's GEMM rate in FLOP/s for `dtype` (float32 for float16, which is emulated on float32 GEMMs): a 1024^3
-// product repeated for about 0.2 s after a warm-up, the peak MFU is measured against.
-double gemm_peak(DType dtype) {
-  NoGradGuard no_grad;
-  const int64_t n = 1024;
-  if (dtype == DType::Float16) dtype = DType::Float32;
-  Generator gen(1);  // its own: the run's generator state is part of its checkpoints
-  const Tensor a = randn({n, n}, DType::Float32, &gen).to(dtype), b = randn({n, n}, DType::Float32, &gen).to(dtype);
-  mm(a, b);
-  int64_t reps = 0;
-  const auto start = Clock::now();
-  double seconds = 0;
-  while (seconds < 0.2) {
-    mm(a, b);
-    ++reps;
-    seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  }
-  return 2.0 * n * n * n * static_cast<double>(reps) / seconds;
-}
-
 // MFU's two terms for a language model: model FLOPs per trained token (nanoGPT's estimate_mfu: 6 N + 12 L C T, N
 // without the position embeddings) and the GEMM peak in the dtype the GEMMs run in; none for image models.
 FlopRate flop_rate(const TrainConfig& c, const nn::Module& model) {
