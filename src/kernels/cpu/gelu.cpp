@@ -1,6 +1,7 @@
-// GELU (tanh form) forward and its fused backward map on AVX-512, 16 lanes with vec_math's exp: float32 and 16-bit
-// tensors (converted in L1-sized blocks, computed in float32, rounded once), chosen at run time by the element-wise
-// kernels (kernels/ref/elementwise.cpp) for dense operands. 16-bit tensors compute on float32 lanes (a few float32
+// GELU (tanh form) forward and its fused backward map on AVX-512 (16 lanes) or, without it, AVX2 (8 lanes, the
+// build's baseline), with vec_math's exp: float32 and 16-bit tensors (converted in L1-sized blocks, computed in
+// float32, rounded once), chosen at run time by the element-wise kernels (kernels/ref/elementwise.cpp) for dense
+// operands. 16-bit tensors compute on float32 lanes (a few float32
 // ulps, far below a 16-bit ulp); float32 tensors on float64 lanes (float32 arithmetic loses tens of ulps in the
 // tails and near the derivative's zero), rounded once.
 #include <cmath>
@@ -123,14 +124,97 @@ CASTOR_AVX512 void gelu_tanh_grad_block_f64(const float* g, const float* x, floa
   }
 }
 
+// The AVX2 twins: the same formulas on 8 float32 / 4 float64 lanes; the last partial vector and the float32 lanes
+// past kTail are computed by the float64 scalars.
+inline __m256 minus_2u_avx2(__m256 x, __m256 x2) {
+  return _mm256_mul_ps(_mm256_set1_ps(-2.0f * kSqrt2OverPi),
+                       _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x2), x, x));
+}
+
+void gelu_tanh_block_avx2(const float* x, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(x + j), a = minus_2u_avx2(v, _mm256_mul_ps(v, v));
+    _mm256_storeu_ps(out + j, _mm256_div_ps(v, _mm256_add_ps(one, vec::exp(a))));
+    for (int tail = _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(kTail), _CMP_GT_OQ)); tail; tail &= tail - 1)
+      out[j + __builtin_ctz(tail)] = static_cast<float>(gelu_tanh_f64(x[j + __builtin_ctz(tail)]));
+  }
+  for (; j < n; ++j) out[j] = static_cast<float>(gelu_tanh_f64(x[j]));
+}
+
+void gelu_tanh_grad_block_avx2(const float* g, const float* x, float* out, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(x + j), x2 = _mm256_mul_ps(v, v), a = minus_2u_avx2(v, x2);
+    const __m256 e = vec::exp(a);
+    const __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, e)), one_minus_s = _mm256_mul_ps(e, s);
+    const __m256 du = _mm256_mul_ps(_mm256_set1_ps(kSqrt2OverPi),
+                                    _mm256_fmadd_ps(_mm256_set1_ps(3 * 0.044715f), x2, one));
+    const __m256 d = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_add_ps(v, v), s), one_minus_s), du, s);
+    _mm256_storeu_ps(out + j, _mm256_mul_ps(_mm256_loadu_ps(g + j), d));
+    for (int tail = _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(kTail), _CMP_GT_OQ)); tail; tail &= tail - 1) {
+      const int64_t i = j + __builtin_ctz(tail);
+      out[i] = static_cast<float>(g[i] * gelu_tanh_grad_f64(x[i]));
+    }
+  }
+  for (; j < n; ++j) out[j] = static_cast<float>(g[j] * gelu_tanh_grad_f64(x[j]));
+}
+
+// exp8d's twin on 4 lanes.
+inline __m256d exp4d(__m256d x) {
+  x = _mm256_min_pd(_mm256_max_pd(x, _mm256_set1_pd(-700.0)), _mm256_set1_pd(700.0));
+  const __m256d n = _mm256_round_pd(_mm256_mul_pd(x, _mm256_set1_pd(1.4426950408889634074)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256d r = _mm256_fnmadd_pd(n, _mm256_set1_pd(1.9082149292705877000e-10),
+                                     _mm256_fnmadd_pd(n, _mm256_set1_pd(6.9314718036912381649e-1), x));
+  __m256d y = _mm256_set1_pd(1.0 / 3628800);
+  for (double c : {1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0})
+    y = _mm256_fmadd_pd(y, r, _mm256_set1_pd(c));
+  const __m256i e = _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(n)),
+                                                       _mm256_set1_epi64x(1023)), 52);
+  return _mm256_mul_pd(y, _mm256_castsi256_pd(e));
+}
+
+void gelu_tanh_block_f64_avx2(const float* x, float* out, int64_t n) {
+  const __m256d one = _mm256_set1_pd(1.0), k = _mm256_set1_pd(-2 * 0.79788456080286535588);
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + j));
+    const __m256d a = _mm256_mul_pd(k, _mm256_fmadd_pd(_mm256_mul_pd(_mm256_set1_pd(0.044715), _mm256_mul_pd(v, v)),
+                                                       v, v));
+    _mm_storeu_ps(out + j, _mm256_cvtpd_ps(_mm256_div_pd(v, _mm256_add_pd(one, exp4d(a)))));
+  }
+  for (; j < n; ++j) out[j] = static_cast<float>(gelu_tanh_f64(x[j]));
+}
+
+void gelu_tanh_grad_block_f64_avx2(const float* g, const float* x, float* out, int64_t n) {
+  const __m256d one = _mm256_set1_pd(1.0), k = _mm256_set1_pd(0.79788456080286535588);
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + j)), x2 = _mm256_mul_pd(v, v);
+    const __m256d u = _mm256_mul_pd(k, _mm256_fmadd_pd(_mm256_mul_pd(_mm256_set1_pd(0.044715), x2), v, v));
+    const __m256d e = exp4d(_mm256_mul_pd(_mm256_set1_pd(-2.0), u));
+    const __m256d s = _mm256_div_pd(one, _mm256_add_pd(one, e)), one_minus_s = _mm256_mul_pd(e, s);
+    const __m256d du = _mm256_mul_pd(k, _mm256_fmadd_pd(_mm256_set1_pd(3 * 0.044715), x2, one));
+    const __m256d d = _mm256_fmadd_pd(_mm256_mul_pd(_mm256_mul_pd(_mm256_add_pd(v, v), s), one_minus_s), du, s);
+    _mm_storeu_ps(out + j, _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm_loadu_ps(g + j)), d)));
+  }
+  for (; j < n; ++j) out[j] = static_cast<float>(g[j] * gelu_tanh_grad_f64(x[j]));
+}
+
 #undef CASTOR_AVX512
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
 
+bool avx512() {
+  static const bool on = std::string(conversion_isa()).rfind("avx512", 0) == 0;
+  return on;
+}
+
 bool applies(std::initializer_list<const Tensor*> ts) {
-  static const bool avx512 = std::string(conversion_isa()).rfind("avx512", 0) == 0;
-  if (!avx512) return false;
   const Tensor& first = **ts.begin();
   for (const Tensor* t : ts)
     if (t->dtype() != first.dtype() || !t->is_contiguous() || t->numel() != first.numel() ||
@@ -162,7 +246,9 @@ float* out_ptr(const Tensor& dst, int64_t b, float* buf) {
 
 bool gelu_tanh_fast(const Tensor& src, const Tensor& dst) {
   if (!applies({&src, &dst})) return false;
-  const auto block = dst.dtype() == DType::Float32 ? gelu_tanh_block_f64 : gelu_tanh_block;
+  const bool f32 = dst.dtype() == DType::Float32;
+  const auto block = avx512() ? (f32 ? gelu_tanh_block_f64 : gelu_tanh_block)
+                              : (f32 ? gelu_tanh_block_f64_avx2 : gelu_tanh_block_avx2);
   parallel_blocks(dst.numel(), [&](int64_t b, int64_t e) {
     float xb[kBlock], ob[kBlock];
     float* o = out_ptr(dst, b, ob);
@@ -176,7 +262,9 @@ bool gelu_tanh_grad_fast(const Tensor& diff_dst, const Tensor& src, const Tensor
   if (!applies({&diff_dst, &src, &diff_src})) return false;
   // 16-bit results on float32 lanes; float32 ones on float64 lanes (exp16's 2 ulps near the derivative's zero
   // would be tens of float32 ulps of the result; rounded to 16 bits they vanish).
-  const auto block = diff_src.dtype() == DType::Float32 ? gelu_tanh_grad_block_f64 : gelu_tanh_grad_block;
+  const bool f32 = diff_src.dtype() == DType::Float32;
+  const auto block = avx512() ? (f32 ? gelu_tanh_grad_block_f64 : gelu_tanh_grad_block)
+                              : (f32 ? gelu_tanh_grad_block_f64_avx2 : gelu_tanh_grad_block_avx2);
   parallel_blocks(diff_src.numel(), [&](int64_t b, int64_t e) {
     float gb[kBlock], xb[kBlock], ob[kBlock];
     float* o = out_ptr(diff_src, b, ob);

@@ -1,5 +1,6 @@
-// Internal: the AVX-512 GELU (tanh form) maps behind kernels::unary / kernels::binary; each returns false (doing
-// nothing) where it does not apply: no AVX-512, operands not all contiguous of one float32/16-bit dtype and size.
+// Internal: the vectorised GELU (tanh form) maps behind kernels::unary / kernels::binary (AVX-512, else AVX2); each
+// returns false (doing nothing) where it does not apply: operands not all contiguous of one float32/16-bit dtype and
+// size.
 #pragma once
 #include "castor/tensor.h"
 
