@@ -204,8 +204,7 @@ namespace {
 double clip_tensors(const std::vector<Tensor>& grads, double max_norm) {
   CASTOR_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be > 0, got ", max_norm);
   double total = 0;
-  for (const Tensor& g : grads)
-    for (double v : g.to_vector<double>()) total += v * v;
+  for (const Tensor& g : grads) total += kernels::sum_of_squares(g);
   total = std::sqrt(total);
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1) {

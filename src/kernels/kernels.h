@@ -68,6 +68,10 @@ void scatter_add_dim(const Tensor& src, const Tensor& index, int64_t outer, int6
 // True if every element is finite.
 bool all_finite(const Tensor& src);
 
+// The sum of src's squares in double (any float dtype and strides; 16-bit values widened exactly): per
+// parallel_blocks block in 4 double lanes, then the blocks in order, so the same bits for any thread count.
+double sum_of_squares(const Tensor& src);
+
 // dst = src * inv_scale elementwise (the product in float32, or float64 for float64 tensors) in one pass that
 // also tests every src element; true if any was inf or NaN. dst has src's shape and is either src itself (in
 // place, any strides) or a contiguous float32 tensor (GradScaler's unscale).

@@ -1,9 +1,13 @@
 // Reduction kernels over the middle dim of an (outer, n, inner) view: sum, max/min, softmax and its backward.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "castor/convert.h"
+#include "core/parallel.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/loops.h"
 
@@ -28,6 +32,45 @@ void with_float_type(DType d, Fn fn) {
 }
 
 }  // namespace
+
+double sum_of_squares(const Tensor& src_in) {
+  const Tensor src = src_in.is_contiguous() ? src_in : src_in.contiguous();
+  const int64_t n = src.numel();
+  if (src.dtype() == DType::Float64) {
+    const double* p = src.data<double>();
+    double total = 0;
+    for (int64_t i = 0; i < n; ++i) total += p[i] * p[i];
+    return total;
+  }
+  CASTOR_ASSERT(src.dtype() == DType::Float32 || is_16bit_float(src.dtype()), "sum_of_squares of ", src.describe());
+  const char* base = static_cast<const char*>(src.data_ptr());
+  const int64_t es = static_cast<int64_t>(src.element_size());
+  std::vector<double> partial((n + kBlock - 1) / kBlock);
+  parallel_blocks(n, [&](int64_t b, int64_t e) {
+    float buf[kBlock];
+    const float* x = reinterpret_cast<const float*>(base + b * es);
+    if (src.dtype() != DType::Float32) {
+      convert(base + b * es, src.dtype(), buf, DType::Float32, e - b);
+      x = buf;
+    }
+    __m256d acc[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+    int64_t i = 0;
+    for (; i + 8 <= e - b; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+      acc[0] = _mm256_fmadd_pd(lo, lo, acc[0]);
+      acc[1] = _mm256_fmadd_pd(hi, hi, acc[1]);
+    }
+    alignas(32) double lanes[4];
+    _mm256_store_pd(lanes, _mm256_add_pd(acc[0], acc[1]));
+    double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+    for (; i < e - b; ++i) sum += static_cast<double>(x[i]) * x[i];
+    partial[b / kBlock] = sum;
+  });
+  double total = 0;
+  for (double p : partial) total += p;
+  return total;
+}
 
 void sum_dim(const Tensor& src_in, int64_t outer, int64_t n, int64_t inner, const Tensor& dst) {
   // Over an outer dim a 16-bit src is read as it is, each task widening its slice of a row (a bias gradient: no
