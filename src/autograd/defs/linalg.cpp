@@ -34,7 +34,7 @@ std::vector<Tensor> OpDef<OpKind::Addmm>::backward(const Node& node, const Param
 std::pair<Tensor, Tensor> product_grads(const Tensor& a, const Tensor& b, const Tensor& diff_dst, bool need_a,
                                         bool need_b) {
   const auto product = [](const Tensor& x, const Tensor& y) { return x.dim() == 2 ? mm(x, y) : bmm(x, y); };
-  const bool b_transposed = b.dim() == 2 && !b.is_contiguous() && b.t().is_contiguous();  // b may be all we have
+  const bool b_transposed = b.dim() == 2 && !b.is_contiguous() && b.t().is_contiguous();
   const Tensor diff_a = need_a ? product(diff_dst, b.transpose(-2, -1)) : Tensor();
   const Tensor diff_b = !need_b      ? Tensor()
                         : b_transposed ? mm(diff_dst.t(), a).t()
