@@ -80,12 +80,6 @@ struct NodeState {
   virtual void release() = 0;  // frees the saved tensors (after a backward without retain_graph)
 };
 
-// The backward of a user-defined autograd::Function (a node of OpKind::Function).
-struct FunctionBackward {
-  virtual ~FunctionBackward() = default;
-  virtual std::vector<Tensor> backward(const Node& node, const Tensor& grad) = 0;
-};
-
 struct Node : std::enable_shared_from_this<Node> {
   OpKind op;
   uint64_t sequence = 0;               // creation order: later nodes run first in backward
@@ -98,7 +92,6 @@ struct Node : std::enable_shared_from_this<Node> {
   OpParams params;                     // the op's parameters (std::monostate when it has none)
   std::vector<GradHook> pre_hooks;     // hooks on the output tensor (non-leaf register_hook / retain_grad)
   bool released = false;               // saved tensors freed after a backward without retain_graph
-  std::shared_ptr<FunctionBackward> function;  // OpKind::Function only
   std::shared_ptr<NodeState> state;    // ops with a typed definition (autograd/op_def.h)
 
   // A saved tensor, checked against in-place changes since it was saved.

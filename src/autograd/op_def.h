@@ -29,8 +29,8 @@ struct CompositeOp {};  // recorded as the ops it is made of
 // needed for double backward. The result takes x's layout when x is dense (channels-last stays channels-last).
 Tensor fused(kernels::Binary op, const Tensor& g, const Tensor& x);
 
-// Whether an op row is recorded only as its parts (CompositeOp), from the table.
-bool op_is_composite(OpKind op);
+// Raises for a backward run with create_graph (grad mode on) by a rule that has no double backward.
+void check_first_order(const Node& node);
 
 // A tensor kept for backward, with its version (an input) or without its history (an output).
 inline SavedTensor save(const Tensor& t) { return {t, t.defined() ? t.version() : 0u, false}; }

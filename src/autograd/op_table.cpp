@@ -3,9 +3,12 @@
 #include <type_traits>
 
 #include "autograd/defs/activation.h"
+#include "autograd/defs/layers.h"
 #include "autograd/defs/legacy.h"
 #include "autograd/defs/linalg.h"
+#include "autograd/defs/shape.h"
 #include "autograd/defs/transformer.h"
+#include "autograd/defs/function.h"
 
 namespace castor {
 
@@ -38,16 +41,6 @@ static_assert(sizeof(kBackward) / sizeof(kBackward[0]) == kNumOps);
 
 std::vector<Tensor> apply_backward_rule(const Node& node, Tensor grad) {
   return kBackward[static_cast<int>(node.op)](node, std::move(grad));
-}
-
-bool op_is_composite(OpKind op) {
-  switch (op) {
-#define CASTOR_OP_COMPOSITE(e, n, p) \
-  case OpKind::e: return std::is_base_of_v<CompositeOp, OpDef<OpKind::e>>;
-    CASTOR_FORALL_OPS(CASTOR_OP_COMPOSITE)
-#undef CASTOR_OP_COMPOSITE
-  }
-  return false;
 }
 
 }  // namespace castor

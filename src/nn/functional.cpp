@@ -1,16 +1,16 @@
-// torch.nn.functional for Castor: layers on the oneDNN / reference kernels with their autograd records, and the
-// composites (linear, dropout, adaptive pooling, losses) built from differentiable ops.
+// torch.nn.functional for Castor: the layer ops (their definitions are in autograd/defs/), and the composites
+// (linear, dropout, adaptive pooling, losses) built from differentiable ops.
 #include "castor/functional.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "autograd/defs/layers.h"
 #include "autograd/defs/transformer.h"
 #include "castor/autograd.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "runtime/dispatch.h"
-#include "kernels/layers.h"
 
 namespace castor::F {
 
@@ -18,62 +18,8 @@ namespace {
 
 std::string pair_str(std::array<int64_t, 2> v) { return detail::cat("(", v[0], ", ", v[1], ")"); }
 
-// The output size of a convolution or pooling along one dim (PyTorch's floor formula).
-int64_t out_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding, int64_t dilation) {
-  return (in + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1;
-}
-
-// t without history, laid out as `format` (an undefined t stays undefined).
-Tensor detached(const Tensor& t, MemoryFormat format = MemoryFormat::Contiguous) {
-  return t.defined() ? t.detach().contiguous(format) : t;
-}
-
 void check_floating(const char* op, const Tensor& t) {
   CASTOR_CHECK(is_floating(t.dtype()), op, ": expected a floating-point input, got ", t.describe());
-}
-
-// Pooling's parameters and output shape for an input of `in` (N, C, H, W); a stride of {0, 0} is the kernel.
-kernels::Pool2dParams pool_params(OpKind kind, const Shape& in, std::array<int64_t, 2> kernel,
-                                  std::array<int64_t, 2> stride, std::array<int64_t, 2> padding, Shape& out_shape) {
-  const char* op = op_name(kind);
-  if (stride[0] == 0 && stride[1] == 0) stride = kernel;
-  kernels::Pool2dParams p{};
-  p.is_max = kind != OpKind::AvgPool2d;
-  out_shape = {in[0], in[1], 0, 0};
-  for (int i = 0; i < 2; ++i) {
-    CASTOR_CHECK(kernel[i] > 0 && stride[i] > 0 && padding[i] >= 0, op, ": kernel ", pair_str(kernel), ", stride ",
-                 pair_str(stride), " and padding ", pair_str(padding), " must be positive (padding non-negative)");
-    CASTOR_CHECK(padding[i] <= kernel[i] / 2, op, ": padding ", pair_str(padding),
-                 " should be at most half of the kernel ", pair_str(kernel));
-    out_shape[2 + i] = out_size(in[2 + i], kernel[i], stride[i], padding[i], 1);
-    CASTOR_CHECK(out_shape[2 + i] > 0, op, ": the output of ", shape_str(in), " with kernel ", pair_str(kernel),
-                 ", stride ", pair_str(stride), " and padding ", pair_str(padding), " would be empty");
-    p.kernel[i] = kernel[i], p.stride[i] = stride[i], p.padding[i] = padding[i];
-  }
-  return p;
-}
-
-// `relu` (max pooling only): relu of the result, folded into the kernel where it can be (max_pool2d_relu).
-Tensor pool2d(OpKind kind, const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
-              std::array<int64_t, 2> padding, bool count_include_pad, bool relu = false) {
-  const char* op = op_name(kind);
-  OpScope s(kind, {input});
-  const Tensor& x = s[0];
-  CASTOR_CHECK(x.dim() == 4, op, ": expected a 4-D (N, C, H, W) input, got ", x.describe());
-  check_floating(op, x);
-  Shape out_shape;
-  kernels::Pool2dParams p = pool_params(kind, x.shape(), kernel, stride, padding, out_shape);
-  p.count_include_pad = count_include_pad;
-  const MemoryFormat format = kernels::layer_format(x);
-  p.relu = relu && format == MemoryFormat::ChannelsLast;
-  p.relu = p.relu && kernels::max_pool2d_nhwc_fits(p);  // asked with relu set: its window limit is one lower
-  Tensor out = empty(out_shape, x.dtype(), format);
-  Tensor workspace = kernels::pool2d_forward(detached(x, format), out, p);
-  // saved: max pooling's workspace (which, with the ReLU folded in, routes no gradient where the ReLU gives none).
-  record(kind, {x}, out, p.is_max ? std::vector<Tensor>{workspace} : std::vector<Tensor>{},
-         op_params::Pool{p, format});
-  out = s.done(out);
-  return relu && !p.relu ? F::relu(out) : out;
 }
 
 Tensor reduce(const Tensor& loss, Reduction reduction) {
@@ -152,143 +98,35 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   return s.done(b.defined() ? add(out, b) : out);
 }
 
-namespace {
-
-// Checks a convolution's operands (op names it in errors) and gives its parameters and output shape.
-kernels::Conv2dParams conv_params(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
-                                  std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
-                                  std::array<int64_t, 2> dilation, int64_t groups, Shape& out_shape) {
-  CASTOR_CHECK(x.dim() == 4 && w.dim() == 4, op, ": expected a 4-D (N, C, H, W) input and (O, C/groups, kh, kw) "
-               "weight, got ", x.describe(), " and ", w.describe());
-  check_floating(op, x);
-  CASTOR_CHECK(w.dtype() == x.dtype() && (!b.defined() || b.dtype() == x.dtype()), op, ": input ", x.describe(),
-               ", weight ", w.describe(), " and bias ", b.defined() ? b.describe() : "(none)",
-               " must have the same dtype");
-  const int64_t c = x.size(1), o = w.size(0);
-  CASTOR_CHECK(groups >= 1 && c % groups == 0 && o % groups == 0 && w.size(1) * groups == c, op, ": input ",
-               x.describe(), " with ", c, " channels does not fit weight ", w.describe(), " with groups ", groups);
-  CASTOR_CHECK(!b.defined() || b.shape() == Shape{o}, op, ": expected a bias of shape (", o, "), got ", b.describe());
-  kernels::Conv2dParams p{};
-  p.groups = groups;
-  out_shape = {x.size(0), o, 0, 0};
-  for (int i = 0; i < 2; ++i) {
-    CASTOR_CHECK(stride[i] > 0 && dilation[i] > 0 && padding[i] >= 0, op, ": stride ", pair_str(stride),
-                 " and dilation ", pair_str(dilation), " must be positive and padding ", pair_str(padding),
-                 " non-negative");
-    out_shape[2 + i] = out_size(x.size(2 + i), w.size(2 + i), stride[i], padding[i], dilation[i]);
-    CASTOR_CHECK(out_shape[2 + i] > 0, op, ": input ", x.describe(), " padded by ", pair_str(padding),
-                 " is smaller than the dilated kernel of weight ", w.describe(), " (dilation ", pair_str(dilation),
-                 ")");
-    p.stride[i] = stride[i], p.padding[i] = padding[i], p.dilation[i] = dilation[i];
-  }
-  return p;
-}
-
-std::vector<Tensor> conv_inputs(const Tensor& x, const Tensor& w, const Tensor& b) {
-  std::vector<Tensor> inputs = {x, w};
-  if (b.defined()) inputs.push_back(b);
-  return inputs;
-}
-
-}  // namespace
-
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std::array<int64_t, 2> stride,
               std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
-  OpScope s(OpKind::Conv2d, {input, weight, bias});
-  const Tensor &x = s[0], &w = s[1], &b = s[2];
-  Shape out_shape;
-  const kernels::Conv2dParams p = conv_params("conv2d", x, w, b, stride, padding, dilation, groups, out_shape);
-  const MemoryFormat format = kernels::layer_format(x);
-  Tensor out = empty(out_shape, x.dtype(), format);
-  const Tensor xc = detached(x, format), wc = detached(w);
-  kernels::conv2d_forward(xc, wc, detached(b), out, p);
-  // saved: src (laid out as the output), weights (contiguous).
-  record(OpKind::Conv2d, conv_inputs(x, w, b), out, {xc, wc}, p);
-  return s.done(out);
+  return OpDef<OpKind::Conv2d>::forward(input, weight, bias, stride, padding, dilation, groups);
 }
 
 Tensor conv2d_max_pool2d_relu(const Tensor& input, const Tensor& weight, const Tensor& bias,
                               std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
                               std::array<int64_t, 2> pool_kernel) {
-  OpScope s(OpKind::Conv2dMaxPool2dRelu, {input, weight, bias});
-  const Tensor &x = s[0], &w = s[1], &b = s[2];
-  const char* op = op_name(OpKind::Conv2dMaxPool2dRelu);
-  Shape conv_shape, out_shape;
-  const kernels::Conv2dParams cp = conv_params(op, x, w, b, stride, padding, {1, 1}, 1, conv_shape);
-  kernels::Pool2dParams pp =
-      pool_params(OpKind::Conv2dMaxPool2dRelu, conv_shape, pool_kernel, pool_kernel, {0, 0}, out_shape);
-  pp.relu = true;
-  const MemoryFormat format = kernels::layer_format(x);
-  if (format != MemoryFormat::ChannelsLast || x.dtype() == DType::Float64 || !kernels::max_pool2d_nhwc_fits(pp))
-    return s.done(max_pool2d_relu(conv2d(x, w, b, stride, padding), pool_kernel));  // the two ops, unfused
-  Tensor out = empty(out_shape, x.dtype(), format);
-  const Tensor workspace = empty({out_shape[0], out_shape[2], out_shape[3], out_shape[1]}, DType::UInt8);
-  const Tensor xc = detached(x, format), wc = detached(w);
-  kernels::conv2d_max_pool_relu_forward(xc, wc, detached(b), out, workspace, conv_shape, cp, pp);
-  // saved: src (channels-last), weights (contiguous), pooling's workspace.
-  record(OpKind::Conv2dMaxPool2dRelu, conv_inputs(x, w, b), out, {xc, wc, workspace},
-         op_params::ConvPool{cp, conv_shape, pp});
-  return s.done(out);
+  return OpDef<OpKind::Conv2dMaxPool2dRelu>::forward(input, weight, bias, stride, padding, pool_kernel);
 }
 
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
-  OpScope s(OpKind::BatchNorm, {input, weight, bias});
-  const Tensor &x = s[0], &w = s[1], &b = s[2];
-  CASTOR_CHECK(x.dim() == 2 || x.dim() == 4, "batch_norm: expected a (N, C) or (N, C, H, W) input, got ",
-               x.describe());
-  check_floating("batch_norm", x);
-  const int64_t c = x.size(1), count = x.numel() / c;
-  for (const Tensor* t : {&w, &b, &running_mean, &running_var})
-    CASTOR_CHECK(!t->defined() || t->shape() == Shape{c}, "batch_norm: expected per-channel tensors of shape (", c,
-                 ") for input ", x.describe(), ", got ", t->describe());
-  CASTOR_CHECK(training || (running_mean.defined() && running_var.defined()),
-               "batch_norm: evaluation needs running_mean and running_var");
-  CASTOR_CHECK(!training || count > 1, "batch_norm: expected more than 1 value per channel when training, got input ",
-               x.describe());
-  // Statistics, scale and shift are float32 (float64 for a float64 input).
-  const DType stat_dtype = x.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
-  auto stat = [&](const Tensor& t) { return t.defined() ? t.detach().to(stat_dtype).contiguous() : t; };
-  const Shape shape4 = x.dim() == 4 ? x.shape() : Shape{x.size(0), c, 1, 1};
-  const MemoryFormat format = kernels::layer_format(x);
-  const Tensor src = detached(x, format).view(shape4), scale = stat(w), shift = stat(b);
-  // The kernel writes the batch statistics when training; in evaluation it reads copies of the running ones, so
-  // that later updates of the running statistics leave the saved values intact.
-  Tensor mean = training ? empty({c}, stat_dtype) : stat(running_mean).clone();
-  Tensor var = training ? empty({c}, stat_dtype) : stat(running_var).clone();
-  Tensor out = empty(x.shape(), x.dtype(), format);
-  kernels::batch_norm_forward(src, scale, shift, mean, var, out.view(shape4), eps, training);
-  if (training && running_mean.defined()) {
-    NoGradGuard no_grad;
-    Tensor rm = running_mean, rv = running_var;
-    rm.mul_(1.0 - momentum).add_(mean.to(rm.dtype()), momentum);
-    rv.mul_(1.0 - momentum).add_(var.to(rv.dtype()), momentum * count / (count - 1.0));  // unbiased, as PyTorch
-  }
-  std::vector<Tensor> inputs = {x};
-  if (w.defined()) inputs.push_back(w);
-  if (b.defined()) inputs.push_back(b);
-  // saved: src (N, C, H, W), mean, var (batch or running statistics), then the float scale and shift of those
-  // given.
-  std::vector<Tensor> saved = {src, mean, var};
-  if (scale.defined()) saved.push_back(scale);
-  if (shift.defined()) saved.push_back(shift);
-  record(OpKind::BatchNorm, inputs, out, saved, op_params::BatchNorm{training, w.defined(), b.defined(), eps});
-  return s.done(out);
+  return OpDef<OpKind::BatchNorm>::forward(input, running_mean, running_var, weight, bias, training, momentum, eps);
 }
 
 Tensor max_pool2d(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                   std::array<int64_t, 2> padding) {
-  return pool2d(OpKind::MaxPool2d, input, kernel, stride, padding, false);
+  return OpDef<OpKind::MaxPool2d>::forward(input, kernel, stride, padding, /*relu=*/false);
 }
 
 Tensor max_pool2d_relu(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                        std::array<int64_t, 2> padding) {
-  return pool2d(OpKind::MaxPool2d, input, kernel, stride, padding, false, /*relu=*/true);
+  return OpDef<OpKind::MaxPool2d>::forward(input, kernel, stride, padding, /*relu=*/true);
 }
 
 Tensor avg_pool2d(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
                   std::array<int64_t, 2> padding, bool count_include_pad) {
-  return pool2d(OpKind::AvgPool2d, input, kernel, stride, padding, count_include_pad);
+  return OpDef<OpKind::AvgPool2d>::forward(input, kernel, stride, padding, count_include_pad);
 }
 
 Tensor adaptive_avg_pool2d(const Tensor& input, std::array<int64_t, 2> output_size) {

@@ -9,6 +9,7 @@
 #include "autograd/defs/activation.h"
 #include "autograd/defs/legacy.h"
 #include "autograd/defs/linalg.h"
+#include "autograd/defs/shape.h"
 #include "castor/autograd.h"
 #include "runtime/dispatch.h"
 #include "kernels/kernels.h"
@@ -295,43 +296,8 @@ Tensor log_softmax(const Tensor& a, int64_t dim, std::optional<DType> dtype) {
 
 // ---- matrix products ----
 
-static void check_matmul_dtypes(const char* op, const Tensor& a, const Tensor& b) {
-  CASTOR_CHECK(a.dtype() == b.dtype(), op, ": expected both operands to have the same dtype, got ", a.describe(),
-               " and ", b.describe());
-  CASTOR_CHECK(is_floating(a.dtype()), op, ": needs floating-point operands, got ", a.describe());
-}
-
-static Tensor mm_impl(const Tensor& a, const Tensor& b) {
-  CASTOR_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected 2-D operands, got ", a.describe(), " and ", b.describe());
-  CASTOR_CHECK(a.size(1) == b.size(0), "mm: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
-               " cannot be multiplied (", a.size(1), " != ", b.size(0), ")");
-  check_matmul_dtypes("mm", a, b);
-  Tensor out = empty({a.size(0), b.size(1)}, a.dtype());
-  kernels::matmul(a.detach(), b.detach(), out);
-  record(OpKind::Mm, {a, b}, out, {a, b});
-  return out;
-}
-
-static Tensor bmm_impl(const Tensor& a, const Tensor& b) {
-  CASTOR_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D operands, got ", a.describe(), " and ", b.describe());
-  CASTOR_CHECK(a.size(0) == b.size(0) && a.size(2) == b.size(1), "bmm: shapes ", shape_str(a.shape()), " and ",
-               shape_str(b.shape()), " cannot be multiplied");
-  check_matmul_dtypes("bmm", a, b);
-  Tensor out = empty({a.size(0), a.size(1), b.size(2)}, a.dtype());
-  kernels::matmul(a.detach(), b.detach(), out);
-  record(OpKind::Bmm, {a, b}, out, {a, b});
-  return out;
-}
-
-Tensor mm(const Tensor& a, const Tensor& b) {
-  OpScope s(OpKind::Mm, {a, b});
-  return s.done(mm_impl(s[0], s[1]));
-}
-
-Tensor bmm(const Tensor& a, const Tensor& b) {
-  OpScope s(OpKind::Bmm, {a, b});
-  return s.done(bmm_impl(s[0], s[1]));
-}
+Tensor mm(const Tensor& a, const Tensor& b) { return OpDef<OpKind::Mm>::forward(a, b); }
+Tensor bmm(const Tensor& a, const Tensor& b) { return OpDef<OpKind::Bmm>::forward(a, b); }
 
 Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2) {
   return OpDef<OpKind::Addmm>::forward(input, mat1, mat2);
@@ -344,7 +310,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
                b.describe());
   if (a.dim() <= 2 && b.dim() <= 2) {
     Tensor x = a.dim() == 1 ? a.unsqueeze(0) : a, y = b.dim() == 1 ? b.unsqueeze(1) : b;
-    Tensor out = mm_impl(x, y);
+    Tensor out = OpDef<OpKind::Mm>::run(x, y);
     if (b.dim() == 1) out = out.squeeze(-1);
     if (a.dim() == 1) out = out.squeeze(0);
     return s.done(out);
@@ -359,7 +325,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   Shape xs = batch, ys = batch;
   xs.insert(xs.end(), {M, K});
   ys.insert(ys.end(), {K, N});
-  Tensor out = bmm_impl(x.expand(xs).reshape({nb, M, K}), y.expand(ys).reshape({nb, K, N}));
+  Tensor out = OpDef<OpKind::Bmm>::run(x.expand(xs).reshape({nb, M, K}), y.expand(ys).reshape({nb, K, N}));
   Shape os = batch;
   if (a.dim() > 1) os.push_back(M);
   if (b.dim() > 1) os.push_back(N);
@@ -368,33 +334,7 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
 
 // ---- joining and indexing ----
 
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
-  CASTOR_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
-  OpScope s(OpKind::Cat, tensors);
-  const auto& in = s.inputs();
-  const Tensor& first = in[0];
-  dim = wrap_dim(dim, first.dim(), "cat");
-  Shape shape = first.shape();
-  shape[dim] = 0;
-  op_params::Cat params{dim, {}};
-  for (const Tensor& t : in) {
-    CASTOR_CHECK(t.dim() == first.dim(), "cat: tensors must have the same number of dims, got ", first.describe(),
-                 " and ", t.describe());
-    for (int64_t d = 0; d < t.dim(); ++d)
-      CASTOR_CHECK(d == dim || t.size(d) == first.size(d), "cat: sizes must match except in dim ", dim, ", got ",
-                   first.describe(), " and ", t.describe());
-    shape[dim] += t.size(dim);
-    params.sizes.push_back(t.size(dim));
-  }
-  Tensor out = empty(shape, result_type(in));
-  int64_t at = 0;
-  for (const Tensor& t : in) {
-    kernels::copy(t.detach(), out.detach().narrow(dim, at, t.size(dim)));
-    at += t.size(dim);
-  }
-  record(OpKind::Cat, in, out, {}, std::move(params));
-  return s.done(out);
-}
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) { return OpDef<OpKind::Cat>::forward(tensors, dim); }
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   CASTOR_CHECK(!tensors.empty(), "stack: expected a non-empty list of tensors");
@@ -410,23 +350,7 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
-  OpScope s(OpKind::Gather, {a});
-  const Tensor& x = s[0];
-  dim = wrap_dim(dim, x.dim(), "gather");
-  CASTOR_CHECK(index.dtype() == DType::Int64, "gather: index must be int64, got ", index.describe());
-  CASTOR_CHECK(index.dim() == x.dim(), "gather: index ", index.describe(), " and input ", x.describe(),
-               " must have the same number of dims");
-  for (int64_t d = 0; d < x.dim(); ++d)
-    CASTOR_CHECK(d == dim || index.size(d) == x.size(d), "gather: index ", index.describe(), " and input ",
-                 x.describe(), " differ outside dim ", dim);
-  const Tensor xc = x.detach().contiguous(), ic = index.contiguous();
-  Tensor out = empty(index.shape(), x.dtype());
-  int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < dim; ++d) outer *= x.size(d);
-  for (int64_t d = dim + 1; d < x.dim(); ++d) inner *= x.size(d);
-  kernels::gather_dim(xc, ic, outer, x.size(dim), index.size(dim), inner, out);
-  record(OpKind::Gather, {x}, out, {ic}, op_params::Dim{dim});
-  return s.done(out);
+  return OpDef<OpKind::Gather>::forward(a, dim, index);
 }
 
 Tensor sum_to(const Tensor& grad, const Shape& shape) {

@@ -18,10 +18,6 @@ Tensor map_unary(kernels::Unary op, const Tensor& x) {
   return dst;
 }
 
-void check_first_order(const Node& node) {
-  CASTOR_CHECK(!GradMode::is_enabled(), op_name(node.op), ": double backward is not supported");
-}
-
 }  // namespace
 
 Tensor OpDef<OpKind::Gelu>::forward(const Tensor& input, bool tanh_approximate) {

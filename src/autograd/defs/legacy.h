@@ -1,6 +1,5 @@
 // The op rows still on backward.cpp's switch (LegacyOp) and those recorded only as their parts (CompositeOp).
-// Migrating a family moves its rows out of here into its own defs/<family>.h (defs/linalg.h holds addmm; mm and bmm
-// still use its shared gradient rule from the switch).
+// Migrating a family moves its rows out of here into its own defs/<family>.h.
 #pragma once
 #include "autograd/op_def.h"
 
@@ -17,10 +16,7 @@ CASTOR_LEGACY(Add) CASTOR_LEGACY(Sub) CASTOR_LEGACY(Mul) CASTOR_LEGACY(Div) CAST
 CASTOR_LEGACY(Exp) CASTOR_LEGACY(Log) CASTOR_LEGACY(Sqrt) CASTOR_LEGACY(Abs) CASTOR_LEGACY(Relu)
 CASTOR_LEGACY(Sigmoid) CASTOR_LEGACY(Tanh) CASTOR_LEGACY(Clamp) CASTOR_LEGACY(Where) CASTOR_LEGACY(Cast)
 CASTOR_LEGACY(Sum) CASTOR_LEGACY(Mean) CASTOR_LEGACY(MaxDim) CASTOR_LEGACY(MinDim) CASTOR_LEGACY(Softmax)
-CASTOR_LEGACY(LogSoftmax) CASTOR_LEGACY(Mm) CASTOR_LEGACY(Bmm) CASTOR_LEGACY(View) CASTOR_LEGACY(Permute)
-CASTOR_LEGACY(Expand) CASTOR_LEGACY(Slice) CASTOR_LEGACY(Clone) CASTOR_LEGACY(Cat) CASTOR_LEGACY(Gather)
-CASTOR_LEGACY(Conv2d) CASTOR_LEGACY(Conv2dMaxPool2dRelu) CASTOR_LEGACY(BatchNorm) CASTOR_LEGACY(MaxPool2d)
-CASTOR_LEGACY(AvgPool2d) CASTOR_LEGACY(Function)
+CASTOR_LEGACY(LogSoftmax)
 
 CASTOR_COMPOSITE(Matmul) CASTOR_COMPOSITE(Stack) CASTOR_COMPOSITE(Linear) CASTOR_COMPOSITE(Dropout)
 CASTOR_COMPOSITE(NllLoss) CASTOR_COMPOSITE(MseLoss) CASTOR_COMPOSITE(BinaryCrossEntropyWithLogits)

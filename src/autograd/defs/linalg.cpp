@@ -1,10 +1,68 @@
-// addmm's forward on the matmul kernel with its bias, and the product gradient rule it shares with mm and bmm.
+// mm, bmm and addmm: forwards on the matmul kernel (addmm with its bias) and the product gradient rule they share.
 #include "autograd/defs/linalg.h"
 
 #include "castor/ops.h"
 #include "runtime/dispatch.h"
 
 namespace castor {
+
+namespace {
+
+void check_matmul_dtypes(const char* op, const Tensor& a, const Tensor& b) {
+  CASTOR_CHECK(a.dtype() == b.dtype(), op, ": expected both operands to have the same dtype, got ", a.describe(),
+               " and ", b.describe());
+  CASTOR_CHECK(is_floating(a.dtype()), op, ": needs floating-point operands, got ", a.describe());
+}
+
+// The gradients of a product node whose saved operands are a and b (inputs 0 and 1).
+std::vector<Tensor> product_backward(const Node& node, const SavedTensor& a, const SavedTensor& b,
+                                     const Tensor& diff_dst) {
+  const bool need_a = node.next[0].valid(), need_b = node.next[1].valid();
+  auto [diff_a, diff_b] = product_grads(need_b ? node.unpack(a) : Tensor(), node.unpack(b), diff_dst, need_a, need_b);
+  return {diff_a, diff_b};
+}
+
+}  // namespace
+
+Tensor OpDef<OpKind::Mm>::forward(const Tensor& a, const Tensor& b) {
+  OpScope s(OpKind::Mm, {a, b});
+  return s.done(run(s[0], s[1]));
+}
+
+Tensor OpDef<OpKind::Mm>::run(const Tensor& a, const Tensor& b) {
+  CASTOR_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected 2-D operands, got ", a.describe(), " and ", b.describe());
+  CASTOR_CHECK(a.size(1) == b.size(0), "mm: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+               " cannot be multiplied (", a.size(1), " != ", b.size(0), ")");
+  check_matmul_dtypes("mm", a, b);
+  Tensor out = empty({a.size(0), b.size(1)}, a.dtype());
+  kernels::matmul(a.detach(), b.detach(), out);
+  record_op<OpKind::Mm>({a, b}, out, {}, {save(a), save(b)});
+  return out;
+}
+
+std::vector<Tensor> OpDef<OpKind::Mm>::backward(const Node& node, const Params&, const Saved& s, Tensor diff_dst) {
+  return product_backward(node, s.a, s.b, diff_dst);
+}
+
+Tensor OpDef<OpKind::Bmm>::forward(const Tensor& a, const Tensor& b) {
+  OpScope s(OpKind::Bmm, {a, b});
+  return s.done(run(s[0], s[1]));
+}
+
+Tensor OpDef<OpKind::Bmm>::run(const Tensor& a, const Tensor& b) {
+  CASTOR_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D operands, got ", a.describe(), " and ", b.describe());
+  CASTOR_CHECK(a.size(0) == b.size(0) && a.size(2) == b.size(1), "bmm: shapes ", shape_str(a.shape()), " and ",
+               shape_str(b.shape()), " cannot be multiplied");
+  check_matmul_dtypes("bmm", a, b);
+  Tensor out = empty({a.size(0), a.size(1), b.size(2)}, a.dtype());
+  kernels::matmul(a.detach(), b.detach(), out);
+  record_op<OpKind::Bmm>({a, b}, out, {}, {save(a), save(b)});
+  return out;
+}
+
+std::vector<Tensor> OpDef<OpKind::Bmm>::backward(const Node& node, const Params&, const Saved& s, Tensor diff_dst) {
+  return product_backward(node, s.a, s.b, diff_dst);
+}
 
 Tensor OpDef<OpKind::Addmm>::forward(const Tensor& bias_in, const Tensor& mat1, const Tensor& mat2) {
   OpScope s(OpKind::Addmm, {bias_in, mat1, mat2});

@@ -1,9 +1,34 @@
-// Matrix-product ops as typed definitions: addmm (a bias plus a product, rounded once), and the gradient rule of a
-// product that mm's and bmm's rows share.
+// Matrix-product ops as typed definitions: mm, bmm and addmm (a bias plus a product, rounded once), sharing one
+// product gradient rule.
 #pragma once
 #include "autograd/op_def.h"
 
 namespace castor {
+
+// dst (M, N) = a (M, K) x b (K, N): float32 and bfloat16 on oneDNN, float16 emulated (fp32 accumulation, one
+// rounding).
+template <>
+struct OpDef<OpKind::Mm> {
+  struct Params {};
+  struct Saved {
+    SavedTensor a, b;
+  };
+  static Tensor forward(const Tensor& a, const Tensor& b);
+  static Tensor run(const Tensor& a, const Tensor& b);  // on operands autocast by the caller's OpScope (matmul)
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
+
+// dst (B, M, N) = a (B, M, K) x b (B, K, N).
+template <>
+struct OpDef<OpKind::Bmm> {
+  struct Params {};
+  struct Saved {
+    SavedTensor a, b;
+  };
+  static Tensor forward(const Tensor& a, const Tensor& b);
+  static Tensor run(const Tensor& a, const Tensor& b);  // on operands autocast by the caller's OpScope (matmul)
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
 
 // dst (M, N) = bias (N) + mat1 (M, K) x mat2 (K, N), the sum rounded once to the operands' dtype (PyTorch's addmm
 // with a 1-D input, beta = alpha = 1: linear's fused path); the bias gradient is diff_dst summed over rows.

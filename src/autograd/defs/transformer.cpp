@@ -15,10 +15,6 @@ namespace castor {
 
 namespace {
 
-void check_first_order(const Node& node) {
-  CASTOR_CHECK(!GradMode::is_enabled(), op_name(node.op), ": double backward is not supported");
-}
-
 // Statistics are float32, float64 for float64 data.
 DType stat_dtype(DType dt) { return dt == DType::Float64 ? DType::Float64 : DType::Float32; }
 
