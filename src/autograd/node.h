@@ -6,7 +6,6 @@
 
 #include "castor/op_kind.h"
 #include "castor/tensor.h"
-#include "kernels/layers.h"
 
 namespace castor {
 
@@ -19,47 +18,19 @@ struct Scalar {  // Add/Sub: alpha; scalar Add/Mul: the scalar; Pow: the exponen
 struct Clamp {
   double min, max;
 };
-struct Gelu {
-  bool tanh_approximate;
-};
 struct Reduce {  // Sum/Mean over `dims` (wrapped), `count` elements per output
   bool keepdim;
   Shape dims;
   double count;
 };
-struct Dim {  // MaxDim/MinDim (keepdim), Softmax/LogSoftmax, Gather
+struct Dim {  // MaxDim/MinDim (keepdim), Softmax/LogSoftmax
   int64_t dim;
   bool keepdim = false;
 };
-struct Permute {
-  Shape order;
-};
-struct Slice {
-  int64_t dim, start, step;
-};
-struct Cat {
-  int64_t dim;
-  Shape sizes;  // of each input along dim
-};
-struct Pool {
-  kernels::Pool2dParams pool;
-  MemoryFormat format;  // of the output
-};
-struct ConvPool {  // Conv2dMaxPool2dRelu: the convolution, its output's (N, O, OH, OW), and the pooling
-  kernels::Conv2dParams conv;
-  Shape conv_shape;
-  kernels::Pool2dParams pool;
-};
-struct BatchNorm {
-  bool training, has_weight, has_bias;
-  double eps;
-};
 }  // namespace op_params
 
-using OpParams = std::variant<std::monostate, op_params::Scalar, op_params::Clamp, op_params::Gelu,
-                              op_params::Reduce, op_params::Dim, op_params::Permute, op_params::Slice,
-                              op_params::Cat, kernels::Conv2dParams, op_params::Pool, op_params::ConvPool,
-                              op_params::BatchNorm>;
+using OpParams = std::variant<std::monostate, op_params::Scalar, op_params::Clamp, op_params::Reduce,
+                              op_params::Dim>;
 
 // Where an input's gradient goes: the node that made it, or the leaf it is.
 struct Edge {
