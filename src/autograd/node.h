@@ -13,23 +13,8 @@ namespace castor {
 // What a backward rule needs besides tensors: one small struct per op family, recorded by the op and read by
 // its rule through Node::params<P>() (a mismatch is a broken invariant and aborts).
 namespace op_params {
-struct Scalar {  // Add/Sub: alpha; scalar Add/Mul: the scalar; Pow: the exponent
-  double value;
-};
-struct Clamp {
-  double min, max;
-};
-struct Gelu {
-  bool tanh_approximate;
-};
-struct Reduce {  // Sum/Mean over `dims` (wrapped), `count` elements per output
-  bool keepdim;
-  Shape dims;
-  double count;
-};
-struct Dim {  // MaxDim/MinDim (keepdim), Softmax/LogSoftmax, Gather
+struct Dim {  // Gather
   int64_t dim;
-  bool keepdim = false;
 };
 struct Permute {
   Shape order;
@@ -56,10 +41,8 @@ struct BatchNorm {
 };
 }  // namespace op_params
 
-using OpParams = std::variant<std::monostate, op_params::Scalar, op_params::Clamp, op_params::Gelu,
-                              op_params::Reduce, op_params::Dim, op_params::Permute, op_params::Slice,
-                              op_params::Cat, kernels::Conv2dParams, op_params::Pool, op_params::ConvPool,
-                              op_params::BatchNorm>;
+using OpParams = std::variant<std::monostate, op_params::Dim, op_params::Permute, op_params::Slice, op_params::Cat,
+                              kernels::Conv2dParams, op_params::Pool, op_params::ConvPool, op_params::BatchNorm>;
 
 // Where an input's gradient goes: the node that made it, or the leaf it is.
 struct Edge {

@@ -27,7 +27,12 @@ struct CompositeOp {};  // recorded as the ops it is made of
 
 // g op x with a fused backward map (kernels::Binary::*Grad; no history), for rules whose composite form is only
 // needed for double backward. The result takes x's layout when x is dense (channels-last stays channels-last).
+// (defs/elementwise.cpp)
 Tensor fused(kernels::Binary op, const Tensor& g, const Tensor& x);
+
+// g (shaped like indices) added into a zero tensor of `shape` at `indices` along `dim`: the gradient of a gather
+// or of max/min along a dim (no history). (defs/reduction.cpp)
+Tensor scatter_into(const Shape& shape, int64_t dim, const Tensor& indices, const Tensor& g);
 
 // Whether an op row is recorded only as its parts (CompositeOp), from the table.
 bool op_is_composite(OpKind op);

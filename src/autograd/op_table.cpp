@@ -3,8 +3,10 @@
 #include <type_traits>
 
 #include "autograd/defs/activation.h"
+#include "autograd/defs/elementwise.h"
 #include "autograd/defs/legacy.h"
 #include "autograd/defs/linalg.h"
+#include "autograd/defs/reduction.h"
 #include "autograd/defs/transformer.h"
 
 namespace castor {
