@@ -3,12 +3,14 @@
 #include <type_traits>
 
 #include "autograd/defs/activation.h"
+#include "autograd/defs/composite.h"
+#include "autograd/defs/elementwise.h"
+#include "autograd/defs/function.h"
 #include "autograd/defs/layers.h"
-#include "autograd/defs/legacy.h"
 #include "autograd/defs/linalg.h"
+#include "autograd/defs/reduction.h"
 #include "autograd/defs/shape.h"
 #include "autograd/defs/transformer.h"
-#include "autograd/defs/function.h"
 
 namespace castor {
 
@@ -19,9 +21,7 @@ using BackwardFn = std::vector<Tensor> (*)(const Node&, Tensor);
 template <OpKind K>
 std::vector<Tensor> run_backward(const Node& node, Tensor grad) {
   using Def = OpDef<K>;
-  if constexpr (std::is_base_of_v<LegacyOp, Def>) {
-    return apply_legacy_rule(node, std::move(grad));
-  } else if constexpr (std::is_base_of_v<CompositeOp, Def>) {
+  if constexpr (std::is_base_of_v<CompositeOp, Def>) {
     CASTOR_ASSERT(false, op_name(K), " is recorded as the ops it is made of, never as itself");
     return {};
   } else {

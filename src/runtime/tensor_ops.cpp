@@ -153,14 +153,6 @@ Tensor Tensor::contiguous(MemoryFormat format) const {
 
 Tensor Tensor::clone() const { return OpDef<OpKind::Clone>::forward(*this, empty_like(*this)); }
 
-Tensor Tensor::to(DType d) const {
-  if (d == dtype()) return *this;
-  Tensor out = empty_like(*this, d);
-  kernels::copy(*this, out);
-  if (is_floating(d)) record(OpKind::Cast, {*this}, out);
-  return out;
-}
-
 // ---- factories that fill ----
 
 Tensor full(const Shape& shape, double value, DType dtype) {

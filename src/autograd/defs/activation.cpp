@@ -2,6 +2,7 @@
 // as fused maps of the saved input.
 #include "autograd/defs/activation.h"
 
+#include "castor/ops.h"
 #include "runtime/dispatch.h"
 
 namespace castor {
@@ -20,7 +21,7 @@ Tensor map_unary(kernels::Unary op, const Tensor& x) {
 
 }  // namespace
 
-Tensor OpDef<OpKind::Gelu>::forward(const Tensor& input, bool tanh_approximate) {
+Tensor gelu(const Tensor& input, bool tanh_approximate) {
   OpScope s(OpKind::Gelu, {input});
   Tensor out = map_unary(tanh_approximate ? kernels::Unary::GeluTanh : kernels::Unary::Gelu, s[0]);
   record_op<OpKind::Gelu>({s[0]}, out, {tanh_approximate}, {save(s[0])});
@@ -33,7 +34,7 @@ std::vector<Tensor> OpDef<OpKind::Gelu>::backward(const Node& node, const Params
                 node.unpack(s.src))};
 }
 
-Tensor OpDef<OpKind::Silu>::forward(const Tensor& input) {
+Tensor silu(const Tensor& input) {
   OpScope s(OpKind::Silu, {input});
   Tensor out = map_unary(kernels::Unary::Silu, s[0]);
   record_op<OpKind::Silu>({s[0]}, out, {}, {save(s[0])});

@@ -269,14 +269,4 @@ std::vector<Tensor> OpDef<OpKind::Gather>::backward(const Node& node, const Para
   return {scatter_into(node.input_shapes[0], p.dim, node.unpack(s.index), diff_dst)};
 }
 
-Tensor scatter_into(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& g) {
-  Tensor out = empty(shape, g.dtype());
-  const Tensor ic = index.contiguous();
-  int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < dim; ++d) outer *= shape[d];
-  for (size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
-  kernels::scatter_add_dim(g.contiguous(), ic, outer, shape[dim], ic.numel() / (outer * inner), inner, out);
-  return out;
-}
-
 }  // namespace castor

@@ -85,8 +85,4 @@ struct OpDef<OpKind::Gather> {
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
-// Places `g` (shaped like index) into a zero tensor of `shape` at `index` along `dim`, adding where indices repeat
-// (the adjoint of gather; max/min along a dim scatter their gradient with it too).
-Tensor scatter_into(const Shape& shape, int64_t dim, const Tensor& index, const Tensor& g);
-
 }  // namespace castor
