@@ -1,16 +1,10 @@
-// The public tensor ops not yet in a family of src/autograd/defs/: matrix products, joining and indexing, and the
-// in-place ops; autocast via OpScope, kernels, and autograd recording.
+// The public tensor ops that are not op rows (whose forwards are in src/autograd/defs/): checks, sum_to, and the
+// in-place ops, which rebase their tensor's history onto the out-of-place op they run.
 #include "castor/ops.h"
 
-#include <algorithm>
 #include <cmath>
-#include <limits>
-#include <numeric>
 
-#include "autograd/defs/elementwise.h"
-#include "autograd/defs/composite.h"
-#include "autograd/defs/linalg.h"
-#include "autograd/defs/shape.h"
+#include "autograd/node.h"
 #include "castor/autograd.h"
 #include "runtime/dispatch.h"
 #include "kernels/kernels.h"
@@ -30,65 +24,6 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
     if (std::isnan(x[i]) || std::isnan(y[i]) || std::abs(x[i] - y[i]) > atol + rtol * std::abs(y[i])) return false;
   }
   return true;
-}
-
-// ---- matrix products ----
-
-Tensor mm(const Tensor& a, const Tensor& b) { return OpDef<OpKind::Mm>::forward(a, b); }
-Tensor bmm(const Tensor& a, const Tensor& b) { return OpDef<OpKind::Bmm>::forward(a, b); }
-
-Tensor addmm(const Tensor& input, const Tensor& mat1, const Tensor& mat2) {
-  return OpDef<OpKind::Addmm>::forward(input, mat1, mat2);
-}
-
-Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
-  OpScope s(OpKind::Matmul, {a_in, b_in});
-  const Tensor &a = s[0], &b = s[1];
-  CASTOR_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dim, got ", a.describe(), " and ",
-               b.describe());
-  if (a.dim() <= 2 && b.dim() <= 2) {
-    Tensor x = a.dim() == 1 ? a.unsqueeze(0) : a, y = b.dim() == 1 ? b.unsqueeze(1) : b;
-    Tensor out = OpDef<OpKind::Mm>::run(x, y);
-    if (b.dim() == 1) out = out.squeeze(-1);
-    if (a.dim() == 1) out = out.squeeze(0);
-    return s.done(out);
-  }
-  // Batched: broadcast the batch dims, then one bmm.
-  Tensor x = a.dim() == 1 ? a.unsqueeze(0) : a, y = b.dim() == 1 ? b.unsqueeze(1) : b;
-  Shape xb(x.shape().begin(), x.shape().end() - 2), yb(y.shape().begin(), y.shape().end() - 2);
-  Shape batch = broadcast_shapes(xb, yb, "matmul");
-  const int64_t nb = shape_numel(batch), M = x.size(-2), K = x.size(-1), N = y.size(-1);
-  CASTOR_CHECK(K == y.size(-2), "matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
-               " cannot be multiplied (", K, " != ", y.size(-2), ")");
-  Shape xs = batch, ys = batch;
-  xs.insert(xs.end(), {M, K});
-  ys.insert(ys.end(), {K, N});
-  Tensor out = OpDef<OpKind::Bmm>::run(x.expand(xs).reshape({nb, M, K}), y.expand(ys).reshape({nb, K, N}));
-  Shape os = batch;
-  if (a.dim() > 1) os.push_back(M);
-  if (b.dim() > 1) os.push_back(N);
-  return s.done(out.view(os));
-}
-
-// ---- joining and indexing ----
-
-Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) { return OpDef<OpKind::Cat>::forward(tensors, dim); }
-
-Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
-  CASTOR_CHECK(!tensors.empty(), "stack: expected a non-empty list of tensors");
-  OpScope s(OpKind::Stack, tensors);
-  dim = wrap_dim(dim, tensors[0].dim() + 1, "stack");
-  std::vector<Tensor> parts;
-  for (const Tensor& t : s.inputs()) {
-    CASTOR_CHECK(t.shape() == s[0].shape(), "stack: tensors must have the same shape, got ", s[0].describe(), " and ",
-                 t.describe());
-    parts.push_back(t.unsqueeze(dim));
-  }
-  return s.done(cat(parts, dim));
-}
-
-Tensor gather(const Tensor& a, int64_t dim, const Tensor& index) {
-  return OpDef<OpKind::Gather>::forward(a, dim, index);
 }
 
 Tensor sum_to(const Tensor& grad, const Shape& shape) {

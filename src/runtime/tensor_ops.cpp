@@ -1,8 +1,8 @@
-// Tensor methods that record for autograd or run kernels: gradient metadata, views, copies, filled factories.
+// Tensor methods besides the ops' own (autograd/defs/): gradient metadata, the views made of other views (transpose,
+// narrow, split, select, squeeze, flatten), and filled factories.
 #include <numeric>
-#include <optional>
 
-#include "autograd/defs/shape.h"
+#include "autograd/node.h"
 #include "castor/autograd.h"
 #include "castor/ops.h"
 #include "kernels/kernels.h"
@@ -56,26 +56,12 @@ void Tensor::retain_grad() const {
 
 // ---- views ----
 
-Tensor Tensor::view(const Shape& shape) const { return OpDef<OpKind::View>::forward(*this, shape); }
-
-Tensor Tensor::reshape(const Shape& new_shape) const {
-  Shape shape = infer_shape(new_shape, numel(), "reshape");
-  if (view_strides(*this, shape)) return view(shape);
-  return contiguous().view(shape);
-}
-
-Tensor Tensor::permute(const Shape& dims) const { return OpDef<OpKind::Permute>::forward(*this, dims); }
-
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   Shape dims(dim());
   std::iota(dims.begin(), dims.end(), 0);
   if (dim() == 0) return *this;
   std::swap(dims[wrap_dim(d0, dim(), "transpose")], dims[wrap_dim(d1, dim(), "transpose")]);
   return permute(dims);
-}
-
-Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
-  return OpDef<OpKind::Slice>::forward(*this, d, start, end, step);
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
@@ -107,8 +93,6 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   if (index < 0) index += n;
   return slice(d, index, index + 1).squeeze(d);
 }
-
-Tensor Tensor::expand(const Shape& shape) const { return OpDef<OpKind::Expand>::forward(*this, shape); }
 
 Tensor Tensor::squeeze() const {
   Shape shape;
@@ -144,14 +128,6 @@ Tensor Tensor::flatten(int64_t start, int64_t end) const {
   shape.insert(shape.end(), this->shape().begin() + end + 1, this->shape().end());
   return reshape(shape);
 }
-
-// ---- copies ----
-
-Tensor Tensor::contiguous(MemoryFormat format) const {
-  return is_contiguous(format) ? *this : OpDef<OpKind::Clone>::forward(*this, empty(shape(), dtype(), format));
-}
-
-Tensor Tensor::clone() const { return OpDef<OpKind::Clone>::forward(*this, empty_like(*this)); }
 
 // ---- factories that fill ----
 

@@ -1,6 +1,8 @@
-// mm, bmm and addmm: forwards on the matmul kernel (addmm with its bias) and the product gradient rule they share.
+// mm, bmm, addmm and matmul: forwards on the matmul kernel (addmm with its bias) and the product gradient rule they
+// share.
 #include "autograd/defs/linalg.h"
 
+#include "autograd/defs/elementwise.h"
 #include "castor/ops.h"
 #include "runtime/dispatch.h"
 
@@ -22,14 +24,8 @@ std::vector<Tensor> product_backward(const Node& node, const SavedTensor& a, con
   return {diff_a, diff_b};
 }
 
-}  // namespace
-
-Tensor OpDef<OpKind::Mm>::forward(const Tensor& a, const Tensor& b) {
-  OpScope s(OpKind::Mm, {a, b});
-  return s.done(run(s[0], s[1]));
-}
-
-Tensor OpDef<OpKind::Mm>::run(const Tensor& a, const Tensor& b) {
+// mm on operands autocast by the caller's OpScope (mm's, or matmul's).
+Tensor mm_impl(const Tensor& a, const Tensor& b) {
   CASTOR_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected 2-D operands, got ", a.describe(), " and ", b.describe());
   CASTOR_CHECK(a.size(1) == b.size(0), "mm: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
                " cannot be multiplied (", a.size(1), " != ", b.size(0), ")");
@@ -40,16 +36,8 @@ Tensor OpDef<OpKind::Mm>::run(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-std::vector<Tensor> OpDef<OpKind::Mm>::backward(const Node& node, const Params&, const Saved& s, Tensor diff_dst) {
-  return product_backward(node, s.a, s.b, diff_dst);
-}
-
-Tensor OpDef<OpKind::Bmm>::forward(const Tensor& a, const Tensor& b) {
-  OpScope s(OpKind::Bmm, {a, b});
-  return s.done(run(s[0], s[1]));
-}
-
-Tensor OpDef<OpKind::Bmm>::run(const Tensor& a, const Tensor& b) {
+// bmm on operands autocast by the caller's OpScope (bmm's, or matmul's).
+Tensor bmm_impl(const Tensor& a, const Tensor& b) {
   CASTOR_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D operands, got ", a.describe(), " and ", b.describe());
   CASTOR_CHECK(a.size(0) == b.size(0) && a.size(2) == b.size(1), "bmm: shapes ", shape_str(a.shape()), " and ",
                shape_str(b.shape()), " cannot be multiplied");
@@ -60,11 +48,27 @@ Tensor OpDef<OpKind::Bmm>::run(const Tensor& a, const Tensor& b) {
   return out;
 }
 
+}  // namespace
+
+Tensor mm(const Tensor& a, const Tensor& b) {
+  OpScope s(OpKind::Mm, {a, b});
+  return s.done(mm_impl(s[0], s[1]));
+}
+
+std::vector<Tensor> OpDef<OpKind::Mm>::backward(const Node& node, const Params&, const Saved& s, Tensor diff_dst) {
+  return product_backward(node, s.a, s.b, diff_dst);
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b) {
+  OpScope s(OpKind::Bmm, {a, b});
+  return s.done(bmm_impl(s[0], s[1]));
+}
+
 std::vector<Tensor> OpDef<OpKind::Bmm>::backward(const Node& node, const Params&, const Saved& s, Tensor diff_dst) {
   return product_backward(node, s.a, s.b, diff_dst);
 }
 
-Tensor OpDef<OpKind::Addmm>::forward(const Tensor& bias_in, const Tensor& mat1, const Tensor& mat2) {
+Tensor addmm(const Tensor& bias_in, const Tensor& mat1, const Tensor& mat2) {
   OpScope s(OpKind::Addmm, {bias_in, mat1, mat2});
   const Tensor &bias = s[0], &a = s[1], &b = s[2];
   CASTOR_CHECK(a.dim() == 2 && b.dim() == 2, "addmm: expected 2-D matrices, got ", a.describe(), " and ",
@@ -87,6 +91,36 @@ std::vector<Tensor> OpDef<OpKind::Addmm>::backward(const Node& node, const Param
   auto [diff_a, diff_b] = product_grads(need_b ? node.unpack(s.mat1) : Tensor(),
                                         need_a || need_b ? node.unpack(s.mat2) : Tensor(), diff_dst, need_a, need_b);
   return {node.next[0].valid() ? sum_to(diff_dst, node.input_shapes[0]) : Tensor(), diff_a, diff_b};
+}
+
+// Recorded as the mm or bmm it runs (composite: the Matmul row's OpScope only).
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  OpScope s(OpKind::Matmul, {a_in, b_in});
+  const Tensor &a = s[0], &b = s[1];
+  CASTOR_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dim, got ", a.describe(), " and ",
+               b.describe());
+  if (a.dim() <= 2 && b.dim() <= 2) {
+    Tensor x = a.dim() == 1 ? a.unsqueeze(0) : a, y = b.dim() == 1 ? b.unsqueeze(1) : b;
+    Tensor out = mm_impl(x, y);
+    if (b.dim() == 1) out = out.squeeze(-1);
+    if (a.dim() == 1) out = out.squeeze(0);
+    return s.done(out);
+  }
+  // Batched: broadcast the batch dims, then one bmm.
+  Tensor x = a.dim() == 1 ? a.unsqueeze(0) : a, y = b.dim() == 1 ? b.unsqueeze(1) : b;
+  Shape xb(x.shape().begin(), x.shape().end() - 2), yb(y.shape().begin(), y.shape().end() - 2);
+  Shape batch = broadcast_shapes(xb, yb, "matmul");
+  const int64_t nb = shape_numel(batch), M = x.size(-2), K = x.size(-1), N = y.size(-1);
+  CASTOR_CHECK(K == y.size(-2), "matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+               " cannot be multiplied (", K, " != ", y.size(-2), ")");
+  Shape xs = batch, ys = batch;
+  xs.insert(xs.end(), {M, K});
+  ys.insert(ys.end(), {K, N});
+  Tensor out = bmm_impl(x.expand(xs).reshape({nb, M, K}), y.expand(ys).reshape({nb, K, N}));
+  Shape os = batch;
+  if (a.dim() > 1) os.push_back(M);
+  if (b.dim() > 1) os.push_back(N);
+  return s.done(out.view(os));
 }
 
 std::pair<Tensor, Tensor> product_grads(const Tensor& a, const Tensor& b, const Tensor& diff_dst, bool need_a,

@@ -1,5 +1,6 @@
 // Matrix-product ops as typed definitions: mm, bmm and addmm (a bias plus a product, rounded once), sharing one
-// product gradient rule.
+// product gradient rule. Their forwards are the public functions of castor/ops.h (matmul too, recorded as mm or
+// bmm), defined beside these backwards in linalg.cpp.
 #pragma once
 #include "autograd/op_def.h"
 
@@ -13,8 +14,6 @@ struct OpDef<OpKind::Mm> {
   struct Saved {
     SavedTensor a, b;
   };
-  static Tensor forward(const Tensor& a, const Tensor& b);
-  static Tensor run(const Tensor& a, const Tensor& b);  // on operands autocast by the caller's OpScope (matmul)
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -25,8 +24,6 @@ struct OpDef<OpKind::Bmm> {
   struct Saved {
     SavedTensor a, b;
   };
-  static Tensor forward(const Tensor& a, const Tensor& b);
-  static Tensor run(const Tensor& a, const Tensor& b);  // on operands autocast by the caller's OpScope (matmul)
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -38,7 +35,6 @@ struct OpDef<OpKind::Addmm> {
   struct Saved {
     SavedTensor mat1, mat2;
   };
-  static Tensor forward(const Tensor& bias, const Tensor& mat1, const Tensor& mat2);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 

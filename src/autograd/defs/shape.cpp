@@ -1,9 +1,10 @@
-// Views, clone, cat and gather: each op's forward and backward side by side. The views alias their input's storage
-// (core/view.h) and pass no OpScope; every backward is written with differentiable ops where double backward
-// needs it.
+// Views, clone, cat and gather: each op's forward (a Tensor method or a public function) beside its backward. The
+// views alias their input's storage (core/view.h) and pass no OpScope; every backward is written with
+// differentiable ops where double backward needs it.
 #include "autograd/defs/shape.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "castor/ops.h"
 #include "core/view.h"
@@ -13,6 +14,9 @@ namespace castor {
 
 // ---- view ----
 
+namespace {
+
+// `shape` with its one -1 inferred for `numel` elements, checked (op names it in errors).
 Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
   Shape out = shape;
   int64_t known = 1, infer = -1;
@@ -34,6 +38,7 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
   return out;
 }
 
+// Strides for viewing t as `shape` without a copy, or none where impossible (PyTorch's computeStride).
 std::optional<Shape> view_strides(const Tensor& t, const Shape& shape) {
   if (t.numel() == 0 || t.is_contiguous()) return contiguous_strides(shape);
   const Shape& old_shape = t.shape();
@@ -62,14 +67,22 @@ std::optional<Shape> view_strides(const Tensor& t, const Shape& shape) {
   return strides;
 }
 
-Tensor OpDef<OpKind::View>::forward(const Tensor& src, const Shape& new_shape) {
-  const Shape shape = infer_shape(new_shape, src.numel(), "view");
-  auto strides = view_strides(src, shape);
-  CASTOR_CHECK(strides.has_value(), "view: cannot view a tensor of shape ", shape_str(src.shape()), " and strides ",
-               shape_str(src.strides()), " as ", shape_str(shape), "; use reshape()");
-  Tensor out = make_view(src, shape, *strides, src.storage_offset());
-  record_op<OpKind::View>({src}, out, {}, {});
+}  // namespace
+
+Tensor Tensor::view(const Shape& new_shape) const {
+  const Shape shape = infer_shape(new_shape, numel(), "view");
+  auto strides = view_strides(*this, shape);
+  CASTOR_CHECK(strides.has_value(), "view: cannot view a tensor of shape ", shape_str(this->shape()), " and strides ",
+               shape_str(this->strides()), " as ", shape_str(shape), "; use reshape()");
+  Tensor out = make_view(*this, shape, *strides, storage_offset());
+  record_op<OpKind::View>({*this}, out, {}, {});
   return out;
+}
+
+Tensor Tensor::reshape(const Shape& new_shape) const {
+  Shape shape = infer_shape(new_shape, numel(), "reshape");
+  if (view_strides(*this, shape)) return view(shape);
+  return contiguous().view(shape);
 }
 
 std::vector<Tensor> OpDef<OpKind::View>::backward(const Node& node, const Params&, const Saved&, Tensor diff_dst) {
@@ -78,7 +91,8 @@ std::vector<Tensor> OpDef<OpKind::View>::backward(const Node& node, const Params
 
 // ---- permute ----
 
-Tensor OpDef<OpKind::Permute>::forward(const Tensor& src, const Shape& dims) {
+Tensor Tensor::permute(const Shape& dims) const {
+  const Tensor& src = *this;
   CASTOR_CHECK(static_cast<int64_t>(dims.size()) == src.dim(), "permute: ", dims.size(), " dims given for a tensor of ",
                src.dim(), " dims");
   Shape shape(dims.size()), strides(dims.size()), wrapped(dims.size());
@@ -104,7 +118,8 @@ std::vector<Tensor> OpDef<OpKind::Permute>::backward(const Node&, const Params& 
 
 // ---- expand ----
 
-Tensor OpDef<OpKind::Expand>::forward(const Tensor& src, const Shape& new_shape) {
+Tensor Tensor::expand(const Shape& new_shape) const {
+  const Tensor& src = *this;
   CASTOR_CHECK(static_cast<int64_t>(new_shape.size()) >= src.dim(), "expand: cannot expand ", src.describe(), " to ",
                shape_str(new_shape));
   const size_t lead = new_shape.size() - src.shape().size();
@@ -164,7 +179,8 @@ Tensor unslice(const Tensor& g, const Shape& shape, int64_t dim, int64_t start, 
 
 }  // namespace
 
-Tensor OpDef<OpKind::Slice>::forward(const Tensor& src, int64_t d, int64_t start, int64_t end, int64_t step) {
+Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
+  const Tensor& src = *this;
   d = wrap_dim(d, src.dim(), "slice");
   CASTOR_CHECK(step > 0, "slice: step must be positive, got ", step);
   const int64_t n = src.shape()[d];
@@ -191,10 +207,21 @@ std::vector<Tensor> OpDef<OpKind::Slice>::backward(const Node& node, const Param
 
 // ---- clone ----
 
-Tensor OpDef<OpKind::Clone>::forward(const Tensor& src, Tensor dst) {
+namespace {
+
+// src copied into dst, recorded as a clone.
+Tensor clone_into(const Tensor& src, Tensor dst) {
   kernels::copy(src, dst);
   record_op<OpKind::Clone>({src}, dst, {}, {});
   return dst;
+}
+
+}  // namespace
+
+Tensor Tensor::clone() const { return clone_into(*this, empty_like(*this)); }
+
+Tensor Tensor::contiguous(MemoryFormat format) const {
+  return is_contiguous(format) ? *this : clone_into(*this, empty(shape(), dtype(), format));
 }
 
 std::vector<Tensor> OpDef<OpKind::Clone>::backward(const Node&, const Params&, const Saved&, Tensor diff_dst) {
@@ -203,7 +230,7 @@ std::vector<Tensor> OpDef<OpKind::Clone>::backward(const Node&, const Params&, c
 
 // ---- cat ----
 
-Tensor OpDef<OpKind::Cat>::forward(const std::vector<Tensor>& tensors, int64_t dim) {
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   CASTOR_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
   OpScope s(OpKind::Cat, tensors);
   const auto& in = s.inputs();
@@ -211,7 +238,7 @@ Tensor OpDef<OpKind::Cat>::forward(const std::vector<Tensor>& tensors, int64_t d
   dim = wrap_dim(dim, first.dim(), "cat");
   Shape shape = first.shape();
   shape[dim] = 0;
-  Params params{dim, {}};
+  OpDef<OpKind::Cat>::Params params{dim, {}};
   for (const Tensor& t : in) {
     CASTOR_CHECK(t.dim() == first.dim(), "cat: tensors must have the same number of dims, got ", first.describe(),
                  " and ", t.describe());
@@ -241,9 +268,24 @@ std::vector<Tensor> OpDef<OpKind::Cat>::backward(const Node&, const Params& p, c
   return grads;
 }
 
+// ---- stack (recorded as the cat it runs) ----
+
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  CASTOR_CHECK(!tensors.empty(), "stack: expected a non-empty list of tensors");
+  OpScope s(OpKind::Stack, tensors);
+  dim = wrap_dim(dim, tensors[0].dim() + 1, "stack");
+  std::vector<Tensor> parts;
+  for (const Tensor& t : s.inputs()) {
+    CASTOR_CHECK(t.shape() == s[0].shape(), "stack: tensors must have the same shape, got ", s[0].describe(), " and ",
+                 t.describe());
+    parts.push_back(t.unsqueeze(dim));
+  }
+  return s.done(cat(parts, dim));
+}
+
 // ---- gather ----
 
-Tensor OpDef<OpKind::Gather>::forward(const Tensor& src, int64_t dim, const Tensor& index) {
+Tensor gather(const Tensor& src, int64_t dim, const Tensor& index) {
   OpScope s(OpKind::Gather, {src});
   const Tensor& x = s[0];
   dim = wrap_dim(dim, x.dim(), "gather");

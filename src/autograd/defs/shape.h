@@ -1,22 +1,16 @@
-// Shape ops as typed definitions: the views (view, permute, expand, slice), clone, cat and gather.
+// Shape ops as typed definitions: the views (view, permute, expand, slice), clone, cat and gather. Their forwards
+// are the Tensor methods (castor/tensor.h: view and reshape, permute, expand, slice, clone and contiguous) and the
+// public functions of castor/ops.h (cat, stack, gather), defined beside these backwards in shape.cpp.
 #pragma once
-#include <optional>
-
 #include "autograd/op_def.h"
 
 namespace castor {
-
-// `shape` with its one -1 inferred for `numel` elements, checked (op names it in errors).
-Shape infer_shape(const Shape& shape, int64_t numel, const char* op);
-// Strides for viewing x as `shape` without a copy, or none where impossible (PyTorch's computeStride).
-std::optional<Shape> view_strides(const Tensor& x, const Shape& shape);
 
 // dst = src viewed as `shape` (one -1 inferred); the gradient is reshaped back.
 template <>
 struct OpDef<OpKind::View> {
   struct Params {};
   struct Saved {};
-  static Tensor forward(const Tensor& src, const Shape& shape);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -27,7 +21,6 @@ struct OpDef<OpKind::Permute> {
     Shape order;  // wrapped
   };
   struct Saved {};
-  static Tensor forward(const Tensor& src, const Shape& dims);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -36,7 +29,6 @@ template <>
 struct OpDef<OpKind::Expand> {
   struct Params {};
   struct Saved {};
-  static Tensor forward(const Tensor& src, const Shape& shape);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -47,16 +39,14 @@ struct OpDef<OpKind::Slice> {
     int64_t dim, start, step;
   };
   struct Saved {};
-  static Tensor forward(const Tensor& src, int64_t dim, int64_t start, int64_t end, int64_t step);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
-// A copy of src into `dst` (the caller chooses its layout: clone keeps src's, contiguous asks for one).
+// dst = a copy of src (clone keeps src's layout, contiguous gives the one asked for).
 template <>
 struct OpDef<OpKind::Clone> {
   struct Params {};
   struct Saved {};
-  static Tensor forward(const Tensor& src, Tensor dst);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -68,7 +58,6 @@ struct OpDef<OpKind::Cat> {
     Shape sizes;  // of each input along dim
   };
   struct Saved {};
-  static Tensor forward(const std::vector<Tensor>& tensors, int64_t dim);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -81,7 +70,6 @@ struct OpDef<OpKind::Gather> {
   struct Saved {
     SavedTensor index;  // contiguous
   };
-  static Tensor forward(const Tensor& src, int64_t dim, const Tensor& index);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
