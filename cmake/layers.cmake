@@ -66,7 +66,7 @@ endfunction()
 castor_layer(core DIRS core
   HEADERS version half dtype check log device allocator convert tensor random state_dict op_kind)
 castor_layer(kernels DIRS kernels HEADERS backends USES core)
-castor_layer(runtime DIRS runtime autograd HEADERS ops autocast autograd USES core kernels)
+castor_layer(runtime DIRS runtime autograd ops HEADERS ops autocast autograd USES core kernels)
 castor_layer(dist DIRS dist HEADERS dist USES core kernels runtime)
 target_link_libraries(castor_dist PRIVATE MPI::MPI_CXX)  # only src/dist includes mpi.h
 castor_layer(nn DIRS nn HEADERS functional nn models ddp USES core kernels runtime dist)

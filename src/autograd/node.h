@@ -18,10 +18,10 @@ struct Edge {
 struct SavedTensor {
   Tensor tensor;
   uint32_t version = 0;
-  bool output = false;  // the node's own output, kept without its history (autograd/op_def.h: save_output)
+  bool output = false;  // the node's own output, kept without its history (ops/op_def.h: save_output)
 };
 
-// The typed parameters and saved tensors of a node recorded by an op definition (autograd/op_def.h).
+// The typed parameters and saved tensors of a node recorded by an op definition (ops/op_def.h).
 struct NodeState {
   virtual ~NodeState() = default;
   virtual void release() = 0;  // frees the saved tensors (after a backward without retain_graph)
@@ -37,7 +37,7 @@ struct Node : std::enable_shared_from_this<Node> {
   Shape out_shape;
   std::vector<GradHook> pre_hooks;     // hooks on the output tensor (non-leaf register_hook / retain_grad)
   bool released = false;               // saved tensors freed after a backward without retain_graph
-  std::shared_ptr<NodeState> state;    // its definition's parameters and saved tensors (autograd/op_def.h)
+  std::shared_ptr<NodeState> state;    // its definition's parameters and saved tensors (ops/op_def.h)
 
   // A saved tensor of the node's definition, checked against in-place changes since it was saved; a saved output
   // is given this node as grad_fn while grad mode is on (create_graph), so a rule written with it is
@@ -46,7 +46,7 @@ struct Node : std::enable_shared_from_this<Node> {
 };
 
 // Records `op` as the maker of `out` when grad mode is on and some input requires grad (its definition's typed
-// state is attached by record_op, autograd/op_def.h).
+// state is attached by record_op, ops/op_def.h).
 void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out);
 bool any_requires_grad(const std::vector<Tensor>& inputs);
 
@@ -57,7 +57,7 @@ bool any_requires_grad(const std::vector<Tensor>& inputs);
 Tensor leaf_grad_to_accumulate_into(const Node& node, size_t i);
 
 // The backward rule of `node.op`: one gradient per input (undefined where none is needed). It owns `grad`.
-// Dispatched by the op table (autograd/op_table.cpp) to the op's definition.
+// Dispatched by the op table (ops/op_table.cpp) to the op's definition.
 std::vector<Tensor> apply_backward_rule(const Node& node, Tensor grad);
 
 }  // namespace castor

@@ -1,12 +1,12 @@
-// torch.nn.functional for Castor: the layer ops (their definitions are in autograd/defs/), and the composites
+// torch.nn.functional for Castor: the layer ops (their definitions are in ops/), and the composites
 // (linear, dropout, adaptive pooling, losses) built from differentiable ops.
 #include "castor/functional.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "autograd/defs/layers.h"
-#include "autograd/defs/transformer.h"
+#include "ops/layers.h"
+#include "ops/transformer.h"
 #include "castor/autograd.h"
 #include "castor/ops.h"
 #include "castor/random.h"

@@ -7,7 +7,7 @@
 #include <optional>
 #include <unordered_map>
 
-#include "autograd/defs/elementwise.h"
+#include "ops/elementwise.h"
 #include "castor/autograd.h"
 #include "runtime/dispatch.h"
 

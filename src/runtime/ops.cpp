@@ -1,4 +1,4 @@
-// The public tensor ops that are not op rows (whose forwards are in src/autograd/defs/): checks, sum_to, and the
+// The public tensor ops that are not op rows (whose forwards are in src/ops/): checks, sum_to, and the
 // in-place ops, which rebase their tensor's history onto the out-of-place op they run.
 #include "castor/ops.h"
 

@@ -1,4 +1,4 @@
-// Tensor methods besides the ops' own (autograd/defs/): gradient metadata, the views made of other views (transpose,
+// Tensor methods besides the ops' own (ops/): gradient metadata, the views made of other views (transpose,
 // narrow, split, select, squeeze, flatten), and filled factories.
 #include <numeric>
 

@@ -1,5 +1,5 @@
 // The test case of every op row (castor/op_kind.h): what OpTable checks (gradients, autocast policy) and the cases
-// TorchParity runs against PyTorch. A new op is its row, its definition (src/autograd/defs/) and its case here.
+// TorchParity runs against PyTorch. A new op is its row, its definition (src/ops/) and its case here.
 #pragma once
 #include <functional>
 #include <map>

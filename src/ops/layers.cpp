@@ -1,6 +1,6 @@
 // conv2d, its fusion with pooling and ReLU, batch norm and pooling: each op's checks, forward and backward side by
 // side on the layer kernels; gradients come back in the dtype the forward ran in.
-#include "autograd/defs/layers.h"
+#include "ops/layers.h"
 
 #include "castor/ops.h"
 #include "runtime/dispatch.h"

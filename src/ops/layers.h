@@ -4,7 +4,7 @@
 #pragma once
 #include <array>
 
-#include "autograd/op_def.h"
+#include "ops/op_def.h"
 #include "kernels/layers.h"
 
 namespace castor {

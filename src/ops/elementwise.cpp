@@ -1,6 +1,6 @@
 // The element-wise ops: PyTorch's type promotion and broadcasting, each op's forward (the public function) on the
 // element-wise kernels beside its backward, the comparisons (not differentiable), and dtype casts.
-#include "autograd/defs/elementwise.h"
+#include "ops/elementwise.h"
 
 #include <cmath>
 #include <limits>

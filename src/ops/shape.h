@@ -2,7 +2,7 @@
 // are the Tensor methods (castor/tensor.h: view and reshape, permute, expand, slice, clone and contiguous) and the
 // public functions of castor/ops.h (cat, stack, gather), defined beside these backwards in shape.cpp.
 #pragma once
-#include "autograd/op_def.h"
+#include "ops/op_def.h"
 
 namespace castor {
 

@@ -2,7 +2,7 @@
 // product gradient rule. Their forwards are the public functions of castor/ops.h (matmul too, recorded as mm or
 // bmm), defined beside these backwards in linalg.cpp.
 #pragma once
-#include "autograd/op_def.h"
+#include "ops/op_def.h"
 
 namespace castor {
 

@@ -1,7 +1,7 @@
 // Reductions as typed definitions: sum, mean, max/min along a dim, softmax and log-softmax. Their forwards are the
 // public functions of castor/ops.h, defined beside these backwards in reduction.cpp.
 #pragma once
-#include "autograd/op_def.h"
+#include "ops/op_def.h"
 
 namespace castor {
 

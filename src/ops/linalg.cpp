@@ -1,8 +1,8 @@
 // mm, bmm, addmm and matmul: forwards on the matmul kernel (addmm with its bias) and the product gradient rule they
 // share.
-#include "autograd/defs/linalg.h"
+#include "ops/linalg.h"
 
-#include "autograd/defs/elementwise.h"
+#include "ops/elementwise.h"
 #include "castor/ops.h"
 #include "runtime/dispatch.h"
 

@@ -1,6 +1,6 @@
 // GELU and SiLU: forward on the element-wise kernels (16-bit computed in float32, rounded once) and their backward
 // as fused maps of the saved input.
-#include "autograd/defs/activation.h"
+#include "ops/activation.h"
 
 #include "castor/ops.h"
 #include "runtime/dispatch.h"

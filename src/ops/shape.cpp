@@ -1,7 +1,7 @@
 // Views, clone, cat and gather: each op's forward (a Tensor method or a public function) beside its backward. The
 // views alias their input's storage (core/view.h) and pass no OpScope; every backward is written with
 // differentiable ops where double backward needs it.
-#include "autograd/defs/shape.h"
+#include "ops/shape.h"
 
 #include <algorithm>
 #include <optional>

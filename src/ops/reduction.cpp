@@ -1,6 +1,6 @@
 // The reductions: each op's forward (the public function) on the reduction kernels beside its backward, over a plan
 // that lays the reduced dims out adjacent (outer, n, inner).
-#include "autograd/defs/reduction.h"
+#include "ops/reduction.h"
 
 #include <algorithm>
 #include <optional>

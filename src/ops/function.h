@@ -3,7 +3,7 @@
 #pragma once
 #include <string>
 
-#include "autograd/op_def.h"
+#include "ops/op_def.h"
 
 namespace castor {
 

@@ -1,16 +1,16 @@
-// The backward table, one entry per op row, each taken from the op's definition (autograd/op_def.h): an op
+// The backward table, one entry per op row, each taken from the op's definition (ops/op_def.h): an op
 // without a definition does not compile.
 #include <type_traits>
 
-#include "autograd/defs/activation.h"
-#include "autograd/defs/composite.h"
-#include "autograd/defs/elementwise.h"
-#include "autograd/defs/function.h"
-#include "autograd/defs/layers.h"
-#include "autograd/defs/linalg.h"
-#include "autograd/defs/reduction.h"
-#include "autograd/defs/shape.h"
-#include "autograd/defs/transformer.h"
+#include "ops/activation.h"
+#include "ops/composite.h"
+#include "ops/elementwise.h"
+#include "ops/function.h"
+#include "ops/layers.h"
+#include "ops/linalg.h"
+#include "ops/reduction.h"
+#include "ops/shape.h"
+#include "ops/transformer.h"
 
 namespace castor {
 

@@ -1,6 +1,6 @@
 // Embedding, layer/RMS norm, fused attention and fused cross-entropy: each op's forward and backward side by side on
 // the transformer kernels (kernels/transformer.h).
-#include "autograd/defs/transformer.h"
+#include "ops/transformer.h"
 
 #include <array>
 #include <cmath>

@@ -1,7 +1,7 @@
 // Element-wise ops as typed definitions: arithmetic, unary maps, clamp, where and dtype casts. Their forwards are
 // the public functions of castor/ops.h (and Tensor::to), defined beside these backwards in elementwise.cpp.
 #pragma once
-#include "autograd/op_def.h"
+#include "ops/op_def.h"
 
 namespace castor {
 

@@ -2,7 +2,7 @@
 #pragma once
 #include <optional>
 
-#include "autograd/op_def.h"
+#include "ops/op_def.h"
 
 namespace castor {
 

@@ -1,6 +1,6 @@
 // User-defined autograd Functions: forward without history (custom_fwd), recorded as a Function node whose backward
 // calls the user's under the autocast state forward ran under (custom_bwd).
-#include "autograd/defs/function.h"
+#include "ops/function.h"
 
 #include "castor/autograd.h"
 

@@ -1,7 +1,7 @@
 // The op rows recorded only as the ops they are made of (CompositeOp): their forwards build them from other ops, so
 // they have no backward of their own; they are rows for autocast's policy and the observers.
 #pragma once
-#include "autograd/op_def.h"
+#include "ops/op_def.h"
 
 namespace castor {
 

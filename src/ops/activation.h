@@ -1,7 +1,7 @@
 // Activation ops as typed definitions: GELU (exact and tanh) and SiLU. Their forwards are castor::gelu and
 // castor::silu (castor/ops.h), defined beside these backwards in activation.cpp.
 #pragma once
-#include "autograd/op_def.h"
+#include "ops/op_def.h"
 
 namespace castor {
 
