@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "ops/layers.h"
-#include "ops/transformer.h"
 #include "castor/autograd.h"
 #include "castor/ops.h"
 #include "castor/random.h"
+#include "ops/layers.h"
+#include "ops/transformer.h"
 #include "runtime/dispatch.h"
 
 namespace castor::F {

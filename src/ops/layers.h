@@ -4,8 +4,8 @@
 #pragma once
 #include <array>
 
-#include "ops/op_def.h"
 #include "kernels/layers.h"
+#include "ops/op_def.h"
 
 namespace castor {
 

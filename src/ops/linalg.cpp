@@ -2,8 +2,8 @@
 // share.
 #include "ops/linalg.h"
 
-#include "ops/elementwise.h"
 #include "castor/ops.h"
+#include "ops/elementwise.h"
 #include "runtime/dispatch.h"
 
 namespace castor {

@@ -7,8 +7,8 @@
 #include <optional>
 #include <unordered_map>
 
-#include "ops/elementwise.h"
 #include "castor/autograd.h"
+#include "ops/elementwise.h"
 #include "runtime/dispatch.h"
 
 namespace castor::amp {

@@ -6,8 +6,8 @@
 
 #include "autograd/node.h"
 #include "castor/autograd.h"
-#include "runtime/dispatch.h"
 #include "kernels/kernels.h"
+#include "runtime/dispatch.h"
 
 namespace castor {
 
