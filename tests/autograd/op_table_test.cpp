@@ -67,6 +67,15 @@ bool is_registered(const std::string& full) {
   return false;
 }
 
+TEST(OpTable, ParityCasesBelongToTorchParityRows) {
+  for (const auto& [op, c] : test::parity_cases()) {
+    auto it = test::op_cases().find(op);
+    ASSERT_NE(it, test::op_cases().end()) << c.name << ": " << op_name(op) << " has no case";
+    EXPECT_EQ(std::string(it->second.oracle), "TorchParity") << c.name << ": " << op_name(op) << " names "
+                                                              << it->second.oracle << " as its oracle";
+  }
+}
+
 TEST(OpTable, EveryOpHasItsCases) {
   for (int k = 0; k < kNumOps; ++k) {
     const auto op = static_cast<OpKind>(k);
