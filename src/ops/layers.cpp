@@ -1,7 +1,8 @@
-// conv2d, its fusion with pooling and ReLU, batch norm and pooling: each op's checks, forward and backward side by
-// side on the layer kernels; gradients come back in the dtype the forward ran in.
+// conv2d, its fusion with pooling and ReLU, batch norm and pooling: each op's forward (its F:: function) beside its
+// backward on the layer kernels; gradients come back in the dtype the forward ran in.
 #include "ops/layers.h"
 
+#include "castor/functional.h"
 #include "castor/ops.h"
 #include "runtime/dispatch.h"
 
@@ -144,9 +145,8 @@ std::vector<Tensor> pool2d_backward(const Node& node, const kernels::Pool2dParam
 
 }  // namespace
 
-Tensor OpDef<OpKind::Conv2d>::forward(const Tensor& input, const Tensor& weight, const Tensor& bias,
-                                      std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
-                                      std::array<int64_t, 2> dilation, int64_t groups) {
+Tensor F::conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std::array<int64_t, 2> stride,
+                 std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
   OpScope s(OpKind::Conv2d, {input, weight, bias});
   const Tensor &x = s[0], &w = s[1], &b = s[2];
   Shape out_shape;
@@ -167,9 +167,9 @@ std::vector<Tensor> OpDef<OpKind::Conv2d>::backward(const Node& node, const Para
                       grad_in(diff_dst, node.out_dtype, kernels::layer_format(src)), p.conv);
 }
 
-Tensor OpDef<OpKind::Conv2dMaxPool2dRelu>::forward(const Tensor& input, const Tensor& weight, const Tensor& bias,
-                                                   std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
-                                                   std::array<int64_t, 2> pool_kernel) {
+Tensor F::conv2d_max_pool2d_relu(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                                 std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
+                                 std::array<int64_t, 2> pool_kernel) {
   OpScope s(OpKind::Conv2dMaxPool2dRelu, {input, weight, bias});
   const Tensor &x = s[0], &w = s[1], &b = s[2];
   const char* op = op_name(OpKind::Conv2dMaxPool2dRelu);
@@ -180,8 +180,7 @@ Tensor OpDef<OpKind::Conv2dMaxPool2dRelu>::forward(const Tensor& input, const Te
   pp.relu = true;
   const MemoryFormat format = kernels::layer_format(x);
   if (format != MemoryFormat::ChannelsLast || x.dtype() == DType::Float64 || !kernels::max_pool2d_nhwc_fits(pp)) {
-    const Tensor conv = OpDef<OpKind::Conv2d>::forward(x, w, b, stride, padding, {1, 1}, 1);
-    return s.done(OpDef<OpKind::MaxPool2d>::forward(conv, pool_kernel, {0, 0}, {0, 0}, /*relu=*/true));  // unfused
+    return s.done(F::max_pool2d_relu(F::conv2d(x, w, b, stride, padding), pool_kernel));  // the two ops, unfused
   }
   Tensor out = empty(out_shape, x.dtype(), format);
   const Tensor workspace = empty({out_shape[0], out_shape[2], out_shape[3], out_shape[1]}, DType::UInt8);
@@ -202,9 +201,8 @@ std::vector<Tensor> OpDef<OpKind::Conv2dMaxPool2dRelu>::backward(const Node& nod
   return conv2d_grads(node, node.unpack(s.src), node.unpack(s.weights), diff_conv, p.conv);
 }
 
-Tensor OpDef<OpKind::BatchNorm>::forward(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
-                                         const Tensor& weight, const Tensor& bias, bool training, double momentum,
-                                         double eps) {
+Tensor F::batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                     const Tensor& bias, bool training, double momentum, double eps) {
   OpScope s(OpKind::BatchNorm, {input, weight, bias});
   const Tensor &x = s[0], &w = s[1], &b = s[2];
   CASTOR_CHECK(x.dim() == 2 || x.dim() == 4, "batch_norm: expected a (N, C) or (N, C, H, W) input, got ",
@@ -263,9 +261,14 @@ std::vector<Tensor> OpDef<OpKind::BatchNorm>::backward(const Node& node, const P
   return grads;
 }
 
-Tensor OpDef<OpKind::MaxPool2d>::forward(const Tensor& input, std::array<int64_t, 2> kernel,
-                                         std::array<int64_t, 2> stride, std::array<int64_t, 2> padding, bool relu) {
-  return pool2d<OpKind::MaxPool2d>(input, kernel, stride, padding, false, relu);
+Tensor F::max_pool2d(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+                     std::array<int64_t, 2> padding) {
+  return pool2d<OpKind::MaxPool2d>(input, kernel, stride, padding, false, /*relu=*/false);
+}
+
+Tensor F::max_pool2d_relu(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+                          std::array<int64_t, 2> padding) {
+  return pool2d<OpKind::MaxPool2d>(input, kernel, stride, padding, false, /*relu=*/true);
 }
 
 std::vector<Tensor> OpDef<OpKind::MaxPool2d>::backward(const Node& node, const Params& p, const Saved& s,
@@ -273,10 +276,9 @@ std::vector<Tensor> OpDef<OpKind::MaxPool2d>::backward(const Node& node, const P
   return pool2d_backward(node, p.pool, p.format, node.unpack(s.workspace), diff_dst);
 }
 
-Tensor OpDef<OpKind::AvgPool2d>::forward(const Tensor& input, std::array<int64_t, 2> kernel,
-                                         std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
-                                         bool count_include_pad) {
-  return pool2d<OpKind::AvgPool2d>(input, kernel, stride, padding, count_include_pad, false);
+Tensor F::avg_pool2d(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+                     std::array<int64_t, 2> padding, bool count_include_pad) {
+  return pool2d<OpKind::AvgPool2d>(input, kernel, stride, padding, count_include_pad, /*relu=*/false);
 }
 
 std::vector<Tensor> OpDef<OpKind::AvgPool2d>::backward(const Node& node, const Params& p, const Saved&,

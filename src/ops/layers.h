@@ -1,9 +1,7 @@
 // Layer ops as typed definitions: conv2d, its fusion with max pooling and ReLU, batch norm, max and average pooling.
-// Forward and backward run on the layer kernels (kernels/layers.h) in the dtype the forward ran in; none has a
-// double backward.
+// Their forwards are the F:: functions of castor/functional.h, defined beside these backwards in layers.cpp; both
+// run on the layer kernels (kernels/layers.h) in the dtype the forward ran in; none has a double backward.
 #pragma once
-#include <array>
-
 #include "kernels/layers.h"
 #include "ops/op_def.h"
 
@@ -19,8 +17,6 @@ struct OpDef<OpKind::Conv2d> {
   struct Saved {
     SavedTensor src, weights;  // src laid out as the output, weights contiguous
   };
-  static Tensor forward(const Tensor& input, const Tensor& weight, const Tensor& bias, std::array<int64_t, 2> stride,
-                        std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -37,8 +33,6 @@ struct OpDef<OpKind::Conv2dMaxPool2dRelu> {
   struct Saved {
     SavedTensor src, weights, workspace;  // src channels-last; the pooling's workspace
   };
-  static Tensor forward(const Tensor& input, const Tensor& weight, const Tensor& bias, std::array<int64_t, 2> stride,
-                        std::array<int64_t, 2> padding, std::array<int64_t, 2> pool_kernel);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -54,8 +48,6 @@ struct OpDef<OpKind::BatchNorm> {
   struct Saved {
     SavedTensor src, mean, var, scale, shift;  // src (N, C, H, W) laid out as the output; scale, shift if given
   };
-  static Tensor forward(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
-                        const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -70,8 +62,6 @@ struct OpDef<OpKind::MaxPool2d> {
   struct Saved {
     SavedTensor workspace;  // with the ReLU folded in, it routes no gradient where the ReLU gives none
   };
-  static Tensor forward(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
-                        std::array<int64_t, 2> padding, bool relu);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -83,8 +73,6 @@ struct OpDef<OpKind::AvgPool2d> {
     MemoryFormat format;  // of the output
   };
   struct Saved {};
-  static Tensor forward(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
-                        std::array<int64_t, 2> padding, bool count_include_pad);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 

@@ -1,5 +1,6 @@
-// torch.nn.functional for Castor: the layer ops (their definitions are in ops/), and the composites
-// (linear, dropout, adaptive pooling, losses) built from differentiable ops.
+// The F:: ops recorded as the ops they are made of (linear, dropout, adaptive pooling, the losses; cross-entropy
+// where it cannot take its fused path) and F::'s aliases of castor:: ops; the F:: layer and transformer ops are
+// defined with their definitions (ops/layers.cpp, ops/transformer.cpp).
 #include "castor/functional.h"
 
 #include <algorithm>
@@ -8,7 +9,6 @@
 #include "castor/autograd.h"
 #include "castor/ops.h"
 #include "castor/random.h"
-#include "ops/layers.h"
 #include "ops/transformer.h"
 #include "runtime/dispatch.h"
 
@@ -98,37 +98,6 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   return s.done(b.defined() ? add(out, b) : out);
 }
 
-Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, std::array<int64_t, 2> stride,
-              std::array<int64_t, 2> padding, std::array<int64_t, 2> dilation, int64_t groups) {
-  return OpDef<OpKind::Conv2d>::forward(input, weight, bias, stride, padding, dilation, groups);
-}
-
-Tensor conv2d_max_pool2d_relu(const Tensor& input, const Tensor& weight, const Tensor& bias,
-                              std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
-                              std::array<int64_t, 2> pool_kernel) {
-  return OpDef<OpKind::Conv2dMaxPool2dRelu>::forward(input, weight, bias, stride, padding, pool_kernel);
-}
-
-Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps) {
-  return OpDef<OpKind::BatchNorm>::forward(input, running_mean, running_var, weight, bias, training, momentum, eps);
-}
-
-Tensor max_pool2d(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
-                  std::array<int64_t, 2> padding) {
-  return OpDef<OpKind::MaxPool2d>::forward(input, kernel, stride, padding, /*relu=*/false);
-}
-
-Tensor max_pool2d_relu(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
-                       std::array<int64_t, 2> padding) {
-  return OpDef<OpKind::MaxPool2d>::forward(input, kernel, stride, padding, /*relu=*/true);
-}
-
-Tensor avg_pool2d(const Tensor& input, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
-                  std::array<int64_t, 2> padding, bool count_include_pad) {
-  return OpDef<OpKind::AvgPool2d>::forward(input, kernel, stride, padding, count_include_pad);
-}
-
 Tensor adaptive_avg_pool2d(const Tensor& input, std::array<int64_t, 2> output_size) {
   CASTOR_CHECK(input.dim() == 4, "adaptive_avg_pool2d: expected a 4-D (N, C, H, W) input, got ", input.describe());
   CASTOR_CHECK(output_size[0] > 0 && output_size[1] > 0, "adaptive_avg_pool2d: output size ", pair_str(output_size),
@@ -153,29 +122,6 @@ Tensor relu(const Tensor& input) { return castor::relu(input); }
 
 Tensor gelu(const Tensor& input, bool tanh_approximate) { return castor::gelu(input, tanh_approximate); }
 Tensor silu(const Tensor& input) { return castor::silu(input); }
-
-Tensor embedding(const Tensor& input, const Tensor& weight, int64_t padding_idx) {
-  return OpDef<OpKind::Embedding>::forward(weight, input, padding_idx);
-}
-
-Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
-                  double eps) {
-  return OpDef<OpKind::LayerNorm>::forward(input, normalized_shape, weight, bias, eps);
-}
-
-Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, double eps) {
-  return OpDef<OpKind::RmsNorm>::forward(input, normalized_shape, weight, eps);
-}
-
-Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
-                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
-                                    std::optional<double> scale) {
-  return OpDef<OpKind::ScaledDotProductAttention>::forward(query, key, value, attn_mask, dropout_p, is_causal, scale);
-}
-
-Tensor qkv_attention(const Tensor& qkv, int64_t n_head, bool is_causal, std::optional<double> scale) {
-  return OpDef<OpKind::QkvAttention>::forward(qkv, n_head, is_causal, scale);
-}
 
 Tensor dropout(const Tensor& input, double p, bool training) {
   CASTOR_CHECK(p >= 0 && p <= 1, "dropout: probability has to be between 0 and 1, but got ", p);
