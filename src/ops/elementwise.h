@@ -69,7 +69,7 @@ struct OpDef<OpKind::Pow> {
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
-// The unary maps whose backward reads only the input (src) or only the output (dst).
+// Unary maps; each saves what its derivative reads: the input (src) or the output (dst).
 template <>
 struct OpDef<OpKind::Exp> {
   struct Params {};
