@@ -342,14 +342,14 @@ class LmTask : public Task {
   // The sizes of --init's model; a size flag given with another value is an error naming both.
   void take_init_sizes(TrainConfig& c) {
     try {
-      init_ = models::load_gpt_init(c.init, given(c, "--n-head") ? c.n_head : 0);
+      init_ = models::load_gpt_init(c.init, c.given("--n-head") ? c.n_head : 0);
     } catch (const Error& e) {
       const std::string msg = e.what();
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
     }
     const models::GPTConfig& g = init_->config;
     auto take = [&](const char* flag, int64_t& field, int64_t value) {
-      CASTOR_CHECK(!given(c, flag) || field == value, flag, " ", field, ": --init ", c.init, " holds ", value);
+      CASTOR_CHECK(!c.given(flag) || field == value, flag, " ", field, ": --init ", c.init, " holds ", value);
       field = value;
     };
     take("--n-layer", c.n_layer, g.n_layer);
@@ -357,12 +357,9 @@ class LmTask : public Task {
     take("--n-embd", c.n_embd, g.n_embd);
     take("--block-size", c.block_size, g.block_size);
     take("--vocab-size", c.vocab_size, g.vocab_size);
-    CASTOR_CHECK(!given(c, "--bias") || c.bias == g.bias, "--bias: --init ", c.init, g.bias ? " has" : " has no",
+    CASTOR_CHECK(!c.given("--bias") || c.bias == g.bias, "--bias: --init ", c.init, g.bias ? " has" : " has no",
                  " biases");
     c.bias = g.bias;
-  }
-  static bool given(const TrainConfig& c, const char* flag) {
-    return std::find(c.given.begin(), c.given.end(), flag) != c.given.end();
   }
 
   std::optional<models::GPTWeights> init_;
@@ -1110,7 +1107,7 @@ void resume_batch_size(TrainConfig& c, const Json& recorded, int world) {
   const Json* n = recorded.find("nproc");
   const int64_t recorded_world = n && n->is_int() && n->as_int() > 0 ? n->as_int() : 1;
   const int64_t global = recorded.at("batch_size").as_int() * recorded_world;
-  if (std::find(c.given.begin(), c.given.end(), "--batch-size") != c.given.end())
+  if (c.given("--batch-size"))
     CASTOR_CHECK(c.batch_size * world == global, "--batch-size ", c.batch_size, ": with ", world,
                  " ranks the global batch would be ", c.batch_size * world, ", the run's is ", global,
                  " (keep it: --batch-size ", global / world, ")");
@@ -1133,7 +1130,7 @@ Json run_train(TrainConfig c) {
   std::string run_dir, resume_from;
   if (resuming) {
     std::tie(run_dir, resume_from) = resolve_resume(c.resume);
-    if (std::find(c.given.begin(), c.given.end(), "--out") == c.given.end()) c.out = run_dir;
+    if (!c.given("--out")) c.out = run_dir;
   }
   if (c.out.empty()) {
     c.out = default_out(c);
@@ -1160,14 +1157,6 @@ Json run_train(TrainConfig c) {
   if (c.deterministic) omp_set_dynamic(0);
   backends::set_conv_algorithm(c.conv_algorithm);
 
-  for (const std::string& flag : c.given) {  // flags of one dataset given with another
-    const bool folder_flag = flag == "--image-size" || flag == "--val-split" || flag == "--skip-bad-images" ||
-                             flag == "--image-cache-mb";
-    CASTOR_CHECK(!folder_flag || c.data == Dataset::Folder, flag, ": applies to --data folder only, not --data ",
-                 name(c.data));
-    CASTOR_CHECK(flag != "--synthetic-size" || c.data == Dataset::Synthetic, flag,
-                 ": applies to --data synthetic only, not --data ", name(c.data));
-  }
   const std::unique_ptr<Task> task = make_task(c, rank, world, /*new_run=*/!resuming);
   const int64_t per_epoch = task->batches_per_epoch();
   const int64_t steps_per_epoch = (per_epoch + c.grad_accum - 1) / c.grad_accum;
