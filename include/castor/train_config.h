@@ -117,7 +117,7 @@ struct EvalConfig {
   std::optional<ModelKind> model;  // for files without castor metadata (e.g. written by PyTorch)
   std::optional<Dataset> data;
   std::string data_dir;
-  int64_t batch_size = 256;
+  int64_t batch_size = 0;  // images or token rows per batch; 0: the task's (256 images, rows of ~4096 tokens)
 };
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);
 std::string eval_help();

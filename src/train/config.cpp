@@ -48,7 +48,7 @@ struct EvalFlags {
   std::string checkpoint, file, data_dir;
   std::optional<ModelKind> model;
   std::optional<Dataset> data;
-  int64_t batch_size = 256;
+  int64_t batch_size = 0;
 };
 
 std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
@@ -61,7 +61,9 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
   add_choice(app, "--model", f.model, kModels, "the model of weights without castor metadata");
   add_choice(app, "--data", f.data, kDatasets, "the dataset of weights without castor metadata");
   app.add_option("--data-dir", f.data_dir, "dataset directory (default: the one the run used)");
-  app.add_option("--batch-size", f.batch_size, "images per batch")->check(integer_in(1));
+  app.add_option("--batch-size", f.batch_size,
+                 "images, or rows of the block size, per batch (0: 256 images, rows of about 4096 tokens)")
+      ->check(integer_in(0));
   return owner;
 }
 

@@ -79,7 +79,7 @@ using J = Job;
 std::vector<Setting> make_settings() {
   static const CLI::Validator image_size = integer_in(1, 4096), at_least_minus_one = integer_in(-1),
                               layers = integer_in(0, 1024), width = integer_in(0, 65536), count = integer_in(0),
-                              at_least_one = integer_in(1), ranks = integer_in(0, 1024),
+                              at_least_one = integer_in(1), ranks = integer_in(1, 1024),
                               // train plus test images stay far inside int64 byte arithmetic
                               synthetic = integer_in(1, int64_t{1} << 40);
   const CLI::Validator *unit = &unit_interval(), *pos = &positive(), *nonneg = &non_negative();
@@ -160,8 +160,8 @@ std::vector<Setting> make_settings() {
       {"--threads", shared<&C::threads, add_threads>(), "threads per rank (0: the cores divided among the ranks)",
        nullptr, R::FreeUnlessDeterministic, J::Any},
       {"--nproc", plain<&C::nproc>(),
-       "data-parallel ranks on this machine: runs itself under mpirun -np N (under mpirun, its -np; 0: one)", &ranks,
-       R::Free, J::Any},
+       "data-parallel ranks on this machine: runs itself under mpirun -np N (under mpirun, its -np)", &ranks,
+       R::Rechecked, J::Any},
       {"--sync-batchnorm", plain<&C::sync_batchnorm>(),
        "with several ranks: BatchNorm statistics of the global batch (default: each rank's own, as in DDP)", nullptr,
        R::Fixed, J::Any},
@@ -220,7 +220,7 @@ TrainConfig recorded_config(const Json& recorded, const std::string& what) {
   const Json defaults = settings_json(TrainConfig{});
   try {
     for (const Setting& s : settings()) {
-      if (s.resume == Resume::Unrecorded) continue;
+      if (s.resume == Resume::Unrecorded || s.resume == Resume::Rechecked) continue;
       const std::string flag = s.flag;
       const Json* v = recorded.find(config_key(flag));
       if (!v) {
@@ -310,7 +310,7 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
   CASTOR_CHECK(differences.empty(), "--resume ", what, ": these settings differ from the run's: ", differences,
                "; a resumed run keeps them (start a new run with another --out to change them)");
   for (const Setting& s : settings())
-    if (s.resume == Resume::Unrecorded ||
+    if (s.resume == Resume::Unrecorded || s.resume == Resume::Rechecked ||
         (may_change(s, c) && (given.given(s.flag) || (s.resume == Resume::Length && length_given))))
       s.field.take(c, given);
   c.given_flags = given.given_flags;

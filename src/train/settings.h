@@ -27,6 +27,8 @@ enum class Resume {
   Length,                   // recorded; --steps/--epochs, taken together when either is given (to extend)
   FreeUnlessDeterministic,  // --threads: free, except for a --deterministic run
   Unrecorded,               // not in config.json (--out, --resume, ...): the value given now
+  Rechecked,                // --nproc: recorded, not read back; the value given now (run_train checks it against
+                            // the recorded global batch)
 };
 
 // The jobs a setting applies to; given to another job it is refused, naming the flag.

@@ -1,8 +1,6 @@
 // `castor train` flag parsing: defaults, values, and one-line errors naming the flag.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-
 #include "castor/check.h"
 #include "castor/train_config.h"
 
@@ -101,79 +99,6 @@ TEST(TrainFlags, ConvAlgorithmIsRecordedAndOlderRunsResumeDirect) {
   EXPECT_EQ(resume_config(parse_train_flags({}), recorded, "run").conv_algorithm, backends::ConvAlgorithm::Auto);
   EXPECT_THROW(resume_config(parse_train_flags({"--conv-algorithm", "direct"}), recorded, "run"), Error);
   EXPECT_THROW(parse_train_flags({"--conv-algorithm", "winograd"}), Error);
-}
-
-}  // namespace castor::train
-
-namespace castor::train {
-
-std::string flag_error(const std::vector<std::string>& args) {
-  try {
-    parse_train_flags(args);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
-TEST(TrainFlags, FlagsOfAnotherJobAreRefusedNamingTheFlag) {
-  // A GPT's sizes given to an image classifier (castor ignored them before).
-  EXPECT_EQ(flag_error({"--model", "simplecnn", "--n-head", "3", "--block-size", "99"}),
-            "--n-head: applies to language models only (--model gpt, gpt-mini or gpt2), not --model simplecnn");
-  for (const char* flag : {"--n-layer", "--n-embd", "--block-size", "--vocab-size", "--dropout", "--data-order"})
-    EXPECT_NE(flag_error({"--model", "resnet9", flag, flag == std::string("--data-order") ? "sequential" : "0"})
-                  .find(std::string(flag) + ": applies to language models only"),
-              std::string::npos)
-        << flag;
-  EXPECT_EQ(flag_error({"--model", "gpt", "--augment", "standard"}),
-            "--augment: applies to image models only, not --model gpt");
-  EXPECT_EQ(flag_error({"--image-size", "64"}), "--image-size: applies to --data folder only, not --data fashion-mnist");
-  EXPECT_EQ(flag_error({"--synthetic-size", "64"}),
-            "--synthetic-size: applies to --data synthetic only, not --data fashion-mnist");
-  // Each job takes its own.
-  EXPECT_EQ(parse_train_flags({"--model", "gpt", "--n-head", "2", "--n-embd", "32"}).n_head, 2);
-  EXPECT_EQ(parse_train_flags({"--data", "synthetic", "--synthetic-size", "64"}).synthetic_size, 64);
-  // A resume's job is the recorded one: an image run's recording (n_head 0 among its keys) resumes.
-  const Json recorded = settings_json(parse_train_flags({"--data", "synthetic"}));
-  EXPECT_EQ(resume_config(parse_train_flags({"--resume", "run", "--steps", "3"}), recorded, "run").steps, 3);
-  try {
-    resume_config(parse_train_flags({"--resume", "run", "--dropout", "0"}), recorded, "run");
-    ADD_FAILURE() << "--dropout accepted on an image run's resume";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--dropout: applies to language models only"), std::string::npos) << e.what();
-  }
-}
-
-TEST(TrainFlags, AnUnknownFlagIsNamedAloneWithTheNearestOne) {
-  EXPECT_EQ(flag_error({"--eval_every", "1"}),
-            "unknown flag --eval_every; did you mean --eval-every? (see castor train --help)");
-  EXPECT_EQ(flag_error({"--lr", "0.1", "--wieght-decay=0.1"}),
-            "unknown flag --wieght-decay; did you mean --weight-decay? (see castor train --help)");
-  EXPECT_EQ(flag_error({"--frobnicate"}), "unknown flag --frobnicate (see castor train --help)");
-  EXPECT_EQ(flag_error({"stray"}).find("unexpected argument 'stray'"), 0u) << flag_error({"stray"});
-}
-
-TEST(TrainFlags, ConfigJsonAndResumeHelpComeFromTheSettingsTable) {
-  // Every recorded key is a flag of castor train, and reads back as the same setting.
-  const TrainConfig c = parse_train_flags({"--lr", "0.25", "--no-bias", "--model", "gpt", "--loss-scale", "128"});
-  const Json recorded = settings_json(c);
-  EXPECT_EQ(recorded.as_object().size(), 48u);
-  const std::string help = train_help();
-  for (const auto& [key, v] : recorded.as_object()) {
-    std::string flag = "--" + key;
-    std::replace(flag.begin(), flag.end(), '_', '-');
-    EXPECT_NE(help.find(flag), std::string::npos) << key;
-  }
-  EXPECT_EQ(settings_json(resume_config(TrainConfig{}, recorded, "run")), recorded);
-  EXPECT_EQ(recorded.at("loss_scale").as_double(), 128);
-  EXPECT_EQ(recorded.at("dtype").as_string(), "bfloat16");
-  // --resume's help lists what a resume may change; --lr is not among them.
-  const size_t at = help.find("Only these may change: ");
-  ASSERT_NE(at, std::string::npos);
-  const std::string rule = help.substr(at, help.find('\n', at) - at);
-  EXPECT_NE(rule.find("--log-every"), std::string::npos) << rule;
-  EXPECT_NE(rule.find("--steps (to extend)"), std::string::npos) << rule;
-  EXPECT_EQ(rule.find("--lr"), std::string::npos) << rule;
 }
 
 }  // namespace castor::train
