@@ -56,10 +56,12 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
                   const Tensor& bias = {}, double eps = 1e-5);
 // input * rsqrt(mean(input^2) + eps) * weight over the trailing normalized_shape (torch.nn.RMSNorm).
 Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = {}, double eps = 1e-6);
-// PyTorch 2's F.scaled_dot_product_attention: q (B, H, Tq, D), k, v (B, H, Tk, D); attn_mask bool (true = attend)
-// or floating (added), broadcastable to (B, H, Tq, Tk); is_causal masks key j > query i. Fused (flash-style): the
-// softmax statistics in float32, the products in the inputs' dtype, memory linear in T (docs/transformers.md).
-// dropout_p > 0 runs PyTorch's math path instead (the probabilities materialised). Lower precision under autocast.
+// PyTorch 2's F.scaled_dot_product_attention: q (B, H, Tq, D), k, v (B, Hkv, Tk, D) with H a multiple of Hkv
+// (grouped-query attention, PyTorch 2.5's enable_gqa=True: query head h reads k/v head h / (H / Hkv) in place, no
+// repeated copies); attn_mask bool (true = attend) or floating (added), broadcastable to (B, H, Tq, Tk); is_causal
+// masks key j > query i. Fused (flash-style): the softmax statistics in float32, the products in the inputs' dtype,
+// memory linear in T (docs/transformers.md). dropout_p > 0 runs PyTorch's math path instead (the probabilities
+// materialised). Lower precision under autocast.
 Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                                     const Tensor& attn_mask = {}, double dropout_p = 0.0, bool is_causal = false,
                                     std::optional<double> scale = std::nullopt);
@@ -70,6 +72,21 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
 Tensor qkv_attention(const Tensor& qkv, int64_t n_head, bool is_causal = true,
                      std::optional<double> scale = std::nullopt);
 Tensor flatten(const Tensor& input, int64_t start_dim = 1);     // channel-major, as PyTorch's view on NCHW
+
+// Which elements a rotary embedding rotates together: (2k, 2k + 1) (Meta's Llama and llama2.c) or (k, k + D/2)
+// (Hugging Face's rotate_half).
+enum class RotaryPairing { Interleaved, RotateHalf };
+// Rotary position embedding (RoPE) of q or k as (B, T, H, D), the projection viewed as heads before their transpose
+// (llama2.c's layout), at positions start_pos .. start_pos + T - 1: pair k of position p is rotated by the float32
+// angle p * theta^(-2k/D) (llama2.c's precompute_freqs_cis; the cos/sin tables made once per head size and theta
+// and shared). Computed in float32 (double for float64), the result rounded once to the input's dtype; D must be
+// even. The backward rotates by minus the angle. Passes through autocast.
+Tensor rotary_embedding(const Tensor& input, int64_t start_pos = 0, double theta = 10000.0,
+                        RotaryPairing pairing = RotaryPairing::Interleaved);
+// SwiGLU's gate: silu(gate) * up of one shape, one fused node (forward and backward each one pass; 16-bit computed
+// in float32 and rounded once), so Llama's feed-forward is w2(swiglu(w1(x), w3(x))). Operands of two dtypes
+// promote, as silu(gate) * up does in PyTorch (also under autocast).
+Tensor swiglu(const Tensor& gate, const Tensor& up);
 
 enum class Reduction { None, Mean, Sum };
 // logits (N, C), target (N) int64 class indices. Computed in float32 (16-bit logits are read as they are, without a

@@ -72,6 +72,8 @@ enum class CastPolicy : uint8_t { LowerPrecision, Float32, Promote, PassThrough,
   _(RmsNorm, "rms_norm", PassThrough)      /* likewise */ \
   _(ScaledDotProductAttention, "scaled_dot_product_attention", LowerPrecision) /* fused; softmax statistics float32 */ \
   _(QkvAttention, "qkv_attention", LowerPrecision) /* fused; q, k, v split from one (B, T, 3C) input */ \
+  _(RotaryEmbedding, "rotary_embedding", PassThrough) /* element-wise rotation, float32 inside */ \
+  _(SwiGlu, "swiglu", Promote)             /* silu(a) * b fused: mul's policy */ \
   _(MaskedFill, "masked_fill", PassThrough)              \
   _(CrossEntropy, "cross_entropy", Float32InKernel)      \
   _(NllLoss, "nll_loss", Float32)                        \

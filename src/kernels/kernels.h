@@ -37,6 +37,13 @@ enum class Binary : uint8_t {
 };
 void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& dst, double alpha = 1.0);
 
+// SwiGLU's gate, dst = silu(a) * b, over contiguous a, b, dst of one floating dtype and numel (16-bit computed in
+// float32 and rounded once). Its backward in one pass: diff_a = g b silu'(a) (silu' in double, as SiluGrad's),
+// diff_b = g silu(a), each rounded once; either may be undefined.
+void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& dst);
+void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& diff_dst, const Tensor& diff_a,
+                     const Tensor& diff_b);
+
 // Comparisons: a and b contiguous of one dtype (numel of dst, or 1); dst bool.
 enum class Compare : uint8_t { Eq, Ne, Lt, Le, Gt, Ge };
 void compare(Compare op, const Tensor& a, const Tensor& b, const Tensor& dst);

@@ -29,7 +29,8 @@ void rms_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor& 
                        const Tensor& diff_src, const Tensor& diff_weight);
 
 // Scaled dot-product attention (F.scaled_dot_product_attention of PyTorch 2, no dropout):
-// dst (B, H, Tq, D) = softmax(q k^T * scale + mask) v with q (B, H, Tq, D), k and v (B, H, Tk, D) of one dtype. q, k, v
+// dst (B, H, Tq, D) = softmax(q k^T * scale + mask) v with q (B, H, Tq, D), k and v (B, Hkv, Tk, D) of one dtype,
+// H a multiple of Hkv: query head h attends with k/v head h / (H / Hkv) (grouped-query attention). q, k, v
 // may be strided views with a contiguous last dim (e.g. split from a (B, T, 3C) projection and permuted): never
 // copied whole (the rows a product reads are copied into dense per-thread scratch). mask: undefined, bool (true =
 // keep) or floating (added to the scaled scores), broadcastable to (B, H, Tq, Tk). is_causal keeps key j <= query i
@@ -44,8 +45,9 @@ void rms_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor& 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
                        double scale, const Tensor& dst, const Tensor& lse);
 // Recomputes the probabilities per query block from q, k and lse. diff_dst (B, H, Tq, D) may be strided (contiguous
-// last dim); diff_q (B, H, Tq, D), diff_k, diff_v (B, H, Tk, D) in q's dtype may be strided views with a contiguous
-// last dim (e.g. of one (B, T, 3C) gradient); any of them may be undefined.
+// last dim); diff_q (B, H, Tq, D), diff_k, diff_v (B, Hkv, Tk, D) in q's dtype may be strided views with a contiguous
+// last dim (e.g. of one (B, T, 3C) gradient); any of them may be undefined. A shared k/v head's gradient is the sum
+// over its query heads (float32, rounded once), computed by one task: the backward runs over (batch, k/v heads).
 void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
                         double scale, const Tensor& dst, const Tensor& lse, const Tensor& diff_dst,
                         const Tensor& diff_q, const Tensor& diff_k, const Tensor& diff_v);
@@ -56,6 +58,13 @@ void attention_forward_ref(const Tensor& q, const Tensor& k, const Tensor& v, co
 void attention_backward_ref(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
                             double scale, const Tensor& dst, const Tensor& lse, const Tensor& diff_dst,
                             const Tensor& diff_q, const Tensor& diff_k, const Tensor& diff_v);
+
+// Rotary position embedding of src (B, T, H, D) contiguous, D even: pair k of each row, (2k, 2k + 1) when
+// `interleaved` (Meta's and llama2.c's) or (k, k + D/2) (Hugging Face's rotate-half), is rotated by the angle whose
+// cos and sin are row t of cos, sin (T, D/2) float32: (a, b) -> (a cos - b sin, a sin + b cos), computed in float32
+// (double for float64) and rounded once into dst (like src). `inverse` rotates by minus the angle (the backward).
+void rotary_embedding(const Tensor& src, const Tensor& cos, const Tensor& sin, bool interleaved, bool inverse,
+                      const Tensor& dst);
 
 // Cross-entropy of logits (N, V) (any float dtype) against target int64 (N), F.cross_entropy(reduction='none')
 // with ignore_index and label_smoothing: losses (N) float32 (float64 for float64 logits; 0 where target ==

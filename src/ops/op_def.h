@@ -10,6 +10,7 @@
 // Ops recorded only as the ops they are made of derive from CompositeOp (they never record themselves).
 #pragma once
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "autograd/node.h"

@@ -1,10 +1,12 @@
-// Embedding, layer/RMS norm, fused attention and fused cross-entropy: each op's forward (its F:: function) beside
-// its backward, on the transformer kernels (kernels/transformer.h).
+// Embedding, layer/RMS norm, fused attention, rotary embedding, SwiGLU and fused cross-entropy: each op's forward
+// (its F:: function) beside its backward, on the transformer kernels (kernels/transformer.h, kernels/kernels.h).
 #include "ops/transformer.h"
 
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "castor/functional.h"
 #include "castor/ops.h"
@@ -185,9 +187,11 @@ Tensor F::scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, c
                q.describe(), ", ", k.describe(), ", ", v.describe());
   CASTOR_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && is_floating(q.dtype()), op,
                ": q, k, v must share one floating dtype, got ", q.describe(), ", ", k.describe(), ", ", v.describe());
-  CASTOR_CHECK(k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3),
-               op, ": shapes do not match: q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
+  CASTOR_CHECK(k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(3) == k.size(3), op,
+               ": shapes do not match: q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
                shape_str(v.shape()));
+  CASTOR_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, op, ": q's ", q.size(1),
+               " heads are not a multiple of k and v's ", k.size(1), " heads");
   if (attn_mask.defined()) {
     CASTOR_CHECK(attn_mask.dim() <= 4, op, ": attn_mask ", attn_mask.describe(), " has more than 4 dims");
     const Shape want = {q.size(0), q.size(1), q.size(2), k.size(2)};
@@ -270,8 +274,17 @@ std::vector<Tensor> OpDef<OpKind::QkvAttention>::backward(const Node& node, cons
 
 namespace {
 
-Tensor attention_math(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double dropout_p,
+// k or v (B, Hkv, T, D) with each head repeated for the H / Hkv query heads sharing it (torch.repeat_interleave on
+// dim 1), a copy: the math path only.
+Tensor repeat_heads(const Tensor& x, int64_t H) {
+  const int64_t B = x.size(0), Hkv = x.size(1), T = x.size(2), D = x.size(3);
+  if (Hkv == H) return x;
+  return x.unsqueeze(2).expand({B, Hkv, H / Hkv, T, D}).reshape({B, H, T, D});
+}
+
+Tensor attention_math(const Tensor& q, const Tensor& k_in, const Tensor& v_in, const Tensor& mask, double dropout_p,
                       bool is_causal, double scale) {
+  const Tensor k = repeat_heads(k_in, q.size(1)), v = repeat_heads(v_in, q.size(1));
   Tensor scores = matmul(q, k.transpose(-2, -1)) * scale;  // (B, H, Tq, Tk)
   const int64_t tq = q.size(2), tk = k.size(2);
   if (is_causal) {
@@ -293,6 +306,88 @@ Tensor attention_math(const Tensor& q, const Tensor& k, const Tensor& v, const T
 }
 
 }  // namespace
+
+// ---- rotary embedding ----
+
+std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, double theta) {
+  struct Tables {
+    Tensor cos, sin;  // (rows, head_size / 2)
+  };
+  static std::mutex mu;
+  static std::map<std::pair<int64_t, double>, Tables> cache;
+  const int64_t half = head_size / 2;
+  std::lock_guard<std::mutex> lock(mu);
+  Tables& t = cache[{head_size, theta}];
+  if (!t.cos.defined() || t.cos.size(0) < positions) {
+    const int64_t rows = std::max(positions, t.cos.defined() ? 2 * t.cos.size(0) : positions);
+    Tables grown{empty({rows, half}, DType::Float32), empty({rows, half}, DType::Float32)};
+    float *c = grown.cos.data<float>(), *s = grown.sin.data<float>();
+    const float base = static_cast<float>(theta);
+    for (int64_t k = 0; k < half; ++k) {
+      // llama2.c: 1 / theta ** (arange(0, D, 2).float() / D), each step in float32.
+      const float inv_freq = 1.0f / std::pow(base, static_cast<float>(2 * k) / static_cast<float>(head_size));
+      for (int64_t p = 0; p < rows; ++p) {
+        const float angle = static_cast<float>(p) * inv_freq;
+        c[p * half + k] = static_cast<float>(std::cos(static_cast<double>(angle)));
+        s[p * half + k] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      }
+    }
+    t = grown;  // tensors already handed out keep the old tables alive
+  }
+  return {t.cos.narrow(0, 0, positions), t.sin.narrow(0, 0, positions)};
+}
+
+Tensor F::rotary_embedding(const Tensor& input, int64_t start_pos, double theta, RotaryPairing pairing) {
+  OpScope s(OpKind::RotaryEmbedding, {input});
+  const Tensor& x = s[0];
+  CASTOR_CHECK(x.dim() == 4 && is_floating(x.dtype()),
+               "rotary_embedding: expected a floating (B, T, H, D) input, got ", x.describe());
+  CASTOR_CHECK(x.size(3) % 2 == 0, "rotary_embedding: head size ", x.size(3), " of ", x.describe(),
+               " is odd (RoPE rotates pairs of elements)");
+  CASTOR_CHECK(start_pos >= 0 && theta > 0, "rotary_embedding: start_pos ", start_pos, " and theta ", theta,
+               " must be >= 0 and > 0");
+  const int64_t T = x.size(1), D = x.size(3);
+  const auto [cos_all, sin_all] = rotary_tables(start_pos + T, D, theta);
+  const Tensor cos = cos_all.narrow(0, start_pos, T), sin = sin_all.narrow(0, start_pos, T);  // (T, D/2)
+  const bool interleaved = pairing == RotaryPairing::Interleaved;
+  Tensor out = empty(x.shape(), x.dtype());
+  kernels::rotary_embedding(x.detach().contiguous(), cos, sin, interleaved, /*inverse=*/false, out);
+  record_op<OpKind::RotaryEmbedding>({x}, out, {interleaved}, {save(cos), save(sin)});
+  return s.done(out);
+}
+
+std::vector<Tensor> OpDef<OpKind::RotaryEmbedding>::backward(const Node& node, const Params& p, const Saved& s,
+                                                             Tensor diff_dst) {
+  check_first_order(node);
+  const Tensor g = grad_in(diff_dst, node.out_dtype);
+  Tensor diff_src = empty(g.shape(), g.dtype());
+  kernels::rotary_embedding(g, node.unpack(s.cos), node.unpack(s.sin), p.interleaved, /*inverse=*/true, diff_src);
+  return {diff_src};
+}
+
+// ---- SwiGLU ----
+
+Tensor F::swiglu(const Tensor& gate_in, const Tensor& up_in) {
+  OpScope s(OpKind::SwiGlu, {gate_in, up_in});
+  CASTOR_CHECK(s[0].shape() == s[1].shape() && is_floating(s[0].dtype()) && is_floating(s[1].dtype()),
+               "swiglu: gate ", s[0].describe(), " and up ", s[1].describe(), " must be floating, of one shape");
+  const DType dt = result_type({s[0], s[1]});
+  const Tensor gate = s[0].to(dt), up = s[1].to(dt);  // promoted as silu(gate) * up would be
+  const Tensor a = gate.detach().contiguous(), b = up.detach().contiguous();
+  Tensor out = empty(gate.shape(), dt);
+  kernels::swiglu_forward(a, b, out);
+  record_op<OpKind::SwiGlu>({gate, up}, out, {}, {save(a), save(b)});
+  return s.done(out);
+}
+
+std::vector<Tensor> OpDef<OpKind::SwiGlu>::backward(const Node& node, const Params&, const Saved& s,
+                                                    Tensor diff_dst) {
+  check_first_order(node);
+  const Tensor a = node.unpack(s.gate), b = node.unpack(s.up);
+  Tensor diff_gate = wanted(node, 0, a.shape(), a.dtype()), diff_up = wanted(node, 1, b.shape(), b.dtype());
+  kernels::swiglu_backward(a, b, grad_in(diff_dst, node.out_dtype), diff_gate, diff_up);
+  return {diff_gate, diff_up};
+}
 
 // ---- cross-entropy ----
 

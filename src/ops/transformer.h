@@ -1,6 +1,6 @@
-// Transformer ops as typed definitions: embedding, layer/RMS norm, fused attention and fused cross-entropy. Their
-// forwards are the F:: functions of castor/functional.h (cross-entropy's: the per-row losses F::cross_entropy
-// reduces), defined beside these backwards in transformer.cpp.
+// Transformer ops as typed definitions: embedding, layer/RMS norm, fused attention, rotary embedding, SwiGLU and
+// fused cross-entropy. Their forwards are the F:: functions of castor/functional.h (cross-entropy's: the per-row
+// losses F::cross_entropy reduces), defined beside these backwards in transformer.cpp.
 #pragma once
 #include "ops/op_def.h"
 
@@ -70,6 +70,34 @@ struct OpDef<OpKind::QkvAttention> {
   };
   struct Saved {
     SavedTensor qkv, dst, lse;
+  };
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
+
+// F::rotary_embedding: dst (B, T, H, D) = src with each pair rotated by its position's angle; the backward is the
+// rotation by minus the angle. Saves only the cos, sin rows of its positions (views of the shared tables).
+template <>
+struct OpDef<OpKind::RotaryEmbedding> {
+  struct Params {
+    bool interleaved;
+  };
+  struct Saved {
+    SavedTensor cos, sin;  // (T, D/2) float32
+  };
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
+
+// The cos and sin tables (positions, head_size / 2) float32 of rotary embeddings, angle (p, k) = p * theta^(-2k /
+// head_size) in float32 as llama2.c's precompute_freqs_cis: made once per (head size, theta), grown (doubling) when
+// more positions are asked for (a row never changes), shared by every call; thread-safe. Views of the shared tables.
+std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, double theta);
+
+// F::swiglu: dst = silu(gate) * up; the backward computes both gradients in one pass over the saved inputs.
+template <>
+struct OpDef<OpKind::SwiGlu> {
+  struct Params {};
+  struct Saved {
+    SavedTensor gate, up;
   };
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };

@@ -126,6 +126,15 @@ const std::map<OpKind, OpCase>& op_cases() {
       {OpKind::QkvAttention,
        {P::LowerPrecision, "TransformerOps.MatchPyTorch", [](V x) { return F::qkv_attention(x[0], /*n_head=*/2); },
         {{1, 3, 3 * 4}}}},
+      // Both pairings, at positions from 1 and from 2 (tables of different lengths).
+      {OpKind::RotaryEmbedding,
+       {P::PassThrough, "TorchParity",
+        [](V x) {
+          return F::rotary_embedding(x[0], /*start_pos=*/1, /*theta=*/500.0) +
+                 F::rotary_embedding(x[0], /*start_pos=*/2, 10000.0, F::RotaryPairing::RotateHalf);
+        },
+        {{2, 3, 2, 6}}}},
+      {OpKind::SwiGlu, {P::Promote, "TorchParity", [](V x) { return F::swiglu(x[0], x[1]); }, {m, m}}},
       {OpKind::CrossEntropy,
        {P::Float32InKernel, "TransformerOps.MatchPyTorch",
         [](V x) { return F::cross_entropy(x[0], idx({2, 0, 3}, {3})); }, {m}}},
@@ -257,6 +266,31 @@ const std::multimap<OpKind, ParityCase>& parity_cases() {
       {OpKind::Gather,
        {"gather", "exact:reduce", "[normal(6, 7), index(7, 6, 4)]", "torch.gather(x[0], 1, x[1])",
         [](V x, DType) { return gather(x[0], /*dim=*/1, x[1]); }, "[torch.zeros_like(x[0]).scatter_add(1, x[1], g)]"}},
+      // RoPE against llama2.c's apply_rotary_emb and Hugging Face's rotate_half written out in the oracle
+      // (tests/oracle/ops_oracle.py), gradients by PyTorch's autograd through them; 16-bit: computed in float32 from
+      // the 16-bit inputs, rounded once.
+      {OpKind::RotaryEmbedding,
+       {"rope_interleaved", "reduce:reduce", "[normal(2, 9, 3, 16)]", "rope_interleaved(x[0], 0, 10000.0)",
+        [](V x, DType) { return F::rotary_embedding(x[0]); },
+        "[torch.autograd.grad(rope_interleaved(x[0].requires_grad_(), 0, 10000.0), x[0], g)[0]]", "float32"}},
+      {OpKind::RotaryEmbedding,
+       {"rope_interleaved_offset", "reduce:reduce", "[normal(1, 5, 2, 64)]", "rope_interleaved(x[0], 300, 500.0)",
+        [](V x, DType) { return F::rotary_embedding(x[0], /*start_pos=*/300, /*theta=*/500.0); },
+        "[torch.autograd.grad(rope_interleaved(x[0].requires_grad_(), 300, 500.0), x[0], g)[0]]", "float32"}},
+      {OpKind::RotaryEmbedding,
+       {"rope_rotate_half", "reduce:reduce", "[normal(2, 9, 3, 16)]", "rope_rotate_half(x[0], 0, 10000.0)",
+        [](V x, DType) { return F::rotary_embedding(x[0], 0, 10000.0, F::RotaryPairing::RotateHalf); },
+        "[torch.autograd.grad(rope_rotate_half(x[0].requires_grad_(), 0, 10000.0), x[0], g)[0]]", "float32"}},
+      {OpKind::RotaryEmbedding,
+       {"rope_rotate_half_offset", "reduce:reduce", "[normal(1, 5, 2, 64)]", "rope_rotate_half(x[0], 300, 500.0)",
+        [](V x, DType) { return F::rotary_embedding(x[0], 300, 500.0, F::RotaryPairing::RotateHalf); },
+        "[torch.autograd.grad(rope_rotate_half(x[0].requires_grad_(), 300, 500.0), x[0], g)[0]]", "float32"}},
+      // SwiGLU against llama2.c's FeedForward gate, F.silu(w1 x) * w3 x; the 16-bit backward PyTorch's formulas in
+      // float32.
+      {OpKind::SwiGlu,
+       {"swiglu", "ulp:reduce", "[normal(6, 7), normal(6, 7)]", "F.silu(x[0]) * x[1]",
+        [](V x, DType) { return F::swiglu(x[0], x[1]); },
+        "[torch.ops.aten.silu_backward(g * x[1], x[0]), g * F.silu(x[0])]", "float32"}},
       {OpKind::MaskedFill,
        {"masked_fill", "exact:exact", "[normal(6, 7), boolean(6, 7)]", "x[0].masked_fill(x[1], 2.5)",
         [](V x, DType) { return masked_fill(x[0], x[1], /*value=*/2.5); }}},

@@ -174,6 +174,8 @@ TEST(TransformerKernels, NormBackwardSkipsUndefinedDiffs) {
 
 struct AttnCase {
   int64_t B, H, Tq, Tk, D;
+  int64_t Hkv = 0;  // k/v heads (grouped-query attention); 0: H
+  int64_t kv_heads() const { return Hkv ? Hkv : H; }
 };
 
 double attn_tol(DType dt) {
@@ -185,29 +187,30 @@ double attn_tol(DType dt) {
   }
 }
 
-// q, k, v as strided (B, H, T, D) views of one (B, T, 3, H, D) buffer when Tq == Tk (the fused projection), else
-// separate contiguous tensors.
+// q, k, v as strided (B, H, T, D) views of one (B, T, 3, H, D) buffer when Tq == Tk and k, v have H heads (the fused
+// projection), else separate contiguous tensors.
 struct Qkv {
   Tensor q, k, v;
 };
 Qkv make_qkv(const AttnCase& c, DType dt, uint64_t seed) {
-  if (c.Tq == c.Tk) {
+  if (c.Tq == c.Tk && c.kv_heads() == c.H) {
     const Tensor all = rnd({c.B, c.Tq, 3, c.H, c.D}, dt, seed);
     return {all.select(2, 0).permute({0, 2, 1, 3}), all.select(2, 1).permute({0, 2, 1, 3}),
             all.select(2, 2).permute({0, 2, 1, 3})};
   }
-  return {rnd({c.B, c.H, c.Tq, c.D}, dt, seed), rnd({c.B, c.H, c.Tk, c.D}, dt, seed + 1),
-          rnd({c.B, c.H, c.Tk, c.D}, dt, seed + 2)};
+  return {rnd({c.B, c.H, c.Tq, c.D}, dt, seed), rnd({c.B, c.kv_heads(), c.Tk, c.D}, dt, seed + 1),
+          rnd({c.B, c.kv_heads(), c.Tk, c.D}, dt, seed + 2)};
 }
 
 // Gradients written into strided views of one (B, T, 3, H, D) buffer when Tq == Tk, like q, k, v.
 Qkv make_grads(const AttnCase& c, DType dt) {
-  if (c.Tq == c.Tk) {
+  if (c.Tq == c.Tk && c.kv_heads() == c.H) {
     const Tensor all = full({c.B, c.Tq, 3, c.H, c.D}, std::nan(""), dt);
     return {all.select(2, 0).permute({0, 2, 1, 3}), all.select(2, 1).permute({0, 2, 1, 3}),
             all.select(2, 2).permute({0, 2, 1, 3})};
   }
-  return {empty({c.B, c.H, c.Tq, c.D}, dt), empty({c.B, c.H, c.Tk, c.D}, dt), empty({c.B, c.H, c.Tk, c.D}, dt)};
+  return {empty({c.B, c.H, c.Tq, c.D}, dt), empty({c.B, c.kv_heads(), c.Tk, c.D}, dt),
+          empty({c.B, c.kv_heads(), c.Tk, c.D}, dt)};
 }
 
 enum class MaskKind { None, Causal, Bool, Float, CausalBool };
@@ -267,6 +270,22 @@ TEST(TransformerKernels, AttentionMatchesNaiveFloat64) {
         SCOPED_TRACE(testing::Message() << dtype_name(dt) << " B " << c.B << " H " << c.H << " Tq " << c.Tq << " Tk "
                                         << c.Tk << " D " << c.D << " mask " << static_cast<int>(kind));
         check_attention(c, dt, kind, 100);
+      }
+}
+
+// Grouped-query attention (k, v with fewer heads than q): the flash kernels, whose backward sums each shared head's
+// dK, dV over its query heads within one task, against the reference loops in float64 (whose GQA semantics
+// TransformerOps.MatchPyTorch checks against PyTorch's repeat_interleave). The last case runs several k/v heads per
+// product group.
+TEST(TransformerKernels, AttentionGroupedQueryMatchesNaiveFloat64) {
+  const AttnCase cases[] = {
+      {2, 6, 70, 70, 16, 2}, {1, 4, 7, 65, 32, 1}, {4, 8, 33, 33, 16, 4}, {1, 8, 130, 130, 16, 2}};
+  for (DType dt : kAll)
+    for (const AttnCase& c : cases)
+      for (MaskKind kind : {MaskKind::None, MaskKind::Causal, MaskKind::Bool}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv
+                                        << " Tq " << c.Tq << " Tk " << c.Tk << " mask " << static_cast<int>(kind));
+        check_attention(c, dt, kind, 200);
       }
 }
 

@@ -18,6 +18,7 @@
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "castor/serialize.h"
+#include "ops/transformer.h"
 #include "test_util.h"
 
 namespace castor {
@@ -36,6 +37,10 @@ const std::map<std::string, Op>& ops() {
        [](const Inputs& x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, /*is_causal=*/true); }},
       {"attention_mask", [](const Inputs& x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], x[3]); }},
       {"attention_qkv", [](const Inputs& x) { return F::qkv_attention(x[0], /*n_head=*/3); }},
+      // Grouped-query attention: 6 query heads on 2 k/v heads; 4 on 1 (multi-query) with a mask.
+      {"attention_gqa",
+       [](const Inputs& x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, /*is_causal=*/true); }},
+      {"attention_mqa_mask", [](const Inputs& x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], x[3]); }},
       {"cross_entropy",
        [](const Inputs& x) { return F::cross_entropy(x[0], x[1], F::Reduction::None, 0.0, /*ignore_index=*/-100); }},
       {"cross_entropy_smooth",
@@ -113,6 +118,12 @@ TEST(TransformerOps, Float64MatchesFiniteDifferences) {
   EXPECT_TRUE(test::gradcheck([&](V x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], mask); },
                               {rnd({2, 1, 3, 4}, 11), rnd({2, 1, 4, 4}, 12), rnd({2, 1, 4, 4}, 13)}));
   EXPECT_TRUE(test::gradcheck([](V x) { return F::qkv_attention(x[0], /*n_head=*/2); }, {rnd({2, 5, 3 * 6}, 17)}));
+  // Grouped-query attention: dk, dv summed over the query heads sharing each k/v head.
+  EXPECT_TRUE(test::gradcheck(
+      [](V x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], {}, 0.0, /*is_causal=*/true); },
+      {rnd({2, 4, 5, 3}, 18), rnd({2, 2, 5, 3}, 19), rnd({2, 2, 5, 3}, 20)}));
+  EXPECT_TRUE(test::gradcheck([&](V x) { return F::scaled_dot_product_attention(x[0], x[1], x[2], mask); },
+                              {rnd({2, 3, 3, 4}, 21), rnd({2, 1, 4, 4}, 22), rnd({2, 1, 4, 4}, 23)}));
   const Tensor target = tensor({2, 0, -100, 4}, DType::Int64);
   EXPECT_TRUE(test::gradcheck(
       [&](V x) { return F::cross_entropy(x[0], target, F::Reduction::Mean, 0.0, /*ignore_index=*/-100); },
@@ -178,29 +189,91 @@ TEST(TransformerOps, EmbeddingAddsItsRowsIntoAnExistingGradient) {
 }
 
 // The attention's saved state and scratch grow linearly in T: one layer's forward + backward at T = 1024 peaks
-// under 5x its peak at T = 256 (a (T, T) probability matrix per head would make it 16x).
+// under 5x its peak at T = 256 (a (T, T) probability matrix per head would make it 16x), with 4 k/v heads and with
+// 2 shared by the 4 query heads (grouped-query attention); the shared heads' peak is no larger (no repeated copies).
 TEST(TransformerOps, AttentionMemoryIsLinearInT) {
-  auto peak = [](int64_t t) {
+  auto peak = [](int64_t t, int64_t kv_heads) {
     Generator gen(1);
     const Tensor q = randn({1, 4, t, 64}, DType::BFloat16, &gen).requires_grad_();
-    const Tensor k = randn({1, 4, t, 64}, DType::BFloat16, &gen).requires_grad_();
-    const Tensor v = randn({1, 4, t, 64}, DType::BFloat16, &gen).requires_grad_();
+    const Tensor k = randn({1, kv_heads, t, 64}, DType::BFloat16, &gen).requires_grad_();
+    const Tensor v = randn({1, kv_heads, t, 64}, DType::BFloat16, &gen).requires_grad_();
     reset_peak_memory_stats();
     const int64_t base = memory_stats().current_bytes;
     Tensor y = F::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true);
     sum(y.float_()).backward();
     return memory_stats().peak_bytes - base;
   };
-  const int64_t small = peak(256), large = peak(1024);
-  EXPECT_LT(large, 5 * small) << small << " bytes at T=256, " << large << " at T=1024";
+  for (int64_t kv_heads : {4, 2}) {
+    const int64_t small = peak(256, kv_heads), large = peak(1024, kv_heads);
+    EXPECT_LT(large, 5 * small) << kv_heads << " k/v heads: " << small << " bytes at T=256, " << large << " at T=1024";
+  }
+  EXPECT_LE(peak(1024, 2), peak(1024, 4));
+}
+
+// With dropout (PyTorch's math path, each k/v head repeated for its query heads) grouped-query attention is the
+// attention of the repeated heads: the same mask drawn from the same seed, the same result and gradients.
+TEST(TransformerOps, GroupedQueryAttentionWithDropoutIsTheRepeatedHeads) {
+  Generator gen(3);
+  const Tensor q = randn({2, 4, 6, 8}, DType::Float32, &gen).requires_grad_();
+  const Tensor k = randn({2, 2, 6, 8}, DType::Float32, &gen).requires_grad_();
+  const Tensor v = randn({2, 2, 6, 8}, DType::Float32, &gen).requires_grad_();
+  manual_seed(11);
+  const Tensor y = F::scaled_dot_product_attention(q, k, v, {}, 0.25, /*is_causal=*/true);
+  sum(y * y).backward();
+  const Tensor q2 = q.detach().clone().requires_grad_(), k2 = k.detach().clone().requires_grad_(),
+               v2 = v.detach().clone().requires_grad_();
+  auto repeated = [](const Tensor& x) { return stack({x, x}, 2).reshape({2, 4, 6, 8}); };  // head h -> h / 2
+  manual_seed(11);
+  const Tensor y2 = F::scaled_dot_product_attention(q2, repeated(k2), repeated(v2), {}, 0.25, /*is_causal=*/true);
+  sum(y2 * y2).backward();
+  EXPECT_TRUE(test::close(y, y2, 1e-6, 1e-6));
+  EXPECT_TRUE(test::close(q.grad(), q2.grad(), 1e-6, 1e-6));
+  EXPECT_TRUE(test::close(k.grad(), k2.grad(), 1e-6, 1e-6));
+  EXPECT_TRUE(test::close(v.grad(), v2.grad(), 1e-6, 1e-6));
+}
+
+// The rotary tables are made once per (head size, theta) and shared: a shorter request is a view of the same rows,
+// a longer one grows them without changing a row already handed out; another theta or head size has its own.
+TEST(TransformerOps, RotaryTablesAreMadeOnceAndShared) {
+  const auto [cos8, sin8] = rotary_tables(8, 16, 321.0);
+  const auto [cos4, sin4] = rotary_tables(4, 16, 321.0);
+  EXPECT_EQ(cos8.shape(), (Shape{8, 8}));
+  EXPECT_EQ(cos4.data_ptr(), cos8.data_ptr());
+  EXPECT_EQ(sin4.data_ptr(), sin8.data_ptr());
+  const auto [cos100, sin100] = rotary_tables(100, 16, 321.0);
+  EXPECT_EQ(cos100.size(0), 100);
+  EXPECT_TRUE(test::bit_equal(cos100.narrow(0, 0, 8), cos8));
+  EXPECT_TRUE(test::bit_equal(sin100.narrow(0, 0, 8), sin8));
+  EXPECT_EQ(rotary_tables(50, 16, 321.0).first.data_ptr(), cos100.data_ptr());
+  EXPECT_NE(rotary_tables(8, 16, 322.0).first.data_ptr(), cos100.data_ptr());
+  // Position 0 is no rotation; position 1's first pair turns by 1 radian (theta^0), in float32.
+  EXPECT_EQ(cos8.narrow(0, 0, 1).to_vector<double>(), std::vector<double>(8, 1.0));
+  EXPECT_EQ(sin8.select(0, 1).select(0, 0).item(), static_cast<double>(static_cast<float>(std::sin(1.0))));
+  // Applied to 16-bit q, k in their dtype.
+  EXPECT_EQ(F::rotary_embedding(randn({1, 3, 2, 16}).to(DType::BFloat16)).dtype(), DType::BFloat16);
 }
 
 TEST(TransformerOps, ErrorsNameTheOpAndTheProblem) {
   const Tensor x = randn({2, 3, 4, 8});
   EXPECT_THROW(F::scaled_dot_product_attention(x, x, randn({2, 3, 5, 8})), Error);
+  try {  // 3 query heads on 2 k/v heads
+    F::scaled_dot_product_attention(x, randn({2, 2, 4, 8}), randn({2, 2, 4, 8}));
+    ADD_FAILURE() << "no error for 3 query heads on 2 k/v heads";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("q's 3 heads are not a multiple of k and v's 2 heads"), std::string::npos)
+        << e.what();
+  }
   EXPECT_THROW(F::scaled_dot_product_attention(x, x, x, ones({4, 4}, DType::Bool), 0.0, /*is_causal=*/true), Error);
   EXPECT_THROW(F::qkv_attention(randn({2, 3, 10}), /*n_head=*/2), Error);  // 10 is not 3 * 2 * D
   EXPECT_THROW(F::qkv_attention(x, /*n_head=*/1), Error);                  // not (B, T, 3C)
+  try {  // RoPE rotates pairs
+    F::rotary_embedding(randn({1, 2, 3, 5}));
+    ADD_FAILURE() << "no error for an odd head size";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rotary_embedding: head size 5"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(F::rotary_embedding(randn({2, 3, 8})), Error);  // not (B, T, H, D)
+  EXPECT_THROW(F::swiglu(randn({2, 3}), randn({3, 2})), Error);
   EXPECT_THROW(F::layer_norm(x, {7}), Error);
   EXPECT_THROW(F::layer_norm(x, {8}, ones({8}, DType::Float64)), Error);
   EXPECT_THROW(F::embedding(tensor({0, 9}, DType::Int64), randn({5, 3})), Error);

@@ -69,6 +69,30 @@ def special_f32():
     return lambda d: torch.cat([v, torch.randn(48) * 100]).view(4, 16)
 
 
+# Rotary embeddings of x (B, T, H, D) at positions start .. start + T - 1, written out from their sources.
+def rope_tables(t, dim, start, theta):
+    # llama2.c's precompute_freqs_cis, rows start .. start + t - 1.
+    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
+    angles = torch.outer(torch.arange(start, start + t), freqs).float()
+    return torch.cos(angles)[None, :, None, :], torch.sin(angles)[None, :, None, :]
+
+
+def rope_interleaved(x, start, theta):
+    # llama2.c's apply_rotary_emb: pairs (x[2k], x[2k+1]) as complex numbers times e^(i angle).
+    cos, sin = rope_tables(x.size(1), x.size(3), start, theta)
+    xr, xi = x.float().reshape(x.shape[:-1] + (-1, 2)).unbind(-1)
+    return torch.stack([xr * cos - xi * sin, xr * sin + xi * cos], dim=-1).flatten(3).type_as(x)
+
+
+def rope_rotate_half(x, start, theta):
+    # Hugging Face's apply_rotary_pos_emb: x cos + rotate_half(x) sin, the angles repeated over both halves.
+    cos, sin = rope_tables(x.size(1), x.size(3), start, theta)
+    cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+    half = x.size(3) // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return (x.float() * cos + rotated.float() * sin).type_as(x)
+
+
 MAKERS = {"normal": normal, "positive": positive, "boolean": boolean, "index": index, "special_f32": special_f32}
 
 
@@ -78,7 +102,7 @@ def run_case(case, dname):
         return
     d = DTYPES[dname]
     torch.manual_seed(zlib.crc32(op.encode()))
-    env = {"torch": torch, "F": F, "d": d}
+    env = {"torch": torch, "F": F, "d": d, "rope_interleaved": rope_interleaved, "rope_rotate_half": rope_rotate_half}
     fwd = lambda x: eval(expr, {**env, "x": x})
     f32_backward = lambda x, y, g: eval(grad_expr, {**env, "x": x, "y": y, "g": g})
     name = f"{op}.{dname}"

@@ -34,6 +34,13 @@ def attention(q, k, v, mask, causal):
     return torch.softmax(s, -1) @ v
 
 
+def gqa_attention(q, k, v, mask, causal):
+    # Grouped-query attention as llama2.c's model.py runs it: each k/v head repeated for the query heads sharing it
+    # (repeat_kv, i.e. repeat_interleave on the head dim), then plain attention.
+    rep = q.size(1) // k.size(1)
+    return attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), mask, causal)
+
+
 def qkv_attention(x, n_head):
     # nanoGPT's CausalSelfAttention between c_attn and c_proj.
     b, t, c = x.size(0), x.size(1), x.size(2) // 3
@@ -62,6 +69,12 @@ CASES = {
     "attention_mask": (lambda x: attention(x[0], x[1], x[2], x[3], False),
                        [lambda: torch.randn(1, 2, 9, 32), lambda: torch.randn(1, 2, 13, 32),
                         lambda: torch.randn(1, 2, 13, 32), lambda: torch.rand(1, 1, 9, 13) > 0.3]),
+    "attention_gqa": (lambda x: gqa_attention(x[0], x[1], x[2], None, True),
+                      [lambda: torch.randn(2, 6, 70, 16), lambda: torch.randn(2, 2, 70, 16),
+                       lambda: torch.randn(2, 2, 70, 16)]),
+    "attention_mqa_mask": (lambda x: gqa_attention(x[0], x[1], x[2], x[3], False),
+                           [lambda: torch.randn(1, 4, 9, 32), lambda: torch.randn(1, 1, 13, 32),
+                            lambda: torch.randn(1, 1, 13, 32), lambda: torch.rand(1, 1, 9, 13) > 0.3]),
     "attention_qkv": (lambda x: qkv_attention(x[0], 3), [lambda: torch.randn(2, 20, 3 * 48)]),
     "cross_entropy": (lambda x: F.cross_entropy(x[0], x[1], ignore_index=IGNORE, reduction="none"),
                       [lambda: torch.randn(8, 300) * 3, lambda: targets(8, 300)]),

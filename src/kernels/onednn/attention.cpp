@@ -146,18 +146,19 @@ Plan plan(DType dt) {
   return p;
 }
 
-// The rows of a (B, H, T, D) tensor (contiguous last dim): row r of head (b, h).
+// The rows of a (B, H, T, D) tensor (contiguous last dim): row r of query head (b, h), which reads head h / rep of
+// a k or v (or their gradients) with H / rep heads (grouped-query attention: each shared head read in place).
 struct Rows {
   char* base;
-  int64_t sb, sh, st, D;
+  int64_t sb, sh, st, D, rep;
   DType dt;
   size_t es;
-  explicit Rows(const Tensor& x)
+  explicit Rows(const Tensor& x, int64_t rep = 1)
       : base(x.defined() ? static_cast<char*>(x.data_ptr()) : nullptr),
         sb(x.defined() ? x.stride(0) : 0), sh(x.defined() ? x.stride(1) : 0), st(x.defined() ? x.stride(2) : 0),
-        D(x.defined() ? x.size(3) : 0), dt(x.defined() ? x.dtype() : DType::Float32),
+        D(x.defined() ? x.size(3) : 0), rep(rep), dt(x.defined() ? x.dtype() : DType::Float32),
         es(x.defined() ? x.element_size() : 0) {}
-  char* at(int64_t b, int64_t h, int64_t r) const { return base + (b * sb + h * sh + r * st) * es; }
+  char* at(int64_t b, int64_t h, int64_t r) const { return base + (b * sb + h / rep * sh + r * st) * es; }
   // Rows [r0, r0 + n) of heads [h0, h0 + G) as a dense product operand (G, n, D) in buf: copied, or widened to
   // float32. Dense operands get oneDNN's brgemm kernels; strided ones (rows of a (B, T, 3C) projection) its slower
   // packing gemm, and the copy costs O(n D) against the product's O(block n D).
@@ -193,11 +194,16 @@ void round_for_product(const Plan& pl, float* src, void* dst, int64_t n) {
 int64_t key_limit(bool causal, int64_t i_end, int64_t Tk) { return causal ? std::min(Tk, i_end) : Tk; }
 
 // Heads per product: as many as keep a group's (block, Tk) scores near 256 KiB (fewer, larger products for short
-// sequences), a divisor of H, while leaving each thread two tasks or more.
-int64_t head_group(int64_t B, int64_t H, int64_t tasks_per_head, int64_t Tk) {
+// sequences), a divisor of H, while leaving each thread two tasks or more. The backward's tasks each take
+// max(G, rep) query heads, every query head sharing a k/v head (`rep` of them) in one task, which sums their dK, dV:
+// there G is also a divisor or a multiple of rep.
+int64_t head_group(int64_t B, int64_t H, int64_t tasks_per_head, int64_t Tk, int64_t rep = 1) {
   const int64_t threads = omp_get_max_threads();
   int64_t G = std::clamp<int64_t>((64 * 1024) / (kBlockRows * std::max<int64_t>(Tk, 1)), 1, H);
-  auto fits = [&](int64_t g) { return H % g == 0 && (g == 1 || B * (H / g) * tasks_per_head >= 2 * threads); };
+  auto fits = [&](int64_t g) {
+    return H % g == 0 && (g % rep == 0 || rep % g == 0) &&
+           (g == 1 || B * (H / std::max(g, rep)) * tasks_per_head >= 2 * threads);
+  };
   while (!fits(G)) --G;
   return G;
 }
@@ -209,9 +215,12 @@ struct Scratch {
   float* at(int64_t offset) const { return static_cast<float*>(t.data_ptr()) + offset; }
 };
 
-void check_dtypes(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse) {
-  CASTOR_ASSERT(k.dtype() == q.dtype() && v.dtype() == q.dtype() && lse.dtype() == DType::Float32,
+// Checks dtypes and heads; returns the query heads per k/v head.
+int64_t check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse) {
+  CASTOR_ASSERT(k.dtype() == q.dtype() && v.dtype() == q.dtype() && lse.dtype() == DType::Float32 &&
+                    k.size(1) > 0 && q.size(1) % k.size(1) == 0 && v.size(1) == k.size(1),
                 "attention: q ", q.describe(), ", k ", k.describe(), ", v ", v.describe(), ", lse ", lse.describe());
+  return q.size(1) / k.size(1);
 }
 
 }  // namespace
@@ -219,7 +228,7 @@ void check_dtypes(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
                        double scale, const Tensor& dst, const Tensor& lse) {
   if (q.dtype() == DType::Float64) return attention_forward_ref(q, k, v, mask, is_causal, scale, dst, lse);
-  check_dtypes(q, k, v, lse);
+  const int64_t rep = check_inputs(q, k, v, lse);
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), D = q.size(3), Tk = k.size(2);
   if (dst.numel() == 0) return;
   CASTOR_ASSERT(dst.is_contiguous(), "attention_forward: dst ", dst.describe(), " is not contiguous");
@@ -227,7 +236,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const Plan pl = plan(q.dtype());
   const int64_t blocks = (Tq + kBlockRows - 1) / kBlockRows, G = head_group(B, H, blocks, Tk);
   const int64_t groups = H / G, tasks = B * groups * blocks;
-  const Rows qr(q), kr(k), vr(v), out(dst);
+  const Rows qr(q), kr(k, rep), vr(v, rep), out(dst);
   float* lz = lse.data<float>();
   const float sc = static_cast<float>(scale);
   std::string err;  // the first oneDNN error of any thread (exceptions must not leave the parallel region)
@@ -283,85 +292,93 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                         const Tensor& diff_q, const Tensor& diff_k, const Tensor& diff_v) {
   if (q.dtype() == DType::Float64)
     return attention_backward_ref(q, k, v, mask, is_causal, scale, dst, lse, diff_dst, diff_q, diff_k, diff_v);
-  check_dtypes(q, k, v, lse);
+  const int64_t rep = check_inputs(q, k, v, lse);
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), D = q.size(3), Tk = k.size(2);
   const AttentionMask am = attention_mask(mask, is_causal, B, H, Tq, Tk, DType::Float32);
   const Plan pl = plan(q.dtype());
-  const int64_t blocks = (Tq + kBlockRows - 1) / kBlockRows, G = head_group(B, H, 1, Tk), groups = H / G;
-  const Rows qr(q), kr(k), vr(v), yr(dst), dyr(diff_dst), dqr(diff_q), dkr(diff_k), dvr(diff_v);
+  const int64_t blocks = (Tq + kBlockRows - 1) / kBlockRows, G = head_group(B, H, 1, Tk, rep);
+  const int64_t Qh = std::max(G, rep), groups = H / Qh;  // query heads per task (whole k/v heads), tasks per batch
+  const Rows qr(q), kr(k, rep), vr(v, rep), yr(dst), dyr(diff_dst), dqr(diff_q), dkr(diff_k, rep),
+      dvr(diff_v, rep);
   const float* lz = lse.data<float>();
   const float sc = static_cast<float>(scale);
   std::string err;  // the first oneDNN error of any thread
 #pragma omp parallel if (B * groups > 1 && B * H * Tq * Tk * D > kParallelGrain)
   {
-    // Per group of G heads: S/P and dP/dS (block, Tk) float32, the rounded P and dS (block, Tk), dQ (block, D), dK
-    // and dV (Tk, D) float32; dense Q, dO (block, D), K and V (Tk, D).
+    // Per product group of G heads: S/P and dP/dS (block, Tk) float32, the rounded P and dS (block, Tk), dQ (block,
+    // D); dense Q, dO (block, D), K and V (Tk, D). Per task: dK and dV (Tk, D) float32 of its Qh / rep k/v heads.
     const int64_t s_sz = G * kBlockRows * Tk, o_sz = G * kBlockRows * D, kv_sz = G * Tk * D;
-    const int64_t w_sz = 2 * o_sz + 2 * kv_sz;
-    const Scratch scratch(4 * s_sz + o_sz + 2 * kv_sz + w_sz);
+    const int64_t acc_sz = Qh / rep * Tk * D, w_sz = 2 * o_sz + 2 * kv_sz;
+    const Scratch scratch(4 * s_sz + o_sz + 2 * acc_sz + w_sz);
     float *S = scratch.at(0), *dP = scratch.at(s_sz), *P16 = scratch.at(2 * s_sz), *dS16 = scratch.at(3 * s_sz);
-    float *dQ = scratch.at(4 * s_sz), *dK = dQ + o_sz, *dV = dK + kv_sz;
-    float *Qw = dV + kv_sz, *dOw = Qw + o_sz, *Kw = dOw + o_sz, *Vw = Kw + kv_sz;
+    float *dQ = scratch.at(4 * s_sz), *dK = dQ + o_sz, *dV = dK + acc_sz;
+    float *Qw = dV + acc_sz, *dOw = Qw + o_sz, *Kw = dOw + o_sz, *Vw = Kw + kv_sz;
     std::vector<float> o_row(D), g_row(D);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < B * groups; ++bg) try {
-      const int64_t b = bg / groups, h0 = (bg % groups) * G;
-      std::fill(dK, dK + kv_sz, 0.0f);
-      std::fill(dV, dV + kv_sz, 0.0f);
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int64_t i0 = blk * kBlockRows, m = std::min(kBlockRows, Tq - i0);
-        const int64_t n = key_limit(is_causal, i0 + m, Tk);
-        const Mat Qm = qr.block(pl, b, h0, G, i0, m, Qw), dOm = dyr.block(pl, b, h0, G, i0, m, dOw);
-        const Mat Km = kr.block(pl, b, h0, G, 0, n, Kw), Vm = vr.block(pl, b, h0, G, 0, n, Vw);
-        gemm(pl.mdt, G, m, n, D, Qm, Km.t(), S, n, m * n, false);    // S = Q K^T
-        gemm(pl.mdt, G, m, n, D, dOm, Vm.t(), dP, n, m * n, false);  // dP = dO V^T
-        for (int64_t g = 0; g < G; ++g)
-          for (int64_t r = 0; r < m; ++r) {
-            float *s = S + (g * m + r) * n, *dp = dP + (g * m + r) * n;
-            const float l = lz[((b * H + h0 + g) * Tq) + i0 + r];
-            if (l == kNegInf) {  // fully masked row: no gradient
-              std::fill(s, s + n, 0.0f);
-              std::fill(dp, dp + n, 0.0f);
-              continue;
-            }
-            for (int64_t j = 0; j < n; ++j) s[j] *= sc;
-            am.apply(b, h0 + g, i0 + r, 0, n, s);
-            vec::exp_shifted(s, n, l);
-            // D_i = rowsum(dO_i * O_i) in float32.
-            convert(yr.at(b, h0 + g, i0 + r), yr.dt, o_row.data(), DType::Float32, D);
-            convert(dyr.at(b, h0 + g, i0 + r), dyr.dt, g_row.data(), DType::Float32, D);
-            float di = 0;
-            for (int64_t d = 0; d < D; ++d) di += o_row[d] * g_row[d];
-            for (int64_t j = 0; j < n; ++j) dp[j] = s[j] * (dp[j] - di) * sc;  // dS, scaled
-          }
-        // Rounded P and dS: bfloat16 into their buffers, float16 in place.
-        void* Pp = pl.pdt == DType::BFloat16 ? static_cast<void*>(P16) : static_cast<void*>(S);
-        void* dSp = pl.pdt == DType::BFloat16 ? static_cast<void*>(dS16) : static_cast<void*>(dP);
-        round_for_product(pl, S, Pp, G * m * n);
-        round_for_product(pl, dP, dSp, G * m * n);
-        const Mat Pm{Pp, n, 1, m * n}, dSm{dSp, n, 1, m * n};
-        // dV += P^T dO, dK += dS^T Q, a head at a time: the accumulators' first n rows are dense per head only.
-        const size_t pes = pl.pdt == DType::BFloat16 ? 2 : 4, oes = pl.widen ? 4 : q.element_size();
-        for (int64_t g = 0; g < G; ++g) {
-          auto head = [&](const Mat& x, size_t es) {
-            return Mat{static_cast<const char*>(x.p) + g * x.bs * es, x.rs, x.cs, x.bs};
-          };
-          if (diff_v.defined())
-            gemm(pl.mdt, 1, n, D, m, head(Pm, pes).t(), head(dOm, oes), dV + g * Tk * D, D, n * D, true);
-          if (diff_k.defined())
-            gemm(pl.mdt, 1, n, D, m, head(dSm, pes).t(), head(Qm, oes), dK + g * Tk * D, D, n * D, true);
-        }
-        if (diff_q.defined()) {
-          gemm(pl.mdt, G, m, D, n, dSm, Km, dQ, D, m * D, false);  // dQ = dS K
+      const int64_t b = bg / groups, hq0 = (bg % groups) * Qh;
+      std::fill(dK, dK + acc_sz, 0.0f);
+      std::fill(dV, dV + acc_sz, 0.0f);
+      for (int64_t c0 = 0; c0 < Qh; c0 += G) {  // product groups of G query heads
+        const int64_t h0 = hq0 + c0;
+        for (int64_t blk = 0; blk < blocks; ++blk) {
+          const int64_t i0 = blk * kBlockRows, m = std::min(kBlockRows, Tq - i0);
+          const int64_t n = key_limit(is_causal, i0 + m, Tk);
+          const Mat Qm = qr.block(pl, b, h0, G, i0, m, Qw), dOm = dyr.block(pl, b, h0, G, i0, m, dOw);
+          const Mat Km = kr.block(pl, b, h0, G, 0, n, Kw), Vm = vr.block(pl, b, h0, G, 0, n, Vw);
+          gemm(pl.mdt, G, m, n, D, Qm, Km.t(), S, n, m * n, false);    // S = Q K^T
+          gemm(pl.mdt, G, m, n, D, dOm, Vm.t(), dP, n, m * n, false);  // dP = dO V^T
           for (int64_t g = 0; g < G; ++g)
-            for (int64_t r = 0; r < m; ++r)
-              convert(dQ + (g * m + r) * D, DType::Float32, dqr.at(b, h0 + g, i0 + r), dqr.dt, D);
+            for (int64_t r = 0; r < m; ++r) {
+              float *s = S + (g * m + r) * n, *dp = dP + (g * m + r) * n;
+              const float l = lz[((b * H + h0 + g) * Tq) + i0 + r];
+              if (l == kNegInf) {  // fully masked row: no gradient
+                std::fill(s, s + n, 0.0f);
+                std::fill(dp, dp + n, 0.0f);
+                continue;
+              }
+              for (int64_t j = 0; j < n; ++j) s[j] *= sc;
+              am.apply(b, h0 + g, i0 + r, 0, n, s);
+              vec::exp_shifted(s, n, l);
+              // D_i = rowsum(dO_i * O_i) in float32.
+              convert(yr.at(b, h0 + g, i0 + r), yr.dt, o_row.data(), DType::Float32, D);
+              convert(dyr.at(b, h0 + g, i0 + r), dyr.dt, g_row.data(), DType::Float32, D);
+              float di = 0;
+              for (int64_t d = 0; d < D; ++d) di += o_row[d] * g_row[d];
+              for (int64_t j = 0; j < n; ++j) dp[j] = s[j] * (dp[j] - di) * sc;  // dS, scaled
+            }
+          // Rounded P and dS: bfloat16 into their buffers, float16 in place.
+          void* Pp = pl.pdt == DType::BFloat16 ? static_cast<void*>(P16) : static_cast<void*>(S);
+          void* dSp = pl.pdt == DType::BFloat16 ? static_cast<void*>(dS16) : static_cast<void*>(dP);
+          round_for_product(pl, S, Pp, G * m * n);
+          round_for_product(pl, dP, dSp, G * m * n);
+          const Mat Pm{Pp, n, 1, m * n}, dSm{dSp, n, 1, m * n};
+          // dV += P^T dO, dK += dS^T Q, a head at a time into its k/v head's accumulator (the sum over the query heads
+          // sharing it): the accumulators' first n rows are dense per head only.
+          const size_t pes = pl.pdt == DType::BFloat16 ? 2 : 4, oes = pl.widen ? 4 : q.element_size();
+          for (int64_t g = 0; g < G; ++g) {
+            auto head = [&](const Mat& x, size_t es) {
+              return Mat{static_cast<const char*>(x.p) + g * x.bs * es, x.rs, x.cs, x.bs};
+            };
+            const int64_t acc = (c0 + g) / rep * Tk * D;
+            if (diff_v.defined())
+              gemm(pl.mdt, 1, n, D, m, head(Pm, pes).t(), head(dOm, oes), dV + acc, D, n * D, true);
+            if (diff_k.defined())
+              gemm(pl.mdt, 1, n, D, m, head(dSm, pes).t(), head(Qm, oes), dK + acc, D, n * D, true);
+          }
+          if (diff_q.defined()) {
+            gemm(pl.mdt, G, m, D, n, dSm, Km, dQ, D, m * D, false);  // dQ = dS K
+            for (int64_t g = 0; g < G; ++g)
+              for (int64_t r = 0; r < m; ++r)
+                convert(dQ + (g * m + r) * D, DType::Float32, dqr.at(b, h0 + g, i0 + r), dqr.dt, D);
+          }
         }
       }
-      for (int64_t g = 0; g < G; ++g)
+      for (int64_t kv = 0; kv < Qh / rep; ++kv)
         for (int64_t j = 0; j < Tk; ++j) {
-          if (diff_k.defined()) convert(dK + (g * Tk + j) * D, DType::Float32, dkr.at(b, h0 + g, j), dkr.dt, D);
-          if (diff_v.defined()) convert(dV + (g * Tk + j) * D, DType::Float32, dvr.at(b, h0 + g, j), dvr.dt, D);
+          const int64_t at = (kv * Tk + j) * D, h = hq0 + kv * rep;
+          if (diff_k.defined()) convert(dK + at, DType::Float32, dkr.at(b, h, j), dkr.dt, D);
+          if (diff_v.defined()) convert(dV + at, DType::Float32, dvr.at(b, h, j), dvr.dt, D);
         }
     } catch (const dnnl::error& e) {
 #pragma omp critical

@@ -220,6 +220,38 @@ void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& dst, doub
   CASTOR_ASSERT(false, "unknown binary op");
 }
 
+void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& dst) {
+  CASTOR_ASSERT(a.dtype() == dst.dtype() && b.dtype() == dst.dtype() && a.numel() == dst.numel() &&
+                    b.numel() == dst.numel() && a.is_contiguous() && b.is_contiguous() && dst.is_contiguous(),
+                "swiglu on ", a.describe(), ", ", b.describe(), " -> ", dst.describe());
+  zip(a, b, dst, [](auto x, auto y) { return x / (decltype(x)(1) + std::exp(-x)) * y; });
+}
+
+void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& diff_dst, const Tensor& diff_a,
+                     const Tensor& diff_b) {
+  const DType d = a.dtype();
+  const int64_t n = a.numel();
+  for (const Tensor* t : {&b, &diff_dst, &diff_a, &diff_b})
+    CASTOR_ASSERT(!t->defined() || (t->dtype() == d && t->numel() == n && t->is_contiguous()), "swiglu_backward: ",
+                  t->describe(), " with a ", a.describe());
+  with_compute_type(d, [&](auto tag) {
+    using T = decltype(tag);
+    parallel_blocks(n, [&](int64_t lo, int64_t hi) {
+      T ab[kBlock], bb[kBlock], gb[kBlock], da[kBlock], db[kBlock];
+      const T* x = load_block(a, lo, hi, ab);
+      const T* y = load_block(b, lo, hi, bb);
+      const T* g = load_block(diff_dst, lo, hi, gb);
+      for (int64_t i = 0; i < hi - lo; ++i) {
+        db[i] = g[i] * (x[i] / (T(1) + std::exp(-x[i])));
+        da[i] = g[i] * y[i] * static_cast<T>(silu_grad(static_cast<double>(x[i])));
+      }
+      const size_t at = lo * dtype_size(d);
+      if (diff_a.defined()) convert(da, dtype_of<T>(), static_cast<char*>(diff_a.data_ptr()) + at, d, hi - lo);
+      if (diff_b.defined()) convert(db, dtype_of<T>(), static_cast<char*>(diff_b.data_ptr()) + at, d, hi - lo);
+    });
+  });
+}
+
 void compare(Compare op, const Tensor& a, const Tensor& b, const Tensor& dst) {
   auto run = [&](auto f) { zip_to_bool(a, b, dst, f); };
   switch (op) {

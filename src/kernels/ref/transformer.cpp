@@ -297,6 +297,42 @@ void embedding_backward(const Tensor& diff_dst, const Tensor& indices, int64_t p
   });
 }
 
+// ---- Rotary position embedding ----
+
+void rotary_embedding(const Tensor& src, const Tensor& cos, const Tensor& sin, bool interleaved, bool inverse,
+                      const Tensor& dst) {
+  const int64_t T = src.size(1), H = src.size(2), D = src.size(3), half = D / 2, rows = src.numel() / D;
+  CASTOR_ASSERT(src.dim() == 4 && D % 2 == 0 && src.is_contiguous() && dst.is_contiguous() &&
+                    dst.dtype() == src.dtype() && dst.numel() == src.numel() && cos.dtype() == DType::Float32 &&
+                    sin.dtype() == DType::Float32 && cos.numel() == T * half && sin.numel() == T * half &&
+                    cos.is_contiguous() && sin.is_contiguous(),
+                "rotary_embedding on ", src.describe(), " with tables ", cos.describe(), " -> ", dst.describe());
+  const float *ct = cos.data<float>(), *st = sin.data<float>();
+  // Element offsets of pair k's two members in a row.
+  const int64_t first_step = interleaved ? 2 : 1, second = interleaved ? 1 : half;
+  with_compute_type(src.dtype(), [&](auto tag) {
+    using R = decltype(tag);
+#pragma omp parallel if (src.numel() > kParallelGrain)
+    {
+      std::vector<R> in(D), out(D);
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t t = r / H % T;
+        const float *c = ct + t * half, *sn = st + t * half;
+        const R* x = row_in(src, r, D, in.data());
+        R* y = row_out(dst, r, D, out.data());
+        for (int64_t k = 0; k < half; ++k) {
+          const R a = x[k * first_step], b = x[k * first_step + second];
+          const R ck = c[k], sk = inverse ? -sn[k] : sn[k];
+          y[k * first_step] = a * ck - b * sk;
+          y[k * first_step + second] = a * sk + b * ck;
+        }
+        row_done(y, dst, r, D);
+      }
+    }
+  });
+}
+
 // ---- Attention ----
 
 namespace {
@@ -368,6 +404,7 @@ void store_head(const T* src, const Tensor& x, int64_t bi, int64_t hi, int64_t T
 void attention_forward_ref(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
                            double scale, const Tensor& dst, const Tensor& lse) {
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), D = q.size(3), Tk = k.size(2);
+  const int64_t rep = H / k.size(1);  // query heads per k/v head
   const Strides4 sq(q), sk(k), sv(v);
   with_compute_type(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -378,8 +415,8 @@ void attention_forward_ref(const Tensor& q, const Tensor& k, const Tensor& v, co
       const int64_t bi = bh / H, hi = bh % H;
       std::vector<T> Q(Tq * D), K(Tk * D), Vv(Tk * D), S(Tq * Tk), O(Tq * D, T(0));
       load_head(q, sq, bi, hi, Tq, D, Q.data());
-      load_head(k, sk, bi, hi, Tk, D, K.data());
-      load_head(v, sv, bi, hi, Tk, D, Vv.data());
+      load_head(k, sk, bi, hi / rep, Tk, D, K.data());
+      load_head(v, sv, bi, hi / rep, Tk, D, Vv.data());
       naive_head(Q.data(), K.data(), am, bi, hi, Tq, Tk, D, static_cast<T>(scale), S.data());
       for (int64_t i = 0; i < Tq; ++i) {
         T* s = S.data() + i * Tk;
@@ -404,47 +441,53 @@ void attention_backward_ref(const Tensor& q, const Tensor& k, const Tensor& v, c
                             double scale, const Tensor& dst, const Tensor& lse, const Tensor& diff_dst,
                             const Tensor& diff_q, const Tensor& diff_k, const Tensor& diff_v) {
   const int64_t B = q.size(0), H = q.size(1), Tq = q.size(2), D = q.size(3), Tk = k.size(2);
+  const int64_t Hkv = k.size(1), rep = H / Hkv;  // query heads per k/v head
   const Strides4 sq(q), sk(k), sv(v), sdo(diff_dst);
   with_compute_type(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const AttentionMask am = attention_mask(mask, is_causal, B, H, Tq, Tk, dtype_of<T>());
     const T* lz = stat_ptr<T>(lse);
     const T sc = static_cast<T>(scale);
+    // One task per k/v head: its dK, dV summed over the query heads sharing it, in their order.
 #pragma omp parallel for schedule(static) if (B * H * Tq * Tk * D > kParallelGrain)
-    for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t bi = bh / H, hi = bh % H;
-      std::vector<T> Q(Tq * D), K(Tk * D), Vv(Tk * D), dO(Tq * D), S(Tq * Tk);
-      std::vector<T> dQ(Tq * D, T(0)), dK(Tk * D, T(0)), dV(Tk * D, T(0));
-      load_head(q, sq, bi, hi, Tq, D, Q.data());
-      load_head(k, sk, bi, hi, Tk, D, K.data());
-      load_head(v, sv, bi, hi, Tk, D, Vv.data());
-      load_head(diff_dst, sdo, bi, hi, Tq, D, dO.data());
-      naive_head(Q.data(), K.data(), am, bi, hi, Tq, Tk, D, sc, S.data());
-      for (int64_t i = 0; i < Tq; ++i) {
-        const T l = lz[bh * Tq + i];
-        T* p = S.data() + i * Tk;
-        for (int64_t j = 0; j < Tk; ++j) p[j] = l == -std::numeric_limits<T>::infinity() ? T(0) : std::exp(p[j] - l);
-        // dP_ij = dO_i . v_j; dS = P (dP - sum_j P dP).
-        std::vector<T> dp(Tk);
-        T rowsum = 0;
-        for (int64_t j = 0; j < Tk; ++j) {
-          T acc = 0;
-          for (int64_t d = 0; d < D; ++d) acc += dO[i * D + d] * Vv[j * D + d];
-          dp[j] = acc;
-          rowsum += p[j] * acc;
-        }
-        for (int64_t j = 0; j < Tk; ++j) {
-          const T ds = p[j] * (dp[j] - rowsum) * sc;
-          for (int64_t d = 0; d < D; ++d) {
-            dV[j * D + d] += p[j] * dO[i * D + d];
-            dQ[i * D + d] += ds * K[j * D + d];
-            dK[j * D + d] += ds * Q[i * D + d];
+    for (int64_t bkv = 0; bkv < B * Hkv; ++bkv) {
+      const int64_t bi = bkv / Hkv, kvi = bkv % Hkv;
+      std::vector<T> Q(Tq * D), K(Tk * D), Vv(Tk * D), dO(Tq * D), S(Tq * Tk), dQ(Tq * D);
+      std::vector<T> dK(Tk * D, T(0)), dV(Tk * D, T(0));
+      load_head(k, sk, bi, kvi, Tk, D, K.data());
+      load_head(v, sv, bi, kvi, Tk, D, Vv.data());
+      for (int64_t hi = kvi * rep; hi < (kvi + 1) * rep; ++hi) {
+        const int64_t bh = bi * H + hi;
+        std::fill(dQ.begin(), dQ.end(), T(0));
+        load_head(q, sq, bi, hi, Tq, D, Q.data());
+        load_head(diff_dst, sdo, bi, hi, Tq, D, dO.data());
+        naive_head(Q.data(), K.data(), am, bi, hi, Tq, Tk, D, sc, S.data());
+        for (int64_t i = 0; i < Tq; ++i) {
+          const T l = lz[bh * Tq + i];
+          T* p = S.data() + i * Tk;
+          for (int64_t j = 0; j < Tk; ++j) p[j] = l == -std::numeric_limits<T>::infinity() ? T(0) : std::exp(p[j] - l);
+          // dP_ij = dO_i . v_j; dS = P (dP - sum_j P dP).
+          std::vector<T> dp(Tk);
+          T rowsum = 0;
+          for (int64_t j = 0; j < Tk; ++j) {
+            T acc = 0;
+            for (int64_t d = 0; d < D; ++d) acc += dO[i * D + d] * Vv[j * D + d];
+            dp[j] = acc;
+            rowsum += p[j] * acc;
+          }
+          for (int64_t j = 0; j < Tk; ++j) {
+            const T ds = p[j] * (dp[j] - rowsum) * sc;
+            for (int64_t d = 0; d < D; ++d) {
+              dV[j * D + d] += p[j] * dO[i * D + d];
+              dQ[i * D + d] += ds * K[j * D + d];
+              dK[j * D + d] += ds * Q[i * D + d];
+            }
           }
         }
+        if (diff_q.defined()) store_head(dQ.data(), diff_q, bi, hi, Tq, D);
       }
-      if (diff_q.defined()) store_head(dQ.data(), diff_q, bi, hi, Tq, D);
-      if (diff_k.defined()) store_head(dK.data(), diff_k, bi, hi, Tk, D);
-      if (diff_v.defined()) store_head(dV.data(), diff_v, bi, hi, Tk, D);
+      if (diff_k.defined()) store_head(dK.data(), diff_k, bi, kvi, Tk, D);
+      if (diff_v.defined()) store_head(dV.data(), diff_v, bi, kvi, Tk, D);
     }
   });
 }
