@@ -39,9 +39,9 @@ void rms_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor& 
 // gives NaN).
 // float32/bfloat16/float16 run flash-style (src/kernels/onednn/attention.cpp): a block of query rows against the keys
 // up to its causal limit, scratch O(block * Tk + Tk * D) per thread, never the (Tq, Tk) matrix of a head; the
-// forward parallel over (batch, heads, query blocks), the backward over (batch, heads); the products in the input
-// dtype with float32 accumulation (bfloat16 on oneDNN, float16 emulated on float32 oneDNN products of float16
-// values), the probabilities rounded to the input dtype before P v. float64 runs the reference loops.
+// forward parallel over (batch, heads, query blocks), the backward over (batch, whole k/v heads); the products in
+// the input dtype with float32 accumulation (bfloat16 on oneDNN, float16 emulated on float32 oneDNN products of
+// float16 values), the probabilities rounded to the input dtype before P v. float64 runs the reference loops.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, bool is_causal,
                        double scale, const Tensor& dst, const Tensor& lse);
 // Recomputes the probabilities per query block from q, k and lse. diff_dst (B, H, Tq, D) may be strided (contiguous
