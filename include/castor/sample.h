@@ -18,6 +18,7 @@ struct SampleConfig {
   double temperature = 0.8;   // 0: greedy
   int64_t top_k = 200;        // 0: the whole vocabulary
   uint64_t seed = 1337;
+  bool cached_window = false;  // --window cached: the KV cache rebuilt from half a block past it; else nanoGPT's
   int threads = 1;            // OpenMP threads: a token's ops are small, and more threads mostly wait on each other
 };
 SampleConfig parse_sample_flags(const std::vector<std::string>& args);

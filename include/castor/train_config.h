@@ -9,6 +9,7 @@
 #include "castor/corpus.h"
 #include "castor/dtype.h"
 #include "castor/json.h"
+#include "castor/lm_batch.h"
 #include "castor/opt_level.h"
 
 namespace castor::train {
@@ -18,7 +19,7 @@ enum class Dataset { FashionMnist, Cifar10, Synthetic, Folder, Brown, BrownChar,
 enum class ModelKind { SimpleCnn, ResNet18, ResNet9, Gpt, GptMini, Gpt2 };
 enum class OptimizerKind { Sgd, Adam, AdamW };
 enum class Schedule { None, Step, Cosine, OneCycle, WarmupCosine };
-enum class DataOrder { Random, Sequential };  // language-model batches: nanoGPT's random windows or llm.c's order
+using DataOrder = data::LmOrder;  // language-model batches: nanoGPT's random windows or llm.c's two orders
 enum class Augment { None, Standard };
 enum class Compression { None, BFloat16, Float16 };  // the gradients' type on the wire between ranks
 const char* name(Dataset v);

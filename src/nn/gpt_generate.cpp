@@ -1,4 +1,5 @@
-// GPT inference with a KV cache: forward_cached (one position's work per new token) and nanoGPT's generate.
+// GPT inference with a KV cache: forward_cached (one position's work per new token) and nanoGPT's generate, sliding
+// its window as nanoGPT does or rebuilding the cache from half a block.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -87,7 +88,7 @@ int64_t sample_token(std::vector<double> logits, double temperature, int64_t top
 }  // namespace
 
 std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature,
-                              int64_t top_k, uint64_t seed) {
+                              int64_t top_k, uint64_t seed, Window window) {
   const GPTConfig& c = model.config();
   const int64_t real_vocab = c.real_vocab_size > 0 ? c.real_vocab_size : c.vocab_size, T = c.block_size;
   CASTOR_CHECK(!prompt.empty(), "generate: the prompt is empty (it needs at least one token)");
@@ -114,9 +115,14 @@ std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, int64_t m
     if (i + 1 == max_new_tokens) break;
     if (cache.size() < T) {
       logits = feed(seq.size() - 1);
-    } else {
+    } else if (window == Window::Cached) {
       cache.clear();
       logits = feed(seq.size() - std::max<int64_t>(1, T / 2));
+    } else {  // nanoGPT: idx_cond = idx[:, -block_size:], a full forward
+      NoGradGuard no_grad;
+      std::vector<double> ids(seq.end() - T, seq.end());
+      const Tensor all = model(tensor(ids, Shape{1, T}, DType::Int64));  // (1, T, real vocabulary)
+      logits = all.select(1, T - 1).narrow(1, 0, real_vocab).to_vector<double>();
     }
   }
   return seq;

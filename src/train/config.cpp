@@ -97,7 +97,8 @@ constexpr Spelling<ModelKind> kModels[] = {
     {ModelKind::Gpt, "gpt"}, {ModelKind::GptMini, "gpt-mini"}, {ModelKind::Gpt2, "gpt2"}};
 constexpr Spelling<backends::ConvAlgorithm> kConvAlgorithms[] = {{backends::ConvAlgorithm::Auto, "auto"},
                                                                  {backends::ConvAlgorithm::Direct, "direct"}};
-constexpr Spelling<DataOrder> kDataOrders[] = {{DataOrder::Random, "random"}, {DataOrder::Sequential, "sequential"}};
+constexpr Spelling<DataOrder> kDataOrders[] = {
+    {DataOrder::Random, "random"}, {DataOrder::Sequential, "sequential"}, {DataOrder::Llmc, "llmc"}};
 const Spelling<amp::OptLevel> kOptLevels[] = {{amp::OptLevel::O0, amp::opt_level_name(amp::OptLevel::O0)},
                                               {amp::OptLevel::O1, amp::opt_level_name(amp::OptLevel::O1)},
                                               {amp::OptLevel::O2, amp::opt_level_name(amp::OptLevel::O2)},
@@ -158,7 +159,9 @@ void add_train_flags(CLI::App& app, TrainConfig& c, RawTrainFlags& raw) {
                  "dataset directory (default /usr/share/datasets/fashion-mnist, ./cifar-10-batches-bin, ./data/brown "
                  "or ./data/brown-char)");
   add_choice(app, "--data-order", c.data_order, kDataOrders,
-             "language models: random windows (nanoGPT) or sequential batches (llm.c's loader)");
+             "language models: random windows (nanoGPT's get_batch), sequential (llm.c's validation loader: the "
+             "file in order) or llmc (llm.c's training loader: those batches shuffled each epoch as train_gpt2.c "
+             "does, seeded 42 + rank)");
   app.add_option("--image-size", c.image_size,
                  "--data folder: images are resized (shorter side) and centre-cropped to this square")
       ->check(integer_in(1, 4096));

@@ -54,8 +54,8 @@ std::string recorded_data_dir(const Json& config) {
 
 std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   auto owner = std::make_unique<CLI::App>(
-      "Generates text from a GPT (KV cache: each new token costs one position's work): the prompt, then --tokens "
-      "tokens drawn at --temperature from the --top-k most likely.",
+      "Generates text from a GPT as nanoGPT's sample.py (KV cache: while the text fits the block, each new token costs "
+      "one position's work): the prompt, then --tokens tokens drawn at --temperature from the --top-k most likely.",
       "castor sample");
   CLI::App& app = *owner;
   app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -71,6 +71,13 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   app.add_option("--temperature", c.temperature, "divides the logits; 0: the most likely token");
   app.add_option("--top-k", c.top_k, "draw from the k most likely tokens only; 0: all");
   app.add_option("--seed", c.seed, "the sampling generator's seed");
+  app.add_option_function<std::string>(
+         "--window", [&c](const std::string& w) { c.cached_window = w == "cached"; },
+         "past the block size: sliding (nanoGPT's generate: each token from the last block-size tokens, one full "
+         "forward a token) or cached (the KV cache rebuilt from the last half block when full: a context of half a "
+         "block to a block, faster); the same tokens while the text fits the block")
+      ->check(CLI::IsMember({"sliding", "cached"}))
+      ->default_str("sliding");
   app.add_option("--threads", c.threads, "OpenMP threads (one suits small models best)");
   return owner;
 }
@@ -134,7 +141,8 @@ std::string run_sample(const SampleConfig& c) {
   auto model = models::gpt(config);
   model->load_state_dict(g.weights.state);
   model->eval();
-  const std::vector<int64_t> seq = models::generate(*model, prompt, c.tokens, c.temperature, c.top_k, c.seed);
+  const std::vector<int64_t> seq = models::generate(*model, prompt, c.tokens, c.temperature, c.top_k, c.seed,
+                                                    c.cached_window ? models::Window::Cached : models::Window::Sliding);
   // GPT-2's leading <|endoftext|> of an empty prompt is not text.
   const size_t skip = c.prompt.empty() ? 1 : 0;
   const std::vector<uint16_t> out(seq.begin() + skip, seq.end());

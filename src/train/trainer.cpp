@@ -186,7 +186,7 @@ class Task {
   virtual Json by_class(const Evaluation& ev) const = 0;
   virtual const char* unit() const = 0;  // of examples/s: "img" or "tok"
   // --init's weights for the model (a safetensors file with PyTorch's names; a GPT also llm.c's format).
-  virtual StateDict init_weights(const std::string& path) const { return load_safetensors(path).tensors; }
+  virtual StateDict init_weights(const std::string& path) const { return models::load_weights_file(path, "").tensors; }
 };
 
 Json by_class(const std::vector<std::string>& names, const std::vector<int64_t>& confusion);
@@ -275,7 +275,7 @@ class LmTask : public Task {
         CASTOR_CHECK(t < config_.vocab_size, f->path(), ": token ", t, " is outside the vocabulary of ",
                      config_.vocab_size, " (--vocab-size)");
     source_.emplace(*train_, data::LmBatchOptions{.batch_size = c.batch_size, .block_size = c.block_size,
-                                                   .sequential = c.data_order == DataOrder::Sequential,
+                                                   .order = c.data_order,
                                                    .seed = c.seed, .rank = rank, .num_ranks = world});
     per_epoch_ = source_->batches_per_epoch();
   }
@@ -1266,7 +1266,7 @@ Json run_eval(const EvalConfig& e) {
     Checkpoint ck = read_checkpoint(e.path);
     model_file = {std::move(ck.model), std::move(ck.model_meta)};
   } else {
-    model_file = load_safetensors(e.path);
+    model_file = models::load_weights_file(e.path, name(e.data.value_or(Dataset::Tokens)));
   }
   TrainConfig c;
   auto it = model_file.metadata.find("castor.config");
@@ -1415,7 +1415,7 @@ std::string run_info(const std::vector<std::string>& args) {
     files.push_back({"train_state.safetensors", listing(ck.state, ck.state_meta)});
     state = ck.state;
   } else {
-    files.push_back({path, read_safetensors_header(path)});
+    files.push_back({path, models::read_weights_header(path)});
   }
   if (!tensors) return info_summary(path, used, files[0].second, state ? &*state : nullptr);
   std::string out;

@@ -35,9 +35,11 @@ std::vector<double> full_last_logits(models::GPT& model, const std::vector<int64
   return logits.select(1, logits.size(1) - 1).select(0, 0).to_vector<double>();
 }
 
-// The window generate() runs each step on: seq[start, end), rebuilt from the last T/2 tokens when it passes T.
-size_t next_start(const std::vector<int64_t>& seq, size_t start, int64_t T) {
-  return seq.size() - start > static_cast<size_t>(T) ? seq.size() - T / 2 : start;
+// The window generate() runs each step on: seq[start, end). Past T tokens, Sliding (nanoGPT) takes the last T;
+// Cached rebuilds from the last T/2 when the window passes T.
+size_t next_start(const std::vector<int64_t>& seq, size_t start, int64_t T, models::Window window) {
+  if (seq.size() - start <= static_cast<size_t>(T)) return start;
+  return window == models::Window::Sliding ? seq.size() - T : seq.size() - T / 2;
 }
 
 TEST(GptGenerate, CachedLogitsEqualTheFullForward) {
@@ -72,18 +74,25 @@ TEST(GptGenerate, GreedyIsTheArgmaxOfFullForwardsAlsoPastTheBlockSize) {
       if (p.dim() == 2) p.mul_(5.0);
   }
   const std::vector<int64_t> prompt = random_tokens(3, 67, 4);
-  const int64_t T = 16, new_tokens = 40;  // the window is rebuilt twice
-  const std::vector<int64_t> got = models::generate(*model, prompt, new_tokens, /*temperature=*/0.0);
-  std::vector<int64_t> want = prompt;
-  size_t start = 0;
-  for (int64_t i = 0; i < new_tokens; ++i) {
-    const std::vector<double> l = full_last_logits(*model, want, start);
-    want.push_back(std::max_element(l.begin(), l.end()) - l.begin());
-    start = next_start(want, start, T);
+  const int64_t T = 16, new_tokens = 40;  // Cached: the window is rebuilt twice
+  std::vector<std::vector<int64_t>> outputs;
+  for (models::Window window : {models::Window::Sliding, models::Window::Cached}) {
+    const std::vector<int64_t> got = models::generate(*model, prompt, new_tokens, /*temperature=*/0.0, 0, 0, window);
+    std::vector<int64_t> want = prompt;
+    size_t start = 0;
+    for (int64_t i = 0; i < new_tokens; ++i) {
+      const std::vector<double> l = full_last_logits(*model, want, start);
+      want.push_back(std::max_element(l.begin(), l.end()) - l.begin());
+      start = next_start(want, start, T, window);
+    }
+    EXPECT_EQ(got, want);
+    // Not a constant sequence: the comparison says something.
+    EXPECT_GT(std::set<int64_t>(got.begin() + 3, got.end()).size(), 2u);
+    outputs.push_back(got);
   }
-  EXPECT_EQ(got, want);
-  // Not a constant sequence: the comparison says something.
-  EXPECT_GT(std::set<int64_t>(got.begin() + 3, got.end()).size(), 2u);
+  // The same while the text fits the block (3 + 13 tokens), different past it.
+  EXPECT_TRUE(std::equal(outputs[0].begin(), outputs[0].begin() + T, outputs[1].begin()));
+  EXPECT_NE(outputs[0], outputs[1]);
 }
 
 TEST(GptGenerate, SeededSamplingIsReproducibleAndTopKHolds) {
@@ -118,10 +127,14 @@ TEST(GptGenerate, PaddingTokensAreNeverDrawn) {
     model->wte->weight.narrow(0, 101, 27).narrow(1, 0, 1).fill_(10.0);
   }
   const std::vector<int64_t> prompt = random_tokens(4, 101, 6);
-  const std::vector<double> l = full_last_logits(*model, prompt, 0);
-  ASSERT_GE(std::max_element(l.begin(), l.end()) - l.begin(), 101);  // a full argmax would pick padding
-  for (double temperature : {0.0, 1.0, 3.0})
-    for (int64_t t : models::generate(*model, prompt, 20, temperature, 0, 1)) EXPECT_LT(t, 101) << temperature;
+  EXPECT_EQ(full_last_logits(*model, prompt, 0).size(), 101u);  // forward: the real vocabulary's logits
+  models::KVCache cache(*model);
+  const Tensor all = models::forward_cached(*model, ids(prompt), cache);  // (1, 4, 128): lm_head's every row
+  const std::vector<double> l = all.select(1, 3).select(0, 0).to_vector<double>();
+  ASSERT_GE(std::max_element(l.begin(), l.end()) - l.begin(), 101);  // an argmax over all rows would pick padding
+  for (models::Window window : {models::Window::Sliding, models::Window::Cached})
+    for (double temperature : {0.0, 1.0, 3.0})
+      for (int64_t t : models::generate(*model, prompt, 20, temperature, 0, 1, window)) EXPECT_LT(t, 101) << temperature;
 }
 
 TEST(GptGenerate, BadArgumentsAreErrors) {

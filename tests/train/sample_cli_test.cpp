@@ -95,8 +95,8 @@ TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
     model->wte->weight.narrow(0, 50257, 47).narrow(1, 0, 1).fill_(10.0);
   }
   {
-    NoGradGuard no_grad;
-    const Tensor logits = (*model)(tensor({50256, 464}, DType::Int64).reshape({1, 2}));
+    models::KVCache cache(*model);  // forward_cached: lm_head's every row, padding included
+    const Tensor logits = models::forward_cached(*model, tensor({50256, 464}, DType::Int64).reshape({1, 2}), cache);
     ASSERT_GE(argmax(logits.select(1, 1), 1).to_vector<int64_t>()[0], 50257);  // an unmasked argmax would pick padding
   }
   models::write_llmc_checkpoint(dir + "/gpt2.bin", *model);
@@ -118,6 +118,62 @@ TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
 
 // The trainer's own GPT checkpoints: `castor train --model gpt` on a small character corpus, then `castor sample
 // --checkpoint RUN` (n_head and the token directory from the run's castor.config) and `castor export --llmc`.
+// A GPT whose greedy text depends on its context (weights 5x GPT-2's init), vocabulary exactly the tokenizer's (no
+// padding, so nanoGPT's model is the same function), block 16.
+std::shared_ptr<models::GPT> context_gpt(int64_t vocab_size, uint64_t seed) {
+  models::GPTConfig c;
+  c.n_layer = 2, c.n_head = 2, c.n_embd = 32, c.block_size = 16, c.vocab_size = vocab_size;
+  auto model = models::gpt(c, seed);
+  NoGradGuard no_grad;
+  for (Tensor& p : model->parameters())
+    if (p.dim() == 2) p.mul_(5.0);
+  model->eval();
+  return model;
+}
+
+std::string comma_list(const std::vector<int64_t>& ids) {
+  std::string out;
+  for (int64_t t : ids) out += (out.empty() ? "" : ",") + std::to_string(t);
+  return out;
+}
+
+// --window sliding (the default) is nanoGPT's generate: greedy tokens identical to nanoGPT's GPT.generate (PyTorch,
+// float32, tests/oracle/nanogpt_oracle.py) for 200 tokens past the block; --window cached differs past the block and
+// is the library's cached generate; help says what each does.
+TEST(SampleCli, SlidingWindowIsNanoGptsGenerate) {
+  Fixture f("sample_cli_sliding");
+  auto model = context_gpt(f.tokenizer.vocab_size(), 12);
+  save_safetensors(f.dir + "/m.safetensors", model->state_dict());
+  std::vector<int64_t> prompt;
+  for (uint16_t t : f.tokenizer.encode("The jury")) prompt.push_back(t);
+  const int64_t tokens = 16 - 8 + 200;  // 200 tokens past the block of 16
+  const std::string cfg = detail::cat("{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"block_size\": 16, "
+                                      "\"vocab_size\": ", f.tokenizer.vocab_size(), ", \"bias\": true}");
+  ASSERT_TRUE(test::run_oracle("nanogpt_oracle.py", {"generate", cfg, f.dir + "/m.safetensors", comma_list(prompt),
+                                                     std::to_string(tokens), f.dir + "/want.safetensors"}));
+  const std::vector<int64_t> want =
+      load_safetensors(f.dir + "/want.safetensors").tensors.at("tokens").to_vector<int64_t>();
+  ASSERT_EQ(want.size(), prompt.size() + tokens);
+  EXPECT_EQ(models::generate(*model, prompt, tokens, 0.0, 0, 0, models::Window::Sliding), want);
+  std::vector<uint16_t> text(want.begin(), want.end());
+  auto sample = [&](const std::string& window) {
+    return castor(f, {"sample", "--init", "m.safetensors", "--n-head", "2", "--tokenizer-dir", "tok", "--prompt",
+                      "The jury", "--tokens", std::to_string(tokens), "--temperature", "0", "--window", window});
+  };
+  const test::CastorProcess sliding = sample("sliding");
+  ASSERT_EQ(sliding.exit_code, 0) << sliding.err;
+  EXPECT_EQ(sliding.out, f.tokenizer.decode(text) + "\n");
+  const std::vector<int64_t> cached = models::generate(*model, prompt, tokens, 0.0, 0, 0, models::Window::Cached);
+  ASSERT_NE(cached, want);  // past the block the windows differ
+  EXPECT_TRUE(std::equal(want.begin(), want.begin() + 16, cached.begin()));
+  std::vector<uint16_t> cached_text(cached.begin(), cached.end());
+  EXPECT_EQ(sample("cached").out, f.tokenizer.decode(cached_text) + "\n");
+  const test::CastorProcess help = castor(f, {"help", "sample"});
+  for (const char* word : {"--window", "sliding (nanoGPT's generate", "cached (the KV cache"})
+    EXPECT_NE(help.out.find(word), std::string::npos) << word << " in\n" << help.out;
+  EXPECT_NE(sample("slide").exit_code, 0);
+}
+
 TEST(SampleCli, SamplesAndExportsWhatCastorTrainWrote) {
   const std::string dir = test::fresh_dir("sample_cli_trained");
   fs::create_directories(dir);
