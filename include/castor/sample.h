@@ -27,7 +27,8 @@ std::string sample_help();
 std::string run_sample(const SampleConfig& c);
 
 struct ExportConfig {
-  bool llmc = false;       // the only format so far: llm.c's gpt2_124M.bin layout
+  bool llmc = false;       // llm.c's gpt2_124M.bin layout
+  bool nanogpt = false;    // nanoGPT's ckpt.pt in the directory `out`
   std::string checkpoint;  // a run or checkpoint directory, or a weights file (llm.c .bin or safetensors)
   std::string out;
   int64_t n_head = 0;      // for safetensors that do not record it
@@ -35,7 +36,7 @@ struct ExportConfig {
 ExportConfig parse_export_flags(const std::vector<std::string>& args);
 std::string export_help();
 // Writes the file; returns a summary: {"out", "format", "n_layer", "n_head", "n_embd", "block_size", "vocab_size",
-// "padded_vocab_size", "bytes"}.
+// "bytes"; llmc: "padded_vocab_size"; nanogpt: "optimizer", whether the AdamW state was written}.
 Json run_export(const ExportConfig& c);
 
 }  // namespace castor::train

@@ -9,7 +9,9 @@
 #       torch.load(CKPT) as sample.py does, and again with weights_only=True; the GPT from checkpoint['model_args'],
 #       checkpoint['model'] loaded strictly, then the same greedy generate. With an "optimizer" entry, train.py's
 #       resume: AdamW from configure_optimizers' groups loads it and takes a step. OUT: "tokens", "iter_num",
-#       "best_val_loss", "model_args.<key>" (numbers), "optimizer_groups", and "keys" checks are assertions here.
+#       "best_val_loss", "model_args.<key>", "optimizer_groups" (lr, beta1, beta2, eps, weight decay of the first
+#       group, weight decay of the second), "optimizer_step", "optimizer_exp_avg_sq0" (the first parameter's first
+#       8 values); the checkpoint's structure is checked by assertions here.
 import json
 import os
 import sys
@@ -65,6 +67,13 @@ def main():
         for k in list(state_dict.keys()):
             if k.startswith(unwanted_prefix):
                 state_dict[k[len(unwanted_prefix):]] = state_dict.pop(k)
+        # nanoGPT's attention under PyTorch < 2 registers its causal mask as the buffer attn.bias (1, 1, T, T);
+        # gpt_oracle's keeps it unsaved.
+        t = args["block_size"]
+        for i in range(args["n_layer"]):
+            mask = state_dict.pop(f"transformer.h.{i}.attn.bias")
+            assert torch.equal(mask, torch.tril(torch.ones(t, t)).view(1, 1, t, t))
+        assert state_dict["lm_head.weight"].data_ptr() == state_dict["transformer.wte.weight"].data_ptr()
         model.load_state_dict(state_dict, strict=True)
         assert isinstance(checkpoint["config"], dict) and isinstance(checkpoint["iter_num"], int)
         result = {"iter_num": torch.tensor([checkpoint["iter_num"]], dtype=torch.int64),

@@ -14,8 +14,10 @@
 #include "castor/models.h"
 #include "castor/random.h"
 #include "castor/serialize.h"
+#include "castor/tokenizer.h"
 #include "io/file_test_util.h"
 #include "test_util.h"
+#include "train/metrics.h"
 #include "train/run_test_util.h"
 
 namespace castor::train {
@@ -118,6 +120,49 @@ TEST_F(LmTrain, CheckpointsLoadStrictlyIntoNanoGpt) {
   ASSERT_TRUE(test::run_oracle("gpt_oracle.py", {"grads", cfg, path("weights.safetensors"), path("batch.safetensors"),
                                                  path("out.safetensors")}));
   EXPECT_TRUE(std::isfinite(load_safetensors(path("out.safetensors")).tensors.at("loss").item()));
+}
+
+// castor export --nanogpt writes nanoGPT's ckpt.pt: PyTorch 1.13 loads it with torch.load, also with
+// weights_only=True; nanoGPT's model built from its model_args loads its model strictly and samples the same greedy
+// tokens as castor sample (past the block, nanoGPT's sliding window); train.py's resume loads its AdamW state (the
+// run's hyperparameters and moments) and steps (tests/oracle/nanogpt_oracle.py).
+TEST_F(LmTrain, NanoGptCheckpointLoadsInPyTorchAndSamplesAsCastor) {
+  ASSERT_EQ(castor(train_args("run", 20, {"--eval-every", "10"})).exit_code, 0);
+  CastorProcess e = castor({"export", "--nanogpt", "--checkpoint", "run", "--out", "nano"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  const Json summary = Json::parse(e.out);
+  EXPECT_EQ(summary.at("out").as_string(), "nano/ckpt.pt");
+  EXPECT_TRUE(summary.at("optimizer").as_bool());
+  const std::string prompt = "the jury", tokens = "40";  // 8 + 40 tokens: past the block of 16
+  CastorProcess s = castor({"sample", "--checkpoint", "run", "--prompt", prompt, "--tokens", tokens,
+                            "--temperature", "0"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  data::Tokenizer tok = data::Tokenizer::load(path("tok"));
+  std::string ids;
+  for (uint16_t t : tok.encode(prompt)) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  ASSERT_TRUE(test::run_oracle("nanogpt_oracle.py", {"ckpt", path("nano/ckpt.pt"), ids, tokens, path("o.safetensors")}));
+  const StateDict o = load_safetensors(path("o.safetensors")).tensors;
+  const std::vector<int64_t> got = o.at("tokens").to_vector<int64_t>();
+  EXPECT_EQ(s.out, tok.decode(std::vector<uint16_t>(got.begin(), got.end())) + "\n");
+  EXPECT_EQ(o.at("iter_num").to_vector<int64_t>(), std::vector<int64_t>{20});
+  EXPECT_EQ(o.at("model_args.block_size").to_vector<int64_t>(), std::vector<int64_t>{16});
+  EXPECT_EQ(o.at("model_args.vocab_size").to_vector<int64_t>(), std::vector<int64_t>{tok.vocab_size()});
+  // best_val_loss: the lowest evaluation the run logged (steps 10 and 20).
+  double best = 1e9;
+  for (const Json& r : read_metrics(path("run")))
+    for (const char* key : {"val_loss", "test_loss"})
+      if (const Json* v = r.find(key)) best = std::min(best, v->as_double());
+  ASSERT_LT(best, 1e9);
+  EXPECT_NEAR(o.at("best_val_loss").item(), best, 1e-6 * best);
+  // The AdamW state: the run's group settings and moments.
+  const Checkpoint ck = read_checkpoint(path("run"));
+  const std::vector<double> groups = o.at("optimizer_groups").to_vector<double>();
+  EXPECT_DOUBLE_EQ(groups[0], ck.state.at("amp.optimizer.0.group.0.lr").item());
+  EXPECT_EQ(std::vector<double>(groups.begin() + 1, groups.end()),
+            (std::vector<double>{0.9, 0.99, 1e-8, 0.1, 0.0}));
+  EXPECT_EQ(o.at("optimizer_step").item(), 20);
+  const Tensor v = ck.state.at("amp.optimizer.0.state.0.0.exp_avg_sq").reshape({-1}).narrow(0, 0, 8);
+  EXPECT_TRUE(test::close(o.at("optimizer_exp_avg_sq0"), v.to(DType::Float64), 0, 0));
 }
 
 // --init FILE in llm.c's format: the run takes the file's sizes and starts from its weights; a size flag that
