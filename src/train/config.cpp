@@ -28,8 +28,10 @@ struct RawTrainFlags {
 };
 
 std::unique_ptr<CLI::App> train_app(TrainConfig& c, RawTrainFlags& raw) {
-  auto app = make_app("Trains an image classifier with mixed precision. `castor train` alone trains SimpleCNN on "
-                      "Fashion-MNIST (Debian's dataset-fashion-mnist) for one epoch with O1 bfloat16 autocast and Adam.",
+  auto app = make_app("Trains image classifiers and GPT language models with mixed precision. `castor train` alone "
+                      "trains SimpleCNN on Fashion-MNIST (Debian's dataset-fashion-mnist) for one epoch with O1 "
+                      "bfloat16 autocast and Adam; `castor train --model gpt` trains nanoGPT's GPT on the Brown "
+                      "corpus's characters with nanoGPT's CPU recipe, reporting validation loss and perplexity.",
                       "castor train");
   app->add_option("--config", raw.config,
                   "read flags from a TOML file whose keys are the flag names (batch-size, or batch_size as in a run's "

@@ -1,6 +1,7 @@
 // `castor info`: a checkpoint's model, step, precision, parameters, the run's last metrics and its checkpoints; with
 // --tensors every tensor's dtype and shape.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -64,14 +65,21 @@ std::string info_summary(const std::string& path, const std::string& used, const
   fs::path run = fs::is_directory(path + "/checkpoints", ec) ? fs::path(path) : fs::path(used).parent_path().parent_path();
   if (fs::is_directory(run / "checkpoints", ec)) {
     const std::vector<Json> records = read_metrics(run.string());
-    for (auto r = records.rbegin(); r != records.rend(); ++r)
+    for (auto r = records.rbegin(); r != records.rend(); ++r) {
+      char text[128];
+      const long long step = r->find("step") && r->at("step").is_int() ? r->at("step").as_int() : -1;
       if (const Json* acc = r->find("test_accuracy"); acc && acc->is_number()) {
-        char text[128];
         std::snprintf(text, sizeof(text), "test accuracy %.2f%%, test loss %.4f at step %lld", 100 * acc->as_double(),
-                      r->at("test_loss").as_double(), static_cast<long long>(r->at("step").as_int()));
-        line("metrics", text);
-        break;
+                      r->at("test_loss").as_double(), step);
+      } else if (const Json* val = r->find("val_loss"); val && val->is_number()) {
+        std::snprintf(text, sizeof(text), "val loss %.4f, perplexity %.2f at step %lld", val->as_double(),
+                      std::exp(val->as_double()), step);
+      } else {
+        continue;
       }
+      line("metrics", text);
+      break;
+    }
     std::vector<std::string> names;
     for (const fs::directory_entry& e : fs::directory_iterator(run / "checkpoints", ec))
       if (is_checkpoint_dir(e.path().string())) names.push_back(e.path().filename().string());

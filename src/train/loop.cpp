@@ -250,11 +250,15 @@ class Trainer {
       add("skipped %lld", static_cast<long long>(scaler.steps_skipped()));
     }
     add("peak mem %.1f MiB", memory_stats().peak_bytes / 1048576.0);
-    if (log_) log_->epoch({{"epoch", epoch}, {"step", state_.step}, {"train_loss", train_loss},
-                {"test_loss", last_eval_->loss}, {"test_accuracy", last_eval_->accuracy}, {"images_per_sec", ips},
-                {"loss_scale", scaler.get_scale()}, {"skipped_steps", scaler.steps_skipped()},
-                {"peak_memory_bytes", memory_stats().peak_bytes}},
-               fields);
+    if (log_) {
+      Json::Object record = log_->evaluation_keys(last_eval_->loss, last_eval_->accuracy);
+      for (auto& [k, v] : Json::Object{{"epoch", epoch}, {"step", state_.step}, {"train_loss", train_loss},
+                                       {log_->rate_key(), ips}, {"loss_scale", scaler.get_scale()},
+                                       {"skipped_steps", scaler.steps_skipped()},
+                                       {"peak_memory_bytes", memory_stats().peak_bytes}})
+        record[k] = v;
+      log_->epoch(record, fields);
+    }
     if (epoch_end) {
       ++state_.epoch;
       state_.batch = 0;
@@ -313,10 +317,7 @@ class Trainer {
   Json summary_json() const {
     const auto& scaler = run_.amp->scaler();
     // (an interrupted run may stop before its first evaluation: null, not a made-up 0)
-    Json summary = Json::Object{{"test_accuracy", last_eval_ ? Json(last_eval_->accuracy) : Json()},
-                        {"test_loss", last_eval_ ? Json(last_eval_->loss) : Json()},
-                        {"train_images_per_sec", train_seconds_ > 0 ? images_ / train_seconds_ : 0.0},
-                        {"steps", state_.step},
+    Json summary = Json::Object{{"steps", state_.step},
                         {"skipped_steps", scaler.steps_skipped()},
                         {"final_loss_scale", scaler.get_scale()},
                         {"peak_memory_bytes", memory_stats().peak_bytes},

@@ -32,7 +32,12 @@ class RunLog {
   // Logs a metrics line every log_every steps (with the window's mean loss), at the last step and at every
   // skipped step; redraws the progress line (a terminal) or prints a plain line every log_every steps.
   void step(const StepInfo& s);
-  void evaluation(int64_t step, int64_t epoch, double test_loss, double test_accuracy);
+  void evaluation(int64_t step, int64_t epoch, double loss, double accuracy);
+  // An evaluation's figures as the metrics record them: test_loss and test_accuracy of an image classifier,
+  // val_loss and val_perplexity of a language model.
+  Json::Object evaluation_keys(double loss, double accuracy) const;
+  // The metrics' throughput key: images_per_sec or tokens_per_sec.
+  const char* rate_key() const { return language_model_ ? "tokens_per_sec" : "images_per_sec"; }
   const char* unit() const { return unit_; }
   double mfu(double examples_per_sec) const {
     return flops_.peak > 0 ? examples_per_sec * flops_.flops_per_example / flops_.peak : 0;

@@ -152,7 +152,8 @@ std::vector<Setting> make_settings() {
        &at_least_one, R::Fixed, J::Any},
       {"--label-smoothing", plain<&C::label_smoothing>(), "cross-entropy label smoothing", unit, R::Fixed, J::Any},
       // (on resume: checked against the recorded global batch, which run_train splits among the ranks)
-      {"--batch-size", plain<&C::batch_size>(), "images per micro-batch and rank (global batch: x --nproc)",
+      {"--batch-size", plain<&C::batch_size>(),
+       "images, or rows of --block-size tokens, per micro-batch and rank (global batch: x --nproc)",
        &at_least_one, R::Free, J::Any},
       {"--epochs", plain<&C::epochs>(), "epochs", &at_least_one, R::Length, J::Any},
       {"--steps", plain<&C::steps>(), "stop after this many optimizer steps (0: run the epochs)", &count, R::Length,
@@ -183,7 +184,9 @@ std::vector<Setting> make_settings() {
        "continue the run in this directory (or from one of its checkpoints) with its recorded settings; "
        "Ctrl-C/SIGTERM checkpoint and stop. Only these may change: ",
        nullptr, R::Unrecorded, J::Any},
-      {"--init", shared<&C::init, add_init>(), "initial weights: a safetensors file with PyTorch names and layouts",
+      {"--init", shared<&C::init, add_init>(),
+       "initial weights: a safetensors file with PyTorch's names (a GPT: nanoGPT's), or for a GPT an llm.c .bin "
+       "checkpoint (the run takes the file's sizes)",
        nullptr, R::Fixed, J::Any},
       {"--checkpoint-every", plain<&C::checkpoint_every>(), "steps between checkpoints (0: at each epoch end)", &count,
        R::Free, J::Any},
@@ -193,7 +196,9 @@ std::vector<Setting> make_settings() {
        nullptr, R::Unrecorded, J::Any},
       {"--keep", plain<&C::keep>(), "checkpoints kept", &at_least_one, R::Free, J::Any},
       {"--log-every", plain<&C::log_every>(), "steps between metric lines", &at_least_one, R::Free, J::Any},
-      {"--eval-every", plain<&C::eval_every>(), "test accuracy every N steps as well as at each epoch end (0: off)",
+      {"--eval-every", plain<&C::eval_every>(),
+       "evaluate every N steps as well as at each epoch end (0: off): test loss and accuracy, or a language model's "
+       "validation loss and perplexity",
        &count, R::Free, J::Any},
       {"--synthetic-size", plain<&C::synthetic_size>(), "training images of --data synthetic", &synthetic, R::Fixed,
        J::Synthetic},

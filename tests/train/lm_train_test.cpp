@@ -89,6 +89,45 @@ TEST_F(LmTrain, LearnsAndReportsValidationLossAndPerplexity) {
   EXPECT_NEAR(summary_of(e).at("val_loss").as_double(), val, 1e-6);
 }
 
+// A language model's run speaks of tokens, validation loss and perplexity everywhere: summary.json, metrics.jsonl,
+// metrics.csv, report.html and castor info; castor help train says it trains language models too.
+TEST_F(LmTrain, ReportsTokensValidationLossAndPerplexityEverywhere) {
+  CastorProcess p = castor(train_args("run", 20, {"--eval-every", "10", "--log-every", "5"}));
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const Json s = summary_of(p);
+  for (const char* key : {"test_accuracy", "test_loss", "train_images_per_sec"}) EXPECT_EQ(s.find(key), nullptr) << key;
+  for (const char* key : {"val_loss", "val_perplexity", "train_tokens_per_sec"}) EXPECT_NE(s.find(key), nullptr) << key;
+  const std::vector<uint8_t> saved = read_file(path("run/summary.json"));
+  EXPECT_EQ(Json::parse(std::string(saved.begin(), saved.end())).find("test_accuracy"), nullptr);
+  int evaluations = 0, rates = 0;
+  for (const Json& r : read_metrics(path("run"))) {
+    for (const char* key : {"test_accuracy", "test_loss", "images_per_sec"}) EXPECT_EQ(r.find(key), nullptr) << r.dump();
+    evaluations += r.find("val_loss") != nullptr && r.find("val_perplexity") != nullptr;
+    rates += r.find("tokens_per_sec") != nullptr;
+  }
+  EXPECT_EQ(evaluations, 2);  // step 10, and the end
+  EXPECT_GE(rates, 4);
+  const std::vector<uint8_t> csv = read_file(path("run/metrics.csv"));
+  const std::string header(csv.begin(), std::find(csv.begin(), csv.end(), '\n'));
+  EXPECT_EQ(header, "step,epoch,loss,loss_avg,lr,loss_scale,skipped,tokens_per_sec,peak_memory_bytes,train_loss,"
+                    "val_loss,val_perplexity,skipped_steps");
+  const std::vector<uint8_t> html = read_file(path("run/report.html"));
+  const std::string report(html.begin(), html.end());
+  for (const char* want : {"Validation perplexity", "tokens/s", "Train vs validation loss"})
+    EXPECT_NE(report.find(want), std::string::npos) << want;
+  for (const char* unwanted : {"Test accuracy", "images/s", "test loss"})
+    EXPECT_EQ(report.find(unwanted), std::string::npos) << unwanted;
+  CastorProcess info = castor({"info", "run"});
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.out.find("val loss "), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("perplexity"), std::string::npos) << info.out;
+  EXPECT_EQ(info.out.find("test accuracy"), std::string::npos) << info.out;
+  CastorProcess help = castor({"help", "train"});
+  EXPECT_NE(help.out.find("Trains image classifiers and GPT language models"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("rows of --block-size tokens"), std::string::npos);
+  EXPECT_NE(help.out.find("an llm.c .bin"), std::string::npos);
+}
+
 // Random windows are a pure function of (seed, batch number): a run stopped and resumed equals one run through.
 TEST_F(LmTrain, ResumeIsBitExact) {
   for (const char* order : {"random", "sequential"}) {
