@@ -96,5 +96,7 @@ class LmBatchSource {
 // the last batch holding the rest. castor::Error naming the file when it holds fewer than T + 1 tokens.
 int64_t eval_batch_count(const TokenFile& tokens, int64_t batch_size, int64_t block_size);
 LmBatch eval_batch(const TokenFile& tokens, int64_t batch_size, int64_t block_size, int64_t i);
+// Any of those rows (their numbers, in [0, (n - 1) / T)) as one batch numbered `index`.
+LmBatch eval_rows(const TokenFile& tokens, int64_t block_size, const std::vector<int64_t>& rows, int64_t index);
 
 }  // namespace castor::data

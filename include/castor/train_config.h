@@ -81,7 +81,8 @@ struct TrainConfig {
   double checkpoint_minutes = 10;      // also checkpoint when this long has passed since the last one; 0: never
   int64_t keep = 2;                    // checkpoints kept
   int64_t log_every = 50;              // steps between metric lines
-  int64_t eval_every = 0;              // > 0: test accuracy every N steps too (always at each epoch end)
+  int64_t eval_every = 0;              // > 0: evaluate every N steps too (always at each epoch end)
+  int64_t eval_iters = 0;              // language models: > 0: batches of batch_size rows per evaluation (nanoGPT)
   int64_t synthetic_size = 2048;       // training images of --data synthetic
   bool profile = false;
   std::vector<std::string> given_flags;  // the flags set on the command line or in --config, as "--lr"
@@ -119,6 +120,7 @@ struct EvalConfig {
   std::optional<Dataset> data;
   std::string data_dir;
   int64_t batch_size = 0;  // images or token rows per batch; 0: the task's (256 images, rows of ~4096 tokens)
+  std::optional<DType> dtype;  // float32: evaluate at O0; bf16/fp16: autocast to it; none: as the run trained
 };
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);
 std::string eval_help();

@@ -132,9 +132,19 @@ int64_t eval_batch_count(const TokenFile& tokens, int64_t batch_size, int64_t bl
 LmBatch eval_batch(const TokenFile& tokens, int64_t batch_size, int64_t block_size, int64_t i) {
   const int64_t count = eval_batch_count(tokens, batch_size, block_size);
   CASTOR_CHECK(i >= 0 && i < count, "eval batch ", i, " of ", count);
-  const int64_t rows = std::min(batch_size, (tokens.size() - 1) / block_size - i * batch_size);
-  const Filler fill_row = make_batch(tokens, rows, block_size, i);
-  for (int64_t r = 0; r < rows; ++r) fill_row(r, (i * batch_size + r) * block_size);
+  std::vector<int64_t> rows(std::min(batch_size, (tokens.size() - 1) / block_size - i * batch_size));
+  std::iota(rows.begin(), rows.end(), i * batch_size);
+  return eval_rows(tokens, block_size, rows, i);
+}
+
+LmBatch eval_rows(const TokenFile& tokens, int64_t block_size, const std::vector<int64_t>& rows, int64_t index) {
+  check_window(tokens, block_size);
+  const int64_t last = (tokens.size() - 1) / block_size;
+  const Filler fill_row = make_batch(tokens, static_cast<int64_t>(rows.size()), block_size, index);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    CASTOR_CHECK(rows[r] >= 0 && rows[r] < last, tokens.path(), ": eval row ", rows[r], " of ", last);
+    fill_row(static_cast<int64_t>(r), rows[r] * block_size);
+  }
   return fill_row.b;
 }
 

@@ -47,7 +47,7 @@ std::unique_ptr<CLI::App> train_app(TrainConfig& c, RawTrainFlags& raw) {
 }
 
 struct EvalFlags {
-  std::string checkpoint, file, data_dir;
+  std::string checkpoint, file, data_dir, dtype;
   std::optional<ModelKind> model;
   std::optional<Dataset> data;
   int64_t batch_size = 0;
@@ -66,6 +66,10 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
   app.add_option("--batch-size", f.batch_size,
                  "images, or rows of the block size, per batch (0: 256 images, rows of about 4096 tokens)")
       ->check(integer_in(0));
+  app.add_option("--dtype", f.dtype,
+                 "evaluate in this type instead of the run's: float32 (O0, 16-bit weights widened), or bf16/fp16 "
+                 "autocast (O1 for a float32 run)")
+      ->check(one_of({"float32", "bf16", "bfloat16", "fp16", "float16"}));
   return owner;
 }
 
@@ -264,6 +268,7 @@ void apply_language_model_defaults(TrainConfig& c) {
   if (c.block_size == 0) c.block_size = p.block_size;
   CASTOR_CHECK(c.n_embd % c.n_head == 0, "--n-embd ", c.n_embd, ": not a multiple of --n-head ", c.n_head);
   if (!c.given("--batch-size")) c.batch_size = 12;
+  if (!c.given("--eval-iters")) c.eval_iters = 200;
   if (!c.given("--optimizer")) c.optimizer = OptimizerKind::AdamW;
   if (!c.given("--weight-decay")) c.weight_decay = 0.1;
   if (!c.given("--beta2")) c.beta2 = 0.99;
@@ -330,6 +335,7 @@ EvalConfig parse_eval_flags(const std::vector<std::string>& args) {
   parse_flags(*eval_app(f), args, "eval");
   CASTOR_CHECK(f.checkpoint.empty() || f.file.empty(), "castor eval: give the checkpoint once (--checkpoint or FILE)");
   EvalConfig e{f.checkpoint.empty() ? f.file : f.checkpoint, f.model, f.data, f.data_dir, f.batch_size};
+  if (!f.dtype.empty()) e.dtype = parse_dtype(f.dtype);
   CASTOR_CHECK(!e.path.empty(), "--checkpoint: missing (a checkpoint directory, run directory or model.safetensors)");
   return e;
 }

@@ -47,6 +47,13 @@ LoadedTensors load_for_eval(const EvalConfig& e, TrainConfig& c, std::vector<std
     c.amp = amp::OptLevel::O0;  // weights without castor metadata are evaluated in float32
   }
   if (!e.data_dir.empty()) c.data_dir = e.data_dir;
+  c.eval_iters = 0;  // a language model's whole validation split
+  if (e.dtype == DType::Float32) {
+    c.amp = amp::OptLevel::O0;
+  } else if (e.dtype) {
+    c.dtype = *e.dtype;
+    if (c.amp == amp::OptLevel::O0) c.amp = amp::OptLevel::O1;
+  }
   return model_file;
 }
 

@@ -45,7 +45,8 @@ class LmTask : public Task {
  public:
   // Resolves c.vocab_size (recorded, so a resumed run builds the same model); a new run with --init takes the
   // model's sizes from that file (llm.c's gpt2_124M.bin or nanoGPT-named safetensors).
-  LmTask(TrainConfig& c, int rank, int world, bool new_run) : dir_(data_dir(c)) {
+  LmTask(TrainConfig& c, int rank, int world, bool new_run)
+      : dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
     if (new_run && !c.init.empty()) take_init_sizes(c);
     CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(), "--data tokens: needs --data-dir DIR holding "
                  "train.bin and val.bin (castor tokenize writes them)");
@@ -90,14 +91,18 @@ class LmTask : public Task {
   }
   FlopRate flop_rate(const TrainConfig& c, const nn::Module& model) const override;
 
-  // The whole validation split in rows of T tokens, each once.
+  // The validation split in rows of T tokens, each once: all of them, or --eval-iters batches of --batch-size rows
+  // spread evenly over the split (row k of m of all n: k n / m) when it holds more.
   int64_t eval_batches(int64_t batch_size) const override {
     const int64_t n = data::eval_batch_count(*val_, batch_size, config_.block_size);
     CASTOR_CHECK(n > 0, val_->path(), ": no whole window of ", config_.block_size + 1, " tokens to evaluate on");
-    return n;
+    return (eval_row_count() + batch_size - 1) / batch_size;
   }
   Batch eval_batch(int64_t i, int64_t batch_size) const override {
-    data::LmBatch b = data::eval_batch(*val_, batch_size, config_.block_size, i);
+    const int64_t all = (val_->size() - 1) / config_.block_size, m = eval_row_count();
+    std::vector<int64_t> rows;
+    for (int64_t k = i * batch_size; k < std::min(m, (i + 1) * batch_size); ++k) rows.push_back(k * all / m);
+    data::LmBatch b = data::eval_rows(*val_, config_.block_size, rows, i);
     return Batch{b.x, b.y, i, static_cast<double>(b.x.numel())};
   }
   // Rows of the block size, about 4096 tokens a batch.
@@ -150,8 +155,15 @@ class LmTask : public Task {
     c.bias = g.bias;
   }
 
+  // The rows an evaluation covers.
+  int64_t eval_row_count() const {
+    const int64_t all = (val_->size() - 1) / config_.block_size;
+    return eval_iters_ > 0 ? std::min(all, eval_iters_ * batch_size_) : all;
+  }
+
   std::optional<models::GPTWeights> init_;
   std::string dir_;
+  int64_t eval_iters_ = 0, batch_size_ = 0;
   std::optional<data::TokenFile> train_, val_;
   std::optional<data::LmBatchSource> source_;
   models::GPTConfig config_;

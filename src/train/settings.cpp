@@ -74,6 +74,15 @@ Field loss_scale() {
           [](TrainConfig& to, const TrainConfig& from) { to.loss_scale = from.loss_scale; }, nullptr};
 }
 
+// --eval-every, also spelled --eval-interval (nanoGPT's name).
+Field eval_every() {
+  Field f = plain<&TrainConfig::eval_every>();
+  f.add = [](CLI::App& app, TrainConfig& c, const std::string& flag, const std::string& help) -> CLI::Option* {
+    return app.add_option(flag + ",--eval-interval", c.eval_every, help + " (also --eval-interval, nanoGPT's name)");
+  };
+  return f;
+}
+
 using R = Resume;
 using J = Job;
 
@@ -196,10 +205,15 @@ std::vector<Setting> make_settings() {
        nullptr, R::Unrecorded, J::Any},
       {"--keep", plain<&C::keep>(), "checkpoints kept", &at_least_one, R::Free, J::Any},
       {"--log-every", plain<&C::log_every>(), "steps between metric lines", &at_least_one, R::Free, J::Any},
-      {"--eval-every", plain<&C::eval_every>(),
+      {"--eval-every", eval_every(),
        "evaluate every N steps as well as at each epoch end (0: off): test loss and accuracy, or a language model's "
        "validation loss and perplexity",
        &count, R::Free, J::Any},
+      {"--eval-iters", plain<&C::eval_iters>(),
+       "language models: an evaluation during training covers this many batches of --batch-size rows, spread evenly "
+       "over the validation split (nanoGPT's eval_iters; default 200), or the whole split when it holds fewer "
+       "(0: always the whole split; castor eval covers the whole split)",
+       &count, R::Free, J::LanguageModel, "0"},
       {"--synthetic-size", plain<&C::synthetic_size>(), "training images of --data synthetic", &synthetic, R::Fixed,
        J::Synthetic},
       {"--profile", plain<&C::profile>(), "print the top ops by time, with their dtypes", nullptr, R::Unrecorded,

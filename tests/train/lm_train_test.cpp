@@ -10,6 +10,10 @@
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
 #include "castor/json.h"
+#include "castor/token_file.h"
+#include "castor/lm_batch.h"
+#include "castor/functional.h"
+#include "castor/autograd.h"
 #include "castor/llmc.h"
 #include "castor/models.h"
 #include "castor/random.h"
@@ -159,6 +163,68 @@ TEST_F(LmTrain, CheckpointsLoadStrictlyIntoNanoGpt) {
   ASSERT_TRUE(test::run_oracle("gpt_oracle.py", {"grads", cfg, path("weights.safetensors"), path("batch.safetensors"),
                                                  path("out.safetensors")}));
   EXPECT_TRUE(std::isfinite(load_safetensors(path("out.safetensors")).tensors.at("loss").item()));
+}
+
+// nanoGPT's evaluation size: --eval-iters batches of --batch-size rows, spread evenly over the validation split,
+// during training (here 2 x 4 rows: the summary's loss is theirs, computed here from the checkpoint); --eval-interval
+// is --eval-every; castor eval covers the whole split, and --dtype float32 evaluates a bf16 run in float32.
+TEST_F(LmTrain, EvalItersAndIntervalAreNanoGpts) {
+  CastorProcess p = castor(train_args("run", 20, {"--amp", "O0", "--batch-size", "4", "--eval-iters", "2",
+                                                  "--eval-interval", "10"}));
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const std::vector<uint8_t> bytes = read_file(path("run/config.json"));
+  const Json config = Json::parse(std::string(bytes.begin(), bytes.end()));
+  EXPECT_EQ(config.at("eval_every").as_int(), 10);
+  EXPECT_EQ(config.at("eval_iters").as_int(), 2);
+  int evaluations = 0;
+  for (const Json& r : read_metrics(path("run"))) evaluations += r.find("val_loss") != nullptr;
+  EXPECT_EQ(evaluations, 2);  // step 10 (--eval-interval) and the end
+  // The 8 rows k * n / 8 of the n rows of 16 tokens, through the checkpoint's model in float32.
+  const Checkpoint ck = read_checkpoint(path("run"));
+  const models::GPTWeights w = models::gpt_weights_from_safetensors(ck.model, ck.model_meta, 0, "run");
+  auto model = models::gpt(w.config);
+  model->load_state_dict(w.state);
+  model->eval();
+  const data::TokenFile val(path("tok/val.bin"));
+  const int64_t n = (val.size() - 1) / 16;
+  ASSERT_GT(n, 8);
+  std::vector<int64_t> rows;
+  for (int64_t k = 0; k < 8; ++k) rows.push_back(k * n / 8);
+  const data::LmBatch b = data::eval_rows(val, 16, rows, 0);
+  double want = 0;
+  {
+    NoGradGuard no_grad;
+    const Tensor logits = (*model)(b.x);
+    want = F::cross_entropy(logits.reshape({-1, logits.size(-1)}), b.y.reshape({-1})).item();
+  }
+  const double got = summary_of(p).at("val_loss").as_double();
+  EXPECT_NEAR(got, want, 1e-5 * want);
+  // castor eval: the whole split, another figure.
+  CastorProcess e = castor({"eval", "run"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_GT(std::fabs(summary_of(e).at("val_loss").as_double() - got), 1e-4);
+  // A bf16 run (O1) evaluated in float32: the float32 model's loss over the whole split.
+  ASSERT_EQ(castor(train_args("bf16", 10)).exit_code, 0);
+  CastorProcess f32 = castor({"eval", "bf16", "--dtype", "float32"});
+  ASSERT_EQ(f32.exit_code, 0) << f32.err;
+  const Checkpoint bk = read_checkpoint(path("bf16"));
+  const models::GPTWeights bw = models::gpt_weights_from_safetensors(bk.model, bk.model_meta, 0, "bf16");
+  auto bmodel = models::gpt(bw.config);
+  bmodel->load_state_dict(bw.state);
+  bmodel->eval();
+  double sum = 0, count = 0;
+  for (int64_t i = 0; i < data::eval_batch_count(val, 64, 16); ++i) {
+    NoGradGuard no_grad;
+    const data::LmBatch eb = data::eval_batch(val, 64, 16, i);
+    const Tensor logits = (*bmodel)(eb.x);
+    sum += F::cross_entropy(logits.reshape({-1, logits.size(-1)}), eb.y.reshape({-1}), F::Reduction::Sum).item();
+    count += static_cast<double>(eb.y.numel());
+  }
+  EXPECT_NEAR(summary_of(f32).at("val_loss").as_double(), sum / count, 1e-5 * sum / count);
+  // --eval-iters is a language model's flag.
+  CastorProcess image = castor({"train", "--eval-iters", "5", "--out", "img"});
+  EXPECT_EQ(image.exit_code, 1);
+  EXPECT_NE(image.err.find("--eval-iters: applies to language models only"), std::string::npos) << image.err;
 }
 
 // castor export --nanogpt writes nanoGPT's ckpt.pt: PyTorch 1.13 loads it with torch.load, also with
