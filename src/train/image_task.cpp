@@ -247,8 +247,8 @@ class ImageTask : public Task {
 // The dataset directory: --data-dir, or the dataset's default location.
 std::string data_dir(const TrainConfig& c) {
   if (!c.data_dir.empty()) return c.data_dir;
-  if (c.data == Dataset::Brown) return "data/brown";
-  if (c.data == Dataset::BrownChar) return "data/brown-char";
+  if (c.data == Dataset::Brown) return data::setup_path("data/brown");
+  if (c.data == Dataset::BrownChar) return data::setup_path("data/brown-char");
   return c.data == Dataset::Cifar10 ? "cifar-10-batches-bin" : "/usr/share/datasets/fashion-mnist";
 }
 

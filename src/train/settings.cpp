@@ -100,8 +100,8 @@ std::vector<Setting> make_settings() {
        "tokens or characters, prepared by scripts/setup.sh; tokens: DIR/train.bin and DIR/val.bin)",
        nullptr, R::Fixed, J::Any},
       {"--data-dir", plain<&C::data_dir>(),
-       "dataset directory (default /usr/share/datasets/fashion-mnist, ./cifar-10-batches-bin, ./data/brown or "
-       "./data/brown-char)",
+       "dataset directory (default /usr/share/datasets/fashion-mnist, ./cifar-10-batches-bin, or setup's data/brown "
+       "and data/brown-char, found from any directory: $CASTOR_SETUP_DIR, else where this build was configured)",
        nullptr, R::Fixed, J::Any},
       {"--data-order", choice<&C::data_order, kDataOrders>(),
        "language models: random windows (nanoGPT's get_batch), sequential (llm.c's validation loader: the file in "

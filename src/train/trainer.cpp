@@ -31,6 +31,7 @@ struct OpenRun {
   std::optional<Checkpoint> ck;    // a resumed run's
   std::string resume_from;         // the checkpoint's folder
   Json recorded;
+  bool created = false;            // rank 0 made the run directory (a new run's, not there before)
 };
 
 // Resolves --resume and --out, takes the run directory (rank 0; the other ranks wait until it is set up), and for a
@@ -48,6 +49,7 @@ OpenRun open_run(TrainConfig& c, int rank, int world) {
   }
   std::error_code ec;
   const bool continuing = !c.resume.empty() && fs::equivalent(run_dir, c.out, ec);
+  r.created = rank == 0 && !continuing && !fs::exists(c.out, ec);
   if (rank == 0) r.lock = own_run_dir(c, continuing);
   if (world > 1) dist::barrier();
   if (!c.resume.empty()) {
@@ -111,15 +113,8 @@ void print_settings(const TrainConfig& c, int64_t total_steps, int world) {
                fit_fields(fields, isatty(STDERR_FILENO) ? terminal_width(STDERR_FILENO) - 1 : INT32_MAX).c_str());
 }
 
-}  // namespace
-
-Json run_train(TrainConfig c) {
-  dist::init();
-  const int world = dist::world_size(), rank = dist::rank();
-  announce_interrupts(rank == 0);
-  CASTOR_CHECK(c.nproc == 0 || c.nproc == world, "--nproc ", c.nproc, ": this process is one of ", world,
-               " ranks (run `castor train --nproc N` from a shell, or `mpirun -np N castor train`)");
-  const OpenRun r = open_run(c, rank, world);
+// The rest of castor train once the run directory is open: the task, the run, config.json and the loop.
+Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
   c.nproc = world;
   set_threads(c);
   const std::unique_ptr<Task> task = make_task(c, rank, world, /*new_run=*/!r.ck);
@@ -151,6 +146,28 @@ Json run_train(TrainConfig c) {
   }
   const int64_t epochs = c.steps > 0 ? (total_steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;
   return train_loop(c, *task, run, config, state, total_steps, epochs, task->flop_rate(c, *run.model));
+}
+
+}  // namespace
+
+Json run_train(TrainConfig c) {
+  dist::init();
+  const int world = dist::world_size(), rank = dist::rank();
+  announce_interrupts(rank == 0);
+  CASTOR_CHECK(c.nproc == 0 || c.nproc == world, "--nproc ", c.nproc, ": this process is one of ", world,
+               " ranks (run `castor train --nproc N` from a shell, or `mpirun -np N castor train`)");
+  const OpenRun r = open_run(c, rank, world);
+  try {
+    return train_opened(c, r, rank, world);
+  } catch (...) {
+    // A new run that fails before its first metrics line or checkpoint (missing data, a bad --init, ...) leaves no
+    // run directory behind: it made one, and nothing in it is worth keeping.
+    std::error_code ec;
+    const auto metrics = fs::file_size(c.out + "/metrics.jsonl", ec);
+    const bool logged = !ec && metrics > 0;
+    if (r.created && !logged && !latest_checkpoint(c.out)) fs::remove_all(c.out, ec);
+    throw;
+  }
 }
 
 }  // namespace castor::train

@@ -227,6 +227,37 @@ TEST_F(LmTrain, EvalItersAndIntervalAreNanoGpts) {
   EXPECT_NE(image.err.find("--eval-iters: applies to language models only"), std::string::npos) << image.err;
 }
 
+// Setup's Brown tokens are found from any working directory (the scratch directory here), for training and for
+// sampling a run that used them; with $CASTOR_SETUP_DIR pointing elsewhere the error names --data-dir, and a new run
+// that fails before its first step leaves no run directory.
+TEST_F(LmTrain, SetupDataFromAnyDirectoryAndNoRunDirectoryLeftOnEarlyFailure) {
+  ASSERT_TRUE(fs::exists(std::string(CASTOR_SOURCE_DIR) + "/data/brown-char/train.bin")) << "run scripts/setup.sh";
+  CastorProcess p = castor({"train", "--model", "gpt", "--data", "brown-char", "--n-layer", "1", "--n-embd", "32",
+                            "--steps", "2", "--eval-iters", "1", "--threads", "1", "--out", "run"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  CastorProcess s = castor({"sample", "--checkpoint", "run", "--prompt", "The", "--tokens", "5"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  EXPECT_EQ(s.out.rfind("The", 0), 0u) << s.out;
+  const test::CastorRun elsewhere{scratch.path().string(), {"CASTOR_SETUP_DIR=/nonexistent"}};
+  CastorProcess missing = test::run_castor({"train", "--model", "gpt", "--data", "brown-char", "--out", "run2"},
+                                           elsewhere);
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("/nonexistent/data/brown-char/train.bin is missing"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("--data-dir"), std::string::npos) << missing.err;
+  EXPECT_FALSE(fs::exists(path("run2")));
+  CastorProcess bad_init = castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--init",
+                                   "missing.bin", "--out", "run3"});
+  EXPECT_EQ(bad_init.exit_code, 1);
+  EXPECT_NE(bad_init.err.find("--init missing.bin"), std::string::npos) << bad_init.err;
+  EXPECT_FALSE(fs::exists(path("run3")));
+  // A directory that was there before is left, as are runs that got going.
+  fs::create_directories(path("mine"));
+  EXPECT_EQ(castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "nowhere", "--out", "mine"}).exit_code,
+            1);
+  EXPECT_TRUE(fs::exists(path("mine")));
+  EXPECT_TRUE(fs::exists(path("run/checkpoints")));
+}
+
 // castor export --nanogpt writes nanoGPT's ckpt.pt: PyTorch 1.13 loads it with torch.load, also with
 // weights_only=True; nanoGPT's model built from its model_args loads its model strictly and samples the same greedy
 // tokens as castor sample (past the block, nanoGPT's sliding window); train.py's resume loads its AdamW state (the
