@@ -1,5 +1,7 @@
 // The language-model task: llm.c token files in (B, T) windows, a GPT of the config's (or --init's) sizes, and
 // validation loss, perplexity and next-token accuracy.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -178,10 +180,15 @@ FlopRate LmTask::flop_rate(const TrainConfig& c, const nn::Module& model) const 
     if (name != "transformer.wpe.weight") n += static_cast<double>(p.numel());
   const double per_token = 6 * n + 12.0 * static_cast<double>(c.n_layer * c.n_embd * c.block_size);
   const DType dtype = c.amp == amp::OptLevel::O0 ? DType::Float32 : c.dtype;
-  const FlopRate r{per_token, gemm_peak(dtype)};
-  if (dist::rank() == 0)
-    std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU against a measured %s GEMM peak of %.0f "
-                 "GFLOP/s\n", n / 1e6, per_token, dtype_name(dtype), r.peak / 1e9);
+  const int ranks = dist::world_size();
+  const FlopRate r{per_token, cached_gemm_peak(dtype) * ranks, dtype, ranks};
+  if (dist::rank() == 0 && r.peak > 0)
+    std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU against this machine's %s GEMM peak of "
+                 "%.0f GFLOP/s (%d rank%s x %d threads, measured once and cached)\n", n / 1e6, per_token,
+                 dtype_name(dtype), r.peak / 1e9, ranks, ranks > 1 ? "s" : "", omp_get_max_threads());
+  else if (dist::rank() == 0)
+    std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU in the summary (this machine's %s GEMM "
+                 "peak is measured after training, once)\n", n / 1e6, per_token, dtype_name(dtype));
   return r;
 }
 

@@ -112,6 +112,7 @@ class Trainer {
       else
         last_eval_ = evaluate(task_, *run_.model, *run_.amp, task_.eval_batch_size());
     }
+    if (log_) log_->measure_peak_if_unknown();
     Json summary = summary_json();
     summary["wall_seconds"] = std::chrono::duration<double>(Clock::now() - wall_start).count();
     const Json build = build_json();
@@ -193,6 +194,7 @@ class Trainer {
     micro_ = 0;
     micro_loss_ = 0;
     ++state_.step;
+    if (++steps_here_ == kWarmupSteps) warm_ = {images_, train_seconds_ + seconds_since(t0)};
     state_.batch = next_batch;
     train_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
     e.loss += lv;
@@ -324,12 +326,21 @@ class Trainer {
                         {"lost_metric_lines", log_ ? log_->lost_lines() : 0},
                         {"nproc", world_},
                         {"out", c_.out}};
-    const double per_sec = train_seconds_ > 0 ? images_ / train_seconds_ : 0.0;
+    // The steady rate, after this process's first kWarmupSteps steps (primitive creation, first-touch memory), is
+    // what a long run sees; the whole run's rate is beside it.
+    const double whole = train_seconds_ > 0 ? images_ / train_seconds_ : 0.0;
+    const double steady_seconds = train_seconds_ - warm_.second;
+    const double per_sec = steps_here_ > kWarmupSteps && steady_seconds > 0 ? (images_ - warm_.first) / steady_seconds
+                                                                           : whole;
     task_.summary_keys(summary, last_eval_ ? &*last_eval_ : nullptr, per_sec);
+    if (log_) summary[detail::cat("train_", log_->rate_key(), "_whole_run")] = whole;
     if (log_ && log_->mfu(per_sec) > 0) summary["mfu"] = log_->mfu(per_sec);
     return summary;
   }
 
+  static double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+  static constexpr int64_t kWarmupSteps = 3;  // steps of this process before the steady rate is taken
   static constexpr int64_t kMaxSkippedInARow = 64;
   static constexpr int64_t kMaxSkippedStatic = 20;
   static constexpr double kMinLossScale = 0x1p-24;
@@ -349,6 +360,8 @@ class Trainer {
   const int64_t epochs_;
   double images_ = 0, train_seconds_ = 0, micro_loss_ = 0;
   int64_t micro_ = 0;  // micro-batches whose gradients are summed so far
+  int64_t steps_here_ = 0;  // steps taken by this process (a resumed run's since it resumed)
+  std::pair<double, double> warm_{0, 0};  // (examples, training seconds) after kWarmupSteps steps
   int64_t skipped_in_a_row_ = 0;
   bool stop_all_ = false, minutes_due_all_ = false;  // as of the last step, over all ranks
   std::tuple<int64_t, int64_t, int64_t> saved_{-1, -1, -1};  // (step, epoch, batch) of the newest checkpoint

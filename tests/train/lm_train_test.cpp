@@ -258,6 +258,36 @@ TEST_F(LmTrain, SetupDataFromAnyDirectoryAndNoRunDirectoryLeftOnEarlyFailure) {
   EXPECT_TRUE(fs::exists(path("run/checkpoints")));
 }
 
+// Start-up without the GEMM-peak probe: a machine's peak is measured once, after the first run's training, and
+// cached ($XDG_CACHE_HOME/castor/gemm_peak.json); the next run reads it. The summary's tokens/s is the steady rate
+// (after the first 3 steps), the whole run's beside it, and MFU is tokens/s x FLOP per token / the cached peak.
+TEST_F(LmTrain, GemmPeakIsCachedAndTheSummaryRateIsSteady) {
+  const test::CastorRun cached{scratch.path().string(), {"XDG_CACHE_HOME=" + path("cache")}};
+  CastorProcess first = test::run_castor(train_args("a", 12), cached, 120);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_NE(first.err.find("GEMM peak is measured after training"), std::string::npos) << first.err;
+  const std::vector<uint8_t> bytes = read_file(path("cache/castor/gemm_peak.json"));
+  const Json cache = Json::parse(std::string(bytes.begin(), bytes.end()));
+  ASSERT_EQ(cache.as_object().size(), 1u) << cache.dump();
+  const double peak = cache.as_object().begin()->second.as_double();
+  EXPECT_NE(cache.as_object().begin()->first.find("bfloat16 | 1 threads"), std::string::npos) << cache.dump();
+  CastorProcess second = test::run_castor(train_args("b", 12), cached, 120);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.err.find("measured once and cached"), std::string::npos) << second.err;
+  for (const CastorProcess* p : {&first, &second}) {
+    const Json s = summary_of(*p);
+    const double steady = s.at("train_tokens_per_sec").as_double(), whole = s.at("train_tokens_per_sec_whole_run").as_double();
+    EXPECT_GT(steady, 0);
+    EXPECT_GT(whole, 0);
+    // 1 layer of 32, vocabulary V, block 16: 6 N + 12 L C T FLOP per token (nanoGPT's estimate_mfu), N without wpe.
+    const Checkpoint ck = read_checkpoint(path("a"));
+    double n = 0;
+    for (const auto& [name, t] : ck.model)
+      if (name != "transformer.wpe.weight" && name != "lm_head.weight") n += static_cast<double>(t.numel());
+    EXPECT_NEAR(s.at("mfu").as_double(), steady * (6 * n + 12.0 * 32 * 16) / peak, 1e-6 * s.at("mfu").as_double());
+  }
+}
+
 // castor export --nanogpt writes nanoGPT's ckpt.pt: PyTorch 1.13 loads it with torch.load, also with
 // weights_only=True; nanoGPT's model built from its model_args loads its model strictly and samples the same greedy
 // tokens as castor sample (past the block, nanoGPT's sliding window); train.py's resume loads its AdamW state (the
