@@ -287,8 +287,8 @@ double best_val_loss(const std::string& run_dir, int64_t step) {
 
 // nanoGPT's checkpoint dict: model (its state_dict: nanoGPT's names, lm_head.weight tied to wte, and the causal-mask
 // buffers transformer.h.N.attn.bias its attention registers under PyTorch < 2), model_args, iter_num,
-// best_val_loss, config and, when the run has AdamW state, optimizer.
-PyValue nanogpt_checkpoint(const LoadedGpt& g, const std::string& out_dir) {
+// best_val_loss, config and `optimizer` (nanogpt_optimizer's) unless it is None.
+PyValue nanogpt_checkpoint(const LoadedGpt& g, const std::string& out_dir, PyValue optimizer) {
   const models::GPTConfig& m = g.weights.config;
   std::vector<std::pair<std::string, PyValue>> model;
   auto model_gpt = models::gpt(m);
@@ -317,7 +317,6 @@ PyValue nanogpt_checkpoint(const LoadedGpt& g, const std::string& out_dir) {
       {"iter_num", PyValue::integer(step)},
       {"best_val_loss", PyValue::tensor(scalar_tensor(best_val_loss(g.run_dir, step), DType::Float32))},
       {"config", nanogpt_config(g.config, m, out_dir)}};
-  PyValue optimizer = nanogpt_optimizer(g);
   if (optimizer.kind() != PyValue::Kind::None) ckpt.emplace_back("optimizer", std::move(optimizer));
   return PyValue::dict(std::move(ckpt));
 }
@@ -327,49 +326,40 @@ PyValue nanogpt_checkpoint(const LoadedGpt& g, const std::string& out_dir) {
 Json run_export(const ExportConfig& c) {
   LoadedGpt g = load_gpt(c.checkpoint, c.n_head);
   models::GPTConfig& config = g.weights.config;
+  Json::Object out{{"from", g.what}, {"n_layer", config.n_layer}, {"n_head", config.n_head},
+                   {"n_embd", config.n_embd}, {"block_size", config.block_size}};
+  std::string file = c.out;
   if (c.nanogpt) {
     std::error_code ec;
     fs::create_directories(c.out, ec);
     CASTOR_CHECK(fs::is_directory(c.out, ec), "--out ", c.out, ": cannot make the directory for ckpt.pt");
-    const std::string file = (fs::path(c.out) / "ckpt.pt").string();
-    const PyValue ckpt = nanogpt_checkpoint(g, c.out);
-    torch_save(file, ckpt);
-    uint64_t bytes = 0;
-    read_file_range(file, 0, 0, bytes);
-    return Json::Object{{"out", file},
-                        {"format", "nanogpt"},
-                        {"from", g.what},
-                        {"n_layer", config.n_layer},
-                        {"n_head", config.n_head},
-                        {"n_embd", config.n_embd},
-                        {"block_size", config.block_size},
-                        {"vocab_size", config.vocab_size},
-                        {"optimizer", nanogpt_optimizer(g).kind() != PyValue::Kind::None},
-                        {"bytes", bytes}};
-  }
-  // llm.c's V: the tokenizer's vocabulary when the run records its data directory, else the padded size.
-  if (config.real_vocab_size == 0) {
-    const std::string dir = recorded_data_dir(g.config);
-    if (!dir.empty() && file_exists(dir + "/tokenizer.json")) {
-      const int64_t v = data::Tokenizer::load(dir).vocab_size();
-      CASTOR_CHECK(v <= config.vocab_size, dir, ": the tokenizer has ", v, " tokens, more than the model's ",
-                   config.vocab_size);
-      config.real_vocab_size = v;
+    file = (fs::path(c.out) / "ckpt.pt").string();
+    PyValue optimizer = nanogpt_optimizer(g);
+    out["optimizer"] = optimizer.kind() != PyValue::Kind::None;
+    torch_save(file, nanogpt_checkpoint(g, c.out, std::move(optimizer)));
+    out["format"] = "nanogpt";
+    out["vocab_size"] = config.vocab_size;
+  } else {
+    // llm.c's V: the tokenizer's vocabulary when the run records its data directory, else the padded size.
+    if (config.real_vocab_size == 0) {
+      const std::string dir = recorded_data_dir(g.config);
+      if (!dir.empty() && file_exists(dir + "/tokenizer.json")) {
+        const int64_t v = data::Tokenizer::load(dir).vocab_size();
+        CASTOR_CHECK(v <= config.vocab_size, dir, ": the tokenizer has ", v, " tokens, more than the model's ",
+                     config.vocab_size);
+        config.real_vocab_size = v;
+      }
     }
+    models::write_llmc_checkpoint(c.out, g.weights);
+    out["format"] = "llmc";
+    out["vocab_size"] = config.real_vocab_size > 0 ? config.real_vocab_size : config.vocab_size;
+    out["padded_vocab_size"] = config.vocab_size;
   }
-  models::write_llmc_checkpoint(c.out, g.weights);
   uint64_t bytes = 0;
-  read_file_range(c.out, 0, 0, bytes);
-  return Json::Object{{"out", c.out},
-                      {"format", "llmc"},
-                      {"from", g.what},
-                      {"n_layer", config.n_layer},
-                      {"n_head", config.n_head},
-                      {"n_embd", config.n_embd},
-                      {"block_size", config.block_size},
-                      {"vocab_size", config.real_vocab_size > 0 ? config.real_vocab_size : config.vocab_size},
-                      {"padded_vocab_size", config.vocab_size},
-                      {"bytes", bytes}};
+  read_file_range(file, 0, 0, bytes);
+  out["out"] = file;
+  out["bytes"] = bytes;
+  return out;
 }
 
 }  // namespace castor::train
