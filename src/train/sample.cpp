@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <memory>
 
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
 #include "castor/llmc.h"
+#include "castor/ops.h"
 #include "castor/tokenizer.h"
 #include "train/cli.h"
 
@@ -55,7 +57,7 @@ std::string recorded_data_dir(const Json& config) {
 std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   auto owner = std::make_unique<CLI::App>(
       "Generates text from a GPT (KV cache: each new token costs one position's work): the prompt, then --tokens "
-      "tokens drawn at --temperature from the --top-k most likely.",
+      "tokens drawn at --temperature from the --top-k most likely, each printed as it is drawn.",
       "castor sample");
   CLI::App& app = *owner;
   app.option_defaults()->always_capture_default()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -68,7 +70,7 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   app.add_option("--prompt", c.prompt, "the text to continue (default a newline; empty: GPT-2's <|endoftext|>)")
       ->default_str("\"\\n\"");
   app.add_option("--tokens", c.tokens, "tokens to generate");
-  app.add_option("--temperature", c.temperature, "divides the logits; 0: the most likely token");
+  app.add_option("--temperature", c.temperature, "divides the logits; 0 (or below 1e-4): the most likely token");
   app.add_option("--top-k", c.top_k, "draw from the k most likely tokens only; 0: all");
   app.add_option("--seed", c.seed, "the sampling generator's seed");
   app.add_option("--threads", c.threads, "OpenMP threads (one suits small models best)");
@@ -109,9 +111,12 @@ std::string sample_help() {
   return sample_app(c)->help();
 }
 
-std::string run_sample(const SampleConfig& c) {
+void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write) {
   omp_set_num_threads(c.threads);
   LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head);
+  for (const auto& [name, t] : g.weights.state)
+    CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), g.what, ": ", name,
+                 " holds NaN or infinite values; no text can be sampled from it");
   std::string dir = c.tokenizer_dir.empty() ? recorded_data_dir(g.config) : c.tokenizer_dir;
   CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what, " records no data directory to decode with");
   data::Tokenizer tok = data::Tokenizer::load(dir);
@@ -121,30 +126,34 @@ std::string run_sample(const SampleConfig& c) {
   CASTOR_CHECK(config.real_vocab_size == 0 || config.real_vocab_size == tok.vocab_size(), dir, ": the tokenizer has ",
                tok.vocab_size(), " tokens, ", g.what, " was made for ", config.real_vocab_size);
   config.real_vocab_size = tok.vocab_size();
-  std::vector<int64_t> prompt;
+  std::vector<uint16_t> prompt_ids;
   try {
-    for (uint16_t t : tok.encode(c.prompt)) prompt.push_back(t);
+    prompt_ids = tok.encode(c.prompt);
   } catch (const Error& e) {
     throw Error(detail::cat("--prompt: ", e.what()));
   }
-  if (prompt.empty()) {
+  if (prompt_ids.empty()) {
     CASTOR_CHECK(tok.kind() == "gpt2", "--prompt: empty; a character model needs at least one character to start from");
-    prompt.push_back(data::Gpt2Tokenizer::kEot);
+    prompt_ids.push_back(data::Gpt2Tokenizer::kEot);  // not text: not written
+  } else {
+    write(tok.decode(prompt_ids));
   }
   auto model = models::gpt(config);
   model->load_state_dict(g.weights.state);
   model->eval();
-  const std::vector<int64_t> seq = models::generate(*model, prompt, c.tokens, c.temperature, c.top_k, c.seed);
-  // GPT-2's leading <|endoftext|> of an empty prompt is not text.
-  const size_t skip = c.prompt.empty() ? 1 : 0;
-  const std::vector<uint16_t> out(seq.begin() + skip, seq.end());
-  return tok.decode(out);
+  // Each token is written as it is drawn (both tokenizers decode a sequence as the concatenation of its tokens).
+  models::generate(*model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature,
+                   c.top_k, c.seed, [&](int64_t t) {
+                     const uint16_t id = static_cast<uint16_t>(t);
+                     write(tok.decode({&id, 1}));
+                   });
 }
 
 ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   ExportConfig c;
   parse_flags(*export_app(c), args, "export");
   CASTOR_CHECK(c.llmc, "--llmc: missing (the format to write; llm.c's is the only one so far)");
+  CASTOR_CHECK(!c.out.empty(), "--out: empty (the file to write)");
   CASTOR_CHECK(c.n_head >= 0, "--n-head: must be positive, got ", c.n_head);
   return c;
 }
@@ -155,6 +164,11 @@ std::string export_help() {
 }
 
 Json run_export(const ExportConfig& c) {
+  try {  // before the checkpoint is read: a device, FIFO, directory or link at --out is refused at once
+    check_replaceable(c.out);
+  } catch (const Error& e) {
+    throw Error(detail::cat("--out: ", e.what()));
+  }
   LoadedGpt g = load_gpt(c.checkpoint, c.n_head);
   models::GPTConfig& config = g.weights.config;
   // llm.c's V: the tokenizer's vocabulary when the run records its data directory, else the padded size.
