@@ -36,11 +36,9 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   if (auto it = ck.model_meta.find("castor.model"); it != ck.model_meta.end())
     CASTOR_CHECK(it->second.rfind("gpt", 0) == 0, path, ": a ", printable(it->second),
                  " checkpoint, not a GPT's");
-  // Reads castor.config's n_head, and names the file if that metadata is not JSON; so it parses below.
+  Json config = recorded_config(ck.model_meta, what);
   models::GPTWeights weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
-  Json config;
-  if (auto it = ck.model_meta.find("castor.config"); it != ck.model_meta.end()) config = Json::parse(it->second);
-  return {std::move(weights), config, what};
+  return {std::move(weights), std::move(config), what};
 }
 
 // The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data brown|brown-char.
