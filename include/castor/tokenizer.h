@@ -76,6 +76,9 @@ class Tokenizer {
   explicit Tokenizer(CharTokenizer chars);
   // Reads DIR/tokenizer.json (and for gpt2, DIR/encoder.json and DIR/vocab.bpe); errors name the file.
   static Tokenizer load(const std::string& dir);
+  // Only the vocab_size DIR/tokenizer.json records; castor::Error naming the file when it is not JSON or the size
+  // is not an integer in [1, 65536] (token files hold 16-bit ids).
+  static int64_t recorded_vocab_size(const std::string& dir);
 
   const std::string& kind() const { return kind_; }  // "gpt2" or "char"
   int64_t vocab_size() const;
