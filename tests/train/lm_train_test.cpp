@@ -3,9 +3,14 @@
 // weights nanoGPT's model loads strictly, and refuses mismatched models and data in one line.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
@@ -99,6 +104,43 @@ TEST_F(LmTrain, ResumeIsBitExact) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     test::expect_same_checkpoint(path(a), path(b));
   }
+}
+
+// The last step is checkpointed before the final evaluation, so a SIGKILL during that evaluation (long here: a
+// validation split of millions of tokens) loses nothing and `--resume` finishes the run with the report an
+// uninterrupted run writes. It used to checkpoint after the evaluation, losing every step since the last checkpoint.
+TEST_F(LmTrain, SigkillDuringTheFinalEvaluationLosesNothing) {
+  const std::vector<uint8_t> text = read_file(path("text.txt"));
+  {
+    std::ofstream big(path("big.txt"), std::ios::binary);
+    for (int i = 0; i < 60; ++i) big.write(reinterpret_cast<const char*>(text.data()), static_cast<std::streamsize>(text.size()));
+  }
+  ASSERT_EQ(castor({"tokenize", "--tokenizer", "char", "--input", "big.txt", "--out", "bigval", "--val-fraction",
+                    "0.95"}).exit_code,
+            0);
+  auto args = train_args("run", 20, {"--log-every", "1"});
+  std::replace(args.begin(), args.end(), std::string("tok"), std::string("bigval"));
+  CastorProcess p(args, in_dir);
+  const std::string last = path("run/checkpoints/step-0000000020/COMMIT");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!fs::exists(last) && std::chrono::steady_clock::now() < deadline && ::waitpid(p.pid(), nullptr, WNOHANG) == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  p.signal(SIGKILL);
+  p.wait();
+  ASSERT_EQ(p.killed_by, SIGKILL) << "finished before the kill: " << p.err;
+  ASSERT_TRUE(fs::exists(last)) << "the last step was not checkpointed before the final evaluation";
+  const std::vector<uint8_t> m = read_file(path("run/metrics.jsonl"));
+  ASSERT_EQ(std::string(m.begin(), m.end()).find("test_loss"), std::string::npos) << "the kill came after the evaluation";
+  EXPECT_FALSE(fs::exists(path("run/summary.json")));
+  CastorProcess r = castor({"train", "--resume", "run"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::replace(args.begin(), args.end(), std::string("run"), std::string("ref"));
+  CastorProcess ref = castor(args);
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  EXPECT_EQ(summary_of(r).at("val_loss").as_double(), summary_of(ref).at("val_loss").as_double());
+  EXPECT_EQ(summary_of(r).at("steps").as_int(), 20);
+  EXPECT_TRUE(fs::exists(path("run/report.html")) && fs::exists(path("run/summary.json")));
+  test::expect_same_checkpoint(path("run"), path("ref"));
 }
 
 // The checkpoint's model.safetensors loads strictly into nanoGPT's model (tests/oracle/gpt_oracle.py's twin), which
