@@ -19,6 +19,7 @@
 #include "castor/check.h"
 #include "castor/datasets.h"
 #include "castor/fs.h"
+#include "castor/json.h"
 
 namespace castor {
 namespace {
@@ -213,6 +214,9 @@ ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions&
     if (e.is_directory() && e.path().filename().string()[0] != '.') found.push_back(e.path().filename().string());
   std::sort(found.begin(), found.end());
   CASTOR_CHECK(!found.empty(), root, ": no class folders (expected ", root, "/<class>/*.png|jpg)");
+  for (const std::string& cls : found)  // class names are recorded in JSON (config.json, checkpoints): UTF-8 only
+    CASTOR_CHECK(is_valid_utf8(cls), root, "/", printable(cls), ": a class folder whose name is not valid UTF-8; "
+                 "rename it");
   ImageFolder f;
   f.classes = o.classes.empty() ? found : o.classes;
   CASTOR_CHECK(f.classes.size() <= 256, root, ": ", f.classes.size(), " classes; at most 256 are supported");

@@ -203,7 +203,7 @@ Checkpoint read_checkpoint(const std::string& path, std::string* used) {
   }
 }
 
-Json recorded_config(const Metadata& meta, const std::string& what) {
+Json castor_config(const Metadata& meta, const std::string& what) {
   const auto it = meta.find("castor.config");
   if (it == meta.end()) return Json();
   Json config;

@@ -216,7 +216,7 @@ GPTWeights gpt_weights_from_state_dict(StateDict state, int64_t n_head, const st
 GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metadata, int64_t n_head,
                                         const std::string& what) {
   int64_t recorded = 0;
-  const Json config = train::recorded_config(metadata, what);
+  const Json config = train::castor_config(metadata, what);
   if (const Json* v = config.is_object() ? config.find("n_head") : nullptr; v && v->is_int()) recorded = v->as_int();
   CASTOR_CHECK(n_head == 0 || recorded == 0 || n_head == recorded, what, ": records n_head ", recorded, ", but ",
                n_head, " was given");

@@ -36,7 +36,7 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   if (auto it = ck.model_meta.find("castor.model"); it != ck.model_meta.end())
     CASTOR_CHECK(it->second.rfind("gpt", 0) == 0, path, ": a ", printable(it->second),
                  " checkpoint, not a GPT's");
-  Json config = recorded_config(ck.model_meta, what);
+  Json config = castor_config(ck.model_meta, what);
   models::GPTWeights weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
   return {std::move(weights), std::move(config), what};
 }

@@ -22,6 +22,7 @@
 #include "castor/amp.h"
 #include "castor/autograd.h"
 #include "castor/checkpoint.h"
+#include "castor/corpus.h"
 #include "castor/data.h"
 #include "castor/ddp.h"
 #include "castor/dist.h"
@@ -240,14 +241,7 @@ class ImageTask : public Task {
 // a multiple of 64 above 1024 (GPT-2's 50,257 -> 50,304, as nanoGPT and llm.c). Returns (padded, real).
 std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& dir) {
   const std::string record = dir + "/tokenizer.json";
-  int64_t real = 0;
-  if (fs::exists(record)) {
-    const std::vector<uint8_t> bytes = read_file(record, /*max_bytes=*/1 << 20);
-    const Json parsed = Json::parse(std::string(bytes.begin(), bytes.end()));
-    const Json* v = parsed.find("vocab_size");
-    CASTOR_CHECK(v && v->is_int() && v->as_int() > 0, record, ": no positive vocab_size");
-    real = v->as_int();
-  }
+  const int64_t real = fs::exists(record) ? data::Tokenizer::recorded_vocab_size(dir) : 0;
   CASTOR_CHECK(real > 0 || c.vocab_size > 0, "--vocab-size: not given, and ", record,
                " (written by castor tokenize) is missing");
   const int64_t padded = c.vocab_size > 0 ? c.vocab_size : real > 1024 ? (real + 63) / 64 * 64 : real;
@@ -270,10 +264,19 @@ class LmTask : public Task {
     val_.emplace(dir_ + "/val.bin");
     std::tie(c.vocab_size, real_vocab_) = vocabulary(c, dir_);
     config_ = gpt_config(c, real_vocab_);
-    for (const data::TokenFile* f : {&*train_, &*val_})
-      for (uint16_t t : f->tokens().subspan(0, std::min<size_t>(f->tokens().size(), 1 << 20)))
-        CASTOR_CHECK(t < config_.vocab_size, f->path(), ": token ", t, " is outside the vocabulary of ",
-                     config_.vocab_size, " (--vocab-size)");
+    // Everything the data can get wrong is found here, before step 1: token files of another tokenize than the
+    // vocabulary, a split too short for one window, ids outside the vocabulary (all of them up to 2^31 tokens).
+    if (fs::exists(dir_ + "/tokenizer.json")) data::check_token_folder(dir_, *train_, *val_);
+    for (const data::TokenFile* f : {&*train_, &*val_}) {
+      CASTOR_CHECK(f->size() >= c.block_size + 1, f->path(), ": ", f->size(), " tokens, fewer than one window of "
+                   "--block-size ", c.block_size, " + 1 (give a smaller --block-size, or more text to castor tokenize)");
+      const std::span<const uint16_t> ids = f->tokens().subspan(0, std::min<size_t>(f->tokens().size(), size_t{1} << 31));
+      if (*std::max_element(ids.begin(), ids.end()) < real_vocab_) continue;
+      const auto bad = std::find_if(ids.begin(), ids.end(), [&](uint16_t t) { return t >= real_vocab_; });
+      throw Error(detail::cat(f->path(), ": token ", *bad, " at position ", bad - ids.begin(),
+                              " is outside the vocabulary of ", real_vocab_,
+                              fs::exists(dir_ + "/tokenizer.json") ? " (" + dir_ + "/tokenizer.json)" : " (--vocab-size)"));
+    }
     source_.emplace(*train_, data::LmBatchOptions{.batch_size = c.batch_size, .block_size = c.block_size,
                                                    .sequential = c.data_order == DataOrder::Sequential,
                                                    .seed = c.seed, .rank = rank, .num_ranks = world});
@@ -766,8 +769,9 @@ void check_extension(const TrainConfig& c, int64_t schedule_steps, int64_t total
                " and cannot run past it; start a new run (--init from the last checkpoint) to train longer");
   std::fprintf(stderr, "note: the %s schedule was set for %lld steps and keeps it; past step %lld %s\n", name(c.schedule),
               static_cast<long long>(schedule_steps), static_cast<long long>(schedule_steps),
-              c.schedule == Schedule::Cosine ? "its cosine continues, so the learning rate rises again from its minimum"
-                                     : "the learning rate keeps dropping 10x every third of that length");
+              c.schedule == Schedule::Cosine         ? "its cosine continues, so the learning rate rises again from its minimum"
+              : c.schedule == Schedule::WarmupCosine ? "the learning rate stays at --min-lr (nanoGPT's get_lr)"
+                                                     : "the learning rate keeps dropping 10x every third of that length");
 }
 
 // The training loop with its logging, checkpoints, divergence and interrupt checks.
@@ -1142,6 +1146,11 @@ Json run_train(TrainConfig c) {
     c.out = default_out(c);
     if (rank == 0) std::fprintf(stderr, "castor train: run directory %s\n", c.out.c_str());
   }
+  // config.json, metrics and checkpoints record these paths in JSON, which holds only UTF-8 text.
+  for (const auto& [flag, value] : {std::pair{"--out", c.out}, std::pair{"--data-dir", c.data_dir},
+                                    std::pair{"--init", c.init}, std::pair{"--resume", c.resume}})
+    CASTOR_CHECK(is_valid_utf8(value), flag, " ", printable(value), ": not valid UTF-8; a run records its paths in "
+                 "JSON, which holds only UTF-8 text: rename it");
   std::error_code ec;
   const bool continuing = resuming && fs::equivalent(run_dir, c.out, ec);
   // Rank 0 owns the run directory; the others wait until it has been set up, then read the same checkpoint.
@@ -1170,6 +1179,15 @@ Json run_train(TrainConfig c) {
                  name(c.data));
     CASTOR_CHECK(flag != "--synthetic-size" || c.data == Dataset::Synthetic, flag,
                  ": applies to --data synthetic only, not --data ", name(c.data));
+  }
+  if (const Json* was = resuming ? recorded.find("real_vocab_size") : nullptr; was && was->is_int()) {
+    // The data's vocabulary is still the one the run was trained with (not tokenized again since).
+    const std::string dir = data_dir(c);
+    if (fs::exists(dir + "/tokenizer.json")) {
+      const int64_t is = data::Tokenizer::recorded_vocab_size(dir);
+      CASTOR_CHECK(is == was->as_int(), dir, "/tokenizer.json: a vocabulary of ", is, " tokens, but ", resume_from,
+                   " was trained on one of ", was->as_int(), " (tokenized again since?)");
+    }
   }
   const std::unique_ptr<Task> task = make_task(c, rank, world, /*new_run=*/!resuming);
   const int64_t per_epoch = task->batches_per_epoch();
@@ -1272,10 +1290,9 @@ Json run_eval(const EvalConfig& e) {
     model_file = load_safetensors(e.path);
   }
   TrainConfig c;
-  auto it = model_file.metadata.find("castor.config");
+  const Json recorded = castor_config(model_file.metadata, e.path);
   std::vector<std::string> recorded_classes;
-  if (it != model_file.metadata.end()) {
-    const Json recorded = Json::parse(it->second);
+  if (!recorded.is_null()) {
     c = resume_config(TrainConfig{}, recorded, e.path);
     if (const Json* names = recorded.find("class_names"); names && names->is_array())
       for (const Json& n : names->as_array()) recorded_classes.push_back(n.is_string() ? n.as_string() : n.dump());
@@ -1335,9 +1352,8 @@ std::string info_summary(const std::string& path, const std::string& used, const
     if (dtypes.find(dtype_name(e.dtype)) == std::string::npos) dtypes += (dtypes.empty() ? "" : ", ") + std::string(dtype_name(e.dtype));
   }
   line("file", printable(used));
-  Json config = Json::Object{};
-  if (auto it = model.metadata.find("castor.config"); it != model.metadata.end()) config = Json::parse(it->second);
-  if (!config.is_object()) config = Json::Object{};
+  Json config = castor_config(model.metadata, used);
+  if (config.is_null()) config = Json::Object{};
   const std::string model_name = config.find("model") ? config.at("model").as_string() : "unknown (no castor metadata)";
   line("model", detail::cat(model_name, ", ", model.entries.size(), " tensors, ", values, " values (", dtypes, ")"));
   if (config.find("amp") && config.find("dtype")) {

@@ -128,12 +128,12 @@ TEST(Checkpoint, OldestFormatWithoutChecksumsIsRefused) {
 
 // A model file whose castor.config metadata is not a JSON object is named with the metadata key.
 TEST(Checkpoint, DamagedRecordedConfigNamesTheFile) {
-  test::expect_error([] { recorded_config({{"castor.config", "{\"model\": gpt"}}, "RUN/model.safetensors"); },
+  test::expect_error([] { castor_config({{"castor.config", "{\"model\": gpt"}}, "RUN/model.safetensors"); },
                      {"RUN/model.safetensors: metadata castor.config: "});
-  test::expect_error([] { recorded_config({{"castor.config", "[1]"}}, "m.safetensors"); },
+  test::expect_error([] { castor_config({{"castor.config", "[1]"}}, "m.safetensors"); },
                      {"m.safetensors: metadata castor.config: not a JSON object"});
-  EXPECT_TRUE(recorded_config({}, "m").is_null());
-  EXPECT_EQ(recorded_config({{"castor.config", "{\"n_head\": 2}"}}, "m").at("n_head").as_int(), 2);
+  EXPECT_TRUE(castor_config({}, "m").is_null());
+  EXPECT_EQ(castor_config({{"castor.config", "{\"n_head\": 2}"}}, "m").at("n_head").as_int(), 2);
 }
 
 // The last checkpoint written is the head: readers use it, and pruning keeps it and the newest before it, whatever

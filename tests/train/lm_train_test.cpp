@@ -19,6 +19,7 @@
 #include "castor/models.h"
 #include "castor/random.h"
 #include "castor/serialize.h"
+#include "castor/token_file.h"
 #include "io/file_test_util.h"
 #include "test_util.h"
 #include "train/run_test_util.h"
@@ -195,6 +196,81 @@ TEST_F(LmTrain, MismatchedModelAndDataAreOneLineErrors) {
     CastorProcess p = castor(args);
     EXPECT_EQ(p.exit_code, 1) << p.err;
     EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+  }
+}
+
+// What the data can get wrong is found before step 1, in one line naming the file or flag, with nothing trained or
+// written: a validation split of 0 tokens or shorter than one window, --block-size longer than a split, a token id
+// past the vocabulary far into a file (only the first 2^20 tokens used to be checked), token files of another
+// tokenize than tokenizer.json, and a resume on data tokenized again with another vocabulary.
+TEST_F(LmTrain, BadDataIsFoundBeforeTheFirstStep) {
+  auto folder = [&](const std::string& name, const std::vector<uint16_t>& train, const std::vector<uint16_t>& val) {
+    fs::create_directories(path(name));
+    data::write_token_file(path(name + "/train.bin"), train);
+    data::write_token_file(path(name + "/val.bin"), val);
+    atomic_write_file(path(name + "/tokenizer.json"),
+                      std::string_view("{\"tokenizer\": \"char\", \"vocab_size\": 5, \"chars\": \"abcde\"}"));
+  };
+  std::vector<uint16_t> ok(4000), far((size_t{1} << 20) + 100);
+  for (size_t i = 0; i < ok.size(); ++i) ok[i] = static_cast<uint16_t>(i % 5);
+  for (size_t i = 0; i < far.size(); ++i) far[i] = static_cast<uint16_t>(i % 5);
+  far[far.size() - 3] = 7;
+  folder("empty_val", ok, {});
+  folder("short_val", ok, std::vector<uint16_t>(16, 1));
+  folder("far_bad", far, ok);
+  auto train = [&](const std::string& dir, std::vector<std::string> extra = {}) {
+    auto args = train_args("run_" + dir, 5, std::move(extra));
+    std::replace(args.begin(), args.end(), std::string("tok"), dir);
+    return castor(args);
+  };
+  for (const auto& [dir, want] : std::vector<std::pair<std::string, std::string>>{
+           {"empty_val", "empty_val/val.bin: 0 tokens, fewer than one window of --block-size 16 + 1"},
+           {"short_val", "short_val/val.bin: 16 tokens, fewer than one window of --block-size 16 + 1"},
+           {"far_bad", "far_bad/train.bin: token 7 at position 1048673 is outside the vocabulary of 5"}}) {
+    CastorProcess p = train(dir);
+    EXPECT_EQ(p.exit_code, 1) << dir;
+    EXPECT_NE(p.err.find(want), std::string::npos) << p.err;
+    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+    EXPECT_FALSE(latest_checkpoint(path("run_" + dir))) << dir;
+  }
+  CastorProcess p = train("tok", {"--block-size", "9000"});  // longer than the validation split (~6,000 tokens)
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_NE(p.err.find("tok/val.bin: "), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("fewer than one window of --block-size 9000 + 1"), std::string::npos) << p.err;
+  // Token files of another tokenize than the vocabulary beside them.
+  fs::copy(path("tok"), path("mixed"), fs::copy_options::recursive);
+  fs::copy_file(path("empty_val/train.bin"), path("mixed/train.bin"), fs::copy_options::overwrite_existing);
+  p = train("mixed");
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_NE(p.err.find("mixed/train.bin: 4000 tokens, but"), std::string::npos) << p.err;
+  // A resume on data tokenized again with another vocabulary.
+  ASSERT_EQ(castor(train_args("run", 5)).exit_code, 0);
+  {
+    std::ofstream more(path("text.txt"), std::ios::app);
+    more << "Zebras! Quick?\n";
+  }
+  ASSERT_EQ(castor({"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok"}).exit_code, 0);
+  p = castor({"train", "--resume", "run", "--steps", "10"});
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_NE(p.err.find("tok/tokenizer.json: a vocabulary of 29 tokens, but run/checkpoints/step-0000000005 was trained "
+                       "on one of 24"), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("tokenized again since?"), std::string::npos) << p.err;
+}
+
+// Paths that are not valid UTF-8 cannot be recorded in config.json: refused up front naming the flag (a run used to
+// train every step and then fail writing its summary, never to be resumed).
+TEST_F(LmTrain, PathsThatAreNotUtf8AreRefusedUpFront) {
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--out", "run\xff"}, {"--data-dir", "tok\xfe"}}) {
+    auto args = train_args("run", 5);
+    if (flag == "--out") args.back() = value;
+    else std::replace(args.begin(), args.end(), std::string("tok"), value);
+    CastorProcess p = castor(args);
+    EXPECT_EQ(p.exit_code, 1) << flag;
+    EXPECT_NE(p.err.find("castor train: error: " + flag + " "), std::string::npos) << p.err;
+    EXPECT_NE(p.err.find("\\xf"), std::string::npos) << p.err;
+    EXPECT_NE(p.err.find("not valid UTF-8"), std::string::npos) << p.err;
+    EXPECT_FALSE(fs::exists(path("run\xff")));
   }
 }
 

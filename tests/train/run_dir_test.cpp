@@ -303,6 +303,27 @@ TEST_F(RunDir, ExtendingAScheduleSaysWhatHappensPastItsEnd) {
   EXPECT_NE(p.err.find("the cosine schedule was set for 4 steps"), std::string::npos) << p.err;
   ASSERT_EQ(castor(train_args("one", 4, {"--schedule", "onecycle"})).exit_code, 0);
   expect_one_line_error(castor({"train", "--resume", "one", "--steps", "6"}), {"onecycle", "step 4"});
+  // Warmup-cosine does what nanoGPT's get_lr does past lr_decay_iters: min_lr, held; the note says so (it used to
+  // say the rate keeps dropping 10x every third of the length, the step schedule's behaviour).
+  ASSERT_EQ(castor(train_args("wc", 4, {"--schedule", "warmup-cosine", "--warmup-steps", "1", "--lr", "0.01",
+                                        "--min-lr", "0.002"}))
+                .exit_code,
+            0);
+  p = castor({"train", "--resume", "wc", "--steps", "7"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.err.find("the warmup-cosine schedule was set for 4 steps and keeps it; past step 4 the learning rate "
+                       "stays at --min-lr"),
+            std::string::npos)
+      << p.err;
+  int held = 0;
+  for (const std::string& line : lines_of(path("wc/metrics.jsonl"))) {
+    const Json r = Json::parse(line);
+    const Json* lr = r.find("lr");
+    if (!lr || r.at("step").as_int() < 4) continue;
+    EXPECT_DOUBLE_EQ(lr->as_double(), 0.002) << line;  // set after step s: the rate of step s + 1
+    ++held;
+  }
+  EXPECT_EQ(held, 4);  // steps 4..7
 }
 
 TEST_F(RunDir, DamagedCheckpointsAreDetectedAndResumeFallsBack) {
