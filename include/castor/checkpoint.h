@@ -38,7 +38,7 @@ Checkpoint read_checkpoint(const std::string& path, std::string* used = nullptr)
 
 // The run settings a model file's castor.config metadata records: a JSON object, or null when there is none.
 // castor::Error naming `what` (the file) when the metadata is not a JSON object.
-Json recorded_config(const Metadata& meta, const std::string& what);
+Json castor_config(const Metadata& meta, const std::string& what);
 
 // Removes the temp folders killed runs left under `run_dir`/checkpoints (call only while owning the run).
 void remove_stale_temps(const std::string& run_dir);
