@@ -157,6 +157,16 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
     if (fs::is_symlink(c.out + "/" + f, ec)) links += (links.empty() ? "" : ", ") + f;
   CASTOR_CHECK(links.empty(), "--out ", c.out, ": symbolic links where a run writes its files (", links,
                "); a run directory's own files must not be links (remove them)");
+  // Nor anything but regular files: a FIFO, device or folder named report.html would fail the run at its end (and
+  // --overwrite must not delete a folder).
+  for (const std::string& f : own) {
+    if (f == "checkpoints") continue;
+    try {
+      check_replaceable(c.out + "/" + f);
+    } catch (const Error& e) {
+      throw Error(detail::cat("--out ", c.out, ": ", e.what(), " (where a run writes its ", f, ")"));
+    }
+  }
   const bool castor_dir = fs::exists(c.out + "/.castor.lock", ec);
   auto lock = std::make_unique<FileLock>(c.out + "/.castor.lock");
   const std::string checkpoints = c.out + "/checkpoints";

@@ -450,6 +450,28 @@ TEST_F(RunDir, SymlinksInARunDirectoryAreRefusedAndNeverFollowed) {
   EXPECT_EQ(text_of(path("victim")), "keep");
 }
 
+// Nor a FIFO or a folder where a run writes a file (report.html, summary.json, checkpoints/HEAD): refused before the
+// first step naming it, also with --overwrite (which would have deleted the folder); an empty --out names the flag.
+TEST_F(RunDir, OnlyRegularFilesWhereARunWritesItsFiles) {
+  fs::create_directories(path("run1/report.html"));
+  test::write_bytes(path("run1/report.html/keep"), {'k'});
+  fs::create_directories(path("run2"));
+  ASSERT_EQ(::mkfifo(path("run2/summary.json").c_str(), 0644), 0);
+  fs::create_directories(path("run3/checkpoints/HEAD"));
+  for (const auto& [run, want] : std::vector<std::pair<std::string, std::string>>{
+           {"run1", "report.html: is a directory"}, {"run2", "summary.json: is a FIFO"},
+           {"run3", "checkpoints/HEAD: is a directory"}}) {
+    for (const bool overwrite : {false, true}) {
+      CastorProcess p = castor(train_args(run, 2, overwrite ? std::vector<std::string>{"--overwrite"}
+                                                            : std::vector<std::string>{}));
+      expect_one_line_error(p, {"--out " + run, want, "only a regular file or a missing path"});
+    }
+  }
+  EXPECT_TRUE(fs::exists(path("run1/report.html/keep")));
+  EXPECT_EQ(fs::symlink_status(path("run2/summary.json")).type(), fs::file_type::fifo);
+  expect_one_line_error(castor(train_args("", 2)), {"--out: empty"});
+}
+
 TEST_F(RunDir, ForeignFilesAreRefusedUnlessOverwrite) {
   fs::create_directories(path("mine"));
   for (const char* f : {"config.json", "report.html", "metrics.csv", "summary.json"})
