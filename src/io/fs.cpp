@@ -122,7 +122,8 @@ void check_replaceable(const std::string& path) {
   CASTOR_CHECK(!path.empty(), "an empty path names no file to write");
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {
-    CASTOR_CHECK(errno == ENOENT, path, ": cannot stat: ", errno_text());
+    // Missing, or under something that is not a directory: nothing there to replace (writing will say why not).
+    CASTOR_CHECK(errno == ENOENT || errno == ENOTDIR, path, ": cannot stat: ", errno_text());
     return;
   }
   CASTOR_CHECK(S_ISREG(st.st_mode), path, ": is ", kind_of(st.st_mode),
