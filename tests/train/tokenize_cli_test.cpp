@@ -4,15 +4,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "castor/corpus.h"
 
 #include "castor/fs.h"
+#include "castor/random.h"
 #include "castor/token_file.h"
 #include "castor/tokenizer.h"
 #include "castor/train_config.h"
 #include "io/file_test_util.h"
+#include "train/run_test_util.h"
 
 namespace castor::train {
 namespace {
@@ -150,6 +154,47 @@ TEST(TokenizeCli, AFailedTokenizeLeavesThePreviousFolderWhole) {
   const data::TokenFile train(dir.file("tok/train.bin")), val(dir.file("tok/val.bin"));
   EXPECT_EQ(t.decode(train.tokens()) + t.decode(val.tokens()), second);
   data::check_token_folder(dir.file("tok"), train, val);
+}
+
+// SIGKILL at random moments of a tokenize over a folder leaves a whole folder every time: the old one or the new
+// one, token files and vocabulary together (check_token_folder passes and the text decodes to one of the inputs),
+// and the next tokenize cleans up after it.
+TEST(TokenizeCli, SigkillAtAnyMomentLeavesAWholeFolder) {
+  test::ScratchDir dir;
+  std::string texts[2];
+  Generator gen(11);
+  for (int i = 0; i < 1500000; ++i) {
+    texts[0] += "abcdefgh \n"[gen.next_u64() % 10];
+    texts[1] += "ABCDEFGHIJ.,\n"[gen.next_u64() % 13];
+  }
+  write_text(dir.file("a.txt"), texts[0]);
+  write_text(dir.file("b.txt"), texts[1]);
+  const std::string bin = std::string(CASTOR_BINARY_DIR) + "/castor";
+  auto args = [&](int which) {
+    return std::vector<std::string>{"tokenize", "--tokenizer", "char", "--input",
+                                    dir.file(which ? "b.txt" : "a.txt"), "--out", dir.file("tok")};
+  };
+  ASSERT_EQ(test::run_castor(args(0), {.dir = dir.path().string()}).exit_code, 0);
+  // The time one tokenize takes here, to spread the kills over it.
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(test::run_castor(args(1), {.dir = dir.path().string()}).exit_code, 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int killed = 0;
+  for (int round = 0; round < 10; ++round) {
+    test::CastorProcess p(args(round % 2), {.dir = dir.path().string()});
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds * (gen.next_u64() % 1000) / 1000.0));
+    p.signal(SIGKILL);
+    p.wait();
+    killed += p.killed_by == SIGKILL;
+    const data::Tokenizer t = data::Tokenizer::load(dir.file("tok"));
+    const data::TokenFile train(dir.file("tok/train.bin")), val(dir.file("tok/val.bin"));
+    data::check_token_folder(dir.file("tok"), train, val);
+    const std::string text = t.decode(train.tokens()) + t.decode(val.tokens());
+    EXPECT_TRUE(text == texts[0] || text == texts[1]) << "round " << round;
+  }
+  EXPECT_GT(killed, 3) << "too few kills landed while tokenize ran";
+  ASSERT_EQ(test::run_castor(args(0), {.dir = dir.path().string()}).exit_code, 0);
+  EXPECT_EQ(entries_starting(dir.path().string(), ".tok."), std::vector<std::string>{});
 }
 
 // Readers check that the token files and the vocabulary come from the same tokenize: a train.bin of another run
