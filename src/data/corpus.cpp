@@ -296,7 +296,7 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   }
   switch_folder(fresh, out, keep);
   Json summary = record;
-  summary["out"] = opt.out;
+  summary["out"] = printable(opt.out);  // a report line: any path, non-UTF-8 bytes as \xNN
   summary["tokenize_seconds"] = seconds;
   summary["mb_per_s"] = static_cast<double>(text_bytes) / 1e6 / seconds;
   return summary;

@@ -175,9 +175,9 @@ Json run_export(const ExportConfig& c) {
   models::write_llmc_checkpoint(c.out, g.weights);
   uint64_t bytes = 0;
   read_file_range(c.out, 0, 0, bytes);
-  return Json::Object{{"out", c.out},
+  return Json::Object{{"out", printable(c.out)},  // a report line: any path, non-UTF-8 bytes as \xNN
                       {"format", "llmc"},
-                      {"from", g.what},
+                      {"from", printable(g.what)},
                       {"n_layer", config.n_layer},
                       {"n_head", config.n_head},
                       {"n_embd", config.n_embd},

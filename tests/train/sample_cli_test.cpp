@@ -247,6 +247,11 @@ TEST(SampleCli, ExportReplacesNothingButARegularFile) {
   auto p = castor(f, {"export", "--llmc", "--checkpoint", f.run, "--out", ""});
   EXPECT_EQ(p.exit_code, 1);
   EXPECT_NE(p.err.find("--out: empty"), std::string::npos) << p.err;
+  // Any regular path is written, also one that is not UTF-8 (the summary line shows its bytes as \xNN).
+  p = castor(f, {"export", "--llmc", "--checkpoint", f.run, "--out", "out\xff.bin"});
+  EXPECT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.out.find("\"out\":\"out\\\\xff.bin\""), std::string::npos) << p.out;
+  EXPECT_TRUE(fs::is_regular_file(f.dir + "/out\xff.bin"));
 }
 
 TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {

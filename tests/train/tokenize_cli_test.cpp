@@ -260,6 +260,13 @@ TEST(TokenizeCli, OutMustBeATokenFolderAndTheInputLargeEnoughForASplit) {
   EXPECT_EQ(entries_starting(dir.file("real"), ""),
             (std::vector<std::string>{"notes.txt", "tokenizer.json", "train.bin", "val.bin"}));
   EXPECT_EQ(read_file(dir.file("real/notes.txt")).size(), 4u);
+  // Any folder name is written, also one that is not UTF-8 (the summary line shows its bytes as \xNN).
+  const auto odd = test::run_castor({"tokenize", "--tokenizer", "char", "--input", dir.file("a.txt"), "--out",
+                                     "tok\xfe"},
+                                    {.dir = dir.path().string()});
+  EXPECT_EQ(odd.exit_code, 0) << odd.err;
+  EXPECT_NE(odd.out.find("\"out\":\"tok\\\\xfe\""), std::string::npos) << odd.out;
+  EXPECT_TRUE(file_exists(dir.file("tok\xfe/train.bin")));
   // Too small for a validation split.
   write_text(dir.file("tiny.txt"), "abc");
   write_text(dir.file("tiny2.txt"), "def");
