@@ -254,6 +254,24 @@ TEST(SampleCli, ExportReplacesNothingButARegularFile) {
   EXPECT_TRUE(fs::is_regular_file(f.dir + "/out\xff.bin"));
 }
 
+// A checkpoint whose castor.config metadata is damaged JSON (its checksums intact: written so) is named by sample,
+// export, eval and info in one line, instead of "invalid JSON at offset N".
+TEST(SampleCli, DamagedRecordedConfigNamesTheFile) {
+  Fixture f("sample_cli_damaged_config");
+  const std::string run = f.dir + "/damaged";
+  train::write_checkpoint(run, 1,
+                          {f.model->state_dict(), {{"format", "pt"}, {"castor.config", "{\"model\": gpt"}}, {}, {}}, 2);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"sample", "--checkpoint", run, "--tokenizer-dir", f.tok},
+        std::vector<std::string>{"export", "--llmc", "--checkpoint", run, "--out", "x.bin"},
+        std::vector<std::string>{"eval", "--checkpoint", run}, std::vector<std::string>{"info", run}}) {
+    auto p = castor(f, args);
+    EXPECT_EQ(p.exit_code, 1) << args[0] << ": " << p.err;
+    EXPECT_NE(p.err.find("/model.safetensors: metadata castor.config: "), std::string::npos) << args[0] << ": " << p.err;
+    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+  }
+}
+
 TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {
   Fixture f("sample_cli_bad");
   save_safetensors(f.dir + "/plain.safetensors", f.model->state_dict());
