@@ -93,6 +93,10 @@ class Tokenizer {
   std::shared_ptr<CharTokenizer> chars_;
 };
 
+// DIR/tokenizer.json parsed (a JSON object whose vocab_size is an integer in [1, 65536]); castor::Error naming the
+// file otherwise.
+Json read_tokenizer_record(const std::string& dir);
+
 // UTF-8 to code points; castor::Error naming `what` and the byte offset on invalid UTF-8.
 std::u32string decode_utf8(std::string_view text, const std::string& what);
 void append_utf8(char32_t cp, std::string& out);

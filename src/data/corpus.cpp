@@ -52,9 +52,9 @@ std::vector<std::string> foreign_entries(const fs::path& dir) {
 }
 
 // The sibling folders a tokenize into `out` works in: .NAME.new-PID (being written) and .NAME.old-PID (the folder
-// it replaced, until removed). `pid` 0: the prefix shared by every process's.
+// it replaced, until removed).
 fs::path work_folder(const fs::path& out, const char* what, long pid) {
-  return out.parent_path() / detail::cat(".", out.filename().string(), ".", what, "-", pid == 0 ? "" : std::to_string(pid));
+  return out.parent_path() / detail::cat(".", out.filename().string(), ".", what, "-", pid);
 }
 
 // What killed tokenize runs left beside `out`: a new folder is removed; an old one is put back when `out` is
@@ -259,9 +259,11 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CASTOR_CHECK(!train.empty(), opt.out, ": the split leaves no training tokens");
   CASTOR_CHECK(!val.empty(), "the input is too small for a validation split: ", by_document
-               ? detail::cat(docs.size(), " documents, and --val-every ", opt.val_every, " takes none of them")
-               : detail::cat(train.size(), " tokens, and --val-fraction ", opt.val_fraction, " of them is none"),
-               "; give more text or a larger --val-fraction (a run needs validation tokens)");
+               ? detail::cat(docs.size(), " documents, and --val-every ", opt.val_every, " takes none of them; give "
+                             "more documents or a smaller --val-every")
+               : detail::cat(train.size(), " tokens, and --val-fraction ", opt.val_fraction, " of them is none; give "
+                             "more text or a larger --val-fraction"),
+               " (a run needs validation tokens)");
   // Written whole into a sibling folder, then switched with --out in one step: a failed or killed tokenize leaves
   // the previous folder as it was, never new token files beside an old vocabulary.
   std::error_code ec;
@@ -304,13 +306,7 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
 
 void check_token_folder(const std::string& dir, const TokenFile& train, const TokenFile& val) {
   const std::string record_path = dir + "/tokenizer.json";
-  const std::vector<uint8_t> bytes = read_file(record_path, /*max_bytes=*/1 << 20);
-  Json record;
-  try {
-    record = Json::parse(as_text(bytes));
-  } catch (const Error& e) {
-    throw Error(detail::cat(record_path, ": ", e.what()));
-  }
+  const Json record = read_tokenizer_record(dir);
   const bool hash = train.size() + val.size() <= (int64_t{1} << 29);
   for (const auto& [file, name] : {std::pair{&train, "train"}, std::pair{&val, "val"}}) {
     const Json* count = record.find(detail::cat(name, "_tokens"));

@@ -87,10 +87,7 @@ std::string CharTokenizer::chars_utf8() const {
 Tokenizer::Tokenizer(Gpt2Tokenizer gpt2) : kind_("gpt2"), gpt2_(std::make_shared<Gpt2Tokenizer>(std::move(gpt2))) {}
 Tokenizer::Tokenizer(CharTokenizer chars) : kind_("char"), chars_(std::make_shared<CharTokenizer>(std::move(chars))) {}
 
-namespace {
-
-// DIR/tokenizer.json parsed, with its vocab_size checked: errors name the file.
-Json read_record(const std::string& dir) {
+Json read_tokenizer_record(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
   const std::vector<uint8_t> bytes = read_file(path, /*max_bytes=*/16 << 20);
   Json rec;
@@ -106,13 +103,13 @@ Json read_record(const std::string& dir) {
   return rec;
 }
 
-}  // namespace
-
-int64_t Tokenizer::recorded_vocab_size(const std::string& dir) { return read_record(dir).at("vocab_size").as_int(); }
+int64_t Tokenizer::recorded_vocab_size(const std::string& dir) {
+  return read_tokenizer_record(dir).at("vocab_size").as_int();
+}
 
 Tokenizer Tokenizer::load(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
-  const Json rec = read_record(dir);
+  const Json rec = read_tokenizer_record(dir);
   try {
     const std::string& kind = rec.at("tokenizer").as_string();
     const int64_t vocab = rec.at("vocab_size").as_int();
