@@ -32,8 +32,8 @@ bool is_checkpoint_dir(const std::string& path);
 
 // Reads a checkpoint directory, verifying the checksums its COMMIT marker records; castor::Error naming the file
 // on anything missing, damaged or corrupt. A marker recording no checksums (builds before 2026-11-24) is refused:
-// damage to such a checkpoint could not be detected. Given a run directory, reads its newest intact checkpoint, warning on
-// stderr about each newer damaged one it passes over. `used`, when given, receives the checkpoint's path.
+// damage to such a checkpoint could not be detected. Given a run directory, reads its newest intact checkpoint,
+// warning on stderr about each newer damaged one it passes over. `used`, when given, receives the checkpoint's path.
 Checkpoint read_checkpoint(const std::string& path, std::string* used = nullptr);
 
 // The run settings a model file's castor.config metadata records: a JSON object, or null when there is none.

@@ -42,9 +42,10 @@ struct TokenizeOptions {
 // written to a sibling folder .NAME.new-PID switched with opt.out in one step (renameat2 RENAME_EXCHANGE), so a
 // failed or killed tokenize leaves the previous folder whole; leftovers of killed runs are cleaned up by the next.
 // Refused before any work: an opt.out that is a symbolic link or not a directory, or that holds files other than a
-// token folder's (without opt.overwrite, which keeps them), and after tokenizing an empty validation split. In the token stream, gpt2
-// puts <|endoftext|> (50256) before every document (llm.c's convention); char joins documents with "\n\n" and takes
-// its vocabulary from all of the text, train and val. Returns the record written to tokenizer.json.
+// token folder's (without opt.overwrite, which keeps them), and after tokenizing an empty validation split. In the
+// token stream, gpt2 puts <|endoftext|> (50256) before every document (llm.c's convention); char joins documents
+// with "\n\n" and takes its vocabulary from all of the text, train and val. Returns the record written to
+// tokenizer.json.
 Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions& opt);
 // Checks that DIR/train.bin and DIR/val.bin (opened as `train` and `val`) are the files DIR/tokenizer.json was
 // written with: its recorded token counts, and its checksums when the two files hold at most 2^29 tokens together

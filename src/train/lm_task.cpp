@@ -55,13 +55,15 @@ class LmTask : public Task {
     if (fs::exists(dir_ + "/tokenizer.json")) data::check_token_folder(dir_, *train_, *val_);
     for (const data::TokenFile* f : {&*train_, &*val_}) {
       CASTOR_CHECK(f->size() >= c.block_size + 1, f->path(), ": ", f->size(), " tokens, fewer than one window of "
-                   "--block-size ", c.block_size, " + 1 (give a smaller --block-size, or more text to castor tokenize)");
-      const std::span<const uint16_t> ids = f->tokens().subspan(0, std::min<size_t>(f->tokens().size(), size_t{1} << 31));
+                   "--block-size ", c.block_size, " + 1 (give a smaller --block-size, or more text to castor "
+                   "tokenize)");
+      const std::span<const uint16_t> ids = f->tokens().first(std::min<size_t>(f->tokens().size(), size_t{1} << 31));
       if (*std::max_element(ids.begin(), ids.end()) < real_vocab_) continue;
       const auto bad = std::find_if(ids.begin(), ids.end(), [&](uint16_t t) { return t >= real_vocab_; });
+      const bool recorded = fs::exists(dir_ + "/tokenizer.json");
       throw Error(detail::cat(f->path(), ": token ", *bad, " at position ", bad - ids.begin(),
                               " is outside the vocabulary of ", real_vocab_,
-                              fs::exists(dir_ + "/tokenizer.json") ? " (" + dir_ + "/tokenizer.json)" : " (--vocab-size)"));
+                              recorded ? " (" + dir_ + "/tokenizer.json)" : " (--vocab-size)"));
     }
     source_.emplace(*train_, data::LmBatchOptions{.batch_size = c.batch_size, .block_size = c.block_size,
                                                    .sequential = c.data_order == DataOrder::Sequential,

@@ -38,7 +38,8 @@ struct OpenRun {
 // Resolves --resume and --out, takes the run directory (rank 0; the other ranks wait until it is set up), and for a
 // resumed run reads the checkpoint and turns `c` into the recorded config with the flags a resume may change.
 OpenRun open_run(TrainConfig& c, int rank, int world) {
-  CASTOR_CHECK(!c.given("--out") || !c.out.empty(), "--out: empty (the run directory; leave the flag out for runs/DATE-...)");
+  CASTOR_CHECK(!c.given("--out") || !c.out.empty(),
+               "--out: empty (the run directory; leave the flag out for runs/DATE-...)");
   OpenRun r;
   std::string run_dir;
   if (!c.resume.empty()) {

@@ -171,7 +171,8 @@ TEST(ImageFolder, ClassesSortedFilesDecodedBadOnesNamedOrSkipped) {
   // A class folder named in bytes that are not UTF-8 cannot be recorded (config.json): refused naming it.
   fs::create_directories(root + "/bad\xff");
   test::write_png(root + "/bad\xff/p.png", pattern(4, 4, 3), 4, 4, 3);
-  EXPECT_NE(error_of([&] { load_image_folder(root, {.image_size = 4}); }).find("bad\\xff: a class folder whose name is not valid UTF-8"),
+  EXPECT_NE(error_of([&] { load_image_folder(root, {.image_size = 4}); })
+                .find("bad\\xff: a class folder whose name is not valid UTF-8"),
             std::string::npos);
   fs::remove_all(root + "/bad\xff");
   // The val/ folder of a training set with other classes is refused by name.

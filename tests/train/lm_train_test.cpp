@@ -114,7 +114,8 @@ TEST_F(LmTrain, SigkillDuringTheFinalEvaluationLosesNothing) {
   const std::vector<uint8_t> text = read_file(path("text.txt"));
   {
     std::ofstream big(path("big.txt"), std::ios::binary);
-    for (int i = 0; i < 60; ++i) big.write(reinterpret_cast<const char*>(text.data()), static_cast<std::streamsize>(text.size()));
+    for (int i = 0; i < 60; ++i)
+      big.write(reinterpret_cast<const char*>(text.data()), static_cast<std::streamsize>(text.size()));
   }
   ASSERT_EQ(castor({"tokenize", "--tokenizer", "char", "--input", "big.txt", "--out", "bigval", "--val-fraction",
                     "0.95"}).exit_code,
@@ -131,7 +132,8 @@ TEST_F(LmTrain, SigkillDuringTheFinalEvaluationLosesNothing) {
   ASSERT_EQ(p.killed_by, SIGKILL) << "finished before the kill: " << p.err;
   ASSERT_TRUE(fs::exists(last)) << "the last step was not checkpointed before the final evaluation";
   const std::vector<uint8_t> m = read_file(path("run/metrics.jsonl"));
-  ASSERT_EQ(std::string(m.begin(), m.end()).find("test_loss"), std::string::npos) << "the kill came after the evaluation";
+  ASSERT_EQ(std::string(m.begin(), m.end()).find("test_loss"), std::string::npos)
+      << "the kill came after the evaluation";
   EXPECT_FALSE(fs::exists(path("run/summary.json")));
   CastorProcess r = castor({"train", "--resume", "run"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

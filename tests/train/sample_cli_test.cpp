@@ -267,7 +267,8 @@ TEST(SampleCli, DamagedRecordedConfigNamesTheFile) {
         std::vector<std::string>{"eval", "--checkpoint", run}, std::vector<std::string>{"info", run}}) {
     auto p = castor(f, args);
     EXPECT_EQ(p.exit_code, 1) << args[0] << ": " << p.err;
-    EXPECT_NE(p.err.find("/model.safetensors: metadata castor.config: "), std::string::npos) << args[0] << ": " << p.err;
+    EXPECT_NE(p.err.find("/model.safetensors: metadata castor.config: "), std::string::npos)
+        << args[0] << ": " << p.err;
     EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
   }
 }
