@@ -1,5 +1,6 @@
 // Ready-made image classifiers (SimpleCNN, CIFAR ResNet-18, DAWNBench ResNet-9) with PyTorch's state-dict names.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -165,14 +166,23 @@ enum class Window {
             // a block; past the block, a cached step a token and one rebuild every block_size / 2 tokens)
 };
 
+// Sampling temperatures in (0, kMinTemperature) are taken as 0 (greedy), their limit: dividing logits by a
+// temperature that small (a subnormal such as 1e-310) would overflow to infinity.
+inline constexpr double kMinTemperature = 1e-4;
+
 // nanoGPT's generate: returns `prompt` followed by `max_new_tokens` tokens, each drawn from the last position's logits
 // over the real vocabulary (ids >= real_vocab_size, the padding, are never drawn) divided by `temperature`,
 // restricted to the `top_k` largest (0: all; ties with the k-th kept), from a generator seeded with `seed`;
-// temperature 0 takes the argmax (the lowest id among equal maxima). A prompt longer than block_size is cut to its
-// last block_size tokens, as nanoGPT does. While the text fits the block, each new token is one cached position
-// (forward_cached); past it, `window` says what the model sees.
+// temperature 0 (or below kMinTemperature) takes the argmax (the lowest id among equal maxima). A prompt longer than
+// block_size is cut to its last block_size tokens, as nanoGPT does. While the text fits the block, each new token is
+// one cached position (forward_cached); past it, `window` says what the model sees. castor::Error when the logits
+// are not finite (NaN or infinite weights) or an argument is out of range: every id drawn is in [0, real_vocab_size).
 std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens,
                               double temperature = 1.0, int64_t top_k = 0, uint64_t seed = 0,
                               Window window = Window::Sliding);
+// The same tokens, each passed to `emit` as it is drawn (the prompt is not): memory stays bounded by the block size
+// however many tokens are made, so a caller can stream them.
+void generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
+              uint64_t seed, Window window, const std::function<void(int64_t)>& emit);
 
 }  // namespace castor::models

@@ -32,9 +32,9 @@ std::string info_summary(const std::string& path, const std::string& used, const
     if (dtypes.find(dtype_name(e.dtype)) == std::string::npos) dtypes += (dtypes.empty() ? "" : ", ") + std::string(dtype_name(e.dtype));
   }
   line("file", printable(used));
-  Json config = Json::Object{};
-  if (auto it = model.metadata.find("castor.config"); it != model.metadata.end()) config = Json::parse(it->second);
-  if (!config.is_object()) config = Json::Object{};
+  // (of a checkpoint directory, its model file is the one named)
+  Json config = castor_config(model.metadata, fs::is_directory(used) ? used + "/model.safetensors" : used);
+  if (config.is_null()) config = Json::Object{};
   const std::string model_name = config.find("model") ? config.at("model").as_string() : "unknown (no castor metadata)";
   line("model", detail::cat(model_name, ", ", model.entries.size(), " tensors, ", values, " values (", dtypes, ")"));
   if (config.find("amp") && config.find("dtype")) {

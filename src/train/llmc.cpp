@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "castor/autograd.h"
+#include "castor/checkpoint.h"
 #include "castor/fs.h"
 #include "castor/json.h"
 
@@ -260,15 +261,8 @@ GPTWeights gpt_weights_from_state_dict(StateDict state, int64_t n_head, const st
 GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metadata, int64_t n_head,
                                         const std::string& what) {
   int64_t recorded = 0;
-  if (auto it = metadata.find("castor.config"); it != metadata.end()) {
-    Json config;
-    try {
-      config = Json::parse(it->second);
-    } catch (const Error& e) {
-      throw Error(detail::cat(what, ": metadata castor.config: ", e.what()));
-    }
-    if (const Json* v = config.is_object() ? config.find("n_head") : nullptr; v && v->is_int()) recorded = v->as_int();
-  }
+  const Json config = train::castor_config(metadata, what);
+  if (const Json* v = config.is_object() ? config.find("n_head") : nullptr; v && v->is_int()) recorded = v->as_int();
   CASTOR_CHECK(n_head == 0 || recorded == 0 || n_head == recorded, what, ": records n_head ", recorded, ", but ",
                n_head, " was given");
   return gpt_weights_from_state_dict(std::move(tensors), recorded > 0 ? recorded : n_head, what);

@@ -8,12 +8,14 @@
 #include <filesystem>
 #include <tuple>
 
+#include "castor/corpus.h"
 #include "castor/dist.h"
 #include "castor/fs.h"
 #include "castor/llmc.h"
 #include "castor/lm_batch.h"
 #include "castor/models.h"
 #include "castor/token_file.h"
+#include "castor/tokenizer.h"
 #include "castor/trainer.h"
 #include "train/task.h"
 
@@ -27,14 +29,7 @@ namespace {
 // a multiple of 64 above 1024 (GPT-2's 50,257 -> 50,304, as nanoGPT and llm.c). Returns (padded, real).
 std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& dir) {
   const std::string record = dir + "/tokenizer.json";
-  int64_t real = 0;
-  if (fs::exists(record)) {
-    const std::vector<uint8_t> bytes = read_file(record, /*max_bytes=*/1 << 20);
-    const Json parsed = Json::parse(std::string(bytes.begin(), bytes.end()));
-    const Json* v = parsed.find("vocab_size");
-    CASTOR_CHECK(v && v->is_int() && v->as_int() > 0, record, ": no positive vocab_size");
-    real = v->as_int();
-  }
+  const int64_t real = fs::exists(record) ? data::Tokenizer::recorded_vocab_size(dir) : 0;
   CASTOR_CHECK(real > 0 || c.vocab_size > 0, "--vocab-size: not given, and ", record,
                " (written by castor tokenize) is missing");
   const int64_t padded = c.vocab_size > 0 ? c.vocab_size : real > 1024 ? (real + 63) / 64 * 64 : real;
@@ -58,10 +53,21 @@ class LmTask : public Task {
     val_.emplace(dir_ + "/val.bin");
     std::tie(c.vocab_size, real_vocab_) = vocabulary(c, dir_);
     config_ = gpt_config(c, real_vocab_);
-    for (const data::TokenFile* f : {&*train_, &*val_})
-      for (uint16_t t : f->tokens().subspan(0, std::min<size_t>(f->tokens().size(), 1 << 20)))
-        CASTOR_CHECK(t < config_.vocab_size, f->path(), ": token ", t, " is outside the vocabulary of ",
-                     config_.vocab_size, " (--vocab-size)");
+    // Everything the data can get wrong is found here, before step 1: token files of another tokenize than the
+    // vocabulary, a split too short for one window, ids outside the vocabulary (all of them up to 2^31 tokens).
+    if (fs::exists(dir_ + "/tokenizer.json")) data::check_token_folder(dir_, *train_, *val_);
+    for (const data::TokenFile* f : {&*train_, &*val_}) {
+      CASTOR_CHECK(f->size() >= c.block_size + 1, f->path(), ": ", f->size(), " tokens, fewer than one window of "
+                   "--block-size ", c.block_size, " + 1 (give a smaller --block-size, or more text to castor "
+                   "tokenize)");
+      const std::span<const uint16_t> ids = f->tokens().first(std::min<size_t>(f->tokens().size(), size_t{1} << 31));
+      if (*std::max_element(ids.begin(), ids.end()) < real_vocab_) continue;
+      const auto bad = std::find_if(ids.begin(), ids.end(), [&](uint16_t t) { return t >= real_vocab_; });
+      const bool recorded = fs::exists(dir_ + "/tokenizer.json");
+      throw Error(detail::cat(f->path(), ": token ", *bad, " at position ", bad - ids.begin(),
+                              " is outside the vocabulary of ", real_vocab_,
+                              recorded ? " (" + dir_ + "/tokenizer.json)" : " (--vocab-size)"));
+    }
     source_.emplace(*train_, data::LmBatchOptions{.batch_size = c.batch_size, .block_size = c.block_size,
                                                    .order = c.data_order,
                                                    .seed = c.seed, .rank = rank, .num_ranks = world});

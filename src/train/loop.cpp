@@ -232,6 +232,9 @@ class Trainer {
 
   void end_epoch(const EpochTotals& e, double seconds) {
     const bool epoch_end = state_.batch >= task_.batches_per_epoch();
+    // The last step goes to disk before the final evaluation (a long one for a language model's validation split):
+    // a kill during it loses no training, and --resume evaluates again and writes the report.
+    if (state_.step >= total_ && !saved_now()) checkpoint();
     last_eval_ = evaluate_now();
     const double ips = e.images / std::max(seconds, 1e-9);
     const double train_loss = e.batches ? e.loss / static_cast<double>(e.batches) : 0.0;

@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <memory>
 
 #include "castor/checkpoint.h"
 #include "castor/corpus.h"
 #include "castor/fs.h"
 #include "castor/llmc.h"
+#include "castor/ops.h"
 #include "castor/tokenizer.h"
 #include "castor/torch_save.h"
 #include "train/metrics.h"
@@ -41,12 +43,10 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   if (auto it = ck.model_meta.find("castor.model"); it != ck.model_meta.end())
     CASTOR_CHECK(it->second.rfind("gpt", 0) == 0, path, ": a ", printable(it->second),
                  " checkpoint, not a GPT's");
-  // Reads castor.config's n_head, and names the file if that metadata is not JSON; so it parses below.
+  Json config = castor_config(ck.model_meta, what);
   models::GPTWeights weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
-  Json config;
-  if (auto it = ck.model_meta.find("castor.config"); it != ck.model_meta.end()) config = Json::parse(it->second);
   const fs::path run = fs::path(used).parent_path().parent_path();  // RUN/checkpoints/step-N
-  return {std::move(weights), config, what, std::move(ck.state),
+  return {std::move(weights), std::move(config), what, std::move(ck.state),
           fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string()};
 }
 
@@ -66,7 +66,8 @@ std::string recorded_data_dir(const Json& config) {
 std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   auto owner = make_app(
       "Generates text from a GPT as nanoGPT's sample.py (KV cache: while the text fits the block, each new token costs "
-      "one position's work): the prompt, then --tokens tokens drawn at --temperature from the --top-k most likely.",
+      "one position's work): the prompt, then --tokens tokens drawn at --temperature from the --top-k most likely, "
+      "each printed as it is drawn.",
       "castor sample");
   CLI::App& app = *owner;
   auto* ckpt = app.add_option("--checkpoint", c.checkpoint, "a run or checkpoint directory of a GPT");
@@ -77,7 +78,7 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   app.add_option("--prompt", c.prompt, "the text to continue (default a newline; empty: GPT-2's <|endoftext|>)")
       ->default_str("\"\\n\"");
   app.add_option("--tokens", c.tokens, "tokens to generate");
-  app.add_option("--temperature", c.temperature, "divides the logits; 0: the most likely token");
+  app.add_option("--temperature", c.temperature, "divides the logits; 0 (or below 1e-4): the most likely token");
   app.add_option("--top-k", c.top_k, "draw from the k most likely tokens only; 0: all");
   add_seed(app, c.seed, "the sampling generator's seed");
   app.add_option_function<std::string>(
@@ -125,9 +126,12 @@ std::string sample_help() {
   return sample_app(c)->help();
 }
 
-std::string run_sample(const SampleConfig& c) {
+void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write) {
   if (c.threads > 0) omp_set_num_threads(c.threads);
   LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head);
+  for (const auto& [name, t] : g.weights.state)
+    CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), g.what, ": ", name,
+                 " holds NaN or infinite values; no text can be sampled from it");
   std::string dir = c.tokenizer_dir.empty() ? recorded_data_dir(g.config) : c.tokenizer_dir;
   CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what, " records no data directory to decode with");
   data::Tokenizer tok = data::Tokenizer::load(dir);
@@ -137,31 +141,35 @@ std::string run_sample(const SampleConfig& c) {
   CASTOR_CHECK(config.real_vocab_size == 0 || config.real_vocab_size == tok.vocab_size(), dir, ": the tokenizer has ",
                tok.vocab_size(), " tokens, ", g.what, " was made for ", config.real_vocab_size);
   config.real_vocab_size = tok.vocab_size();
-  std::vector<int64_t> prompt;
+  std::vector<uint16_t> prompt_ids;
   try {
-    for (uint16_t t : tok.encode(c.prompt)) prompt.push_back(t);
+    prompt_ids = tok.encode(c.prompt);
   } catch (const Error& e) {
     throw Error(detail::cat("--prompt: ", e.what()));
   }
-  if (prompt.empty()) {
+  if (prompt_ids.empty()) {
     CASTOR_CHECK(tok.kind() == "gpt2", "--prompt: empty; a character model needs at least one character to start from");
-    prompt.push_back(data::Gpt2Tokenizer::kEot);
+    prompt_ids.push_back(data::Gpt2Tokenizer::kEot);  // not text: not written
+  } else {
+    write(tok.decode(prompt_ids));
   }
   auto model = models::gpt(config);
   model->load_state_dict(g.weights.state);
   model->eval();
-  const std::vector<int64_t> seq = models::generate(*model, prompt, c.tokens, c.temperature, c.top_k, c.seed,
-                                                    c.cached_window ? models::Window::Cached : models::Window::Sliding);
-  // GPT-2's leading <|endoftext|> of an empty prompt is not text.
-  const size_t skip = c.prompt.empty() ? 1 : 0;
-  const std::vector<uint16_t> out(seq.begin() + skip, seq.end());
-  return tok.decode(out);
+  // Each token is written as it is drawn (both tokenizers decode a sequence as the concatenation of its tokens).
+  models::generate(*model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature,
+                   c.top_k, c.seed, c.cached_window ? models::Window::Cached : models::Window::Sliding,
+                   [&](int64_t t) {
+                     const uint16_t id = static_cast<uint16_t>(t);
+                     write(tok.decode({&id, 1}));
+                   });
 }
 
 ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   ExportConfig c;
   parse_flags(*export_app(c), args, "export");
   CASTOR_CHECK(c.llmc || c.nanogpt, "--llmc or --nanogpt: missing (the format to write)");
+  CASTOR_CHECK(!c.out.empty(), "--out: empty (the file to write)");
   return c;
 }
 
@@ -324,9 +332,14 @@ PyValue nanogpt_checkpoint(const LoadedGpt& g, const std::string& out_dir, PyVal
 }  // namespace
 
 Json run_export(const ExportConfig& c) {
+  try {  // before the checkpoint is read: a device, FIFO, directory or link at --out is refused at once
+    check_replaceable(c.nanogpt ? (fs::path(c.out) / "ckpt.pt").string() : c.out);
+  } catch (const Error& e) {
+    throw Error(detail::cat("--out: ", e.what()));
+  }
   LoadedGpt g = load_gpt(c.checkpoint, c.n_head);
   models::GPTConfig& config = g.weights.config;
-  Json::Object out{{"from", g.what}, {"n_layer", config.n_layer}, {"n_head", config.n_head},
+  Json::Object out{{"from", printable(g.what)}, {"n_layer", config.n_layer}, {"n_head", config.n_head},
                    {"n_embd", config.n_embd}, {"block_size", config.block_size}};
   std::string file = c.out;
   if (c.nanogpt) {
@@ -357,7 +370,7 @@ Json run_export(const ExportConfig& c) {
   }
   uint64_t bytes = 0;
   read_file_range(file, 0, 0, bytes);
-  out["out"] = file;
+  out["out"] = printable(file);  // a report line: any path, non-UTF-8 bytes as \xNN
   out["bytes"] = bytes;
   return out;
 }

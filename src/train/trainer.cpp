@@ -14,6 +14,8 @@
 #include "castor/checkpoint.h"
 #include "castor/dist.h"
 #include "castor/fs.h"
+#include "castor/json.h"
+#include "castor/tokenizer.h"
 #include "train/loop.h"
 #include "train/progress.h"
 #include "train/run_dir.h"
@@ -37,6 +39,8 @@ struct OpenRun {
 // Resolves --resume and --out, takes the run directory (rank 0; the other ranks wait until it is set up), and for a
 // resumed run reads the checkpoint and turns `c` into the recorded config with the flags a resume may change.
 OpenRun open_run(TrainConfig& c, int rank, int world) {
+  CASTOR_CHECK(!c.given("--out") || !c.out.empty(),
+               "--out: empty (the run directory; leave the flag out for runs/DATE-...)");
   OpenRun r;
   std::string run_dir;
   if (!c.resume.empty()) {
@@ -47,6 +51,11 @@ OpenRun open_run(TrainConfig& c, int rank, int world) {
     c.out = default_out(c);
     if (rank == 0) std::fprintf(stderr, "castor train: run directory %s\n", c.out.c_str());
   }
+  // config.json, metrics and checkpoints record these paths in JSON, which holds only UTF-8 text.
+  for (const auto& [flag, value] : {std::pair{"--out", c.out}, std::pair{"--data-dir", c.data_dir},
+                                    std::pair{"--init", c.init}, std::pair{"--resume", c.resume}})
+    CASTOR_CHECK(is_valid_utf8(value), flag, " ", printable(value), ": not valid UTF-8; a run records its paths in "
+                 "JSON, which holds only UTF-8 text: rename it");
   std::error_code ec;
   const bool continuing = !c.resume.empty() && fs::equivalent(run_dir, c.out, ec);
   r.created = rank == 0 && !continuing && !fs::exists(c.out, ec);
@@ -117,6 +126,15 @@ void print_settings(const TrainConfig& c, int64_t total_steps, int world) {
 Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
   c.nproc = world;
   set_threads(c);
+  if (const Json* was = r.ck ? r.recorded.find("real_vocab_size") : nullptr; was && was->is_int()) {
+    // The data's vocabulary is still the one the run was trained with (not tokenized again since).
+    const std::string dir = data_dir(c);
+    if (fs::exists(dir + "/tokenizer.json")) {
+      const int64_t is = data::Tokenizer::recorded_vocab_size(dir);
+      CASTOR_CHECK(is == was->as_int(), dir, "/tokenizer.json: a vocabulary of ", is, " tokens, but ", r.resume_from,
+                   " was trained on one of ", was->as_int(), " (tokenized again since?)");
+    }
+  }
   const std::unique_ptr<Task> task = make_task(c, rank, world, /*new_run=*/!r.ck);
   const int64_t per_epoch = task->batches_per_epoch();
   const int64_t steps_per_epoch = (per_epoch + c.grad_accum - 1) / c.grad_accum;

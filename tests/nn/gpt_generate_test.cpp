@@ -10,6 +10,7 @@
 #include "castor/models.h"
 #include "castor/ops.h"
 #include "castor/random.h"
+#include "io/file_test_util.h"
 #include "nn/tiny_gpt.h"
 #include "test_util.h"
 
@@ -135,6 +136,37 @@ TEST(GptGenerate, PaddingTokensAreNeverDrawn) {
   for (models::Window window : {models::Window::Sliding, models::Window::Cached})
     for (double temperature : {0.0, 1.0, 3.0})
       for (int64_t t : models::generate(*model, prompt, 20, temperature, 0, 1, window)) EXPECT_LT(t, 101) << temperature;
+}
+
+// Temperatures below kMinTemperature are greedy (a subnormal one such as 1e-310 used to overflow the logits to
+// infinity and draw from NaN probabilities), and NaN or infinite weights are a castor::Error, never an invalid id.
+TEST(GptGenerate, TinyTemperaturesAreGreedyAndNonFiniteLogitsAreErrors) {
+  auto model = models::gpt(test::tiny_gpt_config(67), 12);
+  const std::vector<int64_t> prompt = random_tokens(3, 67, 7);
+  const auto greedy = models::generate(*model, prompt, 12, 0.0);
+  for (double t : {1e-310, 4.9e-324, 1e-200, 0.5 * models::kMinTemperature})
+    EXPECT_EQ(models::generate(*model, prompt, 12, t, 0, 1), greedy) << t;
+  for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+    auto broken = models::gpt(test::tiny_gpt_config(67), 12);
+    {
+      NoGradGuard no_grad;
+      broken->ln_f->weight.narrow(0, 0, 1).fill_(bad);
+    }
+    for (double t : {0.0, 1.0})
+      test::expect_error([&] { models::generate(*broken, prompt, 4, t, 0, 1); }, {"generate: the logit of token"});
+  }
+}
+
+// The streaming form emits what the vector form returns, token by token, also past several cache rebuilds.
+TEST(GptGenerate, StreamingEmitsTheSameTokens) {
+  auto model = models::gpt(test::tiny_gpt_config(67), 13);
+  const std::vector<int64_t> prompt = random_tokens(5, 67, 8);
+  const int64_t n = 5 * model->config().block_size;
+  for (models::Window window : {models::Window::Sliding, models::Window::Cached}) {
+    std::vector<int64_t> streamed = prompt;
+    models::generate(*model, prompt, n, 0.9, 10, 3, window, [&](int64_t t) { streamed.push_back(t); });
+    EXPECT_EQ(streamed, models::generate(*model, prompt, n, 0.9, 10, 3, window));
+  }
 }
 
 TEST(GptGenerate, BadArgumentsAreErrors) {

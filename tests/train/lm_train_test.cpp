@@ -3,9 +3,14 @@
 // weights nanoGPT's model loads strictly, and refuses mismatched models and data in one line.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
@@ -19,6 +24,7 @@
 #include "castor/random.h"
 #include "castor/serialize.h"
 #include "castor/tokenizer.h"
+#include "castor/token_file.h"
 #include "io/file_test_util.h"
 #include "test_util.h"
 #include "train/metrics.h"
@@ -144,6 +150,45 @@ TEST_F(LmTrain, ResumeIsBitExact) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     test::expect_same_checkpoint(path(a), path(b));
   }
+}
+
+// The last step is checkpointed before the final evaluation, so a SIGKILL during that evaluation (long here: a
+// validation split of millions of tokens) loses nothing and `--resume` finishes the run with the report an
+// uninterrupted run writes. It used to checkpoint after the evaluation, losing every step since the last checkpoint.
+TEST_F(LmTrain, SigkillDuringTheFinalEvaluationLosesNothing) {
+  const std::vector<uint8_t> text = read_file(path("text.txt"));
+  {
+    std::ofstream big(path("big.txt"), std::ios::binary);
+    for (int i = 0; i < 60; ++i)
+      big.write(reinterpret_cast<const char*>(text.data()), static_cast<std::streamsize>(text.size()));
+  }
+  ASSERT_EQ(castor({"tokenize", "--tokenizer", "char", "--input", "big.txt", "--out", "bigval", "--val-fraction",
+                    "0.95"}).exit_code,
+            0);
+  auto args = train_args("run", 20, {"--log-every", "1"});
+  std::replace(args.begin(), args.end(), std::string("tok"), std::string("bigval"));
+  CastorProcess p(args, in_dir);
+  const std::string last = path("run/checkpoints/step-0000000020/COMMIT");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!fs::exists(last) && std::chrono::steady_clock::now() < deadline && ::waitpid(p.pid(), nullptr, WNOHANG) == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  p.signal(SIGKILL);
+  p.wait();
+  ASSERT_EQ(p.killed_by, SIGKILL) << "finished before the kill: " << p.err;
+  ASSERT_TRUE(fs::exists(last)) << "the last step was not checkpointed before the final evaluation";
+  const std::vector<uint8_t> m = read_file(path("run/metrics.jsonl"));
+  ASSERT_EQ(std::string(m.begin(), m.end()).find("test_loss"), std::string::npos)
+      << "the kill came after the evaluation";
+  EXPECT_FALSE(fs::exists(path("run/summary.json")));
+  CastorProcess r = castor({"train", "--resume", "run"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::replace(args.begin(), args.end(), std::string("run"), std::string("ref"));
+  CastorProcess ref = castor(args);
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  EXPECT_EQ(summary_of(r).at("val_loss").as_double(), summary_of(ref).at("val_loss").as_double());
+  EXPECT_EQ(summary_of(r).at("steps").as_int(), 20);
+  EXPECT_TRUE(fs::exists(path("run/report.html")) && fs::exists(path("run/summary.json")));
+  test::expect_same_checkpoint(path("run"), path("ref"));
 }
 
 // The checkpoint's model.safetensors loads strictly into nanoGPT's model (tests/oracle/gpt_oracle.py's twin), which
@@ -364,6 +409,81 @@ TEST_F(LmTrain, MismatchedModelAndDataAreOneLineErrors) {
     CastorProcess p = castor(args);
     EXPECT_EQ(p.exit_code, 1) << p.err;
     EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+  }
+}
+
+// What the data can get wrong is found before step 1, in one line naming the file or flag, with nothing trained or
+// written: a validation split of 0 tokens or shorter than one window, --block-size longer than a split, a token id
+// past the vocabulary far into a file (only the first 2^20 tokens used to be checked), token files of another
+// tokenize than tokenizer.json, and a resume on data tokenized again with another vocabulary.
+TEST_F(LmTrain, BadDataIsFoundBeforeTheFirstStep) {
+  auto folder = [&](const std::string& name, const std::vector<uint16_t>& train, const std::vector<uint16_t>& val) {
+    fs::create_directories(path(name));
+    data::write_token_file(path(name + "/train.bin"), train);
+    data::write_token_file(path(name + "/val.bin"), val);
+    atomic_write_file(path(name + "/tokenizer.json"),
+                      std::string_view("{\"tokenizer\": \"char\", \"vocab_size\": 5, \"chars\": \"abcde\"}"));
+  };
+  std::vector<uint16_t> ok(4000), far((size_t{1} << 20) + 100);
+  for (size_t i = 0; i < ok.size(); ++i) ok[i] = static_cast<uint16_t>(i % 5);
+  for (size_t i = 0; i < far.size(); ++i) far[i] = static_cast<uint16_t>(i % 5);
+  far[far.size() - 3] = 7;
+  folder("empty_val", ok, {});
+  folder("short_val", ok, std::vector<uint16_t>(16, 1));
+  folder("far_bad", far, ok);
+  auto train = [&](const std::string& dir, std::vector<std::string> extra = {}) {
+    auto args = train_args("run_" + dir, 5, std::move(extra));
+    std::replace(args.begin(), args.end(), std::string("tok"), dir);
+    return castor(args);
+  };
+  for (const auto& [dir, want] : std::vector<std::pair<std::string, std::string>>{
+           {"empty_val", "empty_val/val.bin: 0 tokens, fewer than one window of --block-size 16 + 1"},
+           {"short_val", "short_val/val.bin: 16 tokens, fewer than one window of --block-size 16 + 1"},
+           {"far_bad", "far_bad/train.bin: token 7 at position 1048673 is outside the vocabulary of 5"}}) {
+    CastorProcess p = train(dir);
+    EXPECT_EQ(p.exit_code, 1) << dir;
+    EXPECT_NE(p.err.find(want), std::string::npos) << p.err;
+    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+    EXPECT_FALSE(latest_checkpoint(path("run_" + dir))) << dir;
+  }
+  CastorProcess p = train("tok", {"--block-size", "9000"});  // longer than the validation split (~6,000 tokens)
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_NE(p.err.find("tok/val.bin: "), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("fewer than one window of --block-size 9000 + 1"), std::string::npos) << p.err;
+  // Token files of another tokenize than the vocabulary beside them.
+  fs::copy(path("tok"), path("mixed"), fs::copy_options::recursive);
+  fs::copy_file(path("empty_val/train.bin"), path("mixed/train.bin"), fs::copy_options::overwrite_existing);
+  p = train("mixed");
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_NE(p.err.find("mixed/train.bin: 4000 tokens, but"), std::string::npos) << p.err;
+  // A resume on data tokenized again with another vocabulary.
+  ASSERT_EQ(castor(train_args("run", 5)).exit_code, 0);
+  {
+    std::ofstream more(path("text.txt"), std::ios::app);
+    more << "Zebras! Quick?\n";
+  }
+  ASSERT_EQ(castor({"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok"}).exit_code, 0);
+  p = castor({"train", "--resume", "run", "--steps", "10"});
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_NE(p.err.find("tok/tokenizer.json: a vocabulary of 29 tokens, but run/checkpoints/step-0000000005 was trained "
+                       "on one of 24"), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("tokenized again since?"), std::string::npos) << p.err;
+}
+
+// Paths that are not valid UTF-8 cannot be recorded in config.json: refused up front naming the flag (a run used to
+// train every step and then fail writing its summary, never to be resumed).
+TEST_F(LmTrain, PathsThatAreNotUtf8AreRefusedUpFront) {
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--out", "run\xff"}, {"--data-dir", "tok\xfe"}}) {
+    auto args = train_args("run", 5);
+    if (flag == "--out") args.back() = value;
+    else std::replace(args.begin(), args.end(), std::string("tok"), value);
+    CastorProcess p = castor(args);
+    EXPECT_EQ(p.exit_code, 1) << flag;
+    EXPECT_NE(p.err.find("castor train: error: " + flag + " "), std::string::npos) << p.err;
+    EXPECT_NE(p.err.find("\\xf"), std::string::npos) << p.err;
+    EXPECT_NE(p.err.find("not valid UTF-8"), std::string::npos) << p.err;
+    EXPECT_FALSE(fs::exists(path("run\xff")));
   }
 }
 

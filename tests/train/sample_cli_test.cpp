@@ -2,6 +2,9 @@
 // checkpoint (tokenizer from the recorded data directory), llm.c export, and one-line errors on bad input.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -222,6 +225,108 @@ TEST(SampleCli, ExportWritesTheCheckpointInLlmcFormat) {
   const models::GPTWeights w = models::read_llmc_checkpoint(f.dir + "/out.bin");
   EXPECT_EQ(w.config.real_vocab_size, f.tokenizer.vocab_size());
   EXPECT_TRUE(read_file(f.dir + "/out.bin") == read_file(f.bin));
+}
+
+// A subnormal --temperature (1e-310) samples greedily, as documented, instead of drawing from NaN probabilities;
+// weights holding NaN or inf are refused in one line naming the file before any text is printed.
+TEST(SampleCli, TinyTemperaturesAreGreedyAndNonFiniteWeightsNameTheFile) {
+  Fixture f("sample_cli_nonfinite");
+  const std::vector<std::string> base = {"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--prompt", "The jury",
+                                         "--tokens", "30", "--temperature"};
+  auto args = base;
+  args.push_back("1e-310");
+  auto p = castor(f, args);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(p.out, f.expected("The jury", 30, 0.0, 0, 0));
+  for (double bad : {std::nan(""), HUGE_VAL}) {
+    auto model = models::gpt(f.model->config(), 3);
+    {
+      NoGradGuard no_grad;
+      model->h->named_parameters().begin()->second.narrow(0, 0, 1).fill_(bad);
+    }
+    models::write_llmc_checkpoint(f.dir + "/bad.bin", *model);
+    args = base;
+    args[2] = f.dir + "/bad.bin";
+    args.push_back("0.8");
+    p = castor(f, args);
+    EXPECT_EQ(p.exit_code, 1) << p.out;
+    EXPECT_NE(p.err.find(f.dir + "/bad.bin: "), std::string::npos) << p.err;
+    EXPECT_NE(p.err.find("holds NaN or infinite values"), std::string::npos) << p.err;
+    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+    EXPECT_EQ(p.out, "");
+  }
+}
+
+// `--tokens 1000000000` prints each token as it is drawn (it used to print nothing until the end while the sequence
+// grew in memory): the text appears while the process runs, and is the start of what the library generates.
+TEST(SampleCli, TextIsPrintedAsItIsGenerated) {
+  Fixture f("sample_cli_stream");
+  test::CastorProcess p({"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--prompt", "The jury", "--tokens",
+                         "1000000000", "--temperature", "0"},
+                        {.dir = f.dir});
+  const std::string want = f.expected("The jury", 100, 0.0, 0, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string seen;
+  while (seen.size() < 100 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    seen = p.out_so_far();
+  }
+  p.signal(SIGKILL);
+  p.wait();
+  ASSERT_GE(seen.size(), 100u) << "printed nothing while generating: '" << seen << "' " << p.err;
+  EXPECT_EQ(seen.substr(0, 100), want.substr(0, 100));
+}
+
+// `castor export --out` replaces only a regular file or a missing path (as root it used to replace /dev/null): a
+// FIFO, a directory and symbolic links (to a file, dangling) are refused in one line naming the flag and the path,
+// and left as they were; an empty --out names the flag.
+TEST(SampleCli, ExportReplacesNothingButARegularFile) {
+  Fixture f("export_cli_targets");
+  ASSERT_EQ(::mkfifo((f.dir + "/pipe").c_str(), 0644), 0);
+  fs::create_directory(f.dir + "/folder");
+  atomic_write_file(f.dir + "/victim", std::string_view("keep"));
+  fs::create_symlink("victim", f.dir + "/link");
+  fs::create_symlink("nowhere", f.dir + "/dangling");
+  for (const auto& [name, kind] : std::vector<std::pair<std::string, std::string>>{
+           {"pipe", "a FIFO"}, {"folder", "a directory"}, {"link", "a symbolic link"},
+           {"dangling", "a symbolic link"}}) {
+    auto p = castor(f, {"export", "--llmc", "--checkpoint", f.run, "--out", name});
+    EXPECT_EQ(p.exit_code, 1) << name << ": " << p.err;
+    EXPECT_NE(p.err.find("castor export: error: --out: " + name + ": is " + kind), std::string::npos) << p.err;
+    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+  }
+  EXPECT_EQ(fs::symlink_status(f.dir + "/pipe").type(), fs::file_type::fifo);
+  EXPECT_TRUE(fs::is_directory(f.dir + "/folder") && fs::is_empty(f.dir + "/folder"));
+  EXPECT_TRUE(fs::is_symlink(f.dir + "/link") && fs::is_symlink(f.dir + "/dangling"));
+  EXPECT_FALSE(fs::exists(f.dir + "/nowhere"));
+  EXPECT_EQ(read_file(f.dir + "/victim"), (std::vector<uint8_t>{'k', 'e', 'e', 'p'}));
+  auto p = castor(f, {"export", "--llmc", "--checkpoint", f.run, "--out", ""});
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_NE(p.err.find("--out: empty"), std::string::npos) << p.err;
+  // Any regular path is written, also one that is not UTF-8 (the summary line shows its bytes as \xNN).
+  p = castor(f, {"export", "--llmc", "--checkpoint", f.run, "--out", "out\xff.bin"});
+  EXPECT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.out.find("\"out\":\"out\\\\xff.bin\""), std::string::npos) << p.out;
+  EXPECT_TRUE(fs::is_regular_file(f.dir + "/out\xff.bin"));
+}
+
+// A checkpoint whose castor.config metadata is damaged JSON (its checksums intact: written so) is named by sample,
+// export, eval and info in one line, instead of "invalid JSON at offset N".
+TEST(SampleCli, DamagedRecordedConfigNamesTheFile) {
+  Fixture f("sample_cli_damaged_config");
+  const std::string run = f.dir + "/damaged";
+  train::write_checkpoint(run, 1,
+                          {f.model->state_dict(), {{"format", "pt"}, {"castor.config", "{\"model\": gpt"}}, {}, {}}, 2);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"sample", "--checkpoint", run, "--tokenizer-dir", f.tok},
+        std::vector<std::string>{"export", "--llmc", "--checkpoint", run, "--out", "x.bin"},
+        std::vector<std::string>{"eval", "--checkpoint", run}, std::vector<std::string>{"info", run}}) {
+    auto p = castor(f, args);
+    EXPECT_EQ(p.exit_code, 1) << args[0] << ": " << p.err;
+    EXPECT_NE(p.err.find("/model.safetensors: metadata castor.config: "), std::string::npos)
+        << args[0] << ": " << p.err;
+    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+  }
 }
 
 TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {
