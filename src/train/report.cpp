@@ -209,6 +209,80 @@ std::string settings_tables(const Json& config) {
   return o.str();
 }
 
+// The first and last step of the records: every chart spans them, so the charts line up.
+std::optional<std::pair<double, double>> step_range(const std::vector<Json>& records) {
+  std::optional<std::pair<double, double>> steps;
+  for (const Json& r : records)
+    if (const double step = field(r, "step"); std::isfinite(step))
+      steps = steps ? std::pair{std::min(steps->first, step), std::max(steps->second, step)} : std::pair{step, step};
+  return steps;
+}
+
+// The last evaluation's accuracy per class and its confusion matrix (none without classes).
+std::string class_tables(const Json& by_class) {
+  std::ostringstream o;
+  if (!by_class.is_object() || !by_class.find("classes") || !by_class.find("confusion_matrix")) return "";
+  const Json::Array& classes = by_class.at("classes").as_array();
+  o << "<h3>Test set by class (last evaluation)</h3><div class='grid'><table><tr><th>#</th><th>class</th>"
+    << "<th>accuracy</th><th>images</th></tr>";
+  for (size_t i = 0; i < classes.size(); ++i)
+    o << "<tr><td>" << i << "</td><td>" << escape(classes[i].at("name").as_string()) << "</td><td>"
+      << number(100 * classes[i].at("accuracy").as_double()) << "%</td><td>" << classes[i].at("images").dump()
+      << "</td></tr>";
+  o << "</table><table class='confusion'><tr><th>true \\ predicted</th>";
+  for (size_t i = 0; i < classes.size(); ++i) o << "<th>" << i << "</th>";
+  o << "</tr>";
+  const Json::Array& rows = by_class.at("confusion_matrix").as_array();
+  for (size_t t = 0; t < rows.size(); ++t) {
+    o << "<tr><th>" << t << " " << escape(classes[t].at("name").as_string()) << "</th>";
+    const Json::Array& row = rows[t].as_array();
+    for (size_t p = 0; p < row.size(); ++p)  // the diagonal (right) in bold
+      o << "<td" << (p == t ? " style='font-weight:bold'" : "") << ">" << row[p].dump() << "</td>";
+    o << "</tr>";
+  }
+  o << "</table></div>";
+  return o.str();
+}
+
+// The dtypes each op of one forward pass ran in, by module.
+std::string op_dtype_table(const std::vector<amp::ExplainRow>& op_dtypes) {
+  std::ostringstream o;
+  if (op_dtypes.empty()) return "";
+  o << "<h3>Op dtypes (one forward pass, by module)</h3><table><tr><th>op</th><th>policy</th><th>inputs</th>"
+    << "<th>ran in</th><th>output</th><th>why</th></tr>";
+  auto dtypes = [](const std::vector<DType>& v) {
+    std::string s;
+    for (DType d : v) s += (s.empty() ? "" : ", ") + std::string(dtype_name(d));
+    return s;
+  };
+  std::string module;
+  for (size_t i = 0; i < op_dtypes.size(); ++i) {
+    const amp::ExplainRow& r = op_dtypes[i];
+    if (!r.module.empty() && (i == 0 || r.module != module))  // a heading row where the module changes
+      o << "<tr><th colspan='6' class='module'>" << escape(r.module) << "</th></tr>";
+    module = r.module;
+    o << "<tr><td>" << escape(r.op) << "</td><td>" << policy_name(r.policy) << "</td><td>" << dtypes(r.given)
+      << "</td><td>" << dtypes(r.ran) << "</td><td>" << (r.out ? dtype_name(*r.out) : "-") << "</td><td>"
+      << escape(r.why) << "</td></tr>";
+  }
+  o << "</table>";
+  return o.str();
+}
+
+// One row per epoch end.
+std::string epoch_table(const std::vector<const Json*>& epochs) {
+  std::ostringstream o;
+  o << "<h3>Epochs</h3><table><tr><th>epoch</th><th>step</th><th>train loss</th><th>test loss</th>"
+    << "<th>test accuracy</th><th>images/s</th><th>skipped steps</th></tr>";
+  for (const Json* e : epochs)
+    o << "<tr><td>" << field(*e, "epoch") << "</td><td>" << field(*e, "step") << "</td><td>"
+      << number(field(*e, "train_loss")) << "</td><td>" << number(field(*e, "test_loss")) << "</td><td>"
+      << number(100 * field(*e, "test_accuracy")) << "%</td><td>" << number(field(*e, "images_per_sec"), 5)
+      << "</td><td>" << field(*e, "skipped_steps", 0) << "</td></tr>";
+  o << "</table>";
+  return o.str();
+}
+
 }  // namespace
 
 std::string render_report(const std::string& title, const Json& config, const std::vector<Json>& records,
@@ -248,11 +322,7 @@ std::string render_report(const std::string& title, const Json& config, const st
   for (auto [x, y] : acc_points) acc.x.push_back(x), acc.y.push_back(y);
   for (auto [x, y] : test_loss_points) test_loss.x.push_back(x), test_loss.y.push_back(y);
   train_loss.x = smooth.x, train_loss.y = smooth.y;
-  // Every chart spans the run's steps, so they line up.
-  std::optional<std::pair<double, double>> steps;
-  for (const Json& r : records)
-    if (const double step = field(r, "step"); std::isfinite(step))
-      steps = steps ? std::pair{std::min(steps->first, step), std::max(steps->second, step)} : std::pair{step, step};
+  const std::optional<std::pair<double, double>> steps = step_range(records);
 
   std::ostringstream o;
   o << "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" << escape(title) << "</title>"
@@ -285,59 +355,13 @@ std::string render_report(const std::string& title, const Json& config, const st
   if (scaling) o << chart({"Loss scale", "loss scale (log scale)", /*log2_y=*/true, {}, steps}, {scale}, skipped);
   o << "</div>";
 
-  o << "<h3>Epochs</h3><table><tr><th>epoch</th><th>step</th><th>train loss</th><th>test loss</th>"
-    << "<th>test accuracy</th><th>images/s</th><th>skipped steps</th></tr>";
-  for (const Json* e : epochs)
-    o << "<tr><td>" << field(*e, "epoch") << "</td><td>" << field(*e, "step") << "</td><td>"
-      << number(field(*e, "train_loss")) << "</td><td>" << number(field(*e, "test_loss")) << "</td><td>"
-      << number(100 * field(*e, "test_accuracy")) << "%</td><td>" << number(field(*e, "images_per_sec"), 5)
-      << "</td><td>" << field(*e, "skipped_steps", 0) << "</td></tr>";
-  o << "</table>";
+  o << epoch_table(epochs);
 
-  if (by_class.is_object() && by_class.find("classes") && by_class.find("confusion_matrix")) {
-    const Json::Array& classes = by_class.at("classes").as_array();
-    o << "<h3>Test set by class (last evaluation)</h3><div class='grid'><table><tr><th>#</th><th>class</th>"
-      << "<th>accuracy</th><th>images</th></tr>";
-    for (size_t i = 0; i < classes.size(); ++i)
-      o << "<tr><td>" << i << "</td><td>" << escape(classes[i].at("name").as_string()) << "</td><td>"
-        << number(100 * classes[i].at("accuracy").as_double()) << "%</td><td>" << classes[i].at("images").dump()
-        << "</td></tr>";
-    o << "</table><table class='confusion'><tr><th>true \\ predicted</th>";
-    for (size_t i = 0; i < classes.size(); ++i) o << "<th>" << i << "</th>";
-    o << "</tr>";
-    const Json::Array& rows = by_class.at("confusion_matrix").as_array();
-    for (size_t t = 0; t < rows.size(); ++t) {
-      o << "<tr><th>" << t << " " << escape(classes[t].at("name").as_string()) << "</th>";
-      const Json::Array& row = rows[t].as_array();
-      for (size_t p = 0; p < row.size(); ++p)  // the diagonal (right) in bold
-        o << "<td" << (p == t ? " style='font-weight:bold'" : "") << ">" << row[p].dump() << "</td>";
-      o << "</tr>";
-    }
-    o << "</table></div>";
-  }
+  o << class_tables(by_class);
 
   o << "<h3>Settings</h3>" << settings_tables(config);
 
-  if (!op_dtypes.empty()) {
-    o << "<h3>Op dtypes (one forward pass, by module)</h3><table><tr><th>op</th><th>policy</th><th>inputs</th>"
-      << "<th>ran in</th><th>output</th><th>why</th></tr>";
-    auto dtypes = [](const std::vector<DType>& v) {
-      std::string s;
-      for (DType d : v) s += (s.empty() ? "" : ", ") + std::string(dtype_name(d));
-      return s;
-    };
-    std::string module;
-    for (size_t i = 0; i < op_dtypes.size(); ++i) {
-      const amp::ExplainRow& r = op_dtypes[i];
-      if (!r.module.empty() && (i == 0 || r.module != module))  // a heading row where the module changes
-        o << "<tr><th colspan='6' class='module'>" << escape(r.module) << "</th></tr>";
-      module = r.module;
-      o << "<tr><td>" << escape(r.op) << "</td><td>" << policy_name(r.policy) << "</td><td>" << dtypes(r.given)
-        << "</td><td>" << dtypes(r.ran) << "</td><td>" << (r.out ? dtype_name(*r.out) : "-") << "</td><td>"
-        << escape(r.why) << "</td></tr>";
-    }
-    o << "</table>";
-  }
+  o << op_dtype_table(op_dtypes);
   o << "</body></html>\n";
   return o.str();
 }

@@ -3,7 +3,6 @@
 
 #include <unistd.h>
 
-#include <cmath>
 #include <cstdio>
 
 #include "castor/allocator.h"
@@ -11,15 +10,15 @@
 
 namespace castor::train {
 
-RunLog::RunLog(const TrainConfig& c, int64_t total_steps, int64_t epochs, bool append, FlopRate flops)
+RunLog::RunLog(const TrainConfig& c, const char* unit, int64_t total_steps, int64_t epochs, bool append,
+               FlopRate flops)
     : metrics_(c.out, append),
       log_every_(c.log_every),
       total_steps_(total_steps),
       epochs_(epochs),
       tty_(isatty(STDERR_FILENO) != 0),
       width_(terminal_width(STDERR_FILENO) - 1),
-      unit_(is_language_model(c.model) ? "tok" : "img"),
-      language_model_(is_language_model(c.model)),
+      unit_(unit),
       flops_(flops) {}
 
 void RunLog::step(const StepInfo& s) {
@@ -55,15 +54,13 @@ void RunLog::step(const StepInfo& s) {
   }
 }
 
-void RunLog::evaluation(int64_t step, int64_t epoch, double test_loss, double test_accuracy) {
+void RunLog::evaluation(int64_t step, int64_t epoch, double test_loss, double test_accuracy,
+                        const std::vector<std::string>& fields) {
   metrics_.write({{"step", step}, {"epoch", epoch}, {"test_loss", test_loss}, {"test_accuracy", test_accuracy}});
   finish_progress_line();
-  if (language_model_)
-    std::fprintf(stderr, "step %lld  val loss %.4f  perplexity %.2f\n", static_cast<long long>(step), test_loss,
-                 std::exp(test_loss));
-  else
-    std::fprintf(stderr, "step %lld  test loss %.4f  test acc %.2f%%\n", static_cast<long long>(step), test_loss,
-                 100 * test_accuracy);
+  std::string line = detail::cat("step ", step);
+  for (const std::string& f : fields) line += "  " + f;
+  std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 void RunLog::epoch(const Json::Object& record, const std::vector<std::string>& fields) {

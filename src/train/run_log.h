@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "castor/train_config.h"
 #include "train/metrics.h"
@@ -26,13 +27,16 @@ struct FlopRate {
 
 class RunLog {
  public:
-  // `append`: a resumed run adds to its metrics files.
-  RunLog(const TrainConfig& c, int64_t total_steps, int64_t epochs, bool append, FlopRate flops = {});
+  // `append`: a resumed run adds to its metrics files; `unit`: of examples/s, "img" or "tok".
+  RunLog(const TrainConfig& c, const char* unit, int64_t total_steps, int64_t epochs, bool append,
+         FlopRate flops = {});
 
   // Logs a metrics line every log_every steps (with the window's mean loss), at the last step and at every
   // skipped step; redraws the progress line (a terminal) or prints a plain line every log_every steps.
   void step(const StepInfo& s);
-  void evaluation(int64_t step, int64_t epoch, double test_loss, double test_accuracy);
+  // A mid-epoch evaluation's record, and its line: "step N" and `fields`.
+  void evaluation(int64_t step, int64_t epoch, double test_loss, double test_accuracy,
+                  const std::vector<std::string>& fields);
   const char* unit() const { return unit_; }
   double mfu(double examples_per_sec) const {
     return flops_.peak > 0 ? examples_per_sec * flops_.flops_per_example / flops_.peak : 0;
@@ -50,7 +54,6 @@ class RunLog {
   int width_;
   bool progress_drawn_ = false;
   const char* unit_;        // "img" or "tok"
-  bool language_model_;     // evaluations are validation loss and perplexity
   FlopRate flops_;
   double window_sum_ = 0;
   int64_t window_count_ = 0;

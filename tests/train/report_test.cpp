@@ -56,10 +56,10 @@ TEST(RunLog, WindowMeansAndCsvRows) {
   c.out = out;
   c.log_every = 3;
   {
-    RunLog log(c, /*total_steps=*/7, /*epochs=*/1, /*append=*/false);
+    RunLog log(c, "img", /*total_steps=*/7, /*epochs=*/1, /*append=*/false);
     for (int step = 1; step <= 7; ++step)
       log.step({step, 0, static_cast<double>(step), 0.1, 1024, /*skipped=*/step == 2, 64.0 * step, 0.5 * step});
-    log.evaluation(7, 0, 0.25, 0.75);
+    log.evaluation(7, 0, 0.25, 0.75, {"test loss 0.2500"});
   }
   std::vector<Json> records = read_metrics(out);
   ASSERT_EQ(records.size(), 5u);  // skipped step 2, steps 3 and 6 (window ends), 7 (the last), the evaluation
@@ -75,7 +75,7 @@ TEST(RunLog, WindowMeansAndCsvRows) {
   EXPECT_EQ(csv[2].rfind("3,0,3.0,2.0,0.1,1024.0,0,128.0,", 0), 0u) << csv[2];
   // A resumed run appends, without a second header.
   {
-    RunLog log(c, 8, 1, /*append=*/true);
+    RunLog log(c, "img", 8, 1, /*append=*/true);
     log.step({8, 0, 8.0, 0.1, 1024, false, 64, 1});
   }
   EXPECT_EQ(lines_of(out + "/metrics.csv").size(), 7u);
