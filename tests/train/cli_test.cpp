@@ -23,22 +23,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The error parse_train_flags gives `args`.
 std::string error_of(const std::vector<std::string>& args) {
-  try {
-    parse_train_flags(args);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
+  return test::error_of([&] { parse_train_flags(args); });
 }
 
 // stdout of `castor ARGS`.
 std::string cli_stdout(const std::string& args) {
-  FILE* p = popen((std::string(CASTOR_BINARY_DIR) + "/castor " + args + " 2>/dev/null").c_str(), "r");
   std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  pclose(p);
+  test::run_command(std::string(CASTOR_BINARY_DIR) + "/castor " + args + " 2>/dev/null", &out);
   return out;
 }
 
@@ -157,11 +150,8 @@ TEST(TrainFlags, BashCompletionComesFromTheFlagTable) {
   std::ofstream(dir + "/probe.sh") << "source '" << dir << "/castor.bash'\n"
                                    << "COMP_WORDS=(castor train --grad); COMP_CWORD=2; _castor; echo ${COMPREPLY[@]}\n"
                                    << "COMP_WORDS=(castor eval --mo); _castor; echo ${COMPREPLY[@]}\n";
-  FILE* p = popen(("bash '" + dir + "/probe.sh'").c_str(), "r");
   std::string out;
-  char buf[256];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << out;
+  ASSERT_EQ(test::run_command("bash '" + dir + "/probe.sh'", &out), 0) << out;
   EXPECT_EQ(out, "--grad-accum\n--model\n");
 }
 
@@ -187,12 +177,8 @@ TEST(TrainFlags, FlagsOfAnotherJobAreRefusedNamingTheFlag) {
   // A resume's job is the recorded one: an image run's recording (n_head 0 among its keys) resumes.
   const Json recorded = settings_json(parse_train_flags({"--data", "synthetic"}));
   EXPECT_EQ(resume_config(parse_train_flags({"--resume", "run", "--steps", "3"}), recorded, "run").steps, 3);
-  try {
-    resume_config(parse_train_flags({"--resume", "run", "--dropout", "0"}), recorded, "run");
-    ADD_FAILURE() << "--dropout accepted on an image run's resume";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--dropout: applies to language models only"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { resume_config(parse_train_flags({"--resume", "run", "--dropout", "0"}), recorded, "run"); },
+                     {"--dropout: applies to language models only"});
 }
 
 TEST(TrainFlags, AnUnknownFlagIsNamedAloneWithTheNearestOne) {
@@ -310,12 +296,7 @@ TEST(TrainerFlags, EvalOfPyTorchWrittenWeights) {
                                                 "--data-dir", data}));
   EXPECT_EQ(torch.at("test_accuracy").as_double(), own.at("test_accuracy").as_double());
   EXPECT_EQ(torch.at("test_loss").as_double(), own.at("test_loss").as_double());
-  try {
-    run_eval(parse_eval_flags({torch_file, "--data-dir", data}));
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--model"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { run_eval(parse_eval_flags({torch_file, "--data-dir", data})); }, {"--model"});
 }
 
 }  // namespace castor::train

@@ -36,16 +36,7 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
-// The error `fn` throws; "no error" when none.
-template <class F>
-std::string error_of(const F& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using test::error_of;
 
 TEST(Llmc, RoundTripIsBitExact) {
   const std::string dir = test::fresh_dir("llmc_round_trip");

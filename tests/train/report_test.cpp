@@ -210,13 +210,10 @@ TEST(TrainerOutput, ResumedReportKeepsHistoryAndStdoutIsTheSummary) {
   EXPECT_EQ(Json::parse(std::string(sj.begin(), sj.end())).at("steps").as_int(), summary.at("steps").as_int());
 
   // `castor train | jq` works: stdout is one JSON line.
-  std::string cmd = std::string(CASTOR_BINARY_DIR) + "/castor train";
-  for (const std::string& a : with({"--steps", "2", "--out", out + "/cli"})) cmd += " '" + a + "'";
-  FILE* p = popen((cmd + " 2>/dev/null").c_str(), "r");
+  const std::string cmd = std::string(CASTOR_BINARY_DIR) + "/castor train" +
+                          test::shell_words(with({"--steps", "2", "--out", out + "/cli"}));
   std::string stdout_text;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) stdout_text.append(buf, n);
-  ASSERT_EQ(pclose(p), 0);
+  ASSERT_EQ(test::run_command(cmd + " 2>/dev/null", &stdout_text), 0);
   ASSERT_FALSE(stdout_text.empty());
   EXPECT_EQ(stdout_text.find('\n'), stdout_text.size() - 1) << stdout_text;
   EXPECT_EQ(Json::parse(stdout_text.substr(0, stdout_text.size() - 1)).at("steps").as_int(), 2);

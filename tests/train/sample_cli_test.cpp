@@ -189,9 +189,7 @@ TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {
   };
   for (const auto& [args, want] : cases) {
     auto p = castor(f, args);
-    EXPECT_EQ(p.exit_code, 1) << args[1] << " " << p.err;
-    EXPECT_NE(p.err.find(want), std::string::npos) << p.err;
-    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+    test::expect_one_line_error(p, {want});
     EXPECT_EQ(p.out, "");
   }
   EXPECT_FALSE(fs::exists(f.dir + "/x.bin"));

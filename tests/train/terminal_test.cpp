@@ -23,14 +23,8 @@ namespace {
 // Runs `castor ARGS` (each already shell-quoted as needed) in `dir` on a pseudo-terminal `columns` wide; returns
 // what the terminal received, each carriage return and newline a line break, the clear-to-end escape removed.
 std::vector<std::string> terminal_lines(const std::string& dir, const std::string& args, int columns) {
-  const std::string cmd = "cd '" + dir + "' && OMP_WAIT_POLICY=passive script -qec \"stty cols " +
-                          std::to_string(columns) + "; '" + CASTOR_BINARY_DIR + "/castor' " + args +
-                          " >/dev/null\" /dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
   std::string text;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) text.append(buf, n);
-  EXPECT_EQ(pclose(p), 0) << text;
+  EXPECT_EQ(test::run_command(test::on_terminal(dir, args, columns), &text), 0) << text;
   std::vector<std::string> lines;
   std::string line;
   for (size_t i = 0; i < text.size(); ++i) {
@@ -154,11 +148,8 @@ TEST(Terminal, HelpVersionEnvCompletionInfoAndProfile) {
                                    << "COMP_WORDS=(castor train --precision bf); COMP_CWORD=3; _castor; echo ${COMPREPLY[@]}\n"
                                    << "COMP_WORDS=(castor train --data f); _castor; echo ${COMPREPLY[@]}\n"
                                    << "COMP_WORDS=(castor train --model res); _castor; echo ${COMPREPLY[@]}\n";
-  FILE* p = popen(("bash '" + dir + "/probe.sh'").c_str(), "r");
   std::string out;
-  char buf[256];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << out;
+  ASSERT_EQ(test::run_command("bash '" + dir + "/probe.sh'", &out), 0) << out;
   EXPECT_EQ(out, "bf16-mixed bf16 bf16-true\nfashion-mnist folder\nresnet18 resnet9\n");
   const std::string zsh = test::run_castor({"completion", "zsh"}, run).out;
   EXPECT_EQ(zsh.rfind("#compdef castor\n", 0), 0u) << zsh;
