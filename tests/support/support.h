@@ -2,6 +2,7 @@
 // binary (CastorProcess in tests/train/run_test_util.h for whole runs), one helper for error messages.
 #pragma once
 #include <filesystem>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,7 @@ std::string fresh_dir(const std::string& name);
 std::string new_dir(const std::string& name);
 
 // A scratch directory of one test: scratch_dir()/<name> (by default the current test's "Suite.Test"), emptied and
-// created, and removed with the object.
+// created, and removed with the object. It reads as its path: `dir + "/file"`, or passed as a std::string.
 class ScratchDir {
  public:
   explicit ScratchDir(const std::string& name = "");
@@ -28,10 +29,19 @@ class ScratchDir {
   ScratchDir& operator=(const ScratchDir&) = delete;
   std::string file(const std::string& name) const { return (path_ / name).string(); }
   const std::filesystem::path& path() const { return path_; }
+  const std::string& str() const { return str_; }
+  operator const std::string&() const { return str_; }  // NOLINT: a scratch directory is used as its path
+  operator const std::filesystem::path&() const { return path_; }  // NOLINT
 
  private:
   std::filesystem::path path_;
+  std::string str_;
 };
+inline std::string operator+(const ScratchDir& dir, const std::string& tail) { return dir.str() + tail; }
+inline std::string operator+(const ScratchDir& dir, const char* tail) { return dir.str() + tail; }
+inline std::string operator+(const std::string& head, const ScratchDir& dir) { return head + dir.str(); }
+inline std::string operator+(const char* head, const ScratchDir& dir) { return head + dir.str(); }
+inline std::ostream& operator<<(std::ostream& os, const ScratchDir& dir) { return os << dir.str(); }
 
 // Runs `cmd` through the shell; returns its exit status (as pclose gives it) and appends its stdout to `out`.
 int run_command(const std::string& cmd, std::string* out = nullptr);

@@ -23,7 +23,7 @@ Checkpoint make(double v) {
 }  // namespace
 
 TEST(Checkpoint, RoundTripAndKeepNewest) {
-  const std::string run = test::fresh_dir("ckpt_keep");
+  const test::ScratchDir run("ckpt_keep");
   for (int s = 1; s <= 4; ++s) write_checkpoint(run, s * 10, make(s), /*keep=*/2);
   auto latest = latest_checkpoint(run);
   ASSERT_TRUE(latest.has_value());
@@ -38,7 +38,7 @@ TEST(Checkpoint, RoundTripAndKeepNewest) {
 }
 
 TEST(Checkpoint, IncompleteDirectoryIsIgnored) {
-  const std::string run = test::fresh_dir("ckpt_partial");
+  const test::ScratchDir run("ckpt_partial");
   write_checkpoint(run, 5, make(5), 3);
   // A crash mid-write leaves a directory without its marker (or a temp directory): never chosen.
   fs::create_directories(run + "/checkpoints/step-0000000009");
@@ -47,7 +47,7 @@ TEST(Checkpoint, IncompleteDirectoryIsIgnored) {
 }
 
 TEST(Checkpoint, FailedWriteKeepsTheGoodOne) {
-  const std::string run = test::fresh_dir("ckpt_fail");
+  const test::ScratchDir run("ckpt_fail");
   write_checkpoint(run, 1, make(1), 3);
   Checkpoint bad = make(2);
   bad.state["broken"] = Tensor();  // undefined tensor: the write fails
@@ -59,7 +59,7 @@ TEST(Checkpoint, FailedWriteKeepsTheGoodOne) {
 }
 
 TEST(Checkpoint, MissingOrCorruptIsAClearError) {
-  const std::string run = test::fresh_dir("ckpt_missing");
+  const test::ScratchDir run("ckpt_missing");
   test::expect_error([&] { read_checkpoint(run); }, {run});
   write_checkpoint(run, 3, make(3), 1);
   const std::string model = *latest_checkpoint(run) + "/model.safetensors";
@@ -68,7 +68,7 @@ TEST(Checkpoint, MissingOrCorruptIsAClearError) {
 }
 
 TEST(Checkpoint, FlippedBitIsDetectedAndTheRunFallsBackToAnIntactOne) {
-  const std::string run = test::fresh_dir("ckpt_flip");
+  const test::ScratchDir run("ckpt_flip");
   write_checkpoint(run, 1, make(1), /*keep=*/2);
   const std::string newest = write_checkpoint(run, 2, make(2), /*keep=*/2);
   std::vector<uint8_t> bytes = read_file(newest + "/train_state.safetensors");
@@ -84,7 +84,7 @@ TEST(Checkpoint, FlippedBitIsDetectedAndTheRunFallsBackToAnIntactOne) {
 // The last checkpoint written is the head: readers use it, and pruning keeps it and the newest before it, whatever
 // higher steps a run abandoned (by resuming from an older checkpoint) are left.
 TEST(Checkpoint, PruningAndReadersFollowTheHead) {
-  const std::string run = test::fresh_dir("ckpt_head");
+  const test::ScratchDir run("ckpt_head");
   for (int s : {10, 20, 30}) write_checkpoint(run, s, make(s), /*keep=*/10);
   write_checkpoint(run, 15, make(15), /*keep=*/2);  // a run resumed from step 10
   EXPECT_NE(latest_checkpoint(run)->find("step-0000000015"), std::string::npos);
@@ -108,7 +108,7 @@ TEST(Checkpoint, PruningAndReadersFollowTheHead) {
 }
 
 TEST(Checkpoint, StaleTempFoldersAreRemovedAndAnOrphanedOldOneRestored) {
-  const std::string run = test::fresh_dir("ckpt_stale");
+  const test::ScratchDir run("ckpt_stale");
   write_checkpoint(run, 5, make(5), /*keep=*/2);
   fs::create_directories(run + "/checkpoints/step-0000000006.tmp77");
   fs::rename(run + "/checkpoints/step-0000000005", run + "/checkpoints/step-0000000005.old77");

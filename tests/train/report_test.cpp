@@ -51,7 +51,7 @@ TEST(Progress, LineFitsEveryWidthAndShowsTheFields) {
 // The logged loss_avg is the mean of the window's step losses (worked by hand), skipped steps get a line of
 // their own without one, and metrics.csv holds the same records under one header.
 TEST(RunLog, WindowMeansAndCsvRows) {
-  const std::string out = test::new_dir("run_log");
+  const test::ScratchDir out("run_log");
   TrainConfig c;
   c.out = out;
   c.log_every = 3;
@@ -192,7 +192,7 @@ TEST(Report, HasTheChartsItMustWithRoundTicks) {
 
 // The report of a resumed run covers the first part too; summary.json holds what stdout's only line holds.
 TEST(TrainerOutput, ResumedReportKeepsHistoryAndStdoutIsTheSummary) {
-  const std::string out = test::new_dir("report_resume");
+  const test::ScratchDir out("report_resume");
   const std::vector<std::string> flags = {"--data", "synthetic", "--synthetic-size", "128", "--batch-size", "16",
                                           "--log-every", "1", "--deterministic", "--threads", "2", "--out", out};
   auto with = [&](std::vector<std::string> extra) {

@@ -25,11 +25,12 @@ const char* kText = "The jury said that the city had been run well. The jury als
 // A token directory with a char tokenizer of kText, a random GPT for it as llm.c .bin, and a run directory holding
 // the same GPT as a checkpoint whose castor.config records n_head and the token directory (as the trainer's do).
 struct Fixture {
-  std::string dir, tok, bin, run;
+  test::ScratchDir dir;
+  std::string tok, bin, run;
   std::shared_ptr<models::GPT> model;
   data::Tokenizer tokenizer{data::CharTokenizer::from_text(kText, "text")};
 
-  explicit Fixture(const std::string& name) : dir(test::fresh_dir(name)) {
+  explicit Fixture(const std::string& name) : dir(name) {
     tok = dir + "/tok", bin = dir + "/m.bin", run = dir + "/run";
     fs::create_directories(tok);
     atomic_write_file(tok + "/tokenizer.json", tokenizer.record().dump());
@@ -83,7 +84,8 @@ TEST(SampleCli, PrintsThePromptAndItsContinuation) {
 // GPT-2's tokenizer (data/brown, made by scripts/setup.sh) and llm.c's padded vocabulary: an empty prompt starts from
 // <|endoftext|>, and the padding rows, made to dominate every position, never come out (decoding one would fail).
 TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
-  const std::string dir = test::fresh_dir("sample_cli_gpt2"), brown = std::string(CASTOR_SOURCE_DIR) + "/data/brown";
+  const test::ScratchDir dir("sample_cli_gpt2");
+  const std::string brown = std::string(CASTOR_SOURCE_DIR) + "/data/brown";
   ASSERT_TRUE(file_exists(brown + "/tokenizer.json")) << brown << ": run scripts/setup.sh";
   fs::create_directories(dir);
   models::GPTConfig c;
@@ -119,7 +121,7 @@ TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
 // The trainer's own GPT checkpoints: `castor train --model gpt` on a small character corpus, then `castor sample
 // --checkpoint RUN` (n_head and the token directory from the run's castor.config) and `castor export --llmc`.
 TEST(SampleCli, SamplesAndExportsWhatCastorTrainWrote) {
-  const std::string dir = test::fresh_dir("sample_cli_trained");
+  const test::ScratchDir dir("sample_cli_trained");
   fs::create_directories(dir);
   {
     std::ofstream text(dir + "/text.txt");

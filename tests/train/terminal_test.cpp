@@ -54,7 +54,7 @@ const std::string kSmallRun = "train --data synthetic --synthetic-size 128 --bat
 // Every line fits a 60-column terminal (progress, start and epoch lines alike); the bar and the epoch line agree on
 // "epoch 1/1", as metrics.jsonl does; a bf16 run (no loss scaling) shows no scale, an fp16 run does.
 TEST(Terminal, SixtyColumnsEpochsFromOneAndNoScaleWithoutScaling) {
-  const std::string dir = test::new_dir("terminal_60");
+  const test::ScratchDir dir("terminal_60");
   const std::vector<std::string> lines = terminal_lines(dir, kSmallRun + " --precision bf16-mixed --out bf", 60);
   ASSERT_GE(lines.size(), 3u);
   bool bar = false, summary = false;
@@ -74,7 +74,7 @@ TEST(Terminal, SixtyColumnsEpochsFromOneAndNoScaleWithoutScaling) {
 }
 
 TEST(Terminal, ResumeSaysWhereAndAnInterruptedRunHasNoMadeUpAccuracy) {
-  const std::string dir = test::new_dir("terminal_resume");
+  const test::ScratchDir dir("terminal_resume");
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
   const std::vector<std::string> flags = {"train", "--data", "synthetic", "--synthetic-size", "128", "--batch-size",
                                           "16", "--threads", "2", "--out", "r"};
@@ -104,7 +104,7 @@ TEST(Terminal, ResumeSaysWhereAndAnInterruptedRunHasNoMadeUpAccuracy) {
 
 // Without --out each run gets its own runs/<date>-<time>-<model>-<precision>, named on stderr and in the JSON.
 TEST(Terminal, EachRunWithoutOutGetsANewDirectory) {
-  const std::string dir = test::new_dir("terminal_default_out");
+  const test::ScratchDir dir("terminal_default_out");
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
   const std::vector<std::string> args = {"train", "--data", "synthetic", "--synthetic-size", "64", "--batch-size", "16",
                                          "--steps", "1", "--threads", "2", "--precision", "32"};
@@ -121,7 +121,7 @@ TEST(Terminal, EachRunWithoutOutGetsANewDirectory) {
 }
 
 TEST(Terminal, HelpVersionEnvCompletionInfoAndProfile) {
-  const std::string dir = test::new_dir("terminal_cli");
+  const test::ScratchDir dir("terminal_cli");
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
   auto help = test::run_castor({"help"}, run);
   EXPECT_EQ(help.exit_code, 0);
