@@ -1,9 +1,13 @@
-// Matrix products on oneDNN (float32, bfloat16) with cached primitives; float16 emulated on the float32 kernel.
+// Matrix products on oneDNN (float32, bfloat16) with cached primitives; float16 (and bfloat16 where oneDNN has no
+// kernel for it) emulated on oneDNN's float32 GEMM a tile at a time.
 #include <dnnl.hpp>
 
+#include <algorithm>
 #include <mutex>
 #include <unordered_map>
 
+#include "castor/convert.h"
+#include "core/parallel.h"
 #include "kernels/kernels.h"
 #include "kernels/onednn/fallback.h"
 #include "kernels/onednn/onednn.h"
@@ -84,6 +88,72 @@ bool run_onednn(const Tensor& a, const Tensor& b, const Tensor& dst, const Tenso
   return true;
 }
 
+// The emulation's tiles: an operand tile and the output tile hold at most kTileFloats float32 values (1 MiB each), so
+// its scratch stays near 3 MiB whatever the operands' size, where whole float32 copies of the operands and the
+// result would cost more memory than 16-bit activations save.
+constexpr int64_t kTileFloats = 1 << 18;
+constexpr int64_t kTileK = 512;      // the depth of one tile product (K is summed over tiles beyond it)
+constexpr int64_t kTileMinSide = 64;
+
+// Widens `rows` runs of `len` 16-bit values (run r at src + r * ld elements) into the dense float32 tile dst.
+void widen_runs(const void* src, DType dt, int64_t ld, int64_t rows, int64_t len, float* dst) {
+  const auto* bytes = static_cast<const char*>(src);
+  const int64_t size = dtype_size(dt);
+#pragma omp parallel for schedule(static) if (rows * len > kParallelGrain)
+  for (int64_t r = 0; r < rows; ++r)
+    convert(bytes + r * ld * size, dt, dst + r * len, DType::Float32, static_cast<size_t>(len));
+}
+
+// The tile [r0, r0 + rows) x [c0, c0 + cols) of matrix `batch` of t (B, R, C), widened into dst in t's own
+// orientation: row-major (returns 'N', leading dimension cols) when t's last dim is dense, else column-major ('T',
+// leading dimension rows), so that widening reads runs of adjacent elements.
+char widen_tile(const Tensor& t, int64_t batch, int64_t r0, int64_t rows, int64_t c0, int64_t cols, float* dst) {
+  int64_t st[3];
+  batch_strides(t, st);
+  const char* base = static_cast<const char*>(t.data_ptr()) + (batch * st[0] + r0 * st[1] + c0 * st[2]) *
+                                                                  dtype_size(t.dtype());
+  if (st[2] == 1) {
+    widen_runs(base, t.dtype(), st[1], rows, cols, dst);
+    return 'N';
+  }
+  widen_runs(base, t.dtype(), st[2], cols, rows, dst);
+  return 'T';
+}
+
+// dst (B, M, N) = a (B, M, K) x b (B, K, N) [+ bias (N)] for 16-bit operands without a oneDNN kernel: each output tile
+// is summed in float32 by oneDNN's sgemm over float32 tiles of the operands widened exactly, the bias is added, and
+// the tile is rounded once into dst (the numerics of 16-bit tensor cores).
+void matmul_emulated(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias) {
+  const int64_t B = a.dim() == 3 ? a.size(0) : 1, M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  const int64_t kb = std::min(K, kTileK);
+  const int64_t nb = std::min(N, std::max(kTileMinSide, kTileFloats / kb));
+  const int64_t mb = std::min(M, std::max(kTileMinSide, kTileFloats / std::max(kb, nb)));
+  const Tensor a_tile = empty({mb * kb}, DType::Float32), b_tile = empty({kb * nb}, DType::Float32);
+  const Tensor c_tile = empty({mb * nb}, DType::Float32), bias_f = widen(bias);
+  float *at = a_tile.data<float>(), *bt = b_tile.data<float>(), *ct = c_tile.data<float>();
+  const float* bias_p = bias_f.defined() ? bias_f.data<float>() : nullptr;
+  const int64_t out_size = dtype_size(dst.dtype());
+  for (int64_t batch = 0; batch < B; ++batch)
+    for (int64_t m0 = 0; m0 < M; m0 += mb)
+      for (int64_t n0 = 0; n0 < N; n0 += nb) {
+        const int64_t m = std::min(mb, M - m0), n = std::min(nb, N - n0);
+        for (int64_t k0 = 0; k0 < K; k0 += kb) {
+          const int64_t k = std::min(kb, K - k0);
+          const char ta = widen_tile(a, batch, m0, m, k0, k, at), tb = widen_tile(b, batch, k0, k, n0, n, bt);
+          dnnl::sgemm(ta, tb, m, n, k, 1.0f, at, ta == 'N' ? k : m, bt, tb == 'N' ? n : k, k0 == 0 ? 0.0f : 1.0f, ct,
+                      n);
+        }
+        char* out = static_cast<char*>(dst.data_ptr()) + ((batch * M + m0) * N + n0) * out_size;
+#pragma omp parallel for schedule(static) if (m * n > kParallelGrain)
+        for (int64_t r = 0; r < m; ++r) {
+          float* row = ct + r * n;
+          if (bias_p)
+            for (int64_t j = 0; j < n; ++j) row[j] += bias_p[n0 + j];
+          convert(row, DType::Float32, out + r * N * out_size, dst.dtype(), static_cast<size_t>(n));
+        }
+      }
+}
+
 }  // namespace
 
 void matmul(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias) {
@@ -99,14 +169,8 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& b
   const Tensor x = usable(a) ? a : a.contiguous(), y = usable(b) ? b : b.contiguous();
   try {
     if (a.dtype() != DType::Float16 && run_onednn(x, y, dst, bias)) return;
-    // Emulation for dtypes without a oneDNN kernel here: exact widening to float32, float32 accumulation,
-    // and one rounding of the result (the numerics of 16-bit tensor cores).
     CASTOR_ASSERT(is_16bit_float(a.dtype()), "no matmul kernel for ", dtype_name(a.dtype()));
-    // The float32 copies keep the operands' layouts (a linear's transposed weight stays transposed), so widening
-    // is a flat conversion rather than a transposing copy.
-    const Tensor df = float_like(dst);
-    CASTOR_ASSERT(run_onednn(widen(x), widen(y), df, widen(bias)), "oneDNN has no float32 matmul");
-    round_into(df, dst);
+    matmul_emulated(x, y, dst, bias);
   } catch (const dnnl::error& e) {
     throw Error(detail::cat("matmul: oneDNN could not run ", a.describe(), " x ", b.describe(), ": ", e.what()));
   }
