@@ -7,7 +7,8 @@
 # shared machine's drifting load falls on both; the per-round ratios and their range are printed.
 #
 #   bench/precision_auto.sh [ROUNDS=3]
-#   env: CAP (AVX2 | AVX512_CORE | none), LEVELS (default "bf16-mixed"; any --precision values), JOBS ("cnn gpt"),
+#   env: CAP (AVX2 | AVX512_CORE | none), LEVELS (default "bf16-mixed"; --precision values, O2-bf16, O2-fp16),
+#        JOBS ("cnn gpt"),
 #        CNN_STEPS (300), GPT_STEPS (200), CASTOR (build/castor), GPT_DATA (data/brown-char)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +29,12 @@ echo "# $(date -u +%Y-%m-%dT%H:%MZ), load:$(uptime | sed 's/.*load average://')"
 run() {
   local job=$1 precision=$2 out="$work/$1-$2"
   rm -rf "$out"
-  local args=(train --precision "$precision" --out "$out")
+  local args=(train --out "$out")
+  case $precision in  # O2 has no Lightning spelling: O2-bf16, O2-fp16 as config.json names it
+    O2-bf16) args+=(--amp O2 --dtype bf16) ;;
+    O2-fp16) args+=(--amp O2 --dtype fp16) ;;
+    *) args+=(--precision "$precision") ;;
+  esac
   if [ "$job" = cnn ]; then args+=(--steps "${CNN_STEPS:-300}"); else
     args+=(--model gpt --data-dir "$gpt_data" --steps "${GPT_STEPS:-200}"); fi
   "$castor" "${args[@]}" >"$work/log" 2>&1 || { cat "$work/log" >&2; exit 1; }
