@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "castor/backends.h"
@@ -82,7 +83,10 @@ struct TrainConfig {
   int64_t eval_every = 0;              // > 0: test accuracy every N steps too (always at each epoch end)
   int64_t synthetic_size = 2048;       // training images of --data synthetic
   bool profile = false;
-  std::vector<std::string> given;      // the flags set on the command line or in --config, as "--lr"
+  std::vector<std::string> given_flags;  // the flags set on the command line or in --config, as "--lr"
+
+  // Whether `flag` ("--lr") was set on the command line or in --config.
+  bool given(std::string_view flag) const;
 };
 
 // The --precision spelling (Lightning 2's) of the config's opt level and dtype; O2 as "O2-bf16" / "O2-fp16".
@@ -101,10 +105,10 @@ std::string train_help();
 Json settings_json(const TrainConfig& c);
 
 // The config of `castor train --resume DIR ...`: the settings `recorded` in DIR, with the flags given now that
-// do not change the computation (--steps/--epochs, --log-every, --checkpoint-every, --checkpoint-minutes, --keep,
-// --eval-every, --profile, --out, --image-cache-mb, and --threads unless deterministic; --nproc and --batch-size are
-// checked against the recorded global batch by run_train). Any other given flag that differs from the recording is
-// refused with one castor::Error naming each differing setting; `what` names the recording in errors.
+// the settings table (src/train/settings.cpp) lets a resume change (those that do not change the computation: --steps/
+// --epochs, --log-every, ...; --batch-size is checked against the recorded global batch by run_train). Any other given
+// flag that differs from the recording is refused with one castor::Error naming each differing setting; `what` names
+// the recording in errors.
 TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const std::string& what);
 
 // `castor eval`: a castor checkpoint, or weights without castor metadata given model and data.
@@ -113,7 +117,7 @@ struct EvalConfig {
   std::optional<ModelKind> model;  // for files without castor metadata (e.g. written by PyTorch)
   std::optional<Dataset> data;
   std::string data_dir;
-  int64_t batch_size = 256;
+  int64_t batch_size = 0;  // images or token rows per batch; 0: the task's (256 images, rows of ~4096 tokens)
 };
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);
 std::string eval_help();

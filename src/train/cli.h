@@ -1,19 +1,79 @@
-// What the subcommands' CLI11 tables share: parsing with one-line errors and the flag list completion offers.
+// What the subcommands' CLI11 tables share: one set-up, the value checks, the flags several subcommands take,
+// parsing with one-line errors and the flag list completion offers.
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "castor/check.h"
 #include "castor/sample.h"
 
 namespace castor::train {
 
-// Parses `args` (argv after the subcommand); CLI11's errors become one castor::Error line, "--flag: problem".
+// A subcommand's table: its description and name, each option taking its last value and showing its default.
+std::unique_ptr<CLI::App> make_app(const std::string& description, const std::string& name);
+
+// Parses `args` (argv after the subcommand); CLI11's errors become one castor::Error line, "--flag: problem", and an
+// unknown flag names the nearest known one.
 void parse_flags(CLI::App& app, std::vector<std::string> args, const std::string& command);
 // "--a --b ..." of every long flag of `app`.
 std::string flag_words(const CLI::App& app);
+
+// Value checks, run on the flag's text before conversion (CLI11 prefixes the flag's name to the message).
+CLI::Validator number_in(double lo, double hi, bool lo_open, bool hi_open, const std::string& range);
+CLI::Validator integer_in(int64_t min, int64_t max = int64_t{1} << 53);  // up to 2^53: exact in a double
+CLI::Validator one_of(std::vector<std::string> choices);
+const CLI::Validator& positive();
+const CLI::Validator& non_negative();
+const CLI::Validator& unit_interval();  // [0, 1)
+
+// More OpenMP threads than this is no machine's (tens of thousands crash the OpenMP runtime).
+constexpr int64_t kMaxThreads = 1024;
+
+// The flags several subcommands take, defined once (their checks with them).
+CLI::Option* add_threads(CLI::App& app, int& target, const std::string& help);    // 0..kMaxThreads
+CLI::Option* add_seed(CLI::App& app, uint64_t& target, const std::string& help);   // 0..2^53
+CLI::Option* add_init(CLI::App& app, std::string& target, const std::string& help);
+CLI::Option* add_n_head(CLI::App& app, int64_t& target, const std::string& help);  // 0 (not given)..1024
+
+// The spellings of an enumerated flag's values: the flag's choices, its help, config.json and name(); the first
+// spelling of a value is its name.
+template <class E>
+struct Spelling {
+  E value;
+  const char* name;
+};
+
+template <class E, size_t N>
+const char* spelling(const Spelling<E> (&table)[N], E v) {
+  for (const Spelling<E>& s : table)
+    if (s.value == v) return s.name;
+  CASTOR_ASSERT(false, "an enum value without a spelling: ", static_cast<int>(v));
+}
+
+template <class E, size_t N>
+std::vector<std::string> spellings(const Spelling<E> (&table)[N]) {
+  std::vector<std::string> names;
+  for (const Spelling<E>& s : table) names.push_back(s.name);
+  return names;
+}
+
+// An option whose text must be one of the table's spellings and sets `target` (E, or std::optional<E> where absent
+// means not given) to its value.
+template <class E, size_t N, class Target>
+CLI::Option* add_choice(CLI::App& app, const std::string& flag, Target& target, const Spelling<E> (&table)[N],
+                        const std::string& help) {
+  auto set = [&target, &table](const std::string& text) {
+    for (const Spelling<E>& s : table)
+      if (text == s.name) return void(target = s.value);
+  };
+  CLI::Option* o = app.add_option_function<std::string>(flag, set, help)->check(one_of(spellings(table)));
+  if constexpr (std::is_same_v<Target, E>) o->default_str(spelling(table, target));
+  return o;
+}
 
 // The tables of `castor sample` and `castor export` (src/train/sample.cpp), for completion.
 std::unique_ptr<CLI::App> sample_app(SampleConfig& c);

@@ -95,11 +95,15 @@ TEST(GptAmp, Float32TrainingFollowsPyTorchStepByStep) {
 }
 
 TEST(GptAmp, AutocastBFloat16TrainingFollowsPyTorchAutocast) {
-  const auto [got, want] = curves(/*autocast=*/true, 200);
+  // 150 steps: past about step 140 this model memorises its four batches and the two runs turn chaotic, the
+  // summation-order differences of the GEMM kernels (oneDNN's AMX tiles on Sapphire Rapids against PyTorch's own
+  // small-GEMM loops; AVX-512 on Zen 4) growing to a few percent of the loss (measured over steps 180-200: 3% on
+  // Sapphire Rapids, under 1% on Zen 4), which would test the CPU rather than Castor.
+  const auto [got, want] = curves(/*autocast=*/true, 150);
   ASSERT_EQ(got.size(), want.size());
   // Both sides round the same GEMMs to bfloat16 but PyTorch's CPU autocast runs the attention softmax in bfloat16
-  // and Castor keeps its statistics in float32: the curves agree to 1e-3 early and drift apart by a few percent of
-  // the loss late in training (measured: at most 5% at single steps past step 150, under 1% averaged).
+  // and Castor keeps its statistics in float32: the curves agree to 1e-3 early and drift apart later (measured: at
+  // most 1.8% at single steps up to step 150 and 0.6% averaged over steps 130-150, on Sapphire Rapids).
   double got_tail = 0, want_tail = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_NEAR(got[i], want[i], 3e-2 * want[i] + 3e-2) << "step " << i;

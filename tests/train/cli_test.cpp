@@ -2,6 +2,7 @@
 // weights, per-subcommand help and --version.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -166,6 +167,66 @@ TEST(TrainFlags, BashCompletionComesFromTheFlagTable) {
 
 // Two micro-batches of 16 are one batch of 32: the summed gradients of the halves' mean losses over 2 equal
 // the gradient of the whole batch's mean loss, so SGD ends at the same weights up to float32 rounding.
+TEST(TrainFlags, FlagsOfAnotherJobAreRefusedNamingTheFlag) {
+  // A GPT's sizes given to an image classifier (castor ignored them before).
+  EXPECT_EQ(error_of({"--model", "simplecnn", "--n-head", "3", "--block-size", "99"}),
+            "--n-head: applies to language models only (--model gpt, gpt-mini or gpt2), not --model simplecnn");
+  for (const char* flag : {"--n-layer", "--n-embd", "--block-size", "--vocab-size", "--dropout", "--data-order"})
+    EXPECT_NE(error_of({"--model", "resnet9", flag, flag == std::string("--data-order") ? "sequential" : "0"})
+                  .find(std::string(flag) + ": applies to language models only"),
+              std::string::npos)
+        << flag;
+  EXPECT_EQ(error_of({"--model", "gpt", "--augment", "standard"}),
+            "--augment: applies to image models only, not --model gpt");
+  EXPECT_EQ(error_of({"--image-size", "64"}), "--image-size: applies to --data folder only, not --data fashion-mnist");
+  EXPECT_EQ(error_of({"--synthetic-size", "64"}),
+            "--synthetic-size: applies to --data synthetic only, not --data fashion-mnist");
+  // Each job takes its own.
+  EXPECT_EQ(parse_train_flags({"--model", "gpt", "--n-head", "2", "--n-embd", "32"}).n_head, 2);
+  EXPECT_EQ(parse_train_flags({"--data", "synthetic", "--synthetic-size", "64"}).synthetic_size, 64);
+  // A resume's job is the recorded one: an image run's recording (n_head 0 among its keys) resumes.
+  const Json recorded = settings_json(parse_train_flags({"--data", "synthetic"}));
+  EXPECT_EQ(resume_config(parse_train_flags({"--resume", "run", "--steps", "3"}), recorded, "run").steps, 3);
+  try {
+    resume_config(parse_train_flags({"--resume", "run", "--dropout", "0"}), recorded, "run");
+    ADD_FAILURE() << "--dropout accepted on an image run's resume";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--dropout: applies to language models only"), std::string::npos) << e.what();
+  }
+}
+
+TEST(TrainFlags, AnUnknownFlagIsNamedAloneWithTheNearestOne) {
+  EXPECT_EQ(error_of({"--eval_every", "1"}),
+            "unknown flag --eval_every; did you mean --eval-every? (see castor train --help)");
+  EXPECT_EQ(error_of({"--lr", "0.1", "--wieght-decay=0.1"}),
+            "unknown flag --wieght-decay; did you mean --weight-decay? (see castor train --help)");
+  EXPECT_EQ(error_of({"--frobnicate"}), "unknown flag --frobnicate (see castor train --help)");
+  EXPECT_EQ(error_of({"stray"}).find("unexpected argument 'stray'"), 0u) << error_of({"stray"});
+}
+
+TEST(TrainFlags, ConfigJsonAndResumeHelpComeFromTheSettingsTable) {
+  // Every recorded key is a flag of castor train, and reads back as the same setting.
+  const TrainConfig c = parse_train_flags({"--lr", "0.25", "--no-bias", "--model", "gpt", "--loss-scale", "128"});
+  const Json recorded = settings_json(c);
+  EXPECT_EQ(recorded.as_object().size(), 48u);
+  const std::string help = train_help();
+  for (const auto& [key, v] : recorded.as_object()) {
+    std::string flag = "--" + key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    EXPECT_NE(help.find(flag), std::string::npos) << key;
+  }
+  EXPECT_EQ(settings_json(resume_config(TrainConfig{}, recorded, "run")), recorded);
+  EXPECT_EQ(recorded.at("loss_scale").as_double(), 128);
+  EXPECT_EQ(recorded.at("dtype").as_string(), "bfloat16");
+  // --resume's help lists what a resume may change; --lr is not among them.
+  const size_t at = help.find("Only these may change: ");
+  ASSERT_NE(at, std::string::npos);
+  const std::string rule = help.substr(at, help.find('\n', at) - at);
+  EXPECT_NE(rule.find("--log-every"), std::string::npos) << rule;
+  EXPECT_NE(rule.find("--steps (to extend)"), std::string::npos) << rule;
+  EXPECT_EQ(rule.find("--lr"), std::string::npos) << rule;
+}
+
 TEST(TrainerFlags, GradientAccumulationEqualsOneBigBatch) {
   const std::string accum = test::fresh_dir("grad_accum"), big = test::fresh_dir("grad_big");
   auto a = synthetic_flags(accum, 4);

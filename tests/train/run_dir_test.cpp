@@ -494,7 +494,7 @@ TEST_F(RunDir, ThreadCountsAreBoundedAlsoWhenRestored) {
     cfg["threads"] = int64_t{100000};
     c.state_meta["config"] = cfg.dump();
   });
-  expect_one_line_error(castor({"train", "--resume", "run", "--steps", "4"}), {"threads 100000", "recorded"});
+  expect_one_line_error(castor({"train", "--resume", "run", "--steps", "4"}), {"--threads", "at most 1024, got 100000", "recorded"});
 }
 
 TEST_F(RunDir, ConfigFilesAreReadOnlyIfRegularAndSmall) {

@@ -179,7 +179,7 @@ TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {
       {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--temperature", "-1"}, "--temperature: must be"},
       {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--tokens", "many"}, "--tokens: invalid value 'many'"},
       {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--bogus"}, "unknown flag"},
-      {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--threads", "0"}, "--threads: must be in [1, 1024]"},
+      {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--threads", "2000"}, "--threads: must be at most 1024"},
       {{"sample", "--init", f.dir + "/plain.safetensors", "--tokenizer-dir", f.tok}, "number of heads is not recorded"},
       {{"sample", "--init", f.dir + "/missing.bin", "--tokenizer-dir", f.tok}, "missing.bin"},
       {{"sample", "--init", f.bin, "--tokenizer-dir", f.dir}, "tokenizer.json"},

@@ -1,0 +1,78 @@
+// `castor eval`: the evaluation of a castor checkpoint, or of weights without castor metadata given their model and
+// dataset, with the per-class table of an image classifier.
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+
+#include "castor/checkpoint.h"
+#include "castor/fs.h"
+#include "castor/safetensors.h"
+#include "castor/trainer.h"
+#include "train/progress.h"
+#include "train/task.h"
+
+namespace castor::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The weights at `path` (a run or checkpoint directory, or a safetensors file) and the config they were trained with
+// (from castor's metadata, or --model and --data); `recorded_classes`: the class names the run recorded.
+LoadedTensors load_for_eval(const EvalConfig& e, TrainConfig& c, std::vector<std::string>& recorded_classes) {
+  LoadedTensors model_file;
+  if (fs::is_directory(e.path)) {
+    Checkpoint ck = read_checkpoint(e.path);
+    model_file = {std::move(ck.model), std::move(ck.model_meta)};
+  } else {
+    model_file = load_safetensors(e.path);
+  }
+  auto it = model_file.metadata.find("castor.config");
+  if (it != model_file.metadata.end()) {
+    const Json recorded = Json::parse(it->second);
+    c = resume_config(TrainConfig{}, recorded, e.path);
+    if (const Json* names = recorded.find("class_names"); names && names->is_array())
+      for (const Json& n : names->as_array()) recorded_classes.push_back(n.is_string() ? n.as_string() : n.dump());
+    CASTOR_CHECK(!e.model || *e.model == c.model, "--model ", name(*e.model), ": ", e.path, " holds a ", name(c.model));
+    CASTOR_CHECK(!e.data || *e.data == c.data, "--data ", name(*e.data), ": ", e.path, " was trained on ",
+                 name(c.data));
+  } else {
+    CASTOR_CHECK(e.model && e.data, e.path,
+                 ": no castor metadata (castor.config); say what it holds with --model and --data");
+    c.model = *e.model;
+    c.data = *e.data;
+    c.amp = amp::OptLevel::O0;  // weights without castor metadata are evaluated in float32
+  }
+  if (!e.data_dir.empty()) c.data_dir = e.data_dir;
+  return model_file;
+}
+
+}  // namespace
+
+Json run_eval(const EvalConfig& e) {
+  TrainConfig c;
+  std::vector<std::string> recorded_classes;
+  const LoadedTensors model_file = load_for_eval(e, c, recorded_classes);
+  const std::unique_ptr<Task> task = make_task(c, /*rank=*/0, /*world=*/1, /*new_run=*/false);
+  Run run = build_run(c, *task, 1, /*load_init=*/false);
+  try {
+    run.model->load_state_dict(model_file.tensors, /*strict=*/true);
+  } catch (const Error& err) {
+    throw Error(detail::cat(e.path, ": ", err.what()));
+  }
+  const std::vector<std::string> classes = task->classes();
+  CASTOR_CHECK(recorded_classes.empty() || recorded_classes == classes, e.path, ": the model was trained on other "
+               "classes than --data-dir ", data_dir(c), " holds (", recorded_classes.size(), " recorded, ",
+               classes.size(), " found, or in another order)");
+  const Evaluation ev = evaluate(*task, *run.model, *run.amp, e.batch_size > 0 ? e.batch_size : task->eval_batch_size());
+  // On a terminal too narrow for the confusion matrix, the per-class columns alone (the JSON has the matrix).
+  const int width = isatty(STDERR_FILENO) ? terminal_width(STDERR_FILENO) - 1 : INT32_MAX;
+  std::fputs(task->eval_text(ev, width).c_str(), stderr);
+  Json out = task->eval_json(ev);
+  out["checkpoint"] = e.path;
+  return out;
+}
+
+}  // namespace castor::train

@@ -1,0 +1,182 @@
+// The language-model task: llm.c token files in (B, T) windows, a GPT of the config's (or --init's) sizes, and
+// validation loss, perplexity and next-token accuracy.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <tuple>
+
+#include "castor/dist.h"
+#include "castor/fs.h"
+#include "castor/llmc.h"
+#include "castor/lm_batch.h"
+#include "castor/models.h"
+#include "castor/token_file.h"
+#include "castor/trainer.h"
+#include "train/task.h"
+
+namespace castor::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The vocabulary a GPT needs for the tokens in `dir`: --vocab-size, else the tokenizer's recorded beside them, padded to
+// a multiple of 64 above 1024 (GPT-2's 50,257 -> 50,304, as nanoGPT and llm.c). Returns (padded, real).
+std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& dir) {
+  const std::string record = dir + "/tokenizer.json";
+  int64_t real = 0;
+  if (fs::exists(record)) {
+    const std::vector<uint8_t> bytes = read_file(record, /*max_bytes=*/1 << 20);
+    const Json parsed = Json::parse(std::string(bytes.begin(), bytes.end()));
+    const Json* v = parsed.find("vocab_size");
+    CASTOR_CHECK(v && v->is_int() && v->as_int() > 0, record, ": no positive vocab_size");
+    real = v->as_int();
+  }
+  CASTOR_CHECK(real > 0 || c.vocab_size > 0, "--vocab-size: not given, and ", record,
+               " (written by castor tokenize) is missing");
+  const int64_t padded = c.vocab_size > 0 ? c.vocab_size : real > 1024 ? (real + 63) / 64 * 64 : real;
+  CASTOR_CHECK(real <= padded, "--vocab-size ", padded, ": smaller than the tokenizer's ", real, " (", record, ")");
+  return {padded, real > 0 ? real : padded};
+}
+
+// --data brown | brown-char | tokens: DIR/train.bin and DIR/val.bin (llm.c's token files), batches of (B, T) windows.
+class LmTask : public Task {
+ public:
+  // Resolves c.vocab_size (recorded, so a resumed run builds the same model); a new run with --init takes the
+  // model's sizes from that file (llm.c's gpt2_124M.bin or nanoGPT-named safetensors).
+  LmTask(TrainConfig& c, int rank, int world, bool new_run) : dir_(data_dir(c)) {
+    if (new_run && !c.init.empty()) take_init_sizes(c);
+    CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(), "--data tokens: needs --data-dir DIR holding "
+                 "train.bin and val.bin (castor tokenize writes them)");
+    CASTOR_CHECK(fs::exists(dir_ + "/train.bin") || c.data == Dataset::Tokens, "--data ", name(c.data), ": ", dir_,
+                 "/train.bin is missing; ./scripts/setup.sh prepares the Brown corpus there (or give --data-dir)");
+    train_.emplace(dir_ + "/train.bin");
+    val_.emplace(dir_ + "/val.bin");
+    std::tie(c.vocab_size, real_vocab_) = vocabulary(c, dir_);
+    config_ = gpt_config(c, real_vocab_);
+    for (const data::TokenFile* f : {&*train_, &*val_})
+      for (uint16_t t : f->tokens().subspan(0, std::min<size_t>(f->tokens().size(), 1 << 20)))
+        CASTOR_CHECK(t < config_.vocab_size, f->path(), ": token ", t, " is outside the vocabulary of ",
+                     config_.vocab_size, " (--vocab-size)");
+    source_.emplace(*train_, data::LmBatchOptions{.batch_size = c.batch_size, .block_size = c.block_size,
+                                                   .sequential = c.data_order == DataOrder::Sequential,
+                                                   .seed = c.seed, .rank = rank, .num_ranks = world});
+    per_epoch_ = source_->batches_per_epoch();
+  }
+  static models::GPTConfig gpt_config(const TrainConfig& c, int64_t real_vocab) {
+    models::GPTConfig g;
+    g.n_layer = c.n_layer, g.n_head = c.n_head, g.n_embd = c.n_embd, g.block_size = c.block_size;
+    g.vocab_size = c.vocab_size, g.real_vocab_size = real_vocab, g.dropout = c.dropout, g.bias = c.bias;
+    return g;
+  }
+  int64_t batches_per_epoch() const override { return per_epoch_; }
+  void start_epoch(int64_t epoch, int64_t batch) override {
+    epoch_ = epoch;
+    source_->set_state({epoch * per_epoch_ + batch});
+  }
+  std::optional<Batch> next() override {
+    const int64_t i = source_->state().next_batch - epoch_ * per_epoch_;
+    if (i >= per_epoch_) return std::nullopt;
+    data::LmBatch b = source_->next();
+    return Batch{b.x, b.y, i, static_cast<double>(b.x.numel())};
+  }
+  nn::ModulePtr make_model(const TrainConfig& c) const override { return models::gpt(config_, c.seed + 1337); }
+  std::pair<std::vector<Tensor>, std::vector<Tensor>> param_groups(const nn::Module& model) const override {
+    // nanoGPT's configure_optimizers: weight decay on the 2-D tensors (matrices, embeddings) only.
+    std::vector<Tensor> decay, no_decay;
+    for (const Tensor& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+    return {decay, no_decay};
+  }
+  FlopRate flop_rate(const TrainConfig& c, const nn::Module& model) const override;
+
+  // The whole validation split in rows of T tokens, each once.
+  int64_t eval_batches(int64_t batch_size) const override {
+    const int64_t n = data::eval_batch_count(*val_, batch_size, config_.block_size);
+    CASTOR_CHECK(n > 0, val_->path(), ": no whole window of ", config_.block_size + 1, " tokens to evaluate on");
+    return n;
+  }
+  Batch eval_batch(int64_t i, int64_t batch_size) const override {
+    data::LmBatch b = data::eval_batch(*val_, batch_size, config_.block_size, i);
+    return Batch{b.x, b.y, i, static_cast<double>(b.x.numel())};
+  }
+  // Rows of the block size, about 4096 tokens a batch.
+  int64_t eval_batch_size() const override { return std::max<int64_t>(1, 4096 / config_.block_size); }
+
+  void record(Json& o) const override {
+    o["vocab_size"] = config_.vocab_size;
+    o["real_vocab_size"] = config_.real_vocab_size;
+    o["train_tokens"] = train_->size();
+    o["val_tokens"] = val_->size();
+  }
+  const char* unit() const override { return "tok"; }
+  std::vector<std::string> epoch_fields(const Evaluation& ev, double train_loss) const override {
+    return {figure("val loss %.4f", ev.loss), figure("perplexity %.2f", std::exp(ev.loss)),
+            figure("train loss %.4f", train_loss)};
+  }
+  void summary_keys(Json& summary, const Evaluation* ev, double tokens_per_sec) const override {
+    summary["val_loss"] = ev ? Json(ev->loss) : Json();
+    summary["val_perplexity"] = ev ? Json(std::exp(ev->loss)) : Json();
+    summary["train_tokens_per_sec"] = tokens_per_sec;
+  }
+  Json eval_json(const Evaluation& ev) const override {
+    return Json::Object{{"val_loss", ev.loss}, {"val_perplexity", std::exp(ev.loss)}, {"val_accuracy", ev.accuracy}};
+  }
+  StateDict init_weights(const std::string& path) const override {
+    return init_ ? init_->state : models::load_gpt_init(path).state;
+  }
+
+ private:
+  // The sizes of --init's model; a size flag given with another value is an error naming both.
+  void take_init_sizes(TrainConfig& c) {
+    try {
+      init_ = models::load_gpt_init(c.init, c.given("--n-head") ? c.n_head : 0);
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
+    }
+    const models::GPTConfig& g = init_->config;
+    auto take = [&](const char* flag, int64_t& field, int64_t value) {
+      CASTOR_CHECK(!c.given(flag) || field == value, flag, " ", field, ": --init ", c.init, " holds ", value);
+      field = value;
+    };
+    take("--n-layer", c.n_layer, g.n_layer);
+    take("--n-head", c.n_head, g.n_head);
+    take("--n-embd", c.n_embd, g.n_embd);
+    take("--block-size", c.block_size, g.block_size);
+    take("--vocab-size", c.vocab_size, g.vocab_size);
+    CASTOR_CHECK(!c.given("--bias") || c.bias == g.bias, "--bias: --init ", c.init, g.bias ? " has" : " has no",
+                 " biases");
+    c.bias = g.bias;
+  }
+
+  std::optional<models::GPTWeights> init_;
+  std::string dir_;
+  std::optional<data::TokenFile> train_, val_;
+  std::optional<data::LmBatchSource> source_;
+  models::GPTConfig config_;
+  int64_t real_vocab_ = 0, per_epoch_ = 0, epoch_ = 0;
+};
+
+// MFU's two terms for a language model: model FLOPs per trained token (nanoGPT's estimate_mfu: 6 N + 12 L C T, N
+// without the position embeddings) and the GEMM peak in the dtype the GEMMs run in; none for image models.
+FlopRate LmTask::flop_rate(const TrainConfig& c, const nn::Module& model) const {
+  double n = 0;
+  for (const auto& [name, p] : model.named_parameters())
+    if (name != "transformer.wpe.weight") n += static_cast<double>(p.numel());
+  const double per_token = 6 * n + 12.0 * static_cast<double>(c.n_layer * c.n_embd * c.block_size);
+  const DType dtype = c.amp == amp::OptLevel::O0 ? DType::Float32 : c.dtype;
+  const FlopRate r{per_token, gemm_peak(dtype)};
+  if (dist::rank() == 0)
+    std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU against a measured %s GEMM peak of %.0f "
+                 "GFLOP/s\n", n / 1e6, per_token, dtype_name(dtype), r.peak / 1e9);
+  return r;
+}
+
+}  // namespace
+
+std::unique_ptr<Task> make_lm_task(TrainConfig& c, int rank, int world, bool new_run) {
+  return std::make_unique<LmTask>(c, rank, world, new_run);
+}
+
+}  // namespace castor::train

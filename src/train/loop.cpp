@@ -1,0 +1,374 @@
+// The training loop: micro-batches and optimizer steps, metrics, evaluations, checkpoints, divergence and interrupts.
+#include "train/loop.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <tuple>
+
+#include "castor/allocator.h"
+#include "castor/amp.h"
+#include "castor/autograd.h"
+#include "castor/dist.h"
+#include "castor/explain.h"
+#include "castor/fs.h"
+#include "castor/functional.h"
+#include "castor/ops.h"
+#include "castor/report.h"
+#include "castor/trainer.h"
+#include "train/metrics.h"
+#include "train/profiler.h"
+#include "train/run_log.h"
+
+namespace castor::train {
+
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// The explain rows with the module each op belongs to: the module whose parameters it used (conv1 for conv1.weight),
+// for an op without parameters (relu, pooling) the module of the op before it ("(input)" before the first), and for
+// an op run inside another (listed before it) the module of that op.
+std::vector<amp::ExplainRow> with_modules(std::vector<amp::ExplainRow> rows, const nn::Module& model) {
+  std::map<const TensorImpl*, std::string> owner;
+  for (const auto& [name, t] : model.named_parameters()) {
+    const size_t dot = name.rfind('.');
+    owner[t.impl()] = dot == std::string::npos ? std::string("(model)") : name.substr(0, dot);
+  }
+  std::string current = "(input)";
+  for (amp::ExplainRow& r : rows) {
+    if (r.depth > 0) continue;
+    for (const TensorImpl* in : r.inputs)
+      if (auto it = owner.find(in); it != owner.end()) current = it->second;
+    r.module = current;
+  }
+  std::string enclosing = current;
+  for (size_t i = rows.size(); i-- > 0;) {
+    if (rows[i].depth == 0) enclosing = rows[i].module;
+    else rows[i].module = enclosing;
+  }
+  return rows;
+}
+
+// The first interrupting signal (0: none yet); set by the handler install_interrupt_handlers() puts in place.
+std::atomic<int> g_interrupt{0};
+// Whether the handler says what it does (rank 0 only: every rank of a job gets the signal).
+std::atomic<bool> g_say_interrupt{true};
+
+void on_interrupt(int sig) {
+  int none = 0;
+  if (!g_interrupt.compare_exchange_strong(none, sig)) _exit(128 + sig);  // the second one: stop at once
+  static const char msg[] = "\ncastor: finishing this step to write a checkpoint (interrupt again to stop at once)\n";
+  if (!g_say_interrupt.load()) return;
+  [[maybe_unused]] ssize_t n = write(STDERR_FILENO, msg, sizeof(msg) - 1);
+}
+
+// The training loop with its logging, checkpoints, divergence and interrupt checks.
+class Trainer {
+ public:
+  Trainer(const TrainConfig& c, Task& task, Run& run, Json config, TrainState state, int64_t total_steps,
+          int64_t epochs, FlopRate flops)
+      : c_(c), task_(task), run_(run), config_(std::move(config)), state_(state), total_(total_steps),
+        rank0_(dist::rank() == 0), world_(dist::world_size()),
+        dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic"),
+        epochs_(epochs) {
+    if (rank0_) log_.emplace(c, total_steps, epochs, /*append=*/!c.resume.empty(), flops);
+  }
+
+  // Runs to the end (or an interrupt); returns the summary line, also written to summary.json.
+  Json run() {
+    const auto wall_start = Clock::now();
+    reset_peak_memory_stats();
+    std::unique_ptr<Profiler> profiler = c_.profile ? std::make_unique<Profiler>() : nullptr;
+    last_save_ = Clock::now();
+    const bool was_done = state_.step >= total_;
+    while (state_.step < total_ && !interrupted()) {
+      task_.start_epoch(state_.epoch, state_.batch);
+      EpochTotals e;
+      const auto epoch_start = Clock::now();
+      while (state_.step < total_ && !interrupted()) {
+        auto batch = task_.next();
+        if (!batch) break;
+        if (!micro_batch(*batch, e)) continue;  // the step needs more micro-batches
+        if (due_for_checkpoint()) checkpoint();
+      }
+      if (interrupted()) break;
+      end_epoch(e, std::chrono::duration<double>(Clock::now() - epoch_start).count());
+    }
+    // A signal during the final evaluation comes after the last step: the report below finishes the run.
+    if (interrupted() && state_.step < total_) return stop_interrupted();
+    if (was_done) {  // resumed after its last step without its report (or its epoch end): evaluate again for it
+      if (rank0_) std::fprintf(stderr, "castor train: %s finished at step %lld without its report; writing it\n",
+                               c_.out.c_str(), static_cast<long long>(state_.step));
+      if (state_.batch >= task_.batches_per_epoch())
+        end_epoch(EpochTotals{}, 0);  // as a resume mid-run does at an epoch end cut off by a kill
+      else
+        last_eval_ = evaluate(task_, *run_.model, *run_.amp, task_.eval_batch_size());
+    }
+    Json summary = summary_json();
+    summary["wall_seconds"] = std::chrono::duration<double>(Clock::now() - wall_start).count();
+    const Json build = build_json();
+    for (const auto& [k, v] : build.as_object()) summary[k] = v;
+    summary["finished"] = utc_now();
+    if (!rank0_) return summary;
+    // The report covers the whole run, resumed parts included, from metrics.jsonl.
+    const std::string title = detail::cat("castor: ", name(c_.model), " on ", name(c_.data), ", ",
+                                          amp::opt_level_name(c_.amp));
+    const Json classes = last_eval_ ? task_.by_class(*last_eval_) : Json();
+    atomic_write_file(c_.out + "/report.html",
+                      render_report(title, config_, read_metrics(c_.out), op_dtypes_, classes));
+    if (profiler) std::fprintf(stderr, "%s", profiler->table(15).c_str());
+    atomic_write_file(c_.out + "/summary.json", summary.dump(2) + "\n");
+    return summary;
+  }
+
+ private:
+  struct EpochTotals {
+    double loss = 0, images = 0;
+    int64_t batches = 0;
+  };
+
+  // A signal asked to stop: this process's flag, or with several ranks the flag of any rank as of the last step
+  // (all-reduced with the loss, so every rank stops after the same step).
+  bool interrupted() const { return world_ == 1 ? g_interrupt.load() != 0 : stop_all_; }
+
+  // Forward and backward of one micro-batch; an optimizer step once grad_accum of them (or the rest of the
+  // epoch) have summed their gradients. Returns whether it stepped.
+  bool micro_batch(const Batch& batch, EpochTotals& e) {
+    const auto t0 = Clock::now();
+    if (micro_ == 0) run_.opt->zero_grad();
+    Tensor loss;
+    {
+      std::optional<amp::ExplainGuard> explain;  // the report's op dtype table, from the first forward
+      if (op_dtypes_.empty()) explain.emplace();
+      auto fw = run_.amp->forward();
+      // At O2/O3 the patched forward casts the batch to the model's dtype and the logits back to float32.
+      // The loss is computed in float32 from 16-bit logits as they are (no float32 copy of a GPT's vocabulary).
+      Tensor logits = (*run_.model)(batch.input);
+      loss = F::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.target.reshape({-1}), F::Reduction::Mean,
+                              c_.label_smoothing);
+      if (explain) op_dtypes_ = with_modules(explain->rows(), *run_.model);
+    }
+    // Summed over grad_accum micro-batches, the gradients are those of the mean loss of one big batch. With
+    // several ranks, backward averages them across ranks, once per step (the other micro-batches run in no_sync).
+    const int64_t next_batch = batch.index + 1;
+    const bool last_micro = micro_ + 1 >= c_.grad_accum || next_batch >= task_.batches_per_epoch();
+    {
+      std::optional<nn::DistributedDataParallel::NoSync> no_sync;
+      if (run_.ddp && !last_micro) no_sync.emplace(*run_.ddp);
+      run_.amp->scale_loss(c_.grad_accum > 1 ? loss / static_cast<double>(c_.grad_accum) : loss, *run_.opt).backward();
+    }
+    const double n = batch.examples * world_;  // the whole job's images or tokens
+    images_ += n;
+    e.images += n;
+    micro_loss_ += loss.item();
+    if (++micro_ < c_.grad_accum && !last_micro) {
+      train_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+      return false;
+    }
+    if (c_.clip_grad_norm > 0) {
+      run_.amp->unscale_(*run_.opt);
+      amp::clip_grad_norm_(*run_.opt, c_.clip_grad_norm);
+    }
+    const bool stepped = run_.amp->step(*run_.opt);
+    if (run_.sched) run_.sched->step();
+    double lv = micro_loss_ / static_cast<double>(micro_);
+    if (world_ > 1) {
+      // The mean loss over ranks; whether any rank was asked to stop or (by its own clock) is due a timed
+      // checkpoint: decisions every rank must take at the same step.
+      Tensor t = tensor({lv, g_interrupt.load() != 0 ? 1.0 : 0.0, minutes_due() ? 1.0 : 0.0}, {3}, DType::Float64);
+      dist::all_reduce(t);
+      const std::vector<double> v = t.to_vector<double>();
+      lv = v[0] / world_;
+      stop_all_ = v[1] > 0;
+      minutes_due_all_ = v[2] > 0;
+    }
+    micro_ = 0;
+    micro_loss_ = 0;
+    ++state_.step;
+    state_.batch = next_batch;
+    train_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    e.loss += lv;
+    ++e.batches;
+    check_divergence(lv, stepped);
+    if (log_) log_->step({state_.step, state_.epoch + 1, lv, run_.opt->param_groups()[0].lr,
+               run_.amp->scaler().get_scale(), !stepped, images_, train_seconds_, run_.amp->scaler().is_enabled()});
+    // (an epoch's end evaluates anyway)
+    if (c_.eval_every > 0 && state_.step % c_.eval_every == 0 && state_.step < total_ &&
+        next_batch < task_.batches_per_epoch()) {
+      const Evaluation ev = evaluate_now();
+      if (log_) log_->evaluation(state_.step, state_.epoch + 1, ev.loss, ev.accuracy);
+    }
+    return true;
+  }
+
+  // Stops the run with "diverged at step N" on a non-finite loss without dynamic loss scaling (O0, O3 bf16),
+  // or when dynamic scaling skips step after step or drives the scale below a floor; and when a static loss
+  // scale overflows the gradients kMaxSkippedStatic steps in a row (nothing would be trained).
+  void check_divergence(double loss, bool stepped) {
+    skipped_in_a_row_ = stepped ? 0 : skipped_in_a_row_ + 1;
+    const double scale = run_.amp->scaler().get_scale();
+    if (!dynamic_scale_) {
+      CASTOR_CHECK(std::isfinite(loss), "diverged at step ", state_.step, ": the loss is ", loss,
+                   " (try a lower --lr); the newest checkpoint holds the last finite state");
+      CASTOR_CHECK(skipped_in_a_row_ < kMaxSkippedStatic, "stopped at step ", state_.step, ": ", skipped_in_a_row_,
+                   " steps in a row were skipped because the gradients overflow at the static loss scale ", scale,
+                   "; use a lower --loss-scale, or --loss-scale dynamic");
+    } else {
+      CASTOR_CHECK(skipped_in_a_row_ < kMaxSkippedInARow && scale >= kMinLossScale, "diverged at step ", state_.step,
+                   ": ", skipped_in_a_row_, " skipped steps in a row, loss scale ", scale,
+                   " (try a lower --lr); the newest checkpoint holds the last finite state");
+    }
+  }
+
+  void end_epoch(const EpochTotals& e, double seconds) {
+    const bool epoch_end = state_.batch >= task_.batches_per_epoch();
+    last_eval_ = evaluate_now();
+    const double ips = e.images / std::max(seconds, 1e-9);
+    const double train_loss = e.batches ? e.loss / static_cast<double>(e.batches) : 0.0;
+    const auto& scaler = run_.amp->scaler();
+    const int64_t epoch = state_.epoch + 1;  // numbered from 1, as the progress line does
+    char buf[64];
+    std::vector<std::string> fields;  // most important first: the terminal shows those that fit
+    auto add = [&](const char* fmt, auto... args) {
+      std::snprintf(buf, sizeof(buf), fmt, args...);
+      fields.push_back(buf);
+    };
+    add("epoch %lld/%lld", static_cast<long long>(epoch), static_cast<long long>(epochs_));
+    for (const std::string& f : task_.epoch_fields(*last_eval_, train_loss)) fields.push_back(f);
+    add("%.0f %s/s", ips, task_.unit());
+    if (log_ && log_->mfu(ips) > 0) add("MFU %.1f%%", 100 * log_->mfu(ips));
+    if (scaler.is_enabled()) {
+      add("scale %g", scaler.get_scale());
+      add("skipped %lld", static_cast<long long>(scaler.steps_skipped()));
+    }
+    add("peak mem %.1f MiB", memory_stats().peak_bytes / 1048576.0);
+    if (log_) log_->epoch({{"epoch", epoch}, {"step", state_.step}, {"train_loss", train_loss},
+                {"test_loss", last_eval_->loss}, {"test_accuracy", last_eval_->accuracy}, {"images_per_sec", ips},
+                {"loss_scale", scaler.get_scale()}, {"skipped_steps", scaler.steps_skipped()},
+                {"peak_memory_bytes", memory_stats().peak_bytes}},
+               fields);
+    if (epoch_end) {
+      ++state_.epoch;
+      state_.batch = 0;
+    }
+    if ((c_.checkpoint_every == 0 || state_.step >= total_) && !saved_now()) checkpoint();
+  }
+
+  // The test set's loss and accuracy; its ops are left out of --profile's table (which is about training).
+  Evaluation evaluate_now() {
+    OpObserver* profiler = op_observer();
+    set_op_observer(nullptr);
+    Evaluation ev = evaluate(task_, *run_.model, *run_.amp, task_.eval_batch_size());
+    set_op_observer(profiler);
+    return ev;
+  }
+
+  // Whether the newest checkpoint holds the current position already.
+  bool saved_now() const { return saved_ == std::tuple{state_.step, state_.epoch, state_.batch}; }
+
+  bool due_for_checkpoint() const {
+    if (c_.checkpoint_every > 0 && state_.step % c_.checkpoint_every == 0) return true;
+    return world_ == 1 ? minutes_due() : minutes_due_all_;
+  }
+  bool minutes_due() const {
+    const double minutes = std::chrono::duration<double>(Clock::now() - last_save_).count() / 60;
+    return c_.checkpoint_minutes > 0 && minutes >= c_.checkpoint_minutes;
+  }
+
+  // Writes a checkpoint of the current state, refusing to replace good ones with non-finite weights.
+  // With several ranks (whose weights are equal) rank 0 writes it, and the others wait until it is on disk.
+  void checkpoint() {
+    if (rank0_) {
+      const Checkpoint ck = state_.save(run_, config_);
+      for (const auto& [name, t] : ck.model)
+        CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), "diverged at step ", state_.step, ": ", name,
+                     " is not finite (try a lower --lr); the newest checkpoint holds the last finite state");
+      write_checkpoint(c_.out, state_.step, ck, c_.keep);
+    }
+    if (world_ > 1) dist::barrier();
+    saved_ = {state_.step, state_.epoch, state_.batch};
+    last_save_ = Clock::now();
+  }
+
+  // Checkpoints the finished step and says how to go on; the summary carries the signal for the exit status.
+  Json stop_interrupted() {
+    if (log_) log_->finish_progress_line();
+    if (!saved_now()) checkpoint();
+    if (rank0_)
+      std::fprintf(stderr, "interrupted at step %lld; continue with: castor train --resume %s\n",
+                 static_cast<long long>(state_.step), c_.out.c_str());
+    Json summary = summary_json();
+    summary["interrupted_by_signal"] = g_interrupt.load();
+    return summary;
+  }
+
+  Json summary_json() const {
+    const auto& scaler = run_.amp->scaler();
+    // (an interrupted run may stop before its first evaluation: null, not a made-up 0)
+    Json summary = Json::Object{{"test_accuracy", last_eval_ ? Json(last_eval_->accuracy) : Json()},
+                        {"test_loss", last_eval_ ? Json(last_eval_->loss) : Json()},
+                        {"train_images_per_sec", train_seconds_ > 0 ? images_ / train_seconds_ : 0.0},
+                        {"steps", state_.step},
+                        {"skipped_steps", scaler.steps_skipped()},
+                        {"final_loss_scale", scaler.get_scale()},
+                        {"peak_memory_bytes", memory_stats().peak_bytes},
+                        {"lost_metric_lines", log_ ? log_->lost_lines() : 0},
+                        {"nproc", world_},
+                        {"out", c_.out}};
+    const double per_sec = train_seconds_ > 0 ? images_ / train_seconds_ : 0.0;
+    task_.summary_keys(summary, last_eval_ ? &*last_eval_ : nullptr, per_sec);
+    if (log_ && log_->mfu(per_sec) > 0) summary["mfu"] = log_->mfu(per_sec);
+    return summary;
+  }
+
+  static constexpr int64_t kMaxSkippedInARow = 64;
+  static constexpr int64_t kMaxSkippedStatic = 20;
+  static constexpr double kMinLossScale = 0x1p-24;
+
+  const TrainConfig& c_;
+  Task& task_;
+  Run& run_;
+  const Json config_;
+  TrainState state_;
+  const int64_t total_;
+  const bool rank0_;  // prints, and writes metrics, report and checkpoints
+  const int world_;
+  std::optional<RunLog> log_;  // rank 0's
+  const bool dynamic_scale_;
+  std::vector<amp::ExplainRow> op_dtypes_;  // of this process's first forward pass, for the report
+  std::optional<Evaluation> last_eval_;  // the newest epoch-end evaluation
+  const int64_t epochs_;
+  double images_ = 0, train_seconds_ = 0, micro_loss_ = 0;
+  int64_t micro_ = 0;  // micro-batches whose gradients are summed so far
+  int64_t skipped_in_a_row_ = 0;
+  bool stop_all_ = false, minutes_due_all_ = false;  // as of the last step, over all ranks
+  std::tuple<int64_t, int64_t, int64_t> saved_{-1, -1, -1};  // (step, epoch, batch) of the newest checkpoint
+  Clock::time_point last_save_;
+};
+
+}  // namespace
+
+Json train_loop(const TrainConfig& c, Task& task, Run& run, const Json& config, TrainState state, int64_t total_steps,
+                int64_t epochs, FlopRate flops) {
+  return Trainer(c, task, run, config, state, total_steps, epochs, flops).run();
+}
+
+void announce_interrupts(bool say) { g_say_interrupt = say; }
+
+void install_interrupt_handlers() {
+  struct sigaction sa = {};
+  sa.sa_handler = on_interrupt;
+  sa.sa_flags = SA_RESTART;  // reads and writes in flight go on; the loop checks the flag after each step
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+}
+
+}  // namespace castor::train

@@ -1,0 +1,158 @@
+// The parts castor train and castor eval build from a config: the task, the evaluation loop, the model with its
+// optimizer, opt level and schedule, and what config.json records.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+
+#include "castor/autograd.h"
+#include "castor/checkpoint.h"
+#include "castor/dist.h"
+#include "castor/functional.h"
+#include "castor/ops.h"
+#include "castor/random.h"
+#include "castor/safetensors.h"
+#include "castor/serialize.h"
+#include "castor/trainer.h"
+#include "castor/version.h"
+#include "train/task.h"
+
+namespace castor::train {
+
+namespace {
+
+// SGD, or Adam/AdamW over the task's parameter groups (the second without weight decay).
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const Task& task, const nn::Module& model) {
+  if (c.optimizer == OptimizerKind::Sgd)
+    return std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = c.lr, .momentum = c.momentum,
+                                                                              .weight_decay = c.weight_decay});
+  const auto [decay, no_decay] = task.param_groups(model);
+  optim::AdamOptions o{.lr = c.lr, .beta2 = c.beta2, .weight_decay = c.weight_decay};
+  std::unique_ptr<optim::Optimizer> opt;
+  if (c.optimizer == OptimizerKind::Adam) opt = std::make_unique<optim::Adam>(decay, o);
+  else opt = optim::make_adamw(decay, o);
+  if (!no_decay.empty()) opt->add_param_group(no_decay, c.lr, /*weight_decay=*/0.0);
+  return opt;
+}
+
+// The --schedule of `total_steps` steps (none: null).
+std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::Optimizer& opt, int64_t total_steps) {
+  if (c.schedule == Schedule::Step)
+    return std::make_unique<optim::StepLR>(opt, std::max<int64_t>(total_steps / 3, 1), 0.1);
+  if (c.schedule == Schedule::Cosine) return std::make_unique<optim::CosineAnnealingLR>(opt, total_steps);
+  if (c.schedule == Schedule::WarmupCosine)
+    return std::make_unique<optim::WarmupCosineLR>(opt, c.warmup_steps, total_steps, c.min_lr);
+  if (c.schedule == Schedule::OneCycle)
+    return std::make_unique<optim::OneCycleLR>(opt, optim::OneCycleLROptions{{c.lr}, total_steps});
+  return nullptr;
+}
+
+}  // namespace
+
+StateDict Task::init_weights(const std::string& path) const { return load_safetensors(path).tensors; }
+
+std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run) {
+  if (is_language_model(c.model)) return make_lm_task(c, rank, world, new_run);
+  return make_image_task(c, rank, world);
+}
+
+Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, int64_t batch_size) {
+  model.eval();
+  NoGradGuard no_grad;
+  const int64_t K = task.num_classes(), n = task.eval_batches(batch_size);
+  std::vector<double> sums(static_cast<size_t>(3 + K * K), 0.0);  // loss sum, correct, examples, the confusion counts
+  const int world = dist::world_size();
+  for (int64_t i = dist::rank(); i < n; i += world) {
+    const Batch b = task.eval_batch(i, batch_size);
+    Tensor logits;
+    {
+      auto fw = amp.forward();
+      logits = model(b.input);  // at O2/O3 the patched forward casts the input
+    }
+    const Tensor flat = logits.reshape({-1, logits.size(-1)}), target = b.target.reshape({-1});
+    sums[0] += F::cross_entropy(flat, target, F::Reduction::Sum).item();
+    const auto predicted = argmax(flat, 1).to_vector<int64_t>(), truth = target.to_vector<int64_t>();
+    for (size_t k = 0; k < truth.size(); ++k) {
+      sums[1] += predicted[k] == truth[k];
+      if (K > 0) sums[static_cast<size_t>(3 + truth[k] * K + predicted[k])] += 1;
+    }
+    sums[2] += static_cast<double>(truth.size());
+  }
+  model.train();
+  if (world > 1) {
+    Tensor t = tensor(sums, {static_cast<int64_t>(sums.size())}, DType::Float64);
+    dist::all_reduce(t);
+    sums = t.to_vector<double>();
+  }
+  Evaluation ev{sums[0] / sums[2], sums[1] / sums[2], {}};
+  for (size_t k = 3; k < sums.size(); ++k) ev.confusion.push_back(static_cast<int64_t>(sums[k]));
+  return ev;
+}
+
+Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool load_init) {
+  Run r;
+  manual_seed(c.seed);
+  r.model = task.make_model(c);
+  if (!c.init.empty() && load_init) {
+    try {
+      r.model->load_state_dict(task.init_weights(c.init), /*strict=*/true);
+    } catch (const Error& e) {
+      const std::string msg = e.what();  // names the file when reading it failed; name the flag too
+      throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
+    }
+  }
+  // Every rank starts from rank 0's weights; the wrapper is made before amp::initialize (which changes the
+  // parameters in place), so O2/O3 masters copy the broadcast values.
+  if (dist::world_size() > 1) {
+    if (c.sync_batchnorm) nn::convert_sync_batchnorm(*r.model);
+    nn::DDPOptions o;
+    if (c.compress_grads != Compression::None)
+      o.compression = c.compress_grads == Compression::BFloat16 ? DType::BFloat16 : DType::Float16;
+    r.ddp = std::make_shared<nn::DistributedDataParallel>(r.model, o);
+  }
+  r.opt = make_optimizer(c, task, *r.model);
+  amp::Overrides ov;
+  if (c.loss_scale) ov.loss_scale = Json(*c.loss_scale).dump();
+  if (c.stochastic_rounding) {
+    ov.rounding = optim::Rounding::Stochastic;
+    ov.rounding_seed = c.seed;
+  }
+  r.amp = amp::initialize(*r.model, {r.opt.get()}, c.amp, c.dtype, ov);
+  r.sched = make_scheduler(c, *r.opt, total_steps);
+  return r;
+}
+
+
+std::string figure(const char* format, double value) {
+  char text[64];
+  std::snprintf(text, sizeof(text), format, value);
+  return text;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  gmtime_r(&now, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+Json build_json() {
+  return Json::Object{{"castor_version", CASTOR_VERSION}, {"git_commit", git_commit()}, {"host_cpu", host_cpu()}};
+}
+
+Json config_json(const TrainConfig& c, const Task& task, int64_t schedule_steps) {
+  Json o = settings_json(c);
+  o["threads"] = omp_get_max_threads();
+  o["nproc"] = dist::world_size();
+  o["schedule_steps"] = schedule_steps;
+  task.record(o);
+  const Json build = build_json();
+  for (const auto& [k, v] : build.as_object()) o[k] = v;
+  o["started"] = utc_now();
+  return o;
+}
+
+}  // namespace castor::train

@@ -1,0 +1,234 @@
+// The run directory: ownership and locking, resume's paths and recording, and the training state of checkpoints.
+#include "train/run_dir.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+
+#include "castor/dist.h"
+#include "castor/ops.h"
+#include "castor/random.h"
+
+namespace castor::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kStateVersion = 1;
+
+// Prefixes every key of `sd` into `out`.
+void put(StateDict& out, const std::string& prefix, const StateDict& sd) {
+  for (const auto& [k, v] : sd) out[prefix + k] = v;
+}
+StateDict take(const StateDict& in, const std::string& prefix) {
+  StateDict out;
+  for (const auto& [k, v] : in)
+    if (k.rfind(prefix, 0) == 0) out[k.substr(prefix.size())] = v;
+  return out;
+}
+
+Tensor i64(int64_t v) { return scalar_tensor(static_cast<double>(v), DType::Int64); }
+
+// A non-negative integer counter of the state; NaN, fractions, negatives and wrong shapes are errors.
+int64_t counter(const Checkpoint& ck, const std::string& key, const std::string& what) {
+  auto it = ck.state.find(key);
+  CASTOR_CHECK(it != ck.state.end() && it->second.numel() == 1, what, ": the training state has no ", key);
+  const double v = it->second.to(DType::Float64).item();
+  CASTOR_CHECK(std::isfinite(v) && v >= 0 && v == std::floor(v) && v < 9e15, what, ": the training state's ", key,
+               " is ", v, ", not a non-negative integer");
+  return static_cast<int64_t>(v);
+}
+
+// The files a run writes in its directory (besides its lock file and checkpoints).
+constexpr const char* kRunFiles[] = {"config.json", "metrics.jsonl", "metrics.csv", "report.html", "summary.json"};
+
+}  // namespace
+
+Checkpoint TrainState::save(const Run& run, const Json& config) const {
+  Checkpoint ck;
+  ck.model = run.amp->model_state_dict();
+  ck.model_meta = {{"format", "pt"}, {"castor.model", config.at("model").as_string()},
+                   {"castor.config", config.dump()}};
+  amp::PrecisionState ps = run.amp->precision_state();  // holds the optimizer's state too
+  put(ck.state, "amp.", ps.tensors);
+  for (const auto& [k, v] : ps.metadata) ck.state_meta["amp." + k] = v;
+  if (run.sched) put(ck.state, "scheduler.", run.sched->state_dict());
+  const Generator::State st = default_generator().state();
+  Tensor rng = empty({static_cast<int64_t>(st.size())}, DType::Int64);
+  for (size_t i = 0; i < st.size(); ++i) rng.data<int64_t>()[i] = static_cast<int64_t>(st[i]);
+  ck.state["rng.default"] = rng;
+  ck.state["progress.step"] = i64(step);
+  ck.state["progress.epoch"] = i64(epoch);
+  ck.state["progress.batch"] = i64(batch);
+  ck.state_meta["config"] = config.dump();
+  ck.state_meta["castor.train_state_version"] = std::to_string(kStateVersion);
+  return ck;
+}
+
+TrainState TrainState::load(const Checkpoint& ck, Run& run, int64_t batches_per_epoch, int64_t grad_accum,
+                          const std::string& what) {
+  auto version = ck.state_meta.find("castor.train_state_version");
+  CASTOR_CHECK(version != ck.state_meta.end() && version->second == std::to_string(kStateVersion), what,
+               ": the training state has version ",
+               version == ck.state_meta.end() ? std::string("none") : printable(version->second),
+               "; this build reads version ", kStateVersion);
+  TrainState s;
+  s.step = counter(ck, "progress.step", what);
+  s.epoch = counter(ck, "progress.epoch", what);
+  s.batch = counter(ck, "progress.batch", what);
+  const int64_t steps_per_epoch = (batches_per_epoch + grad_accum - 1) / grad_accum;
+  CASTOR_CHECK(s.batch <= batches_per_epoch && s.epoch <= s.step &&
+                   s.step == s.epoch * steps_per_epoch + (s.batch + grad_accum - 1) / grad_accum,
+               what, ": the training state's position (step ", s.step, ", epoch ", s.epoch, ", batch ", s.batch,
+               ") is not one this run reaches with ", batches_per_epoch, " batches per epoch");
+  auto rng = ck.state.find("rng.default");
+  Generator::State st;
+  CASTOR_CHECK(rng != ck.state.end() && rng->second.dtype() == DType::Int64 &&
+                   rng->second.numel() == static_cast<int64_t>(st.size()),
+               what, ": the training state's rng.default is missing or not ", st.size(), " int64 words");
+  try {
+    run.model->load_state_dict(ck.model, /*strict=*/true);
+    amp::PrecisionState ps{take(ck.state, "amp."), {}};
+    for (const auto& [k, v] : ck.state_meta)
+      if (k.rfind("amp.", 0) == 0) ps.metadata[k.substr(4)] = v;
+    run.amp->load_precision_state(ps);
+    if (run.sched) run.sched->load_state_dict(take(ck.state, "scheduler."));
+  } catch (const std::out_of_range& e) {
+    throw Error(detail::cat(what, ": the training state is incomplete (", e.what(), ")"));
+  } catch (const Error& e) {
+    throw Error(detail::cat(what, ": ", e.what()));
+  }
+  const std::vector<int64_t> words = rng->second.to_vector<int64_t>();
+  for (size_t i = 0; i < st.size(); ++i) st[i] = static_cast<uint64_t>(words[i]);
+  CASTOR_CHECK(st[0] | st[1] | st[2] | st[3], what, ": the training state's rng.default is all zero (no generator "
+               "reaches that state)");
+  default_generator().set_state(st);
+  return s;
+}
+
+std::pair<std::string, std::string> resolve_resume(const std::string& path) {
+  if (!is_checkpoint_dir(path)) {
+    std::error_code ec;
+    CASTOR_CHECK(fs::is_directory(path, ec), "--resume ", path, ": not a run directory");
+    return {path, path};
+  }
+  // (a trailing slash, as tab completion writes it, names the same folder)
+  const fs::path folder = fs::path(absolute_path(path)).parent_path();
+  CASTOR_CHECK(folder.filename() == "checkpoints", "--resume ", path,
+               ": a checkpoint folder outside a run directory (expected RUN/checkpoints/step-N); start a new run "
+               "from its weights with --init ",
+               path, "/model.safetensors");
+  return {folder.parent_path().string(), path};
+}
+
+std::string default_out(const TrainConfig& c) {
+  double now = static_cast<double>(std::time(nullptr));
+  if (dist::world_size() > 1) {
+    Tensor t = tensor({dist::rank() == 0 ? now : 0.0}, {1}, DType::Float64);
+    dist::all_reduce(t);
+    now = t.to_vector<double>()[0];
+  }
+  const std::time_t when = static_cast<std::time_t>(now);
+  std::tm local{};
+  localtime_r(&when, &local);
+  char date[32];
+  std::strftime(date, sizeof(date), "%Y%m%d-%H%M%S", &local);
+  const std::string base = detail::cat("runs/", date, "-", name(c.model), "-", precision_name(c));
+  std::string out = base;
+  std::error_code ec;
+  for (int k = 2; dist::world_size() == 1 && fs::exists(out, ec); ++k) out = base + "-" + std::to_string(k);
+  return out;
+}
+
+std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
+  std::error_code ec;
+  fs::create_directories(c.out, ec);
+  CASTOR_CHECK(!ec && fs::is_directory(c.out), "--out ", c.out, ": cannot create the directory: ",
+               ec ? ec.message() : "not a directory");
+  // A run's own files are never symbolic links: writing through one would replace whatever it points to.
+  std::vector<std::string> own = {".castor.lock", "checkpoints", "checkpoints/HEAD"};
+  own.insert(own.end(), std::begin(kRunFiles), std::end(kRunFiles));
+  std::string links;
+  for (const std::string& f : own)
+    if (fs::is_symlink(c.out + "/" + f, ec)) links += (links.empty() ? "" : ", ") + f;
+  CASTOR_CHECK(links.empty(), "--out ", c.out, ": symbolic links where a run writes its files (", links,
+               "); a run directory's own files must not be links (remove them)");
+  const bool castor_dir = fs::exists(c.out + "/.castor.lock", ec);
+  auto lock = std::make_unique<FileLock>(c.out + "/.castor.lock");
+  const std::string checkpoints = c.out + "/checkpoints";
+  const bool has_metrics = fs::is_regular_file(c.out + "/metrics.jsonl", ec) && fs::file_size(c.out + "/metrics.jsonl", ec) > 0;
+  if (!continuing && (latest_checkpoint(c.out) || has_metrics)) {
+    CASTOR_CHECK(c.overwrite, "--out ", c.out,
+                 " holds another run (checkpoints or metrics.jsonl); continue it with --resume ", c.out,
+                 ", choose another --out, or pass --overwrite to replace it");
+    fs::remove_all(c.out + "/checkpoints", ec);
+    for (const char* f : kRunFiles) fs::remove_all(c.out + "/" + f, ec);
+  } else if (!continuing && !castor_dir) {
+    // Not a Castor run directory (no lock file ever made there): files a run writes belong to someone else.
+    std::string foreign;
+    for (const char* f : kRunFiles)
+      if (fs::exists(c.out + "/" + f, ec)) foreign += (foreign.empty() ? "" : ", ") + std::string(f);
+    CASTOR_CHECK(foreign.empty() || c.overwrite, "--out ", c.out, " is not a Castor run directory but holds ", foreign,
+                 ", which a run would replace; choose another --out, or pass --overwrite to replace them");
+    if (c.overwrite)
+      for (const char* f : kRunFiles) fs::remove(c.out + "/" + f, ec);
+  }
+  remove_stale_temps(c.out);
+  fs::create_directories(checkpoints, ec);
+  CASTOR_CHECK(fs::is_directory(checkpoints) && access(checkpoints.c_str(), W_OK) == 0, "--out ", c.out, ": ",
+               checkpoints, " is not a writable directory");
+  return lock;
+}
+
+void check_extension(const TrainConfig& c, int64_t schedule_steps, int64_t total_steps) {
+  if (c.schedule == Schedule::None || total_steps <= schedule_steps) return;
+  CASTOR_CHECK(c.schedule != Schedule::OneCycle, "--steps/--epochs: the onecycle schedule ends at step ", schedule_steps,
+               " and cannot run past it; start a new run (--init from the last checkpoint) to train longer");
+  std::fprintf(stderr, "note: the %s schedule was set for %lld steps and keeps it; past step %lld %s\n", name(c.schedule),
+              static_cast<long long>(schedule_steps), static_cast<long long>(schedule_steps),
+              c.schedule == Schedule::Cosine ? "its cosine continues, so the learning rate rises again from its minimum"
+                                     : "the learning rate keeps dropping 10x every third of that length");
+}
+
+Json recorded_config(const Checkpoint& ck, const std::string& what) {
+  auto it = ck.state_meta.find("config");
+  CASTOR_CHECK(it != ck.state_meta.end(), what, ": the checkpoint has no recorded config");
+  try {
+    Json recorded = Json::parse(it->second);
+    for (const char* key : {"schedule_steps", "steps", "epochs"})
+      CASTOR_CHECK(!recorded.find(key) || recorded.at(key).is_int(), "\"", key, "\" is not an integer");
+    return recorded;
+  } catch (const Error& e) {
+    throw Error(detail::cat(what, ": the recorded config is invalid: ", e.what()));
+  }
+}
+
+int64_t recorded_schedule_steps(const Json& recorded, int64_t steps_per_epoch) {
+  if (const Json* s = recorded.find("schedule_steps")) return s->as_int();
+  const int64_t steps = recorded.at("steps").as_int(), epochs = recorded.at("epochs").as_int();
+  CASTOR_CHECK(steps > 0 || epochs <= INT64_MAX / steps_per_epoch, "the recorded --epochs ", epochs, " is too many");
+  return steps > 0 ? steps : epochs * steps_per_epoch;
+}
+
+void resume_batch_size(TrainConfig& c, const Json& recorded, int world) {
+  const Json* n = recorded.find("nproc");
+  const int64_t recorded_world = n && n->is_int() && n->as_int() > 0 ? n->as_int() : 1;
+  const int64_t global = recorded.at("batch_size").as_int() * recorded_world;
+  if (c.given("--batch-size"))
+    CASTOR_CHECK(c.batch_size * world == global, "--batch-size ", c.batch_size, ": with ", world,
+                 " ranks the global batch would be ", c.batch_size * world, ", the run's is ", global,
+                 " (keep it: --batch-size ", global / world, ")");
+  CASTOR_CHECK(global % world == 0, "--resume: the run's global batch of ", global, " does not split evenly among ",
+               world, " ranks");
+  c.batch_size = global / world;
+  if (recorded_world != world && dist::rank() == 0)
+    std::fprintf(stderr, "note: the run was recorded with %lld ranks and continues on %d with the same global batch "
+                 "of %lld; the gradients are summed in another order, so it is no longer bit-exact\n",
+                 static_cast<long long>(recorded_world), world, static_cast<long long>(global));
+}
+
+}  // namespace castor::train

@@ -1,0 +1,110 @@
+// What castor train and castor eval share: the Task a run learns from (an image classifier's or a language
+// model's), the one evaluation loop over it, and the run's model, optimizer and opt level built from a config.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "castor/amp.h"
+#include "castor/json.h"
+#include "castor/lr_scheduler.h"
+#include "castor/nn.h"
+#include "castor/ddp.h"
+#include "castor/optim.h"
+#include "castor/train_config.h"
+#include "train/run_log.h"
+
+namespace castor::train {
+
+struct Evaluation {
+  double loss = 0, accuracy = 0;   // mean loss per image or token; top-1 accuracy
+  std::vector<int64_t> confusion;  // images: (K, K), row = true class, column = predicted class
+};
+
+// One batch: the model's input, the targets, its number in the epoch and how many examples (images or tokens, of
+// this rank) it holds.
+struct Batch {
+  Tensor input, target;
+  int64_t index = 0;
+  double examples = 0;
+};
+
+// What a run learns from: its batches, its model, its evaluation set and what config.json, the epoch lines, the
+// summary and castor eval show of it. An image classification task or a language-model task (make_task).
+class Task {
+ public:
+  virtual ~Task() = default;
+  virtual int64_t batches_per_epoch() const = 0;
+  virtual void start_epoch(int64_t epoch, int64_t batch) = 0;
+  virtual std::optional<Batch> next() = 0;  // none at the end of the epoch
+  virtual nn::ModulePtr make_model(const TrainConfig& c) const = 0;
+  // The parameters with weight decay, and those without.
+  virtual std::pair<std::vector<Tensor>, std::vector<Tensor>> param_groups(const nn::Module& model) const {
+    return {model.parameters(), {}};
+  }
+  // --init's weights for the model (a safetensors file with PyTorch's names; a GPT also llm.c's format).
+  virtual StateDict init_weights(const std::string& path) const;
+  // MFU's terms (none where the model's FLOPs are not estimated).
+  virtual FlopRate flop_rate(const TrainConfig& c, const nn::Module& model) const { return {}; }
+
+  // The evaluation set (test images, or the validation tokens in rows of the block size) in batches of
+  // `batch_size` images or rows: their count and batch i.
+  virtual int64_t eval_batches(int64_t batch_size) const = 0;
+  virtual Batch eval_batch(int64_t i, int64_t batch_size) const = 0;
+  virtual int64_t eval_batch_size() const = 0;  // training's, and castor eval's default
+  virtual int64_t num_classes() const { return 0; }  // > 0: the evaluation counts a confusion matrix
+
+  virtual void record(Json& config) const = 0;  // the data's facts, into config.json
+  virtual const char* unit() const = 0;         // of examples/s: "img" or "tok"
+  // The end-of-epoch line's figures, most important first.
+  virtual std::vector<std::string> epoch_fields(const Evaluation& ev, double train_loss) const = 0;
+  // The summary's task-specific keys (`ev`: the newest evaluation, null before the first).
+  virtual void summary_keys(Json& summary, const Evaluation* ev, double examples_per_sec) const {}
+  // Per-class results for the report (null when the task has no classes) and the class names.
+  virtual Json by_class(const Evaluation& ev) const { return Json(); }
+  virtual std::vector<std::string> classes() const { return {}; }
+  // castor eval's result, and what it prints before it (per class) on a terminal `width` columns wide.
+  virtual Json eval_json(const Evaluation& ev) const = 0;
+  virtual std::string eval_text(const Evaluation& ev, int width) const { return ""; }
+};
+
+// `new_run`: a run that starts now (not a resume or an evaluation), which reads --init; a language model's task
+// resolves the config's vocabulary (and with --init its sizes).
+std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run);
+std::unique_ptr<Task> make_image_task(const TrainConfig& c, int rank, int world);
+std::unique_ptr<Task> make_lm_task(TrainConfig& c, int rank, int world, bool new_run);
+// The dataset directory: --data-dir, or the dataset's default location.
+std::string data_dir(const TrainConfig& c);
+
+// Loss, accuracy (and the confusion matrix) of `model` over the task's evaluation set; with several ranks each
+// evaluates every world_size-th batch and the sums are all-reduced.
+Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, int64_t batch_size);
+
+// The run's model, optimizer, opt level and scheduler, built from a config.
+struct Run {
+  nn::ModulePtr model;
+  std::shared_ptr<nn::DistributedDataParallel> ddp;  // with more than one rank: wraps model
+  std::unique_ptr<optim::Optimizer> opt;
+  std::unique_ptr<amp::Amp> amp;
+  std::unique_ptr<optim::LRScheduler> sched;
+};
+
+// `load_init`: load --init's weights (a new run; a checkpoint's weights replace them, so resume and eval do not read
+// the file, which may be gone by then).
+Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool load_init);
+
+// One figure in printf's format: figure("val loss %.4f", 2.5) is "val loss 2.5000".
+std::string figure(const char* format, double value);
+
+// What ran: Castor's version and commit, the host CPU and its ISA (config.json, summary.json, the report's header).
+Json build_json();
+// "2026-11-25T14:05:09Z".
+std::string utc_now();
+// What config.json and every checkpoint record: the settings, the thread count used, the schedule's length and the
+// data's facts.
+Json config_json(const TrainConfig& c, const Task& task, int64_t schedule_steps);
+
+}  // namespace castor::train
