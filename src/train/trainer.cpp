@@ -95,6 +95,7 @@ Json run_config(const TrainConfig& c, const Task& task, int64_t schedule_steps, 
     else if (const Json* sum = r.recorded.find("init_checksum"))
       config["init_checksum"] = *sum;
   }
+  if (const Json* why = r.ck ? r.recorded.find("precision_auto") : nullptr) config["precision_auto"] = *why;
   return config;
 }
 
@@ -117,6 +118,10 @@ Json run_train(TrainConfig c) {
   dist::init();
   const int world = dist::world_size(), rank = dist::rank();
   announce_interrupts(rank == 0);
+  // What --precision auto (the default) chose here, and why: the run's first line (a resumed run keeps its recorded
+  // precision, whatever this CPU has).
+  if (rank == 0 && !c.precision_reason.empty() && c.resume.empty())
+    std::fprintf(stderr, "precision %s (%s)\n", precision_name(c).c_str(), c.precision_reason.c_str());
   CASTOR_CHECK(c.nproc == 0 || c.nproc == world, "--nproc ", c.nproc, ": this process is one of ", world,
                " ranks (run `castor train --nproc N` from a shell, or `mpirun -np N castor train`)");
   const OpenRun r = open_run(c, rank, world);
