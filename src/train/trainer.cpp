@@ -31,6 +31,7 @@ struct OpenRun {
   std::optional<Checkpoint> ck;    // a resumed run's
   std::string resume_from;         // the checkpoint's folder
   Json recorded;
+  bool default_out = false;        // --out was not given: the run directory is announced with the settings
 };
 
 // Resolves --resume and --out, takes the run directory (rank 0; the other ranks wait until it is set up), and for a
@@ -44,7 +45,7 @@ OpenRun open_run(TrainConfig& c, int rank, int world) {
   }
   if (c.out.empty()) {
     c.out = default_out(c);
-    if (rank == 0) std::fprintf(stderr, "castor train: run directory %s\n", c.out.c_str());
+    r.default_out = true;
   }
   std::error_code ec;
   const bool continuing = !c.resume.empty() && fs::equivalent(run_dir, c.out, ec);
@@ -118,10 +119,6 @@ Json run_train(TrainConfig c) {
   dist::init();
   const int world = dist::world_size(), rank = dist::rank();
   announce_interrupts(rank == 0);
-  // What --precision auto (the default) chose here, and why: the run's first line (a resumed run keeps its recorded
-  // precision, whatever this CPU has).
-  if (rank == 0 && !c.precision_reason.empty() && c.resume.empty())
-    std::fprintf(stderr, "precision %s (%s)\n", precision_name(c).c_str(), c.precision_reason.c_str());
   CASTOR_CHECK(c.nproc == 0 || c.nproc == world, "--nproc ", c.nproc, ": this process is one of ", world,
                " ranks (run `castor train --nproc N` from a shell, or `mpirun -np N castor train`)");
   const OpenRun r = open_run(c, rank, world);
@@ -152,6 +149,11 @@ Json run_train(TrainConfig c) {
   const Json config = run_config(c, *task, schedule_steps, r);
   if (rank == 0) {
     atomic_write_file(c.out + "/config.json", config.dump(2) + "\n");
+    // The run's first line: what --precision auto (the default) chose here, and why (a resumed run keeps its
+    // recorded precision, whatever this CPU has).
+    if (!c.precision_reason.empty() && !r.ck)
+      std::fprintf(stderr, "precision %s (%s)\n", precision_name(c).c_str(), c.precision_reason.c_str());
+    if (r.default_out) std::fprintf(stderr, "castor train: run directory %s\n", c.out.c_str());
     print_settings(c, total_steps, world);
   }
   const int64_t epochs = c.steps > 0 ? (total_steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;
