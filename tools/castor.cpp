@@ -112,7 +112,11 @@ int main(int argc, char** argv) {
       std::printf("%s\n", castor::data::run_tokenize(castor::train::parse_tokenize_flags(args)).dump().c_str());
     } else if (cmd == "sample") {
       if (wants_help(args)) return std::fputs(castor::train::sample_help().c_str(), stdout), 0;
-      std::printf("%s\n", castor::train::run_sample(castor::train::parse_sample_flags(args)).c_str());
+      castor::train::run_sample(castor::train::parse_sample_flags(args), [](std::string_view text) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+      });
+      std::fputs("\n", stdout);
     } else if (cmd == "export") {
       if (wants_help(args)) return std::fputs(castor::train::export_help().c_str(), stdout), 0;
       std::printf("%s\n", castor::train::run_export(castor::train::parse_export_flags(args)).dump().c_str());

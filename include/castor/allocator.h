@@ -17,8 +17,24 @@ struct MemoryStats {
 };
 
 // 64-byte aligned allocations, counted under `dtype`. Thread-safe. Freed blocks are cached by size and
-// reused (fresh pages cost a page fault each; a training step allocates the same sizes every time).
+// reused (fresh pages cost a page fault each; a training step allocates the same sizes every time). When the system
+// has no memory for it (even after the cache is given back): castor::Error "out of memory: cannot allocate N bytes
+// (size) of DTYPE for OP", OP from the innermost AllocationLabel on this thread (else "a new tensor", as from a
+// factory); never std::bad_alloc.
 void* allocate(size_t nbytes, DType dtype);
+
+// Names the op whose allocations follow on this thread while it lives, for allocate's out-of-memory error (each op
+// holds one). `op` must outlive it (a string literal or an op table's name).
+class AllocationLabel {
+ public:
+  explicit AllocationLabel(const char* op);
+  ~AllocationLabel();
+  AllocationLabel(const AllocationLabel&) = delete;
+  AllocationLabel& operator=(const AllocationLabel&) = delete;
+
+ private:
+  const char* previous_;
+};
 void deallocate(void* ptr, size_t nbytes, DType dtype);
 // Returns every cached block to the system.
 void empty_cache();

@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "castor/json.h"
 #include "castor/serialize.h"
 
 namespace castor::train {
@@ -30,9 +31,14 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 bool is_checkpoint_dir(const std::string& path);
 
 // Reads a checkpoint directory, verifying the checksums its COMMIT marker records; castor::Error naming the file
-// on anything missing, damaged or corrupt. Given a run directory, reads its newest intact checkpoint, warning on
-// stderr about each newer damaged one it passes over. `used`, when given, receives the checkpoint's path.
+// on anything missing, damaged or corrupt. A marker recording no checksums (builds before 2026-11-24) is refused:
+// damage to such a checkpoint could not be detected. Given a run directory, reads its newest intact checkpoint,
+// warning on stderr about each newer damaged one it passes over. `used`, when given, receives the checkpoint's path.
 Checkpoint read_checkpoint(const std::string& path, std::string* used = nullptr);
+
+// The run settings a model file's castor.config metadata records: a JSON object, or null when there is none.
+// castor::Error naming `what` (the file) when the metadata is not a JSON object.
+Json castor_config(const Metadata& meta, const std::string& what);
 
 // Removes the temp folders killed runs left under `run_dir`/checkpoints (call only while owning the run).
 void remove_stale_temps(const std::string& run_dir);

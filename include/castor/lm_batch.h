@@ -1,21 +1,55 @@
-// Batches for language models from a token file: nanoGPT's random windows or llm.c's sequential order.
+// Batches for language models from a token file: nanoGPT's random windows, llm.c's sequential (validation) order or
+// llm.c's shuffled training order.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "castor/random.h"
 #include "castor/tensor.h"
 #include "castor/token_file.h"
 
 namespace castor::data {
 
+enum class LmOrder {
+  Random,      // nanoGPT's get_batch: B windows at seeded random offsets
+  Sequential,  // llm.c's validation loader: the file's samples in order
+  Llmc,        // llm.c's training loader: the same samples, shuffled each epoch by its Mersenne Twister
+};
+
 struct LmBatchOptions {
   int64_t batch_size = 12;  // B: rows per batch and rank
   int64_t block_size = 64;  // T: tokens per row
-  bool sequential = false;  // false: random windows (nanoGPT's get_batch); true: llm.c's loader order
-  uint64_t seed = 0;        // random windows only
+  LmOrder order = LmOrder::Random;
+  uint64_t seed = 0;        // random windows only (llm.c's shuffle seeds itself with 42 + rank, as llm.c)
   // Data parallelism: rank `rank` of `num_ranks` takes its B rows of a global batch of B * num_ranks rows (llm.c's
-  // process_rank / num_processes in sequential order).
+  // process_rank / num_processes in its orders).
   int64_t rank = 0, num_ranks = 1;
+};
+
+// llm.c's training order (llmc/dataloader.h with should_shuffle): each rank runs a Mersenne Twister (castor::Mt19937)
+// seeded 42 + rank. At each epoch's start it shuffles the shard order it had (Fisher-Yates from the last element
+// down, j = draw % (i + 1), as llmc/rand.h's random_permutation), then as each shard is opened it shuffles the
+// identity over that shard's samples the same way. A shard of n tokens holds (n - 1) / (B T R) samples; sample s
+// of a shard is the global batch at token s B T R, rank r's share r B T tokens in.
+class LlmcShuffle {
+ public:
+  struct Sample {
+    int64_t shard = 0, sample = 0;
+  };
+  LlmcShuffle(std::vector<int64_t> shard_samples, int64_t rank);
+  // Epoch e's samples in the order llm.c reads them (epochs are generated forward; an earlier one is replayed
+  // from the start).
+  const std::vector<Sample>& epoch(int64_t e);
+
+ private:
+  std::vector<int64_t> shard_samples_;
+  int64_t rank_;
+  Mt19937 rng_;
+  std::vector<int> shard_order_;
+  int64_t epoch_ = -1;
+  std::vector<Sample> samples_;
 };
 
 struct LmBatch {
@@ -32,10 +66,11 @@ struct LmBatchState {
 
 // Random windows (nanoGPT): batch i draws B * num_ranks offsets o uniform in [0, n - T) from a generator seeded by
 // (seed, i); row b of rank r uses offset B * r + b: x = tokens[o, o + T), y = tokens[o + 1, o + T + 1).
-// Sequential (llm.c): the global batch k = i mod (batches_per_epoch()) covers tokens
+// Sequential (llm.c's validation loader): the global batch k = i mod (batches_per_epoch()) covers tokens
 // [k * B * T * R, (k + 1) * B * T * R + 1); rank r's share starts at k * B * T * R + r * B * T and spans B * T + 1
 // tokens, x = all but the last, y = all but the first, as rows of T; after the last whole global batch it wraps
-// to the start.
+// to the start. Llmc (llm.c's training loader): batch i of epoch e = i / batches_per_epoch() is sample
+// LlmcShuffle::epoch(e)[i mod batches_per_epoch()] of the sequential order (the file is one shard).
 class LmBatchSource {
  public:
   // Reads `tokens`, which must outlive the source. castor::Error naming the file when it holds too few tokens for one window (T + 1) or, sequential, one global
@@ -53,6 +88,7 @@ class LmBatchSource {
   const TokenFile& file_;
   LmBatchOptions opt_;
   LmBatchState state_;
+  mutable std::optional<LlmcShuffle> shuffle_;  // LmOrder::Llmc: the epoch's order, made when first asked
 };
 
 // Evaluation over a whole split: the file as consecutive non-overlapping rows of T inputs (row k: x = tokens
@@ -60,5 +96,7 @@ class LmBatchSource {
 // the last batch holding the rest. castor::Error naming the file when it holds fewer than T + 1 tokens.
 int64_t eval_batch_count(const TokenFile& tokens, int64_t batch_size, int64_t block_size);
 LmBatch eval_batch(const TokenFile& tokens, int64_t batch_size, int64_t block_size, int64_t i);
+// Any of those rows (their numbers, in [0, (n - 1) / T)) as one batch numbered `index`.
+LmBatch eval_rows(const TokenFile& tokens, int64_t block_size, const std::vector<int64_t>& rows, int64_t index);
 
 }  // namespace castor::data

@@ -1,5 +1,6 @@
 // Ready-made image classifiers (SimpleCNN, CIFAR ResNet-18, DAWNBench ResNet-9) with PyTorch's state-dict names.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,7 +60,8 @@ nn::ModulePtr make_model(const std::string& name, int64_t in_channels, int64_t h
 namespace castor::models {
 
 // nanoGPT's GPTConfig. vocab_size is the padded size the embedding and lm_head have (llm.c's Vp); real_vocab_size,
-// when smaller, is the tokenizer's (50,257 for GPT-2): rows past it are never trained toward nor sampled.
+// when smaller, is the tokenizer's (50,257 for GPT-2): rows past it are storage only, never a class (the logits
+// cover the real vocabulary, so losses and sampling leave the padding out and its gradient rows stay zero, as llm.c).
 struct GPTConfig {
   int64_t n_layer = 4, n_head = 4, n_embd = 128, block_size = 64, vocab_size = 50304;
   double dropout = 0.0;
@@ -105,7 +107,8 @@ class Block : public nn::Module {
 
 // nanoGPT's GPT with its parameter names: transformer.{wte, wpe, h.N, ln_f}, lm_head (tied to wte). GPT-2 init:
 // N(0, 0.02) for embeddings and Linear weights, N(0, 0.02 / sqrt(2 n_layer)) for attn.c_proj and mlp.c_proj,
-// zero biases. forward: idx (B, T) int64 -> logits (B, T, vocab_size).
+// zero biases. forward: idx (B, T) int64 -> logits (B, T, real_vocab_size): with a padded vocabulary, a view of
+// lm_head's (B, T, vocab_size) output without the padding columns.
 class GPT : public nn::Module {
  public:
   explicit GPT(const GPTConfig& config, uint64_t seed = 1337);
@@ -156,13 +159,30 @@ class KVCache {
 // when the cache would pass block_size.
 Tensor forward_cached(GPT& model, const Tensor& idx, KVCache& cache);
 
-// nanoGPT's generate with a KV cache: returns `prompt` followed by `max_new_tokens` tokens, each drawn from the last
-// position's logits over the real vocabulary (ids >= real_vocab_size, the padding, are never drawn) divided by
-// `temperature`, restricted to the `top_k` largest (0: all; ties with the k-th kept), from a generator seeded with
-// `seed`; temperature 0 takes the argmax (the lowest id among equal maxima). A prompt longer than block_size is cut
-// to its last block_size tokens, as nanoGPT does; when the cache fills, it is rebuilt from the last block_size / 2
-// tokens (nanoGPT would slide a full block_size window, recomputing it for every token).
+// What generate() conditions each token on once the text passes block_size. Both give the same tokens while it fits.
+enum class Window {
+  Sliding,  // nanoGPT's generate: the last block_size tokens, every step (past the block, one full forward a token)
+  Cached,   // the KV cache, rebuilt from the last block_size / 2 tokens when it fills (a context of half a block to
+            // a block; past the block, a cached step a token and one rebuild every block_size / 2 tokens)
+};
+
+// Sampling temperatures in (0, kMinTemperature) are taken as 0 (greedy), their limit: dividing logits by a
+// temperature that small (a subnormal such as 1e-310) would overflow to infinity.
+inline constexpr double kMinTemperature = 1e-4;
+
+// nanoGPT's generate: returns `prompt` followed by `max_new_tokens` tokens, each drawn from the last position's logits
+// over the real vocabulary (ids >= real_vocab_size, the padding, are never drawn) divided by `temperature`,
+// restricted to the `top_k` largest (0: all; ties with the k-th kept), from a generator seeded with `seed`;
+// temperature 0 (or below kMinTemperature) takes the argmax (the lowest id among equal maxima). A prompt longer than
+// block_size is cut to its last block_size tokens, as nanoGPT does. While the text fits the block, each new token is
+// one cached position (forward_cached); past it, `window` says what the model sees. castor::Error when the logits
+// are not finite (NaN or infinite weights) or an argument is out of range: every id drawn is in [0, real_vocab_size).
 std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens,
-                              double temperature = 1.0, int64_t top_k = 0, uint64_t seed = 0);
+                              double temperature = 1.0, int64_t top_k = 0, uint64_t seed = 0,
+                              Window window = Window::Sliding);
+// The same tokens, each passed to `emit` as it is drawn (the prompt is not): memory stays bounded by the block size
+// however many tokens are made, so a caller can stream them.
+void generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
+              uint64_t seed, Window window, const std::function<void(int64_t)>& emit);
 
 }  // namespace castor::models

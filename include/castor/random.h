@@ -27,6 +27,19 @@ class Generator {
   double cached_normal_ = 0.0;
 };
 
+// The 32-bit Mersenne Twister (MT19937) as PyTorch's CPU generator and llm.c's llmc/rand.h seed and run it:
+// manual_seed(s) fills the 624 words from s by Knuth's multiplier 1812433253, the first draw twists them.
+class Mt19937 {
+ public:
+  explicit Mt19937(uint32_t seed = 5489) { manual_seed(seed); }
+  void manual_seed(uint32_t seed);
+  uint32_t next_u32();
+
+ private:
+  std::array<uint32_t, 624> mt_{};
+  size_t index_ = 624;  // the next word to temper; 624: twist first
+};
+
 // The process-wide default generator (torch.manual_seed).
 Generator& default_generator();
 void manual_seed(uint64_t seed);

@@ -1,7 +1,9 @@
 // The `castor sample` and `castor export` commands: text from a GPT checkpoint, and a GPT checkpoint in llm.c's format.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "castor/json.h"
@@ -15,18 +17,21 @@ struct SampleConfig {
   int64_t n_head = 0;         // for safetensors that do not record it
   std::string prompt = "\n";  // empty: GPT-2's <|endoftext|> (a char tokenizer needs a prompt)
   int64_t tokens = 200;       // new tokens
-  double temperature = 0.8;   // 0: greedy
+  double temperature = 0.8;   // 0 (or below models::kMinTemperature, 1e-4): greedy
   int64_t top_k = 200;        // 0: the whole vocabulary
   uint64_t seed = 1337;
+  bool cached_window = false;  // --window cached: the KV cache rebuilt from half a block past it; else nanoGPT's
   int threads = 1;            // OpenMP threads: a token's ops are small, and more threads mostly wait on each other
 };
 SampleConfig parse_sample_flags(const std::vector<std::string>& args);
 std::string sample_help();
-// The prompt followed by the generated text, decoded.
-std::string run_sample(const SampleConfig& c);
+// Writes the prompt, then each generated token as it is drawn, decoded, to `write` (memory stays bounded however
+// many --tokens). castor::Error naming the file when the weights hold NaN or infinite values.
+void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write);
 
 struct ExportConfig {
-  bool llmc = false;       // the only format so far: llm.c's gpt2_124M.bin layout
+  bool llmc = false;       // llm.c's gpt2_124M.bin layout
+  bool nanogpt = false;    // nanoGPT's ckpt.pt in the directory `out`
   std::string checkpoint;  // a run or checkpoint directory, or a weights file (llm.c .bin or safetensors)
   std::string out;
   int64_t n_head = 0;      // for safetensors that do not record it
@@ -34,7 +39,7 @@ struct ExportConfig {
 ExportConfig parse_export_flags(const std::vector<std::string>& args);
 std::string export_help();
 // Writes the file; returns a summary: {"out", "format", "n_layer", "n_head", "n_embd", "block_size", "vocab_size",
-// "padded_vocab_size", "bytes"}.
+// "bytes"; llmc: "padded_vocab_size"; nanogpt: "optimizer", whether the AdamW state was written}.
 Json run_export(const ExportConfig& c);
 
 }  // namespace castor::train

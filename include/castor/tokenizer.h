@@ -76,6 +76,9 @@ class Tokenizer {
   explicit Tokenizer(CharTokenizer chars);
   // Reads DIR/tokenizer.json (and for gpt2, DIR/encoder.json and DIR/vocab.bpe); errors name the file.
   static Tokenizer load(const std::string& dir);
+  // Only the vocab_size DIR/tokenizer.json records; castor::Error naming the file when it is not JSON or the size
+  // is not an integer in [1, 65536] (token files hold 16-bit ids).
+  static int64_t recorded_vocab_size(const std::string& dir);
 
   const std::string& kind() const { return kind_; }  // "gpt2" or "char"
   int64_t vocab_size() const;
@@ -89,6 +92,10 @@ class Tokenizer {
   std::shared_ptr<Gpt2Tokenizer> gpt2_;
   std::shared_ptr<CharTokenizer> chars_;
 };
+
+// DIR/tokenizer.json parsed (a JSON object whose vocab_size is an integer in [1, 65536]); castor::Error naming the
+// file otherwise.
+Json read_tokenizer_record(const std::string& dir);
 
 // UTF-8 to code points; castor::Error naming `what` and the byte offset on invalid UTF-8.
 std::u32string decode_utf8(std::string_view text, const std::string& what);

@@ -10,6 +10,7 @@
 #include "castor/corpus.h"
 #include "castor/dtype.h"
 #include "castor/json.h"
+#include "castor/lm_batch.h"
 #include "castor/opt_level.h"
 
 namespace castor::train {
@@ -19,7 +20,7 @@ enum class Dataset { FashionMnist, Cifar10, Synthetic, Folder, Brown, BrownChar,
 enum class ModelKind { SimpleCnn, ResNet18, ResNet9, Gpt, GptMini, Gpt2 };
 enum class OptimizerKind { Sgd, Adam, AdamW };
 enum class Schedule { None, Step, Cosine, OneCycle, WarmupCosine };
-enum class DataOrder { Random, Sequential };  // language-model batches: nanoGPT's random windows or llm.c's order
+using DataOrder = data::LmOrder;  // language-model batches: nanoGPT's random windows or llm.c's two orders
 enum class Augment { None, Standard };
 enum class Compression { None, BFloat16, Float16 };  // the gradients' type on the wire between ranks
 const char* name(Dataset v);
@@ -84,7 +85,8 @@ struct TrainConfig {
   double checkpoint_minutes = 10;      // also checkpoint when this long has passed since the last one; 0: never
   int64_t keep = 2;                    // checkpoints kept
   int64_t log_every = 50;              // steps between metric lines
-  int64_t eval_every = 0;              // > 0: test accuracy every N steps too (always at each epoch end)
+  int64_t eval_every = 0;              // > 0: evaluate every N steps too (always at each epoch end)
+  int64_t eval_iters = 0;              // language models: > 0: batches of batch_size rows per evaluation (nanoGPT)
   int64_t synthetic_size = 2048;       // training images of --data synthetic
   bool profile = false;
   std::vector<std::string> given_flags;  // the flags set on the command line or in --config, as "--lr"
@@ -122,6 +124,7 @@ struct EvalConfig {
   std::optional<Dataset> data;
   std::string data_dir;
   int64_t batch_size = 0;  // images or token rows per batch; 0: the task's (256 images, rows of ~4096 tokens)
+  std::optional<DType> dtype;  // float32: evaluate at O0; bf16/fp16: autocast to it; none: as the run trained
 };
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);
 std::string eval_help();

@@ -35,6 +35,11 @@ std::string host_cpu();
 // This CPU's GEMM ceiling in FLOP/s for `dtype` (float16 runs on float32 GEMMs, as Castor emulates it): the best of
 // `reps` n^3 oneDNN matmuls after a warm-up one; MFU figures (castor train, the benchmarks) are taken against it.
 double gemm_peak(DType dtype, int64_t n = 1024, int reps = 20);
+// gemm_peak(dtype) of this machine (host CPU and ISA) at this process's thread count, measured once and cached in
+// $XDG_CACHE_HOME/castor/gemm_peak.json (~/.cache/castor without it): the cached figure, or 0 when there is none yet.
+double cached_gemm_peak(DType dtype);
+// Measures gemm_peak(dtype) and caches it (a cache that cannot be written is left alone); returns the figure.
+double measure_gemm_peak(DType dtype);
 // The git commit this build was configured from ("unknown" outside git).
 const char* git_commit();
 

@@ -1,17 +1,20 @@
 // The tracking allocator: 64-byte aligned blocks cached by size class, current and peak bytes per dtype.
 #include "castor/allocator.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <new>
 #include <unordered_map>
 #include <vector>
+
+#include "castor/check.h"
 
 namespace castor {
 
 namespace {
 
 constexpr size_t kMaxCached = size_t{2} << 30;  // beyond this, freed blocks go back to the system
+constexpr size_t kMaxAllocation = size_t{1} << 48;
 
 struct State {
   std::mutex mu;
@@ -31,13 +34,37 @@ size_t size_class(size_t n) {
   return (n + step - 1) / step * step;
 }
 
+thread_local const char* t_label = nullptr;
+
+// `bytes` for people: "3.5 GiB".
+std::string human_size(size_t bytes) {
+  static const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 6) v /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
 }  // namespace
 
+AllocationLabel::AllocationLabel(const char* op) : previous_(t_label) { t_label = op; }
+AllocationLabel::~AllocationLabel() { t_label = previous_; }
+
 void* allocate(size_t nbytes, DType dtype) {
-  const size_t cls = size_class(nbytes);
-  void* p = nullptr;
   State& st = state();
   std::lock_guard<std::mutex> lock(st.mu);
+  auto out_of_memory = [&] {
+    return Error(detail::cat("out of memory: cannot allocate ", nbytes, " bytes (", human_size(nbytes), ") of ",
+                             dtype_name(dtype), " for ", t_label ? t_label : "a new tensor", " (",
+                             human_size(static_cast<size_t>(st.stats.current_bytes)), " held by live tensors)"));
+  };
+  // Beyond any 64-bit machine's address space (48 bits): refused without asking the system, so the answer is the
+  // same on every machine and under sanitizers (whose allocators abort on such sizes).
+  if (nbytes > kMaxAllocation) throw out_of_memory();
+  const size_t cls = size_class(nbytes);
+  void* p = nullptr;
   auto it = st.free.find(cls);
   if (it != st.free.end() && !it->second.empty()) {
     p = it->second.back();
@@ -52,7 +79,7 @@ void* allocate(size_t nbytes, DType dtype) {
       st.free.clear();
       st.stats.cached_bytes = 0;
       p = std::aligned_alloc(64, cls);
-      if (!p) throw std::bad_alloc();
+      if (!p) throw out_of_memory();
     }
   }
   const int d = static_cast<int>(dtype);

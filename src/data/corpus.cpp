@@ -1,9 +1,18 @@
 // Text documents (files, the Brown corpus), their train/val split and the tokenize job writing a token directory.
 #include "castor/corpus.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <optional>
 
 #include "castor/check.h"
 #include "castor/fs.h"
@@ -20,6 +29,110 @@ bool is_one_of(std::string_view w, std::initializer_list<std::string_view> set) 
 bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; }
 
 std::string as_text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+
+namespace fs = std::filesystem;
+
+std::string tokens_checksum(std::span<const uint16_t> tokens) {
+  return checksum64_hex({reinterpret_cast<const uint8_t*>(tokens.data()), tokens.size_bytes()});
+}
+
+// The files a token folder holds; any other entry in --out is the user's.
+bool is_token_folder_file(const std::string& name) {
+  return is_one_of(name, {"train.bin", "val.bin", "tokenizer.json", "encoder.json", "vocab.bpe"});
+}
+
+// The entries of `dir` that are not a token folder's, sorted.
+std::vector<std::string> foreign_entries(const fs::path& dir) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+    if (!is_token_folder_file(it->path().filename().string())) names.push_back(it->path().filename().string());
+  CASTOR_CHECK(!ec, dir.string(), ": cannot list: ", ec.message());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// The sibling folders a tokenize into `out` works in: .NAME.new-PID (being written) and .NAME.old-PID (the folder
+// it replaced, until removed).
+fs::path work_folder(const fs::path& out, const char* what, long pid) {
+  return out.parent_path() / detail::cat(".", out.filename().string(), ".", what, "-", pid);
+}
+
+// What killed tokenize runs left beside `out`: a new folder is removed; an old one is put back when `out` is
+// missing (killed between the two renames of a filesystem without RENAME_EXCHANGE), else removed if it holds only
+// token-folder files (one still holding the user's other files is left for them). Folders of live processes stay.
+void clean_up_after_killed_runs(const fs::path& out) {
+  std::error_code ec;
+  const std::string stem = "." + out.filename().string() + ".";
+  for (fs::directory_iterator it(out.parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(stem, 0) != 0) continue;
+    const std::string rest = name.substr(stem.size());
+    const bool is_new = rest.rfind("new-", 0) == 0, is_old = rest.rfind("old-", 0) == 0;
+    if (!is_new && !is_old) continue;
+    const long pid = std::atol(rest.c_str() + 4);
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    std::error_code e2;
+    if (is_old && !fs::exists(fs::symlink_status(out, e2))) {
+      fs::rename(it->path(), out, e2);
+    } else if (is_new || foreign_entries(it->path()).empty()) {
+      fs::remove_all(it->path(), e2);
+    }
+  }
+}
+
+// `out` as a token folder may replace it: missing, or a directory (not a link) holding only a token folder's files
+// (others only with `overwrite`). Returns the other entries.
+std::vector<std::string> check_out_folder(const std::string& out, const fs::path& path, bool overwrite) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(path, ec);
+  if (st.type() == fs::file_type::not_found) return {};
+  CASTOR_CHECK(!ec, "--out: ", out, ": cannot stat: ", ec.message());
+  CASTOR_CHECK(st.type() != fs::file_type::symlink, "--out: ", out,
+               ": is a symbolic link; give the folder itself (a token folder is replaced whole, never through a link)");
+  CASTOR_CHECK(st.type() == fs::file_type::directory, "--out: ", out,
+               ": exists and is not a directory; a token folder is a directory");
+  const std::vector<std::string> other = foreign_entries(path);
+  if (!other.empty() && !overwrite) {
+    std::string list;
+    for (size_t i = 0; i < other.size() && i < 5; ++i) list += (i ? ", " : "") + printable(other[i]);
+    if (other.size() > 5) list += detail::cat(" and ", other.size() - 5, " more");
+    throw Error(detail::cat("--out: ", out, " holds files a token folder does not (", list,
+                            "); give another --out, or --overwrite to replace its token files and keep these"));
+  }
+  return other;
+}
+
+// Puts the complete folder `fresh` at `out` in one step (RENAME_EXCHANGE swaps them atomically; a filesystem without
+// it gets two renames, which clean_up_after_killed_runs completes), moves the user's `keep` entries from the old
+// folder into it, and removes the old folder.
+void switch_folder(const fs::path& fresh, const fs::path& out, const std::vector<std::string>& keep) {
+  const fs::path old = work_folder(out, "old", ::getpid());
+  std::error_code ec;
+  auto fail = [&](const std::string& what) {
+    const std::string msg = detail::cat(out.string(), ": ", what, ": ", std::strerror(errno));
+    fs::remove_all(fresh, ec);  // the previous folder is still at `out`, as it was
+    throw Error(msg);
+  };
+  if (!fs::exists(fs::symlink_status(out, ec))) {
+    if (::rename(fresh.c_str(), out.c_str()) != 0) fail("cannot rename the new token folder into place");
+  } else if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) == 0) {
+    // `fresh` now names the old folder: to be removed below (a failure here leaves it for the next tokenize).
+    CASTOR_CHECK(::rename(fresh.c_str(), old.c_str()) == 0, fresh.string(),
+                 ": cannot rename the replaced token folder: ", std::strerror(errno));
+  } else {
+    if (errno != EINVAL && errno != ENOSYS) fail("cannot switch to the new token folder");
+    if (::rename(out.c_str(), old.c_str()) != 0) fail("cannot move the old token folder aside");
+    CASTOR_CHECK(::rename(fresh.c_str(), out.c_str()) == 0, out.string(), ": cannot rename the new token folder "
+                 "into place: ", std::strerror(errno), " (the old one is at ", old.string(), ")");
+  }
+  fsync_directory(out.parent_path().string());
+  for (const std::string& name : keep) {
+    fs::rename(old / name, out / name, ec);
+    CASTOR_CHECK(!ec, (old / name).string(), ": cannot move back into ", out.string(), ": ", ec.message());
+  }
+  fs::remove_all(old, ec);
+}
 
 }  // namespace
 
@@ -62,6 +175,11 @@ std::string strip_brown(std::string_view tagged, const std::string& what) {
   return text;
 }
 
+std::string setup_path(const std::string& relative) {
+  const char* root = std::getenv("CASTOR_SETUP_DIR");
+  return (std::filesystem::path(root && *root ? root : CASTOR_SETUP_DIR_DEFAULT) / relative).string();
+}
+
 std::vector<Document> read_brown(const std::string& dir) {
   std::vector<std::string> names;
   std::error_code ec;
@@ -101,6 +219,9 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   CASTOR_CHECK(opt.val_every >= 0, "--val-every: must be non-negative");
   CASTOR_CHECK(opt.val_fraction >= 0 && opt.val_fraction < 1, "--val-fraction: must be in [0, 1)");
   CASTOR_CHECK(!docs.empty(), "tokenize: no documents");
+  fs::path out = fs::absolute(opt.out).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();  // "tok/" is "tok" (a link named so is refused, not followed)
+  const std::vector<std::string> keep = check_out_folder(opt.out, out, opt.overwrite);
   int64_t text_bytes = 0;
   for (const Document& d : docs) text_bytes += static_cast<int64_t>(d.text.size());
   const auto start = std::chrono::steady_clock::now();
@@ -111,7 +232,14 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   int64_t val_docs = 0;
   Json record;
   if (opt.tokenizer == "gpt2") {
-    Gpt2Tokenizer bpe = Gpt2Tokenizer::from_dir(opt.bpe_dir);
+    std::optional<Gpt2Tokenizer> loaded;
+    try {
+      loaded.emplace(Gpt2Tokenizer::from_dir(opt.bpe_dir));
+    } catch (const Error& e) {
+      throw Error(detail::cat("--bpe-dir ", opt.bpe_dir, ": ", e.what(), " (give --bpe-dir DIR holding GPT-2's "
+                              "encoder.json and vocab.bpe; the default is setup's, from ./scripts/setup.sh)"));
+    }
+    Gpt2Tokenizer& bpe = *loaded;
     for (size_t i = 0; i < docs.size(); ++i) {
       std::vector<uint16_t>& dst = is_val(i) ? val : train;
       dst.push_back(Gpt2Tokenizer::kEot);
@@ -143,28 +271,66 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CASTOR_CHECK(!train.empty(), opt.out, ": the split leaves no training tokens");
+  CASTOR_CHECK(!val.empty(), "the input is too small for a validation split: ", by_document
+               ? detail::cat(docs.size(), " documents, and --val-every ", opt.val_every, " takes none of them; give "
+                             "more documents or a smaller --val-every")
+               : detail::cat(train.size(), " tokens, and --val-fraction ", opt.val_fraction, " of them is none; give "
+                             "more text or a larger --val-fraction"),
+               " (a run needs validation tokens)");
+  // Written whole into a sibling folder, then switched with --out in one step: a failed or killed tokenize leaves
+  // the previous folder as it was, never new token files beside an old vocabulary.
   std::error_code ec;
-  std::filesystem::create_directories(opt.out, ec);
-  CASTOR_CHECK(!ec, opt.out, ": cannot create the output directory: ", ec.message());
-  write_token_file(opt.out + "/train.bin", train);
-  write_token_file(opt.out + "/val.bin", val);
-  if (opt.tokenizer == "gpt2") {
-    atomic_write_file(opt.out + "/encoder.json", read_file(opt.bpe_dir + "/encoder.json"));
-    atomic_write_file(opt.out + "/vocab.bpe", read_file(opt.bpe_dir + "/vocab.bpe"));
+  fs::create_directories(out.parent_path(), ec);
+  CASTOR_CHECK(!ec, "--out: ", opt.out, ": cannot create its parent folder: ", ec.message());
+  clean_up_after_killed_runs(out);
+  const fs::path fresh = work_folder(out, "new", ::getpid());
+  fs::remove_all(fresh, ec);
+  CASTOR_CHECK(fs::create_directory(fresh, ec) && !ec, "--out: ", opt.out, ": cannot create ", fresh.string(), ": ",
+               ec.message());
+  try {
+    const std::string dir = fresh.string();
+    record["train_tokens"] = static_cast<int64_t>(train.size());
+    record["val_tokens"] = static_cast<int64_t>(val.size());
+    record["train_checksum"] = tokens_checksum(train);
+    record["val_checksum"] = tokens_checksum(val);
+    write_token_file(dir + "/train.bin", train);
+    write_token_file(dir + "/val.bin", val);
+    if (opt.tokenizer == "gpt2") {
+      atomic_write_file(dir + "/encoder.json", read_file(opt.bpe_dir + "/encoder.json"));
+      atomic_write_file(dir + "/vocab.bpe", read_file(opt.bpe_dir + "/vocab.bpe"));
+    }
+    record["documents"] = static_cast<int64_t>(docs.size());
+    record["val_documents"] = val_docs;
+    record["text_bytes"] = text_bytes;
+    record["split"] = by_document ? detail::cat("every ", opt.val_every, "th document to val")
+                                  : detail::cat("the last ", opt.val_fraction, " of the tokens to val");
+    atomic_write_file(dir + "/tokenizer.json", record.dump(2) + "\n");
+  } catch (const Error&) {
+    fs::remove_all(fresh, ec);
+    throw;
   }
-  record["documents"] = static_cast<int64_t>(docs.size());
-  record["val_documents"] = val_docs;
-  record["text_bytes"] = text_bytes;
-  record["train_tokens"] = static_cast<int64_t>(train.size());
-  record["val_tokens"] = static_cast<int64_t>(val.size());
-  record["split"] = by_document ? detail::cat("every ", opt.val_every, "th document to val")
-                                : detail::cat("the last ", opt.val_fraction, " of the tokens to val");
-  atomic_write_file(opt.out + "/tokenizer.json", record.dump(2) + "\n");
+  switch_folder(fresh, out, keep);
   Json summary = record;
-  summary["out"] = opt.out;
+  summary["out"] = printable(opt.out);  // a report line: any path, non-UTF-8 bytes as \xNN
   summary["tokenize_seconds"] = seconds;
   summary["mb_per_s"] = static_cast<double>(text_bytes) / 1e6 / seconds;
   return summary;
+}
+
+void check_token_folder(const std::string& dir, const TokenFile& train, const TokenFile& val) {
+  const std::string record_path = dir + "/tokenizer.json";
+  const Json record = read_tokenizer_record(dir);
+  const bool hash = train.size() + val.size() <= (int64_t{1} << 29);
+  for (const auto& [file, name] : {std::pair{&train, "train"}, std::pair{&val, "val"}}) {
+    const Json* count = record.find(detail::cat(name, "_tokens"));
+    const Json* sum = record.find(detail::cat(name, "_checksum"));
+    const char* advice = "; the folder mixes files of different castor tokenize runs: run castor tokenize again";
+    CASTOR_CHECK(!count || (count->is_int() && count->as_int() == file->size()), file->path(), ": ", file->size(),
+                 " tokens, but ", record_path, " records ", count ? count->dump() : "", advice);
+    CASTOR_CHECK(!hash || !sum || (sum->is_string() && sum->as_string() == tokens_checksum(file->tokens())),
+                 file->path(), ": checksum ", tokens_checksum(file->tokens()), ", but ", record_path, " records ",
+                 sum ? sum->dump() : "", advice);
+  }
 }
 
 Json run_tokenize(const TokenizeOptions& opt) {

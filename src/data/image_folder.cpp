@@ -19,6 +19,7 @@
 #include "castor/check.h"
 #include "castor/datasets.h"
 #include "castor/fs.h"
+#include "castor/json.h"
 
 namespace castor {
 namespace {
@@ -68,6 +69,26 @@ void jpeg_message(j_common_ptr cinfo, int level) {
   if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) jpeg_fail(cinfo);
 }
 
+// (H, W, 4) CMYK bytes to (H, W, 3) RGB in place, as PIL's convert("RGB"): r = (255 - k) - c (255 - k) / 255,
+// rounded as PIL's MULDIV255. `inverted`: the bytes hold 255 - ink (Adobe's convention, marked by its APP14).
+void cmyk_to_rgb(std::vector<uint8_t>& pixels, bool inverted) {
+  const size_t n = pixels.size() / 4;
+  auto muldiv255 = [](int a, int b) {
+    const int t = a * b + 128;
+    return ((t >> 8) + t) >> 8;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t* px = &pixels[i * 4];
+    const int ink[4] = {inverted ? 255 - px[0] : px[0], inverted ? 255 - px[1] : px[1], inverted ? 255 - px[2] : px[2],
+                        inverted ? 255 - px[3] : px[3]};
+    const int nk = 255 - ink[3];
+    uint8_t rgb[3];
+    for (int c = 0; c < 3; ++c) rgb[c] = static_cast<uint8_t>(nk - muldiv255(ink[c], nk));
+    std::copy(rgb, rgb + 3, &pixels[i * 3]);  // i * 3 <= i * 4: never ahead of what is read
+  }
+  pixels.resize(n * 3);
+}
+
 // Plain C-style code between setjmp and longjmp: no C++ object is created there whose destructor a jump would skip.
 bool decode_jpeg_raw(std::span<const uint8_t> bytes, RgbImage* out, JpegErrors* errors) {
   jpeg_decompress_struct cinfo;
@@ -81,7 +102,10 @@ bool decode_jpeg_raw(std::span<const uint8_t> bytes, RgbImage* out, JpegErrors* 
   }
   jpeg_mem_src(&cinfo, bytes.data(), static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&cinfo, TRUE);
-  cinfo.out_color_space = JCS_RGB;
+  // libjpeg-turbo converts YCCK to CMYK but neither to RGB: four-channel files are read as CMYK and converted below.
+  const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+  const bool inverted = cinfo.saw_Adobe_marker;  // Adobe's files (Photoshop's, PIL's) store 255 - ink
+  cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
   jpeg_start_decompress(&cinfo);
   const int64_t h = cinfo.output_height, w = cinfo.output_width;
   if (!size_ok(h, w)) {
@@ -92,11 +116,12 @@ bool decode_jpeg_raw(std::span<const uint8_t> bytes, RgbImage* out, JpegErrors* 
   }
   out->height = h;
   out->width = w;
-  out->pixels.resize(static_cast<size_t>(h * w * 3));
+  out->pixels.resize(static_cast<size_t>(h * w * (cmyk ? 4 : 3)));
   while (cinfo.output_scanline < cinfo.output_height) {
-    JSAMPROW row = out->pixels.data() + static_cast<size_t>(cinfo.output_scanline) * w * 3;
+    JSAMPROW row = out->pixels.data() + static_cast<size_t>(cinfo.output_scanline) * w * (cmyk ? 4 : 3);
     jpeg_read_scanlines(&cinfo, &row, 1);
   }
+  if (cmyk) cmyk_to_rgb(out->pixels, inverted);
   jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
   return true;
@@ -189,6 +214,9 @@ ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions&
     if (e.is_directory() && e.path().filename().string()[0] != '.') found.push_back(e.path().filename().string());
   std::sort(found.begin(), found.end());
   CASTOR_CHECK(!found.empty(), root, ": no class folders (expected ", root, "/<class>/*.png|jpg)");
+  for (const std::string& cls : found)  // class names are recorded in JSON (config.json, checkpoints): UTF-8 only
+    CASTOR_CHECK(is_valid_utf8(cls), root, "/", printable(cls), ": a class folder whose name is not valid UTF-8; "
+                 "rename it");
   ImageFolder f;
   f.classes = o.classes.empty() ? found : o.classes;
   CASTOR_CHECK(f.classes.size() <= 256, root, ": ", f.classes.size(), " classes; at most 256 are supported");

@@ -1,7 +1,8 @@
-// Language-model batches from a token file: seeded random windows or llm.c's sequential order, resumable by number.
+// Language-model batches from a token file: seeded random windows or llm.c's orders, resumable by number.
 #include "castor/lm_batch.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "castor/check.h"
 #include "castor/random.h"
@@ -34,7 +35,41 @@ void check_window(const TokenFile& f, int64_t T) {
                " (needs ", T + 1, ")");
 }
 
+// llmc/rand.h's random_permutation: Fisher-Yates from the last element down.
+void shuffle(int* data, int n, Mt19937& rng) {
+  for (int i = n - 1; i > 0; --i) std::swap(data[i], data[rng.next_u32() % static_cast<uint32_t>(i + 1)]);
+}
+
 }  // namespace
+
+LlmcShuffle::LlmcShuffle(std::vector<int64_t> shard_samples, int64_t rank)
+    : shard_samples_(std::move(shard_samples)), rank_(rank) {
+  CASTOR_CHECK(!shard_samples_.empty(), "llm.c order: no shards");
+  for (int64_t n : shard_samples_)
+    CASTOR_CHECK(n > 0 && n <= INT32_MAX, "llm.c order: a shard of ", n, " samples (llm.c needs 1 to 2^31 - 1)");
+}
+
+const std::vector<LlmcShuffle::Sample>& LlmcShuffle::epoch(int64_t e) {
+  CASTOR_CHECK(e >= 0, "llm.c order: negative epoch ", e);
+  if (e < epoch_ || epoch_ < 0) {  // from the start: dataloader_init's seed and identity shard order
+    rng_.manual_seed(static_cast<uint32_t>(42 + rank_));
+    shard_order_.resize(shard_samples_.size());
+    std::iota(shard_order_.begin(), shard_order_.end(), 0);
+    epoch_ = -1;
+  }
+  std::vector<int> within;
+  for (; epoch_ < e; ++epoch_) {
+    samples_.clear();
+    shuffle(shard_order_.data(), static_cast<int>(shard_order_.size()), rng_);
+    for (int shard : shard_order_) {
+      within.resize(static_cast<size_t>(shard_samples_[shard]));
+      std::iota(within.begin(), within.end(), 0);
+      shuffle(within.data(), static_cast<int>(within.size()), rng_);
+      for (int s : within) samples_.push_back({shard, s});
+    }
+  }
+  return samples_;
+}
 
 LmBatchSource::LmBatchSource(const TokenFile& tokens, LmBatchOptions options) : file_(tokens), opt_(options) {
   CASTOR_CHECK(opt_.batch_size > 0 && opt_.block_size > 0, "LM batches: batch size ", opt_.batch_size,
@@ -43,7 +78,7 @@ LmBatchSource::LmBatchSource(const TokenFile& tokens, LmBatchOptions options) : 
                " of ", opt_.num_ranks);
   const int64_t n = file_.size();
   check_window(file_, opt_.block_size);
-  if (opt_.sequential) {
+  if (opt_.order != LmOrder::Random) {
     const int64_t need = opt_.batch_size * opt_.block_size * opt_.num_ranks + 1;
     CASTOR_CHECK(n >= need, file_.path(), ": ", n, " tokens, too few for one sequential batch of ", opt_.batch_size,
                  " x ", opt_.block_size, " x ", opt_.num_ranks, " ranks (needs ", need, ")");
@@ -52,7 +87,7 @@ LmBatchSource::LmBatchSource(const TokenFile& tokens, LmBatchOptions options) : 
 
 int64_t LmBatchSource::batches_per_epoch() const {
   const int64_t global = opt_.batch_size * opt_.block_size * opt_.num_ranks;
-  return opt_.sequential ? (file_.size() - 1) / global : std::max<int64_t>(1, file_.size() / global);
+  return opt_.order != LmOrder::Random ? (file_.size() - 1) / global : std::max<int64_t>(1, file_.size() / global);
 }
 
 void LmBatchSource::set_state(const LmBatchState& s) {
@@ -65,8 +100,14 @@ LmBatch LmBatchSource::next() { return batch(state_.next_batch++); }
 LmBatch LmBatchSource::batch(int64_t i) const {
   const int64_t B = opt_.batch_size, T = opt_.block_size;
   const Filler fill_row = make_batch(file_, B, T, i);
-  if (opt_.sequential) {
-    const int64_t base = (i % batches_per_epoch()) * B * T * opt_.num_ranks + opt_.rank * B * T;
+  if (opt_.order != LmOrder::Random) {
+    const int64_t per_epoch = batches_per_epoch();
+    int64_t sample = i % per_epoch;
+    if (opt_.order == LmOrder::Llmc) {
+      if (!shuffle_) shuffle_.emplace(std::vector<int64_t>{per_epoch}, opt_.rank);
+      sample = shuffle_->epoch(i / per_epoch)[sample].sample;
+    }
+    const int64_t base = sample * B * T * opt_.num_ranks + opt_.rank * B * T;
     for (int64_t row = 0; row < B; ++row) fill_row(row, base + row * T);
   } else {
     // The seed and the batch number mixed (golden-ratio step) into one generator seed.
@@ -91,9 +132,19 @@ int64_t eval_batch_count(const TokenFile& tokens, int64_t batch_size, int64_t bl
 LmBatch eval_batch(const TokenFile& tokens, int64_t batch_size, int64_t block_size, int64_t i) {
   const int64_t count = eval_batch_count(tokens, batch_size, block_size);
   CASTOR_CHECK(i >= 0 && i < count, "eval batch ", i, " of ", count);
-  const int64_t rows = std::min(batch_size, (tokens.size() - 1) / block_size - i * batch_size);
-  const Filler fill_row = make_batch(tokens, rows, block_size, i);
-  for (int64_t r = 0; r < rows; ++r) fill_row(r, (i * batch_size + r) * block_size);
+  std::vector<int64_t> rows(std::min(batch_size, (tokens.size() - 1) / block_size - i * batch_size));
+  std::iota(rows.begin(), rows.end(), i * batch_size);
+  return eval_rows(tokens, block_size, rows, i);
+}
+
+LmBatch eval_rows(const TokenFile& tokens, int64_t block_size, const std::vector<int64_t>& rows, int64_t index) {
+  check_window(tokens, block_size);
+  const int64_t last = (tokens.size() - 1) / block_size;
+  const Filler fill_row = make_batch(tokens, static_cast<int64_t>(rows.size()), block_size, index);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    CASTOR_CHECK(rows[r] >= 0 && rows[r] < last, tokens.path(), ": eval row ", rows[r], " of ", last);
+    fill_row(static_cast<int64_t>(r), rows[r] * block_size);
+  }
   return fill_row.b;
 }
 

@@ -87,11 +87,30 @@ std::string CharTokenizer::chars_utf8() const {
 Tokenizer::Tokenizer(Gpt2Tokenizer gpt2) : kind_("gpt2"), gpt2_(std::make_shared<Gpt2Tokenizer>(std::move(gpt2))) {}
 Tokenizer::Tokenizer(CharTokenizer chars) : kind_("char"), chars_(std::make_shared<CharTokenizer>(std::move(chars))) {}
 
+Json read_tokenizer_record(const std::string& dir) {
+  const std::string path = dir + "/tokenizer.json";
+  const std::vector<uint8_t> bytes = read_file(path, /*max_bytes=*/16 << 20);
+  Json rec;
+  try {
+    rec = Json::parse({reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+  } catch (const Error& e) {
+    throw Error(detail::cat(path, ": not a tokenizer record: ", e.what()));
+  }
+  const Json* vocab = rec.is_object() ? rec.find("vocab_size") : nullptr;
+  CASTOR_CHECK(vocab && vocab->is_int() && vocab->as_int() >= 1 && vocab->as_int() <= 65536, path,
+               ": vocab_size must be an integer in [1, 65536] (token ids are 16-bit), got ",
+               vocab ? vocab->dump() : "none");
+  return rec;
+}
+
+int64_t Tokenizer::recorded_vocab_size(const std::string& dir) {
+  return read_tokenizer_record(dir).at("vocab_size").as_int();
+}
+
 Tokenizer Tokenizer::load(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
-  const std::vector<uint8_t> bytes = read_file(path);
+  const Json rec = read_tokenizer_record(dir);
   try {
-    const Json rec = Json::parse({reinterpret_cast<const char*>(bytes.data()), bytes.size()});
     const std::string& kind = rec.at("tokenizer").as_string();
     const int64_t vocab = rec.at("vocab_size").as_int();
     if (kind == "gpt2") {

@@ -110,7 +110,25 @@ void read_at(int fd, std::vector<uint8_t>& bytes, uint64_t offset, const std::st
   }
 }
 
+// What a path that is not a regular file is, for refusing to replace it.
+const char* kind_of(mode_t mode) {
+  return S_ISLNK(mode) ? "a symbolic link" : S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO"
+         : S_ISSOCK(mode) ? "a socket" : S_ISCHR(mode) || S_ISBLK(mode) ? "a device" : "not a regular file";
+}
+
 }  // namespace
+
+void check_replaceable(const std::string& path) {
+  CASTOR_CHECK(!path.empty(), "an empty path names no file to write");
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    // Missing, or under something that is not a directory: nothing there to replace (writing will say why not).
+    CASTOR_CHECK(errno == ENOENT || errno == ENOTDIR, path, ": cannot stat: ", errno_text());
+    return;
+  }
+  CASTOR_CHECK(S_ISREG(st.st_mode), path, ": is ", kind_of(st.st_mode),
+               "; only a regular file or a missing path is replaced");
+}
 
 std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes) {
   uint64_t size = 0;
@@ -145,6 +163,7 @@ bool file_exists(const std::string& path) {
 }
 
 void atomic_write_file(const std::string& path, std::span<const uint8_t> bytes) {
+  check_replaceable(path);
   std::string tmp = path + ".tmp.XXXXXX";
   Fd f(::mkstemp(tmp.data()));
   CASTOR_CHECK(f.fd >= 0, path, ": cannot create a temp file in ", parent_dir(path), ": ", errno_text());
@@ -157,6 +176,13 @@ void atomic_write_file(const std::string& path, std::span<const uint8_t> bytes) 
   if (::fchmod(f.fd, 0644) != 0) fail("chmod failed");
   if (::fsync(f.fd) != 0) fail("fsync failed");
   if (!f.close()) fail("close failed");
+  // Again just before the rename: what appeared at `path` meanwhile is not replaced either.
+  try {
+    check_replaceable(path);
+  } catch (const Error&) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail("rename failed");
   fsync_directory(parent_dir(path));
 }

@@ -57,10 +57,10 @@ void attention_backward_ref(const Tensor& q, const Tensor& k, const Tensor& v, c
                             double scale, const Tensor& dst, const Tensor& lse, const Tensor& diff_dst,
                             const Tensor& diff_q, const Tensor& diff_k, const Tensor& diff_v);
 
-// Cross-entropy of logits (N, V) (any float dtype) against target int64 (N), F.cross_entropy(reduction='none')
-// with ignore_index and label_smoothing: losses (N) float32 (float64 for float64 logits; 0 where target ==
-// ignore_index), lse (N) of the same dtype, the log-sum-exp of each row. Each row is computed in float32 straight
-// from the logits (no float32 copy of them). A target outside [0, V) other than ignore_index is a castor::Error.
+// Cross-entropy of logits (N, V) (any float dtype; rows may be strided, columns contiguous, except float64) against
+// target int64 (N), F.cross_entropy(reduction='none') with ignore_index and label_smoothing: losses (N) float32
+// (float64 for float64 logits; 0 where target == ignore_index), lse (N) of the same dtype, the log-sum-exp of each
+// row. Each row is computed in float32 straight from the logits (no float32 copy of them). A target outside [0, V) other than ignore_index is a castor::Error.
 void cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                            const Tensor& losses, const Tensor& lse);
 // diff_logits (N, V) in logits' dtype = diff_losses[i] * (softmax - (1 - label_smoothing) onehot(target) -

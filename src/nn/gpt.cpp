@@ -101,7 +101,9 @@ Tensor GPT::forward(const Tensor& idx) {
                config_.block_size);
   Tensor x = (*drop)((*wte)(idx) + (*wpe)(arange(T)));  // (B, T, C) + (T, C)
   x = (*ln_f)((*h)(x));
-  return (*lm_head)(x);  // (B, T, vocab_size)
+  const Tensor logits = (*lm_head)(x);  // (B, T, vocab_size)
+  const int64_t real = config_.real_vocab_size;
+  return real > 0 && real < config_.vocab_size ? logits.narrow(2, 0, real) : logits;  // (B, T, real vocabulary)
 }
 
 int64_t GPT::num_params() const {

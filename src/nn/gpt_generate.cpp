@@ -1,4 +1,5 @@
-// GPT inference with a KV cache: forward_cached (one position's work per new token) and nanoGPT's generate.
+// GPT inference with a KV cache: forward_cached (one position's work per new token) and nanoGPT's generate, sliding
+// its window as nanoGPT does or rebuilding the cache from half a block.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -62,8 +63,11 @@ namespace {
 
 int64_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, Generator& gen) {
   const int64_t V = static_cast<int64_t>(logits.size());
-  if (temperature == 0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
-  for (double& l : logits) l /= temperature;
+  for (int64_t i = 0; i < V; ++i)
+    CASTOR_CHECK(std::isfinite(logits[i]), "generate: the logit of token ", i, " is ", logits[i],
+                 " (the weights hold NaN or infinite values, or overflow)");
+  if (temperature < kMinTemperature) return std::max_element(logits.begin(), logits.end()) - logits.begin();
+  for (double& l : logits) l /= temperature;  // finite: float logits over a temperature >= kMinTemperature
   if (top_k > 0 && top_k < V) {
     std::vector<double> sorted = logits;
     std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<double>());
@@ -72,22 +76,23 @@ int64_t sample_token(std::vector<double> logits, double temperature, int64_t top
       if (l < kth) l = -std::numeric_limits<double>::infinity();
   }
   const double top = *std::max_element(logits.begin(), logits.end());
-  double total = 0;
+  double total = 0;  // >= 1: the largest term is exp(0)
   for (double& l : logits) total += (l = std::exp(l - top));
   double u = gen.next_double() * total;
   for (int64_t i = 0; i < V; ++i) {
     if (logits[i] == 0) continue;
     if ((u -= logits[i]) < 0) return i;
   }
-  // Rounding left u at or above zero: the last token with any probability.
-  for (int64_t i = V - 1;; --i)
-    if (logits[i] > 0) return i;
+  // Rounding left u at or above zero: the last token with any probability (there is one: the maximum's is 1).
+  int64_t last = V - 1;
+  while (logits[last] == 0) --last;
+  return last;
 }
 
 }  // namespace
 
-std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature,
-                              int64_t top_k, uint64_t seed) {
+void generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
+              uint64_t seed, Window window, const std::function<void(int64_t)>& emit) {
   const GPTConfig& c = model.config();
   const int64_t real_vocab = c.real_vocab_size > 0 ? c.real_vocab_size : c.vocab_size, T = c.block_size;
   CASTOR_CHECK(!prompt.empty(), "generate: the prompt is empty (it needs at least one token)");
@@ -100,6 +105,7 @@ std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, int64_t m
                  ")");
   Generator gen(seed);
   KVCache cache(model);
+  // The tokens the model may still read: at most the last block_size (older ones are dropped as new ones come).
   std::vector<int64_t> seq = std::move(prompt);
   // Feeds seq[from, end) after what the cache holds; returns the last position's logits over the real vocabulary.
   auto feed = [&](size_t from) {
@@ -110,15 +116,30 @@ std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, int64_t m
   };
   std::vector<double> logits = feed(seq.size() > static_cast<size_t>(T) ? seq.size() - T : 0);
   for (int64_t i = 0; i < max_new_tokens; ++i) {
-    seq.push_back(sample_token(logits, temperature, top_k, gen));
+    const int64_t next = sample_token(logits, temperature, top_k, gen);
+    seq.push_back(next);
+    emit(next);
     if (i + 1 == max_new_tokens) break;
+    if (seq.size() > 2 * static_cast<size_t>(T)) seq.erase(seq.begin(), seq.end() - T);
     if (cache.size() < T) {
       logits = feed(seq.size() - 1);
-    } else {
+    } else if (window == Window::Cached) {
       cache.clear();
       logits = feed(seq.size() - std::max<int64_t>(1, T / 2));
+    } else {  // nanoGPT: idx_cond = idx[:, -block_size:], a full forward
+      NoGradGuard no_grad;
+      std::vector<double> ids(seq.end() - T, seq.end());
+      const Tensor all = model(tensor(ids, Shape{1, T}, DType::Int64));  // (1, T, real vocabulary)
+      logits = all.select(1, T - 1).narrow(1, 0, real_vocab).to_vector<double>();
     }
   }
+}
+
+std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature,
+                              int64_t top_k, uint64_t seed, Window window) {
+  std::vector<int64_t> seq = prompt;
+  generate(model, std::move(prompt), max_new_tokens, temperature, top_k, seed, window,
+           [&](int64_t t) { seq.push_back(t); });
   return seq;
 }
 

@@ -16,7 +16,7 @@ OpNesting::~OpNesting() { --g_depth; }
 OpObserver* op_observer() { return g_observer; }
 void set_op_observer(OpObserver* o) { g_observer = o; }
 
-OpScope::OpScope(OpKind op, std::vector<Tensor> inputs) : op_(op), inputs_(std::move(inputs)) {
+OpScope::OpScope(OpKind op, std::vector<Tensor> inputs) : op_(op), label_(op_name(op)), inputs_(std::move(inputs)) {
   if (g_observer) start_ = std::chrono::steady_clock::now();
   if (amp::is_autocast_enabled()) {
     if (g_observer) given_ = inputs_;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "castor/allocator.h"
 #include "castor/op_kind.h"
 #include "castor/tensor.h"
 
@@ -57,6 +58,7 @@ class OpScope {
  private:
   OpNesting nesting_;
   OpKind op_;
+  AllocationLabel label_;  // names the op in an out-of-memory error
   std::vector<Tensor> given_, inputs_;
   std::chrono::steady_clock::time_point start_;
   double autocast_seconds_ = 0;

@@ -86,19 +86,29 @@ std::string commit_marker(const fs::path& dir) {
   return marker;
 }
 
-// Checks each file's checksum against the marker; castor::Error naming the damaged file.
+// Checks each file's checksum against the marker; castor::Error naming the damaged file, or the marker when it does
+// not record every file's checksum.
 void verify(const fs::path& dir) {
-  const std::vector<uint8_t> bytes = read_file((dir / kCommit).string());
+  const std::string commit = (dir / kCommit).string();
+  const std::vector<uint8_t> bytes = read_file(commit);
   std::istringstream marker(std::string(bytes.begin(), bytes.end()));
   std::string word, name, sum;
-  CASTOR_CHECK(marker >> word && word == "complete", (dir / kCommit).string(), ": not a commit marker");
+  CASTOR_CHECK(marker >> word && word == "complete", commit, ": not a commit marker");
+  std::vector<std::string> checked;
   while (marker >> name >> sum) {
-    CASTOR_CHECK(std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles),
-                 (dir / kCommit).string(), ": unknown file '", printable(name), "'");
+    CASTOR_CHECK(std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles), commit,
+                 ": unknown file '", printable(name), "'");
     const std::string actual = checksum64_hex(read_file((dir / name).string()));
     CASTOR_CHECK(actual == sum, (dir / name).string(), ": damaged (checksum ", actual, ", the commit marker records ",
                  printable(sum), ")");
+    checked.push_back(name);
   }
+  CASTOR_CHECK(checked.size() > 0, commit, ": records no checksums (a checkpoint of a Castor build before "
+               "2026-11-24), so damage to it cannot be detected and it is not read; to go on from its weights, start a "
+               "new run with --init ", (dir / kFiles[0]).string());
+  for (const char* f : kFiles)
+    CASTOR_CHECK(std::find(checked.begin(), checked.end(), f) != checked.end(), commit, ": records no checksum of ",
+                 f);
 }
 
 Checkpoint read_verified(const fs::path& dir) {
@@ -191,6 +201,19 @@ Checkpoint read_checkpoint(const std::string& path, std::string* used) {
       }
     }
   }
+}
+
+Json castor_config(const Metadata& meta, const std::string& what) {
+  const auto it = meta.find("castor.config");
+  if (it == meta.end()) return Json();
+  Json config;
+  try {
+    config = Json::parse(it->second);
+  } catch (const Error& e) {
+    throw Error(detail::cat(what, ": metadata castor.config: ", e.what()));
+  }
+  CASTOR_CHECK(config.is_object(), what, ": metadata castor.config: not a JSON object");
+  return config;
 }
 
 void remove_stale_temps(const std::string& run_dir) {

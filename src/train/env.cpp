@@ -4,11 +4,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
 #include "castor/autograd.h"
 #include "castor/dist.h"
+#include "castor/fs.h"
+#include "castor/json.h"
 #include "castor/opt_level.h"
 #include "castor/ops.h"
 #include "castor/random.h"
@@ -33,6 +36,54 @@ double gemm_peak(DType dtype, int64_t n, int reps) {
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return 2.0 * static_cast<double>(n * n * n) / best;
+}
+
+namespace {
+
+// The cache file and this machine's key in it.
+std::string peak_cache_path() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  if (xdg && *xdg) return std::string(xdg) + "/castor/gemm_peak.json";
+  return home && *home ? std::string(home) + "/.cache/castor/gemm_peak.json" : std::string();
+}
+std::string peak_key(DType dtype) {
+  return detail::cat(host_cpu(), " | ", dtype_name(dtype == DType::Float16 ? DType::Float32 : dtype), " | ",
+                     omp_get_max_threads(), " threads");
+}
+Json read_peak_cache(const std::string& path) {
+  try {
+    const std::vector<uint8_t> bytes = read_file(path, 1 << 20);
+    Json j = Json::parse(std::string(bytes.begin(), bytes.end()));
+    return j.is_object() ? j : Json(Json::Object{});
+  } catch (const Error&) {
+    return Json::Object{};  // none yet, or unreadable: measured again
+  }
+}
+
+}  // namespace
+
+double cached_gemm_peak(DType dtype) {
+  const std::string path = peak_cache_path();
+  if (path.empty() || !file_exists(path)) return 0;
+  const Json* v = read_peak_cache(path).find(peak_key(dtype));
+  return v && v->is_number() && v->as_double() > 0 ? v->as_double() : 0;
+}
+
+double measure_gemm_peak(DType dtype) {
+  const double peak = gemm_peak(dtype);
+  const std::string path = peak_cache_path();
+  if (path.empty()) return peak;
+  Json cache = read_peak_cache(path);
+  cache[peak_key(dtype)] = peak;
+  try {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    atomic_write_file(path, cache.dump(2) + "\n");
+  } catch (const Error&) {
+    // (a read-only home: the next run measures again)
+  }
+  return peak;
 }
 
 std::string host_cpu() {

@@ -8,6 +8,7 @@
 
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
+#include "castor/llmc.h"
 #include "castor/safetensors.h"
 #include "castor/trainer.h"
 #include "train/progress.h"
@@ -23,15 +24,15 @@ namespace {
 // (from castor's metadata, or --model and --data); `recorded_classes`: the class names the run recorded.
 LoadedTensors load_for_eval(const EvalConfig& e, TrainConfig& c, std::vector<std::string>& recorded_classes) {
   LoadedTensors model_file;
+  std::string file = e.path;  // the model file, for errors
   if (fs::is_directory(e.path)) {
-    Checkpoint ck = read_checkpoint(e.path);
+    Checkpoint ck = read_checkpoint(e.path, &file);
+    file += "/model.safetensors";
     model_file = {std::move(ck.model), std::move(ck.model_meta)};
   } else {
-    model_file = load_safetensors(e.path);
+    model_file = models::load_weights_file(e.path, name(e.data.value_or(Dataset::Tokens)));
   }
-  auto it = model_file.metadata.find("castor.config");
-  if (it != model_file.metadata.end()) {
-    const Json recorded = Json::parse(it->second);
+  if (const Json recorded = castor_config(model_file.metadata, file); !recorded.is_null()) {
     c = resume_config(TrainConfig{}, recorded, e.path);
     if (const Json* names = recorded.find("class_names"); names && names->is_array())
       for (const Json& n : names->as_array()) recorded_classes.push_back(n.is_string() ? n.as_string() : n.dump());
@@ -46,6 +47,13 @@ LoadedTensors load_for_eval(const EvalConfig& e, TrainConfig& c, std::vector<std
     c.amp = amp::OptLevel::O0;  // weights without castor metadata are evaluated in float32
   }
   if (!e.data_dir.empty()) c.data_dir = e.data_dir;
+  c.eval_iters = 0;  // a language model's whole validation split
+  if (e.dtype == DType::Float32) {
+    c.amp = amp::OptLevel::O0;
+  } else if (e.dtype) {
+    c.dtype = *e.dtype;
+    if (c.amp == amp::OptLevel::O0) c.amp = amp::OptLevel::O1;
+  }
   return model_file;
 }
 

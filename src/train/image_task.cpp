@@ -207,6 +207,11 @@ class ImageTask : public Task {
     return {figure("test acc %.2f%%", 100 * ev.accuracy), figure("train loss %.4f", train_loss),
             figure("test loss %.4f", ev.loss)};
   }
+  void summary_keys(Json& summary, const Evaluation* ev, double images_per_sec) const override {
+    summary["test_accuracy"] = ev ? Json(ev->accuracy) : Json();
+    summary["test_loss"] = ev ? Json(ev->loss) : Json();
+    summary["train_images_per_sec"] = images_per_sec;
+  }
   Json by_class(const Evaluation& ev) const override { return train::by_class(d_.classes, ev.confusion); }
   std::vector<std::string> classes() const override { return d_.classes; }
   Json eval_json(const Evaluation& ev) const override {
@@ -242,8 +247,8 @@ class ImageTask : public Task {
 // The dataset directory: --data-dir, or the dataset's default location.
 std::string data_dir(const TrainConfig& c) {
   if (!c.data_dir.empty()) return c.data_dir;
-  if (c.data == Dataset::Brown) return "data/brown";
-  if (c.data == Dataset::BrownChar) return "data/brown-char";
+  if (c.data == Dataset::Brown) return data::setup_path("data/brown");
+  if (c.data == Dataset::BrownChar) return data::setup_path("data/brown-char");
   return c.data == Dataset::Cifar10 ? "cifar-10-batches-bin" : "/usr/share/datasets/fashion-mnist";
 }
 

@@ -1,6 +1,7 @@
 // `castor info`: a checkpoint's model, step, precision, parameters, the run's last metrics and its checkpoints; with
 // --tensors every tensor's dtype and shape.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -8,6 +9,7 @@
 
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
+#include "castor/llmc.h"
 #include "castor/safetensors.h"
 #include "castor/trainer.h"
 #include "train/metrics.h"
@@ -30,9 +32,9 @@ std::string info_summary(const std::string& path, const std::string& used, const
     if (dtypes.find(dtype_name(e.dtype)) == std::string::npos) dtypes += (dtypes.empty() ? "" : ", ") + std::string(dtype_name(e.dtype));
   }
   line("file", printable(used));
-  Json config = Json::Object{};
-  if (auto it = model.metadata.find("castor.config"); it != model.metadata.end()) config = Json::parse(it->second);
-  if (!config.is_object()) config = Json::Object{};
+  // (of a checkpoint directory, its model file is the one named)
+  Json config = castor_config(model.metadata, fs::is_directory(used) ? used + "/model.safetensors" : used);
+  if (config.is_null()) config = Json::Object{};
   const std::string model_name = config.find("model") ? config.at("model").as_string() : "unknown (no castor metadata)";
   line("model", detail::cat(model_name, ", ", model.entries.size(), " tensors, ", values, " values (", dtypes, ")"));
   if (config.find("amp") && config.find("dtype")) {
@@ -63,14 +65,21 @@ std::string info_summary(const std::string& path, const std::string& used, const
   fs::path run = fs::is_directory(path + "/checkpoints", ec) ? fs::path(path) : fs::path(used).parent_path().parent_path();
   if (fs::is_directory(run / "checkpoints", ec)) {
     const std::vector<Json> records = read_metrics(run.string());
-    for (auto r = records.rbegin(); r != records.rend(); ++r)
+    for (auto r = records.rbegin(); r != records.rend(); ++r) {
+      char text[128];
+      const long long step = r->find("step") && r->at("step").is_int() ? r->at("step").as_int() : -1;
       if (const Json* acc = r->find("test_accuracy"); acc && acc->is_number()) {
-        char text[128];
         std::snprintf(text, sizeof(text), "test accuracy %.2f%%, test loss %.4f at step %lld", 100 * acc->as_double(),
-                      r->at("test_loss").as_double(), static_cast<long long>(r->at("step").as_int()));
-        line("metrics", text);
-        break;
+                      r->at("test_loss").as_double(), step);
+      } else if (const Json* val = r->find("val_loss"); val && val->is_number()) {
+        std::snprintf(text, sizeof(text), "val loss %.4f, perplexity %.2f at step %lld", val->as_double(),
+                      std::exp(val->as_double()), step);
+      } else {
+        continue;
       }
+      line("metrics", text);
+      break;
+    }
     std::vector<std::string> names;
     for (const fs::directory_entry& e : fs::directory_iterator(run / "checkpoints", ec))
       if (is_checkpoint_dir(e.path().string())) names.push_back(e.path().filename().string());
@@ -113,7 +122,7 @@ std::string run_info(const std::vector<std::string>& args) {
     files.push_back({"train_state.safetensors", listing(ck.state, ck.state_meta)});
     state = ck.state;
   } else {
-    files.push_back({path, read_safetensors_header(path)});
+    files.push_back({path, models::read_weights_header(path)});
   }
   if (!tensors) return info_summary(path, used, files[0].second, state ? &*state : nullptr);
   std::string out;

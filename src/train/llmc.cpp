@@ -1,10 +1,12 @@
 // llm.c's GPT-2 checkpoint format and nanoGPT-named safetensors, to and from Castor's GPT (include/castor/llmc.h).
 #include "castor/llmc.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "castor/autograd.h"
+#include "castor/checkpoint.h"
 #include "castor/fs.h"
 #include "castor/json.h"
 
@@ -62,9 +64,24 @@ std::map<std::string, Shape> expected_shapes(const GPTConfig& c) {
   return out;
 }
 
+// What a float32 GPT checkpoint of an llm.c file's config would record: "castor.config" (with "data" when given) and
+// the header as text.
+Metadata llmc_metadata(const LlmcHeader& h, const std::string& data) {
+  const GPTConfig& c = h.config;
+  Json config = Json::Object{{"model", "gpt"},         {"n_layer", c.n_layer},       {"n_head", c.n_head},
+                             {"n_embd", c.n_embd},     {"block_size", c.block_size}, {"vocab_size", c.vocab_size},
+                             {"bias", true},           {"amp", "O0"},                {"dtype", "bf16"},
+                             {"threads", 0}};
+  if (!data.empty()) config["data"] = data;
+  return {{"castor.config", config.dump()},
+          {"llmc.header", detail::cat("version ", h.dtype == DType::Float32 ? kLlmcModelVersion : kLlmcModelVersionBf16,
+                                      " (", dtype_name(h.dtype), "), maxT ", c.block_size, ", V ", c.real_vocab_size,
+                                      ", L ", c.n_layer, ", NH ", c.n_head, ", C ", c.n_embd, ", Vp ", c.vocab_size)}};
+}
+
 }  // namespace
 
-GPTWeights read_llmc_checkpoint(const std::string& path) {
+LlmcHeader read_llmc_header(const std::string& path) {
   uint64_t file_size = 0;
   read_file_range(path, 0, 0, file_size);
   CASTOR_CHECK(file_size >= kHeaderBytes, path, ": not an llm.c checkpoint: ", file_size,
@@ -77,7 +94,6 @@ GPTWeights read_llmc_checkpoint(const std::string& path) {
   CASTOR_CHECK(h[1] == kLlmcModelVersion || h[1] == kLlmcModelVersionBf16, path, ": llm.c checkpoint version ", h[1],
                " is not supported (", kLlmcModelVersion, ": float32, ", kLlmcModelVersionBf16, ": bfloat16)");
   const DType dtype = h[1] == kLlmcModelVersion ? DType::Float32 : DType::BFloat16;
-  const uint64_t elem = dtype_size(dtype);
   const char* names[] = {"maxT", "V", "L", "NH", "C", "Vp"};
   for (int i = 0; i < 6; ++i)
     CASTOR_CHECK(h[2 + i] > 0, path, ": llm.c header field ", names[i], " must be positive, got ", h[2 + i]);
@@ -94,19 +110,39 @@ GPTWeights read_llmc_checkpoint(const std::string& path) {
     for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
     floats += n;
   }
-  const unsigned __int128 want = kHeaderBytes + elem * floats;
+  const unsigned __int128 want = kHeaderBytes + dtype_size(dtype) * floats;
   CASTOR_CHECK(want == file_size, path, ": llm.c checkpoint is ", file_size, " bytes, its header (maxT ", c.block_size,
                ", V ", c.real_vocab_size, ", L ", c.n_layer, ", NH ", c.n_head, ", C ", c.n_embd, ", Vp ", c.vocab_size,
                ") needs ",
                want > UINT64_MAX ? std::string("more than 2^64") : std::to_string(static_cast<uint64_t>(want)));
-  GPTWeights w{c, {}};
-  uint64_t offset = kHeaderBytes;
+  return {c, dtype};
+}
+
+std::vector<std::pair<std::string, Shape>> llmc_tensors(const GPTConfig& c) {
+  std::vector<std::pair<std::string, Shape>> out;
   for (const LlmcTensor& t : llmc_layout(c)) {
-    const int64_t layers = t.block_suffix.empty() ? 1 : c.n_layer, per = shape_numel(t.shape);
+    if (t.block_suffix.empty()) {
+      out.emplace_back(t.name, t.shape);
+    } else {
+      for (int64_t i = 0; i < c.n_layer; ++i) out.emplace_back(block_name(i, t.block_suffix), t.shape);
+    }
+  }
+  return out;
+}
+
+GPTWeights read_llmc_checkpoint(const std::string& path) {
+  const LlmcHeader header = read_llmc_header(path);
+  const uint64_t elem = dtype_size(header.dtype);
+  GPTWeights w{header.config, {}};
+  uint64_t file_size = 0, offset = kHeaderBytes;
+  read_file_range(path, 0, 0, file_size);
+  // One read per llm.c tensor (all layers of a kind together), never the whole file at once.
+  for (const LlmcTensor& t : llmc_layout(w.config)) {
+    const int64_t layers = t.block_suffix.empty() ? 1 : w.config.n_layer, per = shape_numel(t.shape);
     const std::vector<uint8_t> bytes = read_file_range(path, offset, elem * layers * per, file_size);
     offset += bytes.size();
     auto tensor_at = [&](int64_t i) {
-      return from_blob(bytes.data() + elem * i * per, t.shape, dtype).to(DType::Float32);
+      return from_blob(bytes.data() + elem * i * per, t.shape, header.dtype).to(DType::Float32);
     };
     if (t.block_suffix.empty()) {
       w.state[t.name] = tensor_at(0);
@@ -115,6 +151,22 @@ GPTWeights read_llmc_checkpoint(const std::string& path) {
     }
   }
   return w;
+}
+
+WeightsFormat weights_format(const std::string& path) {
+  uint64_t size = 0;
+  read_file_range(path, 0, 0, size);
+  const std::vector<uint8_t> head = read_file_range(path, 0, std::min<uint64_t>(size, 9), size);
+  int32_t magic = 0;
+  if (head.size() >= 4) std::memcpy(&magic, head.data(), 4);
+  if (magic == kLlmcModelMagic) return WeightsFormat::Llmc;
+  // safetensors: a little-endian u64 header length that fits the file, then the JSON header, which opens with '{'.
+  uint64_t header_len = 0;
+  if (head.size() == 9) std::memcpy(&header_len, head.data(), 8);
+  CASTOR_CHECK(head.size() == 9 && header_len >= 2 && header_len <= size - 8 && head[8] == '{', path,
+               ": not a safetensors or llm.c file (neither llm.c's magic number ", kLlmcModelMagic,
+               " nor a safetensors header at its start)");
+  return WeightsFormat::Safetensors;
 }
 
 void write_llmc_checkpoint(const std::string& path, const GPTWeights& w) {
@@ -147,13 +199,7 @@ void write_llmc_checkpoint(const std::string& path, const GPTWeights& w) {
     const auto* p = static_cast<const uint8_t*>(t.data_ptr());
     bytes.insert(bytes.end(), p, p + n);
   };
-  for (const LlmcTensor& t : llmc_layout(c)) {
-    if (t.block_suffix.empty()) {
-      append(t.name, t.shape);
-    } else {
-      for (int64_t i = 0; i < c.n_layer; ++i) append(block_name(i, t.block_suffix), t.shape);
-    }
-  }
+  for (const auto& [name, shape] : llmc_tensors(c)) append(name, shape);
   atomic_write_file(path, std::span<const uint8_t>(bytes));
 }
 
@@ -215,35 +261,44 @@ GPTWeights gpt_weights_from_state_dict(StateDict state, int64_t n_head, const st
 GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metadata, int64_t n_head,
                                         const std::string& what) {
   int64_t recorded = 0;
-  if (auto it = metadata.find("castor.config"); it != metadata.end()) {
-    Json config;
-    try {
-      config = Json::parse(it->second);
-    } catch (const Error& e) {
-      throw Error(detail::cat(what, ": metadata castor.config: ", e.what()));
-    }
-    if (const Json* v = config.is_object() ? config.find("n_head") : nullptr; v && v->is_int()) recorded = v->as_int();
-  }
+  const Json config = train::castor_config(metadata, what);
+  if (const Json* v = config.is_object() ? config.find("n_head") : nullptr; v && v->is_int()) recorded = v->as_int();
   CASTOR_CHECK(n_head == 0 || recorded == 0 || n_head == recorded, what, ": records n_head ", recorded, ", but ",
                n_head, " was given");
   return gpt_weights_from_state_dict(std::move(tensors), recorded > 0 ? recorded : n_head, what);
 }
 
 GPTWeights load_gpt_init(const std::string& path, int64_t n_head) {
-  uint64_t file_size = 0;
-  read_file_range(path, 0, 0, file_size);
-  if (file_size >= 4) {
-    int32_t magic = 0;
-    std::memcpy(&magic, read_file_range(path, 0, 4, file_size).data(), 4);
-    if (magic == kLlmcModelMagic) {
-      GPTWeights w = read_llmc_checkpoint(path);
-      CASTOR_CHECK(n_head == 0 || n_head == w.config.n_head, path, ": llm.c header has NH ", w.config.n_head, ", but ",
-                   n_head, " was given");
-      return w;
-    }
+  if (weights_format(path) == WeightsFormat::Llmc) {
+    GPTWeights w = read_llmc_checkpoint(path);
+    CASTOR_CHECK(n_head == 0 || n_head == w.config.n_head, path, ": llm.c header has NH ", w.config.n_head, ", but ",
+                 n_head, " was given");
+    return w;
   }
   LoadedTensors file = load_safetensors(path);
   return gpt_weights_from_safetensors(std::move(file.tensors), file.metadata, n_head, path);
+}
+
+LoadedTensors load_weights_file(const std::string& path, const std::string& data) {
+  if (weights_format(path) == WeightsFormat::Safetensors) return load_safetensors(path);
+  const LlmcHeader header = read_llmc_header(path);
+  GPTWeights w = read_llmc_checkpoint(path);
+  w.state["lm_head.weight"] = w.state.at("transformer.wte.weight");
+  return {std::move(w.state), llmc_metadata(header, data)};
+}
+
+SafetensorsFile read_weights_header(const std::string& path) {
+  if (weights_format(path) == WeightsFormat::Safetensors) return read_safetensors_header(path);
+  const LlmcHeader header = read_llmc_header(path);
+  SafetensorsFile f;
+  uint64_t offset = 0;
+  for (const auto& [name, shape] : llmc_tensors(header.config)) {
+    const uint64_t bytes = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(header.dtype);
+    f.entries.push_back({name, header.dtype, shape, offset, offset + bytes});
+    offset += bytes;
+  }
+  f.metadata = llmc_metadata(header, "");
+  return f;
 }
 
 }  // namespace castor::models

@@ -1,17 +1,21 @@
 // The language-model task: llm.c token files in (B, T) windows, a GPT of the config's (or --init's) sizes, and
 // validation loss, perplexity and next-token accuracy.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <tuple>
 
+#include "castor/corpus.h"
 #include "castor/dist.h"
 #include "castor/fs.h"
 #include "castor/llmc.h"
 #include "castor/lm_batch.h"
 #include "castor/models.h"
 #include "castor/token_file.h"
+#include "castor/tokenizer.h"
 #include "castor/trainer.h"
 #include "train/task.h"
 
@@ -25,14 +29,7 @@ namespace {
 // a multiple of 64 above 1024 (GPT-2's 50,257 -> 50,304, as nanoGPT and llm.c). Returns (padded, real).
 std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& dir) {
   const std::string record = dir + "/tokenizer.json";
-  int64_t real = 0;
-  if (fs::exists(record)) {
-    const std::vector<uint8_t> bytes = read_file(record, /*max_bytes=*/1 << 20);
-    const Json parsed = Json::parse(std::string(bytes.begin(), bytes.end()));
-    const Json* v = parsed.find("vocab_size");
-    CASTOR_CHECK(v && v->is_int() && v->as_int() > 0, record, ": no positive vocab_size");
-    real = v->as_int();
-  }
+  const int64_t real = fs::exists(record) ? data::Tokenizer::recorded_vocab_size(dir) : 0;
   CASTOR_CHECK(real > 0 || c.vocab_size > 0, "--vocab-size: not given, and ", record,
                " (written by castor tokenize) is missing");
   const int64_t padded = c.vocab_size > 0 ? c.vocab_size : real > 1024 ? (real + 63) / 64 * 64 : real;
@@ -45,7 +42,8 @@ class LmTask : public Task {
  public:
   // Resolves c.vocab_size (recorded, so a resumed run builds the same model); a new run with --init takes the
   // model's sizes from that file (llm.c's gpt2_124M.bin or nanoGPT-named safetensors).
-  LmTask(TrainConfig& c, int rank, int world, bool new_run) : dir_(data_dir(c)) {
+  LmTask(TrainConfig& c, int rank, int world, bool new_run)
+      : dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
     if (new_run && !c.init.empty()) take_init_sizes(c);
     CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(), "--data tokens: needs --data-dir DIR holding "
                  "train.bin and val.bin (castor tokenize writes them)");
@@ -55,12 +53,23 @@ class LmTask : public Task {
     val_.emplace(dir_ + "/val.bin");
     std::tie(c.vocab_size, real_vocab_) = vocabulary(c, dir_);
     config_ = gpt_config(c, real_vocab_);
-    for (const data::TokenFile* f : {&*train_, &*val_})
-      for (uint16_t t : f->tokens().subspan(0, std::min<size_t>(f->tokens().size(), 1 << 20)))
-        CASTOR_CHECK(t < config_.vocab_size, f->path(), ": token ", t, " is outside the vocabulary of ",
-                     config_.vocab_size, " (--vocab-size)");
+    // Everything the data can get wrong is found here, before step 1: token files of another tokenize than the
+    // vocabulary, a split too short for one window, ids outside the vocabulary (all of them up to 2^31 tokens).
+    if (fs::exists(dir_ + "/tokenizer.json")) data::check_token_folder(dir_, *train_, *val_);
+    for (const data::TokenFile* f : {&*train_, &*val_}) {
+      CASTOR_CHECK(f->size() >= c.block_size + 1, f->path(), ": ", f->size(), " tokens, fewer than one window of "
+                   "--block-size ", c.block_size, " + 1 (give a smaller --block-size, or more text to castor "
+                   "tokenize)");
+      const std::span<const uint16_t> ids = f->tokens().first(std::min<size_t>(f->tokens().size(), size_t{1} << 31));
+      if (*std::max_element(ids.begin(), ids.end()) < real_vocab_) continue;
+      const auto bad = std::find_if(ids.begin(), ids.end(), [&](uint16_t t) { return t >= real_vocab_; });
+      const bool recorded = fs::exists(dir_ + "/tokenizer.json");
+      throw Error(detail::cat(f->path(), ": token ", *bad, " at position ", bad - ids.begin(),
+                              " is outside the vocabulary of ", real_vocab_,
+                              recorded ? " (" + dir_ + "/tokenizer.json)" : " (--vocab-size)"));
+    }
     source_.emplace(*train_, data::LmBatchOptions{.batch_size = c.batch_size, .block_size = c.block_size,
-                                                   .sequential = c.data_order == DataOrder::Sequential,
+                                                   .order = c.data_order,
                                                    .seed = c.seed, .rank = rank, .num_ranks = world});
     per_epoch_ = source_->batches_per_epoch();
   }
@@ -90,14 +99,18 @@ class LmTask : public Task {
   }
   FlopRate flop_rate(const TrainConfig& c, const nn::Module& model) const override;
 
-  // The whole validation split in rows of T tokens, each once.
+  // The validation split in rows of T tokens, each once: all of them, or --eval-iters batches of --batch-size rows
+  // spread evenly over the split (row k of m of all n: k n / m) when it holds more.
   int64_t eval_batches(int64_t batch_size) const override {
     const int64_t n = data::eval_batch_count(*val_, batch_size, config_.block_size);
     CASTOR_CHECK(n > 0, val_->path(), ": no whole window of ", config_.block_size + 1, " tokens to evaluate on");
-    return n;
+    return (eval_row_count() + batch_size - 1) / batch_size;
   }
   Batch eval_batch(int64_t i, int64_t batch_size) const override {
-    data::LmBatch b = data::eval_batch(*val_, batch_size, config_.block_size, i);
+    const int64_t all = (val_->size() - 1) / config_.block_size, m = eval_row_count();
+    std::vector<int64_t> rows;
+    for (int64_t k = i * batch_size; k < std::min(m, (i + 1) * batch_size); ++k) rows.push_back(k * all / m);
+    data::LmBatch b = data::eval_rows(*val_, config_.block_size, rows, i);
     return Batch{b.x, b.y, i, static_cast<double>(b.x.numel())};
   }
   // Rows of the block size, about 4096 tokens a batch.
@@ -150,8 +163,15 @@ class LmTask : public Task {
     c.bias = g.bias;
   }
 
+  // The rows an evaluation covers.
+  int64_t eval_row_count() const {
+    const int64_t all = (val_->size() - 1) / config_.block_size;
+    return eval_iters_ > 0 ? std::min(all, eval_iters_ * batch_size_) : all;
+  }
+
   std::optional<models::GPTWeights> init_;
   std::string dir_;
+  int64_t eval_iters_ = 0, batch_size_ = 0;
   std::optional<data::TokenFile> train_, val_;
   std::optional<data::LmBatchSource> source_;
   models::GPTConfig config_;
@@ -166,10 +186,15 @@ FlopRate LmTask::flop_rate(const TrainConfig& c, const nn::Module& model) const 
     if (name != "transformer.wpe.weight") n += static_cast<double>(p.numel());
   const double per_token = 6 * n + 12.0 * static_cast<double>(c.n_layer * c.n_embd * c.block_size);
   const DType dtype = c.amp == amp::OptLevel::O0 ? DType::Float32 : c.dtype;
-  const FlopRate r{per_token, gemm_peak(dtype)};
-  if (dist::rank() == 0)
-    std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU against a measured %s GEMM peak of %.0f "
-                 "GFLOP/s\n", n / 1e6, per_token, dtype_name(dtype), r.peak / 1e9);
+  const int ranks = dist::world_size();
+  const FlopRate r{per_token, cached_gemm_peak(dtype) * ranks, dtype, ranks};
+  if (dist::rank() == 0 && r.peak > 0)
+    std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU against this machine's %s GEMM peak of "
+                 "%.0f GFLOP/s (%d rank%s x %d threads, measured once and cached)\n", n / 1e6, per_token,
+                 dtype_name(dtype), r.peak / 1e9, ranks, ranks > 1 ? "s" : "", omp_get_max_threads());
+  else if (dist::rank() == 0)
+    std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU in the summary (this machine's %s GEMM "
+                 "peak is measured after training, once)\n", n / 1e6, per_token, dtype_name(dtype));
   return r;
 }
 

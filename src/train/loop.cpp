@@ -112,6 +112,7 @@ class Trainer {
       else
         last_eval_ = evaluate(task_, *run_.model, *run_.amp, task_.eval_batch_size());
     }
+    if (log_) log_->measure_peak_if_unknown();
     Json summary = summary_json();
     summary["wall_seconds"] = std::chrono::duration<double>(Clock::now() - wall_start).count();
     const Json build = build_json();
@@ -193,6 +194,7 @@ class Trainer {
     micro_ = 0;
     micro_loss_ = 0;
     ++state_.step;
+    if (++steps_here_ == kWarmupSteps) warm_ = {images_, train_seconds_ + seconds_since(t0)};
     state_.batch = next_batch;
     train_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
     e.loss += lv;
@@ -230,6 +232,9 @@ class Trainer {
 
   void end_epoch(const EpochTotals& e, double seconds) {
     const bool epoch_end = state_.batch >= task_.batches_per_epoch();
+    // The last step goes to disk before the final evaluation (a long one for a language model's validation split):
+    // a kill during it loses no training, and --resume evaluates again and writes the report.
+    if (state_.step >= total_ && !saved_now()) checkpoint();
     last_eval_ = evaluate_now();
     const double ips = e.images / std::max(seconds, 1e-9);
     const double train_loss = e.batches ? e.loss / static_cast<double>(e.batches) : 0.0;
@@ -250,11 +255,15 @@ class Trainer {
       add("skipped %lld", static_cast<long long>(scaler.steps_skipped()));
     }
     add("peak mem %.1f MiB", memory_stats().peak_bytes / 1048576.0);
-    if (log_) log_->epoch({{"epoch", epoch}, {"step", state_.step}, {"train_loss", train_loss},
-                {"test_loss", last_eval_->loss}, {"test_accuracy", last_eval_->accuracy}, {"images_per_sec", ips},
-                {"loss_scale", scaler.get_scale()}, {"skipped_steps", scaler.steps_skipped()},
-                {"peak_memory_bytes", memory_stats().peak_bytes}},
-               fields);
+    if (log_) {
+      Json::Object record = log_->evaluation_keys(last_eval_->loss, last_eval_->accuracy);
+      for (auto& [k, v] : Json::Object{{"epoch", epoch}, {"step", state_.step}, {"train_loss", train_loss},
+                                       {log_->rate_key(), ips}, {"loss_scale", scaler.get_scale()},
+                                       {"skipped_steps", scaler.steps_skipped()},
+                                       {"peak_memory_bytes", memory_stats().peak_bytes}})
+        record[k] = v;
+      log_->epoch(record, fields);
+    }
     if (epoch_end) {
       ++state_.epoch;
       state_.batch = 0;
@@ -313,22 +322,28 @@ class Trainer {
   Json summary_json() const {
     const auto& scaler = run_.amp->scaler();
     // (an interrupted run may stop before its first evaluation: null, not a made-up 0)
-    Json summary = Json::Object{{"test_accuracy", last_eval_ ? Json(last_eval_->accuracy) : Json()},
-                        {"test_loss", last_eval_ ? Json(last_eval_->loss) : Json()},
-                        {"train_images_per_sec", train_seconds_ > 0 ? images_ / train_seconds_ : 0.0},
-                        {"steps", state_.step},
+    Json summary = Json::Object{{"steps", state_.step},
                         {"skipped_steps", scaler.steps_skipped()},
                         {"final_loss_scale", scaler.get_scale()},
                         {"peak_memory_bytes", memory_stats().peak_bytes},
                         {"lost_metric_lines", log_ ? log_->lost_lines() : 0},
                         {"nproc", world_},
                         {"out", c_.out}};
-    const double per_sec = train_seconds_ > 0 ? images_ / train_seconds_ : 0.0;
+    // The steady rate, after this process's first kWarmupSteps steps (primitive creation, first-touch memory), is
+    // what a long run sees; the whole run's rate is beside it.
+    const double whole = train_seconds_ > 0 ? images_ / train_seconds_ : 0.0;
+    const double steady_seconds = train_seconds_ - warm_.second;
+    const double per_sec = steps_here_ > kWarmupSteps && steady_seconds > 0 ? (images_ - warm_.first) / steady_seconds
+                                                                           : whole;
     task_.summary_keys(summary, last_eval_ ? &*last_eval_ : nullptr, per_sec);
+    if (log_) summary[detail::cat("train_", log_->rate_key(), "_whole_run")] = whole;
     if (log_ && log_->mfu(per_sec) > 0) summary["mfu"] = log_->mfu(per_sec);
     return summary;
   }
 
+  static double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+  static constexpr int64_t kWarmupSteps = 3;  // steps of this process before the steady rate is taken
   static constexpr int64_t kMaxSkippedInARow = 64;
   static constexpr int64_t kMaxSkippedStatic = 20;
   static constexpr double kMinLossScale = 0x1p-24;
@@ -348,6 +363,8 @@ class Trainer {
   const int64_t epochs_;
   double images_ = 0, train_seconds_ = 0, micro_loss_ = 0;
   int64_t micro_ = 0;  // micro-batches whose gradients are summed so far
+  int64_t steps_here_ = 0;  // steps taken by this process (a resumed run's since it resumed)
+  std::pair<double, double> warm_{0, 0};  // (examples, training seconds) after kWarmupSteps steps
   int64_t skipped_in_a_row_ = 0;
   bool stop_all_ = false, minutes_due_all_ = false;  // as of the last step, over all ranks
   std::tuple<int64_t, int64_t, int64_t> saved_{-1, -1, -1};  // (step, epoch, batch) of the newest checkpoint

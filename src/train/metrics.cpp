@@ -10,9 +10,15 @@
 
 namespace castor::train {
 
-const std::vector<std::string> MetricsLog::kColumns = {
-    "step", "epoch", "loss", "loss_avg", "lr", "loss_scale", "skipped", "images_per_sec", "peak_memory_bytes",
-    "train_loss", "test_loss", "test_accuracy", "skipped_steps"};
+const std::vector<std::string>& MetricsLog::columns(bool language_model) {
+  static const std::vector<std::string> images = {
+      "step", "epoch", "loss", "loss_avg", "lr", "loss_scale", "skipped", "images_per_sec", "peak_memory_bytes",
+      "train_loss", "test_loss", "test_accuracy", "skipped_steps"};
+  static const std::vector<std::string> tokens = {
+      "step", "epoch", "loss", "loss_avg", "lr", "loss_scale", "skipped", "tokens_per_sec", "peak_memory_bytes",
+      "train_loss", "val_loss", "val_perplexity", "skipped_steps"};
+  return language_model ? tokens : images;
+}
 
 namespace {
 bool empty_file(const std::string& path) {
@@ -21,24 +27,25 @@ bool empty_file(const std::string& path) {
 }
 }  // namespace
 
-MetricsLog::MetricsLog(const std::string& dir, bool append)
-    : jsonl_(dir + "/metrics.jsonl", /*truncate=*/!append), csv_(dir + "/metrics.csv", /*truncate=*/!append) {
+MetricsLog::MetricsLog(const std::string& dir, bool append, bool language_model)
+    : jsonl_(dir + "/metrics.jsonl", /*truncate=*/!append), csv_(dir + "/metrics.csv", /*truncate=*/!append),
+      columns_(columns(language_model)) {
   if (empty_file(csv_.path())) {
     std::string header;
-    for (const std::string& c : kColumns) header += (header.empty() ? "" : ",") + c;
+    for (const std::string& c : columns_) header += (header.empty() ? "" : ",") + c;
     this->append(csv_, header + "\n", {});
   }
 }
 
 void MetricsLog::write(const Json::Object& record) {
   std::string row;
-  for (size_t i = 0; i < kColumns.size(); ++i) {
+  for (size_t i = 0; i < columns_.size(); ++i) {
     if (i) row += ",";
-    auto it = record.find(kColumns[i]);
+    auto it = record.find(columns_[i]);
     if (it != record.end()) row += it->second.is_bool() ? (it->second.as_bool() ? "1" : "0") : it->second.dump();
   }
   for (const auto& [key, value] : record)
-    CASTOR_ASSERT(std::find(kColumns.begin(), kColumns.end(), key) != kColumns.end(), "metrics key ", key,
+    CASTOR_ASSERT(std::find(columns_.begin(), columns_.end(), key) != columns_.end(), "metrics key ", key,
                   " has no CSV column");
   if (!append(jsonl_, Json(record).dump() + "\n", record)) ++lost_;
   append(csv_, row + "\n", record);

@@ -213,9 +213,20 @@ std::string settings_tables(const Json& config) {
 
 std::string render_report(const std::string& title, const Json& config, const std::vector<Json>& records,
                           const std::vector<amp::ExplainRow>& op_dtypes, const Json& by_class) {
+  // A language model's run records validation loss and perplexity and tokens/s where a classifier's records test
+  // loss and accuracy and images/s; the report names what its run recorded.
+  const bool lm = std::any_of(records.begin(), records.end(),
+                              [](const Json& r) { return r.find("val_loss") || r.find("tokens_per_sec"); });
+  const char* eval_key = lm ? "val_perplexity" : "test_accuracy";
+  const char* loss_key = lm ? "val_loss" : "test_loss";
+  const char* rate_key = lm ? "tokens_per_sec" : "images_per_sec";
+  const char* rate_name = lm ? "tokens/s" : "images/s";
+  const char* metric_name = lm ? "Validation perplexity" : "Test accuracy";
+  const double scale_metric = lm ? 1 : 100;  // accuracy in percent
+  const char* unit = lm ? "" : "%";
   Series raw{"logged step", "#9ecae1", true}, smooth{"window mean", "#1f77b4"};
-  Series scale{"loss scale", "#ff7f0e"}, lr{"learning rate", "#9467bd"}, speed{"images/s", "#8c564b"};
-  Series train_loss{"train (window mean)", "#1f77b4"}, test_loss{"test", "#d62728"};
+  Series scale{"loss scale", "#ff7f0e"}, lr{"learning rate", "#9467bd"}, speed{rate_name, "#8c564b"};
+  Series train_loss{"train (window mean)", "#1f77b4"}, test_loss{lm ? "validation" : "test", "#d62728"};
   std::vector<std::pair<double, double>> acc_points, test_loss_points;  // (step, value) of each evaluation
   std::vector<double> skipped;
   std::vector<const Json*> epochs;
@@ -225,15 +236,15 @@ std::string render_report(const std::string& title, const Json& config, const st
     const double step = field(r, "step");
     peak = std::max(peak, field(r, "peak_memory_bytes", 0));
     if (r.find("train_loss") != nullptr) epochs.push_back(&r);
-    if (r.find("test_accuracy") != nullptr) {
-      acc_points.emplace_back(step, 100 * field(r, "test_accuracy"));
-      test_loss_points.emplace_back(step, field(r, "test_loss"));
+    if (r.find(eval_key) != nullptr) {
+      acc_points.emplace_back(step, scale_metric * field(r, eval_key));
+      test_loss_points.emplace_back(step, field(r, loss_key));
     } else if (r.find("loss") != nullptr) {
       raw.x.push_back(step), raw.y.push_back(field(r, "loss"));
       if (r.find("loss_avg") != nullptr) {
         smooth.x.push_back(step), smooth.y.push_back(field(r, "loss_avg"));
         lr.x.push_back(step), lr.y.push_back(field(r, "lr"));
-        speed.x.push_back(step), speed.y.push_back(field(r, "images_per_sec"));
+        speed.x.push_back(step), speed.y.push_back(field(r, rate_key));
       }
       scale.x.push_back(step), scale.y.push_back(field(r, "loss_scale"));
       scaling |= field(r, "loss_scale", 1) != 1;
@@ -244,7 +255,7 @@ std::string render_report(const std::string& title, const Json& config, const st
   auto by_step = [](const auto& a, const auto& b) { return a.first < b.first; };
   std::stable_sort(acc_points.begin(), acc_points.end(), by_step);
   std::stable_sort(test_loss_points.begin(), test_loss_points.end(), by_step);
-  Series acc{"test accuracy", "#2ca02c"};
+  Series acc{lm ? "validation perplexity" : "test accuracy", "#2ca02c"};
   for (auto [x, y] : acc_points) acc.x.push_back(x), acc.y.push_back(y);
   for (auto [x, y] : test_loss_points) test_loss.x.push_back(x), test_loss.y.push_back(y);
   train_loss.x = smooth.x, train_loss.y = smooth.y;
@@ -270,27 +281,31 @@ std::string render_report(const std::string& title, const Json& config, const st
     << meta("started") << " on " << meta("host_cpu") << "</p>";
   o << "<p>" << raw.x.size() << " logged steps; " << skipped.size()
     << " skipped (overflow) steps, marked in red; peak tensor memory " << number(peak / 1048576.0) << " MiB";
-  if (!acc.y.empty()) o << "; last test accuracy " << number(acc.y.back()) << "%";
+  if (!acc.y.empty()) o << "; last " << (lm ? "validation perplexity " : "test accuracy ") << number(acc.y.back()) << unit;
   o << ".</p><div class='grid'>"
     << chart({"Training loss", "cross-entropy loss", false, {}, steps}, {smooth, raw}, skipped);
   if (acc.x.size() == 1)  // one evaluation: a number, not a chart of one point
-    o << "<div class='stat'>Test accuracy<b>" << number(acc.y[0]) << "%</b>after step " << tick_text(acc.x[0])
-      << " (test loss " << number(test_loss.y[0]) << ")</div>";
+    o << "<div class='stat'>" << metric_name << "<b>" << number(acc.y[0]) << unit << "</b>after step "
+      << tick_text(acc.x[0]) << (lm ? " (validation loss " : " (test loss ") << number(test_loss.y[0]) << ")</div>";
+  else if (lm)
+    o << chart({metric_name, "perplexity", false, {}, steps}, {acc});
   else
-    o << chart({"Test accuracy", "accuracy (%)", false, std::pair{0.0, 100.0}, steps}, {acc});
+    o << chart({metric_name, "accuracy (%)", false, std::pair{0.0, 100.0}, steps}, {acc});
   if (test_loss.x.size() > 1)
-    o << chart({"Train vs test loss", "cross-entropy loss", false, {}, steps}, {train_loss, test_loss});
+    o << chart({lm ? "Train vs validation loss" : "Train vs test loss", "cross-entropy loss", false, {}, steps},
+               {train_loss, test_loss});
   o << chart({"Learning rate", "learning rate", false, {}, steps}, {lr})
-    << chart({"Throughput", "images/s", false, {}, steps}, {speed});
+    << chart({"Throughput", rate_name, false, {}, steps}, {speed});
   if (scaling) o << chart({"Loss scale", "loss scale (log scale)", /*log2_y=*/true, {}, steps}, {scale}, skipped);
   o << "</div>";
 
-  o << "<h3>Epochs</h3><table><tr><th>epoch</th><th>step</th><th>train loss</th><th>test loss</th>"
-    << "<th>test accuracy</th><th>images/s</th><th>skipped steps</th></tr>";
+  o << "<h3>Epochs</h3><table><tr><th>epoch</th><th>step</th><th>train loss</th><th>"
+    << (lm ? "validation loss</th><th>perplexity" : "test loss</th><th>test accuracy") << "</th><th>" << rate_name
+    << "</th><th>skipped steps</th></tr>";
   for (const Json* e : epochs)
     o << "<tr><td>" << field(*e, "epoch") << "</td><td>" << field(*e, "step") << "</td><td>"
-      << number(field(*e, "train_loss")) << "</td><td>" << number(field(*e, "test_loss")) << "</td><td>"
-      << number(100 * field(*e, "test_accuracy")) << "%</td><td>" << number(field(*e, "images_per_sec"), 5)
+      << number(field(*e, "train_loss")) << "</td><td>" << number(field(*e, loss_key)) << "</td><td>"
+      << number(scale_metric * field(*e, eval_key)) << unit << "</td><td>" << number(field(*e, rate_key), 5)
       << "</td><td>" << field(*e, "skipped_steps", 0) << "</td></tr>";
   o << "</table>";
 

@@ -10,6 +10,7 @@
 #include "castor/checkpoint.h"
 #include "castor/dist.h"
 #include "castor/functional.h"
+#include "castor/llmc.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "castor/safetensors.h"
@@ -50,7 +51,7 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::
 
 }  // namespace
 
-StateDict Task::init_weights(const std::string& path) const { return load_safetensors(path).tensors; }
+StateDict Task::init_weights(const std::string& path) const { return models::load_weights_file(path, "").tensors; }
 
 std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run) {
   if (is_language_model(c.model)) return make_lm_task(c, rank, world, new_run);

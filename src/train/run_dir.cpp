@@ -157,6 +157,16 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
     if (fs::is_symlink(c.out + "/" + f, ec)) links += (links.empty() ? "" : ", ") + f;
   CASTOR_CHECK(links.empty(), "--out ", c.out, ": symbolic links where a run writes its files (", links,
                "); a run directory's own files must not be links (remove them)");
+  // Nor anything but regular files: a FIFO, device or folder named report.html would fail the run at its end (and
+  // --overwrite must not delete a folder).
+  for (const std::string& f : own) {
+    if (f == "checkpoints") continue;
+    try {
+      check_replaceable(c.out + "/" + f);
+    } catch (const Error& e) {
+      throw Error(detail::cat("--out ", c.out, ": ", e.what(), " (where a run writes its ", f, ")"));
+    }
+  }
   const bool castor_dir = fs::exists(c.out + "/.castor.lock", ec);
   auto lock = std::make_unique<FileLock>(c.out + "/.castor.lock");
   const std::string checkpoints = c.out + "/checkpoints";
@@ -188,10 +198,13 @@ void check_extension(const TrainConfig& c, int64_t schedule_steps, int64_t total
   if (c.schedule == Schedule::None || total_steps <= schedule_steps) return;
   CASTOR_CHECK(c.schedule != Schedule::OneCycle, "--steps/--epochs: the onecycle schedule ends at step ", schedule_steps,
                " and cannot run past it; start a new run (--init from the last checkpoint) to train longer");
+  const char* past = c.schedule == Schedule::Cosine
+                         ? "its cosine continues, so the learning rate rises again from its minimum"
+                     : c.schedule == Schedule::WarmupCosine ? "the learning rate stays at --min-lr (nanoGPT's get_lr)"
+                                                            : "the learning rate keeps dropping 10x every third of "
+                                                              "that length";
   std::fprintf(stderr, "note: the %s schedule was set for %lld steps and keeps it; past step %lld %s\n", name(c.schedule),
-              static_cast<long long>(schedule_steps), static_cast<long long>(schedule_steps),
-              c.schedule == Schedule::Cosine ? "its cosine continues, so the learning rate rises again from its minimum"
-                                     : "the learning rate keeps dropping 10x every third of that length");
+              static_cast<long long>(schedule_steps), static_cast<long long>(schedule_steps), past);
 }
 
 Json recorded_config(const Checkpoint& ck, const std::string& what) {

@@ -12,7 +12,7 @@
 namespace castor::train {
 
 RunLog::RunLog(const TrainConfig& c, int64_t total_steps, int64_t epochs, bool append, FlopRate flops)
-    : metrics_(c.out, append),
+    : metrics_(c.out, append, is_language_model(c.model)),
       log_every_(c.log_every),
       total_steps_(total_steps),
       epochs_(epochs),
@@ -29,7 +29,7 @@ void RunLog::step(const StepInfo& s) {
   const bool window_end = s.step % log_every_ == 0 || s.step == total_steps_;
   if (window_end || s.skipped) {
     Json::Object m{{"step", s.step}, {"epoch", s.epoch}, {"loss", s.loss}, {"lr", s.lr}, {"loss_scale", s.loss_scale},
-                   {"skipped", s.skipped}, {"images_per_sec", ips}, {"peak_memory_bytes", memory_stats().peak_bytes}};
+                   {"skipped", s.skipped}, {rate_key(), ips}, {"peak_memory_bytes", memory_stats().peak_bytes}};
     if (window_end) m["loss_avg"] = window_sum_ / static_cast<double>(window_count_);
     metrics_.write(m);
   }
@@ -55,15 +55,22 @@ void RunLog::step(const StepInfo& s) {
   }
 }
 
-void RunLog::evaluation(int64_t step, int64_t epoch, double test_loss, double test_accuracy) {
-  metrics_.write({{"step", step}, {"epoch", epoch}, {"test_loss", test_loss}, {"test_accuracy", test_accuracy}});
+Json::Object RunLog::evaluation_keys(double loss, double accuracy) const {
+  if (language_model_) return {{"val_loss", loss}, {"val_perplexity", std::exp(loss)}};
+  return {{"test_loss", loss}, {"test_accuracy", accuracy}};
+}
+
+void RunLog::evaluation(int64_t step, int64_t epoch, double loss, double accuracy) {
+  Json::Object record = evaluation_keys(loss, accuracy);
+  record["step"] = step, record["epoch"] = epoch;
+  metrics_.write(record);
   finish_progress_line();
   if (language_model_)
-    std::fprintf(stderr, "step %lld  val loss %.4f  perplexity %.2f\n", static_cast<long long>(step), test_loss,
-                 std::exp(test_loss));
+    std::fprintf(stderr, "step %lld  val loss %.4f  perplexity %.2f\n", static_cast<long long>(step), loss,
+                 std::exp(loss));
   else
-    std::fprintf(stderr, "step %lld  test loss %.4f  test acc %.2f%%\n", static_cast<long long>(step), test_loss,
-                 100 * test_accuracy);
+    std::fprintf(stderr, "step %lld  test loss %.4f  test acc %.2f%%\n", static_cast<long long>(step), loss,
+                 100 * accuracy);
 }
 
 void RunLog::epoch(const Json::Object& record, const std::vector<std::string>& fields) {

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "castor/train_config.h"
+#include "castor/trainer.h"
 #include "train/metrics.h"
 
 namespace castor::train {
@@ -18,10 +19,14 @@ struct StepInfo {
   bool loss_scaling = true;              // false: the scale is not shown (no loss scaling: bf16, O0)
 };
 
-// What a throughput in examples/s means for MFU: model FLOPs per example (training: forward and backward) and the
-// measured GEMM peak in FLOP/s; MFU is shown when both are positive.
+// What a throughput in examples/s (of the whole job) means for MFU: model FLOPs per example (training: forward and
+// backward) and the GEMM peak in FLOP/s of the job's cores together (one rank's, measured at its thread count, times
+// the ranks); MFU is shown when both are positive. A peak not cached for this machine yet is measured after training
+// (gemm_dtype, ranks: for that), so the progress lines show none and the summary has it.
 struct FlopRate {
   double flops_per_example = 0, peak = 0;
+  DType gemm_dtype = DType::Float32;
+  int ranks = 1;
 };
 
 class RunLog {
@@ -32,10 +37,20 @@ class RunLog {
   // Logs a metrics line every log_every steps (with the window's mean loss), at the last step and at every
   // skipped step; redraws the progress line (a terminal) or prints a plain line every log_every steps.
   void step(const StepInfo& s);
-  void evaluation(int64_t step, int64_t epoch, double test_loss, double test_accuracy);
+  void evaluation(int64_t step, int64_t epoch, double loss, double accuracy);
+  // An evaluation's figures as the metrics record them: test_loss and test_accuracy of an image classifier,
+  // val_loss and val_perplexity of a language model.
+  Json::Object evaluation_keys(double loss, double accuracy) const;
+  // The metrics' throughput key: images_per_sec or tokens_per_sec.
+  const char* rate_key() const { return language_model_ ? "tokens_per_sec" : "images_per_sec"; }
   const char* unit() const { return unit_; }
   double mfu(double examples_per_sec) const {
     return flops_.peak > 0 ? examples_per_sec * flops_.flops_per_example / flops_.peak : 0;
+  }
+  // Measures (and caches) the peak after training when the run started without one.
+  void measure_peak_if_unknown() {
+    if (flops_.flops_per_example > 0 && flops_.peak == 0)
+      flops_.peak = measure_gemm_peak(flops_.gemm_dtype) * flops_.ranks;
   }
   // The end-of-epoch record, and its line: on a terminal as many of `fields` (most important first) as fit its width.
   void epoch(const Json::Object& record, const std::vector<std::string>& fields);

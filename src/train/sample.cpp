@@ -1,4 +1,5 @@
-// `castor sample` (text from a GPT with a KV cache) and `castor export --llmc` (a GPT in llm.c's checkpoint format).
+// `castor sample` (text from a GPT with a KV cache) and `castor export` (a GPT in llm.c's checkpoint format, or as
+// nanoGPT's ckpt.pt).
 #include "castor/sample.h"
 
 #include <omp.h>
@@ -6,26 +7,34 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <memory>
 
 #include "castor/checkpoint.h"
+#include "castor/corpus.h"
 #include "castor/fs.h"
 #include "castor/llmc.h"
+#include "castor/ops.h"
 #include "castor/tokenizer.h"
+#include "castor/torch_save.h"
+#include "train/metrics.h"
 #include "train/cli.h"
 
 namespace castor::train {
 namespace {
+
+namespace fs = std::filesystem;
 
 // A GPT's weights from a run or checkpoint directory or a weights file, with the run's settings (null when none).
 struct LoadedGpt {
   models::GPTWeights weights;
   Json config;
   std::string what;
+  StateDict train_state;  // a checkpoint's train_state.safetensors (empty for a weights file)
+  std::string run_dir;    // the run directory holding the checkpoint (empty when none)
 };
 
 LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
-  namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(path, ec)) return {models::load_gpt_init(path, n_head), Json(), path};
   std::string used;
@@ -34,19 +43,21 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   if (auto it = ck.model_meta.find("castor.model"); it != ck.model_meta.end())
     CASTOR_CHECK(it->second.rfind("gpt", 0) == 0, path, ": a ", printable(it->second),
                  " checkpoint, not a GPT's");
-  // Reads castor.config's n_head, and names the file if that metadata is not JSON; so it parses below.
+  Json config = castor_config(ck.model_meta, what);
   models::GPTWeights weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
-  Json config;
-  if (auto it = ck.model_meta.find("castor.config"); it != ck.model_meta.end()) config = Json::parse(it->second);
-  return {std::move(weights), config, what};
+  const fs::path run = fs::path(used).parent_path().parent_path();  // RUN/checkpoints/step-N
+  return {std::move(weights), std::move(config), what, std::move(ck.state),
+          fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string()};
 }
 
-// The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data brown|brown-char.
+// The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data brown|brown-char
+// (data::setup_path: from any working directory).
 std::string recorded_data_dir(const Json& config) {
   if (!config.is_object()) return "";
   if (const Json* d = config.find("data_dir"); d && d->is_string() && !d->as_string().empty()) return d->as_string();
   const Json* d = config.find("data");
-  if (d && d->is_string() && (d->as_string() == "brown" || d->as_string() == "brown-char")) return "data/" + d->as_string();
+  if (d && d->is_string() && (d->as_string() == "brown" || d->as_string() == "brown-char"))
+    return data::setup_path("data/" + d->as_string());
   return "";
 }
 
@@ -54,8 +65,9 @@ std::string recorded_data_dir(const Json& config) {
 
 std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   auto owner = make_app(
-      "Generates text from a GPT (KV cache: each new token costs one position's work): the prompt, then --tokens "
-      "tokens drawn at --temperature from the --top-k most likely.",
+      "Generates text from a GPT as nanoGPT's sample.py (KV cache: while the text fits the block, each new token costs "
+      "one position's work): the prompt, then --tokens tokens drawn at --temperature from the --top-k most likely, "
+      "each printed as it is drawn.",
       "castor sample");
   CLI::App& app = *owner;
   auto* ckpt = app.add_option("--checkpoint", c.checkpoint, "a run or checkpoint directory of a GPT");
@@ -66,22 +78,33 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   app.add_option("--prompt", c.prompt, "the text to continue (default a newline; empty: GPT-2's <|endoftext|>)")
       ->default_str("\"\\n\"");
   app.add_option("--tokens", c.tokens, "tokens to generate");
-  app.add_option("--temperature", c.temperature, "divides the logits; 0: the most likely token");
+  app.add_option("--temperature", c.temperature, "divides the logits; 0 (or below 1e-4): the most likely token");
   app.add_option("--top-k", c.top_k, "draw from the k most likely tokens only; 0: all");
   add_seed(app, c.seed, "the sampling generator's seed");
+  app.add_option_function<std::string>(
+         "--window", [&c](const std::string& w) { c.cached_window = w == "cached"; },
+         "past the block size: sliding (nanoGPT's generate: each token from the last block-size tokens, one full "
+         "forward a token) or cached (the KV cache rebuilt from the last half block when full: a context of half a "
+         "block to a block, faster); the same tokens while the text fits the block")
+      ->check(CLI::IsMember({"sliding", "cached"}))
+      ->default_str("sliding");
   add_threads(app, c.threads, "OpenMP threads (one suits small models best; 0: all cores)");
   return owner;
 }
 
 std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
   auto owner = make_app(
-      "Writes a GPT checkpoint in another tool's format: --llmc, llm.c's gpt2_124M.bin layout (float32).",
+      "Writes a GPT checkpoint in another tool's format: --llmc, llm.c's gpt2_124M.bin layout (float32), or "
+      "--nanogpt, nanoGPT's OUT/ckpt.pt (torch.save format: model, model_args, iter_num, best_val_loss, config and "
+      "the AdamW state, which sample.py and train.py's init_from='resume' read).",
       "castor export");
   CLI::App& app = *owner;
-  app.add_flag("--llmc", c.llmc, "llm.c's checkpoint format");
+  auto* llmc = app.add_flag("--llmc", c.llmc, "llm.c's checkpoint format");
+  app.add_flag("--nanogpt", c.nanogpt, "nanoGPT's ckpt.pt in the directory --out")->excludes(llmc);
   app.add_option("--checkpoint", c.checkpoint, "a run or checkpoint directory, or an llm.c .bin or safetensors file")
       ->required();
-  app.add_option("--out", c.out, "the file to write (replaced whole, or left as it was on failure)")->required();
+  app.add_option("--out", c.out, "the file to write (--nanogpt: the directory of ckpt.pt; replaced whole, or left as "
+                 "it was on failure)")->required();
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
   return owner;
 }
@@ -103,9 +126,12 @@ std::string sample_help() {
   return sample_app(c)->help();
 }
 
-std::string run_sample(const SampleConfig& c) {
+void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write) {
   if (c.threads > 0) omp_set_num_threads(c.threads);
   LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head);
+  for (const auto& [name, t] : g.weights.state)
+    CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), g.what, ": ", name,
+                 " holds NaN or infinite values; no text can be sampled from it");
   std::string dir = c.tokenizer_dir.empty() ? recorded_data_dir(g.config) : c.tokenizer_dir;
   CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what, " records no data directory to decode with");
   data::Tokenizer tok = data::Tokenizer::load(dir);
@@ -115,30 +141,35 @@ std::string run_sample(const SampleConfig& c) {
   CASTOR_CHECK(config.real_vocab_size == 0 || config.real_vocab_size == tok.vocab_size(), dir, ": the tokenizer has ",
                tok.vocab_size(), " tokens, ", g.what, " was made for ", config.real_vocab_size);
   config.real_vocab_size = tok.vocab_size();
-  std::vector<int64_t> prompt;
+  std::vector<uint16_t> prompt_ids;
   try {
-    for (uint16_t t : tok.encode(c.prompt)) prompt.push_back(t);
+    prompt_ids = tok.encode(c.prompt);
   } catch (const Error& e) {
     throw Error(detail::cat("--prompt: ", e.what()));
   }
-  if (prompt.empty()) {
+  if (prompt_ids.empty()) {
     CASTOR_CHECK(tok.kind() == "gpt2", "--prompt: empty; a character model needs at least one character to start from");
-    prompt.push_back(data::Gpt2Tokenizer::kEot);
+    prompt_ids.push_back(data::Gpt2Tokenizer::kEot);  // not text: not written
+  } else {
+    write(tok.decode(prompt_ids));
   }
   auto model = models::gpt(config);
   model->load_state_dict(g.weights.state);
   model->eval();
-  const std::vector<int64_t> seq = models::generate(*model, prompt, c.tokens, c.temperature, c.top_k, c.seed);
-  // GPT-2's leading <|endoftext|> of an empty prompt is not text.
-  const size_t skip = c.prompt.empty() ? 1 : 0;
-  const std::vector<uint16_t> out(seq.begin() + skip, seq.end());
-  return tok.decode(out);
+  // Each token is written as it is drawn (both tokenizers decode a sequence as the concatenation of its tokens).
+  models::generate(*model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature,
+                   c.top_k, c.seed, c.cached_window ? models::Window::Cached : models::Window::Sliding,
+                   [&](int64_t t) {
+                     const uint16_t id = static_cast<uint16_t>(t);
+                     write(tok.decode({&id, 1}));
+                   });
 }
 
 ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   ExportConfig c;
   parse_flags(*export_app(c), args, "export");
-  CASTOR_CHECK(c.llmc, "--llmc: missing (the format to write; llm.c's is the only one so far)");
+  CASTOR_CHECK(c.llmc || c.nanogpt, "--llmc or --nanogpt: missing (the format to write)");
+  CASTOR_CHECK(!c.out.empty(), "--out: empty (the file to write)");
   return c;
 }
 
@@ -147,32 +178,201 @@ std::string export_help() {
   return export_app(c)->help();
 }
 
+namespace {
+
+// A number as torch.save holds it here: a 0-d float64 tensor (PyTorch 1.13's weights_only unpickler has no floats).
+PyValue number(double v) { return PyValue::tensor(scalar_tensor(v, DType::Float64)); }
+
+// A recorded setting, or `fallback` when the run did not record it.
+double setting(const Json& config, const char* key, double fallback) {
+  const Json* v = config.is_object() ? config.find(key) : nullptr;
+  return v && v->is_number() ? v->as_double() : fallback;
+}
+std::string setting(const Json& config, const char* key, const std::string& fallback) {
+  const Json* v = config.is_object() ? config.find(key) : nullptr;
+  return v && v->is_string() ? v->as_string() : fallback;
+}
+
+// nanoGPT's train.py config dict from a run's settings (its names; numbers as 0-d tensors, as above).
+PyValue nanogpt_config(const Json& rc, const models::GPTConfig& m, const std::string& out_dir) {
+  const std::string amp = setting(rc, "amp", "O0"), dtype = setting(rc, "dtype", "bf16");
+  const std::string data_dir = setting(rc, "data_dir", "");
+  const int64_t steps = static_cast<int64_t>(setting(rc, "steps", 0));
+  const auto integer = [&](const char* key, double fallback) {
+    return PyValue::integer(static_cast<int64_t>(setting(rc, key, fallback)));
+  };
+  return PyValue::dict(std::vector<std::pair<std::string, PyValue>>{
+      {"out_dir", PyValue::string(out_dir)},
+      {"eval_interval", integer("eval_every", 0)},
+      {"log_interval", integer("log_every", 50)},
+      {"eval_iters", integer("eval_iters", 0)},
+      {"eval_only", PyValue::boolean(false)},
+      {"always_save_checkpoint", PyValue::boolean(true)},
+      {"init_from", PyValue::string("scratch")},
+      {"wandb_log", PyValue::boolean(false)},
+      {"dataset", PyValue::string(data_dir.empty() ? setting(rc, "data", "") : fs::path(data_dir).filename().string())},
+      {"gradient_accumulation_steps", integer("grad_accum", 1)},
+      {"batch_size", integer("batch_size", 12)},
+      {"block_size", PyValue::integer(m.block_size)},
+      {"n_layer", PyValue::integer(m.n_layer)},
+      {"n_head", PyValue::integer(m.n_head)},
+      {"n_embd", PyValue::integer(m.n_embd)},
+      {"dropout", number(m.dropout)},
+      {"bias", PyValue::boolean(m.bias)},
+      {"learning_rate", number(setting(rc, "lr", 1e-3))},
+      {"max_iters", PyValue::integer(steps)},
+      {"weight_decay", number(setting(rc, "weight_decay", 0.0))},
+      {"beta1", number(0.9)},
+      {"beta2", number(setting(rc, "beta2", 0.999))},
+      {"grad_clip", number(setting(rc, "clip_grad_norm", 0.0))},
+      {"decay_lr", PyValue::boolean(setting(rc, "schedule", "none") == "warmup-cosine")},
+      {"warmup_iters", integer("warmup_steps", 0)},
+      {"lr_decay_iters", integer("schedule_steps", static_cast<double>(steps))},
+      {"min_lr", number(setting(rc, "min_lr", 0.0))},
+      {"backend", PyValue::string("gloo")},
+      {"device", PyValue::string("cpu")},
+      {"dtype", PyValue::string(amp == "O0" ? "float32" : dtype == "fp16" ? "float16" : "bfloat16")},
+      {"compile", PyValue::boolean(false)}});
+}
+
+// The run's AdamW state as torch.optim.AdamW.state_dict() of nanoGPT's configure_optimizers groups (decay: the
+// tensors of 2 or more dims, in named_parameters order; then the rest), which Castor's groups are; None when the
+// checkpoint holds no AdamW state.
+PyValue nanogpt_optimizer(const LoadedGpt& g) {
+  const StateDict& st = g.train_state;
+  const std::string prefix = "amp.optimizer.0.";
+  if (setting(g.config, "optimizer", "") != "adamw" || !st.count(prefix + "group.0.lr")) return PyValue();
+  auto model = models::gpt(g.weights.config);
+  std::vector<std::vector<Tensor>> groups(2);
+  for (const Tensor& p : model->parameters()) groups[p.dim() >= 2 ? 0 : 1].push_back(p);
+  std::vector<std::pair<PyValue, PyValue>> state;
+  std::vector<PyValue> param_groups;
+  int64_t index = 0;
+  for (size_t gi = 0; gi < groups.size() && st.count(detail::cat(prefix, "group.", gi, ".lr")); ++gi) {
+    std::vector<PyValue> params;
+    for (size_t i = 0; i < groups[gi].size(); ++i, ++index) {
+      const std::string key = detail::cat(prefix, "state.", gi, ".", i, ".");
+      params.push_back(PyValue::integer(index));
+      if (!st.count(key + "step")) continue;  // not stepped yet
+      std::vector<std::pair<std::string, PyValue>> s;
+      for (const char* name : {"step", "exp_avg", "exp_avg_sq"}) {
+        auto it = st.find(key + name);
+        CASTOR_CHECK(it != st.end(), g.what, ": the optimizer state has no ", key, name);
+        s.emplace_back(name, PyValue::tensor(it->second));
+      }
+      state.emplace_back(PyValue::integer(index), PyValue::dict(std::move(s)));
+    }
+    const double lr = st.at(detail::cat(prefix, "group.", gi, ".lr")).item();
+    const double wd = st.at(detail::cat(prefix, "group.", gi, ".weight_decay")).item();
+    param_groups.push_back(PyValue::dict(std::vector<std::pair<std::string, PyValue>>{
+        {"lr", number(lr)},
+        {"betas", PyValue::tuple({number(0.9), number(setting(g.config, "beta2", 0.999))})},
+        {"eps", number(1e-8)},
+        {"weight_decay", number(wd)},
+        {"amsgrad", PyValue::boolean(false)},
+        {"foreach", PyValue()},
+        {"maximize", PyValue::boolean(false)},
+        {"capturable", PyValue::boolean(false)},
+        {"params", PyValue::list(std::move(params))}}));
+  }
+  return PyValue::dict(std::vector<std::pair<std::string, PyValue>>{
+      {"state", PyValue::dict(std::move(state))}, {"param_groups", PyValue::list(std::move(param_groups))}});
+}
+
+// The lowest validation loss the run's metrics record up to `step` (nanoGPT's best_val_loss; 1e9, its initial
+// value, when none).
+double best_val_loss(const std::string& run_dir, int64_t step) {
+  double best = 1e9;
+  if (run_dir.empty()) return best;
+  for (const Json& r : read_metrics(run_dir)) {
+    const Json* s = r.find("step");
+    for (const char* key : {"val_loss", "test_loss"})
+      if (const Json* v = r.find(key); v && v->is_number() && s && s->is_int() && s->as_int() <= step)
+        best = std::min(best, v->as_double());
+  }
+  return best;
+}
+
+// nanoGPT's checkpoint dict: model (its state_dict: nanoGPT's names, lm_head.weight tied to wte, and the causal-mask
+// buffers transformer.h.N.attn.bias its attention registers under PyTorch < 2), model_args, iter_num,
+// best_val_loss, config and `optimizer` (nanogpt_optimizer's) unless it is None.
+PyValue nanogpt_checkpoint(const LoadedGpt& g, const std::string& out_dir, PyValue optimizer) {
+  const models::GPTConfig& m = g.weights.config;
+  std::vector<std::pair<std::string, PyValue>> model;
+  auto model_gpt = models::gpt(m);
+  std::vector<double> lower(m.block_size * m.block_size);
+  for (int64_t i = 0; i < m.block_size; ++i)
+    for (int64_t j = 0; j <= i; ++j) lower[i * m.block_size + j] = 1;
+  const Tensor mask = tensor(lower, Shape{1, 1, m.block_size, m.block_size}, DType::Float32);  // one, shared
+  for (const auto& [name, p] : model_gpt->named_parameters()) {
+    model.emplace_back(name, PyValue::tensor(g.weights.state.at(name)));
+    if (name.size() > 18 && name.compare(name.size() - 18, 18, "attn.c_attn.weight") == 0)
+      model.emplace_back(name.substr(0, name.size() - 13) + "bias", PyValue::tensor(mask));
+  }
+  model.emplace_back("lm_head.weight", PyValue::tensor(g.weights.state.at("transformer.wte.weight")));
+  auto it = g.train_state.find("progress.step");
+  const int64_t step = it == g.train_state.end() ? 0 : static_cast<int64_t>(it->second.item());
+  std::vector<std::pair<std::string, PyValue>> ckpt = {
+      {"model", PyValue::dict(std::move(model))},
+      {"model_args", PyValue::dict(std::vector<std::pair<std::string, PyValue>>{
+                         {"n_layer", PyValue::integer(m.n_layer)},
+                         {"n_head", PyValue::integer(m.n_head)},
+                         {"n_embd", PyValue::integer(m.n_embd)},
+                         {"block_size", PyValue::integer(m.block_size)},
+                         {"bias", PyValue::boolean(m.bias)},
+                         {"vocab_size", PyValue::integer(m.vocab_size)},
+                         {"dropout", number(m.dropout)}})},
+      {"iter_num", PyValue::integer(step)},
+      {"best_val_loss", PyValue::tensor(scalar_tensor(best_val_loss(g.run_dir, step), DType::Float32))},
+      {"config", nanogpt_config(g.config, m, out_dir)}};
+  if (optimizer.kind() != PyValue::Kind::None) ckpt.emplace_back("optimizer", std::move(optimizer));
+  return PyValue::dict(std::move(ckpt));
+}
+
+}  // namespace
+
 Json run_export(const ExportConfig& c) {
+  try {  // before the checkpoint is read: a device, FIFO, directory or link at --out is refused at once
+    check_replaceable(c.nanogpt ? (fs::path(c.out) / "ckpt.pt").string() : c.out);
+  } catch (const Error& e) {
+    throw Error(detail::cat("--out: ", e.what()));
+  }
   LoadedGpt g = load_gpt(c.checkpoint, c.n_head);
   models::GPTConfig& config = g.weights.config;
-  // llm.c's V: the tokenizer's vocabulary when the run records its data directory, else the padded size.
-  if (config.real_vocab_size == 0) {
-    const std::string dir = recorded_data_dir(g.config);
-    if (!dir.empty() && file_exists(dir + "/tokenizer.json")) {
-      const int64_t v = data::Tokenizer::load(dir).vocab_size();
-      CASTOR_CHECK(v <= config.vocab_size, dir, ": the tokenizer has ", v, " tokens, more than the model's ",
-                   config.vocab_size);
-      config.real_vocab_size = v;
+  Json::Object out{{"from", printable(g.what)}, {"n_layer", config.n_layer}, {"n_head", config.n_head},
+                   {"n_embd", config.n_embd}, {"block_size", config.block_size}};
+  std::string file = c.out;
+  if (c.nanogpt) {
+    std::error_code ec;
+    fs::create_directories(c.out, ec);
+    CASTOR_CHECK(fs::is_directory(c.out, ec), "--out ", c.out, ": cannot make the directory for ckpt.pt");
+    file = (fs::path(c.out) / "ckpt.pt").string();
+    PyValue optimizer = nanogpt_optimizer(g);
+    out["optimizer"] = optimizer.kind() != PyValue::Kind::None;
+    torch_save(file, nanogpt_checkpoint(g, c.out, std::move(optimizer)));
+    out["format"] = "nanogpt";
+    out["vocab_size"] = config.vocab_size;
+  } else {
+    // llm.c's V: the tokenizer's vocabulary when the run records its data directory, else the padded size.
+    if (config.real_vocab_size == 0) {
+      const std::string dir = recorded_data_dir(g.config);
+      if (!dir.empty() && file_exists(dir + "/tokenizer.json")) {
+        const int64_t v = data::Tokenizer::load(dir).vocab_size();
+        CASTOR_CHECK(v <= config.vocab_size, dir, ": the tokenizer has ", v, " tokens, more than the model's ",
+                     config.vocab_size);
+        config.real_vocab_size = v;
+      }
     }
+    models::write_llmc_checkpoint(c.out, g.weights);
+    out["format"] = "llmc";
+    out["vocab_size"] = config.real_vocab_size > 0 ? config.real_vocab_size : config.vocab_size;
+    out["padded_vocab_size"] = config.vocab_size;
   }
-  models::write_llmc_checkpoint(c.out, g.weights);
   uint64_t bytes = 0;
-  read_file_range(c.out, 0, 0, bytes);
-  return Json::Object{{"out", c.out},
-                      {"format", "llmc"},
-                      {"from", g.what},
-                      {"n_layer", config.n_layer},
-                      {"n_head", config.n_head},
-                      {"n_embd", config.n_embd},
-                      {"block_size", config.block_size},
-                      {"vocab_size", config.real_vocab_size > 0 ? config.real_vocab_size : config.vocab_size},
-                      {"padded_vocab_size", config.vocab_size},
-                      {"bytes", bytes}};
+  read_file_range(file, 0, 0, bytes);
+  out["out"] = printable(file);  // a report line: any path, non-UTF-8 bytes as \xNN
+  out["bytes"] = bytes;
+  return out;
 }
 
 }  // namespace castor::train

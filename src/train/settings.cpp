@@ -11,7 +11,8 @@ namespace {
 
 constexpr Spelling<backends::ConvAlgorithm> kConvAlgorithms[] = {{backends::ConvAlgorithm::Auto, "auto"},
                                                                  {backends::ConvAlgorithm::Direct, "direct"}};
-constexpr Spelling<DataOrder> kDataOrders[] = {{DataOrder::Random, "random"}, {DataOrder::Sequential, "sequential"}};
+constexpr Spelling<DataOrder> kDataOrders[] = {
+    {DataOrder::Random, "random"}, {DataOrder::Sequential, "sequential"}, {DataOrder::Llmc, "llmc"}};
 const Spelling<amp::OptLevel> kOptLevels[] = {{amp::OptLevel::O0, amp::opt_level_name(amp::OptLevel::O0)},
                                               {amp::OptLevel::O1, amp::opt_level_name(amp::OptLevel::O1)},
                                               {amp::OptLevel::O2, amp::opt_level_name(amp::OptLevel::O2)},
@@ -93,6 +94,15 @@ Field loss_scale() {
           [](TrainConfig& to, const TrainConfig& from) { to.loss_scale = from.loss_scale; }, nullptr};
 }
 
+// --eval-every, also spelled --eval-interval (nanoGPT's name).
+Field eval_every() {
+  Field f = plain<&TrainConfig::eval_every>();
+  f.add = [](CLI::App& app, TrainConfig& c, const std::string& flag, const std::string& help) -> CLI::Option* {
+    return app.add_option(flag + ",--eval-interval", c.eval_every, help + " (also --eval-interval, nanoGPT's name)");
+  };
+  return f;
+}
+
 using R = Resume;
 using J = Job;
 
@@ -110,11 +120,14 @@ std::vector<Setting> make_settings() {
        "tokens or characters, prepared by scripts/setup.sh; tokens: DIR/train.bin and DIR/val.bin)",
        nullptr, R::Fixed, J::Any},
       {"--data-dir", plain<&C::data_dir>(),
-       "dataset directory (default /usr/share/datasets/fashion-mnist, ./cifar-10-batches-bin, ./data/brown or "
-       "./data/brown-char)",
+       "dataset directory (default /usr/share/datasets/fashion-mnist, ./cifar-10-batches-bin, or setup's data/brown "
+       "and data/brown-char, found from any directory: $CASTOR_SETUP_DIR, else where this build was configured)",
        nullptr, R::Fixed, J::Any},
       {"--data-order", choice<&C::data_order, kDataOrders>(),
-       "language models: random windows (nanoGPT) or sequential batches (llm.c's loader)", nullptr, R::Fixed,
+       "language models: random windows (nanoGPT's get_batch), sequential (llm.c's validation loader: the file in "
+       "order) or llmc (llm.c's training loader: those batches shuffled each epoch as train_gpt2.c does, seeded "
+       "42 + rank)",
+       nullptr, R::Fixed,
        J::LanguageModel},
       {"--image-size", plain<&C::image_size>(),
        "--data folder: images are resized (shorter side) and centre-cropped to this square", &image_size, R::Fixed,
@@ -169,7 +182,8 @@ std::vector<Setting> make_settings() {
        &at_least_one, R::Fixed, J::Any},
       {"--label-smoothing", plain<&C::label_smoothing>(), "cross-entropy label smoothing", unit, R::Fixed, J::Any},
       // (on resume: checked against the recorded global batch, which run_train splits among the ranks)
-      {"--batch-size", plain<&C::batch_size>(), "images per micro-batch and rank (global batch: x --nproc)",
+      {"--batch-size", plain<&C::batch_size>(),
+       "images, or rows of --block-size tokens, per micro-batch and rank (global batch: x --nproc)",
        &at_least_one, R::Free, J::Any},
       {"--epochs", plain<&C::epochs>(), "epochs", &at_least_one, R::Length, J::Any},
       {"--steps", plain<&C::steps>(), "stop after this many optimizer steps (0: run the epochs)", &count, R::Length,
@@ -200,7 +214,9 @@ std::vector<Setting> make_settings() {
        "continue the run in this directory (or from one of its checkpoints) with its recorded settings; "
        "Ctrl-C/SIGTERM checkpoint and stop. Only these may change: ",
        nullptr, R::Unrecorded, J::Any},
-      {"--init", shared<&C::init, add_init>(), "initial weights: a safetensors file with PyTorch names and layouts",
+      {"--init", shared<&C::init, add_init>(),
+       "initial weights: a safetensors file with PyTorch's names (a GPT: nanoGPT's), or for a GPT an llm.c .bin "
+       "checkpoint (the run takes the file's sizes)",
        nullptr, R::Fixed, J::Any},
       {"--checkpoint-every", plain<&C::checkpoint_every>(), "steps between checkpoints (0: at each epoch end)", &count,
        R::Free, J::Any},
@@ -210,8 +226,15 @@ std::vector<Setting> make_settings() {
        nullptr, R::Unrecorded, J::Any},
       {"--keep", plain<&C::keep>(), "checkpoints kept", &at_least_one, R::Free, J::Any},
       {"--log-every", plain<&C::log_every>(), "steps between metric lines", &at_least_one, R::Free, J::Any},
-      {"--eval-every", plain<&C::eval_every>(), "test accuracy every N steps as well as at each epoch end (0: off)",
+      {"--eval-every", eval_every(),
+       "evaluate every N steps as well as at each epoch end (0: off): test loss and accuracy, or a language model's "
+       "validation loss and perplexity",
        &count, R::Free, J::Any},
+      {"--eval-iters", plain<&C::eval_iters>(),
+       "language models: an evaluation during training covers this many batches of --batch-size rows, spread evenly "
+       "over the validation split (nanoGPT's eval_iters; default 200), or the whole split when it holds fewer "
+       "(0: always the whole split; castor eval covers the whole split)",
+       &count, R::Free, J::LanguageModel, "0"},
       {"--synthetic-size", plain<&C::synthetic_size>(), "training images of --data synthetic", &synthetic, R::Fixed,
        J::Synthetic},
       {"--profile", plain<&C::profile>(), "print the top ops by time, with their dtypes", nullptr, R::Unrecorded,

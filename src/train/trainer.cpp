@@ -14,6 +14,8 @@
 #include "castor/checkpoint.h"
 #include "castor/dist.h"
 #include "castor/fs.h"
+#include "castor/json.h"
+#include "castor/tokenizer.h"
 #include "train/loop.h"
 #include "train/progress.h"
 #include "train/run_dir.h"
@@ -31,12 +33,15 @@ struct OpenRun {
   std::optional<Checkpoint> ck;    // a resumed run's
   std::string resume_from;         // the checkpoint's folder
   Json recorded;
+  bool created = false;            // rank 0 made the run directory (a new run's, not there before)
   bool default_out = false;        // --out was not given: the run directory is announced with the settings
 };
 
 // Resolves --resume and --out, takes the run directory (rank 0; the other ranks wait until it is set up), and for a
 // resumed run reads the checkpoint and turns `c` into the recorded config with the flags a resume may change.
 OpenRun open_run(TrainConfig& c, int rank, int world) {
+  CASTOR_CHECK(!c.given("--out") || !c.out.empty(),
+               "--out: empty (the run directory; leave the flag out for runs/DATE-...)");
   OpenRun r;
   std::string run_dir;
   if (!c.resume.empty()) {
@@ -47,8 +52,14 @@ OpenRun open_run(TrainConfig& c, int rank, int world) {
     c.out = default_out(c);
     r.default_out = true;
   }
+  // config.json, metrics and checkpoints record these paths in JSON, which holds only UTF-8 text.
+  for (const auto& [flag, value] : {std::pair{"--out", c.out}, std::pair{"--data-dir", c.data_dir},
+                                    std::pair{"--init", c.init}, std::pair{"--resume", c.resume}})
+    CASTOR_CHECK(is_valid_utf8(value), flag, " ", printable(value), ": not valid UTF-8; a run records its paths in "
+                 "JSON, which holds only UTF-8 text: rename it");
   std::error_code ec;
   const bool continuing = !c.resume.empty() && fs::equivalent(run_dir, c.out, ec);
+  r.created = rank == 0 && !continuing && !fs::exists(c.out, ec);
   if (rank == 0) r.lock = own_run_dir(c, continuing);
   if (world > 1) dist::barrier();
   if (!c.resume.empty()) {
@@ -113,17 +124,19 @@ void print_settings(const TrainConfig& c, int64_t total_steps, int world) {
                fit_fields(fields, isatty(STDERR_FILENO) ? terminal_width(STDERR_FILENO) - 1 : INT32_MAX).c_str());
 }
 
-}  // namespace
-
-Json run_train(TrainConfig c) {
-  dist::init();
-  const int world = dist::world_size(), rank = dist::rank();
-  announce_interrupts(rank == 0);
-  CASTOR_CHECK(c.nproc == 0 || c.nproc == world, "--nproc ", c.nproc, ": this process is one of ", world,
-               " ranks (run `castor train --nproc N` from a shell, or `mpirun -np N castor train`)");
-  const OpenRun r = open_run(c, rank, world);
+// The rest of castor train once the run directory is open: the task, the run, config.json and the loop.
+Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
   c.nproc = world;
   set_threads(c);
+  if (const Json* was = r.ck ? r.recorded.find("real_vocab_size") : nullptr; was && was->is_int()) {
+    // The data's vocabulary is still the one the run was trained with (not tokenized again since).
+    const std::string dir = data_dir(c);
+    if (fs::exists(dir + "/tokenizer.json")) {
+      const int64_t is = data::Tokenizer::recorded_vocab_size(dir);
+      CASTOR_CHECK(is == was->as_int(), dir, "/tokenizer.json: a vocabulary of ", is, " tokens, but ", r.resume_from,
+                   " was trained on one of ", was->as_int(), " (tokenized again since?)");
+    }
+  }
   const std::unique_ptr<Task> task = make_task(c, rank, world, /*new_run=*/!r.ck);
   const int64_t per_epoch = task->batches_per_epoch();
   const int64_t steps_per_epoch = (per_epoch + c.grad_accum - 1) / c.grad_accum;
@@ -158,6 +171,28 @@ Json run_train(TrainConfig c) {
   }
   const int64_t epochs = c.steps > 0 ? (total_steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;
   return train_loop(c, *task, run, config, state, total_steps, epochs, task->flop_rate(c, *run.model));
+}
+
+}  // namespace
+
+Json run_train(TrainConfig c) {
+  dist::init();
+  const int world = dist::world_size(), rank = dist::rank();
+  announce_interrupts(rank == 0);
+  CASTOR_CHECK(c.nproc == 0 || c.nproc == world, "--nproc ", c.nproc, ": this process is one of ", world,
+               " ranks (run `castor train --nproc N` from a shell, or `mpirun -np N castor train`)");
+  const OpenRun r = open_run(c, rank, world);
+  try {
+    return train_opened(c, r, rank, world);
+  } catch (...) {
+    // A new run that fails before its first metrics line or checkpoint (missing data, a bad --init, ...) leaves no
+    // run directory behind: it made one, and nothing in it is worth keeping.
+    std::error_code ec;
+    const auto metrics = fs::file_size(c.out + "/metrics.jsonl", ec);
+    const bool logged = !ec && metrics > 0;
+    if (r.created && !logged && !latest_checkpoint(c.out)) fs::remove_all(c.out, ec);
+    throw;
+  }
 }
 
 }  // namespace castor::train

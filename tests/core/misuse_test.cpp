@@ -86,6 +86,21 @@ TEST(Misuse, FactoryShapesThatOverflowAreErrors) {
   expect_error_in_child([] { tensor(std::vector<double>{1.0}, {int64_t{1} << 32, int64_t{1} << 32}); }, "int64");
 }
 
+// Memory the system cannot give is a castor::Error naming the size, the dtype and the op (PyTorch: "can't allocate
+// memory: you tried to allocate N bytes"), not a bare std::bad_alloc.
+TEST(Misuse, AllocationFailureNamesTheSizeAndTheOp) {
+  expect_error_in_child([] { empty({int64_t{1} << 50}, DType::Float32); },
+                        "out of memory: cannot allocate 4503599627370496 bytes (4.0 PiB) of float32 for a new tensor");
+  expect_error_in_child(
+      [] {
+        const Tensor a = ones({1, 1}).expand({int64_t{1} << 25, int64_t{1} << 25});
+        add(a, ones({1}));
+      },
+      "cannot allocate 4503599627370496 bytes (4.0 PiB) of float32 for add");
+  expect_error_in_child([] { ones({3}).to(DType::Float64).expand({int64_t{1} << 47, 3}).contiguous(); },
+                        "bytes (3.0 PiB) of float64");
+}
+
 TEST(Misuse, DataLoaderChecksTheDatasetsBuffers) {
   expect_error_in_child(
       [] {

@@ -116,4 +116,25 @@ TEST(Tokenize, ABadTokenizerRecordIsAnErrorNamingIt) {
   test::expect_error([&] { Tokenizer::load(dir.path().string()); }, {rec});
 }
 
+// What training reads of a record (only vocab_size) is checked as strictly, naming the file: invalid JSON, and an
+// absurd vocab_size (1e12, which training used to build a model for until memory ran out) or one past 16-bit ids.
+TEST(Tokenize, RecordedVocabSizeIsCheckedNamingTheFile) {
+  test::ScratchDir dir;
+  const std::string rec = dir.file("tokenizer.json");
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {"{\"vocab_size\": 1000000000000}", "vocab_size must be an integer in [1, 65536]"},
+           {"{\"vocab_size\": 65537}", "got 65537"},
+           {"{\"vocab_size\": 0}", "got 0"},
+           {"{\"vocab_size\": 12.5}", "[1, 65536]"},
+           {"{\"tokenizer\": \"char\"}", "got none"},
+           {"[1, 2]", "got none"},
+           {"{\"vocab_size\": 3", "not a tokenizer record"}}) {
+    write_text(rec, text);
+    test::expect_error([&] { Tokenizer::recorded_vocab_size(dir.path().string()); }, {rec + ": ", want});
+    test::expect_error([&] { Tokenizer::load(dir.path().string()); }, {rec + ": ", want});
+  }
+  write_text(rec, "{\"tokenizer\": \"char\", \"vocab_size\": 65536}");
+  EXPECT_EQ(Tokenizer::recorded_vocab_size(dir.path().string()), 65536);
+}
+
 }  // namespace castor::data

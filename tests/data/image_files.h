@@ -24,8 +24,10 @@ inline void write_png(const std::string& path, const std::vector<uint8_t>& pixel
 }
 
 // Writes (H, W, channels) bytes (channels 1: grey, 3: RGB) as a baseline JPEG of the given quality.
+// channels 1: grey, 3: RGB, 4: CMYK as given (libjpeg adds Adobe's APP14 marker, so readers take the bytes as
+// 255 - ink), stored as YCCK when `ycck`.
 inline void write_jpeg(const std::string& path, const std::vector<uint8_t>& pixels, int height, int width, int channels,
-                       int quality = 95) {
+                       int quality = 95, bool ycck = false) {
   FILE* f = std::fopen(path.c_str(), "wb");
   if (f == nullptr) throw std::runtime_error(path + ": cannot create");
   jpeg_compress_struct cinfo;
@@ -36,8 +38,9 @@ inline void write_jpeg(const std::string& path, const std::vector<uint8_t>& pixe
   cinfo.image_width = static_cast<JDIMENSION>(width);
   cinfo.image_height = static_cast<JDIMENSION>(height);
   cinfo.input_components = channels;
-  cinfo.in_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  cinfo.in_color_space = channels == 1 ? JCS_GRAYSCALE : channels == 4 ? JCS_CMYK : JCS_RGB;
   jpeg_set_defaults(&cinfo);
+  if (ycck) jpeg_set_colorspace(&cinfo, JCS_YCCK);
   jpeg_set_quality(&cinfo, quality, TRUE);
   jpeg_start_compress(&cinfo, TRUE);
   while (cinfo.next_scanline < cinfo.image_height) {

@@ -1,10 +1,15 @@
-// Language-model batches: llm.c's sequential order worked by hand, seeded random windows, resume, short files.
+// Language-model batches: llm.c's sequential order worked by hand, llm.c's shuffled training order against a Python
+// oracle of llm.c's loader (tests/oracle/llmc_loader_oracle.py), seeded random windows, resume, short files.
 #include <gtest/gtest.h>
 
 #include <numeric>
 
+#include "castor/json.h"
+#include "castor/random.h"
+
 #include "castor/lm_batch.h"
 #include "io/file_test_util.h"
+#include "test_util.h"
 
 namespace castor::data {
 namespace {
@@ -25,7 +30,7 @@ TEST(LmBatches, SequentialIsLlmcOrderWithWrap) {
   test::ScratchDir dir;
   TokenFile f(counting_file(dir, 20));
   // B = 2, T = 3: batch i covers tokens [6i, 6i + 7); (20 - 1) / 6 = 3 batches, then back to the start.
-  LmBatchSource s(f, {.batch_size = 2, .block_size = 3, .sequential = true});
+  LmBatchSource s(f, {.batch_size = 2, .block_size = 3, .order = LmOrder::Sequential});
   EXPECT_EQ(s.batches_per_epoch(), 3);
   LmBatch b0 = s.next();
   EXPECT_EQ(b0.x.shape(), (Shape{2, 3}));
@@ -38,7 +43,7 @@ TEST(LmBatches, SequentialIsLlmcOrderWithWrap) {
   EXPECT_EQ(values(b2.y), (std::vector<int64_t>{13, 14, 15, 16, 17, 18}));
   EXPECT_EQ(values(s.next().x), values(b0.x));  // wrapped
   // Two ranks (llm.c's process_rank): global batch k covers [12k, 12k + 13); rank 1 starts 6 tokens in.
-  LmBatchSource r1(f, {.batch_size = 2, .block_size = 3, .sequential = true, .rank = 1, .num_ranks = 2});
+  LmBatchSource r1(f, {.batch_size = 2, .block_size = 3, .order = LmOrder::Sequential, .rank = 1, .num_ranks = 2});
   EXPECT_EQ(r1.batches_per_epoch(), 1);
   EXPECT_EQ(values(r1.batch(0).x), (std::vector<int64_t>{6, 7, 8, 9, 10, 11}));
   EXPECT_EQ(values(r1.batch(1).y), (std::vector<int64_t>{7, 8, 9, 10, 11, 12}));
@@ -79,12 +84,12 @@ TEST(LmBatches, RandomWindowsAreSeededInRangeAndShifted) {
 TEST(LmBatches, StateRestoresTheStreamExactly) {
   test::ScratchDir dir;
   TokenFile f(counting_file(dir, 500));
-  for (bool sequential : {false, true}) {
-    LmBatchSource a(f, {.batch_size = 4, .block_size = 16, .sequential = sequential, .seed = 9});
+  for (LmOrder order : {LmOrder::Random, LmOrder::Sequential, LmOrder::Llmc}) {
+    LmBatchSource a(f, {.batch_size = 4, .block_size = 16, .order = order, .seed = 9});
     for (int i = 0; i < 7; ++i) a.next();
     const LmBatchState saved = a.state();
     const std::vector<int64_t> want = values(a.next().x);
-    LmBatchSource b(f, {.batch_size = 4, .block_size = 16, .sequential = sequential, .seed = 9});
+    LmBatchSource b(f, {.batch_size = 4, .block_size = 16, .order = order, .seed = 9});
     b.set_state(saved);
     EXPECT_EQ(values(b.next().x), want);
   }
@@ -95,9 +100,9 @@ TEST(LmBatches, TooShortAFileIsAClearError) {
   TokenFile f(counting_file(dir, 8));
   test::expect_error([&] { LmBatchSource s(f, {.batch_size = 1, .block_size = 8}); },
                      {f.path(), "8 tokens", "block size 8", "needs 9"});
-  test::expect_error([&] { LmBatchSource s(f, {.batch_size = 2, .block_size = 4, .sequential = true}); },
+  test::expect_error([&] { LmBatchSource s(f, {.batch_size = 2, .block_size = 4, .order = LmOrder::Sequential}); },
                      {f.path(), "needs 9"});
-  LmBatchSource ok(f, {.batch_size = 1, .block_size = 7, .sequential = true});
+  LmBatchSource ok(f, {.batch_size = 1, .block_size = 7, .order = LmOrder::Sequential});
   EXPECT_EQ(values(ok.next().y), (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}));
 }
 
@@ -114,6 +119,78 @@ TEST(LmBatches, EvalCoversTheSplitInConsecutiveRows) {
   EXPECT_EQ(eval_batch_count(f, 1, 19), 1);
   test::expect_error([&] { eval_batch_count(f, 1, 20); }, {f.path(), "needs 21"});
   test::expect_error([&] { eval_batch(f, 4, 3, 2); }, {"eval batch 2 of 2"});
+}
+
+// llmc/rand.h's published draws for manual_seed(137), which it states equal torch.manual_seed(137)'s.
+TEST(LmBatches, MersenneTwisterIsLlmcsAndTorchs) {
+  Mt19937 g(137);
+  std::vector<uint32_t> got;
+  for (int i = 0; i < 5; ++i) got.push_back(g.next_u32());
+  EXPECT_EQ(got, (std::vector<uint32_t>{4053805790u, 2173880614u, 380293709u, 1237255315u, 2986595568u}));
+}
+
+// llm.c's training loader (the oracle runs llm.c's algorithm on the same files): the batches of each rank of two over
+// two and a half epochs, read forward, after a resume and backwards; and the shard order of several shards.
+TEST(LmBatches, LlmcOrderIsLlmcsTrainingLoader) {
+  test::ScratchDir dir;
+  Generator gen(7);
+  auto random_tokens = [&](const std::string& name, int n) {
+    std::vector<uint16_t> t(n);
+    for (uint16_t& v : t) v = static_cast<uint16_t>(gen.next_u64() % 50257);
+    write_token_file(dir.file(name), t);
+    return dir.file(name);
+  };
+  auto oracle = [&](const std::vector<std::string>& files, int64_t B, int64_t T, int64_t ranks, int64_t rank,
+                    int64_t batches) {
+    Json::Array names;
+    for (const std::string& f : files) names.push_back(f);
+    const Json config = Json::Object{{"files", names}, {"B", B}, {"T", T}, {"num_processes", ranks},
+                                     {"process_rank", rank}, {"batches", batches}};
+    EXPECT_TRUE(test::run_oracle("llmc_loader_oracle.py", {config.dump(), dir.path().string()}));
+    return test::read_oracle_case(dir.file("llmc_order.bin"));
+  };
+  const std::string one = random_tokens("train.bin", 1000);
+  TokenFile f(one);
+  const int64_t B = 2, T = 8, R = 2, batches = 80;  // (1000 - 1) / 32 = 31 samples an epoch
+  for (int64_t rank = 0; rank < R; ++rank) {
+    const auto want = oracle({one}, B, T, R, rank, batches);
+    ASSERT_EQ(want.at("x").shape(), (Shape{batches, B, T}));
+    LmBatchSource s(f, {.batch_size = B, .block_size = T, .order = LmOrder::Llmc, .rank = rank, .num_ranks = R});
+    EXPECT_EQ(s.batches_per_epoch(), 31);
+    for (int64_t i = 0; i < batches; ++i) {
+      const LmBatch b = s.next();
+      ASSERT_EQ(values(b.x), values(want.at("x").select(0, i))) << "rank " << rank << " batch " << i;
+      ASSERT_EQ(values(b.y), values(want.at("y").select(0, i))) << "rank " << rank << " batch " << i;
+    }
+    LmBatchSource resumed(f, {.batch_size = B, .block_size = T, .order = LmOrder::Llmc, .rank = rank, .num_ranks = R});
+    resumed.set_state({70});
+    EXPECT_EQ(values(resumed.next().x), values(want.at("x").select(0, 70)));
+    EXPECT_EQ(values(resumed.batch(3).x), values(want.at("x").select(0, 3)));  // an earlier epoch, replayed
+  }
+  // The order is not the sequential one: shuffled within the epoch, every sample once.
+  const auto want = oracle({one}, B, T, 1, 0, 62);
+  std::vector<int64_t> epoch0(want.at("sample").to_vector<int64_t>());
+  epoch0.resize(62);
+  std::vector<int64_t> sorted(epoch0.begin(), epoch0.end());
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int64_t> ids(62);
+  std::iota(ids.begin(), ids.end(), 0);
+  EXPECT_EQ(sorted, ids);
+  EXPECT_NE(epoch0, ids);
+  // Three shards of 5, 3 and 4 samples (B T = 16): shard order and samples over three epochs.
+  const std::vector<std::string> shards = {random_tokens("a.bin", 81), random_tokens("b.bin", 60),
+                                           random_tokens("c.bin", 70)};
+  const auto order = oracle(shards, 2, 8, 1, 0, 36);
+  const std::vector<int64_t> want_shard = order.at("shard").to_vector<int64_t>(),
+                             want_sample = order.at("sample").to_vector<int64_t>();
+  LlmcShuffle shuffle({5, 3, 4}, 0);
+  std::vector<int64_t> got_shard, got_sample;
+  for (int64_t e = 0; e < 3; ++e)
+    for (const LlmcShuffle::Sample& s : shuffle.epoch(e)) got_shard.push_back(s.shard), got_sample.push_back(s.sample);
+  EXPECT_EQ(got_shard, want_shard);
+  EXPECT_EQ(got_sample, want_sample);
+  EXPECT_NE(want_shard, (std::vector<int64_t>{0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2,
+                                              0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2}));  // the shards were shuffled
 }
 
 }  // namespace castor::data

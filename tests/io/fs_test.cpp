@@ -1,6 +1,10 @@
 // The file layer: FIFOs refused without blocking, locks, whole-line appends, checksums, printable names.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
+
+#include <cstring>
 
 #include "castor/fs.h"
 #include "io/file_test_util.h"
@@ -12,6 +16,41 @@ TEST(Fs, ReadFileRefusesAFifoWithoutBlocking) {
   ASSERT_EQ(::mkfifo(dir.file("pipe").c_str(), 0644), 0);
   test::expect_error([&] { read_file(dir.file("pipe")); }, {dir.file("pipe"), "not a regular file"});
   test::expect_error([&] { read_file(dir.path().string()); }, {"not a regular file"});
+}
+
+// Only a regular file or a missing path is replaced: a FIFO, socket, directory or symbolic link (even one to a
+// regular file) is refused naming it and left as it was, with no temp file left behind.
+TEST(Fs, AtomicWriteReplacesOnlyRegularFilesOrMissingPaths) {
+  test::ScratchDir dir;
+  ASSERT_EQ(::mkfifo(dir.file("pipe").c_str(), 0644), 0);
+  std::filesystem::create_directory(dir.file("folder"));
+  test::write_bytes(dir.file("target"), {1, 2});
+  std::filesystem::create_symlink("target", dir.file("link"));
+  std::filesystem::create_symlink("missing", dir.file("dangling"));
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string sock_path = dir.file("sock");
+  ASSERT_LT(sock_path.size(), sizeof(addr.sun_path));
+  std::strcpy(addr.sun_path, sock_path.c_str());
+  ASSERT_EQ(::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  for (const auto& [name, kind] : std::vector<std::pair<std::string, std::string>>{
+           {"pipe", "a FIFO"}, {"folder", "a directory"}, {"link", "a symbolic link"},
+           {"dangling", "a symbolic link"}, {"sock", "a socket"}}) {
+    test::expect_error([&] { atomic_write_file(dir.file(name), std::string_view("x")); },
+                       {dir.file(name), "is " + kind, "only a regular file or a missing path"});
+    test::expect_error([&] { check_replaceable(dir.file(name)); }, {dir.file(name), kind});
+  }
+  ::close(sock);
+  EXPECT_EQ(std::filesystem::status(dir.file("pipe")).type(), std::filesystem::file_type::fifo);
+  EXPECT_TRUE(std::filesystem::is_symlink(dir.file("link")));
+  EXPECT_EQ(read_file(dir.file("target")), (std::vector<uint8_t>{1, 2}));
+  test::expect_error([&] { atomic_write_file("", std::string_view("x")); }, {"empty path"});
+  atomic_write_file(dir.file("target"), std::string_view("y"));  // a regular file and a new path are written
+  atomic_write_file(dir.file("new"), std::string_view("z"));
+  EXPECT_EQ(read_file(dir.file("new")), (std::vector<uint8_t>{'z'}));
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << e.path();
 }
 
 TEST(Fs, SecondLockNamesTheOwner) {

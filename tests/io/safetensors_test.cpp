@@ -232,7 +232,7 @@ TEST(Safetensors, AtomicWriteFailuresLeaveTheOldFile) {
                {dir.file("no/such/dir/x"), "cannot create a temp file"});
   std::filesystem::create_directory(dir.file("target_is_dir"));
   expect_error([&] { atomic_write_file(dir.file("target_is_dir"), std::vector<uint8_t>{1}); },
-               {dir.file("target_is_dir"), "rename failed"});
+               {dir.file("target_is_dir"), "is a directory"});
 
   // A full disk, simulated with a file-size limit (writes past it fail with EFBIG).
   std::string path = dir.file("keep.bin");

@@ -10,6 +10,7 @@
 #include "castor/models.h"
 #include "castor/ops.h"
 #include "castor/random.h"
+#include "io/file_test_util.h"
 #include "nn/tiny_gpt.h"
 #include "test_util.h"
 
@@ -35,9 +36,11 @@ std::vector<double> full_last_logits(models::GPT& model, const std::vector<int64
   return logits.select(1, logits.size(1) - 1).select(0, 0).to_vector<double>();
 }
 
-// The window generate() runs each step on: seq[start, end), rebuilt from the last T/2 tokens when it passes T.
-size_t next_start(const std::vector<int64_t>& seq, size_t start, int64_t T) {
-  return seq.size() - start > static_cast<size_t>(T) ? seq.size() - T / 2 : start;
+// The window generate() runs each step on: seq[start, end). Past T tokens, Sliding (nanoGPT) takes the last T;
+// Cached rebuilds from the last T/2 when the window passes T.
+size_t next_start(const std::vector<int64_t>& seq, size_t start, int64_t T, models::Window window) {
+  if (seq.size() - start <= static_cast<size_t>(T)) return start;
+  return window == models::Window::Sliding ? seq.size() - T : seq.size() - T / 2;
 }
 
 TEST(GptGenerate, CachedLogitsEqualTheFullForward) {
@@ -72,18 +75,25 @@ TEST(GptGenerate, GreedyIsTheArgmaxOfFullForwardsAlsoPastTheBlockSize) {
       if (p.dim() == 2) p.mul_(5.0);
   }
   const std::vector<int64_t> prompt = random_tokens(3, 67, 4);
-  const int64_t T = 16, new_tokens = 40;  // the window is rebuilt twice
-  const std::vector<int64_t> got = models::generate(*model, prompt, new_tokens, /*temperature=*/0.0);
-  std::vector<int64_t> want = prompt;
-  size_t start = 0;
-  for (int64_t i = 0; i < new_tokens; ++i) {
-    const std::vector<double> l = full_last_logits(*model, want, start);
-    want.push_back(std::max_element(l.begin(), l.end()) - l.begin());
-    start = next_start(want, start, T);
+  const int64_t T = 16, new_tokens = 40;  // Cached: the window is rebuilt twice
+  std::vector<std::vector<int64_t>> outputs;
+  for (models::Window window : {models::Window::Sliding, models::Window::Cached}) {
+    const std::vector<int64_t> got = models::generate(*model, prompt, new_tokens, /*temperature=*/0.0, 0, 0, window);
+    std::vector<int64_t> want = prompt;
+    size_t start = 0;
+    for (int64_t i = 0; i < new_tokens; ++i) {
+      const std::vector<double> l = full_last_logits(*model, want, start);
+      want.push_back(std::max_element(l.begin(), l.end()) - l.begin());
+      start = next_start(want, start, T, window);
+    }
+    EXPECT_EQ(got, want);
+    // Not a constant sequence: the comparison says something.
+    EXPECT_GT(std::set<int64_t>(got.begin() + 3, got.end()).size(), 2u);
+    outputs.push_back(got);
   }
-  EXPECT_EQ(got, want);
-  // Not a constant sequence: the comparison says something.
-  EXPECT_GT(std::set<int64_t>(got.begin() + 3, got.end()).size(), 2u);
+  // The same while the text fits the block (3 + 13 tokens), different past it.
+  EXPECT_TRUE(std::equal(outputs[0].begin(), outputs[0].begin() + T, outputs[1].begin()));
+  EXPECT_NE(outputs[0], outputs[1]);
 }
 
 TEST(GptGenerate, SeededSamplingIsReproducibleAndTopKHolds) {
@@ -118,10 +128,45 @@ TEST(GptGenerate, PaddingTokensAreNeverDrawn) {
     model->wte->weight.narrow(0, 101, 27).narrow(1, 0, 1).fill_(10.0);
   }
   const std::vector<int64_t> prompt = random_tokens(4, 101, 6);
-  const std::vector<double> l = full_last_logits(*model, prompt, 0);
-  ASSERT_GE(std::max_element(l.begin(), l.end()) - l.begin(), 101);  // a full argmax would pick padding
-  for (double temperature : {0.0, 1.0, 3.0})
-    for (int64_t t : models::generate(*model, prompt, 20, temperature, 0, 1)) EXPECT_LT(t, 101) << temperature;
+  EXPECT_EQ(full_last_logits(*model, prompt, 0).size(), 101u);  // forward: the real vocabulary's logits
+  models::KVCache cache(*model);
+  const Tensor all = models::forward_cached(*model, ids(prompt), cache);  // (1, 4, 128): lm_head's every row
+  const std::vector<double> l = all.select(1, 3).select(0, 0).to_vector<double>();
+  ASSERT_GE(std::max_element(l.begin(), l.end()) - l.begin(), 101);  // an argmax over all rows would pick padding
+  for (models::Window window : {models::Window::Sliding, models::Window::Cached})
+    for (double temperature : {0.0, 1.0, 3.0})
+      for (int64_t t : models::generate(*model, prompt, 20, temperature, 0, 1, window)) EXPECT_LT(t, 101) << temperature;
+}
+
+// Temperatures below kMinTemperature are greedy (a subnormal one such as 1e-310 used to overflow the logits to
+// infinity and draw from NaN probabilities), and NaN or infinite weights are a castor::Error, never an invalid id.
+TEST(GptGenerate, TinyTemperaturesAreGreedyAndNonFiniteLogitsAreErrors) {
+  auto model = models::gpt(test::tiny_gpt_config(67), 12);
+  const std::vector<int64_t> prompt = random_tokens(3, 67, 7);
+  const auto greedy = models::generate(*model, prompt, 12, 0.0);
+  for (double t : {1e-310, 4.9e-324, 1e-200, 0.5 * models::kMinTemperature})
+    EXPECT_EQ(models::generate(*model, prompt, 12, t, 0, 1), greedy) << t;
+  for (double bad : {std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+    auto broken = models::gpt(test::tiny_gpt_config(67), 12);
+    {
+      NoGradGuard no_grad;
+      broken->ln_f->weight.narrow(0, 0, 1).fill_(bad);
+    }
+    for (double t : {0.0, 1.0})
+      test::expect_error([&] { models::generate(*broken, prompt, 4, t, 0, 1); }, {"generate: the logit of token"});
+  }
+}
+
+// The streaming form emits what the vector form returns, token by token, also past several cache rebuilds.
+TEST(GptGenerate, StreamingEmitsTheSameTokens) {
+  auto model = models::gpt(test::tiny_gpt_config(67), 13);
+  const std::vector<int64_t> prompt = random_tokens(5, 67, 8);
+  const int64_t n = 5 * model->config().block_size;
+  for (models::Window window : {models::Window::Sliding, models::Window::Cached}) {
+    std::vector<int64_t> streamed = prompt;
+    models::generate(*model, prompt, n, 0.9, 10, 3, window, [&](int64_t t) { streamed.push_back(t); });
+    EXPECT_EQ(streamed, models::generate(*model, prompt, n, 0.9, 10, 3, window));
+  }
 }
 
 TEST(GptGenerate, BadArgumentsAreErrors) {

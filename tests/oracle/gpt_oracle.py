@@ -81,12 +81,14 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(c["n_embd"], c["vocab_size"], bias=False)
         self.transformer.wte.weight = self.lm_head.weight
 
-    def forward(self, idx, targets):
+    def forward(self, idx, targets=None):
         t = idx.size(1)
         x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(t))
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
+        if targets is None:
+            return logits, None
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
 

@@ -6,6 +6,7 @@
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
 #include "castor/ops.h"
+#include "io/file_test_util.h"
 #include "test_util.h"
 
 namespace castor::train {
@@ -94,6 +95,45 @@ TEST(Checkpoint, FlippedBitIsDetectedAndTheRunFallsBackToAnIntactOne) {
   Checkpoint c = read_checkpoint(run, &used);  // the run: its newest intact checkpoint
   EXPECT_NE(used.find("step-0000000001"), std::string::npos) << used;
   EXPECT_EQ(c.model.at("w").to_vector<float>()[0], 1.0f);
+}
+
+// A checkpoint of the oldest format (its COMMIT marker says only "complete", no checksums) cannot show damage, so it
+// is refused naming the marker and the way on (--init); it used to be read, a flipped byte in its data and all.
+TEST(Checkpoint, OldestFormatWithoutChecksumsIsRefused) {
+  const std::string run = test::fresh_dir("ckpt_oldest");
+  const std::string dir = write_checkpoint(run, 1, make(1), /*keep=*/2);
+  atomic_write_file(dir + "/COMMIT", std::string_view("complete\n"));
+  std::vector<uint8_t> bytes = read_file(dir + "/model.safetensors");
+  bytes.back() ^= 0x40;  // inside the data: the file still parses
+  atomic_write_file(dir + "/model.safetensors", bytes);
+  for (const std::string& path : {dir, run}) {
+    try {
+      read_checkpoint(path);
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(dir + "/COMMIT: records no checksums"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("--init " + dir + "/model.safetensors"), std::string::npos) << msg;
+    }
+  }
+  // A marker missing one file's checksum is refused too.
+  write_checkpoint(run, 2, make(2), /*keep=*/2);
+  const std::string second = *latest_checkpoint(run);
+  const std::vector<uint8_t> marker = read_file(second + "/COMMIT");
+  std::string text(marker.begin(), marker.end());
+  text = text.substr(0, text.find("train_state"));
+  atomic_write_file(second + "/COMMIT", text);
+  test::expect_error([&] { read_checkpoint(second); }, {second + "/COMMIT: records no checksum of train_state"});
+}
+
+// A model file whose castor.config metadata is not a JSON object is named with the metadata key.
+TEST(Checkpoint, DamagedRecordedConfigNamesTheFile) {
+  test::expect_error([] { castor_config({{"castor.config", "{\"model\": gpt"}}, "RUN/model.safetensors"); },
+                     {"RUN/model.safetensors: metadata castor.config: "});
+  test::expect_error([] { castor_config({{"castor.config", "[1]"}}, "m.safetensors"); },
+                     {"m.safetensors: metadata castor.config: not a JSON object"});
+  EXPECT_TRUE(castor_config({}, "m").is_null());
+  EXPECT_EQ(castor_config({{"castor.config", "{\"n_head\": 2}"}}, "m").at("n_head").as_int(), 2);
 }
 
 // The last checkpoint written is the head: readers use it, and pruning keeps it and the newest before it, whatever

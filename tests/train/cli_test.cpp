@@ -180,6 +180,36 @@ TEST(TrainFlags, ConfigFilesRefuseDuplicateKeysNameThemselvesAndTakeConfigJsonSp
   EXPECT_NE(msg.find(dir + "/unknown.toml: unknown key 'learning_rate'"), std::string::npos) << msg;
 }
 
+// TOML 1.0 as far as flat key = value lines go: a UTF-8 byte-order mark is skipped, CRLF lines and comments after a
+// value are read, basic strings decode their escapes (\u0041, \t, \", \\, \U0001F600), literal strings keep
+// backslashes, and an unterminated string, a bad escape or text after a value is an error naming the file and line.
+TEST(TrainFlags, TomlConfigsFollowToml10) {
+  const std::string dir = test::fresh_dir("config_toml");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/bom.toml") << "\xEF\xBB\xBFlr = 0.25  # a quarter\r\nbatch-size = 7\r\n";
+  TrainConfig c = parse_train_flags({"--config", dir + "/bom.toml"});
+  EXPECT_DOUBLE_EQ(c.lr, 0.25);
+  EXPECT_EQ(c.batch_size, 7);
+  std::ofstream(dir + "/escapes.toml") << "data-dir = \"a\\u0041\\tb\\\"c\\\\d\\U0001F600\" # comment\n"
+                                          "init = 'C:\\weights\\m.bin'\n";
+  c = parse_train_flags({"--config", dir + "/escapes.toml"});
+  EXPECT_EQ(c.data_dir, "aA\tb\"c\\d\xF0\x9F\x98\x80");
+  EXPECT_EQ(c.init, "C:\\weights\\m.bin");
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {"lr = 0.1\ndata-dir = \"tok\n", ":2: unterminated string"},
+           {"init = 'w.bin\n", ":1: unterminated string"},
+           {"data-dir = \"a\\qb\"\n", ":1: invalid escape '\\q'"},
+           {"data-dir = \"\\u00zz\"\n", ":1: \\u needs 4 hex digits"},
+           {"data-dir = \"\\uD800\"\n", ":1: \\uD800 is not a Unicode scalar value"},
+           {"data-dir = \"a\" b\n", ":1: unexpected text after the value: 'b'"},
+           {"lr =\n", ":1: the value is missing"},
+           {"just words\n", ":1: expected key = value"}}) {
+    std::ofstream(dir + "/bad.toml") << text;
+    const std::string msg = error_of({"--config", dir + "/bad.toml"});
+    EXPECT_NE(msg.find("--config " + dir + "/bad.toml" + want), std::string::npos) << text << " -> " << msg;
+  }
+}
+
 TEST(TrainFlags, EachSubcommandHasItsOwnHelpAndThereIsAVersion) {
   EXPECT_NE(cli_stdout("train --help").find("--grad-accum"), std::string::npos);
   const std::string eval = cli_stdout("eval --help");
@@ -249,7 +279,7 @@ TEST(TrainFlags, ConfigJsonAndResumeHelpComeFromTheSettingsTable) {
   // Every recorded key is a flag of castor train, and reads back as the same setting.
   const TrainConfig c = parse_train_flags({"--lr", "0.25", "--no-bias", "--model", "gpt", "--loss-scale", "128"});
   const Json recorded = settings_json(c);
-  EXPECT_EQ(recorded.as_object().size(), 48u);
+  EXPECT_EQ(recorded.as_object().size(), 49u);
   const std::string help = train_help();
   for (const auto& [key, v] : recorded.as_object()) {
     std::string flag = "--" + key;

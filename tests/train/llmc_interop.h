@@ -21,7 +21,7 @@ struct LlmcSteps {
 
 // Loads `model_bin`, trains `steps` AdamW steps (betas 0.9/0.999, eps 1e-8, weight decay on dim >= 2 tensors only,
 // no clipping) on `tokens_bin` in llm.c's order with B rows of T tokens; the loss is over the real vocabulary (V of
-// the header: the padded logits are cut off, as llm.c does). bf16: forward and loss under bfloat16 autocast (O1).
+// the header: the model's logits leave the padding out, as llm.c's softmax does). bf16: forward and loss under bfloat16 autocast (O1).
 inline LlmcSteps llmc_train_steps(const std::string& model_bin, const std::string& tokens_bin, int64_t B, int64_t T,
                                   int64_t steps, double lr, double weight_decay, bool bf16) {
   models::GPTWeights w = models::read_llmc_checkpoint(model_bin);
@@ -34,7 +34,7 @@ inline LlmcSteps llmc_train_steps(const std::string& model_bin, const std::strin
   optim::Adam opt(decay, o);
   opt.add_param_group(no_decay, lr, 0.0);
   data::TokenFile file(tokens_bin);
-  data::LmBatchSource batches(file, {.batch_size = B, .block_size = T, .sequential = true});
+  data::LmBatchSource batches(file, {.batch_size = B, .block_size = T, .order = data::LmOrder::Sequential});
   const int64_t V = w.config.real_vocab_size;
   LlmcSteps out;
   const auto t0 = std::chrono::steady_clock::now();
@@ -43,7 +43,7 @@ inline LlmcSteps llmc_train_steps(const std::string& model_bin, const std::strin
     Tensor loss;
     {
       amp::AutocastGuard autocast(DType::BFloat16, /*enabled=*/bf16);
-      const Tensor logits = (*model)(b.x).narrow(2, 0, V);  // (B, T, V)
+      const Tensor logits = (*model)(b.x);  // (B, T, V): the GPT leaves the padding columns out
       loss = F::cross_entropy(logits.reshape({B * T, V}), b.y.reshape({B * T}));
     }
     opt.zero_grad();

@@ -14,8 +14,10 @@
 #include "castor/llmc.h"
 #include "castor/ops.h"
 #include "castor/serialize.h"
+#include "castor/json.h"
 #include "llmc_interop.h"
 #include "test_util.h"
+#include "train/run_test_util.h"
 
 namespace castor {
 namespace {
@@ -253,6 +255,88 @@ TEST(LlmcInterop, TenAdamWStepsMatchPyTorch) {
               torch_loss[steps - 1], rel0, abs1);
   // Training moved the loss by far more than the tolerance: a Castor run that skipped its updates would fail above.
   EXPECT_GT(untrained[steps - 1] - torch_loss[steps - 1], 20 * 1e-4 * torch_loss[steps - 1]);
+}
+
+// A padded vocabulary (V 101 of Vp 128): every loss covers the real vocabulary only, as llm.c's and PyTorch's over an
+// unpadded model do. PyTorch (tests/oracle/llmc_oracle.py) writes the llm.c file and its float32 losses per batch;
+// the file's padding rows are then set large (3.0) so that a softmax over them would be far off. The library's
+// loss, `castor eval` of the .bin and the first loss of `castor train --init` all match within 1e-6 relative, and the
+// padding rows' gradients stay zero.
+TEST(LlmcInterop, LossesCoverOnlyTheRealVocabulary) {
+  const std::string dir = test::fresh_dir("llmc_real_vocab");
+  std::filesystem::create_directories(dir + "/tok");
+  const int64_t B = 4, T = 32, batches = 3;
+  const std::string config = detail::cat(
+      "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 64, \"block_size\": 32, \"vocab_size\": 101, "
+      "\"padded_vocab_size\": 128, \"batch_size\": ", B, ", \"seq_len\": ", T, ", \"steps\": ", batches,
+      ", \"lr\": 1e-4, \"weight_decay\": 0.0, \"seed\": 3}");
+  ASSERT_TRUE(test::run_oracle("llmc_oracle.py", {config, dir}));
+  const std::vector<double> torch_loss =
+      load_safetensors(dir + "/losses.safetensors").tensors.at("loss_untrained").to_vector<double>();
+  models::GPTWeights w = models::read_llmc_checkpoint(dir + "/model.bin");
+  w.state.at("transformer.wte.weight").narrow(0, 101, 27).fill_(3.0);
+  models::write_llmc_checkpoint(dir + "/padded.bin", w);
+  // The token directory: the oracle's tokens as both splits, and the vocabulary's size.
+  std::filesystem::copy_file(dir + "/train.bin", dir + "/tok/train.bin");
+  std::filesystem::copy_file(dir + "/train.bin", dir + "/tok/val.bin");
+  atomic_write_file(dir + "/tok/tokenizer.json", std::string("{\"tokenizer\": \"test\", \"vocab_size\": 101}"));
+
+  // The library: logits over the 101 real tokens, the loss of batch 0, zero gradient rows for the padding.
+  auto model = models::gpt(w.config);
+  model->load_state_dict(w.state);
+  data::TokenFile tokens(dir + "/train.bin");
+  const data::LmBatch b = data::LmBatchSource(tokens, {.batch_size = B, .block_size = T,
+                                                       .order = data::LmOrder::Sequential}).batch(0);
+  const Tensor logits = (*model)(b.x);
+  EXPECT_EQ(logits.shape(), (Shape{B, T, 101}));
+  const Tensor loss = F::cross_entropy(logits.reshape({B * T, 101}), b.y.reshape({B * T}));
+  EXPECT_NEAR(loss.item(), torch_loss[0], 1e-6 * torch_loss[0]);
+  loss.backward();
+  const Tensor grad = model->wte->weight.grad();
+  EXPECT_EQ(grad.narrow(0, 101, 27).contiguous().to_vector<double>(), std::vector<double>(27 * 64, 0.0));
+  EXPECT_GT(max(abs(grad.narrow(0, 0, 101))).item(), 0.0);
+
+  // castor eval of the .bin: the whole split (3 batches of 4 rows) in float32.
+  const test::CastorRun in_dir{dir};
+  test::CastorProcess e = test::run_castor({"eval", "padded.bin", "--data-dir", "tok"}, in_dir, 120);
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  const double mean_loss = (torch_loss[0] + torch_loss[1] + torch_loss[2]) / 3;
+  EXPECT_NEAR(Json::parse(e.out).at("val_loss").as_double(), mean_loss, 1e-6 * mean_loss) << e.out;
+  // castor train --init: the first step's loss (batch 0 in llm.c's validation order) before any update.
+  test::CastorProcess t = test::run_castor({"train", "--model", "gpt", "--init", "padded.bin", "--data", "tokens",
+                                            "--data-dir", "tok", "--data-order", "sequential", "--batch-size", "4",
+                                            "--amp", "O0", "--steps", "1", "--log-every", "1", "--threads", "1",
+                                            "--out", "run"},
+                                           in_dir, 120);
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  const std::vector<uint8_t> lines = read_file(dir + "/run/metrics.jsonl");
+  const std::string first(lines.begin(), std::find(lines.begin(), lines.end(), '\n'));
+  EXPECT_NEAR(Json::parse(first).at("loss").as_double(), torch_loss[0], 1e-6 * torch_loss[0]) << first;
+}
+
+// castor eval and castor info read llm.c files; a file of neither format is named as such by --init, eval and info.
+TEST(LlmcInterop, EvalAndInfoReadLlmcFilesAndNameOtherFiles) {
+  const std::string dir = test::fresh_dir("llmc_eval_info");
+  std::filesystem::create_directories(dir);
+  models::write_llmc_checkpoint(dir + "/m.bin", *models::gpt(small_config(), 5));
+  const test::CastorRun in_dir{dir};
+  test::CastorProcess info = test::run_castor({"info", "m.bin"}, in_dir);
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  for (const char* want : {"model       gpt, 28 tensors", "float32", "V 101", "Vp 128"})
+    EXPECT_NE(info.out.find(want), std::string::npos) << want << " in\n" << info.out;
+  test::CastorProcess listing = test::run_castor({"info", "--tensors", "m.bin"}, in_dir);
+  ASSERT_EQ(listing.exit_code, 0) << listing.err;
+  EXPECT_NE(listing.out.find("transformer.h.1.mlp.c_proj.weight  float32[64, 256]"), std::string::npos) << listing.out;
+  // Neither format: 12 bytes whose first 8 read as a huge safetensors header length.
+  write_bytes(dir + "/junk.bin", "\x01\x02\x03\x04\x05\x06\x07\x08abcd");
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"info", "junk.bin"}, {"eval", "junk.bin", "--data-dir", "."},
+        {"train", "--model", "gpt", "--init", "junk.bin", "--data", "tokens", "--data-dir", ".", "--out", "r"}}) {
+    test::CastorProcess p = test::run_castor(args, in_dir);
+    EXPECT_EQ(p.exit_code, 1) << args[0];
+    EXPECT_NE(p.err.find("junk.bin: not a safetensors or llm.c file"), std::string::npos) << args[0] << ": " << p.err;
+    EXPECT_EQ(p.err.find("header length"), std::string::npos) << p.err;
+  }
 }
 
 }  // namespace

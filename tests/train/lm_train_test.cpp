@@ -3,19 +3,31 @@
 // weights nanoGPT's model loads strictly, and refuses mismatched models and data in one line.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
 #include "castor/json.h"
+#include "castor/token_file.h"
+#include "castor/lm_batch.h"
+#include "castor/functional.h"
+#include "castor/autograd.h"
 #include "castor/llmc.h"
 #include "castor/models.h"
 #include "castor/random.h"
 #include "castor/serialize.h"
+#include "castor/tokenizer.h"
+#include "castor/token_file.h"
 #include "io/file_test_util.h"
 #include "test_util.h"
+#include "train/metrics.h"
 #include "train/run_test_util.h"
 
 namespace castor::train {
@@ -87,6 +99,45 @@ TEST_F(LmTrain, LearnsAndReportsValidationLossAndPerplexity) {
   EXPECT_NEAR(summary_of(e).at("val_loss").as_double(), val, 1e-6);
 }
 
+// A language model's run speaks of tokens, validation loss and perplexity everywhere: summary.json, metrics.jsonl,
+// metrics.csv, report.html and castor info; castor help train says it trains language models too.
+TEST_F(LmTrain, ReportsTokensValidationLossAndPerplexityEverywhere) {
+  CastorProcess p = castor(train_args("run", 20, {"--eval-every", "10", "--log-every", "5"}));
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const Json s = summary_of(p);
+  for (const char* key : {"test_accuracy", "test_loss", "train_images_per_sec"}) EXPECT_EQ(s.find(key), nullptr) << key;
+  for (const char* key : {"val_loss", "val_perplexity", "train_tokens_per_sec"}) EXPECT_NE(s.find(key), nullptr) << key;
+  const std::vector<uint8_t> saved = read_file(path("run/summary.json"));
+  EXPECT_EQ(Json::parse(std::string(saved.begin(), saved.end())).find("test_accuracy"), nullptr);
+  int evaluations = 0, rates = 0;
+  for (const Json& r : read_metrics(path("run"))) {
+    for (const char* key : {"test_accuracy", "test_loss", "images_per_sec"}) EXPECT_EQ(r.find(key), nullptr) << r.dump();
+    evaluations += r.find("val_loss") != nullptr && r.find("val_perplexity") != nullptr;
+    rates += r.find("tokens_per_sec") != nullptr;
+  }
+  EXPECT_EQ(evaluations, 2);  // step 10, and the end
+  EXPECT_GE(rates, 4);
+  const std::vector<uint8_t> csv = read_file(path("run/metrics.csv"));
+  const std::string header(csv.begin(), std::find(csv.begin(), csv.end(), '\n'));
+  EXPECT_EQ(header, "step,epoch,loss,loss_avg,lr,loss_scale,skipped,tokens_per_sec,peak_memory_bytes,train_loss,"
+                    "val_loss,val_perplexity,skipped_steps");
+  const std::vector<uint8_t> html = read_file(path("run/report.html"));
+  const std::string report(html.begin(), html.end());
+  for (const char* want : {"Validation perplexity", "tokens/s", "Train vs validation loss"})
+    EXPECT_NE(report.find(want), std::string::npos) << want;
+  for (const char* unwanted : {"Test accuracy", "images/s", "test loss"})
+    EXPECT_EQ(report.find(unwanted), std::string::npos) << unwanted;
+  CastorProcess info = castor({"info", "run"});
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.out.find("val loss "), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("perplexity"), std::string::npos) << info.out;
+  EXPECT_EQ(info.out.find("test accuracy"), std::string::npos) << info.out;
+  CastorProcess help = castor({"help", "train"});
+  EXPECT_NE(help.out.find("Trains image classifiers and GPT language models"), std::string::npos) << help.out;
+  EXPECT_NE(help.out.find("rows of --block-size tokens"), std::string::npos);
+  EXPECT_NE(help.out.find("an llm.c .bin"), std::string::npos);
+}
+
 // Random windows are a pure function of (seed, batch number): a run stopped and resumed equals one run through.
 TEST_F(LmTrain, ResumeIsBitExact) {
   for (const char* order : {"random", "sequential"}) {
@@ -99,6 +150,45 @@ TEST_F(LmTrain, ResumeIsBitExact) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     test::expect_same_checkpoint(path(a), path(b));
   }
+}
+
+// The last step is checkpointed before the final evaluation, so a SIGKILL during that evaluation (long here: a
+// validation split of millions of tokens) loses nothing and `--resume` finishes the run with the report an
+// uninterrupted run writes. It used to checkpoint after the evaluation, losing every step since the last checkpoint.
+TEST_F(LmTrain, SigkillDuringTheFinalEvaluationLosesNothing) {
+  const std::vector<uint8_t> text = read_file(path("text.txt"));
+  {
+    std::ofstream big(path("big.txt"), std::ios::binary);
+    for (int i = 0; i < 60; ++i)
+      big.write(reinterpret_cast<const char*>(text.data()), static_cast<std::streamsize>(text.size()));
+  }
+  ASSERT_EQ(castor({"tokenize", "--tokenizer", "char", "--input", "big.txt", "--out", "bigval", "--val-fraction",
+                    "0.95"}).exit_code,
+            0);
+  auto args = train_args("run", 20, {"--log-every", "1"});
+  std::replace(args.begin(), args.end(), std::string("tok"), std::string("bigval"));
+  CastorProcess p(args, in_dir);
+  const std::string last = path("run/checkpoints/step-0000000020/COMMIT");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!fs::exists(last) && std::chrono::steady_clock::now() < deadline && ::waitpid(p.pid(), nullptr, WNOHANG) == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  p.signal(SIGKILL);
+  p.wait();
+  ASSERT_EQ(p.killed_by, SIGKILL) << "finished before the kill: " << p.err;
+  ASSERT_TRUE(fs::exists(last)) << "the last step was not checkpointed before the final evaluation";
+  const std::vector<uint8_t> m = read_file(path("run/metrics.jsonl"));
+  ASSERT_EQ(std::string(m.begin(), m.end()).find("test_loss"), std::string::npos)
+      << "the kill came after the evaluation";
+  EXPECT_FALSE(fs::exists(path("run/summary.json")));
+  CastorProcess r = castor({"train", "--resume", "run"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::replace(args.begin(), args.end(), std::string("run"), std::string("ref"));
+  CastorProcess ref = castor(args);
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  EXPECT_EQ(summary_of(r).at("val_loss").as_double(), summary_of(ref).at("val_loss").as_double());
+  EXPECT_EQ(summary_of(r).at("steps").as_int(), 20);
+  EXPECT_TRUE(fs::exists(path("run/report.html")) && fs::exists(path("run/summary.json")));
+  test::expect_same_checkpoint(path("run"), path("ref"));
 }
 
 // The checkpoint's model.safetensors loads strictly into nanoGPT's model (tests/oracle/gpt_oracle.py's twin), which
@@ -118,6 +208,172 @@ TEST_F(LmTrain, CheckpointsLoadStrictlyIntoNanoGpt) {
   ASSERT_TRUE(test::run_oracle("gpt_oracle.py", {"grads", cfg, path("weights.safetensors"), path("batch.safetensors"),
                                                  path("out.safetensors")}));
   EXPECT_TRUE(std::isfinite(load_safetensors(path("out.safetensors")).tensors.at("loss").item()));
+}
+
+// nanoGPT's evaluation size: --eval-iters batches of --batch-size rows, spread evenly over the validation split,
+// during training (here 2 x 4 rows: the summary's loss is theirs, computed here from the checkpoint); --eval-interval
+// is --eval-every; castor eval covers the whole split, and --dtype float32 evaluates a bf16 run in float32.
+TEST_F(LmTrain, EvalItersAndIntervalAreNanoGpts) {
+  CastorProcess p = castor(train_args("run", 20, {"--amp", "O0", "--batch-size", "4", "--eval-iters", "2",
+                                                  "--eval-interval", "10"}));
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const std::vector<uint8_t> bytes = read_file(path("run/config.json"));
+  const Json config = Json::parse(std::string(bytes.begin(), bytes.end()));
+  EXPECT_EQ(config.at("eval_every").as_int(), 10);
+  EXPECT_EQ(config.at("eval_iters").as_int(), 2);
+  int evaluations = 0;
+  for (const Json& r : read_metrics(path("run"))) evaluations += r.find("val_loss") != nullptr;
+  EXPECT_EQ(evaluations, 2);  // step 10 (--eval-interval) and the end
+  // The 8 rows k * n / 8 of the n rows of 16 tokens, through the checkpoint's model in float32.
+  const Checkpoint ck = read_checkpoint(path("run"));
+  const models::GPTWeights w = models::gpt_weights_from_safetensors(ck.model, ck.model_meta, 0, "run");
+  auto model = models::gpt(w.config);
+  model->load_state_dict(w.state);
+  model->eval();
+  const data::TokenFile val(path("tok/val.bin"));
+  const int64_t n = (val.size() - 1) / 16;
+  ASSERT_GT(n, 8);
+  std::vector<int64_t> rows;
+  for (int64_t k = 0; k < 8; ++k) rows.push_back(k * n / 8);
+  const data::LmBatch b = data::eval_rows(val, 16, rows, 0);
+  double want = 0;
+  {
+    NoGradGuard no_grad;
+    const Tensor logits = (*model)(b.x);
+    want = F::cross_entropy(logits.reshape({-1, logits.size(-1)}), b.y.reshape({-1})).item();
+  }
+  const double got = summary_of(p).at("val_loss").as_double();
+  EXPECT_NEAR(got, want, 1e-5 * want);
+  // castor eval: the whole split, another figure.
+  CastorProcess e = castor({"eval", "run"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_GT(std::fabs(summary_of(e).at("val_loss").as_double() - got), 1e-4);
+  // A bf16 run (O1) evaluated in float32: the float32 model's loss over the whole split.
+  ASSERT_EQ(castor(train_args("bf16", 10)).exit_code, 0);
+  CastorProcess f32 = castor({"eval", "bf16", "--dtype", "float32"});
+  ASSERT_EQ(f32.exit_code, 0) << f32.err;
+  const Checkpoint bk = read_checkpoint(path("bf16"));
+  const models::GPTWeights bw = models::gpt_weights_from_safetensors(bk.model, bk.model_meta, 0, "bf16");
+  auto bmodel = models::gpt(bw.config);
+  bmodel->load_state_dict(bw.state);
+  bmodel->eval();
+  double sum = 0, count = 0;
+  for (int64_t i = 0; i < data::eval_batch_count(val, 64, 16); ++i) {
+    NoGradGuard no_grad;
+    const data::LmBatch eb = data::eval_batch(val, 64, 16, i);
+    const Tensor logits = (*bmodel)(eb.x);
+    sum += F::cross_entropy(logits.reshape({-1, logits.size(-1)}), eb.y.reshape({-1}), F::Reduction::Sum).item();
+    count += static_cast<double>(eb.y.numel());
+  }
+  EXPECT_NEAR(summary_of(f32).at("val_loss").as_double(), sum / count, 1e-5 * sum / count);
+  // --eval-iters is a language model's flag.
+  CastorProcess image = castor({"train", "--eval-iters", "5", "--out", "img"});
+  EXPECT_EQ(image.exit_code, 1);
+  EXPECT_NE(image.err.find("--eval-iters: applies to language models only"), std::string::npos) << image.err;
+}
+
+// Setup's Brown tokens are found from any working directory (the scratch directory here), for training and for
+// sampling a run that used them; with $CASTOR_SETUP_DIR pointing elsewhere the error names --data-dir, and a new run
+// that fails before its first step leaves no run directory.
+TEST_F(LmTrain, SetupDataFromAnyDirectoryAndNoRunDirectoryLeftOnEarlyFailure) {
+  ASSERT_TRUE(fs::exists(std::string(CASTOR_SOURCE_DIR) + "/data/brown-char/train.bin")) << "run scripts/setup.sh";
+  CastorProcess p = castor({"train", "--model", "gpt", "--data", "brown-char", "--n-layer", "1", "--n-embd", "32",
+                            "--steps", "2", "--eval-iters", "1", "--threads", "1", "--out", "run"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  CastorProcess s = castor({"sample", "--checkpoint", "run", "--prompt", "The", "--tokens", "5"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  EXPECT_EQ(s.out.rfind("The", 0), 0u) << s.out;
+  const test::CastorRun elsewhere{scratch.path().string(), {"CASTOR_SETUP_DIR=/nonexistent"}};
+  CastorProcess missing = test::run_castor({"train", "--model", "gpt", "--data", "brown-char", "--out", "run2"},
+                                           elsewhere);
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("/nonexistent/data/brown-char/train.bin is missing"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("--data-dir"), std::string::npos) << missing.err;
+  EXPECT_FALSE(fs::exists(path("run2")));
+  CastorProcess bad_init = castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--init",
+                                   "missing.bin", "--out", "run3"});
+  EXPECT_EQ(bad_init.exit_code, 1);
+  EXPECT_NE(bad_init.err.find("--init missing.bin"), std::string::npos) << bad_init.err;
+  EXPECT_FALSE(fs::exists(path("run3")));
+  // A directory that was there before is left, as are runs that got going.
+  fs::create_directories(path("mine"));
+  EXPECT_EQ(castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "nowhere", "--out", "mine"}).exit_code,
+            1);
+  EXPECT_TRUE(fs::exists(path("mine")));
+  EXPECT_TRUE(fs::exists(path("run/checkpoints")));
+}
+
+// Start-up without the GEMM-peak probe: a machine's peak is measured once, after the first run's training, and
+// cached ($XDG_CACHE_HOME/castor/gemm_peak.json); the next run reads it. The summary's tokens/s is the steady rate
+// (after the first 3 steps), the whole run's beside it, and MFU is tokens/s x FLOP per token / the cached peak.
+TEST_F(LmTrain, GemmPeakIsCachedAndTheSummaryRateIsSteady) {
+  const test::CastorRun cached{scratch.path().string(), {"XDG_CACHE_HOME=" + path("cache")}};
+  CastorProcess first = test::run_castor(train_args("a", 12), cached, 120);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  EXPECT_NE(first.err.find("GEMM peak is measured after training"), std::string::npos) << first.err;
+  const std::vector<uint8_t> bytes = read_file(path("cache/castor/gemm_peak.json"));
+  const Json cache = Json::parse(std::string(bytes.begin(), bytes.end()));
+  ASSERT_EQ(cache.as_object().size(), 1u) << cache.dump();
+  const double peak = cache.as_object().begin()->second.as_double();
+  EXPECT_NE(cache.as_object().begin()->first.find("bfloat16 | 1 threads"), std::string::npos) << cache.dump();
+  CastorProcess second = test::run_castor(train_args("b", 12), cached, 120);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.err.find("measured once and cached"), std::string::npos) << second.err;
+  for (const CastorProcess* p : {&first, &second}) {
+    const Json s = summary_of(*p);
+    const double steady = s.at("train_tokens_per_sec").as_double(), whole = s.at("train_tokens_per_sec_whole_run").as_double();
+    EXPECT_GT(steady, 0);
+    EXPECT_GT(whole, 0);
+    // 1 layer of 32, vocabulary V, block 16: 6 N + 12 L C T FLOP per token (nanoGPT's estimate_mfu), N without wpe.
+    const Checkpoint ck = read_checkpoint(path("a"));
+    double n = 0;
+    for (const auto& [name, t] : ck.model)
+      if (name != "transformer.wpe.weight" && name != "lm_head.weight") n += static_cast<double>(t.numel());
+    EXPECT_NEAR(s.at("mfu").as_double(), steady * (6 * n + 12.0 * 32 * 16) / peak, 1e-6 * s.at("mfu").as_double());
+  }
+}
+
+// castor export --nanogpt writes nanoGPT's ckpt.pt: PyTorch 1.13 loads it with torch.load, also with
+// weights_only=True; nanoGPT's model built from its model_args loads its model strictly and samples the same greedy
+// tokens as castor sample (past the block, nanoGPT's sliding window); train.py's resume loads its AdamW state (the
+// run's hyperparameters and moments) and steps (tests/oracle/nanogpt_oracle.py).
+TEST_F(LmTrain, NanoGptCheckpointLoadsInPyTorchAndSamplesAsCastor) {
+  ASSERT_EQ(castor(train_args("run", 20, {"--eval-every", "10"})).exit_code, 0);
+  CastorProcess e = castor({"export", "--nanogpt", "--checkpoint", "run", "--out", "nano"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  const Json summary = Json::parse(e.out);
+  EXPECT_EQ(summary.at("out").as_string(), "nano/ckpt.pt");
+  EXPECT_TRUE(summary.at("optimizer").as_bool());
+  const std::string prompt = "the jury", tokens = "40";  // 8 + 40 tokens: past the block of 16
+  CastorProcess s = castor({"sample", "--checkpoint", "run", "--prompt", prompt, "--tokens", tokens,
+                            "--temperature", "0"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  data::Tokenizer tok = data::Tokenizer::load(path("tok"));
+  std::string ids;
+  for (uint16_t t : tok.encode(prompt)) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  ASSERT_TRUE(test::run_oracle("nanogpt_oracle.py", {"ckpt", path("nano/ckpt.pt"), ids, tokens, path("o.safetensors")}));
+  const StateDict o = load_safetensors(path("o.safetensors")).tensors;
+  const std::vector<int64_t> got = o.at("tokens").to_vector<int64_t>();
+  EXPECT_EQ(s.out, tok.decode(std::vector<uint16_t>(got.begin(), got.end())) + "\n");
+  EXPECT_EQ(o.at("iter_num").to_vector<int64_t>(), std::vector<int64_t>{20});
+  EXPECT_EQ(o.at("model_args.block_size").to_vector<int64_t>(), std::vector<int64_t>{16});
+  EXPECT_EQ(o.at("model_args.vocab_size").to_vector<int64_t>(), std::vector<int64_t>{tok.vocab_size()});
+  // best_val_loss: the lowest evaluation the run logged (steps 10 and 20).
+  double best = 1e9;
+  for (const Json& r : read_metrics(path("run")))
+    for (const char* key : {"val_loss", "test_loss"})
+      if (const Json* v = r.find(key)) best = std::min(best, v->as_double());
+  ASSERT_LT(best, 1e9);
+  EXPECT_NEAR(o.at("best_val_loss").item(), best, 1e-6 * best);
+  // The AdamW state: the run's group settings and moments.
+  const Checkpoint ck = read_checkpoint(path("run"));
+  const std::vector<double> groups = o.at("optimizer_groups").to_vector<double>();
+  EXPECT_DOUBLE_EQ(groups[0], ck.state.at("amp.optimizer.0.group.0.lr").item());
+  EXPECT_EQ(std::vector<double>(groups.begin() + 1, groups.end()),
+            (std::vector<double>{0.9, 0.99, 1e-8, 0.1, 0.0}));
+  EXPECT_EQ(o.at("optimizer_step").item(), 20);
+  const Tensor v = ck.state.at("amp.optimizer.0.state.0.0.exp_avg_sq").reshape({-1}).narrow(0, 0, 8);
+  EXPECT_TRUE(test::close(o.at("optimizer_exp_avg_sq0"), v.to(DType::Float64), 0, 0));
 }
 
 // --init FILE in llm.c's format: the run takes the file's sizes and starts from its weights; a size flag that
@@ -153,6 +409,81 @@ TEST_F(LmTrain, MismatchedModelAndDataAreOneLineErrors) {
     CastorProcess p = castor(args);
     EXPECT_EQ(p.exit_code, 1) << p.err;
     EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+  }
+}
+
+// What the data can get wrong is found before step 1, in one line naming the file or flag, with nothing trained or
+// written: a validation split of 0 tokens or shorter than one window, --block-size longer than a split, a token id
+// past the vocabulary far into a file (only the first 2^20 tokens used to be checked), token files of another
+// tokenize than tokenizer.json, and a resume on data tokenized again with another vocabulary.
+TEST_F(LmTrain, BadDataIsFoundBeforeTheFirstStep) {
+  auto folder = [&](const std::string& name, const std::vector<uint16_t>& train, const std::vector<uint16_t>& val) {
+    fs::create_directories(path(name));
+    data::write_token_file(path(name + "/train.bin"), train);
+    data::write_token_file(path(name + "/val.bin"), val);
+    atomic_write_file(path(name + "/tokenizer.json"),
+                      std::string_view("{\"tokenizer\": \"char\", \"vocab_size\": 5, \"chars\": \"abcde\"}"));
+  };
+  std::vector<uint16_t> ok(4000), far((size_t{1} << 20) + 100);
+  for (size_t i = 0; i < ok.size(); ++i) ok[i] = static_cast<uint16_t>(i % 5);
+  for (size_t i = 0; i < far.size(); ++i) far[i] = static_cast<uint16_t>(i % 5);
+  far[far.size() - 3] = 7;
+  folder("empty_val", ok, {});
+  folder("short_val", ok, std::vector<uint16_t>(16, 1));
+  folder("far_bad", far, ok);
+  auto train = [&](const std::string& dir, std::vector<std::string> extra = {}) {
+    auto args = train_args("run_" + dir, 5, std::move(extra));
+    std::replace(args.begin(), args.end(), std::string("tok"), dir);
+    return castor(args);
+  };
+  for (const auto& [dir, want] : std::vector<std::pair<std::string, std::string>>{
+           {"empty_val", "empty_val/val.bin: 0 tokens, fewer than one window of --block-size 16 + 1"},
+           {"short_val", "short_val/val.bin: 16 tokens, fewer than one window of --block-size 16 + 1"},
+           {"far_bad", "far_bad/train.bin: token 7 at position 1048673 is outside the vocabulary of 5"}}) {
+    CastorProcess p = train(dir);
+    EXPECT_EQ(p.exit_code, 1) << dir;
+    EXPECT_NE(p.err.find(want), std::string::npos) << p.err;
+    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+    EXPECT_FALSE(latest_checkpoint(path("run_" + dir))) << dir;
+  }
+  CastorProcess p = train("tok", {"--block-size", "9000"});  // longer than the validation split (~6,000 tokens)
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_NE(p.err.find("tok/val.bin: "), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("fewer than one window of --block-size 9000 + 1"), std::string::npos) << p.err;
+  // Token files of another tokenize than the vocabulary beside them.
+  fs::copy(path("tok"), path("mixed"), fs::copy_options::recursive);
+  fs::copy_file(path("empty_val/train.bin"), path("mixed/train.bin"), fs::copy_options::overwrite_existing);
+  p = train("mixed");
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_NE(p.err.find("mixed/train.bin: 4000 tokens, but"), std::string::npos) << p.err;
+  // A resume on data tokenized again with another vocabulary.
+  ASSERT_EQ(castor(train_args("run", 5)).exit_code, 0);
+  {
+    std::ofstream more(path("text.txt"), std::ios::app);
+    more << "Zebras! Quick?\n";
+  }
+  ASSERT_EQ(castor({"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok"}).exit_code, 0);
+  p = castor({"train", "--resume", "run", "--steps", "10"});
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_NE(p.err.find("tok/tokenizer.json: a vocabulary of 29 tokens, but run/checkpoints/step-0000000005 was trained "
+                       "on one of 24"), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("tokenized again since?"), std::string::npos) << p.err;
+}
+
+// Paths that are not valid UTF-8 cannot be recorded in config.json: refused up front naming the flag (a run used to
+// train every step and then fail writing its summary, never to be resumed).
+TEST_F(LmTrain, PathsThatAreNotUtf8AreRefusedUpFront) {
+  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
+           {"--out", "run\xff"}, {"--data-dir", "tok\xfe"}}) {
+    auto args = train_args("run", 5);
+    if (flag == "--out") args.back() = value;
+    else std::replace(args.begin(), args.end(), std::string("tok"), value);
+    CastorProcess p = castor(args);
+    EXPECT_EQ(p.exit_code, 1) << flag;
+    EXPECT_NE(p.err.find("castor train: error: " + flag + " "), std::string::npos) << p.err;
+    EXPECT_NE(p.err.find("\\xf"), std::string::npos) << p.err;
+    EXPECT_NE(p.err.find("not valid UTF-8"), std::string::npos) << p.err;
+    EXPECT_FALSE(fs::exists(path("run\xff")));
   }
 }
 

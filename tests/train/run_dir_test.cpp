@@ -303,6 +303,27 @@ TEST_F(RunDir, ExtendingAScheduleSaysWhatHappensPastItsEnd) {
   EXPECT_NE(p.err.find("the cosine schedule was set for 4 steps"), std::string::npos) << p.err;
   ASSERT_EQ(castor(train_args("one", 4, {"--schedule", "onecycle"})).exit_code, 0);
   expect_one_line_error(castor({"train", "--resume", "one", "--steps", "6"}), {"onecycle", "step 4"});
+  // Warmup-cosine does what nanoGPT's get_lr does past lr_decay_iters: min_lr, held; the note says so (it used to
+  // say the rate keeps dropping 10x every third of the length, the step schedule's behaviour).
+  ASSERT_EQ(castor(train_args("wc", 4, {"--schedule", "warmup-cosine", "--warmup-steps", "1", "--lr", "0.01",
+                                        "--min-lr", "0.002"}))
+                .exit_code,
+            0);
+  p = castor({"train", "--resume", "wc", "--steps", "7"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.err.find("the warmup-cosine schedule was set for 4 steps and keeps it; past step 4 the learning rate "
+                       "stays at --min-lr"),
+            std::string::npos)
+      << p.err;
+  int held = 0;
+  for (const std::string& line : lines_of(path("wc/metrics.jsonl"))) {
+    const Json r = Json::parse(line);
+    const Json* lr = r.find("lr");
+    if (!lr || r.at("step").as_int() < 4) continue;
+    EXPECT_DOUBLE_EQ(lr->as_double(), 0.002) << line;  // set after step s: the rate of step s + 1
+    ++held;
+  }
+  EXPECT_EQ(held, 4);  // steps 4..7
 }
 
 TEST_F(RunDir, DamagedCheckpointsAreDetectedAndResumeFallsBack) {
@@ -427,6 +448,28 @@ TEST_F(RunDir, SymlinksInARunDirectoryAreRefusedAndNeverFollowed) {
   EXPECT_THROW(AppendFile(path("run2/metrics.csv"), /*truncate=*/true), Error);
   EXPECT_THROW(FileLock(path("run0/.castor.lock")), Error);
   EXPECT_EQ(text_of(path("victim")), "keep");
+}
+
+// Nor a FIFO or a folder where a run writes a file (report.html, summary.json, checkpoints/HEAD): refused before the
+// first step naming it, also with --overwrite (which would have deleted the folder); an empty --out names the flag.
+TEST_F(RunDir, OnlyRegularFilesWhereARunWritesItsFiles) {
+  fs::create_directories(path("run1/report.html"));
+  test::write_bytes(path("run1/report.html/keep"), {'k'});
+  fs::create_directories(path("run2"));
+  ASSERT_EQ(::mkfifo(path("run2/summary.json").c_str(), 0644), 0);
+  fs::create_directories(path("run3/checkpoints/HEAD"));
+  for (const auto& [run, want] : std::vector<std::pair<std::string, std::string>>{
+           {"run1", "report.html: is a directory"}, {"run2", "summary.json: is a FIFO"},
+           {"run3", "checkpoints/HEAD: is a directory"}}) {
+    for (const bool overwrite : {false, true}) {
+      CastorProcess p = castor(train_args(run, 2, overwrite ? std::vector<std::string>{"--overwrite"}
+                                                            : std::vector<std::string>{}));
+      expect_one_line_error(p, {"--out " + run, want, "only a regular file or a missing path"});
+    }
+  }
+  EXPECT_TRUE(fs::exists(path("run1/report.html/keep")));
+  EXPECT_EQ(fs::symlink_status(path("run2/summary.json")).type(), fs::file_type::fifo);
+  expect_one_line_error(castor(train_args("", 2)), {"--out: empty"});
 }
 
 TEST_F(RunDir, ForeignFilesAreRefusedUnlessOverwrite) {

@@ -60,6 +60,8 @@ class CastorProcess {
   }
 
   pid_t pid() const { return pid_; }
+  // What the process has written to stdout so far (while it runs).
+  std::string out_so_far() const { return slurp(out_path_); }
   void signal(int sig) const { ::kill(pid_, sig); }
 
   // Waits up to `seconds`; a process still running then is killed and reported as timed out.

@@ -2,6 +2,9 @@
 // checkpoint (tokenizer from the recorded data directory), llm.c export, and one-line errors on bad input.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -95,8 +98,8 @@ TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
     model->wte->weight.narrow(0, 50257, 47).narrow(1, 0, 1).fill_(10.0);
   }
   {
-    NoGradGuard no_grad;
-    const Tensor logits = (*model)(tensor({50256, 464}, DType::Int64).reshape({1, 2}));
+    models::KVCache cache(*model);  // forward_cached: lm_head's every row, padding included
+    const Tensor logits = models::forward_cached(*model, tensor({50256, 464}, DType::Int64).reshape({1, 2}), cache);
     ASSERT_GE(argmax(logits.select(1, 1), 1).to_vector<int64_t>()[0], 50257);  // an unmasked argmax would pick padding
   }
   models::write_llmc_checkpoint(dir + "/gpt2.bin", *model);
@@ -118,6 +121,62 @@ TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
 
 // The trainer's own GPT checkpoints: `castor train --model gpt` on a small character corpus, then `castor sample
 // --checkpoint RUN` (n_head and the token directory from the run's castor.config) and `castor export --llmc`.
+// A GPT whose greedy text depends on its context (weights 5x GPT-2's init), vocabulary exactly the tokenizer's (no
+// padding, so nanoGPT's model is the same function), block 16.
+std::shared_ptr<models::GPT> context_gpt(int64_t vocab_size, uint64_t seed) {
+  models::GPTConfig c;
+  c.n_layer = 2, c.n_head = 2, c.n_embd = 32, c.block_size = 16, c.vocab_size = vocab_size;
+  auto model = models::gpt(c, seed);
+  NoGradGuard no_grad;
+  for (Tensor& p : model->parameters())
+    if (p.dim() == 2) p.mul_(5.0);
+  model->eval();
+  return model;
+}
+
+std::string comma_list(const std::vector<int64_t>& ids) {
+  std::string out;
+  for (int64_t t : ids) out += (out.empty() ? "" : ",") + std::to_string(t);
+  return out;
+}
+
+// --window sliding (the default) is nanoGPT's generate: greedy tokens identical to nanoGPT's GPT.generate (PyTorch,
+// float32, tests/oracle/nanogpt_oracle.py) for 200 tokens past the block; --window cached differs past the block and
+// is the library's cached generate; help says what each does.
+TEST(SampleCli, SlidingWindowIsNanoGptsGenerate) {
+  Fixture f("sample_cli_sliding");
+  auto model = context_gpt(f.tokenizer.vocab_size(), 12);
+  save_safetensors(f.dir + "/m.safetensors", model->state_dict());
+  std::vector<int64_t> prompt;
+  for (uint16_t t : f.tokenizer.encode("The jury")) prompt.push_back(t);
+  const int64_t tokens = 16 - 8 + 200;  // 200 tokens past the block of 16
+  const std::string cfg = detail::cat("{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"block_size\": 16, "
+                                      "\"vocab_size\": ", f.tokenizer.vocab_size(), ", \"bias\": true}");
+  ASSERT_TRUE(test::run_oracle("nanogpt_oracle.py", {"generate", cfg, f.dir + "/m.safetensors", comma_list(prompt),
+                                                     std::to_string(tokens), f.dir + "/want.safetensors"}));
+  const std::vector<int64_t> want =
+      load_safetensors(f.dir + "/want.safetensors").tensors.at("tokens").to_vector<int64_t>();
+  ASSERT_EQ(want.size(), prompt.size() + tokens);
+  EXPECT_EQ(models::generate(*model, prompt, tokens, 0.0, 0, 0, models::Window::Sliding), want);
+  std::vector<uint16_t> text(want.begin(), want.end());
+  auto sample = [&](const std::string& window) {
+    return castor(f, {"sample", "--init", "m.safetensors", "--n-head", "2", "--tokenizer-dir", "tok", "--prompt",
+                      "The jury", "--tokens", std::to_string(tokens), "--temperature", "0", "--window", window});
+  };
+  const test::CastorProcess sliding = sample("sliding");
+  ASSERT_EQ(sliding.exit_code, 0) << sliding.err;
+  EXPECT_EQ(sliding.out, f.tokenizer.decode(text) + "\n");
+  const std::vector<int64_t> cached = models::generate(*model, prompt, tokens, 0.0, 0, 0, models::Window::Cached);
+  ASSERT_NE(cached, want);  // past the block the windows differ
+  EXPECT_TRUE(std::equal(want.begin(), want.begin() + 16, cached.begin()));
+  std::vector<uint16_t> cached_text(cached.begin(), cached.end());
+  EXPECT_EQ(sample("cached").out, f.tokenizer.decode(cached_text) + "\n");
+  const test::CastorProcess help = castor(f, {"help", "sample"});
+  for (const char* word : {"--window", "sliding (nanoGPT's generate", "cached (the KV cache"})
+    EXPECT_NE(help.out.find(word), std::string::npos) << word << " in\n" << help.out;
+  EXPECT_NE(sample("slide").exit_code, 0);
+}
+
 TEST(SampleCli, SamplesAndExportsWhatCastorTrainWrote) {
   const std::string dir = test::fresh_dir("sample_cli_trained");
   fs::create_directories(dir);
@@ -168,6 +227,108 @@ TEST(SampleCli, ExportWritesTheCheckpointInLlmcFormat) {
   EXPECT_TRUE(read_file(f.dir + "/out.bin") == read_file(f.bin));
 }
 
+// A subnormal --temperature (1e-310) samples greedily, as documented, instead of drawing from NaN probabilities;
+// weights holding NaN or inf are refused in one line naming the file before any text is printed.
+TEST(SampleCli, TinyTemperaturesAreGreedyAndNonFiniteWeightsNameTheFile) {
+  Fixture f("sample_cli_nonfinite");
+  const std::vector<std::string> base = {"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--prompt", "The jury",
+                                         "--tokens", "30", "--temperature"};
+  auto args = base;
+  args.push_back("1e-310");
+  auto p = castor(f, args);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(p.out, f.expected("The jury", 30, 0.0, 0, 0));
+  for (double bad : {std::nan(""), HUGE_VAL}) {
+    auto model = models::gpt(f.model->config(), 3);
+    {
+      NoGradGuard no_grad;
+      model->h->named_parameters().begin()->second.narrow(0, 0, 1).fill_(bad);
+    }
+    models::write_llmc_checkpoint(f.dir + "/bad.bin", *model);
+    args = base;
+    args[2] = f.dir + "/bad.bin";
+    args.push_back("0.8");
+    p = castor(f, args);
+    EXPECT_EQ(p.exit_code, 1) << p.out;
+    EXPECT_NE(p.err.find(f.dir + "/bad.bin: "), std::string::npos) << p.err;
+    EXPECT_NE(p.err.find("holds NaN or infinite values"), std::string::npos) << p.err;
+    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+    EXPECT_EQ(p.out, "");
+  }
+}
+
+// `--tokens 1000000000` prints each token as it is drawn (it used to print nothing until the end while the sequence
+// grew in memory): the text appears while the process runs, and is the start of what the library generates.
+TEST(SampleCli, TextIsPrintedAsItIsGenerated) {
+  Fixture f("sample_cli_stream");
+  test::CastorProcess p({"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--prompt", "The jury", "--tokens",
+                         "1000000000", "--temperature", "0"},
+                        {.dir = f.dir});
+  const std::string want = f.expected("The jury", 100, 0.0, 0, 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string seen;
+  while (seen.size() < 100 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    seen = p.out_so_far();
+  }
+  p.signal(SIGKILL);
+  p.wait();
+  ASSERT_GE(seen.size(), 100u) << "printed nothing while generating: '" << seen << "' " << p.err;
+  EXPECT_EQ(seen.substr(0, 100), want.substr(0, 100));
+}
+
+// `castor export --out` replaces only a regular file or a missing path (as root it used to replace /dev/null): a
+// FIFO, a directory and symbolic links (to a file, dangling) are refused in one line naming the flag and the path,
+// and left as they were; an empty --out names the flag.
+TEST(SampleCli, ExportReplacesNothingButARegularFile) {
+  Fixture f("export_cli_targets");
+  ASSERT_EQ(::mkfifo((f.dir + "/pipe").c_str(), 0644), 0);
+  fs::create_directory(f.dir + "/folder");
+  atomic_write_file(f.dir + "/victim", std::string_view("keep"));
+  fs::create_symlink("victim", f.dir + "/link");
+  fs::create_symlink("nowhere", f.dir + "/dangling");
+  for (const auto& [name, kind] : std::vector<std::pair<std::string, std::string>>{
+           {"pipe", "a FIFO"}, {"folder", "a directory"}, {"link", "a symbolic link"},
+           {"dangling", "a symbolic link"}}) {
+    auto p = castor(f, {"export", "--llmc", "--checkpoint", f.run, "--out", name});
+    EXPECT_EQ(p.exit_code, 1) << name << ": " << p.err;
+    EXPECT_NE(p.err.find("castor export: error: --out: " + name + ": is " + kind), std::string::npos) << p.err;
+    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+  }
+  EXPECT_EQ(fs::symlink_status(f.dir + "/pipe").type(), fs::file_type::fifo);
+  EXPECT_TRUE(fs::is_directory(f.dir + "/folder") && fs::is_empty(f.dir + "/folder"));
+  EXPECT_TRUE(fs::is_symlink(f.dir + "/link") && fs::is_symlink(f.dir + "/dangling"));
+  EXPECT_FALSE(fs::exists(f.dir + "/nowhere"));
+  EXPECT_EQ(read_file(f.dir + "/victim"), (std::vector<uint8_t>{'k', 'e', 'e', 'p'}));
+  auto p = castor(f, {"export", "--llmc", "--checkpoint", f.run, "--out", ""});
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_NE(p.err.find("--out: empty"), std::string::npos) << p.err;
+  // Any regular path is written, also one that is not UTF-8 (the summary line shows its bytes as \xNN).
+  p = castor(f, {"export", "--llmc", "--checkpoint", f.run, "--out", "out\xff.bin"});
+  EXPECT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.out.find("\"out\":\"out\\\\xff.bin\""), std::string::npos) << p.out;
+  EXPECT_TRUE(fs::is_regular_file(f.dir + "/out\xff.bin"));
+}
+
+// A checkpoint whose castor.config metadata is damaged JSON (its checksums intact: written so) is named by sample,
+// export, eval and info in one line, instead of "invalid JSON at offset N".
+TEST(SampleCli, DamagedRecordedConfigNamesTheFile) {
+  Fixture f("sample_cli_damaged_config");
+  const std::string run = f.dir + "/damaged";
+  train::write_checkpoint(run, 1,
+                          {f.model->state_dict(), {{"format", "pt"}, {"castor.config", "{\"model\": gpt"}}, {}, {}}, 2);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"sample", "--checkpoint", run, "--tokenizer-dir", f.tok},
+        std::vector<std::string>{"export", "--llmc", "--checkpoint", run, "--out", "x.bin"},
+        std::vector<std::string>{"eval", "--checkpoint", run}, std::vector<std::string>{"info", run}}) {
+    auto p = castor(f, args);
+    EXPECT_EQ(p.exit_code, 1) << args[0] << ": " << p.err;
+    EXPECT_NE(p.err.find("/model.safetensors: metadata castor.config: "), std::string::npos)
+        << args[0] << ": " << p.err;
+    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+  }
+}
+
 TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {
   Fixture f("sample_cli_bad");
   save_safetensors(f.dir + "/plain.safetensors", f.model->state_dict());
@@ -183,7 +344,8 @@ TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {
       {{"sample", "--init", f.dir + "/plain.safetensors", "--tokenizer-dir", f.tok}, "number of heads is not recorded"},
       {{"sample", "--init", f.dir + "/missing.bin", "--tokenizer-dir", f.tok}, "missing.bin"},
       {{"sample", "--init", f.bin, "--tokenizer-dir", f.dir}, "tokenizer.json"},
-      {{"export", "--checkpoint", f.run, "--out", "x.bin"}, "--llmc: missing"},
+      {{"export", "--checkpoint", f.run, "--out", "x.bin"}, "--llmc or --nanogpt: missing"},
+      {{"export", "--llmc", "--nanogpt", "--checkpoint", f.run, "--out", "x.bin"}, "--llmc excludes --nanogpt"},
       {{"export", "--llmc", "--checkpoint", f.run, "--out", "no/such/dir/x.bin"}, "no/such/dir/x.bin"},
       {{"export", "--llmc", "--checkpoint", f.tok, "--out", "x.bin"}, f.tok},
   };

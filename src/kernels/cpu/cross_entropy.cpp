@@ -33,8 +33,9 @@ const RowOps& row_ops() {
   return use_avx512 ? avx512 : avx2;
 }
 
+// Element (i, j) of a (N, V) tensor with unit column stride (rows may be strided).
 char* elem(const Tensor& t, int64_t i, int64_t j) {
-  return static_cast<char*>(t.data_ptr()) + (i * t.size(1) + j) * t.element_size();
+  return static_cast<char*>(t.data_ptr()) + (i * t.stride(0) + j) * t.element_size();
 }
 
 // Calls f(x, j0, n) over chunks of row i of logits as float32: pointers into a float32 tensor, else converted.
