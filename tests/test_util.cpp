@@ -15,28 +15,6 @@
 
 namespace castor::test {
 
-std::string scratch_dir() {
-  static std::string dir = [] {
-    std::string d = std::string(CASTOR_BINARY_DIR) + "/test_scratch/" + std::to_string(getpid());
-    std::string cmd = "mkdir -p '" + d + "'";
-    if (std::system(cmd.c_str()) != 0) ADD_FAILURE() << "cannot create " << d;
-    return d;
-  }();
-  return dir;
-}
-
-std::string fresh_dir(const std::string& name) {
-  const std::string d = scratch_dir() + "/" + name;
-  std::filesystem::remove_all(d);
-  return d;
-}
-
-std::string new_dir(const std::string& name) {
-  const std::string d = fresh_dir(name);
-  std::filesystem::create_directories(d);
-  return d;
-}
-
 void write_tiny_cifar10(const std::string& dir, int per_batch) {
   std::filesystem::create_directories(dir);
   Generator gen(5);
@@ -82,15 +60,8 @@ bool run_oracle(const std::string& script, const std::vector<std::string>& args)
   std::string cmd = "/usr/bin/python3 '" + std::string(CASTOR_SOURCE_DIR) + "/tests/oracle/" + script + "'";
   for (const std::string& a : args) cmd += " '" + a + "'";
   cmd += " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) {
-    ADD_FAILURE() << "cannot run " << cmd;
-    return false;
-  }
   std::string output;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) output.append(buf, n);
-  int rc = pclose(p);
+  const int rc = run_command(cmd, &output);
   if (rc != 0) {
     ADD_FAILURE() << "the PyTorch oracle failed (" << cmd << "), exit " << rc << ":\n" << output;
     return false;

@@ -8,15 +8,10 @@
 #include <gtest/gtest.h>
 
 #include "castor/tensor.h"
+#include "support/support.h"
 
 namespace castor::test {
 
-// The directory of this test run's scratch files (created on first use).
-std::string scratch_dir();
-// scratch_dir()/name, emptied (removed if it exists; not created).
-std::string fresh_dir(const std::string& name);
-// fresh_dir(name), created empty.
-std::string new_dir(const std::string& name);
 // Runs `/usr/bin/python3 tests/oracle/<script> args...`; fails the test (returns false) with its output otherwise.
 bool run_oracle(const std::string& script, const std::vector<std::string>& args);
 

@@ -15,7 +15,7 @@ namespace castor {
 //     inputs' dtypes as through a cast. For ops over large inputs (cross-entropy over a 50,257-word vocabulary).
 enum class CastPolicy : uint8_t { LowerPrecision, Float32, Promote, PassThrough, Banned, Float32InKernel };
 
-// _(Enum, name, CastPolicy). Each row has its definition OpDef<OpKind::Enum> (src/autograd/defs/): forward,
+// _(Enum, name, CastPolicy). Each row has its definition OpDef<OpKind::Enum> (src/ops/): forward,
 // params, named saved tensors and backward together; docs/transformers.md compares the policies with PyTorch's.
 #define CASTOR_FORALL_OPS(_)                             \
   /* element-wise */                                     \

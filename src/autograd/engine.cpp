@@ -29,31 +29,20 @@ bool any_requires_grad(const std::vector<Tensor>& inputs) {
   return false;
 }
 
-namespace {
-const Tensor& checked(const Node& node, const SavedTensor& s) {
-  CASTOR_CHECK(!node.released, "backward through the graph a second time (", op_name(node.op),
-               "): its saved tensors were freed; pass retain_graph=true to the first backward");
-  CASTOR_CHECK(!s.tensor.defined() || s.tensor.version() == s.version, "one of the tensors needed for gradient "
-               "computation has been modified by an in-place operation: the ", s.tensor.describe(), " saved by ",
-               op_name(node.op), " is at version ", s.tensor.version(), "; expected version ", s.version);
-  return s.tensor;
-}
-}  // namespace
-
-const Tensor& Node::saved_tensor(size_t i) const { return checked(*this, saved[i]); }
-
-Tensor Node::saved_output(size_t i) const { return unpack({saved[i].tensor, saved[i].version, true}); }
-
 Tensor Node::unpack(const SavedTensor& s) const {
-  const Tensor& y = checked(*this, s);
+  CASTOR_CHECK(!released, "backward through the graph a second time (", op_name(op),
+               "): its saved tensors were freed; pass retain_graph=true to the first backward");
+  const Tensor& y = s.tensor;
+  CASTOR_CHECK(!y.defined() || y.version() == s.version, "one of the tensors needed for gradient computation has "
+               "been modified by an in-place operation: the ", y.describe(), " saved by ", op_name(op),
+               " is at version ", y.version(), "; expected version ", s.version);
   if (!s.output || !y.defined() || !GradMode::is_enabled()) return y;
   auto impl = std::make_shared<TensorImpl>(*y.impl());
   impl->grad_fn = std::const_pointer_cast<Node>(shared_from_this());
   return Tensor(std::move(impl));
 }
 
-void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out, std::vector<Tensor> saved,
-            OpParams params) {
+void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out) {
   if (!GradMode::is_enabled() || !any_requires_grad(inputs)) return;
   auto node = std::make_shared<Node>();
   node->op = op;
@@ -72,11 +61,6 @@ void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out, std
   }
   node->out_dtype = out.dtype();
   node->out_shape = out.shape();
-  for (Tensor& t : saved) {
-    uint32_t v = t.defined() ? t.version() : 0;
-    node->saved.push_back({std::move(t), v, false});
-  }
-  node->params = std::move(params);
   out.impl()->grad_fn = std::move(node);
 }
 
@@ -246,7 +230,6 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
     CASTOR_ASSERT(grads.size() == node->next.size(), op_name(node->op), " backward returned ", grads.size(),
                   " gradients for ", node->next.size(), " inputs");
     if (!retain_graph) {
-      node->saved.clear();
       if (node->state) node->state->release();
       node->released = true;
     }

@@ -1,65 +1,12 @@
 // The autograd graph node: one per recorded op, with its inputs' edges and what its backward rule needs.
 #pragma once
 #include <memory>
-#include <variant>
 #include <vector>
 
 #include "castor/op_kind.h"
 #include "castor/tensor.h"
-#include "kernels/layers.h"
 
 namespace castor {
-
-// What a backward rule needs besides tensors: one small struct per op family, recorded by the op and read by
-// its rule through Node::params<P>() (a mismatch is a broken invariant and aborts).
-namespace op_params {
-struct Scalar {  // Add/Sub: alpha; scalar Add/Mul: the scalar; Pow: the exponent
-  double value;
-};
-struct Clamp {
-  double min, max;
-};
-struct Gelu {
-  bool tanh_approximate;
-};
-struct Reduce {  // Sum/Mean over `dims` (wrapped), `count` elements per output
-  bool keepdim;
-  Shape dims;
-  double count;
-};
-struct Dim {  // MaxDim/MinDim (keepdim), Softmax/LogSoftmax, Gather
-  int64_t dim;
-  bool keepdim = false;
-};
-struct Permute {
-  Shape order;
-};
-struct Slice {
-  int64_t dim, start, step;
-};
-struct Cat {
-  int64_t dim;
-  Shape sizes;  // of each input along dim
-};
-struct Pool {
-  kernels::Pool2dParams pool;
-  MemoryFormat format;  // of the output
-};
-struct ConvPool {  // Conv2dMaxPool2dRelu: the convolution, its output's (N, O, OH, OW), and the pooling
-  kernels::Conv2dParams conv;
-  Shape conv_shape;
-  kernels::Pool2dParams pool;
-};
-struct BatchNorm {
-  bool training, has_weight, has_bias;
-  double eps;
-};
-}  // namespace op_params
-
-using OpParams = std::variant<std::monostate, op_params::Scalar, op_params::Clamp, op_params::Gelu,
-                              op_params::Reduce, op_params::Dim, op_params::Permute, op_params::Slice,
-                              op_params::Cat, kernels::Conv2dParams, op_params::Pool, op_params::ConvPool,
-                              op_params::BatchNorm>;
 
 // Where an input's gradient goes: the node that made it, or the leaf it is.
 struct Edge {
@@ -71,19 +18,13 @@ struct Edge {
 struct SavedTensor {
   Tensor tensor;
   uint32_t version = 0;
-  bool output = false;  // the node's own output, kept without its history (autograd/op_def.h: save_output)
+  bool output = false;  // the node's own output, kept without its history (ops/op_def.h: save_output)
 };
 
-// The typed parameters and saved tensors of a node recorded by an op definition (autograd/op_def.h).
+// The typed parameters and saved tensors of a node recorded by an op definition (ops/op_def.h).
 struct NodeState {
   virtual ~NodeState() = default;
   virtual void release() = 0;  // frees the saved tensors (after a backward without retain_graph)
-};
-
-// The backward of a user-defined autograd::Function (a node of OpKind::Function).
-struct FunctionBackward {
-  virtual ~FunctionBackward() = default;
-  virtual std::vector<Tensor> backward(const Node& node, const Tensor& grad) = 0;
 };
 
 struct Node : std::enable_shared_from_this<Node> {
@@ -94,34 +35,19 @@ struct Node : std::enable_shared_from_this<Node> {
   std::vector<Shape> input_shapes;
   DType out_dtype = DType::Float32;
   Shape out_shape;
-  std::vector<SavedTensor> saved;
-  OpParams params;                     // the op's parameters (std::monostate when it has none)
   std::vector<GradHook> pre_hooks;     // hooks on the output tensor (non-leaf register_hook / retain_grad)
   bool released = false;               // saved tensors freed after a backward without retain_graph
-  std::shared_ptr<FunctionBackward> function;  // OpKind::Function only
-  std::shared_ptr<NodeState> state;    // ops with a typed definition (autograd/op_def.h)
+  std::shared_ptr<NodeState> state;    // its definition's parameters and saved tensors (ops/op_def.h)
 
-  // A saved tensor, checked against in-place changes since it was saved.
-  const Tensor& saved_tensor(size_t i) const;
-  // A saved output of this node; while grad mode is on (create_graph) it has this node as grad_fn, so a rule
-  // written with it is differentiable through the output too (PyTorch's unpacked saved outputs).
-  Tensor saved_output(size_t i) const;
-  // A saved tensor of a typed definition, checked against in-place changes; an output is given this node as
-  // grad_fn while grad mode is on (as saved_output).
+  // A saved tensor of the node's definition, checked against in-place changes since it was saved; a saved output
+  // is given this node as grad_fn while grad mode is on (create_graph), so a rule written with it is
+  // differentiable through the output too (PyTorch's unpacked saved outputs).
   Tensor unpack(const SavedTensor& s) const;
-  // The recorded parameters, of the type the op records.
-  template <class P>
-  const P& param() const {
-    const P* p = std::get_if<P>(&params);
-    CASTOR_ASSERT(p != nullptr, op_name(op), ": its backward rule reads parameters the op did not record");
-    return *p;
-  }
 };
 
-// Records `op` as the maker of `out` when grad mode is on and some input requires grad.
-// `saved` are kept for the backward rule (an output saved here is kept without its history).
-void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out, std::vector<Tensor> saved = {},
-            OpParams params = {});
+// Records `op` as the maker of `out` when grad mode is on and some input requires grad (its definition's typed
+// state is attached by record_op, ops/op_def.h).
+void record(OpKind op, const std::vector<Tensor>& inputs, const Tensor& out);
 bool any_requires_grad(const std::vector<Tensor>& inputs);
 
 // The .grad of input `i` of `node` when the engine would add that input's gradient into it in place: a leaf with a
@@ -131,9 +57,7 @@ bool any_requires_grad(const std::vector<Tensor>& inputs);
 Tensor leaf_grad_to_accumulate_into(const Node& node, size_t i);
 
 // The backward rule of `node.op`: one gradient per input (undefined where none is needed). It owns `grad`.
-// Dispatched by the op table (autograd/op_table.cpp) to the op's definition.
+// Dispatched by the op table (ops/op_table.cpp) to the op's definition.
 std::vector<Tensor> apply_backward_rule(const Node& node, Tensor grad);
-// The rules of ops not yet migrated to typed definitions (backward.cpp's switch).
-std::vector<Tensor> apply_legacy_rule(const Node& node, Tensor grad);
 
 }  // namespace castor

@@ -8,7 +8,7 @@
 #include <unordered_map>
 
 #include "castor/autograd.h"
-#include "autograd/node.h"
+#include "ops/elementwise.h"
 #include "runtime/dispatch.h"
 
 namespace castor::amp {
@@ -58,7 +58,7 @@ Tensor kept_cast(const Tensor& t, DType dtype) {
     return Tensor();
   }
   Tensor out = Tensor(copy).detach();
-  record(OpKind::Cast, {t}, out);
+  record_op<OpKind::Cast>({t}, out, {}, {});
   return out;
 }
 

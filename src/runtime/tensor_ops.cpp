@@ -1,11 +1,10 @@
-// Tensor methods that record for autograd or run kernels: gradient metadata, views, copies, filled factories.
+// Tensor methods besides the ops' own (ops/): gradient metadata, the views made of other views (transpose,
+// narrow, split, select, squeeze, flatten), and filled factories.
 #include <numeric>
-#include <optional>
 
 #include "autograd/node.h"
 #include "castor/autograd.h"
 #include "castor/ops.h"
-#include "core/view.h"
 #include "kernels/kernels.h"
 
 namespace castor {
@@ -57,112 +56,12 @@ void Tensor::retain_grad() const {
 
 // ---- views ----
 
-static Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
-  Shape out = shape;
-  int64_t known = 1, infer = -1;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (out[i] == -1) {
-      CASTOR_CHECK(infer < 0, op, ": only one dimension can be -1 in ", shape_str(shape));
-      infer = static_cast<int64_t>(i);
-    } else {
-      CASTOR_CHECK(out[i] >= 0, op, ": invalid size ", out[i], " in ", shape_str(shape));
-      known *= out[i];
-    }
-  }
-  if (infer >= 0) {
-    CASTOR_CHECK(known != 0 && numel % known == 0, op, ": shape ", shape_str(shape), " is invalid for input of size ",
-                 numel);
-    out[infer] = numel / known;
-  }
-  CASTOR_CHECK(shape_numel(out) == numel, op, ": shape ", shape_str(shape), " is invalid for input of size ", numel);
-  return out;
-}
-
-// Strides for viewing `t` as `shape` without a copy, or empty if impossible (PyTorch's computeStride).
-static std::optional<Shape> view_strides(const Tensor& t, const Shape& shape) {
-  if (t.numel() == 0 || t.is_contiguous()) return contiguous_strides(shape);
-  const Shape& old_shape = t.shape();
-  const Shape& old_strides = t.strides();
-  Shape strides(shape.size());
-  int64_t view_d = static_cast<int64_t>(shape.size()) - 1;
-  int64_t chunk_base_stride = old_strides.back();
-  int64_t tensor_numel = 1, view_numel = 1;
-  for (int64_t d = static_cast<int64_t>(old_shape.size()) - 1; d >= 0; --d) {
-    tensor_numel *= old_shape[d];
-    if (d == 0 || (old_shape[d - 1] != 1 && old_strides[d - 1] != tensor_numel * chunk_base_stride)) {
-      while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
-        strides[view_d] = view_numel * chunk_base_stride;
-        view_numel *= shape[view_d];
-        --view_d;
-      }
-      if (view_numel != tensor_numel) return std::nullopt;
-      if (d > 0) {
-        chunk_base_stride = old_strides[d - 1];
-        tensor_numel = 1;
-        view_numel = 1;
-      }
-    }
-  }
-  if (view_d != -1) return std::nullopt;
-  return strides;
-}
-
-Tensor Tensor::view(const Shape& new_shape) const {
-  Shape shape = infer_shape(new_shape, numel(), "view");
-  auto strides = view_strides(*this, shape);
-  CASTOR_CHECK(strides.has_value(), "view: cannot view a tensor of shape ", shape_str(this->shape()), " and strides ",
-               shape_str(this->strides()), " as ", shape_str(shape), "; use reshape()");
-  Tensor out = make_view(*this, shape, *strides, storage_offset());
-  record(OpKind::View, {*this}, out);
-  return out;
-}
-
-Tensor Tensor::reshape(const Shape& new_shape) const {
-  Shape shape = infer_shape(new_shape, numel(), "reshape");
-  if (view_strides(*this, shape)) return view(shape);
-  return contiguous().view(shape);
-}
-
-Tensor Tensor::permute(const Shape& dims) const {
-  CASTOR_CHECK(static_cast<int64_t>(dims.size()) == dim(), "permute: ", dims.size(), " dims given for a tensor of ",
-               dim(), " dims");
-  Shape shape(dims.size()), strides(dims.size()), wrapped(dims.size());
-  std::vector<bool> seen(dims.size(), false);
-  for (size_t i = 0; i < dims.size(); ++i) {
-    int64_t d = wrap_dim(dims[i], dim(), "permute");
-    CASTOR_CHECK(!seen[d], "permute: dim ", d, " repeated in ", shape_str(dims));
-    seen[d] = true;
-    wrapped[i] = d;
-    shape[i] = this->shape()[d];
-    strides[i] = this->strides()[d];
-  }
-  Tensor out = make_view(*this, shape, strides, storage_offset());
-  record(OpKind::Permute, {*this}, out, {}, op_params::Permute{wrapped});
-  return out;
-}
-
 Tensor Tensor::transpose(int64_t d0, int64_t d1) const {
   Shape dims(dim());
   std::iota(dims.begin(), dims.end(), 0);
   if (dim() == 0) return *this;
   std::swap(dims[wrap_dim(d0, dim(), "transpose")], dims[wrap_dim(d1, dim(), "transpose")]);
   return permute(dims);
-}
-
-Tensor Tensor::slice(int64_t d, int64_t start, int64_t end, int64_t step) const {
-  d = wrap_dim(d, dim(), "slice");
-  CASTOR_CHECK(step > 0, "slice: step must be positive, got ", step);
-  int64_t n = shape()[d];
-  if (start < 0) start += n;
-  if (end < 0) end += n;
-  start = std::clamp<int64_t>(start, 0, n);
-  end = std::clamp<int64_t>(end, start, n);
-  Shape shape = this->shape(), strides = this->strides();
-  shape[d] = (end - start + step - 1) / step;
-  strides[d] *= step;
-  Tensor out = make_view(*this, shape, strides, storage_offset() + start * this->strides()[d]);
-  record(OpKind::Slice, {*this}, out, {}, op_params::Slice{d, start, step});
-  return out;
 }
 
 Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
@@ -193,32 +92,6 @@ Tensor Tensor::select(int64_t d, int64_t index) const {
   CASTOR_CHECK(index >= -n && index < n, "select: index ", index, " out of range for dim ", d, " of size ", n);
   if (index < 0) index += n;
   return slice(d, index, index + 1).squeeze(d);
-}
-
-Tensor Tensor::expand(const Shape& new_shape) const {
-  CASTOR_CHECK(static_cast<int64_t>(new_shape.size()) >= dim(), "expand: cannot expand ", describe(), " to ",
-               shape_str(new_shape));
-  size_t lead = new_shape.size() - shape().size();
-  Shape shape(new_shape.size()), strides(new_shape.size());
-  for (size_t i = 0; i < new_shape.size(); ++i) {
-    int64_t want = new_shape[i];
-    if (i < lead) {
-      CASTOR_CHECK(want >= 0, "expand: invalid size ", want, " in ", shape_str(new_shape));
-      shape[i] = want;
-      strides[i] = 0;
-      continue;
-    }
-    int64_t have = this->shape()[i - lead];
-    if (want == -1) want = have;
-    CASTOR_CHECK(have == want || have == 1, "expand: the size ", have, " of dim ", i - lead, " of ", describe(),
-                 " cannot become ", want, " (target ", shape_str(new_shape), ")");
-    shape[i] = want;
-    strides[i] = have == want ? this->strides()[i - lead] : 0;
-  }
-  if (shape == this->shape()) return *this;
-  Tensor out = make_view(*this, shape, strides, storage_offset());
-  record(OpKind::Expand, {*this}, out);
-  return out;
 }
 
 Tensor Tensor::squeeze() const {
@@ -254,29 +127,6 @@ Tensor Tensor::flatten(int64_t start, int64_t end) const {
   shape.push_back(n);
   shape.insert(shape.end(), this->shape().begin() + end + 1, this->shape().end());
   return reshape(shape);
-}
-
-// ---- copies ----
-
-// A copy into `out`, recorded as a clone.
-static Tensor clone_into(const Tensor& src, Tensor out) {
-  kernels::copy(src, out);
-  record(OpKind::Clone, {src}, out);
-  return out;
-}
-
-Tensor Tensor::contiguous(MemoryFormat format) const {
-  return is_contiguous(format) ? *this : clone_into(*this, empty(shape(), dtype(), format));
-}
-
-Tensor Tensor::clone() const { return clone_into(*this, empty_like(*this)); }
-
-Tensor Tensor::to(DType d) const {
-  if (d == dtype()) return *this;
-  Tensor out = empty_like(*this, d);
-  kernels::copy(*this, out);
-  if (is_floating(d)) record(OpKind::Cast, {*this}, out);
-  return out;
 }
 
 // ---- factories that fill ----

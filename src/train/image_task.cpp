@@ -203,6 +203,9 @@ class ImageTask : public Task {
     o["class_names"] = classes;
   }
   const char* unit() const override { return "img"; }
+  std::vector<std::string> eval_fields(const Evaluation& ev) const override {
+    return {figure("test loss %.4f", ev.loss), figure("test acc %.2f%%", 100 * ev.accuracy)};
+  }
   std::vector<std::string> epoch_fields(const Evaluation& ev, double train_loss) const override {
     return {figure("test acc %.2f%%", 100 * ev.accuracy), figure("train loss %.4f", train_loss),
             figure("test loss %.4f", ev.loss)};

@@ -123,6 +123,9 @@ class LmTask : public Task {
     o["val_tokens"] = val_->size();
   }
   const char* unit() const override { return "tok"; }
+  std::vector<std::string> eval_fields(const Evaluation& ev) const override {
+    return {figure("val loss %.4f", ev.loss), figure("perplexity %.2f", std::exp(ev.loss))};
+  }
   std::vector<std::string> epoch_fields(const Evaluation& ev, double train_loss) const override {
     return {figure("val loss %.4f", ev.loss), figure("perplexity %.2f", std::exp(ev.loss)),
             figure("train loss %.4f", train_loss)};

@@ -79,7 +79,7 @@ class Trainer {
         rank0_(dist::rank() == 0), world_(dist::world_size()),
         dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic"),
         epochs_(epochs) {
-    if (rank0_) log_.emplace(c, total_steps, epochs, /*append=*/!c.resume.empty(), flops);
+    if (rank0_) log_.emplace(c, task.unit(), total_steps, epochs, /*append=*/!c.resume.empty(), flops);
   }
 
   // Runs to the end (or an interrupt); returns the summary line, also written to summary.json.
@@ -206,7 +206,7 @@ class Trainer {
     if (c_.eval_every > 0 && state_.step % c_.eval_every == 0 && state_.step < total_ &&
         next_batch < task_.batches_per_epoch()) {
       const Evaluation ev = evaluate_now();
-      if (log_) log_->evaluation(state_.step, state_.epoch + 1, ev.loss, ev.accuracy);
+      if (log_) log_->evaluation(state_.step, state_.epoch + 1, ev.loss, ev.accuracy, task_.eval_fields(ev));
     }
     return true;
   }

@@ -209,21 +209,124 @@ std::string settings_tables(const Json& config) {
   return o.str();
 }
 
+// The first and last step of the records: every chart spans them, so the charts line up.
+std::optional<std::pair<double, double>> step_range(const std::vector<Json>& records) {
+  std::optional<std::pair<double, double>> steps;
+  for (const Json& r : records)
+    if (const double step = field(r, "step"); std::isfinite(step))
+      steps = steps ? std::pair{std::min(steps->first, step), std::max(steps->second, step)} : std::pair{step, step};
+  return steps;
+}
+
+// The last evaluation's accuracy per class and its confusion matrix (none without classes).
+std::string class_tables(const Json& by_class) {
+  std::ostringstream o;
+  if (!by_class.is_object() || !by_class.find("classes") || !by_class.find("confusion_matrix")) return "";
+  const Json::Array& classes = by_class.at("classes").as_array();
+  o << "<h3>Test set by class (last evaluation)</h3><div class='grid'><table><tr><th>#</th><th>class</th>"
+    << "<th>accuracy</th><th>images</th></tr>";
+  for (size_t i = 0; i < classes.size(); ++i)
+    o << "<tr><td>" << i << "</td><td>" << escape(classes[i].at("name").as_string()) << "</td><td>"
+      << number(100 * classes[i].at("accuracy").as_double()) << "%</td><td>" << classes[i].at("images").dump()
+      << "</td></tr>";
+  o << "</table><table class='confusion'><tr><th>true \\ predicted</th>";
+  for (size_t i = 0; i < classes.size(); ++i) o << "<th>" << i << "</th>";
+  o << "</tr>";
+  const Json::Array& rows = by_class.at("confusion_matrix").as_array();
+  for (size_t t = 0; t < rows.size(); ++t) {
+    o << "<tr><th>" << t << " " << escape(classes[t].at("name").as_string()) << "</th>";
+    const Json::Array& row = rows[t].as_array();
+    for (size_t p = 0; p < row.size(); ++p)  // the diagonal (right) in bold
+      o << "<td" << (p == t ? " style='font-weight:bold'" : "") << ">" << row[p].dump() << "</td>";
+    o << "</tr>";
+  }
+  o << "</table></div>";
+  return o.str();
+}
+
+// The dtypes each op of one forward pass ran in, by module.
+std::string op_dtype_table(const std::vector<amp::ExplainRow>& op_dtypes) {
+  std::ostringstream o;
+  if (op_dtypes.empty()) return "";
+  o << "<h3>Op dtypes (one forward pass, by module)</h3><table><tr><th>op</th><th>policy</th><th>inputs</th>"
+    << "<th>ran in</th><th>output</th><th>why</th></tr>";
+  auto dtypes = [](const std::vector<DType>& v) {
+    std::string s;
+    for (DType d : v) s += (s.empty() ? "" : ", ") + std::string(dtype_name(d));
+    return s;
+  };
+  std::string module;
+  for (size_t i = 0; i < op_dtypes.size(); ++i) {
+    const amp::ExplainRow& r = op_dtypes[i];
+    if (!r.module.empty() && (i == 0 || r.module != module))  // a heading row where the module changes
+      o << "<tr><th colspan='6' class='module'>" << escape(r.module) << "</th></tr>";
+    module = r.module;
+    o << "<tr><td>" << escape(r.op) << "</td><td>" << policy_name(r.policy) << "</td><td>" << dtypes(r.given)
+      << "</td><td>" << dtypes(r.ran) << "</td><td>" << (r.out ? dtype_name(*r.out) : "-") << "</td><td>"
+      << escape(r.why) << "</td></tr>";
+  }
+  o << "</table>";
+  return o.str();
+}
+
+// What a run's records name its figures: a language model's validation loss, perplexity and tokens/s, or a
+// classifier's test loss, accuracy and images/s.
+struct Figures {
+  bool lm;
+  const char *eval_key, *loss_key, *rate_key, *rate_name, *metric_name, *unit;
+  double scale;  // accuracy in percent
+};
+
+Figures figures_of(const std::vector<Json>& records) {
+  const bool lm = std::any_of(records.begin(), records.end(),
+                              [](const Json& r) { return r.find("val_loss") || r.find("tokens_per_sec"); });
+  if (lm) return {true, "val_perplexity", "val_loss", "tokens_per_sec", "tokens/s", "Validation perplexity", "", 1};
+  return {false, "test_accuracy", "test_loss", "images_per_sec", "images/s", "Test accuracy", "%", 100};
+}
+
+// One row per epoch end.
+std::string epoch_table(const std::vector<const Json*>& epochs, const Figures& f) {
+  std::ostringstream o;
+  o << "<h3>Epochs</h3><table><tr><th>epoch</th><th>step</th><th>train loss</th><th>"
+    << (f.lm ? "validation loss</th><th>perplexity" : "test loss</th><th>test accuracy") << "</th><th>"
+    << f.rate_name << "</th><th>skipped steps</th></tr>";
+  for (const Json* e : epochs)
+    o << "<tr><td>" << field(*e, "epoch") << "</td><td>" << field(*e, "step") << "</td><td>"
+      << number(field(*e, "train_loss")) << "</td><td>" << number(field(*e, f.loss_key)) << "</td><td>"
+      << number(f.scale * field(*e, f.eval_key)) << f.unit << "</td><td>" << number(field(*e, f.rate_key), 5)
+      << "</td><td>" << field(*e, "skipped_steps", 0) << "</td></tr>";
+  o << "</table>";
+  return o.str();
+}
+
+// The page's head, styles, title and the line naming the Castor build, date and CPU.
+std::string page_head(const std::string& title, const Json& config) {
+  std::ostringstream o;
+  o << "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" << escape(title) << "</title>"
+    << "<style>body{font-family:sans-serif;margin:24px;max-width:1140px}table{border-collapse:collapse;"
+    << "font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.grid{display:flex;"
+    << "flex-wrap:wrap;gap:10px;align-items:flex-start}th.module{background:#eef}.meta{color:#555;font-size:13px}"
+    << ".stat{font-size:15px;border:1px solid #ccc;padding:14px 20px;width:500px}.stat b{font-size:34px;display:block}"
+    << "</style></head><body><h2>"
+    << escape(title) << "</h2>";
+  auto meta = [&](const char* key) {
+    const Json* v = config.is_object() ? config.find(key) : nullptr;
+    return v && v->is_string() ? escape(v->as_string()) : std::string("unknown");
+  };
+  o << "<p class='meta'>Castor " << meta("castor_version") << " (commit " << meta("git_commit") << "), started "
+    << meta("started") << " on " << meta("host_cpu") << "</p>";
+  return o.str();
+}
+
 }  // namespace
 
 std::string render_report(const std::string& title, const Json& config, const std::vector<Json>& records,
                           const std::vector<amp::ExplainRow>& op_dtypes, const Json& by_class) {
-  // A language model's run records validation loss and perplexity and tokens/s where a classifier's records test
-  // loss and accuracy and images/s; the report names what its run recorded.
-  const bool lm = std::any_of(records.begin(), records.end(),
-                              [](const Json& r) { return r.find("val_loss") || r.find("tokens_per_sec"); });
-  const char* eval_key = lm ? "val_perplexity" : "test_accuracy";
-  const char* loss_key = lm ? "val_loss" : "test_loss";
-  const char* rate_key = lm ? "tokens_per_sec" : "images_per_sec";
-  const char* rate_name = lm ? "tokens/s" : "images/s";
-  const char* metric_name = lm ? "Validation perplexity" : "Test accuracy";
-  const double scale_metric = lm ? 1 : 100;  // accuracy in percent
-  const char* unit = lm ? "" : "%";
+  const Figures f = figures_of(records);
+  const bool lm = f.lm;
+  const char *eval_key = f.eval_key, *loss_key = f.loss_key, *rate_key = f.rate_key, *rate_name = f.rate_name;
+  const char *metric_name = f.metric_name, *unit = f.unit;
+  const double scale_metric = f.scale;
   Series raw{"logged step", "#9ecae1", true}, smooth{"window mean", "#1f77b4"};
   Series scale{"loss scale", "#ff7f0e"}, lr{"learning rate", "#9467bd"}, speed{rate_name, "#8c564b"};
   Series train_loss{"train (window mean)", "#1f77b4"}, test_loss{lm ? "validation" : "test", "#d62728"};
@@ -259,26 +362,10 @@ std::string render_report(const std::string& title, const Json& config, const st
   for (auto [x, y] : acc_points) acc.x.push_back(x), acc.y.push_back(y);
   for (auto [x, y] : test_loss_points) test_loss.x.push_back(x), test_loss.y.push_back(y);
   train_loss.x = smooth.x, train_loss.y = smooth.y;
-  // Every chart spans the run's steps, so they line up.
-  std::optional<std::pair<double, double>> steps;
-  for (const Json& r : records)
-    if (const double step = field(r, "step"); std::isfinite(step))
-      steps = steps ? std::pair{std::min(steps->first, step), std::max(steps->second, step)} : std::pair{step, step};
+  const std::optional<std::pair<double, double>> steps = step_range(records);
 
   std::ostringstream o;
-  o << "<!DOCTYPE html><html><head><meta charset='utf-8'><title>" << escape(title) << "</title>"
-    << "<style>body{font-family:sans-serif;margin:24px;max-width:1140px}table{border-collapse:collapse;"
-    << "font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.grid{display:flex;"
-    << "flex-wrap:wrap;gap:10px;align-items:flex-start}th.module{background:#eef}.meta{color:#555;font-size:13px}"
-    << ".stat{font-size:15px;border:1px solid #ccc;padding:14px 20px;width:500px}.stat b{font-size:34px;display:block}"
-    << "</style></head><body><h2>"
-    << escape(title) << "</h2>";
-  auto meta = [&](const char* key) {
-    const Json* v = config.is_object() ? config.find(key) : nullptr;
-    return v && v->is_string() ? escape(v->as_string()) : std::string("unknown");
-  };
-  o << "<p class='meta'>Castor " << meta("castor_version") << " (commit " << meta("git_commit") << "), started "
-    << meta("started") << " on " << meta("host_cpu") << "</p>";
+  o << page_head(title, config);
   o << "<p>" << raw.x.size() << " logged steps; " << skipped.size()
     << " skipped (overflow) steps, marked in red; peak tensor memory " << number(peak / 1048576.0) << " MiB";
   if (!acc.y.empty()) o << "; last " << (lm ? "validation perplexity " : "test accuracy ") << number(acc.y.back()) << unit;
@@ -299,60 +386,13 @@ std::string render_report(const std::string& title, const Json& config, const st
   if (scaling) o << chart({"Loss scale", "loss scale (log scale)", /*log2_y=*/true, {}, steps}, {scale}, skipped);
   o << "</div>";
 
-  o << "<h3>Epochs</h3><table><tr><th>epoch</th><th>step</th><th>train loss</th><th>"
-    << (lm ? "validation loss</th><th>perplexity" : "test loss</th><th>test accuracy") << "</th><th>" << rate_name
-    << "</th><th>skipped steps</th></tr>";
-  for (const Json* e : epochs)
-    o << "<tr><td>" << field(*e, "epoch") << "</td><td>" << field(*e, "step") << "</td><td>"
-      << number(field(*e, "train_loss")) << "</td><td>" << number(field(*e, loss_key)) << "</td><td>"
-      << number(scale_metric * field(*e, eval_key)) << unit << "</td><td>" << number(field(*e, rate_key), 5)
-      << "</td><td>" << field(*e, "skipped_steps", 0) << "</td></tr>";
-  o << "</table>";
+  o << epoch_table(epochs, f);
 
-  if (by_class.is_object() && by_class.find("classes") && by_class.find("confusion_matrix")) {
-    const Json::Array& classes = by_class.at("classes").as_array();
-    o << "<h3>Test set by class (last evaluation)</h3><div class='grid'><table><tr><th>#</th><th>class</th>"
-      << "<th>accuracy</th><th>images</th></tr>";
-    for (size_t i = 0; i < classes.size(); ++i)
-      o << "<tr><td>" << i << "</td><td>" << escape(classes[i].at("name").as_string()) << "</td><td>"
-        << number(100 * classes[i].at("accuracy").as_double()) << "%</td><td>" << classes[i].at("images").dump()
-        << "</td></tr>";
-    o << "</table><table class='confusion'><tr><th>true \\ predicted</th>";
-    for (size_t i = 0; i < classes.size(); ++i) o << "<th>" << i << "</th>";
-    o << "</tr>";
-    const Json::Array& rows = by_class.at("confusion_matrix").as_array();
-    for (size_t t = 0; t < rows.size(); ++t) {
-      o << "<tr><th>" << t << " " << escape(classes[t].at("name").as_string()) << "</th>";
-      const Json::Array& row = rows[t].as_array();
-      for (size_t p = 0; p < row.size(); ++p)  // the diagonal (right) in bold
-        o << "<td" << (p == t ? " style='font-weight:bold'" : "") << ">" << row[p].dump() << "</td>";
-      o << "</tr>";
-    }
-    o << "</table></div>";
-  }
+  o << class_tables(by_class);
 
   o << "<h3>Settings</h3>" << settings_tables(config);
 
-  if (!op_dtypes.empty()) {
-    o << "<h3>Op dtypes (one forward pass, by module)</h3><table><tr><th>op</th><th>policy</th><th>inputs</th>"
-      << "<th>ran in</th><th>output</th><th>why</th></tr>";
-    auto dtypes = [](const std::vector<DType>& v) {
-      std::string s;
-      for (DType d : v) s += (s.empty() ? "" : ", ") + std::string(dtype_name(d));
-      return s;
-    };
-    std::string module;
-    for (size_t i = 0; i < op_dtypes.size(); ++i) {
-      const amp::ExplainRow& r = op_dtypes[i];
-      if (!r.module.empty() && (i == 0 || r.module != module))  // a heading row where the module changes
-        o << "<tr><th colspan='6' class='module'>" << escape(r.module) << "</th></tr>";
-      module = r.module;
-      o << "<tr><td>" << escape(r.op) << "</td><td>" << policy_name(r.policy) << "</td><td>" << dtypes(r.given)
-        << "</td><td>" << dtypes(r.ran) << "</td><td>" << (r.out ? dtype_name(*r.out) : "-") << "</td><td>"
-        << escape(r.why) << "</td></tr>";
-    }
-    o << "</table>";
-  }
+  o << op_dtype_table(op_dtypes);
   o << "</body></html>\n";
   return o.str();
 }

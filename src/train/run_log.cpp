@@ -5,21 +5,23 @@
 
 #include <cmath>
 #include <cstdio>
+#include <string_view>
 
 #include "castor/allocator.h"
 #include "train/progress.h"
 
 namespace castor::train {
 
-RunLog::RunLog(const TrainConfig& c, int64_t total_steps, int64_t epochs, bool append, FlopRate flops)
-    : metrics_(c.out, append, is_language_model(c.model)),
+RunLog::RunLog(const TrainConfig& c, const char* unit, int64_t total_steps, int64_t epochs, bool append,
+               FlopRate flops)
+    : metrics_(c.out, append, std::string_view(unit) == "tok"),
       log_every_(c.log_every),
       total_steps_(total_steps),
       epochs_(epochs),
       tty_(isatty(STDERR_FILENO) != 0),
       width_(terminal_width(STDERR_FILENO) - 1),
-      unit_(is_language_model(c.model) ? "tok" : "img"),
-      language_model_(is_language_model(c.model)),
+      unit_(unit),
+      language_model_(std::string_view(unit) == "tok"),
       flops_(flops) {}
 
 void RunLog::step(const StepInfo& s) {
@@ -60,17 +62,15 @@ Json::Object RunLog::evaluation_keys(double loss, double accuracy) const {
   return {{"test_loss", loss}, {"test_accuracy", accuracy}};
 }
 
-void RunLog::evaluation(int64_t step, int64_t epoch, double loss, double accuracy) {
+void RunLog::evaluation(int64_t step, int64_t epoch, double loss, double accuracy,
+                        const std::vector<std::string>& fields) {
   Json::Object record = evaluation_keys(loss, accuracy);
   record["step"] = step, record["epoch"] = epoch;
   metrics_.write(record);
   finish_progress_line();
-  if (language_model_)
-    std::fprintf(stderr, "step %lld  val loss %.4f  perplexity %.2f\n", static_cast<long long>(step), loss,
-                 std::exp(loss));
-  else
-    std::fprintf(stderr, "step %lld  test loss %.4f  test acc %.2f%%\n", static_cast<long long>(step), loss,
-                 100 * accuracy);
+  std::string line = detail::cat("step ", step);
+  for (const std::string& f : fields) line += "  " + f;
+  std::fprintf(stderr, "%s\n", line.c_str());
 }
 
 void RunLog::epoch(const Json::Object& record, const std::vector<std::string>& fields) {

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "castor/train_config.h"
 #include "castor/trainer.h"
@@ -31,13 +32,15 @@ struct FlopRate {
 
 class RunLog {
  public:
-  // `append`: a resumed run adds to its metrics files.
-  RunLog(const TrainConfig& c, int64_t total_steps, int64_t epochs, bool append, FlopRate flops = {});
+  // `append`: a resumed run adds to its metrics files; `unit`: of examples/s, "img" or "tok".
+  RunLog(const TrainConfig& c, const char* unit, int64_t total_steps, int64_t epochs, bool append,
+         FlopRate flops = {});
 
   // Logs a metrics line every log_every steps (with the window's mean loss), at the last step and at every
   // skipped step; redraws the progress line (a terminal) or prints a plain line every log_every steps.
   void step(const StepInfo& s);
-  void evaluation(int64_t step, int64_t epoch, double loss, double accuracy);
+  // A mid-epoch evaluation: its record (evaluation_keys) and its line, "step N" and `fields`.
+  void evaluation(int64_t step, int64_t epoch, double loss, double accuracy, const std::vector<std::string>& fields);
   // An evaluation's figures as the metrics record them: test_loss and test_accuracy of an image classifier,
   // val_loss and val_perplexity of a language model.
   Json::Object evaluation_keys(double loss, double accuracy) const;
@@ -65,7 +68,7 @@ class RunLog {
   int width_;
   bool progress_drawn_ = false;
   const char* unit_;        // "img" or "tok"
-  bool language_model_;     // evaluations are validation loss and perplexity
+  bool language_model_;     // "tok": records val_loss, val_perplexity and tokens_per_sec
   FlopRate flops_;
   double window_sum_ = 0;
   int64_t window_count_ = 0;

@@ -59,7 +59,8 @@ class Task {
 
   virtual void record(Json& config) const = 0;  // the data's facts, into config.json
   virtual const char* unit() const = 0;         // of examples/s: "img" or "tok"
-  // The end-of-epoch line's figures, most important first.
+  // A mid-epoch evaluation's figures, and the end-of-epoch line's, most important first.
+  virtual std::vector<std::string> eval_fields(const Evaluation& ev) const = 0;
   virtual std::vector<std::string> epoch_fields(const Evaluation& ev, double train_loss) const = 0;
   // The summary's task-specific keys (`ev`: the newest evaluation, null before the first).
   virtual void summary_keys(Json& summary, const Evaluation* ev, double examples_per_sec) const {}

@@ -373,14 +373,7 @@ TEST(ApexLoop, StateDictHasApexKeysAndRoundTrips) {
   EXPECT_EQ(fresh.amp->scaler().get_scale(), 512);
   EXPECT_EQ(fresh.amp->scaler().growth_tracker(), 7);
   // Bad dicts name the key and change nothing.
-  auto error_of = [&](const StateDict& bad) {
-    try {
-      fresh.amp->load_state_dict(bad);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
+  auto error_of = [&](const StateDict& bad) { return test::error_of([&] { fresh.amp->load_state_dict(bad); }); };
   StateDict missing = sd;
   missing.erase("loss_scaler0.unskipped");
   EXPECT_NE(error_of(missing).find("missing key \"loss_scaler0.unskipped\""), std::string::npos);

@@ -57,14 +57,7 @@ bool train_step(amp::Amp& a, nn::Module& model, optim::Optimizer& opt, const Ten
   return stepped;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(AmpInitialize, EachOptLevelSetsParamBatchNormMasterAndGradDtypes) {
   for (DType lo : {DType::Float16, DType::BFloat16}) {

@@ -211,6 +211,16 @@ TEST(Gradcheck, DoubleBackwardGradientPenalty) {
     return gx * gx;
   };
   EXPECT_TRUE(test::gradcheck(penalty3, {x, rnd({3, 3}, 47)}));
+  // Through log_softmax, div, pow, log, abs, clamp, where, mean and a broadcast sub.
+  auto penalty4 = [](const Inputs& in) {
+    Tensor h = matmul(in[0], in[1]);  // (4, 3)
+    Tensor a = log_softmax(h, 1) / (abs(h) + 1.0);
+    Tensor b = pow(clamp(h, -0.8, 0.8), 3.0) + log(h * h + 1.0);
+    Tensor out = sum(where(gt(h.detach(), zeros({})), a, b)) + mean(sub(h, in[0].narrow(1, 0, 1), 0.5) * h);
+    Tensor gx = grad({out}, {in[0]}, {}, /*retain_graph=*/false, /*create_graph=*/true)[0];
+    return gx * gx;
+  };
+  EXPECT_TRUE(test::gradcheck(penalty4, {x, rnd({3, 3}, 49)}));
   // Rules without a differentiable form say so instead of dropping terms.
   Tensor xm = rnd({3, 4}, 48);
   Tensor m = sum(max(xm * xm, 1).first);

@@ -1,14 +1,15 @@
-// PyTorch parity, forward and backward, in float32, float16 and bfloat16, against tensors written once by
-// tests/oracle/ops_oracle.py; plus type promotion against torch.result_type.
+// PyTorch parity, forward and backward, in float32, float16 and bfloat16: the op table's parity cases
+// (tests/autograd/op_cases.cpp) against tensors tests/oracle/ops_oracle.py writes for them; plus type promotion
+// against torch.result_type.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <map>
 #include <sstream>
 
+#include "autograd/op_cases.h"
 #include "castor/autograd.h"
 #include "castor/ops.h"
 #include "test_util.h"
@@ -16,65 +17,26 @@
 namespace castor {
 namespace {
 
-using Inputs = std::vector<Tensor>;
-using OpFn = std::function<Tensor(const Inputs&, DType)>;
+using test::Inputs;
 
-constexpr double kLo = -0.5, kHi = 0.75;  // the oracle's clamp bounds
+// The cases of tests/autograd/op_cases.cpp, by name.
+const std::map<std::string, const test::ParityCase*>& parity_by_name() {
+  static const std::map<std::string, const test::ParityCase*> by_name = [] {
+    std::map<std::string, const test::ParityCase*> m;
+    for (const auto& [op, c] : test::parity_cases()) {
+      CASTOR_CHECK(m.emplace(c.name, &c).second, "two parity cases named ", c.name);
+    }
+    return m;
+  }();
+  return by_name;
+}
 
-// Each op of the oracle's OPS table; `d` is the case dtype (the target of cast_to).
-const std::map<std::string, OpFn>& ops() {
-  static const std::map<std::string, OpFn> table = {
-      {"add", [](const Inputs& x, DType) { return x[0] + x[1]; }},
-      {"sub_alpha", [](const Inputs& x, DType) { return sub(x[0], x[1], /*alpha=*/0.5); }},
-      {"mul", [](const Inputs& x, DType) { return x[0] * x[1]; }},
-      {"div", [](const Inputs& x, DType) { return x[0] / x[1]; }},
-      {"neg", [](const Inputs& x, DType) { return -x[0]; }},
-      {"relu", [](const Inputs& x, DType) { return relu(x[0]); }},
-      {"abs", [](const Inputs& x, DType) { return abs(x[0]); }},
-      {"sqrt", [](const Inputs& x, DType) { return sqrt(x[0]); }},
-      {"clamp", [](const Inputs& x, DType) { return clamp(x[0], kLo, kHi); }},
-      {"where", [](const Inputs& x, DType) { return where(x[0], x[1], x[2]); }},
-      {"cast_from",
-       [](const Inputs& x, DType) { return x[0].to(x[0].dtype() == DType::Float32 ? DType::BFloat16 : DType::Float32); }},
-      {"cast_to", [](const Inputs& x, DType d) { return x[0].to(d); }},
-      {"exp", [](const Inputs& x, DType) { return exp(x[0]); }},
-      {"log", [](const Inputs& x, DType) { return log(x[0]); }},
-      {"tanh", [](const Inputs& x, DType) { return tanh(x[0]); }},
-      {"sigmoid", [](const Inputs& x, DType) { return sigmoid(x[0]); }},
-      {"gelu", [](const Inputs& x, DType) { return gelu(x[0]); }},
-      {"gelu_tanh", [](const Inputs& x, DType) { return gelu(x[0], /*tanh_approximate=*/true); }},
-      {"softmax", [](const Inputs& x, DType) { return softmax(x[0], -1); }},
-      {"log_softmax", [](const Inputs& x, DType) { return log_softmax(x[0], -1); }},
-      {"softmax_dim0", [](const Inputs& x, DType) { return softmax(x[0], 0); }},
-      {"sum_dim", [](const Inputs& x, DType) { return sum(x[0], {1}); }},
-      {"mean_dim", [](const Inputs& x, DType) { return mean(x[0], {-1}); }},
-      {"sum_all", [](const Inputs& x, DType) { return sum(x[0]); }},
-      {"add_broadcast", [](const Inputs& x, DType) { return x[0] + x[1]; }},
-      {"mm", [](const Inputs& x, DType) { return mm(x[0], x[1]); }},
-      {"addmm", [](const Inputs& x, DType) { return addmm(x[0], x[1], x[2]); }},
-      {"matmul_batched", [](const Inputs& x, DType) { return matmul(x[0], x[1]); }},
-      {"bmm", [](const Inputs& x, DType) { return bmm(x[0], x[1]); }},
-      {"pow3", [](const Inputs& x, DType) { return pow(x[0], /*exponent=*/3.0); }},
-      {"silu", [](const Inputs& x, DType) { return silu(x[0]); }},
-      {"max_dim", [](const Inputs& x, DType) { return max(x[0], /*dim=*/1).first; }},
-      {"min_dim", [](const Inputs& x, DType) { return min(x[0], /*dim=*/0).first; }},
-      {"cat", [](const Inputs& x, DType) { return cat({x[0], x[1]}, /*dim=*/1); }},
-      {"stack", [](const Inputs& x, DType) { return stack({x[0], x[1]}, /*dim=*/0); }},
-      {"gather",
-       [](const Inputs& x, DType) {
-         std::vector<double> idx;
-         for (int i = 0; i < 6; ++i)
-           for (int j = 0; j < 4; ++j) idx.push_back((i * 3 + j * 2) % 7);
-         return gather(x[0], /*dim=*/1, tensor(idx, Shape{6, 4}, DType::Int64));
-       }},
-      {"masked_fill", [](const Inputs& x, DType) { return masked_fill(x[0], x[1], /*value=*/2.5); }},
-      {"permute", [](const Inputs& x, DType) { return x[0].permute({1, 0, 2}); }},
-      {"expand", [](const Inputs& x, DType) { return x[0].expand({3, 6, 7}); }},
-      {"slice", [](const Inputs& x, DType) { return x[0].slice(1, 1, 6, 2); }},
-      {"clone", [](const Inputs& x, DType) { return x[0].clone(); }},
-      {"view", [](const Inputs& x, DType) { return x[0].view({7, 6}); }},
-  };
-  return table;
+// The oracle's input: one case a line, its fields (none holds a tab) tab-separated.
+void write_case_list(const std::string& path) {
+  std::ofstream f(path);
+  for (const auto& [name, c] : parity_by_name())
+    f << name << '\t' << c->klass << '\t' << c->reference << '\t' << c->dtypes << '\t' << c->inputs << '\t'
+      << c->torch << '\t' << c->f32_grad << '\n';
 }
 
 struct Case {
@@ -130,6 +92,7 @@ class TorchParity : public ::testing::Test {
   static void SetUpTestSuite() {
     const std::string dir = test::scratch_dir() + "/ops_oracle";
     if (std::system(("mkdir -p '" + dir + "'").c_str()) != 0) return;
+    write_case_list(dir + "/cases.txt");
     if (!test::run_oracle("ops_oracle.py", {dir})) return;
     std::ifstream manifest(dir + "/manifest.txt");
     std::string line;
@@ -208,8 +171,8 @@ class TorchParity : public ::testing::Test {
       if (c.dtype != d) continue;
       SCOPED_TRACE(c.name);
       ++run;
-      auto op = ops().find(c.op);
-      ASSERT_NE(op, ops().end()) << "no castor op for oracle op " << c.op;
+      auto op = parity_by_name().find(c.op);
+      ASSERT_NE(op, parity_by_name().end()) << "no case " << c.op << " in tests/autograd/op_cases.cpp";
       Inputs in;
       for (int i = 0; i < c.n_inputs; ++i) {
         Tensor t = ref(c.name + ".in" + std::to_string(i)).clone();
@@ -218,7 +181,7 @@ class TorchParity : public ::testing::Test {
       }
       const size_t colon = c.klass.find(':');
       const std::string fwd_class = c.klass.substr(0, colon), bwd_class = c.klass.substr(colon + 1);
-      Tensor out = op->second(in, c.dtype);
+      Tensor out = op->second->fn(in, c.dtype);
       expect_match(out, ref(c.name + ".out"), fwd_class, "forward");
       out.backward(ref(c.name + ".gout"));
       for (int i = 0; i < c.n_inputs; ++i)

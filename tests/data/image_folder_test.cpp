@@ -28,14 +28,7 @@ std::vector<uint8_t> pattern(int h, int w, int c, int seed = 0) {
   return p;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using test::error_of;
 
 // Cuts a file to its first `keep` bytes.
 void truncate_file(const std::string& path, size_t keep) {
@@ -267,12 +260,8 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   EXPECT_NE(eval.err.find("red"), std::string::npos) << eval.err;
   EXPECT_NE(eval.err.find("accuracy"), std::string::npos) << eval.err;
   // On a terminal 30 columns wide (a pty, through script(1)) the per-class lines fit and the matrix is left out.
-  FILE* p = popen(("cd '" + dir + "' && script -qec \"stty cols 30; '" + CASTOR_BINARY_DIR +
-                   "/castor' eval --checkpoint run >/dev/null\" /dev/null").c_str(), "r");
   std::string narrow;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) narrow.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << narrow;
+  ASSERT_EQ(test::run_command(test::on_terminal(dir, "eval --checkpoint run", 30), &narrow), 0) << narrow;
   EXPECT_NE(narrow.find("matrix in the JSON"), std::string::npos) << narrow;
   for (size_t begin = 0, end; begin < narrow.size(); begin = end + 1) {
     end = narrow.find('\n', begin);

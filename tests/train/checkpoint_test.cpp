@@ -24,7 +24,7 @@ Checkpoint make(double v) {
 }  // namespace
 
 TEST(Checkpoint, RoundTripAndKeepNewest) {
-  const std::string run = test::fresh_dir("ckpt_keep");
+  const test::ScratchDir run("ckpt_keep");
   for (int s = 1; s <= 4; ++s) write_checkpoint(run, s * 10, make(s), /*keep=*/2);
   auto latest = latest_checkpoint(run);
   ASSERT_TRUE(latest.has_value());
@@ -39,7 +39,7 @@ TEST(Checkpoint, RoundTripAndKeepNewest) {
 }
 
 TEST(Checkpoint, IncompleteDirectoryIsIgnored) {
-  const std::string run = test::fresh_dir("ckpt_partial");
+  const test::ScratchDir run("ckpt_partial");
   write_checkpoint(run, 5, make(5), 3);
   // A crash mid-write leaves a directory without its marker (or a temp directory): never chosen.
   fs::create_directories(run + "/checkpoints/step-0000000009");
@@ -48,7 +48,7 @@ TEST(Checkpoint, IncompleteDirectoryIsIgnored) {
 }
 
 TEST(Checkpoint, FailedWriteKeepsTheGoodOne) {
-  const std::string run = test::fresh_dir("ckpt_fail");
+  const test::ScratchDir run("ckpt_fail");
   write_checkpoint(run, 1, make(1), 3);
   Checkpoint bad = make(2);
   bad.state["broken"] = Tensor();  // undefined tensor: the write fails
@@ -60,37 +60,22 @@ TEST(Checkpoint, FailedWriteKeepsTheGoodOne) {
 }
 
 TEST(Checkpoint, MissingOrCorruptIsAClearError) {
-  const std::string run = test::fresh_dir("ckpt_missing");
-  try {
-    read_checkpoint(run);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(run), std::string::npos);
-  }
+  const test::ScratchDir run("ckpt_missing");
+  test::expect_error([&] { read_checkpoint(run); }, {run});
   write_checkpoint(run, 3, make(3), 1);
   const std::string model = *latest_checkpoint(run) + "/model.safetensors";
   fs::resize_file(model, 20);
-  try {
-    read_checkpoint(run);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { read_checkpoint(run); }, {"model.safetensors"});
 }
 
 TEST(Checkpoint, FlippedBitIsDetectedAndTheRunFallsBackToAnIntactOne) {
-  const std::string run = test::fresh_dir("ckpt_flip");
+  const test::ScratchDir run("ckpt_flip");
   write_checkpoint(run, 1, make(1), /*keep=*/2);
   const std::string newest = write_checkpoint(run, 2, make(2), /*keep=*/2);
   std::vector<uint8_t> bytes = read_file(newest + "/train_state.safetensors");
   bytes.back() ^= 0x01;  // inside the data: the file still parses
   atomic_write_file(newest + "/train_state.safetensors", bytes);
-  try {
-    read_checkpoint(newest);
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(newest + "/train_state.safetensors: damaged"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { read_checkpoint(newest); }, {newest + "/train_state.safetensors: damaged"});
   std::string used;
   Checkpoint c = read_checkpoint(run, &used);  // the run: its newest intact checkpoint
   EXPECT_NE(used.find("step-0000000001"), std::string::npos) << used;
@@ -139,7 +124,7 @@ TEST(Checkpoint, DamagedRecordedConfigNamesTheFile) {
 // The last checkpoint written is the head: readers use it, and pruning keeps it and the newest before it, whatever
 // higher steps a run abandoned (by resuming from an older checkpoint) are left.
 TEST(Checkpoint, PruningAndReadersFollowTheHead) {
-  const std::string run = test::fresh_dir("ckpt_head");
+  const test::ScratchDir run("ckpt_head");
   for (int s : {10, 20, 30}) write_checkpoint(run, s, make(s), /*keep=*/10);
   write_checkpoint(run, 15, make(15), /*keep=*/2);  // a run resumed from step 10
   EXPECT_NE(latest_checkpoint(run)->find("step-0000000015"), std::string::npos);
@@ -163,7 +148,7 @@ TEST(Checkpoint, PruningAndReadersFollowTheHead) {
 }
 
 TEST(Checkpoint, StaleTempFoldersAreRemovedAndAnOrphanedOldOneRestored) {
-  const std::string run = test::fresh_dir("ckpt_stale");
+  const test::ScratchDir run("ckpt_stale");
   write_checkpoint(run, 5, make(5), /*keep=*/2);
   fs::create_directories(run + "/checkpoints/step-0000000006.tmp77");
   fs::rename(run + "/checkpoints/step-0000000005", run + "/checkpoints/step-0000000005.old77");

@@ -23,22 +23,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The error parse_train_flags gives `args`.
 std::string error_of(const std::vector<std::string>& args) {
-  try {
-    parse_train_flags(args);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
+  return test::error_of([&] { parse_train_flags(args); });
 }
 
 // stdout of `castor ARGS`.
 std::string cli_stdout(const std::string& args) {
-  FILE* p = popen((std::string(CASTOR_BINARY_DIR) + "/castor " + args + " 2>/dev/null").c_str(), "r");
   std::string out;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  pclose(p);
+  test::run_command(std::string(CASTOR_BINARY_DIR) + "/castor " + args + " 2>/dev/null", &out);
   return out;
 }
 
@@ -135,7 +128,7 @@ TEST(TrainFlags, LoopFlagsAreRangeChecked) {
 }
 
 TEST(TrainFlags, ConfigFileKeysAreTheFlagNames) {
-  const std::string dir = test::fresh_dir("config_file");
+  const test::ScratchDir dir("config_file");
   fs::create_directories(dir);
   std::ofstream(dir + "/run.toml") << "lr = 0.25\nbatch-size = 7\ndeterministic = true\n"
                                       "precision = \"bf16-true\"\n";
@@ -152,7 +145,7 @@ TEST(TrainFlags, ConfigFileKeysAreTheFlagNames) {
 }
 
 TEST(TrainFlags, ConfigFilesRefuseDuplicateKeysNameThemselvesAndTakeConfigJsonSpellings) {
-  const std::string dir = test::fresh_dir("config_file_keys");
+  const test::ScratchDir dir("config_file_keys");
   fs::create_directories(dir);
   // The keys of config.json (batch_size) as well as the flags' (batch-size).
   std::ofstream(dir + "/json_keys.toml") << "batch_size = 7\nweight_decay = 0.5\nsync_batchnorm = false\n";
@@ -222,17 +215,14 @@ TEST(TrainFlags, EachSubcommandHasItsOwnHelpAndThereIsAVersion) {
 // The completion script offers each subcommand's own flags, and bash accepts it: completing
 // `castor train --grad` in a bash that sourced it gives --grad-accum.
 TEST(TrainFlags, BashCompletionComesFromTheFlagTable) {
-  const std::string dir = test::fresh_dir("completion");
+  const test::ScratchDir dir("completion");
   fs::create_directories(dir);
   std::ofstream(dir + "/castor.bash") << shell_completion("bash");
   std::ofstream(dir + "/probe.sh") << "source '" << dir << "/castor.bash'\n"
                                    << "COMP_WORDS=(castor train --grad); COMP_CWORD=2; _castor; echo ${COMPREPLY[@]}\n"
                                    << "COMP_WORDS=(castor eval --mo); _castor; echo ${COMPREPLY[@]}\n";
-  FILE* p = popen(("bash '" + dir + "/probe.sh'").c_str(), "r");
   std::string out;
-  char buf[256];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << out;
+  ASSERT_EQ(test::run_command("bash '" + dir + "/probe.sh'", &out), 0) << out;
   EXPECT_EQ(out, "--grad-accum\n--model\n");
 }
 
@@ -258,12 +248,8 @@ TEST(TrainFlags, FlagsOfAnotherJobAreRefusedNamingTheFlag) {
   // A resume's job is the recorded one: an image run's recording (n_head 0 among its keys) resumes.
   const Json recorded = settings_json(parse_train_flags({"--data", "synthetic"}));
   EXPECT_EQ(resume_config(parse_train_flags({"--resume", "run", "--steps", "3"}), recorded, "run").steps, 3);
-  try {
-    resume_config(parse_train_flags({"--resume", "run", "--dropout", "0"}), recorded, "run");
-    ADD_FAILURE() << "--dropout accepted on an image run's resume";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--dropout: applies to language models only"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { resume_config(parse_train_flags({"--resume", "run", "--dropout", "0"}), recorded, "run"); },
+                     {"--dropout: applies to language models only"});
 }
 
 TEST(TrainFlags, AnUnknownFlagIsNamedAloneWithTheNearestOne) {
@@ -299,7 +285,8 @@ TEST(TrainFlags, ConfigJsonAndResumeHelpComeFromTheSettingsTable) {
 }
 
 TEST(TrainerFlags, GradientAccumulationEqualsOneBigBatch) {
-  const std::string accum = test::fresh_dir("grad_accum"), big = test::fresh_dir("grad_big");
+  const test::ScratchDir accum("grad_accum");
+  const test::ScratchDir big("grad_big");
   auto a = synthetic_flags(accum, 4);
   a.insert(a.end(), {"--batch-size", "16", "--grad-accum", "2"});
   auto b = synthetic_flags(big, 4);
@@ -309,7 +296,7 @@ TEST(TrainerFlags, GradientAccumulationEqualsOneBigBatch) {
   const StateDict wa = final_weights(accum), wb = final_weights(big);
   for (const auto& [name, t] : wb) EXPECT_TRUE(test::close(wa.at(name), t, 1e-4, 1e-6)) << name;
   // Without accumulation the runs differ, so the comparison above can fail.
-  const std::string plain = test::fresh_dir("grad_plain");
+  const test::ScratchDir plain("grad_plain");
   auto p = synthetic_flags(plain, 4);
   p.insert(p.end(), {"--batch-size", "16"});
   run_train(parse_train_flags(p));
@@ -319,7 +306,7 @@ TEST(TrainerFlags, GradientAccumulationEqualsOneBigBatch) {
 // One plain SGD step on gradients clipped to norm c moves the weights by lr * c in total (when the gradient's
 // norm exceeds c): worked out by hand from torch.nn.utils.clip_grad_norm_'s definition.
 TEST(TrainerFlags, ClipGradNormBoundsTheStep) {
-  const std::string dir = test::fresh_dir("clip");
+  const test::ScratchDir dir("clip");
   fs::create_directories(dir);
   manual_seed(3);
   auto model = models::make_model("simplecnn", 3, 32, 32, 10);
@@ -342,7 +329,7 @@ TEST(TrainerFlags, ClipGradNormBoundsTheStep) {
 }
 
 TEST(TrainerFlags, StaticLossScaleAndLabelSmoothingReachTheLoop) {
-  const std::string scaled = test::fresh_dir("static_scale");
+  const test::ScratchDir scaled("static_scale");
   auto f = synthetic_flags(scaled, 6);
   f.insert(f.end(), {"--batch-size", "16", "--amp", "O1", "--dtype", "fp16", "--loss-scale", "256"});
   Json r = run_train(parse_train_flags(f));
@@ -350,7 +337,7 @@ TEST(TrainerFlags, StaticLossScaleAndLabelSmoothingReachTheLoop) {
   // The first step's loss with smoothing s is (1 - s) CE + s U (U: the mean of -log p over classes), linear in
   // s: so L(0.4) - L(0) = 2 (L(0.2) - L(0)), and L(0.2) != L(0) unless smoothing is ignored.
   auto first_loss = [](double smoothing) {
-    const std::string out = test::fresh_dir("smoothing_" + std::to_string(smoothing));
+    const test::ScratchDir out("smoothing_" + std::to_string(smoothing));
     auto f = synthetic_flags(out, 1);
     f.insert(f.end(), {"--label-smoothing", std::to_string(smoothing)});
     run_train(parse_train_flags(f));
@@ -367,7 +354,8 @@ TEST(TrainerFlags, StaticLossScaleAndLabelSmoothingReachTheLoop) {
 // Weights saved by PyTorch (the twin's state_dict, no castor metadata) evaluate with --model and --data, and
 // score exactly what the castor checkpoint they came from scores.
 TEST(TrainerFlags, EvalOfPyTorchWrittenWeights) {
-  const std::string data = test::fresh_dir("eval_torch_data"), out = test::fresh_dir("eval_torch_run");
+  const test::ScratchDir data("eval_torch_data");
+  const test::ScratchDir out("eval_torch_run");
   test::write_tiny_cifar10(data);
   run_train(parse_train_flags({"--data", "cifar10", "--data-dir", data, "--batch-size", "10", "--steps", "6",
                                "--amp", "O0", "--out", out}));
@@ -381,12 +369,7 @@ TEST(TrainerFlags, EvalOfPyTorchWrittenWeights) {
                                                 "--data-dir", data}));
   EXPECT_EQ(torch.at("test_accuracy").as_double(), own.at("test_accuracy").as_double());
   EXPECT_EQ(torch.at("test_loss").as_double(), own.at("test_loss").as_double());
-  try {
-    run_eval(parse_eval_flags({torch_file, "--data-dir", data}));
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--model"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { run_eval(parse_eval_flags({torch_file, "--data-dir", data})); }, {"--model"});
 }
 
 }  // namespace castor::train

@@ -3,6 +3,7 @@
 
 #include "castor/check.h"
 #include "castor/train_config.h"
+#include "support/support.h"
 
 namespace castor::train {
 
@@ -26,14 +27,7 @@ TEST(TrainFlags, ValuesBothSpellings) {
 }
 
 TEST(TrainFlags, ErrorsNameTheFlag) {
-  auto message = [](std::vector<std::string> args) {
-    try {
-      parse_train_flags(args);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
+  auto message = [](const std::vector<std::string>& args) { return test::error_of([&] { parse_train_flags(args); }); };
   EXPECT_NE(message({"--bogus"}).find("--bogus"), std::string::npos);
   EXPECT_NE(message({"--amp", "O7"}).find("--amp"), std::string::npos);
   EXPECT_NE(message({"--lr", "fast"}).find("--lr"), std::string::npos);
@@ -47,12 +41,7 @@ TEST(TrainFlags, ErrorsNameTheFlag) {
 TEST(TrainFlags, NonFiniteNumbersAreRefused) {
   for (const char* flag : {"--lr", "--weight-decay", "--momentum", "--checkpoint-minutes"})
     for (const char* v : {"inf", "nan", "-inf"}) {
-      try {
-        parse_train_flags({flag, v});
-        ADD_FAILURE() << flag << " " << v << " accepted";
-      } catch (const Error& e) {
-        EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
-      }
+      test::expect_error([&] { parse_train_flags({flag, v}); }, {flag});
     }
 }
 
@@ -70,17 +59,14 @@ TEST(TrainFlags, ResumeKeepsTheRecordingAndTakesOnlyHarmlessFlags) {
   EXPECT_EQ(c.log_every, 3);  // not given now: the recorded value
   EXPECT_EQ(c.threads, 4);    // deterministic: the recorded thread count
   EXPECT_EQ(c.resume, "run");
-  try {
+  const std::string m = test::error_of([&] {
     resume_config(parse_train_flags({"--lr", "0.02", "--model", "resnet9", "--threads", "2", "--steps", "30"}),
                   recorded, "run");
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    for (const char* part : {"--lr 0.02 (recorded 0.01)", "--model \"resnet9\" (recorded \"simplecnn\")",
-                             "--threads 2 (recorded 4)"})
-      EXPECT_NE(m.find(part), std::string::npos) << part << " not in " << m;
-    EXPECT_EQ(m.find("--steps"), std::string::npos) << m;
-  }
+  });
+  for (const char* part : {"--lr 0.02 (recorded 0.01)", "--model \"resnet9\" (recorded \"simplecnn\")",
+                           "--threads 2 (recorded 4)"})
+    EXPECT_NE(m.find(part), std::string::npos) << part << " not in " << m;
+  EXPECT_EQ(m.find("--steps"), std::string::npos) << m;
   recorded["deterministic"] = false;
   EXPECT_EQ(resume_config(parse_train_flags({"--threads", "2"}), recorded, "run").threads, 2);
 }

@@ -38,19 +38,10 @@ void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream(path, std::ios::binary) << bytes;
 }
 
-// The error `fn` throws; "no error" when none.
-template <class F>
-std::string error_of(const F& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using test::error_of;
 
 TEST(Llmc, RoundTripIsBitExact) {
-  const std::string dir = test::fresh_dir("llmc_round_trip");
+  const test::ScratchDir dir("llmc_round_trip");
   std::filesystem::create_directories(dir);
   auto model = models::gpt(small_config(), 5);
   models::write_llmc_checkpoint(dir + "/a.bin", *model);
@@ -108,7 +99,7 @@ TEST(Llmc, RoundTripIsBitExact) {
 }
 
 TEST(Llmc, BadFilesAreOneLineErrorsNamingTheFile) {
-  const std::string dir = test::fresh_dir("llmc_bad");
+  const test::ScratchDir dir("llmc_bad");
   std::filesystem::create_directories(dir);
   auto model = models::gpt(small_config(), 5);
   models::write_llmc_checkpoint(dir + "/good.bin", *model);
@@ -154,7 +145,7 @@ TEST(Llmc, BadFilesAreOneLineErrorsNamingTheFile) {
 }
 
 TEST(Llmc, LoadGptInitTakesBothFormats) {
-  const std::string dir = test::fresh_dir("llmc_init");
+  const test::ScratchDir dir("llmc_init");
   std::filesystem::create_directories(dir);
   models::GPTConfig c = small_config();
   auto model = models::gpt(c, 7);
@@ -222,7 +213,7 @@ TEST(Llmc, LoadGptInitTakesBothFormats) {
 // (lr 1e-4, weight decay 0.01) on llm.c-order batches; Castor loads the file and does the same. O0: every step's
 // loss within 1e-4 relative of PyTorch's; O1 bf16 autocast: within 0.02 of PyTorch's float32 losses.
 TEST(LlmcInterop, TenAdamWStepsMatchPyTorch) {
-  const std::string dir = test::fresh_dir("llmc_interop");
+  const test::ScratchDir dir("llmc_interop");
   std::filesystem::create_directories(dir);
   const int64_t B = 4, T = 32, steps = 10;
   const double lr = 1e-4, wd = 0.01;

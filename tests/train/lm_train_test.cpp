@@ -406,9 +406,7 @@ TEST_F(LmTrain, MismatchedModelAndDataAreOneLineErrors) {
                                  "--n-head", "4", "--out", "x"},
         std::vector<std::string>{"train", "--model", "gpt", "--data", "tokens", "--data-dir", "nowhere", "--out",
                                  "x"}}) {
-    CastorProcess p = castor(args);
-    EXPECT_EQ(p.exit_code, 1) << p.err;
-    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+    test::expect_one_line_error(castor(args), {});
   }
 }
 

@@ -51,15 +51,15 @@ TEST(Progress, LineFitsEveryWidthAndShowsTheFields) {
 // The logged loss_avg is the mean of the window's step losses (worked by hand), skipped steps get a line of
 // their own without one, and metrics.csv holds the same records under one header.
 TEST(RunLog, WindowMeansAndCsvRows) {
-  const std::string out = test::new_dir("run_log");
+  const test::ScratchDir out("run_log");
   TrainConfig c;
   c.out = out;
   c.log_every = 3;
   {
-    RunLog log(c, /*total_steps=*/7, /*epochs=*/1, /*append=*/false);
+    RunLog log(c, "img", /*total_steps=*/7, /*epochs=*/1, /*append=*/false);
     for (int step = 1; step <= 7; ++step)
       log.step({step, 0, static_cast<double>(step), 0.1, 1024, /*skipped=*/step == 2, 64.0 * step, 0.5 * step});
-    log.evaluation(7, 0, 0.25, 0.75);
+    log.evaluation(7, 0, 0.25, 0.75, {"test loss 0.2500"});
   }
   std::vector<Json> records = read_metrics(out);
   ASSERT_EQ(records.size(), 5u);  // skipped step 2, steps 3 and 6 (window ends), 7 (the last), the evaluation
@@ -75,7 +75,7 @@ TEST(RunLog, WindowMeansAndCsvRows) {
   EXPECT_EQ(csv[2].rfind("3,0,3.0,2.0,0.1,1024.0,0,128.0,", 0), 0u) << csv[2];
   // A resumed run appends, without a second header.
   {
-    RunLog log(c, 8, 1, /*append=*/true);
+    RunLog log(c, "img", 8, 1, /*append=*/true);
     log.step({8, 0, 8.0, 0.1, 1024, false, 64, 1});
   }
   EXPECT_EQ(lines_of(out + "/metrics.csv").size(), 7u);
@@ -192,7 +192,7 @@ TEST(Report, HasTheChartsItMustWithRoundTicks) {
 
 // The report of a resumed run covers the first part too; summary.json holds what stdout's only line holds.
 TEST(TrainerOutput, ResumedReportKeepsHistoryAndStdoutIsTheSummary) {
-  const std::string out = test::new_dir("report_resume");
+  const test::ScratchDir out("report_resume");
   const std::vector<std::string> flags = {"--data", "synthetic", "--synthetic-size", "128", "--batch-size", "16",
                                           "--log-every", "1", "--deterministic", "--threads", "2", "--out", out};
   auto with = [&](std::vector<std::string> extra) {
@@ -210,13 +210,10 @@ TEST(TrainerOutput, ResumedReportKeepsHistoryAndStdoutIsTheSummary) {
   EXPECT_EQ(Json::parse(std::string(sj.begin(), sj.end())).at("steps").as_int(), summary.at("steps").as_int());
 
   // `castor train | jq` works: stdout is one JSON line.
-  std::string cmd = std::string(CASTOR_BINARY_DIR) + "/castor train";
-  for (const std::string& a : with({"--steps", "2", "--out", out + "/cli"})) cmd += " '" + a + "'";
-  FILE* p = popen((cmd + " 2>/dev/null").c_str(), "r");
+  const std::string cmd = std::string(CASTOR_BINARY_DIR) + "/castor train" +
+                          test::shell_words(with({"--steps", "2", "--out", out + "/cli"}));
   std::string stdout_text;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) stdout_text.append(buf, n);
-  ASSERT_EQ(pclose(p), 0);
+  ASSERT_EQ(test::run_command(cmd + " 2>/dev/null", &stdout_text), 0);
   ASSERT_FALSE(stdout_text.empty());
   EXPECT_EQ(stdout_text.find('\n'), stdout_text.size() - 1) << stdout_text;
   EXPECT_EQ(Json::parse(stdout_text.substr(0, stdout_text.size() - 1)).at("steps").as_int(), 2);

@@ -20,6 +20,7 @@ namespace castor::train {
 
 namespace fs = std::filesystem;
 using test::CastorProcess;
+using test::expect_one_line_error;
 using test::expect_same_checkpoint;
 using test::run_castor;
 
@@ -45,18 +46,6 @@ std::vector<std::string> lines_of(const std::string& path) {
   std::istringstream in(text_of(path));
   for (std::string line; std::getline(in, line);) out.push_back(line);
   return out;
-}
-
-// The error of a failed run: exit 1, exactly one line on stderr naming every part.
-void expect_one_line_error(const CastorProcess& p, const std::vector<std::string>& parts) {
-  EXPECT_FALSE(p.timed_out) << "hung";
-  EXPECT_EQ(p.exit_code, 1) << p.err;
-  ASSERT_FALSE(p.err.empty());
-  const size_t at = p.err.find("error: ");
-  ASSERT_NE(at, std::string::npos) << p.err;
-  EXPECT_EQ(p.err.find('\n', at), p.err.size() - 1) << "not one line: " << p.err;
-  EXPECT_EQ(p.err.find("terminate called"), std::string::npos) << p.err;
-  for (const std::string& s : parts) EXPECT_NE(p.err.find(s), std::string::npos) << "'" << s << "' not in: " << p.err;
 }
 
 // Rewrites the newest checkpoint of `run` after `edit` changes its training state (with valid checksums).

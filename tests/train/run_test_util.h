@@ -107,6 +107,18 @@ inline CastorProcess run_castor(const std::vector<std::string>& args, const Cast
   return p;
 }
 
+// The error of a failed run: exit 1, exactly one line on stderr naming every part.
+inline void expect_one_line_error(const CastorProcess& p, const std::vector<std::string>& parts) {
+  EXPECT_FALSE(p.timed_out) << "hung";
+  EXPECT_EQ(p.exit_code, 1) << p.err;
+  ASSERT_FALSE(p.err.empty());
+  const size_t at = p.err.find("error: ");
+  ASSERT_NE(at, std::string::npos) << p.err;
+  EXPECT_EQ(p.err.find('\n', at), p.err.size() - 1) << "not one line: " << p.err;
+  EXPECT_EQ(p.err.find("terminate called"), std::string::npos) << p.err;
+  for (const std::string& s : parts) EXPECT_NE(p.err.find(s), std::string::npos) << "'" << s << "' not in: " << p.err;
+}
+
 // Every tensor of both checkpoints (or run directories: their newest), bit for bit, step counters and all.
 inline void expect_same_checkpoint(const std::string& a, const std::string& b) {
   train::Checkpoint x = train::read_checkpoint(a), y = train::read_checkpoint(b);

@@ -28,11 +28,12 @@ const char* kText = "The jury said that the city had been run well. The jury als
 // A token directory with a char tokenizer of kText, a random GPT for it as llm.c .bin, and a run directory holding
 // the same GPT as a checkpoint whose castor.config records n_head and the token directory (as the trainer's do).
 struct Fixture {
-  std::string dir, tok, bin, run;
+  test::ScratchDir dir;
+  std::string tok, bin, run;
   std::shared_ptr<models::GPT> model;
   data::Tokenizer tokenizer{data::CharTokenizer::from_text(kText, "text")};
 
-  explicit Fixture(const std::string& name) : dir(test::fresh_dir(name)) {
+  explicit Fixture(const std::string& name) : dir(name) {
     tok = dir + "/tok", bin = dir + "/m.bin", run = dir + "/run";
     fs::create_directories(tok);
     atomic_write_file(tok + "/tokenizer.json", tokenizer.record().dump());
@@ -86,7 +87,8 @@ TEST(SampleCli, PrintsThePromptAndItsContinuation) {
 // GPT-2's tokenizer (data/brown, made by scripts/setup.sh) and llm.c's padded vocabulary: an empty prompt starts from
 // <|endoftext|>, and the padding rows, made to dominate every position, never come out (decoding one would fail).
 TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
-  const std::string dir = test::fresh_dir("sample_cli_gpt2"), brown = std::string(CASTOR_SOURCE_DIR) + "/data/brown";
+  const test::ScratchDir dir("sample_cli_gpt2");
+  const std::string brown = std::string(CASTOR_SOURCE_DIR) + "/data/brown";
   ASSERT_TRUE(file_exists(brown + "/tokenizer.json")) << brown << ": run scripts/setup.sh";
   fs::create_directories(dir);
   models::GPTConfig c;
@@ -178,7 +180,7 @@ TEST(SampleCli, SlidingWindowIsNanoGptsGenerate) {
 }
 
 TEST(SampleCli, SamplesAndExportsWhatCastorTrainWrote) {
-  const std::string dir = test::fresh_dir("sample_cli_trained");
+  const test::ScratchDir dir("sample_cli_trained");
   fs::create_directories(dir);
   {
     std::ofstream text(dir + "/text.txt");
@@ -351,9 +353,7 @@ TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {
   };
   for (const auto& [args, want] : cases) {
     auto p = castor(f, args);
-    EXPECT_EQ(p.exit_code, 1) << args[1] << " " << p.err;
-    EXPECT_NE(p.err.find(want), std::string::npos) << p.err;
-    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+    test::expect_one_line_error(p, {want});
     EXPECT_EQ(p.out, "");
   }
   EXPECT_FALSE(fs::exists(f.dir + "/x.bin"));

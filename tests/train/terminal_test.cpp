@@ -23,14 +23,8 @@ namespace {
 // Runs `castor ARGS` (each already shell-quoted as needed) in `dir` on a pseudo-terminal `columns` wide; returns
 // what the terminal received, each carriage return and newline a line break, the clear-to-end escape removed.
 std::vector<std::string> terminal_lines(const std::string& dir, const std::string& args, int columns) {
-  const std::string cmd = "cd '" + dir + "' && OMP_WAIT_POLICY=passive script -qec \"stty cols " +
-                          std::to_string(columns) + "; '" + CASTOR_BINARY_DIR + "/castor' " + args +
-                          " >/dev/null\" /dev/null";
-  FILE* p = popen(cmd.c_str(), "r");
   std::string text;
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) text.append(buf, n);
-  EXPECT_EQ(pclose(p), 0) << text;
+  EXPECT_EQ(test::run_command(test::on_terminal(dir, args, columns), &text), 0) << text;
   std::vector<std::string> lines;
   std::string line;
   for (size_t i = 0; i < text.size(); ++i) {
@@ -60,7 +54,7 @@ const std::string kSmallRun = "train --data synthetic --synthetic-size 128 --bat
 // Every line fits a 60-column terminal (progress, start and epoch lines alike); the bar and the epoch line agree on
 // "epoch 1/1", as metrics.jsonl does; a bf16 run (no loss scaling) shows no scale, an fp16 run does.
 TEST(Terminal, SixtyColumnsEpochsFromOneAndNoScaleWithoutScaling) {
-  const std::string dir = test::new_dir("terminal_60");
+  const test::ScratchDir dir("terminal_60");
   const std::vector<std::string> lines = terminal_lines(dir, kSmallRun + " --precision bf16-mixed --out bf", 60);
   ASSERT_GE(lines.size(), 3u);
   bool bar = false, summary = false;
@@ -80,7 +74,7 @@ TEST(Terminal, SixtyColumnsEpochsFromOneAndNoScaleWithoutScaling) {
 }
 
 TEST(Terminal, ResumeSaysWhereAndAnInterruptedRunHasNoMadeUpAccuracy) {
-  const std::string dir = test::new_dir("terminal_resume");
+  const test::ScratchDir dir("terminal_resume");
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
   const std::vector<std::string> flags = {"train", "--data", "synthetic", "--synthetic-size", "128", "--batch-size",
                                           "16", "--threads", "2", "--out", "r"};
@@ -110,7 +104,7 @@ TEST(Terminal, ResumeSaysWhereAndAnInterruptedRunHasNoMadeUpAccuracy) {
 
 // Without --out each run gets its own runs/<date>-<time>-<model>-<precision>, named on stderr and in the JSON.
 TEST(Terminal, EachRunWithoutOutGetsANewDirectory) {
-  const std::string dir = test::new_dir("terminal_default_out");
+  const test::ScratchDir dir("terminal_default_out");
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
   const std::vector<std::string> args = {"train", "--data", "synthetic", "--synthetic-size", "64", "--batch-size", "16",
                                          "--steps", "1", "--threads", "2", "--precision", "32"};
@@ -127,7 +121,7 @@ TEST(Terminal, EachRunWithoutOutGetsANewDirectory) {
 }
 
 TEST(Terminal, HelpVersionEnvCompletionInfoAndProfile) {
-  const std::string dir = test::new_dir("terminal_cli");
+  const test::ScratchDir dir("terminal_cli");
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
   auto help = test::run_castor({"help"}, run);
   EXPECT_EQ(help.exit_code, 0);
@@ -154,11 +148,8 @@ TEST(Terminal, HelpVersionEnvCompletionInfoAndProfile) {
                                    << "COMP_WORDS=(castor train --precision bf); COMP_CWORD=3; _castor; echo ${COMPREPLY[@]}\n"
                                    << "COMP_WORDS=(castor train --data f); _castor; echo ${COMPREPLY[@]}\n"
                                    << "COMP_WORDS=(castor train --model res); _castor; echo ${COMPREPLY[@]}\n";
-  FILE* p = popen(("bash '" + dir + "/probe.sh'").c_str(), "r");
   std::string out;
-  char buf[256];
-  while (size_t n = fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
-  ASSERT_EQ(pclose(p), 0) << out;
+  ASSERT_EQ(test::run_command("bash '" + dir + "/probe.sh'", &out), 0) << out;
   EXPECT_EQ(out, "bf16-mixed bf16 bf16-true\nfashion-mnist folder\nresnet18 resnet9\n");
   const std::string zsh = test::run_castor({"completion", "zsh"}, run).out;
   EXPECT_EQ(zsh.rfind("#compdef castor\n", 0), 0u) << zsh;

@@ -37,7 +37,8 @@ class ResumeTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ResumeTest, ResumedRunEqualsUninterruptedBitForBit) {
   const std::string amp = GetParam();
-  const std::string full = test::fresh_dir("resume_full_" + amp), part = test::fresh_dir("resume_part_" + amp);
+  const test::ScratchDir full("resume_full_" + amp);
+  const test::ScratchDir part("resume_part_" + amp);
   run_train(parse_train_flags(base_flags(full, amp, 12)));
   run_train(parse_train_flags(base_flags(part, amp, 5)));  // stops mid-epoch, mid growth interval
   auto flags = base_flags(part, amp, 12);
@@ -50,7 +51,7 @@ TEST_P(ResumeTest, ResumedRunEqualsUninterruptedBitForBit) {
 INSTANTIATE_TEST_SUITE_P(Levels, ResumeTest, ::testing::Values("O1", "O2"));
 
 TEST(Trainer, Fp16RunSkipsOverflowingStepsAndStillLearns) {
-  const std::string out = test::fresh_dir("fp16_skips");
+  const test::ScratchDir out("fp16_skips");
   auto flags = base_flags(out, "O1", 24);
   Json r = run_train(parse_train_flags(flags));
   EXPECT_GT(r.at("skipped_steps").as_int(), 0);  // the initial scale 65536 overflows at first
@@ -60,7 +61,7 @@ TEST(Trainer, Fp16RunSkipsOverflowingStepsAndStillLearns) {
 }
 
 TEST(Trainer, CheckpointsByTimeWithinAnEpoch) {
-  const std::string out = test::fresh_dir("by_time");
+  const test::ScratchDir out("by_time");
   auto flags = base_flags(out, "O1", 10);  // 12 batches per epoch: no epoch end before step 10
   flags.insert(flags.end(), {"--checkpoint-minutes", "1e-6", "--keep", "100"});
   run_train(parse_train_flags(flags));
@@ -70,7 +71,7 @@ TEST(Trainer, CheckpointsByTimeWithinAnEpoch) {
 }
 
 TEST(Trainer, EvalAndInfoReadACheckpoint) {
-  const std::string out = test::fresh_dir("eval_info");
+  const test::ScratchDir out("eval_info");
   Json r = run_train(parse_train_flags(base_flags(out, "O1", 8)));
   const std::string ckpt = *latest_checkpoint(out);
   Json e = run_eval(parse_eval_flags({"--checkpoint", ckpt}));
@@ -83,7 +84,7 @@ TEST(Trainer, EvalAndInfoReadACheckpoint) {
 }
 
 TEST(Trainer, BadInputIsOneLineAndNonZero) {
-  const std::string out = test::fresh_dir("bad_input");
+  const test::ScratchDir out("bad_input");
   auto expect_error = [](std::vector<std::string> args, const std::string& needle) {
     auto [rc, err] = run_cli(args);
     EXPECT_EQ(rc, 1) << err;
@@ -117,7 +118,8 @@ namespace castor::train {
 
 TEST(Trainer, TrainsOnCifar10BinaryFiles) {
   // CIFAR-10 cannot be downloaded here: write a tiny dataset in its binary format (label byte + 3x32x32).
-  const std::string dir = test::fresh_dir("cifar_bin"), out = test::fresh_dir("cifar_run");
+  const test::ScratchDir dir("cifar_bin");
+  const test::ScratchDir out("cifar_run");
   test::write_tiny_cifar10(dir);
   Json r = run_train(parse_train_flags({"--data", "cifar10", "--data-dir", dir, "--batch-size", "10", "--epochs", "2",
                                         "--augment", "standard", "--out", out, "--log-every", "5"}));
@@ -129,7 +131,8 @@ TEST(Trainer, TrainsOnCifar10BinaryFiles) {
 }
 
 TEST(Trainer, InitLoadsPyTorchNamedWeights) {
-  const std::string first = test::fresh_dir("init_src"), second = test::fresh_dir("init_dst");
+  const test::ScratchDir first("init_src");
+  const test::ScratchDir second("init_dst");
   run_train(parse_train_flags(base_flags(first, "O1", 4)));
   const std::string weights = *latest_checkpoint(first) + "/model.safetensors";
   // With a negligible learning rate, one step from --init leaves the weights where the file put them.
@@ -145,13 +148,9 @@ TEST(Trainer, InitLoadsPyTorchNamedWeights) {
   flags.back() = "1e-3";
   flags[flags.size() - 7] = second + "/bad.safetensors";
   flags.insert(flags.begin(), "--overwrite");  // the same --out again
-  try {
-    run_train(parse_train_flags(flags));
-    FAIL() << "no error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("bad.safetensors"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("fc2.weight"), std::string::npos) << e.what();
-  }
+  const std::string msg = test::error_of([&] { run_train(parse_train_flags(flags)); });
+  EXPECT_NE(msg.find("bad.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fc2.weight"), std::string::npos) << msg;
 }
 
 }  // namespace castor::train
@@ -159,7 +158,7 @@ TEST(Trainer, InitLoadsPyTorchNamedWeights) {
 namespace castor::train {
 
 TEST(Trainer, CheckpointLoadsIntoThePyTorchTwin) {
-  const std::string out = test::fresh_dir("torch_twin");
+  const test::ScratchDir out("torch_twin");
   run_train(parse_train_flags(base_flags(out, "O2", 6)));  // O2: the file holds the float32 master weights
   const std::string weights = *latest_checkpoint(out) + "/model.safetensors";
   auto model = models::make_model("simplecnn", 3, 32, 32, 10);

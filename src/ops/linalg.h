@@ -1,9 +1,31 @@
-// Matrix-product ops as typed definitions: addmm (a bias plus a product, rounded once), and the gradient rule of a
-// product that mm's and bmm's rows share.
+// Matrix-product ops as typed definitions: mm, bmm and addmm (a bias plus a product, rounded once), sharing one
+// product gradient rule. Their forwards are the public functions of castor/ops.h (matmul too, recorded as mm or
+// bmm), defined beside these backwards in linalg.cpp.
 #pragma once
-#include "autograd/op_def.h"
+#include "ops/op_def.h"
 
 namespace castor {
+
+// dst (M, N) = a (M, K) x b (K, N): float32 and bfloat16 on oneDNN, float16 emulated (fp32 accumulation, one
+// rounding).
+template <>
+struct OpDef<OpKind::Mm> {
+  struct Params {};
+  struct Saved {
+    SavedTensor a, b;
+  };
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
+
+// dst (B, M, N) = a (B, M, K) x b (B, K, N).
+template <>
+struct OpDef<OpKind::Bmm> {
+  struct Params {};
+  struct Saved {
+    SavedTensor a, b;
+  };
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
 
 // dst (M, N) = bias (N) + mat1 (M, K) x mat2 (K, N), the sum rounded once to the operands' dtype (PyTorch's addmm
 // with a 1-D input, beta = alpha = 1: linear's fused path); the bias gradient is diff_dst summed over rows.
@@ -13,7 +35,6 @@ struct OpDef<OpKind::Addmm> {
   struct Saved {
     SavedTensor mat1, mat2;
   };
-  static Tensor forward(const Tensor& bias, const Tensor& mat1, const Tensor& mat2);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 

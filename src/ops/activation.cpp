@@ -1,7 +1,8 @@
 // GELU and SiLU: forward on the element-wise kernels (16-bit computed in float32, rounded once) and their backward
 // as fused maps of the saved input.
-#include "autograd/defs/activation.h"
+#include "ops/activation.h"
 
+#include "castor/ops.h"
 #include "runtime/dispatch.h"
 
 namespace castor {
@@ -18,13 +19,9 @@ Tensor map_unary(kernels::Unary op, const Tensor& x) {
   return dst;
 }
 
-void check_first_order(const Node& node) {
-  CASTOR_CHECK(!GradMode::is_enabled(), op_name(node.op), ": double backward is not supported");
-}
-
 }  // namespace
 
-Tensor OpDef<OpKind::Gelu>::forward(const Tensor& input, bool tanh_approximate) {
+Tensor gelu(const Tensor& input, bool tanh_approximate) {
   OpScope s(OpKind::Gelu, {input});
   Tensor out = map_unary(tanh_approximate ? kernels::Unary::GeluTanh : kernels::Unary::Gelu, s[0]);
   record_op<OpKind::Gelu>({s[0]}, out, {tanh_approximate}, {save(s[0])});
@@ -37,7 +34,7 @@ std::vector<Tensor> OpDef<OpKind::Gelu>::backward(const Node& node, const Params
                 node.unpack(s.src))};
 }
 
-Tensor OpDef<OpKind::Silu>::forward(const Tensor& input) {
+Tensor silu(const Tensor& input) {
   OpScope s(OpKind::Silu, {input});
   Tensor out = map_unary(kernels::Unary::Silu, s[0]);
   record_op<OpKind::Silu>({s[0]}, out, {}, {save(s[0])});

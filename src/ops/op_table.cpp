@@ -1,11 +1,16 @@
-// The backward table, one entry per op row, each taken from the op's definition (autograd/op_def.h): an op
+// The backward table, one entry per op row, each taken from the op's definition (ops/op_def.h): an op
 // without a definition does not compile.
 #include <type_traits>
 
-#include "autograd/defs/activation.h"
-#include "autograd/defs/legacy.h"
-#include "autograd/defs/linalg.h"
-#include "autograd/defs/transformer.h"
+#include "ops/activation.h"
+#include "ops/composite.h"
+#include "ops/elementwise.h"
+#include "ops/function.h"
+#include "ops/layers.h"
+#include "ops/linalg.h"
+#include "ops/reduction.h"
+#include "ops/shape.h"
+#include "ops/transformer.h"
 
 namespace castor {
 
@@ -16,9 +21,7 @@ using BackwardFn = std::vector<Tensor> (*)(const Node&, Tensor);
 template <OpKind K>
 std::vector<Tensor> run_backward(const Node& node, Tensor grad) {
   using Def = OpDef<K>;
-  if constexpr (std::is_base_of_v<LegacyOp, Def>) {
-    return apply_legacy_rule(node, std::move(grad));
-  } else if constexpr (std::is_base_of_v<CompositeOp, Def>) {
+  if constexpr (std::is_base_of_v<CompositeOp, Def>) {
     CASTOR_ASSERT(false, op_name(K), " is recorded as the ops it is made of, never as itself");
     return {};
   } else {
@@ -38,16 +41,6 @@ static_assert(sizeof(kBackward) / sizeof(kBackward[0]) == kNumOps);
 
 std::vector<Tensor> apply_backward_rule(const Node& node, Tensor grad) {
   return kBackward[static_cast<int>(node.op)](node, std::move(grad));
-}
-
-bool op_is_composite(OpKind op) {
-  switch (op) {
-#define CASTOR_OP_COMPOSITE(e, n, p) \
-  case OpKind::e: return std::is_base_of_v<CompositeOp, OpDef<OpKind::e>>;
-    CASTOR_FORALL_OPS(CASTOR_OP_COMPOSITE)
-#undef CASTOR_OP_COMPOSITE
-  }
-  return false;
 }
 
 }  // namespace castor

@@ -1,11 +1,12 @@
-// Embedding, layer/RMS norm, fused attention and fused cross-entropy: each op's forward and backward side by side on
-// the transformer kernels (kernels/transformer.h).
-#include "autograd/defs/transformer.h"
+// Embedding, layer/RMS norm, fused attention and fused cross-entropy: each op's forward (its F:: function) beside
+// its backward, on the transformer kernels (kernels/transformer.h).
+#include "ops/transformer.h"
 
 #include <array>
 #include <cmath>
 #include <cstring>
 
+#include "castor/functional.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "kernels/transformer.h"
@@ -14,10 +15,6 @@
 namespace castor {
 
 namespace {
-
-void check_first_order(const Node& node) {
-  CASTOR_CHECK(!GradMode::is_enabled(), op_name(node.op), ": double backward is not supported");
-}
 
 // Statistics are float32, float64 for float64 data.
 DType stat_dtype(DType dt) { return dt == DType::Float64 ? DType::Float64 : DType::Float32; }
@@ -55,7 +52,7 @@ Tensor flat(const Tensor& t) { return t.defined() ? t.detach().contiguous().view
 
 // ---- embedding ----
 
-Tensor OpDef<OpKind::Embedding>::forward(const Tensor& weight, const Tensor& indices, int64_t padding_idx) {
+Tensor F::embedding(const Tensor& indices, const Tensor& weight, int64_t padding_idx) {
   CASTOR_CHECK(indices.dtype() == DType::Int64, "embedding: indices must be int64, got ", indices.describe());
   OpScope s(OpKind::Embedding, {weight});
   const Tensor& w = s[0];
@@ -99,8 +96,8 @@ std::vector<Tensor> OpDef<OpKind::Embedding>::backward(const Node& node, const P
 
 // ---- layer norm and RMS norm ----
 
-Tensor OpDef<OpKind::LayerNorm>::forward(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,
-                                         const Tensor& bias, double eps) {
+Tensor F::layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                     double eps) {
   OpScope s(OpKind::LayerNorm, {input, weight, bias});
   const Tensor &x = s[0], &w = s[1], &b = s[2];
   const int64_t C = norm_rows("layer_norm", x, normalized_shape, w, b), R = x.numel() / std::max<int64_t>(C, 1);
@@ -134,8 +131,7 @@ std::vector<Tensor> OpDef<OpKind::LayerNorm>::backward(const Node& node, const P
   return grads;
 }
 
-Tensor OpDef<OpKind::RmsNorm>::forward(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,
-                                       double eps) {
+Tensor F::rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, double eps) {
   OpScope s(OpKind::RmsNorm, {input, weight});
   const Tensor &x = s[0], &w = s[1];
   const int64_t C = norm_rows("rms_norm", x, normalized_shape, w, Tensor()), R = x.numel() / std::max<int64_t>(C, 1);
@@ -177,9 +173,9 @@ Tensor attention_math(const Tensor& q, const Tensor& k, const Tensor& v, const T
 
 }  // namespace
 
-Tensor OpDef<OpKind::ScaledDotProductAttention>::forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
-                                                         const Tensor& attn_mask, double dropout_p, bool is_causal,
-                                                         std::optional<double> scale_in) {
+Tensor F::scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                       const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                       std::optional<double> scale_in) {
   const char* op = "scaled_dot_product_attention";
   CASTOR_CHECK(dropout_p >= 0 && dropout_p < 1, op, ": dropout_p must be in [0, 1), got ", dropout_p);
   CASTOR_CHECK(!(is_causal && attn_mask.defined()), op, ": pass either attn_mask or is_causal, not both");
@@ -239,8 +235,7 @@ std::array<Tensor, 3> split_heads(const Tensor& qkv, int64_t n_head) {
 
 }  // namespace
 
-Tensor OpDef<OpKind::QkvAttention>::forward(const Tensor& qkv_in, int64_t n_head, bool is_causal,
-                                            std::optional<double> scale_in) {
+Tensor F::qkv_attention(const Tensor& qkv_in, int64_t n_head, bool is_causal, std::optional<double> scale_in) {
   OpScope s(OpKind::QkvAttention, {qkv_in});
   const Tensor& x = s[0];
   CASTOR_CHECK(x.dim() == 3 && is_floating(x.dtype()), "qkv_attention: expected a floating (B, T, 3C) input, got ",

@@ -1,8 +1,8 @@
-// Transformer ops as typed definitions: embedding, layer/RMS norm, fused attention and fused cross-entropy.
+// Transformer ops as typed definitions: embedding, layer/RMS norm, fused attention and fused cross-entropy. Their
+// forwards are the F:: functions of castor/functional.h (cross-entropy's: the per-row losses F::cross_entropy
+// reduces), defined beside these backwards in transformer.cpp.
 #pragma once
-#include <optional>
-
-#include "autograd/op_def.h"
+#include "ops/op_def.h"
 
 namespace castor {
 
@@ -15,7 +15,6 @@ struct OpDef<OpKind::Embedding> {
   struct Saved {
     SavedTensor indices;
   };
-  static Tensor forward(const Tensor& weight, const Tensor& indices, int64_t padding_idx);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -30,8 +29,6 @@ struct OpDef<OpKind::LayerNorm> {
   struct Saved {
     SavedTensor src, weight, mean, rstd;  // src as rows (R, C); mean, rstd (R) float32
   };
-  static Tensor forward(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,
-                        const Tensor& bias, double eps);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -44,7 +41,6 @@ struct OpDef<OpKind::RmsNorm> {
   struct Saved {
     SavedTensor src, weight, rstd;
   };
-  static Tensor forward(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, double eps);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -59,8 +55,6 @@ struct OpDef<OpKind::ScaledDotProductAttention> {
   struct Saved {
     SavedTensor q, k, v, mask, dst, lse;
   };
-  static Tensor forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& attn_mask, double dropout_p,
-                        bool is_causal, std::optional<double> scale);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -77,7 +71,6 @@ struct OpDef<OpKind::QkvAttention> {
   struct Saved {
     SavedTensor qkv, dst, lse;
   };
-  static Tensor forward(const Tensor& qkv, int64_t n_head, bool is_causal, std::optional<double> scale);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 

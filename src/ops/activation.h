@@ -1,6 +1,7 @@
-// Activation ops as typed definitions: GELU (exact and tanh) and SiLU, forward and backward together.
+// Activation ops as typed definitions: GELU (exact and tanh) and SiLU. Their forwards are castor::gelu and
+// castor::silu (castor/ops.h), defined beside these backwards in activation.cpp.
 #pragma once
-#include "autograd/op_def.h"
+#include "ops/op_def.h"
 
 namespace castor {
 
@@ -13,7 +14,6 @@ struct OpDef<OpKind::Gelu> {
   struct Saved {
     SavedTensor src;
   };
-  static Tensor forward(const Tensor& input, bool tanh_approximate);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
@@ -24,7 +24,6 @@ struct OpDef<OpKind::Silu> {
   struct Saved {
     SavedTensor src;
   };
-  static Tensor forward(const Tensor& input);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
