@@ -1,4 +1,5 @@
-// Kernel choices that trade a documented amount of float32 precision for speed, as PyTorch's torch.backends flags.
+// Kernel choices that trade a documented amount of float32 precision for speed, as PyTorch's torch.backends flags,
+// and what the CPU offers 16-bit training.
 #pragma once
 
 namespace castor::backends {
@@ -12,5 +13,11 @@ enum class ConvAlgorithm { Auto, Direct };
 
 void set_conv_algorithm(ConvAlgorithm algorithm);
 ConvAlgorithm conv_algorithm();
+
+// The CPU's bfloat16 dot-product units that oneDNN's kernels use, as ONEDNN_MAX_CPU_ISA caps them: "amx_bf16" (AMX
+// tiles; such CPUs have AVX512_BF16 too), "avx512_bf16", or nullptr where there are none (AVX2-only CPUs, AVX-512
+// without BF16, or a cap below AVX512_CORE_BF16). Without them bfloat16 GEMMs and convolutions are emulated (float32
+// arithmetic on widened 16-bit inputs), and O1 bfloat16 trains no faster than float32 (docs/numerics.md).
+const char* bf16_dot_units();
 
 }  // namespace castor::backends

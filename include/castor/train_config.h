@@ -49,6 +49,10 @@ struct TrainConfig {
   DataOrder data_order = DataOrder::Random;
   amp::OptLevel amp = amp::OptLevel::O1;
   DType dtype = DType::BFloat16;       // the 16-bit type of O1-O3
+  // `castor train`'s default, --precision auto / --amp auto: amp and dtype chosen for this CPU when the flags are
+  // parsed (O1 bfloat16 where it has bfloat16 dot-product units, else O0: amp::auto_precision) and recorded as chosen.
+  bool precision_auto = false;
+  std::string precision_reason;        // why auto chose them ("auto: avx512_bf16"); empty when they were given
   bool stochastic_rounding = false;    // O3: round optimizer updates stochastically
   std::optional<double> loss_scale;    // a static loss scale; nullopt: the level's default (dynamic at O1/O2)
   OptimizerKind optimizer = OptimizerKind::Adam;

@@ -7,6 +7,8 @@
 #include <mutex>
 #include <set>
 
+#include "castor/backends.h"
+
 namespace castor::amp {
 
 namespace {
@@ -91,6 +93,11 @@ OptLevel parse_opt_level(const std::string& s) {
     if (s == opt_level_name(l)) return l;
   CASTOR_CHECK(false, "amp: unknown opt level \"", s, "\" (expected O0, O1, O2 or O3)");
   return OptLevel::O0;
+}
+
+AutoPrecision auto_precision() {
+  if (const char* units = backends::bf16_dot_units()) return {OptLevel::O1, DType::BFloat16, detail::cat("auto: ", units)};
+  return {OptLevel::O0, DType::BFloat16, "auto: no bf16 units on this CPU; --precision bf16-mixed to force it"};
 }
 
 const char* opt_level_name(OptLevel level) {

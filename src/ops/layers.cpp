@@ -178,7 +178,10 @@ Tensor F::conv2d_max_pool2d_relu(const Tensor& input, const Tensor& weight, cons
   kernels::Pool2dParams pp =
       pool_params(OpKind::Conv2dMaxPool2dRelu, conv_shape, pool_kernel, pool_kernel, {0, 0}, out_shape);
   pp.relu = true;
-  const MemoryFormat format = kernels::layer_format(x);
+  // A one-channel input is laid out alike in both formats (a model's grayscale batch): it takes the fused,
+  // channels-last path too, which keeps the network after it channels-last.
+  const bool one_channel = x.size(1) == 1 && x.is_contiguous(MemoryFormat::ChannelsLast);
+  const MemoryFormat format = one_channel ? MemoryFormat::ChannelsLast : kernels::layer_format(x);
   if (format != MemoryFormat::ChannelsLast || x.dtype() == DType::Float64 || !kernels::max_pool2d_nhwc_fits(pp)) {
     return s.done(F::max_pool2d_relu(F::conv2d(x, w, b, stride, padding), pool_kernel));  // the two ops, unfused
   }

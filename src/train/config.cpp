@@ -22,8 +22,9 @@ namespace castor::train {
 namespace {
 
 // --precision as Lightning 2 spells it ("32", "16" and "bf16" are its short forms of 32-true, 16-mixed, bf16-mixed).
-const std::vector<std::string> kPrecisions = {"32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16", "bf16-true",
-                                              "16-true"};
+// auto, the default: bf16-mixed where the CPU has bfloat16 dot-product units, else 32-true (amp::auto_precision).
+const std::vector<std::string> kPrecisions = {"auto", "32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16",
+                                              "bf16-true", "16-true"};
 
 // The flags of `castor train` that are not settings: --config and --precision (another spelling of --amp/--dtype).
 struct RawTrainFlags {
@@ -32,8 +33,9 @@ struct RawTrainFlags {
 
 std::unique_ptr<CLI::App> train_app(TrainConfig& c, RawTrainFlags& raw) {
   auto app = make_app("Trains image classifiers and GPT language models with mixed precision. `castor train` alone "
-                      "trains SimpleCNN on Fashion-MNIST (Debian's dataset-fashion-mnist) for one epoch with O1 "
-                      "bfloat16 autocast and Adam; `castor train --model gpt` trains nanoGPT's GPT on the Brown "
+                      "trains SimpleCNN on Fashion-MNIST (Debian's dataset-fashion-mnist) for one epoch with Adam, "
+                      "in O1 bfloat16 autocast where the CPU has bfloat16 dot-product units and in float32 elsewhere "
+                      "(--precision auto); `castor train --model gpt` trains nanoGPT's GPT on the Brown "
                       "corpus's characters with nanoGPT's CPU recipe, reporting validation loss and perplexity.",
                       "castor train");
   app->add_option("--config", raw.config,
@@ -42,7 +44,8 @@ std::unique_ptr<CLI::App> train_app(TrainConfig& c, RawTrainFlags& raw) {
   add_settings(*app, c);
   app->add_option("--precision", raw.precision,
                   "Lightning 2's spellings of --amp/--dtype: 32-true or 32 (O0), bf16-mixed or bf16 / 16-mixed or 16 "
-                  "(O1), bf16-true / 16-true (O3)")
+                  "(O1), bf16-true / 16-true (O3); auto (the default): bf16-mixed where the CPU has bfloat16 "
+                  "dot-product units (AVX512_BF16, AMX), else 32-true")
       ->check(one_of(kPrecisions))
       ->excludes(app->get_option("--amp"))
       ->excludes(app->get_option("--dtype"));
@@ -146,7 +149,8 @@ std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string&
 // Keys of a run's config.json that record facts of the run rather than settings: skipped when it is read back.
 constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization", "input_shape", "num_classes",
                                          "init_checksum", "class_names", "castor_version", "git_commit",
-                                         "host_cpu", "started", "real_vocab_size", "train_tokens", "val_tokens"};
+                                         "host_cpu", "started", "real_vocab_size", "train_tokens", "val_tokens",
+                                         "precision_auto"};
 
 // The text of one TOML value (what follows a line's '='): a basic string "..." with TOML 1.0's escapes decoded
 // (\b \t \n \f \r \" \\ \uXXXX \UXXXXXXXX), a literal string '...' as it is, or a bare value (a number, true,
@@ -245,7 +249,9 @@ std::vector<CLI::ConfigItem> json_items(const std::string& text, const std::stri
   for (const auto& [key, v] : object.as_object()) {
     if (std::find(std::begin(kRecordedOnly), std::end(kRecordedOnly), key) != std::end(kRecordedOnly)) continue;
     if (v.is_string() && v.as_string().empty()) continue;
-    if (const Json* d = defaults.find(key); d && *d == v) continue;  // not set by the run
+    // not set by the run (the precision always is: the command's default is auto, which another CPU may resolve
+    // otherwise)
+    if (const Json* d = defaults.find(key); d && *d == v && key != "amp" && key != "dtype") continue;
     CLI::ConfigItem item;
     item.name = key;
     CASTOR_CHECK(!v.is_null() && !v.is_array() && !v.is_object(), "--config ", path, ": key '", key,
@@ -364,15 +370,30 @@ TrainConfig parse_settings(const std::vector<std::string>& given_args) {
       c.given_flags.push_back(flag);
     }
   }
-  if (!raw.precision.empty()) {
+  if (raw.precision == "auto") {
+    c.precision_auto = true;
+  } else if (!raw.precision.empty()) {
     c.amp = raw.precision.starts_with("32")    ? amp::OptLevel::O0
             : raw.precision.ends_with("-true") ? amp::OptLevel::O3
                                                : amp::OptLevel::O1;
     c.dtype = raw.precision.starts_with("bf16") ? DType::BFloat16 : DType::Float16;
   }
+  // Auto, the default, chooses both the level and the dtype: neither --precision, --amp nor --dtype (which alone
+  // means O1 in that type) given, or --precision auto or --amp auto (--precision refuses --amp and --dtype beside it).
+  CASTOR_CHECK(!(c.precision_auto && raw.precision.empty() && c.given("--dtype")), "--amp auto and --dtype ",
+               dtype_name(c.dtype), ": auto chooses the 16-bit type too (give --amp O1 --dtype ", dtype_name(c.dtype),
+               ", or drop --dtype)");
+  if (raw.precision.empty() && !c.given("--amp") && !c.given("--dtype")) c.precision_auto = true;
+  if (c.precision_auto) {
+    const amp::AutoPrecision a = amp::auto_precision();
+    c.amp = a.level;
+    c.dtype = a.dtype;
+    c.precision_reason = a.reason;
+  }
   CASTOR_CHECK(!c.stochastic_rounding || c.amp == amp::OptLevel::O3, "--stochastic-rounding: needs --amp O3 (pure 16-bit)");
   apply_language_model_defaults(c);
-  CASTOR_CHECK(!c.loss_scale || c.amp != amp::OptLevel::O0, "--loss-scale: O0 trains in float32 without loss scaling");
+  CASTOR_CHECK(!c.loss_scale || c.amp != amp::OptLevel::O0, "--loss-scale: O0 trains in float32 without loss scaling",
+               c.precision_reason.empty() ? "" : " (chosen by --precision " + c.precision_reason + ")");
   return c;
 }
 

@@ -12,6 +12,7 @@
 #include "castor/dist.h"
 #include "castor/fs.h"
 #include "castor/json.h"
+#include "castor/opt_level.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "castor/trainer.h"
@@ -118,6 +119,12 @@ std::string run_env() {
     if (const char* v = std::getenv(name)) wait += std::string(wait.empty() ? "" : ", ") + name + "=" + v;
   out += "openmp   idle threads: " + (wait.empty() ? std::string("the runtime's default") : wait) + "\n";
   out += "mpi      " + dist::mpi_library_version() + "\n";
+  // What `castor train --precision auto` would train in here.
+  const amp::AutoPrecision a = amp::auto_precision();
+  TrainConfig c;
+  c.amp = a.level;
+  c.dtype = a.dtype;
+  out += "precision " + precision_name(c) + " (" + a.reason + ")\n";
   return out;
 }
 

@@ -149,6 +149,7 @@ Json config_json(const TrainConfig& c, const Task& task, int64_t schedule_steps)
   o["threads"] = omp_get_max_threads();
   o["nproc"] = dist::world_size();
   o["schedule_steps"] = schedule_steps;
+  if (!c.precision_reason.empty()) o["precision_auto"] = c.precision_reason;  // why amp and dtype are what they are
   task.record(o);
   const Json build = build_json();
   for (const auto& [k, v] : build.as_object()) o[k] = v;

@@ -60,6 +60,26 @@ Field choice() {
           [](TrainConfig& to, const TrainConfig& from) { to.*M = from.*M; }, [] { return spellings(Table); }};
 }
 
+// --amp: an opt level, or auto (the command's default; parse_settings chooses the level and dtype for this CPU, so
+// config.json records the level chosen).
+std::vector<std::string> amp_choices() {
+  std::vector<std::string> names = spellings(kOptLevels);
+  names.insert(names.begin(), "auto");
+  return names;
+}
+Field amp_level() {
+  return {[](CLI::App& app, TrainConfig& c, const std::string& flag, const std::string& help) {
+            auto set = [&c](const std::string& v) {
+              c.precision_auto = v == "auto";
+              for (const Spelling<amp::OptLevel>& s : kOptLevels)
+                if (v == s.name) c.amp = s.value;
+            };
+            return app.add_option_function<std::string>(flag, set, help)->check(one_of(amp_choices()))->default_str("auto");
+          },
+          [](const TrainConfig& c) { return Json(spelling(kOptLevels, c.amp)); },
+          [](TrainConfig& to, const TrainConfig& from) { to.amp = from.amp; }, amp_choices};
+}
+
 // --loss-scale: "dynamic" (nullopt) or a positive number.
 Field loss_scale() {
   return {[](CLI::App& app, TrainConfig& c, const std::string& flag, const std::string& help) {
@@ -137,9 +157,10 @@ std::vector<Setting> make_settings() {
       {"--dropout", plain<&C::dropout>(), "GPT: dropout probability", unit, R::Fixed, J::LanguageModel},
       {"--bias", plain<&C::bias>(), "GPT: biases in Linear and LayerNorm layers (--no-bias: none)", nullptr, R::Fixed,
        J::LanguageModel},
-      {"--amp", choice<&C::amp, kOptLevels>(),
+      {"--amp", amp_level(),
        "opt level: O0 float32, O1 autocast + dynamic loss scaling, O2 16-bit model with float32 master weights "
-       "(BatchNorm float32), O3 pure 16-bit",
+       "(BatchNorm float32), O3 pure 16-bit; auto: O1 bfloat16 where the CPU has bfloat16 dot-product units "
+       "(AVX512_BF16, AMX), else O0 (castor env says which)",
        nullptr, R::Fixed, J::Any},
       {"--dtype", choice<&C::dtype, kDTypes>(), "the 16-bit type of O1-O3", nullptr, R::Fixed, J::Any},
       {"--stochastic-rounding", plain<&C::stochastic_rounding>(),

@@ -34,6 +34,7 @@ struct OpenRun {
   std::string resume_from;         // the checkpoint's folder
   Json recorded;
   bool created = false;            // rank 0 made the run directory (a new run's, not there before)
+  bool default_out = false;        // --out was not given: the run directory is announced with the settings
 };
 
 // Resolves --resume and --out, takes the run directory (rank 0; the other ranks wait until it is set up), and for a
@@ -49,7 +50,7 @@ OpenRun open_run(TrainConfig& c, int rank, int world) {
   }
   if (c.out.empty()) {
     c.out = default_out(c);
-    if (rank == 0) std::fprintf(stderr, "castor train: run directory %s\n", c.out.c_str());
+    r.default_out = true;
   }
   // config.json, metrics and checkpoints record these paths in JSON, which holds only UTF-8 text.
   for (const auto& [flag, value] : {std::pair{"--out", c.out}, std::pair{"--data-dir", c.data_dir},
@@ -106,6 +107,7 @@ Json run_config(const TrainConfig& c, const Task& task, int64_t schedule_steps, 
     else if (const Json* sum = r.recorded.find("init_checksum"))
       config["init_checksum"] = *sum;
   }
+  if (const Json* why = r.ck ? r.recorded.find("precision_auto") : nullptr) config["precision_auto"] = *why;
   return config;
 }
 
@@ -160,6 +162,11 @@ Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
   const Json config = run_config(c, *task, schedule_steps, r);
   if (rank == 0) {
     atomic_write_file(c.out + "/config.json", config.dump(2) + "\n");
+    // The run's first line: what --precision auto (the default) chose here, and why (a resumed run keeps its
+    // recorded precision, whatever this CPU has).
+    if (!c.precision_reason.empty() && !r.ck)
+      std::fprintf(stderr, "precision %s (%s)\n", precision_name(c).c_str(), c.precision_reason.c_str());
+    if (r.default_out) std::fprintf(stderr, "castor train: run directory %s\n", c.out.c_str());
     print_settings(c, total_steps, world);
   }
   const int64_t epochs = c.steps > 0 ? (total_steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;

@@ -11,7 +11,7 @@ namespace castor {
 namespace {
 
 TEST(ConvEmulation, SlicedBatchMatchesFloat64) {
-  // 70 images of 32 output channels at 32x32: 128 KiB of float32 per image, so slices of 32, 32 and 6 images.
+  // 70 images of 32 output channels at 32x32: 128 KiB of float32 per image, so eight slices of 8 images and one of 6.
   Generator gen(11);
   for (MemoryFormat format : {MemoryFormat::ChannelsLast, MemoryFormat::Contiguous}) {
     SCOPED_TRACE(format == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW");

@@ -40,6 +40,29 @@ TEST(ConvPoolFusion, MatchesTheThreeOpsBitForBit) {
     }
 }
 
+TEST(ConvPoolFusion, OneChannelInputsRunFusedAndChannelsLast) {
+  // A (N, 1, H, W) batch is laid out alike in both formats (Fashion-MNIST's): SimpleCNN's first layer fuses it and
+  // hands the layers after it a channels-last output.
+  Generator gen(6);
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor x0 = randn({70, 1, 28, 28}, DType::Float32, &gen).to(dt);
+    const Tensor w0 = randn({32, 1, 3, 3}, DType::Float32, &gen).to(dt), b0 = randn({32}, DType::Float32, &gen).to(dt);
+    const Tensor gy = randn({70, 32, 14, 14}, DType::Float32, &gen).to(dt).contiguous(MemoryFormat::ChannelsLast);
+    Tensor wa = w0.clone().requires_grad_(), ba = b0.clone().requires_grad_();
+    Tensor wb = w0.clone().requires_grad_(), bb = b0.clone().requires_grad_();
+    const Tensor ya = F::conv2d_max_pool2d_relu(x0, wa, ba, {1, 1}, {1, 1}, {2, 2});
+    const Tensor yb = F::relu(F::max_pool2d(F::conv2d(x0, wb, bb, {1, 1}, {1, 1}), {2, 2}));
+    EXPECT_EQ(ya.grad_fn()->op, OpKind::Conv2dMaxPool2dRelu);
+    EXPECT_EQ(ya.suggest_memory_format(), MemoryFormat::ChannelsLast);
+    EXPECT_TRUE(test::bit_equal(ya, yb));
+    backward({ya}, {gy});
+    backward({yb}, {gy});
+    EXPECT_TRUE(test::bit_equal(wa.grad(), wb.grad()));
+    EXPECT_TRUE(test::bit_equal(ba.grad(), bb.grad()));
+  }
+}
+
 TEST(ConvPoolFusion, BadOperandsNameTheOp) {
   const Tensor x = randn({2, 3, 8, 8}), w = randn({4, 5, 3, 3});
   try {

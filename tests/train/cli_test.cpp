@@ -67,6 +67,47 @@ TEST(TrainFlags, BothDtypeSpellingsAndThePrecisionAlias) {
   EXPECT_NE(error_of({"--precision", "64"}).find("--precision"), std::string::npos);
 }
 
+TEST(TrainFlags, AutoPrecisionIsTheDefaultAndAnExplicitLevelIsObeyed) {
+  // Auto (the default, --precision auto, --amp auto) takes amp::auto_precision()'s level and dtype and says why;
+  // tests/train/auto_precision_test.cpp checks that choice under each ONEDNN_MAX_CPU_ISA cap.
+  const amp::AutoPrecision here = amp::auto_precision();
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {}, {"--precision", "auto"}, {"--amp", "auto"}, {"--model", "gpt"}}) {
+    const TrainConfig c = parse_train_flags(args);
+    EXPECT_TRUE(c.precision_auto);
+    EXPECT_EQ(c.amp, here.level);
+    EXPECT_EQ(c.dtype, here.dtype);
+    EXPECT_EQ(c.precision_reason, here.reason);
+    EXPECT_EQ(settings_json(c).at("amp").as_string(), amp::opt_level_name(here.level));  // recorded as chosen
+  }
+  // Explicit levels are obeyed whatever the CPU has; --dtype alone is O1 in that type.
+  for (const char* level : {"O0", "O1", "O2", "O3"}) {
+    const TrainConfig c = parse_train_flags({"--amp", level});
+    EXPECT_STREQ(amp::opt_level_name(c.amp), level);
+    EXPECT_FALSE(c.precision_auto);
+    EXPECT_TRUE(c.precision_reason.empty());
+  }
+  EXPECT_EQ(parse_train_flags({"--precision", "bf16-mixed"}).amp, amp::OptLevel::O1);
+  EXPECT_EQ(parse_train_flags({"--precision", "32-true"}).amp, amp::OptLevel::O0);
+  const TrainConfig fp16 = parse_train_flags({"--dtype", "fp16"});
+  EXPECT_EQ(fp16.amp, amp::OptLevel::O1);
+  EXPECT_EQ(fp16.dtype, DType::Float16);
+  EXPECT_FALSE(fp16.precision_auto);
+  // Auto with a level or dtype beside it is refused, naming both flags.
+  EXPECT_EQ(error_of({"--precision", "auto", "--amp", "O1"}), "--amp excludes --precision");
+  EXPECT_EQ(error_of({"--precision", "auto", "--dtype", "fp16"}), "--dtype excludes --precision");
+  EXPECT_EQ(error_of({"--amp", "auto", "--dtype", "fp16"}),
+            "--amp auto and --dtype float16: auto chooses the 16-bit type too (give --amp O1 --dtype float16, or "
+            "drop --dtype)");
+  // A run's config.json given as --config keeps its precision, even where it equals TrainConfig's member defaults.
+  const std::string dir = test::new_dir("auto_precision_config");
+  std::ofstream(dir + "/config.json") << R"({"amp": "O1", "dtype": "bfloat16", "precision_auto": "auto: amx_bf16"})";
+  const TrainConfig from_file = parse_train_flags({"--config", dir + "/config.json"});
+  EXPECT_FALSE(from_file.precision_auto);
+  EXPECT_EQ(from_file.amp, amp::OptLevel::O1);
+  EXPECT_EQ(from_file.dtype, DType::BFloat16);
+}
+
 TEST(TrainFlags, LoopFlagsAreRangeChecked) {
   const TrainConfig c = parse_train_flags(
       {"--clip-grad-norm", "1.5", "--grad-accum", "4", "--label-smoothing", "0.1", "--loss-scale", "128"});

@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "castor/backends.h"
 #include "kernels/kernels.h"
 
 namespace castor::kernels {
@@ -56,3 +57,16 @@ std::string onednn_description() {
 }
 
 }  // namespace castor::kernels
+
+namespace castor::backends {
+
+const char* bf16_dot_units() {
+  // oneDNN's effective ISA is the CPU's, lowered by ONEDNN_MAX_CPU_ISA; its AMX level includes AMX-BF16 and its
+  // AVX512_CORE_BF16 level the AVX512_BF16 dot products (vdpbf16ps).
+  const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  if (isa == dnnl_cpu_isa_avx512_core_amx) return "amx_bf16";
+  if (isa == dnnl_cpu_isa_avx512_core_bf16) return "avx512_bf16";
+  return nullptr;
+}
+
+}  // namespace castor::backends

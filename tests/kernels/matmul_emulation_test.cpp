@@ -1,0 +1,54 @@
+// The float32 emulation of 16-bit matrix products (float16 here; bfloat16 without oneDNN bf16 kernels, the IsaCap.*
+// runs), which works a tile at a time: against the float64 product of the same 16-bit inputs, rounded once, with
+// operands of several tiles in every dimension, transposed operands, batches and a bias.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "castor/ops.h"
+#include "castor/random.h"
+#include "test_util.h"
+
+namespace castor {
+namespace {
+
+// Every element of `got` (16-bit) is within one 16-bit ulp, plus float32's accumulation error (bounded by
+// 2^-20 of `magnitude`, the sum of the products' magnitudes), of the float64 `exact` rounded to its dtype, and at least
+// 99% are that correctly rounded value: two roundings (a 16-bit partial sum per tile) would miss the second bound.
+void expect_rounded_once(const Tensor& got, const Tensor& exact, const Tensor& magnitude) {
+  ASSERT_EQ(got.shape(), exact.shape());
+  const std::vector<double> g = got.to_vector<double>(), r = exact.to(got.dtype()).to_vector<double>(),
+                            e = exact.to_vector<double>(), m = magnitude.to_vector<double>();
+  const double ulp = got.dtype() == DType::BFloat16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
+  int64_t correctly_rounded = 0;
+  for (size_t i = 0; i < g.size(); ++i) {
+    correctly_rounded += g[i] == r[i];
+    const double spacing = ulp * std::exp2(std::floor(std::log2(std::max(std::abs(e[i]), 1e-30))));
+    ASSERT_LE(std::abs(g[i] - r[i]), spacing + std::ldexp(m[i], -20)) << "element " << i << ": " << g[i] << " vs " << r[i];
+  }
+  EXPECT_GE(correctly_rounded, static_cast<int64_t>(0.99 * static_cast<double>(g.size())))
+      << correctly_rounded << " of " << g.size() << " correctly rounded";
+}
+
+TEST(MatmulEmulation, TiledProductsAreRoundedOnceFromFloat32Sums) {
+  Generator gen(21);
+  for (DType dt : {DType::Float16, DType::BFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    // 600 x 1100 x 700: two row tiles, two column tiles and three depth tiles of the emulation.
+    const Tensor a = randn({600, 1100}, DType::Float32, &gen).to(dt);
+    const Tensor bt = randn({700, 1100}, DType::Float32, &gen).to(dt);  // b = bt^T: a column-major operand
+    const Tensor bias = randn({700}, DType::Float32, &gen).to(dt);
+    const Tensor a64 = a.double_(), b64 = bt.t().double_(), m = mm(abs(a64), abs(b64));
+    expect_rounded_once(mm(a, bt.t()), mm(a64, b64), m);
+    expect_rounded_once(addmm(bias, a, bt.t()), add(mm(a64, b64), bias.double_()), add(m, abs(bias.double_())));
+    // A column-major left operand and a row-major right one (a linear's weight gradient, dY^T X).
+    const Tensor at = a.t().contiguous(), b = bt.t().contiguous();
+    expect_rounded_once(mm(at.t(), b), mm(a64, b64), m);
+    // Batched, each matrix its own.
+    const Tensor x = randn({3, 70, 90}, DType::Float32, &gen).to(dt), y = randn({3, 90, 50}, DType::Float32, &gen).to(dt);
+    expect_rounded_once(bmm(x, y), bmm(x.double_(), y.double_()), bmm(abs(x.double_()), abs(y.double_())));
+  }
+}
+
+}  // namespace
+}  // namespace castor
