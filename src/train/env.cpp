@@ -66,7 +66,8 @@ Json read_peak_cache(const std::string& path) {
 double cached_gemm_peak(DType dtype) {
   const std::string path = peak_cache_path();
   if (path.empty() || !file_exists(path)) return 0;
-  const Json* v = read_peak_cache(path).find(peak_key(dtype));
+  const Json cache = read_peak_cache(path);
+  const Json* v = cache.find(peak_key(dtype));
   return v && v->is_number() && v->as_double() > 0 ? v->as_double() : 0;
 }
 
