@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "castor/language_model.h"
 #include "castor/nn.h"
 
 namespace castor::models {
@@ -40,7 +41,7 @@ class LlamaAttention : public nn::Module {
     Tensor q, k, v;
   };
   Heads project(const Tensor& input, int64_t start_pos) const;
-  // wo of the heads y (B, H, T, D) merged back to (B, T, H D), then resid_dropout.
+  // wo of the heads y (B, H, T, D) merged back to (B, T, H D) (forward adds resid_dropout).
   Tensor merge(const Tensor& y);
   std::shared_ptr<nn::Linear> wq, wk, wv, wo;
   std::shared_ptr<nn::Dropout> resid_dropout;
@@ -75,19 +76,25 @@ class LlamaBlock : public nn::Module {
 // feed_forward.{w1,w2,w3}, attention_norm, ffn_norm}, norm, output (tied to tok_embeddings unless !config.tied).
 // Init as model.py: N(0, 0.02) for the embedding and every Linear weight, N(0, 0.02 / sqrt(2 n_layers)) for w3 and
 // wo, RMSNorm weights 1; drawn in named_parameters order from one generator seeded with `seed`.
-// forward: tokens (B, T) int64, T <= max_seq_len -> logits (B, T, vocab_size).
-class Llama : public nn::Module {
+// forward: tokens (B, T) int64, T <= max_seq_len -> logits (B, T, vocab_size). KV-cached generation rotates q and k
+// at their cache positions and caches n_kv_heads heads.
+class Llama : public LanguageModel {
  public:
   explicit Llama(const LlamaConfig& config, uint64_t seed = 1337);
   Tensor forward(const Tensor& tokens) override;
   std::string type_name() const override { return "Transformer"; }
   const LlamaConfig& config() const { return config_; }
-  int64_t num_params() const;  // the tied weight counted once
+  int64_t block_size() const override { return config_.max_seq_len; }
+  int64_t vocab_size() const override { return config_.vocab_size; }
+  CacheShape cache_shape() const override;
   std::shared_ptr<nn::Embedding> tok_embeddings;
   std::shared_ptr<nn::Dropout> dropout;
   std::shared_ptr<nn::Sequential> layers;
   std::shared_ptr<nn::RMSNorm> norm;
   std::shared_ptr<nn::Linear> output;
+
+ protected:
+  Tensor forward_cached_impl(const Tensor& tokens, KVCache& cache) override;
 
  private:
   LlamaConfig config_;

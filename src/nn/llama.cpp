@@ -63,13 +63,14 @@ LlamaAttention::Heads LlamaAttention::project(const Tensor& x, int64_t start_pos
 
 Tensor LlamaAttention::merge(const Tensor& y) {
   const int64_t B = y.size(0), T = y.size(2);
-  return (*resid_dropout)((*wo)(y.transpose(1, 2).reshape({B, T, n_heads_ * head_dim_})));
+  return (*wo)(y.transpose(1, 2).reshape({B, T, n_heads_ * head_dim_}));
 }
 
 Tensor LlamaAttention::forward(const Tensor& x) {
   const Heads h = project(x, 0);
   const double p = training_ ? dropout_ : 0.0;
-  return merge(F::scaled_dot_product_attention(h.q, h.k, h.v, /*attn_mask=*/{}, p, /*is_causal=*/true));
+  return (*resid_dropout)(
+      merge(F::scaled_dot_product_attention(h.q, h.k, h.v, /*attn_mask=*/{}, p, /*is_causal=*/true)));
 }
 
 LlamaFeedForward::LlamaFeedForward(const LlamaConfig& c) {
@@ -127,10 +128,21 @@ Tensor Llama::forward(const Tensor& tokens) {
   return (*output)((*norm)(h));                                        // (B, T, vocab_size)
 }
 
-int64_t Llama::num_params() const {
-  int64_t n = 0;
-  for (const Tensor& p : parameters()) n += p.numel();
-  return n;
+LanguageModel::CacheShape Llama::cache_shape() const {
+  return {config_.n_layers, config_.kv_heads(), config_.head_dim(), tok_embeddings->weight.dtype()};
+}
+
+Tensor Llama::forward_cached_impl(const Tensor& tokens, KVCache& cache) {
+  Tensor x = (*tok_embeddings)(tokens);  // (B, n, dim)
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    auto& block = dynamic_cast<LlamaBlock&>(*(*layers)[l]);
+    const LlamaAttention::Heads h = block.attention->project((*block.attention_norm)(x), cache.size());
+    x = x + block.attention->merge(cache.attend(l, h.q, h.k, h.v));
+    const Tensor y = (*block.ffn_norm)(x);
+    const LlamaFeedForward& ff = *block.feed_forward;
+    x = x + (*ff.w2)(F::swiglu((*ff.w1)(y), (*ff.w3)(y)));
+  }
+  return (*output)((*norm)(x));  // (B, n, vocab_size)
 }
 
 std::shared_ptr<Llama> llama(const LlamaConfig& config, uint64_t seed) {

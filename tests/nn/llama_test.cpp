@@ -5,16 +5,14 @@
 
 #include "castor/llama.h"
 #include "castor/ops.h"
+#include "nn/tiny_llama.h"
 #include "test_util.h"
 
 namespace castor {
 namespace {
 
 models::LlamaConfig tiny_llama(int64_t n_kv_heads = 2, bool tied = true) {
-  models::LlamaConfig c;
-  c.dim = 32, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = n_kv_heads, c.vocab_size = 40, c.multiple_of = 16;
-  c.max_seq_len = 16, c.tied = tied;
-  return c;
+  return test::tiny_llama_config(40, n_kv_heads, tied);
 }
 
 TEST(Llama, ParameterNamesAndShapesAreLlama2cs) {
