@@ -108,12 +108,9 @@ Llama::Llama(const LlamaConfig& c, uint64_t seed) : config_(c) {
   Generator gen(seed);
   NoGradGuard no_grad;
   const double std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layers));
-  auto ends_with = [](const std::string& s, const std::string& tail) {
-    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-  };
   for (auto& [name, p] : named_parameters()) {
     if (p.dim() != 2) continue;  // RMSNorm weights: 1 as constructed
-    const bool resid = ends_with(name, "w3.weight") || ends_with(name, "wo.weight");
+    const bool resid = name.ends_with("w3.weight") || name.ends_with("wo.weight");
     p.copy_(normal(p.shape(), 0.0, resid ? std_resid : 0.02, DType::Float32, &gen));
   }
 }

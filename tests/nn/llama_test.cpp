@@ -1,10 +1,13 @@
-// The Llama model: llama2.c's parameter names, hidden-size rule, initialisation and configuration errors.
+// The Llama model: llama2.c's parameter names, hidden-size rule, initialisation and configuration errors; against its
+// PyTorch twin (tests/oracle/llama_oracle.py, llama2.c's model.py) from the same weights on the same tokens: loss,
+// logits and every gradient in float32 and under bfloat16 autocast, AdamW training curves; every opt level trains.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "castor/llama.h"
 #include "castor/ops.h"
+#include "nn/lm_twin.h"
 #include "nn/tiny_llama.h"
 #include "test_util.h"
 
@@ -120,6 +123,82 @@ TEST(Llama, BadConfigurationsNameTheField) {
   config_error([](auto& c) { c.rope_theta = 0; }, {"rope_theta"});
   config_error([](auto& c) { c.dropout = 1; }, {"dropout"});
   test::expect_error([] { models::llama_preset("llama-7b", 512); }, {"llama-7b", "llama-260k", "llama-15m"});
+}
+
+// The twin's CONFIG for `c` (and `extra` keys).
+std::string config_json(const models::LlamaConfig& c, const std::string& extra = "") {
+  return detail::cat("{\"dim\": ", c.dim, ", \"n_layers\": ", c.n_layers, ", \"n_heads\": ", c.n_heads,
+                     ", \"n_kv_heads\": ", c.kv_heads(), ", \"vocab_size\": ", c.vocab_size, ", \"hidden_dim\": ",
+                     c.ffn_hidden_dim(), ", \"norm_eps\": ", c.norm_eps, ", \"max_seq_len\": ", c.max_seq_len,
+                     ", \"rope_theta\": ", c.rope_theta, ", \"tied\": ", c.tied ? "true" : "false", extra, "}");
+}
+
+// O0: loss within 1e-5 relative, logits within 1e-4, every gradient within 1e-4 relative L2 of PyTorch; grouped-query
+// attention with the output tied, and multi-head attention with its own output weight and another rope theta.
+TEST(Llama, Float32MatchesPyTorch) {
+  for (bool gqa : {true, false}) {
+    SCOPED_TRACE(gqa ? "GQA, tied" : "MHA, untied, theta 500");
+    models::LlamaConfig c = test::tiny_llama_config(67, gqa ? 2 : 4, /*tied=*/gqa);
+    if (!gqa) c.rope_theta = 500;
+    auto model = models::llama(c, 3);
+    const Tensor x = test::random_token_batch(3, 16, 67, 1), y = test::random_token_batch(3, 16, 67, 2);
+    const StateDict want =
+        test::run_lm_twin("llama_oracle.py", "grads", "llama_f32", config_json(c), *model, {{"x", x}, {"y", y}});
+    ASSERT_FALSE(want.empty());
+    const Tensor logits = (*model)(x);
+    const Tensor loss = F::cross_entropy(logits.reshape({-1, 67}), y.reshape({-1}));
+    loss.backward();
+    EXPECT_NEAR(loss.item(), want.at("loss").item(), 1e-5 * want.at("loss").item());
+    EXPECT_TRUE(test::close(logits, want.at("logits"), 1e-4, 1e-5));
+    test::expect_grads_match(*model, want, 1e-4);
+  }
+}
+
+// O1 bf16: autocast on both sides (PyTorch's rounds silu(w1 x) before the product with w3 x, Castor's fused SwiGLU
+// once, and the attention softmax statistics differ as for the GPT): 1e-2 on the loss, 5e-2 on the gradients.
+TEST(Llama, AutocastBFloat16MatchesPyTorchAutocast) {
+  for (bool gqa : {true, false}) {
+    SCOPED_TRACE(gqa ? "GQA, tied" : "MHA, untied");
+    const models::LlamaConfig c = test::tiny_llama_config(67, gqa ? 2 : 4, /*tied=*/gqa);
+    auto model = models::llama(c, 4);
+    const Tensor x = test::random_token_batch(3, 16, 67, 5), y = test::random_token_batch(3, 16, 67, 6);
+    const StateDict want = test::run_lm_twin("llama_oracle.py", "grads", "llama_bf16",
+                                             config_json(c, ", \"autocast\": \"bf16\""), *model, {{"x", x}, {"y", y}});
+    ASSERT_FALSE(want.empty());
+    Tensor loss;
+    {
+      amp::AutocastGuard autocast(DType::BFloat16);
+      loss = test::lm_loss(*model, x, y);
+    }
+    loss.backward();
+    EXPECT_EQ(loss.dtype(), DType::Float32);
+    EXPECT_NEAR(loss.item(), want.at("loss").item(), 1e-2 * want.at("loss").item());
+    test::expect_grads_match(*model, want, 5e-2);
+  }
+}
+
+// 200 float32 AdamW steps (grouped-query attention) follow PyTorch's step by step within 1e-3 relative.
+TEST(Llama, Float32TrainingFollowsPyTorchStepByStep) {
+  const models::LlamaConfig c = test::tiny_llama_config(29);
+  auto model = models::llama(c, 11);
+  const auto [got, want] = test::lm_curves("llama_oracle.py", config_json(c), *model, /*autocast=*/false, 200);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-3 * want[i]) << "step " << i;
+  EXPECT_LT(got.back(), 0.6 * got.front());  // it learned
+}
+
+// O0-O3 in bfloat16 and float16 train the GQA Llama; O2 keeps the RMSNorm weights float32, float32 masters for the
+// rest.
+TEST(Llama, EveryOptLevelTrains) {
+  test::expect_every_opt_level_trains(
+      [] { return models::llama(test::tiny_llama_config(29), 5); },
+      [](models::LanguageModel& m, optim::Adam& opt, DType dtype) {
+        auto& model = dynamic_cast<models::Llama&>(m);
+        EXPECT_EQ(model.norm->weight.dtype(), DType::Float32);
+        EXPECT_EQ(dynamic_cast<models::LlamaBlock&>(*(*model.layers)[0]).ffn_norm->weight.dtype(), DType::Float32);
+        EXPECT_EQ(model.tok_embeddings->weight.dtype(), dtype);
+        EXPECT_TRUE(opt.master_weights());
+      });
 }
 
 }  // namespace
