@@ -59,7 +59,7 @@ std::pair<std::vector<double>, std::vector<double>> curves(bool autocast, int st
     batch["x." + std::to_string(i)] = batches.back().first;
     batch["y." + std::to_string(i)] = batches.back().second;
   }
-  const std::string dir = test::new_dir(autocast ? "gpt_curve_bf16" : "gpt_curve_f32");
+  const test::ScratchDir dir(autocast ? "gpt_curve_bf16" : "gpt_curve_f32");
   save_safetensors(dir + "/weights.safetensors", model->state_dict());
   save_safetensors(dir + "/batch.safetensors", batch);
   const std::string cfg = detail::cat(

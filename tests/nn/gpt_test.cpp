@@ -49,7 +49,7 @@ Tensor loss_of(models::GPT& model, const Tensor& x, const Tensor& y) {
 // Writes the weights and batch, runs the twin, reads what it wrote.
 StateDict run_twin(const std::string& mode, const std::string& name, const std::string& config, models::GPT& model,
                    const StateDict& batch) {
-  const std::string dir = test::new_dir(name);
+  const test::ScratchDir dir(name);
   save_safetensors(dir + "/weights.safetensors", model.state_dict());
   save_safetensors(dir + "/batch.safetensors", batch);
   if (!test::run_oracle("gpt_oracle.py", {mode, config, dir + "/weights.safetensors", dir + "/batch.safetensors",
