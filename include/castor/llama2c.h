@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "castor/llama.h"
 #include "castor/state_dict.h"
 #include "castor/tensor.h"
 
@@ -60,5 +61,17 @@ Llama2cWeights read_llama2c(const std::string& path);
 // torch.equal); v0 files get the RoPE tables of config.rope_theta, and v1 files, which record no theta, need
 // 10000. castor::Error naming `path` for an invalid config, a missing tensor or one of another shape.
 void write_llama2c(const std::string& path, const Llama2cWeights& weights, int version);
+
+// Whether `weights` share the classifier: no output.weight, or one equal to tok_embeddings.weight bit for bit
+// (export.py's torch.equal).
+bool shares_classifier(const Llama2cWeights& weights);
+
+// The Llama a llama2.c file holds: its sizes, its hidden_dim, tied when it shares the classifier, run.c's RMSNorm eps
+// 1e-5, the file's RoPE theta, no dropout.
+LlamaConfig llama_config(const Llama2cWeights& weights);
+
+// The llama2.c config of a Llama. castor::Error naming `what` when it cannot be written as one: a norm eps other than
+// run.c's 1e-5 (llama2.c files record none) or a size beyond int32.
+Llama2cConfig llama2c_config(const LlamaConfig& config, const std::string& what);
 
 }  // namespace castor::models

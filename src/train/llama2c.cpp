@@ -271,8 +271,7 @@ void write_llama2c(const std::string& path, const Llama2cWeights& w, int version
   CASTOR_CHECK(version == 0 || c.rope_theta == 10000.0, what, ": v1 files record no RoPE theta (llama2.c's is ",
                "10000), the model's is ", c.rope_theta, "; write v0, whose tables record it");
   check_state(c, w.state, what);
-  auto out_it = w.state.find("output.weight");
-  const bool shared = out_it == w.state.end() || bit_equal_floats(out_it->second, w.state.at("tok_embeddings.weight"));
+  const bool shared = shares_classifier(w);
   std::vector<uint8_t> bytes = header_of(c, version, shared);
   auto append = [&](const Tensor& t) {
     const Tensor f = t.detach().to(DType::Float32).contiguous();
@@ -288,6 +287,31 @@ void write_llama2c(const std::string& path, const Llama2cWeights& w, int version
     }
   }
   atomic_write_file(path, std::span<const uint8_t>(bytes));
+}
+
+bool shares_classifier(const Llama2cWeights& w) {
+  auto out = w.state.find("output.weight"), emb = w.state.find("tok_embeddings.weight");
+  return out == w.state.end() || (emb != w.state.end() && bit_equal_floats(out->second, emb->second));
+}
+
+LlamaConfig llama_config(const Llama2cWeights& w) {
+  const Llama2cConfig& f = w.config;
+  LlamaConfig c;
+  c.dim = f.dim, c.n_layers = f.n_layers, c.n_heads = f.n_heads, c.n_kv_heads = f.n_kv_heads;
+  c.vocab_size = f.vocab_size, c.hidden_dim = f.hidden_dim, c.max_seq_len = f.max_seq_len;
+  c.rope_theta = f.rope_theta, c.norm_eps = 1e-5, c.dropout = 0.0, c.tied = shares_classifier(w);
+  return c;
+}
+
+Llama2cConfig llama2c_config(const LlamaConfig& c, const std::string& what) {
+  CASTOR_CHECK(c.norm_eps == 1e-5, what, ": norm_eps is ", c.norm_eps,
+               "; llama2.c files record none, and run.c normalizes with 1e-5");
+  Llama2cConfig f;
+  f.dim = c.dim, f.hidden_dim = c.ffn_hidden_dim(), f.n_layers = c.n_layers, f.n_heads = c.n_heads;
+  f.n_kv_heads = c.kv_heads(), f.vocab_size = c.vocab_size, f.max_seq_len = c.max_seq_len;
+  f.rope_theta = c.rope_theta;
+  f.validate(what);
+  return f;
 }
 
 }  // namespace castor::models

@@ -6,9 +6,11 @@
 #include <cstring>
 #include <filesystem>
 
+#include "castor/autograd.h"
 #include "castor/fs.h"
 #include "castor/json.h"
 #include "castor/llama2c.h"
+#include "castor/ops.h"
 #include "castor/random.h"
 #include "io/file_test_util.h"
 #include "test_util.h"
@@ -181,6 +183,42 @@ TEST(Llama2c, CastorFilesReadAsRunCReadsThem) {
         EXPECT_TRUE(test::bit_equal(got.at(name), t.to(DType::Float64))) << name;
       }
     }
+  }
+}
+
+// run.c's forward pass over a file Castor wrote (tests/oracle/llama2c_oracle.py forward: read_checkpoint's offsets,
+// float64) gives the logits of Castor's Llama built from the file read back (llama_config, load_state_dict): v0 and
+// v1, grouped-query attention with a shared classifier and multi-head attention with an unshared one.
+TEST(Llama2c, RunCForwardMatchesCastorLlama) {
+  const test::ScratchDir dir;
+  struct Case {
+    int version;
+    int64_t n_kv_heads;
+    bool shared;
+  };
+  for (const Case& k : {Case{0, 2, true}, Case{1, 4, false}, Case{0, 4, false}, Case{1, 1, true}}) {
+    SCOPED_TRACE(detail::cat("v", k.version, ", ", k.n_kv_heads, " kv heads", k.shared ? ", shared" : ", unshared"));
+    Llama2cConfig c = small_config();
+    c.n_kv_heads = k.n_kv_heads;
+    Llama2cWeights w = random_weights(c, k.shared, 21);
+    for (auto& [name, t] : w.state)  // matrices of unit rows: activations of order one
+      if (t.dim() == 2 && name != "tok_embeddings.weight" && name != "output.weight") t = t * 0.25;
+    models::write_llama2c(dir + "/model.bin", w, k.version);
+    const std::vector<int64_t> ids{1, 5, 36, 0, 7, 7, 19, 2, 30, 11, 4, 25};  // max_seq_len of them
+    std::string csv;
+    for (int64_t id : ids) csv += (csv.empty() ? "" : ",") + std::to_string(id);
+    ASSERT_TRUE(test::run_oracle("llama2c_oracle.py", {"forward", dir + "/model.bin", csv, dir + "/logits"}));
+    const Tensor want = test::read_oracle_case(dir + "/logits.bin").at("logits");  // (T, V) float64
+    const Llama2cWeights r = models::read_llama2c(dir + "/model.bin");
+    const models::LlamaConfig config = models::llama_config(r);
+    EXPECT_EQ(config.tied, k.shared);
+    auto model = models::llama(config);
+    model->load_state_dict(r.state);
+    model->eval();
+    NoGradGuard no_grad;
+    const Tensor tokens = tensor(std::vector<double>(ids.begin(), ids.end()), {1, 12}, DType::Int64);
+    const Tensor logits = (*model)(tokens).reshape({12, 37}).to(DType::Float64);
+    EXPECT_TRUE(test::close(logits, want, 1e-4, 1e-4));
   }
 }
 
