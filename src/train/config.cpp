@@ -327,7 +327,7 @@ void apply_language_model_defaults(TrainConfig& c) {
   CASTOR_CHECK(is_language_model(c.model) == is_text(c.data), "--data ", name(c.data), ": ",
                is_text(c.data) ? "text data trains a language model (--model gpt, gpt-mini or gpt2)"
                                : "--model " + std::string(name(c.model)) + " needs text data (--data brown-char, "
-                                 "brown or tokens)");
+                                 "brown, brown-bpe or tokens)");
   if (!is_language_model(c.model)) return;
   const models::GPTConfig p = models::gpt_preset(name(c.model), 0);
   if (c.n_layer == 0) c.n_layer = p.n_layer;
