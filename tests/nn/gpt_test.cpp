@@ -20,27 +20,6 @@
 namespace castor {
 namespace {
 
-std::string config_json(const models::GPTConfig& c, const std::string& extra = "") {
-  return detail::cat("{\"n_layer\": ", c.n_layer, ", \"n_head\": ", c.n_head, ", \"n_embd\": ", c.n_embd,
-                     ", \"block_size\": ", c.block_size, ", \"vocab_size\": ", c.vocab_size,
-                     ", \"bias\": ", c.bias ? "true" : "false", extra, "}");
-}
-
-Tensor tokens(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
-  Generator gen(seed);
-  std::vector<double> v(b * t);
-  for (double& x : v) x = std::floor(gen.next_double() * vocab);
-  return tensor(v, Shape{b, t}, DType::Int64);
-}
-
-// ||a - b|| / ||b||.
-double rel_l2(const Tensor& a, const Tensor& b) {
-  const auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  double num = 0, den = 0;
-  for (size_t i = 0; i < x.size(); ++i) num += (x[i] - y[i]) * (x[i] - y[i]), den += y[i] * y[i];
-  return std::sqrt(num / std::max(den, 1e-300));
-}
-
 Tensor loss_of(models::GPT& model, const Tensor& x, const Tensor& y) {
   const Tensor logits = model(x);
   return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
@@ -62,7 +41,7 @@ void expect_grads_match(models::GPT& model, const StateDict& want, double tol) {
   for (const auto& [name, p] : model.named_parameters()) {
     ASSERT_TRUE(want.count("grad." + name)) << name;
     ASSERT_TRUE(p.grad().defined()) << name;
-    EXPECT_LE(rel_l2(p.grad(), want.at("grad." + name)), tol) << name;
+    EXPECT_LE(test::rel_l2(p.grad(), want.at("grad." + name)), tol) << name;
   }
 }
 
@@ -110,8 +89,8 @@ TEST(Gpt, Float32MatchesPyTorch) {
     models::GPTConfig c = test::tiny_gpt_config(67);
     c.bias = bias;
     auto model = models::gpt(c, 3);
-    const Tensor x = tokens(3, 16, c.vocab_size, 1), y = tokens(3, 16, c.vocab_size, 2);
-    const StateDict want = run_twin("grads", "gpt_f32", config_json(c), *model, {{"x", x}, {"y", y}});
+    const Tensor x = test::tokens(3, 16, c.vocab_size, 1), y = test::tokens(3, 16, c.vocab_size, 2);
+    const StateDict want = run_twin("grads", "gpt_f32", test::gpt_config_json(c), *model, {{"x", x}, {"y", y}});
     ASSERT_FALSE(want.empty());
     const Tensor logits = (*model)(x);
     const Tensor loss = F::cross_entropy(logits.reshape({-1, c.vocab_size}), y.reshape({-1}));
@@ -127,9 +106,9 @@ TEST(Gpt, Float32MatchesPyTorch) {
 TEST(Gpt, AutocastBFloat16MatchesPyTorchAutocast) {
   models::GPTConfig c = test::tiny_gpt_config(67);
   auto model = models::gpt(c, 4);
-  const Tensor x = tokens(3, 16, c.vocab_size, 5), y = tokens(3, 16, c.vocab_size, 6);
+  const Tensor x = test::tokens(3, 16, c.vocab_size, 5), y = test::tokens(3, 16, c.vocab_size, 6);
   const StateDict want =
-      run_twin("grads", "gpt_bf16", config_json(c, ", \"autocast\": \"bf16\""), *model, {{"x", x}, {"y", y}});
+      run_twin("grads", "gpt_bf16", test::gpt_config_json(c, ", \"autocast\": \"bf16\""), *model, {{"x", x}, {"y", y}});
   ASSERT_FALSE(want.empty());
   Tensor loss;
   {
