@@ -10,6 +10,8 @@
 
 #include "castor/amp.h"
 #include "castor/json.h"
+#include "castor/language_model.h"
+#include "castor/llama.h"
 #include "castor/lr_scheduler.h"
 #include "castor/nn.h"
 #include "castor/ddp.h"
@@ -77,6 +79,10 @@ class Task {
 std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run);
 std::unique_ptr<Task> make_image_task(const TrainConfig& c, int rank, int world);
 std::unique_ptr<Task> make_lm_task(TrainConfig& c, int rank, int world, bool new_run);
+// The language model of a --model gpt* or llama* config (its vocabulary resolved: c.vocab_size; a GPT's logits cover
+// the first real_vocab of it) with weights drawn from `seed`, and a Llama's configuration.
+std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed);
+models::LlamaConfig llama_config(const TrainConfig& c);
 // The dataset directory: --data-dir, or the dataset's default location.
 std::string data_dir(const TrainConfig& c);
 
