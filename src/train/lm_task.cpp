@@ -49,7 +49,8 @@ models::GPTConfig gpt_config(const TrainConfig& c, int64_t real_vocab) {
   return g;
 }
 
-// --data brown | brown-char | tokens: DIR/train.bin and DIR/val.bin (llm.c's token files), batches of (B, T) windows.
+// --data brown | brown-char | brown-bpe | tokens: DIR/train.bin and DIR/val.bin (llm.c's token files), batches of
+// (B, T) windows.
 class LmTask : public Task {
  public:
   // Resolves c.vocab_size (recorded, so a resumed run builds the same model); a new run with --init takes the

@@ -21,12 +21,6 @@
 namespace castor {
 namespace {
 
-std::string config_json(const models::GPTConfig& c, const std::string& extra = "") {
-  return detail::cat("{\"n_layer\": ", c.n_layer, ", \"n_head\": ", c.n_head, ", \"n_embd\": ", c.n_embd,
-                     ", \"block_size\": ", c.block_size, ", \"vocab_size\": ", c.vocab_size,
-                     ", \"bias\": ", c.bias ? "true" : "false", extra, "}");
-}
-
 using test::random_token_batch;
 
 // Runs the twin (tests/oracle/gpt_oracle.py) from the model's weights on `batch`.
@@ -80,7 +74,7 @@ TEST(Gpt, Float32MatchesPyTorch) {
     c.bias = bias;
     auto model = models::gpt(c, 3);
     const Tensor x = random_token_batch(3, 16, c.vocab_size, 1), y = random_token_batch(3, 16, c.vocab_size, 2);
-    const StateDict want = run_twin("grads", "gpt_f32", config_json(c), *model, {{"x", x}, {"y", y}});
+    const StateDict want = run_twin("grads", "gpt_f32", test::gpt_config_json(c), *model, {{"x", x}, {"y", y}});
     ASSERT_FALSE(want.empty());
     const Tensor logits = (*model)(x);
     const Tensor loss = F::cross_entropy(logits.reshape({-1, c.vocab_size}), y.reshape({-1}));
@@ -98,7 +92,7 @@ TEST(Gpt, AutocastBFloat16MatchesPyTorchAutocast) {
   auto model = models::gpt(c, 4);
   const Tensor x = random_token_batch(3, 16, c.vocab_size, 5), y = random_token_batch(3, 16, c.vocab_size, 6);
   const StateDict want =
-      run_twin("grads", "gpt_bf16", config_json(c, ", \"autocast\": \"bf16\""), *model, {{"x", x}, {"y", y}});
+      run_twin("grads", "gpt_bf16", test::gpt_config_json(c, ", \"autocast\": \"bf16\""), *model, {{"x", x}, {"y", y}});
   ASSERT_FALSE(want.empty());
   Tensor loss;
   {

@@ -68,7 +68,7 @@ inline std::unique_ptr<optim::Adam> lm_adamw(nn::Module& model, double lr, doubl
 // reads what it wrote (empty, with a test failure, when it failed).
 inline StateDict run_lm_twin(const std::string& script, const std::string& mode, const std::string& name,
                              const std::string& config, const nn::Module& model, const StateDict& batch) {
-  const std::string dir = new_dir(name);
+  const ScratchDir dir(name);
   save_safetensors(dir + "/weights.safetensors", model.state_dict());
   save_safetensors(dir + "/batch.safetensors", batch);
   if (!run_oracle(script, {mode, config, dir + "/weights.safetensors", dir + "/batch.safetensors",
