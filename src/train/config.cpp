@@ -37,7 +37,9 @@ std::unique_ptr<CLI::App> train_app(TrainConfig& c, RawTrainFlags& raw) {
                       "trains SimpleCNN on Fashion-MNIST (Debian's dataset-fashion-mnist) for one epoch with Adam, "
                       "in O1 bfloat16 autocast where the CPU has bfloat16 dot-product units and in float32 elsewhere "
                       "(--precision auto); `castor train --model gpt` trains nanoGPT's GPT on the Brown "
-                      "corpus's characters with nanoGPT's CPU recipe, reporting validation loss and perplexity.",
+                      "corpus's characters with nanoGPT's CPU recipe, reporting validation loss and perplexity; "
+                      "`castor train --model llama` trains llama2.c's Llama on the Brown corpus in a trained 512-piece "
+                      "vocabulary (docs/llama.md).",
                       "castor train");
   app->add_option("--config", raw.config,
                   "read flags from a TOML file whose keys are the flag names (batch-size, or batch_size as in a run's "
@@ -349,7 +351,7 @@ void apply_llama_sizes(TrainConfig& c) {
 
 // --model gpt* and llama*: the preset's sizes, and nanoGPT's CPU recipe for the flags not given (AdamW lr 1e-3 with
 // 100 warmup steps and a cosine to 1e-4, weight decay 0.1 on 2-D tensors, beta2 0.99, clip 1.0, batch 12, 2000 steps,
-// Brown characters; a Llama: lr 2e-3, 60 warmup steps, 600 steps, the Brown corpus in a trained 512-piece vocabulary,
+// Brown characters; a Llama: lr 2e-3, 50 warmup steps, 500 steps, the Brown corpus in a trained 512-piece vocabulary,
 // docs/llama.md); text data only with a language model and the reverse.
 void apply_language_model_defaults(TrainConfig& c) {
   if (is_language_model(c.model) && !c.given("--data"))
@@ -373,9 +375,9 @@ void apply_language_model_defaults(TrainConfig& c) {
   if (!c.given("--schedule")) c.schedule = Schedule::WarmupCosine;
   const bool llama = is_llama(c.model);
   if (!c.given("--lr") && llama) c.lr = 2e-3;
-  if (!c.given("--warmup-steps")) c.warmup_steps = llama ? 60 : 100;
+  if (!c.given("--warmup-steps")) c.warmup_steps = llama ? 50 : 100;
   if (!c.given("--min-lr")) c.min_lr = c.lr / 10;
-  if (!c.given("--steps") && !c.given("--epochs")) c.steps = llama ? 600 : 2000;
+  if (!c.given("--steps") && !c.given("--epochs")) c.steps = llama ? 500 : 2000;
 }
 
 }  // namespace
