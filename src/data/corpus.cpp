@@ -212,6 +212,86 @@ std::vector<Document> read_text_files(const std::vector<std::string>& paths) {
   return docs;
 }
 
+namespace {
+
+// Whether document i goes to the validation split (--val-every; otherwise the stream is cut by --val-fraction).
+bool is_val_document(size_t i, const TokenizeOptions& opt) {
+  return opt.val_every > 0 && static_cast<int64_t>(i % opt.val_every) == opt.val_every - 1;
+}
+
+// The documents' tokens, the validation documents' apart, and the tokenizer's record.
+struct EncodedDocuments {
+  std::vector<uint16_t> train, val;
+  Json record;
+};
+
+EncodedDocuments encode_documents(const std::vector<Document>& docs, const TokenizeOptions& opt) {
+  EncodedDocuments e;
+  if (opt.tokenizer == "gpt2") {
+    std::optional<Gpt2Tokenizer> loaded;
+    try {
+      loaded.emplace(Gpt2Tokenizer::from_dir(opt.bpe_dir));
+    } catch (const Error& err) {
+      throw Error(detail::cat("--bpe-dir ", opt.bpe_dir, ": ", err.what(), " (give --bpe-dir DIR holding GPT-2's "
+                              "encoder.json and vocab.bpe; the default is setup's, from ./scripts/setup.sh)"));
+    }
+    Gpt2Tokenizer& bpe = *loaded;
+    for (size_t i = 0; i < docs.size(); ++i) {
+      std::vector<uint16_t>& dst = is_val_document(i, opt) ? e.val : e.train;
+      dst.push_back(Gpt2Tokenizer::kEot);
+      try {
+        bpe.encode(docs[i].text, dst);
+      } catch (const Error& err) {
+        throw Error(docs[i].name + ": " + err.what());
+      }
+    }
+    e.record = Tokenizer(std::move(bpe)).record();
+  } else {
+    std::string train_text, val_text;
+    for (size_t i = 0; i < docs.size(); ++i) {
+      std::string& dst = is_val_document(i, opt) ? val_text : train_text;
+      if (!dst.empty()) dst += "\n\n";
+      dst += docs[i].text;
+    }
+    const CharTokenizer chars = CharTokenizer::from_text(train_text + val_text, docs.front().name);
+    chars.encode(train_text, e.train, "the training text");
+    chars.encode(val_text, e.val, "the validation text");
+    e.record = Tokenizer(chars).record();
+  }
+  return e;
+}
+
+// Writes the token files, GPT-2's BPE files and tokenizer.json (the record) whole into a sibling folder of `out`, then
+// switches it with `out` in one step: a failed or killed tokenize leaves the previous folder as it was, never new
+// token files beside an old vocabulary. `keep`: what check_out_folder found in `out`.
+void write_token_folder(const fs::path& out, const TokenizeOptions& opt, const std::vector<std::string>& keep,
+                        const EncodedDocuments& e) {
+  std::error_code ec;
+  fs::create_directories(out.parent_path(), ec);
+  CASTOR_CHECK(!ec, "--out: ", opt.out, ": cannot create its parent folder: ", ec.message());
+  clean_up_after_killed_runs(out);
+  const fs::path fresh = work_folder(out, "new", ::getpid());
+  fs::remove_all(fresh, ec);
+  CASTOR_CHECK(fs::create_directory(fresh, ec) && !ec, "--out: ", opt.out, ": cannot create ", fresh.string(), ": ",
+               ec.message());
+  try {
+    const std::string dir = fresh.string();
+    write_token_file(dir + "/train.bin", e.train);
+    write_token_file(dir + "/val.bin", e.val);
+    if (opt.tokenizer == "gpt2") {
+      atomic_write_file(dir + "/encoder.json", read_file(opt.bpe_dir + "/encoder.json"));
+      atomic_write_file(dir + "/vocab.bpe", read_file(opt.bpe_dir + "/vocab.bpe"));
+    }
+    atomic_write_file(dir + "/tokenizer.json", e.record.dump(2) + "\n");
+  } catch (const Error&) {
+    fs::remove_all(fresh, ec);
+    throw;
+  }
+  switch_folder(fresh, out, keep);
+}
+
+}  // namespace
+
 Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions& opt) {
   CASTOR_CHECK(opt.tokenizer == "gpt2" || opt.tokenizer == "char", "--tokenizer: expected gpt2|char, got '",
                opt.tokenizer, "'");
@@ -225,44 +305,12 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   int64_t text_bytes = 0;
   for (const Document& d : docs) text_bytes += static_cast<int64_t>(d.text.size());
   const auto start = std::chrono::steady_clock::now();
-  // --val-every splits by document here; otherwise the whole stream is cut by --val-fraction below.
   const bool by_document = opt.val_every > 0;
-  auto is_val = [&](size_t i) { return by_document && static_cast<int64_t>(i % opt.val_every) == opt.val_every - 1; };
-  std::vector<uint16_t> train, val;
+  EncodedDocuments e = encode_documents(docs, opt);
+  std::vector<uint16_t>& train = e.train;
+  std::vector<uint16_t>& val = e.val;
   int64_t val_docs = 0;
-  Json record;
-  if (opt.tokenizer == "gpt2") {
-    std::optional<Gpt2Tokenizer> loaded;
-    try {
-      loaded.emplace(Gpt2Tokenizer::from_dir(opt.bpe_dir));
-    } catch (const Error& e) {
-      throw Error(detail::cat("--bpe-dir ", opt.bpe_dir, ": ", e.what(), " (give --bpe-dir DIR holding GPT-2's "
-                              "encoder.json and vocab.bpe; the default is setup's, from ./scripts/setup.sh)"));
-    }
-    Gpt2Tokenizer& bpe = *loaded;
-    for (size_t i = 0; i < docs.size(); ++i) {
-      std::vector<uint16_t>& dst = is_val(i) ? val : train;
-      dst.push_back(Gpt2Tokenizer::kEot);
-      try {
-        bpe.encode(docs[i].text, dst);
-      } catch (const Error& e) {
-        throw Error(docs[i].name + ": " + e.what());
-      }
-    }
-    record = Tokenizer(std::move(bpe)).record();
-  } else {
-    std::string train_text, val_text;
-    for (size_t i = 0; i < docs.size(); ++i) {
-      std::string& dst = is_val(i) ? val_text : train_text;
-      if (!dst.empty()) dst += "\n\n";
-      dst += docs[i].text;
-    }
-    const CharTokenizer chars = CharTokenizer::from_text(train_text + val_text, docs.front().name);
-    chars.encode(train_text, train, "the training text");
-    chars.encode(val_text, val, "the validation text");
-    record = Tokenizer(chars).record();
-  }
-  for (size_t i = 0; i < docs.size(); ++i) val_docs += is_val(i);
+  for (size_t i = 0; i < docs.size(); ++i) val_docs += is_val_document(i, opt);
   if (!by_document) {
     // The last val_fraction of the stream.
     const size_t n_val = static_cast<size_t>(static_cast<double>(train.size()) * opt.val_fraction);
@@ -277,39 +325,17 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
                : detail::cat(train.size(), " tokens, and --val-fraction ", opt.val_fraction, " of them is none; give "
                              "more text or a larger --val-fraction"),
                " (a run needs validation tokens)");
-  // Written whole into a sibling folder, then switched with --out in one step: a failed or killed tokenize leaves
-  // the previous folder as it was, never new token files beside an old vocabulary.
-  std::error_code ec;
-  fs::create_directories(out.parent_path(), ec);
-  CASTOR_CHECK(!ec, "--out: ", opt.out, ": cannot create its parent folder: ", ec.message());
-  clean_up_after_killed_runs(out);
-  const fs::path fresh = work_folder(out, "new", ::getpid());
-  fs::remove_all(fresh, ec);
-  CASTOR_CHECK(fs::create_directory(fresh, ec) && !ec, "--out: ", opt.out, ": cannot create ", fresh.string(), ": ",
-               ec.message());
-  try {
-    const std::string dir = fresh.string();
-    record["train_tokens"] = static_cast<int64_t>(train.size());
-    record["val_tokens"] = static_cast<int64_t>(val.size());
-    record["train_checksum"] = tokens_checksum(train);
-    record["val_checksum"] = tokens_checksum(val);
-    write_token_file(dir + "/train.bin", train);
-    write_token_file(dir + "/val.bin", val);
-    if (opt.tokenizer == "gpt2") {
-      atomic_write_file(dir + "/encoder.json", read_file(opt.bpe_dir + "/encoder.json"));
-      atomic_write_file(dir + "/vocab.bpe", read_file(opt.bpe_dir + "/vocab.bpe"));
-    }
-    record["documents"] = static_cast<int64_t>(docs.size());
-    record["val_documents"] = val_docs;
-    record["text_bytes"] = text_bytes;
-    record["split"] = by_document ? detail::cat("every ", opt.val_every, "th document to val")
-                                  : detail::cat("the last ", opt.val_fraction, " of the tokens to val");
-    atomic_write_file(dir + "/tokenizer.json", record.dump(2) + "\n");
-  } catch (const Error&) {
-    fs::remove_all(fresh, ec);
-    throw;
-  }
-  switch_folder(fresh, out, keep);
+  Json& record = e.record;
+  record["train_tokens"] = static_cast<int64_t>(train.size());
+  record["val_tokens"] = static_cast<int64_t>(val.size());
+  record["train_checksum"] = tokens_checksum(train);
+  record["val_checksum"] = tokens_checksum(val);
+  record["documents"] = static_cast<int64_t>(docs.size());
+  record["val_documents"] = val_docs;
+  record["text_bytes"] = text_bytes;
+  record["split"] = by_document ? detail::cat("every ", opt.val_every, "th document to val")
+                                : detail::cat("the last ", opt.val_fraction, " of the tokens to val");
+  write_token_folder(out, opt, keep, e);
   Json summary = record;
   summary["out"] = printable(opt.out);  // a report line: any path, non-UTF-8 bytes as \xNN
   summary["tokenize_seconds"] = seconds;
