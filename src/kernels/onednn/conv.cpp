@@ -233,7 +233,7 @@ void run_backward(const ConvPrim* data, const ConvPrim* wts, const Tensor& src, 
 // The primitive for `pass` in dtype `dt`, or nullptr where it must run on float32 copies.
 const ConvPrim* native(Pass pass, DType dt, const Tensor& src, const Tensor& weights, const Tensor& dst, bool bias,
                        const Conv2dParams& p) {
-  if (dt == DType::Float16) return nullptr;
+  if (!native_products(dt)) return nullptr;
   return cached(make_key(pass, dt, src, weights, dst, bias, p));
 }
 const ConvPrim& in_float32(Pass pass, const Tensor& src, const Tensor& weights, const Tensor& dst, bool bias,
