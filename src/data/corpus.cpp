@@ -350,7 +350,7 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
                : detail::cat(train.size(), " tokens, and --val-fraction ", opt.val_fraction, " of them is none; give "
                              "more text or a larger --val-fraction"),
                " (a run needs validation tokens)");
-    record["train_tokens"] = static_cast<int64_t>(train.size());
+  record["train_tokens"] = static_cast<int64_t>(train.size());
   record["val_tokens"] = static_cast<int64_t>(val.size());
   record["train_checksum"] = tokens_checksum(train);
   record["val_checksum"] = tokens_checksum(val);
