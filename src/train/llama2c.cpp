@@ -88,7 +88,8 @@ std::string table_mismatch(const Tensor& cos, const Tensor& sin, int64_t head_si
       const double angle = static_cast<double>(p) * std::pow(theta, -2.0 * static_cast<double>(k) / head_size);
       const double tol = 2e-6 + 1e-6 * angle;
       const int64_t i = p * half + k;
-      if (!(std::abs(c[i] - wc[i]) <= tol && std::abs(s[i] - ws[i]) <= tol)) return detail::cat("row ", p, ", pair ", k);
+      if (!(std::abs(c[i] - wc[i]) <= tol && std::abs(s[i] - ws[i]) <= tol))
+        return detail::cat("row ", p, ", pair ", k);
     }
   }
   return "";

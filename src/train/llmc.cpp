@@ -165,7 +165,8 @@ WeightsFormat weights_format(const std::string& path) {
   // safetensors: a little-endian u64 header length that fits the file, then the JSON header, which opens with '{'.
   uint64_t header_len = 0;
   if (head.size() == 9) std::memcpy(&header_len, head.data(), 8);
-  if (head.size() == 9 && header_len >= 2 && header_len <= size - 8 && head[8] == '{') return WeightsFormat::Safetensors;
+  if (head.size() == 9 && header_len >= 2 && header_len <= size - 8 && head[8] == '{')
+    return WeightsFormat::Safetensors;
   try {
     read_llama2c_header(path);
   } catch (const Error& e) {
@@ -278,7 +279,8 @@ GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metad
 
 GPTWeights load_gpt_init(const std::string& path, int64_t n_head) {
   const WeightsFormat format = weights_format(path);
-  CASTOR_CHECK(format != WeightsFormat::Llama2c, path, ": a llama2.c file, a Llama's weights, not a GPT's (--model llama)");
+  CASTOR_CHECK(format != WeightsFormat::Llama2c, path,
+               ": a llama2.c file, a Llama's weights, not a GPT's (--model llama)");
   if (format == WeightsFormat::Llmc) {
     GPTWeights w = read_llmc_checkpoint(path);
     CASTOR_CHECK(n_head == 0 || n_head == w.config.n_head, path, ": llm.c header has NH ", w.config.n_head, ", but ",

@@ -33,7 +33,8 @@ Llama2cConfig small_config() {
 Llama2cWeights random_weights(const Llama2cConfig& c, bool shared, uint64_t seed) {
   Generator g(seed);
   Llama2cWeights w{c, {}};
-  for (const auto& [name, shape] : models::llama2c_tensors(c, 1, shared)) w.state[name] = randn(shape, DType::Float32, &g);
+  for (const auto& [name, shape] : models::llama2c_tensors(c, 1, shared))
+    w.state[name] = randn(shape, DType::Float32, &g);
   if (shared) w.state["output.weight"] = w.state.at("tok_embeddings.weight");
   return w;
 }

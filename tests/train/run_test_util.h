@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "castor/checkpoint.h"
+#include "castor/random.h"
 #include "test_util.h"
 
 namespace castor::test {
@@ -99,6 +100,22 @@ class CastorProcess {
   std::string dir_, out_path_, err_path_;
   pid_t pid_ = -1;
 };
+
+// A learnable text for language-model runs: `count` sentences drawn from a small grammar ("the jury said the report.",
+// subjects capitalized when `capitalized`) by a generator seeded with `seed`, `per_line` to a line.
+inline void write_grammar_text(const std::string& path, int count, int per_line, uint64_t seed, bool capitalized) {
+  const char* subjects[] = {"the jury", "a clerk", "the city", "his wife", "the court"};
+  const char* verbs[] = {"said", "found", "saw", "asked", "heard"};
+  const char* objects[] = {"the report.", "no evidence.", "the man.", "a letter.", "the news."};
+  Generator gen(seed);
+  std::ofstream text(path);
+  for (int i = 0; i < count; ++i) {
+    std::string subject = subjects[gen.next_u64() % 5];
+    if (capitalized) subject[0] = static_cast<char>(subject[0] - 'a' + 'A');
+    text << subject << " " << verbs[gen.next_u64() % 5] << " " << objects[gen.next_u64() % 5]
+         << (i % per_line == per_line - 1 ? "\n" : " ");
+  }
+}
 
 // Runs `castor args...` to the end (at most `seconds`).
 inline CastorProcess run_castor(const std::vector<std::string>& args, const CastorRun& run, double seconds = 60) {
