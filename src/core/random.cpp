@@ -1,6 +1,7 @@
 // The xoshiro256** generator and the random tensor factories.
 #include "castor/random.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -66,19 +67,24 @@ double Generator::next_normal() {
 void Generator::fill_normal(double* out, int64_t n) {
   int64_t i = 0;
   if (n > 0 && has_cached_normal_) out[i++] = next_normal();
-  // The rest in pairs as next_normal makes them: the draws in order here, then the transforms on all threads.
-  const int64_t pairs = (n - i + 1) / 2;
-  std::unique_ptr<uint64_t[]> draws(new uint64_t[2 * pairs]);
-  for (int64_t k = 0; k < 2 * pairs; ++k) draws[k] = next_u64();
+  // The rest in pairs as next_normal makes them, a chunk at a time: the draws in order here, then the transforms on
+  // all threads.
+  const int64_t pairs = (n - i + 1) / 2, chunk = int64_t{1} << 20;
+  std::unique_ptr<uint64_t[]> draws(new uint64_t[2 * std::min(pairs, chunk)]);
   double last = 0;  // the last pair's second value, cached as next_normal caches it (and kept once used)
-  parallel_blocks(pairs, [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      const auto [first, second] = box_muller(draws[2 * k], draws[2 * k + 1]);
-      out[i + 2 * k] = first;
-      if (i + 2 * k + 1 < n) out[i + 2 * k + 1] = second;
-      if (k == pairs - 1) last = second;
-    }
-  });
+  for (int64_t first_pair = 0; first_pair < pairs; first_pair += chunk) {
+    const int64_t m = std::min(chunk, pairs - first_pair);
+    for (int64_t k = 0; k < 2 * m; ++k) draws[k] = next_u64();
+    parallel_blocks(m, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const auto [first, second] = box_muller(draws[2 * k], draws[2 * k + 1]);
+        const int64_t at = i + 2 * (first_pair + k);
+        out[at] = first;
+        if (at + 1 < n) out[at + 1] = second;
+        if (first_pair + k == pairs - 1) last = second;
+      }
+    });
+  }
   if (pairs > 0) {
     cached_normal_ = last;
     has_cached_normal_ = (n - i) % 2 != 0;

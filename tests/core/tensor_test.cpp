@@ -371,10 +371,10 @@ TEST(TensorRandom, StateRestoreReproducesEveryFactory) {
 }
 
 // normal() fills a tensor with the values of next_normal() one by one (its pairs' transforms run in parallel): in
-// order, across tensors of odd sizes that leave a cached value, and past the size that goes parallel.
+// order, across tensors of odd sizes that leave a cached value, past the size that goes parallel and past a chunk.
 TEST(TensorRandom, NormalTensorsAreNextNormalsInOrder) {
   Generator bulk(3), one_by_one(3);
-  for (int64_t n : {1, 4, 7, 0, 2, 200001, 3, 100000}) {
+  for (int64_t n : {1, 4, 7, 0, 2, 200001, 3, 2097157, 100000}) {  // 2097157: past a chunk of 2^20 pairs
     const std::vector<double> got = normal({n}, 1.5, 0.25, DType::Float64, &bulk).to_vector<double>();
     ASSERT_EQ(got.size(), static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
