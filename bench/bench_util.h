@@ -6,7 +6,9 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <time.h>
 #include <unistd.h>
+#include <vector>
 
 #include "castor/ops.h"
 #include "castor/random.h"
@@ -25,6 +27,19 @@ double best_seconds(const F& fn, int reps = 5) {
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
+}
+
+// The median of v (the upper middle one for an even count).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Seconds on a clock: CLOCK_PROCESS_CPUTIME_ID (the process's CPU time, all its threads) or CLOCK_MONOTONIC (wall).
+inline double clock_seconds(clockid_t id) {
+  timespec ts{};
+  clock_gettime(id, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // The GEMM ceiling model FLOP rates are put beside: the best of five 2048^3 oneDNN matmuls in `dtype`, in FLOP/s.
