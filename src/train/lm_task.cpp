@@ -123,6 +123,10 @@ class LmTask : public Task {
     o["val_tokens"] = val_->size();
   }
   const char* unit() const override { return "tok"; }
+  const char* rate_key() const override { return "tokens_per_sec"; }
+  std::vector<std::pair<std::string, double>> evaluation_keys(const Evaluation& ev) const override {
+    return {{"val_loss", ev.loss}, {"val_perplexity", std::exp(ev.loss)}};
+  }
   std::vector<std::string> eval_fields(const Evaluation& ev) const override {
     return {figure("val loss %.4f", ev.loss), figure("perplexity %.2f", std::exp(ev.loss))};
   }
@@ -190,11 +194,11 @@ FlopRate LmTask::flop_rate(const TrainConfig& c, const nn::Module& model) const 
   const double per_token = 6 * n + 12.0 * static_cast<double>(c.n_layer * c.n_embd * c.block_size);
   const DType dtype = c.amp == amp::OptLevel::O0 ? DType::Float32 : c.dtype;
   const int ranks = dist::world_size();
-  const FlopRate r{per_token, cached_gemm_peak(dtype) * ranks, dtype, ranks};
-  if (dist::rank() == 0 && r.peak > 0)
+  const FlopRate r{per_token, cached_gemm_peak(dtype), dtype, ranks};
+  if (dist::rank() == 0 && r.rank_peak > 0)
     std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU against this machine's %s GEMM peak of "
                  "%.0f GFLOP/s (%d rank%s x %d threads, measured once and cached)\n", n / 1e6, per_token,
-                 dtype_name(dtype), r.peak / 1e9, ranks, ranks > 1 ? "s" : "", omp_get_max_threads());
+                 dtype_name(dtype), r.rank_peak * ranks / 1e9, ranks, ranks > 1 ? "s" : "", omp_get_max_threads());
   else if (dist::rank() == 0)
     std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU in the summary (this machine's %s GEMM "
                  "peak is measured after training, once)\n", n / 1e6, per_token, dtype_name(dtype));

@@ -59,6 +59,10 @@ class Task {
 
   virtual void record(Json& config) const = 0;  // the data's facts, into config.json
   virtual const char* unit() const = 0;         // of examples/s: "img" or "tok"
+  virtual const char* rate_key() const = 0;     // the metrics' throughput key: images_per_sec or tokens_per_sec
+  // An evaluation's figures as the metrics record them, in metrics.csv's column order: test_loss and test_accuracy
+  // of an image classifier, val_loss and val_perplexity of a language model (the keys do not depend on `ev`).
+  virtual std::vector<std::pair<std::string, double>> evaluation_keys(const Evaluation& ev) const = 0;
   // A mid-epoch evaluation's figures, and the end-of-epoch line's, most important first.
   virtual std::vector<std::string> eval_fields(const Evaluation& ev) const = 0;
   virtual std::vector<std::string> epoch_fields(const Evaluation& ev, double train_loss) const = 0;
