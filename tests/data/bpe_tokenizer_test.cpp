@@ -169,9 +169,10 @@ TEST(BpeTokenizer, DecodeIsRunCs) {
   test::expect_error([&] { tok.decode_piece(-1, 264); }, {"token 264", "264"});
 }
 
-// The priority-queue encode against run.c's loop on Brown text (lines and whole multi-line passages) and the awkward
-// texts, and on a vocabulary made to have equal scores, pieces spanning spaces and <s>, and a piece "<0x41>" built by
-// merges (run.c's lookups are by string only).
+// The priority-queue encode (word by word, cached, for a learned vocabulary) against run.c's loop on Brown text (lines
+// and whole multi-line passages), the awkward texts and random bytes; and on a vocabulary made to have equal scores,
+// pieces spanning spaces and <s> (whole texts merged at once), and a piece "<0x41>" built by merges (run.c's lookups
+// are by string only).
 TEST(BpeTokenizer, EncodeIsRunCsMergeLoop) {
   ASSERT_TRUE(file_exists(brown_dir() + "/ca01")) << "run scripts/setup.sh";
   const std::vector<Document> docs = read_brown(brown_dir());
@@ -183,7 +184,17 @@ TEST(BpeTokenizer, EncodeIsRunCsMergeLoop) {
     samples.push_back(docs[i].text.substr(0, 800));
     samples.push_back(docs[i].text.substr(0, docs[i].text.find('\n')));
   }
-  for (const std::string& s : samples) ASSERT_EQ(tok.encode(s, true, false), run_c_encode(tok, s)) << printable(s);
+  std::mt19937 gen(9);
+  for (int n = 0; n < 300; ++n) {  // random bytes, spaces and words: lone continuation bytes after spaces and first
+    std::string text;
+    for (int k = gen() % 30; k > 0; --k)
+      text += gen() % 3 == 0 ? std::string(1, static_cast<char>(gen() % 256)) : gen() % 2 ? " " : " the";
+    samples.push_back(text);
+  }
+  for (const std::string& s : samples) {
+    ASSERT_EQ(tok.encode(s, true, false), run_c_encode(tok, s)) << printable(s);
+    ASSERT_EQ(tok.encode(s, true, false), run_c_encode(tok, s)) << printable(s);  // again, from the word cache
+  }
 
   BpeVocabulary odd = train({"x"}, 261);  // 259 fixed pieces, " " and "x"
   const std::vector<std::pair<std::string, float>> extra = {
@@ -199,6 +210,7 @@ TEST(BpeTokenizer, EncodeIsRunCsMergeLoop) {
     odd.scores.push_back(-1.0f);
   }
   const BpeTokenizer weird(odd);
+  for (const std::string& s : samples) ASSERT_EQ(weird.encode(s, true, false), run_c_encode(weird, s)) << printable(s);
   for (const std::string s : {"xxxxxxx x xx", "<0x41>", "yy ab", "x", "", "xx<0x41>xxx x"})
     EXPECT_EQ(weird.encode(s, true, false), run_c_encode(weird, s)) << s;
   EXPECT_EQ(weird.decode(weird.encode("<0x41>", false, false)), " A");  // run.c's quirk, kept
