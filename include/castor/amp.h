@@ -18,7 +18,8 @@ namespace castor::amp {
 struct Properties {
   OptLevel level = OptLevel::O1;
   DType dtype = DType::Float16;          // the 16-bit type: float16 or bfloat16
-  bool autocast = false;                 // forward() applies autocast (O1)
+  bool autocast = false;                 // forward() applies autocast (O1); initialize() then stores frozen
+                                         // parameters (requires_grad false, outside norm layers) in the 16-bit type
   std::optional<DType> cast_model_type;  // the model is cast to this (O2, O3), or stays as it is
   bool keep_batchnorm_fp32 = false;      // with cast_model_type: BatchNorm layers stay float32
   // With cast_model_type, the models' forward casts floating inputs to it and floating outputs to this (as

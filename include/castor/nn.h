@@ -28,6 +28,7 @@ struct LoadResult {
 };
 
 class Module;
+struct LoraAdapter;  // castor/lora.h
 using ModulePtr = std::shared_ptr<Module>;
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
@@ -70,6 +71,8 @@ class Module {
     add_child(name, module);
     return module;
   }
+  // Removes child `name` (Python's `del module.name`); an error when there is none.
+  void unregister_module(const std::string& name);
 
   // Queries; `recurse` walks children depth-first after this module's own entries, as PyTorch does.
   std::vector<Tensor> parameters(bool recurse = true) const;
@@ -83,8 +86,9 @@ class Module {
   Module& eval() { return train(false); }
   bool is_training() const { return training_; }
   // Casts floating parameters (and their gradients) and floating buffers; with keep_norms_fp32, modules whose
-  // keeps_fp32_params() is true are left as they are.
-  Module& to(DType dtype, bool keep_norms_fp32 = false);
+  // keeps_fp32_params() is true are left as they are; with frozen_only, only parameters that do not require grad
+  // (and no buffers).
+  Module& to(DType dtype, bool keep_norms_fp32 = false, bool frozen_only = false);
   Module& apply(const std::function<void(Module&)>& fn);  // children first, then this module
   // Zeroes every parameter's gradient, or drops it (set_to_none; PyTorch 1.13's default is false).
   void zero_grad(bool set_to_none = false);
@@ -125,13 +129,17 @@ class Conv2d : public Module {
   int64_t groups_;
 };
 
-// input (N, in) -> (N, out). weight (out, in), bias (out).
+// input (N, in) -> (N, out). weight (out, in), bias (out). With a LoRA adapter (nn::apply_lora, lora.h) the
+// output is W x + b + scaling * B(A(dropout(x))) unless the adapter is merged into W.
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Linear"; }
+  int64_t in_features() const { return weight.size(1); }
+  int64_t out_features() const { return weight.size(0); }
   Tensor weight, bias;
+  std::shared_ptr<LoraAdapter> lora;  // null without an adapter
 };
 
 // input (N, C, H, W). weight/bias (C) when affine; running_mean/var (C) and num_batches_tracked (int64 scalar)

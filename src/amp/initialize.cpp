@@ -386,6 +386,10 @@ std::unique_ptr<Amp> initialize(const std::vector<nn::Module*>& models,
       model->to(*p.cast_model_type, p.keep_batchnorm_fp32);
       model->register_forward_pre_hook([to = *p.cast_model_type](const Tensor& x) { return cast_floating(x, to); });
       model->register_forward_hook([to = *p.cast_model_outputs](const Tensor& y) { return cast_floating(y, to); });
+    } else if (p.autocast) {
+      // A frozen parameter (a LoRA base) is stored once in the 16-bit type rather than kept in float32 and cast by
+      // every forward; norm layers keep theirs in float32, as their ops compute in float32.
+      model->to(p.dtype, /*keep_norms_fp32=*/true, /*frozen_only=*/true);
     }
     if (p.fp32_grad_accumulation)
       for (const Tensor& param : model->parameters())

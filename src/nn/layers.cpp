@@ -3,6 +3,7 @@
 
 #include "castor/autograd.h"
 #include "castor/functional.h"
+#include "castor/lora.h"
 #include "castor/nn.h"
 #include "castor/ops.h"
 #include "castor/random.h"
@@ -54,7 +55,10 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias) {
   if (bias) this->bias = register_parameter("bias", fan_in_uniform({out_features}, in_features));
 }
 
-Tensor Linear::forward(const Tensor& input) { return F::linear(input, weight, bias); }
+Tensor Linear::forward(const Tensor& input) {
+  const Tensor y = F::linear(input, weight, bias);
+  return lora && !lora->merged() ? y + lora->delta(input) : y;
+}
 
 BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, double momentum, bool affine, bool track_running_stats)
     : eps_(eps), momentum_(momentum) {

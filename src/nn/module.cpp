@@ -81,6 +81,12 @@ void Module::add_child(const std::string& name, ModulePtr module) {
   children_.emplace_back(name, std::move(module));
 }
 
+void Module::unregister_module(const std::string& name) {
+  auto it = std::find_if(children_.begin(), children_.end(), [&](const auto& e) { return e.first == name; });
+  CASTOR_CHECK(it != children_.end(), type_name(), ": no module \"", name, "\" to remove");
+  children_.erase(it);
+}
+
 void Module::collect(const std::string& prefix, bool params, bool buffers, bool recurse, NamedTensors& out) const {
   if (params)
     for (const auto& [name, t] : parameters_) out.emplace_back(prefix + name, t);
@@ -153,12 +159,14 @@ Tensor Module::operator()(const Tensor& input) {
   return y;
 }
 
-Module& Module::to(DType dtype, bool keep_norms_fp32) {
+Module& Module::to(DType dtype, bool keep_norms_fp32, bool frozen_only) {
   NoGradGuard no_grad;
   return apply([&](Module& m) {
     if (keep_norms_fp32 && m.keeps_fp32_params()) return;
-    for (const auto& [name, p] : m.parameters_) cast_floating(p, dtype);
-    for (const auto& [name, b] : m.buffers_) cast_floating(b, dtype);
+    for (const auto& [name, p] : m.parameters_)
+      if (!frozen_only || !p.requires_grad()) cast_floating(p, dtype);
+    if (!frozen_only)
+      for (const auto& [name, b] : m.buffers_) cast_floating(b, dtype);
   });
 }
 

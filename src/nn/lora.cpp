@@ -1,0 +1,181 @@
+// LoRA adapters on Linear layers: targeting by PEFT's module-name rules, freezing, merging and unmerging.
+#include "castor/lora.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "castor/autograd.h"
+#include "castor/ops.h"
+#include "castor/random.h"
+
+namespace castor::nn {
+
+namespace {
+
+using NamedLinears = std::vector<std::pair<std::string, std::shared_ptr<Linear>>>;
+
+// Every Linear under `m` with its path, in registration order; an adapter's own Linears are not listed.
+void collect_linears(Module& m, const std::string& prefix, NamedLinears& out) {
+  for (const auto& [name, child] : m.named_children()) {
+    if (auto linear = std::dynamic_pointer_cast<Linear>(child)) {
+      out.emplace_back(prefix + name, linear);
+      continue;
+    }
+    collect_linears(*child, prefix + name + ".", out);
+  }
+}
+
+NamedLinears all_linears(Module& model) {
+  NamedLinears out;
+  collect_linears(model, "", out);
+  return out;
+}
+
+// PEFT's target_modules rule for a list of names: the path is the name or ends in "." + name.
+bool matches(const std::string& path, const std::string& name) {
+  const size_t n = name.size();
+  return path == name ||
+         (path.size() > n && path.compare(path.size() - n, n, name) == 0 && path[path.size() - n - 1] == '.');
+}
+
+std::string leaf_name(const std::string& path) { return path.substr(path.rfind('.') + 1); }
+
+// The Linears the config targets; castor::Error for names that match nothing (listing the Linears' names).
+NamedLinears targets_of(Module& model, const LoraConfig& config) {
+  const NamedLinears linears = all_linears(model);
+  CASTOR_CHECK(!linears.empty(), "lora: ", model.type_name(), " has no Linear layer to adapt");
+  const auto& names = config.target_modules;
+  if (names.size() == 1 && names[0] == "all-linear") return NamedLinears(linears.begin(), linears.end() - 1);
+  std::vector<std::string> unmatched;
+  for (const std::string& n : names)
+    if (std::none_of(linears.begin(), linears.end(), [&](const auto& l) { return matches(l.first, n); }))
+      unmatched.push_back(n);
+  if (!unmatched.empty()) {
+    std::set<std::string> valid;
+    for (const auto& l : linears) valid.insert(leaf_name(l.first));
+    std::string list;
+    for (const std::string& v : valid) list += (list.empty() ? "" : ", ") + v;
+    std::string bad;
+    for (const std::string& u : unmatched) bad += (bad.empty() ? "\"" : ", \"") + u + "\"";
+    CASTOR_CHECK(false, "lora: target module(s) ", bad, " match no Linear layer of ", model.type_name(),
+                 "; valid names: ", list, ", all-linear (or a full path)");
+  }
+  NamedLinears out;
+  for (const auto& l : linears)
+    if (std::any_of(names.begin(), names.end(), [&](const std::string& n) { return matches(l.first, n); }))
+      out.push_back(l);
+  return out;
+}
+
+// A (r, in) drawn as the config says, from `gen`.
+Tensor draw_a(const LoraConfig& c, int64_t in_features, Generator& gen) {
+  if (c.init == LoraInit::Gaussian)
+    return normal({c.r, in_features}, 0.0, 1.0 / static_cast<double>(c.r), DType::Float32, &gen);
+  // kaiming_uniform_(a=sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / fan_in) = 1 / sqrt(fan_in).
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  return uniform({c.r, in_features}, -bound, bound, DType::Float32, &gen);
+}
+
+void attach(Linear& layer, const LoraConfig& c, Generator& gen) {
+  auto adapter = std::make_shared<LoraAdapter>();
+  adapter->lora_dropout = layer.register_module("lora_dropout", std::make_shared<Dropout>(c.dropout));
+  adapter->lora_A = layer.register_module("lora_A", std::make_shared<Linear>(layer.in_features(), c.r, false));
+  adapter->lora_B = layer.register_module("lora_B", std::make_shared<Linear>(c.r, layer.out_features(), false));
+  adapter->scaling = c.scaling();
+  NoGradGuard no_grad;
+  adapter->lora_A->weight.copy_(draw_a(c, layer.in_features(), gen));
+  adapter->lora_B->weight.zero_();
+  adapter->lora_dropout->train(layer.is_training());
+  adapter->lora_A->train(layer.is_training());
+  adapter->lora_B->train(layer.is_training());
+  layer.lora = adapter;
+}
+
+}  // namespace
+
+double LoraConfig::scaling() const {
+  return rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
+}
+
+void LoraConfig::validate() const {
+  CASTOR_CHECK(r > 0, "LoraConfig: r must be positive, got ", r);
+  CASTOR_CHECK(std::isfinite(alpha) && alpha > 0, "LoraConfig: alpha must be positive, got ", alpha);
+  CASTOR_CHECK(dropout >= 0 && dropout < 1, "LoraConfig: dropout must be in [0, 1), got ", dropout);
+  CASTOR_CHECK(!target_modules.empty(), "LoraConfig: target_modules is empty");
+  for (const std::string& t : target_modules) {
+    CASTOR_CHECK(!t.empty(), "LoraConfig: an empty target module name");
+    CASTOR_CHECK(t != "all-linear" || target_modules.size() == 1,
+                 "LoraConfig: \"all-linear\" cannot be combined with other target modules");
+  }
+}
+
+Tensor LoraAdapter::delta(const Tensor& x) const {
+  return (*lora_B)((*lora_A)((*lora_dropout)(x))) * scaling;
+}
+
+std::vector<std::string> apply_lora(Module& model, const LoraConfig& config) {
+  config.validate();
+  CASTOR_CHECK(lora_layers(model).empty(), "lora: ", model.type_name(), " already has LoRA adapters");
+  const NamedLinears targets = targets_of(model, config);
+  for (const auto& [path, layer] : targets)
+    CASTOR_CHECK(config.r <= std::min(layer->in_features(), layer->out_features()), "lora: rank ", config.r,
+                 " is larger than ", path, "'s dimensions (", layer->out_features(), ", ", layer->in_features(), ")");
+  for (Tensor p : model.parameters()) p.requires_grad_(false);
+  Generator gen(config.seed);
+  std::vector<std::string> paths;
+  for (const auto& [path, layer] : targets) {
+    attach(*layer, config, gen);
+    paths.push_back(path);
+  }
+  return paths;
+}
+
+std::vector<std::pair<std::string, std::shared_ptr<Linear>>> lora_layers(Module& model) {
+  NamedLinears out;
+  for (auto& l : all_linears(model))
+    if (l.second->lora) out.push_back(std::move(l));
+  return out;
+}
+
+StateDict lora_state_dict(Module& model) {
+  StateDict sd;
+  for (const auto& [path, layer] : lora_layers(model)) {
+    sd.emplace(path + ".lora_A.weight", layer->lora->lora_A->weight.detach());
+    sd.emplace(path + ".lora_B.weight", layer->lora->lora_B->weight.detach());
+  }
+  return sd;
+}
+
+void merge_lora(Module& model) {
+  NoGradGuard no_grad;
+  for (const auto& [path, layer] : lora_layers(model)) {
+    LoraAdapter& a = *layer->lora;
+    if (a.merged()) continue;
+    Tensor w = layer->weight.detach();
+    const Tensor ba = mm(a.lora_B->weight.detach().to(DType::Float32), a.lora_A->weight.detach().to(DType::Float32));
+    const Tensor merged = (w.to(DType::Float32) + ba * a.scaling).to(w.dtype());  // (out, in), one rounding
+    a.unmerged_weight = w.clone();
+    w.copy_(merged);
+  }
+}
+
+void unmerge_lora(Module& model) {
+  NoGradGuard no_grad;
+  for (const auto& [path, layer] : lora_layers(model)) {
+    LoraAdapter& a = *layer->lora;
+    if (!a.merged()) continue;
+    layer->weight.detach().copy_(a.unmerged_weight);
+    a.unmerged_weight = Tensor();
+  }
+}
+
+void merge_and_unload(Module& model) {
+  merge_lora(model);
+  for (const auto& [path, layer] : lora_layers(model)) {
+    for (const char* child : {"lora_dropout", "lora_A", "lora_B"}) layer->unregister_module(child);
+    layer->lora.reset();
+  }
+}
+
+}  // namespace castor::nn

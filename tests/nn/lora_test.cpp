@@ -1,0 +1,246 @@
+// LoRA adapters on GPT against PEFT's rules and a PyTorch 1.13 LoRA (tests/oracle/lora_oracle.py): the start equals
+// the base, adapter gradients, bf16 autocast with a 16-bit frozen base, optimizer state, merge and unmerge, errors.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "castor/amp.h"
+#include "castor/autocast.h"
+#include "castor/autograd.h"
+#include "castor/functional.h"
+#include "castor/lora.h"
+#include "castor/models.h"
+#include "castor/ops.h"
+#include "castor/optim.h"
+#include "castor/random.h"
+#include "castor/serialize.h"
+#include "nn/lm_twin.h"
+#include "nn/tiny_gpt.h"
+#include "support/support.h"
+#include "test_util.h"
+
+namespace castor {
+namespace {
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  const auto x = a.to_vector<float>(), y = b.to_vector<float>();
+  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
+}
+
+// Draws every lora_B from N(0, 0.05) so that A's gradient is not zero (B starts at zero).
+void randomize_b(nn::Module& model, uint64_t seed) {
+  Generator gen(seed);
+  NoGradGuard no_grad;
+  for (auto& [path, layer] : nn::lora_layers(model)) {
+    Tensor w = layer->lora->lora_B->weight;
+    w.copy_(normal(w.shape(), 0.0, 0.05, DType::Float32, &gen).to(w.dtype()));
+  }
+}
+
+// Runs lora_oracle.py on the model's base and adapters (all float32 in the file) and the batch.
+StateDict run_oracle(const std::string& name, const std::string& config, nn::Module& model, const StateDict& batch) {
+  const test::ScratchDir dir(name);
+  StateDict weights;
+  for (const auto& [k, v] : model.state_dict()) weights.emplace(k, v.to(DType::Float32));
+  save_safetensors(dir + "/weights.safetensors", weights);
+  save_safetensors(dir + "/batch.safetensors", batch);
+  if (!test::run_oracle("lora_oracle.py", {"grads", config, dir + "/weights.safetensors", dir + "/batch.safetensors",
+                                           dir + "/out.safetensors"}))
+    return {};
+  return load_safetensors(dir + "/out.safetensors").tensors;
+}
+
+void expect_adapter_grads(nn::Module& model, const StateDict& want, double tol) {
+  int64_t adapters = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (!p.requires_grad()) {
+      EXPECT_FALSE(p.grad().defined()) << name << " is frozen but got a gradient";
+      continue;
+    }
+    ++adapters;
+    ASSERT_TRUE(want.count("grad." + name)) << name;
+    ASSERT_TRUE(p.grad().defined()) << name;
+    EXPECT_LE(test::rel_l2(p.grad(), want.at("grad." + name)), tol) << name;
+  }
+  EXPECT_EQ(adapters * 1u, want.size() - 3) << "adapters here and in the oracle";  // less loss, logits, base_grads
+  EXPECT_EQ(want.at("base_grads").item(), 0.0);
+}
+
+TEST(Lora, PeftNamesShapesAndFrozenBase) {
+  auto model = models::gpt(test::tiny_gpt_config(67), 3);
+  nn::LoraConfig cfg;
+  cfg.r = 4;
+  cfg.target_modules = {"c_attn"};
+  const auto paths = nn::apply_lora(*model, cfg);
+  EXPECT_EQ(paths, (std::vector<std::string>{"transformer.h.0.attn.c_attn", "transformer.h.1.attn.c_attn"}));
+  const StateDict sd = nn::lora_state_dict(*model);
+  ASSERT_EQ(sd.size(), 4u);
+  EXPECT_EQ(sd.at("transformer.h.0.attn.c_attn.lora_A.weight").shape(), (Shape{4, 32}));
+  EXPECT_EQ(sd.at("transformer.h.1.attn.c_attn.lora_B.weight").shape(), (Shape{96, 4}));
+  EXPECT_TRUE(model->state_dict().count("transformer.h.0.attn.c_attn.weight"));  // the base keeps its names
+  for (const auto& [name, p] : model->named_parameters())
+    EXPECT_EQ(p.requires_grad(), name.find(".lora_") != std::string::npos) << name;
+  // A is nn.Linear's kaiming_uniform_(a=sqrt(5)): within +-1/sqrt(in); B starts at zero.
+  for (double v : sd.at("transformer.h.0.attn.c_attn.lora_A.weight").to_vector<double>())
+    EXPECT_LE(std::abs(v), 1.0 / std::sqrt(32.0));
+  for (double v : sd.at("transformer.h.0.attn.c_attn.lora_B.weight").to_vector<double>()) EXPECT_EQ(v, 0.0);
+  // all-linear: every Linear but the output layer (lm_head).
+  auto all = models::gpt(test::tiny_gpt_config(67), 3);
+  EXPECT_EQ(nn::apply_lora(*all, nn::LoraConfig{}).size(), 8u);
+  EXPECT_FALSE(all->lm_head->lora);
+  EXPECT_DOUBLE_EQ((nn::LoraConfig{.r = 16, .alpha = 32}).scaling(), 2.0);
+  EXPECT_DOUBLE_EQ((nn::LoraConfig{.r = 16, .alpha = 32, .rslora = true}).scaling(), 8.0);
+}
+
+TEST(Lora, AtInitLogitsEqualTheBaseBitForBit) {
+  for (nn::LoraInit init : {nn::LoraInit::KaimingUniform, nn::LoraInit::Gaussian}) {
+    auto model = models::gpt(test::tiny_gpt_config(67), 3);
+    const Tensor x = test::random_token_batch(2, 16, 67, 1);
+    const Tensor base = (*model)(x).detach();
+    Tensor base16;
+    {
+      amp::AutocastGuard autocast(DType::BFloat16);
+      base16 = (*model)(x).detach();
+    }
+    nn::apply_lora(*model, nn::LoraConfig{.init = init});
+    EXPECT_TRUE(same_bits((*model)(x), base));
+    amp::AutocastGuard autocast(DType::BFloat16);
+    EXPECT_TRUE(same_bits((*model)(x), base16));
+  }
+}
+
+TEST(Lora, AdapterGradientsMatchPyTorchFloat32) {
+  models::GPTConfig c = test::tiny_gpt_config(67);
+  auto model = models::gpt(c, 3);
+  nn::LoraConfig cfg{.r = 4, .alpha = 8, .target_modules = {"c_attn", "c_proj", "c_fc"}};
+  nn::apply_lora(*model, cfg);
+  randomize_b(*model, 7);
+  const Tensor x = test::random_token_batch(3, 16, c.vocab_size, 1), y = test::random_token_batch(3, 16, c.vocab_size, 2);
+  const StateDict want = run_oracle("lora_f32", test::gpt_config_json(c, detail::cat(", \"scaling\": ", cfg.scaling())),
+                                    *model, {{"x", x}, {"y", y}});
+  ASSERT_FALSE(want.empty());
+  const Tensor logits = (*model)(x);
+  F::cross_entropy(logits.reshape({-1, c.vocab_size}), y.reshape({-1})).backward();
+  EXPECT_TRUE(test::close(logits, want.at("logits"), 1e-5, 1e-6));
+  expect_adapter_grads(*model, want, 1e-6);
+}
+
+// O1 bf16 with a frozen base: the base's Linear and embedding weights are stored in bfloat16 (LayerNorms and
+// adapters stay float32); PyTorch gets the same storage and autocast.
+TEST(Lora, AutocastBFloat16WithA16BitBaseMatchesPyTorch) {
+  models::GPTConfig c = test::tiny_gpt_config(67);
+  auto model = models::gpt(c, 4);
+  nn::LoraConfig cfg{.r = 8, .alpha = 16, .target_modules = {"c_attn", "c_proj"}, .rslora = true};
+  nn::apply_lora(*model, cfg);
+  randomize_b(*model, 8);
+  std::vector<Tensor> trainable;
+  for (const Tensor& p : model->parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  optim::Adam opt(trainable, {});
+  auto amp = amp::initialize(*model, {&opt}, amp::OptLevel::O1, DType::BFloat16);
+  for (const auto& [name, p] : model->named_parameters()) {
+    const bool fp32 = name.find(".lora_") != std::string::npos || name.find(".ln_") != std::string::npos;
+    EXPECT_EQ(p.dtype(), fp32 ? DType::Float32 : DType::BFloat16) << name;
+  }
+  const Tensor x = test::random_token_batch(3, 16, c.vocab_size, 5), y = test::random_token_batch(3, 16, c.vocab_size, 6);
+  const StateDict want = run_oracle("lora_bf16",
+                                    test::gpt_config_json(c, detail::cat(", \"scaling\": ", cfg.scaling(),
+                                                                         ", \"autocast\": \"bf16\"")),
+                                    *model, {{"x", x}, {"y", y}});
+  ASSERT_FALSE(want.empty());
+  Tensor loss;
+  {
+    auto fw = amp->forward();
+    loss = test::lm_loss(*model, x, y);
+  }
+  loss.backward();
+  EXPECT_NEAR(loss.item(), want.at("loss").item(), 1e-2 * want.at("loss").item());
+  expect_adapter_grads(*model, want, 5e-2);
+}
+
+// The bytes an optimizer holds (state and master weights).
+int64_t optimizer_bytes(const optim::Optimizer& opt) {
+  int64_t n = 0;
+  for (const auto& [key, t] : opt.state_dict())
+    if (key.rfind("state.", 0) == 0 || key.rfind("master.", 0) == 0) n += t.numel() * dtype_size(t.dtype());
+  return n;
+}
+
+// AdamW over all the model's parameters: only the adapters get gradients and state (float32 moments, and float32
+// masters at O2), whatever the level; a step leaves the base as it was.
+TEST(Lora, BaseGetsNoGradientAndNoOptimizerState) {
+  for (amp::OptLevel level : {amp::OptLevel::O0, amp::OptLevel::O1, amp::OptLevel::O2}) {
+    models::GPTConfig c = test::tiny_gpt_config(67);
+    auto model = models::gpt(c, 5);
+    nn::apply_lora(*model, nn::LoraConfig{.target_modules = {"c_attn"}});
+    std::vector<Tensor> trainable;
+    int64_t adapter_elems = 0;
+    for (const Tensor& p : model->parameters())
+      if (p.requires_grad()) trainable.push_back(p), adapter_elems += p.numel();
+    const StateDict base_before = [&] {
+      StateDict sd;
+      for (const auto& [k, v] : model->state_dict()) sd.emplace(k, v.clone());
+      return sd;
+    }();
+    auto opt = optim::make_adamw(trainable, optim::AdamOptions::adamw());
+    auto amp = amp::initialize(*model, {opt.get()}, level, DType::BFloat16);
+    Tensor loss;
+    {
+      auto fw = amp->forward();
+      loss = test::lm_loss(*model, test::random_token_batch(2, 16, 67, 1), test::random_token_batch(2, 16, 67, 2));
+    }
+    amp->scale_loss(loss, *opt).backward();
+    opt->step();
+    for (const auto& [name, p] : model->named_parameters())
+      EXPECT_EQ(p.grad().defined(), p.requires_grad()) << name;
+    const int64_t per_elem = level == amp::OptLevel::O2 ? 12 : 8;  // exp_avg, exp_avg_sq (+ master) in float32
+    EXPECT_EQ(optimizer_bytes(*opt), per_elem * adapter_elems + 4 * static_cast<int64_t>(trainable.size()))
+        << amp::opt_level_name(level);
+    for (const auto& [k, v] : model->state_dict())
+      if (k.find(".lora_") == std::string::npos)  // as it was, in the dtype the level stores it in
+        EXPECT_TRUE(same_bits(v, base_before.at(k).to(v.dtype()))) << k;
+  }
+}
+
+TEST(Lora, MergedLogitsMatchAndUnmergeRestoresTheWeights) {
+  models::GPTConfig c = test::tiny_gpt_config(67);
+  auto model = models::gpt(c, 6);
+  nn::apply_lora(*model, nn::LoraConfig{.r = 4, .alpha = 16});
+  randomize_b(*model, 9);
+  model->eval();
+  const Tensor x = test::random_token_batch(2, 16, 67, 3);
+  const Tensor unmerged = (*model)(x).detach();
+  std::vector<Tensor> before;
+  for (const auto& [path, layer] : nn::lora_layers(*model)) before.push_back(layer->weight.clone());
+  nn::merge_lora(*model);
+  EXPECT_TRUE(test::close((*model)(x), unmerged, 1e-6, 1e-6));
+  EXPECT_FALSE(same_bits(nn::lora_layers(*model)[0].second->weight, before[0]));
+  nn::unmerge_lora(*model);
+  size_t i = 0;
+  for (const auto& [path, layer] : nn::lora_layers(*model)) EXPECT_TRUE(same_bits(layer->weight, before[i++])) << path;
+  EXPECT_TRUE(same_bits((*model)(x), unmerged));
+  // merge_and_unload leaves a plain GPT whose state dict has the base's keys only.
+  nn::merge_and_unload(*model);
+  EXPECT_TRUE(test::close((*model)(x), unmerged, 1e-6, 1e-6));
+  EXPECT_TRUE(nn::lora_layers(*model).empty());
+  EXPECT_EQ(model->state_dict().size(), models::gpt(c)->state_dict().size());
+}
+
+TEST(Lora, BadConfigurationsAreOneLineErrors) {
+  auto model = models::gpt(test::tiny_gpt_config(67), 3);
+  auto expect = [&](const nn::LoraConfig& cfg, const std::string& what) {
+    test::expect_error([&] { nn::apply_lora(*model, cfg); }, {what});
+  };
+  expect({.r = 0}, "r must be positive, got 0");
+  expect({.alpha = -1}, "alpha must be positive");
+  expect({.dropout = 1}, "dropout must be in [0, 1)");
+  expect({.r = 33}, "rank 33 is larger than transformer.h.0.attn.c_attn's dimensions (96, 32)");
+  expect({.target_modules = {"wq", "c_attn"}},
+         "target module(s) \"wq\" match no Linear layer of GPT; valid names: c_attn, c_fc, c_proj, lm_head");
+  for (const auto& [name, p] : model->named_parameters()) EXPECT_TRUE(p.requires_grad()) << name << " (unchanged)";
+  nn::apply_lora(*model, {});
+  expect({}, "GPT already has LoRA adapters");
+}
+
+}  // namespace
+}  // namespace castor

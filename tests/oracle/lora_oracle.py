@@ -1,0 +1,79 @@
+# PyTorch 1.13 LoRA on gpt_oracle.py's GPT, for tests/nn/lora_test.cpp.
+#
+#   lora_oracle.py grads CONFIG WEIGHTS BATCH OUT
+#       WEIGHTS: the base's nanoGPT-named tensors and the adapters' "<path>.lora_A.weight" (r, in) and
+#       "<path>.lora_B.weight" (out, r). Wraps each adapted Linear, freezes the base, runs BATCH's "x", "y" forward
+#       and backward and writes OUT: "loss", "logits", "grad.<path>.lora_A.weight", ... for the adapters, and
+#       "base_grads" (int64 [1]: how many base parameters got a gradient).
+# CONFIG: gpt_oracle.py's fields and "scaling"; "autocast": "bf16" stores the frozen base's non-LayerNorm
+# parameters in bfloat16 and runs under torch.autocast("cpu", torch.bfloat16), as Castor's O1 with LoRA (LayerNorm
+# as Castor's: float32 statistics and parameters, the output in the input's dtype).
+import json
+import os
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt_oracle import GPT  # noqa: E402
+from safetensors_io import read, write  # noqa: E402
+
+
+class LoraLinear(nn.Module):
+    """PEFT's lora.Linear: base(x) + lora_B(lora_A(dropout(x))) * scaling."""
+
+    def __init__(self, base, r, scaling):
+        super().__init__()
+        self.base, self.scaling = base, scaling
+        self.lora_A = nn.Linear(base.in_features, r, bias=False)
+        self.lora_B = nn.Linear(r, base.out_features, bias=False)
+
+    def forward(self, x):
+        return self.base(x) + self.lora_B(self.lora_A(x)) * self.scaling
+
+
+def main():
+    mode, cfg, weights, batch, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+    assert mode == "grads"
+    torch.set_num_threads(2)
+    state, _, _, _ = read(weights)
+    model = GPT(cfg)
+    model.load_state_dict({k: v.float() for k, v in state.items() if ".lora_" not in k}, strict=True)
+    model.requires_grad_(False)
+    autocast = cfg.get("autocast") == "bf16"
+    if autocast:
+        # Castor's layer_norm takes a 16-bit input (the embeddings are bfloat16 now) with float32 statistics and
+        # parameters, and gives the input's dtype; PyTorch 1.13's CPU layer_norm wants one dtype.
+        nn.LayerNorm.forward = lambda ln, x: F.layer_norm(x.float(), ln.normalized_shape, ln.weight, ln.bias,
+                                                          ln.eps).to(x.dtype)
+        for m in model.modules():
+            if not isinstance(m, nn.LayerNorm):
+                for p in m.parameters(recurse=False):
+                    p.data = p.data.bfloat16()
+    adapters = {}
+    for path in sorted({k[:k.index(".lora_")] for k in state if ".lora_" in k}):
+        parent_path, name = path.rsplit(".", 1) if "." in path else ("", path)
+        parent = model.get_submodule(parent_path)
+        r = state[path + ".lora_A.weight"].shape[0]
+        wrapped = LoraLinear(getattr(parent, name), r, cfg["scaling"])
+        wrapped.lora_A.weight.data = state[path + ".lora_A.weight"].float().clone()
+        wrapped.lora_B.weight.data = state[path + ".lora_B.weight"].float().clone()
+        setattr(parent, name, wrapped)
+        adapters[path] = wrapped
+    tensors, _, _, _ = read(batch)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits, loss = model(tensors["x"], tensors["y"])
+    loss.backward()
+    result = {"loss": loss.detach().float().reshape(1), "logits": logits.detach().float().contiguous()}
+    for path, m in adapters.items():
+        result[f"grad.{path}.lora_A.weight"] = m.lora_A.weight.grad.contiguous()
+        result[f"grad.{path}.lora_B.weight"] = m.lora_B.weight.grad.contiguous()
+    base = [p for n, p in model.named_parameters() if ".lora_" not in n]
+    result["base_grads"] = torch.tensor([sum(p.grad is not None for p in base)], dtype=torch.int64)
+    write(out, result, {})
+
+
+if __name__ == "__main__":
+    main()
