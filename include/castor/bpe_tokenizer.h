@@ -38,7 +38,8 @@ BpeVocabulary read_tokenizer_bin(const std::string& path);
 // run.c's encode and decode over a vocabulary of at most 65,536 pieces.
 class BpeTokenizer {
  public:
-  explicit BpeTokenizer(BpeVocabulary vocab);  // castor::Error on more than 65,536 pieces or mismatched scores
+  // castor::Error on fewer than 259 pieces (3 special and 256 bytes), more than 65,536, or mismatched scores.
+  explicit BpeTokenizer(BpeVocabulary vocab);
 
   // run.c's encode(text, bos, eos): <s> when `bos`; then, for a non-empty text, the piece " " (sentencepiece's dummy
   // prefix; left out when the vocabulary has none, where run.c would write id -1); each UTF-8 character as its piece,
