@@ -79,12 +79,9 @@ std::unique_ptr<Run> gpt_run(const Level& lv) {
   c.n_layer = 4, c.n_head = 4, c.n_embd = 128, c.block_size = 64, c.vocab_size = 85, c.dropout = 0.0;
   auto model = models::gpt(c, 1);
   r->model = model;
-  std::vector<Tensor> decay, no_decay;
-  for (const Tensor& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   optim::AdamOptions o = optim::AdamOptions::adamw();
   o.lr = 1e-3, o.weight_decay = 0.1, o.beta2 = 0.99;
-  r->opt = optim::make_adamw(decay, o);
-  r->opt->add_param_group(no_decay, o.lr, /*weight_decay=*/0.0);
+  r->opt = bench::decayed_adamw(*model, o);
   r->amp = amp::initialize(*model, {r->opt.get()}, lv.level, lv.dtype);
   r->clip = 1.0;
   const Tensor x = randint(0, c.vocab_size, {12, 64}), y = randint(0, c.vocab_size, {12, 64});
