@@ -357,7 +357,7 @@ TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {
     EXPECT_EQ(p.out, "");
   }
   EXPECT_FALSE(fs::exists(f.dir + "/x.bin"));
-  // An image classifier's run is not a GPT's.
+  // An image classifier's run is not a language model's (a GPT's or a Llama's).
   const std::string image_run = f.dir + "/image_run";
   train::write_checkpoint(image_run, 1,
                           {models::simple_cnn(1, 28, 28)->state_dict(), {{"castor.model", "simplecnn"}}, {}, {}}, 2);
