@@ -32,6 +32,8 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
 struct ExportConfig {
   bool llmc = false;       // llm.c's gpt2_124M.bin layout
   bool nanogpt = false;    // nanoGPT's ckpt.pt in the directory `out`
+  bool merge_lora = false; // a LoRA run: its base with the adapters merged (required for --llmc and --nanogpt)
+  std::string peft;        // a LoRA run: its adapters in PEFT's format, into this directory (instead of --out)
   std::string checkpoint;  // a run or checkpoint directory, or a weights file (llm.c .bin or safetensors)
   std::string out;
   int64_t n_head = 0;      // for safetensors that do not record it

@@ -19,6 +19,7 @@
 #include "castor/torch_save.h"
 #include "train/metrics.h"
 #include "train/cli.h"
+#include "train/lora_run.h"
 
 namespace castor::train {
 namespace {
@@ -30,8 +31,9 @@ struct LoadedGpt {
   models::GPTWeights weights;
   Json config;
   std::string what;
-  StateDict train_state;  // a checkpoint's train_state.safetensors (empty for a weights file)
+  StateDict train_state;  // a checkpoint's train_state.safetensors (empty for a weights file or a LoRA run's)
   std::string run_dir;    // the run directory holding the checkpoint (empty when none)
+  bool lora = false;      // a LoRA run's checkpoint: its base with the adapters merged
 };
 
 LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
@@ -44,10 +46,12 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
     CASTOR_CHECK(it->second.rfind("gpt", 0) == 0, path, ": a ", printable(it->second),
                  " checkpoint, not a GPT's");
   Json config = castor_config(ck.model_meta, what);
+  const bool lora = is_lora_checkpoint(ck.model_meta);
+  merge_lora_checkpoint(ck, what);
   models::GPTWeights weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
   const fs::path run = fs::path(used).parent_path().parent_path();  // RUN/checkpoints/step-N
   return {std::move(weights), std::move(config), what, std::move(ck.state),
-          fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string()};
+          fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string(), lora};
 }
 
 // The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data brown|brown-char
@@ -100,11 +104,18 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
       "castor export");
   CLI::App& app = *owner;
   auto* llmc = app.add_flag("--llmc", c.llmc, "llm.c's checkpoint format");
-  app.add_flag("--nanogpt", c.nanogpt, "nanoGPT's ckpt.pt in the directory --out")->excludes(llmc);
+  auto* nanogpt = app.add_flag("--nanogpt", c.nanogpt, "nanoGPT's ckpt.pt in the directory --out")->excludes(llmc);
+  app.add_flag("--merge-lora", c.merge_lora,
+               "a LoRA run (castor train --lora-rank): write its base with the adapters merged (W + scaling B A)");
+  app.add_option("--peft", c.peft,
+                 "a LoRA run: write its adapters in Hugging Face PEFT's format into this directory "
+                 "(adapter_config.json, adapter_model.safetensors; castor train --init-lora reads them)")
+      ->excludes(llmc)
+      ->excludes(nanogpt);
   app.add_option("--checkpoint", c.checkpoint, "a run or checkpoint directory, or an llm.c .bin or safetensors file")
       ->required();
   app.add_option("--out", c.out, "the file to write (--nanogpt: the directory of ckpt.pt; replaced whole, or left as "
-                 "it was on failure)")->required();
+                 "it was on failure)");
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
   return owner;
 }
@@ -168,8 +179,10 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
 ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   ExportConfig c;
   parse_flags(*export_app(c), args, "export");
-  CASTOR_CHECK(c.llmc || c.nanogpt, "--llmc or --nanogpt: missing (the format to write)");
-  CASTOR_CHECK(!c.out.empty(), "--out: empty (the file to write)");
+  CASTOR_CHECK(c.llmc || c.nanogpt || !c.peft.empty(),
+               "--llmc or --nanogpt: missing (the format to write; --peft DIR for a LoRA run's adapters)");
+  CASTOR_CHECK(!c.peft.empty() || !c.out.empty(), "--out: empty or missing (the file to write)");
+  CASTOR_CHECK(c.peft.empty() || c.out.empty(), "--out: not with --peft DIR (the directory it writes)");
   return c;
 }
 
@@ -331,13 +344,30 @@ PyValue nanogpt_checkpoint(const LoadedGpt& g, const std::string& out_dir, PyVal
 
 }  // namespace
 
+namespace {
+
+// castor export --peft: a LoRA checkpoint's adapters as PEFT's files.
+Json export_peft(const ExportConfig& c) {
+  std::string used;
+  const Checkpoint ck = read_checkpoint(c.checkpoint, &used);
+  const std::string what = (fs::path(used) / "model.safetensors").string();
+  write_peft(c.peft, ck, what);
+  return Json::Object{{"from", printable(what)}, {"format", "peft"}, {"out", printable(c.peft)},
+                      {"tensors", static_cast<int64_t>(ck.model.size())}};
+}
+
+}  // namespace
+
 Json run_export(const ExportConfig& c) {
+  if (!c.peft.empty()) return export_peft(c);
   try {  // before the checkpoint is read: a device, FIFO, directory or link at --out is refused at once
     check_replaceable(c.nanogpt ? (fs::path(c.out) / "ckpt.pt").string() : c.out);
   } catch (const Error& e) {
     throw Error(detail::cat("--out: ", e.what()));
   }
   LoadedGpt g = load_gpt(c.checkpoint, c.n_head);
+  CASTOR_CHECK(!g.lora || c.merge_lora, "--merge-lora: missing; ", c.checkpoint, " is a LoRA run (adapters on a "
+               "frozen base): --merge-lora writes the base with its adapters merged, --peft DIR the adapters alone");
   models::GPTConfig& config = g.weights.config;
   Json::Object out{{"from", printable(g.what)}, {"n_layer", config.n_layer}, {"n_head", config.n_head},
                    {"n_embd", config.n_embd}, {"block_size", config.block_size}};

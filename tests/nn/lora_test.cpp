@@ -15,6 +15,7 @@
 #include "castor/random.h"
 #include "castor/serialize.h"
 #include "nn/tiny_gpt.h"
+#include "runtime/dispatch.h"
 #include "support/support.h"
 #include "test_util.h"
 
@@ -96,6 +97,28 @@ TEST(Lora, PeftNamesShapesAndFrozenBase) {
   EXPECT_DOUBLE_EQ((nn::LoraConfig{.r = 16, .alpha = 32, .rslora = true}).scaling(), 8.0);
 }
 
+// Only dX flows through a frozen Linear: its backward runs one GEMM (diff_dst W), not the weight's (diff_dst^T x).
+TEST(Lora, AFrozenLinearRunsNoWeightGradientGemm) {
+  struct CountMm : OpObserver {
+    int mm = 0;
+    void on_op(const OpEvent& e) override { mm += e.op == OpKind::Mm; }
+  };
+  for (bool frozen : {false, true}) {
+    nn::Linear layer(32, 64);
+    if (frozen) layer.weight.requires_grad_(false), layer.bias.requires_grad_(false);
+    Tensor x = randn({4, 8, 32});
+    x.requires_grad_(true);
+    const Tensor loss = sum(layer(x));
+    CountMm count;
+    set_op_observer(&count);
+    loss.backward();
+    set_op_observer(nullptr);
+    EXPECT_EQ(count.mm, frozen ? 1 : 2);
+    EXPECT_TRUE(x.grad().defined());
+    EXPECT_EQ(layer.weight.grad().defined(), !frozen);
+  }
+}
+
 TEST(Lora, AtInitLogitsEqualTheBaseBitForBit) {
   for (nn::LoraInit init : {nn::LoraInit::KaimingUniform, nn::LoraInit::Gaussian}) {
     auto model = models::gpt(test::tiny_gpt_config(67), 3);
@@ -170,10 +193,11 @@ int64_t optimizer_bytes(const optim::Optimizer& opt) {
   return n;
 }
 
-// AdamW over all the model's parameters: only the adapters get gradients and state (float32 moments, and float32
-// masters at O2), whatever the level; a step leaves the base as it was.
+// AdamW over the trainable parameters: only the adapters get gradients and state (float32 moments, and float32
+// masters at O2; at O3 the adapters are bfloat16, updated without masters), whatever the level; a step leaves the
+// base as it was.
 TEST(Lora, BaseGetsNoGradientAndNoOptimizerState) {
-  for (amp::OptLevel level : {amp::OptLevel::O0, amp::OptLevel::O1, amp::OptLevel::O2}) {
+  for (amp::OptLevel level : {amp::OptLevel::O0, amp::OptLevel::O1, amp::OptLevel::O2, amp::OptLevel::O3}) {
     models::GPTConfig c = test::tiny_gpt_config(67);
     auto model = models::gpt(c, 5);
     nn::apply_lora(*model, nn::LoraConfig{.target_modules = {"c_attn"}});
@@ -187,7 +211,9 @@ TEST(Lora, BaseGetsNoGradientAndNoOptimizerState) {
       return sd;
     }();
     auto opt = optim::make_adamw(trainable, optim::AdamOptions::adamw());
-    auto amp = amp::initialize(*model, {opt.get()}, level, DType::BFloat16);
+    amp::Overrides ov;
+    if (level == amp::OptLevel::O3) ov.rounding = optim::Rounding::Stochastic;
+    auto amp = amp::initialize(*model, {opt.get()}, level, DType::BFloat16, ov);
     Tensor loss;
     {
       auto fw = amp->forward();
@@ -204,6 +230,41 @@ TEST(Lora, BaseGetsNoGradientAndNoOptimizerState) {
       if (k.find(".lora_") == std::string::npos)  // as it was, in the dtype the level stores it in
         EXPECT_TRUE(same_bits(v, base_before.at(k).to(v.dtype()))) << k;
   }
+}
+
+// O1 float16: dynamic loss scaling scales and unscales the adapters' gradients only; two accumulated micro-batches
+// clipped to norm 0.5 give the float32 run's clipped sum, within float16's tolerance.
+TEST(Lora, LossScalingClippingAndAccumulationAtO1Float16) {
+  models::GPTConfig c = test::tiny_gpt_config(67);
+  const Tensor x[] = {test::tokens(2, 16, 67, 1), test::tokens(2, 16, 67, 3)};
+  const Tensor y[] = {test::tokens(2, 16, 67, 2), test::tokens(2, 16, 67, 4)};
+  std::vector<Tensor> grads[2];
+  for (amp::OptLevel level : {amp::OptLevel::O0, amp::OptLevel::O1}) {
+    auto model = models::gpt(c, 5);
+    nn::apply_lora(*model, nn::LoraConfig{.target_modules = {"c_attn", "c_fc"}});
+    randomize_b(*model, 3);
+    std::vector<Tensor> trainable;
+    for (const Tensor& p : model->parameters())
+      if (p.requires_grad()) trainable.push_back(p);
+    optim::SGD opt(trainable, {.lr = 0.1});
+    auto amp = amp::initialize(*model, {&opt}, level, DType::Float16);
+    for (int k = 0; k < 2; ++k) {
+      Tensor loss;
+      {
+        auto fw = amp->forward();
+        loss = loss_of(*model, x[k], y[k]);
+      }
+      amp->scale_loss(loss, opt).backward();
+    }
+    if (level == amp::OptLevel::O1) EXPECT_EQ(amp->scaler().get_scale(), 65536.0);
+    const std::vector<Tensor> masters = amp::master_params(opt);  // unscaled here
+    EXPECT_EQ(masters.size(), trainable.size());
+    amp::clip_grad_norm_(masters, 0.5);
+    for (const Tensor& p : masters) grads[level == amp::OptLevel::O1].push_back(p.grad().to(DType::Float32).clone());
+    for (const auto& [name, p] : model->named_parameters())
+      if (!p.requires_grad()) EXPECT_FALSE(p.grad().defined()) << name;
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_LE(test::rel_l2(grads[1][i], grads[0][i]), 2e-2) << i;
 }
 
 TEST(Lora, MergedLogitsMatchAndUnmergeRestoresTheWeights) {

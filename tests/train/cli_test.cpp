@@ -265,7 +265,7 @@ TEST(TrainFlags, ConfigJsonAndResumeHelpComeFromTheSettingsTable) {
   // Every recorded key is a flag of castor train, and reads back as the same setting.
   const TrainConfig c = parse_train_flags({"--lr", "0.25", "--no-bias", "--model", "gpt", "--loss-scale", "128"});
   const Json recorded = settings_json(c);
-  EXPECT_EQ(recorded.as_object().size(), 49u);
+  EXPECT_EQ(recorded.as_object().size(), 55u);
   const std::string help = train_help();
   for (const auto& [key, v] : recorded.as_object()) {
     std::string flag = "--" + key;

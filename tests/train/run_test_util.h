@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "castor/checkpoint.h"
+#include "castor/random.h"
 #include "test_util.h"
 
 namespace castor::test {
@@ -120,6 +121,23 @@ inline void expect_one_line_error(const CastorProcess& p, const std::vector<std:
 }
 
 // Every tensor of both checkpoints (or run directories: their newest), bit for bit, step counters and all.
+// A learnable text of 3000 sentences from a small grammar ("the jury said the report."), eight to a line, written to
+// `run.dir`/text.txt and tokenized by characters into `run.dir`/tok (a tenth for validation).
+inline CastorProcess make_grammar_tokens(const CastorRun& run) {
+  const char* subjects[] = {"the jury", "a clerk", "the city", "his wife", "the court"};
+  const char* verbs[] = {"said", "found", "saw", "asked", "heard"};
+  const char* objects[] = {"the report.", "no evidence.", "the man.", "a letter.", "the news."};
+  Generator gen(3);
+  {
+    std::ofstream text(run.dir + "/text.txt");
+    for (int i = 0; i < 3000; ++i)
+      text << subjects[gen.next_u64() % 5] << " " << verbs[gen.next_u64() % 5] << " " << objects[gen.next_u64() % 5]
+           << (i % 8 == 7 ? "\n" : " ");
+  }
+  return run_castor({"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok", "--val-fraction", "0.1"},
+                    run);
+}
+
 inline void expect_same_checkpoint(const std::string& a, const std::string& b) {
   train::Checkpoint x = train::read_checkpoint(a), y = train::read_checkpoint(b);
   for (auto [p, q] : {std::pair{&x.model, &y.model}, std::pair{&x.state, &y.state}}) {
