@@ -69,13 +69,13 @@ castor_layer(kernels DIRS kernels HEADERS backends USES core)
 castor_layer(runtime DIRS runtime autograd ops HEADERS ops autocast autograd functional USES core kernels)
 castor_layer(dist DIRS dist HEADERS dist USES core kernels runtime)
 target_link_libraries(castor_dist PRIVATE MPI::MPI_CXX)  # only src/dist includes mpi.h
-castor_layer(nn DIRS nn HEADERS nn models ddp lora USES core kernels runtime dist)
+castor_layer(nn DIRS nn HEADERS nn language_model models llama ddp lora USES core kernels runtime dist)
 castor_layer(optim DIRS optim HEADERS optim lr_scheduler USES core kernels runtime)
 castor_layer(amp DIRS amp HEADERS grad_scaler amp explain opt_level USES core kernels runtime dist nn optim)
 castor_layer(io DIRS io HEADERS json fs safetensors serialize torch_save USES core)
-castor_layer(data DIRS data HEADERS data datasets token_file tokenizer corpus lm_batch USES core io)
+castor_layer(data DIRS data HEADERS data datasets token_file tokenizer bpe_tokenizer bpe_trainer corpus lm_batch USES core io)
 target_link_libraries(castor_data PRIVATE PNG::PNG JPEG::JPEG)  # only src/data includes png.h and jpeglib.h
-castor_layer(train DIRS train HEADERS checkpoint train_config trainer report castor llmc sample
+castor_layer(train DIRS train HEADERS checkpoint train_config trainer report castor llmc llama2c sample
   USES core kernels runtime dist nn optim amp io data)
 
 # Every source and every public header belongs to a layer: a new directory or header must be placed in the table.

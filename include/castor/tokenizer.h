@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "castor/bpe_tokenizer.h"
 #include "castor/json.h"
 
 namespace castor::data {
@@ -67,30 +68,40 @@ class CharTokenizer {
   std::unordered_map<char32_t, uint16_t> ids_;
 };
 
-// What a token directory (train.bin, val.bin) was made with: DIR/tokenizer.json holds {"tokenizer": "gpt2" or
-// "char", "vocab_size": V, ...} (gpt2 also "eot_token" and a copy of encoder.json and vocab.bpe in DIR; char also
-// "chars", the vocabulary as a string in id order), so training takes V from it and sampling decodes.
+// What a token directory (train.bin, val.bin) was made with: DIR/tokenizer.json holds {"tokenizer": "gpt2", "char"
+// or "bpe", "vocab_size": V, ...} (gpt2 also "eot_token" and a copy of encoder.json and vocab.bpe in DIR; char also
+// "chars", the vocabulary as a string in id order; bpe also "bos_token" 1, "eos_token" 2 and "tokenizer_bin", the
+// file name and checksum of llama2.c's tokenizer.bin in DIR), so training takes V from it and sampling decodes.
 class Tokenizer {
  public:
   explicit Tokenizer(Gpt2Tokenizer gpt2);
   explicit Tokenizer(CharTokenizer chars);
-  // Reads DIR/tokenizer.json (and for gpt2, DIR/encoder.json and DIR/vocab.bpe); errors name the file.
+  explicit Tokenizer(BpeTokenizer bpe);
+  // Reads DIR/tokenizer.json (and for gpt2, DIR/encoder.json and DIR/vocab.bpe; for bpe, DIR/tokenizer.bin, whose
+  // checksum and piece count must be the recorded ones); errors name the file.
   static Tokenizer load(const std::string& dir);
   // Only the vocab_size DIR/tokenizer.json records; castor::Error naming the file when it is not JSON or the size
   // is not an integer in [1, 65536] (token files hold 16-bit ids).
   static int64_t recorded_vocab_size(const std::string& dir);
 
-  const std::string& kind() const { return kind_; }  // "gpt2" or "char"
+  const std::string& kind() const { return kind_; }  // "gpt2", "char" or "bpe"
   int64_t vocab_size() const;
+  // bpe: as llama2.c's run.c encodes a prompt, <s> (id 1) first.
   std::vector<uint16_t> encode(std::string_view text);
   std::string decode(std::span<const uint16_t> tokens) const;
+  // The text of `token` written after `prev` (bpe: run.c's decode(prev, token), which drops a piece's leading space
+  // after <s>; the others: decode of the token alone).
+  std::string decode_next(uint16_t prev, uint16_t token) const;
   // The record load() reads (without the counts the tokenize job adds).
   Json record() const;
+  // bpe: the vocabulary (null for the other kinds).
+  const BpeTokenizer* bpe() const { return bpe_.get(); }
 
  private:
   std::string kind_;
   std::shared_ptr<Gpt2Tokenizer> gpt2_;
   std::shared_ptr<CharTokenizer> chars_;
+  std::shared_ptr<BpeTokenizer> bpe_;
 };
 
 // DIR/tokenizer.json parsed (a JSON object whose vocab_size is an integer in [1, 65536]); castor::Error naming the

@@ -16,7 +16,7 @@
 namespace castor::train {
 
 // The choices of the enumerated flags; name() gives each one's spelling on the command line and in config.json.
-enum class Dataset { FashionMnist, Cifar10, Synthetic, Folder, Brown, BrownChar, Tokens };
+enum class Dataset { FashionMnist, Cifar10, Synthetic, Folder, Brown, BrownChar, BrownBpe, Tokens };
 enum class ModelKind { SimpleCnn, ResNet18, ResNet9, Gpt, GptMini, Gpt2 };
 enum class OptimizerKind { Sgd, Adam, AdamW };
 enum class Schedule { None, Step, Cosine, OneCycle, WarmupCosine };

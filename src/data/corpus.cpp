@@ -12,8 +12,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 
+#include "castor/bpe_trainer.h"
 #include "castor/check.h"
 #include "castor/fs.h"
 #include "castor/token_file.h"
@@ -38,7 +40,7 @@ std::string tokens_checksum(std::span<const uint16_t> tokens) {
 
 // The files a token folder holds; any other entry in --out is the user's.
 bool is_token_folder_file(const std::string& name) {
-  return is_one_of(name, {"train.bin", "val.bin", "tokenizer.json", "encoder.json", "vocab.bpe"});
+  return is_one_of(name, {"train.bin", "val.bin", "tokenizer.json", "encoder.json", "vocab.bpe", "tokenizer.bin"});
 }
 
 // The entries of `dir` that are not a token folder's, sorted.
@@ -134,6 +136,58 @@ void switch_folder(const fs::path& fresh, const fs::path& out, const std::vector
   fs::remove_all(old, ec);
 }
 
+
+using IsVal = std::function<bool(size_t)>;
+
+// GPT-2's BPE tokens of each document (to val where is_val), <|endoftext|> before each.
+Tokenizer encode_gpt2(const std::vector<Document>& docs, const std::string& bpe_dir, const IsVal& is_val,
+                      std::vector<uint16_t>& train, std::vector<uint16_t>& val) {
+  std::optional<Gpt2Tokenizer> loaded;
+  try {
+    loaded.emplace(Gpt2Tokenizer::from_dir(bpe_dir));
+  } catch (const Error& e) {
+    throw Error(detail::cat("--bpe-dir ", bpe_dir, ": ", e.what(), " (give --bpe-dir DIR holding GPT-2's "
+                            "encoder.json and vocab.bpe; the default is setup's, from ./scripts/setup.sh)"));
+  }
+  Gpt2Tokenizer& bpe = *loaded;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    std::vector<uint16_t>& dst = is_val(i) ? val : train;
+    dst.push_back(Gpt2Tokenizer::kEot);
+    try {
+      bpe.encode(docs[i].text, dst);
+    } catch (const Error& e) {
+      throw Error(docs[i].name + ": " + e.what());
+    }
+  }
+  return Tokenizer(std::move(bpe));
+}
+
+// The characters of the documents joined by "\n\n" (train and val apart), the vocabulary from all of them.
+Tokenizer encode_chars(const std::vector<Document>& docs, const IsVal& is_val, std::vector<uint16_t>& train,
+                       std::vector<uint16_t>& val) {
+  std::string train_text, val_text;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    std::string& dst = is_val(i) ? val_text : train_text;
+    if (!dst.empty()) dst += "\n\n";
+    dst += docs[i].text;
+  }
+  const CharTokenizer chars = CharTokenizer::from_text(train_text + val_text, docs.front().name);
+  chars.encode(train_text, train, "the training text");
+  chars.encode(val_text, val, "the validation text");
+  return Tokenizer(chars);
+}
+
+// A vocabulary learned from all the documents, then each document as run.c encodes it, <s> first.
+Tokenizer encode_bpe(const std::vector<Document>& docs, int64_t vocab_size, const IsVal& is_val,
+                     std::vector<uint16_t>& train, std::vector<uint16_t>& val) {
+  std::vector<std::string_view> texts;
+  for (const Document& d : docs) texts.push_back(d.text);
+  BpeTokenizer bpe(train_bpe_vocabulary(texts, vocab_size));
+  for (size_t i = 0; i < docs.size(); ++i)
+    bpe.encode(docs[i].text, /*bos=*/true, /*eos=*/false, is_val(i) ? val : train);
+  return Tokenizer(std::move(bpe));
+}
+
 }  // namespace
 
 std::string strip_brown(std::string_view tagged, const std::string& what) {
@@ -213,8 +267,16 @@ std::vector<Document> read_text_files(const std::vector<std::string>& paths) {
 }
 
 Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions& opt) {
-  CASTOR_CHECK(opt.tokenizer == "gpt2" || opt.tokenizer == "char", "--tokenizer: expected gpt2|char, got '",
-               opt.tokenizer, "'");
+  CASTOR_CHECK(opt.tokenizer == "gpt2" || opt.tokenizer == "char" || opt.tokenizer == "bpe",
+               "--tokenizer: expected gpt2|char|bpe, got '", opt.tokenizer, "'");
+  if (opt.tokenizer == "bpe") {
+    CASTOR_CHECK(opt.vocab_size != 0, "--vocab-size: missing (the size of the vocabulary --tokenizer bpe learns, "
+                 "259..65536)");
+    check_bpe_vocab_size(opt.vocab_size);
+  } else {
+    CASTOR_CHECK(opt.vocab_size == 0, "--vocab-size: only --tokenizer bpe learns a vocabulary (", opt.tokenizer,
+                 "'s is fixed by its files or the text)");
+  }
   CASTOR_CHECK(!opt.out.empty(), "--out: missing (the directory to write train.bin and val.bin to)");
   CASTOR_CHECK(opt.val_every >= 0, "--val-every: must be non-negative");
   CASTOR_CHECK(opt.val_fraction >= 0 && opt.val_fraction < 1, "--val-fraction: must be in [0, 1)");
@@ -230,38 +292,10 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   auto is_val = [&](size_t i) { return by_document && static_cast<int64_t>(i % opt.val_every) == opt.val_every - 1; };
   std::vector<uint16_t> train, val;
   int64_t val_docs = 0;
-  Json record;
-  if (opt.tokenizer == "gpt2") {
-    std::optional<Gpt2Tokenizer> loaded;
-    try {
-      loaded.emplace(Gpt2Tokenizer::from_dir(opt.bpe_dir));
-    } catch (const Error& e) {
-      throw Error(detail::cat("--bpe-dir ", opt.bpe_dir, ": ", e.what(), " (give --bpe-dir DIR holding GPT-2's "
-                              "encoder.json and vocab.bpe; the default is setup's, from ./scripts/setup.sh)"));
-    }
-    Gpt2Tokenizer& bpe = *loaded;
-    for (size_t i = 0; i < docs.size(); ++i) {
-      std::vector<uint16_t>& dst = is_val(i) ? val : train;
-      dst.push_back(Gpt2Tokenizer::kEot);
-      try {
-        bpe.encode(docs[i].text, dst);
-      } catch (const Error& e) {
-        throw Error(docs[i].name + ": " + e.what());
-      }
-    }
-    record = Tokenizer(std::move(bpe)).record();
-  } else {
-    std::string train_text, val_text;
-    for (size_t i = 0; i < docs.size(); ++i) {
-      std::string& dst = is_val(i) ? val_text : train_text;
-      if (!dst.empty()) dst += "\n\n";
-      dst += docs[i].text;
-    }
-    const CharTokenizer chars = CharTokenizer::from_text(train_text + val_text, docs.front().name);
-    chars.encode(train_text, train, "the training text");
-    chars.encode(val_text, val, "the validation text");
-    record = Tokenizer(chars).record();
-  }
+  const Tokenizer tokenizer = opt.tokenizer == "gpt2" ? encode_gpt2(docs, opt.bpe_dir, is_val, train, val)
+                              : opt.tokenizer == "bpe" ? encode_bpe(docs, opt.vocab_size, is_val, train, val)
+                                                       : encode_chars(docs, is_val, train, val);
+  Json record = tokenizer.record();
   for (size_t i = 0; i < docs.size(); ++i) val_docs += is_val(i);
   if (!by_document) {
     // The last val_fraction of the stream.
@@ -299,6 +333,7 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
       atomic_write_file(dir + "/encoder.json", read_file(opt.bpe_dir + "/encoder.json"));
       atomic_write_file(dir + "/vocab.bpe", read_file(opt.bpe_dir + "/vocab.bpe"));
     }
+    if (tokenizer.bpe()) write_tokenizer_bin(dir + "/tokenizer.bin", tokenizer.bpe()->vocabulary());
     record["documents"] = static_cast<int64_t>(docs.size());
     record["val_documents"] = val_docs;
     record["text_bytes"] = text_bytes;

@@ -86,6 +86,7 @@ std::string CharTokenizer::chars_utf8() const {
 
 Tokenizer::Tokenizer(Gpt2Tokenizer gpt2) : kind_("gpt2"), gpt2_(std::make_shared<Gpt2Tokenizer>(std::move(gpt2))) {}
 Tokenizer::Tokenizer(CharTokenizer chars) : kind_("char"), chars_(std::make_shared<CharTokenizer>(std::move(chars))) {}
+Tokenizer::Tokenizer(BpeTokenizer bpe) : kind_("bpe"), bpe_(std::make_shared<BpeTokenizer>(std::move(bpe))) {}
 
 Json read_tokenizer_record(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
@@ -103,6 +104,27 @@ Json read_tokenizer_record(const std::string& dir) {
   return rec;
 }
 
+namespace {
+
+// A bpe record's tokenizer.bin: the recorded file beside the record, with the recorded checksum and piece count.
+Tokenizer load_bpe(const std::string& dir, const Json& rec) {
+  const std::string& name = rec.at("tokenizer_bin").as_string();
+  CASTOR_CHECK(!name.empty() && name.find('/') == std::string::npos, "tokenizer_bin must name a file in ", dir,
+               ", got '", printable(name), "'");
+  const std::string path = dir + "/" + name;
+  const std::vector<uint8_t> bytes = read_file(path, /*max_bytes=*/1 << 30);
+  const std::string& sum = rec.at("tokenizer_bin_checksum").as_string();
+  CASTOR_CHECK(checksum64_hex(bytes) == sum, path, ": checksum ", checksum64_hex(bytes), ", but ", dir,
+               "/tokenizer.json records ", sum, " (the file was changed or comes from another tokenize)");
+  Tokenizer t(BpeTokenizer(parse_tokenizer_bin(bytes, path)));
+  const int64_t vocab = rec.at("vocab_size").as_int();
+  CASTOR_CHECK(t.vocab_size() == vocab, path, ": ", t.vocab_size(), " pieces, but ", dir,
+               "/tokenizer.json records vocab_size ", vocab);
+  return t;
+}
+
+}  // namespace
+
 int64_t Tokenizer::recorded_vocab_size(const std::string& dir) {
   return read_tokenizer_record(dir).at("vocab_size").as_int();
 }
@@ -118,7 +140,8 @@ Tokenizer Tokenizer::load(const std::string& dir) {
       CASTOR_CHECK(t.vocab_size() == vocab, "vocab_size ", vocab, " but encoder.json has ", t.vocab_size());
       return t;
     }
-    CASTOR_CHECK(kind == "char", "unknown tokenizer '", kind, "' (expected gpt2 or char)");
+    if (kind == "bpe") return load_bpe(dir, rec);
+    CASTOR_CHECK(kind == "char", "unknown tokenizer '", kind, "' (expected gpt2, char or bpe)");
     const std::string& chars = rec.at("chars").as_string();
     const std::u32string cps = decode_utf8(chars, "chars");
     Tokenizer t(CharTokenizer(std::vector<char32_t>(cps.begin(), cps.end())));
@@ -130,17 +153,24 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   }
 }
 
-int64_t Tokenizer::vocab_size() const { return gpt2_ ? gpt2_->vocab_size() : chars_->vocab_size(); }
+int64_t Tokenizer::vocab_size() const {
+  return gpt2_ ? gpt2_->vocab_size() : bpe_ ? bpe_->vocab_size() : chars_->vocab_size();
+}
 
 std::vector<uint16_t> Tokenizer::encode(std::string_view text) {
   if (gpt2_) return gpt2_->encode(text);
+  if (bpe_) return bpe_->encode(text, /*bos=*/true, /*eos=*/false);
   std::vector<uint16_t> out;
   chars_->encode(text, out);
   return out;
 }
 
 std::string Tokenizer::decode(std::span<const uint16_t> tokens) const {
-  return gpt2_ ? gpt2_->decode(tokens) : chars_->decode(tokens);
+  return gpt2_ ? gpt2_->decode(tokens) : bpe_ ? bpe_->decode(tokens) : chars_->decode(tokens);
+}
+
+std::string Tokenizer::decode_next(uint16_t prev, uint16_t token) const {
+  return bpe_ ? bpe_->decode_piece(prev, token) : decode({&token, 1});
 }
 
 Json Tokenizer::record() const {
@@ -149,6 +179,12 @@ Json Tokenizer::record() const {
   o["vocab_size"] = vocab_size();
   if (gpt2_) o["eot_token"] = static_cast<int64_t>(Gpt2Tokenizer::kEot);
   if (chars_) o["chars"] = chars_->chars_utf8();
+  if (bpe_) {
+    o["bos_token"] = static_cast<int64_t>(BpeVocabulary::kBos);
+    o["eos_token"] = static_cast<int64_t>(BpeVocabulary::kEos);
+    o["tokenizer_bin"] = "tokenizer.bin";
+    o["tokenizer_bin_checksum"] = checksum64_hex(tokenizer_bin_bytes(bpe_->vocabulary()));
+  }
   return o;
 }
 

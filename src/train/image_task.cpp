@@ -250,8 +250,8 @@ class ImageTask : public Task {
 // The dataset directory: --data-dir, or the dataset's default location.
 std::string data_dir(const TrainConfig& c) {
   if (!c.data_dir.empty()) return c.data_dir;
-  if (c.data == Dataset::Brown) return data::setup_path("data/brown");
-  if (c.data == Dataset::BrownChar) return data::setup_path("data/brown-char");
+  if (c.data == Dataset::Brown || c.data == Dataset::BrownChar || c.data == Dataset::BrownBpe)
+    return data::setup_path("data/" + std::string(name(c.data)));
   return c.data == Dataset::Cifar10 ? "cifar-10-batches-bin" : "/usr/share/datasets/fashion-mnist";
 }
 

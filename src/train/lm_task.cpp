@@ -37,7 +37,7 @@ std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& 
   return {padded, real > 0 ? real : padded};
 }
 
-// --data brown | brown-char | tokens: DIR/train.bin and DIR/val.bin (llm.c's token files), batches of (B, T) windows.
+// --data brown | brown-char | brown-bpe | tokens: DIR/train.bin and DIR/val.bin (llm.c's token files), batches of (B, T) windows.
 class LmTask : public Task {
  public:
   // Resolves c.vocab_size (recorded, so a resumed run builds the same model); a new run with --init takes the

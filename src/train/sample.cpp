@@ -54,13 +54,15 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
           fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string(), lora};
 }
 
-// The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data brown|brown-char
+// The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data
+// brown|brown-char|brown-bpe
 // (data::setup_path: from any working directory).
 std::string recorded_data_dir(const Json& config) {
   if (!config.is_object()) return "";
   if (const Json* d = config.find("data_dir"); d && d->is_string() && !d->as_string().empty()) return d->as_string();
   const Json* d = config.find("data");
-  if (d && d->is_string() && (d->as_string() == "brown" || d->as_string() == "brown-char"))
+  if (d && d->is_string() && (d->as_string() == "brown" || d->as_string() == "brown-char" ||
+                              d->as_string() == "brown-bpe"))
     return data::setup_path("data/" + d->as_string());
   return "";
 }
@@ -79,7 +81,8 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   app.add_option("--tokenizer-dir", c.tokenizer_dir,
                  "token directory whose tokenizer.json decodes (default: the run's)");
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
-  app.add_option("--prompt", c.prompt, "the text to continue (default a newline; empty: GPT-2's <|endoftext|>)")
+  app.add_option("--prompt", c.prompt, "the text to continue (default a newline; empty: GPT-2's <|endoftext|>; a llama2.c "
+                 "vocabulary puts <s> first, as run.c does)")
       ->default_str("\"\\n\"");
   app.add_option("--tokens", c.tokens, "tokens to generate");
   app.add_option("--temperature", c.temperature, "divides the logits; 0 (or below 1e-4): the most likely token");
@@ -167,12 +170,14 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   auto model = models::gpt(config);
   model->load_state_dict(g.weights.state);
   model->eval();
-  // Each token is written as it is drawn (both tokenizers decode a sequence as the concatenation of its tokens).
+  // Each token is written as it is drawn, decoded after the one before it (bpe: run.c's decode(prev, token)).
+  uint16_t prev = prompt_ids.back();
   models::generate(*model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature,
                    c.top_k, c.seed, c.cached_window ? models::Window::Cached : models::Window::Sliding,
                    [&](int64_t t) {
                      const uint16_t id = static_cast<uint16_t>(t);
-                     write(tok.decode({&id, 1}));
+                     write(tok.decode_next(prev, id));
+                     prev = id;
                    });
 }
 

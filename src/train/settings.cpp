@@ -116,12 +116,13 @@ std::vector<Setting> make_settings() {
   using C = TrainConfig;
   return {
       {"--data", choice<&C::data, kDatasets>(),
-       "dataset (folder: your images in DIR/train/<class>/*.png|jpg; brown, brown-char: the Brown corpus as GPT-2 "
-       "tokens or characters, prepared by scripts/setup.sh; tokens: DIR/train.bin and DIR/val.bin)",
+       "dataset (folder: your images in DIR/train/<class>/*.png|jpg; brown, brown-char, brown-bpe: the Brown corpus as "
+       "GPT-2 tokens, characters or a learned 512-piece llama2.c vocabulary, prepared by scripts/setup.sh; tokens: "
+       "DIR/train.bin and DIR/val.bin)",
        nullptr, R::Fixed, J::Any},
       {"--data-dir", plain<&C::data_dir>(),
-       "dataset directory (default /usr/share/datasets/fashion-mnist, ./cifar-10-batches-bin, or setup's data/brown "
-       "and data/brown-char, found from any directory: $CASTOR_SETUP_DIR, else where this build was configured)",
+       "dataset directory (default /usr/share/datasets/fashion-mnist, ./cifar-10-batches-bin, or setup's data/brown, "
+       "data/brown-char and data/brown-bpe, found from any directory: $CASTOR_SETUP_DIR, else where this build was configured)",
        nullptr, R::Fixed, J::Any},
       {"--data-order", choice<&C::data_order, kDataOrders>(),
        "language models: random windows (nanoGPT's get_batch), sequential (llm.c's validation loader: the file in "
@@ -391,6 +392,8 @@ const char* name(Compression v) { return spelling(kCompressions, v); }
 const char* name(DataOrder v) { return spelling(kDataOrders, v); }
 const char* name(backends::ConvAlgorithm v) { return spelling(kConvAlgorithms, v); }
 bool is_language_model(ModelKind m) { return m == ModelKind::Gpt || m == ModelKind::GptMini || m == ModelKind::Gpt2; }
-bool is_text(Dataset d) { return d == Dataset::Brown || d == Dataset::BrownChar || d == Dataset::Tokens; }
+bool is_text(Dataset d) {
+  return d == Dataset::Brown || d == Dataset::BrownChar || d == Dataset::BrownBpe || d == Dataset::Tokens;
+}
 
 }  // namespace castor::train

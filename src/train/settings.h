@@ -15,7 +15,7 @@ namespace castor::train {
 inline constexpr Spelling<Dataset> kDatasets[] = {
     {Dataset::FashionMnist, "fashion-mnist"}, {Dataset::Cifar10, "cifar10"}, {Dataset::Synthetic, "synthetic"},
     {Dataset::Folder, "folder"}, {Dataset::Brown, "brown"}, {Dataset::BrownChar, "brown-char"},
-    {Dataset::Tokens, "tokens"}};
+    {Dataset::BrownBpe, "brown-bpe"}, {Dataset::Tokens, "tokens"}};
 inline constexpr Spelling<ModelKind> kModels[] = {
     {ModelKind::SimpleCnn, "simplecnn"}, {ModelKind::ResNet18, "resnet18"}, {ModelKind::ResNet9, "resnet9"},
     {ModelKind::Gpt, "gpt"}, {ModelKind::GptMini, "gpt-mini"}, {ModelKind::Gpt2, "gpt2"}};

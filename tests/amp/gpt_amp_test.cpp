@@ -15,76 +15,24 @@
 #include "castor/optim.h"
 #include "castor/random.h"
 #include "castor/serialize.h"
+#include "nn/lm_twin.h"
 #include "nn/tiny_gpt.h"
 #include "test_util.h"
 
 namespace castor {
 namespace {
 
-Tensor tokens(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
-  Generator gen(seed);
-  std::vector<double> v(b * t);
-  // A learnable stream: mostly "next = previous + 1", some noise.
-  double prev = 0;
-  for (double& x : v) x = prev = gen.next_double() < 0.8 ? std::fmod(prev + 1, vocab) : std::floor(gen.next_double() * vocab);
-  return tensor(v, Shape{b, t}, DType::Int64);
-}
+using test::learnable_token_batch;
 
-// nanoGPT's configure_optimizers: weight decay on tensors of 2 or more dims only.
-std::unique_ptr<optim::Adam> adamw(models::GPT& model, double lr, double weight_decay) {
-  std::vector<Tensor> decay, no_decay;
-  for (const Tensor& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-  optim::AdamOptions o = optim::AdamOptions::adamw();
-  o.lr = lr, o.weight_decay = weight_decay, o.beta2 = 0.99;
-  auto opt = optim::make_adamw(decay, o);
-  opt->add_param_group(no_decay, lr, /*weight_decay=*/0.0);
-  return opt;
-}
-
-Tensor loss_of(models::GPT& model, const Tensor& x, const Tensor& y) {
-  const Tensor logits = model(x);
-  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
-}
-
-// 200 AdamW steps (lr 1e-3, weight decay 0.1, beta2 0.99, clip 1.0) over 4 cycled batches, Castor and PyTorch from
-// the same weights; returns both loss curves.
+// 200 AdamW steps over 4 cycled batches, Castor and PyTorch (tests/oracle/gpt_oracle.py) from the same weights;
+// returns both loss curves.
 std::pair<std::vector<double>, std::vector<double>> curves(bool autocast, int steps) {
   const models::GPTConfig c = test::tiny_gpt_config(29);
   auto model = models::gpt(c, 11);
-  StateDict batch;
-  std::vector<std::pair<Tensor, Tensor>> batches;
-  for (int i = 0; i < 4; ++i) {
-    const Tensor s = tokens(4, c.block_size + 1, c.vocab_size, 100 + i);
-    batches.emplace_back(s.narrow(1, 0, c.block_size).contiguous(), s.narrow(1, 1, c.block_size).contiguous());
-    batch["x." + std::to_string(i)] = batches.back().first;
-    batch["y." + std::to_string(i)] = batches.back().second;
-  }
-  const std::string dir = test::new_dir(autocast ? "gpt_curve_bf16" : "gpt_curve_f32");
-  save_safetensors(dir + "/weights.safetensors", model->state_dict());
-  save_safetensors(dir + "/batch.safetensors", batch);
-  const std::string cfg = detail::cat(
-      "{\"n_layer\": ", c.n_layer, ", \"n_head\": ", c.n_head, ", \"n_embd\": ", c.n_embd, ", \"block_size\": ",
-      c.block_size, ", \"vocab_size\": ", c.vocab_size, ", \"bias\": true, \"lr\": 1e-3, \"weight_decay\": 0.1, "
-      "\"beta1\": 0.9, \"beta2\": 0.99, \"steps\": ", steps, autocast ? ", \"autocast\": \"bf16\"" : "", "}");
-  EXPECT_TRUE(test::run_oracle("gpt_oracle.py", {"train", cfg, dir + "/weights.safetensors",
-                                                 dir + "/batch.safetensors", dir + "/out.safetensors"}));
-  const std::vector<double> want = load_safetensors(dir + "/out.safetensors").tensors.at("loss").to_vector<double>();
-  auto opt = adamw(*model, 1e-3, 0.1);
-  std::vector<double> got;
-  for (int step = 0; step < steps; ++step) {
-    const auto& [x, y] = batches[step % batches.size()];
-    Tensor loss;
-    {
-      amp::AutocastGuard guard(DType::BFloat16, /*enabled=*/autocast);
-      loss = loss_of(*model, x, y);
-    }
-    opt->zero_grad();
-    loss.backward();
-    nn::utils::clip_grad_norm_(model->parameters(), /*max_norm=*/1.0);
-    opt->step();
-    got.push_back(loss.item());
-  }
-  return {got, want};
+  const std::string cfg = detail::cat("{\"n_layer\": ", c.n_layer, ", \"n_head\": ", c.n_head, ", \"n_embd\": ",
+                                      c.n_embd, ", \"block_size\": ", c.block_size, ", \"vocab_size\": ",
+                                      c.vocab_size, ", \"bias\": true}");
+  return test::lm_curves("gpt_oracle.py", cfg, *model, autocast, steps);
 }
 
 TEST(GptAmp, Float32TrainingFollowsPyTorchStepByStep) {
@@ -116,36 +64,14 @@ TEST(GptAmp, AutocastBFloat16TrainingFollowsPyTorchAutocast) {
 // Every opt level and 16-bit type trains the GPT: loss falls, O2 keeps LayerNorm parameters float32 with float32
 // masters for the rest, float16 runs under dynamic loss scaling.
 TEST(GptAmp, EveryOptLevelTrains) {
-  using amp::OptLevel;
-  for (DType dtype : {DType::BFloat16, DType::Float16}) {
-    for (OptLevel level : {OptLevel::O0, OptLevel::O1, OptLevel::O2, OptLevel::O3}) {
-      SCOPED_TRACE(std::string(dtype_name(dtype)) + " " + amp::opt_level_name(level));
-      auto model = models::gpt(test::tiny_gpt_config(29), 5);
-      auto opt = adamw(*model, 3e-3, 0.1);
-      auto a = amp::initialize(*model, {opt.get()}, level, dtype);
-      if (level == OptLevel::O2) {
-        EXPECT_EQ(model->ln_f->weight.dtype(), DType::Float32);
-        EXPECT_EQ(model->wte->weight.dtype(), dtype);
-        EXPECT_TRUE(opt->master_weights());
-      }
-      double first = 0, last = 0;
-      for (int step = 0; step < 60; ++step) {
-        const Tensor s = tokens(4, 17, test::tiny_gpt_config(29).vocab_size, step % 4);
-        const Tensor x = s.narrow(1, 0, 16).contiguous(), y = s.narrow(1, 1, 16).contiguous();
-        Tensor loss;
-        {
-          auto fw = a->forward();
-          loss = loss_of(*model, x, y);
-        }
-        EXPECT_EQ(loss.dtype(), DType::Float32);
-        a->scale_loss(loss, *opt).backward();
-        opt->step();
-        opt->zero_grad();
-        (step == 0 ? first : last) = loss.item();
-      }
-      EXPECT_LT(last, 0.75 * first);
-    }
-  }
+  test::expect_every_opt_level_trains(
+      [] { return models::gpt(test::tiny_gpt_config(29), 5); },
+      [](models::LanguageModel& m, optim::Adam& opt, DType dtype) {
+        auto& model = dynamic_cast<models::GPT&>(m);
+        EXPECT_EQ(model.ln_f->weight.dtype(), DType::Float32);
+        EXPECT_EQ(model.wte->weight.dtype(), dtype);
+        EXPECT_TRUE(opt.master_weights());
+      });
 }
 
 // O1 bfloat16 AdamW steps take the weights' 16-bit casts from the copies the previous step kept (amp::keep_cast):
@@ -154,16 +80,16 @@ TEST(GptAmp, EveryOptLevelTrains) {
 TEST(GptAmp, KeptCastsTrainBitForBitAsCastingEveryForward) {
   auto train = [](bool refuse_kept, int64_t* kept) {
     auto model = models::gpt(test::tiny_gpt_config(29), 9);
-    auto opt = adamw(*model, 1e-3, 0.1);
+    auto opt = test::lm_adamw(*model, 1e-3, 0.1);
     auto a = amp::initialize(*model, {opt.get()}, amp::OptLevel::O1, DType::BFloat16);
     std::vector<double> losses;
     const int64_t kept_before = amp::cast_cache_stats().kept;
     for (int step = 0; step < 5; ++step) {
-      const Tensor s = tokens(4, 17, test::tiny_gpt_config(29).vocab_size, step);
+      const Tensor s = learnable_token_batch(4, 17, test::tiny_gpt_config(29).vocab_size, step);
       Tensor loss;
       {
         auto fw = a->forward();
-        loss = loss_of(*model, s.narrow(1, 0, 16).contiguous(), s.narrow(1, 1, 16).contiguous());
+        loss = test::lm_loss(*model, s.narrow(1, 0, 16).contiguous(), s.narrow(1, 1, 16).contiguous());
       }
       a->scale_loss(loss, *opt).backward();
       opt->step();
@@ -190,14 +116,14 @@ TEST(GptAmp, AutocastPeakMemoryIsAtMostTwoThirdsOfFloat32) {
   auto peak = [](bool autocast) {
     models::GPTConfig c = models::gpt_preset("gpt-mini", 65);
     auto model = models::gpt(c, 1);
-    const Tensor s = tokens(8, 257, 65, 3);
+    const Tensor s = learnable_token_batch(8, 257, 65, 3);
     const Tensor x = s.narrow(1, 0, 256).contiguous(), y = s.narrow(1, 1, 256).contiguous();
     reset_peak_memory_stats();
     const int64_t base = memory_stats().current_bytes;
     Tensor loss;
     {
       amp::AutocastGuard guard(DType::BFloat16, /*enabled=*/autocast);
-      loss = loss_of(*model, x, y);
+      loss = test::lm_loss(*model, x, y);
     }
     loss.backward();
     return memory_stats().peak_bytes - base;

@@ -217,7 +217,7 @@ TEST(AmpInitialize, CheckpointAtStepFiveResumesBitForBit) {
   train_iterations(first, 0, 5);
   const StateDict model_sd = first.amp->model_state_dict();
   for (const auto& [name, t] : model_sd) EXPECT_FALSE(is_16bit_float(t.dtype())) << name << ": masters are saved";
-  const std::string dir = test::scratch_dir();
+  const test::ScratchDir dir;
   save_safetensors(dir + "/amp_model.safetensors", model_sd);
   const amp::PrecisionState ps = first.amp->precision_state();
   save_safetensors(dir + "/amp_precision.safetensors", ps.tensors, ps.metadata);

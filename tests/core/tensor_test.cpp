@@ -15,17 +15,7 @@
 namespace castor {
 namespace {
 
-// Runs fn, expects a castor::Error whose message contains every one of `parts`.
-void expect_error(const std::function<void()>& fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-    return;
-  }
-  ADD_FAILURE() << "no castor::Error thrown";
-}
+using test::expect_error;
 
 std::vector<float> values(const Tensor& t) { return t.to_vector<float>(); }
 

@@ -90,8 +90,7 @@ double reduce_eps(DType d) {
 class TorchParity : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string dir = test::scratch_dir() + "/ops_oracle";
-    if (std::system(("mkdir -p '" + dir + "'").c_str()) != 0) return;
+    const test::ScratchDir dir("ops_oracle");
     write_case_list(dir + "/cases.txt");
     if (!test::run_oracle("ops_oracle.py", {dir})) return;
     std::ifstream manifest(dir + "/manifest.txt");

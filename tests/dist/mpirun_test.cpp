@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <sstream>
 
 #include <fstream>
@@ -42,8 +41,7 @@ CastorProcess run_helper(const std::string& mode, const std::string& dir, double
 }
 
 void expect_helper_ok(const std::string& mode) {
-  const std::string dir = test::fresh_dir("mpirun_" + mode);
-  std::filesystem::create_directories(dir);
+  const test::ScratchDir dir;
   CastorProcess p = run_helper(mode, dir);
   EXPECT_FALSE(p.timed_out);
   EXPECT_EQ(p.exit_code, 0) << p.out << p.err;
@@ -56,8 +54,7 @@ TEST(MpirunDist, SyncBatchNormNormalisesTheWholeBatch) { expect_helper_ok("syncb
 TEST(MpirunDist, DifferentModelsOnTheRanksAreRefused) { expect_helper_ok("mismatch"); }
 
 TEST(MpirunDist, DeadRankEndsTheJob) {
-  const std::string dir = test::fresh_dir("mpirun_kill");
-  std::filesystem::create_directories(dir);
+  const test::ScratchDir dir;
   CastorProcess p = run_helper("kill", dir, /*seconds=*/60);
   EXPECT_FALSE(p.timed_out) << "the job hung after a rank died";
   EXPECT_NE(p.exit_code, 0) << p.err;
@@ -100,11 +97,7 @@ Json summary_of(const CastorProcess& p) {
 
 class MpirunTrain : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = test::fresh_dir("mpirun_train");
-    std::filesystem::create_directories(dir_);
-  }
-  std::string dir_;
+  const test::ScratchDir dir_;
 };
 
 // 2 ranks x 32 and 1 process x 64 see the same global batches: O0 weights agree to float32 summation order.

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <memory>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -436,18 +437,18 @@ TEST(TransformerKernels, EmbeddingBackwardMatchesFloat64AndIsDeterministic) {
 class TransformerTorch : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = test::fresh_dir("transformer_kernels_oracle");
-    ASSERT_EQ(std::system(("mkdir -p '" + dir_ + "'").c_str()), 0);
-    oracle_ok_ = test::run_oracle("transformer_kernels_oracle.py", {dir_});
+    dir_ = std::make_unique<test::ScratchDir>("transformer_kernels_oracle");
+    oracle_ok_ = test::run_oracle("transformer_kernels_oracle.py", {*dir_});
   }
+  static void TearDownTestSuite() { dir_.reset(); }
   static std::map<std::string, Tensor> load(const std::string& name) {
     EXPECT_TRUE(oracle_ok_) << "the PyTorch oracle did not run";
-    return test::read_oracle_case(dir_ + "/" + name + ".bin");
+    return test::read_oracle_case(*dir_ + "/" + name + ".bin");
   }
-  static std::string dir_;
+  static std::unique_ptr<test::ScratchDir> dir_;
   static bool oracle_ok_;
 };
-std::string TransformerTorch::dir_;
+std::unique_ptr<test::ScratchDir> TransformerTorch::dir_;
 bool TransformerTorch::oracle_ok_ = false;
 
 // Elements of a and b (float64 widenings of one dtype's values) that differ, and whether each is within `ulps` of

@@ -1,5 +1,6 @@
-// GPT inference with a KV cache against full forwards over the same prefix: the cached logits, greedy generation,
-// seeded sampling, top-k and the padding rows of the vocabulary.
+// Language-model inference with a KV cache (GPT, and Llama with grouped-query attention and rotary embeddings at the
+// cache positions) against full forwards over the same prefix: the cached logits, greedy generation, seeded
+// sampling, top-k and the padding rows of the vocabulary.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "castor/random.h"
 #include "io/file_test_util.h"
 #include "nn/tiny_gpt.h"
+#include "nn/tiny_llama.h"
 #include "test_util.h"
 
 namespace castor {
@@ -30,7 +32,7 @@ Tensor ids(const std::vector<int64_t>& v, int64_t rows = 1) {
 }
 
 // The last position's logits of a full forward over seq[start, end).
-std::vector<double> full_last_logits(models::GPT& model, const std::vector<int64_t>& seq, size_t start) {
+std::vector<double> full_last_logits(models::LanguageModel& model, const std::vector<int64_t>& seq, size_t start) {
   NoGradGuard no_grad;
   const Tensor logits = model(ids(std::vector<int64_t>(seq.begin() + start, seq.end())));
   return logits.select(1, logits.size(1) - 1).select(0, 0).to_vector<double>();
@@ -43,46 +45,55 @@ size_t next_start(const std::vector<int64_t>& seq, size_t start, int64_t T, mode
   return window == models::Window::Sliding ? seq.size() - T : seq.size() - T / 2;
 }
 
-TEST(GptGenerate, CachedLogitsEqualTheFullForward) {
-  auto model = models::gpt(test::tiny_gpt_config(67), 7);
+// A prompt block from position 0 (causal), single tokens (no mask), a block after cached keys (explicit mask): the
+// logits of a full forward over the block size (16) of a 67-token vocabulary.
+void expect_cached_logits_equal_full_forward(models::LanguageModel& model) {
   const int64_t B = 2, T = 16;
   const std::vector<int64_t> seq = random_tokens(B * T, 67, 3);
   const Tensor all = ids(seq, B);  // (2, 16)
   Tensor full;
   {
     NoGradGuard no_grad;
-    full = (*model)(all);  // (2, 16, 67)
+    full = model(all);  // (2, 16, 67)
   }
-  models::KVCache cache(*model, B);
-  // A prompt block from position 0 (causal), single tokens (no mask), a block after cached keys (explicit mask).
+  models::KVCache cache(model, B);
   int64_t p = 0;
   for (int64_t n : {5, 1, 1, 4, 1, 2, 2}) {
-    const Tensor got = models::forward_cached(*model, all.narrow(1, p, n).contiguous(), cache);
+    const Tensor got = models::forward_cached(model, all.narrow(1, p, n).contiguous(), cache);
     ASSERT_EQ(got.shape(), (Shape{B, n, 67}));
     EXPECT_TRUE(test::close(got, full.narrow(1, p, n), 1e-5, 1e-5)) << "positions " << p << ".." << p + n - 1;
     p += n;
   }
   EXPECT_EQ(cache.size(), T);
-  EXPECT_THROW(models::forward_cached(*model, all.narrow(1, 0, 1).contiguous(), cache), Error);
+  EXPECT_THROW(models::forward_cached(model, all.narrow(1, 0, 1).contiguous(), cache), Error);
 }
 
-TEST(GptGenerate, GreedyIsTheArgmaxOfFullForwardsAlsoPastTheBlockSize) {
-  auto model = models::gpt(test::tiny_gpt_config(67), 8);
+TEST(GptGenerate, CachedLogitsEqualTheFullForward) {
+  expect_cached_logits_equal_full_forward(*models::gpt(test::tiny_gpt_config(67), 7));
+}
+
+TEST(LlamaGenerate, CachedLogitsEqualTheFullForward) {
+  expect_cached_logits_equal_full_forward(*models::llama(test::tiny_llama_config(67), 7));  // GQA: 4 heads, 2 kv
+  expect_cached_logits_equal_full_forward(*models::llama(test::tiny_llama_config(67, 4, /*tied=*/false), 8));
+}
+
+// Greedy generation from a 67-token vocabulary, block 16, against the argmax of full forwards over each window.
+// Weights `scale` x the init: a model whose greedy choice depends on the context instead of settling into a loop.
+void expect_greedy_is_argmax_of_full_forwards(models::LanguageModel& model, double scale) {
   {
-    // Weights 5x GPT-2's init: a model whose greedy choice depends on the context instead of settling into a loop.
     NoGradGuard no_grad;
-    for (Tensor& p : model->parameters())
-      if (p.dim() == 2) p.mul_(5.0);
+    for (Tensor& p : model.parameters())
+      if (p.dim() == 2) p.mul_(scale);
   }
   const std::vector<int64_t> prompt = random_tokens(3, 67, 4);
   const int64_t T = 16, new_tokens = 40;  // Cached: the window is rebuilt twice
   std::vector<std::vector<int64_t>> outputs;
   for (models::Window window : {models::Window::Sliding, models::Window::Cached}) {
-    const std::vector<int64_t> got = models::generate(*model, prompt, new_tokens, /*temperature=*/0.0, 0, 0, window);
+    const std::vector<int64_t> got = models::generate(model, prompt, new_tokens, /*temperature=*/0.0, 0, 0, window);
     std::vector<int64_t> want = prompt;
     size_t start = 0;
     for (int64_t i = 0; i < new_tokens; ++i) {
-      const std::vector<double> l = full_last_logits(*model, want, start);
+      const std::vector<double> l = full_last_logits(model, want, start);
       want.push_back(std::max_element(l.begin(), l.end()) - l.begin());
       start = next_start(want, start, T, window);
     }
@@ -94,6 +105,14 @@ TEST(GptGenerate, GreedyIsTheArgmaxOfFullForwardsAlsoPastTheBlockSize) {
   // The same while the text fits the block (3 + 13 tokens), different past it.
   EXPECT_TRUE(std::equal(outputs[0].begin(), outputs[0].begin() + T, outputs[1].begin()));
   EXPECT_NE(outputs[0], outputs[1]);
+}
+
+TEST(GptGenerate, GreedyIsTheArgmaxOfFullForwardsAlsoPastTheBlockSize) {
+  expect_greedy_is_argmax_of_full_forwards(*models::gpt(test::tiny_gpt_config(67), 8), 5.0);
+}
+
+TEST(LlamaGenerate, GreedyIsTheArgmaxOfFullForwardsAlsoPastTheBlockSize) {
+  expect_greedy_is_argmax_of_full_forwards(*models::llama(test::tiny_llama_config(67, 2, /*tied=*/false), 8), 10.0);
 }
 
 TEST(GptGenerate, SeededSamplingIsReproducibleAndTopKHolds) {

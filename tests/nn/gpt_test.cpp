@@ -14,35 +14,19 @@
 #include "castor/optim.h"
 #include "castor/random.h"
 #include "castor/serialize.h"
+#include "nn/lm_twin.h"
 #include "nn/tiny_gpt.h"
 #include "test_util.h"
 
 namespace castor {
 namespace {
 
-Tensor loss_of(models::GPT& model, const Tensor& x, const Tensor& y) {
-  const Tensor logits = model(x);
-  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
-}
+using test::random_token_batch;
 
-// Writes the weights and batch, runs the twin, reads what it wrote.
+// Runs the twin (tests/oracle/gpt_oracle.py) from the model's weights on `batch`.
 StateDict run_twin(const std::string& mode, const std::string& name, const std::string& config, models::GPT& model,
                    const StateDict& batch) {
-  const std::string dir = test::new_dir(name);
-  save_safetensors(dir + "/weights.safetensors", model.state_dict());
-  save_safetensors(dir + "/batch.safetensors", batch);
-  if (!test::run_oracle("gpt_oracle.py", {mode, config, dir + "/weights.safetensors", dir + "/batch.safetensors",
-                                          dir + "/out.safetensors"}))
-    return {};
-  return load_safetensors(dir + "/out.safetensors").tensors;
-}
-
-void expect_grads_match(models::GPT& model, const StateDict& want, double tol) {
-  for (const auto& [name, p] : model.named_parameters()) {
-    ASSERT_TRUE(want.count("grad." + name)) << name;
-    ASSERT_TRUE(p.grad().defined()) << name;
-    EXPECT_LE(test::rel_l2(p.grad(), want.at("grad." + name)), tol) << name;
-  }
+  return test::run_lm_twin("gpt_oracle.py", mode, name, config, model, batch);
 }
 
 TEST(Gpt, NamesAreNanoGptsAndTheHeadIsTied) {
@@ -89,7 +73,7 @@ TEST(Gpt, Float32MatchesPyTorch) {
     models::GPTConfig c = test::tiny_gpt_config(67);
     c.bias = bias;
     auto model = models::gpt(c, 3);
-    const Tensor x = test::tokens(3, 16, c.vocab_size, 1), y = test::tokens(3, 16, c.vocab_size, 2);
+    const Tensor x = random_token_batch(3, 16, c.vocab_size, 1), y = random_token_batch(3, 16, c.vocab_size, 2);
     const StateDict want = run_twin("grads", "gpt_f32", test::gpt_config_json(c), *model, {{"x", x}, {"y", y}});
     ASSERT_FALSE(want.empty());
     const Tensor logits = (*model)(x);
@@ -97,7 +81,7 @@ TEST(Gpt, Float32MatchesPyTorch) {
     loss.backward();
     EXPECT_NEAR(loss.item(), want.at("loss").item(), 1e-5 * want.at("loss").item());
     EXPECT_TRUE(test::close(logits, want.at("logits"), 1e-4, 1e-5));
-    expect_grads_match(*model, want, 1e-4);
+    test::expect_grads_match(*model, want, 1e-4);
   }
 }
 
@@ -106,19 +90,19 @@ TEST(Gpt, Float32MatchesPyTorch) {
 TEST(Gpt, AutocastBFloat16MatchesPyTorchAutocast) {
   models::GPTConfig c = test::tiny_gpt_config(67);
   auto model = models::gpt(c, 4);
-  const Tensor x = test::tokens(3, 16, c.vocab_size, 5), y = test::tokens(3, 16, c.vocab_size, 6);
+  const Tensor x = random_token_batch(3, 16, c.vocab_size, 5), y = random_token_batch(3, 16, c.vocab_size, 6);
   const StateDict want =
       run_twin("grads", "gpt_bf16", test::gpt_config_json(c, ", \"autocast\": \"bf16\""), *model, {{"x", x}, {"y", y}});
   ASSERT_FALSE(want.empty());
   Tensor loss;
   {
     castor::amp::AutocastGuard autocast(DType::BFloat16);
-    loss = loss_of(*model, x, y);
+    loss = test::lm_loss(*model, x, y);
   }
   loss.backward();
   EXPECT_EQ(loss.dtype(), DType::Float32);
   EXPECT_NEAR(loss.item(), want.at("loss").item(), 1e-2 * want.at("loss").item());
-  expect_grads_match(*model, want, 5e-2);
+  test::expect_grads_match(*model, want, 5e-2);
 }
 
 }  // namespace

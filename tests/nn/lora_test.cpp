@@ -14,6 +14,7 @@
 #include "castor/optim.h"
 #include "castor/random.h"
 #include "castor/serialize.h"
+#include "nn/lm_twin.h"
 #include "nn/tiny_gpt.h"
 #include "runtime/dispatch.h"
 #include "support/support.h"
@@ -25,11 +26,6 @@ namespace {
 bool same_bits(const Tensor& a, const Tensor& b) {
   const auto x = a.to_vector<float>(), y = b.to_vector<float>();
   return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
-}
-
-Tensor loss_of(models::GPT& model, const Tensor& x, const Tensor& y) {
-  const Tensor logits = model(x);
-  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), y.reshape({-1}));
 }
 
 // Draws every lora_B from N(0, 0.05) so that A's gradient is not zero (B starts at zero).
@@ -44,7 +40,7 @@ void randomize_b(nn::Module& model, uint64_t seed) {
 
 // Runs lora_oracle.py on the model's base and adapters (all float32 in the file) and the batch.
 StateDict run_oracle(const std::string& name, const std::string& config, nn::Module& model, const StateDict& batch) {
-  const std::string dir = test::new_dir(name);
+  const test::ScratchDir dir(name);
   StateDict weights;
   for (const auto& [k, v] : model.state_dict()) weights.emplace(k, v.to(DType::Float32));
   save_safetensors(dir + "/weights.safetensors", weights);
@@ -122,7 +118,7 @@ TEST(Lora, AFrozenLinearRunsNoWeightGradientGemm) {
 TEST(Lora, AtInitLogitsEqualTheBaseBitForBit) {
   for (nn::LoraInit init : {nn::LoraInit::KaimingUniform, nn::LoraInit::Gaussian}) {
     auto model = models::gpt(test::tiny_gpt_config(67), 3);
-    const Tensor x = test::tokens(2, 16, 67, 1);
+    const Tensor x = test::random_token_batch(2, 16, 67, 1);
     const Tensor base = (*model)(x).detach();
     Tensor base16;
     {
@@ -142,7 +138,7 @@ TEST(Lora, AdapterGradientsMatchPyTorchFloat32) {
   nn::LoraConfig cfg{.r = 4, .alpha = 8, .target_modules = {"c_attn", "c_proj", "c_fc"}};
   nn::apply_lora(*model, cfg);
   randomize_b(*model, 7);
-  const Tensor x = test::tokens(3, 16, c.vocab_size, 1), y = test::tokens(3, 16, c.vocab_size, 2);
+  const Tensor x = test::random_token_batch(3, 16, c.vocab_size, 1), y = test::random_token_batch(3, 16, c.vocab_size, 2);
   const StateDict want = run_oracle("lora_f32", test::gpt_config_json(c, detail::cat(", \"scaling\": ", cfg.scaling())),
                                     *model, {{"x", x}, {"y", y}});
   ASSERT_FALSE(want.empty());
@@ -169,7 +165,7 @@ TEST(Lora, AutocastBFloat16WithA16BitBaseMatchesPyTorch) {
     const bool fp32 = name.find(".lora_") != std::string::npos || name.find(".ln_") != std::string::npos;
     EXPECT_EQ(p.dtype(), fp32 ? DType::Float32 : DType::BFloat16) << name;
   }
-  const Tensor x = test::tokens(3, 16, c.vocab_size, 5), y = test::tokens(3, 16, c.vocab_size, 6);
+  const Tensor x = test::random_token_batch(3, 16, c.vocab_size, 5), y = test::random_token_batch(3, 16, c.vocab_size, 6);
   const StateDict want = run_oracle("lora_bf16",
                                     test::gpt_config_json(c, detail::cat(", \"scaling\": ", cfg.scaling(),
                                                                          ", \"autocast\": \"bf16\"")),
@@ -178,7 +174,7 @@ TEST(Lora, AutocastBFloat16WithA16BitBaseMatchesPyTorch) {
   Tensor loss;
   {
     auto fw = amp->forward();
-    loss = loss_of(*model, x, y);
+    loss = test::lm_loss(*model, x, y);
   }
   loss.backward();
   EXPECT_NEAR(loss.item(), want.at("loss").item(), 1e-2 * want.at("loss").item());
@@ -217,7 +213,7 @@ TEST(Lora, BaseGetsNoGradientAndNoOptimizerState) {
     Tensor loss;
     {
       auto fw = amp->forward();
-      loss = loss_of(*model, test::tokens(2, 16, 67, 1), test::tokens(2, 16, 67, 2));
+      loss = test::lm_loss(*model, test::random_token_batch(2, 16, 67, 1), test::random_token_batch(2, 16, 67, 2));
     }
     amp->scale_loss(loss, *opt).backward();
     opt->step();
@@ -273,7 +269,7 @@ TEST(Lora, MergedLogitsMatchAndUnmergeRestoresTheWeights) {
   nn::apply_lora(*model, nn::LoraConfig{.r = 4, .alpha = 16});
   randomize_b(*model, 9);
   model->eval();
-  const Tensor x = test::tokens(2, 16, 67, 3);
+  const Tensor x = test::random_token_batch(2, 16, 67, 3);
   const Tensor unmerged = (*model)(x).detach();
   std::vector<Tensor> before;
   for (const auto& [path, layer] : nn::lora_layers(*model)) before.push_back(layer->weight.clone());

@@ -112,7 +112,8 @@ struct OracleEntry {
 };
 
 std::vector<OracleEntry> describe(const ModelCase& c) {
-  const std::string file = test::scratch_dir() + "/describe_" + case_name({c, 0}) + ".txt";
+  const test::ScratchDir dir("describe_" + case_name({c, 0}));
+  const std::string file = dir + "/describe.txt";
   std::vector<OracleEntry> out;
   if (!test::run_oracle("models_oracle.py", oracle_args("describe", c, file))) return out;
   std::ifstream in(file);
@@ -182,12 +183,12 @@ TEST_P(ModelTwin, PyTorchGivesTheSameLogitsFromOurStateDict) {
   model->forward(randn(input_shape, DType::Float32, &gen));  // training mode: non-trivial running statistics
   const Tensor x = randn(input_shape, DType::Float32, &gen);
 
-  const fs::path dir = fs::path(test::scratch_dir()) / ("forward_" + case_name({c, 0}));
+  const test::ScratchDir dir("forward_" + case_name({c, 0}));
   StateDict exchange = model->state_dict();
   exchange["input"] = x;
   write_tensors(dir, exchange);
-  ASSERT_TRUE(test::run_oracle("models_oracle.py", oracle_args("forward", c, dir.string())));
-  const StateDict torch = read_tensors(dir / "out");
+  ASSERT_TRUE(test::run_oracle("models_oracle.py", oracle_args("forward", c, dir)));
+  const StateDict torch = read_tensors(dir.path() / "out");
 
   model->eval();
   EXPECT_TRUE(test::close(model->forward(x), torch.at("eval_logits"), /*rtol=*/1e-4, /*atol=*/1e-5));

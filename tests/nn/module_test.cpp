@@ -78,20 +78,16 @@ TEST(Module, LoadStateDictStrictNamesEveryProblemAndCopiesNothing) {
   sd["extra.weight"] = ones({2});
   sd["head.0.weight"] = zeros({3, 5});
   sd["bn.num_batches_tracked"] = zeros({}, DType::Float32);
-  try {
-    toy.load_state_dict(sd);
-    FAIL() << "load_state_dict accepted a bad dict";
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    EXPECT_NE(msg.find("Error(s) in loading state_dict for Toy"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("Missing key(s) in state_dict: \"conv.bias\", \"bn.running_var\"."), std::string::npos) << msg;
-    EXPECT_NE(msg.find("Unexpected key(s) in state_dict: \"extra.weight\"."), std::string::npos) << msg;
-    EXPECT_NE(msg.find("size mismatch for head.0.weight: copying a param with shape [3, 5] from checkpoint, the "
-                       "shape in current model is [3, 4]."),
-              std::string::npos)
-        << msg;
-    EXPECT_NE(msg.find("dtype mismatch for bn.num_batches_tracked"), std::string::npos) << msg;
-  }
+  // PyTorch's multi-line message, one line per problem.
+  const std::string msg = test::error_of([&] { toy.load_state_dict(sd); });
+  EXPECT_NE(msg.find("Error(s) in loading state_dict for Toy"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Missing key(s) in state_dict: \"conv.bias\", \"bn.running_var\"."), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Unexpected key(s) in state_dict: \"extra.weight\"."), std::string::npos) << msg;
+  EXPECT_NE(msg.find("size mismatch for head.0.weight: copying a param with shape [3, 5] from checkpoint, the "
+                     "shape in current model is [3, 4]."),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("dtype mismatch for bn.num_batches_tracked"), std::string::npos) << msg;
   EXPECT_EQ(toy.conv->weight.to_vector<float>(), before);
 
   // Non-strict: missing and unexpected keys are reported, the rest is copied; shape mismatches still raise.
@@ -185,12 +181,7 @@ TEST(Module, ModelFactory) {
   EXPECT_EQ(models::make_model("simplecnn", 1, 28, 28, 10)->type_name(), "SimpleCNN");
   EXPECT_EQ(models::make_model("resnet18", 3, 32, 32, 10)->type_name(), "ResNet");
   EXPECT_EQ(models::make_model("resnet9", 3, 32, 32, 10)->type_name(), "ResNet9");
-  try {
-    models::make_model("vgg16", 3, 32, 32, 10);
-    FAIL() << "make_model accepted an unknown name";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown model \"vgg16\""), std::string::npos) << e.what();
-  }
+  test::expect_error([] { models::make_model("vgg16", 3, 32, 32, 10); }, {"unknown model \"vgg16\""});
 }
 
 }  // namespace

@@ -61,7 +61,8 @@ double unit(DType d) { return d == DType::BFloat16 ? 0x1p-7 : d == DType::Float1
 }
 
 TEST(TransformerOps, MatchPyTorch) {
-  const std::string file = test::scratch_dir() + "/transformer_oracle.safetensors";
+  const test::ScratchDir dir;
+  const std::string file = dir + "/transformer_oracle.safetensors";
   ASSERT_TRUE(test::run_oracle("transformer_oracle.py", {file}));
   const LoadedTensors oracle = load_safetensors(file);
   std::istringstream cases(oracle.metadata.at("cases"));

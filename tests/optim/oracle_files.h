@@ -22,11 +22,9 @@ inline Tensor read_oracle_tensor(const std::string& dir, const std::string& name
   return from_blob(bytes.data(), shape, dtype);
 }
 
-// Runs `optim_oracle.py <mode> <json> <dir>` into a fresh scratch directory named `name`; returns the directory.
-inline std::string run_optim_oracle(const std::string& mode, const std::string& json, const std::string& name) {
-  const std::string dir = scratch_dir() + "/" + name;
+// Runs `optim_oracle.py <mode> <json> <dir>`, writing into the scratch directory `dir`.
+inline void run_optim_oracle(const std::string& mode, const std::string& json, const ScratchDir& dir) {
   EXPECT_TRUE(run_oracle("optim_oracle.py", {mode, json, dir}));
-  return dir;
 }
 
 }  // namespace castor::test

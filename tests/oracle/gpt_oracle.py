@@ -93,10 +93,11 @@ class GPT(nn.Module):
         return logits, loss
 
 
-def main():
+def run(make_model):
+    """The command line above for the model make_model(CONFIG) builds (forward(idx, targets) -> (logits, loss))."""
     mode, cfg, weights, batch, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     torch.set_num_threads(2)
-    model = GPT(cfg)
+    model = make_model(cfg)
     state, _, _, _ = read(weights)
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=True)
     tensors, _, _, _ = read(batch)
@@ -131,4 +132,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run(GPT)

@@ -1,37 +1,36 @@
-// GPT inference with a KV cache: forward_cached (one position's work per new token) and nanoGPT's generate, sliding
-// its window as nanoGPT does or rebuilding the cache from half a block.
+// Language-model inference with a KV cache: forward_cached (one position's work per new token) and nanoGPT's
+// generate, sliding its window as nanoGPT does or rebuilding the cache from half a block.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "castor/autograd.h"
 #include "castor/functional.h"
-#include "castor/models.h"
+#include "castor/language_model.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 
 namespace castor::models {
 
-KVCache::KVCache(const GPT& model, int64_t batch_size) : capacity_(model.config().block_size) {
-  const GPTConfig& c = model.config();
+int64_t LanguageModel::num_params() const {
+  int64_t n = 0;
+  for (const Tensor& p : parameters()) n += p.numel();
+  return n;
+}
+
+KVCache::KVCache(const LanguageModel& model, int64_t batch_size) : capacity_(model.block_size()) {
+  const LanguageModel::CacheShape s = model.cache_shape();
   CASTOR_CHECK(batch_size > 0, "KVCache: batch_size must be positive, got ", batch_size);
-  const DType dtype = model.wte->weight.dtype();
-  for (int64_t l = 0; l < c.n_layer; ++l) {
-    keys_.push_back(empty({batch_size, c.n_head, c.block_size, c.n_embd / c.n_head}, dtype));
-    values_.push_back(empty({batch_size, c.n_head, c.block_size, c.n_embd / c.n_head}, dtype));
+  for (int64_t l = 0; l < s.n_layers; ++l) {
+    keys_.push_back(empty({batch_size, s.n_kv_heads, capacity_, s.head_dim}, s.dtype));
+    values_.push_back(empty({batch_size, s.n_kv_heads, capacity_, s.head_dim}, s.dtype));
   }
 }
 
-Tensor forward_cached(GPT& model, const Tensor& idx, KVCache& cache) {
-  const GPTConfig& c = model.config();
-  CASTOR_CHECK(idx.dim() == 2 && idx.dtype() == DType::Int64, "forward_cached: expected (B, n) int64 token ids, got ",
-               idx.describe());
-  const int64_t B = idx.size(0), n = idx.size(1), p = cache.size_, C = c.n_embd, H = c.n_head, D = C / H;
-  CASTOR_CHECK(B == cache.keys_[0].size(0), "forward_cached: batch of ", B, " rows, the cache holds ",
-               cache.keys_[0].size(0));
-  CASTOR_CHECK(n > 0 && p + n <= cache.capacity_, "forward_cached: ", n, " tokens after ", p,
-               " cached positions pass the block size ", cache.capacity_);
-  NoGradGuard no_grad;
+Tensor KVCache::attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t p = size_, n = q.size(2);
+  keys_[layer].narrow(2, p, n).copy_(k);
+  values_[layer].narrow(2, p, n).copy_(v);
   // Query i (position p + i) attends keys 0 .. p + i: one query needs no mask, a block from position 0 is causal
   // (top-left aligned), a block after cached keys needs the mask spelled out.
   Tensor mask;
@@ -41,22 +40,21 @@ Tensor forward_cached(GPT& model, const Tensor& idx, KVCache& cache) {
       for (int64_t j = 0; j < p + n; ++j) m[i * (p + n) + j] = j <= p + i;
     mask = tensor(m, Shape{n, p + n}, DType::Bool);
   }
-  Tensor x = (*model.wte)(idx) + model.wpe->weight.narrow(0, p, n);  // (B, n, C) + (n, C)
-  for (int64_t l = 0; l < c.n_layer; ++l) {
-    auto& block = dynamic_cast<Block&>(*(*model.h)[l]);
-    const Tensor qkv = (*block.attn->c_attn)((*block.ln_1)(x));  // (B, n, 3C)
-    auto head = [&](int64_t i) { return qkv.narrow(2, i * C, C).view({B, n, H, D}).transpose(1, 2); };
-    cache.keys_[l].narrow(2, p, n).copy_(head(1));
-    cache.values_[l].narrow(2, p, n).copy_(head(2));
-    const Tensor y = F::scaled_dot_product_attention(head(0), cache.keys_[l].narrow(2, 0, p + n),
-                                                     cache.values_[l].narrow(2, 0, p + n), mask, /*dropout_p=*/0.0,
-                                                     /*is_causal=*/n > 1 && p == 0);  // (B, H, n, D)
-    x = x + (*block.attn->c_proj)(y.transpose(1, 2).reshape({B, n, C}));
-    const Tensor hidden = F::gelu((*block.mlp->c_fc)((*block.ln_2)(x)), /*tanh_approximate=*/true);
-    x = x + (*block.mlp->c_proj)(hidden);
-  }
+  return F::scaled_dot_product_attention(q, keys_[layer].narrow(2, 0, p + n), values_[layer].narrow(2, 0, p + n),
+                                         mask, /*dropout_p=*/0.0, /*is_causal=*/n > 1 && p == 0);  // (B, H, n, D)
+}
+
+Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache) {
+  CASTOR_CHECK(idx.dim() == 2 && idx.dtype() == DType::Int64, "forward_cached: expected (B, n) int64 token ids, got ",
+               idx.describe());
+  const int64_t B = idx.size(0), n = idx.size(1), p = cache.size_;
+  CASTOR_CHECK(B == cache.batch_size(), "forward_cached: batch of ", B, " rows, the cache holds ", cache.batch_size());
+  CASTOR_CHECK(n > 0 && p + n <= cache.capacity_, "forward_cached: ", n, " tokens after ", p,
+               " cached positions pass the block size ", cache.capacity_);
+  NoGradGuard no_grad;
+  const Tensor logits = model.forward_cached_impl(idx, cache);
   cache.size_ = p + n;
-  return (*model.lm_head)((*model.ln_f)(x));  // (B, n, vocab_size)
+  return logits;
 }
 
 namespace {
@@ -91,10 +89,9 @@ int64_t sample_token(std::vector<double> logits, double temperature, int64_t top
 
 }  // namespace
 
-void generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature, int64_t top_k,
-              uint64_t seed, Window window, const std::function<void(int64_t)>& emit) {
-  const GPTConfig& c = model.config();
-  const int64_t real_vocab = c.real_vocab_size > 0 ? c.real_vocab_size : c.vocab_size, T = c.block_size;
+void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature,
+              int64_t top_k, uint64_t seed, Window window, const std::function<void(int64_t)>& emit) {
+  const int64_t real_vocab = model.vocab_size(), T = model.block_size();
   CASTOR_CHECK(!prompt.empty(), "generate: the prompt is empty (it needs at least one token)");
   CASTOR_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ", max_new_tokens);
   CASTOR_CHECK(temperature >= 0 && std::isfinite(temperature), "generate: temperature must be >= 0, got ",
@@ -135,8 +132,8 @@ void generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens, d
   }
 }
 
-std::vector<int64_t> generate(GPT& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature,
-                              int64_t top_k, uint64_t seed, Window window) {
+std::vector<int64_t> generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new_tokens,
+                              double temperature, int64_t top_k, uint64_t seed, Window window) {
   std::vector<int64_t> seq = prompt;
   generate(model, std::move(prompt), max_new_tokens, temperature, top_k, seed, window,
            [&](int64_t t) { seq.push_back(t); });

@@ -1,0 +1,90 @@
+// What every autoregressive language model (nanoGPT's GPT, llama2.c's Llama) gives the trainer, the sampler and
+// generation: a forward over token ids, its context and vocabulary, and inference with a KV cache.
+#pragma once
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "castor/nn.h"
+
+namespace castor::models {
+
+class KVCache;
+
+// forward(idx): idx (B, T) int64 with T <= block_size() -> logits (B, T, vocab_size()) over the real vocabulary.
+class LanguageModel : public nn::Module {
+ public:
+  virtual int64_t block_size() const = 0;  // the longest sequence it reads (GPT's block_size, Llama's max_seq_len)
+  virtual int64_t vocab_size() const = 0;  // the tokenizer's vocabulary: the classes of forward's logits
+  // Parameters, a tied weight counted once (nanoGPT's get_num_params(non_embedding=False)).
+  int64_t num_params() const;
+  // What a KV cache holds per layer: n_kv_heads heads (fewer than the query heads under grouped-query attention)
+  // of head_dim, in dtype (the model's).
+  struct CacheShape {
+    int64_t n_layers, n_kv_heads, head_dim;
+    DType dtype;
+  };
+  virtual CacheShape cache_shape() const = 0;
+
+ protected:
+  friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache);
+  // forward_cached's model part, called without autograd on checked arguments: idx (B, n) at positions
+  // cache.size() .. cache.size() + n - 1, each layer attending through cache.attend; returns the output layer's
+  // logits (B, n, its width, padding included).
+  virtual Tensor forward_cached_impl(const Tensor& idx, KVCache& cache) = 0;
+};
+
+// The keys and values every layer of a model computed for the positions it has seen (per layer (batch, kv heads,
+// block_size, head dim) in the model's dtype), so that a further token costs attention over them, O(T), instead of a
+// forward over the whole prefix.
+class KVCache {
+ public:
+  explicit KVCache(const LanguageModel& model, int64_t batch_size = 1);
+  int64_t size() const { return size_; }          // positions held
+  int64_t capacity() const { return capacity_; }  // block_size
+  int64_t batch_size() const { return keys_[0].size(0); }
+  void clear() { size_ = 0; }
+  // Layer `layer`'s attention for n new positions: stores k and v (B, Hkv, n, D) at positions size() ..
+  // size() + n - 1 and returns scaled_dot_product_attention of q (B, H, n, D) over the keys and values of positions
+  // 0 .. size() + n - 1 (query i sees keys up to size() + i), (B, H, n, D).
+  Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v);
+
+ private:
+  friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache);
+  std::vector<Tensor> keys_, values_;  // per layer: (B, Hkv, block_size, D)
+  int64_t size_ = 0, capacity_ = 0;
+};
+
+// Runs the tokens `idx` (B, n) int64 at positions cache.size() .. cache.size() + n - 1 through `model`, reading the
+// earlier positions' keys and values from `cache` and appending theirs: the logits (B, n, output width: a padded
+// GPT's every row) those model.forward gives for these positions over the whole sequence. Without autograd and
+// without dropout; castor::Error when the cache would pass block_size.
+Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache);
+
+// What generate() conditions each token on once the text passes block_size. Both give the same tokens while it fits.
+enum class Window {
+  Sliding,  // nanoGPT's generate: the last block_size tokens, every step (past the block, one full forward a token)
+  Cached,   // the KV cache, rebuilt from the last block_size / 2 tokens when it fills (a context of half a block to
+            // a block; past the block, a cached step a token and one rebuild every block_size / 2 tokens)
+};
+
+// Sampling temperatures in (0, kMinTemperature) are taken as 0 (greedy), their limit: dividing logits by a
+// temperature that small (a subnormal such as 1e-310) would overflow to infinity.
+inline constexpr double kMinTemperature = 1e-4;
+
+// nanoGPT's generate: returns `prompt` followed by `max_new_tokens` tokens, each drawn from the last position's logits
+// over the real vocabulary (ids >= vocab_size(), a GPT's padding, are never drawn) divided by `temperature`,
+// restricted to the `top_k` largest (0: all; ties with the k-th kept), from a generator seeded with `seed`;
+// temperature 0 (or below kMinTemperature) takes the argmax (the lowest id among equal maxima). A prompt longer than
+// block_size is cut to its last block_size tokens, as nanoGPT does. While the text fits the block, each new token is
+// one cached position (forward_cached); past it, `window` says what the model sees. castor::Error when the logits
+// are not finite (NaN or infinite weights) or an argument is out of range: every id drawn is in [0, vocab_size()).
+std::vector<int64_t> generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new_tokens,
+                              double temperature = 1.0, int64_t top_k = 0, uint64_t seed = 0,
+                              Window window = Window::Sliding);
+// The same tokens, each passed to `emit` as it is drawn (the prompt is not): memory stays bounded by the block size
+// however many tokens are made, so a caller can stream them.
+void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature,
+              int64_t top_k, uint64_t seed, Window window, const std::function<void(int64_t)>& emit);
+
+}  // namespace castor::models

@@ -1,0 +1,163 @@
+// llama2.c's Transformer: RMSNorm pre-norm blocks, rotary grouped-query attention, SwiGLU feed-forward, model.py init.
+#include "castor/llama.h"
+
+#include <cmath>
+
+#include "castor/autograd.h"
+#include "castor/functional.h"
+#include "castor/ops.h"
+#include "castor/random.h"
+
+namespace castor::models {
+
+int64_t LlamaConfig::ffn_hidden_dim() const {
+  if (hidden_dim > 0) return hidden_dim;
+  const int64_t h = 2 * (4 * dim) / 3;  // model.py: int(2 * hidden_dim / 3), non-negative so floor
+  return multiple_of * ((h + multiple_of - 1) / multiple_of);
+}
+
+void LlamaConfig::validate() const {
+  auto positive = [](const char* name, int64_t v) {
+    CASTOR_CHECK(v > 0, "LlamaConfig: ", name, " must be positive, got ", v);
+  };
+  positive("dim", dim);
+  positive("n_layers", n_layers);
+  positive("n_heads", n_heads);
+  positive("vocab_size", vocab_size);
+  positive("max_seq_len", max_seq_len);
+  CASTOR_CHECK(n_kv_heads >= 0, "LlamaConfig: n_kv_heads must be positive (or 0: n_heads), got ", n_kv_heads);
+  CASTOR_CHECK(hidden_dim >= 0, "LlamaConfig: hidden_dim must be positive (or 0: from multiple_of), got ",
+               hidden_dim);
+  if (hidden_dim == 0) positive("multiple_of", multiple_of);
+  CASTOR_CHECK(dim % n_heads == 0, "LlamaConfig: dim ", dim, " is not n_heads ", n_heads, " x a head size");
+  CASTOR_CHECK(head_dim() % 2 == 0, "LlamaConfig: head size dim / n_heads = ", head_dim(),
+               " is odd (rotary embeddings rotate pairs)");
+  CASTOR_CHECK(n_heads % kv_heads() == 0, "LlamaConfig: n_heads ", n_heads, " is not a multiple of n_kv_heads ",
+               kv_heads());
+  CASTOR_CHECK(norm_eps > 0 && std::isfinite(norm_eps), "LlamaConfig: norm_eps must be positive, got ", norm_eps);
+  CASTOR_CHECK(rope_theta > 0 && std::isfinite(rope_theta), "LlamaConfig: rope_theta must be positive, got ",
+               rope_theta);
+  CASTOR_CHECK(dropout >= 0 && dropout < 1, "LlamaConfig: dropout must be in [0, 1), got ", dropout);
+}
+
+LlamaAttention::LlamaAttention(const LlamaConfig& c)
+    : n_heads_(c.n_heads), n_kv_heads_(c.kv_heads()), head_dim_(c.head_dim()), rope_theta_(c.rope_theta),
+      dropout_(c.dropout) {
+  wq = register_module("wq", std::make_shared<nn::Linear>(c.dim, n_heads_ * head_dim_, /*bias=*/false));
+  wk = register_module("wk", std::make_shared<nn::Linear>(c.dim, n_kv_heads_ * head_dim_, /*bias=*/false));
+  wv = register_module("wv", std::make_shared<nn::Linear>(c.dim, n_kv_heads_ * head_dim_, /*bias=*/false));
+  wo = register_module("wo", std::make_shared<nn::Linear>(n_heads_ * head_dim_, c.dim, /*bias=*/false));
+  resid_dropout = register_module("resid_dropout", std::make_shared<nn::Dropout>(c.dropout));
+}
+
+LlamaAttention::Heads LlamaAttention::project(const Tensor& x, int64_t start_pos) const {
+  CASTOR_CHECK(x.dim() == 3, "Attention: expected (B, T, dim) input, got ", x.describe());
+  const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
+  // Rotated as (B, T, heads, D), then heads made a batch dimension: the attention kernels read the strides in place.
+  auto rotated = [&](nn::Linear& w, int64_t heads) {
+    return F::rotary_embedding(w(x).view({B, T, heads, D}), start_pos, rope_theta_).transpose(1, 2);
+  };
+  return {rotated(*wq, n_heads_), rotated(*wk, n_kv_heads_),
+          (*wv)(x).view({B, T, n_kv_heads_, D}).transpose(1, 2)};
+}
+
+Tensor LlamaAttention::merge(const Tensor& y) {
+  const int64_t B = y.size(0), T = y.size(2);
+  return (*wo)(y.transpose(1, 2).reshape({B, T, n_heads_ * head_dim_}));
+}
+
+Tensor LlamaAttention::forward(const Tensor& x) {
+  const Heads h = project(x, 0);
+  const double p = training_ ? dropout_ : 0.0;
+  return (*resid_dropout)(
+      merge(F::scaled_dot_product_attention(h.q, h.k, h.v, /*attn_mask=*/{}, p, /*is_causal=*/true)));
+}
+
+LlamaFeedForward::LlamaFeedForward(const LlamaConfig& c) {
+  const int64_t hidden = c.ffn_hidden_dim();
+  w1 = register_module("w1", std::make_shared<nn::Linear>(c.dim, hidden, /*bias=*/false));
+  w2 = register_module("w2", std::make_shared<nn::Linear>(hidden, c.dim, /*bias=*/false));
+  w3 = register_module("w3", std::make_shared<nn::Linear>(c.dim, hidden, /*bias=*/false));
+  dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
+}
+
+Tensor LlamaFeedForward::forward(const Tensor& x) { return (*dropout)((*w2)(F::swiglu((*w1)(x), (*w3)(x)))); }
+
+LlamaBlock::LlamaBlock(const LlamaConfig& c) {
+  attention = register_module("attention", std::make_shared<LlamaAttention>(c));
+  feed_forward = register_module("feed_forward", std::make_shared<LlamaFeedForward>(c));
+  attention_norm = register_module("attention_norm", std::make_shared<nn::RMSNorm>(Shape{c.dim}, c.norm_eps));
+  ffn_norm = register_module("ffn_norm", std::make_shared<nn::RMSNorm>(Shape{c.dim}, c.norm_eps));
+}
+
+Tensor LlamaBlock::forward(const Tensor& x) {
+  const Tensor h = x + (*attention)((*attention_norm)(x));
+  return h + (*feed_forward)((*ffn_norm)(h));
+}
+
+Llama::Llama(const LlamaConfig& c, uint64_t seed) : config_(c) {
+  config_.validate();
+  tok_embeddings = register_module("tok_embeddings", std::make_shared<nn::Embedding>(c.vocab_size, c.dim));
+  dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
+  layers = register_module("layers", std::make_shared<nn::Sequential>());
+  for (int64_t i = 0; i < c.n_layers; ++i) layers->push_back(std::make_shared<LlamaBlock>(c));
+  norm = register_module("norm", std::make_shared<nn::RMSNorm>(Shape{c.dim}, c.norm_eps));
+  output = register_module("output", std::make_shared<nn::Linear>(c.dim, c.vocab_size, /*bias=*/false));
+  // model.py's `tok_embeddings.weight = output.weight`: one tensor, listed first as tok_embeddings.weight.
+  if (c.tied) tok_embeddings->weight = tok_embeddings->tie_parameter("weight", output->weight);
+  Generator gen(seed);
+  NoGradGuard no_grad;
+  const double std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layers));
+  for (auto& [name, p] : named_parameters()) {
+    if (p.dim() != 2) continue;  // RMSNorm weights: 1 as constructed
+    const bool resid = name.ends_with("w3.weight") || name.ends_with("wo.weight");
+    p.copy_(normal(p.shape(), 0.0, resid ? std_resid : 0.02, DType::Float32, &gen));
+  }
+}
+
+Tensor Llama::forward(const Tensor& tokens) {
+  CASTOR_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::Int64, "Llama: expected (B, T) int64 token ids, got ",
+               tokens.describe());
+  const int64_t T = tokens.size(1);
+  CASTOR_CHECK(T <= config_.max_seq_len, "Llama: cannot forward a sequence of length ", T, ", max_seq_len is only ",
+               config_.max_seq_len);
+  const Tensor h = (*layers)((*dropout)((*tok_embeddings)(tokens)));  // (B, T, dim)
+  return (*output)((*norm)(h));                                        // (B, T, vocab_size)
+}
+
+LanguageModel::CacheShape Llama::cache_shape() const {
+  return {config_.n_layers, config_.kv_heads(), config_.head_dim(), tok_embeddings->weight.dtype()};
+}
+
+Tensor Llama::forward_cached_impl(const Tensor& tokens, KVCache& cache) {
+  Tensor x = (*tok_embeddings)(tokens);  // (B, n, dim)
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    auto& block = dynamic_cast<LlamaBlock&>(*(*layers)[l]);
+    const LlamaAttention::Heads h = block.attention->project((*block.attention_norm)(x), cache.size());
+    x = x + block.attention->merge(cache.attend(l, h.q, h.k, h.v));
+    const Tensor y = (*block.ffn_norm)(x);
+    const LlamaFeedForward& ff = *block.feed_forward;
+    x = x + (*ff.w2)(F::swiglu((*ff.w1)(y), (*ff.w3)(y)));
+  }
+  return (*output)((*norm)(x));  // (B, n, vocab_size)
+}
+
+std::shared_ptr<Llama> llama(const LlamaConfig& config, uint64_t seed) {
+  return std::make_shared<Llama>(config, seed);
+}
+
+LlamaConfig llama_preset(const std::string& name, int64_t vocab_size) {
+  LlamaConfig c;
+  c.vocab_size = vocab_size;
+  if (name == "llama-260k") {
+    // stories260K: hidden 172 = 2/3 of 4 dim rounded up to a multiple of 4.
+    c.dim = 64, c.n_layers = 5, c.n_heads = 8, c.n_kv_heads = 4, c.multiple_of = 4, c.max_seq_len = 512;
+  } else if (name == "llama-15m") {
+    c.dim = 288, c.n_layers = 6, c.n_heads = 6, c.n_kv_heads = 6, c.multiple_of = 32, c.max_seq_len = 256;
+  } else if (name != "llama") {
+    throw Error(detail::cat("llama_preset: unknown preset \"", name, "\"; expected llama, llama-260k or llama-15m"));
+  }
+  return c;
+}
+
+}  // namespace castor::models
