@@ -16,6 +16,7 @@
 #include "castor/serialize.h"
 #include "nn/lm_twin.h"
 #include "nn/tiny_gpt.h"
+#include "nn/tiny_llama.h"
 #include "runtime/dispatch.h"
 #include "support/support.h"
 #include "test_util.h"
@@ -117,18 +118,21 @@ TEST(Lora, AFrozenLinearRunsNoWeightGradientGemm) {
 
 TEST(Lora, AtInitLogitsEqualTheBaseBitForBit) {
   for (nn::LoraInit init : {nn::LoraInit::KaimingUniform, nn::LoraInit::Gaussian}) {
-    auto model = models::gpt(test::tiny_gpt_config(67), 3);
-    const Tensor x = test::random_token_batch(2, 16, 67, 1);
-    const Tensor base = (*model)(x).detach();
-    Tensor base16;
-    {
+    std::shared_ptr<models::LanguageModel> bases[] = {models::gpt(test::tiny_gpt_config(67), 3),
+                                                      std::make_shared<models::Llama>(test::tiny_llama_config(67), 3)};
+    for (auto& model : bases) {
+      const Tensor x = test::random_token_batch(2, 16, 67, 1);
+      const Tensor base = (*model)(x).detach();
+      Tensor base16;
+      {
+        amp::AutocastGuard autocast(DType::BFloat16);
+        base16 = (*model)(x).detach();
+      }
+      nn::apply_lora(*model, nn::LoraConfig{.init = init});
+      EXPECT_TRUE(same_bits((*model)(x), base)) << model->type_name();
       amp::AutocastGuard autocast(DType::BFloat16);
-      base16 = (*model)(x).detach();
+      EXPECT_TRUE(same_bits((*model)(x), base16)) << model->type_name();
     }
-    nn::apply_lora(*model, nn::LoraConfig{.init = init});
-    EXPECT_TRUE(same_bits((*model)(x), base));
-    amp::AutocastGuard autocast(DType::BFloat16);
-    EXPECT_TRUE(same_bits((*model)(x), base16));
   }
 }
 
@@ -146,6 +150,25 @@ TEST(Lora, AdapterGradientsMatchPyTorchFloat32) {
   F::cross_entropy(logits.reshape({-1, c.vocab_size}), y.reshape({-1})).backward();
   EXPECT_TRUE(test::close(logits, want.at("logits"), 1e-5, 1e-6));
   expect_adapter_grads(*model, want, 1e-6);
+}
+
+// llama2.c's names: adapters on wq and wv of a grouped-query Llama (wk and wv are (16, 32) there, so rank 8 fits).
+TEST(Lora, LlamaAdapterGradientsMatchPyTorchFloat32) {
+  const models::LlamaConfig c = test::tiny_llama_config(67);
+  models::Llama model(c, 3);
+  nn::LoraConfig cfg{.r = 8, .alpha = 16, .target_modules = {"wq", "wv"}};
+  EXPECT_EQ(nn::apply_lora(model, cfg).size(), 4u);
+  randomize_b(model, 7);
+  const Tensor x = test::random_token_batch(3, 16, 67, 1), y = test::random_token_batch(3, 16, 67, 2);
+  const StateDict want =
+      run_oracle("lora_llama_f32",
+                 test::llama_config_json(c, detail::cat(", \"model\": \"llama\", \"scaling\": ", cfg.scaling())), model,
+                 {{"x", x}, {"y", y}});
+  ASSERT_FALSE(want.empty());
+  const Tensor logits = model(x);
+  F::cross_entropy(logits.reshape({-1, 67}), y.reshape({-1})).backward();
+  EXPECT_TRUE(test::close(logits, want.at("logits"), 1e-5, 1e-6));
+  expect_adapter_grads(model, want, 1e-6);
 }
 
 // O1 bf16 with a frozen base: the base's Linear and embedding weights are stored in bfloat16 (LayerNorms and
@@ -232,8 +255,8 @@ TEST(Lora, BaseGetsNoGradientAndNoOptimizerState) {
 // clipped to norm 0.5 give the float32 run's clipped sum, within float16's tolerance.
 TEST(Lora, LossScalingClippingAndAccumulationAtO1Float16) {
   models::GPTConfig c = test::tiny_gpt_config(67);
-  const Tensor x[] = {test::tokens(2, 16, 67, 1), test::tokens(2, 16, 67, 3)};
-  const Tensor y[] = {test::tokens(2, 16, 67, 2), test::tokens(2, 16, 67, 4)};
+  const Tensor x[] = {test::random_token_batch(2, 16, 67, 1), test::random_token_batch(2, 16, 67, 3)};
+  const Tensor y[] = {test::random_token_batch(2, 16, 67, 2), test::random_token_batch(2, 16, 67, 4)};
   std::vector<Tensor> grads[2];
   for (amp::OptLevel level : {amp::OptLevel::O0, amp::OptLevel::O1}) {
     auto model = models::gpt(c, 5);
@@ -248,7 +271,7 @@ TEST(Lora, LossScalingClippingAndAccumulationAtO1Float16) {
       Tensor loss;
       {
         auto fw = amp->forward();
-        loss = loss_of(*model, x[k], y[k]);
+        loss = test::lm_loss(*model, x[k], y[k]);
       }
       amp->scale_loss(loss, opt).backward();
     }
