@@ -40,11 +40,6 @@ double seconds_of(const std::function<void()>& fn) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // One Castor configuration: its own SimpleCNN (same initial weights), Adam and Amp.
 struct Config {
   std::string name;
@@ -131,10 +126,10 @@ int main(int argc, char** argv) {
   std::printf("CPU: %s\n", bench::cpu_isa().c_str());
   std::printf("SimpleCNN training step, batch %lld, %d OpenMP threads, median of %d alternating steps\n",
               static_cast<long long>(kBatch), threads, reps);
-  const double base = median(configs[0]->seconds);
+  const double base = bench::median(configs[0]->seconds);
   std::map<std::string, double> castor_ips;
   for (auto& c : configs) {
-    const double s = median(c->seconds);
+    const double s = bench::median(c->seconds);
     castor_ips[c->name] = kBatch / s;
     std::printf("  castor %-26s %8.1f images/s  %7.1f ms/step  %5.2fx vs O0\n", c->name.c_str(), kBatch / s,
                 1e3 * s, base / s);
@@ -158,7 +153,7 @@ int main(int argc, char** argv) {
   std::printf("  cast cache so far: %lld hits, %lld misses\n", static_cast<long long>(cache.hits),
               static_cast<long long>(cache.misses));
   std::printf("  O1 bf16 step with loss scaling minus without (medians): %+.1f ms\n",
-              1e3 * (median(o1s.seconds) - median(configs[1]->seconds)));
+              1e3 * (bench::median(o1s.seconds) - bench::median(configs[1]->seconds)));
 
   // Peak memory of one step above what is resident before it (models, optimizer state, the batch).
   for (int k : {0, 1}) {

@@ -6,9 +6,13 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <time.h>
 #include <unistd.h>
+#include <vector>
 
+#include "castor/nn.h"
 #include "castor/ops.h"
+#include "castor/optim.h"
 #include "castor/random.h"
 #include "castor/trainer.h"
 
@@ -25,6 +29,28 @@ double best_seconds(const F& fn, int reps = 5) {
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
+}
+
+// The median of v (the upper middle one for an even count).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Seconds on a clock: CLOCK_PROCESS_CPUTIME_ID (the process's CPU time, all its threads) or CLOCK_MONOTONIC (wall).
+inline double clock_seconds(clockid_t id) {
+  timespec ts{};
+  clock_gettime(id, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// nanoGPT's and llama2.c's configure_optimizers: AdamW with `o`, weight decay on tensors of 2 or more dims only.
+inline std::unique_ptr<optim::Adam> decayed_adamw(nn::Module& model, optim::AdamOptions o) {
+  std::vector<Tensor> decay, no_decay;
+  for (const Tensor& p : model.parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  auto opt = optim::make_adamw(decay, o);
+  opt->add_param_group(no_decay, o.lr, /*weight_decay=*/0.0);
+  return opt;
 }
 
 // The GEMM ceiling model FLOP rates are put beside: the best of five 2048^3 oneDNN matmuls in `dtype`, in FLOP/s.

@@ -44,7 +44,8 @@ run() {
   local TIMEFORMAT='%U %S'
   { time "$castor" "${args[@]}" >"$work/log" 2>&1 || { cat "$work/log" >&2; exit 1; }; } 2>"$work/time"
   python3 -c 'import json, sys; s = json.load(open(sys.argv[1])); u, k = open(sys.argv[2]).read().split()
-print(s.get("train_tokens_per_sec", s["train_images_per_sec"]), s["peak_memory_bytes"], float(u) + float(k))' \
+speed = s["train_tokens_per_sec"] if "train_tokens_per_sec" in s else s["train_images_per_sec"]
+print(speed, s["peak_memory_bytes"], float(u) + float(k))' \
     "$out/summary.json" "$work/time"
 }
 

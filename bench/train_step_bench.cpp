@@ -47,11 +47,6 @@ constexpr int kThreads = 2;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // ---- the kernel floor: the step's oneDNN primitives ----
 
 struct Kernel {
@@ -76,7 +71,7 @@ class Floor {
       kernels::stream().wait();
       if (r > 0) ms.push_back(seconds_since(t0) * 1e3);
     }
-    return median(ms);
+    return bench::median(ms);
   }
 
   // 2-D convolution (weights o x c x k x k); backward-data only when the input needs a gradient.
@@ -342,7 +337,7 @@ void run(const Bench& b, int rounds, bool bf16_native) {
          torch_images_per_second(b.model, b.batch, b.warmup, b.iters, b.seconds, b.torch_modes))
       torch_ips[mode].push_back(ips);
   }
-  auto torch_median = [&](const std::string& mode) { return torch_ips.count(mode) ? median(torch_ips[mode]) : 0.0; };
+  auto torch_median = [&](const std::string& mode) { return torch_ips.count(mode) ? bench::median(torch_ips[mode]) : 0.0; };
   const char* floor_dt[] = {"f32", bf16_native ? "bf16" : "f32 (no bf16 here)"};
   std::printf("%-9s %10s %9s %8s %10s %10s %9s %9s %9s %11s %11s\n", "castor", "images/s", "step ms", "GFLOP/s",
               "kernels ms", "overhead", "torch", "NCHW", "ch_last", "castor/NCHW", "castor/best");
@@ -352,7 +347,7 @@ void run(const Bench& b, int rounds, bool bf16_native) {
                       ? simple_cnn_floor(bf16 && bf16_native ? memory::data_type::bf16 : memory::data_type::f32, b.batch)
                       : resnet18_floor(bf16 && bf16_native ? memory::data_type::bf16 : memory::data_type::f32, b.batch);
     const double kernel_ms = floor.time_ms(std::max(3, b.iters / 2));
-    const double ips = median(castor_ips[i]), step_ms = b.batch * 1e3 / ips;
+    const double ips = bench::median(castor_ips[i]), step_ms = b.batch * 1e3 / ips;
     const std::string mode = bf16 ? "bf16" : "fp32", cl = mode + "_cl";
     const double pt = torch_median(mode), pt_cl = torch_median(cl), best = std::max(pt, pt_cl);
     std::printf("%-9s %10.1f %9.1f %8.1f %10.1f %9.2fx %9s ", bf16 ? "bfloat16" : "float32", ips, step_ms,

@@ -24,6 +24,8 @@ void convert_bf16_to_f32(const uint16_t* src, float* dst, size_t n);
 //    float64 and int64 sources round twice (float64 1 + 2^-11 + 2^-40 -> float16 1.0, like torch).
 // src and dst must not overlap unless src_dtype == dst_dtype (then it is a memmove).
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n);
+// convert() on the calling thread whatever n, for kernels already running their own parallel loops.
+void convert_serial(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n);
 
 // convert() with the same results, writing float32 <-> bfloat16 with non-temporal stores where the active kernels
 // have them: for a destination read again only after much else has gone through the cache (gradients delivered to

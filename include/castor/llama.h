@@ -101,8 +101,9 @@ class Llama : public LanguageModel {
 };
 
 std::shared_ptr<Llama> llama(const LlamaConfig& config, uint64_t seed = 1337);
-// Presets: "llama-260k" (dim 64, 5 layers, 8 heads, 4 kv heads, context 512) and "llama-15m" (288, 6, 6, 6,
-// context 256), llama2.c's stories260K and stories15M shapes, over `vocab_size` tokens.
+// Presets over `vocab_size` tokens: "llama-260k" (dim 64, 5 layers, 8 heads, 4 kv heads, context 512) and "llama-15m"
+// (288, 6, 6, 6, context 256), llama2.c's stories260K and stories15M shapes, and "llama" (128, 4, 8, 4, context 128),
+// `castor train --model llama`'s default.
 LlamaConfig llama_preset(const std::string& name, int64_t vocab_size);
 
 }  // namespace castor::models

@@ -16,6 +16,8 @@ class Generator {
   double next_double();  // uniform in [0, 1) with 53 random bits
   float next_float();    // uniform in [0, 1) with 24 random bits
   double next_normal();  // standard normal (Box-Muller, both values used)
+  // n standard normals, the same as n calls of next_normal (the transform of each pair runs on all threads).
+  void fill_normal(double* out, int64_t n);
 
   using State = std::array<uint64_t, 6>;  // xoshiro words, a cached-normal flag and the cached normal's bits
   State state() const;

@@ -17,7 +17,7 @@ namespace castor::train {
 
 // The choices of the enumerated flags; name() gives each one's spelling on the command line and in config.json.
 enum class Dataset { FashionMnist, Cifar10, Synthetic, Folder, Brown, BrownChar, BrownBpe, Tokens };
-enum class ModelKind { SimpleCnn, ResNet18, ResNet9, Gpt, GptMini, Gpt2 };
+enum class ModelKind { SimpleCnn, ResNet18, ResNet9, Gpt, GptMini, Gpt2, Llama, Llama260k, Llama15m };
 enum class OptimizerKind { Sgd, Adam, AdamW };
 enum class Schedule { None, Step, Cosine, OneCycle, WarmupCosine };
 using DataOrder = data::LmOrder;  // language-model batches: nanoGPT's random windows or llm.c's two orders
@@ -32,6 +32,7 @@ const char* name(Compression v);
 const char* name(DataOrder v);
 const char* name(backends::ConvAlgorithm v);
 bool is_language_model(ModelKind m);
+bool is_llama(ModelKind m);  // llama, llama-260k, llama-15m
 bool is_text(Dataset d);
 
 struct TrainConfig {
@@ -42,10 +43,16 @@ struct TrainConfig {
   bool skip_bad_images = false;        // --data folder: leave unreadable images out (counted) instead of failing
   int64_t image_cache_mb = -1;         // --data folder: decoded images kept in memory up to this; -1: half the RAM
   ModelKind model = ModelKind::SimpleCnn;
-  // --model gpt / gpt-mini / gpt2 (nanoGPT's flags); 0: the preset's value (vocab_size: the tokenizer's).
+  // --model gpt / gpt-mini / gpt2 and llama / llama-260k / llama-15m (nanoGPT's flags; a Llama's dim, n_layers,
+  // n_heads and max_seq_len are n_embd, n_layer, n_head and block_size); 0: the preset's value (vocab_size: the
+  // tokenizer's).
   int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
   double dropout = 0.0;
-  bool bias = true;
+  bool bias = true;            // GPT only
+  int64_t n_kv_head = 0;       // Llama: key/value heads (0: the preset's); fewer than n_head: grouped-query attention
+  int64_t multiple_of = 0;     // Llama: the feed-forward width rounds up to a multiple of this (0: the preset's)
+  double rope_theta = 10000.0;  // Llama: the rotary embedding's base
+  bool untied = false;         // Llama: the output layer has its own weight (llama2.c ties it to tok_embeddings)
   DataOrder data_order = DataOrder::Random;
   amp::OptLevel amp = amp::OptLevel::O1;
   DType dtype = DType::BFloat16;       // the 16-bit type of O1-O3

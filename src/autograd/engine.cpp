@@ -125,6 +125,151 @@ Tensor to_leaf_dtype(const Tensor& g, DType dtype) {
 struct ByLatest {
   bool operator()(const Node* a, const Node* b) const { return a->sequence < b->sequence; }
 };
+using ReadyNodes = std::priority_queue<Node*, std::vector<Node*>, ByLatest>;  // latest first
+
+// One run of backward: the gradients waiting at each node, how many edges have yet to deliver into each, and with
+// `captures` (autograd::grad) where gradients reaching those nodes/leaves go instead of .grad.
+class BackwardRun {
+ public:
+  BackwardRun(bool retain_graph, bool create_graph, const std::vector<Tensor>* captures, std::vector<Tensor>* captured)
+      : retain_graph_(retain_graph), create_graph_(create_graph), captures_(captures), captured_(captured) {
+    if (!captures) return;
+    for (size_t i = 0; i < captures->size(); ++i) {
+      const Tensor& t = (*captures)[i];
+      CASTOR_CHECK(t.requires_grad(), "grad: input ", i, " (", t.describe(), ") does not require grad");
+      capture_index_[t.is_leaf() ? static_cast<const void*>(t.impl()) : t.grad_fn().get()] = i;
+    }
+    captured->assign(captures->size(), Tensor());
+  }
+
+  // The outputs' gradients (ones for a scalar output given none): a leaf's is delivered, a node's waits for it.
+  void seed(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs) {
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const Tensor& out = outputs[i];
+      CASTOR_CHECK(out.requires_grad(), "backward: output ", i, " (", out.describe(),
+                   ") does not require grad and has no grad_fn");
+      Tensor g;
+      if (grad_outputs.empty() || !grad_outputs[i].defined()) {
+        CASTOR_CHECK(out.numel() == 1, "backward: grad can be implicitly created only for scalar outputs, got ",
+                     out.describe());
+        g = ones(out.shape(), out.dtype());
+      } else {
+        g = grad_outputs[i];
+        CASTOR_CHECK(g.shape() == out.shape(), "backward: gradient ", g.describe(), " does not match output ",
+                     out.describe());
+      }
+      if (out.is_leaf()) {
+        deliver_leaf(out.impl_ptr(), g.to(out.dtype()));
+      } else {
+        Node* n = out.grad_fn().get();
+        if (!buffers_.count(n)) roots_.push_back(n);
+        buffers_[n] = accumulate(buffers_[n], g.to(out.dtype()));
+      }
+    }
+  }
+
+  // Runs the nodes, latest first, each once every edge into it has delivered.
+  void run() {
+    count_dependencies();
+    ReadyNodes ready;
+    for (Node* r : roots_)
+      if (!deps_.count(r)) ready.push(r);
+    OpObserver* observer = op_observer();
+    while (!ready.empty()) {
+      Node* node = ready.top();
+      ready.pop();
+      Tensor g = run_hooks(node->pre_hooks, std::move(buffers_[node]));
+      buffers_.erase(node);
+      capture(node, g);
+      CASTOR_CHECK(!node->released, "backward through the graph a second time (", op_name(node->op),
+                   "): its saved tensors were freed; pass retain_graph=true to the first backward");
+      std::vector<Tensor> grads = apply(*node, std::move(g), observer);
+      if (!retain_graph_) {
+        if (node->state) node->state->release();
+        node->released = true;
+      }
+      deliver(*node, grads, ready);
+    }
+  }
+
+ private:
+  // Counts, for each node, the edges that will deliver into it.
+  void count_dependencies() {
+    std::vector<Node*> stack = roots_;
+    std::unordered_set<Node*> seen(roots_.begin(), roots_.end());
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (const Edge& e : n->next) {
+        if (!e.fn) continue;
+        ++deps_[e.fn.get()];
+        if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
+      }
+    }
+  }
+
+  // The node's backward rule on its gradient, reported to the op observer when there is one.
+  std::vector<Tensor> apply(Node& node, Tensor g, OpObserver* observer) {
+    auto start = std::chrono::steady_clock::now();
+    std::vector<Tensor> grads;
+    int depth;
+    {
+      OpNesting nesting;  // ops a rule runs are nested inside it
+      depth = nesting.depth();
+      // The rule owns the incoming gradient (a fused rule frees it midway), unless the observer still reports it.
+      grads = apply_backward_rule(node, observer ? Tensor(g) : std::move(g));
+    }
+    if (observer) {
+      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::vector<Tensor> in = {g};
+      Tensor out = grads.empty() ? Tensor() : grads[0];
+      observer->on_op({node.op, &in, &in, &out, s, true, 0.0, depth});
+    }
+    CASTOR_ASSERT(grads.size() == node.next.size(), op_name(node.op), " backward returned ", grads.size(),
+                  " gradients for ", node.next.size(), " inputs");
+    return grads;
+  }
+
+  // The node's input gradients, in their inputs' dtypes, to the nodes they feed (queued once complete) and leaves.
+  void deliver(const Node& node, std::vector<Tensor>& grads, ReadyNodes& ready) {
+    for (size_t i = 0; i < grads.size(); ++i) {
+      const Edge& e = node.next[i];
+      if (!e.valid() || !grads[i].defined()) continue;
+      Tensor gi = grads[i].dtype() == node.input_dtypes[i] ? std::move(grads[i])
+                  : e.leaf && !create_graph_                 ? to_leaf_dtype(grads[i], node.input_dtypes[i])
+                                                             : grads[i].to(node.input_dtypes[i]);
+      CASTOR_ASSERT(gi.shape() == node.input_shapes[i], op_name(node.op), " backward gave ", gi.describe(),
+                    " for input ", i, " of shape ", shape_str(node.input_shapes[i]));
+      if (e.fn) {
+        Node* next = e.fn.get();
+        buffers_[next] = accumulate(buffers_[next], gi);
+        if (--deps_[next] == 0) ready.push(next);
+      } else {
+        deliver_leaf(e.leaf, std::move(gi));
+      }
+    }
+  }
+
+  void deliver_leaf(const std::shared_ptr<TensorImpl>& leaf, Tensor g) {
+    if (!captures_) return accumulate_leaf(leaf, std::move(g), create_graph_);
+    capture(leaf.get(), g);
+  }
+
+  // Adds g to the captured gradient of `key` (a leaf's impl or a node), if it is one of the captures.
+  void capture(const void* key, const Tensor& g) {
+    if (!captures_) return;
+    auto it = capture_index_.find(key);
+    if (it != capture_index_.end()) (*captured_)[it->second] = accumulate((*captured_)[it->second], g);
+  }
+
+  const bool retain_graph_, create_graph_;
+  const std::vector<Tensor>* captures_;
+  std::vector<Tensor>* captured_;
+  std::unordered_map<const void*, size_t> capture_index_;
+  std::unordered_map<Node*, Tensor> buffers_;
+  std::unordered_map<Node*, int> deps_;
+  std::vector<Node*> roots_;
+};
 
 // Runs backward from the roots. With `captures`, gradients reaching those nodes/leaves are returned instead of
 // being accumulated into .grad (autograd::grad).
@@ -143,113 +288,9 @@ void run_backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>&
   } restore_plain{g_plain_accumulation};
   g_plain_accumulation = !captures && !create_graph;
 
-  std::unordered_map<const void*, size_t> capture_index;
-  if (captures) {
-    for (size_t i = 0; i < captures->size(); ++i) {
-      const Tensor& t = (*captures)[i];
-      CASTOR_CHECK(t.requires_grad(), "grad: input ", i, " (", t.describe(), ") does not require grad");
-      capture_index[t.is_leaf() ? static_cast<const void*>(t.impl()) : t.grad_fn().get()] = i;
-    }
-    captured->assign(captures->size(), Tensor());
-  }
-  auto deliver_leaf = [&](const std::shared_ptr<TensorImpl>& leaf, Tensor g) {
-    if (!captures) return accumulate_leaf(leaf, std::move(g), create_graph);
-    auto it = capture_index.find(leaf.get());
-    if (it != capture_index.end()) (*captured)[it->second] = accumulate((*captured)[it->second], g);
-  };
-
-  std::unordered_map<Node*, Tensor> buffers;
-  std::vector<Node*> roots;
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    const Tensor& out = outputs[i];
-    CASTOR_CHECK(out.requires_grad(), "backward: output ", i, " (", out.describe(),
-                 ") does not require grad and has no grad_fn");
-    Tensor g;
-    if (grad_outputs.empty() || !grad_outputs[i].defined()) {
-      CASTOR_CHECK(out.numel() == 1, "backward: grad can be implicitly created only for scalar outputs, got ",
-                   out.describe());
-      g = ones(out.shape(), out.dtype());
-    } else {
-      g = grad_outputs[i];
-      CASTOR_CHECK(g.shape() == out.shape(), "backward: gradient ", g.describe(), " does not match output ",
-                   out.describe());
-    }
-    if (out.is_leaf()) {
-      deliver_leaf(out.impl_ptr(), g.to(out.dtype()));
-    } else {
-      Node* n = out.grad_fn().get();
-      if (!buffers.count(n)) roots.push_back(n);
-      buffers[n] = accumulate(buffers[n], g.to(out.dtype()));
-    }
-  }
-
-  // Count, for each node, the edges that will deliver into it.
-  std::unordered_map<Node*, int> deps;
-  std::vector<Node*> stack = roots;
-  std::unordered_set<Node*> seen(roots.begin(), roots.end());
-  while (!stack.empty()) {
-    Node* n = stack.back();
-    stack.pop_back();
-    for (const Edge& e : n->next) {
-      if (!e.fn) continue;
-      ++deps[e.fn.get()];
-      if (seen.insert(e.fn.get()).second) stack.push_back(e.fn.get());
-    }
-  }
-
-  std::priority_queue<Node*, std::vector<Node*>, ByLatest> ready;
-  for (Node* r : roots)
-    if (!deps.count(r)) ready.push(r);
-  OpObserver* observer = op_observer();
-  while (!ready.empty()) {
-    Node* node = ready.top();
-    ready.pop();
-    Tensor g = run_hooks(node->pre_hooks, std::move(buffers[node]));
-    buffers.erase(node);
-    if (captures) {
-      auto it = capture_index.find(node);
-      if (it != capture_index.end()) (*captured)[it->second] = accumulate((*captured)[it->second], g);
-    }
-    CASTOR_CHECK(!node->released, "backward through the graph a second time (", op_name(node->op),
-                 "): its saved tensors were freed; pass retain_graph=true to the first backward");
-    auto start = std::chrono::steady_clock::now();
-    std::vector<Tensor> grads;
-    int depth;
-    {
-      OpNesting nesting;  // ops a rule runs are nested inside it
-      depth = nesting.depth();
-      // The rule owns the incoming gradient (a fused rule frees it midway), unless the observer still reports it.
-      grads = apply_backward_rule(*node, observer ? Tensor(g) : std::move(g));
-    }
-    if (observer) {
-      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::vector<Tensor> in = {g};
-      Tensor out = grads.empty() ? Tensor() : grads[0];
-      observer->on_op({node->op, &in, &in, &out, s, true, 0.0, depth});
-    }
-    CASTOR_ASSERT(grads.size() == node->next.size(), op_name(node->op), " backward returned ", grads.size(),
-                  " gradients for ", node->next.size(), " inputs");
-    if (!retain_graph) {
-      if (node->state) node->state->release();
-      node->released = true;
-    }
-    for (size_t i = 0; i < grads.size(); ++i) {
-      const Edge& e = node->next[i];
-      if (!e.valid() || !grads[i].defined()) continue;
-      Tensor gi = grads[i].dtype() == node->input_dtypes[i] ? std::move(grads[i])
-                  : e.leaf && !create_graph                   ? to_leaf_dtype(grads[i], node->input_dtypes[i])
-                                                              : grads[i].to(node->input_dtypes[i]);
-      CASTOR_ASSERT(gi.shape() == node->input_shapes[i], op_name(node->op), " backward gave ", gi.describe(),
-                    " for input ", i, " of shape ", shape_str(node->input_shapes[i]));
-      if (e.fn) {
-        Node* next = e.fn.get();
-        buffers[next] = accumulate(buffers[next], gi);
-        if (--deps[next] == 0) ready.push(next);
-      } else {
-        deliver_leaf(e.leaf, std::move(gi));
-      }
-    }
-  }
+  BackwardRun run(retain_graph, create_graph, captures, captured);
+  run.seed(outputs, grad_outputs);
+  run.run();
 }
 
 }  // namespace

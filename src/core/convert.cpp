@@ -348,7 +348,7 @@ void cast_any(const void* src, DType src_dtype, void* dst, DType dst_dtype, size
 }
 
 // One chunk of convert(), on the calling thread.
-void convert_serial(const char* src, DType sd, char* dst, DType dd, size_t n) {
+void convert_chunk(const char* src, DType sd, char* dst, DType dd, size_t n) {
   const auto& k = active_kernels();
   auto* s16 = reinterpret_cast<const uint16_t*>(src);
   auto* d16 = reinterpret_cast<uint16_t*>(dst);
@@ -363,8 +363,8 @@ void convert_serial(const char* src, DType sd, char* dst, DType dd, size_t n) {
     float buf[kBlock];
     for (size_t i = 0; i < n; i += kBlock) {
       size_t m = std::min(kBlock, n - i);
-      convert_serial(src + i * dtype_size(sd), sd, reinterpret_cast<char*>(buf), DType::Float32, m);
-      convert_serial(reinterpret_cast<const char*>(buf), DType::Float32, dst + i * dtype_size(dd), dd, m);
+      convert_chunk(src + i * dtype_size(sd), sd, reinterpret_cast<char*>(buf), DType::Float32, m);
+      convert_chunk(reinterpret_cast<const char*>(buf), DType::Float32, dst + i * dtype_size(dd), dd, m);
     }
     return;
   }
@@ -389,14 +389,19 @@ void convert_bf16_to_f32(const uint16_t* src, float* dst, size_t n) {
 void convert(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
   CASTOR_CHECK(static_cast<int>(src_dtype) < kNumDTypes && static_cast<int>(dst_dtype) < kNumDTypes,
                "convert: unknown dtype ", static_cast<int>(src_dtype), " -> ", static_cast<int>(dst_dtype));
+  if (src_dtype == dst_dtype) return convert_serial(src, src_dtype, dst, dst_dtype, n);
   const size_t ss = dtype_size(src_dtype), ds = dtype_size(dst_dtype);
-  if (src_dtype == dst_dtype) {
-    if (n != 0 && src != dst) std::memmove(dst, src, n * ss);
-    return;
-  }
   const auto* s = static_cast<const char*>(src);
   auto* d = static_cast<char*>(dst);
-  parallel_chunks(n, [&](size_t b, size_t e) { convert_serial(s + b * ss, src_dtype, d + b * ds, dst_dtype, e - b); });
+  parallel_chunks(n, [&](size_t b, size_t e) { convert_chunk(s + b * ss, src_dtype, d + b * ds, dst_dtype, e - b); });
+}
+
+void convert_serial(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
+  if (src_dtype == dst_dtype) {
+    if (n != 0 && src != dst) std::memmove(dst, src, n * dtype_size(src_dtype));
+    return;
+  }
+  convert_chunk(static_cast<const char*>(src), src_dtype, static_cast<char*>(dst), dst_dtype, n);
 }
 
 void convert_streaming(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {

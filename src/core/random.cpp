@@ -1,11 +1,15 @@
 // The xoshiro256** generator and the random tensor factories.
 #include "castor/random.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
+#include <utility>
 
 #include "castor/convert.h"
+#include "core/parallel.h"
 
 namespace castor {
 
@@ -17,6 +21,14 @@ uint64_t splitmix64(uint64_t& x) {
   return z ^ (z >> 31);
 }
 uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+double unit_double(uint64_t bits) { return static_cast<double>(bits >> 11) * 0x1.0p-53; }
+
+// Box-Muller on two draws, u1 = 1 - U(a) in (0, 1] and u2 = U(b): the pair (r cos, r sin).
+std::pair<double, double> box_muller(uint64_t a, uint64_t b) {
+  const double u1 = 1.0 - unit_double(a), u2 = unit_double(b);
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  return {r * std::cos(2.0 * M_PI * u2), r * std::sin(2.0 * M_PI * u2)};
+}
 }  // namespace
 
 void Generator::manual_seed(uint64_t seed) {
@@ -37,7 +49,7 @@ uint64_t Generator::next_u64() {
   return result;
 }
 
-double Generator::next_double() { return static_cast<double>(next_u64() >> 11) * 0x1.0p-53; }
+double Generator::next_double() { return unit_double(next_u64()); }
 float Generator::next_float() { return static_cast<float>(next_u64() >> 40) * 0x1.0p-24f; }
 
 double Generator::next_normal() {
@@ -45,11 +57,38 @@ double Generator::next_normal() {
     has_cached_normal_ = false;
     return cached_normal_;
   }
-  double u1 = 1.0 - next_double(), u2 = next_double();  // u1 in (0, 1]
-  double r = std::sqrt(-2.0 * std::log(u1));
-  cached_normal_ = r * std::sin(2.0 * M_PI * u2);
+  const uint64_t a = next_u64();
+  const auto [first, second] = box_muller(a, next_u64());
+  cached_normal_ = second;
   has_cached_normal_ = true;
-  return r * std::cos(2.0 * M_PI * u2);
+  return first;
+}
+
+void Generator::fill_normal(double* out, int64_t n) {
+  int64_t i = 0;
+  if (n > 0 && has_cached_normal_) out[i++] = next_normal();
+  // The rest in pairs as next_normal makes them, a chunk at a time: the draws in order here, then the transforms on
+  // all threads.
+  const int64_t pairs = (n - i + 1) / 2, chunk = int64_t{1} << 20;
+  std::unique_ptr<uint64_t[]> draws(new uint64_t[2 * std::min(pairs, chunk)]);
+  double last = 0;  // the last pair's second value, cached as next_normal caches it (and kept once used)
+  for (int64_t first_pair = 0; first_pair < pairs; first_pair += chunk) {
+    const int64_t m = std::min(chunk, pairs - first_pair);
+    for (int64_t k = 0; k < 2 * m; ++k) draws[k] = next_u64();
+    parallel_blocks(m, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const auto [first, second] = box_muller(draws[2 * k], draws[2 * k + 1]);
+        const int64_t at = i + 2 * (first_pair + k);
+        out[at] = first;
+        if (at + 1 < n) out[at + 1] = second;
+        if (first_pair + k == pairs - 1) last = second;
+      }
+    });
+  }
+  if (pairs > 0) {
+    cached_normal_ = last;
+    has_cached_normal_ = (n - i) % 2 != 0;
+  }
 }
 
 Generator::State Generator::state() const {
@@ -101,10 +140,10 @@ template <class F>
 Tensor generate(const Shape& shape, DType dtype, Generator* gen, F draw) {
   Generator& g = gen ? *gen : default_generator();
   const int64_t n = shape_numel(shape);
-  std::vector<double> v(n);
-  for (auto& x : v) x = draw(g);
+  std::unique_ptr<double[]> v(new double[n]);
+  for (int64_t i = 0; i < n; ++i) v[i] = draw(g);
   Tensor t = empty(shape, dtype);
-  convert(v.data(), DType::Float64, t.data_ptr(), dtype, n);
+  convert(v.get(), DType::Float64, t.data_ptr(), dtype, n);
   return t;
 }
 }  // namespace
@@ -119,7 +158,18 @@ Tensor uniform(const Shape& shape, double low, double high, DType dtype, Generat
 
 Tensor normal(const Shape& shape, double mean, double std, DType dtype, Generator* gen) {
   CASTOR_CHECK(std >= 0, "normal: std must be non-negative, got ", std);
-  return generate(shape, dtype, gen, [&](Generator& g) { return mean + std * g.next_normal(); });
+  Generator& g = gen ? *gen : default_generator();
+  const int64_t n = shape_numel(shape);
+  std::unique_ptr<double[]> v(new double[n]);
+  g.fill_normal(v.get(), n);
+  Tensor t = empty(shape, dtype);
+  char* dst = static_cast<char*>(t.data_ptr());
+  const size_t size = dtype_size(dtype);
+  parallel_blocks(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) v[i] = mean + std * v[i];
+    convert(v.get() + begin, DType::Float64, dst + begin * size, dtype, end - begin);
+  });
+  return t;
 }
 
 Tensor bernoulli(const Shape& shape, double p, DType dtype, Generator* gen) {

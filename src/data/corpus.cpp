@@ -266,6 +266,46 @@ std::vector<Document> read_text_files(const std::vector<std::string>& paths) {
   return docs;
 }
 
+namespace {
+
+// Whether document i goes to the validation split (--val-every; otherwise the stream is cut by --val-fraction).
+bool is_val_document(size_t i, const TokenizeOptions& opt) {
+  return opt.val_every > 0 && static_cast<int64_t>(i % opt.val_every) == opt.val_every - 1;
+}
+
+// Writes the token files, GPT-2's BPE files or tokenizer.bin, and tokenizer.json (the record) whole into a sibling folder of `out`, then
+// switches it with `out` in one step: a failed or killed tokenize leaves the previous folder as it was, never new
+// token files beside an old vocabulary. `keep`: what check_out_folder found in `out`.
+void write_token_folder(const fs::path& out, const TokenizeOptions& opt, const std::vector<std::string>& keep,
+                        const std::vector<uint16_t>& train, const std::vector<uint16_t>& val,
+                        const Tokenizer& tokenizer, const Json& record) {
+  std::error_code ec;
+  fs::create_directories(out.parent_path(), ec);
+  CASTOR_CHECK(!ec, "--out: ", opt.out, ": cannot create its parent folder: ", ec.message());
+  clean_up_after_killed_runs(out);
+  const fs::path fresh = work_folder(out, "new", ::getpid());
+  fs::remove_all(fresh, ec);
+  CASTOR_CHECK(fs::create_directory(fresh, ec) && !ec, "--out: ", opt.out, ": cannot create ", fresh.string(), ": ",
+               ec.message());
+  try {
+    const std::string dir = fresh.string();
+    write_token_file(dir + "/train.bin", train);
+    write_token_file(dir + "/val.bin", val);
+    if (opt.tokenizer == "gpt2") {
+      atomic_write_file(dir + "/encoder.json", read_file(opt.bpe_dir + "/encoder.json"));
+      atomic_write_file(dir + "/vocab.bpe", read_file(opt.bpe_dir + "/vocab.bpe"));
+    }
+    if (tokenizer.bpe()) write_tokenizer_bin(dir + "/tokenizer.bin", tokenizer.bpe()->vocabulary());
+    atomic_write_file(dir + "/tokenizer.json", record.dump(2) + "\n");
+  } catch (const Error&) {
+    fs::remove_all(fresh, ec);
+    throw;
+  }
+  switch_folder(fresh, out, keep);
+}
+
+}  // namespace
+
 Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions& opt) {
   CASTOR_CHECK(opt.tokenizer == "gpt2" || opt.tokenizer == "char" || opt.tokenizer == "bpe",
                "--tokenizer: expected gpt2|char|bpe, got '", opt.tokenizer, "'");
@@ -287,9 +327,8 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   int64_t text_bytes = 0;
   for (const Document& d : docs) text_bytes += static_cast<int64_t>(d.text.size());
   const auto start = std::chrono::steady_clock::now();
-  // --val-every splits by document here; otherwise the whole stream is cut by --val-fraction below.
   const bool by_document = opt.val_every > 0;
-  auto is_val = [&](size_t i) { return by_document && static_cast<int64_t>(i % opt.val_every) == opt.val_every - 1; };
+  auto is_val = [&](size_t i) { return is_val_document(i, opt); };
   std::vector<uint16_t> train, val;
   int64_t val_docs = 0;
   const Tokenizer tokenizer = opt.tokenizer == "gpt2" ? encode_gpt2(docs, opt.bpe_dir, is_val, train, val)
@@ -311,40 +350,16 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
                : detail::cat(train.size(), " tokens, and --val-fraction ", opt.val_fraction, " of them is none; give "
                              "more text or a larger --val-fraction"),
                " (a run needs validation tokens)");
-  // Written whole into a sibling folder, then switched with --out in one step: a failed or killed tokenize leaves
-  // the previous folder as it was, never new token files beside an old vocabulary.
-  std::error_code ec;
-  fs::create_directories(out.parent_path(), ec);
-  CASTOR_CHECK(!ec, "--out: ", opt.out, ": cannot create its parent folder: ", ec.message());
-  clean_up_after_killed_runs(out);
-  const fs::path fresh = work_folder(out, "new", ::getpid());
-  fs::remove_all(fresh, ec);
-  CASTOR_CHECK(fs::create_directory(fresh, ec) && !ec, "--out: ", opt.out, ": cannot create ", fresh.string(), ": ",
-               ec.message());
-  try {
-    const std::string dir = fresh.string();
-    record["train_tokens"] = static_cast<int64_t>(train.size());
-    record["val_tokens"] = static_cast<int64_t>(val.size());
-    record["train_checksum"] = tokens_checksum(train);
-    record["val_checksum"] = tokens_checksum(val);
-    write_token_file(dir + "/train.bin", train);
-    write_token_file(dir + "/val.bin", val);
-    if (opt.tokenizer == "gpt2") {
-      atomic_write_file(dir + "/encoder.json", read_file(opt.bpe_dir + "/encoder.json"));
-      atomic_write_file(dir + "/vocab.bpe", read_file(opt.bpe_dir + "/vocab.bpe"));
-    }
-    if (tokenizer.bpe()) write_tokenizer_bin(dir + "/tokenizer.bin", tokenizer.bpe()->vocabulary());
-    record["documents"] = static_cast<int64_t>(docs.size());
-    record["val_documents"] = val_docs;
-    record["text_bytes"] = text_bytes;
-    record["split"] = by_document ? detail::cat("every ", opt.val_every, "th document to val")
-                                  : detail::cat("the last ", opt.val_fraction, " of the tokens to val");
-    atomic_write_file(dir + "/tokenizer.json", record.dump(2) + "\n");
-  } catch (const Error&) {
-    fs::remove_all(fresh, ec);
-    throw;
-  }
-  switch_folder(fresh, out, keep);
+  record["train_tokens"] = static_cast<int64_t>(train.size());
+  record["val_tokens"] = static_cast<int64_t>(val.size());
+  record["train_checksum"] = tokens_checksum(train);
+  record["val_checksum"] = tokens_checksum(val);
+  record["documents"] = static_cast<int64_t>(docs.size());
+  record["val_documents"] = val_docs;
+  record["text_bytes"] = text_bytes;
+  record["split"] = by_document ? detail::cat("every ", opt.val_every, "th document to val")
+                                : detail::cat("the last ", opt.val_fraction, " of the tokens to val");
+  write_token_folder(out, opt, keep, train, val, tokenizer, record);
   Json summary = record;
   summary["out"] = printable(opt.out);  // a report line: any path, non-UTF-8 bytes as \xNN
   summary["tokenize_seconds"] = seconds;

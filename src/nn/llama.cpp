@@ -154,7 +154,9 @@ LlamaConfig llama_preset(const std::string& name, int64_t vocab_size) {
     c.dim = 64, c.n_layers = 5, c.n_heads = 8, c.n_kv_heads = 4, c.multiple_of = 4, c.max_seq_len = 512;
   } else if (name == "llama-15m") {
     c.dim = 288, c.n_layers = 6, c.n_heads = 6, c.n_kv_heads = 6, c.multiple_of = 32, c.max_seq_len = 256;
-  } else if (name != "llama") {
+  } else if (name == "llama") {
+    c.dim = 128, c.n_layers = 4, c.n_heads = 8, c.n_kv_heads = 4, c.multiple_of = 32, c.max_seq_len = 128;
+  } else {
     throw Error(detail::cat("llama_preset: unknown preset \"", name, "\"; expected llama, llama-260k or llama-15m"));
   }
   return c;

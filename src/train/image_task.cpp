@@ -203,6 +203,10 @@ class ImageTask : public Task {
     o["class_names"] = classes;
   }
   const char* unit() const override { return "img"; }
+  const char* rate_key() const override { return "images_per_sec"; }
+  std::vector<std::pair<std::string, double>> evaluation_keys(const Evaluation& ev) const override {
+    return {{"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}};
+  }
   std::vector<std::string> eval_fields(const Evaluation& ev) const override {
     return {figure("test loss %.4f", ev.loss), figure("test acc %.2f%%", 100 * ev.accuracy)};
   }

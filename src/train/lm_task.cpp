@@ -1,5 +1,5 @@
-// The language-model task: llm.c token files in (B, T) windows, a GPT of the config's (or --init's) sizes, and
-// validation loss, perplexity and next-token accuracy.
+// The language-model task: llm.c token files in (B, T) windows, a GPT or Llama of the config's (or --init's) sizes,
+// and validation loss, perplexity and next-token accuracy.
 #include <omp.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include "castor/corpus.h"
 #include "castor/dist.h"
 #include "castor/fs.h"
+#include "castor/llama.h"
 #include "castor/llmc.h"
 #include "castor/lm_batch.h"
 #include "castor/models.h"
@@ -25,26 +26,38 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The vocabulary a GPT needs for the tokens in `dir`: --vocab-size, else the tokenizer's recorded beside them, padded to
-// a multiple of 64 above 1024 (GPT-2's 50,257 -> 50,304, as nanoGPT and llm.c). Returns (padded, real).
+// The vocabulary a model needs for the tokens in `dir`: --vocab-size, else the tokenizer's recorded beside them; a
+// GPT's padded to a multiple of 64 above 1024 (GPT-2's 50,257 -> 50,304, as nanoGPT and llm.c), a Llama's exactly
+// the tokenizer's (llama2.c's run.c reads the tokenizer's size from the model). Returns (model's, real).
 std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& dir) {
   const std::string record = dir + "/tokenizer.json";
   const int64_t real = fs::exists(record) ? data::Tokenizer::recorded_vocab_size(dir) : 0;
   CASTOR_CHECK(real > 0 || c.vocab_size > 0, "--vocab-size: not given, and ", record,
                " (written by castor tokenize) is missing");
-  const int64_t padded = c.vocab_size > 0 ? c.vocab_size : real > 1024 ? (real + 63) / 64 * 64 : real;
+  const bool pad = !is_llama(c.model) && real > 1024;
+  const int64_t padded = c.vocab_size > 0 ? c.vocab_size : pad ? (real + 63) / 64 * 64 : real;
   CASTOR_CHECK(real <= padded, "--vocab-size ", padded, ": smaller than the tokenizer's ", real, " (", record, ")");
+  CASTOR_CHECK(!is_llama(c.model) || real == 0 || padded == real, "--vocab-size ", padded, ": a Llama's vocabulary "
+               "is the tokenizer's, ", real, " (", record, ")");
   return {padded, real > 0 ? real : padded};
 }
 
-// --data brown | brown-char | brown-bpe | tokens: DIR/train.bin and DIR/val.bin (llm.c's token files), batches of (B, T) windows.
+models::GPTConfig gpt_config(const TrainConfig& c, int64_t real_vocab) {
+  models::GPTConfig g;
+  g.n_layer = c.n_layer, g.n_head = c.n_head, g.n_embd = c.n_embd, g.block_size = c.block_size;
+  g.vocab_size = c.vocab_size, g.real_vocab_size = real_vocab, g.dropout = c.dropout, g.bias = c.bias;
+  return g;
+}
+
+// --data brown | brown-char | brown-bpe | tokens: DIR/train.bin and DIR/val.bin (llm.c's token files), batches of
+// (B, T) windows.
 class LmTask : public Task {
  public:
   // Resolves c.vocab_size (recorded, so a resumed run builds the same model); a new run with --init takes the
   // model's sizes from that file (llm.c's gpt2_124M.bin or nanoGPT-named safetensors).
   LmTask(TrainConfig& c, int rank, int world, bool new_run)
-      : dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
-    if (new_run && !c.init.empty()) take_init_sizes(c);
+      : llama_(is_llama(c.model)), dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
+    if (new_run && !c.init.empty() && !llama_) take_init_sizes(c);
     CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(), "--data tokens: needs --data-dir DIR holding "
                  "train.bin and val.bin (castor tokenize writes them)");
     CASTOR_CHECK(fs::exists(dir_ + "/train.bin") || c.data == Dataset::Tokens, "--data ", name(c.data), ": ", dir_,
@@ -52,7 +65,10 @@ class LmTask : public Task {
     train_.emplace(dir_ + "/train.bin");
     val_.emplace(dir_ + "/val.bin");
     std::tie(c.vocab_size, real_vocab_) = vocabulary(c, dir_);
-    config_ = gpt_config(c, real_vocab_);
+    vocab_size_ = c.vocab_size;
+    block_size_ = c.block_size;
+    // The model's configuration checked now, before the data: its errors name the flags' values.
+    if (is_llama(c.model)) llama_config(c).validate();
     // Everything the data can get wrong is found here, before step 1: token files of another tokenize than the
     // vocabulary, a split too short for one window, ids outside the vocabulary (all of them up to 2^31 tokens).
     if (fs::exists(dir_ + "/tokenizer.json")) data::check_token_folder(dir_, *train_, *val_);
@@ -73,12 +89,6 @@ class LmTask : public Task {
                                                    .seed = c.seed, .rank = rank, .num_ranks = world});
     per_epoch_ = source_->batches_per_epoch();
   }
-  static models::GPTConfig gpt_config(const TrainConfig& c, int64_t real_vocab) {
-    models::GPTConfig g;
-    g.n_layer = c.n_layer, g.n_head = c.n_head, g.n_embd = c.n_embd, g.block_size = c.block_size;
-    g.vocab_size = c.vocab_size, g.real_vocab_size = real_vocab, g.dropout = c.dropout, g.bias = c.bias;
-    return g;
-  }
   int64_t batches_per_epoch() const override { return per_epoch_; }
   void start_epoch(int64_t epoch, int64_t batch) override {
     epoch_ = epoch;
@@ -90,7 +100,9 @@ class LmTask : public Task {
     data::LmBatch b = source_->next();
     return Batch{b.x, b.y, i, static_cast<double>(b.x.numel())};
   }
-  nn::ModulePtr make_model(const TrainConfig& c) const override { return models::gpt(config_, c.seed + 1337); }
+  nn::ModulePtr make_model(const TrainConfig& c) const override {
+    return make_language_model(c, real_vocab_, c.seed + 1337);
+  }
   std::pair<std::vector<Tensor>, std::vector<Tensor>> param_groups(const nn::Module& model) const override {
     // nanoGPT's configure_optimizers: weight decay on the 2-D tensors (matrices, embeddings) only.
     std::vector<Tensor> decay, no_decay;
@@ -102,27 +114,31 @@ class LmTask : public Task {
   // The validation split in rows of T tokens, each once: all of them, or --eval-iters batches of --batch-size rows
   // spread evenly over the split (row k of m of all n: k n / m) when it holds more.
   int64_t eval_batches(int64_t batch_size) const override {
-    const int64_t n = data::eval_batch_count(*val_, batch_size, config_.block_size);
-    CASTOR_CHECK(n > 0, val_->path(), ": no whole window of ", config_.block_size + 1, " tokens to evaluate on");
+    const int64_t n = data::eval_batch_count(*val_, batch_size, block_size_);
+    CASTOR_CHECK(n > 0, val_->path(), ": no whole window of ", block_size_ + 1, " tokens to evaluate on");
     return (eval_row_count() + batch_size - 1) / batch_size;
   }
   Batch eval_batch(int64_t i, int64_t batch_size) const override {
-    const int64_t all = (val_->size() - 1) / config_.block_size, m = eval_row_count();
+    const int64_t all = (val_->size() - 1) / block_size_, m = eval_row_count();
     std::vector<int64_t> rows;
     for (int64_t k = i * batch_size; k < std::min(m, (i + 1) * batch_size); ++k) rows.push_back(k * all / m);
-    data::LmBatch b = data::eval_rows(*val_, config_.block_size, rows, i);
+    data::LmBatch b = data::eval_rows(*val_, block_size_, rows, i);
     return Batch{b.x, b.y, i, static_cast<double>(b.x.numel())};
   }
   // Rows of the block size, about 4096 tokens a batch.
-  int64_t eval_batch_size() const override { return std::max<int64_t>(1, 4096 / config_.block_size); }
+  int64_t eval_batch_size() const override { return std::max<int64_t>(1, 4096 / block_size_); }
 
   void record(Json& o) const override {
-    o["vocab_size"] = config_.vocab_size;
-    o["real_vocab_size"] = config_.real_vocab_size;
+    o["vocab_size"] = vocab_size_;
+    o["real_vocab_size"] = real_vocab_;
     o["train_tokens"] = train_->size();
     o["val_tokens"] = val_->size();
   }
   const char* unit() const override { return "tok"; }
+  const char* rate_key() const override { return "tokens_per_sec"; }
+  std::vector<std::pair<std::string, double>> evaluation_keys(const Evaluation& ev) const override {
+    return {{"val_loss", ev.loss}, {"val_perplexity", std::exp(ev.loss)}};
+  }
   std::vector<std::string> eval_fields(const Evaluation& ev) const override {
     return {figure("val loss %.4f", ev.loss), figure("perplexity %.2f", std::exp(ev.loss))};
   }
@@ -139,6 +155,7 @@ class LmTask : public Task {
     return Json::Object{{"val_loss", ev.loss}, {"val_perplexity", std::exp(ev.loss)}, {"val_accuracy", ev.accuracy}};
   }
   StateDict init_weights(const std::string& path) const override {
+    if (llama_) return Task::init_weights(path);  // safetensors with llama2.c's names
     return init_ ? init_->state : models::load_gpt_init(path).state;
   }
 
@@ -168,17 +185,17 @@ class LmTask : public Task {
 
   // The rows an evaluation covers.
   int64_t eval_row_count() const {
-    const int64_t all = (val_->size() - 1) / config_.block_size;
+    const int64_t all = (val_->size() - 1) / block_size_;
     return eval_iters_ > 0 ? std::min(all, eval_iters_ * batch_size_) : all;
   }
 
+  bool llama_;
   std::optional<models::GPTWeights> init_;
   std::string dir_;
   int64_t eval_iters_ = 0, batch_size_ = 0;
   std::optional<data::TokenFile> train_, val_;
   std::optional<data::LmBatchSource> source_;
-  models::GPTConfig config_;
-  int64_t real_vocab_ = 0, per_epoch_ = 0, epoch_ = 0;
+  int64_t block_size_ = 0, vocab_size_ = 0, real_vocab_ = 0, per_epoch_ = 0, epoch_ = 0;
 };
 
 // MFU's two terms for a language model: model FLOPs per trained token (nanoGPT's estimate_mfu: 6 N + 12 L C T, N
@@ -190,11 +207,11 @@ FlopRate LmTask::flop_rate(const TrainConfig& c, const nn::Module& model) const 
   const double per_token = 6 * n + 12.0 * static_cast<double>(c.n_layer * c.n_embd * c.block_size);
   const DType dtype = c.amp == amp::OptLevel::O0 ? DType::Float32 : c.dtype;
   const int ranks = dist::world_size();
-  const FlopRate r{per_token, cached_gemm_peak(dtype) * ranks, dtype, ranks};
-  if (dist::rank() == 0 && r.peak > 0)
+  const FlopRate r{per_token, cached_gemm_peak(dtype), dtype, ranks};
+  if (dist::rank() == 0 && r.rank_peak > 0)
     std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU against this machine's %s GEMM peak of "
                  "%.0f GFLOP/s (%d rank%s x %d threads, measured once and cached)\n", n / 1e6, per_token,
-                 dtype_name(dtype), r.peak / 1e9, ranks, ranks > 1 ? "s" : "", omp_get_max_threads());
+                 dtype_name(dtype), r.rank_peak * ranks / 1e9, ranks, ranks > 1 ? "s" : "", omp_get_max_threads());
   else if (dist::rank() == 0)
     std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU in the summary (this machine's %s GEMM "
                  "peak is measured after training, once)\n", n / 1e6, per_token, dtype_name(dtype));
@@ -202,6 +219,19 @@ FlopRate LmTask::flop_rate(const TrainConfig& c, const nn::Module& model) const 
 }
 
 }  // namespace
+
+models::LlamaConfig llama_config(const TrainConfig& c) {
+  models::LlamaConfig l;
+  l.dim = c.n_embd, l.n_layers = c.n_layer, l.n_heads = c.n_head, l.n_kv_heads = c.n_kv_head;
+  l.vocab_size = c.vocab_size, l.multiple_of = c.multiple_of, l.max_seq_len = c.block_size;
+  l.rope_theta = c.rope_theta, l.tied = !c.untied, l.dropout = c.dropout;
+  return l;
+}
+
+std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed) {
+  if (is_llama(c.model)) return models::llama(llama_config(c), seed);
+  return models::gpt(gpt_config(c, real_vocab), seed);
+}
 
 std::unique_ptr<Task> make_lm_task(TrainConfig& c, int rank, int world, bool new_run) {
   return std::make_unique<LmTask>(c, rank, world, new_run);

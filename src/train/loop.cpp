@@ -79,7 +79,7 @@ class Trainer {
         rank0_(dist::rank() == 0), world_(dist::world_size()),
         dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic"),
         epochs_(epochs) {
-    if (rank0_) log_.emplace(c, task.unit(), total_steps, epochs, /*append=*/!c.resume.empty(), flops);
+    if (rank0_) log_.emplace(c, task, total_steps, epochs, /*append=*/!c.resume.empty(), flops);
   }
 
   // Runs to the end (or an interrupt); returns the summary line, also written to summary.json.
@@ -206,7 +206,7 @@ class Trainer {
     if (c_.eval_every > 0 && state_.step % c_.eval_every == 0 && state_.step < total_ &&
         next_batch < task_.batches_per_epoch()) {
       const Evaluation ev = evaluate_now();
-      if (log_) log_->evaluation(state_.step, state_.epoch + 1, ev.loss, ev.accuracy, task_.eval_fields(ev));
+      if (log_) log_->evaluation(state_.step, state_.epoch + 1, ev);
     }
     return true;
   }
@@ -256,13 +256,10 @@ class Trainer {
     }
     add("peak mem %.1f MiB", memory_stats().peak_bytes / 1048576.0);
     if (log_) {
-      Json::Object record = log_->evaluation_keys(last_eval_->loss, last_eval_->accuracy);
-      for (auto& [k, v] : Json::Object{{"epoch", epoch}, {"step", state_.step}, {"train_loss", train_loss},
-                                       {log_->rate_key(), ips}, {"loss_scale", scaler.get_scale()},
-                                       {"skipped_steps", scaler.steps_skipped()},
-                                       {"peak_memory_bytes", memory_stats().peak_bytes}})
-        record[k] = v;
-      log_->epoch(record, fields);
+      log_->epoch({{"epoch", epoch}, {"step", state_.step}, {"train_loss", train_loss}, {task_.rate_key(), ips},
+                   {"loss_scale", scaler.get_scale()}, {"skipped_steps", scaler.steps_skipped()},
+                   {"peak_memory_bytes", memory_stats().peak_bytes}},
+                  *last_eval_, fields);
     }
     if (epoch_end) {
       ++state_.epoch;
@@ -336,7 +333,7 @@ class Trainer {
     const double per_sec = steps_here_ > kWarmupSteps && steady_seconds > 0 ? (images_ - warm_.first) / steady_seconds
                                                                            : whole;
     task_.summary_keys(summary, last_eval_ ? &*last_eval_ : nullptr, per_sec);
-    if (log_) summary[detail::cat("train_", log_->rate_key(), "_whole_run")] = whole;
+    if (log_) summary[detail::cat("train_", task_.rate_key(), "_whole_run")] = whole;
     if (log_ && log_->mfu(per_sec) > 0) summary["mfu"] = log_->mfu(per_sec);
     return summary;
   }

@@ -60,6 +60,10 @@ void check_base_checksum(const std::string& file, const std::string& recorded, c
 std::shared_ptr<models::GPT> adapted_gpt(const Checkpoint& ck, const std::string& what) {
   const Json config = castor_config(ck.model_meta, what);
   CASTOR_CHECK(config.is_object(), what, ": a LoRA checkpoint without its settings (castor.config)");
+  const auto kind = ck.model_meta.find("castor.model");
+  CASTOR_CHECK(kind != ck.model_meta.end() && kind->second.starts_with("gpt"), what, ": a LoRA run on a ",
+               kind == ck.model_meta.end() ? std::string("?") : printable(kind->second),
+               " base; castor sample and export merge adapters into GPT bases only so far (castor eval takes it)");
   const std::string base = ck.model_meta.at(kBaseKey);
   if (const Json* sum = config.find("init_checksum"); sum && sum->is_string())
     check_base_checksum(base, sum->as_string(), what);

@@ -10,14 +10,13 @@
 
 namespace castor::train {
 
-const std::vector<std::string>& MetricsLog::columns(bool language_model) {
-  static const std::vector<std::string> images = {
-      "step", "epoch", "loss", "loss_avg", "lr", "loss_scale", "skipped", "images_per_sec", "peak_memory_bytes",
-      "train_loss", "test_loss", "test_accuracy", "skipped_steps"};
-  static const std::vector<std::string> tokens = {
-      "step", "epoch", "loss", "loss_avg", "lr", "loss_scale", "skipped", "tokens_per_sec", "peak_memory_bytes",
-      "train_loss", "val_loss", "val_perplexity", "skipped_steps"};
-  return language_model ? tokens : images;
+std::vector<std::string> MetricsLog::columns(const std::string& rate_key,
+                                             const std::vector<std::string>& evaluation_keys) {
+  std::vector<std::string> c = {"step", "epoch", "loss", "loss_avg", "lr", "loss_scale", "skipped", rate_key,
+                                "peak_memory_bytes", "train_loss"};
+  c.insert(c.end(), evaluation_keys.begin(), evaluation_keys.end());
+  c.push_back("skipped_steps");
+  return c;
 }
 
 namespace {
@@ -27,9 +26,9 @@ bool empty_file(const std::string& path) {
 }
 }  // namespace
 
-MetricsLog::MetricsLog(const std::string& dir, bool append, bool language_model)
+MetricsLog::MetricsLog(const std::string& dir, bool append, std::vector<std::string> columns)
     : jsonl_(dir + "/metrics.jsonl", /*truncate=*/!append), csv_(dir + "/metrics.csv", /*truncate=*/!append),
-      columns_(columns(language_model)) {
+      columns_(std::move(columns)) {
   if (empty_file(csv_.path())) {
     std::string header;
     for (const std::string& c : columns_) header += (header.empty() ? "" : ",") + c;

@@ -10,24 +10,25 @@ namespace castor::train {
 
 class MetricsLog {
  public:
-  // Opens DIR/metrics.jsonl and DIR/metrics.csv, appending to a resumed run's files (the CSV header is written
-  // once, when the file is new); a language model's run has its own columns (columns()).
-  MetricsLog(const std::string& dir, bool append, bool language_model = false);
+  // Opens DIR/metrics.jsonl and DIR/metrics.csv, appending to a resumed run's files (the CSV header, `columns`, is
+  // written once, when the file is new).
+  MetricsLog(const std::string& dir, bool append, std::vector<std::string> columns);
   // Appends the record to both files; keys must be among the columns (a step, evaluation or epoch record). A line
   // the disk refuses is left out whole and said through castor::warn; the run goes on. lost_lines() counts
   // metrics.jsonl's.
   void write(const Json::Object& record);
   int64_t lost_lines() const { return lost_; }
 
-  // The CSV columns, in order: the union of the step, evaluation and epoch records' keys; an image classifier's
-  // (images_per_sec, test_loss, test_accuracy) or a language model's (tokens_per_sec, val_loss, val_perplexity).
-  static const std::vector<std::string>& columns(bool language_model);
+  // The CSV columns, in order: the union of the step, evaluation and epoch records' keys, with the task's throughput
+  // key (images_per_sec or tokens_per_sec) and its evaluation's keys (test_loss and test_accuracy, or val_loss and
+  // val_perplexity).
+  static std::vector<std::string> columns(const std::string& rate_key, const std::vector<std::string>& evaluation_keys);
 
  private:
   bool append(AppendFile& file, const std::string& line, const Json::Object& record);
 
   AppendFile jsonl_, csv_;
-  const std::vector<std::string>& columns_;
+  const std::vector<std::string> columns_;
   int64_t lost_ = 0;
 };
 

@@ -3,25 +3,43 @@
 
 #include <unistd.h>
 
-#include <cmath>
 #include <cstdio>
-#include <string_view>
 
 #include "castor/allocator.h"
 #include "train/progress.h"
+#include "train/task.h"
 
 namespace castor::train {
 
-RunLog::RunLog(const TrainConfig& c, const char* unit, int64_t total_steps, int64_t epochs, bool append,
+namespace {
+// The record of an evaluation's figures.
+Json::Object evaluation_record(const Task& task, const Evaluation& ev) {
+  Json::Object record;
+  for (const auto& [key, value] : task.evaluation_keys(ev)) record[key] = value;
+  return record;
+}
+
+std::vector<std::string> metrics_columns(const Task& task) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : task.evaluation_keys(Evaluation{})) keys.push_back(key);
+  return MetricsLog::columns(task.rate_key(), keys);
+}
+}  // namespace
+
+double model_flops_utilization(double job_examples_per_sec, const FlopRate& f) {
+  const double peak = f.rank_peak * f.ranks;
+  return peak > 0 ? job_examples_per_sec * f.flops_per_example / peak : 0;
+}
+
+RunLog::RunLog(const TrainConfig& c, const Task& task, int64_t total_steps, int64_t epochs, bool append,
                FlopRate flops)
-    : metrics_(c.out, append, std::string_view(unit) == "tok"),
+    : metrics_(c.out, append, metrics_columns(task)),
       log_every_(c.log_every),
       total_steps_(total_steps),
       epochs_(epochs),
       tty_(isatty(STDERR_FILENO) != 0),
       width_(terminal_width(STDERR_FILENO) - 1),
-      unit_(unit),
-      language_model_(std::string_view(unit) == "tok"),
+      task_(task),
       flops_(flops) {}
 
 void RunLog::step(const StepInfo& s) {
@@ -31,7 +49,7 @@ void RunLog::step(const StepInfo& s) {
   const bool window_end = s.step % log_every_ == 0 || s.step == total_steps_;
   if (window_end || s.skipped) {
     Json::Object m{{"step", s.step}, {"epoch", s.epoch}, {"loss", s.loss}, {"lr", s.lr}, {"loss_scale", s.loss_scale},
-                   {"skipped", s.skipped}, {rate_key(), ips}, {"peak_memory_bytes", memory_stats().peak_bytes}};
+                   {"skipped", s.skipped}, {task_.rate_key(), ips}, {"peak_memory_bytes", memory_stats().peak_bytes}};
     if (window_end) m["loss_avg"] = window_sum_ / static_cast<double>(window_count_);
     metrics_.write(m);
   }
@@ -39,7 +57,7 @@ void RunLog::step(const StepInfo& s) {
   if (tty_) {
     const ProgressState p{s.epoch, epochs_, s.step, total_steps_, window_mean, s.lr, s.loss_scale, ips,
                           std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
-                          s.loss_scaling, unit_, mfu(ips)};
+                          s.loss_scaling, task_.unit(), mfu(ips)};
     std::fprintf(stderr, "\r%s\x1b[K", progress_line(p, width_).c_str());
     std::fflush(stderr);
     progress_drawn_ = true;
@@ -49,7 +67,7 @@ void RunLog::step(const StepInfo& s) {
     char rate[48] = "";
     if (mfu(ips) > 0) std::snprintf(rate, sizeof(rate), "  MFU %.1f%%", 100 * mfu(ips));
     std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3g%s  %.0f %s/s%s\n", static_cast<long long>(s.step),
-                 static_cast<long long>(total_steps_), window_mean, s.lr, scale, ips, unit_, rate);
+                 static_cast<long long>(total_steps_), window_mean, s.lr, scale, ips, task_.unit(), rate);
   }
   if (window_end) {
     window_sum_ = 0;
@@ -57,23 +75,18 @@ void RunLog::step(const StepInfo& s) {
   }
 }
 
-Json::Object RunLog::evaluation_keys(double loss, double accuracy) const {
-  if (language_model_) return {{"val_loss", loss}, {"val_perplexity", std::exp(loss)}};
-  return {{"test_loss", loss}, {"test_accuracy", accuracy}};
-}
-
-void RunLog::evaluation(int64_t step, int64_t epoch, double loss, double accuracy,
-                        const std::vector<std::string>& fields) {
-  Json::Object record = evaluation_keys(loss, accuracy);
+void RunLog::evaluation(int64_t step, int64_t epoch, const Evaluation& ev) {
+  Json::Object record = evaluation_record(task_, ev);
   record["step"] = step, record["epoch"] = epoch;
   metrics_.write(record);
   finish_progress_line();
   std::string line = detail::cat("step ", step);
-  for (const std::string& f : fields) line += "  " + f;
+  for (const std::string& f : task_.eval_fields(ev)) line += "  " + f;
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
-void RunLog::epoch(const Json::Object& record, const std::vector<std::string>& fields) {
+void RunLog::epoch(Json::Object record, const Evaluation& ev, const std::vector<std::string>& fields) {
+  for (auto& [key, value] : evaluation_record(task_, ev)) record[key] = value;
   metrics_.write(record);
   finish_progress_line();
   std::fprintf(stderr, "%s\n", fit_fields(fields, tty_ ? width_ : INT32_MAX).c_str());

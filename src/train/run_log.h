@@ -11,6 +11,9 @@
 
 namespace castor::train {
 
+class Task;
+struct Evaluation;
+
 // One optimizer step as the log sees it.
 struct StepInfo {
   int64_t step = 0, epoch = 0;
@@ -21,42 +24,38 @@ struct StepInfo {
 };
 
 // What a throughput in examples/s (of the whole job) means for MFU: model FLOPs per example (training: forward and
-// backward) and the GEMM peak in FLOP/s of the job's cores together (one rank's, measured at its thread count, times
-// the ranks); MFU is shown when both are positive. A peak not cached for this machine yet is measured after training
-// (gemm_dtype, ranks: for that), so the progress lines show none and the summary has it.
+// backward) and one rank's GEMM peak in FLOP/s, measured at its thread count in gemm_dtype; MFU is shown when both
+// are positive. A peak not cached for this machine yet is measured after training, so the progress lines show none
+// and the summary has it.
 struct FlopRate {
-  double flops_per_example = 0, peak = 0;
+  double flops_per_example = 0, rank_peak = 0;
   DType gemm_dtype = DType::Float32;
   int ranks = 1;
 };
 
+// Model FLOP utilization: the job's examples/s (all ranks together) times the FLOPs per example, over the GEMM peak
+// of all the ranks' cores together (rank_peak x ranks); 0 while either term is unknown.
+double model_flops_utilization(double job_examples_per_sec, const FlopRate& f);
+
 class RunLog {
  public:
-  // `append`: a resumed run adds to its metrics files; `unit`: of examples/s, "img" or "tok".
-  RunLog(const TrainConfig& c, const char* unit, int64_t total_steps, int64_t epochs, bool append,
+  // `append`: a resumed run adds to its metrics files; `task` names the throughput and the evaluation's figures.
+  RunLog(const TrainConfig& c, const Task& task, int64_t total_steps, int64_t epochs, bool append,
          FlopRate flops = {});
 
   // Logs a metrics line every log_every steps (with the window's mean loss), at the last step and at every
   // skipped step; redraws the progress line (a terminal) or prints a plain line every log_every steps.
   void step(const StepInfo& s);
-  // A mid-epoch evaluation: its record (evaluation_keys) and its line, "step N" and `fields`.
-  void evaluation(int64_t step, int64_t epoch, double loss, double accuracy, const std::vector<std::string>& fields);
-  // An evaluation's figures as the metrics record them: test_loss and test_accuracy of an image classifier,
-  // val_loss and val_perplexity of a language model.
-  Json::Object evaluation_keys(double loss, double accuracy) const;
-  // The metrics' throughput key: images_per_sec or tokens_per_sec.
-  const char* rate_key() const { return language_model_ ? "tokens_per_sec" : "images_per_sec"; }
-  const char* unit() const { return unit_; }
-  double mfu(double examples_per_sec) const {
-    return flops_.peak > 0 ? examples_per_sec * flops_.flops_per_example / flops_.peak : 0;
-  }
+  // A mid-epoch evaluation: its record (the task's evaluation_keys) and its line, "step N" and its eval_fields.
+  void evaluation(int64_t step, int64_t epoch, const Evaluation& ev);
+  double mfu(double examples_per_sec) const { return model_flops_utilization(examples_per_sec, flops_); }
   // Measures (and caches) the peak after training when the run started without one.
   void measure_peak_if_unknown() {
-    if (flops_.flops_per_example > 0 && flops_.peak == 0)
-      flops_.peak = measure_gemm_peak(flops_.gemm_dtype) * flops_.ranks;
+    if (flops_.flops_per_example > 0 && flops_.rank_peak == 0) flops_.rank_peak = measure_gemm_peak(flops_.gemm_dtype);
   }
-  // The end-of-epoch record, and its line: on a terminal as many of `fields` (most important first) as fit its width.
-  void epoch(const Json::Object& record, const std::vector<std::string>& fields);
+  // The end-of-epoch record (`record` and the evaluation's keys), and its line: on a terminal as many of `fields`
+  // (most important first) as fit its width.
+  void epoch(Json::Object record, const Evaluation& ev, const std::vector<std::string>& fields);
   // Ends a progress line in place (before other output).
   void finish_progress_line();
   int64_t lost_lines() const { return metrics_.lost_lines(); }
@@ -67,8 +66,7 @@ class RunLog {
   bool tty_;
   int width_;
   bool progress_drawn_ = false;
-  const char* unit_;        // "img" or "tok"
-  bool language_model_;     // "tok": records val_loss, val_perplexity and tokens_per_sec
+  const Task& task_;
   FlopRate flops_;
   double window_sum_ = 0;
   int64_t window_count_ = 0;

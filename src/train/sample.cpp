@@ -1,5 +1,5 @@
-// `castor sample` (text from a GPT with a KV cache) and `castor export` (a GPT in llm.c's checkpoint format, or as
-// nanoGPT's ckpt.pt).
+// `castor sample` (text from a GPT or Llama with a KV cache) and `castor export` (a GPT in llm.c's checkpoint format,
+// or as nanoGPT's ckpt.pt).
 #include "castor/sample.h"
 
 #include <omp.h>
@@ -20,21 +20,37 @@
 #include "train/metrics.h"
 #include "train/cli.h"
 #include "train/lora_run.h"
+#include "train/task.h"
 
 namespace castor::train {
 namespace {
 
 namespace fs = std::filesystem;
 
-// A GPT's weights from a run or checkpoint directory or a weights file, with the run's settings (null when none).
+// A GPT's weights from a run or checkpoint directory or a weights file, with the run's settings (null when none); or a
+// Llama run's model, built from its recorded settings with its weights loaded.
 struct LoadedGpt {
   models::GPTWeights weights;
   Json config;
   std::string what;
   StateDict train_state;  // a checkpoint's train_state.safetensors (empty for a weights file or a LoRA run's)
   std::string run_dir;    // the run directory holding the checkpoint (empty when none)
+  std::shared_ptr<models::LanguageModel> llama;  // a Llama run's (weights then empty)
   bool lora = false;      // a LoRA run's checkpoint: its base with the adapters merged
 };
+
+// The Llama a run's recorded settings describe, with `weights` loaded (strictly; errors name `what`).
+std::shared_ptr<models::LanguageModel> load_llama(const StateDict& weights, const Json& config,
+                                                  const std::string& what) {
+  const TrainConfig c = resume_config(TrainConfig{}, config, what);
+  auto model = make_language_model(c, c.vocab_size, /*seed=*/0);
+  try {
+    model->load_state_dict(weights);
+  } catch (const Error& e) {
+    throw Error(detail::cat(what, ": ", e.what()));
+  }
+  return model;
+}
 
 LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   std::error_code ec;
@@ -42,16 +58,21 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   std::string used;
   Checkpoint ck = read_checkpoint(path, &used);
   const std::string what = (fs::path(used) / "model.safetensors").string();
-  if (auto it = ck.model_meta.find("castor.model"); it != ck.model_meta.end())
-    CASTOR_CHECK(it->second.rfind("gpt", 0) == 0, path, ": a ", printable(it->second),
-                 " checkpoint, not a GPT's");
+  const auto kind = ck.model_meta.find("castor.model");
+  const bool llama = kind != ck.model_meta.end() && kind->second.starts_with("llama");
+  CASTOR_CHECK(kind == ck.model_meta.end() || llama || kind->second.starts_with("gpt"), path, ": a ",
+               printable(kind->second), " checkpoint, not a language model's");
   Json config = castor_config(ck.model_meta, what);
   const bool lora = is_lora_checkpoint(ck.model_meta);
   merge_lora_checkpoint(ck, what);
-  models::GPTWeights weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
   const fs::path run = fs::path(used).parent_path().parent_path();  // RUN/checkpoints/step-N
-  return {std::move(weights), std::move(config), what, std::move(ck.state),
-          fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string(), lora};
+  std::string run_dir = fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string();
+  if (llama) {
+    auto model = load_llama(ck.model, config, what);
+    return {{}, std::move(config), what, std::move(ck.state), std::move(run_dir), std::move(model), lora};
+  }
+  models::GPTWeights weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
+  return {std::move(weights), std::move(config), what, std::move(ck.state), std::move(run_dir), nullptr, lora};
 }
 
 // The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data
@@ -71,12 +92,12 @@ std::string recorded_data_dir(const Json& config) {
 
 std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   auto owner = make_app(
-      "Generates text from a GPT as nanoGPT's sample.py (KV cache: while the text fits the block, each new token costs "
+      "Generates text from a GPT or Llama as nanoGPT's sample.py (KV cache: while the text fits the block, each new token costs "
       "one position's work): the prompt, then --tokens tokens drawn at --temperature from the --top-k most likely, "
       "each printed as it is drawn.",
       "castor sample");
   CLI::App& app = *owner;
-  auto* ckpt = app.add_option("--checkpoint", c.checkpoint, "a run or checkpoint directory of a GPT");
+  auto* ckpt = app.add_option("--checkpoint", c.checkpoint, "a run or checkpoint directory of a GPT or Llama");
   add_init(app, c.init, "or weights: llm.c .bin or safetensors with nanoGPT names")->excludes(ckpt);
   app.add_option("--tokenizer-dir", c.tokenizer_dir,
                  "token directory whose tokenizer.json decodes (default: the run's)");
@@ -126,7 +147,7 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
 SampleConfig parse_sample_flags(const std::vector<std::string>& args) {
   SampleConfig c;
   parse_flags(*sample_app(c), args, "sample");
-  CASTOR_CHECK(!c.checkpoint.empty() || !c.init.empty(), "--checkpoint: missing (a GPT run or checkpoint directory, "
+  CASTOR_CHECK(!c.checkpoint.empty() || !c.init.empty(), "--checkpoint: missing (a GPT or Llama run or checkpoint directory, "
                "or --init FILE with --tokenizer-dir DIR)");
   CASTOR_CHECK(c.tokens >= 0, "--tokens: must be non-negative, got ", c.tokens);
   CASTOR_CHECK(c.temperature >= 0 && std::isfinite(c.temperature), "--temperature: must be non-negative, got ",
@@ -140,21 +161,38 @@ std::string sample_help() {
   return sample_app(c)->help();
 }
 
-void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write) {
-  if (c.threads > 0) omp_set_num_threads(c.threads);
-  LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head);
-  for (const auto& [name, t] : g.weights.state)
-    CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), g.what, ": ", name,
-                 " holds NaN or infinite values; no text can be sampled from it");
-  std::string dir = c.tokenizer_dir.empty() ? recorded_data_dir(g.config) : c.tokenizer_dir;
-  CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what, " records no data directory to decode with");
-  data::Tokenizer tok = data::Tokenizer::load(dir);
+namespace {
+
+// The model to sample: a Llama as loaded, a GPT built for the tokenizer's vocabulary (its padding never drawn).
+std::shared_ptr<models::LanguageModel> sampled_model(LoadedGpt& g, const data::Tokenizer& tok, const std::string& dir) {
+  if (g.llama) {
+    CASTOR_CHECK(tok.vocab_size() == g.llama->vocab_size(), dir, ": the tokenizer has ", tok.vocab_size(),
+                 " tokens, ", g.what, " was made for ", g.llama->vocab_size());
+    return g.llama;
+  }
   models::GPTConfig& config = g.weights.config;
   CASTOR_CHECK(tok.vocab_size() <= config.vocab_size, dir, ": the tokenizer has ", tok.vocab_size(),
                " tokens, more than the model's vocabulary of ", config.vocab_size, " (", g.what, ")");
   CASTOR_CHECK(config.real_vocab_size == 0 || config.real_vocab_size == tok.vocab_size(), dir, ": the tokenizer has ",
                tok.vocab_size(), " tokens, ", g.what, " was made for ", config.real_vocab_size);
   config.real_vocab_size = tok.vocab_size();
+  auto model = models::gpt(config);
+  model->load_state_dict(g.weights.state);
+  return model;
+}
+
+}  // namespace
+
+void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write) {
+  if (c.threads > 0) omp_set_num_threads(c.threads);
+  LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head);
+  for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
+    CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), g.what, ": ", name,
+                 " holds NaN or infinite values; no text can be sampled from it");
+  std::string dir = c.tokenizer_dir.empty() ? recorded_data_dir(g.config) : c.tokenizer_dir;
+  CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what, " records no data directory to decode with");
+  data::Tokenizer tok = data::Tokenizer::load(dir);
+  const std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
   std::vector<uint16_t> prompt_ids;
   try {
     prompt_ids = tok.encode(c.prompt);
@@ -167,8 +205,6 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   } else {
     write(tok.decode(prompt_ids));
   }
-  auto model = models::gpt(config);
-  model->load_state_dict(g.weights.state);
   model->eval();
   // Each token is written as it is drawn, decoded after the one before it (bpe: run.c's decode(prev, token)).
   uint16_t prev = prompt_ids.back();
@@ -371,6 +407,7 @@ Json run_export(const ExportConfig& c) {
     throw Error(detail::cat("--out: ", e.what()));
   }
   LoadedGpt g = load_gpt(c.checkpoint, c.n_head);
+  CASTOR_CHECK(!g.llama, "--checkpoint ", c.checkpoint, ": a Llama run; --llmc and --nanogpt write GPTs");
   CASTOR_CHECK(!g.lora || c.merge_lora, "--merge-lora: missing; ", c.checkpoint, " is a LoRA run (adapters on a "
                "frozen base): --merge-lora writes the base with its adapters merged, --peft DIR the adapters alone");
   models::GPTConfig& config = g.weights.config;

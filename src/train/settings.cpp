@@ -144,20 +144,33 @@ std::vector<Setting> make_settings() {
        "--data folder: leave unreadable images out (and count them) instead of stopping at the first", nullptr,
        R::Fixed, J::Folder},
       {"--model", choice<&C::model, kModels>(),
-       "model (gpt: nanoGPT's GPT, 4 layers x 128 by default; gpt-mini: 6 x 384, block 256; gpt2: 124M)", nullptr,
-       R::Fixed, J::Any},
-      {"--n-layer", plain<&C::n_layer>(), "GPT: transformer blocks (0: the preset's)", &layers, R::Fixed,
+       "model (gpt: nanoGPT's GPT, 4 layers x 128 by default; gpt-mini: 6 x 384, block 256; gpt2: 124M; llama: "
+       "llama2.c's Llama, 4 layers x 128, 8 heads over 4 kv heads, context 128; llama-260k: 5 x 64, 8 heads over 4, "
+       "context 512; llama-15m: 6 x 288, 6 heads, context 256)",
+       nullptr, R::Fixed, J::Any},
+      {"--n-layer", plain<&C::n_layer>(), "language models: transformer blocks (0: the preset's)", &layers, R::Fixed,
        J::LanguageModel},
-      {"--n-head", shared<&C::n_head, add_n_head>(), "GPT: attention heads (0: the preset's)", nullptr, R::Fixed,
-       J::LanguageModel},
-      {"--n-embd", plain<&C::n_embd>(), "GPT: embedding width (0: the preset's)", &width, R::Fixed, J::LanguageModel},
-      {"--block-size", plain<&C::block_size>(), "GPT: context length (0: the preset's)", &width, R::Fixed,
-       J::LanguageModel},
-      {"--vocab-size", plain<&C::vocab_size>(), "GPT: vocabulary size (0: the tokenizer's, padded to 64 above 1024)",
+      {"--n-head", shared<&C::n_head, add_n_head>(), "language models: attention heads (0: the preset's)", nullptr,
+       R::Fixed, J::LanguageModel},
+      {"--n-embd", plain<&C::n_embd>(), "language models: embedding width (a Llama's dim; 0: the preset's)", &width,
+       R::Fixed, J::LanguageModel},
+      {"--block-size", plain<&C::block_size>(), "language models: context length (a Llama's max_seq_len; 0: the "
+       "preset's)", &width, R::Fixed, J::LanguageModel},
+      {"--vocab-size", plain<&C::vocab_size>(),
+       "language models: vocabulary size (0: the tokenizer's; a GPT's padded to 64 above 1024, a Llama's exactly)",
        &width, R::Fixed, J::LanguageModel},
-      {"--dropout", plain<&C::dropout>(), "GPT: dropout probability", unit, R::Fixed, J::LanguageModel},
+      {"--dropout", plain<&C::dropout>(), "language models: dropout probability", unit, R::Fixed, J::LanguageModel},
       {"--bias", plain<&C::bias>(), "GPT: biases in Linear and LayerNorm layers (--no-bias: none)", nullptr, R::Fixed,
-       J::LanguageModel},
+       J::Gpt},
+      {"--n-kv-head", plain<&C::n_kv_head>(),
+       "Llama: key/value heads, dividing --n-head (fewer: grouped-query attention; 0: the preset's)", &layers,
+       R::Fixed, J::Llama},
+      {"--multiple-of", plain<&C::multiple_of>(),
+       "Llama: the feed-forward width, 2/3 of 4 x --n-embd, rounds up to a multiple of this (0: the preset's)",
+       &width, R::Fixed, J::Llama},
+      {"--rope-theta", plain<&C::rope_theta>(), "Llama: the rotary embedding's base", pos, R::Fixed, J::Llama},
+      {"--untied", plain<&C::untied>(), "Llama: the output layer gets its own weight (default: tied to the embedding, "
+       "as llama2.c)", nullptr, R::Fixed, J::Llama},
       {"--amp", amp_level(),
        "opt level: O0 float32, O1 autocast + dynamic loss scaling, O2 16-bit model with float32 master weights "
        "(BatchNorm float32), O3 pure 16-bit; auto: O1 bfloat16 where the CPU has bfloat16 dot-product units "
@@ -336,8 +349,12 @@ void check_jobs(const TrainConfig& c) {
     const Setting* s = find_setting(flag);
     if (!s) continue;
     const bool lm = is_language_model(c.model);
-    CASTOR_CHECK(s->job != Job::LanguageModel || lm, flag, ": applies to language models only (--model gpt, gpt-mini "
-                 "or gpt2), not --model ", name(c.model));
+    CASTOR_CHECK(s->job != Job::LanguageModel || lm, flag, ": applies to language models only (--model gpt, gpt-mini, "
+                 "gpt2, llama, llama-260k or llama-15m), not --model ", name(c.model));
+    CASTOR_CHECK(s->job != Job::Gpt || (lm && !is_llama(c.model)), flag, ": applies to GPT models only (--model gpt, "
+                 "gpt-mini or gpt2), not --model ", name(c.model));
+    CASTOR_CHECK(s->job != Job::Llama || is_llama(c.model), flag, ": applies to Llama models only (--model llama, "
+                 "llama-260k or llama-15m), not --model ", name(c.model));
     CASTOR_CHECK(s->job != Job::Image || !lm, flag, ": applies to image models only, not --model ", name(c.model));
     CASTOR_CHECK(s->job != Job::Folder || c.data == Dataset::Folder, flag, ": applies to --data folder only, not "
                  "--data ", name(c.data));
@@ -391,7 +408,10 @@ const char* name(Augment v) { return spelling(kAugments, v); }
 const char* name(Compression v) { return spelling(kCompressions, v); }
 const char* name(DataOrder v) { return spelling(kDataOrders, v); }
 const char* name(backends::ConvAlgorithm v) { return spelling(kConvAlgorithms, v); }
-bool is_language_model(ModelKind m) { return m == ModelKind::Gpt || m == ModelKind::GptMini || m == ModelKind::Gpt2; }
+bool is_language_model(ModelKind m) {
+  return m == ModelKind::Gpt || m == ModelKind::GptMini || m == ModelKind::Gpt2 || is_llama(m);
+}
+bool is_llama(ModelKind m) { return m == ModelKind::Llama || m == ModelKind::Llama260k || m == ModelKind::Llama15m; }
 bool is_text(Dataset d) {
   return d == Dataset::Brown || d == Dataset::BrownChar || d == Dataset::BrownBpe || d == Dataset::Tokens;
 }

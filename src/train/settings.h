@@ -18,7 +18,8 @@ inline constexpr Spelling<Dataset> kDatasets[] = {
     {Dataset::BrownBpe, "brown-bpe"}, {Dataset::Tokens, "tokens"}};
 inline constexpr Spelling<ModelKind> kModels[] = {
     {ModelKind::SimpleCnn, "simplecnn"}, {ModelKind::ResNet18, "resnet18"}, {ModelKind::ResNet9, "resnet9"},
-    {ModelKind::Gpt, "gpt"}, {ModelKind::GptMini, "gpt-mini"}, {ModelKind::Gpt2, "gpt2"}};
+    {ModelKind::Gpt, "gpt"}, {ModelKind::GptMini, "gpt-mini"}, {ModelKind::Gpt2, "gpt2"},
+    {ModelKind::Llama, "llama"}, {ModelKind::Llama260k, "llama-260k"}, {ModelKind::Llama15m, "llama-15m"}};
 
 // What `castor train --resume` does with a setting given again.
 enum class Resume {
@@ -32,7 +33,7 @@ enum class Resume {
 };
 
 // The jobs a setting applies to; given to another job it is refused, naming the flag.
-enum class Job { Any, Image, Folder, Synthetic, LanguageModel };
+enum class Job { Any, Image, Folder, Synthetic, LanguageModel, Gpt, Llama };
 
 // How a setting reads and writes its TrainConfig member (made by the templates in settings.cpp).
 struct Field {

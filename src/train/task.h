@@ -10,6 +10,8 @@
 
 #include "castor/amp.h"
 #include "castor/json.h"
+#include "castor/language_model.h"
+#include "castor/llama.h"
 #include "castor/lr_scheduler.h"
 #include "castor/nn.h"
 #include "castor/ddp.h"
@@ -59,6 +61,10 @@ class Task {
 
   virtual void record(Json& config) const = 0;  // the data's facts, into config.json
   virtual const char* unit() const = 0;         // of examples/s: "img" or "tok"
+  virtual const char* rate_key() const = 0;     // the metrics' throughput key: images_per_sec or tokens_per_sec
+  // An evaluation's figures as the metrics record them, in metrics.csv's column order: test_loss and test_accuracy
+  // of an image classifier, val_loss and val_perplexity of a language model (the keys do not depend on `ev`).
+  virtual std::vector<std::pair<std::string, double>> evaluation_keys(const Evaluation& ev) const = 0;
   // A mid-epoch evaluation's figures, and the end-of-epoch line's, most important first.
   virtual std::vector<std::string> eval_fields(const Evaluation& ev) const = 0;
   virtual std::vector<std::string> epoch_fields(const Evaluation& ev, double train_loss) const = 0;
@@ -77,6 +83,10 @@ class Task {
 std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run);
 std::unique_ptr<Task> make_image_task(const TrainConfig& c, int rank, int world);
 std::unique_ptr<Task> make_lm_task(TrainConfig& c, int rank, int world, bool new_run);
+// The language model of a --model gpt* or llama* config (its vocabulary resolved: c.vocab_size; a GPT's logits cover
+// the first real_vocab of it) with weights drawn from `seed`, and a Llama's configuration.
+std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed);
+models::LlamaConfig llama_config(const TrainConfig& c);
 // The dataset directory: --data-dir, or the dataset's default location.
 std::string data_dir(const TrainConfig& c);
 

@@ -370,6 +370,23 @@ TEST(TensorRandom, StateRestoreReproducesEveryFactory) {
   }
 }
 
+// normal() fills a tensor with the values of next_normal() one by one (its pairs' transforms run in parallel): in
+// order, across tensors of odd sizes that leave a cached value, past the size that goes parallel and past a chunk.
+TEST(TensorRandom, NormalTensorsAreNextNormalsInOrder) {
+  Generator bulk(3), one_by_one(3);
+  for (int64_t n : {1, 4, 7, 0, 2, 200001, 3, 2097157, 100000}) {  // 2097157: past a chunk of 2^20 pairs
+    const std::vector<double> got = normal({n}, 1.5, 0.25, DType::Float64, &bulk).to_vector<double>();
+    ASSERT_EQ(got.size(), static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = 1.5 + 0.25 * one_by_one.next_normal();
+      ASSERT_EQ(got[i], want) << "element " << i << " of " << n;
+    }
+    EXPECT_EQ(bulk.state(), one_by_one.state()) << n;
+  }
+  const Tensor f = normal({9}, 0.0, 0.02, DType::Float32, &bulk);
+  for (int64_t i = 0; i < 9; ++i) EXPECT_EQ(f.to_vector<float>()[i], static_cast<float>(0.02 * one_by_one.next_normal()));
+}
+
 TEST(TensorRandom, Statistics) {
   Generator g(11);
   const int64_t n = 200000;

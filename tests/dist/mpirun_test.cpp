@@ -131,31 +131,42 @@ TEST_F(MpirunTrain, TwoRanksMatchOneProcessAndResume) {
   EXPECT_EQ(summary_of(single).at("steps").as_int(), 8);
 }
 
-// A GPT (tied embedding and lm_head, a gradient from each use, reduced once) on 2 ranks x 4 sequences against 1
-// process x 8: the ranks split each global batch of random windows, so O0 SGD weights agree to float32 summation order.
-TEST_F(MpirunTrain, GptTwoRanksMatchOneProcess) {
+// A language model given by `model` flags (--model and its heads) on 2 ranks x 4 sequences against 1 process x 8:
+// the ranks split each global batch of random windows, so O0 SGD weights agree to float32 summation order.
+void expect_two_ranks_match_one_process(const std::string& dir, const std::vector<std::string>& model) {
   {
-    std::ofstream text(dir_ + "/text.txt");
+    std::ofstream text(dir + "/text.txt");
     Generator gen(5);
     const char* words[] = {"the jury ", "said ", "a letter ", "was found. ", "in the city "};
     for (int i = 0; i < 2000; ++i) text << words[gen.next_u64() % 5];
   }
   CastorProcess tok = castor({"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok",
-                              "--val-fraction", "0.1"}, dir_, {});
+                              "--val-fraction", "0.1"}, dir, {});
   ASSERT_EQ(tok.exit_code, 0) << tok.err;
-  auto gpt = [&](const std::string& out, int64_t batch, std::vector<std::string> extra) {
-    std::vector<std::string> a = {"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--n-layer", "1",
-                                  "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size",
-                                  std::to_string(batch), "--steps", "4", "--amp", "O0", "--optimizer", "sgd", "--lr",
-                                  "0.05", "--out", out, "--checkpoint-minutes", "0", "--log-every", "1"};
-    return castor(a, dir_, extra);
+  auto lm = [&](const std::string& out, int64_t batch, std::vector<std::string> extra) {
+    std::vector<std::string> a = {"train", "--data", "tokens", "--data-dir", "tok", "--n-layer", "1", "--n-embd",
+                                  "32", "--block-size", "16", "--batch-size", std::to_string(batch), "--steps", "4",
+                                  "--amp", "O0", "--optimizer", "sgd", "--lr", "0.05", "--out", out,
+                                  "--checkpoint-minutes", "0", "--log-every", "1"};
+    a.insert(a.end(), model.begin(), model.end());
+    return castor(a, dir, extra);
   };
-  CastorProcess one = gpt("one", 8, {"--threads", "2"});
+  CastorProcess one = lm("one", 8, {"--threads", "2"});
   ASSERT_EQ(one.exit_code, 0) << one.err;
-  CastorProcess two = gpt("two", 4, {"--nproc", "2", "--threads", "1"});
+  CastorProcess two = lm("two", 4, {"--nproc", "2", "--threads", "1"});
   ASSERT_EQ(two.exit_code, 0) << two.err;
-  expect_models_close(dir_ + "/one", dir_ + "/two", 1e-5);
+  expect_models_close(dir + "/one", dir + "/two", 1e-5);
   EXPECT_EQ(summary_of(two).at("nproc").as_int(), 2);
+}
+
+// A GPT: tied embedding and lm_head, a gradient from each use, reduced once.
+TEST_F(MpirunTrain, GptTwoRanksMatchOneProcess) {
+  expect_two_ranks_match_one_process(dir_, {"--model", "gpt", "--n-head", "2"});
+}
+
+// A Llama with grouped-query attention and its tied output.
+TEST_F(MpirunTrain, LlamaTwoRanksMatchOneProcess) {
+  expect_two_ranks_match_one_process(dir_, {"--model", "llama", "--n-head", "4", "--n-kv-head", "2"});
 }
 
 // O1 float16, Adam at lr 0.01, overflows in steps 2-5: both runs skip the same steps and end at the same scale, and

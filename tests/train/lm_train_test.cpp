@@ -1,6 +1,6 @@
-// `castor train --model gpt` end to end through the real binary on a small character corpus the test tokenizes:
-// it learns, reports validation loss and perplexity, resumes bit for bit, evaluates its checkpoints, writes
-// weights nanoGPT's model loads strictly, and refuses mismatched models and data in one line.
+// `castor train --model gpt` (and --model llama) end to end through the real binary on a small character corpus the
+// test tokenizes: it learns, reports validation loss and perplexity, resumes bit for bit, evaluates its checkpoints,
+// writes weights nanoGPT's model loads strictly, samples, and refuses mismatched models, flags and data in one line.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -19,6 +19,7 @@
 #include "castor/lm_batch.h"
 #include "castor/functional.h"
 #include "castor/autograd.h"
+#include "castor/llama.h"
 #include "castor/llmc.h"
 #include "castor/models.h"
 #include "castor/random.h"
@@ -54,6 +55,15 @@ class LmTrain : public ::testing::Test {
                                   "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "8",
                                   "--steps", std::to_string(steps), "--warmup-steps", "5", "--lr", "3e-3",
                                   "--log-every", "10", "--threads", "1", "--deterministic", "--out", out};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+  // A one-layer Llama (4 heads over 2 key/value heads) on the test's tokens, one thread, deterministic.
+  static std::vector<std::string> llama_args(const std::string& out, int64_t steps,
+                                             std::vector<std::string> extra = {}) {
+    std::vector<std::string> a = train_args(out, steps, {"--n-kv-head", "2"});
+    *std::find(a.begin(), a.end(), "gpt") = "llama";
+    *(std::find(a.begin(), a.end(), "--n-head") + 1) = "4";
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
@@ -471,6 +481,88 @@ TEST_F(LmTrain, PathsThatAreNotUtf8AreRefusedUpFront) {
     EXPECT_NE(p.err.find("\\xf"), std::string::npos) << p.err;
     EXPECT_NE(p.err.find("not valid UTF-8"), std::string::npos) << p.err;
     EXPECT_FALSE(fs::exists(path("run\xff")));
+  }
+}
+
+// --model llama: it learns, records its kind and sizes, resumes bit for bit, castor eval gives the final validation
+// loss, castor info names the model, and castor sample prints what the library's generate draws from the
+// checkpoint's Llama (built from the recorded settings) with the run's tokenizer.
+TEST_F(LmTrain, LlamaTrainsResumesEvaluatesAndSamples) {
+  const std::vector<std::string> extra = {"--schedule", "none", "--checkpoint-every", "10", "--eval-iters", "0"};
+  CastorProcess p = castor(llama_args("full", 150, extra));
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const double val = summary_of(p).at("val_loss").as_double();
+  EXPECT_LT(val, 0.6 * std::log(20.0)) << p.err;  // far below a uniform guess over the ~20 characters
+  ASSERT_EQ(castor(llama_args("cut", 140, extra)).exit_code, 0);
+  CastorProcess r = castor({"train", "--resume", "cut", "--steps", "150"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  test::expect_same_checkpoint(path("full"), path("cut"));
+  const std::vector<uint8_t> bytes = read_file(path("full/config.json"));
+  const Json config = Json::parse(std::string(bytes.begin(), bytes.end()));
+  EXPECT_EQ(config.at("model").as_string(), "llama");
+  EXPECT_EQ(config.at("n_kv_head").as_int(), 2);
+  EXPECT_EQ(config.at("multiple_of").as_int(), 32);
+  EXPECT_EQ(config.at("untied").as_bool(), false);
+  CastorProcess e = castor({"eval", "full"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_NEAR(summary_of(e).at("val_loss").as_double(), val, 1e-6);
+  CastorProcess info = castor({"info", "full"});
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.out.find("llama"), std::string::npos) << info.out;
+  CastorProcess s = castor({"sample", "--checkpoint", "full", "--prompt", "the jury", "--tokens", "40", "--seed", "3"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  models::LlamaConfig c;
+  c.dim = 32, c.n_layers = 1, c.n_heads = 4, c.n_kv_heads = 2, c.multiple_of = 32, c.max_seq_len = 16;
+  data::Tokenizer tok = data::Tokenizer::load(path("tok"));
+  c.vocab_size = tok.vocab_size();
+  auto model = models::llama(c);
+  model->load_state_dict(train::read_checkpoint(path("full")).model);
+  model->eval();
+  std::vector<int64_t> ids;
+  for (uint16_t t : tok.encode("the jury")) ids.push_back(t);
+  std::vector<uint16_t> text;
+  for (int64_t t : models::generate(*model, ids, 40, 0.8, 200, 3)) text.push_back(static_cast<uint16_t>(t));
+  EXPECT_EQ(s.out, tok.decode(text) + "\n");
+  // Past the block size (16) by a cached window too.
+  s = castor({"sample", "--checkpoint", "full", "--tokens", "40", "--window", "cached", "--temperature", "0"});
+  EXPECT_EQ(s.exit_code, 0) << s.err;
+}
+
+// Every opt level and 16-bit type trains a Llama from the command line: the loss falls below its start.
+TEST_F(LmTrain, LlamaTrainsAtEveryOptLevel) {
+  for (const char* amp : {"O0", "O1", "O2", "O3"}) {
+    for (const char* dtype : {"bf16", "fp16"}) {
+      const bool o0 = std::string(amp) == "O0";
+      if (o0 && std::string(dtype) == "fp16") continue;
+      SCOPED_TRACE(std::string(amp) + " " + dtype);
+      const std::string out = std::string("run_") + amp + dtype;
+      std::vector<std::string> extra = {"--amp", amp, "--log-every", "1"};
+      if (!o0) extra.insert(extra.end(), {"--dtype", dtype});
+      CastorProcess p = castor(llama_args(out, 60, extra));
+      ASSERT_EQ(p.exit_code, 0) << p.err;
+      const std::vector<Json> lines = read_metrics(path(out));
+      ASSERT_GE(lines.size(), 60u);
+      EXPECT_LT(lines[59].at("loss").as_double(), 0.75 * lines[0].at("loss").as_double());
+    }
+  }
+}
+
+// Flags that do not fit a Llama (or a GPT) are one-line errors naming the flag, before anything is written.
+TEST_F(LmTrain, LlamaFlagErrorsNameTheFlag) {
+  const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases = {
+      {llama_args("x", 5, {"--n-kv-head", "3"}), {"--n-kv-head 3", "--n-head 4"}},
+      {llama_args("x", 5, {"--n-embd", "36"}), {"--n-embd 36", "--n-head 4", "odd"}},
+      {llama_args("x", 5, {"--n-embd", "30"}), {"--n-embd 30", "--n-head 4"}},
+      {llama_args("x", 5, {"--no-bias"}), {"--bias", "GPT models only", "llama"}},
+      {llama_args("x", 5, {"--vocab-size", "100"}), {"--vocab-size 100", "tokenizer"}},
+      {llama_args("x", 5, {"--rope-theta", "0"}), {"--rope-theta"}},
+      {train_args("x", 5, {"--n-kv-head", "1"}), {"--n-kv-head", "Llama models only", "gpt"}},
+      {train_args("x", 5, {"--untied"}), {"--untied", "Llama models only"}},
+      {train_args("x", 5, {"--multiple-of", "8"}), {"--multiple-of", "Llama models only"}},
+      {{"train", "--model", "llama-260k", "--data", "fashion-mnist", "--out", "x"}, {"--data fashion-mnist"}}};
+  for (const auto& [args, parts] : cases) {
+    test::expect_one_line_error(castor(args), parts);
+    EXPECT_FALSE(fs::exists(path("x")));
   }
 }
 

@@ -11,6 +11,7 @@
 #include "test_util.h"
 #include "train/progress.h"
 #include "train/run_log.h"
+#include "train/task.h"
 
 namespace castor::train {
 
@@ -55,11 +56,15 @@ TEST(RunLog, WindowMeansAndCsvRows) {
   TrainConfig c;
   c.out = out;
   c.log_every = 3;
+  c.data = Dataset::Synthetic;
+  c.synthetic_size = 8;
+  c.batch_size = 4;
+  const std::unique_ptr<Task> task = make_image_task(c, /*rank=*/0, /*world=*/1);
   {
-    RunLog log(c, "img", /*total_steps=*/7, /*epochs=*/1, /*append=*/false);
+    RunLog log(c, *task, /*total_steps=*/7, /*epochs=*/1, /*append=*/false);
     for (int step = 1; step <= 7; ++step)
       log.step({step, 0, static_cast<double>(step), 0.1, 1024, /*skipped=*/step == 2, 64.0 * step, 0.5 * step});
-    log.evaluation(7, 0, 0.25, 0.75, {"test loss 0.2500"});
+    log.evaluation(7, 0, Evaluation{.loss = 0.25, .accuracy = 0.75});
   }
   std::vector<Json> records = read_metrics(out);
   ASSERT_EQ(records.size(), 5u);  // skipped step 2, steps 3 and 6 (window ends), 7 (the last), the evaluation
@@ -71,15 +76,27 @@ TEST(RunLog, WindowMeansAndCsvRows) {
   EXPECT_DOUBLE_EQ(records[4].at("test_accuracy").as_double(), 0.75);
   const std::vector<std::string> csv = lines_of(out + "/metrics.csv");
   ASSERT_EQ(csv.size(), 6u);
-  EXPECT_EQ(csv[0].rfind("step,epoch,loss,loss_avg,lr,loss_scale,skipped", 0), 0u) << csv[0];
+  EXPECT_EQ(csv[0], "step,epoch,loss,loss_avg,lr,loss_scale,skipped,images_per_sec,peak_memory_bytes,train_loss,"
+                    "test_loss,test_accuracy,skipped_steps");
   EXPECT_EQ(csv[2].rfind("3,0,3.0,2.0,0.1,1024.0,0,128.0,", 0), 0u) << csv[2];
   // A resumed run appends, without a second header.
   {
-    RunLog log(c, "img", 8, 1, /*append=*/true);
+    RunLog log(c, *task, 8, 1, /*append=*/true);
     log.step({8, 0, 8.0, 0.1, 1024, false, 64, 1});
   }
   EXPECT_EQ(lines_of(out + "/metrics.csv").size(), 7u);
   EXPECT_EQ(read_metrics(out).size(), 6u);
+}
+
+// MFU with --nproc N: the job's tokens/s over the peak of all N ranks' cores together. Worked by hand: 1e6 FLOP per
+// token and 100 GFLOP/s per rank; two ranks training 76,000 tok/s together use 7.6e10 of 2e11 FLOP/s, 38%; one rank
+// at 59,000 tok/s uses 5.9e10 of 1e11, 59%. Without a peak (measured after training) there is none.
+TEST(RunLog, MfuDividesTheJobsRateByEveryRanksPeak) {
+  const FlopRate two{.flops_per_example = 1e6, .rank_peak = 100e9, .ranks = 2};
+  EXPECT_DOUBLE_EQ(model_flops_utilization(76000, two), 0.38);
+  const FlopRate one{.flops_per_example = 1e6, .rank_peak = 100e9, .ranks = 1};
+  EXPECT_DOUBLE_EQ(model_flops_utilization(59000, one), 0.59);
+  EXPECT_EQ(model_flops_utilization(76000, FlopRate{.flops_per_example = 1e6, .ranks = 2}), 0);
 }
 
 TEST(Report, ShowsSettingsOpDtypesAndASinglePointHonestly) {

@@ -67,8 +67,8 @@ TEST(TokenizeFlags, ParsesInputsSplitsAndTheBrownDefault) {
   const data::TokenizeOptions c = parse_tokenize_flags({"--brown", "corpus", "--out", "d", "--val-fraction", "0.2"});
   EXPECT_EQ(c.val_every, 0);
   EXPECT_DOUBLE_EQ(c.val_fraction, 0.2);
-  test::expect_error([] { parse_tokenize_flags({"--tokenizer", "bpe", "--input", "x", "--out", "d"}); },
-                     {"--tokenizer", "gpt2|char", "bpe"});
+  test::expect_error([] { parse_tokenize_flags({"--tokenizer", "wordpiece", "--input", "x", "--out", "d"}); },
+                     {"--tokenizer", "gpt2|char|bpe", "wordpiece"});
   test::expect_error([] { parse_tokenize_flags({"--input", "x"}); }, {"--out"});
   test::expect_error([] { parse_tokenize_flags({"--out", "d"}); }, {"--input"});
   test::expect_error([] { parse_tokenize_flags({"--input", "x", "--out", "d", "--val-every", "2", "--val-fraction", "0.1"}); },

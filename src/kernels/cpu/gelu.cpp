@@ -3,7 +3,8 @@
 // float32, rounded once), chosen at run time by the element-wise kernels (kernels/ref/elementwise.cpp) for dense
 // operands. 16-bit tensors compute on float32 lanes (a few float32
 // ulps, far below a 16-bit ulp); float32 tensors on float64 lanes (float32 arithmetic loses tens of ulps in the
-// tails and near the derivative's zero), rounded once.
+// tails and near the derivative's zero), rounded once. Also SwiGLU's forward and backward maps on AVX2 lanes, for
+// 16-bit tensors (float32 ones keep the reference loops' float64 derivative).
 #include <cmath>
 #include <initializer_list>
 #include <string>
@@ -242,7 +243,65 @@ float* out_ptr(const Tensor& dst, int64_t b, float* buf) {
   return dst.dtype() == DType::Float32 ? static_cast<float*>(dst.data_ptr()) + b : buf;
 }
 
+// sigmoid(x) on 8 lanes.
+inline __m256 sigmoid_avx2(__m256 x) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  return _mm256_div_ps(one, _mm256_add_ps(one, vec::exp(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+}
+
+// o = silu(a) * b = a sigmoid(a) b.
+void swiglu_block_avx2(const float* a, const float* b, float* o, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(a + i);
+    _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_mul_ps(x, sigmoid_avx2(x)), _mm256_loadu_ps(b + i)));
+  }
+  for (; i < n; ++i) o[i] = a[i] / (1.0f + std::exp(-a[i])) * b[i];
+}
+
+// da = g b sigmoid(a) (1 + a (1 - sigmoid(a))), db = g silu(a).
+void swiglu_grad_block_avx2(const float* a, const float* b, const float* g, float* da, float* db, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(a + i), gi = _mm256_loadu_ps(g + i), s = sigmoid_avx2(x);
+    const __m256 ds = _mm256_mul_ps(s, _mm256_fmadd_ps(x, _mm256_sub_ps(one, s), one));
+    _mm256_storeu_ps(da + i, _mm256_mul_ps(_mm256_mul_ps(gi, _mm256_loadu_ps(b + i)), ds));
+    _mm256_storeu_ps(db + i, _mm256_mul_ps(gi, _mm256_mul_ps(x, s)));
+  }
+  for (; i < n; ++i) {
+    const float s = 1.0f / (1.0f + std::exp(-a[i]));
+    da[i] = g[i] * b[i] * s * (1.0f + a[i] * (1.0f - s));
+    db[i] = g[i] * a[i] * s;
+  }
+}
+
 }  // namespace
+
+bool swiglu_fast(const Tensor& a, const Tensor& b, const Tensor& dst) {
+  if (!applies({&a, &b, &dst}) || dst.dtype() == DType::Float32) return false;
+  parallel_blocks(dst.numel(), [&](int64_t lo, int64_t hi) {
+    float ab[kBlock], bb[kBlock], ob[kBlock];
+    swiglu_block_avx2(as_float(a, lo, hi, ab), as_float(b, lo, hi, bb), ob, hi - lo);
+    store(dst, lo, hi, ob);
+  });
+  return true;
+}
+
+bool swiglu_grad_fast(const Tensor& a, const Tensor& b, const Tensor& diff_dst, const Tensor& diff_a,
+                      const Tensor& diff_b) {
+  if (!applies({&a, &b, &diff_dst}) || a.dtype() == DType::Float32) return false;
+  for (const Tensor* t : {&diff_a, &diff_b})
+    if (t->defined() && !applies({&a, t})) return false;
+  parallel_blocks(a.numel(), [&](int64_t lo, int64_t hi) {
+    float ab[kBlock], bb[kBlock], gb[kBlock], da[kBlock], db[kBlock];
+    swiglu_grad_block_avx2(as_float(a, lo, hi, ab), as_float(b, lo, hi, bb), as_float(diff_dst, lo, hi, gb), da, db,
+                           hi - lo);
+    if (diff_a.defined()) store(diff_a, lo, hi, da);
+    if (diff_b.defined()) store(diff_b, lo, hi, db);
+  });
+  return true;
+}
 
 bool gelu_tanh_fast(const Tensor& src, const Tensor& dst) {
   if (!applies({&src, &dst})) return false;

@@ -106,8 +106,9 @@ void gemm(memory::data_type dt, int64_t batch, int64_t m, int64_t n, int64_t k, 
                              {DNNL_ARG_SCRATCHPAD, x.scratch}});
 }
 
-// How one call runs its products: on the storage dtype (float32; bfloat16 where oneDNN has a native kernel), or on
-// float32 widenings of the 16-bit values (float16; bfloat16 otherwise).
+// How one call runs its products: on the storage dtype (float32; bfloat16 where the CPU has bf16 dot-product units,
+// native_products), or on float32 widenings of the 16-bit values (float16; bfloat16 otherwise). Every conversion
+// runs on the calling thread (convert_serial): the kernels are inside their own parallel loops.
 struct Plan {
   DType dt;         // storage dtype of q, k, v, dst, diff_dst
   bool widen;       // products on float32 widenings
@@ -115,32 +116,13 @@ struct Plan {
   DType pdt;        // the dtype of the rounded probability / dS buffers the products read
 };
 
-// Whether oneDNN has a native bfloat16 matmul here (its reference implementation, all it has without AVX-512, is
-// far slower than the float32 emulation).
-bool native_bf16() {
-  static const bool native = [] {
-    const memory::desc a({64, 64}, memory::data_type::bf16, memory::format_tag::ab);
-    const memory::desc c({64, 64}, memory::data_type::f32, memory::format_tag::ab);
-    try {
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), engine());
-      return std::string(pd.impl_info_str()).rfind("ref", 0) != 0;
-    } catch (const dnnl::error&) {
-      return false;
-    }
-  }();
-  return native;
-}
-
 Plan plan(DType dt) {
   Plan p{dt, false, memory::data_type::f32, DType::Float32};
-  if (dt == DType::BFloat16) {
-    if (native_bf16()) {
-      p.mdt = memory::data_type::bf16;
-      p.pdt = DType::BFloat16;
-    } else {
-      p.widen = true;
-    }
-  } else if (dt == DType::Float16) {
+  if (dt == DType::Float32) return p;
+  if (native_products(dt)) {
+    p.mdt = memory::data_type::bf16;
+    p.pdt = DType::BFloat16;
+  } else {
     p.widen = true;
   }
   return p;
@@ -165,7 +147,8 @@ struct Rows {
   Mat block(const Plan& pl, int64_t b, int64_t h0, int64_t G, int64_t r0, int64_t n, float* buf) const {
     if (pl.widen) {
       for (int64_t g = 0; g < G; ++g)
-        for (int64_t r = 0; r < n; ++r) convert(at(b, h0 + g, r0 + r), dt, buf + (g * n + r) * D, DType::Float32, D);
+        for (int64_t r = 0; r < n; ++r)
+          convert_serial(at(b, h0 + g, r0 + r), dt, buf + (g * n + r) * D, DType::Float32, D);
     } else {
       char* out = reinterpret_cast<char*>(buf);
       for (int64_t g = 0; g < G; ++g)
@@ -179,13 +162,13 @@ struct Rows {
 // float16 path rounded to float16 and back in place (src == dst as float32). Float32 stays as is.
 void round_for_product(const Plan& pl, float* src, void* dst, int64_t n) {
   if (pl.pdt == DType::BFloat16) {
-    convert_f32_to_bf16(src, static_cast<uint16_t*>(dst), n);
+    convert_serial(src, DType::Float32, dst, DType::BFloat16, n);
   } else if (pl.dt != DType::Float32) {
     uint16_t tmp[kBlock];
     for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
       const int64_t m = std::min(kBlock, n - j0);
-      convert(src + j0, DType::Float32, tmp, pl.dt, m);
-      convert(tmp, pl.dt, src + j0, DType::Float32, m);
+      convert_serial(src + j0, DType::Float32, tmp, pl.dt, m);
+      convert_serial(tmp, pl.dt, src + j0, DType::Float32, m);
     }
   }
 }
@@ -277,7 +260,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
           float* o = O + (g * m + r) * D;
           const float il = inv_l[g * m + r];
           for (int64_t d = 0; d < D; ++d) o[d] *= il;
-          convert(o, DType::Float32, out.at(b, h0 + g, i0 + r), out.dt, D);
+          convert_serial(o, DType::Float32, out.at(b, h0 + g, i0 + r), out.dt, D);
         }
     } catch (const dnnl::error& e) {
 #pragma omp critical
@@ -341,8 +324,8 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
               am.apply(b, h0 + g, i0 + r, 0, n, s);
               vec::exp_shifted(s, n, l);
               // D_i = rowsum(dO_i * O_i) in float32.
-              convert(yr.at(b, h0 + g, i0 + r), yr.dt, o_row.data(), DType::Float32, D);
-              convert(dyr.at(b, h0 + g, i0 + r), dyr.dt, g_row.data(), DType::Float32, D);
+              convert_serial(yr.at(b, h0 + g, i0 + r), yr.dt, o_row.data(), DType::Float32, D);
+              convert_serial(dyr.at(b, h0 + g, i0 + r), dyr.dt, g_row.data(), DType::Float32, D);
               float di = 0;
               for (int64_t d = 0; d < D; ++d) di += o_row[d] * g_row[d];
               for (int64_t j = 0; j < n; ++j) dp[j] = s[j] * (dp[j] - di) * sc;  // dS, scaled
@@ -370,15 +353,15 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
             gemm(pl.mdt, G, m, D, n, dSm, Km, dQ, D, m * D, false);  // dQ = dS K
             for (int64_t g = 0; g < G; ++g)
               for (int64_t r = 0; r < m; ++r)
-                convert(dQ + (g * m + r) * D, DType::Float32, dqr.at(b, h0 + g, i0 + r), dqr.dt, D);
+                convert_serial(dQ + (g * m + r) * D, DType::Float32, dqr.at(b, h0 + g, i0 + r), dqr.dt, D);
           }
         }
       }
       for (int64_t kv = 0; kv < Qh / rep; ++kv)
         for (int64_t j = 0; j < Tk; ++j) {
           const int64_t at = (kv * Tk + j) * D, h = hq0 + kv * rep;
-          if (diff_k.defined()) convert(dK + at, DType::Float32, dkr.at(b, h, j), dkr.dt, D);
-          if (diff_v.defined()) convert(dV + at, DType::Float32, dvr.at(b, h, j), dvr.dt, D);
+          if (diff_k.defined()) convert_serial(dK + at, DType::Float32, dkr.at(b, h, j), dkr.dt, D);
+          if (diff_v.defined()) convert_serial(dV + at, DType::Float32, dvr.at(b, h, j), dvr.dt, D);
         }
     } catch (const dnnl::error& e) {
 #pragma omp critical

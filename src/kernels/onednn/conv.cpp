@@ -81,6 +81,7 @@ struct ConvKey {
   int64_t n, c, h, w, o, kh, kw, oh, ow;
   int64_t stride[2], padding[2], dilation[2], groups, bias, src_cl, dst_cl;
   int64_t winograd;  // try Winograd F(4x4, 3x3) first (build() falls back to direct where oneDNN has none)
+  int64_t grad_dt;   // backward weights: diff_weights' and diff_bias' dnnl data type when not dt's (0: dt's)
 };
 
 // A cached convolution: the primitive and its three tensor ports, in the order
@@ -134,6 +135,8 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
   const memory::desc src_plain(src_dims, dt, k.src_cl ? tag::nhwc : tag::nchw);
   const memory::desc dst_plain(dst_dims, dt, k.dst_cl ? tag::nhwc : tag::nchw);
   const memory::desc w_plain(w_dims, dt, k.groups == 1 ? tag::oihw : tag::goihw);
+  const auto gdt = k.grad_dt ? static_cast<memory::data_type>(k.grad_dt) : dt;  // diff_weights, diff_bias
+  const memory::desc dw_plain(w_dims, gdt, k.groups == 1 ? tag::oihw : tag::goihw), dw_any(w_dims, gdt, tag::any);
   // The primitive's activation layout: channels-last tensors with few input channels run on oneDNN's nhwc kernels,
   // which here match its blocked ones below 64 channels but are 10-30% slower from 64 up (ResNet-18's layers),
   // more than the reorders to and from the blocked layout cost (docs/benchmarks.md).
@@ -144,6 +147,7 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
   const tag act = k.src_cl && k.c < kBlockedFromChannels && nhwc_ok ? tag::nhwc : tag::any;
   const memory::desc src_any(src_dims, dt, act), dst_any(dst_dims, dt, act), w_any(w_dims, dt, tag::any);
   const memory::desc bias = k.bias ? memory::desc({k.o}, dt, tag::x) : memory::desc();
+  const memory::desc diff_bias = k.bias ? memory::desc({k.o}, gdt, tag::x) : memory::desc();
   const auto algo = k.winograd ? dnnl::algorithm::convolution_winograd : dnnl::algorithm::convolution_direct;
   try {
     const dnnl::convolution_forward::primitive_desc fwd(
@@ -169,13 +173,15 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
                     output_port(pd.diff_src_desc(), src_plain)};
       out->args = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
     } else {
+      out->bias = diff_bias;
       const dnnl::convolution_backward_weights::primitive_desc pd(
-          dnnl::convolution_backward_weights::desc(algo, src_any, w_any, bias, dst_any, strides, dilates, pad, pad),
+          dnnl::convolution_backward_weights::desc(algo, src_any, dw_any, diff_bias, dst_any, strides, dilates, pad,
+                                                   pad),
           engine(), fwd);
       out->prim = dnnl::convolution_backward_weights(pd);
       out->ports = {input_port(src_plain, pd.src_desc()),
                     input_port(dst_plain, pd.diff_dst_desc()),
-                    output_port(pd.diff_weights_desc(), w_plain)};
+                    output_port(pd.diff_weights_desc(), dw_plain)};
       out->args = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
     }
     return out;
@@ -233,7 +239,7 @@ void run_backward(const ConvPrim* data, const ConvPrim* wts, const Tensor& src, 
 // The primitive for `pass` in dtype `dt`, or nullptr where it must run on float32 copies.
 const ConvPrim* native(Pass pass, DType dt, const Tensor& src, const Tensor& weights, const Tensor& dst, bool bias,
                        const Conv2dParams& p) {
-  if (dt == DType::Float16) return nullptr;
+  if (!native_products(dt)) return nullptr;
   return cached(make_key(pass, dt, src, weights, dst, bias, p));
 }
 const ConvPrim& in_float32(Pass pass, const Tensor& src, const Tensor& weights, const Tensor& dst, bool bias,
@@ -268,6 +274,47 @@ void accumulate(const Tensor& sum, const Tensor& part) {
   float* s = sum.data<float>();
   const float* q = part.data<float>();
   for (int64_t i = 0; i < sum.numel(); ++i) s[i] += q[i];
+}
+
+// A 16-bit backward-weights pass whose src or diff_dst the primitive takes in another layout (e.g. the blocked
+// layout of a first layer's bfloat16 kernels without AMX) would hold whole-batch reordered copies of them, as large
+// as the activations (16 MiB for SimpleCNN's first layer at batch 256): it runs in batch slices whose copies stay
+// near kReorderSliceBytes instead, each slice's diff_weights and diff_bias summed in float32 (a primitive writing
+// float32 gradients) and rounded once, the numerics of the whole-batch pass. Images per slice, or 0 for one pass.
+constexpr int64_t kReorderSliceBytes = 4 << 20;
+int64_t weights_slice_images(const ConvPrim& wts, const Tensor& src, const Tensor& diff_dst) {
+  if (!is_16bit_float(diff_dst.dtype())) return 0;
+  const int64_t n = diff_dst.size(0), size = dtype_size(diff_dst.dtype());
+  int64_t per_image = 0;
+  if (wts.ports[0].reorder) per_image = std::max(per_image, src.numel() / std::max<int64_t>(n, 1) * size);
+  if (wts.ports[1].reorder) per_image = std::max(per_image, diff_dst.numel() / std::max<int64_t>(n, 1) * size);
+  if (per_image * n <= kReorderSliceBytes) return 0;
+  return std::max<int64_t>(1, kReorderSliceBytes / per_image);
+}
+
+// The backward-weights pass in slices of `step` images (see weights_slice_images); false, with nothing written,
+// where oneDNN has no primitive writing float32 gradients from these inputs.
+bool backward_weights_sliced(const Tensor& src, const Tensor& src_side, const Tensor& diff_dst,
+                             const Tensor& diff_weights, const Tensor& diff_bias, const Conv2dParams& p, int64_t step) {
+  const Tensor dw = float_like(diff_weights), db = float_like(diff_bias);
+  const Tensor dw_part = float_like(diff_weights), db_part = float_like(diff_bias);
+  const int64_t n = diff_dst.size(0);
+  for (int64_t n0 = 0; n0 < n; n0 += step) {
+    const int64_t len = std::min(step, n - n0);
+    const Tensor dd = images(diff_dst, n0, len);
+    ConvKey key = make_key(kBackwardWeights, diff_dst.dtype(), images(src_side, n0, len), diff_weights, dd,
+                           diff_bias.defined(), p);
+    key.grad_dt = static_cast<int64_t>(memory::data_type::f32);
+    const ConvPrim* c = cached(key);
+    if (!c) return false;
+    const bool first = n0 == 0;
+    run(*c, stage_in(c->ports[0], images(src, n0, len)), stage_in(c->ports[1], dd), first ? dw : dw_part,
+        first ? db : db_part);
+    if (!first) accumulate(dw, dw_part), accumulate(db, db_part);
+  }
+  round_into(dw, diff_weights);
+  round_into(db, diff_bias);
+  return true;
 }
 
 }  // namespace
@@ -314,8 +361,13 @@ void conv2d_backward(const Tensor& src, const Tensor& weights, const Tensor& dif
     const ConvPrim* wts =
         diff_weights.defined() ? native(kBackwardWeights, dt, src_side, w_side, diff_dst, has_bias, p) : nullptr;
     const bool need_data = diff_src.defined(), need_wts = diff_weights.defined();
-    if ((!need_data || data) && (!need_wts || wts))
-      return run_backward(data, wts, src, weights, diff_dst, diff_src, diff_weights, diff_bias);
+    if ((!need_data || data) && (!need_wts || wts)) {
+      const int64_t step = wts ? weights_slice_images(*wts, src, diff_dst) : 0;
+      if (step == 0) return run_backward(data, wts, src, weights, diff_dst, diff_src, diff_weights, diff_bias);
+      run_backward(data, nullptr, src, weights, diff_dst, diff_src, Tensor(), Tensor());
+      if (backward_weights_sliced(src, src_side, diff_dst, diff_weights, diff_bias, p, step)) return;
+      return run_backward(nullptr, wts, src, weights, diff_dst, Tensor(), diff_weights, diff_bias);
+    }
     // Slice by slice; the weights' and bias' gradients are summed over the slices in float32 and rounded once.
     const Tensor w_f = need_data ? widen(weights) : Tensor();
     const Tensor dw = float_like(diff_weights), db = float_like(diff_bias);

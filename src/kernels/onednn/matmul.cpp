@@ -1,5 +1,5 @@
-// Matrix products on oneDNN (float32, bfloat16) with cached primitives; float16 (and bfloat16 where oneDNN has no
-// kernel for it) emulated on oneDNN's float32 GEMM a tile at a time.
+// Matrix products on oneDNN (float32, bfloat16) with cached primitives; float16 (and bfloat16 on CPUs without bf16
+// dot-product units) emulated on oneDNN's float32 GEMM a tile at a time.
 #include <dnnl.hpp>
 #include <omp.h>
 
@@ -88,15 +88,17 @@ bool run_onednn(const Tensor& a, const Tensor& b, const Tensor& dst, const Tenso
   return true;
 }
 
-// The emulation's blocks: the output is done in panels of at most kPanelFloats float32 values (1 MiB), each summed
-// over depth chunks of at most kChunkK, with the right operand's chunk widened once per panel and chunk and shared by
-// the threads, each of which widens the left operand a task of rows at a time. Its scratch stays near 2-3 MiB whatever
-// the operands' size, where whole float32 copies of the operands and the result would cost more memory than 16-bit
-// activations save.
-constexpr int64_t kPanelFloats = 1 << 18;
+// The emulation's tiles: the output is done in tiles of at most mb x nb, each summed over depth chunks of at most
+// kChunkK, every tile by one thread, which widens the tile's blocks of both operands into its own float32 scratch
+// (at most kTileFloats values each for the left block, the right block and the tile's sum: 1.5 MiB a thread at
+// most), runs oneDNN's sgemm on them on one thread and rounds the tile once. Tiles go to the threads in contiguous
+// runs ordered so that a thread's next tile usually shares the right operand's block, which it then widens only
+// once; one parallel region a call and no barrier inside it (each one a stall on a loaded machine). The scratch stays
+// near 2-3 MiB whatever the operands' size, where whole float32 copies of the operands and the result would cost more
+// memory than 16-bit activations save.
+constexpr int64_t kTileFloats = 1 << 17;
 constexpr int64_t kChunkK = 512;
 constexpr int64_t kMinSide = 64;
-constexpr int64_t kMaxTaskRows = 64;
 
 // The block [r0, r0 + rows) x [c0, c0 + cols) of matrix `batch` of a 16-bit t (B, R, C) as runs of adjacent elements:
 // rows of `cols` values when t's last dim is dense (sgemm's 'N'), else columns of `rows` values ('T').
@@ -117,60 +119,82 @@ Block block_of(const Tensor& t, int64_t batch, int64_t r0, int64_t rows, int64_t
   return {base, t.dtype(), st[2], cols, rows, 'T'};
 }
 
-// Widens runs [q0, q1) of a block into its dense float32 copy `dst`.
-void widen_runs(const Block& b, int64_t q0, int64_t q1, float* dst) {
+// Widens a block into its dense float32 copy `dst` (on the calling thread; in one pass when its runs are adjacent).
+void widen_block(const Block& b, float* dst) {
   const int64_t size = dtype_size(b.dtype);
-  for (int64_t q = q0; q < q1; ++q)
-    convert(b.base + q * b.ld * size, b.dtype, dst + q * b.len, DType::Float32, static_cast<size_t>(b.len));
+  if (b.ld == b.len) return convert_serial(b.base, b.dtype, dst, DType::Float32, static_cast<size_t>(b.runs * b.len));
+  for (int64_t q = 0; q < b.runs; ++q)
+    convert_serial(b.base + q * b.ld * size, b.dtype, dst + q * b.len, DType::Float32, static_cast<size_t>(b.len));
+}
+
+// The tiling of dst (B, M, N) = a (B, M, K) x b (B, K, N): tile i is (batch, column block, row block), row blocks
+// fastest, so that consecutive tiles share b's block.
+struct Tiling {
+  int64_t B, M, K, N, mb, nb, kb, m_tiles, n_tiles;
+  int64_t count() const { return B * n_tiles * m_tiles; }
+};
+
+Tiling tiling(const Tensor& a, const Tensor& b, int threads) {
+  Tiling g{};
+  g.B = a.dim() == 3 ? a.size(0) : 1, g.M = a.size(-2), g.K = a.size(-1), g.N = b.size(-1);
+  g.kb = std::min(g.K, kChunkK);
+  g.nb = std::min(g.N, std::max(kMinSide, kTileFloats / g.kb));
+  // Each thread's share of the rows when that fits, so that b's block is widened about once per thread.
+  const int64_t share = (g.M + threads - 1) / threads;
+  g.mb = std::min(share, std::max(kMinSide, kTileFloats / std::max(g.nb, g.kb)));
+  g.m_tiles = (g.M + g.mb - 1) / g.mb, g.n_tiles = (g.N + g.nb - 1) / g.nb;
+  return g;
+}
+
+// One thread's float32 scratch: the left block, the right block (and which one it holds), the tile's sum.
+struct Scratch {
+  float *a, *b, *c;
+  int64_t b_batch = -1, b_n0 = -1;
+};
+
+// Tile `i`: its float32 sum over the depth chunks (sgemm on the widened blocks), plus the bias, rounded once into dst.
+void run_tile(const Tiling& g, int64_t i, const Tensor& a, const Tensor& b, const Tensor& dst, const float* bias,
+              Scratch& s) {
+  const int64_t batch = i / (g.n_tiles * g.m_tiles), n0 = (i / g.m_tiles) % g.n_tiles * g.nb,
+                m0 = i % g.m_tiles * g.mb;
+  const int64_t m = std::min(g.mb, g.M - m0), n = std::min(g.nb, g.N - n0);
+  for (int64_t k0 = 0; k0 < g.K; k0 += g.kb) {
+    const int64_t k = std::min(g.kb, g.K - k0);
+    const Block ab = block_of(a, batch, m0, m, k0, k), bb = block_of(b, batch, k0, k, n0, n);
+    // With a single depth chunk the right block depends on the batch and columns only.
+    const bool held = g.kb == g.K && s.b_batch == batch && s.b_n0 == n0;
+    if (!held) widen_block(bb, s.b);
+    s.b_batch = g.kb == g.K ? batch : -1, s.b_n0 = n0;
+    widen_block(ab, s.a);
+    dnnl::sgemm(ab.trans, bb.trans, m, n, k, 1.0f, s.a, ab.len, s.b, bb.len, k0 == 0 ? 0.0f : 1.0f, s.c, n);
+  }
+  if (bias)
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < n; ++j) s.c[r * n + j] += bias[n0 + j];
+  const int64_t out_size = dtype_size(dst.dtype());
+  char* out = static_cast<char*>(dst.data_ptr()) + ((batch * g.M + m0) * g.N + n0) * out_size;
+  if (n == g.N) return convert_serial(s.c, DType::Float32, out, dst.dtype(), static_cast<size_t>(m * n));
+  for (int64_t r = 0; r < m; ++r)
+    convert_serial(s.c + r * n, DType::Float32, out + r * g.N * out_size, dst.dtype(), static_cast<size_t>(n));
 }
 
 // dst (B, M, N) = a (B, M, K) x b (B, K, N) [+ bias (N)] for 16-bit operands without a oneDNN kernel: each output
-// panel is summed in float32 by oneDNN's sgemm over exactly widened float32 blocks of the operands, the bias is added,
-// and the panel is rounded once into dst (the numerics of 16-bit tensor cores). One parallel region per panel and
-// chunk: sgemm runs on one thread inside it, on a task of rows.
+// tile is summed in float32 by oneDNN's sgemm over exactly widened float32 blocks of the operands, the bias is added,
+// and the tile is rounded once into dst (the numerics of 16-bit tensor cores).
 void matmul_emulated(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias) {
-  const int64_t B = a.dim() == 3 ? a.size(0) : 1, M = a.size(-2), K = a.size(-1), N = b.size(-1);
-  const int64_t kb = std::min(K, kChunkK);
-  const int64_t nb = std::min(N, std::max(kMinSide, kPanelFloats / kb));
-  const int64_t mb = std::min(M, std::max(kMinSide, kPanelFloats / nb));
   const int threads = omp_get_max_threads();
-  const int64_t task_rows = std::clamp<int64_t>((mb + threads - 1) / threads, 1, kMaxTaskRows);
-  const Tensor b_block = empty({kb * nb}, DType::Float32), panel = empty({mb * nb}, DType::Float32);
-  const Tensor a_blocks = empty({threads * task_rows * kb}, DType::Float32), bias_f = widen(bias);
-  float *bt = b_block.data<float>(), *ct = panel.data<float>();
+  const Tiling g = tiling(a, b, threads);
+  const int64_t per_thread = g.mb * g.kb + g.kb * g.nb + g.mb * g.nb;
+  const Tensor scratch = empty({threads * per_thread}, DType::Float32), bias_f = widen(bias);
   const float* bias_p = bias_f.defined() ? bias_f.data<float>() : nullptr;
-  const int64_t out_size = dtype_size(dst.dtype());
-  for (int64_t batch = 0; batch < B; ++batch)
-    for (int64_t m0 = 0; m0 < M; m0 += mb)
-      for (int64_t n0 = 0; n0 < N; n0 += nb)
-        for (int64_t k0 = 0; k0 < K; k0 += kb) {
-          const int64_t m = std::min(mb, M - m0), n = std::min(nb, N - n0), k = std::min(kb, K - k0);
-          const bool last = k0 + kb >= K;
-          const Block bb = block_of(b, batch, k0, k, n0, n);
-          const int64_t tasks = (m + task_rows - 1) / task_rows;
-#pragma omp parallel
-          {
-#pragma omp for schedule(static)
-            for (int64_t q = 0; q < bb.runs; ++q) widen_runs(bb, q, q + 1, bt);
-            float* at = a_blocks.data<float>() + omp_get_thread_num() * task_rows * kb;
-#pragma omp for schedule(static)
-            for (int64_t t = 0; t < tasks; ++t) {
-              const int64_t r0 = t * task_rows, rows = std::min(task_rows, m - r0);
-              const Block ab = block_of(a, batch, m0 + r0, rows, k0, k);
-              widen_runs(ab, 0, ab.runs, at);
-              float* c = ct + r0 * n;
-              dnnl::sgemm(ab.trans, bb.trans, rows, n, k, 1.0f, at, ab.len, bt, bb.len, k0 == 0 ? 0.0f : 1.0f, c, n);
-              if (!last) continue;
-              char* out = static_cast<char*>(dst.data_ptr()) + ((batch * M + m0 + r0) * N + n0) * out_size;
-              for (int64_t r = 0; r < rows; ++r) {
-                float* row = c + r * n;
-                if (bias_p)
-                  for (int64_t j = 0; j < n; ++j) row[j] += bias_p[n0 + j];
-                convert(row, DType::Float32, out + r * N * out_size, dst.dtype(), static_cast<size_t>(n));
-              }
-            }
-          }
-        }
+  const int64_t tiles = g.count();
+#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, tiles)))
+  {
+    float* own = scratch.data<float>() + omp_get_thread_num() * per_thread;
+    Scratch s{own, own + g.mb * g.kb, own + g.mb * g.kb + g.kb * g.nb};
+#pragma omp for schedule(static) nowait
+    for (int64_t i = 0; i < tiles; ++i) run_tile(g, i, a, b, dst, bias_p, s);
+  }
 }
 
 }  // namespace
@@ -187,7 +211,7 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& b
   auto usable = [](const Tensor& t) { return t.stride(-1) == 1 || t.stride(-2) == 1; };
   const Tensor x = usable(a) ? a : a.contiguous(), y = usable(b) ? b : b.contiguous();
   try {
-    if (a.dtype() != DType::Float16 && run_onednn(x, y, dst, bias)) return;
+    if (native_products(a.dtype()) && run_onednn(x, y, dst, bias)) return;
     CASTOR_ASSERT(is_16bit_float(a.dtype()), "no matmul kernel for ", dtype_name(a.dtype()));
     matmul_emulated(x, y, dst, bias);
   } catch (const dnnl::error& e) {

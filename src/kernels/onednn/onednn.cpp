@@ -30,6 +30,11 @@ dnnl::memory::data_type to_dnnl(DType d) {
   throw Error(detail::cat("oneDNN has no ", dtype_name(d), " data type"));
 }
 
+bool native_products(DType dt) {
+  static const bool bf16 = backends::bf16_dot_units() != nullptr;
+  return dt == DType::Float32 || (dt == DType::BFloat16 && bf16);
+}
+
 namespace {
 
 std::string onednn_isa_name(dnnl_cpu_isa_t isa) {

@@ -16,6 +16,12 @@ dnnl::engine& engine();
 dnnl::stream& stream();
 dnnl::memory::data_type to_dnnl(DType d);  // throws castor::Error for dtypes oneDNN lacks
 
+// Whether matrix products and convolutions in `dt` run on oneDNN's kernels for that dtype rather than on float32
+// copies of the 16-bit values: float32 always, bfloat16 only where the CPU has bf16 dot-product units
+// (backends::bf16_dot_units(); without them oneDNN 2.6's bfloat16 kernels emulate the dot products on AVX-512,
+// 3-4x slower than float32 sgemm, or are reference loops on AVX2), float16 never.
+bool native_products(DType dt);
+
 inline size_t hash_bytes(const void* p, size_t n) {
   return std::hash<std::string_view>()(std::string_view(static_cast<const char*>(p), n));
 }

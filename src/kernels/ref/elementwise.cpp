@@ -224,6 +224,7 @@ void swiglu_forward(const Tensor& a, const Tensor& b, const Tensor& dst) {
   CASTOR_ASSERT(a.dtype() == dst.dtype() && b.dtype() == dst.dtype() && a.numel() == dst.numel() &&
                     b.numel() == dst.numel() && a.is_contiguous() && b.is_contiguous() && dst.is_contiguous(),
                 "swiglu on ", a.describe(), ", ", b.describe(), " -> ", dst.describe());
+  if (swiglu_fast(a, b, dst)) return;
   zip(a, b, dst, [](auto x, auto y) { return x / (decltype(x)(1) + std::exp(-x)) * y; });
 }
 
@@ -234,6 +235,7 @@ void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& diff_dst, c
   for (const Tensor* t : {&b, &diff_dst, &diff_a, &diff_b})
     CASTOR_ASSERT(!t->defined() || (t->dtype() == d && t->numel() == n && t->is_contiguous()), "swiglu_backward: ",
                   t->describe(), " with a ", a.describe());
+  if (swiglu_grad_fast(a, b, diff_dst, diff_a, diff_b)) return;
   with_compute_type(d, [&](auto tag) {
     using T = decltype(tag);
     parallel_blocks(n, [&](int64_t lo, int64_t hi) {
