@@ -5,8 +5,9 @@ cd "$(dirname "$0")/.."
 
 # libtcmalloc-minimal4: the benchmarks run their PyTorch twins with it, PyTorch's fastest allocator here (docs/benchmarks.md).
 # libpng-dev, libjpeg62-turbo-dev: --data folder decodes images; chromium: scripts/report_screenshot.sh.
+# python3-sentencepiece: the oracle of the llama2.c vocabulary trainer (tests/oracle/sentencepiece_vocab_oracle.py).
 packages=(build-essential cmake ninja-build pkg-config libdnnl-dev zlib1g-dev libcli11-dev libgtest-dev googletest
-          python3-torch libopenblas0-pthread dataset-fashion-mnist clang libclang-rt-14-dev
+          python3-torch python3-sentencepiece libopenblas0-pthread dataset-fashion-mnist clang libclang-rt-14-dev
           libopenmpi-dev openmpi-bin libtcmalloc-minimal4 libpng-dev libjpeg62-turbo-dev chromium)
 # node and npm: the npm packages below, and the GPT-2 tokenizer tests run gpt-3-encoder under node. Debian 12's
 # nodejs and npm, unless a node with npm is already there (NodeSource's nodejs includes npm and conflicts with them).

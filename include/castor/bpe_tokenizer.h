@@ -1,6 +1,7 @@
 // llama2.c's tokenizer: a byte-fallback BPE vocabulary (pieces and scores, as tokenizer.bin holds them), the
 // tokenizer.bin file, and encoding and decoding exactly as llama2.c's run.c does.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -37,14 +38,16 @@ BpeVocabulary read_tokenizer_bin(const std::string& path);
 // run.c's encode and decode over a vocabulary of at most 65,536 pieces.
 class BpeTokenizer {
  public:
-  explicit BpeTokenizer(BpeVocabulary vocab);  // castor::Error on more than 65,536 pieces or mismatched scores
+  // castor::Error on fewer than 259 pieces (3 special and 256 bytes), more than 65,536, or mismatched scores.
+  explicit BpeTokenizer(BpeVocabulary vocab);
 
   // run.c's encode(text, bos, eos): <s> when `bos`; then, for a non-empty text, the piece " " (sentencepiece's dummy
   // prefix; left out when the vocabulary has none, where run.c would write id -1); each UTF-8 character as its piece,
   // or its bytes as byte pieces; then, repeatedly, the adjacent pair whose joined string is the piece with the
   // highest score (above -1e10; the leftmost of equals) becomes that piece, until no pair joins to a piece; </s>
   // when `eos`. Any bytes encode (a NUL byte, which ends run.c's C string, becomes <0x00>). A priority queue makes it
-  // O(n log n); the merges are run.c's, one for one. Not thread-safe (it caches pair lookups).
+  // O(n log n), and a vocabulary whose pieces never hold a space after another byte (any this trainer learns) merges
+  // each word on its own, cached; the result is run.c's, token for token. Not thread-safe (the caches).
   void encode(std::string_view text, bool bos, bool eos, std::vector<uint16_t>& out) const;
   std::vector<uint16_t> encode(std::string_view text, bool bos, bool eos) const;
   // run.c's decode(prev_token, token): the piece, less its leading space after <s>; a byte piece "<0xHH>" as that
@@ -61,9 +64,16 @@ class BpeTokenizer {
 
  private:
   int32_t merged(uint16_t left, uint16_t right) const;  // the piece left + right joins to, or -1
+  void append_chars(std::string_view text, std::vector<uint16_t>& tok) const;  // run.c's first tokens of text
+  void merge_pairs(std::vector<uint16_t>& tok) const;  // run.c's merge loop, with a priority queue
   BpeVocabulary vocab_;
   std::unordered_map<std::string, int32_t> ids_;          // piece -> id
+  std::array<int32_t, 128> ascii_ids_;                    // the id of each one-byte piece below 0x80, or -1
   mutable std::unordered_map<uint32_t, int32_t> merges_;  // (left << 16 | right) -> merged id or -1, filled lazily
+  // No piece holds a space after another byte: a text's words (cut before each space that follows another byte)
+  // merge on their own, and each word's tokens are cached.
+  bool word_wise_ = false;
+  mutable std::unordered_map<std::string, std::vector<uint16_t>> words_;
 };
 
 }  // namespace castor::data

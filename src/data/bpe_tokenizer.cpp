@@ -1,6 +1,7 @@
 // llama2.c's tokenizer.bin and run.c's encode/decode (byte fallback, best-scoring merges first).
 #include "castor/bpe_tokenizer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <queue>
 
@@ -111,6 +112,14 @@ BpeTokenizer::BpeTokenizer(BpeVocabulary vocab) : vocab_(std::move(vocab)) {
                " pieces; byte fallback needs at least 259 (<unk>, <s>, </s> and 256 bytes) and 16-bit ids at most "
                "65,536");
   for (size_t i = 0; i < vocab_.pieces.size(); ++i) ids_.emplace(vocab_.pieces[i], static_cast<int32_t>(i));
+  for (size_t c = 0; c < ascii_ids_.size(); ++c) ascii_ids_[c] = lookup(std::string(1, static_cast<char>(c)));
+  // (<s> must not end in a space either, or <s> + " word" could join.)
+  const std::string& bos = vocab_.pieces[BpeVocabulary::kBos];
+  word_wise_ = !bos.empty() && bos.back() != ' ' && std::none_of(vocab_.pieces.begin(), vocab_.pieces.end(), [](const std::string& p) {
+    for (size_t i = 1; i < p.size(); ++i)
+      if (p[i] == ' ' && p[i - 1] != ' ') return true;
+    return false;
+  });
 }
 
 int32_t BpeTokenizer::lookup(std::string_view piece) const {
@@ -127,16 +136,13 @@ int32_t BpeTokenizer::merged(uint16_t left, uint16_t right) const {
   return id;
 }
 
-void BpeTokenizer::encode(std::string_view text, bool bos, bool eos, std::vector<uint16_t>& out) const {
-  std::vector<uint16_t> tok;  // the tokens at their first positions; merged-away positions are skipped by next
-  tok.reserve(text.size() + 2);
-  if (bos) tok.push_back(BpeVocabulary::kBos);  // run.c's merge loop passes over <s> too
-  if (const int32_t dummy = text.empty() ? -1 : lookup(" "); dummy >= 0) tok.push_back(static_cast<uint16_t>(dummy));
+void BpeTokenizer::append_chars(std::string_view text, std::vector<uint16_t>& tok) const {
   for (size_t i = 0; i < text.size();) {
     // run.c's UTF-8 grouping: this byte and the continuation bytes after it, four bytes at most.
     size_t len = 1;
     while (i + len < text.size() && len < 4 && (static_cast<unsigned char>(text[i + len]) & 0xC0) == 0x80) ++len;
-    const int32_t id = lookup(text.substr(i, len));
+    const unsigned char lead = static_cast<unsigned char>(text[i]);
+    const int32_t id = len == 1 && lead < 0x80 ? ascii_ids_[lead] : lookup(text.substr(i, len));
     if (id >= 0) {
       tok.push_back(static_cast<uint16_t>(id));
     } else {
@@ -145,8 +151,11 @@ void BpeTokenizer::encode(std::string_view text, bool bos, bool eos, std::vector
     }
     i += len;
   }
+}
+
+void BpeTokenizer::merge_pairs(std::vector<uint16_t>& tok) const {
   const int32_t n = static_cast<int32_t>(tok.size());
-  std::vector<int32_t> prev(n), next(n);
+  std::vector<int32_t> prev(n), next(n);  // merged-away positions are skipped by next
   std::priority_queue<Candidate> queue;
   auto consider = [&](int32_t left) {  // queues the pair at `left` if it joins to a piece run.c would take
     if (left < 0 || next[left] >= n) return;
@@ -174,7 +183,45 @@ void BpeTokenizer::encode(std::string_view text, bool bos, bool eos, std::vector
     consider(prev[c.left]);
     consider(c.left);
   }
-  for (int32_t i = 0; i < n; i = next[i]) out.push_back(tok[i]);
+  int32_t kept = 0;
+  for (int32_t i = 0; i < n; i = next[i]) tok[kept++] = tok[i];
+  tok.resize(kept);
+}
+
+void BpeTokenizer::encode(std::string_view text, bool bos, bool eos, std::vector<uint16_t>& out) const {
+  const int32_t dummy = text.empty() ? -1 : lookup(" ");
+  if (word_wise_ && dummy >= 0) {
+    // No piece joins across a word start: run.c's merges never cross one, so each word (a cached one too) is
+    // merged on its own, with the same result. The dummy prefix leads the first word (a token of its own: the text
+    // after it is grouped into characters from its first byte on).
+    if (bos) out.push_back(BpeVocabulary::kBos);
+    const std::string spaced = " " + std::string(text);
+    std::vector<uint16_t> tok;
+    for (size_t start = 0, end; start < spaced.size(); start = end) {
+      for (end = start + 1; end < spaced.size() && !(spaced[end] == ' ' && spaced[end - 1] != ' ');) ++end;
+      const std::string word = spaced.substr(start, end - start);
+      auto it = start == 0 ? words_.end() : words_.find(word);
+      if (it == words_.end()) {
+        tok.assign(start == 0 ? 1 : 0, static_cast<uint16_t>(dummy));
+        append_chars(std::string_view(word).substr(start == 0 ? 1 : 0), tok);
+        merge_pairs(tok);
+        if (start == 0) {
+          out.insert(out.end(), tok.begin(), tok.end());
+          continue;
+        }
+        it = words_.emplace(word, tok).first;
+      }
+      out.insert(out.end(), it->second.begin(), it->second.end());
+    }
+  } else {
+    std::vector<uint16_t> tok;
+    tok.reserve(text.size() + 2);
+    if (bos) tok.push_back(BpeVocabulary::kBos);  // run.c's merge loop passes over <s> too
+    if (dummy >= 0) tok.push_back(static_cast<uint16_t>(dummy));
+    append_chars(text, tok);
+    merge_pairs(tok);
+    out.insert(out.end(), tok.begin(), tok.end());
+  }
   if (eos) out.push_back(BpeVocabulary::kEos);
 }
 

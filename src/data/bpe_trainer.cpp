@@ -68,8 +68,10 @@ Symbol join(const Symbol& a, const Symbol& b) {
   return s;
 }
 
-// The distinct words of the texts with their counts: each line "▁" + line, ' ' as '▁' (kept as ' ' here), cut
-// before each ' ' that follows another character. A literal U+2581 counts as a space, as it does for sentencepiece.
+// The distinct words of the texts with their counts. Each line is a sentence, normalized as sentencepiece's default
+// remove_extra_whitespaces does (no ' ' at either end, runs of ' ' as one; a line left empty is skipped), then "▁" +
+// line with ' ' as '▁' (both kept as ' ' here, a literal U+2581 too), cut before each '▁' that follows another
+// character.
 std::unordered_map<std::string, int64_t> count_words(std::span<const std::string_view> texts) {
   std::unordered_map<std::string, int64_t> words;
   std::string line, word;
@@ -77,17 +79,20 @@ std::unordered_map<std::string, int64_t> count_words(std::span<const std::string
     for (size_t pos = 0; pos < text.size();) {
       size_t nl = text.find('\n', pos);
       if (nl == std::string_view::npos) nl = text.size();
-      line.assign(text.substr(pos, nl - pos));
+      line.clear();
+      for (char c : text.substr(pos, nl - pos))
+        if (c != ' ' || (!line.empty() && line.back() != ' ')) line += c;
+      if (!line.empty() && line.back() == ' ') line.pop_back();
       pos = nl + 1;
       if (line.empty()) continue;
       for (size_t k; (k = line.find("\u2581")) != std::string::npos;) line.replace(k, 3, " ");
       word = " ";
-      for (size_t i = 0; i < line.size(); ++i) {
-        if (line[i] == ' ' && word.back() != ' ') {
+      for (char c : line) {
+        if (c == ' ' && word.back() != ' ') {
           ++words[word];
           word.clear();
         }
-        word += line[i];
+        word += c;
       }
       ++words[word];
     }
@@ -148,12 +153,14 @@ Trainer::Trainer(std::span<const std::string_view> texts, int64_t vocab_size) : 
     }
     words.emplace_back(std::move(cps), n);
   }
-  for (const auto& [c, n] : char_count)
-    if (c != 0) chars_.emplace_back(c, n);  // NUL is never a piece (sentencepiece refuses it)
+  // NUL and tab are never pieces (sentencepiece drops them from its characters): byte fallback, joining nothing.
+  for (const auto& [c, n] : char_count) chars_.emplace_back(c, c == 0 || c == '\t' ? -1 : n);
   std::sort(chars_.begin(), chars_.end(), [](const auto& x, const auto& y) {
     return x.second > y.second || (x.second == y.second && x.first < y.first);
   });
-  const size_t keep = std::min<size_t>(chars_.size(), static_cast<size_t>(vocab_size - 259));
+  const size_t pieces = static_cast<size_t>(
+      std::count_if(chars_.begin(), chars_.end(), [](const auto& c) { return c.second > 0; }));
+  const size_t keep = std::min<size_t>(pieces, static_cast<size_t>(vocab_size - 259));
   std::unordered_map<char32_t, int32_t> ids;
   for (size_t i = 0; i < chars_.size(); ++i) {
     Symbol s;
@@ -165,10 +172,6 @@ Trainer::Trainer(std::span<const std::string_view> texts, int64_t vocab_size) : 
     s.frozen = i >= keep;
     ids.emplace(c, static_cast<int32_t>(symbols_.size()));
     symbols_.push_back(std::move(s));
-  }
-  if (char_count.count(0)) {
-    ids.emplace(0, static_cast<int32_t>(symbols_.size()));
-    symbols_.push_back({.utf8 = std::string(1, '\0'), .frozen = true});
   }
   chars_.resize(keep);
   for (const auto& [cps, n] : words) {

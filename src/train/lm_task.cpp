@@ -67,8 +67,8 @@ class LmTask : public Task {
     std::tie(c.vocab_size, real_vocab_) = vocabulary(c, dir_);
     vocab_size_ = c.vocab_size;
     block_size_ = c.block_size;
-    // The model's configuration checked now, before the data: its errors name the flags' values.
-    if (is_llama(c.model)) llama_config(c).validate();
+    // The model's configuration checked before any step (config.cpp names the flags for what it can get wrong).
+    if (llama_) llama_config(c).validate();
     // Everything the data can get wrong is found here, before step 1: token files of another tokenize than the
     // vocabulary, a split too short for one window, ids outside the vocabulary (all of them up to 2^31 tokens).
     if (fs::exists(dir_ + "/tokenizer.json")) data::check_token_folder(dir_, *train_, *val_);

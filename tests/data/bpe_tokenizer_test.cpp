@@ -103,15 +103,16 @@ TEST(BpeTrainer, HandWorkedMergesAndScores) {
 }
 
 // Pieces sentencepiece would not make: '▁' inside a word (but runs of '▁' alone may join), digits joined to anything,
-// letters joined to punctuation; each text gives exactly the pieces worked out here, and one more is refused.
+// letters joined to punctuation; extra spaces removed; each text gives exactly the pieces worked out here, and one
+// more is refused.
 TEST(BpeTrainer, WhitespaceDigitAndScriptRules) {
-  // "a  b": words ▁a, ▁▁b; ▁a, then ▁b (smaller than ▁▁), and ▁+▁b may not join.
-  const BpeVocabulary ws = train({"a  b"}, 264);
-  EXPECT_EQ(ws.pieces[259], " a");
-  EXPECT_EQ(ws.pieces[260], " b");
-  test::expect_error([] { train({"a  b"}, 265); }, {"only 264 pieces"});
-  // A run of spaces alone: "   " joins to whitespace-only pieces.
-  EXPECT_EQ(train({"a   "}, 263).pieces[259], "  ");
+  // Spaces as sentencepiece's remove_extra_whitespaces leaves them: none at the ends, a run as one.
+  EXPECT_EQ(tokenizer_bin_bytes(train({"  a   b  \n   \n"}, 264)), tokenizer_bin_bytes(train({"a b"}, 264)));
+  test::expect_error([] { train({"  a   b  "}, 265); }, {"only 264 pieces"});
+  // Literal U+2581 characters are spaces that stay: "▁a▁▁▁▁" has words ▁a and ▁▁▁▁, whose runs of '▁' may join.
+  EXPECT_EQ(learned(train({"a \u2581\u2581\u2581"}, 264)),
+            (std::vector<std::pair<std::string, float>>{{"  ", -0.0f}, {" a", -1.0f}, {"    ", -2.0f}, {" ", -3.0f},
+                                                        {"a", -4.0f}}));
   test::expect_error([] { train({"12 12"}, 263); }, {"only 262 pieces"});  // ▁ 1 2: no merge
   test::expect_error([] { train({"x's"}, 265); }, {"only 264 pieces"});    // ▁x only
   test::expect_error([] { train({"x"}, 258); }, {"--vocab-size", "258", "259..65536"});
@@ -168,9 +169,10 @@ TEST(BpeTokenizer, DecodeIsRunCs) {
   test::expect_error([&] { tok.decode_piece(-1, 264); }, {"token 264", "264"});
 }
 
-// The priority-queue encode against run.c's loop on Brown text (lines and whole multi-line passages) and the awkward
-// texts, and on a vocabulary made to have equal scores, pieces spanning spaces and <s>, and a piece "<0x41>" built by
-// merges (run.c's lookups are by string only).
+// The priority-queue encode (word by word, cached, for a learned vocabulary) against run.c's loop on Brown text (lines
+// and whole multi-line passages), the awkward texts and random bytes; and on a vocabulary made to have equal scores,
+// pieces spanning spaces and <s> (whole texts merged at once), and a piece "<0x41>" built by merges (run.c's lookups
+// are by string only).
 TEST(BpeTokenizer, EncodeIsRunCsMergeLoop) {
   ASSERT_TRUE(file_exists(brown_dir() + "/ca01")) << "run scripts/setup.sh";
   const std::vector<Document> docs = read_brown(brown_dir());
@@ -182,7 +184,17 @@ TEST(BpeTokenizer, EncodeIsRunCsMergeLoop) {
     samples.push_back(docs[i].text.substr(0, 800));
     samples.push_back(docs[i].text.substr(0, docs[i].text.find('\n')));
   }
-  for (const std::string& s : samples) ASSERT_EQ(tok.encode(s, true, false), run_c_encode(tok, s)) << printable(s);
+  std::mt19937 gen(9);
+  for (int n = 0; n < 300; ++n) {  // random bytes, spaces and words: lone continuation bytes after spaces and first
+    std::string text;
+    for (int k = gen() % 30; k > 0; --k)
+      text += gen() % 3 == 0 ? std::string(1, static_cast<char>(gen() % 256)) : gen() % 2 ? " " : " the";
+    samples.push_back(text);
+  }
+  for (const std::string& s : samples) {
+    ASSERT_EQ(tok.encode(s, true, false), run_c_encode(tok, s)) << printable(s);
+    ASSERT_EQ(tok.encode(s, true, false), run_c_encode(tok, s)) << printable(s);  // again, from the word cache
+  }
 
   BpeVocabulary odd = train({"x"}, 261);  // 259 fixed pieces, " " and "x"
   const std::vector<std::pair<std::string, float>> extra = {
@@ -198,6 +210,7 @@ TEST(BpeTokenizer, EncodeIsRunCsMergeLoop) {
     odd.scores.push_back(-1.0f);
   }
   const BpeTokenizer weird(odd);
+  for (const std::string& s : samples) ASSERT_EQ(weird.encode(s, true, false), run_c_encode(weird, s)) << printable(s);
   for (const std::string s : {"xxxxxxx x xx", "<0x41>", "yy ab", "x", "", "xx<0x41>xxx x"})
     EXPECT_EQ(weird.encode(s, true, false), run_c_encode(weird, s)) << s;
   EXPECT_EQ(weird.decode(weird.encode("<0x41>", false, false)), " A");  // run.c's quirk, kept
@@ -260,6 +273,34 @@ TEST(TokenizerBin, DamagedFilesNameTheFile) {
   std::memcpy(dup.data() + 12 + 5 + 8, "<unk>\n", 6);  // piece 1 ("\n<s>\n", 5 bytes) becomes "<unk>"
   test::expect_error([&] { parse_tokenizer_bin(dup, "t.bin"); }, {"t.bin", "pieces 0 and 1"});
   test::expect_error([] { read_tokenizer_bin("/nonexistent/tokenizer.bin"); }, {"/nonexistent/tokenizer.bin"});
+}
+
+// sentencepiece itself, trained with llama2.c's settings on the same text (tests/oracle/sentencepiece_vocab_oracle.py,
+// Debian's python3-sentencepiece) and exported as llama2.c's tokenizer.py does: the same tokenizer.bin, byte for byte.
+TEST(BpeTrainer, SentencepieceTrainsTheSameVocabulary) {
+  ASSERT_TRUE(file_exists(brown_dir() + "/ca01")) << "run scripts/setup.sh";
+  test::ScratchDir dir;
+  std::vector<std::string> texts;
+  for (const Document& d : read_brown(brown_dir())) texts.push_back(d.text);
+  texts.resize(100);
+  texts.push_back("  Odd   spacing\there ,  tabs\t\tand 12345 digits 3.14 \u00e9t\u00e9 \u65e5\u672c\u8a9e "
+                  "\u0394\u03b5\u03bb\u03c4\u03b1 \u041c\u043e\u0441\u043a\u0432\u0430 \U0001F600\U0001F600 "
+                  "don't -- (x) [y] 1961's  \n\n   \n\u2581\u2581literal  end ");
+  std::string joined;
+  for (const std::string& t : texts) joined += t + "\n";
+  test::write_bytes(dir.file("text.txt"), {joined.begin(), joined.end()});
+  for (int64_t size : {600, 1500}) {
+    ASSERT_TRUE(test::run_oracle("sentencepiece_vocab_oracle.py",
+                                 {dir.file("text.txt"), std::to_string(size), dir.path().string()}));
+    const BpeVocabulary want = read_tokenizer_bin(dir.file("spm_tokenizer.bin"));
+    const BpeVocabulary got = train(texts, size);
+    ASSERT_EQ(got.size(), want.size());
+    for (int64_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got.pieces[i], want.pieces[i]) << "piece " << i << " of " << size;
+      ASSERT_EQ(got.scores[i], want.scores[i]) << "piece " << i << " of " << size;
+    }
+    EXPECT_EQ(tokenizer_bin_bytes(got), read_file(dir.file("spm_tokenizer.bin")));
+  }
 }
 
 // The same ids as the Python oracle of run.c's encode reading the tokenizer.bin Castor wrote.

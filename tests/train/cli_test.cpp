@@ -231,7 +231,8 @@ TEST(TrainFlags, BashCompletionComesFromTheFlagTable) {
 TEST(TrainFlags, FlagsOfAnotherJobAreRefusedNamingTheFlag) {
   // A GPT's sizes given to an image classifier (castor ignored them before).
   EXPECT_EQ(error_of({"--model", "simplecnn", "--n-head", "3", "--block-size", "99"}),
-            "--n-head: applies to language models only (--model gpt, gpt-mini or gpt2), not --model simplecnn");
+            "--n-head: applies to language models only (--model gpt, gpt-mini, gpt2, llama, llama-260k or llama-15m), "
+            "not --model simplecnn");
   for (const char* flag : {"--n-layer", "--n-embd", "--block-size", "--vocab-size", "--dropout", "--data-order"})
     EXPECT_NE(error_of({"--model", "resnet9", flag, flag == std::string("--data-order") ? "sequential" : "0"})
                   .find(std::string(flag) + ": applies to language models only"),
@@ -252,6 +253,31 @@ TEST(TrainFlags, FlagsOfAnotherJobAreRefusedNamingTheFlag) {
                      {"--dropout: applies to language models only"});
 }
 
+// --model llama: the preset's sizes and the default job's recipe (docs/llama.md) where not given; llama2.c's shapes.
+TEST(TrainFlags, LlamaPresetsAndTheDefaultJob) {
+  const TrainConfig d = parse_train_flags({"--model", "llama"});
+  EXPECT_EQ(d.data, Dataset::BrownBpe);
+  EXPECT_EQ(std::vector<int64_t>({d.n_embd, d.n_layer, d.n_head, d.n_kv_head, d.block_size, d.multiple_of}),
+            std::vector<int64_t>({128, 4, 8, 4, 128, 32}));
+  EXPECT_EQ(d.steps, 500);
+  EXPECT_EQ(d.warmup_steps, 50);
+  EXPECT_DOUBLE_EQ(d.lr, 2e-3);
+  EXPECT_DOUBLE_EQ(d.min_lr, 2e-4);
+  EXPECT_EQ(d.optimizer, OptimizerKind::AdamW);
+  EXPECT_FALSE(d.untied);
+  const TrainConfig s = parse_train_flags({"--model", "llama-260k"});
+  EXPECT_EQ(std::vector<int64_t>({s.n_embd, s.n_layer, s.n_head, s.n_kv_head, s.block_size, s.multiple_of}),
+            std::vector<int64_t>({64, 5, 8, 4, 512, 4}));
+  const TrainConfig m = parse_train_flags({"--model", "llama-15m", "--lr", "5e-4", "--rope-theta", "500000"});
+  EXPECT_EQ(std::vector<int64_t>({m.n_embd, m.n_layer, m.n_head, m.n_kv_head, m.block_size, m.multiple_of}),
+            std::vector<int64_t>({288, 6, 6, 6, 256, 32}));
+  EXPECT_DOUBLE_EQ(m.lr, 5e-4);
+  EXPECT_DOUBLE_EQ(m.rope_theta, 500000);
+  // --n-head given alone: as many key/value heads (multi-head attention).
+  EXPECT_EQ(parse_train_flags({"--model", "llama-260k", "--n-head", "2"}).n_kv_head, 2);
+  EXPECT_EQ(parse_train_flags({"--model", "gpt"}).steps, 2000);  // the GPT's recipe unchanged
+}
+
 TEST(TrainFlags, AnUnknownFlagIsNamedAloneWithTheNearestOne) {
   EXPECT_EQ(error_of({"--eval_every", "1"}),
             "unknown flag --eval_every; did you mean --eval-every? (see castor train --help)");
@@ -265,7 +291,9 @@ TEST(TrainFlags, ConfigJsonAndResumeHelpComeFromTheSettingsTable) {
   // Every recorded key is a flag of castor train, and reads back as the same setting.
   const TrainConfig c = parse_train_flags({"--lr", "0.25", "--no-bias", "--model", "gpt", "--loss-scale", "128"});
   const Json recorded = settings_json(c);
-  EXPECT_EQ(recorded.as_object().size(), 55u);
+  // with the Llama rows (n_kv_head, multiple_of, rope_theta, untied) and LoRA's (lora_rank, lora_alpha,
+  // lora_dropout, lora_targets, rslora, init_lora)
+  EXPECT_EQ(recorded.as_object().size(), 59u);
   const std::string help = train_help();
   for (const auto& [key, v] : recorded.as_object()) {
     std::string flag = "--" + key;

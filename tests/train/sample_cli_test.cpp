@@ -357,13 +357,13 @@ TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {
     EXPECT_EQ(p.out, "");
   }
   EXPECT_FALSE(fs::exists(f.dir + "/x.bin"));
-  // An image classifier's run is not a GPT's.
+  // An image classifier's run is not a language model's (a GPT's or a Llama's).
   const std::string image_run = f.dir + "/image_run";
   train::write_checkpoint(image_run, 1,
                           {models::simple_cnn(1, 28, 28)->state_dict(), {{"castor.model", "simplecnn"}}, {}, {}}, 2);
   auto p = castor(f, {"sample", "--checkpoint", image_run, "--tokenizer-dir", f.tok});
   EXPECT_EQ(p.exit_code, 1);
-  EXPECT_NE(p.err.find("a simplecnn checkpoint, not a GPT's"), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("a simplecnn checkpoint, not a language model's"), std::string::npos) << p.err;
 }
 
 }  // namespace
