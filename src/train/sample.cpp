@@ -21,6 +21,7 @@
 #include "castor/torch_save.h"
 #include "train/metrics.h"
 #include "train/cli.h"
+#include "train/lora_run.h"
 #include "train/task.h"
 
 namespace castor::train {
@@ -34,9 +35,10 @@ struct LoadedGpt {
   models::GPTWeights weights;
   Json config;
   std::string what;
-  StateDict train_state;  // a checkpoint's train_state.safetensors (empty for a weights file)
+  StateDict train_state;  // a checkpoint's train_state.safetensors (empty for a weights file or a LoRA run's)
   std::string run_dir;    // the run directory holding the checkpoint (empty when none)
   std::shared_ptr<models::LanguageModel> llama;  // a Llama run's (weights then empty)
+  bool lora = false;      // a LoRA run's checkpoint: its base with the adapters merged
 };
 
 // The Llama a run's recorded settings describe, with `weights` loaded (strictly; errors name `what`).
@@ -73,14 +75,16 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   CASTOR_CHECK(kind == ck.model_meta.end() || llama || kind->second.starts_with("gpt"), path, ": a ",
                printable(kind->second), " checkpoint, not a language model's");
   Json config = castor_config(ck.model_meta, what);
+  const bool lora = is_lora_checkpoint(ck.model_meta);
+  merge_lora_checkpoint(ck, what);
   const fs::path run = fs::path(used).parent_path().parent_path();  // RUN/checkpoints/step-N
   std::string run_dir = fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string();
   if (llama) {
     auto model = load_llama(ck.model, config, what);
-    return {{}, std::move(config), what, std::move(ck.state), std::move(run_dir), std::move(model)};
+    return {{}, std::move(config), what, std::move(ck.state), std::move(run_dir), std::move(model), lora};
   }
   models::GPTWeights weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
-  return {std::move(weights), std::move(config), what, std::move(ck.state), std::move(run_dir), nullptr};
+  return {std::move(weights), std::move(config), what, std::move(ck.state), std::move(run_dir), nullptr, lora};
 }
 
 // The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data
@@ -143,11 +147,19 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
                                "the run's vocabulary as tokenizer.bin beside it")->excludes(llmc, nanogpt);
   app.add_option("--version", c.version, "--llama2c: export.py's version, 0 (legacy_export) or 1 (version1_export)")
       ->check(CLI::IsMember({0, 1}))->needs(llama2c);
+  app.add_flag("--merge-lora", c.merge_lora,
+               "a LoRA run (castor train --lora-rank): write its base with the adapters merged (W + scaling B A)");
+  app.add_option("--peft", c.peft,
+                 "a LoRA run: write its adapters in Hugging Face PEFT's format into this directory "
+                 "(adapter_config.json, adapter_model.safetensors; castor train --init-lora reads them)")
+      ->excludes(llmc)
+      ->excludes(nanogpt)
+      ->excludes(llama2c);
   app.add_option("--checkpoint", c.checkpoint,
                  "a run or checkpoint directory, or an llm.c .bin, llama2.c model.bin or safetensors file")
       ->required();
   app.add_option("--out", c.out, "the file to write (--nanogpt: the directory of ckpt.pt; replaced whole, or left as "
-                 "it was on failure)")->required();
+                 "it was on failure)");
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
   return owner;
 }
@@ -228,8 +240,10 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
 ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   ExportConfig c;
   parse_flags(*export_app(c), args, "export");
-  CASTOR_CHECK(c.llmc || c.nanogpt || c.llama2c, "--llmc, --nanogpt or --llama2c: missing (the format to write)");
-  CASTOR_CHECK(!c.out.empty(), "--out: empty (the file to write)");
+  CASTOR_CHECK(c.llmc || c.nanogpt || c.llama2c || !c.peft.empty(), "--llmc, --nanogpt or --llama2c: missing (the "
+               "format to write; --peft DIR for a LoRA run's adapters)");
+  CASTOR_CHECK(!c.peft.empty() || !c.out.empty(), "--out: empty or missing (the file to write)");
+  CASTOR_CHECK(c.peft.empty() || c.out.empty(), "--out: not with --peft DIR (the directory it writes)");
   return c;
 }
 
@@ -429,7 +443,22 @@ Json::Object export_llama2c(const LoadedGpt& g, const ExportConfig& c) {
 
 }  // namespace
 
+namespace {
+
+// castor export --peft: a LoRA checkpoint's adapters as PEFT's files.
+Json export_peft(const ExportConfig& c) {
+  std::string used;
+  const Checkpoint ck = read_checkpoint(c.checkpoint, &used);
+  const std::string what = (fs::path(used) / "model.safetensors").string();
+  write_peft(c.peft, ck, what);
+  return Json::Object{{"from", printable(what)}, {"format", "peft"}, {"out", printable(c.peft)},
+                      {"tensors", static_cast<int64_t>(ck.model.size())}};
+}
+
+}  // namespace
+
 Json run_export(const ExportConfig& c) {
+  if (!c.peft.empty()) return export_peft(c);
   try {  // before the checkpoint is read: a device, FIFO, directory or link at --out is refused at once
     check_replaceable(c.nanogpt ? (fs::path(c.out) / "ckpt.pt").string() : c.out);
     if (c.llama2c) check_replaceable(tokenizer_bin_beside(c.out));
@@ -439,6 +468,8 @@ Json run_export(const ExportConfig& c) {
   CASTOR_CHECK(!c.llama2c || fs::path(c.out).filename() != "tokenizer.bin", "--out ", c.out,
                ": --llama2c writes tokenizer.bin beside the model file; give the model file another name");
   LoadedGpt g = load_gpt(c.checkpoint, c.n_head);
+  CASTOR_CHECK(!g.lora || c.merge_lora, "--merge-lora: missing; ", c.checkpoint, " is a LoRA run (adapters on a "
+               "frozen base): --merge-lora writes the base with its adapters merged, --peft DIR the adapters alone");
   if (c.llama2c) return export_llama2c(g, c);
   CASTOR_CHECK(!g.llama, "--checkpoint ", c.checkpoint, ": a Llama; --llmc and --nanogpt write GPTs (--llama2c "
                "writes Llamas)");

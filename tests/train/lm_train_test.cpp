@@ -41,9 +41,7 @@ using test::run_castor;
 class LmTrain : public ::testing::Test {
  protected:
   void SetUp() override {
-    test::write_grammar_text(path("text.txt"), 3000, 8, 3, /*capitalized=*/false);
-    CastorProcess p = castor({"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok",
-                              "--val-fraction", "0.1"});
+    CastorProcess p = test::make_grammar_tokens(in_dir);
     ASSERT_EQ(p.exit_code, 0) << p.err;
   }
   std::string path(const std::string& name) const { return scratch.file(name); }

@@ -136,6 +136,14 @@ inline void expect_one_line_error(const CastorProcess& p, const std::vector<std:
   for (const std::string& s : parts) EXPECT_NE(p.err.find(s), std::string::npos) << "'" << s << "' not in: " << p.err;
 }
 
+// A learnable text of 3000 sentences from a small grammar ("the jury said the report."), eight to a line, written to
+// `run.dir`/text.txt and tokenized by characters into `run.dir`/tok (a tenth for validation).
+inline CastorProcess make_grammar_tokens(const CastorRun& run) {
+  write_grammar_text(run.dir + "/text.txt", 3000, 8, 3, /*capitalized=*/false);
+  return run_castor({"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok", "--val-fraction", "0.1"},
+                    run);
+}
+
 // Every tensor of both checkpoints (or run directories: their newest), bit for bit, step counters and all.
 inline void expect_same_checkpoint(const std::string& a, const std::string& b) {
   train::Checkpoint x = train::read_checkpoint(a), y = train::read_checkpoint(b);
