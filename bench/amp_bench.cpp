@@ -91,8 +91,10 @@ TorchResult run_torch(int reps, int threads) {
   char key[64];
   double v;
   while (std::fscanf(p, "%63s %lf", key, &v) == 2) {
-    if (std::string(key) == "threads") r.threads = std::to_string(static_cast<int>(v));
-    else r.images_per_s[key] = v;
+    if (std::string(key) == "threads")
+      r.threads = std::to_string(static_cast<int>(v));
+    else
+      r.images_per_s[key] = v;
   }
   if (pclose(p) != 0) std::fprintf(stderr, "amp_bench: %s failed\n", cmd.c_str());
   return r;
@@ -131,8 +133,8 @@ int main(int argc, char** argv) {
   for (auto& c : configs) {
     const double s = bench::median(c->seconds);
     castor_ips[c->name] = kBatch / s;
-    std::printf("  castor %-26s %8.1f images/s  %7.1f ms/step  %5.2fx vs O0\n", c->name.c_str(), kBatch / s,
-                1e3 * s, base / s);
+    std::printf("  castor %-26s %8.1f images/s  %7.1f ms/step  %5.2fx vs O0\n", c->name.c_str(), kBatch / s, 1e3 * s,
+                base / s);
   }
 
   // The AMP overhead inside the O1 step with loss scaling on: autocast's casts and cache (forward) and the fused
@@ -161,8 +163,8 @@ int main(int argc, char** argv) {
     reset_peak_memory_stats();
     configs[k]->step(x, y);
     const int64_t peak = memory_stats().peak_bytes;
-    std::printf("peak memory %-12s step: %7.1f MiB (%.1f MiB above the %.1f MiB resident)\n",
-                configs[k]->name.c_str(), peak / 1048576.0, (peak - resident) / 1048576.0, resident / 1048576.0);
+    std::printf("peak memory %-12s step: %7.1f MiB (%.1f MiB above the %.1f MiB resident)\n", configs[k]->name.c_str(),
+                peak / 1048576.0, (peak - resident) / 1048576.0, resident / 1048576.0);
   }
 
   if (torch_reps <= 0) return 0;  // Castor alone (under ONEDNN_MAX_CPU_ISA=AVX2 PyTorch's bf16 convolutions fail)

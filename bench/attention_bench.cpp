@@ -42,8 +42,7 @@ void row(const char* what, DType dt, double castor_ms, const std::map<std::strin
     std::printf("%-34s %-9s %10.3f %10s %8s\n", what, dtype_name(dt), castor_ms, "-", "-");
     return;
   }
-  std::printf("%-34s %-9s %10.3f %10.3f %7.2fx\n", what, dtype_name(dt), castor_ms, it->second,
-              it->second / castor_ms);
+  std::printf("%-34s %-9s %10.3f %10.3f %7.2fx\n", what, dtype_name(dt), castor_ms, it->second, it->second / castor_ms);
 }
 
 }  // namespace
@@ -55,10 +54,11 @@ int main(int argc, char** argv) {
     with_torch &= std::string(argv[i]) != "--no-torch";
     with_ce &= std::string(argv[i]) != "--attention-only";
   }
-  std::printf("castor attention_bench: %s, %d OpenMP threads, OMP_WAIT_POLICY=%s; PyTorch: %s, fp32 passive, bf16 "
-              "autocast default policy\n",
-              bench::cpu_isa().c_str(), omp_get_max_threads(),
-              std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)", bench::torch_allocator());
+  std::printf(
+      "castor attention_bench: %s, %d OpenMP threads, OMP_WAIT_POLICY=%s; PyTorch: %s, fp32 passive, bf16 "
+      "autocast default policy\n",
+      bench::cpu_isa().c_str(), omp_get_max_threads(),
+      std::getenv("OMP_WAIT_POLICY") ? std::getenv("OMP_WAIT_POLICY") : "(unset)", bench::torch_allocator());
   std::printf("%-34s %-9s %10s %10s %8s\n", "kernel", "dtype", "castor ms", "torch ms", "speedup");
   for (DType dt : {DType::Float32, DType::BFloat16}) {
     const auto torch = with_torch ? run_torch(dt == DType::BFloat16, reps) : std::map<std::string, double>();

@@ -50,7 +50,9 @@ int main() {
     auto* out_bytes = reinterpret_cast<char*>(f32_out.get());
     auto* in_bytes = reinterpret_cast<const char*>(f32.get());
     const double copy_bytes = 2.0 * kBytes;
-    const double copy_gbs = copy_bytes / castor::bench::best_seconds([&] { parallel_memcpy(out_bytes, in_bytes, kBytes); }, kReps) / 1e9;
+    const double copy_gbs = copy_bytes /
+                            castor::bench::best_seconds([&] { parallel_memcpy(out_bytes, in_bytes, kBytes); }, kReps) /
+                            1e9;
     std::printf("%-8d %-10s %10.0f %10.2f %7.0f%%\n", threads, "memcpy", copy_bytes / mib, copy_gbs, 100.0);
     struct Op {
       const char* name;
@@ -64,8 +66,10 @@ int main() {
     };
     const double conv_bytes = kBytes + kBytes / 2.0;  // 4 bytes read/written + 2 written/read per element
     for (const Op& op : ops) {
-      double gbs = conv_bytes / castor::bench::best_seconds([&] { op.run(f32.get(), b16.get(), f32_out.get()); }, kReps) / 1e9;
-      std::printf("%-8d %-10s %10.0f %10.2f %7.0f%%\n", threads, op.name, conv_bytes / mib, gbs, 100.0 * gbs / copy_gbs);
+      double gbs = conv_bytes /
+                   castor::bench::best_seconds([&] { op.run(f32.get(), b16.get(), f32_out.get()); }, kReps) / 1e9;
+      std::printf("%-8d %-10s %10.0f %10.2f %7.0f%%\n", threads, op.name, conv_bytes / mib, gbs,
+                  100.0 * gbs / copy_gbs);
     }
   }
   return 0;

@@ -104,8 +104,9 @@ void worker(const std::vector<std::string>& models, int steps) {
   for (const std::string& m : models)
     for (bool overlap : {true, false}) {
       const StepResult r = train_steps(m, global_batch(m) / 2, steps, overlap);
-      if (rank0) std::printf("step %s %d %.3f %.4f %.2f\n", m.c_str(), overlap ? 1 : 0, r.images_per_sec, r.wait_share,
-                             r.step_ms);
+      if (rank0)
+        std::printf("step %s %d %.3f %.4f %.2f\n", m.c_str(), overlap ? 1 : 0, r.images_per_sec, r.wait_share,
+                    r.step_ms);
     }
 }
 
@@ -118,8 +119,8 @@ int main(int argc, char** argv) {
   const std::string which = !args.empty() ? args[0] : "all";
   const int steps = args.size() > 1 ? std::max(2, std::atoi(args[1].c_str())) : 4;
   const int rounds = args.size() > 2 ? std::max(1, std::atoi(args[2].c_str())) : 3;
-  const std::vector<std::string> models =
-      which == "all" ? std::vector<std::string>{"simplecnn", "resnet18"} : std::vector<std::string>{which};
+  const std::vector<std::string> models = which == "all" ? std::vector<std::string>{"simplecnn", "resnet18"}
+                                                         : std::vector<std::string>{which};
   if (is_worker) {
     omp_set_num_threads(1);
     worker(models, steps);
@@ -131,8 +132,8 @@ int main(int argc, char** argv) {
   if (n <= 0) return std::fprintf(stderr, "dist_bench: cannot find its own path\n"), 1;
   exe[n] = '\0';
   std::ostringstream cmd;
-  cmd << "OMP_NUM_THREADS=1 mpirun -np 2 --oversubscribe --bind-to none" << (geteuid() == 0 ? " --allow-run-as-root" : "")
-      << " " << exe << " --worker " << which << " " << steps;
+  cmd << "OMP_NUM_THREADS=1 mpirun -np 2 --oversubscribe --bind-to none"
+      << (geteuid() == 0 ? " --allow-run-as-root" : "") << " " << exe << " --worker " << which << " " << steps;
 
   // Per model: images/s of 1x2, 1x1, 2x1 and 2x1 without overlap, and the two wait shares, one entry per round.
   std::map<std::string, std::map<std::string, std::vector<double>>> runs;
@@ -161,8 +162,10 @@ int main(int argc, char** argv) {
         double f32, bf16;
         in >> bytes >> f32 >> bf16;
         auto it = curve.find(bytes);
-        if (it == curve.end()) curve[bytes] = {f32, bf16};
-        else it->second = {std::min(it->second.first, f32), std::min(it->second.second, bf16)};
+        if (it == curve.end())
+          curve[bytes] = {f32, bf16};
+        else
+          it->second = {std::min(it->second.first, f32), std::min(it->second.second, bf16)};
       } else if (kind == "step") {
         std::string m;
         int overlap;
@@ -178,14 +181,17 @@ int main(int argc, char** argv) {
     return v.empty() ? 0.0 : v[v.size() / 2];
   };
 
-  std::printf("all-reduce, 2 ranks, Open MPI over shared memory (best over rounds; GB/s = bytes / time, as a ring\n"
-              "sends 2(N-1)/N = 1x the buffer per rank at N = 2); bf16 wire: the same gradients sent as bfloat16\n");
+  std::printf(
+      "all-reduce, 2 ranks, Open MPI over shared memory (best over rounds; GB/s = bytes / time, as a ring\n"
+      "sends 2(N-1)/N = 1x the buffer per rank at N = 2); bf16 wire: the same gradients sent as bfloat16\n");
   std::printf("%10s %12s %10s %14s %10s\n", "bytes", "f32 us", "f32 GB/s", "bf16 wire us", "bf16/f32");
   for (const auto& [bytes, t] : curve)
     std::printf("%10lld %12.1f %10.2f %14.1f %10.2f\n", bytes, 1e6 * t.first, bytes / t.first / 1e9, 1e6 * t.second,
                 t.second / t.first);
-  std::printf("\nimages/s of the global batch, median of %d rounds; 1x1: one thread on one rank's half, efficiency =\n"
-              "2x1 / (2 x 1x1); wait: share of the 2x1 step waiting for gradients at the end of backward\n", rounds);
+  std::printf(
+      "\nimages/s of the global batch, median of %d rounds; 1x1: one thread on one rank's half, efficiency =\n"
+      "2x1 / (2 x 1x1); wait: share of the 2x1 step waiting for gradients at the end of backward\n",
+      rounds);
   std::printf("%-10s %6s %10s %10s %10s %8s %10s %8s %12s %8s\n", "model", "batch", "1x2", "2x1", "2x1/1x2", "1x1",
               "efficiency", "wait", "2x1 no-ovl", "wait");
   for (const std::string& m : models) {

@@ -52,9 +52,11 @@ int main(int argc, char** argv) {
   std::printf("# %s; bf16 dot units: %s; %d reps, dtypes interleaved, medians\n", bench::cpu_isa().c_str(),
               backends::bf16_dot_units() ? backends::bf16_dot_units() : "none", reps);
   // The default GPT job: batch 12 x block 64 tokens, 128 wide, 4x MLP, 65-character vocabulary.
-  const std::vector<Product> layers = {
-      {"c_attn", 768, 128, 384}, {"c_proj", 768, 128, 128}, {"c_fc", 768, 128, 512}, {"mlp_proj", 768, 512, 128},
-      {"lm_head", 768, 128, 65}};
+  const std::vector<Product> layers = {{"c_attn", 768, 128, 384},
+                                       {"c_proj", 768, 128, 128},
+                                       {"c_fc", 768, 128, 512},
+                                       {"mlp_proj", 768, 512, 128},
+                                       {"lm_head", 768, 128, 65}};
   const DType dtypes[] = {DType::Float32, DType::BFloat16, DType::Float16};
   std::printf("%-9s %-4s %12s %12s %12s   %8s %8s   %8s %8s\n", "layer", "pass", "f32 cpu us", "bf16 cpu us",
               "f16 cpu us", "bf16/f32", "f16/f32", "wall bf16", "wall f16");

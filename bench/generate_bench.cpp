@@ -45,11 +45,12 @@ int main(int argc, char** argv) {
   const models::GPTConfig c = models::gpt_preset(preset, 85);
   auto model = models::gpt(c, 1);
   model->eval();
-  std::printf("# %s\n# %s: %lld layers, %lld heads, %lld wide, block %lld, vocab %lld; %lld greedy tokens from a "
-              "1-token prompt, float32\n",
-              bench::cpu_isa().c_str(), preset.c_str(), static_cast<long long>(c.n_layer),
-              static_cast<long long>(c.n_head), static_cast<long long>(c.n_embd), static_cast<long long>(c.block_size),
-              static_cast<long long>(c.vocab_size), static_cast<long long>(new_tokens));
+  std::printf(
+      "# %s\n# %s: %lld layers, %lld heads, %lld wide, block %lld, vocab %lld; %lld greedy tokens from a "
+      "1-token prompt, float32\n",
+      bench::cpu_isa().c_str(), preset.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
+      static_cast<long long>(c.n_embd), static_cast<long long>(c.block_size), static_cast<long long>(c.vocab_size),
+      static_cast<long long>(new_tokens));
   std::vector<double> cached, full;
   for (int r = 0; r < rounds; ++r) {
     auto t0 = std::chrono::steady_clock::now();

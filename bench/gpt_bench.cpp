@@ -101,13 +101,13 @@ int run_step(const std::string& name, const std::string& level, int warmup, int 
   for (int i = 0; i < iters; ++i) step();
   const double sec = seconds_since(t0);
   const double n = static_cast<double>(model->num_params() - model->wpe->weight.numel());
-  const double flops_per_token =
-      6.0 * n + 12.0 * c.n_layer * c.n_head * (c.n_embd / c.n_head) * static_cast<double>(s.T);
+  const double flops_per_token = 6.0 * n +
+                                 12.0 * c.n_layer * c.n_head * (c.n_embd / c.n_head) * static_cast<double>(s.T);
   const double tok_s = static_cast<double>(s.B * s.T) * iters / sec;
   std::printf("castor step %s %s %.1f %.4g\n", name.c_str(), level.c_str(), tok_s, tok_s * flops_per_token);
   if (profile) {
-    std::printf("# %s %s: %.1f ms a step: forward %.1f, backward %.1f, optimizer %.1f\n", name.c_str(),
-                level.c_str(), 1e3 * sec / iters, 1e3 * fwd_s / iters, 1e3 * bwd_s / iters, 1e3 * opt_s / iters);
+    std::printf("# %s %s: %.1f ms a step: forward %.1f, backward %.1f, optimizer %.1f\n", name.c_str(), level.c_str(),
+                1e3 * sec / iters, 1e3 * fwd_s / iters, 1e3 * bwd_s / iters, 1e3 * opt_s / iters);
     std::printf("%s", prof->table(30).c_str());
   }
   return 0;

@@ -42,21 +42,24 @@ int main(int argc, char** argv) {
     for (int i = 0; i < n; ++i)
       files.push_back(
           castor::read_file(root + "/" + fmt + "/" + std::to_string(i) + (fmt[0] == 'p' ? ".png" : ".jpg")));
-    const double decode = castor::bench::best_seconds([&] {
-      for (const auto& f : files) castor::decode_image(f, fmt);
-    }, 3);
+    const double decode = castor::bench::best_seconds(
+        [&] {
+          for (const auto& f : files) castor::decode_image(f, fmt);
+        },
+        3);
     std::vector<uint8_t> out(static_cast<size_t>(3 * size * size));
-    const double both = castor::bench::best_seconds([&] {
-      for (const auto& f : files) castor::resize_center_crop(castor::decode_image(f, fmt), size, out.data());
-    }, 3);
+    const double both = castor::bench::best_seconds(
+        [&] {
+          for (const auto& f : files) castor::resize_center_crop(castor::decode_image(f, fmt), size, out.data());
+        },
+        3);
     std::printf("%-34s %12.0f\n", (std::string(fmt) + " decode").c_str(), n / decode);
     std::printf("%-34s %12.0f\n", (std::string(fmt) + " decode + resize/crop").c_str(), n / both);
   }
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int threads : {1, cores}) {
-    const double s = castor::bench::best_seconds([&] {
-      castor::load_image_folder(root, {.image_size = size, .threads = threads});
-    }, 3);
+    const double s = castor::bench::best_seconds(
+        [&] { castor::load_image_folder(root, {.image_size = size, .threads = threads}); }, 3);
     std::printf("%-34s %12.0f\n", ("folder load (files, " + std::to_string(threads) + " threads)").c_str(), 2 * n / s);
   }
   // What training sees: the loader's batches (64 images, one epoch) from the cached folder and from the same folder
@@ -64,11 +67,13 @@ int main(int argc, char** argv) {
   for (const int64_t cache : {int64_t{-1}, int64_t{0}}) {
     const castor::ImageFolder f = castor::load_image_folder(root, {.image_size = size, .cache_bytes = cache});
     castor::data::DataLoader loader(f.data, {.batch_size = 64, .drop_last = true});
-    const double s = castor::bench::best_seconds([&] {
-      loader.start_epoch(0);
-      while (loader.next()) {
-      }
-    }, 3);
+    const double s = castor::bench::best_seconds(
+        [&] {
+          loader.start_epoch(0);
+          while (loader.next()) {
+          }
+        },
+        3);
     std::printf("%-34s %12.0f\n", cache == 0 ? "loader batches, streamed" : "loader batches, cached",
                 static_cast<double>(loader.batches_per_epoch() * 64) / s);
   }

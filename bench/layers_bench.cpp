@@ -57,10 +57,10 @@ struct RawConv {
     const memory::desc src_any(src, dt, tag::any), w_any(wts, dt, tag::any), dst_any(dst, dt, tag::any);
     const memory::desc bias({l.o}, dt, tag::x);
     const auto algo = dnnl::algorithm::convolution_direct;
-    dnnl::convolution_forward::primitive_desc fpd(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src_any, w_any, bias, dst_any,
-                                        strides, dilates, pad, pad),
-        kernels::engine());
+    dnnl::convolution_forward::primitive_desc fpd(dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
+                                                                                  algo, src_any, w_any, bias, dst_any,
+                                                                                  strides, dilates, pad, pad),
+                                                  kernels::engine());
     dnnl::convolution_backward_data::primitive_desc dpd(
         dnnl::convolution_backward_data::desc(algo, src_any, w_any, dst_any, strides, dilates, pad, pad),
         kernels::engine(), fpd);
@@ -75,12 +75,17 @@ struct RawConv {
       std::fill_n(static_cast<char*>(mem.get_data_handle()), d.get_size(), 0);
       return mem;
     };
-    fwd_args = {{DNNL_ARG_SRC, m(fpd.src_desc())}, {DNNL_ARG_WEIGHTS, m(fpd.weights_desc())},
-                {DNNL_ARG_BIAS, m(bias)}, {DNNL_ARG_DST, m(fpd.dst_desc())}};
-    data_args = {{DNNL_ARG_DIFF_DST, m(dpd.diff_dst_desc())}, {DNNL_ARG_WEIGHTS, m(dpd.weights_desc())},
+    fwd_args = {{DNNL_ARG_SRC, m(fpd.src_desc())},
+                {DNNL_ARG_WEIGHTS, m(fpd.weights_desc())},
+                {DNNL_ARG_BIAS, m(bias)},
+                {DNNL_ARG_DST, m(fpd.dst_desc())}};
+    data_args = {{DNNL_ARG_DIFF_DST, m(dpd.diff_dst_desc())},
+                 {DNNL_ARG_WEIGHTS, m(dpd.weights_desc())},
                  {DNNL_ARG_DIFF_SRC, m(dpd.diff_src_desc())}};
-    weights_args = {{DNNL_ARG_SRC, m(wpd.src_desc())}, {DNNL_ARG_DIFF_DST, m(wpd.diff_dst_desc())},
-                    {DNNL_ARG_DIFF_WEIGHTS, m(wpd.diff_weights_desc())}, {DNNL_ARG_DIFF_BIAS, m(bias)}};
+    weights_args = {{DNNL_ARG_SRC, m(wpd.src_desc())},
+                    {DNNL_ARG_DIFF_DST, m(wpd.diff_dst_desc())},
+                    {DNNL_ARG_DIFF_WEIGHTS, m(wpd.diff_weights_desc())},
+                    {DNNL_ARG_DIFF_BIAS, m(bias)}};
   }
 
   static void run(dnnl::primitive& p, std::unordered_map<int, memory>& args) {
@@ -112,36 +117,40 @@ int main(int argc, char** argv) {
   Generator gen(0);
   for (const Layer& l : layers) {
     for (DType dt : {DType::Float32, DType::BFloat16})
-    for (MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
-      const bool raw_native = dt == DType::Float32 || bf16_native;
-      RawConv raw(l, raw_native ? kernels::to_dnnl(dt) : memory::data_type::f32);
-      const Tensor x = randn({l.n, l.c, l.hw, l.hw}, dt, &gen).contiguous(format);
-      const Tensor w = randn({l.o, l.c, 3, 3}, dt, &gen), b = randn({l.o}, dt, &gen);
-      const Tensor dy = randn({l.n, l.o, l.hw, l.hw}, dt, &gen).contiguous(format);
-      const Tensor dx = empty(x.shape(), dt, format), dw = empty(w.shape(), dt);
-      const Tensor db = empty(b.shape(), dt);
-      const kernels::Conv2dParams p{{1, 1}, {1, 1}, {1, 1}, 1};
-      struct Row {
-        const char* pass;
-        std::function<void()> castor_fn, raw_fn;
-      };
-      const Row rows[] = {
-          {"forward", [&] { NoGradGuard g; F::conv2d(x, w, b, {1, 1}, {1, 1}); },
-           [&] { RawConv::run(raw.fwd, raw.fwd_args); }},
-          {"bwd-data", [&] { kernels::conv2d_backward(x, w, dy, dx, Tensor(), Tensor(), p); },
-           [&] { RawConv::run(raw.bwd_data, raw.data_args); }},
-          {"bwd-weights", [&] { kernels::conv2d_backward(x, w, dy, Tensor(), dw, db, p); },
-           [&] { RawConv::run(raw.bwd_weights, raw.weights_args); }},
-      };
-      for (const Row& r : rows) {
-        const int64_t reorders0 = kernels::conv_reorder_count();
-        const double c = time_ms(reps, r.castor_fn);
-        const double reorders = static_cast<double>(kernels::conv_reorder_count() - reorders0) / (reps + 2);
-        const double o = time_ms(reps, r.raw_fn);
-        std::printf("%-20s %-9s %-13s %-12s %10.2f %10.2f %7.2f   (%.0f reorders/call)\n", l.name, dtype_name(dt),
-                    format == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW", r.pass, c, o, c / o, reorders);
+      for (MemoryFormat format : {MemoryFormat::Contiguous, MemoryFormat::ChannelsLast}) {
+        const bool raw_native = dt == DType::Float32 || bf16_native;
+        RawConv raw(l, raw_native ? kernels::to_dnnl(dt) : memory::data_type::f32);
+        const Tensor x = randn({l.n, l.c, l.hw, l.hw}, dt, &gen).contiguous(format);
+        const Tensor w = randn({l.o, l.c, 3, 3}, dt, &gen), b = randn({l.o}, dt, &gen);
+        const Tensor dy = randn({l.n, l.o, l.hw, l.hw}, dt, &gen).contiguous(format);
+        const Tensor dx = empty(x.shape(), dt, format), dw = empty(w.shape(), dt);
+        const Tensor db = empty(b.shape(), dt);
+        const kernels::Conv2dParams p{{1, 1}, {1, 1}, {1, 1}, 1};
+        struct Row {
+          const char* pass;
+          std::function<void()> castor_fn, raw_fn;
+        };
+        const Row rows[] = {
+            {"forward",
+             [&] {
+               NoGradGuard g;
+               F::conv2d(x, w, b, {1, 1}, {1, 1});
+             },
+             [&] { RawConv::run(raw.fwd, raw.fwd_args); }},
+            {"bwd-data", [&] { kernels::conv2d_backward(x, w, dy, dx, Tensor(), Tensor(), p); },
+             [&] { RawConv::run(raw.bwd_data, raw.data_args); }},
+            {"bwd-weights", [&] { kernels::conv2d_backward(x, w, dy, Tensor(), dw, db, p); },
+             [&] { RawConv::run(raw.bwd_weights, raw.weights_args); }},
+        };
+        for (const Row& r : rows) {
+          const int64_t reorders0 = kernels::conv_reorder_count();
+          const double c = time_ms(reps, r.castor_fn);
+          const double reorders = static_cast<double>(kernels::conv_reorder_count() - reorders0) / (reps + 2);
+          const double o = time_ms(reps, r.raw_fn);
+          std::printf("%-20s %-9s %-13s %-12s %10.2f %10.2f %7.2f   (%.0f reorders/call)\n", l.name, dtype_name(dt),
+                      format == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW", r.pass, c, o, c / o, reorders);
+        }
       }
-    }
   }
   return 0;
 }

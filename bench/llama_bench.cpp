@@ -39,8 +39,7 @@ int run(const std::string& level, int64_t n_kv, int64_t batch, int warmup, int i
   c.n_kv_heads = n_kv;
   auto model = models::llama(c);
   auto opt = adamw(*model);
-  auto a = amp::initialize(*model, {opt.get()}, level == "O1" ? amp::OptLevel::O1 : amp::OptLevel::O0,
-                           DType::BFloat16);
+  auto a = amp::initialize(*model, {opt.get()}, level == "O1" ? amp::OptLevel::O1 : amp::OptLevel::O0, DType::BFloat16);
   const int64_t T = c.max_seq_len;
   const Tensor x = randint(0, c.vocab_size, {batch, T}), y = randint(0, c.vocab_size, {batch, T});
   auto step = [&] {

@@ -20,8 +20,7 @@ std::unique_ptr<dnnl::matmul> raw_primitive(int64_t M, int64_t K, int64_t N, dnn
   using tag = dnnl::memory::format_tag;
   dnnl::memory::desc a({M, K}, dt, tag::ab), b({K, N}, dt, tag::ab), c({M, N}, dt, tag::ab);
   try {
-    return std::make_unique<dnnl::matmul>(
-        dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), kernels::engine()));
+    return std::make_unique<dnnl::matmul>(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), kernels::engine()));
   } catch (const dnnl::error& e) {
     if (e.status != dnnl_unimplemented) throw;
     return nullptr;

@@ -12,9 +12,7 @@
 
 using namespace castor;
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 int main() {
   const int64_t n = 16 << 20;

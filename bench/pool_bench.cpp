@@ -26,8 +26,8 @@ int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 11;
   std::printf("CPU: %s\n", bench::cpu_isa().c_str());
   std::printf("max_pool2d 2x2 stride 2, channels-last, batch 256, best of %d\n", reps);
-  std::printf("%-18s %-9s %-9s %9s %9s %8s %9s %9s %8s\n", "input", "dtype", "pass", "fast ms", "ref ms",
-              "ref/fast", "fast GB/s", "copy GB/s", "of copy");
+  std::printf("%-18s %-9s %-9s %9s %9s %8s %9s %9s %8s\n", "input", "dtype", "pass", "fast ms", "ref ms", "ref/fast",
+              "fast GB/s", "copy GB/s", "of copy");
   struct Shape4 {
     const char* name;
     int64_t n, c, hw;
@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
       const int64_t oh = s.hw / 2;
       const Tensor x = randn({s.n, s.c, s.hw, s.hw}, dt, &gen).contiguous(MemoryFormat::ChannelsLast);
       const Tensor dy = randn({s.n, s.c, oh, oh}, dt, &gen).contiguous(MemoryFormat::ChannelsLast);
-      Tensor y = empty(dy.shape(), dt, MemoryFormat::ChannelsLast), dx = empty(x.shape(), dt, MemoryFormat::ChannelsLast);
+      Tensor y = empty(dy.shape(), dt, MemoryFormat::ChannelsLast),
+             dx = empty(x.shape(), dt, MemoryFormat::ChannelsLast);
       const Tensor ws = kernels::max_pool2d_nhwc_forward(x, y, p);
       const Tensor ws_ref = kernels::max_pool2d_nhwc_forward_ref(x, y, p);
       const double in_bytes = static_cast<double>(x.numel() * x.element_size());

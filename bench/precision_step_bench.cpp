@@ -85,9 +85,7 @@ std::unique_ptr<Run> gpt_run(const Level& lv) {
   r->amp = amp::initialize(*model, {r->opt.get()}, lv.level, lv.dtype);
   r->clip = 1.0;
   const Tensor x = randint(0, c.vocab_size, {12, 64}), y = randint(0, c.vocab_size, {12, 64});
-  r->loss = [model, x, y, c] {
-    return F::cross_entropy((*model)(x).reshape({-1, c.vocab_size}), y.reshape({-1}));
-  };
+  r->loss = [model, x, y, c] { return F::cross_entropy((*model)(x).reshape({-1, c.vocab_size}), y.reshape({-1})); };
   return r;
 }
 

@@ -26,8 +26,11 @@ int main(int argc, char** argv) {
   close(fd);
   atomic_write_file(tmpl, Json(texts).dump());
   // node times its encode loop alone (not its start-up, the package's load or the JSON parse).
-  const std::string node = "node -e \"const {encode} = require('" + modules + "/gpt-3-encoder');"
-                           "const t = JSON.parse(require('fs').readFileSync('" + std::string(tmpl) + "', 'utf8'));"
+  const std::string node = "node -e \"const {encode} = require('" + modules +
+                           "/gpt-3-encoder');"
+                           "const t = JSON.parse(require('fs').readFileSync('" +
+                           std::string(tmpl) +
+                           "', 'utf8'));"
                            "const t0 = process.hrtime.bigint(); let n = 0; for (const s of t) n += encode(s).length;"
                            "console.log(Number(process.hrtime.bigint() - t0) / 1e9, n)\"";
   std::printf("CPU: %s\n%zu Brown documents, %.3f MB of text; medians of %d alternating rounds\n",

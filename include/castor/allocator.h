@@ -9,9 +9,9 @@
 namespace castor {
 
 struct MemoryStats {
-  int64_t current_bytes = 0;   // bytes of live tensors
+  int64_t current_bytes = 0;  // bytes of live tensors
   int64_t peak_bytes = 0;
-  int64_t cached_bytes = 0;    // freed blocks kept for reuse (PyTorch's reserved minus allocated)
+  int64_t cached_bytes = 0;  // freed blocks kept for reuse (PyTorch's reserved minus allocated)
   std::array<int64_t, kNumDTypes> current_by_dtype{};
   std::array<int64_t, kNumDTypes> peak_by_dtype{};
 };

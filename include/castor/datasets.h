@@ -67,7 +67,7 @@ struct ImageFolderOptions {
   int64_t image_size = 32;
   bool skip_bad_images = false;  // false: the first unreadable image is an error naming it
   int threads = 0;
-  int64_t cache_bytes = -1;      // the most decoded bytes kept in memory; -1: half of this machine's memory
+  int64_t cache_bytes = -1;  // the most decoded bytes kept in memory; -1: half of this machine's memory
   // When not empty: the classes expected (e.g. the training set's, for its val/ folder), in label order.
   std::vector<std::string> classes;
 };

@@ -21,7 +21,7 @@ struct DDPOptions {
 
 // Where the time of the latest synchronised backward went (for benchmarks).
 struct DDPStats {
-  double wait_seconds = 0;  // at the end of backward, waiting for all-reduces still in flight
+  double wait_seconds = 0;                   // at the end of backward, waiting for all-reduces still in flight
   int64_t buckets_launched_in_backward = 0;  // before the last gradient arrived
 };
 

@@ -50,7 +50,7 @@ int rank();
 int world_size();
 int local_rank();  // among the ranks on this machine
 int local_size();
-bool is_launched_by_mpirun();  // the process runs under mpirun (without calling MPI)
+bool is_launched_by_mpirun();       // the process runs under mpirun (without calling MPI)
 std::string mpi_library_version();  // the MPI library's own line ("Open MPI v4.1.4, ..."); needs no init()
 
 // The default group's collectives (see ProcessGroup).

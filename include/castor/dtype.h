@@ -9,14 +9,14 @@
 namespace castor {
 
 // _(Enum, C++ type, name, safetensors name, category) where category orders promotion: 0 bool, 1 int, 2 float.
-#define CASTOR_FORALL_DTYPES(_)                   \
-  _(Float32, float, "float32", "F32", 2)          \
-  _(Float16, Half, "float16", "F16", 2)           \
-  _(BFloat16, BFloat16, "bfloat16", "BF16", 2)    \
-  _(Float64, double, "float64", "F64", 2)         \
-  _(Int64, int64_t, "int64", "I64", 1)            \
-  _(Int32, int32_t, "int32", "I32", 1)            \
-  _(UInt8, uint8_t, "uint8", "U8", 1)             \
+#define CASTOR_FORALL_DTYPES(_)                \
+  _(Float32, float, "float32", "F32", 2)       \
+  _(Float16, Half, "float16", "F16", 2)        \
+  _(BFloat16, BFloat16, "bfloat16", "BF16", 2) \
+  _(Float64, double, "float64", "F64", 2)      \
+  _(Int64, int64_t, "int64", "I64", 1)         \
+  _(Int32, int32_t, "int32", "I32", 1)         \
+  _(UInt8, uint8_t, "uint8", "U8", 1)          \
   _(Bool, bool, "bool", "BOOL", 0)
 
 enum class DType : uint8_t {
@@ -30,10 +30,10 @@ inline constexpr int kNumDTypes = 0 CASTOR_FORALL_DTYPES(CASTOR_DTYPE_COUNT);
 #undef CASTOR_DTYPE_COUNT
 
 struct DTypeTraits {
-  const char* name;             // PyTorch's name: "float32", "bfloat16", ...
-  const char* safetensors_name; // "F32", "BF16", ...
-  size_t size;                  // bytes per element
-  int category;                 // 0 bool, 1 integer, 2 floating point
+  const char* name;              // PyTorch's name: "float32", "bfloat16", ...
+  const char* safetensors_name;  // "F32", "BF16", ...
+  size_t size;                   // bytes per element
+  int category;                  // 0 bool, 1 integer, 2 floating point
 };
 
 inline constexpr DTypeTraits kDTypeTraits[] = {
@@ -51,9 +51,13 @@ inline bool is_floating(DType d) { return traits(d).category == 2; }
 inline bool is_16bit_float(DType d) { return d == DType::Float16 || d == DType::BFloat16; }
 
 // Maps a C++ type to its DType at compile time: dtype_of<float>() == DType::Float32.
-template <class T> constexpr DType dtype_of();
+template <class T>
+constexpr DType dtype_of();
 #define CASTOR_DTYPE_OF(e, t, n, s, c) \
-  template <> constexpr DType dtype_of<t>() { return DType::e; }
+  template <>                          \
+  constexpr DType dtype_of<t>() {      \
+    return DType::e;                   \
+  }
 CASTOR_FORALL_DTYPES(CASTOR_DTYPE_OF)
 #undef CASTOR_DTYPE_OF
 

@@ -14,18 +14,18 @@ namespace castor::amp {
 struct ExplainRow {
   std::string op;
   CastPolicy policy;
-  bool autocast;                     // autocast was on for this op
-  std::vector<DType> given, ran;     // input dtypes as passed and as the op ran on them (undefined inputs skipped)
-  std::optional<DType> out;          // output dtype (none for an op without output)
-  std::string why;                   // "float32 weight cast to bfloat16 (lower_precision; cached)", ...
+  bool autocast;                          // autocast was on for this op
+  std::vector<DType> given, ran;          // input dtypes as passed and as the op ran on them (undefined inputs skipped)
+  std::optional<DType> out;               // output dtype (none for an op without output)
+  std::string why;                        // "float32 weight cast to bfloat16 (lower_precision; cached)", ...
   std::vector<const TensorImpl*> inputs;  // the given tensors' identities (to tell which module's parameters ran)
-  std::string module;                // left empty here; a caller that knows the model may name the op's module
-  int depth = 0;                     // 0: called by the user; > 0: run inside another op (listed before it)
+  std::string module;                     // left empty here; a caller that knows the model may name the op's module
+  int depth = 0;                          // 0: called by the user; > 0: run inside another op (listed before it)
 };
 
 struct ExplainSummary {
   int64_t ops = 0, ops_16bit = 0, ops_float32 = 0, ops_other = 0;  // by output dtype
-  int64_t casts = 0, cache_hits = 0;                                // inputs cast by autocast; served by the cache
+  int64_t casts = 0, cache_hits = 0;                               // inputs cast by autocast; served by the cache
 };
 
 // While alive, records every op on this thread (built-in ops and CustomOp calls), forwarding events to the

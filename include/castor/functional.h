@@ -12,8 +12,9 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 
 // input (N, C, H, W), weight (O, C/groups, kh, kw), bias (O). oneDNN forward and backward in float32 and
 // bfloat16; float16 emulated exactly (fp16 inputs, fp32 accumulation, one rounding).
-Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}, std::array<int64_t, 2> stride = {1, 1},
-              std::array<int64_t, 2> padding = {0, 0}, std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
+              std::array<int64_t, 2> stride = {1, 1}, std::array<int64_t, 2> padding = {0, 0},
+              std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
 
 // Batch norm over (N, C, H, W) or (N, C). Statistics always in float32, also for 16-bit inputs; the output
 // has the input's dtype. In training, running_mean/var (float32) are updated in place with `momentum`
@@ -71,7 +72,7 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
 // gradients into one (B, T, 3C) buffer (no slice gradients to zero and add). Lower precision under autocast.
 Tensor qkv_attention(const Tensor& qkv, int64_t n_head, bool is_causal = true,
                      std::optional<double> scale = std::nullopt);
-Tensor flatten(const Tensor& input, int64_t start_dim = 1);     // channel-major, as PyTorch's view on NCHW
+Tensor flatten(const Tensor& input, int64_t start_dim = 1);  // channel-major, as PyTorch's view on NCHW
 
 // Which elements a rotary embedding rotates together: (2k, 2k + 1) (Meta's Llama and llama2.c) or (k, k + D/2)
 // (Hugging Face's rotate_half).

@@ -65,8 +65,7 @@ struct ScaleChange {
 class GradScaler {
  public:
   // `named_params` optionally names parameters for nonfinite_params(); unnamed ones are "group g param i".
-  explicit GradScaler(GradScalerOptions options = {},
-                      std::vector<std::pair<std::string, Tensor>> named_params = {});
+  explicit GradScaler(GradScalerOptions options = {}, std::vector<std::pair<std::string, Tensor>> named_params = {});
 
   bool is_enabled() const { return enabled_; }
   const GradScalerOptions& options() const { return options_; }

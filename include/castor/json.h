@@ -24,8 +24,7 @@ class Json {
   Json(bool b) : type_(Type::Bool), bool_(b) {}
   Json(double d) : type_(Type::Number), number_(d) {}
   template <std::integral T>
-    requires(!std::same_as<T, bool>)
-  Json(T i) : Json(checked_int(i)) {}
+  requires(!std::same_as<T, bool>) Json(T i) : Json(checked_int(i)) {}
   Json(const char* s) : Json(std::string(s)) {}
   Json(std::string s) : type_(Type::String), string_(std::move(s)) {}
   Json(Array a) : type_(Type::Array), array_(std::move(a)) {}

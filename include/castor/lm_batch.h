@@ -22,7 +22,7 @@ struct LmBatchOptions {
   int64_t batch_size = 12;  // B: rows per batch and rank
   int64_t block_size = 64;  // T: tokens per row
   LmOrder order = LmOrder::Random;
-  uint64_t seed = 0;        // random windows only (llm.c's shuffle seeds itself with 42 + rank, as llm.c)
+  uint64_t seed = 0;  // random windows only (llm.c's shuffle seeds itself with 42 + rank, as llm.c)
   // Data parallelism: rank `rank` of `num_ranks` takes its B rows of a global batch of B * num_ranks rows (llm.c's
   // process_rank / num_processes in its orders).
   int64_t rank = 0, num_ranks = 1;
@@ -53,8 +53,8 @@ class LlmcShuffle {
 };
 
 struct LmBatch {
-  Tensor x;  // (B, T) int64: the inputs
-  Tensor y;  // (B, T) int64: the targets, x shifted left by one token
+  Tensor x;           // (B, T) int64: the inputs
+  Tensor y;           // (B, T) int64: the targets, x shifted left by one token
   int64_t index = 0;  // the batch number
 };
 
@@ -77,8 +77,8 @@ class LmBatchSource {
   // batch (B * T * R + 1); and on invalid options.
   LmBatchSource(const TokenFile& tokens, LmBatchOptions options);
 
-  LmBatch next();                   // the batch state().next_batch, then advances
-  LmBatch batch(int64_t i) const;   // any batch, without moving
+  LmBatch next();                     // the batch state().next_batch, then advances
+  LmBatch batch(int64_t i) const;     // any batch, without moving
   int64_t batches_per_epoch() const;  // sequential: global batches before the wrap; random: tokens / (B * T * R)
 
   LmBatchState state() const { return state_; }

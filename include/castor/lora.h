@@ -25,7 +25,7 @@ struct LoraConfig {
   std::vector<std::string> target_modules = {"all-linear"};
   bool rslora = false;  // scaling alpha / sqrt(r) instead of alpha / r
   LoraInit init = LoraInit::KaimingUniform;
-  uint64_t seed = 0;    // of A's draw
+  uint64_t seed = 0;  // of A's draw
   double scaling() const;
   void validate() const;  // a castor::Error naming the field otherwise
 };

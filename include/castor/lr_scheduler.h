@@ -78,8 +78,8 @@ struct OneCycleLROptions {
   int64_t total_steps = 0;
   double pct_start = 0.3;
   enum class Anneal { Cos, Linear } anneal = Anneal::Cos;
-  double div_factor = 25.0;        // initial lr = max_lr / div_factor
-  double final_div_factor = 1e4;   // min lr = initial lr / final_div_factor
+  double div_factor = 25.0;       // initial lr = max_lr / div_factor
+  double final_div_factor = 1e4;  // min lr = initial lr / final_div_factor
   bool three_phase = false;
 };
 // The 1cycle policy (lr only: momentum is not cycled). Stepping past total_steps throws castor::Error.

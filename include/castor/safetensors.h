@@ -12,7 +12,7 @@ namespace castor {
 struct SafetensorsEntry {
   std::string name;
   DType dtype;
-  std::vector<int64_t> shape;  // empty for rank 0
+  std::vector<int64_t> shape;   // empty for rank 0
   uint64_t begin = 0, end = 0;  // byte range in the data buffer
   int64_t numel() const;
 };
@@ -45,8 +45,7 @@ struct SafetensorsTensor {
 // The file's bytes: tensors sorted by name, header padded with spaces to a multiple of 8.
 // `what` names the destination in errors about inconsistent tensors.
 std::vector<uint8_t> serialize_safetensors(const std::vector<SafetensorsTensor>& tensors,
-                                           const std::map<std::string, std::string>& metadata,
-                                           const std::string& what);
+                                           const std::map<std::string, std::string>& metadata, const std::string& what);
 // serialize_safetensors + atomic_write_file.
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});

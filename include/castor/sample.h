@@ -21,7 +21,7 @@ struct SampleConfig {
   int64_t top_k = 200;        // 0: the whole vocabulary
   uint64_t seed = 1337;
   bool cached_window = false;  // --window cached: the KV cache rebuilt from half a block past it; else nanoGPT's
-  int threads = 1;            // OpenMP threads: a token's ops are small, and more threads mostly wait on each other
+  int threads = 1;             // OpenMP threads: a token's ops are small, and more threads mostly wait on each other
 };
 SampleConfig parse_sample_flags(const std::vector<std::string>& args);
 std::string sample_help();
@@ -30,15 +30,15 @@ std::string sample_help();
 void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write);
 
 struct ExportConfig {
-  bool llmc = false;       // llm.c's gpt2_124M.bin layout
-  bool nanogpt = false;    // nanoGPT's ckpt.pt in the directory `out`
-  bool llama2c = false;    // llama2.c's model.bin (a Llama), with tokenizer.bin beside it
-  int version = 0;         // --llama2c: export.py's version, 0 or 1
-  bool merge_lora = false; // a LoRA run: its base with the adapters merged (required for --llmc and --nanogpt)
-  std::string peft;        // a LoRA run: its adapters in PEFT's format, into this directory (instead of --out)
-  std::string checkpoint;  // a run or checkpoint directory, or a weights file (llm.c .bin, llama2.c or safetensors)
+  bool llmc = false;        // llm.c's gpt2_124M.bin layout
+  bool nanogpt = false;     // nanoGPT's ckpt.pt in the directory `out`
+  bool llama2c = false;     // llama2.c's model.bin (a Llama), with tokenizer.bin beside it
+  int version = 0;          // --llama2c: export.py's version, 0 or 1
+  bool merge_lora = false;  // a LoRA run: its base with the adapters merged (required for --llmc and --nanogpt)
+  std::string peft;         // a LoRA run: its adapters in PEFT's format, into this directory (instead of --out)
+  std::string checkpoint;   // a run or checkpoint directory, or a weights file (llm.c .bin, llama2.c or safetensors)
   std::string out;
-  int64_t n_head = 0;      // for safetensors that do not record it
+  int64_t n_head = 0;  // for safetensors that do not record it
 };
 ExportConfig parse_export_flags(const std::vector<std::string>& args);
 std::string export_help();

@@ -46,10 +46,10 @@ struct TensorImpl {
   Shape strides;  // in elements
   int64_t offset = 0;
   DType dtype = DType::Float32;
-  bool requires_grad = false;          // leaves only; a non-leaf requires grad through grad_fn
-  std::shared_ptr<TensorImpl> grad;    // accumulated gradient of a leaf (or of a non-leaf with retain_grad)
-  std::shared_ptr<Node> grad_fn;       // the op that made this tensor, null for leaves
-  std::vector<GradHook> hooks;         // leaf hooks (non-leaf hooks live on grad_fn)
+  bool requires_grad = false;        // leaves only; a non-leaf requires grad through grad_fn
+  std::shared_ptr<TensorImpl> grad;  // accumulated gradient of a leaf (or of a non-leaf with retain_grad)
+  std::shared_ptr<Node> grad_fn;     // the op that made this tensor, null for leaves
+  std::vector<GradHook> hooks;       // leaf hooks (non-leaf hooks live on grad_fn)
   std::vector<PostAccumulateGradHook> post_accumulate_hooks;  // leaves only
   bool retains_grad = false;
 };
@@ -92,7 +92,8 @@ class Tensor {
   void* data_ptr() const;
   template <class T>
   T* data() const {
-    CASTOR_CHECK(dtype_of<T>() == dtype(), "data<", dtype_name(dtype_of<T>()), ">() called on a ", describe(), " tensor");
+    CASTOR_CHECK(dtype_of<T>() == dtype(), "data<", dtype_name(dtype_of<T>()), ">() called on a ", describe(),
+                 " tensor");
     return static_cast<T*>(data_ptr());
   }
   double item() const;  // the value of a one-element tensor, as double
@@ -159,7 +160,8 @@ class Tensor {
  private:
   // The implementation of a defined tensor; castor::Error on an undefined one (`Tensor t;`).
   TensorImpl& d() const {
-    if (!impl_) [[unlikely]] throw_undefined();
+    if (!impl_) [[unlikely]]
+      throw_undefined();
     return *impl_;
   }
   [[noreturn]] static void throw_undefined();

@@ -55,7 +55,7 @@ class Gpt2Tokenizer {
 class CharTokenizer {
  public:
   static CharTokenizer from_text(std::string_view text, const std::string& what);  // at most 65,536 characters
-  explicit CharTokenizer(std::vector<char32_t> chars);  // sorted and distinct
+  explicit CharTokenizer(std::vector<char32_t> chars);                             // sorted and distinct
   // castor::Error naming `what` on invalid UTF-8 or a character outside the vocabulary.
   void encode(std::string_view text, std::vector<uint16_t>& out, const std::string& what = "text") const;
   std::string decode(std::span<const uint16_t> tokens) const;

@@ -37,71 +37,71 @@ bool is_text(Dataset d);
 
 struct TrainConfig {
   Dataset data = Dataset::FashionMnist;
-  std::string data_dir;                // default: the dataset's Debian location (--data folder: required)
-  int64_t image_size = 32;             // --data folder: images are resized and centre-cropped to this square
-  double val_split = 0.1;              // --data folder without DIR/val: this share of DIR/train is held out
-  bool skip_bad_images = false;        // --data folder: leave unreadable images out (counted) instead of failing
-  int64_t image_cache_mb = -1;         // --data folder: decoded images kept in memory up to this; -1: half the RAM
+  std::string data_dir;          // default: the dataset's Debian location (--data folder: required)
+  int64_t image_size = 32;       // --data folder: images are resized and centre-cropped to this square
+  double val_split = 0.1;        // --data folder without DIR/val: this share of DIR/train is held out
+  bool skip_bad_images = false;  // --data folder: leave unreadable images out (counted) instead of failing
+  int64_t image_cache_mb = -1;   // --data folder: decoded images kept in memory up to this; -1: half the RAM
   ModelKind model = ModelKind::SimpleCnn;
   // --model gpt / gpt-mini / gpt2 and llama / llama-260k / llama-15m (nanoGPT's flags; a Llama's dim, n_layers,
   // n_heads and max_seq_len are n_embd, n_layer, n_head and block_size); 0: the preset's value (vocab_size: the
   // tokenizer's).
   int64_t n_layer = 0, n_head = 0, n_embd = 0, block_size = 0, vocab_size = 0;
   double dropout = 0.0;
-  bool bias = true;            // GPT only
-  int64_t n_kv_head = 0;       // Llama: key/value heads (0: the preset's); fewer than n_head: grouped-query attention
-  int64_t multiple_of = 0;     // Llama: the feed-forward width rounds up to a multiple of this (0: the preset's)
+  bool bias = true;             // GPT only
+  int64_t n_kv_head = 0;        // Llama: key/value heads (0: the preset's); fewer than n_head: grouped-query attention
+  int64_t multiple_of = 0;      // Llama: the feed-forward width rounds up to a multiple of this (0: the preset's)
   double rope_theta = 10000.0;  // Llama: the rotary embedding's base
-  bool untied = false;         // Llama: the output layer has its own weight (llama2.c ties it to tok_embeddings)
+  bool untied = false;          // Llama: the output layer has its own weight (llama2.c ties it to tok_embeddings)
   DataOrder data_order = DataOrder::Random;
   amp::OptLevel amp = amp::OptLevel::O1;
-  DType dtype = DType::BFloat16;       // the 16-bit type of O1-O3
+  DType dtype = DType::BFloat16;  // the 16-bit type of O1-O3
   // `castor train`'s default, --precision auto / --amp auto: amp and dtype chosen for this CPU when the flags are
   // parsed (O1 bfloat16 where it has bfloat16 dot-product units, else O0: amp::auto_precision) and recorded as chosen.
   bool precision_auto = false;
-  std::string precision_reason;        // why auto chose them ("auto: avx512_bf16"); empty when they were given
-  bool stochastic_rounding = false;    // O3: round optimizer updates stochastically
-  std::optional<double> loss_scale;    // a static loss scale; nullopt: the level's default (dynamic at O1/O2)
+  std::string precision_reason;      // why auto chose them ("auto: avx512_bf16"); empty when they were given
+  bool stochastic_rounding = false;  // O3: round optimizer updates stochastically
+  std::optional<double> loss_scale;  // a static loss scale; nullopt: the level's default (dynamic at O1/O2)
   OptimizerKind optimizer = OptimizerKind::Adam;
   double lr = 1e-3;
   double momentum = 0.9;
   double weight_decay = 0.0;
   Schedule schedule = Schedule::None;
-  int64_t warmup_steps = 0;            // warmup-cosine: linear warmup steps
-  double min_lr = 0.0;                 // warmup-cosine: the learning rate the cosine ends at
-  double beta2 = 0.999;                // Adam/AdamW
-  double clip_grad_norm = 0.0;         // > 0: clip the unscaled gradients to this total 2-norm
-  int64_t grad_accum = 1;              // micro-batches per optimizer step
+  int64_t warmup_steps = 0;     // warmup-cosine: linear warmup steps
+  double min_lr = 0.0;          // warmup-cosine: the learning rate the cosine ends at
+  double beta2 = 0.999;         // Adam/AdamW
+  double clip_grad_norm = 0.0;  // > 0: clip the unscaled gradients to this total 2-norm
+  int64_t grad_accum = 1;       // micro-batches per optimizer step
   double label_smoothing = 0.0;
-  int64_t batch_size = 64;             // images per micro-batch and rank (the global batch is batch_size x nproc)
+  int64_t batch_size = 64;  // images per micro-batch and rank (the global batch is batch_size x nproc)
   int64_t epochs = 1;
-  int64_t steps = 0;                   // > 0: stop after this many optimizer steps (overrides epochs)
-  Augment augment = Augment::None;     // standard: random crop (pad 4) and horizontal flip
+  int64_t steps = 0;                // > 0: stop after this many optimizer steps (overrides epochs)
+  Augment augment = Augment::None;  // standard: random crop (pad 4) and horizontal flip
   uint64_t seed = 0;
-  int threads = 0;                     // per rank; 0: the machine's cores divided among its ranks
-  int nproc = 0;                       // data-parallel ranks (0: not given; one, or mpirun's -np)
-  bool sync_batchnorm = false;         // with several ranks: BatchNorm statistics over the global batch
+  int threads = 0;              // per rank; 0: the machine's cores divided among its ranks
+  int nproc = 0;                // data-parallel ranks (0: not given; one, or mpirun's -np)
+  bool sync_batchnorm = false;  // with several ranks: BatchNorm statistics over the global batch
   Compression compress_grads = Compression::None;
   bool deterministic = false;
   backends::ConvAlgorithm conv_algorithm = backends::ConvAlgorithm::Auto;  // float32 convolutions (castor/backends.h)
-  std::string out;                     // empty: a new runs/<date>-<time>-<model>-<precision> for each run
-  std::string resume;                  // a run directory (or one of its checkpoints) to continue from
-  bool overwrite = false;              // a new run may replace another run's files in --out
-  std::string init;                    // a safetensors file of initial weights (PyTorch names)
+  std::string out;         // empty: a new runs/<date>-<time>-<model>-<precision> for each run
+  std::string resume;      // a run directory (or one of its checkpoints) to continue from
+  bool overwrite = false;  // a new run may replace another run's files in --out
+  std::string init;        // a safetensors file of initial weights (PyTorch names)
   // LoRA fine-tuning of the --init base (nn::apply_lora): rank 0 trains every weight, as without LoRA.
   int64_t lora_rank = 0;
   double lora_alpha = 8, lora_dropout = 0;
   std::string lora_targets = "all-linear";  // comma-separated module names (nn::LoraConfig::target_modules)
   bool rslora = false;
-  std::string init_lora;               // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
-  std::string init_checksum;           // not a flag: the checksum a run recorded of --init (its LoRA base is checked)
-  int64_t checkpoint_every = 0;        // steps; 0: at each epoch end
-  double checkpoint_minutes = 10;      // also checkpoint when this long has passed since the last one; 0: never
-  int64_t keep = 2;                    // checkpoints kept
-  int64_t log_every = 50;              // steps between metric lines
-  int64_t eval_every = 0;              // > 0: evaluate every N steps too (always at each epoch end)
-  int64_t eval_iters = 0;              // language models: > 0: batches of batch_size rows per evaluation (nanoGPT)
-  int64_t synthetic_size = 2048;       // training images of --data synthetic
+  std::string init_lora;           // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
+  std::string init_checksum;       // not a flag: the checksum a run recorded of --init (its LoRA base is checked)
+  int64_t checkpoint_every = 0;    // steps; 0: at each epoch end
+  double checkpoint_minutes = 10;  // also checkpoint when this long has passed since the last one; 0: never
+  int64_t keep = 2;                // checkpoints kept
+  int64_t log_every = 50;          // steps between metric lines
+  int64_t eval_every = 0;          // > 0: evaluate every N steps too (always at each epoch end)
+  int64_t eval_iters = 0;          // language models: > 0: batches of batch_size rows per evaluation (nanoGPT)
+  int64_t synthetic_size = 2048;   // training images of --data synthetic
   bool profile = false;
   std::vector<std::string> given_flags;  // the flags set on the command line or in --config, as "--lr"
 
@@ -114,7 +114,8 @@ std::string precision_name(const TrainConfig& c);
 
 // `castor train --nproc N` outside mpirun: the mpirun command line that runs `exe` with `args` on N local ranks
 // (--oversubscribe --bind-to none, and --allow-run-as-root for root). Empty when no re-launch is needed.
-std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string& exe, const std::vector<std::string>& args);
+std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string& exe,
+                                        const std::vector<std::string>& args);
 
 // Parses `castor train` flags (argv after the subcommand; `--config FILE` reads more from a TOML/INI file).
 // Throws castor::Error naming the flag and the problem, in one line.
@@ -133,11 +134,11 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
 
 // `castor eval`: a castor checkpoint, or weights without castor metadata given model and data.
 struct EvalConfig {
-  std::string path;        // run directory, checkpoint directory or safetensors file
+  std::string path;                // run directory, checkpoint directory or safetensors file
   std::optional<ModelKind> model;  // for files without castor metadata (e.g. written by PyTorch)
   std::optional<Dataset> data;
   std::string data_dir;
-  int64_t batch_size = 0;  // images or token rows per batch; 0: the task's (256 images, rows of ~4096 tokens)
+  int64_t batch_size = 0;      // images or token rows per batch; 0: the task's (256 images, rows of ~4096 tokens)
   std::optional<DType> dtype;  // float32: evaluate at O0; bf16/fp16: autocast to it; none: as the run trained
 };
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);

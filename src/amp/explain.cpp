@@ -75,13 +75,16 @@ void ExplainGuard::record(const std::string& op, CastPolicy policy, const std::v
   }
   if (out.defined()) row.out = out.dtype();
   if (reasons.empty()) {
-    const bool never = std::any_of(row.given.begin(), row.given.end(), [](DType d) {
-      return d != DType::Float32 && !is_16bit_float(d);
-    });
-    if (!st.enabled) reasons.push_back("autocast off");
-    else if (policy == CastPolicy::PassThrough) reasons.push_back("runs in its input dtype (pass_through)");
-    else if (never) reasons.push_back("float64/integer inputs are never cast");
-    else reasons.push_back("inputs already " + dtype_list(row.ran) + " (" + policy_name(policy) + ")");
+    const bool never = std::any_of(row.given.begin(), row.given.end(),
+                                   [](DType d) { return d != DType::Float32 && !is_16bit_float(d); });
+    if (!st.enabled)
+      reasons.push_back("autocast off");
+    else if (policy == CastPolicy::PassThrough)
+      reasons.push_back("runs in its input dtype (pass_through)");
+    else if (never)
+      reasons.push_back("float64/integer inputs are never cast");
+    else
+      reasons.push_back("inputs already " + dtype_list(row.ran) + " (" + policy_name(policy) + ")");
   }
   for (size_t k = 0; k < reasons.size(); ++k) row.why += (k ? "; " : "") + reasons[k];
   recorder_->rows.push_back(std::move(row));
@@ -91,9 +94,12 @@ ExplainSummary ExplainGuard::summary() const {
   ExplainSummary s;
   for (const ExplainRow& r : rows()) {
     ++s.ops;
-    if (r.out && is_16bit_float(*r.out)) ++s.ops_16bit;
-    else if (r.out && *r.out == DType::Float32) ++s.ops_float32;
-    else ++s.ops_other;
+    if (r.out && is_16bit_float(*r.out))
+      ++s.ops_16bit;
+    else if (r.out && *r.out == DType::Float32)
+      ++s.ops_float32;
+    else
+      ++s.ops_other;
     for (size_t i = 0; i < r.given.size(); ++i) s.casts += r.given[i] != r.ran[i];
     for (size_t p = r.why.find("from cache"); p != std::string::npos; p = r.why.find("from cache", p + 1))
       ++s.cache_hits;

@@ -25,8 +25,8 @@ bool in_place_ok(const Tensor& g) {
 double get_f64(const StateDict& sd, const std::string& key) {
   auto it = sd.find(key);
   CASTOR_CHECK(it != sd.end(), "GradScaler::load_state_dict: missing entry \"", key, "\"");
-  CASTOR_CHECK(it->second.numel() == 1, "GradScaler::load_state_dict: entry \"", key, "\" is ",
-               it->second.describe(), ", expected one element");
+  CASTOR_CHECK(it->second.numel() == 1, "GradScaler::load_state_dict: entry \"", key, "\" is ", it->second.describe(),
+               ", expected one element");
   return it->second.item();
 }
 
@@ -41,8 +41,9 @@ GradScaler::GradScaler(GradScalerOptions options, std::vector<std::pair<std::str
     enabled_ = options_.dtype == DType::Float16;
     static std::atomic<bool> said{false};
     if (options_.dtype == DType::BFloat16 && !said.exchange(true))
-      warn("GradScaler is off for bfloat16: its exponent range is float32's, so gradients do not underflow and "
-           "the scale stays 1 (GradScalerOptions::enabled = true scales anyway)");
+      warn(
+          "GradScaler is off for bfloat16: its exponent range is float32's, so gradients do not underflow and "
+          "the scale stays 1 (GradScalerOptions::enabled = true scales anyway)");
   }
   state_.scale = static_cast<float>(options_.init_scale);
   state_.hysteresis_left = options_.hysteresis;
@@ -113,11 +114,13 @@ bool GradScaler::step(optim::Optimizer& optimizer, bool skip_with_others) {
     return true;
   }
   PerOptimizer& st = per_opt_[&optimizer];
-  CASTOR_CHECK(st.stage != Stage::Stepped, "GradScaler::step: already called on this optimizer since the last "
-                                           "update()");
+  CASTOR_CHECK(st.stage != Stage::Stepped,
+               "GradScaler::step: already called on this optimizer since the last "
+               "update()");
   if (st.stage == Stage::Ready) unscale_(optimizer);
-  CASTOR_CHECK(st.any_grad, "GradScaler::step: no inf checks were recorded for this optimizer (no parameter has a "
-                            "gradient)");
+  CASTOR_CHECK(st.any_grad,
+               "GradScaler::step: no inf checks were recorded for this optimizer (no parameter has a "
+               "gradient)");
   st.stage = Stage::Stepped;
   const bool skip = st.found_inf || skip_with_others;
   if (skip) {
@@ -137,8 +140,10 @@ bool GradScaler::step(optim::Optimizer& optimizer, bool skip_with_others) {
 void GradScaler::update(std::optional<double> new_scale) {
   if (!enabled_) return;
   if (new_scale) {
-    CASTOR_CHECK(std::isfinite(*new_scale) && *new_scale > 0, "GradScaler::update: new_scale must be finite and > 0, "
-                                                              "got ", *new_scale);
+    CASTOR_CHECK(std::isfinite(*new_scale) && *new_scale > 0,
+                 "GradScaler::update: new_scale must be finite and > 0, "
+                 "got ",
+                 *new_scale);
     state_.scale = static_cast<float>(*new_scale);
   } else if (options_.dynamic) {
     bool recorded = false, found = false;
@@ -146,8 +151,9 @@ void GradScaler::update(std::optional<double> new_scale) {
       recorded |= st.stage != Stage::Ready;
       found |= st.found_inf;
     }
-    CASTOR_CHECK(recorded, "GradScaler::update: no inf checks were recorded prior to update() (call step() or "
-                           "unscale_() first)");
+    CASTOR_CHECK(recorded,
+                 "GradScaler::update: no inf checks were recorded prior to update() (call step() or "
+                 "unscale_() first)");
     update_scale(state_, found, options_);
   }
   ++updates_;
@@ -178,8 +184,9 @@ StateDict GradScaler::state_dict() const {
 
 void GradScaler::load_state_dict(const StateDict& sd) {
   if (!enabled_) return;
-  CASTOR_CHECK(!sd.empty(), "GradScaler::load_state_dict: the state dict is empty, possibly because it was saved "
-                            "from a disabled GradScaler");
+  CASTOR_CHECK(!sd.empty(),
+               "GradScaler::load_state_dict: the state dict is empty, possibly because it was saved "
+               "from a disabled GradScaler");
   GradScalerOptions o = options_;
   o.growth_factor = get_f64(sd, "growth_factor");
   o.backoff_factor = get_f64(sd, "backoff_factor");

@@ -71,8 +71,10 @@ void accumulate_grad_in_fp32(const Tensor& param) {
     if (auto impl = weak.lock()) {
       const Tensor p(impl);
       const Tensor g = p.grad();
-      if (!g.defined()) p.set_grad(zeros(p.shape(), DType::Float32));
-      else if (g.dtype() != DType::Float32) p.set_grad(g.to(DType::Float32));
+      if (!g.defined())
+        p.set_grad(zeros(p.shape(), DType::Float32));
+      else if (g.dtype() != DType::Float32)
+        p.set_grad(g.to(DType::Float32));
     }
     return Tensor();
   });
@@ -96,7 +98,8 @@ OptLevel parse_opt_level(const std::string& s) {
 }
 
 AutoPrecision auto_precision() {
-  if (const char* units = backends::bf16_dot_units()) return {OptLevel::O1, DType::BFloat16, detail::cat("auto: ", units)};
+  if (const char* units = backends::bf16_dot_units())
+    return {OptLevel::O1, DType::BFloat16, detail::cat("auto: ", units)};
   return {OptLevel::O0, DType::BFloat16, "auto: no bf16 units on this CPU; --precision bf16-mixed to force it"};
 }
 
@@ -140,8 +143,7 @@ Properties properties_for(OptLevel level, DType dtype, const Overrides& ov) {
   if (p.cast_model_type) p.cast_model_outputs = ov.cast_model_outputs.value_or(DType::Float32);
   CASTOR_CHECK(!ov.cast_model_outputs || p.cast_model_type, "amp: cast_model_outputs needs cast_model_type");
   CASTOR_CHECK(!p.cast_model_type || *p.cast_model_type == DType::Float32 || *p.cast_model_type == dtype,
-               "amp: cast_model_type must be float32 or ", dtype_name(dtype), ", got ",
-               dtype_name(*p.cast_model_type));
+               "amp: cast_model_type must be float32 or ", dtype_name(dtype), ", got ", dtype_name(*p.cast_model_type));
   CASTOR_CHECK(!p.keep_batchnorm_fp32 || p.cast_model_type, "amp: keep_batchnorm_fp32 needs cast_model_type");
   static_scale(p.loss_scale);  // validates
   scaler_options(p).validate();
@@ -157,7 +159,8 @@ Amp::Amp(std::vector<nn::Module*> models, std::vector<optim::Optimizer*> optimiz
   for (optim::Optimizer* o : optimizers_) CASTOR_CHECK(o != nullptr, "amp: a null optimizer");
   std::vector<std::pair<std::string, Tensor>> named;
   for (size_t m = 0; m < models_.size(); ++m)
-    for (auto& [name, p] : models_[m]->named_parameters()) named.emplace_back(model_prefix(m, models_.size()) + name, p);
+    for (auto& [name, p] : models_[m]->named_parameters())
+      named.emplace_back(model_prefix(m, models_.size()) + name, p);
   for (int k = 0; k < num_losses; ++k) scalers_.push_back(std::make_unique<GradScaler>(scaler_options(props_), named));
   for (optim::Optimizer* o : optimizers_) o->set_step_interceptor(this);
   std::lock_guard<std::mutex> lock(g_live_mutex);
@@ -196,9 +199,11 @@ Tensor Amp::scale_loss(const Tensor& loss, const std::vector<optim::Optimizer*>&
     CASTOR_CHECK(o != nullptr, "amp::scale_loss: a null optimizer");
     bound_check(*o, "scale_loss");
     auto it = loss_of_.find(o);
-    CASTOR_CHECK(it == loss_of_.end() || it->second == loss_id, "amp::scale_loss: this optimizer holds gradients of loss ",
-                 it->second, "; step it before backpropagating loss ", loss_id, " into it");
-    CASTOR_CHECK(it == loss_of_.end() || !s.unscaled(*o), "amp::scale_loss: the optimizer's gradients were already "
+    CASTOR_CHECK(it == loss_of_.end() || it->second == loss_id,
+                 "amp::scale_loss: this optimizer holds gradients of loss ", it->second,
+                 "; step it before backpropagating loss ", loss_id, " into it");
+    CASTOR_CHECK(it == loss_of_.end() || !s.unscaled(*o),
+                 "amp::scale_loss: the optimizer's gradients were already "
                  "unscaled (by unscale_, master_params or clip_grad_norm_); step it before another scaled backward");
   }
   for (optim::Optimizer* o : optimizers) loss_of_.emplace(o, loss_id);
@@ -288,8 +293,10 @@ void Amp::load_state_dict(const StateDict& sd) {
     for (const char* f : {"loss_scale", "unskipped"})
       CASTOR_CHECK(sd.count(prefix + f), "amp::load_state_dict: missing key \"", prefix, f, "\"");
     const double scale = sd.at(prefix + "loss_scale").item(), unskipped = sd.at(prefix + "unskipped").item();
-    CASTOR_CHECK(std::isfinite(scale) && scale > 0, "amp::load_state_dict: \"", prefix, "loss_scale\" must be finite "
-                 "and > 0, got ", scale);
+    CASTOR_CHECK(std::isfinite(scale) && scale > 0, "amp::load_state_dict: \"", prefix,
+                 "loss_scale\" must be finite "
+                 "and > 0, got ",
+                 scale);
     CASTOR_CHECK(unskipped >= 0, "amp::load_state_dict: \"", prefix, "unskipped\" must be >= 0, got ", unskipped);
     StateDict full = scalers_[k]->state_dict();
     if (full.empty()) {  // a disabled scaler (O0) scales by 1
@@ -342,8 +349,8 @@ void Amp::load_precision_state(const PrecisionState& st) {
                " is not supported (this build reads version ", PrecisionState::kVersion, ")");
   CASTOR_CHECK(meta(st, "opt_level") == opt_level_name(props_.level), "amp: the checkpoint was saved at opt level ",
                meta(st, "opt_level"), ", this run is ", opt_level_name(props_.level));
-  CASTOR_CHECK(meta(st, "dtype") == dtype_name(props_.dtype), "amp: the checkpoint was saved with ",
-               meta(st, "dtype"), ", this run uses ", dtype_name(props_.dtype));
+  CASTOR_CHECK(meta(st, "dtype") == dtype_name(props_.dtype), "amp: the checkpoint was saved with ", meta(st, "dtype"),
+               ", this run uses ", dtype_name(props_.dtype));
   CASTOR_CHECK(meta(st, "num_losses") == std::to_string(scalers_.size()) &&
                    meta(st, "num_optimizers") == std::to_string(optimizers_.size()),
                "amp: the checkpoint has ", meta(st, "num_losses"), " losses and ", meta(st, "num_optimizers"),
@@ -373,11 +380,13 @@ std::unique_ptr<Amp> initialize(const std::vector<nn::Module*>& models,
   {
     std::lock_guard<std::mutex> lock(g_live_mutex);
     for (nn::Module* model : models)
-      CASTOR_CHECK(!g_live_models.count(model), "amp::initialize: the model was already initialized (call it once "
+      CASTOR_CHECK(!g_live_models.count(model),
+                   "amp::initialize: the model was already initialized (call it once "
                    "per model and optimizer, and use the Amp it returned)");
   }
   for (optim::Optimizer* o : optimizers)
-    CASTOR_CHECK(o == nullptr || o->step_interceptor() == nullptr, "amp::initialize: the optimizer was already "
+    CASTOR_CHECK(o == nullptr || o->step_interceptor() == nullptr,
+                 "amp::initialize: the optimizer was already "
                  "initialized (call it once per model and optimizer, and use the Amp it returned)");
   Properties p = properties_for(level, dtype, overrides);
   for (nn::Module* model : models) {
@@ -403,8 +412,8 @@ std::unique_ptr<Amp> initialize(const std::vector<nn::Module*>& models,
   return std::make_unique<Amp>(models, optimizers, std::move(p), num_losses);
 }
 
-std::unique_ptr<Amp> initialize(nn::Module& model, const std::vector<optim::Optimizer*>& optimizers,
-                                OptLevel level, DType dtype, const Overrides& overrides, int num_losses) {
+std::unique_ptr<Amp> initialize(nn::Module& model, const std::vector<optim::Optimizer*>& optimizers, OptLevel level,
+                                DType dtype, const Overrides& overrides, int num_losses) {
   return initialize(std::vector<nn::Module*>{&model}, optimizers, level, dtype, overrides, num_losses);
 }
 

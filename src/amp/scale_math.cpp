@@ -35,8 +35,8 @@ void update_scale(ScaleState& s, bool found_inf, const GradScalerOptions& o) {
       --s.hysteresis_left;
       return;
     }
-    s.scale = static_cast<float>(std::max(static_cast<double>(s.scale * static_cast<float>(o.backoff_factor)),
-                                          o.min_scale));
+    s.scale = static_cast<float>(
+        std::max(static_cast<double>(s.scale * static_cast<float>(o.backoff_factor)), o.min_scale));
     return;
   }
   if (o.consecutive_hysteresis) s.hysteresis_left = o.hysteresis;

@@ -33,9 +33,11 @@ Tensor Node::unpack(const SavedTensor& s) const {
   CASTOR_CHECK(!released, "backward through the graph a second time (", op_name(op),
                "): its saved tensors were freed; pass retain_graph=true to the first backward");
   const Tensor& y = s.tensor;
-  CASTOR_CHECK(!y.defined() || y.version() == s.version, "one of the tensors needed for gradient computation has "
-               "been modified by an in-place operation: the ", y.describe(), " saved by ", op_name(op),
-               " is at version ", y.version(), "; expected version ", s.version);
+  CASTOR_CHECK(!y.defined() || y.version() == s.version,
+               "one of the tensors needed for gradient computation has "
+               "been modified by an in-place operation: the ",
+               y.describe(), " saved by ", op_name(op), " is at version ", y.version(), "; expected version ",
+               s.version);
   if (!s.output || !y.defined() || !GradMode::is_enabled()) return y;
   auto impl = std::make_shared<TensorImpl>(*y.impl());
   impl->grad_fn = std::const_pointer_cast<Node>(shared_from_this());
@@ -236,8 +238,8 @@ class BackwardRun {
       const Edge& e = node.next[i];
       if (!e.valid() || !grads[i].defined()) continue;
       Tensor gi = grads[i].dtype() == node.input_dtypes[i] ? std::move(grads[i])
-                  : e.leaf && !create_graph_                 ? to_leaf_dtype(grads[i], node.input_dtypes[i])
-                                                             : grads[i].to(node.input_dtypes[i]);
+                  : e.leaf && !create_graph_               ? to_leaf_dtype(grads[i], node.input_dtypes[i])
+                                                           : grads[i].to(node.input_dtypes[i]);
       CASTOR_ASSERT(gi.shape() == node.input_shapes[i], op_name(node.op), " backward gave ", gi.describe(),
                     " for input ", i, " of shape ", shape_str(node.input_shapes[i]));
       if (e.fn) {

@@ -29,15 +29,15 @@ struct NodeState {
 
 struct Node : std::enable_shared_from_this<Node> {
   OpKind op;
-  uint64_t sequence = 0;               // creation order: later nodes run first in backward
-  std::vector<Edge> next;              // one per input, invalid where the input needs no gradient
-  std::vector<DType> input_dtypes;     // gradients flow back in these dtypes
+  uint64_t sequence = 0;            // creation order: later nodes run first in backward
+  std::vector<Edge> next;           // one per input, invalid where the input needs no gradient
+  std::vector<DType> input_dtypes;  // gradients flow back in these dtypes
   std::vector<Shape> input_shapes;
   DType out_dtype = DType::Float32;
   Shape out_shape;
-  std::vector<GradHook> pre_hooks;     // hooks on the output tensor (non-leaf register_hook / retain_grad)
-  bool released = false;               // saved tensors freed after a backward without retain_graph
-  std::shared_ptr<NodeState> state;    // its definition's parameters and saved tensors (ops/op_def.h)
+  std::vector<GradHook> pre_hooks;   // hooks on the output tensor (non-leaf register_hook / retain_grad)
+  bool released = false;             // saved tensors freed after a backward without retain_graph
+  std::shared_ptr<NodeState> state;  // its definition's parameters and saved tensors (ops/op_def.h)
 
   // A saved tensor of the node's definition, checked against in-place changes since it was saved; a saved output
   // is given this node as grad_fn while grad mode is on (create_graph), so a rule written with it is

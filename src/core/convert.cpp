@@ -218,9 +218,9 @@ __attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512bf16_impl(c
     __m512i u = _mm512_loadu_si512(src + i);
     __m512i abs = _mm512_and_si512(u, abs_mask);
     // subnormal: 1 <= abs <= 0x7fffff, i.e. abs - 1 < 0x7fffff unsigned; NaN: abs > 0x7f800000.
-    __mmask16 special =
-        _mm512_cmplt_epu32_mask(_mm512_sub_epi32(abs, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x7fffff)) |
-        _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+    __mmask16 special = _mm512_cmplt_epu32_mask(_mm512_sub_epi32(abs, _mm512_set1_epi32(1)),
+                                                _mm512_set1_epi32(0x7fffff)) |
+                        _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
     __m256i r = special ? f32_to_bf16_lanes_avx512(u) : (__m256i)_mm512_cvtneps_pbh(_mm512_castsi512_ps(u));
     store_bf16x16(dst + i, r, std::bool_constant<Stream>());
   }
@@ -261,9 +261,9 @@ const size_t kNumConvertKernels = sizeof(kConvertKernels) / sizeof(kConvertKerne
 namespace {
 
 const detail::ConvertKernels& active_kernels() {
-  static const detail::ConvertKernels& k = *std::find_if(
-      detail::kConvertKernels, detail::kConvertKernels + detail::kNumConvertKernels,
-      [](const detail::ConvertKernels& c) { return c.supported(); });
+  static const detail::ConvertKernels& k = *std::find_if(detail::kConvertKernels,
+                                                         detail::kConvertKernels + detail::kNumConvertKernels,
+                                                         [](const detail::ConvertKernels& c) { return c.supported(); });
   return k;
 }
 
@@ -330,8 +330,7 @@ template <class S>
 void cast_from(const void* src, void* dst, DType dst_dtype, size_t n) {
   switch (dst_dtype) {
 #define CASTOR_CAST_TO(E, T, N, SN, C) \
-  case DType::E:                       \
-    return cast_loop<S, T>(src, dst, n);
+  case DType::E: return cast_loop<S, T>(src, dst, n);
     CASTOR_FORALL_DTYPES(CASTOR_CAST_TO)
 #undef CASTOR_CAST_TO
   }
@@ -340,8 +339,7 @@ void cast_from(const void* src, void* dst, DType dst_dtype, size_t n) {
 void cast_any(const void* src, DType src_dtype, void* dst, DType dst_dtype, size_t n) {
   switch (src_dtype) {
 #define CASTOR_CAST_FROM(E, T, N, SN, C) \
-  case DType::E:                         \
-    return cast_from<T>(src, dst, dst_dtype, n);
+  case DType::E: return cast_from<T>(src, dst, dst_dtype, n);
     CASTOR_FORALL_DTYPES(CASTOR_CAST_FROM)
 #undef CASTOR_CAST_FROM
   }

@@ -6,7 +6,7 @@
 namespace castor::detail {
 
 struct ConvertKernels {
-  const char* isa;    // what conversion_isa() reports when this set is active
+  const char* isa;      // what conversion_isa() reports when this set is active
   bool (*supported)();  // whether this CPU (and OS) can run it
   void (*f32_to_f16)(const float* src, uint16_t* dst, size_t n);
   void (*f16_to_f32)(const uint16_t* src, float* dst, size_t n);

@@ -27,7 +27,8 @@ DType parse_dtype(const std::string& s) {
   if (s == "float64" || s == "fp64" || s == "f64" || s == "double") return DType::Float64;
   for (const DTypeTraits& t : kDTypeTraits)
     if (s == t.name) return static_cast<DType>(&t - kDTypeTraits);
-  throw Error(detail::cat("unknown dtype '", s, "' (expected one of float32, float16, bfloat16, float64, int64, int32, "
+  throw Error(detail::cat("unknown dtype '", s,
+                          "' (expected one of float32, float16, bfloat16, float64, int64, int32, "
                           "uint8, bool, or fp32/fp16/bf16)"));
 }
 

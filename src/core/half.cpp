@@ -53,9 +53,9 @@ uint16_t float_to_half_bits(float f) {
   }
   // Subnormal half: the result counts units of 2^-24. 2^-25 (0x33000000) is the tie between 0 and one unit.
   if (a <= 0x33000000u) return sign;
-  uint32_t exp = a >> 23;                       // 102..112 here
-  uint32_t man = (a & 0x7fffffu) | 0x800000u;   // value = man * 2^(exp - 150) = man * 2^(exp - 126) units
-  uint32_t shift = 126 - exp;                   // 14..24
+  uint32_t exp = a >> 23;                      // 102..112 here
+  uint32_t man = (a & 0x7fffffu) | 0x800000u;  // value = man * 2^(exp - 150) = man * 2^(exp - 126) units
+  uint32_t shift = 126 - exp;                  // 14..24
   uint32_t q = man >> shift;
   uint32_t rem = man & ((1u << shift) - 1u);
   uint32_t half_unit = 1u << (shift - 1);

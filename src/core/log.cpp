@@ -14,7 +14,9 @@ std::mutex& mutex() {
 }
 
 LogHandler& handler() {
-  static LogHandler h = [](const std::string& message) { std::fprintf(stderr, "castor: warning: %s\n", message.c_str()); };
+  static LogHandler h = [](const std::string& message) {
+    std::fprintf(stderr, "castor: warning: %s\n", message.c_str());
+  };
   return h;
 }
 

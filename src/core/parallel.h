@@ -5,7 +5,7 @@
 
 namespace castor {
 
-inline constexpr int64_t kBlock = 2048;           // elements per block of a 16-bit map (fits in L1 as float)
+inline constexpr int64_t kBlock = 2048;             // elements per block of a 16-bit map (fits in L1 as float)
 inline constexpr int64_t kParallelGrain = 1 << 15;  // below this many elements, stay on one thread
 
 // Runs body(begin, end) over [0, n) in blocks, on all threads when n is large.

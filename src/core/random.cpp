@@ -99,7 +99,8 @@ Generator::State Generator::state() const {
 
 void Generator::set_state(const State& s) {
   // xoshiro never reaches the all-zero state, and from it draws only zeros.
-  CASTOR_CHECK(s[0] | s[1] | s[2] | s[3], "Generator::set_state: the xoshiro words are all zero, not a state a "
+  CASTOR_CHECK(s[0] | s[1] | s[2] | s[3],
+               "Generator::set_state: the xoshiro words are all zero, not a state a "
                "generator reaches");
   for (int i = 0; i < 4; ++i) s_[i] = s[i];
   has_cached_normal_ = s[4] != 0;

@@ -181,8 +181,8 @@ Tensor empty_strided(const Shape& shape, const Shape& strides, DType dtype) {
 
 Tensor empty(const Shape& shape, DType dtype, MemoryFormat format) {
   checked_numel(shape, dtype_size(dtype), "empty");  // before the strides are computed from it
-  return empty_strided(shape, format == MemoryFormat::ChannelsLast ? channels_last_strides(shape)
-                                                                   : contiguous_strides(shape), dtype);
+  return empty_strided(
+      shape, format == MemoryFormat::ChannelsLast ? channels_last_strides(shape) : contiguous_strides(shape), dtype);
 }
 
 Tensor empty_like(const Tensor& t) { return empty_like(t, t.dtype()); }

@@ -67,7 +67,8 @@ void write_tokenizer_bin(const std::string& path, const BpeVocabulary& vocab) {
 
 BpeVocabulary parse_tokenizer_bin(std::span<const uint8_t> bytes, const std::string& what) {
   auto get = [&](size_t at, auto& v) { std::memcpy(&v, bytes.data() + at, sizeof(v)); };
-  CASTOR_CHECK(bytes.size() >= 4, what, ": truncated: ", bytes.size(), " bytes, no max_token_length (a tokenizer.bin "
+  CASTOR_CHECK(bytes.size() >= 4, what, ": truncated: ", bytes.size(),
+               " bytes, no max_token_length (a tokenizer.bin "
                "starts with it)");
   int32_t max_len = 0;
   get(0, max_len);
@@ -83,7 +84,8 @@ BpeVocabulary parse_tokenizer_bin(std::span<const uint8_t> bytes, const std::str
     get(at + 4, len);
     at += 8;
     CASTOR_CHECK(len >= 0 && static_cast<size_t>(len) <= bytes.size() - at, what, ": piece ", k, " of ", len,
-                 " bytes runs past the end of the file (", bytes.size() - at, " left): truncated or not a tokenizer.bin");
+                 " bytes runs past the end of the file (", bytes.size() - at,
+                 " left): truncated or not a tokenizer.bin");
     std::string piece(reinterpret_cast<const char*>(bytes.data() + at), static_cast<size_t>(len));
     at += static_cast<size_t>(len);
     CASTOR_CHECK(piece.find('\0') == std::string::npos, what, ": piece ", k, " holds a NUL byte");
@@ -106,8 +108,8 @@ BpeVocabulary read_tokenizer_bin(const std::string& path) {
 }
 
 BpeTokenizer::BpeTokenizer(BpeVocabulary vocab) : vocab_(std::move(vocab)) {
-  CASTOR_CHECK(vocab_.scores.size() == vocab_.pieces.size(), "bpe tokenizer: ", vocab_.pieces.size(),
-               " pieces but ", vocab_.scores.size(), " scores");
+  CASTOR_CHECK(vocab_.scores.size() == vocab_.pieces.size(), "bpe tokenizer: ", vocab_.pieces.size(), " pieces but ",
+               vocab_.scores.size(), " scores");
   CASTOR_CHECK(vocab_.size() >= 259 && vocab_.size() <= 65536, "bpe tokenizer: ", vocab_.size(),
                " pieces; byte fallback needs at least 259 (<unk>, <s>, </s> and 256 bytes) and 16-bit ids at most "
                "65,536");
@@ -115,11 +117,12 @@ BpeTokenizer::BpeTokenizer(BpeVocabulary vocab) : vocab_(std::move(vocab)) {
   for (size_t c = 0; c < ascii_ids_.size(); ++c) ascii_ids_[c] = lookup(std::string(1, static_cast<char>(c)));
   // (<s> must not end in a space either, or <s> + " word" could join.)
   const std::string& bos = vocab_.pieces[BpeVocabulary::kBos];
-  word_wise_ = !bos.empty() && bos.back() != ' ' && std::none_of(vocab_.pieces.begin(), vocab_.pieces.end(), [](const std::string& p) {
-    for (size_t i = 1; i < p.size(); ++i)
-      if (p[i] == ' ' && p[i - 1] != ' ') return true;
-    return false;
-  });
+  word_wise_ = !bos.empty() && bos.back() != ' ' &&
+               std::none_of(vocab_.pieces.begin(), vocab_.pieces.end(), [](const std::string& p) {
+                 for (size_t i = 1; i < p.size(); ++i)
+                   if (p[i] == ' ' && p[i - 1] != ' ') return true;
+                 return false;
+               });
 }
 
 int32_t BpeTokenizer::lookup(std::string_view piece) const {

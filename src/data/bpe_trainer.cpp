@@ -22,15 +22,14 @@ struct ScriptRange {
   int8_t script;
 };
 constexpr ScriptRange kScripts[] = {
-    {0x41, 0x5A, 1},       {0x61, 0x7A, 1},       {0xAA, 0xAA, 1},       {0xBA, 0xBA, 1},
-    {0xC0, 0xD6, 1},       {0xD8, 0xF6, 1},       {0xF8, 0x24F, 1},      {0x370, 0x3FF, 2},
-    {0x400, 0x52F, 3},     {0x530, 0x58F, 4},     {0x590, 0x5FF, 5},     {0x600, 0x6FF, 6},
-    {0x750, 0x77F, 6},     {0x900, 0x97F, 7},     {0x980, 0x9FF, 8},     {0xE00, 0xE7F, 9},
-    {0x10A0, 0x10FF, 10},  {0x1100, 0x11FF, 11},  {0x1E00, 0x1EFF, 1},   {0x1F00, 0x1FFF, 2},
-    {0x2C60, 0x2C7F, 1},   {0x2DE0, 0x2DFF, 3},   {0x2E80, 0x2FDF, 12},  {0x3040, 0x30FF, 12},
-    {0x3130, 0x318F, 11},  {0x3400, 0x4DBF, 12},  {0x4E00, 0x9FFF, 12},  {0xA640, 0xA69F, 3},
-    {0xA720, 0xA7FF, 1},   {0xAC00, 0xD7AF, 11},  {0xF900, 0xFAFF, 12},  {0xFB50, 0xFDFF, 6},
-    {0xFE70, 0xFEFF, 6},   {0xFF21, 0xFF3A, 1},   {0xFF41, 0xFF5A, 1},   {0x20000, 0x3FFFF, 12}};
+    {0x41, 0x5A, 1},       {0x61, 0x7A, 1},      {0xAA, 0xAA, 1},      {0xBA, 0xBA, 1},      {0xC0, 0xD6, 1},
+    {0xD8, 0xF6, 1},       {0xF8, 0x24F, 1},     {0x370, 0x3FF, 2},    {0x400, 0x52F, 3},    {0x530, 0x58F, 4},
+    {0x590, 0x5FF, 5},     {0x600, 0x6FF, 6},    {0x750, 0x77F, 6},    {0x900, 0x97F, 7},    {0x980, 0x9FF, 8},
+    {0xE00, 0xE7F, 9},     {0x10A0, 0x10FF, 10}, {0x1100, 0x11FF, 11}, {0x1E00, 0x1EFF, 1},  {0x1F00, 0x1FFF, 2},
+    {0x2C60, 0x2C7F, 1},   {0x2DE0, 0x2DFF, 3},  {0x2E80, 0x2FDF, 12}, {0x3040, 0x30FF, 12}, {0x3130, 0x318F, 11},
+    {0x3400, 0x4DBF, 12},  {0x4E00, 0x9FFF, 12}, {0xA640, 0xA69F, 3},  {0xA720, 0xA7FF, 1},  {0xAC00, 0xD7AF, 11},
+    {0xF900, 0xFAFF, 12},  {0xFB50, 0xFDFF, 6},  {0xFE70, 0xFEFF, 6},  {0xFF21, 0xFF3A, 1},  {0xFF41, 0xFF5A, 1},
+    {0x20000, 0x3FFFF, 12}};
 
 int8_t script_of(char32_t c) {
   for (const ScriptRange& r : kScripts)
@@ -140,7 +139,6 @@ class Trainer {
   std::vector<int64_t> seen_;  // per word: the last merge that rewrote it
 };
 
-
 Trainer::Trainer(std::span<const std::string_view> texts, int64_t vocab_size) : vocab_size_(vocab_size) {
   check_bpe_vocab_size(vocab_size);
   std::vector<std::pair<std::u32string, int64_t>> words;
@@ -249,7 +247,7 @@ BpeVocabulary Trainer::run() {
     queue_.pop();
     Pair& p = pairs_.at(e.key);
     if (p.dead || p.count != e.count) continue;  // stale
-    p.dead = true;  // taken, or a piece already made from other halves: never joined
+    p.dead = true;                               // taken, or a piece already made from other halves: never joined
     if (!pieces.insert(e.piece).second) continue;
     merged.push_back(e.piece);
     symbols_.push_back(join(symbols_[e.key >> 32], symbols_[e.key & 0xFFFFFFFFu]));
@@ -276,7 +274,8 @@ BpeVocabulary Trainer::run() {
 }  // namespace
 
 void check_bpe_vocab_size(int64_t n) {
-  CASTOR_CHECK(n >= 259 && n <= 65536, "--vocab-size: ", n, " is outside 259..65536 (<unk>, <s>, </s> and the 256 "
+  CASTOR_CHECK(n >= 259 && n <= 65536, "--vocab-size: ", n,
+               " is outside 259..65536 (<unk>, <s>, </s> and the 256 "
                "byte pieces come first; token ids are 16-bit)");
 }
 

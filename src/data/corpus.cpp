@@ -125,8 +125,10 @@ void switch_folder(const fs::path& fresh, const fs::path& out, const std::vector
   } else {
     if (errno != EINVAL && errno != ENOSYS) fail("cannot switch to the new token folder");
     if (::rename(out.c_str(), old.c_str()) != 0) fail("cannot move the old token folder aside");
-    CASTOR_CHECK(::rename(fresh.c_str(), out.c_str()) == 0, out.string(), ": cannot rename the new token folder "
-                 "into place: ", std::strerror(errno), " (the old one is at ", old.string(), ")");
+    CASTOR_CHECK(::rename(fresh.c_str(), out.c_str()) == 0, out.string(),
+                 ": cannot rename the new token folder "
+                 "into place: ",
+                 std::strerror(errno), " (the old one is at ", old.string(), ")");
   }
   fsync_directory(out.parent_path().string());
   for (const std::string& name : keep) {
@@ -135,7 +137,6 @@ void switch_folder(const fs::path& fresh, const fs::path& out, const std::vector
   }
   fs::remove_all(old, ec);
 }
-
 
 using IsVal = std::function<bool(size_t)>;
 
@@ -146,7 +147,8 @@ Tokenizer encode_gpt2(const std::vector<Document>& docs, const std::string& bpe_
   try {
     loaded.emplace(Gpt2Tokenizer::from_dir(bpe_dir));
   } catch (const Error& e) {
-    throw Error(detail::cat("--bpe-dir ", bpe_dir, ": ", e.what(), " (give --bpe-dir DIR holding GPT-2's "
+    throw Error(detail::cat("--bpe-dir ", bpe_dir, ": ", e.what(),
+                            " (give --bpe-dir DIR holding GPT-2's "
                             "encoder.json and vocab.bpe; the default is setup's, from ./scripts/setup.sh)"));
   }
   Gpt2Tokenizer& bpe = *loaded;
@@ -215,7 +217,8 @@ std::string strip_brown(std::string_view tagged, const std::string& what) {
       CASTOR_CHECK(slash != std::string_view::npos, what, ": line ", line_no, ": token '", printable(token),
                    "' is not word/tag");
       const std::string_view word = token.substr(0, slash);
-      const bool space = !first && word != "''" && prev != "``" && !is_one_of(word, {",", ".", ";", ":", "!", "?", ")", "]", "}"}) &&
+      const bool space = !first && word != "''" && prev != "``" &&
+                         !is_one_of(word, {",", ".", ";", ":", "!", "?", ")", "]", "}"}) &&
                          !is_one_of(prev, {"(", "[", "{"});
       if (space) out += ' ';
       out += (word == "``" || word == "''") ? std::string_view("\"") : word;
@@ -310,7 +313,8 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   CASTOR_CHECK(opt.tokenizer == "gpt2" || opt.tokenizer == "char" || opt.tokenizer == "bpe",
                "--tokenizer: expected gpt2|char|bpe, got '", opt.tokenizer, "'");
   if (opt.tokenizer == "bpe") {
-    CASTOR_CHECK(opt.vocab_size != 0, "--vocab-size: missing (the size of the vocabulary --tokenizer bpe learns, "
+    CASTOR_CHECK(opt.vocab_size != 0,
+                 "--vocab-size: missing (the size of the vocabulary --tokenizer bpe learns, "
                  "259..65536)");
     check_bpe_vocab_size(opt.vocab_size);
   } else {
@@ -331,7 +335,7 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   auto is_val = [&](size_t i) { return is_val_document(i, opt); };
   std::vector<uint16_t> train, val;
   int64_t val_docs = 0;
-  const Tokenizer tokenizer = opt.tokenizer == "gpt2" ? encode_gpt2(docs, opt.bpe_dir, is_val, train, val)
+  const Tokenizer tokenizer = opt.tokenizer == "gpt2"  ? encode_gpt2(docs, opt.bpe_dir, is_val, train, val)
                               : opt.tokenizer == "bpe" ? encode_bpe(docs, opt.vocab_size, is_val, train, val)
                                                        : encode_chars(docs, is_val, train, val);
   Json record = tokenizer.record();
@@ -344,11 +348,13 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CASTOR_CHECK(!train.empty(), opt.out, ": the split leaves no training tokens");
-  CASTOR_CHECK(!val.empty(), "the input is too small for a validation split: ", by_document
-               ? detail::cat(docs.size(), " documents, and --val-every ", opt.val_every, " takes none of them; give "
-                             "more documents or a smaller --val-every")
-               : detail::cat(train.size(), " tokens, and --val-fraction ", opt.val_fraction, " of them is none; give "
-                             "more text or a larger --val-fraction"),
+  CASTOR_CHECK(!val.empty(), "the input is too small for a validation split: ",
+               by_document ? detail::cat(docs.size(), " documents, and --val-every ", opt.val_every,
+                                         " takes none of them; give "
+                                         "more documents or a smaller --val-every")
+                           : detail::cat(train.size(), " tokens, and --val-fraction ", opt.val_fraction,
+                                         " of them is none; give "
+                                         "more text or a larger --val-fraction"),
                " (a run needs validation tokens)");
   record["train_tokens"] = static_cast<int64_t>(train.size());
   record["val_tokens"] = static_cast<int64_t>(val.size());

@@ -83,8 +83,8 @@ Gpt2Tokenizer Gpt2Tokenizer::from_dir(const std::string& dir) {
                        {reinterpret_cast<const char*>(m.data()), m.size()}, enc, merges);
 }
 
-Gpt2Tokenizer::Gpt2Tokenizer(std::string_view encoder_json, std::string_view vocab_bpe,
-                             const std::string& encoder_what, const std::string& vocab_what) {
+Gpt2Tokenizer::Gpt2Tokenizer(std::string_view encoder_json, std::string_view vocab_bpe, const std::string& encoder_what,
+                             const std::string& vocab_what) {
   Json enc;
   try {
     enc = Json::parse(encoder_json);
@@ -148,8 +148,10 @@ std::vector<std::string_view> Gpt2Tokenizer::split(std::string_view s) {
     size_t end = i;
     if (cp == '\'' && i + 1 < n) {
       const std::string_view rest = s.substr(i + 1, 2);
-      if (rest[0] == 's' || rest[0] == 't' || rest[0] == 'm' || rest[0] == 'd') end = i + 2;
-      else if (rest == "re" || rest == "ve" || rest == "ll") end = i + 3;
+      if (rest[0] == 's' || rest[0] == 't' || rest[0] == 'm' || rest[0] == 'd')
+        end = i + 2;
+      else if (rest == "re" || rest == "ve" || rest == "ll")
+        end = i + 3;
     }
     if (end == i) {
       Cls c = classify(cp);

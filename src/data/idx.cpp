@@ -135,8 +135,8 @@ ImageDataset load_fashion_mnist(const std::string& dir, bool train) {
                ", expected 28x28");
   ds.num_classes = 10;
   ds.labels = parse_idx_labels(read_file(labels_path), ds.num_classes, labels_path);
-  CASTOR_CHECK(int64_t(ds.labels.size()) == ds.n, labels_path, ": ", ds.labels.size(), " labels, but ",
-               images_path, " holds ", ds.n, " images");
+  CASTOR_CHECK(int64_t(ds.labels.size()) == ds.n, labels_path, ": ", ds.labels.size(), " labels, but ", images_path,
+               " holds ", ds.n, " images");
   return ds;
 }
 

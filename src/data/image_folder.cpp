@@ -138,7 +138,7 @@ RgbImage decode_jpeg(std::span<const uint8_t> bytes, const std::string& what) {
 // Separable resampling weights (PIL's antialiased bilinear): output i of `out_len` samples the centre-crop window
 // that starts `offset` output pixels into the resized line; a triangle filter widened to 1/scale when shrinking.
 struct Taps {
-  std::vector<int64_t> first;   // per output: the first source index
+  std::vector<int64_t> first;  // per output: the first source index
   std::vector<std::vector<float>> weights;
 };
 
@@ -215,7 +215,8 @@ ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions&
   std::sort(found.begin(), found.end());
   CASTOR_CHECK(!found.empty(), root, ": no class folders (expected ", root, "/<class>/*.png|jpg)");
   for (const std::string& cls : found)  // class names are recorded in JSON (config.json, checkpoints): UTF-8 only
-    CASTOR_CHECK(is_valid_utf8(cls), root, "/", printable(cls), ": a class folder whose name is not valid UTF-8; "
+    CASTOR_CHECK(is_valid_utf8(cls), root, "/", printable(cls),
+                 ": a class folder whose name is not valid UTF-8; "
                  "rename it");
   ImageFolder f;
   f.classes = o.classes.empty() ? found : o.classes;
@@ -254,8 +255,8 @@ ImageFolder load_image_folder(const std::string& root, const ImageFolderOptions&
       }
     }
   };
-  const int threads = static_cast<int>(std::min<int64_t>(
-      n, o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency())));
+  const int threads = static_cast<int>(
+      std::min<int64_t>(n, o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency())));
   std::vector<std::thread> pool;
   for (int t = 1; t < threads; ++t) pool.emplace_back(work);
   work();

@@ -42,9 +42,8 @@ Normalization compute_normalization(const ImageDataset& ds) {
 
 ImageDataset make_synthetic(int64_t n, int64_t channels, int64_t height, int64_t width, int num_classes,
                             uint64_t seed) {
-  CASTOR_CHECK(n > 0 && channels > 0 && height > 0 && width > 0 && num_classes > 1,
-               "synthetic data: invalid size ", n, "x", channels, "x", height, "x", width, " with ", num_classes,
-               " classes");
+  CASTOR_CHECK(n > 0 && channels > 0 && height > 0 && width > 0 && num_classes > 1, "synthetic data: invalid size ", n,
+               "x", channels, "x", height, "x", width, " with ", num_classes, " classes");
   Generator gen(seed);
   ImageDataset ds{n, channels, height, width, {}, {}, num_classes};
   const int64_t sz = channels * height * width;
@@ -73,8 +72,8 @@ DataLoader::DataLoader(const ImageDataset& dataset, LoaderOptions options) : ds_
   bool sized = true;
   for (int64_t d : {ds_.n, ds_.channels, ds_.height, ds_.width})
     sized = sized && d > 0 && !__builtin_mul_overflow(image_bytes, d, &image_bytes);
-  CASTOR_CHECK(sized, "data loader: the dataset's size ", ds_.n, " x ", ds_.channels, " x ", ds_.height, " x ", ds_.width,
-               " is not positive or overflows int64");
+  CASTOR_CHECK(sized, "data loader: the dataset's size ", ds_.n, " x ", ds_.channels, " x ", ds_.height, " x ",
+               ds_.width, " is not positive or overflows int64");
   // (a streamed dataset holds no image bytes: its `load` gives each image)
   const int64_t held = ds_.images.empty() && ds_.load ? image_bytes : static_cast<int64_t>(ds_.images.size());
   CASTOR_CHECK(held == image_bytes && static_cast<int64_t>(ds_.labels.size()) == ds_.n,
@@ -90,9 +89,10 @@ DataLoader::DataLoader(const ImageDataset& dataset, LoaderOptions options) : ds_
   CASTOR_CHECK(opt_.num_shards == 1 || (opt_.drop_last && opt_.batch_size % opt_.num_shards == 0),
                "data loader: a batch of ", opt_.batch_size, " cannot be split evenly into ", opt_.num_shards,
                " shards (drop_last is needed too)");
-  if (opt_.norm.mean.empty()) opt_.norm = {std::vector<double>(ds_.channels, 0.0), std::vector<double>(ds_.channels, 1.0)};
-  CASTOR_CHECK(static_cast<int64_t>(opt_.norm.mean.size()) == ds_.channels, "normalisation has ",
-               opt_.norm.mean.size(), " channels, the dataset ", ds_.channels);
+  if (opt_.norm.mean.empty())
+    opt_.norm = {std::vector<double>(ds_.channels, 0.0), std::vector<double>(ds_.channels, 1.0)};
+  CASTOR_CHECK(static_cast<int64_t>(opt_.norm.mean.size()) == ds_.channels, "normalisation has ", opt_.norm.mean.size(),
+               " channels, the dataset ", ds_.channels);
 }
 
 DataLoader::~DataLoader() { stop(); }
@@ -111,7 +111,9 @@ std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
   return order;
 }
 
-Batch DataLoader::make_batch(int64_t epoch, int64_t index) const { return make_batch(epoch_order(epoch), epoch, index); }
+Batch DataLoader::make_batch(int64_t epoch, int64_t index) const {
+  return make_batch(epoch_order(epoch), epoch, index);
+}
 
 Batch DataLoader::make_batch(const std::vector<int64_t>& order, int64_t epoch, int64_t index) const {
   const int64_t batch_begin = index * opt_.batch_size, batch_end = std::min(ds_.n, batch_begin + opt_.batch_size);

@@ -15,8 +15,8 @@ std::u32string decode_utf8(std::string_view s, const std::string& what) {
   while (i < s.size()) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    CASTOR_CHECK(len != 0 && i + len <= s.size() && is_valid_utf8(s.substr(i, len)), what,
-                 ": not valid UTF-8 at byte ", i);
+    CASTOR_CHECK(len != 0 && i + len <= s.size() && is_valid_utf8(s.substr(i, len)), what, ": not valid UTF-8 at byte ",
+                 i);
     char32_t cp = len == 1 ? c : c & (0x7F >> len);
     for (size_t k = 1; k < len; ++k) cp = cp << 6 | (static_cast<unsigned char>(s[i + k]) & 0x3F);
     out.push_back(cp);

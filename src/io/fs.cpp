@@ -112,8 +112,12 @@ void read_at(int fd, std::vector<uint8_t>& bytes, uint64_t offset, const std::st
 
 // What a path that is not a regular file is, for refusing to replace it.
 const char* kind_of(mode_t mode) {
-  return S_ISLNK(mode) ? "a symbolic link" : S_ISDIR(mode) ? "a directory" : S_ISFIFO(mode) ? "a FIFO"
-         : S_ISSOCK(mode) ? "a socket" : S_ISCHR(mode) || S_ISBLK(mode) ? "a device" : "not a regular file";
+  return S_ISLNK(mode)                    ? "a symbolic link"
+         : S_ISDIR(mode)                  ? "a directory"
+         : S_ISFIFO(mode)                 ? "a FIFO"
+         : S_ISSOCK(mode)                 ? "a socket"
+         : S_ISCHR(mode) || S_ISBLK(mode) ? "a device"
+                                          : "not a regular file";
 }
 
 }  // namespace
@@ -228,8 +232,8 @@ FileLock::FileLock(const std::string& path) {
     const ssize_t n = ::pread(fd_, buf, sizeof(buf) - 1, 0);
     ::close(fd_);
     CASTOR_CHECK(err == EWOULDBLOCK, path, ": cannot lock: ", std::strerror(err));
-    throw Error(detail::cat(parent_dir(path), " is in use by pid ", n > 0 ? std::atol(buf) : 0L, " (lock file ",
-                            path, ")"));
+    throw Error(
+        detail::cat(parent_dir(path), " is in use by pid ", n > 0 ? std::atol(buf) : 0L, " (lock file ", path, ")"));
   }
   const std::string pid = std::to_string(::getpid()) + "\n";
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) {

@@ -245,7 +245,10 @@ class JsonParser {
     uint32_t v = 0;
     for (int i = 0; i < 4; ++i, ++pos_) {
       char c = peek();
-      int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      int d = c >= '0' && c <= '9'   ? c - '0'
+              : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                     : -1;
       if (d < 0) fail("invalid \\u escape");
       v = v * 16 + static_cast<uint32_t>(d);
     }

@@ -120,9 +120,11 @@ class Pickler {
     }
   }
   void tensor(const Tensor& t) {
-    static const std::map<DType, const char*> kStorage = {
-        {DType::Float32, "FloatStorage"}, {DType::Float64, "DoubleStorage"}, {DType::Float16, "HalfStorage"},
-        {DType::BFloat16, "BFloat16Storage"}, {DType::Int64, "LongStorage"}};
+    static const std::map<DType, const char*> kStorage = {{DType::Float32, "FloatStorage"},
+                                                          {DType::Float64, "DoubleStorage"},
+                                                          {DType::Float16, "HalfStorage"},
+                                                          {DType::BFloat16, "BFloat16Storage"},
+                                                          {DType::Int64, "LongStorage"}};
     auto it = kStorage.find(t.dtype());
     CASTOR_CHECK(it != kStorage.end(), what_, ": torch.save of a ", dtype_name(t.dtype()), " tensor is not supported");
     const Tensor c = t.detach().contiguous();

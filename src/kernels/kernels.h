@@ -20,20 +20,39 @@ void fill(const Tensor& dst, double value);
 // ones too); 16-bit values are computed in float32 and rounded once, float64 in double. p0/p1 are the op's scalars
 // (exponent, clamp bounds, alpha).
 enum class Unary : uint8_t {
-  Neg, Exp, Log, Sqrt, Abs, Relu, Sigmoid, Tanh, Gelu, GeluTanh, Silu, Pow, Clamp, AddScalar, MulScalar
+  Neg,
+  Exp,
+  Log,
+  Sqrt,
+  Abs,
+  Relu,
+  Sigmoid,
+  Tanh,
+  Gelu,
+  GeluTanh,
+  Silu,
+  Pow,
+  Clamp,
+  AddScalar,
+  MulScalar
 };
 void unary(Unary op, const Tensor& src, const Tensor& dst, double p0 = 0, double p1 = 0);
 
 // dst = op(a, b): tensors of dst's dtype; a and b are laid out like dst (same_layout) or are single elements.
 // The *Grad ops are the fused backward maps: a is the incoming gradient, b the saved input (or output).
 enum class Binary : uint8_t {
-  Add, Sub, Mul, Div, Max, Min,
-  ReluGrad,     // a * (b > 0), b = input
-  SigmoidGrad,  // a * b * (1 - b), b = output
-  TanhGrad,     // a * (1 - b * b), b = output
-  GeluGrad,     // a * gelu'(b), b = input
-  GeluTanhGrad, // a * gelu_tanh'(b), b = input
-  SiluGrad,     // a * silu'(b), b = input
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Max,
+  Min,
+  ReluGrad,      // a * (b > 0), b = input
+  SigmoidGrad,   // a * b * (1 - b), b = output
+  TanhGrad,      // a * (1 - b * b), b = output
+  GeluGrad,      // a * gelu'(b), b = input
+  GeluTanhGrad,  // a * gelu_tanh'(b), b = input
+  SiluGrad,      // a * silu'(b), b = input
 };
 void binary(Binary op, const Tensor& a, const Tensor& b, const Tensor& dst, double alpha = 1.0);
 
@@ -117,8 +136,7 @@ struct SgdUpdate {
   float neg_lr, weight_decay, momentum, keep;
   bool decay, first, nesterov;
 };
-void sgd_update(const SgdUpdate& u, int64_t n, float* w, const float* g, float* momentum_buffer,
-                const RoundInto& into);
+void sgd_update(const SgdUpdate& u, int64_t n, float* w, const float* g, float* momentum_buffer, const RoundInto& into);
 
 // Matrix products on tensors of one float dtype, any strides in the last two dims:
 // dst (B, M, N) = a (B, M, K) x b (B, K, N) [+ bias (N), added to every row before the one rounding, as PyTorch's

@@ -39,8 +39,8 @@ void batch_norm_forward(const Tensor& src, const Tensor& scale, const Tensor& sh
 // `training` says whether mean/var were batch statistics (whose dependence on src is then differentiated) or
 // constants.
 void batch_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor& scale, const Tensor& shift,
-                         const Tensor& mean, const Tensor& var, const Tensor& diff_src, const Tensor& diff_scale, const Tensor& diff_shift,
-                         double eps, bool training);
+                         const Tensor& mean, const Tensor& var, const Tensor& diff_src, const Tensor& diff_scale,
+                         const Tensor& diff_shift, double eps, bool training);
 
 struct Pool2dParams {
   int64_t kernel[2], stride[2], padding[2];
@@ -70,8 +70,7 @@ void conv2d_max_pool_relu_forward(const Tensor& src, const Tensor& weights, cons
 // and which take the larger windows, keep the int32 argmax iy * W + ix. Each backward takes its forward's workspace.
 bool max_pool2d_nhwc_fits(const Pool2dParams& p);
 Tensor max_pool2d_nhwc_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& p);
-void max_pool2d_nhwc_forward_into(const Tensor& src, const Tensor& dst, const Tensor& workspace,
-                                  const Pool2dParams& p);
+void max_pool2d_nhwc_forward_into(const Tensor& src, const Tensor& dst, const Tensor& workspace, const Pool2dParams& p);
 void max_pool2d_nhwc_backward(const Tensor& diff_dst, const Tensor& workspace, const Tensor& diff_src,
                               const Pool2dParams& p);
 Tensor max_pool2d_nhwc_forward_ref(const Tensor& src, const Tensor& dst, const Pool2dParams& p);

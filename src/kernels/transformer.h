@@ -77,8 +77,8 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t i
 void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& diff_losses,
                             int64_t ignore_index, double label_smoothing, const Tensor& diff_logits);
 // The plain reference loops behind them (std::exp, two passes), the float64 path and the fast kernels' oracle.
-void cross_entropy_forward_ref(const Tensor& logits, const Tensor& target, int64_t ignore_index,
-                               double label_smoothing, const Tensor& losses, const Tensor& lse);
+void cross_entropy_forward_ref(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                               const Tensor& losses, const Tensor& lse);
 void cross_entropy_backward_ref(const Tensor& logits, const Tensor& target, const Tensor& lse,
                                 const Tensor& diff_losses, int64_t ignore_index, double label_smoothing,
                                 const Tensor& diff_logits);

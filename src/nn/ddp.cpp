@@ -105,7 +105,8 @@ struct DistributedDataParallel::Reducer {
     if (!syncing) start_backward();
     if (tied[k]) return;  // launched with its own bucket at the end
     Bucket& b = buckets[bucket_of[k]];
-    CASTOR_CHECK(!ready[k], "DistributedDataParallel: parameter ", k, " received a second gradient in one backward "
+    CASTOR_CHECK(!ready[k], "DistributedDataParallel: parameter ", k,
+                 " received a second gradient in one backward "
                  "(a parameter used twice in one forward is not supported)");
     ready[k] = true;
     --b.pending;

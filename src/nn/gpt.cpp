@@ -51,9 +51,7 @@ MLP::MLP(const GPTConfig& c) {
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
 }
 
-Tensor MLP::forward(const Tensor& x) {
-  return (*dropout)((*c_proj)(F::gelu((*c_fc)(x), /*tanh_approximate=*/true)));
-}
+Tensor MLP::forward(const Tensor& x) { return (*dropout)((*c_proj)(F::gelu((*c_fc)(x), /*tanh_approximate=*/true))); }
 
 Block::Block(const GPTConfig& c) {
   ln_1 = register_module("ln_1", std::make_shared<nn::LayerNorm>(Shape{c.n_embd}, 1e-5, true, c.bias));
@@ -107,9 +105,7 @@ Tensor GPT::forward(const Tensor& idx) {
   return real > 0 && real < config_.vocab_size ? logits.narrow(2, 0, real) : logits;  // (B, T, real vocabulary)
 }
 
-int64_t GPT::vocab_size() const {
-  return config_.real_vocab_size > 0 ? config_.real_vocab_size : config_.vocab_size;
-}
+int64_t GPT::vocab_size() const { return config_.real_vocab_size > 0 ? config_.real_vocab_size : config_.vocab_size; }
 
 LanguageModel::CacheShape GPT::cache_shape() const {
   return {config_.n_layer, config_.n_head, config_.n_embd / config_.n_head, wte->weight.dtype()};

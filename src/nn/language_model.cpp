@@ -40,8 +40,8 @@ Tensor KVCache::attend(int64_t layer, const Tensor& q, const Tensor& k, const Te
       for (int64_t j = 0; j < p + n; ++j) m[i * (p + n) + j] = j <= p + i;
     mask = tensor(m, Shape{n, p + n}, DType::Bool);
   }
-  return F::scaled_dot_product_attention(q, keys_[layer].narrow(2, 0, p + n), values_[layer].narrow(2, 0, p + n),
-                                         mask, /*dropout_p=*/0.0, /*is_causal=*/n > 1 && p == 0);  // (B, H, n, D)
+  return F::scaled_dot_product_attention(q, keys_[layer].narrow(2, 0, p + n), values_[layer].narrow(2, 0, p + n), mask,
+                                         /*dropout_p=*/0.0, /*is_causal=*/n > 1 && p == 0);  // (B, H, n, D)
 }
 
 Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache) {
@@ -94,8 +94,7 @@ void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new
   const int64_t real_vocab = model.vocab_size(), T = model.block_size();
   CASTOR_CHECK(!prompt.empty(), "generate: the prompt is empty (it needs at least one token)");
   CASTOR_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ", max_new_tokens);
-  CASTOR_CHECK(temperature >= 0 && std::isfinite(temperature), "generate: temperature must be >= 0, got ",
-               temperature);
+  CASTOR_CHECK(temperature >= 0 && std::isfinite(temperature), "generate: temperature must be >= 0, got ", temperature);
   CASTOR_CHECK(top_k >= 0, "generate: top_k must be >= 0, got ", top_k);
   for (int64_t t : prompt)
     CASTOR_CHECK(t >= 0 && t < real_vocab, "generate: prompt token ", t, " is outside the vocabulary [0, ", real_vocab,

@@ -83,8 +83,8 @@ Tensor BatchNorm2d::forward(const Tensor& input) {
   }
   if (sync_statistics && training_)
     return F::sync_batch_norm(input, running_mean, running_var, weight, bias, momentum_, eps_);
-  return F::batch_norm(input, running_mean, running_var, weight, bias, /*training=*/training_ || !tracking,
-                       momentum_, eps_);
+  return F::batch_norm(input, running_mean, running_var, weight, bias, /*training=*/training_ || !tracking, momentum_,
+                       eps_);
 }
 
 void convert_sync_batchnorm(Module& module, bool sync) {
@@ -142,8 +142,10 @@ Tensor ScaledDotProductAttention::forward(const Tensor&) {
 }
 
 Tensor ScaledDotProductAttention::forward(const std::vector<Tensor>& inputs) {
-  CASTOR_CHECK(inputs.size() == 3 || inputs.size() == 4, "ScaledDotProductAttention: forward takes {q, k, v[, "
-               "attn_mask]}, got ", inputs.size(), " tensors");
+  CASTOR_CHECK(inputs.size() == 3 || inputs.size() == 4,
+               "ScaledDotProductAttention: forward takes {q, k, v[, "
+               "attn_mask]}, got ",
+               inputs.size(), " tensors");
   return F::scaled_dot_product_attention(inputs[0], inputs[1], inputs[2], inputs.size() == 4 ? inputs[3] : Tensor(),
                                          training_ ? dropout_ : 0.0, is_causal_);
 }
@@ -158,9 +160,7 @@ Tensor AvgPool2d::forward(const Tensor& input) {
 
 Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return F::adaptive_avg_pool2d(input, output_size_.array()); }
 
-Dropout::Dropout(double p) : p_(p) {
-  CASTOR_CHECK(p >= 0 && p <= 1, "Dropout: p must be in [0, 1], got ", p);
-}
+Dropout::Dropout(double p) : p_(p) { CASTOR_CHECK(p >= 0 && p <= 1, "Dropout: p must be in [0, 1], got ", p); }
 
 Tensor Dropout::forward(const Tensor& input) { return F::dropout(input, p_, training_); }
 
@@ -188,12 +188,11 @@ BasicBlock::BasicBlock(int64_t in_planes, int64_t planes, int64_t stride) {
                                                             /*bias=*/false));
   bn2 = register_module("bn2", std::make_shared<BatchNorm2d>(planes));
   if (stride != 1 || in_planes != planes) {
-    downsample = register_module(
-        "downsample",
-        std::make_shared<Sequential>(std::initializer_list<ModulePtr>{
-            std::make_shared<Conv2d>(in_planes, planes, /*kernel_size=*/1, stride, /*padding=*/0, /*dilation=*/1,
-                                     /*groups=*/1, /*bias=*/false),
-            std::make_shared<BatchNorm2d>(planes)}));
+    downsample = register_module("downsample", std::make_shared<Sequential>(std::initializer_list<ModulePtr>{
+                                                   std::make_shared<Conv2d>(in_planes, planes, /*kernel_size=*/1,
+                                                                            stride, /*padding=*/0, /*dilation=*/1,
+                                                                            /*groups=*/1, /*bias=*/false),
+                                                   std::make_shared<BatchNorm2d>(planes)}));
   }
 }
 

@@ -26,8 +26,7 @@ void LlamaConfig::validate() const {
   positive("vocab_size", vocab_size);
   positive("max_seq_len", max_seq_len);
   CASTOR_CHECK(n_kv_heads >= 0, "LlamaConfig: n_kv_heads must be positive (or 0: n_heads), got ", n_kv_heads);
-  CASTOR_CHECK(hidden_dim >= 0, "LlamaConfig: hidden_dim must be positive (or 0: from multiple_of), got ",
-               hidden_dim);
+  CASTOR_CHECK(hidden_dim >= 0, "LlamaConfig: hidden_dim must be positive (or 0: from multiple_of), got ", hidden_dim);
   if (hidden_dim == 0) positive("multiple_of", multiple_of);
   CASTOR_CHECK(dim % n_heads == 0, "LlamaConfig: dim ", dim, " is not n_heads ", n_heads, " x a head size");
   CASTOR_CHECK(head_dim() % 2 == 0, "LlamaConfig: head size dim / n_heads = ", head_dim(),
@@ -41,7 +40,10 @@ void LlamaConfig::validate() const {
 }
 
 LlamaAttention::LlamaAttention(const LlamaConfig& c)
-    : n_heads_(c.n_heads), n_kv_heads_(c.kv_heads()), head_dim_(c.head_dim()), rope_theta_(c.rope_theta),
+    : n_heads_(c.n_heads),
+      n_kv_heads_(c.kv_heads()),
+      head_dim_(c.head_dim()),
+      rope_theta_(c.rope_theta),
       dropout_(c.dropout) {
   wq = register_module("wq", std::make_shared<nn::Linear>(c.dim, n_heads_ * head_dim_, /*bias=*/false));
   wk = register_module("wk", std::make_shared<nn::Linear>(c.dim, n_kv_heads_ * head_dim_, /*bias=*/false));
@@ -57,8 +59,7 @@ LlamaAttention::Heads LlamaAttention::project(const Tensor& x, int64_t start_pos
   auto rotated = [&](nn::Linear& w, int64_t heads) {
     return F::rotary_embedding(w(x).view({B, T, heads, D}), start_pos, rope_theta_).transpose(1, 2);
   };
-  return {rotated(*wq, n_heads_), rotated(*wk, n_kv_heads_),
-          (*wv)(x).view({B, T, n_kv_heads_, D}).transpose(1, 2)};
+  return {rotated(*wq, n_heads_), rotated(*wk, n_kv_heads_), (*wv)(x).view({B, T, n_kv_heads_, D}).transpose(1, 2)};
 }
 
 Tensor LlamaAttention::merge(const Tensor& y) {
@@ -122,7 +123,7 @@ Tensor Llama::forward(const Tensor& tokens) {
   CASTOR_CHECK(T <= config_.max_seq_len, "Llama: cannot forward a sequence of length ", T, ", max_seq_len is only ",
                config_.max_seq_len);
   const Tensor h = (*layers)((*dropout)((*tok_embeddings)(tokens)));  // (B, T, dim)
-  return (*output)((*norm)(h));                                        // (B, T, vocab_size)
+  return (*output)((*norm)(h));                                       // (B, T, vocab_size)
 }
 
 LanguageModel::CacheShape Llama::cache_shape() const {
@@ -142,9 +143,7 @@ Tensor Llama::forward_cached_impl(const Tensor& tokens, KVCache& cache) {
   return (*output)((*norm)(x));  // (B, n, vocab_size)
 }
 
-std::shared_ptr<Llama> llama(const LlamaConfig& config, uint64_t seed) {
-  return std::make_shared<Llama>(config, seed);
-}
+std::shared_ptr<Llama> llama(const LlamaConfig& config, uint64_t seed) { return std::make_shared<Llama>(config, seed); }
 
 LlamaConfig llama_preset(const std::string& name, int64_t vocab_size) {
   LlamaConfig c;

@@ -110,9 +110,7 @@ void LoraConfig::validate() const {
   }
 }
 
-Tensor LoraAdapter::delta(const Tensor& x) const {
-  return (*lora_B)((*lora_A)((*lora_dropout)(x))) * scaling;
-}
+Tensor LoraAdapter::delta(const Tensor& x) const { return (*lora_B)((*lora_A)((*lora_dropout)(x))) * scaling; }
 
 std::vector<std::string> apply_lora(Module& model, const LoraConfig& config) {
   config.validate();

@@ -20,8 +20,8 @@ Tensor channels_last(const Tensor& input) {
 
 }  // namespace
 
-using nn::BatchNorm2d;
 using nn::BasicBlock;
+using nn::BatchNorm2d;
 using nn::Conv2d;
 using nn::Linear;
 using nn::ModulePtr;
@@ -44,7 +44,7 @@ Tensor SimpleCNN::forward(const Tensor& input) {
                                        /*padding=*/{1, 1}, /*pool_kernel=*/{2, 2});  // (N, 32, H/2, W/2)
   x = F::conv2d_max_pool2d_relu(x, conv2->weight, conv2->bias, /*stride=*/{1, 1}, /*padding=*/{1, 1},
                                 /*pool_kernel=*/{2, 2});  // (N, 64, H/4, W/4)
-  x = F::relu(fc1->forward(F::flatten(x)));                                     // (N, 128)
+  x = F::relu(fc1->forward(F::flatten(x)));               // (N, 128)
   return fc2->forward(x);
 }
 
@@ -84,9 +84,9 @@ ResNet18::ResNet18(int64_t in_channels, int64_t num_classes) {
 
 // (N, C, H, W) -> (N, num_classes)
 Tensor ResNet18::forward(const Tensor& input) {
-  Tensor x = F::relu(bn1->forward(conv1->forward(channels_last(input))));  // (N, 64, H, W)
+  Tensor x = F::relu(bn1->forward(conv1->forward(channels_last(input))));     // (N, 64, H, W)
   x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));  // (N, 512, H/8, W/8)
-  x = F::flatten(F::adaptive_avg_pool2d(x, /*output_size=*/{1, 1}));         // (N, 512)
+  x = F::flatten(F::adaptive_avg_pool2d(x, /*output_size=*/{1, 1}));          // (N, 512)
   return fc->forward(x);
 }
 
@@ -101,8 +101,8 @@ std::shared_ptr<Sequential> conv_bn(int64_t in, int64_t out, bool pool) {
 }
 
 std::shared_ptr<Sequential> residual(int64_t channels) {
-  return std::make_shared<Sequential>(std::initializer_list<ModulePtr>{
-      conv_bn(channels, channels, /*pool=*/false), conv_bn(channels, channels, /*pool=*/false)});
+  return std::make_shared<Sequential>(std::initializer_list<ModulePtr>{conv_bn(channels, channels, /*pool=*/false),
+                                                                       conv_bn(channels, channels, /*pool=*/false)});
 }
 
 }  // namespace

@@ -42,8 +42,8 @@ void Module::check_new_name(const std::string& name, const char* what) const {
   auto taken = [&](const auto& entries) {
     return std::any_of(entries.begin(), entries.end(), [&](const auto& e) { return e.first == name; });
   };
-  CASTOR_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_), type_name(), ": cannot register ",
-               what, " \"", name, "\": the name is already taken");
+  CASTOR_CHECK(!taken(parameters_) && !taken(buffers_) && !taken(children_), type_name(), ": cannot register ", what,
+               " \"", name, "\": the name is already taken");
 }
 
 Tensor Module::register_parameter(const std::string& name, const Tensor& value) {

@@ -28,15 +28,15 @@ Tensor sync_batch_norm(const Tensor& input, const Tensor& running_mean, const Te
                        const Tensor& bias, double momentum, double eps) {
   CASTOR_CHECK(input.dim() == 4, "sync_batch_norm: expected a 4-d (N, C, H, W) input, got ", input.describe());
   const int64_t C = input.size(1);
-  const Tensor x = input.to(DType::Float32);                         // (N, C, H, W)
+  const Tensor x = input.to(DType::Float32);  // (N, C, H, W)
   const double local_count = static_cast<double>(input.numel() / C);
   // Per channel: sum, sum of squares; then the element count, summed over ranks in one all-reduce.
   Tensor stats = cat({sum(x, {0, 2, 3}), sum(mul(x, x), {0, 2, 3}), full({1}, local_count)});  // (2C + 1)
   stats = AllReduceSum::apply({stats});
   const double count = stats.narrow(0, 2 * C, 1).item();
   CASTOR_CHECK(count > 1, "sync_batch_norm: expected more than one value per channel over all ranks, got ", count);
-  const Tensor mean = mul(stats.narrow(0, 0, C), 1.0 / count);                          // (C)
-  const Tensor var = sub(mul(stats.narrow(0, C, C), 1.0 / count), mul(mean, mean));     // (C), biased
+  const Tensor mean = mul(stats.narrow(0, 0, C), 1.0 / count);                       // (C)
+  const Tensor var = sub(mul(stats.narrow(0, C, C), 1.0 / count), mul(mean, mean));  // (C), biased
   if (running_mean.defined()) {
     NoGradGuard no_grad;
     Tensor rm = running_mean, rv = running_var;  // (handles sharing the module's buffers)

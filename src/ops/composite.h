@@ -9,9 +9,10 @@ namespace castor {
   template <>               \
   struct OpDef<OpKind::e> : CompositeOp {};
 
-CASTOR_COMPOSITE(Matmul) CASTOR_COMPOSITE(Stack) CASTOR_COMPOSITE(Linear) CASTOR_COMPOSITE(Dropout)
-CASTOR_COMPOSITE(NllLoss) CASTOR_COMPOSITE(MseLoss) CASTOR_COMPOSITE(BinaryCrossEntropyWithLogits)
-CASTOR_COMPOSITE(BinaryCrossEntropy) CASTOR_COMPOSITE(MaskedFill)
+CASTOR_COMPOSITE(Matmul)
+CASTOR_COMPOSITE(Stack) CASTOR_COMPOSITE(Linear) CASTOR_COMPOSITE(Dropout) CASTOR_COMPOSITE(NllLoss)
+    CASTOR_COMPOSITE(MseLoss) CASTOR_COMPOSITE(BinaryCrossEntropyWithLogits) CASTOR_COMPOSITE(BinaryCrossEntropy)
+        CASTOR_COMPOSITE(MaskedFill)
 
 #undef CASTOR_COMPOSITE
 

@@ -44,14 +44,14 @@ Nll nll_terms(const char* op, const Tensor& log_probs, const Tensor& target, int
   const int64_t n = log_probs.size(0), c = log_probs.size(1);
   CASTOR_CHECK(target.dtype() == DType::Int64 && target.dim() == 1 && target.size(0) == n, op,
                ": expected int64 class indices of shape (", n, "), got ", target.describe());
-  CASTOR_CHECK(!weight.defined() || weight.shape() == Shape{c}, op, ": expected class weights of shape (", c,
-               "), got ", weight.describe());
+  CASTOR_CHECK(!weight.defined() || weight.shape() == Shape{c}, op, ": expected class weights of shape (", c, "), got ",
+               weight.describe());
   const std::vector<int64_t> t = target.to_vector<int64_t>();
   std::vector<double> safe(n), valid(n);
   for (int64_t i = 0; i < n; ++i) {
     const bool ignored = t[i] == ignore_index;
-    CASTOR_CHECK(ignored || (t[i] >= 0 && t[i] < c), op, ": target ", t[i], " of sample ", i,
-                 " is out of bounds for ", c, " classes");
+    CASTOR_CHECK(ignored || (t[i] >= 0 && t[i] < c), op, ": target ", t[i], " of sample ", i, " is out of bounds for ",
+                 c, " classes");
     safe[i] = ignored ? 0 : static_cast<double>(t[i]);
     valid[i] = ignored ? 0 : 1;
   }
@@ -205,7 +205,8 @@ Tensor binary_cross_entropy(const Tensor& probs, const Tensor& target, Reduction
   CASTOR_CHECK(p.numel() == 0 || (min(p).item() >= 0 && max(p).item() <= 1),
                "binary_cross_entropy: all elements of input should be between 0 and 1, got ", p.describe());
   // PyTorch clamps the logarithms at -100 so that probabilities of exactly 0 or 1 give a finite loss.
-  const Tensor loss = -(t * clamp(log(p), -100.0, std::nullopt) + (1.0 - t) * clamp(log(1.0 - p), -100.0, std::nullopt));
+  const Tensor loss = -(t * clamp(log(p), -100.0, std::nullopt) +
+                        (1.0 - t) * clamp(log(1.0 - p), -100.0, std::nullopt));
   return s.done(reduce(loss, reduction));
 }
 

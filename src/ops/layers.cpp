@@ -41,8 +41,10 @@ Tensor wanted(const Node& node, size_t input, DType dtype, MemoryFormat format =
 kernels::Conv2dParams conv_params(const char* op, const Tensor& x, const Tensor& w, const Tensor& b,
                                   std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
                                   std::array<int64_t, 2> dilation, int64_t groups, Shape& out_shape) {
-  CASTOR_CHECK(x.dim() == 4 && w.dim() == 4, op, ": expected a 4-D (N, C, H, W) input and (O, C/groups, kh, kw) "
-               "weight, got ", x.describe(), " and ", w.describe());
+  CASTOR_CHECK(x.dim() == 4 && w.dim() == 4, op,
+               ": expected a 4-D (N, C, H, W) input and (O, C/groups, kh, kw) "
+               "weight, got ",
+               x.describe(), " and ", w.describe());
   check_floating(op, x);
   CASTOR_CHECK(w.dtype() == x.dtype() && (!b.defined() || b.dtype() == x.dtype()), op, ": input ", x.describe(),
                ", weight ", w.describe(), " and bias ", b.defined() ? b.describe() : "(none)",
@@ -163,8 +165,8 @@ std::vector<Tensor> OpDef<OpKind::Conv2d>::backward(const Node& node, const Para
                                                     Tensor diff_dst) {
   check_first_order(node);
   const Tensor src = node.unpack(s.src);
-  return conv2d_grads(node, src, node.unpack(s.weights),
-                      grad_in(diff_dst, node.out_dtype, kernels::layer_format(src)), p.conv);
+  return conv2d_grads(node, src, node.unpack(s.weights), grad_in(diff_dst, node.out_dtype, kernels::layer_format(src)),
+                      p.conv);
 }
 
 Tensor F::conv2d_max_pool2d_relu(const Tensor& input, const Tensor& weight, const Tensor& bias,
@@ -175,8 +177,8 @@ Tensor F::conv2d_max_pool2d_relu(const Tensor& input, const Tensor& weight, cons
   const char* op = op_name(OpKind::Conv2dMaxPool2dRelu);
   Shape conv_shape, out_shape;
   const kernels::Conv2dParams cp = conv_params(op, x, w, b, stride, padding, {1, 1}, 1, conv_shape);
-  kernels::Pool2dParams pp =
-      pool_params(OpKind::Conv2dMaxPool2dRelu, conv_shape, pool_kernel, pool_kernel, {0, 0}, out_shape);
+  kernels::Pool2dParams pp = pool_params(OpKind::Conv2dMaxPool2dRelu, conv_shape, pool_kernel, pool_kernel, {0, 0},
+                                         out_shape);
   pp.relu = true;
   // A one-channel input is laid out alike in both formats (a model's grayscale batch): it takes the fused,
   // channels-last path too, which keeps the network after it channels-last.
@@ -208,8 +210,7 @@ Tensor F::batch_norm(const Tensor& input, const Tensor& running_mean, const Tens
                      const Tensor& bias, bool training, double momentum, double eps) {
   OpScope s(OpKind::BatchNorm, {input, weight, bias});
   const Tensor &x = s[0], &w = s[1], &b = s[2];
-  CASTOR_CHECK(x.dim() == 2 || x.dim() == 4, "batch_norm: expected a (N, C) or (N, C, H, W) input, got ",
-               x.describe());
+  CASTOR_CHECK(x.dim() == 2 || x.dim() == 4, "batch_norm: expected a (N, C) or (N, C, H, W) input, got ", x.describe());
   check_floating("batch_norm", x);
   const int64_t c = x.size(1), count = x.numel() / c;
   for (const Tensor* t : {&w, &b, &running_mean, &running_var})

@@ -72,8 +72,7 @@ std::vector<Tensor> OpDef<OpKind::Bmm>::backward(const Node& node, const Params&
 Tensor addmm(const Tensor& bias_in, const Tensor& mat1, const Tensor& mat2) {
   OpScope s(OpKind::Addmm, {bias_in, mat1, mat2});
   const Tensor &bias = s[0], &a = s[1], &b = s[2];
-  CASTOR_CHECK(a.dim() == 2 && b.dim() == 2, "addmm: expected 2-D matrices, got ", a.describe(), " and ",
-               b.describe());
+  CASTOR_CHECK(a.dim() == 2 && b.dim() == 2, "addmm: expected 2-D matrices, got ", a.describe(), " and ", b.describe());
   CASTOR_CHECK(a.size(1) == b.size(0), "addmm: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
                " cannot be multiplied (", a.size(1), " != ", b.size(0), ")");
   CASTOR_CHECK(bias.dim() == 1 && bias.size(0) == b.size(1), "addmm: expected a 1-D input of ", b.size(1),
@@ -129,7 +128,7 @@ std::pair<Tensor, Tensor> product_grads(const Tensor& a, const Tensor& b, const 
   const auto product = [](const Tensor& x, const Tensor& y) { return x.dim() == 2 ? mm(x, y) : bmm(x, y); };
   const bool b_transposed = b.dim() == 2 && !b.is_contiguous() && b.t().is_contiguous();
   const Tensor diff_a = need_a ? product(diff_dst, b.transpose(-2, -1)) : Tensor();
-  const Tensor diff_b = !need_b      ? Tensor()
+  const Tensor diff_b = !need_b        ? Tensor()
                         : b_transposed ? mm(diff_dst.t(), a).t()
                                        : product(a.transpose(-2, -1), diff_dst);
   return {diff_a, diff_b};

@@ -197,8 +197,7 @@ std::vector<Tensor> SoftmaxDef::backward(const Node& node, const Params& p, cons
   for (int64_t d = 0; d < dim; ++d) outer *= shape[d];
   for (size_t d = dim + 1; d < shape.size(); ++d) inner *= shape[d];
   Tensor out = empty(shape, node.input_dtypes[0]);
-  kernels::softmax_backward_dim(g.contiguous(), y.contiguous(), outer, shape.empty() ? 1 : shape[dim], inner, log,
-                                out);
+  kernels::softmax_backward_dim(g.contiguous(), y.contiguous(), outer, shape.empty() ? 1 : shape[dim], inner, log, out);
   return {out};
 }
 

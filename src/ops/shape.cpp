@@ -163,7 +163,8 @@ Tensor unslice(const Tensor& g, const Shape& shape, int64_t dim, int64_t start, 
     zs.insert(zs.begin() + dim + 1, step - 1);
     Shape flat = g.shape();
     flat[dim] = n * step;
-    spread = cat({g.unsqueeze(dim + 1), zeros(zs, g.dtype())}, dim + 1).reshape(flat).narrow(dim, 0, (n - 1) * step + 1);
+    spread =
+        cat({g.unsqueeze(dim + 1), zeros(zs, g.dtype())}, dim + 1).reshape(flat).narrow(dim, 0, (n - 1) * step + 1);
   }
   std::vector<Tensor> parts;
   auto zero_rows = [&](int64_t rows) {

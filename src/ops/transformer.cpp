@@ -33,8 +33,8 @@ int64_t norm_rows(const char* op, const Tensor& x, const Shape& normalized_shape
                   const Tensor& bias) {
   CASTOR_CHECK(is_floating(x.dtype()), op, ": needs a floating-point input, got ", x.describe());
   const int64_t nd = static_cast<int64_t>(normalized_shape.size());
-  CASTOR_CHECK(nd >= 1 && nd <= x.dim(), op, ": normalized_shape ", shape_str(normalized_shape),
-               " does not fit input ", x.describe());
+  CASTOR_CHECK(nd >= 1 && nd <= x.dim(), op, ": normalized_shape ", shape_str(normalized_shape), " does not fit input ",
+               x.describe());
   for (int64_t d = 0; d < nd; ++d)
     CASTOR_CHECK(x.size(x.dim() - nd + d) == normalized_shape[d], op, ": input ", x.describe(),
                  " does not end in normalized_shape ", shape_str(normalized_shape));
@@ -155,8 +155,8 @@ std::vector<Tensor> OpDef<OpKind::RmsNorm>::backward(const Node& node, const Par
   const int64_t R = src.size(0), C = p.normalized;
   Tensor diff_src = wanted(node, 0, {R, C}, src.dtype());
   Tensor diff_weight = weight.defined() ? wanted(node, 1, {C}, weight.dtype()) : Tensor();
-  kernels::rms_norm_backward(src, grad_in(diff_dst, node.out_dtype).view({R, C}), weight, node.unpack(s.rstd),
-                             diff_src, diff_weight);
+  kernels::rms_norm_backward(src, grad_in(diff_dst, node.out_dtype).view({R, C}), weight, node.unpack(s.rstd), diff_src,
+                             diff_weight);
   std::vector<Tensor> grads = {diff_src.defined() ? diff_src.view(node.input_shapes[0]) : Tensor()};
   if (weight.defined()) grads.push_back(diff_weight.defined() ? diff_weight.view(node.input_shapes[1]) : Tensor());
   return grads;
@@ -183,8 +183,8 @@ Tensor F::scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, c
   CASTOR_CHECK(!(is_causal && attn_mask.defined()), op, ": pass either attn_mask or is_causal, not both");
   OpScope s(OpKind::ScaledDotProductAttention, {q_in, k_in, v_in});
   const Tensor &q = s[0], &k = s[1], &v = s[2];
-  CASTOR_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, ": expected (B, H, T, D) q, k, v, got ",
-               q.describe(), ", ", k.describe(), ", ", v.describe());
+  CASTOR_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, op, ": expected (B, H, T, D) q, k, v, got ", q.describe(),
+               ", ", k.describe(), ", ", v.describe());
   CASTOR_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype() && is_floating(q.dtype()), op,
                ": q, k, v must share one floating dtype, got ", q.describe(), ", ", k.describe(), ", ", v.describe());
   CASTOR_CHECK(k.shape() == v.shape() && q.size(0) == k.size(0) && q.size(3) == k.size(3), op,
@@ -294,7 +294,8 @@ Tensor attention_math(const Tensor& q, const Tensor& k_in, const Tensor& v_in, c
       for (int64_t j = 0; j < tk; ++j) u[i * tk + j] = j > i;
     scores = masked_fill(scores, upper, -INFINITY);
   } else if (mask.defined()) {
-    scores = mask.dtype() == DType::Bool ? masked_fill(scores, eq(mask, scalar_tensor(0, DType::Bool)), -INFINITY) : scores + mask;
+    scores = mask.dtype() == DType::Bool ? masked_fill(scores, eq(mask, scalar_tensor(0, DType::Bool)), -INFINITY)
+                                         : scores + mask;
   }
   Tensor probs = softmax(scores, -1);
   Tensor keep;
@@ -340,8 +341,8 @@ std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, do
 Tensor F::rotary_embedding(const Tensor& input, int64_t start_pos, double theta, RotaryPairing pairing) {
   OpScope s(OpKind::RotaryEmbedding, {input});
   const Tensor& x = s[0];
-  CASTOR_CHECK(x.dim() == 4 && is_floating(x.dtype()),
-               "rotary_embedding: expected a floating (B, T, H, D) input, got ", x.describe());
+  CASTOR_CHECK(x.dim() == 4 && is_floating(x.dtype()), "rotary_embedding: expected a floating (B, T, H, D) input, got ",
+               x.describe());
   CASTOR_CHECK(x.size(3) % 2 == 0, "rotary_embedding: head size ", x.size(3), " of ", x.describe(),
                " is odd (RoPE rotates pairs of elements)");
   CASTOR_CHECK(start_pos >= 0 && theta > 0, "rotary_embedding: start_pos ", start_pos, " and theta ", theta,
@@ -369,8 +370,8 @@ std::vector<Tensor> OpDef<OpKind::RotaryEmbedding>::backward(const Node& node, c
 
 Tensor F::swiglu(const Tensor& gate_in, const Tensor& up_in) {
   OpScope s(OpKind::SwiGlu, {gate_in, up_in});
-  CASTOR_CHECK(s[0].shape() == s[1].shape() && is_floating(s[0].dtype()) && is_floating(s[1].dtype()),
-               "swiglu: gate ", s[0].describe(), " and up ", s[1].describe(), " must be floating, of one shape");
+  CASTOR_CHECK(s[0].shape() == s[1].shape() && is_floating(s[0].dtype()) && is_floating(s[1].dtype()), "swiglu: gate ",
+               s[0].describe(), " and up ", s[1].describe(), " must be floating, of one shape");
   const DType dt = result_type({s[0], s[1]});
   const Tensor gate = s[0].to(dt), up = s[1].to(dt);  // promoted as silu(gate) * up would be
   const Tensor a = gate.detach().contiguous(), b = up.detach().contiguous();
@@ -380,8 +381,7 @@ Tensor F::swiglu(const Tensor& gate_in, const Tensor& up_in) {
   return s.done(out);
 }
 
-std::vector<Tensor> OpDef<OpKind::SwiGlu>::backward(const Node& node, const Params&, const Saved& s,
-                                                    Tensor diff_dst) {
+std::vector<Tensor> OpDef<OpKind::SwiGlu>::backward(const Node& node, const Params&, const Saved& s, Tensor diff_dst) {
   check_first_order(node);
   const Tensor a = node.unpack(s.gate), b = node.unpack(s.up);
   Tensor diff_gate = wanted(node, 0, a.shape(), a.dtype()), diff_up = wanted(node, 1, b.shape(), b.dtype());

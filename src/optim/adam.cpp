@@ -46,18 +46,17 @@ void Adam::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g
   *step += 1.0f;
   const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(*step));
   const double bias_correction2 = 1 - std::pow(options_.beta2, static_cast<double>(*step));
-  const kernels::AdamUpdate u{
-      .neg_step_size = static_cast<float>(-(group.lr / bias_correction1)),
-      .bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2)),
-      .beta1 = static_cast<float>(options_.beta1),
-      .one_minus_beta1 = static_cast<float>(1.0 - options_.beta1),
-      .beta2 = static_cast<float>(options_.beta2),
-      .one_minus_beta2 = static_cast<float>(1.0 - options_.beta2),
-      .eps = static_cast<float>(options_.eps),
-      .weight_decay = static_cast<float>(group.weight_decay),
-      .decay_factor = static_cast<float>(1.0 - group.lr * group.weight_decay),
-      .coupled = !options_.decoupled_weight_decay && group.weight_decay != 0,
-      .decoupled = options_.decoupled_weight_decay};
+  const kernels::AdamUpdate u{.neg_step_size = static_cast<float>(-(group.lr / bias_correction1)),
+                              .bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2)),
+                              .beta1 = static_cast<float>(options_.beta1),
+                              .one_minus_beta1 = static_cast<float>(1.0 - options_.beta1),
+                              .beta2 = static_cast<float>(options_.beta2),
+                              .one_minus_beta2 = static_cast<float>(1.0 - options_.beta2),
+                              .eps = static_cast<float>(options_.eps),
+                              .weight_decay = static_cast<float>(group.weight_decay),
+                              .decay_factor = static_cast<float>(1.0 - group.lr * group.weight_decay),
+                              .coupled = !options_.decoupled_weight_decay && group.weight_decay != 0,
+                              .decoupled = options_.decoupled_weight_decay};
   const WriteBack wb = take_write_back();
   kernels::adam_update(u, w.numel(), w.data<float>(), g.data<float>(), state("exp_avg", w.shape()),
                        state("exp_avg_sq", w.shape()), options_.amsgrad ? state("max_exp_avg_sq", w.shape()) : nullptr,

@@ -34,8 +34,9 @@ void LRScheduler::step() {
   }
   // step 0 is taken by the constructor, so step_count_ == 1 here means the user's first call.
   if (step_count_ == 1 && optimizer_.step_count() + optimizer_.skipped_steps() - optimizer_steps_at_start_ < 1)
-    warn("lr_scheduler.step() was called before optimizer.step(), so the schedule's first learning rate is "
-         "skipped; step the optimizer first, then the scheduler (as PyTorch 1.1+ expects)");
+    warn(
+        "lr_scheduler.step() was called before optimizer.step(), so the schedule's first learning rate is "
+        "skipped; step the optimizer first, then the scheduler (as PyTorch 1.1+ expects)");
   ++step_count_;
   std::vector<ParamGroup>& groups = optimizer_.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) groups[g].lr = lrs[g];
@@ -109,7 +110,8 @@ std::vector<double> CosineAnnealingLR::get_lr() const {
     if (phase == 0)
       lrs[g] = lrs[g] + (base_lrs_[g] - eta_min_) * (1 - std::cos(M_PI / t_max_)) / 2;
     else
-      lrs[g] = rounded_mul((1 + std::cos(M_PI * last_epoch_ / t_max_)) / (1 + std::cos(M_PI * (last_epoch_ - 1) / t_max_)),
+      lrs[g] = rounded_mul((1 + std::cos(M_PI * last_epoch_ / t_max_)) /
+                               (1 + std::cos(M_PI * (last_epoch_ - 1) / t_max_)),
                            lrs[g] - eta_min_) +
                eta_min_;
   }
@@ -187,8 +189,8 @@ std::vector<double> OneCycleLR::get_lr() const {
     for (size_t i = 0; i < phases_.size(); ++i) {
       const Phase& phase = phases_[i];
       if (last_epoch_ <= phase.end_step || i + 1 == phases_.size()) {
-        CASTOR_CHECK(phase.end_step != start_step, "OneCycleLR: phase ", i, " is empty (pct_start ",
-                     options_.pct_start, ", total_steps ", options_.total_steps, ")");
+        CASTOR_CHECK(phase.end_step != start_step, "OneCycleLR: phase ", i, " is empty (pct_start ", options_.pct_start,
+                     ", total_steps ", options_.total_steps, ")");
         const double pct = (last_epoch_ - start_step) / (phase.end_step - start_step);
         const double start = level(g, phase.start), end = level(g, phase.end);
         lrs[g] = options_.anneal == OneCycleLROptions::Anneal::Cos

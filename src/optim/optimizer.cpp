@@ -148,7 +148,9 @@ void Optimizer::apply_step() {
       Tensor g = float32_grad(slot);
       if (!g.defined()) continue;
       const bool narrow = is_16bit_float(slot.param.dtype());
-      Tensor w = !narrow ? slot.param.detach() : slot.master.defined() ? slot.master : slot.param.detach().to(DType::Float32);
+      Tensor w = !narrow                 ? slot.param.detach()
+                 : slot.master.defined() ? slot.master
+                                         : slot.param.detach().to(DType::Float32);
       // A 16-bit parameter is rounded from w inside the update's pass if it takes the write-back, else here.
       const bool stochastic = narrow && rounding_ == Rounding::Stochastic;
       if (narrow) pending_write_back_ = WriteBack{slot.param, stochastic, stochastic ? rounding_gen_.next_u64() : 0};
@@ -195,8 +197,9 @@ void Optimizer::stage_float32_grad(size_t group, size_t index, Tensor grad32) {
   CASTOR_CHECK(group < groups_.size() && index < groups_[group].slots.size(), "stage_float32_grad: no parameter ",
                index, " in group ", group);
   ParamSlot& slot = groups_[group].slots[index];
-  CASTOR_CHECK(grad32.dtype() == DType::Float32 && grad32.shape() == slot.param.shape(), "stage_float32_grad: ",
-               grad32.describe(), " is not a float32 gradient for parameter ", slot.param.describe());
+  CASTOR_CHECK(grad32.dtype() == DType::Float32 && grad32.shape() == slot.param.shape(),
+               "stage_float32_grad: ", grad32.describe(), " is not a float32 gradient for parameter ",
+               slot.param.describe());
   slot.staged_grad_ = std::move(grad32);
 }
 

@@ -11,7 +11,8 @@ void SGDOptions::validate() const {
   CASTOR_CHECK(momentum >= 0, "SGD: invalid momentum ", momentum, " (must be >= 0)");
   CASTOR_CHECK(weight_decay >= 0, "SGD: invalid weight_decay ", weight_decay, " (must be >= 0)");
   CASTOR_CHECK(!nesterov || (momentum > 0 && dampening == 0),
-               "SGD: nesterov requires a momentum and zero dampening (momentum ", momentum, ", dampening ", dampening, ")");
+               "SGD: nesterov requires a momentum and zero dampening (momentum ", momentum, ", dampening ", dampening,
+               ")");
 }
 
 SGD::SGD(const std::vector<Tensor>& params, SGDOptions options) : options_(options) {

@@ -31,9 +31,9 @@ thread_local CastCacheStats g_cache_stats;
 struct Kept {
   std::weak_ptr<TensorImpl> source;
   DType dtype;
-  bool used = false;                // cast since the last keep_cast (the next step should keep a copy)
-  uint32_t version = 0;             // of the source when the copy was written
-  std::weak_ptr<TensorImpl> copy;   // owned by the optimizer
+  bool used = false;               // cast since the last keep_cast (the next step should keep a copy)
+  uint32_t version = 0;            // of the source when the copy was written
+  std::weak_ptr<TensorImpl> copy;  // owned by the optimizer
 };
 std::mutex g_kept_mutex;
 std::unordered_map<const TensorImpl*, Kept> g_kept;
@@ -83,9 +83,7 @@ Tensor cached_cast(const Tensor& t, DType dtype) {
   return c;
 }
 
-bool castable(const Tensor& t) {
-  return t.defined() && (t.dtype() == DType::Float32 || is_16bit_float(t.dtype()));
-}
+bool castable(const Tensor& t) { return t.defined() && (t.dtype() == DType::Float32 || is_16bit_float(t.dtype())); }
 
 }  // namespace
 
@@ -110,8 +108,8 @@ std::vector<Tensor> cast_inputs(CastPolicy policy, const std::vector<Tensor>& in
   switch (policy) {
     case CastPolicy::LowerPrecision:
       for (Tensor& t : out)
-        if (castable(t) && t.dtype() != g_state.dtype) t = t.dtype() == DType::Float32 ? cached_cast(t, g_state.dtype)
-                                                                                       : t.to(g_state.dtype);
+        if (castable(t) && t.dtype() != g_state.dtype)
+          t = t.dtype() == DType::Float32 ? cached_cast(t, g_state.dtype) : t.to(g_state.dtype);
       break;
     case CastPolicy::Float32:
       for (Tensor& t : out)
@@ -224,8 +222,8 @@ std::optional<DType> cast_to_keep(const Tensor& param) {
 
 void keep_cast(const Tensor& param, const Tensor& copy) {
   CASTOR_ASSERT(param.dtype() == DType::Float32 && is_16bit_float(copy.dtype()) && copy.is_contiguous() &&
-                    copy.shape() == param.shape(), "keep_cast: ", copy.describe(), " cannot be a cast of ",
-                param.describe());
+                    copy.shape() == param.shape(),
+                "keep_cast: ", copy.describe(), " cannot be a cast of ", param.describe());
   std::lock_guard<std::mutex> lock(g_kept_mutex);
   Kept& k = kept_entry(param, copy.dtype());
   k = Kept{param.impl_ptr(), copy.dtype(), /*used=*/false, param.version(), copy.impl_ptr()};

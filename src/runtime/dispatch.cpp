@@ -32,7 +32,8 @@ OpScope::OpScope(OpKind op, std::vector<Tensor> inputs) : op_(op), label_(op_nam
 Tensor OpScope::done(Tensor out) {
   if (g_observer) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-    g_observer->on_op({op_, given_.empty() ? &inputs_ : &given_, &inputs_, &out, s, false, autocast_seconds_, nesting_.depth()});
+    g_observer->on_op(
+        {op_, given_.empty() ? &inputs_ : &given_, &inputs_, &out, s, false, autocast_seconds_, nesting_.depth()});
   }
   return out;
 }

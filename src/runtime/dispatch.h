@@ -13,13 +13,13 @@ namespace castor {
 // What an observer sees of one op: the inputs before and after autocast and the output.
 struct OpEvent {
   OpKind op;
-  const std::vector<Tensor>* given;  // as the caller passed them
+  const std::vector<Tensor>* given;   // as the caller passed them
   const std::vector<Tensor>* inputs;  // as the op ran on them
   const Tensor* out;
   double seconds;
-  bool backward;  // a backward rule rather than a forward op
+  bool backward;                // a backward rule rather than a forward op
   double autocast_seconds = 0;  // spent casting the inputs (cache lookups included) before the op ran
-  int depth = 0;  // 0: called by the user; > 0: run inside another op or inside a backward rule
+  int depth = 0;                // 0: called by the user; > 0: run inside another op or inside a backward rule
 };
 
 // Marks the ops run while it lives as nested one level deeper (OpScope and the backward engine use it).

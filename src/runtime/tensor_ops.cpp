@@ -14,17 +14,18 @@ namespace castor {
 bool Tensor::requires_grad() const { return d().requires_grad || impl_->grad_fn != nullptr; }
 
 Tensor& Tensor::requires_grad_(bool requires_grad) {
-  CASTOR_CHECK(is_leaf() || requires_grad, "requires_grad_(false) on a non-leaf tensor ", describe(),
-               ": use detach()");
-  CASTOR_CHECK(!requires_grad || is_floating(dtype()), "requires_grad_: only floating-point tensors can require "
-               "gradients, got ", describe());
+  CASTOR_CHECK(is_leaf() || requires_grad, "requires_grad_(false) on a non-leaf tensor ", describe(), ": use detach()");
+  CASTOR_CHECK(!requires_grad || is_floating(dtype()),
+               "requires_grad_: only floating-point tensors can require "
+               "gradients, got ",
+               describe());
   impl_->requires_grad = requires_grad;
   return *this;
 }
 
 void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_graph) const {
-  castor::backward({*this}, gradient.defined() ? std::vector<Tensor>{gradient} : std::vector<Tensor>{},
-                   retain_graph, create_graph);
+  castor::backward({*this}, gradient.defined() ? std::vector<Tensor>{gradient} : std::vector<Tensor>{}, retain_graph,
+                   create_graph);
 }
 
 void Tensor::register_hook(GradHook hook) const {
@@ -36,8 +37,10 @@ void Tensor::register_hook(GradHook hook) const {
 }
 
 void Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook hook) const {
-  CASTOR_CHECK(is_leaf() && requires_grad(), "register_post_accumulate_grad_hook: only a leaf that requires grad "
-               "accumulates a gradient, got ", describe());
+  CASTOR_CHECK(is_leaf() && requires_grad(),
+               "register_post_accumulate_grad_hook: only a leaf that requires grad "
+               "accumulates a gradient, got ",
+               describe());
   impl_->post_accumulate_hooks.push_back(std::move(hook));
 }
 

@@ -96,19 +96,20 @@ void verify(const fs::path& dir) {
   CASTOR_CHECK(marker >> word && word == "complete", commit, ": not a commit marker");
   std::vector<std::string> checked;
   while (marker >> name >> sum) {
-    CASTOR_CHECK(std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles), commit,
-                 ": unknown file '", printable(name), "'");
+    CASTOR_CHECK(std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles), commit, ": unknown file '",
+                 printable(name), "'");
     const std::string actual = checksum64_hex(read_file((dir / name).string()));
     CASTOR_CHECK(actual == sum, (dir / name).string(), ": damaged (checksum ", actual, ", the commit marker records ",
                  printable(sum), ")");
     checked.push_back(name);
   }
-  CASTOR_CHECK(checked.size() > 0, commit, ": records no checksums (a checkpoint of a Castor build before "
+  CASTOR_CHECK(checked.size() > 0, commit,
+               ": records no checksums (a checkpoint of a Castor build before "
                "2026-11-24), so damage to it cannot be detected and it is not read; to go on from its weights, start a "
-               "new run with --init ", (dir / kFiles[0]).string());
+               "new run with --init ",
+               (dir / kFiles[0]).string());
   for (const char* f : kFiles)
-    CASTOR_CHECK(std::find(checked.begin(), checked.end(), f) != checked.end(), commit, ": records no checksum of ",
-                 f);
+    CASTOR_CHECK(std::find(checked.begin(), checked.end(), f) != checked.end(), commit, ": records no checksum of ", f);
 }
 
 Checkpoint read_verified(const fs::path& dir) {
@@ -124,7 +125,8 @@ Checkpoint read_verified(const fs::path& dir) {
 }
 
 bool is_temp_name(const std::string& name) {
-  return name.rfind(kPrefix, 0) == 0 && (name.find(".tmp") != std::string::npos || name.find(".old") != std::string::npos);
+  return name.rfind(kPrefix, 0) == 0 &&
+         (name.find(".tmp") != std::string::npos || name.find(".old") != std::string::npos);
 }
 
 }  // namespace

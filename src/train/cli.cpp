@@ -68,7 +68,8 @@ void parse_flags(CLI::App& app, std::vector<std::string> args, const std::string
       // CLI11: "Could not convert: --flag = value"
       const size_t at = msg.find("--"), eq = msg.find(" = ");
       if (at != std::string::npos && eq != std::string::npos)
-        msg = msg.substr(at, eq - at) + ": invalid value '" + msg.substr(eq + 3) + "' (see castor " + command + " --help)";
+        msg = msg.substr(at, eq - at) + ": invalid value '" + msg.substr(eq + 3) + "' (see castor " + command +
+              " --help)";
     }
     std::replace(msg.begin(), msg.end(), '\n', ' ');
     throw Error(msg);
@@ -92,8 +93,10 @@ double parse_number(const std::string& v, std::string& err) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != v.size() || v.empty()) err = "expected a number, got '" + v + "'";
-  else if (!std::isfinite(d)) err = "must be finite, got " + v;
+  if (used != v.size() || v.empty())
+    err = "expected a number, got '" + v + "'";
+  else if (!std::isfinite(d))
+    err = "must be finite, got " + v;
   return d;
 }
 

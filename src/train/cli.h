@@ -35,7 +35,7 @@ constexpr int64_t kMaxThreads = 1024;
 
 // The flags several subcommands take, defined once (their checks with them).
 CLI::Option* add_threads(CLI::App& app, int& target, const std::string& help);    // 0..kMaxThreads
-CLI::Option* add_seed(CLI::App& app, uint64_t& target, const std::string& help);   // 0..2^53
+CLI::Option* add_seed(CLI::App& app, uint64_t& target, const std::string& help);  // 0..2^53
 CLI::Option* add_init(CLI::App& app, std::string& target, const std::string& help);
 CLI::Option* add_n_head(CLI::App& app, int64_t& target, const std::string& help);  // 0 (not given)..1024
 

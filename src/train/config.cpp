@@ -25,8 +25,8 @@ namespace {
 
 // --precision as Lightning 2 spells it ("32", "16" and "bf16" are its short forms of 32-true, 16-mixed, bf16-mixed).
 // auto, the default: bf16-mixed where the CPU has bfloat16 dot-product units, else 32-true (amp::auto_precision).
-const std::vector<std::string> kPrecisions = {"auto", "32-true", "32", "bf16-mixed", "bf16", "16-mixed", "16",
-                                              "bf16-true", "16-true"};
+const std::vector<std::string> kPrecisions = {"auto",     "32-true", "32",        "bf16-mixed", "bf16",
+                                              "16-mixed", "16",      "bf16-true", "16-true"};
 
 // The flags of `castor train` that are not settings: --config and --precision (another spelling of --amp/--dtype).
 struct RawTrainFlags {
@@ -34,14 +34,15 @@ struct RawTrainFlags {
 };
 
 std::unique_ptr<CLI::App> train_app(TrainConfig& c, RawTrainFlags& raw) {
-  auto app = make_app("Trains image classifiers and GPT language models with mixed precision. `castor train` alone "
-                      "trains SimpleCNN on Fashion-MNIST (Debian's dataset-fashion-mnist) for one epoch with Adam, "
-                      "in O1 bfloat16 autocast where the CPU has bfloat16 dot-product units and in float32 elsewhere "
-                      "(--precision auto); `castor train --model gpt` trains nanoGPT's GPT on the Brown "
-                      "corpus's characters with nanoGPT's CPU recipe, reporting validation loss and perplexity; "
-                      "`castor train --model llama` trains llama2.c's Llama on the Brown corpus in a trained 512-piece "
-                      "vocabulary (docs/llama.md).",
-                      "castor train");
+  auto app = make_app(
+      "Trains image classifiers and GPT language models with mixed precision. `castor train` alone "
+      "trains SimpleCNN on Fashion-MNIST (Debian's dataset-fashion-mnist) for one epoch with Adam, "
+      "in O1 bfloat16 autocast where the CPU has bfloat16 dot-product units and in float32 elsewhere "
+      "(--precision auto); `castor train --model gpt` trains nanoGPT's GPT on the Brown "
+      "corpus's characters with nanoGPT's CPU recipe, reporting validation loss and perplexity; "
+      "`castor train --model llama` trains llama2.c's Llama on the Brown corpus in a trained 512-piece "
+      "vocabulary (docs/llama.md).",
+      "castor train");
   app->add_option("--config", raw.config,
                   "read flags from a TOML file whose keys are the flag names (batch-size, or batch_size as in a run's "
                   "config.json), or from a run's config.json; flags on the command line take precedence");
@@ -64,9 +65,10 @@ struct EvalFlags {
 };
 
 std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
-  auto owner = make_app("Test-set accuracy and loss of a checkpoint (a run or checkpoint directory, or a castor "
-                        "model.safetensors), or of PyTorch-written weights given --model and --data.",
-                        "castor eval");
+  auto owner = make_app(
+      "Test-set accuracy and loss of a checkpoint (a run or checkpoint directory, or a castor "
+      "model.safetensors), or of PyTorch-written weights given --model and --data.",
+      "castor eval");
   CLI::App& app = *owner;
   app.add_option("--checkpoint", f.checkpoint, "a run directory, checkpoint directory or model.safetensors");
   app.add_option("file", f.file, "the same as --checkpoint (e.g. weights.safetensors from PyTorch)");
@@ -96,10 +98,12 @@ std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
       "it as llama2.c's OUT/tokenizer.bin). Each input file is one document.",
       "castor tokenize");
   CLI::App& app = *owner;
-  app.add_option("--tokenizer", f.opt.tokenizer, "gpt2 (GPT-2 byte-level BPE), char (the text's characters) or bpe "
+  app.add_option("--tokenizer", f.opt.tokenizer,
+                 "gpt2 (GPT-2 byte-level BPE), char (the text's characters) or bpe "
                  "(a byte-fallback BPE vocabulary learned from the text, as llama2.c's sentencepiece training)")
       ->check(one_of({"gpt2", "char", "bpe"}));
-  app.add_option("--vocab-size", f.opt.vocab_size, "bpe: the vocabulary to learn, 259..65536 pieces (3 special, "
+  app.add_option("--vocab-size", f.opt.vocab_size,
+                 "bpe: the vocabulary to learn, 259..65536 pieces (3 special, "
                  "256 bytes, then merges and characters)");
   auto* input = app.add_option("--input", f.opt.inputs, "UTF-8 text files, one document each")
                     ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
@@ -144,7 +148,8 @@ std::string precision_name(const TrainConfig& c) {
   CASTOR_ASSERT(false, "an opt level without a name");
 }
 
-std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string& exe, const std::vector<std::string>& args) {
+std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string& exe,
+                                        const std::vector<std::string>& args) {
   if (c.nproc <= 1 || std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr) return {};
   std::vector<std::string> cmd = {"mpirun", "-np", std::to_string(c.nproc), "--oversubscribe", "--bind-to", "none"};
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
@@ -155,10 +160,10 @@ std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string&
 }
 
 // Keys of a run's config.json that record facts of the run rather than settings: skipped when it is read back.
-constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization", "input_shape", "num_classes",
-                                         "init_checksum", "class_names", "castor_version", "git_commit",
-                                         "host_cpu", "started", "real_vocab_size", "train_tokens", "val_tokens",
-                                         "precision_auto"};
+constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization", "input_shape",     "num_classes",
+                                         "init_checksum",  "class_names",   "castor_version",  "git_commit",
+                                         "host_cpu",       "started",       "real_vocab_size", "train_tokens",
+                                         "val_tokens",     "precision_auto"};
 
 // The text of one TOML value (what follows a line's '='): a basic string "..." with TOML 1.0's escapes decoded
 // (\b \t \n \f \r \" \\ \uXXXX \UXXXXXXXX), a literal string '...' as it is, or a bare value (a number, true,
@@ -284,8 +289,8 @@ std::vector<std::string> config_file_args(const std::string& path) {
   if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);  // a UTF-8 byte-order mark, as some editors write
   CASTOR_CHECK(is_valid_utf8(text), "--config ", path, ": not UTF-8 text");
   const size_t first = text.find_first_not_of(" \t\r\n");
-  const std::vector<CLI::ConfigItem> items =
-      first != std::string::npos && text[first] == '{' ? json_items(text, path) : toml_items(text, path);
+  const std::vector<CLI::ConfigItem> items = first != std::string::npos && text[first] == '{' ? json_items(text, path)
+                                                                                              : toml_items(text, path);
   TrainConfig c;
   RawTrainFlags raw;
   const std::unique_ptr<CLI::App> app = train_app(c, raw);
@@ -298,14 +303,16 @@ std::vector<std::string> config_file_args(const std::string& path) {
     CASTOR_CHECK(o != nullptr && flag != "--config" && flag != "--help", "--config ", path, ": unknown key '",
                  item.fullname(), "' (the keys are the flag names of castor train --help)");
     const bool is_flag = o->get_expected_min() == 0;
-    CASTOR_CHECK(item.inputs.size() == 1 || (is_flag && item.inputs.empty()), "--config ", path, ": key '",
-                 item.name, "' needs one value");
+    CASTOR_CHECK(item.inputs.size() == 1 || (is_flag && item.inputs.empty()), "--config ", path, ": key '", item.name,
+                 "' needs one value");
     const std::string v = item.inputs.empty() ? "true" : item.inputs[0];
     if (is_flag) {  // true or false
       CASTOR_CHECK(v == "true" || v == "false", "--config ", path, ": ", flag, ": expected true or false, got '", v,
                    "'");
-      if (v == "true") args.push_back(flag);
-      else if (app->get_option_no_throw("--no-" + flag.substr(2))) args.push_back("--no-" + flag.substr(2));
+      if (v == "true")
+        args.push_back(flag);
+      else if (app->get_option_no_throw("--no-" + flag.substr(2)))
+        args.push_back("--no-" + flag.substr(2));
     } else {
       args.push_back(flag + "=" + v);
     }
@@ -360,8 +367,9 @@ void apply_language_model_defaults(TrainConfig& c) {
   CASTOR_CHECK(is_language_model(c.model) == is_text(c.data), "--data ", name(c.data), ": ",
                is_text(c.data) ? "text data trains a language model (--model gpt, gpt-mini, gpt2, llama, llama-260k "
                                  "or llama-15m)"
-                               : "--model " + std::string(name(c.model)) + " needs text data (--data brown-char, "
-                                 "brown, brown-bpe or tokens)");
+                               : "--model " + std::string(name(c.model)) +
+                                     " needs text data (--data brown-char, "
+                                     "brown, brown-bpe or tokens)");
   if (!is_language_model(c.model)) return;
   if (is_llama(c.model))
     apply_llama_sizes(c);
@@ -428,7 +436,8 @@ TrainConfig parse_settings(const std::vector<std::string>& given_args) {
     c.dtype = a.dtype;
     c.precision_reason = a.reason;
   }
-  CASTOR_CHECK(!c.stochastic_rounding || c.amp == amp::OptLevel::O3, "--stochastic-rounding: needs --amp O3 (pure 16-bit)");
+  CASTOR_CHECK(!c.stochastic_rounding || c.amp == amp::OptLevel::O3,
+               "--stochastic-rounding: needs --amp O3 (pure 16-bit)");
   apply_language_model_defaults(c);
   CASTOR_CHECK(!c.loss_scale || c.amp != amp::OptLevel::O0, "--loss-scale: O0 trains in float32 without loss scaling",
                c.precision_reason.empty() ? "" : " (chosen by --precision " + c.precision_reason + ")");
@@ -490,14 +499,25 @@ std::string shell_completion(const std::string& shell) {
   const std::string script =
       "_castor() {\n"
       "  local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} words\n"
-      "  case $prev in\n" + value_cases +
+      "  case $prev in\n" +
+      value_cases +
       "  esac\n"
       "  case ${COMP_WORDS[1]} in\n"
-      "    train) words=\"" + words(*train_app(c, raw)) + "\" ;;\n"
-      "    eval) words=\"" + words(*eval_app(f)) + "\" ;;\n"
-      "    tokenize) words=\"" + words(*tokenize_app(t)) + "\" ;;\n"
-      "    sample) words=\"" + words(*sample_app(sc)) + "\" ;;\n"
-      "    export) words=\"" + words(*export_app(ec)) + "\" ;;\n"
+      "    train) words=\"" +
+      words(*train_app(c, raw)) +
+      "\" ;;\n"
+      "    eval) words=\"" +
+      words(*eval_app(f)) +
+      "\" ;;\n"
+      "    tokenize) words=\"" +
+      words(*tokenize_app(t)) +
+      "\" ;;\n"
+      "    sample) words=\"" +
+      words(*sample_app(sc)) +
+      "\" ;;\n"
+      "    export) words=\"" +
+      words(*export_app(ec)) +
+      "\" ;;\n"
       "    info) words=\"--tensors --help\" ;;\n"
       "    help) words=\"train eval tokenize sample export info env completion\" ;;\n"
       "    completion) words=\"bash zsh\" ;;\n"
@@ -512,7 +532,8 @@ std::string shell_completion(const std::string& shell) {
       "complete -o filenames -F _castor castor\n";
   if (shell == "zsh")  // zsh runs the bash function through its bash-completion emulation
     return "#compdef castor\n# zsh completion for castor (castor completion zsh > ~/.zfunc/_castor, or source it)\n"
-           "autoload -U +X compinit && compinit\nautoload -U +X bashcompinit && bashcompinit\n" + script;
+           "autoload -U +X compinit && compinit\nautoload -U +X bashcompinit && bashcompinit\n" +
+           script;
   return "# bash completion for castor (castor completion bash > /etc/bash_completion.d/castor)\n" + script;
 }
 

@@ -72,10 +72,13 @@ Json run_eval(const EvalConfig& e) {
     throw Error(detail::cat(e.path, ": ", err.what()));
   }
   const std::vector<std::string> classes = task->classes();
-  CASTOR_CHECK(recorded_classes.empty() || recorded_classes == classes, e.path, ": the model was trained on other "
-               "classes than --data-dir ", data_dir(c), " holds (", recorded_classes.size(), " recorded, ",
-               classes.size(), " found, or in another order)");
-  const Evaluation ev = evaluate(*task, *run.model, *run.amp, e.batch_size > 0 ? e.batch_size : task->eval_batch_size());
+  CASTOR_CHECK(recorded_classes.empty() || recorded_classes == classes, e.path,
+               ": the model was trained on other "
+               "classes than --data-dir ",
+               data_dir(c), " holds (", recorded_classes.size(), " recorded, ", classes.size(),
+               " found, or in another order)");
+  const Evaluation ev = evaluate(*task, *run.model, *run.amp,
+                                 e.batch_size > 0 ? e.batch_size : task->eval_batch_size());
   // On a terminal too narrow for the confusion matrix, the per-class columns alone (the JSON has the matrix).
   const int width = isatty(STDERR_FILENO) ? terminal_width(STDERR_FILENO) - 1 : INT32_MAX;
   std::fputs(task->eval_text(ev, width).c_str(), stderr);

@@ -40,7 +40,8 @@ std::vector<std::string> builtin_classes(Dataset data) {
 
 // --data folder: DIR/train, and DIR/val or a --val-split share of DIR/train held out (the same one for a seed).
 void load_folder(const TrainConfig& c, const std::string& dir, Datasets& d) {
-  ImageFolderOptions o{.image_size = c.image_size, .skip_bad_images = c.skip_bad_images,
+  ImageFolderOptions o{.image_size = c.image_size,
+                       .skip_bad_images = c.skip_bad_images,
                        .cache_bytes = c.image_cache_mb < 0 ? -1 : c.image_cache_mb << 20};
   ImageFolder train = load_image_folder(dir + "/train", o);
   d.classes = train.classes;
@@ -64,12 +65,15 @@ void load_folder(const TrainConfig& c, const std::string& dir, Datasets& d) {
     std::vector<bool> held(all.n, false);
     for (int64_t i = 0; i < n_val; ++i) held[order[i]] = true;
     const int64_t sz = all.channels * all.height * all.width;
-    for (ImageDataset* part : {&d.train, &d.test}) *part = {0, all.channels, all.height, all.width, {}, {}, all.num_classes};
+    for (ImageDataset* part : {&d.train, &d.test})
+      *part = {0, all.channels, all.height, all.width, {}, {}, all.num_classes};
     auto train_index = std::make_shared<std::vector<int64_t>>(), test_index = std::make_shared<std::vector<int64_t>>();
     for (int64_t i = 0; i < all.n; ++i) {  // in file order within each part
       ImageDataset& part = held[i] ? d.test : d.train;
-      if (all.load) (held[i] ? test_index : train_index)->push_back(i);
-      else part.images.insert(part.images.end(), all.images.begin() + i * sz, all.images.begin() + (i + 1) * sz);
+      if (all.load)
+        (held[i] ? test_index : train_index)->push_back(i);
+      else
+        part.images.insert(part.images.end(), all.images.begin() + i * sz, all.images.begin() + (i + 1) * sz);
       part.labels.push_back(all.labels[i]);
       ++part.n;
     }
@@ -79,7 +83,8 @@ void load_folder(const TrainConfig& c, const std::string& dir, Datasets& d) {
     }
   }
   if (skipped > 0 && dist::rank() == 0)
-    std::fprintf(stderr, "note: %lld unreadable images left out (--skip-bad-images)\n", static_cast<long long>(skipped));
+    std::fprintf(stderr, "note: %lld unreadable images left out (--skip-bad-images)\n",
+                 static_cast<long long>(skipped));
 }
 
 Datasets load_data(const TrainConfig& c) {
@@ -92,7 +97,8 @@ Datasets load_data(const TrainConfig& c) {
     d.train = load_cifar10(dir, /*train=*/true);
     d.test = load_cifar10(dir, /*train=*/false);
   } else if (c.data == Dataset::Folder) {
-    CASTOR_CHECK(!c.data_dir.empty(), "--data folder: needs --data-dir DIR holding DIR/train/<class>/*.png|jpg (and "
+    CASTOR_CHECK(!c.data_dir.empty(),
+                 "--data folder: needs --data-dir DIR holding DIR/train/<class>/*.png|jpg (and "
                  "optionally DIR/val/<class>/...)");
     load_folder(c, dir, d);
   } else {
@@ -125,7 +131,8 @@ Json by_class(const std::vector<std::string>& names, const std::vector<int64_t>&
     int64_t images = 0;
     for (size_t p = 0; p < K; ++p) row.push_back(confusion[t * K + p]), images += confusion[t * K + p];
     matrix.push_back(row);
-    classes.push_back(Json::Object{{"name", names[t]}, {"images", images},
+    classes.push_back(Json::Object{{"name", names[t]},
+                                   {"images", images},
                                    {"accuracy", images ? static_cast<double>(confusion[t * K + t]) / images : 0.0}});
   }
   return Json::Object{{"classes", classes}, {"confusion_matrix", matrix}};
@@ -167,9 +174,14 @@ class ImageTask : public Task {
                  (world > 1 ? std::to_string(world) + " ranks" : std::string()), " is larger than the ", d_.train.n,
                  " training images");
     // Each rank takes its contiguous shard of the global batch a single process with batch x ranks would see.
-    data::LoaderOptions lo{.batch_size = c.batch_size * world, .shuffle = true,
-                           .augment = c.augment == Augment::Standard, .drop_last = true, .seed = c.seed,
-                           .norm = d_.norm, .shard = rank, .num_shards = world};
+    data::LoaderOptions lo{.batch_size = c.batch_size * world,
+                           .shuffle = true,
+                           .augment = c.augment == Augment::Standard,
+                           .drop_last = true,
+                           .seed = c.seed,
+                           .norm = d_.norm,
+                           .shard = rank,
+                           .num_shards = world};
     loader_.emplace(d_.train, lo);
   }
   int64_t batches_per_epoch() const override { return loader_->batches_per_epoch(); }

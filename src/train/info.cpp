@@ -24,12 +24,15 @@ namespace {
 std::string info_summary(const std::string& path, const std::string& used, const SafetensorsFile& model,
                          const StateDict* state) {
   std::string out;
-  auto line = [&](const char* key, const std::string& value) { out += detail::cat(key, std::string(12 - std::strlen(key), ' '), value, "\n"); };
+  auto line = [&](const char* key, const std::string& value) {
+    out += detail::cat(key, std::string(12 - std::strlen(key), ' '), value, "\n");
+  };
   int64_t values = 0;
   std::string dtypes;
   for (const SafetensorsEntry& e : model.entries) {
     values += e.numel();
-    if (dtypes.find(dtype_name(e.dtype)) == std::string::npos) dtypes += (dtypes.empty() ? "" : ", ") + std::string(dtype_name(e.dtype));
+    if (dtypes.find(dtype_name(e.dtype)) == std::string::npos)
+      dtypes += (dtypes.empty() ? "" : ", ") + std::string(dtype_name(e.dtype));
   }
   line("file", printable(used));
   // (of a checkpoint directory, its model file is the one named)
@@ -62,7 +65,8 @@ std::string info_summary(const std::string& path, const std::string& used, const
   }
   // In a run directory: its last evaluation and its checkpoints.
   std::error_code ec;
-  fs::path run = fs::is_directory(path + "/checkpoints", ec) ? fs::path(path) : fs::path(used).parent_path().parent_path();
+  fs::path run = fs::is_directory(path + "/checkpoints", ec) ? fs::path(path)
+                                                             : fs::path(used).parent_path().parent_path();
   if (fs::is_directory(run / "checkpoints", ec)) {
     const std::vector<Json> records = read_metrics(run.string());
     for (auto r = records.rbegin(); r != records.rend(); ++r) {
@@ -100,8 +104,10 @@ std::string run_info(const std::vector<std::string>& args) {
   std::vector<std::string> paths;
   bool tensors = false;
   for (const std::string& a : args) {
-    if (a == "--tensors") tensors = true;
-    else paths.push_back(a);
+    if (a == "--tensors")
+      tensors = true;
+    else
+      paths.push_back(a);
   }
   CASTOR_CHECK(paths.size() == 1, "castor info: expected one FILE or DIR, got ", paths.size(), " arguments");
   const std::string& path = paths[0];

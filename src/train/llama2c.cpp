@@ -111,8 +111,10 @@ double rope_theta_of(const Tensor& cos, const Tensor& sin, int64_t head_size, co
   }
   for (double theta : candidates)
     if (table_mismatch(cos, sin, head_size, theta).empty()) return theta;
-  CASTOR_CHECK(false, path, ": llama2.c v0 RoPE tables (freq_cis_real, freq_cis_imag) are not llama2.c's for any theta"
-               " (theta ", candidates[0], " differs at ", table_mismatch(cos, sin, head_size, candidates[0]), ")");
+  CASTOR_CHECK(false, path,
+               ": llama2.c v0 RoPE tables (freq_cis_real, freq_cis_imag) are not llama2.c's for any theta"
+               " (theta ",
+               candidates[0], " differs at ", table_mismatch(cos, sin, head_size, candidates[0]), ")");
   return 0;
 }
 
@@ -158,16 +160,24 @@ Llama2cHeader parse_header(const std::string& path, const std::vector<uint8_t>& 
 // none gives the file's hidden_dim, and the key is left out.
 Metadata llama2c_metadata(const Llama2cHeader& h, int64_t multiple_of, const std::string& data) {
   const Llama2cConfig& c = h.config;
-  Json config = Json::Object{{"model", "llama"},       {"n_layer", c.n_layers},        {"n_head", c.n_heads},
-                             {"n_embd", c.dim},        {"block_size", c.max_seq_len},  {"vocab_size", c.vocab_size},
-                             {"n_kv_head", c.n_kv_heads}, {"rope_theta", c.rope_theta},
-                             {"untied", !h.shared_classifier}, {"amp", "O0"}, {"dtype", "bf16"}, {"threads", 0}};
+  Json config = Json::Object{{"model", "llama"},
+                             {"n_layer", c.n_layers},
+                             {"n_head", c.n_heads},
+                             {"n_embd", c.dim},
+                             {"block_size", c.max_seq_len},
+                             {"vocab_size", c.vocab_size},
+                             {"n_kv_head", c.n_kv_heads},
+                             {"rope_theta", c.rope_theta},
+                             {"untied", !h.shared_classifier},
+                             {"amp", "O0"},
+                             {"dtype", "bf16"},
+                             {"threads", 0}};
   if (multiple_of > 0) config["multiple_of"] = multiple_of;
   if (!data.empty()) config["data"] = data;
   return {{"castor.config", config.dump()},
-          {"llama2c.header", detail::cat("version ", h.version, ", ", describe(c),
-                                         h.shared_classifier ? ", shared" : ", unshared", " classifier, rope_theta ",
-                                         c.rope_theta)}};
+          {"llama2c.header",
+           detail::cat("version ", h.version, ", ", describe(c), h.shared_classifier ? ", shared" : ", unshared",
+                       " classifier, rope_theta ", c.rope_theta)}};
 }
 
 bool bit_equal_floats(const Tensor& a, const Tensor& b) {
@@ -186,8 +196,7 @@ void Llama2cConfig::validate(const std::string& what) const {
                  values[i]);
   CASTOR_CHECK(dim % n_heads == 0, what, ": dim ", dim, " is not a multiple of n_heads ", n_heads);
   CASTOR_CHECK(head_size() % 2 == 0, what, ": head size ", head_size(), " (dim / n_heads) is odd; RoPE needs pairs");
-  CASTOR_CHECK(n_heads % n_kv_heads == 0, what, ": n_heads ", n_heads, " is not a multiple of n_kv_heads ",
-               n_kv_heads);
+  CASTOR_CHECK(n_heads % n_kv_heads == 0, what, ": n_heads ", n_heads, " is not a multiple of n_kv_heads ", n_kv_heads);
   CASTOR_CHECK(std::isfinite(rope_theta) && rope_theta > 1, what, ": rope_theta must be above 1, got ", rope_theta);
 }
 
@@ -265,7 +274,7 @@ void check_state(const Llama2cConfig& c, const StateDict& state, const std::stri
 std::vector<uint8_t> header_of(const Llama2cConfig& c, int version, bool shared) {
   std::vector<uint8_t> bytes(header_bytes(version), 0);
   const int64_t vocab = version == 0 && !shared ? -c.vocab_size : c.vocab_size;
-  const int32_t fields[] = {int32_t(c.dim),     int32_t(c.hidden_dim), int32_t(c.n_layers), int32_t(c.n_heads),
+  const int32_t fields[] = {int32_t(c.dim),        int32_t(c.hidden_dim), int32_t(c.n_layers),   int32_t(c.n_heads),
                             int32_t(c.n_kv_heads), int32_t(vocab),        int32_t(c.max_seq_len)};
   if (version == 0) {
     std::memcpy(bytes.data(), fields, sizeof(fields));

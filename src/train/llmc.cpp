@@ -43,9 +43,7 @@ std::vector<LlmcTensor> llmc_layout(const GPTConfig& c) {
           {"transformer.ln_f.bias", "", {C}}};
 }
 
-std::string block_name(int64_t i, const std::string& suffix) {
-  return detail::cat("transformer.h.", i, ".", suffix);
-}
+std::string block_name(int64_t i, const std::string& suffix) { return detail::cat("transformer.h.", i, ".", suffix); }
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -69,9 +67,15 @@ std::map<std::string, Shape> expected_shapes(const GPTConfig& c) {
 // the header as text.
 Metadata llmc_metadata(const LlmcHeader& h, const std::string& data) {
   const GPTConfig& c = h.config;
-  Json config = Json::Object{{"model", "gpt"},         {"n_layer", c.n_layer},       {"n_head", c.n_head},
-                             {"n_embd", c.n_embd},     {"block_size", c.block_size}, {"vocab_size", c.vocab_size},
-                             {"bias", true},           {"amp", "O0"},                {"dtype", "bf16"},
+  Json config = Json::Object{{"model", "gpt"},
+                             {"n_layer", c.n_layer},
+                             {"n_head", c.n_head},
+                             {"n_embd", c.n_embd},
+                             {"block_size", c.block_size},
+                             {"vocab_size", c.vocab_size},
+                             {"bias", true},
+                             {"amp", "O0"},
+                             {"dtype", "bf16"},
                              {"threads", 0}};
   if (!data.empty()) config["data"] = data;
   return {{"castor.config", config.dump()},
@@ -171,8 +175,10 @@ WeightsFormat weights_format(const std::string& path) {
     read_llama2c_header(path);
   } catch (const Error& e) {
     const std::string why = e.what(), prefix = path + ": ";
-    throw Error(detail::cat(path, ": not a safetensors, llm.c or llama2.c file (no safetensors header, llm.c's magic "
-                            "number ", kLlmcModelMagic, " or llama2.c v1's at its start; as a llama2.c v0 file: ",
+    throw Error(detail::cat(path,
+                            ": not a safetensors, llm.c or llama2.c file (no safetensors header, llm.c's magic "
+                            "number ",
+                            kLlmcModelMagic, " or llama2.c v1's at its start; as a llama2.c v0 file: ",
                             why.rfind(prefix, 0) == 0 ? why.substr(prefix.size()) : why, ")"));
   }
   return WeightsFormat::Llama2c;
@@ -190,8 +196,9 @@ void write_llmc_checkpoint(const std::string& path, const GPTWeights& w) {
   }
   int32_t h[256] = {};
   h[0] = kLlmcModelMagic, h[1] = kLlmcModelVersion;
-  const int64_t fields[] = {c.block_size, c.real_vocab_size > 0 ? c.real_vocab_size : c.vocab_size, c.n_layer,
-                            c.n_head, c.n_embd, c.vocab_size};
+  const int64_t fields[] = {c.block_size, c.real_vocab_size > 0 ? c.real_vocab_size : c.vocab_size,
+                            c.n_layer,    c.n_head,
+                            c.n_embd,     c.vocab_size};
   for (int i = 0; i < 6; ++i) {
     CASTOR_CHECK(fields[i] <= INT32_MAX, path, ": cannot write llm.c checkpoint: a size exceeds int32");
     h[2 + i] = static_cast<int32_t>(fields[i]);
@@ -229,8 +236,8 @@ GPTWeights gpt_weights_from_state_dict(StateDict state, int64_t n_head, const st
   auto need = [&](const std::string& name, int64_t dims) -> const Tensor& {
     auto it = sd.find(name);
     CASTOR_CHECK(it != sd.end(), what, ": no tensor ", name, " (expected nanoGPT's names)");
-    CASTOR_CHECK(it->second.dim() == dims, what, ": ", name, " is ", shape_str(it->second.shape()), ", expected ",
-                 dims, " dimensions");
+    CASTOR_CHECK(it->second.dim() == dims, what, ": ", name, " is ", shape_str(it->second.shape()), ", expected ", dims,
+                 " dimensions");
     return it->second;
   };
   GPTConfig c;

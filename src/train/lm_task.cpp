@@ -38,8 +38,10 @@ std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& 
   const bool pad = !is_llama(c.model) && real > 1024;
   const int64_t padded = c.vocab_size > 0 ? c.vocab_size : pad ? (real + 63) / 64 * 64 : real;
   CASTOR_CHECK(real <= padded, "--vocab-size ", padded, ": smaller than the tokenizer's ", real, " (", record, ")");
-  CASTOR_CHECK(!is_llama(c.model) || real == 0 || padded == real, "--vocab-size ", padded, ": a Llama's vocabulary "
-               "is the tokenizer's, ", real, " (", record, ")");
+  CASTOR_CHECK(!is_llama(c.model) || real == 0 || padded == real, "--vocab-size ", padded,
+               ": a Llama's vocabulary "
+               "is the tokenizer's, ",
+               real, " (", record, ")");
   return {padded, real > 0 ? real : padded};
 }
 
@@ -60,7 +62,8 @@ class LmTask : public Task {
   LmTask(TrainConfig& c, int rank, int world, bool new_run)
       : llama_(is_llama(c.model)), dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
     if (new_run && !c.init.empty()) llama_ ? take_llama2c_sizes(c) : take_init_sizes(c);
-    CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(), "--data tokens: needs --data-dir DIR holding "
+    CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(),
+                 "--data tokens: needs --data-dir DIR holding "
                  "train.bin and val.bin (castor tokenize writes them)");
     CASTOR_CHECK(fs::exists(dir_ + "/train.bin") || c.data == Dataset::Tokens, "--data ", name(c.data), ": ", dir_,
                  "/train.bin is missing; ./scripts/setup.sh prepares the Brown corpus there (or give --data-dir)");
@@ -75,8 +78,11 @@ class LmTask : public Task {
     // vocabulary, a split too short for one window, ids outside the vocabulary (all of them up to 2^31 tokens).
     if (fs::exists(dir_ + "/tokenizer.json")) data::check_token_folder(dir_, *train_, *val_);
     for (const data::TokenFile* f : {&*train_, &*val_}) {
-      CASTOR_CHECK(f->size() >= c.block_size + 1, f->path(), ": ", f->size(), " tokens, fewer than one window of "
-                   "--block-size ", c.block_size, " + 1 (give a smaller --block-size, or more text to castor "
+      CASTOR_CHECK(f->size() >= c.block_size + 1, f->path(), ": ", f->size(),
+                   " tokens, fewer than one window of "
+                   "--block-size ",
+                   c.block_size,
+                   " + 1 (give a smaller --block-size, or more text to castor "
                    "tokenize)");
       const std::span<const uint16_t> ids = f->tokens().first(std::min<size_t>(f->tokens().size(), size_t{1} << 31));
       if (*std::max_element(ids.begin(), ids.end()) < real_vocab_) continue;
@@ -86,9 +92,12 @@ class LmTask : public Task {
                               " is outside the vocabulary of ", real_vocab_,
                               recorded ? " (" + dir_ + "/tokenizer.json)" : " (--vocab-size)"));
     }
-    source_.emplace(*train_, data::LmBatchOptions{.batch_size = c.batch_size, .block_size = c.block_size,
-                                                   .order = c.data_order,
-                                                   .seed = c.seed, .rank = rank, .num_ranks = world});
+    source_.emplace(*train_, data::LmBatchOptions{.batch_size = c.batch_size,
+                                                  .block_size = c.block_size,
+                                                  .order = c.data_order,
+                                                  .seed = c.seed,
+                                                  .rank = rank,
+                                                  .num_ranks = world});
     per_epoch_ = source_->batches_per_epoch();
   }
   int64_t batches_per_epoch() const override { return per_epoch_; }
@@ -218,9 +227,8 @@ class LmTask : public Task {
     c.untied = !h.shared_classifier;
     models::LlamaConfig given;
     given.dim = f.dim, given.multiple_of = c.multiple_of;
-    CASTOR_CHECK(!c.given("--multiple-of") || given.ffn_hidden_dim() == f.hidden_dim, "--multiple-of ",
-                 c.multiple_of, ": gives hidden_dim ", given.ffn_hidden_dim(), ", --init ", c.init, " holds ",
-                 f.hidden_dim);
+    CASTOR_CHECK(!c.given("--multiple-of") || given.ffn_hidden_dim() == f.hidden_dim, "--multiple-of ", c.multiple_of,
+                 ": gives hidden_dim ", given.ffn_hidden_dim(), ", --init ", c.init, " holds ", f.hidden_dim);
     if (!c.given("--multiple-of")) c.multiple_of = multiple_of;
     const int64_t tokens = fs::exists(dir_ + "/tokenizer.json") ? data::Tokenizer::recorded_vocab_size(dir_) : 0;
     CASTOR_CHECK(tokens == 0 || tokens == f.vocab_size, "--init ", c.init, ": vocab_size ", f.vocab_size, ", but ",
@@ -253,12 +261,16 @@ FlopRate LmTask::flop_rate(const TrainConfig& c, const nn::Module& model) const 
   const int ranks = dist::world_size();
   const FlopRate r{per_token, cached_gemm_peak(dtype), dtype, ranks};
   if (dist::rank() == 0 && r.rank_peak > 0)
-    std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU against this machine's %s GEMM peak of "
-                 "%.0f GFLOP/s (%d rank%s x %d threads, measured once and cached)\n", n / 1e6, per_token,
-                 dtype_name(dtype), r.rank_peak * ranks / 1e9, ranks, ranks > 1 ? "s" : "", omp_get_max_threads());
+    std::fprintf(stderr,
+                 "model: %.2fM parameters, %.3g FLOP per token; MFU against this machine's %s GEMM peak of "
+                 "%.0f GFLOP/s (%d rank%s x %d threads, measured once and cached)\n",
+                 n / 1e6, per_token, dtype_name(dtype), r.rank_peak * ranks / 1e9, ranks, ranks > 1 ? "s" : "",
+                 omp_get_max_threads());
   else if (dist::rank() == 0)
-    std::fprintf(stderr, "model: %.2fM parameters, %.3g FLOP per token; MFU in the summary (this machine's %s GEMM "
-                 "peak is measured after training, once)\n", n / 1e6, per_token, dtype_name(dtype));
+    std::fprintf(stderr,
+                 "model: %.2fM parameters, %.3g FLOP per token; MFU in the summary (this machine's %s GEMM "
+                 "peak is measured after training, once)\n",
+                 n / 1e6, per_token, dtype_name(dtype));
   return r;
 }
 

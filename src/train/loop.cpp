@@ -51,8 +51,10 @@ std::vector<amp::ExplainRow> with_modules(std::vector<amp::ExplainRow> rows, con
   }
   std::string enclosing = current;
   for (size_t i = rows.size(); i-- > 0;) {
-    if (rows[i].depth == 0) enclosing = rows[i].module;
-    else rows[i].module = enclosing;
+    if (rows[i].depth == 0)
+      enclosing = rows[i].module;
+    else
+      rows[i].module = enclosing;
   }
   return rows;
 }
@@ -75,8 +77,14 @@ class Trainer {
  public:
   Trainer(const TrainConfig& c, Task& task, Run& run, Json config, TrainState state, int64_t total_steps,
           int64_t epochs, FlopRate flops)
-      : c_(c), task_(task), run_(run), config_(std::move(config)), state_(state), total_(total_steps),
-        rank0_(dist::rank() == 0), world_(dist::world_size()),
+      : c_(c),
+        task_(task),
+        run_(run),
+        config_(std::move(config)),
+        state_(state),
+        total_(total_steps),
+        rank0_(dist::rank() == 0),
+        world_(dist::world_size()),
         dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic"),
         epochs_(epochs) {
     if (rank0_) log_.emplace(c, task, total_steps, epochs, /*append=*/!c.resume.empty(), flops);
@@ -105,8 +113,9 @@ class Trainer {
     // A signal during the final evaluation comes after the last step: the report below finishes the run.
     if (interrupted() && state_.step < total_) return stop_interrupted();
     if (was_done) {  // resumed after its last step without its report (or its epoch end): evaluate again for it
-      if (rank0_) std::fprintf(stderr, "castor train: %s finished at step %lld without its report; writing it\n",
-                               c_.out.c_str(), static_cast<long long>(state_.step));
+      if (rank0_)
+        std::fprintf(stderr, "castor train: %s finished at step %lld without its report; writing it\n", c_.out.c_str(),
+                     static_cast<long long>(state_.step));
       if (state_.batch >= task_.batches_per_epoch())
         end_epoch(EpochTotals{}, 0);  // as a resume mid-run does at an epoch end cut off by a kill
       else
@@ -200,8 +209,9 @@ class Trainer {
     e.loss += lv;
     ++e.batches;
     check_divergence(lv, stepped);
-    if (log_) log_->step({state_.step, state_.epoch + 1, lv, run_.opt->param_groups()[0].lr,
-               run_.amp->scaler().get_scale(), !stepped, images_, train_seconds_, run_.amp->scaler().is_enabled()});
+    if (log_)
+      log_->step({state_.step, state_.epoch + 1, lv, run_.opt->param_groups()[0].lr, run_.amp->scaler().get_scale(),
+                  !stepped, images_, train_seconds_, run_.amp->scaler().is_enabled()});
     // (an epoch's end evaluates anyway)
     if (c_.eval_every > 0 && state_.step % c_.eval_every == 0 && state_.step < total_ &&
         next_batch < task_.batches_per_epoch()) {
@@ -256,8 +266,12 @@ class Trainer {
     }
     add("peak mem %.1f MiB", memory_stats().peak_bytes / 1048576.0);
     if (log_) {
-      log_->epoch({{"epoch", epoch}, {"step", state_.step}, {"train_loss", train_loss}, {task_.rate_key(), ips},
-                   {"loss_scale", scaler.get_scale()}, {"skipped_steps", scaler.steps_skipped()},
+      log_->epoch({{"epoch", epoch},
+                   {"step", state_.step},
+                   {"train_loss", train_loss},
+                   {task_.rate_key(), ips},
+                   {"loss_scale", scaler.get_scale()},
+                   {"skipped_steps", scaler.steps_skipped()},
                    {"peak_memory_bytes", memory_stats().peak_bytes}},
                   *last_eval_, fields);
     }
@@ -310,7 +324,7 @@ class Trainer {
     if (!saved_now()) checkpoint();
     if (rank0_)
       std::fprintf(stderr, "interrupted at step %lld; continue with: castor train --resume %s\n",
-                 static_cast<long long>(state_.step), c_.out.c_str());
+                   static_cast<long long>(state_.step), c_.out.c_str());
     Json summary = summary_json();
     summary["interrupted_by_signal"] = g_interrupt.load();
     return summary;
@@ -320,18 +334,18 @@ class Trainer {
     const auto& scaler = run_.amp->scaler();
     // (an interrupted run may stop before its first evaluation: null, not a made-up 0)
     Json summary = Json::Object{{"steps", state_.step},
-                        {"skipped_steps", scaler.steps_skipped()},
-                        {"final_loss_scale", scaler.get_scale()},
-                        {"peak_memory_bytes", memory_stats().peak_bytes},
-                        {"lost_metric_lines", log_ ? log_->lost_lines() : 0},
-                        {"nproc", world_},
-                        {"out", c_.out}};
+                                {"skipped_steps", scaler.steps_skipped()},
+                                {"final_loss_scale", scaler.get_scale()},
+                                {"peak_memory_bytes", memory_stats().peak_bytes},
+                                {"lost_metric_lines", log_ ? log_->lost_lines() : 0},
+                                {"nproc", world_},
+                                {"out", c_.out}};
     // The steady rate, after this process's first kWarmupSteps steps (primitive creation, first-touch memory), is
     // what a long run sees; the whole run's rate is beside it.
     const double whole = train_seconds_ > 0 ? images_ / train_seconds_ : 0.0;
     const double steady_seconds = train_seconds_ - warm_.second;
     const double per_sec = steps_here_ > kWarmupSteps && steady_seconds > 0 ? (images_ - warm_.first) / steady_seconds
-                                                                           : whole;
+                                                                            : whole;
     task_.summary_keys(summary, last_eval_ ? &*last_eval_ : nullptr, per_sec);
     if (log_) summary[detail::cat("train_", task_.rate_key(), "_whole_run")] = whole;
     if (log_ && log_->mfu(per_sec) > 0) summary["mfu"] = log_->mfu(per_sec);
@@ -356,14 +370,14 @@ class Trainer {
   std::optional<RunLog> log_;  // rank 0's
   const bool dynamic_scale_;
   std::vector<amp::ExplainRow> op_dtypes_;  // of this process's first forward pass, for the report
-  std::optional<Evaluation> last_eval_;  // the newest epoch-end evaluation
+  std::optional<Evaluation> last_eval_;     // the newest epoch-end evaluation
   const int64_t epochs_;
   double images_ = 0, train_seconds_ = 0, micro_loss_ = 0;
-  int64_t micro_ = 0;  // micro-batches whose gradients are summed so far
-  int64_t steps_here_ = 0;  // steps taken by this process (a resumed run's since it resumed)
+  int64_t micro_ = 0;                     // micro-batches whose gradients are summed so far
+  int64_t steps_here_ = 0;                // steps taken by this process (a resumed run's since it resumed)
   std::pair<double, double> warm_{0, 0};  // (examples, training seconds) after kWarmupSteps steps
   int64_t skipped_in_a_row_ = 0;
-  bool stop_all_ = false, minutes_due_all_ = false;  // as of the last step, over all ranks
+  bool stop_all_ = false, minutes_due_all_ = false;          // as of the last step, over all ranks
   std::tuple<int64_t, int64_t, int64_t> saved_{-1, -1, -1};  // (step, epoch, batch) of the newest checkpoint
   Clock::time_point last_save_;
 };

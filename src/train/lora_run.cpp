@@ -93,13 +93,16 @@ void take_peft_config(TrainConfig& c) {
                  "not a LoRA adapter (peft_type \"LORA\")");
     const Json& targets = j.at("target_modules");
     std::string list;
-    if (targets.is_string()) list = targets.as_string();
+    if (targets.is_string())
+      list = targets.as_string();
     else
       for (const Json& t : targets.as_array()) list += (list.empty() ? "" : ",") + t.as_string();
     const Json* rs = j.find("use_rslora");
     const Json* p = j.find("lora_dropout");
-    const TrainConfig file_config{.lora_rank = j.at("r").as_int(), .lora_alpha = j.at("lora_alpha").as_double(),
-                                  .lora_dropout = p ? p->as_double() : 0.0, .lora_targets = list,
+    const TrainConfig file_config{.lora_rank = j.at("r").as_int(),
+                                  .lora_alpha = j.at("lora_alpha").as_double(),
+                                  .lora_dropout = p ? p->as_double() : 0.0,
+                                  .lora_targets = list,
                                   .rslora = rs && rs->as_bool()};
     auto take = [&](const char* flag, auto member) {
       CASTOR_CHECK(!c.given(flag) || c.*member == file_config.*member, flag, " ", Json(c.*member).dump(),
@@ -122,7 +125,8 @@ void resolve_init_dir(TrainConfig& c) {
   std::error_code ec;
   if (c.init.empty() || !fs::is_directory(c.init, ec)) return;
   const std::optional<std::string> ck = is_checkpoint_dir(c.init) ? c.init : latest_checkpoint(c.init);
-  CASTOR_CHECK(ck.has_value(), "--init ", c.init, ": a directory without a checkpoint (expected a run directory, "
+  CASTOR_CHECK(ck.has_value(), "--init ", c.init,
+               ": a directory without a checkpoint (expected a run directory, "
                "a checkpoint folder or a weights file)");
   const std::string file = (fs::path(*ck) / "model.safetensors").string();
   CASTOR_CHECK(!is_lora_checkpoint(read_safetensors_header(file).metadata), "--init ", c.init,
@@ -209,12 +213,21 @@ void write_peft(const std::string& dir, const Checkpoint& ck, const std::string&
   for (const auto& [k, t] : nn::lora_state_dict(*model))
     tensors.emplace(kPeftPrefix + k, t.to(DType::Float32).contiguous());
   const nn::LoraConfig c = lora_config(config);
-  const Json adapter_config = Json::Object{
-      {"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"base_model_name_or_path", ck.model_meta.at(kBaseKey)},
-      {"r", c.r}, {"lora_alpha", c.alpha}, {"lora_dropout", c.dropout}, {"target_modules", target_names(*model)},
-      {"use_rslora", c.rslora}, {"bias", "none"}, {"fan_in_fan_out", false}, {"init_lora_weights", true},
-      {"inference_mode", true}, {"modules_to_save", Json()}, {"layers_to_transform", Json()},
-      {"revision", Json()}};
+  const Json adapter_config = Json::Object{{"peft_type", "LORA"},
+                                           {"task_type", "CAUSAL_LM"},
+                                           {"base_model_name_or_path", ck.model_meta.at(kBaseKey)},
+                                           {"r", c.r},
+                                           {"lora_alpha", c.alpha},
+                                           {"lora_dropout", c.dropout},
+                                           {"target_modules", target_names(*model)},
+                                           {"use_rslora", c.rslora},
+                                           {"bias", "none"},
+                                           {"fan_in_fan_out", false},
+                                           {"init_lora_weights", true},
+                                           {"inference_mode", true},
+                                           {"modules_to_save", Json()},
+                                           {"layers_to_transform", Json()},
+                                           {"revision", Json()}};
   std::error_code ec;
   fs::create_directories(dir, ec);
   CASTOR_CHECK(fs::is_directory(dir, ec), "--peft ", dir, ": cannot make the directory");

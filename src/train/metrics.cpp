@@ -12,8 +12,8 @@ namespace castor::train {
 
 std::vector<std::string> MetricsLog::columns(const std::string& rate_key,
                                              const std::vector<std::string>& evaluation_keys) {
-  std::vector<std::string> c = {"step", "epoch", "loss", "loss_avg", "lr", "loss_scale", "skipped", rate_key,
-                                "peak_memory_bytes", "train_loss"};
+  std::vector<std::string> c = {"step",       "epoch",   "loss",   "loss_avg",          "lr",
+                                "loss_scale", "skipped", rate_key, "peak_memory_bytes", "train_loss"};
   c.insert(c.end(), evaluation_keys.begin(), evaluation_keys.end());
   c.push_back("skipped_steps");
   return c;
@@ -27,7 +27,8 @@ bool empty_file(const std::string& path) {
 }  // namespace
 
 MetricsLog::MetricsLog(const std::string& dir, bool append, std::vector<std::string> columns)
-    : jsonl_(dir + "/metrics.jsonl", /*truncate=*/!append), csv_(dir + "/metrics.csv", /*truncate=*/!append),
+    : jsonl_(dir + "/metrics.jsonl", /*truncate=*/!append),
+      csv_(dir + "/metrics.csv", /*truncate=*/!append),
       columns_(std::move(columns)) {
   if (empty_file(csv_.path())) {
     std::string header;

@@ -23,8 +23,9 @@ std::string Profiler::table(size_t top) const {
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
   double all = 0;
   for (const auto& r : rows) all += r.second.seconds;
-  std::string out = "profile: top ops by time in training steps (each op includes the ops it is made of and its "
-                    "autograd recording; evaluation passes are left out)\n";
+  std::string out =
+      "profile: top ops by time in training steps (each op includes the ops it is made of and its "
+      "autograd recording; evaluation passes are left out)\n";
   const size_t shown = std::min(top, rows.size());
   int op_width = 2, dtype_width = 6;  // the columns fit the longest entry shown
   for (size_t i = 0; i < shown; ++i) {

@@ -52,9 +52,9 @@ std::string progress_line(const ProgressState& s, int width) {
   const int room = width - static_cast<int>(text.size()) - 3;
   if (room >= 10) {
     const int bar = std::min(room, 30);
-    const int filled = s.total_steps > 0 ? static_cast<int>(bar * std::min<int64_t>(s.step, s.total_steps) /
-                                                            s.total_steps)
-                                         : 0;
+    const int filled = s.total_steps > 0
+                           ? static_cast<int>(bar * std::min<int64_t>(s.step, s.total_steps) / s.total_steps)
+                           : 0;
     text = "[" + std::string(static_cast<size_t>(filled), '#') + std::string(static_cast<size_t>(bar - filled), ' ') +
            "] " + text;
   }

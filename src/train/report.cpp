@@ -38,8 +38,10 @@ std::string number(double v, int precision = 4) {
 std::string tick_text(double v) {
   if (std::fabs(v) < 1e-12) return "0";
   char buf[32];
-  if (v == std::round(v) && std::fabs(v) < 1e15) std::snprintf(buf, sizeof(buf), "%.0f", v);
-  else std::snprintf(buf, sizeof(buf), "%.4g", v);
+  if (v == std::round(v) && std::fabs(v) < 1e15)
+    std::snprintf(buf, sizeof(buf), "%.0f", v);
+  else
+    std::snprintf(buf, sizeof(buf), "%.4g", v);
   return buf;
 }
 
@@ -84,7 +86,7 @@ Axis pow2_axis(double lo, double hi) {
 
 struct ChartSpec {
   std::string title, y_title;
-  bool log2_y = false;                       // the loss scale: powers of two
+  bool log2_y = false;                               // the loss scale: powers of two
   std::optional<std::pair<double, double>> y_range;  // fixed (accuracy: 0-100)
   std::optional<std::pair<double, double>> x_range;  // the steps shown (all charts: the whole run's)
 };
@@ -135,8 +137,8 @@ std::string chart(const ChartSpec& spec, const std::vector<Series>& series, cons
     if (s.dots || s.x.size() == 1) {
       for (size_t i = 0; i < s.x.size(); ++i)
         if (std::isfinite(ty(s.y[i])))
-          o << "<circle cx='" << px(s.x[i]) << "' cy='" << py(s.y[i]) << "' r='" << (s.dots ? 1.5 : 3.5)
-            << "' fill='" << s.color << "'/>";
+          o << "<circle cx='" << px(s.x[i]) << "' cy='" << py(s.y[i]) << "' r='" << (s.dots ? 1.5 : 3.5) << "' fill='"
+            << s.color << "'/>";
     } else {
       o << "<polyline fill='none' stroke='" << s.color << "' stroke-width='1.6' points='";
       for (size_t i = 0; i < s.x.size(); ++i)
@@ -184,8 +186,9 @@ std::string settings_tables(const Json& config) {
   };
   const std::vector<std::pair<const char*, std::vector<std::string>>> groups = {
       {"model", {"model", "init", "input_shape", "num_classes", "class_names"}},
-      {"data", {"data", "data_dir", "image_size", "val_split", "skip_bad_images", "image_cache_mb", "synthetic_size",
-                "augment", "normalization", "batch_size"}},
+      {"data",
+       {"data", "data_dir", "image_size", "val_split", "skip_bad_images", "image_cache_mb", "synthetic_size", "augment",
+        "normalization", "batch_size"}},
       {"precision", {"amp", "dtype", "loss_scale", "stochastic_rounding"}},
       {"optimizer", {"optimizer", "lr", "momentum", "weight_decay", "clip_grad_norm", "grad_accum", "label_smoothing"}},
       {"schedule", {"schedule", "schedule_steps", "epochs", "steps"}},
@@ -288,8 +291,8 @@ Figures figures_of(const std::vector<Json>& records) {
 std::string epoch_table(const std::vector<const Json*>& epochs, const Figures& f) {
   std::ostringstream o;
   o << "<h3>Epochs</h3><table><tr><th>epoch</th><th>step</th><th>train loss</th><th>"
-    << (f.lm ? "validation loss</th><th>perplexity" : "test loss</th><th>test accuracy") << "</th><th>"
-    << f.rate_name << "</th><th>skipped steps</th></tr>";
+    << (f.lm ? "validation loss</th><th>perplexity" : "test loss</th><th>test accuracy") << "</th><th>" << f.rate_name
+    << "</th><th>skipped steps</th></tr>";
   for (const Json* e : epochs)
     o << "<tr><td>" << field(*e, "epoch") << "</td><td>" << field(*e, "step") << "</td><td>"
       << number(field(*e, "train_loss")) << "</td><td>" << number(field(*e, f.loss_key)) << "</td><td>"
@@ -307,8 +310,7 @@ std::string page_head(const std::string& title, const Json& config) {
     << "font-size:13px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}.grid{display:flex;"
     << "flex-wrap:wrap;gap:10px;align-items:flex-start}th.module{background:#eef}.meta{color:#555;font-size:13px}"
     << ".stat{font-size:15px;border:1px solid #ccc;padding:14px 20px;width:500px}.stat b{font-size:34px;display:block}"
-    << "</style></head><body><h2>"
-    << escape(title) << "</h2>";
+    << "</style></head><body><h2>" << escape(title) << "</h2>";
   auto meta = [&](const char* key) {
     const Json* v = config.is_object() ? config.find(key) : nullptr;
     return v && v->is_string() ? escape(v->as_string()) : std::string("unknown");
@@ -368,7 +370,8 @@ std::string render_report(const std::string& title, const Json& config, const st
   o << page_head(title, config);
   o << "<p>" << raw.x.size() << " logged steps; " << skipped.size()
     << " skipped (overflow) steps, marked in red; peak tensor memory " << number(peak / 1048576.0) << " MiB";
-  if (!acc.y.empty()) o << "; last " << (lm ? "validation perplexity " : "test accuracy ") << number(acc.y.back()) << unit;
+  if (!acc.y.empty())
+    o << "; last " << (lm ? "validation perplexity " : "test accuracy ") << number(acc.y.back()) << unit;
   o << ".</p><div class='grid'>"
     << chart({"Training loss", "cross-entropy loss", false, {}, steps}, {smooth, raw}, skipped);
   if (acc.x.size() == 1)  // one evaluation: a number, not a chart of one point

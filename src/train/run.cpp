@@ -35,15 +35,17 @@ std::vector<Tensor> trainable(const std::vector<Tensor>& params) {
 // SGD, or Adam/AdamW over the task's parameter groups (the second without weight decay).
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const Task& task, const nn::Module& model) {
   if (c.optimizer == OptimizerKind::Sgd)
-    return std::make_unique<optim::SGD>(trainable(model.parameters()),
-                                        optim::SGDOptions{.lr = c.lr, .momentum = c.momentum,
-                                                          .weight_decay = c.weight_decay});
+    return std::make_unique<optim::SGD>(
+        trainable(model.parameters()),
+        optim::SGDOptions{.lr = c.lr, .momentum = c.momentum, .weight_decay = c.weight_decay});
   const auto [all_decay, all_no_decay] = task.param_groups(model);
   const std::vector<Tensor> decay = trainable(all_decay), no_decay = trainable(all_no_decay);
   optim::AdamOptions o{.lr = c.lr, .beta2 = c.beta2, .weight_decay = c.weight_decay};
   std::unique_ptr<optim::Optimizer> opt;
-  if (c.optimizer == OptimizerKind::Adam) opt = std::make_unique<optim::Adam>(decay, o);
-  else opt = optim::make_adamw(decay, o);
+  if (c.optimizer == OptimizerKind::Adam)
+    opt = std::make_unique<optim::Adam>(decay, o);
+  else
+    opt = optim::make_adamw(decay, o);
   if (!no_decay.empty()) opt->add_param_group(no_decay, c.lr, /*weight_decay=*/0.0);
   return opt;
 }
@@ -136,7 +138,6 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   r.sched = make_scheduler(c, *r.opt, total_steps);
   return r;
 }
-
 
 std::string figure(const char* format, double value) {
   char text[64];

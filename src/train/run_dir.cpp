@@ -52,8 +52,8 @@ constexpr const char* kRunFiles[] = {"config.json", "metrics.jsonl", "metrics.cs
 Checkpoint TrainState::save(const Run& run, const Json& config) const {
   Checkpoint ck;
   ck.model = run.amp->model_state_dict();
-  ck.model_meta = {{"format", "pt"}, {"castor.model", config.at("model").as_string()},
-                   {"castor.config", config.dump()}};
+  ck.model_meta = {
+      {"format", "pt"}, {"castor.model", config.at("model").as_string()}, {"castor.config", config.dump()}};
   keep_adapters(ck, config);
   amp::PrecisionState ps = run.amp->precision_state();  // holds the optimizer's state too
   put(ck.state, "amp.", ps.tensors);
@@ -72,7 +72,7 @@ Checkpoint TrainState::save(const Run& run, const Json& config) const {
 }
 
 TrainState TrainState::load(const Checkpoint& ck, Run& run, int64_t batches_per_epoch, int64_t grad_accum,
-                          const std::string& what) {
+                            const std::string& what) {
   auto version = ck.state_meta.find("castor.train_state_version");
   CASTOR_CHECK(version != ck.state_meta.end() && version->second == std::to_string(kStateVersion), what,
                ": the training state has version ",
@@ -106,7 +106,8 @@ TrainState TrainState::load(const Checkpoint& ck, Run& run, int64_t batches_per_
   }
   const std::vector<int64_t> words = rng->second.to_vector<int64_t>();
   for (size_t i = 0; i < st.size(); ++i) st[i] = static_cast<uint64_t>(words[i]);
-  CASTOR_CHECK(st[0] | st[1] | st[2] | st[3], what, ": the training state's rng.default is all zero (no generator "
+  CASTOR_CHECK(st[0] | st[1] | st[2] | st[3], what,
+               ": the training state's rng.default is all zero (no generator "
                "reaches that state)");
   default_generator().set_state(st);
   return s;
@@ -149,8 +150,8 @@ std::string default_out(const TrainConfig& c) {
 std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
   std::error_code ec;
   fs::create_directories(c.out, ec);
-  CASTOR_CHECK(!ec && fs::is_directory(c.out), "--out ", c.out, ": cannot create the directory: ",
-               ec ? ec.message() : "not a directory");
+  CASTOR_CHECK(!ec && fs::is_directory(c.out), "--out ", c.out,
+               ": cannot create the directory: ", ec ? ec.message() : "not a directory");
   // A run's own files are never symbolic links: writing through one would replace whatever it points to.
   std::vector<std::string> own = {".castor.lock", "checkpoints", "checkpoints/HEAD"};
   own.insert(own.end(), std::begin(kRunFiles), std::end(kRunFiles));
@@ -172,7 +173,8 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
   const bool castor_dir = fs::exists(c.out + "/.castor.lock", ec);
   auto lock = std::make_unique<FileLock>(c.out + "/.castor.lock");
   const std::string checkpoints = c.out + "/checkpoints";
-  const bool has_metrics = fs::is_regular_file(c.out + "/metrics.jsonl", ec) && fs::file_size(c.out + "/metrics.jsonl", ec) > 0;
+  const bool has_metrics = fs::is_regular_file(c.out + "/metrics.jsonl", ec) &&
+                           fs::file_size(c.out + "/metrics.jsonl", ec) > 0;
   if (!continuing && (latest_checkpoint(c.out) || has_metrics)) {
     CASTOR_CHECK(c.overwrite, "--out ", c.out,
                  " holds another run (checkpoints or metrics.jsonl); continue it with --resume ", c.out,
@@ -198,15 +200,16 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
 
 void check_extension(const TrainConfig& c, int64_t schedule_steps, int64_t total_steps) {
   if (c.schedule == Schedule::None || total_steps <= schedule_steps) return;
-  CASTOR_CHECK(c.schedule != Schedule::OneCycle, "--steps/--epochs: the onecycle schedule ends at step ", schedule_steps,
+  CASTOR_CHECK(c.schedule != Schedule::OneCycle, "--steps/--epochs: the onecycle schedule ends at step ",
+               schedule_steps,
                " and cannot run past it; start a new run (--init from the last checkpoint) to train longer");
   const char* past = c.schedule == Schedule::Cosine
                          ? "its cosine continues, so the learning rate rises again from its minimum"
                      : c.schedule == Schedule::WarmupCosine ? "the learning rate stays at --min-lr (nanoGPT's get_lr)"
                                                             : "the learning rate keeps dropping 10x every third of "
                                                               "that length";
-  std::fprintf(stderr, "note: the %s schedule was set for %lld steps and keeps it; past step %lld %s\n", name(c.schedule),
-              static_cast<long long>(schedule_steps), static_cast<long long>(schedule_steps), past);
+  std::fprintf(stderr, "note: the %s schedule was set for %lld steps and keeps it; past step %lld %s\n",
+               name(c.schedule), static_cast<long long>(schedule_steps), static_cast<long long>(schedule_steps), past);
 }
 
 Json recorded_config(const Checkpoint& ck, const std::string& what) {
@@ -241,7 +244,8 @@ void resume_batch_size(TrainConfig& c, const Json& recorded, int world) {
                world, " ranks");
   c.batch_size = global / world;
   if (recorded_world != world && dist::rank() == 0)
-    std::fprintf(stderr, "note: the run was recorded with %lld ranks and continues on %d with the same global batch "
+    std::fprintf(stderr,
+                 "note: the run was recorded with %lld ranks and continues on %d with the same global batch "
                  "of %lld; the gradients are summed in another order, so it is no longer bit-exact\n",
                  static_cast<long long>(recorded_world), world, static_cast<long long>(global));
 }

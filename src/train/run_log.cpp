@@ -31,8 +31,7 @@ double model_flops_utilization(double job_examples_per_sec, const FlopRate& f) {
   return peak > 0 ? job_examples_per_sec * f.flops_per_example / peak : 0;
 }
 
-RunLog::RunLog(const TrainConfig& c, const Task& task, int64_t total_steps, int64_t epochs, bool append,
-               FlopRate flops)
+RunLog::RunLog(const TrainConfig& c, const Task& task, int64_t total_steps, int64_t epochs, bool append, FlopRate flops)
     : metrics_(c.out, append, metrics_columns(task)),
       log_every_(c.log_every),
       total_steps_(total_steps),
@@ -48,16 +47,24 @@ void RunLog::step(const StepInfo& s) {
   const double ips = s.train_seconds > 0 ? s.images / s.train_seconds : 0;
   const bool window_end = s.step % log_every_ == 0 || s.step == total_steps_;
   if (window_end || s.skipped) {
-    Json::Object m{{"step", s.step}, {"epoch", s.epoch}, {"loss", s.loss}, {"lr", s.lr}, {"loss_scale", s.loss_scale},
-                   {"skipped", s.skipped}, {task_.rate_key(), ips}, {"peak_memory_bytes", memory_stats().peak_bytes}};
+    Json::Object m{{"step", s.step},
+                   {"epoch", s.epoch},
+                   {"loss", s.loss},
+                   {"lr", s.lr},
+                   {"loss_scale", s.loss_scale},
+                   {"skipped", s.skipped},
+                   {task_.rate_key(), ips},
+                   {"peak_memory_bytes", memory_stats().peak_bytes}};
     if (window_end) m["loss_avg"] = window_sum_ / static_cast<double>(window_count_);
     metrics_.write(m);
   }
   const double window_mean = window_sum_ / static_cast<double>(window_count_);
   if (tty_) {
-    const ProgressState p{s.epoch, epochs_, s.step, total_steps_, window_mean, s.lr, s.loss_scale, ips,
-                          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
-                          s.loss_scaling, task_.unit(), mfu(ips)};
+    const ProgressState p{
+        s.epoch,        epochs_,      s.step,
+        total_steps_,   window_mean,  s.lr,
+        s.loss_scale,   ips,          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
+        s.loss_scaling, task_.unit(), mfu(ips)};
     std::fprintf(stderr, "\r%s\x1b[K", progress_line(p, width_).c_str());
     std::fflush(stderr);
     progress_drawn_ = true;

@@ -40,8 +40,7 @@ double model_flops_utilization(double job_examples_per_sec, const FlopRate& f);
 class RunLog {
  public:
   // `append`: a resumed run adds to its metrics files; `task` names the throughput and the evaluation's figures.
-  RunLog(const TrainConfig& c, const Task& task, int64_t total_steps, int64_t epochs, bool append,
-         FlopRate flops = {});
+  RunLog(const TrainConfig& c, const Task& task, int64_t total_steps, int64_t epochs, bool append, FlopRate flops = {});
 
   // Logs a metrics line every log_every steps (with the window's mean loss), at the last step and at every
   // skipped step; redraws the progress line (a terminal) or prints a plain line every log_every steps.

@@ -38,7 +38,7 @@ struct LoadedGpt {
   StateDict train_state;  // a checkpoint's train_state.safetensors (empty for a weights file or a LoRA run's)
   std::string run_dir;    // the run directory holding the checkpoint (empty when none)
   std::shared_ptr<models::LanguageModel> llama;  // a Llama run's (weights then empty)
-  bool lora = false;      // a LoRA run's checkpoint: its base with the adapters merged
+  bool lora = false;                             // a LoRA run's checkpoint: its base with the adapters merged
 };
 
 // The Llama a run's recorded settings describe, with `weights` loaded (strictly; errors name `what`).
@@ -94,8 +94,8 @@ std::string recorded_data_dir(const Json& config) {
   if (!config.is_object()) return "";
   if (const Json* d = config.find("data_dir"); d && d->is_string() && !d->as_string().empty()) return d->as_string();
   const Json* d = config.find("data");
-  if (d && d->is_string() && (d->as_string() == "brown" || d->as_string() == "brown-char" ||
-                              d->as_string() == "brown-bpe"))
+  if (d && d->is_string() &&
+      (d->as_string() == "brown" || d->as_string() == "brown-char" || d->as_string() == "brown-bpe"))
     return data::setup_path("data/" + d->as_string());
   return "";
 }
@@ -115,7 +115,8 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   app.add_option("--tokenizer-dir", c.tokenizer_dir,
                  "token directory whose tokenizer.json decodes (default: the run's)");
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
-  app.add_option("--prompt", c.prompt, "the text to continue (default a newline; empty: GPT-2's <|endoftext|>; a llama2.c "
+  app.add_option("--prompt", c.prompt,
+                 "the text to continue (default a newline; empty: GPT-2's <|endoftext|>; a llama2.c "
                  "vocabulary puts <s> first, as run.c does)")
       ->default_str("\"\\n\"");
   app.add_option("--tokens", c.tokens, "tokens to generate");
@@ -143,10 +144,13 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
   CLI::App& app = *owner;
   auto* llmc = app.add_flag("--llmc", c.llmc, "llm.c's checkpoint format");
   auto* nanogpt = app.add_flag("--nanogpt", c.nanogpt, "nanoGPT's ckpt.pt in the directory --out")->excludes(llmc);
-  auto* llama2c = app.add_flag("--llama2c", c.llama2c, "a Llama as llama2.c's model.bin (run.c reads version 0), with "
-                               "the run's vocabulary as tokenizer.bin beside it")->excludes(llmc, nanogpt);
+  auto* llama2c = app.add_flag("--llama2c", c.llama2c,
+                               "a Llama as llama2.c's model.bin (run.c reads version 0), with "
+                               "the run's vocabulary as tokenizer.bin beside it")
+                      ->excludes(llmc, nanogpt);
   app.add_option("--version", c.version, "--llama2c: export.py's version, 0 (legacy_export) or 1 (version1_export)")
-      ->check(CLI::IsMember({0, 1}))->needs(llama2c);
+      ->check(CLI::IsMember({0, 1}))
+      ->needs(llama2c);
   app.add_flag("--merge-lora", c.merge_lora,
                "a LoRA run (castor train --lora-rank): write its base with the adapters merged (W + scaling B A)");
   app.add_option("--peft", c.peft,
@@ -158,7 +162,8 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
   app.add_option("--checkpoint", c.checkpoint,
                  "a run or checkpoint directory, or an llm.c .bin, llama2.c model.bin or safetensors file")
       ->required();
-  app.add_option("--out", c.out, "the file to write (--nanogpt: the directory of ckpt.pt; replaced whole, or left as "
+  app.add_option("--out", c.out,
+                 "the file to write (--nanogpt: the directory of ckpt.pt; replaced whole, or left as "
                  "it was on failure)");
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
   return owner;
@@ -167,7 +172,8 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
 SampleConfig parse_sample_flags(const std::vector<std::string>& args) {
   SampleConfig c;
   parse_flags(*sample_app(c), args, "sample");
-  CASTOR_CHECK(!c.checkpoint.empty() || !c.init.empty(), "--checkpoint: missing (a GPT or Llama run or checkpoint directory, "
+  CASTOR_CHECK(!c.checkpoint.empty() || !c.init.empty(),
+               "--checkpoint: missing (a GPT or Llama run or checkpoint directory, "
                "or --init FILE with --tokenizer-dir DIR)");
   CASTOR_CHECK(c.tokens >= 0, "--tokens: must be non-negative, got ", c.tokens);
   CASTOR_CHECK(c.temperature >= 0 && std::isfinite(c.temperature), "--temperature: must be non-negative, got ",
@@ -186,8 +192,8 @@ namespace {
 // The model to sample: a Llama as loaded, a GPT built for the tokenizer's vocabulary (its padding never drawn).
 std::shared_ptr<models::LanguageModel> sampled_model(LoadedGpt& g, const data::Tokenizer& tok, const std::string& dir) {
   if (g.llama) {
-    CASTOR_CHECK(tok.vocab_size() == g.llama->vocab_size(), dir, ": the tokenizer has ", tok.vocab_size(),
-                 " tokens, ", g.what, " was made for ", g.llama->vocab_size());
+    CASTOR_CHECK(tok.vocab_size() == g.llama->vocab_size(), dir, ": the tokenizer has ", tok.vocab_size(), " tokens, ",
+                 g.what, " was made for ", g.llama->vocab_size());
     return g.llama;
   }
   models::GPTConfig& config = g.weights.config;
@@ -228,9 +234,8 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   model->eval();
   // Each token is written as it is drawn, decoded after the one before it (bpe: run.c's decode(prev, token)).
   uint16_t prev = prompt_ids.back();
-  models::generate(*model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature,
-                   c.top_k, c.seed, c.cached_window ? models::Window::Cached : models::Window::Sliding,
-                   [&](int64_t t) {
+  models::generate(*model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature, c.top_k,
+                   c.seed, c.cached_window ? models::Window::Cached : models::Window::Sliding, [&](int64_t t) {
                      const uint16_t id = static_cast<uint16_t>(t);
                      write(tok.decode_next(prev, id));
                      prev = id;
@@ -240,7 +245,8 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
 ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   ExportConfig c;
   parse_flags(*export_app(c), args, "export");
-  CASTOR_CHECK(c.llmc || c.nanogpt || c.llama2c || !c.peft.empty(), "--llmc, --nanogpt or --llama2c: missing (the "
+  CASTOR_CHECK(c.llmc || c.nanogpt || c.llama2c || !c.peft.empty(),
+               "--llmc, --nanogpt or --llama2c: missing (the "
                "format to write; --peft DIR for a LoRA run's adapters)");
   CASTOR_CHECK(!c.peft.empty() || !c.out.empty(), "--out: empty or missing (the file to write)");
   CASTOR_CHECK(c.peft.empty() || c.out.empty(), "--out: not with --peft DIR (the directory it writes)");
@@ -305,7 +311,9 @@ PyValue nanogpt_config(const Json& rc, const models::GPTConfig& m, const std::st
       {"min_lr", number(setting(rc, "min_lr", 0.0))},
       {"backend", PyValue::string("gloo")},
       {"device", PyValue::string("cpu")},
-      {"dtype", PyValue::string(amp == "O0" ? "float32" : dtype == "fp16" ? "float16" : "bfloat16")},
+      {"dtype", PyValue::string(amp == "O0"       ? "float32"
+                                : dtype == "fp16" ? "float16"
+                                                  : "bfloat16")},
       {"compile", PyValue::boolean(false)}});
 }
 
@@ -388,14 +396,14 @@ PyValue nanogpt_checkpoint(const LoadedGpt& g, const std::string& out_dir, PyVal
   const int64_t step = it == g.train_state.end() ? 0 : static_cast<int64_t>(it->second.item());
   std::vector<std::pair<std::string, PyValue>> ckpt = {
       {"model", PyValue::dict(std::move(model))},
-      {"model_args", PyValue::dict(std::vector<std::pair<std::string, PyValue>>{
-                         {"n_layer", PyValue::integer(m.n_layer)},
-                         {"n_head", PyValue::integer(m.n_head)},
-                         {"n_embd", PyValue::integer(m.n_embd)},
-                         {"block_size", PyValue::integer(m.block_size)},
-                         {"bias", PyValue::boolean(m.bias)},
-                         {"vocab_size", PyValue::integer(m.vocab_size)},
-                         {"dropout", number(m.dropout)}})},
+      {"model_args",
+       PyValue::dict(std::vector<std::pair<std::string, PyValue>>{{"n_layer", PyValue::integer(m.n_layer)},
+                                                                  {"n_head", PyValue::integer(m.n_head)},
+                                                                  {"n_embd", PyValue::integer(m.n_embd)},
+                                                                  {"block_size", PyValue::integer(m.block_size)},
+                                                                  {"bias", PyValue::boolean(m.bias)},
+                                                                  {"vocab_size", PyValue::integer(m.vocab_size)},
+                                                                  {"dropout", number(m.dropout)}})},
       {"iter_num", PyValue::integer(step)},
       {"best_val_loss", PyValue::tensor(scalar_tensor(best_val_loss(g.run_dir, step), DType::Float32))},
       {"config", nanogpt_config(g.config, m, out_dir)}};
@@ -433,11 +441,19 @@ Json::Object export_llama2c(const LoadedGpt& g, const ExportConfig& c) {
   if (vocab) data::write_tokenizer_bin(tokenizer_bin, *vocab);
   uint64_t bytes = 0;
   read_file_range(c.out, 0, 0, bytes);
-  return {{"from", printable(g.what)},         {"format", "llama2c"},          {"version", c.version},
-          {"dim", w.config.dim},                {"hidden_dim", w.config.hidden_dim}, {"n_layers", w.config.n_layers},
-          {"n_heads", w.config.n_heads},        {"n_kv_heads", w.config.n_kv_heads}, {"vocab_size", m.vocab_size},
-          {"max_seq_len", m.max_seq_len},       {"shared_classifier", models::shares_classifier(w)},
-          {"out", printable(c.out)},            {"bytes", bytes},
+  return {{"from", printable(g.what)},
+          {"format", "llama2c"},
+          {"version", c.version},
+          {"dim", w.config.dim},
+          {"hidden_dim", w.config.hidden_dim},
+          {"n_layers", w.config.n_layers},
+          {"n_heads", w.config.n_heads},
+          {"n_kv_heads", w.config.n_kv_heads},
+          {"vocab_size", m.vocab_size},
+          {"max_seq_len", m.max_seq_len},
+          {"shared_classifier", models::shares_classifier(w)},
+          {"out", printable(c.out)},
+          {"bytes", bytes},
           {"tokenizer", vocab ? Json(printable(tokenizer_bin)) : Json()}};
 }
 
@@ -451,7 +467,9 @@ Json export_peft(const ExportConfig& c) {
   const Checkpoint ck = read_checkpoint(c.checkpoint, &used);
   const std::string what = (fs::path(used) / "model.safetensors").string();
   write_peft(c.peft, ck, what);
-  return Json::Object{{"from", printable(what)}, {"format", "peft"}, {"out", printable(c.peft)},
+  return Json::Object{{"from", printable(what)},
+                      {"format", "peft"},
+                      {"out", printable(c.peft)},
                       {"tensors", static_cast<int64_t>(ck.model.size())}};
 }
 
@@ -468,14 +486,19 @@ Json run_export(const ExportConfig& c) {
   CASTOR_CHECK(!c.llama2c || fs::path(c.out).filename() != "tokenizer.bin", "--out ", c.out,
                ": --llama2c writes tokenizer.bin beside the model file; give the model file another name");
   LoadedGpt g = load_gpt(c.checkpoint, c.n_head);
-  CASTOR_CHECK(!g.lora || c.merge_lora, "--merge-lora: missing; ", c.checkpoint, " is a LoRA run (adapters on a "
+  CASTOR_CHECK(!g.lora || c.merge_lora, "--merge-lora: missing; ", c.checkpoint,
+               " is a LoRA run (adapters on a "
                "frozen base): --merge-lora writes the base with its adapters merged, --peft DIR the adapters alone");
   if (c.llama2c) return export_llama2c(g, c);
-  CASTOR_CHECK(!g.llama, "--checkpoint ", c.checkpoint, ": a Llama; --llmc and --nanogpt write GPTs (--llama2c "
+  CASTOR_CHECK(!g.llama, "--checkpoint ", c.checkpoint,
+               ": a Llama; --llmc and --nanogpt write GPTs (--llama2c "
                "writes Llamas)");
   models::GPTConfig& config = g.weights.config;
-  Json::Object out{{"from", printable(g.what)}, {"n_layer", config.n_layer}, {"n_head", config.n_head},
-                   {"n_embd", config.n_embd}, {"block_size", config.block_size}};
+  Json::Object out{{"from", printable(g.what)},
+                   {"n_layer", config.n_layer},
+                   {"n_head", config.n_head},
+                   {"n_embd", config.n_embd},
+                   {"block_size", config.block_size}};
   std::string file = c.out;
   if (c.nanogpt) {
     std::error_code ec;

@@ -18,12 +18,14 @@ const Spelling<amp::OptLevel> kOptLevels[] = {{amp::OptLevel::O0, amp::opt_level
                                               {amp::OptLevel::O2, amp::opt_level_name(amp::OptLevel::O2)},
                                               {amp::OptLevel::O3, amp::opt_level_name(amp::OptLevel::O3)}};
 // (config.json records dtype_name's spelling, the first of each)
-constexpr Spelling<DType> kDTypes[] = {{DType::BFloat16, "bfloat16"}, {DType::Float16, "float16"},
-                                       {DType::BFloat16, "bf16"}, {DType::Float16, "fp16"}};
+constexpr Spelling<DType> kDTypes[] = {
+    {DType::BFloat16, "bfloat16"}, {DType::Float16, "float16"}, {DType::BFloat16, "bf16"}, {DType::Float16, "fp16"}};
 constexpr Spelling<OptimizerKind> kOptimizers[] = {
     {OptimizerKind::Sgd, "sgd"}, {OptimizerKind::Adam, "adam"}, {OptimizerKind::AdamW, "adamw"}};
-constexpr Spelling<Schedule> kSchedules[] = {{Schedule::None, "none"}, {Schedule::Step, "step"},
-                                             {Schedule::Cosine, "cosine"}, {Schedule::OneCycle, "onecycle"},
+constexpr Spelling<Schedule> kSchedules[] = {{Schedule::None, "none"},
+                                             {Schedule::Step, "step"},
+                                             {Schedule::Cosine, "cosine"},
+                                             {Schedule::OneCycle, "onecycle"},
                                              {Schedule::WarmupCosine, "warmup-cosine"}};
 constexpr Spelling<Augment> kAugments[] = {{Augment::None, "none"}, {Augment::Standard, "standard"}};
 constexpr Spelling<Compression> kCompressions[] = {
@@ -45,9 +47,10 @@ Field plain() {
 // A member of a flag other subcommands share (src/train/cli.h defines it with its check).
 template <auto M, auto Add>
 Field shared() {
-  return {[](CLI::App& app, TrainConfig& c, const std::string&, const std::string& help) { return Add(app, c.*M, help); },
-          [](const TrainConfig& c) { return Json(c.*M); },
-          [](TrainConfig& to, const TrainConfig& from) { to.*M = from.*M; }, nullptr};
+  return {
+      [](CLI::App& app, TrainConfig& c, const std::string&, const std::string& help) { return Add(app, c.*M, help); },
+      [](const TrainConfig& c) { return Json(c.*M); },
+      [](TrainConfig& to, const TrainConfig& from) { to.*M = from.*M; }, nullptr};
 }
 
 // An enumerated member, spelled as `Table` spells it.
@@ -68,16 +71,17 @@ std::vector<std::string> amp_choices() {
   return names;
 }
 Field amp_level() {
-  return {[](CLI::App& app, TrainConfig& c, const std::string& flag, const std::string& help) {
-            auto set = [&c](const std::string& v) {
-              c.precision_auto = v == "auto";
-              for (const Spelling<amp::OptLevel>& s : kOptLevels)
-                if (v == s.name) c.amp = s.value;
-            };
-            return app.add_option_function<std::string>(flag, set, help)->check(one_of(amp_choices()))->default_str("auto");
-          },
-          [](const TrainConfig& c) { return Json(spelling(kOptLevels, c.amp)); },
-          [](TrainConfig& to, const TrainConfig& from) { to.amp = from.amp; }, amp_choices};
+  return {
+      [](CLI::App& app, TrainConfig& c, const std::string& flag, const std::string& help) {
+        auto set = [&c](const std::string& v) {
+          c.precision_auto = v == "auto";
+          for (const Spelling<amp::OptLevel>& s : kOptLevels)
+            if (v == s.name) c.amp = s.value;
+        };
+        return app.add_option_function<std::string>(flag, set, help)->check(one_of(amp_choices()))->default_str("auto");
+      },
+      [](const TrainConfig& c) { return Json(spelling(kOptLevels, c.amp)); },
+      [](TrainConfig& to, const TrainConfig& from) { to.amp = from.amp; }, amp_choices};
 }
 
 // --loss-scale: "dynamic" (nullopt) or a positive number.
@@ -111,7 +115,7 @@ std::vector<Setting> make_settings() {
                               layers = integer_in(0, 1024), width = integer_in(0, 65536), count = integer_in(0),
                               at_least_one = integer_in(1), ranks = integer_in(1, 1024),
                               // train plus test images stay far inside int64 byte arithmetic
-                              synthetic = integer_in(1, int64_t{1} << 40);
+      synthetic = integer_in(1, int64_t{1} << 40);
   const CLI::Validator *unit = &unit_interval(), *pos = &positive(), *nonneg = &non_negative();
   using C = TrainConfig;
   return {
@@ -128,8 +132,7 @@ std::vector<Setting> make_settings() {
        "language models: random windows (nanoGPT's get_batch), sequential (llm.c's validation loader: the file in "
        "order) or llmc (llm.c's training loader: those batches shuffled each epoch as train_gpt2.c does, seeded "
        "42 + rank)",
-       nullptr, R::Fixed,
-       J::LanguageModel},
+       nullptr, R::Fixed, J::LanguageModel},
       {"--image-size", plain<&C::image_size>(),
        "--data folder: images are resized (shorter side) and centre-cropped to this square", &image_size, R::Fixed,
        J::Folder},
@@ -154,8 +157,10 @@ std::vector<Setting> make_settings() {
        R::Fixed, J::LanguageModel},
       {"--n-embd", plain<&C::n_embd>(), "language models: embedding width (a Llama's dim; 0: the preset's)", &width,
        R::Fixed, J::LanguageModel},
-      {"--block-size", plain<&C::block_size>(), "language models: context length (a Llama's max_seq_len; 0: the "
-       "preset's)", &width, R::Fixed, J::LanguageModel},
+      {"--block-size", plain<&C::block_size>(),
+       "language models: context length (a Llama's max_seq_len; 0: the "
+       "preset's)",
+       &width, R::Fixed, J::LanguageModel},
       {"--vocab-size", plain<&C::vocab_size>(),
        "language models: vocabulary size (0: the tokenizer's; a GPT's padded to 64 above 1024, a Llama's exactly)",
        &width, R::Fixed, J::LanguageModel},
@@ -163,14 +168,16 @@ std::vector<Setting> make_settings() {
       {"--bias", plain<&C::bias>(), "GPT: biases in Linear and LayerNorm layers (--no-bias: none)", nullptr, R::Fixed,
        J::Gpt},
       {"--n-kv-head", plain<&C::n_kv_head>(),
-       "Llama: key/value heads, dividing --n-head (fewer: grouped-query attention; 0: the preset's)", &layers,
-       R::Fixed, J::Llama},
+       "Llama: key/value heads, dividing --n-head (fewer: grouped-query attention; 0: the preset's)", &layers, R::Fixed,
+       J::Llama},
       {"--multiple-of", plain<&C::multiple_of>(),
-       "Llama: the feed-forward width, 2/3 of 4 x --n-embd, rounds up to a multiple of this (0: the preset's)",
-       &width, R::Fixed, J::Llama},
+       "Llama: the feed-forward width, 2/3 of 4 x --n-embd, rounds up to a multiple of this (0: the preset's)", &width,
+       R::Fixed, J::Llama},
       {"--rope-theta", plain<&C::rope_theta>(), "Llama: the rotary embedding's base", pos, R::Fixed, J::Llama},
-      {"--untied", plain<&C::untied>(), "Llama: the output layer gets its own weight (default: tied to the embedding, "
-       "as llama2.c)", nullptr, R::Fixed, J::Llama},
+      {"--untied", plain<&C::untied>(),
+       "Llama: the output layer gets its own weight (default: tied to the embedding, "
+       "as llama2.c)",
+       nullptr, R::Fixed, J::Llama},
       {"--amp", amp_level(),
        "opt level: O0 float32, O1 autocast + dynamic loss scaling, O2 16-bit model with float32 master weights "
        "(BatchNorm float32), O3 pure 16-bit; auto: O1 bfloat16 where the CPU has bfloat16 dot-product units "
@@ -197,8 +204,8 @@ std::vector<Setting> make_settings() {
       {"--label-smoothing", plain<&C::label_smoothing>(), "cross-entropy label smoothing", unit, R::Fixed, J::Any},
       // (on resume: checked against the recorded global batch, which run_train splits among the ranks)
       {"--batch-size", plain<&C::batch_size>(),
-       "images, or rows of --block-size tokens, per micro-batch and rank (global batch: x --nproc)",
-       &at_least_one, R::Free, J::Any},
+       "images, or rows of --block-size tokens, per micro-batch and rank (global batch: x --nproc)", &at_least_one,
+       R::Free, J::Any},
       {"--epochs", plain<&C::epochs>(), "epochs", &at_least_one, R::Length, J::Any},
       {"--steps", plain<&C::steps>(), "stop after this many optimizer steps (0: run the epochs)", &count, R::Length,
        J::Any},
@@ -285,7 +292,7 @@ std::string resume_rule() {
   for (const Setting& s : settings())
     if (s.resume != Resume::Fixed && s.flag != std::string_view("--resume"))
       list += detail::cat(list.empty() ? "" : ", ", s.flag,
-                          s.resume == Resume::Length ? " (to extend)"
+                          s.resume == Resume::Length                    ? " (to extend)"
                           : s.resume == Resume::FreeUnlessDeterministic ? " (without --deterministic)"
                                                                         : "");
   return list;
@@ -349,17 +356,27 @@ void check_jobs(const TrainConfig& c) {
     const Setting* s = find_setting(flag);
     if (!s) continue;
     const bool lm = is_language_model(c.model);
-    CASTOR_CHECK(s->job != Job::LanguageModel || lm, flag, ": applies to language models only (--model gpt, gpt-mini, "
-                 "gpt2, llama, llama-260k or llama-15m), not --model ", name(c.model));
-    CASTOR_CHECK(s->job != Job::Gpt || (lm && !is_llama(c.model)), flag, ": applies to GPT models only (--model gpt, "
-                 "gpt-mini or gpt2), not --model ", name(c.model));
-    CASTOR_CHECK(s->job != Job::Llama || is_llama(c.model), flag, ": applies to Llama models only (--model llama, "
-                 "llama-260k or llama-15m), not --model ", name(c.model));
+    CASTOR_CHECK(s->job != Job::LanguageModel || lm, flag,
+                 ": applies to language models only (--model gpt, gpt-mini, "
+                 "gpt2, llama, llama-260k or llama-15m), not --model ",
+                 name(c.model));
+    CASTOR_CHECK(s->job != Job::Gpt || (lm && !is_llama(c.model)), flag,
+                 ": applies to GPT models only (--model gpt, "
+                 "gpt-mini or gpt2), not --model ",
+                 name(c.model));
+    CASTOR_CHECK(s->job != Job::Llama || is_llama(c.model), flag,
+                 ": applies to Llama models only (--model llama, "
+                 "llama-260k or llama-15m), not --model ",
+                 name(c.model));
     CASTOR_CHECK(s->job != Job::Image || !lm, flag, ": applies to image models only, not --model ", name(c.model));
-    CASTOR_CHECK(s->job != Job::Folder || c.data == Dataset::Folder, flag, ": applies to --data folder only, not "
-                 "--data ", name(c.data));
-    CASTOR_CHECK(s->job != Job::Synthetic || c.data == Dataset::Synthetic, flag, ": applies to --data synthetic "
-                 "only, not --data ", name(c.data));
+    CASTOR_CHECK(s->job != Job::Folder || c.data == Dataset::Folder, flag,
+                 ": applies to --data folder only, not "
+                 "--data ",
+                 name(c.data));
+    CASTOR_CHECK(s->job != Job::Synthetic || c.data == Dataset::Synthetic, flag,
+                 ": applies to --data synthetic "
+                 "only, not --data ",
+                 name(c.data));
   }
 }
 

@@ -12,14 +12,20 @@
 namespace castor::train {
 
 // The spellings of the datasets and models (castor train and castor eval take them).
-inline constexpr Spelling<Dataset> kDatasets[] = {
-    {Dataset::FashionMnist, "fashion-mnist"}, {Dataset::Cifar10, "cifar10"}, {Dataset::Synthetic, "synthetic"},
-    {Dataset::Folder, "folder"}, {Dataset::Brown, "brown"}, {Dataset::BrownChar, "brown-char"},
-    {Dataset::BrownBpe, "brown-bpe"}, {Dataset::Tokens, "tokens"}};
+inline constexpr Spelling<Dataset> kDatasets[] = {{Dataset::FashionMnist, "fashion-mnist"},
+                                                  {Dataset::Cifar10, "cifar10"},
+                                                  {Dataset::Synthetic, "synthetic"},
+                                                  {Dataset::Folder, "folder"},
+                                                  {Dataset::Brown, "brown"},
+                                                  {Dataset::BrownChar, "brown-char"},
+                                                  {Dataset::BrownBpe, "brown-bpe"},
+                                                  {Dataset::Tokens, "tokens"}};
 inline constexpr Spelling<ModelKind> kModels[] = {
-    {ModelKind::SimpleCnn, "simplecnn"}, {ModelKind::ResNet18, "resnet18"}, {ModelKind::ResNet9, "resnet9"},
-    {ModelKind::Gpt, "gpt"}, {ModelKind::GptMini, "gpt-mini"}, {ModelKind::Gpt2, "gpt2"},
-    {ModelKind::Llama, "llama"}, {ModelKind::Llama260k, "llama-260k"}, {ModelKind::Llama15m, "llama-15m"}};
+    {ModelKind::SimpleCnn, "simplecnn"}, {ModelKind::ResNet18, "resnet18"},
+    {ModelKind::ResNet9, "resnet9"},     {ModelKind::Gpt, "gpt"},
+    {ModelKind::GptMini, "gpt-mini"},    {ModelKind::Gpt2, "gpt2"},
+    {ModelKind::Llama, "llama"},         {ModelKind::Llama260k, "llama-260k"},
+    {ModelKind::Llama15m, "llama-15m"}};
 
 // What `castor train --resume` does with a setting given again.
 enum class Resume {

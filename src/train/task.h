@@ -56,7 +56,7 @@ class Task {
   // `batch_size` images or rows: their count and batch i.
   virtual int64_t eval_batches(int64_t batch_size) const = 0;
   virtual Batch eval_batch(int64_t i, int64_t batch_size) const = 0;
-  virtual int64_t eval_batch_size() const = 0;  // training's, and castor eval's default
+  virtual int64_t eval_batch_size() const = 0;       // training's, and castor eval's default
   virtual int64_t num_classes() const { return 0; }  // > 0: the evaluation counts a confusion matrix
 
   virtual void record(Json& config) const = 0;  // the data's facts, into config.json

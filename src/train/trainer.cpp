@@ -33,8 +33,8 @@ struct OpenRun {
   std::optional<Checkpoint> ck;    // a resumed run's
   std::string resume_from;         // the checkpoint's folder
   Json recorded;
-  bool created = false;            // rank 0 made the run directory (a new run's, not there before)
-  bool default_out = false;        // --out was not given: the run directory is announced with the settings
+  bool created = false;      // rank 0 made the run directory (a new run's, not there before)
+  bool default_out = false;  // --out was not given: the run directory is announced with the settings
 };
 
 // Resolves --resume and --out, takes the run directory (rank 0; the other ranks wait until it is set up), and for a
@@ -55,7 +55,8 @@ OpenRun open_run(TrainConfig& c, int rank, int world) {
   // config.json, metrics and checkpoints record these paths in JSON, which holds only UTF-8 text.
   for (const auto& [flag, value] : {std::pair{"--out", c.out}, std::pair{"--data-dir", c.data_dir},
                                     std::pair{"--init", c.init}, std::pair{"--resume", c.resume}})
-    CASTOR_CHECK(is_valid_utf8(value), flag, " ", printable(value), ": not valid UTF-8; a run records its paths in "
+    CASTOR_CHECK(is_valid_utf8(value), flag, " ", printable(value),
+                 ": not valid UTF-8; a run records its paths in "
                  "JSON, which holds only UTF-8 text: rename it");
   std::error_code ec;
   const bool continuing = !c.resume.empty() && fs::equivalent(run_dir, c.out, ec);
@@ -143,14 +144,15 @@ Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
   CASTOR_CHECK(c.steps > 0 || c.epochs <= INT64_MAX / steps_per_epoch, "--epochs ", c.epochs, ": too many steps");
   const int64_t total_steps = c.steps > 0 ? c.steps : c.epochs * steps_per_epoch;
   const int64_t schedule_steps = r.ck ? recorded_schedule_steps(r.recorded, steps_per_epoch) : total_steps;
-  CASTOR_CHECK(schedule_steps > 0, r.resume_from, ": the recorded schedule length ", schedule_steps, " is not positive");
+  CASTOR_CHECK(schedule_steps > 0, r.resume_from, ": the recorded schedule length ", schedule_steps,
+               " is not positive");
   Run run = build_run(c, *task, schedule_steps, /*load_init=*/!r.ck);
   TrainState state;
   if (r.ck) {
     state = TrainState::load(*r.ck, run, per_epoch, c.grad_accum, r.resume_from);
     if (rank == 0)
-      std::fprintf(stderr, "castor train: resuming from step %lld (checkpoint %s)\n", static_cast<long long>(state.step),
-                   r.resume_from.c_str());
+      std::fprintf(stderr, "castor train: resuming from step %lld (checkpoint %s)\n",
+                   static_cast<long long>(state.step), r.resume_from.c_str());
   }
   if (state.step >= total_steps && reported(c, r) && state.batch < per_epoch) {
     if (rank == 0)

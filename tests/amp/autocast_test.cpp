@@ -59,10 +59,24 @@ std::vector<Case> cases() {
       {"mm", CastPolicy::LowerPrecision, [](V x) { return mm(x[0], x[1]); }, {{3, 4}, {4, 5}}},
       {"matmul", CastPolicy::LowerPrecision, [](V x) { return matmul(x[0], x[1]); }, {{2, 3, 4}, {4, 5}}},
       {"bmm", CastPolicy::LowerPrecision, [](V x) { return bmm(x[0], x[1]); }, {{2, 3, 4}, {2, 4, 5}}},
-      {"cat", CastPolicy::Promote, [](V x) { return cat({x[0], x[1]}, /*dim=*/0); }, {m, m}},
-      {"stack", CastPolicy::Promote, [](V x) { return stack({x[0], x[1]}, /*dim=*/1); }, {m, m}},
-      {"gather", CastPolicy::PassThrough,
-       [](V x) { return gather(x[0], /*dim=*/1, tensor({0, 3, 1, 2, 2, 0}, Shape{3, 2}, DType::Int64)); }, {m}},
+      {"cat",
+       CastPolicy::Promote,
+       [](V x) {
+         return cat({x[0], x[1]}, /*dim=*/0);
+       },
+       {m, m}},
+      {"stack",
+       CastPolicy::Promote,
+       [](V x) {
+         return stack({x[0], x[1]}, /*dim=*/1);
+       },
+       {m, m}},
+      {"gather",
+       CastPolicy::PassThrough,
+       [](V x) {
+         return gather(x[0], /*dim=*/1, tensor({0, 3, 1, 2, 2, 0}, Shape{3, 2}, DType::Int64));
+       },
+       {m}},
   };
 }
 
@@ -133,7 +147,7 @@ TEST(Autocast, NestedDisabledRegionTurnsCastingOffAndRestores) {
       EXPECT_FALSE(amp::is_autocast_enabled());
       EXPECT_EQ(mm(a, b).dtype(), DType::Float32);
       EXPECT_EQ(mm(low.float_(), b).dtype(), DType::Float32);  // earlier 16-bit results are cast back by hand
-      EXPECT_THROW(mm(low, b), Error);                          // ... and not silently
+      EXPECT_THROW(mm(low, b), Error);                         // ... and not silently
     }
     EXPECT_TRUE(amp::is_autocast_enabled());
     EXPECT_EQ(amp::autocast_state().dtype, DType::Float16);
@@ -171,8 +185,11 @@ TEST(Autocast, BatchNormKeepsTheInputDtypeAsTorch) {
 TEST(Autocast, BannedOpRaisesNamingTheSafeAlternative) {
   amp::AutocastGuard guard(DType::Float16);
   Tensor p = full({4}, 0.5), t = ones({4});
-  test::expect_error([&] { amp::apply_autocast(OpKind::BinaryCrossEntropy, {p, t}); },
-                     {"binary_cross_entropy_with_logits"});
+  test::expect_error(
+      [&] {
+        amp::apply_autocast(OpKind::BinaryCrossEntropy, {p, t});
+      },
+      {"binary_cross_entropy_with_logits"});
 }
 
 TEST(Autocast, CustomOpsBehaveLikeBuiltIns) {
@@ -318,8 +335,9 @@ TEST(Autocast, ExplainReportsEachOpsDtypesAndReasons) {
   EXPECT_EQ(rows[0].given, (std::vector<DType>{DType::Float32, DType::Float32}));
   EXPECT_EQ(rows[0].ran, (std::vector<DType>{DType::BFloat16, DType::BFloat16}));
   EXPECT_EQ(rows[0].out, DType::BFloat16);
-  EXPECT_EQ(rows[0].why, "float32 input 0 cast to bfloat16 (lower_precision); "
-                         "float32 weight cast to bfloat16 (lower_precision; cached)");
+  EXPECT_EQ(rows[0].why,
+            "float32 input 0 cast to bfloat16 (lower_precision); "
+            "float32 weight cast to bfloat16 (lower_precision; cached)");
   EXPECT_EQ(rows[1].op, "relu");
   EXPECT_EQ(rows[1].why, "runs in its input dtype (pass_through)");
   EXPECT_EQ(rows[2].why, "float32 weight cast to bfloat16 (lower_precision; cached)");

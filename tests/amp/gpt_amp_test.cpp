@@ -29,9 +29,9 @@ using test::learnable_token_batch;
 std::pair<std::vector<double>, std::vector<double>> curves(bool autocast, int steps) {
   const models::GPTConfig c = test::tiny_gpt_config(29);
   auto model = models::gpt(c, 11);
-  const std::string cfg = detail::cat("{\"n_layer\": ", c.n_layer, ", \"n_head\": ", c.n_head, ", \"n_embd\": ",
-                                      c.n_embd, ", \"block_size\": ", c.block_size, ", \"vocab_size\": ",
-                                      c.vocab_size, ", \"bias\": true}");
+  const std::string cfg = detail::cat("{\"n_layer\": ", c.n_layer, ", \"n_head\": ", c.n_head,
+                                      ", \"n_embd\": ", c.n_embd, ", \"block_size\": ", c.block_size,
+                                      ", \"vocab_size\": ", c.vocab_size, ", \"bias\": true}");
   return test::lm_curves("gpt_oracle.py", cfg, *model, autocast, steps);
 }
 
@@ -64,14 +64,13 @@ TEST(GptAmp, AutocastBFloat16TrainingFollowsPyTorchAutocast) {
 // Every opt level and 16-bit type trains the GPT: loss falls, O2 keeps LayerNorm parameters float32 with float32
 // masters for the rest, float16 runs under dynamic loss scaling.
 TEST(GptAmp, EveryOptLevelTrains) {
-  test::expect_every_opt_level_trains(
-      [] { return models::gpt(test::tiny_gpt_config(29), 5); },
-      [](models::LanguageModel& m, optim::Adam& opt, DType dtype) {
-        auto& model = dynamic_cast<models::GPT&>(m);
-        EXPECT_EQ(model.ln_f->weight.dtype(), DType::Float32);
-        EXPECT_EQ(model.wte->weight.dtype(), dtype);
-        EXPECT_TRUE(opt.master_weights());
-      });
+  test::expect_every_opt_level_trains([] { return models::gpt(test::tiny_gpt_config(29), 5); },
+                                      [](models::LanguageModel& m, optim::Adam& opt, DType dtype) {
+                                        auto& model = dynamic_cast<models::GPT&>(m);
+                                        EXPECT_EQ(model.ln_f->weight.dtype(), DType::Float32);
+                                        EXPECT_EQ(model.wte->weight.dtype(), dtype);
+                                        EXPECT_TRUE(opt.master_weights());
+                                      });
 }
 
 // O1 bfloat16 AdamW steps take the weights' 16-bit casts from the copies the previous step kept (amp::keep_cast):

@@ -289,7 +289,7 @@ TEST(GradScaler, SixteenBitGradientsAreUnscaledIntoFloat32MasterGradients) {
   EXPECT_TRUE(opt.staged_grads()[0].is_same(slot.staged_grad()));
   EXPECT_TRUE(scaler.step(opt));
   EXPECT_TRUE(test::close(slot.master, full({4}, 1.0 - 1e-5), 0, 1e-7));  // the float32 master moved ...
-  EXPECT_TRUE(test::bit_equal(w, full({4}, 1.0, DType::Float16)));       // ... by less than float16 resolves
+  EXPECT_TRUE(test::bit_equal(w, full({4}, 1.0, DType::Float16)));        // ... by less than float16 resolves
 }
 
 }  // namespace

@@ -107,7 +107,7 @@ TEST(AmpInitialize, EachOptLevelSetsParamBatchNormMasterAndGradDtypes) {
         ASSERT_EQ(slot.master.defined(), master) << slot.param.describe();
         if (!master) continue;
         EXPECT_EQ(slot.master.dtype(), DType::Float32);
-        EXPECT_TRUE(test::bit_equal(slot.param, slot.master.to(lo)));  // the model holds the masters rounded
+        EXPECT_TRUE(test::bit_equal(slot.param, slot.master.to(lo)));             // the model holds the masters rounded
         EXPECT_FALSE(test::bit_equal(slot.master.to(lo).float_(), slot.master));  // masters hold more bits
       }
     }
@@ -153,14 +153,15 @@ TEST(AmpInitialize, OverridesReplaceTheLevelsDefaults) {
     EXPECT_EQ(a->scaler().steps_skipped(), 3);
     EXPECT_EQ(opt.skipped_steps(), 3);
   }
-  EXPECT_NE(error_of([] { amp::properties_for(OptLevel::O1, DType::Float16, {.keep_batchnorm_fp32 = true}); })
-                .find("keep_batchnorm_fp32 needs cast_model_type"),
+  EXPECT_NE(error_of([] {
+              amp::properties_for(OptLevel::O1, DType::Float16, {.keep_batchnorm_fp32 = true});
+            }).find("keep_batchnorm_fp32 needs cast_model_type"),
             std::string::npos);
-  EXPECT_NE(error_of([] { amp::properties_for(OptLevel::O2, DType::Float16, {.cast_model_type = DType::BFloat16}); })
-                .find("cast_model_type must be float32 or float16, got bfloat16"),
+  EXPECT_NE(error_of([] {
+              amp::properties_for(OptLevel::O2, DType::Float16, {.cast_model_type = DType::BFloat16});
+            }).find("cast_model_type must be float32 or float16, got bfloat16"),
             std::string::npos);
-  EXPECT_NE(error_of([] { amp::properties_for(OptLevel::O1, DType::Float16, {.loss_scale = "-2"}); })
-                .find("\"-2\""),
+  EXPECT_NE(error_of([] { amp::properties_for(OptLevel::O1, DType::Float16, {.loss_scale = "-2"}); }).find("\"-2\""),
             std::string::npos);
   EXPECT_NE(error_of([] { amp::properties_for(OptLevel::O1, DType::Float32); }).find("float32"), std::string::npos);
   EXPECT_NE(error_of([] { amp::parse_opt_level("O4"); }).find("\"O4\""), std::string::npos);
@@ -375,9 +376,9 @@ TEST(AmpInitialize, LossScalingKeepsFloat16GradientsFromUnderflowing) {
   const std::vector<double> scaled = regression_losses(OptLevel::O2, {}, steps);
   std::printf("loss after %d steps: float32 %.6g, float16 unscaled %.6g, float16 dynamic scaling %.6g (start %.6g)\n",
               steps, fp32.back(), unscaled.back(), scaled.back(), fp32.front());
-  EXPECT_LT(fp32.back(), 0.05 * fp32.front());       // the float32 run learns
-  EXPECT_EQ(unscaled.back(), unscaled.front());      // every gradient underflowed to 0: not one update
-  for (int it = 0; it <= steps; ++it)                // the scaled run tracks float32 step by step
+  EXPECT_LT(fp32.back(), 0.05 * fp32.front());   // the float32 run learns
+  EXPECT_EQ(unscaled.back(), unscaled.front());  // every gradient underflowed to 0: not one update
+  for (int it = 0; it <= steps; ++it)            // the scaled run tracks float32 step by step
     EXPECT_NEAR(scaled[it], fp32[it], 0.01 * fp32[it] + 1e-3) << "iteration " << it;
 }
 
@@ -408,10 +409,10 @@ TEST(AmpInitialize, StochasticRoundingLetsPureBFloat16TrainWhereNearestStalls) {
   const std::vector<double> fp32 = bf16_regression(OptLevel::O0, std::nullopt, steps);
   const std::vector<double> nearest = bf16_regression(OptLevel::O3, optim::Rounding::Nearest, steps);
   const std::vector<double> stochastic = bf16_regression(OptLevel::O3, optim::Rounding::Stochastic, steps);
-  std::printf("loss after %d steps from %.6g: float32 %.6g, pure bf16 nearest %.6g, pure bf16 stochastic %.6g\n",
-              steps, fp32[0], fp32[1], nearest[1], stochastic[1]);
+  std::printf("loss after %d steps from %.6g: float32 %.6g, pure bf16 nearest %.6g, pure bf16 stochastic %.6g\n", steps,
+              fp32[0], fp32[1], nearest[1], stochastic[1]);
   EXPECT_LT(fp32[1], 1e-3 * fp32[0]);
-  EXPECT_LT(stochastic[1], 1e-3 * fp32[0]);  // reaches float32's loss ...
+  EXPECT_LT(stochastic[1], 1e-3 * fp32[0]);   // reaches float32's loss ...
   EXPECT_GT(nearest[1], 10 * stochastic[1]);  // ... where rounding to nearest stalls
 }
 

@@ -112,7 +112,7 @@ ApexResult apex_loop(OptLevel level, DType dtype) {
   for (auto& [input, target] : batches) {  // for input, target in data:
     Tensor loss;
     {
-      auto fw = amp->forward();  // (O1's patched functions)
+      auto fw = amp->forward();                          // (O1's patched functions)
       loss = F::cross_entropy((*model)(input), target);  //   loss = loss_fn(model(input), target)
     }
     amp->scale_loss(loss, optimizer).backward();  //   with amp.scale_loss(loss, optimizer) as s: s.backward()

@@ -154,8 +154,7 @@ TEST(ScaleMath, HysteresisSchedules) {
   EXPECT_EQ(run_schedule(o, {true, false, true, true, false, false}),
             (std::vector<float>{256, 256, 256, 128, 128, 256}));
   o.hysteresis = 1;  // PyTorch: every overflow backs off
-  EXPECT_EQ(run_schedule(o, {true, false, true, true, false, false}),
-            (std::vector<float>{128, 128, 64, 64, 64, 128}));
+  EXPECT_EQ(run_schedule(o, {true, false, true, true, false, false}), (std::vector<float>{128, 128, 64, 64, 64, 128}));
 }
 
 TEST(ScaleMath, NonConsecutiveHysteresisAsDeepSpeed) {
@@ -164,8 +163,7 @@ TEST(ScaleMath, NonConsecutiveHysteresisAsDeepSpeed) {
   // scattered overflows of iterations 0 and 2 add up and 2 already backs off.
   amp::GradScalerOptions o{
       .init_scale = 256, .growth_interval = 2, .hysteresis = 2, .consecutive_hysteresis = false, .min_scale = 64};
-  EXPECT_EQ(run_schedule(o, {true, false, true, true, false, false}),
-            (std::vector<float>{256, 256, 128, 64, 64, 128}));
+  EXPECT_EQ(run_schedule(o, {true, false, true, true, false, false}), (std::vector<float>{256, 256, 128, 64, 64, 128}));
   // A growth refills it: the overflow after the growth is tolerated again.
   EXPECT_EQ(run_schedule(o, {true, false, false, true, true}), (std::vector<float>{256, 256, 512, 512, 256}));
   o.consecutive_hysteresis = true;  // the same schedule when only overflows in a row count

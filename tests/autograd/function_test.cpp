@@ -32,7 +32,10 @@ TEST(AutogradFunction, GradientsMatchFiniteDifferences) {
   EXPECT_TRUE(test::gradcheck([](const std::vector<Tensor>& in) { return CubeTimes::apply(in); }, {xg, wg}));
   // Composed with built-in ops on both sides, and with create_graph (its backward is made of ops).
   EXPECT_TRUE(test::gradcheck(
-      [](const std::vector<Tensor>& in) { return exp(CubeTimes::apply({mul(in[0], 0.5), in[1]})); }, {xg, wg}));
+      [](const std::vector<Tensor>& in) {
+        return exp(CubeTimes::apply({mul(in[0], 0.5), in[1]}));
+      },
+      {xg, wg}));
   const Tensor a = x.clone().requires_grad_();
   const Tensor g = grad({sum(CubeTimes::apply({a, w}))}, {a}, {}, /*retain_graph=*/false, /*create_graph=*/true)[0];
   const Tensor gg = grad({sum(g)}, {a})[0];  // d/dx sum(3 x^2 w) = 6 x w
@@ -115,7 +118,7 @@ TEST(AutogradFunction, CustomFwdAndBwdFollowTheCastPolicy) {
   EXPECT_FALSE(Seen::forward_autocast);            // and run with autocast off, as custom_fwd(cast_inputs=...)
   EXPECT_EQ(y.dtype(), DType::Float32);
   sum(y).backward();
-  EXPECT_FALSE(Seen::backward_autocast);     // custom_bwd: the state forward ran under
+  EXPECT_FALSE(Seen::backward_autocast);         // custom_bwd: the state forward ran under
   EXPECT_EQ(x.grad().dtype(), DType::BFloat16);  // gradients flow back in the input's dtype
   EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{6, 6, 6, 6}));
   EXPECT_THROW(amp::register_op("test_float32_square", CastPolicy::LowerPrecision), Error);

@@ -98,8 +98,8 @@ TEST(Gradcheck, MatrixProducts) {
   EXPECT_TRUE(
       test::gradcheck([](const Inputs& x) { return bmm(x[0], x[1]); }, {rnd({2, 3, 4}, 16), rnd({2, 4, 5}, 17)}));
   // matmul: broadcast batch dims, 1-D on either side, 1-D x 1-D, 1-D with a batch.
-  EXPECT_TRUE(test::gradcheck([](const Inputs& x) { return matmul(x[0], x[1]); },
-                              {rnd({2, 1, 3, 4}, 18), rnd({3, 4, 2}, 19)}));
+  EXPECT_TRUE(
+      test::gradcheck([](const Inputs& x) { return matmul(x[0], x[1]); }, {rnd({2, 1, 3, 4}, 18), rnd({3, 4, 2}, 19)}));
   EXPECT_TRUE(test::gradcheck([](const Inputs& x) { return matmul(x[0], x[1]); }, {rnd({3, 4}, 20), rnd({4}, 21)}));
   EXPECT_TRUE(test::gradcheck([](const Inputs& x) { return matmul(x[0], x[1]); }, {rnd({4}, 22), rnd({4, 3}, 23)}));
   EXPECT_TRUE(test::gradcheck([](const Inputs& x) { return matmul(x[0], x[1]); }, {rnd({4}, 24), rnd({4}, 25)}));
@@ -117,8 +117,8 @@ TEST(Gradcheck, JoinAndGather) {
   const Tensor idx = tensor({0, 2, 2, 1, 0, 0}, {2, 3}, DType::Int64);
   EXPECT_TRUE(test::gradcheck([&](const Inputs& x) { return gather(x[0], 1, idx); }, {a}));
   const Tensor idx0 = tensor({1, 0, 1, 1, 1, 0, 0, 0}, {4, 2}, DType::Int64);
-  EXPECT_TRUE(test::gradcheck([&](const Inputs& x) { return gather(x[0].t(), 0, idx0.narrow(1, 0, 2)); },
-                              {rnd({2, 4}, 33)}));
+  EXPECT_TRUE(
+      test::gradcheck([&](const Inputs& x) { return gather(x[0].t(), 0, idx0.narrow(1, 0, 2)); }, {rnd({2, 4}, 33)}));
 }
 
 TEST(Gradcheck, Views) {
@@ -151,8 +151,8 @@ TEST(Gradcheck, CopiesAndCasts) {
   EXPECT_TRUE(test::gradcheck([](const Inputs& x) { return x[0].t().contiguous(); }, {a}));
   // Through float32 and back: the cast's gradient comes back as float64. The round trip loses precision,
   // so the finite difference is taken at float32 resolution.
-  EXPECT_TRUE(test::gradcheck([](const Inputs& x) { return x[0].to(DType::Float32).to(DType::Float64) * x[0]; },
-                              {a}, /*eps=*/1e-2, /*tol=*/1e-5));
+  EXPECT_TRUE(test::gradcheck([](const Inputs& x) { return x[0].to(DType::Float32).to(DType::Float64) * x[0]; }, {a},
+                              /*eps=*/1e-2, /*tol=*/1e-5));
 }
 
 TEST(Gradcheck, InPlaceOnNonLeaves) {

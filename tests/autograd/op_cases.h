@@ -22,7 +22,7 @@ struct OpCase {
   std::vector<Shape> shapes;  // of the op's floating inputs; values N(0, 1) (|x| + 0.5 where marked positive)
   bool positive = false;
   double fd_eps = 1e-6, fd_tol = 1e-6;  // finite differences (a cast through float32 needs a wide step)
-  bool scoped = true;  // passes an OpScope (Cast does not: it is what autocast itself calls)
+  bool scoped = true;                   // passes an OpScope (Cast does not: it is what autocast itself calls)
 };
 
 // One op compared against PyTorch 1.13 forward and backward in float32, float16 and bfloat16 by TorchParity: the

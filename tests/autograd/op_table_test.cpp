@@ -71,8 +71,8 @@ TEST(OpTable, ParityCasesBelongToTorchParityRows) {
   for (const auto& [op, c] : test::parity_cases()) {
     auto it = test::op_cases().find(op);
     ASSERT_NE(it, test::op_cases().end()) << c.name << ": " << op_name(op) << " has no case";
-    EXPECT_EQ(std::string(it->second.oracle), "TorchParity") << c.name << ": " << op_name(op) << " names "
-                                                              << it->second.oracle << " as its oracle";
+    EXPECT_EQ(std::string(it->second.oracle), "TorchParity")
+        << c.name << ": " << op_name(op) << " names " << it->second.oracle << " as its oracle";
   }
 }
 

@@ -121,8 +121,8 @@ std::vector<float> float_sweep() {
     }
   }
   for (int i = 0; i < (1 << 20); ++i) out.push_back(float_of(static_cast<uint32_t>(rng())));
-  for (float v : {65504.0f, 65520.0f, 65536.0f, 2.0f * 65504.0f, 0x1p-14f, 0x1p-24f, 0x1p-25f, 0x1.8p-24f,
-                  0x1p-126f, 0x1p-149f, std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
+  for (float v : {65504.0f, 65520.0f, 65536.0f, 2.0f * 65504.0f, 0x1p-14f, 0x1p-24f, 0x1p-25f, 0x1.8p-24f, 0x1p-126f,
+                  0x1p-149f, std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity(),
                   std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::signaling_NaN(), 0.0f}) {
     for (float s : {v, -v, std::nextafter(v, 0.0f), std::nextafter(v, INFINITY), -std::nextafter(v, INFINITY)}) {
       out.push_back(s);
@@ -211,7 +211,8 @@ TEST(BulkKernels, EverySixteenBitPatternMatchesScalar) {
 }
 
 // Rounds the sweep with the oracle (scalar and every kernel must agree with it) for a format.
-void check_sweep_against_oracle(Format f, uint16_t (*scalar)(float), void (*public_bulk)(const float*, uint16_t*, size_t),
+void check_sweep_against_oracle(Format f, uint16_t (*scalar)(float),
+                                void (*public_bulk)(const float*, uint16_t*, size_t),
                                 void (*ConvertKernels::*kernel)(const float*, uint16_t*, size_t), const char* name) {
   RoundingOracle oracle(f);
   std::vector<float> in = float_sweep();
@@ -240,8 +241,7 @@ TEST(FloatToHalf, SweepMatchesOracle) {
 }
 
 TEST(FloatToBFloat16, SweepMatchesOracle) {
-  check_sweep_against_oracle(kBf16, float_to_bf16_bits, convert_f32_to_bf16, &ConvertKernels::f32_to_bf16,
-                             "f32->bf16");
+  check_sweep_against_oracle(kBf16, float_to_bf16_bits, convert_f32_to_bf16, &ConvertKernels::f32_to_bf16, "f32->bf16");
   auto streaming = [](const float* src, uint16_t* dst, size_t n) {
     convert_streaming(src, DType::Float32, dst, DType::BFloat16, n);
   };
@@ -255,25 +255,25 @@ TEST(FloatToHalf, NamedBoundaries) {
     uint16_t half, bf16;
   };
   const Case cases[] = {
-      {65504.0f, 0x7bff, 0x4780},                     // largest half; bf16 rounds up to 65536
+      {65504.0f, 0x7bff, 0x4780},                        // largest half; bf16 rounds up to 65536
       {std::nextafter(65520.0f, 0.0f), 0x7bff, 0x4780},  // just below the overflow midpoint
-      {65520.0f, 0x7c00, 0x4780},                     // the midpoint: ties to even = 2^16 = overflow
+      {65520.0f, 0x7c00, 0x4780},                        // the midpoint: ties to even = 2^16 = overflow
       {-65520.0f, 0xfc00, 0xc780},
-      {0x1p-24f, 0x0001, 0x3380},                     // smallest subnormal half
-      {0x1p-25f, 0x0000, 0x3300},                     // tie between 0 and 2^-24: even is 0
+      {0x1p-24f, 0x0001, 0x3380},  // smallest subnormal half
+      {0x1p-25f, 0x0000, 0x3300},  // tie between 0 and 2^-24: even is 0
       {std::nextafter(0x1p-25f, 1.0f), 0x0001, 0x3300},
-      {0x1.8p-24f, 0x0002, 0x33c0},                   // 1.5 units: tie, rounds to even 2
-      {0x1.4p-23f, 0x0002, 0x3420},                   // 2.5 units: tie, rounds to even 2
-      {0x1.ffcp-15f, 0x0400, 0x3880},                 // largest subnormal + half a unit: ties to the smallest normal
-      {1.0f + 0x1p-11f, 0x3c00, 0x3f80},              // tie, even is 1.0
-      {1.0f + 0x3p-11f, 0x3c02, 0x3f80},              // tie, even is up
+      {0x1.8p-24f, 0x0002, 0x33c0},       // 1.5 units: tie, rounds to even 2
+      {0x1.4p-23f, 0x0002, 0x3420},       // 2.5 units: tie, rounds to even 2
+      {0x1.ffcp-15f, 0x0400, 0x3880},     // largest subnormal + half a unit: ties to the smallest normal
+      {1.0f + 0x1p-11f, 0x3c00, 0x3f80},  // tie, even is 1.0
+      {1.0f + 0x3p-11f, 0x3c02, 0x3f80},  // tie, even is up
       {-0.0f, 0x8000, 0x8000},
       {std::numeric_limits<float>::max(), 0x7c00, 0x7f80},
       {-std::numeric_limits<float>::infinity(), 0xfc00, 0xff80},
       {0x1p-149f, 0x0000, 0x0000},
-      {-0x1.fffffcp-127f, 0x8000, 0x8080},  // largest subnormal float rounds up to the smallest normal bf16
-      {float_of(0xffc00001u), 0xfe00, 0xffc0},   // -NaN keeps its sign
-      {float_of(0x7f802000u), 0x7e01, 0x7fc0},   // signalling NaN is quieted, payload top bits kept
+      {-0x1.fffffcp-127f, 0x8000, 0x8080},      // largest subnormal float rounds up to the smallest normal bf16
+      {float_of(0xffc00001u), 0xfe00, 0xffc0},  // -NaN keeps its sign
+      {float_of(0x7f802000u), 0x7e01, 0x7fc0},  // signalling NaN is quieted, payload top bits kept
   };
   for (const Case& c : cases) {
     EXPECT_EQ(float_to_half_bits(c.in), c.half) << std::hexfloat << c.in;
@@ -288,9 +288,9 @@ std::vector<float> mixed_floats(size_t n, uint32_t seed) {
   for (auto& x : v) {
     switch (rng() % 4) {
       case 0: x = std::ldexp(static_cast<float>(rng() % 100000) / 1000.0f, static_cast<int>(rng() % 60) - 40); break;
-      case 1: x = float_of(static_cast<uint32_t>(rng())); break;  // any pattern: NaNs, subnormals, huge
+      case 1: x = float_of(static_cast<uint32_t>(rng())); break;                 // any pattern: NaNs, subnormals, huge
       case 2: x = float_of((rng() & 0x807fffffu) | ((rng() % 3) << 23)); break;  // near and below the subnormals
-      default: x = float_of(static_cast<uint32_t>(rng()) | 0x7f800000u); break;    // NaN or inf
+      default: x = float_of(static_cast<uint32_t>(rng()) | 0x7f800000u); break;  // NaN or inf
     }
   }
   return v;
@@ -420,10 +420,10 @@ TEST(ConversionIsa, NamesTheBestSupportedKernels) {
   const std::string cap = cap_env ? cap_env : "";
   const bool avx512 = __builtin_cpu_supports("avx512f") && cap != "AVX2";
   const bool avx512bf16 = __builtin_cpu_supports("avx512bf16") && avx512 && cap != "AVX512_CORE";
-  const char* want = avx512bf16                        ? "avx512bf16"
-                     : avx512                          ? "avx512f"
+  const char* want = avx512bf16                       ? "avx512bf16"
+                     : avx512                         ? "avx512f"
                      : __builtin_cpu_supports("avx2") ? "avx2+f16c"
-                                                       : "portable";
+                                                      : "portable";
   EXPECT_STREQ(conversion_isa(), want);
 }
 
@@ -446,8 +446,7 @@ std::vector<uint16_t> read_u16_file(const std::string& path) {
 TEST(ConvertTorchParity, SweepMatchesTorchBitForBit) {
   const std::string python = "/usr/bin/python3";
   ASSERT_EQ(std::system((python + " -c 'import torch' >/dev/null 2>&1").c_str()), 0)
-      << python << " cannot import torch: this test needs PyTorch as its oracle (install torch for " << python
-      << ")";
+      << python << " cannot import torch: this test needs PyTorch as its oracle (install torch for " << python << ")";
   const std::string dir = CASTOR_BINARY_DIR;
   const std::string in_path = dir + "/convert_test_in.f32", h_path = dir + "/convert_test_torch.f16",
                     b_path = dir + "/convert_test_torch.bf16";
@@ -488,11 +487,11 @@ std::vector<unsigned char> make_array(DType d, const std::vector<double>& v) {
   for (size_t i = 0; i < v.size(); ++i) {
     void* p = out.data() + i * dtype_size(d);
     switch (d) {
-#define CASTOR_MAKE(E, T, N, S, C)                   \
-  case DType::E: {                                   \
-    T x = static_cast<T>(static_cast<float>(v[i]));  \
-    std::memcpy(p, &x, sizeof(T));                   \
-    break;                                           \
+#define CASTOR_MAKE(E, T, N, S, C)                  \
+  case DType::E: {                                  \
+    T x = static_cast<T>(static_cast<float>(v[i])); \
+    std::memcpy(p, &x, sizeof(T));                  \
+    break;                                          \
   }
       CASTOR_FORALL_DTYPES(CASTOR_MAKE)
 #undef CASTOR_MAKE
@@ -562,7 +561,8 @@ TEST(Convert, FloatToIntegerTruncatesLikeTorch) {
   F32 f = {2.7f, -2.7f, -0.5f, 1e10f, nan, 300.75f, -1.0f, inf};
   EXPECT_EQ((conv<int64_t>(f, DType::Float32, DType::Int64)),
             (I64{2, -2, 0, 10000000000, INT64_MIN, 300, -1, INT64_MIN}));
-  EXPECT_EQ((conv<int32_t>(f, DType::Float32, DType::Int32)), (I32{2, -2, 0, INT32_MIN, INT32_MIN, 300, -1, INT32_MIN}));
+  EXPECT_EQ((conv<int32_t>(f, DType::Float32, DType::Int32)),
+            (I32{2, -2, 0, INT32_MIN, INT32_MIN, 300, -1, INT32_MIN}));
   EXPECT_EQ((conv<uint8_t>(f, DType::Float32, DType::UInt8)), (U8{2, 254, 0, 0, 0, 44, 255, 0}));
   F64 d = {3e9 + 7, -1000.5, 2147483648.0 + 5, -2147483648.0, 1e300};
   EXPECT_EQ((conv<uint8_t>(d, DType::Float64, DType::UInt8)), (U8{7, 24, 5, 0, 0}));
@@ -596,9 +596,11 @@ TEST(Convert, SixteenBitToOtherDTypesGoesThroughFloat) {
   EXPECT_TRUE(d[5] == 0 && std::signbit(d[5]));
   EXPECT_EQ((conv<int32_t>(h, DType::Float16, DType::Int32)), (I32{65504, -2, INT32_MIN, INT32_MIN, 0, 0}));
   EXPECT_EQ((conv<uint8_t>(h, DType::Float16, DType::UInt8)), (U8{224, 254, 0, 0, 0, 0}));
-  EXPECT_EQ((conv<uint16_t>(h, DType::Float16, DType::BFloat16)), (U16{0x4780, 0xc020, 0x7fc0, 0x7f80, 0x3380, 0x8000}));
+  EXPECT_EQ((conv<uint16_t>(h, DType::Float16, DType::BFloat16)),
+            (U16{0x4780, 0xc020, 0x7fc0, 0x7f80, 0x3380, 0x8000}));
   U16 b = {0x4780, 0x3f81, 0x3380, 0x3300, 0xff80, 0x7fc1};  // 65536, 1+2^-7, 2^-24, 2^-25, -inf, NaN
-  EXPECT_EQ((conv<uint16_t>(b, DType::BFloat16, DType::Float16)), (U16{0x7c00, 0x3c08, 0x0001, 0x0000, 0xfc00, 0x7e08}));
+  EXPECT_EQ((conv<uint16_t>(b, DType::BFloat16, DType::Float16)),
+            (U16{0x7c00, 0x3c08, 0x0001, 0x0000, 0xfc00, 0x7e08}));
   EXPECT_EQ((conv<int64_t>(b, DType::BFloat16, DType::Int64)), (I64{65536, 1, 0, 0, INT64_MIN, INT64_MIN}));
   // float64 and int64 round to float32 first, as torch does: 1 + 2^-11 + 2^-40 ties at float32 and goes to 1.0.
   F64 wide = {1.0 + 0x1p-11 + 0x1p-40, 65519.99, 1e300, -1e-300};

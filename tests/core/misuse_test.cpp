@@ -97,8 +97,11 @@ TEST(Misuse, AllocationFailureNamesTheSizeAndTheOp) {
         add(a, ones({1}));
       },
       "cannot allocate 4503599627370496 bytes (4.0 PiB) of float32 for add");
-  expect_error_in_child([] { ones({3}).to(DType::Float64).expand({int64_t{1} << 47, 3}).contiguous(); },
-                        "bytes (3.0 PiB) of float64");
+  expect_error_in_child(
+      [] {
+        ones({3}).to(DType::Float64).expand({int64_t{1} << 47, 3}).contiguous();
+      },
+      "bytes (3.0 PiB) of float64");
 }
 
 TEST(Misuse, DataLoaderChecksTheDatasetsBuffers) {

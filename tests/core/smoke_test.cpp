@@ -18,7 +18,6 @@ TEST(Smoke, AddMulBackwardByHand) {
   EXPECT_EQ(y.grad().to_vector<float>(), (std::vector<float>{1, 2, 3}));
 }
 
-
 }  // namespace castor
 
 namespace castor {

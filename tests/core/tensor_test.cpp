@@ -384,7 +384,8 @@ TEST(TensorRandom, NormalTensorsAreNextNormalsInOrder) {
     EXPECT_EQ(bulk.state(), one_by_one.state()) << n;
   }
   const Tensor f = normal({9}, 0.0, 0.02, DType::Float32, &bulk);
-  for (int64_t i = 0; i < 9; ++i) EXPECT_EQ(f.to_vector<float>()[i], static_cast<float>(0.02 * one_by_one.next_normal()));
+  for (int64_t i = 0; i < 9; ++i)
+    EXPECT_EQ(f.to_vector<float>()[i], static_cast<float>(0.02 * one_by_one.next_normal()));
 }
 
 TEST(TensorRandom, Statistics) {

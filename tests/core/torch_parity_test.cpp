@@ -35,8 +35,8 @@ const std::map<std::string, const test::ParityCase*>& parity_by_name() {
 void write_case_list(const std::string& path) {
   std::ofstream f(path);
   for (const auto& [name, c] : parity_by_name())
-    f << name << '\t' << c->klass << '\t' << c->reference << '\t' << c->dtypes << '\t' << c->inputs << '\t'
-      << c->torch << '\t' << c->f32_grad << '\n';
+    f << name << '\t' << c->klass << '\t' << c->reference << '\t' << c->dtypes << '\t' << c->inputs << '\t' << c->torch
+      << '\t' << c->f32_grad << '\n';
 }
 
 struct Case {

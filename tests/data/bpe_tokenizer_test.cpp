@@ -71,9 +71,22 @@ std::vector<uint16_t> run_c_encode(const BpeTokenizer& t, const std::string& tex
 // look like byte pieces and special tokens, and byte sequences that are not UTF-8 (lone lead and continuation bytes,
 // overlong forms, a 5-byte run).
 std::vector<std::string> awkward_texts() {
-  return {"", " ", "  two leading", "trailing  ", "\n", "a\n\nb\tc\r\n", std::string("nul\0byte", 8),
-          "caf\u00e9 \u65e5\u672c\u8a9e \U0001F600\U0001D11E", "\u2581literal\u2581", "<0x41> <0xFF><s></s><unk>",
-          "\xff\xfe", "\xc3", "x\x80\x80\x80\x80\x80y", "\xc0\xaf\xed\xa0\x80", "\xf4\x90\x80\x80", "123 4567",
+  return {"",
+          " ",
+          "  two leading",
+          "trailing  ",
+          "\n",
+          "a\n\nb\tc\r\n",
+          std::string("nul\0byte", 8),
+          "caf\u00e9 \u65e5\u672c\u8a9e \U0001F600\U0001D11E",
+          "\u2581literal\u2581",
+          "<0x41> <0xFF><s></s><unk>",
+          "\xff\xfe",
+          "\xc3",
+          "x\x80\x80\x80\x80\x80y",
+          "\xc0\xaf\xed\xa0\x80",
+          "\xf4\x90\x80\x80",
+          "123 4567",
           "The jury said ``no'' -- (quoted)."};
 }
 
@@ -97,9 +110,15 @@ TEST(BpeTrainer, HandWorkedMergesAndScores) {
   EXPECT_EQ(learned(v), (P{{" a", -0.0f}, {" ab", -1.0f}, {"a", -2.0f}, {" ", -3.0f}, {"b", -4.0f}}));
   test::expect_error([] { train({"ab ab ab a"}, 265); }, {"--vocab-size 265", "only 264 pieces"});
   // Equal counts: the shorter piece, then the smaller string (U+2581 sorts after ASCII).
-  EXPECT_EQ(learned(train({"ab cd"}, 268)),
-            (P{{"ab", -0.0f}, {"cd", -1.0f}, {" ab", -2.0f}, {" cd", -3.0f}, {" ", -4.0f}, {"a", -5.0f},
-               {"b", -6.0f}, {"c", -7.0f}, {"d", -8.0f}}));
+  EXPECT_EQ(learned(train({"ab cd"}, 268)), (P{{"ab", -0.0f},
+                                               {"cd", -1.0f},
+                                               {" ab", -2.0f},
+                                               {" cd", -3.0f},
+                                               {" ", -4.0f},
+                                               {"a", -5.0f},
+                                               {"b", -6.0f},
+                                               {"c", -7.0f},
+                                               {"d", -8.0f}}));
 }
 
 // Pieces sentencepiece would not make: '▁' inside a word (but runs of '▁' alone may join), digits joined to anything,
@@ -111,8 +130,8 @@ TEST(BpeTrainer, WhitespaceDigitAndScriptRules) {
   test::expect_error([] { train({"  a   b  "}, 265); }, {"only 264 pieces"});
   // Literal U+2581 characters are spaces that stay: "▁a▁▁▁▁" has words ▁a and ▁▁▁▁, whose runs of '▁' may join.
   EXPECT_EQ(learned(train({"a \u2581\u2581\u2581"}, 264)),
-            (std::vector<std::pair<std::string, float>>{{"  ", -0.0f}, {" a", -1.0f}, {"    ", -2.0f}, {" ", -3.0f},
-                                                        {"a", -4.0f}}));
+            (std::vector<std::pair<std::string, float>>{
+                {"  ", -0.0f}, {" a", -1.0f}, {"    ", -2.0f}, {" ", -3.0f}, {"a", -4.0f}}));
   test::expect_error([] { train({"12 12"}, 263); }, {"only 262 pieces"});  // ▁ 1 2: no merge
   test::expect_error([] { train({"x's"}, 265); }, {"only 264 pieces"});    // ▁x only
   test::expect_error([] { train({"x"}, 258); }, {"--vocab-size", "258", "259..65536"});
@@ -152,9 +171,9 @@ TEST(BpeTokenizer, RoundTripsAnyBytes) {
   }
   // The UTF-8 characters of the vocabulary are single pieces; others fall back to their bytes.
   EXPECT_EQ(tok.encode("\u00e9", false, false), (std::vector<uint16_t>{static_cast<uint16_t>(tok.lookup(" ")),
-                                                                      static_cast<uint16_t>(tok.lookup("\u00e9"))}));
-  EXPECT_EQ(tok.encode("\u00ea", false, false), (std::vector<uint16_t>{static_cast<uint16_t>(tok.lookup(" ")),
-                                                                      3 + 0xC3, 3 + 0xAA}));
+                                                                       static_cast<uint16_t>(tok.lookup("\u00e9"))}));
+  EXPECT_EQ(tok.encode("\u00ea", false, false),
+            (std::vector<uint16_t>{static_cast<uint16_t>(tok.lookup(" ")), 3 + 0xC3, 3 + 0xAA}));
 }
 
 // run.c's decode: a leading space is dropped after <s> only; "<0xHH>" pieces are their byte; <s> writes nothing.
@@ -197,9 +216,17 @@ TEST(BpeTokenizer, EncodeIsRunCsMergeLoop) {
   }
 
   BpeVocabulary odd = train({"x"}, 261);  // 259 fixed pieces, " " and "x"
-  const std::vector<std::pair<std::string, float>> extra = {
-      {"xx", 1.0f}, {"xxx", 1.0f}, {" x", 1.0f}, {"x x", 2.0f}, {"<0", 0.5f}, {"<0x", 0.5f}, {"<0x4", 0.5f},
-      {"1>", 0.5f}, {"\n<s>\n ", 3.0f}, {"yy", -2e10f}, {"ab", std::numeric_limits<float>::quiet_NaN()}};
+  const std::vector<std::pair<std::string, float>> extra = {{"xx", 1.0f},
+                                                            {"xxx", 1.0f},
+                                                            {" x", 1.0f},
+                                                            {"x x", 2.0f},
+                                                            {"<0", 0.5f},
+                                                            {"<0x", 0.5f},
+                                                            {"<0x4", 0.5f},
+                                                            {"1>", 0.5f},
+                                                            {"\n<s>\n ", 3.0f},
+                                                            {"yy", -2e10f},
+                                                            {"ab", std::numeric_limits<float>::quiet_NaN()}};
   for (const auto& [p, s] : extra) {
     odd.pieces.push_back(p);
     odd.scores.push_back(s);
@@ -241,8 +268,9 @@ TEST(TokenizerBin, WriteReadRoundTripAndLayout) {
 // A tokenizer.bin laid out by hand: three pieces, one with a score, one empty.
 TEST(TokenizerBin, HandLaidFileReads) {
   std::vector<uint8_t> b;
-  auto put = [&](const void* p, size_t n) { b.insert(b.end(), static_cast<const uint8_t*>(p),
-                                                      static_cast<const uint8_t*>(p) + n); };
+  auto put = [&](const void* p, size_t n) {
+    b.insert(b.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+  };
   const int32_t max_len = 3, l0 = 2, l1 = 0, l2 = 3;
   const float s0 = 0.5f, s1 = 0.0f, s2 = -7.25f;
   put(&max_len, 4);
@@ -283,9 +311,10 @@ TEST(BpeTrainer, SentencepieceTrainsTheSameVocabulary) {
   std::vector<std::string> texts;
   for (const Document& d : read_brown(brown_dir())) texts.push_back(d.text);
   texts.resize(100);
-  texts.push_back("  Odd   spacing\there ,  tabs\t\tand 12345 digits 3.14 \u00e9t\u00e9 \u65e5\u672c\u8a9e "
-                  "\u0394\u03b5\u03bb\u03c4\u03b1 \u041c\u043e\u0441\u043a\u0432\u0430 \U0001F600\U0001F600 "
-                  "don't -- (x) [y] 1961's  \n\n   \n\u2581\u2581literal  end ");
+  texts.push_back(
+      "  Odd   spacing\there ,  tabs\t\tand 12345 digits 3.14 \u00e9t\u00e9 \u65e5\u672c\u8a9e "
+      "\u0394\u03b5\u03bb\u03c4\u03b1 \u041c\u043e\u0441\u043a\u0432\u0430 \U0001F600\U0001F600 "
+      "don't -- (x) [y] 1961's  \n\n   \n\u2581\u2581literal  end ");
   std::string joined;
   for (const std::string& t : texts) joined += t + "\n";
   test::write_bytes(dir.file("text.txt"), {joined.begin(), joined.end()});
@@ -312,8 +341,12 @@ TEST(BpeTokenizer, OracleRunCEncodesAlike) {
   texts.resize(60);
   const BpeTokenizer tok(train(texts, 512));
   write_tokenizer_bin(dir.file("tokenizer.bin"), tok.vocabulary());
-  std::vector<std::string> prompts = {"The jury said", "Once upon a time, there was a little girl.", "x",
-                                      "  spaced  out  ", "caf\u00e9 \U0001F600 \xff", "1961 -- \"Yes\", he said."};
+  std::vector<std::string> prompts = {"The jury said",
+                                      "Once upon a time, there was a little girl.",
+                                      "x",
+                                      "  spaced  out  ",
+                                      "caf\u00e9 \U0001F600 \xff",
+                                      "1961 -- \"Yes\", he said."};
   Json::Array hex;
   for (const std::string& p : prompts) {
     std::string h;
@@ -327,8 +360,8 @@ TEST(BpeTokenizer, OracleRunCEncodesAlike) {
   const auto want = test::read_oracle_case(dir.file("llama_tokens.bin"));
   for (size_t i = 0; i < prompts.size(); ++i) {
     const std::vector<uint16_t> got = tok.encode(prompts[i], true, false);
-    EXPECT_EQ(std::vector<int64_t>(got.begin(), got.end()),
-              want.at(detail::cat("ids.", i)).to_vector<int64_t>()) << prompts[i];
+    EXPECT_EQ(std::vector<int64_t>(got.begin(), got.end()), want.at(detail::cat("ids.", i)).to_vector<int64_t>())
+        << prompts[i];
   }
 }
 

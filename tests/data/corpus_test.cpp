@@ -26,8 +26,7 @@ TEST(Brown, StripFollowsTheRules) {
   const std::string tagged =
       "\n\n\tThe/at jury/nn said/vbd ``/`` no/at evidence/nn ''/'' ,/, 1-1/2/cd times/nns (/( about/rb )/) ./.\n"
       "\n\n\tWhy/wrb ?/. ?/. [/( x/nn ]/) {/( y/nn }/) ;/. :/: !/. a/b/nn\n";
-  EXPECT_EQ(strip_brown(tagged, "t"),
-            "The jury said \"no evidence\", 1-1/2 times (about).\nWhy?? [x] {y};:! a/b");
+  EXPECT_EQ(strip_brown(tagged, "t"), "The jury said \"no evidence\", 1-1/2 times (about).\nWhy?? [x] {y};:! a/b");
   test::expect_error([] { strip_brown("ok/nn bad\n", "ca99"); }, {"ca99", "line 1", "'bad'"});
 }
 
@@ -75,7 +74,9 @@ TEST(Tokenize, BadInputFilesAreOneLineErrorsNamingThem) {
   for (const auto& [file, problem] : std::vector<std::pair<std::string, std::string>>{
            {"missing.txt", "missing.txt"}, {"empty.txt", "empty"}, {"latin1.txt", "not UTF-8"}}) {
     test::expect_error(
-        [&] { run_tokenize({.tokenizer = "char", .inputs = {dir.file("ok.txt"), dir.file(file)}, .out = dir.file("o")}); },
+        [&] {
+          run_tokenize({.tokenizer = "char", .inputs = {dir.file("ok.txt"), dir.file(file)}, .out = dir.file("o")});
+        },
         {dir.file(file), problem});
   }
   EXPECT_FALSE(file_exists(dir.file("o/train.bin")));
@@ -91,7 +92,9 @@ TEST(Tokenize, Gpt2PutsEndOfTextBeforeEachDocument) {
   write_text(dir.file("b.txt"), " world");
   write_text(dir.file("c.txt"), "Hello");
   const Json rec = run_tokenize({.inputs = {dir.file("a.txt"), dir.file("b.txt"), dir.file("c.txt")},
-                                 .bpe_dir = bpe, .out = dir.file("out"), .val_every = 3});
+                                 .bpe_dir = bpe,
+                                 .out = dir.file("out"),
+                                 .val_every = 3});
   // GPT-2's ids: "Hello" 15496, " world" 995, <|endoftext|> 50256.
   EXPECT_EQ(tokens_of(dir.file("out/train.bin")), (std::vector<uint16_t>{50256, 15496, 995, 50256, 995}));
   EXPECT_EQ(tokens_of(dir.file("out/val.bin")), (std::vector<uint16_t>{50256, 15496}));

@@ -94,8 +94,9 @@ std::vector<uint8_t> concat(std::vector<uint8_t> a, const std::vector<uint8_t>& 
 
 TEST(Idx, ParsesPlainAndGzip) {
   std::vector<uint8_t> images = idx_images(3, 2, 4);
-  for (const auto& bytes : {images, gzip(images), concat(gzip({images.begin(), images.begin() + 10}),
-                                                         gzip({images.begin() + 10, images.end()}))}) {
+  for (const auto& bytes :
+       {images, gzip(images),
+        concat(gzip({images.begin(), images.begin() + 10}), gzip({images.begin() + 10, images.end()}))}) {
     ImageDataset ds = parse_idx_images(bytes, "x");
     EXPECT_EQ(ds.n, 3);
     EXPECT_EQ(ds.channels, 1);
@@ -173,7 +174,8 @@ std::vector<uint8_t> cifar_records(int n, int seed) {
 
 TEST(Cifar10, LoadsTrainAndTestBatches) {
   ScratchDir dir;
-  for (int b = 1; b <= 5; ++b) test::write_bytes(dir.file("data_batch_" + std::to_string(b) + ".bin"), cifar_records(2, b));
+  for (int b = 1; b <= 5; ++b)
+    test::write_bytes(dir.file("data_batch_" + std::to_string(b) + ".bin"), cifar_records(2, b));
   test::write_bytes(dir.file("test_batch.bin"), cifar_records(3, 9));
   ImageDataset train = load_cifar10(dir.path().string(), true);
   EXPECT_EQ(train.n, 10);
@@ -193,10 +195,11 @@ TEST(Cifar10, LoadsTrainAndTestBatches) {
 TEST(Cifar10, RejectsBadFilesNamingThem) {
   ScratchDir dir;
   std::string d = dir.path().string();
-  for (int b = 1; b <= 5; ++b) test::write_bytes(dir.file("data_batch_" + std::to_string(b) + ".bin"), cifar_records(1, b));
+  for (int b = 1; b <= 5; ++b)
+    test::write_bytes(dir.file("data_batch_" + std::to_string(b) + ".bin"), cifar_records(1, b));
   std::filesystem::remove(dir.file("data_batch_3.bin"));
   expect_error([&] { load_cifar10(d, true); }, {dir.file("data_batch_3.bin"), "missing", kCifar10Url,
-                                                       "data_batch_1.bin .. data_batch_5.bin, test_batch.bin"});
+                                                "data_batch_1.bin .. data_batch_5.bin, test_batch.bin"});
   expect_error([&] { load_cifar10(d, false); }, {dir.file("test_batch.bin"), "missing", kCifar10Url});
   std::string path = dir.file("test_batch.bin");
   auto check = [&](const std::vector<uint8_t>& bytes, const std::string& problem) {

@@ -13,7 +13,8 @@
 namespace castor::test {
 
 // Writes (H, W, channels) bytes (channels 1: grey, 3: RGB) as an 8-bit PNG.
-inline void write_png(const std::string& path, const std::vector<uint8_t>& pixels, int height, int width, int channels) {
+inline void write_png(const std::string& path, const std::vector<uint8_t>& pixels, int height, int width,
+                      int channels) {
   png_image img{};
   img.version = PNG_IMAGE_VERSION;
   img.width = static_cast<png_uint_32>(width);

@@ -34,7 +34,8 @@ using test::error_of;
 void truncate_file(const std::string& path, size_t keep) {
   std::vector<uint8_t> b = read_file(path);
   b.resize(keep);
-  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
 }
 
 }  // namespace
@@ -159,12 +160,15 @@ TEST(ImageFolder, ClassesSortedFilesDecodedBadOnesNamedOrSkipped) {
   // A class folder named in bytes that are not UTF-8 cannot be recorded (config.json): refused naming it.
   fs::create_directories(root + "/bad\xff");
   test::write_png(root + "/bad\xff/p.png", pattern(4, 4, 3), 4, 4, 3);
-  EXPECT_NE(error_of([&] { load_image_folder(root, {.image_size = 4}); })
-                .find("bad\\xff: a class folder whose name is not valid UTF-8"),
+  EXPECT_NE(error_of([&] {
+              load_image_folder(root, {.image_size = 4});
+            }).find("bad\\xff: a class folder whose name is not valid UTF-8"),
             std::string::npos);
   fs::remove_all(root + "/bad\xff");
   // The val/ folder of a training set with other classes is refused by name.
-  EXPECT_NE(error_of([&] { load_image_folder(root, {.image_size = 4, .classes = {"ant", "moth"}}); }).find("zebra"),
+  EXPECT_NE(error_of([&] {
+              load_image_folder(root, {.image_size = 4, .classes = {"ant", "moth"}});
+            }).find("zebra"),
             std::string::npos);
 }
 
@@ -176,8 +180,10 @@ TEST(ImageFolder, StreamedFolderGivesTheSameBatchesAsCached) {
     fs::create_directories(root + "/c" + std::to_string(k));
     for (int i = 0; i < 5; ++i) {
       const std::string stem = root + "/c" + std::to_string(k) + "/" + std::to_string(i);
-      if (i % 2) test::write_png(stem + ".png", pattern(9 + i, 7 + k, 3, i + k), 9 + i, 7 + k, 3);
-      else test::write_jpeg(stem + ".jpg", pattern(12, 10 + i, 3, i * k), 12, 10 + i, 3);
+      if (i % 2)
+        test::write_png(stem + ".png", pattern(9 + i, 7 + k, 3, i + k), 9 + i, 7 + k, 3);
+      else
+        test::write_jpeg(stem + ".jpg", pattern(12, 10 + i, 3, i * k), 12, 10 + i, 3);
     }
   }
   const ImageFolder cached = load_image_folder(root, {.image_size = 6});
@@ -186,7 +192,8 @@ TEST(ImageFolder, StreamedFolderGivesTheSameBatchesAsCached) {
   ASSERT_TRUE(streamed.data.images.empty() && streamed.data.load);
   EXPECT_EQ(streamed.data.n, cached.data.n);
   EXPECT_EQ(streamed.data.labels, cached.data.labels);
-  const data::Normalization a = data::compute_normalization(cached.data), b = data::compute_normalization(streamed.data);
+  const data::Normalization a = data::compute_normalization(cached.data),
+                            b = data::compute_normalization(streamed.data);
   EXPECT_EQ(a.mean, b.mean);
   EXPECT_EQ(a.std, b.std);
   data::DataLoader la(cached.data, {.batch_size = 4, .augment = true, .seed = 5, .norm = a});
@@ -199,10 +206,12 @@ TEST(ImageFolder, StreamedFolderGivesTheSameBatchesAsCached) {
   // A file gone after the load is an error naming it when a batch needs it, from the loader's threads.
   fs::remove(root + "/c1/2.jpg");
   lb.start_epoch(0);
-  test::expect_error([&] {
-    while (lb.next()) {
-    }
-  }, {root + "/c1/2.jpg"});
+  test::expect_error(
+      [&] {
+        while (lb.next()) {
+        }
+      },
+      {root + "/c1/2.jpg"});
 }
 
 // `castor train --data folder` on two classes told apart by colour, held out by --val-split, then `castor eval`
@@ -218,8 +227,10 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
         px.insert(px.end(), {static_cast<uint8_t>(cls[0] == 'r' ? 200 + i : 10), 30,
                              static_cast<uint8_t>(cls[0] == 'b' ? 200 + i : 10)});
       const std::string stem = dir + "/data/train/" + cls + "/" + std::to_string(i);
-      if (i % 2) test::write_png(stem + ".png", px, 12, 10, 3);
-      else test::write_jpeg(stem + ".jpg", px, 12, 10, 3);
+      if (i % 2)
+        test::write_png(stem + ".png", px, 12, 10, 3);
+      else
+        test::write_jpeg(stem + ".jpg", px, 12, 10, 3);
     }
   }
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
@@ -263,9 +274,28 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   }
   // Streamed (--image-cache-mb 0: decoded again for each batch) the run ends at the same weights, bit for bit.
   for (const char* cache : {"-1", "0"}) {
-    auto r = test::run_castor({"train", "--data", "folder", "--data-dir", "data", "--image-size", "8", "--batch-size",
-                               "8", "--steps", "6", "--amp", "O0", "--deterministic", "--threads", "2", "--augment",
-                               "standard", "--image-cache-mb", cache, "--out", std::string("cache") + cache},
+    auto r = test::run_castor({"train",
+                               "--data",
+                               "folder",
+                               "--data-dir",
+                               "data",
+                               "--image-size",
+                               "8",
+                               "--batch-size",
+                               "8",
+                               "--steps",
+                               "6",
+                               "--amp",
+                               "O0",
+                               "--deterministic",
+                               "--threads",
+                               "2",
+                               "--augment",
+                               "standard",
+                               "--image-cache-mb",
+                               cache,
+                               "--out",
+                               std::string("cache") + cache},
                               run, 120);
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }

@@ -54,8 +54,8 @@ TEST(LmBatches, RandomWindowsAreSeededInRangeAndShifted) {
   const int n = 1000;
   TokenFile f(counting_file(dir, n));
   const int64_t B = 16, T = 8;
-  LmBatchSource a(f, {.batch_size = B, .block_size = T, .seed = 5}), b(f, {.batch_size = B, .block_size = T, .seed = 5}),
-      c(f, {.batch_size = B, .block_size = T, .seed = 6});
+  LmBatchSource a(f, {.batch_size = B, .block_size = T, .seed = 5}),
+      b(f, {.batch_size = B, .block_size = T, .seed = 5}), c(f, {.batch_size = B, .block_size = T, .seed = 6});
   std::set<int64_t> starts;
   for (int i = 0; i < 20; ++i) {
     LmBatch x = a.next(), y = b.next();
@@ -144,8 +144,8 @@ TEST(LmBatches, LlmcOrderIsLlmcsTrainingLoader) {
                     int64_t batches) {
     Json::Array names;
     for (const std::string& f : files) names.push_back(f);
-    const Json config = Json::Object{{"files", names}, {"B", B}, {"T", T}, {"num_processes", ranks},
-                                     {"process_rank", rank}, {"batches", batches}};
+    const Json config = Json::Object{
+        {"files", names}, {"B", B}, {"T", T}, {"num_processes", ranks}, {"process_rank", rank}, {"batches", batches}};
     EXPECT_TRUE(test::run_oracle("llmc_loader_oracle.py", {config.dump(), dir.path().string()}));
     return test::read_oracle_case(dir.file("llmc_order.bin"));
   };
@@ -189,8 +189,9 @@ TEST(LmBatches, LlmcOrderIsLlmcsTrainingLoader) {
     for (const LlmcShuffle::Sample& s : shuffle.epoch(e)) got_shard.push_back(s.shard), got_sample.push_back(s.sample);
   EXPECT_EQ(got_shard, want_shard);
   EXPECT_EQ(got_sample, want_sample);
-  EXPECT_NE(want_shard, (std::vector<int64_t>{0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2,
-                                              0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2}));  // the shards were shuffled
+  EXPECT_NE(want_shard,
+            (std::vector<int64_t>{0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 0, 0, 0, 0, 0, 1,
+                                  1, 1, 2, 2, 2, 2, 0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2}));  // the shards were shuffled
 }
 
 }  // namespace castor::data

@@ -28,10 +28,12 @@ TEST(DataLoader, EveryImageOncePerEpochAndOrderDependsOnEpoch) {
   ASSERT_EQ(e0.size(), 7u);  // 50 images, last batch of 2
   std::multiset<double> firsts0, firsts1;
   for (auto& b : e0)
-    for (int64_t i = 0; i < b.images.size(0); ++i) firsts0.insert(b.images.select(0, i).reshape({-1}).select(0, 0).item());
+    for (int64_t i = 0; i < b.images.size(0); ++i)
+      firsts0.insert(b.images.select(0, i).reshape({-1}).select(0, 0).item());
   for (auto& b : e1)
-    for (int64_t i = 0; i < b.images.size(0); ++i) firsts1.insert(b.images.select(0, i).reshape({-1}).select(0, 0).item());
-  EXPECT_EQ(firsts0, firsts1);  // the same images, ...
+    for (int64_t i = 0; i < b.images.size(0); ++i)
+      firsts1.insert(b.images.select(0, i).reshape({-1}).select(0, 0).item());
+  EXPECT_EQ(firsts0, firsts1);                         // the same images, ...
   EXPECT_FALSE(allclose(e0[0].images, e1[0].images));  // ... in another order
 }
 

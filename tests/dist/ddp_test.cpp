@@ -237,7 +237,7 @@ TEST(SyncBatchNorm, OneRankEqualsBatchNorm) {
     Tensor xi = x.clone().requires_grad_();
     sum(mul(bn(xi), w_out)).backward();
     return std::vector<Tensor>{bn(x.clone()).detach(), bn.running_mean.clone(), bn.running_var.clone(), xi.grad(),
-                               bn.weight.grad(), bn.bias.grad()};
+                               bn.weight.grad(),       bn.bias.grad()};
   };
   const auto want = run(false), got = run(true);
   for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(test::close(got[i], want[i], 1e-5, 1e-5)) << i;

@@ -57,7 +57,8 @@ void collectives() {
   expect(same_bits(m, tensor({2.0, -2.0}, DType::Float64)), "float64 max");
   // 16-bit: each pair added in float32 and rounded once. bfloat16 1 + 2^-8 is a tie (rounds to even 1), 1 + 3*2^-9
   // rounds up; float16 2048 + 1 is a tie (2048), 2048 + 3 rounds to 2052.
-  const std::vector<double> bf_mine = r == 0 ? std::vector<double>{1.0, 1.0, -3.5} : std::vector<double>{0x1p-8, 3 * 0x1p-9, 1.25};
+  const std::vector<double> bf_mine = r == 0 ? std::vector<double>{1.0, 1.0, -3.5}
+                                             : std::vector<double>{0x1p-8, 3 * 0x1p-9, 1.25};
   Tensor bf = tensor(bf_mine, {3}, DType::BFloat16);
   dist::all_reduce(bf);
   expect(same_bits(bf, tensor({1.0, 1.0 + 0x1p-7, -2.25}, DType::BFloat16)), "bfloat16 sum");
@@ -133,7 +134,8 @@ void sync_batch_norm() {
   };
   expect(close(yp, yw.narrow(0, r0, 2)), "output rows");
   expect(close(xp.grad(), xw.grad().narrow(0, r0, 2)), "input gradient rows");
-  expect(close(part->running_mean, whole->running_mean) && close(part->running_var, whole->running_var), "running stats");
+  expect(close(part->running_mean, whole->running_mean) && close(part->running_var, whole->running_var),
+         "running stats");
   Tensor wg = part->weight.grad().clone(), bg = part->bias.grad().clone();
   dist::all_reduce(wg);
   dist::all_reduce(bg);
@@ -175,12 +177,18 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "dist_helper: run it with mpirun -np 2\n");
       return 2;
     }
-    if (mode == "collectives") collectives();
-    else if (mode == "inf") inf_on_one_rank();
-    else if (mode == "syncbn") sync_batch_norm();
-    else if (mode == "kill") kill_one_rank();
-    else if (mode == "mismatch") mismatched_models();
-    else return std::fprintf(stderr, "dist_helper: unknown mode '%s'\n", mode.c_str()), 2;
+    if (mode == "collectives")
+      collectives();
+    else if (mode == "inf")
+      inf_on_one_rank();
+    else if (mode == "syncbn")
+      sync_batch_norm();
+    else if (mode == "kill")
+      kill_one_rank();
+    else if (mode == "mismatch")
+      mismatched_models();
+    else
+      return std::fprintf(stderr, "dist_helper: unknown mode '%s'\n", mode.c_str()), 2;
     // Every rank's verdict: the job succeeds only if no rank failed.
     Tensor failures = scalar_tensor(g_failures, DType::Float64);
     dist::all_reduce(failures);

@@ -62,9 +62,23 @@ TEST(MpirunDist, DeadRankEndsTheJob) {
 
 // A small synthetic run: `batch` images per rank for `steps` steps.
 std::vector<std::string> train_args(const std::string& out, int64_t batch, int64_t steps, const std::string& amp) {
-  std::vector<std::string> a = {"train", "--data", "synthetic", "--synthetic-size", "512", "--batch-size",
-                                std::to_string(batch), "--steps", std::to_string(steps), "--out", out,
-                                "--checkpoint-minutes", "0", "--log-every", "1", "--eval-every", "0"};
+  std::vector<std::string> a = {"train",
+                                "--data",
+                                "synthetic",
+                                "--synthetic-size",
+                                "512",
+                                "--batch-size",
+                                std::to_string(batch),
+                                "--steps",
+                                std::to_string(steps),
+                                "--out",
+                                out,
+                                "--checkpoint-minutes",
+                                "0",
+                                "--log-every",
+                                "1",
+                                "--eval-every",
+                                "0"};
   if (amp == "fp16")  // Adam at lr 0.01 overflows float16 in steps 2-5 (the loss jumps to 10)
     a.insert(a.end(), {"--amp", "O1", "--dtype", "fp16", "--lr", "0.01"});
   else  // SGD: the weights move linearly with the gradients, so their difference is the gradients' rounding
@@ -121,8 +135,8 @@ TEST_F(MpirunTrain, TwoRanksMatchOneProcessAndResume) {
   test::expect_same_checkpoint(dir_ + "/two", dir_ + "/resumed");
 
   // On one process: the global batch of 64 is kept (--batch-size 64 is the only one accepted), with a note.
-  CastorProcess wrong = castor({"train", "--resume", "resumed", "--out", "single", "--steps", "8", "--batch-size", "32"},
-                               dir_, {});
+  CastorProcess wrong = castor(
+      {"train", "--resume", "resumed", "--out", "single", "--steps", "8", "--batch-size", "32"}, dir_, {});
   EXPECT_EQ(wrong.exit_code, 1);
   EXPECT_NE(wrong.err.find("--batch-size 32"), std::string::npos) << wrong.err;
   CastorProcess single = castor({"train", "--resume", "resumed", "--out", "single", "--steps", "8"}, dir_, {});
@@ -140,14 +154,37 @@ void expect_two_ranks_match_one_process(const std::string& dir, const std::vecto
     const char* words[] = {"the jury ", "said ", "a letter ", "was found. ", "in the city "};
     for (int i = 0; i < 2000; ++i) text << words[gen.next_u64() % 5];
   }
-  CastorProcess tok = castor({"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok",
-                              "--val-fraction", "0.1"}, dir, {});
+  CastorProcess tok = castor(
+      {"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok", "--val-fraction", "0.1"}, dir, {});
   ASSERT_EQ(tok.exit_code, 0) << tok.err;
   auto lm = [&](const std::string& out, int64_t batch, std::vector<std::string> extra) {
-    std::vector<std::string> a = {"train", "--data", "tokens", "--data-dir", "tok", "--n-layer", "1", "--n-embd",
-                                  "32", "--block-size", "16", "--batch-size", std::to_string(batch), "--steps", "4",
-                                  "--amp", "O0", "--optimizer", "sgd", "--lr", "0.05", "--out", out,
-                                  "--checkpoint-minutes", "0", "--log-every", "1"};
+    std::vector<std::string> a = {"train",
+                                  "--data",
+                                  "tokens",
+                                  "--data-dir",
+                                  "tok",
+                                  "--n-layer",
+                                  "1",
+                                  "--n-embd",
+                                  "32",
+                                  "--block-size",
+                                  "16",
+                                  "--batch-size",
+                                  std::to_string(batch),
+                                  "--steps",
+                                  "4",
+                                  "--amp",
+                                  "O0",
+                                  "--optimizer",
+                                  "sgd",
+                                  "--lr",
+                                  "0.05",
+                                  "--out",
+                                  out,
+                                  "--checkpoint-minutes",
+                                  "0",
+                                  "--log-every",
+                                  "1"};
     a.insert(a.end(), model.begin(), model.end());
     return castor(a, dir, extra);
   };

@@ -34,9 +34,11 @@ TEST(Fs, AtomicWriteReplacesOnlyRegularFilesOrMissingPaths) {
   ASSERT_LT(sock_path.size(), sizeof(addr.sun_path));
   std::strcpy(addr.sun_path, sock_path.c_str());
   ASSERT_EQ(::bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  for (const auto& [name, kind] : std::vector<std::pair<std::string, std::string>>{
-           {"pipe", "a FIFO"}, {"folder", "a directory"}, {"link", "a symbolic link"},
-           {"dangling", "a symbolic link"}, {"sock", "a socket"}}) {
+  for (const auto& [name, kind] : std::vector<std::pair<std::string, std::string>>{{"pipe", "a FIFO"},
+                                                                                   {"folder", "a directory"},
+                                                                                   {"link", "a symbolic link"},
+                                                                                   {"dangling", "a symbolic link"},
+                                                                                   {"sock", "a socket"}}) {
     test::expect_error([&] { atomic_write_file(dir.file(name), std::string_view("x")); },
                        {dir.file(name), "is " + kind, "only a regular file or a missing path"});
     test::expect_error([&] { check_replaceable(dir.file(name)); }, {dir.file(name), kind});
@@ -93,7 +95,9 @@ TEST(Fs, PrintableEscapesControlsAndBadUtf8) {
   EXPECT_EQ(printable("plain/path.txt"), "plain/path.txt");
   EXPECT_EQ(printable("caf\xc3\xa9"), "caf\xc3\xa9");  // é stays
   EXPECT_EQ(printable("\x1b[31mred\x07"), "\\x1b[31mred\\x07");
-  EXPECT_EQ(printable("a\xff" "b"), "a\\xffb");
+  EXPECT_EQ(printable("a\xff"
+                      "b"),
+            "a\\xffb");
   EXPECT_EQ(printable("\xc3"), "\\xc3");  // cut-short sequence
   EXPECT_EQ(printable("tab\there\x7f"), "tab\\x09here\\x7f");
 }

@@ -43,19 +43,51 @@ TEST(Json, IntegersKeepFullInt64Precision) {
 TEST(Json, StringEscapes) {
   EXPECT_EQ(Json::parse(R"("a\"b\\c\/d\b\f\n\r\t")").as_string(), "a\"b\\c/d\b\f\n\r\t");
   EXPECT_EQ(Json::parse(R"("\u0041\u00e9\u20AC")").as_string(), "A\xc3\xa9\xe2\x82\xac");
-  EXPECT_EQ(Json::parse(R"("\ud83e\uddab")").as_string(), "\xf0\x9f\xa6\xab");  // U+1F9AB beaver, surrogate pair
+  EXPECT_EQ(Json::parse(R"("\ud83e\uddab")").as_string(), "\xf0\x9f\xa6\xab");     // U+1F9AB beaver, surrogate pair
   EXPECT_EQ(Json::parse("\"\xf0\x9f\xa6\xab\"").as_string(), "\xf0\x9f\xa6\xab");  // raw UTF-8
   EXPECT_EQ(Json::parse(R"("\u0000")").as_string(), std::string(1, '\0'));
 }
 
 TEST(Json, RejectsMalformedInput) {
-  const char* bad[] = {
-      "",          " ",          "{",          "}",          "[1,]",      "[1 2]",       "{\"a\":1,}",
-      "{\"a\" 1}", "{a:1}",      "{1:1}",      "'a'",        "01",        "-",           "1.",
-      ".5",        "1e",         "+1",         "0x10",       "tru",       "nul",         "True",
-      "NaN",       "Infinity",   "1e400",      "[1] [2]",    "\"abc",     "\"\\x\"",     "\"\\u12\"",
-      "\"\\ud83e\"", "\"\\udcab\"", "\"\\ud83e\\u0041\"", "\"a\nb\"", "\"\xff\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"",
-      "\"\xf4\x90\x80\x80\"",     "\"\xe2\x82\"",      "/*c*/1",   "{\"a\":1,\"a\":2}"};
+  const char* bad[] = {"",
+                       " ",
+                       "{",
+                       "}",
+                       "[1,]",
+                       "[1 2]",
+                       "{\"a\":1,}",
+                       "{\"a\" 1}",
+                       "{a:1}",
+                       "{1:1}",
+                       "'a'",
+                       "01",
+                       "-",
+                       "1.",
+                       ".5",
+                       "1e",
+                       "+1",
+                       "0x10",
+                       "tru",
+                       "nul",
+                       "True",
+                       "NaN",
+                       "Infinity",
+                       "1e400",
+                       "[1] [2]",
+                       "\"abc",
+                       "\"\\x\"",
+                       "\"\\u12\"",
+                       "\"\\ud83e\"",
+                       "\"\\udcab\"",
+                       "\"\\ud83e\\u0041\"",
+                       "\"a\nb\"",
+                       "\"\xff\"",
+                       "\"\xc0\xaf\"",
+                       "\"\xed\xa0\x80\"",
+                       "\"\xf4\x90\x80\x80\"",
+                       "\"\xe2\x82\"",
+                       "/*c*/1",
+                       "{\"a\":1,\"a\":2}"};
   for (const char* text : bad) {
     std::string msg = error_of([&] { Json::parse(text); });
     EXPECT_NE(msg.find("invalid JSON at offset"), std::string::npos) << text << " -> " << msg;
@@ -75,7 +107,8 @@ TEST(Json, DumpsCompactAndPretty) {
   v["b"] = Json::Array{1, 2.5, "x", nullptr, true};
   v["a"] = Json::Object{};
   v["c"] = "q\"\n\x01\xc3\xa9";
-  EXPECT_EQ(v.dump(), R"({"a":{},"b":[1,2.5,"x",null,true],"c":"q\"\n\u0001)" "\xc3\xa9\"}");
+  EXPECT_EQ(v.dump(), R"({"a":{},"b":[1,2.5,"x",null,true],"c":"q\"\n\u0001)"
+                      "\xc3\xa9\"}");
   EXPECT_EQ(Json(Json::Array{1, Json::Object{{"k", false}}}).dump(2), "[\n  1,\n  {\n    \"k\": false\n  }\n]");
   EXPECT_EQ(Json(1.0).dump(), "1.0");
   EXPECT_EQ(Json(0.1).dump(), "0.1");

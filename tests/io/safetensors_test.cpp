@@ -56,7 +56,8 @@ std::vector<Blob> oracle_tensors() {
   return {
       blob<float>("f32", {2, 4}, {f(0.1), f(-1e-30), f(3.4e38), -0.0f, inf, f(1e-45), f(1.0 / 3), -7.0f}),
       raw<uint16_t>("f16", DType::Float16, {4, 2}, {0xC100, 0x3C00, 0x7BFF, 0x0001, 0x8000, 0x7C00, 0x2E66, 0x3555}),
-      raw<uint16_t>("bf16", DType::BFloat16, {2, 2, 2}, {0xC020, 0x3F80, 0x7F7F, 0x0001, 0x8000, 0x7F80, 0x3DCD, 0x3EAB}),
+      raw<uint16_t>("bf16", DType::BFloat16, {2, 2, 2},
+                    {0xC020, 0x3F80, 0x7F7F, 0x0001, 0x8000, 0x7F80, 0x3DCD, 0x3EAB}),
       blob<double>("f64", {3, 2}, {0.1, -1e300, 5e-324, -0.0, dinf, 1.0 / 3}),
       blob<int64_t>("i64", {4}, {std::numeric_limits<int64_t>::min(), -1, 0, std::numeric_limits<int64_t>::max()}),
       blob<int32_t>("i32", {2, 2}, {std::numeric_limits<int32_t>::min(), -7, 0, std::numeric_limits<int32_t>::max()}),
@@ -132,8 +133,11 @@ TEST(Safetensors, WriterRejectsInconsistentTensors) {
   auto write = [&](std::vector<SafetensorsTensor> ts) { write_safetensors(path, ts); };
   expect_error([&] { write({{"a", DType::Float32, {2, 3}, v.data(), 20}}); }, {path, "\"a\"", "24"});
   expect_error([&] { write({{"a", DType::Float32, {-1}, v.data(), 4}}); }, {path, "negative"});
-  expect_error([&] { write({{"a", DType::Float32, {6}, v.data(), 24}, {"a", DType::Float32, {6}, v.data(), 24}}); },
-               {path, "duplicate"});
+  expect_error(
+      [&] {
+        write({{"a", DType::Float32, {6}, v.data(), 24}, {"a", DType::Float32, {6}, v.data(), 24}});
+      },
+      {path, "duplicate"});
   expect_error([&] { write({{"__metadata__", DType::Float32, {6}, v.data(), 24}}); }, {path, "reserved"});
   expect_error([&] { write({{"a", DType::Float32, {6}, nullptr, 24}}); }, {path, "null"});
   EXPECT_FALSE(file_exists(path));
@@ -195,8 +199,7 @@ TEST(Safetensors, RejectsBadFilesNamingThem) {
   check(crafted(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", 8), "hole after byte 0");
   check(crafted(obj(f32_a + R"(, "b": {"dtype": "F32", "shape": [1], "data_offsets": [12, 16]})"), 16),
         "hole after byte 8");
-  check(crafted(obj(f32_a + R"(, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]})"), 12),
-        "overlapping");
+  check(crafted(obj(f32_a + R"(, "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]})"), 12), "overlapping");
   check(crafted(obj(f32_a + R"(, "b": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]})"), 8), "overlapping");
   check(crafted(obj(f32_a), 10), "2 bytes left over");
   check(crafted(obj(f32_a), 5), "truncated");
@@ -255,8 +258,7 @@ TEST(Safetensors, AtomicWriteFailuresLeaveTheOldFile) {
 
   atomic_write_file(path, std::vector<uint8_t>{9});
   EXPECT_EQ(read_file(path), std::vector<uint8_t>{9});
-  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all,
-            std::filesystem::perms(0644));
+  EXPECT_EQ(std::filesystem::status(path).permissions() & std::filesystem::perms::all, std::filesystem::perms(0644));
 }
 
 // Castor writes, PyTorch (through the independent oracle script) reads and compares bit for bit.

@@ -22,7 +22,8 @@ TEST(ConvEmulation, SlicedBatchMatchesFloat64) {
     const Tensor b0 = randn({32}, DType::Float32, &gen).to(DType::Float16);
     const Tensor gy = randn({70, 32, 32, 32}, DType::Float32, &gen).to(DType::Float16).contiguous(format);
     Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
-    Tensor x64 = x0.double_().requires_grad_(), w64 = w0.double_().requires_grad_(), b64 = b0.double_().requires_grad_();
+    Tensor x64 = x0.double_().requires_grad_(), w64 = w0.double_().requires_grad_(),
+           b64 = b0.double_().requires_grad_();
     const Tensor y = F::conv2d(x, w, b, {1, 1}, {1, 1});
     const Tensor y64 = F::conv2d(x64, w64, b64, {1, 1}, {1, 1});
     // One rounding to float16 of a float32 sum of 27 products: within an ulp of float16 (2^-10 relative).

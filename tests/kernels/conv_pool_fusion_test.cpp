@@ -65,8 +65,11 @@ TEST(ConvPoolFusion, OneChannelInputsRunFusedAndChannelsLast) {
 
 TEST(ConvPoolFusion, BadOperandsNameTheOp) {
   const Tensor x = randn({2, 3, 8, 8}), w = randn({4, 5, 3, 3});
-  test::expect_error([&] { F::conv2d_max_pool2d_relu(x, w, Tensor(), {1, 1}, {1, 1}, {2, 2}); },
-                     {"conv2d_max_pool2d_relu"});
+  test::expect_error(
+      [&] {
+        F::conv2d_max_pool2d_relu(x, w, Tensor(), {1, 1}, {1, 1}, {2, 2});
+      },
+      {"conv2d_max_pool2d_relu"});
 }
 
 }  // namespace

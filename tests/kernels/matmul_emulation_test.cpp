@@ -24,7 +24,8 @@ void expect_rounded_once(const Tensor& got, const Tensor& exact, const Tensor& m
   for (size_t i = 0; i < g.size(); ++i) {
     correctly_rounded += g[i] == r[i];
     const double spacing = ulp * std::exp2(std::floor(std::log2(std::max(std::abs(e[i]), 1e-30))));
-    ASSERT_LE(std::abs(g[i] - r[i]), spacing + std::ldexp(m[i], -20)) << "element " << i << ": " << g[i] << " vs " << r[i];
+    ASSERT_LE(std::abs(g[i] - r[i]), spacing + std::ldexp(m[i], -20))
+        << "element " << i << ": " << g[i] << " vs " << r[i];
   }
   EXPECT_GE(correctly_rounded, static_cast<int64_t>(0.99 * static_cast<double>(g.size())))
       << correctly_rounded << " of " << g.size() << " correctly rounded";
@@ -45,7 +46,8 @@ TEST(MatmulEmulation, TiledProductsAreRoundedOnceFromFloat32Sums) {
     const Tensor at = a.t().contiguous(), b = bt.t().contiguous();
     expect_rounded_once(mm(at.t(), b), mm(a64, b64), m);
     // Batched, each matrix its own.
-    const Tensor x = randn({3, 70, 90}, DType::Float32, &gen).to(dt), y = randn({3, 90, 50}, DType::Float32, &gen).to(dt);
+    const Tensor x = randn({3, 70, 90}, DType::Float32, &gen).to(dt),
+                 y = randn({3, 90, 50}, DType::Float32, &gen).to(dt);
     expect_rounded_once(bmm(x, y), bmm(x.double_(), y.double_()), bmm(abs(x.double_()), abs(y.double_())));
   }
 }

@@ -45,20 +45,20 @@ int64_t out_size(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
 
 TEST(MaxPoolNhwc, FastMatchesReferenceBitForBit) {
   const Case cases[] = {
-      {32, 8, 8, {2, 2}, {2, 2}, {0, 0}},   // SimpleCNN's pooling: disjoint windows
-      {67, 7, 9, {2, 2}, {2, 2}, {0, 0}},   // odd sizes: the last row and column belong to no window
-      {5, 9, 7, {3, 3}, {2, 2}, {1, 1}},    // overlapping, padded (ResNet's stem pooling)
-      {3, 6, 7, {3, 2}, {3, 2}, {1, 1}},    // disjoint, padded
-      {17, 10, 11, {2, 3}, {3, 4}, {1, 0}}, // gaps between windows
-      {16, 5, 6, {3, 3}, {1, 1}, {1, 1}},   // stride 1
+      {32, 8, 8, {2, 2}, {2, 2}, {0, 0}},    // SimpleCNN's pooling: disjoint windows
+      {67, 7, 9, {2, 2}, {2, 2}, {0, 0}},    // odd sizes: the last row and column belong to no window
+      {5, 9, 7, {3, 3}, {2, 2}, {1, 1}},     // overlapping, padded (ResNet's stem pooling)
+      {3, 6, 7, {3, 2}, {3, 2}, {1, 1}},     // disjoint, padded
+      {17, 10, 11, {2, 3}, {3, 4}, {1, 0}},  // gaps between windows
+      {16, 5, 6, {3, 3}, {1, 1}, {1, 1}},    // stride 1
   };
   for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16})
     for (bool specials : {false, true})
       for (const Case& k : cases) {
-        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " specials " << specials << " c " << k.c << " "
-                                        << k.h << "x" << k.w << " kernel " << k.kernel[0] << "x" << k.kernel[1]
-                                        << " stride " << k.stride[0] << "x" << k.stride[1] << " padding "
-                                        << k.padding[0] << "x" << k.padding[1]);
+        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " specials " << specials << " c " << k.c << " " << k.h
+                                        << "x" << k.w << " kernel " << k.kernel[0] << "x" << k.kernel[1] << " stride "
+                                        << k.stride[0] << "x" << k.stride[1] << " padding " << k.padding[0] << "x"
+                                        << k.padding[1]);
         const kernels::Pool2dParams p = params(k);
         const int64_t n = 3, oh = out_size(k.h, k.kernel[0], k.stride[0], k.padding[0]),
                       ow = out_size(k.w, k.kernel[1], k.stride[1], k.padding[1]);
@@ -69,7 +69,8 @@ TEST(MaxPoolNhwc, FastMatchesReferenceBitForBit) {
         const Tensor ws_ref = kernels::max_pool2d_nhwc_forward_ref(src, dst_ref, p);
         EXPECT_EQ(ws.dtype(), DType::UInt8);
         EXPECT_TRUE(test::bit_equal(dst, dst_ref));
-        Tensor diff_src = empty({n, k.c, k.h, k.w}, dt, MemoryFormat::ChannelsLast), diff_src_ref = empty_like(diff_src);
+        Tensor diff_src = empty({n, k.c, k.h, k.w}, dt, MemoryFormat::ChannelsLast),
+               diff_src_ref = empty_like(diff_src);
         kernels::max_pool2d_nhwc_backward(diff_dst, ws, diff_src, p);
         kernels::max_pool2d_nhwc_backward_ref(diff_dst, ws_ref, diff_src_ref);
         EXPECT_TRUE(test::bit_equal(diff_src, diff_src_ref));

@@ -58,8 +58,8 @@ double ulp(double x, DType dt) {
   for (size_t i = 0; i < g.size(); ++i) {
     const double slack = 0.5 * ulp(g[i], got.dtype()) + rel * std::fabs(e[i]) + abs;
     if (!(std::fabs(g[i] - e[i]) <= slack))
-      return ::testing::AssertionFailure() << "element " << i << ": " << g[i] << " vs " << e[i] << " (slack "
-                                           << slack << ")";
+      return ::testing::AssertionFailure()
+             << "element " << i << ": " << g[i] << " vs " << e[i] << " (slack " << slack << ")";
   }
   return ::testing::AssertionSuccess();
 }
@@ -139,8 +139,8 @@ void check_norm(bool rms, DType dt, const NormCase& c, DType param_dt, uint64_t 
   }
 }
 
-const NormCase kNormCases[] = {{{1, 1}, true}, {{7, 16}, true}, {{2, 3, 65}, false}, {{5, 130}, true},
-                               {{64, 768}, true}};
+const NormCase kNormCases[] = {
+    {{1, 1}, true}, {{7, 16}, true}, {{2, 3, 65}, false}, {{5, 130}, true}, {{64, 768}, true}};
 
 TEST(TransformerKernels, LayerNormMatchesFloat64) {
   for (DType dt : kAll)
@@ -260,8 +260,8 @@ void check_attention(const AttnCase& c, DType dt, MaskKind kind, uint64_t seed) 
 }
 
 const AttnCase kAttnCases[] = {
-    {2, 3, 7, 7, 16}, {1, 2, 65, 65, 32}, {1, 1, 130, 130, 64}, {1, 2, 1, 1, 16},  {2, 1, 1, 7, 32},
-    {1, 2, 7, 65, 64}, {1, 1, 130, 65, 16}, {1, 1, 65, 130, 32}, {4, 4, 33, 33, 16},  // the last: 4 heads a product
+    {2, 3, 7, 7, 16},  {1, 2, 65, 65, 32},  {1, 1, 130, 130, 64}, {1, 2, 1, 1, 16},   {2, 1, 1, 7, 32},
+    {1, 2, 7, 65, 64}, {1, 1, 130, 65, 16}, {1, 1, 65, 130, 32},  {4, 4, 33, 33, 16},  // the last: 4 heads a product
 };
 
 TEST(TransformerKernels, AttentionMatchesNaiveFloat64) {
@@ -284,8 +284,8 @@ TEST(TransformerKernels, AttentionGroupedQueryMatchesNaiveFloat64) {
   for (DType dt : kAll)
     for (const AttnCase& c : cases)
       for (MaskKind kind : {MaskKind::None, MaskKind::Causal, MaskKind::Bool}) {
-        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv
-                                        << " Tq " << c.Tq << " Tk " << c.Tk << " mask " << static_cast<int>(kind));
+        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " B " << c.B << " H " << c.H << " Hkv " << c.Hkv << " Tq "
+                                        << c.Tq << " Tk " << c.Tk << " mask " << static_cast<int>(kind));
         check_attention(c, dt, kind, 200);
       }
 }
@@ -361,8 +361,7 @@ void check_cross_entropy(DType dt, int64_t N, int64_t V, int64_t ignore_index, d
   const Tensor g = rnd({N}, st, seed + 2);
   kernels::cross_entropy_forward(logits, target, ignore_index, smoothing, losses, lse);
   kernels::cross_entropy_backward(logits, target, lse, g, ignore_index, smoothing, dlogits);
-  Tensor losses64 = empty({N}, DType::Float64), lse64 = empty({N}, DType::Float64),
-         d64 = empty({N, V}, DType::Float64);
+  Tensor losses64 = empty({N}, DType::Float64), lse64 = empty({N}, DType::Float64), d64 = empty({N, V}, DType::Float64);
   kernels::cross_entropy_forward_ref(f64(logits), target, ignore_index, smoothing, losses64, lse64);
   kernels::cross_entropy_backward_ref(f64(logits), target, lse64, f64(g), ignore_index, smoothing, d64);
   const double rtol = dt == DType::Float64 ? 1e-12 : 1e-5;

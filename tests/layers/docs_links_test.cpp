@@ -43,8 +43,8 @@ TEST(DocsLinks, PointOnlyAtFilesOfTheRepository) {
   const std::regex link(R"(\]\(([^)\s]+)\))");
   const std::regex code(R"(`([A-Za-z0-9_./-]+)`)");
   const std::regex outside(R"(`(\.\./|/work/|shared/)[^`]*`)");
-  const std::vector<std::string> top = {"docs/", "src/", "include/", "tests/", "scripts/", "bench/", "examples/",
-                                        "tools/", "cmake/", "fuzz/", ".ci/"};
+  const std::vector<std::string> top = {"docs/",     "src/",   "include/", "tests/", "scripts/", "bench/",
+                                        "examples/", "tools/", "cmake/",   "fuzz/",  ".ci/"};
   int checked = 0;
   for (const fs::path& doc : documents()) {
     const std::string text = read_text(doc);

@@ -35,10 +35,14 @@ std::vector<Layer> cmake_layers() {
     words >> l.name;
     std::set<std::string>* into = nullptr;
     for (std::string w; words >> w;) {
-      if (w == "DIRS") into = &l.dirs;
-      else if (w == "HEADERS") into = &l.headers;
-      else if (w == "USES") into = &l.uses;
-      else if (into && w != "version") into->insert(w);
+      if (w == "DIRS")
+        into = &l.dirs;
+      else if (w == "HEADERS")
+        into = &l.headers;
+      else if (w == "USES")
+        into = &l.uses;
+      else if (into && w != "version")
+        into->insert(w);
     }
     out.push_back(l);
   }

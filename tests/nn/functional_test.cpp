@@ -87,8 +87,8 @@ std::vector<int64_t> ints(const Case& c, const std::string& key) { return c.at(k
 }  // namespace
 
 TEST_F(Functional, Conv2dMatchesTorch) {
-  for (const char* name : {"conv_basic", "conv_stride_pad", "conv_dilation_nobias", "conv_groups", "conv_depthwise",
-                           "conv_simplecnn"})
+  for (const char* name :
+       {"conv_basic", "conv_stride_pad", "conv_dilation_nobias", "conv_groups", "conv_depthwise", "conv_simplecnn"})
     for (const char* dts : kDTypes) {
       SCOPED_TRACE(std::string(name) + " " + dts);
       const Case c = load(std::string(name) + "_" + dts);
@@ -214,7 +214,9 @@ TEST(FunctionalGradcheck, Float64LayersMatchFiniteDifferences) {
   Tensor w = randn({6, 2, 3, 2}, DType::Float64, &gen).requires_grad_();
   Tensor b = randn({6}, DType::Float64, &gen).requires_grad_();
   EXPECT_TRUE(test::gradcheck(
-      [](const std::vector<Tensor>& in) { return F::conv2d(in[0], in[1], in[2], {2, 1}, {1, 1}, {1, 2}, 2); },
+      [](const std::vector<Tensor>& in) {
+        return F::conv2d(in[0], in[1], in[2], {2, 1}, {1, 1}, {1, 2}, 2);
+      },
       {x, w, b}));
   Tensor gamma = uniform({4}, 0.5, 1.5, DType::Float64, &gen).requires_grad_();
   Tensor beta = randn({4}, DType::Float64, &gen).requires_grad_();
@@ -227,12 +229,21 @@ TEST(FunctionalGradcheck, Float64LayersMatchFiniteDifferences) {
         {x, gamma, beta}))
         << "training " << training;
   }
-  EXPECT_TRUE(test::gradcheck([](const std::vector<Tensor>& in) { return F::max_pool2d(in[0], {3, 2}, {2, 2}, {1, 1}); },
-                              {x}));
   EXPECT_TRUE(test::gradcheck(
-      [](const std::vector<Tensor>& in) { return F::avg_pool2d(in[0], {3, 3}, {2, 1}, {1, 1}, false); }, {x}));
-  EXPECT_TRUE(test::gradcheck([](const std::vector<Tensor>& in) { return F::adaptive_avg_pool2d(in[0], {4, 3}); },
-                              {x}));
+      [](const std::vector<Tensor>& in) {
+        return F::max_pool2d(in[0], {3, 2}, {2, 2}, {1, 1});
+      },
+      {x}));
+  EXPECT_TRUE(test::gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return F::avg_pool2d(in[0], {3, 3}, {2, 1}, {1, 1}, false);
+      },
+      {x}));
+  EXPECT_TRUE(test::gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return F::adaptive_avg_pool2d(in[0], {4, 3});
+      },
+      {x}));
 }
 
 // The oneDNN float32 kernels against the reference loops over many parameter combinations (no PyTorch needed).
@@ -243,7 +254,8 @@ TEST(FunctionalKernels, OnednnConvMatchesReferenceLoops) {
     for (int64_t stride : {1, 2})
       for (int64_t padding : {0, 1, 2})
         for (int64_t dilation : {1, 2}) {
-          SCOPED_TRACE(detail::cat("groups ", groups, " stride ", stride, " padding ", padding, " dilation ", dilation));
+          SCOPED_TRACE(
+              detail::cat("groups ", groups, " stride ", stride, " padding ", padding, " dilation ", dilation));
           Tensor x = randn({2, 6, 9, 8}, DType::Float32, &gen).requires_grad_();
           Tensor w = randn({9, 6 / groups, 3, 3}, DType::Float32, &gen).requires_grad_();
           Tensor b = randn({9}, DType::Float32, &gen).requires_grad_();
@@ -275,15 +287,34 @@ TEST(FunctionalKernels, ChannelsLastLayersMatchReferenceLoops) {
     std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)> f;
   };
   const std::vector<Layer> layers = {
-      {"conv", {9, 6, 3, 3}, {9}, [](auto& x, auto& w, auto& b) { return F::conv2d(x, w, b, {1, 1}, {1, 1}); }},
-      {"grouped strided conv", {9, 2, 3, 3}, {}, [](auto& x, auto& w, auto& b) {
+      {"conv",
+       {9, 6, 3, 3},
+       {9},
+       [](auto& x, auto& w, auto& b) {
+         return F::conv2d(x, w, b, {1, 1}, {1, 1});
+       }},
+      {"grouped strided conv",
+       {9, 2, 3, 3},
+       {},
+       [](auto& x, auto& w, auto& b) {
          return F::conv2d(x, w, b, {2, 2}, {1, 0}, {1, 1}, /*groups=*/3);
        }},
-      {"batch norm", {6}, {6}, [](auto& x, auto& w, auto& b) {
-         return F::batch_norm(x, {}, {}, w, b, /*training=*/true);
+      {"batch norm",
+       {6},
+       {6},
+       [](auto& x, auto& w, auto& b) { return F::batch_norm(x, {}, {}, w, b, /*training=*/true); }},
+      {"max pool",
+       {},
+       {},
+       [](auto& x, auto&, auto&) {
+         return F::max_pool2d(x, {3, 2}, {2, 2}, {1, 1});
        }},
-      {"max pool", {}, {}, [](auto& x, auto&, auto&) { return F::max_pool2d(x, {3, 2}, {2, 2}, {1, 1}); }},
-      {"avg pool", {}, {}, [](auto& x, auto&, auto&) { return F::avg_pool2d(x, {2, 2}); }},
+      {"avg pool",
+       {},
+       {},
+       [](auto& x, auto&, auto&) {
+         return F::avg_pool2d(x, {2, 2});
+       }},
   };
   Generator gen(7);
   for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16})
@@ -367,8 +398,8 @@ TEST(FunctionalKernels, WinogradConvolutionsAreFloat32WithinTheirTolerance) {
     for (int64_t padding : {0, 1})
       for (auto algorithm : {backends::ConvAlgorithm::Auto, backends::ConvAlgorithm::Direct}) {
         const bool auto_algo = algorithm == backends::ConvAlgorithm::Auto;
-        SCOPED_TRACE(detail::cat(format == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW", " padding ",
-                                 padding, auto_algo ? " auto" : " direct"));
+        SCOPED_TRACE(detail::cat(format == MemoryFormat::ChannelsLast ? "channels-last" : "NCHW", " padding ", padding,
+                                 auto_algo ? " auto" : " direct"));
         backends::set_conv_algorithm(algorithm);
         Tensor x = randn({3, 64, 11, 9}, DType::Float32, &gen).contiguous(format).requires_grad_();
         Tensor w = (randn({80, 64, 3, 3}, DType::Float32, &gen) * 0.05).requires_grad_();

@@ -154,7 +154,8 @@ TEST(GptGenerate, PaddingTokensAreNeverDrawn) {
   ASSERT_GE(std::max_element(l.begin(), l.end()) - l.begin(), 101);  // an argmax over all rows would pick padding
   for (models::Window window : {models::Window::Sliding, models::Window::Cached})
     for (double temperature : {0.0, 1.0, 3.0})
-      for (int64_t t : models::generate(*model, prompt, 20, temperature, 0, 1, window)) EXPECT_LT(t, 101) << temperature;
+      for (int64_t t : models::generate(*model, prompt, 20, temperature, 0, 1, window))
+        EXPECT_LT(t, 101) << temperature;
 }
 
 // Temperatures below kMinTemperature are greedy (a subnormal one such as 1e-310 used to overflow the logits to

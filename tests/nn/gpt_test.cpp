@@ -32,10 +32,10 @@ StateDict run_twin(const std::string& mode, const std::string& name, const std::
 TEST(Gpt, NamesAreNanoGptsAndTheHeadIsTied) {
   auto model = models::gpt(test::tiny_gpt_config(67));
   const StateDict sd = model->state_dict();
-  for (const char* key : {"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
-                          "transformer.h.1.attn.c_attn.weight", "transformer.h.1.attn.c_proj.bias",
-                          "transformer.h.0.mlp.c_fc.weight", "transformer.h.0.mlp.c_proj.weight",
-                          "transformer.ln_f.bias", "lm_head.weight"})
+  for (const char* key :
+       {"transformer.wte.weight", "transformer.wpe.weight", "transformer.h.0.ln_1.weight",
+        "transformer.h.1.attn.c_attn.weight", "transformer.h.1.attn.c_proj.bias", "transformer.h.0.mlp.c_fc.weight",
+        "transformer.h.0.mlp.c_proj.weight", "transformer.ln_f.bias", "lm_head.weight"})
     EXPECT_TRUE(sd.count(key)) << key;
   EXPECT_TRUE(model->lm_head->weight.is_same(model->wte->weight));
   // Listed once by parameters(), under wte's name (nanoGPT's named_parameters).
@@ -91,8 +91,8 @@ TEST(Gpt, AutocastBFloat16MatchesPyTorchAutocast) {
   models::GPTConfig c = test::tiny_gpt_config(67);
   auto model = models::gpt(c, 4);
   const Tensor x = random_token_batch(3, 16, c.vocab_size, 5), y = random_token_batch(3, 16, c.vocab_size, 6);
-  const StateDict want =
-      run_twin("grads", "gpt_bf16", test::gpt_config_json(c, ", \"autocast\": \"bf16\""), *model, {{"x", x}, {"y", y}});
+  const StateDict want = run_twin("grads", "gpt_bf16", test::gpt_config_json(c, ", \"autocast\": \"bf16\""), *model,
+                                  {{"x", x}, {"y", y}});
   ASSERT_FALSE(want.empty());
   Tensor loss;
   {

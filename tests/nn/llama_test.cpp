@@ -22,16 +22,11 @@ TEST(Llama, ParameterNamesAndShapesAreLlama2cs) {
   models::Llama model(tiny_llama());
   // hidden: 4 * 32 = 128, 2/3 of it 85, up to a multiple of 16: 96. Head size 8; 2 kv heads of 8.
   const std::vector<std::pair<std::string, Shape>> expected = {
-      {"tok_embeddings.weight", {40, 32}},
-      {"layers.0.attention.wq.weight", {32, 32}},
-      {"layers.0.attention.wk.weight", {16, 32}},
-      {"layers.0.attention.wv.weight", {16, 32}},
-      {"layers.0.attention.wo.weight", {32, 32}},
-      {"layers.0.feed_forward.w1.weight", {96, 32}},
-      {"layers.0.feed_forward.w2.weight", {32, 96}},
-      {"layers.0.feed_forward.w3.weight", {96, 32}},
-      {"layers.0.attention_norm.weight", {32}},
-      {"layers.0.ffn_norm.weight", {32}}};
+      {"tok_embeddings.weight", {40, 32}},           {"layers.0.attention.wq.weight", {32, 32}},
+      {"layers.0.attention.wk.weight", {16, 32}},    {"layers.0.attention.wv.weight", {16, 32}},
+      {"layers.0.attention.wo.weight", {32, 32}},    {"layers.0.feed_forward.w1.weight", {96, 32}},
+      {"layers.0.feed_forward.w2.weight", {32, 96}}, {"layers.0.feed_forward.w3.weight", {96, 32}},
+      {"layers.0.attention_norm.weight", {32}},      {"layers.0.ffn_norm.weight", {32}}};
   const nn::NamedTensors params = model.named_parameters();
   ASSERT_EQ(params.size(), 1 + 2 * 9 + 1u);  // the tied output weight listed once, as tok_embeddings.weight
   for (size_t i = 0; i < expected.size(); ++i) {
@@ -135,9 +130,8 @@ TEST(Llama, Float32MatchesPyTorch) {
     if (!gqa) c.rope_theta = 500;
     auto model = models::llama(c, 3);
     const Tensor x = test::random_token_batch(3, 16, 67, 1), y = test::random_token_batch(3, 16, 67, 2);
-    const StateDict want =
-        test::run_lm_twin("llama_oracle.py", "grads", "llama_f32", test::llama_config_json(c), *model,
-                          {{"x", x}, {"y", y}});
+    const StateDict want = test::run_lm_twin("llama_oracle.py", "grads", "llama_f32", test::llama_config_json(c),
+                                             *model, {{"x", x}, {"y", y}});
     ASSERT_FALSE(want.empty());
     const Tensor logits = (*model)(x);
     const Tensor loss = F::cross_entropy(logits.reshape({-1, 67}), y.reshape({-1}));
@@ -176,8 +170,8 @@ TEST(Llama, AutocastBFloat16MatchesPyTorchAutocast) {
 TEST(Llama, Float32TrainingFollowsPyTorchStepByStep) {
   const models::LlamaConfig c = test::tiny_llama_config(29);
   auto model = models::llama(c, 11);
-  const auto [got, want] =
-      test::lm_curves("llama_oracle.py", test::llama_config_json(c), *model, /*autocast=*/false, 200);
+  const auto [got, want] = test::lm_curves("llama_oracle.py", test::llama_config_json(c), *model, /*autocast=*/false,
+                                           200);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-3 * want[i]) << "step " << i;
   EXPECT_LT(got.back(), 0.6 * got.front());  // it learned

@@ -71,8 +71,8 @@ inline StateDict run_lm_twin(const std::string& script, const std::string& mode,
   const ScratchDir dir(name);
   save_safetensors(dir + "/weights.safetensors", model.state_dict());
   save_safetensors(dir + "/batch.safetensors", batch);
-  if (!run_oracle(script, {mode, config, dir + "/weights.safetensors", dir + "/batch.safetensors",
-                           dir + "/out.safetensors"}))
+  if (!run_oracle(script,
+                  {mode, config, dir + "/weights.safetensors", dir + "/batch.safetensors", dir + "/out.safetensors"}))
     return {};
   return load_safetensors(dir + "/out.safetensors").tensors;
 }
@@ -102,9 +102,10 @@ inline std::pair<std::vector<double>, std::vector<double>> lm_curves(const std::
     batch["x." + std::to_string(i)] = batches.back().first;
     batch["y." + std::to_string(i)] = batches.back().second;
   }
-  const std::string cfg = detail::cat(config.substr(0, config.rfind('}')), ", \"lr\": 1e-3, \"weight_decay\": 0.1, "
-                                      "\"beta1\": 0.9, \"beta2\": 0.99, \"steps\": ", steps,
-                                      autocast ? ", \"autocast\": \"bf16\"" : "", "}");
+  const std::string cfg = detail::cat(config.substr(0, config.rfind('}')),
+                                      ", \"lr\": 1e-3, \"weight_decay\": 0.1, "
+                                      "\"beta1\": 0.9, \"beta2\": 0.99, \"steps\": ",
+                                      steps, autocast ? ", \"autocast\": \"bf16\"" : "", "}");
   const std::string name = script.substr(0, script.find('_')) + (autocast ? "_curve_bf16" : "_curve_f32");
   const StateDict out = run_lm_twin(script, "train", name, cfg, model, batch);
   const std::vector<double> want = out.count("loss") ? out.at("loss").to_vector<double>() : std::vector<double>{};

@@ -142,7 +142,8 @@ TEST(Lora, AdapterGradientsMatchPyTorchFloat32) {
   nn::LoraConfig cfg{.r = 4, .alpha = 8, .target_modules = {"c_attn", "c_proj", "c_fc"}};
   nn::apply_lora(*model, cfg);
   randomize_b(*model, 7);
-  const Tensor x = test::random_token_batch(3, 16, c.vocab_size, 1), y = test::random_token_batch(3, 16, c.vocab_size, 2);
+  const Tensor x = test::random_token_batch(3, 16, c.vocab_size, 1),
+               y = test::random_token_batch(3, 16, c.vocab_size, 2);
   const StateDict want = run_oracle("lora_f32", test::gpt_config_json(c, detail::cat(", \"scaling\": ", cfg.scaling())),
                                     *model, {{"x", x}, {"y", y}});
   ASSERT_FALSE(want.empty());
@@ -160,10 +161,9 @@ TEST(Lora, LlamaAdapterGradientsMatchPyTorchFloat32) {
   EXPECT_EQ(nn::apply_lora(model, cfg).size(), 4u);
   randomize_b(model, 7);
   const Tensor x = test::random_token_batch(3, 16, 67, 1), y = test::random_token_batch(3, 16, 67, 2);
-  const StateDict want =
-      run_oracle("lora_llama_f32",
-                 test::llama_config_json(c, detail::cat(", \"model\": \"llama\", \"scaling\": ", cfg.scaling())), model,
-                 {{"x", x}, {"y", y}});
+  const StateDict want = run_oracle(
+      "lora_llama_f32", test::llama_config_json(c, detail::cat(", \"model\": \"llama\", \"scaling\": ", cfg.scaling())),
+      model, {{"x", x}, {"y", y}});
   ASSERT_FALSE(want.empty());
   const Tensor logits = model(x);
   F::cross_entropy(logits.reshape({-1, 67}), y.reshape({-1})).backward();
@@ -188,11 +188,11 @@ TEST(Lora, AutocastBFloat16WithA16BitBaseMatchesPyTorch) {
     const bool fp32 = name.find(".lora_") != std::string::npos || name.find(".ln_") != std::string::npos;
     EXPECT_EQ(p.dtype(), fp32 ? DType::Float32 : DType::BFloat16) << name;
   }
-  const Tensor x = test::random_token_batch(3, 16, c.vocab_size, 5), y = test::random_token_batch(3, 16, c.vocab_size, 6);
-  const StateDict want = run_oracle("lora_bf16",
-                                    test::gpt_config_json(c, detail::cat(", \"scaling\": ", cfg.scaling(),
-                                                                         ", \"autocast\": \"bf16\"")),
-                                    *model, {{"x", x}, {"y", y}});
+  const Tensor x = test::random_token_batch(3, 16, c.vocab_size, 5),
+               y = test::random_token_batch(3, 16, c.vocab_size, 6);
+  const StateDict want = run_oracle(
+      "lora_bf16", test::gpt_config_json(c, detail::cat(", \"scaling\": ", cfg.scaling(), ", \"autocast\": \"bf16\"")),
+      *model, {{"x", x}, {"y", y}});
   ASSERT_FALSE(want.empty());
   Tensor loss;
   {
@@ -240,8 +240,7 @@ TEST(Lora, BaseGetsNoGradientAndNoOptimizerState) {
     }
     amp->scale_loss(loss, *opt).backward();
     opt->step();
-    for (const auto& [name, p] : model->named_parameters())
-      EXPECT_EQ(p.grad().defined(), p.requires_grad()) << name;
+    for (const auto& [name, p] : model->named_parameters()) EXPECT_EQ(p.grad().defined(), p.requires_grad()) << name;
     const int64_t per_elem = level == amp::OptLevel::O2 ? 12 : 8;  // exp_avg, exp_avg_sq (+ master) in float32
     EXPECT_EQ(optimizer_bytes(*opt), per_elem * adapter_elems + 4 * static_cast<int64_t>(trainable.size()))
         << amp::opt_level_name(level);

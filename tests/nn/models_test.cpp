@@ -41,19 +41,15 @@ nn::ModulePtr layer_zoo(int64_t channels) {
   using namespace nn;
   return std::make_shared<Sequential>(std::initializer_list<ModulePtr>{
       std::make_shared<Conv2d>(channels, 8, /*kernel_size=*/3, /*stride=*/2, /*padding=*/1),
-      std::make_shared<BatchNorm2d>(8),
-      std::make_shared<GELU>(),
+      std::make_shared<BatchNorm2d>(8), std::make_shared<GELU>(),
       std::make_shared<Conv2d>(8, 8, /*kernel_size=*/3, /*stride=*/1, /*padding=*/2, /*dilation=*/2, /*groups=*/2),
       std::make_shared<BatchNorm2d>(8, /*eps=*/1e-3, /*momentum=*/0.3, /*affine=*/false),
       std::make_shared<BatchNorm2d>(8, /*eps=*/1e-5, /*momentum=*/0.1, /*affine=*/true,
                                     /*track_running_stats=*/false),
-      std::make_shared<ReLU>(),
-      std::make_shared<AvgPool2d>(/*kernel_size=*/2),
+      std::make_shared<ReLU>(), std::make_shared<AvgPool2d>(/*kernel_size=*/2),
       std::make_shared<MaxPool2d>(/*kernel_size=*/3, /*stride=*/1, /*padding=*/1),
-      std::make_shared<AdaptiveAvgPool2d>(/*output_size=*/2),
-      std::make_shared<Flatten>(),
-      std::make_shared<Linear>(32, 5),
-      std::make_shared<GELU>(/*tanh_approximate=*/true)});
+      std::make_shared<AdaptiveAvgPool2d>(/*output_size=*/2), std::make_shared<Flatten>(),
+      std::make_shared<Linear>(32, 5), std::make_shared<GELU>(/*tanh_approximate=*/true)});
 }
 
 nn::ModulePtr build(const ModelCase& c) {
@@ -61,8 +57,13 @@ nn::ModulePtr build(const ModelCase& c) {
 }
 
 std::vector<std::string> oracle_args(const std::string& mode, const ModelCase& c, const std::string& out) {
-  return {mode, c.name, std::to_string(c.channels), std::to_string(c.height), std::to_string(c.width),
-          std::to_string(c.classes), out};
+  return {mode,
+          c.name,
+          std::to_string(c.channels),
+          std::to_string(c.height),
+          std::to_string(c.width),
+          std::to_string(c.classes),
+          out};
 }
 
 // ---- the raw tensor exchange: DIR/manifest.txt lines "NAME DTYPE SHAPE FILE", little-endian data in DIR/FILE ----

@@ -17,8 +17,8 @@ struct Toy : Module {
     conv = register_module("conv", std::make_shared<Conv2d>(2, 4, /*kernel_size=*/3));
     bn = register_module("bn", std::make_shared<BatchNorm2d>(4));
     head = register_module("head", std::make_shared<Sequential>(std::initializer_list<ModulePtr>{
-                                        std::make_shared<Linear>(4, 3), std::make_shared<ReLU>(),
-                                        std::make_shared<Linear>(3, 2, /*bias=*/false)}));
+                                       std::make_shared<Linear>(4, 3), std::make_shared<ReLU>(),
+                                       std::make_shared<Linear>(3, 2, /*bias=*/false)}));
     scale = register_parameter("scale", ones({1}));
     step = register_buffer("step", zeros({}, DType::Int64));
   }
@@ -42,8 +42,8 @@ TEST(Module, HierarchicalNamesInPyTorchOrder) {
   EXPECT_EQ(names(toy.named_parameters()),
             (std::vector<std::string>{"scale", "conv.weight", "conv.bias", "bn.weight", "bn.bias", "head.0.weight",
                                       "head.0.bias", "head.2.weight"}));
-  EXPECT_EQ(names(toy.named_buffers()), (std::vector<std::string>{"step", "bn.running_mean", "bn.running_var",
-                                                                  "bn.num_batches_tracked"}));
+  EXPECT_EQ(names(toy.named_buffers()),
+            (std::vector<std::string>{"step", "bn.running_mean", "bn.running_var", "bn.num_batches_tracked"}));
   EXPECT_EQ(names(toy.named_parameters(/*recurse=*/false)), (std::vector<std::string>{"scale"}));
   EXPECT_EQ(toy.parameters().size(), 8u);
   EXPECT_EQ(toy.children().size(), 3u);
@@ -151,8 +151,8 @@ TEST(Module, TrainEvalApplyAndZeroGrad) {
 
   std::vector<std::string> order;
   toy.apply([&](Module& m) { order.push_back(m.type_name()); });
-  EXPECT_EQ(order, (std::vector<std::string>{"Conv2d", "BatchNorm2d", "Linear", "ReLU", "Linear", "Sequential",
-                                             "Toy"}));
+  EXPECT_EQ(order,
+            (std::vector<std::string>{"Conv2d", "BatchNorm2d", "Linear", "ReLU", "Linear", "Sequential", "Toy"}));
 
   for (const Tensor& p : toy.parameters()) p.set_grad(full(p.shape(), 3.0));
   toy.zero_grad();

@@ -17,9 +17,10 @@ inline models::LlamaConfig tiny_llama_config(int64_t vocab_size, int64_t n_kv_he
 // The config as tests/oracle/llama_oracle.py reads it, with `extra` fields (", \"key\": value") appended.
 inline std::string llama_config_json(const models::LlamaConfig& c, const std::string& extra = "") {
   return detail::cat("{\"dim\": ", c.dim, ", \"n_layers\": ", c.n_layers, ", \"n_heads\": ", c.n_heads,
-                     ", \"n_kv_heads\": ", c.kv_heads(), ", \"vocab_size\": ", c.vocab_size, ", \"hidden_dim\": ",
-                     c.ffn_hidden_dim(), ", \"norm_eps\": ", c.norm_eps, ", \"max_seq_len\": ", c.max_seq_len,
-                     ", \"rope_theta\": ", c.rope_theta, ", \"tied\": ", c.tied ? "true" : "false", extra, "}");
+                     ", \"n_kv_heads\": ", c.kv_heads(), ", \"vocab_size\": ", c.vocab_size,
+                     ", \"hidden_dim\": ", c.ffn_hidden_dim(), ", \"norm_eps\": ", c.norm_eps,
+                     ", \"max_seq_len\": ", c.max_seq_len, ", \"rope_theta\": ", c.rope_theta,
+                     ", \"tied\": ", c.tied ? "true" : "false", extra, "}");
 }
 
 }  // namespace castor::test

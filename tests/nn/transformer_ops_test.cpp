@@ -30,7 +30,10 @@ using Op = std::function<Tensor(const Inputs&)>;
 const std::map<std::string, Op>& ops() {
   static const std::map<std::string, Op> table = {
       {"layer_norm", [](const Inputs& x) { return F::layer_norm(x[0], {24}, x[1], x[2]); }},
-      {"layer_norm_plain", [](const Inputs& x) { return F::layer_norm(x[0], {4, 6}); }},
+      {"layer_norm_plain",
+       [](const Inputs& x) {
+         return F::layer_norm(x[0], {4, 6});
+       }},
       {"rms_norm", [](const Inputs& x) { return F::rms_norm(x[0], {40}, x[1]); }},
       {"embedding", [](const Inputs& x) { return F::embedding(x[0], x[1], /*padding_idx=*/2); }},
       {"attention_causal",
@@ -130,8 +133,8 @@ TEST(TransformerOps, Float64MatchesFiniteDifferences) {
       [&](V x) { return F::cross_entropy(x[0], target, F::Reduction::Mean, 0.0, /*ignore_index=*/-100); },
       {rnd({4, 5}, 14)}));
   EXPECT_TRUE(test::gradcheck([](V x) { return silu(x[0]); }, {rnd({3, 4}, 15)}));
-  EXPECT_TRUE(test::gradcheck([](V x) { return masked_fill(x[0], gt(x[0].detach(), zeros({})), 1.0); },
-                              {rnd({3, 4}, 16)}));
+  EXPECT_TRUE(
+      test::gradcheck([](V x) { return masked_fill(x[0], gt(x[0].detach(), zeros({})), 1.0); }, {rnd({3, 4}, 16)}));
 }
 
 // A weight used by the embedding and by a later op (GPT's tied wte = lm_head): the later op's gradient reaches .grad
@@ -257,8 +260,11 @@ TEST(TransformerOps, RotaryTablesAreMadeOnceAndShared) {
 TEST(TransformerOps, ErrorsNameTheOpAndTheProblem) {
   const Tensor x = randn({2, 3, 4, 8});
   EXPECT_THROW(F::scaled_dot_product_attention(x, x, randn({2, 3, 5, 8})), Error);
-  test::expect_error([&] { F::scaled_dot_product_attention(x, randn({2, 2, 4, 8}), randn({2, 2, 4, 8})); },
-                     {"scaled_dot_product_attention", "q's 3 heads are not a multiple of k and v's 2 heads"});
+  test::expect_error(
+      [&] {
+        F::scaled_dot_product_attention(x, randn({2, 2, 4, 8}), randn({2, 2, 4, 8}));
+      },
+      {"scaled_dot_product_attention", "q's 3 heads are not a multiple of k and v's 2 heads"});
   EXPECT_THROW(F::scaled_dot_product_attention(x, x, x, ones({4, 4}, DType::Bool), 0.0, /*is_causal=*/true), Error);
   EXPECT_THROW(F::qkv_attention(randn({2, 3, 10}), /*n_head=*/2), Error);  // 10 is not 3 * 2 * D
   EXPECT_THROW(F::qkv_attention(x, /*n_head=*/1), Error);                  // not (B, T, 3C)

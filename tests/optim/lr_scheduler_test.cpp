@@ -37,8 +37,8 @@ void PrintTo(const SchedulerCase& c, std::ostream* os) { *os << c.name; }
 std::string oracle_json(const SchedulerCase& c) {
   std::ostringstream o;
   o.precision(17);
-  o << "{\"lrs\": [" << kGroupLrs[0] << ", " << kGroupLrs[1] << "], \"steps\": " << c.steps << ", \"kind\": \"" << c.kind
-    << "\", \"args\": " << c.args_json << "}";
+  o << "{\"lrs\": [" << kGroupLrs[0] << ", " << kGroupLrs[1] << "], \"steps\": " << c.steps << ", \"kind\": \""
+    << c.kind << "\", \"args\": " << c.args_json << "}";
   return o.str();
 }
 
@@ -127,8 +127,8 @@ INSTANTIATE_TEST_SUITE_P(Schedulers, SchedulerVsTorch, ::testing::ValuesIn(cases
 
 TEST(LRScheduler, CallOrderWarningLikePyTorchButNotForSkippedSteps) {
   const test::ScratchDir dir;
-  test::run_optim_oracle("warning", "{\"lrs\": [0.1], \"kind\": \"step\", \"args\": {\"step_size\": 3, \"gamma\": 0.1}}",
-                         dir);
+  test::run_optim_oracle("warning",
+                         "{\"lrs\": [0.1], \"kind\": \"step\", \"args\": {\"step_size\": 3, \"gamma\": 0.1}}", dir);
   std::ifstream f(dir + "/warning.txt");
   std::string torch_message;
   std::getline(f, torch_message);

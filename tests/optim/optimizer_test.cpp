@@ -185,10 +185,14 @@ Config adam(const std::string& name, const std::string& kind, bool amsgrad, doub
   return c;
 }
 std::vector<Config> configs() {
-  std::vector<Config> cs = {sgd("sgd_plain", 0, 0, false, 0),       sgd("sgd_momentum", 0.9, 0, false, 0),
-                            sgd("sgd_nesterov", 0.9, 0, true, 0),    sgd("sgd_dampening", 0.9, 0.3, false, 0),
-                            sgd("sgd_weight_decay", 0.9, 0, false, 0.05), adam("adam", "adam", false, 0),
-                            adam("adam_amsgrad", "adam", true, 0.1), adam("adamw", "adamw", false, 0.05)};
+  std::vector<Config> cs = {sgd("sgd_plain", 0, 0, false, 0),
+                            sgd("sgd_momentum", 0.9, 0, false, 0),
+                            sgd("sgd_nesterov", 0.9, 0, true, 0),
+                            sgd("sgd_dampening", 0.9, 0.3, false, 0),
+                            sgd("sgd_weight_decay", 0.9, 0, false, 0.05),
+                            adam("adam", "adam", false, 0),
+                            adam("adam_amsgrad", "adam", true, 0.1),
+                            adam("adamw", "adamw", false, 0.05)};
   Config big = adam("adam_large_threaded", "adam", false, 0.01);
   big.shapes = {{300, 200}, {33}};
   cs.push_back(big);
@@ -296,8 +300,8 @@ TEST(Optim, StochasticRoundingBf16IsUnbiasedAndReproducible) { check_stochastic_
 TEST(Optim, StochasticRoundingFp16IsUnbiasedAndReproducible) { check_stochastic_rounding(DType::Float16, 0x1.0p-10f); }
 
 TEST(Optim, StochasticRoundingEdges) {
-  for (auto [dtype, max_finite, ulp] : {std::tuple{DType::BFloat16, 0x1.fep127f, 0x1.0p120f},
-                                        std::tuple{DType::Float16, 65504.0f, 32.0f}}) {
+  for (auto [dtype, max_finite, ulp] :
+       {std::tuple{DType::BFloat16, 0x1.fep127f, 0x1.0p120f}, std::tuple{DType::Float16, 65504.0f, 32.0f}}) {
     // Just below the next power of two: nearest overflows to inf, stochastic saturates at the largest finite value.
     for (Rounding r : {Rounding::Nearest, Rounding::Stochastic}) {
       Tensor w = tensor({max_finite, -max_finite, INFINITY, 1.0, 1.0}, dtype).requires_grad_();
@@ -326,8 +330,11 @@ TEST(Optim, StagedFloat32GradIsUsedAndCleared) {
   const ParamSlot& slot = opt.param_groups()[0].slots[0];
   w.set_grad(tensor({100.0, 100.0}, DType::BFloat16));  // ignored while a float32 gradient is staged
   opt.stage_float32_grad(0, 0, tensor({0.25, -1.0}));
-  test::expect_error([&] { opt.stage_float32_grad(0, 0, tensor({0.25, -1.0}, DType::BFloat16)); },
-                     {"not a float32 gradient"});
+  test::expect_error(
+      [&] {
+        opt.stage_float32_grad(0, 0, tensor({0.25, -1.0}, DType::BFloat16));
+      },
+      {"not a float32 gradient"});
   test::expect_error([&] { opt.stage_float32_grad(0, 1, tensor({0.25, -1.0})); }, {"no parameter 1 in group 0"});
   opt.step();
   EXPECT_EQ(w.to_vector<float>(), (std::vector<float>{0.875f, 2.5f}));
@@ -375,8 +382,11 @@ TEST(Optim, LoadStateDictValidates) {
   test::expect_error([&] { opt.load_state_dict(with("group.0.size", scalar_tensor(3, DType::Int64))); },
                      {"group.0.size"});
   test::expect_error([&] { opt.load_state_dict(with("state.0.2.exp_avg", zeros({4}))); }, {"state.0.2.exp_avg"});
-  test::expect_error([&] { opt.load_state_dict(with("state.0.0.momentum_buffer", zeros({2, 3}))); },
-                     {"state.0.0.momentum_buffer"});
+  test::expect_error(
+      [&] {
+        opt.load_state_dict(with("state.0.0.momentum_buffer", zeros({2, 3})));
+      },
+      {"state.0.0.momentum_buffer"});
   test::expect_error([&] { opt.load_state_dict(with("master.0.0", zeros({2, 3}))); }, {"master.0.0"});
   StateDict missing = good;
   missing.erase("group.0.lr");

@@ -32,8 +32,7 @@ std::string new_dir(const std::string& name) {
 
 ScratchDir::ScratchDir(const std::string& name) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  str_ = new_dir(!name.empty() || info == nullptr ? name
-                                                  : std::string(info->test_suite_name()) + "." + info->name());
+  str_ = new_dir(!name.empty() || info == nullptr ? name : std::string(info->test_suite_name()) + "." + info->name());
   path_ = str_;
 }
 

@@ -30,7 +30,7 @@ class ScratchDir {
   std::string file(const std::string& name) const { return (path_ / name).string(); }
   const std::filesystem::path& path() const { return path_; }
   const std::string& str() const { return str_; }
-  operator const std::string&() const { return str_; }  // NOLINT: a scratch directory is used as its path
+  operator const std::string&() const { return str_; }             // NOLINT: a scratch directory is used as its path
   operator const std::filesystem::path&() const { return path_; }  // NOLINT
 
  private:

@@ -54,7 +54,8 @@ TEST(AutoPrecision, FollowsTheCpusBf16UnitsUnderEachIsaCap) {
   // Uncapped: whatever the CPU has, AMX first.
   const std::string uncapped = auto_line(dir, "");
   if (flags.count("amx_bf16") || flags.count("avx512_bf16")) {
-    const std::string unit = uncapped.substr(uncapped.find("auto: ") + 6, uncapped.size() - uncapped.find("auto: ") - 7);
+    const std::string unit = uncapped.substr(uncapped.find("auto: ") + 6,
+                                             uncapped.size() - uncapped.find("auto: ") - 7);
     EXPECT_TRUE(uncapped.rfind("precision bf16-mixed (auto: ", 0) == 0) << uncapped;
     EXPECT_TRUE(flags.count(unit)) << uncapped << ": " << unit << " is not among the CPU's flags";
     // An AMX CPU picks AMX unless the kernel keeps the tiles from processes (oneDNN then stops at AVX512_CORE_BF16).
@@ -78,28 +79,29 @@ TEST(AutoPrecision, AResumedRunKeepsItsRecordedPrecisionOnAnotherCpu) {
   // AVX512_BF16; without it both choose 32-true and only that is checked.
   const std::string dir = test::new_dir("auto_precision_resume");
   const bool units = cpu_flags().count("avx512_bf16") > 0;
-  const std::vector<std::string> job = {"train", "--data", "synthetic", "--synthetic-size", "128", "--optimizer", "sgd",
-                                        "--threads", "2", "--checkpoint-every", "2"};
+  const std::vector<std::string> job = {"train", "--data",    "synthetic", "--synthetic-size",   "128", "--optimizer",
+                                        "sgd",   "--threads", "2",         "--checkpoint-every", "2"};
   struct Case {
     std::string start_cap, resume_cap, first_line, recorded;
   };
   const std::string none = "auto: no bf16 units on this CPU; --precision bf16-mixed to force it";
-  for (const Case& k : {Case{"AVX512_CORE_BF16", "AVX2",
-                             units ? "precision bf16-mixed (auto: avx512_bf16)" : "precision 32-true (" + none + ")",
-                             units ? "O1 bfloat16 (auto: avx512_bf16)" : "O0 bfloat16 (" + none + ")"},
-                        Case{"AVX2", "AVX512_CORE_BF16", "precision 32-true (" + none + ")", "O0 bfloat16 (" + none + ")"}}) {
+  for (const Case& k :
+       {Case{"AVX512_CORE_BF16", "AVX2",
+             units ? "precision bf16-mixed (auto: avx512_bf16)" : "precision 32-true (" + none + ")",
+             units ? "O1 bfloat16 (auto: avx512_bf16)" : "O0 bfloat16 (" + none + ")"},
+        Case{"AVX2", "AVX512_CORE_BF16", "precision 32-true (" + none + ")", "O0 bfloat16 (" + none + ")"}}) {
     SCOPED_TRACE(k.start_cap + " then " + k.resume_cap);
     const std::string run = dir + "/" + k.start_cap;
     std::vector<std::string> start = job;
     start.insert(start.end(), {"--steps", "2", "--out", run});
-    const test::CastorProcess a =
-        test::run_castor(start, test::CastorRun{dir, {"ONEDNN_MAX_CPU_ISA=" + k.start_cap, "OMP_WAIT_POLICY=passive"}});
+    const test::CastorProcess a = test::run_castor(
+        start, test::CastorRun{dir, {"ONEDNN_MAX_CPU_ISA=" + k.start_cap, "OMP_WAIT_POLICY=passive"}});
     ASSERT_EQ(a.exit_code, 0) << a.err;
     EXPECT_EQ(a.err.substr(0, a.err.find('\n')), k.first_line);
     EXPECT_EQ(recorded_precision(run), k.recorded);
-    const test::CastorProcess b = test::run_castor({"train", "--resume", run, "--steps", "4"},
-                                                   test::CastorRun{dir, {"ONEDNN_MAX_CPU_ISA=" + k.resume_cap,
-                                                                         "OMP_WAIT_POLICY=passive"}});
+    const test::CastorProcess b = test::run_castor(
+        {"train", "--resume", run, "--steps", "4"},
+        test::CastorRun{dir, {"ONEDNN_MAX_CPU_ISA=" + k.resume_cap, "OMP_WAIT_POLICY=passive"}});
     ASSERT_EQ(b.exit_code, 0) << b.err;
     EXPECT_EQ(recorded_precision(run), k.recorded);
     const std::string level = k.recorded.substr(0, 2) == "O1" ? "bf16-mixed (O1)" : "32-true (O0)";

@@ -15,9 +15,7 @@ using test::CastorProcess;
 
 class BpeCli : public ::testing::Test {
  protected:
-  void SetUp() override {
-    test::write_grammar_text(path("text.txt"), 1500, 6, 11, /*capitalized=*/true);
-  }
+  void SetUp() override { test::write_grammar_text(path("text.txt"), 1500, 6, 11, /*capitalized=*/true); }
   std::string path(const std::string& name) const { return scratch.file(name); }
   CastorProcess castor(const std::vector<std::string>& args) { return test::run_castor(args, in_dir, 120); }
   test::ScratchDir scratch;
@@ -33,9 +31,10 @@ TEST_F(BpeCli, TokenizeTrainAndSampleWithRunCsEncoding) {
   const data::BpeVocabulary v = data::read_tokenizer_bin(path("tok/tokenizer.bin"));
   EXPECT_EQ(v.size(), 300);
   EXPECT_EQ(data::Tokenizer::load(path("tok")).kind(), "bpe");
-  CastorProcess run = castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--n-layer", "1",
-                              "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "4", "--steps",
-                              "3", "--eval-iters", "1", "--threads", "1", "--out", "run"});
+  CastorProcess run = castor(
+      {"train", "--model",   "gpt", "--data",       "tokens", "--data-dir",   "tok", "--n-layer", "1", "--n-head",
+       "2",     "--n-embd",  "32",  "--block-size", "16",     "--batch-size", "4",   "--steps",   "3", "--eval-iters",
+       "1",     "--threads", "1",   "--out",        "run"});
   ASSERT_EQ(run.exit_code, 0) << run.err;
   // run.c's decode drops the dummy prefix's space after <s>: the prompt comes back as given.
   CastorProcess s = castor({"sample", "--checkpoint", "run", "--prompt", "The jury", "--tokens", "6"});
@@ -52,17 +51,19 @@ TEST_F(BpeCli, TokenizeTrainAndSampleWithRunCsEncoding) {
 
 TEST_F(BpeCli, BadSizesAndMissingSetupDataAreOneLineErrors) {
   for (const char* n : {"258", "65537", "-1"})
-    test::expect_one_line_error(castor({"tokenize", "--tokenizer", "bpe", "--vocab-size", n, "--input", "text.txt",
-                                        "--out", "tok"}), {"--vocab-size"});
+    test::expect_one_line_error(
+        castor({"tokenize", "--tokenizer", "bpe", "--vocab-size", n, "--input", "text.txt", "--out", "tok"}),
+        {"--vocab-size"});
   test::expect_one_line_error(castor({"tokenize", "--tokenizer", "bpe", "--input", "text.txt", "--out", "tok"}),
                               {"--vocab-size: missing"});
-  test::expect_one_line_error(castor({"tokenize", "--tokenizer", "bpe", "--vocab-size", "60000", "--input", "text.txt",
-                                      "--out", "tok"}), {"--vocab-size 60000", "pieces"});
+  test::expect_one_line_error(
+      castor({"tokenize", "--tokenizer", "bpe", "--vocab-size", "60000", "--input", "text.txt", "--out", "tok"}),
+      {"--vocab-size 60000", "pieces"});
   EXPECT_FALSE(file_exists(path("tok")));
   const test::CastorRun elsewhere{scratch.path().string(), {"CASTOR_SETUP_DIR=/nonexistent"}};
-  test::expect_one_line_error(test::run_castor({"train", "--model", "gpt", "--data", "brown-bpe", "--out", "r"},
-                                               elsewhere),
-                              {"/nonexistent/data/brown-bpe/train.bin is missing"});
+  test::expect_one_line_error(
+      test::run_castor({"train", "--model", "gpt", "--data", "brown-bpe", "--out", "r"}, elsewhere),
+      {"/nonexistent/data/brown-bpe/train.bin is missing"});
 }
 
 }  // namespace castor::train

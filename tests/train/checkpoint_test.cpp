@@ -107,10 +107,16 @@ TEST(Checkpoint, OldestFormatWithoutChecksumsIsRefused) {
 
 // A model file whose castor.config metadata is not a JSON object is named with the metadata key.
 TEST(Checkpoint, DamagedRecordedConfigNamesTheFile) {
-  test::expect_error([] { castor_config({{"castor.config", "{\"model\": gpt"}}, "RUN/model.safetensors"); },
-                     {"RUN/model.safetensors: metadata castor.config: "});
-  test::expect_error([] { castor_config({{"castor.config", "[1]"}}, "m.safetensors"); },
-                     {"m.safetensors: metadata castor.config: not a JSON object"});
+  test::expect_error(
+      [] {
+        castor_config({{"castor.config", "{\"model\": gpt"}}, "RUN/model.safetensors");
+      },
+      {"RUN/model.safetensors: metadata castor.config: "});
+  test::expect_error(
+      [] {
+        castor_config({{"castor.config", "[1]"}}, "m.safetensors");
+      },
+      {"m.safetensors: metadata castor.config: not a JSON object"});
   EXPECT_TRUE(castor_config({}, "m").is_null());
   EXPECT_EQ(castor_config({{"castor.config", "{\"n_head\": 2}"}}, "m").at("n_head").as_int(), 2);
 }

@@ -36,8 +36,25 @@ std::string cli_stdout(const std::string& args) {
 }
 
 std::vector<std::string> synthetic_flags(const std::string& out, int64_t steps) {
-  return {"--data", "synthetic", "--synthetic-size", "128", "--amp", "O0", "--optimizer", "sgd", "--momentum", "0",
-          "--lr", "0.05", "--steps", std::to_string(steps), "--deterministic", "--threads", "2", "--out", out};
+  return {"--data",
+          "synthetic",
+          "--synthetic-size",
+          "128",
+          "--amp",
+          "O0",
+          "--optimizer",
+          "sgd",
+          "--momentum",
+          "0",
+          "--lr",
+          "0.05",
+          "--steps",
+          std::to_string(steps),
+          "--deterministic",
+          "--threads",
+          "2",
+          "--out",
+          out};
 }
 
 StateDict final_weights(const std::string& out) { return read_checkpoint(*latest_checkpoint(out)).model; }
@@ -71,8 +88,8 @@ TEST(TrainFlags, AutoPrecisionIsTheDefaultAndAnExplicitLevelIsObeyed) {
   // Auto (the default, --precision auto, --amp auto) takes amp::auto_precision()'s level and dtype and says why;
   // tests/train/auto_precision_test.cpp checks that choice under each ONEDNN_MAX_CPU_ISA cap.
   const amp::AutoPrecision here = amp::auto_precision();
-  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {}, {"--precision", "auto"}, {"--amp", "auto"}, {"--model", "gpt"}}) {
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{}, {"--precision", "auto"}, {"--amp", "auto"}, {"--model", "gpt"}}) {
     const TrainConfig c = parse_train_flags(args);
     EXPECT_TRUE(c.precision_auto);
     EXPECT_EQ(c.amp, here.level);
@@ -117,9 +134,9 @@ TEST(TrainFlags, LoopFlagsAreRangeChecked) {
   ASSERT_TRUE(c.loss_scale.has_value());
   EXPECT_DOUBLE_EQ(*c.loss_scale, 128.0);
   EXPECT_FALSE(parse_train_flags({"--loss-scale", "dynamic"}).loss_scale.has_value());
-  for (auto [flag, value] : {std::pair{"--grad-accum", "0"}, std::pair{"--label-smoothing", "1"},
-                             std::pair{"--loss-scale", "-2"}, std::pair{"--clip-grad-norm", "nan"},
-                             std::pair{"--weight-decay", "inf"}, std::pair{"--lr", "inf"}}) {
+  for (auto [flag, value] :
+       {std::pair{"--grad-accum", "0"}, std::pair{"--label-smoothing", "1"}, std::pair{"--loss-scale", "-2"},
+        std::pair{"--clip-grad-norm", "nan"}, std::pair{"--weight-decay", "inf"}, std::pair{"--lr", "inf"}}) {
     const std::string msg = error_of({flag, value});
     EXPECT_NE(msg.find(flag), std::string::npos) << msg;
     EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
@@ -249,8 +266,11 @@ TEST(TrainFlags, FlagsOfAnotherJobAreRefusedNamingTheFlag) {
   // A resume's job is the recorded one: an image run's recording (n_head 0 among its keys) resumes.
   const Json recorded = settings_json(parse_train_flags({"--data", "synthetic"}));
   EXPECT_EQ(resume_config(parse_train_flags({"--resume", "run", "--steps", "3"}), recorded, "run").steps, 3);
-  test::expect_error([&] { resume_config(parse_train_flags({"--resume", "run", "--dropout", "0"}), recorded, "run"); },
-                     {"--dropout: applies to language models only"});
+  test::expect_error(
+      [&] {
+        resume_config(parse_train_flags({"--resume", "run", "--dropout", "0"}), recorded, "run");
+      },
+      {"--dropout: applies to language models only"});
 }
 
 // --model llama: the preset's sizes and the default job's recipe (docs/llama.md) where not given; llama2.c's shapes.
@@ -343,8 +363,8 @@ TEST(TrainerFlags, ClipGradNormBoundsTheStep) {
   for (const char* amp : {"O0", "O1"}) {
     const std::string out = dir + "/" + amp;
     auto f = synthetic_flags(out, 1);
-    f.insert(f.end(), {"--batch-size", "16", "--init", dir + "/init.safetensors", "--clip-grad-norm", "0.001",
-                       "--amp", amp, "--loss-scale", "1024"});
+    f.insert(f.end(), {"--batch-size", "16", "--init", dir + "/init.safetensors", "--clip-grad-norm", "0.001", "--amp",
+                       amp, "--loss-scale", "1024"});
     if (std::string(amp) == "O0") f.erase(f.end() - 2, f.end());  // O0 has no loss scale
     run_train(parse_train_flags(f));
     double moved = 0;
@@ -385,16 +405,16 @@ TEST(TrainerFlags, EvalOfPyTorchWrittenWeights) {
   const test::ScratchDir data("eval_torch_data");
   const test::ScratchDir out("eval_torch_run");
   test::write_tiny_cifar10(data);
-  run_train(parse_train_flags({"--data", "cifar10", "--data-dir", data, "--batch-size", "10", "--steps", "6",
-                               "--amp", "O0", "--out", out}));
+  run_train(parse_train_flags(
+      {"--data", "cifar10", "--data-dir", data, "--batch-size", "10", "--steps", "6", "--amp", "O0", "--out", out}));
   const std::string ckpt = *latest_checkpoint(out), torch_file = out + "/from_torch.safetensors";
   save_safetensors(out + "/input.safetensors", {{"input", zeros({1, 3, 32, 32})}});
-  ASSERT_TRUE(test::run_oracle("models_oracle.py", {"safetensors", "simplecnn", "3", "32", "32", "10",
-                                                    ckpt + "/model.safetensors", out + "/input.safetensors",
-                                                    out + "/logits.safetensors", torch_file}));
+  ASSERT_TRUE(test::run_oracle("models_oracle.py",
+                               {"safetensors", "simplecnn", "3", "32", "32", "10", ckpt + "/model.safetensors",
+                                out + "/input.safetensors", out + "/logits.safetensors", torch_file}));
   const Json own = run_eval(parse_eval_flags({"--checkpoint", ckpt}));
-  const Json torch = run_eval(parse_eval_flags({torch_file, "--model", "simplecnn", "--data", "cifar10",
-                                                "--data-dir", data}));
+  const Json torch = run_eval(
+      parse_eval_flags({torch_file, "--model", "simplecnn", "--data", "cifar10", "--data-dir", data}));
   EXPECT_EQ(torch.at("test_accuracy").as_double(), own.at("test_accuracy").as_double());
   EXPECT_EQ(torch.at("test_loss").as_double(), own.at("test_loss").as_double());
   test::expect_error([&] { run_eval(parse_eval_flags({torch_file, "--data-dir", data})); }, {"--model"});

@@ -18,7 +18,8 @@ TEST(TrainFlags, DefaultsAreAGoodRun) {
 }
 
 TEST(TrainFlags, ValuesBothSpellings) {
-  TrainConfig c = parse_train_flags({"--amp", "O2", "--dtype=fp16", "--lr", "0.05", "--batch-size=32", "--deterministic"});
+  TrainConfig c = parse_train_flags(
+      {"--amp", "O2", "--dtype=fp16", "--lr", "0.05", "--batch-size=32", "--deterministic"});
   EXPECT_EQ(c.amp, amp::OptLevel::O2);
   EXPECT_EQ(c.dtype, DType::Float16);
   EXPECT_DOUBLE_EQ(c.lr, 0.05);
@@ -46,11 +47,12 @@ TEST(TrainFlags, NonFiniteNumbersAreRefused) {
 }
 
 TEST(TrainFlags, ResumeKeepsTheRecordingAndTakesOnlyHarmlessFlags) {
-  TrainConfig first = parse_train_flags({"--data", "synthetic", "--lr", "0.01", "--schedule", "cosine", "--steps",
-                                         "10", "--deterministic", "--log-every", "3"});
+  TrainConfig first = parse_train_flags({"--data", "synthetic", "--lr", "0.01", "--schedule", "cosine", "--steps", "10",
+                                         "--deterministic", "--log-every", "3"});
   Json recorded = settings_json(first);
   recorded["threads"] = 4;  // what the run used
-  TrainConfig c = resume_config(parse_train_flags({"--resume", "run", "--steps", "20", "--keep", "5"}), recorded, "run");
+  TrainConfig c = resume_config(parse_train_flags({"--resume", "run", "--steps", "20", "--keep", "5"}), recorded,
+                                "run");
   EXPECT_EQ(c.data, Dataset::Synthetic);
   EXPECT_EQ(c.lr, 0.01);
   EXPECT_EQ(c.schedule, Schedule::Cosine);
@@ -63,8 +65,8 @@ TEST(TrainFlags, ResumeKeepsTheRecordingAndTakesOnlyHarmlessFlags) {
     resume_config(parse_train_flags({"--lr", "0.02", "--model", "resnet9", "--threads", "2", "--steps", "30"}),
                   recorded, "run");
   });
-  for (const char* part : {"--lr 0.02 (recorded 0.01)", "--model \"resnet9\" (recorded \"simplecnn\")",
-                           "--threads 2 (recorded 4)"})
+  for (const char* part :
+       {"--lr 0.02 (recorded 0.01)", "--model \"resnet9\" (recorded \"simplecnn\")", "--threads 2 (recorded 4)"})
     EXPECT_NE(m.find(part), std::string::npos) << part << " not in " << m;
   EXPECT_EQ(m.find("--steps"), std::string::npos) << m;
   recorded["deterministic"] = false;

@@ -3,7 +3,6 @@
 // conflicting flags and vocabularies give one-line errors naming the file or flag, and nothing good is overwritten.
 #include <gtest/gtest.h>
 
-
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
 #include "castor/json.h"
@@ -24,10 +23,11 @@ class Llama2cCli : public ::testing::Test {
     CastorProcess t = castor({"tokenize", "--tokenizer", "bpe", "--vocab-size", "300", "--input", "text.txt", "--out",
                               "tok", "--val-fraction", "0.1"});
     ASSERT_EQ(t.exit_code, 0) << t.err;
-    CastorProcess run = castor({"train", "--model", "llama", "--data", "tokens", "--data-dir", "tok", "--n-layer", "2",
-                                "--n-head", "4", "--n-kv-head", "2", "--n-embd", "32", "--block-size", "24",
-                                "--batch-size", "4", "--steps", "3", "--eval-iters", "1", "--threads", "1", "--out",
-                                "run"});
+    CastorProcess run = castor({"train", "--model",   "llama", "--data",       "tokens", "--data-dir",
+                                "tok",   "--n-layer", "2",     "--n-head",     "4",      "--n-kv-head",
+                                "2",     "--n-embd",  "32",    "--block-size", "24",     "--batch-size",
+                                "4",     "--steps",   "3",     "--eval-iters", "1",      "--threads",
+                                "1",     "--out",     "run"});
     ASSERT_EQ(run.exit_code, 0) << run.err;
   }
   std::string path(const std::string& name) const { return scratch.file(name); }
@@ -92,20 +92,24 @@ TEST_F(Llama2cCli, BadFilesAndConflictsAreOneLineErrors) {
   atomic_write_file(path("short.bin"), std::span<const uint8_t>(good.data(), good.size() - 8));
   const std::string needs = "needs " + std::to_string(good.size());
   for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"info", "short.bin"}, {"eval", "short.bin", "--data-dir", "tok"},
+       {std::vector<std::string>{"info", "short.bin"},
+        {"eval", "short.bin", "--data-dir", "tok"},
         {"sample", "--init", "short.bin", "--tokenizer-dir", "tok"},
         {"train", "--model", "llama", "--init", "short.bin", "--data", "tokens", "--data-dir", "tok", "--out", "r"}})
     test::expect_one_line_error(castor(args), {"short.bin", "as a llama2.c v0 file", needs});
   test::expect_one_line_error(castor({"train", "--model", "llama", "--init", "model.bin", "--data", "tokens",
                                       "--data-dir", "tok", "--n-kv-head", "4", "--out", "r"}),
                               {"--n-kv-head 4: --init model.bin holds 2"});
-  test::expect_one_line_error(castor({"train", "--model", "llama", "--init", "model.bin", "--data", "brown-char",
-                                      "--out", "r"}),
-                              {"--init model.bin: vocab_size 300", "tokenizer.json's vocabulary has"});
+  test::expect_one_line_error(
+      castor({"train", "--model", "llama", "--init", "model.bin", "--data", "brown-char", "--out", "r"}),
+      {"--init model.bin: vocab_size 300", "tokenizer.json's vocabulary has"});
   // A GPT run has no llama2.c export; the model.bin and tokenizer.bin already at --out stay as they were.
-  ASSERT_EQ(castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--n-layer", "1", "--n-head",
-                    "2", "--n-embd", "16", "--block-size", "16", "--batch-size", "2", "--steps", "1", "--eval-iters",
-                    "1", "--threads", "1", "--out", "gpt"}).exit_code, 0);
+  ASSERT_EQ(castor({"train", "--model",  "gpt", "--data",       "tokens", "--data-dir",   "tok", "--n-layer",
+                    "1",     "--n-head", "2",   "--n-embd",     "16",     "--block-size", "16",  "--batch-size",
+                    "2",     "--steps",  "1",   "--eval-iters", "1",      "--threads",    "1",   "--out",
+                    "gpt"})
+                .exit_code,
+            0);
   const std::vector<uint8_t> tokenizer = read_file(path("tokenizer.bin"));
   test::expect_one_line_error(castor({"export", "--llama2c", "--checkpoint", "gpt", "--out", "model.bin"}),
                               {"--checkpoint gpt: a GPT; --llama2c writes Llamas"});
@@ -115,9 +119,8 @@ TEST_F(Llama2cCli, BadFilesAndConflictsAreOneLineErrors) {
                               {"--out tokenizer.bin: --llama2c writes tokenizer.bin beside the model file"});
   test::expect_one_line_error(castor({"export", "--llmc", "--checkpoint", "run", "--out", "x.bin", "--version", "1"}),
                               {"--version requires --llama2c"});
-  test::expect_one_line_error(castor({"export", "--llama2c", "--checkpoint", "run", "--out", "x.bin", "--version",
-                                      "2"}),
-                              {"--version"});
+  test::expect_one_line_error(
+      castor({"export", "--llama2c", "--checkpoint", "run", "--out", "x.bin", "--version", "2"}), {"--version"});
 }
 
 }  // namespace castor::train

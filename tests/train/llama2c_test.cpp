@@ -138,7 +138,8 @@ TEST(Llama2c, FilesLaidOutByExportPyLoad) {
   for (bool shared : {true, false}) {
     const std::string config = detail::cat(
         "{\"dim\": 24, \"hidden_dim\": 64, \"n_layers\": 3, \"n_heads\": 6, \"n_kv_heads\": 3, \"vocab_size\": 50, "
-        "\"max_seq_len\": 40, \"theta\": 10000.0, \"seed\": 5, \"shared\": ", shared ? "true" : "false", "}");
+        "\"max_seq_len\": 40, \"theta\": 10000.0, \"seed\": 5, \"shared\": ",
+        shared ? "true" : "false", "}");
     ASSERT_TRUE(test::run_oracle("llama2c_oracle.py", {"write", config, dir}));
     std::map<std::string, Tensor> want = test::read_oracle_case(dir + "/expected.bin");
     want.erase("freq_cis_real");
@@ -287,9 +288,13 @@ TEST(Llama2c, WeightsFilesTellLlama2cFiles) {
     const Json config = Json::parse(loaded.metadata.at("castor.config"));
     EXPECT_EQ(config.at("model").as_string(), "llama");
     EXPECT_EQ(config.at("data").as_string(), "tokens");
-    for (const auto& [key, value] : std::vector<std::pair<const char*, int64_t>>{
-             {"n_embd", 16}, {"n_layer", 2}, {"n_head", 4}, {"n_kv_head", 2}, {"vocab_size", 37}, {"block_size", 12},
-             {"multiple_of", 32}})
+    for (const auto& [key, value] : std::vector<std::pair<const char*, int64_t>>{{"n_embd", 16},
+                                                                                 {"n_layer", 2},
+                                                                                 {"n_head", 4},
+                                                                                 {"n_kv_head", 2},
+                                                                                 {"vocab_size", 37},
+                                                                                 {"block_size", 12},
+                                                                                 {"multiple_of", 32}})
       EXPECT_EQ(config.at(key).as_int(), value) << key;
     EXPECT_TRUE(config.at("untied").as_bool());
     const SafetensorsFile header = models::read_weights_header(path);

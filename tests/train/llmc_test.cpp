@@ -34,9 +34,7 @@ std::string slurp(const std::string& path) {
   return std::string(b.begin(), b.end());
 }
 
-void write_bytes(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary) << bytes;
-}
+void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
 using test::error_of;
 
@@ -138,8 +136,9 @@ TEST(Llmc, BadFilesAreOneLineErrorsNamingTheFile) {
   auto other = models::gpt(small_config(), 6);
   StateDict broken = other->state_dict();
   broken.erase("transformer.h.1.ln_2.weight");
-  EXPECT_NE(error_of([&] { models::write_llmc_checkpoint(dir + "/keep.bin", {small_config(), broken}); })
-                .find("no tensor transformer.h.1.ln_2.weight"),
+  EXPECT_NE(error_of([&] {
+              models::write_llmc_checkpoint(dir + "/keep.bin", {small_config(), broken});
+            }).find("no tensor transformer.h.1.ln_2.weight"),
             std::string::npos);
   EXPECT_TRUE(slurp(dir + "/keep.bin") == good);
 }
@@ -194,19 +193,21 @@ TEST(Llmc, LoadGptInitTakesBothFormats) {
   bad = sd;
   bad["transformer.h.1.mlp.c_fc.weight"] = zeros({256, 63});
   save_safetensors(dir + "/shape.safetensors", bad);
-  EXPECT_NE(error_of([&] { models::load_gpt_init(dir + "/shape.safetensors", 2); })
-                .find("transformer.h.1.mlp.c_fc.weight is [256, 63], expected [256, 64]"),
+  EXPECT_NE(error_of([&] {
+              models::load_gpt_init(dir + "/shape.safetensors", 2);
+            }).find("transformer.h.1.mlp.c_fc.weight is [256, 63], expected [256, 64]"),
             std::string::npos);
   bad = sd;
   bad["transformer.h.0.extra"] = zeros({2});
   save_safetensors(dir + "/extra.safetensors", bad);
-  EXPECT_NE(error_of([&] { models::load_gpt_init(dir + "/extra.safetensors", 2); })
-                .find("unexpected tensor transformer.h.0.extra"),
+  EXPECT_NE(error_of([&] {
+              models::load_gpt_init(dir + "/extra.safetensors", 2);
+            }).find("unexpected tensor transformer.h.0.extra"),
             std::string::npos);
   save_safetensors(dir + "/image.safetensors", models::simple_cnn(1, 28, 28)->state_dict());
-  EXPECT_NE(error_of([&] { models::load_gpt_init(dir + "/image.safetensors", 2); })
-                .find("no tensor transformer.wte.weight"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { models::load_gpt_init(dir + "/image.safetensors", 2); }).find("no tensor transformer.wte.weight"),
+      std::string::npos);
 }
 
 // llm.c's test on a small config: PyTorch writes a random nanoGPT twin as an llm.c file and trains it 10 AdamW steps
@@ -219,8 +220,8 @@ TEST(LlmcInterop, TenAdamWStepsMatchPyTorch) {
   const double lr = 1e-4, wd = 0.01;
   const std::string config = detail::cat(
       "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 64, \"block_size\": 32, \"vocab_size\": 101, "
-      "\"padded_vocab_size\": 128, \"batch_size\": ", B, ", \"seq_len\": ", T, ", \"steps\": ", steps,
-      ", \"lr\": ", lr, ", \"weight_decay\": ", wd, ", \"seed\": 1}");
+      "\"padded_vocab_size\": 128, \"batch_size\": ",
+      B, ", \"seq_len\": ", T, ", \"steps\": ", steps, ", \"lr\": ", lr, ", \"weight_decay\": ", wd, ", \"seed\": 1}");
   ASSERT_TRUE(test::run_oracle("llmc_oracle.py", {config, dir}));
   const StateDict want = load_safetensors(dir + "/losses.safetensors").tensors;
   const std::vector<double> torch_loss = want.at("loss").to_vector<double>(),
@@ -259,8 +260,8 @@ TEST(LlmcInterop, LossesCoverOnlyTheRealVocabulary) {
   const int64_t B = 4, T = 32, batches = 3;
   const std::string config = detail::cat(
       "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 64, \"block_size\": 32, \"vocab_size\": 101, "
-      "\"padded_vocab_size\": 128, \"batch_size\": ", B, ", \"seq_len\": ", T, ", \"steps\": ", batches,
-      ", \"lr\": 1e-4, \"weight_decay\": 0.0, \"seed\": 3}");
+      "\"padded_vocab_size\": 128, \"batch_size\": ",
+      B, ", \"seq_len\": ", T, ", \"steps\": ", batches, ", \"lr\": 1e-4, \"weight_decay\": 0.0, \"seed\": 3}");
   ASSERT_TRUE(test::run_oracle("llmc_oracle.py", {config, dir}));
   const std::vector<double> torch_loss =
       load_safetensors(dir + "/losses.safetensors").tensors.at("loss_untrained").to_vector<double>();
@@ -276,8 +277,8 @@ TEST(LlmcInterop, LossesCoverOnlyTheRealVocabulary) {
   auto model = models::gpt(w.config);
   model->load_state_dict(w.state);
   data::TokenFile tokens(dir + "/train.bin");
-  const data::LmBatch b = data::LmBatchSource(tokens, {.batch_size = B, .block_size = T,
-                                                       .order = data::LmOrder::Sequential}).batch(0);
+  const data::LmBatch b =
+      data::LmBatchSource(tokens, {.batch_size = B, .block_size = T, .order = data::LmOrder::Sequential}).batch(0);
   const Tensor logits = (*model)(b.x);
   EXPECT_EQ(logits.shape(), (Shape{B, T, 101}));
   const Tensor loss = F::cross_entropy(logits.reshape({B * T, 101}), b.y.reshape({B * T}));
@@ -294,10 +295,10 @@ TEST(LlmcInterop, LossesCoverOnlyTheRealVocabulary) {
   const double mean_loss = (torch_loss[0] + torch_loss[1] + torch_loss[2]) / 3;
   EXPECT_NEAR(Json::parse(e.out).at("val_loss").as_double(), mean_loss, 1e-6 * mean_loss) << e.out;
   // castor train --init: the first step's loss (batch 0 in llm.c's validation order) before any update.
-  test::CastorProcess t = test::run_castor({"train", "--model", "gpt", "--init", "padded.bin", "--data", "tokens",
-                                            "--data-dir", "tok", "--data-order", "sequential", "--batch-size", "4",
-                                            "--amp", "O0", "--steps", "1", "--log-every", "1", "--threads", "1",
-                                            "--out", "run"},
+  test::CastorProcess t = test::run_castor({"train",  "--model",    "gpt", "--init",       "padded.bin", "--data",
+                                            "tokens", "--data-dir", "tok", "--data-order", "sequential", "--batch-size",
+                                            "4",      "--amp",      "O0",  "--steps",      "1",          "--log-every",
+                                            "1",      "--threads",  "1",   "--out",        "run"},
                                            in_dir, 120);
   ASSERT_EQ(t.exit_code, 0) << t.err;
   const std::vector<uint8_t> lines = read_file(dir + "/run/metrics.jsonl");
@@ -321,11 +322,13 @@ TEST(LlmcInterop, EvalAndInfoReadLlmcFilesAndNameOtherFiles) {
   // Neither format: 12 bytes whose first 8 read as a huge safetensors header length.
   write_bytes(dir + "/junk.bin", "\x01\x02\x03\x04\x05\x06\x07\x08abcd");
   for (const std::vector<std::string>& args :
-       {std::vector<std::string>{"info", "junk.bin"}, {"eval", "junk.bin", "--data-dir", "."},
+       {std::vector<std::string>{"info", "junk.bin"},
+        {"eval", "junk.bin", "--data-dir", "."},
         {"train", "--model", "gpt", "--init", "junk.bin", "--data", "tokens", "--data-dir", ".", "--out", "r"}}) {
     test::CastorProcess p = test::run_castor(args, in_dir);
     EXPECT_EQ(p.exit_code, 1) << args[0];
-    EXPECT_NE(p.err.find("junk.bin: not a safetensors, llm.c or llama2.c file"), std::string::npos) << args[0] << ": " << p.err;
+    EXPECT_NE(p.err.find("junk.bin: not a safetensors, llm.c or llama2.c file"), std::string::npos)
+        << args[0] << ": " << p.err;
     EXPECT_EQ(p.err.find("header length"), std::string::npos) << p.err;
   }
 }

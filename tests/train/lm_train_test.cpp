@@ -51,10 +51,36 @@ class LmTrain : public ::testing::Test {
   // A one-layer GPT on the test's tokens, one thread, deterministic.
   static std::vector<std::string> train_args(const std::string& out, int64_t steps,
                                              std::vector<std::string> extra = {}) {
-    std::vector<std::string> a = {"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--n-layer", "1",
-                                  "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "8",
-                                  "--steps", std::to_string(steps), "--warmup-steps", "5", "--lr", "3e-3",
-                                  "--log-every", "10", "--threads", "1", "--deterministic", "--out", out};
+    std::vector<std::string> a = {"train",
+                                  "--model",
+                                  "gpt",
+                                  "--data",
+                                  "tokens",
+                                  "--data-dir",
+                                  "tok",
+                                  "--n-layer",
+                                  "1",
+                                  "--n-head",
+                                  "2",
+                                  "--n-embd",
+                                  "32",
+                                  "--block-size",
+                                  "16",
+                                  "--batch-size",
+                                  "8",
+                                  "--steps",
+                                  std::to_string(steps),
+                                  "--warmup-steps",
+                                  "5",
+                                  "--lr",
+                                  "3e-3",
+                                  "--log-every",
+                                  "10",
+                                  "--threads",
+                                  "1",
+                                  "--deterministic",
+                                  "--out",
+                                  out};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
@@ -110,7 +136,8 @@ TEST_F(LmTrain, ReportsTokensValidationLossAndPerplexityEverywhere) {
   EXPECT_EQ(Json::parse(std::string(saved.begin(), saved.end())).find("test_accuracy"), nullptr);
   int evaluations = 0, rates = 0;
   for (const Json& r : read_metrics(path("run"))) {
-    for (const char* key : {"test_accuracy", "test_loss", "images_per_sec"}) EXPECT_EQ(r.find(key), nullptr) << r.dump();
+    for (const char* key : {"test_accuracy", "test_loss", "images_per_sec"})
+      EXPECT_EQ(r.find(key), nullptr) << r.dump();
     evaluations += r.find("val_loss") != nullptr && r.find("val_perplexity") != nullptr;
     rates += r.find("tokens_per_sec") != nullptr;
   }
@@ -118,8 +145,9 @@ TEST_F(LmTrain, ReportsTokensValidationLossAndPerplexityEverywhere) {
   EXPECT_GE(rates, 4);
   const std::vector<uint8_t> csv = read_file(path("run/metrics.csv"));
   const std::string header(csv.begin(), std::find(csv.begin(), csv.end(), '\n'));
-  EXPECT_EQ(header, "step,epoch,loss,loss_avg,lr,loss_scale,skipped,tokens_per_sec,peak_memory_bytes,train_loss,"
-                    "val_loss,val_perplexity,skipped_steps");
+  EXPECT_EQ(header,
+            "step,epoch,loss,loss_avg,lr,loss_scale,skipped,tokens_per_sec,peak_memory_bytes,train_loss,"
+            "val_loss,val_perplexity,skipped_steps");
   const std::vector<uint8_t> html = read_file(path("run/report.html"));
   const std::string report(html.begin(), html.end());
   for (const char* want : {"Validation perplexity", "tokens/s", "Train vs validation loss"})
@@ -161,9 +189,10 @@ TEST_F(LmTrain, SigkillDuringTheFinalEvaluationLosesNothing) {
     for (int i = 0; i < 60; ++i)
       big.write(reinterpret_cast<const char*>(text.data()), static_cast<std::streamsize>(text.size()));
   }
-  ASSERT_EQ(castor({"tokenize", "--tokenizer", "char", "--input", "big.txt", "--out", "bigval", "--val-fraction",
-                    "0.95"}).exit_code,
-            0);
+  ASSERT_EQ(
+      castor({"tokenize", "--tokenizer", "char", "--input", "big.txt", "--out", "bigval", "--val-fraction", "0.95"})
+          .exit_code,
+      0);
   auto args = train_args("run", 20, {"--log-every", "1"});
   std::replace(args.begin(), args.end(), std::string("tok"), std::string("bigval"));
   CastorProcess p(args, in_dir);
@@ -200,8 +229,8 @@ TEST_F(LmTrain, CheckpointsLoadStrictlyIntoNanoGpt) {
   Generator gen(1);
   std::vector<double> v(2 * 16);
   for (double& x : v) x = std::floor(gen.next_double() * vocab);
-  save_safetensors(path("batch.safetensors"), {{"x", tensor(v, Shape{2, 16}, DType::Int64)},
-                                              {"y", tensor(v, Shape{2, 16}, DType::Int64)}});
+  save_safetensors(path("batch.safetensors"),
+                   {{"x", tensor(v, Shape{2, 16}, DType::Int64)}, {"y", tensor(v, Shape{2, 16}, DType::Int64)}});
   const std::string cfg = detail::cat("{\"n_layer\": 1, \"n_head\": 2, \"n_embd\": 32, \"block_size\": 16, ",
                                       "\"vocab_size\": ", vocab, ", \"bias\": true}");
   ASSERT_TRUE(test::run_oracle("gpt_oracle.py", {"grads", cfg, path("weights.safetensors"), path("batch.safetensors"),
@@ -213,8 +242,8 @@ TEST_F(LmTrain, CheckpointsLoadStrictlyIntoNanoGpt) {
 // during training (here 2 x 4 rows: the summary's loss is theirs, computed here from the checkpoint); --eval-interval
 // is --eval-every; castor eval covers the whole split, and --dtype float32 evaluates a bf16 run in float32.
 TEST_F(LmTrain, EvalItersAndIntervalAreNanoGpts) {
-  CastorProcess p = castor(train_args("run", 20, {"--amp", "O0", "--batch-size", "4", "--eval-iters", "2",
-                                                  "--eval-interval", "10"}));
+  CastorProcess p = castor(
+      train_args("run", 20, {"--amp", "O0", "--batch-size", "4", "--eval-iters", "2", "--eval-interval", "10"}));
   ASSERT_EQ(p.exit_code, 0) << p.err;
   const std::vector<uint8_t> bytes = read_file(path("run/config.json"));
   const Json config = Json::parse(std::string(bytes.begin(), bytes.end()));
@@ -289,8 +318,8 @@ TEST_F(LmTrain, SetupDataFromAnyDirectoryAndNoRunDirectoryLeftOnEarlyFailure) {
   EXPECT_NE(missing.err.find("/nonexistent/data/brown-char/train.bin is missing"), std::string::npos) << missing.err;
   EXPECT_NE(missing.err.find("--data-dir"), std::string::npos) << missing.err;
   EXPECT_FALSE(fs::exists(path("run2")));
-  CastorProcess bad_init = castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--init",
-                                   "missing.bin", "--out", "run3"});
+  CastorProcess bad_init = castor(
+      {"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--init", "missing.bin", "--out", "run3"});
   EXPECT_EQ(bad_init.exit_code, 1);
   EXPECT_NE(bad_init.err.find("--init missing.bin"), std::string::npos) << bad_init.err;
   EXPECT_FALSE(fs::exists(path("run3")));
@@ -320,7 +349,8 @@ TEST_F(LmTrain, GemmPeakIsCachedAndTheSummaryRateIsSteady) {
   EXPECT_NE(second.err.find("measured once and cached"), std::string::npos) << second.err;
   for (const CastorProcess* p : {&first, &second}) {
     const Json s = summary_of(*p);
-    const double steady = s.at("train_tokens_per_sec").as_double(), whole = s.at("train_tokens_per_sec_whole_run").as_double();
+    const double steady = s.at("train_tokens_per_sec").as_double(),
+                 whole = s.at("train_tokens_per_sec_whole_run").as_double();
     EXPECT_GT(steady, 0);
     EXPECT_GT(whole, 0);
     // 1 layer of 32, vocabulary V, block 16: 6 N + 12 L C T FLOP per token (nanoGPT's estimate_mfu), N without wpe.
@@ -344,13 +374,14 @@ TEST_F(LmTrain, NanoGptCheckpointLoadsInPyTorchAndSamplesAsCastor) {
   EXPECT_EQ(summary.at("out").as_string(), "nano/ckpt.pt");
   EXPECT_TRUE(summary.at("optimizer").as_bool());
   const std::string prompt = "the jury", tokens = "40";  // 8 + 40 tokens: past the block of 16
-  CastorProcess s = castor({"sample", "--checkpoint", "run", "--prompt", prompt, "--tokens", tokens,
-                            "--temperature", "0"});
+  CastorProcess s = castor(
+      {"sample", "--checkpoint", "run", "--prompt", prompt, "--tokens", tokens, "--temperature", "0"});
   ASSERT_EQ(s.exit_code, 0) << s.err;
   data::Tokenizer tok = data::Tokenizer::load(path("tok"));
   std::string ids;
   for (uint16_t t : tok.encode(prompt)) ids += (ids.empty() ? "" : ",") + std::to_string(t);
-  ASSERT_TRUE(test::run_oracle("nanogpt_oracle.py", {"ckpt", path("nano/ckpt.pt"), ids, tokens, path("o.safetensors")}));
+  ASSERT_TRUE(
+      test::run_oracle("nanogpt_oracle.py", {"ckpt", path("nano/ckpt.pt"), ids, tokens, path("o.safetensors")}));
   const StateDict o = load_safetensors(path("o.safetensors")).tensors;
   const std::vector<int64_t> got = o.at("tokens").to_vector<int64_t>();
   EXPECT_EQ(s.out, tok.decode(std::vector<uint16_t>(got.begin(), got.end())) + "\n");
@@ -368,8 +399,7 @@ TEST_F(LmTrain, NanoGptCheckpointLoadsInPyTorchAndSamplesAsCastor) {
   const Checkpoint ck = read_checkpoint(path("run"));
   const std::vector<double> groups = o.at("optimizer_groups").to_vector<double>();
   EXPECT_DOUBLE_EQ(groups[0], ck.state.at("amp.optimizer.0.group.0.lr").item());
-  EXPECT_EQ(std::vector<double>(groups.begin() + 1, groups.end()),
-            (std::vector<double>{0.9, 0.99, 1e-8, 0.1, 0.0}));
+  EXPECT_EQ(std::vector<double>(groups.begin() + 1, groups.end()), (std::vector<double>{0.9, 0.99, 1e-8, 0.1, 0.0}));
   EXPECT_EQ(o.at("optimizer_step").item(), 20);
   const Tensor v = ck.state.at("amp.optimizer.0.state.0.0.exp_avg_sq").reshape({-1}).narrow(0, 0, 8);
   EXPECT_TRUE(test::close(o.at("optimizer_exp_avg_sq0"), v.to(DType::Float64), 0, 0));
@@ -463,18 +493,22 @@ TEST_F(LmTrain, BadDataIsFoundBeforeTheFirstStep) {
   p = castor({"train", "--resume", "run", "--steps", "10"});
   EXPECT_EQ(p.exit_code, 1);
   EXPECT_NE(p.err.find("tok/tokenizer.json: a vocabulary of 29 tokens, but run/checkpoints/step-0000000005 was trained "
-                       "on one of 24"), std::string::npos) << p.err;
+                       "on one of 24"),
+            std::string::npos)
+      << p.err;
   EXPECT_NE(p.err.find("tokenized again since?"), std::string::npos) << p.err;
 }
 
 // Paths that are not valid UTF-8 cannot be recorded in config.json: refused up front naming the flag (a run used to
 // train every step and then fail writing its summary, never to be resumed).
 TEST_F(LmTrain, PathsThatAreNotUtf8AreRefusedUpFront) {
-  for (const auto& [flag, value] : std::vector<std::pair<std::string, std::string>>{
-           {"--out", "run\xff"}, {"--data-dir", "tok\xfe"}}) {
+  for (const auto& [flag, value] :
+       std::vector<std::pair<std::string, std::string>>{{"--out", "run\xff"}, {"--data-dir", "tok\xfe"}}) {
     auto args = train_args("run", 5);
-    if (flag == "--out") args.back() = value;
-    else std::replace(args.begin(), args.end(), std::string("tok"), value);
+    if (flag == "--out")
+      args.back() = value;
+    else
+      std::replace(args.begin(), args.end(), std::string("tok"), value);
     CastorProcess p = castor(args);
     EXPECT_EQ(p.exit_code, 1) << flag;
     EXPECT_NE(p.err.find("castor train: error: " + flag + " "), std::string::npos) << p.err;

@@ -39,17 +39,42 @@ class LoraCli : public ::testing::Test {
   }
   // A one-layer GPT on the test's tokens, one thread, deterministic.
   static std::vector<std::string> args(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) {
-    std::vector<std::string> a = {"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--n-layer", "1",
-                                  "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "8",
-                                  "--steps", std::to_string(steps), "--lr", "3e-3", "--log-every", "10",
-                                  "--threads", "1", "--deterministic", "--out", out};
+    std::vector<std::string> a = {"train",
+                                  "--model",
+                                  "gpt",
+                                  "--data",
+                                  "tokens",
+                                  "--data-dir",
+                                  "tok",
+                                  "--n-layer",
+                                  "1",
+                                  "--n-head",
+                                  "2",
+                                  "--n-embd",
+                                  "32",
+                                  "--block-size",
+                                  "16",
+                                  "--batch-size",
+                                  "8",
+                                  "--steps",
+                                  std::to_string(steps),
+                                  "--lr",
+                                  "3e-3",
+                                  "--log-every",
+                                  "10",
+                                  "--threads",
+                                  "1",
+                                  "--deterministic",
+                                  "--out",
+                                  out};
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   }
   static std::vector<std::string> lora_args(const std::string& out, int64_t steps,
                                             std::vector<std::string> extra = {}) {
-    std::vector<std::string> lora = {"--init", "base", "--lora-rank", "4", "--lora-alpha", "16", "--lora-targets",
-                                     "c_attn,c_proj", "--schedule", "none", "--checkpoint-every", "10"};
+    std::vector<std::string> lora = {"--init",       "base", "--lora-rank",        "4",
+                                     "--lora-alpha", "16",   "--lora-targets",     "c_attn,c_proj",
+                                     "--schedule",   "none", "--checkpoint-every", "10"};
     lora.insert(lora.end(), extra.begin(), extra.end());
     return args(out, steps, lora);
   }

@@ -19,7 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-
 std::vector<std::string> lines_of(const std::string& path) {
   std::ifstream in(path);
   std::vector<std::string> lines;
@@ -38,8 +37,8 @@ TEST(Progress, LineFitsEveryWidthAndShowsTheFields) {
     ASSERT_LE(line.size(), static_cast<size_t>(width)) << line;
   }
   const std::string wide = progress_line(s, 200);
-  for (const char* field : {"epoch 2/3", "step 120/938", "loss 0.4521", "lr 0.001", "scale 65536", "1234 img/s",
-                            "0:01:23<0:09:26", "[###"})
+  for (const char* field :
+       {"epoch 2/3", "step 120/938", "loss 0.4521", "lr 0.001", "scale 65536", "1234 img/s", "0:01:23<0:09:26", "[###"})
     EXPECT_NE(wide.find(field), std::string::npos) << field << " in " << wide;
   // At 80 columns the most important fields stay (ETA: 83 s for 120 steps, 818 to go).
   const std::string narrow = progress_line(s, 79);
@@ -76,8 +75,9 @@ TEST(RunLog, WindowMeansAndCsvRows) {
   EXPECT_DOUBLE_EQ(records[4].at("test_accuracy").as_double(), 0.75);
   const std::vector<std::string> csv = lines_of(out + "/metrics.csv");
   ASSERT_EQ(csv.size(), 6u);
-  EXPECT_EQ(csv[0], "step,epoch,loss,loss_avg,lr,loss_scale,skipped,images_per_sec,peak_memory_bytes,train_loss,"
-                    "test_loss,test_accuracy,skipped_steps");
+  EXPECT_EQ(csv[0],
+            "step,epoch,loss,loss_avg,lr,loss_scale,skipped,images_per_sec,peak_memory_bytes,train_loss,"
+            "test_loss,test_accuracy,skipped_steps");
   EXPECT_EQ(csv[2].rfind("3,0,3.0,2.0,0.1,1024.0,0,128.0,", 0), 0u) << csv[2];
   // A resumed run appends, without a second header.
   {
@@ -101,14 +101,19 @@ TEST(RunLog, MfuDividesTheJobsRateByEveryRanksPeak) {
 
 TEST(Report, ShowsSettingsOpDtypesAndASinglePointHonestly) {
   const Json config = Json::Object{{"model", "simplecnn"}, {"lr", 0.001}, {"data_dir", "<dir>"}};
-  std::vector<Json> records = {Json::Object{{"step", 4}, {"epoch", 0}, {"loss", 2.0}, {"loss_avg", 2.1},
-                                            {"loss_scale", 65536.0}, {"skipped", true}},
-                               Json::Object{{"step", 8}, {"epoch", 0}, {"train_loss", 1.5}, {"test_loss", 1.2},
-                                            {"test_accuracy", 0.625}, {"images_per_sec", 900.0}}};
-  amp::ExplainRow row{"conv2d", CastPolicy::LowerPrecision, true, {DType::Float32}, {DType::BFloat16},
+  std::vector<Json> records = {
+      Json::Object{
+          {"step", 4}, {"epoch", 0}, {"loss", 2.0}, {"loss_avg", 2.1}, {"loss_scale", 65536.0}, {"skipped", true}},
+      Json::Object{{"step", 8},
+                   {"epoch", 0},
+                   {"train_loss", 1.5},
+                   {"test_loss", 1.2},
+                   {"test_accuracy", 0.625},
+                   {"images_per_sec", 900.0}}};
+  amp::ExplainRow row{"conv2d",        CastPolicy::LowerPrecision, true, {DType::Float32}, {DType::BFloat16},
                       DType::BFloat16, "float32 weight cast"};
-  amp::ExplainRow relu{"relu", CastPolicy::PassThrough, true, {DType::BFloat16}, {DType::BFloat16}, DType::BFloat16,
-                       "runs in its input dtype"};
+  amp::ExplainRow relu{"relu",          CastPolicy::PassThrough,  true, {DType::BFloat16}, {DType::BFloat16},
+                       DType::BFloat16, "runs in its input dtype"};
   row.module = relu.module = "layer1.conv";
   amp::ExplainRow head = row;
   head.module = "fc";
@@ -138,7 +143,8 @@ std::string chart_of(const std::string& html, const std::string& title) {
 // The text of every element of class `cls` in `svg`.
 std::vector<std::string> texts(const std::string& svg, const std::string& cls) {
   std::vector<std::string> out;
-  for (size_t at = svg.find("class='" + cls + "'"); at != std::string::npos; at = svg.find("class='" + cls + "'", at + 1)) {
+  for (size_t at = svg.find("class='" + cls + "'"); at != std::string::npos;
+       at = svg.find("class='" + cls + "'", at + 1)) {
     const size_t begin = svg.find('>', at) + 1;
     out.push_back(svg.substr(begin, svg.find('<', begin) - begin));
   }
@@ -151,23 +157,35 @@ std::vector<std::string> texts(const std::string& svg, const std::string& cls) {
 // loss, learning rate, throughput and (only with loss scaling) the loss scale; settings grouped, the ones that do not
 // apply left out; the header names the version, commit, date and CPU.
 TEST(Report, HasTheChartsItMustWithRoundTicks) {
-  Json config = Json::Object{{"model", "simplecnn"}, {"optimizer", "adam"}, {"momentum", 0.9}, {"lr", 0.001},
-                             {"data", "fashion-mnist"}, {"synthetic_size", 2048}, {"amp", "O1"},
-                             {"dtype", "float16"}, {"seed", 3}, {"castor_version", "9.8.7"},
-                             {"git_commit", "abc123def456"}, {"started", "2026-11-25T14:05:09Z"},
+  Json config = Json::Object{{"model", "simplecnn"},
+                             {"optimizer", "adam"},
+                             {"momentum", 0.9},
+                             {"lr", 0.001},
+                             {"data", "fashion-mnist"},
+                             {"synthetic_size", 2048},
+                             {"amp", "O1"},
+                             {"dtype", "float16"},
+                             {"seed", 3},
+                             {"castor_version", "9.8.7"},
+                             {"git_commit", "abc123def456"},
+                             {"started", "2026-11-25T14:05:09Z"},
                              {"host_cpu", "Test CPU; ISA avx2"}};
   std::vector<Json> records;
   for (int step = 1; step <= 40; ++step) {
-    records.push_back(Json::Object{{"step", step}, {"epoch", 1}, {"loss", 2.0 - step / 40.0},
-                                   {"loss_avg", 2.0 - step / 40.0}, {"lr", 0.001 * (1 - step / 80.0)},
-                                   {"loss_scale", step < 20 ? 65536.0 : 32768.0}, {"skipped", step == 20},
+    records.push_back(Json::Object{{"step", step},
+                                   {"epoch", 1},
+                                   {"loss", 2.0 - step / 40.0},
+                                   {"loss_avg", 2.0 - step / 40.0},
+                                   {"lr", 0.001 * (1 - step / 80.0)},
+                                   {"loss_scale", step < 20 ? 65536.0 : 32768.0},
+                                   {"skipped", step == 20},
                                    {"images_per_sec", 1000.0 + step}});
     if (step % 10 == 0)
       records.push_back(Json::Object{{"step", step}, {"epoch", 1}, {"test_loss", 1.5}, {"test_accuracy", step / 50.0}});
   }
   const std::string html = render_report("run", config, records, {});
-  for (const char* title : {"Training loss", "Test accuracy", "Train vs test loss", "Learning rate", "Throughput",
-                            "Loss scale"}) {
+  for (const char* title :
+       {"Training loss", "Test accuracy", "Train vs test loss", "Learning rate", "Throughput", "Loss scale"}) {
     const std::string svg = chart_of(html, title);
     ASSERT_FALSE(svg.empty()) << title;
     EXPECT_NE(svg.find(">step</text>"), std::string::npos) << title;  // the x axis title
@@ -186,8 +204,8 @@ TEST(Report, HasTheChartsItMustWithRoundTicks) {
     EXPECT_NE(html.find(header), std::string::npos) << header;
   for (const char* group : {">model<", ">data<", ">precision<", ">optimizer<", ">schedule<", ">run<"})
     EXPECT_NE(html.find(group), std::string::npos) << group;
-  EXPECT_NE(html.find("<th>seed</th>"), std::string::npos);  // in no group: under "run"
-  EXPECT_EQ(html.find("<th>momentum</th>"), std::string::npos);  // Adam has none
+  EXPECT_NE(html.find("<th>seed</th>"), std::string::npos);            // in no group: under "run"
+  EXPECT_EQ(html.find("<th>momentum</th>"), std::string::npos);        // Adam has none
   EXPECT_EQ(html.find("<th>synthetic_size</th>"), std::string::npos);  // real data
 
   // The last evaluation by class, as castor eval gives it: per-class accuracy and the confusion matrix.
@@ -210,8 +228,9 @@ TEST(Report, HasTheChartsItMustWithRoundTicks) {
 // The report of a resumed run covers the first part too; summary.json holds what stdout's only line holds.
 TEST(TrainerOutput, ResumedReportKeepsHistoryAndStdoutIsTheSummary) {
   const test::ScratchDir out("report_resume");
-  const std::vector<std::string> flags = {"--data", "synthetic", "--synthetic-size", "128", "--batch-size", "16",
-                                          "--log-every", "1", "--deterministic", "--threads", "2", "--out", out};
+  const std::vector<std::string> flags = {
+      "--data", "synthetic",       "--synthetic-size", "128", "--batch-size", "16", "--log-every",
+      "1",      "--deterministic", "--threads",        "2",   "--out",        out};
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.begin(), flags.begin(), flags.end());
     return extra;

@@ -29,9 +29,26 @@ namespace {
 // A small deterministic synthetic run: 12 batches per epoch of a few milliseconds each, on one thread (so a
 // loaded CI machine does not stall it in OpenMP barriers).
 std::vector<std::string> train_args(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) {
-  std::vector<std::string> a = {"train", "--data", "synthetic", "--synthetic-size", "192", "--batch-size", "16",
-                                "--amp", "O1", "--dtype", "fp16", "--steps", std::to_string(steps), "--log-every",
-                                "1", "--deterministic", "--threads", "1", "--out", out};
+  std::vector<std::string> a = {"train",
+                                "--data",
+                                "synthetic",
+                                "--synthetic-size",
+                                "192",
+                                "--batch-size",
+                                "16",
+                                "--amp",
+                                "O1",
+                                "--dtype",
+                                "fp16",
+                                "--steps",
+                                std::to_string(steps),
+                                "--log-every",
+                                "1",
+                                "--deterministic",
+                                "--threads",
+                                "1",
+                                "--out",
+                                out};
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }
@@ -75,7 +92,8 @@ void write_fashion_mnist(const std::string& dir, uint32_t n_train, uint32_t n_te
     dims.insert(dims.begin(), magic);
     for (uint32_t v : dims)
       for (int s = 24; s >= 0; s -= 8) b.push_back(static_cast<uint8_t>(v >> s));
-    for (size_t i = 0; i < payload; ++i) b.push_back(static_cast<uint8_t>(magic == 0x801 ? i % 10 : (i * 37 + 11) % 251));
+    for (size_t i = 0; i < payload; ++i)
+      b.push_back(static_cast<uint8_t>(magic == 0x801 ? i % 10 : (i * 37 + 11) % 251));
     test::write_bytes(dir + "/" + name, b);
   };
   idx("train-images-idx3-ubyte", 0x803, {n_train, 28, 28}, n_train * 784);
@@ -85,7 +103,9 @@ void write_fashion_mnist(const std::string& dir, uint32_t n_train, uint32_t n_te
 }
 
 // The step of a checkpoint folder's name (step-0000000015 -> 15).
-int64_t step_of(const std::string& checkpoint) { return std::stoll(fs::path(checkpoint).filename().string().substr(5)); }
+int64_t step_of(const std::string& checkpoint) {
+  return std::stoll(fs::path(checkpoint).filename().string().substr(5));
+}
 
 class RunDir : public ::testing::Test {
  public:
@@ -122,7 +142,8 @@ TEST_F(RunDir, IncompleteOrOutOfRangeTrainingStateIsRefusedBeforeTraining) {
   };
   resume([](Checkpoint& c) { c.state.erase("progress.step"); }, {"progress.step", "copy"});
   resume([](Checkpoint& c) { c.state["rng.default"] = zeros({3}, DType::Int64); }, {"rng.default"});
-  resume([](Checkpoint& c) { c.state["progress.step"] = full({}, std::nan(""), DType::Float64); }, {"progress.step", "nan"});
+  resume([](Checkpoint& c) { c.state["progress.step"] = full({}, std::nan(""), DType::Float64); },
+         {"progress.step", "nan"});
   resume([](Checkpoint& c) { c.state["progress.step"] = scalar_tensor(-4, DType::Int64); }, {"progress.step", "-4"});
   resume([](Checkpoint& c) { c.state["progress.step"] = scalar_tensor(1, DType::Int64); }, {"position"});
   // Restored values as strictly as flags: a negative learning rate, an RNG state no generator reaches.
@@ -216,8 +237,8 @@ void interrupt_and_resume(RunDir* t, int sig, const std::string& name) {
   EXPECT_NE(p.err.find("; continue with: castor train --resume " + run + "\n"), std::string::npos) << p.err;
   auto latest = latest_checkpoint(t->in_dir.dir + "/" + run);
   ASSERT_TRUE(latest.has_value());
-  EXPECT_EQ(fs::path(*latest).filename(), "step-" + std::string(10 - std::to_string(step).size(), '0') +
-                                              std::to_string(step));
+  EXPECT_EQ(fs::path(*latest).filename(),
+            "step-" + std::string(10 - std::to_string(step).size(), '0') + std::to_string(step));
   ASSERT_LT(step, 60) << "finished before the signal came";
   CastorProcess r = run_castor({"train", "--resume", run}, t->in_dir);  // its recorded settings alone
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -272,14 +293,13 @@ TEST_F(RunDir, BadDataAndPathsAreFoundBeforeTheFirstStep) {
 
 TEST_F(RunDir, ResumeRefusesSettingsThatChangeTheComputation) {
   ASSERT_EQ(castor(train_args("run", 3)).exit_code, 0);
-  expect_one_line_error(castor({"train", "--resume", "run", "--lr", "0.5", "--weight-decay", "0.1", "--data-dir",
-                                "elsewhere", "--augment", "standard", "--init", "w.safetensors", "--threads", "3",
-                                "--steps", "8"}),
-                        {"--lr 0.5 (recorded 0.001)", "--weight-decay", "--data-dir", "--augment", "--init",
-                         "--threads 3 (recorded 1)"});
+  expect_one_line_error(
+      castor({"train", "--resume", "run", "--lr", "0.5", "--weight-decay", "0.1", "--data-dir", "elsewhere",
+              "--augment", "standard", "--init", "w.safetensors", "--threads", "3", "--steps", "8"}),
+      {"--lr 0.5 (recorded 0.001)", "--weight-decay", "--data-dir", "--augment", "--init", "--threads 3 (recorded 1)"});
   // What does not change the computation may change; the rest comes from the recording.
-  CastorProcess p = castor({"train", "--resume", "run", "--steps", "5", "--log-every", "2", "--keep", "3",
-                            "--checkpoint-every", "1"});
+  CastorProcess p = castor(
+      {"train", "--resume", "run", "--steps", "5", "--log-every", "2", "--keep", "3", "--checkpoint-every", "1"});
   ASSERT_EQ(p.exit_code, 0) << p.err;
   EXPECT_NE(p.out.find("\"steps\":5"), std::string::npos) << p.out;
   EXPECT_NE(p.err.find("on synthetic"), std::string::npos) << p.err;
@@ -294,10 +314,11 @@ TEST_F(RunDir, ExtendingAScheduleSaysWhatHappensPastItsEnd) {
   expect_one_line_error(castor({"train", "--resume", "one", "--steps", "6"}), {"onecycle", "step 4"});
   // Warmup-cosine does what nanoGPT's get_lr does past lr_decay_iters: min_lr, held; the note says so (it used to
   // say the rate keeps dropping 10x every third of the length, the step schedule's behaviour).
-  ASSERT_EQ(castor(train_args("wc", 4, {"--schedule", "warmup-cosine", "--warmup-steps", "1", "--lr", "0.01",
-                                        "--min-lr", "0.002"}))
-                .exit_code,
-            0);
+  ASSERT_EQ(
+      castor(train_args("wc", 4,
+                        {"--schedule", "warmup-cosine", "--warmup-steps", "1", "--lr", "0.01", "--min-lr", "0.002"}))
+          .exit_code,
+      0);
   p = castor({"train", "--resume", "wc", "--steps", "7"});
   ASSERT_EQ(p.exit_code, 0) << p.err;
   EXPECT_NE(p.err.find("the warmup-cosine schedule was set for 4 steps and keeps it; past step 4 the learning rate "
@@ -349,9 +370,10 @@ TEST_F(RunDir, StaleTempFoldersAreRemovedOnStart) {
 }
 
 TEST_F(RunDir, DivergenceStopsTheRunAndKeepsTheLastFiniteCheckpoint) {
-  CastorProcess p = castor({"train", "--data", "synthetic", "--synthetic-size", "192", "--batch-size", "16", "--amp",
-                            "O0", "--optimizer", "sgd", "--lr", "1e30", "--steps", "30", "--checkpoint-every", "1",
-                            "--keep", "1", "--out", "run"});
+  CastorProcess p = castor({"train", "--data",  "synthetic", "--synthetic-size",   "192", "--batch-size",
+                            "16",    "--amp",   "O0",        "--optimizer",        "sgd", "--lr",
+                            "1e30",  "--steps", "30",        "--checkpoint-every", "1",   "--keep",
+                            "1",     "--out",   "run"});
   expect_one_line_error(p, {"diverged at step"});
   auto latest = latest_checkpoint(path("run"));
   ASSERT_TRUE(latest.has_value()) << "the first step's checkpoint is finite";
@@ -424,7 +446,8 @@ TEST_F(RunDir, ResumeOfACheckpointFolderWithATrailingSlash) {
 
 TEST_F(RunDir, SymlinksInARunDirectoryAreRefusedAndNeverFollowed) {
   test::write_bytes(path("victim"), {'k', 'e', 'e', 'p'});
-  const std::vector<std::string> names = {".castor.lock", "metrics.jsonl", "metrics.csv", "config.json", "summary.json"};
+  const std::vector<std::string> names = {".castor.lock", "metrics.jsonl", "metrics.csv", "config.json",
+                                          "summary.json"};
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string& name = names[i];
     const std::string run = "run" + std::to_string(i);
@@ -447,12 +470,13 @@ TEST_F(RunDir, OnlyRegularFilesWhereARunWritesItsFiles) {
   fs::create_directories(path("run2"));
   ASSERT_EQ(::mkfifo(path("run2/summary.json").c_str(), 0644), 0);
   fs::create_directories(path("run3/checkpoints/HEAD"));
-  for (const auto& [run, want] : std::vector<std::pair<std::string, std::string>>{
-           {"run1", "report.html: is a directory"}, {"run2", "summary.json: is a FIFO"},
-           {"run3", "checkpoints/HEAD: is a directory"}}) {
+  for (const auto& [run, want] :
+       std::vector<std::pair<std::string, std::string>>{{"run1", "report.html: is a directory"},
+                                                        {"run2", "summary.json: is a FIFO"},
+                                                        {"run3", "checkpoints/HEAD: is a directory"}}) {
     for (const bool overwrite : {false, true}) {
-      CastorProcess p = castor(train_args(run, 2, overwrite ? std::vector<std::string>{"--overwrite"}
-                                                            : std::vector<std::string>{}));
+      CastorProcess p = castor(
+          train_args(run, 2, overwrite ? std::vector<std::string>{"--overwrite"} : std::vector<std::string>{}));
       expect_one_line_error(p, {"--out " + run, want, "only a regular file or a missing path"});
     }
   }
@@ -465,8 +489,8 @@ TEST_F(RunDir, ForeignFilesAreRefusedUnlessOverwrite) {
   fs::create_directories(path("mine"));
   for (const char* f : {"config.json", "report.html", "metrics.csv", "summary.json"})
     test::write_bytes(path("mine/") + f, {'m', 'i', 'n', 'e'});
-  expect_one_line_error(castor(train_args("mine", 2)),
-                        {"not a Castor run", "config.json", "report.html", "metrics.csv", "summary.json", "--overwrite"});
+  expect_one_line_error(castor(train_args("mine", 2)), {"not a Castor run", "config.json", "report.html", "metrics.csv",
+                                                        "summary.json", "--overwrite"});
   for (const char* f : {"config.json", "report.html", "metrics.csv", "summary.json"})
     EXPECT_EQ(text_of(path("mine/") + f), "mine") << f;
   EXPECT_FALSE(fs::exists(path("mine/checkpoints")));
@@ -495,12 +519,13 @@ TEST_F(RunDir, RunsNeedNothingOutsideThemButTheData) {
   // A relative --data-dir is recorded absolute: the run resumes from another working directory, and the same
   // directory spelled differently is not a different setting.
   write_fashion_mnist(path("data/fmnist"), 16, 8);
-  const std::vector<std::string> fm = {"--data-dir", "data/fmnist", "--batch-size", "4", "--threads", "1",
-                                       "--deterministic", "--log-every", "1"};
+  const std::vector<std::string> fm = {"--data-dir", "data/fmnist",     "--batch-size", "4", "--threads",
+                                       "1",          "--deterministic", "--log-every",  "1"};
   std::vector<std::string> args = {"train", "--steps", "2", "--out", "fm"};
   args.insert(args.end(), fm.begin(), fm.end());
   ASSERT_EQ(castor(args).exit_code, 0);
-  EXPECT_EQ(Json::parse(text_of(path("fm/config.json"))).at("data_dir").as_string(), absolute_path(path("data/fmnist")));
+  EXPECT_EQ(Json::parse(text_of(path("fm/config.json"))).at("data_dir").as_string(),
+            absolute_path(path("data/fmnist")));
   fs::create_directories(path("elsewhere"));
   test::CastorRun elsewhere = in_dir;
   elsewhere.dir = path("elsewhere");
@@ -526,13 +551,15 @@ TEST_F(RunDir, ThreadCountsAreBoundedAlsoWhenRestored) {
     cfg["threads"] = int64_t{100000};
     c.state_meta["config"] = cfg.dump();
   });
-  expect_one_line_error(castor({"train", "--resume", "run", "--steps", "4"}), {"--threads", "at most 1024, got 100000", "recorded"});
+  expect_one_line_error(castor({"train", "--resume", "run", "--steps", "4"}),
+                        {"--threads", "at most 1024, got 100000", "recorded"});
 }
 
 TEST_F(RunDir, ConfigFilesAreReadOnlyIfRegularAndSmall) {
   ASSERT_EQ(::mkfifo(path("pipe").c_str(), 0644), 0);
   expect_one_line_error(castor({"train", "--config", "pipe"}, 20), {"--config", "pipe", "not a regular file"});
-  expect_one_line_error(castor({"train", "--config", "/dev/zero"}, 20), {"--config", "/dev/zero", "not a regular file"});
+  expect_one_line_error(castor({"train", "--config", "/dev/zero"}, 20),
+                        {"--config", "/dev/zero", "not a regular file"});
   test::write_bytes(path("huge.toml"), std::vector<uint8_t>((1 << 20) + 1, '#'));
   expect_one_line_error(castor({"train", "--config", "huge.toml"}, 20), {"--config", "huge.toml", "limit"});
 }

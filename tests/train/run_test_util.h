@@ -24,10 +24,10 @@
 namespace castor::test {
 
 struct CastorRun {
-  std::string dir;                   // the working directory (relative paths in args resolve there)
-  std::vector<std::string> env;      // extra NAME=VALUE entries
-  long address_space_kib = 0;        // > 0: `ulimit -v` for the child
-  std::string program;               // another program to run (found on PATH); empty: the castor binary
+  std::string dir;               // the working directory (relative paths in args resolve there)
+  std::vector<std::string> env;  // extra NAME=VALUE entries
+  long address_space_kib = 0;    // > 0: `ulimit -v` for the child
+  std::string program;           // another program to run (found on PATH); empty: the castor binary
 };
 
 // A started `castor` process; its stdout and stderr go to files in the run's directory.
@@ -49,7 +49,8 @@ class CastorProcess {
       ::dup2(err, STDERR_FILENO);
       for (const std::string& e : run.env) ::putenv(const_cast<char*>(e.c_str()));
       if (run.address_space_kib > 0) {
-        const rlimit lim{static_cast<rlim_t>(run.address_space_kib) * 1024, static_cast<rlim_t>(run.address_space_kib) * 1024};
+        const rlimit lim{static_cast<rlim_t>(run.address_space_kib) * 1024,
+                         static_cast<rlim_t>(run.address_space_kib) * 1024};
         ::setrlimit(RLIMIT_AS, &lim);
       }
       std::vector<char*> argv;

@@ -43,10 +43,8 @@ struct Fixture {
     model = models::gpt(c, 3);
     models::write_llmc_checkpoint(bin, *model);
     Json config = Json::Object{{"model", "gpt"}, {"n_head", 2}, {"data_dir", tok}};
-    train::Checkpoint ck{model->state_dict(),
-                         {{"format", "pt"}, {"castor.model", "gpt"}, {"castor.config", config.dump()}},
-                         {},
-                         {}};
+    train::Checkpoint ck{
+        model->state_dict(), {{"format", "pt"}, {"castor.model", "gpt"}, {"castor.config", config.dump()}}, {}, {}};
     train::write_checkpoint(run, 10, ck, 2);
   }
 
@@ -73,8 +71,9 @@ TEST(SampleCli, PrintsThePromptAndItsContinuation) {
   EXPECT_EQ(p.out, f.expected("The jury", 40, 0.0, 0, 0));
   EXPECT_EQ(p.out.rfind("The jury", 0), 0u);
   // Sampled from the run directory (tokenizer from its recorded data_dir), seeded: the same text twice.
-  const std::vector<std::string> args = {"sample", "--checkpoint", f.run, "--prompt", "The jury", "--tokens", "60",
-                                         "--temperature", "0.8", "--top-k", "5", "--seed", "1"};
+  const std::vector<std::string> args = {"sample", "--checkpoint",  f.run, "--prompt", "The jury", "--tokens",
+                                         "60",     "--temperature", "0.8", "--top-k",  "5",        "--seed",
+                                         "1"};
   p = castor(f, args);
   ASSERT_EQ(p.exit_code, 0) << p.err;
   EXPECT_EQ(p.out, f.expected("The jury", 60, 0.8, 5, 1));
@@ -152,8 +151,10 @@ TEST(SampleCli, SlidingWindowIsNanoGptsGenerate) {
   std::vector<int64_t> prompt;
   for (uint16_t t : f.tokenizer.encode("The jury")) prompt.push_back(t);
   const int64_t tokens = 16 - 8 + 200;  // 200 tokens past the block of 16
-  const std::string cfg = detail::cat("{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"block_size\": 16, "
-                                      "\"vocab_size\": ", f.tokenizer.vocab_size(), ", \"bias\": true}");
+  const std::string cfg = detail::cat(
+      "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"block_size\": 16, "
+      "\"vocab_size\": ",
+      f.tokenizer.vocab_size(), ", \"bias\": true}");
   ASSERT_TRUE(test::run_oracle("nanogpt_oracle.py", {"generate", cfg, f.dir + "/m.safetensors", comma_list(prompt),
                                                      std::to_string(tokens), f.dir + "/want.safetensors"}));
   const std::vector<int64_t> want =
@@ -189,13 +190,13 @@ TEST(SampleCli, SamplesAndExportsWhatCastorTrainWrote) {
   const test::CastorRun in_dir{dir};
   auto p = test::run_castor({"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok"}, in_dir);
   ASSERT_EQ(p.exit_code, 0) << p.err;
-  p = test::run_castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--n-layer", "1",
-                        "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "8", "--steps", "40",
-                        "--threads", "1", "--out", "run"},
+  p = test::run_castor({"train", "--model",  "gpt", "--data",    "tokens", "--data-dir",   "tok", "--n-layer",
+                        "1",     "--n-head", "2",   "--n-embd",  "32",     "--block-size", "16",  "--batch-size",
+                        "8",     "--steps",  "40",  "--threads", "1",      "--out",        "run"},
                        in_dir, 120);
   ASSERT_EQ(p.exit_code, 0) << p.err;
-  const std::vector<std::string> args = {"sample", "--checkpoint", "run", "--prompt", "The jury", "--tokens", "30",
-                                         "--seed", "5"};
+  const std::vector<std::string> args = {"sample",   "--checkpoint", "run",    "--prompt", "The jury",
+                                         "--tokens", "30",           "--seed", "5"};
   p = test::run_castor(args, in_dir);
   ASSERT_EQ(p.exit_code, 0) << p.err;
   // The same text as the library's generate on the checkpoint's weights with the run's tokenizer.
@@ -233,8 +234,8 @@ TEST(SampleCli, ExportWritesTheCheckpointInLlmcFormat) {
 // weights holding NaN or inf are refused in one line naming the file before any text is printed.
 TEST(SampleCli, TinyTemperaturesAreGreedyAndNonFiniteWeightsNameTheFile) {
   Fixture f("sample_cli_nonfinite");
-  const std::vector<std::string> base = {"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--prompt", "The jury",
-                                         "--tokens", "30", "--temperature"};
+  const std::vector<std::string> base = {"sample",   "--init",   f.bin, "--tokenizer-dir", f.tok, "--prompt",
+                                         "The jury", "--tokens", "30",  "--temperature"};
   auto args = base;
   args.push_back("1e-310");
   auto p = castor(f, args);
@@ -289,9 +290,10 @@ TEST(SampleCli, ExportReplacesNothingButARegularFile) {
   atomic_write_file(f.dir + "/victim", std::string_view("keep"));
   fs::create_symlink("victim", f.dir + "/link");
   fs::create_symlink("nowhere", f.dir + "/dangling");
-  for (const auto& [name, kind] : std::vector<std::pair<std::string, std::string>>{
-           {"pipe", "a FIFO"}, {"folder", "a directory"}, {"link", "a symbolic link"},
-           {"dangling", "a symbolic link"}}) {
+  for (const auto& [name, kind] : std::vector<std::pair<std::string, std::string>>{{"pipe", "a FIFO"},
+                                                                                   {"folder", "a directory"},
+                                                                                   {"link", "a symbolic link"},
+                                                                                   {"dangling", "a symbolic link"}}) {
     auto p = castor(f, {"export", "--llmc", "--checkpoint", f.run, "--out", name});
     EXPECT_EQ(p.exit_code, 1) << name << ": " << p.err;
     EXPECT_NE(p.err.find("castor export: error: --out: " + name + ": is " + kind), std::string::npos) << p.err;

@@ -19,7 +19,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-
 // Runs `castor ARGS` (each already shell-quoted as needed) in `dir` on a pseudo-terminal `columns` wide; returns
 // what the terminal received, each carriage return and newline a line break, the clear-to-end escape removed.
 std::vector<std::string> terminal_lines(const std::string& dir, const std::string& args, int columns) {
@@ -46,8 +45,9 @@ std::string slurp(const std::string& path) {
   return std::string(b.begin(), b.end());
 }
 
-const std::string kSmallRun = "train --data synthetic --synthetic-size 128 --batch-size 16 --steps 8 --log-every 2 "
-                              "--threads 2";
+const std::string kSmallRun =
+    "train --data synthetic --synthetic-size 128 --batch-size 16 --steps 8 --log-every 2 "
+    "--threads 2";
 
 }  // namespace
 
@@ -76,8 +76,8 @@ TEST(Terminal, SixtyColumnsEpochsFromOneAndNoScaleWithoutScaling) {
 TEST(Terminal, ResumeSaysWhereAndAnInterruptedRunHasNoMadeUpAccuracy) {
   const test::ScratchDir dir("terminal_resume");
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
-  const std::vector<std::string> flags = {"train", "--data", "synthetic", "--synthetic-size", "128", "--batch-size",
-                                          "16", "--threads", "2", "--out", "r"};
+  const std::vector<std::string> flags = {
+      "train", "--data", "synthetic", "--synthetic-size", "128", "--batch-size", "16", "--threads", "2", "--out", "r"};
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.begin(), flags.begin(), flags.end());
     return extra;
@@ -85,14 +85,14 @@ TEST(Terminal, ResumeSaysWhereAndAnInterruptedRunHasNoMadeUpAccuracy) {
   ASSERT_EQ(test::run_castor(with({"--steps", "4", "--checkpoint-every", "4"}), run).exit_code, 0);
   auto resumed = test::run_castor(with({"--steps", "6", "--resume", "r"}), run);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
-  EXPECT_NE(resumed.err.find("resuming from step 4 (checkpoint r/checkpoints/step-"), std::string::npos)
-      << resumed.err;
+  EXPECT_NE(resumed.err.find("resuming from step 4 (checkpoint r/checkpoints/step-"), std::string::npos) << resumed.err;
 
   // Interrupted in its first epoch (4096 images of 16 a step), before any evaluation: test_accuracy is null.
   test::CastorProcess p({"train", "--data", "synthetic", "--synthetic-size", "4096", "--batch-size", "16", "--threads",
                          "2", "--log-every", "1", "--out", "i"},
                         run);
-  for (int i = 0; i < 6000 && !(fs::exists(dir + "/i/metrics.jsonl") && fs::file_size(dir + "/i/metrics.jsonl") > 0); ++i)
+  for (int i = 0; i < 6000 && !(fs::exists(dir + "/i/metrics.jsonl") && fs::file_size(dir + "/i/metrics.jsonl") > 0);
+       ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   p.signal(SIGINT);
   p.wait(120);
@@ -106,8 +106,9 @@ TEST(Terminal, ResumeSaysWhereAndAnInterruptedRunHasNoMadeUpAccuracy) {
 TEST(Terminal, EachRunWithoutOutGetsANewDirectory) {
   const test::ScratchDir dir("terminal_default_out");
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
-  const std::vector<std::string> args = {"train", "--data", "synthetic", "--synthetic-size", "64", "--batch-size", "16",
-                                         "--steps", "1", "--threads", "2", "--precision", "32"};
+  const std::vector<std::string> args = {"train", "--data",  "synthetic", "--synthetic-size", "64", "--batch-size",
+                                         "16",    "--steps", "1",         "--threads",        "2",  "--precision",
+                                         "32"};
   auto a = test::run_castor(args, run), b = test::run_castor(args, run);
   ASSERT_EQ(a.exit_code, 0) << a.err;
   ASSERT_EQ(b.exit_code, 0) << b.err;
@@ -130,24 +131,29 @@ TEST(Terminal, HelpVersionEnvCompletionInfoAndProfile) {
   EXPECT_NE(test::run_castor({"help", "train"}, run).out.find("--grad-accum"), std::string::npos);
   EXPECT_EQ(test::run_castor({"-V"}, run).out, test::run_castor({"--version"}, run).out);
   const std::string env = test::run_castor({"env"}, run).out;
-  for (const char* key : {"castor   ", "cpu      ", "ISA", "oneDNN   2.", "dispatching to ", "threads  ", "mpi      Open MPI",
-                          "openmp   idle threads: OMP_WAIT_POLICY=passive\n"})
+  for (const char* key : {"castor   ", "cpu      ", "ISA", "oneDNN   2.", "dispatching to ", "threads  ",
+                          "mpi      Open MPI", "openmp   idle threads: OMP_WAIT_POLICY=passive\n"})
     EXPECT_NE(env.find(key), std::string::npos) << key << " in " << env;
   // Without a wait policy of the user's, castor runs itself with a bounded spin (tools/castor.cpp).
   const test::CastorRun unset{dir, {}, 0, "env"};
   const std::string bounded = test::run_castor({"-u", "OMP_WAIT_POLICY", "-u", "GOMP_SPINCOUNT",
-                                                std::string(CASTOR_BINARY_DIR) + "/castor", "env"}, unset).out;
+                                                std::string(CASTOR_BINARY_DIR) + "/castor", "env"},
+                                               unset)
+                                  .out;
   EXPECT_NE(bounded.find("openmp   idle threads: GOMP_SPINCOUNT=3000\n"), std::string::npos) << bounded;
   const std::string chosen = test::run_castor({"-u", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT=7",
-                                               std::string(CASTOR_BINARY_DIR) + "/castor", "env"}, unset).out;
+                                               std::string(CASTOR_BINARY_DIR) + "/castor", "env"},
+                                              unset)
+                                 .out;
   EXPECT_NE(chosen.find("openmp   idle threads: GOMP_SPINCOUNT=7\n"), std::string::npos) << chosen;
 
   // Values of the enumerated flags complete in bash; the zsh script is the same function under bashcompinit.
   std::ofstream(dir + "/castor.bash") << test::run_castor({"completion", "bash"}, run).out;
-  std::ofstream(dir + "/probe.sh") << "source '" << dir << "/castor.bash'\n"
-                                   << "COMP_WORDS=(castor train --precision bf); COMP_CWORD=3; _castor; echo ${COMPREPLY[@]}\n"
-                                   << "COMP_WORDS=(castor train --data f); _castor; echo ${COMPREPLY[@]}\n"
-                                   << "COMP_WORDS=(castor train --model res); _castor; echo ${COMPREPLY[@]}\n";
+  std::ofstream(dir + "/probe.sh")
+      << "source '" << dir << "/castor.bash'\n"
+      << "COMP_WORDS=(castor train --precision bf); COMP_CWORD=3; _castor; echo ${COMPREPLY[@]}\n"
+      << "COMP_WORDS=(castor train --data f); _castor; echo ${COMPREPLY[@]}\n"
+      << "COMP_WORDS=(castor train --model res); _castor; echo ${COMPREPLY[@]}\n";
   std::string out;
   ASSERT_EQ(test::run_command("bash '" + dir + "/probe.sh'", &out), 0) << out;
   EXPECT_EQ(out, "bf16-mixed bf16 bf16-true\nfashion-mnist folder\nresnet18 resnet9\n");
@@ -161,8 +167,8 @@ TEST(Terminal, HelpVersionEnvCompletionInfoAndProfile) {
                                 run);
   ASSERT_EQ(train.exit_code, 0) << train.err;
   const std::string info = test::run_castor({"info", "r"}, run).out;
-  for (const char* key : {"model       simplecnn", "precision   bf16-mixed", "step        3", "metrics     test accuracy",
-                          "checkpoints step-"})
+  for (const char* key : {"model       simplecnn", "precision   bf16-mixed", "step        3",
+                          "metrics     test accuracy", "checkpoints step-"})
     EXPECT_NE(info.find(key), std::string::npos) << key << " in " << info;
   EXPECT_EQ(info.find("conv1.weight"), std::string::npos) << info;
   EXPECT_NE(test::run_castor({"info", "--tensors", "r"}, run).out.find("conv1.weight  float32[32, 3, 3, 3]"),

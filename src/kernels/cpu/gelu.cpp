@@ -37,9 +37,7 @@ CASTOR_AVX512 inline __m512 minus_2u(__m512 x, __m512 x2) {
 // overflow and the results its underflow (exp16 saturates and flushes to 0 early); they are rare.
 constexpr float kTail = 80.0f;
 
-double gelu_tanh_f64(double x) {
-  return x / (1 + std::exp(-2 * 0.79788456080286535588 * (x + 0.044715 * x * x * x)));
-}
+double gelu_tanh_f64(double x) { return x / (1 + std::exp(-2 * 0.79788456080286535588 * (x + 0.044715 * x * x * x))); }
 double gelu_tanh_grad_f64(double x) {
   const double e = std::exp(-2 * 0.79788456080286535588 * (x + 0.044715 * x * x * x)), s = 1 / (1 + e);
   return s + 2 * x * s * (e * s) * 0.79788456080286535588 * (1 + 3 * 0.044715 * x * x);
@@ -89,8 +87,8 @@ CASTOR_AVX512 inline __m512d exp8d(__m512d x) {
   __m512d y = _mm512_set1_pd(1.0 / 3628800);
   for (double c : {1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0})
     y = _mm512_fmadd_pd(y, r, _mm512_set1_pd(c));
-  const __m512i e = _mm512_slli_epi64(_mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_cvtpd_epi32(n)),
-                                                       _mm512_set1_epi64(1023)), 52);
+  const __m512i e = _mm512_slli_epi64(
+      _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_cvtpd_epi32(n)), _mm512_set1_epi64(1023)), 52);
   return _mm512_mul_pd(y, _mm512_castsi512_pd(e));
 }
 
@@ -101,8 +99,8 @@ CASTOR_AVX512 void gelu_tanh_block_f64(const float* x, float* out, int64_t n) {
   for (int64_t j = 0; j < n; j += 8) {
     const __mmask16 m = static_cast<__mmask16>(n - j >= 8 ? 0xffu : (1u << (n - j)) - 1);  // the low 8 lanes
     const __m512d v = _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(m, x + j)));
-    const __m512d a = _mm512_mul_pd(k, _mm512_fmadd_pd(_mm512_mul_pd(_mm512_set1_pd(0.044715), _mm512_mul_pd(v, v)),
-                                                       v, v));
+    const __m512d a = _mm512_mul_pd(
+        k, _mm512_fmadd_pd(_mm512_mul_pd(_mm512_set1_pd(0.044715), _mm512_mul_pd(v, v)), v, v));
     const __m512d y = _mm512_div_pd(v, _mm512_add_pd(one, exp8d(a)));
     _mm512_mask_storeu_ps(out + j, m, _mm512_castps256_ps512(_mm512_cvtpd_ps(y)));
   }
@@ -114,7 +112,8 @@ CASTOR_AVX512 void gelu_tanh_grad_block_f64(const float* g, const float* x, floa
   const __m512d one = _mm512_set1_pd(1.0), k = _mm512_set1_pd(0.79788456080286535588);
   for (int64_t j = 0; j < n; j += 8) {
     const __mmask16 m = static_cast<__mmask16>(n - j >= 8 ? 0xffu : (1u << (n - j)) - 1);  // the low 8 lanes
-    const __m512d v = _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(m, x + j))), x2 = _mm512_mul_pd(v, v);
+    const __m512d v = _mm512_cvtps_pd(_mm512_castps512_ps256(_mm512_maskz_loadu_ps(m, x + j))),
+                  x2 = _mm512_mul_pd(v, v);
     const __m512d u = _mm512_mul_pd(k, _mm512_fmadd_pd(_mm512_mul_pd(_mm512_set1_pd(0.044715), x2), v, v));
     const __m512d e = exp8d(_mm512_mul_pd(_mm512_set1_pd(-2.0), u));
     const __m512d s = _mm512_div_pd(one, _mm512_add_pd(one, e)), one_minus_s = _mm512_mul_pd(e, s);
@@ -173,8 +172,8 @@ inline __m256d exp4d(__m256d x) {
   __m256d y = _mm256_set1_pd(1.0 / 3628800);
   for (double c : {1.0 / 362880, 1.0 / 40320, 1.0 / 5040, 1.0 / 720, 1.0 / 120, 1.0 / 24, 1.0 / 6, 0.5, 1.0, 1.0})
     y = _mm256_fmadd_pd(y, r, _mm256_set1_pd(c));
-  const __m256i e = _mm256_slli_epi64(_mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(n)),
-                                                       _mm256_set1_epi64x(1023)), 52);
+  const __m256i e = _mm256_slli_epi64(
+      _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_cvtpd_epi32(n)), _mm256_set1_epi64x(1023)), 52);
   return _mm256_mul_pd(y, _mm256_castsi256_pd(e));
 }
 
@@ -183,8 +182,8 @@ void gelu_tanh_block_f64_avx2(const float* x, float* out, int64_t n) {
   int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
     const __m256d v = _mm256_cvtps_pd(_mm_loadu_ps(x + j));
-    const __m256d a = _mm256_mul_pd(k, _mm256_fmadd_pd(_mm256_mul_pd(_mm256_set1_pd(0.044715), _mm256_mul_pd(v, v)),
-                                                       v, v));
+    const __m256d a = _mm256_mul_pd(
+        k, _mm256_fmadd_pd(_mm256_mul_pd(_mm256_set1_pd(0.044715), _mm256_mul_pd(v, v)), v, v));
     _mm_storeu_ps(out + j, _mm256_cvtpd_ps(_mm256_div_pd(v, _mm256_add_pd(one, exp4d(a)))));
   }
   for (; j < n; ++j) out[j] = static_cast<float>(gelu_tanh_f64(x[j]));

@@ -7,9 +7,9 @@
 
 namespace castor::kernels {
 
-bool gelu_tanh_fast(const Tensor& src, const Tensor& dst);                             // dst = gelu_tanh(src)
+bool gelu_tanh_fast(const Tensor& src, const Tensor& dst);                                    // dst = gelu_tanh(src)
 bool gelu_tanh_grad_fast(const Tensor& diff_dst, const Tensor& src, const Tensor& diff_src);  // g * gelu_tanh'(x)
-bool swiglu_fast(const Tensor& a, const Tensor& b, const Tensor& dst);  // dst = silu(a) * b
+bool swiglu_fast(const Tensor& a, const Tensor& b, const Tensor& dst);                        // dst = silu(a) * b
 // diff_a = g b silu'(a), diff_b = g silu(a); either may be undefined.
 bool swiglu_grad_fast(const Tensor& a, const Tensor& b, const Tensor& diff_dst, const Tensor& diff_a,
                       const Tensor& diff_b);

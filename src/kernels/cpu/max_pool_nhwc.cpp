@@ -97,10 +97,14 @@ struct Window {
   int64_t y0, y1, x0, x1, corner_y, corner_x;
 };
 inline __attribute__((always_inline)) Window window(int64_t oy, int64_t ox, int64_t h, int64_t w,
-                                                     const Pool2dParams& p) {
+                                                    const Pool2dParams& p) {
   const int64_t cy = oy * p.stride[0] - p.padding[0], cx = ox * p.stride[1] - p.padding[1];
-  return {std::max<int64_t>(cy, 0), std::min(cy + p.kernel[0], h), std::max<int64_t>(cx, 0),
-          std::min(cx + p.kernel[1], w), cy, cx};
+  return {std::max<int64_t>(cy, 0),
+          std::min(cy + p.kernel[0], h),
+          std::max<int64_t>(cx, 0),
+          std::min(cx + p.kernel[1], w),
+          cy,
+          cx};
 }
 
 // The workspace position of an output whose folded ReLU passes no gradient: no window position matches it.
@@ -241,8 +245,8 @@ void forward(const U* x, U* y, uint8_t* arg, int64_t n, int64_t c, int64_t h, in
 // Windows that do not overlap (stride >= kernel): each input takes at most one output's gradient, so every diff_src
 // element is written once, in place, without an accumulator.
 template <class B, class U = std::remove_const_t<decltype(B::kInf)>>
-void backward_disjoint(const U* dy, const uint8_t* arg, U* dx, int64_t n, int64_t c, int64_t h, int64_t w,
-                       int64_t oh, int64_t ow, const Pool2dParams& p) {
+void backward_disjoint(const U* dy, const uint8_t* arg, U* dx, int64_t n, int64_t c, int64_t h, int64_t w, int64_t oh,
+                       int64_t ow, const Pool2dParams& p) {
   using S = Simd<U>;
   const __m256i magnitude = S::set1(B::kMagnitude), zero = _mm256_setzero_si256();
 #pragma omp parallel for collapse(2) schedule(static)
@@ -335,13 +339,13 @@ void max_pool2d_nhwc_forward_into(const Tensor& src, const Tensor& dst, const Te
                                   const Pool2dParams& p) {
   CASTOR_ASSERT(max_pool2d_nhwc_fits(p), "max_pool2d_nhwc_forward: a window of more than 256 positions");
   const int64_t n = src.size(0), c = src.size(1), h = src.size(2), w = src.size(3), oh = dst.size(2), ow = dst.size(3);
-  CASTOR_ASSERT(workspace.dtype() == DType::UInt8 && workspace.numel() == n * oh * ow * c &&
-                    workspace.is_contiguous(), "max_pool2d_nhwc_forward: workspace ", workspace.describe());
+  CASTOR_ASSERT(workspace.dtype() == DType::UInt8 && workspace.numel() == n * oh * ow * c && workspace.is_contiguous(),
+                "max_pool2d_nhwc_forward: workspace ", workspace.describe());
   with_bits(src.dtype(), [&](auto bits) {
     using B = decltype(bits);
     using U = std::remove_const_t<decltype(B::kInf)>;
-    forward<B>(static_cast<const U*>(src.data_ptr()), static_cast<U*>(dst.data_ptr()), workspace.data<uint8_t>(), n,
-               c, h, w, oh, ow, p);
+    forward<B>(static_cast<const U*>(src.data_ptr()), static_cast<U*>(dst.data_ptr()), workspace.data<uint8_t>(), n, c,
+               h, w, oh, ow, p);
   });
 }
 
@@ -358,8 +362,8 @@ void max_pool2d_nhwc_backward(const Tensor& diff_dst, const Tensor& workspace, c
   with_bits(diff_dst.dtype(), [&](auto bits) {
     using B = decltype(bits);
     using U = std::remove_const_t<decltype(B::kInf)>;
-    backward_disjoint<B>(static_cast<const U*>(diff_dst.data_ptr()), arg, static_cast<U*>(diff_src.data_ptr()), n, c,
-                         h, w, oh, ow, p);
+    backward_disjoint<B>(static_cast<const U*>(diff_dst.data_ptr()), arg, static_cast<U*>(diff_src.data_ptr()), n, c, h,
+                         w, oh, ow, p);
   });
 }
 

@@ -78,8 +78,8 @@ struct Mat {
 void gemm(memory::data_type dt, int64_t batch, int64_t m, int64_t n, int64_t k, Mat a, Mat b, float* c, int64_t ldc,
           int64_t c_bs, bool accumulate) {
   if (m == 0 || n == 0) return;
-  const GemmKey key{static_cast<int64_t>(dt), batch, m, n, k, a.bs, a.rs, a.cs, b.bs, b.rs, b.cs, c_bs, ldc,
-                    accumulate};
+  const GemmKey key{
+      static_cast<int64_t>(dt), batch, m, n, k, a.bs, a.rs, a.cs, b.bs, b.rs, b.cs, c_bs, ldc, accumulate};
   const Gemm* g = cached_gemm(key);
   CASTOR_ASSERT(g, "attention: oneDNN has no matmul for this shape");
   // This thread's scratchpad and memory objects for the primitive's arguments, made once and re-pointed each call
@@ -102,18 +102,18 @@ void gemm(memory::data_type dt, int64_t batch, int64_t m, int64_t n, int64_t k, 
   x.b.set_data_handle(const_cast<void*>(b.p));
   x.c.set_data_handle(c);
   x.scratch.set_data_handle(scratchpad.data());
-  g->prim.execute(stream(), {{DNNL_ARG_SRC, x.a}, {DNNL_ARG_WEIGHTS, x.b}, {DNNL_ARG_DST, x.c},
-                             {DNNL_ARG_SCRATCHPAD, x.scratch}});
+  g->prim.execute(
+      stream(), {{DNNL_ARG_SRC, x.a}, {DNNL_ARG_WEIGHTS, x.b}, {DNNL_ARG_DST, x.c}, {DNNL_ARG_SCRATCHPAD, x.scratch}});
 }
 
 // How one call runs its products: on the storage dtype (float32; bfloat16 where the CPU has bf16 dot-product units,
 // native_products), or on float32 widenings of the 16-bit values (float16; bfloat16 otherwise). Every conversion
 // runs on the calling thread (convert_serial): the kernels are inside their own parallel loops.
 struct Plan {
-  DType dt;         // storage dtype of q, k, v, dst, diff_dst
-  bool widen;       // products on float32 widenings
+  DType dt;               // storage dtype of q, k, v, dst, diff_dst
+  bool widen;             // products on float32 widenings
   memory::data_type mdt;  // the products' input type
-  DType pdt;        // the dtype of the rounded probability / dS buffers the products read
+  DType pdt;              // the dtype of the rounded probability / dS buffers the products read
 };
 
 Plan plan(DType dt) {
@@ -137,8 +137,12 @@ struct Rows {
   size_t es;
   explicit Rows(const Tensor& x, int64_t rep = 1)
       : base(x.defined() ? static_cast<char*>(x.data_ptr()) : nullptr),
-        sb(x.defined() ? x.stride(0) : 0), sh(x.defined() ? x.stride(1) : 0), st(x.defined() ? x.stride(2) : 0),
-        D(x.defined() ? x.size(3) : 0), rep(rep), dt(x.defined() ? x.dtype() : DType::Float32),
+        sb(x.defined() ? x.stride(0) : 0),
+        sh(x.defined() ? x.stride(1) : 0),
+        st(x.defined() ? x.stride(2) : 0),
+        D(x.defined() ? x.size(3) : 0),
+        rep(rep),
+        dt(x.defined() ? x.dtype() : DType::Float32),
         es(x.defined() ? x.element_size() : 0) {}
   char* at(int64_t b, int64_t h, int64_t r) const { return base + (b * sb + h / rep * sh + r * st) * es; }
   // Rows [r0, r0 + n) of heads [h0, h0 + G) as a dense product operand (G, n, D) in buf: copied, or widened to
@@ -200,8 +204,8 @@ struct Scratch {
 
 // Checks dtypes and heads; returns the query heads per k/v head.
 int64_t check_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse) {
-  CASTOR_ASSERT(k.dtype() == q.dtype() && v.dtype() == q.dtype() && lse.dtype() == DType::Float32 &&
-                    k.size(1) > 0 && q.size(1) % k.size(1) == 0 && v.size(1) == k.size(1),
+  CASTOR_ASSERT(k.dtype() == q.dtype() && v.dtype() == q.dtype() && lse.dtype() == DType::Float32 && k.size(1) > 0 &&
+                    q.size(1) % k.size(1) == 0 && v.size(1) == k.size(1),
                 "attention: q ", q.describe(), ", k ", k.describe(), ", v ", v.describe(), ", lse ", lse.describe());
   return q.size(1) / k.size(1);
 }
@@ -234,38 +238,38 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
     std::vector<float> inv_l(G * kBlockRows);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) try {
-      // Heavy (late, causal) blocks first.
-      const int64_t bg = task / blocks, blk = blocks - 1 - task % blocks, b = bg / groups, h0 = (bg % groups) * G;
-      const int64_t i0 = blk * kBlockRows, m = std::min(kBlockRows, Tq - i0), n = key_limit(is_causal, i0 + m, Tk);
-      const Mat Qm = qr.block(pl, b, h0, G, i0, m, Qw), Km = kr.block(pl, b, h0, G, 0, n, Kw),
-                Vm = vr.block(pl, b, h0, G, 0, n, Vw);
-      gemm(pl.mdt, G, m, n, D, Qm, Km.t(), S, n, m * n, false);  // S = Q K^T
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t r = 0; r < m; ++r) {
-          float* s = S + (g * m + r) * n;
-          for (int64_t j = 0; j < n; ++j) s[j] *= sc;
-          am.apply(b, h0 + g, i0 + r, 0, n, s);
-          const float mx = vec::max(s, n);
-          const float l = mx == kNegInf ? 0.0f : vec::exp_shifted(s, n, mx);
-          if (mx == kNegInf) std::fill(s, s + n, 0.0f);  // fully masked: output 0
-          lz[((b * H + h0 + g) * Tq) + i0 + r] = mx == kNegInf ? kNegInf : mx + std::log(l);
-          inv_l[g * m + r] = mx == kNegInf ? 0.0f : 1.0f / l;
-        }
-      // P rounded to the products' type (bfloat16 into P's buffer, float16 in place in S).
-      void* Pp = pl.pdt == DType::BFloat16 ? static_cast<void*>(P) : static_cast<void*>(S);
-      round_for_product(pl, S, Pp, G * m * n);
-      gemm(pl.mdt, G, m, D, n, Mat{Pp, n, 1, m * n}, Vm, O, D, m * D, false);  // O = P V
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t r = 0; r < m; ++r) {
-          float* o = O + (g * m + r) * D;
-          const float il = inv_l[g * m + r];
-          for (int64_t d = 0; d < D; ++d) o[d] *= il;
-          convert_serial(o, DType::Float32, out.at(b, h0 + g, i0 + r), out.dt, D);
-        }
-    } catch (const dnnl::error& e) {
+        // Heavy (late, causal) blocks first.
+        const int64_t bg = task / blocks, blk = blocks - 1 - task % blocks, b = bg / groups, h0 = (bg % groups) * G;
+        const int64_t i0 = blk * kBlockRows, m = std::min(kBlockRows, Tq - i0), n = key_limit(is_causal, i0 + m, Tk);
+        const Mat Qm = qr.block(pl, b, h0, G, i0, m, Qw), Km = kr.block(pl, b, h0, G, 0, n, Kw),
+                  Vm = vr.block(pl, b, h0, G, 0, n, Vw);
+        gemm(pl.mdt, G, m, n, D, Qm, Km.t(), S, n, m * n, false);  // S = Q K^T
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t r = 0; r < m; ++r) {
+            float* s = S + (g * m + r) * n;
+            for (int64_t j = 0; j < n; ++j) s[j] *= sc;
+            am.apply(b, h0 + g, i0 + r, 0, n, s);
+            const float mx = vec::max(s, n);
+            const float l = mx == kNegInf ? 0.0f : vec::exp_shifted(s, n, mx);
+            if (mx == kNegInf) std::fill(s, s + n, 0.0f);  // fully masked: output 0
+            lz[((b * H + h0 + g) * Tq) + i0 + r] = mx == kNegInf ? kNegInf : mx + std::log(l);
+            inv_l[g * m + r] = mx == kNegInf ? 0.0f : 1.0f / l;
+          }
+        // P rounded to the products' type (bfloat16 into P's buffer, float16 in place in S).
+        void* Pp = pl.pdt == DType::BFloat16 ? static_cast<void*>(P) : static_cast<void*>(S);
+        round_for_product(pl, S, Pp, G * m * n);
+        gemm(pl.mdt, G, m, D, n, Mat{Pp, n, 1, m * n}, Vm, O, D, m * D, false);  // O = P V
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t r = 0; r < m; ++r) {
+            float* o = O + (g * m + r) * D;
+            const float il = inv_l[g * m + r];
+            for (int64_t d = 0; d < D; ++d) o[d] *= il;
+            convert_serial(o, DType::Float32, out.at(b, h0 + g, i0 + r), out.dt, D);
+          }
+      } catch (const dnnl::error& e) {
 #pragma omp critical
-      if (err.empty()) err = e.what();
-    }
+        if (err.empty()) err = e.what();
+      }
   }
   CASTOR_CHECK(err.empty(), "attention_forward: oneDNN failed on ", q.describe(), ": ", err);
 }
@@ -281,8 +285,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   const Plan pl = plan(q.dtype());
   const int64_t blocks = (Tq + kBlockRows - 1) / kBlockRows, G = head_group(B, H, 1, Tk, rep);
   const int64_t Qh = std::max(G, rep), groups = H / Qh;  // query heads per task (whole k/v heads), tasks per batch
-  const Rows qr(q), kr(k, rep), vr(v, rep), yr(dst), dyr(diff_dst), dqr(diff_q), dkr(diff_k, rep),
-      dvr(diff_v, rep);
+  const Rows qr(q), kr(k, rep), vr(v, rep), yr(dst), dyr(diff_dst), dqr(diff_q), dkr(diff_k, rep), dvr(diff_v, rep);
   const float* lz = lse.data<float>();
   const float sc = static_cast<float>(scale);
   std::string err;  // the first oneDNN error of any thread
@@ -299,74 +302,74 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
     std::vector<float> o_row(D), g_row(D);
 #pragma omp for schedule(dynamic, 1)
     for (int64_t bg = 0; bg < B * groups; ++bg) try {
-      const int64_t b = bg / groups, hq0 = (bg % groups) * Qh;
-      std::fill(dK, dK + acc_sz, 0.0f);
-      std::fill(dV, dV + acc_sz, 0.0f);
-      for (int64_t c0 = 0; c0 < Qh; c0 += G) {  // product groups of G query heads
-        const int64_t h0 = hq0 + c0;
-        for (int64_t blk = 0; blk < blocks; ++blk) {
-          const int64_t i0 = blk * kBlockRows, m = std::min(kBlockRows, Tq - i0);
-          const int64_t n = key_limit(is_causal, i0 + m, Tk);
-          const Mat Qm = qr.block(pl, b, h0, G, i0, m, Qw), dOm = dyr.block(pl, b, h0, G, i0, m, dOw);
-          const Mat Km = kr.block(pl, b, h0, G, 0, n, Kw), Vm = vr.block(pl, b, h0, G, 0, n, Vw);
-          gemm(pl.mdt, G, m, n, D, Qm, Km.t(), S, n, m * n, false);    // S = Q K^T
-          gemm(pl.mdt, G, m, n, D, dOm, Vm.t(), dP, n, m * n, false);  // dP = dO V^T
-          for (int64_t g = 0; g < G; ++g)
-            for (int64_t r = 0; r < m; ++r) {
-              float *s = S + (g * m + r) * n, *dp = dP + (g * m + r) * n;
-              const float l = lz[((b * H + h0 + g) * Tq) + i0 + r];
-              if (l == kNegInf) {  // fully masked row: no gradient
-                std::fill(s, s + n, 0.0f);
-                std::fill(dp, dp + n, 0.0f);
-                continue;
-              }
-              for (int64_t j = 0; j < n; ++j) s[j] *= sc;
-              am.apply(b, h0 + g, i0 + r, 0, n, s);
-              vec::exp_shifted(s, n, l);
-              // D_i = rowsum(dO_i * O_i) in float32.
-              convert_serial(yr.at(b, h0 + g, i0 + r), yr.dt, o_row.data(), DType::Float32, D);
-              convert_serial(dyr.at(b, h0 + g, i0 + r), dyr.dt, g_row.data(), DType::Float32, D);
-              float di = 0;
-              for (int64_t d = 0; d < D; ++d) di += o_row[d] * g_row[d];
-              for (int64_t j = 0; j < n; ++j) dp[j] = s[j] * (dp[j] - di) * sc;  // dS, scaled
-            }
-          // Rounded P and dS: bfloat16 into their buffers, float16 in place.
-          void* Pp = pl.pdt == DType::BFloat16 ? static_cast<void*>(P16) : static_cast<void*>(S);
-          void* dSp = pl.pdt == DType::BFloat16 ? static_cast<void*>(dS16) : static_cast<void*>(dP);
-          round_for_product(pl, S, Pp, G * m * n);
-          round_for_product(pl, dP, dSp, G * m * n);
-          const Mat Pm{Pp, n, 1, m * n}, dSm{dSp, n, 1, m * n};
-          // dV += P^T dO, dK += dS^T Q, a head at a time into its k/v head's accumulator (the sum over the query heads
-          // sharing it): the accumulators' first n rows are dense per head only.
-          const size_t pes = pl.pdt == DType::BFloat16 ? 2 : 4, oes = pl.widen ? 4 : q.element_size();
-          for (int64_t g = 0; g < G; ++g) {
-            auto head = [&](const Mat& x, size_t es) {
-              return Mat{static_cast<const char*>(x.p) + g * x.bs * es, x.rs, x.cs, x.bs};
-            };
-            const int64_t acc = (c0 + g) / rep * Tk * D;
-            if (diff_v.defined())
-              gemm(pl.mdt, 1, n, D, m, head(Pm, pes).t(), head(dOm, oes), dV + acc, D, n * D, true);
-            if (diff_k.defined())
-              gemm(pl.mdt, 1, n, D, m, head(dSm, pes).t(), head(Qm, oes), dK + acc, D, n * D, true);
-          }
-          if (diff_q.defined()) {
-            gemm(pl.mdt, G, m, D, n, dSm, Km, dQ, D, m * D, false);  // dQ = dS K
+        const int64_t b = bg / groups, hq0 = (bg % groups) * Qh;
+        std::fill(dK, dK + acc_sz, 0.0f);
+        std::fill(dV, dV + acc_sz, 0.0f);
+        for (int64_t c0 = 0; c0 < Qh; c0 += G) {  // product groups of G query heads
+          const int64_t h0 = hq0 + c0;
+          for (int64_t blk = 0; blk < blocks; ++blk) {
+            const int64_t i0 = blk * kBlockRows, m = std::min(kBlockRows, Tq - i0);
+            const int64_t n = key_limit(is_causal, i0 + m, Tk);
+            const Mat Qm = qr.block(pl, b, h0, G, i0, m, Qw), dOm = dyr.block(pl, b, h0, G, i0, m, dOw);
+            const Mat Km = kr.block(pl, b, h0, G, 0, n, Kw), Vm = vr.block(pl, b, h0, G, 0, n, Vw);
+            gemm(pl.mdt, G, m, n, D, Qm, Km.t(), S, n, m * n, false);    // S = Q K^T
+            gemm(pl.mdt, G, m, n, D, dOm, Vm.t(), dP, n, m * n, false);  // dP = dO V^T
             for (int64_t g = 0; g < G; ++g)
-              for (int64_t r = 0; r < m; ++r)
-                convert_serial(dQ + (g * m + r) * D, DType::Float32, dqr.at(b, h0 + g, i0 + r), dqr.dt, D);
+              for (int64_t r = 0; r < m; ++r) {
+                float *s = S + (g * m + r) * n, *dp = dP + (g * m + r) * n;
+                const float l = lz[((b * H + h0 + g) * Tq) + i0 + r];
+                if (l == kNegInf) {  // fully masked row: no gradient
+                  std::fill(s, s + n, 0.0f);
+                  std::fill(dp, dp + n, 0.0f);
+                  continue;
+                }
+                for (int64_t j = 0; j < n; ++j) s[j] *= sc;
+                am.apply(b, h0 + g, i0 + r, 0, n, s);
+                vec::exp_shifted(s, n, l);
+                // D_i = rowsum(dO_i * O_i) in float32.
+                convert_serial(yr.at(b, h0 + g, i0 + r), yr.dt, o_row.data(), DType::Float32, D);
+                convert_serial(dyr.at(b, h0 + g, i0 + r), dyr.dt, g_row.data(), DType::Float32, D);
+                float di = 0;
+                for (int64_t d = 0; d < D; ++d) di += o_row[d] * g_row[d];
+                for (int64_t j = 0; j < n; ++j) dp[j] = s[j] * (dp[j] - di) * sc;  // dS, scaled
+              }
+            // Rounded P and dS: bfloat16 into their buffers, float16 in place.
+            void* Pp = pl.pdt == DType::BFloat16 ? static_cast<void*>(P16) : static_cast<void*>(S);
+            void* dSp = pl.pdt == DType::BFloat16 ? static_cast<void*>(dS16) : static_cast<void*>(dP);
+            round_for_product(pl, S, Pp, G * m * n);
+            round_for_product(pl, dP, dSp, G * m * n);
+            const Mat Pm{Pp, n, 1, m * n}, dSm{dSp, n, 1, m * n};
+            // dV += P^T dO, dK += dS^T Q, a head at a time into its k/v head's accumulator (the sum over the query heads
+            // sharing it): the accumulators' first n rows are dense per head only.
+            const size_t pes = pl.pdt == DType::BFloat16 ? 2 : 4, oes = pl.widen ? 4 : q.element_size();
+            for (int64_t g = 0; g < G; ++g) {
+              auto head = [&](const Mat& x, size_t es) {
+                return Mat{static_cast<const char*>(x.p) + g * x.bs * es, x.rs, x.cs, x.bs};
+              };
+              const int64_t acc = (c0 + g) / rep * Tk * D;
+              if (diff_v.defined())
+                gemm(pl.mdt, 1, n, D, m, head(Pm, pes).t(), head(dOm, oes), dV + acc, D, n * D, true);
+              if (diff_k.defined())
+                gemm(pl.mdt, 1, n, D, m, head(dSm, pes).t(), head(Qm, oes), dK + acc, D, n * D, true);
+            }
+            if (diff_q.defined()) {
+              gemm(pl.mdt, G, m, D, n, dSm, Km, dQ, D, m * D, false);  // dQ = dS K
+              for (int64_t g = 0; g < G; ++g)
+                for (int64_t r = 0; r < m; ++r)
+                  convert_serial(dQ + (g * m + r) * D, DType::Float32, dqr.at(b, h0 + g, i0 + r), dqr.dt, D);
+            }
           }
         }
-      }
-      for (int64_t kv = 0; kv < Qh / rep; ++kv)
-        for (int64_t j = 0; j < Tk; ++j) {
-          const int64_t at = (kv * Tk + j) * D, h = hq0 + kv * rep;
-          if (diff_k.defined()) convert_serial(dK + at, DType::Float32, dkr.at(b, h, j), dkr.dt, D);
-          if (diff_v.defined()) convert_serial(dV + at, DType::Float32, dvr.at(b, h, j), dvr.dt, D);
-        }
-    } catch (const dnnl::error& e) {
+        for (int64_t kv = 0; kv < Qh / rep; ++kv)
+          for (int64_t j = 0; j < Tk; ++j) {
+            const int64_t at = (kv * Tk + j) * D, h = hq0 + kv * rep;
+            if (diff_k.defined()) convert_serial(dK + at, DType::Float32, dkr.at(b, h, j), dkr.dt, D);
+            if (diff_v.defined()) convert_serial(dV + at, DType::Float32, dvr.at(b, h, j), dvr.dt, D);
+          }
+      } catch (const dnnl::error& e) {
 #pragma omp critical
-      if (err.empty()) err = e.what();
-    }
+        if (err.empty()) err = e.what();
+      }
   }
   CASTOR_CHECK(err.empty(), "attention_backward: oneDNN failed on ", q.describe(), ": ", err);
 }

@@ -35,8 +35,7 @@ std::unique_ptr<BnPrims> build(const BnKey& k) {
                           k.channels_last ? memory::format_tag::nhwc : memory::format_tag::nchw);
   try {
     const dnnl::batch_normalization_forward::primitive_desc fwd(
-        dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, data, static_cast<float>(k.eps),
-                                                f),
+        dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_training, data, static_cast<float>(k.eps), f),
         engine());
     const bool affine = (f & (flags::use_scale | flags::use_shift)) != flags::none;
     const dnnl::batch_normalization_backward::primitive_desc bwd(
@@ -62,8 +61,8 @@ BnKey make_key(DType dt, const Tensor& src, bool scale, bool shift, double eps, 
   if (scale) f |= flags::use_scale;
   if (shift) f |= flags::use_shift;
   if (!training) f |= flags::use_global_stats;
-  return {static_cast<int64_t>(to_dnnl(dt)), src.size(0), src.size(1), src.size(2), src.size(3),
-          static_cast<int64_t>(f), channels_last(src), eps};
+  return {static_cast<int64_t>(to_dnnl(dt)), src.size(0),        src.size(1), src.size(2), src.size(3),
+          static_cast<int64_t>(f),           channels_last(src), eps};
 }
 
 // The primitives in src's own dtype, or nullptr where they must run on float32 copies.
@@ -89,8 +88,8 @@ void run_forward(const BnPrims& p, const Tensor& src, const Tensor& scale, const
   stream().wait();
 }
 
-void run_backward(const BnPrims& p, const Tensor& src, const Tensor& diff_dst, const Tensor& scale,
-                  const Tensor& shift, const Tensor& mean, const Tensor& var, const Tensor& diff_src, const Tensor& diff_scale,
+void run_backward(const BnPrims& p, const Tensor& src, const Tensor& diff_dst, const Tensor& scale, const Tensor& shift,
+                  const Tensor& mean, const Tensor& var, const Tensor& diff_src, const Tensor& diff_scale,
                   const Tensor& diff_shift) {
   std::unordered_map<int, memory> args = {{DNNL_ARG_SRC, as_memory(p.data, src)},
                                           {DNNL_ARG_DIFF_DST, as_memory(p.data, diff_dst)},
@@ -131,8 +130,8 @@ void batch_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor
                          const Tensor& mean, const Tensor& var, const Tensor& diff_src, const Tensor& diff_scale_in,
                          const Tensor& diff_shift_in, double eps, bool training) {
   if (src.dtype() == DType::Float64)
-    return batch_norm_backward_ref(src, diff_dst, scale, shift, mean, var, diff_src, diff_scale_in, diff_shift_in,
-                                   eps, training);
+    return batch_norm_backward_ref(src, diff_dst, scale, shift, mean, var, diff_src, diff_scale_in, diff_shift_in, eps,
+                                   training);
   assert_laid_out_like(diff_dst, src);
   assert_laid_out_like(diff_src, src);
   // The primitive's flags follow the forward's; gradients nobody wants land in scratch.
@@ -143,8 +142,8 @@ void batch_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor
     if (const BnPrims* p = native(src, has_scale, has_shift, eps, training))
       return run_backward(*p, src, diff_dst, scale, shift, mean, var, diff_src, diff_scale, diff_shift);
     Tensor diff_src_f = float_like(diff_src);
-    run_backward(in_float32(src, has_scale, has_shift, eps, training), widen(src), widen(diff_dst), scale, shift,
-                 mean, var, diff_src_f, diff_scale, diff_shift);
+    run_backward(in_float32(src, has_scale, has_shift, eps, training), widen(src), widen(diff_dst), scale, shift, mean,
+                 var, diff_src_f, diff_scale, diff_shift);
     copy(diff_src_f, diff_src);
   } catch (const dnnl::error& e) {
     throw Error(detail::cat("batch_norm backward: oneDNN could not run ", src.describe(), ": ", e.what()));

@@ -119,8 +119,8 @@ ConvKey make_key(Pass pass, DType dt, const Tensor& src, const Tensor& weights, 
   // (Below kBlockedFromChannels input channels Winograd's reorders to blocked layouts and its batch-slice
   // inefficiency cost more than it saves: SimpleCNN's second layer runs 10% slower a step.)
   k.winograd = dt == DType::Float32 && src.dtype() == DType::Float32 && k.c >= kBlockedFromChannels &&
-               g_algorithm.load() == backends::ConvAlgorithm::Auto && k.kh == 3 && k.kw == 3 &&
-               p.stride[0] == 1 && p.stride[1] == 1 && p.dilation[0] == 1 && p.dilation[1] == 1 && p.groups == 1;
+               g_algorithm.load() == backends::ConvAlgorithm::Auto && k.kh == 3 && k.kw == 3 && p.stride[0] == 1 &&
+               p.stride[1] == 1 && p.dilation[0] == 1 && p.dilation[1] == 1 && p.groups == 1;
   return k;
 }
 
@@ -151,16 +151,15 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
   const auto algo = k.winograd ? dnnl::algorithm::convolution_winograd : dnnl::algorithm::convolution_direct;
   try {
     const dnnl::convolution_forward::primitive_desc fwd(
-        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src_any, w_any, bias, dst_any,
-                                        strides, dilates, pad, pad),
+        dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, algo, src_any, w_any, bias, dst_any, strides,
+                                        dilates, pad, pad),
         engine());
     auto out = std::make_unique<ConvPrim>();
     out->bias = bias;
     out->winograd = k.winograd;
     if (k.pass == kForward) {
       out->prim = dnnl::convolution_forward(fwd);
-      out->ports = {input_port(src_plain, fwd.src_desc()),
-                    input_port(w_plain, fwd.weights_desc()),
+      out->ports = {input_port(src_plain, fwd.src_desc()), input_port(w_plain, fwd.weights_desc()),
                     output_port(fwd.dst_desc(), dst_plain)};
       out->args = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
     } else if (k.pass == kBackwardData) {
@@ -168,8 +167,7 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
           dnnl::convolution_backward_data::desc(algo, src_any, w_any, dst_any, strides, dilates, pad, pad), engine(),
           fwd);
       out->prim = dnnl::convolution_backward_data(pd);
-      out->ports = {input_port(dst_plain, pd.diff_dst_desc()),
-                    input_port(w_plain, pd.weights_desc()),
+      out->ports = {input_port(dst_plain, pd.diff_dst_desc()), input_port(w_plain, pd.weights_desc()),
                     output_port(pd.diff_src_desc(), src_plain)};
       out->args = {DNNL_ARG_DIFF_DST, DNNL_ARG_WEIGHTS, DNNL_ARG_DIFF_SRC};
     } else {
@@ -179,8 +177,7 @@ std::unique_ptr<ConvPrim> build(const ConvKey& k) {
                                                    pad),
           engine(), fwd);
       out->prim = dnnl::convolution_backward_weights(pd);
-      out->ports = {input_port(src_plain, pd.src_desc()),
-                    input_port(dst_plain, pd.diff_dst_desc()),
+      out->ports = {input_port(src_plain, pd.src_desc()), input_port(dst_plain, pd.diff_dst_desc()),
                     output_port(pd.diff_weights_desc(), dw_plain)};
       out->args = {DNNL_ARG_SRC, DNNL_ARG_DIFF_DST, DNNL_ARG_DIFF_WEIGHTS};
     }
@@ -206,8 +203,8 @@ void run(const ConvPrim& c, const Staged& in0, const Staged& in1, const Tensor& 
   memory user(port.plain, engine(), out.data_ptr());
   Staged dst = port.reorder ? scratch_for(port, out.dtype()) : Staged{user, Tensor()};
   std::unordered_map<int, memory> args = {{c.args[0], in0.mem}, {c.args[1], in1.mem}, {c.args[2], dst.mem}};
-  if (bias.defined()) args[c.args[2] == DNNL_ARG_DST ? DNNL_ARG_BIAS : DNNL_ARG_DIFF_BIAS] =
-      memory(c.bias, engine(), bias.data_ptr());
+  if (bias.defined())
+    args[c.args[2] == DNNL_ARG_DST ? DNNL_ARG_BIAS : DNNL_ARG_DIFF_BIAS] = memory(c.bias, engine(), bias.data_ptr());
   c.prim.execute(stream(), args);
   g_winograd += c.winograd;
   if (port.reorder) {
@@ -250,9 +247,9 @@ const ConvPrim& in_float32(Pass pass, const Tensor& src, const Tensor& weights, 
 }
 
 std::string describe(const Tensor& src, const Tensor& weights, const Conv2dParams& p) {
-  return detail::cat(src.describe(), " with weights ", weights.describe(), ", stride (", p.stride[0], ", ",
-                     p.stride[1], "), padding (", p.padding[0], ", ", p.padding[1], "), dilation (", p.dilation[0],
-                     ", ", p.dilation[1], "), groups ", p.groups);
+  return detail::cat(src.describe(), " with weights ", weights.describe(), ", stride (", p.stride[0], ", ", p.stride[1],
+                     "), padding (", p.padding[0], ", ", p.padding[1], "), dilation (", p.dilation[0], ", ",
+                     p.dilation[1], "), groups ", p.groups);
 }
 
 // Images per slice of the batch on the float32 emulation (float16, and bfloat16 without oneDNN bf16 kernels): the
@@ -346,8 +343,9 @@ void conv2d_forward(const Tensor& src, const Tensor& weights, const Tensor& bias
 void conv2d_backward(const Tensor& src, const Tensor& weights, const Tensor& diff_dst, const Tensor& diff_src,
                      const Tensor& diff_weights_in, const Tensor& diff_bias, const Conv2dParams& p) {
   // oneDNN computes the bias gradient with the weights gradient; a scratch diff_weights serves a lone diff_bias.
-  const Tensor diff_weights =
-      diff_bias.defined() && !diff_weights_in.defined() ? empty(weights.shape(), weights.dtype()) : diff_weights_in;
+  const Tensor diff_weights = diff_bias.defined() && !diff_weights_in.defined()
+                                  ? empty(weights.shape(), weights.dtype())
+                                  : diff_weights_in;
   if (diff_dst.dtype() == DType::Float64)
     return conv2d_backward_ref(src, weights, diff_dst, diff_src, diff_weights, diff_bias, p);
   const Tensor& src_side = diff_src.defined() ? diff_src : src;
@@ -356,10 +354,10 @@ void conv2d_backward(const Tensor& src, const Tensor& weights, const Tensor& dif
   try {
     const DType dt = diff_dst.dtype();
     // Whether to run natively is decided per dtype and shape, so both passes make the same choice.
-    const ConvPrim* data =
-        diff_src.defined() ? native(kBackwardData, dt, src_side, w_side, diff_dst, false, p) : nullptr;
-    const ConvPrim* wts =
-        diff_weights.defined() ? native(kBackwardWeights, dt, src_side, w_side, diff_dst, has_bias, p) : nullptr;
+    const ConvPrim* data = diff_src.defined() ? native(kBackwardData, dt, src_side, w_side, diff_dst, false, p)
+                                              : nullptr;
+    const ConvPrim* wts = diff_weights.defined() ? native(kBackwardWeights, dt, src_side, w_side, diff_dst, has_bias, p)
+                                                 : nullptr;
     const bool need_data = diff_src.defined(), need_wts = diff_weights.defined();
     if ((!need_data || data) && (!need_wts || wts)) {
       const int64_t step = wts ? weights_slice_images(*wts, src, diff_dst) : 0;
@@ -408,7 +406,8 @@ void conv2d_max_pool_relu_forward(const Tensor& src, const Tensor& weights, cons
   const Tensor probe = empty({1, conv_shape[1], conv_shape[2], conv_shape[3]}, dt, MemoryFormat::ChannelsLast);
   const bool emulated = !native(kForward, dt, src.narrow(0, 0, 1), weights, probe, bias.defined(), conv);
   const int64_t per_image = elements * (dtype_size(dt) + (emulated ? dtype_size(DType::Float32) : 0));
-  const int64_t step = std::clamp<int64_t>(kFusedSliceBytes / std::max<int64_t>(per_image, 1), 1, std::max<int64_t>(n, 1));
+  const int64_t step = std::clamp<int64_t>(kFusedSliceBytes / std::max<int64_t>(per_image, 1), 1,
+                                           std::max<int64_t>(n, 1));
   const Tensor conv_out = empty({step, conv_shape[1], conv_shape[2], conv_shape[3]}, dst.dtype(),
                                 MemoryFormat::ChannelsLast);
   for (int64_t n0 = 0; n0 < n; n0 += step) {

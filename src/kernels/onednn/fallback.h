@@ -18,8 +18,8 @@ inline bool channels_last(const Tensor& t) { return t.suggest_memory_format() ==
 
 // Asserts that activation `t` is laid out like `src` (the batch norm and pooling contract in kernels/layers.h).
 inline void assert_laid_out_like(const Tensor& t, const Tensor& src) {
-  CASTOR_ASSERT(!t.defined() || t.is_contiguous(src.suggest_memory_format()), t.describe(),
-                " is not laid out like ", src.describe());
+  CASTOR_ASSERT(!t.defined() || t.is_contiguous(src.suggest_memory_format()), t.describe(), " is not laid out like ",
+                src.describe());
 }
 
 // A float32 tensor laid out like `t`, to compute what `t` will hold (undefined stays undefined).

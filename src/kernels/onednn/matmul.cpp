@@ -19,8 +19,8 @@ namespace {
 using dnnl::memory;
 
 struct MatmulKey {
-  int64_t dt;  // a memory::data_type; int64 so that the key has no padding bytes
-  int64_t dims[4];        // B, M, N, K
+  int64_t dt;       // a memory::data_type; int64 so that the key has no padding bytes
+  int64_t dims[4];  // B, M, N, K
   int64_t a_strides[3], b_strides[3];
   int64_t bias;  // 1: a bias (N) of the dtype, added before the rounding
 };
@@ -77,8 +77,10 @@ bool run_onednn(const Tensor& a, const Tensor& b, const Tensor& dst, const Tenso
   batch_strides(b, k.b_strides);
   const dnnl::matmul* prim = cached_matmul(k);
   if (!prim) return false;
-  memory::desc ad({B, k.dims[1], k.dims[3]}, static_cast<memory::data_type>(k.dt), {k.a_strides[0], k.a_strides[1], k.a_strides[2]});
-  memory::desc bd({B, k.dims[3], k.dims[2]}, static_cast<memory::data_type>(k.dt), {k.b_strides[0], k.b_strides[1], k.b_strides[2]});
+  memory::desc ad({B, k.dims[1], k.dims[3]}, static_cast<memory::data_type>(k.dt),
+                  {k.a_strides[0], k.a_strides[1], k.a_strides[2]});
+  memory::desc bd({B, k.dims[3], k.dims[2]}, static_cast<memory::data_type>(k.dt),
+                  {k.b_strides[0], k.b_strides[1], k.b_strides[2]});
   memory::desc cd({B, k.dims[1], k.dims[2]}, static_cast<memory::data_type>(k.dt), memory::format_tag::abc);
   memory am(ad, engine(), a.data_ptr()), bm(bd, engine(), b.data_ptr()), cm(cd, engine(), dst.data_ptr());
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
@@ -105,7 +107,7 @@ constexpr int64_t kMinSide = 64;
 struct Block {
   const char* base;
   DType dtype;
-  int64_t ld;        // elements from one run to the next in t
+  int64_t ld;         // elements from one run to the next in t
   int64_t runs, len;  // the dense float32 copy is runs x len, row-major
   char trans;
 };
@@ -113,8 +115,8 @@ struct Block {
 Block block_of(const Tensor& t, int64_t batch, int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
   int64_t st[3];
   batch_strides(t, st);
-  const char* base =
-      static_cast<const char*>(t.data_ptr()) + (batch * st[0] + r0 * st[1] + c0 * st[2]) * dtype_size(t.dtype());
+  const char* base = static_cast<const char*>(t.data_ptr()) +
+                     (batch * st[0] + r0 * st[1] + c0 * st[2]) * dtype_size(t.dtype());
   if (st[2] == 1) return {base, t.dtype(), st[1], rows, cols, 'N'};
   return {base, t.dtype(), st[2], cols, rows, 'T'};
 }
@@ -155,8 +157,7 @@ struct Scratch {
 // Tile `i`: its float32 sum over the depth chunks (sgemm on the widened blocks), plus the bias, rounded once into dst.
 void run_tile(const Tiling& g, int64_t i, const Tensor& a, const Tensor& b, const Tensor& dst, const float* bias,
               Scratch& s) {
-  const int64_t batch = i / (g.n_tiles * g.m_tiles), n0 = (i / g.m_tiles) % g.n_tiles * g.nb,
-                m0 = i % g.m_tiles * g.mb;
+  const int64_t batch = i / (g.n_tiles * g.m_tiles), n0 = (i / g.m_tiles) % g.n_tiles * g.nb, m0 = i % g.m_tiles * g.mb;
   const int64_t m = std::min(g.mb, g.M - m0), n = std::min(g.nb, g.N - n0);
   for (int64_t k0 = 0; k0 < g.K; k0 += g.kb) {
     const int64_t k = std::min(g.kb, g.K - k0);
@@ -188,7 +189,7 @@ void matmul_emulated(const Tensor& a, const Tensor& b, const Tensor& dst, const 
   const Tensor scratch = empty({threads * per_thread}, DType::Float32), bias_f = widen(bias);
   const float* bias_p = bias_f.defined() ? bias_f.data<float>() : nullptr;
   const int64_t tiles = g.count();
-#pragma omp parallel num_threads(static_cast<int>(std::min<int64_t>(threads, tiles)))
+#pragma omp parallel num_threads(static_cast <int>(std::min <int64_t>(threads, tiles)))
   {
     float* own = scratch.data<float>() + omp_get_thread_num() * per_thread;
     Scratch s{own, own + g.mb * g.kb, own + g.mb * g.kb + g.kb * g.nb};

@@ -29,9 +29,9 @@ struct PoolKey {
 struct PoolPrims {
   dnnl::pooling_forward fwd;
   dnnl::pooling_backward bwd;
-  memory::desc src, dst, src_run, dst_run, workspace;  // workspace is empty for average pooling
+  memory::desc src, dst, src_run, dst_run, workspace;             // workspace is empty for average pooling
   std::optional<dnnl::reorder> src_in, dst_out, dst_in, src_out;  // plain -> run (in), run -> plain (out)
-  bool generic;                                                  // a layout-generic loop (see is_generic)
+  bool generic;                                                   // a layout-generic loop (see is_generic)
 };
 
 dnnl::reorder make_reorder(const memory::desc& from, const memory::desc& to) {
@@ -47,10 +47,19 @@ std::unique_ptr<PoolPrims> build(const memory::desc& src, const memory::desc& ds
   const dnnl::pooling_forward::primitive_desc fwd(
       dnnl::pooling_forward::desc(dnnl::prop_kind::forward_training, alg, src, dst, strides, kernel, pad, pad),
       engine());
-  const dnnl::pooling_backward::primitive_desc bwd(dnnl::pooling_backward::desc(alg, src, dst, strides, kernel, pad, pad),
-                                                   engine(), fwd);
-  return std::make_unique<PoolPrims>(PoolPrims{dnnl::pooling_forward(fwd), dnnl::pooling_backward(bwd), src, dst, src,
-                                               dst, fwd.workspace_desc(), {}, {}, {}, {},
+  const dnnl::pooling_backward::primitive_desc bwd(
+      dnnl::pooling_backward::desc(alg, src, dst, strides, kernel, pad, pad), engine(), fwd);
+  return std::make_unique<PoolPrims>(PoolPrims{dnnl::pooling_forward(fwd),
+                                               dnnl::pooling_backward(bwd),
+                                               src,
+                                               dst,
+                                               src,
+                                               dst,
+                                               fwd.workspace_desc(),
+                                               {},
+                                               {},
+                                               {},
+                                               {},
                                                is_generic(fwd.impl_info_str())});
 }
 
@@ -155,8 +164,8 @@ Tensor pool2d_forward(const Tensor& src, const Tensor& dst, const Pool2dParams& 
     if (widened) copy(d, dst);
     return workspace;
   } catch (const dnnl::error& e) {
-    throw Error(detail::cat(p.is_max ? "max_pool2d" : "avg_pool2d", ": oneDNN could not run ", src.describe(), ": ",
-                            e.what()));
+    throw Error(
+        detail::cat(p.is_max ? "max_pool2d" : "avg_pool2d", ": oneDNN could not run ", src.describe(), ": ", e.what()));
   }
 }
 

@@ -233,8 +233,8 @@ void swiglu_backward(const Tensor& a, const Tensor& b, const Tensor& diff_dst, c
   const DType d = a.dtype();
   const int64_t n = a.numel();
   for (const Tensor* t : {&b, &diff_dst, &diff_a, &diff_b})
-    CASTOR_ASSERT(!t->defined() || (t->dtype() == d && t->numel() == n && t->is_contiguous()), "swiglu_backward: ",
-                  t->describe(), " with a ", a.describe());
+    CASTOR_ASSERT(!t->defined() || (t->dtype() == d && t->numel() == n && t->is_contiguous()),
+                  "swiglu_backward: ", t->describe(), " with a ", a.describe());
   if (swiglu_grad_fast(a, b, diff_dst, diff_a, diff_b)) return;
   with_compute_type(d, [&](auto tag) {
     using T = decltype(tag);

@@ -65,7 +65,8 @@ void sgd_update(const SgdUpdate& u, int64_t n, float* w, const float* g, float* 
                 const RoundInto& into) {
   parallel_blocks(n, [&](int64_t b, int64_t e) {
     if (!momentum_buffer) {
-      for (int64_t i = b; i < e; ++i) w[i] = std::fma(u.decay ? std::fma(w[i], u.weight_decay, g[i]) : g[i], u.neg_lr, w[i]);
+      for (int64_t i = b; i < e; ++i)
+        w[i] = std::fma(u.decay ? std::fma(w[i], u.weight_decay, g[i]) : g[i], u.neg_lr, w[i]);
     } else {
       for (int64_t i = b; i < e; ++i) {
         const float d = u.decay ? std::fma(w[i], u.weight_decay, g[i]) : g[i];

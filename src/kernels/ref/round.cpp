@@ -53,7 +53,8 @@ void round_block_into_16bit(const float* src, const RoundInto& into, int64_t beg
   }
   Generator bits(into.key + static_cast<uint64_t>(begin / kBlock));
   if (d == DType::BFloat16)
-    for (int64_t i = begin; i < end; ++i) out[i] = stochastic_bf16(src[i], static_cast<uint32_t>(bits.next_u64() >> 48));
+    for (int64_t i = begin; i < end; ++i)
+      out[i] = stochastic_bf16(src[i], static_cast<uint32_t>(bits.next_u64() >> 48));
   else
     for (int64_t i = begin; i < end; ++i) out[i] = stochastic_f16(src[i], static_cast<uint32_t>(bits.next_u64() >> 40));
 }

@@ -187,12 +187,12 @@ void rms_norm_backward(const Tensor& src, const Tensor& diff_dst, const Tensor& 
 void check_targets(const Tensor& target, int64_t V, int64_t ignore_index) {
   const int64_t* t = target.data<int64_t>();
   for (int64_t i = 0; i < target.numel(); ++i)
-    CASTOR_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < V), "cross_entropy: target ", t[i],
-                 " out of range for ", V, " classes");
+    CASTOR_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < V), "cross_entropy: target ", t[i], " out of range for ",
+                 V, " classes");
 }
 
-void cross_entropy_forward_ref(const Tensor& logits, const Tensor& target, int64_t ignore_index,
-                               double label_smoothing, const Tensor& losses, const Tensor& lse) {
+void cross_entropy_forward_ref(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                               const Tensor& losses, const Tensor& lse) {
   const int64_t N = logits.size(0), V = logits.size(1);
   check_targets(target, V, ignore_index);
   const int64_t* t = target.data<int64_t>();
@@ -360,15 +360,14 @@ AttentionMask attention_mask(const Tensor& mask, bool is_causal, int64_t B, int6
   if (mask.dtype() == DType::Bool) {
     m.values = mask;
   } else {
-    CASTOR_CHECK(is_floating(mask.dtype()), "attention: mask must be bool or floating, not ",
-                 dtype_name(mask.dtype()));
+    CASTOR_CHECK(is_floating(mask.dtype()), "attention: mask must be bool or floating, not ", dtype_name(mask.dtype()));
     m.values = empty(mask.shape(), scores);
     copy(mask, m.values);
   }
   for (int d = 0; d < 4; ++d) {
     const int64_t size = d < lead ? 1 : mask.size(d - lead);
-    CASTOR_CHECK(size == 1 || size == want[d], "attention: mask ", mask.describe(), " does not broadcast to (",
-                 B, ", ", H, ", ", Tq, ", ", Tk, ")");
+    CASTOR_CHECK(size == 1 || size == want[d], "attention: mask ", mask.describe(), " does not broadcast to (", B, ", ",
+                 H, ", ", Tq, ", ", Tk, ")");
     m.stride[d] = size == 1 ? 0 : m.values.stride(d - lead);
   }
   return m;

@@ -10,8 +10,8 @@ namespace castor::kernels {
 
 struct AttentionMask {
   bool causal = false;
-  Tensor values;             // undefined, bool, or the additive mask in the scores' compute type
-  int64_t stride[4] = {};    // element strides over (B, H, Tq, Tk), 0 on broadcast dims
+  Tensor values;           // undefined, bool, or the additive mask in the scores' compute type
+  int64_t stride[4] = {};  // element strides over (B, H, Tq, Tk), 0 on broadcast dims
 
   // Masks scores s[0, j1 - j0) of query row i against keys [j0, j1): -inf where dropped, + the additive mask.
   template <class T>
