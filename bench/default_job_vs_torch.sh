@@ -5,9 +5,9 @@
 # 2000 steps, at O1 bf16 and O0 (issue #20's target: Castor <= 0.6x PyTorch's wall time at O1). --model llama:
 # castor train --model llama, the `llama` preset on data/brown-bpe, 500 steps, at O1 bf16 (issue #28's targets: wall
 # time <= 0.6x and validation losses within 0.02). Castor runs as it starts (bounded spin) and with
-# OMP_WAIT_POLICY=passive; its faster run counts. Each run's whole-process wall and CPU seconds (training, evaluation
+# OMP_WAIT_POLICY=passive, PyTorch at O1 under its default policy and passive; each side's faster run counts. Each run's whole-process wall and CPU seconds (training, evaluation
 # and start-up) are printed too, as the host's load moves wall times.
-#   [LEVELS="O1 O0"] [POLICIES="spin passive"] bench/default_job_vs_torch.sh [--model gpt|llama] [ROUNDS] [STEPS]
+#   [LEVELS="O1 O0"] [POLICIES="spin passive"] [TORCH_POLICIES="default passive"] bench/default_job_vs_torch.sh [--model gpt|llama] [ROUNDS] [STEPS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=gpt
@@ -46,9 +46,16 @@ for level in ${LEVELS:-$default_levels}; do
       echo "$level round $r castor (${policy#env }): train ${run% *} s, val ${run#* }" >&2
       if [ -z "$castor" ] || python3 -c "import sys; sys.exit(not float('${run% *}') < float('${castor% *}'))"; then castor=$run; fi
     done
-    policy=""; [ "$level" = O0 ] && policy="OMP_WAIT_POLICY=passive"
-    torch=$(timed pytorch env $policy LD_PRELOAD="$tc" /usr/bin/python3 bench/nanogpt_job_torch.py "$data" "$level" \
-      "$steps" "$model" | cut -d' ' -f4-)
+    # PyTorch at O1 under its default policy (GNU OpenMP's spin) and under passive, the faster counting (the spin
+    # is faster on free cores, many times slower when other work shares them); at O0 under passive.
+    torch=""
+    for name in $([ "$level" = O0 ] && echo passive || echo ${TORCH_POLICIES:-default passive}); do
+      policy="env -u OMP_WAIT_POLICY"; [ "$name" = passive ] && policy="env OMP_WAIT_POLICY=passive"
+      run=$(timed "pytorch $name" $policy LD_PRELOAD="$tc" /usr/bin/python3 bench/nanogpt_job_torch.py "$data" \
+        "$level" "$steps" "$model" | cut -d' ' -f4-)
+      echo "$level round $r pytorch (${policy#env }): train ${run% *} s, val ${run#* }" >&2
+      if [ -z "$torch" ] || python3 -c "import sys; sys.exit(not float('${run% *}') < float('${torch% *}'))"; then torch=$run; fi
+    done
     python3 -c "
 c, cv = map(float, '$castor'.split()); t, tv = map(float, '$torch'.split())
 print(f'$level round $r: castor {c:.1f} s (val {cv:.4f})  pytorch {t:.1f} s (val {tv:.4f})  '
