@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "castor/llama.h"
+#include "castor/safetensors.h"
+#include "castor/serialize.h"
 #include "castor/state_dict.h"
 #include "castor/tensor.h"
 
@@ -73,5 +75,19 @@ LlamaConfig llama_config(const Llama2cWeights& weights);
 // The llama2.c config of a Llama. castor::Error naming `what` when it cannot be written as one: a norm eps other than
 // run.c's 1e-5 (llama2.c files record none) or a size beyond int32.
 Llama2cConfig llama2c_config(const LlamaConfig& config, const std::string& what);
+
+// The --multiple-of that gives `c`'s hidden_dim by model.py's rule (Castor's run settings hold no hidden_dim):
+// LlamaConfig's default 32 when it does, else hidden_dim itself. castor::Error naming `what` when none does
+// (hidden_dim below model.py's 2/3 of 4 dim).
+int64_t llama2c_multiple_of(const Llama2cConfig& c, const std::string& what);
+
+// A llama2.c file as `castor eval` reads it: its tensors with llama2.c's names (output.weight as well when shared)
+// and the metadata a float32 Llama run trained on `data` (a --data name) would record ("castor.config": model
+// llama, its sizes, amp O0; llama2c_multiple_of's castor::Error when its hidden_dim has no --multiple-of), plus
+// "llama2c.header" (the header, as text).
+LoadedTensors load_llama2c_weights_file(const std::string& path, const std::string& data);
+// The same, names, dtypes, shapes and metadata only (`castor info`: the data is not read), in the file's order with
+// v0's RoPE tables; "castor.config" without "data" (and without multiple_of when none gives hidden_dim).
+SafetensorsFile read_llama2c_weights_header(const std::string& path);
 
 }  // namespace castor::models

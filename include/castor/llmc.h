@@ -32,9 +32,11 @@ LlmcHeader read_llmc_header(const std::string& path);
 // The tensors of an llm.c checkpoint of `config`, nanoGPT names and shapes, in the file's order.
 std::vector<std::pair<std::string, Shape>> llmc_tensors(const GPTConfig& config);
 
-// A weights file's format from its first bytes: llm.c's magic number, or a safetensors header (a u64 length that
-// fits the file, then '{'); castor::Error "PATH: not a safetensors or llm.c file" otherwise.
-enum class WeightsFormat { Llmc, Safetensors };
+// A weights file's format from its first bytes: llm.c's magic number, llama2.c's v1 magic number, a safetensors
+// header (a u64 length that fits the file, then '{'), or else a llama2.c v0 file (no magic number: a 7-int header
+// whose sizes give exactly the file's size, read_llama2c_header's checks); castor::Error "PATH: not a safetensors,
+// llm.c or llama2.c file (...)" otherwise, with what reading it as a v0 file found.
+enum class WeightsFormat { Llmc, Safetensors, Llama2c };
 WeightsFormat weights_format(const std::string& path);
 
 // Reads llm.c's checkpoint: int32 header[256] = {20240326, 3, maxT, V, L, NH, C, Vp, ...}, then float32 wte (Vp, C),
@@ -57,7 +59,8 @@ void write_llmc_checkpoint(const std::string& path, const GPTWeights& weights);
 // ".attn.bias" of shape (1, 1, T, T) are dropped) and converts them to float32. castor::Error naming `what`.
 GPTWeights gpt_weights_from_state_dict(StateDict state, int64_t n_head, const std::string& what);
 
-// The --init of a GPT: an llm.c checkpoint (told apart by its magic number) or a safetensors file with nanoGPT names.
+// The --init of a GPT: an llm.c checkpoint (told apart by its magic number) or a safetensors file with nanoGPT names
+// (a llama2.c file: castor::Error naming it, a Llama's).
 // For safetensors, n_head comes from castor metadata ("castor.config" with "n_head") or else `n_head` (0: none given,
 // an error naming the file); a file's own value that differs from a given `n_head` is an error too.
 GPTWeights load_gpt_init(const std::string& path, int64_t n_head = 0);
@@ -68,11 +71,12 @@ GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metad
 
 // A weights file as `castor eval` reads it: safetensors as they are; an llm.c checkpoint as its tensors with nanoGPT
 // names (lm_head.weight = wte) and the metadata a float32 GPT checkpoint trained on `data` (a --data name) would
-// record ("castor.config": model gpt, the sizes, amp O0), plus "llmc.header" (the header, as text).
-// castor::Error "PATH: not a safetensors or llm.c file" for anything else.
+// record ("castor.config": model gpt, the sizes, amp O0), plus "llmc.header" (the header, as text); a llama2.c file
+// as load_llama2c_weights_file gives it. castor::Error "PATH: not a safetensors, llm.c or llama2.c file (...)" for
+// anything else (weights_format).
 LoadedTensors load_weights_file(const std::string& path, const std::string& data);
 // The same, names, dtypes, shapes and metadata only (`castor info`: the data is not read); "castor.config" without
-// "data" for llm.c files.
+// "data" for llm.c and llama2.c files.
 SafetensorsFile read_weights_header(const std::string& path);
 
 }  // namespace castor::models

@@ -88,6 +88,13 @@ struct TrainConfig {
   std::string resume;                  // a run directory (or one of its checkpoints) to continue from
   bool overwrite = false;              // a new run may replace another run's files in --out
   std::string init;                    // a safetensors file of initial weights (PyTorch names)
+  // LoRA fine-tuning of the --init base (nn::apply_lora): rank 0 trains every weight, as without LoRA.
+  int64_t lora_rank = 0;
+  double lora_alpha = 8, lora_dropout = 0;
+  std::string lora_targets = "all-linear";  // comma-separated module names (nn::LoraConfig::target_modules)
+  bool rslora = false;
+  std::string init_lora;               // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
+  std::string init_checksum;           // not a flag: the checksum a run recorded of --init (its LoRA base is checked)
   int64_t checkpoint_every = 0;        // steps; 0: at each epoch end
   double checkpoint_minutes = 10;      // also checkpoint when this long has passed since the last one; 0: never
   int64_t keep = 2;                    // checkpoints kept

@@ -190,8 +190,11 @@ DistributedDataParallel::DistributedDataParallel(ModulePtr module, DDPOptions op
         if (!t.is_contiguous()) t.detach().copy_(buf);
       }
   }
-  // Tied parameters: listed once by parameters(), under each of their names by state_dict().
-  std::vector<Tensor> params = module_->parameters();
+  // Tied parameters: listed once by parameters(), under each of their names by state_dict(). Frozen parameters (a
+  // LoRA base) get no gradient, so no bucket: PyTorch's DDP leaves out parameters that do not require grad too.
+  std::vector<Tensor> params;
+  for (const Tensor& p : module_->parameters())
+    if (p.requires_grad()) params.push_back(p);
   std::vector<bool> tied;
   const StateDict named = module_->state_dict();
   for (const Tensor& p : params)

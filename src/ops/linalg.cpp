@@ -32,7 +32,8 @@ Tensor mm_impl(const Tensor& a, const Tensor& b) {
   check_matmul_dtypes("mm", a, b);
   Tensor out = empty({a.size(0), b.size(1)}, a.dtype());
   kernels::matmul(a.detach(), b.detach(), out);
-  record_op<OpKind::Mm>({a, b}, out, {}, {save(a), save(b)});
+  // a is read only for b's gradient: a product with a frozen weight (a LoRA base) keeps no input alive.
+  record_op<OpKind::Mm>({a, b}, out, {}, {b.requires_grad() ? save(a) : SavedTensor{}, save(b)});
   return out;
 }
 
@@ -82,7 +83,7 @@ Tensor addmm(const Tensor& bias_in, const Tensor& mat1, const Tensor& mat2) {
                " and ", b.describe());
   Tensor out = empty({a.size(0), b.size(1)}, a.dtype());
   kernels::matmul(a.detach(), b.detach(), out, bias.detach().contiguous());
-  record_op<OpKind::Addmm>({bias, a, b}, out, {}, {save(a), save(b)});
+  record_op<OpKind::Addmm>({bias, a, b}, out, {}, {b.requires_grad() ? save(a) : SavedTensor{}, save(b)});
   return s.done(out);
 }
 

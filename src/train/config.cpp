@@ -16,6 +16,7 @@
 #include "castor/models.h"
 #include "castor/tokenizer.h"
 #include "castor/train_config.h"
+#include "train/lora_run.h"
 #include "train/settings.h"
 
 namespace castor::train {
@@ -436,7 +437,11 @@ TrainConfig parse_settings(const std::vector<std::string>& given_args) {
 
 TrainConfig parse_train_flags(const std::vector<std::string>& args) {
   TrainConfig c = parse_settings(args);
-  if (!c.given("--resume")) check_jobs(c);  // (a resumed run's job is the recorded one: resume_config checks)
+  if (!c.given("--resume")) {  // (a resumed run's job is the recorded one: resume_config checks)
+    check_jobs(c);
+    resolve_init_dir(c);
+    check_lora_flags(c);
+  }
   return c;
 }
 

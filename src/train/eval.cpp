@@ -11,6 +11,7 @@
 #include "castor/llmc.h"
 #include "castor/safetensors.h"
 #include "castor/trainer.h"
+#include "train/lora_run.h"
 #include "train/progress.h"
 #include "train/task.h"
 
@@ -66,7 +67,7 @@ Json run_eval(const EvalConfig& e) {
   const std::unique_ptr<Task> task = make_task(c, /*rank=*/0, /*world=*/1, /*new_run=*/false);
   Run run = build_run(c, *task, 1, /*load_init=*/false);
   try {
-    run.model->load_state_dict(model_file.tensors, /*strict=*/true);
+    load_model_file(*run.model, model_file.tensors, model_file.metadata, e.path);
   } catch (const Error& err) {
     throw Error(detail::cat(e.path, ": ", err.what()));
   }

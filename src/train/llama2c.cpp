@@ -9,6 +9,7 @@
 
 #include "castor/check.h"
 #include "castor/fs.h"
+#include "castor/json.h"
 #include "ops/transformer.h"
 
 namespace castor::models {
@@ -87,7 +88,8 @@ std::string table_mismatch(const Tensor& cos, const Tensor& sin, int64_t head_si
       const double angle = static_cast<double>(p) * std::pow(theta, -2.0 * static_cast<double>(k) / head_size);
       const double tol = 2e-6 + 1e-6 * angle;
       const int64_t i = p * half + k;
-      if (!(std::abs(c[i] - wc[i]) <= tol && std::abs(s[i] - ws[i]) <= tol)) return detail::cat("row ", p, ", pair ", k);
+      if (!(std::abs(c[i] - wc[i]) <= tol && std::abs(s[i] - ws[i]) <= tol))
+        return detail::cat("row ", p, ", pair ", k);
     }
   }
   return "";
@@ -139,8 +141,8 @@ Llama2cHeader parse_header(const std::string& path, const std::vector<uint8_t>& 
     CASTOR_CHECK(f[5] > 0, path, ": llama2.c header field vocab_size must be positive, got ", f[5]);
     h.version = 1, h.shared_classifier = flag == 1;
   } else {
-    CASTOR_CHECK(file_size >= kLlama2cV0HeaderBytes, path, ": not a llama2.c file: ", file_size,
-                 " bytes, shorter than a v0 header's 28");
+    CASTOR_CHECK(file_size >= kLlama2cV0HeaderBytes, path, ": is ", file_size,
+                 " bytes, shorter than a llama2.c v0 header (28 bytes)");
     std::memcpy(f, head.data(), sizeof(f));
     CASTOR_CHECK(f[5] != INT32_MIN, path, ": llama2.c header field vocab_size is out of range");
     h.version = 0, h.shared_classifier = f[5] > 0;  // legacy_export: negative when the output layer is not shared
@@ -150,6 +152,22 @@ Llama2cHeader parse_header(const std::string& path, const std::vector<uint8_t>& 
   c.dim = f[0], c.hidden_dim = f[1], c.n_layers = f[2], c.n_heads = f[3], c.n_kv_heads = f[4], c.vocab_size = f[5];
   c.max_seq_len = f[6];
   return h;
+}
+
+// What a float32 Llama run of a file's architecture would record (see load_llama2c_weights_file); `multiple_of` 0:
+// none gives the file's hidden_dim, and the key is left out.
+Metadata llama2c_metadata(const Llama2cHeader& h, int64_t multiple_of, const std::string& data) {
+  const Llama2cConfig& c = h.config;
+  Json config = Json::Object{{"model", "llama"},       {"n_layer", c.n_layers},        {"n_head", c.n_heads},
+                             {"n_embd", c.dim},        {"block_size", c.max_seq_len},  {"vocab_size", c.vocab_size},
+                             {"n_kv_head", c.n_kv_heads}, {"rope_theta", c.rope_theta},
+                             {"untied", !h.shared_classifier}, {"amp", "O0"}, {"dtype", "bf16"}, {"threads", 0}};
+  if (multiple_of > 0) config["multiple_of"] = multiple_of;
+  if (!data.empty()) config["data"] = data;
+  return {{"castor.config", config.dump()},
+          {"llama2c.header", detail::cat("version ", h.version, ", ", describe(c),
+                                         h.shared_classifier ? ", shared" : ", unshared", " classifier, rope_theta ",
+                                         c.rope_theta)}};
 }
 
 bool bit_equal_floats(const Tensor& a, const Tensor& b) {
@@ -311,6 +329,40 @@ Llama2cConfig llama2c_config(const LlamaConfig& c, const std::string& what) {
   f.n_kv_heads = c.kv_heads(), f.vocab_size = c.vocab_size, f.max_seq_len = c.max_seq_len;
   f.rope_theta = c.rope_theta;
   f.validate(what);
+  return f;
+}
+
+int64_t llama2c_multiple_of(const Llama2cConfig& c, const std::string& what) {
+  LlamaConfig rule;
+  rule.dim = c.dim, rule.multiple_of = 1;
+  const int64_t least = rule.ffn_hidden_dim();  // model.py's 2/3 of 4 dim, before rounding up
+  CASTOR_CHECK(c.hidden_dim >= least, what, ": hidden_dim ", c.hidden_dim, " is below ", least, ", 2/3 of 4 x dim ",
+               c.dim, ": no --multiple-of gives it");
+  rule.multiple_of = LlamaConfig{}.multiple_of;
+  return rule.ffn_hidden_dim() == c.hidden_dim ? rule.multiple_of : c.hidden_dim;
+}
+
+LoadedTensors load_llama2c_weights_file(const std::string& path, const std::string& data) {
+  const Llama2cHeader h = read_llama2c_header(path);
+  const int64_t multiple_of = llama2c_multiple_of(h.config, path);
+  return {read_llama2c(path).state, llama2c_metadata(h, multiple_of, data)};
+}
+
+SafetensorsFile read_llama2c_weights_header(const std::string& path) {
+  const Llama2cHeader h = read_llama2c_header(path);
+  SafetensorsFile f;
+  uint64_t offset = 0;
+  for (const auto& [name, shape] : llama2c_tensors(h.config, h.version, h.shared_classifier)) {
+    const uint64_t bytes = 4 * static_cast<uint64_t>(shape_numel(shape));
+    f.entries.push_back({name, DType::Float32, shape, offset, offset + bytes});
+    offset += bytes;
+  }
+  int64_t multiple_of = 0;
+  try {
+    multiple_of = llama2c_multiple_of(h.config, path);
+  } catch (const Error&) {  // listed all the same: the header records hidden_dim
+  }
+  f.metadata = llama2c_metadata(h, multiple_of, "");
   return f;
 }
 

@@ -9,6 +9,7 @@
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
 #include "castor/json.h"
+#include "castor/llama2c.h"
 
 namespace castor::models {
 namespace {
@@ -160,13 +161,21 @@ WeightsFormat weights_format(const std::string& path) {
   int32_t magic = 0;
   if (head.size() >= 4) std::memcpy(&magic, head.data(), 4);
   if (magic == kLlmcModelMagic) return WeightsFormat::Llmc;
+  if (static_cast<uint32_t>(magic) == kLlama2cMagic) return WeightsFormat::Llama2c;
   // safetensors: a little-endian u64 header length that fits the file, then the JSON header, which opens with '{'.
   uint64_t header_len = 0;
   if (head.size() == 9) std::memcpy(&header_len, head.data(), 8);
-  CASTOR_CHECK(head.size() == 9 && header_len >= 2 && header_len <= size - 8 && head[8] == '{', path,
-               ": not a safetensors or llm.c file (neither llm.c's magic number ", kLlmcModelMagic,
-               " nor a safetensors header at its start)");
-  return WeightsFormat::Safetensors;
+  if (head.size() == 9 && header_len >= 2 && header_len <= size - 8 && head[8] == '{')
+    return WeightsFormat::Safetensors;
+  try {
+    read_llama2c_header(path);
+  } catch (const Error& e) {
+    const std::string why = e.what(), prefix = path + ": ";
+    throw Error(detail::cat(path, ": not a safetensors, llm.c or llama2.c file (no safetensors header, llm.c's magic "
+                            "number ", kLlmcModelMagic, " or llama2.c v1's at its start; as a llama2.c v0 file: ",
+                            why.rfind(prefix, 0) == 0 ? why.substr(prefix.size()) : why, ")"));
+  }
+  return WeightsFormat::Llama2c;
 }
 
 void write_llmc_checkpoint(const std::string& path, const GPTWeights& w) {
@@ -269,7 +278,10 @@ GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metad
 }
 
 GPTWeights load_gpt_init(const std::string& path, int64_t n_head) {
-  if (weights_format(path) == WeightsFormat::Llmc) {
+  const WeightsFormat format = weights_format(path);
+  CASTOR_CHECK(format != WeightsFormat::Llama2c, path,
+               ": a llama2.c file, a Llama's weights, not a GPT's (--model llama)");
+  if (format == WeightsFormat::Llmc) {
     GPTWeights w = read_llmc_checkpoint(path);
     CASTOR_CHECK(n_head == 0 || n_head == w.config.n_head, path, ": llm.c header has NH ", w.config.n_head, ", but ",
                  n_head, " was given");
@@ -280,7 +292,9 @@ GPTWeights load_gpt_init(const std::string& path, int64_t n_head) {
 }
 
 LoadedTensors load_weights_file(const std::string& path, const std::string& data) {
-  if (weights_format(path) == WeightsFormat::Safetensors) return load_safetensors(path);
+  const WeightsFormat format = weights_format(path);
+  if (format == WeightsFormat::Safetensors) return load_safetensors(path);
+  if (format == WeightsFormat::Llama2c) return load_llama2c_weights_file(path, data);
   const LlmcHeader header = read_llmc_header(path);
   GPTWeights w = read_llmc_checkpoint(path);
   w.state["lm_head.weight"] = w.state.at("transformer.wte.weight");
@@ -288,7 +302,9 @@ LoadedTensors load_weights_file(const std::string& path, const std::string& data
 }
 
 SafetensorsFile read_weights_header(const std::string& path) {
-  if (weights_format(path) == WeightsFormat::Safetensors) return read_safetensors_header(path);
+  const WeightsFormat format = weights_format(path);
+  if (format == WeightsFormat::Safetensors) return read_safetensors_header(path);
+  if (format == WeightsFormat::Llama2c) return read_llama2c_weights_header(path);
   const LlmcHeader header = read_llmc_header(path);
   SafetensorsFile f;
   uint64_t offset = 0;

@@ -12,6 +12,7 @@
 #include "castor/dist.h"
 #include "castor/fs.h"
 #include "castor/llama.h"
+#include "castor/llama2c.h"
 #include "castor/llmc.h"
 #include "castor/lm_batch.h"
 #include "castor/models.h"
@@ -54,10 +55,11 @@ models::GPTConfig gpt_config(const TrainConfig& c, int64_t real_vocab) {
 class LmTask : public Task {
  public:
   // Resolves c.vocab_size (recorded, so a resumed run builds the same model); a new run with --init takes the
-  // model's sizes from that file (llm.c's gpt2_124M.bin or nanoGPT-named safetensors).
+  // model's sizes from that file (llm.c's gpt2_124M.bin or nanoGPT-named safetensors; for a Llama, llama2.c's
+  // model.bin).
   LmTask(TrainConfig& c, int rank, int world, bool new_run)
       : llama_(is_llama(c.model)), dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
-    if (new_run && !c.init.empty() && !llama_) take_init_sizes(c);
+    if (new_run && !c.init.empty()) llama_ ? take_llama2c_sizes(c) : take_init_sizes(c);
     CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(), "--data tokens: needs --data-dir DIR holding "
                  "train.bin and val.bin (castor tokenize writes them)");
     CASTOR_CHECK(fs::exists(dir_ + "/train.bin") || c.data == Dataset::Tokens, "--data ", name(c.data), ": ", dir_,
@@ -160,27 +162,69 @@ class LmTask : public Task {
   }
 
  private:
+  // An error reading --init, as "--init FILE: ...".
+  static Error init_error(const TrainConfig& c, const Error& e) {
+    const std::string msg = e.what();
+    return Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
+  }
+  // A size of --init's model: `flag` given with another value is an error naming both.
+  template <class T>
+  static void take(const TrainConfig& c, const char* flag, T& field, T value) {
+    CASTOR_CHECK(!c.given(flag) || field == value, flag, " ", field, ": --init ", c.init, " holds ", value);
+    field = value;
+  }
+
   // The sizes of --init's model; a size flag given with another value is an error naming both.
   void take_init_sizes(TrainConfig& c) {
     try {
       init_ = models::load_gpt_init(c.init, c.given("--n-head") ? c.n_head : 0);
     } catch (const Error& e) {
-      const std::string msg = e.what();
-      throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
+      throw init_error(c, e);
     }
     const models::GPTConfig& g = init_->config;
-    auto take = [&](const char* flag, int64_t& field, int64_t value) {
-      CASTOR_CHECK(!c.given(flag) || field == value, flag, " ", field, ": --init ", c.init, " holds ", value);
-      field = value;
-    };
-    take("--n-layer", c.n_layer, g.n_layer);
-    take("--n-head", c.n_head, g.n_head);
-    take("--n-embd", c.n_embd, g.n_embd);
-    take("--block-size", c.block_size, g.block_size);
-    take("--vocab-size", c.vocab_size, g.vocab_size);
+    take(c, "--n-layer", c.n_layer, g.n_layer);
+    take(c, "--n-head", c.n_head, g.n_head);
+    take(c, "--n-embd", c.n_embd, g.n_embd);
+    take(c, "--block-size", c.block_size, g.block_size);
+    take(c, "--vocab-size", c.vocab_size, g.vocab_size);
     CASTOR_CHECK(!c.given("--bias") || c.bias == g.bias, "--bias: --init ", c.init, g.bias ? " has" : " has no",
                  " biases");
     c.bias = g.bias;
+  }
+
+  // A llama2.c --init's sizes from its header, as take_init_sizes (its feed-forward width as --multiple-of, its
+  // classifier as --untied); its vocabulary must be the token directory's. Safetensors keep the flags' sizes (their
+  // tensors' shapes are checked as they load).
+  void take_llama2c_sizes(TrainConfig& c) {
+    models::Llama2cHeader h;
+    int64_t multiple_of = 0;
+    try {
+      if (models::weights_format(c.init) != models::WeightsFormat::Llama2c) return;
+      h = models::read_llama2c_header(c.init);
+      multiple_of = models::llama2c_multiple_of(h.config, c.init);
+    } catch (const Error& e) {
+      throw init_error(c, e);
+    }
+    const models::Llama2cConfig& f = h.config;
+    take(c, "--n-layer", c.n_layer, f.n_layers);
+    take(c, "--n-head", c.n_head, f.n_heads);
+    take(c, "--n-kv-head", c.n_kv_head, f.n_kv_heads);
+    take(c, "--n-embd", c.n_embd, f.dim);
+    take(c, "--block-size", c.block_size, f.max_seq_len);
+    take(c, "--vocab-size", c.vocab_size, f.vocab_size);
+    take(c, "--rope-theta", c.rope_theta, f.rope_theta);
+    CASTOR_CHECK(!c.given("--untied") || c.untied != h.shared_classifier, "--untied: --init ", c.init, "'s output ",
+                 h.shared_classifier ? "shares" : "does not share", " tok_embeddings' weight");
+    c.untied = !h.shared_classifier;
+    models::LlamaConfig given;
+    given.dim = f.dim, given.multiple_of = c.multiple_of;
+    CASTOR_CHECK(!c.given("--multiple-of") || given.ffn_hidden_dim() == f.hidden_dim, "--multiple-of ",
+                 c.multiple_of, ": gives hidden_dim ", given.ffn_hidden_dim(), ", --init ", c.init, " holds ",
+                 f.hidden_dim);
+    if (!c.given("--multiple-of")) c.multiple_of = multiple_of;
+    const int64_t tokens = fs::exists(dir_ + "/tokenizer.json") ? data::Tokenizer::recorded_vocab_size(dir_) : 0;
+    CASTOR_CHECK(tokens == 0 || tokens == f.vocab_size, "--init ", c.init, ": vocab_size ", f.vocab_size, ", but ",
+                 dir_, "/tokenizer.json's vocabulary has ", tokens, " tokens");
   }
 
   // The rows an evaluation covers.

@@ -17,18 +17,29 @@
 #include "castor/serialize.h"
 #include "castor/trainer.h"
 #include "castor/version.h"
+#include "train/lora_run.h"
 #include "train/task.h"
 
 namespace castor::train {
 
 namespace {
 
+// The parameters that train (a LoRA base's are frozen: no optimizer state).
+std::vector<Tensor> trainable(const std::vector<Tensor>& params) {
+  std::vector<Tensor> out;
+  for (const Tensor& p : params)
+    if (p.requires_grad()) out.push_back(p);
+  return out;
+}
+
 // SGD, or Adam/AdamW over the task's parameter groups (the second without weight decay).
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const Task& task, const nn::Module& model) {
   if (c.optimizer == OptimizerKind::Sgd)
-    return std::make_unique<optim::SGD>(model.parameters(), optim::SGDOptions{.lr = c.lr, .momentum = c.momentum,
-                                                                              .weight_decay = c.weight_decay});
-  const auto [decay, no_decay] = task.param_groups(model);
+    return std::make_unique<optim::SGD>(trainable(model.parameters()),
+                                        optim::SGDOptions{.lr = c.lr, .momentum = c.momentum,
+                                                          .weight_decay = c.weight_decay});
+  const auto [all_decay, all_no_decay] = task.param_groups(model);
+  const std::vector<Tensor> decay = trainable(all_decay), no_decay = trainable(all_no_decay);
   optim::AdamOptions o{.lr = c.lr, .beta2 = c.beta2, .weight_decay = c.weight_decay};
   std::unique_ptr<optim::Optimizer> opt;
   if (c.optimizer == OptimizerKind::Adam) opt = std::make_unique<optim::Adam>(decay, o);
@@ -95,7 +106,8 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   Run r;
   manual_seed(c.seed);
   r.model = task.make_model(c);
-  if (!c.init.empty() && load_init) {
+  check_lora_base(c);
+  if (!c.init.empty() && (load_init || c.lora_rank > 0)) {  // (a LoRA run's checkpoints hold its adapters only)
     try {
       r.model->load_state_dict(task.init_weights(c.init), /*strict=*/true);
     } catch (const Error& e) {
@@ -103,6 +115,7 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
     }
   }
+  if (c.lora_rank > 0) apply_run_lora(c, *r.model);
   // Every rank starts from rank 0's weights; the wrapper is made before amp::initialize (which changes the
   // parameters in place), so O2/O3 masters copy the broadcast values.
   if (dist::world_size() > 1) {

@@ -11,6 +11,7 @@
 #include "castor/dist.h"
 #include "castor/ops.h"
 #include "castor/random.h"
+#include "train/lora_run.h"
 
 namespace castor::train {
 
@@ -53,6 +54,7 @@ Checkpoint TrainState::save(const Run& run, const Json& config) const {
   ck.model = run.amp->model_state_dict();
   ck.model_meta = {{"format", "pt"}, {"castor.model", config.at("model").as_string()},
                    {"castor.config", config.dump()}};
+  keep_adapters(ck, config);
   amp::PrecisionState ps = run.amp->precision_state();  // holds the optimizer's state too
   put(ck.state, "amp.", ps.tensors);
   for (const auto& [k, v] : ps.metadata) ck.state_meta["amp." + k] = v;
@@ -91,7 +93,7 @@ TrainState TrainState::load(const Checkpoint& ck, Run& run, int64_t batches_per_
                    rng->second.numel() == static_cast<int64_t>(st.size()),
                what, ": the training state's rng.default is missing or not ", st.size(), " int64 words");
   try {
-    run.model->load_state_dict(ck.model, /*strict=*/true);
+    load_model_file(*run.model, ck.model, ck.model_meta, what);
     amp::PrecisionState ps{take(ck.state, "amp."), {}};
     for (const auto& [k, v] : ck.state_meta)
       if (k.rfind("amp.", 0) == 0) ps.metadata[k.substr(4)] = v;

@@ -9,16 +9,19 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "castor/checkpoint.h"
 #include "castor/corpus.h"
 #include "castor/fs.h"
+#include "castor/llama2c.h"
 #include "castor/llmc.h"
 #include "castor/ops.h"
 #include "castor/tokenizer.h"
 #include "castor/torch_save.h"
 #include "train/metrics.h"
 #include "train/cli.h"
+#include "train/lora_run.h"
 #include "train/task.h"
 
 namespace castor::train {
@@ -32,9 +35,10 @@ struct LoadedGpt {
   models::GPTWeights weights;
   Json config;
   std::string what;
-  StateDict train_state;  // a checkpoint's train_state.safetensors (empty for a weights file)
+  StateDict train_state;  // a checkpoint's train_state.safetensors (empty for a weights file or a LoRA run's)
   std::string run_dir;    // the run directory holding the checkpoint (empty when none)
   std::shared_ptr<models::LanguageModel> llama;  // a Llama run's (weights then empty)
+  bool lora = false;      // a LoRA run's checkpoint: its base with the adapters merged
 };
 
 // The Llama a run's recorded settings describe, with `weights` loaded (strictly; errors name `what`).
@@ -50,8 +54,18 @@ std::shared_ptr<models::LanguageModel> load_llama(const StateDict& weights, cons
   return model;
 }
 
+// The Llama of a llama2.c file (its sizes and weights).
+std::shared_ptr<models::LanguageModel> load_llama2c_model(const std::string& path) {
+  const models::Llama2cWeights w = models::read_llama2c(path);
+  auto model = models::llama(models::llama_config(w), /*seed=*/0);
+  model->load_state_dict(w.state);
+  return model;
+}
+
 LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   std::error_code ec;
+  if (!fs::is_directory(path, ec) && models::weights_format(path) == models::WeightsFormat::Llama2c)
+    return {{}, Json(), path, {}, "", load_llama2c_model(path)};
   if (!fs::is_directory(path, ec)) return {models::load_gpt_init(path, n_head), Json(), path};
   std::string used;
   Checkpoint ck = read_checkpoint(path, &used);
@@ -61,14 +75,16 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   CASTOR_CHECK(kind == ck.model_meta.end() || llama || kind->second.starts_with("gpt"), path, ": a ",
                printable(kind->second), " checkpoint, not a language model's");
   Json config = castor_config(ck.model_meta, what);
+  const bool lora = is_lora_checkpoint(ck.model_meta);
+  merge_lora_checkpoint(ck, what);
   const fs::path run = fs::path(used).parent_path().parent_path();  // RUN/checkpoints/step-N
   std::string run_dir = fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string();
   if (llama) {
     auto model = load_llama(ck.model, config, what);
-    return {{}, std::move(config), what, std::move(ck.state), std::move(run_dir), std::move(model)};
+    return {{}, std::move(config), what, std::move(ck.state), std::move(run_dir), std::move(model), lora};
   }
   models::GPTWeights weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
-  return {std::move(weights), std::move(config), what, std::move(ck.state), std::move(run_dir), nullptr};
+  return {std::move(weights), std::move(config), what, std::move(ck.state), std::move(run_dir), nullptr, lora};
 }
 
 // The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data
@@ -94,7 +110,8 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
       "castor sample");
   CLI::App& app = *owner;
   auto* ckpt = app.add_option("--checkpoint", c.checkpoint, "a run or checkpoint directory of a GPT or Llama");
-  add_init(app, c.init, "or weights: llm.c .bin or safetensors with nanoGPT names")->excludes(ckpt);
+  add_init(app, c.init, "or weights: llm.c .bin, llama2.c model.bin (v0 or v1) or safetensors with nanoGPT names")
+      ->excludes(ckpt);
   app.add_option("--tokenizer-dir", c.tokenizer_dir,
                  "token directory whose tokenizer.json decodes (default: the run's)");
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
@@ -120,15 +137,29 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
   auto owner = make_app(
       "Writes a GPT checkpoint in another tool's format: --llmc, llm.c's gpt2_124M.bin layout (float32), or "
       "--nanogpt, nanoGPT's OUT/ckpt.pt (torch.save format: model, model_args, iter_num, best_val_loss, config and "
-      "the AdamW state, which sample.py and train.py's init_from='resume' read).",
+      "the AdamW state, which sample.py and train.py's init_from='resume' read); or a Llama checkpoint as llama2.c's "
+      "model.bin and tokenizer.bin (--llama2c), which llama2.c's run.c samples.",
       "castor export");
   CLI::App& app = *owner;
   auto* llmc = app.add_flag("--llmc", c.llmc, "llm.c's checkpoint format");
-  app.add_flag("--nanogpt", c.nanogpt, "nanoGPT's ckpt.pt in the directory --out")->excludes(llmc);
-  app.add_option("--checkpoint", c.checkpoint, "a run or checkpoint directory, or an llm.c .bin or safetensors file")
+  auto* nanogpt = app.add_flag("--nanogpt", c.nanogpt, "nanoGPT's ckpt.pt in the directory --out")->excludes(llmc);
+  auto* llama2c = app.add_flag("--llama2c", c.llama2c, "a Llama as llama2.c's model.bin (run.c reads version 0), with "
+                               "the run's vocabulary as tokenizer.bin beside it")->excludes(llmc, nanogpt);
+  app.add_option("--version", c.version, "--llama2c: export.py's version, 0 (legacy_export) or 1 (version1_export)")
+      ->check(CLI::IsMember({0, 1}))->needs(llama2c);
+  app.add_flag("--merge-lora", c.merge_lora,
+               "a LoRA run (castor train --lora-rank): write its base with the adapters merged (W + scaling B A)");
+  app.add_option("--peft", c.peft,
+                 "a LoRA run: write its adapters in Hugging Face PEFT's format into this directory "
+                 "(adapter_config.json, adapter_model.safetensors; castor train --init-lora reads them)")
+      ->excludes(llmc)
+      ->excludes(nanogpt)
+      ->excludes(llama2c);
+  app.add_option("--checkpoint", c.checkpoint,
+                 "a run or checkpoint directory, or an llm.c .bin, llama2.c model.bin or safetensors file")
       ->required();
   app.add_option("--out", c.out, "the file to write (--nanogpt: the directory of ckpt.pt; replaced whole, or left as "
-                 "it was on failure)")->required();
+                 "it was on failure)");
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
   return owner;
 }
@@ -209,8 +240,10 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
 ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   ExportConfig c;
   parse_flags(*export_app(c), args, "export");
-  CASTOR_CHECK(c.llmc || c.nanogpt, "--llmc or --nanogpt: missing (the format to write)");
-  CASTOR_CHECK(!c.out.empty(), "--out: empty (the file to write)");
+  CASTOR_CHECK(c.llmc || c.nanogpt || c.llama2c || !c.peft.empty(), "--llmc, --nanogpt or --llama2c: missing (the "
+               "format to write; --peft DIR for a LoRA run's adapters)");
+  CASTOR_CHECK(!c.peft.empty() || !c.out.empty(), "--out: empty or missing (the file to write)");
+  CASTOR_CHECK(c.peft.empty() || c.out.empty(), "--out: not with --peft DIR (the directory it writes)");
   return c;
 }
 
@@ -370,16 +403,76 @@ PyValue nanogpt_checkpoint(const LoadedGpt& g, const std::string& out_dir, PyVal
   return PyValue::dict(std::move(ckpt));
 }
 
+// tokenizer.bin beside the model file `out`.
+std::string tokenizer_bin_beside(const std::string& out) {
+  return (fs::path(out).parent_path() / "tokenizer.bin").string();
+}
+
+// The vocabulary of a run's bpe tokenizer, as run.c reads it from tokenizer.bin (none for a run of another
+// tokenizer, or without a recorded data directory); castor::Error when its size is not the model's.
+std::optional<data::BpeVocabulary> run_vocabulary(const LoadedGpt& g, int64_t vocab_size) {
+  const std::string dir = recorded_data_dir(g.config);
+  if (dir.empty() || !file_exists(dir + "/tokenizer.json")) return std::nullopt;
+  const data::Tokenizer tok = data::Tokenizer::load(dir);
+  if (!tok.bpe()) return std::nullopt;
+  CASTOR_CHECK(tok.vocab_size() == vocab_size, dir, ": the tokenizer has ", tok.vocab_size(), " tokens, ", g.what,
+               " was made for ", vocab_size);
+  return tok.bpe()->vocabulary();
+}
+
+// castor export --llama2c: the Llama as llama2.c's model.bin of --version, then its run's vocabulary as tokenizer.bin
+// beside it (everything checked before either is written; each written whole or not at all).
+Json::Object export_llama2c(const LoadedGpt& g, const ExportConfig& c) {
+  CASTOR_CHECK(g.llama, "--checkpoint ", c.checkpoint, ": a GPT; --llama2c writes Llamas (--llmc writes GPTs)");
+  const auto& llama = dynamic_cast<const models::Llama&>(*g.llama);
+  const models::LlamaConfig& m = llama.config();
+  const models::Llama2cWeights w{models::llama2c_config(m, printable(g.what)), llama.state_dict()};
+  const std::optional<data::BpeVocabulary> vocab = run_vocabulary(g, m.vocab_size);
+  models::write_llama2c(c.out, w, c.version);
+  const std::string tokenizer_bin = tokenizer_bin_beside(c.out);
+  if (vocab) data::write_tokenizer_bin(tokenizer_bin, *vocab);
+  uint64_t bytes = 0;
+  read_file_range(c.out, 0, 0, bytes);
+  return {{"from", printable(g.what)},         {"format", "llama2c"},          {"version", c.version},
+          {"dim", w.config.dim},                {"hidden_dim", w.config.hidden_dim}, {"n_layers", w.config.n_layers},
+          {"n_heads", w.config.n_heads},        {"n_kv_heads", w.config.n_kv_heads}, {"vocab_size", m.vocab_size},
+          {"max_seq_len", m.max_seq_len},       {"shared_classifier", models::shares_classifier(w)},
+          {"out", printable(c.out)},            {"bytes", bytes},
+          {"tokenizer", vocab ? Json(printable(tokenizer_bin)) : Json()}};
+}
+
+}  // namespace
+
+namespace {
+
+// castor export --peft: a LoRA checkpoint's adapters as PEFT's files.
+Json export_peft(const ExportConfig& c) {
+  std::string used;
+  const Checkpoint ck = read_checkpoint(c.checkpoint, &used);
+  const std::string what = (fs::path(used) / "model.safetensors").string();
+  write_peft(c.peft, ck, what);
+  return Json::Object{{"from", printable(what)}, {"format", "peft"}, {"out", printable(c.peft)},
+                      {"tensors", static_cast<int64_t>(ck.model.size())}};
+}
+
 }  // namespace
 
 Json run_export(const ExportConfig& c) {
+  if (!c.peft.empty()) return export_peft(c);
   try {  // before the checkpoint is read: a device, FIFO, directory or link at --out is refused at once
     check_replaceable(c.nanogpt ? (fs::path(c.out) / "ckpt.pt").string() : c.out);
+    if (c.llama2c) check_replaceable(tokenizer_bin_beside(c.out));
   } catch (const Error& e) {
     throw Error(detail::cat("--out: ", e.what()));
   }
+  CASTOR_CHECK(!c.llama2c || fs::path(c.out).filename() != "tokenizer.bin", "--out ", c.out,
+               ": --llama2c writes tokenizer.bin beside the model file; give the model file another name");
   LoadedGpt g = load_gpt(c.checkpoint, c.n_head);
-  CASTOR_CHECK(!g.llama, "--checkpoint ", c.checkpoint, ": a Llama run; --llmc and --nanogpt write GPTs");
+  CASTOR_CHECK(!g.lora || c.merge_lora, "--merge-lora: missing; ", c.checkpoint, " is a LoRA run (adapters on a "
+               "frozen base): --merge-lora writes the base with its adapters merged, --peft DIR the adapters alone");
+  if (c.llama2c) return export_llama2c(g, c);
+  CASTOR_CHECK(!g.llama, "--checkpoint ", c.checkpoint, ": a Llama; --llmc and --nanogpt write GPTs (--llama2c "
+               "writes Llamas)");
   models::GPTConfig& config = g.weights.config;
   Json::Object out{{"from", printable(g.what)}, {"n_layer", config.n_layer}, {"n_head", config.n_head},
                    {"n_embd", config.n_embd}, {"block_size", config.block_size}};

@@ -232,6 +232,25 @@ std::vector<Setting> make_settings() {
        "initial weights: a safetensors file with PyTorch's names (a GPT: nanoGPT's), or for a GPT an llm.c .bin "
        "checkpoint (the run takes the file's sizes)",
        nullptr, R::Fixed, J::Any},
+      {"--lora-rank", plain<&C::lora_rank>(),
+       "LoRA fine-tuning of the --init base: adapters of this rank on the --lora-targets layers, the base frozen "
+       "(stored once in 16 bits at O1-O3); checkpoints hold the adapters and the base's path and checksum (0: off, "
+       "every weight trains)",
+       &count, R::Fixed, J::LanguageModel},
+      {"--lora-alpha", plain<&C::lora_alpha>(), "LoRA: the adapters' output is scaled by alpha / rank", pos, R::Fixed,
+       J::LanguageModel},
+      {"--lora-dropout", plain<&C::lora_dropout>(), "LoRA: dropout on the adapters' input", unit, R::Fixed,
+       J::LanguageModel},
+      {"--lora-targets", plain<&C::lora_targets>(),
+       "LoRA: the Linear layers adapted, by name (comma-separated: c_attn,c_proj; a layer matches a name its path "
+       "ends in), or all-linear (every Linear but lm_head)",
+       nullptr, R::Fixed, J::LanguageModel},
+      {"--rslora", plain<&C::rslora>(), "LoRA: scale by alpha / sqrt(rank) (rank-stabilized LoRA)", nullptr, R::Fixed,
+       J::LanguageModel},
+      {"--init-lora", plain<&C::init_lora>(),
+       "LoRA: start the adapters from a PEFT directory (adapter_config.json, adapter_model.safetensors, as castor "
+       "export --peft writes); its config gives the rank, alpha, dropout, targets and rslora",
+       nullptr, R::Fixed, J::LanguageModel},
       {"--checkpoint-every", plain<&C::checkpoint_every>(), "steps between checkpoints (0: at each epoch end)", &count,
        R::Free, J::Any},
       {"--checkpoint-minutes", plain<&C::checkpoint_minutes>(),
@@ -376,6 +395,7 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
         (may_change(s, c) && (given.given(s.flag) || (s.resume == Resume::Length && length_given))))
       s.field.take(c, given);
   c.given_flags = given.given_flags;
+  if (const Json* sum = recorded.find("init_checksum"); sum && sum->is_string()) c.init_checksum = sum->as_string();
   check_jobs(c);
   return c;
 }

@@ -126,13 +126,6 @@ TEST(Llama, BadConfigurationsNameTheField) {
 }
 
 // The twin's CONFIG for `c` (and `extra` keys).
-std::string config_json(const models::LlamaConfig& c, const std::string& extra = "") {
-  return detail::cat("{\"dim\": ", c.dim, ", \"n_layers\": ", c.n_layers, ", \"n_heads\": ", c.n_heads,
-                     ", \"n_kv_heads\": ", c.kv_heads(), ", \"vocab_size\": ", c.vocab_size, ", \"hidden_dim\": ",
-                     c.ffn_hidden_dim(), ", \"norm_eps\": ", c.norm_eps, ", \"max_seq_len\": ", c.max_seq_len,
-                     ", \"rope_theta\": ", c.rope_theta, ", \"tied\": ", c.tied ? "true" : "false", extra, "}");
-}
-
 // O0: loss within 1e-5 relative, logits within 1e-4, every gradient within 1e-4 relative L2 of PyTorch; grouped-query
 // attention with the output tied, and multi-head attention with its own output weight and another rope theta.
 TEST(Llama, Float32MatchesPyTorch) {
@@ -143,7 +136,8 @@ TEST(Llama, Float32MatchesPyTorch) {
     auto model = models::llama(c, 3);
     const Tensor x = test::random_token_batch(3, 16, 67, 1), y = test::random_token_batch(3, 16, 67, 2);
     const StateDict want =
-        test::run_lm_twin("llama_oracle.py", "grads", "llama_f32", config_json(c), *model, {{"x", x}, {"y", y}});
+        test::run_lm_twin("llama_oracle.py", "grads", "llama_f32", test::llama_config_json(c), *model,
+                          {{"x", x}, {"y", y}});
     ASSERT_FALSE(want.empty());
     const Tensor logits = (*model)(x);
     const Tensor loss = F::cross_entropy(logits.reshape({-1, 67}), y.reshape({-1}));
@@ -163,7 +157,8 @@ TEST(Llama, AutocastBFloat16MatchesPyTorchAutocast) {
     auto model = models::llama(c, 4);
     const Tensor x = test::random_token_batch(3, 16, 67, 5), y = test::random_token_batch(3, 16, 67, 6);
     const StateDict want = test::run_lm_twin("llama_oracle.py", "grads", "llama_bf16",
-                                             config_json(c, ", \"autocast\": \"bf16\""), *model, {{"x", x}, {"y", y}});
+                                             test::llama_config_json(c, ", \"autocast\": \"bf16\""), *model,
+                                             {{"x", x}, {"y", y}});
     ASSERT_FALSE(want.empty());
     Tensor loss;
     {
@@ -181,7 +176,8 @@ TEST(Llama, AutocastBFloat16MatchesPyTorchAutocast) {
 TEST(Llama, Float32TrainingFollowsPyTorchStepByStep) {
   const models::LlamaConfig c = test::tiny_llama_config(29);
   auto model = models::llama(c, 11);
-  const auto [got, want] = test::lm_curves("llama_oracle.py", config_json(c), *model, /*autocast=*/false, 200);
+  const auto [got, want] =
+      test::lm_curves("llama_oracle.py", test::llama_config_json(c), *model, /*autocast=*/false, 200);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-3 * want[i]) << "step " << i;
   EXPECT_LT(got.back(), 0.6 * got.front());  // it learned

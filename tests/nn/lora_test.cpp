@@ -16,6 +16,8 @@
 #include "castor/serialize.h"
 #include "nn/lm_twin.h"
 #include "nn/tiny_gpt.h"
+#include "nn/tiny_llama.h"
+#include "runtime/dispatch.h"
 #include "support/support.h"
 #include "test_util.h"
 
@@ -92,20 +94,45 @@ TEST(Lora, PeftNamesShapesAndFrozenBase) {
   EXPECT_DOUBLE_EQ((nn::LoraConfig{.r = 16, .alpha = 32, .rslora = true}).scaling(), 8.0);
 }
 
+// Only dX flows through a frozen Linear: its backward runs one GEMM (diff_dst W), not the weight's (diff_dst^T x).
+TEST(Lora, AFrozenLinearRunsNoWeightGradientGemm) {
+  struct CountMm : OpObserver {
+    int mm = 0;
+    void on_op(const OpEvent& e) override { mm += e.op == OpKind::Mm; }
+  };
+  for (bool frozen : {false, true}) {
+    nn::Linear layer(32, 64);
+    if (frozen) layer.weight.requires_grad_(false), layer.bias.requires_grad_(false);
+    Tensor x = randn({4, 8, 32});
+    x.requires_grad_(true);
+    const Tensor loss = sum(layer(x));
+    CountMm count;
+    set_op_observer(&count);
+    loss.backward();
+    set_op_observer(nullptr);
+    EXPECT_EQ(count.mm, frozen ? 1 : 2);
+    EXPECT_TRUE(x.grad().defined());
+    EXPECT_EQ(layer.weight.grad().defined(), !frozen);
+  }
+}
+
 TEST(Lora, AtInitLogitsEqualTheBaseBitForBit) {
   for (nn::LoraInit init : {nn::LoraInit::KaimingUniform, nn::LoraInit::Gaussian}) {
-    auto model = models::gpt(test::tiny_gpt_config(67), 3);
-    const Tensor x = test::random_token_batch(2, 16, 67, 1);
-    const Tensor base = (*model)(x).detach();
-    Tensor base16;
-    {
+    std::shared_ptr<models::LanguageModel> bases[] = {models::gpt(test::tiny_gpt_config(67), 3),
+                                                      std::make_shared<models::Llama>(test::tiny_llama_config(67), 3)};
+    for (auto& model : bases) {
+      const Tensor x = test::random_token_batch(2, 16, 67, 1);
+      const Tensor base = (*model)(x).detach();
+      Tensor base16;
+      {
+        amp::AutocastGuard autocast(DType::BFloat16);
+        base16 = (*model)(x).detach();
+      }
+      nn::apply_lora(*model, nn::LoraConfig{.init = init});
+      EXPECT_TRUE(same_bits((*model)(x), base)) << model->type_name();
       amp::AutocastGuard autocast(DType::BFloat16);
-      base16 = (*model)(x).detach();
+      EXPECT_TRUE(same_bits((*model)(x), base16)) << model->type_name();
     }
-    nn::apply_lora(*model, nn::LoraConfig{.init = init});
-    EXPECT_TRUE(same_bits((*model)(x), base));
-    amp::AutocastGuard autocast(DType::BFloat16);
-    EXPECT_TRUE(same_bits((*model)(x), base16));
   }
 }
 
@@ -123,6 +150,25 @@ TEST(Lora, AdapterGradientsMatchPyTorchFloat32) {
   F::cross_entropy(logits.reshape({-1, c.vocab_size}), y.reshape({-1})).backward();
   EXPECT_TRUE(test::close(logits, want.at("logits"), 1e-5, 1e-6));
   expect_adapter_grads(*model, want, 1e-6);
+}
+
+// llama2.c's names: adapters on wq and wv of a grouped-query Llama (wk and wv are (16, 32) there, so rank 8 fits).
+TEST(Lora, LlamaAdapterGradientsMatchPyTorchFloat32) {
+  const models::LlamaConfig c = test::tiny_llama_config(67);
+  models::Llama model(c, 3);
+  nn::LoraConfig cfg{.r = 8, .alpha = 16, .target_modules = {"wq", "wv"}};
+  EXPECT_EQ(nn::apply_lora(model, cfg).size(), 4u);
+  randomize_b(model, 7);
+  const Tensor x = test::random_token_batch(3, 16, 67, 1), y = test::random_token_batch(3, 16, 67, 2);
+  const StateDict want =
+      run_oracle("lora_llama_f32",
+                 test::llama_config_json(c, detail::cat(", \"model\": \"llama\", \"scaling\": ", cfg.scaling())), model,
+                 {{"x", x}, {"y", y}});
+  ASSERT_FALSE(want.empty());
+  const Tensor logits = model(x);
+  F::cross_entropy(logits.reshape({-1, 67}), y.reshape({-1})).backward();
+  EXPECT_TRUE(test::close(logits, want.at("logits"), 1e-5, 1e-6));
+  expect_adapter_grads(model, want, 1e-6);
 }
 
 // O1 bf16 with a frozen base: the base's Linear and embedding weights are stored in bfloat16 (LayerNorms and
@@ -166,10 +212,11 @@ int64_t optimizer_bytes(const optim::Optimizer& opt) {
   return n;
 }
 
-// AdamW over all the model's parameters: only the adapters get gradients and state (float32 moments, and float32
-// masters at O2), whatever the level; a step leaves the base as it was.
+// AdamW over the trainable parameters: only the adapters get gradients and state (float32 moments, and float32
+// masters at O2; at O3 the adapters are bfloat16, updated without masters), whatever the level; a step leaves the
+// base as it was.
 TEST(Lora, BaseGetsNoGradientAndNoOptimizerState) {
-  for (amp::OptLevel level : {amp::OptLevel::O0, amp::OptLevel::O1, amp::OptLevel::O2}) {
+  for (amp::OptLevel level : {amp::OptLevel::O0, amp::OptLevel::O1, amp::OptLevel::O2, amp::OptLevel::O3}) {
     models::GPTConfig c = test::tiny_gpt_config(67);
     auto model = models::gpt(c, 5);
     nn::apply_lora(*model, nn::LoraConfig{.target_modules = {"c_attn"}});
@@ -183,7 +230,9 @@ TEST(Lora, BaseGetsNoGradientAndNoOptimizerState) {
       return sd;
     }();
     auto opt = optim::make_adamw(trainable, optim::AdamOptions::adamw());
-    auto amp = amp::initialize(*model, {opt.get()}, level, DType::BFloat16);
+    amp::Overrides ov;
+    if (level == amp::OptLevel::O3) ov.rounding = optim::Rounding::Stochastic;
+    auto amp = amp::initialize(*model, {opt.get()}, level, DType::BFloat16, ov);
     Tensor loss;
     {
       auto fw = amp->forward();
@@ -200,6 +249,41 @@ TEST(Lora, BaseGetsNoGradientAndNoOptimizerState) {
       if (k.find(".lora_") == std::string::npos)  // as it was, in the dtype the level stores it in
         EXPECT_TRUE(same_bits(v, base_before.at(k).to(v.dtype()))) << k;
   }
+}
+
+// O1 float16: dynamic loss scaling scales and unscales the adapters' gradients only; two accumulated micro-batches
+// clipped to norm 0.5 give the float32 run's clipped sum, within float16's tolerance.
+TEST(Lora, LossScalingClippingAndAccumulationAtO1Float16) {
+  models::GPTConfig c = test::tiny_gpt_config(67);
+  const Tensor x[] = {test::random_token_batch(2, 16, 67, 1), test::random_token_batch(2, 16, 67, 3)};
+  const Tensor y[] = {test::random_token_batch(2, 16, 67, 2), test::random_token_batch(2, 16, 67, 4)};
+  std::vector<Tensor> grads[2];
+  for (amp::OptLevel level : {amp::OptLevel::O0, amp::OptLevel::O1}) {
+    auto model = models::gpt(c, 5);
+    nn::apply_lora(*model, nn::LoraConfig{.target_modules = {"c_attn", "c_fc"}});
+    randomize_b(*model, 3);
+    std::vector<Tensor> trainable;
+    for (const Tensor& p : model->parameters())
+      if (p.requires_grad()) trainable.push_back(p);
+    optim::SGD opt(trainable, {.lr = 0.1});
+    auto amp = amp::initialize(*model, {&opt}, level, DType::Float16);
+    for (int k = 0; k < 2; ++k) {
+      Tensor loss;
+      {
+        auto fw = amp->forward();
+        loss = test::lm_loss(*model, x[k], y[k]);
+      }
+      amp->scale_loss(loss, opt).backward();
+    }
+    if (level == amp::OptLevel::O1) EXPECT_EQ(amp->scaler().get_scale(), 65536.0);
+    const std::vector<Tensor> masters = amp::master_params(opt);  // unscaled here
+    EXPECT_EQ(masters.size(), trainable.size());
+    amp::clip_grad_norm_(masters, 0.5);
+    for (const Tensor& p : masters) grads[level == amp::OptLevel::O1].push_back(p.grad().to(DType::Float32).clone());
+    for (const auto& [name, p] : model->named_parameters())
+      if (!p.requires_grad()) EXPECT_FALSE(p.grad().defined()) << name;
+  }
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_LE(test::rel_l2(grads[1][i], grads[0][i]), 2e-2) << i;
 }
 
 TEST(Lora, MergedLogitsMatchAndUnmergeRestoresTheWeights) {

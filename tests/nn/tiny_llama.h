@@ -1,6 +1,8 @@
 // The tiny Llama configuration the Llama tests share: 2 layers, 4 heads of 8 over 2 kv heads (grouped-query
 // attention), 32 wide, hidden 96, context 16.
 #pragma once
+#include <string>
+
 #include "castor/llama.h"
 
 namespace castor::test {
@@ -10,6 +12,14 @@ inline models::LlamaConfig tiny_llama_config(int64_t vocab_size, int64_t n_kv_he
   c.dim = 32, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = n_kv_heads, c.vocab_size = vocab_size;
   c.multiple_of = 16, c.max_seq_len = 16, c.tied = tied;
   return c;
+}
+
+// The config as tests/oracle/llama_oracle.py reads it, with `extra` fields (", \"key\": value") appended.
+inline std::string llama_config_json(const models::LlamaConfig& c, const std::string& extra = "") {
+  return detail::cat("{\"dim\": ", c.dim, ", \"n_layers\": ", c.n_layers, ", \"n_heads\": ", c.n_heads,
+                     ", \"n_kv_heads\": ", c.kv_heads(), ", \"vocab_size\": ", c.vocab_size, ", \"hidden_dim\": ",
+                     c.ffn_hidden_dim(), ", \"norm_eps\": ", c.norm_eps, ", \"max_seq_len\": ", c.max_seq_len,
+                     ", \"rope_theta\": ", c.rope_theta, ", \"tied\": ", c.tied ? "true" : "false", extra, "}");
 }
 
 }  // namespace castor::test

@@ -1,11 +1,11 @@
-# PyTorch 1.13 LoRA on gpt_oracle.py's GPT, for tests/nn/lora_test.cpp.
+# PyTorch 1.13 LoRA on gpt_oracle.py's GPT or llama_oracle.py's Transformer, for tests/nn/lora_test.cpp.
 #
 #   lora_oracle.py grads CONFIG WEIGHTS BATCH OUT
 #       WEIGHTS: the base's nanoGPT-named tensors and the adapters' "<path>.lora_A.weight" (r, in) and
 #       "<path>.lora_B.weight" (out, r). Wraps each adapted Linear, freezes the base, runs BATCH's "x", "y" forward
 #       and backward and writes OUT: "loss", "logits", "grad.<path>.lora_A.weight", ... for the adapters, and
 #       "base_grads" (int64 [1]: how many base parameters got a gradient).
-# CONFIG: gpt_oracle.py's fields and "scaling"; "autocast": "bf16" stores the frozen base's non-LayerNorm
+# CONFIG: gpt_oracle.py's fields (llama_oracle.py's with "model": "llama") and "scaling"; "autocast": "bf16" stores the frozen base's non-LayerNorm
 # parameters in bfloat16 and runs under torch.autocast("cpu", torch.bfloat16), as Castor's O1 with LoRA (LayerNorm
 # as Castor's: float32 statistics and parameters, the output in the input's dtype).
 import json
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt_oracle import GPT  # noqa: E402
+from llama_oracle import Transformer  # noqa: E402
 from safetensors_io import read, write  # noqa: E402
 
 
@@ -39,7 +40,7 @@ def main():
     assert mode == "grads"
     torch.set_num_threads(2)
     state, _, _, _ = read(weights)
-    model = GPT(cfg)
+    model = (Transformer if cfg.get("model") == "llama" else GPT)(cfg)
     model.load_state_dict({k: v.float() for k, v in state.items() if ".lora_" not in k}, strict=True)
     model.requires_grad_(False)
     autocast = cfg.get("autocast") == "bf16"

@@ -3,11 +3,8 @@
 // bad sizes, a damaged tokenizer.bin and setup's missing data/brown-bpe give one-line errors naming the flag or file.
 #include <gtest/gtest.h>
 
-#include <fstream>
-
 #include "castor/bpe_tokenizer.h"
 #include "castor/fs.h"
-#include "castor/random.h"
 #include "castor/tokenizer.h"
 #include "train/run_test_util.h"
 
@@ -19,14 +16,7 @@ using test::CastorProcess;
 class BpeCli : public ::testing::Test {
  protected:
   void SetUp() override {
-    const char* subjects[] = {"The jury", "A clerk", "The city", "His wife", "The court"};
-    const char* verbs[] = {"said", "found", "saw", "asked", "heard"};
-    const char* objects[] = {"the report.", "no evidence.", "the man.", "a letter.", "the news."};
-    Generator gen(11);
-    std::ofstream text(path("text.txt"));
-    for (int i = 0; i < 1500; ++i)
-      text << subjects[gen.next_u64() % 5] << " " << verbs[gen.next_u64() % 5] << " " << objects[gen.next_u64() % 5]
-           << (i % 6 == 5 ? "\n" : " ");
+    test::write_grammar_text(path("text.txt"), 1500, 6, 11, /*capitalized=*/true);
   }
   std::string path(const std::string& name) const { return scratch.file(name); }
   CastorProcess castor(const std::vector<std::string>& args) { return test::run_castor(args, in_dir, 120); }

@@ -291,7 +291,9 @@ TEST(TrainFlags, ConfigJsonAndResumeHelpComeFromTheSettingsTable) {
   // Every recorded key is a flag of castor train, and reads back as the same setting.
   const TrainConfig c = parse_train_flags({"--lr", "0.25", "--no-bias", "--model", "gpt", "--loss-scale", "128"});
   const Json recorded = settings_json(c);
-  EXPECT_EQ(recorded.as_object().size(), 53u);  // with the Llama rows: n_kv_head, multiple_of, rope_theta, untied
+  // with the Llama rows (n_kv_head, multiple_of, rope_theta, untied) and LoRA's (lora_rank, lora_alpha,
+  // lora_dropout, lora_targets, rslora, init_lora)
+  EXPECT_EQ(recorded.as_object().size(), 59u);
   const std::string help = train_help();
   for (const auto& [key, v] : recorded.as_object()) {
     std::string flag = "--" + key;

@@ -10,6 +10,7 @@
 #include "castor/fs.h"
 #include "castor/json.h"
 #include "castor/llama2c.h"
+#include "castor/llmc.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "io/file_test_util.h"
@@ -32,7 +33,8 @@ Llama2cConfig small_config() {
 Llama2cWeights random_weights(const Llama2cConfig& c, bool shared, uint64_t seed) {
   Generator g(seed);
   Llama2cWeights w{c, {}};
-  for (const auto& [name, shape] : models::llama2c_tensors(c, 1, shared)) w.state[name] = randn(shape, DType::Float32, &g);
+  for (const auto& [name, shape] : models::llama2c_tensors(c, 1, shared))
+    w.state[name] = randn(shape, DType::Float32, &g);
   if (shared) w.state["output.weight"] = w.state.at("tok_embeddings.weight");
   return w;
 }
@@ -238,8 +240,8 @@ TEST(Llama2c, DamagedFilesAreOneLineErrors) {
   Bytes longer = bytes;
   longer.resize(bytes.size() + 4);
   expect_bad(longer, {"needs " + std::to_string(bytes.size())});
-  expect_bad(head(bytes, 20), {"shorter than a v0 header's 28"});
-  expect_bad({}, {"shorter than a v0 header's 28"});
+  expect_bad(head(bytes, 20), {"is 20 bytes, shorter than a llama2.c v0 header (28 bytes)"});
+  expect_bad({}, {"is 0 bytes, shorter than a llama2.c v0 header (28 bytes)"});
   auto with_int = [&](const Bytes& base, size_t offset, int32_t v) {
     Bytes b = base;
     std::memcpy(b.data() + offset, &v, 4);
@@ -265,6 +267,55 @@ TEST(Llama2c, DamagedFilesAreOneLineErrors) {
   expect_bad(flag, {"shared-classifier byte is 7"});
   expect_bad(head(v1, 100), {"llama2.c v1 file is 100 bytes, shorter than its 256-byte header"});
   expect_bad(with_int(v1, 28, -37), {"vocab_size must be positive, got -37"});
+}
+
+// What eval, info and --init see of a llama2.c file: its format told by its first bytes (v1's magic number, or a v0
+// header that fits the file exactly), its tensors and a Llama run's castor.config; a damaged v0 file is named with
+// what reading it as one found.
+TEST(Llama2c, WeightsFilesTellLlama2cFiles) {
+  const test::ScratchDir dir;
+  Llama2cConfig c = small_config();
+  c.hidden_dim = 64;  // what --multiple-of 32 gives for dim 16 (2/3 of 64 = 42, rounded up)
+  const Llama2cWeights w = random_weights(c, false, 4);
+  for (int version : {0, 1}) {
+    const std::string path = detail::cat(dir + "/v", version, ".bin");
+    models::write_llama2c(path, w, version);
+    EXPECT_EQ(models::weights_format(path), models::WeightsFormat::Llama2c);
+    const LoadedTensors loaded = models::load_weights_file(path, "tokens");
+    EXPECT_EQ(loaded.tensors.size(), w.state.size());
+    EXPECT_TRUE(test::bit_equal(loaded.tensors.at("output.weight"), w.state.at("output.weight")));
+    const Json config = Json::parse(loaded.metadata.at("castor.config"));
+    EXPECT_EQ(config.at("model").as_string(), "llama");
+    EXPECT_EQ(config.at("data").as_string(), "tokens");
+    for (const auto& [key, value] : std::vector<std::pair<const char*, int64_t>>{
+             {"n_embd", 16}, {"n_layer", 2}, {"n_head", 4}, {"n_kv_head", 2}, {"vocab_size", 37}, {"block_size", 12},
+             {"multiple_of", 32}})
+      EXPECT_EQ(config.at(key).as_int(), value) << key;
+    EXPECT_TRUE(config.at("untied").as_bool());
+    const SafetensorsFile header = models::read_weights_header(path);
+    EXPECT_EQ(header.entries.size(), w.state.size() + (version == 0 ? 2 : 0));  // v0: the RoPE tables
+    EXPECT_EQ(Json::parse(header.metadata.at("castor.config")).find("data"), nullptr);
+  }
+  const Bytes v0 = read_file(dir + "/v0.bin");
+  test::write_bytes(dir + "/short.bin", head(v0, v0.size() - 1));
+  test::expect_error([&] { models::weights_format(dir + "/short.bin"); },
+                     {dir + "/short.bin: not a safetensors, llm.c or llama2.c file", "as a llama2.c v0 file",
+                      "needs " + std::to_string(v0.size())});
+  test::expect_error([&] { models::load_gpt_init(dir + "/v0.bin"); }, {dir + "/v0.bin", "a Llama's weights"});
+}
+
+// The --multiple-of of a file's hidden_dim: 32 when model.py's rule gives it from 32, else hidden_dim itself; one
+// below the rule's 2/3 of 4 dim has none.
+TEST(Llama2c, MultipleOfGivesTheFilesHiddenDim) {
+  Llama2cConfig c = small_config();  // dim 16: the rule's 42, rounded up
+  c.hidden_dim = 64;
+  EXPECT_EQ(models::llama2c_multiple_of(c, "f"), 32);
+  c.hidden_dim = 44;
+  EXPECT_EQ(models::llama2c_multiple_of(c, "f"), 44);
+  c.hidden_dim = 42;
+  EXPECT_EQ(models::llama2c_multiple_of(c, "f"), 42);
+  c.hidden_dim = 41;
+  test::expect_error([&] { models::llama2c_multiple_of(c, "f"); }, {"f: hidden_dim 41 is below 42"});
 }
 
 // Writing: an invalid config or a state dict that does not fit it is refused naming the file, and a good file at

@@ -41,18 +41,7 @@ using test::run_castor;
 class LmTrain : public ::testing::Test {
  protected:
   void SetUp() override {
-    // A learnable text: sentences drawn from a small grammar.
-    const char* subjects[] = {"the jury", "a clerk", "the city", "his wife", "the court"};
-    const char* verbs[] = {"said", "found", "saw", "asked", "heard"};
-    const char* objects[] = {"the report.", "no evidence.", "the man.", "a letter.", "the news."};
-    Generator gen(3);
-    std::ofstream text(path("text.txt"));
-    for (int i = 0; i < 3000; ++i)
-      text << subjects[gen.next_u64() % 5] << " " << verbs[gen.next_u64() % 5] << " " << objects[gen.next_u64() % 5]
-           << (i % 8 == 7 ? "\n" : " ");
-    text.close();
-    CastorProcess p = castor({"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok",
-                              "--val-fraction", "0.1"});
+    CastorProcess p = test::make_grammar_tokens(in_dir);
     ASSERT_EQ(p.exit_code, 0) << p.err;
   }
   std::string path(const std::string& name) const { return scratch.file(name); }

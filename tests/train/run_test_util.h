@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include "castor/checkpoint.h"
+#include "castor/random.h"
 #include "test_util.h"
 
 namespace castor::test {
@@ -100,6 +101,22 @@ class CastorProcess {
   pid_t pid_ = -1;
 };
 
+// A learnable text for language-model runs: `count` sentences drawn from a small grammar ("the jury said the report.",
+// subjects capitalized when `capitalized`) by a generator seeded with `seed`, `per_line` to a line.
+inline void write_grammar_text(const std::string& path, int count, int per_line, uint64_t seed, bool capitalized) {
+  const char* subjects[] = {"the jury", "a clerk", "the city", "his wife", "the court"};
+  const char* verbs[] = {"said", "found", "saw", "asked", "heard"};
+  const char* objects[] = {"the report.", "no evidence.", "the man.", "a letter.", "the news."};
+  Generator gen(seed);
+  std::ofstream text(path);
+  for (int i = 0; i < count; ++i) {
+    std::string subject = subjects[gen.next_u64() % 5];
+    if (capitalized) subject[0] = static_cast<char>(subject[0] - 'a' + 'A');
+    text << subject << " " << verbs[gen.next_u64() % 5] << " " << objects[gen.next_u64() % 5]
+         << (i % per_line == per_line - 1 ? "\n" : " ");
+  }
+}
+
 // Runs `castor args...` to the end (at most `seconds`).
 inline CastorProcess run_castor(const std::vector<std::string>& args, const CastorRun& run, double seconds = 60) {
   CastorProcess p(args, run);
@@ -117,6 +134,14 @@ inline void expect_one_line_error(const CastorProcess& p, const std::vector<std:
   EXPECT_EQ(p.err.find('\n', at), p.err.size() - 1) << "not one line: " << p.err;
   EXPECT_EQ(p.err.find("terminate called"), std::string::npos) << p.err;
   for (const std::string& s : parts) EXPECT_NE(p.err.find(s), std::string::npos) << "'" << s << "' not in: " << p.err;
+}
+
+// A learnable text of 3000 sentences from a small grammar ("the jury said the report."), eight to a line, written to
+// `run.dir`/text.txt and tokenized by characters into `run.dir`/tok (a tenth for validation).
+inline CastorProcess make_grammar_tokens(const CastorRun& run) {
+  write_grammar_text(run.dir + "/text.txt", 3000, 8, 3, /*capitalized=*/false);
+  return run_castor({"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok", "--val-fraction", "0.1"},
+                    run);
 }
 
 // Every tensor of both checkpoints (or run directories: their newest), bit for bit, step counters and all.

@@ -1,0 +1,225 @@
+// LoRA runs of castor train: adapter settings from the flags or PEFT's adapter_config.json, the base's checksum,
+// adapter-only checkpoints, merging a run's adapters into its base, and PEFT's files.
+#include "train/lora_run.h"
+
+#include <filesystem>
+#include <set>
+
+#include "castor/autograd.h"
+#include "castor/fs.h"
+#include "castor/llmc.h"
+#include "castor/models.h"
+#include "castor/safetensors.h"
+#include "castor/serialize.h"
+
+namespace castor::train {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kPeftPrefix = "base_model.model.";
+constexpr const char* kBaseKey = "castor.lora_base";
+
+std::vector<std::string> split_commas(const std::string& list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  for (size_t comma; (comma = list.find(',', start)) != std::string::npos; start = comma + 1)
+    out.push_back(list.substr(start, comma - start));
+  out.push_back(list.substr(start));
+  return out;
+}
+
+// Copies `tensors` into the model's adapters: exactly its adapter keys, each of its shape. castor::Error naming `what`.
+void load_adapters(nn::Module& model, const StateDict& tensors, const std::string& what) {
+  const StateDict own = nn::lora_state_dict(model);
+  std::string missing, unexpected;
+  for (const auto& [k, t] : own)
+    if (!tensors.count(k)) missing += (missing.empty() ? "" : ", ") + k;
+  for (const auto& [k, t] : tensors)
+    if (!own.count(k)) unexpected += (unexpected.empty() ? "" : ", ") + k;
+  CASTOR_CHECK(missing.empty() && unexpected.empty(), what, ": the adapters do not fit the model (",
+               missing.empty() ? "" : "missing " + missing, missing.empty() || unexpected.empty() ? "" : "; ",
+               unexpected.empty() ? "" : "unexpected " + unexpected, ")");
+  for (const auto& [k, t] : own)
+    CASTOR_CHECK(tensors.at(k).shape() == t.shape() && is_floating(tensors.at(k).dtype()), what, ": ", k, " is ",
+                 tensors.at(k).describe(), ", the model's adapter is ", shape_str(t.shape()),
+                 " (another rank, or another base?)");
+  NoGradGuard no_grad;
+  for (const auto& [k, t] : own) Tensor(t).copy_(tensors.at(k));
+}
+
+// Error unless `file` still has the checksum recorded when the run started.
+void check_base_checksum(const std::string& file, const std::string& recorded, const std::string& what) {
+  const std::string now = checksum64_hex(read_file(file));
+  CASTOR_CHECK(now == recorded, what, ": the LoRA base ", file, " changed since the run started (checksum ", now,
+               ", recorded ", recorded, "); the adapters fit only the base they were trained on");
+}
+
+// A LoRA checkpoint's base GPT (checksum checked) with its adapters.
+std::shared_ptr<models::GPT> adapted_gpt(const Checkpoint& ck, const std::string& what) {
+  const Json config = castor_config(ck.model_meta, what);
+  CASTOR_CHECK(config.is_object(), what, ": a LoRA checkpoint without its settings (castor.config)");
+  const auto kind = ck.model_meta.find("castor.model");
+  CASTOR_CHECK(kind != ck.model_meta.end() && kind->second.starts_with("gpt"), what, ": a LoRA run on a ",
+               kind == ck.model_meta.end() ? std::string("?") : printable(kind->second),
+               " base; castor sample and export merge adapters into GPT bases only so far (castor eval takes it)");
+  const std::string base = ck.model_meta.at(kBaseKey);
+  if (const Json* sum = config.find("init_checksum"); sum && sum->is_string())
+    check_base_checksum(base, sum->as_string(), what);
+  const Json* n_head = config.find("n_head");
+  models::GPTWeights w = models::load_gpt_init(base, n_head && n_head->is_int() ? n_head->as_int() : 0);
+  auto model = models::gpt(w.config);
+  model->load_state_dict(w.state);
+  nn::apply_lora(*model, lora_config(config));
+  load_adapters(*model, ck.model, what);
+  return model;
+}
+
+// PEFT's target_modules: the distinct names of the adapted layers.
+Json::Array target_names(nn::Module& model) {
+  std::set<std::string> names;
+  for (const auto& [path, layer] : nn::lora_layers(model)) names.insert(path.substr(path.rfind('.') + 1));
+  return Json::Array(names.begin(), names.end());
+}
+
+// --init-lora's adapter_config.json as LoRA settings, into `c`; a given flag that differs is an error.
+void take_peft_config(TrainConfig& c) {
+  const std::string file = c.init_lora + "/adapter_config.json";
+  try {
+    const std::vector<uint8_t> bytes = read_file(file);
+    const Json j = Json::parse(std::string(bytes.begin(), bytes.end()));
+    CASTOR_CHECK(j.is_object() && j.find("peft_type") && j.at("peft_type") == Json("LORA"),
+                 "not a LoRA adapter (peft_type \"LORA\")");
+    const Json& targets = j.at("target_modules");
+    std::string list;
+    if (targets.is_string()) list = targets.as_string();
+    else
+      for (const Json& t : targets.as_array()) list += (list.empty() ? "" : ",") + t.as_string();
+    const Json* rs = j.find("use_rslora");
+    const Json* p = j.find("lora_dropout");
+    const TrainConfig file_config{.lora_rank = j.at("r").as_int(), .lora_alpha = j.at("lora_alpha").as_double(),
+                                  .lora_dropout = p ? p->as_double() : 0.0, .lora_targets = list,
+                                  .rslora = rs && rs->as_bool()};
+    auto take = [&](const char* flag, auto member) {
+      CASTOR_CHECK(!c.given(flag) || c.*member == file_config.*member, flag, " ", Json(c.*member).dump(),
+                   " differs from the file's ", Json(file_config.*member).dump());
+      c.*member = file_config.*member;
+    };
+    take("--lora-rank", &TrainConfig::lora_rank);
+    take("--lora-alpha", &TrainConfig::lora_alpha);
+    take("--lora-dropout", &TrainConfig::lora_dropout);
+    take("--lora-targets", &TrainConfig::lora_targets);
+    take("--rslora", &TrainConfig::rslora);
+  } catch (const Error& e) {
+    throw Error(detail::cat("--init-lora ", file, ": ", e.what()));
+  }
+}
+
+}  // namespace
+
+void resolve_init_dir(TrainConfig& c) {
+  std::error_code ec;
+  if (c.init.empty() || !fs::is_directory(c.init, ec)) return;
+  const std::optional<std::string> ck = is_checkpoint_dir(c.init) ? c.init : latest_checkpoint(c.init);
+  CASTOR_CHECK(ck.has_value(), "--init ", c.init, ": a directory without a checkpoint (expected a run directory, "
+               "a checkpoint folder or a weights file)");
+  const std::string file = (fs::path(*ck) / "model.safetensors").string();
+  CASTOR_CHECK(!is_lora_checkpoint(read_safetensors_header(file).metadata), "--init ", c.init,
+               ": a LoRA run's checkpoint holds its adapters only; write the merged model with castor export "
+               "--merge-lora and start from that file");
+  c.init = file;
+}
+
+nn::LoraConfig lora_config(const Json& s) {
+  nn::LoraConfig c;
+  c.r = s.at("lora_rank").as_int();
+  c.alpha = s.at("lora_alpha").as_double();
+  c.dropout = s.at("lora_dropout").as_double();
+  c.target_modules = split_commas(s.at("lora_targets").as_string());
+  c.rslora = s.at("rslora").as_bool();
+  c.seed = static_cast<uint64_t>(s.at("seed").as_int());
+  return c;
+}
+
+void check_lora_flags(TrainConfig& c) {
+  if (!c.init_lora.empty()) take_peft_config(c);
+  for (const char* flag : {"--lora-alpha", "--lora-dropout", "--lora-targets", "--rslora"})
+    CASTOR_CHECK(!c.given(flag) || c.lora_rank > 0, flag, ": needs --lora-rank (LoRA fine-tuning of an --init base)");
+  CASTOR_CHECK(c.lora_rank == 0 || !c.init.empty(), c.init_lora.empty() ? "--lora-rank" : "--init-lora",
+               ": needs --init (the base model to fine-tune: a run directory or a weights file)");
+}
+
+void check_lora_base(const TrainConfig& c) {
+  if (c.lora_rank > 0 && !c.init_checksum.empty()) check_base_checksum(c.init, c.init_checksum, "--init");
+}
+
+void apply_run_lora(const TrainConfig& c, nn::Module& model) {
+  Json settings = settings_json(c);
+  try {
+    nn::apply_lora(model, lora_config(settings));
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    throw Error(detail::cat(msg.find("target module") != std::string::npos ? "--lora-targets " + c.lora_targets
+                                                                           : detail::cat("--lora-rank ", c.lora_rank),
+                            ": ", msg));
+  }
+  if (c.init_lora.empty()) return;
+  const std::string file = c.init_lora + "/adapter_model.safetensors";
+  StateDict adapters;
+  for (auto& [k, t] : load_safetensors(file).tensors) {
+    CASTOR_CHECK(k.rfind(kPeftPrefix, 0) == 0, "--init-lora ", file, ": key \"", k, "\" does not start with \"",
+                 kPeftPrefix, "\" (not a PEFT adapter file)");
+    adapters.emplace(k.substr(std::string(kPeftPrefix).size()), t);
+  }
+  load_adapters(model, adapters, "--init-lora " + file);
+}
+
+void keep_adapters(Checkpoint& ck, const Json& config) {
+  const Json* rank = config.find("lora_rank");
+  if (!rank || !rank->is_int() || rank->as_int() == 0) return;
+  StateDict adapters;
+  for (auto& [k, t] : ck.model)
+    if (k.find(".lora_") != std::string::npos) adapters.emplace(k, t);
+  ck.model = std::move(adapters);
+  ck.model_meta[kBaseKey] = config.at("init").as_string();
+}
+
+bool is_lora_checkpoint(const Metadata& meta) { return meta.count(kBaseKey) > 0; }
+
+void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata& meta, const std::string& what) {
+  if (is_lora_checkpoint(meta)) return load_adapters(model, tensors, what);
+  model.load_state_dict(tensors, /*strict=*/true);
+}
+
+void merge_lora_checkpoint(Checkpoint& ck, const std::string& what) {
+  if (!is_lora_checkpoint(ck.model_meta)) return;
+  auto model = adapted_gpt(ck, what);
+  nn::merge_and_unload(*model);
+  ck.model = model->state_dict();
+  ck.model_meta.erase(kBaseKey);
+  ck.state.clear();  // the optimizer state is the adapters': none of the merged model's
+}
+
+void write_peft(const std::string& dir, const Checkpoint& ck, const std::string& what) {
+  CASTOR_CHECK(is_lora_checkpoint(ck.model_meta), "--peft: ", what, " is not a LoRA run's (castor train --lora-rank)");
+  auto model = adapted_gpt(ck, what);
+  const Json config = castor_config(ck.model_meta, what);
+  StateDict tensors;
+  for (const auto& [k, t] : nn::lora_state_dict(*model))
+    tensors.emplace(kPeftPrefix + k, t.to(DType::Float32).contiguous());
+  const nn::LoraConfig c = lora_config(config);
+  const Json adapter_config = Json::Object{
+      {"peft_type", "LORA"}, {"task_type", "CAUSAL_LM"}, {"base_model_name_or_path", ck.model_meta.at(kBaseKey)},
+      {"r", c.r}, {"lora_alpha", c.alpha}, {"lora_dropout", c.dropout}, {"target_modules", target_names(*model)},
+      {"use_rslora", c.rslora}, {"bias", "none"}, {"fan_in_fan_out", false}, {"init_lora_weights", true},
+      {"inference_mode", true}, {"modules_to_save", Json()}, {"layers_to_transform", Json()},
+      {"revision", Json()}};
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  CASTOR_CHECK(fs::is_directory(dir, ec), "--peft ", dir, ": cannot make the directory");
+  save_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+  atomic_write_file(dir + "/adapter_config.json", adapter_config.dump(2) + "\n");
+}
+
+}  // namespace castor::train

@@ -1,0 +1,43 @@
+// LoRA runs of castor train: adapter settings (flags or a PEFT directory), the frozen base's checksum, checkpoints
+// holding the adapters only, and PEFT's adapter_config.json + adapter_model.safetensors.
+#pragma once
+#include <string>
+
+#include "castor/checkpoint.h"
+#include "castor/json.h"
+#include "castor/lora.h"
+#include "castor/train_config.h"
+
+namespace castor::train {
+
+// --init RUN or RUN/checkpoints/step-N: the newest (or that) checkpoint's model.safetensors. castor::Error for a
+// directory without a checkpoint, or a LoRA run's (its model file holds adapters only: merge it first).
+void resolve_init_dir(TrainConfig& c);
+// The adapter config recorded settings describe (config.json's "lora_rank", "lora_alpha", ...).
+nn::LoraConfig lora_config(const Json& settings);
+// The LoRA flags' rules, after parsing: --lora-alpha and the others need --lora-rank (or --init-lora, whose
+// adapter_config.json then gives them: a given flag that differs is an error) and LoRA needs --init.
+void check_lora_flags(TrainConfig& c);
+// A LoRA run resumed or evaluated (c.init_checksum recorded): castor::Error unless --init still has that checksum (a
+// changed base is refused: the adapters fit only the base they were trained on).
+void check_lora_base(const TrainConfig& c);
+// Adapts the model built from --init as `c` says and loads --init-lora's adapters.
+void apply_run_lora(const TrainConfig& c, nn::Module& model);
+
+// Makes a checkpoint of a LoRA run (config's lora_rank > 0) hold only the adapters, with "castor.lora_base" (the base
+// file) in its metadata.
+void keep_adapters(Checkpoint& ck, const Json& config);
+bool is_lora_checkpoint(const Metadata& meta);
+// Loads a checkpoint's model file into `model`: strictly, or for a LoRA checkpoint its adapters (exactly the model's
+// adapter keys and shapes; the base is loaded already). castor::Error naming `what`.
+void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata& meta, const std::string& what);
+// Turns a LoRA checkpoint's model file into the merged model's, as a full run's checkpoint holds it: the recorded base
+// (checksum checked), its adapters merged (nn::merge_and_unload).
+void merge_lora_checkpoint(Checkpoint& ck, const std::string& what);
+
+// PEFT's pair of files in `dir` for a LoRA checkpoint's adapters: adapter_model.safetensors ("base_model.model.<path>
+// .lora_A.weight" (r, in), "...lora_B.weight" (out, r), float32) and adapter_config.json (r, lora_alpha,
+// lora_dropout, target_modules, use_rslora, base_model_name_or_path, ...). Each file is replaced whole.
+void write_peft(const std::string& dir, const Checkpoint& ck, const std::string& what);
+
+}  // namespace castor::train
