@@ -20,12 +20,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import llama_oracle  # noqa: E402
 
 
-def config(n_kv_heads):
-    dim, multiple_of = 288, 32
+def config(n_kv_heads, dim=288, n_layers=6, n_heads=6, max_seq_len=256):
+    """model.py's ModelArgs (multiple_of 32, vocabulary 512, tied); the defaults are llama-15m's sizes."""
+    multiple_of = 32
     hidden = int(2 * 4 * dim / 3)
     hidden = multiple_of * ((hidden + multiple_of - 1) // multiple_of)
-    return dict(dim=dim, n_layers=6, n_heads=6, n_kv_heads=n_kv_heads, vocab_size=512, hidden_dim=hidden,
-                norm_eps=1e-5, max_seq_len=256, rope_theta=10000.0, tied=True)
+    return dict(dim=dim, n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads, vocab_size=512, hidden_dim=hidden,
+                norm_eps=1e-5, max_seq_len=max_seq_len, rope_theta=10000.0, tied=True)
 
 
 def init_like_model_py(model, n_layers):
