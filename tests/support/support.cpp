@@ -18,22 +18,13 @@ std::string scratch_dir() {
   return dir;
 }
 
-std::string fresh_dir(const std::string& name) {
-  const std::string d = scratch_dir() + "/" + name;
-  std::filesystem::remove_all(d);
-  return d;
-}
-
-std::string new_dir(const std::string& name) {
-  const std::string d = fresh_dir(name);
-  std::filesystem::create_directories(d);
-  return d;
-}
-
 ScratchDir::ScratchDir(const std::string& name) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  str_ = new_dir(!name.empty() || info == nullptr ? name : std::string(info->test_suite_name()) + "." + info->name());
+  str_ = scratch_dir() + "/" +
+         (!name.empty() || info == nullptr ? name : std::string(info->test_suite_name()) + "." + info->name());
   path_ = str_;
+  std::filesystem::remove_all(path_);
+  std::filesystem::create_directories(path_);
 }
 
 ScratchDir::~ScratchDir() {

@@ -14,10 +14,6 @@ namespace castor::test {
 
 // This test process's scratch root, build/test_scratch/<pid> (created on first use).
 std::string scratch_dir();
-// scratch_dir()/name, emptied (removed if it exists; not created).
-std::string fresh_dir(const std::string& name);
-// fresh_dir(name), created empty.
-std::string new_dir(const std::string& name);
 
 // A scratch directory of one test: scratch_dir()/<name> (by default the current test's "Suite.Test"), emptied and
 // created, and removed with the object. It reads as its path: `dir + "/file"`, or passed as a std::string.

@@ -41,7 +41,8 @@ std::string auto_line(const std::string& dir, const std::string& cap) {
 }
 
 TEST(AutoPrecision, FollowsTheCpusBf16UnitsUnderEachIsaCap) {
-  const std::string dir = test::new_dir("auto_precision");
+  const test::ScratchDir scratch("auto_precision");
+  const std::string& dir = scratch.str();
   const std::set<std::string> flags = cpu_flags();
   ASSERT_FALSE(flags.empty()) << "no flags line in /proc/cpuinfo";
   const std::string none = "precision 32-true (auto: no bf16 units on this CPU; --precision bf16-mixed to force it)";
@@ -77,7 +78,8 @@ TEST(AutoPrecision, AResumedRunKeepsItsRecordedPrecisionOnAnotherCpu) {
   // A run started by default (auto) on one CPU class and resumed on another keeps what was chosen at its start:
   // config.json records the level and dtype. AVX512_CORE_BF16 and AVX2 caps give the two classes on a CPU with
   // AVX512_BF16; without it both choose 32-true and only that is checked.
-  const std::string dir = test::new_dir("auto_precision_resume");
+  const test::ScratchDir scratch("auto_precision_resume");
+  const std::string& dir = scratch.str();
   const bool units = cpu_flags().count("avx512_bf16") > 0;
   const std::vector<std::string> job = {"train", "--data",    "synthetic", "--synthetic-size",   "128", "--optimizer",
                                         "sgd",   "--threads", "2",         "--checkpoint-every", "2"};

@@ -85,7 +85,8 @@ TEST(Checkpoint, FlippedBitIsDetectedAndTheRunFallsBackToAnIntactOne) {
 // A checkpoint of the oldest format (its COMMIT marker says only "complete", no checksums) cannot show damage, so it
 // is refused naming the marker and the way on (--init); it used to be read, a flipped byte in its data and all.
 TEST(Checkpoint, OldestFormatWithoutChecksumsIsRefused) {
-  const std::string run = test::fresh_dir("ckpt_oldest");
+  const test::ScratchDir scratch("ckpt_oldest");
+  const std::string& run = scratch.str();
   const std::string dir = write_checkpoint(run, 1, make(1), /*keep=*/2);
   atomic_write_file(dir + "/COMMIT", std::string_view("complete\n"));
   std::vector<uint8_t> bytes = read_file(dir + "/model.safetensors");

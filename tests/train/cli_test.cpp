@@ -117,7 +117,8 @@ TEST(TrainFlags, AutoPrecisionIsTheDefaultAndAnExplicitLevelIsObeyed) {
             "--amp auto and --dtype float16: auto chooses the 16-bit type too (give --amp O1 --dtype float16, or "
             "drop --dtype)");
   // A run's config.json given as --config keeps its precision, even where it equals TrainConfig's member defaults.
-  const std::string dir = test::new_dir("auto_precision_config");
+  const test::ScratchDir scratch("auto_precision_config");
+  const std::string& dir = scratch.str();
   std::ofstream(dir + "/config.json") << R"({"amp": "O1", "dtype": "bfloat16", "precision_auto": "auto: amx_bf16"})";
   const TrainConfig from_file = parse_train_flags({"--config", dir + "/config.json"});
   EXPECT_FALSE(from_file.precision_auto);
@@ -194,8 +195,8 @@ TEST(TrainFlags, ConfigFilesRefuseDuplicateKeysNameThemselvesAndTakeConfigJsonSp
 // value are read, basic strings decode their escapes (\u0041, \t, \", \\, \U0001F600), literal strings keep
 // backslashes, and an unterminated string, a bad escape or text after a value is an error naming the file and line.
 TEST(TrainFlags, TomlConfigsFollowToml10) {
-  const std::string dir = test::fresh_dir("config_toml");
-  fs::create_directories(dir);
+  const test::ScratchDir scratch("config_toml");
+  const std::string& dir = scratch.str();
   std::ofstream(dir + "/bom.toml") << "\xEF\xBB\xBFlr = 0.25  # a quarter\r\nbatch-size = 7\r\n";
   TrainConfig c = parse_train_flags({"--config", dir + "/bom.toml"});
   EXPECT_DOUBLE_EQ(c.lr, 0.25);

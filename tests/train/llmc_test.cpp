@@ -255,7 +255,8 @@ TEST(LlmcInterop, TenAdamWStepsMatchPyTorch) {
 // loss, `castor eval` of the .bin and the first loss of `castor train --init` all match within 1e-6 relative, and the
 // padding rows' gradients stay zero.
 TEST(LlmcInterop, LossesCoverOnlyTheRealVocabulary) {
-  const std::string dir = test::fresh_dir("llmc_real_vocab");
+  const test::ScratchDir scratch("llmc_real_vocab");
+  const std::string& dir = scratch.str();
   std::filesystem::create_directories(dir + "/tok");
   const int64_t B = 4, T = 32, batches = 3;
   const std::string config = detail::cat(
@@ -308,8 +309,8 @@ TEST(LlmcInterop, LossesCoverOnlyTheRealVocabulary) {
 
 // castor eval and castor info read llm.c files; a file of neither format is named as such by --init, eval and info.
 TEST(LlmcInterop, EvalAndInfoReadLlmcFilesAndNameOtherFiles) {
-  const std::string dir = test::fresh_dir("llmc_eval_info");
-  std::filesystem::create_directories(dir);
+  const test::ScratchDir scratch("llmc_eval_info");
+  const std::string& dir = scratch.str();
   models::write_llmc_checkpoint(dir + "/m.bin", *models::gpt(small_config(), 5));
   const test::CastorRun in_dir{dir};
   test::CastorProcess info = test::run_castor({"info", "m.bin"}, in_dir);
