@@ -51,14 +51,17 @@ struct OpDef<OpKind::BatchNorm> {
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
+// What max and average pooling keep for backward: the window and the output's memory format.
+struct PoolOpParams {
+  kernels::Pool2dParams pool;
+  MemoryFormat format;  // of the output
+};
+
 // Max pooling of src (N, C, H, W) (a stride of {0, 0} is the kernel); `relu` folds a ReLU of the result into the
 // kernel where it can (channels-last, small windows), else applies it after.
 template <>
 struct OpDef<OpKind::MaxPool2d> {
-  struct Params {
-    kernels::Pool2dParams pool;
-    MemoryFormat format;  // of the output
-  };
+  using Params = PoolOpParams;
   struct Saved {
     SavedTensor workspace;  // with the ReLU folded in, it routes no gradient where the ReLU gives none
   };
@@ -68,10 +71,7 @@ struct OpDef<OpKind::MaxPool2d> {
 // Average pooling of src (N, C, H, W) (a stride of {0, 0} is the kernel).
 template <>
 struct OpDef<OpKind::AvgPool2d> {
-  struct Params {
-    kernels::Pool2dParams pool;
-    MemoryFormat format;  // of the output
-  };
+  using Params = PoolOpParams;
   struct Saved {};
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
