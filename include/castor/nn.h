@@ -115,6 +115,21 @@ class Module {
   std::vector<ForwardHook> forward_pre_hooks_, forward_hooks_;
 };
 
+// While one is alive on this thread, Conv2d, Linear and Embedding leave their weights and biases uninitialised and
+// advance the default generator exactly as their random initialisation would: for a model that initialises every
+// such parameter itself (GPT, Llama), whose default generator then draws (dropout) as it would without the guard.
+// The layers' constant initial values (LayerNorm's ones and zeros) are kept.
+class SkipInitGuard {
+ public:
+  SkipInitGuard();
+  ~SkipInitGuard();
+  SkipInitGuard(const SkipInitGuard&) = delete;
+  SkipInitGuard& operator=(const SkipInitGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
 // input (N, in, H, W) -> (N, out, H', W'). weight (out, in/groups, kh, kw), bias (out).
 class Conv2d : public Module {
  public:

@@ -16,14 +16,17 @@ class Generator {
   double next_double();  // uniform in [0, 1) with 53 random bits
   float next_float();    // uniform in [0, 1) with 24 random bits
   double next_normal();  // standard normal (Box-Muller, both values used)
-  // n standard normals, the same as n calls of next_normal (the transform of each pair runs on all threads).
-  void fill_normal(double* out, int64_t n);
+  // Advances the state as n calls of next_u64 would, in O(log n) (as std::mersenne_twister_engine::discard).
+  void discard(uint64_t n);
+  // Advances the state as n calls of next_normal would (only the last pair is transformed, for the cached value).
+  void discard_normals(int64_t n);
 
   using State = std::array<uint64_t, 6>;  // xoshiro words, a cached-normal flag and the cached normal's bits
   State state() const;
   void set_state(const State& s);
 
  private:
+  friend void normal_(const Tensor& t, double mean, double std, Generator* gen);  // reads the cached normal
   std::array<uint64_t, 4> s_{};
   bool has_cached_normal_ = false;
   double cached_normal_ = 0.0;
@@ -50,6 +53,9 @@ Tensor rand(const Shape& shape, DType dtype = DType::Float32, Generator* gen = n
 Tensor randn(const Shape& shape, DType dtype = DType::Float32, Generator* gen = nullptr);  // N(0, 1)
 Tensor uniform(const Shape& shape, double low, double high, DType dtype = DType::Float32, Generator* gen = nullptr);
 Tensor normal(const Shape& shape, double mean, double std, DType dtype = DType::Float32, Generator* gen = nullptr);
+// t's values replaced in place by normal(t.shape(), mean, std, t.dtype(), gen)'s, bumping its version as fill_ does
+// (a contiguous floating-point tensor; a parameter under no_grad, as torch.nn.init.normal_).
+void normal_(const Tensor& t, double mean, double std, Generator* gen = nullptr);
 Tensor bernoulli(const Shape& shape, double p, DType dtype = DType::Float32, Generator* gen = nullptr);
 Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator* gen = nullptr);  // int64 in [low, high)
 Tensor randperm(int64_t n, Generator* gen = nullptr);                                     // int64

@@ -1,11 +1,15 @@
 // The xoshiro256** generator and the random tensor factories.
 #include "castor/random.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <tuple>
 #include <utility>
 
 #include "castor/convert.h"
@@ -64,31 +68,92 @@ double Generator::next_normal() {
   return first;
 }
 
-void Generator::fill_normal(double* out, int64_t n) {
-  int64_t i = 0;
-  if (n > 0 && has_cached_normal_) out[i++] = next_normal();
-  // The rest in pairs as next_normal makes them, a chunk at a time: the draws in order here, then the transforms on
-  // all threads.
-  const int64_t pairs = (n - i + 1) / 2, chunk = int64_t{1} << 20;
-  std::unique_ptr<uint64_t[]> draws(new uint64_t[2 * std::min(pairs, chunk)]);
-  double last = 0;  // the last pair's second value, cached as next_normal caches it (and kept once used)
-  for (int64_t first_pair = 0; first_pair < pairs; first_pair += chunk) {
-    const int64_t m = std::min(chunk, pairs - first_pair);
-    for (int64_t k = 0; k < 2 * m; ++k) draws[k] = next_u64();
-    parallel_blocks(m, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) {
-        const auto [first, second] = box_muller(draws[2 * k], draws[2 * k + 1]);
-        const int64_t at = i + 2 * (first_pair + k);
-        out[at] = first;
-        if (at + 1 < n) out[at + 1] = second;
-        if (first_pair + k == pairs - 1) last = second;
+void Generator::discard_normals(int64_t n) {
+  if (n > 0 && has_cached_normal_) {
+    has_cached_normal_ = false;
+    --n;
+  }
+  if (n == 0) return;
+  discard(2 * static_cast<uint64_t>((n - 1) / 2));  // every pair but the last
+  next_normal();
+  if (n % 2 == 0) next_normal();
+}
+
+namespace {
+// xoshiro256's state transition T is linear over GF(2) and its characteristic polynomial P (degree 256) is
+// primitive, so n steps are T^n = (x^n mod P)(T): the state after n steps is the xor of the states after i steps,
+// 0 <= i < 256, for the coefficients of x^n mod P that are 1. A polynomial of degree < 256 is four words, bit i of
+// the whole the coefficient of x^i.
+using Poly = std::array<uint64_t, 4>;
+
+bool coefficient(const Poly& a, int i) { return (a[i / 64] >> (i % 64)) & 1; }
+
+// P's coefficients below x^256: the shortest recurrence (Berlekamp-Massey) of one state bit over 512 steps, which is
+// P's as P is primitive.
+const Poly& transition_polynomial() {
+  static const Poly p = [] {
+    constexpr int L = 256, N = 2 * L;
+    Generator g(0);
+    std::array<uint8_t, N> bits;
+    for (auto& bit : bits) {
+      bit = g.state()[0] & 1;
+      g.next_u64();
+    }
+    // c: the recurrence bit[n] = sum c[i] bit[n - i] found so far (c[0] = 1); b: c before its last length change.
+    std::array<uint8_t, N + 1> c{}, b{};
+    c[0] = b[0] = 1;
+    int len = 0, changed_at = -1;
+    for (int n = 0; n < N; ++n) {
+      uint8_t discrepancy = bits[n];
+      for (int i = 1; i <= len; ++i) discrepancy ^= c[i] & bits[n - i];
+      if (!discrepancy) continue;
+      const auto before = c;
+      for (int i = 0; i + n - changed_at <= N; ++i) c[i + n - changed_at] ^= b[i];
+      if (2 * len <= n) {
+        len = n + 1 - len;
+        changed_at = n;
+        b = before;
       }
-    });
+    }
+    CASTOR_ASSERT(len == L, "xoshiro256's state bit has a recurrence of length ", len, ", not ", L);
+    Poly low{};  // P(x) = x^256 + sum c[i] x^(256 - i)
+    for (int i = 1; i <= L; ++i) low[(L - i) / 64] |= uint64_t{c[static_cast<size_t>(i)]} << ((L - i) % 64);
+    return low;
+  }();
+  return p;
+}
+
+Poly times_x(Poly a) {  // a x mod P
+  const bool carry = a[3] >> 63;
+  for (int w = 3; w > 0; --w) a[w] = (a[w] << 1) | (a[w - 1] >> 63);
+  a[0] <<= 1;
+  if (carry)
+    for (int w = 0; w < 4; ++w) a[w] ^= transition_polynomial()[w];
+  return a;
+}
+
+Poly times(const Poly& a, const Poly& b) {  // a b mod P, by Horner's rule over b's coefficients
+  Poly r{};
+  for (int i = 255; i >= 0; --i) {
+    r = times_x(r);
+    if (coefficient(b, i))
+      for (int w = 0; w < 4; ++w) r[w] ^= a[w];
   }
-  if (pairs > 0) {
-    cached_normal_ = last;
-    has_cached_normal_ = (n - i) % 2 != 0;
+  return r;
+}
+}  // namespace
+
+void Generator::discard(uint64_t n) {
+  Poly r{1, 0, 0, 0};  // x^n mod P, squaring from n's top bit down
+  for (int bit = std::bit_width(n) - 1; bit >= 0; --bit) {
+    r = times(r, r);
+    if ((n >> bit) & 1) r = times_x(r);
   }
+  std::array<uint64_t, 4> sum{};
+  for (int i = 0; i < 256; ++i, next_u64())
+    if (coefficient(r, i))
+      for (int w = 0; w < 4; ++w) sum[w] ^= s_[w];
+  s_ = sum;
 }
 
 Generator::State Generator::state() const {
@@ -158,19 +223,58 @@ Tensor uniform(const Shape& shape, double low, double high, DType dtype, Generat
 }
 
 Tensor normal(const Shape& shape, double mean, double std, DType dtype, Generator* gen) {
-  CASTOR_CHECK(std >= 0, "normal: std must be non-negative, got ", std);
-  Generator& g = gen ? *gen : default_generator();
-  const int64_t n = shape_numel(shape);
-  std::unique_ptr<double[]> v(new double[n]);
-  g.fill_normal(v.get(), n);
   Tensor t = empty(shape, dtype);
-  char* dst = static_cast<char*>(t.data_ptr());
-  const size_t size = dtype_size(dtype);
-  parallel_blocks(n, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) v[i] = mean + std * v[i];
-    convert(v.get() + begin, DType::Float64, dst + begin * size, dtype, end - begin);
-  });
+  normal_(t, mean, std, gen);
   return t;
+}
+
+void normal_(const Tensor& t, double mean, double std, Generator* gen) {
+  CASTOR_CHECK(std >= 0, "normal: std must be non-negative, got ", std);
+  CASTOR_CHECK(is_floating(t.dtype()) && t.is_contiguous(), "normal_: expected a contiguous floating-point tensor, got ",
+               t.describe());
+  Generator& g = gen ? *gen : default_generator();
+  const int64_t n = t.numel();
+  char* dst = static_cast<char*>(t.data_ptr());
+  const size_t size = dtype_size(t.dtype());
+  auto store = [&](double* v, int64_t at, int64_t count) {  // values [at, at + count), standard normals in v
+    for (int64_t k = 0; k < count; ++k) v[k] = mean + std * v[k];
+    convert_serial(v, DType::Float64, dst + at * size, t.dtype(), static_cast<size_t>(count));
+  };
+  int64_t at = 0;
+  auto one_by_one = [&](int64_t count) {
+    double v[kBlock];
+    for (int64_t m; count > 0; count -= m, at += m) {
+      m = std::min(kBlock, count);
+      for (int64_t k = 0; k < m; ++k) v[k] = g.next_normal();
+      store(v, at, m);
+    }
+  };
+  if (n > kParallelGrain && omp_get_max_threads() > 1) {
+    // The pairs before the last on all threads, each from its own copy of g jumped to its first pair's draws;
+    // the last through next_normal on g, jumped past the others, which leaves g as n calls of next_normal do.
+    if (g.has_cached_normal_) one_by_one(1);
+    const int64_t pairs = (n - at - 1) / 2, first_value = at;
+#pragma omp parallel
+    {
+      const int64_t threads = omp_get_num_threads(), id = omp_get_thread_num();
+      const int64_t begin = pairs * id / threads, end = pairs * (id + 1) / threads;
+      Generator own = g;
+      own.discard(2 * static_cast<uint64_t>(begin));
+      double v[kBlock];
+      for (int64_t p = begin, m; p < end; p += m) {
+        m = std::min(kBlock / 2, end - p);
+        for (int64_t k = 0; k < m; ++k) {
+          const uint64_t a = own.next_u64();
+          std::tie(v[2 * k], v[2 * k + 1]) = box_muller(a, own.next_u64());
+        }
+        store(v, first_value + 2 * p, 2 * m);
+      }
+    }
+    g.discard(2 * static_cast<uint64_t>(pairs));
+    at += 2 * pairs;
+  }
+  one_by_one(n - at);
+  t.bump_version();
 }
 
 Tensor bernoulli(const Shape& shape, double p, DType dtype, Generator* gen) {

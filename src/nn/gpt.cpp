@@ -67,6 +67,7 @@ Tensor Block::forward(const Tensor& input) {
 
 GPT::GPT(const GPTConfig& c, uint64_t seed) : config_(c) {
   config_.validate();
+  nn::SkipInitGuard skip_init;  // the layers' PyTorch-style init is skipped: every weight and bias is set below
   transformer = register_module("transformer", std::make_shared<nn::ModuleDict>());
   wte = transformer->register_module("wte", std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd));
   wpe = transformer->register_module("wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd));
@@ -88,7 +89,7 @@ GPT::GPT(const GPTConfig& c, uint64_t seed) : config_(c) {
     if (ends_with(name, "bias"))
       p.fill_(0.0);
     else
-      p.copy_(normal(p.shape(), 0.0, ends_with(name, "c_proj.weight") ? std_resid : 0.02, DType::Float32, &gen));
+      normal_(p, 0.0, ends_with(name, "c_proj.weight") ? std_resid : 0.02, &gen);
   }
 }
 

@@ -12,22 +12,32 @@ namespace castor::nn {
 
 namespace {
 
+thread_local bool skip_init = false;  // SkipInitGuard
+
+// U(-bound, bound) from the default generator; under SkipInitGuard uninitialised, the generator advanced as if drawn.
+Tensor init_uniform(const Shape& shape, double bound) {
+  if (!skip_init) return uniform(shape, -bound, bound);
+  default_generator().discard(static_cast<uint64_t>(shape_numel(shape)));  // one draw a value
+  return empty(shape);
+}
+
 // torch.nn.init.kaiming_uniform_(w, a=sqrt(5)) on a weight with this fan-in, from the default generator.
 Tensor kaiming_uniform(const Shape& shape, int64_t fan_in) {
   const double a = std::sqrt(5.0);
   const double gain = std::sqrt(2.0 / (1.0 + a * a));  // calculate_gain("leaky_relu", a)
   const double std = gain / std::sqrt(static_cast<double>(fan_in));
-  const double bound = std::sqrt(3.0) * std;
-  return uniform(shape, -bound, bound);
+  return init_uniform(shape, std::sqrt(3.0) * std);
 }
 
 // PyTorch's default bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
 Tensor fan_in_uniform(const Shape& shape, int64_t fan_in) {
-  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
-  return uniform(shape, -bound, bound);
+  return init_uniform(shape, 1.0 / std::sqrt(static_cast<double>(fan_in)));
 }
 
 }  // namespace
+
+SkipInitGuard::SkipInitGuard() : prev_(skip_init) { skip_init = true; }
+SkipInitGuard::~SkipInitGuard() { skip_init = prev_; }
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride, Size2 padding,
                Size2 dilation, int64_t groups, bool bias)
@@ -104,8 +114,14 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padd
                " must be positive");
   CASTOR_CHECK(padding_idx >= -1 && padding_idx < num_embeddings, "Embedding: padding_idx ", padding_idx,
                " outside [0, ", num_embeddings, ")");
-  Tensor w = normal({num_embeddings, embedding_dim}, 0.0, 1.0);
-  if (padding_idx >= 0) w.narrow(0, padding_idx, 1).fill_(0.0);
+  Tensor w;
+  if (skip_init) {
+    default_generator().discard_normals(num_embeddings * embedding_dim);
+    w = empty({num_embeddings, embedding_dim});
+  } else {
+    w = normal({num_embeddings, embedding_dim}, 0.0, 1.0);
+    if (padding_idx >= 0) w.narrow(0, padding_idx, 1).fill_(0.0);
+  }
   weight = register_parameter("weight", w);
 }
 

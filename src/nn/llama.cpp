@@ -98,6 +98,7 @@ Tensor LlamaBlock::forward(const Tensor& x) {
 
 Llama::Llama(const LlamaConfig& c, uint64_t seed) : config_(c) {
   config_.validate();
+  nn::SkipInitGuard skip_init;  // the layers' PyTorch-style init is skipped: every weight is drawn below
   tok_embeddings = register_module("tok_embeddings", std::make_shared<nn::Embedding>(c.vocab_size, c.dim));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
   layers = register_module("layers", std::make_shared<nn::Sequential>());
@@ -112,7 +113,7 @@ Llama::Llama(const LlamaConfig& c, uint64_t seed) : config_(c) {
   for (auto& [name, p] : named_parameters()) {
     if (p.dim() != 2) continue;  // RMSNorm weights: 1 as constructed
     const bool resid = name.ends_with("w3.weight") || name.ends_with("wo.weight");
-    p.copy_(normal(p.shape(), 0.0, resid ? std_resid : 0.02, DType::Float32, &gen));
+    normal_(p, 0.0, resid ? std_resid : 0.02, &gen);
   }
 }
 

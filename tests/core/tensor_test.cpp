@@ -370,11 +370,36 @@ TEST(TensorRandom, StateRestoreReproducesEveryFactory) {
   }
 }
 
-// normal() fills a tensor with the values of next_normal() one by one (its pairs' transforms run in parallel): in
-// order, across tensors of odd sizes that leave a cached value, past the size that goes parallel and past a chunk.
+// discard(n) is n calls of next_u64: below, at and past the 256 steps its jump polynomial covers, and composed.
+TEST(TensorRandom, DiscardIsThatManyDraws) {
+  for (uint64_t n : {0, 1, 2, 255, 256, 257, 1000, 100003}) {
+    Generator jumped(9), stepped(9);
+    jumped.next_normal();  // a cached normal stays cached, as next_u64 leaves it
+    stepped.next_normal();
+    jumped.discard(n);
+    for (uint64_t i = 0; i < n; ++i) stepped.next_u64();
+    EXPECT_EQ(jumped.state(), stepped.state()) << n;
+    EXPECT_EQ(jumped.next_normal(), stepped.next_normal()) << n;
+  }
+  Generator once(4), twice(4);
+  once.discard(uint64_t{3} << 40);
+  twice.discard(uint64_t{1} << 40);
+  twice.discard(uint64_t{1} << 41);
+  EXPECT_EQ(once.state(), twice.state());
+  Generator normals(5), drawn(5);
+  for (int64_t n : {3, 0, 1, 4, 1001, 2}) {  // odd counts leave a cached normal, and the next count starts from it
+    normals.discard_normals(n);
+    for (int64_t i = 0; i < n; ++i) drawn.next_normal();
+    EXPECT_EQ(normals.state(), drawn.state()) << n;
+  }
+}
+
+// normal() fills a tensor with the values of next_normal() one by one (past the size that goes parallel, each
+// thread draws from its own generator jumped ahead): in order, across tensors of odd sizes that leave a cached
+// value, and in place by normal_.
 TEST(TensorRandom, NormalTensorsAreNextNormalsInOrder) {
   Generator bulk(3), one_by_one(3);
-  for (int64_t n : {1, 4, 7, 0, 2, 200001, 3, 2097157, 100000}) {  // 2097157: past a chunk of 2^20 pairs
+  for (int64_t n : {1, 4, 7, 0, 2, 200001, 3, 2097157, 100000}) {
     const std::vector<double> got = normal({n}, 1.5, 0.25, DType::Float64, &bulk).to_vector<double>();
     ASSERT_EQ(got.size(), static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) {
@@ -386,6 +411,13 @@ TEST(TensorRandom, NormalTensorsAreNextNormalsInOrder) {
   const Tensor f = normal({9}, 0.0, 0.02, DType::Float32, &bulk);
   for (int64_t i = 0; i < 9; ++i)
     EXPECT_EQ(f.to_vector<float>()[i], static_cast<float>(0.02 * one_by_one.next_normal()));
+  const Tensor b = zeros({300, 301}, DType::BFloat16);
+  const uint32_t version = b.version();
+  normal_(b, 1.0, 3.0, &bulk);
+  EXPECT_TRUE(test::bit_equal(b, normal({300, 301}, 1.0, 3.0, DType::BFloat16, &one_by_one)));
+  EXPECT_EQ(b.version(), version + 1);
+  EXPECT_EQ(bulk.state(), one_by_one.state());
+  EXPECT_THROW(normal_(b.transpose(0, 1), 0.0, 1.0), Error);
 }
 
 TEST(TensorRandom, Statistics) {
