@@ -67,6 +67,29 @@ TEST(Gpt, Gpt2InitStatistics) {
   EXPECT_EQ(block.ln_1->weight.to_vector<double>(), std::vector<double>(64, 1.0));
 }
 
+// GPT skips its layers' PyTorch-style init (nn::SkipInitGuard) and draws GPT-2's in place: the weights are those
+// drawn by normal() in named_parameters order, and the default generator ends where the layers' init leaves it.
+TEST(Gpt, InitDrawsGpt2sWeightsAndAdvancesTheDefaultGeneratorAsItsLayers) {
+  const models::GPTConfig c = test::tiny_gpt_config(67);
+  manual_seed(21);
+  auto model = models::gpt(c, /*seed=*/5);
+  const Generator::State after = default_generator().state();
+  manual_seed(21);
+  const nn::Embedding wte(c.vocab_size, c.n_embd), wpe(c.block_size, c.n_embd);  // GPT's layers in its order
+  for (int64_t l = 0; l < c.n_layer; ++l) const models::Block block(c);
+  const nn::Linear lm_head(c.n_embd, c.vocab_size, /*bias=*/false);
+  EXPECT_EQ(default_generator().state(), after);
+  Generator gen(5);
+  for (const auto& [name, p] : model->named_parameters()) {
+    const bool norm = name.find(".ln_") != std::string::npos, bias = name.ends_with("bias");
+    const double std = name.ends_with("c_proj.weight") ? 0.02 / std::sqrt(2.0 * c.n_layer) : 0.02;
+    const Tensor want = norm ? full(p.shape(), bias ? 0.0 : 1.0)
+                        : bias ? zeros(p.shape())
+                               : normal(p.shape(), 0.0, std, DType::Float32, &gen);
+    EXPECT_TRUE(test::bit_equal(p, want)) << name;
+  }
+}
+
 // O0: loss within 1e-5 relative, logits within 1e-4, every gradient within 1e-4 relative L2 of PyTorch.
 TEST(Gpt, Float32MatchesPyTorch) {
   for (bool bias : {true, false}) {

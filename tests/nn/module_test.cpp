@@ -141,6 +141,33 @@ TEST(Module, ToCastsFloatingTensorsInPlaceAndKeepsBatchNormFp32OnRequest) {
   EXPECT_EQ(batchnorm_entries, 20 * 5);  // bn1, two per block, three downsamples: 20 BatchNorm2d of 5 entries
 }
 
+// Under SkipInitGuard (nested too) the layers draw nothing, but the default generator ends where their init leaves it:
+// Toy's uniform draws, and an Embedding's odd count of normals that leaves a cached one. Constants stay set.
+TEST(Module, SkipInitGuardAdvancesTheDefaultGeneratorAsTheInitWould) {
+  auto build = [] {
+    auto toy = std::make_shared<Toy>();
+    Embedding embedding(3, 5);
+    return toy;
+  };
+  manual_seed(8);
+  build();
+  const Generator::State initialised = default_generator().state();
+  manual_seed(8);
+  std::shared_ptr<Toy> skipped;
+  {
+    SkipInitGuard outer;
+    { SkipInitGuard inner; }
+    skipped = build();
+  }
+  EXPECT_EQ(default_generator().state(), initialised);
+  EXPECT_EQ(skipped->bn->weight.to_vector<float>(), std::vector<float>(4, 1.0f));
+  manual_seed(8);
+  const Linear drawn(4, 3);
+  manual_seed(8);
+  { SkipInitGuard gone; }
+  EXPECT_TRUE(test::bit_equal(Linear(4, 3).weight, drawn.weight));  // initialised again once the guards are gone
+}
+
 TEST(Module, TrainEvalApplyAndZeroGrad) {
   Toy toy;
   EXPECT_TRUE(toy.is_training());
