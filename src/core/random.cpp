@@ -230,8 +230,8 @@ Tensor normal(const Shape& shape, double mean, double std, DType dtype, Generato
 
 void normal_(const Tensor& t, double mean, double std, Generator* gen) {
   CASTOR_CHECK(std >= 0, "normal: std must be non-negative, got ", std);
-  CASTOR_CHECK(is_floating(t.dtype()) && t.is_contiguous(), "normal_: expected a contiguous floating-point tensor, got ",
-               t.describe());
+  CASTOR_CHECK(is_floating(t.dtype()) && t.is_contiguous(),
+               "normal_: expected a contiguous floating-point tensor, got ", t.describe());
   Generator& g = gen ? *gen : default_generator();
   const int64_t n = t.numel();
   char* dst = static_cast<char*>(t.data_ptr());

@@ -83,7 +83,7 @@ TEST(Gpt, InitDrawsGpt2sWeightsAndAdvancesTheDefaultGeneratorAsItsLayers) {
   for (const auto& [name, p] : model->named_parameters()) {
     const bool norm = name.find(".ln_") != std::string::npos, bias = name.ends_with("bias");
     const double std = name.ends_with("c_proj.weight") ? 0.02 / std::sqrt(2.0 * c.n_layer) : 0.02;
-    const Tensor want = norm ? full(p.shape(), bias ? 0.0 : 1.0)
+    const Tensor want = norm   ? full(p.shape(), bias ? 0.0 : 1.0)
                         : bias ? zeros(p.shape())
                                : normal(p.shape(), 0.0, std, DType::Float32, &gen);
     EXPECT_TRUE(test::bit_equal(p, want)) << name;
