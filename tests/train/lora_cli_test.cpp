@@ -39,36 +39,8 @@ class LoraCli : public ::testing::Test {
   }
   // A one-layer GPT on the test's tokens, one thread, deterministic.
   static std::vector<std::string> args(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) {
-    std::vector<std::string> a = {"train",
-                                  "--model",
-                                  "gpt",
-                                  "--data",
-                                  "tokens",
-                                  "--data-dir",
-                                  "tok",
-                                  "--n-layer",
-                                  "1",
-                                  "--n-head",
-                                  "2",
-                                  "--n-embd",
-                                  "32",
-                                  "--block-size",
-                                  "16",
-                                  "--batch-size",
-                                  "8",
-                                  "--steps",
-                                  std::to_string(steps),
-                                  "--lr",
-                                  "3e-3",
-                                  "--log-every",
-                                  "10",
-                                  "--threads",
-                                  "1",
-                                  "--deterministic",
-                                  "--out",
-                                  out};
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
+    extra.insert(extra.begin(), {"--lr", "3e-3", "--log-every", "10", "--threads", "1", "--deterministic"});
+    return test::tiny_lm_args("gpt", out, steps, 8, extra);
   }
   static std::vector<std::string> lora_args(const std::string& out, int64_t steps,
                                             std::vector<std::string> extra = {}) {
