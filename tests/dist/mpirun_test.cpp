@@ -62,23 +62,11 @@ TEST(MpirunDist, DeadRankEndsTheJob) {
 
 // A small synthetic run: `batch` images per rank for `steps` steps.
 std::vector<std::string> train_args(const std::string& out, int64_t batch, int64_t steps, const std::string& amp) {
-  std::vector<std::string> a = {"train",
-                                "--data",
-                                "synthetic",
-                                "--synthetic-size",
-                                "512",
-                                "--batch-size",
-                                std::to_string(batch),
-                                "--steps",
-                                std::to_string(steps),
-                                "--out",
-                                out,
-                                "--checkpoint-minutes",
-                                "0",
-                                "--log-every",
-                                "1",
-                                "--eval-every",
-                                "0"};
+  // clang-format off
+  std::vector<std::string> a = {"train", "--data", "synthetic", "--synthetic-size", "512", "--batch-size",
+                                std::to_string(batch), "--steps", std::to_string(steps), "--out", out,
+                                "--checkpoint-minutes", "0", "--log-every", "1", "--eval-every", "0"};
+  // clang-format on
   if (amp == "fp16")  // Adam at lr 0.01 overflows float16 in steps 2-5 (the loss jumps to 10)
     a.insert(a.end(), {"--amp", "O1", "--dtype", "fp16", "--lr", "0.01"});
   else  // SGD: the weights move linearly with the gradients, so their difference is the gradients' rounding
