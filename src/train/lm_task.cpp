@@ -165,9 +165,8 @@ class LmTask : public Task {
   Json eval_json(const Evaluation& ev) const override {
     return Json::Object{{"val_loss", ev.loss}, {"val_perplexity", std::exp(ev.loss)}, {"val_accuracy", ev.accuracy}};
   }
-  StateDict init_weights(const std::string& path) const override {
-    if (llama_) return Task::init_weights(path);  // safetensors with llama2.c's names
-    return init_ ? init_->state : models::load_gpt_init(path).state;
+  StateDict init_weights(const TrainConfig& c) const override {
+    return init_ ? init_->state : language_model_weights(c, c.init);
   }
 
  private:
@@ -287,6 +286,11 @@ models::LlamaConfig llama_config(const TrainConfig& c) {
 std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed) {
   if (is_llama(c.model)) return models::llama(llama_config(c), seed);
   return models::gpt(gpt_config(c, real_vocab), seed);
+}
+
+StateDict language_model_weights(const TrainConfig& c, const std::string& path) {
+  if (is_llama(c.model)) return models::load_weights_file(path, "").tensors;
+  return models::load_gpt_init(path, c.n_head).state;
 }
 
 std::unique_ptr<Task> make_lm_task(TrainConfig& c, int rank, int world, bool new_run) {
