@@ -288,7 +288,8 @@ class LlamaLoraCli : public LoraCliDir {
 };
 
 // wq,wv of a Castor Llama run: adapter-only checkpoints (GQA shapes), bit-exact resume, info, eval, sample, merged
-// exports in every format Castor writes for a Llama, and PEFT files read back with --init-lora.
+// exports in every format Castor writes for a Llama, PEFT files read back with --init-lora, and the merged safetensors
+// file as the base of another LoRA run.
 TEST_F(LlamaLoraCli, TrainsResumesSamplesAndExports) {
   CastorProcess full = castor(lora_args("full", 30, "base", "wq,wv", {"--eval-iters", "0"}));
   ASSERT_EQ(full.exit_code, 0) << full.err;
@@ -332,6 +333,12 @@ TEST_F(LlamaLoraCli, TrainsResumesSamplesAndExports) {
   const Checkpoint b = read_checkpoint(path("back"));
   ASSERT_EQ(b.model.size(), 4u);
   for (const auto& [k, t] : ck.model) EXPECT_TRUE(test::bit_equal(b.model.at(k), t)) << k;
+  // A safetensors file as the base: the merged model fine-tuned again.
+  CastorProcess stacked = castor(lora_args("stacked", 10, "full-merged.safetensors", "wk,wo"));
+  ASSERT_EQ(stacked.exit_code, 0) << stacked.err;
+  EXPECT_EQ(read_checkpoint(path("stacked")).model_meta.at("castor.lora_base"),
+            absolute_path(path("full-merged.safetensors")));
+  expect_merged_exports_match("stacked");
 }
 
 // A llama2.c model.bin as the base, every linear layer but the output adapted: resume, eval and the merged exports.
