@@ -289,7 +289,7 @@ class LlamaLoraCli : public LoraCliDir {
 
 // wq,wv of a Castor Llama run: adapter-only checkpoints (GQA shapes), bit-exact resume, info, eval, sample, merged
 // exports in every format Castor writes for a Llama, PEFT files read back with --init-lora, and the merged safetensors
-// file as the base of another LoRA run.
+// file as the base of another LoRA run and of a plain one (its recorded sizes taken).
 TEST_F(LlamaLoraCli, TrainsResumesSamplesAndExports) {
   CastorProcess full = castor(lora_args("full", 30, "base", "wq,wv", {"--eval-iters", "0"}));
   ASSERT_EQ(full.exit_code, 0) << full.err;
@@ -339,6 +339,23 @@ TEST_F(LlamaLoraCli, TrainsResumesSamplesAndExports) {
   EXPECT_EQ(read_checkpoint(path("stacked")).model_meta.at("castor.lora_base"),
             absolute_path(path("full-merged.safetensors")));
   expect_merged_exports_match("stacked");
+  // A plain run from the merged file takes its recorded sizes (a size flag that differs names both).
+  const std::vector<std::string> plain = {"train",      "--model",   "llama",   "--data", "tokens",
+                                          "--data-dir", "tok",       "--steps", "1",      "--eval-iters",
+                                          "1",          "--threads", "1",       "--init", "full-merged.safetensors"};
+  std::vector<std::string> a = plain;
+  a.insert(a.end(), {"--out", "plain"});
+  CastorProcess p = castor(a);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const std::vector<uint8_t> recorded = read_file(path("plain/config.json"));
+  const Json plain_config = Json::parse(std::string(recorded.begin(), recorded.end()));
+  EXPECT_EQ(plain_config.at("n_embd").as_int(), 32);
+  EXPECT_EQ(plain_config.at("n_kv_head").as_int(), 2);
+  EXPECT_EQ(plain_config.at("block_size").as_int(), 16);
+  EXPECT_EQ(plain_config.at("lora_rank").as_int(), 0);
+  a = plain;
+  a.insert(a.end(), {"--n-kv-head", "4", "--out", "conflict"});
+  test::expect_one_line_error(castor(a), {"--n-kv-head 4: --init full-merged.safetensors holds 2"});
 }
 
 // A llama2.c model.bin as the base, every linear layer but the output adapted: resume, eval and the merged exports.
