@@ -9,10 +9,10 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "oracle"))
 import gpt_oracle  # noqa: E402
+import lm_torch_step  # noqa: E402  (bench/, this file's directory)
 
 CONFIGS = {  # (model config, B, T), as gpt_bench.cpp's
     "char": (dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=85, bias=True), 8, 256),
@@ -24,26 +24,11 @@ def step_bench(name, level, warmup, iters):
     cfg, b, t = CONFIGS[name]
     torch.manual_seed(1)
     model = gpt_oracle.GPT(cfg).train()
-    params = list(model.parameters())
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=6e-4, betas=(0.9, 0.95))
+    opt = lm_torch_step.adamw(model, lr=6e-4)
     x = torch.randint(0, cfg["vocab_size"], (b, t))
     y = torch.randint(0, cfg["vocab_size"], (b, t))
-
-    def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=level == "O1"):
-            _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    for _ in range(warmup):
-        step()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        step()
-    print(f"torch step {name} {level} {b * t * iters / (time.perf_counter() - t0):.1f}", flush=True)
+    rate = lm_torch_step.tokens_per_second(model, opt, x, y, level, warmup, iters)
+    print(f"torch step {name} {level} {rate:.1f}", flush=True)
 
 
 def block_bench(name, level, iters):

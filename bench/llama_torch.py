@@ -12,12 +12,12 @@
 import math
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "oracle"))
 import llama_oracle  # noqa: E402
+import lm_torch_step  # noqa: E402  (bench/, this file's directory)
 
 
 def config(n_kv_heads, dim=288, n_layers=6, n_heads=6, max_seq_len=256):
@@ -49,28 +49,12 @@ def main():
     torch.manual_seed(1337)
     model = llama_oracle.Transformer(cfg).train()
     init_like_model_py(model, cfg["n_layers"])
-    params = list(model.parameters())
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=5e-4, betas=(0.9, 0.95))
+    opt = lm_torch_step.adamw(model, lr=5e-4)
     t = cfg["max_seq_len"]
     x = torch.randint(0, cfg["vocab_size"], (batch, t))
     y = torch.randint(0, cfg["vocab_size"], (batch, t))
-
-    def step():
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=level == "O1"):
-            _, loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for _ in range(warmup):
-        step()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        step()
-    print(f"torch step llama-15m {level} {n_kv} {batch * t * iters / (time.perf_counter() - t0):.1f}", flush=True)
+    rate = lm_torch_step.tokens_per_second(model, opt, x, y, level, warmup, iters, clip=1.0)
+    print(f"torch step llama-15m {level} {n_kv} {rate:.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@
 // through the timed steps: the resident model, gradients, optimizer state and the steps' transients) and the median
 // step time of each side by side, with the LoRA/full ratios.
 //
-//   lora_bench [124m|llama15m] [STEPS]    (default 124m, 3 timed steps after one warm-up step each)
+//   lora_bench [124m|llama-15m] [STEPS]    (default 124m, 3 timed steps after one warm-up step each)
 //
-// 124m: GPT-2 (12/12/768, V=50,304), B=4, T=64, adapters on attn.c_attn and attn.c_proj; llama15m: llama2.c's
-// stories15M shape (6 layers, 6 heads, 288 wide, V=32,000), B=4, T=256, adapters on wq, wk, wv and wo.
+// 124m: GPT-2 (12/12/768, V=50,304), B=4, T=64, adapters on attn.c_attn and attn.c_proj; llama-15m: the llama-15m
+// preset, llama2.c's stories15M shape (6 layers, 6 heads, 288 wide, V=32,000), B=4, T=256, adapters on wq, wk, wv and
+// wo.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -40,12 +41,9 @@ struct Setup {
 Setup setup(const std::string& name) {
   if (name == "124m")
     return {[] { return models::gpt(models::gpt_preset("gpt2", 50304)); }, 4, 64, {"attn.c_attn", "attn.c_proj"}};
-  if (name == "llama15m") {
-    models::LlamaConfig c;
-    c.dim = 288, c.n_layers = 6, c.n_heads = 6, c.vocab_size = 32000, c.max_seq_len = 256;
-    return {[c] { return std::make_shared<models::Llama>(c); }, 4, 256, {"wq", "wk", "wv", "wo"}};
-  }
-  std::fprintf(stderr, "lora_bench: unknown configuration \"%s\"; expected 124m or llama15m\n", name.c_str());
+  if (name == "llama-15m")
+    return {[] { return models::llama(models::llama_preset("llama-15m", 32000)); }, 4, 256, {"wq", "wk", "wv", "wo"}};
+  std::fprintf(stderr, "lora_bench: unknown configuration \"%s\"; expected 124m or llama-15m\n", name.c_str());
   std::exit(2);
 }
 

@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import gpt_oracle  # noqa: E402
 import llama_oracle  # noqa: E402
 import llama_torch  # noqa: E402  (bench/, this file's directory)
+import lm_torch_step  # noqa: E402
 
 
 def tokens(path):  # llm.c's token file: 256 int32 header, then uint16 tokens
@@ -64,10 +65,7 @@ def main():
     model, t, lr, warmup = (gpt if kind == "gpt" else llama)(vocab)
     model.train()
     b, min_lr, eval_iters = 12, lr / 10, 200
-    params = list(model.parameters())
-    opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-                             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.99))
+    opt = lm_torch_step.adamw(model, lr, betas=(0.9, 0.99))
     autocast = level == "O1"
     start = time.perf_counter()
     for it in range(steps):
@@ -81,12 +79,7 @@ def main():
         ix = torch.randint(len(train) - t, (b,))
         x = torch.stack([train[i:i + t] for i in ix])
         y = torch.stack([train[i + 1:i + 1 + t] for i in ix])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        lm_torch_step.train_step(model, opt, x, y, autocast, clip=1.0)
     seconds = time.perf_counter() - start
     model.eval()
     rows = (len(val) - 1) // t

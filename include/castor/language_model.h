@@ -27,6 +27,9 @@ class LanguageModel : public nn::Module {
   virtual CacheShape cache_shape() const = 0;
 
  protected:
+  // forward's argument check: idx (B, T) int64 with T <= block_size(), else castor::Error naming the model ("GPT")
+  // and its limit as its config calls it ("block size").
+  void check_tokens(const Tensor& idx, const char* model, const char* limit) const;
   friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache);
   // forward_cached's model part, called without autograd on checked arguments: idx (B, n) at positions
   // cache.size() .. cache.size() + n - 1, each layer attending through cache.attend; returns the output layer's

@@ -30,13 +30,14 @@ std::string sample_help();
 void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write);
 
 struct ExportConfig {
-  bool llmc = false;        // llm.c's gpt2_124M.bin layout
-  bool nanogpt = false;     // nanoGPT's ckpt.pt in the directory `out`
-  bool llama2c = false;     // llama2.c's model.bin (a Llama), with tokenizer.bin beside it
-  int version = 0;          // --llama2c: export.py's version, 0 or 1
-  bool merge_lora = false;  // a LoRA run: its base with the adapters merged (required for --llmc and --nanogpt)
-  std::string peft;         // a LoRA run: its adapters in PEFT's format, into this directory (instead of --out)
-  std::string checkpoint;   // a run or checkpoint directory, or a weights file (llm.c .bin, llama2.c or safetensors)
+  bool llmc = false;         // llm.c's gpt2_124M.bin layout
+  bool nanogpt = false;      // nanoGPT's ckpt.pt in the directory `out`
+  bool llama2c = false;      // llama2.c's model.bin (a Llama), with tokenizer.bin beside it
+  bool safetensors = false;  // the model as one safetensors file with its recorded settings (a GPT or a Llama)
+  int version = 0;           // --llama2c: export.py's version, 0 or 1
+  bool merge_lora = false;   // a LoRA run: its base with the adapters merged (required for --llmc and --nanogpt)
+  std::string peft;          // a LoRA run: its adapters in PEFT's format, into this directory (instead of --out)
+  std::string checkpoint;    // a run or checkpoint directory, or a weights file (llm.c .bin, llama2.c or safetensors)
   std::string out;
   int64_t n_head = 0;  // for safetensors that do not record it
 };
@@ -45,7 +46,7 @@ std::string export_help();
 // Writes the file; returns a summary: {"out", "format", "n_layer", "n_head", "n_embd", "block_size", "vocab_size",
 // "bytes"; llmc: "padded_vocab_size"; nanogpt: "optimizer", whether the AdamW state was written}; llama2c: {"out",
 // "format", "version", llama2.c's header fields, "shared_classifier", "bytes", "tokenizer" (tokenizer.bin's path, or
-// null when the run's tokenizer is not a bpe one)}.
+// null when the run's tokenizer is not a bpe one)}; safetensors: {"from", "format", "model", "tensors", "out", "bytes"}.
 Json run_export(const ExportConfig& c);
 
 }  // namespace castor::train

@@ -94,11 +94,8 @@ GPT::GPT(const GPTConfig& c, uint64_t seed) : config_(c) {
 }
 
 Tensor GPT::forward(const Tensor& idx) {
-  CASTOR_CHECK(idx.dim() == 2 && idx.dtype() == DType::Int64, "GPT: expected (B, T) int64 token ids, got ",
-               idx.describe());
+  check_tokens(idx, "GPT", "block size");
   const int64_t T = idx.size(1);
-  CASTOR_CHECK(T <= config_.block_size, "GPT: cannot forward a sequence of length ", T, ", block size is only ",
-               config_.block_size);
   Tensor x = (*drop)((*wte)(idx) + (*wpe)(arange(T)));  // (B, T, C) + (T, C)
   x = (*ln_f)((*h)(x));
   const Tensor logits = (*lm_head)(x);  // (B, T, vocab_size)

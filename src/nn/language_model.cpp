@@ -18,6 +18,13 @@ int64_t LanguageModel::num_params() const {
   return n;
 }
 
+void LanguageModel::check_tokens(const Tensor& idx, const char* model, const char* limit) const {
+  CASTOR_CHECK(idx.dim() == 2 && idx.dtype() == DType::Int64, model, ": expected (B, T) int64 token ids, got ",
+               idx.describe());
+  CASTOR_CHECK(idx.size(1) <= block_size(), model, ": cannot forward a sequence of length ", idx.size(1), ", ", limit,
+               " is only ", block_size());
+}
+
 KVCache::KVCache(const LanguageModel& model, int64_t batch_size) : capacity_(model.block_size()) {
   const LanguageModel::CacheShape s = model.cache_shape();
   CASTOR_CHECK(batch_size > 0, "KVCache: batch_size must be positive, got ", batch_size);

@@ -118,11 +118,7 @@ Llama::Llama(const LlamaConfig& c, uint64_t seed) : config_(c) {
 }
 
 Tensor Llama::forward(const Tensor& tokens) {
-  CASTOR_CHECK(tokens.dim() == 2 && tokens.dtype() == DType::Int64, "Llama: expected (B, T) int64 token ids, got ",
-               tokens.describe());
-  const int64_t T = tokens.size(1);
-  CASTOR_CHECK(T <= config_.max_seq_len, "Llama: cannot forward a sequence of length ", T, ", max_seq_len is only ",
-               config_.max_seq_len);
+  check_tokens(tokens, "Llama", "max_seq_len");
   const Tensor h = (*layers)((*dropout)((*tok_embeddings)(tokens)));  // (B, T, dim)
   return (*output)((*norm)(h));                                       // (B, T, vocab_size)
 }

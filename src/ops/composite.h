@@ -7,12 +7,17 @@ namespace castor {
 
 #define CASTOR_COMPOSITE(e) \
   template <>               \
-  struct OpDef<OpKind::e> : CompositeOp {};
+  struct OpDef<OpKind::e> : CompositeOp {}
 
-CASTOR_COMPOSITE(Matmul)
-CASTOR_COMPOSITE(Stack) CASTOR_COMPOSITE(Linear) CASTOR_COMPOSITE(Dropout) CASTOR_COMPOSITE(NllLoss)
-    CASTOR_COMPOSITE(MseLoss) CASTOR_COMPOSITE(BinaryCrossEntropyWithLogits) CASTOR_COMPOSITE(BinaryCrossEntropy)
-        CASTOR_COMPOSITE(MaskedFill)
+CASTOR_COMPOSITE(Matmul);
+CASTOR_COMPOSITE(Stack);
+CASTOR_COMPOSITE(Linear);
+CASTOR_COMPOSITE(Dropout);
+CASTOR_COMPOSITE(NllLoss);
+CASTOR_COMPOSITE(MseLoss);
+CASTOR_COMPOSITE(BinaryCrossEntropyWithLogits);
+CASTOR_COMPOSITE(BinaryCrossEntropy);
+CASTOR_COMPOSITE(MaskedFill);
 
 #undef CASTOR_COMPOSITE
 

@@ -98,6 +98,36 @@ std::vector<Tensor> OpDef<OpKind::Embedding>::backward(const Node& node, const P
 
 // ---- layer norm and RMS norm ----
 
+namespace {
+
+// What LayerNorm's and RMSNorm's backward share: the saved input rows (R, C) and weight, the upstream gradient as
+// rows, and where wanted the gradients of the input (input 0) and of the weight (input 1, when given).
+struct NormBackward {
+  NormBackward(const Node& node, const SavedTensor& saved_src, const SavedTensor& saved_weight, int64_t normalized,
+               const Tensor& dy) {
+    check_first_order(node);
+    src = node.unpack(saved_src);
+    weight = node.unpack(saved_weight);
+    R = src.size(0);
+    C = normalized;
+    diff_src = wanted(node, 0, {R, C}, src.dtype());
+    diff_weight = weight.defined() ? wanted(node, 1, {C}, weight.dtype()) : Tensor();
+    diff_dst = grad_in(dy, node.out_dtype).view({R, C});
+  }
+  // The input's gradient, then the weight's when it was given, in their shapes.
+  std::vector<Tensor> grads(const Node& node) const {
+    std::vector<Tensor> g = {diff_src.defined() ? diff_src.view(node.input_shapes[0]) : Tensor()};
+    if (weight.defined()) g.push_back(diff_weight.defined() ? diff_weight.view(node.input_shapes[1]) : Tensor());
+    return g;
+  }
+
+  Tensor src, weight, diff_dst;  // (R, C), (C) or undefined, (R, C)
+  int64_t R = 0, C = 0;
+  Tensor diff_src, diff_weight;  // undefined where not wanted
+};
+
+}  // namespace
+
 Tensor F::layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                      double eps) {
   OpScope s(OpKind::LayerNorm, {input, weight, bias});
@@ -118,17 +148,12 @@ Tensor F::layer_norm(const Tensor& input, const Shape& normalized_shape, const T
 
 std::vector<Tensor> OpDef<OpKind::LayerNorm>::backward(const Node& node, const Params& p, const Saved& s,
                                                        Tensor diff_dst) {
-  check_first_order(node);
-  const Tensor src = node.unpack(s.src), weight = node.unpack(s.weight);
-  const int64_t R = src.size(0), C = p.normalized;
-  const size_t wi = 1, bi = weight.defined() ? 2 : 1;
-  Tensor diff_src = wanted(node, 0, {R, C}, src.dtype());
-  Tensor diff_weight = weight.defined() ? wanted(node, wi, {C}, weight.dtype()) : Tensor();
-  Tensor diff_bias = p.has_bias ? wanted(node, bi, {C}, node.input_dtypes[bi]) : Tensor();
-  kernels::layer_norm_backward(src, grad_in(diff_dst, node.out_dtype).view({R, C}), weight, node.unpack(s.mean),
-                               node.unpack(s.rstd), diff_src, diff_weight, diff_bias);
-  std::vector<Tensor> grads = {diff_src.defined() ? diff_src.view(node.input_shapes[0]) : Tensor()};
-  if (weight.defined()) grads.push_back(diff_weight.defined() ? diff_weight.view(node.input_shapes[wi]) : Tensor());
+  const NormBackward n(node, s.src, s.weight, p.normalized, diff_dst);
+  const size_t bi = n.weight.defined() ? 2 : 1;
+  Tensor diff_bias = p.has_bias ? wanted(node, bi, {n.C}, node.input_dtypes[bi]) : Tensor();
+  kernels::layer_norm_backward(n.src, n.diff_dst, n.weight, node.unpack(s.mean), node.unpack(s.rstd), n.diff_src,
+                               n.diff_weight, diff_bias);
+  std::vector<Tensor> grads = n.grads(node);
   if (p.has_bias) grads.push_back(diff_bias.defined() ? diff_bias.view(node.input_shapes[bi]) : Tensor());
   return grads;
 }
@@ -150,16 +175,9 @@ Tensor F::rms_norm(const Tensor& input, const Shape& normalized_shape, const Ten
 
 std::vector<Tensor> OpDef<OpKind::RmsNorm>::backward(const Node& node, const Params& p, const Saved& s,
                                                      Tensor diff_dst) {
-  check_first_order(node);
-  const Tensor src = node.unpack(s.src), weight = node.unpack(s.weight);
-  const int64_t R = src.size(0), C = p.normalized;
-  Tensor diff_src = wanted(node, 0, {R, C}, src.dtype());
-  Tensor diff_weight = weight.defined() ? wanted(node, 1, {C}, weight.dtype()) : Tensor();
-  kernels::rms_norm_backward(src, grad_in(diff_dst, node.out_dtype).view({R, C}), weight, node.unpack(s.rstd), diff_src,
-                             diff_weight);
-  std::vector<Tensor> grads = {diff_src.defined() ? diff_src.view(node.input_shapes[0]) : Tensor()};
-  if (weight.defined()) grads.push_back(diff_weight.defined() ? diff_weight.view(node.input_shapes[1]) : Tensor());
-  return grads;
+  const NormBackward n(node, s.src, s.weight, p.normalized, diff_dst);
+  kernels::rms_norm_backward(n.src, n.diff_dst, n.weight, node.unpack(s.rstd), n.diff_src, n.diff_weight);
+  return n.grads(node);
 }
 
 // ---- attention ----

@@ -482,7 +482,6 @@ std::string shell_completion(const std::string& shell) {
   TokenizeFlags t;
   SampleConfig sc;
   ExportConfig ec;
-  const auto& words = flag_words;
   std::string precisions;
   for (const std::string& p : kPrecisions) precisions += (precisions.empty() ? "" : " ") + p;
   // The values of the enumerated flags, from the same tables that parse them.
@@ -496,28 +495,20 @@ std::string shell_completion(const std::string& shell) {
   std::string value_cases;
   for (const auto& [flag, list] : choices)
     value_cases += "    " + flag + ") COMPREPLY=($(compgen -W \"" + list + "\" -- \"$cur\")); return ;;\n";
+  // Each subcommand's flags, from the app that parses them.
+  std::string subcommand_cases;
+  for (const auto& [name, app] :
+       {std::pair{"train", train_app(c, raw)}, std::pair{"eval", eval_app(f)}, std::pair{"tokenize", tokenize_app(t)},
+        std::pair{"sample", sample_app(sc)}, std::pair{"export", export_app(ec)}})
+    subcommand_cases += "    " + std::string(name) + ") words=\"" + flag_words(*app) + "\" ;;\n";
   const std::string script =
       "_castor() {\n"
       "  local cur=${COMP_WORDS[COMP_CWORD]} prev=${COMP_WORDS[COMP_CWORD-1]} words\n"
       "  case $prev in\n" +
       value_cases +
       "  esac\n"
-      "  case ${COMP_WORDS[1]} in\n"
-      "    train) words=\"" +
-      words(*train_app(c, raw)) +
-      "\" ;;\n"
-      "    eval) words=\"" +
-      words(*eval_app(f)) +
-      "\" ;;\n"
-      "    tokenize) words=\"" +
-      words(*tokenize_app(t)) +
-      "\" ;;\n"
-      "    sample) words=\"" +
-      words(*sample_app(sc)) +
-      "\" ;;\n"
-      "    export) words=\"" +
-      words(*export_app(ec)) +
-      "\" ;;\n"
+      "  case ${COMP_WORDS[1]} in\n" +
+      subcommand_cases +
       "    info) words=\"--tensors --help\" ;;\n"
       "    help) words=\"train eval tokenize sample export info env completion\" ;;\n"
       "    completion) words=\"bash zsh\" ;;\n"

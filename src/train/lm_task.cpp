@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <tuple>
 
+#include "castor/checkpoint.h"
 #include "castor/corpus.h"
 #include "castor/dist.h"
 #include "castor/fs.h"
@@ -58,10 +59,10 @@ class LmTask : public Task {
  public:
   // Resolves c.vocab_size (recorded, so a resumed run builds the same model); a new run with --init takes the
   // model's sizes from that file (llm.c's gpt2_124M.bin or nanoGPT-named safetensors; for a Llama, llama2.c's
-  // model.bin).
+  // model.bin or the settings a Castor Llama's safetensors record).
   LmTask(TrainConfig& c, int rank, int world, bool new_run)
       : llama_(is_llama(c.model)), dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
-    if (new_run && !c.init.empty()) llama_ ? take_llama2c_sizes(c) : take_init_sizes(c);
+    if (new_run && !c.init.empty()) llama_ ? take_llama_sizes(c) : take_init_sizes(c);
     CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(),
                  "--data tokens: needs --data-dir DIR holding "
                  "train.bin and val.bin (castor tokenize writes them)");
@@ -165,9 +166,8 @@ class LmTask : public Task {
   Json eval_json(const Evaluation& ev) const override {
     return Json::Object{{"val_loss", ev.loss}, {"val_perplexity", std::exp(ev.loss)}, {"val_accuracy", ev.accuracy}};
   }
-  StateDict init_weights(const std::string& path) const override {
-    if (llama_) return Task::init_weights(path);  // safetensors with llama2.c's names
-    return init_ ? init_->state : models::load_gpt_init(path).state;
+  StateDict init_weights(const TrainConfig& c) const override {
+    return init_ ? init_->state : language_model_weights(c, c.init);
   }
 
  private:
@@ -201,20 +201,33 @@ class LmTask : public Task {
     c.bias = g.bias;
   }
 
-  // A llama2.c --init's sizes from its header, as take_init_sizes (its feed-forward width as --multiple-of, its
-  // classifier as --untied); its vocabulary must be the token directory's. Safetensors keep the flags' sizes (their
-  // tensors' shapes are checked as they load).
-  void take_llama2c_sizes(TrainConfig& c) {
-    models::Llama2cHeader h;
+  // A Llama --init's sizes, as take_init_sizes: a llama2.c file's header (its feed-forward width as --multiple-of, its
+  // classifier as --untied), or the settings a Castor Llama's safetensors record (a run's checkpoint, a file castor
+  // export --safetensors wrote); its vocabulary must be the token directory's. Other safetensors keep the flags'
+  // sizes (their tensors' shapes are checked as they load).
+  void take_llama_sizes(TrainConfig& c) {
+    models::Llama2cConfig f;
+    bool shared_classifier = true;
     int64_t multiple_of = 0;
     try {
-      if (models::weights_format(c.init) != models::WeightsFormat::Llama2c) return;
-      h = models::read_llama2c_header(c.init);
-      multiple_of = models::llama2c_multiple_of(h.config, c.init);
+      const models::WeightsFormat format = models::weights_format(c.init);
+      if (format == models::WeightsFormat::Llama2c) {
+        const models::Llama2cHeader h = models::read_llama2c_header(c.init);
+        f = h.config, shared_classifier = h.shared_classifier;
+        multiple_of = models::llama2c_multiple_of(f, c.init);
+      } else {
+        const Json recorded = format == models::WeightsFormat::Safetensors
+                                  ? castor_config(read_safetensors_header(c.init).metadata, c.init)
+                                  : Json();
+        const Json* model = recorded.is_object() ? recorded.find("model") : nullptr;
+        if (!model || !model->is_string() || !model->as_string().starts_with("llama")) return;
+        const TrainConfig r = resume_config(TrainConfig{}, recorded, c.init);
+        const models::LlamaConfig l = llama_config(r);
+        f = models::llama2c_config(l, c.init), shared_classifier = l.tied, multiple_of = l.multiple_of;
+      }
     } catch (const Error& e) {
       throw init_error(c, e);
     }
-    const models::Llama2cConfig& f = h.config;
     take(c, "--n-layer", c.n_layer, f.n_layers);
     take(c, "--n-head", c.n_head, f.n_heads);
     take(c, "--n-kv-head", c.n_kv_head, f.n_kv_heads);
@@ -222,9 +235,9 @@ class LmTask : public Task {
     take(c, "--block-size", c.block_size, f.max_seq_len);
     take(c, "--vocab-size", c.vocab_size, f.vocab_size);
     take(c, "--rope-theta", c.rope_theta, f.rope_theta);
-    CASTOR_CHECK(!c.given("--untied") || c.untied != h.shared_classifier, "--untied: --init ", c.init, "'s output ",
-                 h.shared_classifier ? "shares" : "does not share", " tok_embeddings' weight");
-    c.untied = !h.shared_classifier;
+    CASTOR_CHECK(!c.given("--untied") || c.untied != shared_classifier, "--untied: --init ", c.init, "'s output ",
+                 shared_classifier ? "shares" : "does not share", " tok_embeddings' weight");
+    c.untied = !shared_classifier;
     models::LlamaConfig given;
     given.dim = f.dim, given.multiple_of = c.multiple_of;
     CASTOR_CHECK(!c.given("--multiple-of") || given.ffn_hidden_dim() == f.hidden_dim, "--multiple-of ", c.multiple_of,
@@ -287,6 +300,11 @@ models::LlamaConfig llama_config(const TrainConfig& c) {
 std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed) {
   if (is_llama(c.model)) return models::llama(llama_config(c), seed);
   return models::gpt(gpt_config(c, real_vocab), seed);
+}
+
+StateDict language_model_weights(const TrainConfig& c, const std::string& path) {
+  if (is_llama(c.model)) return models::load_weights_file(path, "").tensors;
+  return models::load_gpt_init(path, c.n_head).state;
 }
 
 std::unique_ptr<Task> make_lm_task(TrainConfig& c, int rank, int world, bool new_run) {

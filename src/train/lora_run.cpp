@@ -7,10 +7,10 @@
 
 #include "castor/autograd.h"
 #include "castor/fs.h"
-#include "castor/llmc.h"
-#include "castor/models.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
+#include "train/settings.h"
+#include "train/task.h"
 
 namespace castor::train {
 
@@ -56,21 +56,24 @@ void check_base_checksum(const std::string& file, const std::string& recorded, c
                ", recorded ", recorded, "); the adapters fit only the base they were trained on");
 }
 
-// A LoRA checkpoint's base GPT (checksum checked) with its adapters.
-std::shared_ptr<models::GPT> adapted_gpt(const Checkpoint& ck, const std::string& what) {
+// A LoRA checkpoint's base language model (a GPT or a Llama, as its recorded settings describe; checksum checked) with
+// its adapters.
+std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const std::string& what) {
   const Json config = castor_config(ck.model_meta, what);
   CASTOR_CHECK(config.is_object(), what, ": a LoRA checkpoint without its settings (castor.config)");
-  const auto kind = ck.model_meta.find("castor.model");
-  CASTOR_CHECK(kind != ck.model_meta.end() && kind->second.starts_with("gpt"), what, ": a LoRA run on a ",
-               kind == ck.model_meta.end() ? std::string("?") : printable(kind->second),
-               " base; castor sample and export merge adapters into GPT bases only so far (castor eval takes it)");
+  const TrainConfig c = resume_config(TrainConfig{}, config, what);
+  CASTOR_CHECK(is_language_model(c.model), what, ": a LoRA run on a ", name(c.model), ", not a language model");
   const std::string base = ck.model_meta.at(kBaseKey);
-  if (const Json* sum = config.find("init_checksum"); sum && sum->is_string())
-    check_base_checksum(base, sum->as_string(), what);
-  const Json* n_head = config.find("n_head");
-  models::GPTWeights w = models::load_gpt_init(base, n_head && n_head->is_int() ? n_head->as_int() : 0);
-  auto model = models::gpt(w.config);
-  model->load_state_dict(w.state);
+  if (!c.init_checksum.empty()) check_base_checksum(base, c.init_checksum, what);
+  const Json* real_vocab = config.find("real_vocab_size");
+  auto model = make_language_model(c, real_vocab && real_vocab->is_int() ? real_vocab->as_int() : c.vocab_size,
+                                   /*seed=*/0);
+  try {
+    model->load_state_dict(language_model_weights(c, base), /*strict=*/true);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    throw Error(msg.rfind(base, 0) == 0 ? msg : detail::cat(what, ": the LoRA base ", base, ": ", msg));
+  }
   nn::apply_lora(*model, lora_config(config));
   load_adapters(*model, ck.model, what);
   return model;
@@ -198,16 +201,24 @@ void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata
 
 void merge_lora_checkpoint(Checkpoint& ck, const std::string& what) {
   if (!is_lora_checkpoint(ck.model_meta)) return;
-  auto model = adapted_gpt(ck, what);
+  auto model = adapted_model(ck, what);
   nn::merge_and_unload(*model);
   ck.model = model->state_dict();
   ck.model_meta.erase(kBaseKey);
   ck.state.clear();  // the optimizer state is the adapters': none of the merged model's
+  // The settings of a plain run of these weights: no adapters (its init stays the base it came from).
+  Json config = castor_config(ck.model_meta, what);
+  const Json plain = settings_json(TrainConfig{});
+  for (const char* flag :
+       {"--lora-rank", "--lora-alpha", "--lora-dropout", "--lora-targets", "--rslora", "--init-lora"})
+    config[config_key(flag)] = plain.at(config_key(flag));
+  config.as_object().erase("init_checksum");
+  ck.model_meta["castor.config"] = config.dump();
 }
 
 void write_peft(const std::string& dir, const Checkpoint& ck, const std::string& what) {
   CASTOR_CHECK(is_lora_checkpoint(ck.model_meta), "--peft: ", what, " is not a LoRA run's (castor train --lora-rank)");
-  auto model = adapted_gpt(ck, what);
+  auto model = adapted_model(ck, what);
   const Json config = castor_config(ck.model_meta, what);
   StateDict tensors;
   for (const auto& [k, t] : nn::lora_state_dict(*model))

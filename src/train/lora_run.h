@@ -32,7 +32,8 @@ bool is_lora_checkpoint(const Metadata& meta);
 // adapter keys and shapes; the base is loaded already). castor::Error naming `what`.
 void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata& meta, const std::string& what);
 // Turns a LoRA checkpoint's model file into the merged model's, as a full run's checkpoint holds it: the recorded base
-// (checksum checked), its adapters merged (nn::merge_and_unload).
+// (a GPT or a Llama; checksum checked), its adapters merged (nn::merge_and_unload), and castor.config a plain run's
+// (no LoRA settings), so castor eval, sample and train --init take the merged file.
 void merge_lora_checkpoint(Checkpoint& ck, const std::string& what);
 
 // PEFT's pair of files in `dir` for a LoRA checkpoint's adapters: adapter_model.safetensors ("base_model.model.<path>

@@ -64,7 +64,7 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::
 
 }  // namespace
 
-StateDict Task::init_weights(const std::string& path) const { return models::load_weights_file(path, "").tensors; }
+StateDict Task::init_weights(const TrainConfig& c) const { return models::load_weights_file(c.init, "").tensors; }
 
 std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run) {
   if (is_language_model(c.model)) return make_lm_task(c, rank, world, new_run);
@@ -111,7 +111,7 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   check_lora_base(c);
   if (!c.init.empty() && (load_init || c.lora_rank > 0)) {  // (a LoRA run's checkpoints hold its adapters only)
     try {
-      r.model->load_state_dict(task.init_weights(c.init), /*strict=*/true);
+      r.model->load_state_dict(task.init_weights(c), /*strict=*/true);
     } catch (const Error& e) {
       const std::string msg = e.what();  // names the file when reading it failed; name the flag too
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));

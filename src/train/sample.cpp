@@ -30,15 +30,16 @@ namespace {
 namespace fs = std::filesystem;
 
 // A GPT's weights from a run or checkpoint directory or a weights file, with the run's settings (null when none); or a
-// Llama run's model, built from its recorded settings with its weights loaded.
+// Llama's model (a run's built from its recorded settings, a llama2.c file's from its header) with its weights loaded.
 struct LoadedGpt {
   models::GPTWeights weights;
   Json config;
   std::string what;
   StateDict train_state;  // a checkpoint's train_state.safetensors (empty for a weights file or a LoRA run's)
   std::string run_dir;    // the run directory holding the checkpoint (empty when none)
-  std::shared_ptr<models::LanguageModel> llama;  // a Llama run's (weights then empty)
+  std::shared_ptr<models::LanguageModel> llama;  // a Llama's (weights then empty)
   bool lora = false;                             // a LoRA run's checkpoint: its base with the adapters merged
+  Metadata meta;  // the model file's metadata (castor.config: a merged LoRA run's as a plain run's)
 };
 
 // The Llama a run's recorded settings describe, with `weights` loaded (strictly; errors name `what`).
@@ -62,29 +63,48 @@ std::shared_ptr<models::LanguageModel> load_llama2c_model(const std::string& pat
   return model;
 }
 
+// A weights file or a run or checkpoint directory; a LoRA run's model file (in its checkpoint or alone) merged into its
+// base.
 LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   std::error_code ec;
-  if (!fs::is_directory(path, ec) && models::weights_format(path) == models::WeightsFormat::Llama2c)
-    return {{}, Json(), path, {}, "", load_llama2c_model(path)};
-  if (!fs::is_directory(path, ec)) return {models::load_gpt_init(path, n_head), Json(), path};
-  std::string used;
-  Checkpoint ck = read_checkpoint(path, &used);
-  const std::string what = (fs::path(used) / "model.safetensors").string();
+  const bool dir = fs::is_directory(path, ec);
+  const models::WeightsFormat format = dir ? models::WeightsFormat::Safetensors : models::weights_format(path);
+  if (format == models::WeightsFormat::Llama2c)
+    return {.what = path, .llama = load_llama2c_model(path), .meta = models::read_weights_header(path).metadata};
+  if (format == models::WeightsFormat::Llmc)
+    return {.weights = models::load_gpt_init(path, n_head),
+            .what = path,
+            .meta = models::read_weights_header(path).metadata};
+  std::string used = path, what = path;
+  Checkpoint ck;
+  if (dir) {
+    ck = read_checkpoint(path, &used);
+    what = (fs::path(used) / "model.safetensors").string();
+  } else {
+    LoadedTensors file = load_safetensors(path);
+    ck.model = std::move(file.tensors);
+    ck.model_meta = std::move(file.metadata);
+  }
   const auto kind = ck.model_meta.find("castor.model");
   const bool llama = kind != ck.model_meta.end() && kind->second.starts_with("llama");
   CASTOR_CHECK(kind == ck.model_meta.end() || llama || kind->second.starts_with("gpt"), path, ": a ",
                printable(kind->second), " checkpoint, not a language model's");
-  Json config = castor_config(ck.model_meta, what);
   const bool lora = is_lora_checkpoint(ck.model_meta);
   merge_lora_checkpoint(ck, what);
+  Json config = castor_config(ck.model_meta, what);
   const fs::path run = fs::path(used).parent_path().parent_path();  // RUN/checkpoints/step-N
-  std::string run_dir = fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string();
-  if (llama) {
-    auto model = load_llama(ck.model, config, what);
-    return {{}, std::move(config), what, std::move(ck.state), std::move(run_dir), std::move(model), lora};
-  }
-  models::GPTWeights weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
-  return {std::move(weights), std::move(config), what, std::move(ck.state), std::move(run_dir), nullptr, lora};
+  std::string run_dir = dir && fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string();
+  LoadedGpt g{.config = std::move(config),
+              .what = what,
+              .train_state = std::move(ck.state),
+              .run_dir = std::move(run_dir),
+              .lora = lora};
+  if (llama)
+    g.llama = load_llama(ck.model, g.config, what);
+  else
+    g.weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
+  g.meta = std::move(ck.model_meta);
+  return g;
 }
 
 // The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data
@@ -110,7 +130,9 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
       "castor sample");
   CLI::App& app = *owner;
   auto* ckpt = app.add_option("--checkpoint", c.checkpoint, "a run or checkpoint directory of a GPT or Llama");
-  add_init(app, c.init, "or weights: llm.c .bin, llama2.c model.bin (v0 or v1) or safetensors with nanoGPT names")
+  add_init(app, c.init,
+           "or weights: llm.c .bin, llama2.c model.bin (v0 or v1), safetensors with nanoGPT names, or a file "
+           "castor export --safetensors wrote")
       ->excludes(ckpt);
   app.add_option("--tokenizer-dir", c.tokenizer_dir,
                  "token directory whose tokenizer.json decodes (default: the run's)");
@@ -139,7 +161,8 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
       "Writes a GPT checkpoint in another tool's format: --llmc, llm.c's gpt2_124M.bin layout (float32), or "
       "--nanogpt, nanoGPT's OUT/ckpt.pt (torch.save format: model, model_args, iter_num, best_val_loss, config and "
       "the AdamW state, which sample.py and train.py's init_from='resume' read); or a Llama checkpoint as llama2.c's "
-      "model.bin and tokenizer.bin (--llama2c), which llama2.c's run.c samples.",
+      "model.bin and tokenizer.bin (--llama2c), which llama2.c's run.c samples; or either as one safetensors file "
+      "with its settings (--safetensors).",
       "castor export");
   CLI::App& app = *owner;
   auto* llmc = app.add_flag("--llmc", c.llmc, "llm.c's checkpoint format");
@@ -148,6 +171,12 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
                                "a Llama as llama2.c's model.bin (run.c reads version 0), with "
                                "the run's vocabulary as tokenizer.bin beside it")
                       ->excludes(llmc, nanogpt);
+  auto* safetensors =
+      app.add_flag(
+             "--safetensors", c.safetensors,
+             "the model (a GPT or a Llama) as one safetensors file with the run's settings in its metadata, which "
+             "castor eval, castor sample --init and castor info read")
+          ->excludes(llmc, nanogpt, llama2c);
   app.add_option("--version", c.version, "--llama2c: export.py's version, 0 (legacy_export) or 1 (version1_export)")
       ->check(CLI::IsMember({0, 1}))
       ->needs(llama2c);
@@ -158,7 +187,8 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
                  "(adapter_config.json, adapter_model.safetensors; castor train --init-lora reads them)")
       ->excludes(llmc)
       ->excludes(nanogpt)
-      ->excludes(llama2c);
+      ->excludes(llama2c)
+      ->excludes(safetensors);
   app.add_option("--checkpoint", c.checkpoint,
                  "a run or checkpoint directory, or an llm.c .bin, llama2.c model.bin or safetensors file")
       ->required();
@@ -245,8 +275,8 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
 ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   ExportConfig c;
   parse_flags(*export_app(c), args, "export");
-  CASTOR_CHECK(c.llmc || c.nanogpt || c.llama2c || !c.peft.empty(),
-               "--llmc, --nanogpt or --llama2c: missing (the "
+  CASTOR_CHECK(c.llmc || c.nanogpt || c.llama2c || c.safetensors || !c.peft.empty(),
+               "--llmc, --nanogpt, --llama2c or --safetensors: missing (the "
                "format to write; --peft DIR for a LoRA run's adapters)");
   CASTOR_CHECK(!c.peft.empty() || !c.out.empty(), "--out: empty or missing (the file to write)");
   CASTOR_CHECK(c.peft.empty() || c.out.empty(), "--out: not with --peft DIR (the directory it writes)");
@@ -457,6 +487,25 @@ Json::Object export_llama2c(const LoadedGpt& g, const ExportConfig& c) {
           {"tokenizer", vocab ? Json(printable(tokenizer_bin)) : Json()}};
 }
 
+// castor export --safetensors: the model's tensors (a GPT's with nanoGPT's names, a Llama's with llama2.c's) and the
+// model file's metadata, which name the model and its settings.
+Json export_safetensors(const LoadedGpt& g, const ExportConfig& c) {
+  const StateDict tensors = g.llama ? g.llama->state_dict() : g.weights.state;
+  Metadata meta = g.meta;  // (an llm.c or llama2.c file's records the settings, not castor.model)
+  const Json config = castor_config(meta, g.what);
+  if (const Json* model = config.is_object() ? config.find("model") : nullptr; model && model->is_string())
+    meta.emplace("castor.model", model->as_string());
+  save_safetensors(c.out, tensors, meta);
+  uint64_t bytes = 0;
+  read_file_range(c.out, 0, 0, bytes);
+  return Json::Object{{"from", printable(g.what)},
+                      {"format", "safetensors"},
+                      {"model", g.llama ? "llama" : "gpt"},
+                      {"tensors", static_cast<int64_t>(tensors.size())},
+                      {"out", printable(c.out)},
+                      {"bytes", bytes}};
+}
+
 }  // namespace
 
 namespace {
@@ -490,6 +539,7 @@ Json run_export(const ExportConfig& c) {
                " is a LoRA run (adapters on a "
                "frozen base): --merge-lora writes the base with its adapters merged, --peft DIR the adapters alone");
   if (c.llama2c) return export_llama2c(g, c);
+  if (c.safetensors) return export_safetensors(g, c);
   CASTOR_CHECK(!g.llama, "--checkpoint ", c.checkpoint,
                ": a Llama; --llmc and --nanogpt write GPTs (--llama2c "
                "writes Llamas)");

@@ -47,8 +47,9 @@ class Task {
   virtual std::pair<std::vector<Tensor>, std::vector<Tensor>> param_groups(const nn::Module& model) const {
     return {model.parameters(), {}};
   }
-  // --init's weights for the model (a safetensors file with PyTorch's names; a GPT also llm.c's format).
-  virtual StateDict init_weights(const std::string& path) const;
+  // --init's weights for the model `c` describes (a safetensors file with PyTorch's names; a GPT also llm.c's format,
+  // a Llama llama2.c's).
+  virtual StateDict init_weights(const TrainConfig& c) const;
   // MFU's terms (none where the model's FLOPs are not estimated).
   virtual FlopRate flop_rate(const TrainConfig& c, const nn::Module& model) const { return {}; }
 
@@ -87,6 +88,9 @@ std::unique_ptr<Task> make_lm_task(TrainConfig& c, int rank, int world, bool new
 // the first real_vocab of it) with weights drawn from `seed`, and a Llama's configuration.
 std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed);
 models::LlamaConfig llama_config(const TrainConfig& c);
+// The weights in `path` for the language model `c` describes: a GPT's from llm.c's format or safetensors with nanoGPT's
+// names (heads: recorded in the file, else c.n_head), a Llama's from llama2.c's model.bin or safetensors with its names.
+StateDict language_model_weights(const TrainConfig& c, const std::string& path);
 // The dataset directory: --data-dir, or the dataset's default location.
 std::string data_dir(const TrainConfig& c);
 

@@ -59,24 +59,12 @@ std::vector<Case> cases() {
       {"mm", CastPolicy::LowerPrecision, [](V x) { return mm(x[0], x[1]); }, {{3, 4}, {4, 5}}},
       {"matmul", CastPolicy::LowerPrecision, [](V x) { return matmul(x[0], x[1]); }, {{2, 3, 4}, {4, 5}}},
       {"bmm", CastPolicy::LowerPrecision, [](V x) { return bmm(x[0], x[1]); }, {{2, 3, 4}, {2, 4, 5}}},
-      {"cat",
-       CastPolicy::Promote,
-       [](V x) {
-         return cat({x[0], x[1]}, /*dim=*/0);
-       },
-       {m, m}},
-      {"stack",
-       CastPolicy::Promote,
-       [](V x) {
-         return stack({x[0], x[1]}, /*dim=*/1);
-       },
-       {m, m}},
-      {"gather",
-       CastPolicy::PassThrough,
-       [](V x) {
-         return gather(x[0], /*dim=*/1, tensor({0, 3, 1, 2, 2, 0}, Shape{3, 2}, DType::Int64));
-       },
-       {m}},
+      // clang-format off
+      {"cat", CastPolicy::Promote, [](V x) { return cat({x[0], x[1]}, /*dim=*/0); }, {m, m}},
+      {"stack", CastPolicy::Promote, [](V x) { return stack({x[0], x[1]}, /*dim=*/1); }, {m, m}},
+      {"gather", CastPolicy::PassThrough,
+       [](V x) { return gather(x[0], /*dim=*/1, tensor({0, 3, 1, 2, 2, 0}, Shape{3, 2}, DType::Int64)); }, {m}},
+      // clang-format on
   };
 }
 

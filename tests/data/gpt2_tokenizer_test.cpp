@@ -44,42 +44,18 @@ std::vector<std::vector<uint16_t>> node_encode(const std::vector<std::string>& t
 TEST(Gpt2Tokenizer, MatchesGpt3EncoderOnTrickyStrings) {
   ASSERT_TRUE(have_packages());
   test::ScratchDir dir;
-  const std::vector<std::string> texts = {"Hello world",
-                                          "I'm sure they'll say we've done what she'd do; it's Bob's, don't",
-                                          "'S 'T 'RE upper",
-                                          "'hello' \"quoted\" ''double'' 'll'",
-                                          "rock'n'roll isn't",
-                                          "1 22 333 4444 3.14159 1,000,000 -42 +7e10",
-                                          "abc123def 123abc",
-                                          "a  b   c    d",
-                                          "trailing   ",
-                                          "   leading",
-                                          "a\nb",
-                                          "a\n\nb\n\n\n",
-                                          " \n \n  x",
-                                          "tabs\tand\t\tmore\t",
-                                          "\r\nwindows\r\n",
-                                          "naïve café résumé",
-                                          "Ελληνικά και русский текст",
-                                          "日本語のテキスト、中文。",
-                                          "emoji 👍🏽 and 🇺🇸 flags",
-                                          "e\u0301 combining",
-                                          "Arabic ٣٤ digits, Ⅻ roman, x² super",
-                                          "nbsp\u00a0here and\u3000ideographic\u2028line",
-                                          "bom\ufeffin",
-                                          "nel\u0085char",
-                                          "\u00a0 \u00a0",
-                                          "!!! ??? ... --- ((( ]]] {}",
-                                          " !x ?y",
-                                          "$5.00 & 50% off #hashtag @user",
-                                          "  ",
-                                          " ",
-                                          "\n",
-                                          "x",
-                                          "The quick brown fox jumps over the lazy dog.",
-                                          "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
-                                          "supercalifragilisticexpialidocious antidisestablishmentarianism",
-                                          "a,b a,,b ,,, ,a, b,"};
+  // clang-format off
+  const std::vector<std::string> texts = {
+      "Hello world", "I'm sure they'll say we've done what she'd do; it's Bob's, don't", "'S 'T 'RE upper",
+      "'hello' \"quoted\" ''double'' 'll'", "rock'n'roll isn't", "1 22 333 4444 3.14159 1,000,000 -42 +7e10",
+      "abc123def 123abc", "a  b   c    d", "trailing   ", "   leading", "a\nb", "a\n\nb\n\n\n", " \n \n  x",
+      "tabs\tand\t\tmore\t", "\r\nwindows\r\n", "naïve café résumé", "Ελληνικά και русский текст",
+      "日本語のテキスト、中文。", "emoji 👍🏽 and 🇺🇸 flags", "e\u0301 combining", "Arabic ٣٤ digits, Ⅻ roman, x² super",
+      "nbsp\u00a0here and\u3000ideographic\u2028line", "bom\ufeffin", "nel\u0085char", "\u00a0 \u00a0",
+      "!!! ??? ... --- ((( ]]] {}", " !x ?y", "$5.00 & 50% off #hashtag @user", "  ", " ", "\n", "x",
+      "The quick brown fox jumps over the lazy dog.", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+      "supercalifragilisticexpialidocious antidisestablishmentarianism", "a,b a,,b ,,, ,a, b,"};
+  // clang-format on
   // Punctuation runs, where gpt-3-encoder's ','-joined merge keys can collide: 300 seeded random strings.
   std::vector<std::string> all = texts;
   uint64_t state = 12345;

@@ -274,29 +274,12 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   }
   // Streamed (--image-cache-mb 0: decoded again for each batch) the run ends at the same weights, bit for bit.
   for (const char* cache : {"-1", "0"}) {
-    auto r = test::run_castor({"train",
-                               "--data",
-                               "folder",
-                               "--data-dir",
-                               "data",
-                               "--image-size",
-                               "8",
-                               "--batch-size",
-                               "8",
-                               "--steps",
-                               "6",
-                               "--amp",
-                               "O0",
-                               "--deterministic",
-                               "--threads",
-                               "2",
-                               "--augment",
-                               "standard",
-                               "--image-cache-mb",
-                               cache,
-                               "--out",
-                               std::string("cache") + cache},
+    // clang-format off
+    auto r = test::run_castor({"train", "--data", "folder", "--data-dir", "data", "--image-size", "8", "--batch-size",
+                               "8", "--steps", "6", "--amp", "O0", "--deterministic", "--threads", "2", "--augment",
+                               "standard", "--image-cache-mb", cache, "--out", std::string("cache") + cache},
                               run, 120);
+    // clang-format on
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
   test::expect_same_checkpoint(dir + "/cache-1", dir + "/cache0");

@@ -62,23 +62,11 @@ TEST(MpirunDist, DeadRankEndsTheJob) {
 
 // A small synthetic run: `batch` images per rank for `steps` steps.
 std::vector<std::string> train_args(const std::string& out, int64_t batch, int64_t steps, const std::string& amp) {
-  std::vector<std::string> a = {"train",
-                                "--data",
-                                "synthetic",
-                                "--synthetic-size",
-                                "512",
-                                "--batch-size",
-                                std::to_string(batch),
-                                "--steps",
-                                std::to_string(steps),
-                                "--out",
-                                out,
-                                "--checkpoint-minutes",
-                                "0",
-                                "--log-every",
-                                "1",
-                                "--eval-every",
-                                "0"};
+  // clang-format off
+  std::vector<std::string> a = {"train", "--data", "synthetic", "--synthetic-size", "512", "--batch-size",
+                                std::to_string(batch), "--steps", std::to_string(steps), "--out", out,
+                                "--checkpoint-minutes", "0", "--log-every", "1", "--eval-every", "0"};
+  // clang-format on
   if (amp == "fp16")  // Adam at lr 0.01 overflows float16 in steps 2-5 (the loss jumps to 10)
     a.insert(a.end(), {"--amp", "O1", "--dtype", "fp16", "--lr", "0.01"});
   else  // SGD: the weights move linearly with the gradients, so their difference is the gradients' rounding
@@ -145,9 +133,9 @@ TEST_F(MpirunTrain, TwoRanksMatchOneProcessAndResume) {
   EXPECT_EQ(summary_of(single).at("steps").as_int(), 8);
 }
 
-// A language model given by `model` flags (--model and its heads) on 2 ranks x 4 sequences against 1 process x 8:
+// A language model (tiny_lm_args's `model`: "gpt" or "llama") on 2 ranks x 4 sequences against 1 process x 8:
 // the ranks split each global batch of random windows, so O0 SGD weights agree to float32 summation order.
-void expect_two_ranks_match_one_process(const std::string& dir, const std::vector<std::string>& model) {
+void expect_two_ranks_match_one_process(const std::string& dir, const std::string& model) {
   {
     std::ofstream text(dir + "/text.txt");
     Generator gen(5);
@@ -158,35 +146,10 @@ void expect_two_ranks_match_one_process(const std::string& dir, const std::vecto
       {"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok", "--val-fraction", "0.1"}, dir, {});
   ASSERT_EQ(tok.exit_code, 0) << tok.err;
   auto lm = [&](const std::string& out, int64_t batch, std::vector<std::string> extra) {
-    std::vector<std::string> a = {"train",
-                                  "--data",
-                                  "tokens",
-                                  "--data-dir",
-                                  "tok",
-                                  "--n-layer",
-                                  "1",
-                                  "--n-embd",
-                                  "32",
-                                  "--block-size",
-                                  "16",
-                                  "--batch-size",
-                                  std::to_string(batch),
-                                  "--steps",
-                                  "4",
-                                  "--amp",
-                                  "O0",
-                                  "--optimizer",
-                                  "sgd",
-                                  "--lr",
-                                  "0.05",
-                                  "--out",
-                                  out,
-                                  "--checkpoint-minutes",
-                                  "0",
-                                  "--log-every",
-                                  "1"};
-    a.insert(a.end(), model.begin(), model.end());
-    return castor(a, dir, extra);
+    return castor(test::tiny_lm_args(model, out, 4, batch,
+                                     {"--amp", "O0", "--optimizer", "sgd", "--lr", "0.05", "--checkpoint-minutes", "0",
+                                      "--log-every", "1"}),
+                  dir, extra);
   };
   CastorProcess one = lm("one", 8, {"--threads", "2"});
   ASSERT_EQ(one.exit_code, 0) << one.err;
@@ -197,14 +160,10 @@ void expect_two_ranks_match_one_process(const std::string& dir, const std::vecto
 }
 
 // A GPT: tied embedding and lm_head, a gradient from each use, reduced once.
-TEST_F(MpirunTrain, GptTwoRanksMatchOneProcess) {
-  expect_two_ranks_match_one_process(dir_, {"--model", "gpt", "--n-head", "2"});
-}
+TEST_F(MpirunTrain, GptTwoRanksMatchOneProcess) { expect_two_ranks_match_one_process(dir_, "gpt"); }
 
 // A Llama with grouped-query attention and its tied output.
-TEST_F(MpirunTrain, LlamaTwoRanksMatchOneProcess) {
-  expect_two_ranks_match_one_process(dir_, {"--model", "llama", "--n-head", "4", "--n-kv-head", "2"});
-}
+TEST_F(MpirunTrain, LlamaTwoRanksMatchOneProcess) { expect_two_ranks_match_one_process(dir_, "llama"); }
 
 // O1 float16, Adam at lr 0.01, overflows in steps 2-5: both runs skip the same steps and end at the same scale, and
 // the weights agree to float16 tolerance. (The relative L2 norm: Adam turns the float16 rounding of a near-zero

@@ -49,45 +49,15 @@ TEST(Json, StringEscapes) {
 }
 
 TEST(Json, RejectsMalformedInput) {
-  const char* bad[] = {"",
-                       " ",
-                       "{",
-                       "}",
-                       "[1,]",
-                       "[1 2]",
-                       "{\"a\":1,}",
-                       "{\"a\" 1}",
-                       "{a:1}",
-                       "{1:1}",
-                       "'a'",
-                       "01",
-                       "-",
-                       "1.",
-                       ".5",
-                       "1e",
-                       "+1",
-                       "0x10",
-                       "tru",
-                       "nul",
-                       "True",
-                       "NaN",
-                       "Infinity",
-                       "1e400",
-                       "[1] [2]",
-                       "\"abc",
-                       "\"\\x\"",
-                       "\"\\u12\"",
-                       "\"\\ud83e\"",
-                       "\"\\udcab\"",
-                       "\"\\ud83e\\u0041\"",
-                       "\"a\nb\"",
-                       "\"\xff\"",
-                       "\"\xc0\xaf\"",
-                       "\"\xed\xa0\x80\"",
-                       "\"\xf4\x90\x80\x80\"",
-                       "\"\xe2\x82\"",
-                       "/*c*/1",
-                       "{\"a\":1,\"a\":2}"};
+  // clang-format off
+  const char* bad[] = {
+      "",          " ",          "{",          "}",          "[1,]",      "[1 2]",       "{\"a\":1,}",
+      "{\"a\" 1}", "{a:1}",      "{1:1}",      "'a'",        "01",        "-",           "1.",
+      ".5",        "1e",         "+1",         "0x10",       "tru",       "nul",         "True",
+      "NaN",       "Infinity",   "1e400",      "[1] [2]",    "\"abc",     "\"\\x\"",     "\"\\u12\"",
+      "\"\\ud83e\"", "\"\\udcab\"", "\"\\ud83e\\u0041\"", "\"a\nb\"", "\"\xff\"", "\"\xc0\xaf\"", "\"\xed\xa0\x80\"",
+      "\"\xf4\x90\x80\x80\"",     "\"\xe2\x82\"",      "/*c*/1",   "{\"a\":1,\"a\":2}"};
+  // clang-format on
   for (const char* text : bad) {
     std::string msg = error_of([&] { Json::parse(text); });
     EXPECT_NE(msg.find("invalid JSON at offset"), std::string::npos) << text << " -> " << msg;

@@ -229,21 +229,10 @@ TEST(FunctionalGradcheck, Float64LayersMatchFiniteDifferences) {
         {x, gamma, beta}))
         << "training " << training;
   }
-  EXPECT_TRUE(test::gradcheck(
-      [](const std::vector<Tensor>& in) {
-        return F::max_pool2d(in[0], {3, 2}, {2, 2}, {1, 1});
-      },
-      {x}));
-  EXPECT_TRUE(test::gradcheck(
-      [](const std::vector<Tensor>& in) {
-        return F::avg_pool2d(in[0], {3, 3}, {2, 1}, {1, 1}, false);
-      },
-      {x}));
-  EXPECT_TRUE(test::gradcheck(
-      [](const std::vector<Tensor>& in) {
-        return F::adaptive_avg_pool2d(in[0], {4, 3});
-      },
-      {x}));
+  using In = const std::vector<Tensor>&;
+  EXPECT_TRUE(test::gradcheck([](In in) { return F::max_pool2d(in[0], {3, 2}, {2, 2}, {1, 1}); }, {x}));
+  EXPECT_TRUE(test::gradcheck([](In in) { return F::avg_pool2d(in[0], {3, 3}, {2, 1}, {1, 1}, false); }, {x}));
+  EXPECT_TRUE(test::gradcheck([](In in) { return F::adaptive_avg_pool2d(in[0], {4, 3}); }, {x}));
 }
 
 // The oneDNN float32 kernels against the reference loops over many parameter combinations (no PyTorch needed).
@@ -287,34 +276,17 @@ TEST(FunctionalKernels, ChannelsLastLayersMatchReferenceLoops) {
     std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)> f;
   };
   const std::vector<Layer> layers = {
-      {"conv",
-       {9, 6, 3, 3},
-       {9},
-       [](auto& x, auto& w, auto& b) {
-         return F::conv2d(x, w, b, {1, 1}, {1, 1});
-       }},
-      {"grouped strided conv",
-       {9, 2, 3, 3},
-       {},
-       [](auto& x, auto& w, auto& b) {
+      // clang-format off
+      {"conv", {9, 6, 3, 3}, {9}, [](auto& x, auto& w, auto& b) { return F::conv2d(x, w, b, {1, 1}, {1, 1}); }},
+      {"grouped strided conv", {9, 2, 3, 3}, {}, [](auto& x, auto& w, auto& b) {
          return F::conv2d(x, w, b, {2, 2}, {1, 0}, {1, 1}, /*groups=*/3);
        }},
-      {"batch norm",
-       {6},
-       {6},
-       [](auto& x, auto& w, auto& b) { return F::batch_norm(x, {}, {}, w, b, /*training=*/true); }},
-      {"max pool",
-       {},
-       {},
-       [](auto& x, auto&, auto&) {
-         return F::max_pool2d(x, {3, 2}, {2, 2}, {1, 1});
+      {"batch norm", {6}, {6}, [](auto& x, auto& w, auto& b) {
+         return F::batch_norm(x, {}, {}, w, b, /*training=*/true);
        }},
-      {"avg pool",
-       {},
-       {},
-       [](auto& x, auto&, auto&) {
-         return F::avg_pool2d(x, {2, 2});
-       }},
+      {"max pool", {}, {}, [](auto& x, auto&, auto&) { return F::max_pool2d(x, {3, 2}, {2, 2}, {1, 1}); }},
+      {"avg pool", {}, {}, [](auto& x, auto&, auto&) { return F::avg_pool2d(x, {2, 2}); }},
+      // clang-format on
   };
   Generator gen(7);
   for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16})

@@ -49,6 +49,17 @@ TEST(Gpt, NamesAreNanoGptsAndTheHeadIsTied) {
   EXPECT_NO_THROW(model->load_state_dict(without));
 }
 
+// forward takes (B, T) int64 token ids, T at most the block size; anything else is an error saying what is wrong.
+TEST(Gpt, ForwardRefusesBadTokenBatches) {
+  auto model = models::gpt(test::tiny_gpt_config(67));
+  EXPECT_EQ((*model)(zeros({2, 16}, DType::Int64)).shape(), (Shape{2, 16, 67}));
+  const Tensor too_long = zeros({1, 17}, DType::Int64);
+  test::expect_error([&] { (*model)(too_long); },
+                     {"GPT: cannot forward a sequence of length 17, block size is only 16"});
+  for (const Tensor& bad : {zeros({1, 4}, DType::Float32), zeros({4}, DType::Int64)})
+    test::expect_error([&] { (*model)(bad); }, {"GPT: expected (B, T) int64 token ids"});
+}
+
 TEST(Gpt, Gpt2InitStatistics) {
   models::GPTConfig c = test::tiny_gpt_config(67);
   c.n_layer = 4, c.n_embd = 64, c.vocab_size = 512;

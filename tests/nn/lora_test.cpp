@@ -245,8 +245,9 @@ TEST(Lora, BaseGetsNoGradientAndNoOptimizerState) {
     EXPECT_EQ(optimizer_bytes(*opt), per_elem * adapter_elems + 4 * static_cast<int64_t>(trainable.size()))
         << amp::opt_level_name(level);
     for (const auto& [k, v] : model->state_dict())
-      if (k.find(".lora_") == std::string::npos)  // as it was, in the dtype the level stores it in
+      if (k.find(".lora_") == std::string::npos) {  // as it was, in the dtype the level stores it in
         EXPECT_TRUE(same_bits(v, base_before.at(k).to(v.dtype()))) << k;
+      }
   }
 }
 
@@ -274,13 +275,17 @@ TEST(Lora, LossScalingClippingAndAccumulationAtO1Float16) {
       }
       amp->scale_loss(loss, opt).backward();
     }
-    if (level == amp::OptLevel::O1) EXPECT_EQ(amp->scaler().get_scale(), 65536.0);
+    if (level == amp::OptLevel::O1) {
+      EXPECT_EQ(amp->scaler().get_scale(), 65536.0);
+    }
     const std::vector<Tensor> masters = amp::master_params(opt);  // unscaled here
     EXPECT_EQ(masters.size(), trainable.size());
     amp::clip_grad_norm_(masters, 0.5);
     for (const Tensor& p : masters) grads[level == amp::OptLevel::O1].push_back(p.grad().to(DType::Float32).clone());
     for (const auto& [name, p] : model->named_parameters())
-      if (!p.requires_grad()) EXPECT_FALSE(p.grad().defined()) << name;
+      if (!p.requires_grad()) {
+        EXPECT_FALSE(p.grad().defined()) << name;
+      }
   }
   for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_LE(test::rel_l2(grads[1][i], grads[0][i]), 2e-2) << i;
 }

@@ -36,25 +36,10 @@ std::string cli_stdout(const std::string& args) {
 }
 
 std::vector<std::string> synthetic_flags(const std::string& out, int64_t steps) {
-  return {"--data",
-          "synthetic",
-          "--synthetic-size",
-          "128",
-          "--amp",
-          "O0",
-          "--optimizer",
-          "sgd",
-          "--momentum",
-          "0",
-          "--lr",
-          "0.05",
-          "--steps",
-          std::to_string(steps),
-          "--deterministic",
-          "--threads",
-          "2",
-          "--out",
-          out};
+  // clang-format off
+  return {"--data", "synthetic", "--synthetic-size", "128", "--amp", "O0", "--optimizer", "sgd", "--momentum", "0",
+          "--lr", "0.05", "--steps", std::to_string(steps), "--deterministic", "--threads", "2", "--out", out};
+  // clang-format on
 }
 
 StateDict final_weights(const std::string& out) { return read_checkpoint(*latest_checkpoint(out)).model; }

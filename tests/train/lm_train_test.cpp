@@ -48,50 +48,21 @@ class LmTrain : public ::testing::Test {
   CastorProcess castor(const std::vector<std::string>& args, double seconds = 120) {
     return run_castor(args, in_dir, seconds);
   }
-  // A one-layer GPT on the test's tokens, one thread, deterministic.
+  // A one-layer GPT (tiny_lm_args) on the test's tokens, one thread, deterministic.
   static std::vector<std::string> train_args(const std::string& out, int64_t steps,
                                              std::vector<std::string> extra = {}) {
-    std::vector<std::string> a = {"train",
-                                  "--model",
-                                  "gpt",
-                                  "--data",
-                                  "tokens",
-                                  "--data-dir",
-                                  "tok",
-                                  "--n-layer",
-                                  "1",
-                                  "--n-head",
-                                  "2",
-                                  "--n-embd",
-                                  "32",
-                                  "--block-size",
-                                  "16",
-                                  "--batch-size",
-                                  "8",
-                                  "--steps",
-                                  std::to_string(steps),
-                                  "--warmup-steps",
-                                  "5",
-                                  "--lr",
-                                  "3e-3",
-                                  "--log-every",
-                                  "10",
-                                  "--threads",
-                                  "1",
-                                  "--deterministic",
-                                  "--out",
-                                  out};
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
+    return lm_args("gpt", out, steps, std::move(extra));
   }
   // A one-layer Llama (4 heads over 2 key/value heads) on the test's tokens, one thread, deterministic.
   static std::vector<std::string> llama_args(const std::string& out, int64_t steps,
                                              std::vector<std::string> extra = {}) {
-    std::vector<std::string> a = train_args(out, steps, {"--n-kv-head", "2"});
-    *std::find(a.begin(), a.end(), "gpt") = "llama";
-    *(std::find(a.begin(), a.end(), "--n-head") + 1) = "4";
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
+    return lm_args("llama", out, steps, std::move(extra));
+  }
+  static std::vector<std::string> lm_args(const std::string& model, const std::string& out, int64_t steps,
+                                          std::vector<std::string> extra) {
+    extra.insert(extra.begin(),
+                 {"--warmup-steps", "5", "--lr", "3e-3", "--log-every", "10", "--threads", "1", "--deterministic"});
+    return test::tiny_lm_args(model, out, steps, 8, extra);
   }
   static Json summary_of(const CastorProcess& p) { return Json::parse(p.out); }
 

@@ -24,51 +24,67 @@ namespace {
 namespace fs = std::filesystem;
 using test::CastorProcess;
 
-class LoraCli : public ::testing::Test {
+// A scratch directory holding the test's character tokens, and the real binary run in it.
+class LoraCliDir : public ::testing::Test {
  protected:
   void SetUp() override {
     CastorProcess p = test::make_grammar_tokens(in_dir);
     ASSERT_EQ(p.exit_code, 0) << p.err;
-    CastorProcess b = castor(args("base", 30, {"--eval-iters", "0"}));
-    ASSERT_EQ(b.exit_code, 0) << b.err;
-    base_val_loss = Json::parse(b.out).at("val_loss").as_double();
   }
   std::string path(const std::string& name) const { return scratch.file(name); }
   CastorProcess castor(const std::vector<std::string>& a, double seconds = 120) {
     return test::run_castor(a, in_dir, seconds);
   }
-  // A one-layer GPT on the test's tokens, one thread, deterministic.
-  static std::vector<std::string> args(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) {
-    std::vector<std::string> a = {"train",
-                                  "--model",
-                                  "gpt",
-                                  "--data",
-                                  "tokens",
-                                  "--data-dir",
-                                  "tok",
-                                  "--n-layer",
-                                  "1",
-                                  "--n-head",
-                                  "2",
-                                  "--n-embd",
-                                  "32",
-                                  "--block-size",
-                                  "16",
-                                  "--batch-size",
-                                  "8",
-                                  "--steps",
-                                  std::to_string(steps),
-                                  "--lr",
-                                  "3e-3",
-                                  "--log-every",
-                                  "10",
-                                  "--threads",
-                                  "1",
-                                  "--deterministic",
-                                  "--out",
-                                  out};
+  void expect_error(const std::vector<std::string>& a, const std::vector<std::string>& parts) {
+    CastorProcess p = castor(a);
+    EXPECT_NE(p.exit_code, 0);
+    const std::string last = p.err.substr(p.err.rfind('\n', p.err.size() - 2) + 1);
+    for (const std::string& part : parts) EXPECT_NE(last.find(part), std::string::npos) << part << " not in: " << p.err;
+  }
+  // Trains the base run (`a`: castor's arguments) and keeps its validation loss.
+  void train_base(const std::vector<std::string>& a) {
+    CastorProcess b = castor(a);
+    ASSERT_EQ(b.exit_code, 0) << b.err;
+    base_val_loss = Json::parse(b.out).at("val_loss").as_double();
+  }
+  // castor train of a one-layer model (test::tiny_lm_args: `model` "gpt" or "llama") at learning rate `lr` on the
+  // test's tokens, one thread, deterministic.
+  static std::vector<std::string> train_args(const std::string& model, const std::string& lr, const std::string& out,
+                                             int64_t steps, std::vector<std::string> extra) {
+    extra.insert(extra.begin(), {"--lr", lr, "--log-every", "10", "--threads", "1", "--deterministic"});
+    return test::tiny_lm_args(model, out, steps, 8, extra);
+  }
+  // castor eval's float32 validation loss of a run or a weights file (`extra`: flags a weights file needs).
+  double eval_loss(const std::string& what, std::vector<std::string> extra = {}) {
+    std::vector<std::string> a = {"eval", what, "--dtype", "float32"};
     a.insert(a.end(), extra.begin(), extra.end());
-    return a;
+    CastorProcess e = castor(a);
+    EXPECT_EQ(e.exit_code, 0) << e.err;
+    return e.exit_code == 0 ? Json::parse(e.out).at("val_loss").as_double() : 0.0;
+  }
+  // castor sample's greedy text (`from`: --checkpoint RUN, or --init FILE and its flags).
+  std::string greedy(std::vector<std::string> from) {
+    std::vector<std::string> a = {"sample", "--temperature", "0", "--tokens", "24", "--prompt", "the "};
+    a.insert(a.end(), from.begin(), from.end());
+    CastorProcess s = castor(a);
+    EXPECT_EQ(s.exit_code, 0) << s.err;
+    return s.out;
+  }
+
+  test::ScratchDir scratch;
+  test::CastorRun in_dir{scratch.path().string()};
+  double base_val_loss = 0;
+};
+
+class LoraCli : public LoraCliDir {
+ protected:
+  void SetUp() override {
+    LoraCliDir::SetUp();
+    train_base(args("base", 30, {"--eval-iters", "0"}));
+  }
+  // A one-layer GPT with 2 heads.
+  static std::vector<std::string> args(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) {
+    return train_args("gpt", "3e-3", out, steps, std::move(extra));
   }
   static std::vector<std::string> lora_args(const std::string& out, int64_t steps,
                                             std::vector<std::string> extra = {}) {
@@ -78,16 +94,6 @@ class LoraCli : public ::testing::Test {
     lora.insert(lora.end(), extra.begin(), extra.end());
     return args(out, steps, lora);
   }
-  void expect_error(const std::vector<std::string>& a, const std::vector<std::string>& parts) {
-    CastorProcess p = castor(a);
-    EXPECT_NE(p.exit_code, 0);
-    const std::string last = p.err.substr(p.err.rfind('\n', p.err.size() - 2) + 1);
-    for (const std::string& part : parts) EXPECT_NE(last.find(part), std::string::npos) << part << " not in: " << p.err;
-  }
-
-  test::ScratchDir scratch;
-  test::CastorRun in_dir{scratch.path().string()};
-  double base_val_loss = 0;
 };
 
 TEST_F(LoraCli, CheckpointsHoldTheAdaptersAndResumeBitExact) {
@@ -159,6 +165,11 @@ TEST_F(LoraCli, ExportsMergedAndPeftAndReadsPeftBack) {
   ASSERT_EQ(adapted.exit_code, 0) << adapted.err;
   EXPECT_NEAR(Json::parse(merged.out).at("val_loss").as_double(), Json::parse(adapted.out).at("val_loss").as_double(),
               1e-5);
+  // The same code path merges into safetensors, a plain GPT's file with the run's settings.
+  CastorProcess ms = castor({"export", "--checkpoint", "run", "--merge-lora", "--safetensors", "--out", "m.st"});
+  ASSERT_EQ(ms.exit_code, 0) << ms.err;
+  EXPECT_NEAR(eval_loss("m.st"), Json::parse(adapted.out).at("val_loss").as_double(), 1e-5);
+  EXPECT_EQ(greedy({"--init", "m.st"}), greedy({"--checkpoint", "run"}));
   CastorProcess pe = castor({"export", "--checkpoint", "run", "--peft", "peft"});
   ASSERT_EQ(pe.exit_code, 0) << pe.err;
   const std::string p = "base_model.model.transformer.h.0.";
@@ -205,6 +216,159 @@ TEST_F(LoraCli, BadInputIsAOneLineErrorAndWritesNothing) {
   expect_error({"export", "--checkpoint", "run", "--llmc", "--out", "keep.bin"}, {"--merge-lora: missing"});
   const std::vector<uint8_t> kept = read_file(path("keep.bin"));
   EXPECT_EQ(std::string(kept.begin(), kept.end()), "good");
+}
+
+// LoRA on Llama bases (grouped-query attention: 4 query heads over 2 key/value heads): a Castor Llama run trained for
+// 60 steps as the base, far enough that its greedy text is words and short enough that LoRA changes it.
+class LlamaLoraCli : public LoraCliDir {
+ protected:
+  void SetUp() override {
+    LoraCliDir::SetUp();
+    train_base(args("base", 60, {"--eval-iters", "0"}));
+  }
+  // A one-layer Llama, 4 query heads over 2 key/value heads.
+  static std::vector<std::string> args(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) {
+    return train_args("llama", "1e-2", out, steps, std::move(extra));
+  }
+  // LoRA of rank 4 on `targets` of the base `init`, checkpoints every 10 steps.
+  static std::vector<std::string> lora_args(const std::string& out, int64_t steps, const std::string& init,
+                                            const std::string& targets, std::vector<std::string> extra = {}) {
+    std::vector<std::string> lora = {"--init",         init,    "--lora-rank", "4",    "--lora-alpha",       "16",
+                                     "--lora-targets", targets, "--schedule",  "none", "--checkpoint-every", "10"};
+    lora.insert(lora.end(), extra.begin(), extra.end());
+    return args(out, steps, lora);
+  }
+  // The run's merged exports (safetensors, llama2.c v0 and v1) evaluate as the run does in float32 and give its greedy
+  // text, as `castor sample --init` and `castor eval` read them.
+  void expect_merged_exports_match(const std::string& run) {
+    const double adapted = eval_loss(run);
+    const std::string text = greedy({"--checkpoint", run});
+    EXPECT_GE(text.size(), 28u);  // the prompt and 24 one-character tokens
+    const std::string st = run + "-merged.safetensors";
+    CastorProcess m = castor({"export", "--checkpoint", run, "--merge-lora", "--safetensors", "--out", st});
+    ASSERT_EQ(m.exit_code, 0) << m.err;
+    EXPECT_EQ(Json::parse(m.out).at("model").as_string(), "llama");
+    EXPECT_NEAR(eval_loss(st), adapted, 1e-5);
+    EXPECT_EQ(greedy({"--init", st}), text);
+    for (const char* version : {"0", "1"}) {
+      SCOPED_TRACE(detail::cat("llama2.c v", version));
+      const std::string bin = detail::cat(run, "-merged-v", version, ".bin");
+      CastorProcess e = castor(
+          {"export", "--checkpoint", run, "--merge-lora", "--llama2c", "--version", version, "--out", bin});
+      ASSERT_EQ(e.exit_code, 0) << e.err;
+      EXPECT_EQ(Json::parse(e.out).at("n_kv_heads").as_int(), 2);
+      EXPECT_NEAR(eval_loss(bin, {"--data-dir", "tok"}), adapted, 1e-5);
+      EXPECT_EQ(greedy({"--init", bin, "--tokenizer-dir", "tok"}), text);
+    }
+  }
+};
+
+// wq,wv of a Castor Llama run: adapter-only checkpoints (GQA shapes), bit-exact resume, info, eval, sample, merged
+// exports in every format Castor writes for a Llama, PEFT files read back with --init-lora, and the merged safetensors
+// file as the base of another LoRA run and of a plain one (its recorded sizes taken).
+TEST_F(LlamaLoraCli, TrainsResumesSamplesAndExports) {
+  CastorProcess full = castor(lora_args("full", 30, "base", "wq,wv", {"--eval-iters", "0"}));
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  EXPECT_LT(Json::parse(full.out).at("val_loss").as_double(), base_val_loss);
+  const Checkpoint ck = read_checkpoint(path("full"));
+  ASSERT_EQ(ck.model.size(), 4u);
+  EXPECT_EQ(ck.model.at("layers.0.attention.wq.lora_A.weight").shape(), (Shape{4, 32}));
+  EXPECT_EQ(ck.model.at("layers.0.attention.wq.lora_B.weight").shape(), (Shape{32, 4}));
+  EXPECT_EQ(ck.model.at("layers.0.attention.wv.lora_B.weight").shape(), (Shape{16, 4}));  // 2 kv heads of 8
+  EXPECT_EQ(ck.model_meta.at("castor.lora_base"),
+            absolute_path(path("base/checkpoints/step-0000000060/model.safetensors")));
+  ASSERT_EQ(castor(lora_args("cut", 20, "base", "wq,wv")).exit_code, 0);
+  CastorProcess r = castor({"train", "--resume", "cut", "--steps", "30"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  test::expect_same_checkpoint(path("full"), path("cut"));
+  CastorProcess info = castor({"info", "full"});
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.out.find("model       llama, 4 tensors"), std::string::npos) << info.out;
+  EXPECT_NE(info.out.find("castor.lora_base = "), std::string::npos) << info.out;
+  CastorProcess e = castor({"eval", "full"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(Json::parse(e.out).at("val_loss").as_double(), Json::parse(full.out).at("val_loss").as_double());
+  expect_merged_exports_match("full");
+  // The merged model differs from the base (the adapters were trained) and names no LoRA setting.
+  CastorProcess minfo = castor({"info", "full-merged.safetensors"});
+  ASSERT_EQ(minfo.exit_code, 0) << minfo.err;
+  EXPECT_EQ(minfo.out.find("lora_base"), std::string::npos) << minfo.out;
+  EXPECT_NE(greedy({"--checkpoint", "base"}), greedy({"--checkpoint", "full"}));
+  // PEFT: the files name the adapted layers; --init-lora reads the same adapters back.
+  CastorProcess pe = castor({"export", "--checkpoint", "full", "--peft", "peft"});
+  ASSERT_EQ(pe.exit_code, 0) << pe.err;
+  const std::vector<uint8_t> bytes = read_file(path("peft/adapter_config.json"));
+  const Json config = Json::parse(std::string(bytes.begin(), bytes.end()));
+  EXPECT_EQ(config.at("target_modules"), Json(Json::Array{"wq", "wv"}));
+  EXPECT_EQ(config.at("r").as_int(), 4);
+  const StateDict peft = load_safetensors(path("peft/adapter_model.safetensors")).tensors;
+  ASSERT_EQ(peft.size(), 4u);
+  for (const auto& [k, t] : ck.model) EXPECT_TRUE(test::bit_equal(peft.at("base_model.model." + k), t)) << k;
+  CastorProcess back = castor(args("back", 1, {"--init", "base", "--init-lora", "peft", "--lr", "1e-30"}));
+  ASSERT_EQ(back.exit_code, 0) << back.err;
+  const Checkpoint b = read_checkpoint(path("back"));
+  ASSERT_EQ(b.model.size(), 4u);
+  for (const auto& [k, t] : ck.model) EXPECT_TRUE(test::bit_equal(b.model.at(k), t)) << k;
+  // A safetensors file as the base: the merged model fine-tuned again.
+  CastorProcess stacked = castor(lora_args("stacked", 10, "full-merged.safetensors", "wk,wo"));
+  ASSERT_EQ(stacked.exit_code, 0) << stacked.err;
+  EXPECT_EQ(read_checkpoint(path("stacked")).model_meta.at("castor.lora_base"),
+            absolute_path(path("full-merged.safetensors")));
+  expect_merged_exports_match("stacked");
+  // A plain run from the merged file takes its recorded sizes (a size flag that differs names both).
+  const std::vector<std::string> plain = {"train",      "--model",   "llama",   "--data", "tokens",
+                                          "--data-dir", "tok",       "--steps", "1",      "--eval-iters",
+                                          "1",          "--threads", "1",       "--init", "full-merged.safetensors"};
+  std::vector<std::string> a = plain;
+  a.insert(a.end(), {"--out", "plain"});
+  CastorProcess p = castor(a);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const std::vector<uint8_t> recorded = read_file(path("plain/config.json"));
+  const Json plain_config = Json::parse(std::string(recorded.begin(), recorded.end()));
+  EXPECT_EQ(plain_config.at("n_embd").as_int(), 32);
+  EXPECT_EQ(plain_config.at("n_kv_head").as_int(), 2);
+  EXPECT_EQ(plain_config.at("block_size").as_int(), 16);
+  EXPECT_EQ(plain_config.at("lora_rank").as_int(), 0);
+  a = plain;
+  a.insert(a.end(), {"--n-kv-head", "4", "--out", "conflict"});
+  test::expect_one_line_error(castor(a), {"--n-kv-head 4: --init full-merged.safetensors holds 2"});
+}
+
+// A llama2.c model.bin as the base, every linear layer but the output adapted: resume, eval and the merged exports.
+TEST_F(LlamaLoraCli, Llama2cBaseAllLinear) {
+  CastorProcess x = castor({"export", "--checkpoint", "base", "--llama2c", "--version", "1", "--out", "base.bin"});
+  ASSERT_EQ(x.exit_code, 0) << x.err;
+  CastorProcess full = castor(lora_args("full", 20, "base.bin", "all-linear", {"--eval-iters", "0"}));
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  EXPECT_LT(Json::parse(full.out).at("val_loss").as_double(), base_val_loss);
+  const Checkpoint ck = read_checkpoint(path("full"));
+  EXPECT_EQ(ck.model.size(), 14u);  // wq, wk, wv, wo, w1, w2, w3: lora_A and lora_B each (not the output layer)
+  EXPECT_EQ(ck.model.at("layers.0.attention.wk.lora_B.weight").shape(), (Shape{16, 4}));
+  EXPECT_EQ(ck.model.at("layers.0.feed_forward.w2.lora_A.weight").shape(), (Shape{4, 96}));
+  EXPECT_EQ(ck.model_meta.at("castor.lora_base"), absolute_path(path("base.bin")));
+  ASSERT_EQ(castor(lora_args("cut", 10, "base.bin", "all-linear")).exit_code, 0);
+  CastorProcess r = castor({"train", "--resume", "cut", "--steps", "20"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  test::expect_same_checkpoint(path("full"), path("cut"));
+  expect_merged_exports_match("full");
+}
+
+// As for GPT bases: a changed base is refused by every command, one line naming it, and nothing is written.
+TEST_F(LlamaLoraCli, AChangedBaseIsRefused) {
+  ASSERT_EQ(castor(lora_args("run", 10, "base", "wq,wv")).exit_code, 0);
+  const std::string base = path("base/checkpoints/step-0000000060/model.safetensors");
+  std::vector<uint8_t> bytes = read_file(base);
+  bytes.back() ^= 1;  // the last weight's lowest bit
+  atomic_write_file(base, bytes);
+  using Args = std::vector<std::string>;
+  for (const Args& a : {Args{"train", "--resume", "run", "--steps", "20"}, Args{"eval", "run"},
+                        Args{"sample", "--checkpoint", "run", "--prompt", "the "},
+                        Args{"export", "--checkpoint", "run", "--merge-lora", "--llama2c", "--out", "m.bin"},
+                        Args{"export", "--checkpoint", "run", "--merge-lora", "--safetensors", "--out", "m.st"},
+                        Args{"export", "--checkpoint", "run", "--peft", "p"}})
+    test::expect_one_line_error(castor(a), {base, "changed since the run started"});
+  for (const char* f : {"m.bin", "m.st", "p/adapter_model.safetensors", "run/checkpoints/step-0000000020"})
+    EXPECT_FALSE(fs::exists(path(f))) << f;
 }
 
 }  // namespace

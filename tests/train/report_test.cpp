@@ -101,19 +101,16 @@ TEST(RunLog, MfuDividesTheJobsRateByEveryRanksPeak) {
 
 TEST(Report, ShowsSettingsOpDtypesAndASinglePointHonestly) {
   const Json config = Json::Object{{"model", "simplecnn"}, {"lr", 0.001}, {"data_dir", "<dir>"}};
-  std::vector<Json> records = {
-      Json::Object{
-          {"step", 4}, {"epoch", 0}, {"loss", 2.0}, {"loss_avg", 2.1}, {"loss_scale", 65536.0}, {"skipped", true}},
-      Json::Object{{"step", 8},
-                   {"epoch", 0},
-                   {"train_loss", 1.5},
-                   {"test_loss", 1.2},
-                   {"test_accuracy", 0.625},
-                   {"images_per_sec", 900.0}}};
-  amp::ExplainRow row{"conv2d",        CastPolicy::LowerPrecision, true, {DType::Float32}, {DType::BFloat16},
+  // clang-format off
+  std::vector<Json> records = {Json::Object{{"step", 4}, {"epoch", 0}, {"loss", 2.0}, {"loss_avg", 2.1},
+                                            {"loss_scale", 65536.0}, {"skipped", true}},
+                               Json::Object{{"step", 8}, {"epoch", 0}, {"train_loss", 1.5}, {"test_loss", 1.2},
+                                            {"test_accuracy", 0.625}, {"images_per_sec", 900.0}}};
+  amp::ExplainRow row{"conv2d", CastPolicy::LowerPrecision, true, {DType::Float32}, {DType::BFloat16},
                       DType::BFloat16, "float32 weight cast"};
-  amp::ExplainRow relu{"relu",          CastPolicy::PassThrough,  true, {DType::BFloat16}, {DType::BFloat16},
-                       DType::BFloat16, "runs in its input dtype"};
+  amp::ExplainRow relu{"relu", CastPolicy::PassThrough, true, {DType::BFloat16}, {DType::BFloat16}, DType::BFloat16,
+                       "runs in its input dtype"};
+  // clang-format on
   row.module = relu.module = "layer1.conv";
   amp::ExplainRow head = row;
   head.module = "fc";
@@ -157,29 +154,21 @@ std::vector<std::string> texts(const std::string& svg, const std::string& cls) {
 // loss, learning rate, throughput and (only with loss scaling) the loss scale; settings grouped, the ones that do not
 // apply left out; the header names the version, commit, date and CPU.
 TEST(Report, HasTheChartsItMustWithRoundTicks) {
-  Json config = Json::Object{{"model", "simplecnn"},
-                             {"optimizer", "adam"},
-                             {"momentum", 0.9},
-                             {"lr", 0.001},
-                             {"data", "fashion-mnist"},
-                             {"synthetic_size", 2048},
-                             {"amp", "O1"},
-                             {"dtype", "float16"},
-                             {"seed", 3},
-                             {"castor_version", "9.8.7"},
-                             {"git_commit", "abc123def456"},
-                             {"started", "2026-11-25T14:05:09Z"},
+  // clang-format off
+  Json config = Json::Object{{"model", "simplecnn"}, {"optimizer", "adam"}, {"momentum", 0.9}, {"lr", 0.001},
+                             {"data", "fashion-mnist"}, {"synthetic_size", 2048}, {"amp", "O1"},
+                             {"dtype", "float16"}, {"seed", 3}, {"castor_version", "9.8.7"},
+                             {"git_commit", "abc123def456"}, {"started", "2026-11-25T14:05:09Z"},
                              {"host_cpu", "Test CPU; ISA avx2"}};
+  // clang-format on
   std::vector<Json> records;
   for (int step = 1; step <= 40; ++step) {
-    records.push_back(Json::Object{{"step", step},
-                                   {"epoch", 1},
-                                   {"loss", 2.0 - step / 40.0},
-                                   {"loss_avg", 2.0 - step / 40.0},
-                                   {"lr", 0.001 * (1 - step / 80.0)},
-                                   {"loss_scale", step < 20 ? 65536.0 : 32768.0},
-                                   {"skipped", step == 20},
+    // clang-format off
+    records.push_back(Json::Object{{"step", step}, {"epoch", 1}, {"loss", 2.0 - step / 40.0},
+                                   {"loss_avg", 2.0 - step / 40.0}, {"lr", 0.001 * (1 - step / 80.0)},
+                                   {"loss_scale", step < 20 ? 65536.0 : 32768.0}, {"skipped", step == 20},
                                    {"images_per_sec", 1000.0 + step}});
+    // clang-format on
     if (step % 10 == 0)
       records.push_back(Json::Object{{"step", step}, {"epoch", 1}, {"test_loss", 1.5}, {"test_accuracy", step / 50.0}});
   }

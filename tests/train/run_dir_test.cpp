@@ -29,26 +29,11 @@ namespace {
 // A small deterministic synthetic run: 12 batches per epoch of a few milliseconds each, on one thread (so a
 // loaded CI machine does not stall it in OpenMP barriers).
 std::vector<std::string> train_args(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) {
-  std::vector<std::string> a = {"train",
-                                "--data",
-                                "synthetic",
-                                "--synthetic-size",
-                                "192",
-                                "--batch-size",
-                                "16",
-                                "--amp",
-                                "O1",
-                                "--dtype",
-                                "fp16",
-                                "--steps",
-                                std::to_string(steps),
-                                "--log-every",
-                                "1",
-                                "--deterministic",
-                                "--threads",
-                                "1",
-                                "--out",
-                                out};
+  // clang-format off
+  std::vector<std::string> a = {"train", "--data", "synthetic", "--synthetic-size", "192", "--batch-size", "16",
+                                "--amp", "O1", "--dtype", "fp16", "--steps", std::to_string(steps), "--log-every",
+                                "1", "--deterministic", "--threads", "1", "--out", out};
+  // clang-format on
   a.insert(a.end(), extra.begin(), extra.end());
   return a;
 }

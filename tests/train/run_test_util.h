@@ -145,6 +145,23 @@ inline CastorProcess make_grammar_tokens(const CastorRun& run) {
                     run);
 }
 
+// `castor train` flags for a one-layer language model on the character tokens in `tok` (make_grammar_tokens): a GPT
+// (`model` "gpt", 2 heads) or a Llama ("llama", 4 heads over 2 key/value heads), 32 wide, blocks of 16, `batch`
+// sequences a step for `steps` steps, then `extra` (a flag given again there wins), then `--out out` last.
+inline std::vector<std::string> tiny_lm_args(const std::string& model, const std::string& out, int64_t steps,
+                                             int64_t batch, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> a = {"train", "--model", model, "--data", "tokens", "--data-dir", "tok", "--n-layer", "1"};
+  if (model == "llama")
+    a.insert(a.end(), {"--n-head", "4", "--n-kv-head", "2"});
+  else
+    a.insert(a.end(), {"--n-head", "2"});
+  a.insert(a.end(), {"--n-embd", "32", "--block-size", "16", "--batch-size", std::to_string(batch), "--steps",
+                     std::to_string(steps)});
+  a.insert(a.end(), extra.begin(), extra.end());
+  a.insert(a.end(), {"--out", out});
+  return a;
+}
+
 // Every tensor of both checkpoints (or run directories: their newest), bit for bit, step counters and all.
 inline void expect_same_checkpoint(const std::string& a, const std::string& b) {
   train::Checkpoint x = train::read_checkpoint(a), y = train::read_checkpoint(b);

@@ -20,25 +20,11 @@ using test::expect_same_checkpoint;
 namespace {
 
 std::vector<std::string> base_flags(const std::string& out, const std::string& amp, int64_t steps) {
-  return {"--data",
-          "synthetic",
-          "--synthetic-size",
-          "192",
-          "--batch-size",
-          "16",
-          "--amp",
-          amp,
-          "--dtype",
-          amp == "O2" ? "bf16" : "fp16",
-          "--steps",
-          std::to_string(steps),
-          "--log-every",
-          "4",
-          "--deterministic",
-          "--threads",
-          "2",
-          "--out",
-          out};
+  // clang-format off
+  return {"--data", "synthetic", "--synthetic-size", "192", "--batch-size", "16", "--amp", amp, "--dtype",
+          amp == "O2" ? "bf16" : "fp16", "--steps", std::to_string(steps), "--log-every", "4", "--deterministic",
+          "--threads", "2", "--out", out};
+  // clang-format on
 }
 
 // Runs the castor binary; returns its exit status and stderr.

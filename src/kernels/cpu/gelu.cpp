@@ -3,7 +3,7 @@
 // float32, rounded once), chosen at run time by the element-wise kernels (kernels/ref/elementwise.cpp) for dense
 // operands. 16-bit tensors compute on float32 lanes (a few float32
 // ulps, far below a 16-bit ulp); float32 tensors on float64 lanes (float32 arithmetic loses tens of ulps in the
-// tails and near the derivative's zero), rounded once. Also SwiGLU's forward and backward maps on AVX2 lanes, for
+// tails and near the derivative's zero), rounded once. Also SwiGLU's forward and backward maps on AVX-512 or AVX2 lanes, for
 // 16-bit tensors (float32 ones keep the reference loops' float64 derivative).
 #include <cmath>
 #include <initializer_list>
@@ -204,6 +204,32 @@ void gelu_tanh_grad_block_f64_avx2(const float* g, const float* x, float* out, i
   for (; j < n; ++j) out[j] = static_cast<float>(g[j] * gelu_tanh_grad_f64(x[j]));
 }
 
+// SwiGLU's maps (the AVX2 ones below) on 16 lanes: the same polynomial, tails masked.
+CASTOR_AVX512 inline __m512 sigmoid16(__m512 x) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  return _mm512_div_ps(one, _mm512_add_ps(one, vec::exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+}
+
+CASTOR_AVX512 void swiglu_block_avx512(const float* a, const float* b, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(m, a + i);
+    _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(_mm512_mul_ps(x, sigmoid16(x)), _mm512_maskz_loadu_ps(m, b + i)));
+  }
+}
+
+CASTOR_AVX512 void swiglu_grad_block_avx512(const float* a, const float* b, const float* g, float* da, float* db,
+                                            int64_t n) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 x = _mm512_maskz_loadu_ps(m, a + i), gi = _mm512_maskz_loadu_ps(m, g + i), s = sigmoid16(x);
+    const __m512 ds = _mm512_mul_ps(s, _mm512_fmadd_ps(x, _mm512_sub_ps(one, s), one));
+    _mm512_mask_storeu_ps(da + i, m, _mm512_mul_ps(_mm512_mul_ps(gi, _mm512_maskz_loadu_ps(m, b + i)), ds));
+    _mm512_mask_storeu_ps(db + i, m, _mm512_mul_ps(gi, _mm512_mul_ps(x, s)));
+  }
+}
+
 #undef CASTOR_AVX512
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
@@ -279,9 +305,10 @@ void swiglu_grad_block_avx2(const float* a, const float* b, const float* g, floa
 
 bool swiglu_fast(const Tensor& a, const Tensor& b, const Tensor& dst) {
   if (!applies({&a, &b, &dst}) || dst.dtype() == DType::Float32) return false;
+  const auto block = avx512() ? swiglu_block_avx512 : swiglu_block_avx2;
   parallel_blocks(dst.numel(), [&](int64_t lo, int64_t hi) {
     float ab[kBlock], bb[kBlock], ob[kBlock];
-    swiglu_block_avx2(as_float(a, lo, hi, ab), as_float(b, lo, hi, bb), ob, hi - lo);
+    block(as_float(a, lo, hi, ab), as_float(b, lo, hi, bb), ob, hi - lo);
     store(dst, lo, hi, ob);
   });
   return true;
@@ -292,10 +319,10 @@ bool swiglu_grad_fast(const Tensor& a, const Tensor& b, const Tensor& diff_dst, 
   if (!applies({&a, &b, &diff_dst}) || a.dtype() == DType::Float32) return false;
   for (const Tensor* t : {&diff_a, &diff_b})
     if (t->defined() && !applies({&a, t})) return false;
+  const auto block = avx512() ? swiglu_grad_block_avx512 : swiglu_grad_block_avx2;
   parallel_blocks(a.numel(), [&](int64_t lo, int64_t hi) {
     float ab[kBlock], bb[kBlock], gb[kBlock], da[kBlock], db[kBlock];
-    swiglu_grad_block_avx2(as_float(a, lo, hi, ab), as_float(b, lo, hi, bb), as_float(diff_dst, lo, hi, gb), da, db,
-                           hi - lo);
+    block(as_float(a, lo, hi, ab), as_float(b, lo, hi, bb), as_float(diff_dst, lo, hi, gb), da, db, hi - lo);
     if (diff_a.defined()) store(diff_a, lo, hi, da);
     if (diff_b.defined()) store(diff_b, lo, hi, db);
   });

@@ -301,33 +301,54 @@ void embedding_backward(const Tensor& diff_dst, const Tensor& indices, int64_t p
 
 void rotary_embedding(const Tensor& src, const Tensor& cos, const Tensor& sin, bool interleaved, bool inverse,
                       const Tensor& dst) {
-  const int64_t T = src.size(1), H = src.size(2), D = src.size(3), half = D / 2, rows = src.numel() / D;
+  const int64_t T = src.size(1), H = src.size(2), D = src.size(3), half = D / 2, HD = H * D;
   CASTOR_ASSERT(src.dim() == 4 && D % 2 == 0 && src.is_contiguous() && dst.is_contiguous() &&
                     dst.dtype() == src.dtype() && dst.numel() == src.numel() && cos.dtype() == DType::Float32 &&
                     sin.dtype() == DType::Float32 && cos.numel() == T * half && sin.numel() == T * half &&
                     cos.is_contiguous() && sin.is_contiguous(),
                 "rotary_embedding on ", src.describe(), " with tables ", cos.describe(), " -> ", dst.describe());
+  if (src.numel() == 0) return;
+  // Each pair (a, b) at offsets (i, j) of a head becomes (a c - b s, a s + b c) (s negated for the inverse): per
+  // position the tables widened to the head, y = x * cw + partner(x) * sw, with sw = -s at i and +s at j.
   const float *ct = cos.data<float>(), *st = sin.data<float>();
-  // Element offsets of pair k's two members in a row.
-  const int64_t first_step = interleaved ? 2 : 1, second = interleaved ? 1 : half;
   with_compute_type(src.dtype(), [&](auto tag) {
     using R = decltype(tag);
+    std::vector<R> cw(T * D), sw(T * D);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < half; ++k) {
+        const int64_t i = t * D + (interleaved ? 2 * k : k), j = i + (interleaved ? 1 : half);
+        const R c = ct[t * half + k], sn = inverse ? -st[t * half + k] : st[t * half + k];
+        cw[i] = cw[j] = c;
+        sw[i] = -sn;
+        sw[j] = sn;
+      }
+    const int64_t rows = src.numel() / HD;  // (b, t): H heads of D sharing position t's tables
 #pragma omp parallel if (src.numel() > kParallelGrain)
     {
-      std::vector<R> in(D), out(D);
+      std::vector<R> in(HD), out(HD);
 #pragma omp for schedule(static)
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t t = r / H % T;
-        const float *c = ct + t * half, *sn = st + t * half;
-        const R* x = row_in(src, r, D, in.data());
-        R* y = row_out(dst, r, D, out.data());
-        for (int64_t k = 0; k < half; ++k) {
-          const R a = x[k * first_step], b = x[k * first_step + second];
-          const R ck = c[k], sk = inverse ? -sn[k] : sn[k];
-          y[k * first_step] = a * ck - b * sk;
-          y[k * first_step + second] = a * sk + b * ck;
+        const R *c = cw.data() + r % T * D, *sn = sw.data() + r % T * D;
+        const R* x = row_in(src, r, HD, in.data());
+        R* y = row_out(dst, r, HD, out.data());
+        for (int64_t h = 0; h < HD; h += D) {
+          const R* xh = x + h;
+          R* yh = y + h;
+          if (interleaved) {
+#pragma omp simd
+            for (int64_t d = 0; d < D; d += 2) {
+              yh[d] = xh[d] * c[d] + xh[d + 1] * sn[d];
+              yh[d + 1] = xh[d + 1] * c[d + 1] + xh[d] * sn[d + 1];
+            }
+          } else {
+#pragma omp simd
+            for (int64_t d = 0; d < half; ++d) {
+              yh[d] = xh[d] * c[d] + xh[d + half] * sn[d];
+              yh[d + half] = xh[d + half] * c[d + half] + xh[d] * sn[d + half];
+            }
+          }
         }
-        row_done(y, dst, r, D);
+        row_done(y, dst, r, HD);
       }
     }
   });
