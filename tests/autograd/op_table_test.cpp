@@ -89,8 +89,9 @@ TEST(OpTable, EveryOpHasItsCases) {
       EXPECT_TRUE(is_registered(c.oracle)) << "no test " << c.oracle;
     EXPECT_EQ(op_policy(op), c.policy) << "op_kind.h says " << policy_name(op_policy(op));
     // float64 gradients against finite differences.
-    if (c.policy != CastPolicy::Banned)
+    if (c.policy != CastPolicy::Banned) {
       EXPECT_TRUE(test::gradcheck(c.fn, make_inputs(c, DType::Float64, true), c.fd_eps, c.fd_tol));
+    }
     if (!c.scoped) continue;
     // Autocast: float32 inputs, then bfloat16 ones, then the first input bfloat16 and the rest float32.
     for (int variant = 0; variant < 3; ++variant) {

@@ -60,7 +60,9 @@ TEST(AutoPrecision, FollowsTheCpusBf16UnitsUnderEachIsaCap) {
     EXPECT_TRUE(uncapped.rfind("precision bf16-mixed (auto: ", 0) == 0) << uncapped;
     EXPECT_TRUE(flags.count(unit)) << uncapped << ": " << unit << " is not among the CPU's flags";
     // An AMX CPU picks AMX unless the kernel keeps the tiles from processes (oneDNN then stops at AVX512_CORE_BF16).
-    if (!flags.count("amx_bf16")) EXPECT_EQ(unit, "avx512_bf16");
+    if (!flags.count("amx_bf16")) {
+      EXPECT_EQ(unit, "avx512_bf16");
+    }
   } else {
     EXPECT_EQ(uncapped, none);
   }

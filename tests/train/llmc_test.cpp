@@ -321,7 +321,9 @@ TEST(LlmcInterop, EvalAndInfoReadLlmcFilesAndNameOtherFiles) {
   ASSERT_EQ(listing.exit_code, 0) << listing.err;
   EXPECT_NE(listing.out.find("transformer.h.1.mlp.c_proj.weight  float32[64, 256]"), std::string::npos) << listing.out;
   // Neither format: 12 bytes whose first 8 read as a huge safetensors header length.
-  write_bytes(dir + "/junk.bin", "\x01\x02\x03\x04\x05\x06\x07\x08abcd");
+  write_bytes(dir + "/junk.bin",
+              "\x01\x02\x03\x04\x05\x06\x07\x08"
+              "abcd");
   for (const std::vector<std::string>& args :
        {std::vector<std::string>{"info", "junk.bin"},
         {"eval", "junk.bin", "--data-dir", "."},
