@@ -24,12 +24,16 @@ namespace {
 namespace fs = std::filesystem;
 using test::CastorProcess;
 
-// A scratch directory holding the test's character tokens, and the real binary run in it.
+// A scratch directory holding the test's character tokens, and the real binary run in it; `model` ("gpt" or "llama",
+// test::tiny_lm_args) trained at learning rate `lr` and its base run trained for `base_steps` steps.
 class LoraCliDir : public ::testing::Test {
  protected:
+  LoraCliDir(std::string model, std::string lr, int64_t base_steps)
+      : model_(std::move(model)), lr_(std::move(lr)), base_steps_(base_steps) {}
   void SetUp() override {
     CastorProcess p = test::make_grammar_tokens(in_dir);
     ASSERT_EQ(p.exit_code, 0) << p.err;
+    train_base(args("base", base_steps_, {"--eval-iters", "0"}));
   }
   std::string path(const std::string& name) const { return scratch.file(name); }
   CastorProcess castor(const std::vector<std::string>& a, double seconds = 120) {
@@ -47,13 +51,39 @@ class LoraCliDir : public ::testing::Test {
     ASSERT_EQ(b.exit_code, 0) << b.err;
     base_val_loss = Json::parse(b.out).at("val_loss").as_double();
   }
-  // castor train of a one-layer model (test::tiny_lm_args: `model` "gpt" or "llama") at learning rate `lr` on the
-  // test's tokens, one thread, deterministic.
-  static std::vector<std::string> train_args(const std::string& model, const std::string& lr, const std::string& out,
-                                             int64_t steps, std::vector<std::string> extra) {
-    extra.insert(extra.begin(), {"--lr", lr, "--log-every", "10", "--threads", "1", "--deterministic"});
-    return test::tiny_lm_args(model, out, steps, 8, extra);
+  // castor train of the one-layer model at its learning rate on the test's tokens, one thread, deterministic.
+  std::vector<std::string> args(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) const {
+    extra.insert(extra.begin(), {"--lr", lr_, "--log-every", "10", "--threads", "1", "--deterministic"});
+    return test::tiny_lm_args(model_, out, steps, 8, extra);
   }
+  // LoRA of rank 4 (alpha 16) on `targets` of the base `init`, checkpoints every 10 steps.
+  std::vector<std::string> lora_args(const std::string& out, int64_t steps, const std::string& init,
+                                     const std::string& targets, std::vector<std::string> extra = {}) const {
+    std::vector<std::string> lora = {"--init",         init,    "--lora-rank", "4",    "--lora-alpha",       "16",
+                                     "--lora-targets", targets, "--schedule",  "none", "--checkpoint-every", "10"};
+    lora.insert(lora.end(), extra.begin(), extra.end());
+    return args(out, steps, lora);
+  }
+  // After a LoRA run (`lora`: its arguments, 10 steps) the base's checkpoint changes by one bit: resuming,
+  // evaluating, sampling and exporting (merged as `merged_format`, merged safetensors, PEFT) the run are each refused
+  // in one line naming the base, and nothing is written.
+  void expect_a_changed_base_refused(const std::vector<std::string>& lora, const std::string& merged_format) {
+    ASSERT_EQ(castor(lora).exit_code, 0);
+    const std::string base = latest_checkpoint(path("base")).value() + "/model.safetensors";
+    std::vector<uint8_t> bytes = read_file(base);
+    bytes.back() ^= 1;  // the last weight's lowest bit
+    atomic_write_file(base, bytes);
+    using Args = std::vector<std::string>;
+    for (const Args& a : {Args{"train", "--resume", "run", "--steps", "20"}, Args{"eval", "run"},
+                          Args{"sample", "--checkpoint", "run", "--prompt", "the "},
+                          Args{"export", "--checkpoint", "run", "--merge-lora", merged_format, "--out", "m.bin"},
+                          Args{"export", "--checkpoint", "run", "--merge-lora", "--safetensors", "--out", "m.st"},
+                          Args{"export", "--checkpoint", "run", "--peft", "p"}})
+      test::expect_one_line_error(castor(a), {base, "changed since the run started"});
+    for (const char* f : {"m.bin", "m.st", "p/adapter_model.safetensors", "run/checkpoints/step-0000000020"})
+      EXPECT_FALSE(fs::exists(path(f))) << f;
+  }
+
   // castor eval's float32 validation loss of a run or a weights file (`extra`: flags a weights file needs).
   double eval_loss(const std::string& what, std::vector<std::string> extra = {}) {
     std::vector<std::string> a = {"eval", what, "--dtype", "float32"};
@@ -74,25 +104,18 @@ class LoraCliDir : public ::testing::Test {
   test::ScratchDir scratch;
   test::CastorRun in_dir{scratch.path().string()};
   double base_val_loss = 0;
+
+ private:
+  std::string model_, lr_;
+  int64_t base_steps_;
 };
 
+// A one-layer GPT with 2 heads; LoRA on c_attn and c_proj of the base run.
 class LoraCli : public LoraCliDir {
  protected:
-  void SetUp() override {
-    LoraCliDir::SetUp();
-    train_base(args("base", 30, {"--eval-iters", "0"}));
-  }
-  // A one-layer GPT with 2 heads.
-  static std::vector<std::string> args(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) {
-    return train_args("gpt", "3e-3", out, steps, std::move(extra));
-  }
-  static std::vector<std::string> lora_args(const std::string& out, int64_t steps,
-                                            std::vector<std::string> extra = {}) {
-    std::vector<std::string> lora = {"--init",       "base", "--lora-rank",        "4",
-                                     "--lora-alpha", "16",   "--lora-targets",     "c_attn,c_proj",
-                                     "--schedule",   "none", "--checkpoint-every", "10"};
-    lora.insert(lora.end(), extra.begin(), extra.end());
-    return args(out, steps, lora);
+  LoraCli() : LoraCliDir("gpt", "3e-3", 30) {}
+  std::vector<std::string> lora_args(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) const {
+    return LoraCliDir::lora_args(out, steps, "base", "c_attn,c_proj", std::move(extra));
   }
 };
 
@@ -138,19 +161,7 @@ TEST_F(LoraCli, SigkillThenResumeIsBitExact) {
   test::expect_same_checkpoint(path("ref"), path("run"));
 }
 
-TEST_F(LoraCli, AChangedBaseIsRefused) {
-  ASSERT_EQ(castor(lora_args("run", 10)).exit_code, 0);
-  const std::string base = path("base/checkpoints/step-0000000030/model.safetensors");
-  std::vector<uint8_t> bytes = read_file(base);
-  bytes.back() ^= 1;  // the last weight's lowest bit
-  atomic_write_file(base, bytes);
-  using Args = std::vector<std::string>;
-  for (const Args& a : {Args{"train", "--resume", "run", "--steps", "20"}, Args{"eval", "run"},
-                        Args{"sample", "--checkpoint", "run", "--prompt", "the "},
-                        Args{"export", "--checkpoint", "run", "--merge-lora", "--llmc", "--out", "m.bin"}})
-    expect_error(a, {base, "changed since the run started"});
-  EXPECT_FALSE(fs::exists(path("m.bin")));
-}
+TEST_F(LoraCli, AChangedBaseIsRefused) { expect_a_changed_base_refused(lora_args("run", 10), "--llmc"); }
 
 // --merge-lora: llm.c's file of the base with the adapters merged evaluates as the run did (in float32); --peft: the
 // files PEFT writes, read by the test's own reader; --init-lora reads them back, and files the script lays out.
@@ -222,22 +233,7 @@ TEST_F(LoraCli, BadInputIsAOneLineErrorAndWritesNothing) {
 // 60 steps as the base, far enough that its greedy text is words and short enough that LoRA changes it.
 class LlamaLoraCli : public LoraCliDir {
  protected:
-  void SetUp() override {
-    LoraCliDir::SetUp();
-    train_base(args("base", 60, {"--eval-iters", "0"}));
-  }
-  // A one-layer Llama, 4 query heads over 2 key/value heads.
-  static std::vector<std::string> args(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) {
-    return train_args("llama", "1e-2", out, steps, std::move(extra));
-  }
-  // LoRA of rank 4 on `targets` of the base `init`, checkpoints every 10 steps.
-  static std::vector<std::string> lora_args(const std::string& out, int64_t steps, const std::string& init,
-                                            const std::string& targets, std::vector<std::string> extra = {}) {
-    std::vector<std::string> lora = {"--init",         init,    "--lora-rank", "4",    "--lora-alpha",       "16",
-                                     "--lora-targets", targets, "--schedule",  "none", "--checkpoint-every", "10"};
-    lora.insert(lora.end(), extra.begin(), extra.end());
-    return args(out, steps, lora);
-  }
+  LlamaLoraCli() : LoraCliDir("llama", "1e-2", 60) {}
   // The run's merged exports (safetensors, llama2.c v0 and v1) evaluate as the run does in float32 and give its greedy
   // text, as `castor sample --init` and `castor eval` read them.
   void expect_merged_exports_match(const std::string& run) {
@@ -353,22 +349,8 @@ TEST_F(LlamaLoraCli, Llama2cBaseAllLinear) {
   expect_merged_exports_match("full");
 }
 
-// As for GPT bases: a changed base is refused by every command, one line naming it, and nothing is written.
 TEST_F(LlamaLoraCli, AChangedBaseIsRefused) {
-  ASSERT_EQ(castor(lora_args("run", 10, "base", "wq,wv")).exit_code, 0);
-  const std::string base = path("base/checkpoints/step-0000000060/model.safetensors");
-  std::vector<uint8_t> bytes = read_file(base);
-  bytes.back() ^= 1;  // the last weight's lowest bit
-  atomic_write_file(base, bytes);
-  using Args = std::vector<std::string>;
-  for (const Args& a : {Args{"train", "--resume", "run", "--steps", "20"}, Args{"eval", "run"},
-                        Args{"sample", "--checkpoint", "run", "--prompt", "the "},
-                        Args{"export", "--checkpoint", "run", "--merge-lora", "--llama2c", "--out", "m.bin"},
-                        Args{"export", "--checkpoint", "run", "--merge-lora", "--safetensors", "--out", "m.st"},
-                        Args{"export", "--checkpoint", "run", "--peft", "p"}})
-    test::expect_one_line_error(castor(a), {base, "changed since the run started"});
-  for (const char* f : {"m.bin", "m.st", "p/adapter_model.safetensors", "run/checkpoints/step-0000000020"})
-    EXPECT_FALSE(fs::exists(path(f))) << f;
+  expect_a_changed_base_refused(lora_args("run", 10, "base", "wq,wv"), "--llama2c");
 }
 
 }  // namespace
