@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <map>
 #include <optional>
+#include <thread>
 #include <tuple>
 
 #include "castor/allocator.h"
@@ -59,7 +60,7 @@ std::vector<amp::ExplainRow> with_modules(std::vector<amp::ExplainRow> rows, con
   return rows;
 }
 
-// The first interrupting signal (0: none yet); set by the handler install_interrupt_handlers() puts in place.
+// The first interrupting signal (0: none yet); set by the signal thread install_interrupt_handlers() starts.
 std::atomic<int> g_interrupt{0};
 // Whether the handler says what it does (rank 0 only: every rank of a job gets the signal).
 std::atomic<bool> g_say_interrupt{true};
@@ -392,11 +393,17 @@ Json train_loop(const TrainConfig& c, Task& task, Run& run, const Json& config, 
 void announce_interrupts(bool say) { g_say_interrupt = say; }
 
 void install_interrupt_handlers() {
-  struct sigaction sa = {};
-  sa.sa_handler = on_interrupt;
-  sa.sa_flags = SA_RESTART;  // reads and writes in flight go on; the loop checks the flag after each step
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  // The signals are blocked in this thread and so in every thread it starts (OpenMP's, oneDNN's, the data loader's)
+  // and taken by one thread of their own: a handler running on a compute thread pushes its frame below the stack
+  // pointer of whatever it interrupted, which oneDNN's sgemm kernels did not survive (heap corruption, now and then).
+  sigset_t set;
+  sigemptyset(&set);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set] {
+    for (int sig = 0;;)
+      if (sigwait(&set, &sig) == 0) on_interrupt(sig);
+  }).detach();
 }
 
 }  // namespace castor::train
