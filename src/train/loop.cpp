@@ -394,8 +394,8 @@ void announce_interrupts(bool say) { g_say_interrupt = say; }
 
 void install_interrupt_handlers() {
   // The signals are blocked in this thread and so in every thread it starts (OpenMP's, oneDNN's, the data loader's)
-  // and taken by one thread of their own: a handler running on a compute thread pushes its frame below the stack
-  // pointer of whatever it interrupted, which oneDNN's sgemm kernels did not survive (heap corruption, now and then).
+  // and taken by one thread of their own, so no handler ever interrupts a compute thread: with a handler, a signal
+  // landing in oneDNN's sgemm was followed now and then by heap corruption there (RunDir.Sig* under load).
   sigset_t set;
   sigemptyset(&set);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
