@@ -280,9 +280,9 @@ TEST(SampleCli, TextIsPrintedAsItIsGenerated) {
   EXPECT_EQ(seen.substr(0, 100), want.substr(0, 100));
 }
 
-// `castor export --out` replaces only a regular file or a missing path (as root it used to replace /dev/null): a
-// FIFO, a directory and symbolic links (to a file, dangling) are refused in one line naming the flag and the path,
-// and left as they were; an empty --out names the flag.
+// `castor export --out` (llm.c's file, one safetensors file) replaces only a regular file or a missing path (as root
+// it used to replace /dev/null): a FIFO, a directory and symbolic links (to a file, dangling) are refused in one line
+// naming the flag and the path, and left as they were; an empty --out names the flag.
 TEST(SampleCli, ExportReplacesNothingButARegularFile) {
   Fixture f("export_cli_targets");
   ASSERT_EQ(::mkfifo((f.dir + "/pipe").c_str(), 0644), 0);
@@ -294,10 +294,12 @@ TEST(SampleCli, ExportReplacesNothingButARegularFile) {
                                                                                    {"folder", "a directory"},
                                                                                    {"link", "a symbolic link"},
                                                                                    {"dangling", "a symbolic link"}}) {
-    auto p = castor(f, {"export", "--llmc", "--checkpoint", f.run, "--out", name});
-    EXPECT_EQ(p.exit_code, 1) << name << ": " << p.err;
-    EXPECT_NE(p.err.find("castor export: error: --out: " + name + ": is " + kind), std::string::npos) << p.err;
-    EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+    for (const char* format : {"--llmc", "--safetensors"}) {
+      auto p = castor(f, {"export", format, "--checkpoint", f.run, "--out", name});
+      EXPECT_EQ(p.exit_code, 1) << format << " " << name << ": " << p.err;
+      EXPECT_NE(p.err.find("castor export: error: --out: " + name + ": is " + kind), std::string::npos) << p.err;
+      EXPECT_EQ(std::count(p.err.begin(), p.err.end(), '\n'), 1) << p.err;
+    }
   }
   EXPECT_EQ(fs::symlink_status(f.dir + "/pipe").type(), fs::file_type::fifo);
   EXPECT_TRUE(fs::is_directory(f.dir + "/folder") && fs::is_empty(f.dir + "/folder"));
