@@ -29,6 +29,13 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The size of a file just written (an export's summary line).
+uint64_t file_bytes(const std::string& path) {
+  uint64_t bytes = 0;
+  read_file_range(path, 0, 0, bytes);
+  return bytes;
+}
+
 // A GPT's weights from a run or checkpoint directory or a weights file, with the run's settings (null when none); or a
 // Llama's model (a run's built from its recorded settings, a llama2.c file's from its header) with its weights loaded.
 struct LoadedGpt {
@@ -69,12 +76,16 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   std::error_code ec;
   const bool dir = fs::is_directory(path, ec);
   const models::WeightsFormat format = dir ? models::WeightsFormat::Safetensors : models::weights_format(path);
-  if (format == models::WeightsFormat::Llama2c)
-    return {.what = path, .llama = load_llama2c_model(path), .meta = models::read_weights_header(path).metadata};
-  if (format == models::WeightsFormat::Llmc)
-    return {.weights = models::load_gpt_init(path, n_head),
-            .what = path,
-            .meta = models::read_weights_header(path).metadata};
+  if (format == models::WeightsFormat::Llama2c || format == models::WeightsFormat::Llmc) {
+    LoadedGpt g;
+    g.what = path;
+    if (format == models::WeightsFormat::Llama2c)
+      g.llama = load_llama2c_model(path);
+    else
+      g.weights = models::load_gpt_init(path, n_head);
+    g.meta = models::read_weights_header(path).metadata;
+    return g;
+  }
   std::string used = path, what = path;
   Checkpoint ck;
   if (dir) {
@@ -94,11 +105,12 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   Json config = castor_config(ck.model_meta, what);
   const fs::path run = fs::path(used).parent_path().parent_path();  // RUN/checkpoints/step-N
   std::string run_dir = dir && fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string();
-  LoadedGpt g{.config = std::move(config),
-              .what = what,
-              .train_state = std::move(ck.state),
-              .run_dir = std::move(run_dir),
-              .lora = lora};
+  LoadedGpt g;
+  g.config = std::move(config);
+  g.what = what;
+  g.train_state = std::move(ck.state);
+  g.run_dir = std::move(run_dir);
+  g.lora = lora;
   if (llama)
     g.llama = load_llama(ck.model, g.config, what);
   else
@@ -469,8 +481,7 @@ Json::Object export_llama2c(const LoadedGpt& g, const ExportConfig& c) {
   models::write_llama2c(c.out, w, c.version);
   const std::string tokenizer_bin = tokenizer_bin_beside(c.out);
   if (vocab) data::write_tokenizer_bin(tokenizer_bin, *vocab);
-  uint64_t bytes = 0;
-  read_file_range(c.out, 0, 0, bytes);
+  const uint64_t bytes = file_bytes(c.out);
   return {{"from", printable(g.what)},
           {"format", "llama2c"},
           {"version", c.version},
@@ -496,8 +507,7 @@ Json export_safetensors(const LoadedGpt& g, const ExportConfig& c) {
   if (const Json* model = config.is_object() ? config.find("model") : nullptr; model && model->is_string())
     meta.emplace("castor.model", model->as_string());
   save_safetensors(c.out, tensors, meta);
-  uint64_t bytes = 0;
-  read_file_range(c.out, 0, 0, bytes);
+  const uint64_t bytes = file_bytes(c.out);
   return Json::Object{{"from", printable(g.what)},
                       {"format", "safetensors"},
                       {"model", g.llama ? "llama" : "gpt"},
@@ -576,8 +586,7 @@ Json run_export(const ExportConfig& c) {
     out["vocab_size"] = config.real_vocab_size > 0 ? config.real_vocab_size : config.vocab_size;
     out["padded_vocab_size"] = config.vocab_size;
   }
-  uint64_t bytes = 0;
-  read_file_range(file, 0, 0, bytes);
+  const uint64_t bytes = file_bytes(file);
   out["out"] = printable(file);  // a report line: any path, non-UTF-8 bytes as \xNN
   out["bytes"] = bytes;
   return out;
