@@ -5,71 +5,30 @@
 #include "castor/check.h"
 #include "castor/fs.h"
 #include "castor/tokenizer.h"
+#include "data/unicode.h"
 
 namespace castor::data {
 namespace {
 
-struct CodeRange {
-  char32_t lo, hi;
-};
-#include "unicode_classes.inc"
-
-template <size_t N>
-bool in_ranges(const CodeRange (&table)[N], char32_t cp) {
-  const CodeRange* r = std::upper_bound(table, table + N, cp, [](char32_t c, const CodeRange& x) { return c < x.lo; });
-  return r != table && cp <= (r - 1)->hi;
-}
+using unicode::cp_at;
 
 enum class Cls : uint8_t { Letter, Number, Space, Other };
 
+// JavaScript's classes, as gpt-3-encoder's regular expression sees them.
 Cls classify(char32_t cp) {
-  if (cp < 128) {
-    if ((cp | 0x20) >= 'a' && (cp | 0x20) <= 'z') return Cls::Letter;
-    if (cp >= '0' && cp <= '9') return Cls::Number;
-    if (cp == ' ' || (cp >= 9 && cp <= 13)) return Cls::Space;
-    return Cls::Other;
-  }
-  if (in_ranges(kLetters, cp)) return Cls::Letter;
-  if (in_ranges(kNumbers, cp)) return Cls::Number;
-  if (in_ranges(kSpaces, cp)) return Cls::Space;
+  if (unicode::is_letter(cp)) return Cls::Letter;
+  if (unicode::is_number(cp)) return Cls::Number;
+  if (unicode::is_js_space(cp)) return Cls::Space;
   return Cls::Other;
-}
-
-// The code point at text[pos] of valid UTF-8, and its length in bytes.
-char32_t cp_at(std::string_view s, size_t pos, size_t& len) {
-  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[pos + i]); };
-  const unsigned char c = b(0);
-  if (c < 0x80) return len = 1, c;
-  if (c < 0xE0) return len = 2, char32_t(c & 0x1F) << 6 | (b(1) & 0x3F);
-  if (c < 0xF0) return len = 3, char32_t(c & 0x0F) << 12 | char32_t(b(1) & 0x3F) << 6 | (b(2) & 0x3F);
-  return len = 4, char32_t(c & 0x07) << 18 | char32_t(b(1) & 0x3F) << 12 | char32_t(b(2) & 0x3F) << 6 | (b(3) & 0x3F);
-}
-
-// GPT-2's bytes_to_unicode: printable bytes map to themselves, the others to U+0100 onwards in byte order.
-std::array<char32_t, 256> byte_to_unicode() {
-  std::array<char32_t, 256> m{};
-  char32_t next = 256;
-  for (int b = 0; b < 256; ++b) {
-    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-    m[b] = printable ? char32_t(b) : next++;
-  }
-  return m;
 }
 
 // A token or merge half as written in encoder.json / vocab.bpe (mapped characters) back to its bytes.
 std::string unmap(std::string_view mapped, const std::string& what) {
-  static const std::array<int, 324> from = [] {
-    std::array<int, 324> f{};
-    f.fill(-1);
-    const std::array<char32_t, 256> to = byte_to_unicode();
-    for (int b = 0; b < 256; ++b) f[to[b]] = b;
-    return f;
-  }();
   std::string bytes;
   for (char32_t cp : decode_utf8(mapped, what)) {
-    CASTOR_CHECK(cp < from.size() && from[cp] >= 0, what, ": '", printable(mapped),
-                 "' holds a character outside GPT-2's byte alphabet");
-    bytes.push_back(static_cast<char>(from[cp]));
+    const int b = unicode::unicode_to_byte(cp);
+    CASTOR_CHECK(b >= 0, what, ": '", printable(mapped), "' holds a character outside GPT-2's byte alphabet");
+    bytes.push_back(static_cast<char>(b));
   }
   return bytes;
 }
@@ -133,52 +92,7 @@ Gpt2Tokenizer::Gpt2Tokenizer(std::string_view encoder_json, std::string_view voc
 
 std::vector<std::string_view> Gpt2Tokenizer::split(std::string_view s) {
   CASTOR_CHECK(is_valid_utf8(s), "text is not valid UTF-8");
-  std::vector<std::string_view> pieces;
-  const size_t n = s.size();
-  size_t i = 0;
-  // The end of the run of class `c` that starts at `pos`.
-  auto run_end = [&](size_t pos, Cls c) {
-    size_t len = 0;
-    while (pos < n && classify(cp_at(s, pos, len)) == c) pos += len;
-    return pos;
-  };
-  while (i < n) {
-    size_t len = 0;
-    const char32_t cp = cp_at(s, i, len);
-    size_t end = i;
-    if (cp == '\'' && i + 1 < n) {
-      const std::string_view rest = s.substr(i + 1, 2);
-      if (rest[0] == 's' || rest[0] == 't' || rest[0] == 'm' || rest[0] == 'd')
-        end = i + 2;
-      else if (rest == "re" || rest == "ve" || rest == "ll")
-        end = i + 3;
-    }
-    if (end == i) {
-      Cls c = classify(cp);
-      size_t start = i;
-      if (cp == ' ' && i + 1 < n) {
-        size_t next_len = 0;
-        const Cls next = classify(cp_at(s, i + 1, next_len));
-        if (next != Cls::Space) c = next, start = i + 1;
-      }
-      if (c != Cls::Space) {
-        end = run_end(start, c);
-      } else {
-        const size_t ws = run_end(i, Cls::Space);
-        // \s+(?!\S): the whole run at the end of the text, else all but its last character (when that leaves
-        // one); \s+: a single whitespace character before a non-space.
-        end = ws;
-        if (ws < n) {
-          size_t last = i, l = 0;
-          for (size_t p = i; p < ws; p += l) cp_at(s, p, l), last = p;
-          if (last > i) end = last;
-        }
-      }
-    }
-    pieces.push_back(s.substr(i, end - i));
-    i = end;
-  }
-  return pieces;
+  return unicode::split_gpt2(s, unicode::is_js_space);
 }
 
 void Gpt2Tokenizer::bpe(std::string_view piece, std::vector<uint16_t>& out) {

@@ -1,0 +1,56 @@
+// Hugging Face tokenizer.json: BPE models as Llama 2, Mistral and TinyLlama ship them (SentencePiece-style, byte
+// fallback) and as Llama 3 and Qwen2 ship them (byte-level, regex split), encoding and decoding id for id as the
+// tokenizers library (huggingface/tokenizers) does.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace castor::data {
+
+// Supported components (anything else is a one-line castor::Error naming the file and the key):
+//   model: BPE (vocab; merges as "a b" strings or [a, b] pairs; byte_fallback, fuse_unk, unk_token, ignore_merges)
+//   normalizer: null, Sequence, Prepend, Replace (string pattern), NFC
+//   pre_tokenizer: null, Sequence, Split (Llama 3's or Qwen2's regex, Isolated), ByteLevel, Metaspace
+//   post_processor: null, Sequence, ByteLevel, TemplateProcessing (the single sequence's special tokens)
+//   decoder: null, Sequence, Replace, ByteFallback, Fuse, Strip, ByteLevel, Metaspace
+// added_tokens are matched in the raw text (normalized ones in each normalized stretch between them), leftmost-
+// longest, with their lstrip, rstrip and single_word.
+class HfTokenizer {
+ public:
+  // Reads PATH (a tokenizer.json); errors name it.
+  static HfTokenizer from_file(const std::string& path);
+  // From the file's contents; `what` names it in errors.
+  HfTokenizer(std::string_view json, const std::string& what);
+
+  // The ids of `text` (valid UTF-8, else castor::Error), as tokenizers' encode(text, add_special_tokens): with
+  // `add_special`, the post-processor's tokens around them (Llama 2's and Llama 3.1's BOS). Not thread-safe: each
+  // word's ids are cached.
+  void encode(std::string_view text, bool add_special, std::vector<uint32_t>& out) const;
+  std::vector<uint32_t> encode(std::string_view text, bool add_special) const;
+  // tokenizers' decode(ids, skip_special_tokens=false): the decoder over the tokens' strings, invalid UTF-8 replaced
+  // by U+FFFD as it does. castor::Error on an id with no token.
+  std::string decode(std::span<const uint32_t> ids) const;
+  // The bytes `id` adds to a text after `prev` (-1: at the start; after a special token, as at the start), so that
+  // a sampler can print token by token: a byte token's byte itself (the concatenation is the text, UTF-8 sequences
+  // split across tokens included), the decoder's leading Strip/Metaspace space only at the start, "" for a special
+  // token.
+  std::string decode_next(int64_t prev, uint32_t id) const;
+
+  int64_t vocab_size() const;  // the highest id + 1
+  std::optional<uint32_t> token_id(std::string_view token) const;
+  bool is_special(uint32_t id) const;
+  // The ids the post-processor puts before the text (Llama 2's BOS).
+  const std::vector<uint32_t>& prefix_ids() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace castor::data
