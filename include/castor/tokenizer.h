@@ -1,5 +1,6 @@
 // Text tokenizers: GPT-2's byte-level BPE (token for token the npm package gpt-3-encoder's `encode`) and a
-// character-level one, and the record of which one a token directory used (DIR/tokenizer.json).
+// character-level one, the Tokenizer interface over them, llama2.c's BPE and Hugging Face's tokenizer.json, and the
+// record of which one a token directory used (DIR/castor_tokens.json).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "castor/bpe_tokenizer.h"
+#include "castor/hf_tokenizer.h"
 #include "castor/json.h"
 
 namespace castor::data {
@@ -68,44 +70,67 @@ class CharTokenizer {
   std::unordered_map<char32_t, uint16_t> ids_;
 };
 
-// What a token directory (train.bin, val.bin) was made with: DIR/tokenizer.json holds {"tokenizer": "gpt2", "char"
-// or "bpe", "vocab_size": V, ...} (gpt2 also "eot_token" and a copy of encoder.json and vocab.bpe in DIR; char also
-// "chars", the vocabulary as a string in id order; bpe also "bos_token" 1, "eos_token" 2 and "tokenizer_bin", the
-// file name and checksum of llama2.c's tokenizer.bin in DIR), so training takes V from it and sampling decodes.
+// The record of a token directory (train.bin, val.bin): DIR/castor_tokens.json (older builds wrote it as
+// DIR/tokenizer.json, which is still read; a tokenizer.json with a "model" is Hugging Face's, not a record).
+constexpr const char* kTokenRecord = "castor_tokens.json";
+// DIR's record file: castor_tokens.json, else a tokenizer.json that is Castor's record (the old name); "" when
+// neither is there.
+std::string token_record_path(const std::string& dir);
+// Whether `path` (a tokenizer.json) is Hugging Face's (a JSON object with a "model"); false for Castor's old records
+// and for unreadable files.
+bool is_hf_tokenizer_json(const std::string& path);
+// Whether `path` is a readable record of castor tokenize (a JSON object naming its "tokenizer").
+bool is_token_record(const std::string& path);
+
+// What a token directory was made with: its record holds {"tokenizer": "gpt2", "char", "bpe" or "hf",
+// "vocab_size": V, ...} (gpt2 also "eot_token" and a copy of encoder.json and vocab.bpe in DIR; char also "chars",
+// the vocabulary as a string in id order; bpe also "bos_token" 1, "eos_token" 2 and "tokenizer_bin", the file name
+// and checksum of llama2.c's tokenizer.bin in DIR; hf "tokenizer_json", the name and checksum of Hugging Face's
+// tokenizer.json in DIR), so training takes V from it and sampling decodes.
 class Tokenizer {
  public:
   explicit Tokenizer(Gpt2Tokenizer gpt2);
   explicit Tokenizer(CharTokenizer chars);
   explicit Tokenizer(BpeTokenizer bpe);
-  // Reads DIR/tokenizer.json (and for gpt2, DIR/encoder.json and DIR/vocab.bpe; for bpe, DIR/tokenizer.bin, whose
-  // checksum and piece count must be the recorded ones); errors name the file.
+  explicit Tokenizer(HfTokenizer hf);
+  // Reads DIR's record (and for gpt2, DIR/encoder.json and DIR/vocab.bpe; for bpe, DIR/tokenizer.bin; for hf,
+  // DIR/tokenizer.json, whose checksums and sizes must be the recorded ones); a directory with no record but
+  // Hugging Face's tokenizer.json (a model directory) loads that. Errors name the file.
   static Tokenizer load(const std::string& dir);
-  // Only the vocab_size DIR/tokenizer.json records; castor::Error naming the file when it is not JSON or the size
-  // is not an integer in [1, 65536] (token files hold 16-bit ids).
+  // Only the vocab_size DIR's record holds; castor::Error naming the file when it is not JSON or the size is not an
+  // integer in [1, 2^31).
   static int64_t recorded_vocab_size(const std::string& dir);
+  // Hugging Face's tokenizer.json at `path` (castor tokenize --tokenizer PATH).
+  static Tokenizer from_hf_json(const std::string& path);
 
-  const std::string& kind() const { return kind_; }  // "gpt2", "char" or "bpe"
+  const std::string& kind() const { return kind_; }  // "gpt2", "char", "bpe" or "hf"
   int64_t vocab_size() const;
-  // bpe: as llama2.c's run.c encodes a prompt, <s> (id 1) first.
-  std::vector<uint16_t> encode(std::string_view text);
-  std::string decode(std::span<const uint16_t> tokens) const;
-  // The text of `token` written after `prev` (bpe: run.c's decode(prev, token), which drops a piece's leading space
-  // after <s>; the others: decode of the token alone).
-  std::string decode_next(uint16_t prev, uint16_t token) const;
+  // bpe: as llama2.c's run.c encodes a prompt, <s> (id 1) first; hf: with the post-processor's special tokens.
+  std::vector<uint32_t> encode(std::string_view text);
+  std::string decode(std::span<const uint32_t> tokens) const;
+  // The text of `token` written after `prev` (-1: none; bpe: run.c's decode(prev, token), which drops a piece's
+  // leading space after <s>; hf: HfTokenizer::decode_next; the others: decode of the token alone).
+  std::string decode_next(int64_t prev, uint32_t token) const;
   // The record load() reads (without the counts the tokenize job adds).
   Json record() const;
   // bpe: the vocabulary (null for the other kinds).
   const BpeTokenizer* bpe() const { return bpe_.get(); }
+  // hf: the tokenizer and the tokenizer.json it was read from (null and "" for the other kinds).
+  const HfTokenizer* hf() const { return hf_.get(); }
+  const std::string& hf_path() const { return hf_path_; }
 
  private:
   std::string kind_;
   std::shared_ptr<Gpt2Tokenizer> gpt2_;
   std::shared_ptr<CharTokenizer> chars_;
   std::shared_ptr<BpeTokenizer> bpe_;
+  std::shared_ptr<HfTokenizer> hf_;
+  std::string hf_path_;
+  std::string hf_checksum_;
 };
 
-// DIR/tokenizer.json parsed (a JSON object whose vocab_size is an integer in [1, 65536]); castor::Error naming the
-// file otherwise.
+// DIR's record parsed (a JSON object whose vocab_size is an integer in [1, 2^31)); castor::Error naming the file
+// otherwise.
 Json read_tokenizer_record(const std::string& dir);
 
 // UTF-8 to code points; castor::Error naming `what` and the byte offset on invalid UTF-8.

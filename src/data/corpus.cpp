@@ -34,13 +34,17 @@ std::string as_text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), 
 
 namespace fs = std::filesystem;
 
-std::string tokens_checksum(std::span<const uint16_t> tokens) {
-  return checksum64_hex({reinterpret_cast<const uint8_t*>(tokens.data()), tokens.size_bytes()});
+// The checksum of tokens as a token file of `width` bytes per token holds them.
+std::string tokens_checksum(std::span<const uint32_t> tokens, int width) {
+  if (width == 4) return checksum64_hex({reinterpret_cast<const uint8_t*>(tokens.data()), tokens.size_bytes()});
+  const std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
+  return checksum64_hex({reinterpret_cast<const uint8_t*>(narrow.data()), narrow.size() * 2});
 }
 
 // The files a token folder holds; any other entry in --out is the user's.
 bool is_token_folder_file(const std::string& name) {
-  return is_one_of(name, {"train.bin", "val.bin", "tokenizer.json", "encoder.json", "vocab.bpe", "tokenizer.bin"});
+  return is_one_of(
+      name, {"train.bin", "val.bin", kTokenRecord, "tokenizer.json", "encoder.json", "vocab.bpe", "tokenizer.bin"});
 }
 
 // The entries of `dir` that are not a token folder's, sorted.
@@ -94,6 +98,15 @@ std::vector<std::string> check_out_folder(const std::string& out, const fs::path
                ": is a symbolic link; give the folder itself (a token folder is replaced whole, never through a link)");
   CASTOR_CHECK(st.type() == fs::file_type::directory, "--out: ", out,
                ": exists and is not a directory; a token folder is a directory");
+  // Token files that no castor tokenize wrote (no record beside them: llm.c's train.bin, a model's tokenizer.json)
+  // are the user's too.
+  const std::string record = token_record_path(path.string());
+  if (!overwrite && (record.empty() || !is_token_record(record))) {
+    for (const char* name : {"train.bin", "val.bin", "tokenizer.json", "tokenizer.bin"})
+      CASTOR_CHECK(!fs::exists(fs::symlink_status(path / name, ec)), "--out: ", out, ": ", (path / name).string(),
+                   " was not written by castor tokenize (the folder has no ", kTokenRecord,
+                   " of it); give another --out, or --overwrite to replace it");
+  }
   const std::vector<std::string> other = foreign_entries(path);
   if (!other.empty() && !overwrite) {
     std::string list;
@@ -142,7 +155,7 @@ using IsVal = std::function<bool(size_t)>;
 
 // GPT-2's BPE tokens of each document (to val where is_val), <|endoftext|> before each.
 Tokenizer encode_gpt2(const std::vector<Document>& docs, const std::string& bpe_dir, const IsVal& is_val,
-                      std::vector<uint16_t>& train, std::vector<uint16_t>& val) {
+                      std::vector<uint32_t>& train, std::vector<uint32_t>& val) {
   std::optional<Gpt2Tokenizer> loaded;
   try {
     loaded.emplace(Gpt2Tokenizer::from_dir(bpe_dir));
@@ -152,21 +165,23 @@ Tokenizer encode_gpt2(const std::vector<Document>& docs, const std::string& bpe_
                             "encoder.json and vocab.bpe; the default is setup's, from ./scripts/setup.sh)"));
   }
   Gpt2Tokenizer& bpe = *loaded;
+  std::vector<uint16_t> ids;
   for (size_t i = 0; i < docs.size(); ++i) {
-    std::vector<uint16_t>& dst = is_val(i) ? val : train;
-    dst.push_back(Gpt2Tokenizer::kEot);
+    std::vector<uint32_t>& dst = is_val(i) ? val : train;
+    ids.assign(1, Gpt2Tokenizer::kEot);
     try {
-      bpe.encode(docs[i].text, dst);
+      bpe.encode(docs[i].text, ids);
     } catch (const Error& e) {
       throw Error(docs[i].name + ": " + e.what());
     }
+    dst.insert(dst.end(), ids.begin(), ids.end());
   }
   return Tokenizer(std::move(bpe));
 }
 
 // The characters of the documents joined by "\n\n" (train and val apart), the vocabulary from all of them.
-Tokenizer encode_chars(const std::vector<Document>& docs, const IsVal& is_val, std::vector<uint16_t>& train,
-                       std::vector<uint16_t>& val) {
+Tokenizer encode_chars(const std::vector<Document>& docs, const IsVal& is_val, std::vector<uint32_t>& train,
+                       std::vector<uint32_t>& val) {
   std::string train_text, val_text;
   for (size_t i = 0; i < docs.size(); ++i) {
     std::string& dst = is_val(i) ? val_text : train_text;
@@ -174,20 +189,44 @@ Tokenizer encode_chars(const std::vector<Document>& docs, const IsVal& is_val, s
     dst += docs[i].text;
   }
   const CharTokenizer chars = CharTokenizer::from_text(train_text + val_text, docs.front().name);
-  chars.encode(train_text, train, "the training text");
-  chars.encode(val_text, val, "the validation text");
+  std::vector<uint16_t> ids;
+  chars.encode(train_text, ids, "the training text");
+  train.assign(ids.begin(), ids.end());
+  ids.clear();
+  chars.encode(val_text, ids, "the validation text");
+  val.assign(ids.begin(), ids.end());
   return Tokenizer(chars);
 }
 
 // A vocabulary learned from all the documents, then each document as run.c encodes it, <s> first.
 Tokenizer encode_bpe(const std::vector<Document>& docs, int64_t vocab_size, const IsVal& is_val,
-                     std::vector<uint16_t>& train, std::vector<uint16_t>& val) {
+                     std::vector<uint32_t>& train, std::vector<uint32_t>& val) {
   std::vector<std::string_view> texts;
   for (const Document& d : docs) texts.push_back(d.text);
   BpeTokenizer bpe(train_bpe_vocabulary(texts, vocab_size));
-  for (size_t i = 0; i < docs.size(); ++i)
-    bpe.encode(docs[i].text, /*bos=*/true, /*eos=*/false, is_val(i) ? val : train);
+  std::vector<uint16_t> ids;
+  for (size_t i = 0; i < docs.size(); ++i) {
+    ids.clear();
+    bpe.encode(docs[i].text, /*bos=*/true, /*eos=*/false, ids);
+    std::vector<uint32_t>& dst = is_val(i) ? val : train;
+    dst.insert(dst.end(), ids.begin(), ids.end());
+  }
   return Tokenizer(std::move(bpe));
+}
+
+// Each document as Hugging Face's tokenizers encodes it with the special tokens its post-processor adds (Llama 2's
+// and Llama 3.1's BOS first).
+Tokenizer encode_hf(const std::vector<Document>& docs, const std::string& path, const IsVal& is_val,
+                    std::vector<uint32_t>& train, std::vector<uint32_t>& val) {
+  Tokenizer tok = Tokenizer::from_hf_json(path);
+  for (size_t i = 0; i < docs.size(); ++i) {
+    try {
+      tok.hf()->encode(docs[i].text, /*add_special=*/true, is_val(i) ? val : train);
+    } catch (const Error& e) {
+      throw Error(docs[i].name + ": " + e.what());
+    }
+  }
+  return tok;
 }
 
 }  // namespace
@@ -276,11 +315,12 @@ bool is_val_document(size_t i, const TokenizeOptions& opt) {
   return opt.val_every > 0 && static_cast<int64_t>(i % opt.val_every) == opt.val_every - 1;
 }
 
-// Writes the token files, GPT-2's BPE files or tokenizer.bin, and tokenizer.json (the record) whole into a sibling folder of `out`, then
+// Writes the token files, GPT-2's BPE files, tokenizer.bin or Hugging Face's tokenizer.json, and the record whole into
+// a sibling folder of `out`, then
 // switches it with `out` in one step: a failed or killed tokenize leaves the previous folder as it was, never new
 // token files beside an old vocabulary. `keep`: what check_out_folder found in `out`.
 void write_token_folder(const fs::path& out, const TokenizeOptions& opt, const std::vector<std::string>& keep,
-                        const std::vector<uint16_t>& train, const std::vector<uint16_t>& val,
+                        const std::vector<uint32_t>& train, const std::vector<uint32_t>& val,
                         const Tokenizer& tokenizer, const Json& record) {
   std::error_code ec;
   fs::create_directories(out.parent_path(), ec);
@@ -292,14 +332,16 @@ void write_token_folder(const fs::path& out, const TokenizeOptions& opt, const s
                ec.message());
   try {
     const std::string dir = fresh.string();
-    write_token_file(dir + "/train.bin", train);
-    write_token_file(dir + "/val.bin", val);
+    const int width = token_width(tokenizer.vocab_size());
+    write_token_file(dir + "/train.bin", train, width);
+    write_token_file(dir + "/val.bin", val, width);
     if (opt.tokenizer == "gpt2") {
       atomic_write_file(dir + "/encoder.json", read_file(opt.bpe_dir + "/encoder.json"));
       atomic_write_file(dir + "/vocab.bpe", read_file(opt.bpe_dir + "/vocab.bpe"));
     }
     if (tokenizer.bpe()) write_tokenizer_bin(dir + "/tokenizer.bin", tokenizer.bpe()->vocabulary());
-    atomic_write_file(dir + "/tokenizer.json", record.dump(2) + "\n");
+    if (tokenizer.hf()) atomic_write_file(dir + "/tokenizer.json", read_file(tokenizer.hf_path(), int64_t{1} << 30));
+    atomic_write_file(dir + "/" + kTokenRecord, record.dump(2) + "\n");
   } catch (const Error&) {
     fs::remove_all(fresh, ec);
     throw;
@@ -309,9 +351,18 @@ void write_token_folder(const fs::path& out, const TokenizeOptions& opt, const s
 
 }  // namespace
 
+std::string hf_tokenizer_path(const std::string& tokenizer) {
+  if (is_one_of(tokenizer, {"gpt2", "char", "bpe"})) return "";
+  std::error_code ec;
+  const std::string path = fs::is_directory(tokenizer, ec) ? tokenizer + "/tokenizer.json" : tokenizer;
+  CASTOR_CHECK(fs::is_regular_file(path, ec), "--tokenizer: expected gpt2|char|bpe or a Hugging Face tokenizer.json ",
+               "(or a model directory holding one), got '", printable(tokenizer), "'",
+               path != tokenizer ? " (it holds no tokenizer.json)" : "");
+  return path;
+}
+
 Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions& opt) {
-  CASTOR_CHECK(opt.tokenizer == "gpt2" || opt.tokenizer == "char" || opt.tokenizer == "bpe",
-               "--tokenizer: expected gpt2|char|bpe, got '", opt.tokenizer, "'");
+  const std::string hf_path = hf_tokenizer_path(opt.tokenizer);
   if (opt.tokenizer == "bpe") {
     CASTOR_CHECK(opt.vocab_size != 0,
                  "--vocab-size: missing (the size of the vocabulary --tokenizer bpe learns, "
@@ -333,11 +384,12 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   const auto start = std::chrono::steady_clock::now();
   const bool by_document = opt.val_every > 0;
   auto is_val = [&](size_t i) { return is_val_document(i, opt); };
-  std::vector<uint16_t> train, val;
+  std::vector<uint32_t> train, val;
   int64_t val_docs = 0;
-  const Tokenizer tokenizer = opt.tokenizer == "gpt2"  ? encode_gpt2(docs, opt.bpe_dir, is_val, train, val)
-                              : opt.tokenizer == "bpe" ? encode_bpe(docs, opt.vocab_size, is_val, train, val)
-                                                       : encode_chars(docs, is_val, train, val);
+  const Tokenizer tokenizer = !hf_path.empty()          ? encode_hf(docs, hf_path, is_val, train, val)
+                              : opt.tokenizer == "gpt2" ? encode_gpt2(docs, opt.bpe_dir, is_val, train, val)
+                              : opt.tokenizer == "bpe"  ? encode_bpe(docs, opt.vocab_size, is_val, train, val)
+                                                        : encode_chars(docs, is_val, train, val);
   Json record = tokenizer.record();
   for (size_t i = 0; i < docs.size(); ++i) val_docs += is_val(i);
   if (!by_document) {
@@ -358,8 +410,9 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
                " (a run needs validation tokens)");
   record["train_tokens"] = static_cast<int64_t>(train.size());
   record["val_tokens"] = static_cast<int64_t>(val.size());
-  record["train_checksum"] = tokens_checksum(train);
-  record["val_checksum"] = tokens_checksum(val);
+  const int width = token_width(tokenizer.vocab_size());
+  record["train_checksum"] = tokens_checksum(train, width);
+  record["val_checksum"] = tokens_checksum(val, width);
   record["documents"] = static_cast<int64_t>(docs.size());
   record["val_documents"] = val_docs;
   record["text_bytes"] = text_bytes;
@@ -374,7 +427,7 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
 }
 
 void check_token_folder(const std::string& dir, const TokenFile& train, const TokenFile& val) {
-  const std::string record_path = dir + "/tokenizer.json";
+  const std::string record_path = token_record_path(dir);
   const Json record = read_tokenizer_record(dir);
   const bool hash = train.size() + val.size() <= (int64_t{1} << 29);
   for (const auto& [file, name] : {std::pair{&train, "train"}, std::pair{&val, "val"}}) {
@@ -383,8 +436,8 @@ void check_token_folder(const std::string& dir, const TokenFile& train, const To
     const char* advice = "; the folder mixes files of different castor tokenize runs: run castor tokenize again";
     CASTOR_CHECK(!count || (count->is_int() && count->as_int() == file->size()), file->path(), ": ", file->size(),
                  " tokens, but ", record_path, " records ", count ? count->dump() : "", advice);
-    CASTOR_CHECK(!hash || !sum || (sum->is_string() && sum->as_string() == tokens_checksum(file->tokens())),
-                 file->path(), ": checksum ", tokens_checksum(file->tokens()), ", but ", record_path, " records ",
+    CASTOR_CHECK(!hash || !sum || (sum->is_string() && sum->as_string() == checksum64_hex(file->token_bytes())),
+                 file->path(), ": checksum ", checksum64_hex(file->token_bytes()), ", but ", record_path, " records ",
                  sum ? sum->dump() : "", advice);
   }
 }

@@ -14,20 +14,20 @@ namespace {
 // A batch being built: its (rows, T) tensors, and operator() filling one row from the token at `start` on.
 struct Filler {
   LmBatch b;
-  const uint16_t* tok;
+  const TokenFile* tok;
   int64_t T;
   void operator()(int64_t row, int64_t start) const {
     int64_t* x = b.x.data<int64_t>() + row * T;
     int64_t* y = b.y.data<int64_t>() + row * T;
     for (int64_t t = 0; t < T; ++t) {
-      x[t] = tok[start + t];
-      y[t] = tok[start + t + 1];
+      x[t] = (*tok)[start + t];
+      y[t] = (*tok)[start + t + 1];
     }
   }
 };
 
 Filler make_batch(const TokenFile& f, int64_t rows, int64_t T, int64_t index) {
-  return {{empty({rows, T}, DType::Int64), empty({rows, T}, DType::Int64), index}, f.tokens().data(), T};
+  return {{empty({rows, T}, DType::Int64), empty({rows, T}, DType::Int64), index}, &f, T};
 }
 
 void check_window(const TokenFile& f, int64_t T) {

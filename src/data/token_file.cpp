@@ -19,25 +19,42 @@ namespace castor::data {
 
 static_assert(std::endian::native == std::endian::little, "token files are little-endian, as llm.c writes them");
 
-void write_token_file(const std::string& path, std::span<const uint16_t> tokens) {
+int token_width(int64_t vocab_size) { return vocab_size > 65536 ? 4 : 2; }
+
+void write_token_file(const std::string& path, std::span<const uint32_t> tokens, int width) {
+  CASTOR_CHECK(width == 2 || width == 4, path, ": token width ", width, " (2 or 4 bytes)");
   CASTOR_CHECK(tokens.size() <= static_cast<size_t>(INT32_MAX), path, ": ", tokens.size(),
                " tokens do not fit the header's int32 count");
-  std::vector<uint8_t> bytes(kTokenFileHeaderBytes + tokens.size() * sizeof(uint16_t), 0);
-  const int32_t head[3] = {kTokenFileMagic, kTokenFileVersion, static_cast<int32_t>(tokens.size())};
+  std::vector<uint8_t> bytes(kTokenFileHeaderBytes + tokens.size() * width, 0);
+  const int32_t head[3] = {width == 2 ? kTokenFileMagic : kTokenFileMagic32,
+                           width == 2 ? kTokenFileVersion : kTokenFileVersion32, static_cast<int32_t>(tokens.size())};
   std::memcpy(bytes.data(), head, sizeof(head));
-  if (!tokens.empty()) std::memcpy(bytes.data() + kTokenFileHeaderBytes, tokens.data(), tokens.size_bytes());
+  uint8_t* out = bytes.data() + kTokenFileHeaderBytes;
+  if (width == 4) {
+    if (!tokens.empty()) std::memcpy(out, tokens.data(), tokens.size_bytes());
+  } else {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      CASTOR_CHECK(tokens[i] <= 0xFFFF, path, ": token ", tokens[i], " does not fit the 16-bit token format");
+      const auto t = static_cast<uint16_t>(tokens[i]);
+      std::memcpy(out + 2 * i, &t, 2);
+    }
+  }
   atomic_write_file(path, bytes);
 }
 
-int64_t check_token_file(std::span<const uint8_t> bytes, const std::string& what) {
+int64_t check_token_file(std::span<const uint8_t> bytes, const std::string& what, int& width) {
   CASTOR_CHECK(bytes.size() >= kTokenFileHeaderBytes, what, ": ", bytes.size(), " bytes, too short for the ",
                kTokenFileHeaderBytes, "-byte token-file header");
   int32_t head[3];
   std::memcpy(head, bytes.data(), sizeof(head));
-  CASTOR_CHECK(head[0] == kTokenFileMagic, what, ": not a token file (magic ", head[0], ", expected ", kTokenFileMagic,
+  CASTOR_CHECK(head[0] == kTokenFileMagic || head[0] == kTokenFileMagic32, what, ": not a token file (magic ", head[0],
+               ", expected ", kTokenFileMagic, " or ", kTokenFileMagic32, ")");
+  const bool wide = head[0] == kTokenFileMagic32;
+  const int32_t version = wide ? kTokenFileVersion32 : kTokenFileVersion;
+  CASTOR_CHECK(head[1] == version, what, ": token-file version ", head[1], ", expected ", version, " (magic ", head[0],
                ")");
-  CASTOR_CHECK(head[1] == kTokenFileVersion, what, ": token-file version ", head[1], ", expected ", kTokenFileVersion);
-  CASTOR_CHECK(head[2] >= 0 && bytes.size() == kTokenFileHeaderBytes + 2 * static_cast<size_t>(head[2]), what,
+  width = wide ? 4 : 2;
+  CASTOR_CHECK(head[2] >= 0 && bytes.size() == kTokenFileHeaderBytes + width * static_cast<size_t>(head[2]), what,
                ": the header says ", head[2], " tokens but the file has ", bytes.size() - kTokenFileHeaderBytes,
                " bytes after it (truncated or damaged)");
   return head[2];
@@ -57,7 +74,7 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   const size_t bytes = static_cast<size_t>(st.st_size);
   if (bytes < kTokenFileHeaderBytes) {  // too short to map usefully (or at all, when empty): refused from a copy
     ::close(fd);
-    check_token_file(read_file(path), path);
+    check_token_file(read_file(path), path, width_);
   }
   void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
   const int map_errno = errno;
@@ -66,13 +83,13 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
   map_ = map;
   map_bytes_ = bytes;
   try {
-    size_ = check_token_file({static_cast<const uint8_t*>(map), bytes}, path);
+    size_ = check_token_file({static_cast<const uint8_t*>(map), bytes}, path, width_);
   } catch (const Error&) {
     ::munmap(map_, map_bytes_);
     map_ = nullptr;
     throw;
   }
-  tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const uint8_t*>(map) + kTokenFileHeaderBytes);
+  tokens_ = static_cast<const uint8_t*>(map) + kTokenFileHeaderBytes;
   ::madvise(map_, map_bytes_, MADV_WILLNEED);
 }
 
@@ -85,7 +102,8 @@ TokenFile::TokenFile(TokenFile&& other) noexcept
       map_(std::exchange(other.map_, nullptr)),
       map_bytes_(std::exchange(other.map_bytes_, 0)),
       tokens_(std::exchange(other.tokens_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+      size_(std::exchange(other.size_, 0)),
+      width_(other.width_) {}
 
 TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
   if (this != &other) {
@@ -95,8 +113,15 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     map_bytes_ = std::exchange(other.map_bytes_, 0);
     tokens_ = std::exchange(other.tokens_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    width_ = other.width_;
   }
   return *this;
+}
+
+std::vector<uint32_t> TokenFile::ids() const {
+  std::vector<uint32_t> out(static_cast<size_t>(size_));
+  for (int64_t i = 0; i < size_; ++i) out[i] = (*this)[i];
+  return out;
 }
 
 }  // namespace castor::data

@@ -1,4 +1,4 @@
-// The character tokenizer, UTF-8 helpers and the tokenizer record of a token directory (DIR/tokenizer.json).
+// The character tokenizer, UTF-8 helpers and the tokenizer record of a token directory (DIR/castor_tokens.json).
 #include "castor/tokenizer.h"
 
 #include <algorithm>
@@ -87,9 +87,41 @@ std::string CharTokenizer::chars_utf8() const {
 Tokenizer::Tokenizer(Gpt2Tokenizer gpt2) : kind_("gpt2"), gpt2_(std::make_shared<Gpt2Tokenizer>(std::move(gpt2))) {}
 Tokenizer::Tokenizer(CharTokenizer chars) : kind_("char"), chars_(std::make_shared<CharTokenizer>(std::move(chars))) {}
 Tokenizer::Tokenizer(BpeTokenizer bpe) : kind_("bpe"), bpe_(std::make_shared<BpeTokenizer>(std::move(bpe))) {}
+Tokenizer::Tokenizer(HfTokenizer hf) : kind_("hf"), hf_(std::make_shared<HfTokenizer>(std::move(hf))) {}
+
+bool is_hf_tokenizer_json(const std::string& path) {
+  try {
+    const std::vector<uint8_t> bytes = read_file(path, /*max_bytes=*/int64_t{1} << 30);
+    const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    // A record is small and flat; Hugging Face's file holds a "model" object (parsing 10 MB to find it is avoidable).
+    if (text.find("\"model\"") == std::string_view::npos) return false;
+    const Json j = Json::parse(text);
+    return j.is_object() && j.find("model") && j.at("model").is_object();
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+bool is_token_record(const std::string& path) {
+  try {
+    const std::vector<uint8_t> bytes = read_file(path, /*max_bytes=*/16 << 20);
+    const Json j = Json::parse({reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+    return j.is_object() && j.find("tokenizer") && j.at("tokenizer").is_string() && !j.find("model");
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::string token_record_path(const std::string& dir) {
+  const std::string record = dir + "/" + kTokenRecord, old = dir + "/tokenizer.json";
+  if (file_exists(record)) return record;
+  if (file_exists(old) && !is_hf_tokenizer_json(old)) return old;
+  return "";
+}
 
 Json read_tokenizer_record(const std::string& dir) {
-  const std::string path = dir + "/tokenizer.json";
+  std::string path = token_record_path(dir);
+  if (path.empty()) path = dir + "/" + kTokenRecord;  // read_file names it as missing
   const std::vector<uint8_t> bytes = read_file(path, /*max_bytes=*/16 << 20);
   Json rec;
   try {
@@ -98,9 +130,8 @@ Json read_tokenizer_record(const std::string& dir) {
     throw Error(detail::cat(path, ": not a tokenizer record: ", e.what()));
   }
   const Json* vocab = rec.is_object() ? rec.find("vocab_size") : nullptr;
-  CASTOR_CHECK(vocab && vocab->is_int() && vocab->as_int() >= 1 && vocab->as_int() <= 65536, path,
-               ": vocab_size must be an integer in [1, 65536] (token ids are 16-bit), got ",
-               vocab ? vocab->dump() : "none");
+  CASTOR_CHECK(vocab && vocab->is_int() && vocab->as_int() >= 1 && vocab->as_int() <= INT32_MAX, path,
+               ": vocab_size must be an integer in [1, 2^31), got ", vocab ? vocab->dump() : "none");
   return rec;
 }
 
@@ -114,12 +145,12 @@ Tokenizer load_bpe(const std::string& dir, const Json& rec) {
   const std::string path = dir + "/" + name;
   const std::vector<uint8_t> bytes = read_file(path, /*max_bytes=*/1 << 30);
   const std::string& sum = rec.at("tokenizer_bin_checksum").as_string();
-  CASTOR_CHECK(checksum64_hex(bytes) == sum, path, ": checksum ", checksum64_hex(bytes), ", but ", dir,
-               "/tokenizer.json records ", sum, " (the file was changed or comes from another tokenize)");
+  CASTOR_CHECK(checksum64_hex(bytes) == sum, path, ": checksum ", checksum64_hex(bytes), ", but ",
+               token_record_path(dir), " records ", sum, " (the file was changed or comes from another tokenize)");
   Tokenizer t(BpeTokenizer(parse_tokenizer_bin(bytes, path)));
   const int64_t vocab = rec.at("vocab_size").as_int();
-  CASTOR_CHECK(t.vocab_size() == vocab, path, ": ", t.vocab_size(), " pieces, but ", dir,
-               "/tokenizer.json records vocab_size ", vocab);
+  CASTOR_CHECK(t.vocab_size() == vocab, path, ": ", t.vocab_size(), " pieces, but ", token_record_path(dir),
+               " records vocab_size ", vocab);
   return t;
 }
 
@@ -130,7 +161,9 @@ int64_t Tokenizer::recorded_vocab_size(const std::string& dir) {
 }
 
 Tokenizer Tokenizer::load(const std::string& dir) {
-  const std::string path = dir + "/tokenizer.json";
+  const std::string hf_json = dir + "/tokenizer.json";
+  if (token_record_path(dir).empty() && is_hf_tokenizer_json(hf_json)) return from_hf_json(hf_json);
+  const std::string path = token_record_path(dir).empty() ? dir + "/" + kTokenRecord : token_record_path(dir);
   const Json rec = read_tokenizer_record(dir);
   try {
     const std::string& kind = rec.at("tokenizer").as_string();
@@ -141,7 +174,18 @@ Tokenizer Tokenizer::load(const std::string& dir) {
       return t;
     }
     if (kind == "bpe") return load_bpe(dir, rec);
-    CASTOR_CHECK(kind == "char", "unknown tokenizer '", kind, "' (expected gpt2, char or bpe)");
+    if (kind == "hf") {
+      const std::string& name = rec.at("tokenizer_json").as_string();
+      CASTOR_CHECK(!name.empty() && name.find('/') == std::string::npos, "tokenizer_json must name a file in ", dir,
+                   ", got '", printable(name), "'");
+      Tokenizer t = from_hf_json(dir + "/" + name);
+      const std::string& sum = rec.at("tokenizer_json_checksum").as_string();
+      CASTOR_CHECK(t.hf_checksum_ == sum, dir, "/", name, ": checksum ", t.hf_checksum_, ", but ", path, " records ",
+                   sum, " (the file was changed or comes from another tokenize)");
+      CASTOR_CHECK(t.vocab_size() == vocab, "vocab_size ", vocab, " but ", dir, "/", name, " has ", t.vocab_size());
+      return t;
+    }
+    CASTOR_CHECK(kind == "char", "unknown tokenizer '", kind, "' (expected gpt2, char, bpe or hf)");
     const std::string& chars = rec.at("chars").as_string();
     const std::u32string cps = decode_utf8(chars, "chars");
     Tokenizer t(CharTokenizer(std::vector<char32_t>(cps.begin(), cps.end())));
@@ -153,24 +197,52 @@ Tokenizer Tokenizer::load(const std::string& dir) {
   }
 }
 
-int64_t Tokenizer::vocab_size() const {
-  return gpt2_ ? gpt2_->vocab_size() : bpe_ ? bpe_->vocab_size() : chars_->vocab_size();
+Tokenizer Tokenizer::from_hf_json(const std::string& path) {
+  const std::vector<uint8_t> bytes = read_file(path, /*max_bytes=*/int64_t{1} << 30);
+  Tokenizer t(HfTokenizer({reinterpret_cast<const char*>(bytes.data()), bytes.size()}, path));
+  t.hf_path_ = path;
+  t.hf_checksum_ = checksum64_hex(bytes);
+  return t;
 }
 
-std::vector<uint16_t> Tokenizer::encode(std::string_view text) {
-  if (gpt2_) return gpt2_->encode(text);
-  if (bpe_) return bpe_->encode(text, /*bos=*/true, /*eos=*/false);
+int64_t Tokenizer::vocab_size() const {
+  return gpt2_ ? gpt2_->vocab_size() : bpe_ ? bpe_->vocab_size() : hf_ ? hf_->vocab_size() : chars_->vocab_size();
+}
+
+std::vector<uint32_t> Tokenizer::encode(std::string_view text) {
+  if (hf_) return hf_->encode(text, /*add_special=*/true);
+  std::vector<uint16_t> ids;
+  if (gpt2_) ids = gpt2_->encode(text);
+  if (bpe_) ids = bpe_->encode(text, /*bos=*/true, /*eos=*/false);
+  if (chars_) chars_->encode(text, ids);
+  return {ids.begin(), ids.end()};
+}
+
+namespace {
+
+// 32-bit ids as the 16-bit ones the smaller tokenizers take; castor::Error on one past 65,535.
+std::vector<uint16_t> narrow(std::span<const uint32_t> ids, int64_t vocab) {
   std::vector<uint16_t> out;
-  chars_->encode(text, out);
+  out.reserve(ids.size());
+  for (uint32_t id : ids) {
+    CASTOR_CHECK(id <= 0xFFFF, "decode: token ", id, " is outside the vocabulary of ", vocab);
+    out.push_back(static_cast<uint16_t>(id));
+  }
   return out;
 }
 
-std::string Tokenizer::decode(std::span<const uint16_t> tokens) const {
-  return gpt2_ ? gpt2_->decode(tokens) : bpe_ ? bpe_->decode(tokens) : chars_->decode(tokens);
+}  // namespace
+
+std::string Tokenizer::decode(std::span<const uint32_t> tokens) const {
+  if (hf_) return hf_->decode(tokens);
+  const std::vector<uint16_t> ids = narrow(tokens, vocab_size());
+  return gpt2_ ? gpt2_->decode(ids) : bpe_ ? bpe_->decode(ids) : chars_->decode(ids);
 }
 
-std::string Tokenizer::decode_next(uint16_t prev, uint16_t token) const {
-  return bpe_ ? bpe_->decode_piece(prev, token) : decode({&token, 1});
+std::string Tokenizer::decode_next(int64_t prev, uint32_t token) const {
+  if (hf_) return hf_->decode_next(prev, token);
+  const uint16_t id = narrow({&token, 1}, vocab_size())[0];
+  return bpe_ ? bpe_->decode_piece(static_cast<int32_t>(prev), id) : decode({&token, 1});
 }
 
 Json Tokenizer::record() const {
@@ -184,6 +256,10 @@ Json Tokenizer::record() const {
     o["eos_token"] = static_cast<int64_t>(BpeVocabulary::kEos);
     o["tokenizer_bin"] = "tokenizer.bin";
     o["tokenizer_bin_checksum"] = checksum64_hex(tokenizer_bin_bytes(bpe_->vocabulary()));
+  }
+  if (hf_) {
+    o["tokenizer_json"] = "tokenizer.json";
+    o["tokenizer_json_checksum"] = hf_checksum_;
   }
   return o;
 }

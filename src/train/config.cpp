@@ -93,15 +93,17 @@ struct TokenizeFlags {
 
 std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
   auto owner = make_app(
-      "Turns UTF-8 text into llm.c token files: OUT/train.bin, OUT/val.bin and OUT/tokenizer.json (the tokenizer "
-      "and its vocabulary size; char also the vocabulary; bpe learns a vocabulary of --vocab-size pieces and writes "
-      "it as llama2.c's OUT/tokenizer.bin). Each input file is one document.",
+      "Turns UTF-8 text into llm.c token files: OUT/train.bin, OUT/val.bin (32-bit ids, llm.c's llama-3 format, "
+      "past a vocabulary of 65,536) and OUT/castor_tokens.json (the tokenizer and its vocabulary size; char also "
+      "the vocabulary; bpe learns a vocabulary of --vocab-size pieces and writes it as llama2.c's OUT/tokenizer.bin; "
+      "a Hugging Face tokenizer.json is copied to OUT). Each input file is one document.",
       "castor tokenize");
   CLI::App& app = *owner;
   app.add_option("--tokenizer", f.opt.tokenizer,
-                 "gpt2 (GPT-2 byte-level BPE), char (the text's characters) or bpe "
-                 "(a byte-fallback BPE vocabulary learned from the text, as llama2.c's sentencepiece training)")
-      ->check(one_of({"gpt2", "char", "bpe"}));
+                 "gpt2 (GPT-2 byte-level BPE), char (the text's characters), bpe "
+                 "(a byte-fallback BPE vocabulary learned from the text, as llama2.c's sentencepiece training), or "
+                 "PATH/tokenizer.json or a model directory holding one (Hugging Face's: Llama 2/3, Mistral, Qwen2; "
+                 "each document with its BOS when the file's post-processor adds one)");
   app.add_option("--vocab-size", f.opt.vocab_size,
                  "bpe: the vocabulary to learn, 259..65536 pieces (3 special, "
                  "256 bytes, then merges and characters)");
@@ -128,6 +130,7 @@ data::TokenizeOptions parse_tokenize_flags(const std::vector<std::string>& args)
   if (f.val_every) f.opt.val_every = *f.val_every;
   if (f.val_fraction) f.opt.val_fraction = *f.val_fraction;
   if (!f.opt.brown_dir.empty() && !f.val_every && !f.val_fraction) f.opt.val_every = 10;
+  data::hf_tokenizer_path(f.opt.tokenizer);  // checks --tokenizer
   CASTOR_CHECK(!f.opt.inputs.empty() || !f.opt.brown_dir.empty(), "--input: missing (text files, or --brown DIR)");
   return f.opt;
 }

@@ -32,8 +32,9 @@ namespace {
 // GPT's padded to a multiple of 64 above 1024 (GPT-2's 50,257 -> 50,304, as nanoGPT and llm.c), a Llama's exactly
 // the tokenizer's (llama2.c's run.c reads the tokenizer's size from the model). Returns (model's, real).
 std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& dir) {
-  const std::string record = dir + "/tokenizer.json";
-  const int64_t real = fs::exists(record) ? data::Tokenizer::recorded_vocab_size(dir) : 0;
+  const std::string found = data::token_record_path(dir);
+  const std::string record = found.empty() ? dir + "/" + data::kTokenRecord : found;
+  const int64_t real = !found.empty() ? data::Tokenizer::recorded_vocab_size(dir) : 0;
   CASTOR_CHECK(real > 0 || c.vocab_size > 0, "--vocab-size: not given, and ", record,
                " (written by castor tokenize) is missing");
   const bool pad = !is_llama(c.model) && real > 1024;
@@ -77,7 +78,8 @@ class LmTask : public Task {
     if (llama_) llama_config(c).validate();
     // Everything the data can get wrong is found here, before step 1: token files of another tokenize than the
     // vocabulary, a split too short for one window, ids outside the vocabulary (all of them up to 2^31 tokens).
-    if (fs::exists(dir_ + "/tokenizer.json")) data::check_token_folder(dir_, *train_, *val_);
+    const std::string record = data::token_record_path(dir_);
+    if (!record.empty()) data::check_token_folder(dir_, *train_, *val_);
     for (const data::TokenFile* f : {&*train_, &*val_}) {
       CASTOR_CHECK(f->size() >= c.block_size + 1, f->path(), ": ", f->size(),
                    " tokens, fewer than one window of "
@@ -85,13 +87,12 @@ class LmTask : public Task {
                    c.block_size,
                    " + 1 (give a smaller --block-size, or more text to castor "
                    "tokenize)");
-      const std::span<const uint16_t> ids = f->tokens().first(std::min<size_t>(f->tokens().size(), size_t{1} << 31));
-      if (*std::max_element(ids.begin(), ids.end()) < real_vocab_) continue;
-      const auto bad = std::find_if(ids.begin(), ids.end(), [&](uint16_t t) { return t >= real_vocab_; });
-      const bool recorded = fs::exists(dir_ + "/tokenizer.json");
-      throw Error(detail::cat(f->path(), ": token ", *bad, " at position ", bad - ids.begin(),
-                              " is outside the vocabulary of ", real_vocab_,
-                              recorded ? " (" + dir_ + "/tokenizer.json)" : " (--vocab-size)"));
+      const int64_t n = std::min<int64_t>(f->size(), int64_t{1} << 31);
+      int64_t bad = 0;
+      while (bad < n && (*f)[bad] < real_vocab_) ++bad;
+      if (bad == n) continue;
+      throw Error(detail::cat(f->path(), ": token ", (*f)[bad], " at position ", bad, " is outside the vocabulary of ",
+                              real_vocab_, !record.empty() ? " (" + record + ")" : " (--vocab-size)"));
     }
     source_.emplace(*train_, data::LmBatchOptions{.batch_size = c.batch_size,
                                                   .block_size = c.block_size,
@@ -243,9 +244,10 @@ class LmTask : public Task {
     CASTOR_CHECK(!c.given("--multiple-of") || given.ffn_hidden_dim() == f.hidden_dim, "--multiple-of ", c.multiple_of,
                  ": gives hidden_dim ", given.ffn_hidden_dim(), ", --init ", c.init, " holds ", f.hidden_dim);
     if (!c.given("--multiple-of")) c.multiple_of = multiple_of;
-    const int64_t tokens = fs::exists(dir_ + "/tokenizer.json") ? data::Tokenizer::recorded_vocab_size(dir_) : 0;
+    const std::string record = data::token_record_path(dir_);
+    const int64_t tokens = !record.empty() ? data::Tokenizer::recorded_vocab_size(dir_) : 0;
     CASTOR_CHECK(tokens == 0 || tokens == f.vocab_size, "--init ", c.init, ": vocab_size ", f.vocab_size, ", but ",
-                 dir_, "/tokenizer.json's vocabulary has ", tokens, " tokens");
+                 record, "'s vocabulary has ", tokens, " tokens");
   }
 
   // The rows an evaluation covers.

