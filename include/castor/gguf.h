@@ -30,13 +30,15 @@ struct GgufVocabulary {
   std::vector<std::string> tokens, merges;
   std::vector<float> scores;   // empty for gpt2
   std::vector<int32_t> types;  // llama.cpp's: 1 normal, 2 unknown, 3 control, 6 byte
-  int64_t bos = -1, eos = -1, unk = -1;
+  int64_t bos = -1, eos = -1, unk = -1, pad = -1;
   bool add_bos = false, add_space_prefix = false;
+  std::string chat_template;  // tokenizer.chat_template (Jinja), when the run's data has one
   int64_t size() const { return static_cast<int64_t>(tokens.size()); }
 };
 
-// The vocabulary of a token directory's tokenizer (`dir` holds GPT-2's encoder.json and vocab.bpe for a gpt2 one).
-// castor::Error naming `dir` for a character vocabulary, which neither GGUF tokenizer can express.
+// The vocabulary of a token directory's tokenizer (`dir` holds GPT-2's encoder.json and vocab.bpe for a gpt2 one),
+// with the chat template, end-of-sequence and padding ids its DIR/tokenizer.json records (chat data: castor tokenize
+// --format chat). castor::Error naming `dir` for a character vocabulary, which neither GGUF tokenizer can express.
 GgufVocabulary gguf_vocabulary(const data::Tokenizer& tok, const std::string& dir);
 
 // What a GGUF write produced, for the export summary.

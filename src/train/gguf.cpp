@@ -163,9 +163,11 @@ void put_vocabulary(GgufFile& f, const GgufVocabulary& v) {
   if (v.bos >= 0) f.u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(v.bos));
   if (v.eos >= 0) f.u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(v.eos));
   if (v.unk >= 0) f.u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(v.unk));
+  if (v.pad >= 0) f.u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(v.pad));
   f.boolean("tokenizer.ggml.add_bos_token", v.add_bos);
   f.boolean("tokenizer.ggml.add_eos_token", false);
   if (v.model == "llama") f.boolean("tokenizer.ggml.add_space_prefix", v.add_space_prefix);
+  if (!v.chat_template.empty()) f.string("tokenizer.chat_template", v.chat_template);
 }
 
 GgufSummary write(const std::string& path, const GgufFile& f, const std::string& arch) {
@@ -270,11 +272,24 @@ std::vector<float> dequantize_q8_0(std::span<const uint8_t> blocks) {
 }
 
 GgufVocabulary gguf_vocabulary(const data::Tokenizer& tok, const std::string& dir) {
-  if (tok.bpe()) return spm_vocabulary(tok.bpe()->vocabulary(), dir + "/tokenizer.bin");
-  CASTOR_CHECK(tok.kind() == "gpt2", dir, ": a ", tok.kind(),
+  CASTOR_CHECK(tok.bpe() || tok.kind() == "gpt2", dir, ": a ", tok.kind(),
                " vocabulary; GGUF's tokenizers (SentencePiece, byte-level BPE) cannot express it (train on a bpe or "
                "gpt2 token directory to export GGUF)");
-  return gpt2_vocabulary(dir, tok.vocab_size());
+  GgufVocabulary v = tok.bpe() ? spm_vocabulary(tok.bpe()->vocabulary(), dir + "/tokenizer.bin")
+                               : gpt2_vocabulary(dir, tok.vocab_size());
+  const Json record = data::read_tokenizer_record(dir);
+  const std::string what = dir + "/tokenizer.json";
+  if (const Json* t = record.find("chat_template")) {
+    CASTOR_CHECK(t->is_string(), what, ": chat_template is not a string");
+    v.chat_template = t->as_string();
+  }
+  for (auto [key, id] : {std::pair{"eos_token_id", &v.eos}, std::pair{"pad_token_id", &v.pad}})
+    if (const Json* t = record.find(key)) {
+      CASTOR_CHECK(t->is_int() && t->as_int() >= 0 && t->as_int() < v.size(), what, ": ", key,
+                   " is not a token id below ", v.size());
+      *id = t->as_int();
+    }
+  return v;
 }
 
 GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const GgufVocabulary& vocab, GgufType type,

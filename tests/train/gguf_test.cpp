@@ -332,6 +332,40 @@ TEST_F(GgufCli, GptMatchesLlamaCpp) {
   }
 }
 
+// Chat data's token directory (castor tokenize --format chat records its template and end-of-sequence and padding
+// ids in DIR/tokenizer.json): the file carries them as tokenizer.chat_template and the token ids; an id outside the
+// vocabulary is one line naming the record, nothing written.
+TEST_F(GgufCli, ChatTemplateAndIdsFromTheTokenDirectory) {
+  tokenize("bpe", "tok");
+  const std::string chatml =
+      "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + eos_token + "
+      "'\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  Json record = Json::parse(text_of(read_file(path("tok/tokenizer.json"))));
+  record["chat_template"] = chatml;
+  record["eos_token_id"] = 2;
+  record["pad_token_id"] = 2;
+  atomic_write_file(path("tok/tokenizer.json"), record.dump());
+  train("llama", "tok", "run", 1);
+  CastorProcess e = castor({"export", "--format", "gguf", "--checkpoint", "run", "--out", "chat.gguf"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("chat.gguf") + " " +
+                                 path("dump"),
+                             path("read.json"));
+  const Json& kv = file.at("kv");
+  EXPECT_EQ(kv.at("tokenizer.chat_template").as_string(), chatml);
+  EXPECT_EQ(kv.at("tokenizer.ggml.eos_token_id").as_int(), 2);
+  EXPECT_EQ(kv.at("tokenizer.ggml.padding_token_id").as_int(), 2);
+  EXPECT_EQ(kv.at("tokenizer.ggml.bos_token_id").as_int(), 1);
+  EXPECT_EQ(kv.at("tokenizer.ggml.tokens").as_array()[1].as_string(), "<s>");
+  EXPECT_EQ(kv.at("tokenizer.ggml.token_type").as_array()[3].as_int(), 6);  // <0x00>: a byte token
+  record["eos_token_id"] = 300;
+  atomic_write_file(path("tok/tokenizer.json"), record.dump());
+  test::expect_one_line_error(castor({"export", "--format", "gguf", "--checkpoint", "run", "--out", "bad.gguf"}),
+                              {"tok/tokenizer.json: eos_token_id is not a token id below 300"});
+  EXPECT_FALSE(file_exists(path("bad.gguf")));
+}
+
 // A character vocabulary has no GGUF tokenizer: one line naming the token directory, and the file already at --out
 // stays as it was; --type without --format gguf is refused.
 TEST_F(GgufCli, CharacterVocabularyIsRefused) {
