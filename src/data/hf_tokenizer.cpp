@@ -114,6 +114,9 @@ struct HfTokenizer::Impl {
   std::vector<DecStep> decoders;
   std::vector<uint32_t> prefix, suffix;
   mutable std::unordered_map<std::string, std::vector<uint32_t>> cache;
+  // No token holds "▁" after another character than "▁" (SentencePiece vocabularies): a word merges as its pieces cut
+  // before each such "▁", each on its own and cached, with the same result (no merge can cross the cut).
+  bool cut_at_metaspace = false;
 
   [[noreturn]] void fail(const std::string& key, const std::string& msg) const {
     throw Error(detail::cat(what, ": ", key, ": ", msg));
@@ -123,6 +126,7 @@ struct HfTokenizer::Impl {
   std::vector<Segment> split_added(std::string_view s, bool normalized) const;
   std::vector<std::string> pre_tokenize(std::string_view s, bool at_start) const;
   void bpe(const std::string& word, std::vector<uint32_t>& out) const;
+  void bpe_piece(const std::string& word, std::vector<uint32_t>& out) const;
   std::string run_decoders(std::vector<std::string> toks, bool lossless, bool at_start) const;
 };
 
@@ -495,8 +499,19 @@ std::vector<std::string> HfTokenizer::Impl::pre_tokenize(std::string_view s, boo
   return pieces;
 }
 
-// models/bpe/model.rs's merge_word and word.rs's merge_all: the word's characters as tokens (byte fallback, else
-// the unknown token), then the lowest-ranked adjacent pair merged first, the leftmost of equal ranks.
+namespace {
+
+constexpr std::string_view kMetaspace = "\u2581";
+
+// Whether `s` holds "▁" after a character other than "▁".
+bool metaspace_inside(std::string_view s) {
+  for (size_t at = s.find(kMetaspace, 1); at != std::string_view::npos; at = s.find(kMetaspace, at + 1))
+    if (!s.substr(0, at).ends_with(kMetaspace)) return true;
+  return false;
+}
+
+}  // namespace
+
 void HfTokenizer::Impl::bpe(const std::string& word, std::vector<uint32_t>& out) const {
   if (ignore_merges) {
     if (const auto it = vocab.find(word); it != vocab.end()) {
@@ -504,6 +519,19 @@ void HfTokenizer::Impl::bpe(const std::string& word, std::vector<uint32_t>& out)
       return;
     }
   }
+  if (!cut_at_metaspace || word.size() < 256) return bpe_piece(word, out);
+  size_t from = 0;
+  for (size_t at = word.find(kMetaspace, 1); at != std::string::npos; at = word.find(kMetaspace, at + 1))
+    if (!std::string_view(word).substr(0, at).ends_with(kMetaspace)) {
+      bpe_piece(word.substr(from, at - from), out);
+      from = at;
+    }
+  bpe_piece(word.substr(from), out);
+}
+
+// models/bpe/model.rs's merge_word and word.rs's merge_all: the word's characters as tokens (byte fallback, else
+// the unknown token), then the lowest-ranked adjacent pair merged first, the leftmost of equal ranks.
+void HfTokenizer::Impl::bpe_piece(const std::string& word, std::vector<uint32_t>& out) const {
   const bool cacheable = word.size() < 256;
   if (cacheable) {
     if (const auto it = cache.find(word); it != cache.end()) {
@@ -676,6 +704,8 @@ HfTokenizer::HfTokenizer(std::string_view json, const std::string& what) : impl_
   parse_pre_tokenizer(t, optional("pre_tokenizer"));
   parse_post_processor(t, optional("post_processor"));
   parse_decoder(t, optional("decoder"));
+  t.cut_at_metaspace = std::none_of(t.vocab.begin(), t.vocab.end(),
+                                    [](const auto& v) { return metaspace_inside(v.first); });
   for (size_t i = 0; i < t.added.size(); ++i) {
     Impl::Matcher& m = t.matchers[t.added[i].normalized];
     std::string pattern = t.added[i].normalized ? t.normalize(t.added[i].content) : t.added[i].content;
