@@ -171,6 +171,39 @@ TEST(Lora, LlamaAdapterGradientsMatchPyTorchFloat32) {
   expect_adapter_grads(model, want, 1e-6);
 }
 
+// Adapters on Linears with biases (Hugging Face Llama's attention_bias and mlp_bias): the frozen biases get no
+// gradient, the adapters' gradients match PEFT's (within 1e-5: the biases make layer 1's q gradients ill-conditioned,
+// as in tests/nn/llama_test.cpp), and a merge keeps the biases and the logits.
+TEST(Lora, LlamaWithBiasesMatchesPyTorchFloat32) {
+  models::LlamaConfig c = test::tiny_llama_config(67);
+  c.attention_bias = c.mlp_bias = true;
+  models::Llama model(c, 3);
+  {
+    Generator gen(5);
+    NoGradGuard no_grad;
+    for (auto& [name, p] : model.named_parameters())
+      if (name.ends_with(".bias")) p.copy_(normal(p.shape(), 0.0, 0.1, DType::Float32, &gen));
+  }
+  nn::LoraConfig cfg{.r = 8, .alpha = 16, .target_modules = {"wq", "wo", "w2"}};
+  EXPECT_EQ(nn::apply_lora(model, cfg).size(), 6u);
+  randomize_b(model, 7);
+  const Tensor x = test::random_token_batch(3, 16, 67, 1), y = test::random_token_batch(3, 16, 67, 2);
+  const StateDict want = run_oracle(
+      "lora_llama_bias_f32",
+      test::llama_config_json(c, detail::cat(", \"model\": \"llama\", \"scaling\": ", cfg.scaling())), model,
+      {{"x", x}, {"y", y}});
+  ASSERT_FALSE(want.empty());
+  const Tensor logits = model(x);
+  F::cross_entropy(logits.reshape({-1, 67}), y.reshape({-1})).backward();
+  EXPECT_TRUE(test::close(logits, want.at("logits"), 1e-5, 1e-6));
+  expect_adapter_grads(model, want, 1e-5);
+  const Tensor bias = model.state_dict().at("layers.0.attention.wo.bias").clone();
+  nn::merge_lora(model);
+  NoGradGuard no_grad;
+  EXPECT_TRUE(test::bit_equal(model.state_dict().at("layers.0.attention.wo.bias"), bias));
+  EXPECT_TRUE(test::close(model(x), logits, 1e-5, 1e-5));
+}
+
 // O1 bf16 with a frozen base: the base's Linear and embedding weights are stored in bfloat16 (LayerNorms and
 // adapters stay float32); PyTorch gets the same storage and autocast.
 TEST(Lora, AutocastBFloat16WithA16BitBaseMatchesPyTorch) {
