@@ -27,8 +27,9 @@ const char* kUsage = R"(usage: castor <command> [flags]   (castor -V: the versio
               (char, GPT-2 or a BPE vocabulary llama2.c reads)
   sample      text from a GPT or Llama: a run, a LoRA run, llm.c,
               llama2.c or safetensors weights
-  export      a GPT or Llama as llm.c .bin, nanoGPT ckpt.pt, llama2.c
-              model.bin or safetensors; a LoRA run merged or as PEFT
+  export      a GPT or Llama for another tool (--format): llm.c .bin,
+              nanoGPT ckpt.pt, llama2.c model.bin, safetensors, GGUF;
+              a LoRA run merged, or its adapters as PEFT files
   info        a checkpoint's model, step, precision, parameters,
               metrics (--tensors: every tensor)
   env         version, commit, CPU/ISA, oneDNN, threads, MPI

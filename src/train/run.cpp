@@ -32,7 +32,7 @@ std::vector<Tensor> trainable(const std::vector<Tensor>& params) {
   return out;
 }
 
-// SGD, or Adam/AdamW over the task's parameter groups (the second without weight decay).
+// SGD, or Adam/AdamW/AdamW8bit over the task's parameter groups (the second without weight decay).
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const Task& task, const nn::Module& model) {
   if (c.optimizer == OptimizerKind::Sgd)
     return std::make_unique<optim::SGD>(
@@ -42,7 +42,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const Tas
   const std::vector<Tensor> decay = trainable(all_decay), no_decay = trainable(all_no_decay);
   optim::AdamOptions o{.lr = c.lr, .beta2 = c.beta2, .weight_decay = c.weight_decay};
   std::unique_ptr<optim::Optimizer> opt;
-  if (c.optimizer == OptimizerKind::Adam)
+  if (c.optimizer == OptimizerKind::AdamW8bit)
+    opt = std::make_unique<optim::AdamW8bit>(
+        decay, optim::AdamW8bitOptions{.lr = c.lr, .beta2 = c.beta2, .weight_decay = c.weight_decay});
+  else if (c.optimizer == OptimizerKind::Adam)
     opt = std::make_unique<optim::Adam>(decay, o);
   else
     opt = optim::make_adamw(decay, o);
