@@ -9,9 +9,11 @@
 #include "castor/autograd.h"
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
+#include "castor/functional.h"
 #include "castor/gguf.h"
 #include "castor/json.h"
 #include "castor/language_model.h"
+#include "castor/llama.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "castor/tokenizer.h"
@@ -354,6 +356,54 @@ TEST_F(GgufCli, GptMatchesLlamaCpp) {
       ADD_FAILURE() << printable(kTricky[i]);
   }
   EXPECT_EQ(differ, 0) << "of " << kTricky.size() << " texts";
+}
+
+// A Llama with Hugging Face's extras that GGUF's llama arch holds: q/k/v/o and MLP biases and a head size other than
+// dim / heads (llama.attention.key_length): llama.cpp's greedy tokens are Castor's (random weights, N(0, 0.3), so
+// that the logits are far apart). A llama3 rope scaling or a short sliding window is refused, nothing written.
+TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
+  ASSERT_TRUE(have_llama_cpp());
+  tokenize("bpe", "tok");
+  data::Tokenizer tok = data::Tokenizer::load(path("tok"));
+  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, path("tok"));
+  models::LlamaConfig c;
+  c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 32, c.vocab_size = 300;
+  c.max_seq_len = 64, c.attention_bias = true, c.mlp_bias = true;
+  auto model = models::llama(c, 3);
+  Generator gen(5);
+  for (auto& [name, p] : model->named_parameters()) {
+    std::vector<double> v(static_cast<size_t>(p.numel()));
+    for (double& x : v) x = name.ends_with("norm.weight") ? 1.0 + 0.1 * gen.next_normal() : 0.3 * gen.next_normal();
+    NoGradGuard no_grad;
+    p.copy_(tensor(v, p.shape()));
+  }
+  model->eval();
+  const std::vector<uint16_t> p16 = tok.encode("The jury");
+  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  std::vector<int64_t> greedy = models::generate(*model, prompt, kSteps, 0.0);
+  greedy.erase(greedy.begin(), greedy.begin() + static_cast<int64_t>(prompt.size()));
+  models::write_gguf_llama(path("biases.gguf"), *model, vocab, models::GgufType::F32, "biases");
+  EXPECT_EQ(ids_of(llama_cpp({"biases.gguf"}, prompt, {}).at(0).at("greedy")), greedy);
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("biases.gguf") + " " +
+                                 path("dump"),
+                             path("read.json"));
+  EXPECT_EQ(file.at("kv").at("llama.attention.key_length").as_int(), 32);
+  EXPECT_EQ(file.at("tensors").at("blk.1.attn_output.bias").at("type").as_int(), 0);
+  EXPECT_EQ(file.at("tensors").at("blk.0.ffn_gate.bias").at("ne").as_array()[0].as_int(), c.ffn_hidden_dim());
+
+  models::LlamaConfig scaled = c;
+  scaled.rope_scaling.type = F::RopeScaling::Type::Llama3;
+  scaled.rope_scaling.factor = 8;
+  test::expect_error(
+      [&] { models::write_gguf_llama(path("x.gguf"), *models::llama(scaled), vocab, models::GgufType::F32, "x"); },
+      {"x.gguf", "llama3 rope scaling"});
+  models::LlamaConfig windowed = c;
+  windowed.sliding_window = 16;
+  test::expect_error(
+      [&] { models::write_gguf_llama(path("x.gguf"), *models::llama(windowed), vocab, models::GgufType::F32, "x"); },
+      {"x.gguf", "sliding window of 16"});
+  EXPECT_FALSE(file_exists(path("x.gguf")));
 }
 
 // Chat data's token directory (castor tokenize --format chat records its template and end-of-sequence and padding
