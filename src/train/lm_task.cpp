@@ -275,9 +275,10 @@ class LmTask : public Task {
     const Json* row = record.find("row_tokens");
     if (!row) return;
     CASTOR_CHECK(row->is_int() && row->as_int() >= 2, dir_, "/tokenizer.json: row_tokens must be an integer >= 2");
-    CASTOR_CHECK(!c.given("--block-size") || c.block_size == row->as_int() - 1, "--block-size ", c.block_size, ": ",
-                 dir_, " holds rows of ", row->as_int(), " tokens (block size ", row->as_int() - 1,
-                 "; castor tokenize --block-size sets it)");
+    const bool fixed = c.given("--block-size") || !c.init.empty();  // given, or --init's model's
+    CASTOR_CHECK(!fixed || c.block_size == row->as_int() - 1, "--block-size ", c.block_size,
+                 c.given("--block-size") ? "" : " (--init's)", ": ", dir_, " holds rows of ", row->as_int(),
+                 " tokens (block size ", row->as_int() - 1, "; castor tokenize --block-size sets it)");
     c.block_size = row->as_int() - 1;
     train_mask_.emplace(dir_ + "/train.mask");
     val_mask_.emplace(dir_ + "/val.mask");
