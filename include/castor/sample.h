@@ -15,6 +15,7 @@ struct SampleConfig {
   std::string init;           // or weights: an llm.c .bin or safetensors with nanoGPT names
   std::string tokenizer_dir;  // a token directory's tokenizer; default: the run's recorded data directory
   int64_t n_head = 0;         // for safetensors that do not record it
+  std::string lora_base;      // a LoRA run's base where it is now (it moved since the run recorded it)
   std::string prompt = "\n";  // empty: GPT-2's <|endoftext|> (a char tokenizer needs a prompt)
   int64_t tokens = 200;       // new tokens
   double temperature = 0.8;   // 0 (or below models::kMinTemperature, 1e-4): greedy
@@ -44,19 +45,24 @@ struct ExportConfig {
   bool nanogpt = false;      // nanoGPT's ckpt.pt in the directory `out`
   bool llama2c = false;      // llama2.c's model.bin (a Llama), with tokenizer.bin beside it
   bool safetensors = false;  // the model as one safetensors file with its recorded settings (a GPT or a Llama)
+  std::string format;        // "gguf": a GGUF file llama.cpp runs (a Llama as arch llama, a GPT as gpt2)
+  std::string type = "f32";  // --format gguf: the matrices' type, f32, f16, bf16 or q8_0
   int version = 0;           // --llama2c: export.py's version, 0 or 1
   bool merge_lora = false;   // a LoRA run: its base with the adapters merged (required for --llmc and --nanogpt)
   std::string peft;          // a LoRA run: its adapters in PEFT's format, into this directory (instead of --out)
   std::string checkpoint;    // a run or checkpoint directory, or a weights file (llm.c .bin, llama2.c or safetensors)
   std::string out;
-  int64_t n_head = 0;  // for safetensors that do not record it
+  int64_t n_head = 0;     // for safetensors that do not record it
+  std::string lora_base;  // a LoRA run's base where it is now (it moved since the run recorded it)
 };
 ExportConfig parse_export_flags(const std::vector<std::string>& args);
 std::string export_help();
 // Writes the file; returns a summary: {"out", "format", "n_layer", "n_head", "n_embd", "block_size", "vocab_size",
 // "bytes"; llmc: "padded_vocab_size"; nanogpt: "optimizer", whether the AdamW state was written}; llama2c: {"out",
 // "format", "version", llama2.c's header fields, "shared_classifier", "bytes", "tokenizer" (tokenizer.bin's path, or
-// null when the run's tokenizer is not a bpe one)}; safetensors: {"from", "format", "model", "tensors", "out", "bytes"}.
+// null when the run's tokenizer is not a bpe one)}; safetensors: {"from", "format", "model", "tensors", "out", "bytes"};
+// gguf: {"from", "format", "arch", "type", "tokenizer", "vocab_size", "tensors", "out", "bytes", and for q8_0
+// "q8_0_max_error"}.
 Json run_export(const ExportConfig& c);
 
 }  // namespace castor::train

@@ -18,7 +18,7 @@ namespace castor::train {
 // The choices of the enumerated flags; name() gives each one's spelling on the command line and in config.json.
 enum class Dataset { FashionMnist, Cifar10, Synthetic, Folder, Brown, BrownChar, BrownBpe, Tokens };
 enum class ModelKind { SimpleCnn, ResNet18, ResNet9, Gpt, GptMini, Gpt2, Llama, Llama260k, Llama15m };
-enum class OptimizerKind { Sgd, Adam, AdamW };
+enum class OptimizerKind { Sgd, Adam, AdamW, AdamW8bit };
 enum class Schedule { None, Step, Cosine, OneCycle, WarmupCosine };
 using DataOrder = data::LmOrder;  // language-model batches: nanoGPT's random windows or llm.c's two orders
 enum class Augment { None, Standard };
@@ -84,17 +84,20 @@ struct TrainConfig {
   Compression compress_grads = Compression::None;
   bool deterministic = false;
   backends::ConvAlgorithm conv_algorithm = backends::ConvAlgorithm::Auto;  // float32 convolutions (castor/backends.h)
-  std::string out;         // empty: a new runs/<date>-<time>-<model>-<precision> for each run
-  std::string resume;      // a run directory (or one of its checkpoints) to continue from
-  bool overwrite = false;  // a new run may replace another run's files in --out
-  std::string init;        // a safetensors file of initial weights (PyTorch names)
+  std::string out;                       // empty: a new runs/<date>-<time>-<model>-<precision> for each run
+  std::string resume;                    // a run directory (or one of its checkpoints) to continue from
+  bool convert_optimizer_state = false;  // --resume may switch between adamw and adamw8bit, converting the state
+  bool overwrite = false;                // a new run may replace another run's files in --out
+  std::string init;                      // a safetensors file of initial weights (PyTorch names)
   // LoRA fine-tuning of the --init base (nn::apply_lora): rank 0 trains every weight, as without LoRA.
   int64_t lora_rank = 0;
   double lora_alpha = 8, lora_dropout = 0;
   std::string lora_targets = "all-linear";  // comma-separated module names (nn::LoraConfig::target_modules)
   bool rslora = false;
   std::string init_lora;           // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
+  std::string lora_base;           // a resumed LoRA run's base where it is now (it moved); replaces init
   std::string init_checksum;       // not a flag: the checksum a run recorded of --init (its LoRA base is checked)
+  int64_t real_vocab_size = 0;     // not a flag: the vocabulary a model was made for (recorded, or an --init's)
   int64_t checkpoint_every = 0;    // steps; 0: at each epoch end
   double checkpoint_minutes = 10;  // also checkpoint when this long has passed since the last one; 0: never
   int64_t keep = 2;                // checkpoints kept
@@ -140,6 +143,9 @@ struct EvalConfig {
   std::string data_dir;
   int64_t batch_size = 0;      // images or token rows per batch; 0: the task's (256 images, rows of ~4096 tokens)
   std::optional<DType> dtype;  // float32: evaluate at O0; bf16/fp16: autocast to it; none: as the run trained
+  // Language-model weights without castor metadata: the sizes no tensor's shape holds (0: not given).
+  int64_t n_head = 0, block_size = 0;
+  std::string lora_base;  // a LoRA run's base where it is now (it moved since the run recorded it)
 };
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);
 std::string eval_help();

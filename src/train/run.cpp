@@ -33,7 +33,7 @@ std::vector<Tensor> trainable(const std::vector<Tensor>& params) {
   return out;
 }
 
-// SGD, or Adam/AdamW over the task's parameter groups (the second without weight decay).
+// SGD, or Adam/AdamW/AdamW8bit over the task's parameter groups (the second without weight decay).
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const Task& task, const nn::Module& model) {
   if (c.optimizer == OptimizerKind::Sgd)
     return std::make_unique<optim::SGD>(
@@ -43,7 +43,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const Tas
   const std::vector<Tensor> decay = trainable(all_decay), no_decay = trainable(all_no_decay);
   optim::AdamOptions o{.lr = c.lr, .beta2 = c.beta2, .weight_decay = c.weight_decay};
   std::unique_ptr<optim::Optimizer> opt;
-  if (c.optimizer == OptimizerKind::Adam)
+  if (c.optimizer == OptimizerKind::AdamW8bit)
+    opt = std::make_unique<optim::AdamW8bit>(
+        decay, optim::AdamW8bitOptions{.lr = c.lr, .beta2 = c.beta2, .weight_decay = c.weight_decay});
+  else if (c.optimizer == OptimizerKind::Adam)
     opt = std::make_unique<optim::Adam>(decay, o);
   else
     opt = optim::make_adamw(decay, o);
@@ -64,6 +67,34 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::
 }
 
 }  // namespace
+
+std::pair<int64_t, int64_t> parameter_counts(const nn::Module& model) {
+  int64_t trainable = 0, all = 0;
+  for (const Tensor& p : model.parameters()) {
+    all += p.numel();
+    if (p.requires_grad()) trainable += p.numel();
+  }
+  return {trainable, all};
+}
+
+std::string trainable_parameters_text(int64_t trainable, int64_t all) {
+  auto grouped = [](int64_t n) {  // Python's format(n, ",d")
+    std::string digits = std::to_string(n), out;
+    for (size_t i = 0; i < digits.size(); ++i) {
+      if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+      out += digits[i];
+    }
+    return out;
+  };
+  char percent[32];
+  std::snprintf(percent, sizeof(percent), "%.4f", all > 0 ? 100.0 * static_cast<double>(trainable) / all : 0.0);
+  return "trainable params: " + grouped(trainable) + " || all params: " + grouped(all) + " || trainable%: " + percent;
+}
+
+std::string trainable_parameters_text(const nn::Module& model) {
+  const auto [trainable, all] = parameter_counts(model);
+  return trainable_parameters_text(trainable, all);
+}
 
 StateDict Task::init_weights(const TrainConfig& c) const { return models::load_weights_file(c.init, "").tensors; }
 
