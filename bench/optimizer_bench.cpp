@@ -28,19 +28,28 @@ std::vector<Shape> gpt2_shapes() {
   return s;
 }
 
-// The best of `reps` parallel copies of `bytes` bytes, in GB/s (read + write).
-double copy_bandwidth(size_t bytes, int reps) {
-  std::vector<char> a(bytes, 1), b(bytes, 0);
-  const size_t chunk = 1 << 20, chunks = (bytes + chunk - 1) / chunk;
-  const double s = bench::best_seconds(
-      [&] {
+// Parallel copies of `bytes` bytes between two buffers (each thread copying its chunks): the copy bandwidth counts
+// the read and the write, as STREAM's.
+class Copy {
+ public:
+  explicit Copy(size_t bytes) : a_(bytes, 1), b_(bytes, 0) {}
+  double seconds() const {
+    const size_t chunk = 1 << 20, bytes = a_.size(), chunks = (bytes + chunk - 1) / chunk;
+    const char* a = a_.data();
+    char* b = const_cast<char*>(b_.data());
+    return bench::best_seconds(
+        [&] {
 #pragma omp parallel for schedule(static)
-        for (size_t k = 0; k < chunks; ++k)
-          std::memcpy(b.data() + k * chunk, a.data() + k * chunk, std::min(chunk, bytes - k * chunk));
-      },
-      reps);
-  return 2.0 * static_cast<double>(bytes) / s / 1e9;
-}
+          for (size_t k = 0; k < chunks; ++k)
+            std::memcpy(b + k * chunk, a + k * chunk, std::min(chunk, bytes - k * chunk));
+        },
+        1);
+  }
+  double bytes() const { return 2.0 * static_cast<double>(a_.size()); }
+
+ private:
+  std::vector<char> a_, b_;
+};
 
 }  // namespace
 }  // namespace castor
@@ -54,8 +63,9 @@ int main(int argc, char** argv) {
   std::printf("CPU: %s; %d threads\n", bench::cpu_isa().c_str(), omp_get_max_threads());
   std::printf("GPT-2 124M shapes: %zu tensors, %lld elements; best of %d steps\n", shapes.size(),
               static_cast<long long>(n), reps);
-  const double copy = copy_bandwidth(static_cast<size_t>(n) * 4, reps);
-  std::printf("%-28s %8.1f GB/s\n", "copy (STREAM-like)", copy);
+  // On a loaded machine the copy and the steps are measured in turns, each its best of `reps`.
+  const Copy copy(static_cast<size_t>(n) * 4);
+  double copy_best = 1e30;
   Generator gen(1);
   std::vector<Tensor> params;
   for (const Shape& s : shapes) {
@@ -65,10 +75,16 @@ int main(int argc, char** argv) {
   const optim::AdamW8bitOptions eight_options;
   int64_t eight_bytes = 0;
   for (const Shape& s : shapes) eight_bytes += shape_numel(s) * (optim::AdamW8bit::is_8bit(s, eight_options) ? 16 : 28);
+  std::vector<std::pair<const char*, double>> gbs;
   auto run = [&](const char* name, optim::Optimizer& opt, double bytes) {
-    const double s = bench::best_seconds([&] { opt.step(); }, reps);
-    const double gbs = bytes / s / 1e9;
-    std::printf("%-28s %8.1f GB/s  %7.1f ms  %5.1f%% of copy\n", name, gbs, s * 1e3, 100.0 * gbs / copy);
+    opt.step();  // states allocated and touched
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {
+      copy_best = std::min(copy_best, copy.seconds());
+      best = std::min(best, bench::best_seconds([&] { opt.step(); }, 1));
+    }
+    gbs.emplace_back(name, bytes / best / 1e9);
+    std::printf("%-28s %7.1f ms\n", name, best * 1e3);
   };
   {
     auto adamw = optim::make_adamw(params, optim::AdamOptions::adamw());
@@ -82,5 +98,8 @@ int main(int argc, char** argv) {
     optim::SGD sgd(params, optim::SGDOptions{.lr = 1e-3, .momentum = 0.9});
     run("SGD (momentum)", sgd, 20.0 * static_cast<double>(n));
   }
+  const double copy_gbs = copy.bytes() / copy_best / 1e9;
+  std::printf("%-28s %7.1f GB/s\n", "copy (STREAM-like)", copy_gbs);
+  for (const auto& [name, g] : gbs) std::printf("%-28s %7.1f GB/s  %5.1f%% of copy\n", name, g, 100.0 * g / copy_gbs);
   return 0;
 }
