@@ -161,10 +161,9 @@ class Trainer {
       if (op_dtypes_.empty()) explain.emplace();
       auto fw = run_.amp->forward();
       // At O2/O3 the patched forward casts the batch to the model's dtype and the logits back to float32.
-      // The loss is computed in float32 from 16-bit logits as they are (no float32 copy of a GPT's vocabulary).
-      Tensor logits = (*run_.model)(batch.input);
-      loss = F::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.target.reshape({-1}), F::Reduction::Mean,
-                              c_.label_smoothing);
+      // The loss is computed in float32 from 16-bit logits as they are (no float32 copy of a GPT's vocabulary; a
+      // language model's logits a chunk at a time, never whole).
+      loss = task_.loss(*run_.model, batch, c_.label_smoothing);
       if (explain) op_dtypes_ = with_modules(explain->rows(), *run_.model);
     }
     // Summed over grad_accum micro-batches, the gradients are those of the mean loss of one big batch. With
