@@ -34,6 +34,8 @@ struct ExportConfig {
   bool nanogpt = false;      // nanoGPT's ckpt.pt in the directory `out`
   bool llama2c = false;      // llama2.c's model.bin (a Llama), with tokenizer.bin beside it
   bool safetensors = false;  // the model as one safetensors file with its recorded settings (a GPT or a Llama)
+  std::string format;        // "gguf": a GGUF file llama.cpp runs (a Llama as arch llama, a GPT as gpt2)
+  std::string type = "f32";  // --format gguf: the matrices' type, f32, f16, bf16 or q8_0
   int version = 0;           // --llama2c: export.py's version, 0 or 1
   bool merge_lora = false;   // a LoRA run: its base with the adapters merged (required for --llmc and --nanogpt)
   std::string peft;          // a LoRA run: its adapters in PEFT's format, into this directory (instead of --out)
@@ -46,7 +48,9 @@ std::string export_help();
 // Writes the file; returns a summary: {"out", "format", "n_layer", "n_head", "n_embd", "block_size", "vocab_size",
 // "bytes"; llmc: "padded_vocab_size"; nanogpt: "optimizer", whether the AdamW state was written}; llama2c: {"out",
 // "format", "version", llama2.c's header fields, "shared_classifier", "bytes", "tokenizer" (tokenizer.bin's path, or
-// null when the run's tokenizer is not a bpe one)}; safetensors: {"from", "format", "model", "tensors", "out", "bytes"}.
+// null when the run's tokenizer is not a bpe one)}; safetensors: {"from", "format", "model", "tensors", "out", "bytes"};
+// gguf: {"from", "format", "arch", "type", "tokenizer", "vocab_size", "tensors", "out", "bytes", and for q8_0
+// "q8_0_max_error"}.
 Json run_export(const ExportConfig& c);
 
 }  // namespace castor::train

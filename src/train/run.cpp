@@ -34,7 +34,7 @@ std::vector<Tensor> trainable(const std::vector<Tensor>& params) {
   return out;
 }
 
-// SGD, or Adam/AdamW over the task's parameter groups (the second without weight decay).
+// SGD, or Adam/AdamW/AdamW8bit over the task's parameter groups (the second without weight decay).
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const Task& task, const nn::Module& model) {
   if (c.optimizer == OptimizerKind::Sgd)
     return std::make_unique<optim::SGD>(
@@ -44,7 +44,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const Tas
   const std::vector<Tensor> decay = trainable(all_decay), no_decay = trainable(all_no_decay);
   optim::AdamOptions o{.lr = c.lr, .beta2 = c.beta2, .weight_decay = c.weight_decay};
   std::unique_ptr<optim::Optimizer> opt;
-  if (c.optimizer == OptimizerKind::Adam)
+  if (c.optimizer == OptimizerKind::AdamW8bit)
+    opt = std::make_unique<optim::AdamW8bit>(
+        decay, optim::AdamW8bitOptions{.lr = c.lr, .beta2 = c.beta2, .weight_decay = c.weight_decay});
+  else if (c.optimizer == OptimizerKind::Adam)
     opt = std::make_unique<optim::Adam>(decay, o);
   else
     opt = optim::make_adamw(decay, o);
@@ -154,10 +157,13 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
 
 namespace {
 
-// The bytes the optimizer adds at its first step per trainable element: its moments (SGD's momentum buffer) and,
-// at O1, the 16-bit copies of the weights it keeps for the next forward.
+// The bytes the optimizer adds at its first step per trainable element: its moments (SGD's momentum buffer; 8-bit
+// AdamW's two codes and a float32 absmax per block of each) and, at O1, the 16-bit copies of the weights it keeps for
+// the next forward.
 double first_step_bytes(const TrainConfig& c) {
-  const double moments = c.optimizer == OptimizerKind::Sgd ? (c.momentum > 0 ? 4 : 0) : 8;
+  const double moments = c.optimizer == OptimizerKind::Sgd         ? (c.momentum > 0 ? 4 : 0)
+                         : c.optimizer == OptimizerKind::AdamW8bit ? 2 + 8.0 / optim::AdamW8bitOptions{}.block_size
+                                                                   : 8;
   return moments + (c.amp == amp::OptLevel::O1 ? 2 : 0);
 }
 

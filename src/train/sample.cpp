@@ -1,5 +1,5 @@
 // `castor sample` (text from a GPT or Llama with a KV cache) and `castor export` (a GPT in llm.c's checkpoint format,
-// or as nanoGPT's ckpt.pt).
+// or as nanoGPT's ckpt.pt; a Llama as llama2.c's files; either as safetensors or a GGUF file).
 #include "castor/sample.h"
 
 #include <omp.h>
@@ -14,6 +14,7 @@
 #include "castor/checkpoint.h"
 #include "castor/corpus.h"
 #include "castor/fs.h"
+#include "castor/gguf.h"
 #include "castor/llama2c.h"
 #include "castor/llmc.h"
 #include "castor/ops.h"
@@ -168,13 +169,24 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   return owner;
 }
 
+namespace {
+
+// --type's spellings.
+const Spelling<models::GgufType> kGgufTypes[] = {{models::GgufType::F32, "f32"},
+                                                 {models::GgufType::F16, "f16"},
+                                                 {models::GgufType::BF16, "bf16"},
+                                                 {models::GgufType::Q8_0, "q8_0"}};
+
+}  // namespace
+
 std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
   auto owner = make_app(
       "Writes a GPT checkpoint in another tool's format: --llmc, llm.c's gpt2_124M.bin layout (float32), or "
       "--nanogpt, nanoGPT's OUT/ckpt.pt (torch.save format: model, model_args, iter_num, best_val_loss, config and "
       "the AdamW state, which sample.py and train.py's init_from='resume' read); or a Llama checkpoint as llama2.c's "
       "model.bin and tokenizer.bin (--llama2c), which llama2.c's run.c samples; or either as one safetensors file "
-      "with its settings (--safetensors).",
+      "with its settings (--safetensors), or as a GGUF file with its tokenizer for llama.cpp and ollama (--format "
+      "gguf).",
       "castor export");
   CLI::App& app = *owner;
   auto* llmc = app.add_flag("--llmc", c.llmc, "llm.c's checkpoint format");
@@ -189,6 +201,16 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
              "the model (a GPT or a Llama) as one safetensors file with the run's settings in its metadata, which "
              "castor eval, castor sample --init and castor info read")
           ->excludes(llmc, nanogpt, llama2c);
+  auto* format = app.add_option("--format", c.format,
+                                "gguf: a GGUF file (version 3) that llama.cpp and ollama run, with the run's "
+                                "tokenizer: a Llama as arch llama, a GPT as arch gpt2")
+                     ->check(one_of({"gguf"}))
+                     ->excludes(llmc, nanogpt, llama2c, safetensors);
+  app.add_option("--type", c.type,
+                 "--format gguf: the matrices' type: f32, f16, bf16 (Castor's conversions, rounding to nearest even) "
+                 "or q8_0 (ggml's blocks of 32 int8 with a float16 scale); norms and biases stay f32")
+      ->check(one_of(spellings(kGgufTypes)))
+      ->needs(format);
   app.add_option("--version", c.version, "--llama2c: export.py's version, 0 (legacy_export) or 1 (version1_export)")
       ->check(CLI::IsMember({0, 1}))
       ->needs(llama2c);
@@ -200,7 +222,8 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
       ->excludes(llmc)
       ->excludes(nanogpt)
       ->excludes(llama2c)
-      ->excludes(safetensors);
+      ->excludes(safetensors)
+      ->excludes(format);
   app.add_option("--checkpoint", c.checkpoint,
                  "a run or checkpoint directory, or an llm.c .bin, llama2.c model.bin or safetensors file")
       ->required();
@@ -287,8 +310,8 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
 ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   ExportConfig c;
   parse_flags(*export_app(c), args, "export");
-  CASTOR_CHECK(c.llmc || c.nanogpt || c.llama2c || c.safetensors || !c.peft.empty(),
-               "--llmc, --nanogpt, --llama2c or --safetensors: missing (the "
+  CASTOR_CHECK(c.llmc || c.nanogpt || c.llama2c || c.safetensors || !c.format.empty() || !c.peft.empty(),
+               "--llmc, --nanogpt, --llama2c, --safetensors or --format gguf: missing (the "
                "format to write; --peft DIR for a LoRA run's adapters)");
   CASTOR_CHECK(!c.peft.empty() || !c.out.empty(), "--out: empty or missing (the file to write)");
   CASTOR_CHECK(c.peft.empty() || c.out.empty(), "--out: not with --peft DIR (the directory it writes)");
@@ -516,6 +539,36 @@ Json export_safetensors(const LoadedGpt& g, const ExportConfig& c) {
                       {"bytes", bytes}};
 }
 
+// castor export --format gguf: the model with its run's tokenizer, every check before the file is written.
+Json export_gguf(const LoadedGpt& g, const ExportConfig& c) {
+  const std::string dir = recorded_data_dir(g.config);
+  CASTOR_CHECK(!dir.empty() && file_exists(dir + "/tokenizer.json"), "--format gguf: ", g.what,
+               " records no token directory; a GGUF file carries the model's tokenizer");
+  const data::Tokenizer tok = data::Tokenizer::load(dir);
+  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, dir);
+  models::GgufType type = models::GgufType::F32;
+  for (const auto& s : kGgufTypes)
+    if (c.type == s.name) type = s.value;
+  const fs::path from = g.run_dir.empty() ? fs::path(g.what) : fs::path(g.run_dir);
+  const std::string name = from.filename().empty() ? "castor" : from.filename().string();
+  models::GgufSummary written;
+  if (g.llama) {
+    const auto* llama = dynamic_cast<const models::Llama*>(g.llama.get());
+    CASTOR_CHECK(llama, "--format gguf: ", g.what, " is a ", g.llama->type_name(),
+                 ", which no GGUF architecture written here expresses (llama, gpt2)");
+    written = models::write_gguf_llama(c.out, *llama, vocab, type, name);
+  } else {
+    written = models::write_gguf_gpt(c.out, g.weights, vocab, type, name);
+  }
+  Json::Object out{{"from", printable(g.what)},  {"format", "gguf"},
+                   {"arch", written.arch},       {"type", c.type},
+                   {"tokenizer", vocab.model},   {"vocab_size", vocab.size()},
+                   {"tensors", written.tensors}, {"out", printable(c.out)},
+                   {"bytes", written.bytes}};
+  if (type == models::GgufType::Q8_0) out["q8_0_max_error"] = written.q8_0_max_error;
+  return out;
+}
+
 }  // namespace
 
 namespace {
@@ -550,6 +603,7 @@ Json run_export(const ExportConfig& c) {
                "frozen base): --merge-lora writes the base with its adapters merged, --peft DIR the adapters alone");
   if (c.llama2c) return export_llama2c(g, c);
   if (c.safetensors) return export_safetensors(g, c);
+  if (!c.format.empty()) return export_gguf(g, c);
   CASTOR_CHECK(!g.llama, "--checkpoint ", c.checkpoint,
                ": a Llama; --llmc and --nanogpt write GPTs (--llama2c "
                "writes Llamas)");
