@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "castor/functional.h"
 #include "castor/nn.h"
 #include "castor/random.h"
 
@@ -12,9 +13,18 @@ namespace castor::models {
 
 class KVCache;
 
-// forward(idx): idx (B, T) int64 with T <= block_size() -> logits (B, T, vocab_size()) over the real vocabulary.
+// forward(idx): idx (B, T) int64 with T <= block_size() -> logits (B, T, vocab_size()) over the real vocabulary: the
+// output layer (head()) on the final hidden states (hidden(idx)). The trainer's loss (lm_loss), evaluation
+// (lm_scores) and sampling never hold those logits whole.
 class LanguageModel : public nn::Module {
  public:
+  Tensor forward(const Tensor& idx) override { return logits(hidden(idx)); }
+  // The final norm's output (B, T, C) for idx (B, T): what the output layer reads.
+  virtual Tensor hidden(const Tensor& idx) = 0;
+  // The output layer (GPT's lm_head, Llama's output): its width may pass vocab_size() (a GPT's padding).
+  virtual nn::Linear& head() = 0;
+  // The output layer on hidden states (..., C): logits (..., vocab_size()) over the real vocabulary.
+  Tensor logits(const Tensor& hidden);
   virtual int64_t block_size() const = 0;  // the longest sequence it reads (GPT's block_size, Llama's max_seq_len)
   virtual int64_t vocab_size() const = 0;  // the tokenizer's vocabulary: the classes of forward's logits
   // Parameters, a tied weight counted once (nanoGPT's get_num_params(non_embedding=False)).
@@ -26,16 +36,25 @@ class LanguageModel : public nn::Module {
     DType dtype;
   };
   virtual CacheShape cache_shape() const = 0;
+  // Activation recompute (castor train --recompute blocks): each transformer block's forward runs under
+  // nn::checkpoint, so only the blocks' inputs are kept for backward and each block is rerun there.
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
 
  protected:
+  // x (B, T, C) through `blocks` in order, each under nn::checkpoint when recompute() is on (and grad mode is).
+  Tensor run_blocks(nn::Sequential& blocks, Tensor x) const;
   // forward's argument check: idx (B, T) int64 with T <= block_size(), else castor::Error naming the model ("GPT")
   // and its limit as its config calls it ("block size").
   void check_tokens(const Tensor& idx, const char* model, const char* limit) const;
-  friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache);
+  friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, bool last_only);
   // forward_cached's model part, called without autograd on checked arguments: idx (B, n) at positions
-  // cache.size() .. cache.size() + n - 1, each layer attending through cache.attend; returns the output layer's
-  // logits (B, n, its width, padding included).
+  // cache.size() .. cache.size() + n - 1, each layer attending through cache.attend; returns the final hidden states
+  // (B, n, C) that the output layer reads.
   virtual Tensor forward_cached_impl(const Tensor& idx, KVCache& cache) = 0;
+
+ private:
+  bool recompute_ = false;
 };
 
 // The keys and values every layer of a model computed for the positions it has seen (per layer (batch, kv heads,
@@ -55,7 +74,7 @@ class KVCache {
   Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, int64_t window = 0);
 
  private:
-  friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache);
+  friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, bool last_only);
   std::vector<Tensor> keys_, values_;  // per layer: (B, Hkv, block_size, D)
   int64_t size_ = 0, capacity_ = 0;
 };
@@ -67,9 +86,25 @@ Tensor causal_mask(int64_t queries, int64_t keys, int64_t window = 0);
 
 // Runs the tokens `idx` (B, n) int64 at positions cache.size() .. cache.size() + n - 1 through `model`, reading the
 // earlier positions' keys and values from `cache` and appending theirs: the logits (B, n, output width: a padded
-// GPT's every row) those model.forward gives for these positions over the whole sequence. Without autograd and
-// without dropout; castor::Error when the cache would pass block_size.
-Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache);
+// GPT's every row) those model.forward gives for these positions over the whole sequence; with `last_only` those of
+// the last position only (B, 1, width), all that sampling reads. Without autograd and without dropout;
+// castor::Error when the cache would pass block_size.
+Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, bool last_only = false);
+
+// The next-token loss of idx (B, T) against target (B, T) (F.cross_entropy of forward's logits, reduced as asked over
+// the targets other than -100, PyTorch's ignore_index):
+// F::linear_cross_entropy on the hidden states and the output layer, so the logits are never held whole (with a
+// LoRA adapter on the output layer, cross_entropy of forward's logits).
+Tensor lm_loss(LanguageModel& model, const Tensor& idx, const Tensor& target,
+               F::Reduction reduction = F::Reduction::Mean, double label_smoothing = 0.0);
+
+// Evaluation without autograd: the summed loss of idx (B, T) against target (B, T) (targets -100 left out) and each position's argmax class
+// (the lowest of equal maxima), the logits computed a chunk of about 4M at a time.
+struct LmScores {
+  double loss_sum = 0;
+  std::vector<int64_t> predicted;  // (B T)
+};
+LmScores lm_scores(LanguageModel& model, const Tensor& idx, const Tensor& target);
 
 // What generate() conditions each token on once the text passes block_size. Both give the same tokens while it fits.
 enum class Window {

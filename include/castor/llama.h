@@ -94,7 +94,8 @@ class LlamaBlock : public nn::Module {
 class Llama : public LanguageModel {
  public:
   explicit Llama(const LlamaConfig& config, uint64_t seed = 1337);
-  Tensor forward(const Tensor& tokens) override;
+  Tensor hidden(const Tensor& tokens) override;  // norm's output (B, T, dim)
+  nn::Linear& head() override { return *output; }
   std::string type_name() const override { return "Transformer"; }
   const LlamaConfig& config() const { return config_; }
   int64_t block_size() const override { return config_.max_seq_len; }

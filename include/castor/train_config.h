@@ -23,12 +23,14 @@ enum class Schedule { None, Step, Cosine, OneCycle, WarmupCosine };
 using DataOrder = data::LmOrder;  // language-model batches: nanoGPT's random windows or llm.c's two orders
 enum class Augment { None, Standard };
 enum class Compression { None, BFloat16, Float16 };  // the gradients' type on the wire between ranks
+enum class Recompute { None, Blocks, Auto };         // activation recompute of a language model's blocks
 const char* name(Dataset v);
 const char* name(ModelKind v);
 const char* name(OptimizerKind v);
 const char* name(Schedule v);
 const char* name(Augment v);
 const char* name(Compression v);
+const char* name(Recompute v);
 const char* name(DataOrder v);
 const char* name(backends::ConvAlgorithm v);
 bool is_language_model(ModelKind m);
@@ -84,6 +86,9 @@ struct TrainConfig {
   Compression compress_grads = Compression::None;
   bool deterministic = false;
   backends::ConvAlgorithm conv_algorithm = backends::ConvAlgorithm::Auto;  // float32 convolutions (castor/backends.h)
+  Recompute recompute = Recompute::None;  // blocks: nn::checkpoint per transformer block; auto: by memory_budget
+  double memory_budget = 0;               // GiB the run may take (--recompute auto); 0: not given
+
   std::string out;                       // empty: a new runs/<date>-<time>-<model>-<precision> for each run
   std::string resume;                    // a run directory (or one of its checkpoints) to continue from
   bool convert_optimizer_state = false;  // --resume may switch between adamw and adamw8bit, converting the state

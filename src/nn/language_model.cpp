@@ -25,6 +25,47 @@ void LanguageModel::check_tokens(const Tensor& idx, const char* model, const cha
                " is only ", block_size());
 }
 
+Tensor LanguageModel::logits(const Tensor& hidden) {
+  const Tensor out = head()(hidden);  // (..., output width)
+  const int64_t real = vocab_size();
+  return real < out.size(-1) ? out.narrow(out.dim() - 1, 0, real) : out;
+}
+
+Tensor lm_loss(LanguageModel& model, const Tensor& idx, const Tensor& target, F::Reduction reduction,
+               double label_smoothing) {
+  nn::Linear& head = model.head();
+  if (head.lora) {
+    const Tensor logits = model(idx);
+    return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}), reduction, label_smoothing,
+                            /*ignore_index=*/-100);
+  }
+  const Tensor h = model.hidden(idx);  // (B, T, C)
+  return F::linear_cross_entropy(h.reshape({-1, h.size(-1)}), head.weight, target.reshape({-1}), reduction,
+                                 label_smoothing, /*ignore_index=*/-100, model.vocab_size());
+}
+
+LmScores lm_scores(LanguageModel& model, const Tensor& idx, const Tensor& target) {
+  NoGradGuard no_grad;
+  const Tensor hidden = model.hidden(idx), h = hidden.reshape({-1, hidden.size(-1)}), t = target.reshape({-1});
+  const int64_t N = h.size(0), rows = std::max<int64_t>(1, (int64_t{1} << 22) / model.vocab_size());
+  LmScores s;
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t n = std::min(rows, N - r0);
+    const Tensor logits = model.logits(h.narrow(0, r0, n));  // (n, vocab_size)
+    s.loss_sum += F::cross_entropy(logits, t.narrow(0, r0, n), F::Reduction::Sum, 0.0, /*ignore_index=*/-100).item();
+    for (int64_t p : argmax(logits, 1).to_vector<int64_t>()) s.predicted.push_back(p);
+  }
+  return s;
+}
+
+Tensor LanguageModel::run_blocks(nn::Sequential& blocks, Tensor x) const {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    nn::Module& block = *blocks[i];
+    x = recompute_ ? nn::checkpoint([&block](const std::vector<Tensor>& in) { return block(in[0]); }, {x}) : block(x);
+  }
+  return x;
+}
+
 KVCache::KVCache(const LanguageModel& model, int64_t batch_size) : capacity_(model.block_size()) {
   const LanguageModel::CacheShape s = model.cache_shape();
   CASTOR_CHECK(batch_size > 0, "KVCache: batch_size must be positive, got ", batch_size);
@@ -59,7 +100,7 @@ Tensor KVCache::attend(int64_t layer, const Tensor& q, const Tensor& k, const Te
                                          mask, /*dropout_p=*/0.0, causal);  // (B, H, n, D)
 }
 
-Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache) {
+Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, bool last_only) {
   CASTOR_CHECK(idx.dim() == 2 && idx.dtype() == DType::Int64, "forward_cached: expected (B, n) int64 token ids, got ",
                idx.describe());
   const int64_t B = idx.size(0), n = idx.size(1), p = cache.size_;
@@ -67,9 +108,9 @@ Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache) {
   CASTOR_CHECK(n > 0 && p + n <= cache.capacity_, "forward_cached: ", n, " tokens after ", p,
                " cached positions pass the block size ", cache.capacity_);
   NoGradGuard no_grad;
-  const Tensor logits = model.forward_cached_impl(idx, cache);
+  const Tensor hidden = model.forward_cached_impl(idx, cache);  // (B, n, C)
   cache.size_ = p + n;
-  return logits;
+  return model.head()(last_only ? hidden.narrow(1, n - 1, 1) : hidden);
 }
 
 int64_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, double top_p, Generator& gen) {
@@ -142,8 +183,8 @@ void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new
   auto feed = [&](size_t from) {
     std::vector<double> ids(seq.begin() + from, seq.end());
     const Tensor logits = forward_cached(model, tensor(ids, Shape{1, static_cast<int64_t>(ids.size())}, DType::Int64),
-                                         cache);
-    return logits.select(1, logits.size(1) - 1).narrow(1, 0, real_vocab).to_vector<double>();
+                                         cache, /*last_only=*/true);  // (1, 1, output width)
+    return logits.select(1, 0).narrow(1, 0, real_vocab).to_vector<double>();
   };
   std::vector<double> logits = feed(seq.size() > static_cast<size_t>(T) ? seq.size() - T : 0);
   for (int64_t i = 0; i < max_new_tokens; ++i) {
@@ -159,8 +200,8 @@ void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new
     } else {  // nanoGPT: idx_cond = idx[:, -block_size:], a full forward
       NoGradGuard no_grad;
       std::vector<double> ids(seq.end() - T, seq.end());
-      const Tensor all = model(tensor(ids, Shape{1, T}, DType::Int64));  // (1, T, real vocabulary)
-      logits = all.select(1, T - 1).narrow(1, 0, real_vocab).to_vector<double>();
+      const Tensor hidden = model.hidden(tensor(ids, Shape{1, T}, DType::Int64));  // (1, T, C)
+      logits = model.logits(hidden.select(1, T - 1)).to_vector<double>();          // (1, real vocabulary)
     }
   }
 }

@@ -139,10 +139,9 @@ Llama::Llama(const LlamaConfig& c, uint64_t seed) : config_(c) {
   }
 }
 
-Tensor Llama::forward(const Tensor& tokens) {
+Tensor Llama::hidden(const Tensor& tokens) {
   check_tokens(tokens, "Llama", "max_seq_len");
-  const Tensor h = (*layers)((*dropout)((*tok_embeddings)(tokens)));  // (B, T, dim)
-  return (*output)((*norm)(h));                                       // (B, T, vocab_size)
+  return (*norm)(run_blocks(*layers, (*dropout)((*tok_embeddings)(tokens))));  // (B, T, dim)
 }
 
 LanguageModel::CacheShape Llama::cache_shape() const {
@@ -159,7 +158,7 @@ Tensor Llama::forward_cached_impl(const Tensor& tokens, KVCache& cache) {
     const LlamaFeedForward& ff = *block.feed_forward;
     x = x + (*ff.w2)(F::swiglu((*ff.w1)(y), (*ff.w3)(y)));
   }
-  return (*output)((*norm)(x));  // (B, n, vocab_size)
+  return (*norm)(x);  // (B, n, dim)
 }
 
 std::shared_ptr<Llama> llama(const LlamaConfig& config, uint64_t seed) { return std::make_shared<Llama>(config, seed); }

@@ -2,6 +2,7 @@
 // (its F:: function) beside its backward, on the transformer kernels (kernels/transformer.h, kernels/kernels.h).
 #include "ops/transformer.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "castor/functional.h"
 #include "castor/ops.h"
 #include "castor/random.h"
+#include "kernels/kernels.h"
 #include "kernels/transformer.h"
 #include "runtime/dispatch.h"
 
@@ -482,6 +484,67 @@ std::vector<Tensor> OpDef<OpKind::CrossEntropy>::backward(const Node& node, cons
   kernels::cross_entropy_backward(logits, node.unpack(s.target), node.unpack(s.lse), grad_in(diff_dst, node.out_dtype),
                                   p.ignore_index, p.label_smoothing, diff_logits);
   return {diff_logits};
+}
+
+// ---- linear + cross-entropy, the logits a chunk at a time ----
+
+Tensor OpDef<OpKind::LinearCrossEntropy>::forward(const Tensor& input, const Tensor& weight, const Tensor& target,
+                                                  double label_smoothing, int64_t ignore_index, int64_t classes,
+                                                  int64_t chunk) {
+  OpScope s(OpKind::LinearCrossEntropy, {input, weight});
+  const Tensor &x = s[0], &w = s[1];
+  CASTOR_CHECK(x.dim() == 2 && is_floating(x.dtype()), "linear_cross_entropy: expected a floating (N, C) input, got ",
+               x.describe());
+  CASTOR_CHECK(w.dim() == 2 && w.size(1) == x.size(1) && w.dtype() == x.dtype(), "linear_cross_entropy: weight ",
+               w.describe(), " does not match input ", x.describe(), " (expected (V, ", x.size(1), ") of its dtype)");
+  CASTOR_CHECK(target.dtype() == DType::Int64 && target.dim() == 1 && target.size(0) == x.size(0),
+               "linear_cross_entropy: expected int64 targets (", x.size(0), "), got ", target.describe());
+  CASTOR_CHECK(classes > 0 && classes <= w.size(0), "linear_cross_entropy: classes ", classes, " must be in [1, ",
+               w.size(0), "]");
+  CASTOR_CHECK(chunk > 0, "linear_cross_entropy: chunk must be positive, got ", chunk);
+  const int64_t N = x.size(0);
+  const Tensor xc = x.detach().contiguous(), wc = w.detach().contiguous(), tc = target.contiguous();
+  const Tensor wt = wc.narrow(0, 0, classes).transpose(0, 1);  // (C, classes)
+  Tensor losses = empty({N}, stat_dtype(x.dtype())), lse = empty({N}, stat_dtype(x.dtype()));
+  const int64_t rows = std::max<int64_t>(1, chunk / classes);
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t n = std::min(rows, N - r0);
+    Tensor logits = empty({n, classes}, x.dtype());  // (n, classes), rounded once as linear's
+    kernels::matmul(xc.narrow(0, r0, n), wt, logits);
+    kernels::cross_entropy_forward(logits, tc.narrow(0, r0, n), ignore_index, label_smoothing, losses.narrow(0, r0, n),
+                                   lse.narrow(0, r0, n));
+  }
+  record_op<OpKind::LinearCrossEntropy>({x, w}, losses, {ignore_index, label_smoothing, classes, chunk},
+                                        {save(xc), save(wc), save(tc), save(lse)});
+  return s.done(losses);
+}
+
+std::vector<Tensor> OpDef<OpKind::LinearCrossEntropy>::backward(const Node& node, const Params& p, const Saved& s,
+                                                                Tensor diff_dst) {
+  check_first_order(node);
+  const Tensor x = node.unpack(s.input), w = node.unpack(s.weight), t = node.unpack(s.target), lse = node.unpack(s.lse);
+  const DType dt = x.dtype(), acc = stat_dtype(dt);
+  const Tensor g = grad_in(diff_dst, acc);
+  const bool need_x = node.next[0].valid(), need_w = node.next[1].valid();
+  const int64_t N = x.size(0), C = x.size(1);
+  // The weight's gradient: rows of padding classes 0. The input's: summed over the blocks of classes in float32
+  // (double for float64) and rounded once, as one product over all classes would be.
+  Tensor diff_w = need_w ? zeros(w.shape(), dt) : Tensor(), diff_x = need_x ? zeros({N, C}, acc) : Tensor();
+  const int64_t cols = std::max<int64_t>(1, p.chunk / std::max<int64_t>(N, 1));
+  for (int64_t c0 = 0; c0 < p.classes; c0 += cols) {
+    const int64_t n = std::min(cols, p.classes - c0);
+    const Tensor wb = w.narrow(0, c0, n);  // (n, C)
+    Tensor logits = empty({N, n}, dt), diff_logits = empty({N, n}, dt);
+    kernels::matmul(x, wb.transpose(0, 1), logits);
+    kernels::cross_entropy_backward(logits, t, lse, g, p.ignore_index, p.label_smoothing, diff_logits, c0, p.classes);
+    if (need_w) kernels::matmul(diff_logits.transpose(0, 1), x, diff_w.narrow(0, c0, n));
+    if (need_x) {
+      Tensor part = empty({N, C}, acc);  // 16-bit operands widened exactly: float32 products, float32 sums
+      kernels::matmul(diff_logits.to(acc), wb.to(acc), part);
+      diff_x.add_(part);
+    }
+  }
+  return {need_x ? diff_x.to(dt) : Tensor(), diff_w};
 }
 
 }  // namespace castor

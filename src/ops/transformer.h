@@ -124,4 +124,21 @@ struct OpDef<OpKind::CrossEntropy> {
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
+// Per-row cross-entropy losses (N) float32 of linear(input, weight[:classes]), the logits `chunk` at a time.
+template <>
+struct OpDef<OpKind::LinearCrossEntropy> {
+  struct Params {
+    int64_t ignore_index;
+    double label_smoothing;
+    int64_t classes, chunk;
+  };
+  struct Saved {
+    SavedTensor input, weight, target, lse;
+  };
+  // F::linear_cross_entropy(reduction=None): 0 where target == ignore_index.
+  static Tensor forward(const Tensor& input, const Tensor& weight, const Tensor& target, double label_smoothing,
+                        int64_t ignore_index, int64_t classes, int64_t chunk);
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
+
 }  // namespace castor

@@ -144,6 +144,15 @@ class LmTask : public Task {
     return {decay, no_decay};
   }
   FlopRate flop_rate(const TrainConfig& c, const nn::Module& model) const override;
+  Tensor loss(nn::Module& model, const Batch& b, F::Reduction reduction, double label_smoothing) const override {
+    return models::lm_loss(dynamic_cast<models::LanguageModel&>(model), b.input, b.target, reduction, label_smoothing);
+  }
+  std::pair<double, std::vector<int64_t>> scores(nn::Module& model, const amp::Amp& amp,
+                                                 const Batch& b) const override {
+    auto fw = amp.forward();
+    models::LmScores s = models::lm_scores(dynamic_cast<models::LanguageModel&>(model), b.input, b.target);
+    return {s.loss_sum, std::move(s.predicted)};
+  }
 
   // The validation split in rows of T tokens, each once: all of them, or --eval-iters batches of --batch-size rows
   // spread evenly over the split (row k of m of all n: k n / m) when it holds more.

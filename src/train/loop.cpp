@@ -183,13 +183,12 @@ class Trainer {
   // a masked task's batch sum over the step's targets (times the ranks, whose gradients DDP averages), so the step's
   // gradient is that of PyTorch's cross_entropy(ignore_index=-100) over the whole step (a step without targets has
   // zero gradients, and is not applied).
-  std::pair<Tensor, double> micro_loss(const Tensor& logits, const Batch& batch) {
-    const Tensor flat = logits.reshape({-1, logits.size(-1)}), target = batch.target.reshape({-1});
+  std::pair<Tensor, double> micro_loss(const Batch& batch) {
     if (!task_.masked()) {
-      Tensor loss = F::cross_entropy(flat, target, F::Reduction::Mean, c_.label_smoothing);
+      Tensor loss = task_.loss(*run_.model, batch, F::Reduction::Mean, c_.label_smoothing);
       return {c_.grad_accum > 1 ? loss / static_cast<double>(c_.grad_accum) : loss, loss.item()};
     }
-    Tensor sum = F::cross_entropy(flat, target, F::Reduction::Sum, c_.label_smoothing, data::kIgnoreIndex);
+    Tensor sum = task_.loss(*run_.model, batch, F::Reduction::Sum, c_.label_smoothing);
     const double scale = step_targets_ > 0 ? world_ / step_targets_ : 0.0;
     if (batch.targets == 0) ++batches_without_targets_;
     return {sum * scale, sum.item() * scale};
@@ -206,9 +205,9 @@ class Trainer {
       if (op_dtypes_.empty()) explain.emplace();
       auto fw = run_.amp->forward();
       // At O2/O3 the patched forward casts the batch to the model's dtype and the logits back to float32.
-      // The loss is computed in float32 from 16-bit logits as they are (no float32 copy of a GPT's vocabulary).
-      Tensor logits = (*run_.model)(batch.input);
-      loss = micro_loss(logits, batch);
+      // The loss is computed in float32 from 16-bit logits as they are (no float32 copy of a GPT's vocabulary; a
+      // language model's logits a chunk at a time, never whole).
+      loss = micro_loss(batch);
       if (explain) op_dtypes_ = with_modules(explain->rows(), *run_.model);
     }
     // Summed over grad_accum micro-batches, the gradients are those of the mean loss of one big batch. With

@@ -3,9 +3,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 
+#include "castor/allocator.h"
 #include "castor/autograd.h"
 #include "castor/checkpoint.h"
 #include "castor/dist.h"
@@ -98,6 +100,22 @@ std::string trainable_parameters_text(const nn::Module& model) {
 
 StateDict Task::init_weights(const TrainConfig& c) const { return models::load_weights_file(c.init, "").tensors; }
 
+Tensor Task::loss(nn::Module& model, const Batch& b, F::Reduction reduction, double label_smoothing) const {
+  const Tensor logits = model(b.input);
+  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), b.target.reshape({-1}), reduction, label_smoothing,
+                          data::kIgnoreIndex);
+}
+
+std::pair<double, std::vector<int64_t>> Task::scores(nn::Module& model, const amp::Amp& amp, const Batch& b) const {
+  Tensor logits;
+  {
+    auto fw = amp.forward();
+    logits = model(b.input);  // at O2/O3 the patched forward casts the input
+  }
+  const Tensor flat = logits.reshape({-1, logits.size(-1)}), target = b.target.reshape({-1});
+  return {F::cross_entropy(flat, target, F::Reduction::Sum).item(), argmax(flat, 1).to_vector<int64_t>()};
+}
+
 std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run) {
   if (is_language_model(c.model)) return make_lm_task(c, rank, world, new_run);
   return make_image_task(c, rank, world);
@@ -111,15 +129,9 @@ Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, in
   const int world = dist::world_size();
   for (int64_t i = dist::rank(); i < n; i += world) {
     const Batch b = task.eval_batch(i, batch_size);
-    Tensor logits;
-    {
-      auto fw = amp.forward();
-      logits = model(b.input);  // at O2/O3 the patched forward casts the input
-    }
-    const Tensor flat = logits.reshape({-1, logits.size(-1)}), target = b.target.reshape({-1});
-    // Targets of data::kIgnoreIndex (a fine-tuning row's prompt and padding) are left out of all three.
-    sums[0] += F::cross_entropy(flat, target, F::Reduction::Sum, 0.0, data::kIgnoreIndex).item();
-    const auto predicted = argmax(flat, 1).to_vector<int64_t>(), truth = target.to_vector<int64_t>();
+    const auto [loss_sum, predicted] = task.scores(model, amp, b);
+    sums[0] += loss_sum;  // targets of data::kIgnoreIndex (a fine-tuning row's prompt and padding) are left out
+    const auto truth = b.target.reshape({-1}).to_vector<int64_t>();
     for (size_t k = 0; k < truth.size(); ++k) {
       if (truth[k] == data::kIgnoreIndex) continue;
       sums[1] += predicted[k] == truth[k];
@@ -171,6 +183,89 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   r.amp = amp::initialize(*r.model, {r.opt.get()}, c.amp, c.dtype, ov);
   r.sched = make_scheduler(c, *r.opt, total_steps);
   return r;
+}
+
+namespace {
+
+// The bytes the optimizer adds at its first step per trainable element: its moments (SGD's momentum buffer; 8-bit
+// AdamW's two codes and a float32 absmax per block of each) and, at O1, the 16-bit copies of the weights it keeps for
+// the next forward.
+double first_step_bytes(const TrainConfig& c) {
+  const double moments = c.optimizer == OptimizerKind::Sgd         ? (c.momentum > 0 ? 4 : 0)
+                         : c.optimizer == OptimizerKind::AdamW8bit ? 2 + 8.0 / optim::AdamW8bitOptions{}.block_size
+                                                                   : 8;
+  return moments + (c.amp == amp::OptLevel::O1 ? 2 : 0);
+}
+
+// The allocator's peak over one forward and backward of a (1, T) batch of token 0, above what was held before it;
+// the gradients are dropped after it and the default generator (dropout) restored.
+double probe_peak(const Task& task, Run& r, int64_t T) {
+  const Generator::State rng = default_generator().state();
+  const Batch b{zeros({1, T}, DType::Int64), zeros({1, T}, DType::Int64), 0, static_cast<double>(T)};
+  const int64_t base = memory_stats().current_bytes;
+  reset_peak_memory_stats();
+  {
+    Tensor loss;
+    {
+      auto fw = r.amp->forward();
+      loss = task.loss(*r.model, b, F::Reduction::Mean, 0.0);
+    }
+    loss.backward();
+  }
+  const double peak = static_cast<double>(memory_stats().peak_bytes - base);
+  r.opt->zero_grad();
+  default_generator().set_state(rng);
+  return peak;
+}
+
+// The peak of one step of (B, T) batches, estimated from probes of rows of t, 2t and 4t tokens as a + B (b T + c T^2).
+double estimate_peak(const TrainConfig& c, const Task& task, Run& r, double held) {
+  const int64_t T = c.block_size, B = c.batch_size;
+  double activations;
+  if (T < 4) {
+    activations = B * probe_peak(task, r, T);
+  } else {
+    const int64_t t = std::min<int64_t>(16, T / 4);
+    const double p1 = probe_peak(task, r, t), p2 = probe_peak(task, r, 2 * t), p3 = probe_peak(task, r, 4 * t);
+    const double tt = static_cast<double>(t);
+    const double quad = std::max(0.0, ((p3 - p2) - 2 * (p2 - p1)) / (6 * tt * tt));
+    const double lin = std::max(0.0, (p2 - p1 - 3 * quad * tt * tt) / tt);
+    const double fixed = p1 - lin * tt - quad * tt * tt;
+    activations = fixed + B * (lin * T + quad * T * static_cast<double>(T));
+  }
+  return held + activations;
+}
+
+}  // namespace
+
+std::string apply_recompute(const TrainConfig& c, const Task& task, Run& r) {
+  auto* lm = dynamic_cast<models::LanguageModel*>(r.model.get());
+  if (!lm) return "";
+  if (c.recompute != Recompute::Auto) {
+    lm->set_recompute(c.recompute == Recompute::Blocks);
+    return name(c.recompute);
+  }
+  CASTOR_CHECK(c.memory_budget > 0, "--recompute auto: needs --memory-budget GiB (the memory the run may take)");
+  int64_t trainable = 0;
+  for (const Tensor& p : r.model->parameters())
+    if (p.requires_grad()) trainable += p.numel();
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double held = static_cast<double>(memory_stats().current_bytes) + first_step_bytes(c) * trainable;
+  lm->set_recompute(false);
+  const double plain = estimate_peak(c, task, r, held) / gib;
+  lm->set_recompute(true);
+  const double recomputed = estimate_peak(c, task, r, held) / gib;
+  const bool blocks = plain > c.memory_budget;
+  // (GiB to three significant digits; the smallest budget rounded up at the third)
+  const double unit = std::pow(10.0, std::floor(std::log10(std::max(recomputed, 1e-9))) - 2);
+  CASTOR_CHECK(recomputed <= c.memory_budget, "--memory-budget ", figure("%.3g", c.memory_budget),
+               ": the run needs about ", figure("%.3g", recomputed),
+               " GiB even with --recompute blocks; the smallest budget that fits is ",
+               figure("%.3g", std::ceil(recomputed / unit) * unit), " (or a smaller --batch-size or --block-size)");
+  lm->set_recompute(blocks);
+  return detail::cat("auto: ", blocks ? "blocks" : "none", " (estimated peak ", figure("%.3g", plain),
+                     " GiB without recompute, ", figure("%.3g", recomputed), " GiB with; budget ",
+                     figure("%.3g", c.memory_budget), " GiB)");
 }
 
 std::string figure(const char* format, double value) {

@@ -30,6 +30,8 @@ constexpr Spelling<Schedule> kSchedules[] = {{Schedule::None, "none"},
                                              {Schedule::OneCycle, "onecycle"},
                                              {Schedule::WarmupCosine, "warmup-cosine"}};
 constexpr Spelling<Augment> kAugments[] = {{Augment::None, "none"}, {Augment::Standard, "standard"}};
+constexpr Spelling<Recompute> kRecomputes[] = {
+    {Recompute::None, "none"}, {Recompute::Blocks, "blocks"}, {Recompute::Auto, "auto"}};
 constexpr Spelling<Compression> kCompressions[] = {
     {Compression::None, "none"}, {Compression::BFloat16, "bf16"}, {Compression::Float16, "fp16"}};
 
@@ -234,6 +236,15 @@ std::vector<Setting> make_settings() {
        "float32 3x3 stride-1 convolutions: auto runs them as Winograd where oneDNN has it (AVX-512; 2x faster, errors "
        "a few times direct float32's, as cuDNN's defaults); direct: PyTorch's CPU numerics",
        nullptr, R::Fixed, J::Any, /*absent=*/"direct"},
+      {"--recompute", choice<&C::recompute, kRecomputes>(),
+       "activation recompute: blocks keeps only each transformer block's input and reruns the block in backward "
+       "(about a third more compute, the same gradients bit for bit); auto: blocks only if the run's estimated peak "
+       "without it passes --memory-budget",
+       nullptr, R::Free, J::LanguageModel, /*absent=*/"none"},
+      {"--memory-budget", plain<&C::memory_budget>(),
+       "GiB (2^30 bytes) the run may take, for --recompute auto: a budget no choice fits is refused, naming the "
+       "smallest that would",
+       nonneg, R::Free, J::LanguageModel, /*absent=*/"0"},
       {"--out", plain<&C::out>(), "run directory (default: a new runs/<date>-<time>-<model>-<precision>)", nullptr,
        R::Unrecorded, J::Any},
       {"--resume", plain<&C::resume>(),
@@ -444,6 +455,7 @@ const char* name(OptimizerKind v) { return spelling(kOptimizers, v); }
 const char* name(Schedule v) { return spelling(kSchedules, v); }
 const char* name(Augment v) { return spelling(kAugments, v); }
 const char* name(Compression v) { return spelling(kCompressions, v); }
+const char* name(Recompute v) { return spelling(kRecomputes, v); }
 const char* name(DataOrder v) { return spelling(kDataOrders, v); }
 const char* name(backends::ConvAlgorithm v) { return spelling(kConvAlgorithms, v); }
 bool is_language_model(ModelKind m) {

@@ -51,6 +51,13 @@ class Task {
   // --init's weights for the model `c` describes (a safetensors file with PyTorch's names; a GPT also llm.c's format,
   // a Llama llama2.c's).
   virtual StateDict init_weights(const TrainConfig& c) const;
+  // A training batch's loss (reduced as asked over its targets, with label smoothing; targets of data::kIgnoreIndex
+  // left out), under the forward scope the caller opened: cross_entropy of the model's output; a language model's
+  // without its logits held whole (lm_loss).
+  virtual Tensor loss(nn::Module& model, const Batch& b, F::Reduction reduction, double label_smoothing) const;
+  // An evaluation batch's summed loss (targets of data::kIgnoreIndex left out) and each example's predicted class
+  // (argmax), the forward under amp's scope.
+  virtual std::pair<double, std::vector<int64_t>> scores(nn::Module& model, const amp::Amp& amp, const Batch& b) const;
   // MFU's terms (none where the model's FLOPs are not estimated).
   virtual FlopRate flop_rate(const TrainConfig& c, const nn::Module& model) const { return {}; }
 
@@ -121,6 +128,12 @@ std::pair<int64_t, int64_t> parameter_counts(const nn::Module& model);
 // PEFT's print_trainable_parameters line: "trainable params: 1,234 || all params: 5,678 || trainable%: 21.7307".
 std::string trainable_parameters_text(int64_t trainable, int64_t all);
 std::string trainable_parameters_text(const nn::Module& model);
+// --recompute: a language model's blocks recomputed (blocks), or not (none), or (auto) blocks only where the run's
+// estimated peak without them passes --memory-budget: the model's and optimizer's bytes now, the optimizer's
+// states to come, and one forward and backward's peak above them, measured on rows of 16, 32 and 64 tokens and
+// fitted as a + b T + c T^2 per row. A budget that fits neither is refused, naming the smallest that would. Returns
+// what it chose, for the log ("" for a model without blocks).
+std::string apply_recompute(const TrainConfig& c, const Task& task, Run& run);
 
 // One figure in printf's format: figure("val loss %.4f", 2.5) is "val loss 2.5000".
 std::string figure(const char* format, double value);

@@ -182,6 +182,8 @@ Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
   CASTOR_CHECK(schedule_steps > 0, r.resume_from, ": the recorded schedule length ", schedule_steps,
                " is not positive");
   Run run = build_run(c, *task, schedule_steps, /*load_init=*/!r.ck);
+  const std::string recompute = apply_recompute(c, *task, run);
+  if (rank == 0 && c.recompute == Recompute::Auto) std::fprintf(stderr, "recompute %s\n", recompute.c_str());
   TrainState state;
   if (r.ck) {
     state = TrainState::load(*r.ck, run, per_epoch, c.grad_accum, r.resume_from);

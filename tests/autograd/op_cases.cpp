@@ -142,6 +142,12 @@ const std::map<OpKind, OpCase>& op_cases() {
       {OpKind::CrossEntropy,
        {P::Float32InKernel, "TransformerOps.MatchPyTorch",
         [](V x) { return F::cross_entropy(x[0], idx({2, 0, 3}, {3})); }, {m}}},
+      {OpKind::LinearCrossEntropy,
+       {P::LowerPrecision, "LinearCrossEntropy.MatchesLinearThenCrossEntropy",
+        [](V x) {  // 5 of 6 classes (a padded head), 4 logits a chunk: rows and class blocks of one and two
+          return F::linear_cross_entropy(x[0], x[1], idx({2, 0, 4, 1}, {4}), F::Reduction::Mean, 0.1, -100, 5, 4);
+        },
+        {{4, 3}, {6, 3}}}},
       {OpKind::NllLoss,
        {P::Float32, "Functional.LossesMatchTorch", [](V x) { return F::nll_loss(x[0], idx({2, 0, 3}, {3})); }, {m}}},
       {OpKind::MseLoss,

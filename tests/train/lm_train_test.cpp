@@ -651,6 +651,35 @@ TEST_F(LmTrain, PlainLinesWarmupNoteAndJobDefaults) {
   }
 }
 
+// --recompute blocks trains the same run bit for bit (checkpoints, losses) at O1 bf16 with dropout; --recompute auto
+// takes none under a roomy --memory-budget, and a budget neither choice fits is a one-line error naming the smallest
+// that would.
+TEST_F(LmTrain, RecomputeTrainsTheSameRunAndAutoFollowsTheBudget) {
+  for (const char* model : {"gpt", "llama"}) {
+    SCOPED_TRACE(model);
+    const std::vector<std::string> extra = {"--amp", "O1", "--dtype", "bf16", "--dropout", "0.1"};
+    auto with = [&](const std::string& out, std::vector<std::string> more) {
+      std::vector<std::string> e = extra;
+      e.insert(e.end(), more.begin(), more.end());
+      return lm_args(model, out, 6, e);
+    };
+    const std::string plain = std::string(model) + "_plain", blocks = std::string(model) + "_blocks";
+    CastorProcess a = castor(with(plain, {}));
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    CastorProcess b = castor(with(blocks, {"--recompute", "blocks"}));
+    ASSERT_EQ(b.exit_code, 0) << b.err;
+    EXPECT_EQ(summary_of(a).at("val_loss").as_double(), summary_of(b).at("val_loss").as_double());
+    test::expect_same_checkpoint(path(plain), path(blocks));
+    CastorProcess roomy = castor(with(std::string(model) + "_roomy", {"--recompute", "auto", "--memory-budget", "64"}));
+    ASSERT_EQ(roomy.exit_code, 0) << roomy.err;
+    EXPECT_NE(roomy.err.find("recompute auto: none"), std::string::npos) << roomy.err;
+    CastorProcess tight = castor(with("x", {"--recompute", "auto", "--memory-budget", "0.000001"}));
+    EXPECT_NE(tight.exit_code, 0);
+    EXPECT_NE(tight.err.find("--memory-budget 1e-06: the run needs about"), std::string::npos) << tight.err;
+    EXPECT_NE(tight.err.find("the smallest budget that fits is"), std::string::npos) << tight.err;
+  }
+}
+
 // The 8-bit first moments (uint8 codes) in a run's newest checkpoint.
 size_t codes_in(const std::string& run) {
   size_t n = 0;
