@@ -8,6 +8,7 @@
 
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
+#include "castor/hf.h"
 #include "castor/llmc.h"
 #include "castor/safetensors.h"
 #include "castor/trainer.h"
@@ -26,7 +27,8 @@ namespace {
 LoadedTensors load_for_eval(const EvalConfig& e, TrainConfig& c, std::vector<std::string>& recorded_classes) {
   LoadedTensors model_file;
   std::string file = e.path;  // the model file, for errors
-  if (fs::is_directory(e.path)) {
+  // (a Hugging Face directory is read as a weights file)
+  if (fs::is_directory(e.path) && !formats::is_hf_dir(e.path)) {
     Checkpoint ck = read_checkpoint(e.path, &file);
     file += "/model.safetensors";
     model_file = {std::move(ck.model), std::move(ck.model_meta)};

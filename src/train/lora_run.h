@@ -11,7 +11,8 @@
 namespace castor::train {
 
 // --init RUN or RUN/checkpoints/step-N: the newest (or that) checkpoint's model.safetensors. castor::Error for a
-// directory without a checkpoint, or a LoRA run's (its model file holds adapters only: merge it first).
+// directory without a checkpoint, or a LoRA run's (its model file holds adapters only: merge it first). A Hugging
+// Face directory (config.json) stays as it is.
 void resolve_init_dir(TrainConfig& c);
 // The adapter config recorded settings describe (config.json's "lora_rank", "lora_alpha", ...).
 nn::LoraConfig lora_config(const Json& settings);
@@ -35,6 +36,10 @@ void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata
 // (a GPT or a Llama; checksum checked), its adapters merged (nn::merge_and_unload), and castor.config a plain run's
 // (no LoRA settings), so castor eval, sample and train --init take the merged file.
 void merge_lora_checkpoint(Checkpoint& ck, const std::string& what);
+
+// The checksum a run records of its --init (a LoRA run's base is checked against it): a weights file's bytes', or a
+// Hugging Face directory's config.json, index and safetensors files'.
+std::string weights_checksum(const std::string& path);
 
 // PEFT's pair of files in `dir` for a LoRA checkpoint's adapters: adapter_model.safetensors ("base_model.model.<path>
 // .lora_A.weight" (r, in), "...lora_B.weight" (out, r), float32) and adapter_config.json (r, lora_alpha,

@@ -17,6 +17,7 @@
 #include "castor/serialize.h"
 #include "castor/trainer.h"
 #include "castor/version.h"
+#include "train/family.h"
 #include "train/lora_run.h"
 #include "train/task.h"
 
@@ -165,6 +166,7 @@ Json config_json(const TrainConfig& c, const Task& task, int64_t schedule_steps)
   o["schedule_steps"] = schedule_steps;
   if (!c.precision_reason.empty()) o["precision_auto"] = c.precision_reason;  // why amp and dtype are what they are
   task.record(o);
+  if (const Family* f = family_of(c.model)) o["model_config"] = f->describe(c);  // the model, described
   const Json build = build_json();
   for (const auto& [k, v] : build.as_object()) o[k] = v;
   o["started"] = utc_now();

@@ -350,7 +350,7 @@ TEST(SampleCli, BadInputIsOneLineAndNothingWritten) {
       {{"sample", "--init", f.dir + "/plain.safetensors", "--tokenizer-dir", f.tok}, "number of heads is not recorded"},
       {{"sample", "--init", f.dir + "/missing.bin", "--tokenizer-dir", f.tok}, "missing.bin"},
       {{"sample", "--init", f.bin, "--tokenizer-dir", f.dir}, "tokenizer.json"},
-      {{"export", "--checkpoint", f.run, "--out", "x.bin"}, "--llmc, --nanogpt, --llama2c or --safetensors: missing"},
+      {{"export", "--checkpoint", f.run, "--out", "x.bin"}, "--format: missing"},
       {{"export", "--llmc", "--nanogpt", "--checkpoint", f.run, "--out", "x.bin"}, "--llmc excludes --nanogpt"},
       {{"export", "--llmc", "--checkpoint", f.run, "--out", "no/such/dir/x.bin"}, "no/such/dir/x.bin"},
       {{"export", "--llmc", "--checkpoint", f.tok, "--out", "x.bin"}, f.tok},
