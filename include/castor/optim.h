@@ -1,6 +1,7 @@
-// Optimizers with float32 master state (SGD, Adam, AdamW) following PyTorch 1.13's update formulas.
+// Optimizers with float32 master state (SGD, Adam, AdamW, 8-bit AdamW) following PyTorch 1.13's update formulas.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -19,8 +20,9 @@ namespace castor::optim {
 //    float32 temporary, then rounded back).
 //  - a float32 gradient may be staged for the next step (Optimizer::stage_float32_grad: GradScaler::unscale_
 //    stages the unscaled gradients); when none is, step() reads param.grad() and widens it. A step clears it.
-//  - `state` holds the per-parameter state, all float32 like PyTorch's: "step" (0-dim), "exp_avg",
-//    "exp_avg_sq", "max_exp_avg_sq" (Adam), "momentum_buffer" (SGD with momentum).
+//  - `state` holds the per-parameter state, float32 like PyTorch's: "step" (0-dim), "exp_avg",
+//    "exp_avg_sq", "max_exp_avg_sq" (Adam), "momentum_buffer" (SGD with momentum); AdamW8bit's 8-bit states are
+//    uint8 codes and float32 block absmaxes (see AdamW8bit).
 struct ParamSlot {
   Tensor param;
   Tensor master;
@@ -53,6 +55,15 @@ struct WriteBack {
   Tensor param;
   bool stochastic = false;
   uint64_t key = 0;
+};
+
+// One parameter's share of a step's multi-tensor pass: body(b, e) updates elements [b, e) of its n, where b is a
+// multiple of `unit` (a multiple of kBlock, 2048) and e = min(n, b + unit). Every block is independent of the
+// others, so the step runs the blocks of all parameters in one parallel loop. n = 0: the update did its work.
+struct BlockPass {
+  int64_t n = 0;
+  int64_t unit = 2048;
+  std::function<void(int64_t, int64_t)> body;
 };
 
 class Optimizer;
@@ -130,17 +141,21 @@ class Optimizer {
   virtual void load_state_dict(const StateDict& sd);
 
  protected:
-  // The float32 update of one slot, in one fused pass: `w` is the contiguous float32 weight to update in
-  // place, `g` its contiguous float32 gradient (same shape). State tensors are created on first use. An update
-  // may take the slot's write-back (take_write_back()) and round each block of w into the 16-bit parameter as
-  // soon as it is updated (Apex O2's master -> model copy in the same pass); one that does not gets the whole
-  // write-back after it.
-  virtual void update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) = 0;
+  // The float32 update of one slot: `w` is the contiguous float32 weight to update in place, `g` its contiguous
+  // float32 gradient (same shape). State tensors are created on first use, the step's scalars computed here, and
+  // the element loop returned as a BlockPass that the step runs with every other slot's in one multi-tensor pass
+  // (or done here, returning an empty pass). An update may take the slot's write-back (take_write_back()) and
+  // round each block of w into the 16-bit parameter as soon as it is updated (Apex O2's master -> model copy in
+  // the same pass); one that does not gets the whole write-back after the pass.
+  virtual BlockPass update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) = 0;
   // The 16-bit parameter the running update() should round w into, with this step's rounding (param undefined:
   // none, the parameter is float32). Taking it makes the update responsible for the write.
   WriteBack take_write_back();
   // The names of the slot state this optimizer keeps (what load_state_dict accepts).
   virtual std::vector<std::string> state_names() const = 0;
+  // The dtype and shape load_state_dict requires of state `name` of `slot` (float32 of the parameter's shape, 0-dim
+  // for "step"); an empty message if the slot keeps it, else why not.
+  virtual std::string state_layout(const ParamSlot& slot, const std::string& name, DType& dtype, Shape& shape) const;
 
   std::vector<ParamGroup> groups_;
   bool master_weights_ = false;
@@ -174,7 +189,7 @@ class SGD : public Optimizer {
   const SGDOptions& options() const { return options_; }
 
  protected:
-  void update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) override;
+  BlockPass update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) override;
   std::vector<std::string> state_names() const override { return {"momentum_buffer"}; }
 
  private:
@@ -195,7 +210,7 @@ class Adam : public Optimizer {
   const AdamOptions& options() const { return options_; }
 
  protected:
-  void update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) override;
+  BlockPass update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) override;
   std::vector<std::string> state_names() const override { return {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}; }
 
  private:
@@ -204,5 +219,46 @@ class Adam : public Optimizer {
 // AdamW: Adam with `options` and decoupled weight decay turned on (start from AdamOptions::adamw() for
 // PyTorch's defaults).
 std::unique_ptr<Adam> make_adamw(const std::vector<Tensor>& params, AdamOptions options);
+
+// bitsandbytes' AdamW8bit (Dettmers et al. 2021, block-wise dynamic quantisation).
+struct AdamW8bitOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2;
+  int64_t block_size = 2048;     // elements per absmax: a positive power of two
+  int64_t min_8bit_size = 4096;  // parameters with fewer elements keep 32-bit states
+  void validate() const;         // throws castor::Error naming the bad option
+};
+// AdamW whose two moments are kept in 8 bits: per block of block_size elements a float32 absmax, and per element
+// a uint8 code into a 256-value dynamic map (signed for the first moment, unsigned for the second; see
+// kernels::dynamic_map). A step dequantises, updates and requantises each block in one pass (the weight update uses
+// the float32 moments before requantisation), with AdamW's scalars (PyTorch 1.13's, decoupled weight decay first).
+// The master weights are kept as by any Optimizer. A parameter of fewer than min_8bit_size elements or of one
+// dimension (norms, biases) keeps float32 "exp_avg"/"exp_avg_sq" updated exactly as AdamW's; the others keep
+// "exp_avg_code" (uint8, the parameter's shape), "exp_avg_absmax" (float32, ceil(numel / block_size)) and
+// "exp_avg_sq_code", "exp_avg_sq_absmax"; both kinds keep "step".
+class AdamW8bit : public Optimizer {
+ public:
+  AdamW8bit(const std::vector<Tensor>& params, AdamW8bitOptions options);
+  const AdamW8bitOptions& options() const { return options_; }
+  // Whether a parameter of this shape keeps 8-bit states.
+  static bool is_8bit(const Shape& shape, const AdamW8bitOptions& options);
+  void load_state_dict(const StateDict& sd) override;
+
+ protected:
+  BlockPass update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) override;
+  std::vector<std::string> state_names() const override {
+    return {"step", "exp_avg", "exp_avg_sq", "exp_avg_code", "exp_avg_absmax", "exp_avg_sq_code", "exp_avg_sq_absmax"};
+  }
+  std::string state_layout(const ParamSlot& slot, const std::string& name, DType& dtype, Shape& shape) const override;
+
+ private:
+  AdamW8bitOptions options_;
+};
+
+// Converting an optimizer state dict between AdamW (Adam with decoupled weight decay, no AMSGrad) and AdamW8bit
+// with `options` (switching optimizers on resume): the 8-bit slots' float32 moments quantised, and back
+// (dequantised; the block size is read from the absmaxes' length). Everything else is kept. Throws castor::Error
+// on a dict that is not of the optimizer converted from.
+StateDict adamw_state_to_8bit(const StateDict& sd, const AdamW8bitOptions& options);
+StateDict adamw8bit_state_to_32bit(const StateDict& sd);
 
 }  // namespace castor::optim

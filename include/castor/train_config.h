@@ -18,7 +18,7 @@ namespace castor::train {
 // The choices of the enumerated flags; name() gives each one's spelling on the command line and in config.json.
 enum class Dataset { FashionMnist, Cifar10, Synthetic, Folder, Brown, BrownChar, BrownBpe, Tokens };
 enum class ModelKind { SimpleCnn, ResNet18, ResNet9, Gpt, GptMini, Gpt2, Llama, Llama260k, Llama15m };
-enum class OptimizerKind { Sgd, Adam, AdamW };
+enum class OptimizerKind { Sgd, Adam, AdamW, AdamW8bit };
 enum class Schedule { None, Step, Cosine, OneCycle, WarmupCosine };
 using DataOrder = data::LmOrder;  // language-model batches: nanoGPT's random windows or llm.c's two orders
 enum class Augment { None, Standard };
@@ -83,10 +83,11 @@ struct TrainConfig {
   Compression compress_grads = Compression::None;
   bool deterministic = false;
   backends::ConvAlgorithm conv_algorithm = backends::ConvAlgorithm::Auto;  // float32 convolutions (castor/backends.h)
-  std::string out;         // empty: a new runs/<date>-<time>-<model>-<precision> for each run
-  std::string resume;      // a run directory (or one of its checkpoints) to continue from
-  bool overwrite = false;  // a new run may replace another run's files in --out
-  std::string init;        // a safetensors file of initial weights (PyTorch names)
+  std::string out;                       // empty: a new runs/<date>-<time>-<model>-<precision> for each run
+  std::string resume;                    // a run directory (or one of its checkpoints) to continue from
+  bool convert_optimizer_state = false;  // --resume may switch between adamw and adamw8bit, converting the state
+  bool overwrite = false;                // a new run may replace another run's files in --out
+  std::string init;                      // a safetensors file of initial weights (PyTorch names)
   // LoRA fine-tuning of the --init base (nn::apply_lora): rank 0 trains every weight, as without LoRA.
   int64_t lora_rank = 0;
   double lora_alpha = 8, lora_dropout = 0;

@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 
+#include "castor/autograd.h"
 #include "castor/check.h"
 #include "castor/fs.h"
 
@@ -326,7 +327,8 @@ Metadata hf_metadata(const HfConfig& h, const std::string& data) {
   return {{"castor.config", config.dump()}, {"castor.model", "llama"}, {"hf.architecture", h.architecture}};
 }
 
-StateDict read_hf_weights(const std::string& dir, const HfConfig& config, DType dtype) {
+void read_hf_weights_each(const std::string& dir, const HfConfig& config, DType dtype,
+                          const std::function<void(const std::string&, const Tensor&)>& take) {
   const std::map<std::string, std::string> where = shard_map(dir);
   const std::vector<Planned> tensors = plan(config.llama);
   // Every tensor present with config.json's shape before any is read.
@@ -342,7 +344,6 @@ StateDict read_hf_weights(const std::string& dir, const HfConfig& config, DType 
                  shape_str(Shape(e.shape.begin(), e.shape.end())), ", config.json gives ", shape_str(t.shape),
                  t.hf == "model.embed_tokens.weight" ? " (vocab_size x hidden_size)" : "");
   }
-  StateDict state;
   for (const Planned& t : tensors) {
     const std::string& file = where.at(t.hf);
     const SafetensorsEntry& e = shards.entry(file, t.hf);
@@ -351,10 +352,30 @@ StateDict read_hf_weights(const std::string& dir, const HfConfig& config, DType 
                                                        size);
     Tensor x = from_blob(bytes.data(), t.shape, e.dtype);
     if (t.permute_heads > 0) x = permute_rows(x, t.permute_heads, /*to_castor=*/true);
-    state.emplace(t.castor, x.dtype() == dtype ? x : x.to(dtype));
+    take(t.castor, x.dtype() == dtype ? x : x.to(dtype));
   }
+}
+
+StateDict read_hf_weights(const std::string& dir, const HfConfig& config, DType dtype) {
+  StateDict state;
+  read_hf_weights_each(dir, config, dtype, [&](const std::string& name, const Tensor& t) { state.emplace(name, t); });
   if (config.llama.tied) state.emplace("output.weight", state.at("tok_embeddings.weight"));
   return state;
+}
+
+void load_hf_into(nn::Module& model, const std::string& dir, const HfConfig& config) {
+  const StateDict own = model.state_dict();
+  std::set<std::string> loaded;
+  NoGradGuard no_grad;
+  read_hf_weights_each(dir, config, DType::Float32, [&](const std::string& name, const Tensor& t) {
+    const auto it = own.find(name);
+    CASTOR_CHECK(it != own.end() && it->second.shape() == t.shape(), dir, ": the model has no ", name, " of shape ",
+                 shape_str(t.shape()));
+    Tensor(it->second).copy_(t);
+    loaded.insert(name);
+  });
+  for (const auto& [name, t] : own)
+    CASTOR_CHECK(loaded.count(name) || (config.llama.tied && name == "output.weight"), dir, ": gives no ", name);
 }
 
 SafetensorsFile read_hf_header(const std::string& dir) {

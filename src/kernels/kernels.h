@@ -117,8 +117,11 @@ void round_into_16bit(const float* src, const RoundInto& into);
 // Elements [begin, end) of one parallel_blocks block, for kernels that round what they have just computed.
 void round_block_into_16bit(const float* src, const RoundInto& into, int64_t begin, int64_t end);
 
-// The optimizers' updates over n contiguous float32 elements, one fused pass each, with PyTorch 1.13's
-// single-tensor formulas (src/optim computes the scalars, each rounded to float32 as PyTorch does).
+// The optimizers' updates of elements [b, e) of n contiguous float32 ones, with PyTorch 1.13's single-tensor
+// formulas (src/optim computes the scalars, each rounded to float32 as PyTorch does). [b, e) is one
+// parallel_blocks block (kBlock elements, fewer at the end): the optimizers run the blocks of all their parameters
+// in one multi-tensor pass, and each kernel rounds its block of w into `into` as soon as it is updated (the
+// master -> 16-bit copy in the same pass).
 // Adam: g += wd * w (coupled); AdamW: w *= decay_factor (decoupled); m = beta1 m + (1 - beta1) g;
 // v = beta2 v + (1 - beta2) g^2 (AMSGrad: v_max = max(v_max, v), used for v); w += neg_step_size m / (sqrt(v) /
 // bias_correction2_sqrt + eps). max_exp_avg_sq is null without AMSGrad.
@@ -127,8 +130,7 @@ struct AdamUpdate {
   float weight_decay, decay_factor;
   bool coupled, decoupled;
 };
-// Both round each block of w into `into` as soon as it is updated (the master -> 16-bit copy in the same pass).
-void adam_update(const AdamUpdate& u, int64_t n, float* w, const float* g, float* exp_avg, float* exp_avg_sq,
+void adam_update(const AdamUpdate& u, int64_t b, int64_t e, float* w, const float* g, float* exp_avg, float* exp_avg_sq,
                  float* max_exp_avg_sq, const RoundInto& into);
 // SGD: d = g + wd w; with a momentum buffer: buf = d on the first step, else momentum buf + keep d (keep = 1 -
 // dampening), d = nesterov ? d + momentum buf : buf; w += neg_lr d. momentum_buffer is null without momentum.
@@ -136,7 +138,27 @@ struct SgdUpdate {
   float neg_lr, weight_decay, momentum, keep;
   bool decay, first, nesterov;
 };
-void sgd_update(const SgdUpdate& u, int64_t n, float* w, const float* g, float* momentum_buffer, const RoundInto& into);
+void sgd_update(const SgdUpdate& u, int64_t b, int64_t e, float* w, const float* g, float* momentum_buffer,
+                const RoundInto& into);
+
+// Block-wise 8-bit quantisation (Dettmers et al. 2021, bitsandbytes' dynamic maps): a value is the code's entry
+// of a 256-value map times its block's absmax. The signed map (first moment) and the unsigned map (second moment)
+// are bitsandbytes' create_dynamic_map(signed) for 8 bits and 7 exponent bits, computed in double and rounded to
+// float32 once, sorted ascending. A value x is normalised as x / absmax (0 where absmax is 0) and takes the nearest
+// code: the number of midpoints (map[k] + map[k+1]) * 0.5f below it (a tie goes to the lower code).
+const float* dynamic_map(bool is_signed);  // 256 values
+// Codes and absmaxes (ceil(n / block) of them) of n contiguous values; block a power of two.
+void quantize_blockwise(const float* x, int64_t n, int64_t block, bool is_signed, uint8_t* codes, float* absmax);
+void dequantize_blockwise(const uint8_t* codes, const float* absmax, int64_t n, int64_t block, bool is_signed,
+                          float* out);
+// 8-bit AdamW over elements [b, e), which are whole quantisation blocks of `block` elements (the last may be
+// short): per element m and v dequantised, updated as by adam_update (decoupled, no AMSGrad; products rounded on
+// their own, no fused multiply-adds), w updated with the float32 m and v, then the block's absmaxes taken and m
+// and v requantised (m keeps its sign: a negative m that would take the code of 0 takes the code below).
+// exp_avg_absmax and exp_avg_sq_absmax are the whole tensor's (indexed by b / block).
+void adamw8bit_update(const AdamUpdate& u, int64_t b, int64_t e, int64_t block, float* w, const float* g,
+                      uint8_t* exp_avg_code, float* exp_avg_absmax, uint8_t* exp_avg_sq_code, float* exp_avg_sq_absmax,
+                      const RoundInto& into);
 
 // Matrix products on tensors of one float dtype, any strides in the last two dims:
 // dst (B, M, N) = a (B, M, K) x b (B, K, N) [+ bias (N), added to every row before the one rounding, as PyTorch's

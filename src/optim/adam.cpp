@@ -2,6 +2,8 @@
 #include <cmath>
 
 #include "castor/optim.h"
+#include "core/parallel.h"
+#include "optim/adam_scalars.h"
 #include "optim/write_back.h"
 
 namespace castor::optim {
@@ -36,7 +38,23 @@ std::unique_ptr<Adam> make_adamw(const std::vector<Tensor>& params, AdamOptions 
 // w += -(lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps).
 // The bias corrections are computed in double and every scalar rounded to float32, as PyTorch does; the fused
 // multiply-adds are where PyTorch's kernels use them (add with alpha, addcmul), so results match bit for bit.
-void Adam::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) {
+kernels::AdamUpdate adam_scalars(const AdamScalars& a, double lr, double weight_decay, float step) {
+  const double bias_correction1 = 1 - std::pow(a.beta1, static_cast<double>(step));
+  const double bias_correction2 = 1 - std::pow(a.beta2, static_cast<double>(step));
+  return {.neg_step_size = static_cast<float>(-(lr / bias_correction1)),
+          .bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2)),
+          .beta1 = static_cast<float>(a.beta1),
+          .one_minus_beta1 = static_cast<float>(1.0 - a.beta1),
+          .beta2 = static_cast<float>(a.beta2),
+          .one_minus_beta2 = static_cast<float>(1.0 - a.beta2),
+          .eps = static_cast<float>(a.eps),
+          .weight_decay = static_cast<float>(weight_decay),
+          .decay_factor = static_cast<float>(1.0 - lr * weight_decay),
+          .coupled = !a.decoupled && weight_decay != 0,
+          .decoupled = a.decoupled};
+}
+
+BlockPass Adam::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) {
   auto state = [&](const char* name, const Shape& shape) {
     Tensor& t = slot.state[name];
     if (!t.defined()) t = zeros(shape);
@@ -44,23 +62,17 @@ void Adam::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g
   };
   float* step = state("step", {});
   *step += 1.0f;
-  const double bias_correction1 = 1 - std::pow(options_.beta1, static_cast<double>(*step));
-  const double bias_correction2 = 1 - std::pow(options_.beta2, static_cast<double>(*step));
-  const kernels::AdamUpdate u{.neg_step_size = static_cast<float>(-(group.lr / bias_correction1)),
-                              .bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2)),
-                              .beta1 = static_cast<float>(options_.beta1),
-                              .one_minus_beta1 = static_cast<float>(1.0 - options_.beta1),
-                              .beta2 = static_cast<float>(options_.beta2),
-                              .one_minus_beta2 = static_cast<float>(1.0 - options_.beta2),
-                              .eps = static_cast<float>(options_.eps),
-                              .weight_decay = static_cast<float>(group.weight_decay),
-                              .decay_factor = static_cast<float>(1.0 - group.lr * group.weight_decay),
-                              .coupled = !options_.decoupled_weight_decay && group.weight_decay != 0,
-                              .decoupled = options_.decoupled_weight_decay};
-  const WriteBack wb = take_write_back();
-  kernels::adam_update(u, w.numel(), w.data<float>(), g.data<float>(), state("exp_avg", w.shape()),
-                       state("exp_avg_sq", w.shape()), options_.amsgrad ? state("max_exp_avg_sq", w.shape()) : nullptr,
-                       round_into(wb));
+  const kernels::AdamUpdate u = adam_scalars(
+      {options_.beta1, options_.beta2, options_.eps, options_.decoupled_weight_decay}, group.lr, group.weight_decay,
+      *step);
+  float* m = state("exp_avg", w.shape());
+  float* v = state("exp_avg_sq", w.shape());
+  float* v_max = options_.amsgrad ? state("max_exp_avg_sq", w.shape()) : nullptr;
+  float* wp = w.data<float>();
+  const float* gp = g.data<float>();
+  return {w.numel(), kBlock, [u, wp, gp, m, v, v_max, wb = take_write_back()](int64_t b, int64_t e) {
+            kernels::adam_update(u, b, e, wp, gp, m, v, v_max, round_into(wb));
+          }};
 }
 
 }  // namespace castor::optim

@@ -9,6 +9,7 @@
 #include "castor/autocast.h"
 #include "castor/autograd.h"
 #include "castor/optim.h"
+#include "core/parallel.h"
 #include "optim/write_back.h"
 
 namespace castor::optim {
@@ -143,6 +144,15 @@ void Optimizer::step() {
 
 void Optimizer::apply_step() {
   NoGradGuard no_grad;
+  // Per slot with a gradient: the update's scalars and state set up, its element loop kept for the one pass.
+  struct Planned {
+    ParamSlot* slot;
+    Tensor w, g;  // kept alive for the pass
+    BlockPass pass;
+    std::optional<WriteBack> write_back;  // one the update did not take: rounded after the pass
+    bool keep;
+  };
+  std::vector<Planned> planned;
   for (ParamGroup& group : groups_) {
     for (ParamSlot& slot : group.slots) {
       Tensor g = float32_grad(slot);
@@ -151,7 +161,7 @@ void Optimizer::apply_step() {
       Tensor w = !narrow                 ? slot.param.detach()
                  : slot.master.defined() ? slot.master
                                          : slot.param.detach().to(DType::Float32);
-      // A 16-bit parameter is rounded from w inside the update's pass if it takes the write-back, else here.
+      // A 16-bit parameter is rounded from w inside the update's pass if it takes the write-back, else after it.
       const bool stochastic = narrow && rounding_ == Rounding::Stochastic;
       if (narrow) pending_write_back_ = WriteBack{slot.param, stochastic, stochastic ? rounding_gen_.next_u64() : 0};
       // A float32 parameter the last forward cast under autocast: its 16-bit copy for the next forward, rounded to
@@ -164,12 +174,31 @@ void Optimizer::apply_step() {
           copy = empty(slot.param.shape(), *keep);
         pending_write_back_ = WriteBack{copy};
       }
-      update(group, slot, w, g);
-      if (pending_write_back_) kernels::round_into_16bit(w.data<float>(), round_into(take_write_back()));
-      slot.param.bump_version();
-      if (keep) amp::keep_cast(slot.param, slot.cast_copy_);
-      slot.staged_grad_ = Tensor();
+      BlockPass pass = update(group, slot, w, g);
+      std::optional<WriteBack> rest = pending_write_back_;
+      pending_write_back_.reset();
+      planned.push_back({&slot, std::move(w), std::move(g), std::move(pass), std::move(rest), keep.has_value()});
     }
+  }
+  // The multi-tensor pass: every block of every slot, in one parallel loop.
+  std::vector<std::pair<int32_t, int64_t>> blocks;  // (planned index, first element)
+  int64_t total = 0;
+  for (size_t k = 0; k < planned.size(); ++k) {
+    const BlockPass& p = planned[k].pass;
+    for (int64_t b = 0; b < p.n; b += p.unit) blocks.emplace_back(static_cast<int32_t>(k), b);
+    total += p.n;
+  }
+  const int64_t count = static_cast<int64_t>(blocks.size());
+#pragma omp parallel for schedule(static) if (total > kParallelGrain)
+  for (int64_t j = 0; j < count; ++j) {
+    const BlockPass& p = planned[static_cast<size_t>(blocks[j].first)].pass;
+    p.body(blocks[j].second, std::min(p.n, blocks[j].second + p.unit));
+  }
+  for (Planned& p : planned) {
+    if (p.write_back) kernels::round_into_16bit(p.w.data<float>(), round_into(*p.write_back));
+    p.slot->param.bump_version();
+    if (p.keep) amp::keep_cast(p.slot->param, p.slot->cast_copy_);
+    p.slot->staged_grad_ = Tensor();
   }
   ++step_count_;
 }
@@ -245,6 +274,12 @@ StateDict Optimizer::state_dict() const {
   return sd;
 }
 
+std::string Optimizer::state_layout(const ParamSlot& slot, const std::string& name, DType& dtype, Shape& shape) const {
+  dtype = DType::Float32;
+  shape = name == "step" ? Shape{} : slot.param.shape();
+  return "";
+}
+
 void Optimizer::load_state_dict(const StateDict& sd) {
   auto expect = [&](const std::string& key, const Tensor& t, DType dtype, const Shape& shape) {
     CASTOR_CHECK(t.defined() && t.dtype() == dtype && t.shape() == shape, "load_state_dict: \"", key, "\" is ",
@@ -294,7 +329,11 @@ void Optimizer::load_state_dict(const StateDict& sd) {
                  "\" refers to a parameter this optimizer does not have");
     CASTOR_CHECK(std::find(names.begin(), names.end(), name) != names.end(), "load_state_dict: \"", key,
                  "\" is not a state this optimizer keeps");
-    expect(key, t, DType::Float32, name == "step" ? Shape{} : groups_[g].slots[i].param.shape());
+    DType dtype = DType::Float32;
+    Shape shape;
+    const std::string why = state_layout(groups_[g].slots[i], name, dtype, shape);
+    CASTOR_CHECK(why.empty(), "load_state_dict: \"", key, "\": ", why);
+    expect(key, t, dtype, shape);
   }
   // Apply.
   for (size_t g = 0; g < groups_.size(); ++g) {

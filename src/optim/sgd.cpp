@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "castor/optim.h"
+#include "core/parallel.h"
 #include "optim/write_back.h"
 
 namespace castor::optim {
@@ -22,7 +23,7 @@ SGD::SGD(const std::vector<Tensor>& params, SGDOptions options) : options_(optio
 
 // d = g + wd * w; buf = d on the first step, else momentum * buf + (1 - dampening) * d;
 // d = nesterov ? d + momentum * buf : buf; w -= lr * d. Scalars are rounded to float32 like PyTorch's.
-void SGD::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) {
+BlockPass SGD::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) {
   kernels::SgdUpdate u{.neg_lr = static_cast<float>(-group.lr),
                        .weight_decay = static_cast<float>(group.weight_decay),
                        .momentum = static_cast<float>(options_.momentum),
@@ -37,8 +38,11 @@ void SGD::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g)
     if (u.first) it = slot.state.emplace("momentum_buffer", empty(w.shape())).first;
     buf = it->second.data<float>();
   }
-  const WriteBack wb = take_write_back();
-  kernels::sgd_update(u, w.numel(), w.data<float>(), g.data<float>(), buf, round_into(wb));
+  float* wp = w.data<float>();
+  const float* gp = g.data<float>();
+  return {w.numel(), kBlock, [u, wp, gp, buf, wb = take_write_back()](int64_t b, int64_t e) {
+            kernels::sgd_update(u, b, e, wp, gp, buf, round_into(wb));
+          }};
 }
 
 }  // namespace castor::optim

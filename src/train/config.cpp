@@ -417,6 +417,8 @@ TrainConfig parse_settings(const std::vector<std::string>& given_args) {
 TrainConfig parse_train_flags(const std::vector<std::string>& args) {
   TrainConfig c = parse_settings(args);
   if (!c.given("--resume")) {  // (a resumed run's job is the recorded one: resume_config checks)
+    CASTOR_CHECK(!c.convert_optimizer_state,
+                 "--convert-optimizer-state: applies to --resume only (it converts a run's recorded optimizer state)");
     check_jobs(c);
     resolve_init_dir(c);
     check_lora_flags(c);

@@ -73,8 +73,8 @@ std::shared_ptr<models::LanguageModel> gpt_make(const TrainConfig& c, int64_t re
   return models::gpt(gpt_config_of(c, real_vocab), seed);
 }
 
-StateDict gpt_weights(const TrainConfig& c, const std::string& path) {
-  return models::load_gpt_init(path, c.n_head).state;
+void gpt_load(nn::Module& model, const TrainConfig& c, const std::string& path) {
+  model.load_state_dict(models::load_gpt_init(path, c.n_head).state, /*strict=*/true);
 }
 
 Json gpt_describe(const TrainConfig& c) { return gpt_description(gpt_config_of(c, 0)); }
@@ -203,9 +203,10 @@ std::shared_ptr<models::LanguageModel> llama_make(const TrainConfig& c, int64_t,
   return models::llama(llama_model_config(c), seed);
 }
 
-StateDict llama_weights(const TrainConfig&, const std::string& path) {
-  if (formats::is_hf_dir(path)) return formats::read_hf_weights(path, formats::read_hf_config(path));
-  return models::load_weights_file(path, "").tensors;
+// (a Hugging Face directory tensor by tensor: no second copy of the weights in memory)
+void llama_load(nn::Module& model, const TrainConfig&, const std::string& path) {
+  if (formats::is_hf_dir(path)) return formats::load_hf_into(model, path, formats::read_hf_config(path));
+  model.load_state_dict(models::load_weights_file(path, "").tensors, /*strict=*/true);
 }
 
 Json llama_describe(const TrainConfig& c) {
@@ -234,7 +235,7 @@ const std::vector<Family>& families() {
        gpt_check,
        gpt_take_init_sizes,
        gpt_make,
-       gpt_weights,
+       gpt_load,
        gpt_describe,
        gpt_build},
       {"llama",
@@ -252,7 +253,7 @@ const std::vector<Family>& families() {
        llama_check,
        llama_take_init_sizes,
        llama_make,
-       llama_weights,
+       llama_load,
        llama_describe,
        llama_build},
   };

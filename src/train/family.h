@@ -38,8 +38,8 @@ struct Family {
   std::optional<StateDict> (*take_init_sizes)(TrainConfig& c, const std::string& data_dir);
   // The model of `c` with weights drawn from `seed` (a GPT's logits cover the first real_vocab tokens).
   std::shared_ptr<models::LanguageModel> (*make)(const TrainConfig& c, int64_t real_vocab, uint64_t seed);
-  // The weights in `path` for the model `c` describes, with this family's Castor names.
-  StateDict (*weights)(const TrainConfig& c, const std::string& path);
+  // Loads the weights in `path` into `model`, the model `c` describes (strictly: every tensor, each of its shape).
+  void (*load)(nn::Module& model, const TrainConfig& c, const std::string& path);
   // The description of `c`'s model a run records (config.json's "model_config": "family" and the sizes), and the
   // model a description builds (weights from seed 0; castor::Error naming `what` for a bad description).
   Json (*describe)(const TrainConfig& c);

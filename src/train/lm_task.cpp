@@ -159,7 +159,12 @@ class LmTask : public Task {
   Json eval_json(const Evaluation& ev) const override {
     return Json::Object{{"val_loss", ev.loss}, {"val_perplexity", std::exp(ev.loss)}, {"val_accuracy", ev.accuracy}};
   }
-  StateDict init_weights(const TrainConfig& c) const override { return init_ ? *init_ : family_.weights(c, c.init); }
+  void load_init(nn::Module& model, const TrainConfig& c) const override {
+    if (init_)
+      model.load_state_dict(*init_, /*strict=*/true);
+    else
+      family_.load(model, c, c.init);
+  }
 
  private:
   // The rows an evaluation covers.

@@ -91,7 +91,7 @@ std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const
   auto model = make_language_model(c, real_vocab && real_vocab->is_int() ? real_vocab->as_int() : c.vocab_size,
                                    /*seed=*/0);
   try {
-    model->load_state_dict(family->weights(c, base), /*strict=*/true);
+    family->load(*model, c, base);
   } catch (const Error& e) {
     const std::string msg = e.what();
     throw Error(msg.rfind(base, 0) == 0 ? msg : detail::cat(what, ": the LoRA base ", base, ": ", msg));

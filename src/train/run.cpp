@@ -33,7 +33,7 @@ std::vector<Tensor> trainable(const std::vector<Tensor>& params) {
   return out;
 }
 
-// SGD, or Adam/AdamW over the task's parameter groups (the second without weight decay).
+// SGD, or Adam/AdamW/AdamW8bit over the task's parameter groups (the second without weight decay).
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const Task& task, const nn::Module& model) {
   if (c.optimizer == OptimizerKind::Sgd)
     return std::make_unique<optim::SGD>(
@@ -43,7 +43,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& c, const Tas
   const std::vector<Tensor> decay = trainable(all_decay), no_decay = trainable(all_no_decay);
   optim::AdamOptions o{.lr = c.lr, .beta2 = c.beta2, .weight_decay = c.weight_decay};
   std::unique_ptr<optim::Optimizer> opt;
-  if (c.optimizer == OptimizerKind::Adam)
+  if (c.optimizer == OptimizerKind::AdamW8bit)
+    opt = std::make_unique<optim::AdamW8bit>(
+        decay, optim::AdamW8bitOptions{.lr = c.lr, .beta2 = c.beta2, .weight_decay = c.weight_decay});
+  else if (c.optimizer == OptimizerKind::Adam)
     opt = std::make_unique<optim::Adam>(decay, o);
   else
     opt = optim::make_adamw(decay, o);
@@ -65,7 +68,9 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::
 
 }  // namespace
 
-StateDict Task::init_weights(const TrainConfig& c) const { return models::load_weights_file(c.init, "").tensors; }
+void Task::load_init(nn::Module& model, const TrainConfig& c) const {
+  model.load_state_dict(models::load_weights_file(c.init, "").tensors, /*strict=*/true);
+}
 
 std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run) {
   if (is_language_model(c.model)) return make_lm_task(c, rank, world, new_run);
@@ -112,7 +117,7 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   check_lora_base(c);
   if (!c.init.empty() && (load_init || c.lora_rank > 0)) {  // (a LoRA run's checkpoints hold its adapters only)
     try {
-      r.model->load_state_dict(task.init_weights(c), /*strict=*/true);
+      task.load_init(*r.model, c);
     } catch (const Error& e) {
       const std::string msg = e.what();  // names the file when reading it failed; name the flag too
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));

@@ -1,5 +1,5 @@
 // `castor sample` (text from a GPT or Llama with a KV cache) and `castor export` (a GPT in llm.c's checkpoint format,
-// or as nanoGPT's ckpt.pt).
+// or as nanoGPT's ckpt.pt; a Llama as llama2.c's files; either as safetensors or a GGUF file).
 #include "castor/sample.h"
 
 #include <omp.h>
@@ -15,6 +15,7 @@
 #include "castor/corpus.h"
 #include "castor/fs.h"
 #include "castor/hf.h"
+#include "castor/gguf.h"
 #include "castor/llama2c.h"
 #include "castor/llmc.h"
 #include "castor/ops.h"
@@ -201,6 +202,12 @@ uint64_t byte_size(const std::string& text, const char* flag) {
   throw Error(detail::cat(flag, " ", text, ": not a size (\"5GB\", \"500MB\", \"2GiB\" or a number of bytes)"));
 }
 
+// --type's spellings.
+const Spelling<models::GgufType> kGgufTypes[] = {{models::GgufType::F32, "f32"},
+                                                 {models::GgufType::F16, "f16"},
+                                                 {models::GgufType::BF16, "bf16"},
+                                                 {models::GgufType::Q8_0, "q8_0"}};
+
 }  // namespace
 
 std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
@@ -227,6 +234,10 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
     for (CLI::Option* other : spellings) o->excludes(other);
     spellings.push_back(o);
   }
+  app.add_option("--type", c.type,
+                 "--format gguf: the matrices' type: f32, f16, bf16 (Castor's conversions, rounding to nearest even) "
+                 "or q8_0 (ggml's blocks of 32 int8 with a float16 scale); norms and biases stay f32")
+      ->check(one_of(train::spellings(kGgufTypes)));
   app.add_option("--version", c.version,
                  "--format llama2c: export.py's version, 0 (legacy_export) or 1 (version1_export)")
       ->check(CLI::IsMember({0, 1}));
@@ -336,6 +347,9 @@ ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   const auto app = export_app(c);
   parse_flags(*app, args, "export");
   CASTOR_CHECK(app->count("--version") == 0 || c.format == "llama2c", "--version: applies to --format llama2c only");
+  CASTOR_CHECK(app->count("--type") == 0 || c.format == "gguf", "--type: applies to --format gguf only");
+  CASTOR_CHECK(app->count("--max-shard-size") == 0 || c.format == "hf",
+               "--max-shard-size: applies to --format hf only");
   CASTOR_CHECK(
       !c.format.empty(), "--format: missing (",
       [] {
@@ -590,6 +604,37 @@ Json export_safetensors(const ExportConfig& c) {
                       {"bytes", bytes}};
 }
 
+// castor export --format gguf: the model with its run's tokenizer, every check before the file is written.
+Json export_gguf(const ExportConfig& c) {
+  const LoadedGpt g = load_for_export(c, {c.out});
+  const std::string dir = recorded_data_dir(g.config);
+  CASTOR_CHECK(!dir.empty() && file_exists(dir + "/tokenizer.json"), "--format gguf: ", g.what,
+               " records no token directory; a GGUF file carries the model's tokenizer");
+  const data::Tokenizer tok = data::Tokenizer::load(dir);
+  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, dir);
+  models::GgufType type = models::GgufType::F32;
+  for (const auto& s : kGgufTypes)
+    if (c.type == s.name) type = s.value;
+  const fs::path from = g.run_dir.empty() ? fs::path(g.what) : fs::path(g.run_dir);
+  const std::string name = from.filename().empty() ? "castor" : from.filename().string();
+  models::GgufSummary written;
+  if (g.llama) {
+    const auto* llama = dynamic_cast<const models::Llama*>(g.llama.get());
+    CASTOR_CHECK(llama, "--format gguf: ", g.what, " is a ", g.llama->type_name(),
+                 ", which no GGUF architecture written here expresses (llama, gpt2)");
+    written = models::write_gguf_llama(c.out, *llama, vocab, type, name);
+  } else {
+    written = models::write_gguf_gpt(c.out, g.weights, vocab, type, name);
+  }
+  Json::Object out{{"from", printable(g.what)},  {"format", "gguf"},
+                   {"arch", written.arch},       {"type", c.type},
+                   {"tokenizer", vocab.model},   {"vocab_size", vocab.size()},
+                   {"tensors", written.tensors}, {"out", printable(c.out)},
+                   {"bytes", written.bytes}};
+  if (type == models::GgufType::Q8_0) out["q8_0_max_error"] = written.q8_0_max_error;
+  return out;
+}
+
 }  // namespace
 
 namespace {
@@ -712,6 +757,10 @@ const std::vector<ExportFormat>& export_formats() {
        "the model as one safetensors file with the run's settings in its metadata (castor eval, sample --init and "
        "info read it)",
        export_safetensors},
+      {"gguf", nullptr,
+       "a GGUF file (version 3) that llama.cpp and ollama run, with the run's tokenizer: a Llama as arch llama, a GPT "
+       "as arch gpt2 (--type f32, f16, bf16 or q8_0)",
+       export_gguf},
       {"hf", nullptr,
        "a Llama as a Hugging Face directory --out (config.json, generation_config.json, model.safetensors or shards "
        "past --max-shard-size with model.safetensors.index.json, the tokenizer files of the Hugging Face directory "

@@ -21,8 +21,10 @@ const Spelling<amp::OptLevel> kOptLevels[] = {{amp::OptLevel::O0, amp::opt_level
 // (config.json records dtype_name's spelling, the first of each)
 constexpr Spelling<DType> kDTypes[] = {
     {DType::BFloat16, "bfloat16"}, {DType::Float16, "float16"}, {DType::BFloat16, "bf16"}, {DType::Float16, "fp16"}};
-constexpr Spelling<OptimizerKind> kOptimizers[] = {
-    {OptimizerKind::Sgd, "sgd"}, {OptimizerKind::Adam, "adam"}, {OptimizerKind::AdamW, "adamw"}};
+constexpr Spelling<OptimizerKind> kOptimizers[] = {{OptimizerKind::Sgd, "sgd"},
+                                                   {OptimizerKind::Adam, "adam"},
+                                                   {OptimizerKind::AdamW, "adamw"},
+                                                   {OptimizerKind::AdamW8bit, "adamw8bit"}};
 constexpr Spelling<Schedule> kSchedules[] = {{Schedule::None, "none"},
                                              {Schedule::Step, "step"},
                                              {Schedule::Cosine, "cosine"},
@@ -199,7 +201,10 @@ std::vector<Setting> make_settings() {
       {"--stochastic-rounding", plain<&C::stochastic_rounding>(),
        "O3 only: round optimizer updates stochastically (pure-bf16 training)", nullptr, R::Fixed, J::Any},
       {"--loss-scale", loss_scale(), "dynamic, or a static loss scale (a positive number)", nullptr, R::Fixed, J::Any},
-      {"--optimizer", choice<&C::optimizer, kOptimizers>(), "optimizer", nullptr, R::Fixed, J::Any},
+      {"--optimizer", choice<&C::optimizer, kOptimizers>(),
+       "optimizer (adamw8bit: AdamW with both moments in 8 bits, block-wise quantised as bitsandbytes' AdamW8bit; "
+       "parameters under 4096 elements, norms and biases keep 32-bit moments)",
+       nullptr, R::Fixed, J::Any},
       {"--lr", plain<&C::lr>(), "learning rate", pos, R::Fixed, J::Any},
       {"--momentum", plain<&C::momentum>(), "SGD momentum", unit, R::Fixed, J::Any},
       {"--weight-decay", plain<&C::weight_decay>(), "weight decay", nonneg, R::Fixed, J::Any},
@@ -246,6 +251,10 @@ std::vector<Setting> make_settings() {
       {"--resume", plain<&C::resume>(),
        "continue the run in this directory (or from one of its checkpoints) with its recorded settings; "
        "Ctrl-C/SIGTERM checkpoint and stop. Only these may change: ",
+       nullptr, R::Unrecorded, J::Any},
+      {"--convert-optimizer-state", plain<&C::convert_optimizer_state>(),
+       "with --resume: switch the run between --optimizer adamw and adamw8bit, its moments converted (quantised to "
+       "8 bits, or back to float32)",
        nullptr, R::Unrecorded, J::Any},
       {"--init", shared<&C::init, add_init>(),
        "initial weights: a safetensors file with PyTorch's names (a GPT: nanoGPT's), or for a GPT an llm.c .bin "
@@ -403,6 +412,16 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
     if (!s) continue;
     length_given = length_given || s->resume == Resume::Length;
     if (may_change(*s, c)) continue;
+    if (flag == "--optimizer" && given.optimizer != c.optimizer) {  // only adamw <-> adamw8bit, converting
+      auto adamw = [](OptimizerKind k) { return k == OptimizerKind::AdamW || k == OptimizerKind::AdamW8bit; };
+      CASTOR_CHECK(adamw(given.optimizer) && adamw(c.optimizer) && given.convert_optimizer_state, "--resume ", what,
+                   ": --optimizer ", name(given.optimizer), " differs from the run's ", name(c.optimizer),
+                   adamw(given.optimizer) && adamw(c.optimizer)
+                       ? "; add --convert-optimizer-state to convert its optimizer state"
+                       : "; only adamw and adamw8bit convert into each other (--convert-optimizer-state)");
+      c.optimizer = given.optimizer;
+      continue;
+    }
     const std::string key = config_key(flag);
     const Json &was = before.at(key), &is = now.at(key);
     // (the recorded strings are paths, recorded absolute: the same file spelled differently is the same setting)

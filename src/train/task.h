@@ -47,9 +47,9 @@ class Task {
   virtual std::pair<std::vector<Tensor>, std::vector<Tensor>> param_groups(const nn::Module& model) const {
     return {model.parameters(), {}};
   }
-  // --init's weights for the model `c` describes (a safetensors file with PyTorch's names; a GPT also llm.c's format,
-  // a Llama llama2.c's).
-  virtual StateDict init_weights(const TrainConfig& c) const;
+  // Loads --init's weights into `model`, the model `c` describes, strictly (a safetensors file with PyTorch's names;
+  // a language model's family reads its own formats too: llm.c's, llama2.c's, a Hugging Face directory).
+  virtual void load_init(nn::Module& model, const TrainConfig& c) const;
   // MFU's terms (none where the model's FLOPs are not estimated).
   virtual FlopRate flop_rate(const TrainConfig& c, const nn::Module& model) const { return {}; }
 

@@ -15,6 +15,7 @@
 #include "castor/dist.h"
 #include "castor/fs.h"
 #include "castor/json.h"
+#include "castor/optim.h"
 #include "castor/tokenizer.h"
 #include "train/loop.h"
 #include "train/lora_run.h"
@@ -40,6 +41,26 @@ struct OpenRun {
 
 // Resolves --resume and --out, takes the run directory (rank 0; the other ranks wait until it is set up), and for a
 // resumed run reads the checkpoint and turns `c` into the recorded config with the flags a resume may change.
+// A run resumed under the other of adamw and adamw8bit (--convert-optimizer-state, which resume_config requires):
+// the checkpoint's optimizer state quantised to 8 bits, or back to float32.
+void convert_optimizer_state(Checkpoint& ck, OptimizerKind to, const std::string& what) {
+  const std::string prefix = "amp.optimizer.0.";
+  StateDict sd;
+  for (auto it = ck.state.begin(); it != ck.state.end();)
+    if (it->first.rfind(prefix, 0) == 0) {
+      sd[it->first.substr(prefix.size())] = it->second;
+      it = ck.state.erase(it);
+    } else {
+      ++it;
+    }
+  try {
+    sd = to == OptimizerKind::AdamW8bit ? optim::adamw_state_to_8bit(sd, {}) : optim::adamw8bit_state_to_32bit(sd);
+  } catch (const Error& e) {
+    throw Error(detail::cat(what, ": --convert-optimizer-state: ", e.what()));
+  }
+  for (auto& [k, t] : sd) ck.state[prefix + k] = std::move(t);
+}
+
 OpenRun open_run(TrainConfig& c, int rank, int world) {
   CASTOR_CHECK(!c.given("--out") || !c.out.empty(),
                "--out: empty (the run directory; leave the flag out for runs/DATE-...)");
@@ -69,6 +90,9 @@ OpenRun open_run(TrainConfig& c, int rank, int world) {
     r.recorded = recorded_config(*r.ck, r.resume_from);
     c = resume_config(c, r.recorded, r.resume_from);
     resume_batch_size(c, r.recorded, world);
+    if (const Json* was = r.recorded.find("optimizer");
+        was && was->is_string() && was->as_string() != name(c.optimizer))
+      convert_optimizer_state(*r.ck, c.optimizer, r.resume_from);
   }
   return r;
 }

