@@ -19,10 +19,14 @@ struct Checkpoint {
   Metadata state_meta;
 };
 
+// A checkpoint directory holding this file (the LoRA runs whose frozen base is its model.safetensors, one absolute path
+// a line) is never pruned.
+inline constexpr const char* kLoraRunsFile = "LORA_RUNS";
+
 // Writes `run_dir`/checkpoints/step-<step> atomically: files into a temp directory, each fsynced, the COMMIT
 // marker (holding each file's checksum) last, the directory renamed into place and its parent fsynced. Then
-// deletes all but the newest `keep` complete checkpoints. Returns the checkpoint's path. A failure leaves
-// older checkpoints intact.
+// deletes all but the newest `keep` complete checkpoints and those a LoRA run is built on (kLoraRunsFile). Returns
+// the checkpoint's path. A failure leaves older checkpoints intact.
 std::string write_checkpoint(const std::string& run_dir, int64_t step, const Checkpoint& ckpt, int64_t keep);
 
 // The newest complete checkpoint (one with a COMMIT marker) under `run_dir`/checkpoints, if any; not verified.

@@ -49,14 +49,20 @@ class KVCache {
   void clear() { size_ = 0; }
   // Layer `layer`'s attention for n new positions: stores k and v (B, Hkv, n, D) at positions size() ..
   // size() + n - 1 and returns scaled_dot_product_attention of q (B, H, n, D) over the keys and values of positions
-  // 0 .. size() + n - 1 (query i sees keys up to size() + i), (B, H, n, D).
-  Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v);
+  // 0 .. size() + n - 1 (query i sees keys up to size() + i; with a `window` W > 0 only the last W of them), (B, H, n,
+  // D). Keys a window leaves out are not read.
+  Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, int64_t window = 0);
 
  private:
   friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache);
   std::vector<Tensor> keys_, values_;  // per layer: (B, Hkv, block_size, D)
   int64_t size_ = 0, capacity_ = 0;
 };
+
+// The bool attention mask (queries, keys) of the last `queries` positions of `keys` (query i at position keys -
+// queries + i, bottom-right aligned): true where key j <= that position and, with a window W > 0, j > position - W
+// (Mistral's sliding window: the last W keys, itself included).
+Tensor causal_mask(int64_t queries, int64_t keys, int64_t window = 0);
 
 // Runs the tokens `idx` (B, n) int64 at positions cache.size() .. cache.size() + n - 1 through `model`, reading the
 // earlier positions' keys and values from `cache` and appending theirs: the logits (B, n, output width: a padded

@@ -15,6 +15,7 @@ struct SampleConfig {
   std::string init;           // or weights: an llm.c .bin or safetensors with nanoGPT names
   std::string tokenizer_dir;  // a token directory's tokenizer; default: the run's recorded data directory
   int64_t n_head = 0;         // for safetensors that do not record it
+  std::string lora_base;      // a LoRA run's base where it is now (it moved since the run recorded it)
   std::string prompt = "\n";  // empty: GPT-2's <|endoftext|> (a char tokenizer needs a prompt)
   int64_t tokens = 200;       // new tokens
   double temperature = 0.8;   // 0 (or below models::kMinTemperature, 1e-4): greedy
@@ -40,7 +41,8 @@ struct ExportConfig {
   // (--peft DIR: --format peft --out DIR, a LoRA run's adapters in PEFT's format)
   std::string checkpoint;  // a run or checkpoint directory, or a weights file (llm.c .bin, llama2.c or safetensors)
   std::string out;
-  int64_t n_head = 0;  // for safetensors that do not record it
+  int64_t n_head = 0;     // for safetensors that do not record it
+  std::string lora_base;  // a LoRA run's base where it is now (it moved since the run recorded it)
 };
 ExportConfig parse_export_flags(const std::vector<std::string>& args);
 std::string export_help();

@@ -93,8 +93,10 @@ struct TrainConfig {
   double lora_alpha = 8, lora_dropout = 0;
   std::string lora_targets = "all-linear";  // comma-separated module names (nn::LoraConfig::target_modules)
   bool rslora = false;
-  std::string init_lora;      // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
-  std::string init_checksum;  // not a flag: the checksum a run recorded of --init (its LoRA base is checked)
+  std::string init_lora;        // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
+  std::string lora_base;        // a resumed LoRA run's base where it is now (it moved); replaces init
+  std::string init_checksum;    // not a flag: the checksum a run recorded of --init (its LoRA base is checked)
+  int64_t real_vocab_size = 0;  // not a flag: the vocabulary a model was made for (recorded, or an --init's)
   // Not a flag: the model's description (config.json's "model_config") when the flags do not give all of it: an
   // --init Hugging Face directory's (its norm eps, feed-forward width, ...), or a run's recording read back.
   Json model_config;
@@ -143,6 +145,9 @@ struct EvalConfig {
   std::string data_dir;
   int64_t batch_size = 0;      // images or token rows per batch; 0: the task's (256 images, rows of ~4096 tokens)
   std::optional<DType> dtype;  // float32: evaluate at O0; bf16/fp16: autocast to it; none: as the run trained
+  // Language-model weights without castor metadata: the sizes no tensor's shape holds (0: not given).
+  int64_t n_head = 0, block_size = 0;
+  std::string lora_base;  // a LoRA run's base where it is now (it moved since the run recorded it)
 };
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);
 std::string eval_help();

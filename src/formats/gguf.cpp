@@ -303,7 +303,7 @@ GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const 
   f.u32("llama.embedding_length", static_cast<uint32_t>(c.dim));
   f.u32("llama.block_count", static_cast<uint32_t>(c.n_layers));
   f.u32("llama.feed_forward_length", static_cast<uint32_t>(c.ffn_hidden_dim()));
-  f.u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_dim()));
+  f.u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_size()));
   f.u32("llama.attention.head_count", static_cast<uint32_t>(c.n_heads));
   f.u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.kv_heads()));
   f.f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.norm_eps));

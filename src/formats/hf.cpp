@@ -108,7 +108,7 @@ struct Planned {
 };
 
 std::vector<Planned> plan(const models::LlamaConfig& c) {
-  const int64_t D = c.head_dim(), H = c.n_heads, KV = c.kv_heads(), F = c.ffn_hidden_dim();
+  const int64_t D = c.head_size(), H = c.n_heads, KV = c.kv_heads(), F = c.ffn_hidden_dim();
   std::vector<Planned> out;
   for (const TensorName& row : hf_layout()) {
     const std::string castor = row.castor;
@@ -401,7 +401,7 @@ void write_hf(const std::string& dir, const models::LlamaConfig& c, const StateD
   CASTOR_CHECK(!exists || (fs::is_directory(fs::symlink_status(target, ec)) &&
                            (fs::is_empty(target, ec) || fs::exists(target / "config.json", ec))),
                dir, ": exists and is not a Hugging Face directory or empty; give another --out");
-  CASTOR_CHECK(c.head_dim() % 2 == 0, dir, ": the head size is odd");
+  CASTOR_CHECK(c.head_size() % 2 == 0, dir, ": the head size is odd");
   // The tensors as the files hold them, in the layout's order, before anything is written.
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const Planned& t : plan(c)) {
@@ -454,7 +454,7 @@ void write_hf(const std::string& dir, const models::LlamaConfig& c, const StateD
         {"num_hidden_layers", c.n_layers},
         {"num_attention_heads", c.n_heads},
         {"num_key_value_heads", c.kv_heads()},
-        {"head_dim", c.head_dim()},
+        {"head_dim", c.head_size()},
         {"hidden_act", "silu"},
         {"max_position_embeddings", o.max_position_embeddings > 0 ? o.max_position_embeddings : c.max_seq_len},
         {"rms_norm_eps", c.norm_eps},

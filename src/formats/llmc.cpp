@@ -74,6 +74,7 @@ Metadata llmc_metadata(const LlmcHeader& h, const std::string& data) {
                              {"n_embd", c.n_embd},
                              {"block_size", c.block_size},
                              {"vocab_size", c.vocab_size},
+                             {"real_vocab_size", c.real_vocab_size > 0 ? c.real_vocab_size : c.vocab_size},
                              {"bias", true},
                              {"amp", "O0"},
                              {"dtype", "bf16"},
@@ -282,7 +283,12 @@ GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metad
   if (const Json* v = config.is_object() ? config.find("n_head") : nullptr; v && v->is_int()) recorded = v->as_int();
   CASTOR_CHECK(n_head == 0 || recorded == 0 || n_head == recorded, what, ": records n_head ", recorded, ", but ",
                n_head, " was given");
-  return gpt_weights_from_state_dict(std::move(tensors), recorded > 0 ? recorded : n_head, what);
+  GPTWeights w = gpt_weights_from_state_dict(std::move(tensors), recorded > 0 ? recorded : n_head, what);
+  // The vocabulary the model was made for, when a Castor run recorded it (its padded rows are not tokens).
+  if (const Json* v = config.is_object() ? config.find("real_vocab_size") : nullptr;
+      v && v->is_int() && v->as_int() > 0 && v->as_int() <= w.config.vocab_size)
+    w.config.real_vocab_size = v->as_int();
+  return w;
 }
 
 GPTWeights load_gpt_init(const std::string& path, int64_t n_head) {

@@ -34,21 +34,29 @@ KVCache::KVCache(const LanguageModel& model, int64_t batch_size) : capacity_(mod
   }
 }
 
-Tensor KVCache::attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v) {
+Tensor causal_mask(int64_t queries, int64_t keys, int64_t window) {
+  CASTOR_CHECK(queries >= 0 && queries <= keys && window >= 0, "causal_mask: ", queries, " queries over ", keys,
+               " keys, window ", window);
+  std::vector<double> m(queries * keys);
+  for (int64_t i = 0; i < queries; ++i) {
+    const int64_t pos = keys - queries + i;
+    for (int64_t j = 0; j < keys; ++j) m[i * keys + j] = j <= pos && (window == 0 || j > pos - window);
+  }
+  return tensor(m, Shape{queries, keys}, DType::Bool);
+}
+
+Tensor KVCache::attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, int64_t window) {
   const int64_t p = size_, n = q.size(2);
   keys_[layer].narrow(2, p, n).copy_(k);
   values_[layer].narrow(2, p, n).copy_(v);
-  // Query i (position p + i) attends keys 0 .. p + i: one query needs no mask, a block from position 0 is causal
-  // (top-left aligned), a block after cached keys needs the mask spelled out.
-  Tensor mask;
-  if (n > 1 && p > 0) {
-    std::vector<double> m(n * (p + n));
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < p + n; ++j) m[i * (p + n) + j] = j <= p + i;
-    mask = tensor(m, Shape{n, p + n}, DType::Bool);
-  }
-  return F::scaled_dot_product_attention(q, keys_[layer].narrow(2, 0, p + n), values_[layer].narrow(2, 0, p + n), mask,
-                                         /*dropout_p=*/0.0, /*is_causal=*/n > 1 && p == 0);  // (B, H, n, D)
+  // Query i (position p + i) attends keys from..p + i, from = 0 or p + i - window + 1: the keys before the first
+  // query's window are not read. One query needs no mask, a block whose keys start with it and fit the window is
+  // causal (top-left aligned), any other block needs the mask spelled out.
+  const int64_t from = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0, keys = p + n - from;
+  const bool causal = n > 1 && keys == n && (window == 0 || n <= window);
+  const Tensor mask = n > 1 && !causal ? causal_mask(n, keys, window) : Tensor();
+  return F::scaled_dot_product_attention(q, keys_[layer].narrow(2, from, keys), values_[layer].narrow(2, from, keys),
+                                         mask, /*dropout_p=*/0.0, causal);  // (B, H, n, D)
 }
 
 Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache) {

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "castor/functional.h"
 #include "castor/ops.h"
@@ -328,25 +330,69 @@ Tensor attention_math(const Tensor& q, const Tensor& k_in, const Tensor& v_in, c
 
 // ---- rotary embedding ----
 
-std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, double theta) {
+void F::RopeScaling::validate() const {
+  if (type == Type::None) return;
+  CASTOR_CHECK(factor > 0 && std::isfinite(factor), "rope_scaling: factor must be positive, got ", factor);
+  if (type == Type::Linear) return;
+  CASTOR_CHECK(low_freq_factor > 0 && high_freq_factor > low_freq_factor && std::isfinite(high_freq_factor),
+               "rope_scaling: low_freq_factor ", low_freq_factor, " and high_freq_factor ", high_freq_factor,
+               " must be positive, high above low");
+  CASTOR_CHECK(original_max_position_embeddings > 0,
+               "rope_scaling: original_max_position_embeddings must be positive, got ",
+               original_max_position_embeddings);
+}
+
+std::vector<float> rotary_inv_freq(int64_t head_size, double theta, const F::RopeScaling& scaling) {
+  using Type = F::RopeScaling::Type;
+  const int64_t half = head_size / 2;
+  std::vector<float> inv(half);
+  const float base = static_cast<float>(theta), factor = static_cast<float>(scaling.factor);
+  for (int64_t k = 0; k < half; ++k) {
+    // llama2.c and transformers: 1 / theta ** (arange(0, D, 2).float() / D), each step in float32.
+    inv[k] = 1.0f / std::pow(base, static_cast<float>(2 * k) / static_cast<float>(head_size));
+    if (scaling.type == Type::Linear) inv[k] /= factor;
+    if (scaling.type != Type::Llama3) continue;
+    // _compute_llama3_parameters in float32; Python's `scalar / tensor` is tensor.reciprocal() * scalar.
+    const float orig = static_cast<float>(scaling.original_max_position_embeddings);
+    const float low = static_cast<float>(scaling.low_freq_factor), high = static_cast<float>(scaling.high_freq_factor);
+    const float low_wavelen = static_cast<float>(scaling.original_max_position_embeddings / scaling.low_freq_factor);
+    const float high_wavelen = static_cast<float>(scaling.original_max_position_embeddings / scaling.high_freq_factor);
+    const float wavelen = (1.0f / inv[k]) * static_cast<float>(2 * M_PI);
+    const float scaled = wavelen > low_wavelen ? inv[k] / factor : inv[k];
+    if (wavelen < high_wavelen || wavelen > low_wavelen) {
+      inv[k] = scaled;
+    } else {
+      const float smooth = ((1.0f / wavelen) * orig - low) /
+                           static_cast<float>(scaling.high_freq_factor - scaling.low_freq_factor);
+      inv[k] = (1.0f - smooth) * scaled / factor + smooth * scaled;
+    }
+  }
+  return inv;
+}
+
+std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, double theta,
+                                        const F::RopeScaling& scaling) {
   struct Tables {
     Tensor cos, sin;  // (rows, head_size / 2)
   };
+  using Key = std::tuple<int64_t, double, F::RopeScaling::Type, double, double, double, int64_t>;
   static std::mutex mu;
-  static std::map<std::pair<int64_t, double>, Tables> cache;
+  static std::map<Key, Tables> cache;
   const int64_t half = head_size / 2;
   std::lock_guard<std::mutex> lock(mu);
-  Tables& t = cache[{head_size, theta}];
+  const bool scaled = scaling.type != F::RopeScaling::Type::None;
+  const F::RopeScaling none;
+  const F::RopeScaling& sc = scaled ? scaling : none;  // unscaled tables whatever the unread fields say
+  Tables& t = cache[{head_size, theta, sc.type, sc.factor, sc.low_freq_factor, sc.high_freq_factor,
+                     sc.original_max_position_embeddings}];
   if (!t.cos.defined() || t.cos.size(0) < positions) {
     const int64_t rows = std::max(positions, t.cos.defined() ? 2 * t.cos.size(0) : positions);
     Tables grown{empty({rows, half}, DType::Float32), empty({rows, half}, DType::Float32)};
     float *c = grown.cos.data<float>(), *s = grown.sin.data<float>();
-    const float base = static_cast<float>(theta);
+    const std::vector<float> inv_freq = rotary_inv_freq(head_size, theta, sc);
     for (int64_t k = 0; k < half; ++k) {
-      // llama2.c: 1 / theta ** (arange(0, D, 2).float() / D), each step in float32.
-      const float inv_freq = 1.0f / std::pow(base, static_cast<float>(2 * k) / static_cast<float>(head_size));
       for (int64_t p = 0; p < rows; ++p) {
-        const float angle = static_cast<float>(p) * inv_freq;
+        const float angle = static_cast<float>(p) * inv_freq[k];
         c[p * half + k] = static_cast<float>(std::cos(static_cast<double>(angle)));
         s[p * half + k] = static_cast<float>(std::sin(static_cast<double>(angle)));
       }
@@ -356,7 +402,8 @@ std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, do
   return {t.cos.narrow(0, 0, positions), t.sin.narrow(0, 0, positions)};
 }
 
-Tensor F::rotary_embedding(const Tensor& input, int64_t start_pos, double theta, RotaryPairing pairing) {
+Tensor F::rotary_embedding(const Tensor& input, int64_t start_pos, double theta, RotaryPairing pairing,
+                           const RopeScaling& scaling) {
   OpScope s(OpKind::RotaryEmbedding, {input});
   const Tensor& x = s[0];
   CASTOR_CHECK(x.dim() == 4 && is_floating(x.dtype()), "rotary_embedding: expected a floating (B, T, H, D) input, got ",
@@ -365,8 +412,9 @@ Tensor F::rotary_embedding(const Tensor& input, int64_t start_pos, double theta,
                " is odd (RoPE rotates pairs of elements)");
   CASTOR_CHECK(start_pos >= 0 && theta > 0, "rotary_embedding: start_pos ", start_pos, " and theta ", theta,
                " must be >= 0 and > 0");
+  scaling.validate();
   const int64_t T = x.size(1), D = x.size(3);
-  const auto [cos_all, sin_all] = rotary_tables(start_pos + T, D, theta);
+  const auto [cos_all, sin_all] = rotary_tables(start_pos + T, D, theta, scaling);
   const Tensor cos = cos_all.narrow(0, start_pos, T), sin = sin_all.narrow(0, start_pos, T);  // (T, D/2)
   const bool interleaved = pairing == RotaryPairing::Interleaved;
   Tensor out = empty(x.shape(), x.dtype());

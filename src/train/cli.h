@@ -38,6 +38,11 @@ CLI::Option* add_threads(CLI::App& app, int& target, const std::string& help);  
 CLI::Option* add_seed(CLI::App& app, uint64_t& target, const std::string& help);  // 0..2^53
 CLI::Option* add_init(CLI::App& app, std::string& target, const std::string& help);
 CLI::Option* add_n_head(CLI::App& app, int64_t& target, const std::string& help);  // 0 (not given)..1024
+CLI::Option* add_lora_base(CLI::App& app, std::string& target, const std::string& help);
+// The help of --lora-base (its rule is the same everywhere).
+constexpr const char* kLoraBaseHelp =
+    "a LoRA run's base model file where it is now (it moved since the run recorded it); its checksum must be the "
+    "recorded one";
 
 // The spellings of an enumerated flag's values: the flag's choices, its help, config.json and name(); the first
 // spelling of a value is its name.

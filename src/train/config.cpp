@@ -62,7 +62,8 @@ struct EvalFlags {
   std::string checkpoint, file, data_dir, dtype;
   std::optional<ModelKind> model;
   std::optional<Dataset> data;
-  int64_t batch_size = 0;
+  int64_t batch_size = 0, n_head = 0, block_size = 0;
+  std::string lora_base;
 };
 
 std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
@@ -83,6 +84,11 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
                  "evaluate in this type instead of the run's: float32 (O0, 16-bit weights widened), or bf16/fp16 "
                  "autocast (O1 for a float32 run)")
       ->check(one_of({"float32", "bf16", "bfloat16", "fp16", "float16"}));
+  add_n_head(app, f.n_head, "attention heads, for language-model weights that do not record them");
+  app.add_option("--block-size", f.block_size,
+                 "a Llama's context length, for weights that do not record it (a GPT's is its wpe's rows)")
+      ->check(integer_in(1));
+  add_lora_base(app, f.lora_base, kLoraBaseHelp);
   return owner;
 }
 
@@ -161,10 +167,10 @@ std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string&
 }
 
 // Keys of a run's config.json that record facts of the run rather than settings: skipped when it is read back.
-constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization",  "input_shape",     "num_classes",
-                                         "init_checksum",  "class_names",    "castor_version",  "git_commit",
-                                         "host_cpu",       "started",        "real_vocab_size", "train_tokens",
-                                         "val_tokens",     "precision_auto", "model_config"};
+constexpr const char* kRecordedOnly[] = {
+    "schedule_steps", "normalization",  "input_shape",      "num_classes", "init_checksum",   "class_names",
+    "castor_version", "git_commit",     "host_cpu",         "started",     "real_vocab_size", "train_tokens",
+    "val_tokens",     "precision_auto", "trainable_params", "all_params",  "model_config"};
 
 // The text of one TOML value (what follows a line's '='): a basic string "..." with TOML 1.0's escapes decoded
 // (\b \t \n \f \r \" \\ \uXXXX \UXXXXXXXX), a literal string '...' as it is, or a bare value (a number, true,
@@ -426,10 +432,51 @@ TrainConfig parse_train_flags(const std::vector<std::string>& args) {
   return c;
 }
 
+namespace {
+
+// The settings whose defaults differ between the jobs (an image classifier's, above; a GPT's; a Llama's), a column each,
+// as parse_settings gives them.
+std::string job_defaults() {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> jobs = {
+      {"image", {}}, {"--model gpt", {"--model", "gpt"}}, {"--model llama", {"--model", "llama"}}};
+  std::vector<Json> values;
+  for (const auto& [title, args] : jobs) values.push_back(settings_json(parse_settings(args)));
+  std::string out = "Defaults that depend on the job (a flag given wins):\n";
+  auto row = [&](const std::string& flag, const std::vector<std::string>& cells) {
+    std::string line = "  " + flag;
+    line.resize(20, ' ');
+    for (const std::string& cell : cells) line += cell + std::string(cell.size() < 16 ? 16 - cell.size() : 1, ' ');
+    out += line.substr(0, line.find_last_not_of(' ') + 1) + "\n";
+  };
+  std::vector<std::string> titles;
+  for (const auto& job : jobs) titles.push_back(job.first);
+  row("", titles);
+  for (const Setting& s : settings()) {
+    const std::string key = config_key(s.flag);
+    const Json* a = values[0].find(key);  // (the unrecorded settings, --out and --resume, have no defaults to show)
+    if (key == "model" || !a || (*a == values[1].at(key) && *a == values[2].at(key))) continue;
+    // "-" where the setting is not the job's (a GPT's --n-kv-head, an image classifier's --n-layer).
+    const bool applies[] = {s.job == Job::Any || s.job == Job::Image || s.job == Job::Folder || s.job == Job::Synthetic,
+                            s.job == Job::Any || s.job == Job::LanguageModel || s.job == Job::Gpt,
+                            s.job == Job::Any || s.job == Job::LanguageModel || s.job == Job::Llama};
+    std::vector<std::string> cells;
+    for (size_t i = 0; i < values.size(); ++i) {
+      const Json& v = values[i].at(key);
+      cells.push_back(!applies[i] ? "-" : v.is_string() ? v.as_string() : v.dump());
+    }
+    row(s.flag, cells);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string train_help() {
   TrainConfig c;
   RawTrainFlags raw;
-  return train_app(c, raw)->help();
+  const std::unique_ptr<CLI::App> app = train_app(c, raw);
+  app->footer(job_defaults());
+  return app->help();
 }
 
 EvalConfig parse_eval_flags(const std::vector<std::string>& args) {
@@ -437,6 +484,7 @@ EvalConfig parse_eval_flags(const std::vector<std::string>& args) {
   parse_flags(*eval_app(f), args, "eval");
   CASTOR_CHECK(f.checkpoint.empty() || f.file.empty(), "castor eval: give the checkpoint once (--checkpoint or FILE)");
   EvalConfig e{f.checkpoint.empty() ? f.file : f.checkpoint, f.model, f.data, f.data_dir, f.batch_size};
+  e.n_head = f.n_head, e.block_size = f.block_size, e.lora_base = f.lora_base;
   if (!f.dtype.empty()) e.dtype = parse_dtype(f.dtype);
   CASTOR_CHECK(!e.path.empty(), "--checkpoint: missing (a checkpoint directory, run directory or model.safetensors)");
   return e;

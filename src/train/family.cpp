@@ -63,6 +63,7 @@ std::optional<StateDict> gpt_take_init_sizes(TrainConfig& c, const std::string&)
   take(c, "--n-embd", c.n_embd, g.n_embd);
   take(c, "--block-size", c.block_size, g.block_size);
   take(c, "--vocab-size", c.vocab_size, g.vocab_size);
+  c.real_vocab_size = g.real_vocab_size;  // llm.c's header V; 0 for weights that record none
   CASTOR_CHECK(!c.given("--bias") || c.bias == g.bias, "--bias: --init ", c.init, g.bias ? " has" : " has no",
                " biases");
   c.bias = g.bias;

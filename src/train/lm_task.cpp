@@ -29,12 +29,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The vocabulary a model needs for the tokens in `dir`: --vocab-size, else the tokenizer's recorded beside them; a
-// GPT's padded to a multiple of 64 above 1024 (GPT-2's 50,257 -> 50,304, as nanoGPT and llm.c), a Llama's exactly
-// the tokenizer's (llama2.c's run.c reads the tokenizer's size from the model). Returns (model's, real).
+// The vocabulary a model needs for the tokens in `dir`: the model's own when it has one (c.real_vocab_size: a run's
+// recorded, an llm.c --init's header V), else --vocab-size, else the tokenizer's recorded beside them; a tokenizer.json
+// there may only agree with the model's. A GPT's padded to a multiple of 64 above 1024 (GPT-2's 50,257 -> 50,304, as
+// nanoGPT and llm.c), a Llama's exactly the tokenizer's (llama2.c's run.c reads the tokenizer's size from the model).
+// Returns (model's, real).
 std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& dir) {
   const std::string record = dir + "/tokenizer.json";
-  const int64_t real = fs::exists(record) ? data::Tokenizer::recorded_vocab_size(dir) : 0;
+  const int64_t data = fs::exists(record) ? data::Tokenizer::recorded_vocab_size(dir) : 0;
+  CASTOR_CHECK(data == 0 || c.real_vocab_size == 0 || data == c.real_vocab_size, record, ": a vocabulary of ", data,
+               " tokens, but the model was made for ", c.real_vocab_size,
+               c.init.empty() ? "" : " (--init " + c.init + ")");
+  const int64_t real = c.real_vocab_size > 0 ? c.real_vocab_size : data;
   CASTOR_CHECK(real > 0 || c.vocab_size > 0, "--vocab-size: not given, and ", record,
                " (written by castor tokenize) is missing");
   const bool pad = family(c).pads_vocab && real > 1024;
@@ -130,8 +136,13 @@ class LmTask : public Task {
     data::LmBatch b = data::eval_rows(*val_, block_size_, rows, i);
     return Batch{b.x, b.y, i, static_cast<double>(b.x.numel())};
   }
-  // Rows of the block size, about 4096 tokens a batch.
-  int64_t eval_batch_size() const override { return std::max<int64_t>(1, 4096 / block_size_); }
+  // Rows of the block size: about 4096 tokens a batch while their logits stay within 4M values (16 MiB in float32),
+  // else the training batch's rows (whose step holds logits of that size and their gradient): GPT-2's vocabulary
+  // evaluated 4096 tokens at once held 0.8 GB of logits, 5x the training step's peak.
+  int64_t eval_batch_size() const override {
+    const int64_t tokens = std::min<int64_t>(4096, (int64_t{1} << 22) / vocab_size_);
+    return std::max({int64_t{1}, tokens / block_size_, std::min(batch_size_, 4096 / block_size_)});
+  }
 
   void record(Json& o) const override {
     o["vocab_size"] = vocab_size_;

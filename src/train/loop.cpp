@@ -341,6 +341,8 @@ class Trainer {
                                 {"lost_metric_lines", log_ ? log_->lost_lines() : 0},
                                 {"nproc", world_},
                                 {"out", c_.out}};
+    const auto [trainable, all] = parameter_counts(*run_.model);
+    summary["trainable_params"] = trainable, summary["all_params"] = all;
     // The steady rate, after this process's first kWarmupSteps steps (primitive creation, first-touch memory), is
     // what a long run sees; the whole run's rate is beside it.
     const double whole = train_seconds_ > 0 ? images_ / train_seconds_ : 0.0;

@@ -68,6 +68,34 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::
 
 }  // namespace
 
+std::pair<int64_t, int64_t> parameter_counts(const nn::Module& model) {
+  int64_t trainable = 0, all = 0;
+  for (const Tensor& p : model.parameters()) {
+    all += p.numel();
+    if (p.requires_grad()) trainable += p.numel();
+  }
+  return {trainable, all};
+}
+
+std::string trainable_parameters_text(int64_t trainable, int64_t all) {
+  auto grouped = [](int64_t n) {  // Python's format(n, ",d")
+    std::string digits = std::to_string(n), out;
+    for (size_t i = 0; i < digits.size(); ++i) {
+      if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+      out += digits[i];
+    }
+    return out;
+  };
+  char percent[32];
+  std::snprintf(percent, sizeof(percent), "%.4f", all > 0 ? 100.0 * static_cast<double>(trainable) / all : 0.0);
+  return "trainable params: " + grouped(trainable) + " || all params: " + grouped(all) + " || trainable%: " + percent;
+}
+
+std::string trainable_parameters_text(const nn::Module& model) {
+  const auto [trainable, all] = parameter_counts(model);
+  return trainable_parameters_text(trainable, all);
+}
+
 void Task::load_init(nn::Module& model, const TrainConfig& c) const {
   model.load_state_dict(models::load_weights_file(c.init, "").tensors, /*strict=*/true);
 }

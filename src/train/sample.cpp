@@ -74,7 +74,7 @@ std::shared_ptr<models::LanguageModel> load_llama2c_model(const std::string& pat
 
 // A weights file or a run or checkpoint directory; a LoRA run's model file (in its checkpoint or alone) merged into its
 // base.
-LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
+LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& lora_base = "") {
   if (formats::is_hf_dir(path)) {  // a Hugging Face directory: its Llama, described as a run of it would be
     const formats::HfConfig h = formats::read_hf_config(path);
     LoadedGpt g;
@@ -113,7 +113,7 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   const Family* family = kind.empty() ? nullptr : family_of_spelling(kind);
   CASTOR_CHECK(kind.empty() || family, path, ": a ", printable(kind), " checkpoint, not a language model's");
   const bool lora = is_lora_checkpoint(ck.model_meta);
-  merge_lora_checkpoint(ck, what);
+  merge_lora_checkpoint(ck, what, lora_base);
   Json config = castor_config(ck.model_meta, what);
   const fs::path run = fs::path(used).parent_path().parent_path();  // RUN/checkpoints/step-N
   std::string run_dir = dir && fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string();
@@ -161,6 +161,7 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   app.add_option("--tokenizer-dir", c.tokenizer_dir,
                  "token directory whose tokenizer.json decodes (default: the run's)");
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
+  add_lora_base(app, c.lora_base, kLoraBaseHelp);
   app.add_option("--prompt", c.prompt,
                  "the text to continue (default a newline; empty: GPT-2's <|endoftext|>; a llama2.c "
                  "vocabulary puts <s> first, as run.c does)")
@@ -266,6 +267,7 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
                  "whole, or left as it was on failure)")
       ->excludes(peft);
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
+  add_lora_base(app, c.lora_base, kLoraBaseHelp);
   return owner;
 }
 
@@ -311,7 +313,7 @@ std::shared_ptr<models::LanguageModel> sampled_model(LoadedGpt& g, const data::T
 
 void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write) {
   if (c.threads > 0) omp_set_num_threads(c.threads);
-  LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head);
+  LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head, c.lora_base);
   for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
     CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), g.what, ": ", name,
                  " holds NaN or infinite values; no text can be sampled from it");
@@ -545,7 +547,9 @@ LoadedGpt load_for_export(const ExportConfig& c, const std::vector<std::string>&
   } catch (const Error& e) {
     throw Error(detail::cat("--out: ", e.what()));
   }
-  LoadedGpt g = load_gpt(c.checkpoint, c.n_head);
+  LoadedGpt g = load_gpt(c.checkpoint, c.n_head, c.lora_base);
+  CASTOR_CHECK(!c.merge_lora || g.lora, "--merge-lora: ", c.checkpoint,
+               " is not a LoRA run's checkpoint (castor train --lora-rank): it has no adapters to merge");
   CASTOR_CHECK(!g.lora || c.merge_lora, "--merge-lora: missing; ", c.checkpoint,
                " is a LoRA run (adapters on a frozen base): --merge-lora writes the base with its adapters merged, "
                "--peft DIR the adapters alone");
@@ -644,7 +648,7 @@ Json export_peft(const ExportConfig& c) {
   std::string used;
   const Checkpoint ck = read_checkpoint(c.checkpoint, &used);
   const std::string what = (fs::path(used) / "model.safetensors").string();
-  write_peft(c.out, ck, what);
+  write_peft(c.out, ck, what, c.lora_base);
   return Json::Object{{"from", printable(what)},
                       {"format", "peft"},
                       {"out", printable(c.out)},

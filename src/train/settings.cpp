@@ -279,6 +279,7 @@ std::vector<Setting> make_settings() {
        "LoRA: start the adapters from a PEFT directory (adapter_config.json, adapter_model.safetensors, as castor "
        "export --peft writes); its config gives the rank, alpha, dropout, targets and rslora",
        nullptr, R::Fixed, J::LanguageModel},
+      {"--lora-base", shared<&C::lora_base, add_lora_base>(), kLoraBaseHelp, nullptr, R::Unrecorded, J::LanguageModel},
       {"--checkpoint-every", plain<&C::checkpoint_every>(), "steps between checkpoints (0: at each epoch end)", &count,
        R::Free, J::Any},
       {"--checkpoint-minutes", plain<&C::checkpoint_minutes>(),
@@ -439,6 +440,7 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
   c.given_flags = given.given_flags;
   if (const Json* sum = recorded.find("init_checksum"); sum && sum->is_string()) c.init_checksum = sum->as_string();
   if (const Json* d = recorded.find("model_config"); d && d->is_object()) c.model_config = *d;
+  if (const Json* v = recorded.find("real_vocab_size"); v && v->is_int()) c.real_vocab_size = v->as_int();
   check_jobs(c);
   return c;
 }

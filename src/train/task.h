@@ -107,6 +107,12 @@ struct Run {
 // the file, which may be gone by then).
 Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool load_init);
 
+// (trainable, all) parameter values of `model`, a tied parameter once (PEFT's print_trainable_parameters counts).
+std::pair<int64_t, int64_t> parameter_counts(const nn::Module& model);
+// PEFT's print_trainable_parameters line: "trainable params: 1,234 || all params: 5,678 || trainable%: 21.7307".
+std::string trainable_parameters_text(int64_t trainable, int64_t all);
+std::string trainable_parameters_text(const nn::Module& model);
+
 // One figure in printf's format: figure("val loss %.4f", 2.5) is "val loss 2.5000".
 std::string figure(const char* format, double value);
 

@@ -77,6 +77,27 @@ TEST(LlamaGenerate, CachedLogitsEqualTheFullForward) {
   expect_cached_logits_equal_full_forward(*models::llama(test::tiny_llama_config(67, 4, /*tied=*/false), 8));
 }
 
+// Hugging Face's options in the cached path: rope scaling at the cache positions, biases, a head size of its own,
+// and sliding windows of 3 keys (every block of the sequence longer than it: masks and keys dropped) and of 4.
+TEST(LlamaGenerate, CachedLogitsEqualTheFullForwardWithHuggingFaceOptions) {
+  for (int64_t window : {3, 4, 0}) {
+    SCOPED_TRACE(window);
+    models::LlamaConfig c = test::tiny_llama_config(67);
+    c.head_dim = 16, c.attention_bias = true, c.mlp_bias = true, c.rope_theta = 500000, c.sliding_window = window;
+    c.rope_scaling = {F::RopeScaling::Type::Llama3, 8.0, 1.0, 4.0, 64};
+    auto model = models::llama(c, 9);
+    {
+      Generator gen(4);
+      NoGradGuard no_grad;
+      for (auto& [name, p] : model->named_parameters())
+        if (name.ends_with(".bias")) p.copy_(normal(p.shape(), 0.0, 0.5, DType::Float32, &gen));
+    }
+    expect_cached_logits_equal_full_forward(*model);
+  }
+  EXPECT_TRUE(
+      test::bit_equal(models::causal_mask(2, 5, 3), tensor({0, 1, 1, 1, 0, 0, 0, 1, 1, 1}, Shape{2, 5}, DType::Bool)));
+}
+
 // Greedy generation from a 67-token vocabulary, block 16, against the argmax of full forwards over each window.
 // Weights `scale` x the init: a model whose greedy choice depends on the context instead of settling into a loop.
 void expect_greedy_is_argmax_of_full_forwards(models::LanguageModel& model, double scale) {
