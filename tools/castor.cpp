@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -117,10 +118,13 @@ int main(int argc, char** argv) {
       std::printf("%s\n", castor::data::run_tokenize(castor::train::parse_tokenize_flags(args)).dump().c_str());
     } else if (cmd == "sample") {
       if (wants_help(args)) return std::fputs(castor::train::sample_help().c_str(), stdout), 0;
-      castor::train::run_sample(castor::train::parse_sample_flags(args), [](std::string_view text) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        std::fflush(stdout);
-      });
+      castor::train::run_sample(
+          castor::train::parse_sample_flags(args),
+          [](std::string_view text) {
+            std::fwrite(text.data(), 1, text.size(), stdout);
+            std::fflush(stdout);
+          },
+          [](std::string& line) { return static_cast<bool>(std::getline(std::cin, line)); });
       std::fputs("\n", stdout);
     } else if (cmd == "export") {
       if (wants_help(args)) return std::fputs(castor::train::export_help().c_str(), stdout), 0;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "castor/nn.h"
+#include "castor/random.h"
 
 namespace castor::models {
 
@@ -88,12 +89,21 @@ inline constexpr double kMinTemperature = 1e-4;
 // block_size is cut to its last block_size tokens, as nanoGPT does. While the text fits the block, each new token is
 // one cached position (forward_cached); past it, `window` says what the model sees. castor::Error when the logits
 // are not finite (NaN or infinite weights) or an argument is out of range: every id drawn is in [0, vocab_size()).
+// `top_p` in (0, 1): llama2.c run.c's nucleus sampling after the temperature and top-k (sample_token).
 std::vector<int64_t> generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new_tokens,
                               double temperature = 1.0, int64_t top_k = 0, uint64_t seed = 0,
-                              Window window = Window::Sliding);
-// The same tokens, each passed to `emit` as it is drawn (the prompt is not): memory stays bounded by the block size
-// however many tokens are made, so a caller can stream them.
+                              Window window = Window::Sliding, double top_p = 1.0);
+// The same tokens, each passed to `emit` as it is drawn (the prompt is not); generation ends early when emit returns
+// false. Memory stays bounded by the block size however many tokens are made, so a caller can stream them.
 void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature,
-              int64_t top_k, uint64_t seed, Window window, const std::function<void(int64_t)>& emit);
+              int64_t top_k, uint64_t seed, Window window, const std::function<bool(int64_t)>& emit,
+              double top_p = 1.0);
+
+// One token drawn from `logits` (finite, else castor::Error): the argmax at temperature 0 (or below
+// kMinTemperature); else softmax(logits / temperature) restricted to the top_k largest (0: all; ties with the k-th
+// kept) and then, for top_p in (0, 1), run.c's sample_topp: the tokens of probability >= (1 - top_p) / (V - 1) in
+// descending order (equal ones by id), cut after the first whose cumulative probability exceeds top_p, one drawn with
+// r = u * (their cumulative probability); u = gen.next_double().
+int64_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, double top_p, Generator& gen);
 
 }  // namespace castor::models

@@ -23,12 +23,22 @@ struct SampleConfig {
   uint64_t seed = 1337;
   bool cached_window = false;  // --window cached: the KV cache rebuilt from half a block past it; else nanoGPT's
   int threads = 1;             // OpenMP threads: a token's ops are small, and more threads mostly wait on each other
+  double top_p = 1.0;          // in (0, 1): run.c's nucleus sampling (its default is 0.9); else off
+  int64_t num_samples = 1;     // samples, seeds seed, seed + 1, ... (nanoGPT's num_samples)
+  std::string prompt_file;     // the prompt read from this file instead
+  bool chat = false;           // the chat template around the prompt as a user turn; stop at the end of the turn
+  std::string system;          // --chat: a system turn first
+  bool prompt_given = false;   // --chat without --prompt: turns read from stdin, one a line
 };
 SampleConfig parse_sample_flags(const std::vector<std::string>& args);
 std::string sample_help();
 // Writes the prompt, then each generated token as it is drawn, decoded, to `write` (memory stays bounded however
-// many --tokens). castor::Error naming the file when the weights hold NaN or infinite values.
-void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write);
+// many --tokens); samples after the first follow a line "---------------" (nanoGPT's sample.py). A llama2.c
+// vocabulary's sample stops at a drawn <s>, as run.c does. --chat writes the reply alone, stopped at the template's
+// end-of-turn token (or <s>), and without --prompt answers each line `read_turn` gives (the conversation so far in the
+// context) until it returns false. castor::Error naming the file when the weights hold NaN or infinite values.
+void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,
+                const std::function<bool(std::string&)>& read_turn = nullptr);
 
 struct ExportConfig {
   // --format: a name of the export table (src/train/sample.cpp: llmc, nanogpt, llama2c, safetensors, gguf, hf, peft); the old

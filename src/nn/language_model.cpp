@@ -72,9 +72,7 @@ Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache) {
   return logits;
 }
 
-namespace {
-
-int64_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, Generator& gen) {
+int64_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, double top_p, Generator& gen) {
   const int64_t V = static_cast<int64_t>(logits.size());
   for (int64_t i = 0; i < V; ++i)
     CASTOR_CHECK(std::isfinite(logits[i]), "generate: the logit of token ", i, " is ", logits[i],
@@ -91,6 +89,29 @@ int64_t sample_token(std::vector<double> logits, double temperature, int64_t top
   const double top = *std::max_element(logits.begin(), logits.end());
   double total = 0;  // >= 1: the largest term is exp(0)
   for (double& l : logits) total += (l = std::exp(l - top));
+  if (top_p > 0 && top_p < 1) {  // run.c's sample_topp over the probabilities
+    const double cutoff = (1 - top_p) / static_cast<double>(std::max<int64_t>(1, V - 1));
+    std::vector<std::pair<double, int64_t>> kept;
+    for (int64_t i = 0; i < V; ++i)
+      if (logits[i] / total >= cutoff) kept.emplace_back(logits[i] / total, i);
+    std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    double cumulative = 0;
+    size_t last = kept.size() - 1;
+    for (size_t i = 0; i < kept.size(); ++i) {
+      cumulative += kept[i].first;
+      if (cumulative > top_p) {
+        last = i;
+        break;
+      }
+    }
+    const double r = gen.next_double() * cumulative;
+    double cdf = 0;
+    for (size_t i = 0; i <= last; ++i)
+      if (r < (cdf += kept[i].first)) return kept[i].second;
+    return kept[last].second;
+  }
   double u = gen.next_double() * total;
   for (int64_t i = 0; i < V; ++i) {
     if (logits[i] == 0) continue;
@@ -102,15 +123,14 @@ int64_t sample_token(std::vector<double> logits, double temperature, int64_t top
   return last;
 }
 
-}  // namespace
-
 void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature,
-              int64_t top_k, uint64_t seed, Window window, const std::function<void(int64_t)>& emit) {
+              int64_t top_k, uint64_t seed, Window window, const std::function<bool(int64_t)>& emit, double top_p) {
   const int64_t real_vocab = model.vocab_size(), T = model.block_size();
   CASTOR_CHECK(!prompt.empty(), "generate: the prompt is empty (it needs at least one token)");
   CASTOR_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ", max_new_tokens);
   CASTOR_CHECK(temperature >= 0 && std::isfinite(temperature), "generate: temperature must be >= 0, got ", temperature);
   CASTOR_CHECK(top_k >= 0, "generate: top_k must be >= 0, got ", top_k);
+  CASTOR_CHECK(top_p >= 0 && top_p <= 1, "generate: top_p must be in [0, 1], got ", top_p);
   for (int64_t t : prompt)
     CASTOR_CHECK(t >= 0 && t < real_vocab, "generate: prompt token ", t, " is outside the vocabulary [0, ", real_vocab,
                  ")");
@@ -127,10 +147,9 @@ void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new
   };
   std::vector<double> logits = feed(seq.size() > static_cast<size_t>(T) ? seq.size() - T : 0);
   for (int64_t i = 0; i < max_new_tokens; ++i) {
-    const int64_t next = sample_token(logits, temperature, top_k, gen);
+    const int64_t next = sample_token(logits, temperature, top_k, top_p, gen);
     seq.push_back(next);
-    emit(next);
-    if (i + 1 == max_new_tokens) break;
+    if (!emit(next) || i + 1 == max_new_tokens) break;
     if (seq.size() > 2 * static_cast<size_t>(T)) seq.erase(seq.begin(), seq.end() - T);
     if (cache.size() < T) {
       logits = feed(seq.size() - 1);
@@ -147,10 +166,15 @@ void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new
 }
 
 std::vector<int64_t> generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new_tokens,
-                              double temperature, int64_t top_k, uint64_t seed, Window window) {
+                              double temperature, int64_t top_k, uint64_t seed, Window window, double top_p) {
   std::vector<int64_t> seq = prompt;
-  generate(model, std::move(prompt), max_new_tokens, temperature, top_k, seed, window,
-           [&](int64_t t) { seq.push_back(t); });
+  generate(
+      model, std::move(prompt), max_new_tokens, temperature, top_k, seed, window,
+      [&](int64_t t) {
+        seq.push_back(t);
+        return true;
+      },
+      top_p);
   return seq;
 }
 

@@ -107,8 +107,21 @@ std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
   CLI::App& app = *owner;
   app.add_option("--tokenizer", f.opt.tokenizer,
                  "gpt2 (GPT-2 byte-level BPE), char (the text's characters) or bpe "
-                 "(a byte-fallback BPE vocabulary learned from the text, as llama2.c's sentencepiece training)")
-      ->check(one_of({"gpt2", "char", "bpe"}));
+                 "(a byte-fallback BPE vocabulary learned from the text, as llama2.c's sentencepiece training); "
+                 "with --format: a token directory whose tokenizer to use (gpt2 or bpe), or gpt2");
+  app.add_option("--format", f.opt.format,
+                 "fine-tuning data: --input is one JSONL file of {\"messages\": [{\"role\", \"content\"}...]} "
+                 "(chat, rendered with the chat template), {\"prompt\", \"completion\"}, Alpaca's {\"instruction\", "
+                 "\"input\", \"output\"} or {\"text\"}; written as rows of --block-size + 1 tokens with a loss mask "
+                 "(OUT/train.mask, OUT/val.mask): the assistant turns or the completion, with their end-of-turn token")
+      ->check(one_of({"chat", "prompt-completion", "alpaca", "text"}));
+  app.add_option("--block-size", f.opt.block_size, "--format: the model's block size (rows of N + 1 tokens)")
+      ->check(integer_in(1));
+  app.add_flag("--train-on-prompt", f.opt.train_on_prompt, "--format: every token is a target, prompts too");
+  app.add_flag("--drop-long", f.opt.drop_long,
+               "--format: leave out examples longer than a row (default: cut them to it; both are counted)");
+  app.add_flag("--pack", f.opt.pack,
+               "--format: several examples to a row, best-fit decreasing (default: one a row, padded)");
   app.add_option("--vocab-size", f.opt.vocab_size,
                  "bpe: the vocabulary to learn, 259..65536 pieces (3 special, "
                  "256 bytes, then merges and characters)");
@@ -135,6 +148,12 @@ data::TokenizeOptions parse_tokenize_flags(const std::vector<std::string>& args)
   if (f.val_every) f.opt.val_every = *f.val_every;
   if (f.val_fraction) f.opt.val_fraction = *f.val_fraction;
   if (!f.opt.brown_dir.empty() && !f.val_every && !f.val_fraction) f.opt.val_every = 10;
+  const bool rows = !f.opt.format.empty();
+  CASTOR_CHECK(rows || (f.opt.block_size == 0 && !f.opt.train_on_prompt && !f.opt.drop_long && !f.opt.pack),
+               "--block-size, --train-on-prompt, --drop-long and --pack: only with --format");
+  CASTOR_CHECK(!rows || f.opt.brown_dir.empty(), "--brown: not with --format (give --input FILE.jsonl)");
+  CASTOR_CHECK(rows || f.opt.tokenizer == "gpt2" || f.opt.tokenizer == "char" || f.opt.tokenizer == "bpe",
+               "--tokenizer: expected gpt2|char|bpe, got '", f.opt.tokenizer, "' (a directory only with --format)");
   CASTOR_CHECK(!f.opt.inputs.empty() || !f.opt.brown_dir.empty(), "--input: missing (text files, or --brown DIR)");
   return f.opt;
 }

@@ -70,6 +70,7 @@ class LmTask : public Task {
     train_.emplace(dir_ + "/train.bin");
     val_.emplace(dir_ + "/val.bin");
     std::tie(c.vocab_size, real_vocab_) = vocabulary(c, dir_);
+    take_row_length(c);
     vocab_size_ = c.vocab_size;
     block_size_ = c.block_size;
     // The model's configuration checked before any step (config.cpp names the flags for what it can get wrong).
@@ -92,24 +93,39 @@ class LmTask : public Task {
                               " is outside the vocabulary of ", real_vocab_,
                               recorded ? " (" + dir_ + "/tokenizer.json)" : " (--vocab-size)"));
     }
-    source_.emplace(*train_, data::LmBatchOptions{.batch_size = c.batch_size,
-                                                  .block_size = c.block_size,
-                                                  .order = c.data_order,
-                                                  .seed = c.seed,
-                                                  .rank = rank,
-                                                  .num_ranks = world});
-    per_epoch_ = source_->batches_per_epoch();
+    const data::LmBatchOptions options{.batch_size = c.batch_size,
+                                       .block_size = c.block_size,
+                                       .order = c.data_order,
+                                       .seed = c.seed,
+                                       .rank = rank,
+                                       .num_ranks = world};
+    if (masked()) {
+      rows_.emplace(*train_, *train_mask_, options);
+      per_epoch_ = rows_->batches_per_epoch();
+      data::masked_row_count(*val_, *val_mask_, block_size_);
+      // A data set whose training rows hold no target would train on nothing: refused before step 1.
+      const auto m = train_mask_->tokens();
+      CASTOR_CHECK(std::find(m.begin(), m.end(), uint16_t{1}) != m.end(), train_mask_->path(),
+                   ": no token is a loss target (castor tokenize --train-on-prompt trains on every token)");
+    } else {
+      source_.emplace(*train_, options);
+      per_epoch_ = source_->batches_per_epoch();
+    }
   }
+  bool masked() const override { return train_mask_.has_value(); }
   int64_t batches_per_epoch() const override { return per_epoch_; }
   void start_epoch(int64_t epoch, int64_t batch) override {
     epoch_ = epoch;
-    source_->set_state({epoch * per_epoch_ + batch});
+    if (rows_)
+      rows_->set_state({epoch * per_epoch_ + batch});
+    else
+      source_->set_state({epoch * per_epoch_ + batch});
   }
   std::optional<Batch> next() override {
-    const int64_t i = source_->state().next_batch - epoch_ * per_epoch_;
+    const int64_t i = (rows_ ? rows_->state() : source_->state()).next_batch - epoch_ * per_epoch_;
     if (i >= per_epoch_) return std::nullopt;
-    data::LmBatch b = source_->next();
-    return Batch{b.x, b.y, i, static_cast<double>(b.x.numel())};
+    data::LmBatch b = rows_ ? rows_->next() : source_->next();
+    return lm_batch(b, i);
   }
   nn::ModulePtr make_model(const TrainConfig& c) const override {
     return make_language_model(c, real_vocab_, c.seed + 1337);
@@ -125,16 +141,18 @@ class LmTask : public Task {
   // The validation split in rows of T tokens, each once: all of them, or --eval-iters batches of --batch-size rows
   // spread evenly over the split (row k of m of all n: k n / m) when it holds more.
   int64_t eval_batches(int64_t batch_size) const override {
+    if (masked()) return (eval_row_count() + batch_size - 1) / batch_size;
     const int64_t n = data::eval_batch_count(*val_, batch_size, block_size_);
     CASTOR_CHECK(n > 0, val_->path(), ": no whole window of ", block_size_ + 1, " tokens to evaluate on");
     return (eval_row_count() + batch_size - 1) / batch_size;
   }
   Batch eval_batch(int64_t i, int64_t batch_size) const override {
-    const int64_t all = (val_->size() - 1) / block_size_, m = eval_row_count();
+    const int64_t all = all_eval_rows(), m = eval_row_count();
     std::vector<int64_t> rows;
     for (int64_t k = i * batch_size; k < std::min(m, (i + 1) * batch_size); ++k) rows.push_back(k * all / m);
-    data::LmBatch b = data::eval_rows(*val_, block_size_, rows, i);
-    return Batch{b.x, b.y, i, static_cast<double>(b.x.numel())};
+    return lm_batch(masked() ? data::masked_rows(*val_, *val_mask_, block_size_, rows, i)
+                             : data::eval_rows(*val_, block_size_, rows, i),
+                    i);
   }
   // Rows of the block size: about 4096 tokens a batch while their logits stay within 4M values (16 MiB in float32),
   // else the training batch's rows (whose step holds logits of that size and their gradient): GPT-2's vocabulary
@@ -149,6 +167,7 @@ class LmTask : public Task {
     o["real_vocab_size"] = real_vocab_;
     o["train_tokens"] = train_->size();
     o["val_tokens"] = val_->size();
+    if (masked()) o["loss_mask"] = true;
   }
   const char* unit() const override { return "tok"; }
   const char* rate_key() const override { return "tokens_per_sec"; }
@@ -178,9 +197,38 @@ class LmTask : public Task {
   }
 
  private:
-  // The rows an evaluation covers.
+  // A token folder of fine-tuning rows (castor tokenize --format, its record's row_tokens): opens the masks and
+  // takes the block size from the rows (a --block-size given with another value is refused).
+  void take_row_length(TrainConfig& c) {
+    if (!fs::exists(dir_ + "/tokenizer.json")) return;
+    const Json record = data::read_tokenizer_record(dir_);
+    const Json* row = record.find("row_tokens");
+    if (!row) return;
+    CASTOR_CHECK(row->is_int() && row->as_int() >= 2, dir_, "/tokenizer.json: row_tokens must be an integer >= 2");
+    const bool fixed = c.given("--block-size") || !c.init.empty();  // given, or --init's model's
+    CASTOR_CHECK(!fixed || c.block_size == row->as_int() - 1, "--block-size ", c.block_size,
+                 c.given("--block-size") ? "" : " (--init's)", ": ", dir_, " holds rows of ", row->as_int(),
+                 " tokens (block size ", row->as_int() - 1, "; castor tokenize --block-size sets it)");
+    c.block_size = row->as_int() - 1;
+    train_mask_.emplace(dir_ + "/train.mask");
+    val_mask_.emplace(dir_ + "/val.mask");
+  }
+  // A batch of the task: its targets that count (all of them without a mask).
+  Batch lm_batch(const data::LmBatch& b, int64_t i) const {
+    double targets = static_cast<double>(b.y.numel());
+    if (masked()) {
+      const int64_t* y = b.y.data<int64_t>();
+      targets = static_cast<double>(
+          std::count_if(y, y + b.y.numel(), [](int64_t t) { return t != data::kIgnoreIndex; }));
+    }
+    return Batch{b.x, b.y, i, static_cast<double>(b.x.numel()), targets};
+  }
+  // Rows of the validation split, and those an evaluation covers.
+  int64_t all_eval_rows() const {
+    return masked() ? data::masked_row_count(*val_, *val_mask_, block_size_) : (val_->size() - 1) / block_size_;
+  }
   int64_t eval_row_count() const {
-    const int64_t all = (val_->size() - 1) / block_size_;
+    const int64_t all = all_eval_rows();
     return eval_iters_ > 0 ? std::min(all, eval_iters_ * batch_size_) : all;
   }
 
@@ -190,6 +238,8 @@ class LmTask : public Task {
   int64_t eval_iters_ = 0, batch_size_ = 0;
   std::optional<data::TokenFile> train_, val_;
   std::optional<data::LmBatchSource> source_;
+  std::optional<data::TokenFile> train_mask_, val_mask_;  // fine-tuning rows: the loss masks
+  std::optional<data::RowBatchSource> rows_;
   int64_t block_size_ = 0, vocab_size_ = 0, real_vocab_ = 0, per_epoch_ = 0, epoch_ = 0;
 };
 

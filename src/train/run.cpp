@@ -10,6 +10,7 @@
 #include "castor/checkpoint.h"
 #include "castor/dist.h"
 #include "castor/functional.h"
+#include "castor/lm_batch.h"
 #include "castor/llmc.h"
 #include "castor/ops.h"
 #include "castor/random.h"
@@ -119,13 +120,15 @@ Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, in
       logits = model(b.input);  // at O2/O3 the patched forward casts the input
     }
     const Tensor flat = logits.reshape({-1, logits.size(-1)}), target = b.target.reshape({-1});
-    sums[0] += F::cross_entropy(flat, target, F::Reduction::Sum).item();
+    // Targets of data::kIgnoreIndex (a fine-tuning row's prompt and padding) are left out of all three.
+    sums[0] += F::cross_entropy(flat, target, F::Reduction::Sum, 0.0, data::kIgnoreIndex).item();
     const auto predicted = argmax(flat, 1).to_vector<int64_t>(), truth = target.to_vector<int64_t>();
     for (size_t k = 0; k < truth.size(); ++k) {
+      if (truth[k] == data::kIgnoreIndex) continue;
       sums[1] += predicted[k] == truth[k];
       if (K > 0) sums[static_cast<size_t>(3 + truth[k] * K + predicted[k])] += 1;
+      sums[2] += 1;
     }
-    sums[2] += static_cast<double>(truth.size());
   }
   model.train();
   if (world > 1) {

@@ -19,6 +19,7 @@
 #include "castor/llama2c.h"
 #include "castor/llmc.h"
 #include "castor/ops.h"
+#include "castor/chat_data.h"
 #include "castor/tokenizer.h"
 #include "castor/torch_save.h"
 #include "train/metrics.h"
@@ -166,9 +167,20 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
                  "the text to continue (default a newline; empty: GPT-2's <|endoftext|>; a llama2.c "
                  "vocabulary puts <s> first, as run.c does)")
       ->default_str("\"\\n\"");
-  app.add_option("--tokens", c.tokens, "tokens to generate");
+  app.add_option("--prompt-file", c.prompt_file, "the prompt read from this file (nanoGPT's start=\"FILE:...\")");
+  app.add_option("--tokens", c.tokens, "tokens to generate (at most)");
   app.add_option("--temperature", c.temperature, "divides the logits; 0 (or below 1e-4): the most likely token");
   app.add_option("--top-k", c.top_k, "draw from the k most likely tokens only; 0: all");
+  app.add_option("--top-p", c.top_p,
+                 "nucleus sampling as llama2.c's run.c (its default 0.9): the most likely tokens whose probabilities "
+                 "add up past p; 1: off")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--num-samples", c.num_samples, "samples to draw (seeds --seed, --seed + 1, ...)")
+      ->check(integer_in(1));
+  app.add_flag("--chat", c.chat,
+               "apply the chat template (the token directory's, else ChatML) to --prompt as a user turn and write the "
+               "reply, stopping at the end-of-turn token; without --prompt, each line of stdin is a turn");
+  app.add_option("--system", c.system, "--chat: a system turn before the first user turn");
   add_seed(app, c.seed, "the sampling generator's seed");
   app.add_option_function<std::string>(
          "--window", [&c](const std::string& w) { c.cached_window = w == "cached"; },
@@ -281,6 +293,17 @@ SampleConfig parse_sample_flags(const std::vector<std::string>& args) {
   CASTOR_CHECK(c.temperature >= 0 && std::isfinite(c.temperature), "--temperature: must be non-negative, got ",
                c.temperature);
   CASTOR_CHECK(c.top_k >= 0, "--top-k: must be non-negative, got ", c.top_k);
+  c.prompt_given = false;
+  for (const std::string& a : args)
+    if (a == "--prompt" || a.starts_with("--prompt=") || a == "--prompt-file" || a.starts_with("--prompt-file="))
+      c.prompt_given = true;
+  CASTOR_CHECK(c.prompt_file.empty() || std::find(args.begin(), args.end(), "--prompt") == args.end(),
+               "--prompt-file: not with --prompt");
+  CASTOR_CHECK(c.chat || c.system.empty(), "--system: only with --chat");
+  if (!c.prompt_file.empty()) {
+    const std::vector<uint8_t> bytes = read_file(c.prompt_file);
+    c.prompt.assign(bytes.begin(), bytes.end());
+  }
   return c;
 }
 
@@ -311,7 +334,8 @@ std::shared_ptr<models::LanguageModel> sampled_model(LoadedGpt& g, const data::T
 
 }  // namespace
 
-void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write) {
+void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,
+                const std::function<bool(std::string&)>& read_turn) {
   if (c.threads > 0) omp_set_num_threads(c.threads);
   LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head, c.lora_base);
   for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
@@ -321,27 +345,84 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what, " records no data directory to decode with");
   data::Tokenizer tok = data::Tokenizer::load(dir);
   const std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
+  model->eval();
+  const models::Window window = c.cached_window ? models::Window::Cached : models::Window::Sliding;
+  // run.c ends a sample at a drawn <s> (a llama2.c vocabulary's sequence delimiter); --chat also at the end of turn.
+  const int64_t bos = tok.bpe() ? data::BpeVocabulary::kBos : -1;
+  if (c.chat) {
+    const Json record = data::read_tokenizer_record(dir);
+    data::ChatTokenizer ct = data::chat_tokenizer(tok);
+    if (const Json* t = record.find("chat_template"); t && t->is_string())
+      ct.chat_template = t->as_string(), ct.template_what = dir + "/tokenizer.json's chat_template";
+    const data::ChatTemplate tmpl(ct.chat_template, ct.template_what);
+    Json::Array messages;
+    if (!c.system.empty()) messages.push_back(Json::Object{{"role", "system"}, {"content", c.system}});
+    // One reply: the conversation rendered with the generation prompt, then tokens up to the end of the turn.
+    auto reply = [&](uint64_t seed) {
+      const data::TokenizedText ids = data::tokenize_rendered({data::render_prompt(messages, tmpl, ct), {}}, ct);
+      std::vector<uint16_t> out;
+      uint16_t prev = static_cast<uint16_t>(ids.ids.back());
+      models::generate(
+          *model, std::vector<int64_t>(ids.ids.begin(), ids.ids.end()), c.tokens, c.temperature, c.top_k, seed, window,
+          [&](int64_t t) {
+            if (t == ct.eos_id || t == bos) return false;
+            const uint16_t id = static_cast<uint16_t>(t);
+            write(tok.decode_next(prev, id));
+            out.push_back(id);
+            prev = id;
+            return true;
+          },
+          c.top_p);
+      return tok.decode(out);
+    };
+    auto turn = [&](const std::string& text, uint64_t seed) {
+      messages.push_back(Json::Object{{"role", "user"}, {"content", text}});
+      const std::string answer = reply(seed);
+      messages.push_back(Json::Object{{"role", "assistant"}, {"content", answer}});
+    };
+    if (c.prompt_given || !read_turn) {
+      for (int64_t i = 0; i < c.num_samples; ++i) {
+        if (i > 0) write("\n---------------\n");
+        turn(c.prompt, c.seed + static_cast<uint64_t>(i));
+        messages.resize(messages.size() - 2);
+      }
+      return;
+    }
+    std::string line;
+    for (uint64_t i = 0; read_turn(line); ++i) {
+      turn(line, c.seed + i);
+      write("\n");
+    }
+    return;
+  }
   std::vector<uint16_t> prompt_ids;
   try {
     prompt_ids = tok.encode(c.prompt);
   } catch (const Error& e) {
-    throw Error(detail::cat("--prompt: ", e.what()));
+    throw Error(detail::cat(c.prompt_file.empty() ? "--prompt: " : "--prompt-file " + c.prompt_file + ": ", e.what()));
   }
-  if (prompt_ids.empty()) {
+  const bool eot_start = prompt_ids.empty();
+  if (eot_start) {
     CASTOR_CHECK(tok.kind() == "gpt2", "--prompt: empty; a character model needs at least one character to start from");
     prompt_ids.push_back(data::Gpt2Tokenizer::kEot);  // not text: not written
-  } else {
-    write(tok.decode(prompt_ids));
   }
-  model->eval();
-  // Each token is written as it is drawn, decoded after the one before it (bpe: run.c's decode(prev, token)).
-  uint16_t prev = prompt_ids.back();
-  models::generate(*model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature, c.top_k,
-                   c.seed, c.cached_window ? models::Window::Cached : models::Window::Sliding, [&](int64_t t) {
-                     const uint16_t id = static_cast<uint16_t>(t);
-                     write(tok.decode_next(prev, id));
-                     prev = id;
-                   });
+  for (int64_t i = 0; i < c.num_samples; ++i) {
+    if (i > 0) write("\n---------------\n");
+    if (!eot_start) write(tok.decode(prompt_ids));
+    // Each token is written as it is drawn, decoded after the one before it (bpe: run.c's decode(prev, token)).
+    uint16_t prev = prompt_ids.back();
+    models::generate(
+        *model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature, c.top_k,
+        c.seed + static_cast<uint64_t>(i), window,
+        [&](int64_t t) {
+          if (t == bos) return false;
+          const uint16_t id = static_cast<uint16_t>(t);
+          write(tok.decode_next(prev, id));
+          prev = id;
+          return true;
+        },
+        c.top_p);
+  }
 }
 
 ExportConfig parse_export_flags(const std::vector<std::string>& args) {

@@ -27,11 +27,12 @@ struct Evaluation {
 };
 
 // One batch: the model's input, the targets, its number in the epoch and how many examples (images or tokens, of
-// this rank) it holds.
+// this rank) it holds; a masked task's batch also how many of its targets count (not kIgnoreIndex).
 struct Batch {
   Tensor input, target;
   int64_t index = 0;
   double examples = 0;
+  double targets = 0;
 };
 
 // What a run learns from: its batches, its model, its evaluation set and what config.json, the epoch lines, the
@@ -59,6 +60,10 @@ class Task {
   virtual Batch eval_batch(int64_t i, int64_t batch_size) const = 0;
   virtual int64_t eval_batch_size() const = 0;       // training's, and castor eval's default
   virtual int64_t num_classes() const { return 0; }  // > 0: the evaluation counts a confusion matrix
+  // Whether some targets are data::kIgnoreIndex (fine-tuning rows with a loss mask): the loss is then the mean over
+  // the targets that count of the whole step (all micro-batches and ranks), as PyTorch's ignore_index=-100 over one
+  // big batch.
+  virtual bool masked() const { return false; }
 
   virtual void record(Json& config) const = 0;  // the data's facts, into config.json
   virtual const char* unit() const = 0;         // of examples/s: "img" or "tok"
