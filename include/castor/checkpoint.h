@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "castor/formats.h"
 #include "castor/json.h"
 #include "castor/serialize.h"
 
@@ -40,9 +41,7 @@ bool is_checkpoint_dir(const std::string& path);
 // warning on stderr about each newer damaged one it passes over. `used`, when given, receives the checkpoint's path.
 Checkpoint read_checkpoint(const std::string& path, std::string* used = nullptr);
 
-// The run settings a model file's castor.config metadata records: a JSON object, or null when there is none.
-// castor::Error naming `what` (the file) when the metadata is not a JSON object.
-Json castor_config(const Metadata& meta, const std::string& what);
+using formats::castor_config;  // (castor/formats.h)
 
 // Removes the temp folders killed runs left under `run_dir`/checkpoints (call only while owning the run).
 void remove_stale_temps(const std::string& run_dir);

@@ -115,6 +115,10 @@ class Llama : public LanguageModel {
 };
 
 std::shared_ptr<Llama> llama(const LlamaConfig& config, uint64_t seed = 1337);
+
+// The rotary tables cos and sin (positions, head_size / 2) in float32 as llama2.c's precompute_freqs_cis, the ones
+// the attention rotates with (shared, read-only views).
+std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, double theta);
 // Presets over `vocab_size` tokens: "llama-260k" (dim 64, 5 layers, 8 heads, 4 kv heads, context 512) and "llama-15m"
 // (288, 6, 6, 6, context 256), llama2.c's stories260K and stories15M shapes, and "llama" (128, 4, 8, 4, context 128),
 // `castor train --model llama`'s default.

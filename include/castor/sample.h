@@ -41,16 +41,15 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
                 const std::function<bool(std::string&)>& read_turn = nullptr);
 
 struct ExportConfig {
-  bool llmc = false;         // llm.c's gpt2_124M.bin layout
-  bool nanogpt = false;      // nanoGPT's ckpt.pt in the directory `out`
-  bool llama2c = false;      // llama2.c's model.bin (a Llama), with tokenizer.bin beside it
-  bool safetensors = false;  // the model as one safetensors file with its recorded settings (a GPT or a Llama)
-  std::string format;        // "gguf": a GGUF file llama.cpp runs (a Llama as arch llama, a GPT as gpt2)
-  std::string type = "f32";  // --format gguf: the matrices' type, f32, f16, bf16 or q8_0
-  int version = 0;           // --llama2c: export.py's version, 0 or 1
-  bool merge_lora = false;   // a LoRA run: its base with the adapters merged (required for --llmc and --nanogpt)
-  std::string peft;          // a LoRA run: its adapters in PEFT's format, into this directory (instead of --out)
-  std::string checkpoint;    // a run or checkpoint directory, or a weights file (llm.c .bin, llama2.c or safetensors)
+  // --format: a name of the export table (src/train/sample.cpp: llmc, nanogpt, llama2c, safetensors, gguf, hf, peft); the old
+  // flags --llmc, --nanogpt, --llama2c, --safetensors and --peft DIR are its spellings.
+  std::string format;
+  std::string type = "f32";                 // --format gguf: the matrices' type, f32, f16, bf16 or q8_0
+  int version = 0;                          // --format llama2c: export.py's version, 0 or 1
+  uint64_t max_shard_size = 5'000'000'000;  // --format hf: bytes per safetensors shard (--max-shard-size 5GB)
+  bool merge_lora = false;  // a LoRA run: its base with the adapters merged (required for --llmc and --nanogpt)
+  // (--peft DIR: --format peft --out DIR, a LoRA run's adapters in PEFT's format)
+  std::string checkpoint;  // a run or checkpoint directory, or a weights file (llm.c .bin, llama2.c or safetensors)
   std::string out;
   int64_t n_head = 0;     // for safetensors that do not record it
   std::string lora_base;  // a LoRA run's base where it is now (it moved since the run recorded it)

@@ -33,8 +33,7 @@ const char* name(Compression v);
 const char* name(Recompute v);
 const char* name(DataOrder v);
 const char* name(backends::ConvAlgorithm v);
-bool is_language_model(ModelKind m);
-bool is_llama(ModelKind m);  // llama, llama-260k, llama-15m
+bool is_language_model(ModelKind m);  // a model of a family in src/train/family.h's table
 bool is_text(Dataset d);
 
 struct TrainConfig {
@@ -99,10 +98,13 @@ struct TrainConfig {
   double lora_alpha = 8, lora_dropout = 0;
   std::string lora_targets = "all-linear";  // comma-separated module names (nn::LoraConfig::target_modules)
   bool rslora = false;
-  std::string init_lora;           // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
-  std::string lora_base;           // a resumed LoRA run's base where it is now (it moved); replaces init
-  std::string init_checksum;       // not a flag: the checksum a run recorded of --init (its LoRA base is checked)
-  int64_t real_vocab_size = 0;     // not a flag: the vocabulary a model was made for (recorded, or an --init's)
+  std::string init_lora;        // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
+  std::string lora_base;        // a resumed LoRA run's base where it is now (it moved); replaces init
+  std::string init_checksum;    // not a flag: the checksum a run recorded of --init (its LoRA base is checked)
+  int64_t real_vocab_size = 0;  // not a flag: the vocabulary a model was made for (recorded, or an --init's)
+  // Not a flag: the model's description (config.json's "model_config") when the flags do not give all of it: an
+  // --init Hugging Face directory's (its norm eps, feed-forward width, ...), or a run's recording read back.
+  Json model_config;
   int64_t checkpoint_every = 0;    // steps; 0: at each epoch end
   double checkpoint_minutes = 10;  // also checkpoint when this long has passed since the last one; 0: never
   int64_t keep = 2;                // checkpoints kept

@@ -8,6 +8,7 @@
 #include "castor/functional.h"
 #include "castor/ops.h"
 #include "castor/random.h"
+#include "ops/transformer.h"
 
 namespace castor::models {
 
@@ -177,6 +178,10 @@ LlamaConfig llama_preset(const std::string& name, int64_t vocab_size) {
     throw Error(detail::cat("llama_preset: unknown preset \"", name, "\"; expected llama, llama-260k or llama-15m"));
   }
   return c;
+}
+
+std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, double theta) {
+  return castor::rotary_tables(positions, head_size, theta);
 }
 
 }  // namespace castor::models

@@ -206,19 +206,6 @@ Checkpoint read_checkpoint(const std::string& path, std::string* used) {
   }
 }
 
-Json castor_config(const Metadata& meta, const std::string& what) {
-  const auto it = meta.find("castor.config");
-  if (it == meta.end()) return Json();
-  Json config;
-  try {
-    config = Json::parse(it->second);
-  } catch (const Error& e) {
-    throw Error(detail::cat(what, ": metadata castor.config: ", e.what()));
-  }
-  CASTOR_CHECK(config.is_object(), what, ": metadata castor.config: not a JSON object");
-  return config;
-}
-
 void remove_stale_temps(const std::string& run_dir) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   std::error_code ec;

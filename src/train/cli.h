@@ -83,5 +83,15 @@ CLI::Option* add_choice(CLI::App& app, const std::string& flag, Target& target, 
 // The tables of `castor sample` and `castor export` (src/train/sample.cpp), for completion.
 std::unique_ptr<CLI::App> sample_app(SampleConfig& c);
 std::unique_ptr<CLI::App> export_app(ExportConfig& c);
+// castor export's formats, one row each (src/train/sample.cpp): --format's name, the old flag that spells it, what
+// it writes, and its writer (which reads --checkpoint itself: a LoRA run's adapters are written without the model).
+struct ExportFormat {
+  const char* name;
+  const char* flag;
+  const char* help;
+  Json (*write)(const ExportConfig& c);
+};
+const std::vector<ExportFormat>& export_formats();
+std::vector<std::string> export_format_names();
 
 }  // namespace castor::train

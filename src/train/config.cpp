@@ -16,6 +16,7 @@
 #include "castor/models.h"
 #include "castor/tokenizer.h"
 #include "castor/train_config.h"
+#include "train/family.h"
 #include "train/lora_run.h"
 #include "train/settings.h"
 
@@ -185,10 +186,10 @@ std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string&
 }
 
 // Keys of a run's config.json that record facts of the run rather than settings: skipped when it is read back.
-constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization",  "input_shape",      "num_classes",
-                                         "init_checksum",  "class_names",    "castor_version",   "git_commit",
-                                         "host_cpu",       "started",        "real_vocab_size",  "train_tokens",
-                                         "val_tokens",     "precision_auto", "trainable_params", "all_params"};
+constexpr const char* kRecordedOnly[] = {
+    "schedule_steps", "normalization",  "input_shape",      "num_classes", "init_checksum",   "class_names",
+    "castor_version", "git_commit",     "host_cpu",         "started",     "real_vocab_size", "train_tokens",
+    "val_tokens",     "precision_auto", "trainable_params", "all_params",  "model_config"};
 
 // The text of one TOML value (what follows a line's '='): a basic string "..." with TOML 1.0's escapes decoded
 // (\b \t \n \f \r \" \\ \uXXXX \UXXXXXXXX), a literal string '...' as it is, or a bare value (a number, true,
@@ -355,51 +356,21 @@ std::vector<std::string> config_file_args(const std::string& path) {
 
 namespace {
 
-// --model gpt*: the preset's sizes where not given.
-void apply_gpt_sizes(TrainConfig& c) {
-  const models::GPTConfig p = models::gpt_preset(name(c.model), 0);
-  if (c.n_layer == 0) c.n_layer = p.n_layer;
-  if (c.n_head == 0) c.n_head = p.n_head;
-  if (c.n_embd == 0) c.n_embd = p.n_embd;
-  if (c.block_size == 0) c.block_size = p.block_size;
-  CASTOR_CHECK(c.n_embd % c.n_head == 0, "--n-embd ", c.n_embd, ": not a multiple of --n-head ", c.n_head);
-}
-
-// --model llama*: the preset's sizes where not given (key/value heads: the preset's, or --n-head's when that is
-// given), and LlamaConfig::validate's checks naming the flags.
-void apply_llama_sizes(TrainConfig& c) {
-  const models::LlamaConfig p = models::llama_preset(name(c.model), 0);
-  if (c.n_kv_head == 0) c.n_kv_head = c.n_head == 0 ? p.kv_heads() : c.n_head;
-  if (c.n_layer == 0) c.n_layer = p.n_layers;
-  if (c.n_head == 0) c.n_head = p.n_heads;
-  if (c.n_embd == 0) c.n_embd = p.dim;
-  if (c.block_size == 0) c.block_size = p.max_seq_len;
-  if (c.multiple_of == 0) c.multiple_of = p.multiple_of;
-  CASTOR_CHECK(c.n_embd % c.n_head == 0, "--n-embd ", c.n_embd, ": not a multiple of --n-head ", c.n_head);
-  CASTOR_CHECK((c.n_embd / c.n_head) % 2 == 0, "--n-embd ", c.n_embd, " / --n-head ", c.n_head, ": the head size ",
-               c.n_embd / c.n_head, " is odd (rotary embeddings rotate pairs of it)");
-  CASTOR_CHECK(c.n_head % c.n_kv_head == 0, "--n-kv-head ", c.n_kv_head, ": --n-head ", c.n_head,
-               " is not a multiple of it (each key/value head serves a group of query heads)");
-}
-
-// --model gpt* and llama*: the preset's sizes, and nanoGPT's CPU recipe for the flags not given (AdamW lr 1e-3 with
-// 100 warmup steps and a cosine to 1e-4, weight decay 0.1 on 2-D tensors, beta2 0.99, clip 1.0, batch 12, 2000 steps,
-// Brown characters; a Llama: lr 2e-3, 50 warmup steps, 500 steps, the Brown corpus in a trained 512-piece vocabulary,
-// docs/llama.md); text data only with a language model and the reverse.
+// A language model: its family's preset sizes, and nanoGPT's CPU recipe for the flags not given (AdamW with warmup
+// steps and a cosine to lr / 10, weight decay 0.1 on 2-D tensors, beta2 0.99, clip 1.0, batch 12; the data, lr,
+// warmup and steps the family's row gives: a GPT Brown characters at 1e-3, 100, 2000, a Llama the Brown corpus in a
+// trained 512-piece vocabulary at 2e-3, 50, 500, docs/llama.md); text data only with a language model and the reverse.
 void apply_language_model_defaults(TrainConfig& c) {
-  if (is_language_model(c.model) && !c.given("--data"))
-    c.data = is_llama(c.model) ? Dataset::BrownBpe : Dataset::BrownChar;
+  const Family* family = family_of(c.model);
+  if (family && !c.given("--data")) c.data = family->default_data;
   CASTOR_CHECK(is_language_model(c.model) == is_text(c.data), "--data ", name(c.data), ": ",
                is_text(c.data) ? "text data trains a language model (--model gpt, gpt-mini, gpt2, llama, llama-260k "
                                  "or llama-15m)"
                                : "--model " + std::string(name(c.model)) +
                                      " needs text data (--data brown-char, "
                                      "brown, brown-bpe or tokens)");
-  if (!is_language_model(c.model)) return;
-  if (is_llama(c.model))
-    apply_llama_sizes(c);
-  else
-    apply_gpt_sizes(c);
+  if (!family) return;
+  family->apply_sizes(c);
   if (!c.given("--batch-size")) c.batch_size = 12;
   if (!c.given("--eval-iters")) c.eval_iters = 200;
   if (!c.given("--optimizer")) c.optimizer = OptimizerKind::AdamW;
@@ -407,11 +378,10 @@ void apply_language_model_defaults(TrainConfig& c) {
   if (!c.given("--beta2")) c.beta2 = 0.99;
   if (!c.given("--clip-grad-norm")) c.clip_grad_norm = 1.0;
   if (!c.given("--schedule")) c.schedule = Schedule::WarmupCosine;
-  const bool llama = is_llama(c.model);
-  if (!c.given("--lr") && llama) c.lr = 2e-3;
-  if (!c.given("--warmup-steps")) c.warmup_steps = llama ? 50 : 100;
+  if (!c.given("--lr")) c.lr = family->lr;
+  if (!c.given("--warmup-steps")) c.warmup_steps = family->warmup_steps;
   if (!c.given("--min-lr")) c.min_lr = c.lr / 10;
-  if (!c.given("--steps") && !c.given("--epochs")) c.steps = llama ? 500 : 2000;
+  if (!c.given("--steps") && !c.given("--epochs")) c.steps = family->steps;
 }
 
 }  // namespace

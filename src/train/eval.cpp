@@ -9,10 +9,12 @@
 
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
+#include "castor/hf.h"
 #include "castor/llama2c.h"
 #include "castor/llmc.h"
 #include "castor/safetensors.h"
 #include "castor/trainer.h"
+#include "train/family.h"
 #include "train/lora_run.h"
 #include "train/progress.h"
 #include "train/task.h"
@@ -27,7 +29,7 @@ namespace {
 // Llama's llama2.c/Castor names), --n-head (no shape holds it) and a Llama's --block-size (nor that); the tensors as
 // the model's state dict (a GPT's lm_head tied to wte).
 void take_shapes(const EvalConfig& e, TrainConfig& c, LoadedTensors& file) {
-  if (!is_llama(c.model)) {
+  if (family_of(c.model) == family_named("gpt")) {  // (a row function of train/family.h once a third family reads it)
     models::GPTWeights w = models::gpt_weights_from_safetensors(std::move(file.tensors), file.metadata, e.n_head,
                                                                 e.path);
     const models::GPTConfig& g = w.config;
@@ -73,7 +75,8 @@ void take_shapes(const EvalConfig& e, TrainConfig& c, LoadedTensors& file) {
 LoadedTensors load_for_eval(const EvalConfig& e, TrainConfig& c, std::vector<std::string>& recorded_classes) {
   LoadedTensors model_file;
   std::string file = e.path;  // the model file, for errors
-  if (fs::is_directory(e.path)) {
+  // (a Hugging Face directory is read as a weights file)
+  if (fs::is_directory(e.path) && !formats::is_hf_dir(e.path)) {
     Checkpoint ck = read_checkpoint(e.path, &file);
     file += "/model.safetensors";
     model_file = {std::move(ck.model), std::move(ck.model_meta)};

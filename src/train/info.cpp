@@ -9,6 +9,7 @@
 
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
+#include "castor/hf.h"
 #include "castor/llmc.h"
 #include "castor/safetensors.h"
 #include "castor/trainer.h"
@@ -119,7 +120,7 @@ std::string run_info(const std::vector<std::string>& args) {
   std::vector<std::pair<std::string, SafetensorsFile>> files;
   std::string used = path;
   std::optional<StateDict> state;
-  if (fs::is_directory(path)) {
+  if (fs::is_directory(path) && !formats::is_hf_dir(path)) {  // (a Hugging Face directory: its headers, below)
     // A checkpoint is read whole, to verify its checksums.
     const Checkpoint ck = read_checkpoint(path, &used);
     auto listing = [](const StateDict& tensors, const Metadata& metadata) {

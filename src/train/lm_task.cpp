@@ -20,6 +20,7 @@
 #include "castor/token_file.h"
 #include "castor/tokenizer.h"
 #include "castor/trainer.h"
+#include "train/family.h"
 #include "train/task.h"
 
 namespace castor::train {
@@ -42,21 +43,14 @@ std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& 
   const int64_t real = c.real_vocab_size > 0 ? c.real_vocab_size : data;
   CASTOR_CHECK(real > 0 || c.vocab_size > 0, "--vocab-size: not given, and ", record,
                " (written by castor tokenize) is missing");
-  const bool pad = !is_llama(c.model) && real > 1024;
+  const bool pad = family(c).pads_vocab && real > 1024;
   const int64_t padded = c.vocab_size > 0 ? c.vocab_size : pad ? (real + 63) / 64 * 64 : real;
   CASTOR_CHECK(real <= padded, "--vocab-size ", padded, ": smaller than the tokenizer's ", real, " (", record, ")");
-  CASTOR_CHECK(!is_llama(c.model) || real == 0 || padded == real, "--vocab-size ", padded,
-               ": a Llama's vocabulary "
-               "is the tokenizer's, ",
-               real, " (", record, ")");
+  // (a model of another tool's directory, whose description names its architecture, keeps its own vocabulary)
+  const bool own_vocab = c.model_config.is_object() && c.model_config.find("architecture");
+  CASTOR_CHECK(family(c).pads_vocab || own_vocab || real == 0 || padded == real, "--vocab-size ", padded, ": a ",
+               family(c).name, "'s vocabulary is the tokenizer's, ", real, " (", record, ")");
   return {padded, real > 0 ? real : padded};
-}
-
-models::GPTConfig gpt_config(const TrainConfig& c, int64_t real_vocab) {
-  models::GPTConfig g;
-  g.n_layer = c.n_layer, g.n_head = c.n_head, g.n_embd = c.n_embd, g.block_size = c.block_size;
-  g.vocab_size = c.vocab_size, g.real_vocab_size = real_vocab, g.dropout = c.dropout, g.bias = c.bias;
-  return g;
 }
 
 // --data brown | brown-char | brown-bpe | tokens: DIR/train.bin and DIR/val.bin (llm.c's token files), batches of
@@ -64,11 +58,10 @@ models::GPTConfig gpt_config(const TrainConfig& c, int64_t real_vocab) {
 class LmTask : public Task {
  public:
   // Resolves c.vocab_size (recorded, so a resumed run builds the same model); a new run with --init takes the
-  // model's sizes from that file (llm.c's gpt2_124M.bin or nanoGPT-named safetensors; for a Llama, llama2.c's
-  // model.bin or the settings a Castor Llama's safetensors record).
+  // model's sizes from that file (the family's take_init_sizes).
   LmTask(TrainConfig& c, int rank, int world, bool new_run)
-      : llama_(is_llama(c.model)), dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
-    if (new_run && !c.init.empty()) llama_ ? take_llama_sizes(c) : take_init_sizes(c);
+      : family_(family(c)), dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
+    if (new_run && !c.init.empty()) init_ = family_.take_init_sizes(c, dir_);
     CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(),
                  "--data tokens: needs --data-dir DIR holding "
                  "train.bin and val.bin (castor tokenize writes them)");
@@ -81,7 +74,7 @@ class LmTask : public Task {
     vocab_size_ = c.vocab_size;
     block_size_ = c.block_size;
     // The model's configuration checked before any step (config.cpp names the flags for what it can get wrong).
-    if (llama_) llama_config(c).validate();
+    family_.check(c);
     // Everything the data can get wrong is found here, before step 1: token files of another tokenize than the
     // vocabulary, a split too short for one window, ids outside the vocabulary (all of them up to 2^31 tokens).
     if (fs::exists(dir_ + "/tokenizer.json")) data::check_token_folder(dir_, *train_, *val_);
@@ -205,89 +198,14 @@ class LmTask : public Task {
   Json eval_json(const Evaluation& ev) const override {
     return Json::Object{{"val_loss", ev.loss}, {"val_perplexity", std::exp(ev.loss)}, {"val_accuracy", ev.accuracy}};
   }
-  StateDict init_weights(const TrainConfig& c) const override {
-    return init_ ? init_->state : language_model_weights(c, c.init);
+  void load_init(nn::Module& model, const TrainConfig& c) const override {
+    if (init_)
+      model.load_state_dict(*init_, /*strict=*/true);
+    else
+      family_.load(model, c, c.init);
   }
 
  private:
-  // An error reading --init, as "--init FILE: ...".
-  static Error init_error(const TrainConfig& c, const Error& e) {
-    const std::string msg = e.what();
-    return Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
-  }
-  // A size of --init's model: `flag` given with another value is an error naming both.
-  template <class T>
-  static void take(const TrainConfig& c, const char* flag, T& field, T value) {
-    CASTOR_CHECK(!c.given(flag) || field == value, flag, " ", field, ": --init ", c.init, " holds ", value);
-    field = value;
-  }
-
-  // The sizes of --init's model; a size flag given with another value is an error naming both.
-  void take_init_sizes(TrainConfig& c) {
-    try {
-      init_ = models::load_gpt_init(c.init, c.given("--n-head") ? c.n_head : 0);
-    } catch (const Error& e) {
-      throw init_error(c, e);
-    }
-    const models::GPTConfig& g = init_->config;
-    take(c, "--n-layer", c.n_layer, g.n_layer);
-    take(c, "--n-head", c.n_head, g.n_head);
-    take(c, "--n-embd", c.n_embd, g.n_embd);
-    take(c, "--block-size", c.block_size, g.block_size);
-    take(c, "--vocab-size", c.vocab_size, g.vocab_size);
-    c.real_vocab_size = g.real_vocab_size;  // llm.c's header V; 0 for weights that record none
-    CASTOR_CHECK(!c.given("--bias") || c.bias == g.bias, "--bias: --init ", c.init, g.bias ? " has" : " has no",
-                 " biases");
-    c.bias = g.bias;
-  }
-
-  // A Llama --init's sizes, as take_init_sizes: a llama2.c file's header (its feed-forward width as --multiple-of, its
-  // classifier as --untied), or the settings a Castor Llama's safetensors record (a run's checkpoint, a file castor
-  // export --safetensors wrote); its vocabulary must be the token directory's. Other safetensors keep the flags'
-  // sizes (their tensors' shapes are checked as they load).
-  void take_llama_sizes(TrainConfig& c) {
-    models::Llama2cConfig f;
-    bool shared_classifier = true;
-    int64_t multiple_of = 0;
-    try {
-      const models::WeightsFormat format = models::weights_format(c.init);
-      if (format == models::WeightsFormat::Llama2c) {
-        const models::Llama2cHeader h = models::read_llama2c_header(c.init);
-        f = h.config, shared_classifier = h.shared_classifier;
-        multiple_of = models::llama2c_multiple_of(f, c.init);
-      } else {
-        const Json recorded = format == models::WeightsFormat::Safetensors
-                                  ? castor_config(read_safetensors_header(c.init).metadata, c.init)
-                                  : Json();
-        const Json* model = recorded.is_object() ? recorded.find("model") : nullptr;
-        if (!model || !model->is_string() || !model->as_string().starts_with("llama")) return;
-        const TrainConfig r = resume_config(TrainConfig{}, recorded, c.init);
-        const models::LlamaConfig l = llama_config(r);
-        f = models::llama2c_config(l, c.init), shared_classifier = l.tied, multiple_of = l.multiple_of;
-      }
-    } catch (const Error& e) {
-      throw init_error(c, e);
-    }
-    take(c, "--n-layer", c.n_layer, f.n_layers);
-    take(c, "--n-head", c.n_head, f.n_heads);
-    take(c, "--n-kv-head", c.n_kv_head, f.n_kv_heads);
-    take(c, "--n-embd", c.n_embd, f.dim);
-    take(c, "--block-size", c.block_size, f.max_seq_len);
-    take(c, "--vocab-size", c.vocab_size, f.vocab_size);
-    take(c, "--rope-theta", c.rope_theta, f.rope_theta);
-    CASTOR_CHECK(!c.given("--untied") || c.untied != shared_classifier, "--untied: --init ", c.init, "'s output ",
-                 shared_classifier ? "shares" : "does not share", " tok_embeddings' weight");
-    c.untied = !shared_classifier;
-    models::LlamaConfig given;
-    given.dim = f.dim, given.multiple_of = c.multiple_of;
-    CASTOR_CHECK(!c.given("--multiple-of") || given.ffn_hidden_dim() == f.hidden_dim, "--multiple-of ", c.multiple_of,
-                 ": gives hidden_dim ", given.ffn_hidden_dim(), ", --init ", c.init, " holds ", f.hidden_dim);
-    if (!c.given("--multiple-of")) c.multiple_of = multiple_of;
-    const int64_t tokens = fs::exists(dir_ + "/tokenizer.json") ? data::Tokenizer::recorded_vocab_size(dir_) : 0;
-    CASTOR_CHECK(tokens == 0 || tokens == f.vocab_size, "--init ", c.init, ": vocab_size ", f.vocab_size, ", but ",
-                 dir_, "/tokenizer.json's vocabulary has ", tokens, " tokens");
-  }
-
   // A token folder of fine-tuning rows (castor tokenize --format, its record's row_tokens): opens the masks and
   // takes the block size from the rows (a --block-size given with another value is refused).
   void take_row_length(TrainConfig& c) {
@@ -323,8 +241,8 @@ class LmTask : public Task {
     return eval_iters_ > 0 ? std::min(all, eval_iters_ * batch_size_) : all;
   }
 
-  bool llama_;
-  std::optional<models::GPTWeights> init_;
+  const Family& family_;
+  std::optional<StateDict> init_;  // --init's weights when reading its sizes read them
   std::string dir_;
   int64_t eval_iters_ = 0, batch_size_ = 0;
   std::optional<data::TokenFile> train_, val_;
@@ -360,22 +278,8 @@ FlopRate LmTask::flop_rate(const TrainConfig& c, const nn::Module& model) const 
 
 }  // namespace
 
-models::LlamaConfig llama_config(const TrainConfig& c) {
-  models::LlamaConfig l;
-  l.dim = c.n_embd, l.n_layers = c.n_layer, l.n_heads = c.n_head, l.n_kv_heads = c.n_kv_head;
-  l.vocab_size = c.vocab_size, l.multiple_of = c.multiple_of, l.max_seq_len = c.block_size;
-  l.rope_theta = c.rope_theta, l.tied = !c.untied, l.dropout = c.dropout;
-  return l;
-}
-
 std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed) {
-  if (is_llama(c.model)) return models::llama(llama_config(c), seed);
-  return models::gpt(gpt_config(c, real_vocab), seed);
-}
-
-StateDict language_model_weights(const TrainConfig& c, const std::string& path) {
-  if (is_llama(c.model)) return models::load_weights_file(path, "").tensors;
-  return models::load_gpt_init(path, c.n_head).state;
+  return family(c).make(c, real_vocab, seed);
 }
 
 std::unique_ptr<Task> make_lm_task(TrainConfig& c, int rank, int world, bool new_run) {

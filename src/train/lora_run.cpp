@@ -3,12 +3,15 @@
 #include "train/lora_run.h"
 
 #include <filesystem>
+#include <algorithm>
 #include <set>
 
 #include "castor/autograd.h"
 #include "castor/fs.h"
+#include "castor/hf.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
+#include "train/family.h"
 #include "train/settings.h"
 #include "train/task.h"
 
@@ -49,12 +52,30 @@ void load_adapters(nn::Module& model, const StateDict& tensors, const std::strin
   for (const auto& [k, t] : own) Tensor(t).copy_(tensors.at(k));
 }
 
+}  // namespace
+
+std::string weights_checksum(const std::string& path) {
+  if (!formats::is_hf_dir(path)) return checksum64_hex(read_file(path));
+  std::string sums;  // config.json's and every safetensors file's, in name order
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(path))
+    if (e.path().filename() == "config.json" || e.path().extension() == ".safetensors" ||
+        e.path().filename() == "model.safetensors.index.json")
+      files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  for (const std::string& f : files)
+    sums += fs::path(f).filename().string() + " " + checksum64_hex(read_file(f)) + "\n";
+  return checksum64_hex(std::span(reinterpret_cast<const uint8_t*>(sums.data()), sums.size()));
+}
+
+namespace {
+
 // Error unless `file` still has the checksum recorded when the run started.
 void check_base_checksum(const std::string& file, const std::string& recorded, const std::string& what) {
   std::error_code ec;
-  CASTOR_CHECK(fs::is_regular_file(file, ec), what, ": the LoRA base ", file,
+  CASTOR_CHECK(fs::exists(file, ec), what, ": the LoRA base ", file,
                " is missing (moved or deleted?); give the file where it is now with --lora-base PATH");
-  const std::string now = checksum64_hex(read_file(file));
+  const std::string now = weights_checksum(file);
   CASTOR_CHECK(now == recorded, what, ": the LoRA base ", file, " changed since the run started (checksum ", now,
                ", recorded ", recorded, "); the adapters fit only the base they were trained on");
 }
@@ -66,14 +87,15 @@ std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const
   const Json config = castor_config(ck.model_meta, what);
   CASTOR_CHECK(config.is_object(), what, ": a LoRA checkpoint without its settings (castor.config)");
   const TrainConfig c = resume_config(TrainConfig{}, config, what);
-  CASTOR_CHECK(is_language_model(c.model), what, ": a LoRA run on a ", name(c.model), ", not a language model");
+  const Family* family = family_of(c.model);
+  CASTOR_CHECK(family, what, ": a LoRA run on a ", name(c.model), ", not a language model");
   const std::string base = lora_base.empty() ? ck.model_meta.at(kBaseKey) : lora_base;
   if (!c.init_checksum.empty()) check_base_checksum(base, c.init_checksum, what);
   const Json* real_vocab = config.find("real_vocab_size");
   auto model = make_language_model(c, real_vocab && real_vocab->is_int() ? real_vocab->as_int() : c.vocab_size,
                                    /*seed=*/0);
   try {
-    model->load_state_dict(language_model_weights(c, base), /*strict=*/true);
+    family->load(*model, c, base);
   } catch (const Error& e) {
     const std::string msg = e.what();
     throw Error(msg.rfind(base, 0) == 0 ? msg : detail::cat(what, ": the LoRA base ", base, ": ", msg));
@@ -130,7 +152,7 @@ void take_peft_config(TrainConfig& c) {
 
 void resolve_init_dir(TrainConfig& c) {
   std::error_code ec;
-  if (c.init.empty() || !fs::is_directory(c.init, ec)) return;
+  if (c.init.empty() || !fs::is_directory(c.init, ec) || formats::is_hf_dir(c.init)) return;
   const std::optional<std::string> ck = is_checkpoint_dir(c.init) ? c.init : latest_checkpoint(c.init);
   CASTOR_CHECK(ck.has_value(), "--init ", c.init,
                ": a directory without a checkpoint (expected a run directory, "
@@ -183,7 +205,7 @@ void apply_run_lora(const TrainConfig& c, nn::Module& model) {
       CASTOR_CHECK(p.impl() != layer->weight.impl() || name == path + ".weight", "--lora-targets ", c.lora_targets,
                    ": ", path, " shares its weight with ", name,
                    " (tied), so merging its adapter would change both; leave it out (all-linear does)",
-                   is_llama(c.model) ? ", or train the base with --untied" : "");
+                   family_of(c.model) == family_named("llama") ? ", or train the base with --untied" : "");
   if (c.init_lora.empty()) return;
   const std::string file = c.init_lora + "/adapter_model.safetensors";
   StateDict adapters;

@@ -11,7 +11,8 @@
 namespace castor::train {
 
 // --init RUN or RUN/checkpoints/step-N: the newest (or that) checkpoint's model.safetensors. castor::Error for a
-// directory without a checkpoint, or a LoRA run's (its model file holds adapters only: merge it first).
+// directory without a checkpoint, or a LoRA run's (its model file holds adapters only: merge it first). A Hugging
+// Face directory (config.json) stays as it is.
 void resolve_init_dir(TrainConfig& c);
 // The adapter config recorded settings describe (config.json's "lora_rank", "lora_alpha", ...).
 nn::LoraConfig lora_config(const Json& settings);
@@ -39,6 +40,10 @@ void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata
 // (no LoRA settings), so castor eval, sample and train --init take the merged file.
 // `lora_base` (--lora-base; empty: the recorded one): the base file moved, checked against the recorded checksum.
 void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::string& lora_base = "");
+
+// The checksum a run records of its --init (a LoRA run's base is checked against it): a weights file's bytes', or a
+// Hugging Face directory's config.json, index and safetensors files'.
+std::string weights_checksum(const std::string& path);
 
 // PEFT's pair of files in `dir` for a LoRA checkpoint's adapters: adapter_model.safetensors ("base_model.model.<path>
 // .lora_A.weight" (r, in), "...lora_B.weight" (out, r), float32) and adapter_config.json (r, lora_alpha,

@@ -20,6 +20,7 @@
 #include "castor/serialize.h"
 #include "castor/trainer.h"
 #include "castor/version.h"
+#include "train/family.h"
 #include "train/lora_run.h"
 #include "train/task.h"
 
@@ -98,7 +99,9 @@ std::string trainable_parameters_text(const nn::Module& model) {
   return trainable_parameters_text(trainable, all);
 }
 
-StateDict Task::init_weights(const TrainConfig& c) const { return models::load_weights_file(c.init, "").tensors; }
+void Task::load_init(nn::Module& model, const TrainConfig& c) const {
+  model.load_state_dict(models::load_weights_file(c.init, "").tensors, /*strict=*/true);
+}
 
 Tensor Task::loss(nn::Module& model, const Batch& b, F::Reduction reduction, double label_smoothing) const {
   const Tensor logits = model(b.input);
@@ -157,7 +160,7 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   check_lora_base(c);
   if (!c.init.empty() && (load_init || c.lora_rank > 0)) {  // (a LoRA run's checkpoints hold its adapters only)
     try {
-      r.model->load_state_dict(task.init_weights(c), /*strict=*/true);
+      task.load_init(*r.model, c);
     } catch (const Error& e) {
       const std::string msg = e.what();  // names the file when reading it failed; name the flag too
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
@@ -294,6 +297,7 @@ Json config_json(const TrainConfig& c, const Task& task, int64_t schedule_steps)
   o["schedule_steps"] = schedule_steps;
   if (!c.precision_reason.empty()) o["precision_auto"] = c.precision_reason;  // why amp and dtype are what they are
   task.record(o);
+  if (const Family* f = family_of(c.model)) o["model_config"] = f->describe(c);  // the model, described
   const Json build = build_json();
   for (const auto& [k, v] : build.as_object()) o[k] = v;
   o["started"] = utc_now();

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "castor/fs.h"
+#include "train/family.h"
 
 namespace castor::train {
 
@@ -109,6 +110,17 @@ Field eval_every() {
     return app.add_option(flag + ",--eval-interval", c.eval_every, help + " (also --eval-interval, nanoGPT's name)");
   };
   return f;
+}
+
+// The --model spellings of `family`, or of every language model (null), as "gpt, gpt-mini or gpt2".
+std::string presets_of(const Family* family) {
+  std::vector<ModelKind> kinds;
+  for (const Family& f : families())
+    if (!family || family == &f) kinds.insert(kinds.end(), f.presets.begin(), f.presets.end());
+  std::string text;
+  for (size_t i = 0; i < kinds.size(); ++i)
+    text += detail::cat(i == 0 ? "" : i + 1 == kinds.size() ? " or " : ", ", name(kinds[i]));
+  return text;
 }
 
 using R = Resume;
@@ -376,19 +388,13 @@ void check_jobs(const TrainConfig& c) {
   for (const std::string& flag : c.given_flags) {
     const Setting* s = find_setting(flag);
     if (!s) continue;
-    const bool lm = is_language_model(c.model);
-    CASTOR_CHECK(s->job != Job::LanguageModel || lm, flag,
-                 ": applies to language models only (--model gpt, gpt-mini, "
-                 "gpt2, llama, llama-260k or llama-15m), not --model ",
-                 name(c.model));
-    CASTOR_CHECK(s->job != Job::Gpt || (lm && !is_llama(c.model)), flag,
-                 ": applies to GPT models only (--model gpt, "
-                 "gpt-mini or gpt2), not --model ",
-                 name(c.model));
-    CASTOR_CHECK(s->job != Job::Llama || is_llama(c.model), flag,
-                 ": applies to Llama models only (--model llama, "
-                 "llama-260k or llama-15m), not --model ",
-                 name(c.model));
+    const Family* family = family_of(c.model);
+    const bool lm = family != nullptr;
+    CASTOR_CHECK(s->job != Job::LanguageModel || lm, flag, ": applies to language models only (--model ",
+                 presets_of(nullptr), "), not --model ", name(c.model));
+    for (const Family& f : families())
+      CASTOR_CHECK(s->job != f.job || family == &f, flag, ": applies to ", f.label, " models only (--model ",
+                   presets_of(&f), "), not --model ", name(c.model));
     CASTOR_CHECK(s->job != Job::Image || !lm, flag, ": applies to image models only, not --model ", name(c.model));
     CASTOR_CHECK(s->job != Job::Folder || c.data == Dataset::Folder, flag,
                  ": applies to --data folder only, not "
@@ -444,6 +450,7 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
       s.field.take(c, given);
   c.given_flags = given.given_flags;
   if (const Json* sum = recorded.find("init_checksum"); sum && sum->is_string()) c.init_checksum = sum->as_string();
+  if (const Json* d = recorded.find("model_config"); d && d->is_object()) c.model_config = *d;
   if (const Json* v = recorded.find("real_vocab_size"); v && v->is_int()) c.real_vocab_size = v->as_int();
   check_jobs(c);
   return c;
@@ -458,10 +465,7 @@ const char* name(Compression v) { return spelling(kCompressions, v); }
 const char* name(Recompute v) { return spelling(kRecomputes, v); }
 const char* name(DataOrder v) { return spelling(kDataOrders, v); }
 const char* name(backends::ConvAlgorithm v) { return spelling(kConvAlgorithms, v); }
-bool is_language_model(ModelKind m) {
-  return m == ModelKind::Gpt || m == ModelKind::GptMini || m == ModelKind::Gpt2 || is_llama(m);
-}
-bool is_llama(ModelKind m) { return m == ModelKind::Llama || m == ModelKind::Llama260k || m == ModelKind::Llama15m; }
+bool is_language_model(ModelKind m) { return family_of(m) != nullptr; }
 bool is_text(Dataset d) {
   return d == Dataset::Brown || d == Dataset::BrownChar || d == Dataset::BrownBpe || d == Dataset::Tokens;
 }

@@ -48,9 +48,9 @@ class Task {
   virtual std::pair<std::vector<Tensor>, std::vector<Tensor>> param_groups(const nn::Module& model) const {
     return {model.parameters(), {}};
   }
-  // --init's weights for the model `c` describes (a safetensors file with PyTorch's names; a GPT also llm.c's format,
-  // a Llama llama2.c's).
-  virtual StateDict init_weights(const TrainConfig& c) const;
+  // Loads --init's weights into `model`, the model `c` describes, strictly (a safetensors file with PyTorch's names;
+  // a language model's family reads its own formats too: llm.c's, llama2.c's, a Hugging Face directory).
+  virtual void load_init(nn::Module& model, const TrainConfig& c) const;
   // A training batch's loss (reduced as asked over its targets, with label smoothing; targets of data::kIgnoreIndex
   // left out), under the forward scope the caller opened: cross_entropy of the model's output; a language model's
   // without its logits held whole (lm_loss).
@@ -96,13 +96,9 @@ class Task {
 std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run);
 std::unique_ptr<Task> make_image_task(const TrainConfig& c, int rank, int world);
 std::unique_ptr<Task> make_lm_task(TrainConfig& c, int rank, int world, bool new_run);
-// The language model of a --model gpt* or llama* config (its vocabulary resolved: c.vocab_size; a GPT's logits cover
-// the first real_vocab of it) with weights drawn from `seed`, and a Llama's configuration.
+// The language model of a language-model config (its vocabulary resolved: c.vocab_size; a GPT's logits cover the first
+// real_vocab of it) with weights drawn from `seed`: its family's (train/family.h).
 std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed);
-models::LlamaConfig llama_config(const TrainConfig& c);
-// The weights in `path` for the language model `c` describes: a GPT's from llm.c's format or safetensors with nanoGPT's
-// names (heads: recorded in the file, else c.n_head), a Llama's from llama2.c's model.bin or safetensors with its names.
-StateDict language_model_weights(const TrainConfig& c, const std::string& path);
 // The dataset directory: --data-dir, or the dataset's default location.
 std::string data_dir(const TrainConfig& c);
 

@@ -139,7 +139,7 @@ Json run_config(const TrainConfig& c, const Task& task, int64_t schedule_steps, 
   if (!c.init.empty()) {
     config["init"] = absolute_path(c.init);
     if (!r.ck)
-      config["init_checksum"] = checksum64_hex(read_file(c.init));
+      config["init_checksum"] = weights_checksum(c.init);
     else if (const Json* sum = r.recorded.find("init_checksum"))
       config["init_checksum"] = *sum;
   }

@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "castor/autograd.h"
-#include "castor/checkpoint.h"
+#include "castor/formats.h"
+#include "castor/hf.h"
 #include "castor/fs.h"
 #include "castor/json.h"
 #include "castor/llama2c.h"
@@ -278,7 +279,7 @@ GPTWeights gpt_weights_from_state_dict(StateDict state, int64_t n_head, const st
 GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metadata, int64_t n_head,
                                         const std::string& what) {
   int64_t recorded = 0;
-  const Json config = train::castor_config(metadata, what);
+  const Json config = formats::castor_config(metadata, what);
   if (const Json* v = config.is_object() ? config.find("n_head") : nullptr; v && v->is_int()) recorded = v->as_int();
   CASTOR_CHECK(n_head == 0 || recorded == 0 || n_head == recorded, what, ": records n_head ", recorded, ", but ",
                n_head, " was given");
@@ -305,6 +306,10 @@ GPTWeights load_gpt_init(const std::string& path, int64_t n_head) {
 }
 
 LoadedTensors load_weights_file(const std::string& path, const std::string& data) {
+  if (formats::is_hf_dir(path)) {
+    const formats::HfConfig h = formats::read_hf_config(path);
+    return {formats::read_hf_weights(path, h), formats::hf_metadata(h, data)};
+  }
   const WeightsFormat format = weights_format(path);
   if (format == WeightsFormat::Safetensors) return load_safetensors(path);
   if (format == WeightsFormat::Llama2c) return load_llama2c_weights_file(path, data);
@@ -315,6 +320,7 @@ LoadedTensors load_weights_file(const std::string& path, const std::string& data
 }
 
 SafetensorsFile read_weights_header(const std::string& path) {
+  if (formats::is_hf_dir(path)) return formats::read_hf_header(path);
   const WeightsFormat format = weights_format(path);
   if (format == WeightsFormat::Safetensors) return read_safetensors_header(path);
   if (format == WeightsFormat::Llama2c) return read_llama2c_weights_header(path);
