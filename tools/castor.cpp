@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <string>
 #include <vector>
 
@@ -19,15 +20,19 @@
 namespace {
 
 const char* kUsage = R"(usage: castor <command> [flags]   (castor -V: the version)
-  train       train an image classifier or a GPT (castor help train)
-  eval        accuracy, loss, per class and confusion matrix
-              of a checkpoint or of PyTorch weights
+  train       train an image classifier, a GPT or a Llama; fine-tune
+              one (--init), all weights or LoRA (castor help train)
+  eval        accuracy, loss, per class and confusion matrix of a
+              checkpoint, or of PyTorch/llm.c/llama2.c weights
   tokenize    text or the Brown corpus to llm.c token files
-  sample      text from a GPT checkpoint or llm.c weights
-  export      a checkpoint for another tool: llm.c, nanoGPT,
-              llama2.c, safetensors, GGUF (--format gguf)
-  info        a checkpoint's model, step, precision, metrics
-              (--tensors: every tensor)
+              (char, GPT-2 or a BPE vocabulary llama2.c reads)
+  sample      text from a GPT or Llama: a run, a LoRA run, llm.c,
+              llama2.c or safetensors weights
+  export      a GPT or Llama for another tool (--format): llm.c .bin,
+              nanoGPT ckpt.pt, llama2.c model.bin, safetensors, GGUF;
+              a LoRA run merged, or its adapters as PEFT files
+  info        a checkpoint's model, step, precision, parameters,
+              metrics (--tensors: every tensor)
   env         version, commit, CPU/ISA, oneDNN, threads, MPI
   help [cmd]  this list, or a command's flags
   completion bash|zsh   a shell completion script
@@ -113,10 +118,13 @@ int main(int argc, char** argv) {
       std::printf("%s\n", castor::data::run_tokenize(castor::train::parse_tokenize_flags(args)).dump().c_str());
     } else if (cmd == "sample") {
       if (wants_help(args)) return std::fputs(castor::train::sample_help().c_str(), stdout), 0;
-      castor::train::run_sample(castor::train::parse_sample_flags(args), [](std::string_view text) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        std::fflush(stdout);
-      });
+      castor::train::run_sample(
+          castor::train::parse_sample_flags(args),
+          [](std::string_view text) {
+            std::fwrite(text.data(), 1, text.size(), stdout);
+            std::fflush(stdout);
+          },
+          [](std::string& line) { return static_cast<bool>(std::getline(std::cin, line)); });
       std::fputs("\n", stdout);
     } else if (cmd == "export") {
       if (wants_help(args)) return std::fputs(castor::train::export_help().c_str(), stdout), 0;

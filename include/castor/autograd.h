@@ -59,12 +59,14 @@ class FunctionCtx {
   amp::AutocastState forward_autocast_;  // the autocast state forward ran under (custom_bwd restores it)
 };
 
-using ForwardFn = Tensor (*)(FunctionCtx&, const std::vector<Tensor>&);
-using BackwardFn = std::vector<Tensor> (*)(FunctionCtx&, const Tensor&);
+// A Function's forward and backward: its static members, or closures (nn::checkpoint's carry the function to rerun).
+using ForwardFn = std::function<Tensor(FunctionCtx&, const std::vector<Tensor>&)>;
+using BackwardFn = std::function<std::vector<Tensor>(FunctionCtx&, const Tensor&)>;
 
-// Runs a Function (see below); `cast` is its registered autocast policy or nullptr.
-Tensor apply_function(ForwardFn forward, BackwardFn backward, const std::vector<Tensor>& inputs,
-                      const amp::CustomOp* cast);
+// Runs a Function (see below); `cast` is its registered autocast policy or nullptr; `name` names it in errors
+// (default: autograd::Function, with the autocast name when there is one).
+Tensor apply_function(const ForwardFn& forward, BackwardFn backward, const std::vector<Tensor>& inputs,
+                      const amp::CustomOp* cast, const std::string& name = "");
 
 // A user-defined differentiable op, torch.autograd.Function with torch.cuda.amp's custom_fwd/custom_bwd:
 //   struct Cube : autograd::Function<Cube> {

@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 
+#include "castor/formats.h"
 #include "castor/json.h"
 #include "castor/serialize.h"
 
@@ -18,10 +19,14 @@ struct Checkpoint {
   Metadata state_meta;
 };
 
+// A checkpoint directory holding this file (the LoRA runs whose frozen base is its model.safetensors, one absolute path
+// a line) is never pruned.
+inline constexpr const char* kLoraRunsFile = "LORA_RUNS";
+
 // Writes `run_dir`/checkpoints/step-<step> atomically: files into a temp directory, each fsynced, the COMMIT
 // marker (holding each file's checksum) last, the directory renamed into place and its parent fsynced. Then
-// deletes all but the newest `keep` complete checkpoints. Returns the checkpoint's path. A failure leaves
-// older checkpoints intact.
+// deletes all but the newest `keep` complete checkpoints and those a LoRA run is built on (kLoraRunsFile). Returns
+// the checkpoint's path. A failure leaves older checkpoints intact.
 std::string write_checkpoint(const std::string& run_dir, int64_t step, const Checkpoint& ckpt, int64_t keep);
 
 // The newest complete checkpoint (one with a COMMIT marker) under `run_dir`/checkpoints, if any; not verified.
@@ -36,9 +41,7 @@ bool is_checkpoint_dir(const std::string& path);
 // warning on stderr about each newer damaged one it passes over. `used`, when given, receives the checkpoint's path.
 Checkpoint read_checkpoint(const std::string& path, std::string* used = nullptr);
 
-// The run settings a model file's castor.config metadata records: a JSON object, or null when there is none.
-// castor::Error naming `what` (the file) when the metadata is not a JSON object.
-Json castor_config(const Metadata& meta, const std::string& what);
+using formats::castor_config;  // (castor/formats.h)
 
 // Removes the temp folders killed runs left under `run_dir`/checkpoints (call only while owning the run).
 void remove_stale_temps(const std::string& run_dir);

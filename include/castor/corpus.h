@@ -41,6 +41,12 @@ struct TokenizeOptions {
   bool overwrite = false;     // replace the token files of an --out that also holds other files (kept)
   int64_t val_every = 0;      // > 0: document i goes to val when i % val_every == val_every - 1
   double val_fraction = 0.1;  // otherwise: the last fraction of the token stream goes to val
+  // --format chat|prompt-completion|alpaca|text: one JSONL file (inputs[0]) of examples, tokenized with the
+  // tokenizer of the token directory `tokenizer` names (or "gpt2"), in rows of block_size + 1 tokens with a loss mask
+  // (castor/chat_data.h); val_every / val_fraction split the examples.
+  std::string format;
+  int64_t block_size = 0;
+  bool train_on_prompt = false, drop_long = false, pack = false;
 };
 
 // The tokenizer.json that --tokenizer names (the file, or a model directory holding one), or "" for gpt2, char and
@@ -67,6 +73,15 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
 // (larger ones: counts only, as hashing them would take seconds). Folders of older builds record neither and pass.
 // castor::Error naming the file otherwise (token files and vocabulary of different tokenize runs).
 void check_token_folder(const std::string& dir, const TokenFile& train, const TokenFile& val);
+
+// --format: reads the JSONL file opt.inputs[0] (errors name its line), renders and tokenizes each row with its loss
+// mask, splits the examples (the last val_fraction, or every val_every-th, to val) and writes opt.out as
+// tokenize_documents does: train.bin and val.bin (rows of block_size + 1 tokens), train.mask and val.mask (token
+// files of the same length holding 1 where a token is a loss target, else 0) and tokenizer.json (the tokenizer's
+// record, plus "format", "row_tokens", "chat_template", "eos_token_id", "pad_token_id" and the counts of examples,
+// truncated and dropped ones, rows and targets). Returns the record. castor::Error when no token of the training
+// split is a target.
+Json tokenize_chat(const TokenizeOptions& opt);
 
 // Reads opt.inputs, or the Brown corpus from opt.brown_dir, and runs tokenize_documents (`castor tokenize --brown`
 // defaults to --val-every 10: documents 9, 19, ... to val).

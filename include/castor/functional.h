@@ -77,13 +77,27 @@ Tensor flatten(const Tensor& input, int64_t start_dim = 1);  // channel-major, a
 // Which elements a rotary embedding rotates together: (2k, 2k + 1) (Meta's Llama and llama2.c) or (k, k + D/2)
 // (Hugging Face's rotate_half).
 enum class RotaryPairing { Interleaved, RotateHalf };
+// Hugging Face's rope_scaling (modeling_rope_utils.py): how pair k's inverse frequency inv_k = theta^(-2k/D) is
+// changed. Linear: inv_k / factor (positions divided by factor). Llama3: with wavelength w = 2 pi / inv_k and
+// orig = original_max_position_embeddings, inv_k when w < orig / high_freq_factor, inv_k / factor when w > orig /
+// low_freq_factor, else (1 - s) inv_k / factor + s inv_k with s = (orig / w - low_freq_factor) / (high_freq_factor -
+// low_freq_factor). Each step in float32, as transformers computes it.
+struct RopeScaling {
+  enum class Type { None, Linear, Llama3 };
+  Type type = Type::None;
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3 only
+  int64_t original_max_position_embeddings = 8192;       // llama3 only
+  void validate() const;                                 // a castor::Error naming the field otherwise
+  bool operator==(const RopeScaling&) const = default;
+};
 // Rotary position embedding (RoPE) of q or k as (B, T, H, D), the projection viewed as heads before their transpose
 // (llama2.c's layout), at positions start_pos .. start_pos + T - 1: pair k of position p is rotated by the float32
-// angle p * theta^(-2k/D) (llama2.c's precompute_freqs_cis; the cos/sin tables made once per head size and theta
-// and shared). Computed in float32 (double for float64), the result rounded once to the input's dtype; D must be
-// even. The backward rotates by minus the angle. Passes through autocast.
+// angle p * inv_k, inv_k = theta^(-2k/D) (llama2.c's precompute_freqs_cis) changed by `scaling` (the cos/sin tables
+// made once per head size, theta and scaling, and shared). Computed in float32 (double for float64), the result
+// rounded once to the input's dtype; D must be even. The backward rotates by minus the angle. Passes through autocast.
 Tensor rotary_embedding(const Tensor& input, int64_t start_pos = 0, double theta = 10000.0,
-                        RotaryPairing pairing = RotaryPairing::Interleaved);
+                        RotaryPairing pairing = RotaryPairing::Interleaved, const RopeScaling& scaling = {});
 // SwiGLU's gate: silu(gate) * up of one shape, one fused node (forward and backward each one pass; 16-bit computed
 // in float32 and rounded once), so Llama's feed-forward is w2(swiglu(w1(x), w3(x))). Operands of two dtypes
 // promote, as silu(gate) * up does in PyTorch (also under autocast).
@@ -94,6 +108,17 @@ enum class Reduction { None, Mean, Sum };
 // float32 copy: a vocabulary of 50,257 stays one tensor); without class weights one fused pass per row.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduction = Reduction::Mean,
                      double label_smoothing = 0.0, int64_t ignore_index = -100, const Tensor& weight = {});
+// cross_entropy(linear(input, weight[:classes]), target) without the logits ever held whole (Liger-Kernel's fused
+// linear cross-entropy): input (N, C), weight (V, C), target (N) int64 in [0, classes) (classes 0: V; a GPT's padded
+// head passes its real vocabulary). The forward computes the logits `chunk` of them at a time (rows of them) and
+// keeps each row's log-sum-exp; the backward computes them again a block of classes at a time, so the weight's
+// gradient is one product over all rows as linear's is. The same loss and gradients as the two ops within float32
+// summation order. Under autocast linear's policy (input and weight cast to the 16-bit type, the logits rounded to it
+// once) and cross_entropy's (the loss computed in float32 from them). Label smoothing with ignored targets under
+// Mean (PyTorch's two denominators) is refused.
+Tensor linear_cross_entropy(const Tensor& input, const Tensor& weight, const Tensor& target,
+                            Reduction reduction = Reduction::Mean, double label_smoothing = 0.0,
+                            int64_t ignore_index = -100, int64_t classes = 0, int64_t chunk = int64_t{1} << 22);
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction = Reduction::Mean,
                 int64_t ignore_index = -100, const Tensor& weight = {});
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::Mean);

@@ -5,15 +5,26 @@
 #include <utility>
 #include <vector>
 
+#include "castor/functional.h"
 #include "castor/nn.h"
+#include "castor/random.h"
 
 namespace castor::models {
 
 class KVCache;
 
-// forward(idx): idx (B, T) int64 with T <= block_size() -> logits (B, T, vocab_size()) over the real vocabulary.
+// forward(idx): idx (B, T) int64 with T <= block_size() -> logits (B, T, vocab_size()) over the real vocabulary: the
+// output layer (head()) on the final hidden states (hidden(idx)). The trainer's loss (lm_loss), evaluation
+// (lm_scores) and sampling never hold those logits whole.
 class LanguageModel : public nn::Module {
  public:
+  Tensor forward(const Tensor& idx) override { return logits(hidden(idx)); }
+  // The final norm's output (B, T, C) for idx (B, T): what the output layer reads.
+  virtual Tensor hidden(const Tensor& idx) = 0;
+  // The output layer (GPT's lm_head, Llama's output): its width may pass vocab_size() (a GPT's padding).
+  virtual nn::Linear& head() = 0;
+  // The output layer on hidden states (..., C): logits (..., vocab_size()) over the real vocabulary.
+  Tensor logits(const Tensor& hidden);
   virtual int64_t block_size() const = 0;  // the longest sequence it reads (GPT's block_size, Llama's max_seq_len)
   virtual int64_t vocab_size() const = 0;  // the tokenizer's vocabulary: the classes of forward's logits
   // Parameters, a tied weight counted once (nanoGPT's get_num_params(non_embedding=False)).
@@ -25,16 +36,25 @@ class LanguageModel : public nn::Module {
     DType dtype;
   };
   virtual CacheShape cache_shape() const = 0;
+  // Activation recompute (castor train --recompute blocks): each transformer block's forward runs under
+  // nn::checkpoint, so only the blocks' inputs are kept for backward and each block is rerun there.
+  void set_recompute(bool on) { recompute_ = on; }
+  bool recompute() const { return recompute_; }
 
  protected:
+  // x (B, T, C) through `blocks` in order, each under nn::checkpoint when recompute() is on (and grad mode is).
+  Tensor run_blocks(nn::Sequential& blocks, Tensor x) const;
   // forward's argument check: idx (B, T) int64 with T <= block_size(), else castor::Error naming the model ("GPT")
   // and its limit as its config calls it ("block size").
   void check_tokens(const Tensor& idx, const char* model, const char* limit) const;
-  friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache);
+  friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, bool last_only);
   // forward_cached's model part, called without autograd on checked arguments: idx (B, n) at positions
-  // cache.size() .. cache.size() + n - 1, each layer attending through cache.attend; returns the output layer's
-  // logits (B, n, its width, padding included).
+  // cache.size() .. cache.size() + n - 1, each layer attending through cache.attend; returns the final hidden states
+  // (B, n, C) that the output layer reads.
   virtual Tensor forward_cached_impl(const Tensor& idx, KVCache& cache) = 0;
+
+ private:
+  bool recompute_ = false;
 };
 
 // The keys and values every layer of a model computed for the positions it has seen (per layer (batch, kv heads,
@@ -49,20 +69,42 @@ class KVCache {
   void clear() { size_ = 0; }
   // Layer `layer`'s attention for n new positions: stores k and v (B, Hkv, n, D) at positions size() ..
   // size() + n - 1 and returns scaled_dot_product_attention of q (B, H, n, D) over the keys and values of positions
-  // 0 .. size() + n - 1 (query i sees keys up to size() + i), (B, H, n, D).
-  Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v);
+  // 0 .. size() + n - 1 (query i sees keys up to size() + i; with a `window` W > 0 only the last W of them), (B, H, n,
+  // D). Keys a window leaves out are not read.
+  Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, int64_t window = 0);
 
  private:
-  friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache);
+  friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, bool last_only);
   std::vector<Tensor> keys_, values_;  // per layer: (B, Hkv, block_size, D)
   int64_t size_ = 0, capacity_ = 0;
 };
 
+// The bool attention mask (queries, keys) of the last `queries` positions of `keys` (query i at position keys -
+// queries + i, bottom-right aligned): true where key j <= that position and, with a window W > 0, j > position - W
+// (Mistral's sliding window: the last W keys, itself included).
+Tensor causal_mask(int64_t queries, int64_t keys, int64_t window = 0);
+
 // Runs the tokens `idx` (B, n) int64 at positions cache.size() .. cache.size() + n - 1 through `model`, reading the
 // earlier positions' keys and values from `cache` and appending theirs: the logits (B, n, output width: a padded
-// GPT's every row) those model.forward gives for these positions over the whole sequence. Without autograd and
-// without dropout; castor::Error when the cache would pass block_size.
-Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache);
+// GPT's every row) those model.forward gives for these positions over the whole sequence; with `last_only` those of
+// the last position only (B, 1, width), all that sampling reads. Without autograd and without dropout;
+// castor::Error when the cache would pass block_size.
+Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, bool last_only = false);
+
+// The next-token loss of idx (B, T) against target (B, T) (F.cross_entropy of forward's logits, reduced as asked over
+// the targets other than -100, PyTorch's ignore_index):
+// F::linear_cross_entropy on the hidden states and the output layer, so the logits are never held whole (with a
+// LoRA adapter on the output layer, cross_entropy of forward's logits).
+Tensor lm_loss(LanguageModel& model, const Tensor& idx, const Tensor& target,
+               F::Reduction reduction = F::Reduction::Mean, double label_smoothing = 0.0);
+
+// Evaluation without autograd: the summed loss of idx (B, T) against target (B, T) (targets -100 left out) and each position's argmax class
+// (the lowest of equal maxima), the logits computed a chunk of about 4M at a time.
+struct LmScores {
+  double loss_sum = 0;
+  std::vector<int64_t> predicted;  // (B T)
+};
+LmScores lm_scores(LanguageModel& model, const Tensor& idx, const Tensor& target);
 
 // What generate() conditions each token on once the text passes block_size. Both give the same tokens while it fits.
 enum class Window {
@@ -82,12 +124,21 @@ inline constexpr double kMinTemperature = 1e-4;
 // block_size is cut to its last block_size tokens, as nanoGPT does. While the text fits the block, each new token is
 // one cached position (forward_cached); past it, `window` says what the model sees. castor::Error when the logits
 // are not finite (NaN or infinite weights) or an argument is out of range: every id drawn is in [0, vocab_size()).
+// `top_p` in (0, 1): llama2.c run.c's nucleus sampling after the temperature and top-k (sample_token).
 std::vector<int64_t> generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new_tokens,
                               double temperature = 1.0, int64_t top_k = 0, uint64_t seed = 0,
-                              Window window = Window::Sliding);
-// The same tokens, each passed to `emit` as it is drawn (the prompt is not): memory stays bounded by the block size
-// however many tokens are made, so a caller can stream them.
+                              Window window = Window::Sliding, double top_p = 1.0);
+// The same tokens, each passed to `emit` as it is drawn (the prompt is not); generation ends early when emit returns
+// false. Memory stays bounded by the block size however many tokens are made, so a caller can stream them.
 void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature,
-              int64_t top_k, uint64_t seed, Window window, const std::function<void(int64_t)>& emit);
+              int64_t top_k, uint64_t seed, Window window, const std::function<bool(int64_t)>& emit,
+              double top_p = 1.0);
+
+// One token drawn from `logits` (finite, else castor::Error): the argmax at temperature 0 (or below
+// kMinTemperature); else softmax(logits / temperature) restricted to the top_k largest (0: all; ties with the k-th
+// kept) and then, for top_p in (0, 1), run.c's sample_topp: the tokens of probability >= (1 - top_p) / (V - 1) in
+// descending order (equal ones by id), cut after the first whose cumulative probability exceeds top_p, one drawn with
+// r = u * (their cumulative probability); u = gen.next_double().
+int64_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, double top_p, Generator& gen);
 
 }  // namespace castor::models

@@ -69,7 +69,8 @@ GPTWeights load_gpt_init(const std::string& path, int64_t n_head = 0);
 GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metadata, int64_t n_head,
                                         const std::string& what);
 
-// A weights file as `castor eval` reads it: safetensors as they are; an llm.c checkpoint as its tensors with nanoGPT
+// A weights file as `castor eval` reads it (or a Hugging Face directory: castor/hf.h's tensors and hf_metadata's):
+// safetensors as they are; an llm.c checkpoint as its tensors with nanoGPT
 // names (lm_head.weight = wte) and the metadata a float32 GPT checkpoint trained on `data` (a --data name) would
 // record ("castor.config": model gpt, the sizes, amp O0), plus "llmc.header" (the header, as text); a llama2.c file
 // as load_llama2c_weights_file gives it. castor::Error "PATH: not a safetensors, llm.c or llama2.c file (...)" for

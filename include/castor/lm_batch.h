@@ -99,4 +99,36 @@ LmBatch eval_batch(const TokenFile& tokens, int64_t batch_size, int64_t block_si
 // Any of those rows (their numbers, in [0, (n - 1) / T)) as one batch numbered `index`.
 LmBatch eval_rows(const TokenFile& tokens, int64_t block_size, const std::vector<int64_t>& rows, int64_t index);
 
+// Fine-tuning rows (castor tokenize --format): `tokens` as rows of T + 1 tokens and `mask` (a token file of the same
+// length, 1 where a token is a loss target). Row r gives x = row[0, T) and y = row[1, T + 1) with kIgnoreIndex where
+// the mask of that target token is 0 (PyTorch's ignore_index). Batch i of epoch e = i / batches_per_epoch() takes
+// the global rows k B R .. (k + 1) B R - 1 (k = i mod batches_per_epoch()) of the epoch's order, rank r its B from
+// r B on: the file's order (Sequential) or a permutation drawn from (seed, e) (Random, Llmc). castor::Error naming
+// the files when their lengths differ or are not whole rows, or hold fewer than B R rows.
+constexpr int64_t kIgnoreIndex = -100;
+
+class RowBatchSource {
+ public:
+  RowBatchSource(const TokenFile& tokens, const TokenFile& mask, LmBatchOptions options);
+  LmBatch next();
+  LmBatch batch(int64_t i) const;
+  int64_t batches_per_epoch() const;
+  LmBatchState state() const { return state_; }
+  void set_state(const LmBatchState& s);
+
+ private:
+  const TokenFile& file_;
+  const TokenFile& mask_;
+  LmBatchOptions opt_;
+  LmBatchState state_;
+  mutable int64_t order_epoch_ = -1;
+  mutable std::vector<int64_t> order_;
+};
+
+// Rows `rows` of a fine-tuning split (x, y as RowBatchSource gives them) as one batch numbered `index`.
+LmBatch masked_rows(const TokenFile& tokens, const TokenFile& mask, int64_t block_size,
+                    const std::vector<int64_t>& rows, int64_t index);
+// The rows of `mask`'s file (rows of block_size + 1), checked against `tokens` as RowBatchSource does.
+int64_t masked_row_count(const TokenFile& tokens, const TokenFile& mask, int64_t block_size);
+
 }  // namespace castor::data

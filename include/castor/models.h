@@ -114,7 +114,8 @@ class Block : public nn::Module {
 class GPT : public LanguageModel {
  public:
   explicit GPT(const GPTConfig& config, uint64_t seed = 1337);
-  Tensor forward(const Tensor& idx) override;
+  Tensor hidden(const Tensor& idx) override;  // ln_f's output (B, T, n_embd)
+  nn::Linear& head() override { return *lm_head; }
   std::string type_name() const override { return "GPT"; }
   const GPTConfig& config() const { return config_; }
   int64_t block_size() const override { return config_.block_size; }
@@ -128,7 +129,7 @@ class GPT : public LanguageModel {
   std::shared_ptr<nn::Linear> lm_head;
 
  protected:
-  Tensor forward_cached_impl(const Tensor& idx, KVCache& cache) override;  // (B, n, vocab_size incl. padding)
+  Tensor forward_cached_impl(const Tensor& idx, KVCache& cache) override;  // (B, n, n_embd)
 
  private:
   GPTConfig config_;

@@ -341,4 +341,13 @@ class BasicBlock : public Module {
   std::shared_ptr<Sequential> downsample;  // null for the identity shortcut
 };
 
+// torch.utils.checkpoint: fn(inputs) run without keeping its activations; backward runs it again to rebuild them,
+// under the autocast state (dtype, enabled, cache_enabled) and the default generator's state (dropout draws the
+// same masks) of the first run, then back-propagates through the rebuilt graph, so the inputs' and the
+// parameters' gradients are those of fn(inputs) run plainly, bit for bit. Only the inputs are kept between forward
+// and backward. fn must be deterministic apart from the default generator and must not change its inputs in place.
+// Without grad mode (evaluation, no_grad) it is fn(inputs). Parameters inside fn get gradients even where no input
+// requires grad (a LoRA run's frozen embeddings), as with torch.utils.checkpoint(use_reentrant=False).
+Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs);
+
 }  // namespace castor::nn

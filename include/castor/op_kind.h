@@ -76,6 +76,7 @@ enum class CastPolicy : uint8_t { LowerPrecision, Float32, Promote, PassThrough,
   _(SwiGlu, "swiglu", Promote)                        /* silu(a) * b fused: mul's policy */                            \
   _(MaskedFill, "masked_fill", PassThrough)                                                                            \
   _(CrossEntropy, "cross_entropy", Float32InKernel)                                                                    \
+  _(LinearCrossEntropy, "linear_cross_entropy", LowerPrecision) /* linear's policy; the loss as cross_entropy's */     \
   _(NllLoss, "nll_loss", Float32)                                                                                      \
   _(MseLoss, "mse_loss", Float32)                                                                                      \
   _(BinaryCrossEntropyWithLogits, "binary_cross_entropy_with_logits", Float32)                                         \

@@ -15,6 +15,7 @@ struct SampleConfig {
   std::string init;           // or weights: an llm.c .bin or safetensors with nanoGPT names
   std::string tokenizer_dir;  // a token directory's tokenizer; default: the run's recorded data directory
   int64_t n_head = 0;         // for safetensors that do not record it
+  std::string lora_base;      // a LoRA run's base where it is now (it moved since the run recorded it)
   std::string prompt = "\n";  // empty: GPT-2's <|endoftext|> (a char tokenizer needs a prompt)
   int64_t tokens = 200;       // new tokens
   double temperature = 0.8;   // 0 (or below models::kMinTemperature, 1e-4): greedy
@@ -22,26 +23,36 @@ struct SampleConfig {
   uint64_t seed = 1337;
   bool cached_window = false;  // --window cached: the KV cache rebuilt from half a block past it; else nanoGPT's
   int threads = 1;             // OpenMP threads: a token's ops are small, and more threads mostly wait on each other
+  double top_p = 1.0;          // in (0, 1): run.c's nucleus sampling (its default is 0.9); else off
+  int64_t num_samples = 1;     // samples, seeds seed, seed + 1, ... (nanoGPT's num_samples)
+  std::string prompt_file;     // the prompt read from this file instead
+  bool chat = false;           // the chat template around the prompt as a user turn; stop at the end of the turn
+  std::string system;          // --chat: a system turn first
+  bool prompt_given = false;   // --chat without --prompt: turns read from stdin, one a line
 };
 SampleConfig parse_sample_flags(const std::vector<std::string>& args);
 std::string sample_help();
 // Writes the prompt, then each generated token as it is drawn, decoded, to `write` (memory stays bounded however
-// many --tokens). castor::Error naming the file when the weights hold NaN or infinite values.
-void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write);
+// many --tokens); samples after the first follow a line "---------------" (nanoGPT's sample.py). A llama2.c
+// vocabulary's sample stops at a drawn <s>, as run.c does. --chat writes the reply alone, stopped at the template's
+// end-of-turn token (or <s>), and without --prompt answers each line `read_turn` gives (the conversation so far in the
+// context) until it returns false. castor::Error naming the file when the weights hold NaN or infinite values.
+void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,
+                const std::function<bool(std::string&)>& read_turn = nullptr);
 
 struct ExportConfig {
-  bool llmc = false;         // llm.c's gpt2_124M.bin layout
-  bool nanogpt = false;      // nanoGPT's ckpt.pt in the directory `out`
-  bool llama2c = false;      // llama2.c's model.bin (a Llama), with tokenizer.bin beside it
-  bool safetensors = false;  // the model as one safetensors file with its recorded settings (a GPT or a Llama)
-  std::string format;        // "gguf": a GGUF file llama.cpp runs (a Llama as arch llama, a GPT as gpt2)
-  std::string type = "f32";  // --format gguf: the matrices' type, f32, f16, bf16 or q8_0
-  int version = 0;           // --llama2c: export.py's version, 0 or 1
-  bool merge_lora = false;   // a LoRA run: its base with the adapters merged (required for --llmc and --nanogpt)
-  std::string peft;          // a LoRA run: its adapters in PEFT's format, into this directory (instead of --out)
-  std::string checkpoint;    // a run or checkpoint directory, or a weights file (llm.c .bin, llama2.c or safetensors)
+  // --format: a name of the export table (src/train/sample.cpp: llmc, nanogpt, llama2c, safetensors, gguf, hf, peft); the old
+  // flags --llmc, --nanogpt, --llama2c, --safetensors and --peft DIR are its spellings.
+  std::string format;
+  std::string type = "f32";                 // --format gguf: the matrices' type, f32, f16, bf16 or q8_0
+  int version = 0;                          // --format llama2c: export.py's version, 0 or 1
+  uint64_t max_shard_size = 5'000'000'000;  // --format hf: bytes per safetensors shard (--max-shard-size 5GB)
+  bool merge_lora = false;  // a LoRA run: its base with the adapters merged (required for --llmc and --nanogpt)
+  // (--peft DIR: --format peft --out DIR, a LoRA run's adapters in PEFT's format)
+  std::string checkpoint;  // a run or checkpoint directory, or a weights file (llm.c .bin, llama2.c or safetensors)
   std::string out;
-  int64_t n_head = 0;  // for safetensors that do not record it
+  int64_t n_head = 0;     // for safetensors that do not record it
+  std::string lora_base;  // a LoRA run's base where it is now (it moved since the run recorded it)
 };
 ExportConfig parse_export_flags(const std::vector<std::string>& args);
 std::string export_help();

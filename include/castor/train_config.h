@@ -23,16 +23,17 @@ enum class Schedule { None, Step, Cosine, OneCycle, WarmupCosine };
 using DataOrder = data::LmOrder;  // language-model batches: nanoGPT's random windows or llm.c's two orders
 enum class Augment { None, Standard };
 enum class Compression { None, BFloat16, Float16 };  // the gradients' type on the wire between ranks
+enum class Recompute { None, Blocks, Auto };         // activation recompute of a language model's blocks
 const char* name(Dataset v);
 const char* name(ModelKind v);
 const char* name(OptimizerKind v);
 const char* name(Schedule v);
 const char* name(Augment v);
 const char* name(Compression v);
+const char* name(Recompute v);
 const char* name(DataOrder v);
 const char* name(backends::ConvAlgorithm v);
-bool is_language_model(ModelKind m);
-bool is_llama(ModelKind m);  // llama, llama-260k, llama-15m
+bool is_language_model(ModelKind m);  // a model of a family in src/train/family.h's table
 bool is_text(Dataset d);
 
 struct TrainConfig {
@@ -84,6 +85,9 @@ struct TrainConfig {
   Compression compress_grads = Compression::None;
   bool deterministic = false;
   backends::ConvAlgorithm conv_algorithm = backends::ConvAlgorithm::Auto;  // float32 convolutions (castor/backends.h)
+  Recompute recompute = Recompute::None;  // blocks: nn::checkpoint per transformer block; auto: by memory_budget
+  double memory_budget = 0;               // GiB the run may take (--recompute auto); 0: not given
+
   std::string out;                       // empty: a new runs/<date>-<time>-<model>-<precision> for each run
   std::string resume;                    // a run directory (or one of its checkpoints) to continue from
   bool convert_optimizer_state = false;  // --resume may switch between adamw and adamw8bit, converting the state
@@ -94,8 +98,13 @@ struct TrainConfig {
   double lora_alpha = 8, lora_dropout = 0;
   std::string lora_targets = "all-linear";  // comma-separated module names (nn::LoraConfig::target_modules)
   bool rslora = false;
-  std::string init_lora;           // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
-  std::string init_checksum;       // not a flag: the checksum a run recorded of --init (its LoRA base is checked)
+  std::string init_lora;        // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
+  std::string lora_base;        // a resumed LoRA run's base where it is now (it moved); replaces init
+  std::string init_checksum;    // not a flag: the checksum a run recorded of --init (its LoRA base is checked)
+  int64_t real_vocab_size = 0;  // not a flag: the vocabulary a model was made for (recorded, or an --init's)
+  // Not a flag: the model's description (config.json's "model_config") when the flags do not give all of it: an
+  // --init Hugging Face directory's (its norm eps, feed-forward width, ...), or a run's recording read back.
+  Json model_config;
   int64_t checkpoint_every = 0;    // steps; 0: at each epoch end
   double checkpoint_minutes = 10;  // also checkpoint when this long has passed since the last one; 0: never
   int64_t keep = 2;                // checkpoints kept
@@ -141,6 +150,9 @@ struct EvalConfig {
   std::string data_dir;
   int64_t batch_size = 0;      // images or token rows per batch; 0: the task's (256 images, rows of ~4096 tokens)
   std::optional<DType> dtype;  // float32: evaluate at O0; bf16/fp16: autocast to it; none: as the run trained
+  // Language-model weights without castor metadata: the sizes no tensor's shape holds (0: not given).
+  int64_t n_head = 0, block_size = 0;
+  std::string lora_base;  // a LoRA run's base where it is now (it moved since the run recorded it)
 };
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);
 std::string eval_help();

@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "castor/bpe_trainer.h"
+#include "castor/chat_data.h"
 #include "castor/check.h"
 #include "castor/fs.h"
 #include "castor/token_file.h"
@@ -43,8 +44,8 @@ std::string tokens_checksum(std::span<const uint32_t> tokens, int width) {
 
 // The files a token folder holds; any other entry in --out is the user's.
 bool is_token_folder_file(const std::string& name) {
-  return is_one_of(
-      name, {"train.bin", "val.bin", kTokenRecord, "tokenizer.json", "encoder.json", "vocab.bpe", "tokenizer.bin"});
+  return is_one_of(name, {"train.bin", "val.bin", "train.mask", "val.mask", kTokenRecord, "tokenizer.json",
+                          "encoder.json", "vocab.bpe", "tokenizer.bin"});
 }
 
 // The entries of `dir` that are not a token folder's, sorted.
@@ -315,13 +316,20 @@ bool is_val_document(size_t i, const TokenizeOptions& opt) {
   return opt.val_every > 0 && static_cast<int64_t>(i % opt.val_every) == opt.val_every - 1;
 }
 
+// A file of a token folder: its name, its tokens and the bytes each takes (token_width's, or 2).
+struct FolderFile {
+  std::string name;
+  std::vector<uint32_t> tokens;
+  int width;
+};
+
 // Writes the token files, GPT-2's BPE files, tokenizer.bin or Hugging Face's tokenizer.json, and the record whole into
 // a sibling folder of `out`, then
 // switches it with `out` in one step: a failed or killed tokenize leaves the previous folder as it was, never new
 // token files beside an old vocabulary. `keep`: what check_out_folder found in `out`.
 void write_token_folder(const fs::path& out, const TokenizeOptions& opt, const std::vector<std::string>& keep,
-                        const std::vector<uint32_t>& train, const std::vector<uint32_t>& val,
-                        const Tokenizer& tokenizer, const Json& record) {
+                        const std::vector<FolderFile>& files, const Tokenizer& tokenizer, const std::string& gpt2_dir,
+                        const Json& record) {
   std::error_code ec;
   fs::create_directories(out.parent_path(), ec);
   CASTOR_CHECK(!ec, "--out: ", opt.out, ": cannot create its parent folder: ", ec.message());
@@ -332,12 +340,10 @@ void write_token_folder(const fs::path& out, const TokenizeOptions& opt, const s
                ec.message());
   try {
     const std::string dir = fresh.string();
-    const int width = token_width(tokenizer.vocab_size());
-    write_token_file(dir + "/train.bin", train, width);
-    write_token_file(dir + "/val.bin", val, width);
-    if (opt.tokenizer == "gpt2") {
-      atomic_write_file(dir + "/encoder.json", read_file(opt.bpe_dir + "/encoder.json"));
-      atomic_write_file(dir + "/vocab.bpe", read_file(opt.bpe_dir + "/vocab.bpe"));
+    for (const FolderFile& f : files) write_token_file(dir + "/" + f.name, f.tokens, f.width);
+    if (tokenizer.kind() == "gpt2") {
+      atomic_write_file(dir + "/encoder.json", read_file(gpt2_dir + "/encoder.json"));
+      atomic_write_file(dir + "/vocab.bpe", read_file(gpt2_dir + "/vocab.bpe"));
     }
     if (tokenizer.bpe()) write_tokenizer_bin(dir + "/tokenizer.bin", tokenizer.bpe()->vocabulary());
     if (tokenizer.hf()) atomic_write_file(dir + "/tokenizer.json", read_file(tokenizer.hf_path(), int64_t{1} << 30));
@@ -418,7 +424,8 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   record["text_bytes"] = text_bytes;
   record["split"] = by_document ? detail::cat("every ", opt.val_every, "th document to val")
                                 : detail::cat("the last ", opt.val_fraction, " of the tokens to val");
-  write_token_folder(out, opt, keep, train, val, tokenizer, record);
+  write_token_folder(out, opt, keep, {{"train.bin", train, width}, {"val.bin", val, width}}, tokenizer, opt.bpe_dir,
+                     record);
   Json summary = record;
   summary["out"] = printable(opt.out);  // a report line: any path, non-UTF-8 bytes as \xNN
   summary["tokenize_seconds"] = seconds;
@@ -442,7 +449,109 @@ void check_token_folder(const std::string& dir, const TokenFile& train, const To
   }
 }
 
+namespace {
+
+std::vector<uint32_t> as_ids(const std::vector<int32_t>& ids, int64_t vocab, const std::string& what) {
+  std::vector<uint32_t> out(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    CASTOR_CHECK(ids[i] >= 0 && ids[i] < vocab, what, ": token ", ids[i], " is outside the vocabulary of ", vocab);
+    out[i] = static_cast<uint32_t>(ids[i]);
+  }
+  return out;
+}
+
+}  // namespace
+
+Json tokenize_chat(const TokenizeOptions& opt) {
+  const ChatFormat format = parse_chat_format(opt.format);
+  CASTOR_CHECK(opt.inputs.size() == 1, "--input: --format takes one JSONL file, got ", opt.inputs.size());
+  CASTOR_CHECK(opt.block_size >= 1,
+               "--block-size: missing (rows hold --block-size + 1 tokens; the model's block size)");
+  CASTOR_CHECK(!opt.out.empty(), "--out: missing (the directory to write train.bin and val.bin to)");
+  CASTOR_CHECK(opt.val_fraction >= 0 && opt.val_fraction < 1, "--val-fraction: must be in [0, 1)");
+  fs::path out = fs::absolute(opt.out).lexically_normal();
+  if (!out.has_filename()) out = out.parent_path();
+  const std::vector<std::string> keep = check_out_folder(opt.out, out, opt.overwrite);
+  // The tokenizer: a token directory's (its record and files), or GPT-2's from --bpe-dir.
+  const bool named_gpt2 = opt.tokenizer == "gpt2";
+  const std::string tok_dir = named_gpt2 ? opt.bpe_dir : opt.tokenizer;
+  const Tokenizer tokenizer = named_gpt2 ? Tokenizer(Gpt2Tokenizer::from_dir(opt.bpe_dir)) : Tokenizer::load(tok_dir);
+  const ChatTokenizer ct = chat_tokenizer(tokenizer);
+  const ChatTemplate tmpl(ct.chat_template, ct.template_what);
+  const std::string& path = opt.inputs[0];
+  const std::vector<uint8_t> bytes = read_file(path);
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::vector<TokenizedText> examples;
+  size_t pos = 0;
+  for (int64_t line = 1; pos < text.size(); ++line) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    const std::string_view row = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (row.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string where = detail::cat(path, ": line ", line);
+    Json j;
+    try {
+      j = Json::parse(row);
+    } catch (const Error& e) {
+      throw Error(detail::cat(where, ": not JSON: ", e.what()));
+    }
+    examples.push_back(tokenize_row(j, format, tmpl, ct, opt.train_on_prompt, where));
+  }
+  CASTOR_CHECK(!examples.empty(), path, ": no examples");
+  std::vector<TokenizedText> train, val;
+  const size_t n_val = opt.val_every > 0 ? 0
+                                         : static_cast<size_t>(static_cast<double>(examples.size()) * opt.val_fraction);
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const bool to_val = opt.val_every > 0 ? is_val_document(i, opt) : i >= examples.size() - n_val;
+    (to_val ? val : train).push_back(std::move(examples[i]));
+  }
+  CASTOR_CHECK(!val.empty(), path, ": ", train.size() + val.size(),
+               " examples leave none for validation; give more, a larger --val-fraction or a --val-every");
+  CASTOR_CHECK(!train.empty(), path, ": the split leaves no training examples");
+  const int64_t row_tokens = opt.block_size + 1;
+  const Rows tr = make_rows(train, row_tokens, opt.drop_long, opt.pack, ct.pad_id);
+  const Rows va = make_rows(val, row_tokens, opt.drop_long, opt.pack, ct.pad_id);
+  CASTOR_CHECK(tr.rows > 0 && va.rows > 0, path, ": --drop-long leaves no ", tr.rows ? "validation" : "training",
+               " example of at most ", row_tokens, " tokens");
+  CASTOR_CHECK(tr.targets > 0, path, ": no token of the training examples is a loss target",
+               format == ChatFormat::Chat ? " (no assistant turn; --train-on-prompt trains on every token)" : "");
+  CASTOR_CHECK(va.targets > 0, path, ": no token of the validation examples is a loss target");
+  const int64_t vocab = tokenizer.vocab_size();
+  const int width = token_width(vocab);  // (a mask's 0s and 1s always in 16 bits)
+  const std::vector<FolderFile> files = {{"train.bin", as_ids(tr.ids, vocab, path), width},
+                                         {"val.bin", as_ids(va.ids, vocab, path), width},
+                                         {"train.mask", std::vector<uint32_t>(tr.mask.begin(), tr.mask.end()), 2},
+                                         {"val.mask", std::vector<uint32_t>(va.mask.begin(), va.mask.end()), 2}};
+  Json record = tokenizer.record();
+  record["format"] = chat_format_name(format);
+  record["row_tokens"] = row_tokens;
+  record["chat_template"] = ct.chat_template;
+  record["eos_token_id"] = ct.eos_id;
+  record["pad_token_id"] = ct.pad_id;
+  record["train_on_prompt"] = opt.train_on_prompt;
+  record["pack"] = opt.pack;
+  record["examples"] = static_cast<int64_t>(train.size() + val.size());
+  record["val_examples"] = static_cast<int64_t>(val.size());
+  record["truncated"] = tr.truncated + va.truncated;
+  record["dropped"] = tr.dropped + va.dropped;
+  record["train_rows"] = tr.rows;
+  record["val_rows"] = va.rows;
+  record["train_targets"] = tr.targets;
+  record["val_targets"] = va.targets;
+  record["train_tokens"] = static_cast<int64_t>(files[0].tokens.size());
+  record["val_tokens"] = static_cast<int64_t>(files[1].tokens.size());
+  record["train_checksum"] = tokens_checksum(files[0].tokens, width);
+  record["val_checksum"] = tokens_checksum(files[1].tokens, width);
+  write_token_folder(out, opt, keep, files, tokenizer, tok_dir, record);
+  Json summary = record;
+  summary.as_object().erase("chat_template");
+  summary["out"] = printable(opt.out);
+  return summary;
+}
+
 Json run_tokenize(const TokenizeOptions& opt) {
+  if (!opt.format.empty()) return tokenize_chat(opt);
   CASTOR_CHECK(opt.inputs.empty() != opt.brown_dir.empty(), "castor tokenize: give --input FILE... or --brown DIR");
   return opt.inputs.empty() ? tokenize_documents(read_brown(opt.brown_dir), opt)
                             : tokenize_documents(read_text_files(opt.inputs), opt);

@@ -148,4 +148,72 @@ LmBatch eval_rows(const TokenFile& tokens, int64_t block_size, const std::vector
   return fill_row.b;
 }
 
+int64_t masked_row_count(const TokenFile& tokens, const TokenFile& mask, int64_t block_size) {
+  const int64_t L = block_size + 1;
+  CASTOR_CHECK(tokens.size() == mask.size(), mask.path(), ": ", mask.size(), " entries, but ", tokens.path(), " holds ",
+               tokens.size(), " tokens");
+  CASTOR_CHECK(tokens.size() % L == 0 && tokens.size() > 0, tokens.path(), ": ", tokens.size(),
+               " tokens are not whole rows of block size ", block_size, " + 1");
+  return tokens.size() / L;
+}
+
+LmBatch masked_rows(const TokenFile& tokens, const TokenFile& mask, int64_t block_size,
+                    const std::vector<int64_t>& rows, int64_t index) {
+  const int64_t T = block_size, n_rows = masked_row_count(tokens, mask, block_size);
+  const int64_t R = static_cast<int64_t>(rows.size());
+  LmBatch b{empty({R, T}, DType::Int64), empty({R, T}, DType::Int64), index};
+  int64_t* x = b.x.data<int64_t>();
+  int64_t* y = b.y.data<int64_t>();
+  for (int64_t r = 0; r < R; ++r) {
+    CASTOR_CHECK(rows[r] >= 0 && rows[r] < n_rows, tokens.path(), ": row ", rows[r], " of ", n_rows);
+    const int64_t at = rows[r] * (T + 1);
+    for (int64_t t = 0; t < T; ++t) {
+      x[r * T + t] = tokens[at + t];
+      y[r * T + t] = mask[at + t + 1] ? tokens[at + t + 1] : kIgnoreIndex;
+    }
+  }
+  return b;
+}
+
+RowBatchSource::RowBatchSource(const TokenFile& tokens, const TokenFile& mask, LmBatchOptions options)
+    : file_(tokens), mask_(mask), opt_(options) {
+  CASTOR_CHECK(opt_.batch_size > 0 && opt_.block_size > 0, "LM batches: batch size ", opt_.batch_size,
+               " and block size ", opt_.block_size, " must be positive");
+  CASTOR_CHECK(opt_.num_ranks > 0 && opt_.rank >= 0 && opt_.rank < opt_.num_ranks, "LM batches: rank ", opt_.rank,
+               " of ", opt_.num_ranks);
+  const int64_t rows = masked_row_count(tokens, mask, opt_.block_size);
+  CASTOR_CHECK(rows >= opt_.batch_size * opt_.num_ranks, tokens.path(), ": ", rows, " rows, too few for one batch of ",
+               opt_.batch_size, " x ", opt_.num_ranks, " ranks");
+}
+
+int64_t RowBatchSource::batches_per_epoch() const {
+  return masked_row_count(file_, mask_, opt_.block_size) / (opt_.batch_size * opt_.num_ranks);
+}
+
+void RowBatchSource::set_state(const LmBatchState& s) {
+  CASTOR_CHECK(s.next_batch >= 0, "LM batches: negative batch number ", s.next_batch);
+  state_ = s;
+}
+
+LmBatch RowBatchSource::next() { return batch(state_.next_batch++); }
+
+LmBatch RowBatchSource::batch(int64_t i) const {
+  const int64_t per_epoch = batches_per_epoch(), e = i / per_epoch, k = i % per_epoch;
+  const int64_t n = masked_row_count(file_, mask_, opt_.block_size);
+  if (order_epoch_ != e) {
+    order_.resize(static_cast<size_t>(n));
+    std::iota(order_.begin(), order_.end(), 0);
+    if (opt_.order != LmOrder::Sequential) {  // Fisher-Yates from a generator of (seed, epoch)
+      Generator gen(opt_.seed ^ (0x9E3779B97F4A7C15ull * static_cast<uint64_t>(e + 1)));
+      for (int64_t j = n - 1; j > 0; --j)
+        std::swap(order_[static_cast<size_t>(j)], order_[gen.next_u64() % static_cast<uint64_t>(j + 1)]);
+    }
+    order_epoch_ = e;
+  }
+  const int64_t B = opt_.batch_size;
+  const int64_t base = k * B * opt_.num_ranks + opt_.rank * B;
+  std::vector<int64_t> rows(order_.begin() + base, order_.begin() + base + B);
+  return masked_rows(file_, mask_, opt_.block_size, rows, i);
+}
+
 }  // namespace castor::data

@@ -73,15 +73,18 @@ void rotary_embedding(const Tensor& src, const Tensor& cos, const Tensor& sin, b
 void cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                            const Tensor& losses, const Tensor& lse);
 // diff_logits (N, V) in logits' dtype = diff_losses[i] * (softmax - (1 - label_smoothing) onehot(target) -
-// label_smoothing / V), rounded once; rows with target == ignore_index get 0.
+// label_smoothing / V), rounded once; rows with target == ignore_index get 0. With `classes` > 0 the logits are the
+// columns [first_class, first_class + V) of rows over `classes` classes (lse the whole rows'): that block of the
+// whole rows' gradient (F::linear_cross_entropy's backward, a block of the vocabulary at a time).
 void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& diff_losses,
-                            int64_t ignore_index, double label_smoothing, const Tensor& diff_logits);
+                            int64_t ignore_index, double label_smoothing, const Tensor& diff_logits,
+                            int64_t first_class = 0, int64_t classes = 0);
 // The plain reference loops behind them (std::exp, two passes), the float64 path and the fast kernels' oracle.
 void cross_entropy_forward_ref(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                                const Tensor& losses, const Tensor& lse);
 void cross_entropy_backward_ref(const Tensor& logits, const Tensor& target, const Tensor& lse,
                                 const Tensor& diff_losses, int64_t ignore_index, double label_smoothing,
-                                const Tensor& diff_logits);
+                                const Tensor& diff_logits, int64_t first_class = 0, int64_t classes = 0);
 
 // The embedding's weight gradient: diff_weight (V, C) = sum over n of diff_dst[n] (N, C) into row indices[n]
 // (int64 (N)), rows == padding_idx skipped (padding_idx -1: none), accumulated in float32 (double for float64) in

@@ -93,14 +93,11 @@ GPT::GPT(const GPTConfig& c, uint64_t seed) : config_(c) {
   }
 }
 
-Tensor GPT::forward(const Tensor& idx) {
+Tensor GPT::hidden(const Tensor& idx) {
   check_tokens(idx, "GPT", "block size");
   const int64_t T = idx.size(1);
-  Tensor x = (*drop)((*wte)(idx) + (*wpe)(arange(T)));  // (B, T, C) + (T, C)
-  x = (*ln_f)((*h)(x));
-  const Tensor logits = (*lm_head)(x);  // (B, T, vocab_size)
-  const int64_t real = config_.real_vocab_size;
-  return real > 0 && real < config_.vocab_size ? logits.narrow(2, 0, real) : logits;  // (B, T, real vocabulary)
+  const Tensor x = (*drop)((*wte)(idx) + (*wpe)(arange(T)));  // (B, T, C) + (T, C)
+  return (*ln_f)(run_blocks(*h, x));
 }
 
 int64_t GPT::vocab_size() const { return config_.real_vocab_size > 0 ? config_.real_vocab_size : config_.vocab_size; }
@@ -121,7 +118,7 @@ Tensor GPT::forward_cached_impl(const Tensor& idx, KVCache& cache) {
     const Tensor hidden = F::gelu((*block.mlp->c_fc)((*block.ln_2)(x)), /*tanh_approximate=*/true);
     x = x + (*block.mlp->c_proj)(hidden);
   }
-  return (*lm_head)((*ln_f)(x));  // (B, n, vocab_size)
+  return (*ln_f)(x);  // (B, n, C)
 }
 
 std::shared_ptr<GPT> gpt(const GPTConfig& config, uint64_t seed) { return std::make_shared<GPT>(config, seed); }

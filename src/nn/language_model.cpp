@@ -25,6 +25,47 @@ void LanguageModel::check_tokens(const Tensor& idx, const char* model, const cha
                " is only ", block_size());
 }
 
+Tensor LanguageModel::logits(const Tensor& hidden) {
+  const Tensor out = head()(hidden);  // (..., output width)
+  const int64_t real = vocab_size();
+  return real < out.size(-1) ? out.narrow(out.dim() - 1, 0, real) : out;
+}
+
+Tensor lm_loss(LanguageModel& model, const Tensor& idx, const Tensor& target, F::Reduction reduction,
+               double label_smoothing) {
+  nn::Linear& head = model.head();
+  if (head.lora) {
+    const Tensor logits = model(idx);
+    return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}), reduction, label_smoothing,
+                            /*ignore_index=*/-100);
+  }
+  const Tensor h = model.hidden(idx);  // (B, T, C)
+  return F::linear_cross_entropy(h.reshape({-1, h.size(-1)}), head.weight, target.reshape({-1}), reduction,
+                                 label_smoothing, /*ignore_index=*/-100, model.vocab_size());
+}
+
+LmScores lm_scores(LanguageModel& model, const Tensor& idx, const Tensor& target) {
+  NoGradGuard no_grad;
+  const Tensor hidden = model.hidden(idx), h = hidden.reshape({-1, hidden.size(-1)}), t = target.reshape({-1});
+  const int64_t N = h.size(0), rows = std::max<int64_t>(1, (int64_t{1} << 22) / model.vocab_size());
+  LmScores s;
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t n = std::min(rows, N - r0);
+    const Tensor logits = model.logits(h.narrow(0, r0, n));  // (n, vocab_size)
+    s.loss_sum += F::cross_entropy(logits, t.narrow(0, r0, n), F::Reduction::Sum, 0.0, /*ignore_index=*/-100).item();
+    for (int64_t p : argmax(logits, 1).to_vector<int64_t>()) s.predicted.push_back(p);
+  }
+  return s;
+}
+
+Tensor LanguageModel::run_blocks(nn::Sequential& blocks, Tensor x) const {
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    nn::Module& block = *blocks[i];
+    x = recompute_ ? nn::checkpoint([&block](const std::vector<Tensor>& in) { return block(in[0]); }, {x}) : block(x);
+  }
+  return x;
+}
+
 KVCache::KVCache(const LanguageModel& model, int64_t batch_size) : capacity_(model.block_size()) {
   const LanguageModel::CacheShape s = model.cache_shape();
   CASTOR_CHECK(batch_size > 0, "KVCache: batch_size must be positive, got ", batch_size);
@@ -34,24 +75,32 @@ KVCache::KVCache(const LanguageModel& model, int64_t batch_size) : capacity_(mod
   }
 }
 
-Tensor KVCache::attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v) {
+Tensor causal_mask(int64_t queries, int64_t keys, int64_t window) {
+  CASTOR_CHECK(queries >= 0 && queries <= keys && window >= 0, "causal_mask: ", queries, " queries over ", keys,
+               " keys, window ", window);
+  std::vector<double> m(queries * keys);
+  for (int64_t i = 0; i < queries; ++i) {
+    const int64_t pos = keys - queries + i;
+    for (int64_t j = 0; j < keys; ++j) m[i * keys + j] = j <= pos && (window == 0 || j > pos - window);
+  }
+  return tensor(m, Shape{queries, keys}, DType::Bool);
+}
+
+Tensor KVCache::attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, int64_t window) {
   const int64_t p = size_, n = q.size(2);
   keys_[layer].narrow(2, p, n).copy_(k);
   values_[layer].narrow(2, p, n).copy_(v);
-  // Query i (position p + i) attends keys 0 .. p + i: one query needs no mask, a block from position 0 is causal
-  // (top-left aligned), a block after cached keys needs the mask spelled out.
-  Tensor mask;
-  if (n > 1 && p > 0) {
-    std::vector<double> m(n * (p + n));
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < p + n; ++j) m[i * (p + n) + j] = j <= p + i;
-    mask = tensor(m, Shape{n, p + n}, DType::Bool);
-  }
-  return F::scaled_dot_product_attention(q, keys_[layer].narrow(2, 0, p + n), values_[layer].narrow(2, 0, p + n), mask,
-                                         /*dropout_p=*/0.0, /*is_causal=*/n > 1 && p == 0);  // (B, H, n, D)
+  // Query i (position p + i) attends keys from..p + i, from = 0 or p + i - window + 1: the keys before the first
+  // query's window are not read. One query needs no mask, a block whose keys start with it and fit the window is
+  // causal (top-left aligned), any other block needs the mask spelled out.
+  const int64_t from = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0, keys = p + n - from;
+  const bool causal = n > 1 && keys == n && (window == 0 || n <= window);
+  const Tensor mask = n > 1 && !causal ? causal_mask(n, keys, window) : Tensor();
+  return F::scaled_dot_product_attention(q, keys_[layer].narrow(2, from, keys), values_[layer].narrow(2, from, keys),
+                                         mask, /*dropout_p=*/0.0, causal);  // (B, H, n, D)
 }
 
-Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache) {
+Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, bool last_only) {
   CASTOR_CHECK(idx.dim() == 2 && idx.dtype() == DType::Int64, "forward_cached: expected (B, n) int64 token ids, got ",
                idx.describe());
   const int64_t B = idx.size(0), n = idx.size(1), p = cache.size_;
@@ -59,14 +108,12 @@ Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache) {
   CASTOR_CHECK(n > 0 && p + n <= cache.capacity_, "forward_cached: ", n, " tokens after ", p,
                " cached positions pass the block size ", cache.capacity_);
   NoGradGuard no_grad;
-  const Tensor logits = model.forward_cached_impl(idx, cache);
+  const Tensor hidden = model.forward_cached_impl(idx, cache);  // (B, n, C)
   cache.size_ = p + n;
-  return logits;
+  return model.head()(last_only ? hidden.narrow(1, n - 1, 1) : hidden);
 }
 
-namespace {
-
-int64_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, Generator& gen) {
+int64_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, double top_p, Generator& gen) {
   const int64_t V = static_cast<int64_t>(logits.size());
   for (int64_t i = 0; i < V; ++i)
     CASTOR_CHECK(std::isfinite(logits[i]), "generate: the logit of token ", i, " is ", logits[i],
@@ -83,6 +130,29 @@ int64_t sample_token(std::vector<double> logits, double temperature, int64_t top
   const double top = *std::max_element(logits.begin(), logits.end());
   double total = 0;  // >= 1: the largest term is exp(0)
   for (double& l : logits) total += (l = std::exp(l - top));
+  if (top_p > 0 && top_p < 1) {  // run.c's sample_topp over the probabilities
+    const double cutoff = (1 - top_p) / static_cast<double>(std::max<int64_t>(1, V - 1));
+    std::vector<std::pair<double, int64_t>> kept;
+    for (int64_t i = 0; i < V; ++i)
+      if (logits[i] / total >= cutoff) kept.emplace_back(logits[i] / total, i);
+    std::sort(kept.begin(), kept.end(), [](const auto& a, const auto& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    double cumulative = 0;
+    size_t last = kept.size() - 1;
+    for (size_t i = 0; i < kept.size(); ++i) {
+      cumulative += kept[i].first;
+      if (cumulative > top_p) {
+        last = i;
+        break;
+      }
+    }
+    const double r = gen.next_double() * cumulative;
+    double cdf = 0;
+    for (size_t i = 0; i <= last; ++i)
+      if (r < (cdf += kept[i].first)) return kept[i].second;
+    return kept[last].second;
+  }
   double u = gen.next_double() * total;
   for (int64_t i = 0; i < V; ++i) {
     if (logits[i] == 0) continue;
@@ -94,15 +164,14 @@ int64_t sample_token(std::vector<double> logits, double temperature, int64_t top
   return last;
 }
 
-}  // namespace
-
 void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new_tokens, double temperature,
-              int64_t top_k, uint64_t seed, Window window, const std::function<void(int64_t)>& emit) {
+              int64_t top_k, uint64_t seed, Window window, const std::function<bool(int64_t)>& emit, double top_p) {
   const int64_t real_vocab = model.vocab_size(), T = model.block_size();
   CASTOR_CHECK(!prompt.empty(), "generate: the prompt is empty (it needs at least one token)");
   CASTOR_CHECK(max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ", max_new_tokens);
   CASTOR_CHECK(temperature >= 0 && std::isfinite(temperature), "generate: temperature must be >= 0, got ", temperature);
   CASTOR_CHECK(top_k >= 0, "generate: top_k must be >= 0, got ", top_k);
+  CASTOR_CHECK(top_p >= 0 && top_p <= 1, "generate: top_p must be in [0, 1], got ", top_p);
   for (int64_t t : prompt)
     CASTOR_CHECK(t >= 0 && t < real_vocab, "generate: prompt token ", t, " is outside the vocabulary [0, ", real_vocab,
                  ")");
@@ -114,15 +183,14 @@ void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new
   auto feed = [&](size_t from) {
     std::vector<double> ids(seq.begin() + from, seq.end());
     const Tensor logits = forward_cached(model, tensor(ids, Shape{1, static_cast<int64_t>(ids.size())}, DType::Int64),
-                                         cache);
-    return logits.select(1, logits.size(1) - 1).narrow(1, 0, real_vocab).to_vector<double>();
+                                         cache, /*last_only=*/true);  // (1, 1, output width)
+    return logits.select(1, 0).narrow(1, 0, real_vocab).to_vector<double>();
   };
   std::vector<double> logits = feed(seq.size() > static_cast<size_t>(T) ? seq.size() - T : 0);
   for (int64_t i = 0; i < max_new_tokens; ++i) {
-    const int64_t next = sample_token(logits, temperature, top_k, gen);
+    const int64_t next = sample_token(logits, temperature, top_k, top_p, gen);
     seq.push_back(next);
-    emit(next);
-    if (i + 1 == max_new_tokens) break;
+    if (!emit(next) || i + 1 == max_new_tokens) break;
     if (seq.size() > 2 * static_cast<size_t>(T)) seq.erase(seq.begin(), seq.end() - T);
     if (cache.size() < T) {
       logits = feed(seq.size() - 1);
@@ -132,17 +200,22 @@ void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new
     } else {  // nanoGPT: idx_cond = idx[:, -block_size:], a full forward
       NoGradGuard no_grad;
       std::vector<double> ids(seq.end() - T, seq.end());
-      const Tensor all = model(tensor(ids, Shape{1, T}, DType::Int64));  // (1, T, real vocabulary)
-      logits = all.select(1, T - 1).narrow(1, 0, real_vocab).to_vector<double>();
+      const Tensor hidden = model.hidden(tensor(ids, Shape{1, T}, DType::Int64));  // (1, T, C)
+      logits = model.logits(hidden.select(1, T - 1)).to_vector<double>();          // (1, real vocabulary)
     }
   }
 }
 
 std::vector<int64_t> generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new_tokens,
-                              double temperature, int64_t top_k, uint64_t seed, Window window) {
+                              double temperature, int64_t top_k, uint64_t seed, Window window, double top_p) {
   std::vector<int64_t> seq = prompt;
-  generate(model, std::move(prompt), max_new_tokens, temperature, top_k, seed, window,
-           [&](int64_t t) { seq.push_back(t); });
+  generate(
+      model, std::move(prompt), max_new_tokens, temperature, top_k, seed, window,
+      [&](int64_t t) {
+        seq.push_back(t);
+        return true;
+      },
+      top_p);
   return seq;
 }
 

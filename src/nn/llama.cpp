@@ -1,4 +1,5 @@
-// llama2.c's Transformer: RMSNorm pre-norm blocks, rotary grouped-query attention, SwiGLU feed-forward, model.py init.
+// llama2.c's Transformer: RMSNorm pre-norm blocks, rotary grouped-query attention, SwiGLU feed-forward, model.py init;
+// with Hugging Face's head size, biases, rope scaling and sliding window.
 #include "castor/llama.h"
 
 #include <cmath>
@@ -7,6 +8,7 @@
 #include "castor/functional.h"
 #include "castor/ops.h"
 #include "castor/random.h"
+#include "ops/transformer.h"
 
 namespace castor::models {
 
@@ -28,27 +30,40 @@ void LlamaConfig::validate() const {
   CASTOR_CHECK(n_kv_heads >= 0, "LlamaConfig: n_kv_heads must be positive (or 0: n_heads), got ", n_kv_heads);
   CASTOR_CHECK(hidden_dim >= 0, "LlamaConfig: hidden_dim must be positive (or 0: from multiple_of), got ", hidden_dim);
   if (hidden_dim == 0) positive("multiple_of", multiple_of);
-  CASTOR_CHECK(dim % n_heads == 0, "LlamaConfig: dim ", dim, " is not n_heads ", n_heads, " x a head size");
-  CASTOR_CHECK(head_dim() % 2 == 0, "LlamaConfig: head size dim / n_heads = ", head_dim(),
-               " is odd (rotary embeddings rotate pairs)");
+  CASTOR_CHECK(head_dim >= 0, "LlamaConfig: head_dim must be positive (or 0: dim / n_heads), got ", head_dim);
+  CASTOR_CHECK(head_dim > 0 || dim % n_heads == 0, "LlamaConfig: dim ", dim, " is not n_heads ", n_heads,
+               " x a head size (set head_dim)");
+  CASTOR_CHECK(head_size() % 2 == 0, "LlamaConfig: head size ", head_dim > 0 ? "head_dim" : "dim / n_heads", " = ",
+               head_size(), " is odd (rotary embeddings rotate pairs)");
   CASTOR_CHECK(n_heads % kv_heads() == 0, "LlamaConfig: n_heads ", n_heads, " is not a multiple of n_kv_heads ",
                kv_heads());
   CASTOR_CHECK(norm_eps > 0 && std::isfinite(norm_eps), "LlamaConfig: norm_eps must be positive, got ", norm_eps);
   CASTOR_CHECK(rope_theta > 0 && std::isfinite(rope_theta), "LlamaConfig: rope_theta must be positive, got ",
                rope_theta);
   CASTOR_CHECK(dropout >= 0 && dropout < 1, "LlamaConfig: dropout must be in [0, 1), got ", dropout);
+  CASTOR_CHECK(!(attention_bias && qkv_bias), "LlamaConfig: attention_bias (q, k, v and o) and qkv_bias (q, k, v) ",
+               "are exclusive: set one");
+  CASTOR_CHECK(sliding_window >= 0, "LlamaConfig: sliding_window must be positive (or 0: none), got ", sliding_window);
+  try {
+    rope_scaling.validate();
+  } catch (const Error& e) {
+    throw Error(detail::cat("LlamaConfig: ", e.what()));
+  }
 }
 
 LlamaAttention::LlamaAttention(const LlamaConfig& c)
     : n_heads_(c.n_heads),
       n_kv_heads_(c.kv_heads()),
-      head_dim_(c.head_dim()),
+      head_dim_(c.head_size()),
+      sliding_window_(c.sliding_window),
       rope_theta_(c.rope_theta),
-      dropout_(c.dropout) {
-  wq = register_module("wq", std::make_shared<nn::Linear>(c.dim, n_heads_ * head_dim_, /*bias=*/false));
-  wk = register_module("wk", std::make_shared<nn::Linear>(c.dim, n_kv_heads_ * head_dim_, /*bias=*/false));
-  wv = register_module("wv", std::make_shared<nn::Linear>(c.dim, n_kv_heads_ * head_dim_, /*bias=*/false));
-  wo = register_module("wo", std::make_shared<nn::Linear>(n_heads_ * head_dim_, c.dim, /*bias=*/false));
+      dropout_(c.dropout),
+      rope_scaling_(c.rope_scaling) {
+  const bool qkv = c.attention_bias || c.qkv_bias;
+  wq = register_module("wq", std::make_shared<nn::Linear>(c.dim, n_heads_ * head_dim_, qkv));
+  wk = register_module("wk", std::make_shared<nn::Linear>(c.dim, n_kv_heads_ * head_dim_, qkv));
+  wv = register_module("wv", std::make_shared<nn::Linear>(c.dim, n_kv_heads_ * head_dim_, qkv));
+  wo = register_module("wo", std::make_shared<nn::Linear>(n_heads_ * head_dim_, c.dim, c.attention_bias));
   resid_dropout = register_module("resid_dropout", std::make_shared<nn::Dropout>(c.dropout));
 }
 
@@ -57,7 +72,9 @@ LlamaAttention::Heads LlamaAttention::project(const Tensor& x, int64_t start_pos
   const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
   // Rotated as (B, T, heads, D), then heads made a batch dimension: the attention kernels read the strides in place.
   auto rotated = [&](nn::Linear& w, int64_t heads) {
-    return F::rotary_embedding(w(x).view({B, T, heads, D}), start_pos, rope_theta_).transpose(1, 2);
+    return F::rotary_embedding(w(x).view({B, T, heads, D}), start_pos, rope_theta_, F::RotaryPairing::Interleaved,
+                               rope_scaling_)
+        .transpose(1, 2);
   };
   return {rotated(*wq, n_heads_), rotated(*wk, n_kv_heads_), (*wv)(x).view({B, T, n_kv_heads_, D}).transpose(1, 2)};
 }
@@ -70,15 +87,18 @@ Tensor LlamaAttention::merge(const Tensor& y) {
 Tensor LlamaAttention::forward(const Tensor& x) {
   const Heads h = project(x, 0);
   const double p = training_ ? dropout_ : 0.0;
-  return (*resid_dropout)(
-      merge(F::scaled_dot_product_attention(h.q, h.k, h.v, /*attn_mask=*/{}, p, /*is_causal=*/true)));
+  // A sliding window shorter than the sequence is a banded mask; otherwise the attention is plainly causal.
+  const int64_t T = x.size(1);
+  const bool windowed = sliding_window_ > 0 && T > sliding_window_;
+  const Tensor mask = windowed ? causal_mask(T, T, sliding_window_) : Tensor();
+  return (*resid_dropout)(merge(F::scaled_dot_product_attention(h.q, h.k, h.v, mask, p, /*is_causal=*/!windowed)));
 }
 
 LlamaFeedForward::LlamaFeedForward(const LlamaConfig& c) {
   const int64_t hidden = c.ffn_hidden_dim();
-  w1 = register_module("w1", std::make_shared<nn::Linear>(c.dim, hidden, /*bias=*/false));
-  w2 = register_module("w2", std::make_shared<nn::Linear>(hidden, c.dim, /*bias=*/false));
-  w3 = register_module("w3", std::make_shared<nn::Linear>(c.dim, hidden, /*bias=*/false));
+  w1 = register_module("w1", std::make_shared<nn::Linear>(c.dim, hidden, c.mlp_bias));
+  w2 = register_module("w2", std::make_shared<nn::Linear>(hidden, c.dim, c.mlp_bias));
+  w3 = register_module("w3", std::make_shared<nn::Linear>(c.dim, hidden, c.mlp_bias));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
 }
 
@@ -111,20 +131,22 @@ Llama::Llama(const LlamaConfig& c, uint64_t seed) : config_(c) {
   NoGradGuard no_grad;
   const double std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layers));
   for (auto& [name, p] : named_parameters()) {
-    if (p.dim() != 2) continue;  // RMSNorm weights: 1 as constructed
+    if (p.dim() != 2) {
+      if (name.ends_with(".bias")) p.zero_();  // RMSNorm weights: 1 as constructed
+      continue;
+    }
     const bool resid = name.ends_with("w3.weight") || name.ends_with("wo.weight");
     normal_(p, 0.0, resid ? std_resid : 0.02, &gen);
   }
 }
 
-Tensor Llama::forward(const Tensor& tokens) {
+Tensor Llama::hidden(const Tensor& tokens) {
   check_tokens(tokens, "Llama", "max_seq_len");
-  const Tensor h = (*layers)((*dropout)((*tok_embeddings)(tokens)));  // (B, T, dim)
-  return (*output)((*norm)(h));                                       // (B, T, vocab_size)
+  return (*norm)(run_blocks(*layers, (*dropout)((*tok_embeddings)(tokens))));  // (B, T, dim)
 }
 
 LanguageModel::CacheShape Llama::cache_shape() const {
-  return {config_.n_layers, config_.kv_heads(), config_.head_dim(), tok_embeddings->weight.dtype()};
+  return {config_.n_layers, config_.kv_heads(), config_.head_size(), tok_embeddings->weight.dtype()};
 }
 
 Tensor Llama::forward_cached_impl(const Tensor& tokens, KVCache& cache) {
@@ -132,12 +154,12 @@ Tensor Llama::forward_cached_impl(const Tensor& tokens, KVCache& cache) {
   for (int64_t l = 0; l < config_.n_layers; ++l) {
     auto& block = dynamic_cast<LlamaBlock&>(*(*layers)[l]);
     const LlamaAttention::Heads h = block.attention->project((*block.attention_norm)(x), cache.size());
-    x = x + block.attention->merge(cache.attend(l, h.q, h.k, h.v));
+    x = x + block.attention->merge(cache.attend(l, h.q, h.k, h.v, block.attention->sliding_window()));
     const Tensor y = (*block.ffn_norm)(x);
     const LlamaFeedForward& ff = *block.feed_forward;
     x = x + (*ff.w2)(F::swiglu((*ff.w1)(y), (*ff.w3)(y)));
   }
-  return (*output)((*norm)(x));  // (B, n, vocab_size)
+  return (*norm)(x);  // (B, n, dim)
 }
 
 std::shared_ptr<Llama> llama(const LlamaConfig& config, uint64_t seed) { return std::make_shared<Llama>(config, seed); }
@@ -156,6 +178,10 @@ LlamaConfig llama_preset(const std::string& name, int64_t vocab_size) {
     throw Error(detail::cat("llama_preset: unknown preset \"", name, "\"; expected llama, llama-260k or llama-15m"));
   }
   return c;
+}
+
+std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, double theta) {
+  return castor::rotary_tables(positions, head_size, theta);
 }
 
 }  // namespace castor::models

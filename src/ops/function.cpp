@@ -16,9 +16,11 @@ struct FunctionAccess {
 
 using A = FunctionAccess;
 
-Tensor apply_function(ForwardFn forward, BackwardFn backward, const std::vector<Tensor>& inputs,
-                      const amp::CustomOp* cast) {
-  const std::string name = cast ? "autograd::Function \"" + cast->name() + "\"" : std::string("autograd::Function");
+Tensor apply_function(const ForwardFn& forward, BackwardFn backward, const std::vector<Tensor>& inputs,
+                      const amp::CustomOp* cast, const std::string& given_name) {
+  const std::string name = !given_name.empty() ? given_name
+                           : cast              ? "autograd::Function \"" + cast->name() + "\""
+                                               : std::string("autograd::Function");
   auto ctx = std::make_shared<FunctionCtx>();
   std::vector<Tensor> used;  // the inputs as forward got them (after autocast)
   auto run = [&](const std::vector<Tensor>& in) {
@@ -39,7 +41,7 @@ Tensor apply_function(ForwardFn forward, BackwardFn backward, const std::vector<
   for (const Tensor& t : A::to_save(*ctx))
     saved.tensors.push_back(save(t.is_same(out) ? out.detach() : t));  // no cycle through the output's own node
   A::to_save(*ctx).clear();
-  record_op<OpKind::Function>(used, out, {ctx, backward, name}, std::move(saved));
+  record_op<OpKind::Function>(used, out, {ctx, std::move(backward), name}, std::move(saved));
   return out;
 }
 

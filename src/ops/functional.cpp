@@ -175,6 +175,23 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
   return s.done(loss * (1.0 - label_smoothing) + smooth * (label_smoothing / c));
 }
 
+Tensor linear_cross_entropy(const Tensor& input, const Tensor& weight, const Tensor& target, Reduction reduction,
+                            double label_smoothing, int64_t ignore_index, int64_t classes, int64_t chunk) {
+  CASTOR_CHECK(label_smoothing >= 0 && label_smoothing <= 1,
+               "linear_cross_entropy: label_smoothing must be in [0, 1], got ", label_smoothing);
+  CASTOR_CHECK(weight.dim() == 2, "linear_cross_entropy: expected a 2-D (V, C) weight, got ", weight.describe());
+  const auto t = target.to_vector<int64_t>();
+  const int64_t counted = std::count_if(t.begin(), t.end(), [&](int64_t c) { return c != ignore_index; });
+  CASTOR_CHECK(!(label_smoothing > 0 && reduction == Reduction::Mean && counted != target.numel()),
+               "linear_cross_entropy: label smoothing with ignored targets under a mean is not supported (use "
+               "cross_entropy, or reduction Sum)");
+  const Tensor losses = OpDef<OpKind::LinearCrossEntropy>::forward(input, weight, target, label_smoothing, ignore_index,
+                                                                   classes > 0 ? classes : weight.size(0), chunk);
+  if (reduction == Reduction::None) return losses;
+  const Tensor total = sum(losses);
+  return reduction == Reduction::Sum ? total : total / static_cast<double>(counted);
+}
+
 Tensor nll_loss(const Tensor& log_probs, const Tensor& target, Reduction reduction, int64_t ignore_index,
                 const Tensor& weight) {
   OpScope s(OpKind::NllLoss, {log_probs, weight});

@@ -2,15 +2,19 @@
 // (its F:: function) beside its backward, on the transformer kernels (kernels/transformer.h, kernels/kernels.h).
 #include "ops/transformer.h"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <tuple>
+#include <vector>
 
 #include "castor/functional.h"
 #include "castor/ops.h"
 #include "castor/random.h"
+#include "kernels/kernels.h"
 #include "kernels/transformer.h"
 #include "runtime/dispatch.h"
 
@@ -328,25 +332,69 @@ Tensor attention_math(const Tensor& q, const Tensor& k_in, const Tensor& v_in, c
 
 // ---- rotary embedding ----
 
-std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, double theta) {
+void F::RopeScaling::validate() const {
+  if (type == Type::None) return;
+  CASTOR_CHECK(factor > 0 && std::isfinite(factor), "rope_scaling: factor must be positive, got ", factor);
+  if (type == Type::Linear) return;
+  CASTOR_CHECK(low_freq_factor > 0 && high_freq_factor > low_freq_factor && std::isfinite(high_freq_factor),
+               "rope_scaling: low_freq_factor ", low_freq_factor, " and high_freq_factor ", high_freq_factor,
+               " must be positive, high above low");
+  CASTOR_CHECK(original_max_position_embeddings > 0,
+               "rope_scaling: original_max_position_embeddings must be positive, got ",
+               original_max_position_embeddings);
+}
+
+std::vector<float> rotary_inv_freq(int64_t head_size, double theta, const F::RopeScaling& scaling) {
+  using Type = F::RopeScaling::Type;
+  const int64_t half = head_size / 2;
+  std::vector<float> inv(half);
+  const float base = static_cast<float>(theta), factor = static_cast<float>(scaling.factor);
+  for (int64_t k = 0; k < half; ++k) {
+    // llama2.c and transformers: 1 / theta ** (arange(0, D, 2).float() / D), each step in float32.
+    inv[k] = 1.0f / std::pow(base, static_cast<float>(2 * k) / static_cast<float>(head_size));
+    if (scaling.type == Type::Linear) inv[k] /= factor;
+    if (scaling.type != Type::Llama3) continue;
+    // _compute_llama3_parameters in float32; Python's `scalar / tensor` is tensor.reciprocal() * scalar.
+    const float orig = static_cast<float>(scaling.original_max_position_embeddings);
+    const float low = static_cast<float>(scaling.low_freq_factor), high = static_cast<float>(scaling.high_freq_factor);
+    const float low_wavelen = static_cast<float>(scaling.original_max_position_embeddings / scaling.low_freq_factor);
+    const float high_wavelen = static_cast<float>(scaling.original_max_position_embeddings / scaling.high_freq_factor);
+    const float wavelen = (1.0f / inv[k]) * static_cast<float>(2 * M_PI);
+    const float scaled = wavelen > low_wavelen ? inv[k] / factor : inv[k];
+    if (wavelen < high_wavelen || wavelen > low_wavelen) {
+      inv[k] = scaled;
+    } else {
+      const float smooth = ((1.0f / wavelen) * orig - low) /
+                           static_cast<float>(scaling.high_freq_factor - scaling.low_freq_factor);
+      inv[k] = (1.0f - smooth) * scaled / factor + smooth * scaled;
+    }
+  }
+  return inv;
+}
+
+std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, double theta,
+                                        const F::RopeScaling& scaling) {
   struct Tables {
     Tensor cos, sin;  // (rows, head_size / 2)
   };
+  using Key = std::tuple<int64_t, double, F::RopeScaling::Type, double, double, double, int64_t>;
   static std::mutex mu;
-  static std::map<std::pair<int64_t, double>, Tables> cache;
+  static std::map<Key, Tables> cache;
   const int64_t half = head_size / 2;
   std::lock_guard<std::mutex> lock(mu);
-  Tables& t = cache[{head_size, theta}];
+  const bool scaled = scaling.type != F::RopeScaling::Type::None;
+  const F::RopeScaling none;
+  const F::RopeScaling& sc = scaled ? scaling : none;  // unscaled tables whatever the unread fields say
+  Tables& t = cache[{head_size, theta, sc.type, sc.factor, sc.low_freq_factor, sc.high_freq_factor,
+                     sc.original_max_position_embeddings}];
   if (!t.cos.defined() || t.cos.size(0) < positions) {
     const int64_t rows = std::max(positions, t.cos.defined() ? 2 * t.cos.size(0) : positions);
     Tables grown{empty({rows, half}, DType::Float32), empty({rows, half}, DType::Float32)};
     float *c = grown.cos.data<float>(), *s = grown.sin.data<float>();
-    const float base = static_cast<float>(theta);
+    const std::vector<float> inv_freq = rotary_inv_freq(head_size, theta, sc);
     for (int64_t k = 0; k < half; ++k) {
-      // llama2.c: 1 / theta ** (arange(0, D, 2).float() / D), each step in float32.
-      const float inv_freq = 1.0f / std::pow(base, static_cast<float>(2 * k) / static_cast<float>(head_size));
       for (int64_t p = 0; p < rows; ++p) {
-        const float angle = static_cast<float>(p) * inv_freq;
+        const float angle = static_cast<float>(p) * inv_freq[k];
         c[p * half + k] = static_cast<float>(std::cos(static_cast<double>(angle)));
         s[p * half + k] = static_cast<float>(std::sin(static_cast<double>(angle)));
       }
@@ -356,7 +404,8 @@ std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, do
   return {t.cos.narrow(0, 0, positions), t.sin.narrow(0, 0, positions)};
 }
 
-Tensor F::rotary_embedding(const Tensor& input, int64_t start_pos, double theta, RotaryPairing pairing) {
+Tensor F::rotary_embedding(const Tensor& input, int64_t start_pos, double theta, RotaryPairing pairing,
+                           const RopeScaling& scaling) {
   OpScope s(OpKind::RotaryEmbedding, {input});
   const Tensor& x = s[0];
   CASTOR_CHECK(x.dim() == 4 && is_floating(x.dtype()), "rotary_embedding: expected a floating (B, T, H, D) input, got ",
@@ -365,8 +414,9 @@ Tensor F::rotary_embedding(const Tensor& input, int64_t start_pos, double theta,
                " is odd (RoPE rotates pairs of elements)");
   CASTOR_CHECK(start_pos >= 0 && theta > 0, "rotary_embedding: start_pos ", start_pos, " and theta ", theta,
                " must be >= 0 and > 0");
+  scaling.validate();
   const int64_t T = x.size(1), D = x.size(3);
-  const auto [cos_all, sin_all] = rotary_tables(start_pos + T, D, theta);
+  const auto [cos_all, sin_all] = rotary_tables(start_pos + T, D, theta, scaling);
   const Tensor cos = cos_all.narrow(0, start_pos, T), sin = sin_all.narrow(0, start_pos, T);  // (T, D/2)
   const bool interleaved = pairing == RotaryPairing::Interleaved;
   Tensor out = empty(x.shape(), x.dtype());
@@ -434,6 +484,67 @@ std::vector<Tensor> OpDef<OpKind::CrossEntropy>::backward(const Node& node, cons
   kernels::cross_entropy_backward(logits, node.unpack(s.target), node.unpack(s.lse), grad_in(diff_dst, node.out_dtype),
                                   p.ignore_index, p.label_smoothing, diff_logits);
   return {diff_logits};
+}
+
+// ---- linear + cross-entropy, the logits a chunk at a time ----
+
+Tensor OpDef<OpKind::LinearCrossEntropy>::forward(const Tensor& input, const Tensor& weight, const Tensor& target,
+                                                  double label_smoothing, int64_t ignore_index, int64_t classes,
+                                                  int64_t chunk) {
+  OpScope s(OpKind::LinearCrossEntropy, {input, weight});
+  const Tensor &x = s[0], &w = s[1];
+  CASTOR_CHECK(x.dim() == 2 && is_floating(x.dtype()), "linear_cross_entropy: expected a floating (N, C) input, got ",
+               x.describe());
+  CASTOR_CHECK(w.dim() == 2 && w.size(1) == x.size(1) && w.dtype() == x.dtype(), "linear_cross_entropy: weight ",
+               w.describe(), " does not match input ", x.describe(), " (expected (V, ", x.size(1), ") of its dtype)");
+  CASTOR_CHECK(target.dtype() == DType::Int64 && target.dim() == 1 && target.size(0) == x.size(0),
+               "linear_cross_entropy: expected int64 targets (", x.size(0), "), got ", target.describe());
+  CASTOR_CHECK(classes > 0 && classes <= w.size(0), "linear_cross_entropy: classes ", classes, " must be in [1, ",
+               w.size(0), "]");
+  CASTOR_CHECK(chunk > 0, "linear_cross_entropy: chunk must be positive, got ", chunk);
+  const int64_t N = x.size(0);
+  const Tensor xc = x.detach().contiguous(), wc = w.detach().contiguous(), tc = target.contiguous();
+  const Tensor wt = wc.narrow(0, 0, classes).transpose(0, 1);  // (C, classes)
+  Tensor losses = empty({N}, stat_dtype(x.dtype())), lse = empty({N}, stat_dtype(x.dtype()));
+  const int64_t rows = std::max<int64_t>(1, chunk / classes);
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t n = std::min(rows, N - r0);
+    Tensor logits = empty({n, classes}, x.dtype());  // (n, classes), rounded once as linear's
+    kernels::matmul(xc.narrow(0, r0, n), wt, logits);
+    kernels::cross_entropy_forward(logits, tc.narrow(0, r0, n), ignore_index, label_smoothing, losses.narrow(0, r0, n),
+                                   lse.narrow(0, r0, n));
+  }
+  record_op<OpKind::LinearCrossEntropy>({x, w}, losses, {ignore_index, label_smoothing, classes, chunk},
+                                        {save(xc), save(wc), save(tc), save(lse)});
+  return s.done(losses);
+}
+
+std::vector<Tensor> OpDef<OpKind::LinearCrossEntropy>::backward(const Node& node, const Params& p, const Saved& s,
+                                                                Tensor diff_dst) {
+  check_first_order(node);
+  const Tensor x = node.unpack(s.input), w = node.unpack(s.weight), t = node.unpack(s.target), lse = node.unpack(s.lse);
+  const DType dt = x.dtype(), acc = stat_dtype(dt);
+  const Tensor g = grad_in(diff_dst, acc);
+  const bool need_x = node.next[0].valid(), need_w = node.next[1].valid();
+  const int64_t N = x.size(0), C = x.size(1);
+  // The weight's gradient: rows of padding classes 0. The input's: summed over the blocks of classes in float32
+  // (double for float64) and rounded once, as one product over all classes would be.
+  Tensor diff_w = need_w ? zeros(w.shape(), dt) : Tensor(), diff_x = need_x ? zeros({N, C}, acc) : Tensor();
+  const int64_t cols = std::max<int64_t>(1, p.chunk / std::max<int64_t>(N, 1));
+  for (int64_t c0 = 0; c0 < p.classes; c0 += cols) {
+    const int64_t n = std::min(cols, p.classes - c0);
+    const Tensor wb = w.narrow(0, c0, n);  // (n, C)
+    Tensor logits = empty({N, n}, dt), diff_logits = empty({N, n}, dt);
+    kernels::matmul(x, wb.transpose(0, 1), logits);
+    kernels::cross_entropy_backward(logits, t, lse, g, p.ignore_index, p.label_smoothing, diff_logits, c0, p.classes);
+    if (need_w) kernels::matmul(diff_logits.transpose(0, 1), x, diff_w.narrow(0, c0, n));
+    if (need_x) {
+      Tensor part = empty({N, C}, acc);  // 16-bit operands widened exactly: float32 products, float32 sums
+      kernels::matmul(diff_logits.to(acc), wb.to(acc), part);
+      diff_x.add_(part);
+    }
+  }
+  return {need_x ? diff_x.to(dt) : Tensor(), diff_w};
 }
 
 }  // namespace castor

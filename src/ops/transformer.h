@@ -2,6 +2,9 @@
 // fused cross-entropy. Their forwards are the F:: functions of castor/functional.h (cross-entropy's: the per-row
 // losses F::cross_entropy reduces), defined beside these backwards in transformer.cpp.
 #pragma once
+#include <vector>
+
+#include "castor/functional.h"
 #include "ops/op_def.h"
 
 namespace castor {
@@ -87,10 +90,14 @@ struct OpDef<OpKind::RotaryEmbedding> {
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 
-// The cos and sin tables (positions, head_size / 2) float32 of rotary embeddings, angle (p, k) = p * theta^(-2k /
-// head_size) in float32 as llama2.c's precompute_freqs_cis: made once per (head size, theta), grown (doubling) when
-// more positions are asked for (a row never changes), shared by every call; thread-safe. Views of the shared tables.
-std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, double theta);
+// The inverse frequencies (head_size / 2) of rotary embeddings: theta^(-2k / head_size) in float32 as llama2.c's
+// precompute_freqs_cis and transformers' default rope, changed by `scaling` (F::RopeScaling).
+std::vector<float> rotary_inv_freq(int64_t head_size, double theta, const F::RopeScaling& scaling = {});
+// The cos and sin tables (positions, head_size / 2) float32 of rotary embeddings, angle (p, k) = p * inv_freq[k] in
+// float32: made once per (head size, theta, scaling), grown (doubling) when more positions are asked for (a row never
+// changes), shared by every call; thread-safe. Views of the shared tables.
+std::pair<Tensor, Tensor> rotary_tables(int64_t positions, int64_t head_size, double theta,
+                                        const F::RopeScaling& scaling = {});
 
 // F::swiglu: dst = silu(gate) * up; the backward computes both gradients in one pass over the saved inputs.
 template <>
@@ -114,6 +121,23 @@ struct OpDef<OpKind::CrossEntropy> {
   };
   // F.cross_entropy(reduction='none'): 0 where target == ignore_index.
   static Tensor forward(const Tensor& logits, const Tensor& target, double label_smoothing, int64_t ignore_index);
+  static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
+};
+
+// Per-row cross-entropy losses (N) float32 of linear(input, weight[:classes]), the logits `chunk` at a time.
+template <>
+struct OpDef<OpKind::LinearCrossEntropy> {
+  struct Params {
+    int64_t ignore_index;
+    double label_smoothing;
+    int64_t classes, chunk;
+  };
+  struct Saved {
+    SavedTensor input, weight, target, lse;
+  };
+  // F::linear_cross_entropy(reduction=None): 0 where target == ignore_index.
+  static Tensor forward(const Tensor& input, const Tensor& weight, const Tensor& target, double label_smoothing,
+                        int64_t ignore_index, int64_t classes, int64_t chunk);
   static std::vector<Tensor> backward(const Node& node, const Params& p, const Saved& s, Tensor diff_dst);
 };
 

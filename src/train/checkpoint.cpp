@@ -161,6 +161,7 @@ std::string write_checkpoint(const std::string& run_dir, int64_t step, const Che
   // Each is renamed away first, so a reader sees a checkpoint whole or not at all (then looks again).
   std::vector<fs::path> line = lineage(root);
   for (size_t i = static_cast<size_t>(std::max<int64_t>(keep, 1)); i < line.size(); ++i) {
+    if (fs::exists(line[i] / kLoraRunsFile, ec)) continue;  // a LoRA run's base
     const fs::path doomed = root / (line[i].filename().string() + ".tmp" + std::to_string(getpid()) + "-pruned");
     fs::rename(line[i], doomed, ec);
     fs::remove_all(ec ? line[i] : doomed, ec);
@@ -203,19 +204,6 @@ Checkpoint read_checkpoint(const std::string& path, std::string* used) {
       }
     }
   }
-}
-
-Json castor_config(const Metadata& meta, const std::string& what) {
-  const auto it = meta.find("castor.config");
-  if (it == meta.end()) return Json();
-  Json config;
-  try {
-    config = Json::parse(it->second);
-  } catch (const Error& e) {
-    throw Error(detail::cat(what, ": metadata castor.config: ", e.what()));
-  }
-  CASTOR_CHECK(config.is_object(), what, ": metadata castor.config: not a JSON object");
-  return config;
 }
 
 void remove_stale_temps(const std::string& run_dir) {

@@ -162,6 +162,9 @@ CLI::Option* add_seed(CLI::App& app, uint64_t& target, const std::string& help) 
 CLI::Option* add_init(CLI::App& app, std::string& target, const std::string& help) {
   return app.add_option("--init", target, help);
 }
+CLI::Option* add_lora_base(CLI::App& app, std::string& target, const std::string& help) {
+  return app.add_option("--lora-base", target, help);
+}
 CLI::Option* add_n_head(CLI::App& app, int64_t& target, const std::string& help) {
   return app.add_option("--n-head", target, help)->check(integer_in(0, 1024));
 }

@@ -38,6 +38,11 @@ CLI::Option* add_threads(CLI::App& app, int& target, const std::string& help);  
 CLI::Option* add_seed(CLI::App& app, uint64_t& target, const std::string& help);  // 0..2^53
 CLI::Option* add_init(CLI::App& app, std::string& target, const std::string& help);
 CLI::Option* add_n_head(CLI::App& app, int64_t& target, const std::string& help);  // 0 (not given)..1024
+CLI::Option* add_lora_base(CLI::App& app, std::string& target, const std::string& help);
+// The help of --lora-base (its rule is the same everywhere).
+constexpr const char* kLoraBaseHelp =
+    "a LoRA run's base model file where it is now (it moved since the run recorded it); its checksum must be the "
+    "recorded one";
 
 // The spellings of an enumerated flag's values: the flag's choices, its help, config.json and name(); the first
 // spelling of a value is its name.
@@ -78,5 +83,15 @@ CLI::Option* add_choice(CLI::App& app, const std::string& flag, Target& target, 
 // The tables of `castor sample` and `castor export` (src/train/sample.cpp), for completion.
 std::unique_ptr<CLI::App> sample_app(SampleConfig& c);
 std::unique_ptr<CLI::App> export_app(ExportConfig& c);
+// castor export's formats, one row each (src/train/sample.cpp): --format's name, the old flag that spells it, what
+// it writes, and its writer (which reads --checkpoint itself: a LoRA run's adapters are written without the model).
+struct ExportFormat {
+  const char* name;
+  const char* flag;
+  const char* help;
+  Json (*write)(const ExportConfig& c);
+};
+const std::vector<ExportFormat>& export_formats();
+std::vector<std::string> export_format_names();
 
 }  // namespace castor::train

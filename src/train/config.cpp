@@ -16,6 +16,7 @@
 #include "castor/models.h"
 #include "castor/tokenizer.h"
 #include "castor/train_config.h"
+#include "train/family.h"
 #include "train/lora_run.h"
 #include "train/settings.h"
 
@@ -61,7 +62,8 @@ struct EvalFlags {
   std::string checkpoint, file, data_dir, dtype;
   std::optional<ModelKind> model;
   std::optional<Dataset> data;
-  int64_t batch_size = 0;
+  int64_t batch_size = 0, n_head = 0, block_size = 0;
+  std::string lora_base;
 };
 
 std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
@@ -82,6 +84,11 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
                  "evaluate in this type instead of the run's: float32 (O0, 16-bit weights widened), or bf16/fp16 "
                  "autocast (O1 for a float32 run)")
       ->check(one_of({"float32", "bf16", "bfloat16", "fp16", "float16"}));
+  add_n_head(app, f.n_head, "attention heads, for language-model weights that do not record them");
+  app.add_option("--block-size", f.block_size,
+                 "a Llama's context length, for weights that do not record it (a GPT's is its wpe's rows)")
+      ->check(integer_in(1));
+  add_lora_base(app, f.lora_base, kLoraBaseHelp);
   return owner;
 }
 
@@ -103,7 +110,21 @@ std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
                  "gpt2 (GPT-2 byte-level BPE), char (the text's characters), bpe "
                  "(a byte-fallback BPE vocabulary learned from the text, as llama2.c's sentencepiece training), or "
                  "PATH/tokenizer.json or a model directory holding one (Hugging Face's: Llama 2/3, Mistral, Qwen2; "
-                 "each document with its BOS when the file's post-processor adds one)");
+                 "each document with its BOS when the file's post-processor adds one); "
+                 "with --format: a token directory whose tokenizer to use (gpt2 or bpe), or gpt2");
+  app.add_option("--format", f.opt.format,
+                 "fine-tuning data: --input is one JSONL file of {\"messages\": [{\"role\", \"content\"}...]} "
+                 "(chat, rendered with the chat template), {\"prompt\", \"completion\"}, Alpaca's {\"instruction\", "
+                 "\"input\", \"output\"} or {\"text\"}; written as rows of --block-size + 1 tokens with a loss mask "
+                 "(OUT/train.mask, OUT/val.mask): the assistant turns or the completion, with their end-of-turn token")
+      ->check(one_of({"chat", "prompt-completion", "alpaca", "text"}));
+  app.add_option("--block-size", f.opt.block_size, "--format: the model's block size (rows of N + 1 tokens)")
+      ->check(integer_in(1));
+  app.add_flag("--train-on-prompt", f.opt.train_on_prompt, "--format: every token is a target, prompts too");
+  app.add_flag("--drop-long", f.opt.drop_long,
+               "--format: leave out examples longer than a row (default: cut them to it; both are counted)");
+  app.add_flag("--pack", f.opt.pack,
+               "--format: several examples to a row, best-fit decreasing (default: one a row, padded)");
   app.add_option("--vocab-size", f.opt.vocab_size,
                  "bpe: the vocabulary to learn, 259..65536 pieces (3 special, "
                  "256 bytes, then merges and characters)");
@@ -130,7 +151,11 @@ data::TokenizeOptions parse_tokenize_flags(const std::vector<std::string>& args)
   if (f.val_every) f.opt.val_every = *f.val_every;
   if (f.val_fraction) f.opt.val_fraction = *f.val_fraction;
   if (!f.opt.brown_dir.empty() && !f.val_every && !f.val_fraction) f.opt.val_every = 10;
-  data::hf_tokenizer_path(f.opt.tokenizer);  // checks --tokenizer
+  const bool rows = !f.opt.format.empty();
+  CASTOR_CHECK(rows || (f.opt.block_size == 0 && !f.opt.train_on_prompt && !f.opt.drop_long && !f.opt.pack),
+               "--block-size, --train-on-prompt, --drop-long and --pack: only with --format");
+  CASTOR_CHECK(!rows || f.opt.brown_dir.empty(), "--brown: not with --format (give --input FILE.jsonl)");
+  if (!rows) data::hf_tokenizer_path(f.opt.tokenizer);  // checks --tokenizer (a directory only with --format)
   CASTOR_CHECK(!f.opt.inputs.empty() || !f.opt.brown_dir.empty(), "--input: missing (text files, or --brown DIR)");
   return f.opt;
 }
@@ -163,10 +188,10 @@ std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string&
 }
 
 // Keys of a run's config.json that record facts of the run rather than settings: skipped when it is read back.
-constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization", "input_shape",     "num_classes",
-                                         "init_checksum",  "class_names",   "castor_version",  "git_commit",
-                                         "host_cpu",       "started",       "real_vocab_size", "train_tokens",
-                                         "val_tokens",     "precision_auto"};
+constexpr const char* kRecordedOnly[] = {
+    "schedule_steps", "normalization",  "input_shape",      "num_classes", "init_checksum",   "class_names",
+    "castor_version", "git_commit",     "host_cpu",         "started",     "real_vocab_size", "train_tokens",
+    "val_tokens",     "precision_auto", "trainable_params", "all_params",  "model_config"};
 
 // The text of one TOML value (what follows a line's '='): a basic string "..." with TOML 1.0's escapes decoded
 // (\b \t \n \f \r \" \\ \uXXXX \UXXXXXXXX), a literal string '...' as it is, or a bare value (a number, true,
@@ -333,51 +358,21 @@ std::vector<std::string> config_file_args(const std::string& path) {
 
 namespace {
 
-// --model gpt*: the preset's sizes where not given.
-void apply_gpt_sizes(TrainConfig& c) {
-  const models::GPTConfig p = models::gpt_preset(name(c.model), 0);
-  if (c.n_layer == 0) c.n_layer = p.n_layer;
-  if (c.n_head == 0) c.n_head = p.n_head;
-  if (c.n_embd == 0) c.n_embd = p.n_embd;
-  if (c.block_size == 0) c.block_size = p.block_size;
-  CASTOR_CHECK(c.n_embd % c.n_head == 0, "--n-embd ", c.n_embd, ": not a multiple of --n-head ", c.n_head);
-}
-
-// --model llama*: the preset's sizes where not given (key/value heads: the preset's, or --n-head's when that is
-// given), and LlamaConfig::validate's checks naming the flags.
-void apply_llama_sizes(TrainConfig& c) {
-  const models::LlamaConfig p = models::llama_preset(name(c.model), 0);
-  if (c.n_kv_head == 0) c.n_kv_head = c.n_head == 0 ? p.kv_heads() : c.n_head;
-  if (c.n_layer == 0) c.n_layer = p.n_layers;
-  if (c.n_head == 0) c.n_head = p.n_heads;
-  if (c.n_embd == 0) c.n_embd = p.dim;
-  if (c.block_size == 0) c.block_size = p.max_seq_len;
-  if (c.multiple_of == 0) c.multiple_of = p.multiple_of;
-  CASTOR_CHECK(c.n_embd % c.n_head == 0, "--n-embd ", c.n_embd, ": not a multiple of --n-head ", c.n_head);
-  CASTOR_CHECK((c.n_embd / c.n_head) % 2 == 0, "--n-embd ", c.n_embd, " / --n-head ", c.n_head, ": the head size ",
-               c.n_embd / c.n_head, " is odd (rotary embeddings rotate pairs of it)");
-  CASTOR_CHECK(c.n_head % c.n_kv_head == 0, "--n-kv-head ", c.n_kv_head, ": --n-head ", c.n_head,
-               " is not a multiple of it (each key/value head serves a group of query heads)");
-}
-
-// --model gpt* and llama*: the preset's sizes, and nanoGPT's CPU recipe for the flags not given (AdamW lr 1e-3 with
-// 100 warmup steps and a cosine to 1e-4, weight decay 0.1 on 2-D tensors, beta2 0.99, clip 1.0, batch 12, 2000 steps,
-// Brown characters; a Llama: lr 2e-3, 50 warmup steps, 500 steps, the Brown corpus in a trained 512-piece vocabulary,
-// docs/llama.md); text data only with a language model and the reverse.
+// A language model: its family's preset sizes, and nanoGPT's CPU recipe for the flags not given (AdamW with warmup
+// steps and a cosine to lr / 10, weight decay 0.1 on 2-D tensors, beta2 0.99, clip 1.0, batch 12; the data, lr,
+// warmup and steps the family's row gives: a GPT Brown characters at 1e-3, 100, 2000, a Llama the Brown corpus in a
+// trained 512-piece vocabulary at 2e-3, 50, 500, docs/llama.md); text data only with a language model and the reverse.
 void apply_language_model_defaults(TrainConfig& c) {
-  if (is_language_model(c.model) && !c.given("--data"))
-    c.data = is_llama(c.model) ? Dataset::BrownBpe : Dataset::BrownChar;
+  const Family* family = family_of(c.model);
+  if (family && !c.given("--data")) c.data = family->default_data;
   CASTOR_CHECK(is_language_model(c.model) == is_text(c.data), "--data ", name(c.data), ": ",
                is_text(c.data) ? "text data trains a language model (--model gpt, gpt-mini, gpt2, llama, llama-260k "
                                  "or llama-15m)"
                                : "--model " + std::string(name(c.model)) +
                                      " needs text data (--data brown-char, "
                                      "brown, brown-bpe or tokens)");
-  if (!is_language_model(c.model)) return;
-  if (is_llama(c.model))
-    apply_llama_sizes(c);
-  else
-    apply_gpt_sizes(c);
+  if (!family) return;
+  family->apply_sizes(c);
   if (!c.given("--batch-size")) c.batch_size = 12;
   if (!c.given("--eval-iters")) c.eval_iters = 200;
   if (!c.given("--optimizer")) c.optimizer = OptimizerKind::AdamW;
@@ -385,11 +380,10 @@ void apply_language_model_defaults(TrainConfig& c) {
   if (!c.given("--beta2")) c.beta2 = 0.99;
   if (!c.given("--clip-grad-norm")) c.clip_grad_norm = 1.0;
   if (!c.given("--schedule")) c.schedule = Schedule::WarmupCosine;
-  const bool llama = is_llama(c.model);
-  if (!c.given("--lr") && llama) c.lr = 2e-3;
-  if (!c.given("--warmup-steps")) c.warmup_steps = llama ? 50 : 100;
+  if (!c.given("--lr")) c.lr = family->lr;
+  if (!c.given("--warmup-steps")) c.warmup_steps = family->warmup_steps;
   if (!c.given("--min-lr")) c.min_lr = c.lr / 10;
-  if (!c.given("--steps") && !c.given("--epochs")) c.steps = llama ? 500 : 2000;
+  if (!c.given("--steps") && !c.given("--epochs")) c.steps = family->steps;
 }
 
 }  // namespace
@@ -459,10 +453,51 @@ TrainConfig parse_train_flags(const std::vector<std::string>& args) {
   return c;
 }
 
+namespace {
+
+// The settings whose defaults differ between the jobs (an image classifier's, above; a GPT's; a Llama's), a column each,
+// as parse_settings gives them.
+std::string job_defaults() {
+  const std::vector<std::pair<std::string, std::vector<std::string>>> jobs = {
+      {"image", {}}, {"--model gpt", {"--model", "gpt"}}, {"--model llama", {"--model", "llama"}}};
+  std::vector<Json> values;
+  for (const auto& [title, args] : jobs) values.push_back(settings_json(parse_settings(args)));
+  std::string out = "Defaults that depend on the job (a flag given wins):\n";
+  auto row = [&](const std::string& flag, const std::vector<std::string>& cells) {
+    std::string line = "  " + flag;
+    line.resize(20, ' ');
+    for (const std::string& cell : cells) line += cell + std::string(cell.size() < 16 ? 16 - cell.size() : 1, ' ');
+    out += line.substr(0, line.find_last_not_of(' ') + 1) + "\n";
+  };
+  std::vector<std::string> titles;
+  for (const auto& job : jobs) titles.push_back(job.first);
+  row("", titles);
+  for (const Setting& s : settings()) {
+    const std::string key = config_key(s.flag);
+    const Json* a = values[0].find(key);  // (the unrecorded settings, --out and --resume, have no defaults to show)
+    if (key == "model" || !a || (*a == values[1].at(key) && *a == values[2].at(key))) continue;
+    // "-" where the setting is not the job's (a GPT's --n-kv-head, an image classifier's --n-layer).
+    const bool applies[] = {s.job == Job::Any || s.job == Job::Image || s.job == Job::Folder || s.job == Job::Synthetic,
+                            s.job == Job::Any || s.job == Job::LanguageModel || s.job == Job::Gpt,
+                            s.job == Job::Any || s.job == Job::LanguageModel || s.job == Job::Llama};
+    std::vector<std::string> cells;
+    for (size_t i = 0; i < values.size(); ++i) {
+      const Json& v = values[i].at(key);
+      cells.push_back(!applies[i] ? "-" : v.is_string() ? v.as_string() : v.dump());
+    }
+    row(s.flag, cells);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string train_help() {
   TrainConfig c;
   RawTrainFlags raw;
-  return train_app(c, raw)->help();
+  const std::unique_ptr<CLI::App> app = train_app(c, raw);
+  app->footer(job_defaults());
+  return app->help();
 }
 
 EvalConfig parse_eval_flags(const std::vector<std::string>& args) {
@@ -470,6 +505,7 @@ EvalConfig parse_eval_flags(const std::vector<std::string>& args) {
   parse_flags(*eval_app(f), args, "eval");
   CASTOR_CHECK(f.checkpoint.empty() || f.file.empty(), "castor eval: give the checkpoint once (--checkpoint or FILE)");
   EvalConfig e{f.checkpoint.empty() ? f.file : f.checkpoint, f.model, f.data, f.data_dir, f.batch_size};
+  e.n_head = f.n_head, e.block_size = f.block_size, e.lora_base = f.lora_base;
   if (!f.dtype.empty()) e.dtype = parse_dtype(f.dtype);
   CASTOR_CHECK(!e.path.empty(), "--checkpoint: missing (a checkpoint directory, run directory or model.safetensors)");
   return e;

@@ -9,10 +9,12 @@
 
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
+#include "castor/hf.h"
 #include "castor/llmc.h"
 #include "castor/safetensors.h"
 #include "castor/trainer.h"
 #include "train/metrics.h"
+#include "train/task.h"
 
 namespace castor::train {
 
@@ -40,6 +42,9 @@ std::string info_summary(const std::string& path, const std::string& used, const
   if (config.is_null()) config = Json::Object{};
   const std::string model_name = config.find("model") ? config.at("model").as_string() : "unknown (no castor metadata)";
   line("model", detail::cat(model_name, ", ", model.entries.size(), " tensors, ", values, " values (", dtypes, ")"));
+  if (const Json* t = config.find("trainable_params"), *a = config.find("all_params");
+      t && a && t->is_int() && a->is_int())
+    line("parameters", trainable_parameters_text(t->as_int(), a->as_int()));
   if (config.find("amp") && config.find("dtype")) {
     TrainConfig c;
     c.amp = amp::parse_opt_level(config.at("amp").as_string());
@@ -115,7 +120,7 @@ std::string run_info(const std::vector<std::string>& args) {
   std::vector<std::pair<std::string, SafetensorsFile>> files;
   std::string used = path;
   std::optional<StateDict> state;
-  if (fs::is_directory(path)) {
+  if (fs::is_directory(path) && !formats::is_hf_dir(path)) {  // (a Hugging Face directory: its headers, below)
     // A checkpoint is read whole, to verify its checksums.
     const Checkpoint ck = read_checkpoint(path, &used);
     auto listing = [](const StateDict& tensors, const Metadata& metadata) {

@@ -20,6 +20,7 @@
 #include "castor/token_file.h"
 #include "castor/tokenizer.h"
 #include "castor/trainer.h"
+#include "train/family.h"
 #include "train/task.h"
 
 namespace castor::train {
@@ -28,30 +29,29 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The vocabulary a model needs for the tokens in `dir`: --vocab-size, else the tokenizer's recorded beside them; a
-// GPT's padded to a multiple of 64 above 1024 (GPT-2's 50,257 -> 50,304, as nanoGPT and llm.c), a Llama's exactly
-// the tokenizer's (llama2.c's run.c reads the tokenizer's size from the model). Returns (model's, real).
+// The vocabulary a model needs for the tokens in `dir`: the model's own when it has one (c.real_vocab_size: a run's
+// recorded, an llm.c --init's header V), else --vocab-size, else the tokenizer's recorded beside them; a tokenizer.json
+// there may only agree with the model's. A GPT's padded to a multiple of 64 above 1024 (GPT-2's 50,257 -> 50,304, as
+// nanoGPT and llm.c), a Llama's exactly the tokenizer's (llama2.c's run.c reads the tokenizer's size from the model).
+// Returns (model's, real).
 std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& dir) {
   const std::string found = data::token_record_path(dir);
   const std::string record = found.empty() ? dir + "/" + data::kTokenRecord : found;
-  const int64_t real = !found.empty() ? data::Tokenizer::recorded_vocab_size(dir) : 0;
+  const int64_t recorded = !found.empty() ? data::Tokenizer::recorded_vocab_size(dir) : 0;
+  CASTOR_CHECK(recorded == 0 || c.real_vocab_size == 0 || recorded == c.real_vocab_size, record, ": a vocabulary of ",
+               recorded, " tokens, but the model was made for ", c.real_vocab_size,
+               c.init.empty() ? "" : " (--init " + c.init + ")");
+  const int64_t real = c.real_vocab_size > 0 ? c.real_vocab_size : recorded;
   CASTOR_CHECK(real > 0 || c.vocab_size > 0, "--vocab-size: not given, and ", record,
                " (written by castor tokenize) is missing");
-  const bool pad = !is_llama(c.model) && real > 1024;
+  const bool pad = family(c).pads_vocab && real > 1024;
   const int64_t padded = c.vocab_size > 0 ? c.vocab_size : pad ? (real + 63) / 64 * 64 : real;
   CASTOR_CHECK(real <= padded, "--vocab-size ", padded, ": smaller than the tokenizer's ", real, " (", record, ")");
-  CASTOR_CHECK(!is_llama(c.model) || real == 0 || padded == real, "--vocab-size ", padded,
-               ": a Llama's vocabulary "
-               "is the tokenizer's, ",
-               real, " (", record, ")");
+  // (a model of another tool's directory, whose description names its architecture, keeps its own vocabulary)
+  const bool own_vocab = c.model_config.is_object() && c.model_config.find("architecture");
+  CASTOR_CHECK(family(c).pads_vocab || own_vocab || real == 0 || padded == real, "--vocab-size ", padded, ": a ",
+               family(c).name, "'s vocabulary is the tokenizer's, ", real, " (", record, ")");
   return {padded, real > 0 ? real : padded};
-}
-
-models::GPTConfig gpt_config(const TrainConfig& c, int64_t real_vocab) {
-  models::GPTConfig g;
-  g.n_layer = c.n_layer, g.n_head = c.n_head, g.n_embd = c.n_embd, g.block_size = c.block_size;
-  g.vocab_size = c.vocab_size, g.real_vocab_size = real_vocab, g.dropout = c.dropout, g.bias = c.bias;
-  return g;
 }
 
 // --data brown | brown-char | brown-bpe | tokens: DIR/train.bin and DIR/val.bin (llm.c's token files), batches of
@@ -59,11 +59,10 @@ models::GPTConfig gpt_config(const TrainConfig& c, int64_t real_vocab) {
 class LmTask : public Task {
  public:
   // Resolves c.vocab_size (recorded, so a resumed run builds the same model); a new run with --init takes the
-  // model's sizes from that file (llm.c's gpt2_124M.bin or nanoGPT-named safetensors; for a Llama, llama2.c's
-  // model.bin or the settings a Castor Llama's safetensors record).
+  // model's sizes from that file (the family's take_init_sizes).
   LmTask(TrainConfig& c, int rank, int world, bool new_run)
-      : llama_(is_llama(c.model)), dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
-    if (new_run && !c.init.empty()) llama_ ? take_llama_sizes(c) : take_init_sizes(c);
+      : family_(family(c)), dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
+    if (new_run && !c.init.empty()) init_ = family_.take_init_sizes(c, dir_);
     CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(),
                  "--data tokens: needs --data-dir DIR holding "
                  "train.bin and val.bin (castor tokenize writes them)");
@@ -72,10 +71,11 @@ class LmTask : public Task {
     train_.emplace(dir_ + "/train.bin");
     val_.emplace(dir_ + "/val.bin");
     std::tie(c.vocab_size, real_vocab_) = vocabulary(c, dir_);
+    take_row_length(c);
     vocab_size_ = c.vocab_size;
     block_size_ = c.block_size;
     // The model's configuration checked before any step (config.cpp names the flags for what it can get wrong).
-    if (llama_) llama_config(c).validate();
+    family_.check(c);
     // Everything the data can get wrong is found here, before step 1: token files of another tokenize than the
     // vocabulary, a split too short for one window, ids outside the vocabulary (all of them up to 2^31 tokens).
     const std::string record = data::token_record_path(dir_);
@@ -94,24 +94,40 @@ class LmTask : public Task {
       throw Error(detail::cat(f->path(), ": token ", (*f)[bad], " at position ", bad, " is outside the vocabulary of ",
                               real_vocab_, !record.empty() ? " (" + record + ")" : " (--vocab-size)"));
     }
-    source_.emplace(*train_, data::LmBatchOptions{.batch_size = c.batch_size,
-                                                  .block_size = c.block_size,
-                                                  .order = c.data_order,
-                                                  .seed = c.seed,
-                                                  .rank = rank,
-                                                  .num_ranks = world});
-    per_epoch_ = source_->batches_per_epoch();
+    const data::LmBatchOptions options{.batch_size = c.batch_size,
+                                       .block_size = c.block_size,
+                                       .order = c.data_order,
+                                       .seed = c.seed,
+                                       .rank = rank,
+                                       .num_ranks = world};
+    if (masked()) {
+      rows_.emplace(*train_, *train_mask_, options);
+      per_epoch_ = rows_->batches_per_epoch();
+      data::masked_row_count(*val_, *val_mask_, block_size_);
+      // A data set whose training rows hold no target would train on nothing: refused before step 1.
+      int64_t first = 0;
+      while (first < train_mask_->size() && (*train_mask_)[first] == 0) ++first;
+      CASTOR_CHECK(first < train_mask_->size(), train_mask_->path(),
+                   ": no token is a loss target (castor tokenize --train-on-prompt trains on every token)");
+    } else {
+      source_.emplace(*train_, options);
+      per_epoch_ = source_->batches_per_epoch();
+    }
   }
+  bool masked() const override { return train_mask_.has_value(); }
   int64_t batches_per_epoch() const override { return per_epoch_; }
   void start_epoch(int64_t epoch, int64_t batch) override {
     epoch_ = epoch;
-    source_->set_state({epoch * per_epoch_ + batch});
+    if (rows_)
+      rows_->set_state({epoch * per_epoch_ + batch});
+    else
+      source_->set_state({epoch * per_epoch_ + batch});
   }
   std::optional<Batch> next() override {
-    const int64_t i = source_->state().next_batch - epoch_ * per_epoch_;
+    const int64_t i = (rows_ ? rows_->state() : source_->state()).next_batch - epoch_ * per_epoch_;
     if (i >= per_epoch_) return std::nullopt;
-    data::LmBatch b = source_->next();
-    return Batch{b.x, b.y, i, static_cast<double>(b.x.numel())};
+    data::LmBatch b = rows_ ? rows_->next() : source_->next();
+    return lm_batch(b, i);
   }
   nn::ModulePtr make_model(const TrainConfig& c) const override {
     return make_language_model(c, real_vocab_, c.seed + 1337);
@@ -123,29 +139,46 @@ class LmTask : public Task {
     return {decay, no_decay};
   }
   FlopRate flop_rate(const TrainConfig& c, const nn::Module& model) const override;
+  Tensor loss(nn::Module& model, const Batch& b, F::Reduction reduction, double label_smoothing) const override {
+    return models::lm_loss(dynamic_cast<models::LanguageModel&>(model), b.input, b.target, reduction, label_smoothing);
+  }
+  std::pair<double, std::vector<int64_t>> scores(nn::Module& model, const amp::Amp& amp,
+                                                 const Batch& b) const override {
+    auto fw = amp.forward();
+    models::LmScores s = models::lm_scores(dynamic_cast<models::LanguageModel&>(model), b.input, b.target);
+    return {s.loss_sum, std::move(s.predicted)};
+  }
 
   // The validation split in rows of T tokens, each once: all of them, or --eval-iters batches of --batch-size rows
   // spread evenly over the split (row k of m of all n: k n / m) when it holds more.
   int64_t eval_batches(int64_t batch_size) const override {
+    if (masked()) return (eval_row_count() + batch_size - 1) / batch_size;
     const int64_t n = data::eval_batch_count(*val_, batch_size, block_size_);
     CASTOR_CHECK(n > 0, val_->path(), ": no whole window of ", block_size_ + 1, " tokens to evaluate on");
     return (eval_row_count() + batch_size - 1) / batch_size;
   }
   Batch eval_batch(int64_t i, int64_t batch_size) const override {
-    const int64_t all = (val_->size() - 1) / block_size_, m = eval_row_count();
+    const int64_t all = all_eval_rows(), m = eval_row_count();
     std::vector<int64_t> rows;
     for (int64_t k = i * batch_size; k < std::min(m, (i + 1) * batch_size); ++k) rows.push_back(k * all / m);
-    data::LmBatch b = data::eval_rows(*val_, block_size_, rows, i);
-    return Batch{b.x, b.y, i, static_cast<double>(b.x.numel())};
+    return lm_batch(masked() ? data::masked_rows(*val_, *val_mask_, block_size_, rows, i)
+                             : data::eval_rows(*val_, block_size_, rows, i),
+                    i);
   }
-  // Rows of the block size, about 4096 tokens a batch.
-  int64_t eval_batch_size() const override { return std::max<int64_t>(1, 4096 / block_size_); }
+  // Rows of the block size: about 4096 tokens a batch while their logits stay within 4M values (16 MiB in float32),
+  // else the training batch's rows (whose step holds logits of that size and their gradient): GPT-2's vocabulary
+  // evaluated 4096 tokens at once held 0.8 GB of logits, 5x the training step's peak.
+  int64_t eval_batch_size() const override {
+    const int64_t tokens = std::min<int64_t>(4096, (int64_t{1} << 22) / vocab_size_);
+    return std::max({int64_t{1}, tokens / block_size_, std::min(batch_size_, 4096 / block_size_)});
+  }
 
   void record(Json& o) const override {
     o["vocab_size"] = vocab_size_;
     o["real_vocab_size"] = real_vocab_;
     o["train_tokens"] = train_->size();
     o["val_tokens"] = val_->size();
+    if (masked()) o["loss_mask"] = true;
   }
   const char* unit() const override { return "tok"; }
   const char* rate_key() const override { return "tokens_per_sec"; }
@@ -167,101 +200,58 @@ class LmTask : public Task {
   Json eval_json(const Evaluation& ev) const override {
     return Json::Object{{"val_loss", ev.loss}, {"val_perplexity", std::exp(ev.loss)}, {"val_accuracy", ev.accuracy}};
   }
-  StateDict init_weights(const TrainConfig& c) const override {
-    return init_ ? init_->state : language_model_weights(c, c.init);
+  void load_init(nn::Module& model, const TrainConfig& c) const override {
+    if (init_)
+      model.load_state_dict(*init_, /*strict=*/true);
+    else
+      family_.load(model, c, c.init);
   }
 
  private:
-  // An error reading --init, as "--init FILE: ...".
-  static Error init_error(const TrainConfig& c, const Error& e) {
-    const std::string msg = e.what();
-    return Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
+  // A token folder of fine-tuning rows (castor tokenize --format, its record's row_tokens): opens the masks and
+  // takes the block size from the rows (a --block-size given with another value is refused).
+  void take_row_length(TrainConfig& c) {
+    const std::string path = data::token_record_path(dir_);
+    if (path.empty()) return;
+    const Json record = data::read_tokenizer_record(dir_);
+    const Json* row = record.find("row_tokens");
+    if (!row) return;
+    CASTOR_CHECK(row->is_int() && row->as_int() >= 2, path, ": row_tokens must be an integer >= 2");
+    const bool fixed = c.given("--block-size") || !c.init.empty();  // given, or --init's model's
+    CASTOR_CHECK(!fixed || c.block_size == row->as_int() - 1, "--block-size ", c.block_size,
+                 c.given("--block-size") ? "" : " (--init's)", ": ", dir_, " holds rows of ", row->as_int(),
+                 " tokens (block size ", row->as_int() - 1, "; castor tokenize --block-size sets it)");
+    c.block_size = row->as_int() - 1;
+    train_mask_.emplace(dir_ + "/train.mask");
+    val_mask_.emplace(dir_ + "/val.mask");
   }
-  // A size of --init's model: `flag` given with another value is an error naming both.
-  template <class T>
-  static void take(const TrainConfig& c, const char* flag, T& field, T value) {
-    CASTOR_CHECK(!c.given(flag) || field == value, flag, " ", field, ": --init ", c.init, " holds ", value);
-    field = value;
-  }
-
-  // The sizes of --init's model; a size flag given with another value is an error naming both.
-  void take_init_sizes(TrainConfig& c) {
-    try {
-      init_ = models::load_gpt_init(c.init, c.given("--n-head") ? c.n_head : 0);
-    } catch (const Error& e) {
-      throw init_error(c, e);
+  // A batch of the task: its targets that count (all of them without a mask).
+  Batch lm_batch(const data::LmBatch& b, int64_t i) const {
+    double targets = static_cast<double>(b.y.numel());
+    if (masked()) {
+      const int64_t* y = b.y.data<int64_t>();
+      targets = static_cast<double>(
+          std::count_if(y, y + b.y.numel(), [](int64_t t) { return t != data::kIgnoreIndex; }));
     }
-    const models::GPTConfig& g = init_->config;
-    take(c, "--n-layer", c.n_layer, g.n_layer);
-    take(c, "--n-head", c.n_head, g.n_head);
-    take(c, "--n-embd", c.n_embd, g.n_embd);
-    take(c, "--block-size", c.block_size, g.block_size);
-    take(c, "--vocab-size", c.vocab_size, g.vocab_size);
-    CASTOR_CHECK(!c.given("--bias") || c.bias == g.bias, "--bias: --init ", c.init, g.bias ? " has" : " has no",
-                 " biases");
-    c.bias = g.bias;
+    return Batch{b.x, b.y, i, static_cast<double>(b.x.numel()), targets};
   }
-
-  // A Llama --init's sizes, as take_init_sizes: a llama2.c file's header (its feed-forward width as --multiple-of, its
-  // classifier as --untied), or the settings a Castor Llama's safetensors record (a run's checkpoint, a file castor
-  // export --safetensors wrote); its vocabulary must be the token directory's. Other safetensors keep the flags'
-  // sizes (their tensors' shapes are checked as they load).
-  void take_llama_sizes(TrainConfig& c) {
-    models::Llama2cConfig f;
-    bool shared_classifier = true;
-    int64_t multiple_of = 0;
-    try {
-      const models::WeightsFormat format = models::weights_format(c.init);
-      if (format == models::WeightsFormat::Llama2c) {
-        const models::Llama2cHeader h = models::read_llama2c_header(c.init);
-        f = h.config, shared_classifier = h.shared_classifier;
-        multiple_of = models::llama2c_multiple_of(f, c.init);
-      } else {
-        const Json recorded = format == models::WeightsFormat::Safetensors
-                                  ? castor_config(read_safetensors_header(c.init).metadata, c.init)
-                                  : Json();
-        const Json* model = recorded.is_object() ? recorded.find("model") : nullptr;
-        if (!model || !model->is_string() || !model->as_string().starts_with("llama")) return;
-        const TrainConfig r = resume_config(TrainConfig{}, recorded, c.init);
-        const models::LlamaConfig l = llama_config(r);
-        f = models::llama2c_config(l, c.init), shared_classifier = l.tied, multiple_of = l.multiple_of;
-      }
-    } catch (const Error& e) {
-      throw init_error(c, e);
-    }
-    take(c, "--n-layer", c.n_layer, f.n_layers);
-    take(c, "--n-head", c.n_head, f.n_heads);
-    take(c, "--n-kv-head", c.n_kv_head, f.n_kv_heads);
-    take(c, "--n-embd", c.n_embd, f.dim);
-    take(c, "--block-size", c.block_size, f.max_seq_len);
-    take(c, "--vocab-size", c.vocab_size, f.vocab_size);
-    take(c, "--rope-theta", c.rope_theta, f.rope_theta);
-    CASTOR_CHECK(!c.given("--untied") || c.untied != shared_classifier, "--untied: --init ", c.init, "'s output ",
-                 shared_classifier ? "shares" : "does not share", " tok_embeddings' weight");
-    c.untied = !shared_classifier;
-    models::LlamaConfig given;
-    given.dim = f.dim, given.multiple_of = c.multiple_of;
-    CASTOR_CHECK(!c.given("--multiple-of") || given.ffn_hidden_dim() == f.hidden_dim, "--multiple-of ", c.multiple_of,
-                 ": gives hidden_dim ", given.ffn_hidden_dim(), ", --init ", c.init, " holds ", f.hidden_dim);
-    if (!c.given("--multiple-of")) c.multiple_of = multiple_of;
-    const std::string record = data::token_record_path(dir_);
-    const int64_t tokens = !record.empty() ? data::Tokenizer::recorded_vocab_size(dir_) : 0;
-    CASTOR_CHECK(tokens == 0 || tokens == f.vocab_size, "--init ", c.init, ": vocab_size ", f.vocab_size, ", but ",
-                 record, "'s vocabulary has ", tokens, " tokens");
+  // Rows of the validation split, and those an evaluation covers.
+  int64_t all_eval_rows() const {
+    return masked() ? data::masked_row_count(*val_, *val_mask_, block_size_) : (val_->size() - 1) / block_size_;
   }
-
-  // The rows an evaluation covers.
   int64_t eval_row_count() const {
-    const int64_t all = (val_->size() - 1) / block_size_;
+    const int64_t all = all_eval_rows();
     return eval_iters_ > 0 ? std::min(all, eval_iters_ * batch_size_) : all;
   }
 
-  bool llama_;
-  std::optional<models::GPTWeights> init_;
+  const Family& family_;
+  std::optional<StateDict> init_;  // --init's weights when reading its sizes read them
   std::string dir_;
   int64_t eval_iters_ = 0, batch_size_ = 0;
   std::optional<data::TokenFile> train_, val_;
   std::optional<data::LmBatchSource> source_;
+  std::optional<data::TokenFile> train_mask_, val_mask_;  // fine-tuning rows: the loss masks
+  std::optional<data::RowBatchSource> rows_;
   int64_t block_size_ = 0, vocab_size_ = 0, real_vocab_ = 0, per_epoch_ = 0, epoch_ = 0;
 };
 
@@ -291,22 +281,8 @@ FlopRate LmTask::flop_rate(const TrainConfig& c, const nn::Module& model) const 
 
 }  // namespace
 
-models::LlamaConfig llama_config(const TrainConfig& c) {
-  models::LlamaConfig l;
-  l.dim = c.n_embd, l.n_layers = c.n_layer, l.n_heads = c.n_head, l.n_kv_heads = c.n_kv_head;
-  l.vocab_size = c.vocab_size, l.multiple_of = c.multiple_of, l.max_seq_len = c.block_size;
-  l.rope_theta = c.rope_theta, l.tied = !c.untied, l.dropout = c.dropout;
-  return l;
-}
-
 std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed) {
-  if (is_llama(c.model)) return models::llama(llama_config(c), seed);
-  return models::gpt(gpt_config(c, real_vocab), seed);
-}
-
-StateDict language_model_weights(const TrainConfig& c, const std::string& path) {
-  if (is_llama(c.model)) return models::load_weights_file(path, "").tensors;
-  return models::load_gpt_init(path, c.n_head).state;
+  return family(c).make(c, real_vocab, seed);
 }
 
 std::unique_ptr<Task> make_lm_task(TrainConfig& c, int rank, int world, bool new_run) {

@@ -21,6 +21,7 @@
 #include "castor/explain.h"
 #include "castor/fs.h"
 #include "castor/functional.h"
+#include "castor/lm_batch.h"
 #include "castor/ops.h"
 #include "castor/report.h"
 #include "castor/trainer.h"
@@ -103,8 +104,9 @@ class Trainer {
       EpochTotals e;
       const auto epoch_start = Clock::now();
       while (state_.step < total_ && !interrupted()) {
-        auto batch = task_.next();
+        auto batch = next_batch();
         if (!batch) break;
+        if (micro_ == 0 && task_.masked()) count_step_targets(*batch);
         if (!micro_batch(*batch, e)) continue;  // the step needs more micro-batches
         if (due_for_checkpoint()) checkpoint();
       }
@@ -150,21 +152,62 @@ class Trainer {
   // (all-reduced with the loss, so every rank stops after the same step).
   bool interrupted() const { return world_ == 1 ? g_interrupt.load() != 0 : stop_all_; }
 
+  // The task's next batch (one fetched ahead by count_step_targets first).
+  std::optional<Batch> next_batch() {
+    if (pending_.empty()) return task_.next();
+    Batch b = std::move(pending_.front());
+    pending_.erase(pending_.begin());
+    return b;
+  }
+
+  // A masked task's step divides its summed loss by the targets of all its micro-batches on all ranks, known before
+  // the first backward: fetches the step's other micro-batches ahead and all-reduces the count.
+  void count_step_targets(const Batch& first) {
+    const int64_t k = std::min(c_.grad_accum, task_.batches_per_epoch() - first.index);
+    double targets = first.targets;
+    while (static_cast<int64_t>(pending_.size()) + 1 < k) {
+      std::optional<Batch> b = task_.next();
+      if (!b) break;
+      targets += b->targets;
+      pending_.push_back(std::move(*b));
+    }
+    if (world_ > 1) {
+      Tensor t = tensor({targets}, {1}, DType::Float64);
+      dist::all_reduce(t);
+      targets = t.to_vector<double>()[0];
+    }
+    step_targets_ = targets;
+  }
+
+  // The micro-batch's loss to backpropagate, and its part of the step's loss: the batch mean over --grad-accum;
+  // a masked task's batch sum over the step's targets (times the ranks, whose gradients DDP averages), so the step's
+  // gradient is that of PyTorch's cross_entropy(ignore_index=-100) over the whole step (a step without targets has
+  // zero gradients, and is not applied).
+  std::pair<Tensor, double> micro_loss(const Batch& batch) {
+    if (!task_.masked()) {
+      Tensor loss = task_.loss(*run_.model, batch, F::Reduction::Mean, c_.label_smoothing);
+      return {c_.grad_accum > 1 ? loss / static_cast<double>(c_.grad_accum) : loss, loss.item()};
+    }
+    Tensor sum = task_.loss(*run_.model, batch, F::Reduction::Sum, c_.label_smoothing);
+    const double scale = step_targets_ > 0 ? world_ / step_targets_ : 0.0;
+    if (batch.targets == 0) ++batches_without_targets_;
+    return {sum * scale, sum.item() * scale};
+  }
+
   // Forward and backward of one micro-batch; an optimizer step once grad_accum of them (or the rest of the
   // epoch) have summed their gradients. Returns whether it stepped.
   bool micro_batch(const Batch& batch, EpochTotals& e) {
     const auto t0 = Clock::now();
     if (micro_ == 0) run_.opt->zero_grad();
-    Tensor loss;
+    std::pair<Tensor, double> loss;
     {
       std::optional<amp::ExplainGuard> explain;  // the report's op dtype table, from the first forward
       if (op_dtypes_.empty()) explain.emplace();
       auto fw = run_.amp->forward();
       // At O2/O3 the patched forward casts the batch to the model's dtype and the logits back to float32.
-      // The loss is computed in float32 from 16-bit logits as they are (no float32 copy of a GPT's vocabulary).
-      Tensor logits = (*run_.model)(batch.input);
-      loss = F::cross_entropy(logits.reshape({-1, logits.size(-1)}), batch.target.reshape({-1}), F::Reduction::Mean,
-                              c_.label_smoothing);
+      // The loss is computed in float32 from 16-bit logits as they are (no float32 copy of a GPT's vocabulary; a
+      // language model's logits a chunk at a time, never whole).
+      loss = micro_loss(batch);
       if (explain) op_dtypes_ = with_modules(explain->rows(), *run_.model);
     }
     // Summed over grad_accum micro-batches, the gradients are those of the mean loss of one big batch. With
@@ -174,12 +217,12 @@ class Trainer {
     {
       std::optional<nn::DistributedDataParallel::NoSync> no_sync;
       if (run_.ddp && !last_micro) no_sync.emplace(*run_.ddp);
-      run_.amp->scale_loss(c_.grad_accum > 1 ? loss / static_cast<double>(c_.grad_accum) : loss, *run_.opt).backward();
+      run_.amp->scale_loss(loss.first, *run_.opt).backward();
     }
     const double n = batch.examples * world_;  // the whole job's images or tokens
     images_ += n;
     e.images += n;
-    micro_loss_ += loss.item();
+    micro_loss_ += loss.second;
     if (++micro_ < c_.grad_accum && !last_micro) {
       train_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
       return false;
@@ -188,9 +231,10 @@ class Trainer {
       run_.amp->unscale_(*run_.opt);
       amp::clip_grad_norm_(*run_.opt, c_.clip_grad_norm);
     }
-    const bool stepped = run_.amp->step(*run_.opt);
+    const bool no_targets = task_.masked() && step_targets_ == 0;
+    const bool stepped = !no_targets && run_.amp->step(*run_.opt);
     if (run_.sched) run_.sched->step();
-    double lv = micro_loss_ / static_cast<double>(micro_);
+    double lv = task_.masked() ? micro_loss_ : micro_loss_ / static_cast<double>(micro_);
     if (world_ > 1) {
       // The mean loss over ranks; whether any rank was asked to stop or (by its own clock) is due a timed
       // checkpoint: decisions every rank must take at the same step.
@@ -209,7 +253,7 @@ class Trainer {
     train_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
     e.loss += lv;
     ++e.batches;
-    check_divergence(lv, stepped);
+    check_divergence(lv, stepped || no_targets);
     if (log_)
       log_->step({state_.step, state_.epoch + 1, lv, run_.opt->param_groups()[0].lr, run_.amp->scaler().get_scale(),
                   !stepped, images_, train_seconds_, run_.amp->scaler().is_enabled()});
@@ -341,12 +385,15 @@ class Trainer {
                                 {"lost_metric_lines", log_ ? log_->lost_lines() : 0},
                                 {"nproc", world_},
                                 {"out", c_.out}};
+    const auto [trainable, all] = parameter_counts(*run_.model);
+    summary["trainable_params"] = trainable, summary["all_params"] = all;
     // The steady rate, after this process's first kWarmupSteps steps (primitive creation, first-touch memory), is
     // what a long run sees; the whole run's rate is beside it.
     const double whole = train_seconds_ > 0 ? images_ / train_seconds_ : 0.0;
     const double steady_seconds = train_seconds_ - warm_.second;
     const double per_sec = steps_here_ > kWarmupSteps && steady_seconds > 0 ? (images_ - warm_.first) / steady_seconds
                                                                             : whole;
+    if (task_.masked()) summary["batches_without_targets"] = batches_without_targets_;
     task_.summary_keys(summary, last_eval_ ? &*last_eval_ : nullptr, per_sec);
     if (log_) summary[detail::cat("train_", task_.rate_key(), "_whole_run")] = whole;
     if (log_ && log_->mfu(per_sec) > 0) summary["mfu"] = log_->mfu(per_sec);
@@ -375,6 +422,9 @@ class Trainer {
   const int64_t epochs_;
   double images_ = 0, train_seconds_ = 0, micro_loss_ = 0;
   int64_t micro_ = 0;                     // micro-batches whose gradients are summed so far
+  std::vector<Batch> pending_;            // the step's micro-batches fetched ahead (masked tasks)
+  double step_targets_ = 0;               // masked tasks: the targets of the step, all ranks
+  int64_t batches_without_targets_ = 0;   // masked tasks: this rank's micro-batches with no target (loss 0)
   int64_t steps_here_ = 0;                // steps taken by this process (a resumed run's since it resumed)
   std::pair<double, double> warm_{0, 0};  // (examples, training seconds) after kWarmupSteps steps
   int64_t skipped_in_a_row_ = 0;

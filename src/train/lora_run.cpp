@@ -3,12 +3,15 @@
 #include "train/lora_run.h"
 
 #include <filesystem>
+#include <algorithm>
 #include <set>
 
 #include "castor/autograd.h"
 #include "castor/fs.h"
+#include "castor/hf.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
+#include "train/family.h"
 #include "train/settings.h"
 #include "train/task.h"
 
@@ -49,27 +52,50 @@ void load_adapters(nn::Module& model, const StateDict& tensors, const std::strin
   for (const auto& [k, t] : own) Tensor(t).copy_(tensors.at(k));
 }
 
+}  // namespace
+
+std::string weights_checksum(const std::string& path) {
+  if (!formats::is_hf_dir(path)) return checksum64_hex(read_file(path));
+  std::string sums;  // config.json's and every safetensors file's, in name order
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(path))
+    if (e.path().filename() == "config.json" || e.path().extension() == ".safetensors" ||
+        e.path().filename() == "model.safetensors.index.json")
+      files.push_back(e.path().string());
+  std::sort(files.begin(), files.end());
+  for (const std::string& f : files)
+    sums += fs::path(f).filename().string() + " " + checksum64_hex(read_file(f)) + "\n";
+  return checksum64_hex(std::span(reinterpret_cast<const uint8_t*>(sums.data()), sums.size()));
+}
+
+namespace {
+
 // Error unless `file` still has the checksum recorded when the run started.
 void check_base_checksum(const std::string& file, const std::string& recorded, const std::string& what) {
-  const std::string now = checksum64_hex(read_file(file));
+  std::error_code ec;
+  CASTOR_CHECK(fs::exists(file, ec), what, ": the LoRA base ", file,
+               " is missing (moved or deleted?); give the file where it is now with --lora-base PATH");
+  const std::string now = weights_checksum(file);
   CASTOR_CHECK(now == recorded, what, ": the LoRA base ", file, " changed since the run started (checksum ", now,
                ", recorded ", recorded, "); the adapters fit only the base they were trained on");
 }
 
 // A LoRA checkpoint's base language model (a GPT or a Llama, as its recorded settings describe; checksum checked) with
 // its adapters.
-std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const std::string& what) {
+std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const std::string& what,
+                                                     const std::string& lora_base) {
   const Json config = castor_config(ck.model_meta, what);
   CASTOR_CHECK(config.is_object(), what, ": a LoRA checkpoint without its settings (castor.config)");
   const TrainConfig c = resume_config(TrainConfig{}, config, what);
-  CASTOR_CHECK(is_language_model(c.model), what, ": a LoRA run on a ", name(c.model), ", not a language model");
-  const std::string base = ck.model_meta.at(kBaseKey);
+  const Family* family = family_of(c.model);
+  CASTOR_CHECK(family, what, ": a LoRA run on a ", name(c.model), ", not a language model");
+  const std::string base = lora_base.empty() ? ck.model_meta.at(kBaseKey) : lora_base;
   if (!c.init_checksum.empty()) check_base_checksum(base, c.init_checksum, what);
   const Json* real_vocab = config.find("real_vocab_size");
   auto model = make_language_model(c, real_vocab && real_vocab->is_int() ? real_vocab->as_int() : c.vocab_size,
                                    /*seed=*/0);
   try {
-    model->load_state_dict(language_model_weights(c, base), /*strict=*/true);
+    family->load(*model, c, base);
   } catch (const Error& e) {
     const std::string msg = e.what();
     throw Error(msg.rfind(base, 0) == 0 ? msg : detail::cat(what, ": the LoRA base ", base, ": ", msg));
@@ -126,7 +152,7 @@ void take_peft_config(TrainConfig& c) {
 
 void resolve_init_dir(TrainConfig& c) {
   std::error_code ec;
-  if (c.init.empty() || !fs::is_directory(c.init, ec)) return;
+  if (c.init.empty() || !fs::is_directory(c.init, ec) || formats::is_hf_dir(c.init)) return;
   const std::optional<std::string> ck = is_checkpoint_dir(c.init) ? c.init : latest_checkpoint(c.init);
   CASTOR_CHECK(ck.has_value(), "--init ", c.init,
                ": a directory without a checkpoint (expected a run directory, "
@@ -171,6 +197,15 @@ void apply_run_lora(const TrainConfig& c, nn::Module& model) {
                                                                            : detail::cat("--lora-rank ", c.lora_rank),
                             ": ", msg));
   }
+  // An output layer that shares the embedding's matrix (a tied GPT's lm_head, a tied Llama's output): merging an
+  // adapter there would change the embedding too, which PEFT warns of; refused before any step.
+  const nn::NamedTensors params = model.named_parameters();
+  for (const auto& [path, layer] : nn::lora_layers(model))
+    for (const auto& [name, p] : params)
+      CASTOR_CHECK(p.impl() != layer->weight.impl() || name == path + ".weight", "--lora-targets ", c.lora_targets,
+                   ": ", path, " shares its weight with ", name,
+                   " (tied), so merging its adapter would change both; leave it out (all-linear does)",
+                   family_of(c.model) == family_named("llama") ? ", or train the base with --untied" : "");
   if (c.init_lora.empty()) return;
   const std::string file = c.init_lora + "/adapter_model.safetensors";
   StateDict adapters;
@@ -194,14 +229,31 @@ void keep_adapters(Checkpoint& ck, const Json& config) {
 
 bool is_lora_checkpoint(const Metadata& meta) { return meta.count(kBaseKey) > 0; }
 
+void pin_lora_base(const TrainConfig& c) {
+  const fs::path dir = fs::path(c.init).parent_path();
+  if (c.lora_rank == 0 || !is_checkpoint_dir(dir.string())) return;
+  const std::string pin = (dir / kLoraRunsFile).string(), run = absolute_path(c.out);
+  std::string runs;
+  if (file_exists(pin)) {
+    const std::vector<uint8_t> bytes = read_file(pin);
+    runs.assign(bytes.begin(), bytes.end());
+  }
+  if (("\n" + runs).find("\n" + run + "\n") != std::string::npos) return;
+  try {
+    atomic_write_file(pin, runs + run + "\n");
+  } catch (const Error& e) {
+    std::fprintf(stderr, "note: %s (the base run's --keep may prune this LoRA run's base)\n", e.what());
+  }
+}
+
 void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata& meta, const std::string& what) {
   if (is_lora_checkpoint(meta)) return load_adapters(model, tensors, what);
   model.load_state_dict(tensors, /*strict=*/true);
 }
 
-void merge_lora_checkpoint(Checkpoint& ck, const std::string& what) {
+void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::string& lora_base) {
   if (!is_lora_checkpoint(ck.model_meta)) return;
-  auto model = adapted_model(ck, what);
+  auto model = adapted_model(ck, what, lora_base);
   nn::merge_and_unload(*model);
   ck.model = model->state_dict();
   ck.model_meta.erase(kBaseKey);
@@ -216,30 +268,33 @@ void merge_lora_checkpoint(Checkpoint& ck, const std::string& what) {
   ck.model_meta["castor.config"] = config.dump();
 }
 
-void write_peft(const std::string& dir, const Checkpoint& ck, const std::string& what) {
+void write_peft(const std::string& dir, const Checkpoint& ck, const std::string& what, const std::string& lora_base) {
   CASTOR_CHECK(is_lora_checkpoint(ck.model_meta), "--peft: ", what, " is not a LoRA run's (castor train --lora-rank)");
-  auto model = adapted_model(ck, what);
+  std::error_code ec;
+  CASTOR_CHECK(!fs::exists(fs::path(dir) / "checkpoints", ec) && !fs::exists(fs::path(dir) / "config.json", ec),
+               "--peft ", dir, ": a run directory (castor train's); write the adapters into a directory of their own");
+  auto model = adapted_model(ck, what, lora_base);
   const Json config = castor_config(ck.model_meta, what);
   StateDict tensors;
   for (const auto& [k, t] : nn::lora_state_dict(*model))
     tensors.emplace(kPeftPrefix + k, t.to(DType::Float32).contiguous());
   const nn::LoraConfig c = lora_config(config);
-  const Json adapter_config = Json::Object{{"peft_type", "LORA"},
-                                           {"task_type", "CAUSAL_LM"},
-                                           {"base_model_name_or_path", ck.model_meta.at(kBaseKey)},
-                                           {"r", c.r},
-                                           {"lora_alpha", c.alpha},
-                                           {"lora_dropout", c.dropout},
-                                           {"target_modules", target_names(*model)},
-                                           {"use_rslora", c.rslora},
-                                           {"bias", "none"},
-                                           {"fan_in_fan_out", false},
-                                           {"init_lora_weights", true},
-                                           {"inference_mode", true},
-                                           {"modules_to_save", Json()},
-                                           {"layers_to_transform", Json()},
-                                           {"revision", Json()}};
-  std::error_code ec;
+  const Json adapter_config = Json::Object{
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"base_model_name_or_path", lora_base.empty() ? ck.model_meta.at(kBaseKey) : absolute_path(lora_base)},
+      {"r", c.r},
+      {"lora_alpha", c.alpha},
+      {"lora_dropout", c.dropout},
+      {"target_modules", target_names(*model)},
+      {"use_rslora", c.rslora},
+      {"bias", "none"},
+      {"fan_in_fan_out", false},
+      {"init_lora_weights", true},
+      {"inference_mode", true},
+      {"modules_to_save", Json()},
+      {"layers_to_transform", Json()},
+      {"revision", Json()}};
   fs::create_directories(dir, ec);
   CASTOR_CHECK(fs::is_directory(dir, ec), "--peft ", dir, ": cannot make the directory");
   save_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});

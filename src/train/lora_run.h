@@ -11,7 +11,8 @@
 namespace castor::train {
 
 // --init RUN or RUN/checkpoints/step-N: the newest (or that) checkpoint's model.safetensors. castor::Error for a
-// directory without a checkpoint, or a LoRA run's (its model file holds adapters only: merge it first).
+// directory without a checkpoint, or a LoRA run's (its model file holds adapters only: merge it first). A Hugging
+// Face directory (config.json) stays as it is.
 void resolve_init_dir(TrainConfig& c);
 // The adapter config recorded settings describe (config.json's "lora_rank", "lora_alpha", ...).
 nn::LoraConfig lora_config(const Json& settings);
@@ -28,17 +29,27 @@ void apply_run_lora(const TrainConfig& c, nn::Module& model);
 // file) in its metadata.
 void keep_adapters(Checkpoint& ck, const Json& config);
 bool is_lora_checkpoint(const Metadata& meta);
+// A new LoRA run (rank 0) whose --init is a run's checkpoint: adds the run's directory to that checkpoint's
+// kLoraRunsFile, so the base run's --keep pruning leaves it (a note when the file cannot be written).
+void pin_lora_base(const TrainConfig& c);
 // Loads a checkpoint's model file into `model`: strictly, or for a LoRA checkpoint its adapters (exactly the model's
 // adapter keys and shapes; the base is loaded already). castor::Error naming `what`.
 void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata& meta, const std::string& what);
 // Turns a LoRA checkpoint's model file into the merged model's, as a full run's checkpoint holds it: the recorded base
 // (a GPT or a Llama; checksum checked), its adapters merged (nn::merge_and_unload), and castor.config a plain run's
 // (no LoRA settings), so castor eval, sample and train --init take the merged file.
-void merge_lora_checkpoint(Checkpoint& ck, const std::string& what);
+// `lora_base` (--lora-base; empty: the recorded one): the base file moved, checked against the recorded checksum.
+void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::string& lora_base = "");
+
+// The checksum a run records of its --init (a LoRA run's base is checked against it): a weights file's bytes', or a
+// Hugging Face directory's config.json, index and safetensors files'.
+std::string weights_checksum(const std::string& path);
 
 // PEFT's pair of files in `dir` for a LoRA checkpoint's adapters: adapter_model.safetensors ("base_model.model.<path>
 // .lora_A.weight" (r, in), "...lora_B.weight" (out, r), float32) and adapter_config.json (r, lora_alpha,
 // lora_dropout, target_modules, use_rslora, base_model_name_or_path, ...). Each file is replaced whole.
-void write_peft(const std::string& dir, const Checkpoint& ck, const std::string& what);
+// Refuses a run directory as `dir`.
+void write_peft(const std::string& dir, const Checkpoint& ck, const std::string& what,
+                const std::string& lora_base = "");
 
 }  // namespace castor::train

@@ -18,6 +18,10 @@ std::string clock_text(double seconds) {
   return buf;
 }
 
+double remaining_seconds(const ProgressState& s) {
+  return s.step > 0 ? s.elapsed_seconds / static_cast<double>(s.step) * static_cast<double>(s.total_steps - s.step) : 0;
+}
+
 std::string fit_fields(const std::vector<std::string>& fields, int width) {
   std::string text;
   for (const std::string& f : fields) {
@@ -30,9 +34,7 @@ std::string fit_fields(const std::vector<std::string>& fields, int width) {
 
 std::string progress_line(const ProgressState& s, int width) {
   char buf[64];
-  const double remaining = s.step > 0 ? s.elapsed_seconds / static_cast<double>(s.step) *
-                                            static_cast<double>(s.total_steps - s.step)
-                                      : 0;
+  const double remaining = remaining_seconds(s);
   std::vector<std::string> fields;  // most important first
   auto add = [&](const char* fmt, auto... args) {
     std::snprintf(buf, sizeof(buf), fmt, args...);

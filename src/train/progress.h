@@ -19,6 +19,8 @@ struct ProgressState {
 
 // "h:mm:ss".
 std::string clock_text(double seconds);
+// The time the steps left will take at the pace of those done (0 before the first).
+double remaining_seconds(const ProgressState& s);
 
 // `fields` (most important first) joined by two spaces, as many as fit in `width` columns (the rest left out).
 std::string fit_fields(const std::vector<std::string>& fields, int width);

@@ -3,13 +3,16 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 
+#include "castor/allocator.h"
 #include "castor/autograd.h"
 #include "castor/checkpoint.h"
 #include "castor/dist.h"
 #include "castor/functional.h"
+#include "castor/lm_batch.h"
 #include "castor/llmc.h"
 #include "castor/ops.h"
 #include "castor/random.h"
@@ -17,6 +20,7 @@
 #include "castor/serialize.h"
 #include "castor/trainer.h"
 #include "castor/version.h"
+#include "train/family.h"
 #include "train/lora_run.h"
 #include "train/task.h"
 
@@ -67,7 +71,53 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainConfig& c, optim::
 
 }  // namespace
 
-StateDict Task::init_weights(const TrainConfig& c) const { return models::load_weights_file(c.init, "").tensors; }
+std::pair<int64_t, int64_t> parameter_counts(const nn::Module& model) {
+  int64_t trainable = 0, all = 0;
+  for (const Tensor& p : model.parameters()) {
+    all += p.numel();
+    if (p.requires_grad()) trainable += p.numel();
+  }
+  return {trainable, all};
+}
+
+std::string trainable_parameters_text(int64_t trainable, int64_t all) {
+  auto grouped = [](int64_t n) {  // Python's format(n, ",d")
+    std::string digits = std::to_string(n), out;
+    for (size_t i = 0; i < digits.size(); ++i) {
+      if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+      out += digits[i];
+    }
+    return out;
+  };
+  char percent[32];
+  std::snprintf(percent, sizeof(percent), "%.4f", all > 0 ? 100.0 * static_cast<double>(trainable) / all : 0.0);
+  return "trainable params: " + grouped(trainable) + " || all params: " + grouped(all) + " || trainable%: " + percent;
+}
+
+std::string trainable_parameters_text(const nn::Module& model) {
+  const auto [trainable, all] = parameter_counts(model);
+  return trainable_parameters_text(trainable, all);
+}
+
+void Task::load_init(nn::Module& model, const TrainConfig& c) const {
+  model.load_state_dict(models::load_weights_file(c.init, "").tensors, /*strict=*/true);
+}
+
+Tensor Task::loss(nn::Module& model, const Batch& b, F::Reduction reduction, double label_smoothing) const {
+  const Tensor logits = model(b.input);
+  return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), b.target.reshape({-1}), reduction, label_smoothing,
+                          data::kIgnoreIndex);
+}
+
+std::pair<double, std::vector<int64_t>> Task::scores(nn::Module& model, const amp::Amp& amp, const Batch& b) const {
+  Tensor logits;
+  {
+    auto fw = amp.forward();
+    logits = model(b.input);  // at O2/O3 the patched forward casts the input
+  }
+  const Tensor flat = logits.reshape({-1, logits.size(-1)}), target = b.target.reshape({-1});
+  return {F::cross_entropy(flat, target, F::Reduction::Sum).item(), argmax(flat, 1).to_vector<int64_t>()};
+}
 
 std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run) {
   if (is_language_model(c.model)) return make_lm_task(c, rank, world, new_run);
@@ -82,19 +132,15 @@ Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, in
   const int world = dist::world_size();
   for (int64_t i = dist::rank(); i < n; i += world) {
     const Batch b = task.eval_batch(i, batch_size);
-    Tensor logits;
-    {
-      auto fw = amp.forward();
-      logits = model(b.input);  // at O2/O3 the patched forward casts the input
-    }
-    const Tensor flat = logits.reshape({-1, logits.size(-1)}), target = b.target.reshape({-1});
-    sums[0] += F::cross_entropy(flat, target, F::Reduction::Sum).item();
-    const auto predicted = argmax(flat, 1).to_vector<int64_t>(), truth = target.to_vector<int64_t>();
+    const auto [loss_sum, predicted] = task.scores(model, amp, b);
+    sums[0] += loss_sum;  // targets of data::kIgnoreIndex (a fine-tuning row's prompt and padding) are left out
+    const auto truth = b.target.reshape({-1}).to_vector<int64_t>();
     for (size_t k = 0; k < truth.size(); ++k) {
+      if (truth[k] == data::kIgnoreIndex) continue;
       sums[1] += predicted[k] == truth[k];
       if (K > 0) sums[static_cast<size_t>(3 + truth[k] * K + predicted[k])] += 1;
+      sums[2] += 1;
     }
-    sums[2] += static_cast<double>(truth.size());
   }
   model.train();
   if (world > 1) {
@@ -114,7 +160,7 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   check_lora_base(c);
   if (!c.init.empty() && (load_init || c.lora_rank > 0)) {  // (a LoRA run's checkpoints hold its adapters only)
     try {
-      r.model->load_state_dict(task.init_weights(c), /*strict=*/true);
+      task.load_init(*r.model, c);
     } catch (const Error& e) {
       const std::string msg = e.what();  // names the file when reading it failed; name the flag too
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
@@ -140,6 +186,89 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   r.amp = amp::initialize(*r.model, {r.opt.get()}, c.amp, c.dtype, ov);
   r.sched = make_scheduler(c, *r.opt, total_steps);
   return r;
+}
+
+namespace {
+
+// The bytes the optimizer adds at its first step per trainable element: its moments (SGD's momentum buffer; 8-bit
+// AdamW's two codes and a float32 absmax per block of each) and, at O1, the 16-bit copies of the weights it keeps for
+// the next forward.
+double first_step_bytes(const TrainConfig& c) {
+  const double moments = c.optimizer == OptimizerKind::Sgd         ? (c.momentum > 0 ? 4 : 0)
+                         : c.optimizer == OptimizerKind::AdamW8bit ? 2 + 8.0 / optim::AdamW8bitOptions{}.block_size
+                                                                   : 8;
+  return moments + (c.amp == amp::OptLevel::O1 ? 2 : 0);
+}
+
+// The allocator's peak over one forward and backward of a (1, T) batch of token 0, above what was held before it;
+// the gradients are dropped after it and the default generator (dropout) restored.
+double probe_peak(const Task& task, Run& r, int64_t T) {
+  const Generator::State rng = default_generator().state();
+  const Batch b{zeros({1, T}, DType::Int64), zeros({1, T}, DType::Int64), 0, static_cast<double>(T)};
+  const int64_t base = memory_stats().current_bytes;
+  reset_peak_memory_stats();
+  {
+    Tensor loss;
+    {
+      auto fw = r.amp->forward();
+      loss = task.loss(*r.model, b, F::Reduction::Mean, 0.0);
+    }
+    loss.backward();
+  }
+  const double peak = static_cast<double>(memory_stats().peak_bytes - base);
+  r.opt->zero_grad();
+  default_generator().set_state(rng);
+  return peak;
+}
+
+// The peak of one step of (B, T) batches, estimated from probes of rows of t, 2t and 4t tokens as a + B (b T + c T^2).
+double estimate_peak(const TrainConfig& c, const Task& task, Run& r, double held) {
+  const int64_t T = c.block_size, B = c.batch_size;
+  double activations;
+  if (T < 4) {
+    activations = B * probe_peak(task, r, T);
+  } else {
+    const int64_t t = std::min<int64_t>(16, T / 4);
+    const double p1 = probe_peak(task, r, t), p2 = probe_peak(task, r, 2 * t), p3 = probe_peak(task, r, 4 * t);
+    const double tt = static_cast<double>(t);
+    const double quad = std::max(0.0, ((p3 - p2) - 2 * (p2 - p1)) / (6 * tt * tt));
+    const double lin = std::max(0.0, (p2 - p1 - 3 * quad * tt * tt) / tt);
+    const double fixed = p1 - lin * tt - quad * tt * tt;
+    activations = fixed + B * (lin * T + quad * T * static_cast<double>(T));
+  }
+  return held + activations;
+}
+
+}  // namespace
+
+std::string apply_recompute(const TrainConfig& c, const Task& task, Run& r) {
+  auto* lm = dynamic_cast<models::LanguageModel*>(r.model.get());
+  if (!lm) return "";
+  if (c.recompute != Recompute::Auto) {
+    lm->set_recompute(c.recompute == Recompute::Blocks);
+    return name(c.recompute);
+  }
+  CASTOR_CHECK(c.memory_budget > 0, "--recompute auto: needs --memory-budget GiB (the memory the run may take)");
+  int64_t trainable = 0;
+  for (const Tensor& p : r.model->parameters())
+    if (p.requires_grad()) trainable += p.numel();
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  const double held = static_cast<double>(memory_stats().current_bytes) + first_step_bytes(c) * trainable;
+  lm->set_recompute(false);
+  const double plain = estimate_peak(c, task, r, held) / gib;
+  lm->set_recompute(true);
+  const double recomputed = estimate_peak(c, task, r, held) / gib;
+  const bool blocks = plain > c.memory_budget;
+  // (GiB to three significant digits; the smallest budget rounded up at the third)
+  const double unit = std::pow(10.0, std::floor(std::log10(std::max(recomputed, 1e-9))) - 2);
+  CASTOR_CHECK(recomputed <= c.memory_budget, "--memory-budget ", figure("%.3g", c.memory_budget),
+               ": the run needs about ", figure("%.3g", recomputed),
+               " GiB even with --recompute blocks; the smallest budget that fits is ",
+               figure("%.3g", std::ceil(recomputed / unit) * unit), " (or a smaller --batch-size or --block-size)");
+  lm->set_recompute(blocks);
+  return detail::cat("auto: ", blocks ? "blocks" : "none", " (estimated peak ", figure("%.3g", plain),
+                     " GiB without recompute, ", figure("%.3g", recomputed), " GiB with; budget ",
+                     figure("%.3g", c.memory_budget), " GiB)");
 }
 
 std::string figure(const char* format, double value) {
@@ -168,6 +297,7 @@ Json config_json(const TrainConfig& c, const Task& task, int64_t schedule_steps)
   o["schedule_steps"] = schedule_steps;
   if (!c.precision_reason.empty()) o["precision_auto"] = c.precision_reason;  // why amp and dtype are what they are
   task.record(o);
+  if (const Family* f = family_of(c.model)) o["model_config"] = f->describe(c);  // the model, described
   const Json build = build_json();
   for (const auto& [k, v] : build.as_object()) o[k] = v;
   o["started"] = utc_now();

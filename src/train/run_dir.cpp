@@ -199,6 +199,11 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
 }
 
 void check_extension(const TrainConfig& c, int64_t schedule_steps, int64_t total_steps) {
+  if (c.schedule == Schedule::WarmupCosine && c.warmup_steps >= schedule_steps)
+    std::fprintf(stderr,
+                 "note: --warmup-steps %lld is not below the schedule's %lld steps: the learning rate rises for the "
+                 "whole run and never reaches --lr %g (no cosine decay)\n",
+                 static_cast<long long>(c.warmup_steps), static_cast<long long>(schedule_steps), c.lr);
   if (c.schedule == Schedule::None || total_steps <= schedule_steps) return;
   CASTOR_CHECK(c.schedule != Schedule::OneCycle, "--steps/--epochs: the onecycle schedule ends at step ",
                schedule_steps,

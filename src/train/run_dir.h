@@ -47,7 +47,8 @@ int64_t recorded_schedule_steps(const Json& recorded, int64_t steps_per_epoch);
 // --batch-size of a resumed run: the recorded global batch (batch x ranks) split among this job's ranks, with a note
 // when the number of ranks changed.
 void resume_batch_size(TrainConfig& c, const Json& recorded, int world);
-// What the schedule does past the step it was set up for, printed when a resumed run extends it.
+// What the schedule does past the step it was set up for, printed when a resumed run extends it; and a note when the
+// warmup takes the whole schedule (the learning rate never reaches --lr).
 void check_extension(const TrainConfig& c, int64_t schedule_steps, int64_t total_steps);
 
 }  // namespace castor::train

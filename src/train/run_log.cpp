@@ -59,12 +59,12 @@ void RunLog::step(const StepInfo& s) {
     metrics_.write(m);
   }
   const double window_mean = window_sum_ / static_cast<double>(window_count_);
+  const ProgressState p{
+      s.epoch,        epochs_,      s.step,
+      total_steps_,   window_mean,  s.lr,
+      s.loss_scale,   ips,          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
+      s.loss_scaling, task_.unit(), mfu(ips)};
   if (tty_) {
-    const ProgressState p{
-        s.epoch,        epochs_,      s.step,
-        total_steps_,   window_mean,  s.lr,
-        s.loss_scale,   ips,          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
-        s.loss_scaling, task_.unit(), mfu(ips)};
     std::fprintf(stderr, "\r%s\x1b[K", progress_line(p, width_).c_str());
     std::fflush(stderr);
     progress_drawn_ = true;
@@ -73,8 +73,9 @@ void RunLog::step(const StepInfo& s) {
     if (s.loss_scaling) std::snprintf(scale, sizeof(scale), "  scale %g", s.loss_scale);
     char rate[48] = "";
     if (mfu(ips) > 0) std::snprintf(rate, sizeof(rate), "  MFU %.1f%%", 100 * mfu(ips));
-    std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3g%s  %.0f %s/s%s\n", static_cast<long long>(s.step),
-                 static_cast<long long>(total_steps_), window_mean, s.lr, scale, ips, task_.unit(), rate);
+    std::fprintf(stderr, "step %lld/%lld  loss %.4f  lr %.3g%s  %.0f %s/s%s  elapsed %s  eta %s\n",
+                 static_cast<long long>(s.step), static_cast<long long>(total_steps_), window_mean, s.lr, scale, ips,
+                 task_.unit(), rate, clock_text(p.elapsed_seconds).c_str(), clock_text(remaining_seconds(p)).c_str());
   }
   if (window_end) {
     window_sum_ = 0;

@@ -14,15 +14,18 @@
 #include "castor/checkpoint.h"
 #include "castor/corpus.h"
 #include "castor/fs.h"
+#include "castor/hf.h"
 #include "castor/gguf.h"
 #include "castor/llama2c.h"
 #include "castor/llmc.h"
 #include "castor/ops.h"
+#include "castor/chat_data.h"
 #include "castor/tokenizer.h"
 #include "castor/torch_save.h"
 #include "train/metrics.h"
 #include "train/cli.h"
 #include "train/lora_run.h"
+#include "train/family.h"
 #include "train/task.h"
 
 namespace castor::train {
@@ -50,11 +53,10 @@ struct LoadedGpt {
   Metadata meta;  // the model file's metadata (castor.config: a merged LoRA run's as a plain run's)
 };
 
-// The Llama a run's recorded settings describe, with `weights` loaded (strictly; errors name `what`).
-std::shared_ptr<models::LanguageModel> load_llama(const StateDict& weights, const Json& config,
-                                                  const std::string& what) {
-  const TrainConfig c = resume_config(TrainConfig{}, config, what);
-  auto model = make_language_model(c, c.vocab_size, /*seed=*/0);
+// The model `description` describes (its family's), with `weights` loaded (strictly; errors name `what`).
+std::shared_ptr<models::LanguageModel> load_described(const StateDict& weights, const Json& description,
+                                                      const std::string& what) {
+  auto model = family_named(description.at("family").as_string())->build(description, what);
   try {
     model->load_state_dict(weights);
   } catch (const Error& e) {
@@ -73,7 +75,16 @@ std::shared_ptr<models::LanguageModel> load_llama2c_model(const std::string& pat
 
 // A weights file or a run or checkpoint directory; a LoRA run's model file (in its checkpoint or alone) merged into its
 // base.
-LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
+LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& lora_base = "") {
+  if (formats::is_hf_dir(path)) {  // a Hugging Face directory: its Llama, described as a run of it would be
+    const formats::HfConfig h = formats::read_hf_config(path);
+    LoadedGpt g;
+    g.what = path;
+    g.meta = formats::hf_metadata(h, "");
+    g.config = castor_config(g.meta, path);
+    g.llama = load_described(formats::read_hf_weights(path, h), formats::hf_description(h), path);
+    return g;
+  }
   std::error_code ec;
   const bool dir = fs::is_directory(path, ec);
   const models::WeightsFormat format = dir ? models::WeightsFormat::Safetensors : models::weights_format(path);
@@ -97,12 +108,13 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
     ck.model = std::move(file.tensors);
     ck.model_meta = std::move(file.metadata);
   }
-  const auto kind = ck.model_meta.find("castor.model");
-  const bool llama = kind != ck.model_meta.end() && kind->second.starts_with("llama");
-  CASTOR_CHECK(kind == ck.model_meta.end() || llama || kind->second.starts_with("gpt"), path, ": a ",
-               printable(kind->second), " checkpoint, not a language model's");
+  const auto found = ck.model_meta.find("castor.model");
+  const std::string kind = found == ck.model_meta.end() ? "" : found->second;  // (the merge below rewrites the map)
+  // (weights without castor metadata: nanoGPT's, a GPT's)
+  const Family* family = kind.empty() ? nullptr : family_of_spelling(kind);
+  CASTOR_CHECK(kind.empty() || family, path, ": a ", printable(kind), " checkpoint, not a language model's");
   const bool lora = is_lora_checkpoint(ck.model_meta);
-  merge_lora_checkpoint(ck, what);
+  merge_lora_checkpoint(ck, what, lora_base);
   Json config = castor_config(ck.model_meta, what);
   const fs::path run = fs::path(used).parent_path().parent_path();  // RUN/checkpoints/step-N
   std::string run_dir = dir && fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string();
@@ -112,8 +124,8 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head) {
   g.train_state = std::move(ck.state);
   g.run_dir = std::move(run_dir);
   g.lora = lora;
-  if (llama)
-    g.llama = load_llama(ck.model, g.config, what);
+  if (family && family->name != std::string("gpt"))  // (a GPT's exports take its weights with its config)
+    g.llama = load_described(ck.model, model_description(g.config, what), what);
   else
     g.weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
   g.meta = std::move(ck.model_meta);
@@ -151,13 +163,25 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
                  "token directory whose tokenizer decodes, or a Hugging Face model directory with tokenizer.json "
                  "(default: the run's)");
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
+  add_lora_base(app, c.lora_base, kLoraBaseHelp);
   app.add_option("--prompt", c.prompt,
                  "the text to continue (default a newline; empty: GPT-2's <|endoftext|>; a llama2.c "
                  "vocabulary puts <s> first, as run.c does)")
       ->default_str("\"\\n\"");
-  app.add_option("--tokens", c.tokens, "tokens to generate");
+  app.add_option("--prompt-file", c.prompt_file, "the prompt read from this file (nanoGPT's start=\"FILE:...\")");
+  app.add_option("--tokens", c.tokens, "tokens to generate (at most)");
   app.add_option("--temperature", c.temperature, "divides the logits; 0 (or below 1e-4): the most likely token");
   app.add_option("--top-k", c.top_k, "draw from the k most likely tokens only; 0: all");
+  app.add_option("--top-p", c.top_p,
+                 "nucleus sampling as llama2.c's run.c (its default 0.9): the most likely tokens whose probabilities "
+                 "add up past p; 1: off")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--num-samples", c.num_samples, "samples to draw (seeds --seed, --seed + 1, ...)")
+      ->check(integer_in(1));
+  app.add_flag("--chat", c.chat,
+               "apply the chat template (the token directory's, else ChatML) to --prompt as a user turn and write the "
+               "reply, stopping at the end-of-turn token; without --prompt, each line of stdin is a turn");
+  app.add_option("--system", c.system, "--chat: a system turn before the first user turn");
   add_seed(app, c.seed, "the sampling generator's seed");
   app.add_option_function<std::string>(
          "--window", [&c](const std::string& w) { c.cached_window = w == "cached"; },
@@ -172,6 +196,26 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
 
 namespace {
 
+// A size in bytes as transformers spells max_shard_size: a number with an optional unit, B, KB/MB/GB (powers of
+// 1000) or KiB/MiB/GiB (powers of 1024).
+uint64_t byte_size(const std::string& text, const char* flag) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  const std::pair<const char*, double> units[] = {
+      {"", 1},     {"B", 1},        {"KB", 1e3},        {"MB", 1e6},
+      {"GB", 1e9}, {"KIB", 1024.0}, {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
+  for (const auto& [name, scale] : units)
+    if (used > 0 && unit == name && v * scale >= 1 && v * scale < 1.8e19) return static_cast<uint64_t>(v * scale);
+  throw Error(detail::cat(flag, " ", text, ": not a size (\"5GB\", \"500MB\", \"2GiB\" or a number of bytes)"));
+}
+
 // --type's spellings.
 const Spelling<models::GgufType> kGgufTypes[] = {{models::GgufType::F32, "f32"},
                                                  {models::GgufType::F16, "f16"},
@@ -181,57 +225,62 @@ const Spelling<models::GgufType> kGgufTypes[] = {{models::GgufType::F32, "f32"},
 }  // namespace
 
 std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
+  std::string names, formats_help;
+  for (const ExportFormat& f : export_formats()) {
+    names += detail::cat(names.empty() ? "" : ", ", f.name);
+    formats_help += detail::cat("; ", f.name, ": ", f.help);
+  }
   auto owner = make_app(
-      "Writes a GPT checkpoint in another tool's format: --llmc, llm.c's gpt2_124M.bin layout (float32), or "
-      "--nanogpt, nanoGPT's OUT/ckpt.pt (torch.save format: model, model_args, iter_num, best_val_loss, config and "
-      "the AdamW state, which sample.py and train.py's init_from='resume' read); or a Llama checkpoint as llama2.c's "
-      "model.bin and tokenizer.bin (--llama2c), which llama2.c's run.c samples; or either as one safetensors file "
-      "with its settings (--safetensors), or as a GGUF file with its tokenizer for llama.cpp and ollama (--format "
-      "gguf).",
+      "Writes a run's model (a GPT or a Llama; a LoRA run's merged, or its adapters alone) in another tool's format, "
+      "--format " +
+          names + formats_help + ".",
       "castor export");
   CLI::App& app = *owner;
-  auto* llmc = app.add_flag("--llmc", c.llmc, "llm.c's checkpoint format");
-  auto* nanogpt = app.add_flag("--nanogpt", c.nanogpt, "nanoGPT's ckpt.pt in the directory --out")->excludes(llmc);
-  auto* llama2c = app.add_flag("--llama2c", c.llama2c,
-                               "a Llama as llama2.c's model.bin (run.c reads version 0), with "
-                               "the run's vocabulary as tokenizer.bin beside it")
-                      ->excludes(llmc, nanogpt);
-  auto* safetensors =
-      app.add_flag(
-             "--safetensors", c.safetensors,
-             "the model (a GPT or a Llama) as one safetensors file with the run's settings in its metadata, which "
-             "castor eval, castor sample --init and castor info read")
-          ->excludes(llmc, nanogpt, llama2c);
-  auto* format = app.add_option("--format", c.format,
-                                "gguf: a GGUF file (version 3) that llama.cpp and ollama run, with the run's "
-                                "tokenizer: a Llama as arch llama, a GPT as arch gpt2")
-                     ->check(one_of({"gguf"}))
-                     ->excludes(llmc, nanogpt, llama2c, safetensors);
+  auto* format = app.add_option("--format", c.format, "the format to write: " + names)
+                     ->check(CLI::IsMember(std::vector<std::string>(export_format_names())));
+  // The old flags, spellings of --format (each excludes the others).
+  std::vector<CLI::Option*> spellings;
+  for (const ExportFormat& f : export_formats()) {
+    if (!f.flag || f.name == std::string("peft")) continue;
+    CLI::Option* o = app.add_flag_callback(
+        f.flag, [&c, name = f.name] { c.format = name; }, detail::cat("--format ", f.name));
+    o->excludes(format);
+    for (CLI::Option* other : spellings) o->excludes(other);
+    spellings.push_back(o);
+  }
   app.add_option("--type", c.type,
                  "--format gguf: the matrices' type: f32, f16, bf16 (Castor's conversions, rounding to nearest even) "
                  "or q8_0 (ggml's blocks of 32 int8 with a float16 scale); norms and biases stay f32")
-      ->check(one_of(spellings(kGgufTypes)))
-      ->needs(format);
-  app.add_option("--version", c.version, "--llama2c: export.py's version, 0 (legacy_export) or 1 (version1_export)")
-      ->check(CLI::IsMember({0, 1}))
-      ->needs(llama2c);
+      ->check(one_of(train::spellings(kGgufTypes)));
+  app.add_option("--version", c.version,
+                 "--format llama2c: export.py's version, 0 (legacy_export) or 1 (version1_export)")
+      ->check(CLI::IsMember({0, 1}));
+  app.add_option_function<std::string>(
+         "--max-shard-size", [&c](const std::string& v) { c.max_shard_size = byte_size(v, "--max-shard-size"); },
+         "--format hf: the most bytes of one safetensors file, as transformers' save_pretrained (\"5GB\", \"500MB\", "
+         "\"2GiB\" or bytes; default 5GB); past it the tensors go in shards with an index")
+      ->default_str("5GB");
   app.add_flag("--merge-lora", c.merge_lora,
                "a LoRA run (castor train --lora-rank): write its base with the adapters merged (W + scaling B A)");
-  app.add_option("--peft", c.peft,
-                 "a LoRA run: write its adapters in Hugging Face PEFT's format into this directory "
-                 "(adapter_config.json, adapter_model.safetensors; castor train --init-lora reads them)")
-      ->excludes(llmc)
-      ->excludes(nanogpt)
-      ->excludes(llama2c)
-      ->excludes(safetensors)
-      ->excludes(format);
+  CLI::Option* peft = app.add_option_function<std::string>(
+      "--peft",
+      [&c](const std::string& dir) {
+        c.format = "peft";
+        c.out = dir;
+      },
+      "a LoRA run: write its adapters in Hugging Face PEFT's format into this directory (adapter_config.json, "
+      "adapter_model.safetensors; castor train --init-lora reads them); --format peft --out DIR");
+  peft->excludes(format);
+  for (CLI::Option* o : spellings) peft->excludes(o);
   app.add_option("--checkpoint", c.checkpoint,
                  "a run or checkpoint directory, or an llm.c .bin, llama2.c model.bin or safetensors file")
       ->required();
   app.add_option("--out", c.out,
-                 "the file to write (--nanogpt: the directory of ckpt.pt; replaced whole, or left as "
-                 "it was on failure)");
+                 "the file to write (nanogpt: the directory of ckpt.pt; peft: the adapters' directory; replaced "
+                 "whole, or left as it was on failure)")
+      ->excludes(peft);
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
+  add_lora_base(app, c.lora_base, kLoraBaseHelp);
   return owner;
 }
 
@@ -245,6 +294,17 @@ SampleConfig parse_sample_flags(const std::vector<std::string>& args) {
   CASTOR_CHECK(c.temperature >= 0 && std::isfinite(c.temperature), "--temperature: must be non-negative, got ",
                c.temperature);
   CASTOR_CHECK(c.top_k >= 0, "--top-k: must be non-negative, got ", c.top_k);
+  c.prompt_given = false;
+  for (const std::string& a : args)
+    if (a == "--prompt" || a.starts_with("--prompt=") || a == "--prompt-file" || a.starts_with("--prompt-file="))
+      c.prompt_given = true;
+  CASTOR_CHECK(c.prompt_file.empty() || std::find(args.begin(), args.end(), "--prompt") == args.end(),
+               "--prompt-file: not with --prompt");
+  CASTOR_CHECK(c.chat || c.system.empty(), "--system: only with --chat");
+  if (!c.prompt_file.empty()) {
+    const std::vector<uint8_t> bytes = read_file(c.prompt_file);
+    c.prompt.assign(bytes.begin(), bytes.end());
+  }
   return c;
 }
 
@@ -275,9 +335,10 @@ std::shared_ptr<models::LanguageModel> sampled_model(LoadedGpt& g, const data::T
 
 }  // namespace
 
-void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write) {
+void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,
+                const std::function<bool(std::string&)>& read_turn) {
   if (c.threads > 0) omp_set_num_threads(c.threads);
-  LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head);
+  LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head, c.lora_base);
   for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
     CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), g.what, ": ", name,
                  " holds NaN or infinite values; no text can be sampled from it");
@@ -285,37 +346,103 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what, " records no data directory to decode with");
   data::Tokenizer tok = data::Tokenizer::load(dir);
   const std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
+  model->eval();
+  const models::Window window = c.cached_window ? models::Window::Cached : models::Window::Sliding;
+  // run.c ends a sample at a drawn <s> (a llama2.c vocabulary's sequence delimiter); --chat also at the end of turn.
+  const int64_t bos = tok.bpe() ? data::BpeVocabulary::kBos : -1;
+  if (c.chat) {
+    const Json record = data::read_tokenizer_record(dir);
+    data::ChatTokenizer ct = data::chat_tokenizer(tok);
+    if (const Json* t = record.find("chat_template"); t && t->is_string())
+      ct.chat_template = t->as_string(), ct.template_what = data::token_record_path(dir) + "'s chat_template";
+    const data::ChatTemplate tmpl(ct.chat_template, ct.template_what);
+    Json::Array messages;
+    if (!c.system.empty()) messages.push_back(Json::Object{{"role", "system"}, {"content", c.system}});
+    // One reply: the conversation rendered with the generation prompt, then tokens up to the end of the turn.
+    auto reply = [&](uint64_t seed) {
+      const data::TokenizedText ids = data::tokenize_rendered({data::render_prompt(messages, tmpl, ct), {}}, ct);
+      std::vector<uint32_t> out;
+      uint32_t prev = static_cast<uint32_t>(ids.ids.back());
+      models::generate(
+          *model, std::vector<int64_t>(ids.ids.begin(), ids.ids.end()), c.tokens, c.temperature, c.top_k, seed, window,
+          [&](int64_t t) {
+            if (t == ct.eos_id || t == bos) return false;
+            const auto id = static_cast<uint32_t>(t);
+            write(tok.decode_next(prev, id));
+            out.push_back(id);
+            prev = id;
+            return true;
+          },
+          c.top_p);
+      return tok.decode(out);
+    };
+    auto turn = [&](const std::string& text, uint64_t seed) {
+      messages.push_back(Json::Object{{"role", "user"}, {"content", text}});
+      const std::string answer = reply(seed);
+      messages.push_back(Json::Object{{"role", "assistant"}, {"content", answer}});
+    };
+    if (c.prompt_given || !read_turn) {
+      for (int64_t i = 0; i < c.num_samples; ++i) {
+        if (i > 0) write("\n---------------\n");
+        turn(c.prompt, c.seed + static_cast<uint64_t>(i));
+        messages.resize(messages.size() - 2);
+      }
+      return;
+    }
+    std::string line;
+    for (uint64_t i = 0; read_turn(line); ++i) {
+      turn(line, c.seed + i);
+      write("\n");
+    }
+    return;
+  }
   std::vector<uint32_t> prompt_ids;
   try {
     prompt_ids = tok.encode(c.prompt);
   } catch (const Error& e) {
-    throw Error(detail::cat("--prompt: ", e.what()));
+    throw Error(detail::cat(c.prompt_file.empty() ? "--prompt: " : "--prompt-file " + c.prompt_file + ": ", e.what()));
   }
-  if (prompt_ids.empty()) {
+  const bool eot_start = prompt_ids.empty();
+  if (eot_start) {
     CASTOR_CHECK(tok.kind() == "gpt2", "--prompt: empty; a character model needs at least one character to start from");
     prompt_ids.push_back(data::Gpt2Tokenizer::kEot);  // not text: not written
-  } else {
-    write(tok.decode(prompt_ids));
   }
-  model->eval();
-  // Each token is written as it is drawn, decoded after the one before it (bpe: run.c's decode(prev, token)).
-  int64_t prev = prompt_ids.back();
-  models::generate(*model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature, c.top_k,
-                   c.seed, c.cached_window ? models::Window::Cached : models::Window::Sliding, [&](int64_t t) {
-                     const auto id = static_cast<uint32_t>(t);
-                     write(tok.decode_next(prev, id));
-                     prev = id;
-                   });
+  for (int64_t i = 0; i < c.num_samples; ++i) {
+    if (i > 0) write("\n---------------\n");
+    if (!eot_start) write(tok.decode(prompt_ids));
+    // Each token is written as it is drawn, decoded after the one before it (bpe: run.c's decode(prev, token)).
+    uint32_t prev = prompt_ids.back();
+    models::generate(
+        *model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature, c.top_k,
+        c.seed + static_cast<uint64_t>(i), window,
+        [&](int64_t t) {
+          if (t == bos) return false;
+          const auto id = static_cast<uint32_t>(t);
+          write(tok.decode_next(prev, id));
+          prev = id;
+          return true;
+        },
+        c.top_p);
+  }
 }
 
 ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   ExportConfig c;
-  parse_flags(*export_app(c), args, "export");
-  CASTOR_CHECK(c.llmc || c.nanogpt || c.llama2c || c.safetensors || !c.format.empty() || !c.peft.empty(),
-               "--llmc, --nanogpt, --llama2c, --safetensors or --format gguf: missing (the "
-               "format to write; --peft DIR for a LoRA run's adapters)");
-  CASTOR_CHECK(!c.peft.empty() || !c.out.empty(), "--out: empty or missing (the file to write)");
-  CASTOR_CHECK(c.peft.empty() || c.out.empty(), "--out: not with --peft DIR (the directory it writes)");
+  const auto app = export_app(c);
+  parse_flags(*app, args, "export");
+  CASTOR_CHECK(app->count("--version") == 0 || c.format == "llama2c", "--version: applies to --format llama2c only");
+  CASTOR_CHECK(app->count("--type") == 0 || c.format == "gguf", "--type: applies to --format gguf only");
+  CASTOR_CHECK(app->count("--max-shard-size") == 0 || c.format == "hf",
+               "--max-shard-size: applies to --format hf only");
+  CASTOR_CHECK(
+      !c.format.empty(), "--format: missing (",
+      [] {
+        std::string names;
+        for (const ExportFormat& f : export_formats()) names += detail::cat(names.empty() ? "" : ", ", f.name);
+        return names;
+      }(),
+      "; --llmc, --nanogpt, --llama2c, --safetensors and --peft DIR are its old spellings)");
+  CASTOR_CHECK(!c.out.empty(), "--out: empty or missing (the file to write)");
   return c;
 }
 
@@ -494,10 +621,32 @@ std::optional<data::BpeVocabulary> run_vocabulary(const LoadedGpt& g, int64_t vo
   return tok.bpe()->vocabulary();
 }
 
+// The model castor export writes: --checkpoint loaded after the files `outputs` it will replace are checked (a
+// device, FIFO, directory or link there is refused at once); a LoRA run only with --merge-lora.
+LoadedGpt load_for_export(const ExportConfig& c, const std::vector<std::string>& outputs) {
+  try {
+    for (const std::string& out : outputs) check_replaceable(out);
+  } catch (const Error& e) {
+    throw Error(detail::cat("--out: ", e.what()));
+  }
+  LoadedGpt g = load_gpt(c.checkpoint, c.n_head, c.lora_base);
+  CASTOR_CHECK(!c.merge_lora || g.lora, "--merge-lora: ", c.checkpoint,
+               " is not a LoRA run's checkpoint (castor train --lora-rank): it has no adapters to merge");
+  CASTOR_CHECK(!g.lora || c.merge_lora, "--merge-lora: missing; ", c.checkpoint,
+               " is a LoRA run (adapters on a frozen base): --merge-lora writes the base with its adapters merged, "
+               "--peft DIR the adapters alone");
+  return g;
+}
+
 // castor export --llama2c: the Llama as llama2.c's model.bin of --version, then its run's vocabulary as tokenizer.bin
 // beside it (everything checked before either is written; each written whole or not at all).
-Json::Object export_llama2c(const LoadedGpt& g, const ExportConfig& c) {
-  CASTOR_CHECK(g.llama, "--checkpoint ", c.checkpoint, ": a GPT; --llama2c writes Llamas (--llmc writes GPTs)");
+Json export_llama2c(const ExportConfig& c) {
+  CASTOR_CHECK(fs::path(c.out).filename() != "tokenizer.bin", "--out ", c.out,
+               ": --format llama2c writes tokenizer.bin beside the model file; give the model file another name");
+  const LoadedGpt g = load_for_export(c, {c.out, tokenizer_bin_beside(c.out)});
+  CASTOR_CHECK(g.llama, "--checkpoint ", c.checkpoint,
+               ": a GPT; --format llama2c writes Llamas (llmc and nanogpt "
+               "write GPTs)");
   const auto& llama = dynamic_cast<const models::Llama&>(*g.llama);
   const models::LlamaConfig& m = llama.config();
   const models::Llama2cWeights w{models::llama2c_config(m, printable(g.what)), llama.state_dict()};
@@ -506,25 +655,26 @@ Json::Object export_llama2c(const LoadedGpt& g, const ExportConfig& c) {
   const std::string tokenizer_bin = tokenizer_bin_beside(c.out);
   if (vocab) data::write_tokenizer_bin(tokenizer_bin, *vocab);
   const uint64_t bytes = file_bytes(c.out);
-  return {{"from", printable(g.what)},
-          {"format", "llama2c"},
-          {"version", c.version},
-          {"dim", w.config.dim},
-          {"hidden_dim", w.config.hidden_dim},
-          {"n_layers", w.config.n_layers},
-          {"n_heads", w.config.n_heads},
-          {"n_kv_heads", w.config.n_kv_heads},
-          {"vocab_size", m.vocab_size},
-          {"max_seq_len", m.max_seq_len},
-          {"shared_classifier", models::shares_classifier(w)},
-          {"out", printable(c.out)},
-          {"bytes", bytes},
-          {"tokenizer", vocab ? Json(printable(tokenizer_bin)) : Json()}};
+  return Json::Object{{"from", printable(g.what)},
+                      {"format", "llama2c"},
+                      {"version", c.version},
+                      {"dim", w.config.dim},
+                      {"hidden_dim", w.config.hidden_dim},
+                      {"n_layers", w.config.n_layers},
+                      {"n_heads", w.config.n_heads},
+                      {"n_kv_heads", w.config.n_kv_heads},
+                      {"vocab_size", m.vocab_size},
+                      {"max_seq_len", m.max_seq_len},
+                      {"shared_classifier", models::shares_classifier(w)},
+                      {"out", printable(c.out)},
+                      {"bytes", bytes},
+                      {"tokenizer", vocab ? Json(printable(tokenizer_bin)) : Json()}};
 }
 
 // castor export --safetensors: the model's tensors (a GPT's with nanoGPT's names, a Llama's with llama2.c's) and the
 // model file's metadata, which name the model and its settings.
-Json export_safetensors(const LoadedGpt& g, const ExportConfig& c) {
+Json export_safetensors(const ExportConfig& c) {
+  const LoadedGpt g = load_for_export(c, {c.out});
   const StateDict tensors = g.llama ? g.llama->state_dict() : g.weights.state;
   Metadata meta = g.meta;  // (an llm.c or llama2.c file's records the settings, not castor.model)
   const Json config = castor_config(meta, g.what);
@@ -541,7 +691,8 @@ Json export_safetensors(const LoadedGpt& g, const ExportConfig& c) {
 }
 
 // castor export --format gguf: the model with its run's tokenizer, every check before the file is written.
-Json export_gguf(const LoadedGpt& g, const ExportConfig& c) {
+Json export_gguf(const ExportConfig& c) {
+  const LoadedGpt g = load_for_export(c, {c.out});
   const std::string dir = recorded_data_dir(g.config);
   CASTOR_CHECK(!dir.empty() && !data::token_record_path(dir).empty(), "--format gguf: ", g.what,
                " records no token directory; a GGUF file carries the model's tokenizer");
@@ -574,40 +725,68 @@ Json export_gguf(const LoadedGpt& g, const ExportConfig& c) {
 
 namespace {
 
-// castor export --peft: a LoRA checkpoint's adapters as PEFT's files.
+// castor export --format peft: a LoRA checkpoint's adapters as PEFT's files.
 Json export_peft(const ExportConfig& c) {
   std::string used;
   const Checkpoint ck = read_checkpoint(c.checkpoint, &used);
   const std::string what = (fs::path(used) / "model.safetensors").string();
-  write_peft(c.peft, ck, what);
+  write_peft(c.out, ck, what, c.lora_base);
   return Json::Object{{"from", printable(what)},
                       {"format", "peft"},
-                      {"out", printable(c.peft)},
+                      {"out", printable(c.out)},
                       {"tensors", static_cast<int64_t>(ck.model.size())}};
 }
 
 }  // namespace
 
-Json run_export(const ExportConfig& c) {
-  if (!c.peft.empty()) return export_peft(c);
-  try {  // before the checkpoint is read: a device, FIFO, directory or link at --out is refused at once
-    check_replaceable(c.nanogpt ? (fs::path(c.out) / "ckpt.pt").string() : c.out);
-    if (c.llama2c) check_replaceable(tokenizer_bin_beside(c.out));
-  } catch (const Error& e) {
-    throw Error(detail::cat("--out: ", e.what()));
-  }
-  CASTOR_CHECK(!c.llama2c || fs::path(c.out).filename() != "tokenizer.bin", "--out ", c.out,
-               ": --llama2c writes tokenizer.bin beside the model file; give the model file another name");
-  LoadedGpt g = load_gpt(c.checkpoint, c.n_head);
-  CASTOR_CHECK(!g.lora || c.merge_lora, "--merge-lora: missing; ", c.checkpoint,
-               " is a LoRA run (adapters on a "
-               "frozen base): --merge-lora writes the base with its adapters merged, --peft DIR the adapters alone");
-  if (c.llama2c) return export_llama2c(g, c);
-  if (c.safetensors) return export_safetensors(g, c);
-  if (!c.format.empty()) return export_gguf(g, c);
-  CASTOR_CHECK(!g.llama, "--checkpoint ", c.checkpoint,
-               ": a Llama; --llmc and --nanogpt write GPTs (--llama2c "
-               "writes Llamas)");
+namespace {
+
+// A key of a run's model description (null when the run has none or it lacks the key).
+Json described(const LoadedGpt& g, const char* key) {
+  const Json d = g.config.is_object() ? model_description(g.config, g.what) : Json();
+  const Json* v = d.is_object() ? d.find(key) : nullptr;
+  return v ? *v : Json();
+}
+
+// castor export --format hf: a Llama as a Hugging Face directory (castor/hf.h), with the tokenizer files of the
+// Hugging Face directory it came from (--checkpoint itself, or the run's --init).
+Json export_hf(const ExportConfig& c) {
+  const LoadedGpt g = load_for_export(c, {});  // (write_hf checks --out)
+  CASTOR_CHECK(g.llama, "--checkpoint ", c.checkpoint,
+               ": a GPT; --format hf writes Llamas (llmc and nanogpt write "
+               "GPTs)");
+  const auto& llama = dynamic_cast<const models::Llama&>(*g.llama);
+  formats::HfWriteOptions o;
+  o.max_shard_bytes = c.max_shard_size;
+  if (const Json a = described(g, "architecture"); a.is_string()) o.architecture = a.as_string();
+  if (const Json b = described(g, "bos_token_id"); !b.is_null()) o.bos = b;
+  if (const Json e = described(g, "eos_token_id"); !e.is_null()) o.eos = e;
+  if (const Json m = described(g, "max_position_embeddings"); m.is_int()) o.max_position_embeddings = m.as_int();
+  const Json* init = g.config.is_object() ? g.config.find("init") : nullptr;
+  if (formats::is_hf_dir(c.checkpoint))
+    o.tokenizer_dir = c.checkpoint;
+  else if (init && init->is_string() && formats::is_hf_dir(init->as_string()))
+    o.tokenizer_dir = init->as_string();
+  formats::write_hf(c.out, llama.config(), llama.state_dict(), o);
+  uint64_t bytes = 0;
+  int64_t files = 0;
+  for (const auto& e : fs::directory_iterator(c.out))
+    if (e.path().extension() == ".safetensors") bytes += file_bytes(e.path().string()), ++files;
+  return Json::Object{{"from", printable(g.what)},
+                      {"format", "hf"},
+                      {"architecture", o.architecture},
+                      {"shards", files},
+                      {"out", printable(c.out)},
+                      {"bytes", bytes},
+                      {"tokenizer", o.tokenizer_dir.empty() ? Json() : Json(printable(o.tokenizer_dir))}};
+}
+
+// castor export --format llmc | nanogpt: a GPT as llm.c's checkpoint or nanoGPT's OUT/ckpt.pt.
+Json export_gpt(const ExportConfig& c) {
+  const bool nanogpt = c.format == "nanogpt";
+  LoadedGpt g = load_for_export(c, {nanogpt ? (fs::path(c.out) / "ckpt.pt").string() : c.out});
+  CASTOR_CHECK(!g.llama, "--checkpoint ", c.checkpoint, ": a Llama; --format ", c.format,
+               " writes GPTs (llama2c and hf write Llamas)");
   models::GPTConfig& config = g.weights.config;
   Json::Object out{{"from", printable(g.what)},
                    {"n_layer", config.n_layer},
@@ -615,7 +794,7 @@ Json run_export(const ExportConfig& c) {
                    {"n_embd", config.n_embd},
                    {"block_size", config.block_size}};
   std::string file = c.out;
-  if (c.nanogpt) {
+  if (nanogpt) {
     std::error_code ec;
     fs::create_directories(c.out, ec);
     CASTOR_CHECK(fs::is_directory(c.out, ec), "--out ", c.out, ": cannot make the directory for ckpt.pt");
@@ -645,6 +824,50 @@ Json run_export(const ExportConfig& c) {
   out["out"] = printable(file);  // a report line: any path, non-UTF-8 bytes as \xNN
   out["bytes"] = bytes;
   return out;
+}
+
+}  // namespace
+
+const std::vector<ExportFormat>& export_formats() {
+  static const std::vector<ExportFormat> table = {
+      {"llmc", "--llmc", "a GPT as llm.c's gpt2_124M.bin (float32)", export_gpt},
+      {"nanogpt", "--nanogpt",
+       "a GPT as nanoGPT's OUT/ckpt.pt (torch.save: model, model_args, iter_num, best_val_loss, config and the AdamW "
+       "state, which sample.py and train.py's init_from='resume' read)",
+       export_gpt},
+      {"llama2c", "--llama2c",
+       "a Llama as llama2.c's model.bin (--version 0 or 1; run.c reads 0) with the run's vocabulary as tokenizer.bin "
+       "beside it",
+       export_llama2c},
+      {"safetensors", "--safetensors",
+       "the model as one safetensors file with the run's settings in its metadata (castor eval, sample --init and "
+       "info read it)",
+       export_safetensors},
+      {"gguf", nullptr,
+       "a GGUF file (version 3) that llama.cpp and ollama run, with the run's tokenizer: a Llama as arch llama, a GPT "
+       "as arch gpt2 (--type f32, f16, bf16 or q8_0)",
+       export_gguf},
+      {"hf", nullptr,
+       "a Llama as a Hugging Face directory --out (config.json, generation_config.json, model.safetensors or shards "
+       "past --max-shard-size with model.safetensors.index.json, the tokenizer files of the Hugging Face directory "
+       "it came from), which transformers' from_pretrained and castor train --init read",
+       export_hf},
+      {"peft", "--peft", "a LoRA run's adapters as Hugging Face PEFT's directory (castor train --init-lora reads it)",
+       export_peft},
+  };
+  return table;
+}
+
+std::vector<std::string> export_format_names() {
+  std::vector<std::string> names;
+  for (const ExportFormat& f : export_formats()) names.push_back(f.name);
+  return names;
+}
+
+Json run_export(const ExportConfig& c) {
+  for (const ExportFormat& f : export_formats())
+    if (c.format == f.name) return f.write(c);
+  throw Error(detail::cat("--format ", c.format, ": not a format castor export writes"));
 }
 
 }  // namespace castor::train

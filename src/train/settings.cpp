@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "castor/fs.h"
+#include "train/family.h"
 
 namespace castor::train {
 
@@ -30,6 +31,8 @@ constexpr Spelling<Schedule> kSchedules[] = {{Schedule::None, "none"},
                                              {Schedule::OneCycle, "onecycle"},
                                              {Schedule::WarmupCosine, "warmup-cosine"}};
 constexpr Spelling<Augment> kAugments[] = {{Augment::None, "none"}, {Augment::Standard, "standard"}};
+constexpr Spelling<Recompute> kRecomputes[] = {
+    {Recompute::None, "none"}, {Recompute::Blocks, "blocks"}, {Recompute::Auto, "auto"}};
 constexpr Spelling<Compression> kCompressions[] = {
     {Compression::None, "none"}, {Compression::BFloat16, "bf16"}, {Compression::Float16, "fp16"}};
 
@@ -107,6 +110,17 @@ Field eval_every() {
     return app.add_option(flag + ",--eval-interval", c.eval_every, help + " (also --eval-interval, nanoGPT's name)");
   };
   return f;
+}
+
+// The --model spellings of `family`, or of every language model (null), as "gpt, gpt-mini or gpt2".
+std::string presets_of(const Family* family) {
+  std::vector<ModelKind> kinds;
+  for (const Family& f : families())
+    if (!family || family == &f) kinds.insert(kinds.end(), f.presets.begin(), f.presets.end());
+  std::string text;
+  for (size_t i = 0; i < kinds.size(); ++i)
+    text += detail::cat(i == 0 ? "" : i + 1 == kinds.size() ? " or " : ", ", name(kinds[i]));
+  return text;
 }
 
 using R = Resume;
@@ -234,6 +248,15 @@ std::vector<Setting> make_settings() {
        "float32 3x3 stride-1 convolutions: auto runs them as Winograd where oneDNN has it (AVX-512; 2x faster, errors "
        "a few times direct float32's, as cuDNN's defaults); direct: PyTorch's CPU numerics",
        nullptr, R::Fixed, J::Any, /*absent=*/"direct"},
+      {"--recompute", choice<&C::recompute, kRecomputes>(),
+       "activation recompute: blocks keeps only each transformer block's input and reruns the block in backward "
+       "(about a third more compute, the same gradients bit for bit); auto: blocks only if the run's estimated peak "
+       "without it passes --memory-budget",
+       nullptr, R::Free, J::LanguageModel, /*absent=*/"none"},
+      {"--memory-budget", plain<&C::memory_budget>(),
+       "GiB (2^30 bytes) the run may take, for --recompute auto: a budget no choice fits is refused, naming the "
+       "smallest that would",
+       nonneg, R::Free, J::LanguageModel, /*absent=*/"0"},
       {"--out", plain<&C::out>(), "run directory (default: a new runs/<date>-<time>-<model>-<precision>)", nullptr,
        R::Unrecorded, J::Any},
       {"--resume", plain<&C::resume>(),
@@ -267,6 +290,7 @@ std::vector<Setting> make_settings() {
        "LoRA: start the adapters from a PEFT directory (adapter_config.json, adapter_model.safetensors, as castor "
        "export --peft writes); its config gives the rank, alpha, dropout, targets and rslora",
        nullptr, R::Fixed, J::LanguageModel},
+      {"--lora-base", shared<&C::lora_base, add_lora_base>(), kLoraBaseHelp, nullptr, R::Unrecorded, J::LanguageModel},
       {"--checkpoint-every", plain<&C::checkpoint_every>(), "steps between checkpoints (0: at each epoch end)", &count,
        R::Free, J::Any},
       {"--checkpoint-minutes", plain<&C::checkpoint_minutes>(),
@@ -364,19 +388,13 @@ void check_jobs(const TrainConfig& c) {
   for (const std::string& flag : c.given_flags) {
     const Setting* s = find_setting(flag);
     if (!s) continue;
-    const bool lm = is_language_model(c.model);
-    CASTOR_CHECK(s->job != Job::LanguageModel || lm, flag,
-                 ": applies to language models only (--model gpt, gpt-mini, "
-                 "gpt2, llama, llama-260k or llama-15m), not --model ",
-                 name(c.model));
-    CASTOR_CHECK(s->job != Job::Gpt || (lm && !is_llama(c.model)), flag,
-                 ": applies to GPT models only (--model gpt, "
-                 "gpt-mini or gpt2), not --model ",
-                 name(c.model));
-    CASTOR_CHECK(s->job != Job::Llama || is_llama(c.model), flag,
-                 ": applies to Llama models only (--model llama, "
-                 "llama-260k or llama-15m), not --model ",
-                 name(c.model));
+    const Family* family = family_of(c.model);
+    const bool lm = family != nullptr;
+    CASTOR_CHECK(s->job != Job::LanguageModel || lm, flag, ": applies to language models only (--model ",
+                 presets_of(nullptr), "), not --model ", name(c.model));
+    for (const Family& f : families())
+      CASTOR_CHECK(s->job != f.job || family == &f, flag, ": applies to ", f.label, " models only (--model ",
+                   presets_of(&f), "), not --model ", name(c.model));
     CASTOR_CHECK(s->job != Job::Image || !lm, flag, ": applies to image models only, not --model ", name(c.model));
     CASTOR_CHECK(s->job != Job::Folder || c.data == Dataset::Folder, flag,
                  ": applies to --data folder only, not "
@@ -432,6 +450,8 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
       s.field.take(c, given);
   c.given_flags = given.given_flags;
   if (const Json* sum = recorded.find("init_checksum"); sum && sum->is_string()) c.init_checksum = sum->as_string();
+  if (const Json* d = recorded.find("model_config"); d && d->is_object()) c.model_config = *d;
+  if (const Json* v = recorded.find("real_vocab_size"); v && v->is_int()) c.real_vocab_size = v->as_int();
   check_jobs(c);
   return c;
 }
@@ -442,12 +462,10 @@ const char* name(OptimizerKind v) { return spelling(kOptimizers, v); }
 const char* name(Schedule v) { return spelling(kSchedules, v); }
 const char* name(Augment v) { return spelling(kAugments, v); }
 const char* name(Compression v) { return spelling(kCompressions, v); }
+const char* name(Recompute v) { return spelling(kRecomputes, v); }
 const char* name(DataOrder v) { return spelling(kDataOrders, v); }
 const char* name(backends::ConvAlgorithm v) { return spelling(kConvAlgorithms, v); }
-bool is_language_model(ModelKind m) {
-  return m == ModelKind::Gpt || m == ModelKind::GptMini || m == ModelKind::Gpt2 || is_llama(m);
-}
-bool is_llama(ModelKind m) { return m == ModelKind::Llama || m == ModelKind::Llama260k || m == ModelKind::Llama15m; }
+bool is_language_model(ModelKind m) { return family_of(m) != nullptr; }
 bool is_text(Dataset d) {
   return d == Dataset::Brown || d == Dataset::BrownChar || d == Dataset::BrownBpe || d == Dataset::Tokens;
 }

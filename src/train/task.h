@@ -27,11 +27,12 @@ struct Evaluation {
 };
 
 // One batch: the model's input, the targets, its number in the epoch and how many examples (images or tokens, of
-// this rank) it holds.
+// this rank) it holds; a masked task's batch also how many of its targets count (not kIgnoreIndex).
 struct Batch {
   Tensor input, target;
   int64_t index = 0;
   double examples = 0;
+  double targets = 0;
 };
 
 // What a run learns from: its batches, its model, its evaluation set and what config.json, the epoch lines, the
@@ -47,9 +48,16 @@ class Task {
   virtual std::pair<std::vector<Tensor>, std::vector<Tensor>> param_groups(const nn::Module& model) const {
     return {model.parameters(), {}};
   }
-  // --init's weights for the model `c` describes (a safetensors file with PyTorch's names; a GPT also llm.c's format,
-  // a Llama llama2.c's).
-  virtual StateDict init_weights(const TrainConfig& c) const;
+  // Loads --init's weights into `model`, the model `c` describes, strictly (a safetensors file with PyTorch's names;
+  // a language model's family reads its own formats too: llm.c's, llama2.c's, a Hugging Face directory).
+  virtual void load_init(nn::Module& model, const TrainConfig& c) const;
+  // A training batch's loss (reduced as asked over its targets, with label smoothing; targets of data::kIgnoreIndex
+  // left out), under the forward scope the caller opened: cross_entropy of the model's output; a language model's
+  // without its logits held whole (lm_loss).
+  virtual Tensor loss(nn::Module& model, const Batch& b, F::Reduction reduction, double label_smoothing) const;
+  // An evaluation batch's summed loss (targets of data::kIgnoreIndex left out) and each example's predicted class
+  // (argmax), the forward under amp's scope.
+  virtual std::pair<double, std::vector<int64_t>> scores(nn::Module& model, const amp::Amp& amp, const Batch& b) const;
   // MFU's terms (none where the model's FLOPs are not estimated).
   virtual FlopRate flop_rate(const TrainConfig& c, const nn::Module& model) const { return {}; }
 
@@ -59,6 +67,10 @@ class Task {
   virtual Batch eval_batch(int64_t i, int64_t batch_size) const = 0;
   virtual int64_t eval_batch_size() const = 0;       // training's, and castor eval's default
   virtual int64_t num_classes() const { return 0; }  // > 0: the evaluation counts a confusion matrix
+  // Whether some targets are data::kIgnoreIndex (fine-tuning rows with a loss mask): the loss is then the mean over
+  // the targets that count of the whole step (all micro-batches and ranks), as PyTorch's ignore_index=-100 over one
+  // big batch.
+  virtual bool masked() const { return false; }
 
   virtual void record(Json& config) const = 0;  // the data's facts, into config.json
   virtual const char* unit() const = 0;         // of examples/s: "img" or "tok"
@@ -84,13 +96,9 @@ class Task {
 std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run);
 std::unique_ptr<Task> make_image_task(const TrainConfig& c, int rank, int world);
 std::unique_ptr<Task> make_lm_task(TrainConfig& c, int rank, int world, bool new_run);
-// The language model of a --model gpt* or llama* config (its vocabulary resolved: c.vocab_size; a GPT's logits cover
-// the first real_vocab of it) with weights drawn from `seed`, and a Llama's configuration.
+// The language model of a language-model config (its vocabulary resolved: c.vocab_size; a GPT's logits cover the first
+// real_vocab of it) with weights drawn from `seed`: its family's (train/family.h).
 std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed);
-models::LlamaConfig llama_config(const TrainConfig& c);
-// The weights in `path` for the language model `c` describes: a GPT's from llm.c's format or safetensors with nanoGPT's
-// names (heads: recorded in the file, else c.n_head), a Llama's from llama2.c's model.bin or safetensors with its names.
-StateDict language_model_weights(const TrainConfig& c, const std::string& path);
 // The dataset directory: --data-dir, or the dataset's default location.
 std::string data_dir(const TrainConfig& c);
 
@@ -110,6 +118,18 @@ struct Run {
 // `load_init`: load --init's weights (a new run; a checkpoint's weights replace them, so resume and eval do not read
 // the file, which may be gone by then).
 Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool load_init);
+
+// (trainable, all) parameter values of `model`, a tied parameter once (PEFT's print_trainable_parameters counts).
+std::pair<int64_t, int64_t> parameter_counts(const nn::Module& model);
+// PEFT's print_trainable_parameters line: "trainable params: 1,234 || all params: 5,678 || trainable%: 21.7307".
+std::string trainable_parameters_text(int64_t trainable, int64_t all);
+std::string trainable_parameters_text(const nn::Module& model);
+// --recompute: a language model's blocks recomputed (blocks), or not (none), or (auto) blocks only where the run's
+// estimated peak without them passes --memory-budget: the model's and optimizer's bytes now, the optimizer's
+// states to come, and one forward and backward's peak above them, measured on rows of 16, 32 and 64 tokens and
+// fitted as a + b T + c T^2 per row. A budget that fits neither is refused, naming the smallest that would. Returns
+// what it chose, for the log ("" for a model without blocks).
+std::string apply_recompute(const TrainConfig& c, const Task& task, Run& run);
 
 // One figure in printf's format: figure("val loss %.4f", 2.5) is "val loss 2.5000".
 std::string figure(const char* format, double value);

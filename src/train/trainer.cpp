@@ -18,6 +18,7 @@
 #include "castor/optim.h"
 #include "castor/tokenizer.h"
 #include "train/loop.h"
+#include "train/lora_run.h"
 #include "train/progress.h"
 #include "train/run_dir.h"
 #include "train/task.h"
@@ -63,6 +64,8 @@ void convert_optimizer_state(Checkpoint& ck, OptimizerKind to, const std::string
 OpenRun open_run(TrainConfig& c, int rank, int world) {
   CASTOR_CHECK(!c.given("--out") || !c.out.empty(),
                "--out: empty (the run directory; leave the flag out for runs/DATE-...)");
+  CASTOR_CHECK(c.lora_base.empty() || !c.resume.empty(),
+               "--lora-base: re-points a resumed LoRA run's base (with --resume); a new run's base is --init");
   OpenRun r;
   std::string run_dir;
   if (!c.resume.empty()) {
@@ -89,10 +92,15 @@ OpenRun open_run(TrainConfig& c, int rank, int world) {
     r.recorded = recorded_config(*r.ck, r.resume_from);
     c = resume_config(c, r.recorded, r.resume_from);
     resume_batch_size(c, r.recorded, world);
+    if (!c.lora_base.empty()) {
+      CASTOR_CHECK(c.lora_rank > 0, "--lora-base: ", r.resume_from, " is not a LoRA run's (castor train --lora-rank)");
+      c.init = c.lora_base;  // (checked against the recorded checksum as it loads)
+    }
     if (const Json* was = r.recorded.find("optimizer");
         was && was->is_string() && was->as_string() != name(c.optimizer))
       convert_optimizer_state(*r.ck, c.optimizer, r.resume_from);
   }
+
   return r;
 }
 
@@ -122,13 +130,16 @@ bool reported(const TrainConfig& c, const OpenRun& r) {
 // config.json: the recording, with provenance only: what --init and --data-dir were (absolute, so the run resumes
 // from any directory) and the init file's checksum; once the first checkpoint exists, the run needs nothing outside
 // its directory but the data.
-Json run_config(const TrainConfig& c, const Task& task, int64_t schedule_steps, const OpenRun& r) {
+Json run_config(const TrainConfig& c, const Task& task, int64_t schedule_steps, const OpenRun& r,
+                const nn::Module& model) {
   Json config = config_json(c, task, schedule_steps);
+  const auto [trainable, all] = parameter_counts(model);
+  config["trainable_params"] = trainable, config["all_params"] = all;
   if (!c.data_dir.empty()) config["data_dir"] = absolute_path(c.data_dir);
   if (!c.init.empty()) {
     config["init"] = absolute_path(c.init);
     if (!r.ck)
-      config["init_checksum"] = checksum64_hex(read_file(c.init));
+      config["init_checksum"] = weights_checksum(c.init);
     else if (const Json* sum = r.recorded.find("init_checksum"))
       config["init_checksum"] = *sum;
   }
@@ -171,6 +182,8 @@ Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
   CASTOR_CHECK(schedule_steps > 0, r.resume_from, ": the recorded schedule length ", schedule_steps,
                " is not positive");
   Run run = build_run(c, *task, schedule_steps, /*load_init=*/!r.ck);
+  const std::string recompute = apply_recompute(c, *task, run);
+  if (rank == 0 && c.recompute == Recompute::Auto) std::fprintf(stderr, "recompute %s\n", recompute.c_str());
   TrainState state;
   if (r.ck) {
     state = TrainState::load(*r.ck, run, per_epoch, c.grad_accum, r.resume_from);
@@ -185,7 +198,7 @@ Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
     return Json::Object{{"already_complete", true}, {"steps", state.step}, {"out", c.out}};
   }
   if (rank == 0) check_extension(c, schedule_steps, total_steps);
-  const Json config = run_config(c, *task, schedule_steps, r);
+  const Json config = run_config(c, *task, schedule_steps, r, *run.model);
   if (rank == 0) {
     atomic_write_file(c.out + "/config.json", config.dump(2) + "\n");
     // The run's first line: what --precision auto (the default) chose here, and why (a resumed run keeps its
@@ -194,6 +207,8 @@ Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
       std::fprintf(stderr, "precision %s (%s)\n", precision_name(c).c_str(), c.precision_reason.c_str());
     if (r.default_out) std::fprintf(stderr, "castor train: run directory %s\n", c.out.c_str());
     print_settings(c, total_steps, world);
+    if (c.lora_rank > 0) std::fprintf(stderr, "%s\n", trainable_parameters_text(*run.model).c_str());
+    if (c.lora_rank > 0) pin_lora_base(c);
   }
   const int64_t epochs = c.steps > 0 ? (total_steps + steps_per_epoch - 1) / steps_per_epoch : c.epochs;
   return train_loop(c, *task, run, config, state, total_steps, epochs, task->flop_rate(c, *run.model));

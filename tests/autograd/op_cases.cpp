@@ -127,18 +127,27 @@ const std::map<OpKind, OpCase>& op_cases() {
       {OpKind::QkvAttention,
        {P::LowerPrecision, "TransformerOps.MatchPyTorch", [](V x) { return F::qkv_attention(x[0], /*n_head=*/2); },
         {{1, 3, 3 * 4}}}},
-      // Both pairings, at positions from 1 and from 2 (tables of different lengths).
+      // Both pairings, at positions from 1 and from 2 (tables of different lengths), and llama3 rope scaling whose
+      // three pairs fall in its high, medium and low frequency bands.
       {OpKind::RotaryEmbedding,
        {P::PassThrough, "TorchParity",
         [](V x) {
+          const F::RopeScaling llama3{F::RopeScaling::Type::Llama3, 8.0, 1.0, 4.0, 256};
           return F::rotary_embedding(x[0], /*start_pos=*/1, /*theta=*/500.0) +
-                 F::rotary_embedding(x[0], /*start_pos=*/2, 10000.0, F::RotaryPairing::RotateHalf);
+                 F::rotary_embedding(x[0], /*start_pos=*/2, 10000.0, F::RotaryPairing::RotateHalf) +
+                 F::rotary_embedding(x[0], /*start_pos=*/3, 10000.0, F::RotaryPairing::Interleaved, llama3);
         },
         {{2, 3, 2, 6}}}},
       {OpKind::SwiGlu, {P::Promote, "TorchParity", [](V x) { return F::swiglu(x[0], x[1]); }, {m, m}}},
       {OpKind::CrossEntropy,
        {P::Float32InKernel, "TransformerOps.MatchPyTorch",
         [](V x) { return F::cross_entropy(x[0], idx({2, 0, 3}, {3})); }, {m}}},
+      {OpKind::LinearCrossEntropy,
+       {P::LowerPrecision, "LinearCrossEntropy.MatchesLinearThenCrossEntropy",
+        [](V x) {  // 5 of 6 classes (a padded head), 4 logits a chunk: rows and class blocks of one and two
+          return F::linear_cross_entropy(x[0], x[1], idx({2, 0, 4, 1}, {4}), F::Reduction::Mean, 0.1, -100, 5, 4);
+        },
+        {{4, 3}, {6, 3}}}},
       {OpKind::NllLoss,
        {P::Float32, "Functional.LossesMatchTorch", [](V x) { return F::nll_loss(x[0], idx({2, 0, 3}, {3})); }, {m}}},
       {OpKind::MseLoss,
@@ -302,6 +311,30 @@ const std::multimap<OpKind, ParityCase>& parity_cases() {
        {"rope_rotate_half_offset", "reduce:reduce", "[normal(1, 5, 2, 64)]", "rope_rotate_half(x[0], 300, 500.0)",
         [](V x, DType) { return F::rotary_embedding(x[0], 300, 500.0, F::RotaryPairing::RotateHalf); },
         "[torch.autograd.grad(rope_rotate_half(x[0].requires_grad_(), 300, 500.0), x[0], g)[0]]", "float32"}},
+      // Hugging Face's rope_scaling (modeling_rope_utils.py written out in tests/oracle/rope.py): linear, and llama3
+      // (Llama 3.2's factors; head size 64 at theta 500000 puts pairs in its high, medium and low bands).
+      {OpKind::RotaryEmbedding,
+       {"rope_linear", "reduce:reduce", "[normal(1, 5, 2, 16)]",
+        "rope_interleaved(x[0], 300, 10000.0, {'rope_type': 'linear', 'factor': 4.0})",
+        [](V x, DType) {
+          return F::rotary_embedding(x[0], 300, 10000.0, F::RotaryPairing::Interleaved,
+                                     {F::RopeScaling::Type::Linear, 4.0});
+        },
+        "[torch.autograd.grad(rope_interleaved(x[0].requires_grad_(), 300, 10000.0, {'rope_type': 'linear', "
+        "'factor': 4.0}), x[0], g)[0]]",
+        "float32"}},
+      {OpKind::RotaryEmbedding,
+       {"rope_llama3", "reduce:reduce", "[normal(1, 5, 2, 64)]",
+        "rope_interleaved(x[0], 3000, 500000.0, {'rope_type': 'llama3', 'factor': 32.0, 'low_freq_factor': 1.0, "
+        "'high_freq_factor': 4.0, 'original_max_position_embeddings': 8192})",
+        [](V x, DType) {
+          return F::rotary_embedding(x[0], 3000, 500000.0, F::RotaryPairing::Interleaved,
+                                     {F::RopeScaling::Type::Llama3, 32.0, 1.0, 4.0, 8192});
+        },
+        "[torch.autograd.grad(rope_interleaved(x[0].requires_grad_(), 3000, 500000.0, {'rope_type': 'llama3', "
+        "'factor': 32.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0, 'original_max_position_embeddings': "
+        "8192}), x[0], g)[0]]",
+        "float32"}},
       // SwiGLU against llama2.c's FeedForward gate, F.silu(w1 x) * w3 x; the 16-bit backward PyTorch's formulas in
       // float32.
       {OpKind::SwiGlu,

@@ -77,6 +77,27 @@ TEST(LlamaGenerate, CachedLogitsEqualTheFullForward) {
   expect_cached_logits_equal_full_forward(*models::llama(test::tiny_llama_config(67, 4, /*tied=*/false), 8));
 }
 
+// Hugging Face's options in the cached path: rope scaling at the cache positions, biases, a head size of its own,
+// and sliding windows of 3 keys (every block of the sequence longer than it: masks and keys dropped) and of 4.
+TEST(LlamaGenerate, CachedLogitsEqualTheFullForwardWithHuggingFaceOptions) {
+  for (int64_t window : {3, 4, 0}) {
+    SCOPED_TRACE(window);
+    models::LlamaConfig c = test::tiny_llama_config(67);
+    c.head_dim = 16, c.attention_bias = true, c.mlp_bias = true, c.rope_theta = 500000, c.sliding_window = window;
+    c.rope_scaling = {F::RopeScaling::Type::Llama3, 8.0, 1.0, 4.0, 64};
+    auto model = models::llama(c, 9);
+    {
+      Generator gen(4);
+      NoGradGuard no_grad;
+      for (auto& [name, p] : model->named_parameters())
+        if (name.ends_with(".bias")) p.copy_(normal(p.shape(), 0.0, 0.5, DType::Float32, &gen));
+    }
+    expect_cached_logits_equal_full_forward(*model);
+  }
+  EXPECT_TRUE(
+      test::bit_equal(models::causal_mask(2, 5, 3), tensor({0, 1, 1, 1, 0, 0, 0, 1, 1, 1}, Shape{2, 5}, DType::Bool)));
+}
+
 // Greedy generation from a 67-token vocabulary, block 16, against the argmax of full forwards over each window.
 // Weights `scale` x the init: a model whose greedy choice depends on the context instead of settling into a loop.
 void expect_greedy_is_argmax_of_full_forwards(models::LanguageModel& model, double scale) {
@@ -184,7 +205,10 @@ TEST(GptGenerate, StreamingEmitsTheSameTokens) {
   const int64_t n = 5 * model->config().block_size;
   for (models::Window window : {models::Window::Sliding, models::Window::Cached}) {
     std::vector<int64_t> streamed = prompt;
-    models::generate(*model, prompt, n, 0.9, 10, 3, window, [&](int64_t t) { streamed.push_back(t); });
+    models::generate(*model, prompt, n, 0.9, 10, 3, window, [&](int64_t t) {
+      streamed.push_back(t);
+      return true;
+    });
     EXPECT_EQ(streamed, models::generate(*model, prompt, n, 0.9, 10, 3, window));
   }
 }
@@ -199,4 +223,29 @@ TEST(GptGenerate, BadArgumentsAreErrors) {
 }
 
 }  // namespace
+// run.c's sample_topp by hand: probabilities 0.5 0.3 0.15 0.05 (logits their logs, temperature 1). top_p 0.7: the
+// cutoff (1 - 0.7) / 3 = 0.1 keeps three, the cumulative 0.5, 0.8 passes 0.7 at the second, so only tokens 0 and 1
+// are drawn, in ratio 0.5 : 0.3; top_p 0.9 adds token 2 (0.95 > 0.9), never 3; top_p 1 (off) draws all four.
+TEST(GptGenerate, TopPIsRunCsNucleusSampling) {
+  const std::vector<double> logits = {std::log(0.5), std::log(0.3), std::log(0.15), std::log(0.05)};
+  for (const auto& [p, want] : {std::pair{0.7, std::vector<double>{0.625, 0.375, 0, 0}},
+                                std::pair{0.9, std::vector<double>{0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0}},
+                                std::pair{1.0, std::vector<double>{0.5, 0.3, 0.15, 0.05}}}) {
+    Generator gen(7);
+    std::vector<double> seen(4, 0);
+    const int n = 40000;
+    for (int i = 0; i < n; ++i) seen[static_cast<size_t>(models::sample_token(logits, 1.0, 0, p, gen))] += 1.0 / n;
+    for (size_t k = 0; k < 4; ++k) {
+      if (want[k] == 0)
+        EXPECT_EQ(seen[k], 0) << "top_p " << p << " token " << k;
+      else
+        EXPECT_NEAR(seen[k], want[k], 0.01) << "top_p " << p << " token " << k;
+    }
+  }
+  // Greedy ignores top_p; top-k runs first (k 1: the argmax whatever p).
+  Generator gen(1);
+  EXPECT_EQ(models::sample_token(logits, 0.0, 0, 0.5, gen), 0);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(models::sample_token(logits, 1.0, 1, 0.9, gen), 0);
+}
+
 }  // namespace castor

@@ -116,7 +116,7 @@ inline std::pair<std::vector<double>, std::vector<double>> lm_curves(const std::
     Tensor loss;
     {
       amp::AutocastGuard guard(DType::BFloat16, /*enabled=*/autocast);
-      loss = lm_loss(model, x, y);
+      loss = test::lm_loss(model, x, y);
     }
     opt->zero_grad();
     loss.backward();
@@ -148,7 +148,7 @@ inline void expect_every_opt_level_trains(
         Tensor loss;
         {
           auto fw = a->forward();
-          loss = lm_loss(*model, x, y);
+          loss = test::lm_loss(*model, x, y);
         }
         EXPECT_EQ(loss.dtype(), DType::Float32);
         a->scale_loss(loss, *opt).backward();

@@ -1,9 +1,12 @@
 # PyTorch twin of Castor's Llama for tests/nn/llama_test.cpp, written to llama2.c's model.py semantics for PyTorch
-# 1.13 (model.py's non-flash path: explicit softmax(q k^T) v over k and v repeated to every query head).
+# 1.13 (model.py's non-flash path: explicit softmax(q k^T) v over k and v repeated to every query head), with the
+# options of transformers' modeling_llama.py / _mistral.py / _qwen2.py (their RMSNorm cast order is model.py's).
 #
 #   llama_oracle.py grads|train CONFIG WEIGHTS BATCH OUT   as gpt_oracle.py (same modes, files and training recipe)
 # CONFIG is a JSON object: dim, n_layers, n_heads, n_kv_heads, vocab_size, hidden_dim, norm_eps, max_seq_len,
-# rope_theta, tied, and gpt_oracle.py's training and autocast keys.
+# rope_theta, tied, and gpt_oracle.py's training and autocast keys; optional Hugging Face keys: head_dim,
+# attention_bias (q, k, v, o biases), qkv_bias (q, k, v: Qwen2), mlp_bias, rope_scaling ({"rope_type": "linear" |
+# "llama3", "factor", ...: tests/oracle/rope.py}), sliding_window (query i attends keys i - W + 1 .. i: Mistral).
 import os
 import sys
 
@@ -12,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rope  # noqa: E402
 from gpt_oracle import run  # noqa: E402
 
 
@@ -26,6 +30,10 @@ class RMSNorm(nn.Module):
         return y.type_as(x) * self.weight
 
 
+def head_dim(c):
+    return c.get("head_dim") or c["dim"] // c["n_heads"]
+
+
 def rotate(x, cos, sin):
     """Interleaved pairs (x0, x1), (x2, x3), ... of x (B, T, H, D) by the angles of cos, sin (T, D / 2)."""
     xr, xi = x.float().reshape(x.shape[:-1] + (-1, 2)).unbind(-1)
@@ -36,11 +44,13 @@ def rotate(x, cos, sin):
 class Attention(nn.Module):
     def __init__(self, c):
         super().__init__()
-        self.h, self.kv, self.d = c["n_heads"], c["n_kv_heads"], c["dim"] // c["n_heads"]
-        self.wq = nn.Linear(c["dim"], self.h * self.d, bias=False)
-        self.wk = nn.Linear(c["dim"], self.kv * self.d, bias=False)
-        self.wv = nn.Linear(c["dim"], self.kv * self.d, bias=False)
-        self.wo = nn.Linear(self.h * self.d, c["dim"], bias=False)
+        self.h, self.kv, self.d = c["n_heads"], c["n_kv_heads"], head_dim(c)
+        qkv_bias = c.get("attention_bias", False) or c.get("qkv_bias", False)
+        self.window = c.get("sliding_window") or 0
+        self.wq = nn.Linear(c["dim"], self.h * self.d, bias=qkv_bias)
+        self.wk = nn.Linear(c["dim"], self.kv * self.d, bias=qkv_bias)
+        self.wv = nn.Linear(c["dim"], self.kv * self.d, bias=qkv_bias)
+        self.wo = nn.Linear(self.h * self.d, c["dim"], bias=c.get("attention_bias", False))
 
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
@@ -50,15 +60,17 @@ class Attention(nn.Module):
         k, v = k.repeat_interleave(self.h // self.kv, dim=1), v.repeat_interleave(self.h // self.kv, dim=1)
         scores = (q @ k.transpose(2, 3)) / self.d ** 0.5
         scores = scores + torch.full((t, t), float("-inf")).triu(1)
+        if self.window:  # Mistral: keys more than window - 1 positions back are masked too
+            scores = scores + torch.full((t, t), float("-inf")).tril(-self.window)
         y = F.softmax(scores.float(), dim=-1).type_as(q) @ v
         return self.wo(y.transpose(1, 2).contiguous().view(b, t, -1))
 
 
 class FeedForward(nn.Module):
-    def __init__(self, dim, hidden):
+    def __init__(self, dim, hidden, bias):
         super().__init__()
-        self.w1, self.w2, self.w3 = nn.Linear(dim, hidden, bias=False), nn.Linear(hidden, dim, bias=False), \
-            nn.Linear(dim, hidden, bias=False)
+        self.w1, self.w2, self.w3 = nn.Linear(dim, hidden, bias=bias), nn.Linear(hidden, dim, bias=bias), \
+            nn.Linear(dim, hidden, bias=bias)
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -68,7 +80,7 @@ class Block(nn.Module):
     def __init__(self, c):
         super().__init__()
         self.attention = Attention(c)
-        self.feed_forward = FeedForward(c["dim"], c["hidden_dim"])
+        self.feed_forward = FeedForward(c["dim"], c["hidden_dim"], c.get("mlp_bias", False))
         self.attention_norm, self.ffn_norm = RMSNorm(c["dim"], c["norm_eps"]), RMSNorm(c["dim"], c["norm_eps"])
 
     def forward(self, x, cos, sin):
@@ -85,9 +97,8 @@ class Transformer(nn.Module):
         self.output = nn.Linear(c["dim"], c["vocab_size"], bias=False)
         if c["tied"]:
             self.tok_embeddings.weight = self.output.weight
-        d = c["dim"] // c["n_heads"]
-        freqs = 1.0 / (c["rope_theta"] ** (torch.arange(0, d, 2)[: d // 2].float() / d))
-        angles = torch.outer(torch.arange(c["max_seq_len"]), freqs).float()
+        freqs = rope.inv_freq(head_dim(c), c["rope_theta"], c.get("rope_scaling"))
+        angles = torch.outer(torch.arange(c["max_seq_len"]).float(), freqs)
         self.cos, self.sin = torch.cos(angles), torch.sin(angles)
 
     def forward(self, idx, targets=None):

@@ -5,6 +5,13 @@
 #       "<path>.lora_B.weight" (out, r). Wraps each adapted Linear, freezes the base, runs BATCH's "x", "y" forward
 #       and backward and writes OUT: "loss", "logits", "grad.<path>.lora_A.weight", ... for the adapters, and
 #       "base_grads" (int64 [1]: how many base parameters got a gradient).
+#   lora_oracle.py train CONFIG WEIGHTS BATCH OUT
+#       PEFT's training of the adapters: torch.optim.AdamW over the adapters only (lr, betas, eps, weight_decay of
+#       CONFIG, as a PEFT user passes model.parameters() with the base frozen), CONFIG["steps"] steps on BATCH's
+#       "x.<i>", "y.<i>". Dropout on each adapter's input uses Castor's masks, BATCH's "mask.<i>.<path>" (the input's
+#       shape, each 0 or 1 / (1 - p)), in the order the forward reaches the layers, so that both sides drop the same
+#       elements. Writes OUT "loss" (float64 [steps]: step i's loss before its update) and "<i>.<path>.lora_A.weight",
+#       "<i>.<path>.lora_B.weight" (the adapters after step i).
 # CONFIG: gpt_oracle.py's fields (llama_oracle.py's with "model": "llama") and "scaling"; "autocast": "bf16" stores the frozen base's non-LayerNorm
 # parameters in bfloat16 and runs under torch.autocast("cpu", torch.bfloat16), as Castor's O1 with LoRA (LayerNorm
 # as Castor's: float32 statistics and parameters, the output in the input's dtype).
@@ -30,14 +37,16 @@ class LoraLinear(nn.Module):
         self.base, self.scaling = base, scaling
         self.lora_A = nn.Linear(base.in_features, r, bias=False)
         self.lora_B = nn.Linear(r, base.out_features, bias=False)
+        self.mask = None  # the dropout mask of this forward (train mode), or none
 
     def forward(self, x):
-        return self.base(x) + self.lora_B(self.lora_A(x)) * self.scaling
+        dropped = x if self.mask is None else x * self.mask
+        return self.base(x) + self.lora_B(self.lora_A(dropped)) * self.scaling
 
 
 def main():
     mode, cfg, weights, batch, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
-    assert mode == "grads"
+    assert mode in ("grads", "train")
     torch.set_num_threads(2)
     state, _, _, _ = read(weights)
     model = (Transformer if cfg.get("model") == "llama" else GPT)(cfg)
@@ -64,6 +73,8 @@ def main():
         setattr(parent, name, wrapped)
         adapters[path] = wrapped
     tensors, _, _, _ = read(batch)
+    if mode == "train":
+        return train(cfg, model, adapters, tensors, out)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         logits, loss = model(tensors["x"], tensors["y"])
     loss.backward()
@@ -73,6 +84,26 @@ def main():
         result[f"grad.{path}.lora_B.weight"] = m.lora_B.weight.grad.contiguous()
     base = [p for n, p in model.named_parameters() if ".lora_" not in n]
     result["base_grads"] = torch.tensor([sum(p.grad is not None for p in base)], dtype=torch.int64)
+    write(out, result, {})
+
+
+def train(cfg, model, adapters, tensors, out):
+    params = [p for m in adapters.values() for p in (m.lora_A.weight, m.lora_B.weight)]
+    opt = torch.optim.AdamW(params, lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]), eps=cfg["eps"],
+                            weight_decay=cfg["weight_decay"])
+    losses, result = [], {}
+    for i in range(cfg["steps"]):
+        for path, m in adapters.items():
+            m.mask = tensors.get(f"mask.{i}.{path}")
+        _, loss = model(tensors[f"x.{i}"], tensors[f"y.{i}"])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        for path, m in adapters.items():
+            result[f"{i}.{path}.lora_A.weight"] = m.lora_A.weight.detach().clone()
+            result[f"{i}.{path}.lora_B.weight"] = m.lora_B.weight.detach().clone()
+    result["loss"] = torch.tensor(losses, dtype=torch.float64)
     write(out, result, {})
 
 

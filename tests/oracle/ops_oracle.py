@@ -23,6 +23,9 @@ import zlib
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rope  # noqa: E402
+
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "int64": torch.int64, "int32": torch.int32, "uint8": torch.uint8,
           "bool": torch.bool}
@@ -70,16 +73,15 @@ def special_f32():
 
 
 # Rotary embeddings of x (B, T, H, D) at positions start .. start + T - 1, written out from their sources.
-def rope_tables(t, dim, start, theta):
-    # llama2.c's precompute_freqs_cis, rows start .. start + t - 1.
-    freqs = 1.0 / (theta ** (torch.arange(0, dim, 2)[: (dim // 2)].float() / dim))
-    angles = torch.outer(torch.arange(start, start + t), freqs).float()
+def rope_tables(t, dim, start, theta, scaling=None):
+    # llama2.c's precompute_freqs_cis (transformers' with rope_scaling), rows start .. start + t - 1.
+    angles = torch.outer(torch.arange(start, start + t).float(), rope.inv_freq(dim, theta, scaling))
     return torch.cos(angles)[None, :, None, :], torch.sin(angles)[None, :, None, :]
 
 
-def rope_interleaved(x, start, theta):
+def rope_interleaved(x, start, theta, scaling=None):
     # llama2.c's apply_rotary_emb: pairs (x[2k], x[2k+1]) as complex numbers times e^(i angle).
-    cos, sin = rope_tables(x.size(1), x.size(3), start, theta)
+    cos, sin = rope_tables(x.size(1), x.size(3), start, theta, scaling)
     xr, xi = x.float().reshape(x.shape[:-1] + (-1, 2)).unbind(-1)
     return torch.stack([xr * cos - xi * sin, xr * sin + xi * cos], dim=-1).flatten(3).type_as(x)
 

@@ -112,13 +112,13 @@ TEST_F(Llama2cCli, BadFilesAndConflictsAreOneLineErrors) {
             0);
   const std::vector<uint8_t> tokenizer = read_file(path("tokenizer.bin"));
   test::expect_one_line_error(castor({"export", "--llama2c", "--checkpoint", "gpt", "--out", "model.bin"}),
-                              {"--checkpoint gpt: a GPT; --llama2c writes Llamas"});
+                              {"--checkpoint gpt: a GPT; --format llama2c writes Llamas"});
   EXPECT_EQ(read_file(path("model.bin")), good);
   EXPECT_EQ(read_file(path("tokenizer.bin")), tokenizer);
   test::expect_one_line_error(castor({"export", "--llama2c", "--checkpoint", "run", "--out", "tokenizer.bin"}),
-                              {"--out tokenizer.bin: --llama2c writes tokenizer.bin beside the model file"});
+                              {"--out tokenizer.bin: --format llama2c writes tokenizer.bin beside the model file"});
   test::expect_one_line_error(castor({"export", "--llmc", "--checkpoint", "run", "--out", "x.bin", "--version", "1"}),
-                              {"--version requires --llama2c"});
+                              {"--version: applies to --format llama2c only"});
   test::expect_one_line_error(
       castor({"export", "--llama2c", "--checkpoint", "run", "--out", "x.bin", "--version", "2"}), {"--version"});
 }

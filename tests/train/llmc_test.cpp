@@ -307,6 +307,79 @@ TEST(LlmcInterop, LossesCoverOnlyTheRealVocabulary) {
   EXPECT_NEAR(Json::parse(first).at("loss").as_double(), torch_loss[0], 1e-6 * torch_loss[0]) << first;
 }
 
+// A token folder of bare llm.c files (train.bin and val.bin, no tokenizer.json): the model's own vocabulary rules, the
+// llm.c header's V (101 of Vp 128) or the one a run recorded, never the padded one. PyTorch (tests/oracle/
+// llmc_oracle.py, lm_eval_oracle.py) computes the losses over the real vocabulary on the same weights and windows; the
+// padding rows are set large (3.0) so that a softmax over them would be far off. `castor eval` of the .bin, the first
+// loss of `castor train --init` (whose config.json records 101) and `castor eval` of that run all match within 1e-6
+// relative; a tokenizer.json of another size is an error naming both sizes.
+TEST(LlmcInterop, BareTokenFoldersUseTheModelsVocabulary) {
+  const test::ScratchDir scratch("llmc_bare_vocab");
+  const std::string& dir = scratch.str();
+  std::filesystem::create_directories(dir + "/bare");
+  std::filesystem::create_directories(dir + "/other");
+  const int64_t B = 4, T = 32, batches = 3;
+  const std::string config = detail::cat(
+      "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 64, \"block_size\": 32, \"vocab_size\": 101, "
+      "\"padded_vocab_size\": 128, \"batch_size\": ",
+      B, ", \"seq_len\": ", T, ", \"steps\": ", batches, ", \"lr\": 1e-4, \"weight_decay\": 0.0, \"seed\": 4}");
+  ASSERT_TRUE(test::run_oracle("llmc_oracle.py", {config, dir}));
+  const std::vector<double> torch_loss =
+      load_safetensors(dir + "/losses.safetensors").tensors.at("loss_untrained").to_vector<double>();
+  models::GPTWeights w = models::read_llmc_checkpoint(dir + "/model.bin");
+  w.state.at("transformer.wte.weight").narrow(0, 101, 27).fill_(3.0);
+  models::write_llmc_checkpoint(dir + "/padded.bin", w);
+  for (const char* folder : {"bare", "other"}) {
+    std::filesystem::copy_file(dir + "/train.bin", dir + "/" + folder + "/train.bin");
+    std::filesystem::copy_file(dir + "/train.bin", dir + "/" + folder + "/val.bin");
+  }
+  atomic_write_file(dir + "/other/tokenizer.json", std::string("{\"tokenizer\": \"test\", \"vocab_size\": 120}"));
+  const test::CastorRun in_dir{dir};
+
+  // castor eval of the .bin on the bare folder: the whole split (3 batches of 4 rows) in float32.
+  test::CastorProcess e = test::run_castor({"eval", "padded.bin", "--data-dir", "bare"}, in_dir, 120);
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  const double mean_loss = (torch_loss[0] + torch_loss[1] + torch_loss[2]) / 3;
+  EXPECT_NEAR(Json::parse(e.out).at("val_loss").as_double(), mean_loss, 1e-6 * mean_loss) << e.out;
+  // castor train --init: the first step's loss, and the vocabulary it records.
+  test::CastorProcess t = test::run_castor(
+      {"train", "--model",      "gpt",        "--init",       "padded.bin", "--data", "tokens", "--data-dir",
+       "bare",  "--data-order", "sequential", "--batch-size", "4",          "--amp",  "O0",     "--steps",
+       "1",     "--log-every",  "1",          "--threads",    "1",          "--out",  "run"},
+      in_dir, 120);
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  const std::vector<uint8_t> lines = read_file(dir + "/run/metrics.jsonl");
+  const std::string first(lines.begin(), std::find(lines.begin(), lines.end(), '\n'));
+  EXPECT_NEAR(Json::parse(first).at("loss").as_double(), torch_loss[0], 1e-6 * torch_loss[0]) << first;
+  const std::vector<uint8_t> recorded = read_file(dir + "/run/config.json");
+  EXPECT_EQ(Json::parse(std::string(recorded.begin(), recorded.end())).at("real_vocab_size").as_int(), 101);
+  // castor eval of that run on the bare folder: PyTorch's loss of the trained weights over the 101 real tokens.
+  const std::optional<std::string> step = train::latest_checkpoint(dir + "/run");
+  ASSERT_TRUE(step.has_value());
+  const std::string eval_config =
+      "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 64, \"block_size\": 32, \"vocab_size\": 101, \"bias\": true, "
+      "\"seq_len\": 32}";
+  ASSERT_TRUE(test::run_oracle("lm_eval_oracle.py", {eval_config, *step + "/model.safetensors", dir + "/bare/val.bin",
+                                                     dir + "/trained_loss.safetensors"}));
+  const double trained = load_safetensors(dir + "/trained_loss.safetensors").tensors.at("loss").item();
+  test::CastorProcess er = test::run_castor({"eval", "run", "--data-dir", "bare"}, in_dir, 120);
+  ASSERT_EQ(er.exit_code, 0) << er.err;
+  EXPECT_NEAR(Json::parse(er.out).at("val_loss").as_double(), trained, 1e-6 * trained) << er.out;
+  EXPECT_GT(std::fabs(trained - mean_loss), 1e-4);  // the step changed the weights: not the untrained loss again
+
+  // A folder whose metadata names another vocabulary: refused, naming both, by eval and train --init.
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"eval", "padded.bin", "--data-dir", "other"},
+                                               {"eval", "run", "--data-dir", "other"},
+                                               {"train", "--model", "gpt", "--init", "padded.bin", "--data", "tokens",
+                                                "--data-dir", "other", "--steps", "1", "--out", "run2"}}) {
+    test::CastorProcess p = test::run_castor(args, in_dir, 120);
+    EXPECT_NE(p.exit_code, 0) << args[0] << " " << args[1];
+    EXPECT_NE(p.err.find("other/tokenizer.json: a vocabulary of 120 tokens, but the model was made for 101"),
+              std::string::npos)
+        << p.err;
+  }
+}
+
 // castor eval and castor info read llm.c files; a file of neither format is named as such by --init, eval and info.
 TEST(LlmcInterop, EvalAndInfoReadLlmcFilesAndNameOtherFiles) {
   const test::ScratchDir scratch("llmc_eval_info");

@@ -572,6 +572,115 @@ TEST_F(LmTrain, LlamaFlagErrorsNameTheFlag) {
   }
 }
 
+// `castor eval FILE --model gpt|llama` of weights without castor metadata takes their sizes from the tensors' shapes,
+// and what no shape holds from flags named in one line (--n-head; a Llama's --block-size). GPT: the loss PyTorch
+// (tests/oracle/lm_eval_oracle.py) computes on the same weights and windows; Llama: the loss the run's own checkpoint
+// evaluates to in float32.
+TEST_F(LmTrain, EvalTakesTheSizesOfWeightsWithoutMetadata) {
+  ASSERT_EQ(castor(train_args("gpt", 5)).exit_code, 0);
+  const StateDict gpt = read_checkpoint(path("gpt")).model;
+  save_safetensors(path("gpt.safetensors"), gpt);
+  const std::vector<std::string> eval_gpt = {"eval",   "gpt.safetensors", "--model",    "gpt",
+                                             "--data", "tokens",          "--data-dir", "tok"};
+  CastorProcess no_heads = castor(eval_gpt);
+  EXPECT_EQ(no_heads.exit_code, 1);
+  EXPECT_NE(no_heads.err.find("gpt.safetensors: the number of heads is not recorded in the file; give it (--n-head)"),
+            std::string::npos)
+      << no_heads.err;
+  std::vector<std::string> with_heads = eval_gpt;
+  with_heads.insert(with_heads.end(), {"--n-head", "2"});
+  CastorProcess e = castor(with_heads);
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  const std::string config = detail::cat(
+      "{\"n_layer\": 1, \"n_head\": 2, \"n_embd\": 32, \"block_size\": 16, \"vocab_size\": ",
+      gpt.at("transformer.wte.weight").size(0), ", \"bias\": true, \"seq_len\": 16}");
+  ASSERT_TRUE(test::run_oracle("lm_eval_oracle.py",
+                               {config, path("gpt.safetensors"), path("tok/val.bin"), path("gpt_loss.safetensors")}));
+  const double want = load_safetensors(path("gpt_loss.safetensors")).tensors.at("loss").item();
+  EXPECT_NEAR(Json::parse(e.out).at("val_loss").as_double(), want, 1e-5 * want) << e.out;
+
+  ASSERT_EQ(castor(llama_args("llama", 5)).exit_code, 0);
+  save_safetensors(path("llama.safetensors"), read_checkpoint(path("llama")).model);
+  std::vector<std::string> eval_llama = {"eval",   "llama.safetensors", "--model", "llama",    "--data",
+                                         "tokens", "--data-dir",        "tok",     "--n-head", "4"};
+  CastorProcess no_block = castor(eval_llama);
+  EXPECT_EQ(no_block.exit_code, 1);
+  EXPECT_NE(no_block.err.find("context length is not recorded in the file; give it (--block-size)"), std::string::npos)
+      << no_block.err;
+  eval_llama.insert(eval_llama.end(), {"--block-size", "16"});
+  CastorProcess l = castor(eval_llama);
+  ASSERT_EQ(l.exit_code, 0) << l.err;
+  CastorProcess run = castor({"eval", "llama", "--dtype", "float32"});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_EQ(Json::parse(l.out).at("val_loss").as_double(), Json::parse(run.out).at("val_loss").as_double());
+}
+
+// Plain (non-terminal) progress lines carry the elapsed time and the ETA; a warmup as long as the schedule says the
+// learning rate never reaches --lr; `castor help train` lists the defaults of each job (nanoGPT's recipe for a GPT,
+// docs/llama.md's for a Llama).
+TEST_F(LmTrain, PlainLinesWarmupNoteAndJobDefaults) {
+  CastorProcess p = castor(train_args("run", 4, {"--warmup-steps", "4", "--log-every", "2"}));
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.err.find("note: --warmup-steps 4 is not below the schedule's 4 steps"), std::string::npos) << p.err;
+  for (const char* step : {"\nstep 2/4  loss ", "\nstep 4/4  loss "}) {
+    const size_t at = p.err.find(step);
+    ASSERT_NE(at, std::string::npos) << p.err;
+    const std::string line = p.err.substr(at + 1, p.err.find('\n', at + 1) - at - 1);
+    EXPECT_NE(line.find("  elapsed 0:00:"), std::string::npos) << line;
+    EXPECT_NE(line.find("  eta 0:00:"), std::string::npos) << line;
+  }
+  CastorProcess quiet = castor(train_args("run2", 4, {"--warmup-steps", "3"}));
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.err;
+  EXPECT_EQ(quiet.err.find("--warmup-steps"), std::string::npos) << quiet.err;
+
+  CastorProcess help = castor({"help", "train"});
+  ASSERT_EQ(help.exit_code, 0);
+  auto row = [&](const std::string& flag) {
+    const size_t at = help.out.find("\n  " + flag + " ", help.out.find("Defaults that depend on the job"));
+    return at == std::string::npos ? std::string() : help.out.substr(at + 1, help.out.find('\n', at + 1) - at - 1);
+  };
+  EXPECT_NE(help.out.find("image           --model gpt     --model llama"), std::string::npos) << help.out;
+  for (const auto& [flag, cells] :
+       std::vector<std::pair<std::string, std::vector<std::string>>>{{"--warmup-steps", {"100", "50"}},
+                                                                     {"--steps", {"2000", "500"}},
+                                                                     {"--lr", {"0.002"}},
+                                                                     {"--batch-size", {"12"}},
+                                                                     {"--data", {"brown-char", "brown-bpe"}}}) {
+    const std::string r = row(flag);
+    ASSERT_FALSE(r.empty()) << flag << " in\n" << help.out;
+    for (const std::string& cell : cells) EXPECT_NE(r.find(" " + cell), std::string::npos) << cell << " in " << r;
+  }
+}
+
+// --recompute blocks trains the same run bit for bit (checkpoints, losses) at O1 bf16 with dropout; --recompute auto
+// takes none under a roomy --memory-budget, and a budget neither choice fits is a one-line error naming the smallest
+// that would.
+TEST_F(LmTrain, RecomputeTrainsTheSameRunAndAutoFollowsTheBudget) {
+  for (const char* model : {"gpt", "llama"}) {
+    SCOPED_TRACE(model);
+    const std::vector<std::string> extra = {"--amp", "O1", "--dtype", "bf16", "--dropout", "0.1"};
+    auto with = [&](const std::string& out, std::vector<std::string> more) {
+      std::vector<std::string> e = extra;
+      e.insert(e.end(), more.begin(), more.end());
+      return lm_args(model, out, 6, e);
+    };
+    const std::string plain = std::string(model) + "_plain", blocks = std::string(model) + "_blocks";
+    CastorProcess a = castor(with(plain, {}));
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    CastorProcess b = castor(with(blocks, {"--recompute", "blocks"}));
+    ASSERT_EQ(b.exit_code, 0) << b.err;
+    EXPECT_EQ(summary_of(a).at("val_loss").as_double(), summary_of(b).at("val_loss").as_double());
+    test::expect_same_checkpoint(path(plain), path(blocks));
+    CastorProcess roomy = castor(with(std::string(model) + "_roomy", {"--recompute", "auto", "--memory-budget", "64"}));
+    ASSERT_EQ(roomy.exit_code, 0) << roomy.err;
+    EXPECT_NE(roomy.err.find("recompute auto: none"), std::string::npos) << roomy.err;
+    CastorProcess tight = castor(with("x", {"--recompute", "auto", "--memory-budget", "0.000001"}));
+    EXPECT_NE(tight.exit_code, 0);
+    EXPECT_NE(tight.err.find("--memory-budget 1e-06: the run needs about"), std::string::npos) << tight.err;
+    EXPECT_NE(tight.err.find("the smallest budget that fits is"), std::string::npos) << tight.err;
+  }
+}
+
 // The 8-bit first moments (uint8 codes) in a run's newest checkpoint.
 size_t codes_in(const std::string& run) {
   size_t n = 0;

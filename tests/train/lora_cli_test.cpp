@@ -229,6 +229,80 @@ TEST_F(LoraCli, BadInputIsAOneLineErrorAndWritesNothing) {
   EXPECT_EQ(std::string(kept.begin(), kept.end()), "good");
 }
 
+// Python's format(n, ",d"), as PEFT prints its counts.
+std::string grouped(int64_t n) {
+  std::string digits = std::to_string(n), out;
+  for (size_t i = 0; i < digits.size(); ++i)
+    out += ((i > 0 && (digits.size() - i) % 3 == 0) ? "," : "") + digits.substr(i, 1);
+  return out;
+}
+
+// LoRA bookkeeping: an adapter on the tied lm_head is refused (its merge would change the embedding too); the counts
+// PEFT's print_trainable_parameters prints (the base checkpoint's values, lm_head being wte, plus the adapters') in the
+// banner, summary and castor info; the base run's --keep pruning leaves the checkpoint a LoRA run is built on; a moved
+// base is named with --lora-base by eval, sample, export and train --resume (a wrong file is refused by its
+// checksum); --merge-lora of a plain run and --peft into a run directory are refused.
+TEST_F(LoraCli, TiedTargetsCountsPruningMovedBaseAndExportRefusals) {
+  expect_error(LoraCliDir::lora_args("x", 5, "base", "lm_head"),
+               {"--lora-targets lm_head", "lm_head shares its weight with transformer.wte.weight (tied)"});
+  EXPECT_FALSE(fs::exists(path("x")));
+
+  CastorProcess run = castor(lora_args("run", 10, {"--eval-iters", "0"}));
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  const std::string base_ck = latest_checkpoint(path("base")).value();
+  int64_t trainable = 0, all = 0;
+  for (const auto& [k, t] : read_checkpoint(path("run")).model) trainable += t.numel();
+  for (const auto& [k, t] : read_checkpoint(base_ck).model)
+    if (k != "lm_head.weight") all += t.numel();
+  all += trainable;
+  char percent[32];
+  std::snprintf(percent, sizeof(percent), "%.4f", 100.0 * static_cast<double>(trainable) / static_cast<double>(all));
+  const std::string counts = "trainable params: " + grouped(trainable) + " || all params: " + grouped(all) +
+                             " || trainable%: " + percent;
+  EXPECT_NE(run.err.find(counts + "\n"), std::string::npos) << counts << " in " << run.err;
+  EXPECT_EQ(Json::parse(run.out).at("trainable_params").as_int(), trainable);
+  EXPECT_EQ(Json::parse(run.out).at("all_params").as_int(), all);
+  CastorProcess info = castor({"info", "run"});
+  ASSERT_EQ(info.exit_code, 0) << info.err;
+  EXPECT_NE(info.out.find("parameters  " + counts + "\n"), std::string::npos) << info.out;
+  const double evaluated = eval_loss("run");
+  const std::string text = greedy({"--checkpoint", "run"});
+
+  // The base run goes on with --keep 1: its checkpoint the LoRA run is built on stays.
+  CastorProcess more = castor(
+      {"train", "--resume", "base", "--steps", "50", "--checkpoint-every", "10", "--keep", "1"});
+  ASSERT_EQ(more.exit_code, 0) << more.err;
+  EXPECT_TRUE(fs::exists(base_ck + "/model.safetensors"));
+  EXPECT_FALSE(fs::exists(path("base/checkpoints/step-0000000040")));  // pruned as before
+  EXPECT_EQ(eval_loss("run"), evaluated);
+
+  // The base moved: each command says so, and takes --lora-base.
+  fs::rename(path("base"), path("moved"));
+  const std::string moved = path("moved/checkpoints/") + fs::path(base_ck).filename().string() + "/model.safetensors";
+  test::expect_one_line_error(castor({"eval", "run"}), {"is missing", "--lora-base"});
+  EXPECT_EQ(eval_loss("run", {"--lora-base", moved}), evaluated);
+  EXPECT_EQ(greedy({"--checkpoint", "run", "--lora-base", moved}), text);
+  CastorProcess m = castor(
+      {"export", "--checkpoint", "run", "--merge-lora", "--safetensors", "--out", "m.st", "--lora-base", moved});
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  EXPECT_NEAR(eval_loss("m.st"), evaluated, 1e-5);
+  CastorProcess resumed = castor({"train", "--resume", "run", "--steps", "20", "--lora-base", moved});
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_EQ(read_checkpoint(path("run")).model_meta.at("castor.lora_base"), absolute_path(moved));
+  const std::string other = latest_checkpoint(path("moved")).value() + "/model.safetensors";
+  test::expect_one_line_error(castor({"eval", "run", "--lora-base", other}), {other, "changed since the run started"});
+  test::expect_one_line_error(castor(args("y", 5, {"--init", "moved", "--lora-rank", "4", "--lora-base", moved})),
+                              {"--lora-base: re-points a resumed LoRA run's base"});
+
+  test::expect_one_line_error(
+      castor({"export", "--checkpoint", "moved", "--merge-lora", "--safetensors", "--out", "p.st"}),
+      {"--merge-lora: moved is not a LoRA run's checkpoint"});
+  EXPECT_FALSE(fs::exists(path("p.st")));
+  test::expect_one_line_error(castor({"export", "--checkpoint", "run", "--peft", "moved", "--lora-base", moved}),
+                              {"--peft moved: a run directory"});
+  EXPECT_FALSE(fs::exists(path("moved/adapter_model.safetensors")));
+}
+
 // LoRA on Llama bases (grouped-query attention: 4 query heads over 2 key/value heads): a Castor Llama run trained for
 // 60 steps as the base, far enough that its greedy text is words and short enough that LoRA changes it.
 class LlamaLoraCli : public LoraCliDir {
@@ -347,6 +421,13 @@ TEST_F(LlamaLoraCli, Llama2cBaseAllLinear) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   test::expect_same_checkpoint(path("full"), path("cut"));
   expect_merged_exports_match("full");
+}
+
+// A tied Llama's output shares tok_embeddings' weight: an adapter there is refused, naming --untied.
+TEST_F(LlamaLoraCli, TiedOutputIsRefused) {
+  expect_error(lora_args("x", 5, "base", "output"),
+               {"--lora-targets output", "output shares its weight with tok_embeddings.weight (tied)", "--untied"});
+  EXPECT_FALSE(fs::exists(path("x")));
 }
 
 TEST_F(LlamaLoraCli, AChangedBaseIsRefused) {

@@ -126,8 +126,10 @@ TEST(Terminal, HelpVersionEnvCompletionInfoAndProfile) {
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
   auto help = test::run_castor({"help"}, run);
   EXPECT_EQ(help.exit_code, 0);
-  for (const char* cmd : {"train", "eval", "info", "env", "completion"})
-    EXPECT_NE(help.out.find(cmd), std::string::npos) << help.out;
+  // Each command, and in the one-liners every model family, LoRA and each file format castor reads or writes.
+  for (const char* cmd : {"train", "eval", "info", "env", "completion", "Llama", "GPT", "LoRA", "llm.c", "llama2.c",
+                          "nanoGPT", "safetensors", "PEFT"})
+    EXPECT_NE(help.out.find(cmd), std::string::npos) << cmd << " in " << help.out;
   EXPECT_NE(test::run_castor({"help", "train"}, run).out.find("--grad-accum"), std::string::npos);
   EXPECT_EQ(test::run_castor({"-V"}, run).out, test::run_castor({"--version"}, run).out);
   const std::string env = test::run_castor({"env"}, run).out;

@@ -89,14 +89,16 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t i
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& diff_losses,
-                            int64_t ignore_index, double label_smoothing, const Tensor& diff_logits) {
+                            int64_t ignore_index, double label_smoothing, const Tensor& diff_logits,
+                            int64_t first_class, int64_t classes) {
   if (logits.dtype() == DType::Float64)
-    return cross_entropy_backward_ref(logits, target, lse, diff_losses, ignore_index, label_smoothing, diff_logits);
-  const int64_t N = logits.size(0), V = logits.size(1);
-  check_targets(target, V, ignore_index);
+    return cross_entropy_backward_ref(logits, target, lse, diff_losses, ignore_index, label_smoothing, diff_logits,
+                                      first_class, classes);
+  const int64_t N = logits.size(0), V = logits.size(1), K = classes > 0 ? classes : V;
+  check_targets(target, K, ignore_index);
   const int64_t* t = target.data<int64_t>();
   const float *lz = lse.data<float>(), *g = diff_losses.data<float>();
-  const float eps = static_cast<float>(label_smoothing), off = eps / static_cast<float>(V);
+  const float eps = static_cast<float>(label_smoothing), off = eps / static_cast<float>(K);
   const DType dt = logits.dtype();
   const bool direct = dt == DType::Float32;
   const RowOps& ops = row_ops();
@@ -112,7 +114,8 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Te
     for_chunks(logits, i, buf, [&](const float* x, int64_t j0, int64_t n) {
       float* o = direct ? reinterpret_cast<float*>(elem(diff_logits, i, j0)) : out;
       ops.softmax_grad(x, n, lz[i], g[i], off, o);
-      if (t[i] >= j0 && t[i] < j0 + n) o[t[i] - j0] -= g[i] * (1 - eps);
+      const int64_t ti = t[i] - first_class;  // the target's column in this block, if it is in it
+      if (ti >= j0 && ti < j0 + n) o[ti - j0] -= g[i] * (1 - eps);
       if (!direct) convert(out, DType::Float32, elem(diff_logits, i, j0), dt, n);
     });
   }

@@ -15,15 +15,15 @@ namespace castor::kernels {
 
 namespace {
 
-// A dynamic map and what finds a value's nearest code fast: the code count below the smallest float sharing a
-// value's top 16 bits (sign, exponent, 7 mantissa bits), then at most `refine` steps up past the midpoints
-// (refine is the most midpoints any such range of floats holds, found when the map is made: 1 for both maps).
+// A dynamic map and a table that finds a value's nearest code with one lookup. The floats sharing a value's top 16
+// bits (sign, exponent, 7 mantissa bits) hold at most one midpoint of either map (make_map checks it), so the entry
+// of those 16 bits holds the code count below the smallest of them (bits 16-23) and the low 16 bits of that
+// midpoint's bits (0xffff: none), flipped for negative floats: the count is one more exactly where the value's low 16
+// bits (flipped likewise) exceed them, as the floats of one sign and exponent are ordered as their bits.
 struct Map {
   alignas(32) float code[256];
-  alignas(32) float mid[256];  // mid[k] = (code[k] + code[k + 1]) * 0.5f; mid[255] = +inf stops the steps
-  std::vector<int32_t> first;  // 65536 entries
-  int refine = 0;
-  int32_t zero = 0;  // the code of 0 (the signed map's negative values are the codes below it)
+  std::vector<int32_t> entry;  // 65536 entries
+  int32_t zero = 0;            // the code of 0 (the signed map's negative values are the codes below it)
 };
 
 float from_bits(uint32_t u) {
@@ -58,15 +58,25 @@ Map make_map(bool is_signed) {
   std::sort(data.begin(), data.end());
   Map m;
   std::copy(data.begin(), data.end(), m.code);
-  for (int k = 0; k < 255; ++k) m.mid[k] = (m.code[k] + m.code[k + 1]) * 0.5f;
-  m.mid[255] = INFINITY;
-  m.first.resize(65536);
+  float mid[255];  // mid[k] = (code[k] + code[k + 1]) * 0.5f
+  for (int k = 0; k < 255; ++k) mid[k] = (m.code[k] + m.code[k + 1]) * 0.5f;
+  m.entry.resize(65536);
   for (uint32_t p = 0; p < 65536; ++p) {
     const bool negative = p >> 15;
     const float low = from_bits(negative ? p << 16 | 0xffffu : p << 16);
     const float high = from_bits(negative ? p << 16 : p << 16 | 0xffffu);
-    m.first[p] = std::isnan(low) ? 0 : count_below(m.mid, low);
-    if (!std::isnan(low) && !std::isnan(high)) m.refine = std::max(m.refine, count_below(m.mid, high) - m.first[p]);
+    if (std::isnan(low) || std::isnan(high)) {
+      m.entry[p] = 0xffff;
+      continue;
+    }
+    const int32_t below = count_below(mid, low), inside = count_below(mid, high) - below;
+    CASTOR_ASSERT(inside <= 1, "dynamic map: ", inside, " midpoints share the top 16 bits ", p);
+    uint32_t bits = 0xffff;
+    if (inside == 1) {  // mid[below] in (low, high]
+      std::memcpy(&bits, &mid[below], 4);
+      bits = (bits & 0xffff) ^ (negative ? 0xffff : 0);
+    }
+    m.entry[p] = below << 16 | static_cast<int32_t>(bits);
   }
   m.zero = static_cast<int32_t>(std::find(m.code, m.code + 256, 0.0f) - m.code);
   return m;
@@ -81,19 +91,18 @@ const Map& map(bool is_signed) {
 inline int32_t nearest(const Map& m, float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
-  int32_t idx = m.first[u >> 16];
-  for (int r = 0; r < m.refine; ++r) idx += m.mid[idx] < x;
-  return idx;
+  const int32_t e = m.entry[u >> 16];
+  const int32_t low = static_cast<int32_t>((u & 0xffff) ^ (u >> 31 ? 0xffff : 0));
+  return (e >> 16) + (low > (e & 0xffff));
 }
 
 // The same on 8 lanes.
 inline __m256i nearest8(const Map& m, __m256 x) {
-  __m256i idx = _mm256_i32gather_epi32(m.first.data(), _mm256_srli_epi32(_mm256_castps_si256(x), 16), 4);
-  for (int r = 0; r < m.refine; ++r) {
-    const __m256 below = _mm256_cmp_ps(_mm256_i32gather_ps(m.mid, idx, 4), x, _CMP_LT_OQ);
-    idx = _mm256_sub_epi32(idx, _mm256_castps_si256(below));  // true lanes are -1
-  }
-  return idx;
+  const __m256i u = _mm256_castps_si256(x), mask = _mm256_set1_epi32(0xffff);
+  const __m256i e = _mm256_i32gather_epi32(m.entry.data(), _mm256_srli_epi32(u, 16), 4);
+  const __m256i low = _mm256_and_si256(_mm256_xor_si256(u, _mm256_srai_epi32(u, 31)), mask);
+  const __m256i above = _mm256_cmpgt_epi32(low, _mm256_and_si256(e, mask));  // true lanes are -1
+  return _mm256_sub_epi32(_mm256_srli_epi32(e, 16), above);
 }
 
 // Codes of the n values s of one block with absmax a (a negative value of the signed map never takes a code >= 0,

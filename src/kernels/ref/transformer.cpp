@@ -219,15 +219,15 @@ void cross_entropy_forward_ref(const Tensor& logits, const Tensor& target, int64
 
 void cross_entropy_backward_ref(const Tensor& logits, const Tensor& target, const Tensor& lse,
                                 const Tensor& diff_losses, int64_t ignore_index, double label_smoothing,
-                                const Tensor& diff_logits) {
-  const int64_t N = logits.size(0), V = logits.size(1);
-  check_targets(target, V, ignore_index);
+                                const Tensor& diff_logits, int64_t first_class, int64_t classes) {
+  const int64_t N = logits.size(0), V = logits.size(1), K = classes > 0 ? classes : V;
+  check_targets(target, K, ignore_index);
   const int64_t* t = target.data<int64_t>();
   with_compute_type(logits.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T* lz = stat_ptr<T>(lse);
     const T* g = stat_ptr<T>(diff_losses);
-    const T eps = static_cast<T>(label_smoothing), off = eps / static_cast<T>(V);
+    const T eps = static_cast<T>(label_smoothing), off = eps / static_cast<T>(K);
 #pragma omp parallel if (N * V > kParallelGrain)
     {
       std::vector<T> x(V);
@@ -238,7 +238,8 @@ void cross_entropy_backward_ref(const Tensor& logits, const Tensor& target, cons
         } else {
           load(logits, i * V, x.data(), V);
           for (int64_t j = 0; j < V; ++j) x[j] = g[i] * (std::exp(x[j] - lz[i]) - off);
-          x[t[i]] -= g[i] * (1 - eps);
+          const int64_t ti = t[i] - first_class;  // the target's column in this block, if it is in it
+          if (ti >= 0 && ti < V) x[ti] -= g[i] * (1 - eps);
         }
         store(x.data(), diff_logits, i * V, V);
       }

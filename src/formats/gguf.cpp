@@ -9,6 +9,7 @@
 
 #include "castor/check.h"
 #include "castor/fs.h"
+#include "castor/functional.h"
 #include "castor/half.h"
 #include "castor/json.h"
 
@@ -238,6 +239,7 @@ GgufVocabulary gpt2_vocabulary(const std::string& dir, int64_t size) {
 }
 
 std::string layer(int64_t i, const char* what) { return detail::cat("blk.", i, ".", what); }
+std::string bias_of(const std::string& weight) { return weight.substr(0, weight.rfind('.')) + ".bias"; }
 
 }  // namespace
 
@@ -297,13 +299,28 @@ GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const 
   const LlamaConfig& c = model.config();
   CASTOR_CHECK(vocab.size() == c.vocab_size, path, ": the tokenizer has ", vocab.size(), " tokens, the model ",
                c.vocab_size);
+  // What llama.cpp's llama arch cannot run as Castor does: llama3 rope scaling (a rope_freqs table, not written here)
+  // and a sliding window shorter than the context (llama.cpp attends to every earlier position).
+  CASTOR_CHECK(c.rope_scaling.type != F::RopeScaling::Type::Llama3, path,
+               ": the model's llama3 rope scaling is not written to GGUF here (its rope_freqs table); nothing written");
+  CASTOR_CHECK(c.sliding_window == 0 || c.sliding_window >= c.max_seq_len, path, ": the model attends through a ",
+               "sliding window of ", c.sliding_window,
+               " tokens, which llama.cpp's llama arch does not; nothing written");
   GgufFile f;
   put_general(f, "llama", name, type);
   f.u32("llama.context_length", static_cast<uint32_t>(c.max_seq_len));
   f.u32("llama.embedding_length", static_cast<uint32_t>(c.dim));
   f.u32("llama.block_count", static_cast<uint32_t>(c.n_layers));
   f.u32("llama.feed_forward_length", static_cast<uint32_t>(c.ffn_hidden_dim()));
-  f.u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_dim()));
+  f.u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_size()));
+  if (c.head_size() * c.n_heads != c.dim) {  // a head size other than dim / heads (Hugging Face's head_dim)
+    f.u32("llama.attention.key_length", static_cast<uint32_t>(c.head_size()));
+    f.u32("llama.attention.value_length", static_cast<uint32_t>(c.head_size()));
+  }
+  if (c.rope_scaling.type == F::RopeScaling::Type::Linear) {
+    f.string("llama.rope.scaling.type", "linear");
+    f.f32("llama.rope.scaling.factor", static_cast<float>(c.rope_scaling.factor));
+  }
   f.u32("llama.attention.head_count", static_cast<uint32_t>(c.n_heads));
   f.u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.kv_heads()));
   f.f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.norm_eps));
@@ -320,7 +337,12 @@ GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const 
       {"feed_forward.w1.weight", "ffn_gate.weight"}, {"feed_forward.w3.weight", "ffn_up.weight"},
       {"feed_forward.w2.weight", "ffn_down.weight"}};
   for (int64_t i = 0; i < c.n_layers; ++i)
-    for (const auto& [from, to] : kLayer) f.tensor(layer(i, to), s.at(detail::cat("layers.", i, ".", from)), type);
+    for (const auto& [from, to] : kLayer) {
+      const std::string weight = detail::cat("layers.", i, ".", from);
+      f.tensor(layer(i, to), s.at(weight), type);
+      // A bias (attention_bias, qkv_bias, mlp_bias): in the weight's row order, float32.
+      if (auto b = s.find(bias_of(weight)); b != s.end()) f.tensor(bias_of(layer(i, to)), b->second, type);
+    }
   f.tensor("output_norm.weight", s.at("norm.weight"), type);
   if (!c.tied) f.tensor("output.weight", s.at("output.weight"), type);  // tied: llama.cpp reuses token_embd
   return write(path, f, "llama");

@@ -10,7 +10,6 @@
 #include "castor/check.h"
 #include "castor/fs.h"
 #include "castor/json.h"
-#include "ops/transformer.h"
 
 namespace castor::models {
 namespace {
@@ -80,7 +79,7 @@ uint64_t offset_of(const Llama2cConfig& c, int version, bool shared, const std::
 // rounding of another pow and cos allows, as "row p, pair k"; empty when none does.
 std::string table_mismatch(const Tensor& cos, const Tensor& sin, int64_t head_size, double theta) {
   const int64_t T = cos.size(0), half = cos.size(1);
-  const auto [want_cos, want_sin] = rotary_tables(T, head_size, theta);
+  const auto [want_cos, want_sin] = models::rotary_tables(T, head_size, theta);
   const float *c = cos.data<float>(), *s = sin.data<float>();
   const float *wc = want_cos.contiguous().data<float>(), *ws = want_sin.contiguous().data<float>();
   for (int64_t p = 0; p < T; ++p) {
@@ -307,7 +306,7 @@ void write_llama2c(const std::string& path, const Llama2cWeights& w, int version
   };
   for (const auto& [name, shape] : llama2c_tensors(c, version, shared)) {
     if (name == kFreqReal || name == kFreqImag) {
-      const auto [cos, sin] = rotary_tables(c.max_seq_len, c.head_size(), c.rope_theta);
+      const auto [cos, sin] = models::rotary_tables(c.max_seq_len, c.head_size(), c.rope_theta);
       append(name == kFreqReal ? cos : sin);
     } else {
       append(w.state.at(name));

@@ -6,7 +6,8 @@
 #include <vector>
 
 #include "castor/autograd.h"
-#include "castor/checkpoint.h"
+#include "castor/formats.h"
+#include "castor/hf.h"
 #include "castor/fs.h"
 #include "castor/json.h"
 #include "castor/llama2c.h"
@@ -73,6 +74,7 @@ Metadata llmc_metadata(const LlmcHeader& h, const std::string& data) {
                              {"n_embd", c.n_embd},
                              {"block_size", c.block_size},
                              {"vocab_size", c.vocab_size},
+                             {"real_vocab_size", c.real_vocab_size > 0 ? c.real_vocab_size : c.vocab_size},
                              {"bias", true},
                              {"amp", "O0"},
                              {"dtype", "bf16"},
@@ -277,11 +279,16 @@ GPTWeights gpt_weights_from_state_dict(StateDict state, int64_t n_head, const st
 GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metadata, int64_t n_head,
                                         const std::string& what) {
   int64_t recorded = 0;
-  const Json config = train::castor_config(metadata, what);
+  const Json config = formats::castor_config(metadata, what);
   if (const Json* v = config.is_object() ? config.find("n_head") : nullptr; v && v->is_int()) recorded = v->as_int();
   CASTOR_CHECK(n_head == 0 || recorded == 0 || n_head == recorded, what, ": records n_head ", recorded, ", but ",
                n_head, " was given");
-  return gpt_weights_from_state_dict(std::move(tensors), recorded > 0 ? recorded : n_head, what);
+  GPTWeights w = gpt_weights_from_state_dict(std::move(tensors), recorded > 0 ? recorded : n_head, what);
+  // The vocabulary the model was made for, when a Castor run recorded it (its padded rows are not tokens).
+  if (const Json* v = config.is_object() ? config.find("real_vocab_size") : nullptr;
+      v && v->is_int() && v->as_int() > 0 && v->as_int() <= w.config.vocab_size)
+    w.config.real_vocab_size = v->as_int();
+  return w;
 }
 
 GPTWeights load_gpt_init(const std::string& path, int64_t n_head) {
@@ -299,6 +306,10 @@ GPTWeights load_gpt_init(const std::string& path, int64_t n_head) {
 }
 
 LoadedTensors load_weights_file(const std::string& path, const std::string& data) {
+  if (formats::is_hf_dir(path)) {
+    const formats::HfConfig h = formats::read_hf_config(path);
+    return {formats::read_hf_weights(path, h), formats::hf_metadata(h, data)};
+  }
   const WeightsFormat format = weights_format(path);
   if (format == WeightsFormat::Safetensors) return load_safetensors(path);
   if (format == WeightsFormat::Llama2c) return load_llama2c_weights_file(path, data);
@@ -309,6 +320,7 @@ LoadedTensors load_weights_file(const std::string& path, const std::string& data
 }
 
 SafetensorsFile read_weights_header(const std::string& path) {
+  if (formats::is_hf_dir(path)) return formats::read_hf_header(path);
   const WeightsFormat format = weights_format(path);
   if (format == WeightsFormat::Safetensors) return read_safetensors_header(path);
   if (format == WeightsFormat::Llama2c) return read_llama2c_weights_header(path);

@@ -1,0 +1,80 @@
+// Chat and instruction data for fine-tuning: JSONL rows (conversations, prompt/completion pairs, Alpaca records or
+// plain text) rendered with the model's chat template, tokenized with a per-token loss mask, and cut, padded or
+// packed into rows of a fixed length (`castor tokenize --format`, docs/fine-tuning.md).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "castor/jinja.h"
+#include "castor/json.h"
+
+namespace castor::data {
+
+class Tokenizer;
+
+enum class ChatFormat { Chat, PromptCompletion, Alpaca, Text };
+// "chat", "prompt-completion", "alpaca" or "text"; castor::Error naming --format otherwise.
+ChatFormat parse_chat_format(const std::string& name);
+const char* chat_format_name(ChatFormat f);
+
+// What the chat path needs of a tokenizer: plain-text encoding, the bytes each token stands for (to place tokens in
+// the rendered text), the special tokens matched in rendered text, and the template with its variables.
+struct ChatTokenizer {
+  std::function<void(std::string_view, std::vector<int32_t>&)> encode;  // text without special tokens
+  std::function<int64_t(int32_t)> token_bytes;  // the bytes of text a token covers (a dummy prefix space included)
+  std::vector<std::pair<std::string, int32_t>> special;  // strings that are one token each wherever they occur
+  std::string bos_token, eos_token;                      // as the template sees them; eos_token ends an assistant turn
+  int32_t eos_id = -1, pad_id = -1;
+  bool bos_before_text = false;  // prompt-completion, alpaca and text rows start with bos_token
+  std::string chat_template;     // the template's source and its name in errors
+  std::string template_what;
+};
+
+// Castor's own tokenizers (a token directory's gpt2 or bpe): ChatML with the tokenizer's end-of-text token as
+// <|im_end|> (kChatMl), <|endoftext|> (gpt2) or <s> and </s> (bpe) as the special tokens.
+extern const char* const kChatMl;
+ChatTokenizer chat_tokenizer(const Tokenizer& tokenizer);
+
+// A conversation rendered (add_generation_prompt false) and the byte ranges of the text that are loss targets: each
+// assistant turn from the end of the text the template renders before it with add_generation_prompt (which must be
+// a prefix of the whole) to its end-of-turn token, inclusive (or everything with `train_on_prompt`).
+struct RenderedText {
+  std::string text;
+  std::vector<std::pair<size_t, size_t>> targets;  // [begin, end) byte ranges, in order
+};
+// castor::Error naming `where` (FILE: line N) for a message without a string role and content, a template error, a
+// turn the template renders differently when later turns follow, or an assistant turn without its end-of-turn token.
+RenderedText render_conversation(const Json& messages, const ChatTemplate& tmpl, const ChatTokenizer& tok,
+                                 bool train_on_prompt, const std::string& where);
+// The template's text for `messages` with add_generation_prompt (what sampling continues).
+std::string render_prompt(const Json& messages, const ChatTemplate& tmpl, const ChatTokenizer& tok);
+
+struct TokenizedText {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;  // 1: a target (predicted from the tokens before it)
+};
+// The text's tokens: special-token strings as their ids (leftmost, longest first), the text between them encoded
+// whole; a token is a target when its first byte lies in a target range.
+TokenizedText tokenize_rendered(const RenderedText& r, const ChatTokenizer& tok);
+
+// One JSONL row of `format` rendered and tokenized. castor::Error naming `where` on a row without its fields, an
+// empty completion or text, or what render_conversation refuses.
+TokenizedText tokenize_row(const Json& row, ChatFormat format, const ChatTemplate& tmpl, const ChatTokenizer& tok,
+                           bool train_on_prompt, const std::string& where);
+
+// Examples in rows of `row_tokens`: longer ones cut to it (`truncated`) or left out (`drop_long`, `dropped`); each
+// in a row of its own padded with pad_id (mask 0), or with `pack` several to a row by best-fit decreasing (longest
+// first into the fullest row it fits, as TRL's packing_strategy "bfd"; a row's examples attend to each other).
+struct Rows {
+  std::vector<int32_t> ids;  // rows * row_tokens
+  std::vector<uint8_t> mask;
+  int64_t rows = 0, truncated = 0, dropped = 0, targets = 0;
+};
+Rows make_rows(const std::vector<TokenizedText>& examples, int64_t row_tokens, bool drop_long, bool pack,
+               int32_t pad_id);
+
+}  // namespace castor::data

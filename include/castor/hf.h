@@ -1,0 +1,78 @@
+// Hugging Face model directories of the Llama family (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM):
+// config.json and model.safetensors, or shards listed by model.safetensors.index.json, to and from Castor's Llama
+// (docs/hugging-face.md).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "castor/formats.h"
+#include "castor/json.h"
+#include "castor/llama.h"
+#include "castor/nn.h"
+#include "castor/safetensors.h"
+#include "castor/state_dict.h"
+
+namespace castor::formats {
+
+// Whether `path` is a directory holding config.json and model.safetensors, its index or pytorch_model.bin (a Castor
+// run directory, which holds a config.json too, is not).
+bool is_hf_dir(const std::string& path);
+
+// What a directory's config.json describes.
+struct HfConfig {
+  models::LlamaConfig llama;            // hidden_dim set (intermediate_size), max_seq_len the positions it runs at
+  std::string architecture;             // "LlamaForCausalLM", "MistralForCausalLM" or "Qwen2ForCausalLM"
+  Json bos, eos;                        // bos_token_id, eos_token_id as written (a number, a list or null)
+  DType dtype = DType::Float32;         // torch_dtype (v5: dtype), float32 when absent
+  int64_t max_position_embeddings = 0;  // as written (llama.max_seq_len: at most Mistral's sliding_window)
+};
+// Reads DIR/config.json: every key of the three architectures (transformers v5's rope_parameters and dtype too).
+// castor::Error, one line naming the file and the key, for an unknown architecture, a pickle-only directory
+// (pytorch_model.bin: how to convert it) and a key whose value changes the math in a way Castor's Llama does not
+// compute (qkv or MLP biases, rope scaling, a head_dim other than hidden_size / num_attention_heads, an activation
+// other than silu, quantization).
+HfConfig read_hf_config(const std::string& dir);
+
+// The description of config's model a run records (castor/formats.h's llama_description with "architecture",
+// "bos_token_id" and "eos_token_id"), and what a float32 run of it on `data` (a --data name; "": none) records in a
+// model file's metadata ("castor.config": model llama, its sizes, amp O0, model_config; "hf.architecture").
+Json hf_description(const HfConfig& config);
+Metadata hf_metadata(const HfConfig& config, const std::string& data);
+
+// The tensors of DIR (model.safetensors, or the shards model.safetensors.index.json lists), renamed to Castor's
+// Llama names (hf_layout) with q_proj and k_proj rows permuted from Hugging Face's rotary pairs (i, i + d/2) to
+// Castor's interleaved ones (2i, 2i + 1) exactly, each converted to `dtype` as it is read (the file's float32,
+// float16 or bfloat16 bytes: one tensor in memory besides the result at a time). output.weight is
+// tok_embeddings.weight's tensor when the embedding is tied. castor::Error naming the file and the tensor for a
+// missing shard or tensor, a shape other than config.json's, a dtype other than those three, a truncated file.
+StateDict read_hf_weights(const std::string& dir, const HfConfig& config, DType dtype = DType::Float32);
+// The same checks, then each tensor given to `take` (Castor's name, the tensor) as it is read and dropped after it:
+// a model loads tensor by tensor, never holding a second copy of its weights (output.weight is not given when tied).
+void read_hf_weights_each(const std::string& dir, const HfConfig& config, DType dtype,
+                          const std::function<void(const std::string&, const Tensor&)>& take);
+// Loads DIR's weights into `model` (Castor's Llama of config) with read_hf_weights_each: each of its tensors exactly
+// once, copied into the parameter in place (its dtype). castor::Error naming a tensor the model lacks or does not get.
+void load_hf_into(nn::Module& model, const std::string& dir, const HfConfig& config);
+// The names (Castor's), dtypes and shapes of DIR's tensors, reading only the headers (castor info).
+SafetensorsFile read_hf_header(const std::string& dir);
+
+struct HfWriteOptions {
+  uint64_t max_shard_bytes = 5'000'000'000;  // past this, shards named model-0000K-of-0000N.safetensors + index
+  std::string architecture = "LlamaForCausalLM";
+  Json bos = Json(1), eos = Json(2);
+  int64_t max_position_embeddings = 0;  // 0: the model's max_seq_len
+  std::string tokenizer_dir;            // a Hugging Face directory whose tokenizer files are copied ("": none)
+};
+// Writes DIR: config.json, generation_config.json, model.safetensors or shards with model.safetensors.index.json
+// (tensors in their dtype, q and k rows permuted back), and the tokenizer files of options.tokenizer_dir. The
+// directory is made beside DIR and renamed into place: an existing DIR is replaced whole only when it is a Hugging
+// Face directory or empty, and a failure leaves it as it was. castor::Error naming DIR.
+void write_hf(const std::string& dir, const models::LlamaConfig& config, const StateDict& state,
+              const HfWriteOptions& options);
+
+// The Llama layout: each Castor tensor name and its Hugging Face name.
+const std::vector<TensorName>& hf_layout();
+
+}  // namespace castor::formats

@@ -1,0 +1,113 @@
+// The pieces every format shares (castor/formats.h): castor.config metadata and tensor-name layouts.
+#include "castor/formats.h"
+
+#include <cctype>
+
+#include "castor/check.h"
+
+namespace castor::formats {
+
+Json castor_config(const Metadata& meta, const std::string& what) {
+  const auto it = meta.find("castor.config");
+  if (it == meta.end()) return Json();
+  Json config;
+  try {
+    config = Json::parse(it->second);
+  } catch (const Error& e) {
+    throw Error(detail::cat(what, ": metadata castor.config: ", e.what()));
+  }
+  CASTOR_CHECK(config.is_object(), what, ": metadata castor.config: not a JSON object");
+  return config;
+}
+
+namespace {
+
+// `pattern` with "{i}" matched against `name`: the layer index digits, or "" (and false) when it does not match.
+bool match(const std::string& pattern, const std::string& name, std::string& index) {
+  const size_t at = pattern.find("{i}");
+  if (at == std::string::npos) return index.clear(), pattern == name;
+  const std::string head = pattern.substr(0, at), tail = pattern.substr(at + 3);
+  if (name.size() <= head.size() + tail.size() || name.compare(0, head.size(), head) != 0 ||
+      name.compare(name.size() - tail.size(), tail.size(), tail) != 0)
+    return false;
+  index = name.substr(head.size(), name.size() - head.size() - tail.size());
+  for (char ch : index)
+    if (!std::isdigit(static_cast<unsigned char>(ch))) return false;
+  return true;
+}
+
+// A number of a description; castor::Error naming `what` and the key when it is missing.
+double number(const Json& d, const char* key, const std::string& what) {
+  const Json* v = d.is_object() ? d.find(key) : nullptr;
+  CASTOR_CHECK(v && v->is_number(), what, ": the model description has no number \"", key, "\"");
+  return v->as_double();
+}
+int64_t integer(const Json& d, const char* key, const std::string& what) {
+  return static_cast<int64_t>(number(d, key, what));
+}
+bool flag(const Json& d, const char* key, const std::string& what) {
+  const Json* v = d.is_object() ? d.find(key) : nullptr;
+  CASTOR_CHECK(v && v->is_bool(), what, ": the model description has no boolean \"", key, "\"");
+  return v->as_bool();
+}
+
+}  // namespace
+
+Json llama_description(const models::LlamaConfig& l) {
+  return Json::Object{{"family", "llama"},
+                      {"dim", l.dim},
+                      {"n_layers", l.n_layers},
+                      {"n_heads", l.n_heads},
+                      {"n_kv_heads", l.kv_heads()},
+                      {"vocab_size", l.vocab_size},
+                      {"hidden_dim", l.ffn_hidden_dim()},
+                      {"norm_eps", l.norm_eps},
+                      {"max_seq_len", l.max_seq_len},
+                      {"rope_theta", l.rope_theta},
+                      {"tied", l.tied},
+                      {"dropout", l.dropout}};
+}
+
+models::LlamaConfig llama_config(const Json& d, const std::string& what) {
+  models::LlamaConfig l;
+  l.dim = integer(d, "dim", what), l.n_layers = integer(d, "n_layers", what);
+  l.n_heads = integer(d, "n_heads", what), l.n_kv_heads = integer(d, "n_kv_heads", what);
+  l.vocab_size = integer(d, "vocab_size", what), l.hidden_dim = integer(d, "hidden_dim", what);
+  l.norm_eps = number(d, "norm_eps", what), l.max_seq_len = integer(d, "max_seq_len", what);
+  l.rope_theta = number(d, "rope_theta", what), l.tied = flag(d, "tied", what);
+  l.dropout = number(d, "dropout", what);
+  try {
+    l.validate();
+  } catch (const Error& e) {
+    throw Error(detail::cat(what, ": ", e.what()));
+  }
+  return l;
+}
+
+Json gpt_description(const models::GPTConfig& g) {
+  return Json::Object{{"family", "gpt"},    {"n_layer", g.n_layer},       {"n_head", g.n_head},
+                      {"n_embd", g.n_embd}, {"block_size", g.block_size}, {"vocab_size", g.vocab_size},
+                      {"bias", g.bias},     {"dropout", g.dropout}};
+}
+
+models::GPTConfig gpt_config(const Json& d, const std::string& what) {
+  models::GPTConfig g;
+  g.n_layer = integer(d, "n_layer", what), g.n_head = integer(d, "n_head", what);
+  g.n_embd = integer(d, "n_embd", what), g.block_size = integer(d, "block_size", what);
+  g.vocab_size = integer(d, "vocab_size", what), g.bias = flag(d, "bias", what);
+  g.dropout = number(d, "dropout", what);
+  return g;
+}
+
+std::string file_name(const std::vector<TensorName>& layout, const std::string& castor_name) {
+  std::string index;
+  for (const TensorName& row : layout)
+    if (match(row.castor, castor_name, index)) {
+      std::string out = row.file;
+      if (const size_t at = out.find("{i}"); at != std::string::npos) out.replace(at, 3, index);
+      return out;
+    }
+  return "";
+}
+
+}  // namespace castor::formats

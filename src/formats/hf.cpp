@@ -1,0 +1,503 @@
+// Hugging Face Llama-family directories to and from Castor's Llama (castor/hf.h).
+#include "castor/hf.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "castor/autograd.h"
+#include "castor/check.h"
+#include "castor/fs.h"
+
+namespace castor::formats {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+// The files a Hugging Face tokenizer is made of, copied into an export when the run's directory has them.
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                           "tokenizer.model", "chat_template.jinja"};
+
+Json read_json(const std::string& path) {
+  const std::vector<uint8_t> bytes = read_file(path, 1 << 26);
+  try {
+    return Json::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  } catch (const Error& e) {
+    throw Error(detail::cat(path, ": ", e.what()));
+  }
+}
+
+// config.json's keys, read with the file named in every error.
+struct ConfigReader {
+  const Json& json;
+  std::string path;
+  const Json* get(const char* key) const {
+    const Json* v = json.find(key);
+    return v && !v->is_null() ? v : nullptr;
+  }
+  int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt) const {
+    const Json* v = get(key);
+    if (!v) {
+      CASTOR_CHECK(fallback, path, ": \"", key, "\" is missing");
+      return *fallback;
+    }
+    CASTOR_CHECK(v->is_int() && v->as_int() > 0, path, ": \"", key, "\" must be a positive integer, got ", v->dump());
+    return v->as_int();
+  }
+  double number(const char* key, double fallback) const {
+    const Json* v = get(key);
+    if (!v) return fallback;
+    CASTOR_CHECK(v->is_number() && v->as_double() > 0, path, ": \"", key, "\" must be a positive number, got ",
+                 v->dump());
+    return v->as_double();
+  }
+  bool flag(const char* key, bool fallback) const {
+    const Json* v = get(key);
+    if (!v) return fallback;
+    CASTOR_CHECK(v->is_bool(), path, ": \"", key, "\" must be true or false, got ", v->dump());
+    return v->as_bool();
+  }
+};
+
+DType dtype_of_name(const std::string& name, const std::string& path) {
+  if (name == "float32") return DType::Float32;
+  if (name == "float16") return DType::Float16;
+  if (name == "bfloat16") return DType::BFloat16;
+  throw Error(detail::cat(path, ": \"torch_dtype\" ", name, ": not float32, float16 or bfloat16"));
+}
+const char* dtype_json_name(DType d) {
+  return d == DType::Float16 ? "float16" : d == DType::BFloat16 ? "bfloat16" : "float32";
+}
+
+// Rows of a (rows, ...) tensor's bytes moved between Hugging Face's rotary layout, in which head h's row h d + e
+// (d/2) + p pairs with its partner p + d/2, and Castor's interleaved one, in which it is row h d + 2 p + e
+// (convert_llama_weights_to_hf.py's permute and its inverse: a pure reordering of rows, exact in any dtype).
+Tensor permute_rows(const Tensor& t, int64_t heads, bool to_castor) {
+  const Tensor src = t.contiguous();
+  const int64_t rows = src.shape()[0], d = rows / heads, row_bytes = src.nbytes() / rows;
+  Tensor dst = empty(src.shape(), src.dtype());
+  const auto* in = static_cast<const uint8_t*>(src.data_ptr());
+  auto* out = static_cast<uint8_t*>(dst.data_ptr());
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t p = 0; p < d / 2; ++p)
+      for (int64_t e = 0; e < 2; ++e) {
+        const int64_t hf = h * d + e * (d / 2) + p, castor = h * d + 2 * p + e;
+        const int64_t from = to_castor ? hf : castor, to = to_castor ? castor : hf;
+        std::memcpy(out + to * row_bytes, in + from * row_bytes, row_bytes);
+      }
+  return dst;
+}
+
+// The layout row's name with "{i}" replaced by layer `i`.
+std::string layer_name(const char* pattern, int64_t i) {
+  std::string s = pattern;
+  if (const size_t at = s.find("{i}"); at != std::string::npos) s.replace(at, 3, std::to_string(i));
+  return s;
+}
+
+// One tensor of a model: its Castor name, Hugging Face name, shape, and the heads its rows are permuted over (0: none).
+struct Planned {
+  std::string castor, hf;
+  Shape shape;
+  int64_t permute_heads = 0;
+};
+
+std::vector<Planned> plan(const models::LlamaConfig& c) {
+  const int64_t D = c.head_size(), H = c.n_heads, KV = c.kv_heads(), F = c.ffn_hidden_dim();
+  std::vector<Planned> out;
+  for (const TensorName& row : hf_layout()) {
+    const std::string castor = row.castor;
+    auto shape_of = [&](const std::string& n) -> std::pair<Shape, int64_t> {
+      if (n == "tok_embeddings.weight" || n == "output.weight") return {{c.vocab_size, c.dim}, 0};
+      if (n == "norm.weight" || n.ends_with("_norm.weight")) return {{c.dim}, 0};
+      if (n.ends_with("wq.weight")) return {{H * D, c.dim}, H};
+      if (n.ends_with("wk.weight")) return {{KV * D, c.dim}, KV};
+      if (n.ends_with("wv.weight")) return {{KV * D, c.dim}, 0};
+      if (n.ends_with("wo.weight")) return {{c.dim, H * D}, 0};
+      if (n.ends_with("w2.weight")) return {{c.dim, F}, 0};
+      return {{F, c.dim}, 0};  // w1, w3
+    };
+    if (castor == "output.weight" && c.tied) continue;
+    const int64_t layers = castor.find("{i}") == std::string::npos ? 1 : c.n_layers;
+    for (int64_t i = 0; i < layers; ++i) {
+      const std::string name = layer_name(row.castor, i);
+      const auto [shape, heads] = shape_of(name);
+      out.push_back({name, layer_name(row.file, i), shape, heads});
+    }
+  }
+  return out;
+}
+
+// Where each Hugging Face tensor is: DIR/model.safetensors for all, or the index's weight_map.
+std::map<std::string, std::string> shard_map(const std::string& dir) {
+  const std::string index = dir + "/model.safetensors.index.json", single = dir + "/model.safetensors";
+  std::map<std::string, std::string> where;
+  if (file_exists(index)) {
+    const Json j = read_json(index);
+    const Json* map = j.is_object() ? j.find("weight_map") : nullptr;
+    CASTOR_CHECK(map && map->is_object(), index, ": \"weight_map\" is missing or not an object");
+    for (const auto& [name, file] : map->as_object()) {
+      CASTOR_CHECK(file.is_string() && !file.as_string().empty() && file.as_string().find('/') == std::string::npos,
+                   index, ": weight_map[\"", name, "\"] is not a file name in the directory");
+      where[name] = dir + "/" + file.as_string();
+    }
+    return where;
+  }
+  if (!file_exists(single)) {
+    std::error_code ec;
+    const bool pickle = file_exists(dir + "/pytorch_model.bin") || file_exists(dir + "/pytorch_model.bin.index.json");
+    CASTOR_CHECK(!pickle, dir,
+                 ": holds pytorch_model.bin (a pickle, which Castor does not load: it can run code); convert it "
+                 "elsewhere with transformers: AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(DIR, "
+                 "safe_serialization=True)");
+    throw Error(detail::cat(dir, ": neither model.safetensors nor model.safetensors.index.json"));
+  }
+  for (const SafetensorsEntry& e : read_safetensors_header(single).entries) where[e.name] = single;
+  return where;
+}
+
+// The headers of the shards, each read once, and where each file's data section begins.
+struct Shards {
+  std::map<std::string, SafetensorsFile> headers;
+  std::map<std::string, uint64_t> data_offset;
+  const SafetensorsEntry& entry(const std::string& file, const std::string& name) {
+    auto it = headers.find(file);
+    if (it == headers.end()) {
+      CASTOR_CHECK(file_exists(file), file, ": missing (model.safetensors.index.json lists it for ", name, ")");
+      it = headers.emplace(file, read_safetensors_header(file)).first;
+      uint64_t size = 0, end = 0;
+      read_file_range(file, 0, 0, size);
+      for (const SafetensorsEntry& e : it->second.entries) end = std::max(end, e.end);
+      data_offset[file] = size - end;
+    }
+    const SafetensorsEntry* e = it->second.find(name);
+    CASTOR_CHECK(e, file, ": no tensor ", name);
+    return *e;
+  }
+};
+
+}  // namespace
+
+const std::vector<TensorName>& hf_layout() {
+  static const std::vector<TensorName> layout = {
+      {"tok_embeddings.weight", "model.embed_tokens.weight"},
+      {"layers.{i}.attention_norm.weight", "model.layers.{i}.input_layernorm.weight"},
+      {"layers.{i}.attention.wq.weight", "model.layers.{i}.self_attn.q_proj.weight"},
+      {"layers.{i}.attention.wk.weight", "model.layers.{i}.self_attn.k_proj.weight"},
+      {"layers.{i}.attention.wv.weight", "model.layers.{i}.self_attn.v_proj.weight"},
+      {"layers.{i}.attention.wo.weight", "model.layers.{i}.self_attn.o_proj.weight"},
+      {"layers.{i}.ffn_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"},
+      {"layers.{i}.feed_forward.w1.weight", "model.layers.{i}.mlp.gate_proj.weight"},
+      {"layers.{i}.feed_forward.w3.weight", "model.layers.{i}.mlp.up_proj.weight"},
+      {"layers.{i}.feed_forward.w2.weight", "model.layers.{i}.mlp.down_proj.weight"},
+      {"norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"},
+  };
+  return layout;
+}
+
+bool is_hf_dir(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec) || !fs::is_regular_file(fs::path(path) / "config.json", ec)) return false;
+  for (const char* weights :
+       {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"})
+    if (fs::exists(fs::path(path) / weights, ec)) return true;
+  return false;  // (a Castor run directory holds a config.json too, its weights under checkpoints/)
+}
+
+HfConfig read_hf_config(const std::string& dir) {
+  const std::string path = dir + "/config.json";
+  const Json json = read_json(path);
+  CASTOR_CHECK(json.is_object(), path, ": not a JSON object");
+  const ConfigReader r{json, path};
+  HfConfig h;
+  const Json* arch = r.get("architectures");
+  CASTOR_CHECK(arch && arch->is_array() && arch->as_array().size() == 1 && arch->as_array()[0].is_string(), path,
+               ": \"architectures\" must list one architecture (LlamaForCausalLM, MistralForCausalLM or "
+               "Qwen2ForCausalLM)");
+  h.architecture = arch->as_array()[0].as_string();
+  CASTOR_CHECK(std::find(std::begin(kArchitectures), std::end(kArchitectures), h.architecture) !=
+                   std::end(kArchitectures),
+               path, ": architecture ", h.architecture,
+               " is not one Castor reads (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+  // What Castor's Llama does not compute yet: refused, naming the key.
+  CASTOR_CHECK(h.architecture != "Qwen2ForCausalLM", path,
+               ": \"architectures\" Qwen2ForCausalLM: its q/k/v projections have biases, which Castor's Llama "
+               "does not have yet");
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    CASTOR_CHECK(!r.flag(key, false), path, ": \"", key, "\" true: Castor's Llama has no biases yet");
+  if (const Json* act = r.get("hidden_act"))
+    CASTOR_CHECK(act->is_string() && act->as_string() == "silu", path, ": \"hidden_act\" ", act->dump(),
+                 ": Castor's Llama computes SwiGLU with silu only");
+  for (const char* key : {"quantization_config", "attn_logit_softcapping", "final_logit_softcapping"})
+    CASTOR_CHECK(!r.get(key), path, ": \"", key, "\" is not supported (it changes what the model computes)");
+  if (const Json* f = r.get("partial_rotary_factor"))
+    CASTOR_CHECK(f->is_number() && f->as_double() == 1.0, path, ": \"partial_rotary_factor\" ", f->dump(),
+                 ": Castor rotates whole heads");
+  // rope: v4's rope_theta / rope_scaling, v5's rope_parameters {rope_type, rope_theta, ...}.
+  double theta = r.number("rope_theta", 10000.0);
+  const Json* scaling = r.get("rope_scaling");
+  const char* scaling_key = "rope_scaling";
+  if (const Json* p = r.get("rope_parameters")) {
+    CASTOR_CHECK(p->is_object(), path, ": \"rope_parameters\" is not an object");
+    const ConfigReader pr{*p, path};
+    theta = pr.number("rope_theta", theta);
+    scaling = p, scaling_key = "rope_parameters";
+  }
+  if (scaling) {
+    const Json* type = scaling->is_object() ? scaling->find("rope_type") : nullptr;
+    if (!type && scaling->is_object()) type = scaling->find("type");
+    const std::string kind = type && type->is_string() ? type->as_string() : "";
+    CASTOR_CHECK(kind == "default" || (!type && scaling_key == std::string("rope_parameters")), path, ": \"",
+                 scaling_key, "\" of type ", kind.empty() ? "(none)" : kind,
+                 ": Castor's Llama does not scale its rotary frequencies yet");
+  }
+  models::LlamaConfig& l = h.llama;
+  l.dim = r.integer("hidden_size");
+  l.n_layers = r.integer("num_hidden_layers");
+  l.n_heads = r.integer("num_attention_heads");
+  l.n_kv_heads = r.integer("num_key_value_heads", l.n_heads);
+  l.hidden_dim = r.integer("intermediate_size");
+  l.vocab_size = r.integer("vocab_size");
+  l.norm_eps = r.number("rms_norm_eps", 1e-6);
+  l.rope_theta = theta;
+  l.max_seq_len = h.max_position_embeddings = r.integer("max_position_embeddings", 2048);
+  l.tied = r.flag("tie_word_embeddings", false);
+  l.dropout = 0.0;
+  CASTOR_CHECK(l.dim % l.n_heads == 0, path, ": \"hidden_size\" ", l.dim,
+               " is not a multiple of \"num_attention_heads\" ", l.n_heads);
+  const int64_t head_dim = r.integer("head_dim", l.dim / l.n_heads);
+  CASTOR_CHECK(head_dim == l.dim / l.n_heads, path, ": \"head_dim\" ", head_dim,
+               " is not hidden_size / "
+               "num_attention_heads (",
+               l.dim / l.n_heads, "): Castor's Llama does not have such heads yet");
+  // Mistral's sliding window: attention over the last `window` positions is full causal attention while sequences
+  // fit it, so the model runs at most that many positions.
+  if (const Json* w = r.get("sliding_window");
+      w && r.flag("use_sliding_window", h.architecture != "Qwen2ForCausalLM")) {
+    CASTOR_CHECK(w->is_int() && w->as_int() > 0, path, ": \"sliding_window\" must be a positive integer or null");
+    l.max_seq_len = std::min(l.max_seq_len, w->as_int());
+  }
+  h.bos = json.find("bos_token_id") ? json.at("bos_token_id") : Json();
+  h.eos = json.find("eos_token_id") ? json.at("eos_token_id") : Json();
+  const Json* dtype = r.get("dtype") ? r.get("dtype") : r.get("torch_dtype");
+  if (dtype) {
+    CASTOR_CHECK(dtype->is_string(), path, ": \"torch_dtype\" is not a string");
+    h.dtype = dtype_of_name(dtype->as_string(), path);
+  }
+  try {
+    l.validate();
+  } catch (const Error& e) {
+    throw Error(detail::cat(path, ": ", e.what()));
+  }
+  return h;
+}
+
+Json hf_description(const HfConfig& h) {
+  Json d = llama_description(h.llama);
+  d["architecture"] = h.architecture;
+  d["bos_token_id"] = h.bos;
+  d["eos_token_id"] = h.eos;
+  d["max_position_embeddings"] = h.max_position_embeddings;
+  return d;
+}
+
+Metadata hf_metadata(const HfConfig& h, const std::string& data) {
+  const models::LlamaConfig& l = h.llama;
+  Json config = Json::Object{{"model", "llama"},
+                             {"n_layer", l.n_layers},
+                             {"n_head", l.n_heads},
+                             {"n_embd", l.dim},
+                             {"block_size", l.max_seq_len},
+                             {"vocab_size", l.vocab_size},
+                             {"n_kv_head", l.kv_heads()},
+                             {"multiple_of", l.ffn_hidden_dim()},
+                             {"rope_theta", l.rope_theta},
+                             {"untied", !l.tied},
+                             {"amp", "O0"},
+                             {"dtype", "bf16"},
+                             {"threads", 0},
+                             {"model_config", hf_description(h)}};
+  if (!data.empty()) config["data"] = data;
+  return {{"castor.config", config.dump()}, {"castor.model", "llama"}, {"hf.architecture", h.architecture}};
+}
+
+void read_hf_weights_each(const std::string& dir, const HfConfig& config, DType dtype,
+                          const std::function<void(const std::string&, const Tensor&)>& take) {
+  const std::map<std::string, std::string> where = shard_map(dir);
+  const std::vector<Planned> tensors = plan(config.llama);
+  // Every tensor present with config.json's shape before any is read.
+  Shards shards;
+  for (const Planned& t : tensors) {
+    const auto it = where.find(t.hf);
+    CASTOR_CHECK(it != where.end(), dir, ": no tensor ", t.hf,
+                 t.castor == "output.weight" ? " (config.json: tie_word_embeddings false)" : "");
+    const SafetensorsEntry& e = shards.entry(it->second, t.hf);
+    CASTOR_CHECK(e.dtype == DType::Float32 || e.dtype == DType::Float16 || e.dtype == DType::BFloat16, it->second, ": ",
+                 t.hf, " is ", dtype_name(e.dtype), ", not float32, float16 or bfloat16");
+    CASTOR_CHECK(Shape(e.shape.begin(), e.shape.end()) == t.shape, it->second, ": ", t.hf, " has shape ",
+                 shape_str(Shape(e.shape.begin(), e.shape.end())), ", config.json gives ", shape_str(t.shape),
+                 t.hf == "model.embed_tokens.weight" ? " (vocab_size x hidden_size)" : "");
+  }
+  for (const Planned& t : tensors) {
+    const std::string& file = where.at(t.hf);
+    const SafetensorsEntry& e = shards.entry(file, t.hf);
+    uint64_t size = 0;
+    const std::vector<uint8_t> bytes = read_file_range(file, shards.data_offset.at(file) + e.begin, e.end - e.begin,
+                                                       size);
+    Tensor x = from_blob(bytes.data(), t.shape, e.dtype);
+    if (t.permute_heads > 0) x = permute_rows(x, t.permute_heads, /*to_castor=*/true);
+    take(t.castor, x.dtype() == dtype ? x : x.to(dtype));
+  }
+}
+
+StateDict read_hf_weights(const std::string& dir, const HfConfig& config, DType dtype) {
+  StateDict state;
+  read_hf_weights_each(dir, config, dtype, [&](const std::string& name, const Tensor& t) { state.emplace(name, t); });
+  if (config.llama.tied) state.emplace("output.weight", state.at("tok_embeddings.weight"));
+  return state;
+}
+
+void load_hf_into(nn::Module& model, const std::string& dir, const HfConfig& config) {
+  const StateDict own = model.state_dict();
+  std::set<std::string> loaded;
+  NoGradGuard no_grad;
+  read_hf_weights_each(dir, config, DType::Float32, [&](const std::string& name, const Tensor& t) {
+    const auto it = own.find(name);
+    CASTOR_CHECK(it != own.end() && it->second.shape() == t.shape(), dir, ": the model has no ", name, " of shape ",
+                 shape_str(t.shape()));
+    Tensor(it->second).copy_(t);
+    loaded.insert(name);
+  });
+  for (const auto& [name, t] : own)
+    CASTOR_CHECK(loaded.count(name) || (config.llama.tied && name == "output.weight"), dir, ": gives no ", name);
+}
+
+SafetensorsFile read_hf_header(const std::string& dir) {
+  const HfConfig config = read_hf_config(dir);
+  const std::map<std::string, std::string> where = shard_map(dir);
+  Shards shards;
+  SafetensorsFile out;
+  for (const Planned& t : plan(config.llama)) {
+    const auto it = where.find(t.hf);
+    CASTOR_CHECK(it != where.end(), dir, ": no tensor ", t.hf);
+    SafetensorsEntry e = shards.entry(it->second, t.hf);
+    e.name = t.castor;
+    out.entries.push_back(e);
+  }
+  out.metadata = hf_metadata(config, "");
+  return out;
+}
+
+void write_hf(const std::string& dir, const models::LlamaConfig& c, const StateDict& state, const HfWriteOptions& o) {
+  std::error_code ec;
+  const fs::path target = fs::path(dir).lexically_normal();
+  const bool exists = fs::exists(fs::symlink_status(target, ec));
+  CASTOR_CHECK(!exists || (fs::is_directory(fs::symlink_status(target, ec)) &&
+                           (fs::is_empty(target, ec) || fs::exists(target / "config.json", ec))),
+               dir, ": exists and is not a Hugging Face directory or empty; give another --out");
+  CASTOR_CHECK(c.head_size() % 2 == 0, dir, ": the head size is odd");
+  // The tensors as the files hold them, in the layout's order, before anything is written.
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const Planned& t : plan(c)) {
+    const auto it = state.find(t.castor);
+    CASTOR_CHECK(it != state.end(), dir, ": the model has no ", t.castor);
+    CASTOR_CHECK(it->second.shape() == t.shape, dir, ": ", t.castor, " has shape ", shape_str(it->second.shape()),
+                 ", the config gives ", shape_str(t.shape));
+    Tensor x = it->second.contiguous();
+    if (t.permute_heads > 0) x = permute_rows(x, t.permute_heads, /*to_castor=*/false);
+    tensors.emplace_back(t.hf, x);
+  }
+  const DType dtype = tensors.front().second.dtype();
+  // Shards: in order, a new one when the next tensor would pass the size (a tensor alone may).
+  std::vector<std::vector<size_t>> shards(1);
+  uint64_t bytes = 0, total = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t n = tensors[i].second.nbytes();
+    if (!shards.back().empty() && bytes + n > o.max_shard_bytes) shards.emplace_back(), bytes = 0;
+    shards.back().push_back(i);
+    bytes += n, total += n;
+  }
+  const fs::path tmp = target.string() + ".castor-tmp";
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  CASTOR_CHECK(fs::is_directory(tmp, ec), dir, ": cannot make ", tmp.string());
+  try {
+    Json::Object weight_map;
+    for (size_t s = 0; s < shards.size(); ++s) {
+      char name[64];
+      std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+      const std::string file = shards.size() == 1 ? "model.safetensors" : name;
+      std::vector<SafetensorsTensor> st;
+      for (size_t i : shards[s]) {
+        const Tensor& x = tensors[i].second;
+        st.push_back({tensors[i].first, x.dtype(), x.shape(), x.data_ptr(), static_cast<size_t>(x.nbytes())});
+        weight_map[tensors[i].first] = file;
+      }
+      write_safetensors((tmp / file).string(), st, {{"format", "pt"}});
+    }
+    if (shards.size() > 1)
+      atomic_write_file(
+          (tmp / "model.safetensors.index.json").string(),
+          Json(Json::Object{{"metadata", Json::Object{{"total_size", total}}}, {"weight_map", weight_map}}).dump(2));
+    const std::string model_type = o.architecture == "MistralForCausalLM" ? "mistral" : "llama";
+    const Json config = Json::Object{
+        {"architectures", Json::Array{o.architecture}},
+        {"model_type", model_type},
+        {"hidden_size", c.dim},
+        {"intermediate_size", c.ffn_hidden_dim()},
+        {"num_hidden_layers", c.n_layers},
+        {"num_attention_heads", c.n_heads},
+        {"num_key_value_heads", c.kv_heads()},
+        {"head_dim", c.head_size()},
+        {"hidden_act", "silu"},
+        {"max_position_embeddings", o.max_position_embeddings > 0 ? o.max_position_embeddings : c.max_seq_len},
+        {"rms_norm_eps", c.norm_eps},
+        {"rope_theta", c.rope_theta},
+        {"rope_scaling", Json()},
+        {"tie_word_embeddings", c.tied},
+        {"attention_bias", false},
+        {"mlp_bias", false},
+        {"attention_dropout", 0.0},
+        {"initializer_range", 0.02},
+        {"pretraining_tp", 1},
+        {"use_cache", true},
+        {"vocab_size", c.vocab_size},
+        {"bos_token_id", o.bos},
+        {"eos_token_id", o.eos},
+        {"torch_dtype", dtype_json_name(dtype)}};
+    atomic_write_file((tmp / "config.json").string(), config.dump(2));
+    atomic_write_file(
+        (tmp / "generation_config.json").string(),
+        Json(Json::Object{{"_from_model_config", true}, {"bos_token_id", o.bos}, {"eos_token_id", o.eos}}).dump(2));
+    if (!o.tokenizer_dir.empty())
+      for (const char* f : kTokenizerFiles)
+        if (file_exists(o.tokenizer_dir + "/" + f)) {
+          const std::vector<uint8_t> b = read_file(o.tokenizer_dir + "/" + f);
+          atomic_write_file((tmp / f).string(), std::span<const uint8_t>(b));
+        }
+    // Into place: the old directory out of the way first, removed once the new one is there.
+    const fs::path old = target.string() + ".castor-old";
+    fs::remove_all(old, ec);
+    if (exists) {
+      fs::rename(target, old, ec);
+      CASTOR_CHECK(!ec, dir, ": cannot move the old directory aside: ", ec.message());
+    }
+    fs::rename(tmp, target, ec);
+    if (ec) {
+      if (exists) fs::rename(old, target, ec);
+      throw Error(detail::cat(dir, ": cannot rename ", tmp.string(), " into place"));
+    }
+    fs::remove_all(old, ec);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+}
+
+}  // namespace castor::formats

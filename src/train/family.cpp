@@ -1,0 +1,298 @@
+// The model-family table (train/family.h): GPT (nanoGPT's) and Llama (llama2.c's) rows.
+#include "train/family.h"
+
+#include <filesystem>
+
+#include "castor/checkpoint.h"
+#include "castor/hf.h"
+#include "castor/llama2c.h"
+#include "castor/llmc.h"
+#include "castor/tokenizer.h"
+#include "train/task.h"
+
+namespace castor::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// An error reading --init, as "--init FILE: ...".
+Error init_error(const TrainConfig& c, const Error& e) {
+  const std::string msg = e.what();
+  return Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
+}
+
+// A size of --init's model: `flag` given with another value is an error naming both.
+template <class T>
+void take(const TrainConfig& c, const char* flag, T& field, T value) {
+  CASTOR_CHECK(!c.given(flag) || field == value, flag, " ", field, ": --init ", c.init, " holds ", value);
+  field = value;
+}
+
+// ---- gpt: nanoGPT's GPT ----
+
+models::GPTConfig gpt_config_of(const TrainConfig& c, int64_t real_vocab) {
+  models::GPTConfig g;
+  g.n_layer = c.n_layer, g.n_head = c.n_head, g.n_embd = c.n_embd, g.block_size = c.block_size;
+  g.vocab_size = c.vocab_size, g.real_vocab_size = real_vocab, g.dropout = c.dropout, g.bias = c.bias;
+  return g;
+}
+
+void gpt_apply_sizes(TrainConfig& c) {
+  const models::GPTConfig p = models::gpt_preset(name(c.model), 0);
+  if (c.n_layer == 0) c.n_layer = p.n_layer;
+  if (c.n_head == 0) c.n_head = p.n_head;
+  if (c.n_embd == 0) c.n_embd = p.n_embd;
+  if (c.block_size == 0) c.block_size = p.block_size;
+  CASTOR_CHECK(c.n_embd % c.n_head == 0, "--n-embd ", c.n_embd, ": not a multiple of --n-head ", c.n_head);
+}
+
+void gpt_check(const TrainConfig&) {}  // (a GPT's sizes are all checked as the flags are applied)
+
+// llm.c's gpt2_124M.bin or nanoGPT-named safetensors: the sizes and the weights, read once.
+std::optional<StateDict> gpt_take_init_sizes(TrainConfig& c, const std::string&) {
+  models::GPTWeights w;
+  try {
+    w = models::load_gpt_init(c.init, c.given("--n-head") ? c.n_head : 0);
+  } catch (const Error& e) {
+    throw init_error(c, e);
+  }
+  const models::GPTConfig& g = w.config;
+  take(c, "--n-layer", c.n_layer, g.n_layer);
+  take(c, "--n-head", c.n_head, g.n_head);
+  take(c, "--n-embd", c.n_embd, g.n_embd);
+  take(c, "--block-size", c.block_size, g.block_size);
+  take(c, "--vocab-size", c.vocab_size, g.vocab_size);
+  c.real_vocab_size = g.real_vocab_size;  // llm.c's header V; 0 for weights that record none
+  CASTOR_CHECK(!c.given("--bias") || c.bias == g.bias, "--bias: --init ", c.init, g.bias ? " has" : " has no",
+               " biases");
+  c.bias = g.bias;
+  return std::move(w.state);
+}
+
+std::shared_ptr<models::LanguageModel> gpt_make(const TrainConfig& c, int64_t real_vocab, uint64_t seed) {
+  return models::gpt(gpt_config_of(c, real_vocab), seed);
+}
+
+void gpt_load(nn::Module& model, const TrainConfig& c, const std::string& path) {
+  model.load_state_dict(models::load_gpt_init(path, c.n_head).state, /*strict=*/true);
+}
+
+Json gpt_describe(const TrainConfig& c) { return gpt_description(gpt_config_of(c, 0)); }
+
+std::shared_ptr<models::LanguageModel> gpt_build(const Json& d, const std::string& what) {
+  return models::gpt(gpt_config(d, what), /*seed=*/0);
+}
+
+// ---- llama: llama2.c's Llama ----
+
+models::LlamaConfig llama_config_of(const TrainConfig& c) {
+  models::LlamaConfig l;
+  l.dim = c.n_embd, l.n_layers = c.n_layer, l.n_heads = c.n_head, l.n_kv_heads = c.n_kv_head;
+  l.vocab_size = c.vocab_size, l.multiple_of = c.multiple_of, l.max_seq_len = c.block_size;
+  l.rope_theta = c.rope_theta, l.tied = !c.untied, l.dropout = c.dropout;
+  return l;
+}
+
+// The preset's sizes where not given (key/value heads: the preset's, or --n-head's when that is given), and
+// LlamaConfig::validate's checks naming the flags.
+void llama_apply_sizes(TrainConfig& c) {
+  const models::LlamaConfig p = models::llama_preset(name(c.model), 0);
+  if (c.n_kv_head == 0) c.n_kv_head = c.n_head == 0 ? p.kv_heads() : c.n_head;
+  if (c.n_layer == 0) c.n_layer = p.n_layers;
+  if (c.n_head == 0) c.n_head = p.n_heads;
+  if (c.n_embd == 0) c.n_embd = p.dim;
+  if (c.block_size == 0) c.block_size = p.max_seq_len;
+  if (c.multiple_of == 0) c.multiple_of = p.multiple_of;
+  CASTOR_CHECK(c.n_embd % c.n_head == 0, "--n-embd ", c.n_embd, ": not a multiple of --n-head ", c.n_head);
+  CASTOR_CHECK((c.n_embd / c.n_head) % 2 == 0, "--n-embd ", c.n_embd, " / --n-head ", c.n_head, ": the head size ",
+               c.n_embd / c.n_head, " is odd (rotary embeddings rotate pairs of it)");
+  CASTOR_CHECK(c.n_head % c.n_kv_head == 0, "--n-kv-head ", c.n_kv_head, ": --n-head ", c.n_head,
+               " is not a multiple of it (each key/value head serves a group of query heads)");
+}
+
+// (the description's config when the run has one: the same model as the flags' for a run of Castor's sizes)
+models::LlamaConfig llama_model_config(const TrainConfig& c) {
+  return c.model_config.is_object() ? llama_config(c.model_config, "model_config") : llama_config_of(c);
+}
+
+void llama_check(const TrainConfig& c) { llama_model_config(c).validate(); }
+
+// A llama2.c file's header (its feed-forward width as --multiple-of, its classifier as --untied), or the settings a
+// Castor Llama's safetensors record (a run's checkpoint, a file castor export --safetensors wrote); its vocabulary
+// must be the token directory's. Other safetensors keep the flags' sizes (their tensors' shapes are checked as they
+// load).
+// A Hugging Face directory: config.json's model, described (its norm eps and feed-forward width have no flags); the
+// model runs --block-size positions (at most max_position_embeddings; not given: that many), and the token
+// directory's vocabulary fits in its embedding.
+std::optional<StateDict> llama_take_hf_sizes(TrainConfig& c, const std::string& data_dir) {
+  formats::HfConfig h;
+  try {
+    h = formats::read_hf_config(c.init);
+  } catch (const Error& e) {
+    throw init_error(c, e);
+  }
+  models::LlamaConfig& l = h.llama;
+  take(c, "--n-layer", c.n_layer, l.n_layers);
+  take(c, "--n-head", c.n_head, l.n_heads);
+  take(c, "--n-kv-head", c.n_kv_head, l.kv_heads());
+  take(c, "--n-embd", c.n_embd, l.dim);
+  take(c, "--vocab-size", c.vocab_size, l.vocab_size);
+  take(c, "--rope-theta", c.rope_theta, l.rope_theta);
+  CASTOR_CHECK(!c.given("--block-size") || c.block_size <= l.max_seq_len, "--block-size ", c.block_size, ": --init ",
+               c.init, " runs at most ", l.max_seq_len, " positions");
+  if (!c.given("--block-size")) c.block_size = l.max_seq_len;
+  CASTOR_CHECK(!c.given("--untied") || c.untied != l.tied, "--untied: --init ", c.init, "'s lm_head ",
+               l.tied ? "is" : "is not", " tied to the embedding (tie_word_embeddings)");
+  c.untied = !l.tied;
+  CASTOR_CHECK(!c.given("--multiple-of"), "--multiple-of: --init ", c.init, " gives intermediate_size ", l.hidden_dim);
+  c.multiple_of = l.hidden_dim;  // (model.py's rule gives it from itself whenever it is at least 8/3 dim)
+  l.max_seq_len = c.block_size, l.dropout = c.dropout;
+  const std::string record = data::token_record_path(data_dir);
+  const int64_t tokens = !record.empty() ? data::Tokenizer::recorded_vocab_size(data_dir) : 0;
+  CASTOR_CHECK(tokens <= l.vocab_size, "--init ", c.init, ": vocab_size ", l.vocab_size, ", but ", record,
+               "'s vocabulary has ", tokens, " tokens (more than the embedding's rows)");
+  c.model_config = formats::hf_description(h);
+  return std::nullopt;
+}
+
+std::optional<StateDict> llama_take_init_sizes(TrainConfig& c, const std::string& data_dir) {
+  if (formats::is_hf_dir(c.init)) return llama_take_hf_sizes(c, data_dir);
+  models::Llama2cConfig f;
+  bool shared_classifier = true;
+  int64_t multiple_of = 0;
+  try {
+    const models::WeightsFormat format = models::weights_format(c.init);
+    if (format == models::WeightsFormat::Llama2c) {
+      const models::Llama2cHeader h = models::read_llama2c_header(c.init);
+      f = h.config, shared_classifier = h.shared_classifier;
+      multiple_of = models::llama2c_multiple_of(f, c.init);
+    } else {
+      const Json recorded = format == models::WeightsFormat::Safetensors
+                                ? castor_config(read_safetensors_header(c.init).metadata, c.init)
+                                : Json();
+      const Json* model = recorded.is_object() ? recorded.find("model") : nullptr;
+      if (!model || !model->is_string() || !model->as_string().starts_with("llama")) return std::nullopt;
+      const TrainConfig r = resume_config(TrainConfig{}, recorded, c.init);
+      const models::LlamaConfig l = llama_config_of(r);
+      f = models::llama2c_config(l, c.init), shared_classifier = l.tied, multiple_of = l.multiple_of;
+    }
+  } catch (const Error& e) {
+    throw init_error(c, e);
+  }
+  take(c, "--n-layer", c.n_layer, f.n_layers);
+  take(c, "--n-head", c.n_head, f.n_heads);
+  take(c, "--n-kv-head", c.n_kv_head, f.n_kv_heads);
+  take(c, "--n-embd", c.n_embd, f.dim);
+  take(c, "--block-size", c.block_size, f.max_seq_len);
+  take(c, "--vocab-size", c.vocab_size, f.vocab_size);
+  take(c, "--rope-theta", c.rope_theta, f.rope_theta);
+  CASTOR_CHECK(!c.given("--untied") || c.untied != shared_classifier, "--untied: --init ", c.init, "'s output ",
+               shared_classifier ? "shares" : "does not share", " tok_embeddings' weight");
+  c.untied = !shared_classifier;
+  models::LlamaConfig given;
+  given.dim = f.dim, given.multiple_of = c.multiple_of;
+  CASTOR_CHECK(!c.given("--multiple-of") || given.ffn_hidden_dim() == f.hidden_dim, "--multiple-of ", c.multiple_of,
+               ": gives hidden_dim ", given.ffn_hidden_dim(), ", --init ", c.init, " holds ", f.hidden_dim);
+  if (!c.given("--multiple-of")) c.multiple_of = multiple_of;
+  const std::string record = data::token_record_path(data_dir);
+  const int64_t tokens = !record.empty() ? data::Tokenizer::recorded_vocab_size(data_dir) : 0;
+  CASTOR_CHECK(tokens == 0 || tokens == f.vocab_size, "--init ", c.init, ": vocab_size ", f.vocab_size, ", but ",
+               record, "'s vocabulary has ", tokens, " tokens");
+  return std::nullopt;
+}
+
+std::shared_ptr<models::LanguageModel> llama_make(const TrainConfig& c, int64_t, uint64_t seed) {
+  return models::llama(llama_model_config(c), seed);
+}
+
+// (a Hugging Face directory tensor by tensor: no second copy of the weights in memory)
+void llama_load(nn::Module& model, const TrainConfig&, const std::string& path) {
+  if (formats::is_hf_dir(path)) return formats::load_hf_into(model, path, formats::read_hf_config(path));
+  model.load_state_dict(models::load_weights_file(path, "").tensors, /*strict=*/true);
+}
+
+Json llama_describe(const TrainConfig& c) {
+  return c.model_config.is_object() ? c.model_config : llama_description(llama_config_of(c));
+}
+
+std::shared_ptr<models::LanguageModel> llama_build(const Json& d, const std::string& what) {
+  return models::llama(llama_config(d, what), /*seed=*/0);
+}
+
+}  // namespace
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> table = {
+      {"gpt",
+       "GPT",
+       {ModelKind::Gpt, ModelKind::GptMini, ModelKind::Gpt2},
+       Job::Gpt,
+       "LayerNorm, learned positions, GELU MLP, optional biases, output tied to the embedding",
+       Dataset::BrownChar,
+       1e-3,
+       100,
+       2000,
+       true,
+       gpt_apply_sizes,
+       gpt_check,
+       gpt_take_init_sizes,
+       gpt_make,
+       gpt_load,
+       gpt_describe,
+       gpt_build},
+      {"llama",
+       "Llama",
+       {ModelKind::Llama, ModelKind::Llama260k, ModelKind::Llama15m},
+       Job::Llama,
+       "RMSNorm, rotary embeddings on interleaved pairs, grouped-query attention, SwiGLU, no biases, output tied or "
+       "untied",
+       Dataset::BrownBpe,
+       2e-3,
+       50,
+       500,
+       false,
+       llama_apply_sizes,
+       llama_check,
+       llama_take_init_sizes,
+       llama_make,
+       llama_load,
+       llama_describe,
+       llama_build},
+  };
+  return table;
+}
+
+const Family* family_of(ModelKind m) {
+  for (const Family& f : families())
+    for (ModelKind p : f.presets)
+      if (p == m) return &f;
+  return nullptr;
+}
+
+const Family* family_named(const std::string& name) {
+  for (const Family& f : families())
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+const Family* family_of_spelling(const std::string& model) {
+  for (const Spelling<ModelKind>& s : kModels)
+    if (model == s.name) return family_of(s.value);
+  return nullptr;
+}
+
+const Family& family(const TrainConfig& c) {
+  const Family* f = family_of(c.model);
+  CASTOR_CHECK(f, "--model ", name(c.model), ": not a language model");
+  return *f;
+}
+
+Json model_description(const Json& recorded, const std::string& what) {
+  if (const Json* d = recorded.is_object() ? recorded.find("model_config") : nullptr; d && d->is_object()) return *d;
+  const TrainConfig c = resume_config(TrainConfig{}, recorded, what);
+  const Family* f = family_of(c.model);
+  return f ? f->describe(c) : Json();
+}
+
+}  // namespace castor::train

