@@ -158,7 +158,7 @@ TEST_F(ChatTrain, RowsSetTheBlockSizeAndDataWithoutTargetsIsRefused) {
 }
 
 // The synthetic task: the answer is the prompt reversed (3 letters), on a byte-level vocabulary. Fine-tuned on 1,598
-// prompts with the default mask (900 steps), the model answers 40 held-out prompts by greedy `castor sample
+// prompts with the default mask (1,200 steps), the model answers 40 held-out prompts by greedy `castor sample
 // --chat` (which must stop at </s>: the reply is the answer alone) far better than before, while its loss on the
 // prompt tokens, which are no targets, does not fall.
 TEST(ChatFineTune, LearnsToReverseHeldOutPromptsWithoutLearningThePrompts) {
@@ -200,7 +200,9 @@ TEST(ChatFineTune, LearnsToReverseHeldOutPromptsWithoutLearningThePrompts) {
     EXPECT_EQ(r.exit_code, 0) << r.err;
   };
   run("before", 1);
-  run("after", 900);
+  // The reversal is learned in a sudden drop of the loss whose step moves with float32 summation order (the chunked
+  // linear cross-entropy took it from before step 900 to after it); by 1,200 steps seeds 1-3 answer 40 of 40.
+  run("after", 1200);
   // Greedy replies to the held-out prompts.
   auto accuracy = [&](const std::string& out) {
     int right = 0;
