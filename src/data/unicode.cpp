@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "castor/fs.h"
+#include "castor/tokenizer.h"
 
 namespace castor::data::unicode {
 namespace {
@@ -75,24 +76,6 @@ char32_t compose(char32_t a, char32_t b) {
                                       return c.first < v.first || (c.first == v.first && c.second < v.second);
                                     });
   return it != end && it->first == a && it->second == b ? it->composite : 0;
-}
-
-void append_utf8(char32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | cp >> 6));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | cp >> 12));
-    out.push_back(static_cast<char>(0x80 | (cp >> 6 & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | cp >> 18));
-    out.push_back(static_cast<char>(0x80 | (cp >> 12 & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp >> 6 & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 }  // namespace
