@@ -353,8 +353,8 @@ std::string model_tokenizer_dir(const std::string& path, const Json& recorded) {
   const std::string dir = recorded_data_dir(recorded);
   if (!dir.empty() && data::Tokenizer::is_loadable(dir)) {
     const data::VocabularyId was = recorded_vocabulary(recorded), is = data::folder_vocabulary(dir);
-    CASTOR_CHECK(data::same_vocabulary(was, is), path, " was trained in the vocabulary ", was.describe(), ", but its ",
-                 "token folder ", dir, " now holds ", is.describe(),
+    CASTOR_CHECK(data::same_vocabulary(was, is), path, " was trained in the vocabulary [", was.describe(),
+                 "], but its token folder ", dir, " now holds [", is.describe(), "]",
                  " (tokenized again since?); give the folder of the model's vocabulary");
     return dir;
   }
@@ -396,8 +396,9 @@ void check_folder_vocabulary(const TrainConfig& c, const std::string& dir, const
   const data::VocabularyId folder = data::folder_vocabulary(dir);
   if (!folder.known() || data::same_vocabulary(c.vocab, folder)) return;
   const std::string record = data::token_record_path(dir);
-  throw Error(detail::cat(flag, " ", record.empty() ? dir : record, ": the vocabulary ", folder.describe(), ", but ",
-                          c.vocab_of, " was trained in ", c.vocab.describe(), ": the same ids would be other tokens",
+  throw Error(detail::cat(flag, " ", record.empty() ? dir : record, " holds the vocabulary [", folder.describe(),
+                          "], but ", c.vocab_of, " was trained in [", c.vocab.describe(),
+                          "]: the same ids would be other tokens",
                           c.vocab.kind.empty() ? ""
                                                : " (encode the text in the model's vocabulary: castor tokenize --vocab " +
                                                      c.vocab_of + ")"));

@@ -337,8 +337,9 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   // The ids are the model's vocabulary's: a tokenizer of another one would decode them as other tokens.
   const data::VocabularyId model_vocab = model_vocabulary(model_path, g.config), vocab = tok.vocabulary_id();
   CASTOR_CHECK(data::same_vocabulary(model_vocab, vocab), c.tokenizer_dir.empty() ? "" : "--tokenizer-dir ", dir,
-               ": the vocabulary ", vocab.describe(), ", but ", g.what, " was trained in ", model_vocab.describe(),
-               ": its ids would decode as other tokens; give the folder of the model's vocabulary");
+               " holds the vocabulary [", vocab.describe(), "], but ", g.what, " was trained in [",
+               model_vocab.describe(), "]: its ids would decode as other tokens; give the folder of the model's "
+               "vocabulary");
   const std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
   model->eval();
   const models::Window window = c.cached_window ? models::Window::Cached : models::Window::Sliding;
