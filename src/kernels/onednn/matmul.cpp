@@ -212,8 +212,7 @@ std::vector<int64_t> emulated_matmul_work(int64_t B, int64_t M, int64_t K, int64
   std::vector<int64_t> work(static_cast<size_t>(threads), 0);
   const int64_t tiles = g.count(), used = std::min<int64_t>(threads, tiles);
   for (int64_t t = 0; t < used; ++t)  // omp's static schedule: contiguous runs, the first tiles % used one longer
-    for (int64_t i = t * (tiles / used) + std::min(t, tiles % used),
-                 e = i + tiles / used + (t < tiles % used ? 1 : 0);
+    for (int64_t i = t * (tiles / used) + std::min(t, tiles % used), e = i + tiles / used + (t < tiles % used ? 1 : 0);
          i < e; ++i) {
       const int64_t n0 = (i / g.m_tiles) % g.n_tiles * g.nb, m0 = i % g.m_tiles * g.mb;
       work[static_cast<size_t>(t)] += std::min(g.mb, M - m0) * std::min(g.nb, N - n0) * K;
