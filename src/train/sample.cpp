@@ -173,8 +173,8 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   app.add_option("--temperature", c.temperature, "divides the logits; 0 (or below 1e-4): the most likely token");
   app.add_option("--top-k", c.top_k, "draw from the k most likely tokens only; 0: all");
   app.add_option("--top-p", c.top_p,
-                 "nucleus sampling as llama2.c's run.c (its default 0.9): the most likely tokens whose probabilities "
-                 "add up past p; 1: off")
+                 "nucleus sampling as llama2.c's run.c (and its default): the most likely tokens whose probabilities "
+                 "add up past p; 1: off (temperature 0 is greedy whatever p)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--num-samples", c.num_samples, "samples to draw (seeds --seed, --seed + 1, ...)")
       ->check(integer_in(1));
@@ -366,7 +366,7 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
       models::generate(
           *model, std::vector<int64_t>(ids.ids.begin(), ids.ids.end()), c.tokens, c.temperature, c.top_k, seed, window,
           [&](int64_t t) {
-            if (t == ct.eos_id || t == bos) return false;
+            if (t == ct.eos_id || t == ct.eot_id || t == bos) return false;
             const auto id = static_cast<uint32_t>(t);
             write(tok.decode_next(prev, id));
             out.push_back(id);
@@ -693,11 +693,16 @@ Json export_safetensors(const ExportConfig& c) {
 // castor export --format gguf: the model with its run's tokenizer, every check before the file is written.
 Json export_gguf(const ExportConfig& c) {
   const LoadedGpt g = load_for_export(c, {c.out});
-  const std::string dir = recorded_data_dir(g.config);
-  CASTOR_CHECK(!dir.empty() && !data::token_record_path(dir).empty(), "--format gguf: ", g.what,
-               " records no token directory; a GGUF file carries the model's tokenizer");
+  // The tokenizer: a Hugging Face directory's own tokenizer.json, else the run's token directory.
+  const bool hf_dir = formats::is_hf_dir(c.checkpoint);
+  const std::string dir = hf_dir ? c.checkpoint : recorded_data_dir(g.config);
+  CASTOR_CHECK(!dir.empty() && (!data::token_record_path(dir).empty() ||
+                                (hf_dir && data::is_hf_tokenizer_json(dir + "/tokenizer.json"))),
+               "--format gguf: ", g.what, hf_dir ? " holds no tokenizer.json" : " records no token directory",
+               "; a GGUF file carries the model's tokenizer");
   const data::Tokenizer tok = data::Tokenizer::load(dir);
-  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, dir);
+  const int64_t model_vocab = g.llama ? g.llama->vocab_size() : 0;
+  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, dir, tok.hf() ? model_vocab : 0);
   models::GgufType type = models::GgufType::F32;
   for (const auto& s : kGgufTypes)
     if (c.type == s.name) type = s.value;
