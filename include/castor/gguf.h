@@ -54,11 +54,15 @@ struct GgufSummary {
   double q8_0_max_error = 0;  // the largest |x - dequantized x| over the Q8_0 matrices (0 for other types)
 };
 
-// Writes `path` whole (atomic_write_file) as arch `llama`: the model's rows of wq and wk are llama2.c's interleaved
-// RoPE layout, which is llama.cpp's for this arch; llama3 rope scaling as llama.cpp's rope_freqs table. castor::Error,
-// nothing written, when the vocabulary's size is not the model's.
+// The GGUF arch of a Llama-family model: llama, or qwen2 (Qwen2ForCausalLM: q/k/v biases, NEOX rope).
+enum class GgufArch { Llama, Qwen2 };
+// Writes `path` whole (atomic_write_file) as `arch`. llama: the model's rows of wq and wk are llama2.c's interleaved
+// RoPE layout, which is llama.cpp's for this arch; llama3 rope scaling as llama.cpp's rope_freqs table. qwen2: the
+// same keys under qwen2.*, wq's and wk's rows and biases permuted back to Hugging Face's rotate-half layout (as
+// convert_hf_to_gguf.py's Qwen2Model leaves them). castor::Error, nothing written, when the vocabulary's size is not
+// the model's, or qwen2 gets a model without q/k/v biases, with other biases or llama3 rope scaling.
 GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const GgufVocabulary& vocab, GgufType type,
-                             const std::string& name);
+                             const std::string& name, GgufArch arch = GgufArch::Llama);
 // Writes `path` as arch `gpt2`: the embedding cut to the vocabulary's rows (a padded vocabulary's extra rows are never
 // drawn), zero biases for a bias-free model (llama.cpp's gpt2 requires them).
 GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, const GgufVocabulary& vocab,

@@ -12,6 +12,7 @@
 #include "castor/fs.h"
 #include "castor/functional.h"
 #include "castor/half.h"
+#include "castor/hf.h"
 #include "castor/json.h"
 
 namespace castor::models {
@@ -381,35 +382,47 @@ GgufVocabulary gguf_vocabulary(const data::Tokenizer& tok, const std::string& di
 }
 
 GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const GgufVocabulary& vocab, GgufType type,
-                             const std::string& name) {
+                             const std::string& name, GgufArch arch) {
   const LlamaConfig& c = model.config();
+  const bool qwen2 = arch == GgufArch::Qwen2;
+  const std::string a = qwen2 ? "qwen2" : "llama";
   CASTOR_CHECK(vocab.size() == c.vocab_size, path, ": the tokenizer has ", vocab.size(), " tokens, the model ",
                c.vocab_size);
-  // What llama.cpp's llama arch cannot run as Castor does: a sliding window shorter than the context (llama.cpp
-  // attends to every earlier position).
+  // What llama.cpp's archs cannot run as Castor does: a sliding window shorter than the context (llama.cpp attends
+  // to every earlier position); for qwen2, biases other than q/k/v's (it reads those three, and requires them) and
+  // llama3 rope scaling.
   CASTOR_CHECK(c.sliding_window == 0 || c.sliding_window >= c.max_seq_len, path, ": the model attends through a ",
-               "sliding window of ", c.sliding_window,
-               " tokens, which llama.cpp's llama arch does not; nothing written");
+               "sliding window of ", c.sliding_window, " tokens, which llama.cpp's ", a,
+               " arch does not; nothing written");
+  CASTOR_CHECK(!qwen2 || (c.qkv_bias && !c.attention_bias && !c.mlp_bias), path,
+               ": arch qwen2 holds q/k/v biases and no others, the model has ",
+               c.attention_bias ? "q/k/v/o biases"
+               : c.qkv_bias     ? "MLP biases"
+                                : "no q/k/v biases",
+               "; nothing written");
+  CASTOR_CHECK(!qwen2 || c.rope_scaling.type != F::RopeScaling::Type::Llama3, path,
+               ": arch qwen2 has no llama3 rope scaling; nothing written");
   GgufFile f;
-  put_general(f, "llama", name, type);
-  f.u32("llama.context_length", static_cast<uint32_t>(c.max_seq_len));
-  f.u32("llama.embedding_length", static_cast<uint32_t>(c.dim));
-  f.u32("llama.block_count", static_cast<uint32_t>(c.n_layers));
-  f.u32("llama.feed_forward_length", static_cast<uint32_t>(c.ffn_hidden_dim()));
-  f.u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_size()));
+  put_general(f, a, name, type);
+  const auto key = [&](const char* k) { return a + "." + k; };
+  f.u32(key("context_length"), static_cast<uint32_t>(c.max_seq_len));
+  f.u32(key("embedding_length"), static_cast<uint32_t>(c.dim));
+  f.u32(key("block_count"), static_cast<uint32_t>(c.n_layers));
+  f.u32(key("feed_forward_length"), static_cast<uint32_t>(c.ffn_hidden_dim()));
+  f.u32(key("rope.dimension_count"), static_cast<uint32_t>(c.head_size()));
   if (c.head_size() * c.n_heads != c.dim) {  // a head size other than dim / heads (Hugging Face's head_dim)
-    f.u32("llama.attention.key_length", static_cast<uint32_t>(c.head_size()));
-    f.u32("llama.attention.value_length", static_cast<uint32_t>(c.head_size()));
+    f.u32(key("attention.key_length"), static_cast<uint32_t>(c.head_size()));
+    f.u32(key("attention.value_length"), static_cast<uint32_t>(c.head_size()));
   }
   if (c.rope_scaling.type == F::RopeScaling::Type::Linear) {
-    f.string("llama.rope.scaling.type", "linear");
-    f.f32("llama.rope.scaling.factor", static_cast<float>(c.rope_scaling.factor));
+    f.string(key("rope.scaling.type"), "linear");
+    f.f32(key("rope.scaling.factor"), static_cast<float>(c.rope_scaling.factor));
   }
-  f.u32("llama.attention.head_count", static_cast<uint32_t>(c.n_heads));
-  f.u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.kv_heads()));
-  f.f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.norm_eps));
-  f.f32("llama.rope.freq_base", static_cast<float>(c.rope_theta));
-  f.u32("llama.vocab_size", static_cast<uint32_t>(c.vocab_size));
+  f.u32(key("attention.head_count"), static_cast<uint32_t>(c.n_heads));
+  f.u32(key("attention.head_count_kv"), static_cast<uint32_t>(c.kv_heads()));
+  f.f32(key("attention.layer_norm_rms_epsilon"), static_cast<float>(c.norm_eps));
+  f.f32(key("rope.freq_base"), static_cast<float>(c.rope_theta));
+  f.u32(key("vocab_size"), static_cast<uint32_t>(c.vocab_size));
   put_vocabulary(f, vocab);
   const StateDict s = model.state_dict();
   f.tensor("token_embd.weight", s.at("tok_embeddings.weight"), type);
@@ -420,17 +433,23 @@ GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const 
       {"attention.wo.weight", "attn_output.weight"}, {"ffn_norm.weight", "ffn_norm.weight"},
       {"feed_forward.w1.weight", "ffn_gate.weight"}, {"feed_forward.w3.weight", "ffn_up.weight"},
       {"feed_forward.w2.weight", "ffn_down.weight"}};
+  // qwen2 rotates pairs (k, k + D/2) (llama.cpp's NEOX rope): wq's and wk's rows (and biases) back to that layout.
+  const auto rows = [&](const std::string& castor_name, const Tensor& t) {
+    const bool q = castor_name.find(".wq.") != std::string::npos, k = castor_name.find(".wk.") != std::string::npos;
+    return qwen2 && (q || k) ? formats::permute_rows(t, q ? c.n_heads : c.kv_heads(), /*to_castor=*/false) : t;
+  };
   for (int64_t i = 0; i < c.n_layers; ++i)
     for (const auto& [from, to] : kLayer) {
       const std::string weight = detail::cat("layers.", i, ".", from);
-      f.tensor(layer(i, to), s.at(weight), type);
+      f.tensor(layer(i, to), rows(weight, s.at(weight)), type);
       // A bias (attention_bias, qkv_bias, mlp_bias): in the weight's row order, float32.
-      if (auto b = s.find(bias_of(weight)); b != s.end()) f.tensor(bias_of(layer(i, to)), b->second, type);
+      if (auto b = s.find(bias_of(weight)); b != s.end())
+        f.tensor(bias_of(layer(i, to)), rows(b->first, b->second), type);
     }
   f.tensor("output_norm.weight", s.at("norm.weight"), type);
   if (!c.tied) f.tensor("output.weight", s.at("output.weight"), type);  // tied: llama.cpp reuses token_embd
   if (c.rope_scaling.type == F::RopeScaling::Type::Llama3) f.tensor("rope_freqs.weight", llama3_rope_factors(c), type);
-  return write(path, f, "llama");
+  return write(path, f, a);
 }
 
 GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, const GgufVocabulary& vocab,

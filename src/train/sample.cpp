@@ -691,6 +691,8 @@ Json export_safetensors(const ExportConfig& c) {
 }
 
 // castor export --format gguf: the model with its run's tokenizer, every check before the file is written.
+Json described(const LoadedGpt& g, const char* key);
+
 Json export_gguf(const ExportConfig& c) {
   const LoadedGpt g = load_for_export(c, {c.out});
   // The tokenizer: a Hugging Face directory's own tokenizer.json, else the run's token directory.
@@ -713,7 +715,10 @@ Json export_gguf(const ExportConfig& c) {
     const auto* llama = dynamic_cast<const models::Llama*>(g.llama.get());
     CASTOR_CHECK(llama, "--format gguf: ", g.what, " is a ", g.llama->type_name(),
                  ", which no GGUF architecture written here expresses (llama, gpt2)");
-    written = models::write_gguf_llama(c.out, *llama, vocab, type, name);
+    const Json arch = described(g, "architecture");  // a Hugging Face model's (and a run of one)
+    const bool qwen2 = arch.is_string() && arch.as_string() == "Qwen2ForCausalLM";
+    written = models::write_gguf_llama(c.out, *llama, vocab, type, name,
+                                       qwen2 ? models::GgufArch::Qwen2 : models::GgufArch::Llama);
   } else {
     written = models::write_gguf_gpt(c.out, g.weights, vocab, type, name);
   }
@@ -849,8 +854,8 @@ const std::vector<ExportFormat>& export_formats() {
        "info read it)",
        export_safetensors},
       {"gguf", nullptr,
-       "a GGUF file (version 3) that llama.cpp and ollama run, with the run's tokenizer: a Llama as arch llama, a GPT "
-       "as arch gpt2 (--type f32, f16, bf16 or q8_0)",
+       "a GGUF file (version 3) that llama.cpp and ollama run, with the run's tokenizer (a Hugging Face directory's "
+       "own): a Llama as arch llama (a Qwen2 as qwen2), a GPT as arch gpt2 (--type f32, f16, bf16 or q8_0)",
        export_gguf},
       {"hf", nullptr,
        "a Llama as a Hugging Face directory --out (config.json, generation_config.json, model.safetensors or shards "

@@ -2,8 +2,8 @@
 // --format gguf. Usage: node gguf_llama_cpp.mjs NODE_MODULES REQUESTS.json; prints a JSON array, one object a request
 // (one node start for several files). A request: {"model": path, "context": n, "prompt": [ids], "steps": n,
 // "forced": [ids], "texts": [strings]}
-//   greedy: llama.cpp's own greedy continuation of `prompt` for `steps` tokens (eog: whether llama.cpp ends a
-//     generation at each);
+//   greedy: llama.cpp's own greedy continuation of `prompt` for `steps` tokens (fewer when it draws a token that
+//     ends a generation, EOS or EOT, which it does not yield);
 //   forced: `prompt` followed by `forced` fed in one go (teacher forcing): at each position from the prompt's last,
 //     llama.cpp's most likely next token and its probability of the next token of `forced` (softmax of the logits:
 //     temperature 0 reports them unscaled);
@@ -33,7 +33,6 @@ for (const req of requests) {
       if (greedy.length >= req.steps) break;
     }
     result.greedy = greedy;
-    result.eog = greedy.map((t) => model.isEogToken(t));  // llama.cpp's end of generation (EOS, EOT)
   }
   if (req.forced && req.forced.length > 0) {
     const ids = [...req.prompt, ...req.forced.slice(0, -1)];

