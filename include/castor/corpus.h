@@ -32,8 +32,8 @@ std::vector<Document> read_text_files(const std::vector<std::string>& paths);
 std::string setup_path(const std::string& relative);
 
 struct TokenizeOptions {
-  std::string tokenizer = "gpt2";   // "gpt2", "char", "bpe", or a Hugging Face tokenizer.json (or its directory)
-  int64_t vocab_size = 0;           // bpe: the vocabulary to learn (259..65536)
+  std::string tokenizer = "gpt2";  // "gpt2", "char", "bpe", or a Hugging Face tokenizer.json (or its directory)
+  int64_t vocab_size = 0;          // bpe: the vocabulary to learn (259..65536)
   // A directory Tokenizer::load reads (a token folder, llama2.c's tokenizer.bin, a Hugging Face model directory):
   // the text is encoded in its vocabulary instead of one made from it; tokenizer is then "" or its kind, vocab_size
   // 0 or its size (castor tokenize --vocab, which resolves a run to its token folder).

@@ -173,8 +173,8 @@ void encode_documents(Tokenizer& tok, const std::vector<Document>& docs, const I
                       std::vector<uint32_t>& train, std::vector<uint32_t>& val) {
   if (tok.kind() == "char") {
     const auto [train_text, val_text] = joined_texts(docs, is_val);
-    for (auto [text, ids, what] : {std::tuple{&train_text, &train, "the training text"},
-                                   std::tuple{&val_text, &val, "the validation text"}}) {
+    for (auto [text, ids, what] :
+         {std::tuple{&train_text, &train, "the training text"}, std::tuple{&val_text, &val, "the validation text"}}) {
       std::vector<uint16_t> narrow;
       tok.chars()->encode(*text, narrow, what);
       ids->assign(narrow.begin(), narrow.end());

@@ -77,8 +77,9 @@ class LmTask : public Task {
       : family_(family(c)), dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
     // The ids mean the tokens of the model's vocabulary: the folder's must be it (before anything else is read).
     if (new_run && !c.init.empty()) take_init_vocabulary(c);
-    check_folder_vocabulary(c, dir_, c.data_dir.empty() ? detail::cat("--data ", name(c.data)) : "--data-dir");
-    folder_vocab_ = data::folder_vocabulary(dir_), model_vocab_ = c.vocab;
+    folder_vocab_ = check_folder_vocabulary(c, dir_, c.data_dir.empty() ? detail::cat("--data ", name(c.data))
+                                                                          : std::string("--data-dir"));
+    model_vocab_ = c.vocab;
     if (new_run && !c.init.empty()) init_ = family_.take_init_sizes(c, dir_);
     CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(),
                  "--data tokens: needs --data-dir DIR holding "
@@ -267,7 +268,7 @@ class LmTask : public Task {
 
   const Family& family_;
   data::VocabularyId folder_vocab_, model_vocab_;  // the token folder's, the model's (c.vocab)
-  std::optional<StateDict> init_;  // --init's weights when reading its sizes read them
+  std::optional<StateDict> init_;                  // --init's weights when reading its sizes read them
   std::string dir_;
   int64_t eval_iters_ = 0, batch_size_ = 0;
   std::optional<data::TokenFile> train_, val_;
@@ -391,17 +392,16 @@ void take_model_vocabulary(TrainConfig& c, const std::string& path, const Json& 
   c.vocab_of = c.vocab.known() ? path : "";
 }
 
-void check_folder_vocabulary(const TrainConfig& c, const std::string& dir, const std::string& flag) {
-  if (!c.vocab.known()) return;
+data::VocabularyId check_folder_vocabulary(const TrainConfig& c, const std::string& dir, const std::string& flag) {
   const data::VocabularyId folder = data::folder_vocabulary(dir);
-  if (!folder.known() || data::same_vocabulary(c.vocab, folder)) return;
+  if (!c.vocab.known() || !folder.known() || data::same_vocabulary(c.vocab, folder)) return folder;
   const std::string record = data::token_record_path(dir);
-  throw Error(detail::cat(flag, " ", record.empty() ? dir : record, " holds the vocabulary [", folder.describe(),
-                          "], but ", c.vocab_of, " was trained in [", c.vocab.describe(),
-                          "]: the same ids would be other tokens",
-                          c.vocab.kind.empty() ? ""
-                                               : " (encode the text in the model's vocabulary: castor tokenize --vocab " +
-                                                     c.vocab_of + ")"));
+  throw Error(
+      detail::cat(flag, " ", record.empty() ? dir : record, " holds the vocabulary [", folder.describe(), "], but ",
+                  c.vocab_of, " was trained in [", c.vocab.describe(), "]: the same ids would be other tokens",
+                  c.vocab.kind.empty()
+                      ? ""
+                      : " (encode the text in the model's vocabulary: castor tokenize --vocab " + c.vocab_of + ")"));
 }
 
 std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed) {

@@ -338,7 +338,8 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   const data::VocabularyId model_vocab = model_vocabulary(model_path, g.config), vocab = tok.vocabulary_id();
   CASTOR_CHECK(data::same_vocabulary(model_vocab, vocab), c.tokenizer_dir.empty() ? "" : "--tokenizer-dir ", dir,
                " holds the vocabulary [", vocab.describe(), "], but ", g.what, " was trained in [",
-               model_vocab.describe(), "]: its ids would decode as other tokens; give the folder of the model's "
+               model_vocab.describe(),
+               "]: its ids would decode as other tokens; give the folder of the model's "
                "vocabulary");
   const std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
   model->eval();

@@ -126,9 +126,10 @@ std::string model_tokenizer_dir(const std::string& path, const Json& recorded);
 std::string vocabulary_dir(const std::string& path);
 // c.vocab and c.vocab_of: model_vocabulary's (with c.real_vocab_size when that leaves the size unknown), of `path`.
 void take_model_vocabulary(TrainConfig& c, const std::string& path, const Json& recorded);
-// A one-line castor::Error unless the token folder `dir` (`flag` names it: "--data-dir tok") holds the vocabulary
-// `c.vocab` (the model's, of c.vocab_of) as far as both are known; both sides named, with the way out.
-void check_folder_vocabulary(const TrainConfig& c, const std::string& dir, const std::string& flag);
+// A one-line castor::Error unless the token folder `dir` (`flag`, "--data-dir" or "--data NAME", names it) holds the vocabulary
+// `c.vocab` (the model's, of c.vocab_of) as far as both are known; both sides named, with the way out. Returns the
+// folder's vocabulary (data::folder_vocabulary's).
+data::VocabularyId check_folder_vocabulary(const TrainConfig& c, const std::string& dir, const std::string& flag);
 
 // Loss, accuracy (and the confusion matrix) of `model` over the task's evaluation set; with several ranks each
 // evaluates every world_size-th batch and the sums are all-reduced.

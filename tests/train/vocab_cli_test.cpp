@@ -47,9 +47,9 @@ class VocabCli : public ::testing::Test {
   }
   // The one-line error refusing folder `dir` (of text b's vocabulary) for `model`, naming both and both checksums.
   static void expect_refused(const CastorProcess& p, const std::string& dir, const std::string& model) {
-    test::expect_one_line_error(p, {dir + "/castor_tokens.json holds the vocabulary [bpe, 300 tokens, vocab_checksum " +
-                                        record_sum("b") + "]",
-                                    model + " was trained in [bpe, 300 tokens, vocab_checksum " + record_sum("a") + "]"});
+    test::expect_one_line_error(
+        p, {dir + "/castor_tokens.json holds the vocabulary [bpe, 300 tokens, vocab_checksum " + record_sum("b") + "]",
+            model + " was trained in [bpe, 300 tokens, vocab_checksum " + record_sum("a") + "]"});
   }
   static test::ScratchDir* scratch_;
 };
@@ -90,11 +90,12 @@ TEST_F(VocabCli, TokenizeVocabEncodesInAnExistingVocabulary) {
   for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(i < 4 ? train[i] : val[i - 4], want[i]) << i;
 
   // Flags that disagree with the vocabulary, a character outside it, a path that holds none: one line each.
-  test::expect_one_line_error(run({"tokenize", "--vocab", "base", "--vocab-size", "512", "--input", "b.txt", "--out",
-                                   "x"}),
-                              {"--vocab-size 512: --vocab ", " has 300 tokens"});
-  test::expect_one_line_error(run({"tokenize", "--vocab", "a", "--tokenizer", "char", "--input", "b.txt", "--out", "x"}),
-                              {"--tokenizer char: --vocab a is a bpe vocabulary"});
+  test::expect_one_line_error(
+      run({"tokenize", "--vocab", "base", "--vocab-size", "512", "--input", "b.txt", "--out", "x"}),
+      {"--vocab-size 512: --vocab ", " has 300 tokens"});
+  test::expect_one_line_error(
+      run({"tokenize", "--vocab", "a", "--tokenizer", "char", "--input", "b.txt", "--out", "x"}),
+      {"--tokenizer char: --vocab a is a bpe vocabulary"});
   test::expect_one_line_error(run({"tokenize", "--vocab", "abc", "--input", "b.txt", "--out", "x"}),
                               {"--vocab abc (char, 3 tokens", "is not in the vocabulary"});
   test::expect_one_line_error(run({"tokenize", "--vocab", "nowhere", "--input", "b.txt", "--out", "x"}),
@@ -106,6 +107,26 @@ TEST_F(VocabCli, TokenizeVocabEncodesInAnExistingVocabulary) {
   ASSERT_EQ(p.exit_code, 0) << p.err;
   for (const char* f : {"train.bin", "val.bin", "encoder.json", "vocab.bpe"})
     EXPECT_EQ(read_file(at(std::string("g2/") + f)), read_file(at(std::string("g/") + f))) << f;
+}
+
+// A Hugging Face tokenizer.json as --vocab (a model directory): the same files as --tokenizer writes; its
+// vocab_checksum is of the content, so the file spelled otherwise (keys reordered, indented) is the same vocabulary.
+TEST_F(VocabCli, HuggingFaceTokenizerJsonVocabulary) {
+  const std::string mistral = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-hf/node_modules/@lenml/"
+                              "tokenizer-llama2/models";
+  ASSERT_TRUE(file_exists(mistral + "/tokenizer.json")) << "run scripts/setup_tests.sh";
+  ASSERT_EQ(run({"tokenize", "--tokenizer", mistral, "--input", "b.txt", "--out", "h0"}).exit_code, 0);
+  CastorProcess p = run({"tokenize", "--vocab", mistral, "--input", "b.txt", "--out", "h1"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  for (const char* f : {"train.bin", "val.bin", "tokenizer.json"})
+    EXPECT_EQ(read_file(at(std::string("h1/") + f)), read_file(at(std::string("h0/") + f))) << f;
+  const std::vector<uint8_t> bytes = read_file(mistral + "/tokenizer.json");
+  fs::create_directories(at("respelled"));
+  atomic_write_file(at("respelled/tokenizer.json"), Json::parse(std::string(bytes.begin(), bytes.end())).dump(2));
+  EXPECT_NE(read_file(at("respelled/tokenizer.json")), bytes);
+  ASSERT_EQ(run({"tokenize", "--tokenizer", "respelled", "--input", "b.txt", "--out", "h2"}).exit_code, 0);
+  EXPECT_EQ(record_sum("h2"), record_sum("h0"));
+  EXPECT_EQ(read_file(at("h2/train.bin")), read_file(at("h0/train.bin")));
 }
 
 // train --init RUN on a folder of another 300-piece vocabulary: refused before a step (it trained on garbage
@@ -130,7 +151,7 @@ TEST_F(VocabCli, TrainInitRefusesAFolderOfAnotherVocabulary) {
 TEST_F(VocabCli, LoraWithoutDataRefusesTheDefaultFolder) {
   {  // words of random syllables: enough pairs for 512 pieces
     std::ofstream text(at("syllables.txt"));
-    const char* syllables[] = {"ka", "lo", "mi", "ne", "ru", "sa", "te", "vo", "zu", "pi",
+    const char* syllables[] = {"ka",  "lo", "mi", "ne", "ru", "sa", "te", "vo", "zu", "pi",
                                "qua", "xe", "bo", "di", "fa", "gu", "he", "jo", "wy", "cy"};
     Generator gen(7);
     for (int i = 0; i < 6000; ++i) {
@@ -142,8 +163,8 @@ TEST_F(VocabCli, LoraWithoutDataRefusesTheDefaultFolder) {
                 .exit_code,
             0);
   ASSERT_EQ(run(test::tiny_lm_args("llama", "base512", 1, 2, {"--data-dir", "s", "--eval-iters", "1"})).exit_code, 0);
-  CastorProcess p = run({"train", "--model", "llama", "--init", "base512", "--lora-rank", "4", "--steps", "1", "--out",
-                         "lora"});
+  CastorProcess p = run(
+      {"train", "--model", "llama", "--init", "base512", "--lora-rank", "4", "--steps", "1", "--out", "lora"});
   test::expect_one_line_error(
       p, {"--data brown-bpe ", "brown-bpe/castor_tokens.json holds the vocabulary [bpe, 512 tokens, vocab_checksum ",
           "base512/checkpoints/step-0000000001/model.safetensors was trained in [bpe, 512 tokens, vocab_checksum " +
@@ -161,10 +182,9 @@ TEST_F(VocabCli, ResumeRefusesAFolderTokenizedAgain) {
   ASSERT_EQ(run({"tokenize", "--tokenizer", "bpe", "--vocab-size", "300", "--input", "b.txt", "--out", "a2"}).exit_code,
             0);
   CastorProcess p = run({"train", "--resume", "res", "--steps", "2"});
-  test::expect_one_line_error(p, {"a2/castor_tokens.json holds the vocabulary [bpe, 300 tokens, vocab_checksum " +
-                                      record_sum("b") + "]",
-                                  "res/checkpoints/step-0000000001 was trained in [bpe, 300 tokens, vocab_checksum " +
-                                      record_sum("a") + "]"});
+  test::expect_one_line_error(
+      p, {"a2/castor_tokens.json holds the vocabulary [bpe, 300 tokens, vocab_checksum " + record_sum("b") + "]",
+          "res/checkpoints/step-0000000001 was trained in [bpe, 300 tokens, vocab_checksum " + record_sum("a") + "]"});
 }
 
 // castor eval --data-dir and castor sample --tokenizer-dir of another vocabulary; the run's own folder tokenized again
@@ -172,9 +192,9 @@ TEST_F(VocabCli, ResumeRefusesAFolderTokenizedAgain) {
 TEST_F(VocabCli, EvalAndSampleRefuseAnotherVocabulary) {
   expect_refused(run({"eval", "base", "--data-dir", "b"}), "b", "base");
   CastorProcess p = run({"sample", "--checkpoint", "base", "--tokenizer-dir", "b", "--tokens", "2"});
-  test::expect_one_line_error(p, {"--tokenizer-dir b holds the vocabulary [bpe, 300 tokens, vocab_checksum " +
-                                      record_sum("b") + "]",
-                                  "was trained in [bpe, 300 tokens, vocab_checksum " + record_sum("a") + "]"});
+  test::expect_one_line_error(
+      p, {"--tokenizer-dir b holds the vocabulary [bpe, 300 tokens, vocab_checksum " + record_sum("b") + "]",
+          "was trained in [bpe, 300 tokens, vocab_checksum " + record_sum("a") + "]"});
   EXPECT_EQ(run({"sample", "--checkpoint", "base", "--tokenizer-dir", "a", "--tokens", "2"}).exit_code, 0);
   ASSERT_EQ(run({"export", "--format", "safetensors", "--checkpoint", "base", "--out", "base.safetensors"}).exit_code,
             0);
