@@ -77,8 +77,8 @@ class LmTask : public Task {
       : family_(family(c)), dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
     // The ids mean the tokens of the model's vocabulary: the folder's must be it (before anything else is read).
     if (new_run && !c.init.empty()) take_init_vocabulary(c);
-    folder_vocab_ = check_folder_vocabulary(c, dir_, c.data_dir.empty() ? detail::cat("--data ", name(c.data))
-                                                                          : std::string("--data-dir"));
+    folder_vocab_ = check_folder_vocabulary(
+        c, dir_, c.data_dir.empty() ? detail::cat("--data ", name(c.data)) : std::string("--data-dir"));
     model_vocab_ = c.vocab;
     if (new_run && !c.init.empty()) init_ = family_.take_init_sizes(c, dir_);
     CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(),

@@ -112,7 +112,8 @@ TEST_F(VocabCli, TokenizeVocabEncodesInAnExistingVocabulary) {
 // A Hugging Face tokenizer.json as --vocab (a model directory): the same files as --tokenizer writes; its
 // vocab_checksum is of the content, so the file spelled otherwise (keys reordered, indented) is the same vocabulary.
 TEST_F(VocabCli, HuggingFaceTokenizerJsonVocabulary) {
-  const std::string mistral = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-hf/node_modules/@lenml/"
+  const std::string mistral = std::string(CASTOR_SOURCE_DIR) +
+                              "/third_party/npm-hf/node_modules/@lenml/"
                               "tokenizer-llama2/models";
   ASSERT_TRUE(file_exists(mistral + "/tokenizer.json")) << "run scripts/setup_tests.sh";
   ASSERT_EQ(run({"tokenize", "--tokenizer", mistral, "--input", "b.txt", "--out", "h0"}).exit_code, 0);
