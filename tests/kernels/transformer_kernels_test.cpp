@@ -326,17 +326,16 @@ TEST(TransformerKernels, AttentionFlashMatchesReferenceLoops) {
   EXPECT_TRUE(test::close(lse, lse_ref, 1e-5, 1e-5));
 }
 
-// A causal call without a mask takes the fused softmax row passes (16 lanes where the CPU has AVX-512); the same
-// causal mask given as a bool tensor takes the masked row loops. They do the same operations on every visible score,
-// so the results are the same bits, forward and backward (lengths that reach the 16-, 8-lane and scalar tails).
+// A causal call without a mask takes the fused softmax row passes (16 lanes where the CPU has AVX-512); the same call
+// with a bool mask that keeps every key takes the masked row loops over the same products. They do the same
+// operations on every visible score, so the results are the same bits, forward and backward (lengths that reach the
+// 16-, 8-lane and scalar tails).
 TEST(TransformerKernels, AttentionCausalRowPassesMatchTheMaskedLoopsBitForBit) {
   for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16})
     for (const AttnCase& c : {AttnCase{2, 3, 75, 75, 48}, AttnCase{1, 2, 130, 130, 16}}) {
       SCOPED_TRACE(testing::Message() << dtype_name(dt) << " T " << c.Tq << " D " << c.D);
       const Qkv x = make_qkv(c, dt, 41);
-      Tensor causal = empty({c.Tq, c.Tk}, DType::Bool);
-      for (int64_t i = 0; i < c.Tq; ++i)
-        for (int64_t j = 0; j < c.Tk; ++j) causal.data<bool>()[i * c.Tk + j] = j <= i;
+      const Tensor keep_all = full({c.Tq, c.Tk}, 1.0, DType::Bool);
       const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
       const Tensor dy = rnd({c.B, c.H, c.Tq, c.D}, dt, 43);
       auto run = [&](const Tensor& mask, bool is_causal) {
@@ -346,7 +345,7 @@ TEST(TransformerKernels, AttentionCausalRowPassesMatchTheMaskedLoopsBitForBit) {
         kernels::attention_backward(x.q, x.k, x.v, mask, is_causal, scale, dst, lse, dy, g.q, g.k, g.v);
         return std::vector<Tensor>{dst, lse, g.q, g.k, g.v};
       };
-      const std::vector<Tensor> fused = run(Tensor(), true), masked = run(causal, false);
+      const std::vector<Tensor> fused = run(Tensor(), true), masked = run(keep_all, true);
       for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(test::bit_equal(fused[i], masked[i])) << "output " << i;
     }
 }
