@@ -326,6 +326,30 @@ TEST(TransformerKernels, AttentionFlashMatchesReferenceLoops) {
   EXPECT_TRUE(test::close(lse, lse_ref, 1e-5, 1e-5));
 }
 
+// A causal call without a mask takes the fused softmax row passes (16 lanes where the CPU has AVX-512); the same call
+// with a bool mask that keeps every key takes the masked row loops over the same products. They do the same
+// operations on every visible score, so the results are the same bits, forward and backward (lengths that reach the
+// 16-, 8-lane and scalar tails).
+TEST(TransformerKernels, AttentionCausalRowPassesMatchTheMaskedLoopsBitForBit) {
+  for (DType dt : {DType::Float32, DType::BFloat16, DType::Float16})
+    for (const AttnCase& c : {AttnCase{2, 3, 75, 75, 48}, AttnCase{1, 2, 130, 130, 16}}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(dt) << " T " << c.Tq << " D " << c.D);
+      const Qkv x = make_qkv(c, dt, 41);
+      const Tensor keep_all = full({c.Tq, c.Tk}, 1.0, DType::Bool);
+      const double scale = 1.0 / std::sqrt(static_cast<double>(c.D));
+      const Tensor dy = rnd({c.B, c.H, c.Tq, c.D}, dt, 43);
+      auto run = [&](const Tensor& mask, bool is_causal) {
+        Tensor dst = empty({c.B, c.H, c.Tq, c.D}, dt), lse = empty({c.B, c.H, c.Tq}, stat_dtype(dt));
+        kernels::attention_forward(x.q, x.k, x.v, mask, is_causal, scale, dst, lse);
+        const Qkv g = make_grads(c, dt);
+        kernels::attention_backward(x.q, x.k, x.v, mask, is_causal, scale, dst, lse, dy, g.q, g.k, g.v);
+        return std::vector<Tensor>{dst, lse, g.q, g.k, g.v};
+      };
+      const std::vector<Tensor> fused = run(Tensor(), true), masked = run(keep_all, true);
+      for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(test::bit_equal(fused[i], masked[i])) << "output " << i;
+    }
+}
+
 TEST(TransformerKernels, AttentionScratchIsLinearInT) {
   // One head of T = 4096 would need 64 MiB of float32 scores (B * H = 2 heads, 128 MiB); the flash kernels keep a
   // block of rows (and the backward a head's dK, dV and dense K, V) per thread.

@@ -210,22 +210,39 @@ CASTOR_AVX512 inline __m512 sigmoid16(__m512 x) {
   return _mm512_div_ps(one, _mm512_add_ps(one, vec::exp16(_mm512_sub_ps(_mm512_setzero_ps(), x))));
 }
 
-CASTOR_AVX512 void swiglu_block_avx512(const float* a, const float* b, float* o, int64_t n) {
+// 16 lanes [i, i + 16) of a float32 or bfloat16 row as float32 (lanes of m; bfloat16 widened exactly, as convert
+// does, by a 16-bit shift).
+CASTOR_AVX512 inline __m512 load16(__mmask16 m, const float* p, int64_t i) { return _mm512_maskz_loadu_ps(m, p + i); }
+CASTOR_AVX512 inline __m512 load16(__mmask16 m, const uint16_t* p, int64_t i) {
+  __m256i w;
+  if (m == 0xffff) {
+    w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i));
+  } else {
+    alignas(32) uint16_t tail[16] = {};
+    for (int k = 0; k < 16; ++k)
+      if (m >> k & 1) tail[k] = p[i + k];
+    w = _mm256_load_si256(reinterpret_cast<const __m256i*>(tail));
+  }
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(w), 16));
+}
+
+template <class T>
+CASTOR_AVX512 void swiglu_block_avx512(const T* a, const T* b, float* o, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 x = _mm512_maskz_loadu_ps(m, a + i);
-    _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(_mm512_mul_ps(x, sigmoid16(x)), _mm512_maskz_loadu_ps(m, b + i)));
+    const __m512 x = load16(m, a, i);
+    _mm512_mask_storeu_ps(o + i, m, _mm512_mul_ps(_mm512_mul_ps(x, sigmoid16(x)), load16(m, b, i)));
   }
 }
 
-CASTOR_AVX512 void swiglu_grad_block_avx512(const float* a, const float* b, const float* g, float* da, float* db,
-                                            int64_t n) {
+template <class T>
+CASTOR_AVX512 void swiglu_grad_block_avx512(const T* a, const T* b, const T* g, float* da, float* db, int64_t n) {
   const __m512 one = _mm512_set1_ps(1.0f);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 m = n - i >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1);
-    const __m512 x = _mm512_maskz_loadu_ps(m, a + i), gi = _mm512_maskz_loadu_ps(m, g + i), s = sigmoid16(x);
+    const __m512 x = load16(m, a, i), gi = load16(m, g, i), s = sigmoid16(x);
     const __m512 ds = _mm512_mul_ps(s, _mm512_fmadd_ps(x, _mm512_sub_ps(one, s), one));
-    _mm512_mask_storeu_ps(da + i, m, _mm512_mul_ps(_mm512_mul_ps(gi, _mm512_maskz_loadu_ps(m, b + i)), ds));
+    _mm512_mask_storeu_ps(da + i, m, _mm512_mul_ps(_mm512_mul_ps(gi, load16(m, b, i)), ds));
     _mm512_mask_storeu_ps(db + i, m, _mm512_mul_ps(gi, _mm512_mul_ps(x, s)));
   }
 }
@@ -303,12 +320,19 @@ void swiglu_grad_block_avx2(const float* a, const float* b, const float* g, floa
 
 }  // namespace
 
+// Elements [b, ...) of a bfloat16 tensor as raw bits (the AVX-512 maps widen them in registers).
+const uint16_t* bf16_bits(const Tensor& t, int64_t b) { return static_cast<const uint16_t*>(t.data_ptr()) + b; }
+
 bool swiglu_fast(const Tensor& a, const Tensor& b, const Tensor& dst) {
   if (!applies({&a, &b, &dst}) || dst.dtype() == DType::Float32) return false;
-  const auto block = avx512() ? swiglu_block_avx512 : swiglu_block_avx2;
+  const bool bf16 = avx512() && a.dtype() == DType::BFloat16;
+  const auto block = avx512() ? swiglu_block_avx512<float> : swiglu_block_avx2;
   parallel_blocks(dst.numel(), [&](int64_t lo, int64_t hi) {
     float ab[kBlock], bb[kBlock], ob[kBlock];
-    block(as_float(a, lo, hi, ab), as_float(b, lo, hi, bb), ob, hi - lo);
+    if (bf16)
+      swiglu_block_avx512(bf16_bits(a, lo), bf16_bits(b, lo), ob, hi - lo);
+    else
+      block(as_float(a, lo, hi, ab), as_float(b, lo, hi, bb), ob, hi - lo);
     store(dst, lo, hi, ob);
   });
   return true;
@@ -319,10 +343,14 @@ bool swiglu_grad_fast(const Tensor& a, const Tensor& b, const Tensor& diff_dst, 
   if (!applies({&a, &b, &diff_dst}) || a.dtype() == DType::Float32) return false;
   for (const Tensor* t : {&diff_a, &diff_b})
     if (t->defined() && !applies({&a, t})) return false;
-  const auto block = avx512() ? swiglu_grad_block_avx512 : swiglu_grad_block_avx2;
+  const bool bf16 = avx512() && a.dtype() == DType::BFloat16;
+  const auto block = avx512() ? swiglu_grad_block_avx512<float> : swiglu_grad_block_avx2;
   parallel_blocks(a.numel(), [&](int64_t lo, int64_t hi) {
     float ab[kBlock], bb[kBlock], gb[kBlock], da[kBlock], db[kBlock];
-    block(as_float(a, lo, hi, ab), as_float(b, lo, hi, bb), as_float(diff_dst, lo, hi, gb), da, db, hi - lo);
+    if (bf16)
+      swiglu_grad_block_avx512(bf16_bits(a, lo), bf16_bits(b, lo), bf16_bits(diff_dst, lo), da, db, hi - lo);
+    else
+      block(as_float(a, lo, hi, ab), as_float(b, lo, hi, bb), as_float(diff_dst, lo, hi, gb), da, db, hi - lo);
     if (diff_a.defined()) store(diff_a, lo, hi, da);
     if (diff_b.defined()) store(diff_b, lo, hi, db);
   });

@@ -1,6 +1,7 @@
 // Flash-style attention on oneDNN products: a block of query rows against the keys up to its causal limit, the
 // scores and probabilities of that block only (per-thread scratch O(block * Tk)), softmax statistics in float32.
 #include <dnnl.hpp>
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -128,6 +129,16 @@ Plan plan(DType dt) {
   return p;
 }
 
+// A row of `bytes` (a head's D values, a few hundred bytes): 32-byte moves inline, where a memcpy call per row costs
+// more than its copying.
+inline void copy_row(const char* src, char* dst, size_t bytes) {
+  size_t i = 0;
+  for (; i + 32 <= bytes; i += 32)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+  if (i < bytes) std::memcpy(dst + i, src + i, bytes - i);
+}
+
 // The rows of a (B, H, T, D) tensor (contiguous last dim): row r of query head (b, h), which reads head h / rep of
 // a k or v (or their gradients) with H / rep heads (grouped-query attention: each shared head read in place).
 struct Rows {
@@ -156,7 +167,7 @@ struct Rows {
     } else {
       char* out = reinterpret_cast<char*>(buf);
       for (int64_t g = 0; g < G; ++g)
-        for (int64_t r = 0; r < n; ++r) std::memcpy(out + (g * n + r) * D * es, at(b, h0 + g, r0 + r), D * es);
+        for (int64_t r = 0; r < n; ++r) copy_row(at(b, h0 + g, r0 + r), out + (g * n + r) * D * es, D * es);
     }
     return {buf, D, 1, n * D};
   }
@@ -179,6 +190,93 @@ void round_for_product(const Plan& pl, float* src, void* dst, int64_t n) {
 
 // The keys query row i may see: [0, limit).
 int64_t key_limit(bool causal, int64_t i_end, int64_t Tk) { return causal ? std::min(Tk, i_end) : Tk; }
+
+// The row passes of the softmax on 16 lanes where the CPU has AVX-512 (runtime choice; the build's baseline is
+// AVX2): the same operations per element in the same order as the AVX2 loops below them (exp16 is exp's polynomial,
+// the row sum is added in exp_shifted's 8-lane order), so either gives the same bits. Causal rows only: `valid` keys
+// [0, valid) of n are visible, the others -inf as AttentionMask::apply sets them.
+bool row_avx512() {
+  static const bool on = std::string(conversion_isa()).rfind("avx512", 0) == 0;
+  return on;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#define CASTOR_AVX512 __attribute__((target("avx512f")))
+
+CASTOR_AVX512 inline __mmask16 lanes(int64_t k) {
+  return k >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << std::max<int64_t>(k, 0)) - 1);
+}
+
+// Forward: s[j] = e^(s[j] sc - max) (0 past valid); returns the row's max (-inf: every key masked, s untouched
+// past the scaling) and its sum in *sum.
+CASTOR_AVX512 float softmax_row_avx512(float* s, int64_t n, int64_t valid, float sc, float* sum) {
+  const __m512 scv = _mm512_set1_ps(sc), neg_inf = _mm512_set1_ps(kNegInf);
+  __m512 mx = neg_inf;
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = lanes(n - j);
+    const __m512 x = _mm512_mask_mov_ps(neg_inf, lanes(valid - j), _mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + j), scv));
+    _mm512_mask_storeu_ps(s + j, m, x);
+    mx = _mm512_max_ps(mx, x);
+  }
+  const float row_max = vec::hmax16(mx);
+  if (row_max == kNegInf) return row_max;
+  const __m512 sh = _mm512_set1_ps(row_max);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = vec::exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), sh));
+    _mm512_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+    acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+  }
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = vec::exp(_mm256_sub_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(row_max)));
+    _mm256_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  float total = vec::hsum(acc);
+  for (; j < n; ++j) total += s[j] = std::exp(s[j] - row_max);
+  *sum = total;
+  return row_max;
+}
+
+// Backward: p = e^(s sc - lse) (0 past valid) into s, dS = p (dP - di) sc into dp.
+CASTOR_AVX512 void softmax_grad_row_avx512(float* s, float* dp, int64_t n, int64_t valid, float sc, float lse,
+                                           float di) {
+  const __m512 scv = _mm512_set1_ps(sc), l = _mm512_set1_ps(lse), d = _mm512_set1_ps(di);
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 x = _mm512_mask_mov_ps(neg_inf, lanes(valid - j), _mm512_mul_ps(_mm512_loadu_ps(s + j), scv));
+    const __m512 p = vec::exp16(_mm512_sub_ps(x, l));
+    _mm512_storeu_ps(s + j, p);
+    _mm512_storeu_ps(dp + j, _mm512_mul_ps(_mm512_mul_ps(p, _mm512_sub_ps(_mm512_loadu_ps(dp + j), d)), scv));
+  }
+  for (; j + 8 <= n; j += 8) {
+    const __m256 keep = _mm256_castsi256_ps(
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(valid - j, 8))),
+                           _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+    const __m256 x = _mm256_blendv_ps(_mm256_set1_ps(kNegInf),
+                                      _mm256_mul_ps(_mm256_loadu_ps(s + j), _mm256_set1_ps(sc)), keep);
+    const __m256 p = vec::exp(_mm256_sub_ps(x, _mm256_set1_ps(lse)));
+    _mm256_storeu_ps(s + j, p);
+    _mm256_storeu_ps(dp + j, _mm256_mul_ps(_mm256_mul_ps(p, _mm256_sub_ps(_mm256_loadu_ps(dp + j), _mm256_set1_ps(di))),
+                                           _mm256_set1_ps(sc)));
+  }
+  for (; j < n; ++j) {
+    s[j] = std::exp((j < valid ? s[j] * sc : kNegInf) - lse);
+    dp[j] = s[j] * (dp[j] - di) * sc;
+  }
+}
+
+#undef CASTOR_AVX512
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 
 // Heads per product: as many as keep a group's (block, Tk) scores near 256 KiB (fewer, larger products for short
 // sequences), a divisor of H, while leaving each thread two tasks or more. The backward's tasks each take
@@ -226,6 +324,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const Rows qr(q), kr(k, rep), vr(v, rep), out(dst);
   float* lz = lse.data<float>();
   const float sc = static_cast<float>(scale);
+  const bool fast_rows = row_avx512() && !am.values.defined();
   std::string err;  // the first oneDNN error of any thread (exceptions must not leave the parallel region)
 #pragma omp parallel if (tasks > 1 && B * H * Tq * Tk * D > kParallelGrain)
   {
@@ -247,10 +346,15 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
         for (int64_t g = 0; g < G; ++g)
           for (int64_t r = 0; r < m; ++r) {
             float* s = S + (g * m + r) * n;
-            for (int64_t j = 0; j < n; ++j) s[j] *= sc;
-            am.apply(b, h0 + g, i0 + r, 0, n, s);
-            const float mx = vec::max(s, n);
-            const float l = mx == kNegInf ? 0.0f : vec::exp_shifted(s, n, mx);
+            float mx, l = 0.0f;
+            if (fast_rows) {
+              mx = softmax_row_avx512(s, n, is_causal ? i0 + r + 1 : n, sc, &l);
+            } else {
+              for (int64_t j = 0; j < n; ++j) s[j] *= sc;
+              am.apply(b, h0 + g, i0 + r, 0, n, s);
+              mx = vec::max(s, n);
+              if (mx != kNegInf) l = vec::exp_shifted(s, n, mx);
+            }
             if (mx == kNegInf) std::fill(s, s + n, 0.0f);  // fully masked: output 0
             lz[((b * H + h0 + g) * Tq) + i0 + r] = mx == kNegInf ? kNegInf : mx + std::log(l);
             inv_l[g * m + r] = mx == kNegInf ? 0.0f : 1.0f / l;
@@ -288,6 +392,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   const Rows qr(q), kr(k, rep), vr(v, rep), yr(dst), dyr(diff_dst), dqr(diff_q), dkr(diff_k, rep), dvr(diff_v, rep);
   const float* lz = lse.data<float>();
   const float sc = static_cast<float>(scale);
+  const bool fast_rows = row_avx512() && !am.values.defined();
   std::string err;  // the first oneDNN error of any thread
 #pragma omp parallel if (B * groups > 1 && B * H * Tq * Tk * D > kParallelGrain)
   {
@@ -323,14 +428,18 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
                   std::fill(dp, dp + n, 0.0f);
                   continue;
                 }
-                for (int64_t j = 0; j < n; ++j) s[j] *= sc;
-                am.apply(b, h0 + g, i0 + r, 0, n, s);
-                vec::exp_shifted(s, n, l);
                 // D_i = rowsum(dO_i * O_i) in float32.
                 convert_serial(yr.at(b, h0 + g, i0 + r), yr.dt, o_row.data(), DType::Float32, D);
                 convert_serial(dyr.at(b, h0 + g, i0 + r), dyr.dt, g_row.data(), DType::Float32, D);
                 float di = 0;
                 for (int64_t d = 0; d < D; ++d) di += o_row[d] * g_row[d];
+                if (fast_rows) {
+                  softmax_grad_row_avx512(s, dp, n, is_causal ? i0 + r + 1 : n, sc, l, di);
+                  continue;
+                }
+                for (int64_t j = 0; j < n; ++j) s[j] *= sc;
+                am.apply(b, h0 + g, i0 + r, 0, n, s);
+                vec::exp_shifted(s, n, l);
                 for (int64_t j = 0; j < n; ++j) dp[j] = s[j] * (dp[j] - di) * sc;  // dS, scaled
               }
             // Rounded P and dS: bfloat16 into their buffers, float16 in place.

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "castor/convert.h"
 #include "core/parallel.h"
 #include "core/rounded_mul.h"
 #include "kernels/kernels.h"
@@ -105,6 +106,88 @@ inline __m256i nearest8(const Map& m, __m256 x) {
   return _mm256_sub_epi32(_mm256_srli_epi32(e, 16), above);
 }
 
+// The AVX-512 twins of quantize_block's and the update's 8-lane loops (chosen at run time: the build's baseline is
+// AVX2): the same operations lane by lane, so the same codes, moments and weights; each handles the multiples of
+// 16 and leaves the rest to the 8-lane loops.
+bool avx512() {
+  static const bool on = std::string(conversion_isa()).rfind("avx512", 0) == 0;
+  return on;
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#define CASTOR_AVX512 __attribute__((target("avx512f")))
+
+CASTOR_AVX512 inline __m512 abs16(__m512 x) {
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32(0x7fffffff)));
+}
+
+// quantize_block's codes of s[0, n16) (n16 a multiple of 16).
+CASTOR_AVX512 void quantize16(const Map& m, bool is_signed, const float* s, int64_t n16, float a, uint8_t* codes) {
+  const __m512 av = _mm512_set1_ps(a), zero = _mm512_setzero_ps();
+  const __m512i nonnegative = _mm512_set1_epi32(m.zero - 1), low_bits = _mm512_set1_epi32(0xffff);
+  const __m512i one = _mm512_set1_epi32(1);
+  const bool any = a > 0;
+  for (int64_t i = 0; i < n16; i += 16) {
+    const __m512 sv = _mm512_loadu_ps(s + i);
+    const __m512i u = _mm512_castps_si512(any ? _mm512_div_ps(sv, av) : zero);
+    const __m512i e = _mm512_i32gather_epi32(_mm512_srli_epi32(u, 16), m.entry.data(), 4);
+    const __m512i low = _mm512_and_si512(_mm512_xor_si512(u, _mm512_srai_epi32(u, 31)), low_bits);
+    const __m512i count = _mm512_srli_epi32(e, 16);
+    __m512i idx = _mm512_mask_add_epi32(count, _mm512_cmpgt_epi32_mask(low, _mm512_and_si512(e, low_bits)), count, one);
+    if (is_signed) {
+      const __mmask16 wrong = _mm512_cmp_ps_mask(sv, zero, _CMP_LT_OQ) & _mm512_cmpgt_epi32_mask(idx, nonnegative);
+      idx = _mm512_mask_sub_epi32(idx, wrong, idx, one);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), _mm512_cvtepi32_epi8(idx));
+  }
+}
+
+CASTOR_AVX512 inline __m512 dequantize16(const Map& m, const uint8_t* codes, __m512 absmax) {
+  const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  return _mm512_mul_ps(_mm512_i32gather_ps(idx, m.code, 4), absmax);
+}
+
+// The update's loop over [i, i + n16) of one quantisation block starting at qb: moments into ms, vs (block
+// offsets), weights written; returns the largest |m| and |v| seen in *max1, *max2.
+CASTOR_AVX512 void update16(const AdamUpdate& u, const Map& m1, const Map& m2, int64_t i, int64_t n16, int64_t qb,
+                            float a1, float a2, float* w, const float* g, const uint8_t* exp_avg_code,
+                            const uint8_t* exp_avg_sq_code, float* ms, float* vs, float* max1, float* max2) {
+  const __m512 decay = _mm512_set1_ps(u.decay_factor), neg_zero = _mm512_set1_ps(-0.0f);
+  const __m512 b1 = _mm512_set1_ps(u.beta1), omb1 = _mm512_set1_ps(u.one_minus_beta1);
+  const __m512 b2 = _mm512_set1_ps(u.beta2), omb2 = _mm512_set1_ps(u.one_minus_beta2);
+  const __m512 bc2 = _mm512_set1_ps(u.bias_correction2_sqrt), eps = _mm512_set1_ps(u.eps);
+  const __m512 neg_step = _mm512_set1_ps(u.neg_step_size), a1v = _mm512_set1_ps(a1), a2v = _mm512_set1_ps(a2);
+  __m512 mx1 = _mm512_setzero_ps(), mx2 = _mm512_setzero_ps();
+  for (const int64_t end = i + n16; i < end; i += 16) {
+    const __m512 gi = _mm512_loadu_ps(g + i);
+    const __m512 wi = u.decoupled ? _mm512_fmadd_ps(_mm512_loadu_ps(w + i), decay, neg_zero) : _mm512_loadu_ps(w + i);
+    const __m512 m = _mm512_add_ps(_mm512_fmadd_ps(dequantize16(m1, exp_avg_code + i, a1v), b1, neg_zero),
+                                   _mm512_fmadd_ps(gi, omb1, neg_zero));
+    const __m512 v = _mm512_add_ps(_mm512_fmadd_ps(dequantize16(m2, exp_avg_sq_code + i, a2v), b2, neg_zero),
+                                   _mm512_fmadd_ps(_mm512_mul_ps(omb2, gi), gi, neg_zero));
+    _mm512_storeu_ps(ms + (i - qb), m);
+    _mm512_storeu_ps(vs + (i - qb), v);
+    mx1 = _mm512_max_ps(abs16(m), mx1);
+    mx2 = _mm512_max_ps(abs16(v), mx2);
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(v), bc2), eps);
+    _mm512_storeu_ps(w + i, _mm512_add_ps(wi, _mm512_div_ps(_mm512_mul_ps(neg_step, m), denom)));
+  }
+  alignas(64) float l1[16], l2[16];
+  _mm512_store_ps(l1, mx1);
+  _mm512_store_ps(l2, mx2);
+  *max1 = *std::max_element(l1, l1 + 16);
+  *max2 = *std::max_element(l2, l2 + 16);
+}
+
+#undef CASTOR_AVX512
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
 // Codes of the n values s of one block with absmax a (a negative value of the signed map never takes a code >= 0,
 // the code of 0 or above).
 void quantize_block(const Map& m, bool is_signed, const float* s, int64_t n, float a, uint8_t* codes) {
@@ -112,6 +195,7 @@ void quantize_block(const Map& m, bool is_signed, const float* s, int64_t n, flo
   const __m256i nonnegative = _mm256_set1_epi32(m.zero - 1);
   const bool any = a > 0;
   int64_t i = 0;
+  if (avx512()) quantize16(m, is_signed, s, i = n / 16 * 16, a, codes);
   for (; i + 8 <= n; i += 8) {
     const __m256 sv = _mm256_loadu_ps(s + i);
     __m256i idx = nearest8(m, any ? _mm256_div_ps(sv, av) : zero);
@@ -197,6 +281,13 @@ void adamw8bit_update(const AdamUpdate& u, int64_t b, int64_t e, int64_t block, 
     const __m256 a1v = _mm256_set1_ps(a1), a2v = _mm256_set1_ps(a2);
     __m256 max1 = _mm256_setzero_ps(), max2 = _mm256_setzero_ps();  // the new absmaxes, lane by lane
     int64_t i = qb;
+    if (avx512()) {
+      float wide1, wide2;
+      const int64_t n16 = len / 16 * 16;
+      update16(u, m1, m2, i, n16, qb, a1, a2, w, g, exp_avg_code, exp_avg_sq_code, ms, vs, &wide1, &wide2);
+      max1 = _mm256_set1_ps(wide1), max2 = _mm256_set1_ps(wide2);
+      i += n16;
+    }
     for (; i + 8 <= qe; i += 8) {
       const __m256 gi = _mm256_loadu_ps(g + i);
       const __m256 wi = u.decoupled ? _mm256_fmadd_ps(_mm256_loadu_ps(w + i), decay, neg_zero) : _mm256_loadu_ps(w + i);
