@@ -318,8 +318,10 @@ namespace {
 // The model to sample: a Llama as loaded, a GPT built for the tokenizer's vocabulary (its padding never drawn).
 std::shared_ptr<models::LanguageModel> sampled_model(LoadedGpt& g, const data::Tokenizer& tok, const std::string& dir) {
   if (g.llama) {
-    CASTOR_CHECK(tok.vocab_size() == g.llama->vocab_size(), dir, ": the tokenizer has ", tok.vocab_size(), " tokens, ",
-                 g.what, " was made for ", g.llama->vocab_size());
+    // (a Hugging Face model's embedding may have more rows than its tokenizer has tokens: Qwen2's 151936 for 151669)
+    CASTOR_CHECK(tok.hf() ? tok.vocab_size() <= g.llama->vocab_size() : tok.vocab_size() == g.llama->vocab_size(), dir,
+                 ": the tokenizer has ", tok.vocab_size(), " tokens, ", g.what, " was made for ",
+                 g.llama->vocab_size());
     return g.llama;
   }
   models::GPTConfig& config = g.weights.config;

