@@ -15,6 +15,8 @@ std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes = UIN
 // Reads `count` bytes at `offset` of a regular file (read_file's checks) and sets `file_size` to the file's size;
 // castor::Error naming the path when the file ends before them. For reading a header without the whole file.
 std::vector<uint8_t> read_file_range(const std::string& path, uint64_t offset, uint64_t count, uint64_t& file_size);
+// The same into `out` (out.size() bytes): straight into a tensor's memory, with no buffer between.
+void read_file_range_into(const std::string& path, uint64_t offset, std::span<uint8_t> out, uint64_t& file_size);
 
 // The absolute, normal spelling of `path`: symbolic links resolved as far as it exists, no trailing slash. One
 // spelling per file, for recording paths and comparing them.

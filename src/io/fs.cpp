@@ -99,7 +99,7 @@ int open_regular(const std::string& path, uint64_t& size) {
 }
 
 // Reads bytes.size() bytes at `offset`.
-void read_at(int fd, std::vector<uint8_t>& bytes, uint64_t offset, const std::string& path) {
+void read_at(int fd, std::span<uint8_t> bytes, uint64_t offset, const std::string& path) {
   size_t done = 0;
   while (done < bytes.size()) {
     ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
@@ -144,12 +144,16 @@ std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes) {
 }
 
 std::vector<uint8_t> read_file_range(const std::string& path, uint64_t offset, uint64_t count, uint64_t& file_size) {
-  Fd f(open_regular(path, file_size));
-  CASTOR_CHECK(offset <= file_size && count <= file_size - offset, path, ": file is ", file_size,
-               " bytes, too short for bytes ", offset, " to ", offset + count);
   std::vector<uint8_t> bytes(static_cast<size_t>(count));
-  read_at(f.fd, bytes, offset, path);
+  read_file_range_into(path, offset, bytes, file_size);
   return bytes;
+}
+
+void read_file_range_into(const std::string& path, uint64_t offset, std::span<uint8_t> out, uint64_t& file_size) {
+  Fd f(open_regular(path, file_size));
+  CASTOR_CHECK(offset <= file_size && out.size() <= file_size - offset, path, ": file is ", file_size,
+               " bytes, too short for bytes ", offset, " to ", offset + out.size());
+  read_at(f.fd, out, offset, path);
 }
 
 std::string absolute_path(const std::string& path) {
