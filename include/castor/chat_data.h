@@ -27,8 +27,9 @@ struct ChatTokenizer {
   std::function<void(std::string_view, std::vector<int32_t>&)> encode;  // text without special tokens
   std::function<int64_t(int32_t)> token_bytes;  // the bytes of text a token covers (a dummy prefix space included)
   std::vector<std::pair<std::string, int32_t>> special;  // strings that are one token each wherever they occur
-  std::string bos_token, eos_token;                      // as the template sees them; eos_token ends an assistant turn
-  int32_t eos_id = -1, pad_id = -1;
+  std::string bos_token, eos_token;                      // as the template sees them
+  std::string eot_token;  // what ends an assistant turn in the template (Llama 3's <|eot_id|>; often eos_token)
+  int32_t eos_id = -1, eot_id = -1, pad_id = -1;
   bool bos_before_text = false;  // prompt-completion, alpaca and text rows start with bos_token
   std::string chat_template;     // the template's source and its name in errors
   std::string template_what;
@@ -36,8 +37,15 @@ struct ChatTokenizer {
 
 // Castor's own tokenizers (a token directory's gpt2 or bpe): ChatML with the tokenizer's end-of-text token as
 // <|im_end|> (kChatMl), <|endoftext|> (gpt2) or <s> and </s> (bpe) as the special tokens.
+// A Hugging Face tokenizer.json (kind hf): the files beside it (a model directory, or a token directory castor
+// tokenize made from one): the template of chat_template.jinja, else tokenizer_config.json's chat_template (a string,
+// or the "default" of a list); bos_token, eos_token and pad_token from tokenizer_config.json (strings or
+// {"content": ...}); the added tokens marked special as the special strings; the end of turn the first special token
+// the template writes after an assistant message (else eos_token); bos_before_text when the post-processor puts a
+// token first. castor::Error naming the file when `need_template` and there is no template, or a token of the config
+// is not in the vocabulary.
 extern const char* const kChatMl;
-ChatTokenizer chat_tokenizer(const Tokenizer& tokenizer);
+ChatTokenizer chat_tokenizer(const Tokenizer& tokenizer, bool need_template = true);
 
 // A conversation rendered (add_generation_prompt false) and the byte ranges of the text that are loss targets: each
 // assistant turn from the end of the text the template renders before it with add_generation_prompt (which must be

@@ -78,7 +78,7 @@ void check_token_folder(const std::string& dir, const TokenFile& train, const To
 // mask, splits the examples (the last val_fraction, or every val_every-th, to val) and writes opt.out as
 // tokenize_documents does: train.bin and val.bin (rows of block_size + 1 tokens), train.mask and val.mask (token
 // files of the same length holding 1 where a token is a loss target, else 0) and tokenizer.json (the tokenizer's
-// record, plus "format", "row_tokens", "chat_template", "eos_token_id", "pad_token_id" and the counts of examples,
+// record, plus "format", "row_tokens", "chat_template", "eos_token_id", "eot_token_id", "pad_token_id" and the counts of examples,
 // truncated and dropped ones, rows and targets). Returns the record. castor::Error when no token of the training
 // split is a target.
 Json tokenize_chat(const TokenizeOptions& opt);

@@ -70,6 +70,12 @@ struct HfWriteOptions {
 void write_hf(const std::string& dir, const models::LlamaConfig& config, const StateDict& state,
               const HfWriteOptions& options);
 
+// Rows of a (rows, ...) tensor's bytes moved between Hugging Face's rotary layout, in which head h's row h d + e
+// (d/2) + p pairs with its partner p + d/2, and Castor's interleaved one, in which it is row h d + 2 p + e
+// (convert_llama_weights_to_hf.py's permute and its inverse: a pure reordering of rows, exact in any dtype; GGUF's
+// qwen2 arch keeps Hugging Face's layout).
+Tensor permute_rows(const Tensor& t, int64_t heads, bool to_castor);
+
 // The Llama layout: each Castor tensor name and its Hugging Face name.
 const std::vector<TensorName>& hf_layout();
 

@@ -3,6 +3,7 @@
 // tokenizers library (huggingface/tokenizers) does.
 #pragma once
 #include <cstdint>
+#include <array>
 #include <memory>
 #include <optional>
 #include <span>
@@ -46,6 +47,21 @@ class HfTokenizer {
   bool is_special(uint32_t id) const;
   // The ids the post-processor puts before the text (Llama 2's BOS).
   const std::vector<uint32_t>& prefix_ids() const;
+
+  // The vocabulary as a GGUF file's tokenizer keys hold it (castor/gguf.h): the tokens as tokenizer.json spells them
+  // (the model's byte-level or U+2581 strings, an added token's content), the merges in rank order, and which
+  // pre-tokenizer the text goes through.
+  struct Layout {
+    bool byte_level = false;          // a ByteLevel pre-tokenizer (Llama 3, Qwen2); else SentencePiece-style (Llama 2)
+    int split_digits = 0;             // the Split regex: 3 Llama 3's, 1 Qwen2's, 0 none
+    bool nfc = false;                 // an NFC normalizer (Qwen2)
+    bool prepends_space = false;      // a Prepend normalizer or a prepending Metaspace: SentencePiece's dummy prefix
+    std::vector<std::string> tokens;  // id -> token ("" for an id with none)
+    std::vector<uint8_t> kind;        // id -> 0 none, 1 the model's, 2 added, 3 added and special
+    std::vector<std::array<uint32_t, 3>> merges;  // in rank order: left, right, merged
+    std::optional<uint32_t> unk;
+  };
+  Layout layout() const;
 
   struct Impl;
 

@@ -23,7 +23,7 @@ struct SampleConfig {
   uint64_t seed = 1337;
   bool cached_window = false;  // --window cached: the KV cache rebuilt from half a block past it; else nanoGPT's
   int threads = 1;             // OpenMP threads: a token's ops are small, and more threads mostly wait on each other
-  double top_p = 1.0;          // in (0, 1): run.c's nucleus sampling (its default is 0.9); else off
+  double top_p = 0.9;          // in (0, 1): run.c's nucleus sampling, with run.c's default; 1: off
   int64_t num_samples = 1;     // samples, seeds seed, seed + 1, ... (nanoGPT's num_samples)
   std::string prompt_file;     // the prompt read from this file instead
   bool chat = false;           // the chat template around the prompt as a user turn; stop at the end of the turn

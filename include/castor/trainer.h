@@ -38,7 +38,8 @@ double gemm_peak(DType dtype, int64_t n = 1024, int reps = 20);
 // gemm_peak(dtype) of this machine (host CPU and ISA) at this process's thread count, measured once and cached in
 // $XDG_CACHE_HOME/castor/gemm_peak.json (~/.cache/castor without it): the cached figure, or 0 when there is none yet.
 double cached_gemm_peak(DType dtype);
-// Measures gemm_peak(dtype) and caches it (a cache that cannot be written is left alone); returns the figure.
+// Measures gemm_peak(dtype) and caches the best figure seen so far (one measured while other processes held the
+// cores understates the peak; a cache that cannot be written is left alone); returns that best figure.
 double measure_gemm_peak(DType dtype);
 // The git commit this build was configured from ("unknown" outside git).
 const char* git_commit();

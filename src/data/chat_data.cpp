@@ -3,9 +3,11 @@
 #include "castor/chat_data.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <map>
 
 #include "castor/check.h"
+#include "castor/fs.h"
 #include "castor/tokenizer.h"
 
 namespace castor::data {
@@ -32,7 +34,115 @@ const char* const kChatMl =
     "{{ bos_token }}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "eos_token + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-ChatTokenizer chat_tokenizer(const Tokenizer& tokenizer) {
+namespace {
+
+Json context(const Json& messages, bool add_generation_prompt, const ChatTokenizer& tok);
+
+std::string file_text(const std::string& path) {
+  const std::vector<uint8_t> b = read_file(path, int64_t{1} << 26);
+  return {b.begin(), b.end()};
+}
+
+// A token of tokenizer_config.json: a string, {"content": string} (an AddedToken) or null ("").
+std::string config_token(const Json& config, const char* key, const std::string& what) {
+  const Json* v = config.is_object() ? config.find(key) : nullptr;
+  if (!v || v->is_null()) return "";
+  if (v->is_object()) v = v->find("content");
+  CASTOR_CHECK(v && v->is_string(), what, ": ", key, " is neither a string nor {\"content\": string}");
+  return v->as_string();
+}
+
+// The first special token the template writes after an assistant message's content: the end of its turn.
+std::string end_of_turn(const ChatTokenizer& t) {
+  const std::string content = "\x01\x02";
+  try {
+    const ChatTemplate tmpl(t.chat_template, t.template_what);
+    const Json messages = Json::Array{Json::Object{{"role", "user"}, {"content", "Hi"}},
+                                      Json::Object{{"role", "assistant"}, {"content", content}}};
+    const std::string text = tmpl.render(context(messages, false, t));
+    const size_t at = text.find(content);
+    if (at == std::string::npos) return "";
+    size_t best = std::string::npos;
+    std::string found;
+    for (const auto& [s, id] : t.special)
+      if (const size_t p = text.find(s, at + content.size()); p < best || (p == best && s.size() > found.size()))
+        best = p, found = s;
+    return found;
+  } catch (const Error&) {
+    return "";  // a template that refuses the probe: the end of turn is eos_token
+  }
+}
+
+ChatTokenizer hf_chat_tokenizer(const Tokenizer& tokenizer, bool need_template) {
+  const HfTokenizer& hf = *tokenizer.hf();
+  const std::filesystem::path dir = std::filesystem::path(tokenizer.hf_path()).parent_path();
+  const std::string config_path = (dir / "tokenizer_config.json").string();
+  const std::string jinja_path = (dir / "chat_template.jinja").string();
+  Json config = Json::Object{};
+  if (file_exists(config_path)) {
+    try {
+      config = Json::parse(file_text(config_path));
+    } catch (const Error& e) {
+      throw Error(detail::cat(config_path, ": ", e.what()));
+    }
+    CASTOR_CHECK(config.is_object(), config_path, ": expected a JSON object");
+  }
+  ChatTokenizer t;
+  if (file_exists(jinja_path)) {
+    t.chat_template = file_text(jinja_path), t.template_what = jinja_path;
+  } else if (const Json* c = config.find("chat_template"); c && !c->is_null()) {
+    t.template_what = config_path + "'s chat_template";
+    if (c->is_array()) {  // [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+      for (const Json& e : c->as_array())
+        if (const Json* n = e.is_object() ? e.find("name") : nullptr;
+            n && n->is_string() && n->as_string() == "default")
+          c = e.find("template");
+      CASTOR_CHECK(c && !c->is_array(), config_path, ": chat_template is a list without a \"default\" template");
+    }
+    CASTOR_CHECK(c && c->is_string(), config_path, ": chat_template is not a string");
+    t.chat_template = c->as_string();
+  }
+  CASTOR_CHECK(!need_template || !t.chat_template.empty(), dir.string(),
+               ": no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template); a base "
+               "model's tokenizer: use --format prompt-completion, alpaca or text");
+  const auto id_of = [&](const std::string& token, const char* key) -> int32_t {
+    if (token.empty()) return -1;
+    const std::optional<uint32_t> id = hf.token_id(token);
+    CASTOR_CHECK(id.has_value(), config_path, ": ", key, " '", printable(token), "' is not a token of ",
+                 tokenizer.hf_path());
+    return static_cast<int32_t>(*id);
+  };
+  t.bos_token = config_token(config, "bos_token", config_path);
+  t.eos_token = config_token(config, "eos_token", config_path);
+  t.eos_id = id_of(t.eos_token, "eos_token");
+  t.pad_id = id_of(config_token(config, "pad_token", config_path), "pad_token");
+  const std::vector<uint32_t>& prefix = hf.prefix_ids();
+  t.bos_before_text = !prefix.empty();  // (the post-processor's BOS, which castor tokenize's rows start with)
+  const HfTokenizer::Layout layout = hf.layout();
+  if (t.bos_before_text && t.bos_token.empty()) t.bos_token = layout.tokens[prefix.front()];
+  for (size_t id = 0; id < layout.kind.size(); ++id)
+    if (layout.kind[id] == 3) t.special.emplace_back(layout.tokens[id], static_cast<int32_t>(id));
+  t.encode = [hf](std::string_view text, std::vector<int32_t>& out) {
+    for (uint32_t id : hf.encode(text, false)) out.push_back(static_cast<int32_t>(id));
+  };
+  // A token's bytes inside a text (after a token that is not special: no leading space stripped).
+  t.token_bytes = [hf](int32_t id) -> int64_t {
+    const auto u = static_cast<uint32_t>(id);
+    return static_cast<int64_t>(hf.decode_next(u, u).size());
+  };
+  t.eot_token = t.chat_template.empty() ? "" : end_of_turn(t);
+  if (t.eot_token.empty()) t.eot_token = t.eos_token;
+  t.eot_id = t.eot_token.empty() ? -1 : id_of(t.eot_token, "the end of turn");
+  if (t.eos_id < 0) t.eos_id = t.eot_id;
+  if (t.pad_id < 0) t.pad_id = t.eos_id;
+  CASTOR_CHECK(t.eos_id >= 0, config_path, ": no eos_token (chat data ends a completion with it)");
+  return t;
+}
+
+}  // namespace
+
+ChatTokenizer chat_tokenizer(const Tokenizer& tokenizer, bool need_template) {
+  if (tokenizer.hf()) return hf_chat_tokenizer(tokenizer, need_template);
   ChatTokenizer t;
   t.chat_template = kChatMl;
   t.template_what = "Castor's ChatML template";
@@ -47,8 +157,8 @@ ChatTokenizer chat_tokenizer(const Tokenizer& tokenizer) {
                                                                                   : static_cast<int64_t>(piece.size());
     };
     t.special = {{"<s>", BpeVocabulary::kBos}, {"</s>", BpeVocabulary::kEos}};
-    t.bos_token = "<s>", t.eos_token = "</s>";
-    t.eos_id = t.pad_id = BpeVocabulary::kEos;
+    t.bos_token = "<s>", t.eos_token = t.eot_token = "</s>";
+    t.eos_id = t.eot_id = t.pad_id = BpeVocabulary::kEos;
     return t;
   }
   CASTOR_CHECK(tokenizer.kind() == "gpt2", "chat data: a ", tokenizer.kind(),
@@ -61,8 +171,8 @@ ChatTokenizer chat_tokenizer(const Tokenizer& tokenizer) {
     return static_cast<int64_t>(tokenizer.decode({&u, 1}).size());
   };
   t.special = {{"<|endoftext|>", Gpt2Tokenizer::kEot}};
-  t.bos_token = t.eos_token = "<|endoftext|>";
-  t.eos_id = t.pad_id = Gpt2Tokenizer::kEot;
+  t.bos_token = t.eos_token = t.eot_token = "<|endoftext|>";
+  t.eos_id = t.eot_id = t.pad_id = Gpt2Tokenizer::kEot;
   return t;
 }
 
@@ -119,10 +229,10 @@ RenderedText render_conversation(const Json& messages, const ChatTemplate& tmpl,
     CASTOR_CHECK(r.text.starts_with(prompt), where, ": ", tmpl.what(), " renders the turns before message ", i + 1,
                  " (assistant) differently when later turns follow; its loss mask cannot be placed");
     const size_t begin = prompt.size();
-    const size_t eot = tok.eos_token.empty() ? std::string::npos : r.text.find(tok.eos_token, begin);
+    const size_t eot = tok.eot_token.empty() ? std::string::npos : r.text.find(tok.eot_token, begin);
     CASTOR_CHECK(eot != std::string::npos, where, ": ", tmpl.what(), " does not end message ", i + 1,
-                 " (assistant) with the end-of-turn token '", tok.eos_token, "'");
-    r.targets.emplace_back(begin, eot + tok.eos_token.size());
+                 " (assistant) with the end-of-turn token '", tok.eot_token, "'");
+    r.targets.emplace_back(begin, eot + tok.eot_token.size());
   }
   return r;
 }

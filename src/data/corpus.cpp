@@ -44,8 +44,9 @@ std::string tokens_checksum(std::span<const uint32_t> tokens, int width) {
 
 // The files a token folder holds; any other entry in --out is the user's.
 bool is_token_folder_file(const std::string& name) {
-  return is_one_of(name, {"train.bin", "val.bin", "train.mask", "val.mask", kTokenRecord, "tokenizer.json",
-                          "encoder.json", "vocab.bpe", "tokenizer.bin"});
+  return is_one_of(name,
+                   {"train.bin", "val.bin", "train.mask", "val.mask", kTokenRecord, "tokenizer.json", "encoder.json",
+                    "vocab.bpe", "tokenizer.bin", "tokenizer_config.json", "chat_template.jinja"});
 }
 
 // The entries of `dir` that are not a token folder's, sorted.
@@ -346,7 +347,14 @@ void write_token_folder(const fs::path& out, const TokenizeOptions& opt, const s
       atomic_write_file(dir + "/vocab.bpe", read_file(gpt2_dir + "/vocab.bpe"));
     }
     if (tokenizer.bpe()) write_tokenizer_bin(dir + "/tokenizer.bin", tokenizer.bpe()->vocabulary());
-    if (tokenizer.hf()) atomic_write_file(dir + "/tokenizer.json", read_file(tokenizer.hf_path(), int64_t{1} << 30));
+    if (tokenizer.hf()) {
+      atomic_write_file(dir + "/tokenizer.json", read_file(tokenizer.hf_path(), int64_t{1} << 30));
+      // The files beside it that the chat path and GGUF export read (template, special tokens).
+      const fs::path from = fs::path(tokenizer.hf_path()).parent_path();
+      for (const char* name : {"tokenizer_config.json", "chat_template.jinja"})
+        if (file_exists((from / name).string()))
+          atomic_write_file(dir + "/" + name, read_file((from / name).string(), int64_t{1} << 26));
+    }
     atomic_write_file(dir + "/" + kTokenRecord, record.dump(2) + "\n");
   } catch (const Error&) {
     fs::remove_all(fresh, ec);
@@ -528,6 +536,7 @@ Json tokenize_chat(const TokenizeOptions& opt) {
   record["row_tokens"] = row_tokens;
   record["chat_template"] = ct.chat_template;
   record["eos_token_id"] = ct.eos_id;
+  record["eot_token_id"] = ct.eot_id;
   record["pad_token_id"] = ct.pad_id;
   record["train_on_prompt"] = opt.train_on_prompt;
   record["pack"] = opt.pack;

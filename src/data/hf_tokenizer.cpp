@@ -775,4 +775,28 @@ bool HfTokenizer::is_special(uint32_t id) const { return id < impl_->kind.size()
 
 const std::vector<uint32_t>& HfTokenizer::prefix_ids() const { return impl_->prefix; }
 
+HfTokenizer::Layout HfTokenizer::layout() const {
+  const Impl& t = *impl_;
+  Layout l;
+  for (const PreStep& p : t.pre) {
+    if (p.kind == Pre::ByteLevel) l.byte_level = true;
+    if (p.kind == Pre::Split) l.split_digits = p.max_digits;
+    if (p.kind == Pre::Metaspace && p.prepend != Prepend::Never) l.prepends_space = true;
+  }
+  for (const NormStep& n : t.normalizers) {
+    if (n.kind == Norm::Nfc) l.nfc = true;
+    if (n.kind == Norm::Prepend) l.prepends_space = true;
+  }
+  l.tokens = t.tokens, l.kind = t.kind, l.unk = t.unk;
+  std::vector<std::pair<uint32_t, std::array<uint32_t, 3>>> ranked;  // (a pair listed twice keeps its one rank)
+  ranked.reserve(t.merges.size());
+  for (const auto& [pair, rank_merged] : t.merges)
+    ranked.push_back(
+        {rank_merged.first,
+         {static_cast<uint32_t>(pair >> 32), static_cast<uint32_t>(pair & 0xFFFFFFFFu), rank_merged.second}});
+  std::sort(ranked.begin(), ranked.end());
+  for (const auto& r : ranked) l.merges.push_back(r.second);
+  return l;
+}
+
 }  // namespace castor::data

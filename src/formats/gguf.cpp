@@ -7,10 +7,12 @@
 #include <set>
 #include <utility>
 
+#include "castor/chat_data.h"
 #include "castor/check.h"
 #include "castor/fs.h"
 #include "castor/functional.h"
 #include "castor/half.h"
+#include "castor/hf.h"
 #include "castor/json.h"
 
 namespace castor::models {
@@ -23,7 +25,7 @@ constexpr int64_t kQ8Block = 32;
 enum : uint32_t { kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7, kString = 8, kArray = 9 };
 enum : uint32_t { kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ8_0 = 8, kGgmlBF16 = 30 };
 // llama.cpp's token types (llama_token_type).
-enum : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kByte = 6 };
+enum : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
 
 void put_bytes(std::vector<uint8_t>& out, const void* p, size_t n) {
   const auto* b = static_cast<const uint8_t*>(p);
@@ -165,6 +167,7 @@ void put_vocabulary(GgufFile& f, const GgufVocabulary& v) {
   if (v.eos >= 0) f.u32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(v.eos));
   if (v.unk >= 0) f.u32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(v.unk));
   if (v.pad >= 0) f.u32("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(v.pad));
+  if (v.eot >= 0) f.u32("tokenizer.ggml.eot_token_id", static_cast<uint32_t>(v.eot));
   f.boolean("tokenizer.ggml.add_bos_token", v.add_bos);
   f.boolean("tokenizer.ggml.add_eos_token", false);
   if (v.model == "llama") f.boolean("tokenizer.ggml.add_space_prefix", v.add_space_prefix);
@@ -238,6 +241,87 @@ GgufVocabulary gpt2_vocabulary(const std::string& dir, int64_t size) {
   return v;
 }
 
+// A Hugging Face tokenizer.json as convert_hf_to_gguf.py writes one: byte-level BPE as "gpt2" with its tokens (the
+// byte-level strings), types and merges, the pre-tokenizer named by its split regex (llama.cpp's converter recognises
+// it by hashing the encodings of a probe text; each name stands for one regex: "llama-bpe" Llama 3's, "qwen2"
+// Qwen2's); SentencePiece-style BPE (byte fallback, U+2581) as "llama" with scores that make llama.cpp's
+// highest-score-first merging Hugging Face's lowest-rank-first: a token's score is minus the rank of the first merge
+// that makes it (the converter's LlamaHfVocab writes -1000 for every token, which does not). Added tokens are
+// control (special) or user-defined; ids past the tokenizer up to `size` (a model's padded vocabulary) are
+// "[PADn]", unused.
+GgufVocabulary hf_vocabulary(const data::Tokenizer& tok, int64_t size) {
+  const data::HfTokenizer::Layout l = tok.hf()->layout();
+  const std::string& what = tok.hf_path();
+  GgufVocabulary v;
+  const auto n = static_cast<int64_t>(l.tokens.size());
+  CASTOR_CHECK(size == 0 || size >= n, what, ": ", n, " tokens, more than the model's vocabulary of ", size);
+  if (l.byte_level) {
+    CASTOR_CHECK(l.split_digits == 3 || l.split_digits == 1, what,
+                 ": a byte-level tokenizer without Llama 3's or Qwen2's split regex; no tokenizer.ggml.pre of "
+                 "llama.cpp is known to match it");
+    v.model = "gpt2", v.pre = l.split_digits == 3 ? "llama-bpe" : "qwen2";
+    for (const auto& m : l.merges) v.merges.push_back(l.tokens[m[0]] + " " + l.tokens[m[1]]);
+  } else {
+    v.model = "llama";
+    v.scores.assign(static_cast<size_t>(std::max(size, n)), 0.0f);
+    std::vector<bool> made(l.tokens.size(), false);
+    for (size_t r = 0; r < l.merges.size(); ++r)
+      if (!made[l.merges[r][2]]) made[l.merges[r][2]] = true, v.scores[l.merges[r][2]] = -static_cast<float>(r);
+    v.add_space_prefix = l.prepends_space;
+  }
+  for (int64_t id = 0; id < std::max(size, n); ++id) {
+    const uint8_t kind = id < n ? l.kind[id] : 0;
+    if (kind == 0) {
+      v.tokens.push_back(detail::cat("[PAD", id, "]"));
+      v.types.push_back(kUnused);
+      continue;
+    }
+    const std::string& t = l.tokens[id];
+    v.tokens.push_back(t);
+    const bool byte = !l.byte_level && t.size() == 6 && t.starts_with("<0x") && t.back() == '>';
+    v.types.push_back(kind == 3               ? kControl
+                      : kind == 2             ? kUserDefined
+                      : l.unk && *l.unk == id ? kUnknown
+                      : byte                  ? kByte
+                                              : kNormal);
+  }
+  if (l.unk) v.unk = *l.unk;
+  // The special ids and the template: tokenizer_config.json's (castor/chat_data.h reads them for chat data too).
+  const data::ChatTokenizer ct = data::chat_tokenizer(tok, /*need_template=*/false);
+  const std::vector<uint32_t>& prefix = tok.hf()->prefix_ids();
+  v.add_bos = !prefix.empty();
+  if (!ct.bos_token.empty())
+    if (const auto id = tok.hf()->token_id(ct.bos_token)) v.bos = *id;
+  if (v.bos < 0 && v.add_bos) v.bos = prefix.front();
+  v.eos = ct.eos_id, v.eot = ct.eot_id, v.pad = ct.pad_id;
+  v.chat_template = ct.chat_template;
+  return v;
+}
+
+// llama3 rope scaling as llama.cpp runs it: pair k's angle divided by rope_freqs[k] (convert_hf_to_gguf.py's
+// LlamaModel writes this table and no rope scaling key): 1 for short wavelengths, factor for long ones, between them
+// 1 / ((1 - s) / factor + s), the same inverse frequency as modeling_rope_utils' smoothing.
+Tensor llama3_rope_factors(const LlamaConfig& c) {
+  const F::RopeScaling& r = c.rope_scaling;
+  const int64_t d = c.head_size();
+  const double orig = static_cast<double>(r.original_max_position_embeddings);
+  const double low_wavelen = orig / r.low_freq_factor, high_wavelen = orig / r.high_freq_factor;
+  std::vector<double> factors;
+  for (int64_t k = 0; k < d / 2; ++k) {
+    const double inv = std::pow(c.rope_theta, -2.0 * static_cast<double>(k) / static_cast<double>(d));
+    const double wavelen = 2 * M_PI / inv;
+    if (wavelen < high_wavelen) {
+      factors.push_back(1.0);
+    } else if (wavelen > low_wavelen) {
+      factors.push_back(r.factor);
+    } else {
+      const double smooth = (orig / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+      factors.push_back(1.0 / ((1 - smooth) / r.factor + smooth));
+    }
+  }
+  return tensor(factors, {d / 2});
+}
+
 std::string layer(int64_t i, const char* what) { return detail::cat("blk.", i, ".", what); }
 std::string bias_of(const std::string& weight) { return weight.substr(0, weight.rfind('.')) + ".bias"; }
 
@@ -273,19 +357,22 @@ std::vector<float> dequantize_q8_0(std::span<const uint8_t> blocks) {
   return out;
 }
 
-GgufVocabulary gguf_vocabulary(const data::Tokenizer& tok, const std::string& dir) {
-  CASTOR_CHECK(tok.bpe() || tok.kind() == "gpt2", dir, ": a ", tok.kind(),
-               " vocabulary; GGUF's tokenizers (SentencePiece, byte-level BPE) cannot express it (train on a bpe or "
-               "gpt2 token directory to export GGUF)");
-  GgufVocabulary v = tok.bpe() ? spm_vocabulary(tok.bpe()->vocabulary(), dir + "/tokenizer.bin")
-                               : gpt2_vocabulary(dir, tok.vocab_size());
-  const Json record = data::read_tokenizer_record(dir);
+GgufVocabulary gguf_vocabulary(const data::Tokenizer& tok, const std::string& dir, int64_t size) {
+  CASTOR_CHECK(tok.bpe() || tok.hf() || tok.kind() == "gpt2", dir, ": a ", tok.kind(),
+               " vocabulary; GGUF's tokenizers (SentencePiece, byte-level BPE) cannot express it (train on a bpe, "
+               "gpt2 or Hugging Face token directory to export GGUF)");
+  GgufVocabulary v = tok.hf()    ? hf_vocabulary(tok, size)
+                     : tok.bpe() ? spm_vocabulary(tok.bpe()->vocabulary(), dir + "/tokenizer.bin")
+                                 : gpt2_vocabulary(dir, tok.vocab_size());
   const std::string what = data::token_record_path(dir);
+  if (what.empty()) return v;  // a Hugging Face model directory: no record
+  const Json record = data::read_tokenizer_record(dir);
   if (const Json* t = record.find("chat_template")) {
     CASTOR_CHECK(t->is_string(), what, ": chat_template is not a string");
     v.chat_template = t->as_string();
   }
-  for (auto [key, id] : {std::pair{"eos_token_id", &v.eos}, std::pair{"pad_token_id", &v.pad}})
+  for (auto [key, id] :
+       {std::pair{"eos_token_id", &v.eos}, std::pair{"eot_token_id", &v.eot}, std::pair{"pad_token_id", &v.pad}})
     if (const Json* t = record.find(key)) {
       CASTOR_CHECK(t->is_int() && t->as_int() >= 0 && t->as_int() < v.size(), what, ": ", key,
                    " is not a token id below ", v.size());
@@ -295,37 +382,47 @@ GgufVocabulary gguf_vocabulary(const data::Tokenizer& tok, const std::string& di
 }
 
 GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const GgufVocabulary& vocab, GgufType type,
-                             const std::string& name) {
+                             const std::string& name, GgufArch arch) {
   const LlamaConfig& c = model.config();
+  const bool qwen2 = arch == GgufArch::Qwen2;
+  const std::string a = qwen2 ? "qwen2" : "llama";
   CASTOR_CHECK(vocab.size() == c.vocab_size, path, ": the tokenizer has ", vocab.size(), " tokens, the model ",
                c.vocab_size);
-  // What llama.cpp's llama arch cannot run as Castor does: llama3 rope scaling (a rope_freqs table, not written here)
-  // and a sliding window shorter than the context (llama.cpp attends to every earlier position).
-  CASTOR_CHECK(c.rope_scaling.type != F::RopeScaling::Type::Llama3, path,
-               ": the model's llama3 rope scaling is not written to GGUF here (its rope_freqs table); nothing written");
+  // What llama.cpp's archs cannot run as Castor does: a sliding window shorter than the context (llama.cpp attends
+  // to every earlier position); for qwen2, biases other than q/k/v's (it reads those three, and requires them) and
+  // llama3 rope scaling.
   CASTOR_CHECK(c.sliding_window == 0 || c.sliding_window >= c.max_seq_len, path, ": the model attends through a ",
-               "sliding window of ", c.sliding_window,
-               " tokens, which llama.cpp's llama arch does not; nothing written");
+               "sliding window of ", c.sliding_window, " tokens, which llama.cpp's ", a,
+               " arch does not; nothing written");
+  CASTOR_CHECK(!qwen2 || (c.qkv_bias && !c.attention_bias && !c.mlp_bias), path,
+               ": arch qwen2 holds q/k/v biases and no others, the model has ",
+               c.attention_bias ? "q/k/v/o biases"
+               : c.qkv_bias     ? "MLP biases"
+                                : "no q/k/v biases",
+               "; nothing written");
+  CASTOR_CHECK(!qwen2 || c.rope_scaling.type != F::RopeScaling::Type::Llama3, path,
+               ": arch qwen2 has no llama3 rope scaling; nothing written");
   GgufFile f;
-  put_general(f, "llama", name, type);
-  f.u32("llama.context_length", static_cast<uint32_t>(c.max_seq_len));
-  f.u32("llama.embedding_length", static_cast<uint32_t>(c.dim));
-  f.u32("llama.block_count", static_cast<uint32_t>(c.n_layers));
-  f.u32("llama.feed_forward_length", static_cast<uint32_t>(c.ffn_hidden_dim()));
-  f.u32("llama.rope.dimension_count", static_cast<uint32_t>(c.head_size()));
+  put_general(f, a, name, type);
+  const auto key = [&](const char* k) { return a + "." + k; };
+  f.u32(key("context_length"), static_cast<uint32_t>(c.max_seq_len));
+  f.u32(key("embedding_length"), static_cast<uint32_t>(c.dim));
+  f.u32(key("block_count"), static_cast<uint32_t>(c.n_layers));
+  f.u32(key("feed_forward_length"), static_cast<uint32_t>(c.ffn_hidden_dim()));
+  f.u32(key("rope.dimension_count"), static_cast<uint32_t>(c.head_size()));
   if (c.head_size() * c.n_heads != c.dim) {  // a head size other than dim / heads (Hugging Face's head_dim)
-    f.u32("llama.attention.key_length", static_cast<uint32_t>(c.head_size()));
-    f.u32("llama.attention.value_length", static_cast<uint32_t>(c.head_size()));
+    f.u32(key("attention.key_length"), static_cast<uint32_t>(c.head_size()));
+    f.u32(key("attention.value_length"), static_cast<uint32_t>(c.head_size()));
   }
   if (c.rope_scaling.type == F::RopeScaling::Type::Linear) {
-    f.string("llama.rope.scaling.type", "linear");
-    f.f32("llama.rope.scaling.factor", static_cast<float>(c.rope_scaling.factor));
+    f.string(key("rope.scaling.type"), "linear");
+    f.f32(key("rope.scaling.factor"), static_cast<float>(c.rope_scaling.factor));
   }
-  f.u32("llama.attention.head_count", static_cast<uint32_t>(c.n_heads));
-  f.u32("llama.attention.head_count_kv", static_cast<uint32_t>(c.kv_heads()));
-  f.f32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.norm_eps));
-  f.f32("llama.rope.freq_base", static_cast<float>(c.rope_theta));
-  f.u32("llama.vocab_size", static_cast<uint32_t>(c.vocab_size));
+  f.u32(key("attention.head_count"), static_cast<uint32_t>(c.n_heads));
+  f.u32(key("attention.head_count_kv"), static_cast<uint32_t>(c.kv_heads()));
+  f.f32(key("attention.layer_norm_rms_epsilon"), static_cast<float>(c.norm_eps));
+  f.f32(key("rope.freq_base"), static_cast<float>(c.rope_theta));
+  f.u32(key("vocab_size"), static_cast<uint32_t>(c.vocab_size));
   put_vocabulary(f, vocab);
   const StateDict s = model.state_dict();
   f.tensor("token_embd.weight", s.at("tok_embeddings.weight"), type);
@@ -336,16 +433,23 @@ GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const 
       {"attention.wo.weight", "attn_output.weight"}, {"ffn_norm.weight", "ffn_norm.weight"},
       {"feed_forward.w1.weight", "ffn_gate.weight"}, {"feed_forward.w3.weight", "ffn_up.weight"},
       {"feed_forward.w2.weight", "ffn_down.weight"}};
+  // qwen2 rotates pairs (k, k + D/2) (llama.cpp's NEOX rope): wq's and wk's rows (and biases) back to that layout.
+  const auto rows = [&](const std::string& castor_name, const Tensor& t) {
+    const bool q = castor_name.find(".wq.") != std::string::npos, k = castor_name.find(".wk.") != std::string::npos;
+    return qwen2 && (q || k) ? formats::permute_rows(t, q ? c.n_heads : c.kv_heads(), /*to_castor=*/false) : t;
+  };
   for (int64_t i = 0; i < c.n_layers; ++i)
     for (const auto& [from, to] : kLayer) {
       const std::string weight = detail::cat("layers.", i, ".", from);
-      f.tensor(layer(i, to), s.at(weight), type);
+      f.tensor(layer(i, to), rows(weight, s.at(weight)), type);
       // A bias (attention_bias, qkv_bias, mlp_bias): in the weight's row order, float32.
-      if (auto b = s.find(bias_of(weight)); b != s.end()) f.tensor(bias_of(layer(i, to)), b->second, type);
+      if (auto b = s.find(bias_of(weight)); b != s.end())
+        f.tensor(bias_of(layer(i, to)), rows(b->first, b->second), type);
     }
   f.tensor("output_norm.weight", s.at("norm.weight"), type);
   if (!c.tied) f.tensor("output.weight", s.at("output.weight"), type);  // tied: llama.cpp reuses token_embd
-  return write(path, f, "llama");
+  if (c.rope_scaling.type == F::RopeScaling::Type::Llama3) f.tensor("rope_freqs.weight", llama3_rope_factors(c), type);
+  return write(path, f, a);
 }
 
 GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, const GgufVocabulary& vocab,

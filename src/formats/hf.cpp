@@ -74,9 +74,8 @@ const char* dtype_json_name(DType d) {
   return d == DType::Float16 ? "float16" : d == DType::BFloat16 ? "bfloat16" : "float32";
 }
 
-// Rows of a (rows, ...) tensor's bytes moved between Hugging Face's rotary layout, in which head h's row h d + e
-// (d/2) + p pairs with its partner p + d/2, and Castor's interleaved one, in which it is row h d + 2 p + e
-// (convert_llama_weights_to_hf.py's permute and its inverse: a pure reordering of rows, exact in any dtype).
+}  // namespace
+
 Tensor permute_rows(const Tensor& t, int64_t heads, bool to_castor) {
   const Tensor src = t.contiguous();
   const int64_t rows = src.shape()[0], d = rows / heads, row_bytes = src.nbytes() / rows;
@@ -92,6 +91,8 @@ Tensor permute_rows(const Tensor& t, int64_t heads, bool to_castor) {
       }
   return dst;
 }
+
+namespace {
 
 // The layout row's name with "{i}" replaced by layer `i`.
 std::string layer_name(const char* pattern, int64_t i) {

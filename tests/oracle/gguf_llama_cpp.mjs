@@ -2,11 +2,13 @@
 // --format gguf. Usage: node gguf_llama_cpp.mjs NODE_MODULES REQUESTS.json; prints a JSON array, one object a request
 // (one node start for several files). A request: {"model": path, "context": n, "prompt": [ids], "steps": n,
 // "forced": [ids], "texts": [strings]}
-//   greedy: llama.cpp's own greedy continuation of `prompt` for `steps` tokens;
+//   greedy: llama.cpp's own greedy continuation of `prompt` for `steps` tokens (fewer when it draws a token that
+//     ends a generation, EOS or EOT, which it does not yield);
 //   forced: `prompt` followed by `forced` fed in one go (teacher forcing): at each position from the prompt's last,
 //     llama.cpp's most likely next token and its probability of the next token of `forced` (softmax of the logits:
 //     temperature 0 reports them unscaled);
-//   tokens: llama.cpp's tokenization of each text (no BOS added, special tokens parsed as text).
+//   tokens: llama.cpp's tokenization of each text (no BOS added; special tokens parsed as text, or as tokens with
+//     "special": true, as Hugging Face's tokenizers always matches added tokens).
 // Float32 KV cache (the default F16 cache alone moves log-probabilities by ~1e-2), flash attention off, 2 threads.
 import { readFileSync } from 'node:fs';
 import { pathToFileURL } from 'node:url';
@@ -44,7 +46,7 @@ for (const req of requests) {
       result.forced.push({ token: next.token, p: next.probabilities.get(want) ?? 0 });
     }
   }
-  result.tokens = (req.texts ?? []).map((s) => model.tokenize(s, false));
+  result.tokens = (req.texts ?? []).map((s) => model.tokenize(s, req.special ?? false));
   results.push(result);
   await context.dispose();
   await model.dispose();

