@@ -40,6 +40,8 @@ void check_replaceable(const std::string& path);
 // `path` again, renames the temp file over it and fsyncs the directory. On failure (unwritable directory, full disk,
 // a FIFO at `path`, ...) throws castor::Error naming the path, removes the temp file and leaves `path` untouched.
 void atomic_write_file(const std::string& path, std::span<const uint8_t> bytes);
+// The same for the concatenation of `pieces`, written one after another (a big file never assembled in memory).
+void atomic_write_file(const std::string& path, std::span<const std::span<const uint8_t>> pieces);
 void atomic_write_file(const std::string& path, std::string_view text);
 
 // A file that lines are appended to whole or not at all: a failed or short write is cut back off the file.
