@@ -10,10 +10,16 @@
 #include <filesystem>
 
 #include "castor/autograd.h"
+#include "castor/fs.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 
 namespace castor::test {
+
+std::string read_text(const std::string& path) {
+  const std::vector<uint8_t> b = read_file(path);
+  return {b.begin(), b.end()};
+}
 
 void write_tiny_cifar10(const std::string& dir, int per_batch) {
   std::filesystem::create_directories(dir);

@@ -12,6 +12,9 @@
 
 namespace castor::test {
 
+// A file's bytes as a string (a castor::Error, failing the test, when it cannot be read).
+std::string read_text(const std::string& path);
+
 // Runs `/usr/bin/python3 tests/oracle/<script> args...`; fails the test (returns false) with its output otherwise.
 bool run_oracle(const std::string& script, const std::vector<std::string>& args);
 

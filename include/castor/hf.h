@@ -26,13 +26,15 @@ struct HfConfig {
   std::string architecture;             // "LlamaForCausalLM", "MistralForCausalLM" or "Qwen2ForCausalLM"
   Json bos, eos;                        // bos_token_id, eos_token_id as written (a number, a list or null)
   DType dtype = DType::Float32;         // torch_dtype (v5: dtype), float32 when absent
-  int64_t max_position_embeddings = 0;  // as written (llama.max_seq_len: at most Mistral's sliding_window)
+  int64_t max_position_embeddings = 0;  // as written (llama.max_seq_len: the same)
 };
-// Reads DIR/config.json: every key of the three architectures (transformers v5's rope_parameters and dtype too).
-// castor::Error, one line naming the file and the key, for an unknown architecture, a pickle-only directory
-// (pytorch_model.bin: how to convert it) and a key whose value changes the math in a way Castor's Llama does not
-// compute (qkv or MLP biases, rope scaling, a head_dim other than hidden_size / num_attention_heads, an activation
-// other than silu, quantization).
+// Reads DIR/config.json: every key of the three architectures (transformers v5's rope_parameters, dtype and
+// layer_types too) as their modelling files compute them: head_dim, Llama's attention_bias and mlp_bias, Qwen2's
+// q/k/v biases, rope scaling of type linear and llama3, Mistral's sliding_window (every layer; 4096 when absent) and
+// Qwen2's (with use_sliding_window, layers max_window_layers and up). castor::Error, one line naming the file and the
+// key, for an unknown architecture, a pickle-only directory (pytorch_model.bin: how to convert it) and a key whose
+// value changes the math in a way Castor's Llama does not compute (another rope type, an activation other than silu,
+// quantization, logit soft-capping, partial rotary).
 HfConfig read_hf_config(const std::string& dir);
 
 // The description of config's model a run records (castor/formats.h's llama_description with "architecture",
@@ -63,7 +65,10 @@ struct HfWriteOptions {
   int64_t max_position_embeddings = 0;  // 0: the model's max_seq_len
   std::string tokenizer_dir;            // a Hugging Face directory whose tokenizer files are copied ("": none)
 };
-// Writes DIR: config.json, generation_config.json, model.safetensors or shards with model.safetensors.index.json
+// Writes DIR: config.json (options.architecture's keys: Llama's attention_bias and mlp_bias, Mistral's sliding_window,
+// Qwen2's use_sliding_window and max_window_layers; rope_scaling; castor::Error naming DIR, nothing written, when the
+// architecture does not compute `config`: Qwen2 for a model without q/k/v biases, Llama for one with them, a window
+// Llama has not), generation_config.json, model.safetensors or shards with model.safetensors.index.json
 // (tensors in their dtype, q and k rows permuted back), and the tokenizer files of options.tokenizer_dir. The
 // directory is made beside DIR and renamed into place: an existing DIR is replaced whole only when it is a Hugging
 // Face directory or empty, and a failure leaves it as it was. castor::Error naming DIR.

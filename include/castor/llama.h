@@ -24,12 +24,14 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   bool tied = true;  // output shares tok_embeddings' weight (model.py always does; false: its own weight)
   double dropout = 0.0;
-  int64_t head_dim = 0;         // 0: dim / n_heads; else the head size (HF's head_dim, which may differ from it)
-  bool attention_bias = false;  // wq, wk, wv and wo have biases (HF Llama's attention_bias)
-  bool qkv_bias = false;        // wq, wk and wv have biases, wo none (Qwen2's q/k/v_proj)
-  bool mlp_bias = false;        // w1, w2 and w3 have biases (HF Llama's mlp_bias)
-  F::RopeScaling rope_scaling;  // HF's rope_scaling: none, linear or llama3
-  int64_t sliding_window = 0;   // 0: none; W: query i attends keys i - W + 1 .. i only (Mistral's sliding_window)
+  int64_t head_dim = 0;             // 0: dim / n_heads; else the head size (HF's head_dim, which may differ from it)
+  bool attention_bias = false;      // wq, wk, wv and wo have biases (HF Llama's attention_bias)
+  bool qkv_bias = false;            // wq, wk and wv have biases, wo none (Qwen2's q/k/v_proj)
+  bool mlp_bias = false;            // w1, w2 and w3 have biases (HF Llama's mlp_bias)
+  F::RopeScaling rope_scaling;      // HF's rope_scaling: none, linear or llama3
+  int64_t sliding_window = 0;       // 0: none; W: query i attends keys i - W + 1 .. i only (Mistral's sliding_window)
+  int64_t sliding_window_from = 0;  // the first layer the window applies to, earlier ones attend fully (Qwen2's
+                                    // max_window_layers)
 
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_size() const { return head_dim > 0 ? head_dim : dim / n_heads; }

@@ -1,6 +1,7 @@
 // The pieces every format shares (castor/formats.h): castor.config metadata and tensor-name layouts.
 #include "castor/formats.h"
 
+#include <algorithm>
 #include <cctype>
 
 #include "castor/check.h"
@@ -53,19 +54,37 @@ bool flag(const Json& d, const char* key, const std::string& what) {
 
 }  // namespace
 
+const char* const kRopeTypes[] = {"default", "linear", "llama3"};  // (F::RopeScaling::Type's order)
+
 Json llama_description(const models::LlamaConfig& l) {
-  return Json::Object{{"family", "llama"},
-                      {"dim", l.dim},
-                      {"n_layers", l.n_layers},
-                      {"n_heads", l.n_heads},
-                      {"n_kv_heads", l.kv_heads()},
-                      {"vocab_size", l.vocab_size},
-                      {"hidden_dim", l.ffn_hidden_dim()},
-                      {"norm_eps", l.norm_eps},
-                      {"max_seq_len", l.max_seq_len},
-                      {"rope_theta", l.rope_theta},
-                      {"tied", l.tied},
-                      {"dropout", l.dropout}};
+  Json d = Json::Object{{"family", "llama"},
+                        {"dim", l.dim},
+                        {"n_layers", l.n_layers},
+                        {"n_heads", l.n_heads},
+                        {"n_kv_heads", l.kv_heads()},
+                        {"vocab_size", l.vocab_size},
+                        {"hidden_dim", l.ffn_hidden_dim()},
+                        {"norm_eps", l.norm_eps},
+                        {"max_seq_len", l.max_seq_len},
+                        {"rope_theta", l.rope_theta},
+                        {"tied", l.tied},
+                        {"dropout", l.dropout}};
+  // Hugging Face's options, recorded where they are set (a llama2.c model's description is as it was).
+  if (l.head_dim > 0 && l.head_dim * l.n_heads != l.dim) d["head_dim"] = l.head_dim;
+  if (l.attention_bias) d["attention_bias"] = true;
+  if (l.qkv_bias) d["qkv_bias"] = true;
+  if (l.mlp_bias) d["mlp_bias"] = true;
+  if (const F::RopeScaling& r = l.rope_scaling; r.type != F::RopeScaling::Type::None) {
+    Json s = Json::Object{{"type", kRopeTypes[static_cast<int>(r.type)]}, {"factor", r.factor}};
+    if (r.type == F::RopeScaling::Type::Llama3) {
+      s["low_freq_factor"] = r.low_freq_factor, s["high_freq_factor"] = r.high_freq_factor;
+      s["original_max_position_embeddings"] = r.original_max_position_embeddings;
+    }
+    d["rope_scaling"] = s;
+  }
+  if (l.sliding_window > 0) d["sliding_window"] = l.sliding_window;
+  if (l.sliding_window > 0 && l.sliding_window_from > 0) d["sliding_window_from"] = l.sliding_window_from;
+  return d;
 }
 
 models::LlamaConfig llama_config(const Json& d, const std::string& what) {
@@ -76,6 +95,28 @@ models::LlamaConfig llama_config(const Json& d, const std::string& what) {
   l.norm_eps = number(d, "norm_eps", what), l.max_seq_len = integer(d, "max_seq_len", what);
   l.rope_theta = number(d, "rope_theta", what), l.tied = flag(d, "tied", what);
   l.dropout = number(d, "dropout", what);
+  if (d.find("head_dim")) l.head_dim = integer(d, "head_dim", what);
+  for (auto [key, field] : {std::pair{"attention_bias", &l.attention_bias}, std::pair{"qkv_bias", &l.qkv_bias},
+                            std::pair{"mlp_bias", &l.mlp_bias}})
+    if (d.find(key)) *field = flag(d, key, what);
+  if (const Json* s = d.find("rope_scaling")) {
+    const Json* type = s->is_object() ? s->find("type") : nullptr;
+    const auto* known = type && type->is_string()
+                            ? std::find(std::begin(kRopeTypes), std::end(kRopeTypes), type->as_string())
+                            : std::end(kRopeTypes);
+    CASTOR_CHECK(known != std::end(kRopeTypes), what, ": the model description's \"rope_scaling\" has no \"type\" ",
+                 "default, linear or llama3");
+    F::RopeScaling& r = l.rope_scaling;
+    r.type = static_cast<F::RopeScaling::Type>(known - std::begin(kRopeTypes));
+    if (r.type != F::RopeScaling::Type::None) r.factor = number(*s, "factor", what);
+    if (r.type == F::RopeScaling::Type::Llama3) {
+      r.low_freq_factor = number(*s, "low_freq_factor", what),
+      r.high_freq_factor = number(*s, "high_freq_factor", what);
+      r.original_max_position_embeddings = integer(*s, "original_max_position_embeddings", what);
+    }
+  }
+  if (d.find("sliding_window")) l.sliding_window = integer(d, "sliding_window", what);
+  if (d.find("sliding_window_from")) l.sliding_window_from = integer(d, "sliding_window_from", what);
   try {
     l.validate();
   } catch (const Error& e) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <tuple>
 
 #include "castor/autograd.h"
 #include "castor/check.h"
@@ -18,7 +19,37 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kArchitectures[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"};
+// The Hugging Face architectures of the Llama family, one row each: what their modelling files compute beyond
+// LlamaForCausalLM's (modeling_llama.py, _mistral.py, _qwen2.py; configuration_*.py's defaults). All three name their
+// tensors by hf_layout and take head_dim, rope_scaling / rope_parameters and tie_word_embeddings alike.
+struct HfArchitecture {
+  const char* name;        // config.json's "architectures"
+  const char* model_type;  // its "model_type"
+  bool reads_bias_keys;    // "attention_bias" (q, k, v and o biased) and "mlp_bias" are read (Llama's)
+  bool qkv_bias;           // q, k and v always have biases, o none (Qwen2's)
+  enum Window {
+    None,
+    Every,
+    FromLayer
+  } window;                   // its sliding window: none (the keys are not read), on every
+                              // layer (Mistral's sliding_window), or Qwen2's: with
+                              // use_sliding_window, on layers max_window_layers and up
+  int64_t default_window;     // sliding_window when the key is absent
+  int64_t default_positions;  // max_position_embeddings when absent
+};
+constexpr HfArchitecture kArchitectures[] = {
+    {"LlamaForCausalLM", "llama", true, false, HfArchitecture::None, 0, 2048},
+    {"MistralForCausalLM", "mistral", false, false, HfArchitecture::Every, 4096, 4096 * 32},
+    {"Qwen2ForCausalLM", "qwen2", false, true, HfArchitecture::FromLayer, 4096, 32768},
+};
+constexpr int64_t kQwen2WindowLayers = 28;  // Qwen2's max_window_layers when absent
+
+const HfArchitecture* architecture_named(const std::string& name) {
+  for (const HfArchitecture& a : kArchitectures)
+    if (name == a.name) return &a;
+  return nullptr;
+}
+
 // The files a Hugging Face tokenizer is made of, copied into an export when the run's directory has them.
 constexpr const char* kTokenizerFiles[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                            "tokenizer.model", "chat_template.jinja"};
@@ -108,22 +139,36 @@ struct Planned {
   int64_t permute_heads = 0;
 };
 
+// Whether config `c` has the tensor of Castor name `n` (the biases are optional; output.weight is absent when tied).
+bool has_tensor(const models::LlamaConfig& c, const std::string& n) {
+  if (n == "output.weight") return !c.tied;
+  if (!n.ends_with(".bias")) return true;
+  if (n.ends_with("wo.bias")) return c.attention_bias;
+  if (n.find(".attention.") != std::string::npos) return c.attention_bias || c.qkv_bias;
+  return c.mlp_bias;  // w1, w2, w3
+}
+
 std::vector<Planned> plan(const models::LlamaConfig& c) {
   const int64_t D = c.head_size(), H = c.n_heads, KV = c.kv_heads(), F = c.ffn_hidden_dim();
   std::vector<Planned> out;
   for (const TensorName& row : hf_layout()) {
     const std::string castor = row.castor;
+    // (rows, columns) of a weight, and the heads its rows are permuted over; a bias is its rows.
     auto shape_of = [&](const std::string& n) -> std::pair<Shape, int64_t> {
-      if (n == "tok_embeddings.weight" || n == "output.weight") return {{c.vocab_size, c.dim}, 0};
+      const bool bias = n.ends_with(".bias");
+      auto rows = [&](int64_t r, int64_t cols, int64_t heads) -> std::pair<Shape, int64_t> {
+        return {bias ? Shape{r} : Shape{r, cols}, heads};
+      };
+      if (n == "tok_embeddings.weight" || n == "output.weight") return rows(c.vocab_size, c.dim, 0);
       if (n == "norm.weight" || n.ends_with("_norm.weight")) return {{c.dim}, 0};
-      if (n.ends_with("wq.weight")) return {{H * D, c.dim}, H};
-      if (n.ends_with("wk.weight")) return {{KV * D, c.dim}, KV};
-      if (n.ends_with("wv.weight")) return {{KV * D, c.dim}, 0};
-      if (n.ends_with("wo.weight")) return {{c.dim, H * D}, 0};
-      if (n.ends_with("w2.weight")) return {{c.dim, F}, 0};
-      return {{F, c.dim}, 0};  // w1, w3
+      if (n.find(".wq.") != std::string::npos) return rows(H * D, c.dim, H);
+      if (n.find(".wk.") != std::string::npos) return rows(KV * D, c.dim, KV);
+      if (n.find(".wv.") != std::string::npos) return rows(KV * D, c.dim, 0);
+      if (n.find(".wo.") != std::string::npos) return rows(c.dim, H * D, 0);
+      if (n.find(".w2.") != std::string::npos) return rows(c.dim, F, 0);
+      return rows(F, c.dim, 0);  // w1, w3
     };
-    if (castor == "output.weight" && c.tied) continue;
+    if (!has_tensor(c, layer_name(row.castor, 0))) continue;
     const int64_t layers = castor.find("{i}") == std::string::npos ? 1 : c.n_layers;
     for (int64_t i = 0; i < layers; ++i) {
       const std::string name = layer_name(row.castor, i);
@@ -189,13 +234,20 @@ const std::vector<TensorName>& hf_layout() {
       {"tok_embeddings.weight", "model.embed_tokens.weight"},
       {"layers.{i}.attention_norm.weight", "model.layers.{i}.input_layernorm.weight"},
       {"layers.{i}.attention.wq.weight", "model.layers.{i}.self_attn.q_proj.weight"},
+      {"layers.{i}.attention.wq.bias", "model.layers.{i}.self_attn.q_proj.bias"},
       {"layers.{i}.attention.wk.weight", "model.layers.{i}.self_attn.k_proj.weight"},
+      {"layers.{i}.attention.wk.bias", "model.layers.{i}.self_attn.k_proj.bias"},
       {"layers.{i}.attention.wv.weight", "model.layers.{i}.self_attn.v_proj.weight"},
+      {"layers.{i}.attention.wv.bias", "model.layers.{i}.self_attn.v_proj.bias"},
       {"layers.{i}.attention.wo.weight", "model.layers.{i}.self_attn.o_proj.weight"},
+      {"layers.{i}.attention.wo.bias", "model.layers.{i}.self_attn.o_proj.bias"},
       {"layers.{i}.ffn_norm.weight", "model.layers.{i}.post_attention_layernorm.weight"},
       {"layers.{i}.feed_forward.w1.weight", "model.layers.{i}.mlp.gate_proj.weight"},
+      {"layers.{i}.feed_forward.w1.bias", "model.layers.{i}.mlp.gate_proj.bias"},
       {"layers.{i}.feed_forward.w3.weight", "model.layers.{i}.mlp.up_proj.weight"},
+      {"layers.{i}.feed_forward.w3.bias", "model.layers.{i}.mlp.up_proj.bias"},
       {"layers.{i}.feed_forward.w2.weight", "model.layers.{i}.mlp.down_proj.weight"},
+      {"layers.{i}.feed_forward.w2.bias", "model.layers.{i}.mlp.down_proj.bias"},
       {"norm.weight", "model.norm.weight"},
       {"output.weight", "lm_head.weight"},
   };
@@ -211,6 +263,76 @@ bool is_hf_dir(const std::string& path) {
   return false;  // (a Castor run directory holds a config.json too, its weights under checkpoints/)
 }
 
+namespace {
+
+// rope_scaling (v4) or rope_parameters (v5) as F::RopeScaling: default, linear and llama3; any other type changes the
+// math in a way Castor does not compute, an error naming the key.
+F::RopeScaling rope_scaling_of(const Json* p, const char* key, const std::string& path) {
+  F::RopeScaling out;
+  if (!p) return out;
+  CASTOR_CHECK(p->is_object(), path, ": \"", key, "\" is not an object");
+  const ConfigReader r{*p, path};
+  const Json* type = r.get("rope_type") ? r.get("rope_type") : r.get("type");
+  CASTOR_CHECK(!type || type->is_string(), path, ": \"", key, "\".rope_type is not a string");
+  const std::string kind = type ? type->as_string() : "default";
+  using Type = F::RopeScaling::Type;
+  if (kind == "default") return out;
+  CASTOR_CHECK(kind == "linear" || kind == "llama3", path, ": \"", key, "\" of type ", kind,
+               ": Castor computes rope types default, linear and llama3 only");
+  out.type = kind == "linear" ? Type::Linear : Type::Llama3;
+  auto required = [&](const char* field) {
+    CASTOR_CHECK(r.get(field), path, ": \"", key, "\" of type ", kind, " has no \"", field, "\"");
+    return r.number(field, 0);
+  };
+  out.factor = required("factor");
+  if (out.type == Type::Llama3) {
+    out.low_freq_factor = required("low_freq_factor");
+    out.high_freq_factor = required("high_freq_factor");
+    CASTOR_CHECK(r.get("original_max_position_embeddings"), path, ": \"", key, "\" of type llama3 has no ",
+                 "\"original_max_position_embeddings\"");
+    out.original_max_position_embeddings = r.integer("original_max_position_embeddings");
+  }
+  try {
+    out.validate();
+  } catch (const Error& e) {
+    throw Error(detail::cat(path, ": \"", key, "\": ", e.what()));
+  }
+  return out;
+}
+
+// The sliding window of `a` as config.json sets it: (window, first windowed layer), (0, 0) for none.
+std::pair<int64_t, int64_t> window_of(const HfArchitecture& a, const ConfigReader& r, int64_t layers) {
+  if (a.window == HfArchitecture::None) return {0, 0};
+  const Json* w = r.json.find("sliding_window");
+  CASTOR_CHECK(!w || w->is_null() || (w->is_int() && w->as_int() > 0), r.path,
+               ": \"sliding_window\" must be a positive integer or null, got ", w ? w->dump() : "");
+  const int64_t window = !w ? a.default_window : w->is_null() ? 0 : w->as_int();
+  if (a.window == HfArchitecture::Every || window == 0) return {window, 0};
+  if (const Json* types = r.get("layer_types")) {  // (transformers v5 writes each layer's kind)
+    CASTOR_CHECK(types->is_array() && static_cast<int64_t>(types->as_array().size()) == layers, r.path,
+                 ": \"layer_types\" must list num_hidden_layers kinds");
+    int64_t from = layers;
+    for (int64_t i = layers - 1; i >= 0; --i) {
+      const Json& t = types->as_array()[i];
+      CASTOR_CHECK(t.is_string() && (t.as_string() == "full_attention" || t.as_string() == "sliding_attention"), r.path,
+                   ": \"layer_types\"[", i, "] ", t.dump(), ": not full_attention or sliding_attention");
+      if (t.as_string() == "sliding_attention") {
+        CASTOR_CHECK(from == i + 1, r.path, ": \"layer_types\": sliding_attention layers must be the last ones ",
+                     "(Castor's window applies from one layer on)");
+        from = i;
+      }
+    }
+    return from == layers ? std::pair<int64_t, int64_t>{0, 0} : std::pair{window, from};
+  }
+  if (!r.flag("use_sliding_window", false)) return {0, 0};
+  const Json* m = r.get("max_window_layers");
+  CASTOR_CHECK(!m || (m->is_int() && m->as_int() >= 0), r.path, ": \"max_window_layers\" must be a layer count");
+  const int64_t from = m ? m->as_int() : kQwen2WindowLayers;
+  return from >= layers ? std::pair<int64_t, int64_t>{0, 0} : std::pair{window, from};
+}
+
+}  // namespace
+
 HfConfig read_hf_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
   const Json json = read_json(path);
@@ -222,16 +344,10 @@ HfConfig read_hf_config(const std::string& dir) {
                ": \"architectures\" must list one architecture (LlamaForCausalLM, MistralForCausalLM or "
                "Qwen2ForCausalLM)");
   h.architecture = arch->as_array()[0].as_string();
-  CASTOR_CHECK(std::find(std::begin(kArchitectures), std::end(kArchitectures), h.architecture) !=
-                   std::end(kArchitectures),
-               path, ": architecture ", h.architecture,
+  const HfArchitecture* a = architecture_named(h.architecture);
+  CASTOR_CHECK(a, path, ": architecture ", h.architecture,
                " is not one Castor reads (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
-  // What Castor's Llama does not compute yet: refused, naming the key.
-  CASTOR_CHECK(h.architecture != "Qwen2ForCausalLM", path,
-               ": \"architectures\" Qwen2ForCausalLM: its q/k/v projections have biases, which Castor's Llama "
-               "does not have yet");
-  for (const char* key : {"attention_bias", "mlp_bias"})
-    CASTOR_CHECK(!r.flag(key, false), path, ": \"", key, "\" true: Castor's Llama has no biases yet");
+  // What Castor's Llama does not compute: refused, naming the key.
   if (const Json* act = r.get("hidden_act"))
     CASTOR_CHECK(act->is_string() && act->as_string() == "silu", path, ": \"hidden_act\" ", act->dump(),
                  ": Castor's Llama computes SwiGLU with silu only");
@@ -240,25 +356,16 @@ HfConfig read_hf_config(const std::string& dir) {
   if (const Json* f = r.get("partial_rotary_factor"))
     CASTOR_CHECK(f->is_number() && f->as_double() == 1.0, path, ": \"partial_rotary_factor\" ", f->dump(),
                  ": Castor rotates whole heads");
+  models::LlamaConfig& l = h.llama;
   // rope: v4's rope_theta / rope_scaling, v5's rope_parameters {rope_type, rope_theta, ...}.
-  double theta = r.number("rope_theta", 10000.0);
-  const Json* scaling = r.get("rope_scaling");
-  const char* scaling_key = "rope_scaling";
+  l.rope_theta = r.number("rope_theta", 10000.0);
   if (const Json* p = r.get("rope_parameters")) {
     CASTOR_CHECK(p->is_object(), path, ": \"rope_parameters\" is not an object");
-    const ConfigReader pr{*p, path};
-    theta = pr.number("rope_theta", theta);
-    scaling = p, scaling_key = "rope_parameters";
+    l.rope_theta = ConfigReader{*p, path}.number("rope_theta", l.rope_theta);
+    l.rope_scaling = rope_scaling_of(p, "rope_parameters", path);
+  } else {
+    l.rope_scaling = rope_scaling_of(r.get("rope_scaling"), "rope_scaling", path);
   }
-  if (scaling) {
-    const Json* type = scaling->is_object() ? scaling->find("rope_type") : nullptr;
-    if (!type && scaling->is_object()) type = scaling->find("type");
-    const std::string kind = type && type->is_string() ? type->as_string() : "";
-    CASTOR_CHECK(kind == "default" || (!type && scaling_key == std::string("rope_parameters")), path, ": \"",
-                 scaling_key, "\" of type ", kind.empty() ? "(none)" : kind,
-                 ": Castor's Llama does not scale its rotary frequencies yet");
-  }
-  models::LlamaConfig& l = h.llama;
   l.dim = r.integer("hidden_size");
   l.n_layers = r.integer("num_hidden_layers");
   l.n_heads = r.integer("num_attention_heads");
@@ -266,24 +373,17 @@ HfConfig read_hf_config(const std::string& dir) {
   l.hidden_dim = r.integer("intermediate_size");
   l.vocab_size = r.integer("vocab_size");
   l.norm_eps = r.number("rms_norm_eps", 1e-6);
-  l.rope_theta = theta;
-  l.max_seq_len = h.max_position_embeddings = r.integer("max_position_embeddings", 2048);
+  l.max_seq_len = h.max_position_embeddings = r.integer("max_position_embeddings", a->default_positions);
   l.tied = r.flag("tie_word_embeddings", false);
   l.dropout = 0.0;
-  CASTOR_CHECK(l.dim % l.n_heads == 0, path, ": \"hidden_size\" ", l.dim,
-               " is not a multiple of \"num_attention_heads\" ", l.n_heads);
+  // head_dim: config.json's, else hidden_size / num_attention_heads (recorded only when it is not that).
+  CASTOR_CHECK(r.get("head_dim") || l.dim % l.n_heads == 0, path, ": \"hidden_size\" ", l.dim,
+               " is not a multiple of \"num_attention_heads\" ", l.n_heads, " and \"head_dim\" is not given");
   const int64_t head_dim = r.integer("head_dim", l.dim / l.n_heads);
-  CASTOR_CHECK(head_dim == l.dim / l.n_heads, path, ": \"head_dim\" ", head_dim,
-               " is not hidden_size / "
-               "num_attention_heads (",
-               l.dim / l.n_heads, "): Castor's Llama does not have such heads yet");
-  // Mistral's sliding window: attention over the last `window` positions is full causal attention while sequences
-  // fit it, so the model runs at most that many positions.
-  if (const Json* w = r.get("sliding_window");
-      w && r.flag("use_sliding_window", h.architecture != "Qwen2ForCausalLM")) {
-    CASTOR_CHECK(w->is_int() && w->as_int() > 0, path, ": \"sliding_window\" must be a positive integer or null");
-    l.max_seq_len = std::min(l.max_seq_len, w->as_int());
-  }
+  l.head_dim = head_dim * l.n_heads == l.dim ? 0 : head_dim;
+  if (a->reads_bias_keys) l.attention_bias = r.flag("attention_bias", false), l.mlp_bias = r.flag("mlp_bias", false);
+  l.qkv_bias = a->qkv_bias;
+  std::tie(l.sliding_window, l.sliding_window_from) = window_of(*a, r, l.n_layers);
   h.bos = json.find("bos_token_id") ? json.at("bos_token_id") : Json();
   h.eos = json.find("eos_token_id") ? json.at("eos_token_id") : Json();
   const Json* dtype = r.get("dtype") ? r.get("dtype") : r.get("torch_dtype");
@@ -382,6 +482,68 @@ SafetensorsFile read_hf_header(const std::string& dir) {
   return out;
 }
 
+namespace {
+
+// config.json of `c` as architecture o.architecture writes it, after checking that the architecture computes `c`
+// (castor::Error naming DIR and the key otherwise).
+Json config_json(const std::string& dir, const models::LlamaConfig& c, const HfWriteOptions& o, DType dtype) {
+  const HfArchitecture* a = architecture_named(o.architecture);
+  CASTOR_CHECK(a, dir, ": architecture ", o.architecture,
+               " is not one Castor writes (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)");
+  CASTOR_CHECK(c.head_size() % 2 == 0, dir, ": the head size is odd");
+  CASTOR_CHECK(a->reads_bias_keys || !(c.attention_bias || c.mlp_bias), dir, ": ", a->name, " has no ",
+               c.attention_bias ? "attention_bias" : "mlp_bias", " (the model's projections have biases)");
+  CASTOR_CHECK(a->qkv_bias == c.qkv_bias, dir, ": ", a->name, a->qkv_bias ? " has" : " has no",
+               " q/k/v biases and the model ", c.qkv_bias ? "has" : "has none");
+  const bool windowed = c.sliding_window > 0 && c.sliding_window_from < c.n_layers;
+  CASTOR_CHECK(!windowed || a->window == HfArchitecture::FromLayer ||
+                   (a->window == HfArchitecture::Every && c.sliding_window_from == 0),
+               dir, ": ", a->name, " has no sliding_window ", c.sliding_window_from > 0 ? "from a layer on" : "",
+               " (the model attends through one of ", c.sliding_window, ")");
+  Json rope;  // null: default
+  if (const F::RopeScaling& r = c.rope_scaling; r.type == F::RopeScaling::Type::Linear) {
+    rope = Json::Object{{"rope_type", "linear"}, {"factor", r.factor}};
+  } else if (r.type == F::RopeScaling::Type::Llama3) {
+    rope = Json::Object{{"rope_type", "llama3"},
+                        {"factor", r.factor},
+                        {"low_freq_factor", r.low_freq_factor},
+                        {"high_freq_factor", r.high_freq_factor},
+                        {"original_max_position_embeddings", r.original_max_position_embeddings}};
+  }
+  Json config = Json::Object{
+      {"architectures", Json::Array{a->name}},
+      {"model_type", a->model_type},
+      {"hidden_size", c.dim},
+      {"intermediate_size", c.ffn_hidden_dim()},
+      {"num_hidden_layers", c.n_layers},
+      {"num_attention_heads", c.n_heads},
+      {"num_key_value_heads", c.kv_heads()},
+      {"head_dim", c.head_size()},
+      {"hidden_act", "silu"},
+      {"max_position_embeddings", o.max_position_embeddings > 0 ? o.max_position_embeddings : c.max_seq_len},
+      {"rms_norm_eps", c.norm_eps},
+      {"rope_theta", c.rope_theta},
+      {"rope_scaling", rope},
+      {"tie_word_embeddings", c.tied},
+      {"attention_dropout", 0.0},
+      {"initializer_range", 0.02},
+      {"use_cache", true},
+      {"vocab_size", c.vocab_size},
+      {"bos_token_id", o.bos},
+      {"eos_token_id", o.eos},
+      {"torch_dtype", dtype_json_name(dtype)}};
+  if (a->reads_bias_keys) config["attention_bias"] = c.attention_bias, config["mlp_bias"] = c.mlp_bias;
+  if (a->window == HfArchitecture::Every) config["sliding_window"] = windowed ? Json(c.sliding_window) : Json();
+  if (a->window == HfArchitecture::FromLayer) {
+    config["use_sliding_window"] = windowed;
+    config["sliding_window"] = windowed ? Json(c.sliding_window) : Json();
+    config["max_window_layers"] = windowed ? c.sliding_window_from : c.n_layers;
+  }
+  return config;
+}
+
+}  // namespace
+
 void write_hf(const std::string& dir, const models::LlamaConfig& c, const StateDict& state, const HfWriteOptions& o) {
   std::error_code ec;
   const fs::path target = fs::path(dir).lexically_normal();
@@ -389,7 +551,6 @@ void write_hf(const std::string& dir, const models::LlamaConfig& c, const StateD
   CASTOR_CHECK(!exists || (fs::is_directory(fs::symlink_status(target, ec)) &&
                            (fs::is_empty(target, ec) || fs::exists(target / "config.json", ec))),
                dir, ": exists and is not a Hugging Face directory or empty; give another --out");
-  CASTOR_CHECK(c.head_size() % 2 == 0, dir, ": the head size is odd");
   // The tensors as the files hold them, in the layout's order, before anything is written.
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const Planned& t : plan(c)) {
@@ -401,7 +562,7 @@ void write_hf(const std::string& dir, const models::LlamaConfig& c, const StateD
     if (t.permute_heads > 0) x = permute_rows(x, t.permute_heads, /*to_castor=*/false);
     tensors.emplace_back(t.hf, x);
   }
-  const DType dtype = tensors.front().second.dtype();
+  const Json config = config_json(dir, c, o, tensors.front().second.dtype());
   // Shards: in order, a new one when the next tensor would pass the size (a tensor alone may).
   std::vector<std::vector<size_t>> shards(1);
   uint64_t bytes = 0, total = 0;
@@ -433,32 +594,6 @@ void write_hf(const std::string& dir, const models::LlamaConfig& c, const StateD
       atomic_write_file(
           (tmp / "model.safetensors.index.json").string(),
           Json(Json::Object{{"metadata", Json::Object{{"total_size", total}}}, {"weight_map", weight_map}}).dump(2));
-    const std::string model_type = o.architecture == "MistralForCausalLM" ? "mistral" : "llama";
-    const Json config = Json::Object{
-        {"architectures", Json::Array{o.architecture}},
-        {"model_type", model_type},
-        {"hidden_size", c.dim},
-        {"intermediate_size", c.ffn_hidden_dim()},
-        {"num_hidden_layers", c.n_layers},
-        {"num_attention_heads", c.n_heads},
-        {"num_key_value_heads", c.kv_heads()},
-        {"head_dim", c.head_size()},
-        {"hidden_act", "silu"},
-        {"max_position_embeddings", o.max_position_embeddings > 0 ? o.max_position_embeddings : c.max_seq_len},
-        {"rms_norm_eps", c.norm_eps},
-        {"rope_theta", c.rope_theta},
-        {"rope_scaling", Json()},
-        {"tie_word_embeddings", c.tied},
-        {"attention_bias", false},
-        {"mlp_bias", false},
-        {"attention_dropout", 0.0},
-        {"initializer_range", 0.02},
-        {"pretraining_tp", 1},
-        {"use_cache", true},
-        {"vocab_size", c.vocab_size},
-        {"bos_token_id", o.bos},
-        {"eos_token_id", o.eos},
-        {"torch_dtype", dtype_json_name(dtype)}};
     atomic_write_file((tmp / "config.json").string(), config.dump(2));
     atomic_write_file(
         (tmp / "generation_config.json").string(),

@@ -332,6 +332,13 @@ LlamaConfig llama_config(const Llama2cWeights& w) {
 Llama2cConfig llama2c_config(const LlamaConfig& c, const std::string& what) {
   CASTOR_CHECK(c.norm_eps == 1e-5, what, ": norm_eps is ", c.norm_eps,
                "; llama2.c files record none, and run.c normalizes with 1e-5");
+  // (Hugging Face's options, which run.c does not compute)
+  const char* extra = c.attention_bias || c.qkv_bias || c.mlp_bias        ? "biases"
+                      : c.head_size() * c.n_heads != c.dim                ? "a head_dim other than dim / n_heads"
+                      : c.rope_scaling.type != F::RopeScaling::Type::None ? "rope scaling"
+                      : c.sliding_window > 0                              ? "a sliding window"
+                                                                          : nullptr;
+  CASTOR_CHECK(!extra, what, ": the model has ", extra, ", which llama2.c files do not hold");
   Llama2cConfig f;
   f.dim = c.dim, f.hidden_dim = c.ffn_hidden_dim(), f.n_layers = c.n_layers, f.n_heads = c.n_heads;
   f.n_kv_heads = c.kv_heads(), f.vocab_size = c.vocab_size, f.max_seq_len = c.max_seq_len;

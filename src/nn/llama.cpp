@@ -44,6 +44,8 @@ void LlamaConfig::validate() const {
   CASTOR_CHECK(!(attention_bias && qkv_bias), "LlamaConfig: attention_bias (q, k, v and o) and qkv_bias (q, k, v) ",
                "are exclusive: set one");
   CASTOR_CHECK(sliding_window >= 0, "LlamaConfig: sliding_window must be positive (or 0: none), got ", sliding_window);
+  CASTOR_CHECK(sliding_window_from >= 0, "LlamaConfig: sliding_window_from must be a layer index, got ",
+               sliding_window_from);
   try {
     rope_scaling.validate();
   } catch (const Error& e) {
@@ -122,7 +124,11 @@ Llama::Llama(const LlamaConfig& c, uint64_t seed) : config_(c) {
   tok_embeddings = register_module("tok_embeddings", std::make_shared<nn::Embedding>(c.vocab_size, c.dim));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
   layers = register_module("layers", std::make_shared<nn::Sequential>());
-  for (int64_t i = 0; i < c.n_layers; ++i) layers->push_back(std::make_shared<LlamaBlock>(c));
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    LlamaConfig layer = c;  // (the layers before sliding_window_from attend fully)
+    if (i < c.sliding_window_from) layer.sliding_window = 0;
+    layers->push_back(std::make_shared<LlamaBlock>(layer));
+  }
   norm = register_module("norm", std::make_shared<nn::RMSNorm>(Shape{c.dim}, c.norm_eps));
   output = register_module("output", std::make_shared<nn::Linear>(c.dim, c.vocab_size, /*bias=*/false));
   // model.py's `tok_embeddings.weight = output.weight`: one tensor, listed first as tok_embeddings.weight.

@@ -238,8 +238,9 @@ const std::vector<Family>& families() {
        "Llama",
        {ModelKind::Llama, ModelKind::Llama260k, ModelKind::Llama15m},
        Job::Llama,
-       "RMSNorm, rotary embeddings on interleaved pairs, grouped-query attention, SwiGLU, no biases, output tied or "
-       "untied",
+       "RMSNorm, rotary embeddings on interleaved pairs, grouped-query attention, SwiGLU, output tied or untied; "
+       "from Hugging Face directories (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM: formats/hf.cpp's "
+       "architecture rows) a head_dim, q/k/v/o and MLP biases, linear and llama3 rope scaling, a sliding window",
        Dataset::BrownBpe,
        2e-3,
        50,

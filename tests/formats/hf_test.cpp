@@ -22,27 +22,48 @@ namespace {
 namespace fs = std::filesystem;
 using formats::HfConfig;
 
-// A random model's config.json keys (and the oracle's seed, shards and spelling).
+// A random model's config.json keys (and the oracle's seed, shards and spelling), `extra` keys (JSON members) last.
 std::string hf_config(const std::string& dtype, int shards, int64_t kv_heads, bool tied, bool v5 = false,
-                      const std::string& arch = "LlamaForCausalLM") {
+                      const std::string& arch = "LlamaForCausalLM", const std::string& extra = "") {
   return detail::cat("{\"architectures\": [\"", arch, "\"], \"hidden_size\": 32, \"intermediate_size\": 72, ",
                      "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": ", kv_heads,
                      ", \"vocab_size\": 53, \"rms_norm_eps\": 1e-6, \"rope_theta\": 5000.0, ",
                      "\"max_position_embeddings\": 64, \"tie_word_embeddings\": ", tied ? "true" : "false",
                      ", \"torch_dtype\": \"", dtype, "\", \"hidden_act\": \"silu\", \"bos_token_id\": 1, ",
                      "\"eos_token_id\": 2, \"shards\": ", shards, ", \"seed\": ", shards * 10 + kv_heads,
-                     v5 ? ", \"v5\": true" : "", "}");
+                     v5 ? ", \"v5\": true" : "", extra.empty() ? "" : ", ", extra, "}");
 }
+
+// Llama 3's rope scaling over 64 original positions: at head size 12 and theta 5000, pair 0 keeps its frequency, pair 1
+// is in the smoothed band and pairs 2-5 are divided by the factor.
+const char* kLlama3Rope =
+    "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+    "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 64}";
 
 struct HfCase {
   std::string name, dtype;
   int shards;
   int64_t kv_heads;
   bool tied, v5;
+  std::string arch = "LlamaForCausalLM", extra;
 };
-const HfCase kCases[] = {{"f32_mha_untied", "float32", 1, 4, false, false},
-                         {"bf16_gqa_sharded", "bfloat16", 3, 2, false, false},
-                         {"f16_gqa_tied_v5", "float16", 2, 1, true, true}};
+const HfCase kCases[] = {
+    {"f32_mha_untied", "float32", 1, 4, false, false},
+    {"bf16_gqa_sharded", "bfloat16", 3, 2, false, false},
+    {"f16_gqa_tied_v5", "float16", 2, 1, true, true},
+    // Qwen2: q/k/v biases, tied, bf16 in shards; then a window on its second layer (use_sliding_window,
+    // max_window_layers 1) with v5's rope_parameters and linear scaling.
+    {"qwen2_bf16_gqa_tied", "bfloat16", 2, 2, true, false, "Qwen2ForCausalLM",
+     "\"use_sliding_window\": false, \"sliding_window\": 4096, \"max_window_layers\": 28"},
+    {"qwen2_window_linear_v5", "float32", 1, 2, false, true, "Qwen2ForCausalLM",
+     "\"use_sliding_window\": true, \"sliding_window\": 4, \"max_window_layers\": 1, "
+     "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2.5}"},
+    // Llama 3 rope scaling, a head size 12 (not 32 / 4), attention and MLP biases.
+    {"llama3_head12_biases", "bfloat16", 2, 2, false, false, "LlamaForCausalLM",
+     detail::cat(kLlama3Rope, ", \"head_dim\": 12, \"attention_bias\": true, \"mlp_bias\": true")},
+    // Mistral: a window of 4 on every layer (the 11-token batch runs past it).
+    {"mistral_window", "float16", 1, 1, false, false, "MistralForCausalLM", "\"sliding_window\": 4"},
+};
 
 // The Llama a directory holds, loaded as `castor train --init` loads it (float32).
 std::shared_ptr<models::Llama> load_hf(const std::string& dir) {
@@ -64,13 +85,16 @@ TEST(HfFormat, LogitsMatchTheOracleAndExportRoundTripsBitForBit) {
     SCOPED_TRACE(c.name);
     const test::ScratchDir dir("hf_" + c.name);
     const std::string model_dir = dir + "/model";
-    ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py",
-                                 {"write", model_dir, hf_config(c.dtype, c.shards, c.kv_heads, c.tied, c.v5)}));
+    ASSERT_TRUE(test::run_oracle(
+        "hf_llama_oracle.py",
+        {"write", model_dir, hf_config(c.dtype, c.shards, c.kv_heads, c.tied, c.v5, c.arch, c.extra)}));
     const HfConfig h = formats::read_hf_config(model_dir);
     EXPECT_EQ(h.llama.kv_heads(), c.kv_heads);
     EXPECT_EQ(h.llama.tied, c.tied);
     EXPECT_EQ(h.llama.norm_eps, 1e-6);
     EXPECT_EQ(h.llama.rope_theta, 5000.0);
+    EXPECT_EQ(h.architecture, c.arch);
+    EXPECT_EQ(h.llama.qkv_bias, c.arch == "Qwen2ForCausalLM");
     auto model = load_hf(model_dir);
     const Tensor x = test::random_token_batch(2, 11, 53, 7);
     const Tensor want = oracle_logits(model_dir, x, dir);
@@ -80,10 +104,14 @@ TEST(HfFormat, LogitsMatchTheOracleAndExportRoundTripsBitForBit) {
     // original (float32 holds every 16-bit value exactly).
     formats::HfWriteOptions o;
     o.max_shard_bytes = 20000;  // several shards
+    o.architecture = h.architecture;
     formats::write_hf(dir + "/export", model->config(), model->state_dict(), o);
     EXPECT_TRUE(fs::exists(dir + "/export/model.safetensors.index.json"));
     EXPECT_TRUE(fs::exists(dir + "/export/generation_config.json"));
-    const StateDict back = formats::read_hf_weights(dir + "/export", formats::read_hf_config(dir + "/export"));
+    const HfConfig exported = formats::read_hf_config(dir + "/export");
+    EXPECT_EQ(formats::hf_description(exported).dump(), formats::hf_description(h).dump());
+    const StateDict back = formats::read_hf_weights(dir + "/export", exported);
+    EXPECT_EQ(back.size(), model->state_dict().size());
     for (const auto& [name, t] : model->state_dict()) EXPECT_TRUE(test::bit_equal(back.at(name), t)) << name;
     EXPECT_TRUE(test::bit_equal(oracle_logits(dir + "/export", x, dir), want));
   }
@@ -200,6 +228,117 @@ TEST(HfFormat, BadDirectoriesAreOneLineErrorsNamingFileAndKey) {
       {"pytorch_model.bin", "save_pretrained", "safe_serialization=True"});
 }
 
+// Each architecture's keys as its configuration and modelling files read them (written here: no weights needed).
+TEST(HfFormat, ReadsEachArchitecturesKeys) {
+  const test::ScratchDir dir("hf_keys");
+  int n = 0;
+  const auto config = [&](const std::string& arch, const std::string& extra) {
+    const std::string d = dir + "/c" + std::to_string(n++);
+    fs::create_directories(d);
+    atomic_write_file(d + "/config.json", hf_config("float32", 1, 2, false, false, arch, extra));
+    return formats::read_hf_config(d);
+  };
+  using Type = F::RopeScaling::Type;
+  // Qwen2: q/k/v biases always (attention_bias and mlp_bias are Llama's keys); its window only with
+  // use_sliding_window, from layer max_window_layers (28 when absent) or as v5's layer_types say.
+  HfConfig h = config("Qwen2ForCausalLM", "\"attention_bias\": true, \"mlp_bias\": true");
+  EXPECT_TRUE(h.llama.qkv_bias);
+  EXPECT_FALSE(h.llama.attention_bias || h.llama.mlp_bias);
+  EXPECT_EQ(h.llama.sliding_window, 0);
+  EXPECT_EQ(config("Qwen2ForCausalLM", "\"use_sliding_window\": true, \"sliding_window\": 8").llama.sliding_window, 0);
+  h = config("Qwen2ForCausalLM", "\"use_sliding_window\": true, \"sliding_window\": 8, \"max_window_layers\": 1");
+  EXPECT_EQ(h.llama.sliding_window, 8);
+  EXPECT_EQ(h.llama.sliding_window_from, 1);
+  h = config("Qwen2ForCausalLM",
+             "\"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", "
+             "\"sliding_attention\"]");
+  EXPECT_EQ(h.llama.sliding_window, 8);
+  EXPECT_EQ(h.llama.sliding_window_from, 0);
+  // Mistral: its window on every layer, 4096 when absent, none when null; no bias keys. Llama: no window.
+  EXPECT_EQ(config("MistralForCausalLM", "").llama.sliding_window, 4096);
+  h = config("MistralForCausalLM", "\"sliding_window\": null, \"attention_bias\": true");
+  EXPECT_EQ(h.llama.sliding_window, 0);
+  EXPECT_FALSE(h.llama.attention_bias);
+  EXPECT_EQ(config("LlamaForCausalLM", "\"sliding_window\": 4").llama.sliding_window, 0);
+  // Llama: its bias keys, head_dim, rope scaling in v4's spellings ("type" too) and v5's rope_parameters.
+  h = config("LlamaForCausalLM", detail::cat("\"attention_bias\": true, \"head_dim\": 12, ", kLlama3Rope));
+  EXPECT_TRUE(h.llama.attention_bias);
+  EXPECT_FALSE(h.llama.mlp_bias || h.llama.qkv_bias);
+  EXPECT_EQ(h.llama.head_size(), 12);
+  EXPECT_EQ(h.llama.rope_scaling.type, Type::Llama3);
+  EXPECT_EQ(h.llama.rope_scaling.factor, 8.0);
+  EXPECT_EQ(h.llama.rope_scaling.original_max_position_embeddings, 64);
+  h = config("LlamaForCausalLM", "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}");
+  EXPECT_EQ(h.llama.rope_scaling.type, Type::Linear);
+  EXPECT_EQ(h.llama.rope_scaling.factor, 2.0);
+  h = config("LlamaForCausalLM",
+             "\"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 500000.0, "
+             "\"factor\": 32.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+             "\"original_max_position_embeddings\": 8192}");
+  EXPECT_EQ(h.llama.rope_theta, 500000.0);
+  EXPECT_EQ(h.llama.rope_scaling.factor, 32.0);
+  EXPECT_EQ(h.llama.head_size(), 8);
+  // What still changes the math: one line naming the file and the key.
+  const auto expect_error = [&](const std::string& arch, const std::string& extra,
+                                const std::vector<std::string>& parts) {
+    try {
+      config(arch, extra);
+      ADD_FAILURE() << "no error for " << extra;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+      for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in " << msg;
+    }
+  };
+  expect_error("LlamaForCausalLM", "\"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 2.0}",
+               {"config.json", "rope_scaling", "dynamic"});
+  expect_error("LlamaForCausalLM", "\"rope_parameters\": {\"rope_type\": \"yarn\", \"factor\": 2.0}",
+               {"config.json", "rope_parameters", "yarn"});
+  expect_error("LlamaForCausalLM", "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}",
+               {"config.json", "rope_scaling", "low_freq_factor"});
+  expect_error("LlamaForCausalLM", "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": -1}",
+               {"config.json", "factor"});
+  expect_error("Qwen2ForCausalLM",
+               "\"sliding_window\": 8, \"layer_types\": [\"sliding_attention\", "
+               "\"full_attention\"]",
+               {"config.json", "layer_types"});
+  expect_error("LlamaForCausalLM", "\"head_dim\": 7", {"config.json", "head_dim", "odd"});
+  expect_error("LlamaForCausalLM", "\"partial_rotary_factor\": 0.5", {"config.json", "partial_rotary_factor"});
+}
+
+// What an architecture cannot compute is not written as it: one line naming DIR, nothing written.
+TEST(HfFormat, ExportRefusesAnArchitectureThatDoesNotComputeTheModel) {
+  const test::ScratchDir dir("hf_refuse");
+  models::LlamaConfig c;
+  c.dim = 16, c.n_layers = 2, c.n_heads = 2, c.vocab_size = 11, c.max_seq_len = 8;
+  const auto expect_error = [&](const models::LlamaConfig& c, const std::string& arch, const std::string& part) {
+    formats::HfWriteOptions o;
+    o.architecture = arch;
+    try {
+      formats::write_hf(dir + "/out", c, models::llama(c)->state_dict(), o);
+      ADD_FAILURE() << "no error for " << arch;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(dir + "/out"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(dir + "/out"));
+  };
+  expect_error(c, "Qwen2ForCausalLM", "q/k/v biases");
+  expect_error(c, "GPTNeoXForCausalLM", "GPTNeoXForCausalLM");
+  models::LlamaConfig q = c;
+  q.qkv_bias = true;
+  expect_error(q, "LlamaForCausalLM", "q/k/v biases");
+  expect_error(q, "MistralForCausalLM", "q/k/v biases");
+  models::LlamaConfig m = c;
+  m.mlp_bias = true;
+  expect_error(m, "MistralForCausalLM", "mlp_bias");
+  models::LlamaConfig w = c;
+  w.sliding_window = 4;
+  expect_error(w, "LlamaForCausalLM", "sliding_window");
+  w.sliding_window_from = 1;
+  expect_error(w, "MistralForCausalLM", "sliding_window");
+}
+
 TEST(HfFormat, LayoutNamesEveryLlamaTensor) {
   // Each Castor name of a tied and an untied Llama has exactly one Hugging Face name.
   models::LlamaConfig c;
@@ -253,11 +392,11 @@ TEST(HfCli, FineTuneExportAndReadBack) {
                        run, 120);
   EXPECT_EQ(p.exit_code, 0) << p.err;
   fs::copy(dir + "/base", dir + "/qwen", fs::copy_options::recursive);
-  set_key(dir + "/qwen", "architectures", "[\"Qwen2ForCausalLM\"]");
+  set_key(dir + "/qwen", "architectures", "[\"Qwen2ForCausalLM\"]");  // (a Qwen2 has q/k/v biases: these have none)
   test::expect_one_line_error(test::run_castor({"train", "--model", "llama", "--data", "tokens", "--data-dir", "tok",
                                                 "--init", "qwen", "--out", "never"},
                                                run),
-                              {"--init qwen", "config.json", "Qwen2ForCausalLM"});
+                              {"qwen", "no tensor", "q_proj.bias"});
   EXPECT_FALSE(fs::exists(dir + "/never"));
   test::expect_one_line_error(
       test::run_castor({"export", "--format", "hf", "--checkpoint", "lora", "--merge-lora", "--out", "tok"}, run),

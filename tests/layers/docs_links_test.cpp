@@ -3,11 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <vector>
+
+#include "test_util.h"
 
 namespace {
 
@@ -21,12 +21,7 @@ std::vector<fs::path> documents() {
   return docs;
 }
 
-std::string read_text(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string read_text(const fs::path& path) { return castor::test::read_text(path.string()); }
 
 // Whether `target` (relative to `from`'s folder, or to the root for a path in backticks) stays inside the repository
 // and exists there.

@@ -2,12 +2,13 @@
 // same uses, source directories and public headers.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "test_util.h"
 
 namespace {
 
@@ -16,13 +17,7 @@ struct Layer {
   std::set<std::string> dirs, headers, uses;
 };
 
-std::string read_text(const std::string& path) {
-  std::ifstream in(path);
-  EXPECT_TRUE(in.good()) << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using castor::test::read_text;
 
 // The castor_layer(NAME DIRS ... HEADERS ... USES ...) calls, in order ("version" is generated, not in the doc).
 std::vector<Layer> cmake_layers() {

@@ -1,11 +1,16 @@
-# Hugging Face's Llama, Mistral and Qwen2 as transformers' modeling_llama.py / modeling_qwen2.py compute them
-# (rotate_half pairs (i, i + d/2), RMSNorm's cast before the weight, repeat_kv, llama3 rope scaling), on PyTorch 1.13,
-# for tests/formats/hf_test.cpp. Directories are read and written with safetensors_io.py, shards and index included.
+# Hugging Face's Llama, Mistral and Qwen2 as transformers' modeling_llama.py / _mistral.py / _qwen2.py compute them
+# (rotate_half pairs (i, i + d/2), RMSNorm's cast before the weight, repeat_kv, linear and llama3 rope scaling,
+# head_dim, Llama's attention_bias / mlp_bias, Qwen2's q/k/v biases, Mistral's and Qwen2's sliding windows), on
+# PyTorch 1.13, for tests/formats/hf_test.cpp. Directories are read and written with safetensors_io.py, shards and
+# index included.
 #
 #   hf_llama_oracle.py write DIR CONFIG   a random model (seed CONFIG["seed"]) as a Hugging Face directory:
 #       config.json (CONFIG's keys but "seed", "shards", "v5"), model.safetensors, or CONFIG["shards"] files and
 #       model.safetensors.index.json; "v5": transformers v5's rope_parameters and dtype spellings
 #   hf_llama_oracle.py logits DIR BATCH OUT   float32 logits of BATCH's "x" (B, T) -> OUT "logits"
+#   hf_llama_oracle.py logits16 DIR BATCH OUT   the same with the model in its torch_dtype (from_pretrained's
+#       torch_dtype=...: weights and activations 16-bit) -> OUT "logits" (float32 copy)
+#   hf_llama_oracle.py rmsnorm BATCH OUT   LlamaRMSNorm (eps 1e-6) of BATCH's "x" with weight "w" (any dtypes) -> "y"
 #   hf_llama_oracle.py train DIR BATCH OUT    AdamW (lr 1e-3, wd 0.1 on dim >= 2, betas 0.9/0.99, clip 1.0) for
 #       BATCH's "x.<i>", "y.<i>" cycled over 10 steps -> OUT "loss" (float32 [10])
 import json
@@ -28,7 +33,10 @@ def rope_inv_freq(c, d):
     p = c.get("rope_parameters") or c.get("rope_scaling") or {}
     theta = p.get("rope_theta", c.get("rope_theta", 10000.0))
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    if p.get("rope_type", p.get("type", "default")) != "llama3":
+    kind = p.get("rope_type", p.get("type", "default"))
+    if kind == "linear":
+        return inv / p["factor"]
+    if kind != "llama3":
         return inv
     factor, low, high, orig = p["factor"], p["low_freq_factor"], p["high_freq_factor"], \
         p["original_max_position_embeddings"]
@@ -45,32 +53,51 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rms_norm(x, weight, eps):
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, n, eps):
         super().__init__()
         self.weight, self.eps = nn.Parameter(torch.ones(n)), eps
 
     def forward(self, x):
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def windows(c):
+    """Each layer's sliding window (None: full causal attention) as configuration_mistral/_qwen2 set them."""
+    n, arch = c["num_hidden_layers"], c["architectures"][0]
+    if arch == "MistralForCausalLM":
+        return [c.get("sliding_window", 4096)] * n
+    if arch != "Qwen2ForCausalLM":
+        return [None] * n
+    w = c.get("sliding_window", 4096) if c.get("use_sliding_window", False) else None
+    types = c.get("layer_types") or ["sliding_attention" if w is not None and i >= c.get("max_window_layers", 28)
+                                     else "full_attention" for i in range(n)]
+    return [c.get("sliding_window", 4096) if t == "sliding_attention" else None for t in types]
 
 
 class Layer(nn.Module):
-    def __init__(self, c):
+    def __init__(self, c, window):
         super().__init__()
         h, self.nh, self.nkv = c["hidden_size"], c["num_attention_heads"], c["num_key_value_heads"]
-        self.d = c.get("head_dim") or h // self.nh
-        qkv_bias = c["architectures"][0] == "Qwen2ForCausalLM" or c.get("attention_bias", False)
+        self.d, self.window = c.get("head_dim") or h // self.nh, window
+        llama = c["architectures"][0] == "LlamaForCausalLM"  # (Mistral and Qwen2 do not read the bias keys)
+        o_bias, mlp_bias = llama and c.get("attention_bias", False), llama and c.get("mlp_bias", False)
+        qkv_bias = c["architectures"][0] == "Qwen2ForCausalLM" or o_bias
         self.self_attn = nn.Module()
         a = self.self_attn
         a.q_proj = nn.Linear(h, self.nh * self.d, bias=qkv_bias)
         a.k_proj = nn.Linear(h, self.nkv * self.d, bias=qkv_bias)
         a.v_proj = nn.Linear(h, self.nkv * self.d, bias=qkv_bias)
-        a.o_proj = nn.Linear(self.nh * self.d, h, bias=c.get("attention_bias", False))
+        a.o_proj = nn.Linear(self.nh * self.d, h, bias=o_bias)
         self.mlp = nn.Module()
-        ff, mb = c["intermediate_size"], c.get("mlp_bias", False)
+        ff, mb = c["intermediate_size"], mlp_bias
         self.mlp.gate_proj, self.mlp.up_proj = nn.Linear(h, ff, bias=mb), nn.Linear(h, ff, bias=mb)
         self.mlp.down_proj = nn.Linear(ff, h, bias=mb)
         self.input_layernorm = RMSNorm(h, c["rms_norm_eps"])
@@ -83,9 +110,13 @@ class Layer(nn.Module):
         q = a.q_proj(y).view(b, t, self.nh, self.d).transpose(1, 2)
         k = a.k_proj(y).view(b, t, self.nkv, self.d).transpose(1, 2)
         v = a.v_proj(y).view(b, t, self.nkv, self.d).transpose(1, 2)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(self.nh // self.nkv, dim=1), v.repeat_interleave(self.nh // self.nkv, dim=1)
-        s = q @ k.transpose(2, 3) / math.sqrt(self.d) + torch.full((t, t), float("-inf")).triu(1)
+        i = torch.arange(t)
+        allowed = (i[None, :] <= i[:, None]) & ((i[:, None] - i[None, :] < self.window) if self.window else True)
+        mask = torch.zeros(t, t).masked_fill(~allowed, float("-inf")).to(q.dtype)
+        s = q @ k.transpose(2, 3) / math.sqrt(self.d) + mask
         o = (F.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype) @ v).transpose(1, 2).reshape(b, t, -1)
         x = x + a.o_proj(o)
         m = self.mlp
@@ -99,7 +130,7 @@ class CausalLM(nn.Module):
         self.c = c
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.model.layers = nn.ModuleList(Layer(c) for _ in range(c["num_hidden_layers"]))
+        self.model.layers = nn.ModuleList(Layer(c, w) for w in windows(c))
         self.model.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"])
         self.lm_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
         if c.get("tie_word_embeddings", False):
@@ -185,10 +216,16 @@ def main():
     if mode == "write":
         write_dir(d, json.loads(sys.argv[3]))
         return
+    if mode == "rmsnorm":
+        batch = read(d)[0]
+        write(sys.argv[3], {"y": rms_norm(batch["x"], batch["w"], 1e-6).contiguous()}, {})
+        return
     model, batch, out = load(d), read(sys.argv[3])[0], sys.argv[4]
-    if mode == "logits":
+    if mode in ("logits", "logits16"):
+        if mode == "logits16":
+            model.to(DTYPES[model.c.get("dtype", model.c.get("torch_dtype", "float32"))])
         with torch.no_grad():
-            write(out, {"logits": model(batch["x"])[0].contiguous()}, {})
+            write(out, {"logits": model(batch["x"])[0].float().contiguous()}, {})
         return
     params = list(model.parameters())
     opt = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},

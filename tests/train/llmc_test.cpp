@@ -29,10 +29,7 @@ models::GPTConfig small_config() {
   return c;
 }
 
-std::string slurp(const std::string& path) {
-  const std::vector<uint8_t> b = read_file(path);
-  return std::string(b.begin(), b.end());
-}
+using test::read_text;
 
 void write_bytes(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
 
@@ -62,16 +59,16 @@ TEST(Llmc, RoundTripIsBitExact) {
   }
   // Header fields as llm.c reads them.
   int32_t h[8];
-  std::memcpy(h, slurp(dir + "/a.bin").data(), sizeof(h));
+  std::memcpy(h, read_text(dir + "/a.bin").data(), sizeof(h));
   EXPECT_EQ(std::vector<int32_t>(h, h + 8), (std::vector<int32_t>{20240326, 3, 32, 101, 2, 2, 64, 128}));
   // Written again from what was read: the same bytes.
   models::write_llmc_checkpoint(dir + "/b.bin", w);
-  EXPECT_TRUE(slurp(dir + "/a.bin") == slurp(dir + "/b.bin"));
+  EXPECT_TRUE(read_text(dir + "/a.bin") == read_text(dir + "/b.bin"));
   // Version 5 (llm.c's bfloat16 files): the same layout in 2-byte floats, read widened to float32.
-  std::string v5 = slurp(dir + "/a.bin").substr(0, 1024);
+  std::string v5 = read_text(dir + "/a.bin").substr(0, 1024);
   const int32_t five = 5;
   std::memcpy(v5.data() + 4, &five, 4);
-  const std::string floats = slurp(dir + "/a.bin").substr(1024);
+  const std::string floats = read_text(dir + "/a.bin").substr(1024);
   for (size_t i = 0; i < floats.size(); i += 4) v5 += floats.substr(i + 2, 2);  // the upper half: bf16 by truncation
   write_bytes(dir + "/v5.bin", v5);
   const models::GPTWeights w5 = models::read_llmc_checkpoint(dir + "/v5.bin");
@@ -101,7 +98,7 @@ TEST(Llmc, BadFilesAreOneLineErrorsNamingTheFile) {
   std::filesystem::create_directories(dir);
   auto model = models::gpt(small_config(), 5);
   models::write_llmc_checkpoint(dir + "/good.bin", *model);
-  const std::string good = slurp(dir + "/good.bin");
+  const std::string good = read_text(dir + "/good.bin");
   auto with_header = [&](int index, int32_t value) {
     std::string b = good;
     std::memcpy(b.data() + 4 * index, &value, 4);
@@ -140,7 +137,7 @@ TEST(Llmc, BadFilesAreOneLineErrorsNamingTheFile) {
               models::write_llmc_checkpoint(dir + "/keep.bin", {small_config(), broken});
             }).find("no tensor transformer.h.1.ln_2.weight"),
             std::string::npos);
-  EXPECT_TRUE(slurp(dir + "/keep.bin") == good);
+  EXPECT_TRUE(read_text(dir + "/keep.bin") == good);
 }
 
 TEST(Llmc, LoadGptInitTakesBothFormats) {

@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -63,7 +62,7 @@ class CastorProcess {
 
   pid_t pid() const { return pid_; }
   // What the process has written to stdout so far (while it runs).
-  std::string out_so_far() const { return slurp(out_path_); }
+  std::string out_so_far() const { return test::read_text(out_path_); }
   void signal(int sig) const { ::kill(pid_, sig); }
 
   // Waits up to `seconds`; a process still running then is killed and reported as timed out.
@@ -81,8 +80,8 @@ class CastorProcess {
     }
     exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     killed_by = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    out = slurp(out_path_);
-    err = slurp(err_path_);
+    out = test::read_text(out_path_);
+    err = test::read_text(err_path_);
     std::remove(out_path_.c_str());
     std::remove(err_path_.c_str());
   }
@@ -92,12 +91,6 @@ class CastorProcess {
   std::string out, err;
 
  private:
-  static std::string slurp(const std::string& path) {
-    std::ifstream f(path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-  }
   std::string dir_, out_path_, err_path_;
   pid_t pid_ = -1;
 };

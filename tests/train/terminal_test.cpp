@@ -40,10 +40,7 @@ std::vector<std::string> terminal_lines(const std::string& dir, const std::strin
   return lines;
 }
 
-std::string slurp(const std::string& path) {
-  const std::vector<uint8_t> b = read_file(path);
-  return std::string(b.begin(), b.end());
-}
+using test::read_text;
 
 const std::string kSmallRun =
     "train --data synthetic --synthetic-size 128 --batch-size 16 --steps 8 --log-every 2 "
@@ -69,7 +66,7 @@ TEST(Terminal, SixtyColumnsEpochsFromOneAndNoScaleWithoutScaling) {
     EXPECT_LE(l.size(), 99u) << l;
   const std::vector<std::string> wide = terminal_lines(dir, kSmallRun + " --precision 16-mixed --out fp16", 160);
   EXPECT_NE(wide.back().find("  scale "), std::string::npos) << wide.back();
-  std::istringstream metrics(slurp(dir + "/bf/metrics.jsonl"));
+  std::istringstream metrics(read_text(dir + "/bf/metrics.jsonl"));
   for (std::string l; std::getline(metrics, l);) EXPECT_EQ(Json::parse(l).at("epoch").as_int(), 1) << l;
 }
 
