@@ -121,9 +121,6 @@ TEST(HfFormat, LogitsMatchTheOracleAndExportRoundTripsBitForBit) {
 
 TEST(HfFormat, TenAdamWStepsMatchTheOracle) {
   const test::ScratchDir dir("hf_train");
-  const std::string model_dir = dir + "/model";
-  ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py", {"write", model_dir, hf_config("bfloat16", 2, 2, false)}));
-  auto model = load_hf(model_dir);
   StateDict batch;
   std::vector<std::pair<Tensor, Tensor>> batches;
   for (int i = 0; i < 3; ++i) {
@@ -133,17 +130,28 @@ TEST(HfFormat, TenAdamWStepsMatchTheOracle) {
     batch["y." + std::to_string(i)] = batches.back().second;
   }
   save_safetensors(dir + "/batch.safetensors", batch);
-  ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py", {"train", model_dir, dir + "/batch.safetensors", dir + "/out"}));
-  const std::vector<double> want = load_safetensors(dir + "/out").tensors.at("loss").to_vector<double>();
-  auto opt = test::lm_adamw(*model, 1e-3, 0.1);
-  for (int step = 0; step < 10; ++step) {
-    const auto& [x, y] = batches[step % batches.size()];
-    Tensor loss = test::lm_loss(*model, x, y);
-    opt->zero_grad();
-    loss.backward();
-    nn::utils::clip_grad_norm_(model->parameters(), 1.0);
-    opt->step();
-    EXPECT_NEAR(loss.item(), want[step], 1e-4) << "step " << step;
+  // A plain Llama, Qwen2's biases (tied), a window with linear scaling, llama3 scaling with head size 12 and biases.
+  for (const HfCase& c : kCases) {
+    if (c.name != "bf16_gqa_sharded" && c.name.rfind("qwen2", 0) != 0 && c.name != "llama3_head12_biases") continue;
+    SCOPED_TRACE(c.name);
+    const std::string model_dir = dir + "/" + c.name;
+    ASSERT_TRUE(test::run_oracle(
+        "hf_llama_oracle.py",
+        {"write", model_dir, hf_config(c.dtype, c.shards, c.kv_heads, c.tied, c.v5, c.arch, c.extra)}));
+    auto model = load_hf(model_dir);
+    ASSERT_TRUE(
+        test::run_oracle("hf_llama_oracle.py", {"train", model_dir, dir + "/batch.safetensors", model_dir + ".out"}));
+    const std::vector<double> want = load_safetensors(model_dir + ".out").tensors.at("loss").to_vector<double>();
+    auto opt = test::lm_adamw(*model, 1e-3, 0.1);
+    for (int step = 0; step < 10; ++step) {
+      const auto& [x, y] = batches[step % batches.size()];
+      Tensor loss = test::lm_loss(*model, x, y);
+      opt->zero_grad();
+      loss.backward();
+      nn::utils::clip_grad_norm_(model->parameters(), 1.0);
+      opt->step();
+      EXPECT_NEAR(loss.item(), want[step], 1e-4) << "step " << step;
+    }
   }
 }
 
