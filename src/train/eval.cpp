@@ -90,6 +90,7 @@ LoadedTensors load_for_eval(const EvalConfig& e, TrainConfig& c, std::vector<std
     CASTOR_CHECK(!e.model || *e.model == c.model, "--model ", name(*e.model), ": ", e.path, " holds a ", name(c.model));
     CASTOR_CHECK(!e.data || *e.data == c.data, "--data ", name(*e.data), ": ", e.path, " was trained on ",
                  name(c.data));
+    if (is_language_model(c.model)) take_model_vocabulary(c, e.path, recorded);  // (a llama2.c file's tokenizer.bin)
   } else {
     CASTOR_CHECK(e.model && e.data, e.path,
                  ": no castor metadata (castor.config); say what it holds with --model and --data");

@@ -11,7 +11,9 @@
 #include "castor/checkpoint.h"
 #include "castor/corpus.h"
 #include "castor/dist.h"
+#include "castor/formats.h"
 #include "castor/fs.h"
+#include "castor/hf.h"
 #include "castor/llama.h"
 #include "castor/llama2c.h"
 #include "castor/llmc.h"
@@ -54,6 +56,17 @@ std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& 
   return {padded, real > 0 ? real : padded};
 }
 
+// The vocabulary --init's model was trained in (model_vocabulary's), into c.vocab.
+void take_init_vocabulary(TrainConfig& c) {
+  Json recorded;
+  try {
+    recorded = castor_config(models::read_weights_header(c.init).metadata, c.init);
+  } catch (const Error&) {
+    return;  // (the family's reading of --init names what is wrong with it)
+  }
+  take_model_vocabulary(c, c.init, recorded);
+}
+
 // --data brown | brown-char | brown-bpe | tokens: DIR/train.bin and DIR/val.bin (llm.c's token files), batches of
 // (B, T) windows.
 class LmTask : public Task {
@@ -62,6 +75,11 @@ class LmTask : public Task {
   // model's sizes from that file (the family's take_init_sizes).
   LmTask(TrainConfig& c, int rank, int world, bool new_run)
       : family_(family(c)), dir_(data_dir(c)), eval_iters_(c.eval_iters), batch_size_(c.batch_size) {
+    // The ids mean the tokens of the model's vocabulary: the folder's must be it (before anything else is read).
+    if (new_run && !c.init.empty()) take_init_vocabulary(c);
+    folder_vocab_ = check_folder_vocabulary(
+        c, dir_, c.data_dir.empty() ? detail::cat("--data ", name(c.data)) : std::string("--data-dir"));
+    model_vocab_ = c.vocab;
     if (new_run && !c.init.empty()) init_ = family_.take_init_sizes(c, dir_);
     CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(),
                  "--data tokens: needs --data-dir DIR holding "
@@ -176,6 +194,10 @@ class LmTask : public Task {
   void record(Json& o) const override {
     o["vocab_size"] = vocab_size_;
     o["real_vocab_size"] = real_vocab_;
+    // The vocabulary the ids mean: the folder's (checked to be the model's), else the model's where it is known.
+    const data::VocabularyId& v = folder_vocab_.known() ? folder_vocab_ : model_vocab_;
+    if (!v.kind.empty()) o["tokenizer"] = v.kind;
+    if (!v.checksum.empty()) o["vocab_checksum"] = v.checksum;
     o["train_tokens"] = train_->size();
     o["val_tokens"] = val_->size();
     if (masked()) o["loss_mask"] = true;
@@ -245,7 +267,8 @@ class LmTask : public Task {
   }
 
   const Family& family_;
-  std::optional<StateDict> init_;  // --init's weights when reading its sizes read them
+  data::VocabularyId folder_vocab_, model_vocab_;  // the token folder's, the model's (c.vocab)
+  std::optional<StateDict> init_;                  // --init's weights when reading its sizes read them
   std::string dir_;
   int64_t eval_iters_ = 0, batch_size_ = 0;
   std::optional<data::TokenFile> train_, val_;
@@ -280,6 +303,106 @@ FlopRate LmTask::flop_rate(const TrainConfig& c, const nn::Module& model) const 
 }
 
 }  // namespace
+
+data::VocabularyId recorded_vocabulary(const Json& r) {
+  data::VocabularyId id;
+  if (!r.is_object()) return id;
+  if (const Json* k = r.find("tokenizer"); k && k->is_string()) id.kind = k->as_string();
+  if (const Json* v = r.find("real_vocab_size"); v && v->is_int()) id.size = v->as_int();
+  if (const Json* sum = r.find("vocab_checksum"); sum && sum->is_string()) id.checksum = sum->as_string();
+  return id;
+}
+
+std::string tokenizer_beside(const std::string& path) {
+  std::error_code ec;
+  if (formats::is_hf_dir(path)) return data::is_hf_tokenizer_json(path + "/tokenizer.json") ? path : "";
+  if (fs::is_directory(path, ec) || !fs::is_regular_file(path, ec)) return "";
+  try {
+    if (models::weights_format(path) != models::WeightsFormat::Llama2c) return "";
+  } catch (const Error&) {
+    return "";
+  }
+  const fs::path parent = fs::path(path).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
+  return file_exists(dir + "/tokenizer.bin") ? dir : "";
+}
+
+data::VocabularyId model_vocabulary(const std::string& path, const Json& recorded) {
+  data::VocabularyId id = recorded_vocabulary(recorded);
+  if (!id.kind.empty() || !id.checksum.empty()) return id;
+  const std::string dir = tokenizer_beside(path);
+  if (dir.empty()) return id;
+  const data::VocabularyId beside = data::Tokenizer::load(dir).vocabulary_id();
+  // (a tokenizer.bin of another size is not this model's: run.c would read the model's count of pieces from it)
+  const Json* v = recorded.is_object() ? recorded.find("vocab_size") : nullptr;
+  const bool hf = formats::is_hf_dir(path);
+  if (!hf && v && v->is_int() && v->as_int() != beside.size) return id;
+  return beside;
+}
+
+std::string recorded_data_dir(const Json& config) {
+  if (!config.is_object()) return "";
+  if (const Json* d = config.find("data_dir"); d && d->is_string() && !d->as_string().empty()) return d->as_string();
+  const Json* d = config.find("data");
+  if (d && d->is_string() &&
+      (d->as_string() == "brown" || d->as_string() == "brown-char" || d->as_string() == "brown-bpe"))
+    return data::setup_path("data/" + d->as_string());
+  return "";
+}
+
+std::string model_tokenizer_dir(const std::string& path, const Json& recorded) {
+  const std::string dir = recorded_data_dir(recorded);
+  if (!dir.empty() && data::Tokenizer::is_loadable(dir)) {
+    const data::VocabularyId was = recorded_vocabulary(recorded), is = data::folder_vocabulary(dir);
+    CASTOR_CHECK(data::same_vocabulary(was, is), path, " was trained in the vocabulary [", was.describe(),
+                 "], but its token folder ", dir, " now holds [", is.describe(), "]",
+                 " (tokenized again since?); give the folder of the model's vocabulary");
+    return dir;
+  }
+  return tokenizer_beside(path);
+}
+
+std::string vocabulary_dir(const std::string& path) {
+  std::error_code ec;
+  CASTOR_CHECK(fs::exists(path, ec), "--vocab ", path, ": no such file or directory");
+  if (fs::is_directory(path, ec) && data::Tokenizer::is_loadable(path)) return path;
+  std::string model = path;  // the model file whose castor.config names the run's vocabulary
+  Json recorded;
+  try {
+    if (fs::is_directory(path, ec) && !formats::is_hf_dir(path)) {
+      const std::optional<std::string> ck = is_checkpoint_dir(path) ? path : latest_checkpoint(path);
+      CASTOR_CHECK(ck.has_value(), "not a token folder (no ", data::kTokenRecord,
+                   ", tokenizer.json or tokenizer.bin), nor a run or checkpoint directory");
+      model = (fs::path(*ck) / "model.safetensors").string();
+    }
+    recorded = castor_config(models::read_weights_header(model).metadata, model);
+    const std::string dir = model_tokenizer_dir(model, recorded);
+    CASTOR_CHECK(!dir.empty(), model, " names no token folder (a run's recorded data_dir) and has no tokenizer.bin ",
+                 "beside it");
+    return dir;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    throw Error(msg.rfind(path, 0) == 0 ? "--vocab " + msg : detail::cat("--vocab ", path, ": ", msg));
+  }
+}
+
+void take_model_vocabulary(TrainConfig& c, const std::string& path, const Json& recorded) {
+  c.vocab = model_vocabulary(path, recorded);
+  if (c.vocab.size == 0) c.vocab.size = c.real_vocab_size;
+  c.vocab_of = c.vocab.known() ? path : "";
+}
+
+data::VocabularyId check_folder_vocabulary(const TrainConfig& c, const std::string& dir, const std::string& flag) {
+  const data::VocabularyId folder = data::folder_vocabulary(dir);
+  if (!c.vocab.known() || !folder.known() || data::same_vocabulary(c.vocab, folder)) return folder;
+  const std::string record = data::token_record_path(dir);
+  throw Error(
+      detail::cat(flag, " ", record.empty() ? dir : record, " holds the vocabulary [", folder.describe(), "], but ",
+                  c.vocab_of, " was trained in [", c.vocab.describe(), "]: the same ids would be other tokens",
+                  c.vocab.kind.empty()
+                      ? ""
+                      : " (encode the text in the model's vocabulary: castor tokenize --vocab " + c.vocab_of + ")"));
+}
 
 std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed) {
   return family(c).make(c, real_vocab, seed);

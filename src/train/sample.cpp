@@ -132,19 +132,6 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& l
   return g;
 }
 
-// The token directory a run trained on: its recorded data_dir, or setup's data/<name> for --data
-// brown|brown-char|brown-bpe
-// (data::setup_path: from any working directory).
-std::string recorded_data_dir(const Json& config) {
-  if (!config.is_object()) return "";
-  if (const Json* d = config.find("data_dir"); d && d->is_string() && !d->as_string().empty()) return d->as_string();
-  const Json* d = config.find("data");
-  if (d && d->is_string() &&
-      (d->as_string() == "brown" || d->as_string() == "brown-char" || d->as_string() == "brown-bpe"))
-    return data::setup_path("data/" + d->as_string());
-  return "";
-}
-
 }  // namespace
 
 std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
@@ -342,9 +329,18 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
     CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), g.what, ": ", name,
                  " holds NaN or infinite values; no text can be sampled from it");
-  std::string dir = c.tokenizer_dir.empty() ? recorded_data_dir(g.config) : c.tokenizer_dir;
-  CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what, " records no data directory to decode with");
+  const std::string model_path = c.init.empty() ? c.checkpoint : c.init;
+  std::string dir = c.tokenizer_dir.empty() ? model_tokenizer_dir(model_path, g.config) : c.tokenizer_dir;
+  CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what,
+               " records no data directory to decode with, and no tokenizer.bin is beside it");
   data::Tokenizer tok = data::Tokenizer::load(dir);
+  // The ids are the model's vocabulary's: a tokenizer of another one would decode them as other tokens.
+  const data::VocabularyId model_vocab = model_vocabulary(model_path, g.config), vocab = tok.vocabulary_id();
+  CASTOR_CHECK(data::same_vocabulary(model_vocab, vocab), c.tokenizer_dir.empty() ? "" : "--tokenizer-dir ", dir,
+               " holds the vocabulary [", vocab.describe(), "], but ", g.what, " was trained in [",
+               model_vocab.describe(),
+               "]: its ids would decode as other tokens; give the folder of the model's "
+               "vocabulary");
   const std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
   model->eval();
   const models::Window window = c.cached_window ? models::Window::Cached : models::Window::Sliding;
@@ -612,8 +608,8 @@ std::string tokenizer_bin_beside(const std::string& out) {
 // The vocabulary of a run's bpe tokenizer, as run.c reads it from tokenizer.bin (none for a run of another
 // tokenizer, or without a recorded data directory); castor::Error when its size is not the model's.
 std::optional<data::BpeVocabulary> run_vocabulary(const LoadedGpt& g, int64_t vocab_size) {
-  const std::string dir = recorded_data_dir(g.config);
-  if (dir.empty() || data::token_record_path(dir).empty()) return std::nullopt;
+  const std::string dir = model_tokenizer_dir(g.what, g.config);
+  if (dir.empty() || !data::Tokenizer::is_loadable(dir)) return std::nullopt;
   const data::Tokenizer tok = data::Tokenizer::load(dir);
   if (!tok.bpe()) return std::nullopt;
   CASTOR_CHECK(tok.vocab_size() == vocab_size, dir, ": the tokenizer has ", tok.vocab_size(), " tokens, ", g.what,
@@ -695,12 +691,11 @@ Json described(const LoadedGpt& g, const char* key);
 
 Json export_gguf(const ExportConfig& c) {
   const LoadedGpt g = load_for_export(c, {c.out});
-  // The tokenizer: a Hugging Face directory's own tokenizer.json, else the run's token directory.
+  // The tokenizer: the run's token directory, or a Hugging Face directory's own tokenizer.json (model_tokenizer_dir).
   const bool hf_dir = formats::is_hf_dir(c.checkpoint);
-  const std::string dir = hf_dir ? c.checkpoint : recorded_data_dir(g.config);
-  CASTOR_CHECK(!dir.empty() && (!data::token_record_path(dir).empty() ||
-                                (hf_dir && data::is_hf_tokenizer_json(dir + "/tokenizer.json"))),
-               "--format gguf: ", g.what, hf_dir ? " holds no tokenizer.json" : " records no token directory",
+  const std::string dir = model_tokenizer_dir(g.what, g.config);
+  CASTOR_CHECK(!dir.empty() && data::Tokenizer::is_loadable(dir), "--format gguf: ", g.what,
+               hf_dir ? " holds no tokenizer.json" : " records no token directory",
                "; a GGUF file carries the model's tokenizer");
   const data::Tokenizer tok = data::Tokenizer::load(dir);
   const int64_t model_vocab = g.llama ? g.llama->vocab_size() : 0;

@@ -5,6 +5,7 @@
 
 #include "castor/fs.h"
 #include "train/family.h"
+#include "train/task.h"
 
 namespace castor::train {
 
@@ -452,6 +453,8 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
   if (const Json* sum = recorded.find("init_checksum"); sum && sum->is_string()) c.init_checksum = sum->as_string();
   if (const Json* d = recorded.find("model_config"); d && d->is_object()) c.model_config = *d;
   if (const Json* v = recorded.find("real_vocab_size"); v && v->is_int()) c.real_vocab_size = v->as_int();
+  c.vocab = recorded_vocabulary(recorded);
+  c.vocab_of = c.vocab.known() ? what : "";
   check_jobs(c);
   return c;
 }

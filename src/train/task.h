@@ -102,6 +102,35 @@ std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c,
 // The dataset directory: --data-dir, or the dataset's default location.
 std::string data_dir(const TrainConfig& c);
 
+// The vocabulary a run's recorded settings name: "tokenizer", "real_vocab_size" and "vocab_checksum" (runs of older
+// builds: the size alone, or nothing).
+data::VocabularyId recorded_vocabulary(const Json& recorded);
+// The directory beside the model at `path` that holds its vocabulary as other tools keep it: a llama2.c model.bin's
+// own directory when tokenizer.bin is there (run.c reads it from there), a Hugging Face directory itself when it
+// holds tokenizer.json; "" otherwise.
+std::string tokenizer_beside(const std::string& path);
+// The vocabulary the model at `path` (a weights file or a Hugging Face directory; `recorded`: its castor.config, null
+// when none) was trained in: the recorded one when it names its tokenizer or checksum, else tokenizer_beside's
+// (with the recorded size, if any, when that is unknown too); unknown when neither says.
+data::VocabularyId model_vocabulary(const std::string& path, const Json& recorded);
+// The token directory a run trained on (`recorded`: its settings): its recorded data_dir, or setup's data/<name> for
+// --data brown|brown-char|brown-bpe (data::setup_path: from any working directory); "" for none.
+std::string recorded_data_dir(const Json& recorded);
+// The directory holding the vocabulary of the model at `path` (castor.config `recorded`): its run's token folder
+// (recorded_data_dir), which must still hold the vocabulary the run recorded (castor::Error naming both when it was
+// tokenized again since), else tokenizer_beside's; "" when there is neither.
+std::string model_tokenizer_dir(const std::string& path, const Json& recorded);
+// castor tokenize --vocab PATH: a directory data::Tokenizer::load reads, as it is; a run or checkpoint directory, or a
+// model file (a Castor safetensors, a llama2.c model.bin): model_tokenizer_dir's. castor::Error naming the flag when
+// PATH holds no vocabulary.
+std::string vocabulary_dir(const std::string& path);
+// c.vocab and c.vocab_of: model_vocabulary's (with c.real_vocab_size when that leaves the size unknown), of `path`.
+void take_model_vocabulary(TrainConfig& c, const std::string& path, const Json& recorded);
+// A one-line castor::Error unless the token folder `dir` (`flag`, "--data-dir" or "--data NAME", names it) holds the vocabulary
+// `c.vocab` (the model's, of c.vocab_of) as far as both are known; both sides named, with the way out. Returns the
+// folder's vocabulary (data::folder_vocabulary's).
+data::VocabularyId check_folder_vocabulary(const TrainConfig& c, const std::string& dir, const std::string& flag);
+
 // Loss, accuracy (and the confusion matrix) of `model` over the task's evaluation set; with several ranks each
 // evaluates every world_size-th batch and the sums are all-reduced.
 Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, int64_t batch_size);

@@ -164,15 +164,6 @@ void print_settings(const TrainConfig& c, int64_t total_steps, int world) {
 Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
   c.nproc = world;
   set_threads(c);
-  if (const Json* was = r.ck ? r.recorded.find("real_vocab_size") : nullptr; was && was->is_int()) {
-    // The data's vocabulary is still the one the run was trained with (not tokenized again since).
-    const std::string dir = data_dir(c);
-    if (const std::string record = data::token_record_path(dir); !record.empty()) {
-      const int64_t is = data::Tokenizer::recorded_vocab_size(dir);
-      CASTOR_CHECK(is == was->as_int(), record, ": a vocabulary of ", is, " tokens, but ", r.resume_from,
-                   " was trained on one of ", was->as_int(), " (tokenized again since?)");
-    }
-  }
   const std::unique_ptr<Task> task = make_task(c, rank, world, /*new_run=*/!r.ck);
   const int64_t per_epoch = task->batches_per_epoch();
   const int64_t steps_per_epoch = (per_epoch + c.grad_accum - 1) / c.grad_accum;

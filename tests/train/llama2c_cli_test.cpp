@@ -102,7 +102,7 @@ TEST_F(Llama2cCli, BadFilesAndConflictsAreOneLineErrors) {
                               {"--n-kv-head 4: --init model.bin holds 2"});
   test::expect_one_line_error(
       castor({"train", "--model", "llama", "--init", "model.bin", "--data", "brown-char", "--out", "r"}),
-      {"--init model.bin: vocab_size 300", "castor_tokens.json's vocabulary has"});
+      {"brown-char/castor_tokens.json holds the vocabulary [char, ", "model.bin was trained in [bpe, 300 tokens"});
   // A GPT run has no llama2.c export; the model.bin and tokenizer.bin already at --out stay as they were.
   ASSERT_EQ(castor({"train", "--model",  "gpt", "--data",       "tokens", "--data-dir",   "tok", "--n-layer",
                     "1",     "--n-head", "2",   "--n-embd",     "16",     "--block-size", "16",  "--batch-size",
