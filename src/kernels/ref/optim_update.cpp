@@ -37,6 +37,28 @@ int64_t adam_update_avx2(const AdamUpdate& u, int64_t b, int64_t e, float* w, co
   return i;
 }
 
+// SGD over [b, e) on 8 AVX2 lanes, the scalar loop's operations one for one; returns where the scalar loop takes over.
+int64_t sgd_update_avx2(const SgdUpdate& u, int64_t b, int64_t e, float* w, const float* g, float* momentum_buffer) {
+  const __m256 inv = _mm256_set1_ps(u.grad_inv_scale), clip = _mm256_set1_ps(u.grad_clip);
+  const __m256 wd = _mm256_set1_ps(u.weight_decay), momentum = _mm256_set1_ps(u.momentum);
+  const __m256 keep = _mm256_set1_ps(u.keep), neg_lr = _mm256_set1_ps(u.neg_lr);
+  int64_t i = b;
+  for (; i + 8 <= e; i += 8) {
+    const __m256 wv = _mm256_loadu_ps(w + i);
+    const __m256 gi = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(g + i), inv), clip);
+    const __m256 d = u.decay ? _mm256_fmadd_ps(wv, wd, gi) : gi;
+    __m256 step = d;
+    if (momentum_buffer) {
+      const __m256 m =
+          u.first ? d : _mm256_fmadd_ps(d, keep, _mm256_mul_ps(_mm256_loadu_ps(momentum_buffer + i), momentum));
+      _mm256_storeu_ps(momentum_buffer + i, m);
+      step = u.nesterov ? _mm256_fmadd_ps(m, momentum, d) : m;
+    }
+    _mm256_storeu_ps(w + i, _mm256_fmadd_ps(step, neg_lr, wv));
+  }
+  return i;
+}
+
 }  // namespace
 
 void adam_update(const AdamUpdate& u, int64_t b, int64_t e, float* w, const float* g, float* exp_avg, float* exp_avg_sq,
@@ -63,13 +85,14 @@ void adam_update(const AdamUpdate& u, int64_t b, int64_t e, float* w, const floa
 
 void sgd_update(const SgdUpdate& u, int64_t b, int64_t e, float* w, const float* g, float* momentum_buffer,
                 const RoundInto& into) {
+  const int64_t vectorised = sgd_update_avx2(u, b, e, w, g, momentum_buffer);
   if (!momentum_buffer) {
-    for (int64_t i = b; i < e; ++i) {
+    for (int64_t i = vectorised; i < e; ++i) {
       const float gi = g[i] * u.grad_inv_scale * u.grad_clip;
       w[i] = std::fma(u.decay ? std::fma(w[i], u.weight_decay, gi) : gi, u.neg_lr, w[i]);
     }
   } else {
-    for (int64_t i = b; i < e; ++i) {
+    for (int64_t i = vectorised; i < e; ++i) {
       const float gi = g[i] * u.grad_inv_scale * u.grad_clip;
       const float d = u.decay ? std::fma(w[i], u.weight_decay, gi) : gi;
       const float m = u.first ? d : std::fma(d, u.keep, momentum_buffer[i] * u.momentum);
