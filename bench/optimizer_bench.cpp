@@ -84,13 +84,13 @@ int main(int argc, char** argv) {
   for (const Shape& s : shapes) eight_bytes += shape_numel(s) * (optim::AdamW8bit::is_8bit(s, eight_options) ? 16 : 28);
   std::vector<std::pair<const char*, double>> gbs;
   auto run = [&](const char* name, const std::function<void()>& step, double bytes,
-                 const std::function<void()>& prepare = [] {}) {
-    prepare();
+                 const std::function<void()>& prepare = nullptr) {
+    if (prepare) prepare();
     step();  // states allocated and touched
     double best = 1e30, cpu = 1e30;
     for (int r = 0; r < reps; ++r) {
       copy_best = std::min(copy_best, copy.seconds());
-      prepare();
+      if (prepare) prepare();
       const double c0 = bench::clock_seconds(CLOCK_PROCESS_CPUTIME_ID), w0 = bench::clock_seconds(CLOCK_MONOTONIC);
       step();
       best = std::min(best, bench::clock_seconds(CLOCK_MONOTONIC) - w0);
@@ -152,8 +152,7 @@ int main(int argc, char** argv) {
     restore();
     optim::AdamW8bit adamw8bit(params, eight_options);
     run(
-        "AdamW8bit, fused scaler+clip", [&] { fused(adamw8bit); },
-        static_cast<double>(eight_bytes + 4 * n));
+        "AdamW8bit, fused scaler+clip", [&] { fused(adamw8bit); }, static_cast<double>(eight_bytes + 4 * n));
   }
   const double copy_gbs = copy.bytes() / copy_best / 1e9;
   std::printf("%-28s %7.1f GB/s\n", "copy (STREAM-like)", copy_gbs);

@@ -234,7 +234,8 @@ TEST(ApexLoop, FusedUnscaleClipStepIsBitEqualToUnscaleClipGradNormStep) {
           fused.opt->zero_grad();
           plain.opt->zero_grad();
           const std::vector<Tensor> a = weights(fused), b = weights(plain);
-          for (size_t k = 0; k < a.size(); ++k) EXPECT_TRUE(test::bit_equal(a[k], b[k])) << "step " << i << " param " << k;
+          for (size_t k = 0; k < a.size(); ++k)
+            EXPECT_TRUE(test::bit_equal(a[k], b[k])) << "step " << i << " param " << k;
           EXPECT_EQ(fused.amp->scaler().get_scale(), plain.amp->scaler().get_scale());
           EXPECT_EQ(fused.amp->scaler().growth_tracker(), plain.amp->scaler().growth_tracker());
           EXPECT_EQ(fused.amp->scaler().steps_skipped(), plain.amp->scaler().steps_skipped());

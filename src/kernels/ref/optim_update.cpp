@@ -49,8 +49,9 @@ int64_t sgd_update_avx2(const SgdUpdate& u, int64_t b, int64_t e, float* w, cons
     const __m256 d = u.decay ? _mm256_fmadd_ps(wv, wd, gi) : gi;
     __m256 step = d;
     if (momentum_buffer) {
-      const __m256 m =
-          u.first ? d : _mm256_fmadd_ps(d, keep, _mm256_mul_ps(_mm256_loadu_ps(momentum_buffer + i), momentum));
+      const __m256 m = u.first
+                           ? d
+                           : _mm256_fmadd_ps(d, keep, _mm256_mul_ps(_mm256_loadu_ps(momentum_buffer + i), momentum));
       _mm256_storeu_ps(momentum_buffer + i, m);
       step = u.nesterov ? _mm256_fmadd_ps(m, momentum, d) : m;
     }
