@@ -305,8 +305,10 @@ namespace {
 // The model to sample: a Llama as loaded, a GPT built for the tokenizer's vocabulary (its padding never drawn).
 std::shared_ptr<models::LanguageModel> sampled_model(LoadedGpt& g, const data::Tokenizer& tok, const std::string& dir) {
   if (g.llama) {
-    CASTOR_CHECK(tok.vocab_size() == g.llama->vocab_size(), dir, ": the tokenizer has ", tok.vocab_size(), " tokens, ",
-                 g.what, " was made for ", g.llama->vocab_size());
+    // (a Hugging Face model's embedding may have more rows than its tokenizer has tokens: Qwen2's 151936 for 151669)
+    CASTOR_CHECK(tok.hf() ? tok.vocab_size() <= g.llama->vocab_size() : tok.vocab_size() == g.llama->vocab_size(), dir,
+                 ": the tokenizer has ", tok.vocab_size(), " tokens, ", g.what, " was made for ",
+                 g.llama->vocab_size());
     return g.llama;
   }
   models::GPTConfig& config = g.weights.config;
@@ -347,7 +349,9 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   // run.c ends a sample at a drawn <s> (a llama2.c vocabulary's sequence delimiter); --chat also at the end of turn.
   const int64_t bos = tok.bpe() ? data::BpeVocabulary::kBos : -1;
   if (c.chat) {
-    const Json record = data::read_tokenizer_record(dir);
+    // The template: the token directory's record's, else the tokenizer's own (a Hugging Face directory's, ChatML).
+    const bool recorded = !data::token_record_path(dir).empty();
+    const Json record = recorded ? data::read_tokenizer_record(dir) : Json::Object{};
     data::ChatTokenizer ct = data::chat_tokenizer(tok);
     if (const Json* t = record.find("chat_template"); t && t->is_string())
       ct.chat_template = t->as_string(), ct.template_what = data::token_record_path(dir) + "'s chat_template";

@@ -131,6 +131,8 @@ std::vector<Setting> make_settings() {
   static const CLI::Validator image_size = integer_in(1, 4096), at_least_minus_one = integer_in(-1),
                               layers = integer_in(0, 1024), width = integer_in(0, 65536), count = integer_in(0),
                               at_least_one = integer_in(1), ranks = integer_in(1, 1024),
+                              // token ids are 32-bit (Llama 3: 128256, Qwen2: 151936)
+      vocab = integer_in(0, (int64_t{1} << 31) - 1),
                               // train plus test images stay far inside int64 byte arithmetic
       synthetic = integer_in(1, int64_t{1} << 40);
   const CLI::Validator *unit = &unit_interval(), *pos = &positive(), *nonneg = &non_negative();
@@ -180,7 +182,7 @@ std::vector<Setting> make_settings() {
        &width, R::Fixed, J::LanguageModel},
       {"--vocab-size", plain<&C::vocab_size>(),
        "language models: vocabulary size (0: the tokenizer's; a GPT's padded to 64 above 1024, a Llama's exactly)",
-       &width, R::Fixed, J::LanguageModel},
+       &vocab, R::Fixed, J::LanguageModel},
       {"--dropout", plain<&C::dropout>(), "language models: dropout probability", unit, R::Fixed, J::LanguageModel},
       {"--bias", plain<&C::bias>(), "GPT: biases in Linear and LayerNorm layers (--no-bias: none)", nullptr, R::Fixed,
        J::Gpt},

@@ -10,16 +10,14 @@
 #include "castor/token_file.h"
 #include "castor/tokenizer.h"
 #include "io/file_test_util.h"
+#include "test_util.h"
 
 namespace castor::data {
 namespace {
 
 const std::string kModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-hf/node_modules";
 
-std::string read_text(const std::string& path) {
-  const std::vector<uint8_t> b = read_file(path);
-  return {b.begin(), b.end()};
-}
+using test::read_text;
 
 Json msg(const char* role, const std::string& content) { return Json::Object{{"role", role}, {"content", content}}; }
 

@@ -6,6 +6,8 @@
 #include <fstream>
 
 #include "castor/allocator.h"
+#include "castor/functional.h"
+#include "castor/random.h"
 #include "castor/fs.h"
 #include "castor/hf.h"
 #include "castor/llama.h"
@@ -168,6 +170,51 @@ TEST(HfFormat, LoadsTensorByTensorWithoutASecondCopy) {
   EXPECT_GE(memory_stats().peak_bytes - before, model_bytes);  // (what a whole-dictionary read costs)
   const Tensor x = test::random_token_batch(1, 7, 53, 5);
   EXPECT_TRUE(test::bit_equal((*model)(x), (*load_hf(model_dir))(x)));
+}
+
+// RMSNorm at 16 bits, Hugging Face's LlamaRMSNorm order: float32 statistics, the normalised row rounded to the input's
+// dtype, then weight * it (rounded once; with a float32 weight PyTorch's product is float32, which the next op's
+// autocast rounds: compared rounded). Bit for bit against the oracle in bf16 and fp16, 16-bit and float32 weights.
+TEST(HfFormat, RmsNormCastOrderIsHuggingFacesBitForBit) {
+  const test::ScratchDir dir("hf_rmsnorm");
+  Generator gen(3);
+  for (DType d : {DType::BFloat16, DType::Float16})
+    for (DType wd : {d, DType::Float32}) {
+      SCOPED_TRACE(std::string(dtype_name(d)) + " x, " + dtype_name(wd) + " weight");
+      const Tensor x = (randn({5, 3, 48}, DType::Float32, &gen) * 3.0).to(d);
+      const Tensor w = (randn({48}, DType::Float32, &gen) * 0.3 + 1.0).to(wd);
+      save_safetensors(dir + "/batch.safetensors", {{"x", x}, {"w", w}});
+      ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py", {"rmsnorm", dir + "/batch.safetensors", dir + "/out.st"}));
+      const Tensor want = load_safetensors(dir + "/out.st").tensors.at("y").to(d);
+      const Tensor got = F::rms_norm(x, {48}, w, 1e-6);
+      EXPECT_EQ(got.dtype(), d);
+      EXPECT_TRUE(test::bit_equal(got, want));
+    }
+}
+
+// A bf16 directory run in bf16 throughout (from_pretrained's torch_dtype=torch.bfloat16; Castor's model cast to
+// bfloat16): Qwen2 biases and llama3 scaling included. The attention and rotary roundings differ (Hugging Face
+// rounds cos/sin and each product to bf16, Castor rotates in float32 and rounds once; its attention keeps float32
+// scores), so the logits agree to bf16's precision, not bit for bit.
+TEST(HfFormat, BFloat16ModelMatchesTheOracleInBFloat16) {
+  for (const HfCase& c : {kCases[3], kCases[5]}) {
+    SCOPED_TRACE(c.name);
+    const test::ScratchDir dir("hf_bf16_" + c.name);
+    const std::string model_dir = dir + "/model";
+    ASSERT_TRUE(test::run_oracle(
+        "hf_llama_oracle.py",
+        {"write", model_dir, hf_config(c.dtype, c.shards, c.kv_heads, c.tied, c.v5, c.arch, c.extra)}));
+    auto model = load_hf(model_dir);
+    model->to(DType::BFloat16);
+    const Tensor x = test::random_token_batch(2, 11, 53, 7);
+    save_safetensors(dir + "/batch.safetensors", {{"x", x}});
+    ASSERT_TRUE(
+        test::run_oracle("hf_llama_oracle.py", {"logits16", model_dir, dir + "/batch.safetensors", dir + "/out.st"}));
+    const Tensor want = load_safetensors(dir + "/out.st").tensors.at("logits");
+    const Tensor got = (*model)(x);
+    EXPECT_EQ(got.dtype(), DType::BFloat16);
+    EXPECT_LE(test::rel_l2(got.to(DType::Float32), want), 2e-2);
+  }
 }
 
 // Rewrites config.json's `key` with `value` (JSON text; "" removes it).

@@ -3,7 +3,7 @@
 # "<case>.grad<i>" (floating inputs), and metadata "cases": "name op dtype;...".
 # Reference policy: float32 cases are PyTorch's own ops and autograd. 16-bit cases are computed in float32 from the
 # 16-bit inputs (and 16-bit parameters) and each result rounded once to the 16-bit type, the contract Castor's
-# kernels follow (PyTorch 1.13 has no float16 CPU kernels for most of these, and no rms_norm or
+# kernels follow (rms_norm also rounds its normalised input first, as torch.nn.RMSNorm does) (PyTorch 1.13 has no float16 CPU kernels for most of these, and no rms_norm or
 # scaled_dot_product_attention at all: those are written out as nanoGPT / torch.nn.RMSNorm define them).
 import math
 import os
@@ -19,8 +19,13 @@ torch.manual_seed(0)
 IGNORE = -100
 
 
+DTYPE = torch.float32  # the case's dtype (main sets it)
+
+
 def rms_norm(x, w, eps=1e-6):
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    # torch.nn.RMSNorm's (and Hugging Face's LlamaRMSNorm's) cast order: the normalised input rounded to the input's
+    # dtype, then the product with the weight rounded (below, as every 16-bit case's result).
+    y = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(DTYPE).float()
     return y * w if w is not None else y
 
 
@@ -84,8 +89,10 @@ CASES = {
 
 
 def main():
+    global DTYPE
     out, names = {}, []
     for dname, d in (("float32", torch.float32), ("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+        DTYPE = d
         for op, (fn, makers) in CASES.items():
             inputs = [m() for m in makers]
             inputs = [t.to(d) if t.is_floating_point() else t for t in inputs]

