@@ -209,17 +209,18 @@ TEST(ApexLoop, ClipGradNormMeasuresAndClipsTheStepsFloat32Gradients) {
 // and clip multiplied in the update's registers) against the PyTorch-style calls (unscale_, clip_grad_norm_, step):
 // weights, optimizer state, the scale and its bookkeeping bit-equal over several steps with dynamic loss scaling,
 // one of them skipped for an inf gradient, with clipping on and off; O1 (float32 gradients, unscaled in place) and
-// O2 (float16 gradients unscaled into float32 buffers, float32 masters).
+// O2 (float16 gradients unscaled into float32 buffers, float32 masters); O0 (no scaler: the clip folded alone).
 TEST(ApexLoop, FusedUnscaleClipStepIsBitEqualToUnscaleClipGradNormStep) {
-  for (OptLevel level : {OptLevel::O1, OptLevel::O2})
+  for (OptLevel level : {OptLevel::O0, OptLevel::O1, OptLevel::O2})
     for (Opt o : {Opt::AdamW, Opt::AdamW8bit, Opt::SGDMomentum})
       for (double max_norm : {0.0, 0.05}) {
         SCOPED_TRACE(std::string(amp::opt_level_name(level)) + " " + opt_name(o) + " max_norm " +
                      std::to_string(max_norm));
         Training fused(level, o), plain(level, o);
         int clipped = 0;
+        const int skipped = level == OptLevel::O0 ? -1 : 2;  // step 2 overflows: skipped, the scale backs off
         for (int i = 0; i < 5; ++i) {
-          const double times = i == 2 ? kInf : 1.0;  // step 2 overflows: skipped, the scale backs off
+          const double times = i == skipped ? kInf : 1.0;
           fused.amp->scale_loss(fused.loss(i, times), *fused.opt).backward();
           plain.amp->scale_loss(plain.loss(i, times), *plain.opt).backward();
           const double norm = fused.amp->unscale_clip_(*fused.opt, max_norm);
@@ -229,8 +230,8 @@ TEST(ApexLoop, FusedUnscaleClipStepIsBitEqualToUnscaleClipGradNormStep) {
             if (std::isfinite(want)) EXPECT_EQ(norm, want) << "step " << i;
             clipped += want > max_norm;
           }
-          EXPECT_EQ(fused.amp->step(*fused.opt), i != 2);
-          EXPECT_EQ(plain.amp->step(*plain.opt), i != 2);
+          EXPECT_EQ(fused.amp->step(*fused.opt), i != skipped);
+          EXPECT_EQ(plain.amp->step(*plain.opt), i != skipped);
           fused.opt->zero_grad();
           plain.opt->zero_grad();
           const std::vector<Tensor> a = weights(fused), b = weights(plain);
@@ -241,7 +242,7 @@ TEST(ApexLoop, FusedUnscaleClipStepIsBitEqualToUnscaleClipGradNormStep) {
           EXPECT_EQ(fused.amp->scaler().steps_skipped(), plain.amp->scaler().steps_skipped());
         }
         if (max_norm > 0) EXPECT_GE(clipped, 3);  // the clip was exercised
-        EXPECT_EQ(fused.amp->scaler().steps_skipped(), 1);
+        EXPECT_EQ(fused.amp->scaler().steps_skipped(), level == OptLevel::O0 ? 0 : 1);
         const StateDict sa = fused.opt->state_dict(), sb = plain.opt->state_dict();
         ASSERT_EQ(sa.size(), sb.size());
         for (const auto& [key, t] : sa) {
