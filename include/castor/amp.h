@@ -114,9 +114,9 @@ class Amp : public optim::StepInterceptor {
   void load_state_dict(const StateDict& sd);
 
   // Level, properties, each scaler's state, each optimizer's state (master weights, moments, rounding RNG),
-  // and a signature of the parameter set. load_precision_state checks version, level, dtype and parameters
-  // before changing anything.
-  PrecisionState precision_state() const;
+  // and a signature of the parameter set (copies false: the optimizers' state as aliases, Optimizer::state_dict's).
+  // load_precision_state checks version, level, dtype and parameters before changing anything.
+  PrecisionState precision_state(bool copies = true) const;
   void load_precision_state(const PrecisionState& state);
 
  private:

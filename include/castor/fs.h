@@ -15,6 +15,8 @@ std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes = UIN
 // Reads `count` bytes at `offset` of a regular file (read_file's checks) and sets `file_size` to the file's size;
 // castor::Error naming the path when the file ends before them. For reading a header without the whole file.
 std::vector<uint8_t> read_file_range(const std::string& path, uint64_t offset, uint64_t count, uint64_t& file_size);
+// The same into `out` (out.size() bytes): straight into a tensor's memory, with no buffer between.
+void read_file_range_into(const std::string& path, uint64_t offset, std::span<uint8_t> out, uint64_t& file_size);
 
 // The absolute, normal spelling of `path`: symbolic links resolved as far as it exists, no trailing slash. One
 // spelling per file, for recording paths and comparing them.
@@ -38,6 +40,8 @@ void check_replaceable(const std::string& path);
 // `path` again, renames the temp file over it and fsyncs the directory. On failure (unwritable directory, full disk,
 // a FIFO at `path`, ...) throws castor::Error naming the path, removes the temp file and leaves `path` untouched.
 void atomic_write_file(const std::string& path, std::span<const uint8_t> bytes);
+// The same for the concatenation of `pieces`, written one after another (a big file never assembled in memory).
+void atomic_write_file(const std::string& path, std::span<const std::span<const uint8_t>> pieces);
 void atomic_write_file(const std::string& path, std::string_view text);
 
 // A file that lines are appended to whole or not at all: a failed or short write is cut back off the file.

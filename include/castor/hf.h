@@ -50,13 +50,11 @@ Metadata hf_metadata(const HfConfig& config, const std::string& data);
 // tok_embeddings.weight's tensor when the embedding is tied. castor::Error naming the file and the tensor for a
 // missing shard or tensor, a shape other than config.json's, a dtype other than those three, a truncated file.
 StateDict read_hf_weights(const std::string& dir, const HfConfig& config, DType dtype = DType::Float32);
-// The same checks, then each tensor given to `take` (Castor's name, the tensor) as it is read and dropped after it:
-// a model loads tensor by tensor, never holding a second copy of its weights (output.weight is not given when tied).
-void read_hf_weights_each(const std::string& dir, const HfConfig& config, DType dtype,
+// The same checks, then each tensor given to `take` (Castor's name, the tensor in the file's dtype) as it is read and
+// dropped after it: a model loads tensor by tensor, never holding a second copy of its weights (output.weight is not
+// given when tied; models::load_weights_into loads a model so).
+void read_hf_weights_each(const std::string& dir, const HfConfig& config,
                           const std::function<void(const std::string&, const Tensor&)>& take);
-// Loads DIR's weights into `model` (Castor's Llama of config) with read_hf_weights_each: each of its tensors exactly
-// once, copied into the parameter in place (its dtype). castor::Error naming a tensor the model lacks or does not get.
-void load_hf_into(nn::Module& model, const std::string& dir, const HfConfig& config);
 // The names (Castor's), dtypes and shapes of DIR's tensors, reading only the headers (castor info).
 SafetensorsFile read_hf_header(const std::string& dir);
 

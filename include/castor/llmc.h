@@ -2,11 +2,13 @@
 // nanoGPT names, read into a GPTConfig plus a StateDict with nanoGPT names (docs/language-models.md, "llm.c interop").
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "castor/models.h"
+#include "castor/nn.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
 
@@ -76,6 +78,18 @@ GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metad
 // as load_llama2c_weights_file gives it. castor::Error "PATH: not a safetensors, llm.c or llama2.c file (...)" for
 // anything else (weights_format).
 LoadedTensors load_weights_file(const std::string& path, const std::string& data);
+// load_weights_file's tensors one at a time (its names, each in the file's dtype), each read from the file straight
+// into a tensor of its own as it is given to `take` and dropped after it: a Hugging Face directory, a safetensors file
+// or an llm.c checkpoint is never held whole (a llama2.c file is read whole first: its versions 1 and 2 are not
+// plain tensors).
+void read_weights_each(const std::string& path, const std::function<void(const std::string&, const Tensor&)>& take);
+// Loads `path`'s weights (read_weights_each) into `model` strictly, tensor by tensor, each copied into its parameter
+// or buffer in place and in that tensor's dtype (a 16-bit parameter made under nn::LoadInitGuard takes a float32
+// file's values rounded once, as a float32 load then a cast would): the model is never held twice. A tensor of the
+// model tied to another (GPT's lm_head, a tied Llama output) needs none of its own; torch.compile's "_orig_mod."
+// prefix is dropped and nanoGPT's attention-mask buffers ".attn.bias" of 4 dimensions are skipped. castor::Error
+// naming `path` and the tensor for one the model lacks, one of another shape, or a model tensor the file does not give.
+void load_weights_into(nn::Module& model, const std::string& path);
 // The same, names, dtypes, shapes and metadata only (`castor info`: the data is not read); "castor.config" without
 // "data" for llm.c and llama2.c files.
 SafetensorsFile read_weights_header(const std::string& path);

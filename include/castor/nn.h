@@ -4,6 +4,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -129,6 +130,24 @@ class SkipInitGuard {
  private:
   bool prev_;
 };
+
+// For a loader that then fills every parameter from a file (models::load_weights_into): while one is alive on this
+// thread, the layers leave their weights uninitialised as under SkipInitGuard, made in `dtype` (norm layers' in
+// float32, as Module::to(dtype, keep_norms_fp32) leaves them), and models::gpt and models::llama draw none of their
+// own. A LoRA run's frozen base is then never held in float32, and no weight is drawn only to be overwritten.
+class LoadInitGuard {
+ public:
+  explicit LoadInitGuard(DType dtype);
+  ~LoadInitGuard();
+  LoadInitGuard(const LoadInitGuard&) = delete;
+  LoadInitGuard& operator=(const LoadInitGuard&) = delete;
+
+ private:
+  SkipInitGuard skip_;
+  std::optional<DType> prev_;
+};
+// The dtype of the LoadInitGuard alive on this thread; nullopt when none is.
+std::optional<DType> load_init_dtype();
 
 // input (N, in, H, W) -> (N, out, H', W'). weight (out, in/groups, kh, kw), bias (out).
 class Conv2d : public Module {

@@ -125,6 +125,12 @@ class Optimizer {
   // value; the update goes to the master and the parameter is the master rounded. Off: masters are dropped.
   void set_master_weights(bool on);
   bool master_weights() const { return master_weights_; }
+  // On (the default): a float32 parameter that autocast cast in the last forward gets its 16-bit copy for the next
+  // forward rounded in the update's pass (amp::keep_cast; 2 bytes a parameter held between steps). Off: none is kept
+  // (and those held are dropped), and each forward casts afresh, the same values: for memory (--recompute blocks,
+  // whose forward holds one block's casts at a time).
+  void set_keep_casts(bool on);
+  bool keep_casts() const { return keep_casts_; }
   // The rounding applies to every write-back into a 16-bit parameter (with or without masters).
   void set_rounding(Rounding r, uint64_t seed = 0);
   Rounding rounding() const { return rounding_; }
@@ -136,7 +142,8 @@ class Optimizer {
   int64_t skipped_steps() const { return skipped_steps_; }
   void note_skipped_step() { ++skipped_steps_; }
 
-  // Named tensors (copies), with groups g and slots i numbered in order:
+  // Named tensors (copies; with copies false, aliases of the live state: for writing it out at once without a second
+  // copy in memory), with groups g and slots i numbered in order:
   //   "state.<g>.<i>.<name>"  each slot state tensor (see ParamSlot)
   //   "master.<g>.<i>"        the float32 master weight, when there is one
   //   "group.<g>.lr", "group.<g>.weight_decay" (float64 0-dim), "group.<g>.size" (int64 0-dim, #params)
@@ -144,7 +151,7 @@ class Optimizer {
   // load_state_dict() takes such a dict for an optimizer with the same groups of the same shapes and
   // master-weight setting; it validates everything before changing anything and throws castor::Error
   // naming the offending key (unknown, missing, wrong shape or dtype, wrong parameter count).
-  virtual StateDict state_dict() const;
+  virtual StateDict state_dict(bool copies = true) const;
   virtual void load_state_dict(const StateDict& sd);
 
  protected:
@@ -166,6 +173,7 @@ class Optimizer {
 
   std::vector<ParamGroup> groups_;
   bool master_weights_ = false;
+  bool keep_casts_ = true;
   Rounding rounding_ = Rounding::Nearest;
   Generator rounding_gen_;
   int64_t step_count_ = 0;

@@ -46,7 +46,8 @@ struct SafetensorsTensor {
 // `what` names the destination in errors about inconsistent tensors.
 std::vector<uint8_t> serialize_safetensors(const std::vector<SafetensorsTensor>& tensors,
                                            const std::map<std::string, std::string>& metadata, const std::string& what);
-// serialize_safetensors + atomic_write_file.
+// serialize_safetensors's bytes written with atomic_write_file: the header, then each tensor from where it is (the
+// file is never assembled in memory).
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

@@ -326,12 +326,13 @@ std::string Amp::param_signature() const {
   return sig;
 }
 
-PrecisionState Amp::precision_state() const {
+PrecisionState Amp::precision_state(bool copies) const {
   PrecisionState st;
   for (size_t k = 0; k < scalers_.size(); ++k)
     for (auto& [key, t] : scalers_[k]->state_dict()) st.tensors["scaler." + std::to_string(k) + "." + key] = t;
   for (size_t j = 0; j < optimizers_.size(); ++j)
-    for (auto& [key, t] : optimizers_[j]->state_dict()) st.tensors["optimizer." + std::to_string(j) + "." + key] = t;
+    for (auto& [key, t] : optimizers_[j]->state_dict(copies))
+      st.tensors["optimizer." + std::to_string(j) + "." + key] = t;
   const Properties& p = props_;
   st.metadata = {{"format", "castor.amp.precision_state"},
                  {"version", std::to_string(PrecisionState::kVersion)},

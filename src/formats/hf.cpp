@@ -428,7 +428,7 @@ Metadata hf_metadata(const HfConfig& h, const std::string& data) {
   return {{"castor.config", config.dump()}, {"castor.model", "llama"}, {"hf.architecture", h.architecture}};
 }
 
-void read_hf_weights_each(const std::string& dir, const HfConfig& config, DType dtype,
+void read_hf_weights_each(const std::string& dir, const HfConfig& config,
                           const std::function<void(const std::string&, const Tensor&)>& take) {
   const std::map<std::string, std::string> where = shard_map(dir);
   const std::vector<Planned> tensors = plan(config.llama);
@@ -449,34 +449,21 @@ void read_hf_weights_each(const std::string& dir, const HfConfig& config, DType 
     const std::string& file = where.at(t.hf);
     const SafetensorsEntry& e = shards.entry(file, t.hf);
     uint64_t size = 0;
-    const std::vector<uint8_t> bytes = read_file_range(file, shards.data_offset.at(file) + e.begin, e.end - e.begin,
-                                                       size);
-    Tensor x = from_blob(bytes.data(), t.shape, e.dtype);
+    Tensor x = empty(t.shape, e.dtype);  // read straight into it
+    read_file_range_into(file, shards.data_offset.at(file) + e.begin,
+                         std::span<uint8_t>(static_cast<uint8_t*>(x.data_ptr()), x.nbytes()), size);
     if (t.permute_heads > 0) x = permute_rows(x, t.permute_heads, /*to_castor=*/true);
-    take(t.castor, x.dtype() == dtype ? x : x.to(dtype));
+    take(t.castor, x);
   }
 }
 
 StateDict read_hf_weights(const std::string& dir, const HfConfig& config, DType dtype) {
   StateDict state;
-  read_hf_weights_each(dir, config, dtype, [&](const std::string& name, const Tensor& t) { state.emplace(name, t); });
+  read_hf_weights_each(dir, config, [&](const std::string& name, const Tensor& t) {
+    state.emplace(name, t.dtype() == dtype ? t : t.to(dtype));
+  });
   if (config.llama.tied) state.emplace("output.weight", state.at("tok_embeddings.weight"));
   return state;
-}
-
-void load_hf_into(nn::Module& model, const std::string& dir, const HfConfig& config) {
-  const StateDict own = model.state_dict();
-  std::set<std::string> loaded;
-  NoGradGuard no_grad;
-  read_hf_weights_each(dir, config, DType::Float32, [&](const std::string& name, const Tensor& t) {
-    const auto it = own.find(name);
-    CASTOR_CHECK(it != own.end() && it->second.shape() == t.shape(), dir, ": the model has no ", name, " of shape ",
-                 shape_str(t.shape()));
-    Tensor(it->second).copy_(t);
-    loaded.insert(name);
-  });
-  for (const auto& [name, t] : own)
-    CASTOR_CHECK(loaded.count(name) || (config.llama.tied && name == "output.weight"), dir, ": gives no ", name);
 }
 
 SafetensorsFile read_hf_header(const std::string& dir) {

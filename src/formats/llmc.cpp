@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <set>
 #include <vector>
 
 #include "castor/autograd.h"
@@ -317,6 +318,42 @@ LoadedTensors load_weights_file(const std::string& path, const std::string& data
   GPTWeights w = read_llmc_checkpoint(path);
   w.state["lm_head.weight"] = w.state.at("transformer.wte.weight");
   return {std::move(w.state), llmc_metadata(header, data)};
+}
+
+void read_weights_each(const std::string& path, const std::function<void(const std::string&, const Tensor&)>& take) {
+  if (formats::is_hf_dir(path)) return formats::read_hf_weights_each(path, formats::read_hf_config(path), take);
+  if (weights_format(path) == WeightsFormat::Llama2c) {
+    for (const auto& [name, t] : load_llama2c_weights_file(path, "").tensors) take(name, t);
+    return;
+  }
+  const SafetensorsFile header = read_weights_header(path);  // (an llm.c file's tensors, per layer, as listed)
+  uint64_t size = 0, end = 0;
+  read_file_range(path, 0, 0, size);
+  for (const SafetensorsEntry& e : header.entries) end = std::max(end, e.end);
+  for (const SafetensorsEntry& e : header.entries) {
+    Tensor x = empty(Shape(e.shape.begin(), e.shape.end()), e.dtype);
+    read_file_range_into(path, size - end + e.begin,
+                         std::span<uint8_t>(static_cast<uint8_t*>(x.data_ptr()), x.nbytes()), size);
+    take(e.name, x);
+  }
+}
+
+void load_weights_into(nn::Module& model, const std::string& path) {
+  const StateDict own = model.state_dict();
+  std::set<const void*> loaded;  // the storages given, by address (a tied tensor's names share one)
+  NoGradGuard no_grad;
+  const std::string compiled = "_orig_mod.";
+  read_weights_each(path, [&](const std::string& key, const Tensor& t) {
+    const std::string name = key.rfind(compiled, 0) == 0 ? key.substr(compiled.size()) : key;
+    const auto it = own.find(name);
+    if (it == own.end() && name.ends_with(".attn.bias") && t.dim() == 4) return;  // nanoGPT's causal mask
+    CASTOR_CHECK(it != own.end(), path, ": the model has no tensor ", printable(name));
+    CASTOR_CHECK(it->second.shape() == t.shape(), path, ": ", name, " has shape ", shape_str(t.shape()),
+                 ", the model's is ", shape_str(it->second.shape()));
+    Tensor(it->second).copy_(t);
+    loaded.insert(it->second.data_ptr());
+  });
+  for (const auto& [name, t] : own) CASTOR_CHECK(loaded.count(t.data_ptr()), path, ": gives no ", name);
 }
 
 SafetensorsFile read_weights_header(const std::string& path) {

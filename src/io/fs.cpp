@@ -67,11 +67,7 @@ bool injected_write_failure(const std::string& path) {
 }
 
 // Writes all of `bytes`; false with errno set on failure.
-bool write_all(int fd, std::span<const uint8_t> bytes, const std::string& path) {
-  if (injected_write_failure(path)) {
-    errno = ENOSPC;
-    return false;
-  }
+bool write_bytes(int fd, std::span<const uint8_t> bytes) {
   size_t done = 0;
   while (done < bytes.size()) {
     ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -81,6 +77,21 @@ bool write_all(int fd, std::span<const uint8_t> bytes, const std::string& path) 
     done += static_cast<size_t>(n);
   }
   return true;
+}
+
+// The same as one write of the CASTOR_FAIL_WRITES hook's count (`pieces` one after another).
+bool write_all(int fd, std::span<const std::span<const uint8_t>> pieces, const std::string& path) {
+  if (injected_write_failure(path)) {
+    errno = ENOSPC;
+    return false;
+  }
+  for (std::span<const uint8_t> bytes : pieces)
+    if (!write_bytes(fd, bytes)) return false;
+  return true;
+}
+bool write_all(int fd, std::span<const uint8_t> bytes, const std::string& path) {
+  const std::span<const uint8_t> one[] = {bytes};
+  return write_all(fd, std::span<const std::span<const uint8_t>>(one), path);
 }
 
 // Opens a regular file for reading; castor::Error naming the path otherwise. Sets `size` to its size.
@@ -99,7 +110,7 @@ int open_regular(const std::string& path, uint64_t& size) {
 }
 
 // Reads bytes.size() bytes at `offset`.
-void read_at(int fd, std::vector<uint8_t>& bytes, uint64_t offset, const std::string& path) {
+void read_at(int fd, std::span<uint8_t> bytes, uint64_t offset, const std::string& path) {
   size_t done = 0;
   while (done < bytes.size()) {
     ssize_t n = ::pread(fd, bytes.data() + done, bytes.size() - done, static_cast<off_t>(offset + done));
@@ -144,12 +155,16 @@ std::vector<uint8_t> read_file(const std::string& path, uint64_t max_bytes) {
 }
 
 std::vector<uint8_t> read_file_range(const std::string& path, uint64_t offset, uint64_t count, uint64_t& file_size) {
-  Fd f(open_regular(path, file_size));
-  CASTOR_CHECK(offset <= file_size && count <= file_size - offset, path, ": file is ", file_size,
-               " bytes, too short for bytes ", offset, " to ", offset + count);
   std::vector<uint8_t> bytes(static_cast<size_t>(count));
-  read_at(f.fd, bytes, offset, path);
+  read_file_range_into(path, offset, bytes, file_size);
   return bytes;
+}
+
+void read_file_range_into(const std::string& path, uint64_t offset, std::span<uint8_t> out, uint64_t& file_size) {
+  Fd f(open_regular(path, file_size));
+  CASTOR_CHECK(offset <= file_size && out.size() <= file_size - offset, path, ": file is ", file_size,
+               " bytes, too short for bytes ", offset, " to ", offset + out.size());
+  read_at(f.fd, out, offset, path);
 }
 
 std::string absolute_path(const std::string& path) {
@@ -167,6 +182,11 @@ bool file_exists(const std::string& path) {
 }
 
 void atomic_write_file(const std::string& path, std::span<const uint8_t> bytes) {
+  const std::span<const uint8_t> one[] = {bytes};
+  atomic_write_file(path, std::span<const std::span<const uint8_t>>(one));
+}
+
+void atomic_write_file(const std::string& path, std::span<const std::span<const uint8_t>> pieces) {
   check_replaceable(path);
   std::string tmp = path + ".tmp.XXXXXX";
   Fd f(::mkstemp(tmp.data()));
@@ -176,7 +196,7 @@ void atomic_write_file(const std::string& path, std::span<const uint8_t> bytes) 
     ::unlink(tmp.c_str());
     throw Error(msg);
   };
-  if (!write_all(f.fd, bytes, path)) fail("write failed");
+  if (!write_all(f.fd, pieces, path)) fail("write failed");
   if (::fchmod(f.fd, 0644) != 0) fail("chmod failed");
   if (::fsync(f.fd) != 0) fail("fsync failed");
   if (!f.close()) fail("close failed");

@@ -176,13 +176,14 @@ SafetensorsFile read_safetensors_header(const std::string& path) {
   return from_layout(parse_layout(head.data(), head.size(), size, path));
 }
 
-std::vector<uint8_t> serialize_safetensors(const std::vector<SafetensorsTensor>& tensors,
-                                           const std::map<std::string, std::string>& metadata,
-                                           const std::string& what) {
-  std::vector<const SafetensorsTensor*> sorted;
+namespace {
+
+// The header bytes of a file of `tensors` (length, JSON, padding) and the tensors in data order (by name).
+std::vector<uint8_t> header_bytes(const std::vector<SafetensorsTensor>& tensors,
+                                  const std::map<std::string, std::string>& metadata, const std::string& what,
+                                  std::vector<const SafetensorsTensor*>& sorted) {
   for (const SafetensorsTensor& t : tensors) sorted.push_back(&t);
   std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->name < b->name; });
-
   Json header(Json::Object{});
   uint64_t offset = 0;
   for (size_t i = 0; i < sorted.size(); ++i) {
@@ -215,7 +216,16 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<SafetensorsTensor>&
   uint64_t n = text.size();
   std::memcpy(out.data(), &n, 8);
   std::memcpy(out.data() + 8, text.data(), text.size());
-  out.reserve(out.size() + offset);
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> serialize_safetensors(const std::vector<SafetensorsTensor>& tensors,
+                                           const std::map<std::string, std::string>& metadata,
+                                           const std::string& what) {
+  std::vector<const SafetensorsTensor*> sorted;
+  std::vector<uint8_t> out = header_bytes(tensors, metadata, what, sorted);
   for (const SafetensorsTensor* t : sorted) {
     auto* p = static_cast<const uint8_t*>(t->data);
     out.insert(out.end(), p, p + t->nbytes);
@@ -225,7 +235,11 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<SafetensorsTensor>&
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  atomic_write_file(path, serialize_safetensors(tensors, metadata, path));
+  std::vector<const SafetensorsTensor*> sorted;
+  const std::vector<uint8_t> header = header_bytes(tensors, metadata, path, sorted);
+  std::vector<std::span<const uint8_t>> pieces = {header};  // the tensors' bytes where they are
+  for (const SafetensorsTensor* t : sorted) pieces.emplace_back(static_cast<const uint8_t*>(t->data), t->nbytes);
+  atomic_write_file(path, pieces);
 }
 
 }  // namespace castor

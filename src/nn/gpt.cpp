@@ -77,6 +77,7 @@ GPT::GPT(const GPTConfig& c, uint64_t seed) : config_(c) {
   ln_f = transformer->register_module("ln_f", std::make_shared<nn::LayerNorm>(Shape{c.n_embd}, 1e-5, true, c.bias));
   lm_head = register_module("lm_head", std::make_shared<nn::Linear>(c.n_embd, c.vocab_size, /*bias=*/false));
   wte->weight = wte->tie_parameter("weight", lm_head->weight);
+  if (nn::load_init_dtype()) return;  // a loader fills every weight
   // GPT-2 init, drawn in named_parameters order from one seeded generator (the tied wte/lm_head tensor once).
   Generator gen(seed);
   NoGradGuard no_grad;

@@ -12,13 +12,17 @@ namespace castor::nn {
 
 namespace {
 
-thread_local bool skip_init = false;  // SkipInitGuard
+thread_local bool skip_init = false;           // SkipInitGuard
+thread_local std::optional<DType> load_dtype;  // LoadInitGuard
+
+// An uninitialised weight of a Conv2d, Linear or Embedding: in a LoadInitGuard's dtype, else float32.
+Tensor empty_weight(const Shape& shape) { return empty(shape, load_dtype.value_or(DType::Float32)); }
 
 // U(-bound, bound) from the default generator; under SkipInitGuard uninitialised, the generator advanced as if drawn.
 Tensor init_uniform(const Shape& shape, double bound) {
   if (!skip_init) return uniform(shape, -bound, bound);
   default_generator().discard(static_cast<uint64_t>(shape_numel(shape)));  // one draw a value
-  return empty(shape);
+  return empty_weight(shape);
 }
 
 // torch.nn.init.kaiming_uniform_(w, a=sqrt(5)) on a weight with this fan-in, from the default generator.
@@ -38,6 +42,10 @@ Tensor fan_in_uniform(const Shape& shape, int64_t fan_in) {
 
 SkipInitGuard::SkipInitGuard() : prev_(skip_init) { skip_init = true; }
 SkipInitGuard::~SkipInitGuard() { skip_init = prev_; }
+
+LoadInitGuard::LoadInitGuard(DType dtype) : prev_(load_dtype) { load_dtype = dtype; }
+LoadInitGuard::~LoadInitGuard() { load_dtype = prev_; }
+std::optional<DType> load_init_dtype() { return load_dtype; }
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride, Size2 padding,
                Size2 dilation, int64_t groups, bool bias)
@@ -117,7 +125,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padd
   Tensor w;
   if (skip_init) {
     default_generator().discard_normals(num_embeddings * embedding_dim);
-    w = empty({num_embeddings, embedding_dim});
+    w = empty_weight({num_embeddings, embedding_dim});
   } else {
     w = normal({num_embeddings, embedding_dim}, 0.0, 1.0);
     if (padding_idx >= 0) w.narrow(0, padding_idx, 1).fill_(0.0);

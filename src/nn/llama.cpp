@@ -133,6 +133,7 @@ Llama::Llama(const LlamaConfig& c, uint64_t seed) : config_(c) {
   output = register_module("output", std::make_shared<nn::Linear>(c.dim, c.vocab_size, /*bias=*/false));
   // model.py's `tok_embeddings.weight = output.weight`: one tensor, listed first as tok_embeddings.weight.
   if (c.tied) tok_embeddings->weight = tok_embeddings->tie_parameter("weight", output->weight);
+  if (nn::load_init_dtype()) return;  // a loader fills every weight
   Generator gen(seed);
   NoGradGuard no_grad;
   const double std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layers));

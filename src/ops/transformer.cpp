@@ -356,7 +356,7 @@ std::vector<float> rotary_inv_freq(int64_t head_size, double theta, const F::Rop
     if (scaling.type != Type::Llama3) continue;
     // _compute_llama3_parameters in float32; Python's `scalar / tensor` is tensor.reciprocal() * scalar.
     const float orig = static_cast<float>(scaling.original_max_position_embeddings);
-    const float low = static_cast<float>(scaling.low_freq_factor), high = static_cast<float>(scaling.high_freq_factor);
+    const float low = static_cast<float>(scaling.low_freq_factor);
     const float low_wavelen = static_cast<float>(scaling.original_max_position_embeddings / scaling.low_freq_factor);
     const float high_wavelen = static_cast<float>(scaling.original_max_position_embeddings / scaling.high_freq_factor);
     const float wavelen = (1.0f / inv[k]) * static_cast<float>(2 * M_PI);

@@ -124,6 +124,13 @@ void Optimizer::add_param_group(const std::vector<Tensor>& params, double lr, do
   groups_.push_back(std::move(group));
 }
 
+void Optimizer::set_keep_casts(bool on) {
+  keep_casts_ = on;
+  if (!on)
+    for (ParamGroup& group : groups_)
+      for (ParamSlot& slot : group.slots) slot.cast_copy_ = Tensor();
+}
+
 void Optimizer::set_master_weights(bool on) {
   master_weights_ = on;
   for (ParamGroup& group : groups_)
@@ -169,7 +176,7 @@ void Optimizer::apply_step() {
       if (narrow) pending_write_back_ = WriteBack{slot.param, stochastic, stochastic ? rounding_gen_.next_u64() : 0};
       // A float32 parameter the last forward cast under autocast: its 16-bit copy for the next forward, rounded to
       // nearest even in the same pass (into a new buffer while an earlier forward's graph still holds the old one).
-      const std::optional<DType> keep = narrow ? std::nullopt : amp::cast_to_keep(slot.param);
+      const std::optional<DType> keep = narrow || !keep_casts_ ? std::nullopt : amp::cast_to_keep(slot.param);
       if (keep) {
         Tensor& copy = slot.cast_copy_;
         if (!copy.defined() || copy.dtype() != *keep || copy.shape() != slot.param.shape() ||
@@ -266,7 +273,8 @@ void Optimizer::fold_into_step(float inv_scale, float clip_coef) {
   folded_ = true;
 }
 
-StateDict Optimizer::state_dict() const {
+StateDict Optimizer::state_dict(bool copies) const {
+  auto out = [&](const Tensor& t) { return copies ? t.clone() : t.detach(); };
   StateDict sd;
   for (size_t g = 0; g < groups_.size(); ++g) {
     const ParamGroup& group = groups_[g];
@@ -276,8 +284,8 @@ StateDict Optimizer::state_dict() const {
     sd[prefix + "size"] = scalar_tensor(static_cast<double>(group.slots.size()), DType::Int64);
     for (size_t i = 0; i < group.slots.size(); ++i) {
       const ParamSlot& slot = group.slots[i];
-      for (const auto& [name, t] : slot.state) sd[slot_key("state", g, i) + "." + name] = t.clone();
-      if (slot.master.defined()) sd[slot_key("master", g, i)] = slot.master.clone();
+      for (const auto& [name, t] : slot.state) sd[slot_key("state", g, i) + "." + name] = out(t);
+      if (slot.master.defined()) sd[slot_key("master", g, i)] = out(slot.master);
     }
   }
   sd["step_count"] = scalar_tensor(static_cast<double>(step_count_), DType::Int64);

@@ -49,15 +49,22 @@ void gpt_apply_sizes(TrainConfig& c) {
 
 void gpt_check(const TrainConfig&) {}  // (a GPT's sizes are all checked as the flags are applied)
 
-// llm.c's gpt2_124M.bin or nanoGPT-named safetensors: the sizes and the weights, read once.
-std::optional<StateDict> gpt_take_init_sizes(TrainConfig& c, const std::string&) {
-  models::GPTWeights w;
+// llm.c's gpt2_124M.bin (its header) or nanoGPT-named safetensors (read and checked whole, then dropped): the sizes;
+// the weights load tensor by tensor into the model later (gpt_load), never beside a float32 copy.
+void gpt_take_init_sizes(TrainConfig& c, const std::string&) {
+  models::GPTConfig g;
   try {
-    w = models::load_gpt_init(c.init, c.given("--n-head") ? c.n_head : 0);
+    const int64_t n_head = c.given("--n-head") ? c.n_head : 0;
+    if (models::weights_format(c.init) == models::WeightsFormat::Llmc) {
+      g = models::read_llmc_header(c.init).config;
+      CASTOR_CHECK(n_head == 0 || n_head == g.n_head, c.init, ": llm.c header has NH ", g.n_head, ", but ", n_head,
+                   " was given");
+    } else {
+      g = models::load_gpt_init(c.init, n_head).config;
+    }
   } catch (const Error& e) {
     throw init_error(c, e);
   }
-  const models::GPTConfig& g = w.config;
   take(c, "--n-layer", c.n_layer, g.n_layer);
   take(c, "--n-head", c.n_head, g.n_head);
   take(c, "--n-embd", c.n_embd, g.n_embd);
@@ -67,15 +74,10 @@ std::optional<StateDict> gpt_take_init_sizes(TrainConfig& c, const std::string&)
   CASTOR_CHECK(!c.given("--bias") || c.bias == g.bias, "--bias: --init ", c.init, g.bias ? " has" : " has no",
                " biases");
   c.bias = g.bias;
-  return std::move(w.state);
 }
 
 std::shared_ptr<models::LanguageModel> gpt_make(const TrainConfig& c, int64_t real_vocab, uint64_t seed) {
   return models::gpt(gpt_config_of(c, real_vocab), seed);
-}
-
-void gpt_load(nn::Module& model, const TrainConfig& c, const std::string& path) {
-  model.load_state_dict(models::load_gpt_init(path, c.n_head).state, /*strict=*/true);
 }
 
 Json gpt_describe(const TrainConfig& c) { return gpt_description(gpt_config_of(c, 0)); }
@@ -125,7 +127,7 @@ void llama_check(const TrainConfig& c) { llama_model_config(c).validate(); }
 // A Hugging Face directory: config.json's model, described (its norm eps and feed-forward width have no flags); the
 // model runs --block-size positions (at most max_position_embeddings; not given: that many), and the token
 // directory's vocabulary fits in its embedding.
-std::optional<StateDict> llama_take_hf_sizes(TrainConfig& c, const std::string& data_dir) {
+void llama_take_hf_sizes(TrainConfig& c, const std::string& data_dir) {
   formats::HfConfig h;
   try {
     h = formats::read_hf_config(c.init);
@@ -153,10 +155,9 @@ std::optional<StateDict> llama_take_hf_sizes(TrainConfig& c, const std::string& 
   CASTOR_CHECK(tokens <= l.vocab_size, "--init ", c.init, ": vocab_size ", l.vocab_size, ", but ", record,
                "'s vocabulary has ", tokens, " tokens (more than the embedding's rows)");
   c.model_config = formats::hf_description(h);
-  return std::nullopt;
 }
 
-std::optional<StateDict> llama_take_init_sizes(TrainConfig& c, const std::string& data_dir) {
+void llama_take_init_sizes(TrainConfig& c, const std::string& data_dir) {
   if (formats::is_hf_dir(c.init)) return llama_take_hf_sizes(c, data_dir);
   models::Llama2cConfig f;
   bool shared_classifier = true;
@@ -172,7 +173,7 @@ std::optional<StateDict> llama_take_init_sizes(TrainConfig& c, const std::string
                                 ? castor_config(read_safetensors_header(c.init).metadata, c.init)
                                 : Json();
       const Json* model = recorded.is_object() ? recorded.find("model") : nullptr;
-      if (!model || !model->is_string() || !model->as_string().starts_with("llama")) return std::nullopt;
+      if (!model || !model->is_string() || !model->as_string().starts_with("llama")) return;
       const TrainConfig r = resume_config(TrainConfig{}, recorded, c.init);
       const models::LlamaConfig l = llama_config_of(r);
       f = models::llama2c_config(l, c.init), shared_classifier = l.tied, multiple_of = l.multiple_of;
@@ -199,17 +200,10 @@ std::optional<StateDict> llama_take_init_sizes(TrainConfig& c, const std::string
   const int64_t tokens = !record.empty() ? data::Tokenizer::recorded_vocab_size(data_dir) : 0;
   CASTOR_CHECK(tokens == 0 || tokens == f.vocab_size, "--init ", c.init, ": vocab_size ", f.vocab_size, ", but ",
                record, "'s vocabulary has ", tokens, " tokens");
-  return std::nullopt;
 }
 
 std::shared_ptr<models::LanguageModel> llama_make(const TrainConfig& c, int64_t, uint64_t seed) {
   return models::llama(llama_model_config(c), seed);
-}
-
-// (a Hugging Face directory tensor by tensor: no second copy of the weights in memory)
-void llama_load(nn::Module& model, const TrainConfig&, const std::string& path) {
-  if (formats::is_hf_dir(path)) return formats::load_hf_into(model, path, formats::read_hf_config(path));
-  model.load_state_dict(models::load_weights_file(path, "").tensors, /*strict=*/true);
 }
 
 Json llama_describe(const TrainConfig& c) {
@@ -238,7 +232,6 @@ const std::vector<Family>& families() {
        gpt_check,
        gpt_take_init_sizes,
        gpt_make,
-       gpt_load,
        gpt_describe,
        gpt_build},
       {"llama",
@@ -257,7 +250,6 @@ const std::vector<Family>& families() {
        llama_check,
        llama_take_init_sizes,
        llama_make,
-       llama_load,
        llama_describe,
        llama_build},
   };

@@ -33,13 +33,11 @@ struct Family {
   // The model of `c` (its vocabulary resolved) checked before any step; castor::Error naming the field.
   void (*check)(const TrainConfig& c);
   // A new run with --init: the sizes of --init's model into `c` (a size flag given with another value is an error
-  // naming both; the vocabulary checked against `data_dir`'s tokenizer), and the weights when reading the sizes
-  // read them too.
-  std::optional<StateDict> (*take_init_sizes)(TrainConfig& c, const std::string& data_dir);
+  // naming both; the vocabulary checked against `data_dir`'s tokenizer). The weights load later, tensor by tensor
+  // (build_run).
+  void (*take_init_sizes)(TrainConfig& c, const std::string& data_dir);
   // The model of `c` with weights drawn from `seed` (a GPT's logits cover the first real_vocab tokens).
   std::shared_ptr<models::LanguageModel> (*make)(const TrainConfig& c, int64_t real_vocab, uint64_t seed);
-  // Loads the weights in `path` into `model`, the model `c` describes (strictly: every tensor, each of its shape).
-  void (*load)(nn::Module& model, const TrainConfig& c, const std::string& path);
   // The description of `c`'s model a run records (config.json's "model_config": "family" and the sizes), and the
   // model a description builds (weights from seed 0; castor::Error naming `what` for a bad description).
   Json (*describe)(const TrainConfig& c);

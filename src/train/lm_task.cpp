@@ -80,7 +80,7 @@ class LmTask : public Task {
     folder_vocab_ = check_folder_vocabulary(
         c, dir_, c.data_dir.empty() ? detail::cat("--data ", name(c.data)) : std::string("--data-dir"));
     model_vocab_ = c.vocab;
-    if (new_run && !c.init.empty()) init_ = family_.take_init_sizes(c, dir_);
+    if (new_run && !c.init.empty()) family_.take_init_sizes(c, dir_);
     CASTOR_CHECK(c.data != Dataset::Tokens || !c.data_dir.empty(),
                  "--data tokens: needs --data-dir DIR holding "
                  "train.bin and val.bin (castor tokenize writes them)");
@@ -222,12 +222,6 @@ class LmTask : public Task {
   Json eval_json(const Evaluation& ev) const override {
     return Json::Object{{"val_loss", ev.loss}, {"val_perplexity", std::exp(ev.loss)}, {"val_accuracy", ev.accuracy}};
   }
-  void load_init(nn::Module& model, const TrainConfig& c) const override {
-    if (init_)
-      model.load_state_dict(*init_, /*strict=*/true);
-    else
-      family_.load(model, c, c.init);
-  }
 
  private:
   // A token folder of fine-tuning rows (castor tokenize --format, its record's row_tokens): opens the masks and
@@ -268,7 +262,6 @@ class LmTask : public Task {
 
   const Family& family_;
   data::VocabularyId folder_vocab_, model_vocab_;  // the token folder's, the model's (c.vocab)
-  std::optional<StateDict> init_;                  // --init's weights when reading its sizes read them
   std::string dir_;
   int64_t eval_iters_ = 0, batch_size_ = 0;
   std::optional<data::TokenFile> train_, val_;

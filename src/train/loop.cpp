@@ -357,6 +357,8 @@ class Trainer {
   // Writes a checkpoint of the current state, refusing to replace good ones with non-finite weights.
   // With several ranks (whose weights are equal) rank 0 writes it, and the others wait until it is on disk.
   void checkpoint() {
+    // At a step boundary the next step sets the gradients to none anyway: not held beside the write.
+    if (micro_ == 0) run_.opt->zero_grad();
     if (rank0_) {
       const Checkpoint ck = state_.save(run_, config_);
       for (const auto& [name, t] : ck.model)

@@ -9,6 +9,7 @@
 #include "castor/autograd.h"
 #include "castor/fs.h"
 #include "castor/hf.h"
+#include "castor/llmc.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
 #include "train/family.h"
@@ -92,10 +93,14 @@ std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const
   const std::string base = lora_base.empty() ? ck.model_meta.at(kBaseKey) : lora_base;
   if (!c.init_checksum.empty()) check_base_checksum(base, c.init_checksum, what);
   const Json* real_vocab = config.find("real_vocab_size");
-  auto model = make_language_model(c, real_vocab && real_vocab->is_int() ? real_vocab->as_int() : c.vocab_size,
-                                   /*seed=*/0);
+  std::shared_ptr<models::LanguageModel> model;
+  {
+    nn::LoadInitGuard empty(DType::Float32);  // (the base's weights load below, tensor by tensor)
+    model = make_language_model(c, real_vocab && real_vocab->is_int() ? real_vocab->as_int() : c.vocab_size,
+                                /*seed=*/0);
+  }
   try {
-    family->load(*model, c, base);
+    models::load_weights_into(*model, base);
   } catch (const Error& e) {
     const std::string msg = e.what();
     throw Error(msg.rfind(base, 0) == 0 ? msg : detail::cat(what, ": the LoRA base ", base, ": ", msg));

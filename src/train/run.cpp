@@ -99,10 +99,6 @@ std::string trainable_parameters_text(const nn::Module& model) {
   return trainable_parameters_text(trainable, all);
 }
 
-void Task::load_init(nn::Module& model, const TrainConfig& c) const {
-  model.load_state_dict(models::load_weights_file(c.init, "").tensors, /*strict=*/true);
-}
-
 Tensor Task::loss(nn::Module& model, const Batch& b, F::Reduction reduction, double label_smoothing) const {
   const Tensor logits = model(b.input);
   return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), b.target.reshape({-1}), reduction, label_smoothing,
@@ -156,11 +152,18 @@ Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, in
 Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool load_init) {
   Run r;
   manual_seed(c.seed);
-  r.model = task.make_model(c);
+  const bool loads = !c.init.empty() && (load_init || c.lora_rank > 0);  // (a LoRA run's checkpoints: adapters only)
+  {
+    // A LoRA run's base is frozen: at O1-O3 it is made in the 16-bit dtype the run keeps it in (amp::initialize).
+    const bool frozen_16bit = c.lora_rank > 0 && c.amp != amp::OptLevel::O0;
+    std::optional<nn::LoadInitGuard> empty;
+    if (loads) empty.emplace(frozen_16bit ? c.dtype : DType::Float32);
+    r.model = task.make_model(c);
+  }
   check_lora_base(c);
-  if (!c.init.empty() && (load_init || c.lora_rank > 0)) {  // (a LoRA run's checkpoints hold its adapters only)
+  if (loads) {
     try {
-      task.load_init(*r.model, c);
+      models::load_weights_into(*r.model, c.init);
     } catch (const Error& e) {
       const std::string msg = e.what();  // names the file when reading it failed; name the flag too
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
@@ -191,13 +194,13 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
 namespace {
 
 // The bytes the optimizer adds at its first step per trainable element: its moments (SGD's momentum buffer; 8-bit
-// AdamW's two codes and a float32 absmax per block of each) and, at O1, the 16-bit copies of the weights it keeps for
-// the next forward.
-double first_step_bytes(const TrainConfig& c) {
+// AdamW's two codes and a float32 absmax per block of each) and, at O1 without recompute, the 16-bit copies of the
+// weights it keeps for the next forward.
+double first_step_bytes(const TrainConfig& c, bool recompute) {
   const double moments = c.optimizer == OptimizerKind::Sgd         ? (c.momentum > 0 ? 4 : 0)
                          : c.optimizer == OptimizerKind::AdamW8bit ? 2 + 8.0 / optim::AdamW8bitOptions{}.block_size
                                                                    : 8;
-  return moments + (c.amp == amp::OptLevel::O1 ? 2 : 0);
+  return moments + (c.amp == amp::OptLevel::O1 && !recompute ? 2 : 0);
 }
 
 // The allocator's peak over one forward and backward of a (1, T) batch of token 0, above what was held before it;
@@ -244,8 +247,14 @@ double estimate_peak(const TrainConfig& c, const Task& task, Run& r, double held
 std::string apply_recompute(const TrainConfig& c, const Task& task, Run& r) {
   auto* lm = dynamic_cast<models::LanguageModel*>(r.model.get());
   if (!lm) return "";
+  // Under recompute the forward holds one block's 16-bit casts of the weights at a time: the optimizer keeps no copy of
+  // them between steps either (2 bytes a trained parameter less, a cast a weight more per forward).
+  const auto recompute = [&](bool on) {
+    lm->set_recompute(on);
+    r.opt->set_keep_casts(!on);
+  };
   if (c.recompute != Recompute::Auto) {
-    lm->set_recompute(c.recompute == Recompute::Blocks);
+    recompute(c.recompute == Recompute::Blocks);
     return name(c.recompute);
   }
   CASTOR_CHECK(c.memory_budget > 0, "--recompute auto: needs --memory-budget GiB (the memory the run may take)");
@@ -253,11 +262,11 @@ std::string apply_recompute(const TrainConfig& c, const Task& task, Run& r) {
   for (const Tensor& p : r.model->parameters())
     if (p.requires_grad()) trainable += p.numel();
   const double gib = 1024.0 * 1024.0 * 1024.0;
-  const double held = static_cast<double>(memory_stats().current_bytes) + first_step_bytes(c) * trainable;
-  lm->set_recompute(false);
-  const double plain = estimate_peak(c, task, r, held) / gib;
-  lm->set_recompute(true);
-  const double recomputed = estimate_peak(c, task, r, held) / gib;
+  const double now = static_cast<double>(memory_stats().current_bytes);
+  recompute(false);
+  const double plain = estimate_peak(c, task, r, now + first_step_bytes(c, false) * trainable) / gib;
+  recompute(true);
+  const double recomputed = estimate_peak(c, task, r, now + first_step_bytes(c, true) * trainable) / gib;
   const bool blocks = plain > c.memory_budget;
   // (GiB to three significant digits; the smallest budget rounded up at the third)
   const double unit = std::pow(10.0, std::floor(std::log10(std::max(recomputed, 1e-9))) - 2);
@@ -265,7 +274,7 @@ std::string apply_recompute(const TrainConfig& c, const Task& task, Run& r) {
                ": the run needs about ", figure("%.3g", recomputed),
                " GiB even with --recompute blocks; the smallest budget that fits is ",
                figure("%.3g", std::ceil(recomputed / unit) * unit), " (or a smaller --batch-size or --block-size)");
-  lm->set_recompute(blocks);
+  recompute(blocks);
   return detail::cat("auto: ", blocks ? "blocks" : "none", " (estimated peak ", figure("%.3g", plain),
                      " GiB without recompute, ", figure("%.3g", recomputed), " GiB with; budget ",
                      figure("%.3g", c.memory_budget), " GiB)");

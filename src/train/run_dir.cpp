@@ -55,7 +55,8 @@ Checkpoint TrainState::save(const Run& run, const Json& config) const {
   ck.model_meta = {
       {"format", "pt"}, {"castor.model", config.at("model").as_string()}, {"castor.config", config.dump()}};
   keep_adapters(ck, config);
-  amp::PrecisionState ps = run.amp->precision_state();  // holds the optimizer's state too
+  // (the optimizer's state too, as aliases: the checkpoint is written before training goes on)
+  amp::PrecisionState ps = run.amp->precision_state(/*copies=*/false);
   put(ck.state, "amp.", ps.tensors);
   for (const auto& [k, v] : ps.metadata) ck.state_meta["amp." + k] = v;
   if (run.sched) put(ck.state, "scheduler.", run.sched->state_dict());

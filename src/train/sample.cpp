@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 
+#include "castor/autocast.h"
 #include "castor/checkpoint.h"
 #include "castor/corpus.h"
 #include "castor/fs.h"
@@ -82,7 +83,11 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& l
     g.what = path;
     g.meta = formats::hf_metadata(h, "");
     g.config = castor_config(g.meta, path);
-    g.llama = load_described(formats::read_hf_weights(path, h), formats::hf_description(h), path);
+    {  // made without weights, in the file's 16-bit dtype (torch_dtype) when it has one, then loaded tensor by tensor
+      nn::LoadInitGuard empty(is_16bit_float(h.dtype) ? h.dtype : DType::Float32);
+      g.llama = family_named("llama")->build(formats::hf_description(h), path);
+    }
+    models::load_weights_into(*g.llama, path);
     return g;
   }
   std::error_code ec;
@@ -345,6 +350,10 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
                "vocabulary");
   const std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
   model->eval();
+  // A model held in 16 bits (a 16-bit Hugging Face directory's) runs as a LoRA run's base does: under autocast, its
+  // norms in float32, the KV cache in its dtype.
+  const DType weights = model->cache_shape().dtype;
+  const amp::AutocastGuard autocast(is_16bit_float(weights) ? weights : DType::BFloat16, is_16bit_float(weights));
   const models::Window window = c.cached_window ? models::Window::Cached : models::Window::Sliding;
   // run.c ends a sample at a drawn <s> (a llama2.c vocabulary's sequence delimiter); --chat also at the end of turn.
   const int64_t bos = tok.bpe() ? data::BpeVocabulary::kBos : -1;

@@ -253,7 +253,8 @@ std::vector<Setting> make_settings() {
        nullptr, R::Fixed, J::Any, /*absent=*/"direct"},
       {"--recompute", choice<&C::recompute, kRecomputes>(),
        "activation recompute: blocks keeps only each transformer block's input and reruns the block in backward "
-       "(about a third more compute, the same gradients bit for bit); auto: blocks only if the run's estimated peak "
+       "(about a third more compute, the same gradients bit for bit), and at O1 no 16-bit weight copies are kept "
+       "between steps; auto: blocks only if the run's estimated peak "
        "without it passes --memory-budget",
        nullptr, R::Free, J::LanguageModel, /*absent=*/"none"},
       {"--memory-budget", plain<&C::memory_budget>(),

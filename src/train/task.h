@@ -48,9 +48,6 @@ class Task {
   virtual std::pair<std::vector<Tensor>, std::vector<Tensor>> param_groups(const nn::Module& model) const {
     return {model.parameters(), {}};
   }
-  // Loads --init's weights into `model`, the model `c` describes, strictly (a safetensors file with PyTorch's names;
-  // a language model's family reads its own formats too: llm.c's, llama2.c's, a Hugging Face directory).
-  virtual void load_init(nn::Module& model, const TrainConfig& c) const;
   // A training batch's loss (reduced as asked over its targets, with label smoothing; targets of data::kIgnoreIndex
   // left out), under the forward scope the caller opened: cross_entropy of the model's output; a language model's
   // without its logits held whole (lm_loss).
@@ -145,7 +142,9 @@ struct Run {
 };
 
 // `load_init`: load --init's weights (a new run; a checkpoint's weights replace them, so resume and eval do not read
-// the file, which may be gone by then).
+// the file, which may be gone by then): the model is made without weights of its own (nn::LoadInitGuard; a LoRA run's
+// frozen base at O1-O3 directly in the 16-bit dtype) and loads the file tensor by tensor (models::load_weights_into:
+// a safetensors file with PyTorch's names, llm.c's, llama2.c's, a Hugging Face directory), never in float32 first.
 Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool load_init);
 
 // (trainable, all) parameter values of `model`, a tied parameter once (PEFT's print_trainable_parameters counts).

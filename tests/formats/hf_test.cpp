@@ -10,6 +10,7 @@
 #include "castor/random.h"
 #include "castor/fs.h"
 #include "castor/hf.h"
+#include "castor/llmc.h"
 #include "castor/llama.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
@@ -162,7 +163,7 @@ TEST(HfFormat, LoadsTensorByTensorWithoutASecondCopy) {
   }
   const int64_t before = memory_stats().current_bytes;
   reset_peak_memory_stats();
-  formats::load_hf_into(*model, model_dir, h);
+  models::load_weights_into(*model, model_dir);
   const int64_t streamed = memory_stats().peak_bytes - before;
   EXPECT_LE(streamed, 3 * largest) << "model " << model_bytes << " bytes";
   reset_peak_memory_stats();

@@ -16,6 +16,7 @@
 #include "castor/json.h"
 #include "castor/language_model.h"
 #include "castor/llama.h"
+#include "castor/llmc.h"
 #include "castor/ops.h"
 #include "castor/random.h"
 #include "castor/tokenizer.h"
@@ -440,7 +441,7 @@ TEST_F(GgufCli, HfLlama3TokenizerMatchesLlamaCpp) {
   // The directory as castor sample loads it.
   const formats::HfConfig h = formats::read_hf_config(path("hf"));
   auto model = models::llama(h.llama, 0);
-  formats::load_hf_into(*model, path("hf"), h);
+  models::load_weights_into(*model, path("hf"));
   data::Tokenizer tok = data::Tokenizer::load(path("hf"));
   const std::vector<uint32_t> p32 = tok.encode("The jury said");
   const std::vector<int64_t> prompt(p32.begin(), p32.end());
@@ -517,7 +518,7 @@ TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
   }
   const formats::HfConfig h = formats::read_hf_config(path("qwen"));
   auto model = models::llama(h.llama, 0);
-  formats::load_hf_into(*model, path("qwen"), h);
+  models::load_weights_into(*model, path("qwen"));
   data::Tokenizer tok = data::Tokenizer::load(path("qwen"));
   const std::vector<uint32_t> p32 = tok.encode("The jury said");
   const std::vector<int64_t> prompt(p32.begin(), p32.end());
