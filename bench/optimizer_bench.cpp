@@ -4,6 +4,10 @@
 // Usage: optimizer_bench [reps (5)]. Bytes counted per element: AdamW reads w, g, m, v and writes w, m, v (28);
 // AdamW8bit 16 on its 8-bit tensors (w, g read; w written; two codes read and written) and 28 on the rest; SGD with
 // momentum reads w, g, buf and writes w, buf (20). The copy counts its read and its write (STREAM's convention).
+// The fused step with a GradScaler and clipping (GradScaler::unscale_clip_ then step: one read pass over g for the
+// norm and the inf check, the unscale and clip multiplied in the update) counts that read too (AdamW 32, AdamW8bit
+// 20 / 32); the unfused calls (unscale_ in place, clip_grad_norm_, step) are timed for the same work, their
+// gradients restored before each step outside the timing.
 #include <omp.h>
 
 #include <cstdio>
@@ -12,6 +16,7 @@
 #include <functional>
 
 #include "bench_util.h"
+#include "castor/grad_scaler.h"
 
 namespace castor {
 namespace {
@@ -78,11 +83,14 @@ int main(int argc, char** argv) {
   int64_t eight_bytes = 0;
   for (const Shape& s : shapes) eight_bytes += shape_numel(s) * (optim::AdamW8bit::is_8bit(s, eight_options) ? 16 : 28);
   std::vector<std::pair<const char*, double>> gbs;
-  auto run = [&](const char* name, const std::function<void()>& step, double bytes) {
+  auto run = [&](const char* name, const std::function<void()>& step, double bytes,
+                 const std::function<void()>& prepare = nullptr) {
+    if (prepare) prepare();
     step();  // states allocated and touched
     double best = 1e30, cpu = 1e30;
     for (int r = 0; r < reps; ++r) {
       copy_best = std::min(copy_best, copy.seconds());
+      if (prepare) prepare();
       const double c0 = bench::clock_seconds(CLOCK_PROCESS_CPUTIME_ID), w0 = bench::clock_seconds(CLOCK_MONOTONIC);
       step();
       best = std::min(best, bench::clock_seconds(CLOCK_MONOTONIC) - w0);
@@ -116,6 +124,35 @@ int main(int argc, char** argv) {
     optim::SGD sgd(params, optim::SGDOptions{.lr = 1e-3, .momentum = 0.9});
     run(
         "SGD (momentum)", [&] { sgd.step(); }, 20.0 * static_cast<double>(n));
+  }
+  {  // the trainer's step at O1 float16: a GradScaler's unscale, the inf check and clipping with the update
+    std::vector<Tensor> saved;
+    for (const Tensor& p : params) saved.push_back(p.grad().clone());
+    auto restore = [&] {
+      for (size_t k = 0; k < params.size(); ++k) Tensor(params[k].grad()).copy_(saved[k]);
+    };
+    amp::GradScaler scaler(amp::GradScalerOptions{.init_scale = 1024.0, .growth_interval = 1 << 30});
+    const double max_norm = 0.01;  // below the gradients' norm: every step clips
+    auto fused = [&](optim::Optimizer& opt) {
+      scaler.unscale_clip_(opt, max_norm);
+      scaler.step(opt);
+      scaler.update();
+    };
+    auto unfused = [&](optim::Optimizer& opt) {
+      scaler.unscale_(opt);
+      amp::clip_grad_norm_(opt, max_norm);
+      scaler.step(opt);
+      scaler.update();
+    };
+    auto adamw = optim::make_adamw(params, optim::AdamOptions::adamw());
+    run(
+        "AdamW, fused scaler+clip", [&] { fused(*adamw); }, 32.0 * static_cast<double>(n));
+    run(
+        "AdamW, unscale_+clip+step", [&] { unfused(*adamw); }, 32.0 * static_cast<double>(n), restore);
+    restore();
+    optim::AdamW8bit adamw8bit(params, eight_options);
+    run(
+        "AdamW8bit, fused scaler+clip", [&] { fused(adamw8bit); }, static_cast<double>(eight_bytes + 4 * n));
   }
   const double copy_gbs = copy.bytes() / copy_best / 1e9;
   std::printf("%-28s %7.1f GB/s\n", "copy (STREAM-like)", copy_gbs);

@@ -94,6 +94,9 @@ class Amp : public optim::StepInterceptor {
   // Unscales the optimizer's gradients into float32 now (before clipping), once: step() and later calls do
   // not again.
   void unscale_(optim::Optimizer& optimizer);
+  // unscale_ and clip_grad_norm_(optimizer, max_norm) folded into the optimizer's next step (max_norm 0: no
+  // clipping): GradScaler::unscale_clip_ with this optimizer's loss's scaler; returns the total norm (0 unclipped).
+  double unscale_clip_(optim::Optimizer& optimizer, double max_norm);
   // Steps the optimizer unless a gradient of this loss's optimizers overflowed (Apex: they skip together), then
   // updates that loss's scale once every optimizer of the loss has stepped. Returns whether it stepped.
   // optimizer.step() does the same after scale_loss.

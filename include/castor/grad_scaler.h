@@ -79,6 +79,14 @@ class GradScaler {
   // into the optimizer's float32 buffer for 16-bit ones) and stages them for its step, deciding found_inf.
   // Raises if called twice before update() or after step().
   void unscale_(optim::Optimizer& optimizer);
+  // unscale_ and clip_grad_norm_(optimizer, max_norm) (max_norm 0: no clipping) folded into the next step: one
+  // read pass over the gradients takes the sum of squares of the unscaled values (the same values and order as
+  // clip_grad_norm_'s) and the inf/NaN check, and the step multiplies each gradient by the inverse scale and then
+  // the clip coefficient in registers (Optimizer::fold_into_step), so weights, optimizer state and this scaler's
+  // state are bit-equal to the unfused calls. The gradients in memory are not rewritten: until the step, .grad
+  // holds the scaled gradients (clip_grad_norm_ and master_params then raise). Returns the total norm of the
+  // unscaled gradients (0 without clipping). Disabled: clip_grad_norm_ folded alone. Raises as unscale_ does.
+  double unscale_clip_(optim::Optimizer& optimizer, double max_norm);
   // Unscales if not yet done, then steps unless a gradient was inf/NaN or `skip_with_others` (another
   // optimizer of the same loss overflowed, as Apex decides) - then tells the optimizer the step was skipped.
   // Returns whether the optimizer stepped. Disabled: a plain step.

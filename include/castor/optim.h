@@ -106,7 +106,14 @@ class Optimizer {
   Tensor float32_grad_buffer(size_t group, size_t index);
   // Every slot's staged gradient in group order (undefined where none), and clearing them all.
   std::vector<Tensor> staged_grads() const;
+  // Clears every staged gradient and the folded multipliers.
   void clear_staged_grads();
+  // A GradScaler's unscale and a gradient clip folded into the next step (GradScaler::unscale_clip_): the update
+  // reads each gradient g (staged or .grad, widened) as (g * inv_scale) * clip_coef in registers, each product
+  // rounded to float32 as unscale_ and clip_grad_norm_ would store them, and .grad is left as it is (scaled).
+  // A step, zero_grad and clear_staged_grads reset both to 1.
+  void fold_into_step(float inv_scale, float clip_coef);
+  bool has_folded_multipliers() const { return folded_; }
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
@@ -172,6 +179,9 @@ class Optimizer {
   int64_t step_count_ = 0;
   int64_t skipped_steps_ = 0;
   StepInterceptor* interceptor_ = nullptr;
+  // The multipliers folded into the next step (fold_into_step); update() passes them to its kernel.
+  float grad_inv_scale_ = 1.0f, grad_clip_ = 1.0f;
+  bool folded_ = false;
 
  private:
   std::optional<WriteBack> pending_write_back_;  // set while update() runs on a 16-bit parameter, until taken

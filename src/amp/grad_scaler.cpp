@@ -14,6 +14,12 @@ namespace castor::amp {
 
 namespace {
 
+// clip_grad_norm_'s factor for a total norm: max_norm / (norm + 1e-6) when that is below 1, else 1.
+double clip_coefficient(double total_norm, double max_norm) {
+  const double coef = max_norm / (total_norm + 1e-6);
+  return coef < 1 ? coef : 1.0;
+}
+
 // A float32 gradient may be unscaled in place unless some of its elements share memory (expanded dims).
 bool in_place_ok(const Tensor& g) {
   if (g.dtype() != DType::Float32) return false;
@@ -86,6 +92,44 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
   }
   st.found_inf = decide_found_inf(!st.nonfinite.empty());
   st.stage = Stage::Unscaled;
+}
+
+double GradScaler::unscale_clip_(optim::Optimizer& optimizer, double max_norm) {
+  CASTOR_CHECK(max_norm >= 0, "GradScaler::unscale_clip_: max_norm must be >= 0 (0: no clipping), got ", max_norm);
+  PerOptimizer* st = nullptr;
+  if (enabled_) {
+    st = &per_opt_[&optimizer];
+    CASTOR_CHECK(st->stage != Stage::Unscaled,
+                 "GradScaler::unscale_clip_: already unscaled on this optimizer since the last update()");
+    CASTOR_CHECK(st->stage != Stage::Stepped, "GradScaler::unscale_clip_: called after step(); call update() first");
+  }
+  const float inv = enabled_ ? inverse_scale(state_.scale) : 1.0f;
+  std::vector<std::pair<int, int>> nonfinite;
+  bool any_grad = false;
+  double total = 0;
+  auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g)
+    for (size_t i = 0; i < groups[g].slots.size(); ++i) {
+      const optim::ParamSlot& slot = groups[g].slots[i];
+      const Tensor grad = slot.staged_grad().defined() ? slot.staged_grad() : slot.param.grad();
+      if (!grad.defined()) continue;
+      CASTOR_CHECK(grad.dtype() != DType::Float64, "GradScaler::unscale_clip_: a float64 gradient (",
+                   param_name(optimizer, static_cast<int>(g), static_cast<int>(i)), "); use unscale_");
+      any_grad = true;
+      bool bad = false;
+      total += kernels::sum_of_squares(grad, inv, &bad);
+      if (bad) nonfinite.emplace_back(static_cast<int>(g), static_cast<int>(i));
+    }
+  if (st) {
+    st->nonfinite = nonfinite;
+    st->any_grad |= any_grad;
+    st->found_inf = decide_found_inf(!nonfinite.empty());
+    st->stage = Stage::Unscaled;
+  }
+  total = std::sqrt(total);
+  const double coef = max_norm > 0 ? clip_coefficient(total, max_norm) : 1.0;
+  optimizer.fold_into_step(inv, static_cast<float>(coef));
+  return max_norm > 0 ? total : 0.0;
 }
 
 bool GradScaler::decide_found_inf(bool local_found_inf) const {
@@ -213,7 +257,7 @@ double clip_tensors(const std::vector<Tensor>& grads, double max_norm) {
   double total = 0;
   for (const Tensor& g : grads) total += kernels::sum_of_squares(g);
   total = std::sqrt(total);
-  const double coef = max_norm / (total + 1e-6);
+  const double coef = clip_coefficient(total, max_norm);
   if (coef < 1) {
     NoGradGuard no_grad;
     for (const Tensor& g : grads) Tensor(g).mul_(coef);

@@ -216,6 +216,12 @@ void Amp::unscale_(optim::Optimizer& optimizer) {
   prepare_gradients(optimizer);
 }
 
+double Amp::unscale_clip_(optim::Optimizer& optimizer, double max_norm) {
+  auto it = loss_of_.find(&bound_check(optimizer, "unscale_clip_"));
+  CASTOR_CHECK(it != loss_of_.end(), "amp::unscale_clip_: no scale_loss() for this optimizer since its last step");
+  return scaler(it->second).unscale_clip_(optimizer, max_norm);
+}
+
 void Amp::prepare_gradients(optim::Optimizer& optimizer) {
   auto it = loss_of_.find(&optimizer);
   if (it == loss_of_.end()) return;  // no scaled backward since its last step: the gradients are as they are

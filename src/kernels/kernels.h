@@ -95,9 +95,11 @@ void scatter_add_dim(const Tensor& src, const Tensor& index, int64_t outer, int6
 // True if every element is finite.
 bool all_finite(const Tensor& src);
 
-// The sum of src's squares in double (any float dtype and strides; 16-bit values widened exactly): per
-// parallel_blocks block in 4 double lanes, then the blocks in order, so the same bits for any thread count.
-double sum_of_squares(const Tensor& src);
+// The sum of the squares of src's values times `scale` (each product rounded to float32, as unscale stores it;
+// scale 1: src's own squares) in double (any float dtype and strides; 16-bit values widened exactly; float64 only
+// with scale 1): per parallel_blocks block in 4 double lanes, then the blocks in order, so the same bits for any
+// thread count. nonfinite (when given) is set if any element of src was inf or NaN, as unscale tests them.
+double sum_of_squares(const Tensor& src, float scale = 1.0f, bool* nonfinite = nullptr);
 
 // dst = src * inv_scale elementwise (the product in float32, or float64 for float64 tensors) in one pass that
 // also tests every src element; true if any was inf or NaN. dst has src's shape and is either src itself (in
@@ -126,10 +128,13 @@ void round_block_into_16bit(const float* src, const RoundInto& into, int64_t beg
 // Adam: g += wd * w (coupled); AdamW: w *= decay_factor (decoupled); m = beta1 m + (1 - beta1) g;
 // v = beta2 v + (1 - beta2) g^2 (AMSGrad: v_max = max(v_max, v), used for v); w += neg_step_size m / (sqrt(v) /
 // bias_correction2_sqrt + eps). max_exp_avg_sq is null without AMSGrad.
+// Every update first takes g = (g * grad_inv_scale) * grad_clip, each product rounded to float32 (a GradScaler's
+// unscale and a gradient clip folded into the pass; 1 and 1 leave g as it is).
 struct AdamUpdate {
   float neg_step_size, bias_correction2_sqrt, beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
   float weight_decay, decay_factor;
   bool coupled, decoupled;
+  float grad_inv_scale = 1.0f, grad_clip = 1.0f;
 };
 void adam_update(const AdamUpdate& u, int64_t b, int64_t e, float* w, const float* g, float* exp_avg, float* exp_avg_sq,
                  float* max_exp_avg_sq, const RoundInto& into);
@@ -138,6 +143,7 @@ void adam_update(const AdamUpdate& u, int64_t b, int64_t e, float* w, const floa
 struct SgdUpdate {
   float neg_lr, weight_decay, momentum, keep;
   bool decay, first, nesterov;
+  float grad_inv_scale = 1.0f, grad_clip = 1.0f;
 };
 void sgd_update(const SgdUpdate& u, int64_t b, int64_t e, float* w, const float* g, float* momentum_buffer,
                 const RoundInto& into);

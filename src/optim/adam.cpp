@@ -62,9 +62,10 @@ BlockPass Adam::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tens
   };
   float* step = state("step", {});
   *step += 1.0f;
-  const kernels::AdamUpdate u = adam_scalars(
-      {options_.beta1, options_.beta2, options_.eps, options_.decoupled_weight_decay}, group.lr, group.weight_decay,
-      *step);
+  kernels::AdamUpdate u = adam_scalars({options_.beta1, options_.beta2, options_.eps, options_.decoupled_weight_decay},
+                                       group.lr, group.weight_decay, *step);
+  u.grad_inv_scale = grad_inv_scale_;
+  u.grad_clip = grad_clip_;
   float* m = state("exp_avg", w.shape());
   float* v = state("exp_avg_sq", w.shape());
   float* v_max = options_.amsgrad ? state("max_exp_avg_sq", w.shape()) : nullptr;

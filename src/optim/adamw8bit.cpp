@@ -87,8 +87,10 @@ BlockPass AdamW8bit::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const
   Tensor& step = slot.state["step"];
   if (!step.defined()) step = zeros({});
   step.data<float>()[0] += 1.0f;
-  const kernels::AdamUpdate u = adam_scalars({options_.beta1, options_.beta2, options_.eps, /*decoupled=*/true},
-                                             group.lr, group.weight_decay, step.data<float>()[0]);
+  kernels::AdamUpdate u = adam_scalars({options_.beta1, options_.beta2, options_.eps, /*decoupled=*/true}, group.lr,
+                                       group.weight_decay, step.data<float>()[0]);
+  u.grad_inv_scale = grad_inv_scale_;
+  u.grad_clip = grad_clip_;
   float* wp = w.data<float>();
   const float* gp = g.data<float>();
   if (!is_8bit(w.shape(), options_)) {

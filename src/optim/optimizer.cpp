@@ -85,6 +85,9 @@ std::vector<Tensor> step_grads(const std::vector<Tensor>& params) {
     if (it == owner.end()) continue;
     Optimizer* o = it->second.first;
     if (o->step_interceptor() && prepared.insert(o).second) o->step_interceptor()->prepare_gradients(*o);
+    CASTOR_CHECK(!o->has_folded_multipliers(),
+                 "the optimizer's gradients are unscaled and clipped inside its next step (GradScaler::unscale_clip_): "
+                 "read or clip them before unscale_clip_, or use unscale_ and clip_grad_norm_");
   }
   std::vector<Tensor> grads;
   for (const Tensor& p : params) {
@@ -207,6 +210,8 @@ void Optimizer::apply_step() {
     if (p.keep) amp::keep_cast(p.slot->param, p.slot->cast_copy_);
     p.slot->staged_grad_ = Tensor();
   }
+  grad_inv_scale_ = grad_clip_ = 1.0f;
+  folded_ = false;
   ++step_count_;
 }
 
@@ -258,6 +263,14 @@ std::vector<Tensor> Optimizer::staged_grads() const {
 void Optimizer::clear_staged_grads() {
   for (ParamGroup& group : groups_)
     for (ParamSlot& slot : group.slots) slot.staged_grad_ = Tensor();
+  grad_inv_scale_ = grad_clip_ = 1.0f;
+  folded_ = false;
+}
+
+void Optimizer::fold_into_step(float inv_scale, float clip_coef) {
+  grad_inv_scale_ = inv_scale;
+  grad_clip_ = clip_coef;
+  folded_ = true;
 }
 
 StateDict Optimizer::state_dict(bool copies) const {

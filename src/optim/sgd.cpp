@@ -30,7 +30,9 @@ BlockPass SGD::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tenso
                        .keep = static_cast<float>(1.0 - options_.dampening),
                        .decay = group.weight_decay != 0,
                        .first = false,
-                       .nesterov = options_.nesterov};
+                       .nesterov = options_.nesterov,
+                       .grad_inv_scale = grad_inv_scale_,
+                       .grad_clip = grad_clip_};
   float* buf = nullptr;
   if (options_.momentum != 0) {
     auto it = slot.state.find("momentum_buffer");

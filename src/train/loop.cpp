@@ -227,11 +227,10 @@ class Trainer {
       train_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
       return false;
     }
-    if (c_.clip_grad_norm > 0) {
-      run_.amp->unscale_(*run_.opt);
-      amp::clip_grad_norm_(*run_.opt, c_.clip_grad_norm);
-    }
     const bool no_targets = task_.masked() && step_targets_ == 0;
+    // The unscale, inf check and clip folded into the step's pass (bit-equal to unscale_ + clip_grad_norm_).
+    if (!no_targets && (c_.clip_grad_norm > 0 || run_.amp->scaler().is_enabled()))
+      run_.amp->unscale_clip_(*run_.opt, std::max(0.0, c_.clip_grad_norm));
     const bool stepped = !no_targets && run_.amp->step(*run_.opt);
     if (run_.sched) run_.sched->step();
     double lv = task_.masked() ? micro_loss_ : micro_loss_ / static_cast<double>(micro_);

@@ -21,8 +21,11 @@ using amp::OptLevel;
 const double kInf = std::numeric_limits<double>::infinity();
 
 const std::vector<OptLevel> kLevels = {OptLevel::O0, OptLevel::O1, OptLevel::O2, OptLevel::O3};
-enum class Opt { SGD, Adam, AdamW };
-const char* opt_name(Opt o) { return o == Opt::SGD ? "SGD" : o == Opt::Adam ? "Adam" : "AdamW"; }
+enum class Opt { SGD, Adam, AdamW, SGDMomentum, AdamW8bit };
+const char* opt_name(Opt o) {
+  const char* names[] = {"SGD", "Adam", "AdamW", "SGD with momentum", "AdamW8bit"};
+  return names[static_cast<int>(o)];
+}
 
 // conv (3 -> 4) -> BatchNorm -> relu -> flatten -> linear (64 -> 3) on (N, 3, 4, 4) input.
 std::shared_ptr<nn::Sequential> conv_bn_net(uint64_t seed) {
@@ -36,6 +39,10 @@ std::shared_ptr<nn::Sequential> conv_bn_net(uint64_t seed) {
 std::unique_ptr<optim::Optimizer> make_opt(Opt o, const std::vector<Tensor>& params) {
   if (o == Opt::SGD) return std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = 0.01});
   if (o == Opt::Adam) return std::make_unique<optim::Adam>(params, optim::AdamOptions{.lr = 1e-3});
+  if (o == Opt::SGDMomentum)
+    return std::make_unique<optim::SGD>(params, optim::SGDOptions{.lr = 0.01, .momentum = 0.9, .weight_decay = 1e-4});
+  if (o == Opt::AdamW8bit)  // 8-bit moments for the conv and linear weights: blocks of 64, no size floor
+    return std::make_unique<optim::AdamW8bit>(params, optim::AdamW8bitOptions{.block_size = 64, .min_8bit_size = 0});
   return optim::make_adamw(params, optim::AdamOptions::adamw());
 }
 
@@ -196,6 +203,64 @@ TEST(ApexLoop, ClipGradNormMeasuresAndClipsTheStepsFloat32Gradients) {
       // SGD moves the weights by lr * clipped gradient (16-bit weights at O3 round the move).
       EXPECT_NEAR(std::sqrt(moved), 0.01 * max_norm, 0.01 * max_norm * (level == OptLevel::O3 ? 0.2 : 1e-4));
     }
+}
+
+// The trainer's fused form (Amp::unscale_clip_ then step: one read pass for the norm and the inf check, the unscale
+// and clip multiplied in the update's registers) against the PyTorch-style calls (unscale_, clip_grad_norm_, step):
+// weights, optimizer state, the scale and its bookkeeping bit-equal over several steps with dynamic loss scaling,
+// one of them skipped for an inf gradient, with clipping on and off; O1 (float32 gradients, unscaled in place) and
+// O2 (float16 gradients unscaled into float32 buffers, float32 masters); O0 (no scaler: the clip folded alone).
+TEST(ApexLoop, FusedUnscaleClipStepIsBitEqualToUnscaleClipGradNormStep) {
+  for (OptLevel level : {OptLevel::O0, OptLevel::O1, OptLevel::O2})
+    for (Opt o : {Opt::AdamW, Opt::AdamW8bit, Opt::SGDMomentum})
+      for (double max_norm : {0.0, 0.05}) {
+        SCOPED_TRACE(std::string(amp::opt_level_name(level)) + " " + opt_name(o) + " max_norm " +
+                     std::to_string(max_norm));
+        Training fused(level, o), plain(level, o);
+        int clipped = 0;
+        const int skipped = level == OptLevel::O0 ? -1 : 2;  // step 2 overflows: skipped, the scale backs off
+        for (int i = 0; i < 5; ++i) {
+          const double times = i == skipped ? kInf : 1.0;
+          fused.amp->scale_loss(fused.loss(i, times), *fused.opt).backward();
+          plain.amp->scale_loss(plain.loss(i, times), *plain.opt).backward();
+          const double norm = fused.amp->unscale_clip_(*fused.opt, max_norm);
+          plain.amp->unscale_(*plain.opt);
+          if (max_norm > 0) {
+            const double want = amp::clip_grad_norm_(*plain.opt, max_norm);
+            if (std::isfinite(want)) EXPECT_EQ(norm, want) << "step " << i;
+            clipped += want > max_norm;
+          }
+          EXPECT_EQ(fused.amp->step(*fused.opt), i != skipped);
+          EXPECT_EQ(plain.amp->step(*plain.opt), i != skipped);
+          fused.opt->zero_grad();
+          plain.opt->zero_grad();
+          const std::vector<Tensor> a = weights(fused), b = weights(plain);
+          for (size_t k = 0; k < a.size(); ++k)
+            EXPECT_TRUE(test::bit_equal(a[k], b[k])) << "step " << i << " param " << k;
+          EXPECT_EQ(fused.amp->scaler().get_scale(), plain.amp->scaler().get_scale());
+          EXPECT_EQ(fused.amp->scaler().growth_tracker(), plain.amp->scaler().growth_tracker());
+          EXPECT_EQ(fused.amp->scaler().steps_skipped(), plain.amp->scaler().steps_skipped());
+        }
+        if (max_norm > 0) EXPECT_GE(clipped, 3);  // the clip was exercised
+        EXPECT_EQ(fused.amp->scaler().steps_skipped(), level == OptLevel::O0 ? 0 : 1);
+        const StateDict sa = fused.opt->state_dict(), sb = plain.opt->state_dict();
+        ASSERT_EQ(sa.size(), sb.size());
+        for (const auto& [key, t] : sa) {
+          ASSERT_TRUE(sb.count(key)) << key;
+          EXPECT_TRUE(test::bit_equal(t, sb.at(key))) << key;
+        }
+      }
+}
+
+TEST(ApexLoop, FusedUnscaleClipLeavesTheScaledGradientsAndRefusesALaterClip) {
+  Training r(OptLevel::O1, Opt::AdamW);
+  r.amp->scale_loss(r.loss(0), *r.opt).backward();
+  const std::vector<Tensor> params = r.model->parameters();
+  const Tensor before = params[0].grad().clone();
+  r.amp->unscale_clip_(*r.opt, 1.0);
+  EXPECT_TRUE(test::bit_equal(params[0].grad(), before));  // not rewritten: still the scaled gradient
+  EXPECT_THROW(amp::clip_grad_norm_(params, 1.0), Error);
+  EXPECT_TRUE(r.amp->step(*r.opt));
 }
 
 TEST(ApexLoop, MasterParamsAreTheFloat32MastersWithTheirGradients) {

@@ -161,9 +161,10 @@ CASTOR_AVX512 void update16(const AdamUpdate& u, const Map& m1, const Map& m2, i
   const __m512 b2 = _mm512_set1_ps(u.beta2), omb2 = _mm512_set1_ps(u.one_minus_beta2);
   const __m512 bc2 = _mm512_set1_ps(u.bias_correction2_sqrt), eps = _mm512_set1_ps(u.eps);
   const __m512 neg_step = _mm512_set1_ps(u.neg_step_size), a1v = _mm512_set1_ps(a1), a2v = _mm512_set1_ps(a2);
+  const __m512 inv = _mm512_set1_ps(u.grad_inv_scale), clip = _mm512_set1_ps(u.grad_clip);
   __m512 mx1 = _mm512_setzero_ps(), mx2 = _mm512_setzero_ps();
   for (const int64_t end = i + n16; i < end; i += 16) {
-    const __m512 gi = _mm512_loadu_ps(g + i);
+    const __m512 gi = _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(g + i), inv), clip);
     const __m512 wi = u.decoupled ? _mm512_fmadd_ps(_mm512_loadu_ps(w + i), decay, neg_zero) : _mm512_loadu_ps(w + i);
     const __m512 m = _mm512_add_ps(_mm512_fmadd_ps(dequantize16(m1, exp_avg_code + i, a1v), b1, neg_zero),
                                    _mm512_fmadd_ps(gi, omb1, neg_zero));
@@ -273,6 +274,7 @@ void adamw8bit_update(const AdamUpdate& u, int64_t b, int64_t e, int64_t block, 
   const __m256 b2 = _mm256_set1_ps(u.beta2), omb2 = _mm256_set1_ps(u.one_minus_beta2);
   const __m256 bc2 = _mm256_set1_ps(u.bias_correction2_sqrt), eps = _mm256_set1_ps(u.eps);
   const __m256 neg_step = _mm256_set1_ps(u.neg_step_size);
+  const __m256 inv = _mm256_set1_ps(u.grad_inv_scale), clip = _mm256_set1_ps(u.grad_clip);
   for (int64_t qb = b; qb < e; qb += block) {
     const int64_t qe = std::min(e, qb + block), len = qe - qb, k = qb / block;
     float* ms = buffer.data();
@@ -289,7 +291,7 @@ void adamw8bit_update(const AdamUpdate& u, int64_t b, int64_t e, int64_t block, 
       i += n16;
     }
     for (; i + 8 <= qe; i += 8) {
-      const __m256 gi = _mm256_loadu_ps(g + i);
+      const __m256 gi = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(g + i), inv), clip);
       const __m256 wi = u.decoupled ? _mm256_fmadd_ps(_mm256_loadu_ps(w + i), decay, neg_zero) : _mm256_loadu_ps(w + i);
       const __m256 m = _mm256_add_ps(_mm256_fmadd_ps(dequantize8(m1, exp_avg_code + i, a1v), b1, neg_zero),
                                      _mm256_fmadd_ps(gi, omb1, neg_zero));
@@ -304,7 +306,7 @@ void adamw8bit_update(const AdamUpdate& u, int64_t b, int64_t e, int64_t block, 
     }
     float new1 = horizontal_max(max1), new2 = horizontal_max(max2);
     for (; i < qe; ++i) {
-      const float gi = g[i];
+      const float gi = g[i] * u.grad_inv_scale * u.grad_clip;
       const float wi = u.decoupled ? rounded_mul(w[i], u.decay_factor) : w[i];
       const float m = rounded_mul(m1.code[exp_avg_code[i]] * a1, u.beta1) + rounded_mul(gi, u.one_minus_beta1);
       const float v = rounded_mul(m2.code[exp_avg_sq_code[i]] * a2, u.beta2) + rounded_mul(u.one_minus_beta2 * gi, gi);

@@ -33,10 +33,11 @@ void with_float_type(DType d, Fn fn) {
 
 }  // namespace
 
-double sum_of_squares(const Tensor& src_in) {
+double sum_of_squares(const Tensor& src_in, float scale, bool* nonfinite) {
   const Tensor src = src_in.is_contiguous() ? src_in : src_in.contiguous();
   const int64_t n = src.numel();
   if (src.dtype() == DType::Float64) {
+    CASTOR_ASSERT(scale == 1.0f && !nonfinite, "sum_of_squares of float64 with a scale");
     const double* p = src.data<double>();
     double total = 0;
     for (int64_t i = 0; i < n; ++i) total += p[i] * p[i];
@@ -46,6 +47,7 @@ double sum_of_squares(const Tensor& src_in) {
   const char* base = static_cast<const char*>(src.data_ptr());
   const int64_t es = static_cast<int64_t>(src.element_size());
   std::vector<double> partial((n + kBlock - 1) / kBlock);
+  std::vector<char> bad(nonfinite ? partial.size() : 0);
   parallel_blocks(n, [&](int64_t b, int64_t e) {
     float buf[kBlock];
     const float* x = reinterpret_cast<const float*>(base + b * es);
@@ -54,9 +56,12 @@ double sum_of_squares(const Tensor& src_in) {
       x = buf;
     }
     __m256d acc[2] = {_mm256_setzero_pd(), _mm256_setzero_pd()};
+    const __m256 sv = _mm256_set1_ps(scale);
+    __m256 diff = _mm256_setzero_ps();  // x - x: 0 for finite x, NaN for inf and NaN
     int64_t i = 0;
     for (; i + 8 <= e - b; i += 8) {
-      const __m256 v = _mm256_loadu_ps(x + i);
+      const __m256 in = _mm256_loadu_ps(x + i), v = _mm256_mul_ps(in, sv);
+      if (nonfinite) diff = _mm256_or_ps(diff, _mm256_sub_ps(in, in));
       const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
       acc[0] = _mm256_fmadd_pd(lo, lo, acc[0]);
       acc[1] = _mm256_fmadd_pd(hi, hi, acc[1]);
@@ -64,11 +69,18 @@ double sum_of_squares(const Tensor& src_in) {
     alignas(32) double lanes[4];
     _mm256_store_pd(lanes, _mm256_add_pd(acc[0], acc[1]));
     double sum = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
-    for (; i < e - b; ++i) sum += static_cast<double>(x[i]) * x[i];
+    bool any_bad = nonfinite && _mm256_movemask_ps(_mm256_cmp_ps(diff, diff, _CMP_UNORD_Q)) != 0;
+    for (; i < e - b; ++i) {
+      const float v = x[i] * scale;
+      any_bad |= nonfinite && !std::isfinite(x[i]);
+      sum += static_cast<double>(v) * v;
+    }
     partial[b / kBlock] = sum;
+    if (nonfinite) bad[b / kBlock] = any_bad;
   });
   double total = 0;
   for (double p : partial) total += p;
+  if (nonfinite) *nonfinite = std::find(bad.begin(), bad.end(), 1) != bad.end();
   return total;
 }
 
