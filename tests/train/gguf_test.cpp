@@ -802,8 +802,9 @@ TEST_F(GgufCli, HfChatLoraPathToLlamaCpp) {
   const std::vector<int64_t> greedy = ids_of(got.at("greedy"));
   ASSERT_GE(greedy.size(), 1u);
   EXPECT_EQ(greedy, std::vector<int64_t>(ref.greedy.begin(), ref.greedy.begin() + greedy.size()));
-  if (greedy.size() < ref.greedy.size())  // an end-of-generation token is special (<|eot_id|>, <|eom_id|>, ...)
+  if (greedy.size() < ref.greedy.size()) {  // an end-of-generation token is special (<|eot_id|>, <|eom_id|>, ...)
     EXPECT_TRUE(tok.hf()->is_special(static_cast<uint32_t>(ref.greedy[greedy.size()])));
+  }
   double max_dp = 0;
   const Json::Array& forced = got.at("forced").as_array();
   ASSERT_EQ(static_cast<int64_t>(forced.size()), kSteps);
