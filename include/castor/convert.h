@@ -34,5 +34,8 @@ void convert_streaming(const void* src, DType src_dtype, void* dst, DType dst_dt
 
 // The instruction set of the active bulk kernels: "avx512bf16", "avx512f", "avx2+f16c" or "portable".
 const char* conversion_isa();
+// Whether those kernels are AVX-512 ones (the CPU has it and ONEDNN_MAX_CPU_ISA allows it): the test every kernel with
+// AVX-512 twins chosen at run time makes.
+bool avx512_kernels();
 
 }  // namespace castor

@@ -413,4 +413,9 @@ void convert_streaming(const void* src, DType src_dtype, void* dst, DType dst_dt
 
 const char* conversion_isa() { return active_kernels().isa; }
 
+bool avx512_kernels() {
+  static const bool on = std::string(conversion_isa()).rfind("avx512", 0) == 0;
+  return on;
+}
+
 }  // namespace castor

@@ -29,8 +29,7 @@ const RowOps& row_ops() {
   static const RowOps avx2{vec::max, vec::sum_exp_avx2, vec::softmax_grad_avx2};
   static const RowOps avx512{vec::max_avx512, vec::sum_exp_avx512, vec::softmax_grad_avx512};
   // The conversion kernels' choice honours ONEDNN_MAX_CPU_ISA, as every Castor kernel does.
-  static const bool use_avx512 = std::string(conversion_isa()).rfind("avx512", 0) == 0;
-  return use_avx512 ? avx512 : avx2;
+  return avx512_kernels() ? avx512 : avx2;
 }
 
 // Element (i, j) of a (N, V) tensor with unit column stride (rows may be strided).

@@ -252,11 +252,6 @@ CASTOR_AVX512 void swiglu_grad_block_avx512(const T* a, const T* b, const T* g, 
 #pragma GCC diagnostic pop
 #endif
 
-bool avx512() {
-  static const bool on = std::string(conversion_isa()).rfind("avx512", 0) == 0;
-  return on;
-}
-
 bool applies(std::initializer_list<const Tensor*> ts) {
   const Tensor& first = **ts.begin();
   for (const Tensor* t : ts)
@@ -325,8 +320,8 @@ const uint16_t* bf16_bits(const Tensor& t, int64_t b) { return static_cast<const
 
 bool swiglu_fast(const Tensor& a, const Tensor& b, const Tensor& dst) {
   if (!applies({&a, &b, &dst}) || dst.dtype() == DType::Float32) return false;
-  const bool bf16 = avx512() && a.dtype() == DType::BFloat16;
-  const auto block = avx512() ? swiglu_block_avx512<float> : swiglu_block_avx2;
+  const bool bf16 = avx512_kernels() && a.dtype() == DType::BFloat16;
+  const auto block = avx512_kernels() ? swiglu_block_avx512<float> : swiglu_block_avx2;
   parallel_blocks(dst.numel(), [&](int64_t lo, int64_t hi) {
     float ab[kBlock], bb[kBlock], ob[kBlock];
     if (bf16)
@@ -343,8 +338,8 @@ bool swiglu_grad_fast(const Tensor& a, const Tensor& b, const Tensor& diff_dst, 
   if (!applies({&a, &b, &diff_dst}) || a.dtype() == DType::Float32) return false;
   for (const Tensor* t : {&diff_a, &diff_b})
     if (t->defined() && !applies({&a, t})) return false;
-  const bool bf16 = avx512() && a.dtype() == DType::BFloat16;
-  const auto block = avx512() ? swiglu_grad_block_avx512<float> : swiglu_grad_block_avx2;
+  const bool bf16 = avx512_kernels() && a.dtype() == DType::BFloat16;
+  const auto block = avx512_kernels() ? swiglu_grad_block_avx512<float> : swiglu_grad_block_avx2;
   parallel_blocks(a.numel(), [&](int64_t lo, int64_t hi) {
     float ab[kBlock], bb[kBlock], gb[kBlock], da[kBlock], db[kBlock];
     if (bf16)
@@ -360,8 +355,8 @@ bool swiglu_grad_fast(const Tensor& a, const Tensor& b, const Tensor& diff_dst, 
 bool gelu_tanh_fast(const Tensor& src, const Tensor& dst) {
   if (!applies({&src, &dst})) return false;
   const bool f32 = dst.dtype() == DType::Float32;
-  const auto block = avx512() ? (f32 ? gelu_tanh_block_f64 : gelu_tanh_block)
-                              : (f32 ? gelu_tanh_block_f64_avx2 : gelu_tanh_block_avx2);
+  const auto block = avx512_kernels() ? (f32 ? gelu_tanh_block_f64 : gelu_tanh_block)
+                                      : (f32 ? gelu_tanh_block_f64_avx2 : gelu_tanh_block_avx2);
   parallel_blocks(dst.numel(), [&](int64_t b, int64_t e) {
     float xb[kBlock], ob[kBlock];
     float* o = out_ptr(dst, b, ob);
@@ -376,8 +371,8 @@ bool gelu_tanh_grad_fast(const Tensor& diff_dst, const Tensor& src, const Tensor
   // 16-bit results on float32 lanes; float32 ones on float64 lanes (exp16's 2 ulps near the derivative's zero
   // would be tens of float32 ulps of the result; rounded to 16 bits they vanish).
   const bool f32 = diff_src.dtype() == DType::Float32;
-  const auto block = avx512() ? (f32 ? gelu_tanh_grad_block_f64 : gelu_tanh_grad_block)
-                              : (f32 ? gelu_tanh_grad_block_f64_avx2 : gelu_tanh_grad_block_avx2);
+  const auto block = avx512_kernels() ? (f32 ? gelu_tanh_grad_block_f64 : gelu_tanh_grad_block)
+                                      : (f32 ? gelu_tanh_grad_block_f64_avx2 : gelu_tanh_grad_block_avx2);
   parallel_blocks(diff_src.numel(), [&](int64_t b, int64_t e) {
     float gb[kBlock], xb[kBlock], ob[kBlock];
     float* o = out_ptr(diff_src, b, ob);

@@ -195,10 +195,6 @@ int64_t key_limit(bool causal, int64_t i_end, int64_t Tk) { return causal ? std:
 // AVX2): the same operations per element in the same order as the AVX2 loops below them (exp16 is exp's polynomial,
 // the row sum is added in exp_shifted's 8-lane order), so either gives the same bits. Causal rows only: `valid` keys
 // [0, valid) of n are visible, the others -inf as AttentionMask::apply sets them.
-bool row_avx512() {
-  static const bool on = std::string(conversion_isa()).rfind("avx512", 0) == 0;
-  return on;
-}
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
@@ -324,7 +320,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, const 
   const Rows qr(q), kr(k, rep), vr(v, rep), out(dst);
   float* lz = lse.data<float>();
   const float sc = static_cast<float>(scale);
-  const bool fast_rows = row_avx512() && !am.values.defined();
+  const bool fast_rows = avx512_kernels() && !am.values.defined();
   std::string err;  // the first oneDNN error of any thread (exceptions must not leave the parallel region)
 #pragma omp parallel if (tasks > 1 && B * H * Tq * Tk * D > kParallelGrain)
   {
@@ -392,7 +388,7 @@ void attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const
   const Rows qr(q), kr(k, rep), vr(v, rep), yr(dst), dyr(diff_dst), dqr(diff_q), dkr(diff_k, rep), dvr(diff_v, rep);
   const float* lz = lse.data<float>();
   const float sc = static_cast<float>(scale);
-  const bool fast_rows = row_avx512() && !am.values.defined();
+  const bool fast_rows = avx512_kernels() && !am.values.defined();
   std::string err;  // the first oneDNN error of any thread
 #pragma omp parallel if (B * groups > 1 && B * H * Tq * Tk * D > kParallelGrain)
   {

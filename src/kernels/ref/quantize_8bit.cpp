@@ -109,10 +109,6 @@ inline __m256i nearest8(const Map& m, __m256 x) {
 // The AVX-512 twins of quantize_block's and the update's 8-lane loops (chosen at run time: the build's baseline is
 // AVX2): the same operations lane by lane, so the same codes, moments and weights; each handles the multiples of
 // 16 and leaves the rest to the 8-lane loops.
-bool avx512() {
-  static const bool on = std::string(conversion_isa()).rfind("avx512", 0) == 0;
-  return on;
-}
 
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
@@ -196,7 +192,7 @@ void quantize_block(const Map& m, bool is_signed, const float* s, int64_t n, flo
   const __m256i nonnegative = _mm256_set1_epi32(m.zero - 1);
   const bool any = a > 0;
   int64_t i = 0;
-  if (avx512()) quantize16(m, is_signed, s, i = n / 16 * 16, a, codes);
+  if (avx512_kernels()) quantize16(m, is_signed, s, i = n / 16 * 16, a, codes);
   for (; i + 8 <= n; i += 8) {
     const __m256 sv = _mm256_loadu_ps(s + i);
     __m256i idx = nearest8(m, any ? _mm256_div_ps(sv, av) : zero);
@@ -283,7 +279,7 @@ void adamw8bit_update(const AdamUpdate& u, int64_t b, int64_t e, int64_t block, 
     const __m256 a1v = _mm256_set1_ps(a1), a2v = _mm256_set1_ps(a2);
     __m256 max1 = _mm256_setzero_ps(), max2 = _mm256_setzero_ps();  // the new absmaxes, lane by lane
     int64_t i = qb;
-    if (avx512()) {
+    if (avx512_kernels()) {
       float wide1, wide2;
       const int64_t n16 = len / 16 * 16;
       update16(u, m1, m2, i, n16, qb, a1, a2, w, g, exp_avg_code, exp_avg_sq_code, ms, vs, &wide1, &wide2);
