@@ -169,7 +169,8 @@ void adamw8bit_update(const AdamUpdate& u, int64_t b, int64_t e, int64_t block, 
 
 // Matrix products on tensors of one float dtype, any strides in the last two dims:
 // dst (B, M, N) = a (B, M, K) x b (B, K, N) [+ bias (N), added to every row before the one rounding, as PyTorch's
-// addmm]; dst and bias contiguous, bias of dst's dtype or undefined. B dims are 1 for mm.
+// addmm]; dst and bias contiguous, bias of dst's dtype or undefined. B dims are 1 for mm. For 16-bit operands dst
+// may be float32: the float32 sum itself, not rounded to 16 bits (a product that is one part of a longer sum).
 void matmul(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias = Tensor());
 // The plain-loop reference: the same contract, float32 (double for float64) accumulation, one rounding.
 void matmul_ref(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias = Tensor());

@@ -20,14 +20,15 @@ namespace {
 using dnnl::memory;
 
 struct MatmulKey {
-  int64_t dt;       // a memory::data_type; int64 so that the key has no padding bytes
+  int64_t dt;       // the operands' memory::data_type; int64 so that the key has no padding bytes
+  int64_t dst_dt;   // dst's (and the bias's): dt, or f32 for 16-bit operands
   int64_t dims[4];  // B, M, N, K
   int64_t a_strides[3], b_strides[3];
   int64_t bias;  // 1: a bias (N) of the dtype, added before the rounding
 };
 
 memory::desc bias_desc(const MatmulKey& k) {
-  return memory::desc({1, 1, k.dims[2]}, static_cast<memory::data_type>(k.dt), memory::format_tag::abc);
+  return memory::desc({1, 1, k.dims[2]}, static_cast<memory::data_type>(k.dst_dt), memory::format_tag::abc);
 }
 
 // nullptr when oneDNN has no implementation for this dtype on this CPU (e.g. bf16 without AVX-512).
@@ -35,7 +36,7 @@ std::unique_ptr<dnnl::matmul> build(const MatmulKey& k) {
   const int64_t B = k.dims[0], M = k.dims[1], N = k.dims[2], K = k.dims[3];
   memory::desc a({B, M, K}, static_cast<memory::data_type>(k.dt), {k.a_strides[0], k.a_strides[1], k.a_strides[2]});
   memory::desc b({B, K, N}, static_cast<memory::data_type>(k.dt), {k.b_strides[0], k.b_strides[1], k.b_strides[2]});
-  memory::desc c({B, M, N}, static_cast<memory::data_type>(k.dt), memory::format_tag::abc);
+  memory::desc c({B, M, N}, static_cast<memory::data_type>(k.dst_dt), memory::format_tag::abc);
   std::unique_ptr<dnnl::matmul> prim;
   try {
     const dnnl::matmul::desc d = k.bias ? dnnl::matmul::desc(a, b, bias_desc(k), c) : dnnl::matmul::desc(a, b, c);
@@ -68,6 +69,7 @@ void batch_strides(const Tensor& t, int64_t out[3]) {
 bool run_onednn(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias) {
   MatmulKey k{};
   k.dt = static_cast<int64_t>(to_dnnl(a.dtype()));
+  k.dst_dt = static_cast<int64_t>(to_dnnl(dst.dtype()));
   k.bias = bias.defined();
   const int64_t B = a.dim() == 3 ? a.size(0) : 1;
   k.dims[0] = B;
@@ -82,7 +84,7 @@ bool run_onednn(const Tensor& a, const Tensor& b, const Tensor& dst, const Tenso
                   {k.a_strides[0], k.a_strides[1], k.a_strides[2]});
   memory::desc bd({B, k.dims[3], k.dims[2]}, static_cast<memory::data_type>(k.dt),
                   {k.b_strides[0], k.b_strides[1], k.b_strides[2]});
-  memory::desc cd({B, k.dims[1], k.dims[2]}, static_cast<memory::data_type>(k.dt), memory::format_tag::abc);
+  memory::desc cd({B, k.dims[1], k.dims[2]}, static_cast<memory::data_type>(k.dst_dt), memory::format_tag::abc);
   memory am(ad, engine(), a.data_ptr()), bm(bd, engine(), b.data_ptr()), cm(cd, engine(), dst.data_ptr());
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
   if (k.bias) args.insert({DNNL_ARG_BIAS, memory(bias_desc(k), engine(), bias.data_ptr())});
@@ -221,7 +223,10 @@ std::vector<int64_t> emulated_matmul_work(int64_t B, int64_t M, int64_t K, int64
 }
 
 void matmul(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias) {
-  CASTOR_ASSERT(a.dtype() == b.dtype() && a.dtype() == dst.dtype() && dst.is_contiguous(), "matmul kernel on ",
+  CASTOR_ASSERT(a.dtype() == b.dtype() && (a.dtype() == dst.dtype() || (is_16bit_float(a.dtype()) &&
+                                                                          dst.dtype() == DType::Float32)) &&
+                    dst.is_contiguous(),
+                "matmul kernel on ",
                 a.describe(), ", ", b.describe(), " -> ", dst.describe());
   CASTOR_ASSERT(!bias.defined() || (bias.dtype() == dst.dtype() && bias.is_contiguous() && bias.dim() == 1 &&
                                     bias.size(0) == dst.size(-1)),
