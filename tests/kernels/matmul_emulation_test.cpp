@@ -71,8 +71,8 @@ TEST(MatmulFloat32Result, SixteenBitOperandsSumIntoFloat32Unrounded) {
       kernels::matmul(a, bt.t(), got, with_bias ? bias : Tensor());
       kernels::matmul_ref(a, bt.t(), ref, with_bias ? bias : Tensor());
       const Tensor exact = with_bias ? add(mm(a64, b64), bias.double_()) : mm(a64, b64);
-      const std::vector<double> g = got.to_vector<double>(), r = ref.to_vector<double>(),
-                                e = exact.to_vector<double>(), mag = m.to_vector<double>();
+      const std::vector<double> g = got.to_vector<double>(), r = ref.to_vector<double>(), e = exact.to_vector<double>(),
+                                mag = m.to_vector<double>();
       int64_t sixteen_bit = 0;
       for (size_t i = 0; i < g.size(); ++i) {
         ASSERT_LE(std::abs(g[i] - e[i]), std::ldexp(mag[i] + 3, -20)) << "element " << i;

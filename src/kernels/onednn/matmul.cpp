@@ -223,11 +223,10 @@ std::vector<int64_t> emulated_matmul_work(int64_t B, int64_t M, int64_t K, int64
 }
 
 void matmul(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias) {
-  CASTOR_ASSERT(a.dtype() == b.dtype() && (a.dtype() == dst.dtype() || (is_16bit_float(a.dtype()) &&
-                                                                          dst.dtype() == DType::Float32)) &&
+  CASTOR_ASSERT(a.dtype() == b.dtype() &&
+                    (a.dtype() == dst.dtype() || (is_16bit_float(a.dtype()) && dst.dtype() == DType::Float32)) &&
                     dst.is_contiguous(),
-                "matmul kernel on ",
-                a.describe(), ", ", b.describe(), " -> ", dst.describe());
+                "matmul kernel on ", a.describe(), ", ", b.describe(), " -> ", dst.describe());
   CASTOR_ASSERT(!bias.defined() || (bias.dtype() == dst.dtype() && bias.is_contiguous() && bias.dim() == 1 &&
                                     bias.size(0) == dst.size(-1)),
                 "matmul kernel bias ", bias.describe(), " for ", dst.describe());
