@@ -72,6 +72,17 @@ void rotary_embedding(const Tensor& src, const Tensor& cos, const Tensor& sin, b
 // row. Each row is computed in float32 straight from the logits (no float32 copy of them). A target outside [0, V) other than ignore_index is a castor::Error.
 void cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                            const Tensor& losses, const Tensor& lse);
+// The same a block of classes at a time (F::linear_cross_entropy's forward, its logits never whole): state (N, 4) of
+// the stat dtype (float32; float64 for float64 logits) from cross_entropy_state holds each row's running maximum, sum
+// of exps relative to it, target logit and sum of logits; cross_entropy_forward_block folds in logits (N, n), the
+// columns [first_class, first_class + n) of the rows (blocks in order); cross_entropy_forward_finish writes losses and
+// lse over `classes` classes (and checks the targets against them). Blocks that are whole multiples of kBlock columns
+// give cross_entropy_forward's bits on the whole rows (float32 and 16-bit logits).
+Tensor cross_entropy_state(int64_t rows, DType stat);
+void cross_entropy_forward_block(const Tensor& logits, const Tensor& target, int64_t first_class,
+                                 double label_smoothing, const Tensor& state);
+void cross_entropy_forward_finish(const Tensor& state, const Tensor& target, int64_t ignore_index,
+                                  double label_smoothing, int64_t classes, const Tensor& losses, const Tensor& lse);
 // diff_logits (N, V) in logits' dtype = diff_losses[i] * (softmax - (1 - label_smoothing) onehot(target) -
 // label_smoothing / V), rounded once; rows with target == ignore_index get 0. With `classes` > 0 the logits are the
 // columns [first_class, first_class + V) of rows over `classes` classes (lse the whole rows'): that block of the

@@ -14,6 +14,7 @@
 #include "castor/functional.h"
 #include "castor/ops.h"
 #include "castor/random.h"
+#include "core/parallel.h"
 #include "kernels/kernels.h"
 #include "kernels/transformer.h"
 #include "runtime/dispatch.h"
@@ -504,16 +505,20 @@ Tensor OpDef<OpKind::LinearCrossEntropy>::forward(const Tensor& input, const Ten
   CASTOR_CHECK(chunk > 0, "linear_cross_entropy: chunk must be positive, got ", chunk);
   const int64_t N = x.size(0);
   const Tensor xc = x.detach().contiguous(), wc = w.detach().contiguous(), tc = target.contiguous();
-  const Tensor wt = wc.narrow(0, 0, classes).transpose(0, 1);  // (C, classes)
   Tensor losses = empty({N}, stat_dtype(x.dtype())), lse = empty({N}, stat_dtype(x.dtype()));
-  const int64_t rows = std::max<int64_t>(1, chunk / classes);
-  for (int64_t r0 = 0; r0 < N; r0 += rows) {
-    const int64_t n = std::min(rows, N - r0);
-    Tensor logits = empty({n, classes}, x.dtype());  // (n, classes), rounded once as linear's
-    kernels::matmul(xc.narrow(0, r0, n), wt, logits);
-    kernels::cross_entropy_forward(logits, tc.narrow(0, r0, n), ignore_index, label_smoothing, losses.narrow(0, r0, n),
-                                   lse.narrow(0, r0, n));
+  // All rows' logits a block of classes at a time (as the backward), each row's log-sum-exp carried from block to
+  // block: blocks of rows made thin products that streamed the whole (V, C) weight once per block. Blocks of whole
+  // kBlock columns where the budget allows give the bits of the cross-entropy of whole rows.
+  const int64_t cols = std::max<int64_t>(1, chunk / std::max<int64_t>(N, 1));
+  const int64_t width = cols >= kBlock ? cols / kBlock * kBlock : cols;
+  const Tensor state = kernels::cross_entropy_state(N, stat_dtype(x.dtype()));
+  for (int64_t c0 = 0; c0 < classes; c0 += width) {
+    const int64_t n = std::min(width, classes - c0);
+    Tensor logits = empty({N, n}, x.dtype());  // (N, n), rounded once as linear's
+    kernels::matmul(xc, wc.narrow(0, c0, n).transpose(0, 1), logits);
+    kernels::cross_entropy_forward_block(logits, tc, c0, label_smoothing, state);
   }
+  kernels::cross_entropy_forward_finish(state, tc, ignore_index, label_smoothing, classes, losses, lse);
   record_op<OpKind::LinearCrossEntropy>({x, w}, losses, {ignore_index, label_smoothing, classes, chunk},
                                         {save(xc), save(wc), save(tc), save(lse)});
   return s.done(losses);

@@ -430,6 +430,47 @@ TEST(TransformerKernels, CrossEntropyMatchesFloat64) {
       }
 }
 
+// The forward a block of classes at a time (linear_cross_entropy's): within the float64 reference's tolerance for
+// any block width, and bit for bit the whole rows' kernel for blocks of whole kBlock (2048) columns.
+TEST(TransformerKernels, CrossEntropyByBlocksOfClassesMatchesWholeRows) {
+  for (DType dt : kAll)
+    for (double smoothing : {0.0, 0.1})
+      for (int64_t V : {int64_t{7}, int64_t{5000}})
+        for (int64_t width : {int64_t{1}, int64_t{3}, int64_t{2048}, int64_t{4096}}) {
+          SCOPED_TRACE(testing::Message()
+                       << dtype_name(dt) << " V " << V << " smoothing " << smoothing << " width " << width);
+          const int64_t N = 6;
+          const Tensor logits = rnd({N, V}, dt, 70 + V, 3.0);
+          Generator gen(71 + V);
+          Tensor target = randint(0, V, {N}, &gen);
+          target.data<int64_t>()[1] = -100;
+          target.data<int64_t>()[2] = V - 1;  // the last block's last column
+          const DType st = stat_dtype(dt);
+          Tensor losses = empty({N}, st), lse = empty({N}, st), whole = empty({N}, st), whole_lse = empty({N}, st);
+          const Tensor state = kernels::cross_entropy_state(N, st);
+          for (int64_t c0 = 0; c0 < V; c0 += width) {
+            const Tensor block = logits.narrow(1, c0, std::min(width, V - c0)).contiguous();
+            kernels::cross_entropy_forward_block(block, target, c0, smoothing, state);
+          }
+          kernels::cross_entropy_forward_finish(state, target, -100, smoothing, V, losses, lse);
+          kernels::cross_entropy_forward(logits, target, -100, smoothing, whole, whole_lse);
+          Tensor losses64 = empty({N}, DType::Float64), lse64 = empty({N}, DType::Float64);
+          kernels::cross_entropy_forward_ref(f64(logits), target, -100, smoothing, losses64, lse64);
+          const double rtol = dt == DType::Float64 ? 1e-12 : 1e-5;
+          EXPECT_TRUE(test::close(losses, losses64, rtol, rtol)) << "losses";
+          EXPECT_TRUE(test::close(lse, lse64, rtol, rtol)) << "lse";
+          EXPECT_EQ(losses.select(0, 1).item(), 0.0);
+          if (dt != DType::Float64 && width % 2048 == 0) {
+            EXPECT_EQ(losses.to_vector<double>(), whole.to_vector<double>());
+            EXPECT_EQ(lse.to_vector<double>(), whole_lse.to_vector<double>());
+          }
+        }
+  const Tensor state = kernels::cross_entropy_state(2, DType::Float32);
+  Tensor losses = empty({2}), lse = empty({2});
+  EXPECT_THROW(kernels::cross_entropy_forward_finish(state, tensor({1, 5}, DType::Int64), -100, 0, 5, losses, lse),
+               Error);
+}
+
 TEST(TransformerKernels, CrossEntropyRejectsBadTargets) {
   const Tensor logits = rnd({2, 5}, DType::Float32, 1);
   Tensor losses = empty({2}), lse = empty({2});

@@ -9,6 +9,7 @@
 #include "castor/convert.h"
 #include "core/parallel.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/ref/loops.h"
 #include "kernels/ref/transformer_util.h"
 #include "kernels/transformer.h"
 
@@ -50,25 +51,21 @@ void for_chunks(const Tensor& logits, int64_t i, float* buf, F f) {
   }
 }
 
-}  // namespace
-
-void cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
-                           const Tensor& losses, const Tensor& lse) {
-  if (logits.dtype() == DType::Float64)
-    return cross_entropy_forward_ref(logits, target, ignore_index, label_smoothing, losses, lse);
+// The running statistics of row i folded with its logits (x, one row of `logits` from class first_class on): the
+// maximum m, the sum z of exp(x - m) (rescaled when m grows), the target's logit xt if it is in the block, and with
+// label smoothing the logits' sum, over chunks of kChunk columns.
+void fold_rows(const Tensor& logits, const Tensor& target, int64_t first_class, bool smoothing, float* state) {
   const int64_t N = logits.size(0), V = logits.size(1);
-  check_targets(target, V, ignore_index);
   const int64_t* t = target.data<int64_t>();
-  float *loss = losses.data<float>(), *lz = lse.data<float>();
-  const float eps = static_cast<float>(label_smoothing);
   const RowOps& ops = row_ops();
 #pragma omp parallel for schedule(static) if (N * V > kParallelGrain)
   for (int64_t i = 0; i < N; ++i) {
     alignas(64) float buf[kChunk];
-    float m = -std::numeric_limits<float>::infinity(), z = 0, sum = 0, xt = 0;
+    float &m = state[4 * i], &z = state[4 * i + 1], &xt = state[4 * i + 2], &sum = state[4 * i + 3];
+    const int64_t ti = t[i] - first_class;
     for_chunks(logits, i, buf, [&](const float* x, int64_t j0, int64_t n) {
-      if (t[i] >= j0 && t[i] < j0 + n) xt = x[t[i] - j0];
-      if (eps != 0) {
+      if (ti >= j0 && ti < j0 + n) xt = x[ti - j0];
+      if (smoothing) {
         float s = 0;
 #pragma omp simd reduction(+ : s)
         for (int64_t j = 0; j < n; ++j) s += x[j];
@@ -81,10 +78,78 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t i
       }
       if (m != -std::numeric_limits<float>::infinity()) z += ops.sum_exp(x, n, m);
     });
-    const float l = m + std::log(z);
-    lz[i] = l;
-    loss[i] = t[i] == ignore_index ? 0.0f : (1 - eps) * (l - xt) + eps * (l - sum / static_cast<float>(V));
   }
+}
+
+// The float64 fold: the same running statistics in double, a value at a time.
+void fold_rows_f64(const Tensor& logits, const Tensor& target, int64_t first_class, double* state) {
+  const int64_t N = logits.size(0), V = logits.size(1);
+  const int64_t* t = target.data<int64_t>();
+  for (int64_t i = 0; i < N; ++i) {
+    const double* x = reinterpret_cast<const double*>(elem(logits, i, 0));
+    double &m = state[4 * i], &z = state[4 * i + 1], &xt = state[4 * i + 2], &sum = state[4 * i + 3];
+    const int64_t ti = t[i] - first_class;
+    if (ti >= 0 && ti < V) xt = x[ti];
+    for (int64_t j = 0; j < V; ++j) {
+      sum += x[j];
+      if (x[j] > m) {
+        z *= std::exp(m - x[j]);
+        m = x[j];
+      }
+      if (m != -std::numeric_limits<double>::infinity()) z += std::exp(x[j] - m);
+    }
+  }
+}
+
+// losses and lse of each row from its statistics over `classes` classes.
+template <class T>
+void finish_rows(const T* state, const Tensor& target, int64_t ignore_index, T eps, int64_t classes, T* loss, T* lz) {
+  const int64_t* t = target.data<int64_t>();
+  for (int64_t i = 0; i < target.size(0); ++i) {
+    const T m = state[4 * i], z = state[4 * i + 1], xt = state[4 * i + 2], sum = state[4 * i + 3];
+    const T l = m + std::log(z);
+    lz[i] = l;
+    loss[i] = t[i] == ignore_index ? T(0) : (1 - eps) * (l - xt) + eps * (l - sum / static_cast<T>(classes));
+  }
+}
+
+}  // namespace
+
+Tensor cross_entropy_state(int64_t rows, DType stat) {
+  Tensor state = empty({rows, 4}, stat);
+  with_compute_type(stat, [&](auto tag) {
+    using T = decltype(tag);
+    T* s = static_cast<T*>(state.data_ptr());
+    for (int64_t i = 0; i < rows; ++i)
+      s[4 * i] = -std::numeric_limits<T>::infinity(), s[4 * i + 1] = s[4 * i + 2] = s[4 * i + 3] = 0;
+  });
+  return state;
+}
+
+void cross_entropy_forward_block(const Tensor& logits, const Tensor& target, int64_t first_class,
+                                 double label_smoothing, const Tensor& state) {
+  if (logits.dtype() == DType::Float64) return fold_rows_f64(logits, target, first_class, state.data<double>());
+  fold_rows(logits, target, first_class, label_smoothing != 0, state.data<float>());
+}
+
+void cross_entropy_forward_finish(const Tensor& state, const Tensor& target, int64_t ignore_index,
+                                  double label_smoothing, int64_t classes, const Tensor& losses, const Tensor& lse) {
+  check_targets(target, classes, ignore_index);
+  with_compute_type(state.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    finish_rows<T>(static_cast<const T*>(state.data_ptr()), target, ignore_index, static_cast<T>(label_smoothing),
+                   classes, static_cast<T*>(losses.data_ptr()), static_cast<T*>(lse.data_ptr()));
+  });
+}
+
+void cross_entropy_forward(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
+                           const Tensor& losses, const Tensor& lse) {
+  if (logits.dtype() == DType::Float64)
+    return cross_entropy_forward_ref(logits, target, ignore_index, label_smoothing, losses, lse);
+  check_targets(target, logits.size(1), ignore_index);
+  const Tensor state = cross_entropy_state(logits.size(0), DType::Float32);
+  cross_entropy_forward_block(logits, target, 0, label_smoothing, state);
+  cross_entropy_forward_finish(state, target, ignore_index, label_smoothing, logits.size(1), losses, lse);
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& diff_losses,
