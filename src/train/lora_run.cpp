@@ -64,8 +64,7 @@ std::string weights_checksum(const std::string& path) {
         e.path().filename() == "model.safetensors.index.json")
       files.push_back(e.path().string());
   std::sort(files.begin(), files.end());
-  for (const std::string& f : files)
-    sums += fs::path(f).filename().string() + " " + file_checksum64_hex(f) + "\n";
+  for (const std::string& f : files) sums += fs::path(f).filename().string() + " " + file_checksum64_hex(f) + "\n";
   return checksum64_hex(std::span(reinterpret_cast<const uint8_t*>(sums.data()), sums.size()));
 }
 
