@@ -534,11 +534,9 @@ std::vector<Tensor> OpDef<OpKind::LinearCrossEntropy>::backward(const Node& node
   const int64_t N = x.size(0), C = x.size(1);
   // The weight's gradient: rows of padding classes 0. The input's: summed over the blocks of classes in float32
   // (double for float64) and rounded once, as one product over all classes would be.
-  // A 16-bit block's product sums in float32 into a float32 result (the GEMM's own accumulator, not rounded).
-  Tensor diff_w = need_w ? empty(w.shape(), dt) : Tensor(), diff_x = need_x ? empty({N, C}, acc) : Tensor();
+  Tensor diff_w = need_w ? empty(w.shape(), dt) : Tensor(), diff_x = need_x ? zeros({N, C}, acc) : Tensor();
   if (need_w && p.classes < w.size(0)) kernels::fill(diff_w.narrow(0, p.classes, w.size(0) - p.classes), 0.0);
   const int64_t cols = std::max<int64_t>(1, p.chunk / std::max<int64_t>(N, 1));
-  Tensor part;
   for (int64_t c0 = 0; c0 < p.classes; c0 += cols) {
     const int64_t n = std::min(cols, p.classes - c0);
     const Tensor wb = w.narrow(0, c0, n);  // (n, C)
@@ -546,14 +544,7 @@ std::vector<Tensor> OpDef<OpKind::LinearCrossEntropy>::backward(const Node& node
     kernels::matmul(x, wb.transpose(0, 1), logits);
     kernels::cross_entropy_backward(logits, t, lse, g, p.ignore_index, p.label_smoothing, diff_logits, c0, p.classes);
     if (need_w) kernels::matmul(diff_logits.transpose(0, 1), x, diff_w.narrow(0, c0, n));
-    if (!need_x) continue;
-    if (c0 == 0) {
-      kernels::matmul(diff_logits, wb, diff_x);
-      continue;
-    }
-    if (!part.defined()) part = empty({N, C}, acc);
-    kernels::matmul(diff_logits, wb, part);
-    diff_x.add_(part);
+    if (need_x) kernels::matmul_add(diff_logits, wb, diff_x);  // exact products, float32 sums
   }
   return {need_x ? diff_x.to(dt) : Tensor(), diff_w};
 }
