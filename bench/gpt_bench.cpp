@@ -4,14 +4,15 @@
 // "castor KIND CONFIG LEVEL VALUE [FLOP/s]" (block: ms per forward+backward; step: tokens/s and model FLOP/s);
 // "peak" prints the GEMM ceilings the MFU is taken against (best of a 2048^3 oneDNN matmul, float32 and bfloat16).
 //
-//   gpt_bench block char|124m O0|O1 ITERS
-//   gpt_bench step char|124m O0|O1 WARMUP ITERS [profile]
+//   gpt_bench block char|124m|124m-8x256 O0|O1 ITERS
+//   gpt_bench step char|124m|124m-8x256 O0|O1 WARMUP ITERS [profile]
 //   gpt_bench peak
 //   gpt_bench llmc char|124m FILE    (writes the configuration's initial weights in llm.c's checkpoint format, for
 //                                     bench/llmc_vs_castor.sh)
 //
 // Configurations: char = 6 layers, 6 heads, 384 wide, V=85, B=8, T=256; 124m = GPT-2 (12/12/768, V=50,304), B=4,
-// T=64. Model FLOPs per token: nanoGPT's estimate_mfu, 6 N + 12 L H D T (N without wpe: it does no arithmetic).
+// T=64; 124m-8x256 the same model at B=8, T=256 (GEMMs of 2048 rows). Model FLOPs per token: nanoGPT's
+// estimate_mfu, 6 N + 12 L H D T (N without wpe: it does no arithmetic).
 // "profile" adds Castor's op profile of the timed steps (ops by total time, forward and backward) and the split of
 // the step into forward, backward and optimizer.
 #include <omp.h>
@@ -47,7 +48,8 @@ Setup setup(const std::string& name) {
     return s;
   }
   if (name == "124m") return Setup{models::gpt_preset("gpt2", 50304), 4, 64};
-  std::fprintf(stderr, "gpt_bench: unknown configuration \"%s\"; expected char or 124m\n", name.c_str());
+  if (name == "124m-8x256") return Setup{models::gpt_preset("gpt2", 50304), 8, 256};
+  std::fprintf(stderr, "gpt_bench: unknown configuration \"%s\"; expected char, 124m or 124m-8x256\n", name.c_str());
   std::exit(2);
 }
 

@@ -2,8 +2,8 @@
 # and AdamW training steps - at fp32 (O0) or under torch.autocast("cpu", torch.bfloat16) (O1). Run it as
 # bench/gpt_vs_torch.sh does: /usr/bin/python3, tcmalloc preloaded, OMP_WAIT_POLICY=passive for O0 only.
 #
-#   gpt_torch_bench.py block char|124m O0|O1 ITERS          -> "torch block CONFIG LEVEL MS" (best of ITERS)
-#   gpt_torch_bench.py step char|124m O0|O1 WARMUP ITERS    -> "torch step CONFIG LEVEL TOKENS_PER_S"
+#   gpt_torch_bench.py block char|124m|124m-8x256 O0|O1 ITERS          -> "torch block CONFIG LEVEL MS" (best of ITERS)
+#   gpt_torch_bench.py step char|124m|124m-8x256 O0|O1 WARMUP ITERS    -> "torch step CONFIG LEVEL TOKENS_PER_S"
 import os
 import sys
 import time
@@ -17,6 +17,7 @@ import lm_torch_step  # noqa: E402  (bench/, this file's directory)
 CONFIGS = {  # (model config, B, T), as gpt_bench.cpp's
     "char": (dict(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=85, bias=True), 8, 256),
     "124m": (dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, bias=True), 4, 64),
+    "124m-8x256": (dict(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304, bias=True), 8, 256),
 }
 
 

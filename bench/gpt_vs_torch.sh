@@ -8,8 +8,9 @@
 # autocast with its default policy and with passive; each side's faster counts.
 #
 #   bench/gpt_vs_torch.sh [ROUNDS] [GPT_BENCH]      (defaults: 3, ./build/gpt_bench; run from the repository root)
-#   SKIP_124M=1 leaves out the GPT-2 124M steps; ONLY="step char O1" runs just that line; BEFORE=OTHER_GPT_BENCH
-#   also runs another build (labelled "before") in each round and prints its figures and castor/before.
+#   SKIP_124M=1 leaves out the GPT-2 124M steps; BIG=1 adds GPT-2 124M O1 at B8 T256 (products of 2048 rows);
+#   ONLY="step char O1" runs just that line; BEFORE=OTHER_GPT_BENCH also runs another build (labelled "before") in
+#   each round and prints its figures and castor/before.
 set -euo pipefail
 rounds=${1:-3}
 bin=${2:-./build/gpt_bench}
@@ -24,6 +25,7 @@ echo "CPU: $("$bin" isa); 2 threads; PyTorch $(/usr/bin/python3 -c 'import torch
 items=("block char O0 10" "block char O1 10" "block 124m O0 10" "block 124m O1 10"
        "step char O0 1 3" "step char O1 1 3")
 [ -n "${SKIP_124M:-}" ] || items+=("step 124m O0 1 3" "step 124m O1 1 3")
+[ -z "${BIG:-}" ] || items+=("step 124m-8x256 O1 1 3")
 if [ -n "${ONLY:-}" ]; then
   keep=()
   for item in "${items[@]}"; do [[ "$item" == "$ONLY"* ]] && keep+=("$item"); done
