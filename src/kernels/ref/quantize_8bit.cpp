@@ -30,8 +30,10 @@ namespace {
 // midpoints between its codes lie near the integers 1 .. N_i - 1 of (y 10^(6-i) - 0.1) N_i / 0.9, so
 // t = fma(y, scale, -offset) = that + first_i - zero + kUnsure puts the k-th of them within kUnsure / 2 of
 // first_i - zero + k + kUnsure (make_map checks each), and as t grows with y, floor(min(t, top)) counts the positive
-// midpoints below y wherever frac(t) >= 2 kUnsure. The lanes with frac(t) < 2 kUnsure (about 0.05%), NaN, or a
-// tie with a bound (the signed map's negative values count those at or below |x|) take the table.
+// midpoints below y wherever frac(t) >= 2 kUnsure; the lanes with frac(t) < 2 kUnsure (about 0.05%) or NaN take
+// the table. A negative x of the signed map counts the positive midpoints at or below |x| instead: the same count
+// but at a midpoint, which is such a lane (the bounds above decades 0..5 lie at integers of the t below them too,
+// make_map checks it), or at the bound of 0 or the one of 1, where the clamps to 1 .. zero give the same code.
 struct Map {
   alignas(64) float code[256];
   std::vector<int32_t> entry;  // 65536 entries
@@ -135,6 +137,11 @@ Map make_map(bool is_signed) {
     m.top[i + 1] = static_cast<float>(below + n - 1) + 0.5f;
     CASTOR_ASSERT(std::fma(bound[i], scale, -offset) >= static_cast<float>(below), "dynamic map: decade ", i,
                   " starts below its count");
+    if (i < 6) {  // the bound above the decade (checked as a tie of negative values needs it to be unsure)
+      const float t = std::fma(bound[i + 1], scale, -offset);
+      CASTOR_ASSERT(std::fabs(t - static_cast<float>(below + n + 1) - kUnsure) < kUnsure / 2, "dynamic map: bound ",
+                    i + 1, " at t = ", t);
+    }
     for (int32_t k = 1; k < n; ++k) {  // the midpoint above the decade's code k - 1
       const float t = std::fma(mid[first[i] + k - 1], scale, -offset);
       CASTOR_ASSERT(std::fabs(t - static_cast<float>(below + k) - kUnsure) < kUnsure / 2, "dynamic map: midpoint ", k,
@@ -218,7 +225,6 @@ CASTOR_AVX512 inline __m512i codes16(const Map& m, __m512 x, __m512 s) {
   __m512i count = _mm512_cvttps_epi32(_mm512_min_ps(t, _mm512_permutexvar_ps(d, _mm512_load_ps(m.top))));
   __mmask16 negative = 0;
   if (kSigned) {
-    unsure |= _mm512_cmp_ps_mask(y, split, _CMP_EQ_OQ);
     // a negative s: the code of 0 less the positive midpoints at or below |x|, and at least one less
     negative = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_LT_OQ);
     count = _mm512_mask_sub_epi32(_mm512_add_epi32(z, count), negative, z,
@@ -326,14 +332,32 @@ CASTOR_AVX512 inline void horizontal_max16(const Adam16& k, float* max1, float* 
   *max2 = *std::max_element(l2, l2 + 16);
 }
 
+// The elements 1024 ahead of i (64 of them: w, g and both codes) fetched into the cache: the update's pass over a
+// block then finds them there after the block's quantisation, which reads no memory (single-thread step over 16M
+// elements 1.15 -> 0.80 ns per element).
+constexpr int64_t kAhead = 1024;
+inline void prefetch(const void* p) {  // (GCC's dead-code pass deletes _mm_prefetch here: an asm it keeps)
+  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
+}
+inline void prefetch_ahead(int64_t i, const float* w, const float* g, const uint8_t* code1, const uint8_t* code2) {
+  for (int l = 0; l < 64; l += 16) {
+    prefetch(w + i + kAhead + l);
+    prefetch(g + i + kAhead + l);
+  }
+  prefetch(code1 + i + kAhead);
+  prefetch(code2 + i + kAhead);
+}
+
 // The update's loop over [i, i + n16) of one quantisation block starting at qb: moments into ms, vs (block
 // offsets), weights written; returns the largest |m| and |v| seen in *max1, *max2.
 CASTOR_AVX512 void update16(const AdamUpdate& u, const Map& m1, const Map& m2, int64_t i, int64_t n16, int64_t qb,
                             float a1, float a2, float* w, const float* g, const uint8_t* exp_avg_code,
                             const uint8_t* exp_avg_sq_code, float* ms, float* vs, float* max1, float* max2) {
   Adam16 k = adam16(u, a1, a2);
-  for (const int64_t end = i + n16; i < end; i += 16)
+  for (const int64_t end = i + n16; i < end; i += 16) {
+    if ((i - qb) % 64 == 0) prefetch_ahead(i, w, g, exp_avg_code, exp_avg_sq_code);
     adam_lanes16(k, i, qb, dequantize16(m1, exp_avg_code + i), dequantize16(m2, exp_avg_sq_code + i), w, g, ms, vs);
+  }
   horizontal_max16(k, max1, max2);
 }
 
@@ -345,6 +369,7 @@ CASTOR_VBMI void update64(const AdamUpdate& u, const Map& m1, const Map& m2, int
   const int64_t end = i + n16;
   for (; i + 64 <= end; i += 64) {
     __m512 c1[4], c2[4];
+    prefetch_ahead(i, w, g, exp_avg_code, exp_avg_sq_code);
     dequantize64(m1, exp_avg_code + i, c1);
     dequantize64(m2, exp_avg_sq_code + i, c2);
     for (int q = 0; q < 4; ++q) adam_lanes16(k, i + 16 * q, qb, c1[q], c2[q], w, g, ms, vs);
