@@ -171,6 +171,10 @@ void adamw8bit_update(const AdamUpdate& u, int64_t b, int64_t e, int64_t block, 
 // dst (B, M, N) = a (B, M, K) x b (B, K, N) [+ bias (N), added to every row before the one rounding, as PyTorch's
 // addmm]; dst and bias contiguous, bias of dst's dtype or undefined. B dims are 1 for mm.
 void matmul(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias = Tensor());
+// dst (B, M, N) += a (B, M, K) x b (B, K, N), dst contiguous, of the operands' dtype or float32 for 16-bit ones:
+// the exact products summed in float32 (double for float64) and added to dst in that precision (oneDNN's kernel
+// for the operands' dtype with a float32 destination where the CPU has one, exact float32 copies otherwise).
+void matmul_add(const Tensor& a, const Tensor& b, const Tensor& dst);
 // The plain-loop reference: the same contract, float32 (double for float64) accumulation, one rounding.
 void matmul_ref(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias = Tensor());
 // The multiply-adds each of `threads` threads does in matmul's float32 emulation of a 16-bit (B, M, K) x (B, K, N)

@@ -538,11 +538,7 @@ std::vector<Tensor> OpDef<OpKind::LinearCrossEntropy>::backward(const Node& node
     kernels::matmul(x, wb.transpose(0, 1), logits);
     kernels::cross_entropy_backward(logits, t, lse, g, p.ignore_index, p.label_smoothing, diff_logits, c0, p.classes);
     if (need_w) kernels::matmul(diff_logits.transpose(0, 1), x, diff_w.narrow(0, c0, n));
-    if (need_x) {
-      Tensor part = empty({N, C}, acc);  // 16-bit operands widened exactly: float32 products, float32 sums
-      kernels::matmul(diff_logits.to(acc), wb.to(acc), part);
-      diff_x.add_(part);
-    }
+    if (need_x) kernels::matmul_add(diff_logits, wb, diff_x);  // exact products, float32 sums
   }
   return {need_x ? diff_x.to(dt) : Tensor(), diff_w};
 }

@@ -20,10 +20,12 @@ namespace {
 using dnnl::memory;
 
 struct MatmulKey {
-  int64_t dt;       // a memory::data_type; int64 so that the key has no padding bytes
+  int64_t dt;       // the operands' memory::data_type; int64 so that the key has no padding bytes
+  int64_t dst_dt;   // the destination's: dt, or f32 for 16-bit operands
   int64_t dims[4];  // B, M, N, K
   int64_t a_strides[3], b_strides[3];
-  int64_t bias;  // 1: a bias (N) of the dtype, added before the rounding
+  int64_t bias;        // 1: a bias (N) of the dtype, added before the rounding
+  int64_t accumulate;  // 1: the product is added to what the destination holds (a sum post-op)
 };
 
 memory::desc bias_desc(const MatmulKey& k) {
@@ -35,11 +37,17 @@ std::unique_ptr<dnnl::matmul> build(const MatmulKey& k) {
   const int64_t B = k.dims[0], M = k.dims[1], N = k.dims[2], K = k.dims[3];
   memory::desc a({B, M, K}, static_cast<memory::data_type>(k.dt), {k.a_strides[0], k.a_strides[1], k.a_strides[2]});
   memory::desc b({B, K, N}, static_cast<memory::data_type>(k.dt), {k.b_strides[0], k.b_strides[1], k.b_strides[2]});
-  memory::desc c({B, M, N}, static_cast<memory::data_type>(k.dt), memory::format_tag::abc);
+  memory::desc c({B, M, N}, static_cast<memory::data_type>(k.dst_dt), memory::format_tag::abc);
   std::unique_ptr<dnnl::matmul> prim;
   try {
     const dnnl::matmul::desc d = k.bias ? dnnl::matmul::desc(a, b, bias_desc(k), c) : dnnl::matmul::desc(a, b, c);
-    dnnl::matmul::primitive_desc pd(d, engine());
+    dnnl::primitive_attr attr;
+    if (k.accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    dnnl::matmul::primitive_desc pd(d, attr, engine());
     prim = std::make_unique<dnnl::matmul>(pd);
   } catch (const dnnl::error& e) {
     if (e.status != dnnl_unimplemented) throw;
@@ -65,10 +73,12 @@ void batch_strides(const Tensor& t, int64_t out[3]) {
   }
 }
 
-bool run_onednn(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias) {
+bool run_onednn(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& bias, bool accumulate = false) {
   MatmulKey k{};
   k.dt = static_cast<int64_t>(to_dnnl(a.dtype()));
+  k.dst_dt = static_cast<int64_t>(to_dnnl(dst.dtype()));
   k.bias = bias.defined();
+  k.accumulate = accumulate;
   const int64_t B = a.dim() == 3 ? a.size(0) : 1;
   k.dims[0] = B;
   k.dims[1] = a.size(-2);
@@ -82,7 +92,7 @@ bool run_onednn(const Tensor& a, const Tensor& b, const Tensor& dst, const Tenso
                   {k.a_strides[0], k.a_strides[1], k.a_strides[2]});
   memory::desc bd({B, k.dims[3], k.dims[2]}, static_cast<memory::data_type>(k.dt),
                   {k.b_strides[0], k.b_strides[1], k.b_strides[2]});
-  memory::desc cd({B, k.dims[1], k.dims[2]}, static_cast<memory::data_type>(k.dt), memory::format_tag::abc);
+  memory::desc cd({B, k.dims[1], k.dims[2]}, static_cast<memory::data_type>(k.dst_dt), memory::format_tag::abc);
   memory am(ad, engine(), a.data_ptr()), bm(bd, engine(), b.data_ptr()), cm(cd, engine(), dst.data_ptr());
   std::unordered_map<int, memory> args{{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}};
   if (k.bias) args.insert({DNNL_ARG_BIAS, memory(bias_desc(k), engine(), bias.data_ptr())});
@@ -205,6 +215,9 @@ void matmul_emulated(const Tensor& a, const Tensor& b, const Tensor& dst, const 
   }
 }
 
+// oneDNN reads inner-most strides of 1 in one of the last two dims; anything else is copied first.
+Tensor usable(const Tensor& t) { return t.stride(-1) == 1 || t.stride(-2) == 1 ? t : t.contiguous(); }
+
 }  // namespace
 
 std::vector<int64_t> emulated_matmul_work(int64_t B, int64_t M, int64_t K, int64_t N, int threads) {
@@ -228,9 +241,7 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& b
                 "matmul kernel bias ", bias.describe(), " for ", dst.describe());
   if (dst.numel() == 0) return;
   if (a.size(-1) == 0 || a.dtype() == DType::Float64) return matmul_ref(a, b, dst, bias);
-  // oneDNN reads inner-most strides of 1 in one of the last two dims; anything else is copied first.
-  auto usable = [](const Tensor& t) { return t.stride(-1) == 1 || t.stride(-2) == 1; };
-  const Tensor x = usable(a) ? a : a.contiguous(), y = usable(b) ? b : b.contiguous();
+  const Tensor x = usable(a), y = usable(b);
   try {
     if (native_products(a.dtype()) && run_onednn(x, y, dst, bias)) return;
     CASTOR_ASSERT(is_16bit_float(a.dtype()), "no matmul kernel for ", dtype_name(a.dtype()));
@@ -238,6 +249,30 @@ void matmul(const Tensor& a, const Tensor& b, const Tensor& dst, const Tensor& b
   } catch (const dnnl::error& e) {
     throw Error(detail::cat("matmul: oneDNN could not run ", a.describe(), " x ", b.describe(), ": ", e.what()));
   }
+}
+
+void matmul_add(const Tensor& a, const Tensor& b, const Tensor& dst) {
+  CASTOR_ASSERT(a.dtype() == b.dtype() && dst.is_contiguous() &&
+                    (dst.dtype() == a.dtype() || (is_16bit_float(a.dtype()) && dst.dtype() == DType::Float32)),
+                "matmul_add kernel on ", a.describe(), ", ", b.describe(), " -> ", dst.describe());
+  if (dst.numel() == 0 || a.size(-1) == 0) return;
+  const Tensor x = usable(a), y = usable(b);
+  try {
+    if (dst.dtype() == DType::Float32) {
+      if (native_products(a.dtype()) && run_onednn(x, y, dst, Tensor(), /*accumulate=*/true)) return;
+      // Exact float32 copies of 16-bit operands without a oneDNN kernel of their own.
+      const bool f32 = a.dtype() == DType::Float32;
+      if (run_onednn(f32 ? x : widen(x), f32 ? y : widen(y), dst, Tensor(), /*accumulate=*/true)) return;
+    }
+  } catch (const dnnl::error& e) {
+    throw Error(detail::cat("matmul: oneDNN could not run ", a.describe(), " x ", b.describe(), ": ", e.what()));
+  }
+  CASTOR_ASSERT(dst.dtype() == DType::Float64, "no matmul_add kernel for ", dst.describe());
+  const Tensor part = empty(dst.shape(), DType::Float64);
+  matmul_ref(x, y, part);
+  double* d = dst.data<double>();
+  const double* p = part.data<double>();
+  for (int64_t i = 0; i < dst.numel(); ++i) d[i] += p[i];
 }
 
 }  // namespace castor::kernels
