@@ -333,8 +333,8 @@ CASTOR_AVX512 inline void horizontal_max16(const Adam16& k, float* max1, float* 
 }
 
 // The elements 1024 ahead of i (64 of them: w, g and both codes) fetched into the cache: the update's pass over a
-// block then finds them there after the block's quantisation, which reads no memory (single-thread step over 16M
-// elements 1.15 -> 0.80 ns per element).
+// block then finds them there after the block's quantisation, which reads no memory (a single-thread step over 16M
+// elements: 1.15 -> 0.80 ns per element on the AVX-512 loops, 2.3 -> 2.2 on the AVX2 ones).
 constexpr int64_t kAhead = 1024;
 inline void prefetch(const void* p) {  // (GCC's dead-code pass deletes _mm_prefetch here: an asm it keeps)
   asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
@@ -488,6 +488,7 @@ void adamw8bit_update(const AdamUpdate& u, int64_t b, int64_t e, int64_t block, 
       i += n16;
     }
     for (; i + 8 <= qe; i += 8) {
+      if ((i - qb) % 64 == 0) prefetch_ahead(i, w, g, exp_avg_code, exp_avg_sq_code);
       const __m256 gi = _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(g + i), inv), clip);
       const __m256 wi = u.decoupled ? _mm256_fmadd_ps(_mm256_loadu_ps(w + i), decay, neg_zero) : _mm256_loadu_ps(w + i);
       const __m256 m = _mm256_add_ps(_mm256_fmadd_ps(dequantize8(m1, exp_avg_code + i, a1v), b1, neg_zero),
