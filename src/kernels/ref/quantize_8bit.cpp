@@ -10,6 +10,7 @@
 #include "castor/convert.h"
 #include "core/parallel.h"
 #include "core/rounded_mul.h"
+#include "kernels/cpu/avx512.h"
 #include "kernels/kernels.h"
 
 namespace castor::kernels {
@@ -184,12 +185,7 @@ inline __m256i nearest8(const Map& m, __m256 x) {
 // AVX2): the same operations lane by lane, so the same codes, moments and weights; each handles the multiples of
 // 16 and leaves the rest to the 8-lane loops.
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#define CASTOR_AVX512 __attribute__((target("avx512f")))
+CASTOR_AVX512_BEGIN
 #define CASTOR_VBMI __attribute__((target("avx512f,avx512bw,avx512vbmi")))
 
 CASTOR_AVX512 inline __m512 abs16(__m512 x) {
@@ -379,11 +375,8 @@ CASTOR_VBMI void update64(const AdamUpdate& u, const Map& m1, const Map& m2, int
   horizontal_max16(k, max1, max2);
 }
 
-#undef CASTOR_AVX512
 #undef CASTOR_VBMI
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+CASTOR_AVX512_END
 
 // Codes of the n values s of one block with absmax a (a negative value of the signed map never takes a code >= 0,
 // the code of 0 or above).
