@@ -110,8 +110,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, Reduction reduc
                      double label_smoothing = 0.0, int64_t ignore_index = -100, const Tensor& weight = {});
 // cross_entropy(linear(input, weight[:classes]), target) without the logits ever held whole (Liger-Kernel's fused
 // linear cross-entropy): input (N, C), weight (V, C), target (N) int64 in [0, classes) (classes 0: V; a GPT's padded
-// head passes its real vocabulary). The forward computes the logits `chunk` of them at a time (rows of them) and
-// keeps each row's log-sum-exp; the backward computes them again a block of classes at a time, so the weight's
+// head passes its real vocabulary). The forward computes the logits `chunk` of them at a time (all rows, a block of
+// classes, each row's log-sum-exp carried across blocks) and keeps each row's log-sum-exp; the backward computes them
+// again block by block, so the weight's
 // gradient is one product over all rows as linear's is. The same loss and gradients as the two ops within float32
 // summation order. Under autocast linear's policy (input and weight cast to the 16-bit type, the logits rounded to it
 // once) and cross_entropy's (the loss computed in float32 from them). Label smoothing with ignored targets under
