@@ -78,6 +78,9 @@ class FileLock {
 uint64_t checksum64(std::span<const uint8_t> bytes);
 // checksum64 as 16 lowercase hex digits, as checkpoints and config.json record it.
 std::string checksum64_hex(std::span<const uint8_t> bytes);
+// checksum64_hex of a regular file's bytes (read_file's checks), read a piece at a time: a checkpoint's gigabytes are
+// never held whole.
+std::string file_checksum64_hex(const std::string& path);
 
 // Text with control characters and bytes that are not UTF-8 shown as \xNN, for printing names from files.
 std::string printable(std::string_view text);

@@ -23,6 +23,8 @@ namespace castor::data {
 // longest, with their lstrip, rstrip and single_word.
 class HfTokenizer {
  public:
+  struct Impl;
+
   // Reads PATH (a tokenizer.json); errors name it.
   static HfTokenizer from_file(const std::string& path);
   // From the file's contents; `what` names it in errors.
@@ -41,6 +43,28 @@ class HfTokenizer {
   // split across tokens included), the decoder's leading Strip/Metaspace space only at the start, "" for a special
   // token.
   std::string decode_next(int64_t prev, uint32_t id) const;
+
+  // Text as `castor sample` writes it, token by token: the pieces next() gives for ids and then finish() add up to
+  // decode(ids) (tokenizers' decode, invalid UTF-8 replaced as it does), each piece given as soon as no later token
+  // can change it. Held back: an open run of byte-fallback tokens (a later byte could make the run invalid, and then
+  // each of its bytes is U+FFFD) until a token that is not a byte ends it, a byte-level UTF-8 sequence cut short
+  // until the next bytes complete it or show it invalid, and the copies of a fused Strip's content at the end. A
+  // special token gives what is held, finished, and nothing of its own; the text after it starts as at the start (as
+  // decode of the ids after it: Strip's leading space dropped).
+  class Stream {
+   public:
+    // `prev`: the token the text follows (-1: none; a special token: as none).
+    explicit Stream(const HfTokenizer& tok, int64_t prev = -1);
+    std::string next(uint32_t id);
+    // What is held back, finished as the text's end; the stream then starts a new text.
+    std::string finish();
+
+   private:
+    std::shared_ptr<const Impl> impl_;
+    std::vector<std::string> pending_;  // tokens not yet through the decoders (an open run of byte tokens)
+    std::string text_;                  // decoded bytes not yet given
+    bool at_start_;
+  };
 
   int64_t vocab_size() const;  // the highest id + 1
   std::optional<uint32_t> token_id(std::string_view token) const;
@@ -62,8 +86,6 @@ class HfTokenizer {
     std::optional<uint32_t> unk;
   };
   Layout layout() const;
-
-  struct Impl;
 
  private:
   std::shared_ptr<Impl> impl_;

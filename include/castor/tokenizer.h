@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -137,6 +138,20 @@ class Tokenizer {
   // The text of `token` written after `prev` (-1: none; bpe: run.c's decode(prev, token), which drops a piece's
   // leading space after <s>; hf: HfTokenizer::decode_next; the others: decode of the token alone).
   std::string decode_next(int64_t prev, uint32_t token) const;
+  // Text written token by token (castor sample) after `prev` (-1: none): hf: HfTokenizer::Stream (decode's text,
+  // each piece once no later token can change it; finish() gives what is held back); the others: decode_next after
+  // the token before, nothing held.
+  class Stream {
+   public:
+    Stream(const Tokenizer& tok, int64_t prev);
+    std::string next(uint32_t token);
+    std::string finish();
+
+   private:
+    const Tokenizer* tok_;
+    int64_t prev_;
+    std::optional<HfTokenizer::Stream> hf_;
+  };
   // The record load() reads (without the counts the tokenize job adds).
   Json record() const;
   // bpe: the vocabulary (null for the other kinds); char: the characters.

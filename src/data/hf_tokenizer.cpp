@@ -127,7 +127,17 @@ struct HfTokenizer::Impl {
   std::vector<std::string> pre_tokenize(std::string_view s, bool at_start) const;
   void bpe(const std::string& word, std::vector<uint32_t>& out) const;
   void bpe_piece(const std::string& word, std::vector<uint32_t>& out) const;
-  std::string run_decoders(std::vector<std::string> toks, bool lossless, bool at_start) const;
+  // The decoders over `toks` (the first the text's first when `at_start`), but for what only the whole text's end
+  // decides (finish_text): ByteLevel's bytes not yet made valid UTF-8, and a Strip after Fuse or ByteLevel not yet
+  // applied to the end. A run of byte-fallback tokens is its bytes, or with `replace_runs` (the run is whole) each
+  // byte U+FFFD when they are not valid UTF-8.
+  std::string run_decoders(std::vector<std::string> toks, bool at_start, bool replace_runs) const;
+  // The text's end: invalid UTF-8 replaced as String::from_utf8_lossy does, then a fused Strip's stop.
+  std::string finish_text(std::string_view text) const;
+  // How many bytes at the end of `text` (run_decoders' output so far) a later token could still change: a UTF-8
+  // sequence cut short, or the copies of a fused Strip's content that it strips if the text ends there.
+  size_t held_back(std::string_view text) const;
+  bool byte_fallback_decoder() const;
 };
 
 namespace {
@@ -596,7 +606,7 @@ void HfTokenizer::Impl::bpe_piece(const std::string& word, std::vector<uint32_t>
   if (cacheable) cache.emplace(word, std::move(result));
 }
 
-std::string HfTokenizer::Impl::run_decoders(std::vector<std::string> toks, bool lossless, bool at_start) const {
+std::string HfTokenizer::Impl::run_decoders(std::vector<std::string> toks, bool at_start, bool replace_runs) const {
   bool fused = false;
   for (const DecStep& d : decoders) {
     switch (d.kind) {
@@ -609,7 +619,7 @@ std::string HfTokenizer::Impl::run_decoders(std::vector<std::string> toks, bool 
         size_t count = 0;
         const auto flush = [&] {
           if (count == 0) return;
-          if (lossless || is_valid_utf8(bytes)) {
+          if (!replace_runs || is_valid_utf8(bytes)) {
             out.push_back(bytes);
           } else {
             for (size_t k = 0; k < count; ++k) out.emplace_back("\xEF\xBF\xBD");
@@ -639,11 +649,11 @@ std::string HfTokenizer::Impl::run_decoders(std::vector<std::string> toks, bool 
       case Dec::Strip:
         for (size_t i = 0; i < toks.size(); ++i) {
           std::string& t = toks[i];
-          // After Fuse the one token is the whole text: its start is the text's only at the start, its end unknown
-          // to a lossless (streamed) decode.
+          // After Fuse the one token is the text so far: its start is the text's only at the start, its end is
+          // finish_text's.
           if (!fused || at_start)
             for (int64_t k = 0; k < d.start && t.starts_with(d.a); ++k) t.erase(0, d.a.size());
-          if (!fused || !lossless)
+          if (!fused)
             for (int64_t k = 0; k < d.stop && t.ends_with(d.a); ++k) t.erase(t.size() - d.a.size());
         }
         break;
@@ -659,7 +669,7 @@ std::string HfTokenizer::Impl::run_decoders(std::vector<std::string> toks, bool 
           }
           all += ok ? bytes : t;
         }
-        toks = {lossless ? all : unicode::utf8_lossy(all)};
+        toks = {all};  // (made valid UTF-8 by finish_text and held_back)
         fused = true;
         break;
       }
@@ -674,6 +684,43 @@ std::string HfTokenizer::Impl::run_decoders(std::vector<std::string> toks, bool 
   std::string out;
   for (const std::string& t : toks) out += t;
   return out;
+}
+
+namespace {
+
+// The Strip steps with a stop that come after Fuse or ByteLevel: they strip the end of the whole text.
+std::vector<const DecStep*> fused_strips(const std::vector<DecStep>& decoders) {
+  std::vector<const DecStep*> out;
+  bool fused = false;
+  for (const DecStep& d : decoders) {
+    fused |= d.kind == Dec::Fuse || d.kind == Dec::ByteLevel;
+    if (fused && d.kind == Dec::Strip && d.stop > 0) out.push_back(&d);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string HfTokenizer::Impl::finish_text(std::string_view text) const {
+  std::string out = unicode::utf8_lossy(text);
+  for (const DecStep* d : fused_strips(decoders))
+    for (int64_t k = 0; k < d->stop && out.ends_with(d->a); ++k) out.erase(out.size() - d->a.size());
+  return out;
+}
+
+size_t HfTokenizer::Impl::held_back(std::string_view text) const {
+  if (const size_t cut = unicode::utf8_cut_tail(text)) return cut;
+  size_t held = 0;
+  for (const DecStep* d : fused_strips(decoders)) {
+    size_t n = 0;
+    for (int64_t k = 0; k < d->stop && text.substr(0, text.size() - n).ends_with(d->a); ++k) n += d->a.size();
+    held = std::max(held, n);
+  }
+  return held;
+}
+
+bool HfTokenizer::Impl::byte_fallback_decoder() const {
+  return std::any_of(decoders.begin(), decoders.end(), [](const DecStep& d) { return d.kind == Dec::ByteFallback; });
 }
 
 HfTokenizer HfTokenizer::from_file(const std::string& path) {
@@ -751,7 +798,7 @@ std::string HfTokenizer::decode(std::span<const uint32_t> ids) const {
     CASTOR_CHECK(id < t.kind.size() && t.kind[id], t.what, ": token ", id, " is not in the vocabulary");
     toks.push_back(t.tokens[id]);
   }
-  return t.run_decoders(std::move(toks), /*lossless=*/false, /*at_start=*/true);
+  return t.finish_text(t.run_decoders(std::move(toks), /*at_start=*/true, /*replace_runs=*/true));
 }
 
 std::string HfTokenizer::decode_next(int64_t prev, uint32_t id) const {
@@ -759,7 +806,35 @@ std::string HfTokenizer::decode_next(int64_t prev, uint32_t id) const {
   CASTOR_CHECK(id < t.kind.size() && t.kind[id], t.what, ": token ", id, " is not in the vocabulary");
   if (t.kind[id] == 3) return "";
   const bool at_start = prev < 0 || (prev < static_cast<int64_t>(t.kind.size()) && t.kind[prev] == 3);
-  return t.run_decoders({t.tokens[id]}, /*lossless=*/true, at_start);
+  return t.run_decoders({t.tokens[id]}, at_start, /*replace_runs=*/false);
+}
+
+HfTokenizer::Stream::Stream(const HfTokenizer& tok, int64_t prev)
+    : impl_(tok.impl_), at_start_(prev < 0 || (prev <= UINT32_MAX && tok.is_special(static_cast<uint32_t>(prev)))) {}
+
+std::string HfTokenizer::Stream::next(uint32_t id) {
+  const Impl& t = *impl_;
+  CASTOR_CHECK(id < t.kind.size() && t.kind[id], t.what, ": token ", id, " is not in the vocabulary");
+  if (t.kind[id] == 3) return finish();
+  pending_.push_back(t.tokens[id]);
+  // An open run of byte tokens: a byte still to come could make it invalid, and then each of its bytes is U+FFFD.
+  if (t.byte_fallback_decoder() && byte_token(pending_.back()) >= 0) return "";
+  text_ += t.run_decoders(std::move(pending_), at_start_, /*replace_runs=*/true);
+  pending_.clear();
+  at_start_ = false;
+  const size_t ready = text_.size() - t.held_back(text_);
+  std::string out = unicode::utf8_lossy(std::string_view(text_).substr(0, ready));
+  text_.erase(0, ready);
+  return out;
+}
+
+std::string HfTokenizer::Stream::finish() {
+  const Impl& t = *impl_;
+  if (!pending_.empty()) text_ += t.run_decoders(std::move(pending_), at_start_, /*replace_runs=*/true);
+  std::string out = t.finish_text(text_);
+  pending_.clear(), text_.clear();
+  at_start_ = true;
+  return out;
 }
 
 int64_t HfTokenizer::vocab_size() const { return static_cast<int64_t>(impl_->tokens.size()); }

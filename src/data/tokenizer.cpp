@@ -311,6 +311,19 @@ std::string Tokenizer::decode_next(int64_t prev, uint32_t token) const {
   return bpe_ ? bpe_->decode_piece(static_cast<int32_t>(prev), id) : decode({&token, 1});
 }
 
+Tokenizer::Stream::Stream(const Tokenizer& tok, int64_t prev) : tok_(&tok), prev_(prev) {
+  if (tok.hf_) hf_.emplace(*tok.hf_, prev);
+}
+
+std::string Tokenizer::Stream::next(uint32_t token) {
+  if (hf_) return hf_->next(token);
+  std::string out = tok_->decode_next(prev_, token);
+  prev_ = token;
+  return out;
+}
+
+std::string Tokenizer::Stream::finish() { return hf_ ? hf_->finish() : ""; }
+
 Json Tokenizer::record() const {
   Json::Object o;
   o["tokenizer"] = kind_;

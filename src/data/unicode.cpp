@@ -169,40 +169,56 @@ std::string nfc(std::string_view s) {
   return r;
 }
 
+namespace {
+
+// The sequence at b[i] as String::from_utf8_lossy steps over it: its length (a whole character, or a maximal
+// invalid subsequence), whether it is a whole character, and whether it is a valid start cut short by b's end.
+struct Utf8Step {
+  size_t len;
+  bool whole, cut;
+};
+Utf8Step utf8_step(std::string_view b, size_t i) {
+  const auto at = [&](size_t k) { return static_cast<unsigned char>(b[k]); };
+  const unsigned char c = at(i);
+  const size_t need = c < 0x80                 ? 0
+                      : c >= 0xC2 && c <= 0xDF ? 1
+                      : c >= 0xE0 && c <= 0xEF ? 2
+                      : c >= 0xF0 && c <= 0xF4 ? 3
+                                               : 99;
+  if (need == 0) return {1, true, false};
+  if (need == 99) return {1, false, false};
+  // The second byte's range depends on the first (no overlongs, surrogates or code points past U+10FFFF).
+  const unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+  const unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+  size_t k = 1;
+  for (; k <= need && i + k < b.size(); ++k) {
+    const unsigned char x = at(i + k);
+    if (x < (k == 1 ? lo : 0x80) || x > (k == 1 ? hi : 0xBF)) break;
+  }
+  return {k, k == need + 1, k <= need && i + k == b.size()};
+}
+
+}  // namespace
+
 std::string utf8_lossy(std::string_view b) {
   std::string out;
   out.reserve(b.size());
-  const auto at = [&](size_t i) { return static_cast<unsigned char>(b[i]); };
   for (size_t i = 0; i < b.size();) {
-    const unsigned char c = at(i);
-    size_t need = c < 0x80                 ? 0
-                  : c >= 0xC2 && c <= 0xDF ? 1
-                  : c >= 0xE0 && c <= 0xEF ? 2
-                  : c >= 0xF0 && c <= 0xF4 ? 3
-                                           : 99;
-    if (need == 0) {
-      out.push_back(static_cast<char>(c));
-      ++i;
-      continue;
-    }
-    size_t k = 1;
-    if (need != 99) {
-      // The second byte's range depends on the first (no overlongs, surrogates or code points past U+10FFFF).
-      const unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
-      const unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
-      for (; k <= need && i + k < b.size(); ++k) {
-        const unsigned char x = at(i + k);
-        if (x < (k == 1 ? lo : 0x80) || x > (k == 1 ? hi : 0xBF)) break;
-      }
-    }
-    if (need != 99 && k == need + 1) {
-      out.append(b.substr(i, k));
-    } else {
-      out.append("\xEF\xBF\xBD");
-    }
-    i += k;
+    const Utf8Step s = utf8_step(b, i);
+    out.append(s.whole ? b.substr(i, s.len) : "\xEF\xBF\xBD");
+    i += s.len;
   }
   return out;
+}
+
+size_t utf8_cut_tail(std::string_view b) {
+  // (only the last 4 bytes can hold the start of a cut sequence; a lead byte ends any sequence before it)
+  for (size_t i = b.size() > 4 ? b.size() - 4 : 0; i < b.size();) {
+    const Utf8Step s = utf8_step(b, i);
+    if (s.cut) return b.size() - i;
+    i += s.len;
+  }
+  return 0;
 }
 
 std::vector<std::string_view> split_gpt2(std::string_view s, bool (*is_space)(char32_t)) {

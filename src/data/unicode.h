@@ -28,6 +28,10 @@ std::string nfc(std::string_view s);
 
 // Bytes as UTF-8 with each maximal invalid subsequence replaced by U+FFFD (Rust's String::from_utf8_lossy).
 std::string utf8_lossy(std::string_view bytes);
+// How many bytes at the end of `bytes` are the start of a UTF-8 sequence cut short (more bytes could complete it;
+// utf8_lossy gives U+FFFD for them as they are): 0 to 3. utf8_lossy of the bytes before them is final: no byte
+// appended can change it.
+size_t utf8_cut_tail(std::string_view bytes);
 
 // The pieces (tiling `s`, valid UTF-8) of GPT-2's pre-tokenizer regex
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+

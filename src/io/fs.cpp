@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
@@ -264,16 +265,38 @@ FileLock::FileLock(const std::string& path) {
 
 FileLock::~FileLock() { ::close(fd_); }
 
-uint64_t checksum64(std::span<const uint8_t> bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
+namespace {
+
+// FNV-1a: `h` continued over `bytes`.
+uint64_t fnv1a(uint64_t h, std::span<const uint8_t> bytes) {
   for (uint8_t b : bytes) h = (h ^ b) * 0x100000001b3ull;
   return h;
 }
+constexpr uint64_t kFnvStart = 0xcbf29ce484222325ull;
 
-std::string checksum64_hex(std::span<const uint8_t> bytes) {
+std::string hex64(uint64_t v) {
   char buf[20];
-  std::snprintf(buf, sizeof(buf), "%016" PRIx64, checksum64(bytes));
+  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
   return buf;
+}
+
+}  // namespace
+
+uint64_t checksum64(std::span<const uint8_t> bytes) { return fnv1a(kFnvStart, bytes); }
+
+std::string checksum64_hex(std::span<const uint8_t> bytes) { return hex64(checksum64(bytes)); }
+
+std::string file_checksum64_hex(const std::string& path) {
+  uint64_t size = 0;
+  Fd f(open_regular(path, size));
+  std::vector<uint8_t> buf(static_cast<size_t>(std::min<uint64_t>(size, uint64_t{1} << 20)));
+  uint64_t h = kFnvStart;
+  for (uint64_t at = 0; at < size; at += buf.size()) {
+    const std::span<uint8_t> piece(buf.data(), static_cast<size_t>(std::min<uint64_t>(buf.size(), size - at)));
+    read_at(f.fd, piece, at, path);
+    h = fnv1a(h, piece);
+  }
+  return hex64(h);
 }
 
 std::string printable(std::string_view text) {

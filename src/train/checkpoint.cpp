@@ -82,7 +82,7 @@ void ensure_dir(const fs::path& p) {
 // The COMMIT marker: "complete", then "<file> <checksum>" per file (markers of older builds hold only "complete").
 std::string commit_marker(const fs::path& dir) {
   std::string marker = "complete\n";
-  for (const char* f : kFiles) marker += std::string(f) + " " + checksum64_hex(read_file((dir / f).string())) + "\n";
+  for (const char* f : kFiles) marker += std::string(f) + " " + file_checksum64_hex((dir / f).string()) + "\n";
   return marker;
 }
 
@@ -98,7 +98,7 @@ void verify(const fs::path& dir) {
   while (marker >> name >> sum) {
     CASTOR_CHECK(std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles), commit, ": unknown file '",
                  printable(name), "'");
-    const std::string actual = checksum64_hex(read_file((dir / name).string()));
+    const std::string actual = file_checksum64_hex((dir / name).string());
     CASTOR_CHECK(actual == sum, (dir / name).string(), ": damaged (checksum ", actual, ", the commit marker records ",
                  printable(sum), ")");
     checked.push_back(name);

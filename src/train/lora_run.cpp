@@ -56,7 +56,7 @@ void load_adapters(nn::Module& model, const StateDict& tensors, const std::strin
 }  // namespace
 
 std::string weights_checksum(const std::string& path) {
-  if (!formats::is_hf_dir(path)) return checksum64_hex(read_file(path));
+  if (!formats::is_hf_dir(path)) return file_checksum64_hex(path);
   std::string sums;  // config.json's and every safetensors file's, in name order
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(path))
@@ -64,8 +64,7 @@ std::string weights_checksum(const std::string& path) {
         e.path().filename() == "model.safetensors.index.json")
       files.push_back(e.path().string());
   std::sort(files.begin(), files.end());
-  for (const std::string& f : files)
-    sums += fs::path(f).filename().string() + " " + checksum64_hex(read_file(f)) + "\n";
+  for (const std::string& f : files) sums += fs::path(f).filename().string() + " " + file_checksum64_hex(f) + "\n";
   return checksum64_hex(std::span(reinterpret_cast<const uint8_t*>(sums.data()), sums.size()));
 }
 

@@ -371,18 +371,18 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
     auto reply = [&](uint64_t seed) {
       const data::TokenizedText ids = data::tokenize_rendered({data::render_prompt(messages, tmpl, ct), {}}, ct);
       std::vector<uint32_t> out;
-      uint32_t prev = static_cast<uint32_t>(ids.ids.back());
+      data::Tokenizer::Stream stream(tok, ids.ids.back());
       models::generate(
           *model, std::vector<int64_t>(ids.ids.begin(), ids.ids.end()), c.tokens, c.temperature, c.top_k, seed, window,
           [&](int64_t t) {
             if (t == ct.eos_id || t == ct.eot_id || t == bos) return false;
             const auto id = static_cast<uint32_t>(t);
-            write(tok.decode_next(prev, id));
+            write(stream.next(id));
             out.push_back(id);
-            prev = id;
             return true;
           },
           c.top_p);
+      write(stream.finish());
       return tok.decode(out);
     };
     auto turn = [&](const std::string& text, uint64_t seed) {
@@ -419,19 +419,19 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   for (int64_t i = 0; i < c.num_samples; ++i) {
     if (i > 0) write("\n---------------\n");
     if (!eot_start) write(tok.decode(prompt_ids));
-    // Each token is written as it is drawn, decoded after the one before it (bpe: run.c's decode(prev, token)).
-    uint32_t prev = prompt_ids.back();
+    // Each token is written as it is drawn, decoded after the one before it (bpe: run.c's decode(prev, token);
+    // hf: an incomplete UTF-8 sequence or byte run held back until the tokens after it decide it).
+    data::Tokenizer::Stream stream(tok, prompt_ids.back());
     models::generate(
         *model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature, c.top_k,
         c.seed + static_cast<uint64_t>(i), window,
         [&](int64_t t) {
           if (t == bos) return false;
-          const auto id = static_cast<uint32_t>(t);
-          write(tok.decode_next(prev, id));
-          prev = id;
+          write(stream.next(static_cast<uint32_t>(t)));
           return true;
         },
         c.top_p);
+    write(stream.finish());
   }
 }
 

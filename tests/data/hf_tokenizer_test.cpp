@@ -3,11 +3,16 @@
 // document of the Brown corpus, id for id, decoding as it decodes; decode inverts encode.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <functional>
 
 #include "castor/corpus.h"
 #include "castor/fs.h"
 #include "castor/hf_tokenizer.h"
+#include "castor/json.h"
+#include "castor/random.h"
+#include "castor/tokenizer.h"
 #include "data/unicode.h"
 #include "io/file_test_util.h"
 
@@ -33,24 +38,43 @@ struct Reference {
   std::string decoded;
 };
 
-// The tokenizers package's encodings and decodings of each text, computed by node.
-std::vector<Reference> node_encode(const std::string& tokenizer_json, const std::vector<std::string>& texts,
-                                   const test::ScratchDir& dir) {
-  Json::Array arr(texts.begin(), texts.end());
-  atomic_write_file(dir.file("in.json"), Json(arr).dump());
+// The tokenizers package's answers for `inputs` (texts, or arrays of ids to decode), computed by node.
+Json run_node(const std::string& tokenizer_json, const Json::Array& inputs, const test::ScratchDir& dir) {
+  atomic_write_file(dir.file("in.json"), Json(inputs).dump());
   const std::string cmd = "node " + std::string(CASTOR_SOURCE_DIR) + "/tests/data/hf_tokenizers.js " + kModules + " " +
                           tokenizer_json + " " + dir.file("in.json") + " " + dir.file("out.json");
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const std::vector<uint8_t> bytes = read_file(dir.file("out.json"));
+  return Json::parse({reinterpret_cast<const char*>(bytes.data()), bytes.size()});
+}
+
+// The tokenizers package's encodings and decodings of each text.
+std::vector<Reference> node_encode(const std::string& tokenizer_json, const std::vector<std::string>& texts,
+                                   const test::ScratchDir& dir) {
   std::vector<Reference> out;
   const auto ids = [](const Json& a) {
     std::vector<uint32_t> v;
     for (const Json& t : a.as_array()) v.push_back(static_cast<uint32_t>(t.as_int()));
     return v;
   };
-  const Json parsed = Json::parse({reinterpret_cast<const char*>(bytes.data()), bytes.size()});
-  for (const Json& r : parsed.as_array())
+  const Json got = run_node(tokenizer_json, Json::Array(texts.begin(), texts.end()), dir);
+  for (const Json& r : got.as_array())
     out.push_back({ids(r.at("ids")), ids(r.at("with_special")), r.at("decoded").as_string()});
+  return out;
+}
+
+// The tokenizers package's decode(ids, skip_special_tokens=false) of each sequence.
+std::vector<std::string> node_decode(const std::string& tokenizer_json, const std::vector<std::vector<uint32_t>>& seqs,
+                                     const test::ScratchDir& dir) {
+  Json::Array in;
+  for (const auto& s : seqs) {
+    Json::Array ids;
+    for (uint32_t id : s) ids.push_back(Json(static_cast<int64_t>(id)));
+    in.push_back(std::move(ids));
+  }
+  std::vector<std::string> out;
+  const Json got = run_node(tokenizer_json, in, dir);
+  for (const Json& r : got.as_array()) out.push_back(r.at("decoded").as_string());
   return out;
 }
 
@@ -83,11 +107,20 @@ void expect_matches(const std::string& file, const std::vector<std::string>& tex
     if (round_trip) {
       EXPECT_EQ(tok.decode(got), texts[i]) << "text " << i;
     }
-    // Streaming: the pieces decode_next gives add up to the text (special tokens stream as nothing).
-    std::string streamed;
+    // Streaming: the pieces decode_next gives add up to the text, and so do a Stream's, which are tokenizers'
+    // decoding (special tokens stream as nothing).
+    std::string streamed, stream_text;
     int64_t prev = -1;
     bool special = false;
-    for (uint32_t id : got) streamed += tok.decode_next(prev, id), prev = id, special |= tok.is_special(id);
+    HfTokenizer::Stream stream(tok);
+    for (uint32_t id : got) {
+      streamed += tok.decode_next(prev, id), prev = id, special |= tok.is_special(id);
+      stream_text += stream.next(id);
+    }
+    stream_text += stream.finish();
+    if (!special) {
+      EXPECT_EQ(stream_text, want[i].decoded) << "text " << i;
+    }
     if (round_trip && !special) {
       EXPECT_EQ(streamed, texts[i]) << "text " << i;
     }
@@ -142,6 +175,145 @@ TEST(HfTokenizer, DecodeNextStreamsBytesAndDropsTheLeadingSpaceAtTheStart) {
   std::string streamed;
   for (uint32_t id : ids) streamed += llama3.decode_next(0, id);
   EXPECT_EQ(streamed, "\u20ac");
+}
+
+// Id sequences whose bytes are split and invalid UTF-8: each byte of `bytes` as its own token (`byte_id`), in random
+// runs between the tokens of `words`, and hand-picked cases: "€" and "😀" split, cut short (E2 82 then a word; at the
+// end), a lead byte before ASCII, a surrogate (ED A0 80), past U+10FFFF (F4 90), C0, FF, lone continuation bytes.
+std::vector<std::vector<uint32_t>> split_byte_sequences(const std::function<uint32_t(uint8_t)>& byte_id,
+                                                        const std::vector<uint32_t>& words) {
+  const auto seq = [&](std::initializer_list<int> items) {  // (>= 0: a byte; -1 - k: words[k])
+    std::vector<uint32_t> v;
+    for (int i : items) v.push_back(i >= 0 ? byte_id(static_cast<uint8_t>(i)) : words[-1 - i]);
+    return v;
+  };
+  std::vector<std::vector<uint32_t>> out = {
+      seq({0xE2, 0x82, 0xAC}),       seq({0xE2, 0x82, -1}),
+      seq({-1, 0xE2, 0x82}),         seq({0xF0, 0x9F, 0x98, 0x80}),
+      seq({-1, 0xF0, 0x9F, 0x98}),   seq({0x41, 0xE2, -2, 0xC3, 0xA9}),
+      seq({0xE2, 0x41, 0x82}),       seq({0xED, 0xA0, 0x80, -1}),
+      seq({0xF4, 0x90, 0x80, 0x80}), seq({0xC0, 0xAF, -2}),
+      seq({0xFF, 0xFE, 0xE2, 0x82}), seq({0x80, 0x80, -1, 0xBF}),
+      seq({-1, 0xC3, -2, 0xA9}),     seq({0xE2, 0x82, 0xE2, 0x82, 0xAC}),
+  };
+  const uint8_t interesting[] = {0x41, 0x20, 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xF0, 0x9F, 0x98,
+                                 0x80, 0xED, 0xA0, 0xF4, 0x90, 0xFF, 0xC0, 0xE0, 0xBF};
+  Generator gen(11);
+  for (int n = 0; n < 40; ++n) {
+    std::vector<uint32_t> v;
+    for (int k = 1 + static_cast<int>(gen.next_double() * 10); k > 0; --k)
+      v.push_back(gen.next_double() < 0.2 ? words[static_cast<size_t>(gen.next_double() * words.size())]
+                                          : byte_id(interesting[static_cast<size_t>(gen.next_double() * 19)]));
+    out.push_back(v);
+  }
+  return out;
+}
+
+// HfTokenizer::Stream fed one token at a time, then finished: tokenizers' decode of the whole sequence (ByteFallback's
+// runs, each of an invalid run's bytes U+FFFD; ByteLevel's String::from_utf8_lossy, one U+FFFD per maximal invalid
+// subsequence), and every piece valid UTF-8.
+void expect_stream_matches(const std::string& file, const std::vector<std::vector<uint32_t>>& seqs) {
+  test::ScratchDir dir;
+  const std::vector<std::string> want = node_decode(file, seqs, dir);
+  ASSERT_EQ(want.size(), seqs.size());
+  const HfTokenizer tok = HfTokenizer::from_file(file);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    HfTokenizer::Stream stream(tok);
+    std::string got;
+    for (uint32_t id : seqs[i]) {
+      const std::string piece = stream.next(id);
+      EXPECT_TRUE(is_valid_utf8(piece)) << "sequence " << i;
+      got += piece;
+    }
+    got += stream.finish();
+    EXPECT_EQ(got, want[i]) << file << ": sequence " << i << ": " << printable(want[i]);
+    EXPECT_EQ(tok.decode(seqs[i]), want[i]) << "sequence " << i;
+  }
+}
+
+TEST(HfTokenizer, StreamedDecodeIsTokenizersDecodeOnSplitAndInvalidBytes) {
+  ASSERT_TRUE(have_packages());
+  for (const std::string& file : {kLlama3, kQwen3}) {
+    SCOPED_TRACE(file);
+    const HfTokenizer tok = HfTokenizer::from_file(file);
+    // Byte-level: the token of each byte is its character of GPT-2's byte alphabet.
+    const auto byte_id = [&](uint8_t b) {
+      std::string t;
+      append_utf8(unicode::byte_to_unicode()[b], t);
+      return *tok.token_id(t);
+    };
+    std::vector<uint32_t> words = tok.encode(" Hello", false);
+    words.push_back(tok.encode("x", false).at(0));
+    // Tokens that hold part of a character: the pieces of rare CJK and emoji text.
+    for (uint32_t id : tok.encode("\U0001F9E0\U0001FAE0\u9F98\U0002A6A5", false)) words.push_back(id);
+    expect_stream_matches(file, split_byte_sequences(byte_id, words));
+    // Held until the next byte decides: "€" (E2 82 AC) as three tokens.
+    HfTokenizer::Stream s(tok);
+    EXPECT_EQ(s.next(byte_id(0xE2)), "");
+    EXPECT_EQ(s.next(byte_id(0x82)), "");
+    EXPECT_EQ(s.next(byte_id(0xAC)), "\u20ac");
+    EXPECT_EQ(s.next(byte_id(0xE2)), "");
+    EXPECT_EQ(s.finish(), "\uFFFD");
+  }
+  const HfTokenizer mistral = HfTokenizer::from_file(kMistral);
+  const auto byte_id = [&](uint8_t b) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    return *mistral.token_id(name);
+  };
+  const std::vector<uint32_t> words = {*mistral.token_id("\u2581Hello"), *mistral.token_id("a")};
+  expect_stream_matches(kMistral, split_byte_sequences(byte_id, words));
+  // A byte-fallback run is held whole until a token that is not a byte ends it: a later byte could make it invalid.
+  HfTokenizer::Stream s(mistral);
+  EXPECT_EQ(s.next(words[0]), "Hello");
+  EXPECT_EQ(s.next(byte_id(0x41)), "");
+  EXPECT_EQ(s.next(words[1]), "Aa");
+  EXPECT_EQ(s.next(byte_id(0x41)), "");
+  EXPECT_EQ(s.next(byte_id(0xE2)), "");
+  EXPECT_EQ(s.next(words[0]), "\uFFFD\uFFFD Hello");
+}
+
+// A decoder whose Strip after Fuse takes up to two spaces off the end of the text (and one off its start): the stream
+// holds trailing spaces back until a token shows they are not the end.
+TEST(HfTokenizer, StreamedDecodeHoldsWhatAFusedStripTakesOffTheEnd) {
+  ASSERT_TRUE(have_packages());
+  const test::ScratchDir dir("hf_strip_tokenizer");
+  std::string vocab = R"("a": 0, "▁": 1)";
+  for (int b = 0; b < 256; ++b) {
+    char entry[32];
+    std::snprintf(entry, sizeof(entry), ", \"<0x%02X>\": %d", b, b + 2);
+    vocab += entry;
+  }
+  const std::string file = dir.file("strip.json");
+  atomic_write_file(file, R"({"version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+    "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+    "decoder": {"type": "Sequence", "decoders": [{"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+      {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 2}]},
+    "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": true, "ignore_merges": false,
+      "vocab": {)" + vocab + R"(}, "merges": []}})");
+  const uint32_t a = 0, space = 1;
+  const auto byte_id = [](uint8_t b) { return static_cast<uint32_t>(b) + 2; };
+  const std::vector<uint32_t> words = {a, space};
+  // (Each text holds an "a": the library's Strip panics on a text of spaces alone, its start and stop cuts crossing.)
+  std::vector<std::vector<uint32_t>> seqs = split_byte_sequences(byte_id, words);
+  for (std::vector<uint32_t>& s : seqs) s.insert(s.begin(), a);
+  for (const std::vector<uint32_t>& s :
+       std::vector<std::vector<uint32_t>>{{space, a, space, space, space},
+                                          {a, space, space, a},
+                                          {space, space, a},
+                                          {a, space, byte_id(0x20)},
+                                          {a, byte_id(0x20), byte_id(0x20), byte_id(0x20)},
+                                          {a, space, space, space, byte_id(0xE2)}})
+    seqs.push_back(s);
+  expect_stream_matches(file, seqs);
+  HfTokenizer::Stream s(HfTokenizer::from_file(file));
+  EXPECT_EQ(s.next(a), "a");
+  EXPECT_EQ(s.next(space), "");
+  EXPECT_EQ(s.next(space), "");
+  EXPECT_EQ(s.next(a), "  a");
+  EXPECT_EQ(s.next(space), "");
+  EXPECT_EQ(s.finish(), "");
 }
 
 TEST(HfTokenizer, UnsupportedComponentsAreOneLineErrorsNamingTheKey) {

@@ -12,9 +12,11 @@
 #include "castor/hf.h"
 #include "castor/llmc.h"
 #include "castor/llama.h"
+#include "castor/lora.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
 #include "nn/lm_twin.h"
+#include "nn/lora_twin.h"
 #include "test_util.h"
 #include "train/run_test_util.h"
 
@@ -67,6 +69,12 @@ const HfCase kCases[] = {
     {"mistral_window", "float16", 1, 1, false, false, "MistralForCausalLM", "\"sliding_window\": 4"},
 };
 
+// Writes case c's random directory at DIR with the oracle (false, the test failed, when it fails).
+bool write_case(const HfCase& c, const std::string& dir) {
+  return test::run_oracle("hf_llama_oracle.py",
+                          {"write", dir, hf_config(c.dtype, c.shards, c.kv_heads, c.tied, c.v5, c.arch, c.extra)});
+}
+
 // The Llama a directory holds, loaded as `castor train --init` loads it (float32).
 std::shared_ptr<models::Llama> load_hf(const std::string& dir) {
   const HfConfig h = formats::read_hf_config(dir);
@@ -87,9 +95,7 @@ TEST(HfFormat, LogitsMatchTheOracleAndExportRoundTripsBitForBit) {
     SCOPED_TRACE(c.name);
     const test::ScratchDir dir("hf_" + c.name);
     const std::string model_dir = dir + "/model";
-    ASSERT_TRUE(test::run_oracle(
-        "hf_llama_oracle.py",
-        {"write", model_dir, hf_config(c.dtype, c.shards, c.kv_heads, c.tied, c.v5, c.arch, c.extra)}));
+    ASSERT_TRUE(write_case(c, model_dir));
     const HfConfig h = formats::read_hf_config(model_dir);
     EXPECT_EQ(h.llama.kv_heads(), c.kv_heads);
     EXPECT_EQ(h.llama.tied, c.tied);
@@ -135,9 +141,7 @@ TEST(HfFormat, TenAdamWStepsMatchTheOracle) {
     if (c.name != "bf16_gqa_sharded" && c.name.rfind("qwen2", 0) != 0 && c.name != "llama3_head12_biases") continue;
     SCOPED_TRACE(c.name);
     const std::string model_dir = dir + "/" + c.name;
-    ASSERT_TRUE(test::run_oracle(
-        "hf_llama_oracle.py",
-        {"write", model_dir, hf_config(c.dtype, c.shards, c.kv_heads, c.tied, c.v5, c.arch, c.extra)}));
+    ASSERT_TRUE(write_case(c, model_dir));
     auto model = load_hf(model_dir);
     ASSERT_TRUE(
         test::run_oracle("hf_llama_oracle.py", {"train", model_dir, dir + "/batch.safetensors", model_dir + ".out"}));
@@ -152,6 +156,58 @@ TEST(HfFormat, TenAdamWStepsMatchTheOracle) {
       opt->step();
       EXPECT_NEAR(loss.item(), want[step], 1e-4) << "step " << step;
     }
+  }
+}
+
+// LoRA on an imported directory, as tests/nn/lora_test.cpp's Lora.*MatchPyTorchFloat32 on Castor's own Llama: the
+// loss, logits and adapter gradients against lora_oracle.py's PEFT-style LoRA on the oracle's Hugging Face model
+// (rotate_half, RMSNorm's cast order, Qwen2's q/k/v biases; llama3 scaling, head size 12, attention and MLP biases).
+// The adapters cross under Hugging Face's names, q_proj's and k_proj's B rows (and their gradients) in its rotary
+// order; within 1e-5, the tolerance of Lora.LlamaWithBiasesMatchesPyTorchFloat32 (biases make q's gradients
+// ill-conditioned).
+TEST(HfFormat, LoraGradientsMatchTheOracle) {
+  for (const HfCase& c : {kCases[3], kCases[5]}) {
+    SCOPED_TRACE(c.name);
+    const test::ScratchDir dir("hf_lora_" + c.name);
+    const std::string model_dir = dir + "/model";
+    ASSERT_TRUE(write_case(c, model_dir));
+    auto model = load_hf(model_dir);
+    const models::LlamaConfig& mc = model->config();
+    const nn::LoraConfig cfg{.r = 4, .alpha = 8, .target_modules = {"wq", "wk", "wv", "wo", "w2"}};
+    EXPECT_EQ(nn::apply_lora(*model, cfg).size(), 10u);
+    test::randomize_lora_b(*model, 7);
+    // A Castor adapter name's Hugging Face name, and the heads its rows are permuted over (0: none).
+    const auto hf_name = [](const std::string& name) {
+      const size_t at = name.find(".lora_");
+      const std::string base = formats::file_name(formats::hf_layout(), name.substr(0, at) + ".weight");
+      return base.substr(0, base.size() - 7) + name.substr(at);
+    };
+    const auto heads = [&](const std::string& name) -> int64_t {
+      if (name.find(".lora_B.") == std::string::npos) return 0;
+      return name.find(".wq.") != std::string::npos   ? mc.n_heads
+             : name.find(".wk.") != std::string::npos ? mc.kv_heads()
+                                                      : 0;
+    };
+    StateDict adapters;
+    for (const auto& [name, t] : nn::lora_state_dict(*model))
+      adapters.emplace(hf_name(name), heads(name) ? formats::permute_rows(t, heads(name), false) : t);
+    const Tensor x = test::random_token_batch(3, 11, 53, 1), y = test::random_token_batch(3, 11, 53, 2);
+    const StateDict out = test::lora_oracle_grads(
+        "hf_lora_" + c.name + "_oracle",
+        detail::cat("{\"model\": \"hf\", \"dir\": \"", model_dir, "\", \"scaling\": ", cfg.scaling(), "}"), adapters,
+        {{"x", x}, {"y", y}});
+    ASSERT_FALSE(out.empty());
+    StateDict want = {{"loss", out.at("loss")}, {"logits", out.at("logits")}, {"base_grads", out.at("base_grads")}};
+    for (const auto& [name, t] : nn::lora_state_dict(*model)) {
+      const Tensor g = out.at("grad." + hf_name(name));
+      want.emplace("grad." + name, heads(name) ? formats::permute_rows(g, heads(name), true) : g);
+    }
+    const Tensor logits = (*model)(x);
+    const Tensor loss = F::cross_entropy(logits.reshape({-1, 53}), y.reshape({-1}));
+    loss.backward();
+    EXPECT_TRUE(test::close(logits, want.at("logits"), 0, 1e-5));
+    EXPECT_NEAR(loss.item(), want.at("loss").item(), 1e-5);
+    test::expect_adapter_grads(*model, want, 1e-5);
   }
 }
 
@@ -210,9 +266,7 @@ TEST(HfFormat, BFloat16ModelMatchesTheOracleInBFloat16) {
     SCOPED_TRACE(c.name);
     const test::ScratchDir dir("hf_bf16_" + c.name);
     const std::string model_dir = dir + "/model";
-    ASSERT_TRUE(test::run_oracle(
-        "hf_llama_oracle.py",
-        {"write", model_dir, hf_config(c.dtype, c.shards, c.kv_heads, c.tied, c.v5, c.arch, c.extra)}));
+    ASSERT_TRUE(write_case(c, model_dir));
     auto model = load_hf(model_dir);
     model->to(DType::BFloat16);
     const Tensor x = test::random_token_batch(2, 11, 53, 7);

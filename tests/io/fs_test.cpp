@@ -91,6 +91,23 @@ TEST(Fs, Checksum64IsFnv1a) {
   EXPECT_NE(checksum64(ab), checksum64(ac));
 }
 
+// A file's checksum read 1 MiB at a time is checksum64 of its whole bytes (pieces of 1 MiB, 1 MiB, and 7 bytes over),
+// an empty file's is the offset basis, and a FIFO is refused naming it without blocking.
+TEST(Fs, FileChecksumIsTheChecksumOfTheWholeFile) {
+  test::ScratchDir dir;
+  std::vector<uint8_t> bytes((size_t{2} << 20) + 7);
+  uint32_t x = 12345;
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>((x = x * 1103515245u + 12345u) >> 24);
+  test::write_bytes(dir.file("big"), bytes);
+  EXPECT_EQ(file_checksum64_hex(dir.file("big")), checksum64_hex(bytes));
+  bytes.back() ^= 1;
+  EXPECT_NE(file_checksum64_hex(dir.file("big")), checksum64_hex(bytes));
+  test::write_bytes(dir.file("empty"), {});
+  EXPECT_EQ(file_checksum64_hex(dir.file("empty")), "cbf29ce484222325");
+  ASSERT_EQ(::mkfifo(dir.file("pipe").c_str(), 0644), 0);
+  test::expect_error([&] { file_checksum64_hex(dir.file("pipe")); }, {dir.file("pipe"), "not a regular file"});
+}
+
 TEST(Fs, PrintableEscapesControlsAndBadUtf8) {
   EXPECT_EQ(printable("plain/path.txt"), "plain/path.txt");
   EXPECT_EQ(printable("caf\xc3\xa9"), "caf\xc3\xa9");  // é stays

@@ -17,6 +17,7 @@
 #include "castor/random.h"
 #include "castor/serialize.h"
 #include "nn/lm_twin.h"
+#include "nn/lora_twin.h"
 #include "nn/tiny_gpt.h"
 #include "nn/tiny_llama.h"
 #include "runtime/dispatch.h"
@@ -31,43 +32,11 @@ bool same_bits(const Tensor& a, const Tensor& b) {
   return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
 }
 
-// Draws every lora_B from N(0, 0.05) so that A's gradient is not zero (B starts at zero).
-void randomize_b(nn::Module& model, uint64_t seed) {
-  Generator gen(seed);
-  NoGradGuard no_grad;
-  for (auto& [path, layer] : nn::lora_layers(model)) {
-    Tensor w = layer->lora->lora_B->weight;
-    w.copy_(normal(w.shape(), 0.0, 0.05, DType::Float32, &gen).to(w.dtype()));
-  }
-}
-
 // Runs lora_oracle.py on the model's base and adapters (all float32 in the file) and the batch.
 StateDict run_oracle(const std::string& name, const std::string& config, nn::Module& model, const StateDict& batch) {
-  const test::ScratchDir dir(name);
   StateDict weights;
   for (const auto& [k, v] : model.state_dict()) weights.emplace(k, v.to(DType::Float32));
-  save_safetensors(dir + "/weights.safetensors", weights);
-  save_safetensors(dir + "/batch.safetensors", batch);
-  if (!test::run_oracle("lora_oracle.py", {"grads", config, dir + "/weights.safetensors", dir + "/batch.safetensors",
-                                           dir + "/out.safetensors"}))
-    return {};
-  return load_safetensors(dir + "/out.safetensors").tensors;
-}
-
-void expect_adapter_grads(nn::Module& model, const StateDict& want, double tol) {
-  int64_t adapters = 0;
-  for (const auto& [name, p] : model.named_parameters()) {
-    if (!p.requires_grad()) {
-      EXPECT_FALSE(p.grad().defined()) << name << " is frozen but got a gradient";
-      continue;
-    }
-    ++adapters;
-    ASSERT_TRUE(want.count("grad." + name)) << name;
-    ASSERT_TRUE(p.grad().defined()) << name;
-    EXPECT_LE(test::rel_l2(p.grad(), want.at("grad." + name)), tol) << name;
-  }
-  EXPECT_EQ(adapters * 1u, want.size() - 3) << "adapters here and in the oracle";  // less loss, logits, base_grads
-  EXPECT_EQ(want.at("base_grads").item(), 0.0);
+  return test::lora_oracle_grads(name, config, weights, batch);
 }
 
 TEST(Lora, PeftNamesShapesAndFrozenBase) {
@@ -143,7 +112,7 @@ TEST(Lora, AdapterGradientsMatchPyTorchFloat32) {
   auto model = models::gpt(c, 3);
   nn::LoraConfig cfg{.r = 4, .alpha = 8, .target_modules = {"c_attn", "c_proj", "c_fc"}};
   nn::apply_lora(*model, cfg);
-  randomize_b(*model, 7);
+  test::randomize_lora_b(*model, 7);
   const Tensor x = test::random_token_batch(3, 16, c.vocab_size, 1),
                y = test::random_token_batch(3, 16, c.vocab_size, 2);
   const StateDict want = run_oracle("lora_f32", test::gpt_config_json(c, detail::cat(", \"scaling\": ", cfg.scaling())),
@@ -152,7 +121,7 @@ TEST(Lora, AdapterGradientsMatchPyTorchFloat32) {
   const Tensor logits = (*model)(x);
   F::cross_entropy(logits.reshape({-1, c.vocab_size}), y.reshape({-1})).backward();
   EXPECT_TRUE(test::close(logits, want.at("logits"), 1e-5, 1e-6));
-  expect_adapter_grads(*model, want, 1e-6);
+  test::expect_adapter_grads(*model, want, 1e-6);
 }
 
 // llama2.c's names: adapters on wq and wv of a grouped-query Llama (wk and wv are (16, 32) there, so rank 8 fits).
@@ -161,7 +130,7 @@ TEST(Lora, LlamaAdapterGradientsMatchPyTorchFloat32) {
   models::Llama model(c, 3);
   nn::LoraConfig cfg{.r = 8, .alpha = 16, .target_modules = {"wq", "wv"}};
   EXPECT_EQ(nn::apply_lora(model, cfg).size(), 4u);
-  randomize_b(model, 7);
+  test::randomize_lora_b(model, 7);
   const Tensor x = test::random_token_batch(3, 16, 67, 1), y = test::random_token_batch(3, 16, 67, 2);
   const StateDict want = run_oracle(
       "lora_llama_f32", test::llama_config_json(c, detail::cat(", \"model\": \"llama\", \"scaling\": ", cfg.scaling())),
@@ -170,7 +139,7 @@ TEST(Lora, LlamaAdapterGradientsMatchPyTorchFloat32) {
   const Tensor logits = model(x);
   F::cross_entropy(logits.reshape({-1, 67}), y.reshape({-1})).backward();
   EXPECT_TRUE(test::close(logits, want.at("logits"), 1e-5, 1e-6));
-  expect_adapter_grads(model, want, 1e-6);
+  test::expect_adapter_grads(model, want, 1e-6);
 }
 
 // Adapters on Linears with biases (Hugging Face Llama's attention_bias and mlp_bias): the frozen biases get no
@@ -188,7 +157,7 @@ TEST(Lora, LlamaWithBiasesMatchesPyTorchFloat32) {
   }
   nn::LoraConfig cfg{.r = 8, .alpha = 16, .target_modules = {"wq", "wo", "w2"}};
   EXPECT_EQ(nn::apply_lora(model, cfg).size(), 6u);
-  randomize_b(model, 7);
+  test::randomize_lora_b(model, 7);
   const Tensor x = test::random_token_batch(3, 16, 67, 1), y = test::random_token_batch(3, 16, 67, 2);
   const StateDict want = run_oracle(
       "lora_llama_bias_f32",
@@ -198,7 +167,7 @@ TEST(Lora, LlamaWithBiasesMatchesPyTorchFloat32) {
   const Tensor logits = model(x);
   F::cross_entropy(logits.reshape({-1, 67}), y.reshape({-1})).backward();
   EXPECT_TRUE(test::close(logits, want.at("logits"), 1e-5, 1e-6));
-  expect_adapter_grads(model, want, 1e-5);
+  test::expect_adapter_grads(model, want, 1e-5);
   const Tensor bias = model.state_dict().at("layers.0.attention.wo.bias").clone();
   nn::merge_lora(model);
   NoGradGuard no_grad;
@@ -213,7 +182,7 @@ TEST(Lora, AutocastBFloat16WithA16BitBaseMatchesPyTorch) {
   auto model = models::gpt(c, 4);
   nn::LoraConfig cfg{.r = 8, .alpha = 16, .target_modules = {"c_attn", "c_proj"}, .rslora = true};
   nn::apply_lora(*model, cfg);
-  randomize_b(*model, 8);
+  test::randomize_lora_b(*model, 8);
   std::vector<Tensor> trainable;
   for (const Tensor& p : model->parameters())
     if (p.requires_grad()) trainable.push_back(p);
@@ -236,7 +205,7 @@ TEST(Lora, AutocastBFloat16WithA16BitBaseMatchesPyTorch) {
   }
   loss.backward();
   EXPECT_NEAR(loss.item(), want.at("loss").item(), 1e-2 * want.at("loss").item());
-  expect_adapter_grads(*model, want, 5e-2);
+  test::expect_adapter_grads(*model, want, 5e-2);
 }
 
 // A power-of-two scaling (alpha / r = 2, 4) scales lora_B's weight instead of the product (one pass over the
@@ -424,7 +393,7 @@ TEST(Lora, LossScalingClippingAndAccumulationAtO1Float16) {
   for (amp::OptLevel level : {amp::OptLevel::O0, amp::OptLevel::O1}) {
     auto model = models::gpt(c, 5);
     nn::apply_lora(*model, nn::LoraConfig{.target_modules = {"c_attn", "c_fc"}});
-    randomize_b(*model, 3);
+    test::randomize_lora_b(*model, 3);
     std::vector<Tensor> trainable;
     for (const Tensor& p : model->parameters())
       if (p.requires_grad()) trainable.push_back(p);
@@ -457,7 +426,7 @@ TEST(Lora, MergedLogitsMatchAndUnmergeRestoresTheWeights) {
   models::GPTConfig c = test::tiny_gpt_config(67);
   auto model = models::gpt(c, 6);
   nn::apply_lora(*model, nn::LoraConfig{.r = 4, .alpha = 16});
-  randomize_b(*model, 9);
+  test::randomize_lora_b(*model, 9);
   model->eval();
   const Tensor x = test::random_token_batch(2, 16, 67, 3);
   const Tensor unmerged = (*model)(x).detach();

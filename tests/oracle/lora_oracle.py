@@ -1,4 +1,5 @@
-# PyTorch 1.13 LoRA on gpt_oracle.py's GPT or llama_oracle.py's Transformer, for tests/nn/lora_test.cpp.
+# PyTorch 1.13 LoRA on gpt_oracle.py's GPT, llama_oracle.py's Transformer or hf_llama_oracle.py's Hugging Face
+# Llama/Qwen2, for tests/nn/lora_test.cpp and tests/formats/hf_test.cpp.
 #
 #   lora_oracle.py grads CONFIG WEIGHTS BATCH OUT
 #       WEIGHTS: the base's nanoGPT-named tensors and the adapters' "<path>.lora_A.weight" (r, in) and
@@ -12,9 +13,11 @@
 #       shape, each 0 or 1 / (1 - p)), in the order the forward reaches the layers, so that both sides drop the same
 #       elements. Writes OUT "loss" (float64 [steps]: step i's loss before its update) and "<i>.<path>.lora_A.weight",
 #       "<i>.<path>.lora_B.weight" (the adapters after step i).
-# CONFIG: gpt_oracle.py's fields (llama_oracle.py's with "model": "llama") and "scaling"; "autocast": "bf16" stores the frozen base's non-LayerNorm
-# parameters in bfloat16 and runs under torch.autocast("cpu", torch.bfloat16), as Castor's O1 with LoRA (LayerNorm
-# as Castor's: float32 statistics and parameters, the output in the input's dtype).
+# CONFIG: gpt_oracle.py's fields (llama_oracle.py's with "model": "llama"; "model": "hf" and "dir": the base is that
+# Hugging Face directory as hf_llama_oracle.py reads it, WEIGHTS the adapters alone, under Hugging Face's names) and
+# "scaling"; "autocast": "bf16" stores the frozen base's non-LayerNorm parameters in bfloat16 and runs under
+# torch.autocast("cpu", torch.bfloat16), as Castor's O1 with LoRA (LayerNorm as Castor's: float32 statistics and
+# parameters, the output in the input's dtype).
 import json
 import os
 import sys
@@ -25,6 +28,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpt_oracle import GPT  # noqa: E402
+from hf_llama_oracle import load as load_hf  # noqa: E402
 from llama_oracle import Transformer  # noqa: E402
 from safetensors_io import read, write  # noqa: E402
 
@@ -49,8 +53,11 @@ def main():
     assert mode in ("grads", "train")
     torch.set_num_threads(2)
     state, _, _, _ = read(weights)
-    model = (Transformer if cfg.get("model") == "llama" else GPT)(cfg)
-    model.load_state_dict({k: v.float() for k, v in state.items() if ".lora_" not in k}, strict=True)
+    if cfg.get("model") == "hf":
+        model = load_hf(cfg["dir"])
+    else:
+        model = (Transformer if cfg.get("model") == "llama" else GPT)(cfg)
+        model.load_state_dict({k: v.float() for k, v in state.items() if ".lora_" not in k}, strict=True)
     model.requires_grad_(False)
     autocast = cfg.get("autocast") == "bf16"
     if autocast:

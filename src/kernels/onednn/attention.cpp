@@ -14,6 +14,7 @@
 
 #include "castor/convert.h"
 #include "core/parallel.h"
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/onednn/onednn.h"
 #include "kernels/ref/transformer_util.h"
@@ -196,12 +197,7 @@ int64_t key_limit(bool causal, int64_t i_end, int64_t Tk) { return causal ? std:
 // the row sum is added in exp_shifted's 8-lane order), so either gives the same bits. Causal rows only: `valid` keys
 // [0, valid) of n are visible, the others -inf as AttentionMask::apply sets them.
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#define CASTOR_AVX512 __attribute__((target("avx512f")))
+CASTOR_AVX512_BEGIN
 
 CASTOR_AVX512 inline __mmask16 lanes(int64_t k) {
   return k >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << std::max<int64_t>(k, 0)) - 1);
@@ -269,10 +265,7 @@ CASTOR_AVX512 void softmax_grad_row_avx512(float* s, float* dp, int64_t n, int64
   }
 }
 
-#undef CASTOR_AVX512
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+CASTOR_AVX512_END
 
 // Heads per product: as many as keep a group's (block, Tk) scores near 256 KiB (fewer, larger products for short
 // sequences), a divisor of H, while leaving each thread two tasks or more. The backward's tasks each take
