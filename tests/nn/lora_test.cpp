@@ -222,7 +222,7 @@ TEST(Lora, PowerOfTwoScalingOnBsWeightIsBitEqualToScalingTheProduct) {
       for (int hooked : {0, 1}) {
         auto model = models::gpt(c, 3);
         nn::apply_lora(*model, nn::LoraConfig{.r = 8, .alpha = alpha, .target_modules = {"c_attn", "c_proj", "c_fc"}});
-        randomize_b(*model, 9);
+        test::randomize_lora_b(*model, 9);
         for (auto& [path, layer] : nn::lora_layers(*model))
           if (hooked) layer->lora->lora_B->register_forward_hook([](const Tensor&) { return Tensor(); });
         Tensor logits;
