@@ -37,5 +37,7 @@ const char* conversion_isa();
 // Whether those kernels are AVX-512 ones (the CPU has it and ONEDNN_MAX_CPU_ISA allows it): the test every kernel with
 // AVX-512 twins chosen at run time makes.
 bool avx512_kernels();
+// Whether the CPU also has AVX512_BW and AVX512_VBMI (byte permutes) for the AVX-512 kernels that use them.
+bool avx512_vbmi_kernels();
 
 }  // namespace castor

@@ -418,4 +418,9 @@ bool avx512_kernels() {
   return on;
 }
 
+bool avx512_vbmi_kernels() {
+  static const bool on = avx512_kernels() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi");
+  return on;
+}
+
 }  // namespace castor
