@@ -53,6 +53,7 @@ class Module {
   using ForwardHook = std::function<Tensor(const Tensor&)>;
   void register_forward_pre_hook(ForwardHook hook) { forward_pre_hooks_.push_back(std::move(hook)); }
   void register_forward_hook(ForwardHook hook) { forward_hooks_.push_back(std::move(hook)); }
+  bool has_forward_hooks() const { return !forward_pre_hooks_.empty() || !forward_hooks_.empty(); }
   virtual std::string type_name() const = 0;  // PyTorch's class name: "Conv2d", "ResNet"
   // Norm layers (BatchNorm, LayerNorm, RMSNorm) keep float32 parameters under to(dtype, /*keep_norms_fp32=*/true)
   // (Apex O2's keep_batchnorm_fp32, Megatron's practice for LayerNorm).

@@ -208,6 +208,39 @@ TEST(Lora, AutocastBFloat16WithA16BitBaseMatchesPyTorch) {
   test::expect_adapter_grads(*model, want, 5e-2);
 }
 
+// A power-of-two scaling (alpha / r = 2, 4) scales lora_B's weight instead of the product (one pass over the
+// activations fewer each way): logits and every adapter gradient bit-equal to the product scaled, which an identity
+// forward hook on each lora_B keeps (the path the PyTorch tests above check), in float32 and under bf16 autocast.
+TEST(Lora, PowerOfTwoScalingOnBsWeightIsBitEqualToScalingTheProduct) {
+  const models::GPTConfig c = test::tiny_gpt_config(67);
+  const Tensor x = test::random_token_batch(3, 16, c.vocab_size, 1),
+               y = test::random_token_batch(3, 16, c.vocab_size, 2);
+  for (double alpha : {16.0, 32.0}) {
+    for (bool autocast : {false, true}) {
+      SCOPED_TRACE(detail::cat("alpha ", alpha, autocast ? ", bf16 autocast" : ", float32"));
+      std::map<std::string, Tensor> results[2];
+      for (int hooked : {0, 1}) {
+        auto model = models::gpt(c, 3);
+        nn::apply_lora(*model, nn::LoraConfig{.r = 8, .alpha = alpha, .target_modules = {"c_attn", "c_proj", "c_fc"}});
+        test::randomize_lora_b(*model, 9);
+        for (auto& [path, layer] : nn::lora_layers(*model))
+          if (hooked) layer->lora->lora_B->register_forward_hook([](const Tensor&) { return Tensor(); });
+        Tensor logits;
+        {
+          amp::AutocastGuard guard(DType::BFloat16, autocast);
+          logits = (*model)(x);
+        }
+        F::cross_entropy(logits.reshape({-1, c.vocab_size}).to(DType::Float32), y.reshape({-1})).backward();
+        results[hooked]["logits"] = logits.detach();
+        for (const auto& [name, p] : model->named_parameters())
+          if (p.requires_grad()) results[hooked][name] = p.grad();
+      }
+      ASSERT_EQ(results[0].size(), results[1].size());
+      for (const auto& [name, t] : results[0]) EXPECT_TRUE(test::bit_equal(t, results[1].at(name))) << name;
+    }
+  }
+}
+
 // Castor's Dropout as the adapters use it, recording each mask it draws: the draw is nn::Dropout's own (on ones of the
 // input's shape, from the same generator, so the draws and their order are those of an unrecorded run) and the output
 // is input * mask, which is what F::dropout computes.
