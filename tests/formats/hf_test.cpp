@@ -176,21 +176,9 @@ TEST(HfFormat, LoraGradientsMatchTheOracle) {
     const nn::LoraConfig cfg{.r = 4, .alpha = 8, .target_modules = {"wq", "wk", "wv", "wo", "w2"}};
     EXPECT_EQ(nn::apply_lora(*model, cfg).size(), 10u);
     test::randomize_lora_b(*model, 7);
-    // A Castor adapter name's Hugging Face name, and the heads its rows are permuted over (0: none).
-    const auto hf_name = [](const std::string& name) {
-      const size_t at = name.find(".lora_");
-      const std::string base = formats::file_name(formats::hf_layout(), name.substr(0, at) + ".weight");
-      return base.substr(0, base.size() - 7) + name.substr(at);
-    };
-    const auto heads = [&](const std::string& name) -> int64_t {
-      if (name.find(".lora_B.") == std::string::npos) return 0;
-      return name.find(".wq.") != std::string::npos   ? mc.n_heads
-             : name.find(".wk.") != std::string::npos ? mc.kv_heads()
-                                                      : 0;
-    };
-    StateDict adapters;
-    for (const auto& [name, t] : nn::lora_state_dict(*model))
-      adapters.emplace(hf_name(name), heads(name) ? formats::permute_rows(t, heads(name), false) : t);
+    // The adapters under Hugging Face's names, q_proj's and k_proj's B rows in its rotary order (and the oracle's
+    // gradients back).
+    const StateDict adapters = formats::hf_adapters(mc, nn::lora_state_dict(*model), /*to_castor=*/false);
     const Tensor x = test::random_token_batch(3, 11, 53, 1), y = test::random_token_batch(3, 11, 53, 2);
     const StateDict out = test::lora_oracle_grads(
         "hf_lora_" + c.name + "_oracle",
@@ -198,10 +186,9 @@ TEST(HfFormat, LoraGradientsMatchTheOracle) {
         {{"x", x}, {"y", y}});
     ASSERT_FALSE(out.empty());
     StateDict want = {{"loss", out.at("loss")}, {"logits", out.at("logits")}, {"base_grads", out.at("base_grads")}};
-    for (const auto& [name, t] : nn::lora_state_dict(*model)) {
-      const Tensor g = out.at("grad." + hf_name(name));
-      want.emplace("grad." + name, heads(name) ? formats::permute_rows(g, heads(name), true) : g);
-    }
+    StateDict grads;
+    for (const auto& [name, t] : adapters) grads.emplace(name, out.at("grad." + name));
+    for (const auto& [name, g] : formats::hf_adapters(mc, grads, /*to_castor=*/true)) want.emplace("grad." + name, g);
     const Tensor logits = (*model)(x);
     const Tensor loss = F::cross_entropy(logits.reshape({-1, 53}), y.reshape({-1}));
     loss.backward();
