@@ -84,4 +84,14 @@ Tensor permute_rows(const Tensor& t, int64_t heads, bool to_castor);
 // The Llama layout: each Castor tensor name and its Hugging Face name.
 const std::vector<TensorName>& hf_layout();
 
+// A LoRA run's adapters (nn::lora_state_dict's "<path>.lora_A.weight" (r, in), "<path>.lora_B.weight" (out, r)) as
+// PEFT names them on the Hugging Face model and back (to_castor): each path renamed by hf_layout, and the lora_B rows
+// of q_proj and k_proj (their weights' output rows) permuted as those weights' are (lora_A's columns are the input's:
+// none), so that PEFT's merge W + s B A of the Hugging Face model is Castor's merged weight in Hugging Face's layout.
+// A name config `c` has no weight for stays as it is (the caller reports it as an adapter the model has not).
+StateDict hf_adapters(const models::LlamaConfig& c, const StateDict& adapters, bool to_castor);
+// A target_modules name, the last part of an adapted layer's path, in the other naming ("wq" <-> "q_proj", "output"
+// <-> "lm_head"); a name hf_layout has not (a regex, "all-linear") stays as it is.
+std::string hf_target_name(const std::string& name, bool to_castor);
+
 }  // namespace castor::formats

@@ -254,6 +254,39 @@ const std::vector<TensorName>& hf_layout() {
   return layout;
 }
 
+StateDict hf_adapters(const models::LlamaConfig& c, const StateDict& adapters, bool to_castor) {
+  const std::vector<Planned> weights = plan(c);
+  std::map<std::string, const Planned*> by_name;  // a weight's name in the adapters' naming
+  for (const Planned& w : weights) by_name.emplace(to_castor ? w.hf : w.castor, &w);
+  StateDict out;
+  for (const auto& [name, t] : adapters) {
+    const size_t at = name.find(".lora_");
+    const auto it = at == std::string::npos ? by_name.end() : by_name.find(name.substr(0, at) + ".weight");
+    if (it == by_name.end()) {
+      out.emplace(name, t);
+      continue;
+    }
+    const Planned& w = *it->second;
+    const std::string& other = to_castor ? w.castor : w.hf;  // "<path>.weight"
+    const bool permute = w.permute_heads > 0 && name.find(".lora_B.") != std::string::npos && t.dim() == 2 &&
+                         t.shape()[0] == w.shape[0];
+    out.emplace(other.substr(0, other.size() - 7) + name.substr(at),
+                permute ? permute_rows(t, w.permute_heads, to_castor) : t);
+  }
+  return out;
+}
+
+std::string hf_target_name(const std::string& name, bool to_castor) {
+  // The last part of a layout row's path ("layers.{i}.attention.wq.weight" -> "wq").
+  const auto last = [](const std::string& row) {
+    const std::string path = row.substr(0, row.rfind('.'));
+    return path.substr(path.rfind('.') + 1);
+  };
+  for (const TensorName& row : hf_layout())
+    if (last(to_castor ? row.file : row.castor) == name) return last(to_castor ? row.castor : row.file);
+  return name;
+}
+
 bool is_hf_dir(const std::string& path) {
   std::error_code ec;
   if (!fs::is_directory(path, ec) || !fs::is_regular_file(fs::path(path) / "config.json", ec)) return false;

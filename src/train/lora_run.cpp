@@ -109,10 +109,13 @@ std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const
   return model;
 }
 
-// PEFT's target_modules: the distinct names of the adapted layers.
-Json::Array target_names(nn::Module& model) {
+// PEFT's target_modules: the distinct names of the adapted layers (Hugging Face's, `hf`, on a Hugging Face base).
+Json::Array target_names(nn::Module& model, bool hf) {
   std::set<std::string> names;
-  for (const auto& [path, layer] : nn::lora_layers(model)) names.insert(path.substr(path.rfind('.') + 1));
+  for (const auto& [path, layer] : nn::lora_layers(model)) {
+    const std::string name = path.substr(path.rfind('.') + 1);
+    names.insert(hf ? formats::hf_target_name(name, /*to_castor=*/false) : name);
+  }
   return Json::Array(names.begin(), names.end());
 }
 
@@ -129,7 +132,10 @@ void take_peft_config(TrainConfig& c) {
     if (targets.is_string())
       list = targets.as_string();
     else
-      for (const Json& t : targets.as_array()) list += (list.empty() ? "" : ",") + t.as_string();
+      for (const Json& t : targets.as_array())  // (a Hugging Face base's names, q_proj, ..., as Castor's)
+        list += (list.empty() ? "" : ",") + (formats::is_hf_dir(c.init)
+                                                 ? formats::hf_target_name(t.as_string(), /*to_castor=*/true)
+                                                 : t.as_string());
     const Json* rs = j.find("use_rslora");
     const Json* p = j.find("lora_dropout");
     const TrainConfig file_config{.lora_rank = j.at("r").as_int(),
@@ -218,6 +224,8 @@ void apply_run_lora(const TrainConfig& c, nn::Module& model) {
                  kPeftPrefix, "\" (not a PEFT adapter file)");
     adapters.emplace(k.substr(std::string(kPeftPrefix).size()), t);
   }
+  if (formats::is_hf_dir(c.init))  // Hugging Face's names and rotary rows, as write_peft wrote them
+    adapters = formats::hf_adapters(dynamic_cast<models::Llama&>(model).config(), adapters, /*to_castor=*/true);
   load_adapters(model, adapters, "--init-lora " + file);
 }
 
@@ -279,9 +287,12 @@ void write_peft(const std::string& dir, const Checkpoint& ck, const std::string&
                "--peft ", dir, ": a run directory (castor train's); write the adapters into a directory of their own");
   auto model = adapted_model(ck, what, lora_base);
   const Json config = castor_config(ck.model_meta, what);
+  // On a Hugging Face base, the names and q/k rotary rows PEFT uses on the Hugging Face model.
+  const bool hf = formats::is_hf_dir(lora_base.empty() ? ck.model_meta.at(kBaseKey) : lora_base);
+  StateDict adapters = nn::lora_state_dict(*model);
+  if (hf) adapters = formats::hf_adapters(dynamic_cast<models::Llama&>(*model).config(), adapters, /*to_castor=*/false);
   StateDict tensors;
-  for (const auto& [k, t] : nn::lora_state_dict(*model))
-    tensors.emplace(kPeftPrefix + k, t.to(DType::Float32).contiguous());
+  for (const auto& [k, t] : adapters) tensors.emplace(kPeftPrefix + k, t.to(DType::Float32).contiguous());
   const nn::LoraConfig c = lora_config(config);
   const Json adapter_config = Json::Object{
       {"peft_type", "LORA"},
@@ -290,7 +301,7 @@ void write_peft(const std::string& dir, const Checkpoint& ck, const std::string&
       {"r", c.r},
       {"lora_alpha", c.alpha},
       {"lora_dropout", c.dropout},
-      {"target_modules", target_names(*model)},
+      {"target_modules", target_names(*model, hf)},
       {"use_rslora", c.rslora},
       {"bias", "none"},
       {"fan_in_fan_out", false},

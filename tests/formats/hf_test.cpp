@@ -176,21 +176,9 @@ TEST(HfFormat, LoraGradientsMatchTheOracle) {
     const nn::LoraConfig cfg{.r = 4, .alpha = 8, .target_modules = {"wq", "wk", "wv", "wo", "w2"}};
     EXPECT_EQ(nn::apply_lora(*model, cfg).size(), 10u);
     test::randomize_lora_b(*model, 7);
-    // A Castor adapter name's Hugging Face name, and the heads its rows are permuted over (0: none).
-    const auto hf_name = [](const std::string& name) {
-      const size_t at = name.find(".lora_");
-      const std::string base = formats::file_name(formats::hf_layout(), name.substr(0, at) + ".weight");
-      return base.substr(0, base.size() - 7) + name.substr(at);
-    };
-    const auto heads = [&](const std::string& name) -> int64_t {
-      if (name.find(".lora_B.") == std::string::npos) return 0;
-      return name.find(".wq.") != std::string::npos   ? mc.n_heads
-             : name.find(".wk.") != std::string::npos ? mc.kv_heads()
-                                                      : 0;
-    };
-    StateDict adapters;
-    for (const auto& [name, t] : nn::lora_state_dict(*model))
-      adapters.emplace(hf_name(name), heads(name) ? formats::permute_rows(t, heads(name), false) : t);
+    // The adapters under Hugging Face's names, q_proj's and k_proj's B rows in its rotary order (and the oracle's
+    // gradients back).
+    const StateDict adapters = formats::hf_adapters(mc, nn::lora_state_dict(*model), /*to_castor=*/false);
     const Tensor x = test::random_token_batch(3, 11, 53, 1), y = test::random_token_batch(3, 11, 53, 2);
     const StateDict out = test::lora_oracle_grads(
         "hf_lora_" + c.name + "_oracle",
@@ -198,10 +186,9 @@ TEST(HfFormat, LoraGradientsMatchTheOracle) {
         {{"x", x}, {"y", y}});
     ASSERT_FALSE(out.empty());
     StateDict want = {{"loss", out.at("loss")}, {"logits", out.at("logits")}, {"base_grads", out.at("base_grads")}};
-    for (const auto& [name, t] : nn::lora_state_dict(*model)) {
-      const Tensor g = out.at("grad." + hf_name(name));
-      want.emplace("grad." + name, heads(name) ? formats::permute_rows(g, heads(name), true) : g);
-    }
+    StateDict grads;
+    for (const auto& [name, t] : adapters) grads.emplace(name, out.at("grad." + name));
+    for (const auto& [name, g] : formats::hf_adapters(mc, grads, /*to_castor=*/true)) want.emplace("grad." + name, g);
     const Tensor logits = (*model)(x);
     const Tensor loss = F::cross_entropy(logits.reshape({-1, 53}), y.reshape({-1}));
     loss.backward();
@@ -510,6 +497,59 @@ TEST(HfCli, FineTuneExportAndReadBack) {
   test::expect_one_line_error(
       test::run_castor({"export", "--format", "hf", "--checkpoint", "lora", "--merge-lora", "--out", "tok"}, run),
       {"tok", "not a Hugging Face directory"});
+}
+
+// castor export --format peft of a LoRA run on a Hugging Face directory: the files PEFT loads on the Hugging Face
+// model (its names, target_modules, q_proj/k_proj lora_B rows in its rotary layout). The oracle merges them into the
+// directory's model as PEFT does and gives the run's logits; --init-lora reads the same adapters back bit for bit.
+TEST(HfCli, PeftExportLoadsOnTheHuggingFaceModel) {
+  const test::ScratchDir dir("hf_peft");
+  const test::CastorRun run{dir, {}};
+  ASSERT_EQ(test::make_grammar_tokens(run).exit_code, 0);
+  ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py", {"write", dir + "/base", hf_config("float32", 1, 2, false)}));
+  const std::vector<std::string> train = {"train", "--model", "llama", "--data",       "tokens", "--data-dir",
+                                          "tok",   "--init",  "base",  "--block-size", "16",     "--batch-size",
+                                          "4",     "--amp",   "O0",    "--eval-iters", "0"};
+  const auto train_run = [&](const std::vector<std::string>& more) {
+    std::vector<std::string> a = train;
+    a.insert(a.end(), more.begin(), more.end());
+    return test::run_castor(a, run, 120);
+  };
+  auto p = train_run({"--steps", "3", "--lr", "1e-2", "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets",
+                      "wq,wk,wv,w2,output", "--out", "lora"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  p = test::run_castor({"export", "--format", "peft", "--checkpoint", "lora", "--out", "peft"}, run);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const std::vector<uint8_t> bytes = read_file(dir + "/peft/adapter_config.json");
+  EXPECT_EQ(Json::parse(std::string(bytes.begin(), bytes.end())).at("target_modules"),
+            Json(Json::Array{"down_proj", "k_proj", "lm_head", "q_proj", "v_proj"}));
+  const StateDict files = load_safetensors(dir + "/peft/adapter_model.safetensors").tensors;
+  EXPECT_EQ(files.size(), 18u);  // 2 layers x 4 + lm_head, A and B each
+  EXPECT_EQ(files.at("base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight").shape(), (Shape{16, 4}));
+  EXPECT_EQ(files.at("base_model.model.lm_head.lora_A.weight").shape(), (Shape{4, 32}));
+  // The run's model: the base with its adapters, unmerged, in float32.
+  const train::Checkpoint ck = train::read_checkpoint(dir + "/lora");
+  auto model = load_hf(dir + "/base");
+  nn::apply_lora(*model, {.r = 4, .alpha = 8, .target_modules = {"wq", "wk", "wv", "w2", "output"}});
+  {
+    NoGradGuard no_grad;
+    for (const auto& [k, t] : nn::lora_state_dict(*model)) Tensor(t).copy_(ck.model.at(k));
+  }
+  const Tensor x = test::random_token_batch(2, 11, 53, 4);
+  save_safetensors(dir + "/batch.safetensors", {{"x", x}});
+  ASSERT_TRUE(test::run_oracle("lora_oracle.py",
+                               {"peft", dir + "/base", dir + "/peft", dir + "/batch.safetensors", dir + "/out.st"}));
+  const StateDict out = load_safetensors(dir + "/out.st").tensors;
+  EXPECT_EQ(out.at("adapted").item(), 9);
+  const Tensor logits = (*model)(x);
+  EXPECT_TRUE(test::close(logits, out.at("logits"), 0, 1e-5));
+  EXPECT_FALSE(test::close(logits, (*load_hf(dir + "/base"))(x), 0, 1e-3));  // (the adapters change the logits)
+  // --init-lora on the Hugging Face base: the run's adapters bit for bit.
+  p = train_run({"--steps", "1", "--lr", "1e-30", "--init-lora", "peft", "--out", "back"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const train::Checkpoint back = train::read_checkpoint(dir + "/back");
+  ASSERT_EQ(back.model.size(), ck.model.size());
+  for (const auto& [k, t] : ck.model) EXPECT_TRUE(test::bit_equal(back.model.at(k), t)) << k;
 }
 
 }  // namespace

@@ -13,12 +13,18 @@
 #       shape, each 0 or 1 / (1 - p)), in the order the forward reaches the layers, so that both sides drop the same
 #       elements. Writes OUT "loss" (float64 [steps]: step i's loss before its update) and "<i>.<path>.lora_A.weight",
 #       "<i>.<path>.lora_B.weight" (the adapters after step i).
+#   lora_oracle.py peft HF_DIR PEFT_DIR BATCH OUT
+#       What a PEFT user gets from Castor's export: the Hugging Face model of HF_DIR (hf_llama_oracle.py) with PEFT_DIR's
+#       adapters (adapter_config.json's r, lora_alpha, use_rslora, target_modules; adapter_model.safetensors under
+#       "base_model.model." + Hugging Face names) merged as PEFT's merge_and_unload does, W += scaling * B @ A. Writes
+#       OUT "logits" of BATCH's "x"; exits 1 naming an adapter whose module target_modules does not name.
 # CONFIG: gpt_oracle.py's fields (llama_oracle.py's with "model": "llama"; "model": "hf" and "dir": the base is that
 # Hugging Face directory as hf_llama_oracle.py reads it, WEIGHTS the adapters alone, under Hugging Face's names) and
 # "scaling"; "autocast": "bf16" stores the frozen base's non-LayerNorm parameters in bfloat16 and runs under
 # torch.autocast("cpu", torch.bfloat16), as Castor's O1 with LoRA (LayerNorm as Castor's: float32 statistics and
 # parameters, the output in the input's dtype).
 import json
+import math
 import os
 import sys
 
@@ -48,7 +54,32 @@ class LoraLinear(nn.Module):
         return self.base(x) + self.lora_B(self.lora_A(dropped)) * self.scaling
 
 
+def peft(hf_dir, peft_dir, batch, out):
+    with open(f"{peft_dir}/adapter_config.json") as f:
+        config = json.load(f)
+    r, alpha, targets = config["r"], config["lora_alpha"], set(config["target_modules"])
+    scaling = alpha / math.sqrt(r) if config.get("use_rslora", False) else alpha / r
+    state, _, _, _ = read(f"{peft_dir}/adapter_model.safetensors")
+    model = load_hf(hf_dir)
+    params = dict(model.named_parameters())
+    paths = sorted({k[:k.index(".lora_")] for k in state})
+    for path in paths:
+        assert path.startswith("base_model.model."), path
+        module = path[len("base_model.model."):]
+        if module.rsplit(".", 1)[-1] not in targets:
+            sys.exit(f"{module}: not in target_modules {sorted(targets)}")
+        a, b = state[path + ".lora_A.weight"].double(), state[path + ".lora_B.weight"].double()
+        w = params[module + ".weight"]
+        with torch.no_grad():
+            w.copy_((w.double() + scaling * (b @ a)).float())
+    with torch.no_grad():
+        logits, _ = model(read(batch)[0]["x"])
+    write(out, {"logits": logits.float().contiguous(), "adapted": torch.tensor([len(paths)])}, {})
+
+
 def main():
+    if sys.argv[1] == "peft":
+        return peft(*sys.argv[2:6])
     mode, cfg, weights, batch, out = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
     assert mode in ("grads", "train")
     torch.set_num_threads(2)
