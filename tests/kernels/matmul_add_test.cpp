@@ -2,6 +2,7 @@
 // sums its blocks of classes in: against the float64 sum of the destination and the exact products.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 
 #include "castor/ops.h"
@@ -32,14 +33,18 @@ TEST(MatmulAdd, AddsExactProductsInFloat32) {
     const DType acc = dt == DType::Float64 ? DType::Float64 : DType::Float32;
     // A row-major left operand and a row-major right one (the head's input gradient, dlogits W), then a
     // column-major right one.
-    const Tensor a = randn({130, 300}, DType::Float32, &gen).to(dt), b = randn({300, 70}, DType::Float32, &gen).to(dt);
-    const Tensor start = randn({130, 70}, DType::Float32, &gen).to(acc);
-    for (const Tensor& right : {b, b.t().contiguous().t()}) {
-      Tensor dst = start.clone();
-      kernels::matmul_add(a, right, dst);
-      kernels::matmul_add(a, right, dst);  // twice: each call adds to what the last one left
-      const Tensor a64 = a.double_(), b64 = right.double_(), s64 = start.double_();
-      expect_float32_sum(dst, add(s64, mm(a64, b64) * 2.0), add(abs(s64), mm(abs(a64), abs(b64)) * 2.0));
+    // An odd depth as well (a 259-class head's input gradient: 2016 rows of 259 classes into 64 features).
+    for (const auto& [m, k, n] : {std::array<int64_t, 3>{130, 300, 70}, std::array<int64_t, 3>{2016, 259, 64}}) {
+      SCOPED_TRACE(k);
+      const Tensor a = randn({m, k}, DType::Float32, &gen).to(dt), b = randn({k, n}, DType::Float32, &gen).to(dt);
+      const Tensor start = randn({m, n}, DType::Float32, &gen).to(acc);
+      for (const Tensor& right : {b, b.t().contiguous().t()}) {
+        Tensor dst = start.clone();
+        kernels::matmul_add(a, right, dst);
+        kernels::matmul_add(a, right, dst);  // twice: each call adds to what the last one left
+        const Tensor a64 = a.double_(), b64 = right.double_(), s64 = start.double_();
+        expect_float32_sum(dst, add(s64, mm(a64, b64) * 2.0), add(abs(s64), mm(abs(a64), abs(b64)) * 2.0));
+      }
     }
   }
 }
