@@ -116,7 +116,7 @@ int main(int argc, char** argv) {
   configs.push_back(std::make_unique<Config>("O2 bf16", OptLevel::O2, DType::BFloat16, amp::Overrides{}));
   configs.push_back(std::make_unique<Config>("O3 bf16", OptLevel::O3, DType::BFloat16, amp::Overrides{}));
   configs.push_back(std::make_unique<Config>("O1 bf16 + loss scale 2^16", OptLevel::O1, DType::BFloat16,
-                                             amp::Overrides{.loss_scale = "65536"}));
+                                             amp::Overrides{.loss_scale = 65536.0}));
   for (auto& c : configs) {
     c->step(x, y);
     c->step(x, y);

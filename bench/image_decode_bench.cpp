@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <thread>
 
-#include "../tests/data/image_files.h"
+#include "../tests/images/image_files.h"
 #include "bench_util.h"
 #include "castor/data.h"
 #include "castor/datasets.h"

@@ -73,12 +73,13 @@ castor_layer(nn DIRS nn HEADERS nn language_model models llama ddp lora USES cor
 castor_layer(optim DIRS optim HEADERS optim lr_scheduler USES core kernels runtime)
 castor_layer(amp DIRS amp HEADERS grad_scaler amp explain opt_level USES core kernels runtime dist nn optim)
 castor_layer(io DIRS io HEADERS json fs safetensors serialize torch_save USES core)
-castor_layer(data DIRS data HEADERS data datasets token_file tokenizer hf_tokenizer bpe_tokenizer bpe_trainer corpus lm_batch jinja
-  chat_data USES core io)
-target_link_libraries(castor_data PRIVATE PNG::PNG JPEG::JPEG)  # only src/data includes png.h and jpeglib.h
-castor_layer(formats DIRS formats HEADERS formats llmc llama2c gguf hf USES core kernels runtime dist nn io data)
+castor_layer(images DIRS images HEADERS data datasets USES core io)
+target_link_libraries(castor_images PRIVATE PNG::PNG JPEG::JPEG)  # only src/images includes png.h and jpeglib.h
+castor_layer(text DIRS text HEADERS token_file tokenizer hf_tokenizer bpe_tokenizer bpe_trainer corpus lm_batch jinja chat_data
+  USES core io)
+castor_layer(formats DIRS formats HEADERS formats llmc llama2c gguf hf USES core kernels runtime dist nn io text)
 castor_layer(train DIRS train HEADERS checkpoint train_config trainer report castor sample
-  USES core kernels runtime dist nn optim amp io data formats)
+  USES core kernels runtime dist nn optim amp io images text formats)
 
 # Every source and every public header belongs to a layer: a new directory or header must be placed in the table.
 file(GLOB_RECURSE all_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/src/*.cpp)
@@ -89,7 +90,7 @@ foreach(s ${all_sources})
 endforeach()
 file(GLOB public_headers CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/include/castor/*.h)
 set(owned_headers "")
-foreach(layer core kernels runtime dist nn optim amp io data formats train)
+foreach(layer core kernels runtime dist nn optim amp io images text formats train)
   list(APPEND owned_headers ${CASTOR_LAYER_${layer}_HEADERS})
 endforeach()
 foreach(h ${public_headers})

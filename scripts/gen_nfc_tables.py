@@ -1,7 +1,7 @@
 #!/usr/bin/python3
-"""Writes src/data/nfc_tables.inc: Unicode's canonical combining classes, canonical decompositions and primary
-compositions, from Python's unicodedata, for the NFC normalizer of Hugging Face tokenizers (src/data/unicode.cpp).
-usage: /usr/bin/python3 scripts/gen_nfc_tables.py > src/data/nfc_tables.inc"""
+"""Writes src/text/nfc_tables.inc: Unicode's canonical combining classes, canonical decompositions and primary
+compositions, from Python's unicodedata, for the NFC normalizer of Hugging Face tokenizers (src/text/unicode.cpp).
+usage: /usr/bin/python3 scripts/gen_nfc_tables.py > src/text/nfc_tables.inc"""
 import sys
 import unicodedata as ud
 

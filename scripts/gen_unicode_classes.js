@@ -1,7 +1,7 @@
-// Writes src/data/unicode_classes.inc: the code-point ranges of JavaScript's \p{L}, \p{N} and \s (u flag), as the
-// installed node sees them, for the GPT-2 pre-tokenizer (src/data/gpt2_tokenizer.cpp), and of Unicode's White_Space
-// property, which is \s in the Oniguruma regexes of Hugging Face tokenizers (src/data/hf_tokenizer.cpp).
-// usage: node scripts/gen_unicode_classes.js > src/data/unicode_classes.inc
+// Writes src/text/unicode_classes.inc: the code-point ranges of JavaScript's \p{L}, \p{N} and \s (u flag), as the
+// installed node sees them, for the GPT-2 pre-tokenizer (src/text/gpt2_tokenizer.cpp), and of Unicode's White_Space
+// property, which is \s in the Oniguruma regexes of Hugging Face tokenizers (src/text/hf_tokenizer.cpp).
+// usage: node scripts/gen_unicode_classes.js > src/text/unicode_classes.inc
 function ranges(re) {
   const out = [];
   let start = -1;

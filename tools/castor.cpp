@@ -69,22 +69,25 @@ int fail(int code) {
 }
 
 // GNU OpenMP's default wait policy spins each idle thread for up to 300,000 iterations between parallel regions:
-// fastest on cores of its own, but 6-10x slower on the default GPT job when other work shares the cores, where
-// OMP_WAIT_POLICY=passive (threads sleep at once) is the remedy but costs small models 1.8x on idle cores
-// (docs/benchmarks.md). Unless the user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT set), castor runs itself again with
-// a bounded spin, GOMP_SPINCOUNT=3000: on idle cores as fast as spinning (faster than 1,000 or 10,000 on the default
-// job here: 34-37k tokens/s against 29-32k and 31-35k), under load 2-2.5x faster than the default spin. libgomp
-// reads these once, as it loads, hence the exec; if it fails, castor goes on under the default.
-void bound_openmp_spin(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
-  if (setenv("GOMP_SPINCOUNT", "3000", /*overwrite=*/0) != 0) return;
+// fastest on cores of its own, but many times slower when other work shares the cores, where OMP_WAIT_POLICY=passive
+// (threads sleep at once) is the remedy, but costs small models up to 1.8x on idle cores (docs/benchmarks.md).
+// Unless the user chose (OMP_WAIT_POLICY or GOMP_SPINCOUNT set), castor chooses (train: per job and for the machine's
+// load, choose_openmp_wait; the other commands: a bounded spin) and runs itself again with it, since libgomp reads
+// these once, as it loads. CASTOR_OPENMP_WAIT says what was chosen and why (config.json records it), and marks the
+// second start (and the ranks mpirun starts), which chooses nothing. If the exec fails, castor goes on as it is.
+void run_with_openmp_wait(const castor::train::OpenMpWait& w, char** argv) {
+  if (std::getenv("CASTOR_OPENMP_WAIT") || std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  if (setenv(w.variable, w.value, /*overwrite=*/0) != 0) return;
+  if (setenv("CASTOR_OPENMP_WAIT", w.text().c_str(), /*overwrite=*/0) != 0) return;
+  std::fflush(nullptr);
   execv("/proc/self/exe", argv);
+  unsetenv(w.variable);  // (not in effect: this process's OpenMP read the environment before)
+  unsetenv("CASTOR_OPENMP_WAIT");
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bound_openmp_spin(argv);
   const std::vector<std::string> all(argv + 1, argv + argc);
   if (all.empty() || all[0] == "--help" || all[0] == "-h") {
     std::fputs(kUsage, all.empty() ? stderr : stdout);
@@ -100,10 +103,15 @@ int main(int argc, char** argv) {
     if (all.size() == 1) return std::fputs(kUsage, stdout), 0;
     args = {"--help"};
   }
+  if (cmd != "train") run_with_openmp_wait(castor::train::default_openmp_wait(), argv);
   try {
     if (cmd == "train") {
       if (wants_help(args)) return std::fputs(castor::train::train_help().c_str(), stdout), 0;
       const castor::train::TrainConfig config = castor::train::parse_train_flags(args);
+      run_with_openmp_wait(castor::train::choose_openmp_wait(castor::train::openmp_wait_job(config),
+                                                             castor::train::online_cpus(),
+                                                             castor::train::load_average()),
+                           argv);
       relaunch_under_mpirun(config, args);
       castor::train::install_interrupt_handlers();
       const castor::Json summary = castor::train::run_train(config);

@@ -14,6 +14,18 @@
 
 namespace castor::amp {
 
+// A loss scale as Apex's loss_scale argument takes it: "dynamic" (GradScaler's growth and backoff) or a static
+// positive number (`LossScale(128.0)`).
+struct LossScale {
+  LossScale() = default;                     // dynamic
+  LossScale(double value) : value(value) {}  // NOLINT(google-explicit-constructor): Apex's loss_scale=128.0
+  static LossScale dynamic() { return {}; }
+  bool is_dynamic() const { return !value.has_value(); }
+  std::optional<double> value;  // the static scale; nullopt: dynamic
+};
+// "dynamic", or the static scale as a number ("128").
+std::string to_string(const LossScale& s);
+
 // What an opt level does; each field can be overridden.
 struct Properties {
   OptLevel level = OptLevel::O1;
@@ -25,8 +37,8 @@ struct Properties {
   // With cast_model_type, the models' forward casts floating inputs to it and floating outputs to this (as
   // Apex's patched forward: float32 unless overridden); integer inputs pass untouched.
   std::optional<DType> cast_model_outputs;
-  bool master_weights = false;         // the optimizers keep float32 masters of 16-bit parameters
-  std::string loss_scale = "dynamic";  // "dynamic" or a number (a static scale)
+  bool master_weights = false;  // the optimizers keep float32 masters of 16-bit parameters
+  LossScale loss_scale;         // dynamic, or a static scale
   double min_loss_scale = 1.1754943508222875e-38;
   double max_loss_scale = 16777216.0;                   // Apex's 2^24
   optim::Rounding rounding = optim::Rounding::Nearest;  // write-back into 16-bit parameters
@@ -39,7 +51,7 @@ struct Properties {
 struct Overrides {
   std::optional<DType> cast_model_type = {}, cast_model_outputs = {};
   std::optional<bool> keep_batchnorm_fp32 = {}, master_weights = {};
-  std::optional<std::string> loss_scale = {};
+  std::optional<LossScale> loss_scale = {};
   std::optional<double> min_loss_scale = {}, max_loss_scale = {};
   std::optional<optim::Rounding> rounding = {};
   uint64_t rounding_seed = 0;

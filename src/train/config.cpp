@@ -591,6 +591,8 @@ std::string info_help() {
 }
 
 bool TrainConfig::given(std::string_view flag) const {
+  // A name that is no row would silently answer "no" (a typo, or a renamed flag).
+  CASTOR_ASSERT(find_setting(flag), "TrainConfig::given(\"", flag, "\"): no row of the settings table has this flag");
   return std::find(given_flags.begin(), given_flags.end(), flag) != given_flags.end();
 }
 

@@ -106,6 +106,19 @@ std::string host_cpu() {
          (cap ? std::string(" (capped at ") + cap + " by ONEDNN_MAX_CPU_ISA)" : "");
 }
 
+std::string openmp_wait_variables() {
+  std::string wait;
+  for (const char* name : {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"})
+    if (const char* v = std::getenv(name)) wait += std::string(wait.empty() ? "" : ", ") + name + "=" + v;
+  return wait.empty() ? std::string("the runtime's default") : wait;
+}
+
+std::string openmp_wait_in_effect() {
+  if (const char* chosen = std::getenv("CASTOR_OPENMP_WAIT")) return chosen;
+  const std::string wait = openmp_wait_variables();
+  return std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT") ? wait + " (given)" : wait;
+}
+
 std::string run_env() {
   std::string out;
   out += std::string("castor   ") + CASTOR_VERSION + " (commit " + git_commit() + ")\n";
@@ -115,11 +128,8 @@ std::string run_env() {
   out += "threads  " + std::to_string(omp_get_max_threads()) + " OpenMP threads (" +
          std::to_string(std::thread::hardware_concurrency()) + " cores online" +
          (omp ? std::string(", OMP_NUM_THREADS=") + omp : std::string()) + ")\n";
-  // How idle OpenMP threads wait (the castor command sets GOMP_SPINCOUNT=3000 when neither is given).
-  std::string wait;
-  for (const char* name : {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"})
-    if (const char* v = std::getenv(name)) wait += std::string(wait.empty() ? "" : ", ") + name + "=" + v;
-  out += "openmp   idle threads: " + (wait.empty() ? std::string("the runtime's default") : wait) + "\n";
+  // How idle OpenMP threads wait (the castor command chooses when neither is given: tools/castor.cpp).
+  out += "openmp   idle threads: " + openmp_wait_variables() + "\n";
   out += "mpi      " + dist::mpi_library_version() + "\n";
   // What `castor train --precision auto` would train in here.
   const amp::AutoPrecision a = amp::auto_precision();

@@ -25,9 +25,12 @@
 #include "castor/ops.h"
 #include "castor/report.h"
 #include "castor/trainer.h"
+#include "train/divergence.h"
 #include "train/metrics.h"
 #include "train/profiler.h"
 #include "train/run_log.h"
+#include "train/step_batches.h"
+#include "train/throughput.h"
 
 namespace castor::train {
 
@@ -87,7 +90,8 @@ class Trainer {
         total_(total_steps),
         rank0_(dist::rank() == 0),
         world_(dist::world_size()),
-        dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic"),
+        batches_(task, c.grad_accum, world_),
+        divergence_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale.is_dynamic()),
         epochs_(epochs) {
     if (rank0_) log_.emplace(c, task, total_steps, epochs, /*append=*/!c.resume.empty(), flops);
   }
@@ -104,9 +108,8 @@ class Trainer {
       EpochTotals e;
       const auto epoch_start = Clock::now();
       while (state_.step < total_ && !interrupted()) {
-        auto batch = next_batch();
+        auto batch = batches_.next(/*first=*/micro_ == 0);
         if (!batch) break;
-        if (micro_ == 0 && task_.masked()) count_step_targets(*batch);
         if (!micro_batch(*batch, e)) continue;  // the step needs more micro-batches
         if (due_for_checkpoint()) checkpoint();
       }
@@ -124,7 +127,7 @@ class Trainer {
       else
         last_eval_ = evaluate(task_, *run_.model, *run_.amp, task_.eval_batch_size());
     }
-    if (log_) log_->measure_peak_if_unknown(steady_rate());
+    if (log_) log_->measure_peak_if_unknown(throughput_.steady_rate());
     Json summary = summary_json();
     summary["wall_seconds"] = std::chrono::duration<double>(Clock::now() - wall_start).count();
     const Json build = build_json();
@@ -144,40 +147,13 @@ class Trainer {
 
  private:
   struct EpochTotals {
-    double loss = 0, images = 0;
+    double loss = 0, examples = 0;
     int64_t batches = 0;
   };
 
   // A signal asked to stop: this process's flag, or with several ranks the flag of any rank as of the last step
   // (all-reduced with the loss, so every rank stops after the same step).
   bool interrupted() const { return world_ == 1 ? g_interrupt.load() != 0 : stop_all_; }
-
-  // The task's next batch (one fetched ahead by count_step_targets first).
-  std::optional<Batch> next_batch() {
-    if (pending_.empty()) return task_.next();
-    Batch b = std::move(pending_.front());
-    pending_.erase(pending_.begin());
-    return b;
-  }
-
-  // A masked task's step divides its summed loss by the targets of all its micro-batches on all ranks, known before
-  // the first backward: fetches the step's other micro-batches ahead and all-reduces the count.
-  void count_step_targets(const Batch& first) {
-    const int64_t k = std::min(c_.grad_accum, task_.batches_per_epoch() - first.index);
-    double targets = first.targets;
-    while (static_cast<int64_t>(pending_.size()) + 1 < k) {
-      std::optional<Batch> b = task_.next();
-      if (!b) break;
-      targets += b->targets;
-      pending_.push_back(std::move(*b));
-    }
-    if (world_ > 1) {
-      Tensor t = tensor({targets}, {1}, DType::Float64);
-      dist::all_reduce(t);
-      targets = t.to_vector<double>()[0];
-    }
-    step_targets_ = targets;
-  }
 
   // The micro-batch's loss to backpropagate, and its part of the step's loss: the batch mean over --grad-accum;
   // a masked task's batch sum over the step's targets (times the ranks, whose gradients DDP averages), so the step's
@@ -189,7 +165,7 @@ class Trainer {
       return {c_.grad_accum > 1 ? loss / static_cast<double>(c_.grad_accum) : loss, loss.item()};
     }
     Tensor sum = task_.loss(*run_.model, batch, F::Reduction::Sum, c_.label_smoothing);
-    const double scale = step_targets_ > 0 ? world_ / step_targets_ : 0.0;
+    const double scale = batches_.step_targets() > 0 ? world_ / batches_.step_targets() : 0.0;
     if (batch.targets == 0) ++batches_without_targets_;
     return {sum * scale, sum.item() * scale};
   }
@@ -220,14 +196,14 @@ class Trainer {
       run_.amp->scale_loss(loss.first, *run_.opt).backward();
     }
     const double n = batch.examples * world_;  // the whole job's images or tokens
-    images_ += n;
-    e.images += n;
+    throughput_.add_examples(n);
+    e.examples += n;
     micro_loss_ += loss.second;
     if (++micro_ < c_.grad_accum && !last_micro) {
-      train_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+      throughput_.add_seconds(seconds_since(t0));
       return false;
     }
-    const bool no_targets = task_.masked() && step_targets_ == 0;
+    const bool no_targets = task_.masked() && batches_.step_targets() == 0;
     // The unscale, inf check and clip folded into the step's pass (bit-equal to unscale_ + clip_grad_norm_).
     if (!no_targets && (c_.clip_grad_norm > 0 || run_.amp->scaler().is_enabled()))
       run_.amp->unscale_clip_(*run_.opt, std::max(0.0, c_.clip_grad_norm));
@@ -247,15 +223,15 @@ class Trainer {
     micro_ = 0;
     micro_loss_ = 0;
     ++state_.step;
-    if (++steps_here_ == kWarmupSteps) warm_ = {images_, train_seconds_ + seconds_since(t0)};
     state_.batch = next_batch;
-    train_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    throughput_.add_seconds(seconds_since(t0));
+    throughput_.step_done();
     e.loss += lv;
     ++e.batches;
-    check_divergence(lv, stepped || no_targets);
+    divergence_.check(state_.step, lv, stepped || no_targets, run_.amp->scaler().get_scale());
     if (log_)
       log_->step({state_.step, state_.epoch + 1, lv, run_.opt->param_groups()[0].lr, run_.amp->scaler().get_scale(),
-                  !stepped, images_, train_seconds_, run_.amp->scaler().is_enabled()});
+                  !stepped, throughput_.steady_rate(), run_.amp->scaler().is_enabled()});
     // (an epoch's end evaluates anyway)
     if (c_.eval_every > 0 && state_.step % c_.eval_every == 0 && state_.step < total_ &&
         next_batch < task_.batches_per_epoch()) {
@@ -265,59 +241,18 @@ class Trainer {
     return true;
   }
 
-  // Stops the run with "diverged at step N" on a non-finite loss without dynamic loss scaling (O0, O3 bf16),
-  // or when dynamic scaling skips step after step or drives the scale below a floor; and when a static loss
-  // scale overflows the gradients kMaxSkippedStatic steps in a row (nothing would be trained).
-  void check_divergence(double loss, bool stepped) {
-    skipped_in_a_row_ = stepped ? 0 : skipped_in_a_row_ + 1;
-    const double scale = run_.amp->scaler().get_scale();
-    if (!dynamic_scale_) {
-      CASTOR_CHECK(std::isfinite(loss), "diverged at step ", state_.step, ": the loss is ", loss,
-                   " (try a lower --lr); the newest checkpoint holds the last finite state");
-      CASTOR_CHECK(skipped_in_a_row_ < kMaxSkippedStatic, "stopped at step ", state_.step, ": ", skipped_in_a_row_,
-                   " steps in a row were skipped because the gradients overflow at the static loss scale ", scale,
-                   "; use a lower --loss-scale, or --loss-scale dynamic");
-    } else {
-      CASTOR_CHECK(skipped_in_a_row_ < kMaxSkippedInARow && scale >= kMinLossScale, "diverged at step ", state_.step,
-                   ": ", skipped_in_a_row_, " skipped steps in a row, loss scale ", scale,
-                   " (try a lower --lr); the newest checkpoint holds the last finite state");
-    }
-  }
-
   void end_epoch(const EpochTotals& e, double seconds) {
     const bool epoch_end = state_.batch >= task_.batches_per_epoch();
     // The last step goes to disk before the final evaluation (a long one for a language model's validation split):
     // a kill during it loses no training, and --resume evaluates again and writes the report.
     if (state_.step >= total_ && !saved_now()) checkpoint();
     last_eval_ = evaluate_now();
-    const double ips = e.images / std::max(seconds, 1e-9);
-    const double train_loss = e.batches ? e.loss / static_cast<double>(e.batches) : 0.0;
-    const auto& scaler = run_.amp->scaler();
-    const int64_t epoch = state_.epoch + 1;  // numbered from 1, as the progress line does
-    char buf[64];
-    std::vector<std::string> fields;  // most important first: the terminal shows those that fit
-    auto add = [&](const char* fmt, auto... args) {
-      std::snprintf(buf, sizeof(buf), fmt, args...);
-      fields.push_back(buf);
-    };
-    add("epoch %lld/%lld", static_cast<long long>(epoch), static_cast<long long>(epochs_));
-    for (const std::string& f : task_.epoch_fields(*last_eval_, train_loss)) fields.push_back(f);
-    add("%.0f %s/s", ips, task_.unit());
-    if (log_ && log_->mfu(ips) > 0) add("MFU %.1f%%", 100 * log_->mfu(ips));
-    if (scaler.is_enabled()) {
-      add("scale %g", scaler.get_scale());
-      add("skipped %lld", static_cast<long long>(scaler.steps_skipped()));
-    }
-    add("peak mem %.1f MiB", memory_stats().peak_bytes / 1048576.0);
     if (log_) {
-      log_->epoch({{"epoch", epoch},
-                   {"step", state_.step},
-                   {"train_loss", train_loss},
-                   {task_.rate_key(), ips},
-                   {"loss_scale", scaler.get_scale()},
-                   {"skipped_steps", scaler.steps_skipped()},
-                   {"peak_memory_bytes", memory_stats().peak_bytes}},
-                  *last_eval_, fields);
+      const auto& scaler = run_.amp->scaler();
+      log_->epoch({state_.epoch + 1, state_.step, e.batches ? e.loss / static_cast<double>(e.batches) : 0.0,
+                   e.examples / std::max(seconds, 1e-9), scaler.get_scale(), scaler.steps_skipped(),
+                   scaler.is_enabled()},
+                  *last_eval_);
     }
     if (epoch_end) {
       ++state_.epoch;
@@ -333,13 +268,6 @@ class Trainer {
     Evaluation ev = evaluate(task_, *run_.model, *run_.amp, task_.eval_batch_size());
     set_op_observer(profiler);
     return ev;
-  }
-
-  // Examples a second after this process's first kWarmupSteps steps (primitive creation, first-touch memory).
-  double steady_rate() const {
-    const double steady_seconds = train_seconds_ - warm_.second;
-    if (steps_here_ > kWarmupSteps && steady_seconds > 0) return (images_ - warm_.first) / steady_seconds;
-    return train_seconds_ > 0 ? images_ / train_seconds_ : 0.0;
   }
 
   // Whether the newest checkpoint holds the current position already.
@@ -396,8 +324,8 @@ class Trainer {
     const auto [trainable, all] = parameter_counts(*run_.model);
     summary["trainable_params"] = trainable, summary["all_params"] = all;
     // The steady rate is what a long run sees; the whole run's rate is beside it.
-    const double whole = train_seconds_ > 0 ? images_ / train_seconds_ : 0.0;
-    const double per_sec = steady_rate();
+    const double whole = throughput_.whole_rate();
+    const double per_sec = throughput_.steady_rate();
     if (task_.masked()) summary["batches_without_targets"] = batches_without_targets_;
     task_.summary_keys(summary, last_eval_ ? &*last_eval_ : nullptr, per_sec);
     if (log_) summary[detail::cat("train_", task_.rate_key(), "_whole_run")] = whole;
@@ -406,11 +334,6 @@ class Trainer {
   }
 
   static double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
-  static constexpr int64_t kWarmupSteps = 3;  // steps of this process before the steady rate is taken
-  static constexpr int64_t kMaxSkippedInARow = 64;
-  static constexpr int64_t kMaxSkippedStatic = 20;
-  static constexpr double kMinLossScale = 0x1p-24;
 
   const TrainConfig& c_;
   Task& task_;
@@ -421,19 +344,16 @@ class Trainer {
   const bool rank0_;  // prints, and writes metrics, report and checkpoints
   const int world_;
   std::optional<RunLog> log_;  // rank 0's
-  const bool dynamic_scale_;
+  StepBatches batches_;
+  DivergenceGuard divergence_;
+  Throughput throughput_;
   std::vector<amp::ExplainRow> op_dtypes_;  // of this process's first forward pass, for the report
   std::optional<Evaluation> last_eval_;     // the newest epoch-end evaluation
   const int64_t epochs_;
-  double images_ = 0, train_seconds_ = 0, micro_loss_ = 0;
-  int64_t micro_ = 0;                     // micro-batches whose gradients are summed so far
-  std::vector<Batch> pending_;            // the step's micro-batches fetched ahead (masked tasks)
-  double step_targets_ = 0;               // masked tasks: the targets of the step, all ranks
-  int64_t batches_without_targets_ = 0;   // masked tasks: this rank's micro-batches with no target (loss 0)
-  int64_t steps_here_ = 0;                // steps taken by this process (a resumed run's since it resumed)
-  std::pair<double, double> warm_{0, 0};  // (examples, training seconds) after kWarmupSteps steps
-  int64_t skipped_in_a_row_ = 0;
-  bool stop_all_ = false, minutes_due_all_ = false;          // as of the last step, over all ranks
+  double micro_loss_ = 0;
+  int64_t micro_ = 0;                                // micro-batches whose gradients are summed so far
+  int64_t batches_without_targets_ = 0;              // masked tasks: this rank's micro-batches with no target (loss 0)
+  bool stop_all_ = false, minutes_due_all_ = false;  // as of the last step, over all ranks
   std::tuple<int64_t, int64_t, int64_t> saved_{-1, -1, -1};  // (step, epoch, batch) of the newest checkpoint
   Clock::time_point last_save_;
 };

@@ -70,6 +70,16 @@ std::string weights_checksum(const std::string& path) {
 
 namespace {
 
+// The adapter config the LoRA settings describe (--lora-rank, --lora-alpha, ...).
+nn::LoraConfig lora_config(const TrainConfig& c) {
+  return {.r = c.lora_rank,
+          .alpha = c.lora_alpha,
+          .dropout = c.lora_dropout,
+          .target_modules = split_commas(c.lora_targets),
+          .rslora = c.rslora,
+          .seed = c.seed};
+}
+
 // Error unless `file` still has the checksum recorded when the run started.
 void check_base_checksum(const std::string& file, const std::string& recorded, const std::string& what) {
   std::error_code ec;
@@ -104,7 +114,7 @@ std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const
     const std::string msg = e.what();
     throw Error(msg.rfind(base, 0) == 0 ? msg : detail::cat(what, ": the LoRA base ", base, ": ", msg));
   }
-  nn::apply_lora(*model, lora_config(config));
+  nn::apply_lora(*model, lora_config(c));
   load_adapters(*model, ck.model, what);
   return model;
 }
@@ -174,17 +184,6 @@ void resolve_init_dir(TrainConfig& c) {
   c.init = file;
 }
 
-nn::LoraConfig lora_config(const Json& s) {
-  nn::LoraConfig c;
-  c.r = s.at("lora_rank").as_int();
-  c.alpha = s.at("lora_alpha").as_double();
-  c.dropout = s.at("lora_dropout").as_double();
-  c.target_modules = split_commas(s.at("lora_targets").as_string());
-  c.rslora = s.at("rslora").as_bool();
-  c.seed = static_cast<uint64_t>(s.at("seed").as_int());
-  return c;
-}
-
 void check_lora_flags(TrainConfig& c) {
   if (!c.init_lora.empty()) take_peft_config(c);
   for (const char* flag : {"--lora-alpha", "--lora-dropout", "--lora-targets", "--rslora"})
@@ -198,9 +197,8 @@ void check_lora_base(const TrainConfig& c) {
 }
 
 void apply_run_lora(const TrainConfig& c, nn::Module& model) {
-  Json settings = settings_json(c);
   try {
-    nn::apply_lora(model, lora_config(settings));
+    nn::apply_lora(model, lora_config(c));
   } catch (const Error& e) {
     const std::string msg = e.what();
     throw Error(detail::cat(msg.find("target module") != std::string::npos ? "--lora-targets " + c.lora_targets
@@ -293,7 +291,7 @@ void write_peft(const std::string& dir, const Checkpoint& ck, const std::string&
   if (hf) adapters = formats::hf_adapters(dynamic_cast<models::Llama&>(*model).config(), adapters, /*to_castor=*/false);
   StateDict tensors;
   for (const auto& [k, t] : adapters) tensors.emplace(kPeftPrefix + k, t.to(DType::Float32).contiguous());
-  const nn::LoraConfig c = lora_config(config);
+  const nn::LoraConfig c = lora_config(resume_config(TrainConfig{}, config, what));
   const Json adapter_config = Json::Object{
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},

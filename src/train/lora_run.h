@@ -14,8 +14,6 @@ namespace castor::train {
 // directory without a checkpoint, or a LoRA run's (its model file holds adapters only: merge it first). A Hugging
 // Face directory (config.json) stays as it is.
 void resolve_init_dir(TrainConfig& c);
-// The adapter config recorded settings describe (config.json's "lora_rank", "lora_alpha", ...).
-nn::LoraConfig lora_config(const Json& settings);
 // The LoRA flags' rules, after parsing: --lora-alpha and the others need --lora-rank (or --init-lora, whose
 // adapter_config.json then gives them: a given flag that differs is an error) and LoRA needs --init.
 void check_lora_flags(TrainConfig& c);

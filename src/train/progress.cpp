@@ -44,7 +44,7 @@ std::string progress_line(const ProgressState& s, int width) {
   add("step %lld/%lld", static_cast<long long>(s.step), static_cast<long long>(s.total_steps));
   add("loss %.4f", s.loss);
   add("%s<%s", clock_text(s.elapsed_seconds).c_str(), clock_text(remaining).c_str());
-  add("%.0f %s/s", s.images_per_sec, s.unit);
+  add("%.0f %s/s", s.examples_per_sec, s.unit);
   if (s.mfu > 0) add("MFU %.0f%%", 100 * s.mfu);
   add("lr %.2g", s.lr);
   if (s.loss_scaling) add("scale %g", s.loss_scale);

@@ -10,7 +10,7 @@ struct ProgressState {
   int64_t epoch = 1, epochs = 1;  // epochs are numbered from 1 in everything a run shows and records
   int64_t step = 0, total_steps = 0;
   double loss = 0;  // the mean over the current logging window, as metrics.jsonl's loss_avg
-  double lr = 0, loss_scale = 1, images_per_sec = 0;
+  double lr = 0, loss_scale = 1, examples_per_sec = 0;  // examples: images or tokens (unit)
   double elapsed_seconds = 0;
   bool loss_scaling = true;  // false (bf16, O0): no scale field
   const char* unit = "img";  // of the throughput: images or tokens ("tok")

@@ -181,7 +181,7 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   }
   r.opt = make_optimizer(c, task, *r.model);
   amp::Overrides ov;
-  if (c.loss_scale) ov.loss_scale = Json(*c.loss_scale).dump();
+  if (c.loss_scale) ov.loss_scale = *c.loss_scale;
   if (c.stochastic_rounding) {
     ov.rounding = optim::Rounding::Stochastic;
     ov.rounding_seed = c.seed;
@@ -302,6 +302,7 @@ Json build_json() {
 Json config_json(const TrainConfig& c, const Task& task, int64_t schedule_steps) {
   Json o = settings_json(c);
   o["threads"] = omp_get_max_threads();
+  o["openmp_wait"] = openmp_wait_in_effect();
   o["nproc"] = dist::world_size();
   o["schedule_steps"] = schedule_steps;
   if (!c.precision_reason.empty()) o["precision_auto"] = c.precision_reason;  // why amp and dtype are what they are

@@ -45,7 +45,7 @@ RunLog::RunLog(const TrainConfig& c, const Task& task, int64_t total_steps, int6
 void RunLog::step(const StepInfo& s) {
   window_sum_ += s.loss;
   ++window_count_;
-  const double ips = s.train_seconds > 0 ? s.images / s.train_seconds : 0;
+  const double ips = s.examples_per_sec;
   const bool window_end = s.step % log_every_ == 0 || s.step == total_steps_;
   if (window_end || s.skipped) {
     Json::Object m{{"step", s.step},
@@ -94,7 +94,27 @@ void RunLog::evaluation(int64_t step, int64_t epoch, const Evaluation& ev) {
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
-void RunLog::epoch(Json::Object record, const Evaluation& ev, const std::vector<std::string>& fields) {
+void RunLog::epoch(const EpochInfo& e, const Evaluation& ev) {
+  const int64_t peak = memory_stats().peak_bytes;
+  char buf[64];
+  std::vector<std::string> fields;  // most important first: the terminal shows those that fit
+  auto add = [&](const char* fmt, auto... args) {
+    std::snprintf(buf, sizeof(buf), fmt, args...);
+    fields.push_back(buf);
+  };
+  add("epoch %lld/%lld", static_cast<long long>(e.epoch), static_cast<long long>(epochs_));
+  for (const std::string& f : task_.epoch_fields(ev, e.train_loss)) fields.push_back(f);
+  add("%.0f %s/s", e.examples_per_sec, task_.unit());
+  if (mfu(e.examples_per_sec) > 0) add("MFU %.1f%%", 100 * mfu(e.examples_per_sec));
+  if (e.loss_scaling) {
+    add("scale %g", e.loss_scale);
+    add("skipped %lld", static_cast<long long>(e.skipped_steps));
+  }
+  add("peak mem %.1f MiB", static_cast<double>(peak) / 1048576.0);
+  Json::Object record{{"epoch", e.epoch},           {"step", e.step},
+                      {"train_loss", e.train_loss}, {task_.rate_key(), e.examples_per_sec},
+                      {"loss_scale", e.loss_scale}, {"skipped_steps", e.skipped_steps},
+                      {"peak_memory_bytes", peak}};
   for (auto& [key, value] : evaluation_record(task_, ev)) record[key] = value;
   metrics_.write(record);
   finish_progress_line();

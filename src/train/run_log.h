@@ -19,8 +19,16 @@ struct StepInfo {
   int64_t step = 0, epoch = 0;
   double loss = 0, lr = 0, loss_scale = 1;
   bool skipped = false;
-  double images = 0, train_seconds = 0;  // totals of this process, for images/s
-  bool loss_scaling = true;              // false: the scale is not shown (no loss scaling: bf16, O0)
+  double examples_per_sec = 0;  // the job's images or tokens a second, at the steady rate (train/throughput.h)
+  bool loss_scaling = true;     // false: the scale is not shown (no loss scaling: bf16, O0)
+};
+
+// The end of an epoch as the log sees it.
+struct EpochInfo {
+  int64_t epoch = 0, step = 0;  // the epoch numbered from 1
+  double train_loss = 0, examples_per_sec = 0, loss_scale = 1;
+  int64_t skipped_steps = 0;
+  bool loss_scaling = true;  // false: no scale fields (no loss scaling: bf16, O0)
 };
 
 // What a throughput in examples/s (of the whole job) means for MFU: model FLOPs per example (training: forward and
@@ -56,9 +64,9 @@ class RunLog {
         examples_per_sec * flops_.flops_per_example >= flops_.rank_peak * static_cast<double>(flops_.ranks))
       flops_.rank_peak = measure_gemm_peak(flops_.gemm_dtype);
   }
-  // The end-of-epoch record (`record` and the evaluation's keys), and its line: on a terminal as many of `fields`
-  // (most important first) as fit its width.
-  void epoch(Json::Object record, const Evaluation& ev, const std::vector<std::string>& fields);
+  // The end-of-epoch record (with the evaluation's keys), and its line: on a terminal as many of its fields (most
+  // important first) as fit its width.
+  void epoch(const EpochInfo& e, const Evaluation& ev);
   // Ends a progress line in place (before other output).
   void finish_progress_line();
   int64_t lost_lines() const { return metrics_.lost_lines(); }

@@ -335,8 +335,8 @@ std::string resume_rule() {
   return list;
 }
 
-// The recorded settings as flags, parsed (and so validated) like a command line.
-TrainConfig recorded_config(const Json& recorded, const std::string& what) {
+// A run's recorded settings (run_dir.h's recorded_config) as flags, parsed (and so validated) like a command line.
+TrainConfig parse_recorded_settings(const Json& recorded, const std::string& what) {
   std::vector<std::string> args;
   const Json defaults = settings_json(TrainConfig{});
   try {
@@ -419,7 +419,7 @@ Json settings_json(const TrainConfig& c) {
 }
 
 TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const std::string& what) {
-  TrainConfig c = recorded_config(recorded, what);
+  TrainConfig c = parse_recorded_settings(recorded, what);
   const Json before = settings_json(c), now = settings_json(given);
   std::string differences;
   bool length_given = false;

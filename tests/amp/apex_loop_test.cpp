@@ -171,7 +171,7 @@ TEST(ApexLoop, ClipGradNormMeasuresAndClipsTheStepsFloat32Gradients) {
   for (OptLevel level : {OptLevel::O1, OptLevel::O2, OptLevel::O3})
     for (Form form : {Form::UnscaleThenModelParams, Form::ModelParams, Form::MasterParams}) {
       SCOPED_TRACE(std::string(amp::opt_level_name(level)) + " form " + std::to_string(static_cast<int>(form)));
-      Training r(level, Opt::SGD, {.loss_scale = "1024"});  // a static scale, so no step overflows
+      Training r(level, Opt::SGD, {.loss_scale = 1024.0});  // a static scale, so no step overflows
       r.amp->scale_loss(r.loss(0), *r.opt).backward();
       const std::vector<Tensor> params = r.model->parameters();
       const double want = unscaled_norm(params, 1024);

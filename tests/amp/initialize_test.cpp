@@ -135,7 +135,7 @@ TEST(AmpInitialize, OverridesReplaceTheLevelsDefaults) {
     // A static scale stays put; a dynamic one starts at min(2^16, max_loss_scale) and stops at min_loss_scale.
     auto model = conv_bn_net(/*seed=*/1);
     optim::SGD opt(model->parameters(), {.lr = 0.1});
-    auto a = amp::initialize(*model, {&opt}, OptLevel::O1, DType::Float16, {.loss_scale = "128"});
+    auto a = amp::initialize(*model, {&opt}, OptLevel::O1, DType::Float16, {.loss_scale = 128.0});
     EXPECT_TRUE(train_step(*a, *model, opt, images(0, 4, 4), labels(0, 4, 3)));
     EXPECT_TRUE(train_step(*a, *model, opt, images(1, 4, 4), labels(1, 4, 3)));
     EXPECT_EQ(a->scaler().get_scale(), 128.0);
@@ -161,8 +161,13 @@ TEST(AmpInitialize, OverridesReplaceTheLevelsDefaults) {
               amp::properties_for(OptLevel::O2, DType::Float16, {.cast_model_type = DType::BFloat16});
             }).find("cast_model_type must be float32 or float16, got bfloat16"),
             std::string::npos);
-  EXPECT_NE(error_of([] { amp::properties_for(OptLevel::O1, DType::Float16, {.loss_scale = "-2"}); }).find("\"-2\""),
+  EXPECT_NE(error_of([] { amp::properties_for(OptLevel::O1, DType::Float16, {.loss_scale = -2.0}); }).find("got -2"),
             std::string::npos);
+  // The scale is typed (no string parsed back): O0 and O3 fix it at 1, O1 leaves it dynamic, an override replaces it.
+  EXPECT_EQ(amp::to_string(amp::properties_for(OptLevel::O0, DType::Float16).loss_scale), "1");
+  EXPECT_EQ(amp::to_string(amp::properties_for(OptLevel::O3, DType::Float16).loss_scale), "1");
+  EXPECT_TRUE(amp::properties_for(OptLevel::O1, DType::Float16).loss_scale.is_dynamic());
+  EXPECT_EQ(amp::to_string(amp::properties_for(OptLevel::O1, DType::Float16, {.loss_scale = 0.5}).loss_scale), "0.5");
   EXPECT_NE(error_of([] { amp::properties_for(OptLevel::O1, DType::Float32); }).find("float32"), std::string::npos);
   EXPECT_NE(error_of([] { amp::parse_opt_level("O4"); }).find("\"O4\""), std::string::npos);
   EXPECT_EQ(amp::parse_opt_level("O3"), OptLevel::O3);
@@ -372,7 +377,7 @@ std::vector<double> regression_losses(OptLevel level, const amp::Overrides& ov, 
 TEST(AmpInitialize, LossScalingKeepsFloat16GradientsFromUnderflowing) {
   const int steps = 60;
   const std::vector<double> fp32 = regression_losses(OptLevel::O0, {}, steps);
-  const std::vector<double> unscaled = regression_losses(OptLevel::O2, {.loss_scale = "1"}, steps);
+  const std::vector<double> unscaled = regression_losses(OptLevel::O2, {.loss_scale = 1.0}, steps);
   const std::vector<double> scaled = regression_losses(OptLevel::O2, {}, steps);
   std::printf("loss after %d steps: float32 %.6g, float16 unscaled %.6g, float16 dynamic scaling %.6g (start %.6g)\n",
               steps, fp32.back(), unscaled.back(), scaled.back(), fp32.front());

@@ -35,9 +35,9 @@ std::vector<std::string> mpirun_args(const std::vector<std::string>& args) {
   return a;
 }
 
-CastorProcess run_helper(const std::string& mode, const std::string& dir, double seconds = 60) {
+CastorProcess run_helper(const std::string& mode, const std::string& dir) {
   CastorRun run{.dir = dir, .env = {"OMP_NUM_THREADS=1"}, .program = "mpirun"};
-  return test::run_castor(mpirun_args({std::string(CASTOR_BINARY_DIR) + "/castor_dist_helper", mode}), run, seconds);
+  return test::run_castor(mpirun_args({std::string(CASTOR_BINARY_DIR) + "/castor_dist_helper", mode}), run);
 }
 
 void expect_helper_ok(const std::string& mode) {
@@ -55,7 +55,7 @@ TEST(MpirunDist, DifferentModelsOnTheRanksAreRefused) { expect_helper_ok("mismat
 
 TEST(MpirunDist, DeadRankEndsTheJob) {
   const test::ScratchDir dir;
-  CastorProcess p = run_helper("kill", dir, /*seconds=*/60);
+  CastorProcess p = run_helper("kill", dir);
   EXPECT_FALSE(p.timed_out) << "the job hung after a rank died";
   EXPECT_NE(p.exit_code, 0) << p.err;
 }
@@ -76,7 +76,7 @@ std::vector<std::string> train_args(const std::string& out, int64_t batch, int64
 
 CastorProcess castor(std::vector<std::string> args, const std::string& dir, std::vector<std::string> extra) {
   args.insert(args.end(), extra.begin(), extra.end());
-  return test::run_castor(args, CastorRun{.dir = dir}, 120);
+  return test::run_castor(args, CastorRun{.dir = dir});
 }
 
 // For every tensor of two checkpoints' models: max |a - b| <= rel * max |b| or, with `l2`, ||a - b|| <= rel * ||b||.
@@ -186,7 +186,7 @@ TEST_F(MpirunTrain, Float16SkipsTheSameStepsAsOneProcess) {
 TEST_F(MpirunTrain, TimedCheckpointsAreTakenTogether) {
   std::vector<std::string> args = train_args("run", 16, 30, "O0");
   args.insert(args.end(), {"--nproc", "2", "--threads", "1", "--checkpoint-minutes", "0.002"});
-  CastorProcess p = test::run_castor(args, CastorRun{.dir = dir_}, 60);
+  CastorProcess p = test::run_castor(args, CastorRun{.dir = dir_});
   EXPECT_FALSE(p.timed_out) << "the ranks disagreed about a timed checkpoint";
   EXPECT_EQ(p.exit_code, 0) << p.err;
   EXPECT_EQ(train::read_checkpoint(dir_ + "/run").state.at("progress.step").item(), 30);
@@ -216,14 +216,12 @@ TEST_F(MpirunTrain, KilledRankEndsTheJob) {
   std::vector<std::string> args = train_args("run", 32, 100000, "O0");
   args.insert(args.end(), {"--nproc", "2", "--threads", "1", "--checkpoint-every", "2"});
   CastorProcess p(args, CastorRun{.dir = dir_});
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!train::latest_checkpoint(dir_ + "/run") && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(train::latest_checkpoint(dir_ + "/run")) << "no checkpoint within a minute";
+  ASSERT_TRUE(p.wait_until([&] { return train::latest_checkpoint(dir_ + "/run").has_value(); }))
+      << "ended before its first checkpoint";
   const std::vector<pid_t> ranks = children_of(p.pid());  // castor became mpirun (same pid)
   ASSERT_EQ(ranks.size(), 2u);
   ::kill(ranks[1], SIGKILL);
-  p.wait(60);
+  p.wait();
   EXPECT_FALSE(p.timed_out) << "the job hung after a rank died";
   EXPECT_NE(p.exit_code, 0) << p.err;
   EXPECT_NO_THROW(train::read_checkpoint(dir_ + "/run"));

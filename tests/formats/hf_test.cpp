@@ -461,7 +461,7 @@ TEST(HfCli, FineTuneExportAndReadBack) {
                              "tok",   "--init",  "base",  "--block-size", "16",     "--batch-size",
                              "4",     "--steps", "3",     "--lora-rank",  "4",      "--amp",
                              "O0",    "--out",   "lora"},
-                            run, 120);
+                            run);
   ASSERT_EQ(p.exit_code, 0) << p.err;
   p = test::run_castor({"export", "--format", "hf", "--checkpoint", "lora", "--merge-lora", "--out", "merged"}, run);
   ASSERT_EQ(p.exit_code, 0) << p.err;
@@ -485,7 +485,7 @@ TEST(HfCli, FineTuneExportAndReadBack) {
   // Full fine-tuning of the export, and bad --init directories as one-line errors with nothing written.
   p = test::run_castor({"train", "--model", "llama", "--data", "tokens", "--data-dir", "tok", "--init", "merged",
                         "--block-size", "16", "--batch-size", "2", "--steps", "1", "--out", "full"},
-                       run, 120);
+                       run);
   EXPECT_EQ(p.exit_code, 0) << p.err;
   fs::copy(dir + "/base", dir + "/qwen", fs::copy_options::recursive);
   set_key(dir + "/qwen", "architectures", "[\"Qwen2ForCausalLM\"]");  // (a Qwen2 has q/k/v biases: these have none)
@@ -513,7 +513,7 @@ TEST(HfCli, PeftExportLoadsOnTheHuggingFaceModel) {
   const auto train_run = [&](const std::vector<std::string>& more) {
     std::vector<std::string> a = train;
     a.insert(a.end(), more.begin(), more.end());
-    return test::run_castor(a, run, 120);
+    return test::run_castor(a, run);
   };
   auto p = train_run({"--steps", "3", "--lr", "1e-2", "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets",
                       "wq,wk,wv,w2,output", "--out", "lora"});

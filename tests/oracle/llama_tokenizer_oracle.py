@@ -1,5 +1,5 @@
 # llama2.c's tokenizer as its run.c reads and applies it, written from run.c's published build_tokenizer and encode
-# for tests/data/bpe_tokenizer_test.cpp: reads tokenizer.bin (int max_token_length, then per piece float score,
+# for tests/text/bpe_tokenizer_test.cpp: reads tokenizer.bin (int max_token_length, then per piece float score,
 # int length, bytes; pieces until the end of the file, run.c's vocab_size) and encodes each prompt with <s> first,
 # the dummy prefix " ", run.c's UTF-8 grouping with byte fallback (id 3 + byte), then the merge loop: the adjacent
 # pair whose joined bytes are the piece with the highest score (strictly above -1e10, the leftmost of equals).

@@ -1,5 +1,5 @@
 # llm.c's training data loader as llm.c's llmc/dataloader.h and llmc/rand.h define it (should_shuffle = 1), written
-# from that published algorithm for tests/data/lm_batch_test.cpp. The Mersenne Twister is Python's own (the
+# from that published algorithm for tests/text/lm_batch_test.cpp. The Mersenne Twister is Python's own (the
 # `random` module's MT19937 core), its state set to the words torch.manual_seed / llm.c's manual_seed make, so the
 # twist and tempering are an independent implementation; the first draws are checked against the values llm.c's
 # rand.h publishes and against torch's generator.

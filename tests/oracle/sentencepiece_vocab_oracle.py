@@ -1,7 +1,7 @@
 # sentencepiece itself (Debian's python3-sentencepiece) trains a vocabulary with llama2.c's train_vocab settings, and
 # the result is written as llama2.c's tokenizer.py export writes tokenizer.bin: max_token_length, then per piece
 # (U+2581 as ' ', <s> and </s> wrapped in newlines) its float score, its byte length and its bytes. For
-# tests/data/bpe_tokenizer_test.cpp, which compares Castor's trainer with it byte for byte.
+# tests/text/bpe_tokenizer_test.cpp, which compares Castor's trainer with it byte for byte.
 #
 #   sentencepiece_vocab_oracle.py TEXT_FILE VOCAB_SIZE OUT_DIR   -> OUT_DIR/spm_tokenizer.bin
 import struct

@@ -17,7 +17,7 @@ class BpeCli : public ::testing::Test {
  protected:
   void SetUp() override { test::write_grammar_text(path("text.txt"), 1500, 6, 11, /*capitalized=*/true); }
   std::string path(const std::string& name) const { return scratch.file(name); }
-  CastorProcess castor(const std::vector<std::string>& args) { return test::run_castor(args, in_dir, 120); }
+  CastorProcess castor(const std::vector<std::string>& args) { return test::run_castor(args, in_dir); }
   test::ScratchDir scratch;
   test::CastorRun in_dir{scratch.path().string()};
 };

@@ -52,7 +52,7 @@ class ChatTrain : public ::testing::Test {
                 "--out", "chat", "--val-fraction", "0.25"});
     ASSERT_EQ(p.exit_code, 0) << p.err;
   }
-  CastorProcess castor(const std::vector<std::string>& args) { return test::run_castor(args, in_dir, 120); }
+  CastorProcess castor(const std::vector<std::string>& args) { return test::run_castor(args, in_dir); }
   std::string path(const std::string& name) const { return scratch.file(name); }
 
   test::ScratchDir scratch;
@@ -166,7 +166,7 @@ TEST_F(ChatTrain, RowsSetTheBlockSizeAndDataWithoutTargetsIsRefused) {
 TEST(ChatFineTune, LearnsToReverseHeldOutPromptsWithoutLearningThePrompts) {
   test::ScratchDir scratch;
   const test::CastorRun in_dir{scratch.path().string()};
-  auto castor = [&](const std::vector<std::string>& args) { return test::run_castor(args, in_dir, 300); };
+  auto castor = [&](const std::vector<std::string>& args) { return test::run_castor(args, in_dir); };
   atomic_write_file(scratch.file("text.txt"), std::string("abcdef fedcba\n"));
   CastorProcess p = castor({"tokenize", "--tokenizer", "bpe", "--vocab-size", "259", "--input", "text.txt", "--out",
                             "bytes", "--val-fraction", "0.5"});

@@ -1,9 +1,15 @@
 // `castor train` flag parsing: defaults, values, and one-line errors naming the flag.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
 #include "castor/check.h"
 #include "castor/train_config.h"
 #include "support/support.h"
+#include "train/settings.h"
 
 namespace castor::train {
 
@@ -87,6 +93,27 @@ TEST(TrainFlags, ConvAlgorithmIsRecordedAndOlderRunsResumeDirect) {
   EXPECT_EQ(resume_config(parse_train_flags({}), recorded, "run").conv_algorithm, backends::ConvAlgorithm::Auto);
   EXPECT_THROW(resume_config(parse_train_flags({"--conv-algorithm", "direct"}), recorded, "run"), Error);
   EXPECT_THROW(parse_train_flags({"--conv-algorithm", "winograd"}), Error);
+}
+
+// TrainConfig::given takes a flag of the settings table: each name the sources ask about is a row (a typo or a
+// renamed flag would otherwise answer "no" forever), and a name that is no row stops the program, naming it.
+TEST(TrainFlags, GivenAsksOnlyAboutRowsOfTheSettingsTable) {
+  const std::regex call(R"re(given\("([^"]*)"\))re");
+  int calls = 0;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(std::string(CASTOR_SOURCE_DIR) + "/src")) {
+    if (e.path().extension() != ".cpp" && e.path().extension() != ".h") continue;
+    std::ifstream in(e.path());
+    std::stringstream text;
+    text << in.rdbuf();
+    const std::string s = text.str();
+    for (std::sregex_iterator m(s.begin(), s.end(), call), end; m != end; ++m, ++calls)
+      EXPECT_NE(find_setting((*m)[1].str()), nullptr) << e.path() << " asks given(\"" << (*m)[1] << "\")";
+  }
+  EXPECT_GE(calls, 20);  // the scan found the calls (29 when this test was written)
+  const TrainConfig c = parse_train_flags({"--lr", "0.1"});
+  EXPECT_TRUE(c.given("--lr"));
+  EXPECT_FALSE(c.given("--weight-decay"));
+  EXPECT_DEATH(c.given("--learning-rate"), "--learning-rate.*no row of the settings table");
 }
 
 }  // namespace castor::train

@@ -117,7 +117,7 @@ Reference model_reference(models::LanguageModel& model, const std::vector<int64_
 class GgufCli : public ::testing::Test {
  protected:
   std::string path(const std::string& name) const { return scratch.file(name); }
-  CastorProcess castor(const std::vector<std::string>& args) { return test::run_castor(args, in_dir, 300); }
+  CastorProcess castor(const std::vector<std::string>& args) { return test::run_castor(args, in_dir); }
   void train(const std::string& model, const std::string& tok, const std::string& out, int steps) {
     write_text();
     std::vector<std::string> args{"train",

@@ -31,7 +31,7 @@ class Llama2cCli : public ::testing::Test {
     ASSERT_EQ(run.exit_code, 0) << run.err;
   }
   std::string path(const std::string& name) const { return scratch.file(name); }
-  CastorProcess castor(const std::vector<std::string>& args) { return test::run_castor(args, in_dir, 120); }
+  CastorProcess castor(const std::vector<std::string>& args) { return test::run_castor(args, in_dir); }
   std::string greedy(const std::vector<std::string>& from) {
     std::vector<std::string> args{"sample", "--temperature", "0", "--tokens", "12", "--prompt", "The jury"};
     args.insert(args.end(), from.begin(), from.end());

@@ -288,7 +288,7 @@ TEST(LlmcInterop, LossesCoverOnlyTheRealVocabulary) {
 
   // castor eval of the .bin: the whole split (3 batches of 4 rows) in float32.
   const test::CastorRun in_dir{dir};
-  test::CastorProcess e = test::run_castor({"eval", "padded.bin", "--data-dir", "tok"}, in_dir, 120);
+  test::CastorProcess e = test::run_castor({"eval", "padded.bin", "--data-dir", "tok"}, in_dir);
   ASSERT_EQ(e.exit_code, 0) << e.err;
   const double mean_loss = (torch_loss[0] + torch_loss[1] + torch_loss[2]) / 3;
   EXPECT_NEAR(Json::parse(e.out).at("val_loss").as_double(), mean_loss, 1e-6 * mean_loss) << e.out;
@@ -297,7 +297,7 @@ TEST(LlmcInterop, LossesCoverOnlyTheRealVocabulary) {
                                             "tokens", "--data-dir", "tok", "--data-order", "sequential", "--batch-size",
                                             "4",      "--amp",      "O0",  "--steps",      "1",          "--log-every",
                                             "1",      "--threads",  "1",   "--out",        "run"},
-                                           in_dir, 120);
+                                           in_dir);
   ASSERT_EQ(t.exit_code, 0) << t.err;
   const std::vector<uint8_t> lines = read_file(dir + "/run/metrics.jsonl");
   const std::string first(lines.begin(), std::find(lines.begin(), lines.end(), '\n'));
@@ -334,7 +334,7 @@ TEST(LlmcInterop, BareTokenFoldersUseTheModelsVocabulary) {
   const test::CastorRun in_dir{dir};
 
   // castor eval of the .bin on the bare folder: the whole split (3 batches of 4 rows) in float32.
-  test::CastorProcess e = test::run_castor({"eval", "padded.bin", "--data-dir", "bare"}, in_dir, 120);
+  test::CastorProcess e = test::run_castor({"eval", "padded.bin", "--data-dir", "bare"}, in_dir);
   ASSERT_EQ(e.exit_code, 0) << e.err;
   const double mean_loss = (torch_loss[0] + torch_loss[1] + torch_loss[2]) / 3;
   EXPECT_NEAR(Json::parse(e.out).at("val_loss").as_double(), mean_loss, 1e-6 * mean_loss) << e.out;
@@ -343,7 +343,7 @@ TEST(LlmcInterop, BareTokenFoldersUseTheModelsVocabulary) {
       {"train", "--model",      "gpt",        "--init",       "padded.bin", "--data", "tokens", "--data-dir",
        "bare",  "--data-order", "sequential", "--batch-size", "4",          "--amp",  "O0",     "--steps",
        "1",     "--log-every",  "1",          "--threads",    "1",          "--out",  "run"},
-      in_dir, 120);
+      in_dir);
   ASSERT_EQ(t.exit_code, 0) << t.err;
   const std::vector<uint8_t> lines = read_file(dir + "/run/metrics.jsonl");
   const std::string first(lines.begin(), std::find(lines.begin(), lines.end(), '\n'));
@@ -359,7 +359,7 @@ TEST(LlmcInterop, BareTokenFoldersUseTheModelsVocabulary) {
   ASSERT_TRUE(test::run_oracle("lm_eval_oracle.py", {eval_config, *step + "/model.safetensors", dir + "/bare/val.bin",
                                                      dir + "/trained_loss.safetensors"}));
   const double trained = load_safetensors(dir + "/trained_loss.safetensors").tensors.at("loss").item();
-  test::CastorProcess er = test::run_castor({"eval", "run", "--data-dir", "bare"}, in_dir, 120);
+  test::CastorProcess er = test::run_castor({"eval", "run", "--data-dir", "bare"}, in_dir);
   ASSERT_EQ(er.exit_code, 0) << er.err;
   EXPECT_NEAR(Json::parse(er.out).at("val_loss").as_double(), trained, 1e-6 * trained) << er.out;
   EXPECT_GT(std::fabs(trained - mean_loss), 1e-4);  // the step changed the weights: not the untrained loss again
@@ -369,7 +369,7 @@ TEST(LlmcInterop, BareTokenFoldersUseTheModelsVocabulary) {
                                                {"eval", "run", "--data-dir", "other"},
                                                {"train", "--model", "gpt", "--init", "padded.bin", "--data", "tokens",
                                                 "--data-dir", "other", "--steps", "1", "--out", "run2"}}) {
-    test::CastorProcess p = test::run_castor(args, in_dir, 120);
+    test::CastorProcess p = test::run_castor(args, in_dir);
     EXPECT_NE(p.exit_code, 0) << args[0] << " " << args[1];
     EXPECT_NE(p.err.find("other/tokenizer.json holds the vocabulary [test, 120 tokens], but "), std::string::npos)
         << p.err;

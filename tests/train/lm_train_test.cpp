@@ -45,9 +45,7 @@ class LmTrain : public ::testing::Test {
     ASSERT_EQ(p.exit_code, 0) << p.err;
   }
   std::string path(const std::string& name) const { return scratch.file(name); }
-  CastorProcess castor(const std::vector<std::string>& args, double seconds = 120) {
-    return run_castor(args, in_dir, seconds);
-  }
+  CastorProcess castor(const std::vector<std::string>& args) { return run_castor(args, in_dir); }
   // A one-layer GPT (tiny_lm_args) on the test's tokens, one thread, deterministic.
   static std::vector<std::string> train_args(const std::string& out, int64_t steps,
                                              std::vector<std::string> extra = {}) {
@@ -168,9 +166,7 @@ TEST_F(LmTrain, SigkillDuringTheFinalEvaluationLosesNothing) {
   std::replace(args.begin(), args.end(), std::string("tok"), std::string("bigval"));
   CastorProcess p(args, in_dir);
   const std::string last = path("run/checkpoints/step-0000000020/COMMIT");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!fs::exists(last) && std::chrono::steady_clock::now() < deadline && ::waitpid(p.pid(), nullptr, WNOHANG) == 0)
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  p.wait_until([&] { return fs::exists(last); });
   p.signal(SIGKILL);
   p.wait();
   ASSERT_EQ(p.killed_by, SIGKILL) << "finished before the kill: " << p.err;
@@ -307,7 +303,7 @@ TEST_F(LmTrain, SetupDataFromAnyDirectoryAndNoRunDirectoryLeftOnEarlyFailure) {
 // (after the first 3 steps), the whole run's beside it, and MFU is tokens/s x FLOP per token / the cached peak.
 TEST_F(LmTrain, GemmPeakIsCachedAndTheSummaryRateIsSteady) {
   const test::CastorRun cached{scratch.path().string(), {"XDG_CACHE_HOME=" + path("cache")}};
-  CastorProcess first = test::run_castor(train_args("a", 12), cached, 120);
+  CastorProcess first = test::run_castor(train_args("a", 12), cached);
   ASSERT_EQ(first.exit_code, 0) << first.err;
   EXPECT_NE(first.err.find("GEMM peak is measured after training"), std::string::npos) << first.err;
   const std::vector<uint8_t> bytes = read_file(path("cache/castor/gemm_peak.json"));
@@ -315,7 +311,7 @@ TEST_F(LmTrain, GemmPeakIsCachedAndTheSummaryRateIsSteady) {
   ASSERT_EQ(cache.as_object().size(), 1u) << cache.dump();
   const double peak = cache.as_object().begin()->second.as_double();
   EXPECT_NE(cache.as_object().begin()->first.find("bfloat16 | 1 threads"), std::string::npos) << cache.dump();
-  CastorProcess second = test::run_castor(train_args("b", 12), cached, 120);
+  CastorProcess second = test::run_castor(train_args("b", 12), cached);
   ASSERT_EQ(second.exit_code, 0) << second.err;
   EXPECT_NE(second.err.find("measured once and cached"), std::string::npos) << second.err;
   for (const CastorProcess* p : {&first, &second}) {
@@ -337,7 +333,7 @@ TEST_F(LmTrain, GemmPeakIsCachedAndTheSummaryRateIsSteady) {
   Json stale = cache;
   stale[key] = 1000.0;  // FLOP/s
   atomic_write_file(path("cache/castor/gemm_peak.json"), stale.dump());
-  CastorProcess third = test::run_castor(train_args("c", 12), cached, 120);
+  CastorProcess third = test::run_castor(train_args("c", 12), cached);
   ASSERT_EQ(third.exit_code, 0) << third.err;
   const Json s = summary_of(third);
   ASSERT_TRUE(s.find("mfu")) << s.dump();
@@ -721,8 +717,8 @@ TEST_F(LmTrain, AdamW8bitLossCurveFollowsAdamWAndResumesBitExact) {
   std::vector<std::string> eight = o1, full = o1;
   eight.insert(eight.end(), {"--optimizer", "adamw8bit"});
   full.insert(full.end(), {"--optimizer", "adamw"});
-  ASSERT_EQ(castor(train_args("a32", 200, full), 300).exit_code, 0);
-  CastorProcess p = castor(train_args("a8", 200, eight), 300);
+  ASSERT_EQ(castor(train_args("a32", 200, full)).exit_code, 0);
+  CastorProcess p = castor(train_args("a8", 200, eight));
   ASSERT_EQ(p.exit_code, 0) << p.err;
   EXPECT_EQ(codes_in(path("a8")), 4u);  // c_attn, attn.c_proj (64 x 64 = 4096), mlp.c_fc, mlp.c_proj; not wte, wpe
   const std::vector<double> a = losses("a32"), b = losses("a8");

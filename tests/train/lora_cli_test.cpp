@@ -36,9 +36,7 @@ class LoraCliDir : public ::testing::Test {
     train_base(args("base", base_steps_, {"--eval-iters", "0"}));
   }
   std::string path(const std::string& name) const { return scratch.file(name); }
-  CastorProcess castor(const std::vector<std::string>& a, double seconds = 120) {
-    return test::run_castor(a, in_dir, seconds);
-  }
+  CastorProcess castor(const std::vector<std::string>& a) { return test::run_castor(a, in_dir); }
   void expect_error(const std::vector<std::string>& a, const std::vector<std::string>& parts) {
     CastorProcess p = castor(a);
     EXPECT_NE(p.exit_code, 0);
@@ -149,9 +147,7 @@ TEST_F(LoraCli, SigkillThenResumeIsBitExact) {
   ASSERT_EQ(castor(lora_args("ref", 400, {"--amp", "O2"})).exit_code, 0);
   CastorProcess p(lora_args("run", 400, {"--amp", "O2", "--log-every", "1"}), in_dir);
   const std::string mid = path("run/checkpoints/step-0000000020/COMMIT");
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!fs::exists(mid) && std::chrono::steady_clock::now() < deadline && ::waitpid(p.pid(), nullptr, WNOHANG) == 0)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  p.wait_until([&] { return fs::exists(mid); });
   p.signal(SIGKILL);
   p.wait();
   ASSERT_EQ(p.killed_by, SIGKILL) << "finished before the kill: " << p.err;

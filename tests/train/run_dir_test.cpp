@@ -60,13 +60,10 @@ void edit_state(const std::string& run, F&& edit) {
   write_checkpoint(run, step, ck, /*keep=*/10);
 }
 
-// Waits until `path` holds at least `n` lines.
-void wait_for_lines(const std::string& path, size_t n) {
-  for (int i = 0; i < 2000; ++i) {
-    if (fs::exists(path) && lines_of(path).size() >= n) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  FAIL() << path << " never reached " << n << " lines";
+// Waits until `path` holds at least `n` lines (while `p` runs).
+void wait_for_lines(const CastorProcess& p, const std::string& path, size_t n) {
+  ASSERT_TRUE(p.wait_until([&] { return fs::exists(path) && lines_of(path).size() >= n; }))
+      << path << " never reached " << n << " lines";
 }
 
 // Fashion-MNIST files (IDX, uncompressed) in `dir`: `n_train` and `n_test` images of varied bytes, labels 0-9.
@@ -97,9 +94,7 @@ class RunDir : public ::testing::Test {
   test::ScratchDir scratch;
   test::CastorRun in_dir{scratch.path().string()};
   std::string path(const std::string& name) const { return scratch.file(name); }
-  CastorProcess castor(const std::vector<std::string>& args, double seconds = 60) {
-    return run_castor(args, in_dir, seconds);
-  }
+  CastorProcess castor(const std::vector<std::string>& args) { return run_castor(args, in_dir); }
 };
 
 }  // namespace
@@ -123,7 +118,7 @@ TEST_F(RunDir, IncompleteOrOutOfRangeTrainingStateIsRefusedBeforeTraining) {
     fs::remove_all(path("copy"));
     fs::copy(path("run"), path("copy"), fs::copy_options::recursive);
     edit_state(path("copy"), edit);
-    expect_one_line_error(castor({"train", "--resume", "copy", "--steps", "6"}, /*seconds=*/30), parts);
+    expect_one_line_error(castor({"train", "--resume", "copy", "--steps", "6"}), parts);
   };
   resume([](Checkpoint& c) { c.state.erase("progress.step"); }, {"progress.step", "copy"});
   resume([](Checkpoint& c) { c.state["rng.default"] = zeros({3}, DType::Int64); }, {"rng.default"});
@@ -149,21 +144,21 @@ TEST_F(RunDir, LoaderThreadOutOfMemoryIsOneLine) {
 
 TEST_F(RunDir, FifosAreRefusedWithoutBlocking) {
   ASSERT_EQ(::mkfifo(path("pipe").c_str(), 0644), 0);
-  expect_one_line_error(castor({"info", "pipe"}, 20), {"pipe", "not a regular file"});
-  expect_one_line_error(castor(train_args("run", 1, {"--init", "pipe"}), 20), {"--init", "pipe"});
+  expect_one_line_error(castor({"info", "pipe"}), {"pipe", "not a regular file"});
+  expect_one_line_error(castor(train_args("run", 1, {"--init", "pipe"})), {"--init", "pipe"});
   fs::create_directories(path("fmnist"));
   for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte"})
     ASSERT_EQ(::mkfifo(path("fmnist/" + std::string(f)).c_str(), 0644), 0);
-  expect_one_line_error(castor({"train", "--data-dir", "fmnist", "--out", "run2"}, 20),
+  expect_one_line_error(castor({"train", "--data-dir", "fmnist", "--out", "run2"}),
                         {"train-images-idx3-ubyte", "not a regular file"});
 }
 
 TEST_F(RunDir, SecondRunOnTheSameOutIsRefusedAtOnce) {
   CastorProcess first(train_args("run", 100000), in_dir);
-  wait_for_lines(path("run/metrics.jsonl"), 1);
-  CastorProcess second = castor(train_args("run", 5), 30);
+  wait_for_lines(first, path("run/metrics.jsonl"), 1);
+  CastorProcess second = castor(train_args("run", 5));
   expect_one_line_error(second, {"run is in use by pid " + std::to_string(first.pid())});
-  CastorProcess resumer = castor({"train", "--resume", "run"}, 30);
+  CastorProcess resumer = castor({"train", "--resume", "run"});
   first.signal(SIGKILL);
   first.wait();
   EXPECT_EQ(resumer.exit_code, 1) << resumer.err;
@@ -212,7 +207,7 @@ void interrupt_and_resume(RunDir* t, int sig, const std::string& name) {
   const std::string run = name, full = name + "_full";
   const std::vector<std::string> extra = {"--synthetic-size", "1024"};  // 64 batches per epoch: no epoch end
   CastorProcess p(train_args(run, 60, extra), t->in_dir);
-  wait_for_lines(t->in_dir.dir + "/" + run + "/metrics.jsonl", 3);
+  wait_for_lines(p, t->in_dir.dir + "/" + run + "/metrics.jsonl", 3);
   p.signal(sig);
   p.wait();
   EXPECT_EQ(p.exit_code, 128 + sig) << p.err;
@@ -239,10 +234,17 @@ TEST_F(RunDir, SecondSignalExitsAtOnce) {
   CastorProcess p({"train", "--data", "synthetic", "--synthetic-size", "4096", "--batch-size", "1024", "--steps",
                    "1000", "--log-every", "1", "--out", "run"},
                   in_dir);
-  wait_for_lines(path("run/metrics.jsonl"), 1);
+  wait_for_lines(p, path("run/metrics.jsonl"), 1);
+  // Both signals arrive while the process is stopped, so they come one right after the other however loaded the
+  // machine is (they used to be 2 ms apart, which a loaded machine stretched past the step and its checkpoint).
+  p.signal(SIGSTOP);
+  ASSERT_TRUE(p.wait_until([&] {  // (stopped: state T in /proc/PID/stat, after "PID (castor) ")
+    const std::string stat = test::read_text("/proc/" + std::to_string(p.pid()) + "/stat");
+    return stat.size() > stat.rfind(')') + 2 && stat[stat.rfind(')') + 2] == 'T';
+  }));
   p.signal(SIGINT);
-  std::this_thread::sleep_for(std::chrono::milliseconds(2));
   p.signal(SIGTERM);
+  p.signal(SIGCONT);
   p.wait();
   // Two threads may take the two signals at once; whichever comes second ends the process, with its status.
   EXPECT_TRUE(p.exit_code == 128 + SIGTERM || p.exit_code == 128 + SIGINT) << p.exit_code << " " << p.err;
@@ -542,11 +544,10 @@ TEST_F(RunDir, ThreadCountsAreBoundedAlsoWhenRestored) {
 
 TEST_F(RunDir, ConfigFilesAreReadOnlyIfRegularAndSmall) {
   ASSERT_EQ(::mkfifo(path("pipe").c_str(), 0644), 0);
-  expect_one_line_error(castor({"train", "--config", "pipe"}, 20), {"--config", "pipe", "not a regular file"});
-  expect_one_line_error(castor({"train", "--config", "/dev/zero"}, 20),
-                        {"--config", "/dev/zero", "not a regular file"});
+  expect_one_line_error(castor({"train", "--config", "pipe"}), {"--config", "pipe", "not a regular file"});
+  expect_one_line_error(castor({"train", "--config", "/dev/zero"}), {"--config", "/dev/zero", "not a regular file"});
   test::write_bytes(path("huge.toml"), std::vector<uint8_t>((1 << 20) + 1, '#'));
-  expect_one_line_error(castor({"train", "--config", "huge.toml"}, 20), {"--config", "huge.toml", "limit"});
+  expect_one_line_error(castor({"train", "--config", "huge.toml"}), {"--config", "huge.toml", "limit"});
 }
 
 TEST_F(RunDir, ARunsConfigJsonIsAConfigFile) {
@@ -608,7 +609,7 @@ TEST_F(RunDir, ResumeAfterTheLastStepWithoutAReportFinishesIt) {
 TEST_F(RunDir, SigintDuringTheFinalEvaluationStillWritesTheReport) {
   // 2 steps, then an evaluation of 5000 test images (seconds): the signal comes during it.
   CastorProcess p(train_args("run", 2, {"--synthetic-size", "20000"}), in_dir);
-  wait_for_lines(path("run/metrics.jsonl"), 2);
+  wait_for_lines(p, path("run/metrics.jsonl"), 2);
   p.signal(SIGINT);
   p.wait();
   EXPECT_EQ(p.exit_code, 0) << p.err;  // the run was complete: report and summary written
@@ -619,17 +620,14 @@ TEST_F(RunDir, SigintDuringTheFinalEvaluationStillWritesTheReport) {
 
 TEST_F(RunDir, InfoRacingPruningSeesWholeCheckpoints) {
   CastorProcess run(train_args("run", 100000, {"--checkpoint-every", "1", "--keep", "1"}), in_dir);
-  for (int i = 0; i < 3000 && !latest_checkpoint(path("run")); ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  if (!latest_checkpoint(path("run"))) {
-    run.signal(SIGKILL);
+  if (!run.wait_until([&] { return latest_checkpoint(path("run")).has_value(); })) {
     run.wait();
-    FAIL() << "no checkpoint in 30 s: " << run.err;
+    FAIL() << "ended before its first checkpoint: " << run.err;
   }
   int failures = 0;
   std::string first;
   for (int i = 0; i < 40; ++i) {
-    CastorProcess info = castor({"info", "run"}, 30);
+    CastorProcess info = castor({"info", "run"});
     if (info.exit_code != 0 && failures++ == 0) first = info.err;
   }
   run.signal(SIGKILL);

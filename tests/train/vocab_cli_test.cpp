@@ -40,7 +40,7 @@ class VocabCli : public ::testing::Test {
   static void TearDownTestSuite() { delete scratch_; }
   static std::string at(const std::string& name) { return scratch_->file(name); }
   static CastorProcess run(const std::vector<std::string>& args) {
-    return test::run_castor(args, test::CastorRun{scratch_->path().string()}, 120);
+    return test::run_castor(args, test::CastorRun{scratch_->path().string()});
   }
   static std::string record_sum(const std::string& dir) {
     return data::read_tokenizer_record(at(dir)).at("vocab_checksum").as_string();

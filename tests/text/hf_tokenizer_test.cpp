@@ -13,7 +13,7 @@
 #include "castor/json.h"
 #include "castor/random.h"
 #include "castor/tokenizer.h"
-#include "data/unicode.h"
+#include "text/unicode.h"
 #include "io/file_test_util.h"
 
 namespace castor::data {
@@ -41,7 +41,7 @@ struct Reference {
 // The tokenizers package's answers for `inputs` (texts, or arrays of ids to decode), computed by node.
 Json run_node(const std::string& tokenizer_json, const Json::Array& inputs, const test::ScratchDir& dir) {
   atomic_write_file(dir.file("in.json"), Json(inputs).dump());
-  const std::string cmd = "node " + std::string(CASTOR_SOURCE_DIR) + "/tests/data/hf_tokenizers.js " + kModules + " " +
+  const std::string cmd = "node " + std::string(CASTOR_SOURCE_DIR) + "/tests/text/hf_tokenizers.js " + kModules + " " +
                           tokenizer_json + " " + dir.file("in.json") + " " + dir.file("out.json");
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const std::vector<uint8_t> bytes = read_file(dir.file("out.json"));

@@ -26,7 +26,7 @@ const std::string kModules = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm/
 std::vector<std::vector<uint16_t>> node_encode(const std::vector<std::string>& texts, const test::ScratchDir& dir) {
   Json::Array arr(texts.begin(), texts.end());
   atomic_write_file(dir.file("in.json"), Json(arr).dump());
-  const std::string cmd = "node " + std::string(CASTOR_SOURCE_DIR) + "/tests/data/gpt3_encoder.js " + kModules + " " +
+  const std::string cmd = "node " + std::string(CASTOR_SOURCE_DIR) + "/tests/text/gpt3_encoder.js " + kModules + " " +
                           dir.file("in.json") + " " + dir.file("out.json");
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const std::vector<uint8_t> bytes = read_file(dir.file("out.json"));

@@ -5,7 +5,7 @@
 #include "castor/check.h"
 #include "castor/fs.h"
 #include "castor/tokenizer.h"
-#include "data/unicode.h"
+#include "text/unicode.h"
 
 namespace castor::data {
 namespace {

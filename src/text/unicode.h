@@ -1,4 +1,4 @@
-// Unicode helpers the tokenizers share (private to src/data): UTF-8 stepping, the character classes their
+// Unicode helpers the tokenizers share (private to src/text): UTF-8 stepping, the character classes their
 // pre-tokenizer regexes use, GPT-2's byte-to-character map, NFC and lossy UTF-8 repair.
 #pragma once
 #include <array>

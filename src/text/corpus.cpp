@@ -468,6 +468,77 @@ std::vector<uint32_t> as_ids(const std::vector<int32_t>& ids, int64_t vocab, con
   return out;
 }
 
+// The examples of a JSONL file, one a line (blank lines skipped), rendered and tokenized.
+std::vector<TokenizedText> read_chat_examples(const std::string& path, ChatFormat format, const ChatTemplate& tmpl,
+                                              const ChatTokenizer& ct, bool train_on_prompt) {
+  const std::vector<uint8_t> bytes = read_file(path);
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::vector<TokenizedText> examples;
+  size_t pos = 0;
+  for (int64_t line = 1; pos < text.size(); ++line) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string_view::npos) nl = text.size();
+    const std::string_view row = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (row.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    const std::string where = detail::cat(path, ": line ", line);
+    Json j;
+    try {
+      j = Json::parse(row);
+    } catch (const Error& e) {
+      throw Error(detail::cat(where, ": not JSON: ", e.what()));
+    }
+    examples.push_back(tokenize_row(j, format, tmpl, ct, train_on_prompt, where));
+  }
+  CASTOR_CHECK(!examples.empty(), path, ": no examples");
+  return examples;
+}
+
+// The examples split into training and validation ones as --val-every or --val-fraction say; each side non-empty.
+std::pair<std::vector<TokenizedText>, std::vector<TokenizedText>> split_examples(std::vector<TokenizedText> examples,
+                                                                                 const TokenizeOptions& opt,
+                                                                                 const std::string& path) {
+  std::vector<TokenizedText> train, val;
+  const size_t n_val = opt.val_every > 0 ? 0
+                                         : static_cast<size_t>(static_cast<double>(examples.size()) * opt.val_fraction);
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const bool to_val = opt.val_every > 0 ? is_val_document(i, opt) : i >= examples.size() - n_val;
+    (to_val ? val : train).push_back(std::move(examples[i]));
+  }
+  CASTOR_CHECK(!val.empty(), path, ": ", train.size() + val.size(),
+               " examples leave none for validation; give more, a larger --val-fraction or a --val-every");
+  CASTOR_CHECK(!train.empty(), path, ": the split leaves no training examples");
+  return {std::move(train), std::move(val)};
+}
+
+// The token record of a chat folder: the tokenizer's, the chat settings, and the rows, targets and files written.
+Json chat_record(const Tokenizer& tokenizer, const ChatTokenizer& ct, ChatFormat format, const TokenizeOptions& opt,
+                 int64_t row_tokens, const Rows& tr, const Rows& va, int64_t examples, int64_t val_examples,
+                 const std::vector<FolderFile>& files, int width) {
+  Json record = tokenizer.record();
+  record["format"] = chat_format_name(format);
+  record["row_tokens"] = row_tokens;
+  record["chat_template"] = ct.chat_template;
+  record["eos_token_id"] = ct.eos_id;
+  record["eot_token_id"] = ct.eot_id;
+  record["pad_token_id"] = ct.pad_id;
+  record["train_on_prompt"] = opt.train_on_prompt;
+  record["pack"] = opt.pack;
+  record["examples"] = examples;
+  record["val_examples"] = val_examples;
+  record["truncated"] = tr.truncated + va.truncated;
+  record["dropped"] = tr.dropped + va.dropped;
+  record["train_rows"] = tr.rows;
+  record["val_rows"] = va.rows;
+  record["train_targets"] = tr.targets;
+  record["val_targets"] = va.targets;
+  record["train_tokens"] = static_cast<int64_t>(files[0].tokens.size());
+  record["val_tokens"] = static_cast<int64_t>(files[1].tokens.size());
+  record["train_checksum"] = tokens_checksum(files[0].tokens, width);
+  record["val_checksum"] = tokens_checksum(files[1].tokens, width);
+  return record;
+}
+
 }  // namespace
 
 Json tokenize_chat(const TokenizeOptions& opt) {
@@ -488,36 +559,7 @@ Json tokenize_chat(const TokenizeOptions& opt) {
   const ChatTokenizer ct = chat_tokenizer(tokenizer);
   const ChatTemplate tmpl(ct.chat_template, ct.template_what);
   const std::string& path = opt.inputs[0];
-  const std::vector<uint8_t> bytes = read_file(path);
-  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-  std::vector<TokenizedText> examples;
-  size_t pos = 0;
-  for (int64_t line = 1; pos < text.size(); ++line) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string_view::npos) nl = text.size();
-    const std::string_view row = text.substr(pos, nl - pos);
-    pos = nl + 1;
-    if (row.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string where = detail::cat(path, ": line ", line);
-    Json j;
-    try {
-      j = Json::parse(row);
-    } catch (const Error& e) {
-      throw Error(detail::cat(where, ": not JSON: ", e.what()));
-    }
-    examples.push_back(tokenize_row(j, format, tmpl, ct, opt.train_on_prompt, where));
-  }
-  CASTOR_CHECK(!examples.empty(), path, ": no examples");
-  std::vector<TokenizedText> train, val;
-  const size_t n_val = opt.val_every > 0 ? 0
-                                         : static_cast<size_t>(static_cast<double>(examples.size()) * opt.val_fraction);
-  for (size_t i = 0; i < examples.size(); ++i) {
-    const bool to_val = opt.val_every > 0 ? is_val_document(i, opt) : i >= examples.size() - n_val;
-    (to_val ? val : train).push_back(std::move(examples[i]));
-  }
-  CASTOR_CHECK(!val.empty(), path, ": ", train.size() + val.size(),
-               " examples leave none for validation; give more, a larger --val-fraction or a --val-every");
-  CASTOR_CHECK(!train.empty(), path, ": the split leaves no training examples");
+  const auto [train, val] = split_examples(read_chat_examples(path, format, tmpl, ct, opt.train_on_prompt), opt, path);
   const int64_t row_tokens = opt.block_size + 1;
   const Rows tr = make_rows(train, row_tokens, opt.drop_long, opt.pack, ct.pad_id);
   const Rows va = make_rows(val, row_tokens, opt.drop_long, opt.pack, ct.pad_id);
@@ -532,27 +574,9 @@ Json tokenize_chat(const TokenizeOptions& opt) {
                                          {"val.bin", as_ids(va.ids, vocab, path), width},
                                          {"train.mask", std::vector<uint32_t>(tr.mask.begin(), tr.mask.end()), 2},
                                          {"val.mask", std::vector<uint32_t>(va.mask.begin(), va.mask.end()), 2}};
-  Json record = tokenizer.record();
-  record["format"] = chat_format_name(format);
-  record["row_tokens"] = row_tokens;
-  record["chat_template"] = ct.chat_template;
-  record["eos_token_id"] = ct.eos_id;
-  record["eot_token_id"] = ct.eot_id;
-  record["pad_token_id"] = ct.pad_id;
-  record["train_on_prompt"] = opt.train_on_prompt;
-  record["pack"] = opt.pack;
-  record["examples"] = static_cast<int64_t>(train.size() + val.size());
-  record["val_examples"] = static_cast<int64_t>(val.size());
-  record["truncated"] = tr.truncated + va.truncated;
-  record["dropped"] = tr.dropped + va.dropped;
-  record["train_rows"] = tr.rows;
-  record["val_rows"] = va.rows;
-  record["train_targets"] = tr.targets;
-  record["val_targets"] = va.targets;
-  record["train_tokens"] = static_cast<int64_t>(files[0].tokens.size());
-  record["val_tokens"] = static_cast<int64_t>(files[1].tokens.size());
-  record["train_checksum"] = tokens_checksum(files[0].tokens, width);
-  record["val_checksum"] = tokens_checksum(files[1].tokens, width);
+  const Json record = chat_record(tokenizer, ct, format, opt, row_tokens, tr, va,
+                                  static_cast<int64_t>(train.size() + val.size()), static_cast<int64_t>(val.size()),
+                                  files, width);
   write_token_folder(out, opt, keep, files, tokenizer, tok_dir, record);
   Json summary = record;
   summary.as_object().erase("chat_template");
