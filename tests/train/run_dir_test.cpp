@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 
 #include "castor/checkpoint.h"
@@ -239,8 +240,10 @@ TEST_F(RunDir, SecondSignalExitsAtOnce) {
   // machine is (they used to be 2 ms apart, which a loaded machine stretched past the step and its checkpoint).
   p.signal(SIGSTOP);
   ASSERT_TRUE(p.wait_until([&] {  // (stopped: state T in /proc/PID/stat, after "PID (castor) ")
-    const std::string stat = test::read_text("/proc/" + std::to_string(p.pid()) + "/stat");
-    return stat.size() > stat.rfind(')') + 2 && stat[stat.rfind(')') + 2] == 'T';
+    std::string stat;
+    std::getline(std::ifstream("/proc/" + std::to_string(p.pid()) + "/stat"), stat);
+    const size_t at = stat.rfind(')') + 2;
+    return at < stat.size() && stat[at] == 'T';
   }));
   p.signal(SIGINT);
   p.signal(SIGTERM);
