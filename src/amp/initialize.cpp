@@ -265,7 +265,7 @@ StateDict Amp::model_state_dict(size_t index) const {
   for (const optim::Optimizer* o : optimizers_)
     for (const auto& g : o->param_groups())
       for (const auto& slot : g.slots)
-        if (slot.master.defined()) masters[slot.param.impl()] = slot.master;
+        if (slot.master.defined()) masters[slot.param.impl()] = o->whole_master(slot);  // (ZeRO: gathered)
   for (const auto& [name, p] : model.named_parameters()) {
     auto it = masters.find(p.impl());
     if (it != masters.end()) sd[name] = it->second.detach();

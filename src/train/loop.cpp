@@ -219,6 +219,7 @@ class Trainer {
       if (run_.ddp && !last_micro) no_sync.emplace(*run_.ddp);
       run_.amp->scale_loss(loss.first, *run_.opt).backward();
     }
+    if (run_.ddp && last_micro && c_.zero >= 2) stage_shard_grads();
     const double n = batch.examples * world_;  // the whole job's images or tokens
     images_ += n;
     e.images += n;
@@ -263,6 +264,17 @@ class Trainer {
       if (log_) log_->evaluation(state_.step, state_.epoch + 1, ev);
     }
     return true;
+  }
+
+  // ZeRO-2: the optimizer's step reads the slices of the gradients DDP reduce-scattered (their .grad is dropped).
+  void stage_shard_grads() {
+    std::map<const TensorImpl*, Tensor> slice;
+    for (const auto& [p, g] : run_.ddp->shard_grads()) slice[p.impl()] = g;
+    auto& groups = run_.opt->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (size_t i = 0; i < groups[g].slots.size(); ++i)
+        if (auto it = slice.find(groups[g].slots[i].param.impl()); it != slice.end())
+          run_.opt->stage_float32_grad(g, i, it->second);
   }
 
   // Stops the run with "diverged at step N" on a non-finite loss without dynamic loss scaling (O0, O3 bf16),
@@ -359,8 +371,11 @@ class Trainer {
   void checkpoint() {
     // At a step boundary the next step sets the gradients to none anyway: not held beside the write.
     if (micro_ == 0) run_.opt->zero_grad();
+    // Sharded (ZeRO), the optimizer's state dict gathers every rank's slices: every rank takes part.
+    std::optional<Checkpoint> gathered;
+    if (run_.opt->shard_group()) gathered = state_.save(run_, config_);
     if (rank0_) {
-      const Checkpoint ck = state_.save(run_, config_);
+      const Checkpoint ck = gathered ? std::move(*gathered) : state_.save(run_, config_);
       for (const auto& [name, t] : ck.model)
         CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), "diverged at step ", state_.step, ": ", name,
                      " is not finite (try a lower --lr); the newest checkpoint holds the last finite state");

@@ -52,6 +52,7 @@ TEST(MpirunDist, CollectivesGiveHandWorkedValues) { expect_helper_ok("collective
 TEST(MpirunDist, InfOnOneRankSkipsTheStepOnBoth) { expect_helper_ok("inf"); }
 TEST(MpirunDist, SyncBatchNormNormalisesTheWholeBatch) { expect_helper_ok("syncbn"); }
 TEST(MpirunDist, DifferentModelsOnTheRanksAreRefused) { expect_helper_ok("mismatch"); }
+TEST(MpirunDist, ZeroStagesMatchReplicatedBitForBit) { expect_helper_ok("zero"); }
 
 TEST(MpirunDist, DeadRankEndsTheJob) {
   const test::ScratchDir dir;
