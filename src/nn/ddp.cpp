@@ -201,6 +201,7 @@ struct DistributedDataParallel::Reducer {
           const Tensor g = mine.narrow(0, b.offsets[j], b.shards[j].length);
           shard_grads[b.params[j]] = dtype == DType::Float32 ? g : g.to(dtype).to(DType::Float32);
         }
+        b.flat = b.wire = b.mine = Tensor();  // (the bucket's buffers are not held between steps)
         continue;
       }
       if (b.wire.dtype() != DType::Float32) b.flat.copy_(b.wire);
