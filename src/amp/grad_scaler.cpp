@@ -82,8 +82,8 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
   for (size_t g = 0; g < groups.size(); ++g) {
     for (size_t i = 0; i < groups[g].slots.size(); ++i) {
       optim::ParamSlot& slot = groups[g].slots[i];
-      // (ZeRO-2 stages each rank's float32 slice of the gradient; .grad is dropped)
-      const Tensor grad = slot.staged_grad().defined() ? slot.staged_grad() : slot.param.grad();
+      // (ZeRO-2 drops .grad and stages each rank's float32 slice of the gradient)
+      const Tensor grad = slot.param.grad().defined() ? slot.param.grad() : slot.staged_grad();
       if (!grad.defined()) continue;
       st.any_grad = true;
       const Tensor dst = in_place_ok(grad) ? grad : optimizer.float32_grad_buffer(g, i);
