@@ -149,6 +149,14 @@ class Optimizer {
   dist::ProcessGroup* shard_group() const { return shard_group_; }
   // Shards start at multiples of this many elements (AdamW8bit: its block size, so no block straddles two ranks).
   virtual int64_t shard_alignment() const { return 1; }
+  // state_dict(copies = false) without the gathers: each sharded tensor is this rank's slice, flattened (aliases),
+  // and `where` receives, under its key, the whole tensor's shape and the slice's first element in it (flattened).
+  // Keys not in `where` are whole on every rank. For checkpoints that each rank writes its part of.
+  struct SliceOf {
+    Shape shape;
+    int64_t begin = 0;
+  };
+  StateDict state_dict_slices(std::map<std::string, SliceOf>& where) const;
   // The slot's float32 master weight, whole (sharded: gathered from every rank, a collective); undefined if none.
   Tensor whole_master(const ParamSlot& slot) const;
   // The rounding applies to every write-back into a 16-bit parameter (with or without masters).
@@ -210,6 +218,10 @@ class Optimizer {
   struct SliceLayout;
   SliceLayout slice_layout(const ParamSlot& slot, const std::string& name) const;
   Tensor gather_state(const ParamSlot& slot, const std::string& name, const Tensor& t) const;
+  // The state dict with each slot tensor (name "" for the master) as `take` returns it.
+  using StateTaker =
+      std::function<Tensor(const ParamSlot&, const std::string& name, const Tensor&, const std::string& key)>;
+  StateDict build_state_dict(const StateTaker& take) const;
   Tensor slice_state(const ParamSlot& slot, const std::string& name, const Tensor& whole) const;
 };
 

@@ -326,7 +326,12 @@ void Optimizer::fold_into_step(float inv_scale, float clip_coef) {
 }
 
 StateDict Optimizer::state_dict(bool copies) const {
-  auto out = [&](const Tensor& t) { return copies ? t.clone() : t.detach(); };
+  return build_state_dict([&](const ParamSlot& slot, const std::string& name, const Tensor& t, const std::string&) {
+    return shard_group_ ? gather_state(slot, name, t) : copies ? t.clone() : t.detach();
+  });
+}
+
+StateDict Optimizer::build_state_dict(const StateTaker& take) const {
   StateDict sd;
   for (size_t g = 0; g < groups_.size(); ++g) {
     const ParamGroup& group = groups_[g];
@@ -336,9 +341,12 @@ StateDict Optimizer::state_dict(bool copies) const {
     sd[prefix + "size"] = scalar_tensor(static_cast<double>(group.slots.size()), DType::Int64);
     for (size_t i = 0; i < group.slots.size(); ++i) {
       const ParamSlot& slot = group.slots[i];
-      for (const auto& [name, t] : slot.state)
-        sd[slot_key("state", g, i) + "." + name] = shard_group_ ? gather_state(slot, name, t) : out(t);
-      if (slot.master.defined()) sd[slot_key("master", g, i)] = shard_group_ ? whole_master(slot) : out(slot.master);
+      for (const auto& [name, t] : slot.state) {
+        const std::string key = slot_key("state", g, i) + "." + name;
+        sd[key] = take(slot, name, t, key);
+      }
+      const std::string key = slot_key("master", g, i);
+      if (slot.master.defined()) sd[key] = take(slot, "", slot.master, key);
     }
   }
   sd["step_count"] = scalar_tensor(static_cast<double>(step_count_), DType::Int64);
@@ -488,6 +496,16 @@ Tensor Optimizer::gather_state(const ParamSlot& slot, const std::string& name, c
   Tensor all = empty({l.per_rank * shard_group_->size()}, t.dtype());
   shard_group_->all_gather_into(all, mine);
   return all.narrow(0, 0, shape_numel(l.shape)).clone().view(l.shape);
+}
+
+StateDict Optimizer::state_dict_slices(std::map<std::string, SliceOf>& where) const {
+  if (!shard_group_) return state_dict(/*copies=*/false);
+  return build_state_dict([&](const ParamSlot& slot, const std::string& name, const Tensor& t, const std::string& key) {
+    const SliceLayout l = slice_layout(slot, name);
+    if (l.whole) return t.detach();
+    where[key] = {l.shape, l.begin};
+    return t.detach().contiguous().view({-1});
+  });
 }
 
 Tensor Optimizer::whole_master(const ParamSlot& slot) const {

@@ -371,15 +371,18 @@ class Trainer {
   void checkpoint() {
     // At a step boundary the next step sets the gradients to none anyway: not held beside the write.
     if (micro_ == 0) run_.opt->zero_grad();
-    // Sharded (ZeRO), the optimizer's state dict gathers every rank's slices: every rank takes part.
-    std::optional<Checkpoint> gathered;
-    if (run_.opt->shard_group()) gathered = state_.save(run_, config_);
-    if (rank0_) {
-      const Checkpoint ck = gathered ? std::move(*gathered) : state_.save(run_, config_);
-      for (const auto& [name, t] : ck.model)
-        CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), "diverged at step ", state_.step, ": ", name,
-                     " is not finite (try a lower --lr); the newest checkpoint holds the last finite state");
-      write_checkpoint(c_.out, state_.step, ck, c_.keep);
+    // Sharded (ZeRO): every rank writes its slices of the optimizer's state, rank 0 the rest and the manifest.
+    const bool sharded = run_.opt->shard_group() != nullptr;
+    if (rank0_ || sharded) {
+      Checkpoint ck = state_.save(run_, config_, sharded);
+      if (rank0_)
+        for (const auto& [name, t] : ck.model)
+          CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), "diverged at step ", state_.step, ": ", name,
+                       " is not finite (try a lower --lr); the newest checkpoint holds the last finite state");
+      if (sharded)
+        write_sharded_checkpoint(c_.out, state_.step, ck, c_.keep, *run_.opt->shard_group());
+      else
+        write_checkpoint(c_.out, state_.step, ck, c_.keep);
     }
     if (world_ > 1) dist::barrier();
     saved_ = {state_.step, state_.epoch, state_.batch};

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include <fstream>
@@ -238,6 +239,36 @@ TEST_F(MpirunTrain, ZeroMatchesReplicatedAndResumesOnAnyWorldSize) {
   EXPECT_EQ(summary_of(three).at("nproc").as_int(), 3);
   expect_models_close(dir_ + "/on1", dir_ + "/zero2", 2e-2, /*l2=*/true);
   expect_models_close(dir_ + "/on3", dir_ + "/zero2", 2e-2, /*l2=*/true);
+
+  // The layout: each rank's slices in a shard file of its own beside the model and the state with the manifest
+  // (3 of them after the resume on 3 ranks); a replicated run writes none.
+  namespace fs = std::filesystem;
+  const std::string z2 = *train::latest_checkpoint(dir_ + "/zero2"), on3 = *train::latest_checkpoint(dir_ + "/on3");
+  EXPECT_TRUE(fs::exists(z2 + "/shard-00000-of-00002.safetensors") &&
+              fs::exists(z2 + "/shard-00001-of-00002.safetensors"));
+  EXPECT_TRUE(fs::exists(on3 + "/shard-00002-of-00003.safetensors"));
+  EXPECT_FALSE(fs::exists(*train::latest_checkpoint(dir_ + "/replicated") + "/shard-00000-of-00002.safetensors"));
+  // A sharded write killed before its commit leaves a temp folder with shards and no COMMIT: the checkpoint before it
+  // is still the run's newest, and reads whole.
+  const std::string killed = dir_ + "/zero2/checkpoints/step-0000000007.tmp99999";
+  fs::create_directories(killed);
+  fs::copy_file(z2 + "/shard-00000-of-00002.safetensors", killed + "/shard-00000-of-00002.safetensors");
+  EXPECT_EQ(*train::latest_checkpoint(dir_ + "/zero2"), z2);
+  test::expect_same_checkpoint(dir_ + "/replicated", dir_ + "/zero2");
+  // A damaged shard is named (its checksum is in the COMMIT marker).
+  {
+    std::fstream f(z2 + "/shard-00001-of-00002.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-3, std::ios::end);
+    const char c = static_cast<char>(f.get());
+    f.seekp(-3, std::ios::end);
+    f.put(static_cast<char>(~c));
+  }
+  try {
+    train::read_checkpoint(z2);
+    ADD_FAILURE() << "a damaged shard was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shard-00001-of-00002.safetensors: damaged"), std::string::npos) << e.what();
+  }
 }
 
 // Checkpoints due by the clock (every ~0.1 s here) are taken at the same step on both ranks, whose clocks differ:
