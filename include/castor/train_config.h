@@ -166,16 +166,16 @@ struct EvalConfig {
   std::string lora_base;  // a LoRA run's base where it is now (it moved since the run recorded it)
   // A language model's multiple-choice task (lm-evaluation-harness's scoring) or llama.cpp's perplexity on a text,
   // instead of its validation loss.
-  std::string task;                 // --task FILE.jsonl
-  std::string task_format;          // --task-format (empty: inferred from the rows)
-  int64_t num_fewshot = 0;          // --num-fewshot
-  std::string fewshot_file;         // --fewshot-file
-  int64_t limit = 0;                // --limit: the first N rows (0: all)
-  bool add_bos = false;             // --add-bos: lm-eval's add_bos_token=True
-  std::string log_samples;          // --log-samples FILE: a JSON line a row
-  std::string text;                 // --text FILE: perplexity
-  int64_t ctx = 0;                  // --ctx: perplexity's chunk (0: the model's block size)
-  std::string tokenizer_dir;        // --tokenizer-dir: default the run's or the model directory's
+  std::string task;           // --task FILE.jsonl
+  std::string task_format;    // --task-format (empty: inferred from the rows)
+  int64_t num_fewshot = 0;    // --num-fewshot
+  std::string fewshot_file;   // --fewshot-file
+  int64_t limit = 0;          // --limit: the first N rows (0: all)
+  bool add_bos = false;       // --add-bos: lm-eval's add_bos_token=True
+  std::string log_samples;    // --log-samples FILE: a JSON line a row
+  std::string text;           // --text FILE: perplexity
+  int64_t ctx = 0;            // --ctx: perplexity's chunk (0: the model's block size)
+  std::string tokenizer_dir;  // --tokenizer-dir: default the run's or the model directory's
 };
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);
 std::string eval_help();

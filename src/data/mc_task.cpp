@@ -15,9 +15,12 @@ struct FormatName {
   McFormat format;
   const char* name;
 };
-constexpr FormatName kFormats[] = {{McFormat::HellaSwag, "hellaswag"}, {McFormat::Mmlu, "mmlu"},
-                                   {McFormat::Arc, "arc"},             {McFormat::Piqa, "piqa"},
-                                   {McFormat::Winogrande, "winogrande"}, {McFormat::Choices, "choices"}};
+constexpr FormatName kFormats[] = {{McFormat::HellaSwag, "hellaswag"},
+                                   {McFormat::Mmlu, "mmlu"},
+                                   {McFormat::Arc, "arc"},
+                                   {McFormat::Piqa, "piqa"},
+                                   {McFormat::Winogrande, "winogrande"},
+                                   {McFormat::Choices, "choices"}};
 
 // Python's str.isspace() over ASCII (str.strip()'s default set).
 bool is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= '\x1c' && c <= '\x1f'); }
@@ -112,8 +115,8 @@ int64_t label_field(const Json& row, const char* key, int64_t n_choices, const s
   }
   CASTOR_CHECK(ok, where, ": \"", key, "\" is not a label (", printable(v.dump()), ")");
   label -= base;
-  CASTOR_CHECK(label >= 0 && label < n_choices, where, ": \"", key, "\" ", printable(v.dump()),
-               " is out of range for ", n_choices, " choices");
+  CASTOR_CHECK(label >= 0 && label < n_choices, where, ": \"", key, "\" ", printable(v.dump()), " is out of range for ",
+               n_choices, " choices");
   return label;
 }
 
@@ -224,7 +227,8 @@ McDoc render_mc_row(const Json& row, McFormat format, const std::string& where) 
       const std::string& s = text_field(row, "sentence", where);
       const size_t blank = s.find('_');
       CASTOR_CHECK(blank != std::string::npos, where, ": \"sentence\" has no blank \"_\"");
-      for (const char* key : {"option1", "option2"}) d.contexts.push_back(s.substr(0, blank) + text_field(row, key, where));
+      for (const char* key : {"option1", "option2"})
+        d.contexts.push_back(s.substr(0, blank) + text_field(row, key, where));
       d.continuations = {" " + strip(std::string_view(s).substr(blank + 1))};
       d.choices = d.contexts;
       d.gold = label_field(row, "answer", 2, where, /*base=*/1);
@@ -246,7 +250,7 @@ std::string mc_fewshot_example(const McDoc& doc) {
 }
 
 int64_t for_each_jsonl_row(const std::string& path,
-                          const std::function<void(const Json&, int64_t, const std::string&)>& fn) {
+                           const std::function<void(const Json&, int64_t, const std::string&)>& fn) {
   const std::vector<uint8_t> bytes = read_file(path);
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   int64_t rows = 0;
@@ -281,10 +285,11 @@ std::vector<McDoc> read_rows(const std::string& path, std::optional<McFormat>& f
       if (limit > 0 && static_cast<int64_t>(docs.size()) >= limit) throw Stop{};
       if (!format) {
         format = infer_mc_format(row);
-        CASTOR_CHECK(format, where,
-                     ": not a known task layout (HellaSwag ctx_a/ctx_b/endings/label, MMLU question/choices/answer, ARC "
-                     "question/answerKey, PIQA goal/sol1/sol2/label, Winogrande sentence/option1/option2/answer, or "
-                     "context/choices/label); give --task-format");
+        CASTOR_CHECK(
+            format, where,
+            ": not a known task layout (HellaSwag ctx_a/ctx_b/endings/label, MMLU question/choices/answer, ARC "
+            "question/answerKey, PIQA goal/sol1/sol2/label, Winogrande sentence/option1/option2/answer, or "
+            "context/choices/label); give --task-format");
       }
       McDoc d = render_mc_row(row, *format, where);
       d.line = line;

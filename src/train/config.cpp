@@ -550,8 +550,10 @@ EvalConfig parse_eval_flags(const std::vector<std::string>& args) {
   e.tokenizer_dir = f.tokenizer_dir;
   CASTOR_CHECK(e.task.empty() || e.text.empty(), "castor eval: --task and --text: give one");
   for (const auto& [given, flag] : {std::pair{!f.task_format.empty(), "--task-format"},
-                                    {f.num_fewshot > 0, "--num-fewshot"}, {!f.fewshot_file.empty(), "--fewshot-file"},
-                                    {f.limit > 0, "--limit"}, {f.add_bos, "--add-bos"},
+                                    {f.num_fewshot > 0, "--num-fewshot"},
+                                    {!f.fewshot_file.empty(), "--fewshot-file"},
+                                    {f.limit > 0, "--limit"},
+                                    {f.add_bos, "--add-bos"},
                                     {!f.log_samples.empty(), "--log-samples"}})
     CASTOR_CHECK(!given || !e.task.empty(), flag, ": applies to --task only");
   CASTOR_CHECK(f.ctx == 0 || !e.text.empty(), "--ctx: applies to --text only");

@@ -44,9 +44,7 @@ class ProgressLine {
   void finish() {
     if (shown_ && tty_) std::fputc('\n', stderr);
   }
-  double seconds() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
+  double seconds() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
 
  private:
   std::string what_;
@@ -78,7 +76,8 @@ Json run_task_eval(const EvalConfig& e) {
   out["truncated"] = scorer.truncated();
   out["tokens_per_sec"] = static_cast<double>(scorer.tokens()) / std::max(progress.seconds(), 1e-9);
   if (scorer.truncated() > 0)
-    std::fprintf(stderr, "castor eval: %lld requests were longer than the model's context of %lld tokens and were cut "
+    std::fprintf(stderr,
+                 "castor eval: %lld requests were longer than the model's context of %lld tokens and were cut "
                  "from the left, as lm-evaluation-harness does\n",
                  static_cast<long long>(scorer.truncated()), static_cast<long long>(lm.model->block_size()));
   std::fputs(mc_table(out).c_str(), stderr);
@@ -119,13 +118,13 @@ Json run_perplexity_eval(const EvalConfig& e) {
   // llama-perplexity sets each chunk's first token to BOS where the tokenizer adds one (llama_vocab_get_add_bos).
   const std::vector<uint32_t> bos = tok.encode("", true);
   const int64_t ctx = e.ctx > 0 ? e.ctx : lm.model->block_size();
-  const Perplexity p =
-      perplexity(*lm.model, {ids.begin(), ids.end()}, ctx, bos.empty() ? -1 : static_cast<int64_t>(bos[0]));
+  const Perplexity p = perplexity(*lm.model, {ids.begin(), ids.end()}, ctx,
+                                  bos.empty() ? -1 : static_cast<int64_t>(bos[0]));
   std::fprintf(stderr, "perplexity %.4f over %lld tokens (%lld chunks of %lld)\n", p.perplexity,
                static_cast<long long>(p.tokens), static_cast<long long>(p.chunks), static_cast<long long>(ctx));
-  return Json::Object{{"perplexity", p.perplexity}, {"nll", p.nll},       {"tokens", p.tokens},
-                      {"chunks", p.chunks},         {"ctx", ctx},         {"checkpoint", e.path},
-                      {"text", e.text}};
+  return Json::Object{
+      {"perplexity", p.perplexity}, {"nll", p.nll},  {"tokens", p.tokens}, {"chunks", p.chunks}, {"ctx", ctx},
+      {"checkpoint", e.path},       {"text", e.text}};
 }
 
 }  // namespace castor::train

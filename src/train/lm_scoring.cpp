@@ -86,7 +86,8 @@ LlRequest encode_request(data::Tokenizer& tok, std::string context, std::string 
   LlRequest r;
   if (context.empty()) {
     std::vector<int64_t> c = encode(tok, continuation, add_bos);
-    CASTOR_CHECK(prefix >= 0, where, ": an empty context, and the tokenizer has no BOS or end-of-text token to start "
+    CASTOR_CHECK(prefix >= 0, where,
+                 ": an empty context, and the tokenizer has no BOS or end-of-text token to start "
                  "from");
     if (!c.empty() && c[0] == prefix) {
       r.context = {prefix};
@@ -146,8 +147,8 @@ std::vector<double> LlScorer::score(const std::vector<LlRequest>& requests) {
     // The context once: its last position predicts every continuation's first token.
     models::KVCache& one = cache(1);
     one.clear();
-    const Tensor last =
-        real_logits(models::forward_cached(model_, ids_tensor({ctx.begin(), ctx.end()}, 1), one, true), V);  // (1, 1, V)
+    const Tensor last = real_logits(models::forward_cached(model_, ids_tensor({ctx.begin(), ctx.end()}, 1), one, true),
+                                    V);  // (1, 1, V)
     for (size_t j : group) out[j] = log_prob(last.data<float>(), V, requests[j].continuation[0]);
     tokens_ += c;
     if (longest == 1) continue;
@@ -199,8 +200,8 @@ Json mc_results(const data::McTask& task, const std::vector<McScore>& scores) {
     acc.push_back(c.acc), acc_norm.push_back(c.acc_norm), acc_tokens.push_back(c.acc_norm_tokens);
     if (!task.docs[i].subject.empty()) subjects[task.docs[i].subject].push_back(c.acc);
   }
-  Json r = Json::Object{{"task", data::mc_format_name(task.format)}, {"file", task.path},
-                        {"samples", static_cast<int64_t>(acc.size())}};
+  Json r = Json::Object{
+      {"task", data::mc_format_name(task.format)}, {"file", task.path}, {"samples", static_cast<int64_t>(acc.size())}};
   r["acc,none"] = mean(acc), r["acc_stderr,none"] = stderr_of(acc);
   r["acc_norm,none"] = mean(acc_norm), r["acc_norm_stderr,none"] = stderr_of(acc_norm);
   r["acc_norm_tokens,none"] = mean(acc_tokens), r["acc_norm_tokens_stderr,none"] = stderr_of(acc_tokens);

@@ -92,8 +92,7 @@ class Trainer {
         dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic"),
         epochs_(epochs) {
     if (rank0_) log_.emplace(c, task, total_steps, epochs, /*append=*/!c.resume.empty(), flops);
-    if (!c.eval_task.empty())
-      task_scorer_ = std::make_unique<TrainTaskScorer>(c);
+    if (!c.eval_task.empty()) task_scorer_ = std::make_unique<TrainTaskScorer>(c);
     CASTOR_CHECK(c.task_format.empty() || !c.eval_task.empty(), "--task-format: applies to --eval-task");
     CASTOR_CHECK(c.early_stop == 0 || !c.keep_best.empty(),
                  "--early-stop: needs the metric it watches (--keep-best METRIC)");
@@ -385,9 +384,9 @@ class Trainer {
     if (c_.early_stop > 0 && ++stale_ >= c_.early_stop && state_.step < total_) {
       if (log_) log_->finish_progress_line();
       if (rank0_)
-        std::fprintf(stderr, "castor train: stopping early at step %lld: %lld evaluations without a better %s than %g\n",
-                     static_cast<long long>(state_.step), static_cast<long long>(stale_), c_.keep_best.c_str(),
-                     *best_);
+        std::fprintf(stderr,
+                     "castor train: stopping early at step %lld: %lld evaluations without a better %s than %g\n",
+                     static_cast<long long>(state_.step), static_cast<long long>(stale_), c_.keep_best.c_str(), *best_);
       stopped_early_ = true;
       total_ = state_.step;
     }
@@ -475,7 +474,7 @@ class Trainer {
   Run& run_;
   const Json config_;
   TrainState state_;
-  int64_t total_;  // the steps to run (--early-stop ends the run sooner)
+  int64_t total_;     // the steps to run (--early-stop ends the run sooner)
   const bool rank0_;  // prints, and writes metrics, report and checkpoints
   const int world_;
   std::optional<RunLog> log_;  // rank 0's

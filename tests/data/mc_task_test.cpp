@@ -80,11 +80,10 @@ TEST(McTask, MmluArcPiqaWinograndeAndPlainRows) {
   const McDoc w = render(R"({"sentence": "The trophy doesn't fit into the suitcase because the _ is too large.",
                              "option1": "trophy", "option2": "suitcase", "answer": "1"})",
                          McFormat::Winogrande);
-  expect_doc(w,
-             {{"The trophy doesn't fit into the suitcase because the trophy",
-               "The trophy doesn't fit into the suitcase because the suitcase"},
-              {" is too large."},
-              0});
+  expect_doc(w, {{"The trophy doesn't fit into the suitcase because the trophy",
+                  "The trophy doesn't fit into the suitcase because the suitcase"},
+                 {" is too large."},
+                 0});
   EXPECT_EQ(w.choices, w.contexts);
   EXPECT_EQ(mc_fewshot_example(w), "The trophy doesn't fit into the suitcase because the trophy is too large.");
   expect_doc(render(R"({"sentence": "Sam gave _'s  book.", "option1": "Ann", "option2": "Bo", "answer": 2})",
@@ -152,9 +151,11 @@ TEST(McTask, BadRowsAreOneLineErrorsNamingTheLine) {
   const test::ScratchDir dir("mc_task_errors");
   const std::pair<std::string, std::vector<std::string>> cases[] = {
       {"", {"empty.jsonl", "no rows"}},
-      {"{\"context\": \"c\", \"choices\": [\"a\"], \"label\": 0}\n\n{\"context\": \"c\", \"choices\": [\"a\"]", {"line 3", "not JSON"}},
+      {"{\"context\": \"c\", \"choices\": [\"a\"], \"label\": 0}\n\n{\"context\": \"c\", \"choices\": [\"a\"]",
+       {"line 3", "not JSON"}},
       {R"({"context": "c", "choices": ["a", "b"]})", {"line 1", "no \"label\""}},
-      {R"({"context": "c", "choices": ["a", "b"], "label": 2})", {"line 1", "\"label\" 2", "out of range for 2 choices"}},
+      {R"({"context": "c", "choices": ["a", "b"], "label": 2})",
+       {"line 1", "\"label\" 2", "out of range for 2 choices"}},
       {R"({"ctx_a": "a", "ctx_b": "b", "activity_label": "c", "endings": ["d"], "label": "x"})",
        {"line 1", "not a label"}},
       {R"({"sentence": "no blank", "option1": "x", "option2": "y", "answer": "1"})", {"line 1", "no blank"}},

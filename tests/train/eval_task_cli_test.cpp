@@ -20,7 +20,8 @@ class EvalTaskCli : public ::testing::Test {
   void SetUp() override {
     test::write_grammar_text(path("text.txt"), 1500, 6, 11, /*capitalized=*/false);
     // Rows in the grammar's words: a context and 3 choices, the gold one the sentence's own continuation.
-    atomic_write_file(path("task.jsonl"), R"({"context": "the jury said", "choices": ["the report.", "jury the", "said said"], "label": 0}
+    atomic_write_file(path("task.jsonl"),
+                      R"({"context": "the jury said", "choices": ["the report.", "jury the", "said said"], "label": 0}
 {"context": "the report", "choices": ["said the jury.", "report report", "the the"], "label": 0}
 {"context": "the", "choices": ["jury", "said", "."], "label": 0}
 {"context": "the jury", "choices": ["the.", "said the report.", "jury jury"], "label": 1}
@@ -49,11 +50,45 @@ TEST_F(EvalTaskCli, TrainLogsTheTaskKeepsTheBestAndStopsEarly) {
   CastorProcess t = castor({"tokenize", "--tokenizer", "bpe", "--vocab-size", "300", "--input", "text.txt", "--out",
                             "tok", "--val-fraction", "0.1"});
   ASSERT_EQ(t.exit_code, 0) << t.err;
-  CastorProcess run = castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--n-layer", "1",
-                              "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "4", "--steps",
-                              "14", "--lr", "3e-3", "--eval-iters", "1", "--eval-every", "1", "--threads", "1",
-                              "--precision", "32", "--keep", "1", "--eval-task", "task.jsonl", "--keep-best",
-                              "task_acc_norm", "--early-stop", "3", "--out", "run"});
+  CastorProcess run = castor({"train",
+                              "--model",
+                              "gpt",
+                              "--data",
+                              "tokens",
+                              "--data-dir",
+                              "tok",
+                              "--n-layer",
+                              "1",
+                              "--n-head",
+                              "2",
+                              "--n-embd",
+                              "32",
+                              "--block-size",
+                              "16",
+                              "--batch-size",
+                              "4",
+                              "--steps",
+                              "14",
+                              "--lr",
+                              "3e-3",
+                              "--eval-iters",
+                              "1",
+                              "--eval-every",
+                              "1",
+                              "--threads",
+                              "1",
+                              "--precision",
+                              "32",
+                              "--keep",
+                              "1",
+                              "--eval-task",
+                              "task.jsonl",
+                              "--keep-best",
+                              "task_acc_norm",
+                              "--early-stop",
+                              "3",
+                              "--out",
+                              "run"});
   ASSERT_EQ(run.exit_code, 0) << run.err;
   // Replays the rule on the logged evaluations (in order; an epoch end at an evaluated step is the same one).
   double best = -1;
@@ -104,21 +139,25 @@ TEST_F(EvalTaskCli, EvalTruncatesLongRowsAndNamesTheLineOfBadOnes) {
   CastorProcess t = castor({"tokenize", "--tokenizer", "bpe", "--vocab-size", "300", "--input", "text.txt", "--out",
                             "tok", "--val-fraction", "0.1"});
   ASSERT_EQ(t.exit_code, 0) << t.err;
-  CastorProcess run = castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--n-layer", "1",
-                              "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--batch-size", "4", "--steps",
-                              "1", "--eval-iters", "1", "--threads", "1", "--out", "run"});
+  CastorProcess run = castor(
+      {"train", "--model",   "gpt", "--data",       "tokens", "--data-dir",   "tok", "--n-layer", "1", "--n-head",
+       "2",     "--n-embd",  "32",  "--block-size", "16",     "--batch-size", "4",   "--steps",   "1", "--eval-iters",
+       "1",     "--threads", "1",   "--out",        "run"});
   ASSERT_EQ(run.exit_code, 0) << run.err;
   std::string long_context;
   for (int i = 0; i < 12; ++i) long_context += "the jury said the report. ";
-  atomic_write_file(path("long.jsonl"), "{\"context\": \"" + long_context +
-                                            "the\", \"choices\": [\"jury\", \"report\"], \"label\": 0}\n");
+  atomic_write_file(path("long.jsonl"),
+                    "{\"context\": \"" + long_context + "the\", \"choices\": [\"jury\", \"report\"], \"label\": 0}\n");
   CastorProcess ev = castor({"eval", "run", "--task", "long.jsonl"});
   ASSERT_EQ(ev.exit_code, 0) << ev.err;
   EXPECT_EQ(Json::parse(ev.out).at("truncated").as_int(), 2);
   EXPECT_NE(ev.err.find("cut from the left"), std::string::npos) << ev.err;
-  atomic_write_file(path("longchoice.jsonl"), "{\"context\": \"the\", \"choices\": [\"jury\"], \"label\": 0}\n"
-                                              "{\"context\": \"the\", \"choices\": [\"" + long_context + "\"], "
-                                              "\"label\": 0}\n");
+  atomic_write_file(path("longchoice.jsonl"),
+                    "{\"context\": \"the\", \"choices\": [\"jury\"], \"label\": 0}\n"
+                    "{\"context\": \"the\", \"choices\": [\"" +
+                        long_context +
+                        "\"], "
+                        "\"label\": 0}\n");
   test::expect_one_line_error(castor({"eval", "run", "--task", "longchoice.jsonl"}),
                               {"longchoice.jsonl: line 2: choice 0", "longer than the model's context of 16"});
   atomic_write_file(path("nolabel.jsonl"), "\n{\"context\": \"the\", \"choices\": [\"jury\"]}\n");

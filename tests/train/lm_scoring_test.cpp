@@ -138,8 +138,8 @@ TEST(LmScoring, GptLogLikelihoodsAccuracyAndPerplexityMatchTheOracle) {
   sd.erase("lm_head.weight");  // (tied to wte)
   save_safetensors(dir.file("gpt.safetensors"), sd);
   const Case c = make_case(shapes(cfg.block_size), cfg.vocab_size, 3 * 8 + 5);
-  const Json want = run_oracle_case({"gpt", test::gpt_config_json(cfg), dir.file("gpt.safetensors")}, c,
-                                    cfg.block_size, 8, -1, dir);
+  const Json want = run_oracle_case({"gpt", test::gpt_config_json(cfg), dir.file("gpt.safetensors")}, c, cfg.block_size,
+                                    8, -1, dir);
   ASSERT_FALSE(want.is_null());
   expect_matches_oracle(*model, c, want, 8, -1);
 }
