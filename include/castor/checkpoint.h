@@ -48,6 +48,14 @@ std::string write_checkpoint(const std::string& run_dir, int64_t step, const Che
 std::string write_sharded_checkpoint(const std::string& run_dir, int64_t step, Checkpoint& ckpt, int64_t keep,
                                      dist::ProcessGroup& group);
 
+// `castor train --keep-best`: RUN/best becomes a copy of the complete checkpoint directory `checkpoint` (hard links
+// where the file system allows them: a checkpoint's files are never rewritten in place) with best.json `best`
+// ({"metric", "value", "step"}); outside checkpoints/, so --keep's pruning never removes it. Replaced whole: the new
+// copy is made beside it and renamed into place. castor::Error naming the directory on failure (the old copy kept).
+void keep_best_checkpoint(const std::string& run_dir, const std::string& checkpoint, const Json& best);
+// RUN/best/best.json, or null when the run kept none.
+Json read_best(const std::string& run_dir);
+
 // The newest complete checkpoint (one with a COMMIT marker) under `run_dir`/checkpoints, if any; not verified.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 

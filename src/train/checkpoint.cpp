@@ -318,6 +318,42 @@ std::string write_sharded_checkpoint(const std::string& run_dir, int64_t step, C
   return commit_checkpoint(root, step, tmp, ckpt, keep, files);
 }
 
+void keep_best_checkpoint(const std::string& run_dir, const std::string& checkpoint, const Json& best) {
+  const fs::path dest = fs::path(run_dir) / "best";
+  const fs::path tmp = fs::path(run_dir) / ("best.tmp" + std::to_string(getpid()));
+  const fs::path old = fs::path(run_dir) / ("best.old" + std::to_string(getpid()));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  try {
+    ensure_dir(tmp);
+    for (const auto& e : fs::directory_iterator(checkpoint)) {
+      if (!e.is_regular_file()) continue;
+      const fs::path to = tmp / e.path().filename();
+      fs::create_hard_link(e.path(), to, ec);
+      if (ec) fs::copy_file(e.path(), to);
+    }
+    atomic_write_file((tmp / "best.json").string(), best.dump(2) + "\n");
+    if (fs::exists(dest)) fs::rename(dest, old);
+    fs::rename(tmp, dest);
+    fsync_directory(run_dir);
+    fs::remove_all(old, ec);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    throw Error(detail::cat(dest.string(), ": cannot keep the best checkpoint: ", e.code().message()));
+  }
+}
+
+Json read_best(const std::string& run_dir) {
+  const std::string path = (fs::path(run_dir) / "best" / "best.json").string();
+  if (!file_exists(path)) return nullptr;
+  const std::vector<uint8_t> bytes = read_file(path);
+  try {
+    return Json::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  } catch (const Error& e) {
+    throw Error(detail::cat(path, ": ", e.what()));
+  }
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   std::vector<fs::path> line = lineage(fs::path(run_dir) / "checkpoints");
   if (line.empty()) return std::nullopt;

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "castor/fs.h"
+#include "castor/mc_task.h"
 #include "train/family.h"
 #include "train/task.h"
 
@@ -102,6 +103,12 @@ Field loss_scale() {
           },
           [](const TrainConfig& c) { return c.loss_scale ? Json(*c.loss_scale) : Json("dynamic"); },
           [](TrainConfig& to, const TrainConfig& from) { to.loss_scale = from.loss_scale; }, nullptr};
+}
+
+// --task-format's values.
+const CLI::Validator& task_formats() {
+  static const CLI::Validator v = one_of(data::mc_format_names());
+  return v;
 }
 
 // --eval-every, also spelled --eval-interval (nanoGPT's name).
@@ -316,6 +323,20 @@ std::vector<Setting> make_settings() {
        "over the validation split (nanoGPT's eval_iters; default 200), or the whole split when it holds fewer "
        "(0: always the whole split; castor eval covers the whole split)",
        &count, R::Free, J::LanguageModel, "0"},
+      {"--eval-task", plain<&C::eval_task>(),
+       "a multiple-choice task (castor eval --task's JSONL: HellaSwag, MMLU, ARC, PIQA, Winogrande or {context, "
+       "choices, label} rows) scored at each evaluation as lm-evaluation-harness does, in the run's tokenizer: "
+       "task_acc, task_acc_norm and task_acc_norm_tokens in metrics.jsonl and the report",
+       nullptr, R::Free, J::LanguageModel},
+      {"--task-format", plain<&C::task_format>(), "--eval-task's layout (default: inferred from its rows' fields)",
+       &task_formats(), R::Free, J::LanguageModel},
+      {"--keep-best", plain<&C::keep_best>(),
+       "an evaluation's metric (val_loss, val_perplexity, test_loss, test_accuracy, task_acc, task_acc_norm, "
+       "task_acc_norm_tokens): RUN/best holds the checkpoint of its best value (the lowest loss or perplexity, the "
+       "highest accuracy), whatever --keep prunes",
+       nullptr, R::Free, J::Any},
+      {"--early-stop", plain<&C::early_stop>(),
+       "stop after N evaluations in a row without a better --keep-best metric (0: never)", &count, R::Free, J::Any},
       {"--synthetic-size", plain<&C::synthetic_size>(), "training images of --data synthetic", &synthetic, R::Fixed,
        J::Synthetic},
       {"--profile", plain<&C::profile>(), "print the top ops by time, with their dtypes", nullptr, R::Unrecorded,
