@@ -70,15 +70,15 @@ castor_layer(runtime DIRS runtime autograd ops HEADERS ops autocast autograd fun
 castor_layer(dist DIRS dist HEADERS dist USES core kernels runtime)
 target_link_libraries(castor_dist PRIVATE MPI::MPI_CXX)  # only src/dist includes mpi.h
 castor_layer(nn DIRS nn HEADERS nn language_model models llama ddp lora USES core kernels runtime dist)
-castor_layer(optim DIRS optim HEADERS optim lr_scheduler USES core kernels runtime)
+castor_layer(optim DIRS optim HEADERS optim lr_scheduler USES core kernels runtime dist)
 castor_layer(amp DIRS amp HEADERS grad_scaler amp explain opt_level USES core kernels runtime dist nn optim)
 castor_layer(io DIRS io HEADERS json fs safetensors serialize torch_save USES core)
 castor_layer(images DIRS images HEADERS data datasets USES core io)
 target_link_libraries(castor_images PRIVATE PNG::PNG JPEG::JPEG)  # only src/images includes png.h and jpeglib.h
-castor_layer(text DIRS text HEADERS token_file tokenizer hf_tokenizer bpe_tokenizer bpe_trainer corpus lm_batch jinja chat_data
-  USES core io)
-castor_layer(formats DIRS formats HEADERS formats llmc llama2c gguf hf USES core kernels runtime dist nn io text)
-castor_layer(train DIRS train HEADERS checkpoint train_config trainer report castor sample
+castor_layer(text DIRS text HEADERS token_file tokenizer hf_tokenizer bpe_tokenizer bpe_trainer corpus lm_batch jinja mc_task
+  chat_data USES core io)
+castor_layer(formats DIRS formats HEADERS formats model_source llmc llama2c gguf hf USES core kernels runtime dist nn io text)
+castor_layer(train DIRS train HEADERS checkpoint train_config trainer report castor sample export
   USES core kernels runtime dist nn optim amp io images text formats)
 
 # Every source and every public header belongs to a layer: a new directory or header must be placed in the table.

@@ -19,6 +19,7 @@
 #include "castor/chat_data.h"
 #include "castor/check.h"
 #include "castor/fs.h"
+#include "castor/mc_task.h"
 #include "castor/token_file.h"
 #include "castor/tokenizer.h"
 
@@ -471,25 +472,10 @@ std::vector<uint32_t> as_ids(const std::vector<int32_t>& ids, int64_t vocab, con
 // The examples of a JSONL file, one a line (blank lines skipped), rendered and tokenized.
 std::vector<TokenizedText> read_chat_examples(const std::string& path, ChatFormat format, const ChatTemplate& tmpl,
                                               const ChatTokenizer& ct, bool train_on_prompt) {
-  const std::vector<uint8_t> bytes = read_file(path);
-  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   std::vector<TokenizedText> examples;
-  size_t pos = 0;
-  for (int64_t line = 1; pos < text.size(); ++line) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string_view::npos) nl = text.size();
-    const std::string_view row = text.substr(pos, nl - pos);
-    pos = nl + 1;
-    if (row.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string where = detail::cat(path, ": line ", line);
-    Json j;
-    try {
-      j = Json::parse(row);
-    } catch (const Error& e) {
-      throw Error(detail::cat(where, ": not JSON: ", e.what()));
-    }
+  for_each_jsonl_row(path, [&](const Json& j, int64_t, const std::string& where) {
     examples.push_back(tokenize_row(j, format, tmpl, ct, train_on_prompt, where));
-  }
+  });
   CASTOR_CHECK(!examples.empty(), path, ": no examples");
   return examples;
 }

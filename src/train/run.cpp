@@ -20,6 +20,7 @@
 #include "castor/serialize.h"
 #include "castor/trainer.h"
 #include "castor/version.h"
+#include "castor/model_source.h"
 #include "train/family.h"
 #include "train/lora_run.h"
 #include "train/task.h"
@@ -163,13 +164,14 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   check_lora_base(c);
   if (loads) {
     try {
-      models::load_weights_into(*r.model, c.init);
+      formats::load_weights_into(*r.model, c.init);
     } catch (const Error& e) {
       const std::string msg = e.what();  // names the file when reading it failed; name the flag too
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
     }
   }
   if (c.lora_rank > 0) apply_run_lora(c, *r.model);
+  r.opt = make_optimizer(c, task, *r.model);
   // Every rank starts from rank 0's weights; the wrapper is made before amp::initialize (which changes the
   // parameters in place), so O2/O3 masters copy the broadcast values.
   if (dist::world_size() > 1) {
@@ -177,9 +179,10 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
     nn::DDPOptions o;
     if (c.compress_grads != Compression::None)
       o.compression = c.compress_grads == Compression::BFloat16 ? DType::BFloat16 : DType::Float16;
+    o.reduce_scatter = c.zero >= 2;  // (into the optimizer's slices)
+    o.shard_alignment = r.opt->shard_alignment();
     r.ddp = std::make_shared<nn::DistributedDataParallel>(r.model, o);
   }
-  r.opt = make_optimizer(c, task, *r.model);
   amp::Overrides ov;
   if (c.loss_scale) ov.loss_scale = *c.loss_scale;
   if (c.stochastic_rounding) {
@@ -187,6 +190,8 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
     ov.rounding_seed = c.seed;
   }
   r.amp = amp::initialize(*r.model, {r.opt.get()}, c.amp, c.dtype, ov);
+  // ZeRO: each rank keeps its slice of the masters amp::initialize made and of the state (the checkpoint's whole).
+  if (c.zero > 0 && dist::world_size() > 1) r.opt->shard(&dist::default_group());
   r.sched = make_scheduler(c, *r.opt, total_steps);
   return r;
 }
