@@ -20,15 +20,15 @@ root=$(cd "$here/.." && pwd)
 # under both policies). ISA=CAP in the flags field runs that side capped (ONEDNN_MAX_CPU_ISA); a PyTorch command
 # "castor:FLAGS" compares against Castor itself (the AVX2 guard: O1 against O0 without bf16 units).
 rows=(
-  "gpt2-124m-O1|GPT-2 124M (B4 T64) O1 bf16|tok/s|--model gpt2 --data brown --batch-size 4 --block-size 64 --amp O1 --steps 24|gpt_torch_bench.py step 124m O1 2 8"
-  "gpt2-124m-O0|GPT-2 124M (B4 T64) O0 fp32|tok/s|--model gpt2 --data brown --batch-size 4 --block-size 64 --amp O0 --steps 16|gpt_torch_bench.py step 124m O0 1 5"
-  "gpt-char-O1|GPT char model (6x384, B8 T256) O1 bf16|tok/s|--model gpt --data brown-char --n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 8 --amp O1 --steps 40|gpt_torch_bench.py step char O1 2 10"
-  "gpt-char-O0|GPT char model (6x384, B8 T256) O0 fp32|tok/s|--model gpt --data brown-char --n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 8 --amp O0 --steps 30|gpt_torch_bench.py step char O0 2 8"
-  "llama-15m-O1|Llama llama-15m shape (B8 T256, V512) O1 bf16|tok/s|--model llama-15m --data brown-bpe --batch-size 8 --amp O1 --steps 40|llama_torch.py O1 6 8 2 10"
+  "gpt2-124m-O1|GPT-2 124M (B4 T64) O1 bf16|tok/s|--model gpt2 --data brown --batch-size 4 --block-size 64 --eval-iters 1 --amp O1 --steps 24|gpt_torch_bench.py step 124m O1 2 8"
+  "gpt2-124m-O0|GPT-2 124M (B4 T64) O0 fp32|tok/s|--model gpt2 --data brown --batch-size 4 --block-size 64 --eval-iters 1 --amp O0 --steps 16|gpt_torch_bench.py step 124m O0 1 5"
+  "gpt-char-O1|GPT char model (6x384, B8 T256) O1 bf16|tok/s|--model gpt --data brown-char --n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 8 --eval-iters 1 --amp O1 --steps 40|gpt_torch_bench.py step char O1 2 10"
+  "gpt-char-O0|GPT char model (6x384, B8 T256) O0 fp32|tok/s|--model gpt --data brown-char --n-layer 6 --n-head 6 --n-embd 384 --block-size 256 --batch-size 8 --eval-iters 1 --amp O0 --steps 30|gpt_torch_bench.py step char O0 2 8"
+  "llama-15m-O1|Llama llama-15m shape (B8 T256, V512) O1 bf16|tok/s|--model llama-15m --data brown-bpe --batch-size 8 --eval-iters 1 --amp O1 --steps 40|llama_torch.py O1 6 8 2 10"
   "simplecnn-O1|SimpleCNN batch 256 O1 bf16|img/s|--model simplecnn --data synthetic --synthetic-size 20480 --optimizer adam --batch-size 256 --amp O1 --steps 60|train_step_torch.py simplecnn 256 3 20 5 2 bf16 bf16_cl"
   "simplecnn-O0|SimpleCNN batch 256 O0 fp32|img/s|--model simplecnn --data synthetic --synthetic-size 20480 --optimizer adam --batch-size 256 --amp O0 --steps 60|train_step_torch.py simplecnn 256 3 20 5 2 fp32 fp32_cl"
   "resnet18-O1|CIFAR ResNet-18 batch 64 O1 bf16|img/s|--model resnet18 --data synthetic --synthetic-size 4096 --optimizer adam --batch-size 64 --amp O1 --steps 20|train_step_torch.py resnet18 64 2 8 5 2 bf16 bf16_cl"
-  "resnet18-O0|CIFAR ResNet-18 batch 64 O0 fp32|img/s|--model resnet18 --data synthetic --synthetic-size 4096 --optimizer adam --batch-size 64 --amp O0 --steps 16|train_step_torch.py resnet18 64 2 6 5 2 fp32 fp32_cl"
+  "resnet18-O0|CIFAR ResNet-18 batch 64 O0 fp32|img/s|--model resnet18 --data synthetic --synthetic-size 4096 --optimizer adam --batch-size 64 --eval-iters 1 --amp O0 --steps 16|train_step_torch.py resnet18 64 2 6 5 2 fp32 fp32_cl"
   "simplecnn-avx2|SimpleCNN batch 256 under the AVX2 cap, O1 bf16 against O0 (guard >= 0.95x)|img/s|ISA=AVX2 --model simplecnn --data synthetic --synthetic-size 20480 --optimizer adam --batch-size 256 --amp O1 --steps 60|castor:ISA=AVX2 --model simplecnn --data synthetic --synthetic-size 20480 --optimizer adam --batch-size 256 --amp O0 --steps 60"
 )
 
@@ -53,12 +53,13 @@ table() {
       for (i = 1; i <= rows; i++) {
         r = order[i]; c = t = q = ""
         for (k = 1; k <= seen[r, "castor"]; k++) {
-          cv = val[r, "castor", k]; c = c " " cv
+          cv = val[r, "castor", k]; if (cv <= 0) continue  # (a failed run, reported as it came)
+          c = c " " cv; ok[r]++
           tv = vs_castor[r] ? val[r, "other", k] : (val[r, "torch_default", k] > val[r, "torch_passive", k] ? val[r, "torch_default", k] : val[r, "torch_passive", k])
           if (tv != "") { t = t " " tv; if (tv > 0) q = q " " cv / tv }
         }
         if (c == "") continue
-        printf "| %s | %s %s | %s | %sx | %d |\n", what[r], stats(c), unit[r], stats(t), stats(q), seen[r, "castor"]
+        printf "| %s | %s %s | %s | %sx | %d |\n", what[r], stats(c), unit[r], stats(t), stats(q), ok[r]
       }
       if (note) print "\n" note
     }'
@@ -105,7 +106,7 @@ castor_rate() {
     [ "${flags[i]}" = --steps ] && flags[i + 1]=$(awk -v n="${flags[i + 1]}" -v s="$scale" 'BEGIN { n = int(n * s); print n < 5 ? 5 : n }')
   done
   rm -rf "$work/run"
-  "${env[@]}" "$castor" train "${flags[@]}" --threads 2 --log-every 100000 --eval-every 0 --eval-iters 1 --keep 1 \
+  "${env[@]}" "$castor" train "${flags[@]}" --threads 2 --log-every 100000 --eval-every 0 --keep 1 \
     --out "$work/run" 2>"$work/err" | sed -n 's/.*"train_\(tokens\|images\)_per_sec":\([0-9.e+]*\).*/\2/p' |
     grep . || { echo "all.sh: castor train $* failed: $(tail -1 "$work/err")" >&2; echo 0; }
   rm -rf "$work/run"
