@@ -163,7 +163,10 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   check_lora_base(c);
   if (loads) {
     try {
-      models::load_weights_into(*r.model, c.init);
+      if (c.lora_rank > 0)
+        load_base(*r.model, c.init, c);
+      else
+        models::load_weights_into(*r.model, c.init);
     } catch (const Error& e) {
       const std::string msg = e.what();  // names the file when reading it failed; name the flag too
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
