@@ -77,6 +77,10 @@ std::pair<int64_t, int64_t> parameter_counts(const nn::Module& model) {
     all += p.numel();
     if (p.requires_grad()) trainable += p.numel();
   }
+  // A quantized base's Linears hold no parameter: their weights count as the values they hold (all_linear_layers
+  // only reads the model).
+  for (const auto& [path, layer] : nn::all_linear_layers(const_cast<nn::Module&>(model)))
+    if (layer->quantized) all += layer->in_features() * layer->out_features();
   return {trainable, all};
 }
 

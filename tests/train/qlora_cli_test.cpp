@@ -43,13 +43,14 @@ class QLoraCli : public ::testing::Test {
   test::CastorRun in_dir{scratch.path().string()};
 };
 
-// Each type at O0, O1 and O2: a finite loss, the same adapters as a dense run's (names and shapes), the type recorded,
-// and a peak below the dense base's run at that level.
+// Each type at O0, O1 and O2: a finite loss, the same adapters as a dense run's (names and shapes) and parameter
+// counts, the type recorded, and a peak (castor's allocator) below the dense base's run at that level.
 TEST_F(QLoraCli, TrainsAtO0O1O2BelowTheDensePeak) {
   for (const char* amp : {"O0", "O1", "O2"}) {
     CastorProcess dense = castor(lora(detail::cat("dense-", amp), amp, {}));
     ASSERT_EQ(dense.exit_code, 0) << dense.err;
-    const double dense_peak = Json::parse(dense.out).at("peak_memory_bytes").as_double();
+    const Json dense_summary = Json::parse(dense.out);
+    const double dense_peak = dense_summary.at("peak_memory_bytes").as_double();
     for (const char* type : {"nf4", "q8_0", "q4_0", "q4_k"}) {
       SCOPED_TRACE(detail::cat(type, " at ", amp));
       const std::string run = detail::cat(type, "-", amp);
@@ -58,6 +59,9 @@ TEST_F(QLoraCli, TrainsAtO0O1O2BelowTheDensePeak) {
       const Json summary = Json::parse(q.out);
       EXPECT_TRUE(std::isfinite(summary.at("val_loss").as_double()));
       EXPECT_LT(summary.at("peak_memory_bytes").as_double(), dense_peak);
+      // The quantized weights count as the values they hold; the adapters are the dense run's.
+      EXPECT_EQ(summary.at("all_params"), dense_summary.at("all_params"));
+      EXPECT_EQ(summary.at("trainable_params"), dense_summary.at("trainable_params"));
       const Checkpoint ck = read_checkpoint(scratch.file(run)),
                        d = read_checkpoint(scratch.file(detail::cat("dense-", amp)));
       ASSERT_EQ(ck.model.size(), d.model.size());

@@ -277,6 +277,18 @@ float fit_affine(int n, int nmax, const float* x, const float* weights, uint8_t*
   return scale;
 }
 
+// Q3_K's and Q6_K's 16 sub-blocks of 16 values, each fitted by `fit` (levels into L, scales into `scales`): the scale
+// of largest magnitude, with its sign.
+template <class Fit>
+float fit_sub_blocks(Fit fit, int nmax, const float* x, int8_t* L, float* scales) {
+  float amax = 0, max_scale = 0;
+  for (int j = 0; j < 16; ++j) {
+    scales[j] = fit(16, nmax, x + 16 * j, L + 16 * j);
+    if (std::fabs(scales[j]) > amax) amax = std::fabs(scales[j]), max_scale = scales[j];
+  }
+  return max_scale;
+}
+
 // 2-bit values of 256 in 64 bytes: byte 32 c + l holds values 128 c + l + 32 s at bits 2 s (Q2_K's and Q3_K's qs).
 void pack2(const uint8_t* L, uint8_t* qs) {
   for (int c = 0; c < 2; ++c)
@@ -353,11 +365,8 @@ void deq_q3_k(const uint8_t* b, float* y, int64_t n) {
 void q_q3_k(const float* x, uint8_t* b, int64_t n) {
   for (int64_t k = 0; k < n / kQK; ++k, b += 110, x += kQK) {
     int8_t L[kQK];
-    float scales[16], amax = 0, max_scale = 0;
-    for (int j = 0; j < 16; ++j) {
-      scales[j] = fit_symmetric_sweeps(16, 4, x + 16 * j, L + 16 * j);
-      if (std::fabs(scales[j]) > amax) amax = std::fabs(scales[j]), max_scale = scales[j];
-    }
+    float scales[16];
+    const float max_scale = fit_sub_blocks(fit_symmetric_sweeps, 4, x, L, scales);
     uint8_t* s = b + 96;
     std::fill(s, s + 12, 0);
     if (max_scale != 0) {
@@ -495,13 +504,10 @@ void deq_q6_k(const uint8_t* b, float* y, int64_t n) {
 void q_q6_k(const float* x, uint8_t* b, int64_t n) {
   for (int64_t k = 0; k < n / kQK; ++k, b += 210, x += kQK) {
     int8_t L[kQK];
-    float scales[16], max_abs = 0, max_scale = 0;
-    for (int j = 0; j < 16; ++j) {
-      scales[j] = fit_symmetric(16, 32, x + 16 * j, L + 16 * j);
-      if (std::fabs(scales[j]) > max_abs) max_abs = std::fabs(scales[j]), max_scale = scales[j];
-    }
+    float scales[16];
+    const float max_scale = fit_sub_blocks(fit_symmetric, 32, x, L, scales);
     std::fill(b, b + 210, 0);
-    if (max_abs < 1e-15f) continue;  // all zero (d = 0)
+    if (std::fabs(max_scale) < 1e-15f) continue;  // all zero (d = 0)
     const float is = -128.0f / max_scale;
     put_f16(b + 208, 1 / is);
     int8_t* sc = reinterpret_cast<int8_t*>(b + 192);
