@@ -35,6 +35,12 @@ constexpr Spelling<Schedule> kSchedules[] = {{Schedule::None, "none"},
 constexpr Spelling<Augment> kAugments[] = {{Augment::None, "none"}, {Augment::Standard, "standard"}};
 constexpr Spelling<Recompute> kRecomputes[] = {
     {Recompute::None, "none"}, {Recompute::Blocks, "blocks"}, {Recompute::Auto, "auto"}};
+// --quantize-base: "none" keeps the base dense.
+constexpr Spelling<quant::BlockType> kQuantizeBases[] = {{quant::BlockType::F32, "none"},
+                                                         {quant::BlockType::NF4, "nf4"},
+                                                         {quant::BlockType::Q8_0, "q8_0"},
+                                                         {quant::BlockType::Q4_0, "q4_0"},
+                                                         {quant::BlockType::Q4_K, "q4_k"}};
 constexpr Spelling<Compression> kCompressions[] = {
     {Compression::None, "none"}, {Compression::BFloat16, "bf16"}, {Compression::Float16, "fp16"}};
 
@@ -311,6 +317,14 @@ std::vector<Setting> make_settings() {
        "export --peft writes); its config gives the rank, alpha, dropout, targets and rslora",
        nullptr, R::Fixed, J::LanguageModel},
       {"--lora-base", shared<&C::lora_base, add_lora_base>(), kLoraBaseHelp, nullptr, R::Unrecorded, J::LanguageModel},
+      {"--quantize-base", choice<&C::quantize_base, kQuantizeBases>(),
+       "LoRA (QLoRA): keep the base's Linear layers but the output layer in these blocks, quantized tensor by tensor "
+       "while loading (nf4: bitsandbytes' NF4; q8_0, q4_0, q4_k: ggml's); each product dequantizes tiles of them in "
+       "the compute dtype; embeddings and the output layer stay dense",
+       nullptr, R::Fixed, J::LanguageModel, /*absent=*/"none"},
+      {"--double-quant", plain<&C::double_quant>(),
+       "LoRA with --quantize-base nf4: double-quantize the blocks' absmaxes (8-bit, blocks of 256; QLoRA's recipe)",
+       nullptr, R::Fixed, J::LanguageModel},
       {"--checkpoint-every", plain<&C::checkpoint_every>(), "steps between checkpoints (0: at each epoch end)", &count,
        R::Free, J::Any},
       {"--checkpoint-minutes", plain<&C::checkpoint_minutes>(),
