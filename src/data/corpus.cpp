@@ -547,6 +547,7 @@ Json tokenize_chat(const TokenizeOptions& opt) {
   const Tokenizer tokenizer = named_gpt2 ? Tokenizer(Gpt2Tokenizer::from_dir(opt.bpe_dir)) : Tokenizer::load(tok_dir);
   if (!opt.vocab.empty()) check_vocab_flags(tokenizer, opt);
   const ChatTokenizer ct = chat_tokenizer(tokenizer, format == ChatFormat::Chat, opt.chat_template);
+  const int64_t row_tokens = (opt.block_size >= 1 ? opt.block_size : default_block_size(tokenizer)) + 1;
   const ChatTemplate tmpl(ct.chat_template, ct.template_what);
   const std::string& path = opt.inputs[0];
   const std::vector<uint8_t> bytes = read_file(path);
@@ -571,7 +572,6 @@ Json tokenize_chat(const TokenizeOptions& opt) {
     wheres.push_back(where);
   }
   CASTOR_CHECK(!examples.empty(), path, ": no examples");
-  const int64_t row_tokens = (opt.block_size >= 1 ? opt.block_size : default_block_size(tokenizer)) + 1;
   const std::string past_the_row = prompt_past_the_row(examples, wheres, row_tokens);
   std::vector<TokenizedText> train, val;
   const size_t n_val = opt.val_every > 0 ? 0

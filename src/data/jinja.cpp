@@ -779,13 +779,14 @@ class Parser {
     e->t = t, e->line = line_;
     return e;
   }
-  // A node with its operands in place: its height checked against the depth limit (a chain such as 1+1+...+1 or
-  // x.a.a...a grows the tree without recursing in the parser).
+  // A node with its operands in place: its height, with the statements and parentheses around it (the renderer's
+  // recursion), checked against the depth limit (a chain such as 1+1+...+1 or x.a.a...a grows the tree without
+  // recursing in the parser).
   ExprPtr done(ExprPtr e) {
     for (const ExprPtr& a : e->args)
       if (a) e->depth = std::max(e->depth, a->depth + 1);
     for (const auto& [_, v] : e->kwargs) e->depth = std::max(e->depth, v->depth + 1);
-    if (e->depth > kMaxTemplateDepth) too_deep(what_, line_);
+    if (e->depth + depth_ > kMaxTemplateDepth) too_deep(what_, line_);
     return e;
   }
   ExprPtr binary(const std::string& op, ExprPtr a, ExprPtr b, Expr::T t = Expr::T::Binary) {
