@@ -35,6 +35,15 @@ Tokenizer byte_tokenizer() {
   return Tokenizer(BpeTokenizer(std::move(v)));
 }
 
+// A bpe token folder (300 pieces learned from a few words) at `out`, to take the tokenizer from.
+void make_bpe_folder(const std::string& out) {
+  TokenizeOptions bpe;
+  bpe.tokenizer = "bpe", bpe.vocab_size = 300, bpe.out = out;
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the assistant says hello to the user and reverses words\n";
+  tokenize_documents({{"doc", text}}, bpe);
+}
+
 }  // namespace
 
 // The targets of each real template: from the end of the assistant header to the end of the turn's end-of-turn
@@ -176,12 +185,7 @@ TEST(ChatData, BadRowsAreOneLineErrorsNamingTheLine) {
 // The whole job: a JSONL file into a token folder of rows and masks; a broken line is named and nothing is written.
 TEST(ChatData, TokenizeChatWritesRowsAndMasksOrNothing) {
   test::ScratchDir dir;
-  // A bpe token folder to take the tokenizer from.
-  TokenizeOptions bpe;
-  bpe.tokenizer = "bpe", bpe.vocab_size = 300, bpe.out = dir.file("bpe");
-  std::string text;
-  for (int i = 0; i < 200; ++i) text += "the assistant says hello to the user and reverses words\n";
-  tokenize_documents({{"doc", text}}, bpe);
+  make_bpe_folder(dir.file("bpe"));
   std::string jsonl;
   for (int i = 0; i < 10; ++i)
     jsonl += Json(Json::Object{{"messages", Json::Array{msg("user", "hello " + std::to_string(i)),
@@ -409,11 +413,7 @@ TEST(ChatData, BaseModelsTemplateFilesAndTheDefaultBlockSize) {
 // refused naming the line; a prompt that fills the row is named as such, not as "no assistant turn".
 TEST(ChatData, ShareGptRowsAndPromptsLongerThanTheRow) {
   test::ScratchDir dir;
-  TokenizeOptions bpe;
-  bpe.tokenizer = "bpe", bpe.vocab_size = 300, bpe.out = dir.file("bpe");
-  std::string text;
-  for (int i = 0; i < 200; ++i) text += "the assistant says hello to the user and reverses words\n";
-  tokenize_documents({{"doc", text}}, bpe);
+  make_bpe_folder(dir.file("bpe"));
   std::string chat, sharegpt;
   for (int i = 0; i < 5; ++i) {
     const std::string q = "hello " + std::to_string(i), a = std::to_string(i) + " olleh";
