@@ -65,7 +65,7 @@ endfunction()
 # Lowest first; a layer may use only layers defined before it.
 castor_layer(core DIRS core
   HEADERS version half dtype check log device allocator convert tensor random state_dict op_kind)
-castor_layer(kernels DIRS kernels HEADERS backends USES core)
+castor_layer(kernels DIRS kernels HEADERS backends quant USES core)
 castor_layer(runtime DIRS runtime autograd ops HEADERS ops autocast autograd functional USES core kernels)
 castor_layer(dist DIRS dist HEADERS dist USES core kernels runtime)
 target_link_libraries(castor_dist PRIVATE MPI::MPI_CXX)  # only src/dist includes mpi.h

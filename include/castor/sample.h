@@ -26,6 +26,7 @@ struct SampleConfig {
   double top_p = 0.9;          // in (0, 1): run.c's nucleus sampling, with run.c's default; 1: off
   int64_t num_samples = 1;     // samples, seeds seed, seed + 1, ... (nanoGPT's num_samples)
   std::string prompt_file;     // the prompt read from this file instead
+  std::string chat_template;   // --chat-template: a template file in place of the model's
   bool chat = false;           // the chat template around the prompt as a user turn; stop at the end of the turn
   std::string system;          // --chat: a system turn first
   bool prompt_given = false;   // --chat without --prompt: turns read from stdin, one a line

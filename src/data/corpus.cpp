@@ -469,13 +469,73 @@ std::vector<uint32_t> as_ids(const std::vector<int32_t>& ids, int64_t vocab, con
   return out;
 }
 
+// The tokenizer directory of --tokenizer or --vocab with --format: a model's tokenizer.json stands for its directory,
+// where its template and tokenizer_config.json are.
+std::string chat_tokenizer_dir(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return path;
+  CASTOR_CHECK(fs::path(path).filename() == "tokenizer.json",
+               "--tokenizer: with --format, expected a token directory, "
+               "a model directory or its tokenizer.json, got the file '",
+               printable(path), "'");
+  const std::string dir = fs::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+// Rows' length when --block-size is not given: the model's context (a Hugging Face tokenizer's tokenizer_config.json
+// model_max_length, unless transformers' "no limit" 1e30, else config.json's max_position_embeddings beside it), at
+// most kChatBlockCap, as TRL's SFTTrainer caps max_length by default; said on stderr.
+constexpr int64_t kChatBlockCap = 1024;
+int64_t default_block_size(const Tokenizer& tokenizer) {
+  const std::string missing = "--block-size: missing (rows hold --block-size + 1 tokens; the model's block size)";
+  CASTOR_CHECK(tokenizer.hf(), missing);
+  const fs::path dir = fs::path(tokenizer.hf_path()).parent_path();
+  int64_t context = 0;
+  std::string from;
+  for (const auto& [file, key] :
+       {std::pair{"tokenizer_config.json", "model_max_length"}, std::pair{"config.json", "max_position_embeddings"}}) {
+    const std::string path = (dir / file).string();
+    if (context > 0 || !file_exists(path)) continue;
+    Json j;
+    try {
+      const std::vector<uint8_t> bytes = read_file(path, uint64_t{1} << 26);
+      j = Json::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    } catch (const Error& e) {
+      throw Error(detail::cat(path, ": ", e.what()));
+    }
+    const Json* v = j.is_object() ? j.find(key) : nullptr;
+    if (v && v->is_int() && v->as_int() >= 2 && v->as_int() < int64_t{1} << 40)
+      context = v->as_int(), from = path + "'s " + key;
+  }
+  CASTOR_CHECK(context > 0, missing, "; ", dir.string(),
+               " gives no context length (tokenizer_config.json's "
+               "model_max_length or config.json's max_position_embeddings)");
+  const int64_t block = std::min(context, kChatBlockCap);
+  std::fprintf(stderr, "castor tokenize: --block-size %lld: the model's context %lld (%s)%s\n",
+               static_cast<long long>(block), static_cast<long long>(context), printable(from).c_str(),
+               block < context ? ", capped as TRL's SFTTrainer's default max_length; give --block-size for longer rows"
+                               : "");
+  return block;
+}
+
+// Where no target reaches the rows: the first example whose targets all lie past a row of `row_tokens` (its prompt
+// fills the row), as "LINE: its prompt is N tokens", or "".
+std::string prompt_past_the_row(const std::vector<TokenizedText>& examples, const std::vector<std::string>& where,
+                                int64_t row_tokens) {
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const std::vector<uint8_t>& m = examples[i].mask;
+    const auto first = std::find(m.begin(), m.end(), uint8_t{1});
+    if (first != m.end() && first - m.begin() >= row_tokens)
+      return detail::cat(where[i], ": the prompt is ", first - m.begin(), " tokens");
+  }
+  return "";
+}
+
 }  // namespace
 
 Json tokenize_chat(const TokenizeOptions& opt) {
   const ChatFormat format = parse_chat_format(opt.format);
   CASTOR_CHECK(opt.inputs.size() == 1, "--input: --format takes one JSONL file, got ", opt.inputs.size());
-  CASTOR_CHECK(opt.block_size >= 1,
-               "--block-size: missing (rows hold --block-size + 1 tokens; the model's block size)");
   CASTOR_CHECK(!opt.out.empty(), "--out: missing (the directory to write train.bin and val.bin to)");
   CASTOR_CHECK(opt.val_fraction >= 0 && opt.val_fraction < 1, "--val-fraction: must be in [0, 1)");
   fs::path out = fs::absolute(opt.out).lexically_normal();
@@ -483,17 +543,22 @@ Json tokenize_chat(const TokenizeOptions& opt) {
   const std::vector<std::string> keep = check_out_folder(opt.out, out, opt.overwrite);
   // The tokenizer: a token directory's (its record and files), or GPT-2's from --bpe-dir.
   const bool named_gpt2 = opt.vocab.empty() && opt.tokenizer == "gpt2";
-  const std::string tok_dir = !opt.vocab.empty() ? opt.vocab : named_gpt2 ? opt.bpe_dir : opt.tokenizer;
+  const std::string tok_dir = named_gpt2 ? opt.bpe_dir
+                                         : chat_tokenizer_dir(!opt.vocab.empty() ? opt.vocab : opt.tokenizer);
   const Tokenizer tokenizer = named_gpt2 ? Tokenizer(Gpt2Tokenizer::from_dir(opt.bpe_dir)) : Tokenizer::load(tok_dir);
   if (!opt.vocab.empty()) check_vocab_flags(tokenizer, opt);
-  const ChatTokenizer ct = chat_tokenizer(tokenizer);
+  const ChatTokenizer ct = chat_tokenizer(tokenizer, format == ChatFormat::Chat, opt.chat_template);
+  const int64_t row_tokens = (opt.block_size >= 1 ? opt.block_size : default_block_size(tokenizer)) + 1;
   const ChatTemplate tmpl(ct.chat_template, ct.template_what);
   const std::string& path = opt.inputs[0];
   std::vector<TokenizedText> examples;
+  std::vector<std::string> wheres;
   for_each_jsonl_row(path, [&](const Json& j, int64_t, const std::string& where) {
     examples.push_back(tokenize_row(j, format, tmpl, ct, opt.train_on_prompt, where));
+    wheres.push_back(where);
   });
   CASTOR_CHECK(!examples.empty(), path, ": no examples");
+  const std::string past_the_row = prompt_past_the_row(examples, wheres, row_tokens);
   std::vector<TokenizedText> train, val;
   const size_t n_val = opt.val_every > 0 ? 0
                                          : static_cast<size_t>(static_cast<double>(examples.size()) * opt.val_fraction);
@@ -504,11 +569,12 @@ Json tokenize_chat(const TokenizeOptions& opt) {
   CASTOR_CHECK(!val.empty(), path, ": ", train.size() + val.size(),
                " examples leave none for validation; give more, a larger --val-fraction or a --val-every");
   CASTOR_CHECK(!train.empty(), path, ": the split leaves no training examples");
-  const int64_t row_tokens = opt.block_size + 1;
   const Rows tr = make_rows(train, row_tokens, opt.drop_long, opt.pack, ct.pad_id);
   const Rows va = make_rows(val, row_tokens, opt.drop_long, opt.pack, ct.pad_id);
   CASTOR_CHECK(tr.rows > 0 && va.rows > 0, path, ": --drop-long leaves no ", tr.rows ? "validation" : "training",
                " example of at most ", row_tokens, " tokens");
+  CASTOR_CHECK(tr.targets > 0 || past_the_row.empty(), past_the_row, " before its first target, and rows hold ",
+               row_tokens, " (--block-size ", row_tokens - 1, "): no target fits; give a larger --block-size");
   CASTOR_CHECK(tr.targets > 0, path, ": no token of the training examples is a loss target",
                format == ChatFormat::Chat ? " (no assistant turn; --train-on-prompt trains on every token)" : "");
   CASTOR_CHECK(va.targets > 0, path, ": no token of the validation examples is a loss target");

@@ -39,6 +39,8 @@ CLI::Option* add_seed(CLI::App& app, uint64_t& target, const std::string& help);
 CLI::Option* add_init(CLI::App& app, std::string& target, const std::string& help);
 CLI::Option* add_n_head(CLI::App& app, int64_t& target, const std::string& help);  // 0 (not given)..1024
 CLI::Option* add_lora_base(CLI::App& app, std::string& target, const std::string& help);
+// --chat-template FILE (tokenize --format chat, sample --chat): a template in place of the model's.
+CLI::Option* add_chat_template(CLI::App& app, std::string& target);
 // The help of --lora-base (its rule is the same everywhere).
 constexpr const char* kLoraBaseHelp =
     "a LoRA run's base model file where it is now (it moved since the run recorded it); its checksum must be the "

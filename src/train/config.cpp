@@ -21,6 +21,7 @@
 #include "castor/models.h"
 #include "castor/tokenizer.h"
 #include "castor/train_config.h"
+#include "data/unicode.h"
 #include "train/family.h"
 #include "train/lora_run.h"
 #include "train/settings.h"
@@ -148,8 +149,12 @@ std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
                  "\"input\", \"output\"} or {\"text\"}; written as rows of --block-size + 1 tokens with a loss mask "
                  "(OUT/train.mask, OUT/val.mask): the assistant turns or the completion, with their end-of-turn token")
       ->check(one_of({"chat", "prompt-completion", "alpaca", "text"}));
-  app.add_option("--block-size", f.opt.block_size, "--format: the model's block size (rows of N + 1 tokens)")
+  app.add_option("--block-size", f.opt.block_size,
+                 "--format: the model's block size (rows of N + 1 tokens); default: a Hugging Face model's context "
+                 "length (tokenizer_config.json's model_max_length, else config.json's max_position_embeddings), at "
+                 "most 1024")
       ->check(integer_in(1));
+  add_chat_template(app, f.opt.chat_template);
   app.add_flag("--train-on-prompt", f.opt.train_on_prompt, "--format: every token is a target, prompts too");
   app.add_flag("--drop-long", f.opt.drop_long,
                "--format: leave out examples longer than a row (default: cut them to it; both are counted)");
@@ -191,6 +196,7 @@ data::TokenizeOptions parse_tokenize_flags(const std::vector<std::string>& args)
   const bool rows = !f.opt.format.empty();
   CASTOR_CHECK(rows || (f.opt.block_size == 0 && !f.opt.train_on_prompt && !f.opt.drop_long && !f.opt.pack),
                "--block-size, --train-on-prompt, --drop-long and --pack: only with --format");
+  CASTOR_CHECK(f.opt.chat_template.empty() || f.opt.format == "chat", "--chat-template: only with --format chat");
   CASTOR_CHECK(!rows || f.opt.brown_dir.empty(), "--brown: not with --format (give --input FILE.jsonl)");
   if (!f.vocab.empty()) {
     f.opt.vocab = vocabulary_dir(f.vocab);
@@ -269,7 +275,7 @@ std::string toml_value(std::string_view v, const std::string& at) {
       const unsigned long cp = std::stoul(hex, nullptr, 16);
       CASTOR_CHECK(cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF), at, ": \\", std::string(1, e), hex,
                    " is not a Unicode scalar value");
-      data::append_utf8(static_cast<char32_t>(cp), out);
+      data::unicode::append_utf8(static_cast<char32_t>(cp), out);
       i += digits;
     }
     CASTOR_CHECK(i < v.size(), at, ": unterminated string (no closing ", std::string(1, quote), " on the line)");

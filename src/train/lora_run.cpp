@@ -2,10 +2,12 @@
 // adapter-only checkpoints, merging a run's adapters into its base, and PEFT's files.
 #include "train/lora_run.h"
 
-#include <filesystem>
 #include <algorithm>
+#include <filesystem>
+#include <map>
 #include <set>
 
+#include "castor/allocator.h"
 #include "castor/autograd.h"
 #include "castor/fs.h"
 #include "castor/hf.h"
@@ -100,7 +102,7 @@ std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const
                                 /*seed=*/0);
   }
   try {
-    formats::load_weights_into(*model, base);
+    load_base(*model, base, c);
   } catch (const Error& e) {
     const std::string msg = e.what();
     throw Error(msg.rfind(base, 0) == 0 ? msg : detail::cat(what, ": the LoRA base ", base, ": ", msg));
@@ -189,8 +191,10 @@ nn::LoraConfig lora_config(const Json& s) {
 
 void check_lora_flags(TrainConfig& c) {
   if (!c.init_lora.empty()) take_peft_config(c);
-  for (const char* flag : {"--lora-alpha", "--lora-dropout", "--lora-targets", "--rslora"})
+  for (const char* flag : {"--lora-alpha", "--lora-dropout", "--lora-targets", "--rslora", "--quantize-base"})
     CASTOR_CHECK(!c.given(flag) || c.lora_rank > 0, flag, ": needs --lora-rank (LoRA fine-tuning of an --init base)");
+  CASTOR_CHECK(c.double_quant || c.quantize_base == quant::BlockType::NF4,
+               "--no-double-quant: only NF4's absmaxes are double-quantized (--quantize-base nf4)");
   CASTOR_CHECK(c.lora_rank == 0 || !c.init.empty(), c.init_lora.empty() ? "--lora-rank" : "--init-lora",
                ": needs --init (the base model to fine-tune: a run directory or a weights file)");
 }
@@ -261,6 +265,21 @@ void pin_lora_base(const TrainConfig& c) {
   }
 }
 
+void load_base(nn::Module& model, const std::string& path, const TrainConfig& c) {
+  if (c.quantize_base == quant::BlockType::F32) return formats::load_weights_into(model, path);
+  const quant::BlockTypeInfo& type = quant::block_type(c.quantize_base);
+  std::map<std::string, std::shared_ptr<nn::Linear>> pending;  // by weight name
+  for (const auto& [name, layer] : nn::all_linear_layers(model))
+    if (layer->in_features() % type.block == 0) pending.emplace(name + ".weight", layer);
+  formats::load_weights_into(model, path, [&](const std::string& name) {
+    const auto it = pending.find(name);
+    if (it == pending.end()) return;
+    it->second->quantize_weight(type.id, c.double_quant && type.id == quant::BlockType::NF4);
+    pending.erase(it);
+    empty_cache();  // the dense weight's memory back to the system, not kept for reuse
+  });
+}
+
 void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata& meta, const std::string& what) {
   if (is_lora_checkpoint(meta)) return load_adapters(model, tensors, what);
   model.load_state_dict(tensors, /*strict=*/true);
@@ -269,6 +288,8 @@ void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata
 void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::string& lora_base) {
   if (!is_lora_checkpoint(ck.model_meta)) return;
   auto model = adapted_model(ck, what, lora_base);
+  for (const auto& [path, layer] : nn::all_linear_layers(*model))  // a quantized base: its blocks' values
+    if (layer->quantized) layer->dequantize_weight(model->parameters().front().dtype());
   nn::merge_and_unload(*model);
   ck.model = model->state_dict();
   ck.model_meta.erase(kBaseKey);
@@ -276,8 +297,8 @@ void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::s
   // The settings of a plain run of these weights: no adapters (its init stays the base it came from).
   Json config = castor_config(ck.model_meta, what);
   const Json plain = settings_json(TrainConfig{});
-  for (const char* flag :
-       {"--lora-rank", "--lora-alpha", "--lora-dropout", "--lora-targets", "--rslora", "--init-lora"})
+  for (const char* flag : {"--lora-rank", "--lora-alpha", "--lora-dropout", "--lora-targets", "--rslora", "--init-lora",
+                           "--quantize-base", "--double-quant"})
     config[config_key(flag)] = plain.at(config_key(flag));
   config.as_object().erase("init_checksum");
   ck.model_meta["castor.config"] = config.dump();

@@ -22,6 +22,10 @@ void check_lora_flags(TrainConfig& c);
 // A LoRA run resumed or evaluated (c.init_checksum recorded): castor::Error unless --init still has that checksum (a
 // changed base is refused: the adapters fit only the base they were trained on).
 void check_lora_base(const TrainConfig& c);
+// Loads the LoRA base `path` into `model` (formats::load_weights_into). With --quantize-base, each Linear but the
+// output layer whose rows are whole blocks of the type is quantized as soon as its weight is filled and its dense
+// weight dropped, so the dense base is never whole in memory; the others (rows of another length) stay dense.
+void load_base(nn::Module& model, const std::string& path, const TrainConfig& c);
 // Adapts the model built from --init as `c` says and loads --init-lora's adapters.
 void apply_run_lora(const TrainConfig& c, nn::Module& model);
 

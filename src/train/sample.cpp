@@ -66,6 +66,7 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
                "apply the chat template (the token directory's, else ChatML) to --prompt as a user turn and write the "
                "reply, stopping at the end-of-turn token; without --prompt, each line of stdin is a turn");
   app.add_option("--system", c.system, "--chat: a system turn before the first user turn");
+  add_chat_template(app, c.chat_template);
   add_seed(app, c.seed, "the sampling generator's seed");
   app.add_option_function<std::string>(
          "--window", [&c](const std::string& w) { c.cached_window = w == "cached"; },
@@ -95,6 +96,7 @@ SampleConfig parse_sample_flags(const std::vector<std::string>& args) {
   CASTOR_CHECK(c.prompt_file.empty() || std::find(args.begin(), args.end(), "--prompt") == args.end(),
                "--prompt-file: not with --prompt");
   CASTOR_CHECK(c.chat || c.system.empty(), "--system: only with --chat");
+  CASTOR_CHECK(c.chat || c.chat_template.empty(), "--chat-template: only with --chat");
   if (!c.prompt_file.empty()) {
     const std::vector<uint8_t> bytes = read_file(c.prompt_file);
     c.prompt.assign(bytes.begin(), bytes.end());
@@ -171,8 +173,8 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
     // The template: the token directory's record's, else the tokenizer's own (a Hugging Face directory's, ChatML).
     const bool recorded = !data::token_record_path(dir).empty();
     const Json record = recorded ? data::read_tokenizer_record(dir) : Json::Object{};
-    data::ChatTokenizer ct = data::chat_tokenizer(tok);
-    if (const Json* t = record.find("chat_template"); t && t->is_string())
+    data::ChatTokenizer ct = data::chat_tokenizer(tok, true, c.chat_template);
+    if (const Json* t = record.find("chat_template"); t && t->is_string() && c.chat_template.empty())
       ct.chat_template = t->as_string(), ct.template_what = data::token_record_path(dir) + "'s chat_template";
     const data::ChatTemplate tmpl(ct.chat_template, ct.template_what);
     Json::Array messages;

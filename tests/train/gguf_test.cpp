@@ -736,6 +736,21 @@ TEST_F(GgufCli, HfChatStopsAtTheTemplatesEndOfTurn) {
                             "--temperature", "0", "--tokens", "8"});
   ASSERT_EQ(s.exit_code, 0) << s.err;
   EXPECT_EQ(s.out, "Hello\n");
+  // --chat-template FILE in place of the model's: the same template from a file gives the same reply; one nested
+  // 5,000 levels is a one-line error naming the file (a crash before issue 49).
+  atomic_write_file(path("same.jinja"), ct.chat_template);
+  atomic_write_file(path("deep.jinja"), "{{ " + std::string(5000, '[') + std::string(5000, ']') + " }}");
+  for (const char* file : {"same.jinja", "deep.jinja"}) {
+    CastorProcess f = castor({"sample", "--chat", "--chat-template", file, "--checkpoint", "hf", "--tokenizer-dir",
+                              "hf", "--prompt", "Hi", "--temperature", "0", "--tokens", "8"});
+    if (file[0] == 's') {
+      EXPECT_EQ(f.exit_code, 0) << f.err;
+      EXPECT_EQ(f.out, "Hello\n");
+    } else {
+      EXPECT_EQ(f.exit_code, 1);
+      EXPECT_NE(f.err.find("deep.jinja: line 1: nested deeper than 256 levels"), std::string::npos) << f.err;
+    }
+  }
   CastorProcess e = castor({"export", "--format", "gguf", "--checkpoint", "hf", "--out", "hf.gguf"});
   ASSERT_EQ(e.exit_code, 0) << e.err;
   texts.clear();
