@@ -102,7 +102,9 @@ void expect_matches_oracle(models::LanguageModel& model, const Case& c, const Js
     EXPECT_EQ(got.acc, want.at("acc").as_array()[d].as_int() == 1);
     EXPECT_EQ(got.acc_norm, want.at("acc_norm").as_array()[d].as_int() == 1);
     const Json& tokens = want.at("acc_norm_tokens").as_array()[d];
-    if (!tokens.is_null()) EXPECT_EQ(got.acc_norm_tokens, tokens.as_int() == 1);
+    if (!tokens.is_null()) {
+      EXPECT_EQ(got.acc_norm_tokens, tokens.as_int() == 1);
+    }
   }
   const Perplexity p = perplexity(model, c.ppl_tokens, ctx, bos);
   EXPECT_EQ(p.tokens, want.at("perplexity").at("tokens").as_int());
