@@ -239,6 +239,7 @@ class Trainer {
       if (run_.ddp && !last_micro) no_sync.emplace(*run_.ddp);
       run_.amp->scale_loss(loss.first, *run_.opt).backward();
     }
+    if (run_.ddp && last_micro && c_.zero >= 2) stage_shard_grads();
     const double n = batch.examples * world_;  // the whole job's images or tokens
     images_ += n;
     e.images += n;
@@ -284,6 +285,17 @@ class Trainer {
       after_evaluation(ev);
     }
     return true;
+  }
+
+  // ZeRO-2: the optimizer's step reads the slices of the gradients DDP reduce-scattered (their .grad is dropped).
+  void stage_shard_grads() {
+    std::map<const TensorImpl*, Tensor> slice;
+    for (const auto& [p, g] : run_.ddp->shard_grads()) slice[p.impl()] = g;
+    auto& groups = run_.opt->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (size_t i = 0; i < groups[g].slots.size(); ++i)
+        if (auto it = slice.find(groups[g].slots[i].param.impl()); it != slice.end())
+          run_.opt->stage_float32_grad(g, i, it->second);
   }
 
   // Stops the run with "diverged at step N" on a non-finite loss without dynamic loss scaling (O0, O3 bf16),
@@ -416,12 +428,18 @@ class Trainer {
   void checkpoint() {
     // At a step boundary the next step sets the gradients to none anyway: not held beside the write.
     if (micro_ == 0) run_.opt->zero_grad();
-    if (rank0_) {
-      const Checkpoint ck = state_.save(run_, config_);
-      for (const auto& [name, t] : ck.model)
-        CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), "diverged at step ", state_.step, ": ", name,
-                     " is not finite (try a lower --lr); the newest checkpoint holds the last finite state");
-      write_checkpoint(c_.out, state_.step, ck, c_.keep);
+    // Sharded (ZeRO): every rank writes its slices of the optimizer's state, rank 0 the rest and the manifest.
+    const bool sharded = run_.opt->shard_group() != nullptr;
+    if (rank0_ || sharded) {
+      Checkpoint ck = state_.save(run_, config_, sharded);
+      if (rank0_)
+        for (const auto& [name, t] : ck.model)
+          CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), "diverged at step ", state_.step, ": ", name,
+                       " is not finite (try a lower --lr); the newest checkpoint holds the last finite state");
+      if (sharded)
+        write_sharded_checkpoint(c_.out, state_.step, ck, c_.keep, *run_.opt->shard_group());
+      else
+        write_checkpoint(c_.out, state_.step, ck, c_.keep);
     }
     if (world_ > 1) dist::barrier();
     saved_ = {state_.step, state_.epoch, state_.batch};

@@ -137,7 +137,7 @@ using J = Job;
 std::vector<Setting> make_settings() {
   static const CLI::Validator image_size = integer_in(1, 4096), at_least_minus_one = integer_in(-1),
                               layers = integer_in(0, 1024), width = integer_in(0, 65536), count = integer_in(0),
-                              at_least_one = integer_in(1), ranks = integer_in(1, 1024),
+                              at_least_one = integer_in(1), ranks = integer_in(1, 1024), zero_stage = integer_in(0, 2),
                               // token ids are 32-bit (Llama 3: 128256, Qwen2: 151936)
       vocab = integer_in(0, (int64_t{1} << 31) - 1),
                               // train plus test images stay far inside int64 byte arithmetic
@@ -252,6 +252,10 @@ std::vector<Setting> make_settings() {
        R::Fixed, J::Any},
       {"--compress-grads", choice<&C::compress_grads, kCompressions>(),
        "with several ranks: send gradients as bf16 or fp16 (each addition in float32)", nullptr, R::Fixed, J::Any},
+      {"--zero", plain<&C::zero>(),
+       "with several ranks, ZeRO: 1 keeps each rank's slice of the float32 master weights and optimizer state, 2 "
+       "also reduce-scatters the gradients into slices (0: every rank holds everything, as DDP)",
+       &zero_stage, R::Free, J::Any, /*absent=*/"0"},
       {"--deterministic", plain<&C::deterministic>(), "fixed threading, for bit-exact resume", nullptr, R::Fixed,
        J::Any},
       {"--conv-algorithm", choice<&C::conv_algorithm, kConvAlgorithms>(),
