@@ -298,8 +298,9 @@ TEST(TrainFlags, ConfigJsonAndResumeHelpComeFromTheSettingsTable) {
   const TrainConfig c = parse_train_flags({"--lr", "0.25", "--no-bias", "--model", "gpt", "--loss-scale", "128"});
   const Json recorded = settings_json(c);
   // with the Llama rows (n_kv_head, multiple_of, rope_theta, untied) and LoRA's (lora_rank, lora_alpha,
-  // lora_dropout, lora_targets, rslora, init_lora) and activation recompute's (recompute, memory_budget)
-  EXPECT_EQ(recorded.as_object().size(), 61u);
+  // lora_dropout, lora_targets, rslora, init_lora) and activation recompute's (recompute, memory_budget), and
+  // evaluation's (eval_task, task_format, keep_best, early_stop) and ZeRO's (zero)
+  EXPECT_EQ(recorded.as_object().size(), 66u);
   const std::string help = train_help();
   for (const auto& [key, v] : recorded.as_object()) {
     std::string flag = "--" + key;
