@@ -13,7 +13,8 @@ using OwnsEntry = std::function<bool(const std::string& name)>;
 // The rule for an output directory `dir` (the value of `flag`) that a writer of `owns`'s files (`what`, "a token
 // folder") replaces whole: a missing path, or a directory (a symbolic link is refused, never followed) that is not a
 // Castor run directory (.castor.lock or checkpoints/ in it) and whose every entry `owns`; other entries are refused
-// (castor::Error "FLAG: DIR holds files WHAT does not (...); give another FLAG" + `remedy`) unless `keep_others`.
+// (castor::Error "FLAG: DIR holds files WHAT does not (...); give another FLAG" and `remedy`, by default what is
+// replaced) unless `keep_others`.
 // Returns the other entries, sorted. Every error is one line naming the flag and the directory.
 std::vector<std::string> check_output_dir(const std::string& flag, const std::string& dir, const OwnsEntry& owns,
                                           const std::string& what, bool keep_others = false,

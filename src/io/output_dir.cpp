@@ -122,8 +122,10 @@ std::vector<std::string> check_output_dir(const std::string& flag, const std::st
     std::string list;
     for (size_t i = 0; i < other.size() && i < 5; ++i) list += (i ? ", " : "") + printable(other[i]);
     if (other.size() > 5) list += detail::cat(" and ", other.size() - 5, " more");
-    throw Error(
-        detail::cat(flag, ": ", dir, " holds files ", what, " does not (", list, "); give another ", flag, remedy));
+    throw Error(detail::cat(
+        flag, ": ", dir, " holds files ", what, " does not (", list, "); give another ", flag,
+        remedy.empty() ? detail::cat(" (a directory is replaced only when it holds nothing but ", what, "'s files)")
+                       : remedy));
   }
   return other;
 }

@@ -26,8 +26,8 @@ struct CastorRun {
   std::string dir;               // the working directory (relative paths in args resolve there)
   std::vector<std::string> env;  // extra NAME=VALUE entries
   long address_space_kib = 0;    // > 0: `ulimit -v` for the child
-  long file_size_bytes = 0;      // > 0: the child's RLIMIT_FSIZE (`ulimit -f`: a write past it fails, or SIGXFSZ)
   std::string program;           // another program to run (found on PATH); empty: the castor binary
+  long file_size_bytes = 0;      // > 0: the child's RLIMIT_FSIZE (`ulimit -f`: a write past it fails, or SIGXFSZ)
 };
 
 // A started `castor` process; its stdout and stderr go to files in the run's directory.
