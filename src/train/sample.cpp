@@ -26,6 +26,7 @@
 #include "castor/torch_save.h"
 #include "train/metrics.h"
 #include "train/cli.h"
+#include "train/lm_load.h"
 #include "train/lora_run.h"
 #include "train/run_dir.h"
 #include "train/family.h"
@@ -332,27 +333,35 @@ std::shared_ptr<models::LanguageModel> sampled_model(LoadedGpt& g, const data::T
 
 }  // namespace
 
-void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,
-                const std::function<bool(std::string&)>& read_turn) {
-  if (c.threads > 0) omp_set_num_threads(c.threads);
-  LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head, c.lora_base);
+LoadedLm load_language_model(const std::string& path, int64_t n_head, const std::string& lora_base,
+                             const std::string& tokenizer_dir) {
+  LoadedGpt g = load_gpt(path, n_head, lora_base);
   for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
     CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), g.what, ": ", name,
                  " holds NaN or infinite values; no text can be sampled from it");
-  const std::string model_path = c.init.empty() ? c.checkpoint : c.init;
-  std::string dir = c.tokenizer_dir.empty() ? model_tokenizer_dir(model_path, g.config) : c.tokenizer_dir;
+  std::string dir = tokenizer_dir.empty() ? model_tokenizer_dir(path, g.config) : tokenizer_dir;
   CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what,
                " records no data directory to decode with, and no tokenizer.bin is beside it");
   data::Tokenizer tok = data::Tokenizer::load(dir);
   // The ids are the model's vocabulary's: a tokenizer of another one would decode them as other tokens.
-  const data::VocabularyId model_vocab = model_vocabulary(model_path, g.config), vocab = tok.vocabulary_id();
-  CASTOR_CHECK(data::same_vocabulary(model_vocab, vocab), c.tokenizer_dir.empty() ? "" : "--tokenizer-dir ", dir,
+  const data::VocabularyId model_vocab = model_vocabulary(path, g.config), vocab = tok.vocabulary_id();
+  CASTOR_CHECK(data::same_vocabulary(model_vocab, vocab), tokenizer_dir.empty() ? "" : "--tokenizer-dir ", dir,
                " holds the vocabulary [", vocab.describe(), "], but ", g.what, " was trained in [",
                model_vocab.describe(),
                "]: its ids would decode as other tokens; give the folder of the model's "
                "vocabulary");
-  const std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
+  std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
   model->eval();
+  return {std::move(model), std::move(tok), g.what, dir};
+}
+
+void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,
+                const std::function<bool(std::string&)>& read_turn) {
+  if (c.threads > 0) omp_set_num_threads(c.threads);
+  LoadedLm lm = load_language_model(c.init.empty() ? c.checkpoint : c.init, c.n_head, c.lora_base, c.tokenizer_dir);
+  const std::shared_ptr<models::LanguageModel>& model = lm.model;
+  data::Tokenizer& tok = lm.tokenizer;
+  const std::string& dir = lm.tokenizer_dir;
   // A model held in 16 bits (a 16-bit Hugging Face directory's) runs as a LoRA run's base does: under autocast, its
   // norms in float32, the KV cache in its dtype.
   const DType weights = model->cache_shape().dtype;
