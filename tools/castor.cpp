@@ -14,6 +14,7 @@
 #include "castor/corpus.h"
 #include "castor/dist.h"
 #include "castor/fs.h"
+#include "castor/export.h"
 #include "castor/sample.h"
 #include "castor/trainer.h"
 #include "castor/version.h"
@@ -108,6 +109,7 @@ int main(int argc, char** argv) {
     if (cmd == "train") {
       if (wants_help(args)) return std::fputs(castor::train::train_help().c_str(), stdout), 0;
       const castor::train::TrainConfig config = castor::train::parse_train_flags(args);
+      if (config.dry_run) return std::printf("%s\n", castor::train::run_dry_run(config).dump().c_str()), 0;
       relaunch_under_mpirun(config, args);
       castor::train::install_interrupt_handlers();
       const castor::Json summary = castor::train::run_train(config);

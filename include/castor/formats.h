@@ -21,6 +21,10 @@ Json castor_config(const Metadata& meta, const std::string& what);
 // by whoever wrote them).
 Json llama_description(const models::LlamaConfig& l);
 models::LlamaConfig llama_config(const Json& description, const std::string& what);
+// The settings a run of another tool's Llama `l` records (castor.config: "model" llama, Castor's size flags,
+// "model_config" `description`, and "data" when `data` is not ""); no precision (castor eval runs such a file in
+// float32).
+Json llama_settings(const models::LlamaConfig& l, const Json& description, const std::string& data);
 // A GPT's: "family" "gpt", n_layer, n_head, n_embd, block_size, vocab_size, bias, dropout.
 Json gpt_description(const models::GPTConfig& g);
 models::GPTConfig gpt_config(const Json& description, const std::string& what);

@@ -42,8 +42,8 @@ HfConfig read_hf_config(const std::string& dir);
 HfConfig parse_hf_config(const std::string& dir);
 
 // The description of config's model a run records (castor/formats.h's llama_description with "architecture",
-// "bos_token_id" and "eos_token_id"), and what a float32 run of it on `data` (a --data name; "": none) records in a
-// model file's metadata ("castor.config": model llama, its sizes, amp O0, model_config; "hf.architecture").
+// "bos_token_id" and "eos_token_id"), and the model settings a run of it on `data` (a --data name; "": none) records in a
+// model file's metadata ("castor.config": model llama, its sizes, model_config; "hf.architecture").
 Json hf_description(const HfConfig& config);
 Metadata hf_metadata(const HfConfig& config, const std::string& data);
 

@@ -85,6 +85,7 @@ struct TrainConfig {
   bool sync_batchnorm = false;  // with several ranks: BatchNorm statistics over the global batch
   Compression compress_grads = Compression::None;
   int zero = 0;  // with several ranks, ZeRO: 1 shards the optimizer's masters and state, 2 also the gradients
+  bool dry_run = false;  // --dry-run: print the per-rank memory plan (train/memory_plan.h) and stop
   bool deterministic = false;
   backends::ConvAlgorithm conv_algorithm = backends::ConvAlgorithm::Auto;  // float32 convolutions (castor/backends.h)
   Recompute recompute = Recompute::None;  // blocks: nn::checkpoint per transformer block; auto: by memory_budget

@@ -137,7 +137,7 @@ using J = Job;
 std::vector<Setting> make_settings() {
   static const CLI::Validator image_size = integer_in(1, 4096), at_least_minus_one = integer_in(-1),
                               layers = integer_in(0, 1024), width = integer_in(0, 65536), count = integer_in(0),
-                              at_least_one = integer_in(1), ranks = integer_in(1, 1024), zero_stage = integer_in(0, 2),
+                              at_least_one = integer_in(1), ranks = integer_in(1, 1024), zero_stage = integer_in(0, 3),
                               // token ids are 32-bit (Llama 3: 128256, Qwen2: 151936)
       vocab = integer_in(0, (int64_t{1} << 31) - 1),
                               // train plus test images stay far inside int64 byte arithmetic
@@ -254,8 +254,13 @@ std::vector<Setting> make_settings() {
        "with several ranks: send gradients as bf16 or fp16 (each addition in float32)", nullptr, R::Fixed, J::Any},
       {"--zero", plain<&C::zero>(),
        "with several ranks, ZeRO: 1 keeps each rank's slice of the float32 master weights and optimizer state, 2 "
-       "also reduce-scatters the gradients into slices (0: every rank holds everything, as DDP)",
+       "also reduce-scatters the gradients into slices (0: every rank holds everything, as DDP); 3 (the 16-bit "
+       "weights sharded too) only with --dry-run",
        &zero_stage, R::Free, J::Any, /*absent=*/"0"},
+      {"--dry-run", plain<&C::dry_run>(),
+       "print each rank's memory plan for --nproc and --zero 0-3 (weights, masters, optimizer state, gradients, from "
+       "the sharding plan; activations left out) and stop without reading data or training",
+       nullptr, R::Unrecorded, J::Any},
       {"--deterministic", plain<&C::deterministic>(), "fixed threading, for bit-exact resume", nullptr, R::Fixed,
        J::Any},
       {"--conv-algorithm", choice<&C::conv_algorithm, kConvAlgorithms>(),
@@ -414,6 +419,8 @@ void add_settings(CLI::App& app, TrainConfig& c) {
 }
 
 void check_jobs(const TrainConfig& c) {
+  CASTOR_CHECK(c.zero < 3 || c.dry_run,
+               "--zero 3: stage 3 (the 16-bit weights sharded) is not built for training; --dry-run plans it");
   for (const std::string& flag : c.given_flags) {
     const Setting* s = find_setting(flag);
     if (!s) continue;
