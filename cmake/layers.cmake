@@ -72,7 +72,7 @@ target_link_libraries(castor_dist PRIVATE MPI::MPI_CXX)  # only src/dist include
 castor_layer(nn DIRS nn HEADERS nn language_model models llama ddp lora USES core kernels runtime dist)
 castor_layer(optim DIRS optim HEADERS optim lr_scheduler USES core kernels runtime dist)
 castor_layer(amp DIRS amp HEADERS grad_scaler amp explain opt_level USES core kernels runtime dist nn optim)
-castor_layer(io DIRS io HEADERS json fs safetensors serialize torch_save USES core)
+castor_layer(io DIRS io HEADERS json fs output_dir safetensors serialize torch_save USES core)
 castor_layer(data DIRS data HEADERS data datasets token_file tokenizer hf_tokenizer bpe_tokenizer bpe_trainer corpus lm_batch jinja mc_task
   chat_data USES core io)
 target_link_libraries(castor_data PRIVATE PNG::PNG JPEG::JPEG)  # only src/data includes png.h and jpeglib.h

@@ -20,8 +20,9 @@ struct ExportConfig {
   // (--peft DIR: --format peft --out DIR, a LoRA run's adapters in PEFT's format)
   std::string checkpoint;  // a run or checkpoint directory, or a weights file (llm.c .bin, llama2.c or safetensors)
   std::string out;
-  int64_t n_head = 0;     // for safetensors that do not record it
-  std::string lora_base;  // a LoRA run's base where it is now (it moved since the run recorded it)
+  std::string out_flag = "--out";  // the flag that named `out` (--peft DIR), for errors
+  int64_t n_head = 0;              // for safetensors that do not record it
+  std::string lora_base;           // a LoRA run's base where it is now (it moved since the run recorded it)
 };
 ExportConfig parse_export_flags(const std::vector<std::string>& args);
 std::string export_help();

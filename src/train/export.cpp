@@ -18,6 +18,7 @@
 #include "castor/llmc.h"
 #include "castor/model_source.h"
 #include "castor/ops.h"
+#include "castor/output_dir.h"
 #include "castor/chat_data.h"
 #include "castor/tokenizer.h"
 #include "castor/torch_save.h"
@@ -26,6 +27,7 @@
 #include "train/lora_run.h"
 #include "train/family.h"
 #include "train/loaded_model.h"
+#include "train/run_dir.h"
 #include "train/task.h"
 
 namespace castor::train {
@@ -111,6 +113,7 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
       [&c](const std::string& dir) {
         c.format = "peft";
         c.out = dir;
+        c.out_flag = "--peft";
       },
       "a LoRA run: write its adapters in Hugging Face PEFT's format into this directory (adapter_config.json, "
       "adapter_model.safetensors; castor train --init-lora reads them); --format peft --out DIR");
@@ -323,20 +326,30 @@ std::optional<data::BpeVocabulary> run_vocabulary(const LoadedGpt& g, int64_t vo
   return tok.bpe()->vocabulary();
 }
 
+// What an export reads, which its --out must not be (check_export_out): --checkpoint, --lora-base, and once loaded the
+// model file, its run directory and the --init (a LoRA run's base) the run records.
+std::vector<std::string> export_inputs(const ExportConfig& c, const LoadedGpt* g = nullptr) {
+  std::vector<std::string> inputs = {c.checkpoint, c.lora_base};
+  if (!g) return inputs;
+  inputs.insert(inputs.end(), {g->what, g->run_dir});
+  if (const Json* init = g->config.is_object() ? g->config.find("init") : nullptr; init && init->is_string())
+    inputs.push_back(init->as_string());
+  return inputs;
+}
+
 // The model castor export writes: --checkpoint loaded after the files `outputs` it will replace are checked (a
-// device, FIFO, directory or link there is refused at once); a LoRA run only with --merge-lora.
-LoadedGpt load_for_export(const ExportConfig& c, const std::vector<std::string>& outputs) {
-  try {
-    for (const std::string& out : outputs) check_replaceable(out);
-  } catch (const Error& e) {
-    throw Error(detail::cat("--out: ", e.what()));
-  }
+// device, FIFO, directory or link there is refused at once; `dir_files`: --out is a directory of those files, `what`
+// its writer), and checked again against the inputs it records; a LoRA run only with --merge-lora.
+LoadedGpt load_for_export(const ExportConfig& c, const std::vector<std::string>& outputs,
+                          const OwnsEntry& dir_files = {}, const std::string& what = "") {
+  for (const std::string& out : outputs) check_export_out("--out", out, dir_files, what, export_inputs(c));
   LoadedGpt g = load_gpt(c.checkpoint, c.n_head, c.lora_base);
   CASTOR_CHECK(!c.merge_lora || g.lora, "--merge-lora: ", c.checkpoint,
                " is not a LoRA run's checkpoint (castor train --lora-rank): it has no adapters to merge");
   CASTOR_CHECK(!g.lora || c.merge_lora, "--merge-lora: missing; ", c.checkpoint,
                " is a LoRA run (adapters on a frozen base): --merge-lora writes the base with its adapters merged, "
                "--peft DIR the adapters alone");
+  for (const std::string& out : outputs) check_export_out("--out", out, dir_files, what, export_inputs(c, &g));
   return g;
 }
 
@@ -438,10 +451,15 @@ namespace {
 
 // castor export --format peft: a LoRA checkpoint's adapters as PEFT's files.
 Json export_peft(const ExportConfig& c) {
+  const std::string flag = c.out_flag;
+  check_export_out(flag, c.out, is_peft_file, "a PEFT export", export_inputs(c));
   std::string used;
   const Checkpoint ck = read_checkpoint(c.checkpoint, &used);
   const std::string what = (fs::path(used) / "model.safetensors").string();
-  write_peft(c.out, ck, what, c.lora_base);
+  const auto base = ck.model_meta.find("castor.lora_base");
+  check_export_out(flag, c.out, is_peft_file, "a PEFT export",
+                   {c.checkpoint, c.lora_base, used, base == ck.model_meta.end() ? "" : base->second});
+  write_peft(flag, c.out, ck, what, c.lora_base);
   return Json::Object{{"from", printable(what)},
                       {"format", "peft"},
                       {"out", printable(c.out)},
@@ -462,7 +480,7 @@ Json described(const LoadedGpt& g, const char* key) {
 // castor export --format hf: a Llama as a Hugging Face directory (castor/hf.h), with the tokenizer files of the
 // Hugging Face directory it came from (--checkpoint itself, or the run's --init).
 Json export_hf(const ExportConfig& c) {
-  const LoadedGpt g = load_for_export(c, {});  // (write_hf checks --out)
+  const LoadedGpt g = load_for_export(c, {c.out}, formats::is_hf_export_file, "a Hugging Face export");
   CASTOR_CHECK(g.llama, "--checkpoint ", c.checkpoint,
                ": a GPT; --format hf writes Llamas (llmc and nanogpt write "
                "GPTs)");
@@ -498,7 +516,8 @@ Json export_hf(const ExportConfig& c) {
 // castor export --format llmc | nanogpt: a GPT as llm.c's checkpoint or nanoGPT's OUT/ckpt.pt.
 Json export_gpt(const ExportConfig& c) {
   const bool nanogpt = c.format == "nanogpt";
-  LoadedGpt g = load_for_export(c, {nanogpt ? (fs::path(c.out) / "ckpt.pt").string() : c.out});
+  const OwnsEntry ckpt = [](const std::string& name) { return name == "ckpt.pt"; };
+  LoadedGpt g = load_for_export(c, {c.out}, nanogpt ? ckpt : OwnsEntry(), "a nanoGPT export");
   CASTOR_CHECK(!g.llama, "--checkpoint ", c.checkpoint, ": a Llama; --format ", c.format,
                " writes GPTs (llama2c and hf write Llamas)");
   models::GPTConfig& config = g.weights.config;
@@ -509,13 +528,12 @@ Json export_gpt(const ExportConfig& c) {
                    {"block_size", config.block_size}};
   std::string file = c.out;
   if (nanogpt) {
-    std::error_code ec;
-    fs::create_directories(c.out, ec);
-    CASTOR_CHECK(fs::is_directory(c.out, ec), "--out ", c.out, ": cannot make the directory for ckpt.pt");
     file = (fs::path(c.out) / "ckpt.pt").string();
     PyValue optimizer = nanogpt_optimizer(g);
     out["optimizer"] = optimizer.kind() != PyValue::Kind::None;
-    torch_save(file, nanogpt_checkpoint(g, c.out, std::move(optimizer)));
+    const PyValue ckpt_pt = nanogpt_checkpoint(g, c.out, std::move(optimizer));
+    write_output_dir("--out", c.out, ckpt, "a nanoGPT export", {},
+                     [&](const std::string& dir) { torch_save(dir + "/ckpt.pt", ckpt_pt); });
     out["format"] = "nanogpt";
     out["vocab_size"] = config.vocab_size;
   } else {

@@ -12,6 +12,7 @@
 #include "castor/fs.h"
 #include "castor/hf.h"
 #include "castor/llmc.h"
+#include "castor/output_dir.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
 #include "castor/model_source.h"
@@ -139,9 +140,27 @@ void take_peft_config(TrainConfig& c) {
         list += (list.empty() ? "" : ",") + (formats::is_source(c.init, formats::SourceFormat::HfDir)
                                                  ? formats::hf_target_name(t.as_string(), /*to_castor=*/true)
                                                  : t.as_string());
+    // What would make the adapters compute other than PEFT's (per-module ranks or alphas, DoRA, trained biases, some
+    // layers only) is refused by name rather than silently dropped; a rank of 0 would drop the adapters altogether.
+    const Json& r = j.at("r");
+    CASTOR_CHECK(r.is_int() && r.as_int() > 0, "\"r\" ", r.dump(), ": the adapters' rank must be a positive integer");
+    for (const char* key : {"rank_pattern", "alpha_pattern"})
+      if (const Json* v = j.find(key))
+        CASTOR_CHECK(v->is_null() || (v->is_object() && v->as_object().empty()), "\"", key, "\" ", v->dump(),
+                     ": per-module ranks and alphas are not supported (every adapter takes \"r\" and "
+                     "\"lora_alpha\"); merge the adapters with PEFT's merge_and_unload and fine-tune the merged model");
+    for (const auto& [key, plain] : {std::pair<const char*, Json>{"use_dora", Json(false)},
+                                     {"lora_bias", Json(false)},
+                                     {"bias", Json("none")},
+                                     {"layers_to_transform", Json()},
+                                     {"modules_to_save", Json()}})
+      if (const Json* v = j.find(key))
+        CASTOR_CHECK(*v == plain || (plain.is_null() && v->is_array() && v->as_array().empty()), "\"", key, "\" ",
+                     v->dump(), ": not supported (Castor's adapters are plain LoRA on every targeted layer: ", key, " ",
+                     plain.dump(), ")");
     const Json* rs = j.find("use_rslora");
     const Json* p = j.find("lora_dropout");
-    const TrainConfig file_config{.lora_rank = j.at("r").as_int(),
+    const TrainConfig file_config{.lora_rank = r.as_int(),
                                   .lora_alpha = j.at("lora_alpha").as_double(),
                                   .lora_dropout = p ? p->as_double() : 0.0,
                                   .lora_targets = list,
@@ -304,11 +323,13 @@ void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::s
   ck.model_meta["castor.config"] = config.dump();
 }
 
-void write_peft(const std::string& dir, const Checkpoint& ck, const std::string& what, const std::string& lora_base) {
+bool is_peft_file(const std::string& name) {
+  return name == "adapter_config.json" || name == "adapter_model.safetensors";
+}
+
+void write_peft(const std::string& flag, const std::string& dir, const Checkpoint& ck, const std::string& what,
+                const std::string& lora_base) {
   CASTOR_CHECK(is_lora_checkpoint(ck.model_meta), "--peft: ", what, " is not a LoRA run's (castor train --lora-rank)");
-  std::error_code ec;
-  CASTOR_CHECK(!fs::exists(fs::path(dir) / "checkpoints", ec) && !fs::exists(fs::path(dir) / "config.json", ec),
-               "--peft ", dir, ": a run directory (castor train's); write the adapters into a directory of their own");
   auto model = adapted_model(ck, what, lora_base);
   const Json config = castor_config(ck.model_meta, what);
   // On a Hugging Face base, the names and q/k rotary rows PEFT uses on the Hugging Face model.
@@ -335,10 +356,10 @@ void write_peft(const std::string& dir, const Checkpoint& ck, const std::string&
       {"modules_to_save", Json()},
       {"layers_to_transform", Json()},
       {"revision", Json()}};
-  fs::create_directories(dir, ec);
-  CASTOR_CHECK(fs::is_directory(dir, ec), "--peft ", dir, ": cannot make the directory");
-  save_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
-  atomic_write_file(dir + "/adapter_config.json", adapter_config.dump(2) + "\n");
+  write_output_dir(flag, dir, is_peft_file, "a PEFT export", {}, [&](const std::string& folder) {
+    save_safetensors(folder + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+    atomic_write_file(folder + "/adapter_config.json", adapter_config.dump(2) + "\n");
+  });
 }
 
 }  // namespace castor::train

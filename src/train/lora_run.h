@@ -49,11 +49,13 @@ void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::s
 // Hugging Face directory's config.json, index and safetensors files'.
 std::string weights_checksum(const std::string& path);
 
-// PEFT's pair of files in `dir` for a LoRA checkpoint's adapters: adapter_model.safetensors ("base_model.model.<path>
+// PEFT's pair of files as the directory `dir` (named by `flag`): adapter_model.safetensors ("base_model.model.<path>
 // .lora_A.weight" (r, in), "...lora_B.weight" (out, r), float32) and adapter_config.json (r, lora_alpha,
-// lora_dropout, target_modules, use_rslora, base_model_name_or_path, ...). Each file is replaced whole.
-// Refuses a run directory as `dir`.
-void write_peft(const std::string& dir, const Checkpoint& ck, const std::string& what,
+// lora_dropout, target_modules, use_rslora, base_model_name_or_path, ...), written whole (castor/fs.h's
+// write_output_dir: a directory holding other files, a run directory or a symbolic link is refused).
+void write_peft(const std::string& flag, const std::string& dir, const Checkpoint& ck, const std::string& what,
                 const std::string& lora_base = "");
+// Whether `name` is one of the files write_peft writes.
+bool is_peft_file(const std::string& name);
 
 }  // namespace castor::train

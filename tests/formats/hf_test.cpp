@@ -305,6 +305,11 @@ TEST(HfFormat, BadDirectoriesAreOneLineErrorsNamingFileAndKey) {
                {"mlp", "has shape", "config.json"});
   expect_error([&](const std::string& d) { set_key(d, "vocab_size", "60"); },
                {shard1, "model.embed_tokens.weight", "vocab_size"});
+  // Sizes are checked against the tensors before anything is made from them (1e9 layers once planned 1e10 tensors).
+  expect_error([&](const std::string& d) { set_key(d, "num_hidden_layers", "1000000000"); },
+               {"config.json", "\"num_hidden_layers\" 1000000000", "the tensors hold 2 layers"});
+  expect_error([&](const std::string& d) { set_key(d, "hidden_size", "1000000000"); },
+               {"model.embed_tokens.weight", "config.json gives", "(vocab_size x hidden_size)"});
   expect_error(
       [&](const std::string& d) {
         const std::vector<uint8_t> b = read_file(d + "/" + shard1);
@@ -333,7 +338,7 @@ TEST(HfFormat, ReadsEachArchitecturesKeys) {
     const std::string d = dir + "/c" + std::to_string(n++);
     fs::create_directories(d);
     atomic_write_file(d + "/config.json", hf_config("float32", 1, 2, false, false, arch, extra));
-    return formats::read_hf_config(d);
+    return formats::parse_hf_config(d);
   };
   using Type = F::RopeScaling::Type;
   // Qwen2: q/k/v biases always (attention_bias and mlp_bias are Llama's keys); its window only with
@@ -497,7 +502,57 @@ TEST(HfCli, FineTuneExportAndReadBack) {
   EXPECT_FALSE(fs::exists(dir + "/never"));
   test::expect_one_line_error(
       test::run_castor({"export", "--format", "hf", "--checkpoint", "lora", "--merge-lora", "--out", "tok"}, run),
-      {"tok", "not a Hugging Face directory"});
+      {"--out: tok holds files a Hugging Face export does not (castor_tokens.json"});
+}
+
+// castor export --format hf replaces a directory only when it holds nothing but an earlier export's files: a project
+// folder holding a config.json, a Hugging Face model directory with its README, a run directory, a symbolic link, and
+// the export's own source and base are refused in one line, each left as it was.
+TEST(HfCli, ExportReplacesOnlyAnEarlierExport) {
+  const test::ScratchDir dir("hf_cli_out");
+  const test::CastorRun run{dir, {}};
+  ASSERT_EQ(test::make_grammar_tokens(run).exit_code, 0);
+  ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py", {"write", dir + "/base", hf_config("float32", 1, 2, false)}));
+  auto p = test::run_castor({"train", "--model",      "llama", "--data",       "tokens", "--data-dir",
+                             "tok",   "--init",       "base",  "--block-size", "16",     "--batch-size",
+                             "2",     "--steps",      "1",     "--lora-rank",  "2",      "--amp",
+                             "O0",    "--eval-iters", "0",     "--out",        "lora"},
+                            run, 120);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const std::vector<std::string> exp = {"export", "--format", "hf", "--checkpoint", "lora", "--merge-lora", "--out"};
+  const auto to = [&](const std::string& out) {
+    std::vector<std::string> a = exp;
+    a.push_back(out);
+    return test::run_castor(a, run, 120);
+  };
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(to("merged").exit_code, 0);  // (the second replaces the first)
+  // A project folder with a config.json; a model directory with its README.
+  fs::create_directories(dir + "/proj/src");
+  atomic_write_file(dir + "/proj/config.json", std::string_view("{}"));
+  atomic_write_file(dir + "/proj/src/main.py", std::string_view("print()"));
+  fs::copy(dir + "/merged", dir + "/model");
+  atomic_write_file(dir + "/model/README.md", std::string_view("license"));
+  fs::create_directory_symlink("merged", dir + "/link");
+  const auto listing = [&](const std::string& d) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(dir + "/" + d))
+      names.push_back(e.path().string() + " " + (e.is_regular_file() ? std::to_string(e.file_size()) : "dir"));
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const auto before = std::vector{listing("proj"), listing("model"), listing("lora"), listing("base"),
+                                  listing("merged")};
+  test::expect_one_line_error(to("proj"), {"--out: proj holds files a Hugging Face export does not (src)"});
+  test::expect_one_line_error(to("model"), {"--out: model holds files a Hugging Face export does not (README.md)"});
+  test::expect_one_line_error(to("lora"), {"--out: lora: a Castor run directory"});
+  test::expect_one_line_error(to("link"), {"--out: link: is a symbolic link"});
+  test::expect_one_line_error(to("base"), {"--out: base is", "which this export reads"});
+  test::expect_one_line_error(
+      test::run_castor({"export", "--format", "hf", "--checkpoint", "merged", "--out", "merged"}, run),
+      {"--out: merged is merged", "which this export reads"});
+  EXPECT_EQ((std::vector{listing("proj"), listing("model"), listing("lora"), listing("base"), listing("merged")}),
+            before);
+  EXPECT_EQ(test::run_castor({"eval", "lora"}, run, 120).exit_code, 0);  // (its base intact)
 }
 
 // castor export --format peft of a LoRA run on a Hugging Face directory: the files PEFT loads on the Hugging Face
