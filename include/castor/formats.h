@@ -15,6 +15,11 @@ namespace castor::formats {
 // castor::Error naming `what` (the file) when the metadata is not a JSON object.
 Json castor_config(const Metadata& meta, const std::string& what);
 
+// castor::Error naming `what` (the file) and the tensor `name` when `t` holds NaN or infinite values: weights read
+// from a file are checked as they load, so that a damaged file is named as such, not as a run that diverged or an
+// evaluation of accuracy 0.
+void check_finite(const std::string& what, const std::string& name, const Tensor& t);
+
 // A Llama's description as runs record it (config.json's "model_config": "family" "llama" and LlamaConfig's fields,
 // hidden_dim resolved), and the LlamaConfig of one (castor::Error naming `what` and a missing or invalid field; keys
 // it does not know, such as a Hugging Face directory's "architecture", "bos_token_id" and "eos_token_id", are kept

@@ -37,7 +37,8 @@ std::vector<std::pair<std::string, Shape>> llmc_tensors(const GPTConfig& config)
 // A weights file's format from its first bytes: llm.c's magic number, llama2.c's v1 magic number, a safetensors
 // header (a u64 length that fits the file, then '{'), or else a llama2.c v0 file (no magic number: a 7-int header
 // whose sizes give exactly the file's size, read_llama2c_header's checks); castor::Error "PATH: not a safetensors,
-// llm.c or llama2.c file (...)" otherwise, with what reading it as a v0 file found.
+// llm.c or llama2.c file (...)" otherwise, with what reading it as a v0 file found; "PATH: a GGUF file ..." for one
+// (written, not read).
 enum class WeightsFormat { Llmc, Safetensors, Llama2c };
 WeightsFormat weights_format(const std::string& path);
 

@@ -5,6 +5,8 @@
 #include <cctype>
 
 #include "castor/check.h"
+#include "castor/fs.h"
+#include "castor/ops.h"
 
 namespace castor::formats {
 
@@ -19,6 +21,11 @@ Json castor_config(const Metadata& meta, const std::string& what) {
   }
   CASTOR_CHECK(config.is_object(), what, ": metadata castor.config: not a JSON object");
   return config;
+}
+
+void check_finite(const std::string& what, const std::string& name, const Tensor& t) {
+  CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), what, ": tensor ", printable(name),
+               " holds NaN or infinite values (the file is damaged, or the run that wrote it had diverged)");
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -12,6 +13,7 @@
 #include "castor/autograd.h"
 #include "castor/check.h"
 #include "castor/fs.h"
+#include "castor/log.h"
 
 namespace castor::formats {
 
@@ -447,7 +449,7 @@ Metadata hf_metadata(const HfConfig& h, const std::string& data) {
                              {"n_layer", l.n_layers},
                              {"n_head", l.n_heads},
                              {"n_embd", l.dim},
-                             {"block_size", l.max_seq_len},
+                             {"block_size", std::min(l.max_seq_len, kDefaultWindow)},
                              {"vocab_size", l.vocab_size},
                              {"n_kv_head", l.kv_heads()},
                              {"multiple_of", l.ffn_hidden_dim()},
@@ -461,13 +463,17 @@ Metadata hf_metadata(const HfConfig& h, const std::string& data) {
   return {{"castor.config", config.dump()}, {"castor.model", "llama"}, {"hf.architecture", h.architecture}};
 }
 
-void read_hf_weights_each(const std::string& dir, const HfConfig& config,
-                          const std::function<void(const std::string&, const Tensor&)>& take) {
-  const std::map<std::string, std::string> where = shard_map(dir);
-  const std::vector<Planned> tensors = plan(config.llama);
-  // Every tensor present with config.json's shape before any is read.
-  Shards shards;
+namespace {
+
+// Every tensor of `tensors` present in DIR (`where`: its file) with config.json's shape and a dtype Castor reads,
+// before any is read (loading and castor info check alike); the tensors config.json does not name, which nothing
+// reads, in one warning naming them (as transformers warns of weights a checkpoint holds that the model does not use;
+// once a process for a directory, which a command may read more than once).
+void check_tensors(const std::string& dir, const std::vector<Planned>& tensors,
+                   const std::map<std::string, std::string>& where, Shards& shards) {
+  std::set<std::string> named;
   for (const Planned& t : tensors) {
+    named.insert(t.hf);
     const auto it = where.find(t.hf);
     CASTOR_CHECK(it != where.end(), dir, ": no tensor ", t.hf,
                  t.castor == "output.weight" ? " (config.json: tie_word_embeddings false)" : "");
@@ -478,6 +484,26 @@ void read_hf_weights_each(const std::string& dir, const HfConfig& config,
                  shape_str(Shape(e.shape.begin(), e.shape.end())), ", config.json gives ", shape_str(t.shape),
                  t.hf == "model.embed_tokens.weight" ? " (vocab_size x hidden_size)" : "");
   }
+  std::string unused;
+  int64_t count = 0;
+  for (const auto& [name, file] : where)
+    if (!named.count(name) && ++count <= 8) unused += detail::cat(count == 1 ? "" : ", ", printable(name));
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (count > 0 && warned.insert(absolute_path(dir)).second)
+    warn(detail::cat(dir, ": ", count, count == 1 ? " tensor" : " tensors",
+                     " that config.json does not name, not used: ", unused, count > 8 ? ", ..." : ""));
+}
+
+}  // namespace
+
+void read_hf_weights_each(const std::string& dir, const HfConfig& config,
+                          const std::function<void(const std::string&, const Tensor&)>& take) {
+  const std::map<std::string, std::string> where = shard_map(dir);
+  const std::vector<Planned> tensors = plan(config.llama);
+  Shards shards;
+  check_tensors(dir, tensors, where, shards);
   for (const Planned& t : tensors) {
     const std::string& file = where.at(t.hf);
     const SafetensorsEntry& e = shards.entry(file, t.hf);
@@ -502,12 +528,12 @@ StateDict read_hf_weights(const std::string& dir, const HfConfig& config, DType 
 SafetensorsFile read_hf_header(const std::string& dir) {
   const HfConfig config = read_hf_config(dir);
   const std::map<std::string, std::string> where = shard_map(dir);
+  const std::vector<Planned> tensors = plan(config.llama);
   Shards shards;
+  check_tensors(dir, tensors, where, shards);
   SafetensorsFile out;
-  for (const Planned& t : plan(config.llama)) {
-    const auto it = where.find(t.hf);
-    CASTOR_CHECK(it != where.end(), dir, ": no tensor ", t.hf);
-    SafetensorsEntry e = shards.entry(it->second, t.hf);
+  for (const Planned& t : tensors) {
+    SafetensorsEntry e = shards.entry(where.at(t.hf), t.hf);
     e.name = t.castor;
     out.entries.push_back(e);
   }

@@ -169,6 +169,9 @@ WeightsFormat weights_format(const std::string& path) {
   if (head.size() >= 4) std::memcpy(&magic, head.data(), 4);
   if (magic == kLlmcModelMagic) return WeightsFormat::Llmc;
   if (static_cast<uint32_t>(magic) == kLlama2cMagic) return WeightsFormat::Llama2c;
+  CASTOR_CHECK(head.size() < 4 || std::memcmp(head.data(), "GGUF", 4) != 0, path,
+               ": a GGUF file (llama.cpp's), which Castor writes (castor export --format gguf) but does not read; "
+               "give the Hugging Face directory or the run it was made from");
   // safetensors: a little-endian u64 header length that fits the file, then the JSON header, which opens with '{'.
   uint64_t header_len = 0;
   if (head.size() == 9) std::memcpy(&header_len, head.data(), 8);
@@ -350,6 +353,7 @@ void load_weights_into(nn::Module& model, const std::string& path) {
     CASTOR_CHECK(it != own.end(), path, ": the model has no tensor ", printable(name));
     CASTOR_CHECK(it->second.shape() == t.shape(), path, ": ", name, " has shape ", shape_str(t.shape()),
                  ", the model's is ", shape_str(it->second.shape()));
+    formats::check_finite(path, name, t);
     Tensor(it->second).copy_(t);
     loaded.insert(it->second.data_ptr());
   });

@@ -89,7 +89,7 @@ class Trainer {
         world_(dist::world_size()),
         dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic"),
         epochs_(epochs) {
-    if (rank0_) log_.emplace(c, task, total_steps, epochs, /*append=*/!c.resume.empty(), flops);
+    if (rank0_) log_.emplace(c, task, total_steps, epochs, /*append=*/!c.resume.empty(), flops, state.step);
   }
 
   // Runs to the end (or an interrupt); returns the summary line, also written to summary.json.

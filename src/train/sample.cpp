@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "castor/autocast.h"
 #include "castor/checkpoint.h"
@@ -53,6 +54,8 @@ struct LoadedGpt {
   bool lora = false;                             // a LoRA run's checkpoint: its base with the adapters merged
   Metadata meta;  // the model file's metadata (castor.config: a merged LoRA run's as a plain run's)
 };
+
+Json described(const LoadedGpt& g, const char* key);  // (a key of the model's recorded description)
 
 // The model `description` describes (its family's), with `weights` loaded (strictly; errors name `what`).
 std::shared_ptr<models::LanguageModel> load_described(const StateDict& weights, const Json& description,
@@ -148,12 +151,16 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
   CLI::App& app = *owner;
   auto* ckpt = app.add_option("--checkpoint", c.checkpoint, "a run or checkpoint directory of a GPT or Llama");
   add_init(app, c.init,
-           "or weights: llm.c .bin, llama2.c model.bin (v0 or v1), safetensors with nanoGPT names, or a file "
-           "castor export --safetensors wrote")
+           "or weights: a Hugging Face model directory (config.json, model.safetensors or shards, tokenizer.json), "
+           "llm.c .bin, llama2.c model.bin (v0 or v1), safetensors with nanoGPT names, or a file castor export "
+           "--safetensors wrote")
       ->excludes(ckpt);
   app.add_option("--tokenizer-dir", c.tokenizer_dir,
                  "token directory whose tokenizer decodes, or a Hugging Face model directory with tokenizer.json "
-                 "(default: the run's)");
+                 "(default: the run's, or the Hugging Face directory's own)");
+  add_lora(app, c.lora,
+           "a PEFT adapter directory (adapter_config.json, adapter_model.safetensors: PEFT's save_pretrained, castor "
+           "export --format peft) merged into the model (--init BASE --lora DIR), without a training run");
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
   add_lora_base(app, c.lora_base, kLoraBaseHelp);
   app.add_option("--prompt", c.prompt,
@@ -174,6 +181,10 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
                "apply the chat template (the token directory's, else ChatML) to --prompt as a user turn and write the "
                "reply, stopping at the end-of-turn token; without --prompt, each line of stdin is a turn");
   app.add_option("--system", c.system, "--chat: a system turn before the first user turn");
+  app.add_flag("--ignore-eos", c.ignore_eos,
+               "generate --tokens tokens past the model's end-of-generation tokens (its end-of-sequence and "
+               "end-of-turn ids, config.json's eos_token_id), where a sample stops by default as llama.cpp's does "
+               "(nanoGPT's sample.py runs on); not with --chat");
   add_seed(app, c.seed, "the sampling generator's seed");
   app.add_option_function<std::string>(
          "--window", [&c](const std::string& w) { c.cached_window = w == "cached"; },
@@ -252,6 +263,9 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
          "--format hf: the most bytes of one safetensors file, as transformers' save_pretrained (\"5GB\", \"500MB\", "
          "\"2GiB\" or bytes; default 5GB); past it the tensors go in shards with an index")
       ->default_str("5GB");
+  add_dtype(app, c.dtype,
+            "--format hf: the tensors' type, float32, bf16 or fp16 (default: the source's, the torch_dtype of the "
+            "Hugging Face directory the model came from, a LoRA run's base included; else the model's own)");
   app.add_flag("--merge-lora", c.merge_lora,
                "a LoRA run (castor train --lora-rank): write its base with the adapters merged (W + scaling B A)");
   CLI::Option* peft = app.add_option_function<std::string>(
@@ -293,6 +307,7 @@ SampleConfig parse_sample_flags(const std::vector<std::string>& args) {
   CASTOR_CHECK(c.prompt_file.empty() || std::find(args.begin(), args.end(), "--prompt") == args.end(),
                "--prompt-file: not with --prompt");
   CASTOR_CHECK(c.chat || c.system.empty(), "--system: only with --chat");
+  CASTOR_CHECK(!c.chat || !c.ignore_eos, "--ignore-eos: not with --chat (a reply ends at its end-of-turn token)");
   if (!c.prompt_file.empty()) {
     const std::vector<uint8_t> bytes = read_file(c.prompt_file);
     c.prompt.assign(bytes.begin(), bytes.end());
@@ -327,15 +342,30 @@ std::shared_ptr<models::LanguageModel> sampled_model(LoadedGpt& g, const data::T
   return model;
 }
 
+// The ids a sample ends at, as llama.cpp's end-of-generation tokens: the tokenizer's end-of-sequence and end-of-turn
+// (a character vocabulary has none), the model's eos_token_id (config.json's: one id or a list, Llama 3.1's three) and
+// a llama2.c vocabulary's <s> (run.c's sequence delimiter).
+std::set<int64_t> end_ids(const LoadedGpt& g, const data::Tokenizer& tok) {
+  std::set<int64_t> ids;
+  if (tok.bpe()) ids.insert(data::BpeVocabulary::kBos);
+  if (tok.kind() != "char") {
+    const data::ChatTokenizer ct = data::chat_tokenizer(tok, /*need_template=*/false);
+    for (int64_t id : {ct.eos_id, ct.eot_id})
+      if (id >= 0) ids.insert(id);
+  }
+  const Json eos = described(g, "eos_token_id");
+  for (const Json& id : eos.is_array() ? eos.as_array() : Json::Array{eos})
+    if (id.is_int()) ids.insert(id.as_int());
+  return ids;
+}
+
 }  // namespace
 
 void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,
                 const std::function<bool(std::string&)>& read_turn) {
   if (c.threads > 0) omp_set_num_threads(c.threads);
   LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head, c.lora_base);
-  for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
-    CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), g.what, ": ", name,
-                 " holds NaN or infinite values; no text can be sampled from it");
+  for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state) formats::check_finite(g.what, name, t);
   const std::string model_path = c.init.empty() ? c.checkpoint : c.init;
   std::string dir = c.tokenizer_dir.empty() ? model_tokenizer_dir(model_path, g.config) : c.tokenizer_dir;
   CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what,
@@ -349,14 +379,18 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
                "]: its ids would decode as other tokens; give the folder of the model's "
                "vocabulary");
   const std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
+  if (!c.lora.empty()) {
+    CASTOR_CHECK(!g.lora, "--lora: ", g.what, " is a LoRA run's (its adapters merged already); give its base as --init");
+    merge_peft_adapter(*model, g.llama ? ModelKind::Llama : ModelKind::Gpt, model_path, c.lora);
+  }
   model->eval();
   // A model held in 16 bits (a 16-bit Hugging Face directory's) runs as a LoRA run's base does: under autocast, its
   // norms in float32, the KV cache in its dtype.
   const DType weights = model->cache_shape().dtype;
   const amp::AutocastGuard autocast(is_16bit_float(weights) ? weights : DType::BFloat16, is_16bit_float(weights));
   const models::Window window = c.cached_window ? models::Window::Cached : models::Window::Sliding;
-  // run.c ends a sample at a drawn <s> (a llama2.c vocabulary's sequence delimiter); --chat also at the end of turn.
-  const int64_t bos = tok.bpe() ? data::BpeVocabulary::kBos : -1;
+  // (--chat also at the template's end of turn)
+  const std::set<int64_t> ends = c.ignore_eos ? std::set<int64_t>{} : end_ids(g, tok);
   if (c.chat) {
     // The template: the token directory's record's, else the tokenizer's own (a Hugging Face directory's, ChatML).
     const bool recorded = !data::token_record_path(dir).empty();
@@ -375,7 +409,7 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
       models::generate(
           *model, std::vector<int64_t>(ids.ids.begin(), ids.ids.end()), c.tokens, c.temperature, c.top_k, seed, window,
           [&](int64_t t) {
-            if (t == ct.eos_id || t == ct.eot_id || t == bos) return false;
+            if (t == ct.eos_id || t == ct.eot_id || ends.count(t)) return false;
             const auto id = static_cast<uint32_t>(t);
             write(stream.next(id));
             out.push_back(id);
@@ -426,7 +460,7 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
         *model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature, c.top_k,
         c.seed + static_cast<uint64_t>(i), window,
         [&](int64_t t) {
-          if (t == bos) return false;
+          if (ends.count(t)) return false;
           write(stream.next(static_cast<uint32_t>(t)));
           return true;
         },
@@ -443,6 +477,7 @@ ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   CASTOR_CHECK(app->count("--type") == 0 || c.format == "gguf", "--type: applies to --format gguf only");
   CASTOR_CHECK(app->count("--max-shard-size") == 0 || c.format == "hf",
                "--max-shard-size: applies to --format hf only");
+  CASTOR_CHECK(!c.dtype || c.format == "hf", "--dtype: applies to --format hf only (--format gguf: --type)");
   CASTOR_CHECK(
       !c.format.empty(), "--format: missing (",
       [] {
@@ -725,8 +760,11 @@ Json export_gguf(const ExportConfig& c) {
                  ", which no GGUF architecture written here expresses (llama, gpt2)");
     const Json arch = described(g, "architecture");  // a Hugging Face model's (and a run of one)
     const bool qwen2 = arch.is_string() && arch.as_string() == "Qwen2ForCausalLM";
+    // (the model's context, not a fine-tuning run's block size, which llama.cpp would take as its default context)
+    const Json context = described(g, "max_position_embeddings");
     written = models::write_gguf_llama(c.out, *llama, vocab, type, name,
-                                       qwen2 ? models::GgufArch::Qwen2 : models::GgufArch::Llama);
+                                       qwen2 ? models::GgufArch::Qwen2 : models::GgufArch::Llama,
+                                       context.is_int() ? context.as_int() : 0);
   } else {
     written = models::write_gguf_gpt(c.out, g.weights, vocab, type, name);
   }
@@ -785,7 +823,15 @@ Json export_hf(const ExportConfig& c) {
     o.tokenizer_dir = c.checkpoint;
   else if (init && init->is_string() && formats::is_hf_dir(init->as_string()))
     o.tokenizer_dir = init->as_string();
-  formats::write_hf(c.out, llama.config(), llama.state_dict(), o);
+  // The tensors' dtype: --dtype, else the source directory's (a LoRA run's base where it is now), as transformers'
+  // save_pretrained keeps a model's: a merged run of a bf16 base is written in bf16, not in its float32 arithmetic.
+  const std::string source = g.lora && !c.lora_base.empty() ? c.lora_base : o.tokenizer_dir;
+  const std::optional<DType> dtype =
+      c.dtype ? c.dtype : !source.empty() ? std::optional(formats::read_hf_config(source).dtype) : std::nullopt;
+  StateDict state = llama.state_dict();
+  if (dtype)
+    for (auto& [name, t] : state) t = t.to(*dtype);
+  formats::write_hf(c.out, llama.config(), state, o);
   uint64_t bytes = 0;
   int64_t files = 0;
   for (const auto& e : fs::directory_iterator(c.out))
@@ -793,6 +839,7 @@ Json export_hf(const ExportConfig& c) {
   return Json::Object{{"from", printable(g.what)},
                       {"format", "hf"},
                       {"architecture", o.architecture},
+                      {"dtype", dtype_name(state.begin()->second.dtype())},
                       {"shards", files},
                       {"out", printable(c.out)},
                       {"bytes", bytes},
