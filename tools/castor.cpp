@@ -33,10 +33,12 @@ const char* kUsage = R"(usage: castor <command> [flags]   (castor -V: the versio
               llama2.c or safetensors weights, a Hugging Face
               directory (--lora DIR: with PEFT adapters)
   export      a GPT or Llama for another tool (--format): llm.c .bin,
-              nanoGPT ckpt.pt, llama2.c model.bin, safetensors, GGUF;
-              a LoRA run merged, or its adapters as PEFT files
-  info        a checkpoint's model, step, precision, parameters,
-              metrics (--tensors: every tensor)
+              nanoGPT ckpt.pt, llama2.c model.bin, safetensors, GGUF,
+              a Hugging Face directory; a LoRA run merged, or its
+              adapters as PEFT files
+  info        a checkpoint's or Hugging Face directory's model, sizes,
+              step, precision, parameters, metrics (--tensors: every
+              tensor)
   env         version, commit, CPU/ISA, oneDNN, threads, MPI
   help [cmd]  this list, or a command's flags
   completion bash|zsh   a shell completion script

@@ -104,6 +104,11 @@ LoadedTensors load_for_eval(const EvalConfig& e, TrainConfig& c, std::vector<std
   if (e.block_size > 0 && is_language_model(c.model)) {
     // The evaluation window: the model keeps its context (its description), the task reads windows of --block-size.
     if (!c.model_config.is_object()) c.model_config = family(c).describe(c);
+    // (the context a description gives: a Llama's max_seq_len, a GPT's block_size)
+    const Json* context = c.model_config.find("max_seq_len") ? c.model_config.find("max_seq_len")
+                                                              : c.model_config.find("block_size");
+    CASTOR_CHECK(!context || !context->is_int() || e.block_size <= context->as_int(), "--block-size ", e.block_size,
+                 ": ", e.path, " reads at most ", context->dump(), " positions");
     c.block_size = e.block_size;
   }
   if (!e.data_dir.empty()) c.data_dir = e.data_dir;
@@ -126,9 +131,6 @@ Json run_eval(const EvalConfig& e) {
   for (const auto& [name, t] : model_file.tensors) formats::check_finite(e.path, name, t);
   const std::unique_ptr<Task> task = make_task(c, /*rank=*/0, /*world=*/1, /*new_run=*/false);
   Run run = build_run(c, *task, 1, /*load_init=*/false);
-  if (const auto* lm = dynamic_cast<const models::LanguageModel*>(run.model.get()))
-    CASTOR_CHECK(c.block_size <= lm->block_size(), "--block-size ", c.block_size, ": ", e.path, " reads at most ",
-                 lm->block_size(), " positions");
   try {
     load_model_file(*run.model, model_file.tensors, model_file.metadata, e.path);
   } catch (const Error& err) {

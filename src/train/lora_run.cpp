@@ -182,8 +182,9 @@ nn::LoraConfig lora_config(const Json& s) {
   // (a Llama's layers named as PEFT names them on the Hugging Face model: the same layers)
   const Json* model = s.find("model");
   const bool llama = model && model->is_string() && family_of_spelling(model->as_string()) == family_named("llama");
-  for (const std::string& t : split_commas(s.at("lora_targets").as_string()))
-    c.target_modules.push_back(llama ? formats::hf_target_name(t, /*to_castor=*/true) : t);
+  c.target_modules = split_commas(s.at("lora_targets").as_string());
+  for (std::string& t : c.target_modules)
+    if (llama) t = formats::hf_target_name(t, /*to_castor=*/true);
   c.rslora = s.at("rslora").as_bool();
   c.seed = static_cast<uint64_t>(s.at("seed").as_int());
   return c;
