@@ -179,7 +179,8 @@ void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new
                  ")");
   Generator gen(seed);
   // (the prompt fed and the new tokens but the last, never fed: the cache fills only where they pass the block)
-  KVCache cache(model, 1, std::min<int64_t>(T, static_cast<int64_t>(prompt.size())) + std::max<int64_t>(max_new_tokens, 1));
+  KVCache cache(model, 1,
+                std::min<int64_t>(T, static_cast<int64_t>(prompt.size())) + std::max<int64_t>(max_new_tokens, 1));
   // The tokens the model may still read: at most the last block_size (older ones are dropped as new ones come).
   std::vector<int64_t> seq = std::move(prompt);
   // Feeds seq[from, end) after what the cache holds; returns the last position's logits over the real vocabulary.

@@ -89,9 +89,10 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
             "evaluate in this type instead of the run's: float32 (O0, 16-bit weights widened), or bf16/fp16 "
             "autocast (O1 for a float32 run)");
   add_n_head(app, f.n_head, "attention heads, for language-model weights that do not record them");
-  app.add_option("--block-size", f.block_size,
-                 "a language model's evaluation window in tokens, at most its context (default: the run's block size; a "
-                 "Hugging Face model's context up to 2048); a Llama's context for weights that do not record it")
+  app.add_option(
+         "--block-size", f.block_size,
+         "a language model's evaluation window in tokens, at most its context (default: the run's block size; a "
+         "Hugging Face model's context up to 2048); a Llama's context for weights that do not record it")
       ->check(integer_in(1));
   add_lora_base(app, f.lora_base, kLoraBaseHelp);
   add_lora(app, f.lora,

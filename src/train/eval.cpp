@@ -106,7 +106,7 @@ LoadedTensors load_for_eval(const EvalConfig& e, TrainConfig& c, std::vector<std
     if (!c.model_config.is_object()) c.model_config = family(c).describe(c);
     // (the context a description gives: a Llama's max_seq_len, a GPT's block_size)
     const Json* context = c.model_config.find("max_seq_len") ? c.model_config.find("max_seq_len")
-                                                              : c.model_config.find("block_size");
+                                                             : c.model_config.find("block_size");
     CASTOR_CHECK(!context || !context->is_int() || e.block_size <= context->as_int(), "--block-size ", e.block_size,
                  ": ", e.path, " reads at most ", context->dump(), " positions");
     c.block_size = e.block_size;

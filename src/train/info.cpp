@@ -46,12 +46,11 @@ std::string model_sizes(const Json& d, const std::string& what) {
   if (l.rope_scaling.type == Type::Llama3)
     rope = detail::cat(" (llama3 scaling, factor ", l.rope_scaling.factor, ", original context ",
                        l.rope_scaling.original_max_position_embeddings, ")");
-  return detail::cat("layers ", l.n_layers, ", width ", l.dim, ", heads ", l.n_heads, ", kv heads ", l.kv_heads(),
-                     ", head size ", l.head_size(), ", feed-forward ", l.ffn_hidden_dim(), ", vocabulary ",
-                     l.vocab_size, ", context ", context,
-                     context != l.max_seq_len ? detail::cat(" (this run's block ", l.max_seq_len, ")") : "",
-                     l.sliding_window > 0 ? detail::cat(", sliding window ", l.sliding_window) : "", ", rope theta ",
-                     theta, rope);
+  return detail::cat(
+      "layers ", l.n_layers, ", width ", l.dim, ", heads ", l.n_heads, ", kv heads ", l.kv_heads(), ", head size ",
+      l.head_size(), ", feed-forward ", l.ffn_hidden_dim(), ", vocabulary ", l.vocab_size, ", context ", context,
+      context != l.max_seq_len ? detail::cat(" (this run's block ", l.max_seq_len, ")") : "",
+      l.sliding_window > 0 ? detail::cat(", sliding window ", l.sliding_window) : "", ", rope theta ", theta, rope);
 }
 
 // `castor info`'s default: what a person asks of a checkpoint first.

@@ -66,7 +66,8 @@ void RunLog::step(const StepInfo& s) {
       s.epoch,        epochs_,      s.step,
       total_steps_,   window_mean,  s.lr,
       s.loss_scale,   ips,          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
-      s.loss_scaling, task_.unit(), mfu(ips),  first_step_};
+      s.loss_scaling, task_.unit(), mfu(ips),
+      first_step_};
   if (tty_) {
     std::fprintf(stderr, "\r%s\x1b[K", progress_line(p, width_).c_str());
     std::fflush(stderr);

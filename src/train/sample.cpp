@@ -365,7 +365,8 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
                 const std::function<bool(std::string&)>& read_turn) {
   if (c.threads > 0) omp_set_num_threads(c.threads);
   LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head, c.lora_base);
-  for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state) formats::check_finite(g.what, name, t);
+  for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
+    formats::check_finite(g.what, name, t);
   const std::string model_path = c.init.empty() ? c.checkpoint : c.init;
   std::string dir = c.tokenizer_dir.empty() ? model_tokenizer_dir(model_path, g.config) : c.tokenizer_dir;
   CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what,
@@ -380,7 +381,8 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
                "vocabulary");
   const std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
   if (!c.lora.empty()) {
-    CASTOR_CHECK(!g.lora, "--lora: ", g.what, " is a LoRA run's (its adapters merged already); give its base as --init");
+    CASTOR_CHECK(!g.lora, "--lora: ", g.what,
+                 " is a LoRA run's (its adapters merged already); give its base as --init");
     merge_peft_adapter(*model, g.llama ? ModelKind::Llama : ModelKind::Gpt, model_path, c.lora);
   }
   model->eval();
@@ -826,8 +828,9 @@ Json export_hf(const ExportConfig& c) {
   // The tensors' dtype: --dtype, else the source directory's (a LoRA run's base where it is now), as transformers'
   // save_pretrained keeps a model's: a merged run of a bf16 base is written in bf16, not in its float32 arithmetic.
   const std::string source = g.lora && !c.lora_base.empty() ? c.lora_base : o.tokenizer_dir;
-  const std::optional<DType> dtype =
-      c.dtype ? c.dtype : !source.empty() ? std::optional(formats::read_hf_config(source).dtype) : std::nullopt;
+  const std::optional<DType> dtype = c.dtype           ? c.dtype
+                                     : !source.empty() ? std::optional(formats::read_hf_config(source).dtype)
+                                                       : std::nullopt;
   StateDict state = llama.state_dict();
   if (dtype)
     for (auto& [name, t] : state) t = t.to(*dtype);

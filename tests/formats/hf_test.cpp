@@ -465,7 +465,8 @@ TEST(HfCli, FineTuneExportAndReadBack) {
                             run, 120);
   ASSERT_EQ(p.exit_code, 0) << p.err;
   p = test::run_castor(
-      {"export", "--format", "hf", "--checkpoint", "lora", "--merge-lora", "--dtype", "float32", "--out", "merged"}, run);
+      {"export", "--format", "hf", "--checkpoint", "lora", "--merge-lora", "--dtype", "float32", "--out", "merged"},
+      run);
   ASSERT_EQ(p.exit_code, 0) << p.err;
   const std::string merged = dir + "/merged";
   EXPECT_TRUE(fs::exists(merged + "/config.json"));
@@ -548,8 +549,9 @@ TEST(HfCli, EvaluatesALlama3ContextInWindows) {
   const test::ScratchDir dir("hf_eval");
   const test::CastorRun run{dir, {}};
   ASSERT_EQ(test::make_grammar_tokens(run).exit_code, 0);
-  ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py", {"write", dir + "/base", hf_config("float32", 1, 2, false, false,
-                                                                                         "LlamaForCausalLM", kLlama3Rope)}));
+  ASSERT_TRUE(test::run_oracle(
+      "hf_llama_oracle.py",
+      {"write", dir + "/base", hf_config("float32", 1, 2, false, false, "LlamaForCausalLM", kLlama3Rope)}));
   set_key(dir + "/base", "max_position_embeddings", "131072");
   for (const int64_t window : {int64_t{0}, int64_t{16}}) {
     SCOPED_TRACE(window);
@@ -573,16 +575,18 @@ TEST(HfCli, InfoSizesUnnamedAndNonFiniteTensors) {
   const test::ScratchDir dir("hf_info");
   const test::CastorRun run{dir, {}};
   ASSERT_EQ(test::make_grammar_tokens(run).exit_code, 0);
-  ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py", {"write", dir + "/base", hf_config("float32", 1, 2, false, false,
-                                                                                         "LlamaForCausalLM", kLlama3Rope)}));
+  ASSERT_TRUE(test::run_oracle(
+      "hf_llama_oracle.py",
+      {"write", dir + "/base", hf_config("float32", 1, 2, false, false, "LlamaForCausalLM", kLlama3Rope)}));
   const std::string sizes =
       "layers 2, width 32, heads 4, kv heads 2, head size 8, feed-forward 72, vocabulary 53, context 64";
   const std::string rope = "rope theta 5000 (llama3 scaling, factor 8, original context 64)";
   auto p = test::run_castor({"info", "base"}, run);
   ASSERT_EQ(p.exit_code, 0) << p.err;
   EXPECT_NE(p.out.find("sizes       " + sizes + ", " + rope + "\n"), std::string::npos) << p.out;
-  const std::vector<std::string> train = {"train",        "--model", "llama",   "--data", "tokens", "--data-dir", "tok",
-                                          "--block-size", "16",      "--steps", "1",      "--amp",  "O0",         "--init"};
+  const std::vector<std::string> train = {"train",      "--model", "llama",        "--data", "tokens",
+                                          "--data-dir", "tok",     "--block-size", "16",     "--steps",
+                                          "1",          "--amp",   "O0",           "--init"};
   const auto train_from = [&](const std::string& init, const std::string& out) {
     std::vector<std::string> a = train;
     a.insert(a.end(), {init, "--out", out});
@@ -689,7 +693,8 @@ TEST(HfCli, PeftExportLoadsOnTheHuggingFaceModel) {
   p = test::run_castor({"eval", "lora"}, run, 120);
   ASSERT_EQ(p.exit_code, 0) << p.err;
   const double run_loss = Json::parse(p.out).at("val_loss").as_double();
-  p = test::run_castor({"eval", "--init", "base", "--lora", "peft", "--data-dir", "tok", "--block-size", "16"}, run, 120);
+  p = test::run_castor({"eval", "--init", "base", "--lora", "peft", "--data-dir", "tok", "--block-size", "16"}, run,
+                       120);
   ASSERT_EQ(p.exit_code, 0) << p.err;
   EXPECT_NEAR(Json::parse(p.out).at("val_loss").as_double(), run_loss, 1e-5 * run_loss) << p.out;
   test::expect_one_line_error(test::run_castor({"eval", "--init", "base", "--lora", "tok", "--data-dir", "tok"}, run),

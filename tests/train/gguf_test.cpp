@@ -812,13 +812,38 @@ TEST_F(GgufCli, Llama3FineTuneExportsTheModelsContext) {
   ASSERT_FALSE(package.empty());
   write_llama3_dir("hf", package, 13, /*context=*/131072);
   write_text();
-  CastorProcess t = castor({"tokenize", "--tokenizer", "hf", "--input", "text.txt", "--out", "tok", "--val-fraction",
-                            "0.1"});
+  CastorProcess t = castor(
+      {"tokenize", "--tokenizer", "hf", "--input", "text.txt", "--out", "tok", "--val-fraction", "0.1"});
   ASSERT_EQ(t.exit_code, 0) << t.err;
-  CastorProcess r = castor({"train", "--model", "llama", "--init", "hf", "--data", "tokens", "--data-dir", "tok",
-                            "--block-size", "48", "--lora-rank", "4", "--lora-targets", "q_proj,v_proj", "--steps",
-                            "3", "--lr", "5e-2", "--batch-size", "2", "--amp", "O0", "--eval-iters", "1", "--threads",
-                            "1", "--out", "ft"});
+  CastorProcess r = castor({"train",
+                            "--model",
+                            "llama",
+                            "--init",
+                            "hf",
+                            "--data",
+                            "tokens",
+                            "--data-dir",
+                            "tok",
+                            "--block-size",
+                            "48",
+                            "--lora-rank",
+                            "4",
+                            "--lora-targets",
+                            "q_proj,v_proj",
+                            "--steps",
+                            "3",
+                            "--lr",
+                            "5e-2",
+                            "--batch-size",
+                            "2",
+                            "--amp",
+                            "O0",
+                            "--eval-iters",
+                            "1",
+                            "--threads",
+                            "1",
+                            "--out",
+                            "ft"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const Checkpoint ck = read_checkpoint(path("ft"));
   EXPECT_EQ(ck.model.size(), 8u);  // 2 layers x (wq, wv) x (A, B)
@@ -840,8 +865,8 @@ TEST_F(GgufCli, Llama3FineTuneExportsTheModelsContext) {
   e = castor({"export", "--format", "peft", "--checkpoint", "ft", "--out", "adapter"});
   ASSERT_EQ(e.exit_code, 0) << e.err;
   auto sample = [&](const std::vector<std::string>& from) {
-    std::vector<std::string> args = {"sample", "--tokenizer-dir", "hf", "--temperature", "0", "--tokens", "12",
-                                     "--ignore-eos", "--prompt", "The jury said"};
+    std::vector<std::string> args = {"sample", "--tokenizer-dir", "hf",       "--temperature", "0", "--tokens",
+                                     "12",     "--ignore-eos",    "--prompt", "The jury said"};
     args.insert(args.end(), from.begin(), from.end());
     CastorProcess s = castor(args);
     EXPECT_EQ(s.exit_code, 0) << s.err;
@@ -871,8 +896,8 @@ TEST_F(GgufCli, PlainSampleStopsAtTheModelsEndOfGeneration) {
   config["eos_token_id"] = Json::Array{128001, greedy[k]};
   atomic_write_file(path("hf/config.json"), config.dump(2));
   auto sample = [&](bool ignore_eos) {
-    std::vector<std::string> args = {"sample", "--init", "hf", "--temperature", "0", "--tokens",
-                                     std::to_string(greedy.size()), "--prompt", text};
+    std::vector<std::string> args = {
+        "sample", "--init", "hf", "--temperature", "0", "--tokens", std::to_string(greedy.size()), "--prompt", text};
     if (ignore_eos) args.push_back("--ignore-eos");
     CastorProcess s = castor(args);
     EXPECT_EQ(s.exit_code, 0) << s.err;

@@ -682,9 +682,11 @@ TEST_F(LmTrain, DataDirAloneIsRecordedAsTokensAndHelpNamesHuggingFaceDirectories
   const Json config = Json::parse(test::read_text(path("run/config.json")));
   EXPECT_EQ(config.at("data"), Json("tokens"));
   EXPECT_EQ(config.at("data_dir"), Json(absolute_path(path("tok"))));
-  for (const auto& [command, flag] : std::vector<std::pair<std::string, std::string>>{
-           {"train", "--init"}, {"sample", "--init"}, {"sample", "--tokenizer-dir"}, {"tokenize", "--tokenizer"},
-           {"eval", "--init"}}) {
+  for (const auto& [command, flag] : std::vector<std::pair<std::string, std::string>>{{"train", "--init"},
+                                                                                      {"sample", "--init"},
+                                                                                      {"sample", "--tokenizer-dir"},
+                                                                                      {"tokenize", "--tokenizer"},
+                                                                                      {"eval", "--init"}}) {
     const std::string help = castor({"help", command}).out;
     const size_t at = help.find("\n  " + flag + " ");
     ASSERT_NE(at, std::string::npos) << command << " " << flag;
