@@ -70,10 +70,10 @@ castor_layer(runtime DIRS runtime autograd ops HEADERS ops autocast autograd fun
 castor_layer(dist DIRS dist HEADERS dist USES core kernels runtime)
 target_link_libraries(castor_dist PRIVATE MPI::MPI_CXX)  # only src/dist includes mpi.h
 castor_layer(nn DIRS nn HEADERS nn language_model models llama ddp lora USES core kernels runtime dist)
-castor_layer(optim DIRS optim HEADERS optim lr_scheduler USES core kernels runtime)
+castor_layer(optim DIRS optim HEADERS optim lr_scheduler USES core kernels runtime dist)
 castor_layer(amp DIRS amp HEADERS grad_scaler amp explain opt_level USES core kernels runtime dist nn optim)
 castor_layer(io DIRS io HEADERS json fs safetensors serialize torch_save USES core)
-castor_layer(data DIRS data HEADERS data datasets token_file tokenizer hf_tokenizer bpe_tokenizer bpe_trainer corpus lm_batch jinja
+castor_layer(data DIRS data HEADERS data datasets token_file tokenizer hf_tokenizer bpe_tokenizer bpe_trainer corpus lm_batch jinja mc_task
   chat_data USES core io)
 target_link_libraries(castor_data PRIVATE PNG::PNG JPEG::JPEG)  # only src/data includes png.h and jpeglib.h
 castor_layer(formats DIRS formats HEADERS formats llmc llama2c gguf hf USES core kernels runtime dist nn io data)

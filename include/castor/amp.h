@@ -116,7 +116,10 @@ class Amp : public optim::StepInterceptor {
   // Level, properties, each scaler's state, each optimizer's state (master weights, moments, rounding RNG),
   // and a signature of the parameter set (copies false: the optimizers' state as aliases, Optimizer::state_dict's).
   // load_precision_state checks version, level, dtype and parameters before changing anything.
-  PrecisionState precision_state(bool copies = true) const;
+  // With `slices` (ZeRO checkpoints): each sharded optimizer's tensors as this rank's slices, and where they lie
+  // under their keys here ("optimizer.<j>.<key>"; Optimizer::state_dict_slices).
+  PrecisionState precision_state(bool copies = true,
+                                 std::map<std::string, optim::Optimizer::SliceOf>* slices = nullptr) const;
   void load_precision_state(const PrecisionState& state);
 
  private:

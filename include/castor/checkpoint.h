@@ -1,9 +1,11 @@
 // Crash-safe checkpoint directories: temp dir, fsync, checksummed commit marker, rename; keep the newest K.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
+#include "castor/dist.h"
 #include "castor/formats.h"
 #include "castor/json.h"
 #include "castor/serialize.h"
@@ -17,6 +19,14 @@ struct Checkpoint {
   Metadata model_meta;
   StateDict state;
   Metadata state_meta;
+  // ZeRO (write_sharded_checkpoint): this rank's slices of the sharded training-state tensors, flattened (their keys
+  // are not in `state`), and where each lies in its whole tensor. read_checkpoint returns them whole in `state`.
+  struct Slice {
+    Shape shape;  // of the whole tensor
+    int64_t begin = 0;
+  };
+  StateDict shard;
+  std::map<std::string, Slice> shard_where;
 };
 
 // A checkpoint directory holding this file (the LoRA runs whose frozen base is its model.safetensors, one absolute path
@@ -29,13 +39,31 @@ inline constexpr const char* kLoraRunsFile = "LORA_RUNS";
 // the checkpoint's path. A failure leaves older checkpoints intact.
 std::string write_checkpoint(const std::string& run_dir, int64_t step, const Checkpoint& ckpt, int64_t keep);
 
+// write_checkpoint for a sharded run, called by every rank of `group`: each rank writes its `ckpt.shard` into
+// shard-<rank>-of-<world>.safetensors in the temp directory, rank 0 (whose `ckpt` holds the model and the rest of
+// the state) adds the manifest (metadata "castor.shards" of train_state.safetensors: the shard files, and per tensor
+// its shape and each rank's first element and length), the COMMIT marker with every file's checksum, and renames.
+// The checkpoint is complete only when every shard and the manifest are; a failure on any rank is raised on every
+// rank and leaves older checkpoints intact. Returns the checkpoint's path (on rank 0).
+std::string write_sharded_checkpoint(const std::string& run_dir, int64_t step, Checkpoint& ckpt, int64_t keep,
+                                     dist::ProcessGroup& group);
+
+// `castor train --keep-best`: RUN/best becomes a copy of the complete checkpoint directory `checkpoint` (hard links
+// where the file system allows them: a checkpoint's files are never rewritten in place) with best.json `best`
+// ({"metric", "value", "step"}); outside checkpoints/, so --keep's pruning never removes it. Replaced whole: the new
+// copy is made beside it and renamed into place. castor::Error naming the directory on failure (the old copy kept).
+void keep_best_checkpoint(const std::string& run_dir, const std::string& checkpoint, const Json& best);
+// RUN/best/best.json, or null when the run kept none.
+Json read_best(const std::string& run_dir);
+
 // The newest complete checkpoint (one with a COMMIT marker) under `run_dir`/checkpoints, if any; not verified.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 
 // True when `path` is a checkpoint folder (holds a COMMIT marker).
 bool is_checkpoint_dir(const std::string& path);
 
-// Reads a checkpoint directory, verifying the checksums its COMMIT marker records; castor::Error naming the file
+// Reads a checkpoint directory, verifying the checksums its COMMIT marker records (a sharded one's shards put
+// together into whole tensors, whatever the world size now); castor::Error naming the file
 // on anything missing, damaged or corrupt. A marker recording no checksums (builds before 2026-11-24) is refused:
 // damage to such a checkpoint could not be detected. Given a run directory, reads its newest intact checkpoint,
 // warning on stderr about each newer damaged one it passes over. `used`, when given, receives the checkpoint's path.

@@ -17,6 +17,11 @@ struct DDPOptions {
   std::optional<DType> compression;
   // false: every bucket is sent when backward has finished (for measuring what the overlap saves).
   bool overlap = true;
+  // ZeRO-2: each bucket is reduce-scattered instead of all-reduced, so rank r receives only the average of its slice
+  // of every parameter (dist::shard_of with this alignment: the optimizer's Optimizer::shard slices), kept in
+  // shard_grads(); each parameter's .grad is dropped as soon as its bucket is sent.
+  bool reduce_scatter = false;
+  int64_t shard_alignment = 1;
 };
 
 // Where the time of the latest synchronised backward went (for benchmarks).
@@ -63,6 +68,9 @@ class DistributedDataParallel : public Module {
   // The buckets as indices into module()->parameters(), in the order they are sent.
   std::vector<std::vector<size_t>> buckets() const;
   DDPStats stats() const;
+  // With reduce_scatter, after a synchronised backward: each parameter that gets a gradient, with the float32 average
+  // over ranks of this rank's slice of it.
+  std::vector<std::pair<Tensor, Tensor>> shard_grads() const;
 
   struct Reducer;
 

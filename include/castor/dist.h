@@ -25,6 +25,11 @@ class Work {
 //     in float32 and rounded once to the 16-bit type (with two ranks the result is the float32 sum, rounded once).
 //     The reduction order depends only on the world size, so results are the same on every rank and in every run.
 //   broadcast: `t` takes root's values. all_gather: a (world size, *t.shape) tensor of every rank's `t`.
+//   reduce_scatter: `in` holds world size equal contiguous chunks of out.numel() elements; rank r's `out` becomes the
+//     sum over ranks of chunk r (the dtypes and additions of all_reduce, Sum only; with two ranks each element is
+//     the same a + b as all_reduce's, so the two agree bit for bit).
+//   all_gather_into: `out` (world size x in.numel() elements, in's dtype) becomes every rank's `in`, rank order.
+//   The _async variants return at once; `in` and `out` must stay untouched until the Work is done (it holds them).
 // A new backend (NCCL for GPUs, say) implements this class; see docs/distributed.md.
 class ProcessGroup {
  public:
@@ -36,6 +41,10 @@ class ProcessGroup {
   virtual std::unique_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) = 0;
   virtual void broadcast(const Tensor& t, int root) = 0;
   virtual Tensor all_gather(const Tensor& t) = 0;
+  virtual std::unique_ptr<Work> reduce_scatter_async(const Tensor& out, const Tensor& in) = 0;
+  virtual std::unique_ptr<Work> all_gather_into_async(const Tensor& out, const Tensor& in) = 0;
+  virtual void reduce_scatter(const Tensor& out, const Tensor& in) { reduce_scatter_async(out, in)->wait(); }
+  virtual void all_gather_into(const Tensor& out, const Tensor& in) { all_gather_into_async(out, in)->wait(); }
   // Blocking all_reduce: all_reduce_async and wait, unless the backend has a faster blocking collective.
   virtual void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum) { all_reduce_async(t, op)->wait(); }
 };
@@ -59,6 +68,22 @@ void all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum);
 std::unique_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op = ReduceOp::Sum);
 void broadcast(const Tensor& t, int root = 0);
 Tensor all_gather(const Tensor& t);
+void reduce_scatter(const Tensor& out, const Tensor& in);
+std::unique_ptr<Work> reduce_scatter_async(const Tensor& out, const Tensor& in);
+void all_gather_into(const Tensor& out, const Tensor& in);
+std::unique_ptr<Work> all_gather_into_async(const Tensor& out, const Tensor& in);
+
+// A tensor of `numel` elements cut into `world` contiguous slices for sharding (ZeRO, llm.c's zero_stage): each rank
+// owns `chunk` elements, the smallest multiple of `align` with chunk * world >= numel (the tensor padded to
+// chunk * world), so every slice starts at a multiple of `align` (AdamW8bit's blocks never straddle two ranks).
+// Rank r's slice is [r * chunk, r * chunk + chunk) of the padded tensor; `begin` and `length` are its part inside
+// the tensor (length is 0 for a rank past the end).
+struct Shard {
+  int64_t chunk = 0;
+  int64_t begin = 0;
+  int64_t length = 0;
+};
+Shard shard_of(int64_t numel, int rank, int world, int64_t align = 1);
 
 // Ends every rank of the job at once with `code` (MPI_Abort); a plain process exits. For errors after which
 // the other ranks would otherwise wait for this one forever.

@@ -68,6 +68,9 @@ class KVCache {
   int64_t capacity() const { return capacity_; }  // at most block_size
   int64_t batch_size() const { return keys_[0].size(0); }
   void clear() { size_ = 0; }
+  // Every row of this cache set to the positions of the one-row cache `prefix` (a context computed once and
+  // continued by several rows); castor::Error when the caches are not of one model or `prefix` has several rows.
+  void assign_prefix(const KVCache& prefix);
   // Layer `layer`'s attention for n new positions: stores k and v (B, Hkv, n, D) at positions size() ..
   // size() + n - 1 and returns scaled_dot_product_attention of q (B, H, n, D) over the keys and values of positions
   // 0 .. size() + n - 1 (query i sees keys up to size() + i; with a `window` W > 0 only the last W of them), (B, H, n,

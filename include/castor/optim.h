@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "castor/dist.h"
 #include "castor/random.h"
 #include "castor/state_dict.h"
 #include "castor/tensor.h"
@@ -23,10 +24,13 @@ namespace castor::optim {
 //  - `state` holds the per-parameter state, float32 like PyTorch's: "step" (0-dim), "exp_avg",
 //    "exp_avg_sq", "max_exp_avg_sq" (Adam), "momentum_buffer" (SGD with momentum); AdamW8bit's 8-bit states are
 //    uint8 codes and float32 block absmaxes (see AdamW8bit).
+// Sharded (Optimizer::shard, ZeRO), `master` and every state of the parameter's shape hold only this rank's slice
+// of the flattened parameter (`shard`), and a state of blocks (AdamW8bit's absmaxes) the slice's blocks.
 struct ParamSlot {
   Tensor param;
   Tensor master;
   std::map<std::string, Tensor> state;
+  dist::Shard shard;  // this rank's slice of the flattened parameter (the whole of it unsharded)
   // The float32 gradient staged for the next step, undefined when none is.
   const Tensor& staged_grad() const { return staged_grad_; }
 
@@ -99,7 +103,8 @@ class Optimizer {
   void zero_grad(bool set_to_none = true);
 
   // Staged float32 gradients: the next step uses the slot's staged gradient instead of widening .grad, then
-  // clears it. `grad32` is float32 with the parameter's shape (any strides).
+  // clears it. `grad32` is float32 with the parameter's shape (any strides); sharded, also (shard.length) elements
+  // of this rank's slice alone (ZeRO-2's reduce-scattered gradient).
   void stage_float32_grad(size_t group, size_t index, Tensor grad32);
   // A contiguous float32 tensor of the slot's shape to compute a staged gradient into, reused between steps and
   // never sharing storage with .grad.
@@ -131,6 +136,29 @@ class Optimizer {
   // whose forward holds one block's casts at a time).
   void set_keep_casts(bool on);
   bool keep_casts() const { return keep_casts_; }
+  // ZeRO stage 1 (DeepSpeed's; llm.c's zero_stage 1): each rank of `group` keeps the float32 master weight and the
+  // state of only its slice of every parameter (dist::shard_of, aligned to shard_alignment()), updates that slice,
+  // and the step ends with every parameter all-gathered (in its own dtype), so all ranks hold the same weights. The
+  // gradients read by a step are the whole parameter's (averaged by DDP; the step takes its slice) or a float32
+  // slice staged with stage_float32_grad (ZeRO-2: shard_grads()). The updates are elementwise, so with nearest
+  // rounding the weights are bit-equal to the unsharded optimizer's (stochastic rounding draws other bits). The
+  // state dicts stay whole: state_dict() gathers every slice (a collective: every rank calls it) and
+  // load_state_dict() takes a whole dict and keeps this rank's slices, so a checkpoint resumes on any world size.
+  // Existing state is kept (resliced). nullptr: unsharded again.
+  void shard(dist::ProcessGroup* group);
+  dist::ProcessGroup* shard_group() const { return shard_group_; }
+  // Shards start at multiples of this many elements (AdamW8bit: its block size, so no block straddles two ranks).
+  virtual int64_t shard_alignment() const { return 1; }
+  // state_dict(copies = false) without the gathers: each sharded tensor is this rank's slice, flattened (aliases),
+  // and `where` receives, under its key, the whole tensor's shape and the slice's first element in it (flattened).
+  // Keys not in `where` are whole on every rank. For checkpoints that each rank writes its part of.
+  struct SliceOf {
+    Shape shape;
+    int64_t begin = 0;
+  };
+  StateDict state_dict_slices(std::map<std::string, SliceOf>& where) const;
+  // The slot's float32 master weight, whole (sharded: gathered from every rank, a collective); undefined if none.
+  Tensor whole_master(const ParamSlot& slot) const;
   // The rounding applies to every write-back into a 16-bit parameter (with or without masters).
   void set_rounding(Rounding r, uint64_t seed = 0);
   Rounding rounding() const { return rounding_; }
@@ -170,7 +198,6 @@ class Optimizer {
   // The dtype and shape load_state_dict requires of state `name` of `slot` (float32 of the parameter's shape, 0-dim
   // for "step"); an empty message if the slot keeps it, else why not.
   virtual std::string state_layout(const ParamSlot& slot, const std::string& name, DType& dtype, Shape& shape) const;
-
   std::vector<ParamGroup> groups_;
   bool master_weights_ = false;
   bool keep_casts_ = true;
@@ -185,6 +212,17 @@ class Optimizer {
 
  private:
   std::optional<WriteBack> pending_write_back_;  // set while update() runs on a 16-bit parameter, until taken
+  dist::ProcessGroup* shard_group_ = nullptr;    // ZeRO: sharded over this group
+  // A state tensor of `slot` as the whole dict holds it, gathered from every rank's slice, and back ("" names the
+  // master).
+  struct SliceLayout;
+  SliceLayout slice_layout(const ParamSlot& slot, const std::string& name) const;
+  Tensor gather_state(const ParamSlot& slot, const std::string& name, const Tensor& t) const;
+  // The state dict with each slot tensor (name "" for the master) as `take` returns it.
+  using StateTaker =
+      std::function<Tensor(const ParamSlot&, const std::string& name, const Tensor&, const std::string& key)>;
+  StateDict build_state_dict(const StateTaker& take) const;
+  Tensor slice_state(const ParamSlot& slot, const std::string& name, const Tensor& whole) const;
 };
 
 // Removes `interceptor` from every live optimizer that has it (safe whichever of them is destroyed first).
@@ -260,6 +298,7 @@ class AdamW8bit : public Optimizer {
   // Whether a parameter of this shape keeps 8-bit states.
   static bool is_8bit(const Shape& shape, const AdamW8bitOptions& options);
   void load_state_dict(const StateDict& sd) override;
+  int64_t shard_alignment() const override { return options_.block_size; }
 
  protected:
   BlockPass update(ParamGroup& group, ParamSlot& slot, Tensor& w, const Tensor& g) override;

@@ -133,7 +133,8 @@ class Tokenizer {
   const std::string& vocab_checksum() const;
   VocabularyId vocabulary_id() const { return {kind_, vocab_size(), vocab_checksum()}; }
   // bpe: as llama2.c's run.c encodes a prompt, <s> (id 1) first; hf: with the post-processor's special tokens.
-  std::vector<uint32_t> encode(std::string_view text);
+  // Without `add_special`, neither (tokenizers' add_special_tokens=False; gpt2 and char add none either way).
+  std::vector<uint32_t> encode(std::string_view text, bool add_special = true);
   std::string decode(std::span<const uint32_t> tokens) const;
   // The text of `token` written after `prev` (-1: none; bpe: run.c's decode(prev, token), which drops a piece's
   // leading space after <s>; hf: HfTokenizer::decode_next; the others: decode of the token alone).

@@ -84,6 +84,7 @@ struct TrainConfig {
   int nproc = 0;                // data-parallel ranks (0: not given; one, or mpirun's -np)
   bool sync_batchnorm = false;  // with several ranks: BatchNorm statistics over the global batch
   Compression compress_grads = Compression::None;
+  int zero = 0;  // with several ranks, ZeRO: 1 shards the optimizer's masters and state, 2 also the gradients
   bool deterministic = false;
   backends::ConvAlgorithm conv_algorithm = backends::ConvAlgorithm::Auto;  // float32 convolutions (castor/backends.h)
   Recompute recompute = Recompute::None;  // blocks: nn::checkpoint per transformer block; auto: by memory_budget
@@ -117,6 +118,11 @@ struct TrainConfig {
   int64_t log_every = 50;          // steps between metric lines
   int64_t eval_every = 0;          // > 0: evaluate every N steps too (always at each epoch end)
   int64_t eval_iters = 0;          // language models: > 0: batches of batch_size rows per evaluation (nanoGPT)
+  std::string eval_task;           // language models: a multiple-choice task (castor eval --task's) scored at each
+                                   // evaluation, as task_acc, task_acc_norm and task_acc_norm_tokens
+  std::string task_format;         // --eval-task's layout (empty: inferred from its rows)
+  std::string keep_best;           // an evaluation's metric: RUN/best holds the checkpoint where it was best
+  int64_t early_stop = 0;          // > 0: stop after this many evaluations without a better keep_best
   int64_t synthetic_size = 2048;   // training images of --data synthetic
   bool profile = false;
   std::vector<std::string> given_flags;  // the flags set on the command line or in --config, as "--lr"
@@ -163,6 +169,18 @@ struct EvalConfig {
   int64_t block_size = 0;
   std::string lora_base;  // a LoRA run's base where it is now (it moved since the run recorded it)
   std::string lora;       // a PEFT adapter directory merged into the model evaluated ("": none)
+  // A language model's multiple-choice task (lm-evaluation-harness's scoring) or llama.cpp's perplexity on a text,
+  // instead of its validation loss.
+  std::string task;           // --task FILE.jsonl
+  std::string task_format;    // --task-format (empty: inferred from the rows)
+  int64_t num_fewshot = 0;    // --num-fewshot
+  std::string fewshot_file;   // --fewshot-file
+  int64_t limit = 0;          // --limit: the first N rows (0: all)
+  bool add_bos = false;       // --add-bos: lm-eval's add_bos_token=True
+  std::string log_samples;    // --log-samples FILE: a JSON line a row
+  std::string text;           // --text FILE: perplexity
+  int64_t ctx = 0;            // --ctx: perplexity's chunk (0: the model's block size)
+  std::string tokenizer_dir;  // --tokenizer-dir: default the run's or the model directory's
 };
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);
 std::string eval_help();

@@ -82,7 +82,8 @@ void GradScaler::unscale_(optim::Optimizer& optimizer) {
   for (size_t g = 0; g < groups.size(); ++g) {
     for (size_t i = 0; i < groups[g].slots.size(); ++i) {
       optim::ParamSlot& slot = groups[g].slots[i];
-      const Tensor grad = slot.param.grad();
+      // (ZeRO-2 drops .grad and stages each rank's float32 slice of the gradient)
+      const Tensor grad = slot.param.grad().defined() ? slot.param.grad() : slot.staged_grad();
       if (!grad.defined()) continue;
       st.any_grad = true;
       const Tensor dst = in_place_ok(grad) ? grad : optimizer.float32_grad_buffer(g, i);
@@ -107,12 +108,16 @@ double GradScaler::unscale_clip_(optim::Optimizer& optimizer, double max_norm) {
   std::vector<std::pair<int, int>> nonfinite;
   bool any_grad = false;
   double total = 0;
+  dist::ProcessGroup* sharded = optimizer.shard_group();
   auto& groups = optimizer.param_groups();
   for (size_t g = 0; g < groups.size(); ++g)
     for (size_t i = 0; i < groups[g].slots.size(); ++i) {
       const optim::ParamSlot& slot = groups[g].slots[i];
-      const Tensor grad = slot.staged_grad().defined() ? slot.staged_grad() : slot.param.grad();
+      Tensor grad = slot.staged_grad().defined() ? slot.staged_grad() : slot.param.grad();
       if (!grad.defined()) continue;
+      // Sharded (ZeRO), each rank checks and sums its slice of every gradient; the ranks add their sums below.
+      if (sharded && grad.shape() == slot.param.shape())
+        grad = grad.contiguous().view({-1}).narrow(0, slot.shard.begin, slot.shard.length);
       CASTOR_CHECK(grad.dtype() != DType::Float64, "GradScaler::unscale_clip_: a float64 gradient (",
                    param_name(optimizer, static_cast<int>(g), static_cast<int>(i)), "); use unscale_");
       any_grad = true;
@@ -125,6 +130,11 @@ double GradScaler::unscale_clip_(optim::Optimizer& optimizer, double max_norm) {
     st->any_grad |= any_grad;
     st->found_inf = decide_found_inf(!nonfinite.empty());
     st->stage = Stage::Unscaled;
+  }
+  if (sharded) {  // the norm over every rank's slices, the same on every rank (found_inf is agreed above)
+    Tensor t = scalar_tensor(total, DType::Float64);
+    sharded->all_reduce(t);
+    total = t.item();
   }
   total = std::sqrt(total);
   const double coef = max_norm > 0 ? clip_coefficient(total, max_norm) : 1.0;
@@ -270,7 +280,12 @@ double clip_tensors(const std::vector<Tensor>& grads, double max_norm) {
 double clip_grad_norm_(optim::Optimizer& optimizer, double max_norm) {
   std::vector<Tensor> params;
   for (const auto& group : optimizer.param_groups())
-    for (const auto& slot : group.slots) params.push_back(slot.param);
+    for (const auto& slot : group.slots) {
+      CASTOR_CHECK(!slot.staged_grad().defined() || slot.staged_grad().shape() == slot.param.shape(),
+                   "clip_grad_norm_: the optimizer holds ZeRO-2 gradient slices; use unscale_clip_, whose norm adds "
+                   "every rank's slices");
+      params.push_back(slot.param);
+    }
   return clip_grad_norm_(params, max_norm);
 }
 

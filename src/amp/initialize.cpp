@@ -265,7 +265,7 @@ StateDict Amp::model_state_dict(size_t index) const {
   for (const optim::Optimizer* o : optimizers_)
     for (const auto& g : o->param_groups())
       for (const auto& slot : g.slots)
-        if (slot.master.defined()) masters[slot.param.impl()] = slot.master;
+        if (slot.master.defined()) masters[slot.param.impl()] = o->whole_master(slot);  // (ZeRO: gathered)
   for (const auto& [name, p] : model.named_parameters()) {
     auto it = masters.find(p.impl());
     if (it != masters.end()) sd[name] = it->second.detach();
@@ -326,13 +326,17 @@ std::string Amp::param_signature() const {
   return sig;
 }
 
-PrecisionState Amp::precision_state(bool copies) const {
+PrecisionState Amp::precision_state(bool copies, std::map<std::string, optim::Optimizer::SliceOf>* slices) const {
   PrecisionState st;
   for (size_t k = 0; k < scalers_.size(); ++k)
     for (auto& [key, t] : scalers_[k]->state_dict()) st.tensors["scaler." + std::to_string(k) + "." + key] = t;
-  for (size_t j = 0; j < optimizers_.size(); ++j)
-    for (auto& [key, t] : optimizers_[j]->state_dict(copies))
-      st.tensors["optimizer." + std::to_string(j) + "." + key] = t;
+  for (size_t j = 0; j < optimizers_.size(); ++j) {
+    const std::string prefix = "optimizer." + std::to_string(j) + ".";
+    std::map<std::string, optim::Optimizer::SliceOf> where;
+    for (auto& [key, t] : slices ? optimizers_[j]->state_dict_slices(where) : optimizers_[j]->state_dict(copies))
+      st.tensors[prefix + key] = t;
+    for (auto& [key, w] : where) (*slices)[prefix + key] = w;
+  }
   const Properties& p = props_;
   st.metadata = {{"format", "castor.amp.precision_state"},
                  {"version", std::to_string(PrecisionState::kVersion)},

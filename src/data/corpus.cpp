@@ -19,6 +19,7 @@
 #include "castor/chat_data.h"
 #include "castor/check.h"
 #include "castor/fs.h"
+#include "castor/mc_task.h"
 #include "castor/token_file.h"
 #include "castor/tokenizer.h"
 
@@ -488,25 +489,10 @@ Json tokenize_chat(const TokenizeOptions& opt) {
   const ChatTokenizer ct = chat_tokenizer(tokenizer);
   const ChatTemplate tmpl(ct.chat_template, ct.template_what);
   const std::string& path = opt.inputs[0];
-  const std::vector<uint8_t> bytes = read_file(path);
-  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   std::vector<TokenizedText> examples;
-  size_t pos = 0;
-  for (int64_t line = 1; pos < text.size(); ++line) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string_view::npos) nl = text.size();
-    const std::string_view row = text.substr(pos, nl - pos);
-    pos = nl + 1;
-    if (row.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-    const std::string where = detail::cat(path, ": line ", line);
-    Json j;
-    try {
-      j = Json::parse(row);
-    } catch (const Error& e) {
-      throw Error(detail::cat(where, ": not JSON: ", e.what()));
-    }
+  for_each_jsonl_row(path, [&](const Json& j, int64_t, const std::string& where) {
     examples.push_back(tokenize_row(j, format, tmpl, ct, opt.train_on_prompt, where));
-  }
+  });
   CASTOR_CHECK(!examples.empty(), path, ": no examples");
   std::vector<TokenizedText> train, val;
   const size_t n_val = opt.val_every > 0 ? 0

@@ -275,11 +275,11 @@ int64_t Tokenizer::vocab_size() const {
   return gpt2_ ? gpt2_->vocab_size() : bpe_ ? bpe_->vocab_size() : hf_ ? hf_->vocab_size() : chars_->vocab_size();
 }
 
-std::vector<uint32_t> Tokenizer::encode(std::string_view text) {
-  if (hf_) return hf_->encode(text, /*add_special=*/true);
+std::vector<uint32_t> Tokenizer::encode(std::string_view text, bool add_special) {
+  if (hf_) return hf_->encode(text, add_special);
   std::vector<uint16_t> ids;
   if (gpt2_) ids = gpt2_->encode(text);
-  if (bpe_) ids = bpe_->encode(text, /*bos=*/true, /*eos=*/false);
+  if (bpe_) ids = bpe_->encode(text, /*bos=*/add_special, /*eos=*/false);
   if (chars_) chars_->encode(text, ids);
   return {ids.begin(), ids.end()};
 }

@@ -1,10 +1,12 @@
 // The default process group: Open MPI's communicator under mpirun, a group of one in a plain process.
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "castor/dist.h"
 #include "castor/half.h"
@@ -38,20 +40,24 @@ void add_16bit(void* in, void* in_out, int* len, MPI_Datatype*) {
 
 class MpiWork : public Work {
  public:
-  MpiWork(MPI_Request request, Tensor keep) : request_(request), keep_(std::move(keep)) {}
+  MpiWork(MPI_Request request, const char* what, std::vector<Tensor> keep)
+      : request_(request), what_(what), keep_(std::move(keep)) {}
   ~MpiWork() override {
     if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
   }
-  void wait() override { check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), "MPI_Wait (all_reduce)"); }
+  void wait() override {
+    check_mpi(MPI_Wait(&request_, MPI_STATUS_IGNORE), detail::cat("MPI_Wait (", what_, ")").c_str());
+  }
   bool test() override {
     int done = 0;
-    check_mpi(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), "MPI_Test (all_reduce)");
+    check_mpi(MPI_Test(&request_, &done, MPI_STATUS_IGNORE), detail::cat("MPI_Test (", what_, ")").c_str());
     return done != 0;
   }
 
  private:
   MPI_Request request_;
-  Tensor keep_;  // the buffer MPI writes into stays alive until the collective ends
+  const char* what_;
+  std::vector<Tensor> keep_;  // the buffers MPI reads and writes stay alive until the collective ends
 };
 
 class DoneWork : public Work {
@@ -63,6 +69,14 @@ class DoneWork : public Work {
 void check_dense(const Tensor& t, const char* what) {
   CASTOR_CHECK(t.defined() && t.is_contiguous(), "dist::", what, ": expected a contiguous tensor, got ",
                t.defined() ? t.describe() : std::string("an undefined tensor"));
+}
+
+// `out` and `in` of a reduce_scatter (in holds `world` chunks of out's size) or all_gather_into (out holds them).
+void check_scatter_pair(const Tensor& chunk, const Tensor& whole, int world, const char* what) {
+  check_dense(chunk, what);
+  check_dense(whole, what);
+  CASTOR_CHECK(chunk.dtype() == whole.dtype() && whole.numel() == chunk.numel() * world, "dist::", what, ": ",
+               whole.describe(), " is not ", world, " chunks of ", chunk.describe());
 }
 
 // A group of one: every collective leaves the tensor as it is.
@@ -80,6 +94,16 @@ class LocalGroup : public ProcessGroup {
     CASTOR_CHECK(root == 0, "dist::broadcast: root ", root, " is not a rank of a group of one");
   }
   Tensor all_gather(const Tensor& t) override { return t.unsqueeze(0).clone(); }
+  std::unique_ptr<Work> reduce_scatter_async(const Tensor& out, const Tensor& in) override {
+    check_scatter_pair(out, in, 1, "reduce_scatter");
+    if (!out.is_same(in)) Tensor(out).copy_(in.view(out.shape()));
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> all_gather_into_async(const Tensor& out, const Tensor& in) override {
+    check_scatter_pair(in, out, 1, "all_gather_into");
+    if (!out.is_same(in)) Tensor(out).copy_(in.view(out.shape()));
+    return std::make_unique<DoneWork>();
+  }
 };
 
 class MpiGroup : public ProcessGroup {
@@ -112,7 +136,7 @@ class MpiGroup : public ProcessGroup {
     MPI_Request request;
     check_mpi(MPI_Iallreduce(MPI_IN_PLACE, t.data_ptr(), count(t, "all_reduce"), type, mpi_op, comm_, &request),
               "MPI_Iallreduce");
-    return std::make_unique<MpiWork>(request, t);
+    return std::make_unique<MpiWork>(request, "all_reduce", std::vector<Tensor>{t});
   }
 
   // (Open MPI's blocking all-reduce takes its tuned algorithms, faster than the non-blocking ones up to ~1 MB.)
@@ -135,6 +159,37 @@ class MpiGroup : public ProcessGroup {
     const int n = count_bytes(t, "all_gather");
     check_mpi(MPI_Allgather(t.data_ptr(), n, MPI_BYTE, out.data_ptr(), n, MPI_BYTE, comm_), "MPI_Allgather");
     return out;
+  }
+
+  std::unique_ptr<Work> reduce_scatter_async(const Tensor& out, const Tensor& in) override {
+    check_scatter_pair(out, in, size_, "reduce_scatter");
+    const auto [type, mpi_op] = reduction(out, ReduceOp::Sum);
+    MPI_Request request;
+    check_mpi(MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out, "reduce_scatter"), type, mpi_op,
+                                        comm_, &request),
+              "MPI_Ireduce_scatter_block");
+    return std::make_unique<MpiWork>(request, "reduce_scatter", std::vector<Tensor>{out, in});
+  }
+  void reduce_scatter(const Tensor& out, const Tensor& in) override {
+    check_scatter_pair(out, in, size_, "reduce_scatter");
+    const auto [type, mpi_op] = reduction(out, ReduceOp::Sum);
+    check_mpi(
+        MPI_Reduce_scatter_block(in.data_ptr(), out.data_ptr(), count(out, "reduce_scatter"), type, mpi_op, comm_),
+        "MPI_Reduce_scatter_block");
+  }
+
+  std::unique_ptr<Work> all_gather_into_async(const Tensor& out, const Tensor& in) override {
+    check_scatter_pair(in, out, size_, "all_gather_into");
+    const int n = count_bytes(in, "all_gather_into");
+    MPI_Request request;
+    check_mpi(MPI_Iallgather(in.data_ptr(), n, MPI_BYTE, out.data_ptr(), n, MPI_BYTE, comm_, &request),
+              "MPI_Iallgather");
+    return std::make_unique<MpiWork>(request, "all_gather_into", std::vector<Tensor>{out, in});
+  }
+  void all_gather_into(const Tensor& out, const Tensor& in) override {
+    check_scatter_pair(in, out, size_, "all_gather_into");
+    const int n = count_bytes(in, "all_gather_into");
+    check_mpi(MPI_Allgather(in.data_ptr(), n, MPI_BYTE, out.data_ptr(), n, MPI_BYTE, comm_), "MPI_Allgather");
   }
 
  private:
@@ -212,6 +267,24 @@ void all_reduce(const Tensor& t, ReduceOp op) { default_group().all_reduce(t, op
 std::unique_ptr<Work> all_reduce_async(const Tensor& t, ReduceOp op) { return default_group().all_reduce_async(t, op); }
 void broadcast(const Tensor& t, int root) { default_group().broadcast(t, root); }
 Tensor all_gather(const Tensor& t) { return default_group().all_gather(t); }
+void reduce_scatter(const Tensor& out, const Tensor& in) { default_group().reduce_scatter(out, in); }
+std::unique_ptr<Work> reduce_scatter_async(const Tensor& out, const Tensor& in) {
+  return default_group().reduce_scatter_async(out, in);
+}
+void all_gather_into(const Tensor& out, const Tensor& in) { default_group().all_gather_into(out, in); }
+std::unique_ptr<Work> all_gather_into_async(const Tensor& out, const Tensor& in) {
+  return default_group().all_gather_into_async(out, in);
+}
+
+Shard shard_of(int64_t numel, int rank, int world, int64_t align) {
+  CASTOR_ASSERT(numel >= 0 && world > 0 && rank >= 0 && rank < world && align > 0);
+  Shard s;
+  const int64_t per = (numel + world - 1) / world;
+  s.chunk = (per + align - 1) / align * align;
+  s.begin = std::min(numel, rank * s.chunk);
+  s.length = std::min(numel, s.begin + s.chunk) - s.begin;
+  return s;
+}
 
 void abort(int code) {
   if (g_group && g_group->backend() == "mpi") MPI_Abort(MPI_COMM_WORLD, code);

@@ -48,11 +48,15 @@ void check_same_model(const Module& module, dist::ProcessGroup& group) {
 struct DistributedDataParallel::Reducer {
   struct Bucket {
     std::vector<size_t> params;
-    std::vector<int64_t> offsets;  // of each parameter in `flat`
+    // Of each parameter in `flat`; with reduce_scatter in each rank's part of it (rank q's slice of parameter j at
+    // q * numel / world + offsets[j]), where each slice takes shards[j].chunk elements.
+    std::vector<int64_t> offsets;
+    std::vector<dist::Shard> shards;
     int64_t numel = 0;
     size_t pending = 0;  // gradients not yet accumulated in this backward
     Tensor flat;         // (numel) float32: the gradients, divided by the world size
     Tensor wire;         // flat, or its 16-bit copy with compression
+    Tensor mine;         // reduce_scatter: this rank's part (numel / world), in the wire's dtype
     std::unique_ptr<dist::Work> work;
   };
 
@@ -65,13 +69,14 @@ struct DistributedDataParallel::Reducer {
   std::vector<bool> tied;
   std::vector<bool> ready;
   std::vector<Bucket> buckets;
-  size_t next_launch = 0;  // buckets launch in index order on every rank
-  bool syncing = false;    // a synchronised backward is in progress
+  std::vector<Tensor> shard_grads;  // reduce_scatter: this rank's slice of each parameter's averaged gradient
+  size_t next_launch = 0;           // buckets launch in index order on every rank
+  bool syncing = false;             // a synchronised backward is in progress
   bool no_sync = false;
   DDPStats stats;
 
   Reducer(dist::ProcessGroup& g, DDPOptions o, std::vector<Tensor> p, std::vector<bool> t)
-      : group(g), options(o), params(std::move(p)), tied(std::move(t)) {
+      : group(g), options(o), params(std::move(p)), tied(std::move(t)), shard_grads(params.size()) {
     std::vector<int64_t> bytes;
     std::vector<size_t> index, tied_params;  // plan_buckets' k -> parameter
     for (size_t k = 0; k < params.size(); ++k) {
@@ -93,8 +98,15 @@ struct DistributedDataParallel::Reducer {
       for (size_t k : plan[b]) {
         bucket_of[k] = b;
         bucket.offsets.push_back(bucket.numel);
-        bucket.numel += params[k].numel();
+        if (options.reduce_scatter) {
+          bucket.shards.push_back(
+              dist::shard_of(params[k].numel(), group.rank(), group.size(), options.shard_alignment));
+          bucket.numel += bucket.shards.back().chunk;
+        } else {
+          bucket.numel += params[k].numel();
+        }
       }
+      if (options.reduce_scatter) bucket.numel *= group.size();
       buckets.push_back(std::move(bucket));
     }
   }
@@ -122,6 +134,7 @@ struct DistributedDataParallel::Reducer {
     next_launch = 0;
     ready.assign(params.size(), false);
     for (Bucket& b : buckets) b.pending = b.params.size();
+    shard_grads.assign(params.size(), Tensor());
     stats = {};
     autograd::queue_callback([weak = weak_self] {
       if (auto self = weak.lock()) self->finalize();
@@ -134,6 +147,11 @@ struct DistributedDataParallel::Reducer {
     if (!b.flat.defined()) b.flat = empty({b.numel}, DType::Float32);
     for (size_t j = 0; j < b.params.size(); ++j) {
       const Tensor& p = params[b.params[j]];
+      if (options.reduce_scatter) {
+        pack_slices(b, j, p);
+        p.set_grad(Tensor());  // (every rank keeps only its slice)
+        continue;
+      }
       Tensor dst = b.flat.narrow(0, b.offsets[j], p.numel()).view(p.shape());
       if (p.grad().defined())
         dst.copy_(p.grad());
@@ -142,9 +160,29 @@ struct DistributedDataParallel::Reducer {
     }
     b.flat.mul_(1.0 / group.size());
     b.wire = options.compression ? b.flat.to(*options.compression) : b.flat;
-    b.work = group.all_reduce_async(b.wire, dist::ReduceOp::Sum);
+    if (options.reduce_scatter) {
+      b.mine = empty({b.numel / group.size()}, b.wire.dtype());  // (new each time: shard_grads may alias it)
+      b.work = group.reduce_scatter_async(b.mine, b.wire);
+    } else {
+      b.work = group.all_reduce_async(b.wire, dist::ReduceOp::Sum);
+    }
     if (syncing && std::any_of(ready.begin(), ready.end(), [](bool r) { return !r; }))
       ++stats.buckets_launched_in_backward;
+  }
+
+  // Parameter j's gradient (zeros without one) cut into every rank's part of the bucket, padding zeroed.
+  void pack_slices(Bucket& b, size_t j, const Tensor& p) {
+    const int64_t part = b.numel / group.size(), chunk = b.shards[j].chunk, n = p.numel();
+    const Tensor g = p.grad().defined() ? p.grad().contiguous().view({-1}) : Tensor();
+    for (int q = 0; q < group.size(); ++q) {
+      Tensor dst = b.flat.narrow(0, q * part + b.offsets[j], chunk);
+      const int64_t begin = std::min(n, q * chunk), len = std::min(n, begin + chunk) - begin;
+      if (g.defined() && len > 0)
+        dst.narrow(0, 0, len).copy_(g.narrow(0, begin, len));
+      else
+        dst.narrow(0, 0, len).zero_();
+      if (len < chunk) dst.narrow(0, len, chunk - len).zero_();
+    }
   }
 
   void finalize() {
@@ -155,6 +193,17 @@ struct DistributedDataParallel::Reducer {
     for (Bucket& b : buckets) {
       b.work->wait();
       b.work.reset();
+      if (options.reduce_scatter) {
+        const Tensor mine = b.mine.to(DType::Float32);
+        for (size_t j = 0; j < b.params.size(); ++j) {
+          // (rounded to the parameter's dtype, as the replicated .grad would be: the same bits either way)
+          const DType dtype = params[b.params[j]].dtype();
+          const Tensor g = mine.narrow(0, b.offsets[j], b.shards[j].length);
+          shard_grads[b.params[j]] = dtype == DType::Float32 ? g : g.to(dtype).to(DType::Float32);
+        }
+        b.flat = b.wire = b.mine = Tensor();  // (the bucket's buffers are not held between steps)
+        continue;
+      }
       if (b.wire.dtype() != DType::Float32) b.flat.copy_(b.wire);
       for (size_t j = 0; j < b.params.size(); ++j) {
         const Tensor& p = params[b.params[j]];
@@ -174,6 +223,8 @@ struct DistributedDataParallel::Reducer {
 
 DistributedDataParallel::DistributedDataParallel(ModulePtr module, DDPOptions options, dist::ProcessGroup* group)
     : module_(register_module("module", std::move(module))) {
+  CASTOR_CHECK(options.shard_alignment > 0, "DistributedDataParallel: shard_alignment must be positive, got ",
+               options.shard_alignment);
   CASTOR_CHECK(options.bucket_cap_mb > 0, "DistributedDataParallel: bucket_cap_mb must be positive, got ",
                options.bucket_cap_mb);
   CASTOR_CHECK(!options.compression || is_16bit_float(*options.compression),
@@ -225,5 +276,12 @@ std::vector<std::vector<size_t>> DistributedDataParallel::buckets() const {
 }
 
 DDPStats DistributedDataParallel::stats() const { return reducer_->stats; }
+
+std::vector<std::pair<Tensor, Tensor>> DistributedDataParallel::shard_grads() const {
+  std::vector<std::pair<Tensor, Tensor>> out;
+  for (size_t k = 0; k < reducer_->params.size(); ++k)
+    if (reducer_->shard_grads[k].defined()) out.emplace_back(reducer_->params[k], reducer_->shard_grads[k]);
+  return out;
+}
 
 }  // namespace castor::nn

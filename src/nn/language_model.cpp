@@ -77,6 +77,19 @@ KVCache::KVCache(const LanguageModel& model, int64_t batch_size, int64_t capacit
   }
 }
 
+void KVCache::assign_prefix(const KVCache& prefix) {
+  CASTOR_CHECK(prefix.batch_size() == 1 && prefix.keys_.size() == keys_.size() && prefix.capacity_ == capacity_,
+               "KVCache::assign_prefix: a cache of ", prefix.batch_size(), " rows and ", prefix.keys_.size(),
+               " layers for one of ", keys_.size(), " layers");
+  const int64_t n = prefix.size_;
+  for (size_t l = 0; l < keys_.size(); ++l)
+    for (int64_t b = 0; b < batch_size(); ++b) {
+      keys_[l].narrow(0, b, 1).narrow(2, 0, n).copy_(prefix.keys_[l].narrow(2, 0, n));
+      values_[l].narrow(0, b, 1).narrow(2, 0, n).copy_(prefix.values_[l].narrow(2, 0, n));
+    }
+  size_ = n;
+}
+
 Tensor causal_mask(int64_t queries, int64_t keys, int64_t window) {
   CASTOR_CHECK(queries >= 0 && queries <= keys && window >= 0, "causal_mask: ", queries, " queries over ", keys,
                " keys, window ", window);

@@ -93,7 +93,7 @@ BlockPass AdamW8bit::update(ParamGroup& group, ParamSlot& slot, Tensor& w, const
   u.grad_clip = grad_clip_;
   float* wp = w.data<float>();
   const float* gp = g.data<float>();
-  if (!is_8bit(w.shape(), options_)) {
+  if (!is_8bit(slot.param.shape(), options_)) {  // (w is a slice of it when sharded)
     float* m[2];
     for (int k = 0; k < 2; ++k) {
       Tensor& t = slot.state[kFloat[k]];

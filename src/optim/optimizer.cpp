@@ -16,14 +16,32 @@ namespace castor::optim {
 
 namespace {
 
-// The float32 gradient of a slot: the staged one, or param.grad() widened; undefined when there is none.
-Tensor float32_grad(const ParamSlot& slot) {
+// Whether `g` is a sharded slot's gradient of its slice alone (else it is the whole parameter's).
+bool is_slice_grad(const ParamSlot& slot, const Tensor& g, bool sharded) {
+  return sharded && g.dim() == 1 && g.numel() == slot.shard.length && g.shape() != slot.param.shape();
+}
+
+// The float32 gradient of a slot's slice (the whole parameter unsharded): the staged one, or param.grad() widened;
+// undefined when there is none.
+Tensor float32_grad(const ParamSlot& slot, bool sharded) {
   const bool staged = slot.staged_grad().defined();
   Tensor g = staged ? slot.staged_grad() : slot.param.grad();
   if (!g.defined()) return g;
+  if (is_slice_grad(slot, g, sharded)) return g.detach().to(DType::Float32).contiguous();
   CASTOR_CHECK(g.shape() == slot.param.shape(), "optimizer step: ", staged ? "staged gradient " : "gradient ",
                g.describe(), " does not match parameter ", slot.param.describe());
+  if (sharded) g = g.detach().contiguous().view({-1}).narrow(0, slot.shard.begin, slot.shard.length);
   return g.detach().to(DType::Float32).contiguous();
+}
+
+// This rank's slice of a slot's parameter: a view of its flattened elements.
+Tensor param_slice(const ParamSlot& slot) {
+  return slot.param.detach().view({-1}).narrow(0, slot.shard.begin, slot.shard.length);
+}
+
+// The float32 master of a 16-bit slot: its slice when sharded.
+Tensor make_master(const ParamSlot& slot, bool sharded) {
+  return (sharded ? param_slice(slot) : slot.param.detach()).to(DType::Float32).contiguous();
 }
 
 std::string slot_key(const char* kind, size_t g, size_t i) {
@@ -43,6 +61,28 @@ bool parse_slot_key(const std::string& rest, size_t& g, size_t& i, std::string& 
   g = std::stoul(gs);
   i = std::stoul(is);
   return true;
+}
+
+// Every rank's updated slice of each parameter into every rank's parameter (in its own dtype): the collectives
+// are launched together, padded to the shard size, and copied back as each ends.
+void all_gather_params(dist::ProcessGroup& group, const std::vector<const ParamSlot*>& slots) {
+  struct Gather {
+    const ParamSlot* slot;
+    Tensor whole;  // (world * chunk)
+    std::unique_ptr<dist::Work> work;
+  };
+  std::vector<Gather> gathers;
+  for (const ParamSlot* slot : slots) {
+    const dist::Shard& sh = slot->shard;
+    Tensor mine = empty({sh.chunk}, slot->param.dtype());
+    mine.narrow(0, 0, sh.length).copy_(param_slice(*slot));
+    Tensor whole = empty({sh.chunk * group.size()}, slot->param.dtype());
+    gathers.push_back({slot, whole, group.all_gather_into_async(whole, mine)});
+  }
+  for (Gather& g : gathers) {
+    g.work->wait();
+    g.slot->param.detach().view({-1}).copy_(g.whole.narrow(0, 0, g.slot->param.numel()));
+  }
 }
 
 // Every live optimizer, for staged_grad().
@@ -118,7 +158,9 @@ void Optimizer::add_param_group(const std::vector<Tensor>& params, double lr, do
     CASTOR_CHECK(!dup, "add_param_group: parameter ", k, " appears in more than one parameter group");
     ParamSlot slot;
     slot.param = p;
-    if (master_weights_ && is_16bit_float(p.dtype())) slot.master = p.detach().to(DType::Float32);
+    slot.shard = shard_group_ ? dist::shard_of(p.numel(), shard_group_->rank(), shard_group_->size(), shard_alignment())
+                              : dist::Shard{p.numel(), 0, p.numel()};
+    if (master_weights_ && is_16bit_float(p.dtype())) slot.master = make_master(slot, shard_group_ != nullptr);
     group.slots.push_back(std::move(slot));
   }
   groups_.push_back(std::move(group));
@@ -136,7 +178,7 @@ void Optimizer::set_master_weights(bool on) {
   for (ParamGroup& group : groups_)
     for (ParamSlot& slot : group.slots) {
       if (!is_16bit_float(slot.param.dtype())) continue;
-      slot.master = on ? slot.param.detach().to(DType::Float32) : Tensor();
+      slot.master = on ? make_master(slot, shard_group_ != nullptr) : Tensor();
     }
 }
 
@@ -165,18 +207,21 @@ void Optimizer::apply_step() {
   std::vector<Planned> planned;
   for (ParamGroup& group : groups_) {
     for (ParamSlot& slot : group.slots) {
-      Tensor g = float32_grad(slot);
+      const bool sharded = shard_group_ != nullptr;
+      Tensor g = float32_grad(slot, sharded);
       if (!g.defined()) continue;
       const bool narrow = is_16bit_float(slot.param.dtype());
-      Tensor w = !narrow                 ? slot.param.detach()
-                 : slot.master.defined() ? slot.master
-                                         : slot.param.detach().to(DType::Float32);
+      // The parameter, or this rank's slice of it (ZeRO).
+      const Tensor target = sharded ? param_slice(slot) : slot.param.detach();
+      Tensor w = !narrow ? target : slot.master.defined() ? slot.master : target.to(DType::Float32).contiguous();
       // A 16-bit parameter is rounded from w inside the update's pass if it takes the write-back, else after it.
       const bool stochastic = narrow && rounding_ == Rounding::Stochastic;
-      if (narrow) pending_write_back_ = WriteBack{slot.param, stochastic, stochastic ? rounding_gen_.next_u64() : 0};
+      if (narrow) pending_write_back_ = WriteBack{target, stochastic, stochastic ? rounding_gen_.next_u64() : 0};
       // A float32 parameter the last forward cast under autocast: its 16-bit copy for the next forward, rounded to
       // nearest even in the same pass (into a new buffer while an earlier forward's graph still holds the old one).
-      const std::optional<DType> keep = narrow || !keep_casts_ ? std::nullopt : amp::cast_to_keep(slot.param);
+      // Sharded, the pass sees only a slice: each forward casts afresh.
+      const std::optional<DType> keep = narrow || !keep_casts_ || sharded ? std::nullopt
+                                                                          : amp::cast_to_keep(slot.param);
       if (keep) {
         Tensor& copy = slot.cast_copy_;
         if (!copy.defined() || copy.dtype() != *keep || copy.shape() != slot.param.shape() ||
@@ -204,8 +249,14 @@ void Optimizer::apply_step() {
     const BlockPass& p = planned[static_cast<size_t>(blocks[j].first)].pass;
     p.body(blocks[j].second, std::min(p.n, blocks[j].second + p.unit));
   }
-  for (Planned& p : planned) {
+  for (Planned& p : planned)
     if (p.write_back) kernels::round_into_16bit(p.w.data<float>(), round_into(*p.write_back));
+  if (shard_group_) {
+    std::vector<const ParamSlot*> updated;
+    for (const Planned& p : planned) updated.push_back(p.slot);
+    all_gather_params(*shard_group_, updated);
+  }
+  for (Planned& p : planned) {
     p.slot->param.bump_version();
     if (p.keep) amp::keep_cast(p.slot->param, p.slot->cast_copy_);
     p.slot->staged_grad_ = Tensor();
@@ -238,7 +289,8 @@ void Optimizer::stage_float32_grad(size_t group, size_t index, Tensor grad32) {
   CASTOR_CHECK(group < groups_.size() && index < groups_[group].slots.size(), "stage_float32_grad: no parameter ",
                index, " in group ", group);
   ParamSlot& slot = groups_[group].slots[index];
-  CASTOR_CHECK(grad32.dtype() == DType::Float32 && grad32.shape() == slot.param.shape(),
+  CASTOR_CHECK(grad32.dtype() == DType::Float32 &&
+                   (grad32.shape() == slot.param.shape() || is_slice_grad(slot, grad32, shard_group_ != nullptr)),
                "stage_float32_grad: ", grad32.describe(), " is not a float32 gradient for parameter ",
                slot.param.describe());
   slot.staged_grad_ = std::move(grad32);
@@ -274,7 +326,12 @@ void Optimizer::fold_into_step(float inv_scale, float clip_coef) {
 }
 
 StateDict Optimizer::state_dict(bool copies) const {
-  auto out = [&](const Tensor& t) { return copies ? t.clone() : t.detach(); };
+  return build_state_dict([&](const ParamSlot& slot, const std::string& name, const Tensor& t, const std::string&) {
+    return shard_group_ ? gather_state(slot, name, t) : copies ? t.clone() : t.detach();
+  });
+}
+
+StateDict Optimizer::build_state_dict(const StateTaker& take) const {
   StateDict sd;
   for (size_t g = 0; g < groups_.size(); ++g) {
     const ParamGroup& group = groups_[g];
@@ -284,8 +341,12 @@ StateDict Optimizer::state_dict(bool copies) const {
     sd[prefix + "size"] = scalar_tensor(static_cast<double>(group.slots.size()), DType::Int64);
     for (size_t i = 0; i < group.slots.size(); ++i) {
       const ParamSlot& slot = group.slots[i];
-      for (const auto& [name, t] : slot.state) sd[slot_key("state", g, i) + "." + name] = out(t);
-      if (slot.master.defined()) sd[slot_key("master", g, i)] = out(slot.master);
+      for (const auto& [name, t] : slot.state) {
+        const std::string key = slot_key("state", g, i) + "." + name;
+        sd[key] = take(slot, name, t, key);
+      }
+      const std::string key = slot_key("master", g, i);
+      if (slot.master.defined()) sd[key] = take(slot, "", slot.master, key);
     }
   }
   sd["step_count"] = scalar_tensor(static_cast<double>(step_count_), DType::Int64);
@@ -365,20 +426,97 @@ void Optimizer::load_state_dict(const StateDict& sd) {
     for (size_t i = 0; i < group.slots.size(); ++i) {
       ParamSlot& slot = group.slots[i];
       slot.state.clear();
-      if (slot.master.defined()) slot.master.copy_(sd.at(slot_key("master", g, i)));
+      const Tensor& master = slot.master.defined() ? sd.at(slot_key("master", g, i)) : Tensor();
+      if (slot.master.defined()) slot.master.copy_(shard_group_ ? slice_state(slot, "", master) : master);
     }
   }
   for (const auto& [key, t] : sd) {
     size_t g = 0, i = 0;
     std::string name;
     if (key.rfind("state.", 0) == 0 && parse_slot_key(key.substr(6), g, i, name))
-      groups_[g].slots[i].state[name] = t.clone();
+      groups_[g].slots[i].state[name] = shard_group_ ? slice_state(groups_[g].slots[i], name, t) : t.clone();
   }
   step_count_ = static_cast<int64_t>(sd.at("step_count").item());
   skipped_steps_ = static_cast<int64_t>(sd.at("skipped_steps").item());
   Generator::State gs;
   std::memcpy(gs.data(), gen_state.contiguous().data_ptr(), sizeof(gs));
   rounding_gen_.set_state(gs);
+}
+
+void Optimizer::shard(dist::ProcessGroup* group) {
+  if (group == shard_group_) return;
+  const StateDict whole = state_dict();  // (gathered when sharded now)
+  shard_group_ = group;
+  for (ParamGroup& pg : groups_)
+    for (ParamSlot& slot : pg.slots) {
+      const int64_t n = slot.param.numel();
+      slot.shard = group ? dist::shard_of(n, group->rank(), group->size(), shard_alignment()) : dist::Shard{n, 0, n};
+      if (slot.master.defined()) slot.master = make_master(slot, group != nullptr);
+      slot.cast_copy_ = Tensor();
+    }
+  load_state_dict(whole);
+}
+
+// Where a state tensor of a sharded slot lies: the master and the states of the parameter's shape are per element
+// (shard.chunk a rank, padded), a state of blocks per shard_alignment() elements, "step" and other 0-dim ones whole
+// on every rank. `name` "" is the master.
+struct Optimizer::SliceLayout {
+  bool whole = false;             // kept whole on every rank
+  int64_t per_rank = 0;           // padded elements a rank
+  int64_t begin = 0, length = 0;  // this rank's in the flattened whole tensor
+  Shape shape;                    // of the whole tensor
+};
+
+Optimizer::SliceLayout Optimizer::slice_layout(const ParamSlot& slot, const std::string& name) const {
+  SliceLayout l;
+  DType dtype = DType::Float32;
+  l.shape = slot.param.shape();
+  if (!name.empty()) {
+    const std::string why = state_layout(slot, name, dtype, l.shape);
+    CASTOR_ASSERT(why.empty(), why);
+  }
+  const dist::Shard& sh = slot.shard;
+  if (l.shape.empty()) {
+    l.whole = true;
+  } else if (l.shape == slot.param.shape()) {
+    l.per_rank = sh.chunk, l.begin = sh.begin, l.length = sh.length;
+  } else {  // blocks of shard_alignment() elements
+    const int64_t b = shard_alignment();
+    l.per_rank = sh.chunk / b, l.begin = sh.begin / b, l.length = (sh.length + b - 1) / b;
+  }
+  return l;
+}
+
+Tensor Optimizer::gather_state(const ParamSlot& slot, const std::string& name, const Tensor& t) const {
+  const SliceLayout l = slice_layout(slot, name);
+  if (l.whole) return t.clone();
+  CASTOR_ASSERT(t.numel() == l.length, "a sharded state of ", t.numel(), " elements, expected ", l.length);
+  Tensor mine = zeros({l.per_rank}, t.dtype());
+  mine.narrow(0, 0, l.length).copy_(t.contiguous().view({-1}));
+  Tensor all = empty({l.per_rank * shard_group_->size()}, t.dtype());
+  shard_group_->all_gather_into(all, mine);
+  return all.narrow(0, 0, shape_numel(l.shape)).clone().view(l.shape);
+}
+
+StateDict Optimizer::state_dict_slices(std::map<std::string, SliceOf>& where) const {
+  if (!shard_group_) return state_dict(/*copies=*/false);
+  return build_state_dict([&](const ParamSlot& slot, const std::string& name, const Tensor& t, const std::string& key) {
+    const SliceLayout l = slice_layout(slot, name);
+    if (l.whole) return t.detach();
+    where[key] = {l.shape, l.begin};
+    return t.detach().contiguous().view({-1});
+  });
+}
+
+Tensor Optimizer::whole_master(const ParamSlot& slot) const {
+  if (!slot.master.defined() || !shard_group_) return slot.master;
+  return gather_state(slot, "", slot.master);
+}
+
+Tensor Optimizer::slice_state(const ParamSlot& slot, const std::string& name, const Tensor& whole) const {
+  const SliceLayout l = slice_layout(slot, name);
+  if (l.whole) return whole.clone();
+  return whole.contiguous().view({-1}).narrow(0, l.begin, l.length).clone();
 }
 
 }  // namespace castor::optim

@@ -10,6 +10,9 @@
 #include <vector>
 
 #include "castor/fs.h"
+#include "castor/json.h"
+#include "castor/ops.h"
+#include "castor/serialize.h"
 
 namespace castor::train {
 
@@ -79,16 +82,78 @@ void ensure_dir(const fs::path& p) {
   CASTOR_CHECK(!ec && fs::is_directory(p), p.string(), ": cannot create the directory: ", ec.message());
 }
 
-// The COMMIT marker: "complete", then "<file> <checksum>" per file (markers of older builds hold only "complete").
-std::string commit_marker(const fs::path& dir) {
+// The COMMIT marker: "complete", then "<file> <checksum>" per file (markers of older builds hold only "complete"),
+// the shard files of a sharded checkpoint after the two others.
+std::string commit_marker(const fs::path& dir, const std::vector<std::string>& shards) {
   std::string marker = "complete\n";
-  for (const char* f : kFiles) marker += std::string(f) + " " + file_checksum64_hex((dir / f).string()) + "\n";
+  std::vector<std::string> files(std::begin(kFiles), std::end(kFiles));
+  files.insert(files.end(), shards.begin(), shards.end());
+  for (const std::string& f : files) marker += f + " " + file_checksum64_hex((dir / f).string()) + "\n";
   return marker;
+}
+
+constexpr const char* kManifest = "castor.shards";  // the train state's metadata key of a sharded checkpoint's manifest
+
+std::string shard_name(int rank, int world) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "shard-%05d-of-%05d.safetensors", rank, world);
+  return buf;
+}
+
+bool is_shard_name(const std::string& name) {
+  return name.rfind("shard-", 0) == 0 && name.size() > 18 && name.find('/') == std::string::npos &&
+         name.compare(name.size() - 12, 12, ".safetensors") == 0;
+}
+
+// A sharded checkpoint's state made whole: each tensor of the manifest put together from every shard file's slice.
+void join_shards(const fs::path& dir, const std::vector<std::string>& checked, Checkpoint& c) {
+  auto it = c.state_meta.find(kManifest);
+  if (it == c.state_meta.end()) return;
+  const std::string what = (dir / kFiles[1]).string();
+  Json manifest;
+  try {
+    manifest = Json::parse(it->second);
+  } catch (const Error& e) {
+    throw Error(detail::cat(what, ": the shard manifest is not JSON: ", e.what()));
+  }
+  const Json::Array& files = manifest.at("files").as_array();
+  std::vector<StateDict> shards;
+  for (const Json& f : files) {
+    CASTOR_CHECK(f.is_string() && is_shard_name(f.as_string()) &&
+                     std::find(checked.begin(), checked.end(), f.as_string()) != checked.end(),
+                 what, ": the shard manifest names a file '", printable(f.is_string() ? f.as_string() : f.dump()),
+                 "' that is not a shard whose checksum the commit marker records");
+    shards.push_back(load_safetensors((dir / f.as_string()).string()).tensors);
+  }
+  for (const auto& [key, entry] : manifest.at("tensors").as_object()) {
+    Shape shape;
+    for (const Json& d : entry.at("shape").as_array()) shape.push_back(d.as_int());
+    const Json::Array &begins = entry.at("begin").as_array(), &lengths = entry.at("length").as_array();
+    CASTOR_CHECK(begins.size() == shards.size() && lengths.size() == shards.size(), what, ": the shard manifest's '",
+                 key, "' does not have one slice per shard file");
+    Tensor whole;
+    int64_t next = 0;
+    for (size_t r = 0; r < shards.size(); ++r) {
+      auto t = shards[r].find(key);
+      const int64_t begin = begins[r].as_int(), length = lengths[r].as_int();
+      CASTOR_CHECK(t != shards[r].end() && t->second.numel() == length && begin == next,
+                   (dir / files[r].as_string()).string(), ": '", key,
+                   "' is missing or not the slice the manifest records");
+      if (!whole.defined()) whole = empty({shape_numel(shape)}, t->second.dtype());
+      CASTOR_CHECK(begin + length <= whole.numel() && t->second.dtype() == whole.dtype(), what, ": '", key,
+                   "': the slices do not fit the manifest's shape");
+      if (length > 0) whole.narrow(0, begin, length).copy_(t->second.contiguous().view({-1}));
+      next = begin + length;
+    }
+    CASTOR_CHECK(whole.defined() && next == whole.numel(), what, ": '", key, "': the slices do not cover the tensor");
+    c.state[key] = whole.view(shape);
+  }
+  c.state_meta.erase(it);
 }
 
 // Checks each file's checksum against the marker; castor::Error naming the damaged file, or the marker when it does
 // not record every file's checksum.
-void verify(const fs::path& dir) {
+std::vector<std::string> verify(const fs::path& dir) {
   const std::string commit = (dir / kCommit).string();
   const std::vector<uint8_t> bytes = read_file(commit);
   std::istringstream marker(std::string(bytes.begin(), bytes.end()));
@@ -96,8 +161,8 @@ void verify(const fs::path& dir) {
   CASTOR_CHECK(marker >> word && word == "complete", commit, ": not a commit marker");
   std::vector<std::string> checked;
   while (marker >> name >> sum) {
-    CASTOR_CHECK(std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles), commit, ": unknown file '",
-                 printable(name), "'");
+    CASTOR_CHECK(std::find(std::begin(kFiles), std::end(kFiles), name) != std::end(kFiles) || is_shard_name(name),
+                 commit, ": unknown file '", printable(name), "'");
     const std::string actual = file_checksum64_hex((dir / name).string());
     CASTOR_CHECK(actual == sum, (dir / name).string(), ": damaged (checksum ", actual, ", the commit marker records ",
                  printable(sum), ")");
@@ -110,10 +175,11 @@ void verify(const fs::path& dir) {
                (dir / kFiles[0]).string());
   for (const char* f : kFiles)
     CASTOR_CHECK(std::find(checked.begin(), checked.end(), f) != checked.end(), commit, ": records no checksum of ", f);
+  return checked;
 }
 
 Checkpoint read_verified(const fs::path& dir) {
-  verify(dir);
+  const std::vector<std::string> checked = verify(dir);
   Checkpoint c;
   LoadedTensors m = load_safetensors((dir / kFiles[0]).string());
   LoadedTensors s = load_safetensors((dir / kFiles[1]).string());
@@ -121,6 +187,7 @@ Checkpoint read_verified(const fs::path& dir) {
   c.model_meta = std::move(m.metadata);
   c.state = std::move(s.tensors);
   c.state_meta = std::move(s.metadata);
+  join_shards(dir, checked, c);
   return c;
 }
 
@@ -131,18 +198,21 @@ bool is_temp_name(const std::string& name) {
 
 }  // namespace
 
-std::string write_checkpoint(const std::string& run_dir, int64_t step, const Checkpoint& ckpt, int64_t keep) {
-  const fs::path root = fs::path(run_dir) / "checkpoints";
-  ensure_dir(root);
+namespace {
+
+fs::path temp_dir(const fs::path& root, int64_t step, int64_t pid) {
+  return root / (step_name(step) + ".tmp" + std::to_string(pid));
+}
+
+// Writes the model and state files into `tmp` (which holds `shards` already), commits it as step `step`, and prunes.
+std::string commit_checkpoint(const fs::path& root, int64_t step, const fs::path& tmp, const Checkpoint& ckpt,
+                              int64_t keep, const std::vector<std::string>& shards) {
   const fs::path final_dir = root / step_name(step);
-  const fs::path tmp = root / (step_name(step) + ".tmp" + std::to_string(getpid()));
   std::error_code ec;
-  fs::remove_all(tmp, ec);
-  ensure_dir(tmp);
   try {
     save_safetensors((tmp / kFiles[0]).string(), ckpt.model, ckpt.model_meta);
     save_safetensors((tmp / kFiles[1]).string(), ckpt.state, ckpt.state_meta);
-    atomic_write_file((tmp / kCommit).string(), commit_marker(tmp));
+    atomic_write_file((tmp / kCommit).string(), commit_marker(tmp, shards));
     // Replace an older checkpoint of the same step (a resumed run) only once the new one is complete.
     const fs::path old = root / (step_name(step) + ".old" + std::to_string(getpid()));
     if (fs::exists(final_dir)) fs::rename(final_dir, old);
@@ -167,6 +237,121 @@ std::string write_checkpoint(const std::string& run_dir, int64_t step, const Che
     fs::remove_all(ec ? line[i] : doomed, ec);
   }
   return final_dir.string();
+}
+
+// A fresh temp directory for step `step`'s checkpoint.
+fs::path make_temp_dir(const fs::path& root, int64_t step) {
+  ensure_dir(root);
+  const fs::path tmp = temp_dir(root, step, getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  ensure_dir(tmp);
+  return tmp;
+}
+
+}  // namespace
+
+std::string write_checkpoint(const std::string& run_dir, int64_t step, const Checkpoint& ckpt, int64_t keep) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  return commit_checkpoint(root, step, make_temp_dir(root, step), ckpt, keep, {});
+}
+
+std::string write_sharded_checkpoint(const std::string& run_dir, int64_t step, Checkpoint& ckpt, int64_t keep,
+                                     dist::ProcessGroup& group) {
+  const int rank = group.rank(), world = group.size();
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  // Where every rank's slices lie (the same keys on every rank, in order): (world, keys, 2) of begin and length.
+  std::vector<double> mine;
+  for (const auto& [key, w] : ckpt.shard_where) {
+    mine.push_back(static_cast<double>(w.begin));
+    mine.push_back(static_cast<double>(ckpt.shard.at(key).numel()));
+  }
+  const Tensor all = group.all_gather(tensor(mine, {static_cast<int64_t>(mine.size())}, DType::Int64));
+  const std::vector<int64_t> where = all.to_vector<int64_t>();
+  // Rank 0 makes the temp directory; the others learn its name (rank 0's pid).
+  std::string error;
+  fs::path tmp;
+  if (rank == 0) try {
+      tmp = make_temp_dir(root, step);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  Tensor pid = tensor({error.empty() ? static_cast<double>(getpid()) : -1.0}, {1}, DType::Int64);
+  group.broadcast(pid, 0);
+  const int64_t pid0 = pid.to_vector<int64_t>()[0];
+  CASTOR_CHECK(pid0 >= 0, rank == 0 ? error : "rank 0 could not create the checkpoint's temp directory");
+  tmp = temp_dir(root, step, pid0);
+  try {
+    save_safetensors((tmp / shard_name(rank, world)).string(), ckpt.shard);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // Every rank's shard is on disk before rank 0 commits; a failure anywhere fails the checkpoint on every rank.
+  Tensor failed = scalar_tensor(error.empty() ? 0.0 : 1.0, DType::Float64);
+  group.all_reduce(failed, dist::ReduceOp::Max);
+  if (failed.item() != 0) {
+    std::error_code ec;
+    if (rank == 0) fs::remove_all(tmp, ec);
+    throw Error(error.empty() ? detail::cat(tmp.string(), ": another rank could not write its shard") : error);
+  }
+  if (rank != 0) return "";
+  Json::Object tensors;
+  size_t k = 0;
+  for (const auto& [key, w] : ckpt.shard_where) {
+    Json::Array shape, begins, lengths;
+    for (int64_t d : w.shape) shape.push_back(d);
+    for (int r = 0; r < world; ++r) {
+      const size_t at = (static_cast<size_t>(r) * ckpt.shard_where.size() + k) * 2;
+      begins.push_back(where[at]);
+      lengths.push_back(where[at + 1]);
+    }
+    tensors[key] = Json::Object{{"shape", shape}, {"begin", begins}, {"length", lengths}};
+    ++k;
+  }
+  std::vector<std::string> files;
+  Json::Array names;
+  for (int r = 0; r < world; ++r) {
+    files.push_back(shard_name(r, world));
+    names.push_back(files.back());
+  }
+  ckpt.state_meta[kManifest] = Json(Json::Object{{"files", names}, {"tensors", tensors}}).dump();
+  return commit_checkpoint(root, step, tmp, ckpt, keep, files);
+}
+
+void keep_best_checkpoint(const std::string& run_dir, const std::string& checkpoint, const Json& best) {
+  const fs::path dest = fs::path(run_dir) / "best";
+  const fs::path tmp = fs::path(run_dir) / ("best.tmp" + std::to_string(getpid()));
+  const fs::path old = fs::path(run_dir) / ("best.old" + std::to_string(getpid()));
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  try {
+    ensure_dir(tmp);
+    for (const auto& e : fs::directory_iterator(checkpoint)) {
+      if (!e.is_regular_file()) continue;
+      const fs::path to = tmp / e.path().filename();
+      fs::create_hard_link(e.path(), to, ec);
+      if (ec) fs::copy_file(e.path(), to);
+    }
+    atomic_write_file((tmp / "best.json").string(), best.dump(2) + "\n");
+    if (fs::exists(dest)) fs::rename(dest, old);
+    fs::rename(tmp, dest);
+    fsync_directory(run_dir);
+    fs::remove_all(old, ec);
+  } catch (const fs::filesystem_error& e) {
+    fs::remove_all(tmp, ec);
+    throw Error(detail::cat(dest.string(), ": cannot keep the best checkpoint: ", e.code().message()));
+  }
+}
+
+Json read_best(const std::string& run_dir) {
+  const std::string path = (fs::path(run_dir) / "best" / "best.json").string();
+  if (!file_exists(path)) return nullptr;
+  const std::vector<uint8_t> bytes = read_file(path);
+  try {
+    return Json::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+  } catch (const Error& e) {
+    throw Error(detail::cat(path, ": ", e.what()));
+  }
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {

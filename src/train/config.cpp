@@ -13,6 +13,7 @@
 #include "castor/fs.h"
 #include "castor/json.h"
 #include "castor/llama.h"
+#include "castor/mc_task.h"
 #include "castor/models.h"
 #include "castor/tokenizer.h"
 #include "castor/train_config.h"
@@ -66,6 +67,9 @@ struct EvalFlags {
   std::optional<Dataset> data;
   int64_t batch_size = 0, n_head = 0, block_size = 0;
   std::string lora_base, lora;
+  std::string task, task_format, fewshot_file, log_samples, text, tokenizer_dir;
+  int64_t num_fewshot = 0, limit = 0, ctx = 0;
+  bool add_bos = false;
 };
 
 std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
@@ -98,6 +102,26 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
   add_lora(app, f.lora,
            "a PEFT adapter directory (adapter_config.json, adapter_model.safetensors: PEFT's save_pretrained, castor "
            "export --format peft) merged into the language model evaluated, without a training run");
+  app.add_option("--task", f.task,
+                 "a language model's multiple-choice task: a JSONL file of HellaSwag, MMLU, ARC, PIQA, Winogrande or "
+                 "{context, choices, label} rows, scored as lm-evaluation-harness does (one JSON line of its keys)");
+  app.add_option("--task-format", f.task_format, "--task's layout (default: inferred from the rows' fields)")
+      ->check(one_of(data::mc_format_names()));
+  app.add_option("--num-fewshot", f.num_fewshot, "--task: examples before each prompt, from --fewshot-file")
+      ->check(integer_in(0, 1000));
+  app.add_option("--fewshot-file", f.fewshot_file,
+                 "--task: rows of the same layout; the first --num-fewshot (MMLU: of the row's subject) are the "
+                 "examples");
+  app.add_option("--limit", f.limit, "--task: the first N rows only (0: all)")->check(integer_in(0));
+  app.add_flag("--add-bos", f.add_bos, "--task: BOS before each prompt (lm-eval's add_bos_token=True)");
+  app.add_option("--log-samples", f.log_samples,
+                 "--task: write each row's doc_id, log-likelihoods and correctness to this JSONL file");
+  app.add_option("--text", f.text,
+                 "llama.cpp's perplexity of a language model on this UTF-8 text file (chunks of --ctx tokens, BOS "
+                 "first, each scored on its second half)");
+  app.add_option("--ctx", f.ctx, "--text: tokens per chunk (0: the model's context)")->check(integer_in(0));
+  app.add_option("--tokenizer-dir", f.tokenizer_dir,
+                 "--task/--text: the tokenizer (default: the run's data directory, or the model's directory)");
   return owner;
 }
 
@@ -532,6 +556,18 @@ EvalConfig parse_eval_flags(const std::vector<std::string>& args) {
                "castor eval: give the model once (--checkpoint, --init or FILE)");
   EvalConfig e{f.checkpoint + f.file + f.init, f.model, f.data, f.data_dir, f.batch_size};
   e.n_head = f.n_head, e.block_size = f.block_size, e.lora_base = f.lora_base, e.lora = f.lora, e.dtype = f.dtype;
+  e.task = f.task, e.task_format = f.task_format, e.num_fewshot = f.num_fewshot, e.fewshot_file = f.fewshot_file;
+  e.limit = f.limit, e.add_bos = f.add_bos, e.log_samples = f.log_samples, e.text = f.text, e.ctx = f.ctx;
+  e.tokenizer_dir = f.tokenizer_dir;
+  CASTOR_CHECK(e.task.empty() || e.text.empty(), "castor eval: --task and --text: give one");
+  for (const auto& [given, flag] : {std::pair{!f.task_format.empty(), "--task-format"},
+                                    {f.num_fewshot > 0, "--num-fewshot"},
+                                    {!f.fewshot_file.empty(), "--fewshot-file"},
+                                    {f.limit > 0, "--limit"},
+                                    {f.add_bos, "--add-bos"},
+                                    {!f.log_samples.empty(), "--log-samples"}})
+    CASTOR_CHECK(!given || !e.task.empty(), flag, ": applies to --task only");
+  CASTOR_CHECK(f.ctx == 0 || !e.text.empty(), "--ctx: applies to --text only");
   CASTOR_CHECK(!e.path.empty(), "--checkpoint: missing (a checkpoint directory, run directory or model.safetensors)");
   return e;
 }

@@ -15,6 +15,7 @@
 #include "castor/safetensors.h"
 #include "castor/trainer.h"
 #include "train/family.h"
+#include "train/lm_scoring.h"
 #include "train/lora_run.h"
 #include "train/progress.h"
 #include "train/task.h"
@@ -125,6 +126,8 @@ LoadedTensors load_for_eval(const EvalConfig& e, TrainConfig& c, std::vector<std
 }  // namespace
 
 Json run_eval(const EvalConfig& e) {
+  if (!e.task.empty()) return run_task_eval(e);
+  if (!e.text.empty()) return run_perplexity_eval(e);
   TrainConfig c;
   std::vector<std::string> recorded_classes;
   const LoadedTensors model_file = load_for_eval(e, c, recorded_classes);

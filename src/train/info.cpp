@@ -130,6 +130,9 @@ std::string info_summary(const std::string& path, const std::string& used, const
     std::string list;
     for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
     line("checkpoints", list.empty() ? "none" : list);
+    if (const Json best = read_best(run.string()); best.is_object() && best.find("metric") && best.find("value"))
+      line("best", detail::cat(best.at("metric").dump(), " ", best.at("value").dump(), " at step ",
+                               best.find("step") ? best.at("step").dump() : "?", " (", (run / "best").string(), ")"));
   }
   for (const auto& [k, v] : model.metadata)  // the recorded config is summarised above
     if (k != "castor.config" && k != "format") line("metadata", printable(k) + " = " + printable(v));

@@ -25,6 +25,8 @@
 #include "castor/ops.h"
 #include "castor/report.h"
 #include "castor/trainer.h"
+#include "castor/checkpoint.h"
+#include "train/lm_scoring.h"
 #include "train/metrics.h"
 #include "train/profiler.h"
 #include "train/run_log.h"
@@ -90,6 +92,22 @@ class Trainer {
         dynamic_scale_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale == "dynamic"),
         epochs_(epochs) {
     if (rank0_) log_.emplace(c, task, total_steps, epochs, /*append=*/!c.resume.empty(), flops, state.step);
+    if (!c.eval_task.empty()) task_scorer_ = std::make_unique<TrainTaskScorer>(c);
+    CASTOR_CHECK(c.task_format.empty() || !c.eval_task.empty(), "--task-format: applies to --eval-task");
+    CASTOR_CHECK(c.early_stop == 0 || !c.keep_best.empty(),
+                 "--early-stop: needs the metric it watches (--keep-best METRIC)");
+    if (!c.keep_best.empty()) {
+      std::string metrics;
+      bool known = false;
+      std::vector<std::string> keys;
+      for (const auto& [key, value] : task.evaluation_keys(Evaluation{})) keys.push_back(key);
+      if (task_scorer_) keys.insert(keys.end(), task_score_keys().begin(), task_score_keys().end());
+      for (const std::string& k : keys) metrics += (metrics.empty() ? "" : ", ") + k, known |= k == c.keep_best;
+      CASTOR_CHECK(known, "--keep-best ", c.keep_best, ": not a metric of this run's evaluations (", metrics, ")");
+      const Json best = read_best(c.out);  // (a resumed run goes on from the best it kept)
+      if (const Json* m = best.is_object() ? best.find("metric") : nullptr; m && *m == Json(c.keep_best))
+        best_ = best.at("value").as_double();
+    }
   }
 
   // Runs to the end (or an interrupt); returns the summary line, also written to summary.json.
@@ -122,7 +140,7 @@ class Trainer {
       if (state_.batch >= task_.batches_per_epoch())
         end_epoch(EpochTotals{}, 0);  // as a resume mid-run does at an epoch end cut off by a kill
       else
-        last_eval_ = evaluate(task_, *run_.model, *run_.amp, task_.eval_batch_size());
+        last_eval_ = evaluate_now();
     }
     if (log_) log_->measure_peak_if_unknown(steady_rate());
     Json summary = summary_json();
@@ -130,6 +148,8 @@ class Trainer {
     const Json build = build_json();
     for (const auto& [k, v] : build.as_object()) summary[k] = v;
     summary["finished"] = utc_now();
+    if (stopped_early_) summary["stopped_early"] = true;
+    if (!c_.keep_best.empty()) summary["best"] = read_best(c_.out);
     if (!rank0_) return summary;
     // The report covers the whole run, resumed parts included, from metrics.jsonl.
     const std::string title = detail::cat("castor: ", name(c_.model), " on ", name(c_.data), ", ",
@@ -219,6 +239,7 @@ class Trainer {
       if (run_.ddp && !last_micro) no_sync.emplace(*run_.ddp);
       run_.amp->scale_loss(loss.first, *run_.opt).backward();
     }
+    if (run_.ddp && last_micro && c_.zero >= 2) stage_shard_grads();
     const double n = batch.examples * world_;  // the whole job's images or tokens
     images_ += n;
     e.images += n;
@@ -261,8 +282,20 @@ class Trainer {
         next_batch < task_.batches_per_epoch()) {
       const Evaluation ev = evaluate_now();
       if (log_) log_->evaluation(state_.step, state_.epoch + 1, ev);
+      after_evaluation(ev);
     }
     return true;
+  }
+
+  // ZeRO-2: the optimizer's step reads the slices of the gradients DDP reduce-scattered (their .grad is dropped).
+  void stage_shard_grads() {
+    std::map<const TensorImpl*, Tensor> slice;
+    for (const auto& [p, g] : run_.ddp->shard_grads()) slice[p.impl()] = g;
+    auto& groups = run_.opt->param_groups();
+    for (size_t g = 0; g < groups.size(); ++g)
+      for (size_t i = 0; i < groups[g].slots.size(); ++i)
+        if (auto it = slice.find(groups[g].slots[i].param.impl()); it != slice.end())
+          run_.opt->stage_float32_grad(g, i, it->second);
   }
 
   // Stops the run with "diverged at step N" on a non-finite loss without dynamic loss scaling (O0, O3 bf16),
@@ -302,6 +335,7 @@ class Trainer {
     };
     add("epoch %lld/%lld", static_cast<long long>(epoch), static_cast<long long>(epochs_));
     for (const std::string& f : task_.epoch_fields(*last_eval_, train_loss)) fields.push_back(f);
+    for (const auto& [key, value] : last_eval_->task_scores) fields.push_back(detail::cat(key, " ", value));
     add("%.0f %s/s", ips, task_.unit());
     if (log_ && log_->mfu(ips) > 0) add("MFU %.1f%%", 100 * log_->mfu(ips));
     if (scaler.is_enabled()) {
@@ -324,15 +358,50 @@ class Trainer {
       state_.batch = 0;
     }
     if ((c_.checkpoint_every == 0 || state_.step >= total_) && !saved_now()) checkpoint();
+    if (!stopped_early_) after_evaluation(*last_eval_);
   }
 
-  // The test set's loss and accuracy; its ops are left out of --profile's table (which is about training).
+  // The test set's loss and accuracy, and --eval-task's scores; its ops are left out of --profile's table (which is
+  // about training).
   Evaluation evaluate_now() {
     OpObserver* profiler = op_observer();
     set_op_observer(nullptr);
     Evaluation ev = evaluate(task_, *run_.model, *run_.amp, task_.eval_batch_size());
+    if (task_scorer_)
+      ev.task_scores = task_scorer_->score(dynamic_cast<models::LanguageModel&>(*run_.model), *run_.amp);
     set_op_observer(profiler);
     return ev;
+  }
+
+  // --keep-best: a better value of its metric copies this step's checkpoint (written now if it is not yet) to
+  // RUN/best; --early-stop: that many evaluations in a row without one end the run after this step.
+  void after_evaluation(const Evaluation& ev) {
+    if (c_.keep_best.empty()) return;
+    std::optional<double> value;
+    for (const auto& [key, v] : task_.evaluation_keys(ev))
+      if (key == c_.keep_best) value = v;
+    for (const auto& [key, v] : ev.task_scores)
+      if (key == c_.keep_best) value = v;
+    if (!value || !std::isfinite(*value)) return;
+    const bool lower = c_.keep_best.ends_with("loss") || c_.keep_best.ends_with("perplexity");
+    if (!best_ || (lower ? *value < *best_ : *value > *best_)) {
+      best_ = *value;
+      stale_ = 0;
+      if (!saved_now()) checkpoint();
+      if (rank0_)
+        keep_best_checkpoint(c_.out, *latest_checkpoint(c_.out),
+                             Json::Object{{"metric", c_.keep_best}, {"value", *value}, {"step", state_.step}});
+      return;
+    }
+    if (c_.early_stop > 0 && ++stale_ >= c_.early_stop && state_.step < total_) {
+      if (log_) log_->finish_progress_line();
+      if (rank0_)
+        std::fprintf(stderr,
+                     "castor train: stopping early at step %lld: %lld evaluations without a better %s than %g\n",
+                     static_cast<long long>(state_.step), static_cast<long long>(stale_), c_.keep_best.c_str(), *best_);
+      stopped_early_ = true;
+      total_ = state_.step;
+    }
   }
 
   // Examples a second after this process's first kWarmupSteps steps (primitive creation, first-touch memory).
@@ -359,12 +428,18 @@ class Trainer {
   void checkpoint() {
     // At a step boundary the next step sets the gradients to none anyway: not held beside the write.
     if (micro_ == 0) run_.opt->zero_grad();
-    if (rank0_) {
-      const Checkpoint ck = state_.save(run_, config_);
-      for (const auto& [name, t] : ck.model)
-        CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), "diverged at step ", state_.step, ": ", name,
-                     " is not finite (try a lower --lr); the newest checkpoint holds the last finite state");
-      write_checkpoint(c_.out, state_.step, ck, c_.keep);
+    // Sharded (ZeRO): every rank writes its slices of the optimizer's state, rank 0 the rest and the manifest.
+    const bool sharded = run_.opt->shard_group() != nullptr;
+    if (rank0_ || sharded) {
+      Checkpoint ck = state_.save(run_, config_, sharded);
+      if (rank0_)
+        for (const auto& [name, t] : ck.model)
+          CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), "diverged at step ", state_.step, ": ", name,
+                       " is not finite (try a lower --lr); the newest checkpoint holds the last finite state");
+      if (sharded)
+        write_sharded_checkpoint(c_.out, state_.step, ck, c_.keep, *run_.opt->shard_group());
+      else
+        write_checkpoint(c_.out, state_.step, ck, c_.keep);
     }
     if (world_ > 1) dist::barrier();
     saved_ = {state_.step, state_.epoch, state_.batch};
@@ -417,7 +492,7 @@ class Trainer {
   Run& run_;
   const Json config_;
   TrainState state_;
-  const int64_t total_;
+  int64_t total_;     // the steps to run (--early-stop ends the run sooner)
   const bool rank0_;  // prints, and writes metrics, report and checkpoints
   const int world_;
   std::optional<RunLog> log_;  // rank 0's
@@ -436,6 +511,10 @@ class Trainer {
   bool stop_all_ = false, minutes_due_all_ = false;          // as of the last step, over all ranks
   std::tuple<int64_t, int64_t, int64_t> saved_{-1, -1, -1};  // (step, epoch, batch) of the newest checkpoint
   Clock::time_point last_save_;
+  std::unique_ptr<TrainTaskScorer> task_scorer_;  // --eval-task's
+  std::optional<double> best_;                    // --keep-best's metric at its best so far
+  int64_t stale_ = 0;                             // evaluations since it was last bettered
+  bool stopped_early_ = false;
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <optional>
 #include <sstream>
+#include <tuple>
 
 namespace castor::train {
 
@@ -333,6 +334,8 @@ std::string render_report(const std::string& title, const Json& config, const st
   Series scale{"loss scale", "#ff7f0e"}, lr{"learning rate", "#9467bd"}, speed{rate_name, "#8c564b"};
   Series train_loss{"train (window mean)", "#1f77b4"}, test_loss{lm ? "validation" : "test", "#d62728"};
   std::vector<std::pair<double, double>> acc_points, test_loss_points;  // (step, value) of each evaluation
+  // --eval-task's scores (step, acc, acc_norm, acc_norm_tokens), in percent.
+  std::vector<std::tuple<double, double, double, double>> task_points;
   std::vector<double> skipped;
   std::vector<const Json*> epochs;
   double peak = 0;
@@ -341,6 +344,9 @@ std::string render_report(const std::string& title, const Json& config, const st
     const double step = field(r, "step");
     peak = std::max(peak, field(r, "peak_memory_bytes", 0));
     if (r.find("train_loss") != nullptr) epochs.push_back(&r);
+    if (r.find("task_acc") != nullptr)
+      task_points.emplace_back(step, 100 * field(r, "task_acc"), 100 * field(r, "task_acc_norm"),
+                               100 * field(r, "task_acc_norm_tokens"));
     if (r.find(eval_key) != nullptr) {
       acc_points.emplace_back(step, scale_metric * field(r, eval_key));
       test_loss_points.emplace_back(step, field(r, loss_key));
@@ -364,6 +370,14 @@ std::string render_report(const std::string& title, const Json& config, const st
   for (auto [x, y] : acc_points) acc.x.push_back(x), acc.y.push_back(y);
   for (auto [x, y] : test_loss_points) test_loss.x.push_back(x), test_loss.y.push_back(y);
   train_loss.x = smooth.x, train_loss.y = smooth.y;
+  std::stable_sort(task_points.begin(), task_points.end(),
+                   [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+  Series task_acc{"acc", "#2ca02c"}, task_norm{"acc_norm", "#d62728"}, task_tokens{"acc_norm (token mean)", "#9467bd"};
+  for (const auto& [x, a, n, t] : task_points) {
+    task_acc.x.push_back(x), task_acc.y.push_back(a);
+    task_norm.x.push_back(x), task_norm.y.push_back(n);
+    task_tokens.x.push_back(x), task_tokens.y.push_back(t);
+  }
   const std::optional<std::pair<double, double>> steps = step_range(records);
 
   std::ostringstream o;
@@ -384,6 +398,9 @@ std::string render_report(const std::string& title, const Json& config, const st
   if (test_loss.x.size() > 1)
     o << chart({lm ? "Train vs validation loss" : "Train vs test loss", "cross-entropy loss", false, {}, steps},
                {train_loss, test_loss});
+  if (!task_acc.x.empty())
+    o << chart({"Benchmark task (--eval-task)", "accuracy (%)", false, std::pair{0.0, 100.0}, steps},
+               {task_acc, task_norm, task_tokens});
   o << chart({"Learning rate", "learning rate", false, {}, steps}, {lr})
     << chart({"Throughput", rate_name, false, {}, steps}, {speed});
   if (scaling) o << chart({"Loss scale", "loss scale (log scale)", /*log2_y=*/true, {}, steps}, {scale}, skipped);

@@ -170,6 +170,7 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
     }
   }
   if (c.lora_rank > 0) apply_run_lora(c, *r.model);
+  r.opt = make_optimizer(c, task, *r.model);
   // Every rank starts from rank 0's weights; the wrapper is made before amp::initialize (which changes the
   // parameters in place), so O2/O3 masters copy the broadcast values.
   if (dist::world_size() > 1) {
@@ -177,9 +178,10 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
     nn::DDPOptions o;
     if (c.compress_grads != Compression::None)
       o.compression = c.compress_grads == Compression::BFloat16 ? DType::BFloat16 : DType::Float16;
+    o.reduce_scatter = c.zero >= 2;  // (into the optimizer's slices)
+    o.shard_alignment = r.opt->shard_alignment();
     r.ddp = std::make_shared<nn::DistributedDataParallel>(r.model, o);
   }
-  r.opt = make_optimizer(c, task, *r.model);
   amp::Overrides ov;
   if (c.loss_scale) ov.loss_scale = Json(*c.loss_scale).dump();
   if (c.stochastic_rounding) {
@@ -187,6 +189,8 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
     ov.rounding_seed = c.seed;
   }
   r.amp = amp::initialize(*r.model, {r.opt.get()}, c.amp, c.dtype, ov);
+  // ZeRO: each rank keeps its slice of the masters amp::initialize made and of the state (the checkpoint's whole).
+  if (c.zero > 0 && dist::world_size() > 1) r.opt->shard(&dist::default_group());
   r.sched = make_scheduler(c, *r.opt, total_steps);
   return r;
 }

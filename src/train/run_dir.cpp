@@ -49,15 +49,22 @@ constexpr const char* kRunFiles[] = {"config.json", "metrics.jsonl", "metrics.cs
 
 }  // namespace
 
-Checkpoint TrainState::save(const Run& run, const Json& config) const {
+Checkpoint TrainState::save(const Run& run, const Json& config, bool slices) const {
   Checkpoint ck;
   ck.model = run.amp->model_state_dict();
   ck.model_meta = {
       {"format", "pt"}, {"castor.model", config.at("model").as_string()}, {"castor.config", config.dump()}};
   keep_adapters(ck, config);
   // (the optimizer's state too, as aliases: the checkpoint is written before training goes on)
-  amp::PrecisionState ps = run.amp->precision_state(/*copies=*/false);
+  std::map<std::string, optim::Optimizer::SliceOf> where;
+  amp::PrecisionState ps = run.amp->precision_state(/*copies=*/false, slices ? &where : nullptr);
   put(ck.state, "amp.", ps.tensors);
+  for (const auto& [key, w] : where) {
+    auto it = ck.state.find("amp." + key);
+    ck.shard["amp." + key] = it->second;
+    ck.shard_where["amp." + key] = {w.shape, w.begin};
+    ck.state.erase(it);
+  }
   for (const auto& [k, v] : ps.metadata) ck.state_meta["amp." + k] = v;
   if (run.sched) put(ck.state, "scheduler.", run.sched->state_dict());
   const Generator::State st = default_generator().state();

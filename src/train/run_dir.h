@@ -19,7 +19,9 @@ struct TrainState {
   int64_t step = 0, epoch = 0, batch = 0;  // steps done; the epoch and batch within it that come next
 
   // The checkpoint of `run` at this position; `config` is the run's recorded settings.
-  Checkpoint save(const Run& run, const Json& config) const;
+  // Sharded (ZeRO, `slices`): every rank calls it, and the optimizer's sharded tensors are this rank's slices in
+  // ck.shard (for write_sharded_checkpoint).
+  Checkpoint save(const Run& run, const Json& config, bool slices = false) const;
   // Validates `ck` (`what` names it) and restores it into `run`: every counter a finite integer consistent with
   // the others, `batches_per_epoch` and `grad_accum` batches per step, the RNG state whole; the model and
   // precision state check their shapes.

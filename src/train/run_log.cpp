@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "castor/allocator.h"
+#include "train/lm_scoring.h"
 #include "train/progress.h"
 #include "train/task.h"
 
@@ -13,16 +14,27 @@ namespace castor::train {
 
 namespace {
 // The record of an evaluation's figures.
+// The record of an evaluation's figures (--eval-task's after the task's own).
 Json::Object evaluation_record(const Task& task, const Evaluation& ev) {
   Json::Object record;
   for (const auto& [key, value] : task.evaluation_keys(ev)) record[key] = value;
+  for (const auto& [key, value] : ev.task_scores) record[key] = value;
   return record;
 }
 
-std::vector<std::string> metrics_columns(const Task& task) {
+std::vector<std::string> metrics_columns(const TrainConfig& c, const Task& task) {
   std::vector<std::string> keys;
   for (const auto& [key, value] : task.evaluation_keys(Evaluation{})) keys.push_back(key);
+  if (!c.eval_task.empty())
+    for (const std::string& key : task_score_keys()) keys.push_back(key);
   return MetricsLog::columns(task.rate_key(), keys);
+}
+
+// An evaluation's line: the task's fields, then --eval-task's ("task_acc_norm 0.3125").
+std::vector<std::string> evaluation_fields(const Task& task, const Evaluation& ev) {
+  std::vector<std::string> fields = task.eval_fields(ev);
+  for (const auto& [key, value] : ev.task_scores) fields.push_back(detail::cat(key, " ", value));
+  return fields;
 }
 }  // namespace
 
@@ -34,7 +46,7 @@ double model_flops_utilization(double job_examples_per_sec, const FlopRate& f) {
 
 RunLog::RunLog(const TrainConfig& c, const Task& task, int64_t total_steps, int64_t epochs, bool append, FlopRate flops,
                int64_t first_step)
-    : metrics_(c.out, append, metrics_columns(task)),
+    : metrics_(c.out, append, metrics_columns(c, task)),
       log_every_(c.log_every),
       total_steps_(total_steps),
       epochs_(epochs),
@@ -93,7 +105,7 @@ void RunLog::evaluation(int64_t step, int64_t epoch, const Evaluation& ev) {
   metrics_.write(record);
   finish_progress_line();
   std::string line = detail::cat("step ", step);
-  for (const std::string& f : task_.eval_fields(ev)) line += "  " + f;
+  for (const std::string& f : evaluation_fields(task_, ev)) line += "  " + f;
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 

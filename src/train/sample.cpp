@@ -26,6 +26,7 @@
 #include "castor/torch_save.h"
 #include "train/metrics.h"
 #include "train/cli.h"
+#include "train/lm_load.h"
 #include "train/lora_run.h"
 #include "train/family.h"
 #include "train/task.h"
@@ -342,9 +343,7 @@ std::shared_ptr<models::LanguageModel> sampled_model(LoadedGpt& g, const data::T
   return model;
 }
 
-// The ids a sample ends at, as llama.cpp's end-of-generation tokens: the tokenizer's end-of-sequence and end-of-turn
-// (a character vocabulary has none), the model's eos_token_id (config.json's: one id or a list, Llama 3.1's three) and
-// a llama2.c vocabulary's <s> (run.c's sequence delimiter).
+// LoadedLm::end_ids of `g` and its tokenizer.
 std::set<int64_t> end_ids(const LoadedGpt& g, const data::Tokenizer& tok) {
   std::set<int64_t> ids;
   if (tok.bpe()) ids.insert(data::BpeVocabulary::kBos);
@@ -361,38 +360,47 @@ std::set<int64_t> end_ids(const LoadedGpt& g, const data::Tokenizer& tok) {
 
 }  // namespace
 
-void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,
-                const std::function<bool(std::string&)>& read_turn) {
-  if (c.threads > 0) omp_set_num_threads(c.threads);
-  LoadedGpt g = load_gpt(c.init.empty() ? c.checkpoint : c.init, c.n_head, c.lora_base);
+LoadedLm load_language_model(const std::string& path, int64_t n_head, const std::string& lora_base,
+                             const std::string& tokenizer_dir, const std::string& lora) {
+  LoadedGpt g = load_gpt(path, n_head, lora_base);
   for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
     formats::check_finite(g.what, name, t);
-  const std::string model_path = c.init.empty() ? c.checkpoint : c.init;
-  std::string dir = c.tokenizer_dir.empty() ? model_tokenizer_dir(model_path, g.config) : c.tokenizer_dir;
+  std::string dir = tokenizer_dir.empty() ? model_tokenizer_dir(path, g.config) : tokenizer_dir;
   CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what,
                " records no data directory to decode with, and no tokenizer.bin is beside it");
   data::Tokenizer tok = data::Tokenizer::load(dir);
   // The ids are the model's vocabulary's: a tokenizer of another one would decode them as other tokens.
-  const data::VocabularyId model_vocab = model_vocabulary(model_path, g.config), vocab = tok.vocabulary_id();
-  CASTOR_CHECK(data::same_vocabulary(model_vocab, vocab), c.tokenizer_dir.empty() ? "" : "--tokenizer-dir ", dir,
+  const data::VocabularyId model_vocab = model_vocabulary(path, g.config), vocab = tok.vocabulary_id();
+  CASTOR_CHECK(data::same_vocabulary(model_vocab, vocab), tokenizer_dir.empty() ? "" : "--tokenizer-dir ", dir,
                " holds the vocabulary [", vocab.describe(), "], but ", g.what, " was trained in [",
                model_vocab.describe(),
                "]: its ids would decode as other tokens; give the folder of the model's "
                "vocabulary");
-  const std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
-  if (!c.lora.empty()) {
-    CASTOR_CHECK(!g.lora, "--lora: ", g.what,
-                 " is a LoRA run's (its adapters merged already); give its base as --init");
-    merge_peft_adapter(*model, g.llama ? ModelKind::Llama : ModelKind::Gpt, model_path, c.lora);
+  std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
+  if (!lora.empty()) {
+    CASTOR_CHECK(!g.lora, "--lora: ", g.what, " is a LoRA run's (its adapters merged already); give its base");
+    merge_peft_adapter(*model, g.llama ? ModelKind::Llama : ModelKind::Gpt, path, lora);
   }
   model->eval();
+  std::set<int64_t> ends = end_ids(g, tok);
+  return {std::move(model), std::move(tok), g.what, dir, std::move(ends)};
+}
+
+void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,
+                const std::function<bool(std::string&)>& read_turn) {
+  if (c.threads > 0) omp_set_num_threads(c.threads);
+  LoadedLm lm =
+      load_language_model(c.init.empty() ? c.checkpoint : c.init, c.n_head, c.lora_base, c.tokenizer_dir, c.lora);
+  const std::shared_ptr<models::LanguageModel>& model = lm.model;
+  data::Tokenizer& tok = lm.tokenizer;
+  const std::string& dir = lm.tokenizer_dir;
   // A model held in 16 bits (a 16-bit Hugging Face directory's) runs as a LoRA run's base does: under autocast, its
   // norms in float32, the KV cache in its dtype.
   const DType weights = model->cache_shape().dtype;
   const amp::AutocastGuard autocast(is_16bit_float(weights) ? weights : DType::BFloat16, is_16bit_float(weights));
   const models::Window window = c.cached_window ? models::Window::Cached : models::Window::Sliding;
   // (--chat also at the template's end of turn)
-  const std::set<int64_t> ends = c.ignore_eos ? std::set<int64_t>{} : end_ids(g, tok);
+  const std::set<int64_t> ends = c.ignore_eos ? std::set<int64_t>{} : lm.end_ids;
   if (c.chat) {
     // The template: the token directory's record's, else the tokenizer's own (a Hugging Face directory's, ChatML).
     const bool recorded = !data::token_record_path(dir).empty();

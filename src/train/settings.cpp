@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "castor/fs.h"
+#include "castor/mc_task.h"
 #include "train/family.h"
 #include "train/task.h"
 
@@ -104,6 +105,12 @@ Field loss_scale() {
           [](TrainConfig& to, const TrainConfig& from) { to.loss_scale = from.loss_scale; }, nullptr};
 }
 
+// --task-format's values.
+const CLI::Validator& task_formats() {
+  static const CLI::Validator v = one_of(data::mc_format_names());
+  return v;
+}
+
 // --eval-every, also spelled --eval-interval (nanoGPT's name).
 Field eval_every() {
   Field f = plain<&TrainConfig::eval_every>();
@@ -130,7 +137,7 @@ using J = Job;
 std::vector<Setting> make_settings() {
   static const CLI::Validator image_size = integer_in(1, 4096), at_least_minus_one = integer_in(-1),
                               layers = integer_in(0, 1024), width = integer_in(0, 65536), count = integer_in(0),
-                              at_least_one = integer_in(1), ranks = integer_in(1, 1024),
+                              at_least_one = integer_in(1), ranks = integer_in(1, 1024), zero_stage = integer_in(0, 2),
                               // token ids are 32-bit (Llama 3: 128256, Qwen2: 151936)
       vocab = integer_in(0, (int64_t{1} << 31) - 1),
                               // train plus test images stay far inside int64 byte arithmetic
@@ -245,6 +252,10 @@ std::vector<Setting> make_settings() {
        R::Fixed, J::Any},
       {"--compress-grads", choice<&C::compress_grads, kCompressions>(),
        "with several ranks: send gradients as bf16 or fp16 (each addition in float32)", nullptr, R::Fixed, J::Any},
+      {"--zero", plain<&C::zero>(),
+       "with several ranks, ZeRO: 1 keeps each rank's slice of the float32 master weights and optimizer state, 2 "
+       "also reduce-scatters the gradients into slices (0: every rank holds everything, as DDP)",
+       &zero_stage, R::Free, J::Any, /*absent=*/"0"},
       {"--deterministic", plain<&C::deterministic>(), "fixed threading, for bit-exact resume", nullptr, R::Fixed,
        J::Any},
       {"--conv-algorithm", choice<&C::conv_algorithm, kConvAlgorithms>(),
@@ -313,6 +324,20 @@ std::vector<Setting> make_settings() {
        "over the validation split (nanoGPT's eval_iters; default 200), or the whole split when it holds fewer "
        "(0: always the whole split; castor eval covers the whole split)",
        &count, R::Free, J::LanguageModel, "0"},
+      {"--eval-task", plain<&C::eval_task>(),
+       "a multiple-choice task (castor eval --task's JSONL: HellaSwag, MMLU, ARC, PIQA, Winogrande or {context, "
+       "choices, label} rows) scored at each evaluation as lm-evaluation-harness does, in the run's tokenizer: "
+       "task_acc, task_acc_norm and task_acc_norm_tokens in metrics.jsonl and the report",
+       nullptr, R::Free, J::LanguageModel},
+      {"--task-format", plain<&C::task_format>(), "--eval-task's layout (default: inferred from its rows' fields)",
+       &task_formats(), R::Free, J::LanguageModel},
+      {"--keep-best", plain<&C::keep_best>(),
+       "an evaluation's metric (val_loss, val_perplexity, test_loss, test_accuracy, task_acc, task_acc_norm, "
+       "task_acc_norm_tokens): RUN/best holds the checkpoint of its best value (the lowest loss or perplexity, the "
+       "highest accuracy), whatever --keep prunes",
+       nullptr, R::Free, J::Any},
+      {"--early-stop", plain<&C::early_stop>(),
+       "stop after N evaluations in a row without a better --keep-best metric (0: never)", &count, R::Free, J::Any},
       {"--synthetic-size", plain<&C::synthetic_size>(), "training images of --data synthetic", &synthetic, R::Fixed,
        J::Synthetic},
       {"--profile", plain<&C::profile>(), "print the top ops by time, with their dtypes", nullptr, R::Unrecorded,

@@ -1,9 +1,11 @@
 // The program the Mpirun* tests launch with `mpirun -np 2`: one check per mode, exit 0 when every rank agrees.
-//   collectives  all_reduce (sum/max, float32/float64/16-bit), broadcast, all_gather against hand-worked values
+//   collectives  all_reduce (sum/max, float32/float64/16-bit), broadcast, all_gather, reduce_scatter and
+//                all_gather_into (blocking and async) against hand-worked values
 //   inf          amp::initialize O1 fp16 + DistributedDataParallel; inf injected into rank 1's gradient only
 //   syncbn       sync batch norm on 2 ranks against batch norm of the whole batch
 //   kill         rank 1 kills itself mid-job while rank 0 waits in an all-reduce
 //   mismatch     the ranks wrap models of different shapes: both raise a castor::Error
+//   zero         ZeRO stages 1 and 2 against replicated data parallelism: the same weights and state, bit for bit
 #include <signal.h>
 
 #include <cmath>
@@ -70,6 +72,35 @@ void collectives() {
   expect(same_bits(b, full({2, 2}, 7.0)), "broadcast from rank 1");
   const Tensor g = dist::all_gather(full({3}, r * 10.0, DType::Int64));
   expect(g.shape() == Shape{2, 3} && same_bits(g, tensor({0, 0, 0, 10, 10, 10}, {2, 3}, DType::Int64)), "all_gather");
+  // reduce_scatter: rank r gets the sum of chunk r; with 2 ranks the same a + b as all_reduce (bfloat16 ties too).
+  Tensor rs_in = tensor({r + 1.0, 10.0 * (r + 1), -0.5, 0.25 * r}), rs_out = empty({2});
+  dist::reduce_scatter(rs_out, rs_in);
+  expect(same_bits(rs_out, r == 0 ? tensor({3.0, 30.0}) : tensor({-1.0, 0.25})), "float32 reduce_scatter");
+  const std::vector<double> bf_chunks = r == 0 ? std::vector<double>{1.0, 1.0, -3.5, 2048}
+                                               : std::vector<double>{0x1p-8, 3 * 0x1p-9, 1.25, 8};
+  Tensor bf_in = tensor(bf_chunks, {4}, DType::BFloat16), bf_out = empty({2}, DType::BFloat16);
+  dist::reduce_scatter_async(bf_out, bf_in)->wait();
+  expect(same_bits(bf_out, r == 0 ? tensor({1.0, 1.0 + 0x1p-7}, {2}, DType::BFloat16)
+                                  : tensor({-2.25, 2048}, {2}, DType::BFloat16)),  // 2056 rounds to even 2048
+         "bfloat16 reduce_scatter (async)");
+  Tensor bf_all = tensor(bf_chunks, {4}, DType::BFloat16);
+  dist::all_reduce(bf_all);
+  expect(same_bits(bf_out, bf_all.narrow(0, 2 * r, 2).contiguous()), "reduce_scatter's chunk equals all_reduce's");
+  Tensor ag_out = empty({2, 3}, DType::Float16);
+  dist::all_gather_into(ag_out, full({3}, r + 0.5, DType::Float16));
+  expect(same_bits(ag_out, tensor({0.5, 0.5, 0.5, 1.5, 1.5, 1.5}, {2, 3}, DType::Float16)), "all_gather_into");
+  Tensor ag_async = empty({4}, DType::Int64);
+  auto work = dist::all_gather_into_async(ag_async, tensor({r * 1.0, r * 2.0}, {2}, DType::Int64));
+  while (!work->test()) {
+  }
+  expect(same_bits(ag_async, tensor({0, 0, 1, 2}, {4}, DType::Int64)), "all_gather_into (async)");
+  bool refused = false;
+  try {
+    dist::reduce_scatter(empty({3}), rs_in);
+  } catch (const Error& e) {
+    refused = std::string(e.what()).find("is not 2 chunks of") != std::string::npos;
+  }
+  expect(refused, "reduce_scatter of a tensor that is not world size chunks raises");
   bool raised = false;
   try {
     dist::broadcast(b, /*root=*/2);
@@ -158,6 +189,76 @@ void mismatched_models() {
          "the wrapper names the rank and the parameter counts: '" + message + "'");
 }
 
+// ZeRO stages 0 (replicated), 1 and 2 on the same model, data and seed: the weights and the gathered optimizer state
+// must be the same bits. The layers are shaped so that the slices are uneven: a (13, 7) weight of 91 elements in
+// 8-bit blocks of 64 (rank 0 has one block, rank 1 27 elements) and a bias of 13 that rank 1 has none of.
+struct ZeroRun {
+  std::vector<Tensor> params;
+  StateDict state;
+};
+
+ZeroRun train_zero(int stage, bool eight_bit, bool bf16) {
+  manual_seed(3);
+  auto model = std::make_shared<nn::Sequential>();
+  model->push_back(std::make_shared<nn::Linear>(7, 13));
+  model->push_back(std::make_shared<nn::ReLU>());
+  model->push_back(std::make_shared<nn::Linear>(13, 5));
+  nn::DDPOptions o;
+  o.reduce_scatter = stage >= 2;
+  std::unique_ptr<optim::Optimizer> opt;
+  if (eight_bit)
+    opt = std::make_unique<optim::AdamW8bit>(
+        model->parameters(), optim::AdamW8bitOptions{.lr = 0.01, .block_size = 64, .min_8bit_size = 32});
+  else
+    opt = optim::make_adamw(model->parameters(), optim::AdamOptions{.lr = 0.01, .weight_decay = 0.1});
+  o.shard_alignment = opt->shard_alignment();
+  auto ddp = std::make_shared<nn::DistributedDataParallel>(model, o);
+  auto amp = amp::initialize(*model, {opt.get()}, bf16 ? amp::OptLevel::O2 : amp::OptLevel::O0, DType::BFloat16);
+  if (stage >= 1) opt->shard(&dist::default_group());
+  for (int step = 0; step < 4; ++step) {
+    Generator gen(100 * step + dist::rank());
+    const Tensor x = randn({6, 7}, DType::Float32, &gen);
+    const Tensor y = tensor({1, 2, 3, 4, 0, static_cast<double>(step)}, DType::Int64);
+    opt->zero_grad();
+    Tensor loss;
+    {
+      auto fw = amp->forward();
+      loss = F::cross_entropy((*ddp)(x).float_(), y);
+    }
+    amp->scale_loss(loss, *opt).backward();
+    if (stage >= 2) {  // the optimizer reads each rank's slice of the gradients (as castor train does)
+      const auto slices = ddp->shard_grads();
+      for (size_t i = 0; i < opt->param_groups()[0].slots.size(); ++i)
+        for (const auto& [p, g] : slices)
+          if (p.is_same(opt->param_groups()[0].slots[i].param)) opt->stage_float32_grad(0, i, g);
+    }
+    amp->unscale_clip_(*opt, /*max_norm=*/100.0);  // (the norm is far below: the coefficient is exactly 1)
+    amp->step(*opt);
+  }
+  ZeroRun r;
+  for (const Tensor& p : model->parameters()) r.params.push_back(p.detach().clone());
+  r.state = opt->state_dict();
+  for (const auto& [k, t] : amp->model_state_dict()) r.state["model." + k] = t;
+  return r;
+}
+
+void zero_stages() {
+  for (const bool eight_bit : {false, true})
+    for (const bool bf16 : {false, true}) {
+      const std::string what = std::string(eight_bit ? "adamw8bit" : "adamw") + (bf16 ? " O2 bf16" : " O0");
+      const ZeroRun base = train_zero(0, eight_bit, bf16);
+      for (int stage : {1, 2}) {
+        const ZeroRun z = train_zero(stage, eight_bit, bf16);
+        const std::string tag = what + " zero " + std::to_string(stage);
+        for (size_t k = 0; k < base.params.size(); ++k)
+          expect(same_bits(base.params[k], z.params[k]), tag + ": parameter " + std::to_string(k));
+        expect(base.state.size() == z.state.size(), tag + ": state keys");
+        for (const auto& [key, t] : base.state)
+          expect(z.state.count(key) && same_bits(t, z.state.at(key)), tag + ": " + key + " gathered");
+      }
+    }
+}
+
 void kill_one_rank() {
   Tensor t = ones({1024});
   for (int i = 0;; ++i) {
@@ -187,6 +288,8 @@ int main(int argc, char** argv) {
       kill_one_rank();
     else if (mode == "mismatch")
       mismatched_models();
+    else if (mode == "zero")
+      zero_stages();
     else
       return std::fprintf(stderr, "dist_helper: unknown mode '%s'\n", mode.c_str()), 2;
     // Every rank's verdict: the job succeeds only if no rank failed.

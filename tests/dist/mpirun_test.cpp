@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include <fstream>
@@ -52,6 +53,7 @@ TEST(MpirunDist, CollectivesGiveHandWorkedValues) { expect_helper_ok("collective
 TEST(MpirunDist, InfOnOneRankSkipsTheStepOnBoth) { expect_helper_ok("inf"); }
 TEST(MpirunDist, SyncBatchNormNormalisesTheWholeBatch) { expect_helper_ok("syncbn"); }
 TEST(MpirunDist, DifferentModelsOnTheRanksAreRefused) { expect_helper_ok("mismatch"); }
+TEST(MpirunDist, ZeroStagesMatchReplicatedBitForBit) { expect_helper_ok("zero"); }
 
 TEST(MpirunDist, DeadRankEndsTheJob) {
   const test::ScratchDir dir;
@@ -180,6 +182,95 @@ TEST_F(MpirunTrain, Float16SkipsTheSameStepsAsOneProcess) {
   expect_models_close(dir_ + "/one", dir_ + "/two", 1e-2, /*l2=*/true);
 }
 
+// ZeRO through `castor train`: AdamW8bit at O2 bfloat16 (float32 masters and 8-bit moments, both sharded), global
+// batch 96. Stages 1 and 2 on 2 ranks leave the same checkpoint (weights, masters, moments, scaler) bit for bit as
+// replicated data parallelism; 1 process with --grad-accum 2 agrees to float tolerance (the relative L2 norm: Adam
+// turns a near-zero gradient's rounding into a whole lr-sized step of that one weight). The checkpoint holds the
+// whole state, so a ZeRO-2 run stopped at step 3 continues on 1 process and on 3 ranks to the same weights.
+TEST_F(MpirunTrain, ZeroMatchesReplicatedAndResumesOnAnyWorldSize) {
+  auto run = [&](const std::string& out, int64_t batch, int64_t steps, std::vector<std::string> extra) {
+    std::vector<std::string> a = {"train",
+                                  "--data",
+                                  "synthetic",
+                                  "--synthetic-size",
+                                  "384",
+                                  "--batch-size",
+                                  std::to_string(batch),
+                                  "--steps",
+                                  std::to_string(steps),
+                                  "--out",
+                                  out,
+                                  "--checkpoint-minutes",
+                                  "0",
+                                  "--log-every",
+                                  "1",
+                                  "--eval-every",
+                                  "0",
+                                  "--amp",
+                                  "O2",
+                                  "--dtype",
+                                  "bf16",
+                                  "--optimizer",
+                                  "adamw8bit",
+                                  "--lr",
+                                  "0.002",
+                                  "--threads",
+                                  "1"};
+    CastorProcess p = castor(a, dir_, extra);
+    EXPECT_EQ(p.exit_code, 0) << out << ": " << p.err;
+    return p.exit_code == 0;
+  };
+  ASSERT_TRUE(run("replicated", 48, 6, {"--nproc", "2"}));
+  ASSERT_TRUE(run("zero1", 48, 6, {"--nproc", "2", "--zero", "1"}));
+  ASSERT_TRUE(run("zero2", 48, 6, {"--nproc", "2", "--zero", "2"}));
+  test::expect_same_checkpoint(dir_ + "/replicated", dir_ + "/zero1");
+  test::expect_same_checkpoint(dir_ + "/replicated", dir_ + "/zero2");
+  ASSERT_TRUE(run("accum", 48, 6, {"--grad-accum", "2"}));
+  expect_models_close(dir_ + "/accum", dir_ + "/zero2", 2e-2, /*l2=*/true);
+
+  ASSERT_TRUE(run("half", 48, 3, {"--nproc", "2", "--zero", "2"}));
+  CastorProcess one = castor(
+      {"train", "--resume", "half", "--out", "on1", "--steps", "6", "--batch-size", "96", "--threads", "1"}, dir_, {});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  CastorProcess three = castor({"train", "--resume", "half", "--out", "on3", "--steps", "6", "--batch-size", "32",
+                                "--nproc", "3", "--threads", "1"},
+                               dir_, {});
+  ASSERT_EQ(three.exit_code, 0) << three.err;
+  EXPECT_EQ(summary_of(three).at("nproc").as_int(), 3);
+  expect_models_close(dir_ + "/on1", dir_ + "/zero2", 2e-2, /*l2=*/true);
+  expect_models_close(dir_ + "/on3", dir_ + "/zero2", 2e-2, /*l2=*/true);
+
+  // The layout: each rank's slices in a shard file of its own beside the model and the state with the manifest
+  // (3 of them after the resume on 3 ranks); a replicated run writes none.
+  namespace fs = std::filesystem;
+  const std::string z2 = *train::latest_checkpoint(dir_ + "/zero2"), on3 = *train::latest_checkpoint(dir_ + "/on3");
+  EXPECT_TRUE(fs::exists(z2 + "/shard-00000-of-00002.safetensors") &&
+              fs::exists(z2 + "/shard-00001-of-00002.safetensors"));
+  EXPECT_TRUE(fs::exists(on3 + "/shard-00002-of-00003.safetensors"));
+  EXPECT_FALSE(fs::exists(*train::latest_checkpoint(dir_ + "/replicated") + "/shard-00000-of-00002.safetensors"));
+  // A sharded write killed before its commit leaves a temp folder with shards and no COMMIT: the checkpoint before it
+  // is still the run's newest, and reads whole.
+  const std::string killed = dir_ + "/zero2/checkpoints/step-0000000007.tmp99999";
+  fs::create_directories(killed);
+  fs::copy_file(z2 + "/shard-00000-of-00002.safetensors", killed + "/shard-00000-of-00002.safetensors");
+  EXPECT_EQ(*train::latest_checkpoint(dir_ + "/zero2"), z2);
+  test::expect_same_checkpoint(dir_ + "/replicated", dir_ + "/zero2");
+  // A damaged shard is named (its checksum is in the COMMIT marker).
+  {
+    std::fstream f(z2 + "/shard-00001-of-00002.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-3, std::ios::end);
+    const char c = static_cast<char>(f.get());
+    f.seekp(-3, std::ios::end);
+    f.put(static_cast<char>(~c));
+  }
+  try {
+    train::read_checkpoint(z2);
+    ADD_FAILURE() << "a damaged shard was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shard-00001-of-00002.safetensors: damaged"), std::string::npos) << e.what();
+  }
+}
+
 // Checkpoints due by the clock (every ~0.1 s here) are taken at the same step on both ranks, whose clocks differ:
 // the job finishes instead of leaving one rank at the checkpoint barrier and the other in the next all-reduce. (The
 // window of that race is the ranks' skew within a step, so without the shared decision this run hangs only sometimes.)
@@ -210,24 +301,31 @@ std::vector<pid_t> children_of(pid_t parent) {
   return out;
 }
 
-// A rank killed in the middle of training: the job ends with a non-zero status within a minute, and the newest
-// checkpoint (rank 0 writes them) stays readable.
-TEST_F(MpirunTrain, KilledRankEndsTheJob) {
+// A rank killed in the middle of training (`extra` flags added): the job ends with a non-zero status within a
+// minute, and the newest checkpoint (rank 0 writes them) stays readable.
+void expect_killed_rank_ends_the_job(const std::string& dir, const std::vector<std::string>& extra) {
   std::vector<std::string> args = train_args("run", 32, 100000, "O0");
   args.insert(args.end(), {"--nproc", "2", "--threads", "1", "--checkpoint-every", "2"});
-  CastorProcess p(args, CastorRun{.dir = dir_});
+  args.insert(args.end(), extra.begin(), extra.end());
+  CastorProcess p(args, CastorRun{.dir = dir});
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!train::latest_checkpoint(dir_ + "/run") && std::chrono::steady_clock::now() < deadline)
+  while (!train::latest_checkpoint(dir + "/run") && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(train::latest_checkpoint(dir_ + "/run")) << "no checkpoint within a minute";
+  ASSERT_TRUE(train::latest_checkpoint(dir + "/run")) << "no checkpoint within a minute";
   const std::vector<pid_t> ranks = children_of(p.pid());  // castor became mpirun (same pid)
   ASSERT_EQ(ranks.size(), 2u);
   ::kill(ranks[1], SIGKILL);
   p.wait(60);
   EXPECT_FALSE(p.timed_out) << "the job hung after a rank died";
   EXPECT_NE(p.exit_code, 0) << p.err;
-  EXPECT_NO_THROW(train::read_checkpoint(dir_ + "/run"));
+  EXPECT_NO_THROW(train::read_checkpoint(dir + "/run"));
 }
+
+TEST_F(MpirunTrain, KilledRankEndsTheJob) { expect_killed_rank_ends_the_job(dir_, {}); }
+
+// The same with ZeRO-2, whose ranks also meet in the reduce-scatters, the all-gathers of the step and the gathers of
+// each checkpoint.
+TEST_F(MpirunTrain, KilledRankEndsAZeroJob) { expect_killed_rank_ends_the_job(dir_, {"--zero", "2"}); }
 
 }  // namespace
 }  // namespace castor
