@@ -76,8 +76,8 @@ castor_layer(io DIRS io HEADERS json fs safetensors serialize torch_save USES co
 castor_layer(data DIRS data HEADERS data datasets token_file tokenizer hf_tokenizer bpe_tokenizer bpe_trainer corpus lm_batch jinja mc_task
   chat_data USES core io)
 target_link_libraries(castor_data PRIVATE PNG::PNG JPEG::JPEG)  # only src/data includes png.h and jpeglib.h
-castor_layer(formats DIRS formats HEADERS formats llmc llama2c gguf hf USES core kernels runtime dist nn io data)
-castor_layer(train DIRS train HEADERS checkpoint train_config trainer report castor sample
+castor_layer(formats DIRS formats HEADERS formats model_source llmc llama2c gguf hf USES core kernels runtime dist nn io data)
+castor_layer(train DIRS train HEADERS checkpoint train_config trainer report castor sample export
   USES core kernels runtime dist nn optim amp io data formats)
 
 # Every source and every public header belongs to a layer: a new directory or header must be placed in the table.

@@ -7,7 +7,7 @@ build=$root/build-fuzz
 
 cmake -S "$root" -B "$build" -DCASTOR_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 cmake --build "$build" -j2
-for parser in safetensors idx cifar image text; do
+for parser in safetensors idx cifar image text gguf; do
   corpus=$build/corpus/$parser
   mkdir -p "$corpus" "$build/crashes"
   dict=()

@@ -13,6 +13,7 @@
 #include "castor/corpus.h"
 #include "castor/dist.h"
 #include "castor/fs.h"
+#include "castor/export.h"
 #include "castor/sample.h"
 #include "castor/trainer.h"
 #include "castor/version.h"

@@ -2,12 +2,17 @@
 // `gpt2`, with the run's tokenizer, in float32, float16, bfloat16 or ggml's Q8_0 blocks (docs/fine-tuning.md, "GGUF").
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "castor/llama.h"
+#include "castor/json.h"
 #include "castor/llmc.h"
+#include "castor/safetensors.h"
+#include "castor/serialize.h"
 #include "castor/tokenizer.h"
 
 namespace castor::models {
@@ -69,5 +74,68 @@ GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const 
 // drawn), zero biases for a bias-free model (llama.cpp's gpt2 requires them).
 GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, const GgufVocabulary& vocab,
                            GgufType type, const std::string& name);
+
+// ---- Reading (GGUF v3 of arch llama, which Mistral's files use too, and qwen2) ----
+
+constexpr uint32_t kGgufMagic = 0x46554747;  // "GGUF" read as a little-endian uint32
+
+// One tensor info of a file: its name, ggml's dims (innermost first: a Linear's [in, out]), ggml type id, and where
+// its bytes lie (from the start of the file).
+struct GgufTensorInfo {
+  std::string name;
+  std::vector<uint64_t> ne;
+  uint32_t type = 0;
+  uint64_t begin = 0, bytes = 0;
+};
+// A file's header: its key-value pairs (scalars as Json numbers, bools and strings; arrays as Json arrays) and tensor
+// infos, every field checked against the file (one-line castor::Error naming the file and the field: a truncated
+// file, a version other than 2 or 3, a string or array longer than the rest of the file, a duplicate key or tensor
+// name, more than 4 dims or dims whose product overflows, an unknown value or tensor type, an offset not a multiple of
+// general.alignment or data past the end).
+struct GgufHeader {
+  uint32_t version = 0;
+  std::map<std::string, Json> kv;
+  std::vector<GgufTensorInfo> tensors;
+  const Json* find(const std::string& key) const {
+    const auto it = kv.find(key);
+    return it == kv.end() ? nullptr : &it->second;
+  }
+};
+GgufHeader read_gguf_header(const std::string& path);
+
+// ggml's name of a tensor type id ("q4_K"), or "" for an id it has not.
+std::string ggml_type_name(uint32_t type);
+
+// The model a llama or qwen2 file holds, as runs describe it (castor/formats.h's llama_description with
+// "architecture" LlamaForCausalLM or Qwen2ForCausalLM, "bos_token_id" and "eos_token_id"); castor::Error naming the
+// file and the key for another architecture, a missing size, or a key whose value changes the math in a way
+// Castor's Llama does not compute (experts, soft-capping, a partial rotary, rope scaling other than linear, per-pair
+// rope factors, a sliding window).
+Json gguf_description(const GgufHeader& header, const std::string& path);
+// The model settings a run of it on `data` would record (as castor/hf.h's hf_metadata), and "gguf.architecture"; no
+// precision (a file of another tool: castor eval runs it in float32).
+Metadata gguf_metadata(const GgufHeader& header, const std::string& path, const std::string& data);
+// Castor's names, dtypes and shapes of the file's tensors (their data not read; a quantized type's as float32).
+SafetensorsFile gguf_listing(const GgufHeader& header, const std::string& path);
+// Each tensor read (Castor's name; F32, F16 and BF16 as they are stored, Q8_0 blocks dequantized to float32; qwen2's
+// q/k rows and biases permuted to Castor's interleaved rotary layout) and given to `take`, then dropped. castor::Error
+// naming the file and the tensor for one of a type not read yet, a tensor the architecture has not, or a shape other
+// than the description's.
+void read_gguf_each(const std::string& path, const std::function<void(const std::string&, const Tensor&)>& take);
+
+// The tokenizer a file's tokenizer.ggml.* keys describe, as a Hugging Face tokenizer.json (Castor's Tokenizer reads
+// that): "gpt2" with pre "llama-bpe" (Llama 3's split), "qwen2", "gpt-2" or "default" as byte-level BPE with the
+// merges; "llama" (SentencePiece) as BPE with byte fallback whose merges rank the pairs by the scores of the tokens
+// they make (llama.cpp merges the highest-scoring pair first); control and user-defined tokens as added tokens,
+// add_bos_token as a BOS template. The chat template, bos, eos, eot and pad ids as tokenizer_config.json would hold
+// them. castor::Error naming the file and the key for another tokenizer model or pre-tokenizer.
+struct GgufTokenizer {
+  std::string tokenizer_json, tokenizer_config_json;
+};
+GgufTokenizer gguf_tokenizer(const GgufHeader& header, const std::string& path);
+// A directory holding gguf_tokenizer's files as tokenizer.json and tokenizer_config.json (a Hugging Face model
+// directory's tokenizer, which Castor's Tokenizer, chat templates and castor tokenize read): made once per content
+// under the system's temporary directory (named by the files' checksum, written whole, then renamed into place).
+std::string gguf_tokenizer_dir(const std::string& path);
 
 }  // namespace castor::models

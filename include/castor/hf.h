@@ -37,15 +37,10 @@ struct HfConfig {
 // quantization, logit soft-capping, partial rotary).
 HfConfig read_hf_config(const std::string& dir);
 
-// The positions a run of a Hugging Face model reads at once when no --block-size says: its context
-// (max_position_embeddings), at most 2048, lm-evaluation-harness's default max_length (a Llama 3's 131,072 is neither
-// a training block nor an evaluation window a CPU runs; the model's context stays the description's).
-inline constexpr int64_t kDefaultWindow = 2048;
-
 // The description of config's model a run records (castor/formats.h's llama_description with "architecture",
-// "bos_token_id" and "eos_token_id"), and what a float32 run of it on `data` (a --data name; "": none) records in a
-// model file's metadata ("castor.config": model llama, its sizes, block_size its context up to kDefaultWindow, amp
-// O0, model_config; "hf.architecture").
+// "bos_token_id" and "eos_token_id"), and the model settings a run of it on `data` (a --data name; "": none) records in a
+// model file's metadata ("castor.config": model llama, its sizes, block_size its context up to kDefaultWindow,
+// model_config; "hf.architecture").
 Json hf_description(const HfConfig& config);
 Metadata hf_metadata(const HfConfig& config, const std::string& data);
 

@@ -13,6 +13,9 @@
 
 namespace castor::data {
 
+// The Split regex tokenizer.json files write for Llama 3 (`digits` 3: numbers in ones to threes) and Qwen2 (1).
+std::string_view hf_split_regex(int digits);
+
 // Supported components (anything else is a one-line castor::Error naming the file and the key):
 //   model: BPE (vocab; merges as "a b" strings or [a, b] pairs; byte_fallback, fuse_unk, unk_token, ignore_merges)
 //   normalizer: null, Sequence, Prepend, Replace (string pattern), NFC

@@ -82,8 +82,8 @@ Llama2cConfig llama2c_config(const LlamaConfig& config, const std::string& what)
 int64_t llama2c_multiple_of(const Llama2cConfig& c, const std::string& what);
 
 // A llama2.c file as `castor eval` reads it: its tensors with llama2.c's names (output.weight as well when shared)
-// and the metadata a float32 Llama run trained on `data` (a --data name) would record ("castor.config": model
-// llama, its sizes, amp O0; llama2c_multiple_of's castor::Error when its hidden_dim has no --multiple-of), plus
+// and the model settings a Llama run trained on `data` (a --data name) would record ("castor.config": model
+// llama, its sizes; llama2c_multiple_of's castor::Error when its hidden_dim has no --multiple-of), plus
 // "llama2c.header" (the header, as text).
 LoadedTensors load_llama2c_weights_file(const std::string& path, const std::string& data);
 // The same, names, dtypes, shapes and metadata only (`castor info`: the data is not read), in the file's order with

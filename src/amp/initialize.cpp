@@ -429,6 +429,9 @@ std::unique_ptr<Amp> initialize(nn::Module& model, const std::vector<optim::Opti
 }
 
 std::vector<Tensor> master_params(optim::Optimizer& optimizer) {
+  CASTOR_CHECK(!optimizer.shard_group(),
+               "amp::master_params: the optimizer is sharded (ZeRO): each rank holds only "
+               "slices of the master weights; use Optimizer::whole_master");
   if (optim::StepInterceptor* i = optimizer.step_interceptor()) i->prepare_gradients(optimizer);
   std::vector<Tensor> out;
   auto& groups = optimizer.param_groups();

@@ -91,6 +91,8 @@ bool is_word_char(char32_t c) { return unicode::is_letter(c) || unicode::is_numb
 
 }  // namespace
 
+std::string_view hf_split_regex(int digits) { return digits == 1 ? kQwen2Regex : kLlama3Regex; }
+
 struct HfTokenizer::Impl {
   std::string what;
   std::unordered_map<std::string, uint32_t> vocab;  // the model's token -> id

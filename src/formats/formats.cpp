@@ -132,6 +132,22 @@ models::LlamaConfig llama_config(const Json& d, const std::string& what) {
   return l;
 }
 
+Json llama_settings(const models::LlamaConfig& l, const Json& description, const std::string& data) {
+  Json config = Json::Object{{"model", "llama"},
+                             {"n_layer", l.n_layers},
+                             {"n_head", l.n_heads},
+                             {"n_embd", l.dim},
+                             {"block_size", std::min(l.max_seq_len, kDefaultWindow)},
+                             {"vocab_size", l.vocab_size},
+                             {"n_kv_head", l.kv_heads()},
+                             {"multiple_of", l.ffn_hidden_dim()},
+                             {"rope_theta", l.rope_theta},
+                             {"untied", !l.tied},
+                             {"model_config", description}};
+  if (!data.empty()) config["data"] = data;
+  return config;
+}
+
 Json gpt_description(const models::GPTConfig& g) {
   return Json::Object{{"family", "gpt"},    {"n_layer", g.n_layer},       {"n_head", g.n_head},
                       {"n_embd", g.n_embd}, {"block_size", g.block_size}, {"vocab_size", g.vocab_size},

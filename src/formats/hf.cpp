@@ -444,23 +444,9 @@ Json hf_description(const HfConfig& h) {
 }
 
 Metadata hf_metadata(const HfConfig& h, const std::string& data) {
-  const models::LlamaConfig& l = h.llama;
-  Json config = Json::Object{{"model", "llama"},
-                             {"n_layer", l.n_layers},
-                             {"n_head", l.n_heads},
-                             {"n_embd", l.dim},
-                             {"block_size", std::min(l.max_seq_len, kDefaultWindow)},
-                             {"vocab_size", l.vocab_size},
-                             {"n_kv_head", l.kv_heads()},
-                             {"multiple_of", l.ffn_hidden_dim()},
-                             {"rope_theta", l.rope_theta},
-                             {"untied", !l.tied},
-                             {"amp", "O0"},
-                             {"dtype", "bf16"},
-                             {"threads", 0},
-                             {"model_config", hf_description(h)}};
-  if (!data.empty()) config["data"] = data;
-  return {{"castor.config", config.dump()}, {"castor.model", "llama"}, {"hf.architecture", h.architecture}};
+  return {{"castor.config", llama_settings(h.llama, hf_description(h), data).dump()},
+          {"castor.model", "llama"},
+          {"hf.architecture", h.architecture}};
 }
 
 namespace {

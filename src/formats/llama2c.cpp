@@ -159,18 +159,10 @@ Llama2cHeader parse_header(const std::string& path, const std::vector<uint8_t>& 
 // none gives the file's hidden_dim, and the key is left out.
 Metadata llama2c_metadata(const Llama2cHeader& h, int64_t multiple_of, const std::string& data) {
   const Llama2cConfig& c = h.config;
-  Json config = Json::Object{{"model", "llama"},
-                             {"n_layer", c.n_layers},
-                             {"n_head", c.n_heads},
-                             {"n_embd", c.dim},
-                             {"block_size", c.max_seq_len},
-                             {"vocab_size", c.vocab_size},
-                             {"n_kv_head", c.n_kv_heads},
-                             {"rope_theta", c.rope_theta},
-                             {"untied", !h.shared_classifier},
-                             {"amp", "O0"},
-                             {"dtype", "bf16"},
-                             {"threads", 0}};
+  Json config = Json::Object{
+      {"model", "llama"},          {"n_layer", c.n_layers},       {"n_head", c.n_heads},
+      {"n_embd", c.dim},           {"block_size", c.max_seq_len}, {"vocab_size", c.vocab_size},
+      {"n_kv_head", c.n_kv_heads}, {"rope_theta", c.rope_theta},  {"untied", !h.shared_classifier}};
   if (multiple_of > 0) config["multiple_of"] = multiple_of;
   if (!data.empty()) config["data"] = data;
   return {{"castor.config", config.dump()},

@@ -12,6 +12,7 @@
 #include "castor/fs.h"
 #include "castor/json.h"
 #include "castor/llama2c.h"
+#include "castor/model_source.h"
 
 namespace castor::models {
 namespace {
@@ -65,8 +66,8 @@ std::map<std::string, Shape> expected_shapes(const GPTConfig& c) {
   return out;
 }
 
-// What a float32 GPT checkpoint of an llm.c file's config would record: "castor.config" (with "data" when given) and
-// the header as text.
+}  // namespace
+
 Metadata llmc_metadata(const LlmcHeader& h, const std::string& data) {
   const GPTConfig& c = h.config;
   Json config = Json::Object{{"model", "gpt"},
@@ -76,18 +77,13 @@ Metadata llmc_metadata(const LlmcHeader& h, const std::string& data) {
                              {"block_size", c.block_size},
                              {"vocab_size", c.vocab_size},
                              {"real_vocab_size", c.real_vocab_size > 0 ? c.real_vocab_size : c.vocab_size},
-                             {"bias", true},
-                             {"amp", "O0"},
-                             {"dtype", "bf16"},
-                             {"threads", 0}};
+                             {"bias", true}};
   if (!data.empty()) config["data"] = data;
   return {{"castor.config", config.dump()},
           {"llmc.header", detail::cat("version ", h.dtype == DType::Float32 ? kLlmcModelVersion : kLlmcModelVersionBf16,
                                       " (", dtype_name(h.dtype), "), maxT ", c.block_size, ", V ", c.real_vocab_size,
                                       ", L ", c.n_layer, ", NH ", c.n_head, ", C ", c.n_embd, ", Vp ", c.vocab_size)}};
 }
-
-}  // namespace
 
 LlmcHeader read_llmc_header(const std::string& path) {
   uint64_t file_size = 0;
@@ -159,35 +155,6 @@ GPTWeights read_llmc_checkpoint(const std::string& path) {
     }
   }
   return w;
-}
-
-WeightsFormat weights_format(const std::string& path) {
-  uint64_t size = 0;
-  read_file_range(path, 0, 0, size);
-  const std::vector<uint8_t> head = read_file_range(path, 0, std::min<uint64_t>(size, 9), size);
-  int32_t magic = 0;
-  if (head.size() >= 4) std::memcpy(&magic, head.data(), 4);
-  if (magic == kLlmcModelMagic) return WeightsFormat::Llmc;
-  if (static_cast<uint32_t>(magic) == kLlama2cMagic) return WeightsFormat::Llama2c;
-  CASTOR_CHECK(head.size() < 4 || std::memcmp(head.data(), "GGUF", 4) != 0, path,
-               ": a GGUF file (llama.cpp's), which Castor writes (castor export --format gguf) but does not read; "
-               "give the Hugging Face directory or the run it was made from");
-  // safetensors: a little-endian u64 header length that fits the file, then the JSON header, which opens with '{'.
-  uint64_t header_len = 0;
-  if (head.size() == 9) std::memcpy(&header_len, head.data(), 8);
-  if (head.size() == 9 && header_len >= 2 && header_len <= size - 8 && head[8] == '{')
-    return WeightsFormat::Safetensors;
-  try {
-    read_llama2c_header(path);
-  } catch (const Error& e) {
-    const std::string why = e.what(), prefix = path + ": ";
-    throw Error(detail::cat(path,
-                            ": not a safetensors, llm.c or llama2.c file (no safetensors header, llm.c's magic "
-                            "number ",
-                            kLlmcModelMagic, " or llama2.c v1's at its start; as a llama2.c v0 file: ",
-                            why.rfind(prefix, 0) == 0 ? why.substr(prefix.size()) : why, ")"));
-  }
-  return WeightsFormat::Llama2c;
 }
 
 void write_llmc_checkpoint(const std::string& path, const GPTWeights& w) {
@@ -296,10 +263,10 @@ GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metad
 }
 
 GPTWeights load_gpt_init(const std::string& path, int64_t n_head) {
-  const WeightsFormat format = weights_format(path);
-  CASTOR_CHECK(format != WeightsFormat::Llama2c, path,
-               ": a llama2.c file, a Llama's weights, not a GPT's (--model llama)");
-  if (format == WeightsFormat::Llmc) {
+  const formats::SourceFormat format = formats::source_format(path);
+  CASTOR_CHECK(format == formats::SourceFormat::Llmc || format == formats::SourceFormat::Safetensors, path, ": a ",
+               formats::source_format_row(format).help, ", not a GPT's weights (llm.c's, or safetensors)");
+  if (format == formats::SourceFormat::Llmc) {
     GPTWeights w = read_llmc_checkpoint(path);
     CASTOR_CHECK(n_head == 0 || n_head == w.config.n_head, path, ": llm.c header has NH ", w.config.n_head, ", but ",
                  n_head, " was given");
@@ -307,74 +274,6 @@ GPTWeights load_gpt_init(const std::string& path, int64_t n_head) {
   }
   LoadedTensors file = load_safetensors(path);
   return gpt_weights_from_safetensors(std::move(file.tensors), file.metadata, n_head, path);
-}
-
-LoadedTensors load_weights_file(const std::string& path, const std::string& data) {
-  if (formats::is_hf_dir(path)) {
-    const formats::HfConfig h = formats::read_hf_config(path);
-    return {formats::read_hf_weights(path, h), formats::hf_metadata(h, data)};
-  }
-  const WeightsFormat format = weights_format(path);
-  if (format == WeightsFormat::Safetensors) return load_safetensors(path);
-  if (format == WeightsFormat::Llama2c) return load_llama2c_weights_file(path, data);
-  const LlmcHeader header = read_llmc_header(path);
-  GPTWeights w = read_llmc_checkpoint(path);
-  w.state["lm_head.weight"] = w.state.at("transformer.wte.weight");
-  return {std::move(w.state), llmc_metadata(header, data)};
-}
-
-void read_weights_each(const std::string& path, const std::function<void(const std::string&, const Tensor&)>& take) {
-  if (formats::is_hf_dir(path)) return formats::read_hf_weights_each(path, formats::read_hf_config(path), take);
-  if (weights_format(path) == WeightsFormat::Llama2c) {
-    for (const auto& [name, t] : load_llama2c_weights_file(path, "").tensors) take(name, t);
-    return;
-  }
-  const SafetensorsFile header = read_weights_header(path);  // (an llm.c file's tensors, per layer, as listed)
-  uint64_t size = 0, end = 0;
-  read_file_range(path, 0, 0, size);
-  for (const SafetensorsEntry& e : header.entries) end = std::max(end, e.end);
-  for (const SafetensorsEntry& e : header.entries) {
-    Tensor x = empty(Shape(e.shape.begin(), e.shape.end()), e.dtype);
-    read_file_range_into(path, size - end + e.begin,
-                         std::span<uint8_t>(static_cast<uint8_t*>(x.data_ptr()), x.nbytes()), size);
-    take(e.name, x);
-  }
-}
-
-void load_weights_into(nn::Module& model, const std::string& path) {
-  const StateDict own = model.state_dict();
-  std::set<const void*> loaded;  // the storages given, by address (a tied tensor's names share one)
-  NoGradGuard no_grad;
-  const std::string compiled = "_orig_mod.";
-  read_weights_each(path, [&](const std::string& key, const Tensor& t) {
-    const std::string name = key.rfind(compiled, 0) == 0 ? key.substr(compiled.size()) : key;
-    const auto it = own.find(name);
-    if (it == own.end() && name.ends_with(".attn.bias") && t.dim() == 4) return;  // nanoGPT's causal mask
-    CASTOR_CHECK(it != own.end(), path, ": the model has no tensor ", printable(name));
-    CASTOR_CHECK(it->second.shape() == t.shape(), path, ": ", name, " has shape ", shape_str(t.shape()),
-                 ", the model's is ", shape_str(it->second.shape()));
-    formats::check_finite(path, name, t);
-    Tensor(it->second).copy_(t);
-    loaded.insert(it->second.data_ptr());
-  });
-  for (const auto& [name, t] : own) CASTOR_CHECK(loaded.count(t.data_ptr()), path, ": gives no ", name);
-}
-
-SafetensorsFile read_weights_header(const std::string& path) {
-  if (formats::is_hf_dir(path)) return formats::read_hf_header(path);
-  const WeightsFormat format = weights_format(path);
-  if (format == WeightsFormat::Safetensors) return read_safetensors_header(path);
-  if (format == WeightsFormat::Llama2c) return read_llama2c_weights_header(path);
-  const LlmcHeader header = read_llmc_header(path);
-  SafetensorsFile f;
-  uint64_t offset = 0;
-  for (const auto& [name, shape] : llmc_tensors(header.config)) {
-    const uint64_t bytes = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(header.dtype);
-    f.entries.push_back({name, header.dtype, shape, offset, offset + bytes});
-    offset += bytes;
-  }
-  f.metadata = llmc_metadata(header, "");
-  return f;
 }
 
 }  // namespace castor::models

@@ -11,7 +11,7 @@
 
 #include "castor/check.h"
 #include "castor/dtype.h"
-#include "castor/sample.h"
+#include "castor/json.h"
 
 namespace castor::train {
 
@@ -86,10 +86,12 @@ CLI::Option* add_choice(CLI::App& app, const std::string& flag, Target& target, 
   return o;
 }
 
-// The tables of `castor sample` and `castor export` (src/train/sample.cpp), for completion.
+// The tables of `castor sample` and `castor export` (src/train/sample.cpp, export.cpp), for completion.
+struct SampleConfig;
+struct ExportConfig;
 std::unique_ptr<CLI::App> sample_app(SampleConfig& c);
 std::unique_ptr<CLI::App> export_app(ExportConfig& c);
-// castor export's formats, one row each (src/train/sample.cpp): --format's name, the old flag that spells it, what
+// castor export's formats, one row each (src/train/export.cpp): --format's name, the old flag that spells it, what
 // it writes, and its writer (which reads --checkpoint itself: a LoRA run's adapters are written without the model).
 struct ExportFormat {
   const char* name;

@@ -13,7 +13,11 @@
 #include "castor/fs.h"
 #include "castor/json.h"
 #include "castor/llama.h"
+#include "castor/checkpoint.h"
+#include "castor/export.h"
 #include "castor/mc_task.h"
+#include "castor/model_source.h"
+#include "castor/sample.h"
 #include "castor/models.h"
 #include "castor/tokenizer.h"
 #include "castor/train_config.h"
@@ -437,6 +441,35 @@ void apply_language_model_defaults(TrainConfig& c) {
 
 }  // namespace
 
+// The --model of --init's model, from the file (a Hugging Face directory or GGUF file: llama, whatever its
+// architecture; llm.c's: gpt; llama2.c's: llama; a Castor run, checkpoint or safetensors file: the recorded model),
+// or nullopt when it does not say (nanoGPT-named safetensors: --model gpt) or cannot be read (the family's reading
+// of --init names what is wrong).
+std::optional<ModelKind> init_model(const std::string& init) {
+  try {
+    std::string path = init;
+    switch (formats::source_format(path)) {
+      case formats::SourceFormat::HfDir:
+      case formats::SourceFormat::Gguf:
+      case formats::SourceFormat::Llama2c: return ModelKind::Llama;
+      case formats::SourceFormat::Llmc: return ModelKind::Gpt;
+      case formats::SourceFormat::CastorDir: {
+        const std::optional<std::string> ck = is_checkpoint_dir(path) ? path : latest_checkpoint(path);
+        if (!ck) return std::nullopt;
+        path = *ck + "/model.safetensors";
+        break;
+      }
+      case formats::SourceFormat::Safetensors: break;
+    }
+    const Metadata meta = formats::read_weights_header(path).metadata;
+    const auto it = meta.find("castor.model");
+    for (const Spelling<ModelKind>& s : kModels)
+      if (it != meta.end() && it->second == s.name) return s.value;
+  } catch (const Error&) {
+  }
+  return std::nullopt;
+}
+
 TrainConfig parse_settings(const std::vector<std::string>& given_args) {
   std::vector<std::string> args = given_args;
   {
@@ -462,6 +495,8 @@ TrainConfig parse_settings(const std::vector<std::string>& given_args) {
       c.given_flags.push_back(flag);
     }
   }
+  if (!c.given("--model") && !c.given("--resume") && !c.init.empty())
+    if (const std::optional<ModelKind> m = init_model(c.init)) c.model = *m;
   if (raw.precision == "auto") {
     c.precision_auto = true;
   } else if (!raw.precision.empty()) {

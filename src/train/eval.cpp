@@ -14,6 +14,7 @@
 #include "castor/llmc.h"
 #include "castor/safetensors.h"
 #include "castor/trainer.h"
+#include "castor/model_source.h"
 #include "train/family.h"
 #include "train/lm_scoring.h"
 #include "train/lora_run.h"
@@ -75,15 +76,16 @@ LoadedTensors load_for_eval(const EvalConfig& e, TrainConfig& c, std::vector<std
   LoadedTensors model_file;
   std::string file = e.path;  // the model file, for errors
   // (a Hugging Face directory is read as a weights file)
-  if (fs::is_directory(e.path) && !formats::is_hf_dir(e.path)) {
+  if (formats::is_source(e.path, formats::SourceFormat::CastorDir)) {
     Checkpoint ck = read_checkpoint(e.path, &file);
     file += "/model.safetensors";
     model_file = {std::move(ck.model), std::move(ck.model_meta)};
   } else {
-    model_file = models::load_weights_file(e.path, name(e.data.value_or(Dataset::Tokens)));
+    model_file = formats::load_weights_file(e.path, name(e.data.value_or(Dataset::Tokens)));
   }
   if (const Json recorded = castor_config(model_file.metadata, file); !recorded.is_null()) {
     c = resume_config(TrainConfig{}, recorded, e.path);
+    if (!recorded.find("amp")) c.amp = amp::OptLevel::O0;  // another tool's model (no run recorded): float32
     if (const Json* names = recorded.find("class_names"); names && names->is_array())
       for (const Json& n : names->as_array()) recorded_classes.push_back(n.is_string() ? n.as_string() : n.dump());
     CASTOR_CHECK(!e.model || *e.model == c.model, "--model ", name(*e.model), ": ", e.path, " holds a ", name(c.model));

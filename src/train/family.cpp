@@ -9,6 +9,7 @@
 #include "castor/llama2c.h"
 #include "castor/llmc.h"
 #include "castor/tokenizer.h"
+#include "castor/model_source.h"
 #include "train/task.h"
 
 namespace castor::train {
@@ -56,7 +57,7 @@ void gpt_take_init_sizes(TrainConfig& c, const std::string&) {
   models::GPTConfig g;
   try {
     const int64_t n_head = c.given("--n-head") ? c.n_head : 0;
-    if (models::weights_format(c.init) == models::WeightsFormat::Llmc) {
+    if (formats::source_format(c.init) == formats::SourceFormat::Llmc) {
       g = models::read_llmc_header(c.init).config;
       CASTOR_CHECK(n_head == 0 || n_head == g.n_head, c.init, ": llm.c header has NH ", g.n_head, ", but ", n_head,
                    " was given");
@@ -131,18 +132,19 @@ void llama_check(const TrainConfig& c) { llama_model_config(c).validate(); }
 // Castor Llama's safetensors record (a run's checkpoint, a file castor export --safetensors wrote); its vocabulary
 // must be the token directory's. Other safetensors keep the flags' sizes (their tensors' shapes are checked as they
 // load).
-// A Hugging Face directory: config.json's model, described (its norm eps and feed-forward width have no flags); the
-// model runs --block-size positions (at most max_position_embeddings; not given: that many), and the token
-// directory's vocabulary fits in its embedding. Not given, --block-size is its context up to formats::kDefaultWindow
-// (2048; the description keeps max_position_embeddings, which exports write).
-void llama_take_hf_sizes(TrainConfig& c, const std::string& data_dir) {
-  formats::HfConfig h;
+// Another tool's model that describes itself (a Hugging Face directory's config.json, a GGUF file's metadata):
+// its description (its norm eps and feed-forward width have no flags); the model runs --block-size positions (at most
+// the file's context), and the token directory's vocabulary fits in its embedding. Not given, --block-size is its
+// context up to formats::kDefaultWindow (2048; the description keeps max_position_embeddings, which exports write).
+void llama_take_described_sizes(TrainConfig& c, const std::string& data_dir) {
+  Json description;
+  models::LlamaConfig l;
   try {
-    h = formats::read_hf_config(c.init);
+    description = formats::source_description(c.init);
+    l = llama_config(description, c.init);
   } catch (const Error& e) {
     throw init_error(c, e);
   }
-  models::LlamaConfig& l = h.llama;
   take(c, "--n-layer", c.n_layer, l.n_layers);
   take(c, "--n-head", c.n_head, l.n_heads);
   take(c, "--n-kv-head", c.n_kv_head, l.kv_heads());
@@ -162,22 +164,26 @@ void llama_take_hf_sizes(TrainConfig& c, const std::string& data_dir) {
   const int64_t tokens = !record.empty() ? data::Tokenizer::recorded_vocab_size(data_dir) : 0;
   CASTOR_CHECK(tokens <= l.vocab_size, "--init ", c.init, ": vocab_size ", l.vocab_size, ", but ", record,
                "'s vocabulary has ", tokens, " tokens (more than the embedding's rows)");
-  c.model_config = formats::hf_description(h);
+  Json d = llama_description(l);
+  for (const char* key : {"architecture", "bos_token_id", "eos_token_id", "max_position_embeddings"})
+    if (const Json* v = description.find(key)) d[key] = *v;
+  c.model_config = d;
 }
 
 void llama_take_init_sizes(TrainConfig& c, const std::string& data_dir) {
-  if (formats::is_hf_dir(c.init)) return llama_take_hf_sizes(c, data_dir);
+  const formats::SourceFormat source = formats::source_format(c.init);
+  if (source == formats::SourceFormat::HfDir || source == formats::SourceFormat::Gguf)
+    return llama_take_described_sizes(c, data_dir);
   models::Llama2cConfig f;
   bool shared_classifier = true;
   int64_t multiple_of = 0;
   try {
-    const models::WeightsFormat format = models::weights_format(c.init);
-    if (format == models::WeightsFormat::Llama2c) {
+    if (source == formats::SourceFormat::Llama2c) {
       const models::Llama2cHeader h = models::read_llama2c_header(c.init);
       f = h.config, shared_classifier = h.shared_classifier;
       multiple_of = models::llama2c_multiple_of(f, c.init);
     } else {
-      const Json recorded = format == models::WeightsFormat::Safetensors
+      const Json recorded = source == formats::SourceFormat::Safetensors
                                 ? castor_config(read_safetensors_header(c.init).metadata, c.init)
                                 : Json();
       const Json* model = recorded.is_object() ? recorded.find("model") : nullptr;

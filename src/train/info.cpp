@@ -13,6 +13,7 @@
 #include "castor/llmc.h"
 #include "castor/safetensors.h"
 #include "castor/trainer.h"
+#include "castor/model_source.h"
 #include "train/family.h"
 #include "train/metrics.h"
 #include "train/task.h"
@@ -157,7 +158,7 @@ std::string run_info(const std::vector<std::string>& args) {
   std::vector<std::pair<std::string, SafetensorsFile>> files;
   std::string used = path;
   std::optional<StateDict> state;
-  if (fs::is_directory(path) && !formats::is_hf_dir(path)) {  // (a Hugging Face directory: its headers, below)
+  if (formats::is_source(path, formats::SourceFormat::CastorDir)) {  // (a Hugging Face directory: its headers, below)
     // A checkpoint is read whole, to verify its checksums.
     const Checkpoint ck = read_checkpoint(path, &used);
     auto listing = [](const StateDict& tensors, const Metadata& metadata) {
@@ -170,7 +171,7 @@ std::string run_info(const std::vector<std::string>& args) {
     files.push_back({"train_state.safetensors", listing(ck.state, ck.state_meta)});
     state = ck.state;
   } else {
-    files.push_back({path, models::read_weights_header(path)});
+    files.push_back({path, formats::read_weights_header(path)});
   }
   if (!tensors) return info_summary(path, used, files[0].second, state ? &*state : nullptr);
   std::string out;

@@ -22,6 +22,8 @@
 #include "castor/token_file.h"
 #include "castor/tokenizer.h"
 #include "castor/trainer.h"
+#include "castor/gguf.h"
+#include "castor/model_source.h"
 #include "train/family.h"
 #include "train/task.h"
 
@@ -60,7 +62,7 @@ std::pair<int64_t, int64_t> vocabulary(const TrainConfig& c, const std::string& 
 void take_init_vocabulary(TrainConfig& c) {
   Json recorded;
   try {
-    recorded = castor_config(models::read_weights_header(c.init).metadata, c.init);
+    recorded = castor_config(formats::read_weights_header(c.init).metadata, c.init);
   } catch (const Error&) {
     return;  // (the family's reading of --init names what is wrong with it)
   }
@@ -307,14 +309,15 @@ data::VocabularyId recorded_vocabulary(const Json& r) {
 }
 
 std::string tokenizer_beside(const std::string& path) {
-  std::error_code ec;
-  if (formats::is_hf_dir(path)) return data::is_hf_tokenizer_json(path + "/tokenizer.json") ? path : "";
-  if (fs::is_directory(path, ec) || !fs::is_regular_file(path, ec)) return "";
+  formats::SourceFormat format;
   try {
-    if (models::weights_format(path) != models::WeightsFormat::Llama2c) return "";
+    format = formats::source_format(path);
   } catch (const Error&) {
     return "";
   }
+  if (format == formats::SourceFormat::HfDir) return data::is_hf_tokenizer_json(path + "/tokenizer.json") ? path : "";
+  if (format == formats::SourceFormat::Gguf) return models::gguf_tokenizer_dir(path);  // (its metadata's)
+  if (format != formats::SourceFormat::Llama2c) return "";
   const fs::path parent = fs::path(path).parent_path();
   const std::string dir = parent.empty() ? "." : parent.string();
   return file_exists(dir + "/tokenizer.bin") ? dir : "";
@@ -328,8 +331,9 @@ data::VocabularyId model_vocabulary(const std::string& path, const Json& recorde
   const data::VocabularyId beside = data::Tokenizer::load(dir).vocabulary_id();
   // (a tokenizer.bin of another size is not this model's: run.c would read the model's count of pieces from it)
   const Json* v = recorded.is_object() ? recorded.find("vocab_size") : nullptr;
-  const bool hf = formats::is_hf_dir(path);
-  if (!hf && v && v->is_int() && v->as_int() != beside.size) return id;
+  const bool own = formats::is_source(path, formats::SourceFormat::HfDir) ||
+                   formats::is_source(path, formats::SourceFormat::Gguf);  // (their embeddings may have more rows)
+  if (!own && v && v->is_int() && v->as_int() != beside.size) return id;
   return beside;
 }
 
@@ -362,13 +366,13 @@ std::string vocabulary_dir(const std::string& path) {
   std::string model = path;  // the model file whose castor.config names the run's vocabulary
   Json recorded;
   try {
-    if (fs::is_directory(path, ec) && !formats::is_hf_dir(path)) {
+    if (formats::is_source(path, formats::SourceFormat::CastorDir)) {
       const std::optional<std::string> ck = is_checkpoint_dir(path) ? path : latest_checkpoint(path);
       CASTOR_CHECK(ck.has_value(), "not a token folder (no ", data::kTokenRecord,
                    ", tokenizer.json or tokenizer.bin), nor a run or checkpoint directory");
       model = (fs::path(*ck) / "model.safetensors").string();
     }
-    recorded = castor_config(models::read_weights_header(model).metadata, model);
+    recorded = castor_config(formats::read_weights_header(model).metadata, model);
     const std::string dir = model_tokenizer_dir(model, recorded);
     CASTOR_CHECK(!dir.empty(), model, " names no token folder (a run's recorded data_dir) and has no tokenizer.bin ",
                  "beside it");

@@ -12,6 +12,7 @@
 #include "castor/llmc.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
+#include "castor/model_source.h"
 #include "train/family.h"
 #include "train/settings.h"
 #include "train/task.h"
@@ -56,7 +57,7 @@ void load_adapters(nn::Module& model, const StateDict& tensors, const std::strin
 }  // namespace
 
 std::string weights_checksum(const std::string& path) {
-  if (!formats::is_hf_dir(path)) return file_checksum64_hex(path);
+  if (!formats::is_source(path, formats::SourceFormat::HfDir)) return file_checksum64_hex(path);
   std::string sums;  // config.json's and every safetensors file's, in name order
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(path))
@@ -99,7 +100,7 @@ std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const
                                 /*seed=*/0);
   }
   try {
-    models::load_weights_into(*model, base);
+    formats::load_weights_into(*model, base);
   } catch (const Error& e) {
     const std::string msg = e.what();
     throw Error(msg.rfind(base, 0) == 0 ? msg : detail::cat(what, ": the LoRA base ", base, ": ", msg));
@@ -133,7 +134,7 @@ void take_peft_config(TrainConfig& c) {
       list = targets.as_string();
     else
       for (const Json& t : targets.as_array())  // (a Hugging Face base's names, q_proj, ..., as Castor's)
-        list += (list.empty() ? "" : ",") + (formats::is_hf_dir(c.init)
+        list += (list.empty() ? "" : ",") + (formats::is_source(c.init, formats::SourceFormat::HfDir)
                                                  ? formats::hf_target_name(t.as_string(), /*to_castor=*/true)
                                                  : t.as_string());
     const Json* rs = j.find("use_rslora");
@@ -162,7 +163,8 @@ void take_peft_config(TrainConfig& c) {
 
 void resolve_init_dir(TrainConfig& c) {
   std::error_code ec;
-  if (c.init.empty() || !fs::is_directory(c.init, ec) || formats::is_hf_dir(c.init)) return;
+  if (c.init.empty() || !fs::is_directory(c.init, ec) || formats::is_source(c.init, formats::SourceFormat::HfDir))
+    return;
   const std::optional<std::string> ck = is_checkpoint_dir(c.init) ? c.init : latest_checkpoint(c.init);
   CASTOR_CHECK(ck.has_value(), "--init ", c.init,
                ": a directory without a checkpoint (expected a run directory, "
@@ -229,7 +231,8 @@ void apply_run_lora(const TrainConfig& c, nn::Module& model) {
                  kPeftPrefix, "\" (not a PEFT adapter file)");
     adapters.emplace(k.substr(std::string(kPeftPrefix).size()), t);
   }
-  if (formats::is_hf_dir(c.init))  // Hugging Face's names and rotary rows, as write_peft wrote them
+  if (formats::is_source(
+          c.init, formats::SourceFormat::HfDir))  // Hugging Face's names and rotary rows, as write_peft wrote them
     adapters = formats::hf_adapters(dynamic_cast<models::Llama&>(model).config(), adapters, /*to_castor=*/true);
   load_adapters(model, adapters, "--init-lora " + file);
 }
@@ -307,7 +310,8 @@ void write_peft(const std::string& dir, const Checkpoint& ck, const std::string&
   auto model = adapted_model(ck, what, lora_base);
   const Json config = castor_config(ck.model_meta, what);
   // On a Hugging Face base, the names and q/k rotary rows PEFT uses on the Hugging Face model.
-  const bool hf = formats::is_hf_dir(lora_base.empty() ? ck.model_meta.at(kBaseKey) : lora_base);
+  const bool hf = formats::is_source(lora_base.empty() ? ck.model_meta.at(kBaseKey) : lora_base,
+                                     formats::SourceFormat::HfDir);
   StateDict adapters = nn::lora_state_dict(*model);
   if (hf) adapters = formats::hf_adapters(dynamic_cast<models::Llama&>(*model).config(), adapters, /*to_castor=*/false);
   StateDict tensors;

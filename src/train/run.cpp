@@ -20,6 +20,7 @@
 #include "castor/serialize.h"
 #include "castor/trainer.h"
 #include "castor/version.h"
+#include "castor/model_source.h"
 #include "train/family.h"
 #include "train/lora_run.h"
 #include "train/task.h"
@@ -163,7 +164,7 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   check_lora_base(c);
   if (loads) {
     try {
-      models::load_weights_into(*r.model, c.init);
+      formats::load_weights_into(*r.model, c.init);
     } catch (const Error& e) {
       const std::string msg = e.what();  // names the file when reading it failed; name the flag too
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));

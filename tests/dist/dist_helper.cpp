@@ -5,13 +5,15 @@
 //   syncbn       sync batch norm on 2 ranks against batch norm of the whole batch
 //   kill         rank 1 kills itself mid-job while rank 0 waits in an all-reduce
 //   mismatch     the ranks wrap models of different shapes: both raise a castor::Error
-//   zero         ZeRO stages 1 and 2 against replicated data parallelism: the same weights and state, bit for bit
+//   zero         ZeRO stages 1 and 2 against replicated data parallelism (AdamW and AdamW8bit, O0 and O2 bf16, and
+//                bf16 gradients on the wire): the same weights and state, bit for bit
 #include <signal.h>
 
 #include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <string>
+#include <tuple>
 
 #include "castor/amp.h"
 #include "castor/autograd.h"
@@ -197,7 +199,7 @@ struct ZeroRun {
   StateDict state;
 };
 
-ZeroRun train_zero(int stage, bool eight_bit, bool bf16) {
+ZeroRun train_zero(int stage, bool eight_bit, bool bf16, bool compress) {
   manual_seed(3);
   auto model = std::make_shared<nn::Sequential>();
   model->push_back(std::make_shared<nn::Linear>(7, 13));
@@ -205,6 +207,7 @@ ZeroRun train_zero(int stage, bool eight_bit, bool bf16) {
   model->push_back(std::make_shared<nn::Linear>(13, 5));
   nn::DDPOptions o;
   o.reduce_scatter = stage >= 2;
+  if (compress) o.compression = DType::BFloat16;
   std::unique_ptr<optim::Optimizer> opt;
   if (eight_bit)
     opt = std::make_unique<optim::AdamW8bit>(
@@ -243,20 +246,22 @@ ZeroRun train_zero(int stage, bool eight_bit, bool bf16) {
 }
 
 void zero_stages() {
-  for (const bool eight_bit : {false, true})
-    for (const bool bf16 : {false, true}) {
-      const std::string what = std::string(eight_bit ? "adamw8bit" : "adamw") + (bf16 ? " O2 bf16" : " O0");
-      const ZeroRun base = train_zero(0, eight_bit, bf16);
-      for (int stage : {1, 2}) {
-        const ZeroRun z = train_zero(stage, eight_bit, bf16);
-        const std::string tag = what + " zero " + std::to_string(stage);
-        for (size_t k = 0; k < base.params.size(); ++k)
-          expect(same_bits(base.params[k], z.params[k]), tag + ": parameter " + std::to_string(k));
-        expect(base.state.size() == z.state.size(), tag + ": state keys");
-        for (const auto& [key, t] : base.state)
-          expect(z.state.count(key) && same_bits(t, z.state.at(key)), tag + ": " + key + " gathered");
-      }
+  for (const auto [eight_bit, bf16, compress] :
+       {std::tuple{false, false, false}, std::tuple{false, true, false}, std::tuple{true, false, false},
+        std::tuple{true, true, false}, std::tuple{false, false, true}}) {
+    const std::string what = std::string(eight_bit ? "adamw8bit" : "adamw") + (bf16 ? " O2 bf16" : " O0") +
+                             (compress ? " bf16 on the wire" : "");
+    const ZeroRun base = train_zero(0, eight_bit, bf16, compress);
+    for (int stage : {1, 2}) {
+      const ZeroRun z = train_zero(stage, eight_bit, bf16, compress);
+      const std::string tag = what + " zero " + std::to_string(stage);
+      for (size_t k = 0; k < base.params.size(); ++k)
+        expect(same_bits(base.params[k], z.params[k]), tag + ": parameter " + std::to_string(k));
+      expect(base.state.size() == z.state.size(), tag + ": state keys");
+      for (const auto& [key, t] : base.state)
+        expect(z.state.count(key) && same_bits(t, z.state.at(key)), tag + ": " + key + " gathered");
     }
+  }
 }
 
 void kill_one_rank() {

@@ -15,6 +15,7 @@
 #include "castor/lora.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
+#include "castor/model_source.h"
 #include "castor/token_file.h"
 #include "nn/lm_twin.h"
 #include "nn/lora_twin.h"
@@ -215,7 +216,7 @@ TEST(HfFormat, LoadsTensorByTensorWithoutASecondCopy) {
   }
   const int64_t before = memory_stats().current_bytes;
   reset_peak_memory_stats();
-  models::load_weights_into(*model, model_dir);
+  formats::load_weights_into(*model, model_dir);
   const int64_t streamed = memory_stats().peak_bytes - before;
   EXPECT_LE(streamed, 3 * largest) << "model " << model_bytes << " bytes";
   reset_peak_memory_stats();

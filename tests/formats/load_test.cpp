@@ -17,6 +17,7 @@
 #include "castor/sample.h"
 #include "castor/serialize.h"
 #include "castor/tokenizer.h"
+#include "castor/model_source.h"
 #include "test_util.h"
 
 namespace castor {
@@ -34,7 +35,7 @@ int64_t model_bytes(const nn::Module& m) {
 // The largest tensor `path` holds, in its file's dtype.
 int64_t largest_tensor(const std::string& path) {
   int64_t n = 0;
-  for (const SafetensorsEntry& e : models::read_weights_header(path).entries)
+  for (const SafetensorsEntry& e : formats::read_weights_header(path).entries)
     n = std::max(n, static_cast<int64_t>(e.end - e.begin));
   return n;
 }
@@ -60,7 +61,7 @@ void check_loads_in_16_bits(const Make& make, const std::string& path) {
   const int64_t before = memory_stats().current_bytes;
   reset_peak_memory_stats();
   std::shared_ptr<nn::Module> old_model = make();
-  old_model->load_state_dict(models::load_weights_file(path, "").tensors, /*strict=*/true);
+  old_model->load_state_dict(formats::load_weights_file(path, "").tensors, /*strict=*/true);
   old_model->to(DType::BFloat16, /*keep_norms_fp32=*/true);
   const int64_t old_peak = memory_stats().peak_bytes - before;
   const Tensor old_next = uniform({4}, 0.0, 1.0);
@@ -73,7 +74,7 @@ void check_loads_in_16_bits(const Make& make, const std::string& path) {
     nn::LoadInitGuard empty(DType::BFloat16);
     model = make();
   }
-  models::load_weights_into(*model, path);
+  formats::load_weights_into(*model, path);
   const int64_t peak = memory_stats().peak_bytes - held;
   const Tensor next = uniform({4}, 0.0, 1.0);
 
@@ -131,16 +132,16 @@ TEST(WeightsLoad, Float32LoadEqualsTheDrawnModelsAndBadFilesNameTheTensor) {
     nn::LoadInitGuard empty(DType::Float32);
     empty_model = models::llama(c, 7);
   }
-  models::load_weights_into(*empty_model, dir + "/model.safetensors");
+  formats::load_weights_into(*empty_model, dir + "/model.safetensors");
   expect_same_state(*drawn, *empty_model, "float32");
   models::LlamaConfig other = c;
   other.n_layers = 3;
   auto bigger = models::llama(other, 7);
-  test::expect_error([&] { models::load_weights_into(*bigger, dir + "/model.safetensors"); },
+  test::expect_error([&] { formats::load_weights_into(*bigger, dir + "/model.safetensors"); },
                      {dir + "/model.safetensors", "gives no layers.2."});
   other = c, other.dim = 32, other.n_heads = 2, other.n_kv_heads = 1;
   auto narrower = models::llama(other, 7);
-  test::expect_error([&] { models::load_weights_into(*narrower, dir + "/model.safetensors"); },
+  test::expect_error([&] { formats::load_weights_into(*narrower, dir + "/model.safetensors"); },
                      {dir + "/model.safetensors", "has shape"});
 }
 

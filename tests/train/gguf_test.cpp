@@ -22,6 +22,7 @@
 #include "castor/random.h"
 #include "castor/tokenizer.h"
 #include "castor/train_config.h"
+#include "castor/model_source.h"
 #include "train/lora_run.h"
 #include "train/run_test_util.h"
 #include "train/task.h"
@@ -246,6 +247,16 @@ class GgufCli : public ::testing::Test {
     }
     EXPECT_EQ(differ, 0) << "of " << texts.size() << " texts";
   }
+  // The tokenizer of GGUF file `file` as Castor reads it (castor/gguf.h's gguf_tokenizer): the same ids for `texts`
+  // as llama.cpp's on that file (`answer`), and the same chat template and end ids as `tok`, the tokenizer written.
+  void expect_file_tokenizes_as(const std::string& file, const Json& answer, data::Tokenizer& tok) {
+    data::Tokenizer back = data::Tokenizer::load(models::gguf_tokenizer_dir(path(file)));
+    expect_tokenizes_as(answer, back);
+    const data::ChatTokenizer want = data::chat_tokenizer(tok, false), got = data::chat_tokenizer(back, false);
+    EXPECT_EQ(got.chat_template, want.chat_template);
+    EXPECT_EQ(got.eot_id, want.eot_id);
+    EXPECT_EQ(got.bos_before_text, want.bos_before_text);
+  }
   // The Hugging Face directory `dir` as castor sample loads it: its tokenizer, `text`'s ids (the post-processor's
   // tokens included) and the model's greedy continuation of them. castor sample --temperature 0 writes the text and
   // then the continuation as the tokenizer streams it.
@@ -256,7 +267,7 @@ class GgufCli : public ::testing::Test {
   };
   HfSample sample_hf_dir(const std::string& dir, const std::string& text) {
     auto model = models::llama(formats::read_hf_config(path(dir)).llama, 0);
-    models::load_weights_into(*model, path(dir));
+    formats::load_weights_into(*model, path(dir));
     data::Tokenizer tok = data::Tokenizer::load(path(dir));
     const std::vector<uint32_t> ids = tok.encode(text);
     const std::vector<int64_t> prompt(ids.begin(), ids.end());
@@ -487,6 +498,7 @@ TEST_F(GgufCli, HfLlama3TokenizerMatchesLlamaCpp) {
   const std::vector<Json> got = compare(
       "hf", {{"f32", true, kSteps, 1e-4}, {"f16", true, kSteps, 0}, {"q8_0", false, 28, 0}}, prompt, ref);
   expect_tokenizes_as(got.at(0), tok);
+  expect_file_tokenizes_as("hf_f32.gguf", got.at(0), tok);
 
   std::filesystem::create_directories(path("dump"));
   const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("hf_q8_0.gguf") + " " +
@@ -551,6 +563,7 @@ TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
   EXPECT_EQ(file.at("tensors").at("blk.0.attn_k.bias").at("type").as_int(), 0);
   const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, path("qwen"), c.vocab_size);
   expect_tokenizes_as(got, tok);
+  expect_file_tokenizes_as("qwen_f32.gguf", got, tok);
   models::LlamaConfig plain = c;
   plain.qkv_bias = false;
   test::expect_error(
@@ -580,7 +593,9 @@ TEST_F(GgufCli, HfSentencePieceTokenizerMatchesLlamaCpp) {
   texts = kTricky;
   texts.push_back("a</s>b <s> c");
   special_tokens = true;
-  expect_tokenizes_as(llama_cpp({"spm.gguf"}, {1}, {}).at(0), tok);
+  const Json answer = llama_cpp({"spm.gguf"}, {1}, {}).at(0);
+  expect_tokenizes_as(answer, tok);
+  expect_file_tokenizes_as("spm.gguf", answer, tok);
 }
 
 // llama3 rope scaling (original context 64, so that it changes the angles of a short text) as llama.cpp's
@@ -877,7 +892,9 @@ TEST_F(GgufCli, Llama3FineTuneExportsTheModelsContext) {
   EXPECT_NE(sample({"--init", "hf"}), text);  // (the adapters change it)
   CastorProcess i = castor({"info", "ft"});
   EXPECT_NE(i.out.find("context 131072 (this run's block 48), rope theta 500000"), std::string::npos) << i.out;
-  test::expect_one_line_error(castor({"info", "ft.gguf"}), {"ft.gguf", "a GGUF file"});
+  i = castor({"info", "ft.gguf"});  // (the GGUF file read back: the model's context, not the run's block)
+  ASSERT_EQ(i.exit_code, 0) << i.err;
+  EXPECT_NE(i.out.find("context 131072, rope theta 500000"), std::string::npos) << i.out;
 }
 
 // Plain castor sample stops at the model's end-of-generation ids as llama.cpp does: config.json's eos_token_id (a

@@ -13,6 +13,7 @@
 #include "castor/llmc.h"
 #include "castor/ops.h"
 #include "castor/random.h"
+#include "castor/model_source.h"
 #include "io/file_test_util.h"
 #include "test_util.h"
 
@@ -281,8 +282,8 @@ TEST(Llama2c, WeightsFilesTellLlama2cFiles) {
   for (int version : {0, 1}) {
     const std::string path = detail::cat(dir + "/v", version, ".bin");
     models::write_llama2c(path, w, version);
-    EXPECT_EQ(models::weights_format(path), models::WeightsFormat::Llama2c);
-    const LoadedTensors loaded = models::load_weights_file(path, "tokens");
+    EXPECT_EQ(formats::source_format(path), formats::SourceFormat::Llama2c);
+    const LoadedTensors loaded = formats::load_weights_file(path, "tokens");
     EXPECT_EQ(loaded.tensors.size(), w.state.size());
     EXPECT_TRUE(test::bit_equal(loaded.tensors.at("output.weight"), w.state.at("output.weight")));
     const Json config = Json::parse(loaded.metadata.at("castor.config"));
@@ -297,16 +298,16 @@ TEST(Llama2c, WeightsFilesTellLlama2cFiles) {
                                                                                  {"multiple_of", 32}})
       EXPECT_EQ(config.at(key).as_int(), value) << key;
     EXPECT_TRUE(config.at("untied").as_bool());
-    const SafetensorsFile header = models::read_weights_header(path);
+    const SafetensorsFile header = formats::read_weights_header(path);
     EXPECT_EQ(header.entries.size(), w.state.size() + (version == 0 ? 2 : 0));  // v0: the RoPE tables
     EXPECT_EQ(Json::parse(header.metadata.at("castor.config")).find("data"), nullptr);
   }
   const Bytes v0 = read_file(dir + "/v0.bin");
   test::write_bytes(dir + "/short.bin", head(v0, v0.size() - 1));
-  test::expect_error([&] { models::weights_format(dir + "/short.bin"); },
-                     {dir + "/short.bin: not a safetensors, llm.c or llama2.c file", "as a llama2.c v0 file",
-                      "needs " + std::to_string(v0.size())});
-  test::expect_error([&] { models::load_gpt_init(dir + "/v0.bin"); }, {dir + "/v0.bin", "a Llama's weights"});
+  test::expect_error(
+      [&] { formats::source_format(dir + "/short.bin"); },
+      {dir + "/short.bin: not a model file", "as a llama2.c v0 file", "needs " + std::to_string(v0.size())});
+  test::expect_error([&] { models::load_gpt_init(dir + "/v0.bin"); }, {dir + "/v0.bin", "not a GPT's weights"});
 }
 
 // The --multiple-of of a file's hidden_dim: 32 when model.py's rule gives it from 32, else hidden_dim itself; one

@@ -1,0 +1,222 @@
+// Reading GGUF files (castor/gguf.h, castor/model_source.h): files written by tests/oracle/gguf_writer.py (not Castor's
+// exporter) from hf_llama_oracle.py's random models give the oracle's logits on the values the file holds (llama with
+// its permuted q/k rows, qwen2 without; f32, f16, bf16, q8_0); llama.cpp's greedy tokens on an f16 file are castor
+// sample's, with the tokenizer and family taken from the file alone; broken files are one-line errors naming the file
+// and the field.
+#include <cstring>
+#include <filesystem>
+
+#include "castor/fs.h"
+#include "castor/gguf.h"
+#include "castor/json.h"
+#include "castor/llama.h"
+#include "castor/model_source.h"
+#include "castor/models.h"
+#include "castor/safetensors.h"
+#include "castor/tokenizer.h"
+#include "nn/lm_twin.h"
+#include "test_util.h"
+#include "train/run_test_util.h"
+
+namespace castor {
+namespace {
+
+const std::string kLlamaCpp = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-llama-cpp/node_modules";
+const std::string kOracle = std::string(CASTOR_SOURCE_DIR) + "/tests/oracle/";
+
+std::string hf_config(const std::string& arch, int64_t kv_heads, bool tied, int seed) {
+  return detail::cat("{\"architectures\": [\"", arch, "\"], \"hidden_size\": 32, \"intermediate_size\": 72, ",
+                     "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": ", kv_heads,
+                     ", \"vocab_size\": 53, \"rms_norm_eps\": 1e-6, \"rope_theta\": 5000.0, ",
+                     "\"max_position_embeddings\": 64, \"tie_word_embeddings\": ", tied ? "true" : "false",
+                     ", \"torch_dtype\": \"float32\", \"hidden_act\": \"silu\", \"bos_token_id\": 1, ",
+                     "\"eos_token_id\": 2, \"shards\": 1, \"seed\": ", seed, "}");
+}
+
+// A random model as a Hugging Face directory DIR/hf and a GGUF file DIR/NAME.gguf of `type`; DIR/hf then holds the
+// values the file does (as float32).
+bool write_gguf_case(const std::string& dir, const std::string& name, const std::string& arch, int64_t kv_heads,
+                     bool tied, const std::string& type, int seed) {
+  return test::run_oracle("hf_llama_oracle.py", {"write", dir + "/hf", hf_config(arch, kv_heads, tied, seed)}) &&
+         test::run_oracle("gguf_writer.py", {"write", dir + "/hf", dir + "/" + name + ".gguf", type});
+}
+
+// The Llama a GGUF file describes, loaded as castor train --init and castor sample load it.
+std::shared_ptr<models::LanguageModel> load_gguf(const std::string& path) {
+  const models::LlamaConfig l = formats::llama_config(formats::source_description(path), path);
+  auto model = models::llama(l, /*seed=*/0);
+  formats::load_weights_into(*model, path);
+  return model;
+}
+
+TEST(GgufRead, LogitsMatchTheOracleOnTheFilesValues) {
+  struct Case {
+    std::string name, arch, type;
+    int64_t kv_heads;
+    bool tied;
+  };
+  const Case cases[] = {{"llama_f32_mha_untied", "LlamaForCausalLM", "f32", 4, false},
+                        {"llama_f16_gqa_tied", "LlamaForCausalLM", "f16", 2, true},
+                        {"llama_bf16_gqa", "LlamaForCausalLM", "bf16", 1, false},
+                        {"llama_q8_0_gqa", "LlamaForCausalLM", "q8_0", 2, false},
+                        {"qwen2_q8_0_tied", "Qwen2ForCausalLM", "q8_0", 2, true},
+                        {"qwen2_f32", "Qwen2ForCausalLM", "f32", 4, false}};
+  int seed = 1;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const test::ScratchDir dir("gguf_read_" + c.name);
+    ASSERT_TRUE(write_gguf_case(dir, c.name, c.arch, c.kv_heads, c.tied, c.type, seed++));
+    const std::string file = dir + "/" + c.name + ".gguf";
+    EXPECT_EQ(formats::source_format(file), formats::SourceFormat::Gguf);
+    const Json d = formats::source_description(file);
+    EXPECT_EQ(d.at("architecture").as_string(), c.arch);
+    EXPECT_EQ(d.at("n_kv_heads").as_int(), c.kv_heads);
+    EXPECT_EQ(d.at("tied").as_bool(), c.tied);
+    auto model = load_gguf(file);
+    const Tensor x = test::random_token_batch(2, 11, 53, 7);
+    save_safetensors(dir + "/batch.safetensors", {{"x", x}});
+    ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py",
+                                 {"logits", dir + "/hf", dir + "/batch.safetensors", dir + "/out.safetensors"}));
+    const Tensor want = load_safetensors(dir + "/out.safetensors").tensors.at("logits");
+    EXPECT_TRUE(test::close((*model)(x), want, 0, 1e-5));
+  }
+}
+
+// llama.cpp's greedy continuation on an f16 file equals Castor's, and castor sample --init FILE.gguf (no --model, no
+// tokenizer directory) prints it.
+TEST(GgufRead, SampleFromTheFileAloneGivesLlamaCppsGreedyTokens) {
+  ASSERT_TRUE(file_exists(kLlamaCpp + "/node-llama-cpp/package.json"))
+      << kLlamaCpp << " lacks node-llama-cpp: run scripts/setup_tests.sh";
+  const test::ScratchDir dir("gguf_read_sample");
+  ASSERT_TRUE(write_gguf_case(dir, "m", "LlamaForCausalLM", 2, false, "f16", 21));
+  const std::string file = dir + "/m.gguf";
+  data::Tokenizer tok = data::Tokenizer::load(models::gguf_tokenizer_dir(file));
+  const std::string prompt = " a b c";
+  const std::vector<uint32_t> ids = tok.encode(prompt);
+  ASSERT_GE(ids.size(), 2u);
+  EXPECT_EQ(ids[0], 1u);  // add_bos_token
+  auto model = load_gguf(file);
+  model->eval();
+  const std::vector<int64_t> prompt_ids(ids.begin(), ids.end());
+  std::vector<int64_t> greedy = models::generate(*model, prompt_ids, 8, 0.0);
+  greedy.erase(greedy.begin(), greedy.begin() + static_cast<int64_t>(prompt_ids.size()));
+  const Json request = Json::Array{Json::Object{
+      {"model", file}, {"context", 64}, {"prompt", Json::Array(prompt_ids.begin(), prompt_ids.end())}, {"steps", 8}}};
+  atomic_write_file(dir + "/request.json", request.dump());
+  const std::string cmd = "node " + kOracle + "gguf_llama_cpp.mjs " + kLlamaCpp + " " + dir + "/request.json > " + dir +
+                          "/llama_cpp.json";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const std::vector<uint8_t> out = read_file(dir + "/llama_cpp.json");
+  const Json got = Json::parse(std::string(out.begin(), out.end())).as_array().at(0).at("greedy");
+  std::vector<int64_t> theirs;
+  for (const Json& t : got.as_array()) theirs.push_back(t.as_int());
+  ASSERT_FALSE(theirs.empty());
+  EXPECT_EQ(std::vector<int64_t>(greedy.begin(), greedy.begin() + static_cast<int64_t>(theirs.size())), theirs);
+  const test::CastorProcess s = test::run_castor(
+      {"sample", "--init", file, "--prompt", prompt, "--temperature", "0", "--tokens", std::to_string(theirs.size())},
+      test::CastorRun{dir}, 300);
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  std::vector<uint32_t> all(ids.begin() + 1, ids.end());
+  for (int64_t t : theirs) all.push_back(static_cast<uint32_t>(t));
+  EXPECT_NE(s.out.find(tok.decode(all)), std::string::npos) << s.out;
+}
+
+// A small GGUF file assembled field by field, to break one field at a time.
+struct Tiny {
+  uint32_t version = 3;
+  uint64_t tensor_count = 1, kv_count = 1;
+  std::string key = "general.architecture";
+  uint64_t key_length = 20;
+  uint32_t value_type = 8;  // string
+  std::vector<uint8_t> value = {5, 0, 0, 0, 0, 0, 0, 0, 'l', 'l', 'a', 'm', 'a'};
+  struct Info {
+    std::string name;
+    std::vector<uint64_t> ne;
+    uint32_t type;
+    uint64_t offset;
+  };
+  std::vector<Info> infos = {{"token_embd.weight", {8, 4}, 0, 0}};
+  uint64_t data = 128;
+  uint64_t cut = 0;  // bytes cut off the end
+
+  std::vector<uint8_t> bytes() const {
+    std::vector<uint8_t> b;
+    const auto put = [&](const void* p, size_t n) {
+      b.insert(b.end(), static_cast<const uint8_t*>(p), static_cast<const uint8_t*>(p) + n);
+    };
+    put("GGUF", 4), put(&version, 4), put(&tensor_count, 8), put(&kv_count, 8);
+    put(&key_length, 8), put(key.data(), key.size()), put(&value_type, 4), put(value.data(), value.size());
+    for (const Info& t : infos) {
+      const uint64_t n = t.name.size();
+      const auto dims = static_cast<uint32_t>(t.ne.size());
+      put(&n, 8), put(t.name.data(), n), put(&dims, 4);
+      for (uint64_t d : t.ne) put(&d, 8);
+      put(&t.type, 4), put(&t.offset, 8);
+    }
+    b.resize((b.size() + 31) / 32 * 32 + data, 0);
+    b.resize(b.size() - cut);
+    return b;
+  }
+};
+
+TEST(GgufRead, BrokenFilesAreOneLineErrorsNamingTheField) {
+  const test::ScratchDir dir("gguf_read_bad");
+  struct Bad {
+    std::string name;
+    void (*change)(Tiny&);
+    std::vector<std::string> parts;
+  };
+  const Bad bad[] = {
+      {"truncated", [](Tiny& t) { t.cut = t.data + 28; }, {"truncated at tensor token_embd.weight's dims"}},
+      {"data_past_end", [](Tiny& t) { t.data = 64; }, {"tensor token_embd.weight", "past the end of the file"}},
+      {"unknown_type", [](Tiny& t) { t.infos[0].type = 99; }, {"tensor token_embd.weight", "unknown tensor type 99"}},
+      {"unaligned", [](Tiny& t) { t.infos[0].offset = 4; }, {"offset 4 is not a multiple of the alignment 32"}},
+      {"duplicate",
+       [](Tiny& t) {
+         t.infos.push_back(t.infos[0]);
+         t.infos[1].offset = 128;
+         t.tensor_count = 2;
+       },
+       {"tensor token_embd.weight appears twice"}},
+      {"five_dims",
+       [](Tiny& t) {
+         t.infos[0].ne = {8, 1, 1, 1, 4};
+       },
+       {"tensor token_embd.weight has 5 dims"}},
+      {"overflowing_dims",
+       [](Tiny& t) {
+         t.infos[0].ne = {uint64_t(1) << 40, uint64_t(1) << 40};
+       },
+       {"tensor token_embd.weight's dims overflow"}},
+      {"huge_array",
+       [](Tiny& t) {
+         t.value_type = 9;
+         t.value = {0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0};  // u8 elements, 2^40 of them
+       },
+       {"general.architecture: an array of 1099511627776 elements"}},
+      {"bad_string_length",
+       [](Tiny& t) { t.value = {0, 0, 0, 0, 0, 0, 1, 0}; },
+       {"general.architecture: a string of 281474976710656 bytes, past the end"}},
+      {"bad_key_length", [](Tiny& t) { t.key_length = uint64_t(1) << 50; }, {"key 0: a string of", "past the end"}},
+      {"unknown_arch",
+       [](Tiny& t) { t.value = {5, 0, 0, 0, 0, 0, 0, 0, 'g', 'e', 'm', 'm', 'a'}; },
+       {"general.architecture gemma is not read"}},
+  };
+  for (const Bad& b : bad) {
+    SCOPED_TRACE(b.name);
+    Tiny t;
+    b.change(t);
+    const std::string path = dir + "/" + b.name + ".gguf";
+    const std::vector<uint8_t> bytes = t.bytes();
+    atomic_write_file(path, std::span<const uint8_t>(bytes));
+    std::vector<std::string> parts = b.parts;
+    parts.insert(parts.begin(), path + ": ");
+    test::expect_error([&] { formats::source_description(path); }, parts);
+  }
+  // The same through the command line: one line, exit 1.
+  const test::CastorProcess p = test::run_castor({"info", dir + "/unknown_type.gguf"}, test::CastorRun{dir}, 120);
+  test::expect_one_line_error(p, {dir + "/unknown_type.gguf", "unknown tensor type 99"});
+}
+
+}  // namespace
+}  // namespace castor
