@@ -43,7 +43,8 @@ HfConfig parse_hf_config(const std::string& dir);
 
 // The description of config's model a run records (castor/formats.h's llama_description with "architecture",
 // "bos_token_id" and "eos_token_id"), and the model settings a run of it on `data` (a --data name; "": none) records in a
-// model file's metadata ("castor.config": model llama, its sizes, model_config; "hf.architecture").
+// model file's metadata ("castor.config": model llama, its sizes, block_size its context up to kDefaultWindow,
+// model_config; "hf.architecture").
 Json hf_description(const HfConfig& config);
 Metadata hf_metadata(const HfConfig& config, const std::string& data);
 

@@ -167,9 +167,13 @@ struct EvalConfig {
   std::string data_dir;
   int64_t batch_size = 0;      // images or token rows per batch; 0: the task's (256 images, rows of ~4096 tokens)
   std::optional<DType> dtype;  // float32: evaluate at O0; bf16/fp16: autocast to it; none: as the run trained
-  // Language-model weights without castor metadata: the sizes no tensor's shape holds (0: not given).
-  int64_t n_head = 0, block_size = 0;
+  // Language-model weights without castor metadata: the heads, which no tensor's shape holds (0: not given).
+  int64_t n_head = 0;
+  // A language model's evaluation window, at most its context (0: the run's block size; a Hugging Face model's context
+  // up to formats::kDefaultWindow); a Llama without castor metadata: its context too.
+  int64_t block_size = 0;
   std::string lora_base;  // a LoRA run's base where it is now (it moved since the run recorded it)
+  std::string lora;       // a PEFT adapter directory merged into the model evaluated ("": none)
   // A language model's multiple-choice task (lm-evaluation-harness's scoring) or llama.cpp's perplexity on a text,
   // instead of its validation loss.
   std::string task;           // --task FILE.jsonl

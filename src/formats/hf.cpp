@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -14,6 +15,7 @@
 #include "castor/autograd.h"
 #include "castor/check.h"
 #include "castor/fs.h"
+#include "castor/log.h"
 #include "castor/output_dir.h"
 
 namespace castor::formats {
@@ -463,6 +465,7 @@ void check_tensors(const std::string& dir, const HfConfig& config, const std::ma
   }
   CASTOR_CHECK(config.llama.n_layers <= layers, dir, "/config.json: \"num_hidden_layers\" ", config.llama.n_layers,
                ", but the tensors hold ", layers, " layers (model.layers.0 to model.layers.", layers - 1, ")");
+  std::set<std::string> named;
   for (const Planned& t : plan(config.llama)) {
     const auto it = where.find(t.hf);
     CASTOR_CHECK(it != where.end(), dir, ": no tensor ", t.hf,
@@ -473,7 +476,21 @@ void check_tensors(const std::string& dir, const HfConfig& config, const std::ma
     CASTOR_CHECK(Shape(e.shape.begin(), e.shape.end()) == t.shape, it->second, ": ", t.hf, " has shape ",
                  shape_str(Shape(e.shape.begin(), e.shape.end())), ", config.json gives ", shape_str(t.shape), " (",
                  shape_keys(t.hf), ")");
+    named.insert(t.hf);
   }
+  // The tensors config.json does not name, which nothing reads: one warning naming them (as transformers warns of
+  // weights a checkpoint holds that the model does not use; once a process for a directory, which a command may read
+  // more than once).
+  std::string unused;
+  int64_t count = 0;
+  for (const auto& [name, file] : where)
+    if (!named.count(name) && ++count <= 8) unused += detail::cat(count == 1 ? "" : ", ", printable(name));
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (count > 0 && warned.insert(absolute_path(dir)).second)
+    warn(detail::cat(dir, ": ", count, count == 1 ? " tensor" : " tensors",
+                     " that config.json does not name, not used: ", unused, count > 8 ? ", ..." : ""));
 }
 
 }  // namespace
@@ -531,12 +548,12 @@ StateDict read_hf_weights(const std::string& dir, const HfConfig& config, DType 
 SafetensorsFile read_hf_header(const std::string& dir) {
   const HfConfig config = read_hf_config(dir);
   const std::map<std::string, std::string> where = shard_map(dir);
+  const std::vector<Planned> tensors = plan(config.llama);
   Shards shards;
+  check_tensors(dir, config, where, shards);
   SafetensorsFile out;
-  for (const Planned& t : plan(config.llama)) {
-    const auto it = where.find(t.hf);
-    CASTOR_CHECK(it != where.end(), dir, ": no tensor ", t.hf);
-    SafetensorsEntry e = shards.entry(it->second, t.hf);
+  for (const Planned& t : tensors) {
+    SafetensorsEntry e = shards.entry(where.at(t.hf), t.hf);
     e.name = t.castor;
     out.entries.push_back(e);
   }

@@ -195,6 +195,7 @@ void load_weights_into(nn::Module& model, const std::string& path,
     CASTOR_CHECK(it != own.end(), path, ": the model has no tensor ", printable(name));
     CASTOR_CHECK(it->second.shape() == t.shape(), path, ": ", name, " has shape ", shape_str(t.shape()),
                  ", the model's is ", shape_str(it->second.shape()));
+    check_finite(path, name, t);
     Tensor(it->second).copy_(t);
     loaded.insert(it->second.data_ptr());
     if (filled) {

@@ -106,6 +106,9 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
          "--format hf: the most bytes of one safetensors file, as transformers' save_pretrained (\"5GB\", \"500MB\", "
          "\"2GiB\" or bytes; default 5GB); past it the tensors go in shards with an index")
       ->default_str("5GB");
+  add_dtype(app, c.dtype,
+            "--format hf: the tensors' type, float32, bf16 or fp16 (default: the source's, the torch_dtype of the "
+            "Hugging Face directory the model came from, a LoRA run's base included; else the model's own)");
   app.add_flag("--merge-lora", c.merge_lora,
                "a LoRA run (castor train --lora-rank): write its base with the adapters merged (W + scaling B A)");
   CLI::Option* peft = app.add_option_function<std::string>(
@@ -139,6 +142,7 @@ ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   CASTOR_CHECK(app->count("--type") == 0 || c.format == "gguf", "--type: applies to --format gguf only");
   CASTOR_CHECK(app->count("--max-shard-size") == 0 || c.format == "hf",
                "--max-shard-size: applies to --format hf only");
+  CASTOR_CHECK(!c.dtype || c.format == "hf", "--dtype: applies to --format hf only (--format gguf: --type)");
   CASTOR_CHECK(
       !c.format.empty(), "--format: missing (",
       [] {
@@ -406,8 +410,6 @@ Json export_safetensors(const ExportConfig& c) {
 }
 
 // castor export --format gguf: the model with its run's tokenizer, every check before the file is written.
-Json described(const LoadedGpt& g, const char* key);
-
 Json export_gguf(const ExportConfig& c) {
   const LoadedGpt g = load_for_export(c, {c.out});
   // The tokenizer: the run's token directory, or a Hugging Face directory's own tokenizer.json (model_tokenizer_dir).
@@ -431,8 +433,11 @@ Json export_gguf(const ExportConfig& c) {
                  ", which no GGUF architecture written here expresses (llama, gpt2)");
     const Json arch = described(g, "architecture");  // a Hugging Face model's (and a run of one)
     const bool qwen2 = arch.is_string() && arch.as_string() == "Qwen2ForCausalLM";
+    // (the model's context, not a fine-tuning run's block size, which llama.cpp would take as its default context)
+    const Json context = described(g, "max_position_embeddings");
     written = models::write_gguf_llama(c.out, *llama, vocab, type, name,
-                                       qwen2 ? models::GgufArch::Qwen2 : models::GgufArch::Llama);
+                                       qwen2 ? models::GgufArch::Qwen2 : models::GgufArch::Llama,
+                                       context.is_int() ? context.as_int() : 0);
   } else {
     written = models::write_gguf_gpt(c.out, g.weights, vocab, type, name);
   }
@@ -470,13 +475,6 @@ Json export_peft(const ExportConfig& c) {
 
 namespace {
 
-// A key of a run's model description (null when the run has none or it lacks the key).
-Json described(const LoadedGpt& g, const char* key) {
-  const Json d = g.config.is_object() ? model_description(g.config, g.what) : Json();
-  const Json* v = d.is_object() ? d.find(key) : nullptr;
-  return v ? *v : Json();
-}
-
 // castor export --format hf: a Llama as a Hugging Face directory (castor/hf.h), with the tokenizer files of the
 // Hugging Face directory it came from (--checkpoint itself, or the run's --init).
 Json export_hf(const ExportConfig& c) {
@@ -494,12 +492,23 @@ Json export_hf(const ExportConfig& c) {
   // The tokenizer files of the Hugging Face directory or GGUF file the model came from (--checkpoint, or the run's
   // --init).
   const Json* init = g.config.is_object() ? g.config.find("init") : nullptr;
+  std::string hf_source;  // (the Hugging Face directory it came from, whose torch_dtype the export keeps)
   for (const std::string& from : {c.checkpoint, init && init->is_string() ? init->as_string() : std::string()}) {
     if (from.empty() || !o.tokenizer_dir.empty()) continue;
-    if (formats::is_source(from, formats::SourceFormat::HfDir)) o.tokenizer_dir = from;
+    if (formats::is_source(from, formats::SourceFormat::HfDir)) o.tokenizer_dir = hf_source = from;
     if (formats::is_source(from, formats::SourceFormat::Gguf)) o.tokenizer_dir = models::gguf_tokenizer_dir(from);
   }
-  formats::write_hf(c.out, llama.config(), llama.state_dict(), o);
+  // The tensors' dtype: --dtype, else the source directory's (a LoRA run's base where it is now), as transformers'
+  // save_pretrained keeps a model's: a merged run of a bf16 base is written in bf16, not in its float32 arithmetic.
+  if (g.lora && !c.lora_base.empty() && formats::is_source(c.lora_base, formats::SourceFormat::HfDir))
+    hf_source = c.lora_base;
+  const std::optional<DType> dtype = c.dtype              ? c.dtype
+                                     : !hf_source.empty() ? std::optional(formats::read_hf_config(hf_source).dtype)
+                                                          : std::nullopt;
+  StateDict state = llama.state_dict();
+  if (dtype)
+    for (auto& [name, t] : state) t = t.to(*dtype);
+  formats::write_hf(c.out, llama.config(), state, o);
   uint64_t bytes = 0;
   int64_t files = 0;
   for (const auto& e : fs::directory_iterator(c.out))
@@ -507,6 +516,7 @@ Json export_hf(const ExportConfig& c) {
   return Json::Object{{"from", printable(g.what)},
                       {"format", "hf"},
                       {"architecture", o.architecture},
+                      {"dtype", dtype_name(state.begin()->second.dtype())},
                       {"shards", files},
                       {"out", printable(c.out)},
                       {"bytes", bytes},

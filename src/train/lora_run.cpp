@@ -202,7 +202,12 @@ nn::LoraConfig lora_config(const Json& s) {
   c.r = s.at("lora_rank").as_int();
   c.alpha = s.at("lora_alpha").as_double();
   c.dropout = s.at("lora_dropout").as_double();
+  // (a Llama's layers named as PEFT names them on the Hugging Face model: the same layers)
+  const Json* model = s.find("model");
+  const bool llama = model && model->is_string() && family_of_spelling(model->as_string()) == family_named("llama");
   c.target_modules = split_commas(s.at("lora_targets").as_string());
+  for (std::string& t : c.target_modules)
+    if (llama) t = formats::hf_target_name(t, /*to_castor=*/true);
   c.rslora = s.at("rslora").as_bool();
   c.seed = static_cast<uint64_t>(s.at("seed").as_int());
   return c;
@@ -253,6 +258,20 @@ void apply_run_lora(const TrainConfig& c, nn::Module& model) {
           c.init, formats::SourceFormat::HfDir))  // Hugging Face's names and rotary rows, as write_peft wrote them
     adapters = formats::hf_adapters(dynamic_cast<models::Llama&>(model).config(), adapters, /*to_castor=*/true);
   load_adapters(model, adapters, "--init-lora " + file);
+}
+
+void merge_peft_adapter(nn::Module& model, ModelKind kind, const std::string& base, const std::string& dir) {
+  TrainConfig c;
+  c.model = kind, c.init = base, c.init_lora = dir;
+  try {
+    check_lora_flags(c);  // the adapter's settings from its adapter_config.json
+    apply_run_lora(c, model);
+  } catch (const Error& e) {
+    std::string msg = e.what();  // (named by the flag given: --lora)
+    if (msg.rfind("--init-lora ", 0) == 0) msg.replace(0, 11, "--lora");
+    throw Error(msg);
+  }
+  nn::merge_and_unload(model);
 }
 
 void keep_adapters(Checkpoint& ck, const Json& config) {

@@ -14,7 +14,8 @@ namespace castor::train {
 // directory without a checkpoint, or a LoRA run's (its model file holds adapters only: merge it first). A Hugging
 // Face directory (config.json) stays as it is.
 void resolve_init_dir(TrainConfig& c);
-// The adapter config recorded settings describe (config.json's "lora_rank", "lora_alpha", ...).
+// The adapter config recorded settings describe (config.json's "lora_rank", "lora_alpha", ...); a Llama's targets in
+// either naming, Castor's (wq, w2, output) or Hugging Face's and PEFT's (q_proj, down_proj, lm_head).
 nn::LoraConfig lora_config(const Json& settings);
 // The LoRA flags' rules, after parsing: --lora-alpha and the others need --lora-rank (or --init-lora, whose
 // adapter_config.json then gives them: a given flag that differs is an error) and LoRA needs --init.
@@ -28,6 +29,10 @@ void check_lora_base(const TrainConfig& c);
 void load_base(nn::Module& model, const std::string& path, const TrainConfig& c);
 // Adapts the model built from --init as `c` says and loads --init-lora's adapters.
 void apply_run_lora(const TrainConfig& c, nn::Module& model);
+// castor sample|eval --lora DIR: the PEFT adapter directory DIR (adapter_config.json, adapter_model.safetensors) merged
+// into `model`, the `kind` model of `base` (a weights file or Hugging Face directory), read as --init-lora reads it.
+// castor::Error naming the file for adapters that do not fit the model.
+void merge_peft_adapter(nn::Module& model, ModelKind kind, const std::string& base, const std::string& dir);
 
 // Makes a checkpoint of a LoRA run (config's lora_rank > 0) hold only the adapters, with "castor.lora_base" (the base
 // file) in its metadata.

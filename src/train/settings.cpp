@@ -294,8 +294,9 @@ std::vector<Setting> make_settings() {
        "8 bits, or back to float32)",
        nullptr, R::Unrecorded, J::Any},
       {"--init", shared<&C::init, add_init>(),
-       "initial weights: a safetensors file with PyTorch's names (a GPT: nanoGPT's), or for a GPT an llm.c .bin "
-       "checkpoint (the run takes the file's sizes)",
+       "initial weights (the run takes the model's sizes): a Hugging Face model directory (config.json and "
+       "model.safetensors or shards: Llama, Mistral, Qwen2), a run or checkpoint directory, a safetensors file with "
+       "PyTorch's names (a GPT: nanoGPT's), a llama2.c model.bin, or for a GPT an llm.c .bin checkpoint",
        nullptr, R::Fixed, J::Any},
       {"--lora-rank", plain<&C::lora_rank>(),
        "LoRA fine-tuning of the --init base: adapters of this rank on the --lora-targets layers, the base frozen "
