@@ -65,14 +65,14 @@ endfunction()
 # Lowest first; a layer may use only layers defined before it.
 castor_layer(core DIRS core
   HEADERS version half dtype check log device allocator convert tensor random state_dict op_kind)
-castor_layer(kernels DIRS kernels HEADERS backends USES core)
+castor_layer(kernels DIRS kernels HEADERS backends quant USES core)
 castor_layer(runtime DIRS runtime autograd ops HEADERS ops autocast autograd functional USES core kernels)
 castor_layer(dist DIRS dist HEADERS dist USES core kernels runtime)
 target_link_libraries(castor_dist PRIVATE MPI::MPI_CXX)  # only src/dist includes mpi.h
 castor_layer(nn DIRS nn HEADERS nn language_model models llama ddp lora USES core kernels runtime dist)
 castor_layer(optim DIRS optim HEADERS optim lr_scheduler USES core kernels runtime dist)
 castor_layer(amp DIRS amp HEADERS grad_scaler amp explain opt_level USES core kernels runtime dist nn optim)
-castor_layer(io DIRS io HEADERS json fs safetensors serialize torch_save USES core)
+castor_layer(io DIRS io HEADERS json fs output_dir safetensors serialize torch_save USES core)
 castor_layer(images DIRS images HEADERS data datasets USES core io)
 target_link_libraries(castor_images PRIVATE PNG::PNG JPEG::JPEG)  # only src/images includes png.h and jpeglib.h
 castor_layer(text DIRS text HEADERS token_file tokenizer hf_tokenizer bpe_tokenizer bpe_trainer corpus lm_batch jinja mc_task

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang in build-fuzz and runs each for SECONDS seconds; fails on any crash.
+# Builds the libFuzzer targets (one per fuzz/NAME_fuzz.cpp) with clang in build-fuzz and runs each for SECONDS seconds;
+# fails on any crash.
 set -euo pipefail
 seconds=${1:?usage: scripts/fuzz.sh SECONDS}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -7,7 +8,8 @@ build=$root/build-fuzz
 
 cmake -S "$root" -B "$build" -DCASTOR_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ >/dev/null
 cmake --build "$build" -j2
-for parser in safetensors idx cifar image text gguf; do
+for source in "$root"/fuzz/*_fuzz.cpp; do
+  parser=$(basename "$source" _fuzz.cpp)
   corpus=$build/corpus/$parser
   mkdir -p "$corpus" "$build/crashes"
   dict=()

@@ -52,5 +52,6 @@ sanitized=$(sed -n 's/.*tests failed out of \([0-9]*\).*/\1/p' "$log")
 ./scripts/fuzz.sh "${CASTOR_FUZZ_SECONDS:-30}"
 
 # Every failure above stops the script (set -e, pipefail), so reaching here means all passed.
-echo "tests: $release in Release, $sanitized under ASan+UBSan, 4 fuzz targets, 1 package check"
-echo "$((release + sanitized + 5)) passed, 0 failed"
+fuzz_targets=$(find fuzz -name '*_fuzz.cpp' | wc -l)
+echo "tests: $release in Release, $sanitized under ASan+UBSan, $fuzz_targets fuzz targets, 1 package check"
+echo "$((release + sanitized + fuzz_targets + 1)) passed, 0 failed"

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -22,18 +23,24 @@ namespace {
 
 const char* kUsage = R"(usage: castor <command> [flags]   (castor -V: the version)
   train       train an image classifier, a GPT or a Llama; fine-tune
-              one (--init), all weights or LoRA (castor help train)
+              one (--init: a run, weights or a Hugging Face model
+              directory), all weights or LoRA (castor help train)
   eval        accuracy, loss, per class and confusion matrix of a
-              checkpoint, or of PyTorch/llm.c/llama2.c weights
-  tokenize    text or the Brown corpus to llm.c token files
-              (char, GPT-2 or a BPE vocabulary llama2.c reads)
+              checkpoint, or of PyTorch/llm.c/llama2.c weights or a
+              Hugging Face directory (--lora DIR: with PEFT adapters)
+  tokenize    text or the Brown corpus to llm.c token files (char,
+              GPT-2, a BPE vocabulary llama2.c reads, or --tokenizer
+              a Hugging Face directory's tokenizer.json)
   sample      text from a GPT or Llama: a run, a LoRA run, llm.c,
-              llama2.c or safetensors weights
+              llama2.c or safetensors weights, a Hugging Face
+              directory (--lora DIR: with PEFT adapters)
   export      a GPT or Llama for another tool (--format): llm.c .bin,
-              nanoGPT ckpt.pt, llama2.c model.bin, safetensors, GGUF;
-              a LoRA run merged, or its adapters as PEFT files
-  info        a checkpoint's model, step, precision, parameters,
-              metrics (--tensors: every tensor)
+              nanoGPT ckpt.pt, llama2.c model.bin, safetensors, GGUF,
+              a Hugging Face directory; a LoRA run merged, or its
+              adapters as PEFT files
+  info        a checkpoint's or Hugging Face directory's model, sizes,
+              step, precision, parameters, metrics (--tensors: every
+              tensor)
   env         version, commit, CPU/ISA, oneDNN, threads, MPI
   help [cmd]  this list, or a command's flags
   completion bash|zsh   a shell completion script
@@ -89,6 +96,9 @@ void run_with_openmp_wait(const castor::train::OpenMpWait& w, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Past a file-size limit (ulimit -f, a quota) a write fails with EFBIG, which castor reports naming the file and
+  // cleans up after (temp file removed, the previous file intact), instead of SIGXFSZ killing it mid-write.
+  std::signal(SIGXFSZ, SIG_IGN);
   const std::vector<std::string> all(argv + 1, argv + argc);
   if (all.empty() || all[0] == "--help" || all[0] == "-h") {
     std::fputs(kUsage, all.empty() ? stderr : stdout);
@@ -109,6 +119,7 @@ int main(int argc, char** argv) {
     if (cmd == "train") {
       if (wants_help(args)) return std::fputs(castor::train::train_help().c_str(), stdout), 0;
       const castor::train::TrainConfig config = castor::train::parse_train_flags(args);
+      if (config.dry_run) return std::printf("%s\n", castor::train::run_dry_run(config).dump().c_str()), 0;
       run_with_openmp_wait(castor::train::choose_openmp_wait(castor::train::openmp_wait_job(config),
                                                              castor::train::online_cpus(),
                                                              castor::train::load_average()),

@@ -43,9 +43,10 @@ struct ChatTokenizer {
 // {"content": ...}); the added tokens marked special as the special strings; the end of turn the first special token
 // the template writes after an assistant message (else eos_token); bos_before_text when the post-processor puts a
 // token first. castor::Error naming the file when `need_template` and there is no template, or a token of the config
-// is not in the vocabulary.
+// is not in the vocabulary. `template_file` (--chat-template): a template file used in place of the tokenizer's.
 extern const char* const kChatMl;
-ChatTokenizer chat_tokenizer(const Tokenizer& tokenizer, bool need_template = true);
+ChatTokenizer chat_tokenizer(const Tokenizer& tokenizer, bool need_template = true,
+                             const std::string& template_file = "");
 
 // A conversation rendered (add_generation_prompt false) and the byte ranges of the text that are loss targets: each
 // assistant turn from the end of the text the template renders before it with add_generation_prompt (which must be
@@ -69,7 +70,8 @@ struct TokenizedText {
 // whole; a token is a target when its first byte lies in a target range.
 TokenizedText tokenize_rendered(const RenderedText& r, const ChatTokenizer& tok);
 
-// One JSONL row of `format` rendered and tokenized. castor::Error naming `where` on a row without its fields, an
+// One JSONL row of `format` rendered and tokenized (chat: {"messages": [{"role", "content"}...]}, or ShareGPT's
+// {"conversations": [{"from", "value"}...]} with from human/user/input, gpt/assistant/output or system). castor::Error naming `where` on a row without its fields, an
 // empty completion or text, or what render_conversation refuses.
 TokenizedText tokenize_row(const Json& row, ChatFormat format, const ChatTemplate& tmpl, const ChatTokenizer& tok,
                            bool train_on_prompt, const std::string& where);

@@ -48,8 +48,12 @@ struct TokenizeOptions {
   // --format chat|prompt-completion|alpaca|text: one JSONL file (inputs[0]) of examples, tokenized with the
   // tokenizer of the token directory `tokenizer` names (or "gpt2"), in rows of block_size + 1 tokens with a loss mask
   // (castor/chat_data.h); val_every / val_fraction split the examples.
+  // `tokenizer` (or `vocab`) may also name a model's tokenizer.json (its directory is used); block_size 0: the
+  // model's context length, at most 1024 (said on stderr); chat_template: a template file used in place of the
+  // tokenizer's (--chat-template).
   std::string format;
   int64_t block_size = 0;
+  std::string chat_template;
   bool train_on_prompt = false, drop_long = false, pack = false;
 };
 

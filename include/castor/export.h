@@ -2,9 +2,11 @@
 // safetensors, GGUF, a Hugging Face directory, PEFT adapters).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "castor/dtype.h"
 #include "castor/json.h"
 
 namespace castor::train {
@@ -16,12 +18,16 @@ struct ExportConfig {
   std::string type = "f32";                 // --format gguf: the matrices' type, f32, f16, bf16 or q8_0
   int version = 0;                          // --format llama2c: export.py's version, 0 or 1
   uint64_t max_shard_size = 5'000'000'000;  // --format hf: bytes per safetensors shard (--max-shard-size 5GB)
+  // --format hf: the tensors' dtype; none: the source's (the Hugging Face directory the model came from, a LoRA run's
+  // base: its torch_dtype), else the model's own
+  std::optional<DType> dtype;
   bool merge_lora = false;  // a LoRA run: its base with the adapters merged (required for --llmc and --nanogpt)
   // (--peft DIR: --format peft --out DIR, a LoRA run's adapters in PEFT's format)
   std::string checkpoint;  // a run or checkpoint directory, or a weights file (llm.c .bin, llama2.c or safetensors)
   std::string out;
-  int64_t n_head = 0;     // for safetensors that do not record it
-  std::string lora_base;  // a LoRA run's base where it is now (it moved since the run recorded it)
+  std::string out_flag = "--out";  // the flag that named `out` (--peft DIR), for errors
+  int64_t n_head = 0;              // for safetensors that do not record it
+  std::string lora_base;           // a LoRA run's base where it is now (it moved since the run recorded it)
 };
 ExportConfig parse_export_flags(const std::vector<std::string>& args);
 std::string export_help();

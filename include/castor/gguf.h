@@ -66,8 +66,10 @@ enum class GgufArch { Llama, Qwen2 };
 // same keys under qwen2.*, wq's and wk's rows and biases permuted back to Hugging Face's rotate-half layout (as
 // convert_hf_to_gguf.py's Qwen2Model leaves them). castor::Error, nothing written, when the vocabulary's size is not
 // the model's, or qwen2 gets a model without q/k/v biases, with other biases or llama3 rope scaling.
+// `context_length`: the model's context (a Hugging Face model's max_position_embeddings, where a fine-tuning run's
+// model reads its shorter block size); 0: the model's max_seq_len.
 GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const GgufVocabulary& vocab, GgufType type,
-                             const std::string& name, GgufArch arch = GgufArch::Llama);
+                             const std::string& name, GgufArch arch = GgufArch::Llama, int64_t context_length = 0);
 // Writes `path` as arch `gpt2`: the embedding cut to the vocabulary's rows (a padded vocabulary's extra rows are never
 // drawn), zero biases for a bias-free model (llama.cpp's gpt2 requires them).
 GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, const GgufVocabulary& vocab,

@@ -34,12 +34,17 @@ struct HfConfig {
 // Qwen2's (with use_sliding_window, layers max_window_layers and up). castor::Error, one line naming the file and the
 // key, for an unknown architecture, a pickle-only directory (pytorch_model.bin: how to convert it) and a key whose
 // value changes the math in a way Castor's Llama does not compute (another rope type, an activation other than silu,
-// quantization, logit soft-capping, partial rotary).
+// quantization, logit soft-capping, partial rotary). Then every tensor it describes is checked against DIR's
+// safetensors headers (present, its shape, a float dtype) before anything is made from its sizes: one line naming
+// config.json and the key (num_hidden_layers past the layers the tensors hold; a shape's keys) or the file and tensor.
 HfConfig read_hf_config(const std::string& dir);
+// The same without the tensors: config.json's keys alone.
+HfConfig parse_hf_config(const std::string& dir);
 
 // The description of config's model a run records (castor/formats.h's llama_description with "architecture",
 // "bos_token_id" and "eos_token_id"), and the model settings a run of it on `data` (a --data name; "": none) records in a
-// model file's metadata ("castor.config": model llama, its sizes, model_config; "hf.architecture").
+// model file's metadata ("castor.config": model llama, its sizes, block_size its context up to kDefaultWindow,
+// model_config; "hf.architecture").
 Json hf_description(const HfConfig& config);
 Metadata hf_metadata(const HfConfig& config, const std::string& data);
 
@@ -70,10 +75,14 @@ struct HfWriteOptions {
 // architecture does not compute `config`: Qwen2 for a model without q/k/v biases, Llama for one with them, a window
 // Llama has not), generation_config.json, model.safetensors or shards with model.safetensors.index.json
 // (tensors in their dtype, q and k rows permuted back), and the tokenizer files of options.tokenizer_dir. The
-// directory is made beside DIR and renamed into place: an existing DIR is replaced whole only when it is a Hugging
-// Face directory or empty, and a failure leaves it as it was. castor::Error naming DIR.
+// directory is written whole (castor/fs.h's write_output_dir): an existing DIR is replaced only when every entry in
+// it is a file this writes (is_hf_export_file; never a Castor run directory or a symbolic link), and a failure leaves
+// it as it was. castor::Error naming DIR ("--out").
 void write_hf(const std::string& dir, const models::LlamaConfig& config, const StateDict& state,
               const HfWriteOptions& options);
+// Whether `name` is a file write_hf writes (config.json, generation_config.json, model.safetensors, its shards and
+// index, the tokenizer files): a directory holding anything else is not replaced.
+bool is_hf_export_file(const std::string& name);
 
 // Rows of a (rows, ...) tensor's bytes moved between Hugging Face's rotary layout, in which head h's row h d + e
 // (d/2) + p pairs with its partner p + d/2, and Castor's interleaved one, in which it is row h d + 2 p + e

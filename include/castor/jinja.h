@@ -9,6 +9,16 @@
 
 namespace castor::data {
 
+// The interpreter's limits, each a castor::Error naming the template, the line and the limit when a template passes
+// it: statements and expressions nested deeper than kMaxTemplateDepth (the tree is walked recursively; also the lists
+// and dicts a template builds, as JSON's kMaxDepth); a render of more than kTemplateStepBudget steps (a step: an
+// expression evaluated, a statement run, a list element or dict entry made, ten for each loop iteration's `loop`, 256
+// bytes of a string copied); text (the output, or a string the template builds) longer than kMaxTemplateText bytes.
+// Integers are 64-bit: a result or literal beyond them (where Python's integers grow) is an error.
+inline constexpr int kMaxTemplateDepth = Json::kMaxDepth;
+inline constexpr int64_t kTemplateStepBudget = int64_t{1} << 20;
+inline constexpr size_t kMaxTemplateText = size_t{32} << 20;
+
 // A parsed template. Supported: {{ }}, {# #}, whitespace control (-), {% set %} (also `ns.attr`), {% for x in ... %}
 // (also `for k, v in d.items()`, an `if` filter and {% else %}; loop.index/index0/revindex/revindex0/first/last/
 // length/previtem/nextitem), {% if/elif/else %}, {% generation %} (transparent, as transformers' markers); literals

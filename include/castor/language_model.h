@@ -58,13 +58,14 @@ class LanguageModel : public nn::Module {
 };
 
 // The keys and values every layer of a model computed for the positions it has seen (per layer (batch, kv heads,
-// block_size, head dim) in the model's dtype), so that a further token costs attention over them, O(T), instead of a
-// forward over the whole prefix.
+// capacity, head dim) in the model's dtype), so that a further token costs attention over them, O(T), instead of a
+// forward over the whole prefix. `capacity`: the positions it holds, at most the block size (0: the block size; a
+// generation needs only its prompt and new tokens, where a Llama 3's block is 131,072 positions).
 class KVCache {
  public:
-  explicit KVCache(const LanguageModel& model, int64_t batch_size = 1);
+  explicit KVCache(const LanguageModel& model, int64_t batch_size = 1, int64_t capacity = 0);
   int64_t size() const { return size_; }          // positions held
-  int64_t capacity() const { return capacity_; }  // block_size
+  int64_t capacity() const { return capacity_; }  // at most block_size
   int64_t batch_size() const { return keys_[0].size(0); }
   void clear() { size_ = 0; }
   // Every row of this cache set to the positions of the one-row cache `prefix` (a context computed once and
@@ -78,7 +79,7 @@ class KVCache {
 
  private:
   friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, bool last_only);
-  std::vector<Tensor> keys_, values_;  // per layer: (B, Hkv, block_size, D)
+  std::vector<Tensor> keys_, values_;  // per layer: (B, Hkv, capacity, D)
   int64_t size_ = 0, capacity_ = 0;
 };
 
@@ -125,7 +126,8 @@ inline constexpr double kMinTemperature = 1e-4;
 // restricted to the `top_k` largest (0: all; ties with the k-th kept), from a generator seeded with `seed`;
 // temperature 0 (or below kMinTemperature) takes the argmax (the lowest id among equal maxima). A prompt longer than
 // block_size is cut to its last block_size tokens, as nanoGPT does. While the text fits the block, each new token is
-// one cached position (forward_cached); past it, `window` says what the model sees. castor::Error when the logits
+// one cached position (forward_cached; the cache holds the prompt and new tokens, at most a block); past it, `window`
+// says what the model sees. castor::Error when the logits
 // are not finite (NaN or infinite weights) or an argument is out of range: every id drawn is in [0, vocab_size()).
 // `top_p` in (0, 1): llama2.c run.c's nucleus sampling after the temperature and top-k (sample_token).
 std::vector<int64_t> generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new_tokens,

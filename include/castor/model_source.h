@@ -53,7 +53,10 @@ void read_weights_each(const std::string& path, const std::function<void(const s
 // model tied to another (GPT's lm_head, a tied Llama output) needs none of its own; torch.compile's "_orig_mod."
 // prefix is dropped and nanoGPT's attention-mask buffers ".attn.bias" of 4 dimensions are skipped. castor::Error
 // naming `path` and the tensor for one the model lacks, one of another shape, or a model tensor the file does not give.
-void load_weights_into(nn::Module& model, const std::string& path);
+// `filled`, when given, is called with each model tensor's name right after it is filled (a quantized base's Linear
+// is quantized there, its dense weight then dropped).
+void load_weights_into(nn::Module& model, const std::string& path,
+                       const std::function<void(const std::string& name)>& filled = nullptr);
 // The same, names, dtypes, shapes and metadata only (`castor info`: the data is not read); "castor.config" without
 // "data" for the formats that record none.
 SafetensorsFile read_weights_header(const std::string& path);

@@ -12,6 +12,11 @@
 #include "castor/state_dict.h"
 #include "castor/tensor.h"
 
+namespace castor::quant {
+struct QuantizedMatrix;  // castor/quant.h
+enum class BlockType : int32_t;
+}  // namespace castor::quant
+
 namespace castor::nn {
 
 // A (height, width) pair that a single int also converts to, as PyTorch's `kernel_size=3`.
@@ -75,6 +80,8 @@ class Module {
   }
   // Removes child `name` (Python's `del module.name`); an error when there is none.
   void unregister_module(const std::string& name);
+  // Removes parameter `name` of this module (a weight kept elsewhere, Linear::quantize_weight); an error when none.
+  void unregister_parameter(const std::string& name);
 
   // Queries; `recurse` walks children depth-first after this module's own entries, as PyTorch does.
   std::vector<Tensor> parameters(bool recurse = true) const;
@@ -166,14 +173,23 @@ class Conv2d : public Module {
 
 // input (N, in) -> (N, out). weight (out, in), bias (out). With a LoRA adapter (nn::apply_lora, lora.h) the
 // output is W x + b + scaling * B(A(dropout(x))) unless the adapter is merged into W.
+// A frozen Linear may hold its weight quantized instead (quantize_weight): no parameter "weight" then, and the
+// forward runs F::quantized_linear on the blocks.
 class Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Linear"; }
-  int64_t in_features() const { return weight.size(1); }
-  int64_t out_features() const { return weight.size(0); }
-  Tensor weight, bias;
+  int64_t in_features() const;
+  int64_t out_features() const;
+  // Stores the weight in `type`'s blocks (double_quant: NF4's absmaxes double-quantized) and drops the dense one;
+  // the blocks are frozen. castor::Error for an adapter merged in, or rows that are not whole blocks (nothing
+  // changed then).
+  void quantize_weight(quant::BlockType type, bool double_quant);
+  // The reverse: a dense frozen weight of the blocks' values (exact in float32) in `dtype`, the blocks dropped.
+  void dequantize_weight(DType dtype = DType::Float32);
+  Tensor weight, bias;  // weight undefined while quantized
+  std::shared_ptr<const quant::QuantizedMatrix> quantized;
   std::shared_ptr<LoraAdapter> lora;  // null without an adapter
 };
 

@@ -2,10 +2,12 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "castor/dtype.h"
 #include "castor/json.h"
 
 namespace castor::train {
@@ -26,17 +28,22 @@ struct SampleConfig {
   double top_p = 0.9;          // in (0, 1): run.c's nucleus sampling, with run.c's default; 1: off
   int64_t num_samples = 1;     // samples, seeds seed, seed + 1, ... (nanoGPT's num_samples)
   std::string prompt_file;     // the prompt read from this file instead
+  std::string chat_template;   // --chat-template: a template file in place of the model's
   bool chat = false;           // the chat template around the prompt as a user turn; stop at the end of the turn
   std::string system;          // --chat: a system turn first
   bool prompt_given = false;   // --chat without --prompt: turns read from stdin, one a line
+  bool ignore_eos = false;     // plain text: run past the model's end-of-generation ids (nanoGPT's sample.py)
+  std::string lora;            // a PEFT adapter directory merged into the model ("": none)
 };
 SampleConfig parse_sample_flags(const std::vector<std::string>& args);
 std::string sample_help();
 // Writes the prompt, then each generated token as it is drawn, decoded, to `write` (memory stays bounded however
-// many --tokens); samples after the first follow a line "---------------" (nanoGPT's sample.py). A llama2.c
-// vocabulary's sample stops at a drawn <s>, as run.c does. --chat writes the reply alone, stopped at the template's
-// end-of-turn token (or <s>), and without --prompt answers each line `read_turn` gives (the conversation so far in the
-// context) until it returns false. castor::Error naming the file when the weights hold NaN or infinite values.
+// many --tokens); samples after the first follow a line "---------------" (nanoGPT's sample.py). A sample stops at a
+// drawn end-of-generation id, as llama.cpp's does (unless ignore_eos): the tokenizer's end-of-sequence and end-of-turn
+// tokens, the model's eos_token_id (config.json's, one or a list) and a llama2.c vocabulary's <s> (run.c's). --chat
+// writes the reply alone, stopped at those or the template's end-of-turn token, and without --prompt answers each line
+// `read_turn` gives (the conversation so far in the context) until it returns false. castor::Error naming the file
+// when the weights hold NaN or infinite values.
 void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,
                 const std::function<bool(std::string&)>& read_turn = nullptr);
 

@@ -183,8 +183,4 @@ Json read_tokenizer_record(const std::string& dir);
 // load() reads there; unknown (known() false) when DIR holds none of them.
 VocabularyId folder_vocabulary(const std::string& dir);
 
-// UTF-8 to code points; castor::Error naming `what` and the byte offset on invalid UTF-8.
-std::u32string decode_utf8(std::string_view text, const std::string& what);
-void append_utf8(char32_t cp, std::string& out);
-
 }  // namespace castor::data

@@ -12,6 +12,7 @@
 #include "castor/json.h"
 #include "castor/lm_batch.h"
 #include "castor/opt_level.h"
+#include "castor/quant.h"
 #include "castor/tokenizer.h"
 
 namespace castor::train {
@@ -85,6 +86,7 @@ struct TrainConfig {
   bool sync_batchnorm = false;  // with several ranks: BatchNorm statistics over the global batch
   Compression compress_grads = Compression::None;
   int zero = 0;  // with several ranks, ZeRO: 1 shards the optimizer's masters and state, 2 also the gradients
+  bool dry_run = false;  // --dry-run: print the per-rank memory plan (train/memory_plan.h) and stop
   bool deterministic = false;
   backends::ConvAlgorithm conv_algorithm = backends::ConvAlgorithm::Auto;  // float32 convolutions (castor/backends.h)
   Recompute recompute = Recompute::None;  // blocks: nn::checkpoint per transformer block; auto: by memory_budget
@@ -100,8 +102,11 @@ struct TrainConfig {
   double lora_alpha = 8, lora_dropout = 0;
   std::string lora_targets = "all-linear";  // comma-separated module names (nn::LoraConfig::target_modules)
   bool rslora = false;
-  std::string init_lora;        // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
-  std::string lora_base;        // a resumed LoRA run's base where it is now (it moved); replaces init
+  std::string init_lora;  // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
+  std::string lora_base;  // a resumed LoRA run's base where it is now (it moved); replaces init
+  // QLoRA: the base's Linears but the output layer stored in these blocks while loading (F32: not quantized)
+  quant::BlockType quantize_base = quant::BlockType::F32;
+  bool double_quant = true;     // NF4's absmaxes double-quantized (QLoRA's recipe)
   std::string init_checksum;    // not a flag: the checksum a run recorded of --init (its LoRA base is checked)
   int64_t real_vocab_size = 0;  // not a flag: the vocabulary a model was made for (recorded, or an --init's)
   // Not flags: the vocabulary the model was trained in (a run's recorded "tokenizer", "real_vocab_size" and
@@ -163,9 +168,13 @@ struct EvalConfig {
   std::string data_dir;
   int64_t batch_size = 0;      // images or token rows per batch; 0: the task's (256 images, rows of ~4096 tokens)
   std::optional<DType> dtype;  // float32: evaluate at O0; bf16/fp16: autocast to it; none: as the run trained
-  // Language-model weights without castor metadata: the sizes no tensor's shape holds (0: not given).
-  int64_t n_head = 0, block_size = 0;
+  // Language-model weights without castor metadata: the heads, which no tensor's shape holds (0: not given).
+  int64_t n_head = 0;
+  // A language model's evaluation window, at most its context (0: the run's block size; a Hugging Face model's context
+  // up to formats::kDefaultWindow); a Llama without castor metadata: its context too.
+  int64_t block_size = 0;
   std::string lora_base;  // a LoRA run's base where it is now (it moved since the run recorded it)
+  std::string lora;       // a PEFT adapter directory merged into the model evaluated ("": none)
   // A language model's multiple-choice task (lm-evaluation-harness's scoring) or llama.cpp's perplexity on a text,
   // instead of its validation loss.
   std::string task;           // --task FILE.jsonl

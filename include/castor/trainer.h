@@ -39,6 +39,13 @@ std::string openmp_wait_in_effect();
 // This machine's cores online and the 1-minute load average (/proc/loadavg; 0 when unreadable).
 int online_cpus();
 double load_average();
+// castor train --dry-run: prints each rank's memory plan for cfg.nproc ranks at ZeRO stages 0-3 (weights in the run's
+// dtypes, O1's 16-bit copies, O2's float32 masters, the optimizer's state incl. AdamW8bit's codes and absmax, the
+// gradients with DDP's float32 buckets or stage 2's float32 slices, stage 3's largest gathered block), bytes held
+// between steps by rank 0 (the largest slice of dist::shard_of), activations left out: a lower bound of the peak. A
+// language model only, built from the size flags (or --init's, or the --data-dir tokenizer's vocabulary) without
+// drawing or touching its weights. Returns the plan (also printed as the last stdout line by `castor train`).
+Json run_dry_run(TrainConfig cfg);
 
 // Makes the first SIGINT/SIGTERM/SIGHUP ask a running run_train to stop after its step (with a checkpoint);
 // a second one exits at once with status 128 + signal.

@@ -5,6 +5,8 @@
 #include <cctype>
 
 #include "castor/check.h"
+#include "castor/fs.h"
+#include "castor/ops.h"
 
 namespace castor::formats {
 
@@ -19,6 +21,11 @@ Json castor_config(const Metadata& meta, const std::string& what) {
   }
   CASTOR_CHECK(config.is_object(), what, ": metadata castor.config: not a JSON object");
   return config;
+}
+
+void check_finite(const std::string& what, const std::string& name, const Tensor& t) {
+  CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), what, ": tensor ", printable(name),
+               " holds NaN or infinite values (the file is damaged, or the run that wrote it had diverged)");
 }
 
 namespace {
@@ -130,7 +137,7 @@ Json llama_settings(const models::LlamaConfig& l, const Json& description, const
                              {"n_layer", l.n_layers},
                              {"n_head", l.n_heads},
                              {"n_embd", l.dim},
-                             {"block_size", l.max_seq_len},
+                             {"block_size", std::min(l.max_seq_len, kDefaultWindow)},
                              {"vocab_size", l.vocab_size},
                              {"n_kv_head", l.kv_heads()},
                              {"multiple_of", l.ffn_hidden_dim()},

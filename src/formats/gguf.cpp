@@ -382,7 +382,7 @@ GgufVocabulary gguf_vocabulary(const data::Tokenizer& tok, const std::string& di
 }
 
 GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const GgufVocabulary& vocab, GgufType type,
-                             const std::string& name, GgufArch arch) {
+                             const std::string& name, GgufArch arch, int64_t context_length) {
   const LlamaConfig& c = model.config();
   const bool qwen2 = arch == GgufArch::Qwen2;
   const std::string a = qwen2 ? "qwen2" : "llama";
@@ -405,7 +405,7 @@ GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const 
   GgufFile f;
   put_general(f, a, name, type);
   const auto key = [&](const char* k) { return a + "." + k; };
-  f.u32(key("context_length"), static_cast<uint32_t>(c.max_seq_len));
+  f.u32(key("context_length"), static_cast<uint32_t>(context_length > 0 ? context_length : c.max_seq_len));
   f.u32(key("embedding_length"), static_cast<uint32_t>(c.dim));
   f.u32(key("block_count"), static_cast<uint32_t>(c.n_layers));
   f.u32(key("feed_forward_length"), static_cast<uint32_t>(c.ffn_hidden_dim()));

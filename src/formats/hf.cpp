@@ -2,9 +2,12 @@
 #include "castor/hf.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -12,6 +15,8 @@
 #include "castor/autograd.h"
 #include "castor/check.h"
 #include "castor/fs.h"
+#include "castor/log.h"
+#include "castor/output_dir.h"
 
 namespace castor::formats {
 
@@ -366,7 +371,7 @@ std::pair<int64_t, int64_t> window_of(const HfArchitecture& a, const ConfigReade
 
 }  // namespace
 
-HfConfig read_hf_config(const std::string& dir) {
+HfConfig parse_hf_config(const std::string& dir) {
   const std::string path = dir + "/config.json";
   const Json json = read_json(path);
   CASTOR_CHECK(json.is_object(), path, ": not a JSON object");
@@ -432,6 +437,71 @@ HfConfig read_hf_config(const std::string& dir) {
   return h;
 }
 
+namespace {
+
+// The config.json keys a planned tensor's shape comes from, for errors.
+const char* shape_keys(const std::string& hf) {
+  if (hf.ends_with("embed_tokens.weight") || hf.ends_with("lm_head.weight")) return "vocab_size x hidden_size";
+  if (hf.ends_with("norm.weight") || hf.ends_with("layernorm.weight")) return "hidden_size";
+  if (hf.find("q_proj") != std::string::npos) return "num_attention_heads x head_dim, hidden_size";
+  if (hf.find("k_proj") != std::string::npos || hf.find("v_proj") != std::string::npos)
+    return "num_key_value_heads x head_dim, hidden_size";
+  if (hf.find("o_proj") != std::string::npos) return "hidden_size, num_attention_heads x head_dim";
+  if (hf.find("down_proj") != std::string::npos) return "hidden_size, intermediate_size";
+  return "intermediate_size, hidden_size";  // gate_proj, up_proj
+}
+
+// Every tensor config.json describes present in DIR's headers with its shape and a float dtype, before anything is
+// made: a size in config.json is checked against the tensors, never trusted to allocate (num_hidden_layers 1e9 would
+// plan 1e10 tensors). castor::Error naming config.json and the key, or the file and the tensor.
+void check_tensors(const std::string& dir, const HfConfig& config, const std::map<std::string, std::string>& where,
+                   Shards& shards) {
+  int64_t layers = 0;  // as the tensor names number them: model.layers.N.
+  for (const auto& [name, file] : where) {
+    if (!name.starts_with("model.layers.")) continue;
+    // (an index past the number of tensors is no layer a file holds: each has several)
+    const long long i = std::strtoll(name.c_str() + std::strlen("model.layers."), nullptr, 10);
+    if (i >= 0 && i < static_cast<long long>(where.size())) layers = std::max<int64_t>(layers, i + 1);
+  }
+  CASTOR_CHECK(config.llama.n_layers <= layers, dir, "/config.json: \"num_hidden_layers\" ", config.llama.n_layers,
+               ", but the tensors hold ", layers, " layers (model.layers.0 to model.layers.", layers - 1, ")");
+  std::set<std::string> named;
+  for (const Planned& t : plan(config.llama)) {
+    const auto it = where.find(t.hf);
+    CASTOR_CHECK(it != where.end(), dir, ": no tensor ", t.hf,
+                 t.castor == "output.weight" ? " (config.json: tie_word_embeddings false)" : "");
+    const SafetensorsEntry& e = shards.entry(it->second, t.hf);
+    CASTOR_CHECK(e.dtype == DType::Float32 || e.dtype == DType::Float16 || e.dtype == DType::BFloat16, it->second, ": ",
+                 t.hf, " is ", dtype_name(e.dtype), ", not float32, float16 or bfloat16");
+    CASTOR_CHECK(Shape(e.shape.begin(), e.shape.end()) == t.shape, it->second, ": ", t.hf, " has shape ",
+                 shape_str(Shape(e.shape.begin(), e.shape.end())), ", config.json gives ", shape_str(t.shape), " (",
+                 shape_keys(t.hf), ")");
+    named.insert(t.hf);
+  }
+  // The tensors config.json does not name, which nothing reads: one warning naming them (as transformers warns of
+  // weights a checkpoint holds that the model does not use; once a process for a directory, which a command may read
+  // more than once).
+  std::string unused;
+  int64_t count = 0;
+  for (const auto& [name, file] : where)
+    if (!named.count(name) && ++count <= 8) unused += detail::cat(count == 1 ? "" : ", ", printable(name));
+  static std::mutex mutex;
+  static std::set<std::string> warned;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (count > 0 && warned.insert(absolute_path(dir)).second)
+    warn(detail::cat(dir, ": ", count, count == 1 ? " tensor" : " tensors",
+                     " that config.json does not name, not used: ", unused, count > 8 ? ", ..." : ""));
+}
+
+}  // namespace
+
+HfConfig read_hf_config(const std::string& dir) {
+  const HfConfig config = parse_hf_config(dir);
+  Shards shards;
+  check_tensors(dir, config, shard_map(dir), shards);
+  return config;
+}
+
 Json hf_description(const HfConfig& h) {
   Json d = llama_description(h.llama);
   d["architecture"] = h.architecture;
@@ -450,20 +520,10 @@ Metadata hf_metadata(const HfConfig& h, const std::string& data) {
 void read_hf_weights_each(const std::string& dir, const HfConfig& config,
                           const std::function<void(const std::string&, const Tensor&)>& take) {
   const std::map<std::string, std::string> where = shard_map(dir);
-  const std::vector<Planned> tensors = plan(config.llama);
   // Every tensor present with config.json's shape before any is read.
   Shards shards;
-  for (const Planned& t : tensors) {
-    const auto it = where.find(t.hf);
-    CASTOR_CHECK(it != where.end(), dir, ": no tensor ", t.hf,
-                 t.castor == "output.weight" ? " (config.json: tie_word_embeddings false)" : "");
-    const SafetensorsEntry& e = shards.entry(it->second, t.hf);
-    CASTOR_CHECK(e.dtype == DType::Float32 || e.dtype == DType::Float16 || e.dtype == DType::BFloat16, it->second, ": ",
-                 t.hf, " is ", dtype_name(e.dtype), ", not float32, float16 or bfloat16");
-    CASTOR_CHECK(Shape(e.shape.begin(), e.shape.end()) == t.shape, it->second, ": ", t.hf, " has shape ",
-                 shape_str(Shape(e.shape.begin(), e.shape.end())), ", config.json gives ", shape_str(t.shape),
-                 t.hf == "model.embed_tokens.weight" ? " (vocab_size x hidden_size)" : "");
-  }
+  check_tensors(dir, config, where, shards);
+  const std::vector<Planned> tensors = plan(config.llama);
   for (const Planned& t : tensors) {
     const std::string& file = where.at(t.hf);
     const SafetensorsEntry& e = shards.entry(file, t.hf);
@@ -488,12 +548,12 @@ StateDict read_hf_weights(const std::string& dir, const HfConfig& config, DType 
 SafetensorsFile read_hf_header(const std::string& dir) {
   const HfConfig config = read_hf_config(dir);
   const std::map<std::string, std::string> where = shard_map(dir);
+  const std::vector<Planned> tensors = plan(config.llama);
   Shards shards;
+  check_tensors(dir, config, where, shards);
   SafetensorsFile out;
-  for (const Planned& t : plan(config.llama)) {
-    const auto it = where.find(t.hf);
-    CASTOR_CHECK(it != where.end(), dir, ": no tensor ", t.hf);
-    SafetensorsEntry e = shards.entry(it->second, t.hf);
+  for (const Planned& t : tensors) {
+    SafetensorsEntry e = shards.entry(where.at(t.hf), t.hf);
     e.name = t.castor;
     out.entries.push_back(e);
   }
@@ -563,13 +623,21 @@ Json config_json(const std::string& dir, const models::LlamaConfig& c, const HfW
 
 }  // namespace
 
+bool is_hf_export_file(const std::string& name) {
+  for (const char* f : {"config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json"})
+    if (name == f) return true;
+  for (const char* f : kTokenizerFiles)
+    if (name == f) return true;
+  // A shard: model-0000K-of-0000N.safetensors.
+  const auto digits = [&](size_t at) {
+    return std::all_of(name.begin() + at, name.begin() + at + 5, [](char ch) { return ch >= '0' && ch <= '9'; });
+  };
+  return name.size() == 32 && name.starts_with("model-") && digits(6) && name.compare(11, 4, "-of-") == 0 &&
+         digits(15) && name.ends_with(".safetensors");
+}
+
 void write_hf(const std::string& dir, const models::LlamaConfig& c, const StateDict& state, const HfWriteOptions& o) {
-  std::error_code ec;
-  const fs::path target = fs::path(dir).lexically_normal();
-  const bool exists = fs::exists(fs::symlink_status(target, ec));
-  CASTOR_CHECK(!exists || (fs::is_directory(fs::symlink_status(target, ec)) &&
-                           (fs::is_empty(target, ec) || fs::exists(target / "config.json", ec))),
-               dir, ": exists and is not a Hugging Face directory or empty; give another --out");
+  check_output_dir("--out", dir, is_hf_export_file, "a Hugging Face export");
   // The tensors as the files hold them, in the layout's order, before anything is written.
   std::vector<std::pair<std::string, Tensor>> tensors;
   for (const Planned& t : plan(c)) {
@@ -591,11 +659,8 @@ void write_hf(const std::string& dir, const models::LlamaConfig& c, const StateD
     shards.back().push_back(i);
     bytes += n, total += n;
   }
-  const fs::path tmp = target.string() + ".castor-tmp";
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  CASTOR_CHECK(fs::is_directory(tmp, ec), dir, ": cannot make ", tmp.string());
-  try {
+  write_output_dir("--out", dir, is_hf_export_file, "a Hugging Face export", {}, [&](const std::string& folder) {
+    const fs::path tmp(folder);
     Json::Object weight_map;
     for (size_t s = 0; s < shards.size(); ++s) {
       char name[64];
@@ -623,23 +688,7 @@ void write_hf(const std::string& dir, const models::LlamaConfig& c, const StateD
           const std::vector<uint8_t> b = read_file(o.tokenizer_dir + "/" + f);
           atomic_write_file((tmp / f).string(), std::span<const uint8_t>(b));
         }
-    // Into place: the old directory out of the way first, removed once the new one is there.
-    const fs::path old = target.string() + ".castor-old";
-    fs::remove_all(old, ec);
-    if (exists) {
-      fs::rename(target, old, ec);
-      CASTOR_CHECK(!ec, dir, ": cannot move the old directory aside: ", ec.message());
-    }
-    fs::rename(tmp, target, ec);
-    if (ec) {
-      if (exists) fs::rename(old, target, ec);
-      throw Error(detail::cat(dir, ": cannot rename ", tmp.string(), " into place"));
-    }
-    fs::remove_all(old, ec);
-  } catch (...) {
-    fs::remove_all(tmp, ec);
-    throw;
-  }
+  });
 }
 
 }  // namespace castor::formats

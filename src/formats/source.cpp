@@ -182,8 +182,9 @@ void read_weights_each(const std::string& path, const std::function<void(const s
   }
 }
 
-void load_weights_into(nn::Module& model, const std::string& path) {
-  const StateDict own = model.state_dict();
+void load_weights_into(nn::Module& model, const std::string& path,
+                       const std::function<void(const std::string& name)>& filled) {
+  StateDict own = model.state_dict();
   std::set<const void*> loaded;  // the storages given, by address (a tied tensor's names share one)
   NoGradGuard no_grad;
   const std::string compiled = "_orig_mod.";
@@ -194,10 +195,16 @@ void load_weights_into(nn::Module& model, const std::string& path) {
     CASTOR_CHECK(it != own.end(), path, ": the model has no tensor ", printable(name));
     CASTOR_CHECK(it->second.shape() == t.shape(), path, ": ", name, " has shape ", shape_str(t.shape()),
                  ", the model's is ", shape_str(it->second.shape()));
+    check_finite(path, name, t);
     Tensor(it->second).copy_(t);
     loaded.insert(it->second.data_ptr());
+    if (filled) {
+      filled(name);
+      it->second = Tensor();  // (the model may have dropped the tensor: it is not held here either)
+    }
   });
-  for (const auto& [name, t] : own) CASTOR_CHECK(loaded.count(t.data_ptr()), path, ": gives no ", name);
+  for (const auto& [name, t] : own)
+    CASTOR_CHECK(!t.defined() || loaded.count(t.data_ptr()), path, ": gives no ", name);
 }
 
 SafetensorsFile read_weights_header(const std::string& path) {

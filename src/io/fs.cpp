@@ -37,7 +37,11 @@ struct Fd {
   }
 };
 
-std::string errno_text() { return std::strerror(errno); }
+// errno as text; EFBIG (a write past the file-size limit, SIGXFSZ being ignored: castor's main) says which limit.
+std::string errno_text() {
+  if (errno == EFBIG) return "File too large (past the file-size limit: ulimit -f, or a disk quota)";
+  return std::strerror(errno);
+}
 
 std::string parent_dir(const std::string& path) {
   size_t slash = path.rfind('/');

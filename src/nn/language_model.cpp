@@ -66,9 +66,11 @@ Tensor LanguageModel::run_blocks(nn::Sequential& blocks, Tensor x) const {
   return x;
 }
 
-KVCache::KVCache(const LanguageModel& model, int64_t batch_size) : capacity_(model.block_size()) {
+KVCache::KVCache(const LanguageModel& model, int64_t batch_size, int64_t capacity)
+    : capacity_(capacity > 0 ? std::min(capacity, model.block_size()) : model.block_size()) {
   const LanguageModel::CacheShape s = model.cache_shape();
   CASTOR_CHECK(batch_size > 0, "KVCache: batch_size must be positive, got ", batch_size);
+  CASTOR_CHECK(capacity >= 0, "KVCache: capacity must be positive (or 0: the block size), got ", capacity);
   for (int64_t l = 0; l < s.n_layers; ++l) {
     keys_.push_back(empty({batch_size, s.n_kv_heads, capacity_, s.head_dim}, s.dtype));
     values_.push_back(empty({batch_size, s.n_kv_heads, capacity_, s.head_dim}, s.dtype));
@@ -189,7 +191,9 @@ void generate(LanguageModel& model, std::vector<int64_t> prompt, int64_t max_new
     CASTOR_CHECK(t >= 0 && t < real_vocab, "generate: prompt token ", t, " is outside the vocabulary [0, ", real_vocab,
                  ")");
   Generator gen(seed);
-  KVCache cache(model);
+  // (the prompt fed and the new tokens but the last, never fed: the cache fills only where they pass the block)
+  KVCache cache(model, 1,
+                std::min<int64_t>(T, static_cast<int64_t>(prompt.size())) + std::max<int64_t>(max_new_tokens, 1));
   // The tokens the model may still read: at most the last block_size (older ones are dropped as new ones come).
   std::vector<int64_t> seq = std::move(prompt);
   // Feeds seq[from, end) after what the cache holds; returns the last position's logits over the real vocabulary.

@@ -1,11 +1,13 @@
 // The standard layers: PyTorch's parameter layouts and default initialisation, forwards through castor::F.
 #include <cmath>
 
+#include "castor/autocast.h"
 #include "castor/autograd.h"
 #include "castor/functional.h"
 #include "castor/lora.h"
 #include "castor/nn.h"
 #include "castor/ops.h"
+#include "castor/quant.h"
 #include "castor/random.h"
 
 namespace castor::nn {
@@ -36,6 +38,44 @@ Tensor kaiming_uniform(const Shape& shape, int64_t fan_in) {
 // PyTorch's default bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
 Tensor fan_in_uniform(const Shape& shape, int64_t fan_in) {
   return init_uniform(shape, 1.0 / std::sqrt(static_cast<double>(fan_in)));
+}
+
+// input (*, in) x a frozen quantized weight (out, in)^T [+ bias (out), added before the one rounding as PyTorch's
+// addmm], as linear with the blocks' values: linear's autocast policy (the product in bfloat16 at O1), one kernel
+// (quant::quantized_matmul) each way, the input's (and bias's) gradient only.
+Tensor quantized_linear(const Tensor& input, const std::shared_ptr<const quant::QuantizedMatrix>& w,
+                        const Tensor& bias) {
+  static const amp::CustomOp op = amp::register_op("quantized_linear", CastPolicy::LowerPrecision);
+  const int64_t N = w->rows, K = w->cols;
+  CASTOR_CHECK(input.dim() >= 1 && input.size(-1) == K && is_floating(input.dtype()), "Linear: input ",
+               input.describe(), " does not match the (", N, ", ", K, ") ", quant::block_type(w->type).name, " weight");
+  CASTOR_CHECK(!bias.defined() || bias.shape() == Shape{N}, "Linear: expected a bias of shape (", N, "), got ",
+               bias.describe());
+  auto forward = [w, N, K](autograd::FunctionCtx&, const std::vector<Tensor>& in) {
+    const Tensor x = in[0].contiguous();  // (*, K)
+    Shape shape = x.shape();
+    shape.back() = N;
+    Tensor out = empty(shape, x.dtype());
+    const Tensor b = in.size() > 1 ? in[1].to(x.dtype()).contiguous() : Tensor();
+    if (const int64_t M = x.numel() / K; M > 0)
+      quant::quantized_matmul(x.view({M, K}), *w, /*transpose_w=*/false, out.view({M, N}), b);
+    return out;
+  };
+  auto backward = [w, N, K](autograd::FunctionCtx& ctx, const Tensor& g) {
+    const Tensor gc = g.contiguous();  // (*, N)
+    Shape shape = gc.shape();
+    shape.back() = K;
+    Tensor dx = empty(shape, gc.dtype());
+    if (const int64_t M = gc.numel() / N; M > 0)
+      quant::quantized_matmul(gc.view({M, N}), *w, /*transpose_w=*/true, dx.view({M, K}));
+    std::vector<Tensor> grads = {dx};
+    if (ctx.needs_input_grad().size() > 1)
+      grads.push_back(ctx.needs_input_grad()[1] ? sum(gc.view({-1, N}), {0}) : Tensor());
+    return grads;
+  };
+  return autograd::apply_function(forward, backward,
+                                  bias.defined() ? std::vector<Tensor>{input, bias} : std::vector<Tensor>{input}, &op,
+                                  "quantized_linear");
 }
 
 }  // namespace
@@ -73,8 +113,30 @@ Linear::Linear(int64_t in_features, int64_t out_features, bool bias) {
   if (bias) this->bias = register_parameter("bias", fan_in_uniform({out_features}, in_features));
 }
 
+int64_t Linear::in_features() const { return quantized ? quantized->cols : weight.size(1); }
+int64_t Linear::out_features() const { return quantized ? quantized->rows : weight.size(0); }
+
+void Linear::quantize_weight(quant::BlockType type, bool double_quant) {
+  CASTOR_CHECK(!quantized, "Linear: the weight is already quantized");
+  CASTOR_CHECK(!lora || !lora->merged(), "Linear: an adapter is merged into the weight");
+  const Tensor w = weight.detach().to(DType::Float32).contiguous();  // (out, in)
+  quantized = std::make_shared<const quant::QuantizedMatrix>(
+      quant::quantize_matrix(w.data<float>(), w.size(0), w.size(1), type, double_quant));
+  unregister_parameter("weight");
+  weight = Tensor();
+}
+
+void Linear::dequantize_weight(DType dtype) {
+  CASTOR_CHECK(quantized, "Linear: the weight is not quantized");
+  Tensor w = empty({quantized->rows, quantized->cols});  // (out, in)
+  quant::dequantize_rows(*quantized, 0, quantized->rows, w.data<float>());
+  weight = register_parameter("weight", w.to(dtype));
+  weight.requires_grad_(false);
+  quantized.reset();
+}
+
 Tensor Linear::forward(const Tensor& input) {
-  const Tensor y = F::linear(input, weight, bias);
+  const Tensor y = quantized ? quantized_linear(input, quantized, bias) : F::linear(input, weight, bias);
   return lora && !lora->merged() ? y + lora->delta(input) : y;
 }
 

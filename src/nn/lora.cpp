@@ -9,6 +9,7 @@
 #include "castor/autograd.h"
 #include "castor/functional.h"
 #include "castor/ops.h"
+#include "castor/quant.h"
 #include "castor/random.h"
 
 namespace castor::nn {
@@ -48,7 +49,7 @@ NamedLinears targets_of(Module& model, const LoraConfig& config) {
   const NamedLinears linears = all_linears(model);
   CASTOR_CHECK(!linears.empty(), "lora: ", model.type_name(), " has no Linear layer to adapt");
   const auto& names = config.target_modules;
-  if (names.size() == 1 && names[0] == "all-linear") return NamedLinears(linears.begin(), linears.end() - 1);
+  if (names.size() == 1 && names[0] == "all-linear") return all_linear_layers(model);
   std::vector<std::string> unmatched;
   for (const std::string& n : names)
     if (std::none_of(linears.begin(), linears.end(), [&](const auto& l) { return matches(l.first, n); }))
@@ -144,6 +145,12 @@ std::vector<std::string> apply_lora(Module& model, const LoraConfig& config) {
   return paths;
 }
 
+NamedLinears all_linear_layers(Module& model) {
+  NamedLinears linears = all_linears(model);
+  if (!linears.empty()) linears.pop_back();
+  return linears;
+}
+
 std::vector<std::pair<std::string, std::shared_ptr<Linear>>> lora_layers(Module& model) {
   NamedLinears out;
   for (auto& l : all_linears(model))
@@ -165,6 +172,8 @@ void merge_lora(Module& model) {
   for (const auto& [path, layer] : lora_layers(model)) {
     LoraAdapter& a = *layer->lora;
     if (a.merged()) continue;
+    CASTOR_CHECK(!layer->quantized, path, ": the adapter cannot be merged into a ",
+                 quant::block_type(layer->quantized->type).name, " base (quantized weights stay frozen blocks)");
     Tensor w = layer->weight.detach();
     const Tensor ba = mm(a.lora_B->weight.detach().to(DType::Float32), a.lora_A->weight.detach().to(DType::Float32));
     const Tensor merged = (w.to(DType::Float32) + ba * a.scaling).to(w.dtype());  // (out, in), one rounding

@@ -87,6 +87,12 @@ void Module::unregister_module(const std::string& name) {
   children_.erase(it);
 }
 
+void Module::unregister_parameter(const std::string& name) {
+  auto it = std::find_if(parameters_.begin(), parameters_.end(), [&](const auto& e) { return e.first == name; });
+  CASTOR_CHECK(it != parameters_.end(), type_name(), ": no parameter \"", name, "\" to remove");
+  parameters_.erase(it);
+}
+
 void Module::collect(const std::string& prefix, bool params, bool buffers, bool recurse, NamedTensors& out) const {
   if (params)
     for (const auto& [name, t] : parameters_) out.emplace_back(prefix + name, t);

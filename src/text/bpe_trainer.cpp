@@ -8,6 +8,7 @@
 
 #include "castor/check.h"
 #include "castor/tokenizer.h"
+#include "text/unicode.h"
 
 namespace castor::data {
 namespace {
@@ -144,7 +145,7 @@ Trainer::Trainer(std::span<const std::string_view> texts, int64_t vocab_size) : 
   std::vector<std::pair<std::u32string, int64_t>> words;
   std::unordered_map<char32_t, int64_t> char_count;
   for (const auto& [w, n] : count_words(texts)) {
-    std::u32string cps = decode_utf8(w, "the text");
+    std::u32string cps = unicode::decode_utf8(w, "the text");
     for (char32_t& c : cps) {
       if (c == ' ') c = kSpace;
       char_count[c] += n;
@@ -163,7 +164,7 @@ Trainer::Trainer(std::span<const std::string_view> texts, int64_t vocab_size) : 
   for (size_t i = 0; i < chars_.size(); ++i) {
     Symbol s;
     const char32_t c = chars_[i].first;
-    append_utf8(c, s.utf8);
+    unicode::append_utf8(c, s.utf8);
     s.all_space = s.has_space = c == kSpace;
     s.has_digit = is_digit(c);
     s.script = c == kSpace ? -1 : script_of(c);
@@ -265,7 +266,7 @@ BpeVocabulary Trainer::run() {
   for (std::string& m : merged) add(std::move(m));
   for (const auto& [c, n] : chars_) {
     std::string s;
-    append_utf8(c, s);
+    unicode::append_utf8(c, s);
     add(std::move(s));
   }
   return v;

@@ -73,7 +73,7 @@ std::string end_of_turn(const ChatTokenizer& t) {
   }
 }
 
-ChatTokenizer hf_chat_tokenizer(const Tokenizer& tokenizer, bool need_template) {
+ChatTokenizer hf_chat_tokenizer(const Tokenizer& tokenizer, bool need_template, const std::string& template_file) {
   const HfTokenizer& hf = *tokenizer.hf();
   const std::filesystem::path dir = std::filesystem::path(tokenizer.hf_path()).parent_path();
   const std::string config_path = (dir / "tokenizer_config.json").string();
@@ -88,7 +88,9 @@ ChatTokenizer hf_chat_tokenizer(const Tokenizer& tokenizer, bool need_template) 
     CASTOR_CHECK(config.is_object(), config_path, ": expected a JSON object");
   }
   ChatTokenizer t;
-  if (file_exists(jinja_path)) {
+  if (!template_file.empty()) {
+    t.chat_template = file_text(template_file), t.template_what = template_file;
+  } else if (file_exists(jinja_path)) {
     t.chat_template = file_text(jinja_path), t.template_what = jinja_path;
   } else if (const Json* c = config.find("chat_template"); c && !c->is_null()) {
     t.template_what = config_path + "'s chat_template";
@@ -102,9 +104,10 @@ ChatTokenizer hf_chat_tokenizer(const Tokenizer& tokenizer, bool need_template) 
     CASTOR_CHECK(c && c->is_string(), config_path, ": chat_template is not a string");
     t.chat_template = c->as_string();
   }
-  CASTOR_CHECK(!need_template || !t.chat_template.empty(), dir.string(),
-               ": no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template); a base "
-               "model's tokenizer: use --format prompt-completion, alpaca or text");
+  CASTOR_CHECK(
+      !need_template || !t.chat_template.empty(), dir.string(),
+      ": no chat template (neither chat_template.jinja nor tokenizer_config.json's chat_template); a base "
+      "model's tokenizer: give one with --chat-template FILE, or use --format prompt-completion, alpaca or text");
   const auto id_of = [&](const std::string& token, const char* key) -> int32_t {
     if (token.empty()) return -1;
     const std::optional<uint32_t> id = hf.token_id(token);
@@ -141,11 +144,11 @@ ChatTokenizer hf_chat_tokenizer(const Tokenizer& tokenizer, bool need_template) 
 
 }  // namespace
 
-ChatTokenizer chat_tokenizer(const Tokenizer& tokenizer, bool need_template) {
-  if (tokenizer.hf()) return hf_chat_tokenizer(tokenizer, need_template);
+ChatTokenizer chat_tokenizer(const Tokenizer& tokenizer, bool need_template, const std::string& template_file) {
+  if (tokenizer.hf()) return hf_chat_tokenizer(tokenizer, need_template, template_file);
   ChatTokenizer t;
-  t.chat_template = kChatMl;
-  t.template_what = "Castor's ChatML template";
+  t.chat_template = template_file.empty() ? kChatMl : file_text(template_file);
+  t.template_what = template_file.empty() ? "Castor's ChatML template" : template_file;
   t.bos_before_text = true;
   if (const BpeTokenizer* bpe = tokenizer.bpe()) {
     t.encode = [bpe](std::string_view text, std::vector<int32_t>& out) {
@@ -198,6 +201,27 @@ const std::string& string_field(const Json& row, const char* key, const std::str
   const Json* v = row.is_object() ? row.find(key) : nullptr;
   CASTOR_CHECK(v && v->is_string(), where, ": ", what, " has no string \"", key, "\"");
   return v->as_string();
+}
+
+// ShareGPT's turns ({"from", "value"}) as messages, the roles mapped as Unsloth's standardize_sharegpt maps them.
+Json sharegpt_messages(const Json& conversations, const std::string& where) {
+  CASTOR_CHECK(conversations.is_array() && !conversations.as_array().empty(), where,
+               ": \"conversations\" must be a non-empty list of {\"from\", \"value\"}");
+  static const std::vector<std::pair<std::string, const char*>> kRoles = {
+      {"system", "system"}, {"human", "user"},          {"user", "user"},       {"input", "user"},
+      {"gpt", "assistant"}, {"assistant", "assistant"}, {"output", "assistant"}};
+  Json::Array messages;
+  for (size_t i = 0; i < conversations.as_array().size(); ++i) {
+    const Json& turn = conversations.as_array()[i];
+    const std::string what = detail::cat("turn ", i + 1, " of \"conversations\"");
+    const std::string& from = string_field(turn, "from", where, what.c_str());
+    const auto role = std::find_if(kRoles.begin(), kRoles.end(), [&](const auto& r) { return r.first == from; });
+    CASTOR_CHECK(role != kRoles.end(), where, ": ", what, ": \"from\" is '", printable(from),
+                 "' (expected human, gpt or system; also user, assistant, input, output)");
+    messages.push_back(
+        Json::Object{{"role", role->second}, {"content", string_field(turn, "value", where, what.c_str())}});
+  }
+  return messages;
 }
 
 }  // namespace
@@ -281,7 +305,11 @@ TokenizedText tokenize_row(const Json& row, ChatFormat format, const ChatTemplat
   CASTOR_CHECK(row.is_object(), where, ": expected a JSON object, got a ", row.type_name());
   if (format == ChatFormat::Chat) {
     const Json* messages = row.find("messages");
-    CASTOR_CHECK(messages, where, ": no \"messages\" (--format chat)");
+    if (const Json* conversations = row.find("conversations"); conversations && !messages) {
+      const Json converted = sharegpt_messages(*conversations, where);
+      return tokenize_rendered(render_conversation(converted, tmpl, tok, train_on_prompt, where), tok);
+    }
+    CASTOR_CHECK(messages, where, ": no \"messages\" (nor ShareGPT's \"conversations\"; --format chat)");
     return tokenize_rendered(render_conversation(*messages, tmpl, tok, train_on_prompt, where), tok);
   }
   std::string prompt, completion;

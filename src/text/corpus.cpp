@@ -1,10 +1,6 @@
 // Text documents (files, the Brown corpus), their train/val split and the tokenize job writing a token directory.
 #include "castor/corpus.h"
 
-#include <fcntl.h>
-#include <signal.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -20,6 +16,7 @@
 #include "castor/check.h"
 #include "castor/fs.h"
 #include "castor/mc_task.h"
+#include "castor/output_dir.h"
 #include "castor/token_file.h"
 #include "castor/tokenizer.h"
 
@@ -50,108 +47,23 @@ bool is_token_folder_file(const std::string& name) {
                     "vocab.bpe", "tokenizer.bin", "tokenizer_config.json", "chat_template.jinja"});
 }
 
-// The entries of `dir` that are not a token folder's, sorted.
-std::vector<std::string> foreign_entries(const fs::path& dir) {
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
-    if (!is_token_folder_file(it->path().filename().string())) names.push_back(it->path().filename().string());
-  CASTOR_CHECK(!ec, dir.string(), ": cannot list: ", ec.message());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-// The sibling folders a tokenize into `out` works in: .NAME.new-PID (being written) and .NAME.old-PID (the folder
-// it replaced, until removed).
-fs::path work_folder(const fs::path& out, const char* what, long pid) {
-  return out.parent_path() / detail::cat(".", out.filename().string(), ".", what, "-", pid);
-}
-
-// What killed tokenize runs left beside `out`: a new folder is removed; an old one is put back when `out` is
-// missing (killed between the two renames of a filesystem without RENAME_EXCHANGE), else removed if it holds only
-// token-folder files (one still holding the user's other files is left for them). Folders of live processes stay.
-void clean_up_after_killed_runs(const fs::path& out) {
-  std::error_code ec;
-  const std::string stem = "." + out.filename().string() + ".";
-  for (fs::directory_iterator it(out.parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.rfind(stem, 0) != 0) continue;
-    const std::string rest = name.substr(stem.size());
-    const bool is_new = rest.rfind("new-", 0) == 0, is_old = rest.rfind("old-", 0) == 0;
-    if (!is_new && !is_old) continue;
-    const long pid = std::atol(rest.c_str() + 4);
-    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
-    std::error_code e2;
-    if (is_old && !fs::exists(fs::symlink_status(out, e2))) {
-      fs::rename(it->path(), out, e2);
-    } else if (is_new || foreign_entries(it->path()).empty()) {
-      fs::remove_all(it->path(), e2);
-    }
-  }
-}
-
-// `out` as a token folder may replace it: missing, or a directory (not a link) holding only a token folder's files
-// (others only with `overwrite`). Returns the other entries.
+// `out` as a token folder may replace it: check_output_dir's rule for a token folder's files (others only with
+// `overwrite`, which keeps them). Returns the other entries.
 std::vector<std::string> check_out_folder(const std::string& out, const fs::path& path, bool overwrite) {
-  std::error_code ec;
-  const fs::file_status st = fs::symlink_status(path, ec);
-  if (st.type() == fs::file_type::not_found) return {};
-  CASTOR_CHECK(!ec, "--out: ", out, ": cannot stat: ", ec.message());
-  CASTOR_CHECK(st.type() != fs::file_type::symlink, "--out: ", out,
-               ": is a symbolic link; give the folder itself (a token folder is replaced whole, never through a link)");
-  CASTOR_CHECK(st.type() == fs::file_type::directory, "--out: ", out,
-               ": exists and is not a directory; a token folder is a directory");
+  const std::vector<std::string> other = check_output_dir("--out", out, is_token_folder_file, "a token folder",
+                                                          overwrite,
+                                                          ", or --overwrite to replace its token files and keep these");
   // Token files that no castor tokenize wrote (no record beside them: llm.c's train.bin, a model's tokenizer.json)
   // are the user's too.
   const std::string record = token_record_path(path.string());
+  std::error_code ec;
   if (!overwrite && (record.empty() || !is_token_record(record))) {
     for (const char* name : {"train.bin", "val.bin", "tokenizer.json", "tokenizer.bin"})
       CASTOR_CHECK(!fs::exists(fs::symlink_status(path / name, ec)), "--out: ", out, ": ", (path / name).string(),
                    " was not written by castor tokenize (the folder has no ", kTokenRecord,
                    " of it); give another --out, or --overwrite to replace it");
   }
-  const std::vector<std::string> other = foreign_entries(path);
-  if (!other.empty() && !overwrite) {
-    std::string list;
-    for (size_t i = 0; i < other.size() && i < 5; ++i) list += (i ? ", " : "") + printable(other[i]);
-    if (other.size() > 5) list += detail::cat(" and ", other.size() - 5, " more");
-    throw Error(detail::cat("--out: ", out, " holds files a token folder does not (", list,
-                            "); give another --out, or --overwrite to replace its token files and keep these"));
-  }
   return other;
-}
-
-// Puts the complete folder `fresh` at `out` in one step (RENAME_EXCHANGE swaps them atomically; a filesystem without
-// it gets two renames, which clean_up_after_killed_runs completes), moves the user's `keep` entries from the old
-// folder into it, and removes the old folder.
-void switch_folder(const fs::path& fresh, const fs::path& out, const std::vector<std::string>& keep) {
-  const fs::path old = work_folder(out, "old", ::getpid());
-  std::error_code ec;
-  auto fail = [&](const std::string& what) {
-    const std::string msg = detail::cat(out.string(), ": ", what, ": ", std::strerror(errno));
-    fs::remove_all(fresh, ec);  // the previous folder is still at `out`, as it was
-    throw Error(msg);
-  };
-  if (!fs::exists(fs::symlink_status(out, ec))) {
-    if (::rename(fresh.c_str(), out.c_str()) != 0) fail("cannot rename the new token folder into place");
-  } else if (::renameat2(AT_FDCWD, fresh.c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) == 0) {
-    // `fresh` now names the old folder: to be removed below (a failure here leaves it for the next tokenize).
-    CASTOR_CHECK(::rename(fresh.c_str(), old.c_str()) == 0, fresh.string(),
-                 ": cannot rename the replaced token folder: ", std::strerror(errno));
-  } else {
-    if (errno != EINVAL && errno != ENOSYS) fail("cannot switch to the new token folder");
-    if (::rename(out.c_str(), old.c_str()) != 0) fail("cannot move the old token folder aside");
-    CASTOR_CHECK(::rename(fresh.c_str(), out.c_str()) == 0, out.string(),
-                 ": cannot rename the new token folder "
-                 "into place: ",
-                 std::strerror(errno), " (the old one is at ", old.string(), ")");
-  }
-  fsync_directory(out.parent_path().string());
-  for (const std::string& name : keep) {
-    fs::rename(old / name, out / name, ec);
-    CASTOR_CHECK(!ec, (old / name).string(), ": cannot move back into ", out.string(), ": ", ec.message());
-  }
-  fs::remove_all(old, ec);
 }
 
 using IsVal = std::function<bool(size_t)>;
@@ -320,23 +232,13 @@ struct FolderFile {
   int width;
 };
 
-// Writes the token files, GPT-2's BPE files, tokenizer.bin or Hugging Face's tokenizer.json, and the record whole into
-// a sibling folder of `out`, then
-// switches it with `out` in one step: a failed or killed tokenize leaves the previous folder as it was, never new
-// token files beside an old vocabulary. `keep`: what check_out_folder found in `out`.
-void write_token_folder(const fs::path& out, const TokenizeOptions& opt, const std::vector<std::string>& keep,
+// Writes the token files, GPT-2's BPE files, tokenizer.bin or Hugging Face's tokenizer.json, and the record as one
+// folder at --out (write_output_dir): a failed or killed tokenize leaves the previous folder as it was, never new
+// token files beside an old vocabulary. `keep`: what check_out_folder found in --out.
+void write_token_folder(const TokenizeOptions& opt, const std::vector<std::string>& keep,
                         const std::vector<FolderFile>& files, const Tokenizer& tokenizer, const std::string& gpt2_dir,
                         const Json& record) {
-  std::error_code ec;
-  fs::create_directories(out.parent_path(), ec);
-  CASTOR_CHECK(!ec, "--out: ", opt.out, ": cannot create its parent folder: ", ec.message());
-  clean_up_after_killed_runs(out);
-  const fs::path fresh = work_folder(out, "new", ::getpid());
-  fs::remove_all(fresh, ec);
-  CASTOR_CHECK(fs::create_directory(fresh, ec) && !ec, "--out: ", opt.out, ": cannot create ", fresh.string(), ": ",
-               ec.message());
-  try {
-    const std::string dir = fresh.string();
+  write_output_dir("--out", opt.out, is_token_folder_file, "a token folder", keep, [&](const std::string& dir) {
     for (const FolderFile& f : files) write_token_file(dir + "/" + f.name, f.tokens, f.width);
     if (tokenizer.kind() == "gpt2") {
       atomic_write_file(dir + "/encoder.json", read_file(gpt2_dir + "/encoder.json"));
@@ -352,11 +254,7 @@ void write_token_folder(const fs::path& out, const TokenizeOptions& opt, const s
           atomic_write_file(dir + "/" + name, read_file((from / name).string(), int64_t{1} << 26));
     }
     atomic_write_file(dir + "/" + kTokenRecord, record.dump(2) + "\n");
-  } catch (const Error&) {
-    fs::remove_all(fresh, ec);
-    throw;
-  }
-  switch_folder(fresh, out, keep);
+  });
 }
 
 }  // namespace
@@ -433,7 +331,7 @@ Json tokenize_documents(const std::vector<Document>& docs, const TokenizeOptions
   record["text_bytes"] = text_bytes;
   record["split"] = by_document ? detail::cat("every ", opt.val_every, "th document to val")
                                 : detail::cat("the last ", opt.val_fraction, " of the tokens to val");
-  write_token_folder(out, opt, keep, {{"train.bin", train, width}, {"val.bin", val, width}}, tokenizer,
+  write_token_folder(opt, keep, {{"train.bin", train, width}, {"val.bin", val, width}}, tokenizer,
                      fixed ? opt.vocab : opt.bpe_dir, record);
   Json summary = record;
   summary["out"] = printable(opt.out);  // a report line: any path, non-UTF-8 bytes as \xNN
@@ -470,11 +368,14 @@ std::vector<uint32_t> as_ids(const std::vector<int32_t>& ids, int64_t vocab, con
 }
 
 // The examples of a JSONL file, one a line (blank lines skipped), rendered and tokenized.
+// `wheres` gets each one's "FILE:LINE".
 std::vector<TokenizedText> read_chat_examples(const std::string& path, ChatFormat format, const ChatTemplate& tmpl,
-                                              const ChatTokenizer& ct, bool train_on_prompt) {
+                                              const ChatTokenizer& ct, bool train_on_prompt,
+                                              std::vector<std::string>& wheres) {
   std::vector<TokenizedText> examples;
   for_each_jsonl_row(path, [&](const Json& j, int64_t, const std::string& where) {
     examples.push_back(tokenize_row(j, format, tmpl, ct, train_on_prompt, where));
+    wheres.push_back(where);
   });
   CASTOR_CHECK(!examples.empty(), path, ": no examples");
   return examples;
@@ -525,13 +426,73 @@ Json chat_record(const Tokenizer& tokenizer, const ChatTokenizer& ct, ChatFormat
   return record;
 }
 
+// The tokenizer directory of --tokenizer or --vocab with --format: a model's tokenizer.json stands for its directory,
+// where its template and tokenizer_config.json are.
+std::string chat_tokenizer_dir(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return path;
+  CASTOR_CHECK(fs::path(path).filename() == "tokenizer.json",
+               "--tokenizer: with --format, expected a token directory, "
+               "a model directory or its tokenizer.json, got the file '",
+               printable(path), "'");
+  const std::string dir = fs::path(path).parent_path().string();
+  return dir.empty() ? "." : dir;
+}
+
+// Rows' length when --block-size is not given: the model's context (a Hugging Face tokenizer's tokenizer_config.json
+// model_max_length, unless transformers' "no limit" 1e30, else config.json's max_position_embeddings beside it), at
+// most kChatBlockCap, as TRL's SFTTrainer caps max_length by default; said on stderr.
+constexpr int64_t kChatBlockCap = 1024;
+int64_t default_block_size(const Tokenizer& tokenizer) {
+  const std::string missing = "--block-size: missing (rows hold --block-size + 1 tokens; the model's block size)";
+  CASTOR_CHECK(tokenizer.hf(), missing);
+  const fs::path dir = fs::path(tokenizer.hf_path()).parent_path();
+  int64_t context = 0;
+  std::string from;
+  for (const auto& [file, key] :
+       {std::pair{"tokenizer_config.json", "model_max_length"}, std::pair{"config.json", "max_position_embeddings"}}) {
+    const std::string path = (dir / file).string();
+    if (context > 0 || !file_exists(path)) continue;
+    Json j;
+    try {
+      const std::vector<uint8_t> bytes = read_file(path, uint64_t{1} << 26);
+      j = Json::parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
+    } catch (const Error& e) {
+      throw Error(detail::cat(path, ": ", e.what()));
+    }
+    const Json* v = j.is_object() ? j.find(key) : nullptr;
+    if (v && v->is_int() && v->as_int() >= 2 && v->as_int() < int64_t{1} << 40)
+      context = v->as_int(), from = path + "'s " + key;
+  }
+  CASTOR_CHECK(context > 0, missing, "; ", dir.string(),
+               " gives no context length (tokenizer_config.json's "
+               "model_max_length or config.json's max_position_embeddings)");
+  const int64_t block = std::min(context, kChatBlockCap);
+  std::fprintf(stderr, "castor tokenize: --block-size %lld: the model's context %lld (%s)%s\n",
+               static_cast<long long>(block), static_cast<long long>(context), printable(from).c_str(),
+               block < context ? ", capped as TRL's SFTTrainer's default max_length; give --block-size for longer rows"
+                               : "");
+  return block;
+}
+
+// Where no target reaches the rows: the first example whose targets all lie past a row of `row_tokens` (its prompt
+// fills the row), as "LINE: its prompt is N tokens", or "".
+std::string prompt_past_the_row(const std::vector<TokenizedText>& examples, const std::vector<std::string>& where,
+                                int64_t row_tokens) {
+  for (size_t i = 0; i < examples.size(); ++i) {
+    const std::vector<uint8_t>& m = examples[i].mask;
+    const auto first = std::find(m.begin(), m.end(), uint8_t{1});
+    if (first != m.end() && first - m.begin() >= row_tokens)
+      return detail::cat(where[i], ": the prompt is ", first - m.begin(), " tokens");
+  }
+  return "";
+}
+
 }  // namespace
 
 Json tokenize_chat(const TokenizeOptions& opt) {
   const ChatFormat format = parse_chat_format(opt.format);
   CASTOR_CHECK(opt.inputs.size() == 1, "--input: --format takes one JSONL file, got ", opt.inputs.size());
-  CASTOR_CHECK(opt.block_size >= 1,
-               "--block-size: missing (rows hold --block-size + 1 tokens; the model's block size)");
   CASTOR_CHECK(!opt.out.empty(), "--out: missing (the directory to write train.bin and val.bin to)");
   CASTOR_CHECK(opt.val_fraction >= 0 && opt.val_fraction < 1, "--val-fraction: must be in [0, 1)");
   fs::path out = fs::absolute(opt.out).lexically_normal();
@@ -539,18 +500,24 @@ Json tokenize_chat(const TokenizeOptions& opt) {
   const std::vector<std::string> keep = check_out_folder(opt.out, out, opt.overwrite);
   // The tokenizer: a token directory's (its record and files), or GPT-2's from --bpe-dir.
   const bool named_gpt2 = opt.vocab.empty() && opt.tokenizer == "gpt2";
-  const std::string tok_dir = !opt.vocab.empty() ? opt.vocab : named_gpt2 ? opt.bpe_dir : opt.tokenizer;
+  const std::string tok_dir = named_gpt2 ? opt.bpe_dir
+                                         : chat_tokenizer_dir(!opt.vocab.empty() ? opt.vocab : opt.tokenizer);
   const Tokenizer tokenizer = named_gpt2 ? Tokenizer(Gpt2Tokenizer::from_dir(opt.bpe_dir)) : Tokenizer::load(tok_dir);
   if (!opt.vocab.empty()) check_vocab_flags(tokenizer, opt);
-  const ChatTokenizer ct = chat_tokenizer(tokenizer);
+  const ChatTokenizer ct = chat_tokenizer(tokenizer, format == ChatFormat::Chat, opt.chat_template);
+  const int64_t row_tokens = (opt.block_size >= 1 ? opt.block_size : default_block_size(tokenizer)) + 1;
   const ChatTemplate tmpl(ct.chat_template, ct.template_what);
   const std::string& path = opt.inputs[0];
-  const auto [train, val] = split_examples(read_chat_examples(path, format, tmpl, ct, opt.train_on_prompt), opt, path);
-  const int64_t row_tokens = opt.block_size + 1;
+  std::vector<std::string> wheres;
+  std::vector<TokenizedText> examples = read_chat_examples(path, format, tmpl, ct, opt.train_on_prompt, wheres);
+  const std::string past_the_row = prompt_past_the_row(examples, wheres, row_tokens);
+  const auto [train, val] = split_examples(std::move(examples), opt, path);
   const Rows tr = make_rows(train, row_tokens, opt.drop_long, opt.pack, ct.pad_id);
   const Rows va = make_rows(val, row_tokens, opt.drop_long, opt.pack, ct.pad_id);
   CASTOR_CHECK(tr.rows > 0 && va.rows > 0, path, ": --drop-long leaves no ", tr.rows ? "validation" : "training",
                " example of at most ", row_tokens, " tokens");
+  CASTOR_CHECK(tr.targets > 0 || past_the_row.empty(), past_the_row, " before its first target, and rows hold ",
+               row_tokens, " (--block-size ", row_tokens - 1, "): no target fits; give a larger --block-size");
   CASTOR_CHECK(tr.targets > 0, path, ": no token of the training examples is a loss target",
                format == ChatFormat::Chat ? " (no assistant turn; --train-on-prompt trains on every token)" : "");
   CASTOR_CHECK(va.targets > 0, path, ": no token of the validation examples is a loss target");
@@ -563,7 +530,7 @@ Json tokenize_chat(const TokenizeOptions& opt) {
   const Json record = chat_record(tokenizer, ct, format, opt, row_tokens, tr, va,
                                   static_cast<int64_t>(train.size() + val.size()), static_cast<int64_t>(val.size()),
                                   files, width);
-  write_token_folder(out, opt, keep, files, tokenizer, tok_dir, record);
+  write_token_folder(opt, keep, files, tokenizer, tok_dir, record);
   Json summary = record;
   summary.as_object().erase("chat_template");
   summary["out"] = printable(opt.out);

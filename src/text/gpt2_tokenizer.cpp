@@ -25,7 +25,7 @@ Cls classify(char32_t cp) {
 // A token or merge half as written in encoder.json / vocab.bpe (mapped characters) back to its bytes.
 std::string unmap(std::string_view mapped, const std::string& what) {
   std::string bytes;
-  for (char32_t cp : decode_utf8(mapped, what)) {
+  for (char32_t cp : unicode::decode_utf8(mapped, what)) {
     const int b = unicode::unicode_to_byte(cp);
     CASTOR_CHECK(b >= 0, what, ": '", printable(mapped), "' holds a character outside GPT-2's byte alphabet");
     bytes.push_back(static_cast<char>(b));

@@ -233,7 +233,7 @@ void parse_model(HfTokenizer::Impl& t, const Json& m) {
   }
   for (int b = 0; b < 256; ++b) {
     const auto it = t.vocab.find(byte_piece(static_cast<uint8_t>(b)));
-    t.byte_ids[b] = it == t.vocab.end() ? -1 : it->second;
+    t.byte_ids[b] = it == t.vocab.end() ? int64_t{-1} : int64_t{it->second};
   }
   const Json& merges = member(t, m, "merges", "model");
   if (!merges.is_array()) t.fail("model.merges", "expected an array");

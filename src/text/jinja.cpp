@@ -12,11 +12,13 @@
 #include <unordered_map>
 
 #include "castor/check.h"
-#include "castor/tokenizer.h"
+#include "text/unicode.h"
 
 namespace castor::data {
 
 namespace {
+
+constexpr size_t kBytesPerStep = 256;  // a string's bytes copied that count as one step of the budget
 
 // ---------------------------------------------------------------------------------------------------------------
 // Values
@@ -40,6 +42,8 @@ struct Value {
   std::shared_ptr<List> l;
   std::shared_ptr<Dict> d;  // Dict and Ns
   std::shared_ptr<Fn> fn;
+  int depth = 0;          // List, Dict, Ns: how many lists and dicts nest here (at construction)
+  bool holds_ns = false;  // a namespace, or a list or dict holding one (a namespace may not hold one: no cycles)
 
   static Value undefined(std::string what) {
     Value v;
@@ -73,13 +77,21 @@ struct Value {
   }
   static Value list(List x = {}) {
     Value v;
-    v.k = K::List, v.l = std::make_shared<List>(std::move(x));
+    v.k = K::List, v.depth = 1;
+    for (const Value& e : x) v.contain(e);
+    v.l = std::make_shared<List>(std::move(x));
     return v;
   }
   static Value dict(Dict x = {}, K kind = K::Dict) {
     Value v;
-    v.k = kind, v.d = std::make_shared<Dict>(std::move(x));
+    v.k = kind, v.depth = 1, v.holds_ns = kind == K::Ns;
+    for (const auto& [_, e] : x.items) v.contain(e);
+    v.d = std::make_shared<Dict>(std::move(x));
     return v;
+  }
+  void contain(const Value& e) {
+    depth = std::max(depth, e.depth + 1);
+    holds_ns |= e.holds_ns;
   }
   static Value function(Fn f) {
     Value v;
@@ -224,8 +236,13 @@ std::string repr(const Value& v) {
   return to_str(v);
 }
 
+[[noreturn]] void text_too_long() {
+  throw Error(detail::cat("text longer than ", kMaxTemplateText, " bytes (the template interpreter's limit)"));
+}
+
 // Python's json.dumps(x, ensure_ascii=False, indent=indent) (transformers' tojson filter).
-void tojson(const Value& v, int indent, int depth, std::string& out) {
+void tojson(const Value& v, int64_t indent, int depth, std::string& out) {
+  if (out.size() > kMaxTemplateText || indent > static_cast<int64_t>(kMaxTemplateText) / (depth + 1)) text_too_long();
   const std::string pad = indent > 0 ? "\n" + std::string(static_cast<size_t>(indent * (depth + 1)), ' ') : "";
   const std::string close = indent > 0 ? "\n" + std::string(static_cast<size_t>(indent * depth), ' ') : "";
   const std::string sep = indent > 0 ? "," : ", ";
@@ -296,11 +313,37 @@ bool equal(const Value& a, const Value& b) {
   }
 }
 
-std::u32string code_points(const std::string& s) { return decode_utf8(s, "a template string"); }
+std::u32string code_points(const std::string& s) { return unicode::decode_utf8(s, "a template string"); }
 std::string utf8(const std::u32string& s) {
   std::string out;
-  for (char32_t c : s) append_utf8(c, out);
+  for (char32_t c : s) unicode::append_utf8(c, out);
   return out;
+}
+
+// A boolean or integer as Python's int.
+int64_t as_int(const Value& v) { return v.k == Value::K::Bool ? v.b : v.i; }
+
+// Python's +, -, *, // (floor), % (floored) and ** (a non-negative power) of integers; nullopt where the result is
+// beyond 64 bits. `y` is not 0 for // and %.
+std::optional<int64_t> int_arith(const std::string& op, int64_t x, int64_t y) {
+  int64_t r = 0;
+  if (op == "+") return __builtin_add_overflow(x, y, &r) ? std::nullopt : std::optional(r);
+  if (op == "-") return __builtin_sub_overflow(x, y, &r) ? std::nullopt : std::optional(r);
+  if (op == "*") return __builtin_mul_overflow(x, y, &r) ? std::nullopt : std::optional(r);
+  if (op == "//" || op == "%") {
+    if (y == -1) return op == "%" ? std::optional<int64_t>(0) : x == INT64_MIN ? std::nullopt : std::optional(-x);
+    int64_t q = x / y, m = x % y;
+    if (m != 0 && (m < 0) != (y < 0)) --q, m += y;
+    return op == "//" ? q : m;
+  }
+  // ** by squaring: while bits of y remain above the current one, the result holds base^2 at least, so base^2
+  // overflowing means the result does.
+  r = 1;
+  for (int64_t base = x, e = y; e > 0; e >>= 1) {
+    if ((e & 1) && __builtin_mul_overflow(r, base, &r)) return std::nullopt;
+    if (e > 1 && __builtin_mul_overflow(base, base, &base)) return std::nullopt;
+  }
+  return r;
 }
 
 bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
@@ -338,6 +381,10 @@ struct Segment {
   throw Error(detail::cat(what, ": line ", line, ": ", msg));
 }
 
+[[noreturn]] void too_deep(const std::string& what, int line) {
+  fail(what, line, detail::cat("nested deeper than ", kMaxTemplateDepth, " levels (the template interpreter's limit)"));
+}
+
 // The tokens of one tag from src[pos] up to its closer ("}}" or "%}", with an optional '-' before it); returns the
 // position after the closer and whether it had '-'.
 std::pair<size_t, bool> lex_tag(const std::string& src, size_t pos, const std::string& closer, std::vector<Token>& out,
@@ -370,10 +417,12 @@ std::pair<size_t, bool> lex_tag(const std::string& src, size_t pos, const std::s
       }
       std::string digits = src.substr(pos, e - pos);
       std::erase(digits, '_');
-      if (is_float)
-        t.t = Token::T::Float, t.f = std::stod(digits);
-      else
-        t.t = Token::T::Int, t.i = std::stoll(digits);
+      const char* end = digits.data() + digits.size();
+      const std::from_chars_result r = is_float ? std::from_chars(digits.data(), end, t.f)
+                                                : std::from_chars(digits.data(), end, t.i);
+      if (r.ec != std::errc() || r.ptr != end)
+        fail(what, line, "the number " + digits + " is beyond 64 bits (the template interpreter's limit)");
+      t.t = is_float ? Token::T::Float : Token::T::Int;
       pos = e;
     } else if (c == '\'' || c == '"') {
       std::string s;
@@ -404,7 +453,9 @@ std::pair<size_t, bool> lex_tag(const std::string& src, size_t pos, const std::s
             const std::string hex = src.substr(e + 1, n);
             if (hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
               fail(what, line, "a bad \\" + std::string(1, src[e]) + " escape");
-            append_utf8(static_cast<char32_t>(std::stoul(hex, nullptr, 16)), s);
+            const auto cp = static_cast<char32_t>(std::stoul(hex, nullptr, 16));
+            if (cp >= 0xD800 && cp <= 0xDFFF) fail(what, line, "\\u" + hex + " is a surrogate, not a character");
+            unicode::append_utf8(cp, s);
             e += n;
             break;
           }
@@ -520,6 +571,7 @@ struct Expr {
   std::vector<ExprPtr> args;  // operands; Slice: object, start, stop, step (null when absent); Call: callee first
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
   int line = 0;
+  int depth = 1;  // the tree's height here (Parser::done)
 };
 
 struct Stmt;
@@ -561,14 +613,29 @@ class Parser {
  private:
   static std::string tag_name(const Segment& s) { return s.tokens.empty() ? "" : s.tokens[0].s; }
 
+  // Counts the parser's recursion (nested statements, parentheses, `not`s, signs) against the depth limit.
+  class Nest {
+   public:
+    explicit Nest(Parser& p) : p_(p) {
+      if (++p_.depth_ > kMaxTemplateDepth) too_deep(p_.what_, p_.line_);
+    }
+    ~Nest() { --p_.depth_; }
+    Nest(const Nest&) = delete;
+    Nest& operator=(const Nest&) = delete;
+
+   private:
+    Parser& p_;
+  };
+
   // Statements up to (not including) a tag named in `ends`.
   Body body(const std::set<std::string>& ends) {
+    const Nest nest(*this);
     Body out;
     while (seg_ < segs_.size()) {
       const Segment& s = segs_[seg_];
       if (s.t == Segment::T::Text) {
         auto st = std::make_unique<Stmt>();
-        st->t = Stmt::T::Text, st->text = s.text;
+        st->t = Stmt::T::Text, st->text = s.text, st->line = s.line;
         out.push_back(std::move(st));
         ++seg_;
         continue;
@@ -712,16 +779,27 @@ class Parser {
     e->t = t, e->line = line_;
     return e;
   }
+  // A node with its operands in place: its height, with the statements and parentheses around it (the renderer's
+  // recursion), checked against the depth limit (a chain such as 1+1+...+1 or x.a.a...a grows the tree without
+  // recursing in the parser).
+  ExprPtr done(ExprPtr e) {
+    for (const ExprPtr& a : e->args)
+      if (a) e->depth = std::max(e->depth, a->depth + 1);
+    for (const auto& [_, v] : e->kwargs) e->depth = std::max(e->depth, v->depth + 1);
+    if (e->depth + depth_ > kMaxTemplateDepth) too_deep(what_, line_);
+    return e;
+  }
   ExprPtr binary(const std::string& op, ExprPtr a, ExprPtr b, Expr::T t = Expr::T::Binary) {
     ExprPtr e = node(t);
     e->name = op;
     e->args.push_back(std::move(a));
     e->args.push_back(std::move(b));
-    return e;
+    return done(std::move(e));
   }
 
   // expr: or ['if' or ['else' expr]]
   ExprPtr expr(bool allow_cond = true) {
+    const Nest nest(*this);
     ExprPtr a = or_expr();
     if (!allow_cond || !is_name("if")) return a;
     ++pos_;
@@ -738,7 +816,7 @@ class Parser {
     e->args.push_back(std::move(cond));
     e->args.push_back(std::move(a));
     e->args.push_back(std::move(other));
-    return e;
+    return done(std::move(e));
   }
   ExprPtr or_expr() {
     ExprPtr a = and_expr();
@@ -758,10 +836,11 @@ class Parser {
   }
   ExprPtr not_expr() {
     if (is_name("not")) {
+      const Nest nest(*this);
       ++pos_;
       ExprPtr e = node(Expr::T::Not);
       e->args.push_back(not_expr());
-      return e;
+      return done(std::move(e));
     }
     return compare();
   }
@@ -819,10 +898,11 @@ class Parser {
   }
   ExprPtr unary() {
     if (is_op("-") || is_op("+")) {
+      const Nest nest(*this);
       ExprPtr e = node(is_op("-") ? Expr::T::Neg : Expr::T::Pos);
       ++pos_;
       e->args.push_back(unary());
-      return e;
+      return done(std::move(e));
     }
     ExprPtr a = postfix(primary());
     // Filters and tests bind to the unary expression before them.
@@ -834,7 +914,7 @@ class Parser {
         if (!kFilters.count(f->name)) fail(what_, line_, "unsupported filter '" + f->name + "'");
         f->args.push_back(std::move(a));
         if (is_op("(")) call_args(*f);
-        a = std::move(f);
+        a = done(std::move(f));
       } else if (is_name("is")) {
         ++pos_;
         ExprPtr t = node(Expr::T::Test);
@@ -854,7 +934,7 @@ class Parser {
                     !is_name("else") && !is_name("is") && !is_name("not") && !is_name("in"))) {
           t->args.push_back(postfix(primary()));  // `x is divisibleby 3`, `x is sameas none`
         }
-        a = std::move(t);
+        a = done(std::move(t));
       } else {
         return a;
       }
@@ -883,7 +963,7 @@ class Parser {
         e->name = peek().t == Token::T::Int ? std::to_string(tok_[pos_++].i) : expect_name();
         if (is_op("(") && !kMethods.count(e->name)) fail(what_, line_, "unsupported method '" + e->name + "'");
         e->args.push_back(std::move(a));
-        a = std::move(e);
+        a = done(std::move(e));
       } else if (is_op("[")) {
         ++pos_;
         ExprPtr parts[3];
@@ -902,12 +982,12 @@ class Parser {
         e->args.push_back(std::move(a));
         if (!colons && !parts[0]) fail(what_, line_, "an empty subscript");
         for (int k = 0; k < (colons ? 3 : 1); ++k) e->args.push_back(std::move(parts[k]));
-        a = std::move(e);
+        a = done(std::move(e));
       } else if (is_op("(")) {
         ExprPtr e = node(Expr::T::Call);
         e->args.push_back(std::move(a));
         call_args(*e);
-        a = std::move(e);
+        a = done(std::move(e));
       } else {
         return a;
       }
@@ -953,7 +1033,7 @@ class Parser {
             ++pos_;
           }
           expect_op("]");
-          return e;
+          return done(std::move(e));
         }
         if (t.s == "{") {
           e->t = Expr::T::DictLit;
@@ -965,7 +1045,7 @@ class Parser {
             ++pos_;
           }
           expect_op("}");
-          return e;
+          return done(std::move(e));
         }
         break;
       case Token::T::End: fail(what_, line_, "unexpected end of a tag");
@@ -979,6 +1059,7 @@ class Parser {
   std::vector<Token> tok_;
   size_t pos_ = 0;
   int line_ = 1;
+  int depth_ = 0;  // Nest
 };
 
 }  // namespace
@@ -1009,6 +1090,26 @@ class Renderer {
  private:
   [[noreturn]] void error(int line, const std::string& msg) const { fail(what_, line, msg); }
 
+  // Counts `n` steps against the budget.
+  void tick(int line, int64_t n = 1) {
+    steps_ += n;
+    if (steps_ > kTemplateStepBudget)
+      error(line, detail::cat("more than ", kTemplateStepBudget,
+                              " steps (the template interpreter's limit: a loop that does not end?)"));
+  }
+  // Text of `bytes` bytes is within the limit.
+  void fits(size_t bytes, int line) const {
+    if (bytes <= kMaxTemplateText) return;
+    try {
+      text_too_long();
+    } catch (const Error& err) {
+      error(line, err.what());
+    }
+  }
+  [[noreturn]] void overflow(const std::string& op, int line) const {
+    error(line, "integer overflow in '" + op + "' (integers are 64-bit in the template interpreter)");
+  }
+
   Value* lookup(const std::string& name) {
     for (auto it = scopes_.rbegin(); it != scopes_.rend(); ++it) {
       auto f = it->find(name);
@@ -1018,11 +1119,18 @@ class Renderer {
   }
 
   void exec(const Stmt& s) {
+    tick(s.line);
     switch (s.t) {
-      case Stmt::T::Text: out += s.text; return;
+      case Stmt::T::Text:
+        out += s.text;
+        fits(out.size(), s.line);
+        return;
       case Stmt::T::Output: {
         const Value v = eval(*s.expr);
+        const size_t before = out.size();
         out += to_str(v);
+        fits(out.size(), s.line);
+        tick(s.line, static_cast<int64_t>((out.size() - before) / kBytesPerStep));
         return;
       }
       case Stmt::T::Set: {
@@ -1034,6 +1142,9 @@ class Renderer {
         Value* ns = lookup(s.names[0]);
         if (!ns) error(s.line, "unknown variable '" + s.names[0] + "'");
         if (ns->k != Value::K::Ns) error(s.line, "set " + s.names[0] + "." + s.names[1] + ": not a namespace");
+        if (v.holds_ns)
+          error(s.line, "set " + s.names[0] + "." + s.names[1] +
+                            ": a namespace cannot hold a namespace here (it could come to hold itself)");
         if (Value* slot = ns->d->find(s.names[1]))
           *slot = std::move(v);
         else
@@ -1055,6 +1166,7 @@ class Renderer {
     const List items = iterate(eval(*s.expr), s.line);
     std::vector<std::pair<Value, std::vector<Value>>> kept;  // each item and its unpacked variables
     for (const Value& item : items) {
+      tick(s.line);
       std::vector<Value> vars;
       if (s.names.size() == 1) {
         vars.push_back(item);
@@ -1078,6 +1190,7 @@ class Renderer {
     }
     const int64_t n = static_cast<int64_t>(kept.size());
     for (int64_t i = 0; i < n; ++i) {
+      tick(s.line, 10);  // (`loop`'s entries)
       scopes_.emplace_back();
       for (size_t k = 0; k < s.names.size(); ++k) scopes_.back()[s.names[k]] = kept[static_cast<size_t>(i)].second[k];
       Dict loop;
@@ -1098,6 +1211,7 @@ class Renderer {
   }
 
   List iterate(const Value& v, int line) {
+    if (v.k == Value::K::List || v.k == Value::K::Dict || v.k == Value::K::Str) tick(line, length(v, line));
     switch (v.k) {
       case Value::K::List: return *v.l;
       case Value::K::Dict: {
@@ -1115,7 +1229,21 @@ class Renderer {
     }
   }
 
+  // An expression's value, its steps counted (a string's copy by its size) and its size and nesting checked.
   Value eval(const Expr& e) {
+    tick(e.line);
+    Value v = eval_node(e);
+    if (v.k == Value::K::Str) {
+      fits(v.s.size(), e.line);
+      tick(e.line, static_cast<int64_t>(v.s.size() / kBytesPerStep));
+    }
+    if (v.depth > kMaxTemplateDepth)
+      error(e.line, detail::cat("a list or dict nested deeper than ", kMaxTemplateDepth,
+                                " levels (the template interpreter's limit)"));
+    return v;
+  }
+
+  Value eval_node(const Expr& e) {
     switch (e.t) {
       case Expr::T::Literal: return e.literal;
       case Expr::T::Name: {
@@ -1139,7 +1267,10 @@ class Renderer {
         if (!v.is_number())
           error(e.line, detail::cat("unary ", e.t == Expr::T::Neg ? "-" : "+", " of a ", kind_name(v)));
         if (e.t == Expr::T::Pos) return v;
-        return v.k == Value::K::Float ? Value::real(-v.f) : Value::integer(-static_cast<int64_t>(v.number()));
+        if (v.k == Value::K::Float) return Value::real(-v.f);
+        const int64_t i = as_int(v);
+        if (i == INT64_MIN) overflow("-", e.line);
+        return Value::integer(-i);
       }
       case Expr::T::Not: return Value::boolean(!truthy(eval(*e.args[0])));
       case Expr::T::And: {
@@ -1239,16 +1370,18 @@ class Renderer {
         int64_t v = *x < 0 ? *x + n : *x;
         return std::clamp(v, lo, hi);
       };
+      // (i moves by step while it stays short of t, without passing int64's range)
       if (step > 0) {
         const int64_t s = norm(a, 0, 0, n), t = norm(b, n, 0, n);
-        for (int64_t i = s; i < t; i += step) idx.push_back(i);
+        for (int64_t i = s; i<t; i = t - i> step ? i + step : t) idx.push_back(i);
       } else {
         const int64_t s = norm(a, n - 1, -1, n - 1), t = norm(b, -1, -1, n - 1);
-        for (int64_t i = s; i > t; i += step) idx.push_back(i);
+        for (int64_t i = s; i > t; i = i - t - 1 > -(step + 1) ? i + step : t) idx.push_back(i);
       }
     };
     if (obj.k == Value::K::List) {
       pick(static_cast<int64_t>(obj.l->size()));
+      tick(e.line, static_cast<int64_t>(idx.size()));
       List out;
       for (int64_t i : idx) out.push_back((*obj.l)[static_cast<size_t>(i)]);
       return Value::list(std::move(out));
@@ -1289,8 +1422,17 @@ class Renderer {
       lo = args[0].i, hi = args[1].i;
     if (args.size() == 3) step = args[2].i;
     if (args.empty() || args.size() > 3 || step == 0) error(e.line, "range() takes 1 to 3 integers, step not 0");
+    // The count in unsigned arithmetic (hi - lo may pass int64's range), counted as steps before the list is made.
+    const bool up = step > 0;
+    const uint64_t span = up ? (hi > lo ? static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo) : 0)
+                             : (lo > hi ? static_cast<uint64_t>(lo) - static_cast<uint64_t>(hi) : 0);
+    const uint64_t stride = up ? static_cast<uint64_t>(step) : 0 - static_cast<uint64_t>(step);
+    const uint64_t count = span / stride + (span % stride != 0);
+    tick(e.line, static_cast<int64_t>(std::min<uint64_t>(count, kTemplateStepBudget + 1)));
     List l;
-    for (int64_t i = lo; step > 0 ? i < hi : i > hi; i += step) l.push_back(Value::integer(i));
+    l.reserve(count);
+    for (uint64_t k = 0; k < count; ++k)
+      l.push_back(Value::integer(static_cast<int64_t>(static_cast<uint64_t>(lo) + k * static_cast<uint64_t>(step))));
     return Value::list(std::move(l));
   }
 
@@ -1305,6 +1447,7 @@ class Renderer {
         const Value v = item(self, a[0], line);
         return v.k == Value::K::Undefined ? (a.size() > 1 ? a[1] : Value::none()) : v;
       }
+      tick(line, static_cast<int64_t>(self.d->items.size()));
       List l;
       for (auto& [k, v] : self.d->items) {
         if (name == "keys")
@@ -1331,7 +1474,7 @@ class Renderer {
       return Value::str(out);
     }
     if (name == "title" || name == "capitalize") return Value::str(case_words(s, name == "title"));
-    if (name == "replace") return Value::str(replace(s, arg_str(0), arg_str(1), a.size() > 2 ? a[2].i : -1));
+    if (name == "replace") return Value::str(replace(s, arg_str(0), arg_str(1), a.size() > 2 ? a[2].i : -1, line));
     if (name == "find") {
       const size_t p = s.find(arg_str(0));
       return Value::integer(p == std::string::npos ? -1 : static_cast<int64_t>(code_points(s.substr(0, p)).size()));
@@ -1359,6 +1502,7 @@ class Renderer {
       size_t p = 0, q;
       while ((maxsplit < 0 || static_cast<int64_t>(parts.size()) < maxsplit) &&
              (q = s.find(sep->s, p)) != std::string::npos) {
+        tick(line);
         parts.push_back(Value::str(s.substr(p, q - p)));
         p = q + sep->s.size();
       }
@@ -1374,6 +1518,7 @@ class Renderer {
         }
         size_t q = p;
         while (q < s.size() && !is_space(s[q])) ++q;
+        tick(line);
         parts.push_back(Value::str(s.substr(p, q - p)));
         p = q;
       }
@@ -1381,17 +1526,18 @@ class Renderer {
     return Value::list(std::move(parts));
   }
 
-  static std::string replace(const std::string& s, const std::string& from, const std::string& to, int64_t count) {
+  std::string replace(const std::string& s, const std::string& from, const std::string& to, int64_t count, int line) {
     if (from.empty()) return s;
     std::string out;
     size_t p = 0, q;
     int64_t n = 0;
     while ((count < 0 || n < count) && (q = s.find(from, p)) != std::string::npos) {
-      out += s.substr(p, q - p) + to;
+      out.append(s, p, q - p).append(to);
+      fits(out.size(), line);
       p = q + from.size();
       ++n;
     }
-    return out + s.substr(p);
+    return out.append(s, p);
   }
   static std::string case_words(const std::string& s, bool title) {
     std::string out = s;
@@ -1447,7 +1593,7 @@ class Renderer {
       if (!ind && !a.empty()) ind = &a[0];
       std::string out;
       try {
-        tojson(x, ind && ind->k == Value::K::Int ? static_cast<int>(ind->i) : 0, 0, out);
+        tojson(x, ind && ind->k == Value::K::Int ? ind->i : 0, 0, out);
       } catch (const Error& err) {
         error(e.line, err.what());
       }
@@ -1469,13 +1615,22 @@ class Renderer {
       std::string out;
       const List l = iterate(x, e.line);
       const std::string sep = a.empty() ? "" : to_str(a[0]);
-      for (size_t k = 0; k < l.size(); ++k) out += (k ? sep : "") + to_str(l[k]);
+      for (size_t k = 0; k < l.size(); ++k) {
+        out += (k ? sep : "") + to_str(l[k]);
+        fits(out.size(), e.line);
+        tick(e.line, static_cast<int64_t>(sep.size() / kBytesPerStep));
+      }
       return Value::str(out);
     }
     if (f == "string") return Value::str(to_str(x));
     if (f == "safe") return x;
     if (f == "int") {
-      if (x.is_number()) return Value::integer(static_cast<int64_t>(x.number()));
+      if (x.k == Value::K::Float) {
+        // (int64's range is [-2^63, 2^63); Python's int() of a float has no bound)
+        if (!(x.f >= -0x1p63 && x.f < 0x1p63)) error(e.line, "filter int of " + float_repr(x.f) + ": beyond 64 bits");
+        return Value::integer(static_cast<int64_t>(x.f));
+      }
+      if (x.is_number()) return Value::integer(as_int(x));
       if (x.k == Value::K::Str) {
         try {
           return Value::integer(std::stoll(x.s));
@@ -1495,8 +1650,9 @@ class Renderer {
     }
     if (f == "abs") {
       if (!x.is_number()) error(e.line, detail::cat("abs of a ", kind_name(x)));
-      return x.k == Value::K::Float ? Value::real(std::fabs(x.f))
-                                    : Value::integer(std::llabs(static_cast<int64_t>(x.number())));
+      if (x.k == Value::K::Float) return Value::real(std::fabs(x.f));
+      if (as_int(x) == INT64_MIN) overflow("abs", e.line);
+      return Value::integer(std::llabs(as_int(x)));
     }
     if (f == "list") return Value::list(iterate(x, e.line));
     if (f == "items") {
@@ -1507,7 +1663,7 @@ class Renderer {
     }
     if (f == "replace") {
       if (a.size() < 2) error(e.line, "replace needs two strings");
-      return Value::str(replace(need_str(), to_str(a[0]), to_str(a[1]), a.size() > 2 ? a[2].i : -1));
+      return Value::str(replace(need_str(), to_str(a[0]), to_str(a[1]), a.size() > 2 ? a[2].i : -1, e.line));
     }
     if (f == "map") {
       const Value* at = kwarg("attribute");
@@ -1569,7 +1725,7 @@ class Renderer {
       if (t == "divisibleby") {
         const Value& d = need();
         if (d.k != Value::K::Int || d.i == 0) error(line, "divisibleby needs a non-zero integer");
-        return x.i % d.i == 0;
+        return d.i == -1 || x.i % d.i == 0;
       }
       return (x.i % 2 != 0) == (t == "odd");
     }
@@ -1587,6 +1743,7 @@ class Renderer {
         if (x.k != Value::K::Str) error(line, detail::cat("'in <string>' needs a string, got a ", kind_name(x)));
         return container.s.find(x.s) != std::string::npos;
       case Value::K::List:
+        tick(line, static_cast<int64_t>(container.l->size()));
         return std::any_of(container.l->begin(), container.l->end(), [&](const Value& v) { return equal(v, x); });
       case Value::K::Dict:
       case Value::K::Ns: return x.k == Value::K::Str && container.d->find(x.s) != nullptr;
@@ -1597,7 +1754,9 @@ class Renderer {
 
   bool compare(const std::string& op, const Value& a, const Value& b, int line) {
     int c;
-    if (a.is_number() && b.is_number()) {
+    if (a.is_number() && b.is_number() && a.k != Value::K::Float && b.k != Value::K::Float) {
+      c = as_int(a) < as_int(b) ? -1 : as_int(a) > as_int(b) ? 1 : 0;
+    } else if (a.is_number() && b.is_number()) {
       c = a.number() < b.number() ? -1 : a.number() > b.number() ? 1 : 0;
     } else if (a.k == Value::K::Str && b.k == Value::K::Str) {
       c = a.s.compare(b.s);
@@ -1613,6 +1772,7 @@ class Renderer {
   Value binary(const Expr& e) {
     const std::string& op = e.name;
     const Value a = eval(*e.args[0]), b = eval(*e.args[1]);
+    if (a.k == Value::K::List && b.k == Value::K::List) tick(e.line, static_cast<int64_t>(a.l->size()));
     if (op == "==") return Value::boolean(equal(a, b));
     if (op == "!=") return Value::boolean(!equal(a, b));
     if (op == "in") return Value::boolean(contains(b, a, e.line));
@@ -1624,6 +1784,7 @@ class Renderer {
     if (op == "+") {
       if (a.k == Value::K::Str && b.k == Value::K::Str) return Value::str(a.s + b.s);
       if (a.k == Value::K::List && b.k == Value::K::List) {
+        tick(e.line, static_cast<int64_t>(a.l->size() + b.l->size()));
         List l = *a.l;
         l.insert(l.end(), b.l->begin(), b.l->end());
         return Value::list(std::move(l));
@@ -1631,45 +1792,40 @@ class Renderer {
     }
     if (op == "*" &&
         ((a.k == Value::K::Str && b.k == Value::K::Int) || (a.k == Value::K::Int && b.k == Value::K::Str))) {
-      const Value& s = a.k == Value::K::Str ? a : b;
+      const std::string& s = a.k == Value::K::Str ? a.s : b.s;
       const int64_t n = a.k == Value::K::Int ? a.i : b.i;
+      if (s.empty() || n <= 0) return Value::str("");
+      fits(s.size() > kMaxTemplateText / static_cast<uint64_t>(n) ? kMaxTemplateText + 1 : s.size() * n, e.line);
       std::string out;
-      for (int64_t k = 0; k < n; ++k) out += s.s;
-      return Value::str(out);
+      out.reserve(s.size() * static_cast<size_t>(n));
+      for (int64_t k = 0; k < n; ++k) out += s;
+      return Value::str(std::move(out));
     }
     if (!a.is_number() || !b.is_number())
       error(e.line, detail::cat("'", op, "' between a ", kind_name(a), " and a ", kind_name(b)));
-    const bool ints = a.k != Value::K::Float && b.k != Value::K::Float;
     const double x = a.number(), y = b.number();
-    if (op == "/") {
-      if (y == 0) error(e.line, "division by zero");
-      return Value::real(x / y);
+    if ((op == "/" || op == "//" || op == "%") && y == 0) error(e.line, "division by zero");
+    if (op == "/") return Value::real(x / y);
+    if (a.k != Value::K::Float && b.k != Value::K::Float) {  // Python's integers (and booleans as integers)
+      if (op == "**" && as_int(b) < 0) {
+        if (x == 0) error(e.line, "division by zero");
+        return Value::real(std::pow(x, y));
+      }
+      const std::optional<int64_t> r = int_arith(op, as_int(a), as_int(b));
+      if (!r) overflow(op, e.line);
+      return Value::integer(*r);
     }
     if (op == "//" || op == "%") {
-      if (y == 0) error(e.line, "division by zero");
       const double q = std::floor(x / y);
-      if (ints) {
-        const int64_t xi = static_cast<int64_t>(x), yi = static_cast<int64_t>(y);
-        int64_t qi = xi / yi;
-        if ((xi % yi != 0) && ((xi < 0) != (yi < 0))) --qi;
-        return op == "//" ? Value::integer(qi) : Value::integer(xi - qi * yi);
-      }
       return op == "//" ? Value::real(q) : Value::real(x - q * y);
     }
-    if (op == "**") {
-      if (ints && y >= 0) return Value::integer(static_cast<int64_t>(std::llround(std::pow(x, y))));
-      return Value::real(std::pow(x, y));
-    }
-    const double r = op == "+" ? x + y : op == "-" ? x - y : x * y;
-    if (ints) {
-      const int64_t xi = static_cast<int64_t>(x), yi = static_cast<int64_t>(y);
-      return Value::integer(op == "+" ? xi + yi : op == "-" ? xi - yi : xi * yi);
-    }
-    return Value::real(r);
+    if (op == "**") return Value::real(std::pow(x, y));
+    return Value::real(op == "+" ? x + y : op == "-" ? x - y : x * y);
   }
 
   const std::string& what_;
   std::vector<std::unordered_map<std::string, Value>> scopes_;
+  int64_t steps_ = 0;  // tick
 };
 
 }  // namespace

@@ -6,46 +6,12 @@
 
 #include "castor/check.h"
 #include "castor/fs.h"
+#include "text/unicode.h"
 
 namespace castor::data {
 
-std::u32string decode_utf8(std::string_view s, const std::string& what) {
-  std::u32string out;
-  out.reserve(s.size());
-  size_t i = 0;
-  while (i < s.size()) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    CASTOR_CHECK(len != 0 && i + len <= s.size() && is_valid_utf8(s.substr(i, len)), what, ": not valid UTF-8 at byte ",
-                 i);
-    char32_t cp = len == 1 ? c : c & (0x7F >> len);
-    for (size_t k = 1; k < len; ++k) cp = cp << 6 | (static_cast<unsigned char>(s[i + k]) & 0x3F);
-    out.push_back(cp);
-    i += len;
-  }
-  return out;
-}
-
-void append_utf8(char32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | cp >> 6));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | cp >> 12));
-    out.push_back(static_cast<char>(0x80 | (cp >> 6 & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out.push_back(static_cast<char>(0xF0 | cp >> 18));
-    out.push_back(static_cast<char>(0x80 | (cp >> 12 & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp >> 6 & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
 CharTokenizer CharTokenizer::from_text(std::string_view text, const std::string& what) {
-  std::u32string cps = decode_utf8(text, what);
+  std::u32string cps = unicode::decode_utf8(text, what);
   std::sort(cps.begin(), cps.end());
   cps.erase(std::unique(cps.begin(), cps.end()), cps.end());
   CASTOR_CHECK(cps.size() <= 65536, what, ": ", cps.size(),
@@ -62,7 +28,7 @@ CharTokenizer::CharTokenizer(std::vector<char32_t> chars) : chars_(std::move(cha
 }
 
 void CharTokenizer::encode(std::string_view text, std::vector<uint16_t>& out, const std::string& what) const {
-  for (char32_t cp : decode_utf8(text, what)) {
+  for (char32_t cp : unicode::decode_utf8(text, what)) {
     const auto it = ids_.find(cp);
     CASTOR_CHECK(it != ids_.end(), what, ": character U+", std::hex, static_cast<uint32_t>(cp),
                  " is not in the vocabulary");
@@ -74,14 +40,14 @@ std::string CharTokenizer::decode(std::span<const uint16_t> tokens) const {
   std::string text;
   for (uint16_t t : tokens) {
     CASTOR_CHECK(t < chars_.size(), "char decode: token ", t, " is outside the vocabulary of ", chars_.size());
-    append_utf8(chars_[t], text);
+    unicode::append_utf8(chars_[t], text);
   }
   return text;
 }
 
 std::string CharTokenizer::chars_utf8() const {
   std::string s;
-  for (char32_t cp : chars_) append_utf8(cp, s);
+  for (char32_t cp : chars_) unicode::append_utf8(cp, s);
   return s;
 }
 
@@ -216,7 +182,7 @@ Tokenizer Tokenizer::load_recorded(const std::string& dir, const std::string& pa
     }
     CASTOR_CHECK(kind == "char", "unknown tokenizer '", kind, "' (expected gpt2, char, bpe or hf)");
     const std::string& chars = rec.at("chars").as_string();
-    const std::u32string cps = decode_utf8(chars, "chars");
+    const std::u32string cps = unicode::decode_utf8(chars, "chars");
     Tokenizer t(CharTokenizer(std::vector<char32_t>(cps.begin(), cps.end())));
     CASTOR_CHECK(t.vocab_size() == vocab, "vocab_size ", vocab, " but chars holds ", t.vocab_size());
     return t;

@@ -1,14 +1,51 @@
-// Unicode helpers the tokenizers share: character classes, GPT-2's byte map, NFC and lossy UTF-8 repair.
+// Unicode helpers the tokenizers and chat templates share: UTF-8 decoding and encoding, character classes, GPT-2's byte map, NFC and lossy UTF-8 repair.
 #include "text/unicode.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "castor/check.h"
 #include "castor/fs.h"
-#include "castor/tokenizer.h"
+#include "castor/json.h"
 
 namespace castor::data::unicode {
+
+std::u32string decode_utf8(std::string_view s, const std::string& what) {
+  std::u32string out;
+  out.reserve(s.size());
+  size_t i = 0;
+  while (i < s.size()) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    CASTOR_CHECK(len != 0 && i + len <= s.size() && is_valid_utf8(s.substr(i, len)), what, ": not valid UTF-8 at byte ",
+                 i);
+    char32_t cp = len == 1 ? c : c & (0x7F >> len);
+    for (size_t k = 1; k < len; ++k) cp = cp << 6 | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+    out.push_back(cp);
+    i += len;
+  }
+  return out;
+}
+
+void append_utf8(char32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out.push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out.push_back(static_cast<char>(0xC0 | cp >> 6));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else if (cp < 0x10000) {
+    out.push_back(static_cast<char>(0xE0 | cp >> 12));
+    out.push_back(static_cast<char>(0x80 | (cp >> 6 & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  } else {
+    out.push_back(static_cast<char>(0xF0 | cp >> 18));
+    out.push_back(static_cast<char>(0x80 | (cp >> 12 & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp >> 6 & 0x3F)));
+    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+  }
+}
+
 namespace {
 
 struct CodeRange {

@@ -1,5 +1,6 @@
-// Unicode helpers the tokenizers share (private to src/text): UTF-8 stepping, the character classes their
-// pre-tokenizer regexes use, GPT-2's byte-to-character map, NFC and lossy UTF-8 repair.
+// Unicode helpers the tokenizers and chat templates share (private to src/text and the layers above): UTF-8
+// decoding, encoding and stepping, the character classes their pre-tokenizer regexes use, GPT-2's byte-to-character
+// map, NFC and lossy UTF-8 repair.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -8,6 +9,10 @@
 #include <vector>
 
 namespace castor::data::unicode {
+
+// UTF-8 to code points; castor::Error naming `what` and the byte offset on invalid UTF-8.
+std::u32string decode_utf8(std::string_view text, const std::string& what);
+void append_utf8(char32_t cp, std::string& out);
 
 // The code point at s[pos] of valid UTF-8, and its length in bytes.
 char32_t cp_at(std::string_view s, size_t pos, size_t& len);

@@ -3,6 +3,9 @@
 
 #include <unistd.h>
 
+#include <csignal>
+#include <cstdlib>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -256,6 +259,20 @@ std::string write_checkpoint(const std::string& run_dir, int64_t step, const Che
   return commit_checkpoint(root, step, make_temp_dir(root, step), ckpt, keep, {});
 }
 
+namespace {
+
+// Test-only: CASTOR_TEST_KILL_IN_SHARD=STEP:RANK makes that rank SIGKILL itself in the sharded write of that step,
+// once its shard is on disk and before the ranks agree to commit (the point where a real kill leaves an uncommitted
+// temp folder with some shards); tests/dist/mpirun_test.cpp's KillDuringShardedCheckpoint sets it. Read nowhere else.
+void kill_in_shard_write_for_test(int64_t step, int rank) {
+  const char* v = std::getenv("CASTOR_TEST_KILL_IN_SHARD");
+  long long s = -1;
+  int r = -1;
+  if (v && std::sscanf(v, "%lld:%d", &s, &r) == 2 && s == step && r == rank) ::raise(SIGKILL);
+}
+
+}  // namespace
+
 std::string write_sharded_checkpoint(const std::string& run_dir, int64_t step, Checkpoint& ckpt, int64_t keep,
                                      dist::ProcessGroup& group) {
   const int rank = group.rank(), world = group.size();
@@ -286,6 +303,7 @@ std::string write_sharded_checkpoint(const std::string& run_dir, int64_t step, C
   } catch (const Error& e) {
     error = e.what();
   }
+  kill_in_shard_write_for_test(step, rank);
   // Every rank's shard is on disk before rank 0 commits; a failure anywhere fails the checkpoint on every rank.
   Tensor failed = scalar_tensor(error.empty() ? 0.0 : 1.0, DType::Float64);
   group.all_reduce(failed, dist::ReduceOp::Max);

@@ -165,6 +165,21 @@ CLI::Option* add_init(CLI::App& app, std::string& target, const std::string& hel
 CLI::Option* add_lora_base(CLI::App& app, std::string& target, const std::string& help) {
   return app.add_option("--lora-base", target, help);
 }
+CLI::Option* add_chat_template(CLI::App& app, std::string& target) {
+  return app.add_option("--chat-template", target,
+                        "a Jinja chat template file to use in place of the model's (its chat_template.jinja or "
+                        "tokenizer_config.json's chat_template; a token directory's recorded one; Castor's ChatML): "
+                        "with tokenize --format chat and sample --chat");
+}
+CLI::Option* add_lora(CLI::App& app, std::string& target, const std::string& help) {
+  return app.add_option("--lora", target, help);
+}
+CLI::Option* add_dtype(CLI::App& app, std::optional<DType>& target, const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          "--dtype", [&target](const std::string& v) { target = parse_dtype(v); }, help)
+      ->check(one_of({"float32", "bf16", "bfloat16", "fp16", "float16"}));
+}
 CLI::Option* add_n_head(CLI::App& app, int64_t& target, const std::string& help) {
   return app.add_option("--n-head", target, help)->check(integer_in(0, 1024));
 }

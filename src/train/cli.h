@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "castor/check.h"
+#include "castor/dtype.h"
 #include "castor/json.h"
 
 namespace castor::train {
@@ -39,6 +41,12 @@ CLI::Option* add_seed(CLI::App& app, uint64_t& target, const std::string& help);
 CLI::Option* add_init(CLI::App& app, std::string& target, const std::string& help);
 CLI::Option* add_n_head(CLI::App& app, int64_t& target, const std::string& help);  // 0 (not given)..1024
 CLI::Option* add_lora_base(CLI::App& app, std::string& target, const std::string& help);
+// --chat-template FILE (tokenize --format chat, sample --chat): a template in place of the model's.
+CLI::Option* add_chat_template(CLI::App& app, std::string& target);
+// --lora DIR: a PEFT adapter directory applied to the model without a training run (castor sample and eval).
+CLI::Option* add_lora(CLI::App& app, std::string& target, const std::string& help);
+// --dtype: float32, bf16 or bfloat16, fp16 or float16 (castor eval's evaluation type, castor export's tensors).
+CLI::Option* add_dtype(CLI::App& app, std::optional<DType>& target, const std::string& help);
 // The help of --lora-base (its rule is the same everywhere).
 constexpr const char* kLoraBaseHelp =
     "a LoRA run's base model file where it is now (it moved since the run recorded it); its checksum must be the "

@@ -21,6 +21,7 @@
 #include "castor/models.h"
 #include "castor/tokenizer.h"
 #include "castor/train_config.h"
+#include "text/unicode.h"
 #include "train/family.h"
 #include "train/lora_run.h"
 #include "train/settings.h"
@@ -65,11 +66,12 @@ std::unique_ptr<CLI::App> train_app(TrainConfig& c, RawTrainFlags& raw) {
 }
 
 struct EvalFlags {
-  std::string checkpoint, file, data_dir, dtype;
+  std::string checkpoint, file, init, data_dir;
+  std::optional<DType> dtype;
   std::optional<ModelKind> model;
   std::optional<Dataset> data;
   int64_t batch_size = 0, n_head = 0, block_size = 0;
-  std::string lora_base;
+  std::string lora_base, lora;
   std::string task, task_format, fewshot_file, log_samples, text, tokenizer_dir;
   int64_t num_fewshot = 0, limit = 0, ctx = 0;
   bool add_bos = false;
@@ -83,21 +85,28 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
   CLI::App& app = *owner;
   app.add_option("--checkpoint", f.checkpoint, "a run directory, checkpoint directory or model.safetensors");
   app.add_option("file", f.file, "the same as --checkpoint (e.g. weights.safetensors from PyTorch)");
+  add_init(app, f.init,
+           "the same as --checkpoint for weights: a safetensors, llm.c or llama2.c file, or a Hugging Face model "
+           "directory (config.json and model.safetensors)");
   add_choice(app, "--model", f.model, kModels, "the model of weights without castor metadata");
   add_choice(app, "--data", f.data, kDatasets, "the dataset of weights without castor metadata");
   app.add_option("--data-dir", f.data_dir, "dataset directory (default: the one the run used)");
   app.add_option("--batch-size", f.batch_size,
                  "images, or rows of the block size, per batch (0: 256 images, rows of about 4096 tokens)")
       ->check(integer_in(0));
-  app.add_option("--dtype", f.dtype,
-                 "evaluate in this type instead of the run's: float32 (O0, 16-bit weights widened), or bf16/fp16 "
-                 "autocast (O1 for a float32 run)")
-      ->check(one_of({"float32", "bf16", "bfloat16", "fp16", "float16"}));
+  add_dtype(app, f.dtype,
+            "evaluate in this type instead of the run's: float32 (O0, 16-bit weights widened), or bf16/fp16 "
+            "autocast (O1 for a float32 run)");
   add_n_head(app, f.n_head, "attention heads, for language-model weights that do not record them");
-  app.add_option("--block-size", f.block_size,
-                 "a Llama's context length, for weights that do not record it (a GPT's is its wpe's rows)")
+  app.add_option(
+         "--block-size", f.block_size,
+         "a language model's evaluation window in tokens, at most its context (default: the run's block size; a "
+         "Hugging Face model's context up to 2048); a Llama's context for weights that do not record it")
       ->check(integer_in(1));
   add_lora_base(app, f.lora_base, kLoraBaseHelp);
+  add_lora(app, f.lora,
+           "a PEFT adapter directory (adapter_config.json, adapter_model.safetensors: PEFT's save_pretrained, castor "
+           "export --format peft) merged into the language model evaluated, without a training run");
   app.add_option("--task", f.task,
                  "a language model's multiple-choice task: a JSONL file of HellaSwag, MMLU, ARC, PIQA, Winogrande or "
                  "{context, choices, label} rows, scored as lm-evaluation-harness does (one JSON line of its keys)");
@@ -148,8 +157,12 @@ std::unique_ptr<CLI::App> tokenize_app(TokenizeFlags& f) {
                  "\"input\", \"output\"} or {\"text\"}; written as rows of --block-size + 1 tokens with a loss mask "
                  "(OUT/train.mask, OUT/val.mask): the assistant turns or the completion, with their end-of-turn token")
       ->check(one_of({"chat", "prompt-completion", "alpaca", "text"}));
-  app.add_option("--block-size", f.opt.block_size, "--format: the model's block size (rows of N + 1 tokens)")
+  app.add_option("--block-size", f.opt.block_size,
+                 "--format: the model's block size (rows of N + 1 tokens); default: a Hugging Face model's context "
+                 "length (tokenizer_config.json's model_max_length, else config.json's max_position_embeddings), at "
+                 "most 1024")
       ->check(integer_in(1));
+  add_chat_template(app, f.opt.chat_template);
   app.add_flag("--train-on-prompt", f.opt.train_on_prompt, "--format: every token is a target, prompts too");
   app.add_flag("--drop-long", f.opt.drop_long,
                "--format: leave out examples longer than a row (default: cut them to it; both are counted)");
@@ -191,6 +204,7 @@ data::TokenizeOptions parse_tokenize_flags(const std::vector<std::string>& args)
   const bool rows = !f.opt.format.empty();
   CASTOR_CHECK(rows || (f.opt.block_size == 0 && !f.opt.train_on_prompt && !f.opt.drop_long && !f.opt.pack),
                "--block-size, --train-on-prompt, --drop-long and --pack: only with --format");
+  CASTOR_CHECK(f.opt.chat_template.empty() || f.opt.format == "chat", "--chat-template: only with --format chat");
   CASTOR_CHECK(!rows || f.opt.brown_dir.empty(), "--brown: not with --format (give --input FILE.jsonl)");
   if (!f.vocab.empty()) {
     f.opt.vocab = vocabulary_dir(f.vocab);
@@ -269,7 +283,7 @@ std::string toml_value(std::string_view v, const std::string& at) {
       const unsigned long cp = std::stoul(hex, nullptr, 16);
       CASTOR_CHECK(cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF), at, ": \\", std::string(1, e), hex,
                    " is not a Unicode scalar value");
-      data::append_utf8(static_cast<char32_t>(cp), out);
+      data::unicode::append_utf8(static_cast<char32_t>(cp), out);
       i += digits;
     }
     CASTOR_CHECK(i < v.size(), at, ": unterminated string (no closing ", std::string(1, quote), " on the line)");
@@ -404,10 +418,12 @@ namespace {
 // A language model: its family's preset sizes, and nanoGPT's CPU recipe for the flags not given (AdamW with warmup
 // steps and a cosine to lr / 10, weight decay 0.1 on 2-D tensors, beta2 0.99, clip 1.0, batch 12; the data, lr,
 // warmup and steps the family's row gives: a GPT Brown characters at 1e-3, 100, 2000, a Llama the Brown corpus in a
-// trained 512-piece vocabulary at 2e-3, 50, 500, docs/llama.md); text data only with a language model and the reverse.
+// trained 512-piece vocabulary at 2e-3, 50, 500, docs/llama.md; --data tokens with --data-dir alone); text data only
+// with a language model and the reverse.
 void apply_language_model_defaults(TrainConfig& c) {
   const Family* family = family_of(c.model);
-  if (family && !c.given("--data")) c.data = family->default_data;
+  // (--data-dir alone names a token folder: --data tokens, which the run records, not the family's corpus)
+  if (family && !c.given("--data")) c.data = c.given("--data-dir") ? Dataset::Tokens : family->default_data;
   CASTOR_CHECK(is_language_model(c.model) == is_text(c.data), "--data ", name(c.data), ": ",
                is_text(c.data) ? "text data trains a language model (--model gpt, gpt-mini, gpt2, llama, llama-260k "
                                  "or llama-15m)"
@@ -577,9 +593,10 @@ std::string train_help() {
 EvalConfig parse_eval_flags(const std::vector<std::string>& args) {
   EvalFlags f;
   parse_flags(*eval_app(f), args, "eval");
-  CASTOR_CHECK(f.checkpoint.empty() || f.file.empty(), "castor eval: give the checkpoint once (--checkpoint or FILE)");
-  EvalConfig e{f.checkpoint.empty() ? f.file : f.checkpoint, f.model, f.data, f.data_dir, f.batch_size};
-  e.n_head = f.n_head, e.block_size = f.block_size, e.lora_base = f.lora_base;
+  CASTOR_CHECK(f.checkpoint.empty() + f.file.empty() + f.init.empty() >= 2,
+               "castor eval: give the model once (--checkpoint, --init or FILE)");
+  EvalConfig e{f.checkpoint + f.file + f.init, f.model, f.data, f.data_dir, f.batch_size};
+  e.n_head = f.n_head, e.block_size = f.block_size, e.lora_base = f.lora_base, e.lora = f.lora, e.dtype = f.dtype;
   e.task = f.task, e.task_format = f.task_format, e.num_fewshot = f.num_fewshot, e.fewshot_file = f.fewshot_file;
   e.limit = f.limit, e.add_bos = f.add_bos, e.log_samples = f.log_samples, e.text = f.text, e.ctx = f.ctx;
   e.tokenizer_dir = f.tokenizer_dir;
@@ -592,7 +609,6 @@ EvalConfig parse_eval_flags(const std::vector<std::string>& args) {
                                     {!f.log_samples.empty(), "--log-samples"}})
     CASTOR_CHECK(!given || !e.task.empty(), flag, ": applies to --task only");
   CASTOR_CHECK(f.ctx == 0 || !e.text.empty(), "--ctx: applies to --text only");
-  if (!f.dtype.empty()) e.dtype = parse_dtype(f.dtype);
   CASTOR_CHECK(!e.path.empty(), "--checkpoint: missing (a checkpoint directory, run directory or model.safetensors)");
   return e;
 }
@@ -656,9 +672,11 @@ std::string shell_completion(const std::string& shell) {
 }
 
 std::string info_help() {
-  return "castor info: a checkpoint's model, step, precision, parameter count, the run's last metrics and its\n"
-         "checkpoints; --tensors lists every tensor's dtype and shape, and the metadata\n"
-         "usage: castor info [--tensors] FILE|DIR   (a safetensors file, a checkpoint directory or a run directory)\n";
+  return "castor info: a checkpoint's model, its sizes (layers, width, heads, kv heads, vocabulary, context, rope),\n"
+         "step, precision, parameter count, the run's last metrics and its checkpoints; --tensors lists every\n"
+         "tensor's dtype and shape, and the metadata\n"
+         "usage: castor info [--tensors] FILE|DIR   (a safetensors, llm.c or llama2.c file, a checkpoint or run\n"
+         "directory, or a Hugging Face model directory)\n";
 }
 
 bool TrainConfig::given(std::string_view flag) const {

@@ -28,8 +28,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // The sizes of language-model weights without castor metadata, from their tensors' shapes (a GPT's nanoGPT names, a
-// Llama's llama2.c/Castor names), --n-head (no shape holds it) and a Llama's --block-size (nor that); the tensors as
-// the model's state dict (a GPT's lm_head tied to wte).
+// Llama's llama2.c/Castor names), --n-head (no shape holds it) and a Llama's --block-size (nor that: its context and
+// window); the tensors as the model's state dict (a GPT's lm_head tied to wte).
 void take_shapes(const EvalConfig& e, TrainConfig& c, LoadedTensors& file) {
   if (family_of(c.model) == family_named("gpt")) {  // (a row function of train/family.h once a third family reads it)
     models::GPTWeights w = models::gpt_weights_from_safetensors(std::move(file.tensors), file.metadata, e.n_head,
@@ -37,8 +37,6 @@ void take_shapes(const EvalConfig& e, TrainConfig& c, LoadedTensors& file) {
     const models::GPTConfig& g = w.config;
     c.n_layer = g.n_layer, c.n_head = g.n_head, c.n_embd = g.n_embd, c.block_size = g.block_size;
     c.vocab_size = g.vocab_size, c.real_vocab_size = g.real_vocab_size, c.bias = g.bias;
-    CASTOR_CHECK(e.block_size == 0 || e.block_size == g.block_size, "--block-size ", e.block_size, ": ", e.path,
-                 "'s transformer.wpe.weight has ", g.block_size, " positions");
     w.state["lm_head.weight"] = w.state.at("transformer.wte.weight");
     file.tensors = std::move(w.state);
     return;
@@ -106,6 +104,16 @@ LoadedTensors load_for_eval(const EvalConfig& e, TrainConfig& c, std::vector<std
     CASTOR_CHECK(c.lora_rank > 0, "--lora-base: ", e.path, " is not a LoRA run's (castor train --lora-rank)");
     c.init = e.lora_base;  // (checked against the recorded checksum as it loads)
   }
+  if (e.block_size > 0 && is_language_model(c.model)) {
+    // The evaluation window: the model keeps its context (its description), the task reads windows of --block-size.
+    if (!c.model_config.is_object()) c.model_config = family(c).describe(c);
+    // (the context a description gives: a Llama's max_seq_len, a GPT's block_size)
+    const Json* context = c.model_config.find("max_seq_len") ? c.model_config.find("max_seq_len")
+                                                             : c.model_config.find("block_size");
+    CASTOR_CHECK(!context || !context->is_int() || e.block_size <= context->as_int(), "--block-size ", e.block_size,
+                 ": ", e.path, " reads at most ", context->dump(), " positions");
+    c.block_size = e.block_size;
+  }
   if (!e.data_dir.empty()) c.data_dir = e.data_dir;
   c.eval_iters = 0;  // a language model's whole validation split
   if (e.dtype == DType::Float32) {
@@ -125,12 +133,18 @@ Json run_eval(const EvalConfig& e) {
   TrainConfig c;
   std::vector<std::string> recorded_classes;
   const LoadedTensors model_file = load_for_eval(e, c, recorded_classes);
+  for (const auto& [name, t] : model_file.tensors) formats::check_finite(e.path, name, t);
   const std::unique_ptr<Task> task = make_task(c, /*rank=*/0, /*world=*/1, /*new_run=*/false);
   Run run = build_run(c, *task, 1, /*load_init=*/false);
   try {
     load_model_file(*run.model, model_file.tensors, model_file.metadata, e.path);
   } catch (const Error& err) {
     throw Error(detail::cat(e.path, ": ", err.what()));
+  }
+  if (!e.lora.empty()) {
+    CASTOR_CHECK(c.lora_rank == 0, "--lora: ", e.path, " is a LoRA run's checkpoint (its own adapters); give its base");
+    CASTOR_CHECK(is_language_model(c.model), "--lora: ", e.path, " is a ", name(c.model), ", not a language model");
+    merge_peft_adapter(*run.model, c.model, e.path, e.lora);
   }
   const std::vector<std::string> classes = task->classes();
   CASTOR_CHECK(recorded_classes.empty() || recorded_classes == classes, e.path,

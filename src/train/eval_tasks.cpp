@@ -62,7 +62,7 @@ Json run_task_eval(const EvalConfig& e) {
   opt.num_fewshot = e.num_fewshot, opt.fewshot_file = e.fewshot_file, opt.limit = e.limit;
   if (!e.log_samples.empty()) check_replaceable(e.log_samples);  // (refused before any work)
   const data::McTask task = data::read_mc_task(e.task, opt);
-  LoadedLm lm = load_language_model(e.path, e.n_head, e.lora_base, e.tokenizer_dir);
+  LoadedLm lm = load_language_model(e.path, e.n_head, e.lora_base, e.tokenizer_dir, e.lora);
   std::optional<amp::AutocastGuard> autocast;
   start_autocast(e, *lm.model, autocast);
   LlScorer scorer(*lm.model);
@@ -105,7 +105,7 @@ Json run_task_eval(const EvalConfig& e) {
 
 Json run_perplexity_eval(const EvalConfig& e) {
   const std::vector<uint8_t> bytes = read_file(e.text);
-  LoadedLm lm = load_language_model(e.path, e.n_head, e.lora_base, e.tokenizer_dir);
+  LoadedLm lm = load_language_model(e.path, e.n_head, e.lora_base, e.tokenizer_dir, e.lora);
   std::optional<amp::AutocastGuard> autocast;
   start_autocast(e, *lm.model, autocast);
   data::Tokenizer& tok = lm.tokenizer;

@@ -18,6 +18,7 @@
 #include "castor/llmc.h"
 #include "castor/model_source.h"
 #include "castor/ops.h"
+#include "castor/output_dir.h"
 #include "castor/chat_data.h"
 #include "castor/tokenizer.h"
 #include "castor/torch_save.h"
@@ -26,6 +27,7 @@
 #include "train/lora_run.h"
 #include "train/family.h"
 #include "train/loaded_model.h"
+#include "train/run_dir.h"
 #include "train/task.h"
 
 namespace castor::train {
@@ -104,6 +106,9 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
          "--format hf: the most bytes of one safetensors file, as transformers' save_pretrained (\"5GB\", \"500MB\", "
          "\"2GiB\" or bytes; default 5GB); past it the tensors go in shards with an index")
       ->default_str("5GB");
+  add_dtype(app, c.dtype,
+            "--format hf: the tensors' type, float32, bf16 or fp16 (default: the source's, the torch_dtype of the "
+            "Hugging Face directory the model came from, a LoRA run's base included; else the model's own)");
   app.add_flag("--merge-lora", c.merge_lora,
                "a LoRA run (castor train --lora-rank): write its base with the adapters merged (W + scaling B A)");
   CLI::Option* peft = app.add_option_function<std::string>(
@@ -111,6 +116,7 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
       [&c](const std::string& dir) {
         c.format = "peft";
         c.out = dir;
+        c.out_flag = "--peft";
       },
       "a LoRA run: write its adapters in Hugging Face PEFT's format into this directory (adapter_config.json, "
       "adapter_model.safetensors; castor train --init-lora reads them); --format peft --out DIR");
@@ -136,6 +142,7 @@ ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   CASTOR_CHECK(app->count("--type") == 0 || c.format == "gguf", "--type: applies to --format gguf only");
   CASTOR_CHECK(app->count("--max-shard-size") == 0 || c.format == "hf",
                "--max-shard-size: applies to --format hf only");
+  CASTOR_CHECK(!c.dtype || c.format == "hf", "--dtype: applies to --format hf only (--format gguf: --type)");
   CASTOR_CHECK(
       !c.format.empty(), "--format: missing (",
       [] {
@@ -323,20 +330,30 @@ std::optional<data::BpeVocabulary> run_vocabulary(const LoadedGpt& g, int64_t vo
   return tok.bpe()->vocabulary();
 }
 
+// What an export reads, which its --out must not be (check_export_out): --checkpoint, --lora-base, and once loaded the
+// model file, its run directory and the --init (a LoRA run's base) the run records.
+std::vector<std::string> export_inputs(const ExportConfig& c, const LoadedGpt* g = nullptr) {
+  std::vector<std::string> inputs = {c.checkpoint, c.lora_base};
+  if (!g) return inputs;
+  inputs.insert(inputs.end(), {g->what, g->run_dir});
+  if (const Json* init = g->config.is_object() ? g->config.find("init") : nullptr; init && init->is_string())
+    inputs.push_back(init->as_string());
+  return inputs;
+}
+
 // The model castor export writes: --checkpoint loaded after the files `outputs` it will replace are checked (a
-// device, FIFO, directory or link there is refused at once); a LoRA run only with --merge-lora.
-LoadedGpt load_for_export(const ExportConfig& c, const std::vector<std::string>& outputs) {
-  try {
-    for (const std::string& out : outputs) check_replaceable(out);
-  } catch (const Error& e) {
-    throw Error(detail::cat("--out: ", e.what()));
-  }
+// device, FIFO, directory or link there is refused at once; `dir_files`: --out is a directory of those files, `what`
+// its writer), and checked again against the inputs it records; a LoRA run only with --merge-lora.
+LoadedGpt load_for_export(const ExportConfig& c, const std::vector<std::string>& outputs,
+                          const OwnsEntry& dir_files = {}, const std::string& what = "") {
+  for (const std::string& out : outputs) check_export_out("--out", out, dir_files, what, export_inputs(c));
   LoadedGpt g = load_gpt(c.checkpoint, c.n_head, c.lora_base);
   CASTOR_CHECK(!c.merge_lora || g.lora, "--merge-lora: ", c.checkpoint,
                " is not a LoRA run's checkpoint (castor train --lora-rank): it has no adapters to merge");
   CASTOR_CHECK(!g.lora || c.merge_lora, "--merge-lora: missing; ", c.checkpoint,
                " is a LoRA run (adapters on a frozen base): --merge-lora writes the base with its adapters merged, "
                "--peft DIR the adapters alone");
+  for (const std::string& out : outputs) check_export_out("--out", out, dir_files, what, export_inputs(c, &g));
   return g;
 }
 
@@ -393,8 +410,6 @@ Json export_safetensors(const ExportConfig& c) {
 }
 
 // castor export --format gguf: the model with its run's tokenizer, every check before the file is written.
-Json described(const LoadedGpt& g, const char* key);
-
 Json export_gguf(const ExportConfig& c) {
   const LoadedGpt g = load_for_export(c, {c.out});
   // The tokenizer: the run's token directory, or a Hugging Face directory's own tokenizer.json (model_tokenizer_dir).
@@ -418,8 +433,11 @@ Json export_gguf(const ExportConfig& c) {
                  ", which no GGUF architecture written here expresses (llama, gpt2)");
     const Json arch = described(g, "architecture");  // a Hugging Face model's (and a run of one)
     const bool qwen2 = arch.is_string() && arch.as_string() == "Qwen2ForCausalLM";
+    // (the model's context, not a fine-tuning run's block size, which llama.cpp would take as its default context)
+    const Json context = described(g, "max_position_embeddings");
     written = models::write_gguf_llama(c.out, *llama, vocab, type, name,
-                                       qwen2 ? models::GgufArch::Qwen2 : models::GgufArch::Llama);
+                                       qwen2 ? models::GgufArch::Qwen2 : models::GgufArch::Llama,
+                                       context.is_int() ? context.as_int() : 0);
   } else {
     written = models::write_gguf_gpt(c.out, g.weights, vocab, type, name);
   }
@@ -438,10 +456,15 @@ namespace {
 
 // castor export --format peft: a LoRA checkpoint's adapters as PEFT's files.
 Json export_peft(const ExportConfig& c) {
+  const std::string flag = c.out_flag;
+  check_export_out(flag, c.out, is_peft_file, "a PEFT export", export_inputs(c));
   std::string used;
   const Checkpoint ck = read_checkpoint(c.checkpoint, &used);
   const std::string what = (fs::path(used) / "model.safetensors").string();
-  write_peft(c.out, ck, what, c.lora_base);
+  const auto base = ck.model_meta.find("castor.lora_base");
+  check_export_out(flag, c.out, is_peft_file, "a PEFT export",
+                   {c.checkpoint, c.lora_base, used, base == ck.model_meta.end() ? "" : base->second});
+  write_peft(flag, c.out, ck, what, c.lora_base);
   return Json::Object{{"from", printable(what)},
                       {"format", "peft"},
                       {"out", printable(c.out)},
@@ -452,17 +475,10 @@ Json export_peft(const ExportConfig& c) {
 
 namespace {
 
-// A key of a run's model description (null when the run has none or it lacks the key).
-Json described(const LoadedGpt& g, const char* key) {
-  const Json d = g.config.is_object() ? model_description(g.config, g.what) : Json();
-  const Json* v = d.is_object() ? d.find(key) : nullptr;
-  return v ? *v : Json();
-}
-
 // castor export --format hf: a Llama as a Hugging Face directory (castor/hf.h), with the tokenizer files of the
 // Hugging Face directory it came from (--checkpoint itself, or the run's --init).
 Json export_hf(const ExportConfig& c) {
-  const LoadedGpt g = load_for_export(c, {});  // (write_hf checks --out)
+  const LoadedGpt g = load_for_export(c, {c.out}, formats::is_hf_export_file, "a Hugging Face export");
   CASTOR_CHECK(g.llama, "--checkpoint ", c.checkpoint,
                ": a GPT; --format hf writes Llamas (llmc and nanogpt write "
                "GPTs)");
@@ -476,12 +492,23 @@ Json export_hf(const ExportConfig& c) {
   // The tokenizer files of the Hugging Face directory or GGUF file the model came from (--checkpoint, or the run's
   // --init).
   const Json* init = g.config.is_object() ? g.config.find("init") : nullptr;
+  std::string hf_source;  // (the Hugging Face directory it came from, whose torch_dtype the export keeps)
   for (const std::string& from : {c.checkpoint, init && init->is_string() ? init->as_string() : std::string()}) {
     if (from.empty() || !o.tokenizer_dir.empty()) continue;
-    if (formats::is_source(from, formats::SourceFormat::HfDir)) o.tokenizer_dir = from;
+    if (formats::is_source(from, formats::SourceFormat::HfDir)) o.tokenizer_dir = hf_source = from;
     if (formats::is_source(from, formats::SourceFormat::Gguf)) o.tokenizer_dir = models::gguf_tokenizer_dir(from);
   }
-  formats::write_hf(c.out, llama.config(), llama.state_dict(), o);
+  // The tensors' dtype: --dtype, else the source directory's (a LoRA run's base where it is now), as transformers'
+  // save_pretrained keeps a model's: a merged run of a bf16 base is written in bf16, not in its float32 arithmetic.
+  if (g.lora && !c.lora_base.empty() && formats::is_source(c.lora_base, formats::SourceFormat::HfDir))
+    hf_source = c.lora_base;
+  const std::optional<DType> dtype = c.dtype              ? c.dtype
+                                     : !hf_source.empty() ? std::optional(formats::read_hf_config(hf_source).dtype)
+                                                          : std::nullopt;
+  StateDict state = llama.state_dict();
+  if (dtype)
+    for (auto& [name, t] : state) t = t.to(*dtype);
+  formats::write_hf(c.out, llama.config(), state, o);
   uint64_t bytes = 0;
   int64_t files = 0;
   for (const auto& e : fs::directory_iterator(c.out))
@@ -489,6 +516,7 @@ Json export_hf(const ExportConfig& c) {
   return Json::Object{{"from", printable(g.what)},
                       {"format", "hf"},
                       {"architecture", o.architecture},
+                      {"dtype", dtype_name(state.begin()->second.dtype())},
                       {"shards", files},
                       {"out", printable(c.out)},
                       {"bytes", bytes},
@@ -498,7 +526,8 @@ Json export_hf(const ExportConfig& c) {
 // castor export --format llmc | nanogpt: a GPT as llm.c's checkpoint or nanoGPT's OUT/ckpt.pt.
 Json export_gpt(const ExportConfig& c) {
   const bool nanogpt = c.format == "nanogpt";
-  LoadedGpt g = load_for_export(c, {nanogpt ? (fs::path(c.out) / "ckpt.pt").string() : c.out});
+  const OwnsEntry ckpt = [](const std::string& name) { return name == "ckpt.pt"; };
+  LoadedGpt g = load_for_export(c, {c.out}, nanogpt ? ckpt : OwnsEntry(), "a nanoGPT export");
   CASTOR_CHECK(!g.llama, "--checkpoint ", c.checkpoint, ": a Llama; --format ", c.format,
                " writes GPTs (llama2c and hf write Llamas)");
   models::GPTConfig& config = g.weights.config;
@@ -509,13 +538,12 @@ Json export_gpt(const ExportConfig& c) {
                    {"block_size", config.block_size}};
   std::string file = c.out;
   if (nanogpt) {
-    std::error_code ec;
-    fs::create_directories(c.out, ec);
-    CASTOR_CHECK(fs::is_directory(c.out, ec), "--out ", c.out, ": cannot make the directory for ckpt.pt");
     file = (fs::path(c.out) / "ckpt.pt").string();
     PyValue optimizer = nanogpt_optimizer(g);
     out["optimizer"] = optimizer.kind() != PyValue::Kind::None;
-    torch_save(file, nanogpt_checkpoint(g, c.out, std::move(optimizer)));
+    const PyValue ckpt_pt = nanogpt_checkpoint(g, c.out, std::move(optimizer));
+    write_output_dir("--out", c.out, ckpt, "a nanoGPT export", {},
+                     [&](const std::string& dir) { torch_save(dir + "/ckpt.pt", ckpt_pt); });
     out["format"] = "nanogpt";
     out["vocab_size"] = config.vocab_size;
   } else {

@@ -1,6 +1,7 @@
 // The model-family table (train/family.h): GPT (nanoGPT's) and Llama (llama2.c's) rows.
 #include "train/family.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "castor/checkpoint.h"
@@ -77,11 +78,17 @@ void gpt_take_init_sizes(TrainConfig& c, const std::string&) {
   c.bias = g.bias;
 }
 
+// (the description's config when the run has one: the same model as the flags' for a run, and castor eval's window
+// may be shorter than its context)
 std::shared_ptr<models::LanguageModel> gpt_make(const TrainConfig& c, int64_t real_vocab, uint64_t seed) {
-  return models::gpt(gpt_config_of(c, real_vocab), seed);
+  models::GPTConfig g = c.model_config.is_object() ? gpt_config(c.model_config, "model_config") : gpt_config_of(c, 0);
+  g.real_vocab_size = real_vocab;
+  return models::gpt(g, seed);
 }
 
-Json gpt_describe(const TrainConfig& c) { return gpt_description(gpt_config_of(c, 0)); }
+Json gpt_describe(const TrainConfig& c) {
+  return c.model_config.is_object() ? c.model_config : gpt_description(gpt_config_of(c, 0));
+}
 
 std::shared_ptr<models::LanguageModel> gpt_build(const Json& d, const std::string& what) {
   return models::gpt(gpt_config(d, what), /*seed=*/0);
@@ -127,7 +134,8 @@ void llama_check(const TrainConfig& c) { llama_model_config(c).validate(); }
 // load).
 // Another tool's model that describes itself (a Hugging Face directory's config.json, a GGUF file's metadata):
 // its description (its norm eps and feed-forward width have no flags); the model runs --block-size positions (at most
-// the file's context; not given: that many), and the token directory's vocabulary fits in its embedding.
+// the file's context), and the token directory's vocabulary fits in its embedding. Not given, --block-size is its
+// context up to formats::kDefaultWindow (2048; the description keeps max_position_embeddings, which exports write).
 void llama_take_described_sizes(TrainConfig& c, const std::string& data_dir) {
   Json description;
   models::LlamaConfig l;
@@ -145,7 +153,7 @@ void llama_take_described_sizes(TrainConfig& c, const std::string& data_dir) {
   take(c, "--rope-theta", c.rope_theta, l.rope_theta);
   CASTOR_CHECK(!c.given("--block-size") || c.block_size <= l.max_seq_len, "--block-size ", c.block_size, ": --init ",
                c.init, " runs at most ", l.max_seq_len, " positions");
-  if (!c.given("--block-size")) c.block_size = l.max_seq_len;
+  if (!c.given("--block-size")) c.block_size = std::min(l.max_seq_len, formats::kDefaultWindow);
   CASTOR_CHECK(!c.given("--untied") || c.untied != l.tied, "--untied: --init ", c.init, "'s lm_head ",
                l.tied ? "is" : "is not", " tied to the embedding (tie_word_embeddings)");
   c.untied = !l.tied;

@@ -14,6 +14,7 @@
 #include "castor/safetensors.h"
 #include "castor/trainer.h"
 #include "castor/model_source.h"
+#include "train/family.h"
 #include "train/metrics.h"
 #include "train/task.h"
 
@@ -22,6 +23,36 @@ namespace castor::train {
 namespace fs = std::filesystem;
 
 namespace {
+
+// A language model's sizes as a user compares them with a model card: layers, width, heads, key/value heads, head
+// size, feed-forward width, vocabulary, context (a Hugging Face model's max_position_embeddings, and a fine-tuning
+// run's block when shorter) and its rope; "" for a description of no family.
+std::string model_sizes(const Json& d, const std::string& what) {
+  const Json* family = d.is_object() ? d.find("family") : nullptr;
+  if (!family || !family->is_string()) return "";
+  if (family->as_string() == "gpt") {
+    const models::GPTConfig g = gpt_config(d, what);
+    return detail::cat("layers ", g.n_layer, ", width ", g.n_embd, ", heads ", g.n_head, ", vocabulary ", g.vocab_size,
+                       ", context ", g.block_size);
+  }
+  if (family->as_string() != "llama") return "";
+  const models::LlamaConfig l = llama_config(d, what);
+  const Json* positions = d.find("max_position_embeddings");
+  const int64_t context = positions && positions->is_int() ? positions->as_int() : l.max_seq_len;
+  std::string rope;
+  using Type = F::RopeScaling::Type;
+  char theta[32];
+  std::snprintf(theta, sizeof(theta), "%g", l.rope_theta);
+  if (l.rope_scaling.type == Type::Linear) rope = detail::cat(" (linear scaling, factor ", l.rope_scaling.factor, ")");
+  if (l.rope_scaling.type == Type::Llama3)
+    rope = detail::cat(" (llama3 scaling, factor ", l.rope_scaling.factor, ", original context ",
+                       l.rope_scaling.original_max_position_embeddings, ")");
+  return detail::cat(
+      "layers ", l.n_layers, ", width ", l.dim, ", heads ", l.n_heads, ", kv heads ", l.kv_heads(), ", head size ",
+      l.head_size(), ", feed-forward ", l.ffn_hidden_dim(), ", vocabulary ", l.vocab_size, ", context ", context,
+      context != l.max_seq_len ? detail::cat(" (this run's block ", l.max_seq_len, ")") : "",
+      l.sliding_window > 0 ? detail::cat(", sliding window ", l.sliding_window) : "", ", rope theta ", theta, rope);
+}
 
 // `castor info`'s default: what a person asks of a checkpoint first.
 std::string info_summary(const std::string& path, const std::string& used, const SafetensorsFile& model,
@@ -43,6 +74,9 @@ std::string info_summary(const std::string& path, const std::string& used, const
   if (config.is_null()) config = Json::Object{};
   const std::string model_name = config.find("model") ? config.at("model").as_string() : "unknown (no castor metadata)";
   line("model", detail::cat(model_name, ", ", model.entries.size(), " tensors, ", values, " values (", dtypes, ")"));
+  if (const Json* m = config.find("model"); m && m->is_string() && family_of_spelling(m->as_string()))
+    if (const std::string sizes = model_sizes(model_description(config, used), used); !sizes.empty())
+      line("sizes", sizes);
   if (const Json* t = config.find("trainable_params"), *a = config.find("all_params");
       t && a && t->is_int() && a->is_int())
     line("parameters", trainable_parameters_text(t->as_int(), a->as_int()));

@@ -101,4 +101,10 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& l
   return g;
 }
 
+Json described(const LoadedGpt& g, const char* key) {
+  const Json d = g.config.is_object() ? model_description(g.config, g.what) : Json();
+  const Json* v = d.is_object() ? d.find(key) : nullptr;
+  return v ? *v : Json();
+}
+
 }  // namespace castor::train

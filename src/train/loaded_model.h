@@ -30,4 +30,7 @@ struct LoadedGpt {
 // base (`lora_base`: where the base is now, when it moved).
 LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& lora_base = "");
 
+// A key of the model's recorded description (null when the run has none or it lacks the key).
+Json described(const LoadedGpt& g, const char* key);
+
 }  // namespace castor::train

@@ -95,7 +95,7 @@ class Trainer {
         batches_(task, c.grad_accum, world_),
         divergence_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale.is_dynamic()),
         epochs_(epochs) {
-    if (rank0_) log_.emplace(c, task, total_steps, epochs, /*append=*/!c.resume.empty(), flops);
+    if (rank0_) log_.emplace(c, task, total_steps, epochs, /*append=*/!c.resume.empty(), flops, state.step);
     if (!c.eval_task.empty()) task_scorer_ = std::make_unique<TrainTaskScorer>(c);
     CASTOR_CHECK(c.task_format.empty() || !c.eval_task.empty(), "--task-format: applies to --eval-task");
     CASTOR_CHECK(c.early_stop == 0 || !c.keep_best.empty(),

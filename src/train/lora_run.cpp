@@ -2,14 +2,17 @@
 // adapter-only checkpoints, merging a run's adapters into its base, and PEFT's files.
 #include "train/lora_run.h"
 
-#include <filesystem>
 #include <algorithm>
+#include <filesystem>
+#include <map>
 #include <set>
 
+#include "castor/allocator.h"
 #include "castor/autograd.h"
 #include "castor/fs.h"
 #include "castor/hf.h"
 #include "castor/llmc.h"
+#include "castor/output_dir.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
 #include "castor/model_source.h"
@@ -72,11 +75,16 @@ std::string weights_checksum(const std::string& path) {
 namespace {
 
 // The adapter config the LoRA settings describe (--lora-rank, --lora-alpha, ...).
+// A Llama's targets in either naming, Castor's (wq, w2, output) or Hugging Face's and PEFT's (q_proj, down_proj,
+// lm_head): the same layers.
 nn::LoraConfig lora_config(const TrainConfig& c) {
+  std::vector<std::string> targets = split_commas(c.lora_targets);
+  if (family_of(c.model) == family_named("llama"))
+    for (std::string& t : targets) t = formats::hf_target_name(t, /*to_castor=*/true);
   return {.r = c.lora_rank,
           .alpha = c.lora_alpha,
           .dropout = c.lora_dropout,
-          .target_modules = split_commas(c.lora_targets),
+          .target_modules = std::move(targets),
           .rslora = c.rslora,
           .seed = c.seed};
 }
@@ -110,7 +118,7 @@ std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const
                                 /*seed=*/0);
   }
   try {
-    formats::load_weights_into(*model, base);
+    load_base(*model, base, c);
   } catch (const Error& e) {
     const std::string msg = e.what();
     throw Error(msg.rfind(base, 0) == 0 ? msg : detail::cat(what, ": the LoRA base ", base, ": ", msg));
@@ -147,9 +155,27 @@ void take_peft_config(TrainConfig& c) {
         list += (list.empty() ? "" : ",") + (formats::is_source(c.init, formats::SourceFormat::HfDir)
                                                  ? formats::hf_target_name(t.as_string(), /*to_castor=*/true)
                                                  : t.as_string());
+    // What would make the adapters compute other than PEFT's (per-module ranks or alphas, DoRA, trained biases, some
+    // layers only) is refused by name rather than silently dropped; a rank of 0 would drop the adapters altogether.
+    const Json& r = j.at("r");
+    CASTOR_CHECK(r.is_int() && r.as_int() > 0, "\"r\" ", r.dump(), ": the adapters' rank must be a positive integer");
+    for (const char* key : {"rank_pattern", "alpha_pattern"})
+      if (const Json* v = j.find(key))
+        CASTOR_CHECK(v->is_null() || (v->is_object() && v->as_object().empty()), "\"", key, "\" ", v->dump(),
+                     ": per-module ranks and alphas are not supported (every adapter takes \"r\" and "
+                     "\"lora_alpha\"); merge the adapters with PEFT's merge_and_unload and fine-tune the merged model");
+    for (const auto& [key, plain] : {std::pair<const char*, Json>{"use_dora", Json(false)},
+                                     {"lora_bias", Json(false)},
+                                     {"bias", Json("none")},
+                                     {"layers_to_transform", Json()},
+                                     {"modules_to_save", Json()}})
+      if (const Json* v = j.find(key))
+        CASTOR_CHECK(*v == plain || (plain.is_null() && v->is_array() && v->as_array().empty()), "\"", key, "\" ",
+                     v->dump(), ": not supported (Castor's adapters are plain LoRA on every targeted layer: ", key, " ",
+                     plain.dump(), ")");
     const Json* rs = j.find("use_rslora");
     const Json* p = j.find("lora_dropout");
-    const TrainConfig file_config{.lora_rank = j.at("r").as_int(),
+    const TrainConfig file_config{.lora_rank = r.as_int(),
                                   .lora_alpha = j.at("lora_alpha").as_double(),
                                   .lora_dropout = p ? p->as_double() : 0.0,
                                   .lora_targets = list,
@@ -188,8 +214,10 @@ void resolve_init_dir(TrainConfig& c) {
 
 void check_lora_flags(TrainConfig& c) {
   if (!c.init_lora.empty()) take_peft_config(c);
-  for (const char* flag : {"--lora-alpha", "--lora-dropout", "--lora-targets", "--rslora"})
+  for (const char* flag : {"--lora-alpha", "--lora-dropout", "--lora-targets", "--rslora", "--quantize-base"})
     CASTOR_CHECK(!c.given(flag) || c.lora_rank > 0, flag, ": needs --lora-rank (LoRA fine-tuning of an --init base)");
+  CASTOR_CHECK(c.double_quant || c.quantize_base == quant::BlockType::NF4,
+               "--no-double-quant: only NF4's absmaxes are double-quantized (--quantize-base nf4)");
   CASTOR_CHECK(c.lora_rank == 0 || !c.init.empty(), c.init_lora.empty() ? "--lora-rank" : "--init-lora",
                ": needs --init (the base model to fine-tune: a run directory or a weights file)");
 }
@@ -230,6 +258,20 @@ void apply_run_lora(const TrainConfig& c, nn::Module& model) {
   load_adapters(model, adapters, "--init-lora " + file);
 }
 
+void merge_peft_adapter(nn::Module& model, ModelKind kind, const std::string& base, const std::string& dir) {
+  TrainConfig c;
+  c.model = kind, c.init = base, c.init_lora = dir;
+  try {
+    check_lora_flags(c);  // the adapter's settings from its adapter_config.json
+    apply_run_lora(c, model);
+  } catch (const Error& e) {
+    std::string msg = e.what();  // (named by the flag given: --lora)
+    if (msg.rfind("--init-lora ", 0) == 0) msg.replace(0, 11, "--lora");
+    throw Error(msg);
+  }
+  nn::merge_and_unload(model);
+}
+
 void keep_adapters(Checkpoint& ck, const Json& config) {
   const Json* rank = config.find("lora_rank");
   if (!rank || !rank->is_int() || rank->as_int() == 0) return;
@@ -259,6 +301,21 @@ void pin_lora_base(const TrainConfig& c) {
   }
 }
 
+void load_base(nn::Module& model, const std::string& path, const TrainConfig& c) {
+  if (c.quantize_base == quant::BlockType::F32) return formats::load_weights_into(model, path);
+  const quant::BlockTypeInfo& type = quant::block_type(c.quantize_base);
+  std::map<std::string, std::shared_ptr<nn::Linear>> pending;  // by weight name
+  for (const auto& [name, layer] : nn::all_linear_layers(model))
+    if (layer->in_features() % type.block == 0) pending.emplace(name + ".weight", layer);
+  formats::load_weights_into(model, path, [&](const std::string& name) {
+    const auto it = pending.find(name);
+    if (it == pending.end()) return;
+    it->second->quantize_weight(type.id, c.double_quant && type.id == quant::BlockType::NF4);
+    pending.erase(it);
+    empty_cache();  // the dense weight's memory back to the system, not kept for reuse
+  });
+}
+
 void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata& meta, const std::string& what) {
   if (is_lora_checkpoint(meta)) return load_adapters(model, tensors, what);
   model.load_state_dict(tensors, /*strict=*/true);
@@ -267,6 +324,8 @@ void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata
 void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::string& lora_base) {
   if (!is_lora_checkpoint(ck.model_meta)) return;
   auto model = adapted_model(ck, what, lora_base);
+  for (const auto& [path, layer] : nn::all_linear_layers(*model))  // a quantized base: its blocks' values
+    if (layer->quantized) layer->dequantize_weight(model->parameters().front().dtype());
   nn::merge_and_unload(*model);
   ck.model = model->state_dict();
   ck.model_meta.erase(kBaseKey);
@@ -274,18 +333,20 @@ void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::s
   // The settings of a plain run of these weights: no adapters (its init stays the base it came from).
   Json config = castor_config(ck.model_meta, what);
   const Json plain = settings_json(TrainConfig{});
-  for (const char* flag :
-       {"--lora-rank", "--lora-alpha", "--lora-dropout", "--lora-targets", "--rslora", "--init-lora"})
+  for (const char* flag : {"--lora-rank", "--lora-alpha", "--lora-dropout", "--lora-targets", "--rslora", "--init-lora",
+                           "--quantize-base", "--double-quant"})
     config[config_key(flag)] = plain.at(config_key(flag));
   config.as_object().erase("init_checksum");
   ck.model_meta["castor.config"] = config.dump();
 }
 
-void write_peft(const std::string& dir, const Checkpoint& ck, const std::string& what, const std::string& lora_base) {
+bool is_peft_file(const std::string& name) {
+  return name == "adapter_config.json" || name == "adapter_model.safetensors";
+}
+
+void write_peft(const std::string& flag, const std::string& dir, const Checkpoint& ck, const std::string& what,
+                const std::string& lora_base) {
   CASTOR_CHECK(is_lora_checkpoint(ck.model_meta), "--peft: ", what, " is not a LoRA run's (castor train --lora-rank)");
-  std::error_code ec;
-  CASTOR_CHECK(!fs::exists(fs::path(dir) / "checkpoints", ec) && !fs::exists(fs::path(dir) / "config.json", ec),
-               "--peft ", dir, ": a run directory (castor train's); write the adapters into a directory of their own");
   auto model = adapted_model(ck, what, lora_base);
   const Json config = castor_config(ck.model_meta, what);
   // On a Hugging Face base, the names and q/k rotary rows PEFT uses on the Hugging Face model.
@@ -312,10 +373,10 @@ void write_peft(const std::string& dir, const Checkpoint& ck, const std::string&
       {"modules_to_save", Json()},
       {"layers_to_transform", Json()},
       {"revision", Json()}};
-  fs::create_directories(dir, ec);
-  CASTOR_CHECK(fs::is_directory(dir, ec), "--peft ", dir, ": cannot make the directory");
-  save_safetensors(dir + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
-  atomic_write_file(dir + "/adapter_config.json", adapter_config.dump(2) + "\n");
+  write_output_dir(flag, dir, is_peft_file, "a PEFT export", {}, [&](const std::string& folder) {
+    save_safetensors(folder + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
+    atomic_write_file(folder + "/adapter_config.json", adapter_config.dump(2) + "\n");
+  });
 }
 
 }  // namespace castor::train

@@ -20,8 +20,16 @@ void check_lora_flags(TrainConfig& c);
 // A LoRA run resumed or evaluated (c.init_checksum recorded): castor::Error unless --init still has that checksum (a
 // changed base is refused: the adapters fit only the base they were trained on).
 void check_lora_base(const TrainConfig& c);
+// Loads the LoRA base `path` into `model` (formats::load_weights_into). With --quantize-base, each Linear but the
+// output layer whose rows are whole blocks of the type is quantized as soon as its weight is filled and its dense
+// weight dropped, so the dense base is never whole in memory; the others (rows of another length) stay dense.
+void load_base(nn::Module& model, const std::string& path, const TrainConfig& c);
 // Adapts the model built from --init as `c` says and loads --init-lora's adapters.
 void apply_run_lora(const TrainConfig& c, nn::Module& model);
+// castor sample|eval --lora DIR: the PEFT adapter directory DIR (adapter_config.json, adapter_model.safetensors) merged
+// into `model`, the `kind` model of `base` (a weights file or Hugging Face directory), read as --init-lora reads it.
+// castor::Error naming the file for adapters that do not fit the model.
+void merge_peft_adapter(nn::Module& model, ModelKind kind, const std::string& base, const std::string& dir);
 
 // Makes a checkpoint of a LoRA run (config's lora_rank > 0) hold only the adapters, with "castor.lora_base" (the base
 // file) in its metadata.
@@ -43,11 +51,13 @@ void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::s
 // Hugging Face directory's config.json, index and safetensors files'.
 std::string weights_checksum(const std::string& path);
 
-// PEFT's pair of files in `dir` for a LoRA checkpoint's adapters: adapter_model.safetensors ("base_model.model.<path>
+// PEFT's pair of files as the directory `dir` (named by `flag`): adapter_model.safetensors ("base_model.model.<path>
 // .lora_A.weight" (r, in), "...lora_B.weight" (out, r), float32) and adapter_config.json (r, lora_alpha,
-// lora_dropout, target_modules, use_rslora, base_model_name_or_path, ...). Each file is replaced whole.
-// Refuses a run directory as `dir`.
-void write_peft(const std::string& dir, const Checkpoint& ck, const std::string& what,
+// lora_dropout, target_modules, use_rslora, base_model_name_or_path, ...), written whole (castor/fs.h's
+// write_output_dir: a directory holding other files, a run directory or a symbolic link is refused).
+void write_peft(const std::string& flag, const std::string& dir, const Checkpoint& ck, const std::string& what,
                 const std::string& lora_base = "");
+// Whether `name` is one of the files write_peft writes.
+bool is_peft_file(const std::string& name);
 
 }  // namespace castor::train

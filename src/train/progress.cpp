@@ -19,7 +19,8 @@ std::string clock_text(double seconds) {
 }
 
 double remaining_seconds(const ProgressState& s) {
-  return s.step > 0 ? s.elapsed_seconds / static_cast<double>(s.step) * static_cast<double>(s.total_steps - s.step) : 0;
+  const int64_t done = s.step - s.start_step;  // (a resumed run's earlier steps took none of elapsed_seconds)
+  return done > 0 ? s.elapsed_seconds / static_cast<double>(done) * static_cast<double>(s.total_steps - s.step) : 0;
 }
 
 std::string fit_fields(const std::vector<std::string>& fields, int width) {

@@ -15,11 +15,12 @@ struct ProgressState {
   bool loss_scaling = true;  // false (bf16, O0): no scale field
   const char* unit = "img";  // of the throughput: images or tokens ("tok")
   double mfu = 0;            // > 0: model FLOP utilization against the measured GEMM peak, shown as a percentage
+  int64_t start_step = 0;    // the step this process started from (a resumed run's): elapsed_seconds covers the rest
 };
 
 // "h:mm:ss".
 std::string clock_text(double seconds);
-// The time the steps left will take at the pace of those done (0 before the first).
+// The time the steps left will take at the pace of those this process has done (0 before its first).
 double remaining_seconds(const ProgressState& s);
 
 // `fields` (most important first) joined by two spaces, as many as fit in `width` columns (the rest left out).

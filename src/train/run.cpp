@@ -78,6 +78,10 @@ std::pair<int64_t, int64_t> parameter_counts(const nn::Module& model) {
     all += p.numel();
     if (p.requires_grad()) trainable += p.numel();
   }
+  // A quantized base's Linears hold no parameter: their weights count as the values they hold (all_linear_layers
+  // only reads the model).
+  for (const auto& [path, layer] : nn::all_linear_layers(const_cast<nn::Module&>(model)))
+    if (layer->quantized) all += layer->in_features() * layer->out_features();
   return {trainable, all};
 }
 
@@ -164,7 +168,10 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   check_lora_base(c);
   if (loads) {
     try {
-      formats::load_weights_into(*r.model, c.init);
+      if (c.lora_rank > 0)
+        load_base(*r.model, c.init, c);
+      else
+        formats::load_weights_into(*r.model, c.init);
     } catch (const Error& e) {
       const std::string msg = e.what();  // names the file when reading it failed; name the flag too
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -178,31 +179,40 @@ std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing) {
       throw Error(detail::cat("--out ", c.out, ": ", e.what(), " (where a run writes its ", f, ")"));
     }
   }
+  // Ownership is decided before the lock file is made: a refused directory is left as it was (a lock file left behind
+  // would make the same command take it for a Castor run directory the next time).
   const bool castor_dir = fs::exists(c.out + "/.castor.lock", ec);
-  auto lock = std::make_unique<FileLock>(c.out + "/.castor.lock");
-  const std::string checkpoints = c.out + "/checkpoints";
   const bool has_metrics = fs::is_regular_file(c.out + "/metrics.jsonl", ec) &&
                            fs::file_size(c.out + "/metrics.jsonl", ec) > 0;
-  if (!continuing && (latest_checkpoint(c.out) || has_metrics)) {
-    CASTOR_CHECK(c.overwrite, "--out ", c.out,
-                 " holds another run (checkpoints or metrics.jsonl); continue it with --resume ", c.out,
-                 ", choose another --out, or pass --overwrite to replace it");
-    fs::remove_all(c.out + "/checkpoints", ec);
-    for (const char* f : kRunFiles) fs::remove_all(c.out + "/" + f, ec);
-  } else if (!continuing && !castor_dir) {
+  const bool other_run = !continuing && (latest_checkpoint(c.out) || has_metrics);
+  if (!continuing && !other_run && !castor_dir) {
     // Not a Castor run directory (no lock file ever made there): files a run writes belong to someone else.
     std::string foreign;
     for (const char* f : kRunFiles)
       if (fs::exists(c.out + "/" + f, ec)) foreign += (foreign.empty() ? "" : ", ") + std::string(f);
     CASTOR_CHECK(foreign.empty() || c.overwrite, "--out ", c.out, " is not a Castor run directory but holds ", foreign,
                  ", which a run would replace; choose another --out, or pass --overwrite to replace them");
-    if (c.overwrite)
-      for (const char* f : kRunFiles) fs::remove(c.out + "/" + f, ec);
   }
-  remove_stale_temps(c.out);
-  fs::create_directories(checkpoints, ec);
-  CASTOR_CHECK(fs::is_directory(checkpoints) && access(checkpoints.c_str(), W_OK) == 0, "--out ", c.out, ": ",
-               checkpoints, " is not a writable directory");
+  auto lock = std::make_unique<FileLock>(c.out + "/.castor.lock");
+  try {
+    const std::string checkpoints = c.out + "/checkpoints";
+    if (other_run) {
+      CASTOR_CHECK(c.overwrite, "--out ", c.out,
+                   " holds another run (checkpoints or metrics.jsonl); continue it with --resume ", c.out,
+                   ", choose another --out, or pass --overwrite to replace it");
+      fs::remove_all(c.out + "/checkpoints", ec);
+      for (const char* f : kRunFiles) fs::remove_all(c.out + "/" + f, ec);
+    } else if (!continuing && !castor_dir && c.overwrite) {
+      for (const char* f : kRunFiles) fs::remove(c.out + "/" + f, ec);
+    }
+    remove_stale_temps(c.out);
+    fs::create_directories(checkpoints, ec);
+    CASTOR_CHECK(fs::is_directory(checkpoints) && access(checkpoints.c_str(), W_OK) == 0, "--out ", c.out, ": ",
+                 checkpoints, " is not a writable directory");
+  } catch (...) {
+    if (!castor_dir) fs::remove(c.out + "/.castor.lock", ec);  // (made just now: the directory is not a run's)
+    throw;
+  }
   return lock;
 }
 
@@ -223,6 +233,48 @@ void check_extension(const TrainConfig& c, int64_t schedule_steps, int64_t total
                                                               "that length";
   std::fprintf(stderr, "note: the %s schedule was set for %lld steps and keeps it; past step %lld %s\n",
                name(c.schedule), static_cast<long long>(schedule_steps), static_cast<long long>(schedule_steps), past);
+}
+
+void check_export_out(const std::string& flag, const std::string& out, const OwnsEntry& dir_files,
+                      const std::string& what, const std::vector<std::string>& inputs) {
+  try {
+    if (dir_files)
+      check_output_dir(flag, out, dir_files, what);
+    else
+      check_replaceable(out);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    throw Error(msg.rfind(flag, 0) == 0 ? msg : detail::cat(flag, ": ", msg));
+  }
+  const std::string target = absolute_path(out);
+  const auto inside = [](const std::string& path, const std::string& dir) {
+    return path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/';
+  };
+  std::error_code ec;
+  const bool exists = fs::exists(fs::symlink_status(target, ec));
+  for (const std::string& input : inputs) {
+    if (input.empty()) continue;
+    const std::string source = absolute_path(input);
+    // The input itself, a file in it (a new file beside it replaces nothing), or a directory holding it.
+    const bool is = target == source, in = exists && inside(target, source), holds = inside(source, target);
+    CASTOR_CHECK(!is && !in && !holds, flag, ": ", out,
+                 is   ? " is "
+                 : in ? " is inside "
+                      : " holds ",
+                 input,
+                 ", which this export reads (its source, or the base or --init its run records); an export never "
+                 "replaces its own input: give another ",
+                 flag);
+  }
+  // Nor any run's own files: its checkpoints (a LoRA run may be built on one), its config.json and metrics.
+  const fs::path parent = fs::path(target).parent_path();
+  const std::string name = fs::path(target).filename().string();
+  const bool run_file = std::find(std::begin(kRunFiles), std::end(kRunFiles), name) != std::end(kRunFiles);
+  CASTOR_CHECK(!fs::exists(parent / ".castor.lock", ec) || !run_file, flag, ": ", out, " is the run directory ",
+               parent.string(), "'s own ", name, "; give another ", flag);
+  for (fs::path dir = parent; dir.has_relative_path(); dir = dir.parent_path())
+    CASTOR_CHECK(!is_checkpoint_dir(dir.string()), flag, ": ", out, " is inside the checkpoint ", dir.string(),
+                 " (a run resumes from it; LoRA runs may be built on it); give another ", flag);
 }
 
 Json recorded_config(const Checkpoint& ck, const std::string& what) {

@@ -5,10 +5,12 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "castor/checkpoint.h"
 #include "castor/fs.h"
 #include "castor/json.h"
+#include "castor/output_dir.h"
 #include "castor/train_config.h"
 #include "train/task.h"
 
@@ -41,6 +43,15 @@ std::string default_out(const TrainConfig& c);
 // --overwrite clears) another run's files in a new run, removes stale temp folders, checks `checkpoints`.
 // In a data-parallel job only rank 0 calls it (the other ranks write nothing).
 std::unique_ptr<FileLock> own_run_dir(const TrainConfig& c, bool continuing);
+
+// castor export's rule for an output (`flag`'s value `out`; every writer calls it before anything is written): a
+// directory output (`dir_files` given: the files its writer writes, `what` the writer) as check_output_dir says (no
+// symbolic link, no run directory, nothing but those files), a file as check_replaceable says; and never one of
+// `inputs` (the export's source: its checkpoint, run directory or model file; the --init a run records, the base a
+// LoRA run records, --lora-base), inside one, holding one, or inside any run's checkpoint folder: a merged export
+// written over its own base would leave the LoRA run unable to resume or merge again. castor::Error, one line.
+void check_export_out(const std::string& flag, const std::string& out, const OwnsEntry& dir_files,
+                      const std::string& what, const std::vector<std::string>& inputs);
 
 // The settings a checkpoint recorded (an object with the schedule's length, or its steps/epochs in older ones).
 Json recorded_config(const Checkpoint& ck, const std::string& what);

@@ -44,11 +44,13 @@ double model_flops_utilization(double job_examples_per_sec, const FlopRate& f) {
   return u <= 1 ? u : 0;  // (above the peak: the peak was measured on a busy machine; not reported)
 }
 
-RunLog::RunLog(const TrainConfig& c, const Task& task, int64_t total_steps, int64_t epochs, bool append, FlopRate flops)
+RunLog::RunLog(const TrainConfig& c, const Task& task, int64_t total_steps, int64_t epochs, bool append, FlopRate flops,
+               int64_t first_step)
     : metrics_(c.out, append, metrics_columns(c, task)),
       log_every_(c.log_every),
       total_steps_(total_steps),
       epochs_(epochs),
+      first_step_(first_step),
       tty_(isatty(STDERR_FILENO) != 0),
       width_(terminal_width(STDERR_FILENO) - 1),
       task_(task),
@@ -76,7 +78,8 @@ void RunLog::step(const StepInfo& s) {
       s.epoch,        epochs_,      s.step,
       total_steps_,   window_mean,  s.lr,
       s.loss_scale,   ips,          std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(),
-      s.loss_scaling, task_.unit(), mfu(ips)};
+      s.loss_scaling, task_.unit(), mfu(ips),
+      first_step_};
   if (tty_) {
     std::fprintf(stderr, "\r%s\x1b[K", progress_line(p, width_).c_str());
     std::fflush(stderr);

@@ -48,8 +48,10 @@ double model_flops_utilization(double job_examples_per_sec, const FlopRate& f);
 
 class RunLog {
  public:
-  // `append`: a resumed run adds to its metrics files; `task` names the throughput and the evaluation's figures.
-  RunLog(const TrainConfig& c, const Task& task, int64_t total_steps, int64_t epochs, bool append, FlopRate flops = {});
+  // `append`: a resumed run adds to its metrics files; `task` names the throughput and the evaluation's figures;
+  // `first_step`: the step this process starts from (a resumed run's), which the time left is paced from.
+  RunLog(const TrainConfig& c, const Task& task, int64_t total_steps, int64_t epochs, bool append, FlopRate flops = {},
+         int64_t first_step = 0);
 
   // Logs a metrics line every log_every steps (with the window's mean loss), at the last step and at every
   // skipped step; redraws the progress line (a terminal) or prints a plain line every log_every steps.
@@ -73,7 +75,7 @@ class RunLog {
 
  private:
   MetricsLog metrics_;
-  int64_t log_every_, total_steps_, epochs_;
+  int64_t log_every_, total_steps_, epochs_, first_step_;
   bool tty_;
   int width_;
   bool progress_drawn_ = false;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <memory>
+#include <set>
 
 #include "castor/autocast.h"
 #include "castor/checkpoint.h"
@@ -39,13 +40,18 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
       "castor sample");
   CLI::App& app = *owner;
   auto* ckpt = app.add_option("--checkpoint", c.checkpoint, "a run or checkpoint directory of a GPT or Llama");
-  add_init(app, c.init,
-           "or weights: llm.c .bin, llama2.c model.bin (v0 or v1), safetensors with nanoGPT names, or a file "
-           "castor export --safetensors wrote")
+  add_init(
+      app, c.init,
+      "or weights: a Hugging Face model directory (config.json, model.safetensors or shards, tokenizer.json), "
+      "a GGUF file, llm.c .bin, llama2.c model.bin (v0 or v1), safetensors with nanoGPT names, or a file castor export "
+      "--safetensors wrote")
       ->excludes(ckpt);
   app.add_option("--tokenizer-dir", c.tokenizer_dir,
                  "token directory whose tokenizer decodes, or a Hugging Face model directory with tokenizer.json "
-                 "(default: the run's)");
+                 "(default: the run's, or the Hugging Face directory's own)");
+  add_lora(app, c.lora,
+           "a PEFT adapter directory (adapter_config.json, adapter_model.safetensors: PEFT's save_pretrained, castor "
+           "export --format peft) merged into the model (--init BASE --lora DIR), without a training run");
   add_n_head(app, c.n_head, "attention heads, for safetensors that do not record them");
   add_lora_base(app, c.lora_base, kLoraBaseHelp);
   app.add_option("--prompt", c.prompt,
@@ -66,6 +72,11 @@ std::unique_ptr<CLI::App> sample_app(SampleConfig& c) {
                "apply the chat template (the token directory's, else ChatML) to --prompt as a user turn and write the "
                "reply, stopping at the end-of-turn token; without --prompt, each line of stdin is a turn");
   app.add_option("--system", c.system, "--chat: a system turn before the first user turn");
+  add_chat_template(app, c.chat_template);
+  app.add_flag("--ignore-eos", c.ignore_eos,
+               "generate --tokens tokens past the model's end-of-generation tokens (its end-of-sequence and "
+               "end-of-turn ids, config.json's eos_token_id), where a sample stops by default as llama.cpp's does "
+               "(nanoGPT's sample.py runs on); not with --chat");
   add_seed(app, c.seed, "the sampling generator's seed");
   app.add_option_function<std::string>(
          "--window", [&c](const std::string& w) { c.cached_window = w == "cached"; },
@@ -95,6 +106,8 @@ SampleConfig parse_sample_flags(const std::vector<std::string>& args) {
   CASTOR_CHECK(c.prompt_file.empty() || std::find(args.begin(), args.end(), "--prompt") == args.end(),
                "--prompt-file: not with --prompt");
   CASTOR_CHECK(c.chat || c.system.empty(), "--system: only with --chat");
+  CASTOR_CHECK(c.chat || c.chat_template.empty(), "--chat-template: only with --chat");
+  CASTOR_CHECK(!c.chat || !c.ignore_eos, "--ignore-eos: not with --chat (a reply ends at its end-of-turn token)");
   if (!c.prompt_file.empty()) {
     const std::vector<uint8_t> bytes = read_file(c.prompt_file);
     c.prompt.assign(bytes.begin(), bytes.end());
@@ -129,14 +142,28 @@ std::shared_ptr<models::LanguageModel> sampled_model(LoadedGpt& g, const data::T
   return model;
 }
 
+// LoadedLm::end_ids of `g` and its tokenizer.
+std::set<int64_t> end_ids(const LoadedGpt& g, const data::Tokenizer& tok) {
+  std::set<int64_t> ids;
+  if (tok.bpe()) ids.insert(data::BpeVocabulary::kBos);
+  if (tok.kind() != "char") {
+    const data::ChatTokenizer ct = data::chat_tokenizer(tok, /*need_template=*/false);
+    for (int64_t id : {ct.eos_id, ct.eot_id})
+      if (id >= 0) ids.insert(id);
+  }
+  const Json eos = described(g, "eos_token_id");
+  for (const Json& id : eos.is_array() ? eos.as_array() : Json::Array{eos})
+    if (id.is_int()) ids.insert(id.as_int());
+  return ids;
+}
+
 }  // namespace
 
 LoadedLm load_language_model(const std::string& path, int64_t n_head, const std::string& lora_base,
-                             const std::string& tokenizer_dir) {
+                             const std::string& tokenizer_dir, const std::string& lora) {
   LoadedGpt g = load_gpt(path, n_head, lora_base);
   for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
-    CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), g.what, ": ", name,
-                 " holds NaN or infinite values; no text can be sampled from it");
+    formats::check_finite(g.what, name, t);
   std::string dir = tokenizer_dir.empty() ? model_tokenizer_dir(path, g.config) : tokenizer_dir;
   CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what,
                " records no data directory to decode with, and no tokenizer.bin is beside it");
@@ -149,14 +176,20 @@ LoadedLm load_language_model(const std::string& path, int64_t n_head, const std:
                "]: its ids would decode as other tokens; give the folder of the model's "
                "vocabulary");
   std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
+  if (!lora.empty()) {
+    CASTOR_CHECK(!g.lora, "--lora: ", g.what, " is a LoRA run's (its adapters merged already); give its base");
+    merge_peft_adapter(*model, g.llama ? ModelKind::Llama : ModelKind::Gpt, path, lora);
+  }
   model->eval();
-  return {std::move(model), std::move(tok), g.what, dir};
+  std::set<int64_t> ends = end_ids(g, tok);
+  return {std::move(model), std::move(tok), g.what, dir, std::move(ends)};
 }
 
 void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,
                 const std::function<bool(std::string&)>& read_turn) {
   if (c.threads > 0) omp_set_num_threads(c.threads);
-  LoadedLm lm = load_language_model(c.init.empty() ? c.checkpoint : c.init, c.n_head, c.lora_base, c.tokenizer_dir);
+  LoadedLm lm = load_language_model(c.init.empty() ? c.checkpoint : c.init, c.n_head, c.lora_base, c.tokenizer_dir,
+                                    c.lora);
   const std::shared_ptr<models::LanguageModel>& model = lm.model;
   data::Tokenizer& tok = lm.tokenizer;
   const std::string& dir = lm.tokenizer_dir;
@@ -165,14 +198,14 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
   const DType weights = model->cache_shape().dtype;
   const amp::AutocastGuard autocast(is_16bit_float(weights) ? weights : DType::BFloat16, is_16bit_float(weights));
   const models::Window window = c.cached_window ? models::Window::Cached : models::Window::Sliding;
-  // run.c ends a sample at a drawn <s> (a llama2.c vocabulary's sequence delimiter); --chat also at the end of turn.
-  const int64_t bos = tok.bpe() ? data::BpeVocabulary::kBos : -1;
+  // (--chat also at the template's end of turn)
+  const std::set<int64_t> ends = c.ignore_eos ? std::set<int64_t>{} : lm.end_ids;
   if (c.chat) {
     // The template: the token directory's record's, else the tokenizer's own (a Hugging Face directory's, ChatML).
     const bool recorded = !data::token_record_path(dir).empty();
     const Json record = recorded ? data::read_tokenizer_record(dir) : Json::Object{};
-    data::ChatTokenizer ct = data::chat_tokenizer(tok);
-    if (const Json* t = record.find("chat_template"); t && t->is_string())
+    data::ChatTokenizer ct = data::chat_tokenizer(tok, true, c.chat_template);
+    if (const Json* t = record.find("chat_template"); t && t->is_string() && c.chat_template.empty())
       ct.chat_template = t->as_string(), ct.template_what = data::token_record_path(dir) + "'s chat_template";
     const data::ChatTemplate tmpl(ct.chat_template, ct.template_what);
     Json::Array messages;
@@ -185,7 +218,7 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
       models::generate(
           *model, std::vector<int64_t>(ids.ids.begin(), ids.ids.end()), c.tokens, c.temperature, c.top_k, seed, window,
           [&](int64_t t) {
-            if (t == ct.eos_id || t == ct.eot_id || t == bos) return false;
+            if (t == ct.eos_id || t == ct.eot_id || ends.count(t)) return false;
             const auto id = static_cast<uint32_t>(t);
             write(stream.next(id));
             out.push_back(id);
@@ -236,7 +269,7 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
         *model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature, c.top_k,
         c.seed + static_cast<uint64_t>(i), window,
         [&](int64_t t) {
-          if (t == bos) return false;
+          if (ends.count(t)) return false;
           write(stream.next(static_cast<uint32_t>(t)));
           return true;
         },

@@ -35,6 +35,12 @@ constexpr Spelling<Schedule> kSchedules[] = {{Schedule::None, "none"},
 constexpr Spelling<Augment> kAugments[] = {{Augment::None, "none"}, {Augment::Standard, "standard"}};
 constexpr Spelling<Recompute> kRecomputes[] = {
     {Recompute::None, "none"}, {Recompute::Blocks, "blocks"}, {Recompute::Auto, "auto"}};
+// --quantize-base: "none" keeps the base dense.
+constexpr Spelling<quant::BlockType> kQuantizeBases[] = {{quant::BlockType::F32, "none"},
+                                                         {quant::BlockType::NF4, "nf4"},
+                                                         {quant::BlockType::Q8_0, "q8_0"},
+                                                         {quant::BlockType::Q4_0, "q4_0"},
+                                                         {quant::BlockType::Q4_K, "q4_k"}};
 constexpr Spelling<Compression> kCompressions[] = {
     {Compression::None, "none"}, {Compression::BFloat16, "bf16"}, {Compression::Float16, "fp16"}};
 
@@ -137,7 +143,7 @@ using J = Job;
 std::vector<Setting> make_settings() {
   static const CLI::Validator image_size = integer_in(1, 4096), at_least_minus_one = integer_in(-1),
                               layers = integer_in(0, 1024), width = integer_in(0, 65536), count = integer_in(0),
-                              at_least_one = integer_in(1), ranks = integer_in(1, 1024), zero_stage = integer_in(0, 2),
+                              at_least_one = integer_in(1), ranks = integer_in(1, 1024), zero_stage = integer_in(0, 3),
                               // token ids are 32-bit (Llama 3: 128256, Qwen2: 151936)
       vocab = integer_in(0, (int64_t{1} << 31) - 1),
                               // train plus test images stay far inside int64 byte arithmetic
@@ -254,8 +260,13 @@ std::vector<Setting> make_settings() {
        "with several ranks: send gradients as bf16 or fp16 (each addition in float32)", nullptr, R::Fixed, J::Any},
       {"--zero", plain<&C::zero>(),
        "with several ranks, ZeRO: 1 keeps each rank's slice of the float32 master weights and optimizer state, 2 "
-       "also reduce-scatters the gradients into slices (0: every rank holds everything, as DDP)",
+       "also reduce-scatters the gradients into slices (0: every rank holds everything, as DDP); 3 (the 16-bit "
+       "weights sharded too) only with --dry-run",
        &zero_stage, R::Free, J::Any, /*absent=*/"0"},
+      {"--dry-run", plain<&C::dry_run>(),
+       "print each rank's memory plan for --nproc and --zero 0-3 (weights, masters, optimizer state, gradients, from "
+       "the sharding plan; activations left out) and stop without reading data or training",
+       nullptr, R::Unrecorded, J::Any},
       {"--deterministic", plain<&C::deterministic>(), "fixed threading, for bit-exact resume", nullptr, R::Fixed,
        J::Any},
       {"--conv-algorithm", choice<&C::conv_algorithm, kConvAlgorithms>(),
@@ -283,8 +294,9 @@ std::vector<Setting> make_settings() {
        "8 bits, or back to float32)",
        nullptr, R::Unrecorded, J::Any},
       {"--init", shared<&C::init, add_init>(),
-       "initial weights: a safetensors file with PyTorch's names (a GPT: nanoGPT's), or for a GPT an llm.c .bin "
-       "checkpoint (the run takes the file's sizes)",
+       "initial weights (the run takes the model's sizes): a Hugging Face model directory (config.json and "
+       "model.safetensors or shards: Llama, Mistral, Qwen2), a run or checkpoint directory, a safetensors file with "
+       "PyTorch's names (a GPT: nanoGPT's), a llama2.c model.bin, or for a GPT an llm.c .bin checkpoint",
        nullptr, R::Fixed, J::Any},
       {"--lora-rank", plain<&C::lora_rank>(),
        "LoRA fine-tuning of the --init base: adapters of this rank on the --lora-targets layers, the base frozen "
@@ -306,6 +318,14 @@ std::vector<Setting> make_settings() {
        "export --peft writes); its config gives the rank, alpha, dropout, targets and rslora",
        nullptr, R::Fixed, J::LanguageModel},
       {"--lora-base", shared<&C::lora_base, add_lora_base>(), kLoraBaseHelp, nullptr, R::Unrecorded, J::LanguageModel},
+      {"--quantize-base", choice<&C::quantize_base, kQuantizeBases>(),
+       "LoRA (QLoRA): keep the base's Linear layers but the output layer in these blocks, quantized tensor by tensor "
+       "while loading (nf4: bitsandbytes' NF4; q8_0, q4_0, q4_k: ggml's); each product dequantizes tiles of them in "
+       "the compute dtype; embeddings and the output layer stay dense",
+       nullptr, R::Fixed, J::LanguageModel, /*absent=*/"none"},
+      {"--double-quant", plain<&C::double_quant>(),
+       "LoRA with --quantize-base nf4: double-quantize the blocks' absmaxes (8-bit, blocks of 256; QLoRA's recipe)",
+       nullptr, R::Fixed, J::LanguageModel},
       {"--checkpoint-every", plain<&C::checkpoint_every>(), "steps between checkpoints (0: at each epoch end)", &count,
        R::Free, J::Any},
       {"--checkpoint-minutes", plain<&C::checkpoint_minutes>(),
@@ -414,6 +434,8 @@ void add_settings(CLI::App& app, TrainConfig& c) {
 }
 
 void check_jobs(const TrainConfig& c) {
+  CASTOR_CHECK(c.zero < 3 || c.dry_run,
+               "--zero 3: stage 3 (the 16-bit weights sharded) is not built for training; --dry-run plans it");
   for (const std::string& flag : c.given_flags) {
     const Setting* s = find_setting(flag);
     if (!s) continue;

@@ -144,7 +144,7 @@ struct Run {
 
 // `load_init`: load --init's weights (a new run; a checkpoint's weights replace them, so resume and eval do not read
 // the file, which may be gone by then): the model is made without weights of its own (nn::LoadInitGuard; a LoRA run's
-// frozen base at O1-O3 directly in the 16-bit dtype) and loads the file tensor by tensor (models::load_weights_into:
+// frozen base at O1-O3 directly in the 16-bit dtype) and loads the file tensor by tensor (formats::load_weights_into:
 // a safetensors file with PyTorch's names, llm.c's, llama2.c's, a Hugging Face directory), never in float32 first.
 Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool load_init);
 

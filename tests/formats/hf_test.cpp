@@ -16,6 +16,7 @@
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
 #include "castor/model_source.h"
+#include "castor/token_file.h"
 #include "nn/lm_twin.h"
 #include "nn/lora_twin.h"
 #include "test_util.h"
@@ -305,6 +306,11 @@ TEST(HfFormat, BadDirectoriesAreOneLineErrorsNamingFileAndKey) {
                {"mlp", "has shape", "config.json"});
   expect_error([&](const std::string& d) { set_key(d, "vocab_size", "60"); },
                {shard1, "model.embed_tokens.weight", "vocab_size"});
+  // Sizes are checked against the tensors before anything is made from them (1e9 layers once planned 1e10 tensors).
+  expect_error([&](const std::string& d) { set_key(d, "num_hidden_layers", "1000000000"); },
+               {"config.json", "\"num_hidden_layers\" 1000000000", "the tensors hold 2 layers"});
+  expect_error([&](const std::string& d) { set_key(d, "hidden_size", "1000000000"); },
+               {"model.embed_tokens.weight", "config.json gives", "(vocab_size x hidden_size)"});
   expect_error(
       [&](const std::string& d) {
         const std::vector<uint8_t> b = read_file(d + "/" + shard1);
@@ -333,7 +339,7 @@ TEST(HfFormat, ReadsEachArchitecturesKeys) {
     const std::string d = dir + "/c" + std::to_string(n++);
     fs::create_directories(d);
     atomic_write_file(d + "/config.json", hf_config("float32", 1, 2, false, false, arch, extra));
-    return formats::read_hf_config(d);
+    return formats::parse_hf_config(d);
   };
   using Type = F::RopeScaling::Type;
   // Qwen2: q/k/v biases always (attention_bias and mlp_bias are Llama's keys); its window only with
@@ -464,10 +470,27 @@ TEST(HfCli, FineTuneExportAndReadBack) {
                              "O0",    "--out",   "lora"},
                             run);
   ASSERT_EQ(p.exit_code, 0) << p.err;
-  p = test::run_castor({"export", "--format", "hf", "--checkpoint", "lora", "--merge-lora", "--out", "merged"}, run);
+  p = test::run_castor(
+      {"export", "--format", "hf", "--checkpoint", "lora", "--merge-lora", "--dtype", "float32", "--out", "merged"},
+      run);
   ASSERT_EQ(p.exit_code, 0) << p.err;
   const std::string merged = dir + "/merged";
   EXPECT_TRUE(fs::exists(merged + "/config.json"));
+  // By default the merged export keeps its bf16 base's dtype (torch_dtype and tensors), the float32 export's values
+  // rounded to bfloat16.
+  p = test::run_castor({"export", "--format", "hf", "--checkpoint", "lora", "--merge-lora", "--out", "merged16"}, run);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(Json::parse(p.out).at("dtype"), Json("bfloat16")) << p.out;
+  {
+    const HfConfig h16 = formats::read_hf_config(dir + "/merged16"), h32 = formats::read_hf_config(merged);
+    EXPECT_EQ(h16.dtype, DType::BFloat16);
+    EXPECT_EQ(h32.dtype, DType::Float32);
+    const StateDict w32 = formats::read_hf_weights(merged, h32);
+    formats::read_hf_weights_each(dir + "/merged16", h16, [&](const std::string& name, const Tensor& t) {
+      EXPECT_EQ(t.dtype(), DType::BFloat16) << name;
+      EXPECT_TRUE(test::bit_equal(t, w32.at(name).to(DType::BFloat16))) << name;
+    });
+  }
   const Tensor x = test::random_token_batch(1, 9, 53, 3);
   // The export's logits are the merged run's (its checkpoint exported as safetensors and loaded by llama2.c names).
   p = test::run_castor({"export", "--safetensors", "--checkpoint", "lora", "--merge-lora", "--out", "m.st"}, run);
@@ -497,7 +520,170 @@ TEST(HfCli, FineTuneExportAndReadBack) {
   EXPECT_FALSE(fs::exists(dir + "/never"));
   test::expect_one_line_error(
       test::run_castor({"export", "--format", "hf", "--checkpoint", "lora", "--merge-lora", "--out", "tok"}, run),
-      {"tok", "not a Hugging Face directory"});
+      {"--out: tok holds files a Hugging Face export does not (castor_tokens.json"});
+}
+
+// castor export --format hf replaces a directory only when it holds nothing but an earlier export's files: a project
+// folder holding a config.json, a Hugging Face model directory with its README, a run directory, a symbolic link, and
+// the export's own source and base are refused in one line, each left as it was.
+TEST(HfCli, ExportReplacesOnlyAnEarlierExport) {
+  const test::ScratchDir dir("hf_cli_out");
+  const test::CastorRun run{dir, {}};
+  ASSERT_EQ(test::make_grammar_tokens(run).exit_code, 0);
+  ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py", {"write", dir + "/base", hf_config("float32", 1, 2, false)}));
+  auto p = test::run_castor({"train", "--model",      "llama", "--data",       "tokens", "--data-dir",
+                             "tok",   "--init",       "base",  "--block-size", "16",     "--batch-size",
+                             "2",     "--steps",      "1",     "--lora-rank",  "2",      "--amp",
+                             "O0",    "--eval-iters", "0",     "--out",        "lora"},
+                            run);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const std::vector<std::string> exp = {"export", "--format", "hf", "--checkpoint", "lora", "--merge-lora", "--out"};
+  const auto to = [&](const std::string& out) {
+    std::vector<std::string> a = exp;
+    a.push_back(out);
+    return test::run_castor(a, run);
+  };
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(to("merged").exit_code, 0);  // (the second replaces the first)
+  // A project folder with a config.json; a model directory with its README.
+  fs::create_directories(dir + "/proj/src");
+  atomic_write_file(dir + "/proj/config.json", std::string_view("{}"));
+  atomic_write_file(dir + "/proj/src/main.py", std::string_view("print()"));
+  fs::copy(dir + "/merged", dir + "/model");
+  atomic_write_file(dir + "/model/README.md", std::string_view("license"));
+  fs::create_directory_symlink("merged", dir + "/link");
+  const auto listing = [&](const std::string& d) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::recursive_directory_iterator(dir + "/" + d))
+      names.push_back(e.path().string() + " " + (e.is_regular_file() ? std::to_string(e.file_size()) : "dir"));
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  const auto before = std::vector{listing("proj"), listing("model"), listing("lora"), listing("base"),
+                                  listing("merged")};
+  test::expect_one_line_error(to("proj"), {"--out: proj holds files a Hugging Face export does not (src)"});
+  test::expect_one_line_error(to("model"), {"--out: model holds files a Hugging Face export does not (README.md)"});
+  test::expect_one_line_error(to("lora"), {"--out: lora: a Castor run directory"});
+  test::expect_one_line_error(to("link"), {"--out: link: is a symbolic link"});
+  test::expect_one_line_error(to("base"), {"--out: base is", "which this export reads"});
+  test::expect_one_line_error(
+      test::run_castor({"export", "--format", "hf", "--checkpoint", "merged", "--out", "merged"}, run),
+      {"--out: merged is merged", "which this export reads"});
+  EXPECT_EQ((std::vector{listing("proj"), listing("model"), listing("lora"), listing("base"), listing("merged")}),
+            before);
+  EXPECT_EQ(test::run_castor({"eval", "lora"}, run).exit_code, 0);  // (its base intact)
+}
+
+// The mean next-token cross-entropy (float64) of the oracle's logits over every window of `T` tokens of the token
+// file `tokens` (row k: tokens k T .. k T + T, predicting the next), as castor eval's sequential windows; NaN when the
+// oracle fails.
+double oracle_window_loss(const std::string& model_dir, const std::string& tokens, int64_t T, const std::string& dir) {
+  const data::TokenFile file(tokens);
+  const int64_t rows = (file.size() - 1) / T;
+  std::vector<double> x, y;
+  for (int64_t k = 0; k < rows; ++k)
+    for (int64_t i = 0; i < T; ++i) x.push_back(file[k * T + i]), y.push_back(file[k * T + i + 1]);
+  const Tensor logits = oracle_logits(model_dir, tensor(x, Shape{rows, T}, DType::Int64), dir);  // (rows, T, V)
+  if (!logits.defined()) return NAN;
+  const Tensor l = logits.to(DType::Float64).contiguous();
+  const int64_t V = l.size(2);
+  const double* p = l.data<double>();
+  double sum = 0;
+  for (size_t j = 0; j < y.size(); ++j) {
+    double mx = -INFINITY, z = 0;
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, p[j * V + v]);
+    for (int64_t v = 0; v < V; ++v) z += std::exp(p[j * V + v] - mx);
+    sum += mx + std::log(z) - p[j * V + static_cast<int64_t>(y[j])];
+  }
+  return sum / static_cast<double>(y.size());
+}
+
+// castor eval of a Hugging Face directory of a Llama 3's context (max_position_embeddings 131,072, llama3 rope
+// scaling), which is the model's and not a training block: the validation loss over windows of 2048 tokens (the
+// default, lm-evaluation-harness's max_length) and of --block-size 16, each the oracle's over the same windows; a
+// window past the context is one line naming it.
+TEST(HfCli, EvaluatesALlama3ContextInWindows) {
+  const test::ScratchDir dir("hf_eval");
+  const test::CastorRun run{dir, {}};
+  ASSERT_EQ(test::make_grammar_tokens(run).exit_code, 0);
+  ASSERT_TRUE(test::run_oracle(
+      "hf_llama_oracle.py",
+      {"write", dir + "/base", hf_config("float32", 1, 2, false, false, "LlamaForCausalLM", kLlama3Rope)}));
+  set_key(dir + "/base", "max_position_embeddings", "131072");
+  for (const int64_t window : {int64_t{0}, int64_t{16}}) {
+    SCOPED_TRACE(window);
+    std::vector<std::string> args = {"eval", "base", "--data-dir", "tok"};
+    if (window > 0) args.insert(args.end(), {"--block-size", std::to_string(window)});
+    const auto p = test::run_castor(args, run);
+    ASSERT_EQ(p.exit_code, 0) << p.err;
+    const double want = oracle_window_loss(dir + "/base", dir + "/tok/val.bin", window > 0 ? window : 2048, dir);
+    EXPECT_NEAR(Json::parse(p.out).at("val_loss").as_double(), want, 1e-5 * want) << p.out;
+  }
+  test::expect_one_line_error(test::run_castor({"eval", "base", "--data-dir", "tok", "--block-size", "200000"}, run),
+                              {"--block-size 200000", "base", "at most 131072 positions"});
+}
+
+// castor info of a Hugging Face directory and of a run from it: the sizes a model card lists (the run's block beside
+// the model's context). A directory train refuses (a tensor of another shape than config.json's) is refused by info
+// too; a tensor config.json does not name is one warning line naming it (transformers' "weights ... not used"), once a
+// command; NaN in a weight: train --init and eval name the directory and the tensor (not a divergence, not an
+// accuracy of 0), exit 1.
+TEST(HfCli, InfoSizesUnnamedAndNonFiniteTensors) {
+  const test::ScratchDir dir("hf_info");
+  const test::CastorRun run{dir, {}};
+  ASSERT_EQ(test::make_grammar_tokens(run).exit_code, 0);
+  ASSERT_TRUE(test::run_oracle(
+      "hf_llama_oracle.py",
+      {"write", dir + "/base", hf_config("float32", 1, 2, false, false, "LlamaForCausalLM", kLlama3Rope)}));
+  const std::string sizes =
+      "layers 2, width 32, heads 4, kv heads 2, head size 8, feed-forward 72, vocabulary 53, context 64";
+  const std::string rope = "rope theta 5000 (llama3 scaling, factor 8, original context 64)";
+  auto p = test::run_castor({"info", "base"}, run);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.out.find("sizes       " + sizes + ", " + rope + "\n"), std::string::npos) << p.out;
+  const std::vector<std::string> train = {"train",      "--model", "llama",        "--data", "tokens",
+                                          "--data-dir", "tok",     "--block-size", "16",     "--steps",
+                                          "1",          "--amp",   "O0",           "--init"};
+  const auto train_from = [&](const std::string& init, const std::string& out) {
+    std::vector<std::string> a = train;
+    a.insert(a.end(), {init, "--out", out});
+    return test::run_castor(a, run);
+  };
+  p = train_from("base", "run");
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  p = test::run_castor({"info", "run"}, run);
+  EXPECT_NE(p.out.find(sizes + " (this run's block 16), " + rope), std::string::npos) << p.out;
+
+  fs::copy(dir + "/base", dir + "/shape");
+  set_key(dir + "/shape", "intermediate_size", "80");
+  test::expect_one_line_error(train_from("shape", "never"), {"shape", "has shape", "config.json"});
+  test::expect_one_line_error(test::run_castor({"info", "shape"}, run), {"shape", "has shape", "config.json"});
+
+  fs::copy(dir + "/base", dir + "/extra");
+  LoadedTensors file = load_safetensors(dir + "/extra/model.safetensors");
+  file.tensors.emplace("model.layers.0.self_attn.rotary_emb.inv_freq", ones({4}));
+  save_safetensors(dir + "/extra/model.safetensors", file.tensors, file.metadata);
+  const std::string warning =
+      "castor: warning: extra: 1 tensor that config.json does not name, not used: "
+      "model.layers.0.self_attn.rotary_emb.inv_freq\n";
+  p = test::run_castor({"info", "extra"}, run);
+  EXPECT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(p.err, warning);
+  p = train_from("extra", "from_extra");
+  EXPECT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_EQ(p.err.find(warning), p.err.rfind(warning)) << p.err;  // once
+  EXPECT_NE(p.err.find(warning), std::string::npos) << p.err;
+
+  fs::copy(dir + "/base", dir + "/nan");
+  file = load_safetensors(dir + "/nan/model.safetensors");
+  {
+    Tensor w = file.tensors.at("model.layers.1.mlp.down_proj.weight");
+    w.view({-1}).narrow(0, 5, 1).fill_(NAN);
+  }
+  save_safetensors(dir + "/nan/model.safetensors", file.tensors, file.metadata);
+  const std::vector<std::string> named = {"nan", "tensor layers.1.feed_forward.w2.weight", "NaN or infinite"};
+  test::expect_one_line_error(train_from("nan", "never"), named);
+  EXPECT_FALSE(fs::exists(dir + "/never"));
+  test::expect_one_line_error(test::run_castor({"eval", "nan", "--data-dir", "tok", "--block-size", "16"}, run), named);
 }
 
 // castor export --format peft of a LoRA run on a Hugging Face directory: the files PEFT loads on the Hugging Face
@@ -551,6 +737,23 @@ TEST(HfCli, PeftExportLoadsOnTheHuggingFaceModel) {
   const train::Checkpoint back = train::read_checkpoint(dir + "/back");
   ASSERT_EQ(back.model.size(), ck.model.size());
   for (const auto& [k, t] : ck.model) EXPECT_TRUE(test::bit_equal(back.model.at(k), t)) << k;
+  // --lora-targets in PEFT's names (q_proj, ...: what Hugging Face users type): the same layers, the same run.
+  p = train_run({"--steps", "3", "--lr", "1e-2", "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets",
+                 "q_proj,k_proj,v_proj,down_proj,lm_head", "--out", "peft_names"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const train::Checkpoint named = train::read_checkpoint(dir + "/peft_names");
+  ASSERT_EQ(named.model.size(), ck.model.size());
+  for (const auto& [k, t] : ck.model) EXPECT_TRUE(test::bit_equal(named.model.at(k), t)) << k;
+  // The base and the adapter directory without a run (castor eval --init BASE --lora DIR): the LoRA run's validation
+  // loss (castor sample's: GgufCli.Llama3FineTuneExportsTheModelsContextAndDtype).
+  p = test::run_castor({"eval", "lora"}, run);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const double run_loss = Json::parse(p.out).at("val_loss").as_double();
+  p = test::run_castor({"eval", "--init", "base", "--lora", "peft", "--data-dir", "tok", "--block-size", "16"}, run);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NEAR(Json::parse(p.out).at("val_loss").as_double(), run_loss, 1e-5 * run_loss) << p.out;
+  test::expect_one_line_error(test::run_castor({"eval", "--init", "base", "--lora", "tok", "--data-dir", "tok"}, run),
+                              {"--lora tok/adapter_config.json"});
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Loading weights without a float32 copy (models::load_weights_into, nn::LoadInitGuard): a LoRA base made in 16 bits
+// Loading weights without a float32 copy (formats::load_weights_into, nn::LoadInitGuard): a LoRA base made in 16 bits
 // and filled tensor by tensor holds the bits a float32 load and then the cast would give, at the allocator's peak of
 // one 16-bit model plus one tensor; sample --init of a bfloat16 Hugging Face directory holds its weights once.
 #include <gtest/gtest.h>

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <set>
 
+#include "castor/allocator.h"
 #include "castor/autograd.h"
 #include "castor/models.h"
 #include "castor/ops.h"
@@ -211,6 +212,24 @@ TEST(GptGenerate, StreamingEmitsTheSameTokens) {
     });
     EXPECT_EQ(streamed, models::generate(*model, prompt, n, 0.9, 10, 3, window));
   }
+}
+
+// A model of a long context (a Llama 3's 131,072 positions; here 2^20) generating a few tokens: the KV cache holds
+// the prompt and the new tokens, not the whole context (2 layers x keys and values x 2 kv heads x 2^20 x 8 floats:
+// 256 MiB), and the tokens are those of the same weights with a context of 16.
+TEST(LlamaGenerate, TheCacheHoldsWhatTheGenerationNeedsNotTheWholeContext) {
+  models::LlamaConfig c = test::tiny_llama_config(61);
+  auto short_context = models::llama(c, 5);
+  c.max_seq_len = int64_t{1} << 20;
+  auto long_context = models::llama(c, 5);
+  const std::vector<int64_t> prompt = random_tokens(5, 61, 2);
+  reset_peak_memory_stats();
+  const int64_t before = memory_stats().current_bytes;
+  const std::vector<int64_t> tokens = models::generate(*long_context, prompt, 8, 0.0);
+  EXPECT_LT(memory_stats().peak_bytes - before, int64_t{1} << 20);
+  EXPECT_EQ(tokens, models::generate(*short_context, prompt, 8, 0.0));
+  models::KVCache full(*short_context, 1, 100);  // (at most the block size)
+  EXPECT_EQ(full.capacity(), 16);
 }
 
 TEST(GptGenerate, BadArgumentsAreErrors) {

@@ -88,4 +88,5 @@ def main():
                 write(f'{name}_code_{step}', st[k][0]), write(f'{name}_absmax_{step}', st[k][1])
 
 
-main()
+if __name__ == '__main__':
+    main()

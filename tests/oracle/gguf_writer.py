@@ -45,7 +45,7 @@ def kv(key, t, v):
 def permute(w, heads):
     """convert_hf_to_gguf.py's LlamaModel.permute: Hugging Face's rotate-half rows to Meta's interleaved ones."""
     rows = w.shape[0]
-    return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
 def stored(x, kind):
@@ -89,15 +89,24 @@ def main():
         if not qwen2 and ("q_proj" in hf or "k_proj" in hf):
             x = np.ascontiguousarray(permute(x, heads if "q_proj" in hf else kv_heads))
         t = kind if x.ndim == 2 else "f32"
+        if t == "q8_0" and x.shape[-1] % 32 != 0:  # (rows not whole blocks: f16, as the converter falls back)
+            t = "f16"
         data, values = stored(x, t)
         if not qwen2 and ("q_proj" in hf or "k_proj" in hf):  # (the values back in Hugging Face's rows)
             h = heads if "q_proj" in hf else kv_heads
             rows = values.shape[0]
-            values = values.reshape(h, rows // h // 2, 2, *values.shape[1:]).transpose(1, 2).reshape(values.shape)
+            values = values.reshape(h, rows // h // 2, 2, *values.shape[1:]).swapaxes(1, 2).reshape(values.shape)
         held[hf] = torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
         tensors.append((gg, list(reversed(x.shape)), GGML[t], data))
     vocab = cfg["vocab_size"]
-    tokens = ["<unk>", "<s>", "</s>"] + ["\u2581" + chr(0x61 + i % 26) * (1 + i // 26) for i in range(vocab - 3)]
+    # <unk>, <s>, </s>, the 256 byte tokens when the vocabulary has room (else the newline's, which llama.cpp's
+    # SentencePiece vocabulary looks up), then pieces.
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)] if vocab >= 300 else ["<0x0A>"]
+    head_tokens = ["<unk>", "<s>", "</s>"] + byte_tokens
+    pieces = vocab - len(head_tokens)
+    tokens = head_tokens + ["\u2581" + chr(0x61 + i % 26) * (1 + i // 26) for i in range(pieces)]
+    scores = [0.0] * len(head_tokens) + [-float(i) for i in range(pieces)]
+    types = [2, 3, 3] + [6] * len(byte_tokens) + [1] * pieces
     keys = [("general.architecture", 8, arch), ("general.name", 8, "oracle"), ("general.alignment", 4, ALIGN),
             (f"{arch}.context_length", 4, cfg["max_position_embeddings"]),
             (f"{arch}.embedding_length", 4, cfg["hidden_size"]),
@@ -108,8 +117,7 @@ def main():
             (f"{arch}.attention.layer_norm_rms_epsilon", 6, cfg["rms_norm_eps"]),
             (f"{arch}.rope.freq_base", 6, cfg.get("rope_theta", 10000.0)),
             ("tokenizer.ggml.model", 8, "llama"), ("tokenizer.ggml.tokens", 9, (8, tokens)),
-            ("tokenizer.ggml.scores", 9, (6, [0.0, 0.0, 0.0] + [-float(i) for i in range(vocab - 3)])),
-            ("tokenizer.ggml.token_type", 9, (5, [2, 3, 3] + [1] * (vocab - 3))),
+            ("tokenizer.ggml.scores", 9, (6, scores)), ("tokenizer.ggml.token_type", 9, (5, types)),
             ("tokenizer.ggml.bos_token_id", 4, 1), ("tokenizer.ggml.eos_token_id", 4, 2),
             ("tokenizer.ggml.unknown_token_id", 4, 0), ("tokenizer.ggml.add_bos_token", 7, True)]
     if len(sys.argv) > 5:

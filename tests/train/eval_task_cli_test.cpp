@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "castor/fs.h"
 #include "castor/json.h"
@@ -50,59 +51,60 @@ TEST_F(EvalTaskCli, TrainLogsTheTaskKeepsTheBestAndStopsEarly) {
   CastorProcess t = castor({"tokenize", "--tokenizer", "bpe", "--vocab-size", "300", "--input", "text.txt", "--out",
                             "tok", "--val-fraction", "0.1"});
   ASSERT_EQ(t.exit_code, 0) << t.err;
-  CastorProcess run = castor({"train",
-                              "--model",
-                              "gpt",
-                              "--data",
-                              "tokens",
-                              "--data-dir",
-                              "tok",
-                              "--n-layer",
-                              "1",
-                              "--n-head",
-                              "2",
-                              "--n-embd",
-                              "32",
-                              "--block-size",
-                              "16",
-                              "--batch-size",
-                              "4",
-                              "--steps",
-                              "14",
-                              "--lr",
-                              "3e-3",
-                              "--eval-iters",
-                              "1",
-                              "--eval-every",
-                              "1",
-                              "--threads",
-                              "1",
-                              "--precision",
-                              "32",
-                              "--keep",
-                              "1",
-                              "--eval-task",
-                              "task.jsonl",
-                              "--keep-best",
-                              "task_acc_norm",
-                              "--early-stop",
-                              "3",
-                              "--out",
-                              "run"});
+  const std::vector<std::string> args = {"train",
+                                         "--model",
+                                         "gpt",
+                                         "--data",
+                                         "tokens",
+                                         "--data-dir",
+                                         "tok",
+                                         "--n-layer",
+                                         "1",
+                                         "--n-head",
+                                         "2",
+                                         "--n-embd",
+                                         "32",
+                                         "--block-size",
+                                         "16",
+                                         "--batch-size",
+                                         "8",
+                                         "--steps",
+                                         "120",
+                                         "--lr",
+                                         "2e-2",
+                                         "--eval-iters",
+                                         "1",
+                                         "--eval-every",
+                                         "8",
+                                         "--threads",
+                                         "1",
+                                         "--precision",
+                                         "32",
+                                         "--keep",
+                                         "1",
+                                         "--eval-task",
+                                         "task.jsonl",
+                                         "--keep-best",
+                                         "task_acc_norm_tokens",
+                                         "--early-stop",
+                                         "4",
+                                         "--out",
+                                         "run"};
+  CastorProcess run = castor(args);
   ASSERT_EQ(run.exit_code, 0) << run.err;
   // Replays the rule on the logged evaluations (in order; an epoch end at an evaluated step is the same one).
   double best = -1;
-  int64_t best_step = -1, stale = 0, stop = 14, evaluations = 0, last_step = -1;
+  int64_t best_step = -1, stale = 0, stop = 120, evaluations = 0, last_step = -1;
   for (const Json& r : records(path("run/metrics.jsonl"))) {
     if (!r.find("val_loss")) continue;
     ASSERT_TRUE(r.find("task_acc") && r.find("task_acc_norm_tokens")) << r.dump();
     const int64_t step = r.at("step").as_int();
     if (step == last_step) continue;
     last_step = step, ++evaluations;
-    const double v = r.at("task_acc_norm").as_double();
+    const double v = r.at("task_acc_norm_tokens").as_double();
     if (v > best) {
       best = v, best_step = step, stale = 0;
-    } else if (++stale == 3) {
+    } else if (++stale == 4) {
       stop = step;
       break;
     }
@@ -110,17 +112,20 @@ TEST_F(EvalTaskCli, TrainLogsTheTaskKeepsTheBestAndStopsEarly) {
   EXPECT_GE(evaluations, 4);
   const Json summary = Json::parse(test::read_text(path("run/summary.json")));
   EXPECT_EQ(summary.at("steps").as_int(), stop) << run.err;
-  EXPECT_EQ(summary.find("stopped_early") != nullptr, stop < 14);
+  EXPECT_EQ(summary.find("stopped_early") != nullptr, stop < 120);
   const Json kept = Json::parse(test::read_text(path("run/best/best.json")));
-  EXPECT_EQ(kept.at("metric").as_string(), "task_acc_norm");
+  EXPECT_EQ(kept.at("metric").as_string(), "task_acc_norm_tokens");
   EXPECT_EQ(kept.at("step").as_int(), best_step);
   EXPECT_DOUBLE_EQ(kept.at("value").as_double(), best);
-  // The kept weights score the logged value again (float32 both times); --keep 1 pruned the step's own checkpoint
-  // unless it is the last.
+  // The kept weights score the logged value again (float32 both times), though --keep 1 pruned the step's own
+  // checkpoint unless it is the last.
   const test::CastorRun one_thread{scratch.path().string(), {"OMP_NUM_THREADS=1"}};
   CastorProcess ev = test::run_castor({"eval", "run/best", "--task", "task.jsonl"}, one_thread);
   ASSERT_EQ(ev.exit_code, 0) << ev.err;
-  EXPECT_DOUBLE_EQ(Json::parse(ev.out).at("acc_norm,none").as_double(), best);
+  EXPECT_DOUBLE_EQ(Json::parse(ev.out).at("acc_norm_tokens,none").as_double(), best);
+  char name[32];
+  std::snprintf(name, sizeof(name), "run/checkpoints/step-%010lld", static_cast<long long>(best_step));
+  EXPECT_EQ(file_exists(path(name)), best_step == stop) << "--keep 1 prunes the best step's own checkpoint";
   CastorProcess info = castor({"info", "run"});
   ASSERT_EQ(info.exit_code, 0) << info.err;
   EXPECT_NE(info.out.find("best"), std::string::npos) << info.out;

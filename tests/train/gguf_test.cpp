@@ -3,6 +3,7 @@
 // a Llama on a trained llama2.c vocabulary and a GPT on GPT-2's, in f32, f16, bf16 and q8_0.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -289,16 +290,20 @@ class GgufCli : public ::testing::Test {
     return "";
   }
   // Writes the Hugging Face directory `dir`: a Llama 3-shaped model (2 layers of 64, 4 heads over 2 kv heads, tied,
-  // theta 5e5; random weights, `seed`) with Llama 3.1's tokenizer files. Returns the model.
-  std::shared_ptr<models::Llama> write_llama3_dir(const std::string& dir, const std::string& package, uint64_t seed) {
+  // theta 5e5; random weights, `seed`) with Llama 3.1's tokenizer files, its context max_position_embeddings
+  // `context` (0: 64), its tensors in `dtype`. Returns the model.
+  std::shared_ptr<models::Llama> write_llama3_dir(const std::string& dir, const std::string& package, uint64_t seed,
+                                                  int64_t context = 0, DType dtype = DType::Float32) {
     models::LlamaConfig c;
     c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 128256;
     c.max_seq_len = 64, c.tied = true, c.rope_theta = 500000, c.norm_eps = 1e-5;
     auto model = models::llama(c, 1);
     randomize(*model, seed);
     formats::HfWriteOptions o;
-    o.tokenizer_dir = package, o.bos = Json(128000), o.eos = Json(128009);
-    formats::write_hf(path(dir), c, model->state_dict(), o);
+    o.tokenizer_dir = package, o.bos = Json(128000), o.eos = Json(128009), o.max_position_embeddings = context;
+    StateDict state = model->state_dict();
+    for (auto& [name, t] : state) t = t.to(dtype);
+    formats::write_hf(path(dir), c, state, o);
     return model;
   }
   // Random weights: N(0, 0.3) (norms 1 + N(0, 0.1)), so that logits are far apart and float16 keeps the argmaxes.
@@ -736,6 +741,21 @@ TEST_F(GgufCli, HfChatStopsAtTheTemplatesEndOfTurn) {
                             "--temperature", "0", "--tokens", "8"});
   ASSERT_EQ(s.exit_code, 0) << s.err;
   EXPECT_EQ(s.out, "Hello\n");
+  // --chat-template FILE in place of the model's: the same template from a file gives the same reply; one nested
+  // 5,000 levels is a one-line error naming the file (a crash before issue 49).
+  atomic_write_file(path("same.jinja"), ct.chat_template);
+  atomic_write_file(path("deep.jinja"), "{{ " + std::string(5000, '[') + std::string(5000, ']') + " }}");
+  for (const char* file : {"same.jinja", "deep.jinja"}) {
+    CastorProcess f = castor({"sample", "--chat", "--chat-template", file, "--checkpoint", "hf", "--tokenizer-dir",
+                              "hf", "--prompt", "Hi", "--temperature", "0", "--tokens", "8"});
+    if (file[0] == 's') {
+      EXPECT_EQ(f.exit_code, 0) << f.err;
+      EXPECT_EQ(f.out, "Hello\n");
+    } else {
+      EXPECT_EQ(f.exit_code, 1);
+      EXPECT_NE(f.err.find("deep.jinja: line 1: nested deeper than 256 levels"), std::string::npos) << f.err;
+    }
+  }
   CastorProcess e = castor({"export", "--format", "gguf", "--checkpoint", "hf", "--out", "hf.gguf"});
   ASSERT_EQ(e.exit_code, 0) << e.err;
   texts.clear();
@@ -810,6 +830,120 @@ TEST_F(GgufCli, HfChatLoraPathToLlamaCpp) {
                              path("read.json"));
   EXPECT_EQ(file.at("kv").at("tokenizer.chat_template").as_string(), ct.chat_template);
   EXPECT_EQ(file.at("kv").at("tokenizer.ggml.eot_token_id").as_int(), 128009);
+}
+
+// A Llama 3.1-shaped directory of context 131,072 (max_position_embeddings) fine-tuned with LoRA in blocks of 48, its
+// targets named as PEFT names them (q_proj, v_proj): the GGUF export's llama.context_length is the model's context
+// (llama.cpp's default context), not the block; the merged Hugging Face export keeps it and evaluates; the base with
+// the run's PEFT adapter directory samples the run's text without the run (sample --init BASE --lora DIR); castor
+// info shows the run's sizes, and of the GGUF file says what it is.
+TEST_F(GgufCli, Llama3FineTuneExportsTheModelsContext) {
+  const std::string package = hf_package("tokenizer-llama3_1");
+  ASSERT_FALSE(package.empty());
+  write_llama3_dir("hf", package, 13, /*context=*/131072);
+  write_text();
+  CastorProcess t = castor(
+      {"tokenize", "--tokenizer", "hf", "--input", "text.txt", "--out", "tok", "--val-fraction", "0.1"});
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  CastorProcess r = castor({"train",
+                            "--model",
+                            "llama",
+                            "--init",
+                            "hf",
+                            "--data",
+                            "tokens",
+                            "--data-dir",
+                            "tok",
+                            "--block-size",
+                            "48",
+                            "--lora-rank",
+                            "4",
+                            "--lora-targets",
+                            "q_proj,v_proj",
+                            "--steps",
+                            "3",
+                            "--lr",
+                            "5e-2",
+                            "--batch-size",
+                            "2",
+                            "--amp",
+                            "O0",
+                            "--eval-iters",
+                            "1",
+                            "--threads",
+                            "1",
+                            "--out",
+                            "ft"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Checkpoint ck = read_checkpoint(path("ft"));
+  EXPECT_EQ(ck.model.size(), 8u);  // 2 layers x (wq, wv) x (A, B)
+  EXPECT_TRUE(ck.model.count("layers.1.attention.wv.lora_B.weight"));
+  CastorProcess e = castor({"export", "--format", "gguf", "--merge-lora", "--checkpoint", "ft", "--out", "ft.gguf"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json(
+      "/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("ft.gguf") + " " + path("dump"), path("read.json"));
+  EXPECT_EQ(file.at("kv").at("llama.context_length").as_int(), 131072);
+  e = castor({"export", "--format", "hf", "--merge-lora", "--checkpoint", "ft", "--out", "merged"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  EXPECT_EQ(formats::read_hf_config(path("merged")).max_position_embeddings, 131072);
+  for (const char* model : {"hf", "merged"}) {
+    CastorProcess v = castor({"eval", model, "--data-dir", "tok", "--block-size", "48"});
+    ASSERT_EQ(v.exit_code, 0) << model << ": " << v.err;
+    EXPECT_TRUE(std::isfinite(Json::parse(v.out).at("val_loss").as_double())) << v.out;
+  }
+  e = castor({"export", "--format", "peft", "--checkpoint", "ft", "--out", "adapter"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  auto sample = [&](const std::vector<std::string>& from) {
+    std::vector<std::string> args = {"sample", "--tokenizer-dir", "hf",       "--temperature", "0", "--tokens",
+                                     "12",     "--ignore-eos",    "--prompt", "The jury said"};
+    args.insert(args.end(), from.begin(), from.end());
+    CastorProcess s = castor(args);
+    EXPECT_EQ(s.exit_code, 0) << s.err;
+    return s.out;
+  };
+  const std::string text = sample({"--checkpoint", "ft"});
+  EXPECT_EQ(sample({"--init", "hf", "--lora", "adapter"}), text);
+  EXPECT_NE(sample({"--init", "hf"}), text);  // (the adapters change it)
+  CastorProcess i = castor({"info", "ft"});
+  EXPECT_NE(i.out.find("context 131072 (this run's block 48), rope theta 500000"), std::string::npos) << i.out;
+  i = castor({"info", "ft.gguf"});  // (the GGUF file read back: the model's context, not the run's block)
+  ASSERT_EQ(i.exit_code, 0) << i.err;
+  EXPECT_NE(i.out.find("context 131072, rope theta 500000"), std::string::npos) << i.out;
+}
+
+// Plain castor sample stops at the model's end-of-generation ids as llama.cpp does: config.json's eos_token_id (a
+// list, as Llama 3.1's) made to hold the model's k-th greedy token ends the text before it; --ignore-eos runs on.
+TEST_F(GgufCli, PlainSampleStopsAtTheModelsEndOfGeneration) {
+  const std::string package = hf_package("tokenizer-llama3_1");
+  ASSERT_FALSE(package.empty());
+  write_llama3_dir("hf", package, 14);
+  const std::string text = "The jury said";
+  HfSample ref = sample_hf_dir("hf", text);  // (castor sample's full greedy text, checked there)
+  const std::vector<int64_t>& greedy = ref.ref.greedy;
+  size_t k = 1;
+  while (k < greedy.size() && std::find(greedy.begin(), greedy.begin() + k, greedy[k]) != greedy.begin() + k) ++k;
+  ASSERT_LT(k, greedy.size());
+  Json config = Json::parse(text_of(read_file(path("hf/config.json"))));
+  config["eos_token_id"] = Json::Array{128001, greedy[k]};
+  atomic_write_file(path("hf/config.json"), config.dump(2));
+  auto sample = [&](bool ignore_eos) {
+    std::vector<std::string> args = {
+        "sample", "--init", "hf", "--temperature", "0", "--tokens", std::to_string(greedy.size()), "--prompt", text};
+    if (ignore_eos) args.push_back("--ignore-eos");
+    CastorProcess s = castor(args);
+    EXPECT_EQ(s.exit_code, 0) << s.err;
+    return s.out;
+  };
+  const std::vector<uint32_t> prompt(ref.prompt.begin(), ref.prompt.end());
+  auto expected = [&](size_t n) {
+    std::string want = ref.tok.decode(prompt);
+    data::Tokenizer::Stream stream(ref.tok, prompt.back());
+    for (size_t j = 0; j < n; ++j) want += stream.next(static_cast<uint32_t>(greedy[j]));
+    return want + stream.finish() + "\n";
+  };
+  EXPECT_EQ(sample(false), expected(k));
+  EXPECT_EQ(sample(true), expected(greedy.size()));
 }
 
 // Chat data's token directory (castor tokenize --format chat records its template and end-of-sequence and padding

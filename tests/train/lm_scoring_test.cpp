@@ -102,7 +102,9 @@ void expect_matches_oracle(models::LanguageModel& model, const Case& c, const Js
     EXPECT_EQ(got.acc, want.at("acc").as_array()[d].as_int() == 1);
     EXPECT_EQ(got.acc_norm, want.at("acc_norm").as_array()[d].as_int() == 1);
     const Json& tokens = want.at("acc_norm_tokens").as_array()[d];
-    if (!tokens.is_null()) EXPECT_EQ(got.acc_norm_tokens, tokens.as_int() == 1);
+    if (!tokens.is_null()) {
+      EXPECT_EQ(got.acc_norm_tokens, tokens.as_int() == 1);
+    }
   }
   const Perplexity p = perplexity(model, c.ppl_tokens, ctx, bos);
   EXPECT_EQ(p.tokens, want.at("perplexity").at("tokens").as_int());
@@ -176,6 +178,44 @@ TEST(LmScoring, TheSharedContextRunsOnce) {
   scorer.score(c.requests);
   EXPECT_EQ(scorer.tokens(), 6 + 4 * 4);
   EXPECT_EQ(scorer.truncated(), 0);
+}
+
+// mc_results' aggregation worked by hand: MMLU's subjects (A: one right of two, B: three of three), the mean over all
+// rows with lm-eval's pooled standard error, the macro average; a plain task's acc_norm by characters and by tokens.
+TEST(LmScoring, ResultsAggregateAsLmEvalDoes) {
+  data::McTask mmlu;
+  mmlu.format = data::McFormat::Mmlu;
+  std::vector<McScore> scores;
+  const std::pair<const char*, bool> rows[] = {{"a_b", true}, {"a_b", false}, {"c", true}, {"c", true}, {"c", true}};
+  for (const auto& [subject, right] : rows) {
+    data::McDoc d;
+    d.choices = {"A", "B", "C", "D"}, d.gold = 1, d.subject = subject;
+    mmlu.docs.push_back(d);
+    scores.push_back({{-3, right ? -1.0 : -2.0, -1.5, -4}, {1, 1, 1, 1}});
+  }
+  const Json r = mc_results(mmlu, scores);
+  EXPECT_DOUBLE_EQ(r.at("acc,none").as_double(), 0.8);
+  EXPECT_DOUBLE_EQ(r.at("acc_macro,none").as_double(), 0.75);
+  // subject a_b: values 1, 0: sample sd sqrt(0.5), stderr 0.5; c: 0. Pooled: sqrt((1 * 0.25 * 2 + 0) / (5 - 2) / 5).
+  EXPECT_NEAR(r.at("acc_stderr,none").as_double(), std::sqrt(0.5 / 3 / 5), 1e-15);
+  EXPECT_DOUBLE_EQ(r.at("subjects").at("a_b").at("acc_stderr,none").as_double(), 0.5);
+  EXPECT_EQ(r.at("subjects").at("c").at("samples").as_int(), 3);
+  EXPECT_NE(mc_table(r).find(" - a_b"), std::string::npos);
+  // A plain row: "bb" (2 characters, 1 token) at -3 against "a" (1 character, 4 tokens) at -2: acc takes "a",
+  // acc_norm "bb" (-1.5 > -2), the token mean "a" (-0.5 > -3).
+  data::McDoc d;
+  d.choices = {"a", "bb"}, d.gold = 1;
+  const McCorrect c = mc_correct(d, {{-2, -3}, {4, 1}});
+  EXPECT_FALSE(c.acc);
+  EXPECT_TRUE(c.acc_norm);
+  EXPECT_FALSE(c.acc_norm_tokens);
+  data::McTask plain;
+  for (int i = 0; i < 4; ++i) plain.docs.push_back(d);
+  const Json p = mc_results(plain, {{{-3, -2}, {1, 1}}, {{-2, -3}, {4, 1}}, {{-3, -2}, {1, 1}}, {{-3, -2}, {1, 1}}});
+  EXPECT_DOUBLE_EQ(p.at("acc,none").as_double(), 0.75);  // values 1 0 1 1: sd 0.5, stderr 0.25
+  EXPECT_DOUBLE_EQ(p.at("acc_stderr,none").as_double(), 0.25);
+  EXPECT_DOUBLE_EQ(p.at("acc_norm,none").as_double(), 1.0);
+  EXPECT_DOUBLE_EQ(p.at("acc_norm_stderr,none").as_double(), 0.0);
 }
 
 // lm-eval's _encode_pair on GPT-2's tokenizer, worked by hand: the whole encoded and split at the context's count,

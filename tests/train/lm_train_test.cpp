@@ -664,6 +664,34 @@ TEST_F(LmTrain, PlainLinesWarmupNoteAndJobDefaults) {
   }
 }
 
+// --data-dir without --data trains on that token folder, and the banner, config.json and the summary say so (--data
+// tokens), not the family's default corpus; `castor help` names the Hugging Face directories --init, --tokenizer and
+// --tokenizer-dir take.
+TEST_F(LmTrain, DataDirAloneIsRecordedAsTokensAndHelpNamesHuggingFaceDirectories) {
+  std::vector<std::string> args = train_args("run", 2);
+  const auto data = std::find(args.begin(), args.end(), "--data");
+  ASSERT_NE(data, args.end());
+  args.erase(data, data + 2);  // (--data tokens)
+  CastorProcess p = castor(args);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NE(p.err.find("castor train: gpt on tokens"), std::string::npos) << p.err;
+  const Json config = Json::parse(test::read_text(path("run/config.json")));
+  EXPECT_EQ(config.at("data"), Json("tokens"));
+  EXPECT_EQ(config.at("data_dir"), Json(absolute_path(path("tok"))));
+  for (const auto& [command, flag] : std::vector<std::pair<std::string, std::string>>{{"train", "--init"},
+                                                                                      {"sample", "--init"},
+                                                                                      {"sample", "--tokenizer-dir"},
+                                                                                      {"tokenize", "--tokenizer"},
+                                                                                      {"eval", "--init"}}) {
+    const std::string help = castor({"help", command}).out;
+    const size_t at = help.find("\n  " + flag + " ");
+    ASSERT_NE(at, std::string::npos) << command << " " << flag;
+    const std::string entry = help.substr(at, help.find("\n  -", at + 1) - at);
+    EXPECT_NE(entry.find("Hugging Face"), std::string::npos) << command << ": " << entry;
+  }
+  EXPECT_NE(castor({"help"}).out.find("Hugging Face"), std::string::npos);
+}
+
 // --recompute blocks trains the same run bit for bit (checkpoints, losses) at O1 bf16 with dropout; --recompute auto
 // takes none under a roomy --memory-budget, and a budget neither choice fits is a one-line error naming the smallest
 // that would.

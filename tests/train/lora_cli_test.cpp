@@ -225,6 +225,52 @@ TEST_F(LoraCli, BadInputIsAOneLineErrorAndWritesNothing) {
   EXPECT_EQ(std::string(kept.begin(), kept.end()), "good");
 }
 
+// --peft DIR is written whole, as every export directory: never through a symbolic link, never over a run directory or
+// a directory holding other files; an earlier export is replaced. A merged export never replaces the run's own base.
+// --init-lora refuses what would silently compute otherwise than PEFT: r 0 (no adapters at all), per-module
+// rank_pattern / alpha_pattern; PEFT's empty ones are taken.
+TEST_F(LoraCli, PeftExportsAreOwnedDirectoriesAndPeftFilesArePeftsMath) {
+  ASSERT_EQ(castor(lora_args("run", 10)).exit_code, 0);
+  fs::create_directory(path("empty"));
+  fs::create_directory_symlink("empty", path("link"));
+  fs::create_directory(path("proj"));
+  std::ofstream(path("proj/README.md")) << "mine";
+  test::expect_one_line_error(castor({"export", "--checkpoint", "run", "--peft", "link"}),
+                              {"--peft: link: is a symbolic link"});
+  test::expect_one_line_error(castor({"export", "--checkpoint", "run", "--format", "peft", "--out", "link"}),
+                              {"--out: link: is a symbolic link"});
+  test::expect_one_line_error(castor({"export", "--checkpoint", "run", "--peft", "proj"}),
+                              {"--peft: proj holds files a PEFT export does not (README.md)"});
+  test::expect_one_line_error(castor({"export", "--checkpoint", "run", "--peft", "base"}),
+                              {"--peft: base: a Castor run directory"});
+  EXPECT_TRUE(fs::is_empty(path("empty")));
+  EXPECT_TRUE(fs::exists(path("proj/README.md")));
+  for (int i = 0; i < 2; ++i) ASSERT_EQ(castor({"export", "--checkpoint", "run", "--peft", "peft"}).exit_code, 0);
+  // The run's base, merged over: refused, the base as it was (the run still merges and resumes).
+  const std::string base = latest_checkpoint(path("base")).value() + "/model.safetensors";
+  const std::vector<uint8_t> base_bytes = read_file(base);
+  for (const char* format : {"--safetensors", "--llmc"})
+    test::expect_one_line_error(castor({"export", "--checkpoint", "run", "--merge-lora", format, "--out", base}),
+                                {"--out: " + base});
+  EXPECT_EQ(read_file(base), base_bytes);
+  // adapter_config.json edited: r 0, per-module patterns; empty patterns (as PEFT writes them) are fine.
+  const std::vector<uint8_t> bytes = read_file(path("peft/adapter_config.json"));
+  const Json config = Json::parse(std::string(bytes.begin(), bytes.end()));
+  const auto edited = [&](const std::string& key, const Json& value) {
+    Json c = config;
+    c[key] = value;
+    atomic_write_file(path("peft/adapter_config.json"), c.dump(2));
+    return castor(args("x", 1, {"--init", "base", "--init-lora", "peft", "--lr", "1e-30"}));
+  };
+  test::expect_one_line_error(edited("r", Json(0)), {"--init-lora", "adapter_config.json", "\"r\" 0", "positive"});
+  test::expect_one_line_error(edited("alpha_pattern", Json::Object{{"c_attn", 32}}),
+                              {"adapter_config.json", "alpha_pattern", "c_attn"});
+  test::expect_one_line_error(edited("rank_pattern", Json::Object{{"transformer.h.0.attn.c_proj", 2}}),
+                              {"adapter_config.json", "rank_pattern"});
+  EXPECT_FALSE(fs::exists(path("x")));
+  EXPECT_EQ(edited("rank_pattern", Json::Object{}).exit_code, 0);
+}
+
 // Python's format(n, ",d"), as PEFT prints its counts.
 std::string grouped(int64_t n) {
   std::string digits = std::to_string(n), out;
@@ -295,7 +341,7 @@ TEST_F(LoraCli, TiedTargetsCountsPruningMovedBaseAndExportRefusals) {
       {"--merge-lora: moved is not a LoRA run's checkpoint"});
   EXPECT_FALSE(fs::exists(path("p.st")));
   test::expect_one_line_error(castor({"export", "--checkpoint", "run", "--peft", "moved", "--lora-base", moved}),
-                              {"--peft moved: a run directory"});
+                              {"--peft: moved: a Castor run directory"});
   EXPECT_FALSE(fs::exists(path("moved/adapter_model.safetensors")));
 }
 

@@ -48,6 +48,20 @@ TEST(Progress, LineFitsEveryWidthAndShowsTheFields) {
   EXPECT_EQ(progress_line(bf16, 200).find("scale"), std::string::npos);
 }
 
+// A run resumed at step 900 of 1,000 that has run 50 steps in 10 s since: 50 steps to go take 10 s more (paced by
+// this process's 50 steps, worked by hand), not 10 / 950 x 50 = 0.53 s (every step counted against the restart's
+// clock, the ETA 19x too short).
+TEST(Progress, TimeLeftAfterResumeIsPacedByThisProcessesSteps) {
+  ProgressState s;
+  s.step = 950, s.total_steps = 1000, s.elapsed_seconds = 10, s.start_step = 900;
+  EXPECT_DOUBLE_EQ(remaining_seconds(s), 10.0);
+  EXPECT_NE(progress_line(s, 200).find("0:00:10<0:00:10"), std::string::npos) << progress_line(s, 200);
+  s.step = 900;  // (none done yet here: no pace to go by)
+  EXPECT_EQ(remaining_seconds(s), 0.0);
+  s.start_step = 0, s.step = 950;  // a run that started here
+  EXPECT_DOUBLE_EQ(remaining_seconds(s), 10.0 / 950 * 50);
+}
+
 // The logged loss_avg is the mean of the window's step losses (worked by hand), skipped steps get a line of
 // their own without one, and metrics.csv holds the same records under one header.
 TEST(RunLog, WindowMeansAndCsvRows) {

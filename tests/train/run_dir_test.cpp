@@ -268,6 +268,28 @@ TEST_F(RunDir, FullDiskLosesWholeMetricsLinesAndReportsThem) {
   EXPECT_NE(p.out.find("\"lost_metric_lines\":2"), std::string::npos) << p.out;
 }
 
+// Under a file-size limit (ulimit -f, a quota) a checkpoint that does not fit is a failed write, not SIGXFSZ: one line
+// naming the file and the limit, exit 1, no temp folder left, and the previous checkpoint intact (the run resumes
+// from it once the limit is lifted).
+TEST_F(RunDir, AFileSizeLimitFailsTheCheckpointCleanly) {
+  ASSERT_EQ(castor(train_args("run", 2)).exit_code, 0);
+  const std::string first = latest_checkpoint(path("run")).value();
+  const auto model_bytes = fs::file_size(first + "/model.safetensors");
+  test::CastorRun limited = in_dir;
+  limited.file_size_bytes = static_cast<long>(model_bytes / 2);
+  CastorProcess p = run_castor(train_args("run", 4, {"--resume", "run"}), limited);
+  EXPECT_EQ(p.killed_by, 0) << "killed by signal " << p.killed_by;
+  const std::string err = p.err.substr(p.err.rfind('\n', p.err.size() - 2) + 1);
+  EXPECT_EQ(p.exit_code, 1) << p.err;
+  EXPECT_NE(err.find("castor train: error: "), std::string::npos) << p.err;
+  EXPECT_NE(err.find("model.safetensors: write failed: File too large"), std::string::npos) << p.err;
+  EXPECT_EQ(latest_checkpoint(path("run")).value(), first);
+  for (const auto& e : fs::directory_iterator(path("run/checkpoints")))
+    EXPECT_EQ(e.path().string().find(".tmp"), std::string::npos) << e.path();
+  EXPECT_NO_THROW(read_checkpoint(first));
+  ASSERT_EQ(castor(train_args("run", 4, {"--resume", "run"})).exit_code, 0);
+}
+
 TEST_F(RunDir, BadDataAndPathsAreFoundBeforeTheFirstStep) {
   // Fashion-MNIST files with 16 training images and an empty test set.
   write_fashion_mnist(path("fmnist"), 16, 0);
@@ -479,11 +501,14 @@ TEST_F(RunDir, ForeignFilesAreRefusedUnlessOverwrite) {
   fs::create_directories(path("mine"));
   for (const char* f : {"config.json", "report.html", "metrics.csv", "summary.json"})
     test::write_bytes(path("mine/") + f, {'m', 'i', 'n', 'e'});
-  expect_one_line_error(castor(train_args("mine", 2)), {"not a Castor run", "config.json", "report.html", "metrics.csv",
-                                                        "summary.json", "--overwrite"});
+  // Refused the second time as the first: the refusal leaves no lock file that would pass the directory for a run's.
+  for (int attempt = 0; attempt < 2; ++attempt)
+    expect_one_line_error(castor(train_args("mine", 2)), {"not a Castor run", "config.json", "report.html",
+                                                          "metrics.csv", "summary.json", "--overwrite"});
   for (const char* f : {"config.json", "report.html", "metrics.csv", "summary.json"})
     EXPECT_EQ(text_of(path("mine/") + f), "mine") << f;
   EXPECT_FALSE(fs::exists(path("mine/checkpoints")));
+  EXPECT_FALSE(fs::exists(path("mine/.castor.lock")));
   ASSERT_EQ(castor(train_args("mine", 2, {"--overwrite"})).exit_code, 0);
   EXPECT_NO_THROW(Json::parse(text_of(path("mine/config.json"))));
   // A Castor run directory (it has a lock file) stopped before its first metrics line is simply started again.

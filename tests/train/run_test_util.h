@@ -29,6 +29,7 @@ struct CastorRun {
   std::vector<std::string> env;  // extra NAME=VALUE entries
   long address_space_kib = 0;    // > 0: `ulimit -v` for the child
   std::string program;           // another program to run (found on PATH); empty: the castor binary
+  long file_size_bytes = 0;      // > 0: the child's RLIMIT_FSIZE (`ulimit -f`: a write past it fails, or SIGXFSZ)
 };
 
 // A started `castor` process; its stdout and stderr go to files in the run's directory.
@@ -54,6 +55,10 @@ class CastorProcess {
         const rlimit lim{static_cast<rlim_t>(run.address_space_kib) * 1024,
                          static_cast<rlim_t>(run.address_space_kib) * 1024};
         ::setrlimit(RLIMIT_AS, &lim);
+      }
+      if (run.file_size_bytes > 0) {
+        const rlimit lim{static_cast<rlim_t>(run.file_size_bytes), static_cast<rlim_t>(run.file_size_bytes)};
+        ::setrlimit(RLIMIT_FSIZE, &lim);
       }
       std::vector<char*> argv;
       for (std::string& s : argv_s) argv.push_back(s.data());

@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -313,6 +314,65 @@ TEST(SampleCli, ExportReplacesNothingButARegularFile) {
   EXPECT_EQ(p.exit_code, 0) << p.err;
   EXPECT_NE(p.out.find("\"out\":\"out\\\\xff.bin\""), std::string::npos) << p.out;
   EXPECT_TRUE(fs::is_regular_file(f.dir + "/out\xff.bin"));
+}
+
+// The names in `dir` that start with `prefix`, sorted.
+std::vector<std::string> names_starting(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind(prefix, 0) == 0) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Under a file-size limit (ulimit -f, a quota) an export is a failed write, not SIGXFSZ: one line naming the file and
+// the limit, exit 1, no temp file left, and the earlier export it would have replaced intact.
+TEST(SampleCli, ExportPastAFileSizeLimitFailsCleanly) {
+  Fixture f("export_cli_fsize");
+  for (const char* format : {"--llmc", "--safetensors"}) {
+    const std::string out = std::string("m") + (format + 2);
+    auto p = castor(f, {"export", format, "--checkpoint", f.run, "--out", out});
+    ASSERT_EQ(p.exit_code, 0) << p.err;
+    const std::vector<uint8_t> before = read_file(f.dir + "/" + out);
+    ASSERT_GT(before.size(), 64u << 10);
+    test::CastorRun limited{.dir = f.dir};
+    limited.file_size_bytes = 32 << 10;
+    p = test::run_castor({"export", format, "--checkpoint", f.run, "--out", out}, limited);
+    EXPECT_EQ(p.killed_by, 0) << "killed by signal " << p.killed_by;
+    test::expect_one_line_error(p, {out, "File too large", "ulimit -f"});
+    EXPECT_EQ(read_file(f.dir + "/" + out), before) << out;
+    EXPECT_EQ(names_starting(f.dir, out), std::vector<std::string>{out}) << "a temp file was left";
+  }
+}
+
+// --format nanogpt writes the directory --out (ckpt.pt): replaced only when it holds nothing but an earlier export's
+// ckpt.pt, never through a symbolic link, never a run directory; and no export replaces its own source or a file in a
+// run's checkpoint.
+TEST(SampleCli, ExportsReplaceOnlyTheirOwnOutputs) {
+  Fixture f("export_cli_owned");
+  fs::create_directory(f.dir + "/empty");
+  fs::create_directory_symlink("empty", f.dir + "/link");
+  fs::create_directory(f.dir + "/proj");
+  atomic_write_file(f.dir + "/proj/notes.txt", std::string_view("mine"));
+  for (const auto& [out, parts] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"link", {"--out: link: is a symbolic link"}},
+           {"proj", {"--out: proj holds files a nanoGPT export does not (notes.txt)"}},
+           {"run", {"--out: run: a Castor run directory (it holds checkpoints)"}}})
+    test::expect_one_line_error(castor(f, {"export", "--nanogpt", "--checkpoint", f.run, "--out", out}), parts);
+  EXPECT_TRUE(fs::is_empty(f.dir + "/empty"));
+  EXPECT_EQ(names_starting(f.dir + "/proj", ""), std::vector<std::string>{"notes.txt"});
+  for (int i = 0; i < 2; ++i) {  // (the second replaces the first)
+    auto p = castor(f, {"export", "--nanogpt", "--checkpoint", f.run, "--out", "ck"});
+    ASSERT_EQ(p.exit_code, 0) << p.err;
+    EXPECT_EQ(names_starting(f.dir + "/ck", ""), std::vector<std::string>{"ckpt.pt"});
+  }
+  const std::string model = "run/checkpoints/step-0000000010/model.safetensors";
+  const std::vector<uint8_t> before = read_file(f.dir + "/" + model);
+  test::expect_one_line_error(castor(f, {"export", "--safetensors", "--checkpoint", f.run, "--out", model}),
+                              {"--out: " + model + " is inside", "which this export reads"});
+  test::expect_one_line_error(castor(f, {"export", "--safetensors", "--checkpoint", "m.bin", "--out", "m.bin"}),
+                              {"--out: m.bin is m.bin", "which this export reads"});
+  EXPECT_EQ(read_file(f.dir + "/" + model), before);
 }
 
 // A checkpoint whose castor.config metadata is damaged JSON (its checksums intact: written so) is named by sample,

@@ -371,6 +371,50 @@ TEST(TokenizeCli, TokenizesWithAHuggingFaceTokenizerJson) {
   EXPECT_NE(out.find("--tokenizer"), std::string::npos) << out;
 }
 
+// Issue 49: a model's chat_template.jinja nested a few thousand levels (a SIGSEGV before) or looping without end: a
+// one-line error naming the template file and the limit, exit 1, nothing written; the block size defaults to the
+// model's context (said on stderr).
+TEST(TokenizeCli, HostileChatTemplatesFailInOneLine) {
+  const std::string models = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-hf/node_modules/@lenml/";
+  const std::string llama = models + "tokenizer-llama3_1/models";
+  ASSERT_TRUE(file_exists(llama + "/tokenizer.json")) << "run scripts/setup_tests.sh";
+  test::ScratchDir dir;
+  const std::string model = dir.file("model");
+  std::filesystem::create_directories(model);
+  write_text(model + "/tokenizer.json", text_of(llama + "/tokenizer.json"));
+  write_text(model + "/tokenizer_config.json", text_of(llama + "/tokenizer_config.json"));
+  // (The npm copy's model_max_length is transformers' 1e30 for "none": config.json's context counts.)
+  write_text(model + "/config.json", R"({"max_position_embeddings": 131072})");
+  std::string jsonl;
+  for (int i = 0; i < 5; ++i)
+    jsonl += R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})"
+             "\n";
+  write_text(dir.file("d.jsonl"), jsonl);
+  const std::string args = "--format chat --val-fraction 0.2 --tokenizer " + model + " --input " + dir.file("d.jsonl") +
+                           " --out ";
+  const std::vector<std::pair<std::string, std::string>> templates = {
+      {"{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}", "line 1: nested deeper than 256 levels"},
+      {"\n{% for i in range(10 ** 12) %}x{% endfor %}", "line 2: more than 1048576 steps"},
+      {"{{ (-9223372036854775807 - 1) // -1 }}", "line 1: integer overflow in '//'"}};
+  for (const auto& [source, problem] : templates) {
+    write_text(model + "/chat_template.jinja", source);
+    std::string out;
+    EXPECT_EQ(tokenize(args + dir.file("rows"), &out), 1) << out;
+    // (after the line saying the block size)
+    const std::string error = out.substr(std::min(out.size(), out.find("castor tokenize: error: ")));
+    EXPECT_NE(error.find(model + "/chat_template.jinja: " + problem), std::string::npos) << out;
+    EXPECT_EQ(std::count(error.begin(), error.end(), '\n'), 1) << out;
+    EXPECT_FALSE(file_exists(dir.file("rows"))) << source.substr(0, 40);
+  }
+  std::filesystem::remove(model + "/chat_template.jinja");
+  std::string out;
+  ASSERT_EQ(tokenize(args + dir.file("rows"), &out), 0) << out;
+  EXPECT_NE(out.find("castor tokenize: --block-size 1024: the model's context 131072 (" + model +
+                     "/config.json's max_position_embeddings), capped"),
+            std::string::npos)
+      << out;
+}
+
 // #41 item 5: token files no castor tokenize wrote (llm.c's train.bin, a model's tokenizer.json: no record beside
 // them) are not replaced without --overwrite, and the error names the file.
 TEST(TokenizeCli, RefusesToReplaceTokenFilesItDidNotWrite) {
