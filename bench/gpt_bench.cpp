@@ -154,7 +154,7 @@ int main(int argc, char** argv) {
   }
   if (kind == "peak") return run_peak();
   if (kind == "llmc" && argc == 4) {
-    models::write_llmc_checkpoint(argv[3], *models::gpt(setup(argv[2]).config, 1));
+    formats::write_llmc_checkpoint(argv[3], *models::gpt(setup(argv[2]).config, 1));
     return 0;
   }
   if (kind == "block" && argc == 5) return run_block(argv[2], argv[3], std::atoi(argv[4]));

@@ -16,8 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > 0 && std::fwrite(data, 1, size, f) != size) std::abort();
   std::fclose(f);
   try {
-    const castor::models::GgufHeader h = castor::models::read_gguf_header(path);
-    for (const castor::models::GgufTensorInfo& t : h.tensors)
+    const castor::formats::GgufHeader h = castor::formats::read_gguf_header(path);
+    for (const castor::formats::GgufTensorInfo& t : h.tensors)
       if (t.begin > size || t.bytes > size - t.begin) std::abort();
   } catch (const castor::Error&) {
   }

@@ -15,7 +15,7 @@
 #include "castor/serialize.h"
 #include "castor/tokenizer.h"
 
-namespace castor::models {
+namespace castor::formats {
 
 // The type of a GGUF file's matrices (1-D tensors, norms and biases, stay float32 in every file, as llama.cpp's
 // converter writes them): --type's spellings f32, f16, bf16 and q8_0.
@@ -68,8 +68,9 @@ enum class GgufArch { Llama, Qwen2 };
 // the model's, or qwen2 gets a model without q/k/v biases, with other biases or llama3 rope scaling.
 // `context_length`: the model's context (a Hugging Face model's max_position_embeddings, where a fine-tuning run's
 // model reads its shorter block size); 0: the model's max_seq_len.
-GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const GgufVocabulary& vocab, GgufType type,
-                             const std::string& name, GgufArch arch = GgufArch::Llama, int64_t context_length = 0);
+GgufSummary write_gguf_llama(const std::string& path, const models::Llama& model, const GgufVocabulary& vocab,
+                             GgufType type, const std::string& name, GgufArch arch = GgufArch::Llama,
+                             int64_t context_length = 0);
 // Writes `path` as arch `gpt2`: the embedding cut to the vocabulary's rows (a padded vocabulary's extra rows are never
 // drawn), zero biases for a bias-free model (llama.cpp's gpt2 requires them).
 GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, const GgufVocabulary& vocab,
@@ -138,4 +139,4 @@ GgufTokenizer gguf_tokenizer(const GgufHeader& header, const std::string& path);
 // under the system's temporary directory (named by the files' checksum, written whole, then renamed into place).
 std::string gguf_tokenizer_dir(const std::string& path);
 
-}  // namespace castor::models
+}  // namespace castor::formats

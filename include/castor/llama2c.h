@@ -12,7 +12,7 @@
 #include "castor/state_dict.h"
 #include "castor/tensor.h"
 
-namespace castor::models {
+namespace castor::formats {
 
 constexpr uint32_t kLlama2cMagic = 0x616b3432;  // "ak42" read as a little-endian uint32: v1 files open with it
 constexpr uint64_t kLlama2cV0HeaderBytes = 7 * sizeof(int32_t);
@@ -70,11 +70,11 @@ bool shares_classifier(const Llama2cWeights& weights);
 
 // The Llama a llama2.c file holds: its sizes, its hidden_dim, tied when it shares the classifier, run.c's RMSNorm eps
 // 1e-5, the file's RoPE theta, no dropout.
-LlamaConfig llama_config(const Llama2cWeights& weights);
+models::LlamaConfig llama_config(const Llama2cWeights& weights);
 
 // The llama2.c config of a Llama. castor::Error naming `what` when it cannot be written as one: a norm eps other than
 // run.c's 1e-5 (llama2.c files record none) or a size beyond int32.
-Llama2cConfig llama2c_config(const LlamaConfig& config, const std::string& what);
+Llama2cConfig llama2c_config(const models::LlamaConfig& config, const std::string& what);
 
 // The --multiple-of that gives `c`'s hidden_dim by model.py's rule (Castor's run settings hold no hidden_dim):
 // LlamaConfig's default 32 when it does, else hidden_dim itself. castor::Error naming `what` when none does
@@ -90,4 +90,4 @@ LoadedTensors load_llama2c_weights_file(const std::string& path, const std::stri
 // v0's RoPE tables; "castor.config" without "data" (and without multiple_of when none gives hidden_dim).
 SafetensorsFile read_llama2c_weights_header(const std::string& path);
 
-}  // namespace castor::models
+}  // namespace castor::formats

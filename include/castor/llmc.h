@@ -12,7 +12,7 @@
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
 
-namespace castor::models {
+namespace castor::formats {
 
 constexpr int32_t kLlmcModelMagic = 20240326;
 constexpr int32_t kLlmcModelVersion = 3;      // float32 tensors
@@ -20,19 +20,19 @@ constexpr int32_t kLlmcModelVersionBf16 = 5;  // bfloat16 tensors (llm.c's CUDA 
 
 // A GPT's settings and weights, as files hold them: nanoGPT names, float32, lm_head.weight left out (tied to wte).
 struct GPTWeights {
-  GPTConfig config;
+  models::GPTConfig config;
   StateDict state;
 };
 
 // An llm.c checkpoint's header: the config it gives (as read_llmc_checkpoint's) and its tensors' dtype (float32, or
 // bfloat16 for version 5), checked against the file's size; castor::Error naming the file as read_llmc_checkpoint.
 struct LlmcHeader {
-  GPTConfig config;
+  models::GPTConfig config;
   DType dtype = DType::Float32;
 };
 LlmcHeader read_llmc_header(const std::string& path);
 // The tensors of an llm.c checkpoint of `config`, nanoGPT names and shapes, in the file's order.
-std::vector<std::pair<std::string, Shape>> llmc_tensors(const GPTConfig& config);
+std::vector<std::pair<std::string, Shape>> llmc_tensors(const models::GPTConfig& config);
 
 // Reads llm.c's checkpoint: int32 header[256] = {20240326, 3, maxT, V, L, NH, C, Vp, ...}, then float32 wte (Vp, C),
 // wpe (maxT, C), ln1w, ln1b (L, C), qkvw (L, 3C, C), qkvb (L, 3C), attprojw (L, C, C), attprojb (L, C), ln2w, ln2b
@@ -45,7 +45,7 @@ GPTWeights read_llmc_checkpoint(const std::string& path);
 // Writes `model` in llm.c's format, whole (temp file, fsync, rename: a failure leaves any old file intact). V is
 // config.real_vocab_size (vocab_size when 0), Vp config.vocab_size. A GPT without biases (bias=false) is written
 // with zero biases, which compute the same function.
-void write_llmc_checkpoint(const std::string& path, const GPT& model);
+void write_llmc_checkpoint(const std::string& path, const models::GPT& model);
 void write_llmc_checkpoint(const std::string& path, const GPTWeights& weights);
 
 // The config of nanoGPT-named weights from their shapes (n_layer, n_embd, block_size, vocab_size, bias), with
@@ -68,4 +68,4 @@ GPTWeights gpt_weights_from_safetensors(StateDict tensors, const Metadata& metad
 // "llmc.header" (the header, as text).
 Metadata llmc_metadata(const LlmcHeader& header, const std::string& data);
 
-}  // namespace castor::models
+}  // namespace castor::formats

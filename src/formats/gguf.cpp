@@ -15,7 +15,12 @@
 #include "castor/hf.h"
 #include "castor/json.h"
 
-namespace castor::models {
+namespace castor::formats {
+
+using models::GPTConfig;
+using models::Llama;
+using models::LlamaConfig;
+
 namespace {
 
 constexpr uint32_t kAlignment = 32;
@@ -491,4 +496,4 @@ GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, c
   return write(path, f, "gpt2");  // lm_head is tied to wte: llama.cpp reuses token_embd
 }
 
-}  // namespace castor::models
+}  // namespace castor::formats

@@ -8,7 +8,8 @@
 #include "castor/fs.h"
 #include "castor/gguf.h"
 
-namespace castor::models {
+namespace castor::formats {
+
 namespace {
 
 // GGUF's value types (gguf.md, gguf_type).
@@ -167,4 +168,4 @@ GgufHeader read_gguf_header(const std::string& path) {
   return h;
 }
 
-}  // namespace castor::models
+}  // namespace castor::formats

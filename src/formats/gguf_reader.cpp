@@ -14,7 +14,11 @@
 #include "castor/hf.h"
 #include "castor/hf_tokenizer.h"
 
-namespace castor::models {
+namespace castor::formats {
+
+using models::Llama;
+using models::LlamaConfig;
+
 namespace {
 
 // The architectures read, and how their keys are named.
@@ -431,4 +435,4 @@ std::string gguf_tokenizer_dir(const std::string& path) {
   return dir.string();
 }
 
-}  // namespace castor::models
+}  // namespace castor::formats

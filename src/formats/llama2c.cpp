@@ -11,7 +11,10 @@
 #include "castor/fs.h"
 #include "castor/json.h"
 
-namespace castor::models {
+namespace castor::formats {
+
+using models::LlamaConfig;
+
 namespace {
 
 const char* const kFreqReal = "freq_cis_real";
@@ -373,4 +376,4 @@ SafetensorsFile read_llama2c_weights_header(const std::string& path) {
   return f;
 }
 
-}  // namespace castor::models
+}  // namespace castor::formats

@@ -14,7 +14,11 @@
 #include "castor/llama2c.h"
 #include "castor/model_source.h"
 
-namespace castor::models {
+namespace castor::formats {
+
+using models::GPT;
+using models::GPTConfig;
+
 namespace {
 
 constexpr uint64_t kHeaderBytes = 256 * sizeof(int32_t);
@@ -276,4 +280,4 @@ GPTWeights load_gpt_init(const std::string& path, int64_t n_head) {
   return gpt_weights_from_safetensors(std::move(file.tensors), file.metadata, n_head, path);
 }
 
-}  // namespace castor::models
+}  // namespace castor::formats

@@ -40,10 +40,10 @@ bool holds_castor_dir(const std::string& path) {
   return fs::is_directory(path, ec) && !is_hf_dir(path);
 }
 
-bool holds_gguf(const std::string& path) { return head_u32(file_head(path, 4)) == models::kGgufMagic; }
+bool holds_gguf(const std::string& path) { return head_u32(file_head(path, 4)) == formats::kGgufMagic; }
 
 bool holds_llmc(const std::string& path) {
-  return static_cast<int32_t>(head_u32(file_head(path, 4))) == models::kLlmcModelMagic;
+  return static_cast<int32_t>(head_u32(file_head(path, 4))) == formats::kLlmcModelMagic;
 }
 
 // A little-endian u64 header length that fits the file, then the JSON header, which opens with '{'.
@@ -60,9 +60,9 @@ bool holds_safetensors(const std::string& path) {
 bool holds_llama2c(const std::string& path) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return false;
-  if (head_u32(file_head(path, 4)) == models::kLlama2cMagic) return true;
+  if (head_u32(file_head(path, 4)) == formats::kLlama2cMagic) return true;
   try {
-    models::read_llama2c_header(path);
+    formats::read_llama2c_header(path);
     return true;
   } catch (const Error&) {
     return false;
@@ -101,7 +101,7 @@ SourceFormat source_format(const std::string& path) {
   // (every row said no: say what reading it as the one format without a magic number found)
   std::string why = "not a regular file";
   if (fs::is_regular_file(path, ec)) try {
-      models::read_llama2c_header(path);
+      formats::read_llama2c_header(path);
     } catch (const Error& e) {
       const std::string msg = e.what(), prefix = path + ": ";
       why = msg.rfind(prefix, 0) == 0 ? msg.substr(prefix.size()) : msg;
@@ -120,11 +120,11 @@ bool is_source(const std::string& path, SourceFormat format) {
 Json source_description(const std::string& path) {
   switch (source_format(path)) {
     case SourceFormat::HfDir: return hf_description(read_hf_config(path));
-    case SourceFormat::Gguf: return models::gguf_description(models::read_gguf_header(path), path);
-    case SourceFormat::Llmc: return gpt_description(models::read_llmc_header(path).config);
+    case SourceFormat::Gguf: return formats::gguf_description(formats::read_gguf_header(path), path);
+    case SourceFormat::Llmc: return gpt_description(formats::read_llmc_header(path).config);
     case SourceFormat::Llama2c: {
-      const models::Llama2cHeader h = models::read_llama2c_header(path);
-      return llama_description(models::llama_config(models::Llama2cWeights{h.config, {}}));
+      const formats::Llama2cHeader h = formats::read_llama2c_header(path);
+      return llama_description(formats::llama_config(formats::Llama2cWeights{h.config, {}}));
     }
     case SourceFormat::Safetensors: {
       const Json config = castor_config(read_safetensors_header(path).metadata, path);
@@ -145,15 +145,15 @@ LoadedTensors load_weights_file(const std::string& path, const std::string& data
     case SourceFormat::Gguf: {
       LoadedTensors out;
       read_weights_each(path, [&](const std::string& name, const Tensor& t) { out.tensors.emplace(name, t); });
-      out.metadata = models::gguf_metadata(models::read_gguf_header(path), path, data);
+      out.metadata = formats::gguf_metadata(formats::read_gguf_header(path), path, data);
       return out;
     }
-    case SourceFormat::Llama2c: return models::load_llama2c_weights_file(path, data);
+    case SourceFormat::Llama2c: return formats::load_llama2c_weights_file(path, data);
     case SourceFormat::Llmc: {
-      const models::LlmcHeader header = models::read_llmc_header(path);
-      models::GPTWeights w = models::read_llmc_checkpoint(path);
+      const formats::LlmcHeader header = formats::read_llmc_header(path);
+      formats::GPTWeights w = formats::read_llmc_checkpoint(path);
       w.state["lm_head.weight"] = w.state.at("transformer.wte.weight");
-      return {std::move(w.state), models::llmc_metadata(header, data)};
+      return {std::move(w.state), formats::llmc_metadata(header, data)};
     }
     case SourceFormat::Safetensors:
     case SourceFormat::CastorDir:  // (load_safetensors names a directory as not a file)
@@ -165,9 +165,9 @@ LoadedTensors load_weights_file(const std::string& path, const std::string& data
 void read_weights_each(const std::string& path, const std::function<void(const std::string&, const Tensor&)>& take) {
   const SourceFormat format = source_format(path);
   if (format == SourceFormat::HfDir) return read_hf_weights_each(path, read_hf_config(path), take);
-  if (format == SourceFormat::Gguf) return models::read_gguf_each(path, take);
+  if (format == SourceFormat::Gguf) return formats::read_gguf_each(path, take);
   if (format == SourceFormat::Llama2c) {
-    for (const auto& [name, t] : models::load_llama2c_weights_file(path, "").tensors) take(name, t);
+    for (const auto& [name, t] : formats::load_llama2c_weights_file(path, "").tensors) take(name, t);
     return;
   }
   const SafetensorsFile header = read_weights_header(path);  // (an llm.c file's tensors, per layer, as listed)
@@ -210,18 +210,18 @@ void load_weights_into(nn::Module& model, const std::string& path,
 SafetensorsFile read_weights_header(const std::string& path) {
   switch (source_format(path)) {
     case SourceFormat::HfDir: return read_hf_header(path);
-    case SourceFormat::Gguf: return models::gguf_listing(models::read_gguf_header(path), path);
-    case SourceFormat::Llama2c: return models::read_llama2c_weights_header(path);
+    case SourceFormat::Gguf: return formats::gguf_listing(formats::read_gguf_header(path), path);
+    case SourceFormat::Llama2c: return formats::read_llama2c_weights_header(path);
     case SourceFormat::Llmc: {
-      const models::LlmcHeader header = models::read_llmc_header(path);
+      const formats::LlmcHeader header = formats::read_llmc_header(path);
       SafetensorsFile f;
       uint64_t offset = 0;
-      for (const auto& [name, shape] : models::llmc_tensors(header.config)) {
+      for (const auto& [name, shape] : formats::llmc_tensors(header.config)) {
         const uint64_t bytes = static_cast<uint64_t>(shape_numel(shape)) * dtype_size(header.dtype);
         f.entries.push_back({name, header.dtype, shape, offset, offset + bytes});
         offset += bytes;
       }
-      f.metadata = models::llmc_metadata(header, "");
+      f.metadata = formats::llmc_metadata(header, "");
       return f;
     }
     case SourceFormat::Safetensors:

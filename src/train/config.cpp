@@ -248,7 +248,7 @@ constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization",  "in
                                          "init_checksum",  "class_names",    "castor_version",   "git_commit",
                                          "host_cpu",       "started",        "real_vocab_size",  "train_tokens",
                                          "val_tokens",     "precision_auto", "trainable_params", "all_params",
-                                         "model_config",   "tokenizer",      "vocab_checksum"};
+                                         "model_config",   "tokenizer",      "vocab_checksum", "openmp_wait"};
 
 // The text of one TOML value (what follows a line's '='): a basic string "..." with TOML 1.0's escapes decoded
 // (\b \t \n \f \r \" \\ \uXXXX \UXXXXXXXX), a literal string '...' as it is, or a bare value (a number, true,

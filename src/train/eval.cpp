@@ -32,7 +32,7 @@ namespace {
 // window); the tensors as the model's state dict (a GPT's lm_head tied to wte).
 void take_shapes(const EvalConfig& e, TrainConfig& c, LoadedTensors& file) {
   if (family_of(c.model) == family_named("gpt")) {  // (a row function of train/family.h once a third family reads it)
-    models::GPTWeights w = models::gpt_weights_from_safetensors(std::move(file.tensors), file.metadata, e.n_head,
+    formats::GPTWeights w = formats::gpt_weights_from_safetensors(std::move(file.tensors), file.metadata, e.n_head,
                                                                 e.path);
     const models::GPTConfig& g = w.config;
     c.n_layer = g.n_layer, c.n_head = g.n_head, c.n_embd = g.n_embd, c.block_size = g.block_size;
@@ -58,9 +58,9 @@ void take_shapes(const EvalConfig& e, TrainConfig& c, LoadedTensors& file) {
   CASTOR_CHECK(c.n_embd % e.n_head == 0, "--n-head ", e.n_head, ": does not divide ", e.path, "'s dim ", c.n_embd);
   c.n_head = e.n_head, c.block_size = e.block_size;
   c.n_kv_head = need("layers.0.attention.wk.weight").size(0) / (c.n_embd / e.n_head);  // (Hkv D, dim)
-  models::Llama2cConfig sizes;
+  formats::Llama2cConfig sizes;
   sizes.dim = c.n_embd, sizes.hidden_dim = need("layers.0.feed_forward.w1.weight").size(0);  // (hidden, dim)
-  c.multiple_of = models::llama2c_multiple_of(sizes, e.path);
+  c.multiple_of = formats::llama2c_multiple_of(sizes, e.path);
   // Tied unless output.weight holds other values (a file may store the shared tensor twice).
   const auto output = file.tensors.find("output.weight");
   if (output != file.tensors.end()) {

@@ -63,10 +63,10 @@ uint64_t byte_size(const std::string& text, const char* flag) {
 }
 
 // --type's spellings.
-const Spelling<models::GgufType> kGgufTypes[] = {{models::GgufType::F32, "f32"},
-                                                 {models::GgufType::F16, "f16"},
-                                                 {models::GgufType::BF16, "bf16"},
-                                                 {models::GgufType::Q8_0, "q8_0"}};
+const Spelling<formats::GgufType> kGgufTypes[] = {{formats::GgufType::F32, "f32"},
+                                                 {formats::GgufType::F16, "f16"},
+                                                 {formats::GgufType::BF16, "bf16"},
+                                                 {formats::GgufType::Q8_0, "q8_0"}};
 
 }  // namespace
 
@@ -368,9 +368,9 @@ Json export_llama2c(const ExportConfig& c) {
                "write GPTs)");
   const auto& llama = dynamic_cast<const models::Llama&>(*g.llama);
   const models::LlamaConfig& m = llama.config();
-  const models::Llama2cWeights w{models::llama2c_config(m, printable(g.what)), llama.state_dict()};
+  const formats::Llama2cWeights w{formats::llama2c_config(m, printable(g.what)), llama.state_dict()};
   const std::optional<data::BpeVocabulary> vocab = run_vocabulary(g, m.vocab_size);
-  models::write_llama2c(c.out, w, c.version);
+  formats::write_llama2c(c.out, w, c.version);
   const std::string tokenizer_bin = tokenizer_bin_beside(c.out);
   if (vocab) data::write_tokenizer_bin(tokenizer_bin, *vocab);
   const uint64_t bytes = file_bytes(c.out);
@@ -384,7 +384,7 @@ Json export_llama2c(const ExportConfig& c) {
                       {"n_kv_heads", w.config.n_kv_heads},
                       {"vocab_size", m.vocab_size},
                       {"max_seq_len", m.max_seq_len},
-                      {"shared_classifier", models::shares_classifier(w)},
+                      {"shared_classifier", formats::shares_classifier(w)},
                       {"out", printable(c.out)},
                       {"bytes", bytes},
                       {"tokenizer", vocab ? Json(printable(tokenizer_bin)) : Json()}};
@@ -420,13 +420,13 @@ Json export_gguf(const ExportConfig& c) {
                "; a GGUF file carries the model's tokenizer");
   const data::Tokenizer tok = data::Tokenizer::load(dir);
   const int64_t model_vocab = g.llama ? g.llama->vocab_size() : 0;
-  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, dir, tok.hf() ? model_vocab : 0);
-  models::GgufType type = models::GgufType::F32;
+  const formats::GgufVocabulary vocab = formats::gguf_vocabulary(tok, dir, tok.hf() ? model_vocab : 0);
+  formats::GgufType type = formats::GgufType::F32;
   for (const auto& s : kGgufTypes)
     if (c.type == s.name) type = s.value;
   const fs::path from = g.run_dir.empty() ? fs::path(g.what) : fs::path(g.run_dir);
   const std::string name = from.filename().empty() ? "castor" : from.filename().string();
-  models::GgufSummary written;
+  formats::GgufSummary written;
   if (g.llama) {
     const auto* llama = dynamic_cast<const models::Llama*>(g.llama.get());
     CASTOR_CHECK(llama, "--format gguf: ", g.what, " is a ", g.llama->type_name(),
@@ -435,18 +435,18 @@ Json export_gguf(const ExportConfig& c) {
     const bool qwen2 = arch.is_string() && arch.as_string() == "Qwen2ForCausalLM";
     // (the model's context, not a fine-tuning run's block size, which llama.cpp would take as its default context)
     const Json context = described(g, "max_position_embeddings");
-    written = models::write_gguf_llama(c.out, *llama, vocab, type, name,
-                                       qwen2 ? models::GgufArch::Qwen2 : models::GgufArch::Llama,
+    written = formats::write_gguf_llama(c.out, *llama, vocab, type, name,
+                                       qwen2 ? formats::GgufArch::Qwen2 : formats::GgufArch::Llama,
                                        context.is_int() ? context.as_int() : 0);
   } else {
-    written = models::write_gguf_gpt(c.out, g.weights, vocab, type, name);
+    written = formats::write_gguf_gpt(c.out, g.weights, vocab, type, name);
   }
   Json::Object out{{"from", printable(g.what)},  {"format", "gguf"},
                    {"arch", written.arch},       {"type", c.type},
                    {"tokenizer", vocab.model},   {"vocab_size", vocab.size()},
                    {"tensors", written.tensors}, {"out", printable(c.out)},
                    {"bytes", written.bytes}};
-  if (type == models::GgufType::Q8_0) out["q8_0_max_error"] = written.q8_0_max_error;
+  if (type == formats::GgufType::Q8_0) out["q8_0_max_error"] = written.q8_0_max_error;
   return out;
 }
 
@@ -496,7 +496,7 @@ Json export_hf(const ExportConfig& c) {
   for (const std::string& from : {c.checkpoint, init && init->is_string() ? init->as_string() : std::string()}) {
     if (from.empty() || !o.tokenizer_dir.empty()) continue;
     if (formats::is_source(from, formats::SourceFormat::HfDir)) o.tokenizer_dir = hf_source = from;
-    if (formats::is_source(from, formats::SourceFormat::Gguf)) o.tokenizer_dir = models::gguf_tokenizer_dir(from);
+    if (formats::is_source(from, formats::SourceFormat::Gguf)) o.tokenizer_dir = formats::gguf_tokenizer_dir(from);
   }
   // The tensors' dtype: --dtype, else the source directory's (a LoRA run's base where it is now), as transformers'
   // save_pretrained keeps a model's: a merged run of a bf16 base is written in bf16, not in its float32 arithmetic.
@@ -557,7 +557,7 @@ Json export_gpt(const ExportConfig& c) {
         config.real_vocab_size = v;
       }
     }
-    models::write_llmc_checkpoint(c.out, g.weights);
+    formats::write_llmc_checkpoint(c.out, g.weights);
     out["format"] = "llmc";
     out["vocab_size"] = config.real_vocab_size > 0 ? config.real_vocab_size : config.vocab_size;
     out["padded_vocab_size"] = config.vocab_size;

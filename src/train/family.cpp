@@ -58,11 +58,11 @@ void gpt_take_init_sizes(TrainConfig& c, const std::string&) {
   try {
     const int64_t n_head = c.given("--n-head") ? c.n_head : 0;
     if (formats::source_format(c.init) == formats::SourceFormat::Llmc) {
-      g = models::read_llmc_header(c.init).config;
+      g = formats::read_llmc_header(c.init).config;
       CASTOR_CHECK(n_head == 0 || n_head == g.n_head, c.init, ": llm.c header has NH ", g.n_head, ", but ", n_head,
                    " was given");
     } else {
-      g = models::load_gpt_init(c.init, n_head).config;
+      g = formats::load_gpt_init(c.init, n_head).config;
     }
   } catch (const Error& e) {
     throw init_error(c, e);
@@ -174,14 +174,14 @@ void llama_take_init_sizes(TrainConfig& c, const std::string& data_dir) {
   const formats::SourceFormat source = formats::source_format(c.init);
   if (source == formats::SourceFormat::HfDir || source == formats::SourceFormat::Gguf)
     return llama_take_described_sizes(c, data_dir);
-  models::Llama2cConfig f;
+  formats::Llama2cConfig f;
   bool shared_classifier = true;
   int64_t multiple_of = 0;
   try {
     if (source == formats::SourceFormat::Llama2c) {
-      const models::Llama2cHeader h = models::read_llama2c_header(c.init);
+      const formats::Llama2cHeader h = formats::read_llama2c_header(c.init);
       f = h.config, shared_classifier = h.shared_classifier;
-      multiple_of = models::llama2c_multiple_of(f, c.init);
+      multiple_of = formats::llama2c_multiple_of(f, c.init);
     } else {
       const Json recorded = source == formats::SourceFormat::Safetensors
                                 ? castor_config(read_safetensors_header(c.init).metadata, c.init)
@@ -190,7 +190,7 @@ void llama_take_init_sizes(TrainConfig& c, const std::string& data_dir) {
       if (!model || !model->is_string() || !model->as_string().starts_with("llama")) return;
       const TrainConfig r = resume_config(TrainConfig{}, recorded, c.init);
       const models::LlamaConfig l = llama_config_of(r);
-      f = models::llama2c_config(l, c.init), shared_classifier = l.tied, multiple_of = l.multiple_of;
+      f = formats::llama2c_config(l, c.init), shared_classifier = l.tied, multiple_of = l.multiple_of;
     }
   } catch (const Error& e) {
     throw init_error(c, e);

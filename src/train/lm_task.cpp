@@ -316,7 +316,7 @@ std::string tokenizer_beside(const std::string& path) {
     return "";
   }
   if (format == formats::SourceFormat::HfDir) return data::is_hf_tokenizer_json(path + "/tokenizer.json") ? path : "";
-  if (format == formats::SourceFormat::Gguf) return models::gguf_tokenizer_dir(path);  // (its metadata's)
+  if (format == formats::SourceFormat::Gguf) return formats::gguf_tokenizer_dir(path);  // (its metadata's)
   if (format != formats::SourceFormat::Llama2c) return "";
   const fs::path parent = fs::path(path).parent_path();
   const std::string dir = parent.empty() ? "." : parent.string();

@@ -30,8 +30,8 @@ std::shared_ptr<models::LanguageModel> load_described(const StateDict& weights, 
 
 // The Llama of a llama2.c file (its sizes and weights).
 std::shared_ptr<models::LanguageModel> load_llama2c_model(const std::string& path) {
-  const models::Llama2cWeights w = models::read_llama2c(path);
-  auto model = models::llama(models::llama_config(w), /*seed=*/0);
+  const formats::Llama2cWeights w = formats::read_llama2c(path);
+  auto model = models::llama(formats::llama_config(w), /*seed=*/0);
   model->load_state_dict(w.state);
   return model;
 }
@@ -63,7 +63,7 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& l
     if (format == formats::SourceFormat::Llama2c)
       g.llama = load_llama2c_model(path);
     else
-      g.weights = models::load_gpt_init(path, n_head);
+      g.weights = formats::load_gpt_init(path, n_head);
     g.meta = formats::read_weights_header(path).metadata;
     return g;
   }
@@ -96,7 +96,7 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& l
   if (family && family->name != std::string("gpt"))  // (a GPT's exports take its weights with its config)
     g.llama = load_described(ck.model, model_description(g.config, what), what);
   else
-    g.weights = models::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
+    g.weights = formats::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
   g.meta = std::move(ck.model_meta);
   return g;
 }

@@ -16,7 +16,7 @@ namespace castor::train {
 // A GPT's weights from a run or checkpoint directory or a weights file, with the run's settings (null when none); or a
 // Llama's model (a run's built from its recorded settings, a llama2.c file's from its header) with its weights loaded.
 struct LoadedGpt {
-  models::GPTWeights weights;
+  formats::GPTWeights weights;
   Json config;
   std::string what;
   StateDict train_state;  // a checkpoint's train_state.safetensors (empty for a weights file or a LoRA run's)

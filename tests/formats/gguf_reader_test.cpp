@@ -90,7 +90,7 @@ TEST(GgufRead, SampleFromTheFileAloneGivesLlamaCppsGreedyTokens) {
   const test::ScratchDir dir("gguf_read_sample");
   ASSERT_TRUE(write_gguf_case(dir, "m", "LlamaForCausalLM", 2, false, "f16", 21, 300));  // (with byte tokens)
   const std::string file = dir + "/m.gguf";
-  data::Tokenizer tok = data::Tokenizer::load(models::gguf_tokenizer_dir(file));
+  data::Tokenizer tok = data::Tokenizer::load(formats::gguf_tokenizer_dir(file));
   const std::string prompt = "a b c";
   const std::vector<uint32_t> ids = tok.encode(prompt);
   ASSERT_GE(ids.size(), 2u);

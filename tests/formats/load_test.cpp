@@ -113,7 +113,7 @@ TEST(WeightsLoad, GptBaseLoadsStraightInto16BitsFromLlmcBitForBit) {
   models::GPTConfig c;
   c.n_layer = 2, c.n_head = 2, c.n_embd = 64, c.block_size = 16, c.vocab_size = 128, c.bias = true;
   const auto source = models::gpt(c, 3);
-  models::write_llmc_checkpoint(dir + "/model.bin", *source);
+  formats::write_llmc_checkpoint(dir + "/model.bin", *source);
   // (the old path read it through load_gpt_init, whose tensors load_weights_file's are)
   const auto make = [&] { return std::static_pointer_cast<nn::Module>(models::gpt(c, 7)); };
   check_loads_in_16_bits(make, dir + "/model.bin");

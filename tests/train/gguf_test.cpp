@@ -250,7 +250,7 @@ class GgufCli : public ::testing::Test {
   // The tokenizer of GGUF file `file` as Castor reads it (castor/gguf.h's gguf_tokenizer): the same ids for `texts`
   // as llama.cpp's on that file (`answer`), and the same chat template and end ids as `tok`, the tokenizer written.
   void expect_file_tokenizes_as(const std::string& file, const Json& answer, data::Tokenizer& tok) {
-    data::Tokenizer back = data::Tokenizer::load(models::gguf_tokenizer_dir(path(file)));
+    data::Tokenizer back = data::Tokenizer::load(formats::gguf_tokenizer_dir(path(file)));
     expect_tokenizes_as(answer, back);
     const data::ChatTokenizer want = data::chat_tokenizer(tok, false), got = data::chat_tokenizer(back, false);
     EXPECT_EQ(got.chat_template, want.chat_template);
@@ -342,9 +342,9 @@ TEST(Gguf, Q8_0MatchesGgmlReference) {
   const std::string cmd = "/usr/bin/python3 " + kOracle + "gguf_oracle.py q8_0 " + dir.file("x.f32") + " " +
                           dir.file("blocks") + " " + dir.file("deq.f32");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  const std::vector<uint8_t> blocks = models::quantize_q8_0(x);
+  const std::vector<uint8_t> blocks = formats::quantize_q8_0(x);
   EXPECT_EQ(blocks, read_file(dir.file("blocks")));
-  const std::vector<float> back = models::dequantize_q8_0(blocks);
+  const std::vector<float> back = formats::dequantize_q8_0(blocks);
   const std::vector<uint8_t> want = read_file(dir.file("deq.f32"));
   ASSERT_EQ(want.size(), 4 * back.size());
   EXPECT_EQ(std::memcmp(want.data(), back.data(), want.size()), 0);
@@ -402,7 +402,7 @@ TEST_F(GgufCli, LlamaMatchesLlamaCpp) {
                             path("blocks") + " " + path("deq.f32");
     ASSERT_EQ(std::system(cmd.c_str()), 0);
     EXPECT_EQ(read_file(dump + "/" + gguf + ".bin"), read_file(path("blocks")));
-    EXPECT_EQ(models::quantize_q8_0(x), read_file(path("blocks")));
+    EXPECT_EQ(formats::quantize_q8_0(x), read_file(path("blocks")));
   }
   const Json& norm = file.at("tensors").at("blk.0.attn_norm.weight");
   EXPECT_EQ(norm.at("type").as_int(), 0);                        // norms stay float32
@@ -447,7 +447,7 @@ TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
   ASSERT_TRUE(have_llama_cpp());
   tokenize("bpe", "tok");
   data::Tokenizer tok = data::Tokenizer::load(path("tok"));
-  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, path("tok"));
+  const formats::GgufVocabulary vocab = formats::gguf_vocabulary(tok, path("tok"));
   models::LlamaConfig c;
   c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.head_dim = 32, c.vocab_size = 300;
   c.max_seq_len = 64, c.attention_bias = true, c.mlp_bias = true;
@@ -458,7 +458,7 @@ TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
   const std::vector<int64_t> prompt(p16.begin(), p16.end());
   std::vector<int64_t> greedy = models::generate(*model, prompt, kSteps, 0.0);
   greedy.erase(greedy.begin(), greedy.begin() + static_cast<int64_t>(prompt.size()));
-  models::write_gguf_llama(path("biases.gguf"), *model, vocab, models::GgufType::F32, "biases");
+  formats::write_gguf_llama(path("biases.gguf"), *model, vocab, formats::GgufType::F32, "biases");
   EXPECT_EQ(ids_of(llama_cpp({"biases.gguf"}, prompt, {}).at(0).at("greedy")), greedy);
   std::filesystem::create_directories(path("dump"));
   const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("biases.gguf") + " " +
@@ -471,7 +471,7 @@ TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
   models::LlamaConfig windowed = c;
   windowed.sliding_window = 16;
   test::expect_error(
-      [&] { models::write_gguf_llama(path("x.gguf"), *models::llama(windowed), vocab, models::GgufType::F32, "x"); },
+      [&] { formats::write_gguf_llama(path("x.gguf"), *models::llama(windowed), vocab, formats::GgufType::F32, "x"); },
       {"x.gguf", "sliding window of 16"});
   EXPECT_FALSE(file_exists(path("x.gguf")));
 }
@@ -561,15 +561,15 @@ TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
   EXPECT_EQ(kv.at("tokenizer.ggml.token_type").as_array()[151700].as_int(), 5);  // unused
   EXPECT_EQ(kv.at("tokenizer.ggml.eot_token_id").as_int(), 151645);              // <|im_end|>
   EXPECT_EQ(file.at("tensors").at("blk.0.attn_k.bias").at("type").as_int(), 0);
-  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, path("qwen"), c.vocab_size);
+  const formats::GgufVocabulary vocab = formats::gguf_vocabulary(tok, path("qwen"), c.vocab_size);
   expect_tokenizes_as(got, tok);
   expect_file_tokenizes_as("qwen_f32.gguf", got, tok);
   models::LlamaConfig plain = c;
   plain.qkv_bias = false;
   test::expect_error(
       [&] {
-        models::write_gguf_llama(path("x.gguf"), *models::llama(plain), vocab, models::GgufType::F32, "x",
-                                 models::GgufArch::Qwen2);
+        formats::write_gguf_llama(path("x.gguf"), *models::llama(plain), vocab, formats::GgufType::F32, "x",
+                                 formats::GgufArch::Qwen2);
       },
       {"x.gguf", "arch qwen2 holds q/k/v biases"});
   EXPECT_FALSE(file_exists(path("x.gguf")));
@@ -583,13 +583,13 @@ TEST_F(GgufCli, HfSentencePieceTokenizerMatchesLlamaCpp) {
   const std::string package = hf_package("tokenizer-llama2");
   ASSERT_FALSE(package.empty());
   data::Tokenizer tok = data::Tokenizer::load(package);
-  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, package, 32000);
+  const formats::GgufVocabulary vocab = formats::gguf_vocabulary(tok, package, 32000);
   EXPECT_EQ(vocab.model, "llama");
   EXPECT_TRUE(vocab.add_space_prefix);
   models::LlamaConfig c;
   c.dim = 16, c.n_layers = 1, c.n_heads = 2, c.vocab_size = 32000, c.max_seq_len = 64;
   auto model = models::llama(c, 2);
-  models::write_gguf_llama(path("spm.gguf"), *model, vocab, models::GgufType::F32, "spm");
+  formats::write_gguf_llama(path("spm.gguf"), *model, vocab, formats::GgufType::F32, "spm");
   texts = kTricky;
   texts.push_back("a</s>b <s> c");
   special_tokens = true;
@@ -605,7 +605,7 @@ TEST_F(GgufCli, Llama3RopeScalingAsRopeFreqs) {
   ASSERT_TRUE(have_llama_cpp());
   tokenize("bpe", "tok");
   data::Tokenizer tok = data::Tokenizer::load(path("tok"));
-  const models::GgufVocabulary vocab = models::gguf_vocabulary(tok, path("tok"));
+  const formats::GgufVocabulary vocab = formats::gguf_vocabulary(tok, path("tok"));
   models::LlamaConfig c;
   c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.vocab_size = 300, c.max_seq_len = 64;
   c.rope_scaling.type = F::RopeScaling::Type::Llama3;
@@ -621,7 +621,7 @@ TEST_F(GgufCli, Llama3RopeScalingAsRopeFreqs) {
   auto unscaled = models::llama(plain, 3);
   unscaled->load_state_dict(model->state_dict());
   EXPECT_NE(model_reference(*unscaled, prompt).greedy, ref.greedy);
-  models::write_gguf_llama(path("rope.gguf"), *model, vocab, models::GgufType::F32, "rope");
+  formats::write_gguf_llama(path("rope.gguf"), *model, vocab, formats::GgufType::F32, "rope");
   texts.clear();
   const Json got = llama_cpp({"rope.gguf"}, prompt, ref.greedy).at(0);
   EXPECT_EQ(ids_of(got.at("greedy")), ref.greedy);

@@ -63,7 +63,7 @@ TEST_F(Llama2cCli, ExportAndReadBack) {
     EXPECT_EQ(summary.at("tokenizer").as_string(), dir + "/tokenizer.bin");
     EXPECT_EQ(summary.at("hidden_dim").as_int(), 96);  // 2/3 of 4 x 32, rounded up to llama's multiple of 32
     EXPECT_EQ(read_file(path(dir + "/tokenizer.bin")), read_file(path("tok/tokenizer.bin")));
-    const models::Llama2cWeights w = models::read_llama2c(path(bin));
+    const formats::Llama2cWeights w = formats::read_llama2c(path(bin));
     EXPECT_EQ(w.config.n_kv_heads, 2);
     for (const auto& [name, t] : w.state) EXPECT_TRUE(test::bit_equal(t, trained.at(name))) << name;
     EXPECT_EQ(greedy({"--init", bin, "--tokenizer-dir", "tok"}), from_run);

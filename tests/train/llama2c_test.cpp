@@ -20,8 +20,8 @@
 namespace castor {
 namespace {
 
-using models::Llama2cConfig;
-using models::Llama2cWeights;
+using formats::Llama2cConfig;
+using formats::Llama2cWeights;
 
 // Grouped-query attention (4 heads, 2 kv heads), head size 4, a hidden size that is no multiple of anything.
 Llama2cConfig small_config() {
@@ -34,7 +34,7 @@ Llama2cConfig small_config() {
 Llama2cWeights random_weights(const Llama2cConfig& c, bool shared, uint64_t seed) {
   Generator g(seed);
   Llama2cWeights w{c, {}};
-  for (const auto& [name, shape] : models::llama2c_tensors(c, 1, shared))
+  for (const auto& [name, shape] : formats::llama2c_tensors(c, 1, shared))
     w.state[name] = randn(shape, DType::Float32, &g);
   if (shared) w.state["output.weight"] = w.state.at("tok_embeddings.weight");
   return w;
@@ -79,10 +79,10 @@ TEST(Llama2c, RoundTripsBitForBit) {
       SCOPED_TRACE(detail::cat("v", version, shared ? " shared" : " unshared"));
       const Llama2cWeights w = random_weights(small_config(), shared, 7);
       const std::string a = dir + "/a.bin", b = dir + "/b.bin";
-      models::write_llama2c(a, w, version);
+      formats::write_llama2c(a, w, version);
       const Bytes bytes = read_file(a);
       int64_t floats = 0;
-      for (const auto& [name, shape] : models::llama2c_tensors(w.config, version, shared)) floats += shape_numel(shape);
+      for (const auto& [name, shape] : formats::llama2c_tensors(w.config, version, shared)) floats += shape_numel(shape);
       EXPECT_EQ(bytes.size(), (version == 0 ? 28u : 256u) + 4u * floats);
       const size_t at = version == 0 ? 0 : 8;
       if (version == 1) {
@@ -92,17 +92,17 @@ TEST(Llama2c, RoundTripsBitForBit) {
       }
       const std::vector<int32_t> header{16, 40, 2, 4, 2, version == 0 && !shared ? -37 : 37, 12};
       for (size_t i = 0; i < 7; ++i) EXPECT_EQ(int_at(bytes, at + 4 * i), header[i]) << "header field " << i;
-      const models::Llama2cHeader h = models::read_llama2c_header(a);
+      const formats::Llama2cHeader h = formats::read_llama2c_header(a);
       EXPECT_EQ(h.version, version);
       EXPECT_EQ(h.shared_classifier, shared);
-      const Llama2cWeights r = models::read_llama2c(a);
+      const Llama2cWeights r = formats::read_llama2c(a);
       expect_same_model(r, w);
       EXPECT_EQ(shared, r.state.at("output.weight").data_ptr() == r.state.at("tok_embeddings.weight").data_ptr());
-      models::write_llama2c(b, r, version);
+      formats::write_llama2c(b, r, version);
       EXPECT_TRUE(read_file(b) == bytes);
       // Through the other version and back: the same bytes again.
-      models::write_llama2c(b, r, 1 - version);
-      models::write_llama2c(b, models::read_llama2c(b), version);
+      formats::write_llama2c(b, r, 1 - version);
+      formats::write_llama2c(b, formats::read_llama2c(b), version);
       EXPECT_TRUE(read_file(b) == bytes);
     }
   }
@@ -116,15 +116,15 @@ TEST(Llama2c, V0TablesRecordRopeTheta) {
     Llama2cConfig c = small_config();
     c.rope_theta = theta;
     const Llama2cWeights w = random_weights(c, true, 3);
-    models::write_llama2c(dir + "/a.bin", w, 0);
-    const Llama2cWeights r = models::read_llama2c(dir + "/a.bin");
+    formats::write_llama2c(dir + "/a.bin", w, 0);
+    const Llama2cWeights r = formats::read_llama2c(dir + "/a.bin");
     EXPECT_EQ(r.config.rope_theta, theta);
-    models::write_llama2c(dir + "/b.bin", r, 0);
+    formats::write_llama2c(dir + "/b.bin", r, 0);
     EXPECT_TRUE(read_file(dir + "/a.bin") == read_file(dir + "/b.bin")) << theta;
   }
   Llama2cConfig c = small_config();
   c.rope_theta = 500000.0;
-  test::expect_error([&] { models::write_llama2c(dir + "/v1.bin", random_weights(c, true, 3), 1); },
+  test::expect_error([&] { formats::write_llama2c(dir + "/v1.bin", random_weights(c, true, 3), 1); },
                      {dir + "/v1.bin", "v1 files record no RoPE theta"});
   EXPECT_FALSE(file_exists(dir + "/v1.bin"));
 }
@@ -147,9 +147,9 @@ TEST(Llama2c, FilesLaidOutByExportPyLoad) {
     want.erase("freq_cis_imag");
     for (const char* file : {"/v0.bin", "/v1.bin"}) {
       SCOPED_TRACE(detail::cat(file, shared ? " shared" : " unshared"));
-      const models::Llama2cHeader h = models::read_llama2c_header(dir + file);
+      const formats::Llama2cHeader h = formats::read_llama2c_header(dir + file);
       EXPECT_EQ(h.shared_classifier, shared);
-      const Llama2cWeights w = models::read_llama2c(dir + file);
+      const Llama2cWeights w = formats::read_llama2c(dir + file);
       expect_same_config(w.config, want_config);
       ASSERT_EQ(w.state.size(), want.size());
       for (const auto& [name, t] : want) {
@@ -169,7 +169,7 @@ TEST(Llama2c, CastorFilesReadAsRunCReadsThem) {
     for (bool shared : {true, false}) {
       SCOPED_TRACE(detail::cat("v", version, shared ? " shared" : " unshared"));
       const Llama2cWeights w = random_weights(small_config(), shared, 11);
-      models::write_llama2c(dir + "/model.bin", w, version);
+      formats::write_llama2c(dir + "/model.bin", w, version);
       ASSERT_TRUE(test::run_oracle("llama2c_oracle.py", {"read", dir + "/model.bin", dir + "/read"}));
       std::map<std::string, Tensor> got = test::read_oracle_case(dir + "/read.bin");
       EXPECT_EQ(got.at("header").to_vector<int64_t>(),
@@ -207,14 +207,14 @@ TEST(Llama2c, RunCForwardMatchesCastorLlama) {
     Llama2cWeights w = random_weights(c, k.shared, 21);
     for (auto& [name, t] : w.state)  // matrices of unit rows: activations of order one
       if (t.dim() == 2 && name != "tok_embeddings.weight" && name != "output.weight") t = t * 0.25;
-    models::write_llama2c(dir + "/model.bin", w, k.version);
+    formats::write_llama2c(dir + "/model.bin", w, k.version);
     const std::vector<int64_t> ids{1, 5, 36, 0, 7, 7, 19, 2, 30, 11, 4, 25};  // max_seq_len of them
     std::string csv;
     for (int64_t id : ids) csv += (csv.empty() ? "" : ",") + std::to_string(id);
     ASSERT_TRUE(test::run_oracle("llama2c_oracle.py", {"forward", dir + "/model.bin", csv, dir + "/logits"}));
     const Tensor want = test::read_oracle_case(dir + "/logits.bin").at("logits");  // (T, V) float64
-    const Llama2cWeights r = models::read_llama2c(dir + "/model.bin");
-    const models::LlamaConfig config = models::llama_config(r);
+    const Llama2cWeights r = formats::read_llama2c(dir + "/model.bin");
+    const models::LlamaConfig config = formats::llama_config(r);
     EXPECT_EQ(config.tied, k.shared);
     auto model = models::llama(config);
     model->load_state_dict(r.state);
@@ -230,13 +230,13 @@ TEST(Llama2c, RunCForwardMatchesCastorLlama) {
 TEST(Llama2c, DamagedFilesAreOneLineErrors) {
   const test::ScratchDir dir;
   const std::string good = dir + "/good.bin", bad = dir + "/bad.bin";
-  models::write_llama2c(good, random_weights(small_config(), false, 1), 0);
+  formats::write_llama2c(good, random_weights(small_config(), false, 1), 0);
   const Bytes bytes = read_file(good);
   auto expect_bad = [&](const Bytes& content, const std::vector<std::string>& parts) {
     test::write_bytes(bad, content);
     std::vector<std::string> all = parts;
     all.push_back(bad);
-    test::expect_error([&] { models::read_llama2c(bad); }, all);
+    test::expect_error([&] { formats::read_llama2c(bad); }, all);
   };
   expect_bad(head(bytes, bytes.size() - 4), {"llama2.c v0 file is", "needs " + std::to_string(bytes.size())});
   Bytes longer = bytes;
@@ -261,7 +261,7 @@ TEST(Llama2c, DamagedFilesAreOneLineErrors) {
   std::memcpy(damaged.data() + tables + 4 * (5 * 2 + 1), &junk, 4);
   expect_bad(damaged, {"RoPE tables", "not llama2.c's for any theta", "row 5, pair 1"});
   // v1: another version, a bad flag byte, a truncated header.
-  models::write_llama2c(good, random_weights(small_config(), true, 1), 1);
+  formats::write_llama2c(good, random_weights(small_config(), true, 1), 1);
   const Bytes v1 = read_file(good);
   expect_bad(with_int(v1, 4, 2), {"llama2.c file version 2 is not supported"});
   Bytes flag = v1;
@@ -281,7 +281,7 @@ TEST(Llama2c, WeightsFilesTellLlama2cFiles) {
   const Llama2cWeights w = random_weights(c, false, 4);
   for (int version : {0, 1}) {
     const std::string path = detail::cat(dir + "/v", version, ".bin");
-    models::write_llama2c(path, w, version);
+    formats::write_llama2c(path, w, version);
     EXPECT_EQ(formats::source_format(path), formats::SourceFormat::Llama2c);
     const LoadedTensors loaded = formats::load_weights_file(path, "tokens");
     EXPECT_EQ(loaded.tensors.size(), w.state.size());
@@ -307,7 +307,7 @@ TEST(Llama2c, WeightsFilesTellLlama2cFiles) {
   test::expect_error(
       [&] { formats::source_format(dir + "/short.bin"); },
       {dir + "/short.bin: not a model file", "as a llama2.c v0 file", "needs " + std::to_string(v0.size())});
-  test::expect_error([&] { models::load_gpt_init(dir + "/v0.bin"); }, {dir + "/v0.bin", "not a GPT's weights"});
+  test::expect_error([&] { formats::load_gpt_init(dir + "/v0.bin"); }, {dir + "/v0.bin", "not a GPT's weights"});
 }
 
 // The --multiple-of of a file's hidden_dim: 32 when model.py's rule gives it from 32, else hidden_dim itself; one
@@ -315,13 +315,13 @@ TEST(Llama2c, WeightsFilesTellLlama2cFiles) {
 TEST(Llama2c, MultipleOfGivesTheFilesHiddenDim) {
   Llama2cConfig c = small_config();  // dim 16: the rule's 42, rounded up
   c.hidden_dim = 64;
-  EXPECT_EQ(models::llama2c_multiple_of(c, "f"), 32);
+  EXPECT_EQ(formats::llama2c_multiple_of(c, "f"), 32);
   c.hidden_dim = 44;
-  EXPECT_EQ(models::llama2c_multiple_of(c, "f"), 44);
+  EXPECT_EQ(formats::llama2c_multiple_of(c, "f"), 44);
   c.hidden_dim = 42;
-  EXPECT_EQ(models::llama2c_multiple_of(c, "f"), 42);
+  EXPECT_EQ(formats::llama2c_multiple_of(c, "f"), 42);
   c.hidden_dim = 41;
-  test::expect_error([&] { models::llama2c_multiple_of(c, "f"); }, {"f: hidden_dim 41 is below 42"});
+  test::expect_error([&] { formats::llama2c_multiple_of(c, "f"); }, {"f: hidden_dim 41 is below 42"});
 }
 
 // Writing: an invalid config or a state dict that does not fit it is refused naming the file, and a good file at
@@ -330,23 +330,23 @@ TEST(Llama2c, WriteRefusesWhatDoesNotFitAndKeepsTheOldFile) {
   const test::ScratchDir dir;
   const std::string path = dir + "/model.bin";
   const Llama2cWeights w = random_weights(small_config(), true, 2);
-  models::write_llama2c(path, w, 0);
+  formats::write_llama2c(path, w, 0);
   const Bytes before = read_file(path);
   Llama2cWeights missing = w;
   missing.state.erase("layers.1.feed_forward.w3.weight");
-  test::expect_error([&] { models::write_llama2c(path, missing, 0); },
+  test::expect_error([&] { formats::write_llama2c(path, missing, 0); },
                      {path, "no tensor layers.1.feed_forward.w3.weight"});
   Llama2cWeights wrong = w;
   wrong.state["layers.0.attention.wk.weight"] = zeros({16, 16});
-  test::expect_error([&] { models::write_llama2c(path, wrong, 1); },
+  test::expect_error([&] { formats::write_llama2c(path, wrong, 1); },
                      {path, "layers.0.attention.wk.weight is [16, 16], expected [8, 16]"});
   Llama2cWeights extra = w;
   extra.state["layers.2.ffn_norm.weight"] = zeros({16});
-  test::expect_error([&] { models::write_llama2c(path, extra, 0); }, {path, "unexpected tensor layers.2.ffn_norm"});
+  test::expect_error([&] { formats::write_llama2c(path, extra, 0); }, {path, "unexpected tensor layers.2.ffn_norm"});
   Llama2cWeights odd = w;
   odd.config.n_heads = 16;
-  test::expect_error([&] { models::write_llama2c(path, odd, 0); }, {path, "head size 1 (dim / n_heads) is odd"});
-  test::expect_error([&] { models::write_llama2c(path, w, 2); }, {path, "version 2"});
+  test::expect_error([&] { formats::write_llama2c(path, odd, 0); }, {path, "head size 1 (dim / n_heads) is odd"});
+  test::expect_error([&] { formats::write_llama2c(path, w, 2); }, {path, "version 2"});
   EXPECT_TRUE(read_file(path) == before);
 }
 

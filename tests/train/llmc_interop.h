@@ -24,7 +24,7 @@ struct LlmcSteps {
 // the header: the model's logits leave the padding out, as llm.c's softmax does). bf16: forward and loss under bfloat16 autocast (O1).
 inline LlmcSteps llmc_train_steps(const std::string& model_bin, const std::string& tokens_bin, int64_t B, int64_t T,
                                   int64_t steps, double lr, double weight_decay, bool bf16) {
-  models::GPTWeights w = models::read_llmc_checkpoint(model_bin);
+  formats::GPTWeights w = formats::read_llmc_checkpoint(model_bin);
   auto model = models::gpt(w.config);
   model->load_state_dict(w.state);
   std::vector<Tensor> decay, no_decay;

@@ -39,10 +39,10 @@ TEST(Llmc, RoundTripIsBitExact) {
   const test::ScratchDir dir("llmc_round_trip");
   std::filesystem::create_directories(dir);
   auto model = models::gpt(small_config(), 5);
-  models::write_llmc_checkpoint(dir + "/a.bin", *model);
+  formats::write_llmc_checkpoint(dir + "/a.bin", *model);
   // The size llm.c's reader expects: header + every float, wte with its padded rows.
   EXPECT_EQ(read_file(dir + "/a.bin").size(), 1024u + 4u * model->num_params());
-  const models::GPTWeights w = models::read_llmc_checkpoint(dir + "/a.bin");
+  const formats::GPTWeights w = formats::read_llmc_checkpoint(dir + "/a.bin");
   EXPECT_EQ(w.config.n_layer, 2);
   EXPECT_EQ(w.config.n_head, 2);
   EXPECT_EQ(w.config.n_embd, 64);
@@ -62,7 +62,7 @@ TEST(Llmc, RoundTripIsBitExact) {
   std::memcpy(h, read_text(dir + "/a.bin").data(), sizeof(h));
   EXPECT_EQ(std::vector<int32_t>(h, h + 8), (std::vector<int32_t>{20240326, 3, 32, 101, 2, 2, 64, 128}));
   // Written again from what was read: the same bytes.
-  models::write_llmc_checkpoint(dir + "/b.bin", w);
+  formats::write_llmc_checkpoint(dir + "/b.bin", w);
   EXPECT_TRUE(read_text(dir + "/a.bin") == read_text(dir + "/b.bin"));
   // Version 5 (llm.c's bfloat16 files): the same layout in 2-byte floats, read widened to float32.
   std::string v5 = read_text(dir + "/a.bin").substr(0, 1024);
@@ -71,7 +71,7 @@ TEST(Llmc, RoundTripIsBitExact) {
   const std::string floats = read_text(dir + "/a.bin").substr(1024);
   for (size_t i = 0; i < floats.size(); i += 4) v5 += floats.substr(i + 2, 2);  // the upper half: bf16 by truncation
   write_bytes(dir + "/v5.bin", v5);
-  const models::GPTWeights w5 = models::read_llmc_checkpoint(dir + "/v5.bin");
+  const formats::GPTWeights w5 = formats::read_llmc_checkpoint(dir + "/v5.bin");
   for (const auto& [name, t] : want) {
     std::vector<float> truncated = t.contiguous().to_vector<float>();
     for (float& f : truncated) {
@@ -86,8 +86,8 @@ TEST(Llmc, RoundTripIsBitExact) {
   models::GPTConfig nb = small_config();
   nb.bias = false;
   auto no_bias = models::gpt(nb, 6);
-  models::write_llmc_checkpoint(dir + "/c.bin", *no_bias);
-  const models::GPTWeights z = models::read_llmc_checkpoint(dir + "/c.bin");
+  formats::write_llmc_checkpoint(dir + "/c.bin", *no_bias);
+  const formats::GPTWeights z = formats::read_llmc_checkpoint(dir + "/c.bin");
   EXPECT_EQ(z.state.at("transformer.h.1.mlp.c_fc.bias").to_vector<double>(), std::vector<double>(256, 0.0));
   EXPECT_TRUE(test::bit_equal(z.state.at("transformer.h.1.mlp.c_fc.weight"),
                               no_bias->state_dict().at("transformer.h.1.mlp.c_fc.weight")));
@@ -97,7 +97,7 @@ TEST(Llmc, BadFilesAreOneLineErrorsNamingTheFile) {
   const test::ScratchDir dir("llmc_bad");
   std::filesystem::create_directories(dir);
   auto model = models::gpt(small_config(), 5);
-  models::write_llmc_checkpoint(dir + "/good.bin", *model);
+  formats::write_llmc_checkpoint(dir + "/good.bin", *model);
   const std::string good = read_text(dir + "/good.bin");
   auto with_header = [&](int index, int32_t value) {
     std::string b = good;
@@ -120,21 +120,21 @@ TEST(Llmc, BadFilesAreOneLineErrorsNamingTheFile) {
   for (const auto& [bytes, want] : cases) {
     const std::string path = dir + "/bad.bin";
     write_bytes(path, bytes);
-    const std::string err = error_of([&] { models::read_llmc_checkpoint(path); });
+    const std::string err = error_of([&] { formats::read_llmc_checkpoint(path); });
     EXPECT_NE(err.find(path), std::string::npos) << err;
     EXPECT_NE(err.find(want), std::string::npos) << err;
     EXPECT_EQ(err.find('\n'), std::string::npos) << err;
   }
-  EXPECT_NE(error_of([&] { models::read_llmc_checkpoint(dir + "/missing.bin"); }).find("missing.bin"),
+  EXPECT_NE(error_of([&] { formats::read_llmc_checkpoint(dir + "/missing.bin"); }).find("missing.bin"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { models::read_llmc_checkpoint(dir); }).find(dir), std::string::npos);
+  EXPECT_NE(error_of([&] { formats::read_llmc_checkpoint(dir); }).find(dir), std::string::npos);
   // A failed write leaves the old file whole.
   write_bytes(dir + "/keep.bin", good);
   auto other = models::gpt(small_config(), 6);
   StateDict broken = other->state_dict();
   broken.erase("transformer.h.1.ln_2.weight");
   EXPECT_NE(error_of([&] {
-              models::write_llmc_checkpoint(dir + "/keep.bin", {small_config(), broken});
+              formats::write_llmc_checkpoint(dir + "/keep.bin", {small_config(), broken});
             }).find("no tensor transformer.h.1.ln_2.weight"),
             std::string::npos);
   EXPECT_TRUE(read_text(dir + "/keep.bin") == good);
@@ -146,7 +146,7 @@ TEST(Llmc, LoadGptInitTakesBothFormats) {
   models::GPTConfig c = small_config();
   auto model = models::gpt(c, 7);
   const StateDict sd = model->state_dict();  // with lm_head.weight, as nanoGPT's state_dict()
-  models::write_llmc_checkpoint(dir + "/m.bin", *model);
+  formats::write_llmc_checkpoint(dir + "/m.bin", *model);
   save_safetensors(dir + "/with_heads.safetensors", sd, {{"castor.config", "{\"n_head\": 2}"}});
   // torch.compile's prefix and nanoGPT's mask buffers, as a nanoGPT checkpoint would hold them.
   StateDict compiled;
@@ -155,7 +155,7 @@ TEST(Llmc, LoadGptInitTakesBothFormats) {
   save_safetensors(dir + "/plain.safetensors", compiled);
   for (const auto& [file, n_head] : std::vector<std::pair<std::string, int64_t>>{
            {"m.bin", 0}, {"with_heads.safetensors", 0}, {"plain.safetensors", 2}, {"m.bin", 2}}) {
-    const models::GPTWeights w = models::load_gpt_init(dir + "/" + file, n_head);
+    const formats::GPTWeights w = formats::load_gpt_init(dir + "/" + file, n_head);
     EXPECT_EQ(w.config.n_head, 2) << file;
     EXPECT_EQ(w.config.n_layer, 2) << file;
     EXPECT_EQ(w.config.vocab_size, 128) << file;
@@ -170,40 +170,40 @@ TEST(Llmc, LoadGptInitTakesBothFormats) {
   StateDict half;
   for (const auto& [k, t] : sd) half[k] = t.to(DType::BFloat16);
   save_safetensors(dir + "/bf16.safetensors", half, {{"castor.config", "{\"n_head\": 2}"}});
-  const models::GPTWeights hw = models::load_gpt_init(dir + "/bf16.safetensors");
+  const formats::GPTWeights hw = formats::load_gpt_init(dir + "/bf16.safetensors");
   for (const auto& [name, t] : hw.state) {
     EXPECT_EQ(t.dtype(), DType::Float32) << name;
     EXPECT_TRUE(test::bit_equal(t, half.at(name).to(DType::Float32))) << name;
   }
   // What cannot be loaded, each one line naming the file.
   const std::string plain = dir + "/plain.safetensors";
-  EXPECT_NE(error_of([&] { models::load_gpt_init(plain); }).find(plain + ": the number of heads is not recorded"),
+  EXPECT_NE(error_of([&] { formats::load_gpt_init(plain); }).find(plain + ": the number of heads is not recorded"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { models::load_gpt_init(dir + "/m.bin", 4); }).find("NH 2, but 4 was given"),
+  EXPECT_NE(error_of([&] { formats::load_gpt_init(dir + "/m.bin", 4); }).find("NH 2, but 4 was given"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { models::load_gpt_init(plain, 3); }).find("not a multiple of n_head 3"), std::string::npos);
+  EXPECT_NE(error_of([&] { formats::load_gpt_init(plain, 3); }).find("not a multiple of n_head 3"), std::string::npos);
   StateDict bad = sd;
   bad["lm_head.weight"] = mul(sd.at("lm_head.weight"), 2.0);
   save_safetensors(dir + "/untied.safetensors", bad);
-  EXPECT_NE(error_of([&] { models::load_gpt_init(dir + "/untied.safetensors", 2); }).find("lm_head.weight differs"),
+  EXPECT_NE(error_of([&] { formats::load_gpt_init(dir + "/untied.safetensors", 2); }).find("lm_head.weight differs"),
             std::string::npos);
   bad = sd;
   bad["transformer.h.1.mlp.c_fc.weight"] = zeros({256, 63});
   save_safetensors(dir + "/shape.safetensors", bad);
   EXPECT_NE(error_of([&] {
-              models::load_gpt_init(dir + "/shape.safetensors", 2);
+              formats::load_gpt_init(dir + "/shape.safetensors", 2);
             }).find("transformer.h.1.mlp.c_fc.weight is [256, 63], expected [256, 64]"),
             std::string::npos);
   bad = sd;
   bad["transformer.h.0.extra"] = zeros({2});
   save_safetensors(dir + "/extra.safetensors", bad);
   EXPECT_NE(error_of([&] {
-              models::load_gpt_init(dir + "/extra.safetensors", 2);
+              formats::load_gpt_init(dir + "/extra.safetensors", 2);
             }).find("unexpected tensor transformer.h.0.extra"),
             std::string::npos);
   save_safetensors(dir + "/image.safetensors", models::simple_cnn(1, 28, 28)->state_dict());
   EXPECT_NE(
-      error_of([&] { models::load_gpt_init(dir + "/image.safetensors", 2); }).find("no tensor transformer.wte.weight"),
+      error_of([&] { formats::load_gpt_init(dir + "/image.safetensors", 2); }).find("no tensor transformer.wte.weight"),
       std::string::npos);
 }
 
@@ -224,7 +224,7 @@ TEST(LlmcInterop, TenAdamWStepsMatchPyTorch) {
   const std::vector<double> torch_loss = want.at("loss").to_vector<double>(),
                             untrained = want.at("loss_untrained").to_vector<double>();
   // The file is what the PyTorch side wrote: V and Vp from its header, padded rows zero.
-  const models::GPTWeights w = models::read_llmc_checkpoint(dir + "/model.bin");
+  const formats::GPTWeights w = formats::read_llmc_checkpoint(dir + "/model.bin");
   EXPECT_EQ(w.config.real_vocab_size, 101);
   EXPECT_EQ(w.config.vocab_size, 128);
   EXPECT_EQ(w.state.at("transformer.wte.weight").narrow(0, 101, 27).contiguous().to_vector<double>(),
@@ -263,9 +263,9 @@ TEST(LlmcInterop, LossesCoverOnlyTheRealVocabulary) {
   ASSERT_TRUE(test::run_oracle("llmc_oracle.py", {config, dir}));
   const std::vector<double> torch_loss =
       load_safetensors(dir + "/losses.safetensors").tensors.at("loss_untrained").to_vector<double>();
-  models::GPTWeights w = models::read_llmc_checkpoint(dir + "/model.bin");
+  formats::GPTWeights w = formats::read_llmc_checkpoint(dir + "/model.bin");
   w.state.at("transformer.wte.weight").narrow(0, 101, 27).fill_(3.0);
-  models::write_llmc_checkpoint(dir + "/padded.bin", w);
+  formats::write_llmc_checkpoint(dir + "/padded.bin", w);
   // The token directory: the oracle's tokens as both splits, and the vocabulary's size.
   std::filesystem::copy_file(dir + "/train.bin", dir + "/tok/train.bin");
   std::filesystem::copy_file(dir + "/train.bin", dir + "/tok/val.bin");
@@ -323,9 +323,9 @@ TEST(LlmcInterop, BareTokenFoldersUseTheModelsVocabulary) {
   ASSERT_TRUE(test::run_oracle("llmc_oracle.py", {config, dir}));
   const std::vector<double> torch_loss =
       load_safetensors(dir + "/losses.safetensors").tensors.at("loss_untrained").to_vector<double>();
-  models::GPTWeights w = models::read_llmc_checkpoint(dir + "/model.bin");
+  formats::GPTWeights w = formats::read_llmc_checkpoint(dir + "/model.bin");
   w.state.at("transformer.wte.weight").narrow(0, 101, 27).fill_(3.0);
-  models::write_llmc_checkpoint(dir + "/padded.bin", w);
+  formats::write_llmc_checkpoint(dir + "/padded.bin", w);
   for (const char* folder : {"bare", "other"}) {
     std::filesystem::copy_file(dir + "/train.bin", dir + "/" + folder + "/train.bin");
     std::filesystem::copy_file(dir + "/train.bin", dir + "/" + folder + "/val.bin");
@@ -381,7 +381,7 @@ TEST(LlmcInterop, BareTokenFoldersUseTheModelsVocabulary) {
 TEST(LlmcInterop, EvalAndInfoReadLlmcFilesAndNameOtherFiles) {
   const test::ScratchDir scratch("llmc_eval_info");
   const std::string& dir = scratch.str();
-  models::write_llmc_checkpoint(dir + "/m.bin", *models::gpt(small_config(), 5));
+  formats::write_llmc_checkpoint(dir + "/m.bin", *models::gpt(small_config(), 5));
   const test::CastorRun in_dir{dir};
   test::CastorProcess info = test::run_castor({"info", "m.bin"}, in_dir);
   ASSERT_EQ(info.exit_code, 0) << info.err;

@@ -221,7 +221,7 @@ TEST_F(LmTrain, EvalItersAndIntervalAreNanoGpts) {
   EXPECT_EQ(evaluations, 2);  // step 10 (--eval-interval) and the end
   // The 8 rows k * n / 8 of the n rows of 16 tokens, through the checkpoint's model in float32.
   const Checkpoint ck = read_checkpoint(path("run"));
-  const models::GPTWeights w = models::gpt_weights_from_safetensors(ck.model, ck.model_meta, 0, "run");
+  const formats::GPTWeights w = formats::gpt_weights_from_safetensors(ck.model, ck.model_meta, 0, "run");
   auto model = models::gpt(w.config);
   model->load_state_dict(w.state);
   model->eval();
@@ -248,7 +248,7 @@ TEST_F(LmTrain, EvalItersAndIntervalAreNanoGpts) {
   CastorProcess f32 = castor({"eval", "bf16", "--dtype", "float32"});
   ASSERT_EQ(f32.exit_code, 0) << f32.err;
   const Checkpoint bk = read_checkpoint(path("bf16"));
-  const models::GPTWeights bw = models::gpt_weights_from_safetensors(bk.model, bk.model_meta, 0, "bf16");
+  const formats::GPTWeights bw = formats::gpt_weights_from_safetensors(bk.model, bk.model_meta, 0, "bf16");
   auto bmodel = models::gpt(bw.config);
   bmodel->load_state_dict(bw.state);
   bmodel->eval();
@@ -394,7 +394,7 @@ TEST_F(LmTrain, InitFromAnLlmcCheckpoint) {
   g.n_layer = 2, g.n_head = 2, g.n_embd = 16, g.block_size = 16;
   g.vocab_size = Json::parse(std::string(record.begin(), record.end())).at("vocab_size").as_int();
   const auto model = models::gpt(g, 21);
-  models::write_llmc_checkpoint(path("init.bin"), *model);
+  formats::write_llmc_checkpoint(path("init.bin"), *model);
   CastorProcess p = castor({"train", "--model", "gpt", "--data", "tokens", "--data-dir", "tok", "--init", "init.bin",
                             "--steps", "1", "--lr", "1e-9", "--amp", "O0", "--threads", "1", "--out", "run"});
   ASSERT_EQ(p.exit_code, 0) << p.err;

@@ -76,7 +76,7 @@ TEST(RunLog, WindowMeansAndCsvRows) {
   {
     RunLog log(c, *task, /*total_steps=*/7, /*epochs=*/1, /*append=*/false);
     for (int step = 1; step <= 7; ++step)
-      log.step({step, 0, static_cast<double>(step), 0.1, 1024, /*skipped=*/step == 2, 64.0 * step, 0.5 * step});
+      log.step({step, 0, static_cast<double>(step), 0.1, 1024, /*skipped=*/step == 2, /*examples_per_sec=*/128.0});
     log.evaluation(7, 0, Evaluation{.loss = 0.25, .accuracy = 0.75});
   }
   std::vector<Json> records = read_metrics(out);
@@ -96,7 +96,7 @@ TEST(RunLog, WindowMeansAndCsvRows) {
   // A resumed run appends, without a second header.
   {
     RunLog log(c, *task, 8, 1, /*append=*/true);
-    log.step({8, 0, 8.0, 0.1, 1024, false, 64, 1});
+    log.step({8, 0, 8.0, 0.1, 1024, false, /*examples_per_sec=*/64.0});
   }
   EXPECT_EQ(lines_of(out + "/metrics.csv").size(), 7u);
   EXPECT_EQ(read_metrics(out).size(), 6u);

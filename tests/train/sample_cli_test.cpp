@@ -42,7 +42,7 @@ struct Fixture {
     c.n_layer = 2, c.n_head = 2, c.n_embd = 32, c.block_size = 32, c.vocab_size = 64;
     c.real_vocab_size = tokenizer.vocab_size();
     model = models::gpt(c, 3);
-    models::write_llmc_checkpoint(bin, *model);
+    formats::write_llmc_checkpoint(bin, *model);
     Json config = Json::Object{{"model", "gpt"}, {"n_head", 2}, {"data_dir", tok}};
     train::Checkpoint ck{
         model->state_dict(), {{"format", "pt"}, {"castor.model", "gpt"}, {"castor.config", config.dump()}}, {}, {}};
@@ -107,7 +107,7 @@ TEST(SampleCli, Gpt2TokenizerAndPaddedVocabulary) {
     const Tensor logits = models::forward_cached(*model, tensor({50256, 464}, DType::Int64).reshape({1, 2}), cache);
     ASSERT_GE(argmax(logits.select(1, 1), 1).to_vector<int64_t>()[0], 50257);  // an unmasked argmax would pick padding
   }
-  models::write_llmc_checkpoint(dir + "/gpt2.bin", *model);
+  formats::write_llmc_checkpoint(dir + "/gpt2.bin", *model);
   data::Tokenizer tok = data::Tokenizer::load(brown);
   for (const std::string prompt : {"", "The jury"}) {
     auto p = test::run_castor({"sample", "--init", "gpt2.bin", "--tokenizer-dir", brown, "--prompt", prompt, "--tokens",
@@ -205,7 +205,7 @@ TEST(SampleCli, SamplesAndExportsWhatCastorTrainWrote) {
   ASSERT_EQ(p.exit_code, 0) << p.err;
   // The same text as the library's generate on the checkpoint's weights with the run's tokenizer.
   const train::Checkpoint ck = train::read_checkpoint(dir + "/run");
-  models::GPTWeights w = models::gpt_weights_from_safetensors(ck.model, ck.model_meta, 0, "run");
+  formats::GPTWeights w = formats::gpt_weights_from_safetensors(ck.model, ck.model_meta, 0, "run");
   EXPECT_EQ(w.config.n_head, 2);
   data::Tokenizer tok = data::Tokenizer::load(dir + "/tok");
   w.config.real_vocab_size = tok.vocab_size();
@@ -218,7 +218,7 @@ TEST(SampleCli, SamplesAndExportsWhatCastorTrainWrote) {
   EXPECT_EQ(p.out, tok.decode(out) + "\n");
   p = test::run_castor({"export", "--llmc", "--checkpoint", "run", "--out", "run.bin"}, in_dir);
   ASSERT_EQ(p.exit_code, 0) << p.err;
-  const models::GPTWeights e = models::read_llmc_checkpoint(dir + "/run.bin");
+  const formats::GPTWeights e = formats::read_llmc_checkpoint(dir + "/run.bin");
   EXPECT_EQ(e.config.real_vocab_size, tok.vocab_size());
   for (const auto& [name, t] : w.state) EXPECT_TRUE(test::bit_equal(e.state.at(name), t)) << name;
 }
@@ -229,7 +229,7 @@ TEST(SampleCli, ExportWritesTheCheckpointInLlmcFormat) {
   ASSERT_EQ(p.exit_code, 0) << p.err;
   EXPECT_NE(p.out.find("\"format\":\"llmc\""), std::string::npos) << p.out;
   // V from the run's tokenizer; the same bytes as the library writes from the model.
-  const models::GPTWeights w = models::read_llmc_checkpoint(f.dir + "/out.bin");
+  const formats::GPTWeights w = formats::read_llmc_checkpoint(f.dir + "/out.bin");
   EXPECT_EQ(w.config.real_vocab_size, f.tokenizer.vocab_size());
   EXPECT_TRUE(read_file(f.dir + "/out.bin") == read_file(f.bin));
 }
@@ -251,7 +251,7 @@ TEST(SampleCli, TinyTemperaturesAreGreedyAndNonFiniteWeightsNameTheFile) {
       NoGradGuard no_grad;
       model->h->named_parameters().begin()->second.narrow(0, 0, 1).fill_(bad);
     }
-    models::write_llmc_checkpoint(f.dir + "/bad.bin", *model);
+    formats::write_llmc_checkpoint(f.dir + "/bad.bin", *model);
     args = base;
     args[2] = f.dir + "/bad.bin";
     args.push_back("0.8");
