@@ -21,12 +21,6 @@ namespace castor::formats {
 // converter writes them): --type's spellings f32, f16, bf16 and q8_0.
 enum class GgufType { F32, F16, BF16, Q8_0 };
 
-// ggml's Q8_0 (ggml-quants.c, quantize_row_q8_0_ref): per block of 32 values, d = max|x| / 127 stored as float16,
-// then int8 q = roundf(x * (1 / d)) (0 when d is 0); 34 bytes a block. x.size() must be a multiple of 32.
-std::vector<uint8_t> quantize_q8_0(std::span<const float> x);
-// ggml's dequantize_row_q8_0: q * float(d), in float32.
-std::vector<float> dequantize_q8_0(std::span<const uint8_t> blocks);
-
 // A tokenizer as GGUF's tokenizer.ggml.* keys hold it: "llama" (SentencePiece-style: tokens with U+2581 for a space,
 // scores, token types, byte tokens <0xHH>) for a llama2.c vocabulary, "gpt2" (byte-level BPE: tokens, types, merges
 // "a b", pre-tokenizer "gpt-2") for GPT-2's.

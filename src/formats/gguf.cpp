@@ -14,6 +14,7 @@
 #include "castor/half.h"
 #include "castor/hf.h"
 #include "castor/json.h"
+#include "castor/quant.h"
 
 namespace castor::formats {
 
@@ -24,7 +25,7 @@ using models::LlamaConfig;
 namespace {
 
 constexpr uint32_t kAlignment = 32;
-constexpr int64_t kQ8Block = 32;
+constexpr int64_t kQ8Block = 32;  // Q8_0 values per block
 
 // GGUF's value types (gguf.md, gguf_type) and ggml's tensor types (ggml.h, ggml_type) that these files use.
 enum : uint32_t { kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7, kString = 8, kArray = 9 };
@@ -75,9 +76,12 @@ class GgufFile {
     if (f.dim() == 1) type = GgufType::F32;
     if (type == GgufType::Q8_0 && f.size(1) % kQ8Block != 0) type = GgufType::F16;
     if (type == GgufType::Q8_0) {
+      const quant::BlockTypeInfo& q8 = quant::block_type(quant::BlockType::Q8_0);
       const std::vector<float> x = f.to_vector<float>();
-      info.data = quantize_q8_0(x);
-      const std::vector<float> back = dequantize_q8_0(info.data);
+      info.data.resize(static_cast<size_t>(quant::row_bytes(q8.id, f.numel())));
+      q8.quantize(x.data(), info.data.data(), f.numel());
+      std::vector<float> back(x.size());
+      q8.dequantize(info.data.data(), back.data(), f.numel());
       for (size_t i = 0; i < x.size(); ++i)
         q8_0_max_error_ = std::max(q8_0_max_error_, static_cast<double>(std::fabs(x[i] - back[i])));
       info.type = kGgmlQ8_0;
@@ -331,36 +335,6 @@ std::string layer(int64_t i, const char* what) { return detail::cat("blk.", i, "
 std::string bias_of(const std::string& weight) { return weight.substr(0, weight.rfind('.')) + ".bias"; }
 
 }  // namespace
-
-std::vector<uint8_t> quantize_q8_0(std::span<const float> x) {
-  CASTOR_ASSERT(x.size() % kQ8Block == 0, "Q8_0 of ", x.size(), " values");
-  std::vector<uint8_t> out;
-  out.reserve(x.size() / kQ8Block * (2 + kQ8Block));
-  for (size_t b = 0; b < x.size(); b += kQ8Block) {
-    float amax = 0;
-    for (int64_t j = 0; j < kQ8Block; ++j) amax = std::max(amax, std::fabs(x[b + j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0 ? 1.0f / d : 0.0f;
-    put<uint16_t>(out, float_to_half_bits(d));
-    for (int64_t j = 0; j < kQ8Block; ++j) put<int8_t>(out, static_cast<int8_t>(std::roundf(x[b + j] * id)));
-  }
-  return out;
-}
-
-std::vector<float> dequantize_q8_0(std::span<const uint8_t> blocks) {
-  constexpr size_t kBytes = 2 + kQ8Block;
-  CASTOR_ASSERT(blocks.size() % kBytes == 0, "Q8_0 blocks of ", blocks.size(), " bytes");
-  std::vector<float> out;
-  out.reserve(blocks.size() / kBytes * kQ8Block);
-  for (size_t b = 0; b < blocks.size(); b += kBytes) {
-    uint16_t bits;
-    std::memcpy(&bits, &blocks[b], 2);
-    const float d = half_bits_to_float(bits);
-    for (int64_t j = 0; j < kQ8Block; ++j)
-      out.push_back(static_cast<float>(static_cast<int8_t>(blocks[b + 2 + j])) * d);
-  }
-  return out;
-}
 
 GgufVocabulary gguf_vocabulary(const data::Tokenizer& tok, const std::string& dir, int64_t size) {
   CASTOR_CHECK(tok.bpe() || tok.hf() || tok.kind() == "gpt2", dir, ": a ", tok.kind(),
