@@ -103,6 +103,14 @@ enum class GgufArch { Llama, Qwen2 };
 GgufSummary write_gguf_llama(const std::string& path, const models::Llama& model, const GgufVocabulary& vocab,
                              const GgufFileType& type, const std::string& name, GgufArch arch = GgufArch::Llama,
                              int64_t context_length = 0);
+// Writes `path` as llama.cpp's LoRA adapter of a `c` model of `arch` (convert_lora_to_gguf.py's file, which
+// src/llama-adapter.cpp reads): general.type "adapter", adapter.type "lora", adapter.lora.alpha `alpha` (llama.cpp
+// scales B A by alpha / r), and for each "<path>.lora_A.weight" (r, in) / "<path>.lora_B.weight" (out, r) of
+// `adapters` (Castor's names: nn::lora_state_dict) "<GGUF weight name>.lora_a" of ggml dims [in, r] and ".lora_b" of
+// [r, out]; qwen2's q/k lora_b rows in the base file's order. --type f32, f16, bf16 or q8_0 (lora_b F16 where r is no
+// whole number of 32-value blocks); castor::Error otherwise, or for an adapter of a weight llama.cpp's arch has not.
+GgufSummary write_gguf_lora(const std::string& path, const models::LlamaConfig& c, GgufArch arch,
+                            const StateDict& adapters, double alpha, const GgufFileType& type, const std::string& name);
 // Writes `path` as arch `gpt2`: the embedding cut to the vocabulary's rows (a padded vocabulary's extra rows are never
 // drawn), zero biases for a bias-free model (llama.cpp's gpt2 requires them).
 GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, const GgufVocabulary& vocab,

@@ -404,6 +404,25 @@ Tensor llama3_rope_factors(const LlamaConfig& c) {
 }
 
 std::string layer(int64_t i, const char* what) { return detail::cat("blk.", i, ".", what); }
+
+// llama2.c's names of a Llama layer's tensors to llama.cpp's (w1 the gate, w3 the up projection, w2 down).
+const std::pair<const char*, const char*> kLlamaLayer[] = {
+    {"attention_norm.weight", "attn_norm.weight"}, {"attention.wq.weight", "attn_q.weight"},
+    {"attention.wk.weight", "attn_k.weight"},      {"attention.wv.weight", "attn_v.weight"},
+    {"attention.wo.weight", "attn_output.weight"}, {"ffn_norm.weight", "ffn_norm.weight"},
+    {"feed_forward.w1.weight", "ffn_gate.weight"}, {"feed_forward.w3.weight", "ffn_up.weight"},
+    {"feed_forward.w2.weight", "ffn_down.weight"}};
+
+// llama.cpp's name of a Castor Llama's weight ("layers.3.attention.wq.weight": "blk.3.attn_q.weight"), or "".
+std::string llama_gguf_name(const std::string& castor) {
+  if (castor == "tok_embeddings.weight") return "token_embd.weight";
+  if (castor == "output.weight") return "output.weight";
+  int i = 0, used = 0;
+  if (std::sscanf(castor.c_str(), "layers.%d.%n", &i, &used) != 1 || used == 0) return "";
+  for (const auto& [from, to] : kLlamaLayer)
+    if (castor.compare(used, std::string::npos, from) == 0) return layer(i, to);
+  return "";
+}
 std::string bias_of(const std::string& weight) { return weight.substr(0, weight.rfind('.')) + ".bias"; }
 
 }  // namespace
@@ -520,20 +539,13 @@ GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const 
   put_vocabulary(f, vocab);
   const StateDict s = model.state_dict();
   f.tensor("token_embd.weight", s.at("tok_embeddings.weight"));
-  // llama2.c's names to llama.cpp's (w1 the gate, w3 the up projection, w2 down).
-  static const std::pair<const char*, const char*> kLayer[] = {
-      {"attention_norm.weight", "attn_norm.weight"}, {"attention.wq.weight", "attn_q.weight"},
-      {"attention.wk.weight", "attn_k.weight"},      {"attention.wv.weight", "attn_v.weight"},
-      {"attention.wo.weight", "attn_output.weight"}, {"ffn_norm.weight", "ffn_norm.weight"},
-      {"feed_forward.w1.weight", "ffn_gate.weight"}, {"feed_forward.w3.weight", "ffn_up.weight"},
-      {"feed_forward.w2.weight", "ffn_down.weight"}};
   // qwen2 rotates pairs (k, k + D/2) (llama.cpp's NEOX rope): wq's and wk's rows (and biases) back to that layout.
   const auto rows = [&](const std::string& castor_name, const Tensor& t) {
     const bool q = castor_name.find(".wq.") != std::string::npos, k = castor_name.find(".wk.") != std::string::npos;
     return qwen2 && (q || k) ? formats::permute_rows(t, q ? c.n_heads : c.kv_heads(), /*to_castor=*/false) : t;
   };
   for (int64_t i = 0; i < c.n_layers; ++i)
-    for (const auto& [from, to] : kLayer) {
+    for (const auto& [from, to] : kLlamaLayer) {
       const std::string weight = detail::cat("layers.", i, ".", from);
       f.tensor(layer(i, to), rows(weight, s.at(weight)));
       // A bias (attention_bias, qkv_bias, mlp_bias): in the weight's row order, float32.
@@ -542,6 +554,33 @@ GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const 
   f.tensor("output_norm.weight", s.at("norm.weight"));
   if (!c.tied) f.tensor("output.weight", s.at("output.weight"));  // tied: llama.cpp reuses token_embd
   if (c.rope_scaling.type == F::RopeScaling::Type::Llama3) f.tensor("rope_freqs.weight", llama3_rope_factors(c));
+  return write(path, f, a);
+}
+
+GgufSummary write_gguf_lora(const std::string& path, const LlamaConfig& c, GgufArch arch, const StateDict& adapters,
+                            double alpha, const GgufFileType& type, const std::string& name) {
+  CASTOR_CHECK(!is_quantized(type.base) || type.base == BlockType::Q8_0, path, ": --type ", type.name,
+               ": an adapter is written f32, f16, bf16 or q8_0 (convert_lora_to_gguf.py's types)");
+  const bool qwen2 = arch == GgufArch::Qwen2;
+  const std::string a = qwen2 ? "qwen2" : "llama";
+  // Each matrix in the type, or float16 where its rows are not whole blocks (lora_b's rows of r values, as the
+  // converter falls back).
+  GgufFile f([&type](const std::string&, const std::vector<int64_t>& ne) { return fallback(type.base, ne[0]); });
+  put_general(f, a, name, type);
+  f.string("general.type", "adapter");
+  f.string("adapter.type", "lora");
+  f.f32("adapter.lora.alpha", static_cast<float>(alpha));
+  for (const auto& [key, t] : adapters) {  // "<path>.lora_A.weight" (r, in), "<path>.lora_B.weight" (out, r)
+    const size_t at = key.rfind(".lora_");
+    const bool b = key.ends_with(".lora_B.weight");
+    CASTOR_ASSERT(at != std::string::npos && (b || key.ends_with(".lora_A.weight")), key);
+    const std::string weight = key.substr(0, at) + ".weight", gguf = llama_gguf_name(weight);
+    CASTOR_CHECK(!gguf.empty(), path, ": the adapter of ", weight, " has no tensor of llama.cpp's ", a, " arch");
+    // qwen2's q/k output rows in Hugging Face's rotate-half order, as the base's (write_gguf_llama).
+    const bool q = weight.find(".wq.") != std::string::npos, k = weight.find(".wk.") != std::string::npos;
+    const Tensor rows = qwen2 && b && (q || k) ? permute_rows(t, q ? c.n_heads : c.kv_heads(), false) : t;
+    f.tensor(gguf + (b ? ".lora_b" : ".lora_a"), rows);
+  }
   return write(path, f, a);
 }
 

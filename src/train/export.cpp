@@ -135,7 +135,8 @@ ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   const auto app = export_app(c);
   parse_flags(*app, args, "export");
   CASTOR_CHECK(app->count("--version") == 0 || c.format == "llama2c", "--version: applies to --format llama2c only");
-  CASTOR_CHECK(app->count("--type") == 0 || c.format == "gguf", "--type: applies to --format gguf only");
+  CASTOR_CHECK(app->count("--type") == 0 || c.format == "gguf" || c.format == "gguf-lora",
+               "--type: applies to --format gguf and gguf-lora only");
   CASTOR_CHECK(app->count("--max-shard-size") == 0 || c.format == "hf",
                "--max-shard-size: applies to --format hf only");
   CASTOR_CHECK(!c.dtype || c.format == "hf", "--dtype: applies to --format hf only (--format gguf: --type)");
@@ -450,6 +451,39 @@ Json export_gguf(const ExportConfig& c) {
 
 namespace {
 
+// castor export --format gguf-lora: a LoRA checkpoint's adapters as llama.cpp's LoRA adapter file, for the base the run
+// trained on written as GGUF (the GGUF file itself, or --format gguf of the base).
+Json export_gguf_lora(const ExportConfig& c) {
+  CASTOR_CHECK(!c.merge_lora,
+               "--merge-lora: --format gguf-lora writes the adapters alone (--format gguf "
+               "--merge-lora writes the merged model)");
+  check_export_out("--out", c.out, {}, "", export_inputs(c));
+  std::string used;
+  const Checkpoint ck = read_checkpoint(c.checkpoint, &used);
+  const std::string what = (fs::path(used) / "model.safetensors").string();
+  CASTOR_CHECK(is_lora_checkpoint(ck.model_meta), "--format gguf-lora: ", c.checkpoint,
+               " is not a LoRA run's checkpoint (castor train --lora-rank); --format gguf writes a whole model");
+  const std::string base = ck.model_meta.at("castor.lora_base");
+  check_export_out("--out", c.out, {}, "", {c.checkpoint, c.lora_base, used, base});
+  const formats::GgufFileType* type = formats::find_gguf_file_type(c.type);
+  CASTOR_CHECK(type, "--type ", c.type, ": not a GGUF file type");
+  const auto model = adapted_model(ck, what, c.lora_base);
+  const auto* llama = dynamic_cast<const models::Llama*>(model.get());
+  CASTOR_CHECK(llama, "--format gguf-lora: ", what, " adapts a ", model->type_name(),
+               "; llama.cpp's adapters are written here for Llamas (arch llama, qwen2)");
+  const Json d = model_description(castor_config(ck.model_meta, what), what);
+  const Json* arch = d.is_object() ? d.find("architecture") : nullptr;
+  const bool qwen2 = arch && arch->is_string() && arch->as_string() == "Qwen2ForCausalLM";
+  const nn::LoraConfig lora = run_lora_config(ck, what);
+  const StateDict adapters = nn::lora_state_dict(*model);
+  const formats::GgufSummary written = formats::write_gguf_lora(
+      c.out, llama->config(), qwen2 ? formats::GgufArch::Qwen2 : formats::GgufArch::Llama, adapters,
+      lora.scaling() * static_cast<double>(lora.r), *type, fs::path(used).parent_path().filename().string());
+  return Json::Object{{"from", printable(what)},    {"format", "gguf-lora"},   {"arch", written.arch},
+                      {"type", type->name},         {"rank", lora.r},          {"alpha", lora.scaling() * lora.r},
+                      {"tensors", written.tensors}, {"out", printable(c.out)}, {"bytes", written.bytes}};
+}
+
 // castor export --format peft: a LoRA checkpoint's adapters as PEFT's files.
 Json export_peft(const ExportConfig& c) {
   const std::string flag = c.out_flag;
@@ -585,6 +619,10 @@ const std::vector<ExportFormat>& export_formats() {
        "a GGUF file (version 3) that llama.cpp and ollama run, with the run's tokenizer (a Hugging Face directory's "
        "own): a Llama as arch llama (a Qwen2 as qwen2), a GPT as arch gpt2 (--type f32, f16, bf16 or q8_0)",
        export_gguf},
+      {"gguf-lora", nullptr,
+       "a LoRA run's adapters as llama.cpp's GGUF LoRA adapter (general.type adapter; llama-cli --lora and an ollama "
+       "Modelfile's ADAPTER load it onto the base the run trained on, as GGUF; --type f32, f16, bf16 or q8_0)",
+       export_gguf_lora},
       {"hf", nullptr,
        "a Llama as a Hugging Face directory --out (config.json, generation_config.json, model.safetensors or shards "
        "past --max-shard-size with model.safetensors.index.json, the tokenizer files of the Hugging Face directory "

@@ -120,7 +120,8 @@ class GgufCli : public ::testing::Test {
  protected:
   std::string path(const std::string& name) const { return scratch.file(name); }
   CastorProcess castor(const std::vector<std::string>& args) { return test::run_castor(args, in_dir); }
-  void train(const std::string& model, const std::string& tok, const std::string& out, int steps) {
+  void train(const std::string& model, const std::string& tok, const std::string& out, int steps,
+             const std::vector<std::string>& extra = {}) {
     write_text();
     std::vector<std::string> args{"train",
                                   "--model",
@@ -150,6 +151,7 @@ class GgufCli : public ::testing::Test {
                                   "--out",
                                   out};
     if (model == "llama") args.insert(args.end() - 2, {"--n-kv-head", "2"});  // grouped-query attention
+    args.insert(args.end() - 2, extra.begin(), extra.end());
     CastorProcess run = castor(args);
     ASSERT_EQ(run.exit_code, 0) << run.err;
   }
@@ -166,11 +168,13 @@ class GgufCli : public ::testing::Test {
   }
   // llama.cpp on each file (one node process): its greedy continuation of `prompt`, its tokens and probabilities
   // with `forced` fed after `prompt`, its tokenization of `texts`.
+  // `loras`: a GGUF LoRA adapter for each file ("": none).
   std::vector<Json> llama_cpp(const std::vector<std::string>& files, const std::vector<int64_t>& prompt,
-                              const std::vector<int64_t>& forced) {
+                              const std::vector<int64_t>& forced, const std::vector<std::string>& loras = {}) {
     Json::Array reqs;
-    for (const std::string& file : files)
-      reqs.push_back(Json::Object{{"model", path(file)},
+    for (size_t i = 0; i < files.size(); ++i)
+      reqs.push_back(Json::Object{{"model", path(files[i])},
+                                  {"lora", i < loras.size() && !loras[i].empty() ? Json(path(loras[i])) : Json()},
                                   {"context", 64},
                                   {"prompt", Json::Array(prompt.begin(), prompt.end())},
                                   {"steps", steps},
@@ -230,6 +234,24 @@ class GgufCli : public ::testing::Test {
           run.c_str(), bar.type.c_str(), equal ? "equal" : "differs", agree, long(kSteps), max_dp, max_dlogp);
     }
     return got;
+  }
+  // castor export --format gguf-lora refuses, in one line and writing nothing, the checkpoint of the run `plain` (not
+  // LoRA), an --out that is a directory or a symbolic link (to `adapter`), and an adapter --type that is not f32, f16,
+  // bf16 or q8_0 (of the LoRA run `lora`).
+  void expect_gguf_lora_refusals(const std::string& plain, const std::string& lora, const std::string& adapter) {
+    test::expect_one_line_error(castor({"export", "--format", "gguf-lora", "--checkpoint", plain, "--out", "x.gguf"}),
+                                {"is not a LoRA run's checkpoint"});
+    std::filesystem::create_directories(path("dir.gguf"));
+    std::filesystem::create_symlink(path(adapter), path("link.gguf"));
+    test::expect_one_line_error(castor({"export", "--format", "gguf-lora", "--checkpoint", lora, "--out", "dir.gguf"}),
+                                {"a directory"});
+    test::expect_one_line_error(castor({"export", "--format", "gguf-lora", "--checkpoint", lora, "--out", "link.gguf"}),
+                                {"a symbolic link"});
+    test::expect_one_line_error(
+        castor({"export", "--format", "gguf-lora", "--type", "q4_k_m", "--checkpoint", lora, "--out", "x.gguf"}),
+        {"an adapter is written f32, f16, bf16 or q8_0"});
+    EXPECT_FALSE(file_exists(path("x.gguf")));
+    EXPECT_TRUE(std::filesystem::is_symlink(path("link.gguf")));
   }
   // llama.cpp's tokenization of `texts` (`answer`'s "tokens"), after `bos` where it is not -1 (llama.cpp adds no
   // <s> where Castor's llama2.c encode does, as run.c), is `tok`'s (a Hugging Face tokenizer's without the
@@ -397,6 +419,87 @@ TEST_F(GgufCli, LlamaMatchesLlamaCpp) {
       {"export", "--format", "gguf", "--merge-lora", "--checkpoint", "lora", "--out", "lora_f32.gguf"});
   ASSERT_EQ(e.exit_code, 0) << e.err;
   EXPECT_EQ(ids_of(llama_cpp({"lora_f32.gguf"}, prompt, {}).at(0).at("greedy")), merged.greedy);
+}
+
+// The ollama user's path: a Llama exported as GGUF, a LoRA run on that file (every target: q, k, v, o, gate, up, down
+// and the output head), its adapters exported with --format gguf-lora: llama.cpp with the base file and the adapter
+// (f32, and f16) continues as `castor sample` of the run does, and without the adapter differently; the run merged
+// and re-quantized to Q4_K_M runs in llama.cpp. A run that is not LoRA, and an --out that is a symbolic link or a
+// directory, are one-line errors with nothing written.
+TEST_F(GgufCli, LoraAdapterOnTheGgufBaseInLlamaCpp) {
+  ASSERT_TRUE(have_llama_cpp());
+  tokenize("bpe", "tok");
+  train("llama", "tok", "llama", 120, {"--untied"});  // (an adapter on a tied head would change the embedding too)
+  data::Tokenizer tok = data::Tokenizer::load(path("tok"));
+  const std::vector<uint32_t> p16 = tok.encode("The jury");
+  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  CastorProcess b = castor({"export", "--format", "gguf", "--checkpoint", "llama", "--out", "base.gguf"});
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  // (the text in the file's own vocabulary, as a user of someone else's GGUF encodes it)
+  CastorProcess t = castor(
+      {"tokenize", "--vocab", "base.gguf", "--input", "text.txt", "--out", "tokg", "--val-fraction", "0.1"});
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  CastorProcess lora = castor({"train",
+                               "--init",
+                               "base.gguf",
+                               "--data",
+                               "tokens",
+                               "--data-dir",
+                               "tokg",
+                               "--lora-rank",
+                               "4",
+                               "--lora-alpha",
+                               "8",
+                               "--lora-targets",
+                               "wq,wk,wv,wo,w1,w2,w3,output",
+                               "--steps",
+                               "20",
+                               "--lr",
+                               "1e-2",
+                               "--batch-size",
+                               "4",
+                               "--eval-iters",
+                               "1",
+                               "--threads",
+                               "1",
+                               "--out",
+                               "lora"});
+  ASSERT_EQ(lora.exit_code, 0) << lora.err;
+  const Reference ref = castor_reference(path("lora"), prompt, 300);
+  for (const char* type : {"f32", "f16"}) {
+    CastorProcess e = castor({"export", "--format", "gguf-lora", "--type", type, "--checkpoint", "lora", "--out",
+                              detail::cat("adapter_", type, ".gguf")});
+    ASSERT_EQ(e.exit_code, 0) << e.err;
+  }
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("adapter_f32.gguf") + " " +
+                                 path("dump"),
+                             path("read.json"));
+  EXPECT_EQ(file.at("kv").at("general.type").as_string(), "adapter");
+  EXPECT_EQ(file.at("kv").at("adapter.type").as_string(), "lora");
+  EXPECT_EQ(file.at("kv").at("adapter.lora.alpha").as_double(), 8.0);
+  EXPECT_EQ(file.at("tensors").as_object().size(), 2u * (7 * 2 + 1));
+  const Json& a = file.at("tensors").at("blk.1.ffn_down.weight.lora_a");  // [in 192, r 4]
+  EXPECT_EQ(a.at("ne").as_array()[0].as_int(), 192);
+  EXPECT_EQ(a.at("ne").as_array()[1].as_int(), 4);
+  const Json& out = file.at("tensors").at("output.weight.lora_b");  // [r 4, out 300]
+  EXPECT_EQ(out.at("ne").as_array()[0].as_int(), 4);
+  EXPECT_EQ(out.at("ne").as_array()[1].as_int(), 300);
+  texts.clear();
+  const std::vector<Json> got = llama_cpp({"base.gguf", "base.gguf", "base.gguf"}, prompt, {},
+                                          {"adapter_f32.gguf", "adapter_f16.gguf", ""});
+  EXPECT_EQ(ids_of(got.at(0).at("greedy")), ref.greedy);
+  EXPECT_EQ(ids_of(got.at(1).at("greedy")), ref.greedy);
+  EXPECT_NE(ids_of(got.at(2).at("greedy")), ref.greedy);  // the base alone continues differently
+
+  // Merged and re-quantized: Q4_K_M (here every tensor falls back to Q5_0 / Q8_0: rows of 64) loads and runs.
+  CastorProcess m = castor({"export", "--format", "gguf", "--merge-lora", "--type", "q4_k_m", "--checkpoint", "lora",
+                            "--out", "merged_q4_k_m.gguf"});
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  EXPECT_EQ(ids_of(llama_cpp({"merged_q4_k_m.gguf"}, prompt, {}).at(0).at("greedy")).size(),
+            static_cast<size_t>(kSteps));
+
+  expect_gguf_lora_refusals("llama", "lora", "adapter_f32.gguf");
 }
 
 // A GPT on GPT-2's tokenizer (its padded embedding cut to 50257 rows): the same comparisons, and llama.cpp's
