@@ -466,7 +466,7 @@ TEST_F(GgufCli, LoraAdapterOnTheGgufBaseInLlamaCpp) {
                                "lora"});
   ASSERT_EQ(lora.exit_code, 0) << lora.err;
   const Reference ref = castor_reference(path("lora"), prompt, 300);
-  for (const char* type : {"f32", "f16"}) {
+  for (const char* type : {"f32", "f16", "q8_0"}) {
     CastorProcess e = castor({"export", "--format", "gguf-lora", "--type", type, "--checkpoint", "lora", "--out",
                               detail::cat("adapter_", type, ".gguf")});
     ASSERT_EQ(e.exit_code, 0) << e.err;
@@ -479,19 +479,24 @@ TEST_F(GgufCli, LoraAdapterOnTheGgufBaseInLlamaCpp) {
   EXPECT_EQ(file.at("kv").at("adapter.type").as_string(), "lora");
   EXPECT_EQ(file.at("kv").at("adapter.lora.alpha").as_double(), 8.0);
   EXPECT_EQ(file.at("tensors").as_object().size(), 2u * (7 * 2 + 1));
-  const Json& a = file.at("tensors").at("blk.1.ffn_down.weight.lora_a");  // [in 192, r 4]
-  EXPECT_EQ(a.at("ne").as_array()[0].as_int(), 192);
-  EXPECT_EQ(a.at("ne").as_array()[1].as_int(), 4);
+  const Json::Array& a = file.at("tensors").at("blk.1.ffn_down.weight.lora_a").at("ne").as_array();  // [in, r]
+  EXPECT_TRUE(a[0].as_int() == 192 && a[1].as_int() == 4) << Json(a).dump();
   const Json& out = file.at("tensors").at("output.weight.lora_b");  // [r 4, out 300]
   EXPECT_EQ(out.at("ne").as_array()[0].as_int(), 4);
   EXPECT_EQ(out.at("ne").as_array()[1].as_int(), 300);
+  // q8_0: lora_a's rows (64 inputs) in Q8_0 blocks, lora_b's (r = 4) F16, as convert_lora_to_gguf.py falls back.
+  const Json q8 = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("adapter_q8_0.gguf") + " " +
+                               path("dump"),
+                           path("read.json"));
+  EXPECT_EQ(q8.at("tensors").at("blk.0.attn_q.weight.lora_a").at("type").as_int(), 8);
+  EXPECT_EQ(q8.at("tensors").at("blk.0.attn_q.weight.lora_b").at("type").as_int(), 1);
   texts.clear();
-  const std::vector<Json> got = llama_cpp({"base.gguf", "base.gguf", "base.gguf"}, prompt, {},
-                                          {"adapter_f32.gguf", "adapter_f16.gguf", ""});
+  const std::vector<Json> got = llama_cpp({"base.gguf", "base.gguf", "base.gguf", "base.gguf"}, prompt, {},
+                                          {"adapter_f32.gguf", "adapter_f16.gguf", "", "adapter_q8_0.gguf"});
   EXPECT_EQ(ids_of(got.at(0).at("greedy")), ref.greedy);
   EXPECT_EQ(ids_of(got.at(1).at("greedy")), ref.greedy);
   EXPECT_NE(ids_of(got.at(2).at("greedy")), ref.greedy);  // the base alone continues differently
-
+  EXPECT_EQ(ids_of(got.at(3).at("greedy")).size(), static_cast<size_t>(kSteps));  // q8_0 loads and runs
   // Merged and re-quantized: Q4_K_M (here every tensor falls back to Q5_0 / Q8_0: rows of 64) loads and runs.
   CastorProcess m = castor({"export", "--format", "gguf", "--merge-lora", "--type", "q4_k_m", "--checkpoint", "lora",
                             "--out", "merged_q4_k_m.gguf"});
