@@ -328,6 +328,21 @@ class GgufCli : public ::testing::Test {
     formats::write_hf(path(dir), c, state, o);
     return model;
   }
+  // A random Qwen2 directory `dir` (2 layers x 64, 4 heads over 2, q/k/v biases, tied) with Qwen3's tokenizer files
+  // from `package` (151669 tokens for 151936 rows); returns its config.
+  models::LlamaConfig write_qwen2_dir(const std::string& dir, const std::string& package) {
+    models::LlamaConfig c;
+    c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 151936;
+    c.max_seq_len = 64, c.tied = true, c.rope_theta = 1e6, c.norm_eps = 1e-6, c.qkv_bias = true;
+    auto model = models::llama(c, 1);
+    randomize(*model, 8);
+    NoGradGuard no_grad;  // the rows past the tokenizer's tokens never win (as in a trained Qwen2)
+    model->state_dict().at("tok_embeddings.weight").narrow(0, 151669, 151936 - 151669).fill_(0.0);
+    formats::HfWriteOptions o;
+    o.architecture = "Qwen2ForCausalLM", o.tokenizer_dir = package, o.bos = Json(), o.eos = Json(151645);
+    formats::write_hf(path(dir), c, model->state_dict(), o);
+    return c;
+  }
   // Random weights: N(0, 0.3) (norms 1 + N(0, 0.1)), so that logits are far apart and float16 keeps the argmaxes.
   static void randomize(nn::Module& model, uint64_t seed) {
     Generator gen(seed);
@@ -507,6 +522,37 @@ TEST_F(GgufCli, LoraAdapterOnTheGgufBaseInLlamaCpp) {
   expect_gguf_lora_refusals("llama", "lora", "adapter_f32.gguf");
 }
 
+// A LoRA run on a Qwen2 (arch qwen2: llama.cpp keeps Hugging Face's rotate-half q/k rows, which Castor permutes to its
+// interleaved ones on reading): the adapter's q/k lora_b rows go back to the base file's order, so llama.cpp with the
+// base and the adapter continues as the run does (and without the adapter differently).
+TEST_F(GgufCli, Qwen2LoraAdapterInTheBasesRowOrder) {
+  ASSERT_TRUE(have_llama_cpp());
+  const std::string package = hf_package("tokenizer-qwen3");
+  ASSERT_FALSE(package.empty());
+  write_qwen2_dir("qwen", package);
+  write_text();
+  CastorProcess b = castor({"export", "--format", "gguf", "--checkpoint", "qwen", "--out", "qwen.gguf"});
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  CastorProcess t = castor(
+      {"tokenize", "--vocab", "qwen", "--input", "text.txt", "--out", "tokq", "--val-fraction", "0.1"});
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  CastorProcess lora = castor(
+      {"train", "--init",       "qwen", "--data",  "tokens", "--data-dir", "tokq", "--block-size", "64", "--lora-rank",
+       "4",     "--lora-alpha", "8",    "--steps", "10",     "--lr",       "1e-2", "--batch-size", "4",  "--eval-iters",
+       "1",     "--threads",    "1",    "--out",   "lora"});
+  ASSERT_EQ(lora.exit_code, 0) << lora.err;
+  data::Tokenizer tok = data::Tokenizer::load(path("qwen"));
+  const std::vector<uint32_t> ids = tok.encode("The jury said");
+  const std::vector<int64_t> prompt(ids.begin(), ids.end());
+  const Reference ref = castor_reference(path("lora"), prompt, 151936);
+  CastorProcess e = castor({"export", "--format", "gguf-lora", "--checkpoint", "lora", "--out", "adapter.gguf"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  texts.clear();
+  const std::vector<Json> got = llama_cpp({"qwen.gguf", "qwen.gguf"}, prompt, {}, {"adapter.gguf", ""});
+  EXPECT_EQ(ids_of(got.at(0).at("greedy")), ref.greedy);
+  EXPECT_NE(ids_of(got.at(1).at("greedy")), ref.greedy);
+}
+
 // A GPT on GPT-2's tokenizer (its padded embedding cut to 50257 rows): the same comparisons, and llama.cpp's
 // tokenization of tricky text (pre-tokenizer gpt-2) is Castor's.
 TEST_F(GgufCli, GptMatchesLlamaCpp) {
@@ -617,18 +663,7 @@ TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
   ASSERT_TRUE(have_llama_cpp());
   const std::string package = hf_package("tokenizer-qwen3");
   ASSERT_FALSE(package.empty());
-  models::LlamaConfig c;
-  c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 151936;
-  c.max_seq_len = 64, c.tied = true, c.rope_theta = 1e6, c.norm_eps = 1e-6, c.qkv_bias = true;
-  {
-    auto model = models::llama(c, 1);
-    randomize(*model, 8);
-    NoGradGuard no_grad;  // the rows past the tokenizer's tokens never win (as in a trained Qwen2)
-    model->state_dict().at("tok_embeddings.weight").narrow(0, 151669, 151936 - 151669).fill_(0.0);
-    formats::HfWriteOptions o;
-    o.architecture = "Qwen2ForCausalLM", o.tokenizer_dir = package, o.bos = Json(), o.eos = Json(151645);
-    formats::write_hf(path("qwen"), c, model->state_dict(), o);
-  }
+  const models::LlamaConfig c = write_qwen2_dir("qwen", package);
   auto [tok, prompt, ref] = sample_hf_dir("qwen", "The jury said");
   texts = kTricky;
   for (const char* t : {"<|im_start|>user\nhi<|im_end|>\n", "a<|im_end|>b  <think>x</think>"}) texts.push_back(t);
