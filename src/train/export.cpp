@@ -88,11 +88,13 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
     for (CLI::Option* other : spellings) o->excludes(other);
     spellings.push_back(o);
   }
-  app.add_option("--type", c.type,
-                 "--format gguf: the file's type as llama-quantize names it: f32, f16, bf16 (Castor's conversions, "
-                 "rounding to nearest even), q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_s, q3_k_m (q3_k), q3_k_l, "
-                 "q4_k_s, q4_k_m (q4_k), q5_k_s, q5_k_m (q5_k) or q6_k: ggml's blocks, each tensor's type as "
-                 "llama-quantize mixes them without an importance matrix; norms and biases stay f32")
+  app.add_option(
+         "--type", c.type,
+         "--format gguf: the file's type as llama-quantize names it: f32, f16, bf16 (Castor's conversions, "
+         "rounding to nearest even), q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_s, q3_k_m (q3_k), q3_k_l, "
+         "q4_k_s, q4_k_m (q4_k), q5_k_s, q5_k_m (q5_k) or q6_k: ggml's blocks, each tensor's type as "
+         "llama-quantize mixes them without an importance matrix; norms and biases stay f32 (--format gguf-lora: "
+         "f32, f16, bf16 or q8_0)")
       ->check(one_of(formats::gguf_file_type_names()));
   app.add_option("--version", c.version,
                  "--format llama2c: export.py's version, 0 (legacy_export) or 1 (version1_export)")
@@ -617,7 +619,7 @@ const std::vector<ExportFormat>& export_formats() {
        export_safetensors},
       {"gguf", nullptr,
        "a GGUF file (version 3) that llama.cpp and ollama run, with the run's tokenizer (a Hugging Face directory's "
-       "own): a Llama as arch llama (a Qwen2 as qwen2), a GPT as arch gpt2 (--type f32, f16, bf16 or q8_0)",
+       "own): a Llama as arch llama (a Qwen2 as qwen2), a GPT as arch gpt2 (--type: llama-quantize's file types, f16, q8_0, q4_k_m, ...)",
        export_gguf},
       {"gguf-lora", nullptr,
        "a LoRA run's adapters as llama.cpp's GGUF LoRA adapter (general.type adapter; llama-cli --lora and an ollama "

@@ -1184,8 +1184,8 @@ TEST_F(GgufCli, CharacterVocabularyIsRefused) {
   test::expect_one_line_error(castor({"export", "--llmc", "--type", "q8_0", "--checkpoint", "run", "--out", "x.bin"}),
                               {"--type"});
   test::expect_one_line_error(
-      castor({"export", "--format", "gguf", "--type", "q4_0", "--checkpoint", "run", "--out", "x.gguf"}),
-      {"--type", "q4_0"});
+      castor({"export", "--format", "gguf", "--type", "q4_k_x", "--checkpoint", "run", "--out", "x.gguf"}),
+      {"--type", "q4_k_x"});
   EXPECT_FALSE(file_exists(path("x.gguf")));
 }
 
