@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <map>
 #include <set>
@@ -14,7 +13,6 @@
 #include "castor/check.h"
 #include "castor/fs.h"
 #include "castor/functional.h"
-#include "castor/half.h"
 #include "castor/hf.h"
 #include "castor/json.h"
 #include "castor/quant.h"
