@@ -159,6 +159,9 @@ struct DistributedDataParallel::Reducer {
 
   void launch(size_t index) {
     Bucket& b = buckets[index];
+    // reduce_scatter: at most two buckets in flight (the one before is waited for), so the float32 buffers of every
+    // bucket are never alive at once: stage 2 holds no whole gradient (DeepSpeed's reduce_bucket_size).
+    if (options.reduce_scatter && index > 0 && buckets[index - 1].work) collect_slices(buckets[index - 1]);
     NoGradGuard no_grad;
     if (!b.flat.defined()) b.flat = empty({b.numel}, DType::Float32);
     for (size_t j = 0; j < b.params.size(); ++j) {

@@ -434,6 +434,8 @@ void add_settings(CLI::App& app, TrainConfig& c) {
 }
 
 void check_jobs(const TrainConfig& c) {
+  CASTOR_CHECK(c.zero < 3 || family_of(c.model), "--zero 3: shards a language model's blocks; --model ", name(c.model),
+               " has none");
   for (const std::string& flag : c.given_flags) {
     const Setting* s = find_setting(flag);
     if (!s) continue;

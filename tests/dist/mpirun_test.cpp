@@ -338,6 +338,12 @@ TEST_F(MpirunTrain, Zero3MatchesReplicatedAndResumesOnAnyWorldSize) {
   ASSERT_EQ(three.exit_code, 0) << three.err;
   expect_models_close(dir_ + "/on1", dir_ + "/o0-zero3", 1e-4);
   expect_models_close(dir_ + "/on3", dir_ + "/o0-zero3", 1e-4);
+
+  // A model without blocks is refused in one line before anything is written.
+  CastorProcess image = castor(train_args("image", 32, 1, "O0"), dir_, {"--nproc", "2", "--zero", "3"});
+  EXPECT_NE(image.exit_code, 0);
+  EXPECT_NE(image.err.find("--zero 3: shards a language model's blocks; --model"), std::string::npos) << image.err;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/image"));
 }
 
 // Checkpoints due by the clock (every ~0.1 s here) are taken at the same step on both ranks, whose clocks differ:
