@@ -53,6 +53,7 @@ TEST(MpirunDist, InfOnOneRankSkipsTheStepOnBoth) { expect_helper_ok("inf"); }
 TEST(MpirunDist, SyncBatchNormNormalisesTheWholeBatch) { expect_helper_ok("syncbn"); }
 TEST(MpirunDist, DifferentModelsOnTheRanksAreRefused) { expect_helper_ok("mismatch"); }
 TEST(MpirunDist, ZeroStagesMatchReplicatedBitForBit) { expect_helper_ok("zero"); }
+TEST(MpirunDist, ClipGradNormAndMasterParamsOnAShardedOptimizer) { expect_helper_ok("zeroclip"); }
 
 TEST(MpirunDist, DeadRankEndsTheJob) {
   const test::ScratchDir dir;
@@ -273,6 +274,75 @@ TEST_F(MpirunTrain, ZeroMatchesReplicatedAndResumesOnAnyWorldSize) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("shard-00001-of-00002.safetensors: damaged"), std::string::npos) << e.what();
   }
+}
+
+// ZeRO-3 through `castor train`: each rank keeps its slice of every block weight, gathered per block as it runs
+// (again in backward under --recompute blocks). On 2 ranks the gathered weights are the replicated ones and the
+// gradient slices and updates are stage 2's, so the checkpoints (weights, masters, optimizer state) are replicated
+// data parallelism's bit for bit: a Llama of two blocks at O2 bfloat16 with AdamW8bit (whose 2048-element blocks
+// leave rank 1 empty slices of the small tensors) and --recompute blocks, at O0 float32 with AdamW (uneven slices)
+// without recompute, a GPT at O1 bfloat16 with recompute, and LoRA on a Llama base (the frozen base sharded, the
+// adapters trained). A stage-3 run stopped at step 2 continues on 1 process and with --zero 3 on 3 ranks to the
+// uninterrupted run's weights.
+TEST_F(MpirunTrain, Zero3MatchesReplicatedAndResumesOnAnyWorldSize) {
+  ASSERT_NO_FATAL_FAILURE(tokenize_text(dir_));
+  auto lm = [&](const std::string& model, const std::string& out, int64_t batch, int64_t steps,
+                std::vector<std::string> extra) {
+    extra.insert(extra.end(), {"--n-layer", "2", "--checkpoint-minutes", "0", "--log-every", "1", "--threads", "1"});
+    CastorProcess p = castor(test::tiny_lm_args(model, out, steps, batch, extra), dir_, {});
+    EXPECT_EQ(p.exit_code, 0) << out << ": " << p.err;
+    return p.exit_code == 0;
+  };
+  struct Case {
+    std::string name, model;
+    std::vector<std::string> flags;
+  };
+  const std::vector<Case> cases = {
+      {"o2", "llama", {"--amp", "O2", "--dtype", "bf16", "--optimizer", "adamw8bit", "--recompute", "blocks"}},
+      {"o0", "llama", {"--amp", "O0", "--optimizer", "adamw", "--lr", "0.01"}},
+      {"gpt", "gpt", {"--amp", "O1", "--dtype", "bf16", "--optimizer", "adamw", "--recompute", "blocks"}},
+  };
+  for (const Case& c : cases) {
+    auto with = [&](std::vector<std::string> more) {
+      more.insert(more.begin(), c.flags.begin(), c.flags.end());
+      return more;
+    };
+    ASSERT_TRUE(lm(c.model, c.name + "-replicated", 6, 4, with({"--nproc", "2"})));
+    ASSERT_TRUE(lm(c.model, c.name + "-zero3", 6, 4, with({"--nproc", "2", "--zero", "3"})));
+    test::expect_same_checkpoint(dir_ + "/" + c.name + "-replicated", dir_ + "/" + c.name + "-zero3");
+  }
+  // LoRA on the o0 run's weights: the frozen base sharded too.
+  const std::vector<std::string> lora = {"--init",      "o0-replicated", "--lora-rank", "4",       "--lora-alpha",
+                                         "16",          "--amp",         "O1",          "--dtype", "bf16",
+                                         "--optimizer", "adamw",         "--nproc",     "2"};
+  ASSERT_TRUE(lm("llama", "lora-replicated", 6, 4, lora));
+  std::vector<std::string> lora3 = lora;
+  lora3.insert(lora3.end(), {"--zero", "3", "--recompute", "blocks"});
+  ASSERT_TRUE(lm("llama", "lora-zero3", 6, 4, lora3));
+  test::expect_same_checkpoint(dir_ + "/lora-replicated", dir_ + "/lora-zero3");
+
+  // Resume on any world size: the stage-3 checkpoint is the same world-size-independent layout as stage 2's.
+  const std::vector<std::string> o0 = cases[1].flags;
+  auto o0_with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), o0.begin(), o0.end());
+    return more;
+  };
+  ASSERT_TRUE(lm("llama", "half", 6, 2, o0_with({"--nproc", "2", "--zero", "3"})));
+  CastorProcess one = castor(
+      {"train", "--resume", "half", "--out", "on1", "--steps", "4", "--batch-size", "12", "--threads", "1"}, dir_, {});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  CastorProcess three = castor({"train", "--resume", "half", "--out", "on3", "--steps", "4", "--batch-size", "4",
+                                "--nproc", "3", "--zero", "3", "--threads", "1"},
+                               dir_, {});
+  ASSERT_EQ(three.exit_code, 0) << three.err;
+  expect_models_close(dir_ + "/on1", dir_ + "/o0-zero3", 1e-4);
+  expect_models_close(dir_ + "/on3", dir_ + "/o0-zero3", 1e-4);
+
+  // A model without blocks is refused in one line before anything is written.
+  CastorProcess image = castor(train_args("image", 32, 1, "O0"), dir_, {"--nproc", "2", "--zero", "3"});
+  EXPECT_NE(image.exit_code, 0);
+  EXPECT_NE(image.err.find("--zero 3: shards a language model's blocks; --model"), std::string::npos) << image.err;
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/image"));
 }
 
 // Checkpoints due by the clock (every ~0.1 s here) are taken at the same step on both ranks, whose clocks differ:
