@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "castor/autograd.h"
@@ -14,6 +15,7 @@
 #include "castor/hf.h"
 #include "castor/llama2c.h"
 #include "castor/llmc.h"
+#include "castor/lora.h"
 
 namespace castor::formats {
 namespace {
@@ -162,10 +164,11 @@ LoadedTensors load_weights_file(const std::string& path, const std::string& data
   return load_safetensors(path);
 }
 
-void read_weights_each(const std::string& path, const std::function<void(const std::string&, const Tensor&)>& take) {
+void read_weights_each(const std::string& path, const std::function<void(const std::string&, const Tensor&)>& take,
+                       const BlocksTake& blocks) {
   const SourceFormat format = source_format(path);
   if (format == SourceFormat::HfDir) return read_hf_weights_each(path, read_hf_config(path), take);
-  if (format == SourceFormat::Gguf) return formats::read_gguf_each(path, take);
+  if (format == SourceFormat::Gguf) return formats::read_gguf_each(path, take, blocks);
   if (format == SourceFormat::Llama2c) {
     for (const auto& [name, t] : formats::load_llama2c_weights_file(path, "").tensors) take(name, t);
     return;
@@ -182,29 +185,71 @@ void read_weights_each(const std::string& path, const std::function<void(const s
   }
 }
 
+namespace {
+
+// The Linears a file's blocks may go to, by their weights' names (a weight tied to another tensor is left dense).
+std::map<std::string, std::shared_ptr<nn::Linear>> block_targets(nn::Module& model, const StateDict& own) {
+  std::map<const void*, int> uses;
+  for (const auto& [name, t] : own) ++uses[t.data_ptr()];
+  std::map<std::string, std::shared_ptr<nn::Linear>> out;
+  for (const auto& [path, layer] : nn::linear_layers(model))
+    if (layer->weight.defined() && uses[layer->weight.data_ptr()] == 1) out.emplace(path + ".weight", layer);
+  return out;
+}
+
+// The model's own tensor that `t` (a state_dict entry: a detached view) shares its memory with.
+Tensor owner(nn::Module& model, const Tensor& t) {
+  for (const auto& [name, p] : model.named_parameters())
+    if (p.data_ptr() == t.data_ptr()) return p;
+  CASTOR_ASSERT(false, "a placeholder that is no parameter of the model");
+  return t;
+}
+
+}  // namespace
+
 void load_weights_into(nn::Module& model, const std::string& path,
-                       const std::function<void(const std::string& name)>& filled) {
+                       const std::function<void(const std::string& name)>& filled, bool keep_blocks) {
   StateDict own = model.state_dict();
   std::set<const void*> loaded;  // the storages given, by address (a tied tensor's names share one)
   NoGradGuard no_grad;
   const std::string compiled = "_orig_mod.";
-  read_weights_each(path, [&](const std::string& key, const Tensor& t) {
-    const std::string name = key.rfind(compiled, 0) == 0 ? key.substr(compiled.size()) : key;
-    const auto it = own.find(name);
-    if (it == own.end() && name.ends_with(".attn.bias") && t.dim() == 4) return;  // nanoGPT's causal mask
-    CASTOR_CHECK(it != own.end(), path, ": the model has no tensor ", printable(name));
-    CASTOR_CHECK(it->second.shape() == t.shape(), path, ": ", name, " has shape ", shape_str(t.shape()),
-                 ", the model's is ", shape_str(it->second.shape()));
-    check_finite(path, name, t);
-    Tensor(it->second).copy_(t);
-    loaded.insert(it->second.data_ptr());
-    if (filled) {
-      filled(name);
-      it->second = Tensor();  // (the model may have dropped the tensor: it is not held here either)
+  BlocksTake blocks;
+  std::map<std::string, std::shared_ptr<nn::Linear>> targets;
+  if (keep_blocks) targets = block_targets(model, own);
+  blocks.wants = [&](const std::string& name) { return targets.count(name) > 0; };
+  blocks.take = [&](const std::string& name, const std::shared_ptr<const quant::QuantizedMatrix>& q) {
+    try {
+      targets.at(name)->take_blocks(q);
+    } catch (const Error& e) {
+      throw Error(detail::cat(path, ": ", name, ": ", e.what()));
     }
-  });
-  for (const auto& [name, t] : own)
-    CASTOR_CHECK(!t.defined() || loaded.count(t.data_ptr()), path, ": gives no ", name);
+    loaded.insert(own.at(name).data_ptr());
+    own.at(name) = Tensor();  // (not held here either)
+  };
+  read_weights_each(
+      path,
+      [&](const std::string& key, const Tensor& t) {
+        const std::string name = key.rfind(compiled, 0) == 0 ? key.substr(compiled.size()) : key;
+        const auto it = own.find(name);
+        if (it == own.end() && name.ends_with(".attn.bias") && t.dim() == 4) return;  // nanoGPT's causal mask
+        CASTOR_CHECK(it != own.end(), path, ": the model has no tensor ", printable(name));
+        CASTOR_CHECK(it->second.shape() == t.shape(), path, ": ", name, " has shape ", shape_str(t.shape()),
+                     ", the model's is ", shape_str(it->second.shape()));
+        check_finite(path, name, t);
+        Tensor dst = it->second;
+        if (nn::is_placeholder(dst)) {  // (its memory given in the model's own tensor, which a tied one shares)
+          dst = owner(model, dst);
+          nn::fill_placeholder(dst);
+        }
+        dst.copy_(t);
+        loaded.insert(it->second.data_ptr());
+        if (filled) {
+          filled(name);
+          it->second = Tensor();  // (the model may have dropped the tensor: it is not held here either)
+        }
+      },
+      blocks);
+  for (const auto& [name, t] : own) CASTOR_CHECK(!t.defined() || loaded.count(t.data_ptr()), path, ": gives no ", name);
 }
 
 SafetensorsFile read_weights_header(const std::string& path) {
