@@ -213,6 +213,7 @@ void load_weights_into(nn::Module& model, const std::string& path,
   std::set<const void*> loaded;  // the storages given, by address (a tied tensor's names share one)
   NoGradGuard no_grad;
   const std::string compiled = "_orig_mod.";
+  std::map<const void*, Tensor> given_memory;  // placeholders filled, by their memory before (a tied name's too)
   BlocksTake blocks;
   std::map<std::string, std::shared_ptr<nn::Linear>> targets;
   if (keep_blocks) targets = block_targets(model, own);
@@ -238,8 +239,12 @@ void load_weights_into(nn::Module& model, const std::string& path,
         check_finite(path, name, t);
         Tensor dst = it->second;
         if (nn::is_placeholder(dst)) {  // (its memory given in the model's own tensor, which a tied one shares)
-          dst = owner(model, dst);
-          nn::fill_placeholder(dst);
+          auto [at, fresh] = given_memory.try_emplace(dst.data_ptr());
+          if (fresh) {
+            at->second = owner(model, dst);
+            nn::fill_placeholder(at->second);
+          }
+          dst = at->second;
         }
         dst.copy_(t);
         loaded.insert(it->second.data_ptr());

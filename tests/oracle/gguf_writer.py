@@ -172,11 +172,13 @@ def main():
         tensors.append(("rope_freqs.weight", [len(factors)], 0, np.array(factors, dtype=np.float32).tobytes()))
     vocab = cfg["vocab_size"]
     # <unk>, <s>, </s>, the 256 byte tokens when the vocabulary has room (else the newline's, which llama.cpp's
-    # SentencePiece vocabulary looks up), then pieces.
+    # SentencePiece vocabulary looks up), then pieces: U+2581 and the letters alone (every longer piece is then a merge
+    # of two pieces, as in a trained SentencePiece vocabulary), then U+2581 with a letter repeated.
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)] if vocab >= 300 else ["<0x0A>"]
     head_tokens = ["<unk>", "<s>", "</s>"] + byte_tokens
     pieces = vocab - len(head_tokens)
-    tokens = head_tokens + ["\u2581" + chr(0x61 + i % 26) * (1 + i // 26) for i in range(pieces)]
+    alone = ["\u2581"] + [chr(0x61 + i) for i in range(26)]
+    tokens = head_tokens + (alone + ["\u2581" + chr(0x61 + i % 26) * (1 + i // 26) for i in range(pieces)])[:pieces]
     scores = [0.0] * len(head_tokens) + [-float(i) for i in range(pieces)]
     types = [2, 3, 3] + [6] * len(byte_tokens) + [1] * pieces
     keys = [("general.architecture", 8, arch), ("general.name", 8, "oracle"), ("general.alignment", 4, ALIGN),
