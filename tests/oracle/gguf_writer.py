@@ -116,6 +116,56 @@ def stored(x, kind):
     return quantized(x, kind)
 
 
+def model_keys(arch, cfg, heads, kv_heads):
+    """The metadata of a model of Hugging Face config `cfg` as `arch`, with a SentencePiece-style vocabulary of its size:
+    <unk>, <s>, </s>, the 256 byte tokens when the vocabulary has room (else the newline's, which llama.cpp's
+    SentencePiece vocabulary looks up), then pieces: U+2581 and the letters alone (every longer piece is then a merge
+    of two pieces, as in a trained SentencePiece vocabulary), then U+2581 with a letter repeated."""
+    vocab = cfg["vocab_size"]
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)] if vocab >= 300 else ["<0x0A>"]
+    head_tokens = ["<unk>", "<s>", "</s>"] + byte_tokens
+    pieces = vocab - len(head_tokens)
+    alone = ["\u2581"] + [chr(0x61 + i) for i in range(26)]
+    tokens = head_tokens + (alone + ["\u2581" + chr(0x61 + i % 26) * (1 + i // 26) for i in range(pieces)])[:pieces]
+    scores = [0.0] * len(head_tokens) + [-float(i) for i in range(pieces)]
+    types = [2, 3, 3] + [6] * len(byte_tokens) + [1] * pieces
+    return [("general.architecture", 8, arch), ("general.name", 8, "oracle"), ("general.alignment", 4, ALIGN),
+            (f"{arch}.context_length", 4, cfg["max_position_embeddings"]),
+            (f"{arch}.embedding_length", 4, cfg["hidden_size"]),
+            (f"{arch}.block_count", 4, cfg["num_hidden_layers"]),
+            (f"{arch}.feed_forward_length", 4, cfg["intermediate_size"]),
+            (f"{arch}.rope.dimension_count", 4, cfg["hidden_size"] // heads),
+            (f"{arch}.attention.head_count", 4, heads), (f"{arch}.attention.head_count_kv", 4, kv_heads),
+            (f"{arch}.attention.layer_norm_rms_epsilon", 6, cfg["rms_norm_eps"]),
+            (f"{arch}.rope.freq_base", 6, cfg.get("rope_theta", 10000.0)),
+            ("tokenizer.ggml.model", 8, "llama"), ("tokenizer.ggml.tokens", 9, (8, tokens)),
+            ("tokenizer.ggml.scores", 9, (6, scores)), ("tokenizer.ggml.token_type", 9, (5, types)),
+            ("tokenizer.ggml.bos_token_id", 4, 1), ("tokenizer.ggml.eos_token_id", 4, 2),
+            ("tokenizer.ggml.unknown_token_id", 4, 0), ("tokenizer.ggml.add_bos_token", 7, True)]
+
+
+def write_file(out, keys, tensors):
+    """The GGUF file of `keys` and `tensors` ((name, ne, ggml type, bytes or a function giving them), each written as
+    it is made: a file of any size is never held whole)."""
+    def size(ne, t):
+        n = int(np.prod(ne))
+        block, nbytes = {0: (1, 4), 1: (1, 2), 30: (1, 2)}.get(t, (None, None))
+        return n * nbytes if block else ggml().ggml_row_size(t, ne[0]) * (n // ne[0])
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(keys)) + b"".join(kv(*k) for k in keys)
+    offset = 0
+    for name, ne, t, data in tensors:
+        head += string(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
+        head += struct.pack("<IQ", t, offset)
+        n = len(data) if isinstance(data, bytes) else size(ne, t)
+        offset += n + (-n % ALIGN)
+    head += b"\0" * (-len(head) % ALIGN)
+    with open(out, "wb") as f:
+        f.write(head)
+        for name, ne, t, data in tensors:
+            blob = data if isinstance(data, bytes) else data()
+            f.write(blob + b"\0" * (-len(blob) % ALIGN))
+
+
 def main():
     if len(sys.argv) < 5 or sys.argv[1] != "write":
         raise SystemExit("usage: gguf_writer.py write HF_DIR OUT.gguf f32|f16|bf16|q4_0|...|q6_k|q4_k_m [CHAT_TEMPLATE]")
@@ -170,42 +220,10 @@ def main():
                 smooth = (orig / wavelen - low) / (high - low)
                 factors.append(1 / ((1 - smooth) / factor + smooth))
         tensors.append(("rope_freqs.weight", [len(factors)], 0, np.array(factors, dtype=np.float32).tobytes()))
-    vocab = cfg["vocab_size"]
-    # <unk>, <s>, </s>, the 256 byte tokens when the vocabulary has room (else the newline's, which llama.cpp's
-    # SentencePiece vocabulary looks up), then pieces: U+2581 and the letters alone (every longer piece is then a merge
-    # of two pieces, as in a trained SentencePiece vocabulary), then U+2581 with a letter repeated.
-    byte_tokens = [f"<0x{b:02X}>" for b in range(256)] if vocab >= 300 else ["<0x0A>"]
-    head_tokens = ["<unk>", "<s>", "</s>"] + byte_tokens
-    pieces = vocab - len(head_tokens)
-    alone = ["\u2581"] + [chr(0x61 + i) for i in range(26)]
-    tokens = head_tokens + (alone + ["\u2581" + chr(0x61 + i % 26) * (1 + i // 26) for i in range(pieces)])[:pieces]
-    scores = [0.0] * len(head_tokens) + [-float(i) for i in range(pieces)]
-    types = [2, 3, 3] + [6] * len(byte_tokens) + [1] * pieces
-    keys = [("general.architecture", 8, arch), ("general.name", 8, "oracle"), ("general.alignment", 4, ALIGN),
-            (f"{arch}.context_length", 4, cfg["max_position_embeddings"]),
-            (f"{arch}.embedding_length", 4, cfg["hidden_size"]),
-            (f"{arch}.block_count", 4, cfg["num_hidden_layers"]),
-            (f"{arch}.feed_forward_length", 4, cfg["intermediate_size"]),
-            (f"{arch}.rope.dimension_count", 4, cfg["hidden_size"] // heads),
-            (f"{arch}.attention.head_count", 4, heads), (f"{arch}.attention.head_count_kv", 4, kv_heads),
-            (f"{arch}.attention.layer_norm_rms_epsilon", 6, cfg["rms_norm_eps"]),
-            (f"{arch}.rope.freq_base", 6, cfg.get("rope_theta", 10000.0)),
-            ("tokenizer.ggml.model", 8, "llama"), ("tokenizer.ggml.tokens", 9, (8, tokens)),
-            ("tokenizer.ggml.scores", 9, (6, scores)), ("tokenizer.ggml.token_type", 9, (5, types)),
-            ("tokenizer.ggml.bos_token_id", 4, 1), ("tokenizer.ggml.eos_token_id", 4, 2),
-            ("tokenizer.ggml.unknown_token_id", 4, 0), ("tokenizer.ggml.add_bos_token", 7, True)]
+    keys = model_keys(arch, cfg, heads, kv_heads)
     if len(sys.argv) > 5:
         keys.append(("tokenizer.chat_template", 8, sys.argv[5]))
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(keys)) + b"".join(kv(*k) for k in keys)
-    offset, blobs = 0, b""
-    for name, ne, t, data in tensors:
-        head += string(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
-        head += struct.pack("<IQ", t, offset)
-        blob = data + b"\0" * (-len(data) % ALIGN)
-        blobs += blob
-        offset += len(blob)
-    head += b"\0" * (-len(head) % ALIGN)
-    open(out, "wb").write(head + blobs)
+    write_file(out, keys, tensors)
     write(f"{d}/model.safetensors", held, {"format": "pt"})
     cfg["torch_dtype"] = "float32"
     json.dump(cfg, open(f"{d}/config.json", "w"), indent=2)
