@@ -253,10 +253,17 @@ class Embedding : public Module {
   Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padding_idx = -1);
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Embedding"; }
-  Tensor weight;
+  // Holds `blocks` (a file's, (num_embeddings, embedding_dim) as they are stored) as its frozen table, the dense one
+  // dropped: the forward then gives each id's row dequantized, rounded once into the weight's dtype, with no
+  // gradient. castor::Error for blocks of another shape (nothing changed then).
+  void take_blocks(std::shared_ptr<const quant::QuantizedMatrix> blocks);
+  DType dtype() const { return weight.defined() ? weight.dtype() : dtype_; }  // of the rows it gives
+  Tensor weight;  // undefined while quantized
+  std::shared_ptr<const quant::QuantizedMatrix> quantized;
 
  private:
   int64_t padding_idx_;
+  DType dtype_ = DType::Float32;  // the rows' dtype while quantized
 };
 
 // Over the trailing normalized_shape: weight 1, bias 0 (elementwise_affine), statistics in float32.

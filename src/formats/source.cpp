@@ -15,7 +15,6 @@
 #include "castor/hf.h"
 #include "castor/llama2c.h"
 #include "castor/llmc.h"
-#include "castor/lora.h"
 
 namespace castor::formats {
 namespace {
@@ -187,13 +186,29 @@ void read_weights_each(const std::string& path, const std::function<void(const s
 
 namespace {
 
-// The Linears a file's blocks may go to, by their weights' names (a weight tied to another tensor is left dense).
-std::map<std::string, std::shared_ptr<nn::Linear>> block_targets(nn::Module& model, const StateDict& own) {
+// The layers a file's blocks may go to (each Linear and Embedding), by their weights' names; a weight tied to another
+// tensor is left dense.
+using BlocksTarget = std::function<void(std::shared_ptr<const quant::QuantizedMatrix>)>;
+void collect_block_targets(nn::Module& m, const std::string& prefix, const std::map<const void*, int>& uses,
+                           std::map<std::string, BlocksTarget>& out) {
+  for (const auto& [name, child] : m.named_children()) {
+    const std::string path = prefix + name;
+    if (auto linear = std::dynamic_pointer_cast<nn::Linear>(child)) {
+      if (linear->weight.defined() && uses.at(linear->weight.data_ptr()) == 1)
+        out.emplace(path + ".weight", [linear](auto q) { linear->take_blocks(std::move(q)); });
+    } else if (auto embedding = std::dynamic_pointer_cast<nn::Embedding>(child)) {
+      if (embedding->weight.defined() && uses.at(embedding->weight.data_ptr()) == 1)
+        out.emplace(path + ".weight", [embedding](auto q) { embedding->take_blocks(std::move(q)); });
+    } else {
+      collect_block_targets(*child, path + ".", uses, out);
+    }
+  }
+}
+std::map<std::string, BlocksTarget> block_targets(nn::Module& model, const StateDict& own) {
   std::map<const void*, int> uses;
   for (const auto& [name, t] : own) ++uses[t.data_ptr()];
-  std::map<std::string, std::shared_ptr<nn::Linear>> out;
-  for (const auto& [path, layer] : nn::linear_layers(model))
-    if (layer->weight.defined() && uses[layer->weight.data_ptr()] == 1) out.emplace(path + ".weight", layer);
+  std::map<std::string, BlocksTarget> out;
+  collect_block_targets(model, "", uses, out);
   return out;
 }
 
@@ -215,12 +230,12 @@ void load_weights_into(nn::Module& model, const std::string& path,
   const std::string compiled = "_orig_mod.";
   std::map<const void*, Tensor> given_memory;  // placeholders filled, by their memory before (a tied name's too)
   BlocksTake blocks;
-  std::map<std::string, std::shared_ptr<nn::Linear>> targets;
+  std::map<std::string, BlocksTarget> targets;
   if (keep_blocks) targets = block_targets(model, own);
   blocks.wants = [&](const std::string& name) { return targets.count(name) > 0; };
   blocks.take = [&](const std::string& name, const std::shared_ptr<const quant::QuantizedMatrix>& q) {
     try {
-      targets.at(name)->take_blocks(q);
+      targets.at(name)(q);
     } catch (const Error& e) {
       throw Error(detail::cat(path, ": ", name, ": ", e.what()));
     }

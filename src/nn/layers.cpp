@@ -225,7 +225,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padd
   Tensor w;
   if (skip_init) {
     default_generator().discard_normals(num_embeddings * embedding_dim);
-    w = empty_weight({num_embeddings, embedding_dim});
+    w = empty_weight({num_embeddings, embedding_dim}, /*placeholder=*/true);
   } else {
     w = normal({num_embeddings, embedding_dim}, 0.0, 1.0);
     if (padding_idx >= 0) w.narrow(0, padding_idx, 1).fill_(0.0);
@@ -233,7 +233,31 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padd
   weight = register_parameter("weight", w);
 }
 
-Tensor Embedding::forward(const Tensor& input) { return F::embedding(input, weight, padding_idx_); }
+void Embedding::take_blocks(std::shared_ptr<const quant::QuantizedMatrix> blocks) {
+  const Tensor& table = weight.defined() ? weight : Tensor();
+  CASTOR_CHECK(blocks && table.defined() && blocks->rows == table.size(0) && blocks->cols == table.size(1),
+               "Embedding: blocks of (", blocks ? blocks->rows : 0, ", ", blocks ? blocks->cols : 0,
+               ") for a table of ", table.defined() ? shape_str(table.shape()) : "blocks already");
+  dtype_ = weight.dtype();
+  unregister_parameter("weight");
+  weight = Tensor();
+  quantized = std::move(blocks);
+}
+
+Tensor Embedding::forward(const Tensor& input) {
+  if (!quantized) return F::embedding(input, weight, padding_idx_);
+  CASTOR_CHECK(input.dtype() == DType::Int64, "Embedding: expected int64 ids, got ", input.describe());
+  const Tensor ids = input.contiguous();
+  Shape shape = ids.shape();
+  shape.push_back(quantized->cols);
+  Tensor rows = empty(shape);  // (*, dim): each row exact in float32, then rounded once
+  const int64_t* id = ids.data<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    CASTOR_CHECK(id[i] >= 0 && id[i] < quantized->rows, "Embedding: id ", id[i], " outside [0, ", quantized->rows, ")");
+    quant::dequantize_rows(*quantized, id[i], id[i] + 1, rows.data<float>() + i * quantized->cols);
+  }
+  return rows.to(dtype_);
+}
 
 LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine, bool bias)
     : normalized_shape_(std::move(normalized_shape)), eps_(eps) {

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -78,10 +79,19 @@ std::pair<int64_t, int64_t> parameter_counts(const nn::Module& model) {
     all += p.numel();
     if (p.requires_grad()) trainable += p.numel();
   }
-  // A quantized base's Linears hold no parameter: their weights count as the values they hold (linear_layers only
-  // reads the model).
-  for (const auto& [path, layer] : nn::linear_layers(const_cast<nn::Module&>(model)))
-    if (layer->quantized) all += layer->in_features() * layer->out_features();
+  // A quantized base's Linears (and a GGUF base's embedding) hold no parameter: their weights count as the values
+  // they hold.
+  std::function<void(const nn::Module&)> count = [&](const nn::Module& m) {
+    for (const auto& [name, child] : m.named_children()) {
+      if (const auto* l = dynamic_cast<const nn::Linear*>(child.get()); l && l->quantized)
+        all += l->quantized->rows * l->quantized->cols;
+      else if (const auto* e = dynamic_cast<const nn::Embedding*>(child.get()); e && e->quantized)
+        all += e->quantized->rows * e->quantized->cols;
+      else
+        count(*child);
+    }
+  };
+  count(model);
   return {trainable, all};
 }
 

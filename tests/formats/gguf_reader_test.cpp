@@ -110,9 +110,9 @@ TEST(GgufRead, LogitsMatchTheOracleOnTheFilesValues) {
   }
 }
 
-// The block types of the quantized Linear weights of `model`, and of the file's quantized matrices but the embedding
-// (read as values: an Embedding's, also when the output layer shares it), as ggml names them.
-std::multiset<std::string> quantized_linears(nn::Module& model) {
+// The block types of the quantized Linear weights and embedding of `model`, and of the file's quantized matrices but
+// a tied embedding (read as values: the output layer shares it), as ggml names them.
+std::multiset<std::string> quantized_layers(models::Llama& model) {
   std::multiset<std::string> out;
   const StateDict own = model.state_dict();
   for (const auto& [path, layer] : nn::linear_layers(model)) {
@@ -120,18 +120,22 @@ std::multiset<std::string> quantized_linears(nn::Module& model) {
     out.insert(formats::ggml_type_name(static_cast<uint32_t>(layer->quantized->type)));
     EXPECT_FALSE(own.count(path + ".weight")) << path << " holds a dense weight too";
   }
+  if (const auto& e = model.tok_embeddings->quantized) {
+    out.insert(formats::ggml_type_name(static_cast<uint32_t>(e->type)));
+    EXPECT_FALSE(own.count("tok_embeddings.weight"));
+  }
   return out;
 }
-std::multiset<std::string> quantized_matrices(const std::string& file) {
+std::multiset<std::string> quantized_matrices(const std::string& file, bool tied) {
   std::multiset<std::string> out;
   for (const formats::GgufTensorInfo& t : formats::read_gguf_header(file).tensors)
-    if (t.type != 0 && t.type != 1 && t.type != 30 && t.name != "token_embd.weight")
+    if (t.type != 0 && t.type != 1 && t.type != 30 && !(tied && t.name == "token_embd.weight"))
       out.insert(formats::ggml_type_name(t.type));
   return out;
 }
 
-// A quantized file's Linear weights stay in the file's blocks (each its own type: Q4_K_M's Q4_K and Q6_K, the
-// output's Q6_K; a tied embedding is read as values), and the model over them - logits, loss and LoRA's adapter
+// A quantized file's Linear weights and embedding stay in the file's blocks (each its own type: Q4_K_M's Q4_K and
+// Q6_K, the output's Q6_K; a tied embedding is read as values), and the model over them - logits, loss and LoRA's adapter
 // gradients on every Linear - equals the oracle (transformers' Llama / Qwen2 in PyTorch on ggml's dequantized values,
 // lora_oracle.py's PEFT-style LoRA) within 1e-5 at float32.
 TEST(GgufRead, QuantizedBaseStaysInItsBlocksAndMatchesTheOracle) {
@@ -155,8 +159,8 @@ TEST(GgufRead, QuantizedBaseStaysInItsBlocksAndMatchesTheOracle) {
     ASSERT_TRUE(write_gguf_case(dir, c.name, c.arch, c.kv_heads, c.tied, c.type, seed++, 53, c.wide));
     const std::string file = dir + "/" + c.name + ".gguf";
     auto model = load_gguf_blocks(file);
-    const std::multiset<std::string> types = quantized_linears(*model);
-    EXPECT_EQ(types, quantized_matrices(file));
+    const std::multiset<std::string> types = quantized_layers(*model);
+    EXPECT_EQ(types, quantized_matrices(file, c.tied));
     if (c.type == "q4_k_m") {
       EXPECT_TRUE(types.count("q6_K") && types.count("q4_K"));
     }
