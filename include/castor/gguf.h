@@ -12,6 +12,7 @@
 #include "castor/llama.h"
 #include "castor/json.h"
 #include "castor/llmc.h"
+#include "castor/model_source.h"
 #include "castor/quant.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
@@ -153,16 +154,24 @@ std::string ggml_type_name(uint32_t type);
 // Castor's Llama does not compute (experts, soft-capping, a partial rotary, rope scaling other than linear, per-pair
 // rope factors, a sliding window).
 Json gguf_description(const GgufHeader& header, const std::string& path);
+// "" for a file of dense tensors only; else the quantized types it holds (tensors of each, ggml's names) and what
+// Castor does with them: a LoRA run and castor sample / eval keep a Linear's in their blocks, full fine-tuning
+// dequantizes them to float32 trainable weights.
+std::string gguf_quantized_note(const GgufHeader& header);
 // The model settings a run of it on `data` would record (as castor/hf.h's hf_metadata), and "gguf.architecture"; no
 // precision (a file of another tool: castor eval runs it in float32).
 Metadata gguf_metadata(const GgufHeader& header, const std::string& path, const std::string& data);
-// Castor's names, dtypes and shapes of the file's tensors (their data not read; a quantized type's as float32).
+// Castor's names, dtypes and shapes of the file's tensors (their data not read; a quantized type's as float32), and
+// in the metadata "gguf.quantized" (gguf_quantized_note) when the file holds quantized matrices.
 SafetensorsFile gguf_listing(const GgufHeader& header, const std::string& path);
-// Each tensor read (Castor's name; F32, F16 and BF16 as they are stored, Q8_0 blocks dequantized to float32; qwen2's
-// q/k rows and biases permuted to Castor's interleaved rotary layout) and given to `take`, then dropped. castor::Error
-// naming the file and the tensor for one of a type not read yet, a tensor the architecture has not, or a shape other
+// Each tensor read (Castor's name; F32, F16 and BF16 as they are stored, every quantized type's blocks dequantized to
+// float32 through the block-type table, castor/quant.h; qwen2's q/k rows and biases permuted to Castor's interleaved
+// rotary layout) and given to `take`, then dropped; or, for a matrix of a quantized type whose name `blocks.wants`,
+// its blocks as the file stores them ((rows, cols), qwen2's q/k rows moved whole) given to `blocks.take`, never
+// dequantized. castor::Error naming the file and the tensor for a tensor the architecture has not, or a shape other
 // than the description's.
-void read_gguf_each(const std::string& path, const std::function<void(const std::string&, const Tensor&)>& take);
+void read_gguf_each(const std::string& path, const std::function<void(const std::string&, const Tensor&)>& take,
+                    const BlocksTake& blocks = {});
 
 // The tokenizer a file's tokenizer.ggml.* keys describe, as a Hugging Face tokenizer.json (Castor's Tokenizer reads
 // that): "gpt2" with pre "llama-bpe" (Llama 3's split), "qwen2", "gpt-2" or "default" as byte-level BPE with the

@@ -53,6 +53,9 @@ std::vector<std::string> apply_lora(Module& model, const LoraConfig& config);
 // registration order; an adapter's own Linears are not listed. QLoRA quantizes these (transformers leaves the output
 // layer, and the embeddings, unquantized).
 std::vector<std::pair<std::string, std::shared_ptr<Linear>>> all_linear_layers(Module& model);
+// (path, Linear) of every Linear of `model`, the output layer too, in registration order (an adapter's own Linears
+// are not listed).
+std::vector<std::pair<std::string, std::shared_ptr<Linear>>> linear_layers(Module& model);
 // (path, Linear) of every Linear of `model` with an adapter, in registration order.
 std::vector<std::pair<std::string, std::shared_ptr<Linear>>> lora_layers(Module& model);
 // The adapters' parameters (PEFT's get_peft_model_state_dict without the "base_model.model." prefix).

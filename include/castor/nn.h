@@ -143,9 +143,12 @@ class SkipInitGuard {
 // thread, the layers leave their weights uninitialised as under SkipInitGuard, made in `dtype` (norm layers' in
 // float32, as Module::to(dtype, keep_norms_fp32) leaves them), and models::gpt and models::llama draw none of their
 // own. A LoRA run's frozen base is then never held in float32, and no weight is drawn only to be overwritten.
+// With `placeholders`, a Linear's weight holds no memory at all (is_placeholder: one element seen at every index)
+// until the loader gives it its own (fill_placeholder) or replaces it by blocks (Linear::take_blocks): a base
+// loaded quantized is never held dense, not even uninitialised.
 class LoadInitGuard {
  public:
-  explicit LoadInitGuard(DType dtype);
+  explicit LoadInitGuard(DType dtype, bool placeholders = false);
   ~LoadInitGuard();
   LoadInitGuard(const LoadInitGuard&) = delete;
   LoadInitGuard& operator=(const LoadInitGuard&) = delete;
@@ -153,7 +156,12 @@ class LoadInitGuard {
  private:
   SkipInitGuard skip_;
   std::optional<DType> prev_;
+  bool prev_placeholders_;
 };
+// Whether `t` is a placeholder weight (LoadInitGuard with placeholders); fill_placeholder gives it memory of its own
+// (uninitialised, contiguous) in place, so every holder of the tensor (its module, a tied one) sees it.
+bool is_placeholder(const Tensor& t);
+void fill_placeholder(const Tensor& t);
 // The dtype of the LoadInitGuard alive on this thread; nullopt when none is.
 std::optional<DType> load_init_dtype();
 
@@ -188,6 +196,9 @@ class Linear : public Module {
   void quantize_weight(quant::BlockType type, bool double_quant);
   // The reverse: a dense frozen weight of the blocks' values (exact in float32) in `dtype`, the blocks dropped.
   void dequantize_weight(DType dtype = DType::Float32);
+  // Holds `blocks` (a file's, as they are stored) as its frozen weight, the dense one dropped. castor::Error for
+  // blocks of another shape than (out, in) or an adapter merged in (nothing changed then).
+  void take_blocks(std::shared_ptr<const quant::QuantizedMatrix> blocks);
   Tensor weight, bias;  // weight undefined while quantized
   std::shared_ptr<const quant::QuantizedMatrix> quantized;
   std::shared_ptr<LoraAdapter> lora;  // null without an adapter
@@ -242,10 +253,17 @@ class Embedding : public Module {
   Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padding_idx = -1);
   Tensor forward(const Tensor& input) override;
   std::string type_name() const override { return "Embedding"; }
-  Tensor weight;
+  // Holds `blocks` (a file's, (num_embeddings, embedding_dim) as they are stored) as its frozen table, the dense one
+  // dropped: the forward then gives each id's row dequantized, rounded once into the weight's dtype, with no
+  // gradient. castor::Error for blocks of another shape (nothing changed then).
+  void take_blocks(std::shared_ptr<const quant::QuantizedMatrix> blocks);
+  DType dtype() const { return weight.defined() ? weight.dtype() : dtype_; }  // of the rows it gives
+  Tensor weight;  // undefined while quantized
+  std::shared_ptr<const quant::QuantizedMatrix> quantized;
 
  private:
   int64_t padding_idx_;
+  DType dtype_ = DType::Float32;  // the rows' dtype while quantized
 };
 
 // Over the trailing normalized_shape: weight 1, bias 0 (elementwise_affine), statistics in float32.

@@ -7,6 +7,7 @@
 #include "castor/check.h"
 #include "castor/fs.h"
 #include "castor/gguf.h"
+#include "castor/quant.h"
 
 namespace castor::formats {
 
@@ -16,20 +17,10 @@ namespace {
 enum : uint32_t { kU8 = 0, kI8, kU16, kI16, kU32, kI32, kF32, kBool, kString, kArray, kU64, kI64, kF64, kValueTypes };
 constexpr uint64_t kValueSize[kValueTypes] = {1, 1, 2, 2, 4, 4, 4, 1, 8, 12, 8, 8, 8};  // (string, array: least)
 
-// ggml's tensor types a model file holds: id, name, values per block, bytes per block (ggml-common.h).
-struct GgmlType {
-  uint32_t id;
-  const char* name;
-  uint64_t block, bytes;
-};
-constexpr GgmlType kGgmlTypes[] = {{0, "f32", 1, 4},       {1, "f16", 1, 2},       {2, "q4_0", 32, 18},
-                                   {3, "q4_1", 32, 20},    {6, "q5_0", 32, 22},    {7, "q5_1", 32, 24},
-                                   {8, "q8_0", 32, 34},    {10, "q2_K", 256, 84},  {11, "q3_K", 256, 110},
-                                   {12, "q4_K", 256, 144}, {13, "q5_K", 256, 176}, {14, "q6_K", 256, 210},
-                                   {30, "bf16", 1, 2}};
-const GgmlType* ggml_type(uint32_t id) {
-  for (const GgmlType& t : kGgmlTypes)
-    if (t.id == id) return &t;
+// ggml's tensor type `id` as a row of the block-type table (castor/quant.h: GGUF's ids), or null (NF4 is no GGUF type).
+const quant::BlockTypeInfo* ggml_type(uint32_t id) {
+  for (const quant::BlockTypeInfo& t : quant::block_types())
+    if (static_cast<uint32_t>(t.id) == id && t.id != quant::BlockType::NF4) return &t;
   return nullptr;
 }
 
@@ -105,8 +96,11 @@ Json value(Cursor& c, uint32_t type, const std::string& path, const std::string&
 }  // namespace
 
 std::string ggml_type_name(uint32_t type) {
-  const GgmlType* t = ggml_type(type);
-  return t ? t->name : "";
+  const quant::BlockTypeInfo* t = ggml_type(type);
+  if (!t) return "";
+  std::string name = t->name;  // (ggml spells the K-quants' K upper case: q4_K)
+  if (name.back() == 'k') name.back() = 'K';
+  return name;
 }
 
 GgufHeader read_gguf_header(const std::string& path) {
@@ -148,11 +142,14 @@ GgufHeader read_gguf_header(const std::string& path) {
       t.ne.push_back(n);
     }
     t.type = c.get<uint32_t>(field + "'s type");
-    const GgmlType* g = ggml_type(t.type);
+    const quant::BlockTypeInfo* g = ggml_type(t.type);
     CASTOR_CHECK(g, path, ": ", field, ": unknown tensor type ", t.type);
-    CASTOR_CHECK(t.ne[0] % g->block == 0, path, ": ", field, ": rows of ", t.ne[0], " values are not whole ", g->name,
-                 " blocks of ", g->block);
-    t.bytes = numel / g->block * g->bytes;
+    const auto block = static_cast<uint64_t>(g->block);
+    CASTOR_CHECK(t.ne[0] % block == 0, path, ": ", field, ": rows of ", t.ne[0], " values are not whole ",
+                 ggml_type_name(t.type), " blocks of ", block);
+    CASTOR_CHECK(numel / block <= UINT64_MAX / static_cast<uint64_t>(g->bytes), path, ": ", field, "'s dims overflow (",
+                 numel, " values)");
+    t.bytes = numel / block * static_cast<uint64_t>(g->bytes);
     t.begin = c.get<uint64_t>(field + "'s offset");
     CASTOR_CHECK(t.begin % alignment == 0, path, ": ", field, ": offset ", t.begin,
                  " is not a multiple of the alignment ", alignment);

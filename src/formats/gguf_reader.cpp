@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <cstring>
 #include <set>
@@ -14,6 +15,7 @@
 #include "castor/hf.h"
 #include "castor/hf_tokenizer.h"
 #include "castor/quant.h"
+#include "ops/transformer.h"
 
 namespace castor::formats {
 
@@ -48,6 +50,9 @@ double number_or(const GgufHeader& h, const std::string& key, double fallback, c
   CASTOR_CHECK(v->is_number(), path, ": ", key, " is not a number");
   return v->as_double();
 }
+
+// Llama 3.1's per-pair rope factors: read into the description (llama3_from_rope_freqs), no tensor of the model.
+constexpr const char* kRopeFreqs = "rope_freqs.weight";
 
 const GgufTensorInfo* tensor_named(const GgufHeader& h, const std::string& name) {
   for (const GgufTensorInfo& t : h.tensors)
@@ -97,6 +102,51 @@ std::string castor_name(const std::string& file_name) {
   return "";
 }
 
+// Llama 3.1's rope scaling from the per-pair factors llama.cpp divides each pair's angle by (rope_freqs.weight, which
+// convert_hf_to_gguf.py writes instead of a rope scaling key): the llama3 scaling of Meta's low_freq_factor 1 and
+// high_freq_factor 4 whose factors they are, its factor the largest and original_max_position_embeddings solved from
+// a smoothed pair (or, with none, between the wavelengths kept and divided); castor::Error naming the tensor when no
+// such scaling gives the table (each inverse frequency within 1e-5 of the file's).
+F::RopeScaling llama3_from_rope_freqs(const GgufHeader& h, const LlamaConfig& l, const std::string& path) {
+  const GgufTensorInfo* t = tensor_named(h, kRopeFreqs);
+  const int64_t half = l.head_size() / 2;
+  CASTOR_CHECK(t->type == 0 && t->ne.size() == 1 && t->ne[0] == static_cast<uint64_t>(half), path,
+               ": tensor rope_freqs.weight is not f32 [", half, "] (one factor per rotary pair)");
+  uint64_t size = 0;
+  const std::vector<uint8_t> bytes = read_file_range(path, t->begin, t->bytes, size);
+  std::vector<float> f(static_cast<size_t>(half));
+  std::memcpy(f.data(), bytes.data(), bytes.size());
+  const std::vector<float> inv = rotary_inv_freq(l.head_size(), l.rope_theta);
+  F::RopeScaling r;
+  r.factor = *std::max_element(f.begin(), f.end());
+  if (r.factor == 1.0f && *std::min_element(f.begin(), f.end()) == 1.0f) return {};  // (every pair as it is)
+  r.type = F::RopeScaling::Type::Llama3;
+  double lo = 0, hi = 0;  // the longest wavelength kept, the shortest divided by the factor
+  bool solved = false;
+  for (int64_t k = 0; k < half; ++k) {
+    const double wavelen = 2 * M_PI / inv[k], fk = f[k];
+    if (fk <= 1 + 1e-6)
+      lo = std::max(lo, wavelen);
+    else if (fk >= r.factor * (1 - 1e-6))
+      hi = hi == 0 ? wavelen : std::min(hi, wavelen);
+    else if (!solved) {  // (smooth = (orig / wavelen - 1) / 3)
+      const double smooth = (1 / fk - 1 / r.factor) / (1 - 1 / r.factor);
+      r.original_max_position_embeddings = std::llround((3 * smooth + 1) * wavelen);
+      solved = true;
+    }
+  }
+  if (!solved && lo > 0 && hi > 4 * lo)
+    r.original_max_position_embeddings = std::llround(std::sqrt(4 * lo * hi));  // (none smoothed: any between)
+  bool same = r.factor > 1;
+  if (same) {
+    const std::vector<float> want = rotary_inv_freq(l.head_size(), l.rope_theta, r);
+    for (int64_t k = 0; k < half; ++k) same = same && std::abs(inv[k] / f[k] - want[k]) <= 1e-5 * want[k];
+  }
+  CASTOR_CHECK(same, path, ": tensor rope_freqs.weight: per-pair rope factors that no llama3 rope scaling (low and ",
+               "high frequency factors 1 and 4) gives, which Castor does not compute");
+  return r;
+}
+
 LlamaConfig gguf_llama_config(const GgufHeader& h, const std::string& path) {
   const Arch a = arch_of(h, path);
   const auto key = [&](const char* k) { return a.name + "." + k; };
@@ -136,8 +186,12 @@ LlamaConfig gguf_llama_config(const GgufHeader& h, const std::string& path) {
       l.rope_scaling.factor = number_or(h, key("rope.scaling.factor"), 1.0, path);
     }
   }
-  CASTOR_CHECK(!tensor_named(h, "rope_freqs.weight"), path,
-               ": tensor rope_freqs.weight (per-pair rope factors, Llama 3.1's rope scaling) is not read");
+  if (tensor_named(h, "rope_freqs.weight")) {
+    CASTOR_CHECK(!a.qwen2 && l.rope_scaling.type == F::RopeScaling::Type::None, path,
+                 ": tensor rope_freqs.weight (per-pair rope factors) with ",
+                 a.qwen2 ? "arch qwen2" : "a rope scaling key", ", which Castor does not compute");
+    l.rope_scaling = llama3_from_rope_freqs(h, l, path);
+  }
   const GgufTensorInfo* embd = tensor_named(h, "token_embd.weight");
   CASTOR_CHECK(embd && embd->ne.size() == 2 && static_cast<int64_t>(embd->ne[0]) == l.dim, path,
                ": no tensor token_embd.weight of [", l.dim, ", vocabulary]");
@@ -166,9 +220,24 @@ Json gguf_description(const GgufHeader& h, const std::string& path) {
   return d;
 }
 
+std::string gguf_quantized_note(const GgufHeader& h) {
+  std::map<std::string, int64_t> counts;
+  for (const GgufTensorInfo& t : h.tensors)
+    if (t.type != 0 && t.type != 1 && t.type != 30) ++counts[ggml_type_name(t.type)];
+  if (counts.empty()) return "";
+  std::string types;
+  for (const auto& [name, n] : counts) types += detail::cat(types.empty() ? "" : ", ", name, " (", n, " tensors)");
+  return types +
+         ": a LoRA run (--lora-rank), castor sample and castor eval keep a Linear's weight in these blocks; "
+         "full fine-tuning dequantizes them to float32 trainable weights";
+}
+
 Metadata gguf_metadata(const GgufHeader& h, const std::string& path, const std::string& data) {
   const Json settings = formats::llama_settings(gguf_llama_config(h, path), gguf_description(h, path), data);
-  return {{"castor.config", settings.dump()}, {"castor.model", "llama"}, {"gguf.architecture", arch_of(h, path).name}};
+  Metadata m = {
+      {"castor.config", settings.dump()}, {"castor.model", "llama"}, {"gguf.architecture", arch_of(h, path).name}};
+  if (const std::string note = gguf_quantized_note(h); !note.empty()) m["gguf.quantized"] = note;
+  return m;
 }
 
 namespace {
@@ -193,6 +262,7 @@ Planned plan(const GgufTensorInfo& t, const std::string& path) {
 SafetensorsFile gguf_listing(const GgufHeader& h, const std::string& path) {
   SafetensorsFile f;
   for (const GgufTensorInfo& t : h.tensors) {
+    if (t.name == kRopeFreqs) continue;  // (the description's rope scaling)
     const Planned p = plan(t, path);
     f.entries.push_back({p.name, p.dtype, p.shape, t.begin, t.begin + t.bytes});
   }
@@ -200,34 +270,63 @@ SafetensorsFile gguf_listing(const GgufHeader& h, const std::string& path) {
   return f;
 }
 
-void read_gguf_each(const std::string& path, const std::function<void(const std::string&, const Tensor&)>& take) {
+namespace {
+
+bool is_dense_type(uint32_t type) { return type == 0 || type == 1 || type == 30; }  // f32, f16, bf16
+
+// A tensor's values as its dtype (f32, f16, bf16 as stored; a quantized type's blocks dequantized to float32).
+Tensor read_values(const std::string& path, const GgufTensorInfo& t, const Planned& p, uint64_t size) {
+  if (is_dense_type(t.type)) {
+    Tensor x = empty(p.shape, p.dtype);
+    read_file_range_into(path, t.begin, std::span<uint8_t>(static_cast<uint8_t*>(x.data_ptr()), x.nbytes()), size);
+    return x;
+  }
+  const std::vector<uint8_t> blocks = read_file_range(path, t.begin, t.bytes, size);
+  Tensor x = empty(p.shape, DType::Float32);
+  quant::block_type(static_cast<quant::BlockType>(t.type)).dequantize(blocks.data(), x.data<float>(), x.numel());
+  return x;
+}
+
+// A matrix's blocks as they are stored: (rows, cols) with each row whole blocks of its type.
+std::shared_ptr<quant::QuantizedMatrix> read_blocks(const std::string& path, const GgufTensorInfo& t, const Planned& p,
+                                                    uint64_t size) {
+  auto q = std::make_shared<quant::QuantizedMatrix>();
+  q->type = static_cast<quant::BlockType>(t.type);
+  q->rows = p.shape[0], q->cols = p.shape[1];
+  q->data = empty({q->rows, quant::row_bytes(q->type, q->cols)}, DType::UInt8);
+  read_file_range_into(path, t.begin, std::span<uint8_t>(q->data.data<uint8_t>(), q->data.nbytes()), size);
+  return q;
+}
+
+}  // namespace
+
+void read_gguf_each(const std::string& path, const std::function<void(const std::string&, const Tensor&)>& take,
+                    const BlocksTake& blocks) {
   const GgufHeader h = read_gguf_header(path);
   const LlamaConfig l = gguf_llama_config(h, path);
   const bool qwen2 = arch_of(h, path).qwen2;
   std::vector<Planned> planned;
-  for (const GgufTensorInfo& t : h.tensors) {
-    planned.push_back(plan(t, path));
-    CASTOR_CHECK(t.type == 0 || t.type == 1 || t.type == 30 || t.type == 8, path, ": tensor ", printable(t.name),
-                 ": type ", ggml_type_name(t.type), " is not read yet (f32, f16, bf16 and q8_0 are)");
-  }
+  for (const GgufTensorInfo& t : h.tensors)
+    if (t.name != kRopeFreqs) planned.push_back(plan(t, path));
   uint64_t size = 0;
   read_file_range(path, 0, 0, size);
-  for (size_t i = 0; i < h.tensors.size(); ++i) {
-    const GgufTensorInfo& t = h.tensors[i];
-    const Planned& p = planned[i];
-    Tensor x;
-    if (t.type == 8) {
-      const std::vector<uint8_t> blocks = read_file_range(path, t.begin, t.bytes, size);
-      x = empty(p.shape, DType::Float32);
-      quant::block_type(quant::BlockType::Q8_0).dequantize(blocks.data(), static_cast<float*>(x.data_ptr()), x.numel());
-    } else {
-      x = empty(p.shape, p.dtype);
-      read_file_range_into(path, t.begin, std::span<uint8_t>(static_cast<uint8_t*>(x.data_ptr()), x.nbytes()), size);
-    }
-    // qwen2 keeps Hugging Face's rotate-half rows in wq and wk (and their biases): Castor's are interleaved.
+  size_t i = 0;
+  for (const GgufTensorInfo& t : h.tensors) {
+    if (t.name == kRopeFreqs) continue;
+    const Planned& p = planned[i++];
+    // qwen2 keeps Hugging Face's rotate-half rows in wq and wk (and their biases): Castor's are interleaved (whole
+    // rows move, so a matrix's rows of blocks move as they are).
     const bool q = p.name.find(".wq.") != std::string::npos, k = p.name.find(".wk.") != std::string::npos;
-    if (qwen2 && (q || k)) x = formats::permute_rows(x, q ? l.n_heads : l.kv_heads(), /*to_castor=*/true);
-    take(p.name, x);
+    const auto rows_in_castor_order = [&](const Tensor& x) {
+      return qwen2 && (q || k) ? formats::permute_rows(x, q ? l.n_heads : l.kv_heads(), /*to_castor=*/true) : x;
+    };
+    if (!is_dense_type(t.type) && p.shape.size() == 2 && blocks.wants && blocks.wants(p.name)) {
+      const std::shared_ptr<quant::QuantizedMatrix> m = read_blocks(path, t, p, size);
+      m->data = rows_in_castor_order(m->data).contiguous();
+      blocks.take(p.name, m);
+      continue;
+    }
+    take(p.name, rows_in_castor_order(read_values(path, t, p, size)));
   }
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <set>
 
 #include "castor/autograd.h"
@@ -162,10 +163,11 @@ LoadedTensors load_weights_file(const std::string& path, const std::string& data
   return load_safetensors(path);
 }
 
-void read_weights_each(const std::string& path, const std::function<void(const std::string&, const Tensor&)>& take) {
+void read_weights_each(const std::string& path, const std::function<void(const std::string&, const Tensor&)>& take,
+                       const BlocksTake& blocks) {
   const SourceFormat format = source_format(path);
   if (format == SourceFormat::HfDir) return read_hf_weights_each(path, read_hf_config(path), take);
-  if (format == SourceFormat::Gguf) return formats::read_gguf_each(path, take);
+  if (format == SourceFormat::Gguf) return formats::read_gguf_each(path, take, blocks);
   if (format == SourceFormat::Llama2c) {
     for (const auto& [name, t] : formats::load_llama2c_weights_file(path, "").tensors) take(name, t);
     return;
@@ -182,29 +184,92 @@ void read_weights_each(const std::string& path, const std::function<void(const s
   }
 }
 
+namespace {
+
+// The layers a file's blocks may go to (each Linear and Embedding), by their weights' names; a weight tied to another
+// tensor is left dense.
+using BlocksTarget = std::function<void(std::shared_ptr<const quant::QuantizedMatrix>)>;
+void collect_block_targets(nn::Module& m, const std::string& prefix, const std::map<const void*, int>& uses,
+                           std::map<std::string, BlocksTarget>& out) {
+  for (const auto& [name, child] : m.named_children()) {
+    const std::string path = prefix + name;
+    if (auto linear = std::dynamic_pointer_cast<nn::Linear>(child)) {
+      if (linear->weight.defined() && uses.at(linear->weight.data_ptr()) == 1)
+        out.emplace(path + ".weight", [linear](auto q) { linear->take_blocks(std::move(q)); });
+    } else if (auto embedding = std::dynamic_pointer_cast<nn::Embedding>(child)) {
+      if (embedding->weight.defined() && uses.at(embedding->weight.data_ptr()) == 1)
+        out.emplace(path + ".weight", [embedding](auto q) { embedding->take_blocks(std::move(q)); });
+    } else {
+      collect_block_targets(*child, path + ".", uses, out);
+    }
+  }
+}
+std::map<std::string, BlocksTarget> block_targets(nn::Module& model, const StateDict& own) {
+  std::map<const void*, int> uses;
+  for (const auto& [name, t] : own) ++uses[t.data_ptr()];
+  std::map<std::string, BlocksTarget> out;
+  collect_block_targets(model, "", uses, out);
+  return out;
+}
+
+// The model's own tensor that `t` (a state_dict entry: a detached view) shares its memory with.
+Tensor owner(nn::Module& model, const Tensor& t) {
+  for (const auto& [name, p] : model.named_parameters())
+    if (p.data_ptr() == t.data_ptr()) return p;
+  CASTOR_ASSERT(false, "a placeholder that is no parameter of the model");
+  return t;
+}
+
+}  // namespace
+
 void load_weights_into(nn::Module& model, const std::string& path,
-                       const std::function<void(const std::string& name)>& filled) {
+                       const std::function<void(const std::string& name)>& filled, bool keep_blocks) {
   StateDict own = model.state_dict();
   std::set<const void*> loaded;  // the storages given, by address (a tied tensor's names share one)
   NoGradGuard no_grad;
   const std::string compiled = "_orig_mod.";
-  read_weights_each(path, [&](const std::string& key, const Tensor& t) {
-    const std::string name = key.rfind(compiled, 0) == 0 ? key.substr(compiled.size()) : key;
-    const auto it = own.find(name);
-    if (it == own.end() && name.ends_with(".attn.bias") && t.dim() == 4) return;  // nanoGPT's causal mask
-    CASTOR_CHECK(it != own.end(), path, ": the model has no tensor ", printable(name));
-    CASTOR_CHECK(it->second.shape() == t.shape(), path, ": ", name, " has shape ", shape_str(t.shape()),
-                 ", the model's is ", shape_str(it->second.shape()));
-    check_finite(path, name, t);
-    Tensor(it->second).copy_(t);
-    loaded.insert(it->second.data_ptr());
-    if (filled) {
-      filled(name);
-      it->second = Tensor();  // (the model may have dropped the tensor: it is not held here either)
+  std::map<const void*, Tensor> given_memory;  // placeholders filled, by their memory before (a tied name's too)
+  BlocksTake blocks;
+  std::map<std::string, BlocksTarget> targets;
+  if (keep_blocks) targets = block_targets(model, own);
+  blocks.wants = [&](const std::string& name) { return targets.count(name) > 0; };
+  blocks.take = [&](const std::string& name, const std::shared_ptr<const quant::QuantizedMatrix>& q) {
+    try {
+      targets.at(name)(q);
+    } catch (const Error& e) {
+      throw Error(detail::cat(path, ": ", name, ": ", e.what()));
     }
-  });
-  for (const auto& [name, t] : own)
-    CASTOR_CHECK(!t.defined() || loaded.count(t.data_ptr()), path, ": gives no ", name);
+    loaded.insert(own.at(name).data_ptr());
+    own.at(name) = Tensor();  // (not held here either)
+  };
+  read_weights_each(
+      path,
+      [&](const std::string& key, const Tensor& t) {
+        const std::string name = key.rfind(compiled, 0) == 0 ? key.substr(compiled.size()) : key;
+        const auto it = own.find(name);
+        if (it == own.end() && name.ends_with(".attn.bias") && t.dim() == 4) return;  // nanoGPT's causal mask
+        CASTOR_CHECK(it != own.end(), path, ": the model has no tensor ", printable(name));
+        CASTOR_CHECK(it->second.shape() == t.shape(), path, ": ", name, " has shape ", shape_str(t.shape()),
+                     ", the model's is ", shape_str(it->second.shape()));
+        check_finite(path, name, t);
+        Tensor dst = it->second;
+        if (nn::is_placeholder(dst)) {  // (its memory given in the model's own tensor, which a tied one shares)
+          auto [at, fresh] = given_memory.try_emplace(dst.data_ptr());
+          if (fresh) {
+            at->second = owner(model, dst);
+            nn::fill_placeholder(at->second);
+          }
+          dst = at->second;
+        }
+        dst.copy_(t);
+        loaded.insert(it->second.data_ptr());
+        if (filled) {
+          filled(name);
+          it->second = Tensor();  // (the model may have dropped the tensor: it is not held here either)
+        }
+      },
+      blocks);
+  for (const auto& [name, t] : own) CASTOR_CHECK(!t.defined() || loaded.count(t.data_ptr()), path, ": gives no ", name);
 }
 
 SafetensorsFile read_weights_header(const std::string& path) {

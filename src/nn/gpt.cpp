@@ -104,7 +104,7 @@ Tensor GPT::hidden(const Tensor& idx) {
 int64_t GPT::vocab_size() const { return config_.real_vocab_size > 0 ? config_.real_vocab_size : config_.vocab_size; }
 
 LanguageModel::CacheShape GPT::cache_shape() const {
-  return {config_.n_layer, config_.n_head, config_.n_embd / config_.n_head, wte->weight.dtype()};
+  return {config_.n_layer, config_.n_head, config_.n_embd / config_.n_head, wte->dtype()};
 }
 
 Tensor GPT::forward_cached_impl(const Tensor& idx, KVCache& cache) {

@@ -34,7 +34,7 @@ Tensor LanguageModel::logits(const Tensor& hidden) {
 Tensor lm_loss(LanguageModel& model, const Tensor& idx, const Tensor& target, F::Reduction reduction,
                double label_smoothing) {
   nn::Linear& head = model.head();
-  if (head.lora) {
+  if (head.lora || head.quantized) {  // (the head's own forward: its adapter, or its blocks)
     const Tensor logits = model(idx);
     return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}), reduction, label_smoothing,
                             /*ignore_index=*/-100);

@@ -1,4 +1,5 @@
 // The standard layers: PyTorch's parameter layouts and default initialisation, forwards through castor::F.
+#include <algorithm>
 #include <cmath>
 
 #include "castor/autocast.h"
@@ -14,25 +15,31 @@ namespace castor::nn {
 
 namespace {
 
-thread_local bool skip_init = false;           // SkipInitGuard
-thread_local std::optional<DType> load_dtype;  // LoadInitGuard
+thread_local bool skip_init = false;            // SkipInitGuard
+thread_local std::optional<DType> load_dtype;   // LoadInitGuard
+thread_local bool placeholder_weights = false;  // LoadInitGuard's placeholders
 
-// An uninitialised weight of a Conv2d, Linear or Embedding: in a LoadInitGuard's dtype, else float32.
-Tensor empty_weight(const Shape& shape) { return empty(shape, load_dtype.value_or(DType::Float32)); }
+// An uninitialised weight of a Conv2d, Linear or Embedding: in a LoadInitGuard's dtype, else float32 (a Linear's
+// `placeholder` under a LoadInitGuard with placeholders: one element seen at every index).
+Tensor empty_weight(const Shape& shape, bool placeholder = false) {
+  const DType dtype = load_dtype.value_or(DType::Float32);
+  if (placeholder && placeholder_weights && load_dtype) return empty(Shape(shape.size(), 1), dtype).expand(shape);
+  return empty(shape, dtype);
+}
 
 // U(-bound, bound) from the default generator; under SkipInitGuard uninitialised, the generator advanced as if drawn.
-Tensor init_uniform(const Shape& shape, double bound) {
+Tensor init_uniform(const Shape& shape, double bound, bool placeholder = false) {
   if (!skip_init) return uniform(shape, -bound, bound);
   default_generator().discard(static_cast<uint64_t>(shape_numel(shape)));  // one draw a value
-  return empty_weight(shape);
+  return empty_weight(shape, placeholder);
 }
 
 // torch.nn.init.kaiming_uniform_(w, a=sqrt(5)) on a weight with this fan-in, from the default generator.
-Tensor kaiming_uniform(const Shape& shape, int64_t fan_in) {
+Tensor kaiming_uniform(const Shape& shape, int64_t fan_in, bool placeholder = false) {
   const double a = std::sqrt(5.0);
   const double gain = std::sqrt(2.0 / (1.0 + a * a));  // calculate_gain("leaky_relu", a)
   const double std = gain / std::sqrt(static_cast<double>(fan_in));
-  return init_uniform(shape, std::sqrt(3.0) * std);
+  return init_uniform(shape, std::sqrt(3.0) * std, placeholder);
 }
 
 // PyTorch's default bias: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
@@ -83,8 +90,28 @@ Tensor quantized_linear(const Tensor& input, const std::shared_ptr<const quant::
 SkipInitGuard::SkipInitGuard() : prev_(skip_init) { skip_init = true; }
 SkipInitGuard::~SkipInitGuard() { skip_init = prev_; }
 
-LoadInitGuard::LoadInitGuard(DType dtype) : prev_(load_dtype) { load_dtype = dtype; }
-LoadInitGuard::~LoadInitGuard() { load_dtype = prev_; }
+LoadInitGuard::LoadInitGuard(DType dtype, bool placeholders)
+    : prev_(load_dtype), prev_placeholders_(placeholder_weights) {
+  load_dtype = dtype;
+  placeholder_weights = placeholders;
+}
+LoadInitGuard::~LoadInitGuard() {
+  load_dtype = prev_;
+  placeholder_weights = prev_placeholders_;
+}
+
+bool is_placeholder(const Tensor& t) {
+  return t.defined() && t.numel() > 1 &&
+         std::all_of(t.strides().begin(), t.strides().end(), [](int64_t s) { return s == 0; });
+}
+
+void fill_placeholder(const Tensor& t) {
+  CASTOR_ASSERT(is_placeholder(t), "fill_placeholder of a tensor with memory of its own");
+  const Tensor own = empty(t.shape(), t.dtype());
+  t.impl()->storage = own.impl()->storage;
+  t.impl()->strides = own.strides();
+  t.impl()->offset = 0;
+}
 std::optional<DType> load_init_dtype() { return load_dtype; }
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride, Size2 padding,
@@ -109,7 +136,8 @@ Tensor Conv2d::forward(const Tensor& input) {
 Linear::Linear(int64_t in_features, int64_t out_features, bool bias) {
   CASTOR_CHECK(in_features > 0 && out_features > 0, "Linear: in_features ", in_features, " and out_features ",
                out_features, " must be positive");
-  weight = register_parameter("weight", kaiming_uniform({out_features, in_features}, in_features));
+  weight = register_parameter("weight",
+                              kaiming_uniform({out_features, in_features}, in_features, /*placeholder=*/true));
   if (bias) this->bias = register_parameter("bias", fan_in_uniform({out_features}, in_features));
 }
 
@@ -124,6 +152,16 @@ void Linear::quantize_weight(quant::BlockType type, bool double_quant) {
       quant::quantize_matrix(w.data<float>(), w.size(0), w.size(1), type, double_quant));
   unregister_parameter("weight");
   weight = Tensor();
+}
+
+void Linear::take_blocks(std::shared_ptr<const quant::QuantizedMatrix> blocks) {
+  CASTOR_CHECK(blocks && blocks->rows == out_features() && blocks->cols == in_features(), "Linear: blocks of (",
+               blocks ? blocks->rows : 0, ", ", blocks ? blocks->cols : 0, ") for a weight of (", out_features(), ", ",
+               in_features(), ")");
+  CASTOR_CHECK(!lora || !lora->merged(), "Linear: an adapter is merged into the weight");
+  if (!quantized) unregister_parameter("weight");
+  weight = Tensor();
+  quantized = std::move(blocks);
 }
 
 void Linear::dequantize_weight(DType dtype) {
@@ -187,7 +225,7 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padd
   Tensor w;
   if (skip_init) {
     default_generator().discard_normals(num_embeddings * embedding_dim);
-    w = empty_weight({num_embeddings, embedding_dim});
+    w = empty_weight({num_embeddings, embedding_dim}, /*placeholder=*/true);
   } else {
     w = normal({num_embeddings, embedding_dim}, 0.0, 1.0);
     if (padding_idx >= 0) w.narrow(0, padding_idx, 1).fill_(0.0);
@@ -195,7 +233,31 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, int64_t padd
   weight = register_parameter("weight", w);
 }
 
-Tensor Embedding::forward(const Tensor& input) { return F::embedding(input, weight, padding_idx_); }
+void Embedding::take_blocks(std::shared_ptr<const quant::QuantizedMatrix> blocks) {
+  const Tensor& table = weight.defined() ? weight : Tensor();
+  CASTOR_CHECK(blocks && table.defined() && blocks->rows == table.size(0) && blocks->cols == table.size(1),
+               "Embedding: blocks of (", blocks ? blocks->rows : 0, ", ", blocks ? blocks->cols : 0,
+               ") for a table of ", table.defined() ? shape_str(table.shape()) : "blocks already");
+  dtype_ = weight.dtype();
+  unregister_parameter("weight");
+  weight = Tensor();
+  quantized = std::move(blocks);
+}
+
+Tensor Embedding::forward(const Tensor& input) {
+  if (!quantized) return F::embedding(input, weight, padding_idx_);
+  CASTOR_CHECK(input.dtype() == DType::Int64, "Embedding: expected int64 ids, got ", input.describe());
+  const Tensor ids = input.contiguous();
+  Shape shape = ids.shape();
+  shape.push_back(quantized->cols);
+  Tensor rows = empty(shape);  // (*, dim): each row exact in float32, then rounded once
+  const int64_t* id = ids.data<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    CASTOR_CHECK(id[i] >= 0 && id[i] < quantized->rows, "Embedding: id ", id[i], " outside [0, ", quantized->rows, ")");
+    quant::dequantize_rows(*quantized, id[i], id[i] + 1, rows.data<float>() + i * quantized->cols);
+  }
+  return rows.to(dtype_);
+}
 
 LayerNorm::LayerNorm(Shape normalized_shape, double eps, bool elementwise_affine, bool bias)
     : normalized_shape_(std::move(normalized_shape)), eps_(eps) {

@@ -153,7 +153,7 @@ Tensor Llama::hidden(const Tensor& tokens) {
 }
 
 LanguageModel::CacheShape Llama::cache_shape() const {
-  return {config_.n_layers, config_.kv_heads(), config_.head_size(), tok_embeddings->weight.dtype()};
+  return {config_.n_layers, config_.kv_heads(), config_.head_size(), tok_embeddings->dtype()};
 }
 
 Tensor Llama::forward_cached_impl(const Tensor& tokens, KVCache& cache) {

@@ -145,6 +145,8 @@ std::vector<std::string> apply_lora(Module& model, const LoraConfig& config) {
   return paths;
 }
 
+NamedLinears linear_layers(Module& model) { return all_linears(model); }
+
 NamedLinears all_linear_layers(Module& model) {
   NamedLinears linears = all_linears(model);
   if (!linears.empty()) linears.pop_back();

@@ -38,7 +38,7 @@ std::shared_ptr<models::LanguageModel> load_llama2c_model(const std::string& pat
 
 }  // namespace
 
-LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& lora_base) {
+LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& lora_base, bool keep_blocks) {
   const formats::SourceFormat format = formats::source_format(path);
   if (format == formats::SourceFormat::HfDir || format == formats::SourceFormat::Gguf) {
     // Another tool's Llama, described as a run of it would be: made without weights (a Hugging Face directory's in
@@ -49,10 +49,10 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& l
     g.config = castor_config(g.meta, path);
     const DType dtype = format == formats::SourceFormat::HfDir ? formats::read_hf_config(path).dtype : DType::Float32;
     {
-      nn::LoadInitGuard empty(is_16bit_float(dtype) ? dtype : DType::Float32);
+      nn::LoadInitGuard empty(is_16bit_float(dtype) ? dtype : DType::Float32, /*placeholders=*/true);
       g.llama = family_named("llama")->build(formats::source_description(path), path);
     }
-    formats::load_weights_into(*g.llama, path);
+    formats::load_weights_into(*g.llama, path, nullptr, keep_blocks);
     return g;
   }
   const bool dir = format == formats::SourceFormat::CastorDir;

@@ -27,8 +27,10 @@ struct LoadedGpt {
 };
 
 // A weights file or a run or checkpoint directory; a LoRA run's model file (in its checkpoint or alone) merged into its
-// base (`lora_base`: where the base is now, when it moved).
-LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& lora_base = "");
+// base (`lora_base`: where the base is now, when it moved). `keep_blocks` (castor sample and eval): a GGUF file's
+// quantized Linear weights stay in their blocks (formats::load_weights_into), never dense.
+LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& lora_base = "",
+                   bool keep_blocks = false);
 
 // A key of the model's recorded description (null when the run has none or it lacks the key).
 Json described(const LoadedGpt& g, const char* key);

@@ -180,7 +180,7 @@ std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const
   const Json* real_vocab = config.find("real_vocab_size");
   std::shared_ptr<models::LanguageModel> model;
   {
-    nn::LoadInitGuard empty(DType::Float32);  // (the base's weights load below, tensor by tensor)
+    nn::LoadInitGuard empty(DType::Float32, /*placeholders=*/true);  // (the base loads below, tensor by tensor)
     model = make_language_model(c, real_vocab && real_vocab->is_int() ? real_vocab->as_int() : c.vocab_size,
                                 /*seed=*/0);
   }
@@ -304,18 +304,22 @@ void pin_lora_base(const TrainConfig& c) {
 }
 
 void load_base(nn::Module& model, const std::string& path, const TrainConfig& c) {
-  if (c.quantize_base == quant::BlockType::F32) return formats::load_weights_into(model, path);
+  if (c.quantize_base == quant::BlockType::F32)
+    return formats::load_weights_into(model, path, nullptr, /*keep_blocks=*/true);
   const quant::BlockTypeInfo& type = quant::block_type(c.quantize_base);
   std::map<std::string, std::shared_ptr<nn::Linear>> pending;  // by weight name
   for (const auto& [name, layer] : nn::all_linear_layers(model))
     if (layer->in_features() % type.block == 0) pending.emplace(name + ".weight", layer);
-  formats::load_weights_into(model, path, [&](const std::string& name) {
-    const auto it = pending.find(name);
-    if (it == pending.end()) return;
-    it->second->quantize_weight(type.id, c.double_quant && type.id == quant::BlockType::NF4);
-    pending.erase(it);
-    empty_cache();  // the dense weight's memory back to the system, not kept for reuse
-  });
+  formats::load_weights_into(
+      model, path,
+      [&](const std::string& name) {
+        const auto it = pending.find(name);
+        if (it == pending.end()) return;
+        it->second->quantize_weight(type.id, c.double_quant && type.id == quant::BlockType::NF4);
+        pending.erase(it);
+        empty_cache();  // the dense weight's memory back to the system, not kept for reuse
+      },
+      /*keep_blocks=*/true);
 }
 
 void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata& meta, const std::string& what) {

@@ -24,7 +24,8 @@ void check_lora_flags(TrainConfig& c);
 void check_lora_base(const TrainConfig& c);
 // Loads the LoRA base `path` into `model` (formats::load_weights_into). With --quantize-base, each Linear but the
 // output layer whose rows are whole blocks of the type is quantized as soon as its weight is filled and its dense
-// weight dropped, so the dense base is never whole in memory; the others (rows of another length) stay dense.
+// weight dropped, so the dense base is never whole in memory; the others (rows of another length) stay dense. A
+// GGUF base's Linear weights stored quantized stay in the file's blocks (the output layer's too), never dense.
 void load_base(nn::Module& model, const std::string& path, const TrainConfig& c);
 // Adapts the model built from --init as `c` says and loads --init-lora's adapters.
 void apply_run_lora(const TrainConfig& c, nn::Module& model);

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -78,10 +79,19 @@ std::pair<int64_t, int64_t> parameter_counts(const nn::Module& model) {
     all += p.numel();
     if (p.requires_grad()) trainable += p.numel();
   }
-  // A quantized base's Linears hold no parameter: their weights count as the values they hold (all_linear_layers
-  // only reads the model).
-  for (const auto& [path, layer] : nn::all_linear_layers(const_cast<nn::Module&>(model)))
-    if (layer->quantized) all += layer->in_features() * layer->out_features();
+  // A quantized base's Linears (and a GGUF base's embedding) hold no parameter: their weights count as the values
+  // they hold.
+  std::function<void(const nn::Module&)> count = [&](const nn::Module& m) {
+    for (const auto& [name, child] : m.named_children()) {
+      if (const auto* l = dynamic_cast<const nn::Linear*>(child.get()); l && l->quantized)
+        all += l->quantized->rows * l->quantized->cols;
+      else if (const auto* e = dynamic_cast<const nn::Embedding*>(child.get()); e && e->quantized)
+        all += e->quantized->rows * e->quantized->cols;
+      else
+        count(*child);
+    }
+  };
+  count(model);
   return {trainable, all};
 }
 
@@ -162,7 +172,8 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
     // A LoRA run's base is frozen: at O1-O3 it is made in the 16-bit dtype the run keeps it in (amp::initialize).
     const bool frozen_16bit = c.lora_rank > 0 && c.amp != amp::OptLevel::O0;
     std::optional<nn::LoadInitGuard> empty;
-    if (loads) empty.emplace(frozen_16bit ? c.dtype : DType::Float32);
+    // (a LoRA run's Linear weights hold no memory until loaded: a quantized one is never dense)
+    if (loads) empty.emplace(frozen_16bit ? c.dtype : DType::Float32, /*placeholders=*/c.lora_rank > 0);
     r.model = task.make_model(c);
   }
   check_lora_base(c);

@@ -161,7 +161,7 @@ std::set<int64_t> end_ids(const LoadedGpt& g, const data::Tokenizer& tok) {
 
 LoadedLm load_language_model(const std::string& path, int64_t n_head, const std::string& lora_base,
                              const std::string& tokenizer_dir, const std::string& lora) {
-  LoadedGpt g = load_gpt(path, n_head, lora_base);
+  LoadedGpt g = load_gpt(path, n_head, lora_base, /*keep_blocks=*/lora.empty());  // (an adapter merges densely)
   for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
     formats::check_finite(g.what, name, t);
   std::string dir = tokenizer_dir.empty() ? model_tokenizer_dir(path, g.config) : tokenizer_dir;

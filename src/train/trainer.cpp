@@ -15,6 +15,7 @@
 #include "castor/dist.h"
 #include "castor/fs.h"
 #include "castor/json.h"
+#include "castor/model_source.h"
 #include "castor/optim.h"
 #include "castor/tokenizer.h"
 #include "train/loop.h"
@@ -160,6 +161,16 @@ void print_settings(const TrainConfig& c, int64_t total_steps, int world) {
                fit_fields(fields, isatty(STDERR_FILENO) ? terminal_width(STDERR_FILENO) - 1 : INT32_MAX).c_str());
 }
 
+// A new full fine-tuning run from a GGUF file of quantized matrices: says that its blocks become float32 trainable
+// weights (formats::gguf_quantized_note).
+void note_dequantized_init(const TrainConfig& c) {
+  if (c.lora_rank > 0 || c.init.empty() || !formats::is_source(c.init, formats::SourceFormat::Gguf)) return;
+  const Metadata meta = formats::read_weights_header(c.init).metadata;
+  if (const auto it = meta.find("gguf.quantized"); it != meta.end())
+    std::fprintf(stderr, "castor train: --init %s holds %s (this run: dequantized)\n", c.init.c_str(),
+                 it->second.c_str());
+}
+
 // The rest of castor train once the run directory is open: the task, the run, config.json and the loop.
 Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
   c.nproc = world;
@@ -199,6 +210,7 @@ Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
       std::fprintf(stderr, "precision %s (%s)\n", precision_name(c).c_str(), c.precision_reason.c_str());
     if (r.default_out) std::fprintf(stderr, "castor train: run directory %s\n", c.out.c_str());
     print_settings(c, total_steps, world);
+    if (!r.ck) note_dequantized_init(c);
     if (c.lora_rank > 0) std::fprintf(stderr, "%s\n", trainable_parameters_text(*run.model).c_str());
     if (c.lora_rank > 0) pin_lora_base(c);
   }

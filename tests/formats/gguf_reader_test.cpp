@@ -1,20 +1,27 @@
 // Reading GGUF files (castor/gguf.h, castor/model_source.h): files written by tests/oracle/gguf_writer.py (not Castor's
-// exporter) from hf_llama_oracle.py's random models give the oracle's logits on the values the file holds (llama with
-// its permuted q/k rows, qwen2 without; f32, f16, bf16, q8_0); llama.cpp's greedy tokens on an f16 file are castor
-// sample's, with the tokenizer and family taken from the file alone; broken files are one-line errors naming the file
-// and the field.
+// exporter; its quantized blocks ggml's own) from hf_llama_oracle.py's random models give the oracle's logits on the
+// values the file holds (llama with its permuted q/k rows, qwen2 without; f32, f16, bf16, q8_0, q4_0, every K-quant and
+// the Q4_K_M mix), dequantized or kept in their blocks, and LoRA over the blocks gives the oracle's adapter gradients
+// (tests/oracle/lora_oracle.py); llama.cpp's greedy tokens on an f16 file are castor sample's, with the tokenizer and
+// family taken from the file alone; broken files are one-line errors naming the file and the field.
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "castor/fs.h"
 #include "castor/gguf.h"
+#include "castor/allocator.h"
+#include "castor/functional.h"
+#include "castor/hf.h"
 #include "castor/json.h"
 #include "castor/llama.h"
+#include "castor/lora.h"
 #include "castor/model_source.h"
 #include "castor/models.h"
 #include "castor/safetensors.h"
 #include "castor/tokenizer.h"
 #include "nn/lm_twin.h"
+#include "formats/hf_lora_twin.h"
 #include "test_util.h"
 #include "train/run_test_util.h"
 
@@ -24,20 +31,25 @@ namespace {
 const std::string kLlamaCpp = std::string(CASTOR_SOURCE_DIR) + "/third_party/npm-llama-cpp/node_modules";
 const std::string kOracle = std::string(CASTOR_SOURCE_DIR) + "/tests/oracle/";
 
-std::string hf_config(const std::string& arch, int64_t kv_heads, bool tied, int seed, int64_t vocab) {
-  return detail::cat("{\"architectures\": [\"", arch, "\"], \"hidden_size\": 32, \"intermediate_size\": 72, ",
+// A model 32 wide (FF 72), or `wide`: 256 (FF 512, 4 heads of 64), every matrix's rows whole K-quant blocks; `extra`:
+// more keys of config.json.
+std::string hf_config(const std::string& arch, int64_t kv_heads, bool tied, int seed, int64_t vocab, bool wide = false,
+                      const std::string& extra = "") {
+  return detail::cat("{\"architectures\": [\"", arch, "\"], \"hidden_size\": ", wide ? 256 : 32,
+                     ", \"intermediate_size\": ", wide ? 512 : 72, ", ",
                      "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": ", kv_heads,
                      ", \"vocab_size\": ", vocab, ", \"rms_norm_eps\": 1e-6, \"rope_theta\": 5000.0, ",
                      "\"max_position_embeddings\": 64, \"tie_word_embeddings\": ", tied ? "true" : "false",
                      ", \"torch_dtype\": \"float32\", \"hidden_act\": \"silu\", \"bos_token_id\": 1, ",
-                     "\"eos_token_id\": 2, \"shards\": 1, \"seed\": ", seed, "}");
+                     "\"eos_token_id\": 2, \"shards\": 1, \"seed\": ", seed, extra.empty() ? "" : ", ", extra, "}");
 }
 
 // A random model as a Hugging Face directory DIR/hf and a GGUF file DIR/NAME.gguf of `type`; DIR/hf then holds the
 // values the file does (as float32).
 bool write_gguf_case(const std::string& dir, const std::string& name, const std::string& arch, int64_t kv_heads,
-                     bool tied, const std::string& type, int seed, int64_t vocab = 53) {
-  return test::run_oracle("hf_llama_oracle.py", {"write", dir + "/hf", hf_config(arch, kv_heads, tied, seed, vocab)}) &&
+                     bool tied, const std::string& type, int seed, int64_t vocab = 53, bool wide = false) {
+  return test::run_oracle("hf_llama_oracle.py",
+                          {"write", dir + "/hf", hf_config(arch, kv_heads, tied, seed, vocab, wide)}) &&
          test::run_oracle("gguf_writer.py", {"write", dir + "/hf", dir + "/" + name + ".gguf", type});
 }
 
@@ -46,6 +58,19 @@ std::shared_ptr<models::LanguageModel> load_gguf(const std::string& path) {
   const models::LlamaConfig l = formats::llama_config(formats::source_description(path), path);
   auto model = models::llama(l, /*seed=*/0);
   formats::load_weights_into(*model, path);
+  return model;
+}
+
+// The same with each Linear weight the file stores quantized kept in its blocks (castor train --lora-rank's and castor
+// sample's loading): the Llama made with placeholder weights, never dense.
+std::shared_ptr<models::Llama> load_gguf_blocks(const std::string& path) {
+  const models::LlamaConfig l = formats::llama_config(formats::source_description(path), path);
+  std::shared_ptr<models::Llama> model;
+  {
+    nn::LoadInitGuard empty(DType::Float32, /*placeholders=*/true);
+    model = models::llama(l, /*seed=*/0);
+  }
+  formats::load_weights_into(*model, path, nullptr, /*keep_blocks=*/true);
   return model;
 }
 
@@ -60,6 +85,9 @@ TEST(GgufRead, LogitsMatchTheOracleOnTheFilesValues) {
                         {"llama_bf16_gqa", "LlamaForCausalLM", "bf16", 1, false},
                         {"llama_q8_0_gqa", "LlamaForCausalLM", "q8_0", 2, false},
                         {"qwen2_q8_0_tied", "Qwen2ForCausalLM", "q8_0", 2, true},
+                        {"llama_q4_1_gqa", "LlamaForCausalLM", "q4_1", 2, false},
+                        {"llama_q5_0", "LlamaForCausalLM", "q5_0", 4, false},
+                        {"qwen2_q5_1", "Qwen2ForCausalLM", "q5_1", 2, false},
                         {"qwen2_f32", "Qwen2ForCausalLM", "f32", 4, false}};
   int seed = 1;
   for (const Case& c : cases) {
@@ -80,6 +108,130 @@ TEST(GgufRead, LogitsMatchTheOracleOnTheFilesValues) {
     const Tensor want = load_safetensors(dir + "/out.safetensors").tensors.at("logits");
     EXPECT_TRUE(test::close((*model)(x), want, 0, 1e-5));
   }
+}
+
+// The block types of the quantized Linear weights and embedding of `model`, and of the file's quantized matrices but
+// a tied embedding (read as values: the output layer shares it), as ggml names them.
+std::multiset<std::string> quantized_layers(models::Llama& model) {
+  std::multiset<std::string> out;
+  const StateDict own = model.state_dict();
+  for (const auto& [path, layer] : nn::linear_layers(model)) {
+    if (!layer->quantized) continue;
+    out.insert(formats::ggml_type_name(static_cast<uint32_t>(layer->quantized->type)));
+    EXPECT_FALSE(own.count(path + ".weight")) << path << " holds a dense weight too";
+  }
+  if (const auto& e = model.tok_embeddings->quantized) {
+    out.insert(formats::ggml_type_name(static_cast<uint32_t>(e->type)));
+    EXPECT_FALSE(own.count("tok_embeddings.weight"));
+  }
+  return out;
+}
+std::multiset<std::string> quantized_matrices(const std::string& file, bool tied) {
+  std::multiset<std::string> out;
+  for (const formats::GgufTensorInfo& t : formats::read_gguf_header(file).tensors)
+    if (t.type != 0 && t.type != 1 && t.type != 30 && !(tied && t.name == "token_embd.weight"))
+      out.insert(formats::ggml_type_name(t.type));
+  return out;
+}
+
+// A quantized file's Linear weights and embedding stay in the file's blocks (each its own type: Q4_K_M's Q4_K and
+// Q6_K, the output's Q6_K; a tied embedding is read as values), and the model over them - logits, loss and LoRA's adapter
+// gradients on every Linear - equals the oracle (transformers' Llama / Qwen2 in PyTorch on ggml's dequantized values,
+// lora_oracle.py's PEFT-style LoRA) within 1e-5 at float32.
+TEST(GgufRead, QuantizedBaseStaysInItsBlocksAndMatchesTheOracle) {
+  struct Case {
+    std::string name, arch, type;
+    int64_t kv_heads;
+    bool tied, wide;
+  };
+  const Case cases[] = {{"llama_q4_0", "LlamaForCausalLM", "q4_0", 2, false, false},
+                        {"llama_q4_k_m", "LlamaForCausalLM", "q4_k_m", 2, false, true},
+                        {"qwen2_q4_k_m_tied", "Qwen2ForCausalLM", "q4_k_m", 2, true, true},
+                        {"llama_q8_0_tied", "LlamaForCausalLM", "q8_0", 4, true, false},
+                        {"llama_q2_k", "LlamaForCausalLM", "q2_k", 2, false, true},
+                        {"llama_q3_k", "LlamaForCausalLM", "q3_k", 4, false, true},
+                        {"qwen2_q5_k", "Qwen2ForCausalLM", "q5_k", 2, false, true},
+                        {"llama_q6_k", "LlamaForCausalLM", "q6_k", 2, false, true}};
+  int seed = 31;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const test::ScratchDir dir("gguf_blocks_" + c.name);
+    ASSERT_TRUE(write_gguf_case(dir, c.name, c.arch, c.kv_heads, c.tied, c.type, seed++, 53, c.wide));
+    const std::string file = dir + "/" + c.name + ".gguf";
+    auto model = load_gguf_blocks(file);
+    const std::multiset<std::string> types = quantized_layers(*model);
+    EXPECT_EQ(types, quantized_matrices(file, c.tied));
+    if (c.type == "q4_k_m") {
+      EXPECT_TRUE(types.count("q6_K") && types.count("q4_K"));
+    }
+    const nn::LoraConfig cfg{.r = 4, .alpha = 8, .target_modules = {"wq", "wk", "wv", "wo", "w1", "w2", "w3"}};
+    EXPECT_EQ(nn::apply_lora(*model, cfg).size(), 14u);
+    test::randomize_lora_b(*model, 7);
+    const Tensor x = test::random_token_batch(2, 11, 53, 1), y = test::random_token_batch(2, 11, 53, 2);
+    test::expect_hf_lora_matches_oracle(*model, dir + "/hf", "gguf_blocks_" + c.name + "_oracle", cfg.scaling(), x, y);
+  }
+}
+
+// LoRA over a q4_0 file's blocks (a 4-layer Llama 512 wide, FF 2048: 61 MB of float32 Linear weights): the
+// allocator's peak while the model loads and runs a forward and backward stays under a third of what those weights
+// take as float32 (the blocks hold 4.5 bits a value; a dequantized tile of at most 4 MB at a time), whatever the
+// machine's load.
+TEST(GgufRead, LoraOverQ4_0BlocksPeaksWellUnderTheDenseWeights) {
+  const test::ScratchDir dir("gguf_blocks_memory");
+  const std::string config =
+      "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 512, \"intermediate_size\": 2048, "
+      "\"num_hidden_layers\": 4, \"num_attention_heads\": 8, \"num_key_value_heads\": 2, \"vocab_size\": 53, "
+      "\"rms_norm_eps\": 1e-6, \"max_position_embeddings\": 64, \"tie_word_embeddings\": false, "
+      "\"torch_dtype\": \"float32\", \"bos_token_id\": 1, \"eos_token_id\": 2, \"seed\": 41}";
+  ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py", {"write", dir + "/hf", config}));
+  ASSERT_TRUE(test::run_oracle("gguf_writer.py", {"write", dir + "/hf", dir + "/m.gguf", "q4_0"}));
+  empty_cache();
+  reset_peak_memory_stats();
+  const int64_t before = memory_stats().current_bytes;
+  auto model = load_gguf_blocks(dir + "/m.gguf");
+  int64_t dense = 0;
+  for (const auto& [path, layer] : nn::linear_layers(*model)) dense += layer->in_features() * layer->out_features() * 4;
+  nn::apply_lora(*model, nn::LoraConfig{.r = 4, .alpha = 8});
+  const Tensor x = test::random_token_batch(1, 16, 53, 1), y = test::random_token_batch(1, 16, 53, 2);
+  F::cross_entropy((*model)(x).reshape({-1, 53}), y.reshape({-1})).backward();
+  const int64_t peak = memory_stats().peak_bytes - before;
+  EXPECT_GT(dense, 60'000'000);
+  EXPECT_LT(peak, dense / 3) << "peak " << peak << " bytes, dense float32 Linear weights " << dense;
+}
+
+// Llama 3.1's rope scaling as convert_hf_to_gguf.py writes it, a table of per-pair factors (rope_freqs.weight, no
+// scaling key): the file describes the llama3 scaling and gives the oracle's logits (transformers'
+// _compute_llama3_parameters over 64 original positions: at head size 8 and theta 5000, pair 0 kept, pair 1 smoothed,
+// pairs 2-3 divided by the factor); a table no llama3 scaling gives is a one-line error naming the tensor.
+TEST(GgufRead, Llama3RopeFactorsGiveTheOraclesLogits) {
+  const test::ScratchDir dir("gguf_read_llama3");
+  const std::string rope =
+      "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+      "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 64}";
+  ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py",
+                               {"write", dir + "/hf", hf_config("LlamaForCausalLM", 2, false, 51, 53, false, rope)}));
+  ASSERT_TRUE(test::run_oracle("gguf_writer.py", {"write", dir + "/hf", dir + "/m.gguf", "f32"}));
+  const std::string file = dir + "/m.gguf";
+  const Json scaling = formats::source_description(file).at("rope_scaling");
+  EXPECT_EQ(scaling.at("type").as_string(), "llama3");
+  EXPECT_EQ(scaling.at("factor").as_double(), 8.0);
+  EXPECT_EQ(scaling.at("original_max_position_embeddings").as_int(), 64);
+  auto model = load_gguf(file);
+  const Tensor x = test::random_token_batch(2, 40, 53, 7);
+  save_safetensors(dir + "/batch.safetensors", {{"x", x}});
+  ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py",
+                               {"logits", dir + "/hf", dir + "/batch.safetensors", dir + "/out.safetensors"}));
+  EXPECT_TRUE(test::close((*model)(x), load_safetensors(dir + "/out.safetensors").tensors.at("logits"), 0, 1e-5));
+  // Factors no llama3 scaling gives (pair 1 above the factor's band's value, pair 3 below pair 2's).
+  for (const formats::GgufTensorInfo& t : formats::read_gguf_header(file).tensors) {
+    if (t.name != "rope_freqs.weight") continue;
+    std::vector<uint8_t> bytes = read_file(file);
+    const float bad[4] = {1.0f, 3.0f, 8.0f, 2.0f};
+    std::memcpy(bytes.data() + t.begin, bad, sizeof bad);
+    atomic_write_file(dir + "/bad.gguf", std::span<const uint8_t>(bytes));
+  }
+  test::expect_error([&] { formats::source_description(dir + "/bad.gguf"); },
+                     {dir + "/bad.gguf: tensor rope_freqs.weight: per-pair rope factors that no llama3"});
 }
 
 // llama.cpp's greedy continuation on an f16 file equals Castor's, and castor sample --init FILE.gguf (no --model, no

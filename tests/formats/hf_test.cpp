@@ -18,7 +18,7 @@
 #include "castor/model_source.h"
 #include "castor/token_file.h"
 #include "nn/lm_twin.h"
-#include "nn/lora_twin.h"
+#include "formats/hf_lora_twin.h"
 #include "test_util.h"
 #include "train/run_test_util.h"
 
@@ -174,29 +174,11 @@ TEST(HfFormat, LoraGradientsMatchTheOracle) {
     const std::string model_dir = dir + "/model";
     ASSERT_TRUE(write_case(c, model_dir));
     auto model = load_hf(model_dir);
-    const models::LlamaConfig& mc = model->config();
     const nn::LoraConfig cfg{.r = 4, .alpha = 8, .target_modules = {"wq", "wk", "wv", "wo", "w2"}};
     EXPECT_EQ(nn::apply_lora(*model, cfg).size(), 10u);
     test::randomize_lora_b(*model, 7);
-    // The adapters under Hugging Face's names, q_proj's and k_proj's B rows in its rotary order (and the oracle's
-    // gradients back).
-    const StateDict adapters = formats::hf_adapters(mc, nn::lora_state_dict(*model), /*to_castor=*/false);
     const Tensor x = test::random_token_batch(3, 11, 53, 1), y = test::random_token_batch(3, 11, 53, 2);
-    const StateDict out = test::lora_oracle_grads(
-        "hf_lora_" + c.name + "_oracle",
-        detail::cat("{\"model\": \"hf\", \"dir\": \"", model_dir, "\", \"scaling\": ", cfg.scaling(), "}"), adapters,
-        {{"x", x}, {"y", y}});
-    ASSERT_FALSE(out.empty());
-    StateDict want = {{"loss", out.at("loss")}, {"logits", out.at("logits")}, {"base_grads", out.at("base_grads")}};
-    StateDict grads;
-    for (const auto& [name, t] : adapters) grads.emplace(name, out.at("grad." + name));
-    for (const auto& [name, g] : formats::hf_adapters(mc, grads, /*to_castor=*/true)) want.emplace("grad." + name, g);
-    const Tensor logits = (*model)(x);
-    const Tensor loss = F::cross_entropy(logits.reshape({-1, 53}), y.reshape({-1}));
-    loss.backward();
-    EXPECT_TRUE(test::close(logits, want.at("logits"), 0, 1e-5));
-    EXPECT_NEAR(loss.item(), want.at("loss").item(), 1e-5);
-    test::expect_adapter_grads(*model, want, 1e-5);
+    test::expect_hf_lora_matches_oracle(*model, model_dir, "hf_lora_" + c.name + "_oracle", cfg.scaling(), x, y);
   }
 }
 
