@@ -16,7 +16,7 @@
 #include "castor/autocast.h"
 #include "castor/fs.h"
 #include "castor/random.h"
-#include "train/lm_load.h"
+#include "train/loaded_model.h"
 #include "train/lm_scoring.h"
 
 using namespace castor;

@@ -48,11 +48,19 @@ McDoc render_mc_row(const Json& row, McFormat format, const std::string& where);
 // start + " " + the rest).
 std::string mc_fewshot_example(const McDoc& doc);
 
+// lm-eval's fewshot samplers (a task's fewshot_config.sampler): "default" draws the examples at random
+// (random.Random(fewshot_seed).sample, one generator across a task's rows in order), "first_n" takes the first rows.
+enum class FewshotSampler { Random, FirstN };
+const char* fewshot_sampler_name(FewshotSampler s);
+FewshotSampler parse_fewshot_sampler(const std::string& name, const std::string& flag = "--fewshot-sampler");
+
 struct McTaskOptions {
-  std::optional<McFormat> format;  // nullopt: inferred from the first row
-  int64_t num_fewshot = 0;         // examples before each prompt, from fewshot_file
-  std::string fewshot_file;        // JSONL of the same layout; the first num_fewshot rows (MMLU: of the row's subject)
-  int64_t limit = 0;               // > 0: the first `limit` rows only
+  std::optional<McFormat> format;         // nullopt: inferred from the first row
+  int64_t num_fewshot = 0;                // examples before each prompt, from fewshot_file
+  std::string fewshot_file;               // JSONL of the same layout (MMLU: the examples of a row are of its subject)
+  std::optional<FewshotSampler> sampler;  // nullopt: the task's (MMLU's first_n, the others' default)
+  uint64_t fewshot_seed = 1234;           // lm-eval's fewshot_random_seed
+  int64_t limit = 0;                      // > 0: the first `limit` rows only
 };
 struct McTask {
   std::string path;
@@ -61,8 +69,11 @@ struct McTask {
 };
 // Reads and renders a task file: MMLU's description line ("The following are multiple choice questions (with
 // answers) about {subject, _ as space}.\n\n") first, then the fewshot examples each followed by "\n\n", then the
-// prompt. castor::Error naming the file and line: not JSON, a row in another layout, the errors of render_mc_row;
-// an empty file; fewer fewshot rows than asked.
+// prompt. The examples are drawn as lm-eval's ContextSampler draws them: one more than asked, the row itself then
+// dropped where drawn, where lm-eval hands its sampler the evaluated row (a task whose fewshot split is its test
+// split: HellaSwag's, PIQA's and Winogrande's configurations, and plain rows whose fewshot file is the task file).
+// castor::Error naming the file and line: not JSON, a row in another layout, the errors of render_mc_row; an empty
+// file; fewer fewshot rows than the draw needs.
 McTask read_mc_task(const std::string& path, const McTaskOptions& opt);
 
 // Calls fn(row, line, where) for each non-blank line of a JSONL file (line: 1-based; where: "PATH: line N");

@@ -2,6 +2,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <vector>
 
 #include "castor/tensor.h"
 
@@ -38,6 +39,9 @@ class Mt19937 {
  public:
   explicit Mt19937(uint32_t seed = 5489) { manual_seed(seed); }
   void manual_seed(uint32_t seed);
+  // The reference init_by_array(key): manual_seed(19650218), then the key mixed in (CPython's random.seed of an
+  // integer: its 32-bit words, low first).
+  void seed_by_array(const std::vector<uint32_t>& key);
   uint32_t next_u32();
 
  private:

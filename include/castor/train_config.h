@@ -85,7 +85,7 @@ struct TrainConfig {
   int nproc = 0;                // data-parallel ranks (0: not given; one, or mpirun's -np)
   bool sync_batchnorm = false;  // with several ranks: BatchNorm statistics over the global batch
   Compression compress_grads = Compression::None;
-  int zero = 0;  // with several ranks, ZeRO: 1 shards the optimizer's masters and state, 2 also the gradients
+  int zero = 0;          // with several ranks, ZeRO: 1 shards the optimizer's masters and state, 2 also the gradients
   bool dry_run = false;  // --dry-run: print the per-rank memory plan (train/memory_plan.h) and stop
   bool deterministic = false;
   backends::ConvAlgorithm conv_algorithm = backends::ConvAlgorithm::Auto;  // float32 convolutions (castor/backends.h)
@@ -177,16 +177,18 @@ struct EvalConfig {
   std::string lora;       // a PEFT adapter directory merged into the model evaluated ("": none)
   // A language model's multiple-choice task (lm-evaluation-harness's scoring) or llama.cpp's perplexity on a text,
   // instead of its validation loss.
-  std::string task;           // --task FILE.jsonl
-  std::string task_format;    // --task-format (empty: inferred from the rows)
-  int64_t num_fewshot = 0;    // --num-fewshot
-  std::string fewshot_file;   // --fewshot-file
-  int64_t limit = 0;          // --limit: the first N rows (0: all)
-  bool add_bos = false;       // --add-bos: lm-eval's add_bos_token=True
-  std::string log_samples;    // --log-samples FILE: a JSON line a row
-  std::string text;           // --text FILE: perplexity
-  int64_t ctx = 0;            // --ctx: perplexity's chunk (0: the model's block size)
-  std::string tokenizer_dir;  // --tokenizer-dir: default the run's or the model directory's
+  std::string task;              // --task FILE.jsonl
+  std::string task_format;       // --task-format (empty: inferred from the rows)
+  int64_t num_fewshot = 0;       // --num-fewshot
+  std::string fewshot_file;      // --fewshot-file
+  std::string fewshot_sampler;   // --fewshot-sampler: default or first_n (empty: the task's)
+  uint64_t fewshot_seed = 1234;  // --fewshot-seed: lm-eval's fewshot_random_seed
+  int64_t limit = 0;             // --limit: the first N rows (0: all)
+  bool add_bos = false;          // --add-bos: lm-eval's add_bos_token=True
+  std::string log_samples;       // --log-samples FILE: a JSON line a row
+  std::string text;              // --text FILE: perplexity
+  int64_t ctx = 0;               // --ctx: perplexity's chunk (0: the model's block size)
+  std::string tokenizer_dir;     // --tokenizer-dir: default the run's or the model directory's
 };
 EvalConfig parse_eval_flags(const std::vector<std::string>& args);
 std::string eval_help();

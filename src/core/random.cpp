@@ -172,29 +172,6 @@ void Generator::set_state(const State& s) {
   std::memcpy(&cached_normal_, &s[5], 8);
 }
 
-void Mt19937::manual_seed(uint32_t seed) {
-  mt_[0] = seed;
-  for (uint32_t i = 1; i < mt_.size(); ++i) mt_[i] = 1812433253u * (mt_[i - 1] ^ (mt_[i - 1] >> 30)) + i;
-  index_ = mt_.size();
-}
-
-uint32_t Mt19937::next_u32() {
-  constexpr size_t n = 624, m = 397;
-  if (index_ == n) {
-    // Each word takes the top bit of itself and the low 31 of the next, shifted, xored with the word m ahead.
-    for (size_t i = 0; i < n; ++i) {
-      const uint32_t y = (mt_[i] & 0x80000000u) | (mt_[(i + 1) % n] & 0x7fffffffu);
-      mt_[i] = mt_[(i + m) % n] ^ (y >> 1) ^ ((y & 1u) ? 0x9908b0dfu : 0u);
-    }
-    index_ = 0;
-  }
-  uint32_t y = mt_[index_++];
-  y ^= y >> 11;
-  y ^= (y << 7) & 0x9d2c5680u;
-  y ^= (y << 15) & 0xefc60000u;
-  return y ^ (y >> 18);
-}
-
 Generator& default_generator() {
   static Generator g(0);
   return g;

@@ -2,10 +2,12 @@
 // tasks/hellaswag/utils.py, tasks/mmlu/default, tasks/arc, tasks/piqa, tasks/winogrande/preprocess_winogrande.py.
 #include "castor/mc_task.h"
 
+#include <filesystem>
 #include <map>
 
 #include "castor/check.h"
 #include "castor/fs.h"
+#include "text/py_random.h"
 
 namespace castor::data {
 
@@ -303,40 +305,93 @@ std::vector<McDoc> read_rows(const std::string& path, std::optional<McFormat>& f
 
 }  // namespace
 
+const char* fewshot_sampler_name(FewshotSampler s) { return s == FewshotSampler::FirstN ? "first_n" : "default"; }
+
+FewshotSampler parse_fewshot_sampler(const std::string& name, const std::string& flag) {
+  for (FewshotSampler s : {FewshotSampler::Random, FewshotSampler::FirstN})
+    if (name == fewshot_sampler_name(s)) return s;
+  throw Error(detail::cat(flag, ": ", printable(name), " is not a sampler (default or first_n, lm-eval's)"));
+}
+
+namespace {
+
+// Whether lm-eval's fewshot_context hands the sampler the evaluated row (`fewshot_split == test_split`): HellaSwag's,
+// PIQA's and Winogrande's configurations set neither split (None == None), ARC's test split is "test" and MMLU's
+// fewshot split "dev"; plain rows, as a task whose fewshot split is its test split when the files are one.
+bool passes_eval_doc(McFormat f, const std::string& task_file, const std::string& fewshot_file) {
+  switch (f) {
+    case McFormat::HellaSwag:
+    case McFormat::Piqa:
+    case McFormat::Winogrande: return true;
+    case McFormat::Arc:
+    case McFormat::Mmlu: return false;
+    case McFormat::Choices: break;
+  }
+  std::error_code ec;
+  return std::filesystem::equivalent(task_file, fewshot_file, ec);
+}
+
+// lm-eval's `x != doc` on two rows: the same rendering.
+bool same_doc(const McDoc& a, const McDoc& b) {
+  return a.contexts == b.contexts && a.continuations == b.continuations && a.choices == b.choices && a.gold == b.gold &&
+         a.subject == b.subject;
+}
+
+// The fewshot examples of `doc` from `pool` (lm-eval's ContextSampler.sample / FirstNSampler.sample): with the
+// evaluated row passed (`eval_doc`), n + 1 drawn and the row dropped where drawn, else n; first_n: the pool's first n
+// (the row left out).
+std::vector<const McDoc*> fewshot_examples(const McDoc& doc, const std::vector<const McDoc*>& pool, int64_t n,
+                                           FewshotSampler sampler, bool eval_doc, PyRandom& rnd,
+                                           const std::string& file, const std::string& subject) {
+  const std::string rows = subject.empty() ? " rows" : " rows of subject " + subject;
+  std::vector<const McDoc*> drawn;
+  if (sampler == FewshotSampler::FirstN) {
+    drawn = pool;
+  } else {
+    const int64_t k = eval_doc ? n + 1 : n;
+    CASTOR_CHECK(k <= static_cast<int64_t>(pool.size()), file, ": ", pool.size(), rows, ", fewer than the ", k,
+                 " lm-eval draws for --num-fewshot ", n, eval_doc ? " (one more, the evaluated row dropped)" : "");
+    for (int64_t i : rnd.sample(static_cast<int64_t>(pool.size()), k)) drawn.push_back(pool[i]);
+  }
+  std::vector<const McDoc*> out;
+  for (const McDoc* d : drawn)
+    if (static_cast<int64_t>(out.size()) < n && !(eval_doc && same_doc(*d, doc))) out.push_back(d);
+  CASTOR_CHECK(static_cast<int64_t>(out.size()) == n, file, ": ", out.size(), rows,
+               eval_doc ? " besides the evaluated one" : "", ", fewer than --num-fewshot ", n);
+  return out;
+}
+
+}  // namespace
+
 McTask read_mc_task(const std::string& path, const McTaskOptions& opt) {
   McTask task;
   task.path = path;
   std::optional<McFormat> format = opt.format;
   task.docs = read_rows(path, format, opt.limit);
   task.format = *format;
-  std::vector<McDoc> shots;
-  if (opt.num_fewshot > 0) {
+  if (opt.num_fewshot > 0)
     CASTOR_CHECK(!opt.fewshot_file.empty(), "--num-fewshot ", opt.num_fewshot,
                  ": give the rows to take the examples from (--fewshot-file)");
-    shots = read_rows(opt.fewshot_file, format, 0);
-  }
-  // The fewshot prefix of each subject (MMLU's per-subject tasks take their first rows of the subject's dev split).
-  std::map<std::string, std::string> prefixes;
-  auto prefix = [&](const std::string& subject) -> const std::string& {
-    auto it = prefixes.find(subject);
-    if (it != prefixes.end()) return it->second;
-    std::string p;
-    if (task.format == McFormat::Mmlu && !subject.empty())
-      p = "The following are multiple choice questions (with answers) about " + replace_all(subject, "_", " ") +
-          ".\n\n";
-    int64_t n = 0;
-    for (const McDoc& s : shots) {
-      if (n == opt.num_fewshot) break;
-      if (task.format == McFormat::Mmlu && s.subject != subject) continue;
-      p += mc_fewshot_example(s) + "\n\n";
-      ++n;
-    }
-    CASTOR_CHECK(n == opt.num_fewshot, opt.fewshot_file, ": ", n, " rows", subject.empty() ? "" : " of subject ",
-                 subject, ", fewer than --num-fewshot ", opt.num_fewshot);
-    return prefixes.emplace(subject, std::move(p)).first->second;
-  };
+  const std::vector<McDoc> shots = opt.num_fewshot > 0 ? read_rows(opt.fewshot_file, format, 0) : std::vector<McDoc>();
+  const bool mmlu = task.format == McFormat::Mmlu;
+  const FewshotSampler sampler = opt.sampler.value_or(mmlu ? FewshotSampler::FirstN : FewshotSampler::Random);
+  const bool eval_doc = passes_eval_doc(task.format, path, opt.fewshot_file);
+  // Per subject (MMLU's per-subject tasks, each with its dev rows and its own generator; one for the other tasks).
+  std::map<std::string, std::vector<const McDoc*>> pools;
+  std::map<std::string, PyRandom> generators;
+  for (const McDoc& s : shots) pools[mmlu ? s.subject : ""].push_back(&s);
   for (McDoc& d : task.docs) {
-    const std::string& p = prefix(d.subject);
+    const std::string key = mmlu ? d.subject : "";
+    std::string p;
+    if (mmlu && !d.subject.empty())
+      p = "The following are multiple choice questions (with answers) about " + replace_all(d.subject, "_", " ") +
+          ".\n\n";
+    if (opt.num_fewshot > 0) {
+      PyRandom& rnd = generators.try_emplace(key, opt.fewshot_seed).first->second;
+      for (const McDoc* s :
+           fewshot_examples(d, pools[key], opt.num_fewshot, sampler, eval_doc, rnd, opt.fewshot_file, key))
+        p += mc_fewshot_example(*s) + "\n\n";
+    }
     for (std::string& c : d.contexts) c = p + c;
   }
   return task;

@@ -72,8 +72,9 @@ struct EvalFlags {
   std::optional<Dataset> data;
   int64_t batch_size = 0, n_head = 0, block_size = 0;
   std::string lora_base, lora;
-  std::string task, task_format, fewshot_file, log_samples, text, tokenizer_dir;
+  std::string task, task_format, fewshot_file, fewshot_sampler, log_samples, text, tokenizer_dir;
   int64_t num_fewshot = 0, limit = 0, ctx = 0;
+  uint64_t fewshot_seed = 1234;
   bool add_bos = false;
 };
 
@@ -115,8 +116,15 @@ std::unique_ptr<CLI::App> eval_app(EvalFlags& f) {
   app.add_option("--num-fewshot", f.num_fewshot, "--task: examples before each prompt, from --fewshot-file")
       ->check(integer_in(0, 1000));
   app.add_option("--fewshot-file", f.fewshot_file,
-                 "--task: rows of the same layout; the first --num-fewshot (MMLU: of the row's subject) are the "
-                 "examples");
+                 "--task: rows of the same layout (a training or dev split) the examples are drawn from (MMLU: of the "
+                 "row's subject)");
+  app.add_option("--fewshot-sampler", f.fewshot_sampler,
+                 "--task: lm-eval's fewshot sampler: default (drawn at random as lm-eval draws them, seeded by "
+                 "--fewshot-seed) or first_n (the first rows in order); default: the task's (MMLU first_n, the others "
+                 "default)")
+      ->check(CLI::IsMember({"default", "first_n"}));
+  app.add_option("--fewshot-seed", f.fewshot_seed, "--task: the default sampler's seed (lm-eval's fewshot_random_seed)")
+      ->default_str("1234");
   app.add_option("--limit", f.limit, "--task: the first N rows only (0: all)")->check(integer_in(0));
   app.add_flag("--add-bos", f.add_bos, "--task: BOS before each prompt (lm-eval's add_bos_token=True)");
   app.add_option("--log-samples", f.log_samples,
@@ -248,7 +256,7 @@ constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization",  "in
                                          "init_checksum",  "class_names",    "castor_version",   "git_commit",
                                          "host_cpu",       "started",        "real_vocab_size",  "train_tokens",
                                          "val_tokens",     "precision_auto", "trainable_params", "all_params",
-                                         "model_config",   "tokenizer",      "vocab_checksum", "openmp_wait"};
+                                         "model_config",   "tokenizer",      "vocab_checksum",   "openmp_wait"};
 
 // The text of one TOML value (what follows a line's '='): a basic string "..." with TOML 1.0's escapes decoded
 // (\b \t \n \f \r \" \\ \uXXXX \UXXXXXXXX), a literal string '...' as it is, or a bare value (a number, true,
@@ -599,11 +607,13 @@ EvalConfig parse_eval_flags(const std::vector<std::string>& args) {
   e.n_head = f.n_head, e.block_size = f.block_size, e.lora_base = f.lora_base, e.lora = f.lora, e.dtype = f.dtype;
   e.task = f.task, e.task_format = f.task_format, e.num_fewshot = f.num_fewshot, e.fewshot_file = f.fewshot_file;
   e.limit = f.limit, e.add_bos = f.add_bos, e.log_samples = f.log_samples, e.text = f.text, e.ctx = f.ctx;
-  e.tokenizer_dir = f.tokenizer_dir;
+  e.tokenizer_dir = f.tokenizer_dir, e.fewshot_sampler = f.fewshot_sampler, e.fewshot_seed = f.fewshot_seed;
   CASTOR_CHECK(e.task.empty() || e.text.empty(), "castor eval: --task and --text: give one");
   for (const auto& [given, flag] : {std::pair{!f.task_format.empty(), "--task-format"},
                                     {f.num_fewshot > 0, "--num-fewshot"},
                                     {!f.fewshot_file.empty(), "--fewshot-file"},
+                                    {!f.fewshot_sampler.empty(), "--fewshot-sampler"},
+                                    {f.fewshot_seed != 1234, "--fewshot-seed"},
                                     {f.limit > 0, "--limit"},
                                     {f.add_bos, "--add-bos"},
                                     {!f.log_samples.empty(), "--log-samples"}})

@@ -8,7 +8,7 @@
 
 #include "castor/autocast.h"
 #include "castor/fs.h"
-#include "train/lm_load.h"
+#include "train/loaded_model.h"
 #include "train/lm_scoring.h"
 #include "train/progress.h"
 
@@ -60,6 +60,8 @@ Json run_task_eval(const EvalConfig& e) {
   data::McTaskOptions opt;
   if (!e.task_format.empty()) opt.format = data::parse_mc_format(e.task_format);
   opt.num_fewshot = e.num_fewshot, opt.fewshot_file = e.fewshot_file, opt.limit = e.limit;
+  if (!e.fewshot_sampler.empty()) opt.sampler = data::parse_fewshot_sampler(e.fewshot_sampler);
+  opt.fewshot_seed = e.fewshot_seed;
   if (!e.log_samples.empty()) check_replaceable(e.log_samples);  // (refused before any work)
   const data::McTask task = data::read_mc_task(e.task, opt);
   LoadedLm lm = load_language_model(e.path, e.n_head, e.lora_base, e.tokenizer_dir, e.lora);

@@ -2,10 +2,12 @@
 // perplexity (train/lm_scoring.h).
 #include "train/lm_scoring.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 #include "castor/chat_data.h"
+#include "castor/autograd.h"
 #include "castor/check.h"
 #include "castor/fs.h"
 #include "train/task.h"
@@ -270,38 +272,106 @@ std::vector<McScore> score_mc_task(models::LanguageModel& model, data::Tokenizer
   return scores;
 }
 
-const std::vector<std::string>& task_score_keys() {
-  static const std::vector<std::string> keys = {"task_acc", "task_acc_norm", "task_acc_norm_tokens"};
-  return keys;
+std::optional<data::ChatFormat> chat_task_format(const std::string& path, const std::string& task_format) {
+  if (!task_format.empty()) {
+    const std::vector<std::string> mc = data::mc_format_names();
+    if (std::find(mc.begin(), mc.end(), task_format) != mc.end()) return std::nullopt;
+    return data::parse_chat_format(task_format);
+  }
+  std::optional<data::ChatFormat> format;
+  struct Stop {};
+  try {
+    data::for_each_jsonl_row(path, [&](const Json& row, int64_t, const std::string&) {
+      const auto has = [&](const char* key) { return row.is_object() && row.find(key) != nullptr; };
+      if (!data::infer_mc_format(row)) {
+        if (has("messages") || has("conversations")) format = data::ChatFormat::Chat;
+        if (has("prompt") && has("completion")) format = data::ChatFormat::PromptCompletion;
+        if (has("instruction") && has("output")) format = data::ChatFormat::Alpaca;
+      }
+      throw Stop{};
+    });
+  } catch (const Stop&) {
+  } catch (const Error& e) {
+    throw Error(detail::cat("--eval-task: ", e.what()));
+  }
+  return format;
+}
+
+std::vector<std::string> task_score_keys(const TrainConfig& c) {
+  if (chat_task_format(c.eval_task, c.task_format)) return {"task_loss", "task_perplexity"};
+  return {"task_acc", "task_acc_norm", "task_acc_norm_tokens"};
 }
 
 TrainTaskScorer::TrainTaskScorer(const TrainConfig& c) {
-  data::McTaskOptions opt;
-  if (!c.task_format.empty()) opt.format = data::parse_mc_format(c.task_format);
+  const std::optional<data::ChatFormat> chat = chat_task_format(c.eval_task, c.task_format);
   try {
-    task_ = data::read_mc_task(c.eval_task, opt);
     const std::string dir = data_dir(c);
     CASTOR_CHECK(data::Tokenizer::is_loadable(dir), dir, " holds no tokenizer to encode the task's rows with");
     tok_ = std::make_unique<data::Tokenizer>(data::Tokenizer::load(dir));
+    if (chat) {
+      const data::ChatTokenizer ct = data::chat_tokenizer(*tok_, *chat == data::ChatFormat::Chat);
+      const data::ChatTemplate tmpl(ct.chat_template, ct.template_what);
+      data::for_each_jsonl_row(c.eval_task, [&](const Json& row, int64_t, const std::string& where) {
+        chat_.push_back(data::tokenize_row(row, *chat, tmpl, ct, /*train_on_prompt=*/false, where));
+      });
+      CASTOR_CHECK(!chat_.empty(), c.eval_task, ": no rows (an empty task file)");
+      pad_id_ = ct.pad_id;
+      return;
+    }
+    data::McTaskOptions opt;
+    if (!c.task_format.empty()) opt.format = data::parse_mc_format(c.task_format);
+    task_ = data::read_mc_task(c.eval_task, opt);
   } catch (const Error& e) {
     throw Error(detail::cat("--eval-task: ", e.what()));
   }
 }
 
+std::vector<std::pair<std::string, double>> TrainTaskScorer::score_chat(models::LanguageModel& model) {
+  const int64_t T = model.block_size(), V = model.vocab_size();
+  const data::Rows rows = data::make_rows(chat_, T + 1, /*drop_long=*/false, /*pack=*/false, pad_id_);
+  constexpr int64_t kBatch = 8;
+  double nll = 0;
+  int64_t targets = 0;
+  for (int64_t r0 = 0; r0 < rows.rows; r0 += kBatch) {
+    const int64_t b = std::min(kBatch, rows.rows - r0);
+    std::vector<double> x;
+    for (int64_t r = r0; r < r0 + b; ++r)
+      x.insert(x.end(), rows.ids.begin() + r * (T + 1), rows.ids.begin() + r * (T + 1) + T);
+    const Tensor logits = real_logits(model(ids_tensor(x, b)), V);  // (b, T, V)
+    const float* l = logits.data<float>();
+    for (int64_t r = 0; r < b; ++r)
+      for (int64_t t = 1; t <= T; ++t) {
+        const int64_t at = (r0 + r) * (T + 1) + t;
+        if (!rows.mask[at]) continue;
+        nll -= log_prob(l + (r * T + t - 1) * V, V, rows.ids[at]);
+        ++targets;
+      }
+  }
+  CASTOR_CHECK(targets > 0, "--eval-task: no answer token fits the block size of ", T);
+  const double loss = nll / static_cast<double>(targets);
+  return {{"task_loss", loss}, {"task_perplexity", std::exp(loss)}};
+}
+
 std::vector<std::pair<std::string, double>> TrainTaskScorer::score(models::LanguageModel& model, const amp::Amp& amp) {
   model.eval();
   std::vector<McScore> scores;
+  std::vector<std::pair<std::string, double>> chat;
   {
     auto fw = amp.forward();
-    LlScorer scorer(model);
-    scores = score_mc_task(model, *tok_, task_, /*add_bos=*/false, scorer, nullptr);
+    if (!chat_.empty()) {
+      const NoGradGuard no_grad;
+      chat = score_chat(model);
+    } else {
+      LlScorer scorer(model);
+      scores = score_mc_task(model, *tok_, task_, /*add_bos=*/false, scorer, nullptr);
+    }
   }
   model.train();
+  if (!chat_.empty()) return chat;
   const Json r = mc_results(task_, scores);
-  const std::vector<std::string>& keys = task_score_keys();
-  return {{keys[0], r.at("acc,none").as_double()},
-          {keys[1], r.at("acc_norm,none").as_double()},
-          {keys[2], r.at("acc_norm_tokens,none").as_double()}};
+  return {{"task_acc", r.at("acc,none").as_double()},
+          {"task_acc_norm", r.at("acc_norm,none").as_double()},
+          {"task_acc_norm_tokens", r.at("acc_norm_tokens,none").as_double()}};
 }
 
 Perplexity perplexity(models::LanguageModel& model, std::vector<int64_t> tokens, int64_t ctx, int64_t bos) {

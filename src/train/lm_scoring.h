@@ -6,10 +6,12 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "castor/amp.h"
+#include "castor/chat_data.h"
 #include "castor/json.h"
 #include "castor/language_model.h"
 #include "castor/mc_task.h"
@@ -94,19 +96,31 @@ struct Perplexity {
 Perplexity perplexity(models::LanguageModel& model, std::vector<int64_t> tokens, int64_t ctx, int64_t bos);
 
 // castor train --eval-task: the task read once, in the run's tokenizer (its token folder's), and scored on the model
-// under the run's autocast at each evaluation; castor::Error naming --eval-task when it cannot be read.
+// under the run's autocast at each evaluation; castor::Error naming --eval-task when it cannot be read. A held-out
+// file of chat data (castor tokenize --format's chat, prompt-completion or alpaca rows) is rendered and tokenized as
+// castor tokenize does (the folder's chat template, the loss mask on the answers, each example in a row of its own cut
+// to the block size) and scored as the validation loss is: the mean negative log-likelihood of its target tokens.
 class TrainTaskScorer {
  public:
   explicit TrainTaskScorer(const TrainConfig& c);
-  // task_score_keys() with their values: acc, acc_norm and acc_norm_tokens over the task's rows.
+  // task_score_keys(c) with their values: acc, acc_norm and acc_norm_tokens over the task's rows, or a chat task's
+  // loss and perplexity.
   std::vector<std::pair<std::string, double>> score(models::LanguageModel& model, const amp::Amp& amp);
 
  private:
+  std::vector<std::pair<std::string, double>> score_chat(models::LanguageModel& model);
   data::McTask task_;
   std::unique_ptr<data::Tokenizer> tok_;
+  std::vector<data::TokenizedText> chat_;  // a chat task's examples (empty: a multiple-choice task)
+  int32_t pad_id_ = 0;
 };
-// The metrics.jsonl keys of --eval-task's figures: task_acc, task_acc_norm, task_acc_norm_tokens.
-const std::vector<std::string>& task_score_keys();
+// The layout of a held-out chat file given to --eval-task: --task-format's when it names castor tokenize's chat,
+// prompt-completion or alpaca, else the first row's fields' (messages or conversations, prompt and completion,
+// instruction and output); nullopt for a multiple-choice task. castor::Error naming --eval-task when unreadable.
+std::optional<data::ChatFormat> chat_task_format(const std::string& path, const std::string& task_format);
+// The metrics.jsonl keys of --eval-task's figures: task_acc, task_acc_norm, task_acc_norm_tokens; a chat task's
+// task_loss and task_perplexity.
+std::vector<std::string> task_score_keys(const TrainConfig& c);
 
 // castor eval MODEL --task FILE: mc_results (with "checkpoint", "num_fewshot" and "truncated", the requests cut from
 // the left), the table on stderr, a progress line with the time left on long runs; --log-samples' file written whole.

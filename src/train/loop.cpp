@@ -99,10 +99,11 @@ class WholeWeights {
 
 // The training loop with its logging, checkpoints, divergence and interrupt checks.
 // The metrics a run's evaluations log: the task's, and --eval-task's scores.
-std::vector<std::string> metric_keys(const Task& task, bool task_scores) {
+std::vector<std::string> metric_keys(const Task& task, const TrainConfig& c) {
   std::vector<std::string> keys;
   for (const auto& [key, value] : task.evaluation_keys(Evaluation{})) keys.push_back(key);
-  if (task_scores) keys.insert(keys.end(), task_score_keys().begin(), task_score_keys().end());
+  if (!c.eval_task.empty())
+    for (const std::string& k : task_score_keys(c)) keys.push_back(k);
   return keys;
 }
 
@@ -121,7 +122,7 @@ class Trainer {
         batches_(task, c.grad_accum, world_),
         divergence_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale.is_dynamic()),
         task_scorer_(c.eval_task.empty() ? nullptr : std::make_unique<TrainTaskScorer>(c)),
-        keep_best_(c.out, c.keep_best, c.early_stop, metric_keys(task, task_scorer_ != nullptr)),
+        keep_best_(c.out, c.keep_best, c.early_stop, metric_keys(task, c)),
         epochs_(epochs) {
     if (rank0_) log_.emplace(c, task, total_steps, epochs, /*append=*/!c.resume.empty(), flops, state.step);
     CASTOR_CHECK(c.task_format.empty() || !c.eval_task.empty(), "--task-format: applies to --eval-task");

@@ -332,7 +332,8 @@ std::string render_report(const std::string& title, const Json& config, const st
   const double scale_metric = f.scale;
   Series raw{"logged step", "#9ecae1", true}, smooth{"window mean", "#1f77b4"};
   Series scale{"loss scale", "#ff7f0e"}, lr{"learning rate", "#9467bd"}, speed{rate_name, "#8c564b"};
-  Series train_loss{"train (window mean)", "#1f77b4"}, test_loss{lm ? "validation" : "test", "#d62728"};
+  Series train_loss{"train (window mean)", "#1f77b4"}, test_loss{lm ? "validation" : "test", "#d62728"},
+      task_loss{"held-out chat (--eval-task)", "#9467bd"};
   std::vector<std::pair<double, double>> acc_points, test_loss_points;  // (step, value) of each evaluation
   // --eval-task's scores (step, acc, acc_norm, acc_norm_tokens), in percent.
   std::vector<std::tuple<double, double, double, double>> task_points;
@@ -344,6 +345,7 @@ std::string render_report(const std::string& title, const Json& config, const st
     const double step = field(r, "step");
     peak = std::max(peak, field(r, "peak_memory_bytes", 0));
     if (r.find("train_loss") != nullptr) epochs.push_back(&r);
+    if (r.find("task_loss") != nullptr) task_loss.x.push_back(step), task_loss.y.push_back(field(r, "task_loss"));
     if (r.find("task_acc") != nullptr)
       task_points.emplace_back(step, 100 * field(r, "task_acc"), 100 * field(r, "task_acc_norm"),
                                100 * field(r, "task_acc_norm_tokens"));
@@ -395,9 +397,11 @@ std::string render_report(const std::string& title, const Json& config, const st
     o << chart({metric_name, "perplexity", false, {}, steps}, {acc});
   else
     o << chart({metric_name, "accuracy (%)", false, std::pair{0.0, 100.0}, steps}, {acc});
+  std::vector<Series> losses{train_loss, test_loss};
+  if (!task_loss.x.empty()) losses.push_back(task_loss);
   if (test_loss.x.size() > 1)
     o << chart({lm ? "Train vs validation loss" : "Train vs test loss", "cross-entropy loss", false, {}, steps},
-               {train_loss, test_loss});
+               losses);
   if (!task_acc.x.empty())
     o << chart({"Benchmark task (--eval-task)", "accuracy (%)", false, std::pair{0.0, 100.0}, steps},
                {task_acc, task_norm, task_tokens});

@@ -26,7 +26,7 @@ std::vector<std::string> metrics_columns(const TrainConfig& c, const Task& task)
   std::vector<std::string> keys;
   for (const auto& [key, value] : task.evaluation_keys(Evaluation{})) keys.push_back(key);
   if (!c.eval_task.empty())
-    for (const std::string& key : task_score_keys()) keys.push_back(key);
+    for (const std::string& key : task_score_keys(c)) keys.push_back(key);
   return MetricsLog::columns(task.rate_key(), keys);
 }
 

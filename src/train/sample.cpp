@@ -24,7 +24,6 @@
 #include "castor/torch_save.h"
 #include "train/metrics.h"
 #include "train/cli.h"
-#include "train/lm_load.h"
 #include "train/lora_run.h"
 #include "train/family.h"
 #include "train/loaded_model.h"
@@ -118,71 +117,6 @@ SampleConfig parse_sample_flags(const std::vector<std::string>& args) {
 std::string sample_help() {
   SampleConfig c;
   return sample_app(c)->help();
-}
-
-namespace {
-
-// The model to sample: a Llama as loaded, a GPT built for the tokenizer's vocabulary (its padding never drawn).
-std::shared_ptr<models::LanguageModel> sampled_model(LoadedGpt& g, const data::Tokenizer& tok, const std::string& dir) {
-  if (g.llama) {
-    // (a Hugging Face model's embedding may have more rows than its tokenizer has tokens: Qwen2's 151936 for 151669)
-    CASTOR_CHECK(tok.hf() ? tok.vocab_size() <= g.llama->vocab_size() : tok.vocab_size() == g.llama->vocab_size(), dir,
-                 ": the tokenizer has ", tok.vocab_size(), " tokens, ", g.what, " was made for ",
-                 g.llama->vocab_size());
-    return g.llama;
-  }
-  models::GPTConfig& config = g.weights.config;
-  CASTOR_CHECK(tok.vocab_size() <= config.vocab_size, dir, ": the tokenizer has ", tok.vocab_size(),
-               " tokens, more than the model's vocabulary of ", config.vocab_size, " (", g.what, ")");
-  CASTOR_CHECK(config.real_vocab_size == 0 || config.real_vocab_size == tok.vocab_size(), dir, ": the tokenizer has ",
-               tok.vocab_size(), " tokens, ", g.what, " was made for ", config.real_vocab_size);
-  config.real_vocab_size = tok.vocab_size();
-  auto model = models::gpt(config);
-  model->load_state_dict(g.weights.state);
-  return model;
-}
-
-// LoadedLm::end_ids of `g` and its tokenizer.
-std::set<int64_t> end_ids(const LoadedGpt& g, const data::Tokenizer& tok) {
-  std::set<int64_t> ids;
-  if (tok.bpe()) ids.insert(data::BpeVocabulary::kBos);
-  if (tok.kind() != "char") {
-    const data::ChatTokenizer ct = data::chat_tokenizer(tok, /*need_template=*/false);
-    for (int64_t id : {ct.eos_id, ct.eot_id})
-      if (id >= 0) ids.insert(id);
-  }
-  const Json eos = described(g, "eos_token_id");
-  for (const Json& id : eos.is_array() ? eos.as_array() : Json::Array{eos})
-    if (id.is_int()) ids.insert(id.as_int());
-  return ids;
-}
-
-}  // namespace
-
-LoadedLm load_language_model(const std::string& path, int64_t n_head, const std::string& lora_base,
-                             const std::string& tokenizer_dir, const std::string& lora) {
-  LoadedGpt g = load_gpt(path, n_head, lora_base, /*keep_blocks=*/lora.empty());  // (an adapter merges densely)
-  for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
-    formats::check_finite(g.what, name, t);
-  std::string dir = tokenizer_dir.empty() ? model_tokenizer_dir(path, g.config) : tokenizer_dir;
-  CASTOR_CHECK(!dir.empty(), "--tokenizer-dir: missing; ", g.what,
-               " records no data directory to decode with, and no tokenizer.bin is beside it");
-  data::Tokenizer tok = data::Tokenizer::load(dir);
-  // The ids are the model's vocabulary's: a tokenizer of another one would decode them as other tokens.
-  const data::VocabularyId model_vocab = model_vocabulary(path, g.config), vocab = tok.vocabulary_id();
-  CASTOR_CHECK(data::same_vocabulary(model_vocab, vocab), tokenizer_dir.empty() ? "" : "--tokenizer-dir ", dir,
-               " holds the vocabulary [", vocab.describe(), "], but ", g.what, " was trained in [",
-               model_vocab.describe(),
-               "]: its ids would decode as other tokens; give the folder of the model's "
-               "vocabulary");
-  std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
-  if (!lora.empty()) {
-    CASTOR_CHECK(!g.lora, "--lora: ", g.what, " is a LoRA run's (its adapters merged already); give its base");
-    merge_peft_adapter(*model, g.llama ? ModelKind::Llama : ModelKind::Gpt, path, lora);
-  }
-  model->eval();
-  std::set<int64_t> ends = end_ids(g, tok);
-  return {std::move(model), std::move(tok), g.what, dir, std::move(ends)};
 }
 
 void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,

@@ -113,7 +113,11 @@ Field loss_scale() {
 
 // --task-format's values.
 const CLI::Validator& task_formats() {
-  static const CLI::Validator v = one_of(data::mc_format_names());
+  static const CLI::Validator v = [] {
+    std::vector<std::string> names = data::mc_format_names();
+    for (const char* chat : {"chat", "prompt-completion", "alpaca"}) names.push_back(chat);
+    return one_of(names);
+  }();
   return v;
 }
 
@@ -346,13 +350,17 @@ std::vector<Setting> make_settings() {
       {"--eval-task", plain<&C::eval_task>(),
        "a multiple-choice task (castor eval --task's JSONL: HellaSwag, MMLU, ARC, PIQA, Winogrande or {context, "
        "choices, label} rows) scored at each evaluation as lm-evaluation-harness does, in the run's tokenizer: "
-       "task_acc, task_acc_norm and task_acc_norm_tokens in metrics.jsonl and the report",
+       "task_acc, task_acc_norm and task_acc_norm_tokens in metrics.jsonl and the report; or held-out chat data "
+       "(castor tokenize --format chat, prompt-completion or alpaca rows) tokenized as the run's token folder was: "
+       "task_loss and task_perplexity over the answers' tokens",
        nullptr, R::Free, J::LanguageModel},
-      {"--task-format", plain<&C::task_format>(), "--eval-task's layout (default: inferred from its rows' fields)",
+      {"--task-format", plain<&C::task_format>(),
+       "--eval-task's layout: castor eval --task's, or chat, prompt-completion or alpaca (default: inferred from its "
+       "rows' fields)",
        &task_formats(), R::Free, J::LanguageModel},
       {"--keep-best", plain<&C::keep_best>(),
        "an evaluation's metric (val_loss, val_perplexity, test_loss, test_accuracy, task_acc, task_acc_norm, "
-       "task_acc_norm_tokens): RUN/best holds the checkpoint of its best value (the lowest loss or perplexity, the "
+       "task_acc_norm_tokens, task_loss, task_perplexity): RUN/best holds the checkpoint of its best value (the lowest loss or perplexity, the "
        "highest accuracy), whatever --keep prunes",
        nullptr, R::Free, J::Any},
       {"--early-stop", plain<&C::early_stop>(),

@@ -24,7 +24,7 @@ namespace castor::train {
 struct Evaluation {
   double loss = 0, accuracy = 0;   // mean loss per image or token; top-1 accuracy
   std::vector<int64_t> confusion;  // images: (K, K), row = true class, column = predicted class
-  std::vector<std::pair<std::string, double>> task_scores;  // --eval-task's (task_score_keys() order), or none
+  std::vector<std::pair<std::string, double>> task_scores;  // --eval-task's (task_score_keys(c) order), or none
 };
 
 // One batch: the model's input, the targets, its number in the epoch and how many examples (images or tokens, of

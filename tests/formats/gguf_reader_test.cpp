@@ -3,7 +3,7 @@
 // values the file holds (llama with its permuted q/k rows, qwen2 without; f32, f16, bf16, q8_0, q4_0, every K-quant and
 // the Q4_K_M mix), dequantized or kept in their blocks, and LoRA over the blocks gives the oracle's adapter gradients
 // (tests/oracle/lora_oracle.py); llama.cpp's greedy tokens on an f16 file are castor sample's, with the tokenizer and
-// family taken from the file alone; broken files are one-line errors naming the file and the field.
+// family taken from the file alone, and llama.cpp's per-token probabilities give castor eval --text's perplexity; broken files are one-line errors naming the file and the field.
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -273,6 +273,67 @@ TEST(GgufRead, SampleFromTheFileAloneGivesLlamaCppsGreedyTokens) {
   data::Tokenizer::Stream stream(tok, ids.back());
   for (int64_t t : theirs) want += stream.next(static_cast<uint32_t>(t));
   EXPECT_EQ(s.out, want + stream.finish() + "\n");
+}
+
+// llama.cpp's requests of gguf_llama_cpp.mjs: one a chunk of `ids` (BOS first), its first half the prompt and the
+// rest teacher-forced, as llama-perplexity scores the chunk; the first request also tokenizes `text`.
+Json perplexity_requests(const std::string& file, const std::vector<uint32_t>& ids, int64_t ctx, int64_t bos,
+                         const std::string& text) {
+  Json::Array requests;
+  const int64_t first = ctx / 2;
+  for (int64_t c = 0; c < static_cast<int64_t>(ids.size()) / ctx; ++c) {
+    Json::Array prompt, forced;
+    for (int64_t i = 0; i < ctx; ++i) {
+      const int64_t id = i == 0 ? bos : static_cast<int64_t>(ids[c * ctx + i]);
+      (i <= first ? prompt : forced).push_back(id);
+    }
+    Json::Object r{{"model", file}, {"context", 64}, {"prompt", prompt}, {"forced", forced}};
+    if (c == 0) r["texts"] = Json::Array{text};
+    requests.push_back(r);
+  }
+  return requests;
+}
+
+// castor eval FILE.gguf --text F --ctx N gives llama-perplexity's figure: llama.cpp's own per-token probabilities on
+// the same chunks (BOS first, the second half of each scored) give the same perplexity within 1e-3, and llama.cpp
+// tokenizes the text as Castor does.
+TEST(GgufRead, PerplexityOfCastorEvalIsLlamaCpps) {
+  ASSERT_TRUE(file_exists(kLlamaCpp + "/node-llama-cpp/package.json"))
+      << kLlamaCpp << " lacks node-llama-cpp: run scripts/setup_tests.sh";
+  const test::ScratchDir dir("gguf_read_perplexity");
+  ASSERT_TRUE(write_gguf_case(dir, "m", "LlamaForCausalLM", 2, false, "f16", 23, 300));  // (with byte tokens)
+  const std::string file = dir + "/m.gguf";
+  // Characters of byte tokens: the file's pieces ("\u2581a", ...) have halves that are not tokens, which llama.cpp's
+  // SentencePiece merges and a tokenizer.json's merges (Hugging Face's conversion, Castor's) cannot.
+  std::string text;
+  for (int i = 0; i < 40; ++i)
+    text += std::string(1 + i % 2, static_cast<char>('A' + (i * 7) % 26)) + (i % 9 == 8 ? ".\n" : " ");
+  atomic_write_file(dir + "/text.txt", text);
+  data::Tokenizer tok = data::Tokenizer::load(formats::gguf_tokenizer_dir(file));
+  const std::vector<uint32_t> ids = tok.encode(text, true);
+  const int64_t ctx = 16;
+  ASSERT_GE(static_cast<int64_t>(ids.size()), 3 * ctx);
+  atomic_write_file(dir + "/request.json", perplexity_requests(file, ids, ctx, ids[0], text).dump());
+  const std::string cmd = "node " + kOracle + "gguf_llama_cpp.mjs " + kLlamaCpp + " " + dir + "/request.json > " + dir +
+                          "/llama_cpp.json";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const Json got = Json::parse(test::read_text(dir + "/llama_cpp.json"));
+  std::vector<uint32_t> theirs;
+  for (const Json& t : got.as_array().at(0).at("tokens").as_array().at(0).as_array())
+    theirs.push_back(static_cast<uint32_t>(t.as_int()));
+  EXPECT_EQ(theirs, std::vector<uint32_t>(ids.begin() + 1, ids.end()));
+  double nll = 0;
+  int64_t scored = 0;
+  for (const Json& r : got.as_array())
+    for (const Json& f : r.at("forced").as_array()) nll -= std::log(f.at("p").as_double()), ++scored;
+  EXPECT_EQ(scored, static_cast<int64_t>(ids.size()) / ctx * (ctx - 1 - ctx / 2));
+  const test::CastorProcess s = test::run_castor({"eval", file, "--text", "text.txt", "--ctx", std::to_string(ctx)},
+                                                 test::CastorRun{dir});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  const Json out = Json::parse(s.out);
+  EXPECT_EQ(out.at("tokens").as_int(), scored);
+  const double want = std::exp(nll / static_cast<double>(scored));
+  EXPECT_NEAR(out.at("perplexity").as_double() / want, 1.0, 1e-3) << want;
 }
 
 // A small GGUF file assembled field by field, to break one field at a time.

@@ -147,6 +147,87 @@ TEST(McTask, FewshotPrefixesAsLmEvalBuildsThem) {
   test::expect_error([&] { read_mc_task(dir.file("test.jsonl"), opt); }, {"--fewshot-file"});
 }
 
+// Row i of a layout for the fewshot cases (a few words varying with i; MMLU's subject alternating over two).
+Json fewshot_row(const std::string& format, int i) {
+  const std::string w = "w" + std::to_string(i);
+  if (format == "piqa") return Json::Object{{"goal", "do " + w}, {"sol1", "a " + w}, {"sol2", "b"}, {"label", i % 2}};
+  if (format == "arc")
+    return Json::Object{
+        {"question", "Q " + w + "?"},
+        {"choices", Json::Object{{"text", Json::Array{"x" + w, "y", "z"}}, {"label", Json::Array{"A", "B", "C"}}}},
+        {"answerKey", std::string(1, static_cast<char>('A' + i % 3))}};
+  if (format == "mmlu")
+    return Json::Object{{"question", " q " + w + " "},
+                        {"subject", i % 3 ? "college_physics" : "world_religions"},
+                        {"choices", Json::Array{"1", w, "3", "4"}},
+                        {"answer", i % 4}};
+  return Json::Object{{"context", "c " + w}, {"choices", Json::Array{w, "n"}}, {"label", i % 2}};
+}
+
+std::string jsonl(const std::string& format, const std::vector<int>& ids) {
+  std::string out;
+  for (int i : ids) out += fewshot_row(format, i).dump() + "\n";
+  return out;
+}
+
+// The fewshot prompts equal lm-evaluation-harness's (tests/oracle/fewshot_oracle.py: its ContextSampler and
+// FirstNSampler over Python's random.Random(seed)): drawn in row order from one generator (MMLU: one a subject), one
+// more drawn and the evaluated row dropped where lm-eval passes it (PIQA always, plain rows from their own file), on
+// both of random.sample's branches (k = 6 from 100 rows: rejection; otherwise a pool).
+TEST(McTask, FewshotExamplesAreDrawnAsLmEvalDrawsThem) {
+  struct Case {
+    std::string format;
+    std::vector<int> docs, shots;  // row ids; shots empty: the task file is the fewshot file
+    int64_t n;
+    uint64_t seed;
+    std::string sampler;  // "" : the task's
+    bool eval_doc;
+    int64_t limit;
+  };
+  std::vector<int> train40, train100;
+  for (int i = 0; i < 40; ++i) train40.push_back(100 + i);
+  for (int i = 0; i < 100; ++i) train100.push_back(100 + i);
+  std::vector<int> own = train40;
+  own.insert(own.begin() + 2, 103);  // (a row twice: first_n drops both where it is evaluated)
+  const Case cases[] = {{"piqa", {1, 2, 103, 4, 5, 6, 7, 8, 9, 10, 11, 12}, train40, 3, 1234, "", true, 12},
+                        {"arc", {1, 2, 3, 4, 5, 6, 7, 8}, train40, 2, 1234, "", false, 8},
+                        {"mmlu", {1, 2, 3, 4, 5, 6, 7}, train40, 2, 1234, "default", false, 7},
+                        {"mmlu", {1, 2, 3, 4}, train40, 3, 1234, "", false, 4},
+                        {"choices", train40, {}, 5, 7, "", true, 20},
+                        {"choices", {1, 2, 3, 4, 5, 6}, train100, 6, 1234, "", false, 6},
+                        {"piqa", {1, 103, 3}, own, 4, 1234, "first_n", true, 3}};
+  int k = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.format + " case " + std::to_string(k));
+    const test::ScratchDir dir("mc_task_fewshot_draws_" + std::to_string(k++));
+    atomic_write_file(dir.file("task.jsonl"), jsonl(c.format, c.docs));
+    atomic_write_file(dir.file("shots.jsonl"), jsonl(c.format, c.shots.empty() ? c.docs : c.shots));
+    Json::Array docs, shots;
+    for (int i : c.docs) docs.push_back(fewshot_row(c.format, i));
+    for (int i : c.shots.empty() ? c.docs : c.shots) shots.push_back(fewshot_row(c.format, i));
+    const std::string sampler = !c.sampler.empty() ? c.sampler : c.format == "mmlu" ? "first_n" : "default";
+    atomic_write_file(dir.file("case.json"), Json(Json::Object{{"format", c.format},
+                                                               {"docs", docs},
+                                                               {"fewshot", shots},
+                                                               {"num_fewshot", c.n},
+                                                               {"seed", static_cast<int64_t>(c.seed)},
+                                                               {"sampler", sampler},
+                                                               {"eval_doc", c.eval_doc},
+                                                               {"limit", c.limit}})
+                                                 .dump());
+    ASSERT_TRUE(test::run_oracle("fewshot_oracle.py", {dir.file("case.json"), dir.file("out.json")}));
+    const Json want = Json::parse(test::read_text(dir.file("out.json")));
+    McTaskOptions opt;
+    opt.format = parse_mc_format(c.format);
+    opt.num_fewshot = c.n, opt.fewshot_seed = c.seed, opt.limit = c.limit;
+    opt.fewshot_file = dir.file(c.shots.empty() ? "task.jsonl" : "shots.jsonl");
+    if (!c.sampler.empty()) opt.sampler = parse_fewshot_sampler(c.sampler);
+    const McTask t = read_mc_task(dir.file("task.jsonl"), opt);
+    ASSERT_EQ(t.docs.size(), want.as_array().size());
+    for (size_t i = 0; i < t.docs.size(); ++i) EXPECT_EQ(t.docs[i].contexts[0], want.as_array()[i].as_string()) << i;
+  }
+}
+
 TEST(McTask, BadRowsAreOneLineErrorsNamingTheLine) {
   const test::ScratchDir dir("mc_task_errors");
   const std::pair<std::string, std::vector<std::string>> cases[] = {

@@ -1,7 +1,11 @@
 // Fine-tuning on chat rows through the real binary: `castor tokenize --format chat` writes rows and loss masks, and
 // `castor train`'s step on them (grad accumulation, 2 ranks) is PyTorch's cross_entropy(ignore_index=-100) over the
-// whole step (tests/oracle/gpt_oracle.py, whose loss is that); data without targets is refused before step 1.
+// whole step (tests/oracle/gpt_oracle.py, whose loss is that); data without targets is refused before step 1; the
+// held-out rows given to --eval-task score the validation loss of the same rows.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 
 #include "castor/autograd.h"
 #include "castor/bpe_tokenizer.h"
@@ -142,6 +146,42 @@ TEST_F(MpirunChatTrain, MaskedStepIsPyTorchsIgnoreIndexLossWithAccumulationAndRa
       EXPECT_TRUE(test::close(moved, want, 1e-6, 1e-4)) << run << " " << name;
     }
   }
+}
+
+// The held-out split of chat data as --eval-task: chat.jsonl's last quarter (the token folder's validation split) given
+// as a JSONL file is rendered, tokenized and cut as castor tokenize did, so its task_loss at each evaluation is the
+// run's validation loss over the same rows (float32, whole split), task_perplexity its exp; --keep-best task_loss
+// keeps the lowest, and report.html plots it beside the losses.
+TEST_F(ChatTrain, HeldOutChatRowsAsEvalTaskScoreTheValidationLoss) {
+  const std::string chat = test::read_text(path("chat.jsonl"));
+  size_t cut = chat.size();
+  for (int i = 0; i < 3; ++i) cut = chat.rfind('\n', cut - 2) + 1;  // (12 rows; the last 3 are validation's)
+  atomic_write_file(path("held.jsonl"), chat.substr(cut));
+  CastorProcess p = castor({"train",     "--model",      "gpt", "--data",       "tokens",     "--data-dir",
+                            "chat",      "--n-layer",    "1",   "--n-head",     "2",          "--n-embd",
+                            "16",        "--batch-size", "2",   "--steps",      "6",          "--lr",
+                            "1e-2",      "--eval-every", "3",   "--eval-iters", "0",          "--amp",
+                            "O0",        "--threads",    "1",   "--eval-task",  "held.jsonl", "--keep-best",
+                            "task_loss", "--out",        "run"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const std::string text = test::read_text(path("run/metrics.jsonl"));
+  std::vector<double> losses;
+  for (size_t pos = 0, nl; pos < text.size(); pos = nl + 1) {
+    nl = text.find('\n', pos);
+    const Json r = Json::parse(text.substr(pos, nl - pos));
+    if (r.find("val_loss") == nullptr) continue;
+    ASSERT_NE(r.find("task_loss"), nullptr) << r.dump();
+    const double val = r.at("val_loss").as_double(), task = r.at("task_loss").as_double();
+    EXPECT_NEAR(task, val, 1e-5 * val);
+    EXPECT_NEAR(r.at("task_perplexity").as_double(), std::exp(task), 1e-9 * std::exp(task));
+    EXPECT_EQ(r.find("task_acc"), nullptr);
+    losses.push_back(task);
+  }
+  ASSERT_GE(losses.size(), 2u);
+  const Json best = Json::parse(test::read_text(path("run/best/best.json")));
+  EXPECT_EQ(best.at("metric").as_string(), "task_loss");
+  EXPECT_DOUBLE_EQ(best.at("value").as_double(), *std::min_element(losses.begin(), losses.end()));
+  EXPECT_NE(test::read_text(path("run/report.html")).find("held-out chat (--eval-task)"), std::string::npos);
 }
 
 TEST_F(ChatTrain, RowsSetTheBlockSizeAndDataWithoutTargetsIsRefused) {
