@@ -120,9 +120,15 @@ std::pair<double, std::vector<int64_t>> Task::scores(nn::Module& model, const am
   return {F::cross_entropy(flat, target, F::Reduction::Sum).item(), argmax(flat, 1).to_vector<int64_t>()};
 }
 
+// The one choice between the two kinds of task.
 std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run) {
   if (is_language_model(c.model)) return make_lm_task(c, rank, world, new_run);
   return make_image_task(c, rank, world);
+}
+
+void take_eval_settings(const EvalConfig& e, TrainConfig& c, LoadedTensors& file, const Json& recorded) {
+  if (is_language_model(c.model)) return take_lm_eval_settings(e, c, file, recorded);
+  take_image_eval_settings(e, c, file, recorded);
 }
 
 Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, int64_t batch_size) {
