@@ -326,6 +326,7 @@ Json config_json(const TrainConfig& c, const Task& task, int64_t schedule_steps)
   if (!c.precision_reason.empty()) o["precision_auto"] = c.precision_reason;  // why amp and dtype are what they are
   task.record(o);
   if (const Family* f = family_of(c.model)) o["model_config"] = f->describe(c);  // the model, described
+  record_lora_patterns(c, o);
   const Json build = build_json();
   for (const auto& [k, v] : build.as_object()) o[k] = v;
   o["started"] = utc_now();

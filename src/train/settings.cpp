@@ -6,6 +6,7 @@
 #include "castor/fs.h"
 #include "castor/mc_task.h"
 #include "train/family.h"
+#include "train/lora_run.h"
 #include "train/task.h"
 
 namespace castor::train {
@@ -502,6 +503,7 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
   c.given_flags = given.given_flags;
   if (const Json* sum = recorded.find("init_checksum"); sum && sum->is_string()) c.init_checksum = sum->as_string();
   if (const Json* d = recorded.find("model_config"); d && d->is_object()) c.model_config = *d;
+  take_lora_patterns(c, recorded, what);
   if (const Json* v = recorded.find("real_vocab_size"); v && v->is_int()) c.real_vocab_size = v->as_int();
   c.vocab = recorded_vocabulary(recorded);
   c.vocab_of = c.vocab.known() ? what : "";
