@@ -26,6 +26,7 @@
 #include "castor/report.h"
 #include "castor/trainer.h"
 #include "train/divergence.h"
+#include "train/keep_best.h"
 #include "castor/checkpoint.h"
 #include "train/lm_scoring.h"
 #include "train/metrics.h"
@@ -80,6 +81,14 @@ void on_interrupt(int sig) {
 }
 
 // The training loop with its logging, checkpoints, divergence and interrupt checks.
+// The metrics a run's evaluations log: the task's, and --eval-task's scores.
+std::vector<std::string> metric_keys(const Task& task, bool task_scores) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : task.evaluation_keys(Evaluation{})) keys.push_back(key);
+  if (task_scores) keys.insert(keys.end(), task_score_keys().begin(), task_score_keys().end());
+  return keys;
+}
+
 class Trainer {
  public:
   Trainer(const TrainConfig& c, Task& task, Run& run, Json config, TrainState state, int64_t total_steps,
@@ -94,24 +103,11 @@ class Trainer {
         world_(dist::world_size()),
         batches_(task, c.grad_accum, world_),
         divergence_(run.amp->scaler().is_enabled() && run.amp->properties().loss_scale.is_dynamic()),
+        task_scorer_(c.eval_task.empty() ? nullptr : std::make_unique<TrainTaskScorer>(c)),
+        keep_best_(c.out, c.keep_best, c.early_stop, metric_keys(task, task_scorer_ != nullptr)),
         epochs_(epochs) {
     if (rank0_) log_.emplace(c, task, total_steps, epochs, /*append=*/!c.resume.empty(), flops, state.step);
-    if (!c.eval_task.empty()) task_scorer_ = std::make_unique<TrainTaskScorer>(c);
     CASTOR_CHECK(c.task_format.empty() || !c.eval_task.empty(), "--task-format: applies to --eval-task");
-    CASTOR_CHECK(c.early_stop == 0 || !c.keep_best.empty(),
-                 "--early-stop: needs the metric it watches (--keep-best METRIC)");
-    if (!c.keep_best.empty()) {
-      std::string metrics;
-      bool known = false;
-      std::vector<std::string> keys;
-      for (const auto& [key, value] : task.evaluation_keys(Evaluation{})) keys.push_back(key);
-      if (task_scorer_) keys.insert(keys.end(), task_score_keys().begin(), task_score_keys().end());
-      for (const std::string& k : keys) metrics += (metrics.empty() ? "" : ", ") + k, known |= k == c.keep_best;
-      CASTOR_CHECK(known, "--keep-best ", c.keep_best, ": not a metric of this run's evaluations (", metrics, ")");
-      const Json best = read_best(c.out);  // (a resumed run goes on from the best it kept)
-      if (const Json* m = best.is_object() ? best.find("metric") : nullptr; m && *m == Json(c.keep_best))
-        best_ = best.at("value").as_double();
-    }
   }
 
   // Runs to the end (or an interrupt); returns the summary line, also written to summary.json.
@@ -310,29 +306,20 @@ class Trainer {
   // --keep-best: a better value of its metric copies this step's checkpoint (written now if it is not yet) to
   // RUN/best; --early-stop: that many evaluations in a row without one end the run after this step.
   void after_evaluation(const Evaluation& ev) {
-    if (c_.keep_best.empty()) return;
-    std::optional<double> value;
-    for (const auto& [key, v] : task_.evaluation_keys(ev))
-      if (key == c_.keep_best) value = v;
-    for (const auto& [key, v] : ev.task_scores)
-      if (key == c_.keep_best) value = v;
-    if (!value || !std::isfinite(*value)) return;
-    const bool lower = c_.keep_best.ends_with("loss") || c_.keep_best.ends_with("perplexity");
-    if (!best_ || (lower ? *value < *best_ : *value > *best_)) {
-      best_ = *value;
-      stale_ = 0;
+    const KeepBest::Verdict verdict = keep_best_.observe(task_, ev);
+    if (verdict == KeepBest::Verdict::Better) {
       if (!saved_now()) checkpoint();
       if (rank0_)
-        keep_best_checkpoint(c_.out, *latest_checkpoint(c_.out),
-                             Json::Object{{"metric", c_.keep_best}, {"value", *value}, {"step", state_.step}});
-      return;
-    }
-    if (c_.early_stop > 0 && ++stale_ >= c_.early_stop && state_.step < total_) {
+        keep_best_checkpoint(
+            c_.out, *latest_checkpoint(c_.out),
+            Json::Object{{"metric", c_.keep_best}, {"value", keep_best_.best()}, {"step", state_.step}});
+    } else if (verdict == KeepBest::Verdict::Stop && state_.step < total_) {
       if (log_) log_->finish_progress_line();
       if (rank0_)
         std::fprintf(stderr,
                      "castor train: stopping early at step %lld: %lld evaluations without a better %s than %g\n",
-                     static_cast<long long>(state_.step), static_cast<long long>(stale_), c_.keep_best.c_str(), *best_);
+                     static_cast<long long>(state_.step), static_cast<long long>(keep_best_.stale()),
+                     c_.keep_best.c_str(), keep_best_.best());
       stopped_early_ = true;
       total_ = state_.step;
     }
@@ -420,6 +407,8 @@ class Trainer {
   std::optional<RunLog> log_;  // rank 0's
   StepBatches batches_;
   DivergenceGuard divergence_;
+  std::unique_ptr<TrainTaskScorer> task_scorer_;  // --eval-task's
+  KeepBest keep_best_;
   Throughput throughput_;
   std::vector<amp::ExplainRow> op_dtypes_;  // of this process's first forward pass, for the report
   std::optional<Evaluation> last_eval_;     // the newest epoch-end evaluation
@@ -430,9 +419,6 @@ class Trainer {
   bool stop_all_ = false, minutes_due_all_ = false;  // as of the last step, over all ranks
   std::tuple<int64_t, int64_t, int64_t> saved_{-1, -1, -1};  // (step, epoch, batch) of the newest checkpoint
   Clock::time_point last_save_;
-  std::unique_ptr<TrainTaskScorer> task_scorer_;  // --eval-task's
-  std::optional<double> best_;                    // --keep-best's metric at its best so far
-  int64_t stale_ = 0;                             // evaluations since it was last bettered
   bool stopped_early_ = false;
 };
 
