@@ -316,7 +316,8 @@ std::vector<Setting> make_settings() {
        J::LanguageModel},
       {"--init-lora", plain<&C::init_lora>(),
        "LoRA: start the adapters from a PEFT directory (adapter_config.json, adapter_model.safetensors, as castor "
-       "export --peft writes); its config gives the rank, alpha, dropout, targets and rslora",
+       "export --peft writes); its config gives the rank, alpha, dropout, targets, rslora and "
+       "per-module ranks and alphas (rank_pattern, alpha_pattern, as PEFT matches them)",
        nullptr, R::Fixed, J::LanguageModel},
       {"--lora-base", shared<&C::lora_base, add_lora_base>(), kLoraBaseHelp, nullptr, R::Unrecorded, J::LanguageModel},
       {"--quantize-base", choice<&C::quantize_base, kQuantizeBases>(),
