@@ -162,7 +162,8 @@ std::unique_ptr<Amp> initialize(nn::Module& model, const std::vector<optim::Opti
 // Apex's amp.master_params(optimizer): the tensors the optimizer updates in float32 - each 16-bit parameter's
 // float32 master weight where it has one, else the parameter. Their gradients are unscaled first (once) when
 // scale_loss was called, and a master's .grad() is the float32 gradient the step will use, so
-// clip_grad_norm_(master_params(opt), max) clips what the step uses.
+// clip_grad_norm_(master_params(opt), max) clips what the step uses. On a sharded optimizer (ZeRO) each master is
+// this rank's slice, flattened, its .grad the slice of the gradient; clip_grad_norm_ adds every rank's slices.
 std::vector<Tensor> master_params(optim::Optimizer& optimizer);
 
 }  // namespace castor::amp

@@ -79,6 +79,38 @@ class DistributedDataParallel : public Module {
   std::shared_ptr<Reducer> reducer_;  // the hooks hold it weakly
 };
 
+// ZeRO-3 (DeepSpeed's stage 3, FSDP's FULL_SHARD) for groups of parameters used together (a language model's
+// blocks): each rank keeps only its slice of every parameter of the groups (dist::shard_of with `align`, in the
+// parameter's own dtype), and between uses the parameters hold no storage. gather(g) makes group g's parameters
+// whole on every rank (all_gather_into, the group's parameters launched together); release(g) keeps this rank's
+// slice of what they hold and frees the rest (the memory goes once no autograd graph holds a view of it). Every
+// rank must gather the same groups in the same order. gather_all() makes every group whole until release_all()
+// (checkpoints, evaluation): release(g) does nothing meanwhile. At construction the parameters are whole (each rank
+// keeps its slice of them) and then released; they stay released when it is destroyed (gather_all first to keep
+// the model).
+class ShardedBlocks {
+ public:
+  ShardedBlocks(std::vector<std::vector<Tensor>> groups, dist::ProcessGroup& group, int64_t align);
+  size_t size() const { return groups_.size(); }
+  void gather(size_t g);
+  void release(size_t g);
+  void gather_all();
+  void release_all();
+  // Every sharded parameter with the slice this rank keeps of it (shard.chunk elements of its dtype), where an
+  // optimizer updates it (optim::Optimizer::keep_param_slice).
+  std::vector<std::pair<Tensor, Tensor>> slices() const;
+
+ private:
+  struct Param {
+    Tensor param, slice;  // slice: (chunk) in param's dtype
+    dist::Shard shard;
+  };
+  std::vector<std::vector<Param>> groups_;
+  std::vector<bool> whole_;
+  dist::ProcessGroup& group_;
+  bool held_ = false;  // gather_all in effect
+};
+
 // The buckets of parameters of `bytes` (in registration order): reverse order, each holding parameters until
 // adding the next would pass cap_bytes (a parameter larger than the cap gets its own bucket).
 std::vector<std::vector<size_t>> plan_buckets(const std::vector<int64_t>& bytes, int64_t cap_bytes);

@@ -15,8 +15,8 @@ struct ExportConfig {
   // --format: a name of the export table (src/train/export.cpp: llmc, nanogpt, llama2c, safetensors, gguf, hf, peft); the old
   // flags --llmc, --nanogpt, --llama2c, --safetensors and --peft DIR are its spellings.
   std::string format;
-  std::string type = "f32";                 // --format gguf: the matrices' type, f32, f16, bf16 or q8_0
-  int version = 0;                          // --format llama2c: export.py's version, 0 or 1
+  std::string type = "f32";  // --format gguf: the file's type (castor/gguf.h's gguf_file_types: f16, q8_0, q4_k_m, ...)
+  int version = 0;           // --format llama2c: export.py's version, 0 or 1
   uint64_t max_shard_size = 5'000'000'000;  // --format hf: bytes per safetensors shard (--max-shard-size 5GB)
   // --format hf: the tensors' dtype; none: the source's (the Hugging Face directory the model came from, a LoRA run's
   // base: its torch_dtype), else the model's own
@@ -35,8 +35,8 @@ std::string export_help();
 // "bytes"; llmc: "padded_vocab_size"; nanogpt: "optimizer", whether the AdamW state was written}; llama2c: {"out",
 // "format", "version", llama2.c's header fields, "shared_classifier", "bytes", "tokenizer" (tokenizer.bin's path, or
 // null when the run's tokenizer is not a bpe one)}; safetensors: {"from", "format", "model", "tensors", "out", "bytes"};
-// gguf: {"from", "format", "arch", "type", "tokenizer", "vocab_size", "tensors", "out", "bytes", and for q8_0
-// "q8_0_max_error"}.
+// gguf: {"from", "format", "arch", "type", "tensor_types" (ggml's type name -> tensors of it), "tokenizer",
+// "vocab_size", "tensors", "out", "bytes", and for a quantized type "max_error" (the largest |x - dequantized x|)}.
 Json run_export(const ExportConfig& c);
 
 }  // namespace castor::train

@@ -1,5 +1,6 @@
 // GGUF files (ggml's format, version 3, which llama.cpp and ollama run): a Castor Llama as arch `llama`, a GPT as arch
-// `gpt2`, with the run's tokenizer, in float32, float16, bfloat16 or ggml's Q8_0 blocks (docs/fine-tuning.md, "GGUF").
+// `gpt2`, with the run's tokenizer, in float32, float16, bfloat16 or ggml's quantized blocks mixed per tensor as
+// llama-quantize mixes them (docs/fine-tuning.md, "GGUF").
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -11,21 +12,51 @@
 #include "castor/llama.h"
 #include "castor/json.h"
 #include "castor/llmc.h"
+#include "castor/quant.h"
 #include "castor/safetensors.h"
 #include "castor/serialize.h"
 #include "castor/tokenizer.h"
 
 namespace castor::formats {
 
-// The type of a GGUF file's matrices (1-D tensors, norms and biases, stay float32 in every file, as llama.cpp's
-// converter writes them): --type's spellings f32, f16, bf16 and q8_0.
-enum class GgufType { F32, F16, BF16, Q8_0 };
+// How a llama-quantize mix picks the layers (of n) whose tensor takes more bits (src/llama-quant.cpp): never, every
+// layer, use_more_bits (the first and last eighth and every third between), the first 2 or 4, the first n/8 or n/16,
+// or every layer of a model with 4 or more query heads per key-value head.
+enum class GgufPick { Never, Always, MoreBits, FirstTwo, FirstFour, FirstEighth, FirstSixteenth, Gqa4 };
+struct GgufMixRule {
+  GgufPick pick = GgufPick::Never;
+  quant::BlockType yes = quant::BlockType::F32, no = quant::BlockType::F32;  // F32: the file's base type
+};
 
-// ggml's Q8_0 (ggml-quants.c, quantize_row_q8_0_ref): per block of 32 values, d = max|x| / 127 stored as float16,
-// then int8 q = roundf(x * (1 / d)) (0 when d is 0); 34 bytes a block. x.size() must be a multiple of 32.
-std::vector<uint8_t> quantize_q8_0(std::span<const float> x);
-// ggml's dequantize_row_q8_0: q * float(d), in float32.
-std::vector<float> dequantize_q8_0(std::span<const uint8_t> blocks);
+// A GGUF file's type (llama.cpp's llama_ftype, named as llama-quantize names it, in lower case): its matrices' block
+// type and llama-quantize's per-tensor mix without an importance matrix. One row per --type (gguf_file_types()).
+struct GgufFileType {
+  const char* name;                           // "q4_k_m"
+  uint32_t ftype;                             // general.file_type
+  quant::BlockType base;                      // the matrices' type
+  GgufMixRule attn_v, ffn_down, attn_output;  // attn_v: also a GPT's attn_qkv, as llama-quantize counts it
+};
+std::span<const GgufFileType> gguf_file_types();
+// The row named `name` (llama-quantize's aliases q3_k, q4_k and q5_k: q3_k_m, q4_k_m, q5_k_m), or null.
+const GgufFileType* find_gguf_file_type(std::string_view name);
+// --type's spellings, the table's names and the aliases.
+std::vector<std::string> gguf_file_type_names();
+
+// What llama-quantize's mixes look at in a model: its layers, query and key-value heads, whether the output head is
+// the token embedding (tied: token_embd takes the output's type), and whether llama.cpp sizes it 70B (80 layers;
+// llama: with grouped key-value heads), whose attn_v takes Q5_K for Q3_K or Q4_K.
+struct GgufModelShape {
+  int64_t n_layers = 0, n_heads = 0, n_kv_heads = 0;
+  bool tied = false, is_70b = false;
+};
+// The type llama-quantize gives tensor `name` (GGUF's name, "blk.3.attn_v.weight") of ggml dims `ne` (ne[0] the row
+// width) in a file of `type` made from a float file: 1-D tensors float32, norms and positional embeddings not
+// quantized; the output head (and a tied token_embd) Q6_K, or Q8_0 when its rows are not whole blocks or the file is
+// Q8_0; attn_v, ffn_down and attn_output by the row's rules; then the fallback of a row width that is not a
+// multiple of the type's block (Q2_K and Q3_K to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0; F16 when that does
+// not fit either).
+quant::BlockType gguf_tensor_type(const GgufFileType& type, const std::string& name, const std::vector<int64_t>& ne,
+                                  const GgufModelShape& shape);
 
 // A tokenizer as GGUF's tokenizer.ggml.* keys hold it: "llama" (SentencePiece-style: tokens with U+2581 for a space,
 // scores, token types, byte tokens <0xHH>) for a llama2.c vocabulary, "gpt2" (byte-level BPE: tokens, types, merges
@@ -56,7 +87,8 @@ struct GgufSummary {
   std::string arch;
   int64_t tensors = 0;
   uint64_t bytes = 0;
-  double q8_0_max_error = 0;  // the largest |x - dequantized x| over the Q8_0 matrices (0 for other types)
+  double max_error = 0;  // the largest |x - dequantized x| over the quantized matrices (0 for float files)
+  std::map<std::string, int64_t> tensor_types;  // ggml's type name ("q6_K") -> the number of tensors of that type
 };
 
 // The GGUF arch of a Llama-family model: llama, or qwen2 (Qwen2ForCausalLM: q/k/v biases, NEOX rope).
@@ -69,12 +101,20 @@ enum class GgufArch { Llama, Qwen2 };
 // `context_length`: the model's context (a Hugging Face model's max_position_embeddings, where a fine-tuning run's
 // model reads its shorter block size); 0: the model's max_seq_len.
 GgufSummary write_gguf_llama(const std::string& path, const models::Llama& model, const GgufVocabulary& vocab,
-                             GgufType type, const std::string& name, GgufArch arch = GgufArch::Llama,
+                             const GgufFileType& type, const std::string& name, GgufArch arch = GgufArch::Llama,
                              int64_t context_length = 0);
+// Writes `path` as llama.cpp's LoRA adapter of a `c` model of `arch` (convert_lora_to_gguf.py's file, which
+// src/llama-adapter.cpp reads): general.type "adapter", adapter.type "lora", adapter.lora.alpha `alpha` (llama.cpp
+// scales B A by alpha / r), and for each "<path>.lora_A.weight" (r, in) / "<path>.lora_B.weight" (out, r) of
+// `adapters` (Castor's names: nn::lora_state_dict) "<GGUF weight name>.lora_a" of ggml dims [in, r] and ".lora_b" of
+// [r, out]; qwen2's q/k lora_b rows in the base file's order. --type f32, f16, bf16 or q8_0 (lora_b F16 where r is no
+// whole number of 32-value blocks); castor::Error otherwise, or for an adapter of a weight llama.cpp's arch has not.
+GgufSummary write_gguf_lora(const std::string& path, const models::LlamaConfig& c, GgufArch arch,
+                            const StateDict& adapters, double alpha, const GgufFileType& type, const std::string& name);
 // Writes `path` as arch `gpt2`: the embedding cut to the vocabulary's rows (a padded vocabulary's extra rows are never
 // drawn), zero biases for a bias-free model (llama.cpp's gpt2 requires them).
 GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, const GgufVocabulary& vocab,
-                           GgufType type, const std::string& name);
+                           const GgufFileType& type, const std::string& name);
 
 // ---- Reading (GGUF v3 of arch llama, which Mistral's files use too, and qwen2) ----
 

@@ -142,7 +142,9 @@ class GradScaler {
 // torch.nn.utils.clip_grad_norm_ on the gradients the next step will use (optim::step_grads: unscaled first
 // when amp::initialize set the optimizer up, the staged float32 ones after unscale_, else .grad): scales them
 // to a total 2-norm of at most max_norm and returns the total norm before clipping. `params` may be model
-// parameters, at any opt level, or amp::master_params(optimizer).
+// parameters, at any opt level, or amp::master_params(optimizer). On a sharded optimizer (ZeRO) each rank sums its
+// slice of each gradient and the sums are all-reduced: every rank gets the whole norm and the same coefficient (a
+// collective: every rank calls it).
 double clip_grad_norm_(optim::Optimizer& optimizer, double max_norm);
 double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm);
 

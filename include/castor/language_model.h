@@ -40,9 +40,20 @@ class LanguageModel : public nn::Module {
   // nn::checkpoint, so only the blocks' inputs are kept for backward and each block is rerun there.
   void set_recompute(bool on) { recompute_ = on; }
   bool recompute() const { return recompute_; }
+  // The transformer blocks, in order (GPT's h, Llama's layers).
+  virtual nn::Sequential& blocks() = 0;
+  // ZeRO-3 (nn::ShardedBlocks): gather(i) is called before block i runs (in forward, and again before its rerun in
+  // backward under recompute), release(i) once nothing reads its weights any more: right after a run without grad
+  // mode (evaluation, recompute's first run) and after the rerun's backward. A block run in grad mode without
+  // recompute stays gathered (its backward reads the weights): the caller releases it after backward.
+  struct BlockHooks {
+    std::function<void(size_t)> gather, release;
+  };
+  void set_block_hooks(BlockHooks hooks) { block_hooks_ = std::move(hooks); }
 
  protected:
-  // x (B, T, C) through `blocks` in order, each under nn::checkpoint when recompute() is on (and grad mode is).
+  // x (B, T, C) through `blocks` in order, each under nn::checkpoint when recompute() is on (and grad mode is), and
+  // between the block hooks when they are set.
   Tensor run_blocks(nn::Sequential& blocks, Tensor x) const;
   // forward's argument check: idx (B, T) int64 with T <= block_size(), else castor::Error naming the model ("GPT")
   // and its limit as its config calls it ("block size").
@@ -55,6 +66,7 @@ class LanguageModel : public nn::Module {
 
  private:
   bool recompute_ = false;
+  BlockHooks block_hooks_;
 };
 
 // The keys and values every layer of a model computed for the positions it has seen (per layer (batch, kv heads,

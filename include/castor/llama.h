@@ -98,6 +98,7 @@ class Llama : public LanguageModel {
   explicit Llama(const LlamaConfig& config, uint64_t seed = 1337);
   Tensor hidden(const Tensor& tokens) override;  // norm's output (B, T, dim)
   nn::Linear& head() override { return *output; }
+  nn::Sequential& blocks() override { return *layers; }
   std::string type_name() const override { return "Transformer"; }
   const LlamaConfig& config() const { return config_; }
   int64_t block_size() const override { return config_.max_seq_len; }

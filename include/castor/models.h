@@ -116,6 +116,7 @@ class GPT : public LanguageModel {
   explicit GPT(const GPTConfig& config, uint64_t seed = 1337);
   Tensor hidden(const Tensor& idx) override;  // ln_f's output (B, T, n_embd)
   nn::Linear& head() override { return *lm_head; }
+  nn::Sequential& blocks() override { return *h; }
   std::string type_name() const override { return "GPT"; }
   const GPTConfig& config() const { return config_; }
   int64_t block_size() const override { return config_.block_size; }

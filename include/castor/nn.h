@@ -384,6 +384,8 @@ class BasicBlock : public Module {
 // and backward. fn must be deterministic apart from the default generator and must not change its inputs in place.
 // Without grad mode (evaluation, no_grad) it is fn(inputs). Parameters inside fn get gradients even where no input
 // requires grad (a LoRA run's frozen embeddings), as with torch.utils.checkpoint(use_reentrant=False).
-Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs);
+// `after_backward`, if set, is called once the rerun's backward is done (ZeRO-3 frees the block's gathered weights).
+Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs,
+                  std::function<void()> after_backward = {});
 
 }  // namespace castor::nn

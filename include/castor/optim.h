@@ -31,6 +31,9 @@ struct ParamSlot {
   Tensor master;
   std::map<std::string, Tensor> state;
   dist::Shard shard;  // this rank's slice of the flattened parameter (the whole of it unsharded)
+  // ZeRO-3 (Optimizer::keep_param_slice): the parameter's own storage between uses, this rank's slice of it
+  // (shard.chunk elements of its dtype); the step updates the parameter there. Undefined otherwise.
+  Tensor kept_slice;
   // The float32 gradient staged for the next step, undefined when none is.
   const Tensor& staged_grad() const { return staged_grad_; }
 
@@ -147,6 +150,11 @@ class Optimizer {
   // Existing state is kept (resliced). nullptr: unsharded again.
   void shard(dist::ProcessGroup* group);
   dist::ProcessGroup* shard_group() const { return shard_group_; }
+  // ZeRO-3, on a sharded optimizer: `param` lives between uses only as this rank's slice `slice` (shard.chunk
+  // elements of its dtype; nn::ShardedBlocks gathers it for each use), so the step updates the slice there and
+  // leaves that parameter out of its all-gather. False for a parameter it does not update (a frozen one);
+  // castor::Error for a slice of the wrong size or dtype.
+  bool keep_param_slice(const Tensor& param, const Tensor& slice);
   // Shards start at multiples of this many elements (AdamW8bit: its block size, so no block straddles two ranks).
   virtual int64_t shard_alignment() const { return 1; }
   // state_dict(copies = false) without the gathers: each sharded tensor is this rank's slice, flattened (aliases),
@@ -232,6 +240,14 @@ void release_step_interceptor(const StepInterceptor* interceptor);
 // where there is none): each such optimizer's step interceptor first prepares them (unscales them), then the
 // staged float32 gradient is taken, else .grad. A float32 master weight stands for its 16-bit parameter.
 std::vector<Tensor> step_grads(const std::vector<Tensor>& params);
+// step_grads(params) (`grads`) and what of each this rank adds to their norm (`parts`): the whole gradient, or for a
+// parameter of a sharded optimizer (ZeRO) this rank's slice of it, whose squares the ranks of `group` (nullptr:
+// none is sharded) add up. castor::Error for optimizers sharded over different groups.
+struct NormParts {
+  std::vector<Tensor> grads, parts;
+  dist::ProcessGroup* group = nullptr;
+};
+NormParts step_grad_norm_parts(const std::vector<Tensor>& params);
 
 // torch.optim.SGD. lr and weight_decay here seed the first group (add_param_group sets its own).
 struct SGDOptions {

@@ -261,16 +261,26 @@ void GradScaler::load_state_dict(const StateDict& sd) {
 
 namespace {
 
-// The total 2-norm of `grads` in float64; scales each by max_norm / (norm + 1e-6) when that is below 1.
-double clip_tensors(const std::vector<Tensor>& grads, double max_norm) {
+// The total 2-norm of the step gradients of `params` in float64, over every rank's slices where an optimizer holding
+// them is sharded (all-reduced, so every rank takes the same coefficient); scales each gradient by
+// max_norm / (norm + 1e-6) when that is below 1.
+double clip_step_grads(const std::vector<Tensor>& params, double max_norm) {
   CASTOR_CHECK(max_norm > 0, "clip_grad_norm_: max_norm must be > 0, got ", max_norm);
+  const optim::NormParts parts = optim::step_grad_norm_parts(params);
   double total = 0;
-  for (const Tensor& g : grads) total += kernels::sum_of_squares(g);
+  for (const Tensor& g : parts.parts)
+    if (g.defined()) total += kernels::sum_of_squares(g);
+  if (parts.group) {
+    Tensor t = scalar_tensor(total, DType::Float64);
+    parts.group->all_reduce(t);
+    total = t.item();
+  }
   total = std::sqrt(total);
   const double coef = clip_coefficient(total, max_norm);
   if (coef < 1) {
     NoGradGuard no_grad;
-    for (const Tensor& g : grads) Tensor(g).mul_(coef);
+    for (const Tensor& g : parts.grads)
+      if (g.defined()) Tensor(g).mul_(coef);
   }
   return total;
 }
@@ -280,20 +290,10 @@ double clip_tensors(const std::vector<Tensor>& grads, double max_norm) {
 double clip_grad_norm_(optim::Optimizer& optimizer, double max_norm) {
   std::vector<Tensor> params;
   for (const auto& group : optimizer.param_groups())
-    for (const auto& slot : group.slots) {
-      CASTOR_CHECK(!slot.staged_grad().defined() || slot.staged_grad().shape() == slot.param.shape(),
-                   "clip_grad_norm_: the optimizer holds ZeRO-2 gradient slices; use unscale_clip_, whose norm adds "
-                   "every rank's slices");
-      params.push_back(slot.param);
-    }
-  return clip_grad_norm_(params, max_norm);
+    for (const auto& slot : group.slots) params.push_back(slot.param);
+  return clip_step_grads(params, max_norm);
 }
 
-double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) {
-  std::vector<Tensor> grads;
-  for (const Tensor& g : optim::step_grads(params))
-    if (g.defined()) grads.push_back(g);
-  return clip_tensors(grads, max_norm);
-}
+double clip_grad_norm_(const std::vector<Tensor>& params, double max_norm) { return clip_step_grads(params, max_norm); }
 
 }  // namespace castor::amp

@@ -428,9 +428,6 @@ std::unique_ptr<Amp> initialize(nn::Module& model, const std::vector<optim::Opti
 }
 
 std::vector<Tensor> master_params(optim::Optimizer& optimizer) {
-  CASTOR_CHECK(!optimizer.shard_group(),
-               "amp::master_params: the optimizer is sharded (ZeRO): each rank holds only "
-               "slices of the master weights; use Optimizer::whole_master");
   if (optim::StepInterceptor* i = optimizer.step_interceptor()) i->prepare_gradients(optimizer);
   std::vector<Tensor> out;
   auto& groups = optimizer.param_groups();
@@ -441,8 +438,12 @@ std::vector<Tensor> master_params(optim::Optimizer& optimizer) {
         out.push_back(slot.param);
         continue;
       }
-      if (!slot.staged_grad().defined() && slot.param.grad().defined())  // a float32 copy, so edits reach the step
-        optimizer.stage_float32_grad(g, i, slot.param.grad().detach().to(DType::Float32).contiguous());
+      if (!slot.staged_grad().defined() && slot.param.grad().defined()) {  // a float32 copy, so edits reach the step
+        Tensor grad = slot.param.grad().detach();
+        if (optimizer.shard_group())  // (ZeRO: the master is this rank's slice)
+          grad = grad.contiguous().view({-1}).narrow(0, slot.shard.begin, slot.shard.length);
+        optimizer.stage_float32_grad(g, i, grad.to(DType::Float32).contiguous());
+      }
       slot.master.set_grad(slot.staged_grad());
       out.push_back(slot.master);
     }

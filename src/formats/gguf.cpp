@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
+#include <cstdio>
+#include <functional>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -11,9 +13,9 @@
 #include "castor/check.h"
 #include "castor/fs.h"
 #include "castor/functional.h"
-#include "castor/half.h"
 #include "castor/hf.h"
 #include "castor/json.h"
+#include "castor/quant.h"
 
 namespace castor::formats {
 
@@ -24,13 +26,83 @@ using models::LlamaConfig;
 namespace {
 
 constexpr uint32_t kAlignment = 32;
-constexpr int64_t kQ8Block = 32;
 
-// GGUF's value types (gguf.md, gguf_type) and ggml's tensor types (ggml.h, ggml_type) that these files use.
+// GGUF's value types (gguf.md, gguf_type) that these files use.
 enum : uint32_t { kU32 = 4, kI32 = 5, kF32 = 6, kBool = 7, kString = 8, kArray = 9 };
-enum : uint32_t { kGgmlF32 = 0, kGgmlF16 = 1, kGgmlQ8_0 = 8, kGgmlBF16 = 30 };
 // llama.cpp's token types (llama_token_type).
 enum : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6 };
+
+using quant::BlockType;
+
+bool is_quantized(BlockType t) { return t != BlockType::F32 && t != BlockType::F16 && t != BlockType::BF16; }
+
+// llama-quantize's file types without an importance matrix (llama_ftype; src/llama-quant.cpp's mixes, in its
+// branch order: a row's attn_v, ffn_down and attn_output rules).
+constexpr GgufPick kNever = GgufPick::Never, kAlways = GgufPick::Always, kMoreBits = GgufPick::MoreBits;
+const GgufFileType kFileTypes[] = {
+    {"f32", 0, BlockType::F32, {}, {}, {}},
+    {"f16", 1, BlockType::F16, {}, {}, {}},
+    {"bf16", 32, BlockType::BF16, {}, {}, {}},
+    {"q8_0", 7, BlockType::Q8_0, {}, {}, {}},
+    {"q4_0", 2, BlockType::Q4_0, {}, {}, {}},
+    {"q4_1", 3, BlockType::Q4_1, {}, {}, {}},
+    {"q5_0", 8, BlockType::Q5_0, {}, {}, {}},
+    {"q5_1", 9, BlockType::Q5_1, {}, {}, {}},
+    {"q2_k",
+     10,
+     BlockType::Q2_K,
+     {GgufPick::Gqa4, BlockType::Q4_K, BlockType::Q3_K},
+     {kAlways, BlockType::Q3_K},
+     {kAlways, BlockType::Q3_K}},
+    {"q3_k_s", 11, BlockType::Q3_K, {}, {}, {}},
+    {"q3_k_m",
+     12,
+     BlockType::Q3_K,
+     {GgufPick::FirstTwo, BlockType::Q5_K, BlockType::Q4_K},
+     {GgufPick::FirstSixteenth, BlockType::Q5_K, BlockType::Q4_K},
+     {kAlways, BlockType::Q4_K}},
+    {"q3_k_l", 13, BlockType::Q3_K, {kAlways, BlockType::Q5_K}, {kAlways, BlockType::Q5_K}, {kAlways, BlockType::Q5_K}},
+    {"q4_k_s",
+     14,
+     BlockType::Q4_K,
+     {GgufPick::FirstFour, BlockType::Q5_K},
+     {GgufPick::FirstEighth, BlockType::Q5_K},
+     {}},
+    {"q4_k_m", 15, BlockType::Q4_K, {kMoreBits, BlockType::Q6_K}, {kMoreBits, BlockType::Q6_K}, {}},
+    {"q5_k_s", 16, BlockType::Q5_K, {}, {}, {}},
+    {"q5_k_m", 17, BlockType::Q5_K, {kMoreBits, BlockType::Q6_K}, {kMoreBits, BlockType::Q6_K}, {}},
+    {"q6_k", 18, BlockType::Q6_K, {}, {}, {}},
+};
+// llama-quantize's other names of rows.
+const std::pair<const char*, const char*> kFileTypeAliases[] = {
+    {"q3_k", "q3_k_m"}, {"q4_k", "q4_k_m"}, {"q5_k", "q5_k_m"}};
+
+// Whether `rule` picks layer i of n (a model with `gqa` query heads per key-value head), and the type it gives.
+BlockType mixed(const GgufMixRule& rule, BlockType base, int64_t i, int64_t n, int64_t gqa) {
+  bool yes = false;
+  switch (rule.pick) {
+    case GgufPick::Never: return base;
+    case GgufPick::Always: yes = true; break;
+    case GgufPick::MoreBits: yes = i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; break;  // use_more_bits
+    case GgufPick::FirstTwo: yes = i < 2; break;
+    case GgufPick::FirstFour: yes = i < 4; break;
+    case GgufPick::FirstEighth: yes = i < n / 8; break;
+    case GgufPick::FirstSixteenth: yes = i < n / 16; break;
+    case GgufPick::Gqa4: yes = gqa >= 4; break;
+  }
+  return yes ? rule.yes : rule.no == BlockType::F32 ? base : rule.no;
+}
+
+// tensor_type_fallback: a type whose block does not divide the row width `cols`.
+BlockType fallback(BlockType t, int64_t cols) {
+  if (cols % quant::block_type(t).block == 0) return t;
+  const BlockType f = t == BlockType::Q2_K || t == BlockType::Q3_K ? BlockType::Q4_0
+                      : t == BlockType::Q4_K                       ? BlockType::Q5_0
+                      : t == BlockType::Q5_K                       ? BlockType::Q5_1
+                      : t == BlockType::Q6_K                       ? BlockType::Q8_0
+                                                                   : t;
+  return cols % quant::block_type(f).block == 0 ? f : BlockType::F16;
+}
 
 void put_bytes(std::vector<uint8_t>& out, const void* p, size_t n) {
   const auto* b = static_cast<const uint8_t*>(p);
@@ -48,6 +120,9 @@ void put_string(std::vector<uint8_t>& out, std::string_view s) {
 // A GGUF file being assembled: key-value pairs in order, then tensors (their data padded to the alignment).
 class GgufFile {
  public:
+  // `type_of`: a tensor's block type from its name and ggml dims.
+  using TypeOf = std::function<BlockType(const std::string& name, const std::vector<int64_t>& ne)>;
+  explicit GgufFile(TypeOf type_of) : type_of_(std::move(type_of)) {}
   void u32(const std::string& key, uint32_t v) { head(key, kU32), put(kv_, v); }
   void f32(const std::string& key, float v) { head(key, kF32), put(kv_, v); }
   void boolean(const std::string& key, bool v) { head(key, kBool), put<uint8_t>(kv_, v ? 1 : 0); }
@@ -65,30 +140,29 @@ class GgufFile {
     for (int32_t x : v) put(kv_, x);
   }
 
-  // `t` (1-D, or 2-D [rows, columns] as PyTorch holds a Linear's weight) as `type`; 1-D tensors stay float32, and a
-  // Q8_0 matrix whose rows are not whole blocks is written float16 (as llama.cpp's converter falls back).
-  void tensor(const std::string& name, const Tensor& t, GgufType type) {
+  // `t` (1-D, or 2-D [rows, columns] as PyTorch holds a Linear's weight) in blocks of its type along its rows (the
+  // block-type table's quantizer: ggml's reference quantizers, Castor's round-to-nearest-even float conversions).
+  void tensor(const std::string& name, const Tensor& t) {
     CASTOR_ASSERT(t.dim() == 1 || t.dim() == 2, name, ": a ", t.dim(), "-d tensor");
     const Tensor f = t.detach().to(DType::Float32).contiguous();
-    Info info{name, {}, kGgmlF32, {}};
-    for (int64_t d = f.dim() - 1; d >= 0; --d) info.ne.push_back(static_cast<uint64_t>(f.size(d)));  // innermost first
-    if (f.dim() == 1) type = GgufType::F32;
-    if (type == GgufType::Q8_0 && f.size(1) % kQ8Block != 0) type = GgufType::F16;
-    if (type == GgufType::Q8_0) {
-      const std::vector<float> x = f.to_vector<float>();
-      info.data = quantize_q8_0(x);
-      const std::vector<float> back = dequantize_q8_0(info.data);
-      for (size_t i = 0; i < x.size(); ++i)
-        q8_0_max_error_ = std::max(q8_0_max_error_, static_cast<double>(std::fabs(x[i] - back[i])));
-      info.type = kGgmlQ8_0;
-    } else {
-      const DType dtype = type == GgufType::F16    ? DType::Float16
-                          : type == GgufType::BF16 ? DType::BFloat16
-                                                   : DType::Float32;
-      const Tensor c = f.to(dtype).contiguous();  // Castor's converters: round to nearest even
-      put_bytes(info.data, c.data_ptr(), static_cast<size_t>(c.numel()) * dtype_size(dtype));
-      info.type = type == GgufType::F16 ? kGgmlF16 : type == GgufType::BF16 ? kGgmlBF16 : kGgmlF32;
+    std::vector<int64_t> ne;
+    for (int64_t d = f.dim() - 1; d >= 0; --d) ne.push_back(f.size(d));  // innermost first
+    const BlockType type = type_of_(name, ne);
+    Info info{name, std::vector<uint64_t>(ne.begin(), ne.end()), static_cast<uint32_t>(type), {}};
+    const quant::BlockTypeInfo& q = quant::block_type(type);
+    const int64_t cols = f.size(-1), rows = f.numel() / cols;
+    const int64_t row_bytes = quant::row_bytes(type, cols);
+    const std::vector<float> x = f.to_vector<float>();
+    info.data.resize(static_cast<size_t>(row_bytes * rows));
+    std::vector<float> back(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      q.quantize(x.data() + r * cols, info.data.data() + r * row_bytes, cols);
+      if (type == quant::BlockType::F32 || type == quant::BlockType::F16 || type == quant::BlockType::BF16) continue;
+      q.dequantize(info.data.data() + r * row_bytes, back.data(), cols);
+      for (int64_t j = 0; j < cols; ++j)
+        max_error_ = std::max(max_error_, static_cast<double>(std::fabs(x[r * cols + j] - back[j])));
     }
+    ++tensor_types_[ggml_type_name(info.type)];
     tensors_.push_back(std::move(info));
   }
 
@@ -117,7 +191,8 @@ class GgufFile {
     return out;
   }
   int64_t tensor_count() const { return static_cast<int64_t>(tensors_.size()); }
-  double q8_0_max_error() const { return q8_0_max_error_; }
+  double max_error() const { return max_error_; }
+  const std::map<std::string, int64_t>& tensor_types() const { return tensor_types_; }
 
  private:
   struct Info {
@@ -140,26 +215,25 @@ class GgufFile {
   std::vector<uint8_t> kv_;
   uint64_t kv_count_ = 0;
   std::vector<Info> tensors_;
-  double q8_0_max_error_ = 0;
+  TypeOf type_of_;
+  double max_error_ = 0;
+  std::map<std::string, int64_t> tensor_types_;
 };
 
-uint32_t file_type(GgufType t) {  // llama_ftype: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7, MOSTLY_BF16 32
-  switch (t) {
-    case GgufType::F32: return 0;
-    case GgufType::F16: return 1;
-    case GgufType::Q8_0: return 7;
-    case GgufType::BF16: return 32;
-  }
-  return 0;
+// llama-quantize's choice of each tensor's type in a file of `type` of a model of `shape`.
+GgufFile::TypeOf mix_of(const GgufFileType& type, const GgufModelShape& shape) {
+  return [&type, shape](const std::string& name, const std::vector<int64_t>& ne) {
+    return gguf_tensor_type(type, name, ne, shape);
+  };
 }
 
 // general.* and tokenizer.ggml.* keys.
-void put_general(GgufFile& f, const std::string& arch, const std::string& name, GgufType type) {
+void put_general(GgufFile& f, const std::string& arch, const std::string& name, const GgufFileType& type) {
   f.string("general.architecture", arch);
   f.string("general.name", name);
   f.u32("general.alignment", kAlignment);
-  f.u32("general.file_type", file_type(type));
-  if (type == GgufType::Q8_0) f.u32("general.quantization_version", 2);
+  f.u32("general.file_type", type.ftype);
+  if (is_quantized(type.base)) f.u32("general.quantization_version", 2);  // ggml's GGML_QNT_VERSION
 }
 void put_vocabulary(GgufFile& f, const GgufVocabulary& v) {
   f.string("tokenizer.ggml.model", v.model);
@@ -182,7 +256,7 @@ void put_vocabulary(GgufFile& f, const GgufVocabulary& v) {
 GgufSummary write(const std::string& path, const GgufFile& f, const std::string& arch) {
   const std::vector<uint8_t> bytes = f.bytes();
   atomic_write_file(path, std::span<const uint8_t>(bytes));
-  return {arch, f.tensor_count(), bytes.size(), f.q8_0_max_error()};
+  return {arch, f.tensor_count(), bytes.size(), f.max_error(), f.tensor_types()};
 }
 
 std::string text_of(const std::vector<uint8_t>& b) { return std::string(b.begin(), b.end()); }
@@ -328,38 +402,68 @@ Tensor llama3_rope_factors(const LlamaConfig& c) {
 }
 
 std::string layer(int64_t i, const char* what) { return detail::cat("blk.", i, ".", what); }
+
+// llama2.c's names of a Llama layer's tensors to llama.cpp's (w1 the gate, w3 the up projection, w2 down).
+const std::pair<const char*, const char*> kLlamaLayer[] = {
+    {"attention_norm.weight", "attn_norm.weight"}, {"attention.wq.weight", "attn_q.weight"},
+    {"attention.wk.weight", "attn_k.weight"},      {"attention.wv.weight", "attn_v.weight"},
+    {"attention.wo.weight", "attn_output.weight"}, {"ffn_norm.weight", "ffn_norm.weight"},
+    {"feed_forward.w1.weight", "ffn_gate.weight"}, {"feed_forward.w3.weight", "ffn_up.weight"},
+    {"feed_forward.w2.weight", "ffn_down.weight"}};
+
+// llama.cpp's name of a Castor Llama's weight ("layers.3.attention.wq.weight": "blk.3.attn_q.weight"), or "".
+std::string llama_gguf_name(const std::string& castor) {
+  if (castor == "tok_embeddings.weight") return "token_embd.weight";
+  if (castor == "output.weight") return "output.weight";
+  int i = 0, used = 0;
+  if (std::sscanf(castor.c_str(), "layers.%d.%n", &i, &used) != 1 || used == 0) return "";
+  for (const auto& [from, to] : kLlamaLayer)
+    if (castor.compare(used, std::string::npos, from) == 0) return layer(i, to);
+  return "";
+}
 std::string bias_of(const std::string& weight) { return weight.substr(0, weight.rfind('.')) + ".bias"; }
 
 }  // namespace
 
-std::vector<uint8_t> quantize_q8_0(std::span<const float> x) {
-  CASTOR_ASSERT(x.size() % kQ8Block == 0, "Q8_0 of ", x.size(), " values");
-  std::vector<uint8_t> out;
-  out.reserve(x.size() / kQ8Block * (2 + kQ8Block));
-  for (size_t b = 0; b < x.size(); b += kQ8Block) {
-    float amax = 0;
-    for (int64_t j = 0; j < kQ8Block; ++j) amax = std::max(amax, std::fabs(x[b + j]));
-    const float d = amax / 127.0f;
-    const float id = d != 0 ? 1.0f / d : 0.0f;
-    put<uint16_t>(out, float_to_half_bits(d));
-    for (int64_t j = 0; j < kQ8Block; ++j) put<int8_t>(out, static_cast<int8_t>(std::roundf(x[b + j] * id)));
-  }
-  return out;
+std::span<const GgufFileType> gguf_file_types() { return kFileTypes; }
+
+const GgufFileType* find_gguf_file_type(std::string_view name) {
+  for (const auto& [alias, row] : kFileTypeAliases)
+    if (name == alias) name = row;
+  for (const GgufFileType& t : kFileTypes)
+    if (name == t.name) return &t;
+  return nullptr;
 }
 
-std::vector<float> dequantize_q8_0(std::span<const uint8_t> blocks) {
-  constexpr size_t kBytes = 2 + kQ8Block;
-  CASTOR_ASSERT(blocks.size() % kBytes == 0, "Q8_0 blocks of ", blocks.size(), " bytes");
-  std::vector<float> out;
-  out.reserve(blocks.size() / kBytes * kQ8Block);
-  for (size_t b = 0; b < blocks.size(); b += kBytes) {
-    uint16_t bits;
-    std::memcpy(&bits, &blocks[b], 2);
-    const float d = half_bits_to_float(bits);
-    for (int64_t j = 0; j < kQ8Block; ++j)
-      out.push_back(static_cast<float>(static_cast<int8_t>(blocks[b + 2 + j])) * d);
+std::vector<std::string> gguf_file_type_names() {
+  std::vector<std::string> names;
+  for (const GgufFileType& t : kFileTypes) names.push_back(t.name);
+  for (const auto& [alias, row] : kFileTypeAliases) names.push_back(alias);
+  return names;
+}
+
+BlockType gguf_tensor_type(const GgufFileType& type, const std::string& name, const std::vector<int64_t>& ne,
+                           const GgufModelShape& shape) {
+  // tensor_allows_quantization: 2-D weights but norms and positional embeddings.
+  const bool weight = name.size() >= 6 && name.compare(name.size() - 6, 6, "weight") == 0;
+  if (ne.size() < 2) return BlockType::F32;
+  if (!weight || name.find("_norm.weight") != std::string::npos || name == "position_embd.weight")
+    return is_quantized(type.base) ? BlockType::F32 : type.base;
+  if (!is_quantized(type.base)) return type.base;
+  const auto has = [&](const char* part) { return name.find(part) != std::string::npos; };
+  int layer = -1;
+  std::sscanf(name.c_str(), "blk.%d.", &layer);
+  const int64_t gqa = shape.n_kv_heads > 0 ? shape.n_heads / shape.n_kv_heads : 0;
+  BlockType t = type.base;
+  if (name == "output.weight" || (shape.tied && name == "token_embd.weight")) {
+    t = ne[0] % quant::block_type(t).block != 0 || t == BlockType::Q8_0 ? BlockType::Q8_0 : BlockType::Q6_K;
+  } else if (has("attn_qkv.weight") || has("attn_v.weight")) {
+    t = mixed(type.attn_v, t, layer, shape.n_layers, gqa);
+    if (shape.is_70b && (t == BlockType::Q3_K || t == BlockType::Q4_K)) t = BlockType::Q5_K;
+  } else if (has("attn_output.weight") || has("ffn_down")) {
+    t = mixed(has("ffn_down") ? type.ffn_down : type.attn_output, t, layer, shape.n_layers, gqa);
   }
-  return out;
+  return fallback(t, ne[0]);
 }
 
 GgufVocabulary gguf_vocabulary(const data::Tokenizer& tok, const std::string& dir, int64_t size) {
@@ -386,8 +490,8 @@ GgufVocabulary gguf_vocabulary(const data::Tokenizer& tok, const std::string& di
   return v;
 }
 
-GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const GgufVocabulary& vocab, GgufType type,
-                             const std::string& name, GgufArch arch, int64_t context_length) {
+GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const GgufVocabulary& vocab,
+                             const GgufFileType& type, const std::string& name, GgufArch arch, int64_t context_length) {
   const LlamaConfig& c = model.config();
   const bool qwen2 = arch == GgufArch::Qwen2;
   const std::string a = qwen2 ? "qwen2" : "llama";
@@ -407,7 +511,9 @@ GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const 
                "; nothing written");
   CASTOR_CHECK(!qwen2 || c.rope_scaling.type != F::RopeScaling::Type::Llama3, path,
                ": arch qwen2 has no llama3 rope scaling; nothing written");
-  GgufFile f;
+  const GgufModelShape shape{c.n_layers, c.n_heads, c.kv_heads(), c.tied,
+                             c.n_layers == 80 && (qwen2 || c.n_heads != c.kv_heads())};  // llama.cpp's LLM_TYPE_70B
+  GgufFile f(mix_of(type, shape));
   put_general(f, a, name, type);
   const auto key = [&](const char* k) { return a + "." + k; };
   f.u32(key("context_length"), static_cast<uint32_t>(context_length > 0 ? context_length : c.max_seq_len));
@@ -430,40 +536,59 @@ GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const 
   f.u32(key("vocab_size"), static_cast<uint32_t>(c.vocab_size));
   put_vocabulary(f, vocab);
   const StateDict s = model.state_dict();
-  f.tensor("token_embd.weight", s.at("tok_embeddings.weight"), type);
-  // llama2.c's names to llama.cpp's (w1 the gate, w3 the up projection, w2 down).
-  static const std::pair<const char*, const char*> kLayer[] = {
-      {"attention_norm.weight", "attn_norm.weight"}, {"attention.wq.weight", "attn_q.weight"},
-      {"attention.wk.weight", "attn_k.weight"},      {"attention.wv.weight", "attn_v.weight"},
-      {"attention.wo.weight", "attn_output.weight"}, {"ffn_norm.weight", "ffn_norm.weight"},
-      {"feed_forward.w1.weight", "ffn_gate.weight"}, {"feed_forward.w3.weight", "ffn_up.weight"},
-      {"feed_forward.w2.weight", "ffn_down.weight"}};
+  f.tensor("token_embd.weight", s.at("tok_embeddings.weight"));
   // qwen2 rotates pairs (k, k + D/2) (llama.cpp's NEOX rope): wq's and wk's rows (and biases) back to that layout.
   const auto rows = [&](const std::string& castor_name, const Tensor& t) {
     const bool q = castor_name.find(".wq.") != std::string::npos, k = castor_name.find(".wk.") != std::string::npos;
     return qwen2 && (q || k) ? formats::permute_rows(t, q ? c.n_heads : c.kv_heads(), /*to_castor=*/false) : t;
   };
   for (int64_t i = 0; i < c.n_layers; ++i)
-    for (const auto& [from, to] : kLayer) {
+    for (const auto& [from, to] : kLlamaLayer) {
       const std::string weight = detail::cat("layers.", i, ".", from);
-      f.tensor(layer(i, to), rows(weight, s.at(weight)), type);
+      f.tensor(layer(i, to), rows(weight, s.at(weight)));
       // A bias (attention_bias, qkv_bias, mlp_bias): in the weight's row order, float32.
-      if (auto b = s.find(bias_of(weight)); b != s.end())
-        f.tensor(bias_of(layer(i, to)), rows(b->first, b->second), type);
+      if (auto b = s.find(bias_of(weight)); b != s.end()) f.tensor(bias_of(layer(i, to)), rows(b->first, b->second));
     }
-  f.tensor("output_norm.weight", s.at("norm.weight"), type);
-  if (!c.tied) f.tensor("output.weight", s.at("output.weight"), type);  // tied: llama.cpp reuses token_embd
-  if (c.rope_scaling.type == F::RopeScaling::Type::Llama3) f.tensor("rope_freqs.weight", llama3_rope_factors(c), type);
+  f.tensor("output_norm.weight", s.at("norm.weight"));
+  if (!c.tied) f.tensor("output.weight", s.at("output.weight"));  // tied: llama.cpp reuses token_embd
+  if (c.rope_scaling.type == F::RopeScaling::Type::Llama3) f.tensor("rope_freqs.weight", llama3_rope_factors(c));
+  return write(path, f, a);
+}
+
+GgufSummary write_gguf_lora(const std::string& path, const LlamaConfig& c, GgufArch arch, const StateDict& adapters,
+                            double alpha, const GgufFileType& type, const std::string& name) {
+  CASTOR_CHECK(!is_quantized(type.base) || type.base == BlockType::Q8_0, path, ": --type ", type.name,
+               ": an adapter is written f32, f16, bf16 or q8_0 (convert_lora_to_gguf.py's types)");
+  const bool qwen2 = arch == GgufArch::Qwen2;
+  const std::string a = qwen2 ? "qwen2" : "llama";
+  // Each matrix in the type, or float16 where its rows are not whole blocks (lora_b's rows of r values, as the
+  // converter falls back).
+  GgufFile f([&type](const std::string&, const std::vector<int64_t>& ne) { return fallback(type.base, ne[0]); });
+  put_general(f, a, name, type);
+  f.string("general.type", "adapter");
+  f.string("adapter.type", "lora");
+  f.f32("adapter.lora.alpha", static_cast<float>(alpha));
+  for (const auto& [key, t] : adapters) {  // "<path>.lora_A.weight" (r, in), "<path>.lora_B.weight" (out, r)
+    const size_t at = key.rfind(".lora_");
+    const bool b = key.ends_with(".lora_B.weight");
+    CASTOR_ASSERT(at != std::string::npos && (b || key.ends_with(".lora_A.weight")), key);
+    const std::string weight = key.substr(0, at) + ".weight", gguf = llama_gguf_name(weight);
+    CASTOR_CHECK(!gguf.empty(), path, ": the adapter of ", weight, " has no tensor of llama.cpp's ", a, " arch");
+    // qwen2's q/k output rows in Hugging Face's rotate-half order, as the base's (write_gguf_llama).
+    const bool q = weight.find(".wq.") != std::string::npos, k = weight.find(".wk.") != std::string::npos;
+    const Tensor rows = qwen2 && b && (q || k) ? permute_rows(t, q ? c.n_heads : c.kv_heads(), false) : t;
+    f.tensor(gguf + (b ? ".lora_b" : ".lora_a"), rows);
+  }
   return write(path, f, a);
 }
 
 GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, const GgufVocabulary& vocab,
-                           GgufType type, const std::string& name) {
+                           const GgufFileType& type, const std::string& name) {
   const GPTConfig& c = weights.config;
   CASTOR_CHECK(vocab.size() <= c.vocab_size && (c.real_vocab_size == 0 || c.real_vocab_size == vocab.size()), path,
                ": the tokenizer has ", vocab.size(), " tokens, the model ",
                c.real_vocab_size ? c.real_vocab_size : c.vocab_size);
-  GgufFile f;
+  GgufFile f(mix_of(type, {c.n_layer, c.n_head, c.n_head, /*tied=*/true, /*is_70b=*/false}));
   put_general(f, "gpt2", name, type);
   f.u32("gpt2.context_length", static_cast<uint32_t>(c.block_size));
   f.u32("gpt2.embedding_length", static_cast<uint32_t>(c.n_embd));
@@ -479,8 +604,8 @@ GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, c
     auto it = s.find(key);
     return it != s.end() ? it->second : zeros({n});
   };
-  f.tensor("token_embd.weight", s.at("transformer.wte.weight").narrow(0, 0, vocab.size()), type);
-  f.tensor("position_embd.weight", s.at("transformer.wpe.weight"), type);
+  f.tensor("token_embd.weight", s.at("transformer.wte.weight").narrow(0, 0, vocab.size()));
+  f.tensor("position_embd.weight", s.at("transformer.wpe.weight"));
   static const std::pair<const char*, const char*> kLayer[] = {
       {"ln_1", "attn_norm"}, {"attn.c_attn", "attn_qkv"}, {"attn.c_proj", "attn_output"},
       {"ln_2", "ffn_norm"},  {"mlp.c_fc", "ffn_up"},      {"mlp.c_proj", "ffn_down"}};
@@ -488,11 +613,11 @@ GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, c
     for (const auto& [from, to] : kLayer) {
       const std::string key = detail::cat("transformer.h.", i, ".", from, ".");
       const Tensor& w = s.at(key + "weight");
-      f.tensor(layer(i, to) + ".weight", w, type);
-      f.tensor(layer(i, to) + ".bias", bias(key + "bias", w.size(0)), type);
+      f.tensor(layer(i, to) + ".weight", w);
+      f.tensor(layer(i, to) + ".bias", bias(key + "bias", w.size(0)));
     }
-  f.tensor("output_norm.weight", s.at("transformer.ln_f.weight"), type);
-  f.tensor("output_norm.bias", bias("transformer.ln_f.bias", c.n_embd), type);
+  f.tensor("output_norm.weight", s.at("transformer.ln_f.weight"));
+  f.tensor("output_norm.bias", bias("transformer.ln_f.bias", c.n_embd));
   return write(path, f, "gpt2");  // lm_head is tied to wte: llama.cpp reuses token_embd
 }
 

@@ -13,6 +13,7 @@
 #include "castor/gguf.h"
 #include "castor/hf.h"
 #include "castor/hf_tokenizer.h"
+#include "castor/quant.h"
 
 namespace castor::formats {
 
@@ -217,8 +218,8 @@ void read_gguf_each(const std::string& path, const std::function<void(const std:
     Tensor x;
     if (t.type == 8) {
       const std::vector<uint8_t> blocks = read_file_range(path, t.begin, t.bytes, size);
-      const std::vector<float> values = dequantize_q8_0(blocks);
-      x = from_blob(values.data(), p.shape, DType::Float32).clone();
+      x = empty(p.shape, DType::Float32);
+      quant::block_type(quant::BlockType::Q8_0).dequantize(blocks.data(), static_cast<float*>(x.data_ptr()), x.numel());
     } else {
       x = empty(p.shape, p.dtype);
       read_file_range_into(path, t.begin, std::span<uint8_t>(static_cast<uint8_t*>(x.data_ptr()), x.nbytes()), size);

@@ -9,7 +9,8 @@
 
 namespace castor::nn {
 
-Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs) {
+Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs,
+                  std::function<void()> after_backward) {
   if (!GradMode::is_enabled()) return fn(inputs);
   // The generator as the first run found it: the rerun draws the same dropout masks.
   const Generator::State rng = default_generator().state();
@@ -25,7 +26,7 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
     return fn(std::vector<Tensor>(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(n_inputs)));
   };
   // Runs under the autocast state forward ran under (the Function's custom_bwd).
-  auto backward = [fn, n_inputs, rng](autograd::FunctionCtx& ctx, const Tensor& grad) {
+  auto backward = [fn, n_inputs, rng, after_backward](autograd::FunctionCtx& ctx, const Tensor& grad) {
     const std::vector<Tensor>& saved = ctx.saved_tensors();
     std::vector<Tensor> detached;  // leaves standing for the inputs, their gradients gathered in .grad
     for (size_t i = 0; i < n_inputs; ++i) {
@@ -59,6 +60,8 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
     std::vector<Tensor> grads;
     for (const Tensor& d : detached) grads.push_back(d.defined() && d.requires_grad() ? d.grad() : Tensor());
     grads.resize(saved.size());  // the stand-in leaf's: none
+    out = Tensor();
+    if (after_backward) after_backward();
     return grads;
   };
   return autograd::apply_function(forward, backward, args, nullptr, "checkpoint");

@@ -124,9 +124,25 @@ struct DistributedDataParallel::Reducer {
     --b.pending;
     if (options.overlap)
       while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(next_launch++);
-    // Open MPI moves non-blocking collectives forward only inside MPI calls: test the ones in flight.
+    // Open MPI moves non-blocking collectives forward only inside MPI calls: test the ones in flight. A finished
+    // reduce-scatter hands its slices over and frees its buffers at once (stage 2 holds no whole gradient).
     for (size_t i = 0; i < next_launch; ++i)
-      if (buckets[i].work) buckets[i].work->test();
+      if (buckets[i].work && buckets[i].work->test() && options.reduce_scatter) collect_slices(buckets[i]);
+  }
+
+  // reduce_scatter: a bucket's finished collective into shard_grads, its buffers freed.
+  void collect_slices(Bucket& b) {
+    NoGradGuard no_grad;
+    b.work->wait();
+    b.work.reset();
+    const Tensor mine = b.mine.to(DType::Float32);
+    for (size_t j = 0; j < b.params.size(); ++j) {
+      // (rounded to the parameter's dtype, as the replicated .grad would be: the same bits either way)
+      const DType dtype = params[b.params[j]].dtype();
+      const Tensor g = mine.narrow(0, b.offsets[j], b.shards[j].length);
+      shard_grads[b.params[j]] = dtype == DType::Float32 ? g : g.to(dtype).to(DType::Float32);
+    }
+    b.flat = b.wire = b.mine = Tensor();  // (the bucket's buffers are not held between steps)
   }
 
   void start_backward() {
@@ -143,6 +159,9 @@ struct DistributedDataParallel::Reducer {
 
   void launch(size_t index) {
     Bucket& b = buckets[index];
+    // reduce_scatter: at most two buckets in flight (the one before is waited for), so the float32 buffers of every
+    // bucket are never alive at once: stage 2 holds no whole gradient (DeepSpeed's reduce_bucket_size).
+    if (options.reduce_scatter && index > 0 && buckets[index - 1].work) collect_slices(buckets[index - 1]);
     NoGradGuard no_grad;
     if (!b.flat.defined()) b.flat = empty({b.numel}, DType::Float32);
     for (size_t j = 0; j < b.params.size(); ++j) {
@@ -191,19 +210,12 @@ struct DistributedDataParallel::Reducer {
     while (next_launch < buckets.size()) launch(next_launch++);
     NoGradGuard no_grad;
     for (Bucket& b : buckets) {
-      b.work->wait();
-      b.work.reset();
       if (options.reduce_scatter) {
-        const Tensor mine = b.mine.to(DType::Float32);
-        for (size_t j = 0; j < b.params.size(); ++j) {
-          // (rounded to the parameter's dtype, as the replicated .grad would be: the same bits either way)
-          const DType dtype = params[b.params[j]].dtype();
-          const Tensor g = mine.narrow(0, b.offsets[j], b.shards[j].length);
-          shard_grads[b.params[j]] = dtype == DType::Float32 ? g : g.to(dtype).to(DType::Float32);
-        }
-        b.flat = b.wire = b.mine = Tensor();  // (the bucket's buffers are not held between steps)
+        if (b.work) collect_slices(b);  // (else collected during backward)
         continue;
       }
+      b.work->wait();
+      b.work.reset();
       if (b.wire.dtype() != DType::Float32) b.flat.copy_(b.wire);
       for (size_t j = 0; j < b.params.size(); ++j) {
         const Tensor& p = params[b.params[j]];

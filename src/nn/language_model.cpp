@@ -59,9 +59,18 @@ LmScores lm_scores(LanguageModel& model, const Tensor& idx, const Tensor& target
 }
 
 Tensor LanguageModel::run_blocks(nn::Sequential& blocks, Tensor x) const {
+  const BlockHooks& hooks = block_hooks_;
   for (size_t i = 0; i < blocks.size(); ++i) {
     nn::Module& block = *blocks[i];
-    x = recompute_ ? nn::checkpoint([&block](const std::vector<Tensor>& in) { return block(in[0]); }, {x}) : block(x);
+    auto run = [&block, &hooks, i](const std::vector<Tensor>& in) {
+      if (hooks.gather) hooks.gather(i);
+      Tensor out = block(in[0]);
+      if (hooks.release && !GradMode::is_enabled()) hooks.release(i);  // (nothing saved the weights)
+      return out;
+    };
+    std::function<void()> after;
+    if (hooks.release) after = [&hooks, i] { hooks.release(i); };
+    x = recompute_ && GradMode::is_enabled() ? nn::checkpoint(run, {x}, after) : run({x});
   }
   return x;
 }

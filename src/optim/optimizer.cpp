@@ -34,8 +34,9 @@ Tensor float32_grad(const ParamSlot& slot, bool sharded) {
   return g.detach().to(DType::Float32).contiguous();
 }
 
-// This rank's slice of a slot's parameter: a view of its flattened elements.
+// This rank's slice of a slot's parameter: a view of its flattened elements, or of the slice ZeRO-3 keeps of it.
 Tensor param_slice(const ParamSlot& slot) {
+  if (slot.kept_slice.defined()) return slot.kept_slice.narrow(0, 0, slot.shard.length);
   return slot.param.detach().view({-1}).narrow(0, slot.shard.begin, slot.shard.length);
 }
 
@@ -107,9 +108,13 @@ void release_step_interceptor(const StepInterceptor* interceptor) {
     if (o->step_interceptor() == interceptor) o->set_step_interceptor(nullptr);
 }
 
-std::vector<Tensor> step_grads(const std::vector<Tensor>& params) {
-  // The slot of each live optimizer that holds a parameter, keyed by the parameter and by its master weight.
-  std::map<const TensorImpl*, std::pair<Optimizer*, const ParamSlot*>> owner;
+namespace {
+
+// The slot of each live optimizer that holds one of `params` (a parameter, or its master weight), each optimizer's
+// step interceptor asked first to prepare its gradients (once).
+using Owner = std::pair<Optimizer*, const ParamSlot*>;
+std::vector<std::optional<Owner>> prepared_owners(const std::vector<Tensor>& params) {
+  std::map<const TensorImpl*, Owner> owner;
   {
     std::lock_guard<std::mutex> lock(g_live_mutex);
     for (Optimizer* o : g_live)
@@ -120,8 +125,10 @@ std::vector<Tensor> step_grads(const std::vector<Tensor>& params) {
         }
   }
   std::set<Optimizer*> prepared;
+  std::vector<std::optional<Owner>> out;
   for (const Tensor& p : params) {
     auto it = owner.find(p.impl());
+    out.push_back(it == owner.end() ? std::nullopt : std::optional<Owner>(it->second));
     if (it == owner.end()) continue;
     Optimizer* o = it->second.first;
     if (o->step_interceptor() && prepared.insert(o).second) o->step_interceptor()->prepare_gradients(*o);
@@ -129,13 +136,44 @@ std::vector<Tensor> step_grads(const std::vector<Tensor>& params) {
                  "the optimizer's gradients are unscaled and clipped inside its next step (GradScaler::unscale_clip_): "
                  "read or clip them before unscale_clip_, or use unscale_ and clip_grad_norm_");
   }
+  return out;
+}
+
+Tensor step_grad(const Tensor& p, const std::optional<Owner>& owner) {
+  if (!owner) return p.grad();
+  const ParamSlot& slot = *owner->second;
+  return slot.staged_grad().defined() ? slot.staged_grad() : slot.param.grad();
+}
+
+}  // namespace
+
+std::vector<Tensor> step_grads(const std::vector<Tensor>& params) {
+  const std::vector<std::optional<Owner>> owners = prepared_owners(params);
   std::vector<Tensor> grads;
-  for (const Tensor& p : params) {
-    auto it = owner.find(p.impl());
-    const ParamSlot* slot = it == owner.end() ? nullptr : it->second.second;
-    grads.push_back(slot && slot->staged_grad().defined() ? slot->staged_grad() : slot ? slot->param.grad() : p.grad());
-  }
+  for (size_t k = 0; k < params.size(); ++k) grads.push_back(step_grad(params[k], owners[k]));
   return grads;
+}
+
+NormParts step_grad_norm_parts(const std::vector<Tensor>& params) {
+  const std::vector<std::optional<Owner>> owners = prepared_owners(params);
+  NormParts out;
+  for (size_t k = 0; k < params.size(); ++k) {
+    Tensor g = step_grad(params[k], owners[k]);
+    out.grads.push_back(g);
+    dist::ProcessGroup* group = owners[k] ? owners[k]->first->shard_group() : nullptr;
+    if (!g.defined() || !group) {
+      out.parts.push_back(g);
+      continue;
+    }
+    CASTOR_CHECK(!out.group || out.group == group,
+                 "clip_grad_norm_: parameters of optimizers sharded over "
+                 "different process groups");
+    out.group = group;
+    const ParamSlot& slot = *owners[k]->second;
+    const bool slice = is_slice_grad(slot, g, true);
+    out.parts.push_back(slice ? g : g.contiguous().view({-1}).narrow(0, slot.shard.begin, slot.shard.length));
+  }
+  return out;
 }
 
 void Optimizer::add_param_group(const std::vector<Tensor>& params, double lr, double weight_decay) {
@@ -253,7 +291,8 @@ void Optimizer::apply_step() {
     if (p.write_back) kernels::round_into_16bit(p.w.data<float>(), round_into(*p.write_back));
   if (shard_group_) {
     std::vector<const ParamSlot*> updated;
-    for (const Planned& p : planned) updated.push_back(p.slot);
+    for (const Planned& p : planned)
+      if (!p.slot->kept_slice.defined()) updated.push_back(p.slot);
     all_gather_params(*shard_group_, updated);
   }
   for (Planned& p : planned) {
@@ -445,6 +484,9 @@ void Optimizer::load_state_dict(const StateDict& sd) {
 
 void Optimizer::shard(dist::ProcessGroup* group) {
   if (group == shard_group_) return;
+  for (const ParamGroup& pg : groups_)
+    for (const ParamSlot& slot : pg.slots)
+      CASTOR_ASSERT(!slot.kept_slice.defined(), "Optimizer::shard: a parameter lives as a ZeRO-3 slice");
   const StateDict whole = state_dict();  // (gathered when sharded now)
   shard_group_ = group;
   for (ParamGroup& pg : groups_)
@@ -455,6 +497,21 @@ void Optimizer::shard(dist::ProcessGroup* group) {
       slot.cast_copy_ = Tensor();
     }
   load_state_dict(whole);
+}
+
+bool Optimizer::keep_param_slice(const Tensor& param, const Tensor& slice) {
+  CASTOR_CHECK(shard_group_, "keep_param_slice: the optimizer is not sharded (Optimizer::shard)");
+  for (ParamGroup& pg : groups_)
+    for (ParamSlot& slot : pg.slots) {
+      if (!slot.param.is_same(param)) continue;
+      CASTOR_CHECK(slice.dim() == 1 && slice.numel() == slot.shard.chunk && slice.dtype() == param.dtype() &&
+                       slice.is_contiguous(),
+                   "keep_param_slice: ", slice.describe(), " is not a slice of ", slot.shard.chunk, " elements for ",
+                   param.describe());
+      slot.kept_slice = slice;
+      return true;
+    }
+  return false;
 }
 
 // Where a state tensor of a sharded slot lies: the master and the states of the parameter's shape are per element

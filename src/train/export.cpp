@@ -62,12 +62,6 @@ uint64_t byte_size(const std::string& text, const char* flag) {
   throw Error(detail::cat(flag, " ", text, ": not a size (\"5GB\", \"500MB\", \"2GiB\" or a number of bytes)"));
 }
 
-// --type's spellings.
-const Spelling<formats::GgufType> kGgufTypes[] = {{formats::GgufType::F32, "f32"},
-                                                 {formats::GgufType::F16, "f16"},
-                                                 {formats::GgufType::BF16, "bf16"},
-                                                 {formats::GgufType::Q8_0, "q8_0"}};
-
 }  // namespace
 
 std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
@@ -94,10 +88,14 @@ std::unique_ptr<CLI::App> export_app(ExportConfig& c) {
     for (CLI::Option* other : spellings) o->excludes(other);
     spellings.push_back(o);
   }
-  app.add_option("--type", c.type,
-                 "--format gguf: the matrices' type: f32, f16, bf16 (Castor's conversions, rounding to nearest even) "
-                 "or q8_0 (ggml's blocks of 32 int8 with a float16 scale); norms and biases stay f32")
-      ->check(one_of(train::spellings(kGgufTypes)));
+  app.add_option(
+         "--type", c.type,
+         "--format gguf: the file's type as llama-quantize names it: f32, f16, bf16 (Castor's conversions, "
+         "rounding to nearest even), q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k_s, q3_k_m (q3_k), q3_k_l, "
+         "q4_k_s, q4_k_m (q4_k), q5_k_s, q5_k_m (q5_k) or q6_k: ggml's blocks, each tensor's type as "
+         "llama-quantize mixes them without an importance matrix; norms and biases stay f32 (--format gguf-lora: "
+         "f32, f16, bf16 or q8_0)")
+      ->check(one_of(formats::gguf_file_type_names()));
   app.add_option("--version", c.version,
                  "--format llama2c: export.py's version, 0 (legacy_export) or 1 (version1_export)")
       ->check(CLI::IsMember({0, 1}));
@@ -139,7 +137,8 @@ ExportConfig parse_export_flags(const std::vector<std::string>& args) {
   const auto app = export_app(c);
   parse_flags(*app, args, "export");
   CASTOR_CHECK(app->count("--version") == 0 || c.format == "llama2c", "--version: applies to --format llama2c only");
-  CASTOR_CHECK(app->count("--type") == 0 || c.format == "gguf", "--type: applies to --format gguf only");
+  CASTOR_CHECK(app->count("--type") == 0 || c.format == "gguf" || c.format == "gguf-lora",
+               "--type: applies to --format gguf and gguf-lora only");
   CASTOR_CHECK(app->count("--max-shard-size") == 0 || c.format == "hf",
                "--max-shard-size: applies to --format hf only");
   CASTOR_CHECK(!c.dtype || c.format == "hf", "--dtype: applies to --format hf only (--format gguf: --type)");
@@ -421,9 +420,8 @@ Json export_gguf(const ExportConfig& c) {
   const data::Tokenizer tok = data::Tokenizer::load(dir);
   const int64_t model_vocab = g.llama ? g.llama->vocab_size() : 0;
   const formats::GgufVocabulary vocab = formats::gguf_vocabulary(tok, dir, tok.hf() ? model_vocab : 0);
-  formats::GgufType type = formats::GgufType::F32;
-  for (const auto& s : kGgufTypes)
-    if (c.type == s.name) type = s.value;
+  const formats::GgufFileType* type = formats::find_gguf_file_type(c.type);
+  CASTOR_CHECK(type, "--type ", c.type, ": not a GGUF file type");
   const fs::path from = g.run_dir.empty() ? fs::path(g.what) : fs::path(g.run_dir);
   const std::string name = from.filename().empty() ? "castor" : from.filename().string();
   formats::GgufSummary written;
@@ -435,24 +433,58 @@ Json export_gguf(const ExportConfig& c) {
     const bool qwen2 = arch.is_string() && arch.as_string() == "Qwen2ForCausalLM";
     // (the model's context, not a fine-tuning run's block size, which llama.cpp would take as its default context)
     const Json context = described(g, "max_position_embeddings");
-    written = formats::write_gguf_llama(c.out, *llama, vocab, type, name,
-                                       qwen2 ? formats::GgufArch::Qwen2 : formats::GgufArch::Llama,
-                                       context.is_int() ? context.as_int() : 0);
+    written = formats::write_gguf_llama(c.out, *llama, vocab, *type, name,
+                                        qwen2 ? formats::GgufArch::Qwen2 : formats::GgufArch::Llama,
+                                        context.is_int() ? context.as_int() : 0);
   } else {
-    written = formats::write_gguf_gpt(c.out, g.weights, vocab, type, name);
+    written = formats::write_gguf_gpt(c.out, g.weights, vocab, *type, name);
   }
-  Json::Object out{{"from", printable(g.what)},  {"format", "gguf"},
-                   {"arch", written.arch},       {"type", c.type},
-                   {"tokenizer", vocab.model},   {"vocab_size", vocab.size()},
-                   {"tensors", written.tensors}, {"out", printable(c.out)},
+  Json::Object types;
+  for (const auto& [t, n] : written.tensor_types) types.emplace(t, n);
+  Json::Object out{{"from", printable(g.what)},  {"format", "gguf"},           {"arch", written.arch},
+                   {"type", type->name},         {"tensor_types", types},      {"tokenizer", vocab.model},
+                   {"vocab_size", vocab.size()}, {"tensors", written.tensors}, {"out", printable(c.out)},
                    {"bytes", written.bytes}};
-  if (type == formats::GgufType::Q8_0) out["q8_0_max_error"] = written.q8_0_max_error;
+  if (written.max_error > 0) out["max_error"] = written.max_error;
   return out;
 }
 
 }  // namespace
 
 namespace {
+
+// castor export --format gguf-lora: a LoRA checkpoint's adapters as llama.cpp's LoRA adapter file, for the base the run
+// trained on written as GGUF (the GGUF file itself, or --format gguf of the base).
+Json export_gguf_lora(const ExportConfig& c) {
+  CASTOR_CHECK(!c.merge_lora,
+               "--merge-lora: --format gguf-lora writes the adapters alone (--format gguf "
+               "--merge-lora writes the merged model)");
+  check_export_out("--out", c.out, {}, "", export_inputs(c));
+  std::string used;
+  const Checkpoint ck = read_checkpoint(c.checkpoint, &used);
+  const std::string what = (fs::path(used) / "model.safetensors").string();
+  CASTOR_CHECK(is_lora_checkpoint(ck.model_meta), "--format gguf-lora: ", c.checkpoint,
+               " is not a LoRA run's checkpoint (castor train --lora-rank); --format gguf writes a whole model");
+  const std::string base = ck.model_meta.at("castor.lora_base");
+  check_export_out("--out", c.out, {}, "", {c.checkpoint, c.lora_base, used, base});
+  const formats::GgufFileType* type = formats::find_gguf_file_type(c.type);
+  CASTOR_CHECK(type, "--type ", c.type, ": not a GGUF file type");
+  const auto model = adapted_model(ck, what, c.lora_base);
+  const auto* llama = dynamic_cast<const models::Llama*>(model.get());
+  CASTOR_CHECK(llama, "--format gguf-lora: ", what, " adapts a ", model->type_name(),
+               "; llama.cpp's adapters are written here for Llamas (arch llama, qwen2)");
+  const Json d = model_description(castor_config(ck.model_meta, what), what);
+  const Json* arch = d.is_object() ? d.find("architecture") : nullptr;
+  const bool qwen2 = arch && arch->is_string() && arch->as_string() == "Qwen2ForCausalLM";
+  const nn::LoraConfig lora = run_lora_config(ck, what);
+  const StateDict adapters = nn::lora_state_dict(*model);
+  const formats::GgufSummary written = formats::write_gguf_lora(
+      c.out, llama->config(), qwen2 ? formats::GgufArch::Qwen2 : formats::GgufArch::Llama, adapters,
+      lora.scaling() * static_cast<double>(lora.r), *type, fs::path(used).parent_path().filename().string());
+  return Json::Object{{"from", printable(what)},    {"format", "gguf-lora"},   {"arch", written.arch},
+                      {"type", type->name},         {"rank", lora.r},          {"alpha", lora.scaling() * lora.r},
+                      {"tensors", written.tensors}, {"out", printable(c.out)}, {"bytes", written.bytes}};
+}
 
 // castor export --format peft: a LoRA checkpoint's adapters as PEFT's files.
 Json export_peft(const ExportConfig& c) {
@@ -587,8 +619,12 @@ const std::vector<ExportFormat>& export_formats() {
        export_safetensors},
       {"gguf", nullptr,
        "a GGUF file (version 3) that llama.cpp and ollama run, with the run's tokenizer (a Hugging Face directory's "
-       "own): a Llama as arch llama (a Qwen2 as qwen2), a GPT as arch gpt2 (--type f32, f16, bf16 or q8_0)",
+       "own): a Llama as arch llama (a Qwen2 as qwen2), a GPT as arch gpt2 (--type: llama-quantize's file types, f16, q8_0, q4_k_m, ...)",
        export_gguf},
+      {"gguf-lora", nullptr,
+       "a LoRA run's adapters as llama.cpp's GGUF LoRA adapter (general.type adapter; llama-cli --lora and an ollama "
+       "Modelfile's ADAPTER load it onto the base the run trained on, as GGUF; --type f32, f16, bf16 or q8_0)",
+       export_gguf_lora},
       {"hf", nullptr,
        "a Llama as a Hugging Face directory --out (config.json, generation_config.json, model.safetensors or shards "
        "past --max-shard-size with model.safetensors.index.json, the tokenizer files of the Hugging Face directory "

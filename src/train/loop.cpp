@@ -80,6 +80,23 @@ void on_interrupt(int sig) {
   [[maybe_unused]] ssize_t n = write(STDERR_FILENO, msg, sizeof(msg) - 1);
 }
 
+// ZeRO-3: the blocks' weights whole while it lives, for what reads them outside a block's run or on some ranks
+// only (evaluation, whose ranks may run different numbers of batches; checkpoints).
+class WholeWeights {
+ public:
+  explicit WholeWeights(nn::ShardedBlocks* z) : z_(z) {
+    if (z_) z_->gather_all();
+  }
+  ~WholeWeights() {
+    if (z_) z_->release_all();
+  }
+  WholeWeights(const WholeWeights&) = delete;
+  WholeWeights& operator=(const WholeWeights&) = delete;
+
+ private:
+  nn::ShardedBlocks* z_;
+};
+
 // The training loop with its logging, checkpoints, divergence and interrupt checks.
 // The metrics a run's evaluations log: the task's, and --eval-task's scores.
 std::vector<std::string> metric_keys(const Task& task, bool task_scores) {
@@ -211,6 +228,7 @@ class Trainer {
       if (run_.ddp && !last_micro) no_sync.emplace(*run_.ddp);
       run_.amp->scale_loss(loss.first, *run_.opt).backward();
     }
+    if (run_.zero3) run_.zero3->release_all();  // (the blocks a forward without recompute left gathered)
     if (run_.ddp && last_micro && c_.zero >= 2) stage_shard_grads();
     const double n = batch.examples * world_;  // the whole job's images or tokens
     throughput_.add_examples(n);
@@ -296,6 +314,7 @@ class Trainer {
   Evaluation evaluate_now() {
     OpObserver* profiler = op_observer();
     set_op_observer(nullptr);
+    const WholeWeights whole(run_.zero3.get());
     Evaluation ev = evaluate(task_, *run_.model, *run_.amp, task_.eval_batch_size());
     if (task_scorer_)
       ev.task_scores = task_scorer_->score(dynamic_cast<models::LanguageModel&>(*run_.model), *run_.amp);
@@ -342,6 +361,7 @@ class Trainer {
   void checkpoint() {
     // At a step boundary the next step sets the gradients to none anyway: not held beside the write.
     if (micro_ == 0) run_.opt->zero_grad();
+    const WholeWeights whole(run_.zero3.get());
     // Sharded (ZeRO): every rank writes its slices of the optimizer's state, rank 0 the rest and the manifest.
     const bool sharded = run_.opt->shard_group() != nullptr;
     if (rank0_ || sharded) {

@@ -140,36 +140,6 @@ void check_base_checksum(const std::string& file, const std::string& recorded, c
                ", recorded ", recorded, "); the adapters fit only the base they were trained on");
 }
 
-// A LoRA checkpoint's base language model (a GPT or a Llama, as its recorded settings describe; checksum checked) with
-// its adapters.
-std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const std::string& what,
-                                                     const std::string& lora_base) {
-  const Json config = castor_config(ck.model_meta, what);
-  CASTOR_CHECK(config.is_object(), what, ": a LoRA checkpoint without its settings (castor.config)");
-  TrainConfig c = resume_config(TrainConfig{}, config, what);
-  const Family* family = family_of(c.model);
-  CASTOR_CHECK(family, what, ": a LoRA run on a ", name(c.model), ", not a language model");
-  const std::string base = lora_base.empty() ? ck.model_meta.at(kBaseKey) : lora_base;
-  c.init = base;  // (where it is now: lora_config reads its kind)
-  if (!c.init_checksum.empty()) check_base_checksum(base, c.init_checksum, what);
-  const Json* real_vocab = config.find("real_vocab_size");
-  std::shared_ptr<models::LanguageModel> model;
-  {
-    nn::LoadInitGuard empty(DType::Float32);  // (the base's weights load below, tensor by tensor)
-    model = make_language_model(c, real_vocab && real_vocab->is_int() ? real_vocab->as_int() : c.vocab_size,
-                                /*seed=*/0);
-  }
-  try {
-    load_base(*model, base, c);
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    throw Error(msg.rfind(base, 0) == 0 ? msg : detail::cat(what, ": the LoRA base ", base, ": ", msg));
-  }
-  nn::apply_lora(*model, lora_config(c));
-  load_adapters(*model, ck.model, what);
-  return model;
-}
-
 // PEFT's target_modules: the distinct names of the adapted layers (Hugging Face's, `hf`, on a Hugging Face base).
 Json::Array target_names(nn::Module& model, bool hf) {
   std::set<std::string> names;
@@ -253,6 +223,38 @@ void take_peft_config(TrainConfig& c) {
 }
 
 }  // namespace
+
+std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const std::string& what,
+                                                     const std::string& lora_base) {
+  const Json config = castor_config(ck.model_meta, what);
+  CASTOR_CHECK(config.is_object(), what, ": a LoRA checkpoint without its settings (castor.config)");
+  TrainConfig c = resume_config(TrainConfig{}, config, what);
+  const Family* family = family_of(c.model);
+  CASTOR_CHECK(family, what, ": a LoRA run on a ", name(c.model), ", not a language model");
+  const std::string base = lora_base.empty() ? ck.model_meta.at(kBaseKey) : lora_base;
+  c.init = base;  // (where it is now: lora_config reads its kind)
+  if (!c.init_checksum.empty()) check_base_checksum(base, c.init_checksum, what);
+  const Json* real_vocab = config.find("real_vocab_size");
+  std::shared_ptr<models::LanguageModel> model;
+  {
+    nn::LoadInitGuard empty(DType::Float32);  // (the base's weights load below, tensor by tensor)
+    model = make_language_model(c, real_vocab && real_vocab->is_int() ? real_vocab->as_int() : c.vocab_size,
+                                /*seed=*/0);
+  }
+  try {
+    load_base(*model, base, c);
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    throw Error(msg.rfind(base, 0) == 0 ? msg : detail::cat(what, ": the LoRA base ", base, ": ", msg));
+  }
+  nn::apply_lora(*model, lora_config(c));
+  load_adapters(*model, ck.model, what);
+  return model;
+}
+
+nn::LoraConfig run_lora_config(const Checkpoint& ck, const std::string& what) {
+  return lora_config(resume_config(TrainConfig{}, castor_config(ck.model_meta, what), what));
+}
 
 void resolve_init_dir(TrainConfig& c) {
   std::error_code ec;
@@ -417,7 +419,6 @@ void write_peft(const std::string& flag, const std::string& dir, const Checkpoin
                 const std::string& lora_base) {
   CASTOR_CHECK(is_lora_checkpoint(ck.model_meta), "--peft: ", what, " is not a LoRA run's (castor train --lora-rank)");
   auto model = adapted_model(ck, what, lora_base);
-  const Json config = castor_config(ck.model_meta, what);
   // On a Hugging Face base, the names and q/k rotary rows PEFT uses on the Hugging Face model.
   const bool hf = formats::is_source(lora_base.empty() ? ck.model_meta.at(kBaseKey) : lora_base,
                                      formats::SourceFormat::HfDir);
@@ -425,7 +426,7 @@ void write_peft(const std::string& flag, const std::string& dir, const Checkpoin
   if (hf) adapters = formats::hf_adapters(dynamic_cast<models::Llama&>(*model).config(), adapters, /*to_castor=*/false);
   StateDict tensors;
   for (const auto& [k, t] : adapters) tensors.emplace(kPeftPrefix + k, t.to(DType::Float32).contiguous());
-  const nn::LoraConfig c = lora_config(resume_config(TrainConfig{}, config, what));
+  const nn::LoraConfig c = run_lora_config(ck, what);
   const Json adapter_config = Json::Object{
       {"peft_type", "LORA"},
       {"task_type", "CAUSAL_LM"},

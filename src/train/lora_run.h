@@ -1,10 +1,12 @@
 // LoRA runs of castor train: adapter settings (flags or a PEFT directory), the frozen base's checksum, checkpoints
 // holding the adapters only, and PEFT's adapter_config.json + adapter_model.safetensors.
 #pragma once
+#include <memory>
 #include <string>
 
 #include "castor/checkpoint.h"
 #include "castor/json.h"
+#include "castor/language_model.h"
 #include "castor/lora.h"
 #include "castor/train_config.h"
 
@@ -46,6 +48,13 @@ void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata
 // (no LoRA settings), so castor eval, sample and train --init take the merged file.
 // `lora_base` (--lora-base; empty: the recorded one): the base file moved, checked against the recorded checksum.
 void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::string& lora_base = "");
+
+// A LoRA checkpoint's base language model (a GPT or a Llama, as its recorded settings describe; `lora_base`: where the
+// base is now, empty: the recorded one; its checksum checked) with the checkpoint's adapters on it.
+std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const std::string& what,
+                                                     const std::string& lora_base);
+// The LoRA settings a LoRA checkpoint's run recorded (rank, alpha, rslora, targets).
+nn::LoraConfig run_lora_config(const Checkpoint& ck, const std::string& what);
 
 // The checksum a run records of its --init (a LoRA run's base is checked against it): a weights file's bytes', or a
 // Hugging Face directory's config.json, index and safetensors files'.

@@ -59,8 +59,10 @@ StagePlan plan_stage(const TrainConfig& c, const nn::Module& model, int world, i
   for (const auto& [name, p] : model.named_parameters()) {
     const int64_t n = p.numel(), slice = dist::shard_of(n, 0, world, align).length;
     const double size = static_cast<double>(dtype_size(sixteen ? p.dtype() : DType::Float32));
-    s.weights += size * (stage >= 3 ? slice : n);
-    if (stage >= 3) blocks[block_of(name)] += size * n;
+    // Stage 3 shards the blocks' weights; the rest (embeddings, final norm, output layer) stays whole.
+    const std::string block = block_of(name);
+    s.weights += size * (stage >= 3 && !block.empty() ? slice : n);
+    if (stage >= 3) blocks[block] += size * n;
     if (!p.requires_grad()) continue;
     const int64_t owned = stage >= 1 ? slice : n;  // masters and state: the rank's slice from stage 1
     // O1 keeps 16-bit copies of the weights for the next forward, unless blocks are recomputed.

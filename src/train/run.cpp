@@ -298,6 +298,24 @@ std::string apply_recompute(const TrainConfig& c, const Task& task, Run& r) {
                      figure("%.3g", c.memory_budget), " GiB)");
 }
 
+void apply_zero3(const TrainConfig& c, Run& r) {
+  if (c.zero < 3 || dist::world_size() < 2) return;
+  auto* lm = dynamic_cast<models::LanguageModel*>(r.model.get());
+  CASTOR_CHECK(lm, "--zero 3: shards a language model's blocks; --model ", name(c.model), " has none");
+  std::vector<std::vector<Tensor>> groups;
+  nn::Sequential& blocks = lm->blocks();
+  for (size_t i = 0; i < blocks.size(); ++i) groups.push_back(blocks[i]->parameters());
+  r.zero3 = std::make_shared<nn::ShardedBlocks>(std::move(groups), dist::default_group(), r.opt->shard_alignment());
+  for (const auto& [param, slice] : r.zero3->slices()) r.opt->keep_param_slice(param, slice);  // (frozen: false)
+  const std::weak_ptr<nn::ShardedBlocks> z = r.zero3;  // (the model does not keep its sharding alive)
+  lm->set_block_hooks({[z](size_t i) {
+                         if (auto s = z.lock()) s->gather(i);
+                       },
+                       [z](size_t i) {
+                         if (auto s = z.lock()) s->release(i);
+                       }});
+}
+
 std::string figure(const char* format, double value) {
   char text[64];
   std::snprintf(text, sizeof(text), format, value);

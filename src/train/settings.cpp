@@ -261,8 +261,8 @@ std::vector<Setting> make_settings() {
        "with several ranks: send gradients as bf16 or fp16 (each addition in float32)", nullptr, R::Fixed, J::Any},
       {"--zero", plain<&C::zero>(),
        "with several ranks, ZeRO: 1 keeps each rank's slice of the float32 master weights and optimizer state, 2 "
-       "also reduce-scatters the gradients into slices (0: every rank holds everything, as DDP); 3 (the 16-bit "
-       "weights sharded too) only with --dry-run",
+       "also reduce-scatters the gradients into slices, 3 also keeps each rank's slice of a language model's block "
+       "weights, gathered per block as it runs (0: every rank holds everything, as DDP)",
        &zero_stage, R::Free, J::Any, /*absent=*/"0"},
       {"--dry-run", plain<&C::dry_run>(),
        "print each rank's memory plan for --nproc and --zero 0-3 (weights, masters, optimizer state, gradients, from "
@@ -436,8 +436,8 @@ void add_settings(CLI::App& app, TrainConfig& c) {
 }
 
 void check_jobs(const TrainConfig& c) {
-  CASTOR_CHECK(c.zero < 3 || c.dry_run,
-               "--zero 3: stage 3 (the 16-bit weights sharded) is not built for training; --dry-run plans it");
+  CASTOR_CHECK(c.zero < 3 || family_of(c.model), "--zero 3: shards a language model's blocks; --model ", name(c.model),
+               " has none");
   for (const std::string& flag : c.given_flags) {
     const Setting* s = find_setting(flag);
     if (!s) continue;

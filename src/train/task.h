@@ -149,6 +149,7 @@ struct Run {
   std::unique_ptr<optim::Optimizer> opt;
   std::unique_ptr<amp::Amp> amp;
   std::unique_ptr<optim::LRScheduler> sched;
+  std::shared_ptr<nn::ShardedBlocks> zero3;  // --zero 3 with several ranks: the blocks' weights sharded
 };
 
 // `load_init`: load --init's weights (a new run; a checkpoint's weights replace them, so resume and eval do not read
@@ -168,6 +169,10 @@ std::string trainable_parameters_text(const nn::Module& model);
 // fitted as a + b T + c T^2 per row. A budget that fits neither is refused, naming the smallest that would. Returns
 // what it chose, for the log ("" for a model without blocks).
 std::string apply_recompute(const TrainConfig& c, const Task& task, Run& run);
+// --zero 3 with several ranks, once the run's weights are in place (a resumed run's loaded): each rank keeps its
+// slice of every weight of the language model's blocks (nn::ShardedBlocks, the optimizer's slices), gathered per
+// block as it runs (LanguageModel::set_block_hooks). castor::Error for a model without blocks.
+void apply_zero3(const TrainConfig& c, Run& run);
 
 // One figure in printf's format: figure("val loss %.4f", 2.5) is "val loss 2.5000".
 std::string figure(const char* format, double value);

@@ -182,6 +182,7 @@ Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
       std::fprintf(stderr, "castor train: resuming from step %lld (checkpoint %s)\n",
                    static_cast<long long>(state.step), r.resume_from.c_str());
   }
+  apply_zero3(c, run);
   if (state.step >= total_steps && reported(c, r) && state.batch < per_epoch) {
     if (rank == 0)
       std::fprintf(stderr, "castor train: %s is already complete at step %lld (extend it with --steps or --epochs)\n",

@@ -1,7 +1,8 @@
 // llama.cpp (the npm package node-llama-cpp, its prebuilt CPU binary) on a GGUF file: the oracle of castor export
 // --format gguf. Usage: node gguf_llama_cpp.mjs NODE_MODULES REQUESTS.json; prints a JSON array, one object a request
 // (one node start for several files). A request: {"model": path, "context": n, "prompt": [ids], "steps": n,
-// "forced": [ids], "texts": [strings]}
+// "forced": [ids], "texts": [strings], "lora": adapter path (optional: a GGUF LoRA adapter loaded onto the model's
+// context at scale 1, as llama-cli --lora does)}
 //   greedy: llama.cpp's own greedy continuation of `prompt` for `steps` tokens (fewer when it draws a token that
 //     ends a generation, EOS or EOT, which it does not yield);
 //   forced: `prompt` followed by `forced` fed in one go (teacher forcing): at each position from the prompt's last,
@@ -24,6 +25,7 @@ for (const req of requests) {
   const context = await model.createContext({
     contextSize: req.context, sequences: 2, threads: 2, batchSize: req.context, flashAttention: false,
     experimentalKvCacheKeyType: 'F32', experimentalKvCacheValueType: 'F32',
+    ...(req.lora ? { lora: req.lora } : {}),
   });
   const result = {};
   if (req.steps > 0) {

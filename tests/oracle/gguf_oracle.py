@@ -44,7 +44,9 @@ def dequantize_q8_0(data):
 
 
 VALUE = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-TYPE_SIZE = {0: (1, 4), 1: (1, 2), 8: (32, 34), 30: (1, 2)}  # ggml type -> (block values, block bytes)
+# ggml type -> (block values, block bytes), ggml-common.h's blocks
+TYPE_SIZE = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34), 10: (256, 84),
+             11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210), 30: (1, 2)}
 
 
 class Reader:

