@@ -28,7 +28,7 @@ rows=(
   "simplecnn-O1|SimpleCNN batch 256 O1 bf16|img/s|--model simplecnn --data synthetic --synthetic-size 20480 --optimizer adam --batch-size 256 --amp O1 --steps 60|train_step_torch.py simplecnn 256 3 20 5 2 bf16 bf16_cl"
   "simplecnn-O0|SimpleCNN batch 256 O0 fp32|img/s|--model simplecnn --data synthetic --synthetic-size 20480 --optimizer adam --batch-size 256 --amp O0 --steps 60|train_step_torch.py simplecnn 256 3 20 5 2 fp32 fp32_cl"
   "resnet18-O1|CIFAR ResNet-18 batch 64 O1 bf16|img/s|--model resnet18 --data synthetic --synthetic-size 4096 --optimizer adam --batch-size 64 --amp O1 --steps 20|train_step_torch.py resnet18 64 2 8 5 2 bf16 bf16_cl"
-  "resnet18-O0|CIFAR ResNet-18 batch 64 O0 fp32|img/s|--model resnet18 --data synthetic --synthetic-size 4096 --optimizer adam --batch-size 64 --eval-iters 1 --amp O0 --steps 16|train_step_torch.py resnet18 64 2 6 5 2 fp32 fp32_cl"
+  "resnet18-O0|CIFAR ResNet-18 batch 64 O0 fp32|img/s|--model resnet18 --data synthetic --synthetic-size 4096 --optimizer adam --batch-size 64 --amp O0 --steps 16|train_step_torch.py resnet18 64 2 6 5 2 fp32 fp32_cl"
   "simplecnn-avx2|SimpleCNN batch 256 under the AVX2 cap, O1 bf16 against O0 (guard >= 0.95x)|img/s|ISA=AVX2 --model simplecnn --data synthetic --synthetic-size 20480 --optimizer adam --batch-size 256 --amp O1 --steps 60|castor:ISA=AVX2 --model simplecnn --data synthetic --synthetic-size 20480 --optimizer adam --batch-size 256 --amp O0 --steps 60"
 )
 

@@ -33,6 +33,9 @@ class Json {
   // Parses exactly one JSON value (surrounding whitespace allowed). Strict RFC 8259: no comments, no trailing
   // commas, no leading zeros, no lone surrogates, no invalid UTF-8, no duplicate keys. Throws castor::Error.
   static Json parse(std::string_view text);
+  // As parse(), but each object as an array of its [key, value] pairs in the order written (an Object sorts its
+  // keys): for files whose key order means something, as Python's dicts keep it (PEFT's rank_pattern).
+  static Json parse_ordered(std::string_view text);
 
   // Serializes compactly (indent < 0) or pretty-printed with `indent` spaces. Non-finite numbers become null.
   std::string dump(int indent = -1) const;

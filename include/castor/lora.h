@@ -1,7 +1,9 @@
 // LoRA (Hu et al.; Hugging Face PEFT's conventions): low-rank adapters on a model's Linear layers, its base frozen.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "castor/nn.h"
@@ -26,7 +28,18 @@ struct LoraConfig {
   bool rslora = false;  // scaling alpha / sqrt(r) instead of alpha / r
   LoraInit init = LoraInit::KaimingUniform;
   uint64_t seed = 0;  // of A's draw
-  double scaling() const;
+  // PEFT's rank_pattern and alpha_pattern, (key, value) in the order written: a targeted Linear whose name matches
+  // "(.*\.)?(KEY)" whole takes the value of the first such KEY (peft.utils.other.get_pattern_key; a key equal to the
+  // name where no key matches), else r and alpha. Keys are regular expressions (ECMAScript's, which agree with
+  // Python's on module names: dots, classes, alternatives, repeats). The name is pattern_name(path) (the module's
+  // name on the model PEFT adapted: a Hugging Face base's), the path when pattern_name is unset.
+  std::vector<std::pair<std::string, int64_t>> rank_pattern;
+  std::vector<std::pair<std::string, double>> alpha_pattern;
+  std::function<std::string(const std::string&)> pattern_name;
+  double scaling() const;  // alpha / r (alpha / sqrt(r) with rslora)
+  // The rank and the scaling of the adapter on the Linear at `path`.
+  int64_t rank_of(const std::string& path) const;
+  double scaling_of(const std::string& path) const;
   void validate() const;  // a castor::Error naming the field otherwise
 };
 

@@ -4,6 +4,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "castor/backends.h"
@@ -103,6 +104,10 @@ struct TrainConfig {
   std::string lora_targets = "all-linear";  // comma-separated module names (nn::LoraConfig::target_modules)
   bool rslora = false;
   std::string init_lora;  // a PEFT adapter directory (adapter_config.json, adapter_model.safetensors)
+  // Not flags: --init-lora's per-module ranks and alphas (PEFT's rank_pattern, alpha_pattern: nn::LoraConfig's), in
+  // the file's order; config.json records them as lora_rank_pattern and lora_alpha_pattern, [[key, value], ...].
+  std::vector<std::pair<std::string, int64_t>> lora_rank_pattern;
+  std::vector<std::pair<std::string, double>> lora_alpha_pattern;
   std::string lora_base;  // a resumed LoRA run's base where it is now (it moved); replaces init
   // QLoRA: the base's Linears but the output layer stored in these blocks while loading (F32: not quantized)
   quant::BlockType quantize_base = quant::BlockType::F32;

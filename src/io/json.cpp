@@ -143,7 +143,8 @@ void dump_value(std::string& out, const Json& v, int indent, int depth) {
 
 class JsonParser {
  public:
-  explicit JsonParser(std::string_view s) : s_(s) {}
+  // `ordered`: objects as arrays of [key, value] pairs in the order written (Json::parse_ordered).
+  JsonParser(std::string_view s, bool ordered) : s_(s), ordered_(ordered) {}
 
   Json document() {
     skip_whitespace();
@@ -192,11 +193,12 @@ class JsonParser {
   Json object(int depth) {
     check_depth(depth);
     Json out(Json::Object{});
+    Json pairs(Json::Array{});  // (ordered_)
     expect('{');
     skip_whitespace();
     if (peek() == '}') {
       ++pos_;
-      return out;
+      return ordered_ ? pairs : out;
     }
     while (true) {
       skip_whitespace();
@@ -207,6 +209,7 @@ class JsonParser {
       expect(':');
       skip_whitespace();
       Json v = value(depth);
+      if (ordered_) pairs.array_.push_back(Json::Array{key, v});
       if (!out.object_.try_emplace(key, std::move(v)).second) {
         pos_ = key_pos;
         fail("duplicate key " + Json(key).dump());
@@ -214,7 +217,7 @@ class JsonParser {
       skip_whitespace();
       if (peek() == '}') {
         ++pos_;
-        return out;
+        return ordered_ ? pairs : out;
       }
       expect(',');
     }
@@ -349,6 +352,7 @@ class JsonParser {
 
   std::string_view s_;
   size_t pos_ = 0;
+  bool ordered_ = false;
 };
 
 bool is_valid_utf8(std::string_view s) {
@@ -360,7 +364,8 @@ bool is_valid_utf8(std::string_view s) {
   return true;
 }
 
-Json Json::parse(std::string_view text) { return JsonParser(text).document(); }
+Json Json::parse(std::string_view text) { return JsonParser(text, false).document(); }
+Json Json::parse_ordered(std::string_view text) { return JsonParser(text, true).document(); }
 
 std::string Json::dump(int indent) const {
   std::string out;

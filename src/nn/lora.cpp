@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <regex>
 #include <set>
 
 #include "castor/autocast.h"
@@ -72,22 +73,23 @@ NamedLinears targets_of(Module& model, const LoraConfig& config) {
 }
 
 // A (r, in) drawn as the config says, from `gen`.
-Tensor draw_a(const LoraConfig& c, int64_t in_features, Generator& gen) {
+Tensor draw_a(const LoraConfig& c, int64_t r, int64_t in_features, Generator& gen) {
   if (c.init == LoraInit::Gaussian)
-    return normal({c.r, in_features}, 0.0, 1.0 / static_cast<double>(c.r), DType::Float32, &gen);
+    return normal({r, in_features}, 0.0, 1.0 / static_cast<double>(r), DType::Float32, &gen);
   // kaiming_uniform_(a=sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain * sqrt(3 / fan_in) = 1 / sqrt(fan_in).
   const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
-  return uniform({c.r, in_features}, -bound, bound, DType::Float32, &gen);
+  return uniform({r, in_features}, -bound, bound, DType::Float32, &gen);
 }
 
-void attach(Linear& layer, const LoraConfig& c, Generator& gen) {
+void attach(Linear& layer, const std::string& path, const LoraConfig& c, Generator& gen) {
+  const int64_t r = c.rank_of(path);
   auto adapter = std::make_shared<LoraAdapter>();
   adapter->lora_dropout = layer.register_module("lora_dropout", std::make_shared<Dropout>(c.dropout));
-  adapter->lora_A = layer.register_module("lora_A", std::make_shared<Linear>(layer.in_features(), c.r, false));
-  adapter->lora_B = layer.register_module("lora_B", std::make_shared<Linear>(c.r, layer.out_features(), false));
-  adapter->scaling = c.scaling();
+  adapter->lora_A = layer.register_module("lora_A", std::make_shared<Linear>(layer.in_features(), r, false));
+  adapter->lora_B = layer.register_module("lora_B", std::make_shared<Linear>(r, layer.out_features(), false));
+  adapter->scaling = c.scaling_of(path);
   NoGradGuard no_grad;
-  adapter->lora_A->weight.copy_(draw_a(c, layer.in_features(), gen));
+  adapter->lora_A->weight.copy_(draw_a(c, r, layer.in_features(), gen));
   adapter->lora_B->weight.zero_();
   adapter->lora_dropout->train(layer.is_training());
   adapter->lora_A->train(layer.is_training());
@@ -95,10 +97,31 @@ void attach(Linear& layer, const LoraConfig& c, Generator& gen) {
   layer.lora = adapter;
 }
 
+// A pattern's value for the module `name` (peft.utils.other.get_pattern_key and the dict's get), or `otherwise`.
+template <class T>
+T pattern_value(const std::vector<std::pair<std::string, T>>& pattern, const std::string& name, T otherwise) {
+  for (const auto& [key, value] : pattern)
+    if (std::regex_match(name, std::regex("(.*\\.)?(" + key + ")"))) return value;
+  for (const auto& [key, value] : pattern)
+    if (key == name) return value;
+  return otherwise;
+}
+
+double scaling_for(int64_t r, double alpha, bool rslora) {
+  return rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
+}
+
 }  // namespace
 
-double LoraConfig::scaling() const {
-  return rslora ? alpha / std::sqrt(static_cast<double>(r)) : alpha / static_cast<double>(r);
+double LoraConfig::scaling() const { return scaling_for(r, alpha, rslora); }
+
+int64_t LoraConfig::rank_of(const std::string& path) const {
+  return pattern_value(rank_pattern, pattern_name ? pattern_name(path) : path, r);
+}
+
+double LoraConfig::scaling_of(const std::string& path) const {
+  const std::string name = pattern_name ? pattern_name(path) : path;
+  return scaling_for(pattern_value(rank_pattern, name, r), pattern_value(alpha_pattern, name, alpha), rslora);
 }
 
 void LoraConfig::validate() const {
@@ -110,6 +133,21 @@ void LoraConfig::validate() const {
     CASTOR_CHECK(!t.empty(), "LoraConfig: an empty target module name");
     CASTOR_CHECK(t != "all-linear" || target_modules.size() == 1,
                  "LoraConfig: \"all-linear\" cannot be combined with other target modules");
+  }
+  const auto check_key = [](const char* field, const std::string& key) {
+    try {
+      std::regex("(.*\\.)?(" + key + ")");
+    } catch (const std::regex_error&) {
+      CASTOR_CHECK(false, "LoraConfig: ", field, " key \"", key, "\" is not a regular expression");
+    }
+  };
+  for (const auto& [key, rank] : rank_pattern) {
+    check_key("rank_pattern", key);
+    CASTOR_CHECK(rank > 0, "LoraConfig: rank_pattern \"", key, "\": the rank must be positive, got ", rank);
+  }
+  for (const auto& [key, a] : alpha_pattern) {
+    check_key("alpha_pattern", key);
+    CASTOR_CHECK(std::isfinite(a) && a > 0, "LoraConfig: alpha_pattern \"", key, "\": alpha must be positive, got ", a);
   }
 }
 
@@ -133,13 +171,14 @@ std::vector<std::string> apply_lora(Module& model, const LoraConfig& config) {
   CASTOR_CHECK(lora_layers(model).empty(), "lora: ", model.type_name(), " already has LoRA adapters");
   const NamedLinears targets = targets_of(model, config);
   for (const auto& [path, layer] : targets)
-    CASTOR_CHECK(config.r <= std::min(layer->in_features(), layer->out_features()), "lora: rank ", config.r,
-                 " is larger than ", path, "'s dimensions (", layer->out_features(), ", ", layer->in_features(), ")");
+    CASTOR_CHECK(config.rank_of(path) <= std::min(layer->in_features(), layer->out_features()), "lora: rank ",
+                 config.rank_of(path), " is larger than ", path, "'s dimensions (", layer->out_features(), ", ",
+                 layer->in_features(), ")");
   for (Tensor p : model.parameters()) p.requires_grad_(false);
   Generator gen(config.seed);
   std::vector<std::string> paths;
   for (const auto& [path, layer] : targets) {
-    attach(*layer, config, gen);
+    attach(*layer, path, config, gen);
     paths.push_back(path);
   }
   return paths;

@@ -385,6 +385,71 @@ struct Segment {
   fail(what, line, detail::cat("nested deeper than ", kMaxTemplateDepth, " levels (the template interpreter's limit)"));
 }
 
+// An integer or float literal from src[pos] (digits with '_' separators, as Python's); returns the position after it.
+size_t lex_number(const std::string& src, size_t pos, Token& t, const std::string& what, int line) {
+  size_t e = pos;
+  while (e < src.size() && (std::isdigit(static_cast<unsigned char>(src[e])) || src[e] == '_')) ++e;
+  bool is_float = false;
+  if (e + 1 < src.size() && src[e] == '.' && std::isdigit(static_cast<unsigned char>(src[e + 1]))) {
+    is_float = true;
+    ++e;
+    while (e < src.size() && std::isdigit(static_cast<unsigned char>(src[e]))) ++e;
+  }
+  std::string digits = src.substr(pos, e - pos);
+  std::erase(digits, '_');
+  const char* end = digits.data() + digits.size();
+  const std::from_chars_result r = is_float ? std::from_chars(digits.data(), end, t.f)
+                                            : std::from_chars(digits.data(), end, t.i);
+  if (r.ec != std::errc() || r.ptr != end)
+    fail(what, line, "the number " + digits + " is beyond 64 bits (the template interpreter's limit)");
+  t.t = is_float ? Token::T::Float : Token::T::Int;
+  return e;
+}
+
+// A quoted string literal from src[pos] with Python's escapes; returns the position after its closing quote.
+size_t lex_string(const std::string& src, size_t pos, Token& t, const std::string& what, int line) {
+  const char c = src[pos];
+  std::string s;
+  size_t e = pos + 1;
+  for (;; ++e) {
+    if (e >= src.size()) fail(what, line, "a string literal is not closed");
+    if (src[e] == c) break;
+    if (src[e] != '\\') {
+      s += src[e];
+      continue;
+    }
+    if (++e >= src.size()) fail(what, line, "a string literal is not closed");
+    switch (src[e]) {
+      case 'n': s += '\n'; break;
+      case 't': s += '\t'; break;
+      case 'r': s += '\r'; break;
+      case 'b': s += '\b'; break;
+      case 'f': s += '\f'; break;
+      case 'v': s += '\v'; break;
+      case '0': s += '\0'; break;
+      case '\\':
+      case '\'':
+      case '"': s += src[e]; break;
+      case 'x':
+      case 'u': {
+        const size_t n = src[e] == 'x' ? 2 : 4;
+        if (e + n >= src.size()) fail(what, line, "a bad \\" + std::string(1, src[e]) + " escape");
+        const std::string hex = src.substr(e + 1, n);
+        if (hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
+          fail(what, line, "a bad \\" + std::string(1, src[e]) + " escape");
+        const auto cp = static_cast<char32_t>(std::stoul(hex, nullptr, 16));
+        if (cp >= 0xD800 && cp <= 0xDFFF) fail(what, line, "\\u" + hex + " is a surrogate, not a character");
+        unicode::append_utf8(cp, s);
+        e += n;
+        break;
+      }
+      default: s += '\\', s += src[e];  // Python keeps an unknown escape as written
+    }
+  }
+  t.t = Token::T::Str, t.s = std::move(s);
+  return e + 1;
+}
+
 // The tokens of one tag from src[pos] up to its closer ("}}" or "%}", with an optional '-' before it); returns the
 // position after the closer and whether it had '-'.
 std::pair<size_t, bool> lex_tag(const std::string& src, size_t pos, const std::string& closer, std::vector<Token>& out,
@@ -407,63 +472,9 @@ std::pair<size_t, bool> lex_tag(const std::string& src, size_t pos, const std::s
       t.t = Token::T::Name, t.s = src.substr(pos, e - pos);
       pos = e;
     } else if (std::isdigit(static_cast<unsigned char>(c))) {
-      size_t e = pos;
-      while (e < src.size() && (std::isdigit(static_cast<unsigned char>(src[e])) || src[e] == '_')) ++e;
-      bool is_float = false;
-      if (e + 1 < src.size() && src[e] == '.' && std::isdigit(static_cast<unsigned char>(src[e + 1]))) {
-        is_float = true;
-        ++e;
-        while (e < src.size() && std::isdigit(static_cast<unsigned char>(src[e]))) ++e;
-      }
-      std::string digits = src.substr(pos, e - pos);
-      std::erase(digits, '_');
-      const char* end = digits.data() + digits.size();
-      const std::from_chars_result r = is_float ? std::from_chars(digits.data(), end, t.f)
-                                                : std::from_chars(digits.data(), end, t.i);
-      if (r.ec != std::errc() || r.ptr != end)
-        fail(what, line, "the number " + digits + " is beyond 64 bits (the template interpreter's limit)");
-      t.t = is_float ? Token::T::Float : Token::T::Int;
-      pos = e;
+      pos = lex_number(src, pos, t, what, line);
     } else if (c == '\'' || c == '"') {
-      std::string s;
-      size_t e = pos + 1;
-      for (;; ++e) {
-        if (e >= src.size()) fail(what, line, "a string literal is not closed");
-        if (src[e] == c) break;
-        if (src[e] != '\\') {
-          s += src[e];
-          continue;
-        }
-        if (++e >= src.size()) fail(what, line, "a string literal is not closed");
-        switch (src[e]) {
-          case 'n': s += '\n'; break;
-          case 't': s += '\t'; break;
-          case 'r': s += '\r'; break;
-          case 'b': s += '\b'; break;
-          case 'f': s += '\f'; break;
-          case 'v': s += '\v'; break;
-          case '0': s += '\0'; break;
-          case '\\':
-          case '\'':
-          case '"': s += src[e]; break;
-          case 'x':
-          case 'u': {
-            const size_t n = src[e] == 'x' ? 2 : 4;
-            if (e + n >= src.size()) fail(what, line, "a bad \\" + std::string(1, src[e]) + " escape");
-            const std::string hex = src.substr(e + 1, n);
-            if (hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
-              fail(what, line, "a bad \\" + std::string(1, src[e]) + " escape");
-            const auto cp = static_cast<char32_t>(std::stoul(hex, nullptr, 16));
-            if (cp >= 0xD800 && cp <= 0xDFFF) fail(what, line, "\\u" + hex + " is a surrogate, not a character");
-            unicode::append_utf8(cp, s);
-            e += n;
-            break;
-          }
-          default: s += '\\', s += src[e];  // Python keeps an unknown escape as written
-        }
-      }
-      t.t = Token::T::Str, t.s = std::move(s);
-      pos = e + 1;
+      pos = lex_string(src, pos, t, what, line);
     } else {
       bool found = false;
       for (const char* op : ops)
@@ -1441,24 +1452,7 @@ class Renderer {
       if (a.size() <= k || a[k].k != Value::K::Str) error(line, name + "() expects a string argument");
       return a[k].s;
     };
-    if (self.k == Value::K::Dict) {
-      if (name == "get") {
-        if (a.empty()) error(line, "get() expects a key");
-        const Value v = item(self, a[0], line);
-        return v.k == Value::K::Undefined ? (a.size() > 1 ? a[1] : Value::none()) : v;
-      }
-      tick(line, static_cast<int64_t>(self.d->items.size()));
-      List l;
-      for (auto& [k, v] : self.d->items) {
-        if (name == "keys")
-          l.push_back(Value::str(k));
-        else if (name == "values")
-          l.push_back(v);
-        else
-          l.push_back(Value::list({Value::str(k), v}));
-      }
-      return Value::list(std::move(l));
-    }
+    if (self.k == Value::K::Dict) return dict_method(self, name, a, line);
     const std::string& s = self.s;
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
       const Value* chars = a.empty() || a[0].k == Value::K::None ? nullptr : &a[0];
@@ -1486,7 +1480,31 @@ class Renderer {
       for (size_t p = s.find(sub); p != std::string::npos; p = s.find(sub, p + sub.size())) ++n;
       return Value::integer(n);
     }
-    // split
+    return split(s, a, kw, line);
+  }
+
+  // get, keys, values and items of a dict
+  Value dict_method(const Value& self, const std::string& name, const Args& a, int line) {
+    if (name == "get") {
+      if (a.empty()) error(line, "get() expects a key");
+      const Value v = item(self, a[0], line);
+      return v.k == Value::K::Undefined ? (a.size() > 1 ? a[1] : Value::none()) : v;
+    }
+    tick(line, static_cast<int64_t>(self.d->items.size()));
+    List l;
+    for (auto& [k, v] : self.d->items) {
+      if (name == "keys")
+        l.push_back(Value::str(k));
+      else if (name == "values")
+        l.push_back(v);
+      else
+        l.push_back(Value::list({Value::str(k), v}));
+    }
+    return Value::list(std::move(l));
+  }
+
+  // str.split(sep=None, maxsplit=-1) as Python's: runs of whitespace without a separator
+  Value split(const std::string& s, const Args& a, const Kwargs& kw, int line) {
     int64_t maxsplit = -1;
     const Value* sep = a.empty() || a[0].k == Value::K::None ? nullptr : &a[0];
     if (a.size() > 1) maxsplit = a[1].i;
@@ -1589,15 +1607,8 @@ class Renderer {
       error(e.line, "filter " + f + " of an undefined value " + x.s);
     if (f == "trim") return Value::str(strip(need_str(), a.empty() ? nullptr : &a[0], true, true));
     if (f == "tojson") {
-      const Value* ind = kwarg("indent");
-      if (!ind && !a.empty()) ind = &a[0];
-      std::string out;
-      try {
-        tojson(x, ind && ind->k == Value::K::Int ? ind->i : 0, 0, out);
-      } catch (const Error& err) {
-        error(e.line, err.what());
-      }
-      return Value::str(out);
+      const Value* indent = kwarg("indent");
+      return tojson_filter(x, indent ? indent : a.empty() ? nullptr : &a[0], e.line);
     }
     if (f == "length" || f == "count") return Value::integer(length(x, e.line));
     if (f == "lower" || f == "upper" || f == "title" || f == "capitalize") {
@@ -1611,23 +1622,59 @@ class Renderer {
       if (l.empty()) return Value::undefined("the " + f + " of an empty sequence");
       return f == "first" ? l.front() : l.back();
     }
-    if (f == "join") {
-      std::string out;
-      const List l = iterate(x, e.line);
-      const std::string sep = a.empty() ? "" : to_str(a[0]);
-      for (size_t k = 0; k < l.size(); ++k) {
-        out += (k ? sep : "") + to_str(l[k]);
-        fits(out.size(), e.line);
-        tick(e.line, static_cast<int64_t>(sep.size() / kBytesPerStep));
-      }
-      return Value::str(out);
-    }
+    if (f == "join") return join(x, a, e.line);
     if (f == "string") return Value::str(to_str(x));
     if (f == "safe") return x;
+    if (f == "int" || f == "float" || f == "abs") return number_filter(f, x, a, e.line);
+    if (f == "list") return Value::list(iterate(x, e.line));
+    if (f == "items") {
+      if (x.k != Value::K::Dict) error(e.line, detail::cat("items of a ", kind_name(x)));
+      Args none;
+      Kwargs nokw;
+      return method(x, "items", none, nokw, e.line);
+    }
+    if (f == "replace") {
+      if (a.size() < 2) error(e.line, "replace needs two strings");
+      return Value::str(replace(need_str(), to_str(a[0]), to_str(a[1]), a.size() > 2 ? a[2].i : -1, e.line));
+    }
+    if (f == "map") {
+      const Value* at = kwarg("attribute");
+      if (!at || at->k != Value::K::Str) error(e.line, "map is supported with attribute= only");
+      List out;
+      for (const Value& v : iterate(x, e.line)) out.push_back(attr(v, at->s, e.line));
+      return Value::list(std::move(out));
+    }
+    return select_filter(f, x, a, e.line);
+  }
+
+  Value tojson_filter(const Value& x, const Value* indent, int line) {
+    std::string out;
+    try {
+      tojson(x, indent && indent->k == Value::K::Int ? indent->i : 0, 0, out);
+    } catch (const Error& err) {
+      error(line, err.what());
+    }
+    return Value::str(out);
+  }
+
+  Value join(const Value& x, const Args& a, int line) {
+    std::string out;
+    const List l = iterate(x, line);
+    const std::string sep = a.empty() ? "" : to_str(a[0]);
+    for (size_t k = 0; k < l.size(); ++k) {
+      out += (k ? sep : "") + to_str(l[k]);
+      fits(out.size(), line);
+      tick(line, static_cast<int64_t>(sep.size() / kBytesPerStep));
+    }
+    return Value::str(out);
+  }
+
+  // int, float and abs as Jinja's: a string that is not a number converts to the default (0)
+  Value number_filter(const std::string& f, const Value& x, const Args& a, int line) {
     if (f == "int") {
       if (x.k == Value::K::Float) {
         // (int64's range is [-2^63, 2^63); Python's int() of a float has no bound)
-        if (!(x.f >= -0x1p63 && x.f < 0x1p63)) error(e.line, "filter int of " + float_repr(x.f) + ": beyond 64 bits");
+        if (!(x.f >= -0x1p63 && x.f < 0x1p63)) error(line, "filter int of " + float_repr(x.f) + ": beyond 64 bits");
         return Value::integer(static_cast<int64_t>(x.f));
       }
       if (x.is_number()) return Value::integer(as_int(x));
@@ -1648,39 +1695,23 @@ class Renderer {
         return Value::real(0);
       }
     }
-    if (f == "abs") {
-      if (!x.is_number()) error(e.line, detail::cat("abs of a ", kind_name(x)));
-      if (x.k == Value::K::Float) return Value::real(std::fabs(x.f));
-      if (as_int(x) == INT64_MIN) overflow("abs", e.line);
-      return Value::integer(std::llabs(as_int(x)));
-    }
-    if (f == "list") return Value::list(iterate(x, e.line));
-    if (f == "items") {
-      if (x.k != Value::K::Dict) error(e.line, detail::cat("items of a ", kind_name(x)));
-      Args none;
-      Kwargs nokw;
-      return method(x, "items", none, nokw, e.line);
-    }
-    if (f == "replace") {
-      if (a.size() < 2) error(e.line, "replace needs two strings");
-      return Value::str(replace(need_str(), to_str(a[0]), to_str(a[1]), a.size() > 2 ? a[2].i : -1, e.line));
-    }
-    if (f == "map") {
-      const Value* at = kwarg("attribute");
-      if (!at || at->k != Value::K::Str) error(e.line, "map is supported with attribute= only");
-      List out;
-      for (const Value& v : iterate(x, e.line)) out.push_back(attr(v, at->s, e.line));
-      return Value::list(std::move(out));
-    }
-    // selectattr / rejectattr: attribute, then an optional test and its argument
-    if (a.empty() || a[0].k != Value::K::Str) error(e.line, f + " needs an attribute name");
+    // abs
+    if (!x.is_number()) error(line, detail::cat("abs of a ", kind_name(x)));
+    if (x.k == Value::K::Float) return Value::real(std::fabs(x.f));
+    if (as_int(x) == INT64_MIN) overflow("abs", line);
+    return Value::integer(std::llabs(as_int(x)));
+  }
+
+  // selectattr / rejectattr: attribute, then an optional test and its argument
+  Value select_filter(const std::string& f, const Value& x, const Args& a, int line) {
+    if (a.empty() || a[0].k != Value::K::Str) error(line, f + " needs an attribute name");
     const std::string test_name = a.size() > 1 ? to_str(a[1]) : "";
-    if (!test_name.empty() && !kTests.count(test_name)) error(e.line, "unsupported test '" + test_name + "'");
+    if (!test_name.empty() && !kTests.count(test_name)) error(line, "unsupported test '" + test_name + "'");
     List out;
-    for (const Value& v : iterate(x, e.line)) {
-      const Value field = attr(v, a[0].s, e.line);
+    for (const Value& v : iterate(x, line)) {
+      const Value field = attr(v, a[0].s, line);
       const bool pass = test_name.empty() ? truthy(field)
-                                          : apply_test(test_name, field, a.size() > 2 ? &a[2] : nullptr, e.line);
+                                          : apply_test(test_name, field, a.size() > 2 ? &a[2] : nullptr, line);
       if (pass == (f == "selectattr")) out.push_back(v);
     }
     return Value::list(std::move(out));

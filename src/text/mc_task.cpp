@@ -164,6 +164,41 @@ std::optional<McFormat> infer_mc_format(const Json& row) {
   return std::nullopt;
 }
 
+namespace {
+
+// An ARC row: its question and lettered (or numbered) choices, the gold one named by answerKey.
+void arc_row(const Json& row, const std::string& where, McDoc& d) {
+  // AI2's files: question {stem, choices [{text, label}]}; Hugging Face's: question, choices {text [], label []}.
+  const Json& q = field(row, "question", where);
+  std::string stem;
+  std::vector<std::string> texts, labels;
+  if (q.is_object()) {
+    stem = text_field(q, "stem", where);
+    const Json& cs = field(q, "choices", where);
+    CASTOR_CHECK(cs.is_array() && !cs.as_array().empty(), where, ": \"question.choices\" is not a list");
+    for (const Json& c : cs.as_array()) {
+      CASTOR_CHECK(c.is_object(), where, ": a choice is not an object {text, label}");
+      texts.push_back(text_field(c, "text", where));
+      labels.push_back(text_field(c, "label", where));
+    }
+  } else {
+    stem = text_field(row, "question", where);
+    const Json& cs = field(row, "choices", where);
+    CASTOR_CHECK(cs.is_object(), where, ": \"choices\" is not an object {text, label}");
+    texts = text_list(field(cs, "text", where), "choices.text", where);
+    labels = text_list(field(cs, "label", where), "choices.label", where);
+    CASTOR_CHECK(texts.size() == labels.size(), where, ": ", texts.size(), " choice texts, ", labels.size(), " labels");
+  }
+  const std::string& key = text_field(row, "answerKey", where);
+  d.gold = -1;
+  for (size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] == key) d.gold = static_cast<int64_t>(i);
+  CASTOR_CHECK(d.gold >= 0, where, ": \"answerKey\" ", printable(key), " is not one of the choices' labels");
+  shared_context(d, "Question: " + stem + "\nAnswer:", std::move(texts));
+}
+
+}  // namespace
+
 McDoc render_mc_row(const Json& row, McFormat format, const std::string& where) {
   CASTOR_CHECK(row.is_object(), where, ": a ", row.type_name(), ", not a JSON object");
   McDoc d;
@@ -188,37 +223,7 @@ McDoc render_mc_row(const Json& row, McFormat format, const std::string& where) 
                      {"A", "B", "C", "D"});
       break;
     }
-    case McFormat::Arc: {
-      // AI2's files: question {stem, choices [{text, label}]}; Hugging Face's: question, choices {text [], label []}.
-      const Json& q = field(row, "question", where);
-      std::string stem;
-      std::vector<std::string> texts, labels;
-      if (q.is_object()) {
-        stem = text_field(q, "stem", where);
-        const Json& cs = field(q, "choices", where);
-        CASTOR_CHECK(cs.is_array() && !cs.as_array().empty(), where, ": \"question.choices\" is not a list");
-        for (const Json& c : cs.as_array()) {
-          CASTOR_CHECK(c.is_object(), where, ": a choice is not an object {text, label}");
-          texts.push_back(text_field(c, "text", where));
-          labels.push_back(text_field(c, "label", where));
-        }
-      } else {
-        stem = text_field(row, "question", where);
-        const Json& cs = field(row, "choices", where);
-        CASTOR_CHECK(cs.is_object(), where, ": \"choices\" is not an object {text, label}");
-        texts = text_list(field(cs, "text", where), "choices.text", where);
-        labels = text_list(field(cs, "label", where), "choices.label", where);
-        CASTOR_CHECK(texts.size() == labels.size(), where, ": ", texts.size(), " choice texts, ", labels.size(),
-                     " labels");
-      }
-      const std::string& key = text_field(row, "answerKey", where);
-      d.gold = -1;
-      for (size_t i = 0; i < labels.size(); ++i)
-        if (labels[i] == key) d.gold = static_cast<int64_t>(i);
-      CASTOR_CHECK(d.gold >= 0, where, ": \"answerKey\" ", printable(key), " is not one of the choices' labels");
-      shared_context(d, "Question: " + stem + "\nAnswer:", std::move(texts));
-      break;
-    }
+    case McFormat::Arc: arc_row(row, where, d); break;
     case McFormat::Piqa: {
       d.gold = label_field(row, "label", 2, where);
       shared_context(d, "Question: " + text_field(row, "goal", where) + "\nAnswer:",

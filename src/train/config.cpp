@@ -252,11 +252,11 @@ std::vector<std::string> mpirun_command(const TrainConfig& c, const std::string&
 }
 
 // Keys of a run's config.json that record facts of the run rather than settings: skipped when it is read back.
-constexpr const char* kRecordedOnly[] = {"schedule_steps", "normalization",  "input_shape",      "num_classes",
-                                         "init_checksum",  "class_names",    "castor_version",   "git_commit",
-                                         "host_cpu",       "started",        "real_vocab_size",  "train_tokens",
-                                         "val_tokens",     "precision_auto", "trainable_params", "all_params",
-                                         "model_config",   "tokenizer",      "vocab_checksum",   "openmp_wait"};
+constexpr const char* kRecordedOnly[] = {
+    "schedule_steps", "normalization",  "input_shape",       "num_classes",       "init_checksum",   "class_names",
+    "castor_version", "git_commit",     "host_cpu",          "started",           "real_vocab_size", "train_tokens",
+    "val_tokens",     "precision_auto", "trainable_params",  "all_params",        "model_config",    "tokenizer",
+    "vocab_checksum", "openmp_wait",    "lora_rank_pattern", "lora_alpha_pattern"};
 
 // The text of one TOML value (what follows a line's '='): a basic string "..." with TOML 1.0's escapes decoded
 // (\b \t \n \f \r \" \\ \uXXXX \UXXXXXXXX), a literal string '...' as it is, or a bare value (a number, true,

@@ -2,6 +2,7 @@
 #include "train/family.h"
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 
 #include "castor/checkpoint.h"
@@ -76,6 +77,17 @@ void gpt_take_init_sizes(TrainConfig& c, const std::string&) {
   CASTOR_CHECK(!c.given("--bias") || c.bias == g.bias, "--bias: --init ", c.init, g.bias ? " has" : " has no",
                " biases");
   c.bias = g.bias;
+}
+
+// (nanoGPT's names; the lm_head tied to wte)
+void gpt_take_file_sizes(TrainConfig& c, StateDict& tensors, const Metadata& metadata, int64_t n_head, int64_t,
+                         const std::string& path) {
+  formats::GPTWeights w = formats::gpt_weights_from_safetensors(std::move(tensors), metadata, n_head, path);
+  const models::GPTConfig& g = w.config;
+  c.n_layer = g.n_layer, c.n_head = g.n_head, c.n_embd = g.n_embd, c.block_size = g.block_size;
+  c.vocab_size = g.vocab_size, c.real_vocab_size = g.real_vocab_size, c.bias = g.bias;
+  w.state["lm_head.weight"] = w.state.at("transformer.wte.weight");
+  tensors = std::move(w.state);
 }
 
 // (the description's config when the run has one: the same model as the flags' for a run, and castor eval's window
@@ -216,6 +228,37 @@ void llama_take_init_sizes(TrainConfig& c, const std::string& data_dir) {
                record, "'s vocabulary has ", tokens, " tokens");
 }
 
+// (llama2.c's and Castor's names; the output tied unless output.weight holds other values)
+void llama_take_file_sizes(TrainConfig& c, StateDict& tensors, const Metadata&, int64_t n_head, int64_t context,
+                           const std::string& path) {
+  auto need = [&](const std::string& name) -> const Tensor& {
+    auto it = tensors.find(name);
+    CASTOR_CHECK(it != tensors.end() && it->second.dim() == 2, path, ": no 2-D tensor ", name,
+                 " (expected a Llama's names: tok_embeddings, layers.N.attention.wq, ...)");
+    return it->second;
+  };
+  const Tensor& embeddings = need("tok_embeddings.weight");  // (V, dim)
+  c.vocab_size = embeddings.size(0), c.n_embd = embeddings.size(1);
+  c.n_layer = 0;
+  while (tensors.count(detail::cat("layers.", c.n_layer, ".attention_norm.weight"))) ++c.n_layer;
+  CASTOR_CHECK(c.n_layer > 0, path, ": no tensor layers.0.attention_norm.weight (expected a Llama's names)");
+  CASTOR_CHECK(n_head > 0, path, ": the number of heads is not recorded in the file; give it (--n-head)");
+  CASTOR_CHECK(context > 0, path, ": a Llama's context length is not recorded in the file; give it (--block-size)");
+  CASTOR_CHECK(c.n_embd % n_head == 0, "--n-head ", n_head, ": does not divide ", path, "'s dim ", c.n_embd);
+  c.n_head = n_head, c.block_size = context;
+  c.n_kv_head = need("layers.0.attention.wk.weight").size(0) / (c.n_embd / n_head);  // (Hkv D, dim)
+  formats::Llama2cConfig sizes;
+  sizes.dim = c.n_embd, sizes.hidden_dim = need("layers.0.feed_forward.w1.weight").size(0);  // (hidden, dim)
+  c.multiple_of = formats::llama2c_multiple_of(sizes, path);
+  // (a file may store the shared tensor twice)
+  const auto output = tensors.find("output.weight");
+  if (output != tensors.end()) {
+    const Tensor a = output->second.to(DType::Float32).contiguous(), b = embeddings.to(DType::Float32).contiguous();
+    c.untied = a.shape() != b.shape() || std::memcmp(a.data_ptr(), b.data_ptr(), b.nbytes()) != 0;
+  }
+  if (!c.untied) tensors["output.weight"] = embeddings;
+}
+
 std::shared_ptr<models::LanguageModel> llama_make(const TrainConfig& c, int64_t, uint64_t seed) {
   return models::llama(llama_model_config(c), seed);
 }
@@ -245,6 +288,7 @@ const std::vector<Family>& families() {
        gpt_apply_sizes,
        gpt_check,
        gpt_take_init_sizes,
+       gpt_take_file_sizes,
        gpt_make,
        gpt_describe,
        gpt_build},
@@ -263,6 +307,7 @@ const std::vector<Family>& families() {
        llama_apply_sizes,
        llama_check,
        llama_take_init_sizes,
+       llama_take_file_sizes,
        llama_make,
        llama_describe,
        llama_build},

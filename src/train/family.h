@@ -36,6 +36,11 @@ struct Family {
   // naming both; the vocabulary checked against `data_dir`'s tokenizer). The weights load later, tensor by tensor
   // (build_run).
   void (*take_init_sizes)(TrainConfig& c, const std::string& data_dir);
+  // castor eval of weights without castor metadata (--model): the sizes from their tensors' shapes, --n-head and (a
+  // Llama's) --block-size, which no shape holds, into `c`; `tensors` become the model's state dict (a tied output
+  // layer filled in). castor::Error naming `path` when a tensor or a size is missing.
+  void (*take_file_sizes)(TrainConfig& c, StateDict& tensors, const Metadata& metadata, int64_t n_head, int64_t context,
+                          const std::string& path);
   // The model of `c` with weights drawn from `seed` (a GPT's logits cover the first real_vocab tokens).
   std::shared_ptr<models::LanguageModel> (*make)(const TrainConfig& c, int64_t real_vocab, uint64_t seed);
   // The description of `c`'s model a run records (config.json's "model_config": "family" and the sizes), and the

@@ -271,6 +271,10 @@ std::string data_dir(const TrainConfig& c) {
   return c.data == Dataset::Cifar10 ? "cifar-10-batches-bin" : "/usr/share/datasets/fashion-mnist";
 }
 
+void take_image_eval_settings(const EvalConfig& e, TrainConfig& c, LoadedTensors&, const Json&) {
+  CASTOR_CHECK(e.lora.empty(), "--lora: ", e.path, " is a ", name(c.model), ", not a language model");
+}
+
 std::unique_ptr<Task> make_image_task(const TrainConfig& c, int rank, int world) {
   return std::make_unique<ImageTask>(c, rank, world);
 }

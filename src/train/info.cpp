@@ -54,13 +54,50 @@ std::string model_sizes(const Json& d, const std::string& what) {
       l.sliding_window > 0 ? detail::cat(", sliding window ", l.sliding_window) : "", ", rope theta ", theta, rope);
 }
 
+// A line of the summary: the key, padded, and its value.
+std::string info_line(const char* key, const std::string& value) {
+  return detail::cat(key, std::string(12 - std::strlen(key), ' '), value, "\n");
+}
+
+// A run directory's last evaluation, its checkpoints and its best.
+std::string run_dir_lines(const fs::path& run) {
+  std::string out;
+  auto line = [&](const char* key, const std::string& value) { out += info_line(key, value); };
+  std::error_code ec;
+  const std::vector<Json> records = read_metrics(run.string());
+  for (auto r = records.rbegin(); r != records.rend(); ++r) {
+    char text[128];
+    const long long step = r->find("step") && r->at("step").is_int() ? r->at("step").as_int() : -1;
+    if (const Json* acc = r->find("test_accuracy"); acc && acc->is_number()) {
+      std::snprintf(text, sizeof(text), "test accuracy %.2f%%, test loss %.4f at step %lld", 100 * acc->as_double(),
+                    r->at("test_loss").as_double(), step);
+    } else if (const Json* val = r->find("val_loss"); val && val->is_number()) {
+      std::snprintf(text, sizeof(text), "val loss %.4f, perplexity %.2f at step %lld", val->as_double(),
+                    std::exp(val->as_double()), step);
+    } else {
+      continue;
+    }
+    line("metrics", text);
+    break;
+  }
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(run / "checkpoints", ec))
+    if (is_checkpoint_dir(e.path().string())) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  line("checkpoints", list.empty() ? "none" : list);
+  if (const Json best = read_best(run.string()); best.is_object() && best.find("metric") && best.find("value"))
+    line("best", detail::cat(best.at("metric").dump(), " ", best.at("value").dump(), " at step ",
+                             best.find("step") ? best.at("step").dump() : "?", " (", (run / "best").string(), ")"));
+  return out;
+}
+
 // `castor info`'s default: what a person asks of a checkpoint first.
 std::string info_summary(const std::string& path, const std::string& used, const SafetensorsFile& model,
                          const StateDict* state) {
   std::string out;
-  auto line = [&](const char* key, const std::string& value) {
-    out += detail::cat(key, std::string(12 - std::strlen(key), ' '), value, "\n");
-  };
+  auto line = [&](const char* key, const std::string& value) { out += info_line(key, value); };
   int64_t values = 0;
   std::string dtypes;
   for (const SafetensorsEntry& e : model.entries) {
@@ -108,32 +145,7 @@ std::string info_summary(const std::string& path, const std::string& used, const
   fs::path run = fs::is_directory(path + "/checkpoints", ec) ? fs::path(path)
                                                              : fs::path(used).parent_path().parent_path();
   if (fs::is_directory(run / "checkpoints", ec)) {
-    const std::vector<Json> records = read_metrics(run.string());
-    for (auto r = records.rbegin(); r != records.rend(); ++r) {
-      char text[128];
-      const long long step = r->find("step") && r->at("step").is_int() ? r->at("step").as_int() : -1;
-      if (const Json* acc = r->find("test_accuracy"); acc && acc->is_number()) {
-        std::snprintf(text, sizeof(text), "test accuracy %.2f%%, test loss %.4f at step %lld", 100 * acc->as_double(),
-                      r->at("test_loss").as_double(), step);
-      } else if (const Json* val = r->find("val_loss"); val && val->is_number()) {
-        std::snprintf(text, sizeof(text), "val loss %.4f, perplexity %.2f at step %lld", val->as_double(),
-                      std::exp(val->as_double()), step);
-      } else {
-        continue;
-      }
-      line("metrics", text);
-      break;
-    }
-    std::vector<std::string> names;
-    for (const fs::directory_entry& e : fs::directory_iterator(run / "checkpoints", ec))
-      if (is_checkpoint_dir(e.path().string())) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    std::string list;
-    for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
-    line("checkpoints", list.empty() ? "none" : list);
-    if (const Json best = read_best(run.string()); best.is_object() && best.find("metric") && best.find("value"))
-      line("best", detail::cat(best.at("metric").dump(), " ", best.at("value").dump(), " at step ",
-                               best.find("step") ? best.at("step").dump() : "?", " (", (run / "best").string(), ")"));
+    out += run_dir_lines(run);
   }
   for (const auto& [k, v] : model.metadata)  // the recorded config is summarised above
     if (k != "castor.config" && k != "format") line("metadata", printable(k) + " = " + printable(v));

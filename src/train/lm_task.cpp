@@ -401,6 +401,22 @@ data::VocabularyId check_folder_vocabulary(const TrainConfig& c, const std::stri
                       : " (encode the text in the model's vocabulary: castor tokenize --vocab " + c.vocab_of + ")"));
 }
 
+void take_lm_eval_settings(const EvalConfig& e, TrainConfig& c, LoadedTensors& file, const Json& recorded) {
+  if (!recorded.is_null())
+    take_model_vocabulary(c, e.path, recorded);  // (a llama2.c file's tokenizer.bin)
+  else
+    family(c).take_file_sizes(c, file.tensors, file.metadata, e.n_head, e.block_size, e.path);
+  if (e.block_size <= 0) return;
+  // The evaluation window: the model keeps its context (its description), the task reads windows of --block-size.
+  if (!c.model_config.is_object()) c.model_config = family(c).describe(c);
+  // (the context a description gives: a Llama's max_seq_len, a GPT's block_size)
+  const Json* context = c.model_config.find("max_seq_len") ? c.model_config.find("max_seq_len")
+                                                           : c.model_config.find("block_size");
+  CASTOR_CHECK(!context || !context->is_int() || e.block_size <= context->as_int(), "--block-size ", e.block_size, ": ",
+               e.path, " reads at most ", context->dump(), " positions");
+  c.block_size = e.block_size;
+}
+
 std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed) {
   return family(c).make(c, real_vocab, seed);
 }

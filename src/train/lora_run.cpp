@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
+#include <type_traits>
 #include <map>
 #include <set>
 
@@ -35,6 +37,33 @@ std::vector<std::string> split_commas(const std::string& list) {
   for (size_t comma; (comma = list.find(',', start)) != std::string::npos; start = comma + 1)
     out.push_back(list.substr(start, comma - start));
   out.push_back(list.substr(start));
+  return out;
+}
+
+// A per-module pattern as config.json records it: [[key, value], ...] in its order.
+template <class T>
+Json pattern_json(const std::vector<std::pair<std::string, T>>& pattern) {
+  Json::Array out;
+  for (const auto& [key, value] : pattern) out.push_back(Json::Array{key, value});
+  return out;
+}
+
+// A pattern from [[key, value], ...] (config.json's, or an object of Json::parse_ordered): an integer rank or a
+// positive alpha each; castor::Error naming `what` otherwise.
+template <class T>
+std::vector<std::pair<std::string, T>> pattern_of(const Json& pairs, const std::string& what) {
+  std::vector<std::pair<std::string, T>> out;
+  for (const Json& p : pairs.as_array()) {
+    const Json& key = p.as_array().at(0);
+    const Json& value = p.as_array().at(1);
+    if constexpr (std::is_same_v<T, int64_t>)
+      CASTOR_CHECK(value.is_int() && value.as_int() > 0, what, " ", key.dump(), ": ", value.dump(),
+                   " is not a positive integer rank");
+    else
+      CASTOR_CHECK(value.is_number() && value.as_double() > 0, what, " ", key.dump(), ": ", value.dump(),
+                   " is not a positive alpha");
+    out.emplace_back(key.as_string(), std::is_same_v<T, int64_t> ? T(value.as_int()) : T(value.as_double()));
+  }
   return out;
 }
 
@@ -77,16 +106,28 @@ namespace {
 // The adapter config the LoRA settings describe (--lora-rank, --lora-alpha, ...).
 // A Llama's targets in either naming, Castor's (wq, w2, output) or Hugging Face's and PEFT's (q_proj, down_proj,
 // lm_head): the same layers.
+// --init-lora's per-module patterns match the modules' names on the model PEFT adapted: a Hugging Face base's names
+// (model.layers.0.self_attn.q_proj), else Castor's.
 nn::LoraConfig lora_config(const TrainConfig& c) {
   std::vector<std::string> targets = split_commas(c.lora_targets);
   if (family_of(c.model) == family_named("llama"))
     for (std::string& t : targets) t = formats::hf_target_name(t, /*to_castor=*/true);
+  std::function<std::string(const std::string&)> hf_name;
+  if ((!c.lora_rank_pattern.empty() || !c.lora_alpha_pattern.empty()) &&
+      formats::is_source(c.init, formats::SourceFormat::HfDir))
+    hf_name = [](const std::string& path) {
+      const std::string name = formats::file_name(formats::hf_layout(), path + ".weight");
+      return name.empty() ? path : name.substr(0, name.size() - std::string(".weight").size());
+    };
   return {.r = c.lora_rank,
           .alpha = c.lora_alpha,
           .dropout = c.lora_dropout,
           .target_modules = std::move(targets),
           .rslora = c.rslora,
-          .seed = c.seed};
+          .seed = c.seed,
+          .rank_pattern = c.lora_rank_pattern,
+          .alpha_pattern = c.lora_alpha_pattern,
+          .pattern_name = std::move(hf_name)};
 }
 
 // Error unless `file` still has the checksum recorded when the run started.
@@ -114,7 +155,8 @@ void take_peft_config(TrainConfig& c) {
   const std::string file = c.init_lora + "/adapter_config.json";
   try {
     const std::vector<uint8_t> bytes = read_file(file);
-    const Json j = Json::parse(std::string(bytes.begin(), bytes.end()));
+    const std::string text(bytes.begin(), bytes.end());
+    const Json j = Json::parse(text);
     CASTOR_CHECK(j.is_object() && j.find("peft_type") && j.at("peft_type") == Json("LORA"),
                  "not a LoRA adapter (peft_type \"LORA\")");
     const Json& targets = j.at("target_modules");
@@ -126,15 +168,27 @@ void take_peft_config(TrainConfig& c) {
         list += (list.empty() ? "" : ",") + (formats::is_source(c.init, formats::SourceFormat::HfDir)
                                                  ? formats::hf_target_name(t.as_string(), /*to_castor=*/true)
                                                  : t.as_string());
-    // What would make the adapters compute other than PEFT's (per-module ranks or alphas, DoRA, trained biases, some
-    // layers only) is refused by name rather than silently dropped; a rank of 0 would drop the adapters altogether.
+    // What would make the adapters compute other than PEFT's (DoRA, trained biases, some layers only) is refused by
+    // name rather than silently dropped; a rank of 0 would drop the adapters altogether. Per-module ranks and alphas
+    // are taken in the file's order (PEFT takes the first key that matches a module).
     const Json& r = j.at("r");
     CASTOR_CHECK(r.is_int() && r.as_int() > 0, "\"r\" ", r.dump(), ": the adapters' rank must be a positive integer");
-    for (const char* key : {"rank_pattern", "alpha_pattern"})
-      if (const Json* v = j.find(key))
-        CASTOR_CHECK(v->is_null() || (v->is_object() && v->as_object().empty()), "\"", key, "\" ", v->dump(),
-                     ": per-module ranks and alphas are not supported (every adapter takes \"r\" and "
-                     "\"lora_alpha\"); merge the adapters with PEFT's merge_and_unload and fine-tune the merged model");
+    const Json ordered = Json::parse_ordered(text);
+    const auto pattern = [&](const char* key) {
+      const Json* v = j.find(key);
+      if (!v || v->is_null()) return Json(Json::Array{});
+      CASTOR_CHECK(v->is_object(), "\"", key, "\" ", v->dump(), ": not an object of module names");
+      Json pairs;
+      for (const Json& p : ordered.as_array())
+        if (p.as_array()[0] == Json(key)) pairs = p.as_array()[1];
+      CASTOR_ASSERT(pairs.is_array(), "parse_ordered lost ", key);
+      return pairs;
+    };
+    std::vector<std::pair<std::string, int64_t>> rank_pattern = pattern_of<int64_t>(pattern("rank_pattern"),
+                                                                                    "\"rank_pattern\"");
+    std::vector<std::pair<std::string, double>> alpha_pattern = pattern_of<double>(pattern("alpha_pattern"),
+                                                                                   "\"alpha_pattern\"");
+    nn::LoraConfig{.rank_pattern = rank_pattern, .alpha_pattern = alpha_pattern}.validate();  // (their keys)
     for (const auto& [key, plain] : {std::pair<const char*, Json>{"use_dora", Json(false)},
                                      {"lora_bias", Json(false)},
                                      {"bias", Json("none")},
@@ -161,6 +215,8 @@ void take_peft_config(TrainConfig& c) {
     take("--lora-dropout", &TrainConfig::lora_dropout);
     take("--lora-targets", &TrainConfig::lora_targets);
     take("--rslora", &TrainConfig::rslora);
+    c.lora_rank_pattern = std::move(rank_pattern);
+    c.lora_alpha_pattern = std::move(alpha_pattern);
   } catch (const Error& e) {
     throw Error(detail::cat("--init-lora ", file, ": ", e.what()));
   }
@@ -172,10 +228,11 @@ std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const
                                                      const std::string& lora_base) {
   const Json config = castor_config(ck.model_meta, what);
   CASTOR_CHECK(config.is_object(), what, ": a LoRA checkpoint without its settings (castor.config)");
-  const TrainConfig c = resume_config(TrainConfig{}, config, what);
+  TrainConfig c = resume_config(TrainConfig{}, config, what);
   const Family* family = family_of(c.model);
   CASTOR_CHECK(family, what, ": a LoRA run on a ", name(c.model), ", not a language model");
   const std::string base = lora_base.empty() ? ck.model_meta.at(kBaseKey) : lora_base;
+  c.init = base;  // (where it is now: lora_config reads its kind)
   if (!c.init_checksum.empty()) check_base_checksum(base, c.init_checksum, what);
   const Json* real_vocab = config.find("real_vocab_size");
   std::shared_ptr<models::LanguageModel> model;
@@ -342,8 +399,20 @@ void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::s
   for (const char* flag : {"--lora-rank", "--lora-alpha", "--lora-dropout", "--lora-targets", "--rslora", "--init-lora",
                            "--quantize-base", "--double-quant"})
     config[config_key(flag)] = plain.at(config_key(flag));
-  config.as_object().erase("init_checksum");
+  for (const char* key : {"init_checksum", "lora_rank_pattern", "lora_alpha_pattern"}) config.as_object().erase(key);
   ck.model_meta["castor.config"] = config.dump();
+}
+
+void record_lora_patterns(const TrainConfig& c, Json& config) {
+  if (!c.lora_rank_pattern.empty()) config["lora_rank_pattern"] = pattern_json(c.lora_rank_pattern);
+  if (!c.lora_alpha_pattern.empty()) config["lora_alpha_pattern"] = pattern_json(c.lora_alpha_pattern);
+}
+
+void take_lora_patterns(TrainConfig& c, const Json& recorded, const std::string& what) {
+  if (const Json* p = recorded.find("lora_rank_pattern"))
+    c.lora_rank_pattern = pattern_of<int64_t>(*p, what + ": lora_rank_pattern");
+  if (const Json* p = recorded.find("lora_alpha_pattern"))
+    c.lora_alpha_pattern = pattern_of<double>(*p, what + ": lora_alpha_pattern");
 }
 
 bool is_peft_file(const std::string& name) {
@@ -378,9 +447,19 @@ void write_peft(const std::string& flag, const std::string& dir, const Checkpoin
       {"modules_to_save", Json()},
       {"layers_to_transform", Json()},
       {"revision", Json()}};
+  // PEFT's rank_pattern and alpha_pattern, when the run has them, in their order (a Json object would sort them).
+  std::string text = adapter_config.dump(2);
+  const auto add_pattern = [&](const char* key, const auto& pattern) {
+    if (pattern.empty()) return;
+    std::string object;
+    for (const auto& [k, v] : pattern) object += (object.empty() ? "{" : ", ") + Json(k).dump() + ": " + Json(v).dump();
+    text.insert(text.rfind('}') - 1, detail::cat(",\n  ", Json(key).dump(), ": ", object, "}"));
+  };
+  add_pattern("rank_pattern", c.rank_pattern);
+  add_pattern("alpha_pattern", c.alpha_pattern);
   write_output_dir(flag, dir, is_peft_file, "a PEFT export", {}, [&](const std::string& folder) {
     save_safetensors(folder + "/adapter_model.safetensors", tensors, {{"format", "pt"}});
-    atomic_write_file(folder + "/adapter_config.json", adapter_config.dump(2) + "\n");
+    atomic_write_file(folder + "/adapter_config.json", text + "\n");
   });
 }
 

@@ -67,6 +67,10 @@ std::string weights_checksum(const std::string& path);
 // write_output_dir: a directory holding other files, a run directory or a symbolic link is refused).
 void write_peft(const std::string& flag, const std::string& dir, const Checkpoint& ck, const std::string& what,
                 const std::string& lora_base = "");
+// --init-lora's per-module ranks and alphas (c.lora_rank_pattern, c.lora_alpha_pattern) into a run's config.json, when
+// it has them, as [[key, value], ...] in their order; and back from a recorded config (`what` names it in errors).
+void record_lora_patterns(const TrainConfig& c, Json& config);
+void take_lora_patterns(TrainConfig& c, const Json& recorded, const std::string& what);
 // Whether `name` is one of the files write_peft writes.
 bool is_peft_file(const std::string& name);
 

@@ -321,96 +321,108 @@ std::string page_head(const std::string& title, const Json& config) {
   return o.str();
 }
 
-}  // namespace
-
-std::string render_report(const std::string& title, const Json& config, const std::vector<Json>& records,
-                          const std::vector<amp::ExplainRow>& op_dtypes, const Json& by_class) {
-  const Figures f = figures_of(records);
-  const bool lm = f.lm;
-  const char *eval_key = f.eval_key, *loss_key = f.loss_key, *rate_key = f.rate_key, *rate_name = f.rate_name;
-  const char *metric_name = f.metric_name, *unit = f.unit;
-  const double scale_metric = f.scale;
+// The charts' series, read from the metrics records.
+struct Charted {
   Series raw{"logged step", "#9ecae1", true}, smooth{"window mean", "#1f77b4"};
-  Series scale{"loss scale", "#ff7f0e"}, lr{"learning rate", "#9467bd"}, speed{rate_name, "#8c564b"};
-  Series train_loss{"train (window mean)", "#1f77b4"}, test_loss{lm ? "validation" : "test", "#d62728"},
-      task_loss{"held-out chat (--eval-task)", "#9467bd"};
-  std::vector<std::pair<double, double>> acc_points, test_loss_points;  // (step, value) of each evaluation
-  // --eval-task's scores (step, acc, acc_norm, acc_norm_tokens), in percent.
-  std::vector<std::tuple<double, double, double, double>> task_points;
+  Series scale{"loss scale", "#ff7f0e"}, lr{"learning rate", "#9467bd"}, speed;
+  Series train_loss{"train (window mean)", "#1f77b4"}, test_loss, acc;
+  Series task_loss{"held-out chat (--eval-task)", "#9467bd"};
+  // --eval-task's scores, in percent
+  Series task_acc{"acc", "#2ca02c"}, task_norm{"acc_norm", "#d62728"}, task_tokens{"acc_norm (token mean)", "#9467bd"};
   std::vector<double> skipped;
   std::vector<const Json*> epochs;
   double peak = 0;
   bool scaling = false;  // any step with a loss scale other than 1 (bf16 and O0 runs have none)
+};
+
+Charted charted(const std::vector<Json>& records, const Figures& f) {
+  Charted c;
+  c.speed = {f.rate_name, "#8c564b"};
+  c.test_loss = {f.lm ? "validation" : "test", "#d62728"};
+  c.acc = {f.lm ? "validation perplexity" : "test accuracy", "#2ca02c"};
+  std::vector<std::pair<double, double>> acc_points, test_loss_points;  // (step, value) of each evaluation
+  // (step, acc, acc_norm, acc_norm_tokens)
+  std::vector<std::tuple<double, double, double, double>> task_points;
   for (const Json& r : records) {
     const double step = field(r, "step");
-    peak = std::max(peak, field(r, "peak_memory_bytes", 0));
-    if (r.find("train_loss") != nullptr) epochs.push_back(&r);
-    if (r.find("task_loss") != nullptr) task_loss.x.push_back(step), task_loss.y.push_back(field(r, "task_loss"));
+    c.peak = std::max(c.peak, field(r, "peak_memory_bytes", 0));
+    if (r.find("train_loss") != nullptr) c.epochs.push_back(&r);
+    if (r.find("task_loss") != nullptr) c.task_loss.x.push_back(step), c.task_loss.y.push_back(field(r, "task_loss"));
     if (r.find("task_acc") != nullptr)
       task_points.emplace_back(step, 100 * field(r, "task_acc"), 100 * field(r, "task_acc_norm"),
                                100 * field(r, "task_acc_norm_tokens"));
-    if (r.find(eval_key) != nullptr) {
-      acc_points.emplace_back(step, scale_metric * field(r, eval_key));
-      test_loss_points.emplace_back(step, field(r, loss_key));
+    if (r.find(f.eval_key) != nullptr) {
+      acc_points.emplace_back(step, f.scale * field(r, f.eval_key));
+      test_loss_points.emplace_back(step, field(r, f.loss_key));
     } else if (r.find("loss") != nullptr) {
-      raw.x.push_back(step), raw.y.push_back(field(r, "loss"));
+      c.raw.x.push_back(step), c.raw.y.push_back(field(r, "loss"));
       if (r.find("loss_avg") != nullptr) {
-        smooth.x.push_back(step), smooth.y.push_back(field(r, "loss_avg"));
-        lr.x.push_back(step), lr.y.push_back(field(r, "lr"));
-        speed.x.push_back(step), speed.y.push_back(field(r, rate_key));
+        c.smooth.x.push_back(step), c.smooth.y.push_back(field(r, "loss_avg"));
+        c.lr.x.push_back(step), c.lr.y.push_back(field(r, "lr"));
+        c.speed.x.push_back(step), c.speed.y.push_back(field(r, f.rate_key));
       }
-      scale.x.push_back(step), scale.y.push_back(field(r, "loss_scale"));
-      scaling |= field(r, "loss_scale", 1) != 1;
-      if (const Json* s = r.find("skipped"); s != nullptr && s->is_bool() && s->as_bool()) skipped.push_back(step);
+      c.scale.x.push_back(step), c.scale.y.push_back(field(r, "loss_scale"));
+      c.scaling |= field(r, "loss_scale", 1) != 1;
+      if (const Json* s = r.find("skipped"); s != nullptr && s->is_bool() && s->as_bool()) c.skipped.push_back(step);
     }
   }
   // Evaluations and epoch ends interleave by step; an epoch end at a step already evaluated is the same evaluation.
   auto by_step = [](const auto& a, const auto& b) { return a.first < b.first; };
   std::stable_sort(acc_points.begin(), acc_points.end(), by_step);
   std::stable_sort(test_loss_points.begin(), test_loss_points.end(), by_step);
-  Series acc{lm ? "validation perplexity" : "test accuracy", "#2ca02c"};
-  for (auto [x, y] : acc_points) acc.x.push_back(x), acc.y.push_back(y);
-  for (auto [x, y] : test_loss_points) test_loss.x.push_back(x), test_loss.y.push_back(y);
-  train_loss.x = smooth.x, train_loss.y = smooth.y;
+  for (auto [x, y] : acc_points) c.acc.x.push_back(x), c.acc.y.push_back(y);
+  for (auto [x, y] : test_loss_points) c.test_loss.x.push_back(x), c.test_loss.y.push_back(y);
+  c.train_loss.x = c.smooth.x, c.train_loss.y = c.smooth.y;
   std::stable_sort(task_points.begin(), task_points.end(),
                    [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
-  Series task_acc{"acc", "#2ca02c"}, task_norm{"acc_norm", "#d62728"}, task_tokens{"acc_norm (token mean)", "#9467bd"};
   for (const auto& [x, a, n, t] : task_points) {
-    task_acc.x.push_back(x), task_acc.y.push_back(a);
-    task_norm.x.push_back(x), task_norm.y.push_back(n);
-    task_tokens.x.push_back(x), task_tokens.y.push_back(t);
+    c.task_acc.x.push_back(x), c.task_acc.y.push_back(a);
+    c.task_norm.x.push_back(x), c.task_norm.y.push_back(n);
+    c.task_tokens.x.push_back(x), c.task_tokens.y.push_back(t);
   }
+  return c;
+}
+
+}  // namespace
+
+std::string render_report(const std::string& title, const Json& config, const std::vector<Json>& records,
+                          const std::vector<amp::ExplainRow>& op_dtypes, const Json& by_class) {
+  const Figures f = figures_of(records);
+  const bool lm = f.lm;
+  const char *metric_name = f.metric_name, *unit = f.unit;
+  const Charted c = charted(records, f);
+  const Series& acc = c.acc;
   const std::optional<std::pair<double, double>> steps = step_range(records);
 
   std::ostringstream o;
   o << page_head(title, config);
-  o << "<p>" << raw.x.size() << " logged steps; " << skipped.size()
-    << " skipped (overflow) steps, marked in red; peak tensor memory " << number(peak / 1048576.0) << " MiB";
+  o << "<p>" << c.raw.x.size() << " logged steps; " << c.skipped.size()
+    << " skipped (overflow) steps, marked in red; peak tensor memory " << number(c.peak / 1048576.0) << " MiB";
   if (!acc.y.empty())
     o << "; last " << (lm ? "validation perplexity " : "test accuracy ") << number(acc.y.back()) << unit;
   o << ".</p><div class='grid'>"
-    << chart({"Training loss", "cross-entropy loss", false, {}, steps}, {smooth, raw}, skipped);
+    << chart({"Training loss", "cross-entropy loss", false, {}, steps}, {c.smooth, c.raw}, c.skipped);
   if (acc.x.size() == 1)  // one evaluation: a number, not a chart of one point
     o << "<div class='stat'>" << metric_name << "<b>" << number(acc.y[0]) << unit << "</b>after step "
-      << tick_text(acc.x[0]) << (lm ? " (validation loss " : " (test loss ") << number(test_loss.y[0]) << ")</div>";
+      << tick_text(acc.x[0]) << (lm ? " (validation loss " : " (test loss ") << number(c.test_loss.y[0]) << ")</div>";
   else if (lm)
     o << chart({metric_name, "perplexity", false, {}, steps}, {acc});
   else
     o << chart({metric_name, "accuracy (%)", false, std::pair{0.0, 100.0}, steps}, {acc});
-  std::vector<Series> losses{train_loss, test_loss};
-  if (!task_loss.x.empty()) losses.push_back(task_loss);
-  if (test_loss.x.size() > 1)
+  std::vector<Series> losses{c.train_loss, c.test_loss};
+  if (!c.task_loss.x.empty()) losses.push_back(c.task_loss);
+  if (c.test_loss.x.size() > 1)
     o << chart({lm ? "Train vs validation loss" : "Train vs test loss", "cross-entropy loss", false, {}, steps},
                losses);
-  if (!task_acc.x.empty())
+  if (!c.task_acc.x.empty())
     o << chart({"Benchmark task (--eval-task)", "accuracy (%)", false, std::pair{0.0, 100.0}, steps},
-               {task_acc, task_norm, task_tokens});
-  o << chart({"Learning rate", "learning rate", false, {}, steps}, {lr})
-    << chart({"Throughput", rate_name, false, {}, steps}, {speed});
-  if (scaling) o << chart({"Loss scale", "loss scale (log scale)", /*log2_y=*/true, {}, steps}, {scale}, skipped);
+               {c.task_acc, c.task_norm, c.task_tokens});
+  o << chart({"Learning rate", "learning rate", false, {}, steps}, {c.lr})
+    << chart({"Throughput", f.rate_name, false, {}, steps}, {c.speed});
+  if (c.scaling) o << chart({"Loss scale", "loss scale (log scale)", /*log2_y=*/true, {}, steps}, {c.scale}, c.skipped);
   o << "</div>";
 
-  o << epoch_table(epochs, f);
+  o << epoch_table(c.epochs, f);
 
   o << class_tables(by_class);
 

@@ -130,9 +130,15 @@ std::pair<double, std::vector<int64_t>> Task::scores(nn::Module& model, const am
   return {F::cross_entropy(flat, target, F::Reduction::Sum).item(), argmax(flat, 1).to_vector<int64_t>()};
 }
 
+// The one choice between the two kinds of task.
 std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run) {
   if (is_language_model(c.model)) return make_lm_task(c, rank, world, new_run);
   return make_image_task(c, rank, world);
+}
+
+void take_eval_settings(const EvalConfig& e, TrainConfig& c, LoadedTensors& file, const Json& recorded) {
+  if (is_language_model(c.model)) return take_lm_eval_settings(e, c, file, recorded);
+  take_image_eval_settings(e, c, file, recorded);
 }
 
 Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, int64_t batch_size) {
@@ -349,6 +355,7 @@ Json config_json(const TrainConfig& c, const Task& task, int64_t schedule_steps)
   if (!c.precision_reason.empty()) o["precision_auto"] = c.precision_reason;  // why amp and dtype are what they are
   task.record(o);
   if (const Family* f = family_of(c.model)) o["model_config"] = f->describe(c);  // the model, described
+  record_lora_patterns(c, o);
   const Json build = build_json();
   for (const auto& [k, v] : build.as_object()) o[k] = v;
   o["started"] = utc_now();

@@ -119,69 +119,68 @@ std::string sample_help() {
   return sample_app(c)->help();
 }
 
-void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,
-                const std::function<bool(std::string&)>& read_turn) {
-  if (c.threads > 0) omp_set_num_threads(c.threads);
-  LoadedLm lm = load_language_model(c.init.empty() ? c.checkpoint : c.init, c.n_head, c.lora_base, c.tokenizer_dir,
-                                    c.lora);
-  const std::shared_ptr<models::LanguageModel>& model = lm.model;
+namespace {
+
+// --chat: each prompt (or each line read_turn gives) a user turn, the reply written as it is drawn up to the end of
+// its turn; the conversation goes on in the interactive mode.
+void sample_chat(const SampleConfig& c, LoadedLm& lm, models::Window window, const std::set<int64_t>& ends,
+                 const std::function<void(std::string_view)>& write,
+                 const std::function<bool(std::string&)>& read_turn) {
+  models::LanguageModel& model = *lm.model;
   data::Tokenizer& tok = lm.tokenizer;
   const std::string& dir = lm.tokenizer_dir;
-  // A model held in 16 bits (a 16-bit Hugging Face directory's) runs as a LoRA run's base does: under autocast, its
-  // norms in float32, the KV cache in its dtype.
-  const DType weights = model->cache_shape().dtype;
-  const amp::AutocastGuard autocast(is_16bit_float(weights) ? weights : DType::BFloat16, is_16bit_float(weights));
-  const models::Window window = c.cached_window ? models::Window::Cached : models::Window::Sliding;
-  // (--chat also at the template's end of turn)
-  const std::set<int64_t> ends = c.ignore_eos ? std::set<int64_t>{} : lm.end_ids;
-  if (c.chat) {
-    // The template: the token directory's record's, else the tokenizer's own (a Hugging Face directory's, ChatML).
-    const bool recorded = !data::token_record_path(dir).empty();
-    const Json record = recorded ? data::read_tokenizer_record(dir) : Json::Object{};
-    data::ChatTokenizer ct = data::chat_tokenizer(tok, true, c.chat_template);
-    if (const Json* t = record.find("chat_template"); t && t->is_string() && c.chat_template.empty())
-      ct.chat_template = t->as_string(), ct.template_what = data::token_record_path(dir) + "'s chat_template";
-    const data::ChatTemplate tmpl(ct.chat_template, ct.template_what);
-    Json::Array messages;
-    if (!c.system.empty()) messages.push_back(Json::Object{{"role", "system"}, {"content", c.system}});
-    // One reply: the conversation rendered with the generation prompt, then tokens up to the end of the turn.
-    auto reply = [&](uint64_t seed) {
-      const data::TokenizedText ids = data::tokenize_rendered({data::render_prompt(messages, tmpl, ct), {}}, ct);
-      std::vector<uint32_t> out;
-      data::Tokenizer::Stream stream(tok, ids.ids.back());
-      models::generate(
-          *model, std::vector<int64_t>(ids.ids.begin(), ids.ids.end()), c.tokens, c.temperature, c.top_k, seed, window,
-          [&](int64_t t) {
-            if (t == ct.eos_id || t == ct.eot_id || ends.count(t)) return false;
-            const auto id = static_cast<uint32_t>(t);
-            write(stream.next(id));
-            out.push_back(id);
-            return true;
-          },
-          c.top_p);
-      write(stream.finish());
-      return tok.decode(out);
-    };
-    auto turn = [&](const std::string& text, uint64_t seed) {
-      messages.push_back(Json::Object{{"role", "user"}, {"content", text}});
-      const std::string answer = reply(seed);
-      messages.push_back(Json::Object{{"role", "assistant"}, {"content", answer}});
-    };
-    if (c.prompt_given || !read_turn) {
-      for (int64_t i = 0; i < c.num_samples; ++i) {
-        if (i > 0) write("\n---------------\n");
-        turn(c.prompt, c.seed + static_cast<uint64_t>(i));
-        messages.resize(messages.size() - 2);
-      }
-      return;
-    }
-    std::string line;
-    for (uint64_t i = 0; read_turn(line); ++i) {
-      turn(line, c.seed + i);
-      write("\n");
+  // The template: the token directory's record's, else the tokenizer's own (a Hugging Face directory's, ChatML).
+  const bool recorded = !data::token_record_path(dir).empty();
+  const Json record = recorded ? data::read_tokenizer_record(dir) : Json::Object{};
+  data::ChatTokenizer ct = data::chat_tokenizer(tok, true, c.chat_template);
+  if (const Json* t = record.find("chat_template"); t && t->is_string() && c.chat_template.empty())
+    ct.chat_template = t->as_string(), ct.template_what = data::token_record_path(dir) + "'s chat_template";
+  const data::ChatTemplate tmpl(ct.chat_template, ct.template_what);
+  Json::Array messages;
+  if (!c.system.empty()) messages.push_back(Json::Object{{"role", "system"}, {"content", c.system}});
+  // One reply: the conversation rendered with the generation prompt, then tokens up to the end of the turn.
+  auto reply = [&](uint64_t seed) {
+    const data::TokenizedText ids = data::tokenize_rendered({data::render_prompt(messages, tmpl, ct), {}}, ct);
+    std::vector<uint32_t> out;
+    data::Tokenizer::Stream stream(tok, ids.ids.back());
+    models::generate(
+        model, std::vector<int64_t>(ids.ids.begin(), ids.ids.end()), c.tokens, c.temperature, c.top_k, seed, window,
+        [&](int64_t t) {
+          if (t == ct.eos_id || t == ct.eot_id || ends.count(t)) return false;
+          const auto id = static_cast<uint32_t>(t);
+          write(stream.next(id));
+          out.push_back(id);
+          return true;
+        },
+        c.top_p);
+    write(stream.finish());
+    return tok.decode(out);
+  };
+  auto turn = [&](const std::string& text, uint64_t seed) {
+    messages.push_back(Json::Object{{"role", "user"}, {"content", text}});
+    const std::string answer = reply(seed);
+    messages.push_back(Json::Object{{"role", "assistant"}, {"content", answer}});
+  };
+  if (c.prompt_given || !read_turn) {
+    for (int64_t i = 0; i < c.num_samples; ++i) {
+      if (i > 0) write("\n---------------\n");
+      turn(c.prompt, c.seed + static_cast<uint64_t>(i));
+      messages.resize(messages.size() - 2);
     }
     return;
   }
+  std::string line;
+  for (uint64_t i = 0; read_turn(line); ++i) {
+    turn(line, c.seed + i);
+    write("\n");
+  }
+}
+
+// A plain sample: the prompt, then tokens up to --tokens or an end-of-generation id.
+void sample_text(const SampleConfig& c, LoadedLm& lm, models::Window window, const std::set<int64_t>& ends,
+                 const std::function<void(std::string_view)>& write) {
+  models::LanguageModel& model = *lm.model;
+  data::Tokenizer& tok = lm.tokenizer;
   std::vector<uint32_t> prompt_ids;
   try {
     prompt_ids = tok.encode(c.prompt);
@@ -200,7 +199,7 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
     // hf: an incomplete UTF-8 sequence or byte run held back until the tokens after it decide it).
     data::Tokenizer::Stream stream(tok, prompt_ids.back());
     models::generate(
-        *model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature, c.top_k,
+        model, std::vector<int64_t>(prompt_ids.begin(), prompt_ids.end()), c.tokens, c.temperature, c.top_k,
         c.seed + static_cast<uint64_t>(i), window,
         [&](int64_t t) {
           if (ends.count(t)) return false;
@@ -210,6 +209,26 @@ void run_sample(const SampleConfig& c, const std::function<void(std::string_view
         c.top_p);
     write(stream.finish());
   }
+}
+
+}  // namespace
+
+void run_sample(const SampleConfig& c, const std::function<void(std::string_view)>& write,
+                const std::function<bool(std::string&)>& read_turn) {
+  if (c.threads > 0) omp_set_num_threads(c.threads);
+  LoadedLm lm = load_language_model(c.init.empty() ? c.checkpoint : c.init, c.n_head, c.lora_base, c.tokenizer_dir,
+                                    c.lora);
+  // A model held in 16 bits (a 16-bit Hugging Face directory's) runs as a LoRA run's base does: under autocast, its
+  // norms in float32, the KV cache in its dtype.
+  const DType weights = lm.model->cache_shape().dtype;
+  const amp::AutocastGuard autocast(is_16bit_float(weights) ? weights : DType::BFloat16, is_16bit_float(weights));
+  const models::Window window = c.cached_window ? models::Window::Cached : models::Window::Sliding;
+  // (--chat also at the template's end of turn)
+  const std::set<int64_t> ends = c.ignore_eos ? std::set<int64_t>{} : lm.end_ids;
+  if (c.chat)
+    sample_chat(c, lm, window, ends, write, read_turn);
+  else
+    sample_text(c, lm, window, ends, write);
 }
 
 }  // namespace castor::train

@@ -6,6 +6,7 @@
 #include "castor/fs.h"
 #include "castor/mc_task.h"
 #include "train/family.h"
+#include "train/lora_run.h"
 #include "train/task.h"
 
 namespace castor::train {
@@ -319,7 +320,8 @@ std::vector<Setting> make_settings() {
        J::LanguageModel},
       {"--init-lora", plain<&C::init_lora>(),
        "LoRA: start the adapters from a PEFT directory (adapter_config.json, adapter_model.safetensors, as castor "
-       "export --peft writes); its config gives the rank, alpha, dropout, targets and rslora",
+       "export --peft writes); its config gives the rank, alpha, dropout, targets, rslora and "
+       "per-module ranks and alphas (rank_pattern, alpha_pattern, as PEFT matches them)",
        nullptr, R::Fixed, J::LanguageModel},
       {"--lora-base", shared<&C::lora_base, add_lora_base>(), kLoraBaseHelp, nullptr, R::Unrecorded, J::LanguageModel},
       {"--quantize-base", choice<&C::quantize_base, kQuantizeBases>(),
@@ -510,6 +512,7 @@ TrainConfig resume_config(const TrainConfig& given, const Json& recorded, const 
   c.given_flags = given.given_flags;
   if (const Json* sum = recorded.find("init_checksum"); sum && sum->is_string()) c.init_checksum = sum->as_string();
   if (const Json* d = recorded.find("model_config"); d && d->is_object()) c.model_config = *d;
+  take_lora_patterns(c, recorded, what);
   if (const Json* v = recorded.find("real_vocab_size"); v && v->is_int()) c.real_vocab_size = v->as_int();
   c.vocab = recorded_vocabulary(recorded);
   c.vocab_of = c.vocab.known() ? what : "";

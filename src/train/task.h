@@ -16,6 +16,7 @@
 #include "castor/nn.h"
 #include "castor/ddp.h"
 #include "castor/optim.h"
+#include "castor/serialize.h"
 #include "castor/train_config.h"
 #include "train/run_log.h"
 
@@ -94,6 +95,14 @@ class Task {
 std::unique_ptr<Task> make_task(TrainConfig& c, int rank, int world, bool new_run);
 std::unique_ptr<Task> make_image_task(const TrainConfig& c, int rank, int world);
 std::unique_ptr<Task> make_lm_task(TrainConfig& c, int rank, int world, bool new_run);
+
+// castor eval: what the weights' file does not say of the run, taken into `c` before its task is made (`recorded`:
+// the file's castor.config, null Json for weights without castor metadata, whose `file` tensors become the model's
+// state dict), and the flags that do not apply to the task refused. A language model's: its vocabulary (recorded) or
+// its sizes from the tensors' shapes (not), and --block-size's evaluation window; an image classifier's refuses --lora.
+void take_eval_settings(const EvalConfig& e, TrainConfig& c, LoadedTensors& file, const Json& recorded);
+void take_image_eval_settings(const EvalConfig& e, TrainConfig& c, LoadedTensors& file, const Json& recorded);
+void take_lm_eval_settings(const EvalConfig& e, TrainConfig& c, LoadedTensors& file, const Json& recorded);
 // The language model of a language-model config (its vocabulary resolved: c.vocab_size; a GPT's logits cover the first
 // real_vocab of it) with weights drawn from `seed`: its family's (train/family.h).
 std::shared_ptr<models::LanguageModel> make_language_model(const TrainConfig& c, int64_t real_vocab, uint64_t seed);

@@ -668,22 +668,29 @@ TEST(HfCli, InfoSizesUnnamedAndNonFiniteTensors) {
   test::expect_one_line_error(test::run_castor({"eval", "nan", "--data-dir", "tok", "--block-size", "16"}, run), named);
 }
 
+// The grammar tokens and a two-layer float32 Hugging Face Llama in `dir`/base, for LoRA runs on it.
+bool make_hf_lora_base(const std::string& dir, const test::CastorRun& run) {
+  return test::make_grammar_tokens(run).exit_code == 0 &&
+         test::run_oracle("hf_llama_oracle.py", {"write", dir + "/base", hf_config("float32", 1, 2, false)});
+}
+
+// castor train of a llama on make_hf_lora_base's base and tokens (O0, block 16, batch 4; `more`: the other flags).
+test::CastorProcess train_on_hf_base(const test::CastorRun& run, const std::vector<std::string>& more) {
+  std::vector<std::string> a = {"train", "--model", "llama", "--data",       "tokens", "--data-dir",
+                                "tok",   "--init",  "base",  "--block-size", "16",     "--batch-size",
+                                "4",     "--amp",   "O0",    "--eval-iters", "0"};
+  a.insert(a.end(), more.begin(), more.end());
+  return test::run_castor(a, run);
+}
+
 // castor export --format peft of a LoRA run on a Hugging Face directory: the files PEFT loads on the Hugging Face
 // model (its names, target_modules, q_proj/k_proj lora_B rows in its rotary layout). The oracle merges them into the
 // directory's model as PEFT does and gives the run's logits; --init-lora reads the same adapters back bit for bit.
 TEST(HfCli, PeftExportLoadsOnTheHuggingFaceModel) {
   const test::ScratchDir dir("hf_peft");
   const test::CastorRun run{dir, {}};
-  ASSERT_EQ(test::make_grammar_tokens(run).exit_code, 0);
-  ASSERT_TRUE(test::run_oracle("hf_llama_oracle.py", {"write", dir + "/base", hf_config("float32", 1, 2, false)}));
-  const std::vector<std::string> train = {"train", "--model", "llama", "--data",       "tokens", "--data-dir",
-                                          "tok",   "--init",  "base",  "--block-size", "16",     "--batch-size",
-                                          "4",     "--amp",   "O0",    "--eval-iters", "0"};
-  const auto train_run = [&](const std::vector<std::string>& more) {
-    std::vector<std::string> a = train;
-    a.insert(a.end(), more.begin(), more.end());
-    return test::run_castor(a, run);
-  };
+  ASSERT_TRUE(make_hf_lora_base(dir, run));
+  const auto train_run = [&](const std::vector<std::string>& more) { return train_on_hf_base(run, more); };
   auto p = train_run({"--steps", "3", "--lr", "1e-2", "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets",
                       "wq,wk,wv,w2,output", "--out", "lora"});
   ASSERT_EQ(p.exit_code, 0) << p.err;
@@ -736,6 +743,93 @@ TEST(HfCli, PeftExportLoadsOnTheHuggingFaceModel) {
   EXPECT_NEAR(Json::parse(p.out).at("val_loss").as_double(), run_loss, 1e-5 * run_loss) << p.out;
   test::expect_one_line_error(test::run_castor({"eval", "--init", "base", "--lora", "tok", "--data-dir", "tok"}, run),
                               {"--lora tok/adapter_config.json"});
+}
+
+// PEFT's rank_pattern and alpha_pattern: an adapter directory whose modules take other ranks and alphas, each the
+// first key in the file's order whose regular expression ends the module's Hugging Face name ("q_proj" before
+// "model.layers.0.self_attn.q_proj" gives layer 0's q_proj rank 3, where sorted keys would give 2). --init-lora takes
+// the files as written; the run's merged export gives the logits of the oracle's merge (per-module r and alpha, as
+// PEFT's LoraModel takes them, in PyTorch); castor eval --init BASE --lora DIR gives the run's loss; --format peft writes
+// the patterns back in their order.
+TEST(HfCli, PeftRankAndAlphaPatternsAreTakenAsPeftTakesThem) {
+  const test::ScratchDir dir("hf_peft_patterns");
+  const test::CastorRun run{dir, {}};
+  ASSERT_TRUE(make_hf_lora_base(dir, run));
+  const auto train_run = [&](const std::vector<std::string>& more) { return train_on_hf_base(run, more); };
+  auto p = train_run({"--steps", "3", "--lr", "1e-2", "--lora-rank", "4", "--lora-alpha", "8", "--lora-targets",
+                      "q_proj,k_proj,v_proj,down_proj,lm_head", "--out", "lora"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  p = test::run_castor({"export", "--format", "peft", "--checkpoint", "lora", "--out", "peft"}, run);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  // The run's adapters cut to the patterns' ranks: q_proj 3, down_proj 2, the others r (4).
+  const auto rank = [](const std::string& key) {
+    return key.find("q_proj.") != std::string::npos ? 3 : key.find("down_proj.") != std::string::npos ? 2 : 4;
+  };
+  StateDict cut;
+  for (const auto& [k, t] : load_safetensors(dir + "/peft/adapter_model.safetensors").tensors)
+    cut.emplace(k, t.narrow(k.find(".lora_A.") != std::string::npos ? 0 : 1, 0, rank(k)).contiguous());
+  fs::create_directory(dir + "/patterned");
+  save_safetensors(dir + "/patterned/adapter_model.safetensors", cut, {{"format", "pt"}});
+  const std::vector<uint8_t> bytes = read_file(dir + "/peft/adapter_config.json");
+  std::string text = Json::parse(std::string(bytes.begin(), bytes.end())).dump(2);
+  const std::string rank_pattern = R"({"q_proj": 3, "model.layers.0.self_attn.q_proj": 2, "down_proj": 2})";
+  const std::string alpha_pattern =
+      R"({"model.layers.1.self_attn.k_proj": 5, "k_proj": 20, "layers\\.1\\.mlp\\..*": 12, "lm_head": 6})";
+  text.insert(text.rfind('}') - 1,
+              ",\n  \"rank_pattern\": " + rank_pattern + ",\n  \"alpha_pattern\": " + alpha_pattern);
+  atomic_write_file(dir + "/patterned/adapter_config.json", text);
+  fs::create_directory(dir + "/ranks_only");  // (the alphas as r's: what a reader ignoring alpha_pattern computes)
+  fs::copy(dir + "/patterned/adapter_model.safetensors", dir + "/ranks_only/adapter_model.safetensors");
+  const size_t alphas = text.find(",\n  \"alpha_pattern\"");
+  atomic_write_file(dir + "/ranks_only/adapter_config.json", text.substr(0, alphas) + "\n}");
+
+  p = train_run({"--steps", "1", "--lr", "1e-30", "--init-lora", "patterned", "--out", "back"});
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const train::Checkpoint back = train::read_checkpoint(dir + "/back");
+  p = test::run_castor(
+      {"export", "--format", "hf", "--checkpoint", "back", "--merge-lora", "--dtype", "float32", "--out", "merged"},
+      run);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const Tensor x = test::random_token_batch(2, 11, 53, 4);
+  save_safetensors(dir + "/batch.safetensors", {{"x", x}});
+  for (const char* adapters : {"patterned", "ranks_only"})
+    ASSERT_TRUE(test::run_oracle("lora_oracle.py", {"peft", dir + "/base", dir + "/" + adapters,
+                                                    dir + "/batch.safetensors", dir + "/" + adapters + ".st"}));
+  const StateDict want = load_safetensors(dir + "/patterned.st").tensors;
+  EXPECT_EQ(want.at("ranks").to_vector<int64_t>(), (std::vector<int64_t>{4, 2, 4, 3, 4, 2, 4, 3, 4}));  // (name order)
+  const Tensor logits = (*load_hf(dir + "/merged"))(x);
+  EXPECT_TRUE(test::close(logits, want.at("logits"), 0, 1e-5));
+  EXPECT_FALSE(test::close(logits, load_safetensors(dir + "/ranks_only.st").tensors.at("logits"), 0, 1e-3));
+  // The adapters as the files hold them, whatever their rank.
+  ASSERT_EQ(back.model.size(), cut.size());
+  for (const auto& [k, t] : formats::hf_adapters(load_hf(dir + "/base")->config(), back.model, /*to_castor=*/false))
+    EXPECT_TRUE(test::bit_equal(t, cut.at("base_model.model." + k))) << k;
+
+  p = test::run_castor({"eval", "back"}, run);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const double run_loss = Json::parse(p.out).at("val_loss").as_double();
+  p = test::run_castor({"eval", "--init", "base", "--lora", "patterned", "--data-dir", "tok", "--block-size", "16"},
+                       run);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  EXPECT_NEAR(Json::parse(p.out).at("val_loss").as_double(), run_loss, 1e-5 * run_loss) << p.out;
+
+  p = test::run_castor({"export", "--format", "peft", "--checkpoint", "back", "--out", "again"}, run);
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const std::vector<uint8_t> again = read_file(dir + "/again/adapter_config.json");
+  const Json ordered = Json::parse_ordered(std::string(again.begin(), again.end()));
+  Json written;
+  for (const Json& pair : ordered.as_array())
+    if (pair.as_array()[0].as_string().ends_with("_pattern"))
+      written[pair.as_array()[0].as_string()] = pair.as_array()[1];
+  for (const auto& [key, given] :
+       {std::pair{"rank_pattern", rank_pattern}, std::pair{"alpha_pattern", alpha_pattern}}) {
+    const Json::Array &got = written.at(key).as_array(), want = Json::parse_ordered(given).as_array();
+    ASSERT_EQ(got.size(), want.size()) << key;
+    for (size_t i = 0; i < got.size(); ++i) {  // (the same keys in the same order; an alpha written as a float)
+      EXPECT_EQ(got[i].as_array()[0], want[i].as_array()[0]) << key;
+      EXPECT_EQ(got[i].as_array()[1].as_double(), want[i].as_array()[1].as_double()) << key;
+    }
+  }
 }
 
 }  // namespace

@@ -30,6 +30,18 @@ TEST(Json, ParsesEveryKind) {
   EXPECT_EQ(v.find("zz"), nullptr);
 }
 
+// parse_ordered: each object as [key, value] pairs in the order written, nested ones too; duplicates still refused.
+TEST(Json, ParseOrderedKeepsTheKeysOrder) {
+  const Json v = Json::parse_ordered(R"({"z": 1, "a": {"y": [2, {"c": 3, "b": 4}], "x": {}}})");
+  const Json want = Json::Array{
+      Json::Array{"z", 1},
+      Json::Array{"a",
+                  Json::Array{Json::Array{"y", Json::Array{2, Json::Array{Json::Array{"c", 3}, Json::Array{"b", 4}}}},
+                              Json::Array{"x", Json::Array{}}}}};
+  EXPECT_EQ(v, want) << v.dump();
+  EXPECT_THROW(Json::parse_ordered(R"({"a": 1, "a": 2})"), Error);
+}
+
 TEST(Json, IntegersKeepFullInt64Precision) {
   EXPECT_EQ(Json::parse("9223372036854775807").as_int(), std::numeric_limits<int64_t>::max());
   EXPECT_EQ(Json::parse("-9223372036854775808").as_int(), std::numeric_limits<int64_t>::min());

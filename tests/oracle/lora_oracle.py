@@ -16,8 +16,11 @@
 #   lora_oracle.py peft HF_DIR PEFT_DIR BATCH OUT
 #       What a PEFT user gets from Castor's export: the Hugging Face model of HF_DIR (hf_llama_oracle.py) with PEFT_DIR's
 #       adapters (adapter_config.json's r, lora_alpha, use_rslora, target_modules; adapter_model.safetensors under
-#       "base_model.model." + Hugging Face names) merged as PEFT's merge_and_unload does, W += scaling * B @ A. Writes
-#       OUT "logits" of BATCH's "x"; exits 1 naming an adapter whose module target_modules does not name.
+#       "base_model.model." + Hugging Face names) merged as PEFT's merge_and_unload does, W += scaling * B @ A, each
+#       module's r and lora_alpha from rank_pattern and alpha_pattern as PEFT's LoraModel._create_and_replace takes
+#       them (get_pattern_key: the first key, in the file's order, that re.match(rf"(.*\.)?({key})$") finds in the
+#       module's name). Writes OUT "logits" of BATCH's "x" and "ranks" (each adapted module's r, in name order); exits
+#       1 naming an adapter whose module target_modules does not name, or whose tensors are not of its r.
 # CONFIG: gpt_oracle.py's fields (llama_oracle.py's with "model": "llama"; "model": "hf" and "dir": the base is that
 # Hugging Face directory as hf_llama_oracle.py reads it, WEIGHTS the adapters alone, under Hugging Face's names) and
 # "scaling"; "autocast": "bf16" stores the frozen base's non-LayerNorm parameters in bfloat16 and runs under
@@ -26,6 +29,7 @@
 import json
 import math
 import os
+import re
 import sys
 
 import torch
@@ -54,27 +58,43 @@ class LoraLinear(nn.Module):
         return self.base(x) + self.lora_B(self.lora_A(dropped)) * self.scaling
 
 
+def pattern_key(keys, name):
+    """peft.utils.other.get_pattern_key: the first key whose regular expression ends the module's name."""
+    for key in keys:
+        if re.match(rf"(.*\.)?({key})$", name):
+            return key
+    return name
+
+
 def peft(hf_dir, peft_dir, batch, out):
     with open(f"{peft_dir}/adapter_config.json") as f:
-        config = json.load(f)
-    r, alpha, targets = config["r"], config["lora_alpha"], set(config["target_modules"])
-    scaling = alpha / math.sqrt(r) if config.get("use_rslora", False) else alpha / r
+        config = json.load(f)  # (a dict in the file's order)
+    targets = set(config["target_modules"])
+    rank_pattern, alpha_pattern = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
     state, _, _, _ = read(f"{peft_dir}/adapter_model.safetensors")
     model = load_hf(hf_dir)
     params = dict(model.named_parameters())
     paths = sorted({k[:k.index(".lora_")] for k in state})
+    ranks = []
     for path in paths:
         assert path.startswith("base_model.model."), path
         module = path[len("base_model.model."):]
         if module.rsplit(".", 1)[-1] not in targets:
             sys.exit(f"{module}: not in target_modules {sorted(targets)}")
+        r = rank_pattern.get(pattern_key(rank_pattern.keys(), module), config["r"])
+        alpha = alpha_pattern.get(pattern_key(alpha_pattern.keys(), module), config["lora_alpha"])
+        scaling = alpha / math.sqrt(r) if config.get("use_rslora", False) else alpha / r
         a, b = state[path + ".lora_A.weight"].double(), state[path + ".lora_B.weight"].double()
+        if a.shape[0] != r or b.shape[1] != r:
+            sys.exit(f"{module}: adapters of rank {a.shape[0]}, but its r is {r}")
+        ranks.append(r)
         w = params[module + ".weight"]
         with torch.no_grad():
             w.copy_((w.double() + scaling * (b @ a)).float())
     with torch.no_grad():
         logits, _ = model(read(batch)[0]["x"])
-    write(out, {"logits": logits.float().contiguous(), "adapted": torch.tensor([len(paths)])}, {})
+    write(out, {"logits": logits.float().contiguous(), "adapted": torch.tensor([len(paths)]),
+                "ranks": torch.tensor(ranks)}, {})
 
 
 def main():

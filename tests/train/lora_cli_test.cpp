@@ -227,8 +227,10 @@ TEST_F(LoraCli, BadInputIsAOneLineErrorAndWritesNothing) {
 
 // --peft DIR is written whole, as every export directory: never through a symbolic link, never over a run directory or
 // a directory holding other files; an earlier export is replaced. A merged export never replaces the run's own base.
-// --init-lora refuses what would silently compute otherwise than PEFT: r 0 (no adapters at all), per-module
-// rank_pattern / alpha_pattern; PEFT's empty ones are taken.
+// --init-lora refuses what would silently compute otherwise than PEFT: r 0 (no adapters at all); per-module
+// rank_pattern / alpha_pattern that are no ranks, no alphas or no regular expressions, or ranks the files' adapters
+// have not (PEFT's matching itself: HfCli.PeftRankAndAlphaPatternsAreTakenAsPeftTakesThem); PEFT's empty ones are
+// taken.
 TEST_F(LoraCli, PeftExportsAreOwnedDirectoriesAndPeftFilesArePeftsMath) {
   ASSERT_EQ(castor(lora_args("run", 10)).exit_code, 0);
   fs::create_directory(path("empty"));
@@ -263,10 +265,16 @@ TEST_F(LoraCli, PeftExportsAreOwnedDirectoriesAndPeftFilesArePeftsMath) {
     return castor(args("x", 1, {"--init", "base", "--init-lora", "peft", "--lr", "1e-30"}));
   };
   test::expect_one_line_error(edited("r", Json(0)), {"--init-lora", "adapter_config.json", "\"r\" 0", "positive"});
-  test::expect_one_line_error(edited("alpha_pattern", Json::Object{{"c_attn", 32}}),
-                              {"adapter_config.json", "alpha_pattern", "c_attn"});
-  test::expect_one_line_error(edited("rank_pattern", Json::Object{{"transformer.h.0.attn.c_proj", 2}}),
-                              {"adapter_config.json", "rank_pattern"});
+  test::expect_one_line_error(edited("rank_pattern", Json::Object{{"c_attn", 0}}),
+                              {"adapter_config.json", "\"rank_pattern\" \"c_attn\": 0 is not a positive integer rank"});
+  test::expect_one_line_error(edited("alpha_pattern", Json::Object{{"c_(attn", 32}}),
+                              {"adapter_config.json", "alpha_pattern key \"c_(attn\" is not a regular expression"});
+  test::expect_one_line_error(edited("alpha_pattern", Json::Array{}), {"adapter_config.json", "\"alpha_pattern\" []"});
+  test::expect_one_line_error(
+      edited("rank_pattern", Json::Object{{"transformer.h.0.attn.c_proj", 2}}),
+      {"--init-lora peft/adapter_model.safetensors",
+       "transformer.h.0.attn.c_proj.lora_A.weight is float32[4, 32], the model's adapter is [2, "
+       "32]"});
   EXPECT_FALSE(fs::exists(path("x")));
   EXPECT_EQ(edited("rank_pattern", Json::Object{}).exit_code, 0);
 }

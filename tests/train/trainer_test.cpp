@@ -83,6 +83,15 @@ TEST(Trainer, EvalAndInfoReadACheckpoint) {
   const std::string info = run_info({"--tensors", ckpt});
   EXPECT_NE(info.find("conv1.weight  float32[32, 3, 3, 3]"), std::string::npos) << info;
   EXPECT_NE(info.find("opt_level = O1"), std::string::npos) << info;
+  // An image classifier takes no language model's adapter (refused before its weights load, naming the model).
+  try {
+    run_eval(parse_eval_flags({ckpt, "--lora", out}));
+    ADD_FAILURE() << "--lora of an image classifier was taken";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("--lora: " + ckpt + " is a simplecnn, not a language model"),
+              std::string::npos)
+        << err.what();
+  }
 }
 
 TEST(Trainer, BadInputIsOneLineAndNonZero) {
