@@ -86,9 +86,9 @@ TEST_F(GgufInputCli, TokenizeVocabGivesTheFilesTokenizersIds) {
                           " " + at("request.json") + " > " + at("llama_cpp.json");
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   const std::vector<uint8_t> out = read_file(at("llama_cpp.json"));
+  const Json reply = Json::parse(std::string(out.begin(), out.end()));  // (held: the loop reads into it)
   std::vector<uint32_t> theirs;
-  for (const Json& t :
-       Json::parse(std::string(out.begin(), out.end())).as_array().at(0).at("tokens").as_array().at(0).as_array())
+  for (const Json& t : reply.as_array().at(0).at("tokens").as_array().at(0).as_array())
     theirs.push_back(static_cast<uint32_t>(t.as_int()));
   ASSERT_EQ(want.front(), 1u);  // (the file's add_bos_token)
   EXPECT_EQ(theirs, std::vector<uint32_t>(want.begin() + 1, want.end()));
