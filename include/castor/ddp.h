@@ -84,8 +84,10 @@ class DistributedDataParallel : public Module {
 // parameter's own dtype), and between uses the parameters hold no storage. gather(g) makes group g's parameters
 // whole on every rank (all_gather_into, the group's parameters launched together); release(g) keeps this rank's
 // slice of what they hold and frees the rest (the memory goes once no autograd graph holds a view of it). Every
-// rank must gather the same groups in the same order. gather_all() makes every group whole until release_all()
-// (checkpoints, evaluation): release(g) does nothing meanwhile. At construction the parameters are whole (each rank
+// rank must gather the same groups in the same order. prefetch(g) starts group g's gather without waiting (one at a
+// time; the gather(g) that follows waits for it), so it overlaps the work before that (Open MPI moves it on inside
+// any MPI call, such as DDP's tests of its buckets during backward). gather_all() makes every group whole until
+// release_all() (checkpoints, evaluation): release(g) does nothing meanwhile. At construction the parameters are whole (each rank
 // keeps its slice of them) and then released; they stay released when it is destroyed (gather_all first to keep
 // the model).
 class ShardedBlocks {
@@ -93,6 +95,7 @@ class ShardedBlocks {
   ShardedBlocks(std::vector<std::vector<Tensor>> groups, dist::ProcessGroup& group, int64_t align);
   size_t size() const { return groups_.size(); }
   void gather(size_t g);
+  void prefetch(size_t g);
   void release(size_t g);
   void gather_all();
   void release_all();
@@ -105,8 +108,16 @@ class ShardedBlocks {
     Tensor param, slice;  // slice: (chunk) in param's dtype
     dist::Shard shard;
   };
+  // A group's gather in flight: each parameter's whole storage (numel elements) and its collective.
+  struct Gathering {
+    size_t group = 0;
+    std::vector<Tensor> wholes;
+    std::vector<std::unique_ptr<dist::Work>> works;
+  };
+  Gathering launch(size_t g) const;
   std::vector<std::vector<Param>> groups_;
   std::vector<bool> whole_;
+  std::optional<Gathering> prefetched_;
   dist::ProcessGroup& group_;
   bool held_ = false;  // gather_all in effect
 };

@@ -29,6 +29,9 @@ class Work {
 //     sum over ranks of chunk r (the dtypes and additions of all_reduce, Sum only; with two ranks each element is
 //     the same a + b as all_reduce's, so the two agree bit for bit).
 //   all_gather_into: `out` (world size x in.numel() elements, in's dtype) becomes every rank's `in`, rank order.
+//   all_gather_slices: `t` (contiguous, n elements) cut as shard_of(n, r, world, align) cuts it, `chunk` elements a
+//     rank (the last parts shorter or empty, no padding): rank r's part of `t` holds its values, and afterwards every
+//     rank's `t` holds every rank's part, in place (ZeRO's weights gathered without a second whole copy).
 //   The _async variants return at once; `in` and `out` must stay untouched until the Work is done (it holds them).
 // A new backend (NCCL for GPUs, say) implements this class; see docs/distributed.md.
 class ProcessGroup {
@@ -43,6 +46,8 @@ class ProcessGroup {
   virtual Tensor all_gather(const Tensor& t) = 0;
   virtual std::unique_ptr<Work> reduce_scatter_async(const Tensor& out, const Tensor& in) = 0;
   virtual std::unique_ptr<Work> all_gather_into_async(const Tensor& out, const Tensor& in) = 0;
+  // (default: through all_gather_into and a padded copy; the MPI group gathers in place)
+  virtual std::unique_ptr<Work> all_gather_slices_async(const Tensor& t, int64_t chunk);
   virtual void reduce_scatter(const Tensor& out, const Tensor& in) { reduce_scatter_async(out, in)->wait(); }
   virtual void all_gather_into(const Tensor& out, const Tensor& in) { all_gather_into_async(out, in)->wait(); }
   // Blocking all_reduce: all_reduce_async and wait, unless the backend has a faster blocking collective.

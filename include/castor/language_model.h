@@ -45,9 +45,11 @@ class LanguageModel : public nn::Module {
   // ZeRO-3 (nn::ShardedBlocks): gather(i) is called before block i runs (in forward, and again before its rerun in
   // backward under recompute), release(i) once nothing reads its weights any more: right after a run without grad
   // mode (evaluation, recompute's first run) and after the rerun's backward. A block run in grad mode without
-  // recompute stays gathered (its backward reads the weights): the caller releases it after backward.
+  // recompute stays gathered (its backward reads the weights): the caller releases it after backward. prefetch(j),
+  // when set, is called right after gather(i) with the block expected to run next (i + 1 in forward, i - 1 in
+  // recompute's backward), so its gather can start while block i computes.
   struct BlockHooks {
-    std::function<void(size_t)> gather, release;
+    std::function<void(size_t)> gather, release, prefetch;
   };
   void set_block_hooks(BlockHooks hooks) { block_hooks_ = std::move(hooks); }
 

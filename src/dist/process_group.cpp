@@ -40,8 +40,8 @@ void add_16bit(void* in, void* in_out, int* len, MPI_Datatype*) {
 
 class MpiWork : public Work {
  public:
-  MpiWork(MPI_Request request, const char* what, std::vector<Tensor> keep)
-      : request_(request), what_(what), keep_(std::move(keep)) {}
+  MpiWork(MPI_Request request, const char* what, std::vector<Tensor> keep, std::vector<int> counts = {})
+      : request_(request), what_(what), keep_(std::move(keep)), counts_(std::move(counts)) {}
   ~MpiWork() override {
     if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
   }
@@ -58,6 +58,7 @@ class MpiWork : public Work {
   MPI_Request request_;
   const char* what_;
   std::vector<Tensor> keep_;  // the buffers MPI reads and writes stay alive until the collective ends
+  std::vector<int> counts_;   // and the counts and displacements of a v-collective (MPI reads them until then too)
 };
 
 class DoneWork : public Work {
@@ -69,6 +70,13 @@ class DoneWork : public Work {
 void check_dense(const Tensor& t, const char* what) {
   CASTOR_CHECK(t.defined() && t.is_contiguous(), "dist::", what, ": expected a contiguous tensor, got ",
                t.defined() ? t.describe() : std::string("an undefined tensor"));
+}
+
+// all_gather_slices' `chunk` for `t` over `world` ranks: every element in some rank's part.
+void check_slices(const Tensor& t, int64_t chunk, int world) {
+  check_dense(t, "all_gather_slices");
+  CASTOR_CHECK(chunk >= 0 && chunk * world >= t.numel(), "dist::all_gather_slices: ", world, " parts of ", chunk,
+               " elements do not cover ", t.describe());
 }
 
 // `out` and `in` of a reduce_scatter (in holds `world` chunks of out's size) or all_gather_into (out holds them).
@@ -102,6 +110,10 @@ class LocalGroup : public ProcessGroup {
   std::unique_ptr<Work> all_gather_into_async(const Tensor& out, const Tensor& in) override {
     check_scatter_pair(in, out, 1, "all_gather_into");
     if (!out.is_same(in)) Tensor(out).copy_(in.view(out.shape()));
+    return std::make_unique<DoneWork>();
+  }
+  std::unique_ptr<Work> all_gather_slices_async(const Tensor& t, int64_t chunk) override {
+    check_slices(t, chunk, 1);
     return std::make_unique<DoneWork>();
   }
 };
@@ -186,6 +198,30 @@ class MpiGroup : public ProcessGroup {
               "MPI_Iallgather");
     return std::make_unique<MpiWork>(request, "all_gather_into", std::vector<Tensor>{out, in});
   }
+  std::unique_ptr<Work> all_gather_slices_async(const Tensor& t, int64_t chunk) override {
+    check_slices(t, chunk, size_);
+    CASTOR_CHECK(t.numel() <= INT32_MAX, "dist::all_gather_slices: ", t.describe(), " has more than 2^31-1 elements");
+    // counts[r], then displacements[r]: rank r's part, in elements of an unsigned type of the element's size
+    std::vector<int> counts(2 * static_cast<size_t>(size_));
+    for (int r = 0; r < size_; ++r) {
+      const int64_t begin = std::min(t.numel(), r * chunk);
+      counts[static_cast<size_t>(r)] = static_cast<int>(std::min(t.numel(), begin + chunk) - begin);
+      counts[static_cast<size_t>(size_ + r)] = static_cast<int>(begin);
+    }
+    MPI_Datatype type = MPI_UINT8_T;
+    switch (dtype_size(t.dtype())) {
+      case 2: type = MPI_UINT16_T; break;
+      case 4: type = MPI_UINT32_T; break;
+      case 8: type = MPI_UINT64_T; break;
+      default: CASTOR_CHECK(dtype_size(t.dtype()) == 1, "dist::all_gather_slices: unsupported dtype ", t.describe());
+    }
+    MPI_Request request;
+    check_mpi(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, t.data_ptr(), counts.data(), counts.data() + size_,
+                              type, comm_, &request),
+              "MPI_Iallgatherv");
+    return std::make_unique<MpiWork>(request, "all_gather_slices", std::vector<Tensor>{t}, std::move(counts));
+  }
+
   void all_gather_into(const Tensor& out, const Tensor& in) override {
     check_scatter_pair(in, out, size_, "all_gather_into");
     const int n = count_bytes(in, "all_gather_into");
@@ -227,10 +263,46 @@ class MpiGroup : public ProcessGroup {
   int rank_ = 0, size_ = 1;
 };
 
+// The waits of a padded all-gather, then the copy of its result into the tensor.
+class CopyBackWork : public Work {
+ public:
+  CopyBackWork(std::unique_ptr<Work> work, Tensor padded, Tensor t)
+      : work_(std::move(work)), padded_(std::move(padded)), t_(std::move(t)) {}
+  void wait() override {
+    if (!work_) return;
+    work_->wait();
+    finish();
+  }
+  bool test() override {
+    if (work_ && work_->test()) finish();
+    return !work_;
+  }
+
+ private:
+  void finish() {
+    t_.copy_(padded_.narrow(0, 0, t_.numel()).view(t_.shape()));
+    work_.reset();
+    padded_ = Tensor();
+  }
+  std::unique_ptr<Work> work_;
+  Tensor padded_, t_;
+};
+
 std::once_flag g_once;
 std::unique_ptr<ProcessGroup> g_group;
 
 }  // namespace
+
+std::unique_ptr<Work> ProcessGroup::all_gather_slices_async(const Tensor& t, int64_t chunk) {
+  check_slices(t, chunk, size());
+  const Tensor flat = t.view({-1});
+  const int64_t begin = std::min(t.numel(), rank() * chunk), length = std::min(t.numel(), begin + chunk) - begin;
+  Tensor mine = zeros({chunk}, t.dtype());
+  mine.narrow(0, 0, length).copy_(flat.narrow(0, begin, length));
+  Tensor padded = empty({chunk * size()}, t.dtype());
+  std::unique_ptr<Work> work = all_gather_into_async(padded, mine);
+  return std::make_unique<CopyBackWork>(std::move(work), std::move(padded), flat);
+}
 
 bool is_launched_by_mpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
 

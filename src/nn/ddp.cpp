@@ -138,9 +138,12 @@ struct DistributedDataParallel::Reducer {
     const Tensor mine = b.mine.to(DType::Float32);
     for (size_t j = 0; j < b.params.size(); ++j) {
       // (rounded to the parameter's dtype, as the replicated .grad would be: the same bits either way)
+      // (a float32 slice that is part of the bucket's is copied: a view would keep the whole of `mine` alive)
       const DType dtype = params[b.params[j]].dtype();
       const Tensor g = mine.narrow(0, b.offsets[j], b.shards[j].length);
-      shard_grads[b.params[j]] = dtype == DType::Float32 ? g : g.to(dtype).to(DType::Float32);
+      shard_grads[b.params[j]] = dtype != DType::Float32 ? g.to(dtype).to(DType::Float32)
+                                 : b.params.size() == 1  ? g
+                                                         : g.clone();
     }
     b.flat = b.wire = b.mine = Tensor();  // (the bucket's buffers are not held between steps)
   }
@@ -163,8 +166,20 @@ struct DistributedDataParallel::Reducer {
     // bucket are never alive at once: stage 2 holds no whole gradient (DeepSpeed's reduce_bucket_size).
     if (options.reduce_scatter && index > 0 && buckets[index - 1].work) collect_slices(buckets[index - 1]);
     NoGradGuard no_grad;
-    if (!b.flat.defined()) b.flat = empty({b.numel}, DType::Float32);
-    for (size_t j = 0; j < b.params.size(); ++j) {
+    // reduce_scatter of a bucket of one float32 gradient already laid out as the ranks' slices (no padding): sent from
+    // the gradient itself, not a copy (the largest ones alone in their buckets: a language model's head, embedding).
+    const Tensor& first = params[b.params[0]];
+    const Tensor g0 = first.grad();
+    const bool in_place = options.reduce_scatter && b.params.size() == 1 && g0.defined() &&
+                          g0.dtype() == DType::Float32 && g0.is_contiguous() && g0.numel() == b.numel &&
+                          g0.impl()->storage.use_count() == 1;
+    if (in_place) {
+      b.flat = g0.detach().view({-1});
+      first.set_grad(Tensor());
+    } else if (!b.flat.defined()) {
+      b.flat = empty({b.numel}, DType::Float32);
+    }
+    for (size_t j = 0; j < b.params.size() && !in_place; ++j) {
       const Tensor& p = params[b.params[j]];
       if (options.reduce_scatter) {
         pack_slices(b, j, p);

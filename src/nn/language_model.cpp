@@ -60,17 +60,22 @@ LmScores lm_scores(LanguageModel& model, const Tensor& idx, const Tensor& target
 
 Tensor LanguageModel::run_blocks(nn::Sequential& blocks, Tensor x) const {
   const BlockHooks& hooks = block_hooks_;
-  for (size_t i = 0; i < blocks.size(); ++i) {
+  const bool recompute = recompute_ && GradMode::is_enabled();
+  const size_t n = blocks.size();
+  for (size_t i = 0; i < n; ++i) {
     nn::Module& block = *blocks[i];
-    auto run = [&block, &hooks, i](const std::vector<Tensor>& in) {
+    auto run = [&block, &hooks, i, n, recompute](const std::vector<Tensor>& in) {
       if (hooks.gather) hooks.gather(i);
+      // (under recompute, a run in grad mode is the rerun in backward, which goes from the last block to the first)
+      const bool backward = recompute && GradMode::is_enabled();
+      if (hooks.prefetch && (backward ? i > 0 : i + 1 < n)) hooks.prefetch(backward ? i - 1 : i + 1);
       Tensor out = block(in[0]);
       if (hooks.release && !GradMode::is_enabled()) hooks.release(i);  // (nothing saved the weights)
       return out;
     };
     std::function<void()> after;
     if (hooks.release) after = [&hooks, i] { hooks.release(i); };
-    x = recompute_ && GradMode::is_enabled() ? nn::checkpoint(run, {x}, after) : run({x});
+    x = recompute ? nn::checkpoint(run, {x}, after) : run({x});
   }
   return x;
 }

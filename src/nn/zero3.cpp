@@ -30,26 +30,39 @@ ShardedBlocks::ShardedBlocks(std::vector<std::vector<Tensor>> groups, dist::Proc
   for (size_t g = 0; g < groups_.size(); ++g) release(g);
 }
 
+ShardedBlocks::Gathering ShardedBlocks::launch(size_t g) const {
+  NoGradGuard no_grad;
+  Gathering out;
+  out.group = g;
+  for (const Param& p : groups_[g]) {
+    // (this rank's slice in its place, the other ranks' gathered around it: no padded copy)
+    Tensor whole = empty({p.param.numel()}, p.param.dtype());
+    if (p.shard.length > 0) whole.narrow(0, p.shard.begin, p.shard.length).copy_(p.slice.narrow(0, 0, p.shard.length));
+    out.works.push_back(group_.all_gather_slices_async(whole, p.shard.chunk));
+    out.wholes.push_back(std::move(whole));
+  }
+  return out;
+}
+
 void ShardedBlocks::gather(size_t g) {
   CASTOR_ASSERT(g < groups_.size(), "ZeRO-3: no parameter group ", g);
   if (whole_[g]) return;
-  struct Pending {
-    const Param* p;
-    Tensor whole;  // (world * chunk)
-    std::unique_ptr<dist::Work> work;
-  };
-  std::vector<Pending> pending;
-  for (const Param& p : groups_[g]) {
-    Tensor whole = empty({p.shard.chunk * group_.size()}, p.param.dtype());
-    pending.push_back({&p, whole, group_.all_gather_into_async(whole, p.slice)});
-  }
-  for (Pending& q : pending) {
-    q.work->wait();
-    TensorImpl& impl = *q.p->param.impl();
-    impl.storage = q.whole.impl()->storage;
+  std::optional<Gathering> started;
+  if (prefetched_ && prefetched_->group == g) started.swap(prefetched_);
+  Gathering gathering = started ? std::move(*started) : launch(g);
+  for (size_t k = 0; k < groups_[g].size(); ++k) {
+    gathering.works[k]->wait();
+    TensorImpl& impl = *groups_[g][k].param.impl();
+    impl.storage = gathering.wholes[k].impl()->storage;
     impl.offset = 0;
   }
   whole_[g] = true;
+}
+
+void ShardedBlocks::prefetch(size_t g) {
+  CASTOR_ASSERT(g < groups_.size(), "ZeRO-3: no parameter group ", g);
+  if (whole_[g] || prefetched_) return;
+  prefetched_ = launch(g);
 }
 
 void ShardedBlocks::release(size_t g) {
@@ -72,6 +85,7 @@ void ShardedBlocks::gather_all() {
 }
 
 void ShardedBlocks::release_all() {
+  prefetched_.reset();  // (waits for a gather no one used)
   held_ = false;
   for (size_t g = 0; g < groups_.size(); ++g) release(g);
 }

@@ -64,26 +64,13 @@ bool parse_slot_key(const std::string& rest, size_t& g, size_t& i, std::string& 
   return true;
 }
 
-// Every rank's updated slice of each parameter into every rank's parameter (in its own dtype): the collectives
-// are launched together, padded to the shard size, and copied back as each ends.
+// Every rank's updated slice of each parameter into every rank's parameter, in place (in its own dtype; no whole
+// copy): the collectives are launched together and waited for.
 void all_gather_params(dist::ProcessGroup& group, const std::vector<const ParamSlot*>& slots) {
-  struct Gather {
-    const ParamSlot* slot;
-    Tensor whole;  // (world * chunk)
-    std::unique_ptr<dist::Work> work;
-  };
-  std::vector<Gather> gathers;
-  for (const ParamSlot* slot : slots) {
-    const dist::Shard& sh = slot->shard;
-    Tensor mine = empty({sh.chunk}, slot->param.dtype());
-    mine.narrow(0, 0, sh.length).copy_(param_slice(*slot));
-    Tensor whole = empty({sh.chunk * group.size()}, slot->param.dtype());
-    gathers.push_back({slot, whole, group.all_gather_into_async(whole, mine)});
-  }
-  for (Gather& g : gathers) {
-    g.work->wait();
-    g.slot->param.detach().view({-1}).copy_(g.whole.narrow(0, 0, g.slot->param.numel()));
-  }
+  std::vector<std::unique_ptr<dist::Work>> gathers;
+  for (const ParamSlot* slot : slots)
+    gathers.push_back(group.all_gather_slices_async(slot->param.detach(), slot->shard.chunk));
+  for (std::unique_ptr<dist::Work>& g : gathers) g->wait();
 }
 
 // Every live optimizer, for staged_grad().

@@ -20,7 +20,7 @@ namespace {
 struct StagePlan {
   int zero = 0;
   double weights = 0, weight_copies = 0, masters = 0, moments = 0, gradients = 0;
-  double in_flight = 0;  // held only during a step: stage 3's gathered block
+  double in_flight = 0;  // held only during a step: stage 3's gathered block and the next one prefetched
   double total() const { return weights + weight_copies + masters + moments + gradients; }
 };
 
@@ -74,7 +74,12 @@ StagePlan plan_stage(const TrainConfig& c, const nn::Module& model, int world, i
     s.gradients += stage >= 2 ? 4.0 * slice : size * n + (world > 1 ? 4.0 * n : 0.0);
   }
   blocks.erase("");
-  for (const auto& [b, bytes] : blocks) s.in_flight = std::max(s.in_flight, bytes);
+  double first = 0, second = 0;  // the two largest blocks
+  for (const auto& [b, bytes] : blocks) {
+    second = std::max(second, std::min(first, bytes));
+    first = std::max(first, bytes);
+  }
+  s.in_flight = first + second;
   return s;
 }
 

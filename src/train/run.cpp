@@ -206,6 +206,9 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
     o.reduce_scatter = c.zero >= 2;  // (into the optimizer's slices)
     o.shard_alignment = r.opt->shard_alignment();
     r.ddp = std::make_shared<nn::DistributedDataParallel>(r.model, o);
+    // ZeRO: sharded before amp::initialize, which then makes each rank's slice of the O2/O3 masters only (never a
+    // whole float32 copy of the model on every rank).
+    if (c.zero > 0) r.opt->shard(&dist::default_group());
   }
   amp::Overrides ov;
   if (c.loss_scale) ov.loss_scale = *c.loss_scale;
@@ -214,8 +217,6 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
     ov.rounding_seed = c.seed;
   }
   r.amp = amp::initialize(*r.model, {r.opt.get()}, c.amp, c.dtype, ov);
-  // ZeRO: each rank keeps its slice of the masters amp::initialize made and of the state (the checkpoint's whole).
-  if (c.zero > 0 && dist::world_size() > 1) r.opt->shard(&dist::default_group());
   r.sched = make_scheduler(c, *r.opt, total_steps);
   return r;
 }
@@ -324,6 +325,9 @@ void apply_zero3(const TrainConfig& c, Run& r) {
                        },
                        [z](size_t i) {
                          if (auto s = z.lock()) s->release(i);
+                       },
+                       [z](size_t i) {
+                         if (auto s = z.lock()) s->prefetch(i);
                        }});
 }
 

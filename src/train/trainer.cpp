@@ -11,6 +11,7 @@
 #include <optional>
 #include <tuple>
 
+#include "castor/allocator.h"
 #include "castor/checkpoint.h"
 #include "castor/dist.h"
 #include "castor/fs.h"
@@ -172,7 +173,7 @@ void note_dequantized_init(const TrainConfig& c) {
 }
 
 // The rest of castor train once the run directory is open: the task, the run, config.json and the loop.
-Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
+Json train_opened(TrainConfig& c, OpenRun& r, int rank, int world) {
   c.nproc = world;
   set_threads(c);
   const std::unique_ptr<Task> task = make_task(c, rank, world, /*new_run=*/!r.ck);
@@ -192,8 +193,14 @@ Json train_opened(TrainConfig& c, const OpenRun& r, int rank, int world) {
     if (rank == 0)
       std::fprintf(stderr, "castor train: resuming from step %lld (checkpoint %s)\n",
                    static_cast<long long>(state.step), r.resume_from.c_str());
+    // (its tensors are in the run now: not held beside it while it trains)
+    r.ck->model.clear();
+    r.ck->state.clear();
   }
   apply_zero3(c, run);
+  // What the set-up freed (the float32 weights an O2 cast or a ZeRO-3 release dropped, a checkpoint's copies) goes
+  // back to the system, not into the allocator's cache for the whole run.
+  empty_cache();
   if (state.step >= total_steps && reported(c, r) && state.batch < per_epoch) {
     if (rank == 0)
       std::fprintf(stderr, "castor train: %s is already complete at step %lld (extend it with --steps or --epochs)\n",
@@ -226,7 +233,7 @@ Json run_train(TrainConfig c) {
   announce_interrupts(rank == 0);
   CASTOR_CHECK(c.nproc == 0 || c.nproc == world, "--nproc ", c.nproc, ": this process is one of ", world,
                " ranks (run `castor train --nproc N` from a shell, or `mpirun -np N castor train`)");
-  const OpenRun r = open_run(c, rank, world);
+  OpenRun r = open_run(c, rank, world);
   try {
     return train_opened(c, r, rank, world);
   } catch (...) {

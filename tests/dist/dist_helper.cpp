@@ -1,6 +1,6 @@
 // The program the Mpirun* tests launch with `mpirun -np 2`: one check per mode, exit 0 when every rank agrees.
-//   collectives  all_reduce (sum/max, float32/float64/16-bit), broadcast, all_gather, reduce_scatter and
-//                all_gather_into (blocking and async) against hand-worked values
+//   collectives  all_reduce (sum/max, float32/float64/16-bit), broadcast, all_gather, reduce_scatter,
+//                all_gather_into (blocking and async) and all_gather_slices against hand-worked values
 //   inf          amp::initialize O1 fp16 + DistributedDataParallel; inf injected into rank 1's gradient only
 //   syncbn       sync batch norm on 2 ranks against batch norm of the whole batch
 //   kill         rank 1 kills itself mid-job while rank 0 waits in an all-reduce
@@ -96,6 +96,11 @@ void collectives() {
   while (!work->test()) {
   }
   expect(same_bits(ag_async, tensor({0, 0, 1, 2}, {4}, DType::Int64)), "all_gather_into (async)");
+  // 5 elements in parts of 3: rank 0 owns [0, 3), rank 1 [3, 5); gathered in place, the rest overwritten.
+  Tensor slices = full({5}, -1.0, DType::BFloat16);
+  for (int64_t i = 3 * r; i < std::min<int64_t>(5, 3 * r + 3); ++i) slices.narrow(0, i, 1).fill_(10.0 * (r + 1) + i);
+  dist::default_group().all_gather_slices_async(slices, 3)->wait();
+  expect(same_bits(slices, tensor({10, 11, 12, 23, 24}, {5}, DType::BFloat16)), "all_gather_slices");
   bool refused = false;
   try {
     dist::reduce_scatter(empty({3}), rs_in);
