@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Issue #46's QLoRA-from-GGUF bench: a Llama-3-8B-shaped Q4_K_M GGUF file (32 layers x 4096, FF 14336, 32 heads over 8
 # kv heads, vocabulary 128,256; random blocks written by bench/gguf_lora_model.py, about 4.9 GB) fine-tuned with LoRA
-# r=16 (alpha 32) on every linear layer but the output at O1 bf16, one row of 512 tokens a step, the base kept in the
-# file's blocks: `castor train --init FILE.gguf`'s peak memory (summary.json's peak_memory_bytes; target <= 6.5 GB),
+# r=16 (alpha 32) on every linear layer but the output at O1 bf16, one row of 512 tokens a step, each transformer block
+# recomputed in backward (--recompute blocks: the saved activations of 32 blocks alone would pass the budget), the
+# base kept in the file's blocks: `castor train --init FILE.gguf`'s peak memory (summary.json's peak_memory_bytes; target <= 6.5 GB),
 # its RSS (/usr/bin/time's maximum resident set) and tokens/s (the steps after WARMUP, from metrics.jsonl), with the
 # load average before and after (the memory figures do not depend on it; tokens/s does).
 #
 #   bench/gguf_lora_memory.sh
 #   env: LAYERS (32), DIM (4096), FF (14336), HEADS (32), KV (8), VOCAB (128256), WARMUP (1), ITERS (1), THREADS (2),
+#        RECOMPUTE (blocks; none to see what recompute saves),
 #        CASTOR (build/castor), KEEP (a directory to keep the model and tokens in and reuse; default a temporary one)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +18,7 @@ shape=(${LAYERS:-32} ${DIM:-4096} ${FF:-14336} ${HEADS:-32} ${KV:-8} ${VOCAB:-12
 warmup=${WARMUP:-1}
 iters=${ITERS:-1}
 threads=${THREADS:-2}
+recompute=${RECOMPUTE:-blocks}
 work=${KEEP:-$(mktemp -d)}
 [[ -n "${KEEP:-}" ]] || trap 'rm -rf "$work"' EXIT
 mkdir -p "$work"
@@ -31,7 +34,7 @@ rm -rf "$work/tokens"
 rm -rf "$work/run"
 /usr/bin/time -f "%M" -o "$work/rss" "$castor" train --init "$model" --data tokens --data-dir "$work/tokens" \
   --lora-rank 16 --lora-alpha 32 --lora-targets all-linear --amp O1 --dtype bf16 --block-size 512 --batch-size 1 \
-  --lr 1e-4 --warmup-steps 0 --steps $((warmup + iters)) --log-every 1 --eval-every 0 --eval-iters 1 \
+  --recompute "$recompute" --lr 1e-4 --warmup-steps 0 --steps $((warmup + iters)) --log-every 1 --eval-every 0 --eval-iters 1 \
   --threads "$threads" --out "$work/run" >"$work/log" 2>&1 || { tail -3 "$work/log"; exit 1; }
 /usr/bin/python3 - "$work/run" "$work/rss" "$warmup" <<'PY'
 import json, sys
