@@ -112,7 +112,8 @@ Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, b
 // The next-token loss of idx (B, T) against target (B, T) (F.cross_entropy of forward's logits, reduced as asked over
 // the targets other than -100, PyTorch's ignore_index):
 // F::linear_cross_entropy on the hidden states and the output layer, so the logits are never held whole (with a
-// LoRA adapter on the output layer, or its weight in quantized blocks, cross_entropy of forward's logits).
+// LoRA adapter on the output layer, or its weight in quantized blocks, cross_entropy of the layer's own forward on
+// chunks of about 4M logits, each chunk under nn::checkpoint: its logits computed again in backward).
 Tensor lm_loss(LanguageModel& model, const Tensor& idx, const Tensor& target,
                F::Reduction reduction = F::Reduction::Mean, double label_smoothing = 0.0);
 

@@ -229,6 +229,8 @@ void load_weights_into(nn::Module& model, const std::string& path,
   NoGradGuard no_grad;
   const std::string compiled = "_orig_mod.";
   std::map<const void*, Tensor> given_memory;  // placeholders filled, by their memory before (a tied name's too)
+  std::map<const void*, int> names_left;       // names not given yet, by memory (a tied tensor's names share one)
+  for (const auto& [name, t] : own) ++names_left[t.data_ptr()];
   BlocksTake blocks;
   std::map<std::string, BlocksTarget> targets;
   if (keep_blocks) targets = block_targets(model, own);
@@ -253,6 +255,7 @@ void load_weights_into(nn::Module& model, const std::string& path,
                      ", the model's is ", shape_str(it->second.shape()));
         check_finite(path, name, t);
         Tensor dst = it->second;
+        const void* memory = dst.data_ptr();
         if (nn::is_placeholder(dst)) {  // (its memory given in the model's own tensor, which a tied one shares)
           auto [at, fresh] = given_memory.try_emplace(dst.data_ptr());
           if (fresh) {
@@ -262,11 +265,15 @@ void load_weights_into(nn::Module& model, const std::string& path,
           dst = at->second;
         }
         dst.copy_(t);
-        loaded.insert(it->second.data_ptr());
+        loaded.insert(memory);
+        dst = Tensor();
         if (filled) {
           filled(name);
           it->second = Tensor();  // (the model may have dropped the tensor: it is not held here either)
         }
+        // The last name of a filled placeholder: the model holds it now, or has dropped it (a weight quantized as it
+        // was filled), so the bf16 base is never whole here.
+        if (--names_left.at(memory) == 0) given_memory.erase(memory);
       },
       blocks);
   for (const auto& [name, t] : own) CASTOR_CHECK(!t.defined() || loaded.count(t.data_ptr()), path, ": gives no ", name);

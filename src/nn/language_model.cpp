@@ -31,15 +31,49 @@ Tensor LanguageModel::logits(const Tensor& hidden) {
   return real < out.size(-1) ? out.narrow(out.dim() - 1, 0, real) : out;
 }
 
+namespace {
+
+// The rows of hidden states whose logits are computed at once: about 4M logits.
+int64_t logit_rows(const LanguageModel& model) { return std::max<int64_t>(1, (int64_t{1} << 22) / model.vocab_size()); }
+
+// cross_entropy of the output layer's own forward (its adapter, or its blocks) on h (N, C) against t (N), a chunk of
+// logit_rows at a time, each under nn::checkpoint: only one chunk's logits (and their gradient) are ever held, its
+// logits computed again in backward (a 128,256-word vocabulary's logits of 512 rows and their gradient in float32
+// would be about 0.8 GB). The chunks' sums, reduced as cross_entropy reduces: a mean over the targets other than -100,
+// but where label smoothing meets ignored targets PyTorch's smoothing term is a mean over all N rows.
+Tensor chunked_head_loss(LanguageModel& model, const Tensor& h, const Tensor& t, F::Reduction reduction,
+                         double label_smoothing) {
+  const int64_t N = h.size(0), rows = logit_rows(model);
+  const auto ids = t.to_vector<int64_t>();
+  const auto counted = static_cast<double>(std::count_if(ids.begin(), ids.end(), [](int64_t c) { return c != -100; }));
+  const bool mixed = reduction == F::Reduction::Mean && label_smoothing > 0 && counted != static_cast<double>(N);
+  const F::Reduction each = reduction == F::Reduction::None ? F::Reduction::None : F::Reduction::Sum;
+  auto run = [&model, each, mixed, label_smoothing, counted, N](const std::vector<Tensor>& in) {
+    const Tensor logits = model.logits(in[0]);
+    if (!mixed) return F::cross_entropy(logits, in[1], each, label_smoothing, /*ignore_index=*/-100);
+    const Tensor nll = F::cross_entropy(logits, in[1], each, 0.0, -100);
+    const Tensor smooth = F::cross_entropy(logits, in[1], each, 1.0, -100);  // (each counted row's term)
+    return nll * ((1.0 - label_smoothing) / counted) + smooth * (label_smoothing / static_cast<double>(N));
+  };
+  std::vector<Tensor> parts;
+  for (int64_t r0 = 0; r0 < N; r0 += rows) {
+    const int64_t n = std::min(rows, N - r0);
+    parts.push_back(nn::checkpoint(run, {h.narrow(0, r0, n), t.narrow(0, r0, n)}));
+  }
+  if (reduction == F::Reduction::None) return cat(parts, 0);
+  Tensor total = parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) total = total + parts[i];
+  return reduction == F::Reduction::Sum || mixed ? total : total / counted;
+}
+
+}  // namespace
+
 Tensor lm_loss(LanguageModel& model, const Tensor& idx, const Tensor& target, F::Reduction reduction,
                double label_smoothing) {
   nn::Linear& head = model.head();
-  if (head.lora || head.quantized) {  // (the head's own forward: its adapter, or its blocks)
-    const Tensor logits = model(idx);
-    return F::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}), reduction, label_smoothing,
-                            /*ignore_index=*/-100);
-  }
   const Tensor h = model.hidden(idx);  // (B, T, C)
+  if (head.lora || head.quantized)
+    return chunked_head_loss(model, h.reshape({-1, h.size(-1)}), target.reshape({-1}), reduction, label_smoothing);
   return F::linear_cross_entropy(h.reshape({-1, h.size(-1)}), head.weight, target.reshape({-1}), reduction,
                                  label_smoothing, /*ignore_index=*/-100, model.vocab_size());
 }
@@ -47,7 +81,7 @@ Tensor lm_loss(LanguageModel& model, const Tensor& idx, const Tensor& target, F:
 LmScores lm_scores(LanguageModel& model, const Tensor& idx, const Tensor& target) {
   NoGradGuard no_grad;
   const Tensor hidden = model.hidden(idx), h = hidden.reshape({-1, hidden.size(-1)}), t = target.reshape({-1});
-  const int64_t N = h.size(0), rows = std::max<int64_t>(1, (int64_t{1} << 22) / model.vocab_size());
+  const int64_t N = h.size(0), rows = logit_rows(model);
   LmScores s;
   for (int64_t r0 = 0; r0 < N; r0 += rows) {
     const int64_t n = std::min(rows, N - r0);

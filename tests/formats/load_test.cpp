@@ -1,6 +1,7 @@
 // Loading weights without a float32 copy (formats::load_weights_into, nn::LoadInitGuard): a LoRA base made in 16 bits
 // and filled tensor by tensor holds the bits a float32 load and then the cast would give, at the allocator's peak of
-// one 16-bit model plus one tensor; sample --init of a bfloat16 Hugging Face directory holds its weights once.
+// one 16-bit model plus one tensor; a base quantized as it is filled (--quantize-base) never holds its dense Linears
+// whole; sample --init of a bfloat16 Hugging Face directory holds its weights once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,8 +12,10 @@
 #include "castor/hf.h"
 #include "castor/llama.h"
 #include "castor/llmc.h"
+#include "castor/lora.h"
 #include "castor/models.h"
 #include "castor/nn.h"
+#include "castor/quant.h"
 #include "castor/random.h"
 #include "castor/sample.h"
 #include "castor/serialize.h"
@@ -106,6 +109,51 @@ TEST(WeightsLoad, LlamaBaseLoadsStraightInto16BitsBitForBit) {
   const auto make = [&] { return std::static_pointer_cast<nn::Module>(models::llama(c, 7)); };
   check_loads_in_16_bits(make, dir + "/model.safetensors");
   check_loads_in_16_bits(make, dir + "/hf");
+}
+
+// --quantize-base nf4's load (train::load_base): a bf16 Hugging Face directory filled into placeholders, each Linear
+// quantized as soon as its weight is filled and its dense weight dropped. The allocator's peak stays within what the
+// loaded model holds (NF4 blocks, the dense embedding, output and norms) plus four of the file's largest tensor (the
+// tensor read, the weight filled, and its float32 copy for the quantizer): the loader keeps no filled placeholder (it
+// kept every one, the whole bf16 base, until the load ended).
+TEST(WeightsLoad, BaseQuantizedAsItIsFilledNeverHoldsItsDenseLinears) {
+  const test::ScratchDir dir("load_nf4");
+  models::LlamaConfig c = small_llama();
+  c.dim = 256, c.n_layers = 4, c.vocab_size = 64;
+  auto source = models::llama(c, 3);
+  StateDict bf16;
+  for (const auto& [name, t] : source->state_dict()) bf16.emplace(name, t.to(DType::BFloat16));
+  formats::write_hf(dir + "/hf", c, bf16, {});
+  source.reset();
+  bf16.clear();
+  empty_cache();
+  const int64_t held = memory_stats().current_bytes;
+  reset_peak_memory_stats();
+  std::shared_ptr<models::Llama> model;
+  {
+    nn::LoadInitGuard empty(DType::BFloat16, /*placeholders=*/true);
+    model = models::llama(c, 7);
+  }
+  std::map<std::string, std::shared_ptr<nn::Linear>> pending;
+  int64_t dense = 0;  // the Linears' bf16 bytes
+  for (const auto& [name, layer] : nn::all_linear_layers(*model)) {
+    pending.emplace(name + ".weight", layer);
+    dense += layer->in_features() * layer->out_features() * 2;
+  }
+  formats::load_weights_into(*model, dir + "/hf", [&](const std::string& name) {
+    if (const auto it = pending.find(name); it != pending.end()) {
+      it->second->quantize_weight(quant::BlockType::NF4, /*double_quant=*/true);
+      pending.erase(it);
+      empty_cache();
+    }
+  });
+  const int64_t peak = memory_stats().peak_bytes - held;
+  EXPECT_TRUE(pending.empty());
+  int64_t loaded = model_bytes(*model);
+  for (const auto& [name, layer] : nn::all_linear_layers(*model)) loaded += layer->quantized->bytes();
+  EXPECT_GT(dense, 5'000'000);
+  EXPECT_LE(peak, loaded + 4 * largest_tensor(dir + "/hf"))
+      << "peak " << peak << " bytes, loaded model " << loaded << ", dense bf16 Linears " << dense;
 }
 
 TEST(WeightsLoad, GptBaseLoadsStraightInto16BitsFromLlmcBitForBit) {

@@ -1,17 +1,22 @@
 // F::linear_cross_entropy and the language models' chunked loss (lm_loss) and evaluation (lm_scores) against the
 // unchunked path they replace, F::cross_entropy of F::linear's logits (both parity-tested against PyTorch 1.13):
-// loss and gradients within 1e-6 in float32, GPT (tied, padded vocabulary) and Llama (tied and untied).
+// loss and gradients within 1e-6 in float32, GPT (tied, padded vocabulary) and Llama (tied and untied); a quantized
+// output layer's chunks under recompute against the plain logits path, and their memory.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "castor/allocator.h"
 #include "castor/autocast.h"
 #include "castor/autograd.h"
 #include "castor/functional.h"
 #include "castor/llama.h"
+#include "castor/lora.h"
 #include "castor/models.h"
 #include "castor/ops.h"
+#include "castor/quant.h"
 #include "castor/random.h"
+#include "nn/lora_twin.h"
 #include "nn/tiny_gpt.h"
 #include "nn/tiny_llama.h"
 
@@ -130,6 +135,51 @@ TEST(LmLoss, GptAndLlamaTiedAndUntiedMatchTheLogitsPath) {
     auto llama = models::llama(test::tiny_llama_config(48, 2, tied), 4);
     check_model(*llama, tied ? "llama tied" : "llama untied");
   }
+}
+
+// A QLoRA-style Llama: every Linear, the output layer too, in q8_0 blocks, adapters on every Linear but the output,
+// blocks recomputed, a vocabulary of 2^16 (so lm_loss computes 64 rows of logits at a time, each chunk under
+// nn::checkpoint: 4 chunks of the 256 rows here) and some targets ignored. Its loss and the adapters' gradients equal
+// cross_entropy of forward's logits without recompute within 1e-5 (float32), and the allocator's peak over the loss's
+// forward and backward stays under what the 256 rows' float32 logits alone take (the plain path holds them, their
+// softmax and their gradient).
+TEST(LmLoss, QuantizedHeadIsChunkedUnderRecomputeAndMatchesTheLogitsPath) {
+  models::LlamaConfig c = test::tiny_llama_config(1 << 16, 2, /*tied=*/false);
+  c.max_seq_len = 64;
+  auto model = models::llama(c, 5);
+  for (const auto& [path, layer] : nn::linear_layers(*model)) layer->quantize_weight(quant::BlockType::Q8_0, false);
+  nn::apply_lora(*model, nn::LoraConfig{.r = 4, .alpha = 8});
+  test::randomize_lora_b(*model, 6);
+  Generator gen(17);
+  const Tensor idx = randint(0, c.vocab_size, {4, 64}, &gen);
+  Tensor target = randint(0, c.vocab_size, {4, 64}, &gen);
+  target.narrow(1, 0, 5).fill_(-100);
+  const int64_t logits_bytes = idx.numel() * c.vocab_size * 4;
+
+  model->set_recompute(true);
+  empty_cache();
+  reset_peak_memory_stats();
+  const int64_t before = memory_stats().current_bytes;
+  const Tensor chunked = models::lm_loss(*model, idx, target, F::Reduction::Mean, 0.1);
+  chunked.backward();
+  const int64_t peak = memory_stats().peak_bytes - before;
+  const std::vector<Tensor> g1 = grads_of(*model);
+  for (const Tensor& p : model->parameters()) Tensor(p).set_grad(Tensor());
+
+  model->set_recompute(false);
+  const Tensor logits = model->forward(idx);
+  const Tensor plain = F::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}), F::Reduction::Mean,
+                                        0.1, /*ignore_index=*/-100);
+  plain.backward();
+  const std::vector<Tensor> g2 = grads_of(*model);
+  expect_close(chunked, plain, 1e-5, "loss");
+  int adapters = 0;  // (the frozen norms and embedding have none)
+  for (size_t i = 0; i < g1.size(); ++i) {
+    ASSERT_EQ(g1[i].defined(), g2[i].defined()) << i;
+    if (g1[i].defined()) expect_close(g1[i], g2[i], 1e-5, "grad " + std::to_string(i)), ++adapters;
+  }
+  EXPECT_EQ(adapters, 28);  // (A and B of 14 adapters)
+  EXPECT_LT(peak, logits_bytes) << "peak " << peak << " bytes over the loss, float32 logits " << logits_bytes;
 }
 
 }  // namespace

@@ -15,6 +15,7 @@ reader of the file.
 """
 import ctypes
 import glob
+import itertools
 import json
 import math
 import os
@@ -120,13 +121,18 @@ def model_keys(arch, cfg, heads, kv_heads):
     """The metadata of a model of Hugging Face config `cfg` as `arch`, with a SentencePiece-style vocabulary of its size:
     <unk>, <s>, </s>, the 256 byte tokens when the vocabulary has room (else the newline's, which llama.cpp's
     SentencePiece vocabulary looks up), then pieces: U+2581 and the letters alone (every longer piece is then a merge
-    of two pieces, as in a trained SentencePiece vocabulary), then U+2581 with a letter repeated."""
+    of two pieces, as in a trained SentencePiece vocabulary), then U+2581 with a letter repeated up to 16 times, then
+    (a vocabulary of Llama 3's size: pieces of a few letters, as a real one's, not thousands) U+2581 with the words of
+    two to four letters that are not one letter repeated, shorter first."""
     vocab = cfg["vocab_size"]
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)] if vocab >= 300 else ["<0x0A>"]
     head_tokens = ["<unk>", "<s>", "</s>"] + byte_tokens
     pieces = vocab - len(head_tokens)
     alone = ["\u2581"] + [chr(0x61 + i) for i in range(26)]
-    tokens = head_tokens + (alone + ["\u2581" + chr(0x61 + i % 26) * (1 + i // 26) for i in range(pieces)])[:pieces]
+    repeated = ["\u2581" + chr(0x61 + i % 26) * (1 + i // 26) for i in range(min(pieces, 26 * 16))]
+    words = ("\u2581" + "".join(w) for n in (2, 3, 4) for w in itertools.product(alone[1:], repeat=n)
+             if len(set(w)) > 1)
+    tokens = head_tokens + (alone + repeated + list(itertools.islice(words, max(0, pieces - len(repeated)))))[:pieces]
     scores = [0.0] * len(head_tokens) + [-float(i) for i in range(pieces)]
     types = [2, 3, 3] + [6] * len(byte_tokens) + [1] * pieces
     return [("general.architecture", 8, arch), ("general.name", 8, "oracle"), ("general.alignment", 4, ALIGN),
