@@ -122,8 +122,8 @@ std::optional<data::ChatFormat> chat_task_format(const std::string& path, const 
 // task_loss and task_perplexity.
 std::vector<std::string> task_score_keys(const TrainConfig& c);
 
-// castor eval MODEL --task FILE: mc_results (with "checkpoint", "num_fewshot" and "truncated", the requests cut from
-// the left), the table on stderr, a progress line with the time left on long runs; --log-samples' file written whole.
+// castor eval MODEL --task FILE: mc_results (with "checkpoint", "num_fewshot", "fewshot_seed", "fewshot_sampler" (the
+// task's where not given) and "truncated", the requests cut from the left), the table on stderr, a progress line with the time left on long runs; --log-samples' file written whole.
 Json run_task_eval(const EvalConfig& e);
 // castor eval MODEL --text FILE: {"perplexity", "nll", "tokens", "chunks", "ctx", "checkpoint", "text"}.
 Json run_perplexity_eval(const EvalConfig& e);
