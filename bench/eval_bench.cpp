@@ -1,6 +1,6 @@
 // Castor's side of bench/eval_vs_torch.sh (issue #47's scoring throughput): multiple-choice rows scored as castor eval
-// --task scores them (train/lm_scoring.h: the shared context once per row, its KV cache copied to a row per choice,
-// the continuations as one batch) on a Hugging Face directory's model under its dtype's autocast. The rows are
+// --task scores them (train/lm_scoring.h: the shared context once per row, in one forward with the choices'
+// continuations as runs after it, models::forward_runs) on a Hugging Face directory's model under its dtype's autocast. The rows are
 // random token ids (seeded): CONTEXT tokens of context and 4 continuations of 16-24 tokens each, written to IDS (JSON,
 // for the PyTorch side). Prints "castor rows/s R tok/s T" over ROWS timed rows after 2 untimed ones; tokens count
 // each row's context once and every continuation token.

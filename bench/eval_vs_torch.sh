@@ -2,8 +2,8 @@
 # Issue #47's scoring throughput: multiple-choice rows (4 choices, CONTEXT-token contexts, continuations of 16-24
 # tokens) on a TinyLlama-1.1B-shaped Hugging Face directory (2048 wide, 22 layers, 32 heads over 4 kv heads,
 # feed-forward 5632, vocabulary 32,000, random bfloat16 weights written by bench/lora_torch.py), scored by Castor as
-# castor eval --task does (bench/eval_bench.cpp: the context once per row, the continuations batched over its KV
-# cache, bf16) and by PyTorch 1.13 at its best as lm-evaluation-harness's Hugging Face backend runs it
+# castor eval --task does (bench/eval_bench.cpp: the context once per row, one forward with the continuations as runs
+# reading its keys and values, bf16) and by PyTorch 1.13 at its best as lm-evaluation-harness's Hugging Face backend runs it
 # (bench/eval_torch_bench.py: each row's 4 full sequences as one batch, bf16 weights under autocast, inference_mode,
 # tcmalloc preloaded, THREADS threads), on the same token ids; alternating, ROUNDS times each (Castor, PyTorch,
 # Castor, ...), never both in memory. Tokens/s count each row's context once (what the row holds), the same count for

@@ -13,6 +13,14 @@ namespace castor::models {
 
 class KVCache;
 
+// A run of the tokens one forward adds to a KV cache (forward_runs): `length` tokens at positions prefix .. prefix +
+// length - 1, each attending the cache's first `prefix` positions and its own run's tokens up to itself. Runs with
+// one prefix are branches of a tree sharing that prefix's keys and values without copying them (a row's choices
+// after its context).
+struct TokenRun {
+  int64_t length, prefix;
+};
+
 // forward(idx): idx (B, T) int64 with T <= block_size() -> logits (B, T, vocab_size()) over the real vocabulary: the
 // output layer (head()) on the final hidden states (hidden(idx)). The trainer's loss (lm_loss), evaluation
 // (lm_scores) and sampling never hold those logits whole.
@@ -61,9 +69,11 @@ class LanguageModel : public nn::Module {
   // and its limit as its config calls it ("block size").
   void check_tokens(const Tensor& idx, const char* model, const char* limit) const;
   friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, bool last_only);
-  // forward_cached's model part, called without autograd on checked arguments: idx (B, n) at positions
-  // cache.size() .. cache.size() + n - 1, each layer attending through cache.attend; returns the final hidden states
-  // (B, n, C) that the output layer reads.
+  friend Tensor forward_runs(LanguageModel& model, const Tensor& idx, KVCache& cache, const std::vector<TokenRun>& runs,
+                             int64_t first, bool keep_first);
+  // forward_cached's model part, called without autograd on checked arguments: idx (B, n) at the positions of
+  // cache.runs() (forward_cached's one run: cache.size() .. cache.size() + n - 1), each layer attending through
+  // cache.attend; returns the final hidden states (B, n, C) that the output layer reads.
   virtual Tensor forward_cached_impl(const Tensor& idx, KVCache& cache) = 0;
 
  private:
@@ -82,19 +92,26 @@ class KVCache {
   int64_t capacity() const { return capacity_; }  // at most block_size
   int64_t batch_size() const { return keys_[0].size(0); }
   void clear() { size_ = 0; }
-  // Every row of this cache set to the positions of the one-row cache `prefix` (a context computed once and
-  // continued by several rows); castor::Error when the caches are not of one model or `prefix` has several rows.
-  void assign_prefix(const KVCache& prefix);
   // Layer `layer`'s attention for n new positions: stores k and v (B, Hkv, n, D) at positions size() ..
   // size() + n - 1 and returns scaled_dot_product_attention of q (B, H, n, D) over the keys and values of positions
   // 0 .. size() + n - 1 (query i sees keys up to size() + i; with a `window` W > 0 only the last W of them), (B, H, n,
-  // D). Keys a window leaves out are not read.
+  // D). Keys a window leaves out are not read. Under forward_runs, query i reads what its run says (and, with a
+  // window, only the keys of the last W positions before its own).
   Tensor attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, int64_t window = 0);
+  // The runs of the forward in progress, laid end to end along its n tokens (forward_cached: {n, size()}).
+  const std::vector<TokenRun>& runs() const { return runs_; }
 
  private:
   friend Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, bool last_only);
+  friend Tensor forward_runs(LanguageModel& model, const Tensor& idx, KVCache& cache, const std::vector<TokenRun>& runs,
+                             int64_t first, bool keep_first);
+  // The bool mask (n, size() + n) of the runs' attention with a window W (0: none), made once per forward and W.
+  const Tensor& runs_mask(int64_t n, int64_t window);
   std::vector<Tensor> keys_, values_;  // per layer: (B, Hkv, capacity, D)
   int64_t size_ = 0, capacity_ = 0;
+  std::vector<TokenRun> runs_;
+  bool several_runs_ = false;                          // forward_runs' (runs_ is not one run continuing the cache)
+  std::vector<std::pair<int64_t, Tensor>> run_masks_;  // (window, runs_mask) of the forward in progress
 };
 
 // The bool attention mask (queries, keys) of the last `queries` positions of `keys` (query i at position keys -
@@ -108,6 +125,16 @@ Tensor causal_mask(int64_t queries, int64_t keys, int64_t window = 0);
 // the last position only (B, 1, width), all that sampling reads. Without autograd and without dropout;
 // castor::Error when the cache would pass block_size.
 Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, bool last_only = false);
+
+// forward_cached over `runs` laid end to end along idx (B, n) (their lengths summing to n, none empty; each run's
+// prefix at most the slots before it, cache.size() + its offset, so that it reads only keys already there; its last
+// position below block_size): each token at its run's position, attending as TokenRun says, so a context run once and
+// several continuations after it share its keys and values in one forward. Returns the logits of tokens first .. n - 1
+// (B, n - first, output width). Afterwards the cache holds its positions and, with `keep_first`, the first run's
+// tokens (that run must continue the cache: prefix == cache.size()); the other runs' keys are dropped.
+// castor::Error when the runs are not so.
+Tensor forward_runs(LanguageModel& model, const Tensor& idx, KVCache& cache, const std::vector<TokenRun>& runs,
+                    int64_t first, bool keep_first);
 
 // The next-token loss of idx (B, T) against target (B, T) (F.cross_entropy of forward's logits, reduced as asked over
 // the targets other than -100, PyTorch's ignore_index):

@@ -54,6 +54,8 @@ class LlamaAttention : public nn::Module {
     Tensor q, k, v;
   };
   Heads project(const Tensor& input, int64_t start_pos) const;
+  // The same over input's T tokens laid out as `runs` (their lengths summing to T), each run from its prefix.
+  Heads project(const Tensor& input, const std::vector<TokenRun>& runs) const;
   // wo of the heads y (B, H, T, D) merged back to (B, T, H D) (forward adds resid_dropout).
   Tensor merge(const Tensor& y);
   int64_t sliding_window() const { return sliding_window_; }

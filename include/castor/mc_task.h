@@ -32,6 +32,7 @@ struct McDoc {
   std::vector<std::string> choices;        // the choices as doc_to_choice gives them (acc_norm's lengths)
   int64_t gold = 0;
   std::string subject;  // MMLU's (empty for the others)
+  std::string row;      // the JSON row as read, its keys sorted (lm-eval's `x != doc` compares the rows)
 
   int64_t n_choices() const { return static_cast<int64_t>(choices.size()); }
   const std::string& context(int64_t i) const { return contexts.size() == 1 ? contexts[0] : contexts[i]; }
@@ -66,11 +67,13 @@ struct McTask {
   std::string path;
   McFormat format = McFormat::Choices;
   std::vector<McDoc> docs;
+  FewshotSampler sampler = FewshotSampler::Random;  // the sampler that drew the examples (options' or the task's)
 };
 // Reads and renders a task file: MMLU's description line ("The following are multiple choice questions (with
 // answers) about {subject, _ as space}.\n\n") first, then the fewshot examples each followed by "\n\n", then the
-// prompt. The examples are drawn as lm-eval's ContextSampler draws them: one more than asked, the row itself then
-// dropped where drawn, where lm-eval hands its sampler the evaluated row (a task whose fewshot split is its test
+// prompt. The examples are drawn as lm-eval's samplers draw them: one more than asked (the random draw's, or first_n's
+// first rows), the row itself then dropped wherever it is among them (so a row listed twice leaves one example
+// fewer, as in lm-eval), where lm-eval hands its sampler the evaluated row (a task whose fewshot split is its test
 // split: HellaSwag's, PIQA's and Winogrande's configurations, and plain rows whose fewshot file is the task file).
 // castor::Error naming the file and line: not JSON, a row in another layout, the errors of render_mc_row; an empty
 // file; fewer fewshot rows than the draw needs.

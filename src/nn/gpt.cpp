@@ -109,7 +109,9 @@ LanguageModel::CacheShape GPT::cache_shape() const {
 
 Tensor GPT::forward_cached_impl(const Tensor& idx, KVCache& cache) {
   const int64_t B = idx.size(0), n = idx.size(1), C = config_.n_embd, H = config_.n_head, D = C / H;
-  Tensor x = (*wte)(idx) + wpe->weight.narrow(0, cache.size(), n);  // (B, n, C) + (n, C)
+  std::vector<Tensor> positions;  // each run's rows of wpe
+  for (const TokenRun& r : cache.runs()) positions.push_back(wpe->weight.narrow(0, r.prefix, r.length));
+  Tensor x = (*wte)(idx) + (positions.size() == 1 ? positions[0] : cat(positions, 0));  // (B, n, C) + (n, C)
   for (int64_t l = 0; l < config_.n_layer; ++l) {
     auto& block = dynamic_cast<Block&>(*(*h)[l]);
     const Tensor qkv = (*block.attn->c_attn)((*block.ln_1)(x));  // (B, n, 3C)

@@ -125,19 +125,6 @@ KVCache::KVCache(const LanguageModel& model, int64_t batch_size, int64_t capacit
   }
 }
 
-void KVCache::assign_prefix(const KVCache& prefix) {
-  CASTOR_CHECK(prefix.batch_size() == 1 && prefix.keys_.size() == keys_.size() && prefix.capacity_ == capacity_,
-               "KVCache::assign_prefix: a cache of ", prefix.batch_size(), " rows and ", prefix.keys_.size(),
-               " layers for one of ", keys_.size(), " layers");
-  const int64_t n = prefix.size_;
-  for (size_t l = 0; l < keys_.size(); ++l)
-    for (int64_t b = 0; b < batch_size(); ++b) {
-      keys_[l].narrow(0, b, 1).narrow(2, 0, n).copy_(prefix.keys_[l].narrow(2, 0, n));
-      values_[l].narrow(0, b, 1).narrow(2, 0, n).copy_(prefix.values_[l].narrow(2, 0, n));
-    }
-  size_ = n;
-}
-
 Tensor causal_mask(int64_t queries, int64_t keys, int64_t window) {
   CASTOR_CHECK(queries >= 0 && queries <= keys && window >= 0, "causal_mask: ", queries, " queries over ", keys,
                " keys, window ", window);
@@ -149,10 +136,35 @@ Tensor causal_mask(int64_t queries, int64_t keys, int64_t window) {
   return tensor(m, Shape{queries, keys}, DType::Bool);
 }
 
+const Tensor& KVCache::runs_mask(int64_t n, int64_t window) {
+  for (const auto& [w, mask] : run_masks_)
+    if (w == window) return mask;
+  const int64_t p = size_, keys = p + n;
+  std::vector<int64_t> pos(keys), run_start(keys, 0), run_prefix(keys, 0);  // each slot's position, its run's
+  for (int64_t j = 0; j < p; ++j) pos[j] = j;
+  int64_t at = p;
+  for (const TokenRun& r : runs_)
+    for (int64_t i = 0; i < r.length; ++i, ++at)
+      pos[at] = r.prefix + i, run_start[at] = at - i, run_prefix[at] = r.prefix;
+  std::vector<double> m(n * keys);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t q = p + t;
+    for (int64_t j = 0; j < keys; ++j) {
+      const bool seen = j < run_prefix[q] || (j >= run_start[q] && j <= q);
+      m[t * keys + j] = seen && (window == 0 || pos[j] > pos[q] - window);
+    }
+  }
+  run_masks_.emplace_back(window, tensor(m, Shape{n, keys}, DType::Bool));
+  return run_masks_.back().second;
+}
+
 Tensor KVCache::attend(int64_t layer, const Tensor& q, const Tensor& k, const Tensor& v, int64_t window) {
   const int64_t p = size_, n = q.size(2);
   keys_[layer].narrow(2, p, n).copy_(k);
   values_[layer].narrow(2, p, n).copy_(v);
+  if (several_runs_)
+    return F::scaled_dot_product_attention(q, keys_[layer].narrow(2, 0, p + n), values_[layer].narrow(2, 0, p + n),
+                                           runs_mask(n, window));  // (B, H, n, D)
   // Query i (position p + i) attends keys from..p + i, from = 0 or p + i - window + 1: the keys before the first
   // query's window are not read. One query needs no mask, a block whose keys start with it and fit the window is
   // causal (top-left aligned), any other block needs the mask spelled out.
@@ -166,14 +178,38 @@ Tensor KVCache::attend(int64_t layer, const Tensor& q, const Tensor& k, const Te
 Tensor forward_cached(LanguageModel& model, const Tensor& idx, KVCache& cache, bool last_only) {
   CASTOR_CHECK(idx.dim() == 2 && idx.dtype() == DType::Int64, "forward_cached: expected (B, n) int64 token ids, got ",
                idx.describe());
-  const int64_t B = idx.size(0), n = idx.size(1), p = cache.size_;
-  CASTOR_CHECK(B == cache.batch_size(), "forward_cached: batch of ", B, " rows, the cache holds ", cache.batch_size());
-  CASTOR_CHECK(n > 0 && p + n <= cache.capacity_, "forward_cached: ", n, " tokens after ", p,
+  const int64_t n = idx.size(1);
+  CASTOR_CHECK(n > 0 && cache.size_ + n <= cache.capacity_, "forward_cached: ", n, " tokens after ", cache.size_,
                " cached positions pass the block size ", cache.capacity_);
+  return forward_runs(model, idx, cache, {{n, cache.size_}}, last_only ? n - 1 : 0, /*keep_first=*/true);
+}
+
+Tensor forward_runs(LanguageModel& model, const Tensor& idx, KVCache& cache, const std::vector<TokenRun>& runs,
+                    int64_t first, bool keep_first) {
+  CASTOR_CHECK(idx.dim() == 2 && idx.dtype() == DType::Int64, "forward_runs: expected (B, n) int64 token ids, got ",
+               idx.describe());
+  const int64_t B = idx.size(0), n = idx.size(1), p = cache.size_;
+  CASTOR_CHECK(B == cache.batch_size(), "forward_runs: batch of ", B, " rows, the cache holds ", cache.batch_size());
+  CASTOR_CHECK(!runs.empty() && p + n <= cache.capacity_, "forward_runs: ", n, " tokens after ", p,
+               " cached positions pass the cache's ", cache.capacity_);
+  int64_t at = p;
+  for (const TokenRun& r : runs) {
+    CASTOR_CHECK(r.length > 0 && r.prefix >= 0 && r.prefix <= at && r.prefix + r.length <= model.block_size(),
+                 "forward_runs: a run of ", r.length, " tokens after a prefix of ", r.prefix, " at slot ", at,
+                 " (a block of ", model.block_size(), ")");
+    at += r.length;
+  }
+  CASTOR_CHECK(at == p + n && first >= 0 && first < n && (!keep_first || runs[0].prefix == p), "forward_runs: runs of ",
+               at - p, " tokens for ", n, ", logits from ", first, keep_first ? ", the first kept" : "");
   NoGradGuard no_grad;
+  cache.runs_ = runs;
+  cache.several_runs_ = runs.size() > 1 || runs[0].prefix != p;
+  cache.run_masks_.clear();
   const Tensor hidden = model.forward_cached_impl(idx, cache);  // (B, n, C)
-  cache.size_ = p + n;
-  return model.head()(last_only ? hidden.narrow(1, n - 1, 1) : hidden);
+  cache.size_ = p + (keep_first ? runs[0].length : 0);
+  cache.several_runs_ = false;
+  cache.run_masks_.clear();
+  return model.head()(first > 0 ? hidden.narrow(1, first, n - first) : hidden);
 }
 
 int64_t sample_token(std::vector<double> logits, double temperature, int64_t top_k, double top_p, Generator& gen) {

@@ -70,13 +70,24 @@ LlamaAttention::LlamaAttention(const LlamaConfig& c)
 }
 
 LlamaAttention::Heads LlamaAttention::project(const Tensor& x, int64_t start_pos) const {
+  return project(x, {{x.size(1), start_pos}});
+}
+
+LlamaAttention::Heads LlamaAttention::project(const Tensor& x, const std::vector<TokenRun>& runs) const {
   CASTOR_CHECK(x.dim() == 3, "Attention: expected (B, T, dim) input, got ", x.describe());
   const int64_t B = x.size(0), T = x.size(1), D = head_dim_;
-  // Rotated as (B, T, heads, D), then heads made a batch dimension: the attention kernels read the strides in place.
+  // Rotated as (B, T, heads, D) a run at a time, then heads made a batch dimension: the attention kernels read the
+  // strides in place.
   auto rotated = [&](nn::Linear& w, int64_t heads) {
-    return F::rotary_embedding(w(x).view({B, T, heads, D}), start_pos, rope_theta_, F::RotaryPairing::Interleaved,
-                               rope_scaling_)
-        .transpose(1, 2);
+    const Tensor y = w(x).view({B, T, heads, D});
+    std::vector<Tensor> parts;
+    int64_t at = 0;
+    for (const TokenRun& r : runs) {
+      parts.push_back(F::rotary_embedding(y.narrow(1, at, r.length), r.prefix, rope_theta_,
+                                          F::RotaryPairing::Interleaved, rope_scaling_));
+      at += r.length;
+    }
+    return (parts.size() == 1 ? parts[0] : cat(parts, 1)).transpose(1, 2);
   };
   return {rotated(*wq, n_heads_), rotated(*wk, n_kv_heads_), (*wv)(x).view({B, T, n_kv_heads_, D}).transpose(1, 2)};
 }
@@ -160,7 +171,7 @@ Tensor Llama::forward_cached_impl(const Tensor& tokens, KVCache& cache) {
   Tensor x = (*tok_embeddings)(tokens);  // (B, n, dim)
   for (int64_t l = 0; l < config_.n_layers; ++l) {
     auto& block = dynamic_cast<LlamaBlock&>(*(*layers)[l]);
-    const LlamaAttention::Heads h = block.attention->project((*block.attention_norm)(x), cache.size());
+    const LlamaAttention::Heads h = block.attention->project((*block.attention_norm)(x), cache.runs());
     x = x + block.attention->merge(cache.attend(l, h.q, h.k, h.v, block.attention->sliding_window()));
     const Tensor y = (*block.ffn_norm)(x);
     const LlamaFeedForward& ff = *block.feed_forward;

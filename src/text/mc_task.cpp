@@ -299,7 +299,7 @@ std::vector<McDoc> read_rows(const std::string& path, std::optional<McFormat>& f
             "context/choices/label); give --task-format");
       }
       McDoc d = render_mc_row(row, *format, where);
-      d.line = line;
+      d.line = line, d.row = row.dump();
       docs.push_back(std::move(d));
     });
   } catch (const Stop&) {
@@ -336,33 +336,26 @@ bool passes_eval_doc(McFormat f, const std::string& task_file, const std::string
   return std::filesystem::equivalent(task_file, fewshot_file, ec);
 }
 
-// lm-eval's `x != doc` on two rows: the same rendering.
-bool same_doc(const McDoc& a, const McDoc& b) {
-  return a.contexts == b.contexts && a.continuations == b.continuations && a.choices == b.choices && a.gold == b.gold &&
-         a.subject == b.subject;
-}
-
-// The fewshot examples of `doc` from `pool` (lm-eval's ContextSampler.sample / FirstNSampler.sample): with the
-// evaluated row passed (`eval_doc`), n + 1 drawn and the row dropped where drawn, else n; first_n: the pool's first n
-// (the row left out).
+// The fewshot examples of `doc` from `pool` (lm-eval's ContextSampler.get_context): k = n + 1 rows where lm-eval
+// hands the sampler the evaluated row (`eval_doc`), else n, drawn at random (random.Random.sample) or the pool's first
+// k (first_n); then every row equal to `doc` (`x != doc`, the rows as read) dropped and the first n kept, fewer where
+// the row was drawn twice.
 std::vector<const McDoc*> fewshot_examples(const McDoc& doc, const std::vector<const McDoc*>& pool, int64_t n,
                                            FewshotSampler sampler, bool eval_doc, PyRandom& rnd,
                                            const std::string& file, const std::string& subject) {
   const std::string rows = subject.empty() ? " rows" : " rows of subject " + subject;
+  const int64_t k = eval_doc ? n + 1 : n;
+  CASTOR_CHECK(k <= static_cast<int64_t>(pool.size()), file, ": ", pool.size(), rows, ", fewer than the ", k,
+               " lm-eval draws for --num-fewshot ", n, eval_doc ? " (one more, the evaluated row dropped)" : "");
   std::vector<const McDoc*> drawn;
   if (sampler == FewshotSampler::FirstN) {
-    drawn = pool;
+    drawn.assign(pool.begin(), pool.begin() + k);
   } else {
-    const int64_t k = eval_doc ? n + 1 : n;
-    CASTOR_CHECK(k <= static_cast<int64_t>(pool.size()), file, ": ", pool.size(), rows, ", fewer than the ", k,
-                 " lm-eval draws for --num-fewshot ", n, eval_doc ? " (one more, the evaluated row dropped)" : "");
     for (int64_t i : rnd.sample(static_cast<int64_t>(pool.size()), k)) drawn.push_back(pool[i]);
   }
   std::vector<const McDoc*> out;
   for (const McDoc* d : drawn)
-    if (static_cast<int64_t>(out.size()) < n && !(eval_doc && same_doc(*d, doc))) out.push_back(d);
-  CASTOR_CHECK(static_cast<int64_t>(out.size()) == n, file, ": ", out.size(), rows,
-               eval_doc ? " besides the evaluated one" : "", ", fewer than --num-fewshot ", n);
+    if (static_cast<int64_t>(out.size()) < n && d->row != doc.row) out.push_back(d);
   return out;
 }
 
@@ -380,6 +373,7 @@ McTask read_mc_task(const std::string& path, const McTaskOptions& opt) {
   const std::vector<McDoc> shots = opt.num_fewshot > 0 ? read_rows(opt.fewshot_file, format, 0) : std::vector<McDoc>();
   const bool mmlu = task.format == McFormat::Mmlu;
   const FewshotSampler sampler = opt.sampler.value_or(mmlu ? FewshotSampler::FirstN : FewshotSampler::Random);
+  task.sampler = sampler;
   const bool eval_doc = passes_eval_doc(task.format, path, opt.fewshot_file);
   // Per subject (MMLU's per-subject tasks, each with its dev rows and its own generator; one for the other tasks).
   std::map<std::string, std::vector<const McDoc*>> pools;

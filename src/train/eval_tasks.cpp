@@ -3,10 +3,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 
 #include "castor/autocast.h"
+#include "castor/check.h"
 #include "castor/fs.h"
 #include "train/loaded_model.h"
 #include "train/lm_scoring.h"
@@ -62,6 +64,8 @@ Json run_task_eval(const EvalConfig& e) {
   opt.num_fewshot = e.num_fewshot, opt.fewshot_file = e.fewshot_file, opt.limit = e.limit;
   if (!e.fewshot_sampler.empty()) opt.sampler = data::parse_fewshot_sampler(e.fewshot_sampler);
   opt.fewshot_seed = e.fewshot_seed;
+  CASTOR_CHECK(e.fewshot_seed <= static_cast<uint64_t>(INT64_MAX), "--fewshot-seed ", e.fewshot_seed,
+               ": at most 2^63 - 1 (the seed is recorded in the output)");
   if (!e.log_samples.empty()) check_replaceable(e.log_samples);  // (refused before any work)
   const data::McTask task = data::read_mc_task(e.task, opt);
   LoadedLm lm = load_language_model(e.path, e.n_head, e.lora_base, e.tokenizer_dir, e.lora);
@@ -74,7 +78,9 @@ Json run_task_eval(const EvalConfig& e) {
   progress.finish();
   Json out = mc_results(task, scores);
   out["checkpoint"] = e.path;
-  out["num_fewshot"] = e.num_fewshot;
+  out["num_fewshot"] = e.num_fewshot;  // (lm-eval's n-shot, its fewshot_seed and fewshot_config.sampler)
+  out["fewshot_seed"] = e.fewshot_seed;
+  out["fewshot_sampler"] = data::fewshot_sampler_name(task.sampler);
   out["truncated"] = scorer.truncated();
   out["tokens_per_sec"] = static_cast<double>(scorer.tokens()) / std::max(progress.seconds(), 1e-9);
   if (scorer.truncated() > 0)

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 
 #include "castor/chat_data.h"
 #include "castor/autograd.h"
@@ -108,7 +109,10 @@ LlRequest encode_request(data::Tokenizer& tok, std::string context, std::string 
   return r;
 }
 
-models::KVCache& LlScorer::cache(int64_t rows) { return caches_.try_emplace(rows, model_, rows).first->second; }
+models::KVCache& LlScorer::cache() {
+  if (!cache_) cache_.emplace(model_);
+  return *cache_;
+}
 
 std::vector<double> LlScorer::score(const std::vector<LlRequest>& requests) {
   const int64_t T = model_.block_size(), V = model_.vocab_size();
@@ -136,9 +140,9 @@ std::vector<double> LlScorer::score(const std::vector<LlRequest>& requests) {
           ++truncated_;
         }
         const std::vector<double> inp(seq.begin(), seq.end() - 1);
-        models::KVCache& one = cache(1);
-        one.clear();
-        const Tensor logits = real_logits(models::forward_cached(model_, ids_tensor(inp, 1), one), V);  // (1, n, V)
+        models::KVCache& kv = cache();
+        kv.clear();
+        const Tensor logits = real_logits(models::forward_cached(model_, ids_tensor(inp, 1), kv), V);  // (1, n, V)
         const float* p = logits.data<float>();
         const int64_t n = static_cast<int64_t>(inp.size()), len = static_cast<int64_t>(cont.size());
         for (int64_t t = 0; t < len; ++t) out[j] += log_prob(p + (n - len + t) * V, V, cont[t]);
@@ -146,31 +150,40 @@ std::vector<double> LlScorer::score(const std::vector<LlRequest>& requests) {
       }
       continue;
     }
-    // The context once: its last position predicts every continuation's first token.
-    models::KVCache& one = cache(1);
-    one.clear();
-    const Tensor last = real_logits(models::forward_cached(model_, ids_tensor({ctx.begin(), ctx.end()}, 1), one, true),
-                                    V);  // (1, 1, V)
-    for (size_t j : group) out[j] = log_prob(last.data<float>(), V, requests[j].continuation[0]);
-    tokens_ += c;
-    if (longest == 1) continue;
-    // The continuations as one batch after a copy of the context's cache each, right-padded (a causal model's
-    // positions never read the padding after them).
-    const int64_t rows = static_cast<int64_t>(group.size()), L = longest - 1;
-    models::KVCache& many = cache(rows);
-    many.assign_prefix(one);
-    std::vector<double> ids(rows * L, 0.0);
-    for (int64_t r = 0; r < rows; ++r) {
-      const std::vector<int64_t>& cont = requests[group[r]].continuation;
-      for (size_t t = 0; t + 1 < cont.size(); ++t) ids[r * L + t] = static_cast<double>(cont[t]);
+    // The context once and the continuations but their last tokens as runs after it, in as few forwards as the
+    // cache holds: each continuation attends the context's keys and values and its own tokens, none copied. The
+    // context's last position predicts every continuation's first token, a continuation's position t its token t + 1.
+    models::KVCache& kv = cache();
+    kv.clear();
+    std::vector<double> ids(ctx.begin(), ctx.end());
+    std::vector<models::TokenRun> runs = {{c, 0}};
+    std::vector<size_t> members;  // the group's requests whose continuations run in this forward
+    for (size_t next = 0, forward = 0; forward == 0 || next < group.size(); ++forward) {
+      const int64_t held = forward == 0 ? 0 : c;  // the context: in this forward, or in the cache from the first
+      while (next < group.size()) {
+        const std::vector<int64_t>& cont = requests[group[next]].continuation;
+        const int64_t len = static_cast<int64_t>(cont.size()) - 1;
+        if (held + static_cast<int64_t>(ids.size()) + len > kv.capacity()) break;
+        if (len > 0) {
+          ids.insert(ids.end(), cont.begin(), cont.end() - 1);
+          runs.push_back({len, c});
+        }
+        members.push_back(group[next++]);
+      }
+      const int64_t from = forward == 0 ? c - 1 : 0;
+      const Tensor logits = real_logits(models::forward_runs(model_, ids_tensor(ids, 1), kv, runs, from, forward == 0),
+                                        V);  // (1, ids - from, V)
+      const float* p = logits.data<float>();
+      if (forward == 0)
+        for (size_t j : group) out[j] = log_prob(p, V, requests[j].continuation[0]);
+      int64_t row = forward == 0 ? 1 : 0;
+      for (size_t j : members) {
+        const std::vector<int64_t>& cont = requests[j].continuation;
+        for (size_t t = 1; t < cont.size(); ++t) out[j] += log_prob(p + (row++) * V, V, cont[t]);
+      }
+      tokens_ += static_cast<int64_t>(ids.size());
+      ids.clear(), runs.clear(), members.clear();
     }
-    const Tensor logits = real_logits(models::forward_cached(model_, ids_tensor(ids, rows), many), V);  // (rows, L, V)
-    const float* p = logits.data<float>();
-    for (int64_t r = 0; r < rows; ++r) {
-      const std::vector<int64_t>& cont = requests[group[r]].continuation;
-      for (size_t t = 1; t < cont.size(); ++t) out[group[r]] += log_prob(p + (r * L + t - 1) * V, V, cont[t]);
-    }
-    tokens_ += rows * L;
   }
   return out;
 }

@@ -4,7 +4,6 @@
 #pragma once
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,8 +36,10 @@ LlRequest encode_request(data::Tokenizer& tok, std::string context, std::string 
                          int64_t prefix, const std::string& where);
 
 // Scores requests on a model without autograd: the summed log-probability of each continuation's tokens. Requests with
-// equal context tokens (a row's choices) share one computation of the context (its keys and values copied into a
-// cache row per request) and their continuations run as one batch. A request longer than block_size + 1 tokens is
+// equal context tokens (a row's choices) share one computation of the context: one forward runs the context and their
+// continuations after it (models::forward_runs: each continuation reads the context's keys and values, none copied),
+// so each layer multiplies once over the context's and the continuations' tokens; continuations that do not fit the
+// cache with it run in further forwards after the context kept there. A request longer than block_size + 1 tokens is
 // cut from the left as lm-eval does ((context + continuation)[-(block_size + 1):][:-1] read; castor::Error when the
 // continuation alone passes block_size).
 class LlScorer {
@@ -49,9 +50,9 @@ class LlScorer {
   int64_t tokens() const { return tokens_; }        // positions run through the model so far
 
  private:
-  models::KVCache& cache(int64_t rows);
+  models::KVCache& cache();  // made at first use
   models::LanguageModel& model_;
-  std::map<int64_t, models::KVCache> caches_;  // by rows
+  std::optional<models::KVCache> cache_;
   int64_t truncated_ = 0, tokens_ = 0;
 };
 
@@ -122,8 +123,8 @@ std::optional<data::ChatFormat> chat_task_format(const std::string& path, const 
 // task_loss and task_perplexity.
 std::vector<std::string> task_score_keys(const TrainConfig& c);
 
-// castor eval MODEL --task FILE: mc_results (with "checkpoint", "num_fewshot" and "truncated", the requests cut from
-// the left), the table on stderr, a progress line with the time left on long runs; --log-samples' file written whole.
+// castor eval MODEL --task FILE: mc_results (with "checkpoint", "num_fewshot", "fewshot_seed", "fewshot_sampler" (the
+// task's where not given) and "truncated", the requests cut from the left), the table on stderr, a progress line with the time left on long runs; --log-samples' file written whole.
 Json run_task_eval(const EvalConfig& e);
 // castor eval MODEL --text FILE: {"perplexity", "nll", "tokens", "chunks", "ctx", "checkpoint", "text"}.
 Json run_perplexity_eval(const EvalConfig& e);

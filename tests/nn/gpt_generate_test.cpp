@@ -1,6 +1,6 @@
 // Language-model inference with a KV cache (GPT, and Llama with grouped-query attention and rotary embeddings at the
-// cache positions) against full forwards over the same prefix: the cached logits, greedy generation, seeded
-// sampling, top-k and the padding rows of the vocabulary.
+// cache positions) against full forwards over the same prefix: the cached logits, runs branching after a shared
+// prefix (forward_runs), greedy generation, seeded sampling, top-k and the padding rows of the vocabulary.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -97,6 +97,58 @@ TEST(LlamaGenerate, CachedLogitsEqualTheFullForwardWithHuggingFaceOptions) {
   }
   EXPECT_TRUE(
       test::bit_equal(models::causal_mask(2, 5, 3), tensor({0, 1, 1, 1, 0, 0, 0, 1, 1, 1}, Shape{2, 5}, DType::Bool)));
+}
+
+// forward_runs: a trunk continuing 3 cached positions and branches after it (two from its end, one from its middle),
+// then branches alone after the trunk kept in the cache: each run's logits those of a full forward over its own
+// sequence (the prefix it reads, then its tokens).
+void expect_runs_equal_full_forwards(models::LanguageModel& model) {
+  const std::vector<int64_t> base = random_tokens(7, 67, 5), a = random_tokens(3, 67, 6), b = random_tokens(2, 67, 7),
+                             c = random_tokens(2, 67, 8), d = random_tokens(4, 67, 9);
+  auto full = [&](int64_t prefix, const std::vector<int64_t>& run) {  // its tokens' logits (1, len, 67)
+    std::vector<int64_t> seq(base.begin(), base.begin() + prefix);
+    seq.insert(seq.end(), run.begin(), run.end());
+    NoGradGuard no_grad;
+    return model(ids(seq)).narrow(1, prefix, static_cast<int64_t>(run.size()));
+  };
+  models::KVCache cache(model);
+  models::forward_cached(model, ids({base.begin(), base.begin() + 3}), cache);
+  std::vector<int64_t> tokens(base.begin() + 3, base.end());
+  for (const auto* run : {&a, &b, &c}) tokens.insert(tokens.end(), run->begin(), run->end());
+  const std::vector<models::TokenRun> runs = {{4, 3}, {3, 7}, {2, 7}, {2, 5}};
+  const Tensor got = models::forward_runs(model, ids(tokens), cache, runs, /*first=*/2, /*keep_first=*/true);
+  ASSERT_EQ(got.shape(), (Shape{1, 9, 67}));
+  EXPECT_TRUE(test::close(got.narrow(1, 0, 2), full(3, {base.begin() + 3, base.end()}).narrow(1, 2, 2), 1e-5, 1e-5));
+  EXPECT_TRUE(test::close(got.narrow(1, 2, 3), full(7, a), 1e-5, 1e-5));
+  EXPECT_TRUE(test::close(got.narrow(1, 5, 2), full(7, b), 1e-5, 1e-5));
+  EXPECT_TRUE(test::close(got.narrow(1, 7, 2), full(5, c), 1e-5, 1e-5));
+  EXPECT_EQ(cache.size(), 7);  // the trunk kept, the branches dropped
+  std::vector<int64_t> after = d;
+  after.insert(after.end(), a.begin(), a.end());
+  const Tensor more = models::forward_runs(model, ids(after), cache, {{4, 7}, {3, 7}}, 0, /*keep_first=*/false);
+  EXPECT_TRUE(test::close(more.narrow(1, 0, 4), full(7, d), 1e-5, 1e-5));
+  EXPECT_TRUE(test::close(more.narrow(1, 4, 3), full(7, a), 1e-5, 1e-5));
+  EXPECT_EQ(cache.size(), 7);
+  // A run reading slots not yet written, a kept first run not continuing the cache, lengths not the tokens'.
+  EXPECT_THROW(models::forward_runs(model, ids(b), cache, {{1, 7}, {1, 9}}, 0, false), Error);
+  EXPECT_THROW(models::forward_runs(model, ids(b), cache, {{2, 6}}, 0, true), Error);
+  EXPECT_THROW(models::forward_runs(model, ids(b), cache, {{1, 7}}, 0, false), Error);
+}
+
+TEST(GptGenerate, RunsAfterASharedPrefixEqualTheirFullForwards) {
+  expect_runs_equal_full_forwards(*models::gpt(test::tiny_gpt_config(67), 7));
+}
+
+// Llama's rotary positions per run, with grouped-query attention; a sliding window of 3 (every branch's window
+// passing into the prefix) and of 4.
+TEST(LlamaGenerate, RunsAfterASharedPrefixEqualTheirFullForwards) {
+  expect_runs_equal_full_forwards(*models::llama(test::tiny_llama_config(67), 7));
+  for (int64_t window : {3, 4}) {
+    SCOPED_TRACE(window);
+    models::LlamaConfig c = test::tiny_llama_config(67);
+    c.sliding_window = window;
+    expect_runs_equal_full_forwards(*models::llama(c, 9));
+  }
 }
 
 // Greedy generation from a 67-token vocabulary, block 16, against the argmax of full forwards over each window.

@@ -147,9 +147,23 @@ TEST(McTask, FewshotPrefixesAsLmEvalBuildsThem) {
   test::expect_error([&] { read_mc_task(dir.file("test.jsonl"), opt); }, {"--fewshot-file"});
 }
 
-// Row i of a layout for the fewshot cases (a few words varying with i; MMLU's subject alternating over two).
+// Row i of a layout for the fewshot cases (a few words varying with i; MMLU's subject alternating over two;
+// HellaSwag's WikiHow brackets, " [title]" and a ctx_b to capitalize; Winogrande's blank mid-sentence, its answer a
+// string as published).
 Json fewshot_row(const std::string& format, int i) {
   const std::string w = "w" + std::to_string(i);
+  if (format == "hellaswag")
+    return Json::Object{{"ind", i},
+                        {"activity_label", "Doing " + w},
+                        {"ctx_a", " [header] How to " + w + " [title] Find it."},
+                        {"ctx_b", i % 2 ? "tHEN" : ""},
+                        {"endings", Json::Array{"[step] a " + w, "b  [substeps] c", " d ", "e [x"}},
+                        {"label", std::to_string(i % 4)}};
+  if (format == "winogrande")
+    return Json::Object{{"sentence", "The " + w + " beat _ because it  was fast. "},
+                        {"option1", "Ann"},
+                        {"option2", "Bo " + w},
+                        {"answer", i % 3 ? "1" : "2"}};
   if (format == "piqa") return Json::Object{{"goal", "do " + w}, {"sol1", "a " + w}, {"sol2", "b"}, {"label", i % 2}};
   if (format == "arc")
     return Json::Object{
@@ -172,8 +186,10 @@ std::string jsonl(const std::string& format, const std::vector<int>& ids) {
 
 // The fewshot prompts equal lm-evaluation-harness's (tests/oracle/fewshot_oracle.py: its ContextSampler and
 // FirstNSampler over Python's random.Random(seed)): drawn in row order from one generator (MMLU: one a subject), one
-// more drawn and the evaluated row dropped where lm-eval passes it (PIQA always, plain rows from their own file), on
-// both of random.sample's branches (k = 6 from 100 rows: rejection; otherwise a pool).
+// more drawn where lm-eval passes the evaluated row (HellaSwag, PIQA and Winogrande always, plain rows from their own
+// file) and the row dropped wherever drawn (ARC from its own file too), on both of random.sample's branches (k = 6
+// from 100 rows: rejection; otherwise a pool); HellaSwag's examples preprocessed as its rows, Winogrande's the
+// sentence with the gold option filled in, " " and the rest, before each choice's partial sentence.
 TEST(McTask, FewshotExamplesAreDrawnAsLmEvalDrawsThem) {
   struct Case {
     std::string format;
@@ -188,8 +204,14 @@ TEST(McTask, FewshotExamplesAreDrawnAsLmEvalDrawsThem) {
   for (int i = 0; i < 40; ++i) train40.push_back(100 + i);
   for (int i = 0; i < 100; ++i) train100.push_back(100 + i);
   std::vector<int> own = train40;
-  own.insert(own.begin() + 2, 103);  // (a row twice: first_n drops both where it is evaluated)
+  own.insert(own.begin() + 2, 103);  // (a row twice: where it is evaluated both are dropped, one example fewer)
+  std::vector<int> first20(train40.begin(), train40.begin() + 20);
   const Case cases[] = {{"piqa", {1, 2, 103, 4, 5, 6, 7, 8, 9, 10, 11, 12}, train40, 3, 1234, "", true, 12},
+                        {"hellaswag", {1, 2, 3, 104, 5, 6, 7, 8, 9, 10}, train40, 3, 1234, "", true, 10},
+                        {"hellaswag", {1, 2, 3}, train40, 2, 99, "first_n", true, 3},
+                        {"winogrande", {1, 2, 105, 4, 5, 6, 7, 8, 9, 10, 11, 12}, train40, 5, 1234, "", true, 12},
+                        {"winogrande", {1, 2}, train40, 1, 5, "", true, 2},
+                        {"arc", first20, {}, 5, 1234, "", false, 20},  // (the row itself drawn: dropped, not redrawn)
                         {"arc", {1, 2, 3, 4, 5, 6, 7, 8}, train40, 2, 1234, "", false, 8},
                         {"mmlu", {1, 2, 3, 4, 5, 6, 7}, train40, 2, 1234, "default", false, 7},
                         {"mmlu", {1, 2, 3, 4}, train40, 3, 1234, "", false, 4},
@@ -223,8 +245,13 @@ TEST(McTask, FewshotExamplesAreDrawnAsLmEvalDrawsThem) {
     opt.fewshot_file = dir.file(c.shots.empty() ? "task.jsonl" : "shots.jsonl");
     if (!c.sampler.empty()) opt.sampler = parse_fewshot_sampler(c.sampler);
     const McTask t = read_mc_task(dir.file("task.jsonl"), opt);
+    EXPECT_EQ(t.sampler, parse_fewshot_sampler(sampler));
     ASSERT_EQ(t.docs.size(), want.as_array().size());
-    for (size_t i = 0; i < t.docs.size(); ++i) EXPECT_EQ(t.docs[i].contexts[0], want.as_array()[i].as_string()) << i;
+    for (size_t i = 0; i < t.docs.size(); ++i) {
+      const Json::Array& contexts = want.as_array()[i].as_array();
+      ASSERT_EQ(t.docs[i].contexts.size(), contexts.size()) << i;
+      for (size_t j = 0; j < contexts.size(); ++j) EXPECT_EQ(t.docs[i].contexts[j], contexts[j].as_string()) << i;
+    }
   }
 }
 

@@ -1,7 +1,8 @@
 // Evaluation tasks through the CLI: castor train --eval-task logs the task's scores at each evaluation, --keep-best
 // keeps the checkpoint of the best one in RUN/best whatever --keep prunes (castor eval of it gives the logged score
 // again), --early-stop ends the run by the rule replayed from metrics.jsonl, castor info names the best; castor eval
-// --task's truncation note and its one-line errors naming the line.
+// --task's truncation note, the fewshot settings it records beside the scores, and its one-line errors naming the
+// line.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -157,6 +158,27 @@ TEST_F(EvalTaskCli, EvalTruncatesLongRowsAndNamesTheLineOfBadOnes) {
   ASSERT_EQ(ev.exit_code, 0) << ev.err;
   EXPECT_EQ(Json::parse(ev.out).at("truncated").as_int(), 2);
   EXPECT_NE(ev.err.find("cut from the left"), std::string::npos) << ev.err;
+  // The fewshot settings beside the scores (lm-eval's n-shot, fewshot_seed and sampler): the defaults, then as given.
+  const Json plain = Json::parse(ev.out);
+  EXPECT_EQ(plain.at("num_fewshot").as_int(), 0);
+  EXPECT_EQ(plain.at("fewshot_seed").as_int(), 1234);
+  EXPECT_EQ(plain.at("fewshot_sampler").as_string(), "default");
+  std::string rows;
+  for (const char* c : {"the jury", "the report", "said the", "the"})
+    rows += std::string("{\"context\": \"") + c + "\", \"choices\": [\"jury\", \"report\"], \"label\": 1}\n";
+  atomic_write_file(path("shots.jsonl"), rows);
+  for (const char* sampler : {"first_n", "default"}) {
+    CastorProcess fs = castor({"eval", "run", "--task", "shots.jsonl", "--num-fewshot", "2", "--fewshot-file",
+                               "shots.jsonl", "--fewshot-seed", "7", "--fewshot-sampler", sampler});
+    ASSERT_EQ(fs.exit_code, 0) << fs.err;
+    const Json got = Json::parse(fs.out);
+    EXPECT_EQ(got.at("num_fewshot").as_int(), 2);
+    EXPECT_EQ(got.at("fewshot_seed").as_int(), 7);
+    EXPECT_EQ(got.at("fewshot_sampler").as_string(), sampler);
+    EXPECT_EQ(got.at("samples").as_int(), 4);
+  }
+  test::expect_one_line_error(castor({"eval", "run", "--task", "shots.jsonl", "--fewshot-seed", "9223372036854775808"}),
+                              {"--fewshot-seed 9223372036854775808", "2^63 - 1"});
   atomic_write_file(path("longchoice.jsonl"),
                     "{\"context\": \"the\", \"choices\": [\"jury\"], \"label\": 0}\n"
                     "{\"context\": \"the\", \"choices\": [\"" +

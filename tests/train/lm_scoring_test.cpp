@@ -113,9 +113,11 @@ void expect_matches_oracle(models::LanguageModel& model, const Case& c, const Js
 }
 
 // The rows of both models' cases, for block size T: a shared context with four choices of several lengths, a
-// Winogrande row, a row past the block (its longer choice cut from the left), a one-token context, and equal choices.
+// Winogrande row, a row past the block (its longer choice cut from the left), a one-token context, equal choices, and
+// a row whose continuations do not all fit the block after its context (the last two in a second forward after it).
 std::vector<DocShape> shapes(int64_t T) {
   return {{{{6, 1}, {6, 3}, {6, 2}, {6, 5}}, 2},
+          {{{T / 2, T / 2}, {T / 2, 4}, {T / 2, 4}}, 1},
           {{{4, 3}, {5, 3}}, 1},
           {{{T - 2, 2}, {T - 2, 4}}, 0},
           {{{1, 1}, {1, 1}, {1, 2}}, 1},
@@ -168,15 +170,18 @@ TEST(LmScoring, HuggingFaceLlamaLogLikelihoodsAccuracyAndPerplexityMatchTheOracl
   expect_matches_oracle(*model, c, want, 16, 1);
 }
 
-// The context is computed once per row: six context positions, then the four continuations but their last tokens as
-// one batch of four rows padded to the longest (5 - 1).
+// The context is computed once per row, in the forward that runs the continuations but their last tokens after it:
+// six context positions and 0 + 2 + 1 + 4 continuation positions, no padding; a row whose continuations pass the
+// block after its context (8 + 7 + 3 + 3 > 16) runs the context once too (8 + 7, then 3 + 3 after it in the cache).
 TEST(LmScoring, TheSharedContextRunsOnce) {
   auto model = models::gpt(test::tiny_gpt_config(67), 5);
   model->eval();
-  const Case c = make_case({shapes(16)[0]}, 67, 0);
+  const std::vector<DocShape> rows = shapes(16);
   LlScorer scorer(*model);
-  scorer.score(c.requests);
-  EXPECT_EQ(scorer.tokens(), 6 + 4 * 4);
+  scorer.score(make_case({rows[0]}, 67, 0).requests);
+  EXPECT_EQ(scorer.tokens(), 6 + 0 + 2 + 1 + 4);
+  scorer.score(make_case({rows[1]}, 67, 0).requests);
+  EXPECT_EQ(scorer.tokens(), 13 + 8 + 7 + 3 + 3);
   EXPECT_EQ(scorer.truncated(), 0);
 }
 
