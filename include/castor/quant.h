@@ -84,13 +84,15 @@ struct QuantizedMatrix {
 QuantizedMatrix quantize_matrix(const float* x, int64_t rows, int64_t cols, BlockType type, bool double_quant = false);
 // Rows [r0, r1) of the matrix as float32, (r1 - r0, cols) row-major.
 void dequantize_rows(const QuantizedMatrix& q, int64_t r0, int64_t r1, float* out);
+// The tile [r0, r1) x [c0, c1) of the matrix as float32, (r1 - r0, c1 - c0) row-major; c0 and c1 whole blocks.
+void dequantize_tile(const QuantizedMatrix& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* out);
 
-// The one product with a frozen quantized weight w (N, K): w's rows dequantized a tile at a time into x's dtype
-// (exact float32 values, rounded once into bfloat16 / float16, widened for float64) and multiplied by the dense
-// kernels (oneDNN's GEMMs). transpose_w false: dst (M, N) = x (M, K) w^T [+ bias (N), added before the one rounding
-// as PyTorch's addmm] (a Linear's forward: each output one product over K, as with the dense weight); true: dst (M, K)
-// = x (M, N) w (its input gradient: the tiles' products summed in float32, double for float64, and rounded once into
-// dst's dtype). x, dst and bias contiguous, of one float dtype.
+// The one product with a frozen quantized weight w (N, K): tiles of w dequantized in turn into x's dtype (exact
+// float32 values, rounded once into bfloat16 / float16, widened for float64) and multiplied by the dense kernels
+// (oneDNN's GEMMs), each output one product over the whole depth, rounded once. transpose_w false: dst (M, N) = x (M, K)
+// w^T [+ bias (N), added before the rounding as PyTorch's addmm] (a Linear's forward; tiles of w's rows); true: dst
+// (M, K) = x (M, N) w (its input gradient; tiles of w's columns, whole blocks). x, dst and bias contiguous, of one
+// float dtype.
 void quantized_matmul(const Tensor& x, const QuantizedMatrix& w, bool transpose_w, const Tensor& dst,
                       const Tensor& bias = Tensor());
 

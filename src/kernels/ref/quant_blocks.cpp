@@ -695,19 +695,30 @@ QuantizedMatrix quantize_matrix(const float* x, int64_t rows, int64_t cols, Bloc
 }
 
 void dequantize_rows(const QuantizedMatrix& q, int64_t r0, int64_t r1, float* out) {
-  CASTOR_ASSERT(0 <= r0 && r0 <= r1 && r1 <= q.rows, "dequantize_rows: rows [", r0, ", ", r1, ") of ", q.rows);
-  const int64_t n = (r1 - r0) * q.cols;
+  dequantize_tile(q, r0, r1, 0, q.cols, out);
+}
+
+void dequantize_tile(const QuantizedMatrix& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* out) {
+  const int64_t block = block_type(q.type).block;
+  CASTOR_ASSERT(0 <= r0 && r0 <= r1 && r1 <= q.rows && 0 <= c0 && c0 <= c1 && c1 <= q.cols && c0 % block == 0 &&
+                    c1 % block == 0,
+                "dequantize_tile: rows [", r0, ", ", r1, ") columns [", c0, ", ", c1, ") of ", q.rows, " x ", q.cols);
+  const int64_t n = c1 - c0;
   if (!q.absmax) {
-    const int64_t rb = row_bytes(q.type, q.cols);
-    block_type(q.type).dequantize(q.data.data<uint8_t>() + r0 * rb, out, n);
+    const int64_t rb = row_bytes(q.type, q.cols), skip = c0 / block * block_type(q.type).bytes;
+    const uint8_t* d = q.data.data<uint8_t>();
+    if (n == q.cols) return block_type(q.type).dequantize(d + r0 * rb, out, (r1 - r0) * n);  // whole rows: one run
+    for (int64_t r = r0; r < r1; ++r) block_type(q.type).dequantize(d + r * rb + skip, out + (r - r0) * n, n);
     return;
   }
   // NF4 with double quantization: each block's absmax as double_dequantize makes it, then its codes.
   const float* map = kernels::dynamic_map(true);
-  const int64_t first = r0 * q.cols / 64;
-  for (int64_t k = first; k < first + n / 64; ++k) {
-    const float absmax = map[q.absmax->codes[k]] * q.absmax->scales[k / 256] + q.absmax->offset;
-    nf4_values(q.data.data<uint8_t>() + 32 * k, absmax, out + 64 * (k - first));
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t first = (r * q.cols + c0) / 64;
+    for (int64_t k = first; k < first + n / 64; ++k) {
+      const float absmax = map[q.absmax->codes[k]] * q.absmax->scales[k / 256] + q.absmax->offset;
+      nf4_values(q.data.data<uint8_t>() + 32 * k, absmax, out + (r - r0) * n + 64 * (k - first));
+    }
   }
 }
 

@@ -1,9 +1,11 @@
-// Products with a frozen quantized weight: its rows dequantized a tile at a time into the compute dtype, each tile
-// multiplied by the dense kernels (oneDNN's float32 / bfloat16 GEMMs), so no dense copy of the weight is ever whole.
+// Products with a frozen quantized weight: tiles of it (its rows forward, its columns backward) dequantized in turn into
+// the compute dtype, each multiplied by the dense kernels (oneDNN's float32 / bfloat16 GEMMs), so no dense copy of the
+// weight is ever whole.
 #include <algorithm>
+#include <numeric>
 #include <vector>
 
-#include "castor/half.h"
+#include "castor/convert.h"
 #include "castor/quant.h"
 #include "core/parallel.h"
 #include "core/view.h"
@@ -15,9 +17,10 @@ namespace {
 
 constexpr int64_t kTileValues = int64_t{1} << 20;  // values of the weight dequantized at once (4 MB as float32)
 
-// Rows [r0, r0 + n) of w into `tile` (n, K) contiguous, in its dtype.
-void dequantize_tile(const QuantizedMatrix& w, int64_t r0, int64_t n, const Tensor& tile, float* scratch) {
-  const int64_t K = w.cols;
+// The tile [r0, r0 + n) x [c0, c1) of w into `tile` (n, c1 - c0) contiguous, in its dtype.
+void tile_into(const QuantizedMatrix& w, int64_t r0, int64_t n, int64_t c0, int64_t c1, const Tensor& tile,
+               float* scratch) {
+  const int64_t K = c1 - c0;
   const DType dt = tile.dtype();
   float* f = dt == DType::Float32 ? tile.data<float>() : scratch;
   // A row range per thread: whole rows are whole blocks.
@@ -25,17 +28,10 @@ void dequantize_tile(const QuantizedMatrix& w, int64_t r0, int64_t n, const Tens
 #pragma omp parallel for schedule(static) if (n * K > kParallelGrain)
   for (int64_t r = 0; r < n; r += rows_per) {
     const int64_t e = std::min(n, r + rows_per);
-    dequantize_rows(w, r0 + r, r0 + e, f + r * K);
-    if (dt == DType::BFloat16) {
-      uint16_t* out = static_cast<uint16_t*>(tile.data_ptr());
-      for (int64_t i = r * K; i < e * K; ++i) out[i] = float_to_bf16_bits(f[i]);
-    } else if (dt == DType::Float16) {
-      uint16_t* out = static_cast<uint16_t*>(tile.data_ptr());
-      for (int64_t i = r * K; i < e * K; ++i) out[i] = float_to_half_bits(f[i]);
-    } else if (dt == DType::Float64) {
-      double* out = tile.data<double>();
-      for (int64_t i = r * K; i < e * K; ++i) out[i] = f[i];
-    }
+    dequantize_tile(w, r0 + r, r0 + e, c0, c1, f + r * K);
+    if (dt != DType::Float32)  // rounded once (exactly widened for float64) by the bulk converters
+      convert_serial(f + r * K, DType::Float32, static_cast<char*>(tile.data_ptr()) + r * K * dtype_size(dt), dt,
+                     static_cast<size_t>((e - r) * K));
   }
 }
 
@@ -51,29 +47,27 @@ void quantized_matmul(const Tensor& x, const QuantizedMatrix& w, bool transpose_
   const int64_t M = x.size(0), N = w.rows, K = w.cols;
   CASTOR_ASSERT(x.size(1) == (transpose_w ? N : K) && dst.size(0) == M && dst.size(1) == (transpose_w ? K : N),
                 "quantized_matmul: ", x.describe(), " and a (", N, ", ", K, ") weight into ", dst.describe());
-  const int64_t rows = std::clamp<int64_t>(kTileValues / K, 1, N);
-  Tensor tile = empty({rows, K}, dt);
-  std::vector<float> scratch(dt == DType::Float32 ? 0 : static_cast<size_t>(rows * K));
-  // The input gradient sums the tiles' products in float32 (double for float64: dst itself then, and for float32).
-  const bool wide = dt == DType::Float32 || dt == DType::Float64;
-  const Tensor acc = !transpose_w ? Tensor() : wide ? dst : empty({M, K}, DType::Float32);
-  if (transpose_w) kernels::fill(acc, 0.0);
-  const Tensor out = transpose_w || rows == N ? Tensor() : empty({M, rows}, dt);
-  for (int64_t n0 = 0; n0 < N; n0 += rows) {
-    const int64_t n = std::min(rows, N - n0);
-    dequantize_tile(w, n0, n, tile, scratch.data());
+  // Tiles along the output's columns, so that each output is one product over the whole depth, rounded once: rows of
+  // w forward; backward, columns of w (whole blocks of its type, of 64 when they are smaller).
+  const int64_t depth = transpose_w ? N : K, width = transpose_w ? K : N;
+  const int64_t unit = transpose_w ? std::lcm<int64_t>(block_type(w.type).block, 64) : 1;
+  const int64_t step = std::min(width, std::max<int64_t>(1, kTileValues / depth / unit) * unit);
+  Tensor tile = empty({depth, step}, dt);  // forward (step, K), backward (N, step): the same count
+  std::vector<float> scratch(dt == DType::Float32 ? 0 : static_cast<size_t>(depth * step));
+  const Tensor out = step == width ? Tensor() : empty({M, step}, dt);
+  for (int64_t c0 = 0; c0 < width; c0 += step) {
+    const int64_t n = std::min(step, width - c0);
+    const Tensor o = n == width ? dst : make_view(out, {M, n}, {n, 1}, out.storage_offset());
     if (!transpose_w) {
-      const Tensor o = n == N ? dst : make_view(out, {M, n}, {n, 1}, out.storage_offset());
-      const Tensor b = bias.defined() ? make_view(bias, {n}, {1}, bias.storage_offset() + n0) : Tensor();
+      tile_into(w, c0, n, 0, K, tile, scratch.data());
+      const Tensor b = bias.defined() ? make_view(bias, {n}, {1}, bias.storage_offset() + c0) : Tensor();
       kernels::matmul(x, make_view(tile, {K, n}, {1, K}, tile.storage_offset()), o, b);  // x (M, K) x tile^T (K, n)
-      if (n != N) kernels::copy(o, make_view(dst, {M, n}, {N, 1}, dst.storage_offset() + n0));
     } else {
-      const Tensor xs = make_view(x, {M, n}, {N, 1}, x.storage_offset() + n0);
-      kernels::matmul_add(xs, make_view(tile, {n, K}, {K, 1}, tile.storage_offset()),
-                          acc);  // x[:, n0:] (M, n) x tile (n, K)
+      tile_into(w, 0, N, c0, c0 + n, tile, scratch.data());
+      kernels::matmul(x, make_view(tile, {N, n}, {n, 1}, tile.storage_offset()), o);  // x (M, N) x tile (N, n)
     }
+    if (n != width) kernels::copy(o, make_view(dst, {M, n}, {width, 1}, dst.storage_offset() + c0));
   }
-  if (transpose_w && !wide) kernels::copy(acc, dst);
 }
 
 }  // namespace castor::quant
