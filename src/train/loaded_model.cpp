@@ -147,7 +147,7 @@ Json described(const LoadedGpt& g, const char* key) {
 
 LoadedLm load_language_model(const std::string& path, int64_t n_head, const std::string& lora_base,
                              const std::string& tokenizer_dir, const std::string& lora) {
-  LoadedGpt g = load_gpt(path, n_head, lora_base, /*keep_blocks=*/lora.empty());  // (an adapter merges densely)
+  LoadedGpt g = load_gpt(path, n_head, lora_base, /*keep_blocks=*/true);
   for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
     formats::check_finite(g.what, name, t);
   std::string dir = tokenizer_dir.empty() ? model_tokenizer_dir(path, g.config) : tokenizer_dir;
@@ -164,7 +164,7 @@ LoadedLm load_language_model(const std::string& path, int64_t n_head, const std:
   std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
   if (!lora.empty()) {
     CASTOR_CHECK(!g.lora, "--lora: ", g.what, " is a LoRA run's (its adapters merged already); give its base");
-    merge_peft_adapter(*model, g.llama ? ModelKind::Llama : ModelKind::Gpt, path, lora);
+    apply_peft_adapter(*model, g.llama ? ModelKind::Llama : ModelKind::Gpt, path, lora);
   }
   model->eval();
   std::set<int64_t> ends = end_ids(g, tok);

@@ -317,7 +317,7 @@ void apply_run_lora(const TrainConfig& c, nn::Module& model) {
   load_adapters(model, adapters, "--init-lora " + file);
 }
 
-void merge_peft_adapter(nn::Module& model, ModelKind kind, const std::string& base, const std::string& dir) {
+void apply_peft_adapter(nn::Module& model, ModelKind kind, const std::string& base, const std::string& dir) {
   TrainConfig c;
   c.model = kind, c.init = base, c.init_lora = dir;
   try {
@@ -328,7 +328,9 @@ void merge_peft_adapter(nn::Module& model, ModelKind kind, const std::string& ba
     if (msg.rfind("--init-lora ", 0) == 0) msg.replace(0, 11, "--lora");
     throw Error(msg);
   }
-  nn::merge_and_unload(model);
+  const auto linears = nn::lora_layers(model);
+  if (std::none_of(linears.begin(), linears.end(), [](const auto& l) { return l.second->quantized != nullptr; }))
+    nn::merge_and_unload(model);
 }
 
 void keep_adapters(Checkpoint& ck, const Json& config) {

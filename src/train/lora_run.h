@@ -29,10 +29,12 @@ void check_lora_base(const TrainConfig& c);
 void load_base(nn::Module& model, const std::string& path, const TrainConfig& c);
 // Adapts the model built from --init as `c` says and loads --init-lora's adapters.
 void apply_run_lora(const TrainConfig& c, nn::Module& model);
-// castor sample|eval --lora DIR: the PEFT adapter directory DIR (adapter_config.json, adapter_model.safetensors) merged
-// into `model`, the `kind` model of `base` (a weights file or Hugging Face directory), read as --init-lora reads it.
-// castor::Error naming the file for adapters that do not fit the model.
-void merge_peft_adapter(nn::Module& model, ModelKind kind, const std::string& base, const std::string& dir);
+// castor sample|eval --lora DIR: the PEFT adapter directory DIR (adapter_config.json, adapter_model.safetensors) on
+// `model`, the `kind` model of `base` (a weights file, Hugging Face directory or GGUF file), read as --init-lora reads
+// it: merged into the weights (nn::merge_and_unload), or, where an adapted Linear holds quantized blocks (a GGUF
+// file's), kept beside them unmerged (the same function; the blocks stay as they are). castor::Error naming the file
+// for adapters that do not fit the model.
+void apply_peft_adapter(nn::Module& model, ModelKind kind, const std::string& base, const std::string& dir);
 
 // Makes a checkpoint of a LoRA run (config's lora_rank > 0) hold only the adapters, with "castor.lora_base" (the base
 // file) in its metadata.

@@ -593,6 +593,39 @@ TEST_F(GgufCli, GptMatchesLlamaCpp) {
   expect_tokenizes_as(got.at(0), tok);
 }
 
+// A LoRA run on a GPT (arch gpt2: adapters of blk.N.attn_qkv, attn_output, ffn_up and ffn_down): llama.cpp with the
+// GPT's GGUF export and the run's gguf-lora adapter continues as the run does, and without the adapter differently.
+TEST_F(GgufCli, GptLoraAdapterInLlamaCpp) {
+  ASSERT_TRUE(have_llama_cpp());
+  tokenize("gpt2", "tok2");
+  train("gpt", "tok2", "gpt", 30);
+  data::Tokenizer tok = data::Tokenizer::load(path("tok2"));
+  const std::vector<uint32_t> p16 = tok.encode("The jury");
+  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  CastorProcess b = castor({"export", "--format", "gguf", "--checkpoint", "gpt", "--out", "gpt.gguf"});
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  CastorProcess lora = castor({"train", "--init",      "gpt",  "--data",       "tokens",  "--data-dir",
+                               "tok2",  "--lora-rank", "4",    "--lora-alpha", "8",       "--steps",
+                               "20",    "--lr",        "1e-2", "--batch-size", "4",       "--eval-iters",
+                               "1",     "--threads",   "1",    "--out",        "gpt_lora"});
+  ASSERT_EQ(lora.exit_code, 0) << lora.err;
+  const Reference ref = castor_reference(path("gpt_lora"), prompt, tok.vocab_size());
+  CastorProcess e = castor(
+      {"export", "--format", "gguf-lora", "--checkpoint", "gpt_lora", "--out", "gpt_adapter.gguf"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("gpt_adapter.gguf") + " " +
+                                 path("dump"),
+                             path("read.json"));
+  EXPECT_EQ(file.at("kv").at("general.architecture").as_string(), "gpt2");
+  EXPECT_EQ(file.at("tensors").as_object().size(), 2u * (4 * 2));
+  EXPECT_TRUE(file.at("tensors").find("blk.1.attn_qkv.weight.lora_b")) << file.at("tensors").dump().substr(0, 400);
+  texts.clear();
+  const std::vector<Json> got = llama_cpp({"gpt.gguf", "gpt.gguf"}, prompt, {}, {"gpt_adapter.gguf", ""});
+  EXPECT_EQ(ids_of(got.at(0).at("greedy")), ref.greedy);
+  EXPECT_NE(ids_of(got.at(1).at("greedy")), ref.greedy);  // the base alone continues differently
+}
+
 // A Llama with Hugging Face's extras that GGUF's llama arch holds: q/k/v/o and MLP biases and a head size other than
 // dim / heads (llama.attention.key_length): llama.cpp's greedy tokens are Castor's (random weights, N(0, 0.3), so
 // that the logits are far apart). A short sliding window is refused, nothing written.
