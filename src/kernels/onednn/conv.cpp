@@ -214,18 +214,33 @@ void run(const ConvPrim& c, const Staged& in0, const Staged& in1, const Tensor& 
   stream().wait();
 }
 
-void run_forward(const ConvPrim& c, const Tensor& src, const Tensor& weights, const Tensor& bias, const Tensor& dst) {
-  run(c, stage_in(c.ports[0], src), stage_in(c.ports[1], weights), dst, bias);
+// The weights (or, in backward, the weights as the data pass reads them) staged once for all the batch slices of a
+// pass: staged again only when a slice's primitive wants another layout.
+class StagedWeights {
+ public:
+  explicit StagedWeights(const Tensor& weights) : weights_(weights) {}
+  const Staged& in(const Port& port) {
+    if (!staged_ || staged_->mem.get_desc() != port.want) staged_ = stage_in(port, weights_);
+    return *staged_;
+  }
+
+ private:
+  const Tensor& weights_;
+  std::optional<Staged> staged_;
+};
+
+void run_forward(const ConvPrim& c, const Tensor& src, StagedWeights& weights, const Tensor& bias, const Tensor& dst) {
+  run(c, stage_in(c.ports[0], src), weights.in(c.ports[1]), dst, bias);
 }
 
 // Both backward passes; diff_dst is reordered once when the two primitives want the same layout for it.
-void run_backward(const ConvPrim* data, const ConvPrim* wts, const Tensor& src, const Tensor& weights,
+void run_backward(const ConvPrim* data, const ConvPrim* wts, const Tensor& src, StagedWeights& weights,
                   const Tensor& diff_dst, const Tensor& diff_src, const Tensor& diff_weights, const Tensor& diff_bias) {
   Staged dy;
   if (data) {
     ++g_backward_data;
     dy = stage_in(data->ports[0], diff_dst);
-    run(*data, dy, stage_in(data->ports[1], weights), diff_src, Tensor());
+    run(*data, dy, weights.in(data->ports[1]), diff_src, Tensor());
   }
   if (wts) {
     const bool reuse = data && dy.mem.get_desc() == wts->ports[1].want;
@@ -254,9 +269,11 @@ std::string describe(const Tensor& src, const Tensor& weights, const Conv2dParam
 
 // Images per slice of the batch on the float32 emulation (float16, and bfloat16 without oneDNN bf16 kernels): the
 // float32 copies of a slice's activations stay near kSliceBytes instead of whole-batch size, which would cost more
-// memory than the 16-bit activations save, and in the cache between widening, convolution and rounding (SimpleCNN's
-// O1 bfloat16 step under the AVX2 cap: 0.94-0.97x float32's CPU time with 1 MiB slices, 0.86-0.91x with 4 MiB).
-constexpr int64_t kSliceBytes = 1 << 20;
+// memory than the 16-bit activations save. Each slice's widening, convolution and rounding are parallel regions of
+// their own, whose thread wake-ups cost more than the cache saves at small slices: SimpleCNN's O1 bfloat16 step
+// under the AVX2 cap, wall time as `castor train` reports it, ran at 0.77x float32's with 1 MiB slices (about 550
+// regions a step against float32's 62) and 0.95-1.0x with 4 MiB (docs/benchmarks.md, #49).
+constexpr int64_t kSliceBytes = 4 << 20;
 int64_t slice_images(const Tensor& src, const Tensor& dst) {
   const int64_t per_image = 4 * std::max(src.numel(), dst.numel()) / std::max<int64_t>(src.size(0), 1);
   return std::max<int64_t>(1, kSliceBytes / std::max<int64_t>(per_image, 1));
@@ -325,14 +342,17 @@ void conv2d_forward(const Tensor& src, const Tensor& weights, const Tensor& bias
   if (src.dtype() == DType::Float64) return conv2d_forward_ref(src, weights, bias, dst, p);
   try {
     const bool has_bias = bias.defined();
-    if (const ConvPrim* c = native(kForward, src.dtype(), src, weights, dst, has_bias, p))
-      return run_forward(*c, src, weights, bias, dst);
+    if (const ConvPrim* c = native(kForward, src.dtype(), src, weights, dst, has_bias, p)) {
+      StagedWeights w(weights);
+      return run_forward(*c, src, w, bias, dst);
+    }
     const Tensor w_f = widen(weights), b_f = widen(bias);
+    StagedWeights w(w_f);
     const int64_t n = src.size(0), step = slice_images(src, dst);
     for (int64_t n0 = 0; n0 < n; n0 += step) {
       const int64_t len = std::min(step, n - n0);
       const Tensor s = images(src, n0, len), d = images(dst, n0, len), d_f = float_like(d);
-      run_forward(in_float32(kForward, s, weights, d, has_bias, p), widen(s), w_f, b_f, d_f);
+      run_forward(in_float32(kForward, s, weights, d, has_bias, p), widen(s), w, b_f, d_f);
       copy(d_f, d);
     }
   } catch (const dnnl::error& e) {
@@ -361,13 +381,15 @@ void conv2d_backward(const Tensor& src, const Tensor& weights, const Tensor& dif
     const bool need_data = diff_src.defined(), need_wts = diff_weights.defined();
     if ((!need_data || data) && (!need_wts || wts)) {
       const int64_t step = wts ? weights_slice_images(*wts, src, diff_dst) : 0;
-      if (step == 0) return run_backward(data, wts, src, weights, diff_dst, diff_src, diff_weights, diff_bias);
-      run_backward(data, nullptr, src, weights, diff_dst, diff_src, Tensor(), Tensor());
+      StagedWeights w(weights);
+      if (step == 0) return run_backward(data, wts, src, w, diff_dst, diff_src, diff_weights, diff_bias);
+      run_backward(data, nullptr, src, w, diff_dst, diff_src, Tensor(), Tensor());
       if (backward_weights_sliced(src, src_side, diff_dst, diff_weights, diff_bias, p, step)) return;
-      return run_backward(nullptr, wts, src, weights, diff_dst, Tensor(), diff_weights, diff_bias);
+      return run_backward(nullptr, wts, src, w, diff_dst, Tensor(), diff_weights, diff_bias);
     }
     // Slice by slice; the weights' and bias' gradients are summed over the slices in float32 and rounded once.
     const Tensor w_f = need_data ? widen(weights) : Tensor();
+    StagedWeights w(w_f);
     const Tensor dw = float_like(diff_weights), db = float_like(diff_bias);
     const Tensor dw_part = float_like(diff_weights), db_part = float_like(diff_bias);
     const int64_t n = diff_dst.size(0), step = slice_images(src_side, diff_dst);
@@ -378,7 +400,7 @@ void conv2d_backward(const Tensor& src, const Tensor& weights, const Tensor& dif
       const bool first = n0 == 0;
       run_backward(need_data ? &in_float32(kBackwardData, side, w_side, dd, false, p) : nullptr,
                    need_wts ? &in_float32(kBackwardWeights, side, w_side, dd, has_bias, p) : nullptr,
-                   need_wts ? widen(images(src, n0, len)) : Tensor(), w_f, widen(dd), dx, first ? dw : dw_part,
+                   need_wts ? widen(images(src, n0, len)) : Tensor(), w, widen(dd), dx, first ? dw : dw_part,
                    first ? db : db_part);
       if (!first) accumulate(dw, dw_part), accumulate(db, db_part);
       round_into(dx, dsrc);
