@@ -186,8 +186,10 @@ void read_gguf_each(const std::string& path, const std::function<void(const std:
 
 // The tokenizer a file's tokenizer.ggml.* keys describe, as a Hugging Face tokenizer.json (Castor's Tokenizer reads
 // that): "gpt2" with pre "llama-bpe" (Llama 3's split), "qwen2", "gpt-2" or "default" as byte-level BPE with the
-// merges; "llama" (SentencePiece) as BPE with byte fallback whose merges rank the pairs by the scores of the tokens
-// they make (llama.cpp merges the highest-scoring pair first); control and user-defined tokens as added tokens,
+// merges; "llama" (SentencePiece) as BPE with byte fallback and the file's scores (model.gguf_scores: Castor merges
+// as llama.cpp does, the adjacent pair whose concatenation is a token of the highest score first, the leftmost of
+// equal scores), with merges of two normal tokens ranked by those scores for other readers of tokenizer.json;
+// control and user-defined tokens as added tokens,
 // add_bos_token as a BOS template. The chat template, bos, eos, eot and pad ids as tokenizer_config.json would hold
 // them. castor::Error naming the file and the key for another tokenizer model or pre-tokenizer.
 struct GgufTokenizer {

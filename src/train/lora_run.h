@@ -52,6 +52,8 @@ void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata
 // `lora_base` (--lora-base; empty: the recorded one): the base file moved, checked against the recorded checksum.
 void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::string& lora_base = "");
 
+// Where a LoRA checkpoint's base is now: `lora_base` (--lora-base), else the recorded one.
+std::string lora_base_of(const Checkpoint& ck, const std::string& lora_base);
 // A LoRA checkpoint's base language model (a GPT or a Llama, as its recorded settings describe; `lora_base`: where the
 // base is now, empty: the recorded one; its checksum checked) with the checkpoint's adapters on it.
 std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const std::string& what,

@@ -197,9 +197,9 @@ TEST_F(GgufInputCli, EvalDataKeepsTheBlocks) {
   EXPECT_NEAR(q, f, 1e-5 * std::abs(f));
 }
 
-// A PEFT adapter of a LoRA run on the quantized file, given to castor eval|sample --lora with that file: the adapters
-// sit beside the blocks (every Linear still quantized, none merged) and the perplexity is the f32 file's with the
-// adapter merged, and not the file's without it.
+// A PEFT adapter of a LoRA run on the quantized file, given to castor eval|sample --lora with that file, and the run
+// itself: the adapters sit beside the blocks (every Linear still quantized, none merged) and the perplexity is the
+// f32 file's with the adapter merged, and not the file's without it.
 TEST_F(GgufInputCli, LoraAdapterOnTheBlocksGivesTheDenseFilesPerplexity) {
   tokenize("q4km.gguf", "tok4");
   CastorProcess l = castor({"train", "--init",       "q4km.gguf", "--data",       "tokens", "--data-dir",
@@ -210,12 +210,15 @@ TEST_F(GgufInputCli, LoraAdapterOnTheBlocksGivesTheDenseFilesPerplexity) {
   ASSERT_EQ(l.exit_code, 0) << l.err;
   CastorProcess x = castor({"export", "--format", "peft", "--checkpoint", "lora4", "--out", "peft4"});
   ASSERT_EQ(x.exit_code, 0) << x.err;
-  const LoadedLm lm = load_language_model(at("q4km.gguf"), 0, "", "", at("peft4"));
-  const auto linears = nn::all_linear_layers(*lm.model);
-  ASSERT_FALSE(linears.empty());
-  for (const auto& [name, layer] : linears) {
-    EXPECT_TRUE(layer->quantized) << name;
-    EXPECT_TRUE(layer->lora && !layer->lora->merged()) << name;
+  // The file with the PEFT directory, and the run itself (its base the file), as castor sample and eval load them.
+  for (const auto& [model, peft] : {std::pair{"q4km.gguf", "peft4"}, std::pair{"lora4", ""}}) {
+    const LoadedLm lm = load_language_model(at(model), 0, "", "", *peft ? at(peft) : "");
+    const auto linears = nn::all_linear_layers(*lm.model);
+    ASSERT_FALSE(linears.empty());
+    for (const auto& [name, layer] : linears) {
+      EXPECT_TRUE(layer->quantized) << model << " " << name;
+      EXPECT_TRUE(layer->lora && !layer->lora->merged()) << model << " " << name;
+    }
   }
   const auto nll = [&](const char* file, bool adapter) {
     std::vector<std::string> args = {"eval", file, "--text", "text.txt", "--ctx", "32"};
@@ -226,6 +229,7 @@ TEST_F(GgufInputCli, LoraAdapterOnTheBlocksGivesTheDenseFilesPerplexity) {
   };
   const double q = nll("q4km.gguf", true), f = nll("f32.gguf", true);
   EXPECT_NEAR(q, f, 1e-5 * std::abs(f));
+  EXPECT_NEAR(nll("lora4", false), f, 1e-5 * std::abs(f));
   EXPECT_GT(std::abs(q - nll("q4km.gguf", false)), 1e-4);
 }
 
