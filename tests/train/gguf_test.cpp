@@ -85,6 +85,11 @@ struct Reference {
   std::vector<double> p;
 };
 Reference model_reference(models::LanguageModel& model, const std::vector<int64_t>& prompt, int64_t steps = kSteps);
+// The prompt the tests continue, in `tok`'s ids.
+std::vector<int64_t> jury_prompt(data::Tokenizer& tok) {
+  const std::vector<uint32_t> ids = tok.encode("The jury");
+  return {ids.begin(), ids.end()};
+}
 Reference castor_reference(const std::string& run, const std::vector<int64_t>& prompt, int64_t real_vocab,
                            int64_t steps = kSteps) {
   Checkpoint ck = read_checkpoint(run);
@@ -395,14 +400,13 @@ TEST_F(GgufCli, LlamaMatchesLlamaCpp) {
   tokenize("bpe", "tok");
   train("llama", "tok", "llama", 120);
   data::Tokenizer tok = data::Tokenizer::load(path("tok"));
-  const std::vector<uint32_t> p16 = tok.encode("The jury");
-  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const std::vector<int64_t> prompt = jury_prompt(tok);
   const Reference ref = castor_reference(path("llama"), prompt, 300);
   // The reference is castor sample's text.
   CastorProcess s = castor(
       {"sample", "--checkpoint", "llama", "--temperature", "0", "--tokens", "32", "--prompt", "The jury"});
   ASSERT_EQ(s.exit_code, 0) << s.err;
-  std::vector<uint32_t> all(p16);
+  std::vector<uint32_t> all(prompt.begin(), prompt.end());
   for (int64_t t : ref.greedy) all.push_back(static_cast<uint32_t>(t));
   EXPECT_EQ(s.out, tok.decode(all) + "\n");
 
@@ -471,8 +475,7 @@ TEST_F(GgufCli, LoraAdapterOnTheGgufBaseInLlamaCpp) {
   tokenize("bpe", "tok");
   train("llama", "tok", "llama", 120, {"--untied"});  // (an adapter on a tied head would change the embedding too)
   data::Tokenizer tok = data::Tokenizer::load(path("tok"));
-  const std::vector<uint32_t> p16 = tok.encode("The jury");
-  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const std::vector<int64_t> prompt = jury_prompt(tok);
   CastorProcess b = castor({"export", "--format", "gguf", "--checkpoint", "llama", "--out", "base.gguf"});
   ASSERT_EQ(b.exit_code, 0) << b.err;
   // (the text in the file's own vocabulary, as a user of someone else's GGUF encodes it)
@@ -585,8 +588,7 @@ TEST_F(GgufCli, GptMatchesLlamaCpp) {
   tokenize("gpt2", "tok2");
   train("gpt", "tok2", "gpt", 30);
   data::Tokenizer tok = data::Tokenizer::load(path("tok2"));
-  const std::vector<uint32_t> p16 = tok.encode("The jury");
-  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const std::vector<int64_t> prompt = jury_prompt(tok);
   const Reference ref = castor_reference(path("gpt"), prompt, tok.vocab_size());
   const std::vector<Json> got = compare(
       "gpt", {{"f32", true, kSteps, 1e-4}, {"f16", true, kSteps, 0}, {"q8_0", false, 28, 0}}, prompt, ref);
@@ -601,8 +603,7 @@ TEST_F(GgufCli, GptLoraAdapterInLlamaCpp) {
   tokenize("gpt2", "tok2");
   train("gpt", "tok2", "gpt", 30);
   data::Tokenizer tok = data::Tokenizer::load(path("tok2"));
-  const std::vector<uint32_t> p16 = tok.encode("The jury");
-  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const std::vector<int64_t> prompt = jury_prompt(tok);
   CastorProcess b = castor({"export", "--format", "gguf", "--checkpoint", "gpt", "--out", "gpt.gguf"});
   ASSERT_EQ(b.exit_code, 0) << b.err;
   CastorProcess lora = castor({"train", "--init",      "gpt",  "--data",       "tokens",  "--data-dir",
@@ -651,8 +652,7 @@ TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
   auto model = models::llama(c, 3);
   randomize(*model, 5);
   model->eval();
-  const std::vector<uint32_t> p16 = tok.encode("The jury");
-  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const std::vector<int64_t> prompt = jury_prompt(tok);
   std::vector<int64_t> greedy = models::generate(*model, prompt, kSteps, 0.0);
   greedy.erase(greedy.begin(), greedy.begin() + static_cast<int64_t>(prompt.size()));
   formats::write_gguf_llama(path("biases.gguf"), *model, vocab, *formats::find_gguf_file_type("f32"), "biases");
@@ -789,8 +789,7 @@ TEST_F(GgufCli, QuantizedExportIsLlamaQuantizesFile) {
     formats::write_gguf_llama(path(ours), *model, vocab, *formats::find_gguf_file_type(name), "q");
     expect_llama_quantizes_as("f32.gguf", ours, ftype);
   }
-  const std::vector<uint32_t> p16 = tok.encode("The jury");
-  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const std::vector<int64_t> prompt = jury_prompt(tok);
   texts.clear();
   EXPECT_EQ(ids_of(llama_cpp({"q4_k_m.gguf"}, prompt, {}).at(0).at("greedy")).size(), static_cast<size_t>(kSteps));
 }
@@ -848,8 +847,7 @@ TEST_F(GgufCli, Llama3RopeScalingAsRopeFreqs) {
   c.rope_scaling.original_max_position_embeddings = 64;
   auto model = models::llama(c, 3);
   randomize(*model, 6);
-  const std::vector<uint32_t> p16 = tok.encode("The jury");
-  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const std::vector<int64_t> prompt = jury_prompt(tok);
   const Reference ref = model_reference(*model, prompt);
   models::LlamaConfig plain = c;
   plain.rope_scaling = {};
