@@ -83,8 +83,11 @@ int fail(int code) {
 // load, choose_openmp_wait; the other commands: a bounded spin) and runs itself again with it, since libgomp reads
 // these once, as it loads. CASTOR_OPENMP_WAIT says what was chosen and why (config.json records it), and marks the
 // second start (and the ranks mpirun starts), which chooses nothing. If the exec fails, castor goes on as it is.
+bool openmp_wait_set() {
+  return std::getenv("CASTOR_OPENMP_WAIT") || std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT");
+}
 void run_with_openmp_wait(const castor::train::OpenMpWait& w, char** argv) {
-  if (std::getenv("CASTOR_OPENMP_WAIT") || std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT")) return;
+  if (openmp_wait_set()) return;
   if (setenv(w.variable, w.value, /*overwrite=*/0) != 0) return;
   if (setenv("CASTOR_OPENMP_WAIT", w.text().c_str(), /*overwrite=*/0) != 0) return;
   std::fflush(nullptr);
@@ -120,10 +123,11 @@ int main(int argc, char** argv) {
       if (wants_help(args)) return std::fputs(castor::train::train_help().c_str(), stdout), 0;
       const castor::train::TrainConfig config = castor::train::parse_train_flags(args);
       if (config.dry_run) return std::printf("%s\n", castor::train::run_dry_run(config).dump().c_str()), 0;
-      run_with_openmp_wait(castor::train::choose_openmp_wait(castor::train::openmp_wait_job(config),
-                                                             castor::train::online_cpus(),
-                                                             castor::train::load_average()),
-                           argv);
+      if (!openmp_wait_set())  // (measuring the machine takes 0.1 s: not again in the second start or the ranks)
+        run_with_openmp_wait(castor::train::choose_openmp_wait(castor::train::openmp_wait_job(config),
+                                                               castor::train::online_cpus(),
+                                                               castor::train::busy_cores()),
+                             argv);
       relaunch_under_mpirun(config, args);
       castor::train::install_interrupt_handlers();
       const castor::Json summary = castor::train::run_train(config);

@@ -24,7 +24,7 @@ struct OpenMpWait {
   std::string text() const;  // "OMP_WAIT_POLICY=passive (a large model: ...)"
 };
 // The wait of a `castor train` job on a machine of `cpus` cores whose other processes keep `busy_cores` of them
-// running (the load average, taken before the job starts): passive where this job's threads would share cores with
+// running (busy_cores, measured before the job starts): passive where this job's threads would share cores with
 // other work, or where its model is large (GPT-2 124M: a step's GEMMs dwarf the waits, and a spinning thread steals
 // the issue slots of its SMT sibling), else a bounded spin (small models: a thread asleep wakes too late).
 OpenMpWait choose_openmp_wait(const TrainConfig& c, int cpus, double busy_cores);
@@ -36,9 +36,11 @@ OpenMpWait default_openmp_wait();
 // the castor command chose ($CASTOR_OPENMP_WAIT), else those variables with "(given)" (config.json's "openmp_wait").
 std::string openmp_wait_variables();
 std::string openmp_wait_in_effect();
-// This machine's cores online and the 1-minute load average (/proc/loadavg; 0 when unreadable).
+// This machine's cores online, and how many of them other processes keep busy over `window_ms` (/proc/stat; 0 when
+// unreadable). Processes at a positive nice do not count: they yield their cores to a job at nice 0 or below, whose
+// threads may spin beside them (beside builds at nice 19, llama-15m's step ran 1.3x faster spinning than asleep).
 int online_cpus();
-double load_average();
+double busy_cores(int window_ms = 100);
 // castor train --dry-run: prints each rank's memory plan for cfg.nproc ranks at ZeRO stages 0-3 (weights in the run's
 // dtypes, O1's 16-bit copies, O2's float32 masters, the optimizer's state incl. AdamW8bit's codes and absmax, the
 // gradients with DDP's float32 buckets or stage 2's float32 slices, stage 3's largest gathered block), bytes held

@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -17,6 +18,20 @@ namespace {
 // A language model whose blocks hold at least this many weights (12 n_layer n_embd^2: GPT-2 124M has 85M, nanoGPT's
 // default GPT 10.6M, llama-15m 6M) spends its steps in GEMMs long enough that its threads gain nothing by spinning.
 constexpr double kLargeModelWeights = 32e6;
+
+// /proc/stat's first line: the jiffies all CPUs spent running others' work (user, system, irq, softirq, steal; not
+// nice, not idle or iowait) and in all; false when unreadable.
+bool cpu_jiffies(double* busy, double* total) {
+  FILE* f = std::fopen("/proc/stat", "r");
+  if (!f) return false;
+  double v[8] = {};  // user nice system idle iowait irq softirq steal
+  const bool ok = std::fscanf(f, "cpu %lf %lf %lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                              &v[7]) == 8;
+  std::fclose(f);
+  *busy = v[0] + v[2] + v[5] + v[6] + v[7];
+  *total = v[0] + v[1] + v[2] + v[3] + v[4] + v[5] + v[6] + v[7];
+  return ok;
+}
 
 }  // namespace
 
@@ -60,13 +75,12 @@ TrainConfig openmp_wait_job(const TrainConfig& c) {
 
 int online_cpus() { return static_cast<int>(std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN))); }
 
-double load_average() {
-  double load = 0;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &load) != 1) load = 0;
-    std::fclose(f);
-  }
-  return load;
+double busy_cores(int window_ms) {
+  double busy0 = 0, total0 = 0, busy1 = 0, total1 = 0;
+  if (!cpu_jiffies(&busy0, &total0)) return 0;
+  std::this_thread::sleep_for(std::chrono::milliseconds(window_ms));
+  if (!cpu_jiffies(&busy1, &total1) || total1 <= total0) return 0;
+  return (busy1 - busy0) / (total1 - total0) * online_cpus();
 }
 
 }  // namespace castor::train

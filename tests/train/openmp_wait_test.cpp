@@ -2,6 +2,9 @@
 // by hand from the rule (passive where the job's threads share cores with other work or its model is large, else a
 // bounded spin), and the command recording what it chose, or the user's choice, in config.json.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "castor/fs.h"
 #include "castor/json.h"
@@ -81,6 +84,23 @@ TEST(OpenMpWait, TheRunRecordsTheWaitItRanWith) {
   EXPECT_EQ(choose_openmp_wait(job, 2, 0.0).text(), "OMP_WAIT_POLICY=passive (a large model: 12 blocks of width 768)");
   const TrainConfig unreadable = openmp_wait_job(parse_train_flags({"--resume", dir + "/missing"}));
   EXPECT_EQ(unreadable.model, ModelKind::SimpleCnn);  // the flags as they are
+}
+
+// busy_cores counts a process spinning beside this one (its own core, whatever else runs: at least half of one), from
+// /proc/stat as castor train measures before it starts.
+TEST(OpenMpWait, BusyCoresCountAProcessSpinningBesideThisOne) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    alarm(10);                               // (ended by the parent; never outlives the test)
+    for (;;) asm volatile("" ::: "memory");  // a spin the compiler keeps
+  }
+  usleep(50 * 1000);
+  const double busy = busy_cores(300);
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT_GE(busy, 0.5);
+  EXPECT_LE(busy, online_cpus() + 0.01);
 }
 
 }  // namespace castor::train

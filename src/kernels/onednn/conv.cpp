@@ -422,12 +422,12 @@ void conv2d_max_pool_relu_forward(const Tensor& src, const Tensor& weights, cons
                                   const Pool2dParams& pool) {
   const int64_t n = src.size(0), elements = conv_shape[1] * conv_shape[2] * conv_shape[3];
   if (n == 0) return;
-  // An emulated 16-bit convolution (conv2d_forward) also holds its slice's float32 result: counted in the slice's
-  // bytes, so that the pair holds no more than a float32 slice would.
   const DType dt = dst.dtype();
   const Tensor probe = empty({1, conv_shape[1], conv_shape[2], conv_shape[3]}, dt, MemoryFormat::ChannelsLast);
+  // An emulated 16-bit convolution (conv2d_forward) slices by its float32 copies' size: one of its slices per fused
+  // slice, since each slice is a few parallel regions whose thread wake-ups cost more than the cache saves.
   const bool emulated = !native(kForward, dt, src.narrow(0, 0, 1), weights, probe, bias.defined(), conv);
-  const int64_t per_image = elements * (dtype_size(dt) + (emulated ? dtype_size(DType::Float32) : 0));
+  const int64_t per_image = emulated ? elements * dtype_size(DType::Float32) : elements * dtype_size(dt);
   const int64_t step = std::clamp<int64_t>(kFusedSliceBytes / std::max<int64_t>(per_image, 1), 1,
                                            std::max<int64_t>(n, 1));
   const Tensor conv_out = empty({step, conv_shape[1], conv_shape[2], conv_shape[3]}, dst.dtype(),
