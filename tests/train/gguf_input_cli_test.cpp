@@ -221,7 +221,8 @@ TEST_F(GgufInputCli, LoraAdapterOnTheBlocksGivesTheDenseFilesPerplexity) {
     }
   }
   const auto nll = [&](const char* file, bool adapter) {
-    std::vector<std::string> args = {"eval", file, "--text", "text.txt", "--ctx", "32"};
+    // (--ctx 16: the run's context, its block size)
+    std::vector<std::string> args = {"eval", file, "--text", "text.txt", "--ctx", "16"};
     if (adapter) args.insert(args.end(), {"--lora", "peft4"});
     CastorProcess p = castor(args);
     EXPECT_EQ(p.exit_code, 0) << p.err;
