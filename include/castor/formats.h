@@ -47,5 +47,7 @@ struct TensorName {
 };
 // The name `castor_name` has in the file under `layout` ("{i}" filled in), or "" when the layout has no row for it.
 std::string file_name(const std::vector<TensorName>& layout, const std::string& castor_name);
+// The Castor name of the file's tensor `file_name` under `layout` (the layout read backwards), or "" when none.
+std::string castor_name(const std::vector<TensorName>& layout, const std::string& file_name);
 
 }  // namespace castor::formats

@@ -9,8 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "castor/llama.h"
+#include "castor/formats.h"
 #include "castor/json.h"
+#include "castor/llama.h"
 #include "castor/llmc.h"
 #include "castor/model_source.h"
 #include "castor/quant.h"
@@ -59,6 +60,14 @@ struct GgufModelShape {
 quant::BlockType gguf_tensor_type(const GgufFileType& type, const std::string& name, const std::vector<int64_t>& ne,
                                   const GgufModelShape& shape);
 
+// llama.cpp's names of a Castor Llama's tensors (arch llama and qwen2: convert_hf_to_gguf.py's), "{i}" the layer, each
+// weight followed by its bias: what write_gguf_llama writes and read_gguf_each reads.
+const std::vector<TensorName>& gguf_llama_layout();
+// llama.cpp's names of a Castor GPT's tensors (arch gpt2), "{i}" the layer, each weight followed by its bias.
+const std::vector<TensorName>& gguf_gpt_layout();
+// Llama 3.1's per-pair rope factors (llama.cpp's rope_freqs table): no tensor of the model, its rope scaling.
+inline constexpr const char* kGgufRopeFreqs = "rope_freqs.weight";
+
 // A tokenizer as GGUF's tokenizer.ggml.* keys hold it: "llama" (SentencePiece-style: tokens with U+2581 for a space,
 // scores, token types, byte tokens <0xHH>) for a llama2.c vocabulary, "gpt2" (byte-level BPE: tokens, types, merges
 // "a b", pre-tokenizer "gpt-2") for GPT-2's.
@@ -92,8 +101,9 @@ struct GgufSummary {
   std::map<std::string, int64_t> tensor_types;  // ggml's type name ("q6_K") -> the number of tensors of that type
 };
 
-// The GGUF arch of a Llama-family model: llama, or qwen2 (Qwen2ForCausalLM: q/k/v biases, NEOX rope).
-enum class GgufArch { Llama, Qwen2 };
+// The GGUF arch of a model: llama, or qwen2 (Qwen2ForCausalLM: q/k/v biases, NEOX rope) for the Llama family; gpt2
+// for a GPT (write_gguf_gpt's, and its adapters').
+enum class GgufArch { Llama, Qwen2, Gpt2 };
 // Writes `path` whole (atomic_write_file) as `arch`. llama: the model's rows of wq and wk are llama2.c's interleaved
 // RoPE layout, which is llama.cpp's for this arch; llama3 rope scaling as llama.cpp's rope_freqs table. qwen2: the
 // same keys under qwen2.*, wq's and wk's rows and biases permuted back to Hugging Face's rotate-half layout (as
@@ -104,11 +114,12 @@ enum class GgufArch { Llama, Qwen2 };
 GgufSummary write_gguf_llama(const std::string& path, const models::Llama& model, const GgufVocabulary& vocab,
                              const GgufFileType& type, const std::string& name, GgufArch arch = GgufArch::Llama,
                              int64_t context_length = 0);
-// Writes `path` as llama.cpp's LoRA adapter of a `c` model of `arch` (convert_lora_to_gguf.py's file, which
+// Writes `path` as llama.cpp's LoRA adapter of a model of `arch` (convert_lora_to_gguf.py's file, which
 // src/llama-adapter.cpp reads): general.type "adapter", adapter.type "lora", adapter.lora.alpha `alpha` (llama.cpp
 // scales B A by alpha / r), and for each "<path>.lora_A.weight" (r, in) / "<path>.lora_B.weight" (out, r) of
 // `adapters` (Castor's names: nn::lora_state_dict) "<GGUF weight name>.lora_a" of ggml dims [in, r] and ".lora_b" of
-// [r, out]; qwen2's q/k lora_b rows in the base file's order. --type f32, f16, bf16 or q8_0 (lora_b F16 where r is no
+// [r, out] (gguf_llama_layout's or gguf_gpt_layout's names); qwen2's q/k lora_b rows in the base file's order (`c`:
+// the Llama's heads; unused for gpt2). --type f32, f16, bf16 or q8_0 (lora_b F16 where r is no
 // whole number of 32-value blocks); castor::Error otherwise, or for an adapter of a weight llama.cpp's arch has not.
 GgufSummary write_gguf_lora(const std::string& path, const models::LlamaConfig& c, GgufArch arch,
                             const StateDict& adapters, double alpha, const GgufFileType& type, const std::string& name);
@@ -175,8 +186,10 @@ void read_gguf_each(const std::string& path, const std::function<void(const std:
 
 // The tokenizer a file's tokenizer.ggml.* keys describe, as a Hugging Face tokenizer.json (Castor's Tokenizer reads
 // that): "gpt2" with pre "llama-bpe" (Llama 3's split), "qwen2", "gpt-2" or "default" as byte-level BPE with the
-// merges; "llama" (SentencePiece) as BPE with byte fallback whose merges rank the pairs by the scores of the tokens
-// they make (llama.cpp merges the highest-scoring pair first); control and user-defined tokens as added tokens,
+// merges; "llama" (SentencePiece) as BPE with byte fallback and the file's scores (model.gguf_scores: Castor merges
+// as llama.cpp does, the adjacent pair whose concatenation is a token of the highest score first, the leftmost of
+// equal scores), with merges of two normal tokens ranked by those scores for other readers of tokenizer.json;
+// control and user-defined tokens as added tokens,
 // add_bos_token as a BOS template. The chat template, bos, eos, eot and pad ids as tokenizer_config.json would hold
 // them. castor::Error naming the file and the key for another tokenizer model or pre-tokenizer.
 struct GgufTokenizer {

@@ -86,6 +86,7 @@ class HfTokenizer {
     std::vector<std::string> tokens;  // id -> token ("" for an id with none)
     std::vector<uint8_t> kind;        // id -> 0 none, 1 the model's, 2 added, 3 added and special
     std::vector<std::array<uint32_t, 3>> merges;  // in rank order: left, right, merged
+    std::vector<float> scores;  // id -> score: a GGUF SentencePiece vocabulary's, merged by them (else empty)
     std::optional<uint32_t> unk;
   };
   Layout layout() const;

@@ -163,15 +163,27 @@ models::GPTConfig gpt_config(const Json& d, const std::string& what) {
   return g;
 }
 
-std::string file_name(const std::vector<TensorName>& layout, const std::string& castor_name) {
+namespace {
+
+// The name `name` has in the other column of `layout` ("{i}" filled in), or "".
+std::string renamed(const std::vector<TensorName>& layout, const std::string& name, bool to_file) {
   std::string index;
   for (const TensorName& row : layout)
-    if (match(row.castor, castor_name, index)) {
-      std::string out = row.file;
+    if (match(to_file ? row.castor : row.file, name, index)) {
+      std::string out = to_file ? row.file : row.castor;
       if (const size_t at = out.find("{i}"); at != std::string::npos) out.replace(at, 3, index);
       return out;
     }
   return "";
+}
+
+}  // namespace
+
+std::string file_name(const std::vector<TensorName>& layout, const std::string& castor_name) {
+  return renamed(layout, castor_name, /*to_file=*/true);
+}
+std::string castor_name(const std::vector<TensorName>& layout, const std::string& file_name) {
+  return renamed(layout, file_name, /*to_file=*/false);
 }
 
 }  // namespace castor::formats

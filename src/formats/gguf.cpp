@@ -325,7 +325,8 @@ GgufVocabulary gpt2_vocabulary(const std::string& dir, int64_t size) {
 // it by hashing the encodings of a probe text; each name stands for one regex: "llama-bpe" Llama 3's, "qwen2"
 // Qwen2's); SentencePiece-style BPE (byte fallback, U+2581) as "llama" with scores that make llama.cpp's
 // highest-score-first merging Hugging Face's lowest-rank-first: a token's score is minus the rank of the first merge
-// that makes it (the converter's LlamaHfVocab writes -1000 for every token, which does not). Added tokens are
+// that makes it (the converter's LlamaHfVocab writes -1000 for every token, which does not), or the scores a GGUF
+// file's tokenizer came with (gguf_tokenizer's model.gguf_scores). Added tokens are
 // control (special) or user-defined; ids past the tokenizer up to `size` (a model's padded vocabulary) are
 // "[PADn]", unused.
 GgufVocabulary hf_vocabulary(const data::Tokenizer& tok, int64_t size) {
@@ -344,8 +345,11 @@ GgufVocabulary hf_vocabulary(const data::Tokenizer& tok, int64_t size) {
     v.model = "llama";
     v.scores.assign(static_cast<size_t>(std::max(size, n)), 0.0f);
     std::vector<bool> made(l.tokens.size(), false);
-    for (size_t r = 0; r < l.merges.size(); ++r)
-      if (!made[l.merges[r][2]]) made[l.merges[r][2]] = true, v.scores[l.merges[r][2]] = -static_cast<float>(r);
+    if (!l.scores.empty())  // (a GGUF file's own: written back as they were)
+      std::copy(l.scores.begin(), l.scores.end(), v.scores.begin());
+    else
+      for (size_t r = 0; r < l.merges.size(); ++r)
+        if (!made[l.merges[r][2]]) made[l.merges[r][2]] = true, v.scores[l.merges[r][2]] = -static_cast<float>(r);
     v.add_space_prefix = l.prepends_space;
   }
   for (int64_t id = 0; id < std::max(size, n); ++id) {
@@ -401,29 +405,66 @@ Tensor llama3_rope_factors(const LlamaConfig& c) {
   return tensor(factors, {d / 2});
 }
 
-std::string layer(int64_t i, const char* what) { return detail::cat("blk.", i, ".", what); }
-
-// llama2.c's names of a Llama layer's tensors to llama.cpp's (w1 the gate, w3 the up projection, w2 down).
-const std::pair<const char*, const char*> kLlamaLayer[] = {
-    {"attention_norm.weight", "attn_norm.weight"}, {"attention.wq.weight", "attn_q.weight"},
-    {"attention.wk.weight", "attn_k.weight"},      {"attention.wv.weight", "attn_v.weight"},
-    {"attention.wo.weight", "attn_output.weight"}, {"ffn_norm.weight", "ffn_norm.weight"},
-    {"feed_forward.w1.weight", "ffn_gate.weight"}, {"feed_forward.w3.weight", "ffn_up.weight"},
-    {"feed_forward.w2.weight", "ffn_down.weight"}};
-
-// llama.cpp's name of a Castor Llama's weight ("layers.3.attention.wq.weight": "blk.3.attn_q.weight"), or "".
-std::string llama_gguf_name(const std::string& castor) {
-  if (castor == "tok_embeddings.weight") return "token_embd.weight";
-  if (castor == "output.weight") return "output.weight";
-  int i = 0, used = 0;
-  if (std::sscanf(castor.c_str(), "layers.%d.%n", &i, &used) != 1 || used == 0) return "";
-  for (const auto& [from, to] : kLlamaLayer)
-    if (castor.compare(used, std::string::npos, from) == 0) return layer(i, to);
-  return "";
+// The rows of a layout that name a layer's tensors.
+std::vector<TensorName> layer_rows(const std::vector<TensorName>& layout) {
+  std::vector<TensorName> rows;
+  for (const TensorName& row : layout)
+    if (std::string_view(row.castor).find("{i}") != std::string_view::npos) rows.push_back(row);
+  return rows;
 }
-std::string bias_of(const std::string& weight) { return weight.substr(0, weight.rfind('.')) + ".bias"; }
+// `pattern`'s "{i}" as layer i.
+std::string at_layer(const char* pattern, int64_t i) {
+  std::string s = pattern;
+  s.replace(s.find("{i}"), 3, std::to_string(i));
+  return s;
+}
 
 }  // namespace
+
+const std::vector<TensorName>& gguf_llama_layout() {
+  static const std::vector<TensorName> layout = {
+      {"tok_embeddings.weight", "token_embd.weight"},
+      {"layers.{i}.attention_norm.weight", "blk.{i}.attn_norm.weight"},
+      {"layers.{i}.attention.wq.weight", "blk.{i}.attn_q.weight"},
+      {"layers.{i}.attention.wq.bias", "blk.{i}.attn_q.bias"},
+      {"layers.{i}.attention.wk.weight", "blk.{i}.attn_k.weight"},
+      {"layers.{i}.attention.wk.bias", "blk.{i}.attn_k.bias"},
+      {"layers.{i}.attention.wv.weight", "blk.{i}.attn_v.weight"},
+      {"layers.{i}.attention.wv.bias", "blk.{i}.attn_v.bias"},
+      {"layers.{i}.attention.wo.weight", "blk.{i}.attn_output.weight"},
+      {"layers.{i}.attention.wo.bias", "blk.{i}.attn_output.bias"},
+      {"layers.{i}.ffn_norm.weight", "blk.{i}.ffn_norm.weight"},
+      {"layers.{i}.feed_forward.w1.weight", "blk.{i}.ffn_gate.weight"},  // w1 the gate, w3 up, w2 down
+      {"layers.{i}.feed_forward.w1.bias", "blk.{i}.ffn_gate.bias"},
+      {"layers.{i}.feed_forward.w3.weight", "blk.{i}.ffn_up.weight"},
+      {"layers.{i}.feed_forward.w3.bias", "blk.{i}.ffn_up.bias"},
+      {"layers.{i}.feed_forward.w2.weight", "blk.{i}.ffn_down.weight"},
+      {"layers.{i}.feed_forward.w2.bias", "blk.{i}.ffn_down.bias"},
+      {"norm.weight", "output_norm.weight"},
+      {"output.weight", "output.weight"}};
+  return layout;
+}
+
+const std::vector<TensorName>& gguf_gpt_layout() {
+  static const std::vector<TensorName> layout = {
+      {"transformer.wte.weight", "token_embd.weight"},
+      {"transformer.wpe.weight", "position_embd.weight"},
+      {"transformer.h.{i}.ln_1.weight", "blk.{i}.attn_norm.weight"},
+      {"transformer.h.{i}.ln_1.bias", "blk.{i}.attn_norm.bias"},
+      {"transformer.h.{i}.attn.c_attn.weight", "blk.{i}.attn_qkv.weight"},
+      {"transformer.h.{i}.attn.c_attn.bias", "blk.{i}.attn_qkv.bias"},
+      {"transformer.h.{i}.attn.c_proj.weight", "blk.{i}.attn_output.weight"},
+      {"transformer.h.{i}.attn.c_proj.bias", "blk.{i}.attn_output.bias"},
+      {"transformer.h.{i}.ln_2.weight", "blk.{i}.ffn_norm.weight"},
+      {"transformer.h.{i}.ln_2.bias", "blk.{i}.ffn_norm.bias"},
+      {"transformer.h.{i}.mlp.c_fc.weight", "blk.{i}.ffn_up.weight"},
+      {"transformer.h.{i}.mlp.c_fc.bias", "blk.{i}.ffn_up.bias"},
+      {"transformer.h.{i}.mlp.c_proj.weight", "blk.{i}.ffn_down.weight"},
+      {"transformer.h.{i}.mlp.c_proj.bias", "blk.{i}.ffn_down.bias"},
+      {"transformer.ln_f.weight", "output_norm.weight"},
+      {"transformer.ln_f.bias", "output_norm.bias"}};  // (lm_head: tied to wte, llama.cpp reuses token_embd)
+  return layout;
+}
 
 std::span<const GgufFileType> gguf_file_types() { return kFileTypes; }
 
@@ -493,6 +534,7 @@ GgufVocabulary gguf_vocabulary(const data::Tokenizer& tok, const std::string& di
 GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const GgufVocabulary& vocab,
                              const GgufFileType& type, const std::string& name, GgufArch arch, int64_t context_length) {
   const LlamaConfig& c = model.config();
+  CASTOR_ASSERT(arch != GgufArch::Gpt2, path, ": a Llama written as gpt2");
   const bool qwen2 = arch == GgufArch::Qwen2;
   const std::string a = qwen2 ? "qwen2" : "llama";
   CASTOR_CHECK(vocab.size() == c.vocab_size, path, ": the tokenizer has ", vocab.size(), " tokens, the model ",
@@ -536,22 +578,21 @@ GgufSummary write_gguf_llama(const std::string& path, const Llama& model, const 
   f.u32(key("vocab_size"), static_cast<uint32_t>(c.vocab_size));
   put_vocabulary(f, vocab);
   const StateDict s = model.state_dict();
-  f.tensor("token_embd.weight", s.at("tok_embeddings.weight"));
+  const std::vector<TensorName>& names = gguf_llama_layout();
+  f.tensor(file_name(names, "tok_embeddings.weight"), s.at("tok_embeddings.weight"));
   // qwen2 rotates pairs (k, k + D/2) (llama.cpp's NEOX rope): wq's and wk's rows (and biases) back to that layout.
   const auto rows = [&](const std::string& castor_name, const Tensor& t) {
     const bool q = castor_name.find(".wq.") != std::string::npos, k = castor_name.find(".wk.") != std::string::npos;
     return qwen2 && (q || k) ? formats::permute_rows(t, q ? c.n_heads : c.kv_heads(), /*to_castor=*/false) : t;
   };
   for (int64_t i = 0; i < c.n_layers; ++i)
-    for (const auto& [from, to] : kLlamaLayer) {
-      const std::string weight = detail::cat("layers.", i, ".", from);
-      f.tensor(layer(i, to), rows(weight, s.at(weight)));
-      // A bias (attention_bias, qkv_bias, mlp_bias): in the weight's row order, float32.
-      if (auto b = s.find(bias_of(weight)); b != s.end()) f.tensor(bias_of(layer(i, to)), rows(b->first, b->second));
+    for (const TensorName& row : layer_rows(names)) {  // a bias (attention_bias, qkv_bias, mlp_bias) where it is one
+      const std::string name = at_layer(row.castor, i);
+      if (auto t = s.find(name); t != s.end()) f.tensor(at_layer(row.file, i), rows(name, t->second));
     }
-  f.tensor("output_norm.weight", s.at("norm.weight"));
-  if (!c.tied) f.tensor("output.weight", s.at("output.weight"));  // tied: llama.cpp reuses token_embd
-  if (c.rope_scaling.type == F::RopeScaling::Type::Llama3) f.tensor("rope_freqs.weight", llama3_rope_factors(c));
+  f.tensor(file_name(names, "norm.weight"), s.at("norm.weight"));
+  if (!c.tied) f.tensor(file_name(names, "output.weight"), s.at("output.weight"));  // tied: reuses token_embd
+  if (c.rope_scaling.type == F::RopeScaling::Type::Llama3) f.tensor(kGgufRopeFreqs, llama3_rope_factors(c));
   return write(path, f, a);
 }
 
@@ -560,7 +601,8 @@ GgufSummary write_gguf_lora(const std::string& path, const LlamaConfig& c, GgufA
   CASTOR_CHECK(!is_quantized(type.base) || type.base == BlockType::Q8_0, path, ": --type ", type.name,
                ": an adapter is written f32, f16, bf16 or q8_0 (convert_lora_to_gguf.py's types)");
   const bool qwen2 = arch == GgufArch::Qwen2;
-  const std::string a = qwen2 ? "qwen2" : "llama";
+  const std::string a = qwen2 ? "qwen2" : arch == GgufArch::Gpt2 ? "gpt2" : "llama";
+  const std::vector<TensorName>& names = arch == GgufArch::Gpt2 ? gguf_gpt_layout() : gguf_llama_layout();
   // Each matrix in the type, or float16 where its rows are not whole blocks (lora_b's rows of r values, as the
   // converter falls back).
   GgufFile f([&type](const std::string&, const std::vector<int64_t>& ne) { return fallback(type.base, ne[0]); });
@@ -572,7 +614,7 @@ GgufSummary write_gguf_lora(const std::string& path, const LlamaConfig& c, GgufA
     const size_t at = key.rfind(".lora_");
     const bool b = key.ends_with(".lora_B.weight");
     CASTOR_ASSERT(at != std::string::npos && (b || key.ends_with(".lora_A.weight")), key);
-    const std::string weight = key.substr(0, at) + ".weight", gguf = llama_gguf_name(weight);
+    const std::string weight = key.substr(0, at) + ".weight", gguf = file_name(names, weight);
     CASTOR_CHECK(!gguf.empty(), path, ": the adapter of ", weight, " has no tensor of llama.cpp's ", a, " arch");
     // qwen2's q/k output rows in Hugging Face's rotate-half order, as the base's (write_gguf_llama).
     const bool q = weight.find(".wq.") != std::string::npos, k = weight.find(".wk.") != std::string::npos;
@@ -604,20 +646,18 @@ GgufSummary write_gguf_gpt(const std::string& path, const GPTWeights& weights, c
     auto it = s.find(key);
     return it != s.end() ? it->second : zeros({n});
   };
-  f.tensor("token_embd.weight", s.at("transformer.wte.weight").narrow(0, 0, vocab.size()));
-  f.tensor("position_embd.weight", s.at("transformer.wpe.weight"));
-  static const std::pair<const char*, const char*> kLayer[] = {
-      {"ln_1", "attn_norm"}, {"attn.c_attn", "attn_qkv"}, {"attn.c_proj", "attn_output"},
-      {"ln_2", "ffn_norm"},  {"mlp.c_fc", "ffn_up"},      {"mlp.c_proj", "ffn_down"}};
+  const std::vector<TensorName>& names = gguf_gpt_layout();
+  f.tensor(file_name(names, "transformer.wte.weight"), s.at("transformer.wte.weight").narrow(0, 0, vocab.size()));
+  f.tensor(file_name(names, "transformer.wpe.weight"), s.at("transformer.wpe.weight"));
   for (int64_t i = 0; i < c.n_layer; ++i)
-    for (const auto& [from, to] : kLayer) {
-      const std::string key = detail::cat("transformer.h.", i, ".", from, ".");
-      const Tensor& w = s.at(key + "weight");
-      f.tensor(layer(i, to) + ".weight", w);
-      f.tensor(layer(i, to) + ".bias", bias(key + "bias", w.size(0)));
+    for (const TensorName& row : layer_rows(names)) {
+      const std::string name = at_layer(row.castor, i);
+      f.tensor(at_layer(row.file, i), name.ends_with(".bias")
+                                          ? bias(name, s.at(name.substr(0, name.size() - 4) + "weight").size(0))
+                                          : s.at(name));
     }
-  f.tensor("output_norm.weight", s.at("transformer.ln_f.weight"));
-  f.tensor("output_norm.bias", bias("transformer.ln_f.bias", c.n_embd));
+  f.tensor(file_name(names, "transformer.ln_f.weight"), s.at("transformer.ln_f.weight"));
+  f.tensor(file_name(names, "transformer.ln_f.bias"), bias("transformer.ln_f.bias", c.n_embd));
   return write(path, f, "gpt2");  // lm_head is tied to wte: llama.cpp reuses token_embd
 }
 

@@ -51,55 +51,10 @@ double number_or(const GgufHeader& h, const std::string& key, double fallback, c
   return v->as_double();
 }
 
-// Llama 3.1's per-pair rope factors: read into the description (llama3_from_rope_freqs), no tensor of the model.
-constexpr const char* kRopeFreqs = "rope_freqs.weight";
-
 const GgufTensorInfo* tensor_named(const GgufHeader& h, const std::string& name) {
   for (const GgufTensorInfo& t : h.tensors)
     if (t.name == name) return &t;
   return nullptr;
-}
-
-// llama.cpp's names of a Llama's tensors (the writer's, castor/gguf.h), "{i}" the layer.
-const std::vector<formats::TensorName>& gguf_layout() {
-  static const std::vector<formats::TensorName> layout = {
-      {"tok_embeddings.weight", "token_embd.weight"},
-      {"norm.weight", "output_norm.weight"},
-      {"output.weight", "output.weight"},
-      {"layers.{i}.attention_norm.weight", "blk.{i}.attn_norm.weight"},
-      {"layers.{i}.attention.wq.weight", "blk.{i}.attn_q.weight"},
-      {"layers.{i}.attention.wk.weight", "blk.{i}.attn_k.weight"},
-      {"layers.{i}.attention.wv.weight", "blk.{i}.attn_v.weight"},
-      {"layers.{i}.attention.wo.weight", "blk.{i}.attn_output.weight"},
-      {"layers.{i}.attention.wq.bias", "blk.{i}.attn_q.bias"},
-      {"layers.{i}.attention.wk.bias", "blk.{i}.attn_k.bias"},
-      {"layers.{i}.attention.wv.bias", "blk.{i}.attn_v.bias"},
-      {"layers.{i}.ffn_norm.weight", "blk.{i}.ffn_norm.weight"},
-      {"layers.{i}.feed_forward.w1.weight", "blk.{i}.ffn_gate.weight"},
-      {"layers.{i}.feed_forward.w3.weight", "blk.{i}.ffn_up.weight"},
-      {"layers.{i}.feed_forward.w2.weight", "blk.{i}.ffn_down.weight"}};
-  return layout;
-}
-
-// The Castor name of a file's tensor (the layout read backwards), or "".
-std::string castor_name(const std::string& file_name) {
-  for (const formats::TensorName& row : gguf_layout()) {
-    const std::string pattern = row.file;
-    const size_t at = pattern.find("{i}");
-    if (at == std::string::npos) {
-      if (pattern == file_name) return row.castor;
-      continue;
-    }
-    const std::string head = pattern.substr(0, at), tail = pattern.substr(at + 3);
-    if (file_name.size() <= head.size() + tail.size() || !file_name.starts_with(head) || !file_name.ends_with(tail))
-      continue;
-    const std::string index = file_name.substr(head.size(), file_name.size() - head.size() - tail.size());
-    if (index.empty() || !std::all_of(index.begin(), index.end(), ::isdigit)) continue;
-    std::string out = row.castor;
-    out.replace(out.find("{i}"), 3, index);
-    return out;
-  }
-  return "";
 }
 
 // Llama 3.1's rope scaling from the per-pair factors llama.cpp divides each pair's angle by (rope_freqs.weight, which
@@ -108,7 +63,7 @@ std::string castor_name(const std::string& file_name) {
 // a smoothed pair (or, with none, between the wavelengths kept and divided); castor::Error naming the tensor when no
 // such scaling gives the table (each inverse frequency within 1e-5 of the file's).
 F::RopeScaling llama3_from_rope_freqs(const GgufHeader& h, const LlamaConfig& l, const std::string& path) {
-  const GgufTensorInfo* t = tensor_named(h, kRopeFreqs);
+  const GgufTensorInfo* t = tensor_named(h, kGgufRopeFreqs);
   const int64_t half = l.head_size() / 2;
   CASTOR_CHECK(t->type == 0 && t->ne.size() == 1 && t->ne[0] == static_cast<uint64_t>(half), path,
                ": tensor rope_freqs.weight is not f32 [", half, "] (one factor per rotary pair)");
@@ -186,7 +141,7 @@ LlamaConfig gguf_llama_config(const GgufHeader& h, const std::string& path) {
       l.rope_scaling.factor = number_or(h, key("rope.scaling.factor"), 1.0, path);
     }
   }
-  if (tensor_named(h, "rope_freqs.weight")) {
+  if (tensor_named(h, kGgufRopeFreqs)) {
     CASTOR_CHECK(!a.qwen2 && l.rope_scaling.type == F::RopeScaling::Type::None, path,
                  ": tensor rope_freqs.weight (per-pair rope factors) with ",
                  a.qwen2 ? "arch qwen2" : "a rope scaling key", ", which Castor does not compute");
@@ -197,8 +152,12 @@ LlamaConfig gguf_llama_config(const GgufHeader& h, const std::string& path) {
                ": no tensor token_embd.weight of [", l.dim, ", vocabulary]");
   l.vocab_size = static_cast<int64_t>(embd->ne[1]);
   l.tied = !tensor_named(h, "output.weight");
-  l.qkv_bias = tensor_named(h, "blk.0.attn_q.bias") != nullptr;
-  CASTOR_CHECK(!a.qwen2 || l.qkv_bias, path, ": arch qwen2 without q/k/v biases (blk.0.attn_q.bias)");
+  // Biases as the writer writes them: q/k/v's alone (qwen2's), q/k/v/o's, the MLP's.
+  l.attention_bias = tensor_named(h, "blk.0.attn_output.bias") != nullptr;
+  l.qkv_bias = !l.attention_bias && tensor_named(h, "blk.0.attn_q.bias") != nullptr;
+  l.mlp_bias = tensor_named(h, "blk.0.ffn_gate.bias") != nullptr;
+  CASTOR_CHECK(!a.qwen2 || (l.qkv_bias && !l.mlp_bias), path,
+               ": arch qwen2 with biases other than q/k/v's alone (blk.0.attn_q.bias ... attn_v.bias)");
   try {
     l.validate();
   } catch (const Error& e) {
@@ -249,7 +208,7 @@ struct Planned {
   DType dtype;
 };
 Planned plan(const GgufTensorInfo& t, const std::string& path) {
-  const std::string name = castor_name(t.name);
+  const std::string name = castor_name(gguf_llama_layout(), t.name);
   CASTOR_CHECK(!name.empty(), path, ": tensor ", printable(t.name), " is not one of a llama or qwen2 model's");
   Shape shape;
   for (auto it = t.ne.rbegin(); it != t.ne.rend(); ++it) shape.push_back(static_cast<int64_t>(*it));
@@ -262,7 +221,7 @@ Planned plan(const GgufTensorInfo& t, const std::string& path) {
 SafetensorsFile gguf_listing(const GgufHeader& h, const std::string& path) {
   SafetensorsFile f;
   for (const GgufTensorInfo& t : h.tensors) {
-    if (t.name == kRopeFreqs) continue;  // (the description's rope scaling)
+    if (t.name == kGgufRopeFreqs) continue;  // (the description's rope scaling)
     const Planned p = plan(t, path);
     f.entries.push_back({p.name, p.dtype, p.shape, t.begin, t.begin + t.bytes});
   }
@@ -307,12 +266,12 @@ void read_gguf_each(const std::string& path, const std::function<void(const std:
   const bool qwen2 = arch_of(h, path).qwen2;
   std::vector<Planned> planned;
   for (const GgufTensorInfo& t : h.tensors)
-    if (t.name != kRopeFreqs) planned.push_back(plan(t, path));
+    if (t.name != kGgufRopeFreqs) planned.push_back(plan(t, path));
   uint64_t size = 0;
   read_file_range(path, 0, 0, size);
   size_t i = 0;
   for (const GgufTensorInfo& t : h.tensors) {
-    if (t.name == kRopeFreqs) continue;
+    if (t.name == kGgufRopeFreqs) continue;
     const Planned& p = planned[i++];
     // qwen2 keeps Hugging Face's rotate-half rows in wq and wk (and their biases): Castor's are interleaved (whole
     // rows move, so a matrix's rows of blocks move as they are).
@@ -330,48 +289,70 @@ void read_gguf_each(const std::string& path, const std::function<void(const std:
   }
 }
 
-GgufTokenizer gguf_tokenizer(const GgufHeader& h, const std::string& path) {
-  const auto text = [&](const char* key) -> std::string {
+namespace {
+
+// A file's tokenizer.ggml.* keys, checked: the model, the tokens and their types, the special ids.
+struct VocabKeys {
+  const GgufHeader& h;
+  const std::string& path;
+  std::string model, pre;
+  const Json::Array* tokens = nullptr;
+  const Json::Array* types = nullptr;  // null: every token normal
+  int64_t n = 0, bos = -1, eos = -1, eot = -1, unk = -1, pad = -1;
+  bool add_bos = false;
+
+  std::string text(const char* key) const {
     const Json* v = h.find(key);
     return v && v->is_string() ? v->as_string() : "";
-  };
-  const std::string model = text("tokenizer.ggml.model"), pre = text("tokenizer.ggml.pre");
-  CASTOR_CHECK(model == "gpt2" || model == "llama", path, ": tokenizer.ggml.model ", printable(model),
-               model.empty() ? "(none)" : "", " is not read (gpt2: byte-level BPE, llama: SentencePiece)");
-  const Json* tokens = h.find("tokenizer.ggml.tokens");
-  CASTOR_CHECK(tokens && tokens->is_array() && !tokens->as_array().empty(), path,
-               ": tokenizer.ggml.tokens is missing or not an array");
-  const Json::Array& tok = tokens->as_array();
-  const auto n = static_cast<int64_t>(tok.size());
-  const auto array_of = [&](const char* key) -> const Json::Array* {
+  }
+  // An array of one entry per token, or null when the key is missing.
+  const Json::Array* per_token(const char* key) const {
     const Json* v = h.find(key);
     if (!v) return nullptr;
     CASTOR_CHECK(v->is_array() && static_cast<int64_t>(v->as_array().size()) == n, path, ": ", key,
                  " is not an array of ", n, " (one per token)");
     return &v->as_array();
-  };
-  const Json::Array* types = array_of("tokenizer.ggml.token_type");
-  const auto type_of = [&](int64_t id) { return types ? (*types)[id].as_int() : 1; };
-  const auto id_key = [&](const char* key) -> int64_t {
+  }
+  int64_t id_key(const char* key) const {
     const Json* v = h.find(key);
     if (!v) return -1;
     CASTOR_CHECK(v->is_int() && v->as_int() >= 0 && v->as_int() < n, path, ": ", key, " ", v->dump(),
                  " is not a token id below ", n);
     return v->as_int();
-  };
-  const int64_t bos = id_key("tokenizer.ggml.bos_token_id"), eos = id_key("tokenizer.ggml.eos_token_id");
-  const int64_t eot = id_key("tokenizer.ggml.eot_token_id"), unk = id_key("tokenizer.ggml.unknown_token_id");
-  const int64_t pad = id_key("tokenizer.ggml.padding_token_id");
-  const Json* add_bos_key = h.find("tokenizer.ggml.add_bos_token");
-  const bool spm = model == "llama";
-  const bool add_bos = add_bos_key ? add_bos_key->is_bool() && add_bos_key->as_bool() : spm;
+  }
+  int64_t type_of(int64_t id) const { return types ? (*types)[id].as_int() : 1; }
+  const std::string& token(int64_t id) const { return (*tokens)[id].as_string(); }
+};
+
+VocabKeys vocab_keys(const GgufHeader& h, const std::string& path) {
+  VocabKeys k{h, path};
+  k.model = k.text("tokenizer.ggml.model"), k.pre = k.text("tokenizer.ggml.pre");
+  CASTOR_CHECK(k.model == "gpt2" || k.model == "llama", path, ": tokenizer.ggml.model ", printable(k.model),
+               k.model.empty() ? "(none)" : "", " is not read (gpt2: byte-level BPE, llama: SentencePiece)");
+  const Json* tokens = h.find("tokenizer.ggml.tokens");
+  CASTOR_CHECK(tokens && tokens->is_array() && !tokens->as_array().empty(), path,
+               ": tokenizer.ggml.tokens is missing or not an array");
+  k.tokens = &tokens->as_array();
+  k.n = static_cast<int64_t>(k.tokens->size());
+  for (int64_t id = 0; id < k.n; ++id)
+    CASTOR_CHECK((*k.tokens)[id].is_string(), path, ": tokenizer.ggml.tokens[", id, "] is not a string");
+  k.types = k.per_token("tokenizer.ggml.token_type");
+  k.bos = k.id_key("tokenizer.ggml.bos_token_id"), k.eos = k.id_key("tokenizer.ggml.eos_token_id");
+  k.eot = k.id_key("tokenizer.ggml.eot_token_id"), k.unk = k.id_key("tokenizer.ggml.unknown_token_id");
+  k.pad = k.id_key("tokenizer.ggml.padding_token_id");
+  const Json* add_bos = h.find("tokenizer.ggml.add_bos_token");
+  k.add_bos = add_bos ? add_bos->is_bool() && add_bos->as_bool() : k.model == "llama";
+  return k;
+}
+
+// The token -> id map, and the control and user-defined tokens as added tokens (matched in the raw text).
+std::pair<Json::Object, Json::Array> vocab_and_added(const VocabKeys& k) {
   Json::Object vocab;
   Json::Array added;
-  for (int64_t id = 0; id < n; ++id) {
-    CASTOR_CHECK(tok[id].is_string(), path, ": tokenizer.ggml.tokens[", id, "] is not a string");
-    const std::string& t = tok[id].as_string();
-    const int64_t type = type_of(id);
-    if (type == 3 || type == 4)  // control and user-defined: matched in the raw text
+  for (int64_t id = 0; id < k.n; ++id) {
+    const std::string& t = k.token(id);
+    const int64_t type = k.type_of(id);
+    if (type == 3 || type == 4)  // control and user-defined
       added.push_back(Json::Object{{"id", id},
                                    {"content", t},
                                    {"single_word", false},
@@ -379,123 +360,143 @@ GgufTokenizer gguf_tokenizer(const GgufHeader& h, const std::string& path) {
                                    {"rstrip", false},
                                    {"normalized", false},
                                    {"special", type == 3}});
-    CASTOR_CHECK(vocab.emplace(t, id).second || type == 5, path, ": tokenizer.ggml.tokens[", id, "] '", printable(t),
+    CASTOR_CHECK(vocab.emplace(t, id).second || type == 5, k.path, ": tokenizer.ggml.tokens[", id, "] '", printable(t),
                  "' appears twice");
   }
-  Json::Array merges;
-  Json tj = Json::Object{{"version", "1.0"}, {"truncation", Json()}, {"padding", Json()}, {"added_tokens", added}};
-  const auto bos_template = [&]() -> Json {
-    const std::string b = tok[bos].as_string();
-    return Json::Object{
-        {"type", "TemplateProcessing"},
-        {"single", Json::Array{Json::Object{{"SpecialToken", Json::Object{{"id", b}, {"type_id", 0}}}},
-                               Json::Object{{"Sequence", Json::Object{{"id", "A"}, {"type_id", 0}}}}}},
-        {"pair", Json::Array{Json::Object{{"SpecialToken", Json::Object{{"id", b}, {"type_id", 0}}}},
-                             Json::Object{{"Sequence", Json::Object{{"id", "A"}, {"type_id", 0}}}},
-                             Json::Object{{"Sequence", Json::Object{{"id", "B"}, {"type_id", 1}}}}}},
-        {"special_tokens",
-         Json::Object{{b, Json::Object{{"id", b}, {"ids", Json::Array{bos}}, {"tokens", Json::Array{b}}}}}}};
+  return {std::move(vocab), std::move(added)};
+}
+
+// add_bos_token as a template putting the BOS token first.
+Json bos_template(const VocabKeys& k) {
+  const std::string b = k.token(k.bos);
+  const auto special = Json::Object{{"SpecialToken", Json::Object{{"id", b}, {"type_id", 0}}}};
+  const auto sequence = [](const char* id, int type) {
+    return Json::Object{{"Sequence", Json::Object{{"id", id}, {"type_id", type}}}};
   };
-  if (!spm) {
-    const Json* m = h.find("tokenizer.ggml.merges");
-    CASTOR_CHECK(m && m->is_array(), path, ": tokenizer.ggml.merges is missing (byte-level BPE needs it)");
-    for (const Json& s : m->as_array()) {
-      CASTOR_CHECK(s.is_string() && s.as_string().find(' ') != std::string::npos, path,
-                   ": tokenizer.ggml.merges holds ", s.dump().substr(0, 40), ", not \"a b\"");
-      merges.push_back(s);
-    }
-    const Json byte_level = Json::Object{
-        {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
-    Json pre_tokenizer;
-    if (pre == "llama-bpe" || pre == "llama3" || pre == "qwen2") {
-      pre_tokenizer = Json::Object{
-          {"type", "Sequence"},
-          {"pretokenizers",
-           Json::Array{Json::Object{{"type", "Split"},
-                                    {"pattern", Json::Object{{"Regex", std::string(data::hf_split_regex(
-                                                                           pre == "qwen2" ? 1 : 3))}}},
-                                    {"behavior", "Isolated"},
-                                    {"invert", false}},
-                       byte_level}}};
-    } else if (pre == "gpt-2" || pre == "default" || pre.empty()) {
-      pre_tokenizer = byte_level;
-      pre_tokenizer["use_regex"] = true;
-    } else {
-      throw Error(detail::cat(path, ": tokenizer.ggml.pre ", printable(pre),
-                              " is not read (llama-bpe, qwen2, gpt-2 and default are)"));
-    }
-    tj["normalizer"] = pre == "qwen2" ? Json(Json::Object{{"type", "NFC"}}) : Json();
-    tj["pre_tokenizer"] = pre_tokenizer;
-    tj["post_processor"] = add_bos && bos >= 0 ? bos_template() : byte_level;
-    tj["decoder"] = byte_level;
-    tj["model"] = Json::Object{{"type", "BPE"},
-                               {"dropout", Json()},
-                               {"unk_token", Json()},
-                               {"continuing_subword_prefix", Json()},
-                               {"end_of_word_suffix", Json()},
-                               {"fuse_unk", false},
-                               {"byte_fallback", false},
-                               {"ignore_merges", pre == "llama-bpe" || pre == "llama3"},
-                               {"vocab", vocab},
-                               {"merges", merges}};
-  } else {
-    const Json::Array* scores = array_of("tokenizer.ggml.scores");
-    CASTOR_CHECK(scores, path, ": tokenizer.ggml.scores is missing (a SentencePiece tokenizer needs it)");
-    // Every split of a normal token into two tokens is a merge, ranked by the merged token's score (highest first),
-    // then the left part's length (llama.cpp's leftmost pair among equals: kept by BPE's left-to-right ties).
-    struct Merge {
-      double score;
-      int64_t id;
-      size_t cut;
-    };
-    std::vector<Merge> all;
-    for (int64_t id = 0; id < n; ++id) {
-      if (type_of(id) != 1) continue;
-      const std::string& t = tok[id].as_string();
-      for (size_t cut = 1; cut < t.size(); ++cut) {
-        if ((static_cast<uint8_t>(t[cut]) & 0xC0) == 0x80) continue;  // (inside a UTF-8 character)
-        const auto l = vocab.find(t.substr(0, cut)), r = vocab.find(t.substr(cut));
-        if (l != vocab.end() && r != vocab.end() && type_of(l->second.as_int()) == 1 &&
-            type_of(r->second.as_int()) == 1)
-          all.push_back({(*scores)[id].as_double(), id, cut});
-      }
-    }
-    std::stable_sort(all.begin(), all.end(), [](const Merge& a, const Merge& b) { return a.score > b.score; });
-    for (const Merge& m : all) {
-      const std::string& t = tok[m.id].as_string();
-      merges.push_back(Json::Array{t.substr(0, m.cut), t.substr(m.cut)});
-    }
-    const Json* prefix_key = h.find("tokenizer.ggml.add_space_prefix");
-    const bool prefix = !prefix_key || (prefix_key->is_bool() && prefix_key->as_bool());
-    const Json replace = Json::Object{
-        {"type", "Replace"}, {"pattern", Json::Object{{"String", " "}}}, {"content", "\xE2\x96\x81"}};
-    tj["normalizer"] = prefix ? Json(Json::Object{{"type", "Sequence"},
-                                                  {"normalizers", Json::Array{Json::Object{{"type", "Prepend"},
-                                                                                           {"prepend", "\xE2\x96\x81"}},
-                                                                              replace}}})
-                              : replace;
-    tj["pre_tokenizer"] = Json();
-    tj["post_processor"] = add_bos && bos >= 0 ? bos_template() : Json();
-    Json::Array decoders{
-        Json::Object{{"type", "Replace"}, {"pattern", Json::Object{{"String", "\xE2\x96\x81"}}}, {"content", " "}},
-        Json::Object{{"type", "ByteFallback"}}, Json::Object{{"type", "Fuse"}}};
-    if (prefix) decoders.push_back(Json::Object{{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
-    tj["decoder"] = Json::Object{{"type", "Sequence"}, {"decoders", decoders}};
-    tj["model"] = Json::Object{{"type", "BPE"},
-                               {"dropout", Json()},
-                               {"unk_token", unk >= 0 ? Json(tok[unk].as_string()) : Json()},
-                               {"continuing_subword_prefix", Json()},
-                               {"end_of_word_suffix", Json()},
-                               {"fuse_unk", true},
-                               {"byte_fallback", true},
-                               {"ignore_merges", false},
-                               {"vocab", vocab},
-                               {"merges", merges}};
+  return Json::Object{
+      {"type", "TemplateProcessing"},
+      {"single", Json::Array{special, sequence("A", 0)}},
+      {"pair", Json::Array{special, sequence("A", 0), sequence("B", 1)}},
+      {"special_tokens",
+       Json::Object{{b, Json::Object{{"id", b}, {"ids", Json::Array{k.bos}}, {"tokens", Json::Array{b}}}}}}};
+}
+
+Json bpe_model(Json::Object vocab, Json::Array merges, bool spm, bool ignore_merges, Json unk) {
+  return Json::Object{{"type", "BPE"},
+                      {"dropout", Json()},
+                      {"unk_token", std::move(unk)},
+                      {"continuing_subword_prefix", Json()},
+                      {"end_of_word_suffix", Json()},
+                      {"fuse_unk", spm},
+                      {"byte_fallback", spm},
+                      {"ignore_merges", ignore_merges},
+                      {"vocab", std::move(vocab)},
+                      {"merges", std::move(merges)}};
+}
+
+// "gpt2": byte-level BPE with the file's merges, its pre-tokenizer named by tokenizer.ggml.pre.
+void byte_level_tokenizer(const VocabKeys& k, Json::Object vocab, Json& tj) {
+  const Json* m = k.h.find("tokenizer.ggml.merges");
+  CASTOR_CHECK(m && m->is_array(), k.path, ": tokenizer.ggml.merges is missing (byte-level BPE needs it)");
+  Json::Array merges;
+  for (const Json& s : m->as_array()) {
+    CASTOR_CHECK(s.is_string() && s.as_string().find(' ') != std::string::npos, k.path,
+                 ": tokenizer.ggml.merges holds ", s.dump().substr(0, 40), ", not \"a b\"");
+    merges.push_back(s);
   }
-  const auto token_or_null = [&](int64_t id) { return id >= 0 ? Json(tok[id].as_string()) : Json(); };
-  Json config = Json::Object{{"bos_token", token_or_null(bos)}, {"eos_token", token_or_null(eot >= 0 ? eot : eos)},
-                             {"pad_token", token_or_null(pad)}, {"unk_token", token_or_null(unk)},
-                             {"add_bos_token", add_bos},        {"add_eos_token", false}};
+  const Json byte_level = Json::Object{
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
+  const std::string& pre = k.pre;
+  Json pre_tokenizer;
+  if (pre == "llama-bpe" || pre == "llama3" || pre == "qwen2") {
+    const std::string regex(data::hf_split_regex(pre == "qwen2" ? 1 : 3));
+    const Json split = Json::Object{
+        {"type", "Split"}, {"pattern", Json::Object{{"Regex", regex}}}, {"behavior", "Isolated"}, {"invert", false}};
+    pre_tokenizer = Json::Object{{"type", "Sequence"}, {"pretokenizers", Json::Array{split, byte_level}}};
+  } else if (pre == "gpt-2" || pre == "default" || pre.empty()) {
+    pre_tokenizer = byte_level;
+    pre_tokenizer["use_regex"] = true;
+  } else {
+    throw Error(detail::cat(k.path, ": tokenizer.ggml.pre ", printable(pre),
+                            " is not read (llama-bpe, qwen2, gpt-2 and default are)"));
+  }
+  tj["normalizer"] = pre == "qwen2" ? Json(Json::Object{{"type", "NFC"}}) : Json();
+  tj["pre_tokenizer"] = pre_tokenizer;
+  tj["post_processor"] = k.add_bos && k.bos >= 0 ? bos_template(k) : byte_level;
+  tj["decoder"] = byte_level;
+  tj["model"] = bpe_model(std::move(vocab), std::move(merges), /*spm=*/false,
+                          /*ignore_merges=*/pre == "llama-bpe" || pre == "llama3", Json());
+}
+
+// Every split of a normal token into two normal tokens as a merge, ranked by the merged token's score (highest first),
+// then the left part's length: Hugging Face's reading of a SentencePiece vocabulary (transformers' converter), for
+// the tools that read tokenizer.json; Castor merges by the scores themselves (model.gguf_scores), as llama.cpp does.
+Json::Array spm_merges(const VocabKeys& k, const Json::Object& vocab, const Json::Array& scores) {
+  struct Merge {
+    double score;
+    int64_t id;
+    size_t cut;
+  };
+  std::vector<Merge> all;
+  for (int64_t id = 0; id < k.n; ++id) {
+    if (k.type_of(id) != 1) continue;
+    const std::string& t = k.token(id);
+    for (size_t cut = 1; cut < t.size(); ++cut) {
+      if ((static_cast<uint8_t>(t[cut]) & 0xC0) == 0x80) continue;  // (inside a UTF-8 character)
+      const auto l = vocab.find(t.substr(0, cut)), r = vocab.find(t.substr(cut));
+      if (l != vocab.end() && r != vocab.end() && k.type_of(l->second.as_int()) == 1 &&
+          k.type_of(r->second.as_int()) == 1)
+        all.push_back({scores[id].as_double(), id, cut});
+    }
+  }
+  std::stable_sort(all.begin(), all.end(), [](const Merge& a, const Merge& b) { return a.score > b.score; });
+  Json::Array merges;
+  for (const Merge& m : all) merges.push_back(Json::Array{k.token(m.id).substr(0, m.cut), k.token(m.id).substr(m.cut)});
+  return merges;
+}
+
+// "llama": SentencePiece as BPE with byte fallback over U+2581 for spaces (a dummy prefix unless add_space_prefix is
+// false), the scores kept for llama.cpp's merging.
+void sentencepiece_tokenizer(const VocabKeys& k, Json::Object vocab, Json& tj) {
+  const Json::Array* scores = k.per_token("tokenizer.ggml.scores");
+  CASTOR_CHECK(scores, k.path, ": tokenizer.ggml.scores is missing (a SentencePiece tokenizer needs it)");
+  for (const Json& s : *scores) CASTOR_CHECK(s.is_number(), k.path, ": tokenizer.ggml.scores holds ", s.dump());
+  Json::Array merges = spm_merges(k, vocab, *scores);
+  const Json* prefix_key = k.h.find("tokenizer.ggml.add_space_prefix");
+  const bool prefix = !prefix_key || (prefix_key->is_bool() && prefix_key->as_bool());
+  const std::string metaspace = "\xE2\x96\x81";
+  const Json replace = Json::Object{
+      {"type", "Replace"}, {"pattern", Json::Object{{"String", " "}}}, {"content", metaspace}};
+  const Json prepend = Json::Object{{"type", "Prepend"}, {"prepend", metaspace}};
+  tj["normalizer"] = prefix ? Json(Json::Object{{"type", "Sequence"}, {"normalizers", Json::Array{prepend, replace}}})
+                            : replace;
+  tj["pre_tokenizer"] = Json();
+  tj["post_processor"] = k.add_bos && k.bos >= 0 ? bos_template(k) : Json();
+  Json::Array decoders{
+      Json::Object{{"type", "Replace"}, {"pattern", Json::Object{{"String", metaspace}}}, {"content", " "}},
+      Json::Object{{"type", "ByteFallback"}}, Json::Object{{"type", "Fuse"}}};
+  if (prefix) decoders.push_back(Json::Object{{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+  tj["decoder"] = Json::Object{{"type", "Sequence"}, {"decoders", decoders}};
+  tj["model"] = bpe_model(std::move(vocab), std::move(merges), /*spm=*/true, /*ignore_merges=*/false,
+                          k.unk >= 0 ? Json(k.token(k.unk)) : Json());
+  tj["model"]["gguf_scores"] = *scores;
+}
+
+}  // namespace
+
+GgufTokenizer gguf_tokenizer(const GgufHeader& h, const std::string& path) {
+  const VocabKeys k = vocab_keys(h, path);
+  auto [vocab, added] = vocab_and_added(k);
+  Json tj = Json::Object{{"version", "1.0"}, {"truncation", Json()}, {"padding", Json()}, {"added_tokens", added}};
+  if (k.model == "llama")
+    sentencepiece_tokenizer(k, std::move(vocab), tj);
+  else
+    byte_level_tokenizer(k, std::move(vocab), tj);
+  const auto token_or_null = [&](int64_t id) { return id >= 0 ? Json(k.token(id)) : Json(); };
+  Json config = Json::Object{
+      {"bos_token", token_or_null(k.bos)}, {"eos_token", token_or_null(k.eot >= 0 ? k.eot : k.eos)},
+      {"pad_token", token_or_null(k.pad)}, {"unk_token", token_or_null(k.unk)},
+      {"add_bos_token", k.add_bos},        {"add_eos_token", false}};
   if (const Json* t = h.find("tokenizer.chat_template"); t && t->is_string()) config["chat_template"] = *t;
   return {tj.dump(), config.dump()};
 }

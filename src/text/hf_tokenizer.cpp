@@ -100,6 +100,9 @@ struct HfTokenizer::Impl {
   std::vector<uint8_t> kind;                        // id -> 0 none, 1 model, 2 added, 3 added and special
   std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merges;  // (left << 32 | right) -> (rank, merged)
   bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
+  // id -> score: a GGUF SentencePiece vocabulary's (model.gguf_scores, Castor's key), merged as llama.cpp merges it
+  // (spm_piece) instead of by the merges' ranks; empty otherwise.
+  std::vector<float> scores;
   std::optional<uint32_t> unk;
   std::array<int64_t, 256> byte_ids{};  // "<0xHH>" -> id, or -1
   std::vector<Added> added;
@@ -129,6 +132,9 @@ struct HfTokenizer::Impl {
   std::vector<std::string> pre_tokenize(std::string_view s, bool at_start) const;
   void bpe(const std::string& word, std::vector<uint32_t>& out) const;
   void bpe_piece(const std::string& word, std::vector<uint32_t>& out) const;
+  std::vector<uint32_t> spm_piece(const std::string& word) const;
+  // A piece the vocabulary has not as its bytes' tokens (byte fallback); false when that is not done.
+  bool byte_tokens(std::string_view piece, std::vector<uint32_t>& ids) const;
   // The decoders over `toks` (the first the text's first when `at_start`), but for what only the whole text's end
   // decides (finish_text): ByteLevel's bytes not yet made valid UTF-8, and a Strip after Fuse or ByteLevel not yet
   // applied to the end. A run of byte-fallback tokens is its bytes, or with `replace_runs` (the run is whole) each
@@ -260,6 +266,14 @@ void parse_model(HfTokenizer::Impl& t, const Json& m) {
     }
     const uint64_t key = uint64_t{id_of(a, r)} << 32 | id_of(b, r);
     t.merges[key] = {static_cast<uint32_t>(r), id_of(a + b, r)};
+  }
+  if (const Json* scores = m.find("gguf_scores")) {
+    if (!scores->is_array() || scores->as_array().size() != t.tokens.size())
+      t.fail("model.gguf_scores", detail::cat("expected an array of ", t.tokens.size(), " scores (one per token)"));
+    for (const Json& v : scores->as_array()) {
+      if (!v.is_number()) t.fail("model.gguf_scores", "holds " + v.dump().substr(0, 40) + ", not a number");
+      t.scores.push_back(static_cast<float>(v.as_double()));
+    }
   }
 }
 
@@ -551,6 +565,12 @@ void HfTokenizer::Impl::bpe_piece(const std::string& word, std::vector<uint32_t>
       return;
     }
   }
+  if (!scores.empty()) {
+    std::vector<uint32_t> result = spm_piece(word);
+    out.insert(out.end(), result.begin(), result.end());
+    if (cacheable) cache.emplace(word, std::move(result));
+    return;
+  }
   std::vector<uint32_t> ids;
   std::optional<uint32_t> pending_unk;
   for (size_t i = 0, len = 0; i < word.size(); i += len) {
@@ -561,12 +581,7 @@ void HfTokenizer::Impl::bpe_piece(const std::string& word, std::vector<uint32_t>
       ids.push_back(it->second);
       continue;
     }
-    if (byte_fallback && std::all_of(word.begin() + i, word.begin() + i + len,
-                                     [&](char c) { return byte_ids[static_cast<unsigned char>(c)] >= 0; })) {
-      for (size_t k = i; k < i + len; ++k)
-        ids.push_back(static_cast<uint32_t>(byte_ids[static_cast<unsigned char>(word[k])]));
-      continue;
-    }
+    if (byte_tokens(std::string_view(word).substr(i, len), ids)) continue;
     if (unk) {
       if (pending_unk && !fuse_unk) ids.push_back(*pending_unk);
       pending_unk = unk;
@@ -606,6 +621,60 @@ void HfTokenizer::Impl::bpe_piece(const std::string& word, std::vector<uint32_t>
     if (alive[k]) result.push_back(ids[k]);
   out.insert(out.end(), result.begin(), result.end());
   if (cacheable) cache.emplace(word, std::move(result));
+}
+
+// llama.cpp's SentencePiece merging (llm_tokenizer_spm): the word's characters (tokens or not), then again and again
+// the adjacent pair whose concatenation is a token of the highest score merged, the leftmost of equal scores; each
+// piece left its token, else its bytes' tokens (byte fallback), else the unknown token.
+std::vector<uint32_t> HfTokenizer::Impl::spm_piece(const std::string& word) const {
+  struct Symbol {
+    size_t begin, len;
+    int32_t prev, next;
+  };
+  std::vector<Symbol> sym;
+  for (size_t i = 0, len = 0; i < word.size(); i += len) {
+    unicode::cp_at(word, i, len);
+    const auto k = static_cast<int32_t>(sym.size());
+    sym.push_back({i, len, k - 1, i + len < word.size() ? k + 1 : -1});
+  }
+  // Candidates: (score, minus the left symbol, the right one, the merged length); the highest first.
+  using Cand = std::tuple<float, int32_t, int32_t, size_t>;
+  std::priority_queue<Cand> heap;
+  const auto push = [&](int32_t l, int32_t r) {
+    if (l < 0 || r < 0) return;
+    const auto it = vocab.find(word.substr(sym[l].begin, sym[l].len + sym[r].len));
+    if (it != vocab.end()) heap.emplace(scores[it->second], -l, r, sym[l].len + sym[r].len);
+  };
+  for (int32_t k = 0; k + 1 < static_cast<int32_t>(sym.size()); ++k) push(k, k + 1);
+  while (!heap.empty()) {
+    const auto [score, minus_l, r, len] = heap.top();
+    heap.pop();
+    Symbol& left = sym[-minus_l];
+    if (left.len == 0 || sym[r].len == 0 || left.len + sym[r].len != len) continue;  // (either merged since)
+    left.len = len;
+    sym[r].len = 0;
+    left.next = sym[r].next;
+    if (left.next >= 0) sym[left.next].prev = -minus_l;
+    push(left.prev, -minus_l);
+    push(-minus_l, left.next);
+  }
+  std::vector<uint32_t> ids;
+  for (int32_t k = sym.empty() ? -1 : 0; k >= 0; k = sym[k].next) {
+    const std::string_view piece = std::string_view(word).substr(sym[k].begin, sym[k].len);
+    if (const auto it = vocab.find(std::string(piece)); it != vocab.end())
+      ids.push_back(it->second);
+    else if (!byte_tokens(piece, ids) && unk)
+      ids.push_back(*unk);
+  }
+  return ids;
+}
+
+bool HfTokenizer::Impl::byte_tokens(std::string_view piece, std::vector<uint32_t>& ids) const {
+  if (!byte_fallback ||
+      !std::all_of(piece.begin(), piece.end(), [&](char c) { return byte_ids[static_cast<unsigned char>(c)] >= 0; }))
+    return false;
+  for (char c : piece) ids.push_back(static_cast<uint32_t>(byte_ids[static_cast<unsigned char>(c)]));
+  return true;
 }
 
 std::string HfTokenizer::Impl::run_decoders(std::vector<std::string> toks, bool at_start, bool replace_runs) const {
@@ -864,7 +933,7 @@ HfTokenizer::Layout HfTokenizer::layout() const {
     if (n.kind == Norm::Nfc) l.nfc = true;
     if (n.kind == Norm::Prepend) l.prepends_space = true;
   }
-  l.tokens = t.tokens, l.kind = t.kind, l.unk = t.unk;
+  l.tokens = t.tokens, l.kind = t.kind, l.unk = t.unk, l.scores = t.scores;
   std::vector<std::pair<uint32_t, std::array<uint32_t, 3>>> ranked;  // (a pair listed twice keeps its one rank)
   ranked.reserve(t.merges.size());
   for (const auto& [pair, rank_merged] : t.merges)

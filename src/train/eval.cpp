@@ -5,8 +5,11 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "castor/amp.h"
 #include "castor/checkpoint.h"
 #include "castor/formats.h"
+#include "castor/gguf.h"
+#include "castor/nn.h"
 #include "castor/trainer.h"
 #include "castor/model_source.h"
 #include "train/lm_scoring.h"
@@ -28,6 +31,9 @@ LoadedTensors load_for_eval(const EvalConfig& e, TrainConfig& c, std::vector<std
     Checkpoint ck = read_checkpoint(e.path, &file);
     file += "/model.safetensors";
     model_file = {std::move(ck.model), std::move(ck.model_meta)};
+  } else if (formats::is_source(e.path, formats::SourceFormat::Gguf)) {  // (its tensors loaded into the model: blocks)
+    model_file.metadata = formats::gguf_metadata(formats::read_gguf_header(e.path), e.path,
+                                                 name(e.data.value_or(Dataset::Tokens)));
   } else {
     model_file = formats::load_weights_file(e.path, name(e.data.value_or(Dataset::Tokens)));
   }
@@ -73,15 +79,29 @@ Json run_eval(const EvalConfig& e) {
   const LoadedTensors model_file = load_for_eval(e, c, recorded_classes);
   for (const auto& [name, t] : model_file.tensors) formats::check_finite(e.path, name, t);
   const std::unique_ptr<Task> task = make_task(c, /*rank=*/0, /*world=*/1, /*new_run=*/false);
-  Run run = build_run(c, *task, 1, /*load_init=*/false);
-  try {
-    load_model_file(*run.model, model_file.tensors, model_file.metadata, e.path);
-  } catch (const Error& err) {
-    throw Error(detail::cat(e.path, ": ", err.what()));
+  // A GGUF file's weights are read straight into a model made without memory for them, the quantized matrices kept in
+  // their blocks (as castor sample and eval --text do); nothing to train, so no optimizer.
+  const bool gguf = formats::is_source(e.path, formats::SourceFormat::Gguf);
+  Run run;
+  if (gguf) {
+    nn::LoadInitGuard empty(DType::Float32, /*placeholders=*/true);
+    run.model = task->make_model(c);
+  } else {
+    run = build_run(c, *task, 1, /*load_init=*/false);
   }
+  try {
+    if (gguf)
+      formats::load_weights_into(*run.model, e.path, nullptr, /*keep_blocks=*/true);
+    else
+      load_model_file(*run.model, model_file.tensors, model_file.metadata, e.path);
+  } catch (const Error& err) {
+    const std::string msg = err.what();  // (the GGUF reader's name the file already)
+    throw Error(msg.rfind(e.path, 0) == 0 ? msg : detail::cat(e.path, ": ", msg));
+  }
+  if (gguf) run.amp = amp::initialize(*run.model, {}, c.amp, c.dtype);
   if (!e.lora.empty()) {
     CASTOR_CHECK(c.lora_rank == 0, "--lora: ", e.path, " is a LoRA run's checkpoint (its own adapters); give its base");
-    merge_peft_adapter(*run.model, c.model, e.path, e.lora);
+    apply_peft_adapter(*run.model, c.model, e.path, e.lora);
   }
   const std::vector<std::string> classes = task->classes();
   CASTOR_CHECK(recorded_classes.empty() || recorded_classes == classes, e.path,

@@ -470,17 +470,18 @@ Json export_gguf_lora(const ExportConfig& c) {
   const formats::GgufFileType* type = formats::find_gguf_file_type(c.type);
   CASTOR_CHECK(type, "--type ", c.type, ": not a GGUF file type");
   const auto model = adapted_model(ck, what, c.lora_base);
-  const auto* llama = dynamic_cast<const models::Llama*>(model.get());
-  CASTOR_CHECK(llama, "--format gguf-lora: ", what, " adapts a ", model->type_name(),
-               "; llama.cpp's adapters are written here for Llamas (arch llama, qwen2)");
+  const auto* llama = dynamic_cast<const models::Llama*>(model.get());  // (else a GPT: arch gpt2)
   const Json d = model_description(castor_config(ck.model_meta, what), what);
   const Json* arch = d.is_object() ? d.find("architecture") : nullptr;
   const bool qwen2 = arch && arch->is_string() && arch->as_string() == "Qwen2ForCausalLM";
   const nn::LoraConfig lora = run_lora_config(ck, what);
   const StateDict adapters = nn::lora_state_dict(*model);
   const formats::GgufSummary written = formats::write_gguf_lora(
-      c.out, llama->config(), qwen2 ? formats::GgufArch::Qwen2 : formats::GgufArch::Llama, adapters,
-      lora.scaling() * static_cast<double>(lora.r), *type, fs::path(used).parent_path().filename().string());
+      c.out, llama ? llama->config() : models::LlamaConfig{},
+      !llama  ? formats::GgufArch::Gpt2
+      : qwen2 ? formats::GgufArch::Qwen2
+              : formats::GgufArch::Llama,
+      adapters, lora.scaling() * static_cast<double>(lora.r), *type, fs::path(used).parent_path().filename().string());
   return Json::Object{{"from", printable(what)},    {"format", "gguf-lora"},   {"arch", written.arch},
                       {"type", type->name},         {"rank", lora.r},          {"alpha", lora.scaling() * lora.r},
                       {"tensors", written.tensors}, {"out", printable(c.out)}, {"bytes", written.bytes}};

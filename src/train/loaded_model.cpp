@@ -121,7 +121,11 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& l
   const Family* family = kind.empty() ? nullptr : family_of_spelling(kind);
   CASTOR_CHECK(kind.empty() || family, path, ": a ", printable(kind), " checkpoint, not a language model's");
   const bool lora = is_lora_checkpoint(ck.model_meta);
-  merge_lora_checkpoint(ck, what, lora_base);
+  // A Llama's LoRA run on a GGUF file, sampled or evaluated: its base in the file's blocks with the adapters beside
+  // them (merging would make the base dense).
+  const bool blocks = lora && keep_blocks && family && family->name != std::string("gpt") &&
+                      formats::is_source(lora_base_of(ck, lora_base), formats::SourceFormat::Gguf);
+  if (!blocks) merge_lora_checkpoint(ck, what, lora_base);
   Json config = castor_config(ck.model_meta, what);
   const fs::path run = fs::path(used).parent_path().parent_path();  // RUN/checkpoints/step-N
   std::string run_dir = dir && fs::is_directory(run / "checkpoints", ec) ? run.string() : std::string();
@@ -131,7 +135,9 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& l
   g.train_state = std::move(ck.state);
   g.run_dir = std::move(run_dir);
   g.lora = lora;
-  if (family && family->name != std::string("gpt"))  // (a GPT's exports take its weights with its config)
+  if (blocks)
+    g.llama = adapted_model(ck, what, lora_base), g.train_state.clear();  // (the adapters' optimizer state)
+  else if (family && family->name != std::string("gpt"))  // (a GPT's exports take its weights with its config)
     g.llama = load_described(ck.model, model_description(g.config, what), what);
   else
     g.weights = formats::gpt_weights_from_safetensors(std::move(ck.model), ck.model_meta, n_head, what);
@@ -147,7 +153,7 @@ Json described(const LoadedGpt& g, const char* key) {
 
 LoadedLm load_language_model(const std::string& path, int64_t n_head, const std::string& lora_base,
                              const std::string& tokenizer_dir, const std::string& lora) {
-  LoadedGpt g = load_gpt(path, n_head, lora_base, /*keep_blocks=*/lora.empty());  // (an adapter merges densely)
+  LoadedGpt g = load_gpt(path, n_head, lora_base, /*keep_blocks=*/true);
   for (const auto& [name, t] : g.llama ? g.llama->state_dict() : g.weights.state)
     formats::check_finite(g.what, name, t);
   std::string dir = tokenizer_dir.empty() ? model_tokenizer_dir(path, g.config) : tokenizer_dir;
@@ -164,7 +170,7 @@ LoadedLm load_language_model(const std::string& path, int64_t n_head, const std:
   std::shared_ptr<models::LanguageModel> model = sampled_model(g, tok, dir);
   if (!lora.empty()) {
     CASTOR_CHECK(!g.lora, "--lora: ", g.what, " is a LoRA run's (its adapters merged already); give its base");
-    merge_peft_adapter(*model, g.llama ? ModelKind::Llama : ModelKind::Gpt, path, lora);
+    apply_peft_adapter(*model, g.llama ? ModelKind::Llama : ModelKind::Gpt, path, lora);
   }
   model->eval();
   std::set<int64_t> ends = end_ids(g, tok);

@@ -31,7 +31,8 @@ struct LoadedGpt {
 
 // A weights file or a run or checkpoint directory; a LoRA run's model file (in its checkpoint or alone) merged into its
 // base (`lora_base`: where the base is now, when it moved). `keep_blocks` (castor sample and eval): a GGUF file's
-// quantized Linear weights stay in their blocks (formats::load_weights_into), never dense.
+// quantized Linear weights stay in their blocks (formats::load_weights_into), never dense; a Llama's LoRA run on a
+// GGUF file is then its base in blocks with the adapters on it, unmerged.
 LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& lora_base = "",
                    bool keep_blocks = false);
 

@@ -224,6 +224,10 @@ void take_peft_config(TrainConfig& c) {
 
 }  // namespace
 
+std::string lora_base_of(const Checkpoint& ck, const std::string& lora_base) {
+  return lora_base.empty() ? ck.model_meta.at(kBaseKey) : lora_base;
+}
+
 std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const std::string& what,
                                                      const std::string& lora_base) {
   const Json config = castor_config(ck.model_meta, what);
@@ -231,7 +235,7 @@ std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const
   TrainConfig c = resume_config(TrainConfig{}, config, what);
   const Family* family = family_of(c.model);
   CASTOR_CHECK(family, what, ": a LoRA run on a ", name(c.model), ", not a language model");
-  const std::string base = lora_base.empty() ? ck.model_meta.at(kBaseKey) : lora_base;
+  const std::string base = lora_base_of(ck, lora_base);
   c.init = base;  // (where it is now: lora_config reads its kind)
   if (!c.init_checksum.empty()) check_base_checksum(base, c.init_checksum, what);
   const Json* real_vocab = config.find("real_vocab_size");
@@ -317,7 +321,7 @@ void apply_run_lora(const TrainConfig& c, nn::Module& model) {
   load_adapters(model, adapters, "--init-lora " + file);
 }
 
-void merge_peft_adapter(nn::Module& model, ModelKind kind, const std::string& base, const std::string& dir) {
+void apply_peft_adapter(nn::Module& model, ModelKind kind, const std::string& base, const std::string& dir) {
   TrainConfig c;
   c.model = kind, c.init = base, c.init_lora = dir;
   try {
@@ -328,7 +332,9 @@ void merge_peft_adapter(nn::Module& model, ModelKind kind, const std::string& ba
     if (msg.rfind("--init-lora ", 0) == 0) msg.replace(0, 11, "--lora");
     throw Error(msg);
   }
-  nn::merge_and_unload(model);
+  const auto linears = nn::lora_layers(model);
+  if (std::none_of(linears.begin(), linears.end(), [](const auto& l) { return l.second->quantized != nullptr; }))
+    nn::merge_and_unload(model);
 }
 
 void keep_adapters(Checkpoint& ck, const Json& config) {

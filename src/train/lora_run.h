@@ -29,10 +29,12 @@ void check_lora_base(const TrainConfig& c);
 void load_base(nn::Module& model, const std::string& path, const TrainConfig& c);
 // Adapts the model built from --init as `c` says and loads --init-lora's adapters.
 void apply_run_lora(const TrainConfig& c, nn::Module& model);
-// castor sample|eval --lora DIR: the PEFT adapter directory DIR (adapter_config.json, adapter_model.safetensors) merged
-// into `model`, the `kind` model of `base` (a weights file or Hugging Face directory), read as --init-lora reads it.
-// castor::Error naming the file for adapters that do not fit the model.
-void merge_peft_adapter(nn::Module& model, ModelKind kind, const std::string& base, const std::string& dir);
+// castor sample|eval --lora DIR: the PEFT adapter directory DIR (adapter_config.json, adapter_model.safetensors) on
+// `model`, the `kind` model of `base` (a weights file, Hugging Face directory or GGUF file), read as --init-lora reads
+// it: merged into the weights (nn::merge_and_unload), or, where an adapted Linear holds quantized blocks (a GGUF
+// file's), kept beside them unmerged (the same function; the blocks stay as they are). castor::Error naming the file
+// for adapters that do not fit the model.
+void apply_peft_adapter(nn::Module& model, ModelKind kind, const std::string& base, const std::string& dir);
 
 // Makes a checkpoint of a LoRA run (config's lora_rank > 0) hold only the adapters, with "castor.lora_base" (the base
 // file) in its metadata.
@@ -50,6 +52,8 @@ void load_model_file(nn::Module& model, const StateDict& tensors, const Metadata
 // `lora_base` (--lora-base; empty: the recorded one): the base file moved, checked against the recorded checksum.
 void merge_lora_checkpoint(Checkpoint& ck, const std::string& what, const std::string& lora_base = "");
 
+// Where a LoRA checkpoint's base is now: `lora_base` (--lora-base), else the recorded one.
+std::string lora_base_of(const Checkpoint& ck, const std::string& lora_base);
 // A LoRA checkpoint's base language model (a GPT or a Llama, as its recorded settings describe; `lora_base`: where the
 // base is now, empty: the recorded one; its checksum checked) with the checkpoint's adapters on it.
 std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const std::string& what,

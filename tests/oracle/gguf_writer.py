@@ -11,7 +11,10 @@ first and last eighth, every third between), output.weight Q6_K, and token_embd 
 rounding, ggml's dequantize_row_* of the blocks, as float32), so hf_llama_oracle.py's logits are the oracle of a
 reader of the file.
 
-  gguf_writer.py write HF_DIR OUT.gguf TYPE [CHAT_TEMPLATE]
+  gguf_writer.py write HF_DIR OUT.gguf TYPE [CHAT_TEMPLATE [VOCAB.json]]
+
+CHAT_TEMPLATE "" writes none; VOCAB.json ({"tokens", "scores", "types"}, one entry per token of the model's
+vocabulary) replaces the generated vocabulary.
 """
 import ctypes
 import glob
@@ -117,7 +120,7 @@ def stored(x, kind):
     return quantized(x, kind)
 
 
-def model_keys(arch, cfg, heads, kv_heads):
+def model_keys(arch, cfg, heads, kv_heads, given=None):
     """The metadata of a model of Hugging Face config `cfg` as `arch`, with a SentencePiece-style vocabulary of its size:
     <unk>, <s>, </s>, the 256 byte tokens when the vocabulary has room (else the newline's, which llama.cpp's
     SentencePiece vocabulary looks up), then pieces: U+2581 and the letters alone (every longer piece is then a merge
@@ -135,6 +138,9 @@ def model_keys(arch, cfg, heads, kv_heads):
     tokens = head_tokens + (alone + repeated + list(itertools.islice(words, max(0, pieces - len(repeated)))))[:pieces]
     scores = [0.0] * len(head_tokens) + [-float(i) for i in range(pieces)]
     types = [2, 3, 3] + [6] * len(byte_tokens) + [1] * pieces
+    if given:
+        tokens, scores, types = given["tokens"], given["scores"], given["types"]
+        assert len(tokens) == len(scores) == len(types) == vocab, "VOCAB.json: one entry per token of the model"
     return [("general.architecture", 8, arch), ("general.name", 8, "oracle"), ("general.alignment", 4, ALIGN),
             (f"{arch}.context_length", 4, cfg["max_position_embeddings"]),
             (f"{arch}.embedding_length", 4, cfg["hidden_size"]),
@@ -226,8 +232,8 @@ def main():
                 smooth = (orig / wavelen - low) / (high - low)
                 factors.append(1 / ((1 - smooth) / factor + smooth))
         tensors.append(("rope_freqs.weight", [len(factors)], 0, np.array(factors, dtype=np.float32).tobytes()))
-    keys = model_keys(arch, cfg, heads, kv_heads)
-    if len(sys.argv) > 5:
+    keys = model_keys(arch, cfg, heads, kv_heads, json.load(open(sys.argv[6])) if len(sys.argv) > 6 else None)
+    if len(sys.argv) > 5 and sys.argv[5]:
         keys.append(("tokenizer.chat_template", 8, sys.argv[5]))
     write_file(out, keys, tensors)
     write(f"{d}/model.safetensors", held, {"format": "pt"})

@@ -85,6 +85,11 @@ struct Reference {
   std::vector<double> p;
 };
 Reference model_reference(models::LanguageModel& model, const std::vector<int64_t>& prompt, int64_t steps = kSteps);
+// The prompt the tests continue, in `tok`'s ids.
+std::vector<int64_t> jury_prompt(data::Tokenizer& tok) {
+  const std::vector<uint32_t> ids = tok.encode("The jury");
+  return {ids.begin(), ids.end()};
+}
 Reference castor_reference(const std::string& run, const std::vector<int64_t>& prompt, int64_t real_vocab,
                            int64_t steps = kSteps) {
   Checkpoint ck = read_checkpoint(run);
@@ -395,14 +400,13 @@ TEST_F(GgufCli, LlamaMatchesLlamaCpp) {
   tokenize("bpe", "tok");
   train("llama", "tok", "llama", 120);
   data::Tokenizer tok = data::Tokenizer::load(path("tok"));
-  const std::vector<uint32_t> p16 = tok.encode("The jury");
-  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const std::vector<int64_t> prompt = jury_prompt(tok);
   const Reference ref = castor_reference(path("llama"), prompt, 300);
   // The reference is castor sample's text.
   CastorProcess s = castor(
       {"sample", "--checkpoint", "llama", "--temperature", "0", "--tokens", "32", "--prompt", "The jury"});
   ASSERT_EQ(s.exit_code, 0) << s.err;
-  std::vector<uint32_t> all(p16);
+  std::vector<uint32_t> all(prompt.begin(), prompt.end());
   for (int64_t t : ref.greedy) all.push_back(static_cast<uint32_t>(t));
   EXPECT_EQ(s.out, tok.decode(all) + "\n");
 
@@ -471,8 +475,7 @@ TEST_F(GgufCli, LoraAdapterOnTheGgufBaseInLlamaCpp) {
   tokenize("bpe", "tok");
   train("llama", "tok", "llama", 120, {"--untied"});  // (an adapter on a tied head would change the embedding too)
   data::Tokenizer tok = data::Tokenizer::load(path("tok"));
-  const std::vector<uint32_t> p16 = tok.encode("The jury");
-  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const std::vector<int64_t> prompt = jury_prompt(tok);
   CastorProcess b = castor({"export", "--format", "gguf", "--checkpoint", "llama", "--out", "base.gguf"});
   ASSERT_EQ(b.exit_code, 0) << b.err;
   // (the text in the file's own vocabulary, as a user of someone else's GGUF encodes it)
@@ -585,12 +588,54 @@ TEST_F(GgufCli, GptMatchesLlamaCpp) {
   tokenize("gpt2", "tok2");
   train("gpt", "tok2", "gpt", 30);
   data::Tokenizer tok = data::Tokenizer::load(path("tok2"));
-  const std::vector<uint32_t> p16 = tok.encode("The jury");
-  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const std::vector<int64_t> prompt = jury_prompt(tok);
   const Reference ref = castor_reference(path("gpt"), prompt, tok.vocab_size());
   const std::vector<Json> got = compare(
       "gpt", {{"f32", true, kSteps, 1e-4}, {"f16", true, kSteps, 0}, {"q8_0", false, 28, 0}}, prompt, ref);
   expect_tokenizes_as(got.at(0), tok);
+}
+
+// A LoRA run on a GPT (arch gpt2: adapters of blk.N.attn_qkv, attn_output, ffn_up and ffn_down): llama.cpp with the
+// GPT's GGUF export and the run's gguf-lora adapter continues as the run does, its log-probabilities within 1e-3;
+// without the adapter they differ.
+TEST_F(GgufCli, GptLoraAdapterInLlamaCpp) {
+  ASSERT_TRUE(have_llama_cpp());
+  tokenize("gpt2", "tok2");
+  train("gpt", "tok2", "gpt", 30);
+  data::Tokenizer tok = data::Tokenizer::load(path("tok2"));
+  const std::vector<int64_t> prompt = jury_prompt(tok);
+  CastorProcess b = castor({"export", "--format", "gguf", "--checkpoint", "gpt", "--out", "gpt.gguf"});
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  CastorProcess lora = castor({"train", "--init",      "gpt",  "--data",       "tokens",  "--data-dir",
+                               "tok2",  "--lora-rank", "4",    "--lora-alpha", "8",       "--steps",
+                               "20",    "--lr",        "5e-2", "--batch-size", "4",       "--eval-iters",
+                               "1",     "--threads",   "1",    "--out",        "gpt_lora"});
+  ASSERT_EQ(lora.exit_code, 0) << lora.err;
+  const Reference ref = castor_reference(path("gpt_lora"), prompt, tok.vocab_size());
+  CastorProcess e = castor(
+      {"export", "--format", "gguf-lora", "--checkpoint", "gpt_lora", "--out", "gpt_adapter.gguf"});
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  std::filesystem::create_directories(path("dump"));
+  const Json file = run_json("/usr/bin/python3 " + kOracle + "gguf_oracle.py read " + path("gpt_adapter.gguf") + " " +
+                                 path("dump"),
+                             path("read.json"));
+  EXPECT_EQ(file.at("kv").at("general.architecture").as_string(), "gpt2");
+  EXPECT_EQ(file.at("tensors").as_object().size(), 2u * (4 * 2));
+  EXPECT_TRUE(file.at("tensors").find("blk.1.attn_qkv.weight.lora_b")) << file.at("tensors").dump().substr(0, 400);
+  texts.clear();
+  const std::vector<Json> got = llama_cpp({"gpt.gguf", "gpt.gguf"}, prompt, ref.greedy, {"gpt_adapter.gguf", ""});
+  EXPECT_EQ(ids_of(got.at(0).at("greedy")), ref.greedy);
+  // The largest |dlog p| over the run's continuation, with and without the adapter (a model this small gives its
+  // tokens probabilities near 1 / 50257: their logarithms show the adapter).
+  double with = 0, without = 0;
+  for (size_t k = 0; k < ref.p.size(); ++k) {
+    const auto dlogp = [&](const Json& answer) {
+      return std::fabs(std::log(answer.at("forced").as_array().at(k).at("p").as_double()) - std::log(ref.p[k]));
+    };
+    with = std::max(with, dlogp(got.at(0))), without = std::max(without, dlogp(got.at(1)));
+  }
+  EXPECT_LE(with, 1e-3);
+  EXPECT_GT(without, 5e-3);
 }
 
 // A Llama with Hugging Face's extras that GGUF's llama arch holds: q/k/v/o and MLP biases and a head size other than
@@ -607,8 +652,7 @@ TEST_F(GgufCli, LlamaBiasesAndHeadSize) {
   auto model = models::llama(c, 3);
   randomize(*model, 5);
   model->eval();
-  const std::vector<uint32_t> p16 = tok.encode("The jury");
-  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const std::vector<int64_t> prompt = jury_prompt(tok);
   std::vector<int64_t> greedy = models::generate(*model, prompt, kSteps, 0.0);
   greedy.erase(greedy.begin(), greedy.begin() + static_cast<int64_t>(prompt.size()));
   formats::write_gguf_llama(path("biases.gguf"), *model, vocab, *formats::find_gguf_file_type("f32"), "biases");
@@ -745,8 +789,7 @@ TEST_F(GgufCli, QuantizedExportIsLlamaQuantizesFile) {
     formats::write_gguf_llama(path(ours), *model, vocab, *formats::find_gguf_file_type(name), "q");
     expect_llama_quantizes_as("f32.gguf", ours, ftype);
   }
-  const std::vector<uint32_t> p16 = tok.encode("The jury");
-  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const std::vector<int64_t> prompt = jury_prompt(tok);
   texts.clear();
   EXPECT_EQ(ids_of(llama_cpp({"q4_k_m.gguf"}, prompt, {}).at(0).at("greedy")).size(), static_cast<size_t>(kSteps));
 }
@@ -804,8 +847,7 @@ TEST_F(GgufCli, Llama3RopeScalingAsRopeFreqs) {
   c.rope_scaling.original_max_position_embeddings = 64;
   auto model = models::llama(c, 3);
   randomize(*model, 6);
-  const std::vector<uint32_t> p16 = tok.encode("The jury");
-  const std::vector<int64_t> prompt(p16.begin(), p16.end());
+  const std::vector<int64_t> prompt = jury_prompt(tok);
   const Reference ref = model_reference(*model, prompt);
   models::LlamaConfig plain = c;
   plain.rope_scaling = {};
