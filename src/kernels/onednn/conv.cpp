@@ -272,7 +272,7 @@ std::string describe(const Tensor& src, const Tensor& weights, const Conv2dParam
 // memory than the 16-bit activations save. Each slice's widening, convolution and rounding are parallel regions of
 // their own, whose thread wake-ups cost more than the cache saves at small slices: SimpleCNN's O1 bfloat16 step
 // under the AVX2 cap, wall time as `castor train` reports it, ran at 0.77x float32's with 1 MiB slices (about 550
-// regions a step against float32's 62) and 0.95-1.0x with 4 MiB (docs/benchmarks.md, #49).
+// regions a step against float32's 62) and 1.00x with 4 MiB, quiet (docs/benchmarks.md, #49).
 constexpr int64_t kSliceBytes = 4 << 20;
 int64_t slice_images(const Tensor& src, const Tensor& dst) {
   const int64_t per_image = 4 * std::max(src.numel(), dst.numel()) / std::max<int64_t>(src.size(0), 1);
