@@ -122,6 +122,10 @@ struct HfTokenizer::Impl {
   // No token holds "▁" after another character than "▁" (SentencePiece vocabularies): a word merges as its pieces cut
   // before each such "▁", each on its own and cached, with the same result (no merge can cross the cut).
   bool cut_at_metaspace = false;
+  // The ids a file may use: the tokens it defines (model.vocab and added_tokens) plus kMaxUnusedIds, so that an id
+  // cannot make `tokens` grow past what the file's size accounts for.
+  uint64_t id_limit = 0;
+  static constexpr uint64_t kMaxUnusedIds = 65536;
 
   [[noreturn]] void fail(const std::string& key, const std::string& msg) const {
     throw Error(detail::cat(what, ": ", key, ": ", msg));
@@ -133,6 +137,8 @@ struct HfTokenizer::Impl {
   void bpe(const std::string& word, std::vector<uint32_t>& out) const;
   void bpe_piece(const std::string& word, std::vector<uint32_t>& out) const;
   std::vector<uint32_t> spm_piece(const std::string& word) const;
+  // A token id read at `path`, its slot in `tokens` and `kind` made.
+  uint32_t take_id(const Json& id, const std::string& path);
   // A piece the vocabulary has not as its bytes' tokens (byte fallback); false when that is not done.
   bool byte_tokens(std::string_view piece, std::vector<uint32_t>& ids) const;
   // The decoders over `toks` (the first the text's first when `at_start`), but for what only the whole text's end
@@ -207,6 +213,19 @@ std::string replacement(const HfTokenizer::Impl& t, const Json& step, const std:
   return r;
 }
 
+}  // namespace
+
+uint32_t HfTokenizer::Impl::take_id(const Json& id, const std::string& path) {
+  if (!id.is_int() || id.as_int() < 0 || static_cast<uint64_t>(id.as_int()) >= id_limit)
+    fail(path, detail::cat("not an integer in [0, ", id_limit, ") (the tokens the file defines, plus at most ",
+                           kMaxUnusedIds, " unused ids)"));
+  const auto i = static_cast<uint32_t>(id.as_int());
+  if (i >= tokens.size()) tokens.resize(i + 1), kind.resize(i + 1);
+  return i;
+}
+
+namespace {
+
 void parse_model(HfTokenizer::Impl& t, const Json& m) {
   const std::string type = str_member(t, m, "type", "model");
   if (type != "BPE") t.fail("model.type", "unsupported model type '" + type + "' (only BPE)");
@@ -223,11 +242,8 @@ void parse_model(HfTokenizer::Impl& t, const Json& m) {
   if (!vocab.is_object()) t.fail("model.vocab", "expected an object of token -> id");
   t.vocab.reserve(vocab.as_object().size());
   for (const auto& [token, id] : vocab.as_object()) {
-    if (!id.is_int() || id.as_int() < 0 || id.as_int() > UINT32_MAX)
-      t.fail("model.vocab", "the id of '" + printable(token) + "' is not an integer in [0, 2^32)");
-    const auto i = static_cast<uint32_t>(id.as_int());
+    const uint32_t i = t.take_id(id, "model.vocab: the id of '" + printable(token) + "'");
     t.vocab.emplace(token, i);
-    if (i >= t.tokens.size()) t.tokens.resize(i + 1), t.kind.resize(i + 1);
     if (t.kind[i]) t.fail("model.vocab", detail::cat("id ", i, " is given twice"));
     t.tokens[i] = token;
     t.kind[i] = 1;
@@ -283,18 +299,14 @@ void parse_added(HfTokenizer::Impl& t, const Json& list) {
   for (size_t i = 0; i < list.as_array().size(); ++i) {
     const Json& a = list.as_array()[i];
     const std::string path = detail::cat("added_tokens[", i, "]");
-    const Json& id = member(t, a, "id", path);
-    if (!id.is_int() || id.as_int() < 0 || id.as_int() > UINT32_MAX)
-      t.fail(path + ".id", "not an integer in [0, 2^32)");
     Added x{str_member(t, a, "content", path),
-            static_cast<uint32_t>(id.as_int()),
+            t.take_id(member(t, a, "id", path), path + ".id"),
             bool_member(t, a, "single_word", path, false),
             bool_member(t, a, "lstrip", path, false),
             bool_member(t, a, "rstrip", path, false),
             bool_member(t, a, "normalized", path, false),
             bool_member(t, a, "special", path, false)};
     if (x.content.empty()) t.fail(path + ".content", "empty");
-    if (x.id >= t.tokens.size()) t.tokens.resize(x.id + 1), t.kind.resize(x.id + 1);
     if (t.kind[x.id] == 1 && t.tokens[x.id] != x.content)
       t.fail(path, detail::cat("id ", x.id, " is the model's '", printable(t.tokens[x.id]), "'"));
     t.tokens[x.id] = x.content;
@@ -811,12 +823,16 @@ HfTokenizer::HfTokenizer(std::string_view json, const std::string& what) : impl_
   if (!j.is_object()) t.fail("(top level)", "expected a JSON object");
   for (const char* key : {"truncation", "padding"})
     if (const Json* v = j.find(key); v && !v->is_null()) t.fail(key, "unsupported (only null)");
-  parse_model(t, member(t, j, "model", "tokenizer"));
   const auto optional = [&](const char* key) -> const Json& {
     static const Json null;
     const Json* v = j.find(key);
     return v ? *v : null;
   };
+  const Json& model = member(t, j, "model", "tokenizer");
+  const Json* vocab = model.is_object() ? model.find("vocab") : nullptr;
+  t.id_limit = Impl::kMaxUnusedIds + (vocab && vocab->is_object() ? vocab->as_object().size() : 0) +
+               (optional("added_tokens").is_array() ? optional("added_tokens").as_array().size() : 0);
+  parse_model(t, model);
   parse_added(t, optional("added_tokens"));
   parse_normalizer(t, optional("normalizer"));
   parse_pre_tokenizer(t, optional("pre_tokenizer"));

@@ -365,6 +365,23 @@ TEST(HfTokenizer, UnsupportedComponentsAreOneLineErrorsNamingTheKey) {
   test::expect_error([&] { HfTokenizer::from_file("/nonexistent/tokenizer.json"); }, {"/nonexistent/tokenizer.json"});
 }
 
+// An id far past the tokens a file defines is refused before anything is sized by it (the fuzzer found a vocab id of
+// 2^31 making 2^31 empty token slots); holes up to 65536 ids, as a padded vocabulary has, are kept.
+TEST(HfTokenizer, IdsFarPastTheDefinedTokensAreRefusedInOneLine) {
+  const auto json = [](const std::string& c_id, const std::string& added_id) {
+    return R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": )" + c_id +
+           R"(}, "merges": []}, "added_tokens": [{"id": )" + added_id + R"(, "content": "<x>"}]})";
+  };
+  const HfTokenizer holes(json("65537", "65538"), "h.json");  // 3 + 1 defined, 65536 unused: the limit is 65540
+  EXPECT_EQ(holes.encode("c<x>a", false), (std::vector<uint32_t>{65537, 65538, 0}));
+  EXPECT_EQ(holes.decode(std::vector<uint32_t>{65537, 0}), "ca");
+  test::expect_error([&] { HfTokenizer(json("2147483648", "3"), "v.json"); },
+                     {"v.json", "model.vocab", "'c'", "[0, 65540)"});
+  test::expect_error([&] { HfTokenizer(json("2", "65540"), "a.json"); },
+                     {"a.json", "added_tokens[0].id", "[0, 65540)"});
+  test::expect_error([&] { HfTokenizer(json("-1", "3"), "n.json"); }, {"n.json", "model.vocab", "'c'"});
+}
+
 TEST(HfTokenizer, NfcComposesAsUnicodeSays) {
   // Worked from UnicodeData.txt: composition, canonical reordering, a blocked mark, singletons, Hangul.
   EXPECT_EQ(unicode::nfc("e\u0301"), "\u00e9");
