@@ -86,6 +86,9 @@ QuantizedMatrix quantize_matrix(const float* x, int64_t rows, int64_t cols, Bloc
 void dequantize_rows(const QuantizedMatrix& q, int64_t r0, int64_t r1, float* out);
 // The tile [r0, r1) x [c0, c1) of the matrix as float32, (r1 - r0, c1 - c0) row-major; c0 and c1 whole blocks.
 void dequantize_tile(const QuantizedMatrix& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* out);
+// The same tile rounded once to bfloat16 (float_to_bf16_bits of each value above, bit for bit): in one pass where the
+// type has a fused kernel (q8_0: widened and scaled in registers), else through float32 a few blocks at a time.
+void dequantize_tile_bf16(const QuantizedMatrix& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1, uint16_t* out);
 
 // The one product with a frozen quantized weight w (N, K): tiles of w dequantized in turn into x's dtype (exact
 // float32 values, rounded once into bfloat16 / float16, widened for float64) and multiplied by the dense kernels

@@ -60,17 +60,6 @@ __attribute__((target("avx2,f16c"))) void f16_to_f32_avx2(const uint16_t* src, f
   f16_to_f32_portable(src + i, dst + i, n - i);
 }
 
-// float_to_bf16_bits on 8 lanes, results in the low 16 bits of each 32-bit lane.
-__attribute__((target("avx2"))) __m256i f32_to_bf16_lanes_avx2(__m256i u) {
-  const __m256i one = _mm256_set1_epi32(1);
-  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), one);
-  __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
-  __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  __m256i is_nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));  // both sides non-negative
-  return _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
-}
-
 __attribute__((target("avx2"))) void f32_to_bf16_avx2(const float* src, uint16_t* dst, size_t n) {
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
@@ -121,16 +110,6 @@ __attribute__((target("avx512f"))) void f16_to_f32_avx512(const uint16_t* src, f
     _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
   }
   f16_to_f32_portable(src + i, dst + i, n - i);
-}
-
-// float_to_bf16_bits on 16 lanes, narrowed to 16 bits.
-__attribute__((target("avx512f"))) __m256i f32_to_bf16_lanes_avx512(__m512i u) {
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-  __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  __mmask16 is_nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
-  __m512i quiet_nan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, is_nan, quiet_nan));
 }
 
 // Streaming variants (Stream = true) write with non-temporal stores, which skip reading the destination's cache
@@ -412,6 +391,14 @@ void convert_streaming(const void* src, DType src_dtype, void* dst, DType dst_dt
 }
 
 const char* conversion_isa() { return active_kernels().isa; }
+
+bool detail::isa_enabled(const char* isa) {
+  const auto* end = detail::kConvertKernels + detail::kNumConvertKernels;
+  const auto* row = std::find_if(detail::kConvertKernels, end,
+                                 [&](const detail::ConvertKernels& c) { return std::string(c.isa) == isa; });
+  CASTOR_ASSERT(row != end, "isa_enabled: no kernel set ", isa);
+  return row >= &active_kernels();
+}
 
 bool avx512_kernels() {
   static const bool on = std::string(conversion_isa()).rfind("avx512", 0) == 0;

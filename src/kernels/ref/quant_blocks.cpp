@@ -6,10 +6,13 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "castor/check.h"
+#include "castor/convert.h"
 #include "castor/half.h"
 #include "castor/quant.h"
+#include "kernels/cpu/dequantize_bf16.h"
 #include "kernels/kernels.h"
 
 namespace castor::quant {
@@ -698,20 +701,34 @@ void dequantize_rows(const QuantizedMatrix& q, int64_t r0, int64_t r1, float* ou
   dequantize_tile(q, r0, r1, 0, q.cols, out);
 }
 
-void dequantize_tile(const QuantizedMatrix& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* out) {
+namespace {
+
+void check_tile(const QuantizedMatrix& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
   const int64_t block = block_type(q.type).block;
   CASTOR_ASSERT(0 <= r0 && r0 <= r1 && r1 <= q.rows && 0 <= c0 && c0 <= c1 && c1 <= q.cols && c0 % block == 0 &&
                     c1 % block == 0,
                 "dequantize_tile: rows [", r0, ", ", r1, ") columns [", c0, ", ", c1, ") of ", q.rows, " x ", q.cols);
-  const int64_t n = c1 - c0;
-  if (!q.absmax) {
-    const int64_t rb = row_bytes(q.type, q.cols), skip = c0 / block * block_type(q.type).bytes;
-    const uint8_t* d = q.data.data<uint8_t>();
-    if (n == q.cols) return block_type(q.type).dequantize(d + r0 * rb, out, (r1 - r0) * n);  // whole rows: one run
-    for (int64_t r = r0; r < r1; ++r) block_type(q.type).dequantize(d + r * rb + skip, out + (r - r0) * n, n);
-    return;
-  }
+}
+
+// The tile [r0, r1) x [c0, c1) of blocks stored without double quantization, as runs of blocks: run(blocks, out,
+// values) once for whole rows, else once a row; out (r1 - r0, c1 - c0) row-major.
+template <class T, class Run>
+void tile_runs(const QuantizedMatrix& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1, T* out, Run run) {
+  check_tile(q, r0, r1, c0, c1);
+  const int64_t block = block_type(q.type).block, n = c1 - c0;
+  const int64_t rb = row_bytes(q.type, q.cols), skip = c0 / block * block_type(q.type).bytes;
+  const uint8_t* d = q.data.data<uint8_t>();
+  if (n == q.cols) return run(d + r0 * rb, out, (r1 - r0) * n);
+  for (int64_t r = r0; r < r1; ++r) run(d + r * rb + skip, out + (r - r0) * n, n);
+}
+
+}  // namespace
+
+void dequantize_tile(const QuantizedMatrix& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* out) {
+  if (!q.absmax) return tile_runs(q, r0, r1, c0, c1, out, block_type(q.type).dequantize);
+  check_tile(q, r0, r1, c0, c1);
   // NF4 with double quantization: each block's absmax as double_dequantize makes it, then its codes.
+  const int64_t n = c1 - c0;
   const float* map = kernels::dynamic_map(true);
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t first = (r * q.cols + c0) / 64;
@@ -720,6 +737,20 @@ void dequantize_tile(const QuantizedMatrix& q, int64_t r0, int64_t r1, int64_t c
       nf4_values(q.data.data<uint8_t>() + 32 * k, absmax, out + (r - r0) * n + 64 * (k - first));
     }
   }
+}
+
+void dequantize_tile_bf16(const QuantizedMatrix& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1, uint16_t* out) {
+  if (const kernels::DequantizeBf16 fused = q.absmax ? nullptr : kernels::dequantize_bf16_kernel(q.type))
+    return tile_runs(q, r0, r1, c0, c1, out, fused);
+  // Whole blocks of about 4096 values at a time through float32, rounded by the bulk converter.
+  const int64_t n = c1 - c0, block = block_type(q.type).block, chunk = std::max<int64_t>(1, 4096 / block) * block;
+  std::vector<float> f(static_cast<size_t>(std::min(chunk, n)));
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t c = c0; c < c1; c += chunk) {
+      const int64_t m = std::min(chunk, c1 - c);
+      dequantize_tile(q, r, r + 1, c, c + m, f.data());
+      convert_serial(f.data(), DType::Float32, out + (r - r0) * n + (c - c0), DType::BFloat16, static_cast<size_t>(m));
+    }
 }
 
 #endif  // CASTOR_FUZZ_PARSERS_ONLY

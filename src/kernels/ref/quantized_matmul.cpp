@@ -15,23 +15,31 @@ namespace castor::quant {
 
 namespace {
 
-constexpr int64_t kTileValues = int64_t{1} << 20;  // values of the weight dequantized at once (4 MB as float32)
+// Values of the weight dequantized at once (32 MB as bfloat16): each matrix of a TinyLlama layer in one tile, of a
+// Llama-3-8B layer in at most four, since oneDNN's products run faster the wider they are (a (512, 5632) x (5632, 128)
+// tile's product trails one over the whole width by a fifth on AMX).
+constexpr int64_t kTileValues = int64_t{1} << 24;
 
-// The tile [r0, r0 + n) x [c0, c1) of w into `tile` (n, c1 - c0) contiguous, in its dtype.
+// The tile [r0, r0 + n) x [c0, c1) of w into `tile` (n, c1 - c0) contiguous, in its dtype: float32 and bfloat16
+// directly (bfloat16 by the fused dequantizers where the type has one), others through float32 `scratch`.
 void tile_into(const QuantizedMatrix& w, int64_t r0, int64_t n, int64_t c0, int64_t c1, const Tensor& tile,
                float* scratch) {
   const int64_t K = c1 - c0;
   const DType dt = tile.dtype();
-  float* f = dt == DType::Float32 ? tile.data<float>() : scratch;
   // A row range per thread: whole rows are whole blocks.
   const int64_t rows_per = std::max<int64_t>(1, kBlock / K);
 #pragma omp parallel for schedule(static) if (n * K > kParallelGrain)
   for (int64_t r = 0; r < n; r += rows_per) {
     const int64_t e = std::min(n, r + rows_per);
-    dequantize_tile(w, r0 + r, r0 + e, c0, c1, f + r * K);
-    if (dt != DType::Float32)  // rounded once (exactly widened for float64) by the bulk converters
-      convert_serial(f + r * K, DType::Float32, static_cast<char*>(tile.data_ptr()) + r * K * dtype_size(dt), dt,
+    if (dt == DType::Float32) {
+      dequantize_tile(w, r0 + r, r0 + e, c0, c1, tile.data<float>() + r * K);
+    } else if (dt == DType::BFloat16) {
+      dequantize_tile_bf16(w, r0 + r, r0 + e, c0, c1, static_cast<uint16_t*>(tile.data_ptr()) + r * K);
+    } else {  // rounded once (exactly widened for float64) by the bulk converters
+      dequantize_tile(w, r0 + r, r0 + e, c0, c1, scratch + r * K);
+      convert_serial(scratch + r * K, DType::Float32, static_cast<char*>(tile.data_ptr()) + r * K * dtype_size(dt), dt,
                      static_cast<size_t>((e - r) * K));
+    }
   }
 }
 
@@ -53,7 +61,7 @@ void quantized_matmul(const Tensor& x, const QuantizedMatrix& w, bool transpose_
   const int64_t unit = transpose_w ? std::lcm<int64_t>(block_type(w.type).block, 64) : 1;
   const int64_t step = std::min(width, std::max<int64_t>(1, kTileValues / depth / unit) * unit);
   Tensor tile = empty({depth, step}, dt);  // forward (step, K), backward (N, step): the same count
-  std::vector<float> scratch(dt == DType::Float32 ? 0 : static_cast<size_t>(depth * step));
+  std::vector<float> scratch(dt == DType::Float32 || dt == DType::BFloat16 ? 0 : static_cast<size_t>(depth * step));
   const Tensor out = step == width ? Tensor() : empty({M, step}, dt);
   for (int64_t c0 = 0; c0 < width; c0 += step) {
     const int64_t n = std::min(step, width - c0);
