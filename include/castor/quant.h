@@ -90,6 +90,10 @@ void dequantize_tile(const QuantizedMatrix& q, int64_t r0, int64_t r1, int64_t c
 // type has a fused kernel (q8_0: widened and scaled in registers), else through float32 a few blocks at a time.
 void dequantize_tile_bf16(const QuantizedMatrix& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1, uint16_t* out);
 
+// The same tile into `tile` ((r1 - r0, c1 - c0) contiguous, of a float dtype) over the OpenMP threads: float32 and
+// bfloat16 (dequantize_tile_bf16) directly, float16 and float64 rounded once (exactly widened) from float32.
+void dequantize_tile_to(const QuantizedMatrix& q, int64_t r0, int64_t r1, int64_t c0, int64_t c1, const Tensor& tile);
+
 // The one product with a frozen quantized weight w (N, K): tiles of w dequantized in turn into x's dtype (exact
 // float32 values, rounded once into bfloat16 / float16, widened for float64) and multiplied by the dense kernels
 // (oneDNN's GEMMs), each output one product over the whole depth, rounded once. transpose_w false: dst (M, N) = x (M, K)

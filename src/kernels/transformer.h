@@ -1,6 +1,7 @@
 // The transformer kernel interface: layer/RMS norm, flash attention, fused cross-entropy and embedding backward.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "castor/tensor.h"
 
@@ -90,6 +91,19 @@ void cross_entropy_forward_finish(const Tensor& state, const Tensor& target, int
 void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Tensor& lse, const Tensor& diff_losses,
                             int64_t ignore_index, double label_smoothing, const Tensor& diff_logits,
                             int64_t first_class = 0, int64_t classes = 0);
+// F::linear_cross_entropy's two passes over a (V, C) weight given by `rows`: rows(c0, n) is its rows [c0, c0 + n) as
+// an (n, C) tensor of x's dtype (a view of a dense weight, or a quantized one's rows dequantized). Forward: all rows'
+// logits a block of classes at a time (about `chunk` logits; whole multiples of kBlock columns where the budget
+// allows), each row's log-sum-exp carried across blocks, into losses and lse (N, stat dtype). Backward: the blocks'
+// logits again, their gradient, diff_w's rows [0, classes) (when defined) and diff_x (N, C) of the stat dtype, zeros
+// on entry, summed over the blocks (exact products, float32 sums).
+using WeightRows = std::function<Tensor(int64_t c0, int64_t n)>;
+void linear_cross_entropy_forward(const Tensor& x, const WeightRows& rows, const Tensor& target, int64_t classes,
+                                  int64_t chunk, int64_t ignore_index, double label_smoothing, const Tensor& losses,
+                                  const Tensor& lse);
+void linear_cross_entropy_backward(const Tensor& x, const WeightRows& rows, const Tensor& target, const Tensor& lse,
+                                   const Tensor& diff_losses, int64_t classes, int64_t chunk, int64_t ignore_index,
+                                   double label_smoothing, const Tensor& diff_w, const Tensor& diff_x);
 // The plain reference loops behind them (std::exp, two passes), the float64 path and the fast kernels' oracle.
 void cross_entropy_forward_ref(const Tensor& logits, const Tensor& target, int64_t ignore_index, double label_smoothing,
                                const Tensor& losses, const Tensor& lse);

@@ -8,7 +8,9 @@
 #include "castor/functional.h"
 #include "castor/language_model.h"
 #include "castor/ops.h"
+#include "castor/quant.h"
 #include "castor/random.h"
+#include "kernels/transformer.h"
 
 namespace castor::models {
 
@@ -66,12 +68,57 @@ Tensor chunked_head_loss(LanguageModel& model, const Tensor& h, const Tensor& t,
   return reduction == F::Reduction::Sum || mixed ? total : total / counted;
 }
 
+// F::linear_cross_entropy's two passes with a frozen quantized output layer (no adapter): its rows dequantized a block
+// of classes at a time into h's dtype (linear's autocast policy: bfloat16 at O1), twice a step (forward, backward),
+// where cross-entropy of the chunked logits would dequantize the whole layer three times a chunk. The gradient reaches
+// h only. Reduced as linear_cross_entropy reduces (label smoothing with ignored targets under a mean excepted).
+Tensor quantized_head_loss(const std::shared_ptr<const quant::QuantizedMatrix>& w, const Tensor& h, const Tensor& t,
+                           int64_t classes, F::Reduction reduction, double label_smoothing) {
+  static const amp::CustomOp op = amp::register_op("quantized_linear_cross_entropy", CastPolicy::LowerPrecision);
+  constexpr int64_t kChunk = int64_t{1} << 22, kIgnore = -100;  // logits a block, as linear_cross_entropy's default
+  const Tensor tc = t.contiguous();
+  auto rows = [w](const Tensor& x) {
+    return [w, &x](int64_t c0, int64_t n) {
+      Tensor tile = empty({n, w->cols}, x.dtype());  // (n, C)
+      quant::dequantize_tile_to(*w, c0, c0 + n, 0, w->cols, tile);
+      return tile;
+    };
+  };
+  auto forward = [w, tc, classes, label_smoothing, rows](autograd::FunctionCtx& ctx, const std::vector<Tensor>& in) {
+    const Tensor x = in[0].contiguous();  // (N, C)
+    const DType stat = x.dtype() == DType::Float64 ? DType::Float64 : DType::Float32;
+    Tensor losses = empty({x.size(0)}, stat), lse = empty({x.size(0)}, stat);
+    kernels::linear_cross_entropy_forward(x, rows(x), tc, classes, kChunk, kIgnore, label_smoothing, losses, lse);
+    ctx.save_for_backward({x, lse});
+    return losses;
+  };
+  auto backward = [w, tc, classes, label_smoothing, rows](autograd::FunctionCtx& ctx, const Tensor& g) {
+    const Tensor &x = ctx.saved_tensors()[0], &lse = ctx.saved_tensors()[1];
+    Tensor diff_x = zeros(x.shape(), lse.dtype());  // (N, C), summed over the blocks and rounded once
+    kernels::linear_cross_entropy_backward(x, rows(x), tc, lse, g.to(lse.dtype()).contiguous(), classes, kChunk,
+                                           kIgnore, label_smoothing, Tensor(), diff_x);
+    return std::vector<Tensor>{diff_x.to(x.dtype())};
+  };
+  const Tensor losses = autograd::apply_function(forward, backward, {h}, &op, "quantized_linear_cross_entropy");
+  if (reduction == F::Reduction::None) return losses;
+  const auto ids = tc.to_vector<int64_t>();
+  const auto counted = static_cast<double>(
+      std::count_if(ids.begin(), ids.end(), [](int64_t c) { return c != kIgnore; }));
+  return reduction == F::Reduction::Sum ? sum(losses) : sum(losses) / counted;
+}
+
 }  // namespace
 
 Tensor lm_loss(LanguageModel& model, const Tensor& idx, const Tensor& target, F::Reduction reduction,
                double label_smoothing) {
   nn::Linear& head = model.head();
   const Tensor h = model.hidden(idx);  // (B, T, C)
+  const auto ids = target.reshape({-1}).to_vector<int64_t>();
+  const bool mixed = reduction == F::Reduction::Mean && label_smoothing > 0 &&
+                     std::count(ids.begin(), ids.end(), -100) > 0;  // (linear_cross_entropy refuses it)
+  if (head.quantized && !head.lora && !mixed)
+    return quantized_head_loss(head.quantized, h.reshape({-1, h.size(-1)}), target.reshape({-1}), model.vocab_size(),
+                               reduction, label_smoothing);
   if (head.lora || head.quantized)
     return chunked_head_loss(model, h.reshape({-1, h.size(-1)}), target.reshape({-1}), reduction, label_smoothing);
   return F::linear_cross_entropy(h.reshape({-1, h.size(-1)}), head.weight, target.reshape({-1}), reduction,

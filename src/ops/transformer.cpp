@@ -506,19 +506,9 @@ Tensor OpDef<OpKind::LinearCrossEntropy>::forward(const Tensor& input, const Ten
   const int64_t N = x.size(0);
   const Tensor xc = x.detach().contiguous(), wc = w.detach().contiguous(), tc = target.contiguous();
   Tensor losses = empty({N}, stat_dtype(x.dtype())), lse = empty({N}, stat_dtype(x.dtype()));
-  // All rows' logits a block of classes at a time (as the backward), each row's log-sum-exp carried from block to
-  // block: blocks of rows made thin products that streamed the whole (V, C) weight once per block. Blocks of whole
-  // kBlock columns where the budget allows give the bits of the cross-entropy of whole rows.
-  const int64_t cols = std::max<int64_t>(1, chunk / std::max<int64_t>(N, 1));
-  const int64_t width = cols >= kBlock ? cols / kBlock * kBlock : cols;
-  const Tensor state = kernels::cross_entropy_state(N, stat_dtype(x.dtype()));
-  for (int64_t c0 = 0; c0 < classes; c0 += width) {
-    const int64_t n = std::min(width, classes - c0);
-    Tensor logits = empty({N, n}, x.dtype());  // (N, n), rounded once as linear's
-    kernels::matmul(xc, wc.narrow(0, c0, n).transpose(0, 1), logits);
-    kernels::cross_entropy_forward_block(logits, tc, c0, label_smoothing, state);
-  }
-  kernels::cross_entropy_forward_finish(state, tc, ignore_index, label_smoothing, classes, losses, lse);
+  kernels::linear_cross_entropy_forward(
+      xc, [&wc](int64_t c0, int64_t n) { return wc.narrow(0, c0, n); }, tc, classes, chunk, ignore_index,
+      label_smoothing, losses, lse);
   record_op<OpKind::LinearCrossEntropy>({x, w}, losses, {ignore_index, label_smoothing, classes, chunk},
                                         {save(xc), save(wc), save(tc), save(lse)});
   return s.done(losses);
@@ -536,16 +526,9 @@ std::vector<Tensor> OpDef<OpKind::LinearCrossEntropy>::backward(const Node& node
   // (double for float64) and rounded once, as one product over all classes would be.
   Tensor diff_w = need_w ? empty(w.shape(), dt) : Tensor(), diff_x = need_x ? zeros({N, C}, acc) : Tensor();
   if (need_w && p.classes < w.size(0)) kernels::fill(diff_w.narrow(0, p.classes, w.size(0) - p.classes), 0.0);
-  const int64_t cols = std::max<int64_t>(1, p.chunk / std::max<int64_t>(N, 1));
-  for (int64_t c0 = 0; c0 < p.classes; c0 += cols) {
-    const int64_t n = std::min(cols, p.classes - c0);
-    const Tensor wb = w.narrow(0, c0, n);  // (n, C)
-    Tensor logits = empty({N, n}, dt), diff_logits = empty({N, n}, dt);
-    kernels::matmul(x, wb.transpose(0, 1), logits);
-    kernels::cross_entropy_backward(logits, t, lse, g, p.ignore_index, p.label_smoothing, diff_logits, c0, p.classes);
-    if (need_w) kernels::matmul(diff_logits.transpose(0, 1), x, diff_w.narrow(0, c0, n));
-    if (need_x) kernels::matmul_add(diff_logits, wb, diff_x);  // exact products, float32 sums
-  }
+  kernels::linear_cross_entropy_backward(
+      x, [&w](int64_t c0, int64_t n) { return w.narrow(0, c0, n); }, t, lse, g, p.classes, p.chunk, p.ignore_index,
+      p.label_smoothing, diff_w, diff_x);
   return {need_x ? diff_x.to(dt) : Tensor(), diff_w};
 }
 

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <utility>
 
 #include "castor/allocator.h"
 #include "castor/autocast.h"
@@ -138,11 +140,13 @@ TEST(LmLoss, GptAndLlamaTiedAndUntiedMatchTheLogitsPath) {
 }
 
 // A QLoRA-style Llama: every Linear, the output layer too, in q8_0 blocks, adapters on every Linear but the output,
-// blocks recomputed, a vocabulary of 2^16 (so lm_loss computes 64 rows of logits at a time, each chunk under
-// nn::checkpoint: 4 chunks of the 256 rows here) and some targets ignored. Its loss and the adapters' gradients equal
-// cross_entropy of forward's logits without recompute within 1e-5 (float32), and the allocator's peak over the loss's
-// forward and backward stays under what the 256 rows' float32 logits alone take (the plain path holds them, their
-// softmax and their gradient).
+// blocks recomputed, a vocabulary of 2^16 and some targets ignored. Under a mean with label smoothing (which
+// linear_cross_entropy refuses with ignored targets) lm_loss computes 64 rows of logits at a time, each chunk under
+// nn::checkpoint (4 chunks of the 256 rows here); otherwise (a mean without smoothing, a sum with it) linear_cross_
+// entropy's two passes over the output layer's blocks, dequantized a block of classes at a time. Each way its loss and
+// the adapters' gradients equal cross_entropy of forward's logits without recompute within 1e-5 (float32), and the
+// allocator's peak over the loss's forward and backward stays under what the 256 rows' float32 logits alone take (the
+// plain path holds them, their softmax and their gradient).
 TEST(LmLoss, QuantizedHeadIsChunkedUnderRecomputeAndMatchesTheLogitsPath) {
   models::LlamaConfig c = test::tiny_llama_config(1 << 16, 2, /*tied=*/false);
   c.max_seq_len = 64;
@@ -155,31 +159,37 @@ TEST(LmLoss, QuantizedHeadIsChunkedUnderRecomputeAndMatchesTheLogitsPath) {
   Tensor target = randint(0, c.vocab_size, {4, 64}, &gen);
   target.narrow(1, 0, 5).fill_(-100);
   const int64_t logits_bytes = idx.numel() * c.vocab_size * 4;
+  for (auto [reduction, smoothing] :
+       {std::pair{F::Reduction::Mean, 0.1}, std::pair{F::Reduction::Mean, 0.0}, std::pair{F::Reduction::Sum, 0.1}}) {
+    const std::string what = std::string(reduction == F::Reduction::Mean ? "mean" : "sum") + " smoothing " +
+                             std::to_string(smoothing);
+    model->set_recompute(true);
+    empty_cache();
+    reset_peak_memory_stats();
+    const int64_t before = memory_stats().current_bytes;
+    const Tensor chunked = models::lm_loss(*model, idx, target, reduction, smoothing);
+    chunked.backward();
+    const int64_t peak = memory_stats().peak_bytes - before;
+    const std::vector<Tensor> g1 = grads_of(*model);
+    for (const Tensor& p : model->parameters()) Tensor(p).set_grad(Tensor());
 
-  model->set_recompute(true);
-  empty_cache();
-  reset_peak_memory_stats();
-  const int64_t before = memory_stats().current_bytes;
-  const Tensor chunked = models::lm_loss(*model, idx, target, F::Reduction::Mean, 0.1);
-  chunked.backward();
-  const int64_t peak = memory_stats().peak_bytes - before;
-  const std::vector<Tensor> g1 = grads_of(*model);
-  for (const Tensor& p : model->parameters()) Tensor(p).set_grad(Tensor());
-
-  model->set_recompute(false);
-  const Tensor logits = model->forward(idx);
-  const Tensor plain = F::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}), F::Reduction::Mean,
-                                        0.1, /*ignore_index=*/-100);
-  plain.backward();
-  const std::vector<Tensor> g2 = grads_of(*model);
-  expect_close(chunked, plain, 1e-5, "loss");
-  int adapters = 0;  // (the frozen norms and embedding have none)
-  for (size_t i = 0; i < g1.size(); ++i) {
-    ASSERT_EQ(g1[i].defined(), g2[i].defined()) << i;
-    if (g1[i].defined()) expect_close(g1[i], g2[i], 1e-5, "grad " + std::to_string(i)), ++adapters;
+    model->set_recompute(false);
+    const Tensor logits = model->forward(idx);
+    const Tensor plain = F::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}), reduction,
+                                          smoothing, /*ignore_index=*/-100);
+    plain.backward();
+    const std::vector<Tensor> g2 = grads_of(*model);
+    for (const Tensor& p : model->parameters()) Tensor(p).set_grad(Tensor());
+    expect_close(chunked, plain, 1e-5, what + " loss");
+    int adapters = 0;  // (the frozen norms and embedding have none)
+    for (size_t i = 0; i < g1.size(); ++i) {
+      ASSERT_EQ(g1[i].defined(), g2[i].defined()) << what << " " << i;
+      if (g1[i].defined()) expect_close(g1[i], g2[i], 1e-5, what + " grad " + std::to_string(i)), ++adapters;
+    }
+    EXPECT_EQ(adapters, 28) << what;  // (A and B of 14 adapters)
+    EXPECT_LT(peak, logits_bytes) << what << ": peak " << peak << " bytes over the loss, float32 logits "
+                                  << logits_bytes;
   }
-  EXPECT_EQ(adapters, 28);  // (A and B of 14 adapters)
-  EXPECT_LT(peak, logits_bytes) << "peak " << peak << " bytes over the loss, float32 logits " << logits_bytes;
 }
 
 }  // namespace

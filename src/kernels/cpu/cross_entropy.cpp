@@ -10,6 +10,7 @@
 #include "core/parallel.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/ref/loops.h"
+#include "kernels/kernels.h"
 #include "kernels/ref/transformer_util.h"
 #include "kernels/transformer.h"
 
@@ -182,6 +183,39 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& target, const Te
       if (ti >= j0 && ti < j0 + n) o[ti - j0] -= g[i] * (1 - eps);
       if (!direct) convert(out, DType::Float32, elem(diff_logits, i, j0), dt, n);
     });
+  }
+}
+
+void linear_cross_entropy_forward(const Tensor& x, const WeightRows& rows, const Tensor& target, int64_t classes,
+                                  int64_t chunk, int64_t ignore_index, double label_smoothing, const Tensor& losses,
+                                  const Tensor& lse) {
+  // All rows' logits a block of classes at a time (as the backward), each row's log-sum-exp carried from block to
+  // block: blocks of rows made thin products that streamed the whole (V, C) weight once per block. Blocks of whole
+  // kBlock columns where the budget allows give the bits of the cross-entropy of whole rows.
+  const int64_t N = x.size(0), cols = std::max<int64_t>(1, chunk / std::max<int64_t>(N, 1));
+  const int64_t width = cols >= kBlock ? cols / kBlock * kBlock : cols;
+  const Tensor state = cross_entropy_state(N, losses.dtype());
+  for (int64_t c0 = 0; c0 < classes; c0 += width) {
+    const int64_t n = std::min(width, classes - c0);
+    Tensor logits = empty({N, n}, x.dtype());  // (N, n), rounded once as linear's
+    matmul(x, rows(c0, n).transpose(0, 1), logits);
+    cross_entropy_forward_block(logits, target, c0, label_smoothing, state);
+  }
+  cross_entropy_forward_finish(state, target, ignore_index, label_smoothing, classes, losses, lse);
+}
+
+void linear_cross_entropy_backward(const Tensor& x, const WeightRows& rows, const Tensor& target, const Tensor& lse,
+                                   const Tensor& diff_losses, int64_t classes, int64_t chunk, int64_t ignore_index,
+                                   double label_smoothing, const Tensor& diff_w, const Tensor& diff_x) {
+  const int64_t N = x.size(0), cols = std::max<int64_t>(1, chunk / std::max<int64_t>(N, 1));
+  for (int64_t c0 = 0; c0 < classes; c0 += cols) {
+    const int64_t n = std::min(cols, classes - c0);
+    const Tensor wb = rows(c0, n);  // (n, C)
+    Tensor logits = empty({N, n}, x.dtype()), diff_logits = empty({N, n}, x.dtype());
+    matmul(x, wb.transpose(0, 1), logits);
+    cross_entropy_backward(logits, target, lse, diff_losses, ignore_index, label_smoothing, diff_logits, c0, classes);
+    if (diff_w.defined()) matmul(diff_logits.transpose(0, 1), x, diff_w.narrow(0, c0, n));
+    if (diff_x.defined()) matmul_add(diff_logits, wb, diff_x);  // exact products, float32 sums
   }
 }
 

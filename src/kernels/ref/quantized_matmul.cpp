@@ -20,12 +20,14 @@ namespace {
 // tile's product trails one over the whole width by a fifth on AMX).
 constexpr int64_t kTileValues = int64_t{1} << 24;
 
-// The tile [r0, r0 + n) x [c0, c1) of w into `tile` (n, c1 - c0) contiguous, in its dtype: float32 and bfloat16
-// directly (bfloat16 by the fused dequantizers where the type has one), others through float32 `scratch`.
-void tile_into(const QuantizedMatrix& w, int64_t r0, int64_t n, int64_t c0, int64_t c1, const Tensor& tile,
-               float* scratch) {
-  const int64_t K = c1 - c0;
+}  // namespace
+
+void dequantize_tile_to(const QuantizedMatrix& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1, const Tensor& tile) {
+  const int64_t n = r1 - r0, K = c1 - c0;
   const DType dt = tile.dtype();
+  CASTOR_ASSERT(is_floating(dt) && tile.is_contiguous() && tile.numel() == n * K,
+                "dequantize_tile_to: ", tile.describe(), " for rows [", r0, ", ", r1, ") columns [", c0, ", ", c1, ")");
+  std::vector<float> scratch(dt == DType::Float32 || dt == DType::BFloat16 ? 0 : static_cast<size_t>(n * K));
   // A row range per thread: whole rows are whole blocks.
   const int64_t rows_per = std::max<int64_t>(1, kBlock / K);
 #pragma omp parallel for schedule(static) if (n * K > kParallelGrain)
@@ -36,14 +38,13 @@ void tile_into(const QuantizedMatrix& w, int64_t r0, int64_t n, int64_t c0, int6
     } else if (dt == DType::BFloat16) {
       dequantize_tile_bf16(w, r0 + r, r0 + e, c0, c1, static_cast<uint16_t*>(tile.data_ptr()) + r * K);
     } else {  // rounded once (exactly widened for float64) by the bulk converters
-      dequantize_tile(w, r0 + r, r0 + e, c0, c1, scratch + r * K);
-      convert_serial(scratch + r * K, DType::Float32, static_cast<char*>(tile.data_ptr()) + r * K * dtype_size(dt), dt,
+      dequantize_tile(w, r0 + r, r0 + e, c0, c1, scratch.data() + r * K);
+      convert_serial(scratch.data() + r * K, DType::Float32,
+                     static_cast<char*>(tile.data_ptr()) + r * K * dtype_size(dt), dt,
                      static_cast<size_t>((e - r) * K));
     }
   }
 }
-
-}  // namespace
 
 void quantized_matmul(const Tensor& x, const QuantizedMatrix& w, bool transpose_w, const Tensor& dst,
                       const Tensor& bias) {
@@ -61,18 +62,19 @@ void quantized_matmul(const Tensor& x, const QuantizedMatrix& w, bool transpose_
   const int64_t unit = transpose_w ? std::lcm<int64_t>(block_type(w.type).block, 64) : 1;
   const int64_t step = std::min(width, std::max<int64_t>(1, kTileValues / depth / unit) * unit);
   Tensor tile = empty({depth, step}, dt);  // forward (step, K), backward (N, step): the same count
-  std::vector<float> scratch(dt == DType::Float32 || dt == DType::BFloat16 ? 0 : static_cast<size_t>(depth * step));
   const Tensor out = step == width ? Tensor() : empty({M, step}, dt);
   for (int64_t c0 = 0; c0 < width; c0 += step) {
     const int64_t n = std::min(step, width - c0);
     const Tensor o = n == width ? dst : make_view(out, {M, n}, {n, 1}, out.storage_offset());
     if (!transpose_w) {
-      tile_into(w, c0, n, 0, K, tile, scratch.data());
+      const Tensor t = make_view(tile, {n, K}, {K, 1}, tile.storage_offset());
+      dequantize_tile_to(w, c0, c0 + n, 0, K, t);
       const Tensor b = bias.defined() ? make_view(bias, {n}, {1}, bias.storage_offset() + c0) : Tensor();
-      kernels::matmul(x, make_view(tile, {K, n}, {1, K}, tile.storage_offset()), o, b);  // x (M, K) x tile^T (K, n)
+      kernels::matmul(x, t.t(), o, b);  // x (M, K) x tile^T (K, n)
     } else {
-      tile_into(w, 0, N, c0, c0 + n, tile, scratch.data());
-      kernels::matmul(x, make_view(tile, {N, n}, {n, 1}, tile.storage_offset()), o);  // x (M, N) x tile (N, n)
+      const Tensor t = make_view(tile, {N, n}, {n, 1}, tile.storage_offset());
+      dequantize_tile_to(w, 0, N, c0, c0 + n, t);
+      kernels::matmul(x, t, o);  // x (M, N) x tile (N, n)
     }
     if (n != width) kernels::copy(o, make_view(dst, {M, n}, {width, 1}, dst.storage_offset() + c0));
   }
