@@ -60,6 +60,11 @@ struct Overrides {
 
 // The level's defaults (Apex's table) with the overrides applied; raises on an inconsistent combination.
 Properties properties_for(OptLevel level, DType dtype = DType::Float16, const Overrides& overrides = {});
+// The parameter dtypes initialize() gives a model under `p`, applied to `module` in place: cast_model_type (O2, O3)
+// casts every floating parameter and buffer but the norm layers' with keep_batchnorm_fp32; autocast (O1) stores the
+// frozen parameters in the 16-bit type. For a part of a model cast ahead of initialize() (ZeRO-3's sharded
+// construction casts each block before keeping its slice), which then leaves it as it is.
+void cast_parameters(nn::Module& module, const Properties& p);
 
 // Scoped autocast for a forward pass (a no-op unless the level autocasts).
 class ForwardScope {

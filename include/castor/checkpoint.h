@@ -1,9 +1,11 @@
 // Crash-safe checkpoint directories: temp dir, fsync, checksummed commit marker, rename; keep the newest K.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "castor/dist.h"
 #include "castor/formats.h"
@@ -27,6 +29,16 @@ struct Checkpoint {
   };
   StateDict shard;
   std::map<std::string, Slice> shard_where;
+  // ZeRO (write_sharded_checkpoint), in place of `model` (then empty): the model's tensors in name order, each made
+  // only as it is written. `make` is a collective that every rank calls for each tensor in this order; it returns
+  // the tensor whole (rank 0 writes it, the others drop it), so no rank holds the whole model at once.
+  struct LazyTensor {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    std::function<Tensor()> make;
+  };
+  std::vector<LazyTensor> model_each;
 };
 
 // A checkpoint directory holding this file (the LoRA runs whose frozen base is its model.safetensors, one absolute path
@@ -43,8 +55,9 @@ std::string write_checkpoint(const std::string& run_dir, int64_t step, const Che
 // shard-<rank>-of-<world>.safetensors in the temp directory, rank 0 (whose `ckpt` holds the model and the rest of
 // the state) adds the manifest (metadata "castor.shards" of train_state.safetensors: the shard files, and per tensor
 // its shape and each rank's first element and length), the COMMIT marker with every file's checksum, and renames.
-// The checkpoint is complete only when every shard and the manifest are; a failure on any rank is raised on every
-// rank and leaves older checkpoints intact. Returns the checkpoint's path (on rank 0).
+// A `ckpt.model_each` is written by rank 0 a tensor at a time while every rank makes each in turn. The checkpoint is
+// complete only when every shard, the model and the manifest are; a failure on any rank is raised on every rank
+// and leaves older checkpoints intact. Returns the checkpoint's path (on rank 0).
 std::string write_sharded_checkpoint(const std::string& run_dir, int64_t step, Checkpoint& ckpt, int64_t keep,
                                      dist::ProcessGroup& group);
 

@@ -1,6 +1,7 @@
 // nn::DistributedDataParallel: PyTorch DDP for Castor - gradients averaged across ranks in buckets that overlap backward.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -87,21 +88,35 @@ class DistributedDataParallel : public Module {
 // rank must gather the same groups in the same order. prefetch(g) starts group g's gather without waiting (one at a
 // time; the gather(g) that follows waits for it), so it overlaps the work before that (Open MPI moves it on inside
 // any MPI call, such as DDP's tests of its buckets during backward). gather_all() makes every group whole until
-// release_all() (checkpoints, evaluation): release(g) does nothing meanwhile. At construction the parameters are whole (each rank
-// keeps its slice of them) and then released; they stay released when it is destroyed (gather_all first to keep
-// the model).
+// release_all(): release(g) does nothing meanwhile. add(g, params) takes group g (in any order: a file may give the
+// blocks out of order) whose parameters are whole (each rank keeps its slice of them, with `broadcast` rank 0's
+// values) and releases it: a model can be sharded a block at a time as it is built (nn::BlockInitGuard), never whole. The groups stay released when it is destroyed (gather_all
+// first to keep the model).
 class ShardedBlocks {
  public:
+  ShardedBlocks(dist::ProcessGroup& group, int64_t align);
   ShardedBlocks(std::vector<std::vector<Tensor>> groups, dist::ProcessGroup& group, int64_t align);
+  void add(size_t g, const std::vector<Tensor>& params, bool broadcast);
   size_t size() const { return groups_.size(); }
   void gather(size_t g);
   void prefetch(size_t g);
   void release(size_t g);
   void gather_all();
   void release_all();
+  // gather(g) and release(g) of every group in order: the collectives of a forward over the groups, without it (a
+  // rank with no batch left in an evaluation the others go on with).
+  void gather_each();
   // Every sharded parameter with the slice this rank keeps of it (shard.chunk elements of its dtype), where an
   // optimizer updates it (optim::Optimizer::keep_param_slice).
   std::vector<std::pair<Tensor, Tensor>> slices() const;
+  // Whether `param` is one of its parameters.
+  bool holds(const Tensor& param) const { return index_.count(param.impl()) > 0; }
+  // A copy of released parameter `param` whole, in its dtype (a collective: every rank calls it for the same
+  // parameters in the same order); the parameter stays released. For writing a checkpoint a tensor at a time.
+  Tensor whole(const Tensor& param) const;
+  // This rank's slice of `value` (the whole parameter's values, any floating dtype: rounded to the parameter's) into
+  // the slice it keeps of released parameter `param`; castor::Error for a shape other than the parameter's.
+  void load(const Tensor& param, const Tensor& value);
 
  private:
   struct Param {
@@ -115,10 +130,13 @@ class ShardedBlocks {
     std::vector<std::unique_ptr<dist::Work>> works;
   };
   Gathering launch(size_t g) const;
+  const Param& find(const Tensor& param) const;
   std::vector<std::vector<Param>> groups_;
+  std::map<const TensorImpl*, std::pair<size_t, size_t>> index_;  // a parameter's group and place in it
   std::vector<bool> whole_;
   std::optional<Gathering> prefetched_;
   dist::ProcessGroup& group_;
+  int64_t align_;
   bool held_ = false;  // gather_all in effect
 };
 

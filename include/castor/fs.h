@@ -1,6 +1,7 @@
 // File-layer safety: regular-file reads, whole writes (atomic replace, whole-line appends), locks, checksums.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -42,6 +43,10 @@ void check_replaceable(const std::string& path);
 void atomic_write_file(const std::string& path, std::span<const uint8_t> bytes);
 // The same for the concatenation of `pieces`, written one after another (a big file never assembled in memory).
 void atomic_write_file(const std::string& path, std::span<const std::span<const uint8_t>> pieces);
+// The same, each piece made as it is written: piece(i) for i = 0 .. count - 1 in order, its bytes valid until the
+// next call (a file larger than memory, made a part at a time). An exception from piece() removes the temp file.
+void atomic_write_file(const std::string& path, size_t count,
+                       const std::function<std::span<const uint8_t>(size_t)>& piece);
 void atomic_write_file(const std::string& path, std::string_view text);
 
 // A file that lines are appended to whole or not at all: a failed or short write is cut back off the file.

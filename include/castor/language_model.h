@@ -65,6 +65,13 @@ class LanguageModel : public nn::Module {
   // x (B, T, C) through `blocks` in order, each under nn::checkpoint when recompute() is on (and grad mode is), and
   // between the block hooks when they are set.
   Tensor run_blocks(nn::Sequential& blocks, Tensor x) const;
+  // Appends `count` blocks made by make(i) to `blocks` one at a time: each, right after it is made, drawn by
+  // draw(prefix + i + "." + name, p) over its parameters in order (when `draw` is set: a model drawn in
+  // named_parameters order) and given to nn::block_built, before the next is made (ZeRO-3's sharded construction
+  // keeps a slice of each).
+  static void build_blocks(nn::Sequential& blocks, int64_t count, const std::string& prefix,
+                           const std::function<nn::ModulePtr(int64_t)>& make,
+                           const std::function<void(const std::string&, Tensor&)>& draw);
   // forward's argument check: idx (B, T) int64 with T <= block_size(), else castor::Error naming the model ("GPT")
   // and its limit as its config calls it ("block size").
   void check_tokens(const Tensor& idx, const char* model, const char* limit) const;

@@ -165,6 +165,23 @@ void fill_placeholder(const Tensor& t);
 // The dtype of the LoadInitGuard alive on this thread; nullopt when none is.
 std::optional<DType> load_init_dtype();
 
+// ZeRO-3's sharded construction (DeepSpeed's zero.Init): while one is alive on this thread, a language model's
+// constructor hands each transformer block to `take` as soon as the block's weights are drawn and before it makes the
+// next (block_built), so that the caller can keep its slice of the block and free the rest: the model is never whole.
+// Under a LoadInitGuard nothing is handed over (the loader fills the weights afterwards).
+class BlockInitGuard {
+ public:
+  explicit BlockInitGuard(std::function<void(Module& block)> take);
+  ~BlockInitGuard();
+  BlockInitGuard(const BlockInitGuard&) = delete;
+  BlockInitGuard& operator=(const BlockInitGuard&) = delete;
+
+ private:
+  std::function<void(Module&)> prev_;
+};
+// Called by a model's constructor with each block whose weights are final: the BlockInitGuard's `take`, if any.
+void block_built(Module& block);
+
 // input (N, in, H, W) -> (N, out, H', W'). weight (out, in/groups, kh, kw), bias (out).
 class Conv2d : public Module {
  public:
@@ -258,7 +275,7 @@ class Embedding : public Module {
   // gradient. castor::Error for blocks of another shape (nothing changed then).
   void take_blocks(std::shared_ptr<const quant::QuantizedMatrix> blocks);
   DType dtype() const { return weight.defined() ? weight.dtype() : dtype_; }  // of the rows it gives
-  Tensor weight;  // undefined while quantized
+  Tensor weight;                                                              // undefined while quantized
   std::shared_ptr<const quant::QuantizedMatrix> quantized;
 
  private:

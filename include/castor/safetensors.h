@@ -1,6 +1,8 @@
 // Safetensors files as plain structs over byte buffers: a strict reader and a deterministic, crash-safe writer.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <map>
 #include <string>
 #include <vector>
@@ -50,5 +52,10 @@ std::vector<uint8_t> serialize_safetensors(const std::vector<SafetensorsTensor>&
 // file is never assembled in memory).
 void write_safetensors(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+// The same with each tensor's bytes made only as it is written (`data` may be null): bytes(i) gives tensors[i]'s,
+// asked in the file's order (by name) and valid until the next call, so the file is never whole in memory.
+void write_safetensors_each(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                            const std::function<std::span<const uint8_t>(size_t)>& bytes,
+                            const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace castor

@@ -383,6 +383,16 @@ void Amp::load_precision_state(const PrecisionState& st) {
   loss_of_.clear();
 }
 
+void cast_parameters(nn::Module& module, const Properties& p) {
+  if (p.cast_model_type) {
+    module.to(*p.cast_model_type, p.keep_batchnorm_fp32);
+  } else if (p.autocast) {
+    // A frozen parameter (a LoRA base) is stored once in the 16-bit type rather than kept in float32 and cast by
+    // every forward; norm layers keep theirs in float32, as their ops compute in float32.
+    module.to(p.dtype, /*keep_norms_fp32=*/true, /*frozen_only=*/true);
+  }
+}
+
 std::unique_ptr<Amp> initialize(const std::vector<nn::Module*>& models,
                                 const std::vector<optim::Optimizer*>& optimizers, OptLevel level, DType dtype,
                                 const Overrides& overrides, int num_losses) {
@@ -401,14 +411,10 @@ std::unique_ptr<Amp> initialize(const std::vector<nn::Module*>& models,
   Properties p = properties_for(level, dtype, overrides);
   for (nn::Module* model : models) {
     CASTOR_CHECK(model != nullptr, "amp::initialize: a null model");
+    cast_parameters(*model, p);
     if (p.cast_model_type) {
-      model->to(*p.cast_model_type, p.keep_batchnorm_fp32);
       model->register_forward_pre_hook([to = *p.cast_model_type](const Tensor& x) { return cast_floating(x, to); });
       model->register_forward_hook([to = *p.cast_model_outputs](const Tensor& y) { return cast_floating(y, to); });
-    } else if (p.autocast) {
-      // A frozen parameter (a LoRA base) is stored once in the 16-bit type rather than kept in float32 and cast by
-      // every forward; norm layers keep theirs in float32, as their ops compute in float32.
-      model->to(p.dtype, /*keep_norms_fp32=*/true, /*frozen_only=*/true);
     }
     if (p.fp32_grad_accumulation)
       for (const Tensor& param : model->parameters())

@@ -192,6 +192,11 @@ void atomic_write_file(const std::string& path, std::span<const uint8_t> bytes) 
 }
 
 void atomic_write_file(const std::string& path, std::span<const std::span<const uint8_t>> pieces) {
+  atomic_write_file(path, pieces.size(), [&](size_t i) { return pieces[i]; });
+}
+
+void atomic_write_file(const std::string& path, size_t count,
+                       const std::function<std::span<const uint8_t>(size_t)>& piece) {
   check_replaceable(path);
   std::string tmp = path + ".tmp.XXXXXX";
   Fd f(::mkstemp(tmp.data()));
@@ -201,7 +206,17 @@ void atomic_write_file(const std::string& path, std::span<const std::span<const 
     ::unlink(tmp.c_str());
     throw Error(msg);
   };
-  if (!write_all(f.fd, pieces, path)) fail("write failed");
+  bool written = true;
+  try {
+    for (size_t i = 0; i < count && written; ++i) {
+      const std::span<const uint8_t> bytes = piece(i);
+      written = write_all(f.fd, bytes, path);
+    }
+  } catch (...) {  // (a piece that could not be made)
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  if (!written) fail("write failed");
   if (::fchmod(f.fd, 0644) != 0) fail("chmod failed");
   if (::fsync(f.fd) != 0) fail("fsync failed");
   if (!f.close()) fail("close failed");

@@ -181,7 +181,7 @@ namespace {
 // The header bytes of a file of `tensors` (length, JSON, padding) and the tensors in data order (by name).
 std::vector<uint8_t> header_bytes(const std::vector<SafetensorsTensor>& tensors,
                                   const std::map<std::string, std::string>& metadata, const std::string& what,
-                                  std::vector<const SafetensorsTensor*>& sorted) {
+                                  std::vector<const SafetensorsTensor*>& sorted, bool lazy = false) {
   for (const SafetensorsTensor& t : tensors) sorted.push_back(&t);
   std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->name < b->name; });
   Json header(Json::Object{});
@@ -195,7 +195,7 @@ std::vector<uint8_t> header_bytes(const std::vector<SafetensorsTensor>& tensors,
     std::optional<uint64_t> nbytes = byte_size(t.dtype, t.shape);
     CASTOR_CHECK(nbytes, where, ": shape has a negative dim or overflows int64");
     CASTOR_CHECK(t.nbytes == *nbytes, where, ": has ", t.nbytes, " bytes, but its dtype and shape need ", *nbytes);
-    CASTOR_CHECK(t.data || t.nbytes == 0, where, ": data is null");
+    CASTOR_CHECK(lazy || t.data || t.nbytes == 0, where, ": data is null");
     Json::Array shape(t.shape.begin(), t.shape.end());
     header[t.name] = Json(Json::Object{{"dtype", traits(t.dtype).safetensors_name},
                                        {"shape", std::move(shape)},
@@ -240,6 +240,21 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsTen
   std::vector<std::span<const uint8_t>> pieces = {header};  // the tensors' bytes where they are
   for (const SafetensorsTensor* t : sorted) pieces.emplace_back(static_cast<const uint8_t*>(t->data), t->nbytes);
   atomic_write_file(path, pieces);
+}
+
+void write_safetensors_each(const std::string& path, const std::vector<SafetensorsTensor>& tensors,
+                            const std::function<std::span<const uint8_t>(size_t)>& bytes,
+                            const std::map<std::string, std::string>& metadata) {
+  std::vector<const SafetensorsTensor*> sorted;
+  const std::vector<uint8_t> header = header_bytes(tensors, metadata, path, sorted, /*lazy=*/true);
+  atomic_write_file(path, sorted.size() + 1, [&](size_t i) -> std::span<const uint8_t> {
+    if (i == 0) return header;
+    const SafetensorsTensor& t = *sorted[i - 1];
+    const std::span<const uint8_t> b = bytes(static_cast<size_t>(&t - tensors.data()));
+    CASTOR_CHECK(b.size() == t.nbytes, path, ": tensor ", quoted(t.name), " was made of ", b.size(),
+                 " bytes, its dtype and shape need ", t.nbytes);
+    return b;
+  });
 }
 
 }  // namespace castor

@@ -259,11 +259,13 @@ DistributedDataParallel::DistributedDataParallel(ModulePtr module, DDPOptions op
                dtype_name(*options.compression));
   dist::ProcessGroup& g = group ? *group : dist::default_group();
   check_same_model(*module_, g);
-  // Every rank starts from rank 0's parameters and buffers.
+  // Every rank starts from rank 0's parameters and buffers (a parameter ZeRO-3 sharded as it was built holds no
+  // storage: each rank's slice was taken from rank 0's values then, nn::ShardedBlocks::add).
   {
     NoGradGuard no_grad;
     for (const NamedTensors& list : {module_->named_parameters(), module_->named_buffers()})
       for (const auto& [name, t] : list) {
+        if (t.numel() > 0 && t.impl()->storage->nbytes == 0) continue;
         Tensor buf = t.is_contiguous() ? t.detach() : t.contiguous();
         g.broadcast(buf, /*root=*/0);
         if (!t.is_contiguous()) t.detach().copy_(buf);
@@ -278,7 +280,8 @@ DistributedDataParallel::DistributedDataParallel(ModulePtr module, DDPOptions op
   const StateDict named = module_->state_dict();
   for (const Tensor& p : params)
     tied.push_back(std::count_if(named.begin(), named.end(), [&](const auto& e) {
-                     return e.second.data_ptr() == p.data_ptr() && e.second.shape() == p.shape();
+                     return e.second.impl()->storage == p.impl()->storage &&
+                            e.second.impl()->offset == p.impl()->offset && e.second.shape() == p.shape();
                    }) > 1);
   reducer_ = std::make_shared<Reducer>(g, options, std::move(params), std::move(tied));
   reducer_->weak_self = reducer_;

@@ -73,25 +73,29 @@ GPT::GPT(const GPTConfig& c, uint64_t seed) : config_(c) {
   wpe = transformer->register_module("wpe", std::make_shared<nn::Embedding>(c.block_size, c.n_embd));
   drop = transformer->register_module("drop", std::make_shared<nn::Dropout>(c.dropout));
   h = transformer->register_module("h", std::make_shared<nn::Sequential>());
-  for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(std::make_shared<Block>(c));
   ln_f = transformer->register_module("ln_f", std::make_shared<nn::LayerNorm>(Shape{c.n_embd}, 1e-5, true, c.bias));
   lm_head = register_module("lm_head", std::make_shared<nn::Linear>(c.n_embd, c.vocab_size, /*bias=*/false));
   wte->weight = wte->tie_parameter("weight", lm_head->weight);
-  if (nn::load_init_dtype()) return;  // a loader fills every weight
-  // GPT-2 init, drawn in named_parameters order from one seeded generator (the tied wte/lm_head tensor once).
+  // GPT-2 init, drawn in named_parameters order from one seeded generator (the tied wte/lm_head tensor once): wte,
+  // wpe, each block as it is made (ln_f: weight 1, bias 0 as constructed). A loader fills every weight instead.
   Generator gen(seed);
-  NoGradGuard no_grad;
   const double std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
-  auto ends_with = [](const std::string& s, const std::string& tail) {
-    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-  };
-  for (auto& [name, p] : named_parameters()) {
-    if (name.find(".ln_") != std::string::npos) continue;  // LayerNorm: weight 1, bias 0 as constructed
-    if (ends_with(name, "bias"))
-      p.fill_(0.0);
-    else
-      normal_(p, 0.0, ends_with(name, "c_proj.weight") ? std_resid : 0.02, &gen);
+  std::function<void(const std::string&, Tensor&)> draw;
+  if (!nn::load_init_dtype())
+    draw = [&](const std::string& name, Tensor& p) {
+      NoGradGuard no_grad;
+      if (name.find(".ln_") != std::string::npos) return;  // LayerNorm: weight 1, bias 0 as constructed
+      if (name.ends_with("bias"))
+        p.fill_(0.0);
+      else
+        normal_(p, 0.0, name.ends_with("c_proj.weight") ? std_resid : 0.02, &gen);
+    };
+  if (draw) {
+    draw("transformer.wte.weight", wte->weight);
+    draw("transformer.wpe.weight", wpe->weight);
   }
+  build_blocks(
+      *h, c.n_layer, "transformer.h.", [&](int64_t) { return std::make_shared<Block>(c); }, draw);
 }
 
 Tensor GPT::hidden(const Tensor& idx) {

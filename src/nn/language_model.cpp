@@ -139,6 +139,18 @@ LmScores lm_scores(LanguageModel& model, const Tensor& idx, const Tensor& target
   return s;
 }
 
+void LanguageModel::build_blocks(nn::Sequential& blocks, int64_t count, const std::string& prefix,
+                                 const std::function<nn::ModulePtr(int64_t)>& make,
+                                 const std::function<void(const std::string&, Tensor&)>& draw) {
+  for (int64_t i = 0; i < count; ++i) {
+    nn::ModulePtr block = make(i);
+    blocks.push_back(block);
+    if (draw)
+      for (auto& [name, p] : block->named_parameters()) draw(prefix + std::to_string(i) + "." + name, p);
+    nn::block_built(*block);
+  }
+}
+
 Tensor LanguageModel::run_blocks(nn::Sequential& blocks, Tensor x) const {
   const BlockHooks& hooks = block_hooks_;
   const bool recompute = recompute_ && GradMode::is_enabled();

@@ -15,9 +15,10 @@ namespace castor::nn {
 
 namespace {
 
-thread_local bool skip_init = false;            // SkipInitGuard
-thread_local std::optional<DType> load_dtype;   // LoadInitGuard
-thread_local bool placeholder_weights = false;  // LoadInitGuard's placeholders
+thread_local bool skip_init = false;                   // SkipInitGuard
+thread_local std::optional<DType> load_dtype;          // LoadInitGuard
+thread_local bool placeholder_weights = false;         // LoadInitGuard's placeholders
+thread_local std::function<void(Module&)> take_block;  // BlockInitGuard
 
 // An uninitialised weight of a Conv2d, Linear or Embedding: in a LoadInitGuard's dtype, else float32 (a Linear's
 // `placeholder` under a LoadInitGuard with placeholders: one element seen at every index).
@@ -113,6 +114,14 @@ void fill_placeholder(const Tensor& t) {
   t.impl()->offset = 0;
 }
 std::optional<DType> load_init_dtype() { return load_dtype; }
+
+BlockInitGuard::BlockInitGuard(std::function<void(Module&)> take) : prev_(std::move(take_block)) {
+  take_block = std::move(take);
+}
+BlockInitGuard::~BlockInitGuard() { take_block = std::move(prev_); }
+void block_built(Module& block) {
+  if (take_block && !load_dtype) take_block(block);
+}
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride, Size2 padding,
                Size2 dilation, int64_t groups, bool bias)

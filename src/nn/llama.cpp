@@ -135,27 +135,35 @@ Llama::Llama(const LlamaConfig& c, uint64_t seed) : config_(c) {
   tok_embeddings = register_module("tok_embeddings", std::make_shared<nn::Embedding>(c.vocab_size, c.dim));
   dropout = register_module("dropout", std::make_shared<nn::Dropout>(c.dropout));
   layers = register_module("layers", std::make_shared<nn::Sequential>());
-  for (int64_t i = 0; i < c.n_layers; ++i) {
-    LlamaConfig layer = c;  // (the layers before sliding_window_from attend fully)
-    if (i < c.sliding_window_from) layer.sliding_window = 0;
-    layers->push_back(std::make_shared<LlamaBlock>(layer));
-  }
   norm = register_module("norm", std::make_shared<nn::RMSNorm>(Shape{c.dim}, c.norm_eps));
   output = register_module("output", std::make_shared<nn::Linear>(c.dim, c.vocab_size, /*bias=*/false));
   // model.py's `tok_embeddings.weight = output.weight`: one tensor, listed first as tok_embeddings.weight.
   if (c.tied) tok_embeddings->weight = tok_embeddings->tie_parameter("weight", output->weight);
-  if (nn::load_init_dtype()) return;  // a loader fills every weight
+  // model.py's init, drawn from one seeded generator in named_parameters order: the embedding, each block as it is
+  // made, the output layer (a loader fills every weight instead).
   Generator gen(seed);
-  NoGradGuard no_grad;
   const double std_resid = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layers));
-  for (auto& [name, p] : named_parameters()) {
-    if (p.dim() != 2) {
-      if (name.ends_with(".bias")) p.zero_();  // RMSNorm weights: 1 as constructed
-      continue;
-    }
-    const bool resid = name.ends_with("w3.weight") || name.ends_with("wo.weight");
-    normal_(p, 0.0, resid ? std_resid : 0.02, &gen);
-  }
+  std::function<void(const std::string&, Tensor&)> draw;
+  if (!nn::load_init_dtype())
+    draw = [&](const std::string& name, Tensor& p) {
+      NoGradGuard no_grad;
+      if (p.dim() != 2) {
+        if (name.ends_with(".bias")) p.zero_();  // RMSNorm weights: 1 as constructed
+        return;
+      }
+      const bool resid = name.ends_with("w3.weight") || name.ends_with("wo.weight");
+      normal_(p, 0.0, resid ? std_resid : 0.02, &gen);
+    };
+  if (draw) draw("tok_embeddings.weight", tok_embeddings->weight);
+  build_blocks(
+      *layers, c.n_layers, "layers.",
+      [&](int64_t i) {
+        LlamaConfig layer = c;  // (the layers before sliding_window_from attend fully)
+        if (i < c.sliding_window_from) layer.sliding_window = 0;
+        return std::make_shared<LlamaBlock>(layer);
+      },
+      draw);
+  if (draw && !c.tied) draw("output.weight", output->weight);  // (norm.weight: 1 as constructed)
 }
 
 Tensor Llama::hidden(const Tensor& tokens) {

@@ -24,6 +24,8 @@ void set_data(const Tensor& dst, const Tensor& src) {
 // Casts a floating tensor (and its gradient) in place; leaves other dtypes alone.
 void cast_floating(const Tensor& t, DType dtype) {
   if (!is_floating(t.dtype()) || t.dtype() == dtype) return;
+  CASTOR_ASSERT(t.numel() == 0 || t.impl()->storage->nbytes > 0, "Module::to: ", t.describe(),
+                " holds no storage (a ZeRO-3 parameter is cast before it is sharded: amp::cast_parameters)");
   set_data(t, t.detach().to(dtype));
   if (Tensor g = t.grad(); g.defined()) set_data(g, g.to(dtype));
 }

@@ -13,21 +13,59 @@ std::shared_ptr<Storage> no_storage(DType dtype) { return std::make_shared<Stora
 
 }  // namespace
 
+ShardedBlocks::ShardedBlocks(dist::ProcessGroup& group, int64_t align) : group_(group), align_(align) {}
+
 ShardedBlocks::ShardedBlocks(std::vector<std::vector<Tensor>> groups, dist::ProcessGroup& group, int64_t align)
-    : group_(group) {
-  for (const std::vector<Tensor>& params : groups) {
-    std::vector<Param> ps;
-    for (const Tensor& p : params) {
-      CASTOR_CHECK(p.is_contiguous() && is_floating(p.dtype()), "ZeRO-3: cannot shard parameter ", p.describe(),
-                   " (contiguous floating-point parameters only)");
-      const dist::Shard sh = dist::shard_of(p.numel(), group.rank(), group.size(), align);
-      Tensor slice = zeros({sh.chunk}, p.dtype());  // (chunk), the padding zero
-      ps.push_back({p, slice, sh});
-    }
-    groups_.push_back(std::move(ps));
-    whole_.push_back(true);
+    : ShardedBlocks(group, align) {
+  for (size_t g = 0; g < groups.size(); ++g) add(g, groups[g], /*broadcast=*/false);
+}
+
+void ShardedBlocks::add(size_t g, const std::vector<Tensor>& params, bool broadcast) {
+  NoGradGuard no_grad;
+  if (g >= groups_.size()) {
+    groups_.resize(g + 1);
+    whole_.resize(g + 1, false);
   }
-  for (size_t g = 0; g < groups_.size(); ++g) release(g);
+  CASTOR_ASSERT(groups_[g].empty(), "ZeRO-3: parameter group ", g, " added twice");
+  std::vector<Param> ps;
+  for (const Tensor& p : params) {
+    CASTOR_CHECK(p.is_contiguous() && is_floating(p.dtype()), "ZeRO-3: cannot shard parameter ", p.describe(),
+                 " (contiguous floating-point parameters only)");
+    if (broadcast) group_.broadcast(p.detach(), 0);
+    const dist::Shard sh = dist::shard_of(p.numel(), group_.rank(), group_.size(), align_);
+    Tensor slice = zeros({sh.chunk}, p.dtype());  // (chunk), the padding zero
+    index_[p.impl()] = {g, ps.size()};
+    ps.push_back({p, slice, sh});
+  }
+  groups_[g] = std::move(ps);
+  whole_[g] = true;
+  release(g);
+}
+
+const ShardedBlocks::Param& ShardedBlocks::find(const Tensor& param) const {
+  const auto it = index_.find(param.impl());
+  CASTOR_ASSERT(it != index_.end(), "ZeRO-3: ", param.describe(), " is not a sharded parameter");
+  return groups_[it->second.first][it->second.second];
+}
+
+Tensor ShardedBlocks::whole(const Tensor& param) const {
+  NoGradGuard no_grad;
+  const Param& p = find(param);
+  Tensor out = empty({p.param.numel()}, p.param.dtype());
+  if (p.shard.length > 0) out.narrow(0, p.shard.begin, p.shard.length).copy_(p.slice.narrow(0, 0, p.shard.length));
+  group_.all_gather_slices_async(out, p.shard.chunk)->wait();
+  return out.view(p.param.shape());
+}
+
+void ShardedBlocks::load(const Tensor& param, const Tensor& value) {
+  NoGradGuard no_grad;
+  const Param& p = find(param);
+  CASTOR_CHECK(value.shape() == p.param.shape() && is_floating(value.dtype()), "ZeRO-3: ", value.describe(),
+               " does not fit parameter ", p.param.describe());
+  if (p.shard.length > 0)
+    Tensor(p.slice)
+        .narrow(0, 0, p.shard.length)
+        .copy_(value.contiguous().view({-1}).narrow(0, p.shard.begin, p.shard.length));
 }
 
 ShardedBlocks::Gathering ShardedBlocks::launch(size_t g) const {
@@ -77,6 +115,13 @@ void ShardedBlocks::release(size_t g) {
     impl.offset = 0;
   }
   whole_[g] = false;
+}
+
+void ShardedBlocks::gather_each() {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    gather(g);
+    release(g);
+  }
 }
 
 void ShardedBlocks::gather_all() {

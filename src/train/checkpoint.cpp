@@ -15,6 +15,7 @@
 #include "castor/fs.h"
 #include "castor/json.h"
 #include "castor/ops.h"
+#include "castor/safetensors.h"
 #include "castor/serialize.h"
 
 namespace castor::train {
@@ -213,7 +214,7 @@ std::string commit_checkpoint(const fs::path& root, int64_t step, const fs::path
   const fs::path final_dir = root / step_name(step);
   std::error_code ec;
   try {
-    save_safetensors((tmp / kFiles[0]).string(), ckpt.model, ckpt.model_meta);
+    if (ckpt.model_each.empty()) save_safetensors((tmp / kFiles[0]).string(), ckpt.model, ckpt.model_meta);
     save_safetensors((tmp / kFiles[1]).string(), ckpt.state, ckpt.state_meta);
     atomic_write_file((tmp / kCommit).string(), commit_marker(tmp, shards));
     // Replace an older checkpoint of the same step (a resumed run) only once the new one is complete.
@@ -273,6 +274,40 @@ void kill_in_shard_write_for_test(int64_t step, int rank) {
 
 }  // namespace
 
+// Rank 0 (`write`) writes the model file of `ckpt.model_each` a tensor at a time while every rank makes each tensor
+// in turn (collectives); an error there (the write, or a tensor the maker refuses) stops its writing, not its part
+// in the collectives still to come. Returns the error ("" for none).
+std::string write_model_each(const std::string& path, const Checkpoint& ckpt, bool write) {
+  const std::vector<Checkpoint::LazyTensor>& lazy = ckpt.model_each;
+  CASTOR_ASSERT(std::is_sorted(lazy.begin(), lazy.end(), [](auto& a, auto& b) { return a.name < b.name; }),
+                "a checkpoint's lazy model is not in name order");
+  size_t made = 0;
+  std::string error;
+  if (write) try {
+      std::vector<SafetensorsTensor> entries;
+      for (const Checkpoint::LazyTensor& t : lazy)
+        entries.push_back(
+            {t.name, t.dtype, t.shape, nullptr, static_cast<size_t>(shape_numel(t.shape)) * dtype_size(t.dtype)});
+      Tensor current;
+      write_safetensors_each(
+          path, entries,
+          [&](size_t i) {
+            CASTOR_ASSERT(i == made, "the model file's tensors are made in name order");
+            ++made;
+            current = Tensor();  // (the one written: gone before the next is made)
+            current = lazy[i].make().contiguous();
+            CASTOR_ASSERT(current.dtype() == lazy[i].dtype && current.shape() == lazy[i].shape, lazy[i].name, ": made ",
+                          current.describe());
+            return std::span<const uint8_t>(static_cast<const uint8_t*>(current.data_ptr()), current.nbytes());
+          },
+          ckpt.model_meta);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  for (; made < lazy.size(); ++made) lazy[made].make();
+  return error;
+}
+
 std::string write_sharded_checkpoint(const std::string& run_dir, int64_t step, Checkpoint& ckpt, int64_t keep,
                                      dist::ProcessGroup& group) {
   const int rank = group.rank(), world = group.size();
@@ -304,13 +339,19 @@ std::string write_sharded_checkpoint(const std::string& run_dir, int64_t step, C
     error = e.what();
   }
   kill_in_shard_write_for_test(step, rank);
+  if (!ckpt.model_each.empty()) {
+    const std::string e = write_model_each((tmp / kFiles[0]).string(), ckpt, rank == 0 && error.empty());
+    if (error.empty()) error = e;
+  }
   // Every rank's shard is on disk before rank 0 commits; a failure anywhere fails the checkpoint on every rank.
   Tensor failed = scalar_tensor(error.empty() ? 0.0 : 1.0, DType::Float64);
   group.all_reduce(failed, dist::ReduceOp::Max);
   if (failed.item() != 0) {
     std::error_code ec;
     if (rank == 0) fs::remove_all(tmp, ec);
-    throw Error(error.empty() ? detail::cat(tmp.string(), ": another rank could not write its shard") : error);
+    throw Error(error.empty() ? detail::cat(tmp.string(),
+                                            ": another rank could not write its part (its shard, or rank 0 the model)")
+                              : error);
   }
   if (rank != 0) return "";
   Json::Object tensors;

@@ -80,8 +80,8 @@ void on_interrupt(int sig) {
   [[maybe_unused]] ssize_t n = write(STDERR_FILENO, msg, sizeof(msg) - 1);
 }
 
-// ZeRO-3: the blocks' weights whole while it lives, for what reads them outside a block's run or on some ranks
-// only (evaluation, whose ranks may run different numbers of batches; checkpoints).
+// ZeRO-3: the blocks' weights whole while it lives, for what runs on some ranks only (--eval-task's scoring, whose
+// ranks score different numbers of items).
 class WholeWeights {
  public:
   explicit WholeWeights(nn::ShardedBlocks* z) : z_(z) {
@@ -131,6 +131,7 @@ class Trainer {
   // Runs to the end (or an interrupt); returns the summary line, also written to summary.json.
   Json run() {
     const auto wall_start = Clock::now();
+    setup_peak_ = memory_stats().peak_bytes;  // (the model built, a checkpoint read: before the first step)
     reset_peak_memory_stats();
     std::unique_ptr<Profiler> profiler = c_.profile ? std::make_unique<Profiler>() : nullptr;
     last_save_ = Clock::now();
@@ -315,10 +316,14 @@ class Trainer {
   Evaluation evaluate_now() {
     OpObserver* profiler = op_observer();
     set_op_observer(nullptr);
-    const WholeWeights whole(run_.zero3.get());
-    Evaluation ev = evaluate(task_, *run_.model, *run_.amp, task_.eval_batch_size());
-    if (task_scorer_)
+    // ZeRO-3: each block gathered as the forward reaches it, every rank taking the same number of turns.
+    nn::ShardedBlocks* z = run_.zero3.get();
+    Evaluation ev = evaluate(task_, *run_.model, *run_.amp, task_.eval_batch_size(),
+                             z ? std::function<void()>([z] { z->gather_each(); }) : nullptr);
+    if (task_scorer_) {
+      const WholeWeights whole(z);  // (its ranks score different numbers of items)
       ev.task_scores = task_scorer_->score(dynamic_cast<models::LanguageModel&>(*run_.model), *run_.amp);
+    }
     set_op_observer(profiler);
     return ev;
   }
@@ -362,15 +367,25 @@ class Trainer {
   void checkpoint() {
     // At a step boundary the next step sets the gradients to none anyway: not held beside the write.
     if (micro_ == 0) run_.opt->zero_grad();
-    const WholeWeights whole(run_.zero3.get());
-    // Sharded (ZeRO): every rank writes its slices of the optimizer's state, rank 0 the rest and the manifest.
+    // Sharded (ZeRO): every rank writes its slices of the optimizer's state, rank 0 the rest and the manifest, and
+    // the model a tensor at a time, each gathered as rank 0 writes it.
     const bool sharded = run_.opt->shard_group() != nullptr;
     if (rank0_ || sharded) {
       Checkpoint ck = state_.save(run_, config_, sharded);
-      if (rank0_)
-        for (const auto& [name, t] : ck.model)
-          CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), "diverged at step ", state_.step, ": ", name,
-                       " is not finite (try a lower --lr); the newest checkpoint holds the last finite state");
+      const int64_t step = state_.step;
+      auto check_finite = [step](const std::string& name, const Tensor& t) {
+        CASTOR_CHECK(!is_floating(t.dtype()) || isfinite_all(t), "diverged at step ", step, ": ", name,
+                     " is not finite (try a lower --lr); the newest checkpoint holds the last finite state");
+      };
+      if (rank0_) {
+        for (const auto& [name, t] : ck.model) check_finite(name, t);
+        for (Checkpoint::LazyTensor& t : ck.model_each)
+          t.make = [make = std::move(t.make), name = t.name, check_finite] {
+            Tensor made = make();
+            check_finite(name, made);
+            return made;
+          };
+      }
       if (sharded)
         write_sharded_checkpoint(c_.out, state_.step, ck, c_.keep, *run_.opt->shard_group());
       else
@@ -400,6 +415,7 @@ class Trainer {
                                 {"skipped_steps", scaler.steps_skipped()},
                                 {"final_loss_scale", scaler.get_scale()},
                                 {"peak_memory_bytes", memory_stats().peak_bytes},
+                                {"setup_peak_memory_bytes", setup_peak_},
                                 {"lost_metric_lines", log_ ? log_->lost_lines() : 0},
                                 {"nproc", world_},
                                 {"out", c_.out}};
@@ -441,6 +457,7 @@ class Trainer {
   std::tuple<int64_t, int64_t, int64_t> saved_{-1, -1, -1};  // (step, epoch, batch) of the newest checkpoint
   Clock::time_point last_save_;
   bool stopped_early_ = false;
+  int64_t setup_peak_ = 0;  // the allocator's peak before the first step
 };
 
 }  // namespace

@@ -344,6 +344,8 @@ void keep_adapters(Checkpoint& ck, const Json& config) {
   for (auto& [k, t] : ck.model)
     if (k.find(".lora_") != std::string::npos) adapters.emplace(k, t);
   ck.model = std::move(adapters);
+  std::erase_if(ck.model_each,
+                [](const Checkpoint::LazyTensor& t) { return t.name.find(".lora_") == std::string::npos; });
   ck.model_meta[kBaseKey] = config.at("init").as_string();
 }
 

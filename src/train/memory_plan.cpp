@@ -53,7 +53,7 @@ StagePlan plan_stage(const TrainConfig& c, const nn::Module& model, int world, i
   StagePlan s;
   s.zero = zero;
   const int stage = world > 1 ? zero : 0;  // (one process shards nothing)
-  const int64_t align = c.optimizer == OptimizerKind::AdamW8bit ? optim::AdamW8bitOptions{}.block_size : 1;
+  const int64_t align = shard_alignment(c);
   const bool sixteen = c.amp == amp::OptLevel::O2 || c.amp == amp::OptLevel::O3;
   std::map<std::string, double> blocks;
   for (const auto& [name, p] : model.named_parameters()) {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
+#include <set>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -141,13 +143,19 @@ void take_eval_settings(const EvalConfig& e, TrainConfig& c, LoadedTensors& file
   take_image_eval_settings(e, c, file, recorded);
 }
 
-Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, int64_t batch_size) {
+Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, int64_t batch_size,
+                    const std::function<void()>& idle) {
   model.eval();
   NoGradGuard no_grad;
   const int64_t K = task.num_classes(), n = task.eval_batches(batch_size);
   std::vector<double> sums(static_cast<size_t>(3 + K * K), 0.0);  // loss sum, correct, examples, the confusion counts
   const int world = dist::world_size();
-  for (int64_t i = dist::rank(); i < n; i += world) {
+  const int64_t turns = idle ? (n + world - 1) / world * world : n;
+  for (int64_t i = dist::rank(); i < turns; i += world) {
+    if (i >= n) {
+      idle();
+      continue;
+    }
     const Batch b = task.eval_batch(i, batch_size);
     const auto [loss_sum, predicted] = task.scores(model, amp, b);
     sums[0] += loss_sum;  // targets of data::kIgnoreIndex (a fine-tuning row's prompt and padding) are left out
@@ -170,16 +178,86 @@ Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, in
   return ev;
 }
 
+namespace {
+
+// ZeRO-3 sharding each block as the model is built (DeepSpeed's zero.Init): a full fine-tuning of a language model on
+// several ranks. (A LoRA run's frozen base is sharded once built and loaded: apply_zero3.)
+bool shards_as_built(const TrainConfig& c) {
+  return c.zero >= 3 && dist::world_size() > 1 && c.lora_rank == 0 && is_language_model(c.model);
+}
+
+// load_weights_into's `filled` for a model sharded as it is built: each block given to `take` once the last of its
+// parameters is read, so a file that stores the blocks one after another (safetensors' sorted names, a Hugging Face
+// directory, GGUF) is never whole in memory; one that interleaves them (llm.c's) is, until its last block is read.
+std::function<void(const std::string&)> take_blocks_when_read(nn::Module& model,
+                                                              std::function<void(size_t, nn::Module&)> take) {
+  nn::Sequential& blocks = dynamic_cast<models::LanguageModel&>(model).blocks();
+  std::map<const TensorImpl*, size_t> owner;
+  for (size_t i = 0; i < blocks.size(); ++i)
+    for (const Tensor& p : blocks[i]->parameters()) owner[p.impl()] = i;
+  auto block_of = std::make_shared<std::map<std::string, size_t>>();
+  auto left = std::make_shared<std::vector<size_t>>(blocks.size(), 0);
+  for (const auto& [name, p] : model.named_parameters())
+    if (auto it = owner.find(p.impl()); it != owner.end()) {
+      (*block_of)[name] = it->second;
+      ++(*left)[it->second];
+    }
+  return [&blocks, block_of, left, take = std::move(take)](const std::string& name) {
+    const auto it = block_of->find(name);
+    if (it != block_of->end() && --(*left)[it->second] == 0) take(it->second, *blocks[it->second]);
+  };
+}
+
+// ZeRO-3's blocks in the run: the optimizer updates their slices in place, and the model gathers each as it runs.
+void use_sharded_blocks(Run& r, std::shared_ptr<nn::ShardedBlocks> zero3) {
+  for (const auto& [param, slice] : zero3->slices()) r.opt->keep_param_slice(param, slice);  // (frozen: false)
+  const std::weak_ptr<nn::ShardedBlocks> z = zero3;  // (the model does not keep its sharding alive)
+  dynamic_cast<models::LanguageModel&>(*r.model).set_block_hooks({[z](size_t i) {
+                                                                    if (auto s = z.lock()) s->gather(i);
+                                                                  },
+                                                                  [z](size_t i) {
+                                                                    if (auto s = z.lock()) s->release(i);
+                                                                  },
+                                                                  [z](size_t i) {
+                                                                    if (auto s = z.lock()) s->prefetch(i);
+                                                                  }});
+  r.zero3 = std::move(zero3);
+}
+
+}  // namespace
+
+int64_t shard_alignment(const TrainConfig& c) {
+  return c.optimizer == OptimizerKind::AdamW8bit ? optim::AdamW8bitOptions{}.block_size : 1;
+}
+
 Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool load_init) {
   Run r;
   manual_seed(c.seed);
   const bool loads = !c.init.empty() && (load_init || c.lora_rank > 0);  // (a LoRA run's checkpoints: adapters only)
+  amp::Overrides ov;
+  if (c.loss_scale) ov.loss_scale = *c.loss_scale;
+  if (c.stochastic_rounding) {
+    ov.rounding = optim::Rounding::Stochastic;
+    ov.rounding_seed = c.seed;
+  }
+  // ZeRO-3 of a full fine-tuning: each block, as soon as it is drawn (or read from --init), is cast to the dtypes
+  // amp::initialize gives it and each rank keeps its slice of rank 0's values: no rank holds more than its slices
+  // and one whole block (beside the embeddings and output layer) while the model is built.
+  std::shared_ptr<nn::ShardedBlocks> zero3;
+  if (shards_as_built(c)) zero3 = std::make_shared<nn::ShardedBlocks>(dist::default_group(), shard_alignment(c));
+  const amp::Properties props = amp::properties_for(c.amp, c.dtype, ov);
+  const auto take_block = [&zero3, &props](size_t i, nn::Module& block) {
+    amp::cast_parameters(block, props);
+    zero3->add(i, block.parameters(), /*broadcast=*/true);
+  };
   {
     // A LoRA run's base is frozen: at O1-O3 it is made in the 16-bit dtype the run keeps it in (amp::initialize).
     const bool frozen_16bit = c.lora_rank > 0 && c.amp != amp::OptLevel::O0;
     std::optional<nn::LoadInitGuard> empty;
-    // (a LoRA run's Linear weights hold no memory until loaded: a quantized one is never dense)
-    if (loads) empty.emplace(frozen_16bit ? c.dtype : DType::Float32, /*placeholders=*/c.lora_rank > 0);
+    // (a LoRA run's Linear weights, and a sharded run's, hold no memory until loaded: a quantized one is never dense)
+    if (loads) empty.emplace(frozen_16bit ? c.dtype : DType::Float32, /*placeholders=*/c.lora_rank > 0 || zero3);
+    std::optional<nn::BlockInitGuard> sharded;
+    if (zero3) sharded.emplace([&](nn::Module& block) { take_block(zero3->size(), block); });  // (in order)
     r.model = task.make_model(c);
   }
   check_lora_base(c);
@@ -188,7 +266,7 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
       if (c.lora_rank > 0)
         load_base(*r.model, c.init, c);
       else
-        formats::load_weights_into(*r.model, c.init);
+        formats::load_weights_into(*r.model, c.init, zero3 ? take_blocks_when_read(*r.model, take_block) : nullptr);
     } catch (const Error& e) {
       const std::string msg = e.what();  // names the file when reading it failed; name the flag too
       throw Error(msg.rfind(c.init, 0) == 0 ? "--init " + msg : detail::cat("--init ", c.init, ": ", msg));
@@ -196,6 +274,7 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
   }
   if (c.lora_rank > 0) apply_run_lora(c, *r.model);
   r.opt = make_optimizer(c, task, *r.model);
+  CASTOR_ASSERT(r.opt->shard_alignment() == shard_alignment(c), "the optimizer's shard alignment is not the run's");
   // Every rank starts from rank 0's weights; the wrapper is made before amp::initialize (which changes the
   // parameters in place), so O2/O3 masters copy the broadcast values.
   if (dist::world_size() > 1) {
@@ -210,12 +289,7 @@ Run build_run(const TrainConfig& c, const Task& task, int64_t total_steps, bool 
     // whole float32 copy of the model on every rank).
     if (c.zero > 0) r.opt->shard(&dist::default_group());
   }
-  amp::Overrides ov;
-  if (c.loss_scale) ov.loss_scale = *c.loss_scale;
-  if (c.stochastic_rounding) {
-    ov.rounding = optim::Rounding::Stochastic;
-    ov.rounding_seed = c.seed;
-  }
+  if (zero3) use_sharded_blocks(r, std::move(zero3));  // (the masters are made from the slices)
   r.amp = amp::initialize(*r.model, {r.opt.get()}, c.amp, c.dtype, ov);
   r.sched = make_scheduler(c, *r.opt, total_steps);
   return r;
@@ -248,6 +322,7 @@ double probe_peak(const Task& task, Run& r, int64_t T) {
     }
     loss.backward();
   }
+  if (r.zero3) r.zero3->release_all();  // (the blocks a forward without recompute left gathered)
   const double peak = static_cast<double>(memory_stats().peak_bytes - base);
   r.opt->zero_grad();
   default_generator().set_state(rng);
@@ -311,24 +386,34 @@ std::string apply_recompute(const TrainConfig& c, const Task& task, Run& r) {
 }
 
 void apply_zero3(const TrainConfig& c, Run& r) {
-  if (c.zero < 3 || dist::world_size() < 2) return;
+  if (c.zero < 3 || dist::world_size() < 2 || r.zero3) return;  // (a full fine-tuning's blocks: sharded as built)
   auto* lm = dynamic_cast<models::LanguageModel*>(r.model.get());
   CASTOR_CHECK(lm, "--zero 3: shards a language model's blocks; --model ", name(c.model), " has none");
   std::vector<std::vector<Tensor>> groups;
   nn::Sequential& blocks = lm->blocks();
   for (size_t i = 0; i < blocks.size(); ++i) groups.push_back(blocks[i]->parameters());
-  r.zero3 = std::make_shared<nn::ShardedBlocks>(std::move(groups), dist::default_group(), r.opt->shard_alignment());
-  for (const auto& [param, slice] : r.zero3->slices()) r.opt->keep_param_slice(param, slice);  // (frozen: false)
-  const std::weak_ptr<nn::ShardedBlocks> z = r.zero3;  // (the model does not keep its sharding alive)
-  lm->set_block_hooks({[z](size_t i) {
-                         if (auto s = z.lock()) s->gather(i);
-                       },
-                       [z](size_t i) {
-                         if (auto s = z.lock()) s->release(i);
-                       },
-                       [z](size_t i) {
-                         if (auto s = z.lock()) s->prefetch(i);
-                       }});
+  use_sharded_blocks(
+      r, std::make_shared<nn::ShardedBlocks>(std::move(groups), dist::default_group(), r.opt->shard_alignment()));
+}
+
+void load_sharded_model(nn::Module& model, nn::ShardedBlocks& zero3, const StateDict& tensors) {
+  StateDict rest = tensors;
+  std::set<std::string> sharded;
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (!zero3.holds(p)) continue;
+    const auto it = rest.find(name);
+    CASTOR_CHECK(it != rest.end(), "Error(s) in loading state_dict for ", model.type_name(),
+                 ": Missing key(s) in state_dict: \"", name, "\".");
+    zero3.load(p, it->second);
+    rest.erase(it);
+    sharded.insert(name);
+  }
+  const nn::LoadResult loaded = model.load_state_dict(rest, /*strict=*/false);
+  for (const std::string& key : loaded.missing_keys)
+    CASTOR_CHECK(sharded.count(key), "Error(s) in loading state_dict for ", model.type_name(),
+                 ": Missing key(s) in state_dict: \"", key, "\".");
+  CASTOR_CHECK(loaded.unexpected_keys.empty(), "Error(s) in loading state_dict for ", model.type_name(),
+               ": Unexpected key(s) in state_dict: \"", loaded.unexpected_keys.front(), "\".");
 }
 
 std::string figure(const char* format, double value) {

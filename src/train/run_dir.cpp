@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <ctime>
 #include <filesystem>
+#include <map>
 
 #include "castor/dist.h"
 #include "castor/ops.h"
@@ -50,9 +51,47 @@ constexpr const char* kRunFiles[] = {"config.json", "metrics.jsonl", "metrics.cs
 
 }  // namespace
 
+namespace {
+
+// A sharded run's model file, a tensor at a time in name order (Checkpoint::model_each), as Amp::model_state_dict
+// has it: a weight with a float32 master (O2) as its master, gathered from the ranks' slices; a ZeRO-3 block's
+// weight gathered from its slices; the rest as every rank holds it. No rank holds more than one whole tensor of them.
+std::vector<Checkpoint::LazyTensor> model_each(const Run& run) {
+  std::map<const TensorImpl*, const optim::ParamSlot*> master_of;
+  for (const optim::ParamGroup& g : run.opt->param_groups())
+    for (const optim::ParamSlot& slot : g.slots)
+      if (slot.master.defined()) master_of[slot.param.impl()] = &slot;
+  std::map<std::string, Tensor> params;  // (a tied parameter under its first name: the one a master replaces)
+  for (const auto& [name, p] : run.model->named_parameters()) params.emplace(name, p);
+  std::vector<Checkpoint::LazyTensor> out;
+  for (const auto& [name, t] : run.model->state_dict()) {
+    const auto p = params.find(name);
+    const auto slot = p == params.end() ? master_of.end() : master_of.find(p->second.impl());
+    if (slot != master_of.end()) {
+      out.push_back(
+          {name, DType::Float32, t.shape(), [&opt = *run.opt, s = slot->second] { return opt.whole_master(*s); }});
+      continue;
+    }
+    // (a tied name of a sharded block weight shares its storage: the same slices)
+    Tensor sharded;
+    for (const auto& [n, q] : params)
+      if (run.zero3 && q.impl()->storage == t.impl()->storage && run.zero3->holds(q)) sharded = q;
+    if (sharded.defined())
+      out.push_back({name, t.dtype(), t.shape(), [z = run.zero3, sharded] { return z->whole(sharded); }});
+    else
+      out.push_back({name, t.dtype(), t.shape(), [t] { return t; }});
+  }
+  return out;
+}
+
+}  // namespace
+
 Checkpoint TrainState::save(const Run& run, const Json& config, bool slices) const {
   Checkpoint ck;
-  ck.model = run.amp->model_state_dict();
+  if (slices)
+    ck.model_each = model_each(run);
+  else
+    ck.model = run.amp->model_state_dict();
   ck.model_meta = {
       {"format", "pt"}, {"castor.model", config.at("model").as_string()}, {"castor.config", config.dump()}};
   keep_adapters(ck, config);
@@ -102,7 +141,10 @@ TrainState TrainState::load(const Checkpoint& ck, Run& run, int64_t batches_per_
                    rng->second.numel() == static_cast<int64_t>(st.size()),
                what, ": the training state's rng.default is missing or not ", st.size(), " int64 words");
   try {
-    load_model_file(*run.model, ck.model, ck.model_meta, what);
+    if (run.zero3)  // (a full fine-tuning whose blocks were sharded as built)
+      load_sharded_model(*run.model, *run.zero3, ck.model);
+    else
+      load_model_file(*run.model, ck.model, ck.model_meta, what);
     amp::PrecisionState ps{take(ck.state, "amp."), {}};
     for (const auto& [k, v] : ck.state_meta)
       if (k.rfind("amp.", 0) == 0) ps.metadata[k.substr(4)] = v;

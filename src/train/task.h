@@ -139,8 +139,11 @@ void take_model_vocabulary(TrainConfig& c, const std::string& path, const Json& 
 data::VocabularyId check_folder_vocabulary(const TrainConfig& c, const std::string& dir, const std::string& flag);
 
 // Loss, accuracy (and the confusion matrix) of `model` over the task's evaluation set; with several ranks each
-// evaluates every world_size-th batch and the sums are all-reduced.
-Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, int64_t batch_size);
+// evaluates every world_size-th batch and the sums are all-reduced. With `idle` (ZeRO-3, whose forward gathers each
+// block from every rank) every rank takes the same number of turns, and a turn past the last batch calls idle()
+// (nn::ShardedBlocks::gather_each: the same gathers without the compute) instead of a forward.
+Evaluation evaluate(const Task& task, nn::Module& model, const amp::Amp& amp, int64_t batch_size,
+                    const std::function<void()>& idle = nullptr);
 
 // The run's model, optimizer, opt level and scheduler, built from a config.
 struct Run {
@@ -172,7 +175,17 @@ std::string apply_recompute(const TrainConfig& c, const Task& task, Run& run);
 // --zero 3 with several ranks, once the run's weights are in place (a resumed run's loaded): each rank keeps its
 // slice of every weight of the language model's blocks (nn::ShardedBlocks, the optimizer's slices), gathered per
 // block as it runs (LanguageModel::set_block_hooks). castor::Error for a model without blocks.
+// With --zero 3 and several ranks a full fine-tuning's blocks are sharded by build_run as the model is built (each
+// block drawn or read, cast, its slice of rank 0's values kept and the rest freed before the next: DeepSpeed's
+// zero.Init), so this only shards a LoRA run's.
 void apply_zero3(const TrainConfig& c, Run& run);
+// A model file's tensors (a checkpoint's) into `model`, whose blocks ZeRO-3 sharded as it was built: each block
+// parameter's slice into the slice this rank keeps (nn::ShardedBlocks::load), the rest loaded as
+// Module::load_state_dict does strictly; castor::Error naming a missing, unexpected or misshapen tensor.
+void load_sharded_model(nn::Module& model, nn::ShardedBlocks& zero3, const StateDict& tensors);
+// The element count ZeRO's slices start at multiples of: the optimizer's (Optimizer::shard_alignment, AdamW8bit's
+// block size) before it is made.
+int64_t shard_alignment(const TrainConfig& c);
 
 // One figure in printf's format: figure("val loss %.4f", 2.5) is "val loss 2.5000".
 std::string figure(const char* format, double value);

@@ -7,6 +7,8 @@
 //   mismatch     the ranks wrap models of different shapes: both raise a castor::Error
 //   zero         ZeRO stages 1 and 2 against replicated data parallelism (AdamW and AdamW8bit, O0 and O2 bf16, and
 //                bf16 gradients on the wire): the same weights and state, bit for bit
+//   zero3build   ZeRO-3's sharded construction and a checkpoint whose model is written a tensor at a time: the
+//                weights against the model built whole, the allocator's peak while building and while writing
 #include <signal.h>
 
 #include <cmath>
@@ -16,11 +18,14 @@
 #include <tuple>
 
 #include "castor/amp.h"
+#include "castor/allocator.h"
 #include "castor/autograd.h"
+#include "castor/checkpoint.h"
 #include "castor/ddp.h"
 #include "castor/dist.h"
 #include "castor/functional.h"
 #include "castor/half.h"
+#include "castor/llama.h"
 #include "castor/models.h"
 #include "castor/ops.h"
 #include "castor/optim.h"
@@ -305,6 +310,66 @@ void zero_clip() {
   }
 }
 
+// A Llama of 16 blocks of 128 built under nn::BlockInitGuard, each block handed to nn::ShardedBlocks::add (rank 0's
+// values broadcast, each rank's slice kept) as it is drawn: gathered, its weights are those of the same model built
+// whole, bit for bit, and the allocator's peak while it was built is at most its slices, the rest of the model and
+// one whole block (within 10%: the allocator's rounding; built whole, half the blocks more). Then a sharded checkpoint whose model is a
+// Checkpoint::model_each (each block weight gathered only as rank 0 writes it): its model file reads back as the
+// whole model's state dict bit for bit, and writing it took at most two tensors' bytes above what was held (gathering
+// the blocks whole for it took the other ranks' slices of all of them).
+void zero3_build_and_write(const std::string& dir) {
+  dist::ProcessGroup& group = dist::default_group();
+  models::LlamaConfig c = models::llama_preset("llama", 64);
+  c.n_layers = 16;
+  const StateDict want = models::llama(c, 7)->state_dict();
+  double blocks = 0, block = 0, largest = 0;  // bytes: all blocks, one, the largest tensor
+  for (const auto& [name, t] : want) {
+    largest = std::max(largest, static_cast<double>(t.nbytes()));
+    if (name.rfind("layers.", 0) == 0) blocks += static_cast<double>(t.nbytes());
+  }
+  block = blocks / 16;
+  auto zero3 = std::make_shared<nn::ShardedBlocks>(group, 1);
+  const int64_t before = memory_stats().current_bytes;
+  reset_peak_memory_stats();
+  std::shared_ptr<models::Llama> model;
+  {
+    nn::BlockInitGuard sharded([&](nn::Module& b) { zero3->add(zero3->size(), b.parameters(), /*broadcast=*/true); });
+    model = models::llama(c, 7);
+  }
+  const double built = static_cast<double>(memory_stats().peak_bytes - before);
+  const double kept = static_cast<double>(memory_stats().current_bytes - before);  // the slices and the rest
+  expect(zero3->size() == 16, "zero3build: " + std::to_string(zero3->size()) + " blocks sharded, expected 16");
+  expect(built <= kept + 1.1 * block, "zero3build: the peak while building, " + std::to_string(built) +
+                                          " bytes, passes the slices and the rest, " + std::to_string(kept) +
+                                          ", and a block, " + std::to_string(block));
+  std::map<const Storage*, Tensor> param_of;  // (by storage: state_dict's views share it)
+  for (const auto& [name, p] : model->named_parameters()) param_of[p.impl()->storage.get()] = p;
+  train::Checkpoint ck;
+  for (const auto& [name, t] : model->state_dict()) {
+    const Tensor p = param_of.at(t.impl()->storage.get());
+    const bool sharded = zero3->holds(p);
+    expect(same_bits(sharded ? zero3->whole(p) : t, want.at(name)),
+           "zero3build: " + name + " differs from the whole model's");
+    ck.model_each.push_back(
+        {name, t.dtype(), t.shape(), [zero3, p, t, sharded] { return sharded ? zero3->whole(p) : t; }});
+  }
+  ck.shard["x"] = tensor({static_cast<double>(dist::rank())}, {1}, DType::Float32);
+  ck.shard_where["x"] = {{2}, dist::rank()};
+  const int64_t held = memory_stats().current_bytes;
+  reset_peak_memory_stats();
+  train::write_sharded_checkpoint(dir, 1, ck, 1, group);
+  const double writing = static_cast<double>(memory_stats().peak_bytes - held);
+  expect(writing <= 2 * largest, "zero3build: writing the checkpoint took " + std::to_string(writing) +
+                                     " bytes above what was held, more than two tensors' " +
+                                     std::to_string(2 * largest));
+  group.barrier();
+  const train::Checkpoint read = train::read_checkpoint(dir);
+  expect(read.model.size() == want.size(),
+         "zero3build: the model file holds " + std::to_string(read.model.size()) + " tensors");
+  for (const auto& [name, t] : want)
+    expect(read.model.count(name) && same_bits(read.model.at(name), t), "zero3build: the file's " + name + " differs");
+}
+
 void kill_one_rank() {
   Tensor t = ones({1024});
   for (int i = 0;; ++i) {
@@ -338,6 +403,8 @@ int main(int argc, char** argv) {
       zero_stages();
     else if (mode == "zeroclip")
       zero_clip();
+    else if (mode == "zero3build")
+      zero3_build_and_write(argc > 2 ? argv[2] : ".");
     else
       return std::fprintf(stderr, "dist_helper: unknown mode '%s'\n", mode.c_str()), 2;
     // Every rank's verdict: the job succeeds only if no rank failed.
