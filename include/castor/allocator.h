@@ -36,7 +36,7 @@ class AllocationLabel {
   const char* previous_;
 };
 void deallocate(void* ptr, size_t nbytes, DType dtype);
-// Returns every cached block to the system.
+// Returns every cached block to the system (with glibc, the free pages its heap keeps too: malloc_trim).
 void empty_cache();
 
 MemoryStats memory_stats();

@@ -158,10 +158,12 @@ class LoadInitGuard {
   std::optional<DType> prev_;
   bool prev_placeholders_;
 };
-// Whether `t` is a placeholder weight (LoadInitGuard with placeholders); fill_placeholder gives it memory of its own
-// (uninitialised, contiguous) in place, so every holder of the tensor (its module, a tied one) sees it.
+// Whether `t` is a placeholder weight (LoadInitGuard with placeholders); fill_placeholder gives it memory in place, so
+// every holder of the tensor (its module, a tied one) sees it: `values`' own memory when they are of t's shape and
+// dtype, contiguous and alone in it (a loader's freshly read tensor: no second copy of a weight is ever made), and
+// then returns true; otherwise memory of its own (uninitialised, contiguous), into which the caller copies, and false.
 bool is_placeholder(const Tensor& t);
-void fill_placeholder(const Tensor& t);
+bool fill_placeholder(const Tensor& t, const Tensor& values);
 // The dtype of the LoadInitGuard alive on this thread; nullopt when none is.
 std::optional<DType> load_init_dtype();
 

@@ -256,15 +256,16 @@ void load_weights_into(nn::Module& model, const std::string& path,
         check_finite(path, name, t);
         Tensor dst = it->second;
         const void* memory = dst.data_ptr();
+        bool taken = false;             // (the placeholder took t's memory: nothing to copy)
         if (nn::is_placeholder(dst)) {  // (its memory given in the model's own tensor, which a tied one shares)
           auto [at, fresh] = given_memory.try_emplace(dst.data_ptr());
           if (fresh) {
             at->second = owner(model, dst);
-            nn::fill_placeholder(at->second);
+            taken = nn::fill_placeholder(at->second, t);
           }
           dst = at->second;
         }
-        dst.copy_(t);
+        if (!taken) dst.copy_(t);
         loaded.insert(memory);
         dst = Tensor();
         if (filled) {

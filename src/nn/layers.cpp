@@ -106,12 +106,17 @@ bool is_placeholder(const Tensor& t) {
          std::all_of(t.strides().begin(), t.strides().end(), [](int64_t s) { return s == 0; });
 }
 
-void fill_placeholder(const Tensor& t) {
+bool fill_placeholder(const Tensor& t, const Tensor& values) {
   CASTOR_ASSERT(is_placeholder(t), "fill_placeholder of a tensor with memory of its own");
-  const Tensor own = empty(t.shape(), t.dtype());
+  const auto& memory = values.impl()->storage;
+  const bool take = values.dtype() == t.dtype() && values.shape() == t.shape() && values.is_contiguous() &&
+                    values.impl()->offset == 0 && memory.use_count() == 1 && memory->nbytes == values.nbytes() &&
+                    !values.requires_grad();
+  const Tensor own = take ? values : empty(t.shape(), t.dtype());
   t.impl()->storage = own.impl()->storage;
   t.impl()->strides = own.strides();
   t.impl()->offset = 0;
+  return take;
 }
 std::optional<DType> load_init_dtype() { return load_dtype; }
 

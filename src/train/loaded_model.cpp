@@ -121,10 +121,9 @@ LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& l
   const Family* family = kind.empty() ? nullptr : family_of_spelling(kind);
   CASTOR_CHECK(kind.empty() || family, path, ": a ", printable(kind), " checkpoint, not a language model's");
   const bool lora = is_lora_checkpoint(ck.model_meta);
-  // A Llama's LoRA run on a GGUF file, sampled or evaluated: its base in the file's blocks with the adapters beside
-  // them (merging would make the base dense).
-  const bool blocks = lora && keep_blocks && family && family->name != std::string("gpt") &&
-                      formats::is_source(lora_base_of(ck, lora_base), formats::SourceFormat::Gguf);
+  // A LoRA run over a quantized base (a GGUF file's blocks, or --quantize-base), sampled or evaluated: its base in
+  // blocks as the run trained on it, with the adapters beside them (merging would make the base dense).
+  const bool blocks = lora && keep_blocks && family && base_in_blocks(ck, what, lora_base);
   if (!blocks) merge_lora_checkpoint(ck, what, lora_base);
   Json config = castor_config(ck.model_meta, what);
   const fs::path run = fs::path(used).parent_path().parent_path();  // RUN/checkpoints/step-N

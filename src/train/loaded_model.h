@@ -24,15 +24,16 @@ struct LoadedGpt {
   std::string what;
   StateDict train_state;  // a checkpoint's train_state.safetensors (empty for a weights file or a LoRA run's)
   std::string run_dir;    // the run directory holding the checkpoint (empty when none)
-  std::shared_ptr<models::LanguageModel> llama;  // a Llama's (weights then empty)
-  bool lora = false;                             // a LoRA run's checkpoint: its base with the adapters merged
-  Metadata meta;  // the model file's metadata (castor.config: a merged LoRA run's as a plain run's)
+  // A Llama's, or (keep_blocks) a LoRA run's over a quantized base, of any family: weights then empty.
+  std::shared_ptr<models::LanguageModel> llama;
+  bool lora = false;  // a LoRA run's checkpoint: its adapters merged into the base, or beside its blocks
+  Metadata meta;      // the model file's metadata (castor.config: a merged LoRA run's as a plain run's)
 };
 
 // A weights file or a run or checkpoint directory; a LoRA run's model file (in its checkpoint or alone) merged into its
 // base (`lora_base`: where the base is now, when it moved). `keep_blocks` (castor sample and eval): a GGUF file's
-// quantized Linear weights stay in their blocks (formats::load_weights_into), never dense; a Llama's LoRA run on a
-// GGUF file is then its base in blocks with the adapters on it, unmerged.
+// quantized Linear weights stay in their blocks (formats::load_weights_into), never dense; a LoRA run over a quantized
+// base (a GGUF file, or --quantize-base) is then its base in blocks with the adapters on it, unmerged.
 LoadedGpt load_gpt(const std::string& path, int64_t n_head, const std::string& lora_base = "",
                    bool keep_blocks = false);
 

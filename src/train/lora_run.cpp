@@ -260,6 +260,11 @@ nn::LoraConfig run_lora_config(const Checkpoint& ck, const std::string& what) {
   return lora_config(resume_config(TrainConfig{}, castor_config(ck.model_meta, what), what));
 }
 
+bool base_in_blocks(const Checkpoint& ck, const std::string& what, const std::string& lora_base) {
+  return formats::is_source(lora_base_of(ck, lora_base), formats::SourceFormat::Gguf) ||
+         resume_config(TrainConfig{}, castor_config(ck.model_meta, what), what).quantize_base != quant::BlockType::F32;
+}
+
 void resolve_init_dir(TrainConfig& c) {
   std::error_code ec;
   if (c.init.empty() || !fs::is_directory(c.init, ec) || formats::is_source(c.init, formats::SourceFormat::HfDir))

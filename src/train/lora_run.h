@@ -58,6 +58,9 @@ std::string lora_base_of(const Checkpoint& ck, const std::string& lora_base);
 // base is now, empty: the recorded one; its checksum checked) with the checkpoint's adapters on it.
 std::shared_ptr<models::LanguageModel> adapted_model(const Checkpoint& ck, const std::string& what,
                                                      const std::string& lora_base);
+// Whether a LoRA checkpoint's base loads in blocks (adapted_model): a GGUF file, or a base the run quantized
+// (--quantize-base).
+bool base_in_blocks(const Checkpoint& ck, const std::string& what, const std::string& lora_base);
 // The LoRA settings a LoRA checkpoint's run recorded (rank, alpha, rslora, targets).
 nn::LoraConfig run_lora_config(const Checkpoint& ck, const std::string& what);
 

@@ -1,7 +1,8 @@
 // Loading weights without a float32 copy (formats::load_weights_into, nn::LoadInitGuard): a LoRA base made in 16 bits
 // and filled tensor by tensor holds the bits a float32 load and then the cast would give, at the allocator's peak of
 // one 16-bit model plus one tensor; a base quantized as it is filled (--quantize-base) never holds its dense Linears
-// whole; sample --init of a bfloat16 Hugging Face directory holds its weights once.
+// whole; a placeholder takes the tensor read as its memory; sample --init of a bfloat16 Hugging Face directory holds
+// its weights once.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -154,6 +155,34 @@ TEST(WeightsLoad, BaseQuantizedAsItIsFilledNeverHoldsItsDenseLinears) {
   EXPECT_GT(dense, 5'000'000);
   EXPECT_LE(peak, loaded + 4 * largest_tensor(dir + "/hf"))
       << "peak " << peak << " bytes, loaded model " << loaded << ", dense bf16 Linears " << dense;
+}
+
+// A bf16 Hugging Face directory filled into bf16 placeholders (a LoRA base's load at O1): each placeholder takes the
+// tensor read from the file as its memory, so no weight is ever held twice (before, the tensor read, the filled weight
+// and copy_'s temporary: up to two of the largest tensor above the model, the 8B base's RSS high-water mark). The
+// peak stays within the loaded model plus one tensor (a q/k matrix while its rows are permuted), the bits the file's.
+TEST(WeightsLoad, PlaceholdersTakeTheTensorReadAsTheirMemory) {
+  const test::ScratchDir dir("load_take");
+  const models::LlamaConfig c = small_llama();
+  StateDict bf16;
+  for (const auto& [name, t] : models::llama(c, 3)->state_dict()) bf16.emplace(name, t.to(DType::BFloat16));
+  formats::write_hf(dir + "/hf", c, bf16, {});
+  empty_cache();
+  const int64_t held = memory_stats().current_bytes;
+  reset_peak_memory_stats();
+  std::shared_ptr<models::Llama> model;
+  {
+    nn::LoadInitGuard empty(DType::BFloat16, /*placeholders=*/true);
+    model = models::llama(c, 7);
+  }
+  formats::load_weights_into(*model, dir + "/hf");
+  const int64_t peak = memory_stats().peak_bytes - held;
+  EXPECT_LE(peak, model_bytes(*model) + largest_tensor(dir + "/hf")) << "16-bit model " << model_bytes(*model);
+  const StateDict own = model->state_dict();
+  for (const auto& [name, t] : bf16) {
+    if (own.at(name).dtype() != DType::BFloat16) continue;  // (the norms, kept in float32)
+    EXPECT_TRUE(test::bit_equal(own.at(name), t)) << name;
+  }
 }
 
 TEST(WeightsLoad, GptBaseLoadsStraightInto16BitsFromLlmcBitForBit) {
