@@ -112,6 +112,21 @@ TEST(WeightsLoad, LlamaBaseLoadsStraightInto16BitsBitForBit) {
   check_loads_in_16_bits(make, dir + "/hf");
 }
 
+// A random Llama of shape c written to `dir` as a bfloat16 Hugging Face directory; returns what it wrote (its float32
+// source freed).
+StateDict write_bf16_llama(const std::string& dir, const models::LlamaConfig& c) {
+  StateDict bf16;
+  for (const auto& [name, t] : models::llama(c, 3)->state_dict()) bf16.emplace(name, t.to(DType::BFloat16));
+  formats::write_hf(dir, c, bf16, {});
+  return bf16;
+}
+
+// A bfloat16 Llama of shape c whose weights are placeholders that a load fills (a LoRA base's load at O1).
+std::shared_ptr<models::Llama> placeholder_llama(const models::LlamaConfig& c) {
+  nn::LoadInitGuard empty(DType::BFloat16, /*placeholders=*/true);
+  return models::llama(c, 7);
+}
+
 // --quantize-base nf4's load (train::load_base): a bf16 Hugging Face directory filled into placeholders, each Linear
 // quantized as soon as its weight is filled and its dense weight dropped. The allocator's peak stays within what the
 // loaded model holds (NF4 blocks, the dense embedding, output and norms) plus four of the file's largest tensor (the
@@ -121,20 +136,11 @@ TEST(WeightsLoad, BaseQuantizedAsItIsFilledNeverHoldsItsDenseLinears) {
   const test::ScratchDir dir("load_nf4");
   models::LlamaConfig c = small_llama();
   c.dim = 256, c.n_layers = 4, c.vocab_size = 64;
-  auto source = models::llama(c, 3);
-  StateDict bf16;
-  for (const auto& [name, t] : source->state_dict()) bf16.emplace(name, t.to(DType::BFloat16));
-  formats::write_hf(dir + "/hf", c, bf16, {});
-  source.reset();
-  bf16.clear();
+  write_bf16_llama(dir + "/hf", c);
   empty_cache();
   const int64_t held = memory_stats().current_bytes;
   reset_peak_memory_stats();
-  std::shared_ptr<models::Llama> model;
-  {
-    nn::LoadInitGuard empty(DType::BFloat16, /*placeholders=*/true);
-    model = models::llama(c, 7);
-  }
+  const std::shared_ptr<models::Llama> model = placeholder_llama(c);
   std::map<std::string, std::shared_ptr<nn::Linear>> pending;
   int64_t dense = 0;  // the Linears' bf16 bytes
   for (const auto& [name, layer] : nn::all_linear_layers(*model)) {
@@ -164,17 +170,11 @@ TEST(WeightsLoad, BaseQuantizedAsItIsFilledNeverHoldsItsDenseLinears) {
 TEST(WeightsLoad, PlaceholdersTakeTheTensorReadAsTheirMemory) {
   const test::ScratchDir dir("load_take");
   const models::LlamaConfig c = small_llama();
-  StateDict bf16;
-  for (const auto& [name, t] : models::llama(c, 3)->state_dict()) bf16.emplace(name, t.to(DType::BFloat16));
-  formats::write_hf(dir + "/hf", c, bf16, {});
+  const StateDict bf16 = write_bf16_llama(dir + "/hf", c);
   empty_cache();
   const int64_t held = memory_stats().current_bytes;
   reset_peak_memory_stats();
-  std::shared_ptr<models::Llama> model;
-  {
-    nn::LoadInitGuard empty(DType::BFloat16, /*placeholders=*/true);
-    model = models::llama(c, 7);
-  }
+  const std::shared_ptr<models::Llama> model = placeholder_llama(c);
   formats::load_weights_into(*model, dir + "/hf");
   const int64_t peak = memory_stats().peak_bytes - held;
   EXPECT_LE(peak, model_bytes(*model) + largest_tensor(dir + "/hf")) << "16-bit model " << model_bytes(*model);
